@@ -1,0 +1,1 @@
+"""The ``rnnkit`` command line: parses options and calls the library, nothing more."""

@@ -1,0 +1,66 @@
+"""Entry point of the ``rnnkit`` command: registers one small module per subcommand.
+
+Each subcommand module exposes ``register(subparsers)`` (adds its parser and sets
+``func``) and a ``run(args) -> int``. Errors a user can fix (``RnnkitError``, ``OSError``)
+become one line on stderr and exit status 2; nothing prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from rnnkit.errors import RnnkitError
+
+# Subcommand modules, imported lazily so `rnnkit --help` stays fast and one broken
+# optional dependency cannot take down unrelated subcommands.
+SUBCOMMANDS: tuple[str, ...] = (
+    "train",
+    "evaluate",
+    "generate",
+    "report",
+    "score",
+    "sessions",
+    "gradcheck",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad option as one line naming the option (exit 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"rnnkit {self.prog.split()[-1]}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rnnkit", description="Recurrent sequence models with explicit BPTT.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"rnnkit.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"rnnkit.cli.{name}":
+                continue  # subcommand not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (RnnkitError, OSError) as exc:
+        print(f"rnnkit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"rnnkit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
