@@ -1,3 +1,33 @@
-"""rnnkit: recurrent sequence models with explicit, inspectable backpropagation through time."""
+"""rnnkit: recurrent sequence models with explicit, inspectable backpropagation through time.
+
+Public names are those of ``../shared/API.md``; everything is batch-first.
+"""
+
+from rnnkit.cells.gru import GRUCell
+from rnnkit.cells.lstm import LSTMCell
+from rnnkit.cells.rnn import RNNCell
+from rnnkit.interop import convert_gru_update, count_parameters, from_torch, to_torch
+from rnnkit.layers.stacked import GRU, LSTM, RNN, Bidirectional, StackedRecurrent
+from rnnkit.losses import sequence_cross_entropy
+from rnnkit.types import LSTMState, RecurrentOutput
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "GRU",
+    "LSTM",
+    "RNN",
+    "Bidirectional",
+    "GRUCell",
+    "LSTMCell",
+    "LSTMState",
+    "RNNCell",
+    "RecurrentOutput",
+    "StackedRecurrent",
+    "__version__",
+    "convert_gru_update",
+    "count_parameters",
+    "from_torch",
+    "sequence_cross_entropy",
+    "to_torch",
+]

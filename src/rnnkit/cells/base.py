@@ -1,0 +1,104 @@
+"""What every cell shares: its parameters, their initialisation, and argument checks.
+
+A cell stores ``weight_ih (G·H, I)``, ``weight_hh (G·H, H)`` and ONE ``bias (G·H,)`` — the
+textbook form of SPEC §1 (PyTorch's two biases per gate are added on import). ``G`` is the
+number of gate blocks: 1 (RNN), 4 (LSTM, order i,f,g,o), 3 (GRU, order r,z,n).
+
+Each concrete cell module also provides, side by side (DESIGN.md):
+
+* ``step``: one step in plain differentiable torch ops — the oracle for autograd tests;
+* ``step_into``: the same step writing into the preallocated buffers of the time loop;
+* ``step_backward``: the hand-written backward of one step used by the explicit BPTT.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from rnnkit.types import LSTMState, State
+
+__all__ = ["CellBase", "check_cell_input"]
+
+INITS = ("uniform", "orthogonal")
+
+
+class CellBase(nn.Module):
+    """Parameters and initialisation common to all cells.
+
+    Args:
+        input_size: ``I``, the width of ``x_t``.
+        hidden_size: ``H``, the width of ``h_t``.
+        init: ``"uniform"`` draws every parameter from U(−1/√H, 1/√H) like PyTorch;
+            ``"orthogonal"`` does the same but makes each gate block of ``weight_hh`` an
+            orthogonal ``H × H`` matrix (keeps ‖W_h‖₂ = 1 at the start, SPEC §3).
+    """
+
+    gates: ClassVar[int] = 1
+    is_lstm: ClassVar[bool] = False
+
+    def __init__(self, input_size: int, hidden_size: int, init: str = "uniform") -> None:
+        super().__init__()
+        for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.init = init
+        G, H = self.gates, hidden_size
+        self.weight_ih = nn.Parameter(torch.empty(G * H, input_size))
+        self.weight_hh = nn.Parameter(torch.empty(G * H, H))
+        self.bias = nn.Parameter(torch.empty(G * H))
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.uniform_(-bound, bound)
+            if self.init == "orthogonal":
+                H = self.hidden_size
+                for k in range(self.gates):
+                    nn.init.orthogonal_(self.weight_hh[k * H : (k + 1) * H])
+
+    def extra_repr(self) -> str:
+        return f"{self.input_size}, {self.hidden_size}"
+
+    def zero_state(self, batch_size: int, like: Tensor) -> State:
+        """The all-zero state for ``batch_size`` rows, on ``like``'s device and dtype."""
+        h = like.new_zeros(batch_size, self.hidden_size)
+        return LSTMState(h, torch.zeros_like(h)) if self.is_lstm else h
+
+
+def check_cell_input(cell: CellBase, x: Tensor, state: State | None) -> State:
+    """Validate one step's input ``x (B, I)`` and state; return the state (zeros if None)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 2 or x.shape[1] != cell.input_size:
+        raise ValueError(
+            f"x must have shape (B, {cell.input_size}) = (batch, input_size), got {tuple(x.shape)}"
+        )
+    w = cell.weight_ih
+    if x.dtype != w.dtype or x.device != w.device:
+        raise TypeError(
+            f"x is {x.dtype} on {x.device} but the cell's parameters are {w.dtype} on "
+            f"{w.device}; convert one of them (e.g. cell.to(x))"
+        )
+    B, H = x.shape[0], cell.hidden_size
+    if state is None:
+        return cell.zero_state(B, x)
+    parts = (("state.h", state.h), ("state.c", state.c)) if cell.is_lstm else (("state", state),)
+    if cell.is_lstm and not isinstance(state, LSTMState):
+        raise TypeError("the state of an LSTM cell must be LSTMState(h, c)")
+    for name, t in parts:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != (B, H):
+            raise ValueError(f"{name} must have shape (B, H) = {(B, H)}, got {tuple(t.shape)}")
+        if t.dtype != x.dtype or t.device != x.device:
+            raise TypeError(f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}")
+    return state

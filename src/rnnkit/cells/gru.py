@@ -1,0 +1,229 @@
+"""The GRU cell with its two independent switches, SPEC §1.3. Gate order r, z, n.
+
+    z_t = σ(W_z u_t + b_z)      (update gate)     r_t = σ(W_r u_t + b_r)   (reset gate)
+
+reset="before" (textbook, Cho et al. 2014 v3, d2l):
+    n_t = tanh(W_nx x_t + W_nh (r_t ⊙ h_{t-1}) + b_n)
+reset="after" (cuDNN, PyTorch, Keras ``reset_after=True``), two candidate biases:
+    n_t = tanh(W_nx x_t + b_n + r_t ⊙ (W_nh h_{t-1} + b_hn))
+update="candidate" (z is the share given to the candidate, seed 000):
+    h_t = (1 − z_t) ⊙ h_{t-1} + z_t ⊙ n_t
+update="keep" (z is the share kept of the old state; original GRU, PyTorch, d2l):
+    h_t = z_t ⊙ h_{t-1} + (1 − z_t) ⊙ n_t
+
+Since 1 − σ(s) = σ(−s), negating the z rows of the weights and bias turns one update
+convention into the other exactly (``rnnkit.interop.convert_gru_update``).
+
+Backward of one step with ``d_h`` = ∂L/∂h_t ("keep"; "candidate" swaps z and 1 − z):
+
+    d_n = d_h ⊙ (1 − z)   d_z = d_h ⊙ (h_{t-1} − n)   direct ∂L/∂h_{t-1} = d_h ⊙ z
+    d_an = d_n ⊙ (1 − n²)
+    after:  d_r = d_an ⊙ (W_nh h_{t-1} + b_hn);   recurrent n-gradient d_an ⊙ r
+    before: d(r⊙h) = W_nhᵀ d_an;  d_r = d(r⊙h) ⊙ h_{t-1};  ∂L/∂h_{t-1} += d(r⊙h) ⊙ r
+    d_ar = d_r ⊙ r(1 − r)   d_az = d_z ⊙ z(1 − z)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from rnnkit.cells.base import CellBase, check_cell_input
+from rnnkit.cells.kernel import Weights
+
+__all__ = ["GRUCell", "GRUKernel", "gru_step"]
+
+UPDATES = ("candidate", "keep")
+RESETS = ("before", "after")
+
+
+def gru_step(
+    x: Tensor, h_prev: Tensor, w: Weights, update: str = "candidate", reset: str = "before"
+) -> Tensor:
+    """One GRU step in plain differentiable ops (the autograd oracle).
+
+    Args:
+        x: ``(B, I)``.  h_prev: ``(B, H)``.
+    Returns:
+        ``h_t (B, H)``.
+    """
+    H = h_prev.shape[1]
+    xp = x @ w.weight_ih.T + w.bias  # (B, 3H)
+    W_rz, W_n = w.weight_hh[: 2 * H], w.weight_hh[2 * H :]
+    r, z = torch.sigmoid(xp[:, : 2 * H] + h_prev @ W_rz.T).chunk(2, dim=1)
+    if reset == "before":
+        n = torch.tanh(xp[:, 2 * H :] + (r * h_prev) @ W_n.T)
+    else:
+        n = torch.tanh(xp[:, 2 * H :] + r * (h_prev @ W_n.T + w.bias_hn))
+    if update == "candidate":
+        return (1 - z) * h_prev + z * n
+    return z * h_prev + (1 - z) * n
+
+
+class _Prepared(NamedTuple):
+    weight_hh_t: Tensor  # (H, 3H) "after"; (H, 2H) r,z rows "before"
+    weight_hn_t: Tensor | None  # (H, H) n rows, "before" only
+    bias_hh: Tensor | None  # (3H,) = (0, 0, b_hn), "after" only
+
+
+@dataclass(frozen=True)
+class GRUKernel:
+    """GRU step math for the time loop.
+
+    The candidate ``n`` and the gates ``r, z`` live in separate contiguous buffers
+    because ``tanh``/``sigmoid`` on strided slices cost ~4× here; ``torch.lerp`` does the
+    convex combination of both update conventions in one op.
+    Cache: ``rz (B, 2H)``, ``n (B, H)`` and ``rec (B, H)`` = ``W_nh h + b_hn`` (after) or
+    ``r ⊙ h_{t-1}`` (before).
+    """
+
+    update: str = "candidate"
+    reset: str = "before"
+    gates: int = 3
+    num_states: int = 1
+
+    def prepare(self, w: Weights) -> _Prepared:
+        H = w.weight_hh.shape[1]
+        if self.reset == "after":
+            zeros = w.bias_hn.new_zeros(2 * H)
+            return _Prepared(w.weight_hh.T, None, torch.cat([zeros, w.bias_hn]))
+        return _Prepared(w.weight_hh[: 2 * H].T, w.weight_hh[2 * H :].T, None)
+
+    def project_inputs(self, x: Tensor, w: Weights) -> Tensor:
+        return torch.addmm(w.bias, x, w.weight_ih.T)
+
+    def alloc_cache(self, T: int, B: int, H: int, like: Tensor) -> tuple[Tensor, ...]:
+        return (like.new_empty(T, B, 2 * H), like.new_empty(T, B, H), like.new_empty(T, B, H))
+
+    def step_into(self, xp, prev, out, cache, prep) -> None:
+        (h_prev,) = prev
+        rz, n, rec = cache
+        H = h_prev.shape[1]
+        if self.reset == "after":
+            hp = torch.addmm(prep.bias_hh, h_prev, prep.weight_hh_t)  # (B, 3H)
+            torch.add(xp[:, : 2 * H], hp[:, : 2 * H], out=rz)
+            rz.sigmoid_()
+            rec.copy_(hp[:, 2 * H :])
+            torch.mul(rz[:, :H], rec, out=n)
+            n.add_(xp[:, 2 * H :])
+        else:
+            torch.addmm(xp[:, : 2 * H], h_prev, prep.weight_hh_t, out=rz)
+            rz.sigmoid_()
+            torch.mul(rz[:, :H], h_prev, out=rec)
+            torch.addmm(xp[:, 2 * H :], rec, prep.weight_hn_t, out=n)
+        n.tanh_()
+        z = rz[:, H:]
+        if self.update == "keep":
+            torch.lerp(n, h_prev, z, out=out[0])  # n + z (h_prev − n)
+        else:
+            torch.lerp(h_prev, n, z, out=out[0])  # h_prev + z (n − h_prev)
+
+    def prepare_backward(self, w: Weights) -> Weights:
+        return w
+
+    def backward_cache(self, cache, states):
+        rz, n, rec = cache
+        d_rz = rz * (1 - rz)  # σ' for r and z, all steps at once
+        d_n = 1 - n * n  # tanh'
+        return (rz, n, rec, d_rz, d_n)
+
+    def step_backward(self, d_new, prev, new, cache, d_xp, d_hp, w):
+        (d_h,) = d_new
+        (h_prev,) = prev
+        rz, n, rec, d_rz, d_n = cache
+        H = h_prev.shape[1]
+        r, z = rz[:, :H], rz[:, H:]
+        d_ar, d_az, d_an = d_xp[:, :H], d_xp[:, H : 2 * H], d_xp[:, 2 * H :]
+        d_hz = d_h * z
+        if self.update == "keep":
+            torch.sub(h_prev, n, out=d_az)
+            torch.sub(d_h, d_hz, out=d_an)  # d_h (1 − z)
+            d_h_prev = d_hz
+        else:
+            torch.sub(n, h_prev, out=d_az)
+            torch.mul(d_h, z, out=d_an)
+            d_h_prev = d_h - d_hz
+        d_az.mul_(d_h)
+        d_an.mul_(d_n)
+        W = w.weight_hh
+        if self.reset == "after":
+            torch.mul(d_an, rec, out=d_ar)  # d_r = d_an ⊙ (W_nh h + b_hn)
+            d_xp[:, : 2 * H].mul_(d_rz)
+            d_hp[:, : 2 * H].copy_(d_xp[:, : 2 * H])
+            torch.mul(d_an, r, out=d_hp[:, 2 * H :])
+            return (d_h_prev.addmm_(d_hp, W),)
+        d_rh = d_an @ W[2 * H :]  # ∂L/∂(r ⊙ h_{t-1})
+        torch.mul(d_rh, h_prev, out=d_ar)
+        d_xp[:, : 2 * H].mul_(d_rz)
+        d_h_prev.addcmul_(d_rh, r)
+        return (d_h_prev.addmm_(d_xp[:, : 2 * H], W[: 2 * H]),)
+
+    def recurrent_grads(self, d_hp, h_prev, cache):
+        if self.reset == "after":
+            H = h_prev.shape[1]
+            return d_hp.T @ h_prev, d_hp[:, 2 * H :].sum(0)
+        rz, n, rec = cache[:3]
+        H = h_prev.shape[1]
+        d_w = torch.cat([d_hp[:, : 2 * H].T @ h_prev, d_hp[:, 2 * H :].T @ rec], dim=0)
+        return d_w, None
+
+
+class GRUCell(CellBase):
+    """GRU cell (SPEC §1.3) with independent ``update`` and ``reset`` switches.
+
+    Args:
+        input_size: ``I``.  hidden_size: ``H``.
+        update: ``"candidate"`` (z is the candidate's share) or ``"keep"`` (z is the old
+            state's share: PyTorch, the original GRU).
+        reset: ``"before"`` (r multiplies h before ``W_nh``) or ``"after"`` (r multiplies
+            ``W_nh h + b_hn``: cuDNN/PyTorch; adds the parameter ``bias_hn (H,)``).
+        init: ``"uniform"`` or ``"orthogonal"`` recurrent blocks.
+
+    Parameters: ``weight_ih (3H, I)``, ``weight_hh (3H, H)``, ``bias (3H,)`` —
+    ``3H(I + H + 1)``, plus ``H`` for ``reset="after"``.
+
+    >>> sum(p.numel() for p in GRUCell(4, 2).parameters())
+    42
+    >>> sum(p.numel() for p in GRUCell(4, 2, reset="after").parameters())
+    44
+    """
+
+    gates = 3
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        update: str = "candidate",
+        reset: str = "before",
+        init: str = "uniform",
+    ) -> None:
+        if update not in UPDATES:
+            raise ValueError(f"update must be one of {UPDATES}, got {update!r}")
+        if reset not in RESETS:
+            raise ValueError(f"reset must be one of {RESETS}, got {reset!r}")
+        super().__init__(input_size, hidden_size, init)
+        self.update = update
+        self.reset = reset
+        self.bias_hn = nn.Parameter(torch.empty(hidden_size)) if reset == "after" else None
+        self.reset_parameters()
+
+    @property
+    def kernel(self) -> GRUKernel:
+        return GRUKernel(self.update, self.reset)
+
+    def weights(self) -> Weights:
+        return Weights(self.weight_ih, self.weight_hh, self.bias, self.bias_hn)
+
+    def forward(self, x: Tensor, state: Tensor | None = None) -> Tensor:
+        """One step: ``x (B, I)``, ``state (B, H)`` or None (zeros) → ``h_t (B, H)``."""
+        h_prev = check_cell_input(self, x, state)
+        return gru_step(x, h_prev, self.weights(), self.update, self.reset)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.input_size}, {self.hidden_size}, update={self.update!r}, reset={self.reset!r}"
+        )

@@ -1,0 +1,193 @@
+"""The LSTM cell with forget gate, SPEC §1.2, ONE bias per gate, gate order i, f, g, o.
+
+    u_t = [x_t; h_{t-1}]
+    i_t = σ(W_i u_t + b_i)    f_t = σ(W_f u_t + b_f)    o_t = σ(W_o u_t + b_o)
+    g_t = tanh(W_c u_t + b_c)                                   (candidate)
+    c_t = f_t ⊙ c_{t-1} + i_t ⊙ g_t
+    h_t = o_t ⊙ tanh(c_t)
+
+``weight_ih`` stacks the ``x`` columns of W_i, W_f, W_c, W_o (``4H × I``), ``weight_hh``
+their ``h`` columns (``4H × H``). Backward of one step, ``d_h``/``d_c`` = ∂L/∂h_t, ∂L/∂c_t
+coming from step t+1 and the output:
+
+    d_c ← d_c + d_h ⊙ o_t ⊙ (1 − tanh²(c_t))
+    d_o = d_h ⊙ tanh(c_t)   d_i = d_c ⊙ g_t   d_g = d_c ⊙ i_t   d_f = d_c ⊙ c_{t-1}
+    pre-activation gradients: × σ' = s(1 − s) for i, f, o and × (1 − g²) for g
+    ∂L/∂c_{t-1} = d_c ⊙ f_t      ∂L/∂h_{t-1} = weight_hhᵀ d_gates
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from rnnkit.cells.base import CellBase, check_cell_input
+from rnnkit.cells.kernel import Weights
+from rnnkit.types import LSTMState
+
+__all__ = ["LSTMCache", "LSTMCell", "LSTMKernel", "lstm_step", "lstm_step_backward"]
+
+
+class LSTMCache(NamedTuple):
+    """What the backward of one LSTM step needs besides the states."""
+
+    gates: Tensor  # (B, 4H) activated i, f, g, o
+    tanh_c: Tensor  # (B, H)
+
+
+def lstm_step(x: Tensor, state: LSTMState, w: Weights) -> LSTMState:
+    """One step in plain differentiable ops (the autograd oracle).
+
+    Args:
+        x: ``(B, I)``.  state: ``LSTMState(h, c)``, each ``(B, H)``.
+    """
+    a = x @ w.weight_ih.T + state.h @ w.weight_hh.T + w.bias  # (B, 4H)
+    a_i, a_f, a_g, a_o = a.chunk(4, dim=1)
+    i, f, g, o = torch.sigmoid(a_i), torch.sigmoid(a_f), torch.tanh(a_g), torch.sigmoid(a_o)
+    c = f * state.c + i * g
+    return LSTMState(o * torch.tanh(c), c)
+
+
+def lstm_step_backward(
+    d_h: Tensor, d_c: Tensor, c_prev: Tensor, cache: LSTMCache, w: Weights
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Readable backward of one step: ``(d_gates (B, 4H), d_h_prev, d_c_prev)``."""
+    i, f, g, o = cache.gates.chunk(4, dim=1)
+    d_c = d_c + d_h * o * (1 - cache.tanh_c**2)
+    d_i = d_c * g * i * (1 - i)
+    d_f = d_c * c_prev * f * (1 - f)
+    d_g = d_c * i * (1 - g * g)
+    d_o = d_h * cache.tanh_c * o * (1 - o)
+    d_gates = torch.cat([d_i, d_f, d_g, d_o], dim=1)
+    return d_gates, d_gates @ w.weight_hh, d_c * f
+
+
+class _Prepared(NamedTuple):
+    weight_hh_t: Tensor  # (H, 4H), g rows scaled by 2
+    minus_one: Tensor  # scalar −1 broadcast for g = 2 σ(2a) − 1
+
+
+@dataclass(frozen=True)
+class LSTMKernel:
+    """LSTM step math for the time loop.
+
+    Why the scaling: ``tanh`` on the strided g-slice of the gate block costs ~4× a
+    ``sigmoid`` over the whole contiguous block here, so the g rows of both projections
+    are pre-scaled by 2 and ``g = tanh(a) = 2σ(2a) − 1`` — one sigmoid, one fused add.
+    """
+
+    gates: int = 4
+    num_states: int = 2
+
+    @staticmethod
+    def _g_scale(H: int, like: Tensor) -> Tensor:
+        scale = like.new_ones(4 * H)
+        scale[2 * H : 3 * H] = 2
+        return scale
+
+    def prepare(self, w: Weights) -> _Prepared:
+        H = w.weight_hh.shape[1]
+        scale = self._g_scale(H, w.weight_hh)
+        return _Prepared((w.weight_hh * scale[:, None]).T, w.weight_hh.new_full((), -1.0))
+
+    def project_inputs(self, x: Tensor, w: Weights) -> Tensor:
+        H = w.weight_hh.shape[1]
+        scale = self._g_scale(H, w.weight_hh)
+        return torch.addmm(w.bias * scale, x, (w.weight_ih * scale[:, None]).T)
+
+    def alloc_cache(self, T: int, B: int, H: int, like: Tensor) -> tuple[Tensor, ...]:
+        return (like.new_empty(T, B, 4 * H), like.new_empty(T, B, H))
+
+    def step_into(self, xp, prev, out, cache, prep) -> None:
+        h, c = out
+        gates, tanh_c = cache
+        H = h.shape[1]
+        torch.addmm(xp, prev[0], prep.weight_hh_t, out=gates)
+        gates.sigmoid_()
+        g = gates[:, 2 * H : 3 * H]
+        torch.add(prep.minus_one, g, alpha=2, out=g)  # tanh(a) = 2σ(2a) − 1
+        i, f, _, o = gates.chunk(4, dim=1)
+        torch.mul(f, prev[1], out=c)
+        c.addcmul_(i, g)
+        torch.tanh(c, out=tanh_c)
+        torch.mul(o, tanh_c, out=h)
+
+    def prepare_backward(self, w: Weights) -> Tensor:
+        return w.weight_hh
+
+    def backward_cache(self, cache, states):
+        gates, tanh_c = cache
+        H = tanh_c.shape[-1]
+        deriv = gates * (1 - gates)  # σ' = s(1 − s) for i, f, o   (T, B, 4H)
+        g = gates[..., 2 * H : 3 * H]
+        torch.mul(g, g, out=deriv[..., 2 * H : 3 * H]).neg_().add_(1)  # tanh' = 1 − g²
+        d_tanh_c = 1 - tanh_c * tanh_c
+        return (gates, tanh_c, deriv, d_tanh_c)
+
+    def step_backward(self, d_new, prev, new, cache, d_xp, d_hp, w):
+        d_h, d_c = d_new
+        gates, tanh_c, deriv, d_tanh_c = cache
+        i, f, g, o = gates.chunk(4, dim=1)
+        d_i, d_f, d_g, d_o = d_xp.chunk(4, dim=1)
+        d_ct = d_h * o
+        d_ct.mul_(d_tanh_c).add_(d_c)  # d_c + d_h ⊙ o ⊙ (1 − tanh²c)
+        torch.mul(d_ct, g, out=d_i)
+        torch.mul(d_ct, prev[1], out=d_f)
+        torch.mul(d_ct, i, out=d_g)
+        torch.mul(d_h, tanh_c, out=d_o)
+        d_xp.mul_(deriv)  # to pre-activation gradients, all four blocks in one op
+        return (d_xp @ w, d_ct.mul_(f))
+
+    def recurrent_grads(self, d_hp, h_prev, cache):
+        return d_hp.T @ h_prev, None
+
+
+class LSTMCell(CellBase):
+    """LSTM cell with forget gate (SPEC §1.2): ONE bias per gate, gates i, f, g, o.
+
+    Args:
+        input_size: ``I``.  hidden_size: ``H``.
+        forget_bias: added to the forget gate's bias at initialisation (1.0 is the
+            common advice to remember by default); the bias stays one trainable vector.
+        init: ``"uniform"`` or ``"orthogonal"`` recurrent blocks.
+
+    Parameters: ``weight_ih (4H, I)``, ``weight_hh (4H, H)``, ``bias (4H,)`` —
+    ``4H(I + H + 1)``. The state is ``LSTMState(h, c)``.
+
+    >>> cell = LSTMCell(3, 5)
+    >>> sum(p.numel() for p in cell.parameters())
+    180
+    >>> cell(torch.zeros(2, 3)).c.shape
+    torch.Size([2, 5])
+    """
+
+    gates = 4
+    is_lstm = True
+
+    def __init__(
+        self, input_size: int, hidden_size: int, forget_bias: float = 0.0, init: str = "uniform"
+    ) -> None:
+        super().__init__(input_size, hidden_size, init)
+        self.forget_bias = float(forget_bias)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        H = self.hidden_size
+        with torch.no_grad():
+            self.bias[H : 2 * H] += self.forget_bias
+
+    @property
+    def kernel(self) -> LSTMKernel:
+        return LSTMKernel()
+
+    def weights(self) -> Weights:
+        return Weights(self.weight_ih, self.weight_hh, self.bias, None)
+
+    def forward(self, x: Tensor, state: LSTMState | None = None) -> LSTMState:
+        """One step: ``x (B, I)``, ``LSTMState`` or None (zeros) → ``LSTMState(h, c)``."""
+        state = check_cell_input(self, x, state)
+        return lstm_step(x, state, self.weights())

@@ -1,0 +1,133 @@
+"""The simple (Elman) recurrent cell, SPEC §1.1.
+
+    a_t = W_x x_t + W_h h_{t-1} + b          W_x = weight_ih (H, I), W_h = weight_hh (H, H)
+    h_t = φ(a_t)                             φ = tanh (default) or relu
+
+Backward of one step (min-char-rnn's naming), with ``d_h`` = ∂L/∂h_t:
+
+    d_a = φ'(a_t) ⊙ d_h            tanh: φ' = 1 − h_t²;  relu: φ' = [h_t > 0]
+    ∂L/∂h_{t-1} = W_hᵀ d_a
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rnnkit.cells.base import CellBase, check_cell_input
+from rnnkit.cells.kernel import Weights
+
+__all__ = ["RNNCell", "RNNKernel", "rnn_step", "rnn_step_backward"]
+
+NONLINEARITIES = ("tanh", "relu")
+
+
+def rnn_step(x: Tensor, h_prev: Tensor, w: Weights, nonlinearity: str = "tanh") -> Tensor:
+    """One step in plain differentiable ops: ``h_t = φ(W_x x_t + W_h h_{t-1} + b)``.
+
+    Args:
+        x: ``(B, I)``.  h_prev: ``(B, H)``.
+    Returns:
+        ``h_t (B, H)``.
+    """
+    a = x @ w.weight_ih.T + h_prev @ w.weight_hh.T + w.bias
+    return torch.tanh(a) if nonlinearity == "tanh" else torch.relu(a)
+
+
+def rnn_step_backward(d_h: Tensor, h: Tensor, w: Weights, nonlinearity: str = "tanh"):
+    """Backward of one step: returns ``(d_a, d_h_prev)``, both ``(B, H)``."""
+    d_a = d_h * (1 - h * h) if nonlinearity == "tanh" else d_h * (h > 0)
+    return d_a, d_a @ w.weight_hh
+
+
+@dataclass(frozen=True)
+class RNNKernel:
+    """Step math of the Elman cell for the time loop. Cache: none (``h_t`` suffices)."""
+
+    nonlinearity: str = "tanh"
+    gates: int = 1
+    num_states: int = 1
+
+    def prepare(self, w: Weights) -> Tensor:
+        return w.weight_hh.T  # (H, H) view: addmm reads it transposed, no copy
+
+    def project_inputs(self, x: Tensor, w: Weights) -> Tensor:
+        return torch.addmm(w.bias, x, w.weight_ih.T)
+
+    def alloc_cache(self, T: int, B: int, H: int, like: Tensor) -> tuple[Tensor, ...]:
+        return ()
+
+    def step_into(self, xp, prev, out, cache, prep) -> None:
+        (h,) = out
+        torch.addmm(xp, prev[0], prep, out=h)
+        if self.nonlinearity == "tanh":
+            torch.tanh_(h)
+        else:
+            torch.relu_(h)
+
+    def prepare_backward(self, w: Weights) -> Tensor:
+        return w.weight_hh
+
+    def backward_cache(self, cache, states):
+        h = states[0][1:]  # (T, B, H): h_1..h_T
+        # φ'(a_t) for all steps at once: 1 − h² (tanh) or [h > 0] (relu).
+        deriv = 1 - h * h if self.nonlinearity == "tanh" else (h > 0).to(h.dtype)
+        return (deriv,)
+
+    def step_backward(self, d_new, prev, new, cache, d_xp, d_hp, w):
+        (deriv,) = cache
+        torch.mul(d_new[0], deriv, out=d_xp)  # d_a = φ'(a_t) ⊙ d_h
+        return (d_xp @ w,)  # ∂L/∂h_{t-1} = W_hᵀ d_a
+
+    def recurrent_grads(self, d_hp, h_prev, cache):
+        return d_hp.T @ h_prev, None
+
+
+class RNNCell(CellBase):
+    """Elman cell ``h_t = φ(W_x x_t + W_h h_{t-1} + b)`` with ONE bias (SPEC §1.1).
+
+    Args:
+        input_size: ``I``.  hidden_size: ``H``.
+        nonlinearity: ``"tanh"`` or ``"relu"``.
+        init: ``"uniform"`` (PyTorch's U(±1/√H)) or ``"orthogonal"`` recurrent weights.
+
+    Parameters: ``weight_ih (H, I)``, ``weight_hh (H, H)``, ``bias (H,)`` — ``H(I + H + 1)``.
+
+    >>> cell = RNNCell(10, 20)
+    >>> sum(p.numel() for p in cell.parameters())
+    620
+    >>> cell(torch.zeros(3, 10)).shape
+    torch.Size([3, 20])
+    """
+
+    gates = 1
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        nonlinearity: str = "tanh",
+        init: str = "uniform",
+    ) -> None:
+        if nonlinearity not in NONLINEARITIES:
+            raise ValueError(f"nonlinearity must be one of {NONLINEARITIES}, got {nonlinearity!r}")
+        super().__init__(input_size, hidden_size, init)
+        self.nonlinearity = nonlinearity
+        self.reset_parameters()
+
+    @property
+    def kernel(self) -> RNNKernel:
+        return RNNKernel(self.nonlinearity)
+
+    def weights(self) -> Weights:
+        return Weights(self.weight_ih, self.weight_hh, self.bias, None)
+
+    def forward(self, x: Tensor, state: Tensor | None = None) -> Tensor:
+        """One step: ``x (B, I)``, ``state (B, H)`` or None (zeros) → ``h_t (B, H)``."""
+        h_prev = check_cell_input(self, x, state)
+        return rnn_step(x, h_prev, self.weights(), self.nonlinearity)
+
+    def extra_repr(self) -> str:
+        return f"{self.input_size}, {self.hidden_size}, nonlinearity={self.nonlinearity!r}"

@@ -1,0 +1,60 @@
+"""One direction of one recurrent layer: a cell run over time by the one time loop.
+
+Works time-major, ``(T, B, ·)``: the stacked layers convert the batch-first input once,
+so no per-layer transposes are paid.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from rnnkit.cells.base import CellBase
+from rnnkit.layers.masking import flip_sequences
+from rnnkit.recurrence import run_recurrence
+from rnnkit.types import LSTMState, State
+
+__all__ = ["Recurrent"]
+
+
+class Recurrent(nn.Module):
+    """Run ``cell`` forward in time, or backward within each sequence's own length.
+
+    With ``reverse=True`` each sequence is read from ITS OWN last real step down to its
+    first (SPEC §2), so the output at step t equals running the cell on the reversed
+    unpadded sequence; outputs are returned in the original time order.
+
+    Args:
+        cell: an ``RNNCell``, ``LSTMCell`` or ``GRUCell``.
+        reverse: read each sequence backwards.
+    """
+
+    def __init__(self, cell: CellBase, reverse: bool = False) -> None:
+        super().__init__()
+        self.cell = cell
+        self.reverse = reverse
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        state: State | None = None,
+        window: int | None = None,
+    ) -> tuple[Tensor, State]:
+        """``x (T, B, I)``, ``mask (T, B)`` → ``(outputs (T, B, H), final state)``."""
+        B = x.shape[1]
+        if state is None:
+            state = self.cell.zero_state(B, x)
+        states0 = tuple(state) if isinstance(state, LSTMState) else (state,)
+        run_mask = mask
+        if self.reverse:
+            x, run_mask = flip_sequences(x, mask)
+        outputs, finals = run_recurrence(
+            self.cell.kernel, x, self.cell.weights(), states0, run_mask, window
+        )
+        if self.reverse:
+            outputs, _ = flip_sequences(outputs, run_mask)
+        final: State = LSTMState(*finals) if self.cell.is_lstm else finals[0]
+        return outputs, final
+
+    def extra_repr(self) -> str:
+        return "reverse=True" if self.reverse else ""

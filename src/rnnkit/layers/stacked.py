@@ -1,0 +1,291 @@
+"""Layers that compose: directions side by side, layers on top of each other.
+
+``Bidirectional`` holds a forward and a reverse ``Recurrent`` and concatenates their
+outputs, ``h_t = [h^f_t; h^b_t]``; ``StackedRecurrent`` feeds each layer's outputs to the
+next (dropout between layers). ``RNN``/``LSTM``/``GRU`` are conveniences that build this
+from cells. Every layer returns ``RecurrentOutput(outputs, state)`` whatever the flags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from rnnkit.cells.base import CellBase
+from rnnkit.cells.gru import GRUCell
+from rnnkit.cells.lstm import LSTMCell
+from rnnkit.cells.rnn import RNNCell
+from rnnkit.layers.masking import resolve_mask
+from rnnkit.layers.recurrent import Recurrent
+from rnnkit.types import LSTMState, RecurrentOutput, State
+
+__all__ = ["GRU", "LSTM", "RNN", "Bidirectional", "StackedRecurrent"]
+
+
+class Bidirectional(nn.Module):
+    """A forward and a backward ``Recurrent`` over the same input; outputs concatenated.
+
+    The backward direction reads each sequence from its own last real step (SPEC §2).
+    """
+
+    def __init__(self, forward_layer: Recurrent, backward_layer: Recurrent) -> None:
+        super().__init__()
+        if forward_layer.reverse or not backward_layer.reverse:
+            raise ValueError("Bidirectional needs a forward layer and a reverse=True layer")
+        self.directions = nn.ModuleList([forward_layer, backward_layer])
+
+    def forward(self, x, mask=None, states=None, window=None):
+        """``x (T, B, I)`` → ``(outputs (T, B, 2H), [final_f, final_b])``."""
+        outs, finals = [], []
+        for d, layer in enumerate(self.directions):
+            o, s = layer(x, mask, None if states is None else states[d], window)
+            outs.append(o)
+            finals.append(s)
+        return torch.cat(outs, dim=-1), finals
+
+
+def _stack_states(finals: list[list[State]], is_lstm: bool) -> State:
+    """``finals[l][d]`` of ``(B, H)`` → ``(L, D, B, H)`` (or an ``LSTMState`` of them)."""
+    if is_lstm:
+        h = torch.stack([torch.stack([s.h for s in layer]) for layer in finals])
+        c = torch.stack([torch.stack([s.c for s in layer]) for layer in finals])
+        return LSTMState(h, c)
+    return torch.stack([torch.stack(list(layer)) for layer in finals])
+
+
+class StackedRecurrent(nn.Module):
+    """A stack of recurrent layers, each one or two directions, batch-first by default.
+
+    Args:
+        cell_factory: ``cell_factory(input_size)`` returns a new cell; called once per
+            layer and direction.
+        input_size: ``I``.  hidden_size: ``H``.
+        num_layers: ``L`` ≥ 1.  bidirectional: ``D = 2`` if True.
+        dropout: dropout probability on the outputs of every layer but the last.
+        batch_first: inputs/outputs are ``(B, T, ·)``; False means ``(T, B, ·)`` and must
+            be asked for (a layout is never guessed from shapes).
+    """
+
+    def __init__(
+        self,
+        cell_factory: Callable[[int], CellBase],
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bidirectional: bool = False,
+        dropout: float = 0.0,
+        batch_first: bool = True,
+    ) -> None:
+        super().__init__()
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"num_layers must be a positive integer, got {num_layers!r}")
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.bidirectional = bool(bidirectional)
+        self.num_directions = 2 if bidirectional else 1
+        self.dropout = float(dropout)
+        self.batch_first = batch_first
+        layers: list[nn.Module] = []
+        for layer_index in range(num_layers):
+            width = input_size if layer_index == 0 else hidden_size * self.num_directions
+            if self.bidirectional:
+                layers.append(
+                    Bidirectional(
+                        Recurrent(cell_factory(width)), Recurrent(cell_factory(width), True)
+                    )
+                )
+            else:
+                layers.append(Recurrent(cell_factory(width)))
+        self.layers = nn.ModuleList(layers)
+        self.drop = nn.Dropout(self.dropout)
+
+    @property
+    def is_lstm(self) -> bool:
+        return self.cells()[0].is_lstm
+
+    def cells(self) -> list[CellBase]:
+        """All cells, ordered by layer then direction."""
+        out: list[CellBase] = []
+        for layer in self.layers:
+            dirs = layer.directions if isinstance(layer, Bidirectional) else [layer]
+            out.extend(d.cell for d in dirs)
+        return out
+
+    def _check_input(self, x: Tensor) -> None:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        layout = "(B, T, I)" if self.batch_first else "(T, B, I)"
+        if x.dim() != 3:
+            raise ValueError(
+                f"x must have 3 dimensions {layout} with I = {self.input_size}, "
+                f"got shape {tuple(x.shape)}"
+            )
+        if x.shape[2] != self.input_size:
+            raise ValueError(
+                f"x must have shape {layout} with I = {self.input_size}, got {tuple(x.shape)}"
+            )
+        p = self.cells()[0].weight_ih
+        if x.dtype != p.dtype or x.device != p.device:
+            raise TypeError(
+                f"x is {x.dtype} on {x.device} but the parameters are {p.dtype} on "
+                f"{p.device}; convert one of them (e.g. layer.to(x))"
+            )
+
+    def _split_state(self, state: State | None, x: Tensor) -> list[list[State]] | None:
+        if state is None:
+            return None
+        B = x.shape[1]
+        L, D, H = self.num_layers, self.num_directions, self.hidden_size
+        expected = (L, D, B, H)
+        if self.is_lstm:
+            if not isinstance(state, LSTMState):
+                raise TypeError("the state of an LSTM layer must be LSTMState(h, c)")
+            parts = {"state.h": state.h, "state.c": state.c}
+        else:
+            if isinstance(state, tuple):
+                raise TypeError("the state of an RNN/GRU layer is one tensor (L, D, B, H)")
+            parts = {"state": state}
+        for name, t in parts.items():
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if tuple(t.shape) != expected:
+                raise ValueError(
+                    f"{name} must have shape (L, D, B, H) = {expected}, got {tuple(t.shape)}"
+                )
+            if t.dtype != x.dtype or t.device != x.device:
+                raise TypeError(f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}")
+        if self.is_lstm:
+            return [[LSTMState(state.h[l, d], state.c[l, d]) for d in range(D)] for l in range(L)]
+        return [[state[l, d] for d in range(D)] for l in range(L)]
+
+    def forward(
+        self,
+        x: Tensor,
+        lengths: Tensor | None = None,
+        mask: Tensor | None = None,
+        state: State | None = None,
+        window: int | None = None,
+    ) -> RecurrentOutput:
+        """Run the stack over a batch of sequences.
+
+        Args:
+            x: ``(B, T, I)`` (``(T, B, I)`` if ``batch_first=False``).
+            lengths: ``(B,)`` integers in ``[0, T]``, or None.
+            mask: ``(B, T)`` bool, True at real steps (holes hold the state), or None.
+                Not both ``lengths`` and ``mask``.
+            state: initial state ``(L, D, B, H)`` (``LSTMState`` for LSTM), None = zeros.
+            window: None for full BPTT; τ ≥ 1 for the exact windowed BPTT(τ).
+
+        Returns:
+            ``RecurrentOutput(outputs (B, T, D·H), state (L, D, B, H))``; the final state
+            of each sequence is its state after its last real step.
+        """
+        self._check_input(x)
+        if window is not None and (isinstance(window, bool) or int(window) < 1):
+            raise ValueError(f"window must be a positive integer or None, got {window!r}")
+        mask_bt = resolve_mask(x, lengths, mask, batch_first=self.batch_first)
+        xt = x.transpose(0, 1) if self.batch_first else x  # (T, B, I)
+        mask_t = mask_bt.T if mask_bt is not None else None  # (T, B)
+        init = self._split_state(state, xt)
+        finals: list[list[State]] = []
+        h = xt
+        for index, layer in enumerate(self.layers):
+            if index > 0 and self.dropout > 0:
+                h = self.drop(h)
+            layer_state = None if init is None else init[index]
+            if isinstance(layer, Bidirectional):
+                h, fin = layer(h, mask_t, layer_state, window)
+            else:
+                h, f = layer(h, mask_t, None if layer_state is None else layer_state[0], window)
+                fin = [f]
+            finals.append(fin)
+        outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
+        return RecurrentOutput(outputs, _stack_states(finals, self.is_lstm))
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
+            f"bidirectional={self.bidirectional}, dropout={self.dropout}"
+        )
+
+
+class RNN(StackedRecurrent):
+    """Stacked (bi)directional Elman layers.
+
+    >>> out = RNN(3, 4, num_layers=2, bidirectional=True)(torch.zeros(2, 5, 3))
+    >>> out.outputs.shape, out.state.shape
+    (torch.Size([2, 5, 8]), torch.Size([2, 2, 2, 4]))
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bidirectional: bool = False,
+        dropout: float = 0.0,
+        batch_first: bool = True,
+        **cell_options: object,
+    ) -> None:
+        def factory(width: int) -> CellBase:
+            return RNNCell(width, hidden_size, **cell_options)
+
+        super().__init__(
+            factory, input_size, hidden_size, num_layers, bidirectional, dropout, batch_first
+        )
+
+
+class LSTM(StackedRecurrent):
+    """Stacked (bi)directional LSTM layers; the state is ``LSTMState(h, c)``.
+
+    >>> out = LSTM(3, 4)(torch.zeros(2, 5, 3), lengths=torch.tensor([5, 2]))
+    >>> out.state.h.shape
+    torch.Size([1, 1, 2, 4])
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bidirectional: bool = False,
+        dropout: float = 0.0,
+        batch_first: bool = True,
+        **cell_options: object,
+    ) -> None:
+        def factory(width: int) -> CellBase:
+            return LSTMCell(width, hidden_size, **cell_options)
+
+        super().__init__(
+            factory, input_size, hidden_size, num_layers, bidirectional, dropout, batch_first
+        )
+
+
+class GRU(StackedRecurrent):
+    """Stacked (bi)directional GRU layers; ``update``/``reset`` as in ``GRUCell``.
+
+    >>> GRU(3, 4, update="keep", reset="after")(torch.zeros(2, 5, 3)).outputs.shape
+    torch.Size([2, 5, 4])
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bidirectional: bool = False,
+        dropout: float = 0.0,
+        batch_first: bool = True,
+        **cell_options: object,
+    ) -> None:
+        def factory(width: int) -> CellBase:
+            return GRUCell(width, hidden_size, **cell_options)
+
+        super().__init__(
+            factory, input_size, hidden_size, num_layers, bidirectional, dropout, batch_first
+        )

@@ -1,0 +1,66 @@
+"""Masked sequence losses in nats (SPEC §2, §4)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["REDUCTIONS", "sequence_cross_entropy"]
+
+REDUCTIONS = ("token", "sequence", "sum")
+
+
+def sequence_cross_entropy(
+    logits: Tensor, targets: Tensor, mask: Tensor | None = None, reduction: str = "token"
+) -> Tensor:
+    """Cross-entropy ``ℓ_it = −ln softmax(z_it)[y_it]`` over valid steps, in nats.
+
+    Args:
+        logits: ``(B, T, V)``.
+        targets: ``(B, T)`` integer class ids (anything at padded steps).
+        mask: ``(B, T)`` bool, True where a step has a target; None = all valid.
+        reduction: ``"token"`` (default) ``Σ m ℓ / Σ m`` — every valid step weighs the
+            same; ``"sequence"`` the mean within each sequence, then over sequences with
+            at least one valid step; ``"sum"`` ``Σ m ℓ``.
+
+    Raises:
+        ValueError: on shape mismatches, an unknown reduction, or no valid position
+            (the mean would be undefined: never a silent NaN).
+
+    >>> logits = torch.zeros(1, 4, 2)            # four steps at probability 0.5
+    >>> round(sequence_cross_entropy(logits, torch.zeros(1, 4, dtype=torch.long),
+    ...                              reduction="sum").item(), 3)
+    2.773
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if logits.dim() != 3:
+        raise ValueError(f"logits must have shape (B, T, V), got {tuple(logits.shape)}")
+    B, T, V = logits.shape
+    if tuple(targets.shape) != (B, T):
+        raise ValueError(f"targets must have shape (B, T) = {(B, T)}, got {tuple(targets.shape)}")
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool:
+        raise TypeError(f"targets must hold integer class ids, got dtype {targets.dtype}")
+    if mask is None:
+        mask = torch.ones(B, T, dtype=torch.bool, device=logits.device)
+    elif tuple(mask.shape) != (B, T):
+        raise ValueError(f"mask must have shape (B, T) = {(B, T)}, got {tuple(mask.shape)}")
+    mask = mask.to(device=logits.device, dtype=torch.bool)
+    if not bool(mask.any()):
+        raise ValueError("sequence_cross_entropy: the mask has no valid position (mean undefined)")
+    valid_targets = targets[mask]
+    if bool(((valid_targets < 0) | (valid_targets >= V)).any()):
+        raise ValueError(f"targets at valid positions must lie in [0, {V}), the number of classes")
+    # Select the valid positions first: padding never becomes a target and never yields
+    # NaN × 0 in the sum.
+    per_token = F.cross_entropy(logits[mask], valid_targets, reduction="none")  # (N,)
+    if reduction == "sum":
+        return per_token.sum()
+    if reduction == "token":
+        return per_token.mean()
+    counts = mask.sum(1)  # (B,)
+    row = torch.arange(B, device=logits.device)[:, None].expand(B, T)[mask]
+    sums = torch.zeros(B, dtype=per_token.dtype, device=logits.device).index_add(0, row, per_token)
+    has = counts > 0
+    return (sums[has] / counts[has]).mean()
