@@ -1,0 +1,202 @@
+"""``rnnkit sessions``: turn strace output or log files into an ``events`` data file.
+
+::
+
+    rnnkit sessions --from strace trace.txt --out train.jsonl --label 0
+    rnnkit sessions --from log app.log --session-pattern 'req=(\\w+)' --out app.jsonl
+
+The output is the JSON-lines format that ``rnnkit train --task events`` reads, written
+atomically. A one-line summary goes to stdout unless ``--quiet``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rnnkit.data.events import Session, write_sessions
+from rnnkit.errors import ConfigError, DataError
+
+__all__ = ["SessionsConfig", "register", "run"]
+
+
+@dataclass(frozen=True)
+class SessionsConfig:
+    """Validated options of ``rnnkit sessions``.
+
+    >>> SessionsConfig.from_args(argparse.Namespace(
+    ...     source="log", inputs=["a.log"], out="s.jsonl", session_pattern=None, no_result=False,
+    ...     per="pid", label=None, similarity=0.4, quiet=False))
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.ConfigError: --from log needs --session-pattern (a regex; its group is the id)
+    """
+
+    source: Literal["strace", "log"]
+    inputs: tuple[str, ...]
+    out: str
+    session_pattern: str | None = None
+    with_result: bool = True
+    per: Literal["pid", "file"] = "pid"
+    label: int | None = None
+    similarity: float = 0.4
+    quiet: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SessionsConfig:
+        """Check the options together (argparse checks each alone) and build the config."""
+        if args.source == "log" and not args.session_pattern:
+            raise ConfigError("--from log needs --session-pattern (a regex; its group is the id)")
+        if args.source == "strace":
+            # Refused rather than ignored: the user expected them to do something.
+            if args.session_pattern is not None:
+                raise ConfigError("--session-pattern applies to --from log only")
+            if args.similarity != 0.4:
+                raise ConfigError("--similarity applies to --from log only")
+        elif args.no_result or args.per != "pid":
+            raise ConfigError("--no-result and --per apply to --from strace only")
+        if not 0.0 <= args.similarity <= 1.0:
+            raise ConfigError(f"--similarity must be in [0, 1], got {args.similarity}")
+        seen: set[str] = set()
+        for path in args.inputs:
+            real = os.path.realpath(path)
+            if real in seen:
+                raise ConfigError(f"INPUT {path} is given twice")
+            seen.add(real)
+            if real == os.path.realpath(args.out):
+                raise ConfigError(f"--out {args.out} is also an INPUT; it would be overwritten")
+            if not os.path.exists(path):
+                raise DataError("no such file", path=path)
+            if not os.path.isfile(path):
+                raise DataError("not a regular file", path=path)
+        return cls(
+            source=args.source,
+            inputs=tuple(args.inputs),
+            out=args.out,
+            session_pattern=args.session_pattern,
+            with_result=not args.no_result,
+            per=args.per,
+            label=args.label,
+            similarity=args.similarity,
+            quiet=args.quiet,
+        )
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``sessions`` subcommand to the ``rnnkit`` parser."""
+    parser = subparsers.add_parser(
+        "sessions",
+        help="build an events data file from strace output or log files",
+        description=(
+            "Turn strace output (one session per process) or log files (one session per "
+            "session id, each line's event its Drain3 template) into the JSON-lines "
+            "events format."
+        ),
+    )
+    parser.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        choices=("strace", "log"),
+        help="what the inputs are: strace output (-f, -ff, -tt... all read) or log lines",
+    )
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="input files, read in order")
+    parser.add_argument("--out", required=True, metavar="PATH", help="JSON-lines file to write")
+    parser.add_argument(
+        "--session-pattern",
+        metavar="REGEX",
+        help="(log) regex finding a line's session id: group 'session' or the first group; "
+        "lines without one are skipped",
+    )
+    parser.add_argument(
+        "--similarity",
+        type=float,
+        default=0.4,
+        metavar="X",
+        help="(log) Drain similarity threshold in [0, 1]; higher gives more, finer templates "
+        "(default 0.4)",
+    )
+    parser.add_argument(
+        "--no-result",
+        action="store_true",
+        help="(strace) events are bare syscall names, not name:result (openat:ENOENT)",
+    )
+    parser.add_argument(
+        "--per",
+        choices=("pid", "file"),
+        default="pid",
+        help="(strace) one session per traced process (default) or per input file",
+    )
+    parser.add_argument(
+        "--label",
+        type=int,
+        choices=(0, 1),
+        help="label every session 0 (normal) or 1 (anomalous); default unlabelled",
+    )
+    parser.add_argument("--quiet", action="store_true", help="print no summary")
+    parser.set_defaults(func=run)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _from_strace(config: SessionsConfig) -> tuple[list[Session], str]:
+    from rnnkit.data.strace import parse_strace
+
+    sessions: list[Session] = []
+    skipped: list[tuple[str, int]] = []
+    skipped_count = 0
+    for path in config.inputs:
+        found, stats = parse_strace(
+            path, with_result=config.with_result, per=config.per, label=config.label
+        )
+        sessions.extend(found)
+        skipped_count += stats.skipped
+        skipped.extend(stats.first_skipped)
+    note = ""
+    if skipped_count:
+        source, line = skipped[0]
+        note = f"; skipped {_count(skipped_count, 'unparseable line')} (first at {source}:{line})"
+    return sessions, note
+
+
+def _from_logs(config: SessionsConfig) -> tuple[list[Session], str]:
+    from rnnkit.data.logs import LogSessionizer, no_session_message
+
+    assert config.session_pattern is not None  # from_args makes sure
+    # One sessionizer for all inputs: a session may span rotated files, and every file
+    # must name the same kind of line by the same template.
+    sessionizer = LogSessionizer(config.session_pattern, similarity=config.similarity)
+    for path in config.inputs:
+        sessionizer.add_file(path)
+    sessions = sessionizer.sessions(config.label)
+    if not sessions:
+        raise DataError(no_session_message(sessionizer), path=", ".join(config.inputs))
+    stats = sessionizer.stats
+    note = (
+        f"; {_count(stats.templates, 'template')}; skipped "
+        f"{_count(stats.no_session, 'line')} without a session id"
+    )
+    if stats.too_long:
+        note += f" and {_count(stats.too_long, 'overlong line')}"
+    return sessions, note
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``rnnkit sessions``; returns the exit status."""
+    config = SessionsConfig.from_args(args)
+    sessions, note = _from_strace(config) if config.source == "strace" else _from_logs(config)
+    directory = os.path.dirname(config.out)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    write_sessions(config.out, sessions)
+    if not config.quiet:
+        events = sum(len(s.events) for s in sessions)
+        print(
+            f"wrote {_count(len(sessions), 'session')} ({_count(events, 'event')}) "
+            f"to {config.out}{note}"
+        )
+    return 0

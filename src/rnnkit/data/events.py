@@ -1,0 +1,329 @@
+"""Event sessions on disk: the JSON-lines format of the ``events`` task, read and written.
+
+One line is one session (one process's system calls, one request's log lines, ...)::
+
+    {"session": "web-17", "events": ["openat:ok", "read:ok", "close:ok"], "label": 0}
+
+Rules, each broken rule a :class:`~rnnkit.errors.DataError` naming file and line:
+
+- ``session``: a non-empty string, or an integer (stored as its decimal string, because
+  ids such as process ids are often numbers); unique within a file.
+- ``events``: a non-empty list of non-empty strings. Numbers are *not* converted: ``1``,
+  ``1.0`` and ``"1"`` would silently become one token or three, so the writer of the file
+  must say which it means by quoting.
+- ``label`` (optional): ``0`` (normal) or ``1`` (anomalous), or ``null`` for unlabelled.
+  ``true``/``false`` are refused so a boolean column is not mistaken for a label.
+- No other keys: a misspelt ``"lable"`` would otherwise leave a session silently
+  unlabelled.
+- Blank lines are skipped; a line is at most :data:`MAX_LINE_BYTES` long; objects may not
+  repeat a key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from os import PathLike
+from typing import IO, Any
+
+from rnnkit.errors import DataError
+
+__all__ = [
+    "MAX_LINE_BYTES",
+    "Session",
+    "iter_sessions",
+    "parse_session",
+    "read_sessions",
+    "write_sessions",
+]
+
+#: Longest accepted line. A session of a few hundred thousand events fits comfortably;
+#: beyond this, a file is more likely hostile or corrupt than real, and reading it whole
+#: into memory would be the failure.
+MAX_LINE_BYTES = 10 * 1024 * 1024
+
+_KEYS = ("session", "events", "label")
+
+
+@dataclass
+class Session:
+    """One example of the ``events`` task: an id, its events in order, an optional label.
+
+    Args:
+        session: identifier, unique within a file.
+        events: the tokens, in the order they happened (at least one).
+        label: ``0`` normal, ``1`` anomalous, ``None`` unlabelled.
+
+    >>> Session("p1", ["openat:ok", "read:ok"], label=0)
+    Session(session='p1', events=['openat:ok', 'read:ok'], label=0)
+    """
+
+    session: str
+    events: list[str] = field(default_factory=list)
+    label: int | None = None
+
+    def to_json(self) -> str:
+        """The session as one JSON line (without newline); ``label`` omitted when None.
+
+        >>> Session("p1", ["a", "b"]).to_json()
+        '{"session": "p1", "events": ["a", "b"]}'
+        """
+        record: dict[str, Any] = {"session": self.session, "events": self.events}
+        if self.label is not None:
+            record["label"] = self.label
+        # ensure_ascii=False keeps non-ASCII tokens readable and the file smaller.
+        return json.dumps(record, ensure_ascii=False)
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            # json.loads would keep the last value silently; two labels on one line is
+            # a broken writer, not something to guess about.
+            raise _DuplicateKeyError(key)
+        obj[key] = value
+    return obj
+
+
+class _DuplicateKeyError(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _type_name(value: object) -> str:
+    return {
+        type(None): "null",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
+
+
+def parse_session(
+    text: str, path: str | PathLike[str] | None = None, line: int | None = None
+) -> Session:
+    """Parse and validate one JSON line into a :class:`Session`.
+
+    Args:
+        text: the line, with or without its newline.
+        path, line: where it came from, only for error messages.
+
+    Raises:
+        DataError: anything wrong with the line, located by ``path:line``.
+
+    >>> parse_session('{"session": 7, "events": ["a", "b"], "label": 1}')
+    Session(session='7', events=['a', 'b'], label=1)
+    >>> parse_session('{"session": "s", "events": []}', "x.jsonl", 4)
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.DataError: x.jsonl:4: session 's' has no events
+    """
+
+    def fail(message: str) -> DataError:
+        return DataError(message, path=path, line=line)
+
+    try:
+        record = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except json.JSONDecodeError as exc:
+        raise fail(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+    except _DuplicateKeyError as exc:
+        raise fail(f"key {exc.key!r} appears twice") from None
+    except RecursionError:
+        # The C decoder recurses once per nesting level; "[[[[..." must not crash us.
+        raise fail("invalid JSON: nested too deeply") from None
+    except ValueError as exc:
+        # e.g. an integer literal over Python's 4300-digit limit.
+        raise fail(f"invalid JSON: {exc}") from None
+    if not isinstance(record, dict):
+        raise fail(f"expected a JSON object, got {_type_name(record)}")
+    unknown = [key for key in record if key not in _KEYS]
+    if unknown:
+        raise fail(f"unknown key {unknown[0]!r} (expected session, events, label)")
+
+    if "session" not in record:
+        raise fail("missing key 'session'")
+    session_id = record["session"]
+    if isinstance(session_id, bool) or not isinstance(session_id, (str, int)):
+        raise fail(f"'session' must be a string or an integer, got {_type_name(session_id)}")
+    session_id = str(session_id)
+    if not session_id:
+        raise fail("'session' is an empty string")
+
+    if "events" not in record:
+        raise fail(f"session {session_id!r}: missing key 'events'")
+    events = record["events"]
+    if not isinstance(events, list):
+        raise fail(f"session {session_id!r}: 'events' must be a list, got {_type_name(events)}")
+    if not events:
+        raise fail(f"session {session_id!r} has no events")
+    for index, event in enumerate(events):
+        if not isinstance(event, str):
+            raise fail(
+                f"session {session_id!r}: events[{index}] is {_type_name(event)}, "
+                "expected a string (quote numeric events)"
+            )
+        if not event:
+            raise fail(f"session {session_id!r}: events[{index}] is an empty string")
+
+    label = record.get("label")
+    if label is not None and (isinstance(label, bool) or label not in (0, 1)):
+        raise fail(f"session {session_id!r}: 'label' must be 0 or 1, got {json.dumps(label)}")
+    # label in (0, 1) also admits 1.0; store the int so the written file round-trips.
+    return Session(session_id, events, None if label is None else int(label))
+
+
+def _read_line(fileobj: IO[Any], path: str | PathLike[str] | None, line: int) -> str | None:
+    """The next line as text, None at end of file; refuses lines over MAX_LINE_BYTES."""
+    raw: str | bytes = fileobj.readline(MAX_LINE_BYTES + 1)
+    if not raw:
+        return None
+    # On a text stream the limit counts characters (up to 4 bytes each): still bounded.
+    if len(raw) > MAX_LINE_BYTES:
+        raise DataError(f"line longer than {MAX_LINE_BYTES // 2**20} MiB", path=path, line=line)
+    if isinstance(raw, bytes):
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(
+                f"not valid UTF-8 (byte {exc.start + 1} of the line)", path=path, line=line
+            ) from None
+    return raw
+
+
+def iter_sessions(
+    fileobj: IO[Any], path: str | PathLike[str] | None = None, *, unique: bool = True
+) -> Iterator[tuple[int, Session]]:
+    """Stream sessions from an open file, one per JSON line, as ``(line_number, session)``.
+
+    Reads one line at a time, so it serves growing files and pipes (``--follow``).
+
+    Args:
+        fileobj: a binary or text file object (binary is decoded as UTF-8).
+        path: file name for error messages (default: ``fileobj.name`` when it has one).
+        unique: refuse a session id seen earlier in the stream.
+
+    Raises:
+        DataError: on the first bad line, naming ``path:line``.
+
+    >>> import io
+    >>> stream = io.StringIO(
+    ...     '{"session": "a", "events": ["x"]}\\n\\n{"session": "b", "events": ["y"]}\\n'
+    ... )
+    >>> [(n, s.session) for n, s in iter_sessions(stream)]
+    [(1, 'a'), (3, 'b')]
+    """
+    if path is None:
+        name = getattr(fileobj, "name", None)
+        path = name if isinstance(name, str) else None
+    seen: dict[str, int] = {}
+    line = 0
+    while True:
+        line += 1
+        text = _read_line(fileobj, path, line)
+        if text is None:
+            return
+        if line == 1 and text.startswith("\ufeff"):
+            text = text[1:]  # a byte-order mark from a Windows editor is not content
+        if not text.strip():
+            continue
+        # Without its newline, so a "column" in a JSON error is on this line.
+        session = parse_session(text.rstrip("\r\n"), path, line)
+        if unique:
+            if session.session in seen:
+                raise DataError(
+                    f"duplicate session id {session.session!r} (first at line "
+                    f"{seen[session.session]})",
+                    path=path,
+                    line=line,
+                )
+            seen[session.session] = line
+        yield line, session
+
+
+def read_sessions(path: str | PathLike[str]) -> list[Session]:
+    """Read a whole JSON-lines session file (the ``events`` data format).
+
+    Args:
+        path: the file.
+
+    Raises:
+        DataError: a bad line (``path:line: problem``), or a file with no session.
+        OSError: the file cannot be opened.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "s.jsonl")
+    >>> write_sessions(path, [Session("a", ["x", "y"], 1)])
+    >>> read_sessions(path)
+    [Session(session='a', events=['x', 'y'], label=1)]
+    """
+    with open(path, "rb") as fileobj:
+        sessions = [session for _, session in iter_sessions(fileobj, path)]
+    if not sessions:
+        raise DataError("no sessions (the file is empty)", path=path)
+    return sessions
+
+
+def write_sessions(path: str | PathLike[str], sessions: Iterable[Session]) -> None:
+    """Write sessions as JSON lines, atomically: readers see the old file or the new one.
+
+    The sessions are validated by the same rules as :func:`read_sessions` first, so what
+    is written can always be read back.
+
+    Args:
+        path: destination; its directory must exist.
+        sessions: the sessions, written in order.
+
+    Raises:
+        DataError: a session that breaks the format (named by its id), before anything is
+            written.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "s.jsonl")
+    >>> write_sessions(path, [Session("a", ["x"]), Session("b", ["y", "z"], 0)])
+    >>> from pathlib import Path
+    >>> print(Path(path).read_text(), end="")
+    {"session": "a", "events": ["x"]}
+    {"session": "b", "events": ["y", "z"], "label": 0}
+    """
+    lines: list[str] = []
+    seen: set[str] = set()
+    for index, session in enumerate(sessions):
+        try:
+            text = session.to_json()
+            # Round-trip through the reader: one set of rules, and what is written reads.
+            parse_session(text)
+        except (DataError, TypeError, ValueError) as exc:
+            message = exc.message if isinstance(exc, DataError) else str(exc)
+            raise DataError(f"cannot write session #{index}: {message}", path=path) from None
+        if session.session in seen:
+            raise DataError(f"duplicate session id {session.session!r}", path=path)
+        seen.add(session.session)
+        lines.append(text + "\n")
+
+    path = os.fspath(path)
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
+    # os.open with 0o666 lets the umask decide the permissions, as a plain open() would;
+    # tempfile's 0o600 would leave the result unreadable to others. O_EXCL refuses to
+    # follow a planted symlink.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
+            out.writelines(lines)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # Never leave a half-written temp file behind, even on Ctrl-C.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

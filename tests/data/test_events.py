@@ -1,0 +1,230 @@
+"""The events JSON-lines format: reading, validating, streaming and atomic writing."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from rnnkit.data import events as events_module
+from rnnkit.data.events import (
+    Session,
+    iter_sessions,
+    parse_session,
+    read_sessions,
+    write_sessions,
+)
+from rnnkit.errors import DataError
+
+
+def write_lines(tmp_path: Path, *lines: str, name: str = "s.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def read_error(path: Path) -> str:
+    with pytest.raises(DataError) as info:
+        read_sessions(path)
+    return str(info.value)
+
+
+def test_reads_sessions_with_and_without_labels(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path,
+        '{"session": "a", "events": ["openat:ok", "read:ok"], "label": 0}',
+        "",  # blank lines are allowed between records
+        '{"session": 42, "events": ["x"], "label": null}',
+        '{"label": 1, "events": ["é", "y z"], "session": "b"}',
+    )
+    assert read_sessions(path) == [
+        Session("a", ["openat:ok", "read:ok"], 0),
+        Session("42", ["x"], None),
+        Session("b", ["é", "y z"], 1),
+    ]
+
+
+def test_write_then_read_round_trips(tmp_path: Path) -> None:
+    sessions = [Session("p:1", ["a", "b", "a"], 1), Session("p:2", ["c"]), Session("ü", ["\n"], 0)]
+    path = tmp_path / "out.jsonl"
+    write_sessions(path, sessions)
+    assert read_sessions(path) == sessions
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[1] == '{"session": "p:2", "events": ["c"]}'  # unlabelled: no label key
+    assert json.loads(lines[2]) == {"session": "ü", "events": ["\n"], "label": 0}
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"session": "a", "events": ["x"]', "invalid JSON: Expecting ',' delimiter (column 33)"),
+        ("not json", "invalid JSON: Expecting value (column 1)"),
+        ('["a", ["x"]]', "expected a JSON object, got a list"),
+        ('"a"', "expected a JSON object, got a string"),
+        ('{"events": ["x"]}', "missing key 'session'"),
+        ('{"session": "a"}', "session 'a': missing key 'events'"),
+        (
+            '{"session": 1.5, "events": ["x"]}',
+            "'session' must be a string or an integer, got a number",
+        ),
+        (
+            '{"session": true, "events": ["x"]}',
+            "'session' must be a string or an integer, got a boolean",
+        ),
+        ('{"session": "", "events": ["x"]}', "'session' is an empty string"),
+        ('{"session": "a", "events": "x y"}', "session 'a': 'events' must be a list, got a string"),
+        ('{"session": "a", "events": []}', "session 'a' has no events"),
+        (
+            '{"session": "a", "events": ["x", 3]}',
+            "session 'a': events[1] is a number, expected a string (quote numeric events)",
+        ),
+        ('{"session": "a", "events": ["x", null]}', "session 'a': events[1] is null, expected"),
+        ('{"session": "a", "events": ["x", ""]}', "session 'a': events[1] is an empty string"),
+        (
+            '{"session": "a", "events": ["x"], "label": 2}',
+            "session 'a': 'label' must be 0 or 1, got 2",
+        ),
+        (
+            '{"session": "a", "events": ["x"], "label": true}',
+            "session 'a': 'label' must be 0 or 1, got true",
+        ),
+        (
+            '{"session": "a", "events": ["x"], "label": "1"}',
+            "session 'a': 'label' must be 0 or 1, got \"1\"",
+        ),
+        ('{"session": "a", "events": ["x"], "lable": 1}', "unknown key 'lable' (expected session"),
+        ('{"session": "a", "session": "b", "events": ["x"]}', "key 'session' appears twice"),
+    ],
+)
+def test_bad_line_is_reported_with_file_and_line(tmp_path: Path, line: str, message: str) -> None:
+    path = write_lines(tmp_path, '{"session": "ok", "events": ["x"]}', line)
+    assert read_error(path).startswith(f"{path}:2: {message}")
+
+
+def test_duplicate_session_id_names_both_lines(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path,
+        '{"session": "a", "events": ["x"]}',
+        '{"session": "b", "events": ["x"]}',
+        '{"session": "a", "events": ["y"]}',
+    )
+    assert read_error(path) == f"{path}:3: duplicate session id 'a' (first at line 1)"
+
+
+def test_integer_and_string_ids_collide(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path, '{"session": 7, "events": ["x"]}', '{"session": "7", "events": ["x"]}'
+    )
+    assert read_error(path) == f"{path}:2: duplicate session id '7' (first at line 1)"
+
+
+def test_empty_file_is_an_error(tmp_path: Path) -> None:
+    path = write_lines(tmp_path, "", "  ")
+    assert read_error(path) == f"{path}: no sessions (the file is empty)"
+
+
+def test_deep_nesting_is_reported_not_crashed(tmp_path: Path) -> None:
+    path = write_lines(tmp_path, "[" * 200_000 + "]" * 200_000)
+    assert read_error(path) == f"{path}:1: invalid JSON: nested too deeply"
+
+
+def test_huge_integer_is_reported(tmp_path: Path) -> None:
+    path = write_lines(tmp_path, '{"session": ' + "9" * 5000 + ', "events": ["x"]}')
+    assert read_error(path).startswith(f"{path}:1: invalid JSON: Exceeds the limit")
+
+
+def test_overlong_line_is_refused_without_reading_it_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(events_module, "MAX_LINE_BYTES", 2**20)  # 1 MiB keeps the test quick
+    path = write_lines(
+        tmp_path,
+        '{"session": "a", "events": ["x"]}',
+        '{"session": "b", "events": ["' + "x" * 2**20 + '"]}',
+    )
+    assert read_error(path) == f"{path}:2: line longer than 1 MiB"
+
+
+def test_invalid_utf8_is_reported_with_line(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b'{"session": "a", "events": ["x"]}\n{"session": "\xff", "events": ["x"]}\n')
+    assert read_error(path) == f"{path}:2: not valid UTF-8 (byte 14 of the line)"
+
+
+def test_byte_order_mark_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"session": "a", "events": ["x"]}\n')
+    assert read_sessions(path) == [Session("a", ["x"])]
+
+
+def test_missing_file_raises_oserror(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        read_sessions(tmp_path / "absent.jsonl")
+
+
+def test_iter_sessions_streams_text_with_line_numbers() -> None:
+    stream = io.StringIO('{"session": "a", "events": ["x"]}\n\n{"session": "b", "events": ["y"]}')
+    got = iter_sessions(stream, "live")
+    assert next(got) == (1, Session("a", ["x"]))
+    assert next(got) == (3, Session("b", ["y"]))  # last line without newline still counts
+    assert list(got) == []
+
+
+def test_iter_sessions_reports_bad_line_after_yielding_good_ones() -> None:
+    stream = io.BytesIO(b'{"session": "a", "events": ["x"]}\n{"session": "b"}\n')
+    got = iter_sessions(stream, "live")
+    assert next(got)[1].session == "a"
+    with pytest.raises(DataError, match=r"^live:2: session 'b': missing key 'events'$"):
+        next(got)
+
+
+def test_iter_sessions_can_allow_repeated_ids() -> None:
+    stream = io.StringIO('{"session": "a", "events": ["x"]}\n{"session": "a", "events": ["y"]}\n')
+    assert [s.events for _, s in iter_sessions(stream, unique=False)] == [["x"], ["y"]]
+
+
+def test_parse_session_accepts_one_point_zero_label_as_int() -> None:
+    session = parse_session('{"session": "a", "events": ["x"], "label": 1.0}')
+    assert session.label == 1
+    assert isinstance(session.label, int)
+
+
+def test_write_refuses_invalid_sessions_and_leaves_file_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    path.write_text("old\n")
+    with pytest.raises(DataError, match=r"out\.jsonl: cannot write session #1: session 'b' has no"):
+        write_sessions(path, [Session("a", ["x"]), Session("b", [])])
+    with pytest.raises(DataError, match=r"out\.jsonl: duplicate session id 'a'$"):
+        write_sessions(path, [Session("a", ["x"]), Session("a", ["y"])])
+    with pytest.raises(DataError, match=r"'label' must be 0 or 1, got 5"):
+        write_sessions(path, [Session("a", ["x"], 5)])
+    assert path.read_text() == "old\n"
+    assert os.listdir(tmp_path) == ["out.jsonl"]
+
+
+def test_write_is_atomic_when_interrupted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "out.jsonl"
+    path.write_text("old\n")
+
+    def fail(src: str, dst: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(KeyboardInterrupt):
+        write_sessions(path, [Session("a", ["x"])])
+    assert path.read_text() == "old\n"
+    assert os.listdir(tmp_path) == ["out.jsonl"]  # no temp file left behind
+
+
+def test_written_file_gets_ordinary_permissions(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    old_umask = os.umask(0o022)
+    try:
+        write_sessions(path, [Session("a", ["x"])])
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644

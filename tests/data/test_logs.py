@@ -1,0 +1,187 @@
+"""Log lines to sessions: session ids by regex, events as Drain3 templates."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from rnnkit.data import logs as logs_module
+from rnnkit.data.events import Session
+from rnnkit.data.logs import LogSessionizer, sessions_from_logs
+from rnnkit.errors import ConfigError, DataError
+
+# HDFS-style lines (the Loghub benchmark's classic): a block id is the session.
+HDFS = "".join(
+    line + "\n"
+    for line in [
+        "081109 203518 143 INFO dfs.DataNode$DataXceiver: Receiving block "
+        "blk_-1608999687919862906 src: /10.250.19.102:54106 dest: /10.250.19.102:50010",
+        "081109 203518 35 INFO dfs.FSNamesystem: BLOCK* NameSystem.allocateBlock: "
+        "/mnt/hadoop/job_200811092030_0001/job.jar. blk_-1608999687919862906",
+        "081109 203519 143 INFO dfs.DataNode$DataXceiver: Receiving block "
+        "blk_7503483334202473044 src: /10.251.215.16:55695 dest: /10.251.215.16:50010",
+        "081109 203519 145 INFO dfs.DataNode$PacketResponder: PacketResponder 1 for block "
+        "blk_-1608999687919862906 terminating",
+        "081109 203520 142 INFO dfs.DataNode: heartbeat sent to namenode",
+        "081109 203521 145 INFO dfs.DataNode$PacketResponder: PacketResponder 0 for block "
+        "blk_7503483334202473044 terminating",
+        "081109 203521 19 WARN dfs.DataNode$DataXceiver: writeBlock blk_7503483334202473044 "
+        "received exception java.io.IOException: Connection reset by peer",
+    ]
+)
+
+RECEIVING = (
+    "<NUM> <NUM> <NUM> INFO dfs.DataNode$DataXceiver: Receiving block <SESSION> "
+    "src: /<IP> dest: /<IP>"
+)
+RESPONDER = (
+    "<NUM> <NUM> <NUM> INFO dfs.DataNode$PacketResponder: PacketResponder <NUM> "
+    "for block <SESSION> terminating"
+)
+
+
+def test_hdfs_block_sessions(tmp_path: Path) -> None:
+    path = tmp_path / "hdfs.log"
+    path.write_text(HDFS)
+    sessions, stats = sessions_from_logs(path, r"(?P<session>blk_-?\d+)", label=0)
+    assert sessions == [
+        Session(
+            "blk_-1608999687919862906",
+            [
+                RECEIVING,
+                "<NUM> <NUM> <NUM> INFO dfs.FSNamesystem: BLOCK* NameSystem.allocateBlock: "
+                "/mnt/hadoop/job_200811092030_0001/job.jar. <SESSION>",
+                RESPONDER,
+            ],
+            0,
+        ),
+        Session(
+            "blk_7503483334202473044",
+            [
+                RECEIVING,
+                RESPONDER,
+                "<NUM> <NUM> <NUM> WARN dfs.DataNode$DataXceiver: writeBlock <SESSION> received "
+                "exception java.io.IOException: Connection reset by peer",
+            ],
+            0,
+        ),
+    ]
+    assert (stats.lines, stats.used, stats.no_session) == (7, 6, 1)
+    assert (stats.templates, stats.sessions, stats.too_long) == (4, 2, 0)
+
+
+def test_templates_are_final_not_as_first_mined() -> None:
+    # After the first line alone Drain's template is the line itself; the event of that
+    # line must still be the template it ends in.
+    sessions, stats = sessions_from_logs(
+        ["u1: login alice ok", "u2: login bob ok", "u1: logout"], r"^(\w+):", masks=()
+    )
+    assert [s.events for s in sessions] == [
+        ["<SESSION>: login <*> ok", "<SESSION>: logout"],
+        ["<SESSION>: login <*> ok"],
+    ]
+    assert stats.templates == 2
+
+
+def test_session_id_never_splits_a_template() -> None:
+    # Alphabetic ids are not numbers: without masking them each would be its own template.
+    sessions, _ = sessions_from_logs(
+        ["session=alpha start", "session=beta start"], r"session=(\w+)", masks=()
+    )
+    assert [s.events for s in sessions] == [["session=<SESSION> start"]] * 2
+
+
+def test_first_group_is_used_when_no_group_is_named() -> None:
+    sessions, _ = sessions_from_logs(["[7] (x) open"], r"\[(\d+)\] \((\w)\)")
+    assert sessions[0].session == "7"
+
+
+def test_named_group_wins_over_first_group() -> None:
+    sessions, _ = sessions_from_logs(["host a req 9 open"], r"host (\w) req (?P<session>\d+)")
+    assert sessions[0].session == "9"
+
+
+def test_lines_without_session_are_skipped_and_counted() -> None:
+    sessionizer = LogSessionizer(r"id=(\d*)")
+    sessionizer.add_lines(["id=1 a", "nothing here", "id= empty id", "", "id=1 b"])
+    assert sessionizer.stats.no_session == 3  # no match, empty group, blank line
+    assert [s.session for s in sessionizer.sessions()] == ["1"]
+    assert sessionizer.stats.used == 2
+
+
+def test_several_files_share_sessions_and_templates(tmp_path: Path) -> None:
+    (tmp_path / "app.log.1").write_text("req=a start job 1\nreq=b start job 2\n")
+    (tmp_path / "app.log").write_text("req=a start job 3\nreq=a done\n")
+    sessionizer = LogSessionizer(r"req=(\w+)")
+    sessionizer.add_file(tmp_path / "app.log.1")
+    sessionizer.add_file(tmp_path / "app.log")
+    assert [(s.session, s.events) for s in sessionizer.sessions(label=1)] == [
+        ("a", ["req=<SESSION> start job <NUM>"] * 2 + ["req=<SESSION> done"]),
+        ("b", ["req=<SESSION> start job <NUM>"]),
+    ]
+    assert sessionizer.stats.lines == 4
+
+
+def test_invalid_utf8_is_replaced_not_fatal(tmp_path: Path) -> None:
+    path = tmp_path / "a.log"
+    path.write_bytes(b"req=a caf\xe9 open\n")
+    sessions, _ = sessions_from_logs(path, r"req=(\w+)")
+    assert sessions[0].events == ["req=<SESSION> caf\ufffd open"]
+
+
+def test_overlong_lines_are_skipped_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logs_module, "MAX_LINE_CHARS", 50)
+    path = tmp_path / "a.log"
+    path.write_text("req=a short\nreq=b " + "x" * 200 + "\nreq=c also short\n")
+    sessions, stats = sessions_from_logs(path, r"req=(\w+)")
+    assert [s.session for s in sessions] == ["a", "c"]
+    assert (stats.lines, stats.too_long) == (3, 1)
+
+
+def test_no_line_with_a_session_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "a.log"
+    path.write_text("one\ntwo\n")
+    with pytest.raises(DataError) as info:
+        sessions_from_logs(path, r"req=(\w+)")
+    assert (
+        str(info.value)
+        == f"{path}: no line matches the session pattern 'req=(\\w+)' (2 lines read)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("pattern", "message"),
+    [
+        (r"req=\w+", r"--session-pattern 'req=\w+' has no group: mark the id with"),
+        (
+            r"req=(\w+",
+            r"--session-pattern 'req=(\w+' is not a valid regex: missing ), unterminated",
+        ),
+    ],
+)
+def test_bad_session_pattern_is_a_config_error(pattern: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        LogSessionizer(pattern)
+    assert str(info.value).startswith(message)
+
+
+def test_bad_options_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match=r"similarity must be in \[0, 1\], got 1.5"):
+        LogSessionizer("(x)", similarity=1.5)
+    with pytest.raises(ConfigError, match="depth must be at least 3, got 2"):
+        LogSessionizer("(x)", depth=2)
+    with pytest.raises(ConfigError, match=r"mask '\(' is not a valid regex"):
+        LogSessionizer("(x)", masks=[("(", "BAD")])
+
+
+def test_mining_is_quiet(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)  # a user's INFO logging must not show drain3's chatter
+    sessions_from_logs(["a=1 x", "a=2 y"], r"a=(\d)")
+    assert capsys.readouterr() == ("", "")
+    assert [r for r in caplog.records if r.name.startswith("drain3")] == []
