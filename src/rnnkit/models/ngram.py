@@ -1,0 +1,374 @@
+"""The n-gram baseline: interpolated Kneser-Ney over integer token ids (SPEC §5, baselines).
+
+What the recurrence buys is measured against this model. It is plain interpolated
+Kneser-Ney (Chen & Goodman 1998, §3.5; one absolute discount ``D`` for every order, not the
+three discounts of *modified* KN), interpolated at the bottom with the uniform distribution
+over the ``V`` ids, so every id, seen or not, gets non-zero mass:
+
+    P_1(w)   = (max(c_1(w) - D, 0) + D · N_1 / V) / T_1
+    P_k(w|h) = (max(c_k(h w) - D, 0) + D · N_k(h) · P_{k-1}(w|h')) / T_k(h)   if T_k(h) > 0
+             = P_{k-1}(w|h')                                                   otherwise
+
+``h`` is the last ``k-1`` tokens, ``h'`` drops its oldest; ``T_k(h) = Σ_w c_k(h w)`` and
+``N_k(h)`` is the number of ``w`` with ``c_k(h w) > 0``. The top order ``n`` counts raw
+occurrences; lower orders count continuation types ``N1+(• h w)`` (how many distinct tokens
+precede ``h w``), except n-grams that begin at the start padding, which have no left
+context and keep raw counts (as KenLM does for ``<s>``). Each sequence is left-padded with
+a virtual start symbol that is conditioned on but never predicted, so the sum over the
+``V`` ids is exactly 1 for every context.
+
+Counting is numpy only: the k-gram ending at each position gets an integer id from
+``np.unique`` on ``(first token, id of its (k-1)-gram suffix)``, so no Python object is
+made per n-gram; queries look ids up with ``np.searchsorted`` and are vectorized too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rnnkit.errors import CheckpointError, ConfigError, DataError
+
+__all__ = ["NGramModel", "count_table_size"]
+
+_START = 0  # the virtual start symbol; real id i is stored as i + 1
+
+
+def count_table_size(num_symbols: int, length: int) -> int:
+    """Entries of a full count table over all sequences of ``length`` symbols: ``k ** n``
+    (SPEC §5: the table grows exponentially with length, a network's parameters do not).
+
+    >>> count_table_size(10, 5)
+    100000
+    """
+    return num_symbols**length
+
+
+def _lookup(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Index of each query in the sorted ``keys``, -1 where absent (queries < 0 are absent)."""
+    idx = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
+    return np.where(keys[idx] == query, idx, -1)
+
+
+class NGramModel:
+    """Interpolated Kneser-Ney n-gram model over ids ``0 .. V-1`` (see the module docstring).
+
+    Args:
+        order: ``n``, the model conditions on the previous ``n - 1`` tokens.
+        discount: the absolute discount ``D`` in ``(0, 1]``.
+        vocab_size: ``V``; by default the largest id seen by the last :meth:`fit` plus one.
+
+    Data passed to :meth:`fit` and :meth:`evaluate` is either one stream (a 1-D integer
+    array or tensor) or a list of sequences (each a 1-D array or list of ids). Each
+    sequence (or the stream) is scored from the start context, so in sequence mode the
+    model's own start padding plays ``<s>``: pass ``w + [</s>]`` and leave ``<s>`` out.
+
+    >>> lm = NGramModel(order=2, discount=0.5, vocab_size=4).fit(np.array([0, 1, 0, 1, 2]))
+    >>> round(math.exp(lm.logprob([0], 1)), 7)  # (2 - 0.5 + 0.5 * 1 * P_1(1)) / 2
+    0.8046875
+    >>> round(float(lm.distribution([2]).sum()), 12)
+    1.0
+    """
+
+    def __init__(
+        self, order: int = 3, discount: float = 0.75, vocab_size: int | None = None
+    ) -> None:
+        if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order < 1:
+            raise ConfigError(f"order must be a positive integer, got {order!r}")
+        if not 0.0 < float(discount) <= 1.0:
+            raise ConfigError(f"discount must be in (0, 1], got {discount!r}")
+        if vocab_size is not None and (
+            isinstance(vocab_size, bool)
+            or not isinstance(vocab_size, (int, np.integer))
+            or vocab_size < 1
+        ):
+            raise ConfigError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        self.order = int(order)
+        self.discount = float(discount)
+        self.vocab_size = None if vocab_size is None else int(vocab_size)
+        self._infer_vocab_size = vocab_size is None  # re-inferred by every fit
+        self._fitted = False
+
+    # ---- data ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _sequences(data: Any) -> list[np.ndarray]:
+        if hasattr(data, "detach"):  # a torch tensor, without importing torch here
+            data = data.detach().cpu().numpy()
+        if isinstance(data, np.ndarray):
+            if data.ndim != 1:
+                raise DataError(
+                    f"a token stream must be 1-D, got shape {data.shape} "
+                    "(pass a list of 1-D arrays for separate sequences)"
+                )
+            seqs = [data]
+        elif isinstance(data, (list, tuple)):
+            seqs = []
+            for i, s in enumerate(data):
+                if hasattr(s, "detach"):
+                    s = s.detach().cpu().numpy()
+                arr = np.asarray(s)
+                if arr.ndim != 1:
+                    raise DataError(
+                        f"sequence {i} must be 1-D, got shape {arr.shape} "
+                        "(pass a numpy array for one stream, a list of arrays for sequences)"
+                    )
+                seqs.append(arr)
+        else:
+            raise DataError(f"expected a 1-D id array or a list of them, got {type(data).__name__}")
+        for i, arr in enumerate(seqs):
+            if arr.size and arr.dtype.kind not in "iu":
+                raise DataError(f"sequence {i} must hold integer ids, got dtype {arr.dtype}")
+            if arr.size and arr.min() < 0:
+                raise DataError(f"sequence {i} holds a negative id ({int(arr.min())})")
+        return seqs
+
+    def _padded(self, seqs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """All sequences, each after ``n`` start symbols, shifted to ``id + 1``; and the
+        positions of the real tokens. ``n`` (not ``n - 1``) start symbols keep every gram
+        ending at the last start position inside its own sequence's padding."""
+        n = self.order
+        pad = np.full(n, _START, dtype=np.int64)
+        parts = []
+        for s in seqs:
+            if s.size:
+                parts += [pad, s.astype(np.int64) + 1]
+        if not parts:
+            raise DataError("no tokens: every sequence is empty")
+        P = np.concatenate(parts)
+        return P, np.flatnonzero(P != _START)
+
+    # ---- fitting -------------------------------------------------------------------------
+
+    def fit(self, data: Any) -> NGramModel:
+        """Count n-grams of ``data`` (replacing any previous fit).
+
+        Args:
+            data: one 1-D id stream, or a list of 1-D id sequences.
+
+        Returns:
+            ``self``.
+
+        >>> NGramModel(order=3).fit([[1, 2, 3], [1, 2]]).vocab_size
+        4
+        """
+        seqs = self._sequences(data)
+        P, R = self._padded(seqs)
+        top = int(P.max()) - 1
+        if self._infer_vocab_size:
+            self.vocab_size = top + 1
+        elif top >= self.vocab_size:
+            raise DataError(f"token id {top} out of range for vocab_size {self.vocab_size}")
+        n, V = self.order, self.vocab_size
+        real = P != _START
+        # Grams are needed ending at real positions and at the last start symbol before
+        # each sequence (the context of its first token).
+        E = np.flatnonzero(real | np.append(real[1:], False))
+
+        keys: list[np.ndarray] = [np.zeros(0, np.int64)]  # keys[k]: sorted k-gram keys
+        ids: list[np.ndarray] = [np.zeros(0, np.int64)]  # ids[k][pos]: id of gram ending there
+        for k in range(1, n + 1):
+            if k == 1:
+                key = P[E]
+            else:
+                M = len(keys[k - 1])
+                if (V + 1) * M >= 2**62:
+                    raise DataError(f"too many distinct {k - 1}-grams ({M}) to index")
+                key = P[E - k + 1] * M + ids[k - 1][E]
+            uniq, inverse = np.unique(key, return_inverse=True)
+            full = np.full(len(P), -1, dtype=np.int64)
+            full[E] = inverse
+            keys.append(uniq)
+            ids.append(full)
+
+        counts: list[np.ndarray] = [np.zeros(0, np.int64)]
+        ctx_total: list[np.ndarray] = [np.zeros(0), np.zeros(0)]
+        ctx_types: list[np.ndarray] = [np.zeros(0, np.int64), np.zeros(0, np.int64)]
+        for k in range(1, n + 1):
+            gram = ids[k][R]
+            Mk = len(keys[k])
+            c = np.bincount(gram, minlength=Mk)
+            if k < n:
+                # Continuation count: distinct (k+1)-grams (left extensions) per k-gram.
+                _, first = np.unique(ids[k + 1][R], return_index=True)
+                types = np.bincount(gram[first], minlength=Mk)
+                first_token = keys[k] if k == 1 else keys[k] // len(keys[k - 1])
+                c = np.where(first_token == _START, c, types)
+            counts.append(c)
+            if k >= 2:
+                seen, first = np.unique(gram, return_index=True)
+                ctx = ids[k - 1][R[first] - 1]  # the (k-1)-gram before each seen k-gram
+                Mc = len(keys[k - 1])
+                ctx_total.append(np.bincount(ctx, weights=c[seen], minlength=Mc))
+                ctx_types.append(np.bincount(ctx, minlength=Mc))
+        self._keys, self._counts = keys, counts
+        self._ctx_total, self._ctx_types = ctx_total, ctx_types
+        self._unigram_total = float(counts[1].sum())
+        self._unigram_types = int(np.count_nonzero(counts[1]))
+        self._fitted = True
+        return self
+
+    # ---- queries -------------------------------------------------------------------------
+
+    def _check_fitted(self) -> None:
+        if not self._fitted:
+            raise ConfigError("NGramModel is not fitted: call fit() first")
+
+    def _probs(self, windows: np.ndarray) -> np.ndarray:
+        """P(last column | the ``n - 1`` before it) for each row of shifted ids ``(m, n)``."""
+        n, D, V = self.order, self.discount, self.vocab_size
+        keys, counts = self._keys, self._counts
+        gram = _lookup(keys[1], windows[:, -1])
+        c = np.where(gram >= 0, counts[1][gram], 0)
+        p = (np.maximum(c - D, 0.0) + D * self._unigram_types / V) / self._unigram_total
+        ctx = np.full(len(windows), -1, dtype=np.int64)
+        for k in range(2, n + 1):
+            token = windows[:, n - k]  # the token that order k adds on the left
+            if k == 2:
+                ctx = _lookup(keys[1], token)
+            else:
+                ctx = _lookup(keys[k - 1], np.where(ctx >= 0, token * len(keys[k - 2]) + ctx, -1))
+            gram = _lookup(keys[k], np.where(gram >= 0, token * len(keys[k - 1]) + gram, -1))
+            total = np.where(ctx >= 0, self._ctx_total[k][ctx], 0.0)
+            types = np.where(ctx >= 0, self._ctx_types[k][ctx], 0)
+            c = np.where(gram >= 0, counts[k][gram], 0)
+            seen = total > 0
+            mixed = (np.maximum(c - D, 0.0) + D * types * p) / np.where(seen, total, 1.0)
+            p = np.where(seen, mixed, p)
+        return p
+
+    def _windows(self, context: Sequence[int], tokens: np.ndarray) -> np.ndarray:
+        V = self.vocab_size
+        history = [int(t) for t in context][-(self.order - 1) :] if self.order > 1 else []
+        for t in history:
+            if not 0 <= t < V:
+                raise DataError(f"context id {t} out of range for vocab_size {V}")
+        row = np.full(self.order, _START, dtype=np.int64)
+        if history:
+            row[-1 - len(history) : -1] = np.asarray(history) + 1
+        windows = np.tile(row, (len(tokens), 1))
+        windows[:, -1] = tokens + 1
+        return windows
+
+    def distribution(self, context: Sequence[int]) -> np.ndarray:
+        """Probabilities of every id after ``context``.
+
+        Args:
+            context: the preceding ids; only the last ``n - 1`` matter, and a shorter
+                context is the start of a sequence.
+
+        Returns:
+            ``(V,)`` float64, summing to 1.
+
+        >>> lm = NGramModel(order=2).fit(np.array([0, 1, 1]))
+        >>> lm.distribution([1]).round(3).tolist()
+        [0.25, 0.75]
+        """
+        self._check_fitted()
+        return self._probs(self._windows(context, np.arange(self.vocab_size)))
+
+    def logprob(self, context: Sequence[int], token: int) -> float:
+        """Natural log of ``P(token | context)`` (see :meth:`distribution` for ``context``).
+
+        >>> lm = NGramModel(order=2, discount=0.5, vocab_size=3).fit(np.array([0, 1]))
+        >>> round(lm.logprob([0], 1), 4)  # ln((1 - 0.5 + 0.5 * P_1(1)) / 1), P_1(1) = 5/12
+        -0.3448
+        """
+        self._check_fitted()
+        if not 0 <= int(token) < self.vocab_size:
+            raise DataError(f"token id {token} out of range for vocab_size {self.vocab_size}")
+        p = self._probs(self._windows(context, np.array([int(token)])))
+        return math.log(float(p[0]))
+
+    def logprobs(self, data: Any) -> np.ndarray:
+        """Log probability (nats) of every token of ``data``, each sequence scored from the
+        start context.
+
+        Args:
+            data: one 1-D id stream, or a list of 1-D id sequences.
+
+        Returns:
+            ``(N,)`` float64, the tokens of all sequences in order.
+        """
+        self._check_fitted()
+        seqs = self._sequences(data)
+        P, R = self._padded(seqs)
+        if int(P.max()) > self.vocab_size:
+            raise DataError(
+                f"token id {int(P.max()) - 1} out of range for vocab_size {self.vocab_size}"
+            )
+        windows = np.lib.stride_tricks.sliding_window_view(P, self.order)  # (len - n + 1, n)
+        out = np.empty(len(R))
+        step = 1 << 18  # bound the temporaries of the vectorized lookups
+        for lo in range(0, len(R), step):
+            out[lo : lo + step] = np.log(self._probs(windows[R[lo : lo + step] - self.order + 1]))
+        return out
+
+    def evaluate(self, data: Any) -> float:
+        """Mean negative log probability per token, in nats.
+
+        >>> lm = NGramModel(order=2, discount=0.5, vocab_size=3).fit(np.array([0, 1]))
+        >>> round(lm.evaluate(np.array([0, 1])), 4)
+        0.3448
+        """
+        return float(-self.logprobs(data).mean())
+
+    def perplexity(self, data: Any) -> float:
+        """``exp`` of :meth:`evaluate`.
+
+        >>> lm = NGramModel(order=1, discount=1.0, vocab_size=5).fit(np.array([0, 1, 2]))
+        >>> round(lm.perplexity(np.array([4, 3])), 6)  # all mass is uniform: perplexity V
+        5.0
+        """
+        return math.exp(self.evaluate(data))
+
+    # ---- state ---------------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, np.ndarray]:
+        """All counts as numpy arrays (safetensors-ready: no pickling, no Python objects).
+
+        >>> lm = NGramModel(order=2).fit(np.array([0, 1, 1]))
+        >>> NGramModel.from_state(lm.to_state()).distribution([1]).round(3).tolist()
+        [0.25, 0.75]
+        """
+        self._check_fitted()
+        state = {
+            "config": np.array([self.order, self.vocab_size], dtype=np.int64),
+            "discount": np.array([self.discount], dtype=np.float64),
+            "unigram": np.array([self._unigram_total, self._unigram_types], dtype=np.float64),
+        }
+        for k in range(1, self.order + 1):
+            state[f"keys_{k}"] = self._keys[k]
+            state[f"counts_{k}"] = self._counts[k]
+            if k >= 2:
+                state[f"ctx_total_{k}"] = self._ctx_total[k]
+                state[f"ctx_types_{k}"] = self._ctx_types[k]
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray]) -> NGramModel:
+        """Rebuild a fitted model from :meth:`to_state`."""
+        try:
+            order, vocab_size = (int(v) for v in np.asarray(state["config"]).tolist())
+            model = cls(order, float(np.asarray(state["discount"])[0]), vocab_size)
+            total, types = np.asarray(state["unigram"]).tolist()
+            keys: list[np.ndarray] = [np.zeros(0, np.int64)]
+            counts: list[np.ndarray] = [np.zeros(0, np.int64)]
+            ctx_total: list[np.ndarray] = [np.zeros(0), np.zeros(0)]
+            ctx_types: list[np.ndarray] = [np.zeros(0, np.int64), np.zeros(0, np.int64)]
+            for k in range(1, order + 1):
+                keys.append(np.asarray(state[f"keys_{k}"], dtype=np.int64))
+                counts.append(np.asarray(state[f"counts_{k}"], dtype=np.int64))
+                if k >= 2:
+                    ctx_total.append(np.asarray(state[f"ctx_total_{k}"], dtype=np.float64))
+                    ctx_types.append(np.asarray(state[f"ctx_types_{k}"], dtype=np.int64))
+        except (KeyError, ValueError, TypeError, IndexError) as exc:
+            raise CheckpointError(f"invalid n-gram state: {exc}") from None
+        model._keys, model._counts = keys, counts
+        model._ctx_total, model._ctx_types = ctx_total, ctx_types
+        model._unigram_total, model._unigram_types = float(total), int(types)
+        model._fitted = True
+        return model

@@ -1,0 +1,137 @@
+"""Reading UTF-8 corpora, line splitting and whole-file encoding (correct and fast)."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rnnkit.data.text import (
+    build_vocab_from_file,
+    encode_corpus,
+    encode_text,
+    read_lines,
+    read_numbered_lines,
+    read_text,
+)
+from rnnkit.data.vocab import Vocabulary
+from rnnkit.errors import DataError
+
+
+def test_read_text_drops_bom_and_normalizes_crlf(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_bytes("\ufeffone\r\ntwo é\r\n".encode())
+    assert read_text(path) == "one\ntwo é\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "offset", "line", "byte"),
+    [
+        (b"abc\n\xc3\x28x", 4, 2, "0xc3"),  # a lead byte followed by a non-continuation
+        (b"ok\nok\n\n\xffz", 7, 4, "0xff"),  # a byte that never starts a character
+        (b"\xe2\x82\xacfine\n\xe2\x82", 8, 2, "0xe2"),  # truncated at the end of the file
+    ],
+)
+def test_invalid_utf8_names_file_byte_offset_and_line(tmp_path, data, offset, line, byte):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(data)
+    with pytest.raises(DataError) as info:
+        read_text(path)
+    err = info.value
+    assert (err.path, err.line) == (str(path), line)
+    assert f"invalid UTF-8 at byte offset {offset} (byte {byte})" in err.message
+    assert str(err).startswith(f"{path}:{line}: ")
+
+
+def test_missing_empty_and_blank_files(tmp_path):
+    with pytest.raises(DataError, match="file not found") as info:
+        read_text(tmp_path / "absent.txt")
+    assert info.value.path == str(tmp_path / "absent.txt")
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    with pytest.raises(DataError, match="empty corpus"):
+        read_text(empty)
+    blank = tmp_path / "blank.txt"
+    blank.write_text(" \n\t\n\n")
+    with pytest.raises(DataError, match="empty corpus"):
+        read_lines(blank)
+    with pytest.raises(DataError, match="directory"):
+        read_text(tmp_path)
+
+
+def test_read_lines_skips_blank_lines_and_keeps_line_numbers(tmp_path):
+    path = tmp_path / "lines.txt"
+    path.write_text("the cat\n\n   \nsat\x0bdown\n  on it  \n", encoding="utf-8")
+    assert read_lines(path) == ["the cat", "sat\x0bdown", "  on it  "]
+    assert read_numbered_lines(path) == [(1, "the cat"), (4, "sat\x0bdown"), (5, "  on it  ")]
+
+
+def test_encode_text_with_and_without_eos_per_line():
+    chars = Vocabulary.from_text("ab\n")
+    a, b, nl = chars.stoi["a"], chars.stoi["b"], chars.stoi["\n"]
+    assert encode_text("ab\n\nb", chars).tolist() == [a, b, nl, nl, b]
+    assert encode_text("ab\n\n  \nb", chars, eos_per_line=True).tolist() == [a, b, 3, b, 3]
+    words = Vocabulary(["x", "y"], unit="word")
+    assert encode_text("x y\n\nz x\n", words).tolist() == [4, 5, 1, 4]
+    assert encode_text("x y\n\nz x\n", words, eos_per_line=True).tolist() == [4, 5, 3, 1, 4, 3]
+    assert encode_text("\n\n", words, eos_per_line=True).shape == (0,)
+    assert encode_text("\n \n", chars, eos_per_line=True).shape == (0,)
+
+
+def _generated_corpus(n_chars: int) -> str:
+    rng = np.random.default_rng(0)
+    alphabet = np.array(list("abcdefghij klmnopqrstuvwxyz\n.,éü😀"))
+    return "".join(rng.choice(alphabet, n_chars).tolist())
+
+
+def test_large_char_corpus_is_counted_and_encoded_fast_and_exactly(tmp_path):
+    text = _generated_corpus(4_000_000)
+    path = tmp_path / "big.txt"
+    path.write_text(text, encoding="utf-8")
+
+    start = time.perf_counter()
+    vocab = build_vocab_from_file(path)
+    ids = encode_corpus(path, vocab)
+    elapsed = time.perf_counter() - start
+
+    assert elapsed < 5.0  # about 0.2 s here; a per-character Python loop takes many seconds
+    assert ids.dtype == np.int32 and ids.shape == (len(text),)
+    assert Counter(text) == {vocab.itos[i]: n for i, n in Counter(ids.tolist()).items()}
+    head = text[:5000] + text[-5000:]
+    assert np.concatenate([ids[:5000], ids[-5000:]]).tolist() == vocab.encode(head)
+    assert vocab.unk_id not in ids
+
+
+def test_build_vocab_from_file_words(tmp_path):
+    path = tmp_path / "w.txt"
+    path.write_text("b a b\nc b a\n", encoding="utf-8")
+    vocab = build_vocab_from_file(path, unit="word", min_freq=2)
+    assert vocab.itos[4:] == ["b", "a"]
+    assert encode_corpus(path, vocab, eos_per_line=True).tolist() == [4, 5, 4, 3, 1, 4, 5, 3]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(max_size=40))
+def test_any_bytes_either_decode_exactly_or_fail_at_the_first_bad_byte(data):
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "fuzz.txt"
+        path.write_bytes(data)
+        try:
+            expected = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            with pytest.raises(DataError, match=f"byte offset {exc.start} ") as info:
+                read_text(path)
+            assert info.value.line == data[: exc.start].count(b"\n") + 1
+            return
+        expected = expected.removeprefix("\ufeff").replace("\r\n", "\n")
+        if not expected.strip():
+            with pytest.raises(DataError, match="empty corpus"):
+                read_text(path)
+        else:
+            assert read_text(path) == expected
