@@ -38,7 +38,7 @@ __all__ = ["run_recurrence"]
 
 def _forward_loop(
     kernel: Kernel,
-    xp: Tensor,
+    xps: tuple[Tensor, ...],
     mask: Tensor | None,
     states0: tuple[Tensor, ...],
     prep: Any,
@@ -46,25 +46,22 @@ def _forward_loop(
 ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
     """Run all steps. Returns state buffers ``(T + 1, B, H)`` (index 0 = initial) and the
     cache buffers ``(T, B, ·)`` (empty tuple's worth of scratch when ``save`` is False)."""
-    T, B = xp.shape[0], xp.shape[1]
+    T, B = xps[0].shape[0], xps[0].shape[1]
     H = states0[0].shape[1]
-    states = tuple(xp.new_empty(T + 1, B, H) for _ in states0)
-    for buf, s0 in zip(states, states0):
+    states = tuple(xps[0].new_empty(T + 1, B, H) for _ in states0)
+    for buf, s0 in zip(states, states0, strict=True):
         buf[0].copy_(s0)
-    if save:
-        cache = kernel.alloc_cache(T, B, H, xp)
-        cache_steps = [c.unbind(0) for c in cache]
-    else:  # inference: one step's scratch, reused
-        cache = kernel.alloc_cache(1, B, H, xp)
-        cache_steps = [c.expand(T, *c.shape[1:]).unbind(0) for c in cache]
+    cache = kernel.alloc_cache(T, B, H, xps, save)
+    cache_steps = [c.unbind(0) for c in cache]
     state_steps = [s.unbind(0) for s in states]
-    xp_steps = xp.unbind(0)
+    xp_steps = [xp.unbind(0) for xp in xps]
     mask_steps = mask.unbind(0) if mask is not None else None
     n = len(states)
     for t in range(T):
         prev = tuple(state_steps[k][t] for k in range(n))
         out = tuple(state_steps[k][t + 1] for k in range(n))
-        kernel.step_into(xp_steps[t], prev, out, tuple(cs[t] for cs in cache_steps), prep)
+        xp_t = tuple(xs[t] for xs in xp_steps)
+        kernel.step_into(xp_t, prev, out, tuple(cs[t] for cs in cache_steps), prep)
         if mask_steps is not None:
             m = mask_steps[t]  # (B, 1) bool
             for k in range(n):
@@ -92,8 +89,8 @@ class _Recurrence(torch.autograd.Function):
         T, B, I = x.shape
         w = Weights(weight_ih, weight_hh, bias, bias_hn)
         x_flat = x.reshape(T * B, I)
-        xp = kernel.project_inputs(x_flat, w).view(T, B, -1)  # (T, B, G·H)
-        states, cache = _forward_loop(kernel, xp, mask, states0, kernel.prepare(w), save)
+        xps = kernel.project_inputs(x_flat, w, T, B)  # (T, B, ·) buffers
+        states, cache = _forward_loop(kernel, xps, mask, states0, kernel.prepare(w), save)
         if save:
             ctx.kernel, ctx.mask, ctx.window = kernel, mask, window
             ctx.has_bias_hn = bias_hn is not None
@@ -163,7 +160,7 @@ class _Recurrence(torch.autograd.Function):
                 d_xp_steps[t].masked_fill_(~m, 0)
                 if separate_hp:
                     d_hp_steps[t].masked_fill_(~m, 0)
-                d_prev = tuple(torch.where(m, dp, ds) for dp, ds in zip(d_prev, d_state))
+                d_prev = tuple(torch.where(m, dp, ds) for dp, ds in zip(d_prev, d_state, strict=True))
             d_state = list(d_prev)
         return _Recurrence._weight_grads(ctx, kernel, d_xp, d_hp, x_flat, w, states, cache, d_state)
 
@@ -254,7 +251,7 @@ class _Recurrence(torch.autograd.Function):
                     tmp_xp.masked_fill_(~m, 0)
                     if separate_hp:
                         tmp_hp.masked_fill_(~m, 0)
-                    d_prev = tuple(torch.where(m, dp, ds) for dp, ds in zip(d_prev, d_state))
+                    d_prev = tuple(torch.where(m, dp, ds) for dp, ds in zip(d_prev, d_state, strict=True))
                 d_xp[t] += tmp_xp
                 if separate_hp:
                     d_hp[t] += tmp_hp

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.cells.base import CellBase, check_cell_input
-from rnnkit.cells.kernel import Weights
+from rnnkit.cells.kernel import Weights, scratch
 
 __all__ = ["GRUCell", "GRUKernel", "gru_step"]
 
@@ -76,8 +76,8 @@ class GRUKernel:
     The candidate ``n`` and the gates ``r, z`` live in separate contiguous buffers
     because ``tanh``/``sigmoid`` on strided slices cost ~4× here; ``torch.lerp`` does the
     convex combination of both update conventions in one op.
-    Cache: ``rz (B, 2H)``, ``n (B, H)`` and ``rec (B, H)`` = ``W_nh h + b_hn`` (after) or
-    ``r ⊙ h_{t-1}`` (before).
+    Cache: ``rz (B, 2H)``, ``n (B, H)`` and ``rec`` = ``W_hh h + (0, 0, b_hn)`` ``(B, 3H)``
+    (after) or ``r ⊙ h_{t-1}`` ``(B, H)`` (before).
     """
 
     update: str = "candidate"
@@ -92,28 +92,30 @@ class GRUKernel:
             return _Prepared(w.weight_hh.T, None, torch.cat([zeros, w.bias_hn]))
         return _Prepared(w.weight_hh[: 2 * H].T, w.weight_hh[2 * H :].T, None)
 
-    def project_inputs(self, x: Tensor, w: Weights) -> Tensor:
-        return torch.addmm(w.bias, x, w.weight_ih.T)
+    def project_inputs(self, x: Tensor, w: Weights, T: int, B: int) -> tuple[Tensor, ...]:
+        H = w.weight_hh.shape[1]
+        # r,z and n projections in separate contiguous buffers: the gates are computed in
+        # place in them and kept as the cache.
+        xp_rz = torch.addmm(w.bias[: 2 * H], x, w.weight_ih[: 2 * H].T).view(T, B, 2 * H)
+        xp_n = torch.addmm(w.bias[2 * H :], x, w.weight_ih[2 * H :].T).view(T, B, H)
+        return (xp_rz, xp_n)
 
-    def alloc_cache(self, T: int, B: int, H: int, like: Tensor) -> tuple[Tensor, ...]:
-        return (like.new_empty(T, B, 2 * H), like.new_empty(T, B, H), like.new_empty(T, B, H))
+    def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
+        rec = scratch(T, B, H if self.reset == "before" else 3 * H, xps[0], save)
+        return (xps[0], xps[1], rec)
 
     def step_into(self, xp, prev, out, cache, prep) -> None:
         (h_prev,) = prev
-        rz, n, rec = cache
+        rz, n, rec = cache  # rz, n are the projection buffers, overwritten in place
         H = h_prev.shape[1]
         if self.reset == "after":
-            hp = torch.addmm(prep.bias_hh, h_prev, prep.weight_hh_t)  # (B, 3H)
-            torch.add(xp[:, : 2 * H], hp[:, : 2 * H], out=rz)
-            rz.sigmoid_()
-            rec.copy_(hp[:, 2 * H :])
-            torch.mul(rz[:, :H], rec, out=n)
-            n.add_(xp[:, 2 * H :])
+            torch.addmm(prep.bias_hh, h_prev, prep.weight_hh_t, out=rec)  # (B, 3H)
+            rz.add_(rec[:, : 2 * H]).sigmoid_()
+            n.addcmul_(rz[:, :H], rec[:, 2 * H :])  # W_nx x + b_n + r ⊙ (W_nh h + b_hn)
         else:
-            torch.addmm(xp[:, : 2 * H], h_prev, prep.weight_hh_t, out=rz)
-            rz.sigmoid_()
-            torch.mul(rz[:, :H], h_prev, out=rec)
-            torch.addmm(xp[:, 2 * H :], rec, prep.weight_hn_t, out=n)
+            rz.addmm_(h_prev, prep.weight_hh_t).sigmoid_()
+            torch.mul(rz[:, :H], h_prev, out=rec)  # r ⊙ h_{t-1}
+            n.addmm_(rec, prep.weight_hn_t)
         n.tanh_()
         z = rz[:, H:]
         if self.update == "keep":
@@ -150,7 +152,7 @@ class GRUKernel:
         d_an.mul_(d_n)
         W = w.weight_hh
         if self.reset == "after":
-            torch.mul(d_an, rec, out=d_ar)  # d_r = d_an ⊙ (W_nh h + b_hn)
+            torch.mul(d_an, rec[:, 2 * H :], out=d_ar)  # d_r = d_an ⊙ (W_nh h + b_hn)
             d_xp[:, : 2 * H].mul_(d_rz)
             d_hp[:, : 2 * H].copy_(d_xp[:, : 2 * H])
             torch.mul(d_an, r, out=d_hp[:, 2 * H :])

@@ -13,7 +13,14 @@ from typing import NamedTuple, Protocol
 
 from torch import Tensor
 
-__all__ = ["Kernel", "Weights"]
+__all__ = ["Kernel", "Weights", "scratch"]
+
+
+def scratch(T: int, B: int, width: int, like: Tensor, save: bool) -> Tensor:
+    """A ``(T, B, width)`` buffer; when nothing is saved, one step's worth reused T times."""
+    if save:
+        return like.new_empty(T, B, width)
+    return like.new_empty(1, B, width).expand(T, B, width)
 
 
 class Weights(NamedTuple):
@@ -37,18 +44,28 @@ class Kernel(Protocol):
     def prepare(self, w: Weights) -> object:
         """Per-call precomputation shared by all steps (e.g. transposed/scaled weights)."""
 
-    def project_inputs(self, x: Tensor, w: Weights) -> Tensor:
-        """``(N, I) -> (N, G·H)``: the input part of all pre-activations, one matmul."""
+    def project_inputs(self, x: Tensor, w: Weights, T: int, B: int) -> tuple[Tensor, ...]:
+        """``x (T·B, I)`` → the input part of all pre-activations, ``(T, B, ·)`` buffers.
 
-    def alloc_cache(self, T: int, B: int, H: int, like: Tensor) -> tuple[Tensor, ...]:
-        """Time-major buffers of what backward needs, each ``(T, B, ·)``."""
+        One matrix product over all steps. The buffers are the kernel's to overwrite:
+        ``step_into`` may compute the gates in place and keep them as its cache.
+        """
+
+    def alloc_cache(
+        self, T: int, B: int, H: int, xps: tuple[Tensor, ...], save: bool
+    ) -> tuple[Tensor, ...]:
+        """Buffers of what backward needs, each ``(T, B, ·)``; may adopt ``xps``.
+
+        With ``save=False`` (inference) a buffer not adopted from ``xps`` may be one
+        step's scratch expanded over T (see ``scratch``).
+        """
 
     def prepare_backward(self, w: Weights) -> object:
         """Per-call precomputation for the backward steps (default: the weights)."""
 
     def step_into(
         self,
-        xp: Tensor,
+        xp: tuple[Tensor, ...],
         prev: tuple[Tensor, ...],
         out: tuple[Tensor, ...],
         cache: tuple[Tensor, ...],

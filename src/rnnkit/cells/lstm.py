@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from rnnkit.cells.base import CellBase, check_cell_input
-from rnnkit.cells.kernel import Weights
+from rnnkit.cells.kernel import Weights, scratch
 from rnnkit.types import LSTMState
 
 __all__ = ["LSTMCache", "LSTMCell", "LSTMKernel", "lstm_step", "lstm_step_backward"]
@@ -93,19 +93,21 @@ class LSTMKernel:
         scale = self._g_scale(H, w.weight_hh)
         return _Prepared((w.weight_hh * scale[:, None]).T, w.weight_hh.new_full((), -1.0))
 
-    def project_inputs(self, x: Tensor, w: Weights) -> Tensor:
+    def project_inputs(self, x: Tensor, w: Weights, T: int, B: int) -> tuple[Tensor, ...]:
         H = w.weight_hh.shape[1]
         scale = self._g_scale(H, w.weight_hh)
-        return torch.addmm(w.bias * scale, x, (w.weight_ih * scale[:, None]).T)
+        xp = torch.addmm(w.bias * scale, x, (w.weight_ih * scale[:, None]).T)
+        return (xp.view(T, B, 4 * H),)
 
-    def alloc_cache(self, T: int, B: int, H: int, like: Tensor) -> tuple[Tensor, ...]:
-        return (like.new_empty(T, B, 4 * H), like.new_empty(T, B, H))
+    def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
+        # The gates are computed in place in the input projections and kept there.
+        return (xps[0], scratch(T, B, H, xps[0], save))
 
     def step_into(self, xp, prev, out, cache, prep) -> None:
         h, c = out
-        gates, tanh_c = cache
+        gates, tanh_c = cache  # gates is xp[0]: the projection buffer, overwritten
         H = h.shape[1]
-        torch.addmm(xp, prev[0], prep.weight_hh_t, out=gates)
+        gates.addmm_(prev[0], prep.weight_hh_t)
         gates.sigmoid_()
         g = gates[:, 2 * H : 3 * H]
         torch.add(prep.minus_one, g, alpha=2, out=g)  # tanh(a) = 2σ(2a) − 1

@@ -53,19 +53,18 @@ class RNNKernel:
     def prepare(self, w: Weights) -> Tensor:
         return w.weight_hh.T  # (H, H) view: addmm reads it transposed, no copy
 
-    def project_inputs(self, x: Tensor, w: Weights) -> Tensor:
-        return torch.addmm(w.bias, x, w.weight_ih.T)
+    def project_inputs(self, x: Tensor, w: Weights, T: int, B: int) -> tuple[Tensor, ...]:
+        return (torch.addmm(w.bias, x, w.weight_ih.T).view(T, B, -1),)
 
-    def alloc_cache(self, T: int, B: int, H: int, like: Tensor) -> tuple[Tensor, ...]:
+    def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
         return ()
 
     def step_into(self, xp, prev, out, cache, prep) -> None:
-        (h,) = out
-        torch.addmm(xp, prev[0], prep, out=h)
+        a = xp[0].addmm_(prev[0], prep)  # a_t = W_x x_t + b + W_h h_{t-1}, in place
         if self.nonlinearity == "tanh":
-            torch.tanh_(h)
+            torch.tanh(a, out=out[0])
         else:
-            torch.relu_(h)
+            torch.clamp(a, min=0, out=out[0])
 
     def prepare_backward(self, w: Weights) -> Tensor:
         return w.weight_hh
