@@ -25,7 +25,7 @@ Truncation is a property of this loop too: ``window=τ`` gives the exact BPTT(τ
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -33,7 +33,15 @@ from torch.autograd.function import once_differentiable
 
 from rnnkit.cells.kernel import Kernel, Weights
 
-__all__ = ["run_recurrence"]
+__all__ = [
+    "ForwardRecord",
+    "Grads",
+    "Sweep",
+    "backward_sweep",
+    "forward_pass",
+    "run_recurrence",
+    "weight_grads",
+]
 
 
 def _forward_loop(
@@ -69,6 +77,163 @@ def _forward_loop(
     return states, cache
 
 
+class ForwardRecord(NamedTuple):
+    """What the forward pass keeps for the explicit backward (all time-major)."""
+
+    x: Tensor  # (T·B, I) input, padding replaced by 0
+    states: tuple[Tensor, ...]  # each (T + 1, B, H); index 0 = initial state
+    cache: tuple[Tensor, ...]  # the kernel's per-step cache, each (T, B, ·)
+
+
+class Sweep(NamedTuple):
+    """The result of the backward sweep: gradients of every step's pre-activations.
+
+    ``d_xp[t]`` is ∂L/∂(input pre-activation of step t), ``(T, B, G·H)``; ``d_hp`` the
+    same for the recurrent pre-activation (the same tensor unless the cell is a GRU with
+    ``reset="after"``); ``d_states0`` the gradients of the initial state. Summing the
+    per-step outer products of these gives the weight gradients (``weight_grads``).
+    """
+
+    d_xp: Tensor
+    d_hp: Tensor
+    d_states0: tuple[Tensor, ...]
+
+
+def forward_pass(
+    kernel: Kernel,
+    x: Tensor,
+    w: Weights,
+    states0: tuple[Tensor, ...],
+    mask: Tensor | None,
+    save: bool,
+) -> ForwardRecord:
+    """Input projections in one product, then the step loop. ``x (T, B, I)``,
+    ``mask (T, B, 1)`` bool or None."""
+    T, B, I = x.shape
+    x_flat = x.reshape(T * B, I)
+    xps = kernel.project_inputs(x_flat, w, T, B)  # (T, B, ·) buffers
+    states, cache = _forward_loop(kernel, xps, mask, states0, kernel.prepare(w), save)
+    return ForwardRecord(x_flat, states, cache)
+
+
+def backward_sweep(
+    kernel: Kernel,
+    record: ForwardRecord,
+    w: Weights,
+    mask: Tensor | None,
+    d_out: Tensor | None,
+    d_finals: tuple[Tensor | None, ...],
+    window: int | None = None,
+) -> Sweep:
+    """The explicit BPTT sweep from ``t = T`` down to 1 (SPEC §3).
+
+    Args:
+        d_out: ∂L/∂outputs ``(T, B, H)`` or None.  d_finals: ∂L/∂(final states).
+        window: None for full BPTT, τ ≥ 1 for the exact BPTT(τ).
+    """
+    states, cache = record.states, record.cache
+    T, B, H = states[0].shape[0] - 1, states[0].shape[1], states[0].shape[2]
+    n = len(states)
+    like = record.x
+    bcache_steps = [c.unbind(0) for c in kernel.backward_cache(cache, states)]
+    state_steps = [s.unbind(0) for s in states]
+    G = kernel.gates
+    separate_hp = getattr(kernel, "reset", None) == "after"
+    d_xp = like.new_zeros(T, B, G * H) if window else like.new_empty(T, B, G * H)
+    d_hp = (
+        (like.new_zeros(T, B, G * H) if window else like.new_empty(T, B, G * H))
+        if separate_hp
+        else d_xp
+    )
+    mask_steps = mask.unbind(0) if mask is not None else None
+    wprep = kernel.prepare_backward(w)
+    zeros = [like.new_zeros(B, H) for _ in range(n)]
+    finals = [d if d is not None else z for d, z in zip(d_finals, zeros, strict=True)]
+
+    def sweep(d_state: list[Tensor], t_from: int, t_stop: int, out_xp, out_hp) -> list[Tensor]:
+        # One reversed pass over steps t_from .. t_stop+1, writing the gate gradients of
+        # step t into out_xp(t)/out_hp(t); returns the gradient of the state before.
+        for t in range(t_from, t_stop, -1):
+            if d_out is not None and window is None:
+                d_state[0] = d_state[0] + d_out[t]
+            prev = tuple(state_steps[k][t] for k in range(n))
+            new = tuple(state_steps[k][t + 1] for k in range(n))
+            g_xp, g_hp = out_xp(t), out_hp(t)
+            d_prev = kernel.step_backward(
+                tuple(d_state), prev, new, tuple(c[t] for c in bcache_steps), g_xp, g_hp, wprep
+            )
+            if mask_steps is not None:
+                m = mask_steps[t]
+                # Select, never multiply: a masked step contributes nothing to any weight,
+                # and the gradient passes through it unchanged to the step before.
+                g_xp.masked_fill_(~m, 0)
+                if separate_hp:
+                    g_hp.masked_fill_(~m, 0)
+                d_prev = tuple(torch.where(m, a, b) for a, b in zip(d_prev, d_state, strict=True))
+            if window is not None:  # accumulate: several windows touch the same step
+                d_xp[t] += g_xp
+                if separate_hp:
+                    d_hp[t] += g_hp
+            d_state = list(d_prev)
+        return d_state
+
+    if window is None:
+        d_xp_steps, d_hp_steps = d_xp.unbind(0), d_hp.unbind(0)
+        d0 = sweep(
+            [d.clone() for d in finals], T - 1, -1, d_xp_steps.__getitem__, d_hp_steps.__getitem__
+        )
+        return Sweep(d_xp, d_hp, tuple(d0))
+
+    # Exact BPTT(τ): the loss at step t (its output gradient; the final-state gradient
+    # counts as a loss at step T) is carried back through its own step and τ − 1 earlier
+    # ones, then dropped — h_{t−τ} receives it, the step producing h_{t−τ} does not. Each
+    # injection is its own sweep (O(T·τ) steps): a sum of windows is not one sweep.
+    tmp_xp = like.new_empty(B, G * H)
+    tmp_hp = like.new_empty(B, G * H) if separate_hp else tmp_xp
+    d0 = [z.clone() for z in zeros]
+    injections = [(t, [d_out[t]] + zeros[1:]) for t in range(T)] if d_out is not None else []
+    if any(d is not None for d in d_finals):
+        injections.append((T - 1, finals))
+    for t_inj, inj in injections:
+        stop = max(t_inj - window, -1)
+        d_state = sweep([d.clone() for d in inj], t_inj, stop, lambda t: tmp_xp, lambda t: tmp_hp)
+        if stop == -1:  # the window reached the initial state
+            for k in range(n):
+                d0[k] += d_state[k]
+    return Sweep(d_xp, d_hp, tuple(d0))
+
+
+class Grads(NamedTuple):
+    """Gradients of one direction of one layer (None where not asked for)."""
+
+    x: Tensor | None  # (T, B, I)
+    weight_ih: Tensor | None
+    weight_hh: Tensor | None
+    bias: Tensor | None
+    bias_hn: Tensor | None
+
+
+def weight_grads(
+    kernel: Kernel, record: ForwardRecord, sweep: Sweep, w: Weights, need: tuple[bool, ...]
+) -> Grads:
+    """Every gradient as ONE matrix product (or sum) over all steps.
+
+    ``need`` flags (x, weight_ih, weight_hh, bias, bias_hn).
+    """
+    T, B = sweep.d_xp.shape[0], sweep.d_xp.shape[1]
+    H = record.states[0].shape[2]
+    d_xp = sweep.d_xp.view(T * B, -1)
+    d_x = (d_xp @ w.weight_ih).view(T, B, -1) if need[0] else None
+    d_w_ih = d_xp.T @ record.x if need[1] else None
+    d_bias = d_xp.sum(0) if need[3] else None
+    d_w_hh = d_bias_hn = None
+    if need[2] or need[4]:
+        h_prev = record.states[0][:-1].reshape(T * B, H)
+        flat_cache = tuple(c.reshape(T * B, -1) for c in record.cache)
+        d_w_hh, d_bias_hn = kernel.recurrent_grads(sweep.d_hp.view(T * B, -1), h_prev, flat_cache)
+    return Grads(d_x, d_w_ih, d_w_hh, d_bias, d_bias_hn if need[4] else None)
+
+
 class _Recurrence(torch.autograd.Function):
     """Autograd node whose backward is the library's explicit BPTT."""
 
@@ -86,182 +251,30 @@ class _Recurrence(torch.autograd.Function):
         bias_hn: Tensor | None,
         *states0: Tensor,
     ) -> tuple[Tensor, ...]:
-        T, B, I = x.shape
         w = Weights(weight_ih, weight_hh, bias, bias_hn)
-        x_flat = x.reshape(T * B, I)
-        xps = kernel.project_inputs(x_flat, w, T, B)  # (T, B, ·) buffers
-        states, cache = _forward_loop(kernel, xps, mask, states0, kernel.prepare(w), save)
+        record = forward_pass(kernel, x, w, states0, mask, save)
         if save:
             ctx.kernel, ctx.mask, ctx.window = kernel, mask, window
-            ctx.has_bias_hn = bias_hn is not None
-            ctx.save_for_backward(x_flat, weight_ih, weight_hh, *states, *cache)
-            ctx.num_states = len(states)
-        finals = tuple(s[-1].clone() for s in states)
-        return (states[0][1:],) + finals  # outputs (T, B, H), final states (B, H) each
+            ctx.num_states = len(record.states)
+            ctx.save_for_backward(record.x, weight_ih, weight_hh, *record.states, *record.cache)
+        finals = tuple(s[-1].clone() for s in record.states)
+        return (record.states[0][1:], *finals)  # outputs (T, B, H), final states (B, H)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None):  # type: ignore[override]
-        kernel: Kernel = ctx.kernel
-        mask: Tensor | None = ctx.mask
         saved = ctx.saved_tensors
-        x_flat, weight_ih, weight_hh = saved[:3]
         n = ctx.num_states
-        states, cache = saved[3 : 3 + n], saved[3 + n :]
-        T, B, H = states[0].shape[0] - 1, states[0].shape[1], states[0].shape[2]
-        G = kernel.gates
-        w = Weights(weight_ih, weight_hh, None, None)
-        bcache = kernel.backward_cache(cache, states)
-        bcache_steps = [c.unbind(0) for c in bcache]
-        state_steps = [s.unbind(0) for s in states]
-        d_xp = x_flat.new_empty(T, B, G * H)
-        separate_hp = getattr(kernel, "reset", None) == "after"
-        d_hp = x_flat.new_empty(T, B, G * H) if separate_hp else d_xp
-        d_xp_steps, d_hp_steps = d_xp.unbind(0), d_hp.unbind(0)
-        d_out_steps = d_out.unbind(0) if d_out is not None else None
-        mask_steps = mask.unbind(0) if mask is not None else None
-        wprep = kernel.prepare_backward(w)
-
-        d_state = [(d.clone() if d is not None else x_flat.new_zeros(B, H)) for d in d_finals]
-        if ctx.window is not None:
-            return _Recurrence._windowed(
-                ctx,
-                kernel,
-                d_out,
-                d_finals,
-                w,
-                wprep,
-                bcache_steps,
-                state_steps,
-                d_xp,
-                d_hp,
-                x_flat,
-                states,
-                cache,
-            )
-        for t in range(T - 1, -1, -1):
-            if d_out_steps is not None:
-                d_state[0] = d_state[0] + d_out_steps[t]
-            prev = tuple(state_steps[k][t] for k in range(n))
-            new = tuple(state_steps[k][t + 1] for k in range(n))
-            d_prev = kernel.step_backward(
-                tuple(d_state),
-                prev,
-                new,
-                tuple(c[t] for c in bcache_steps),
-                d_xp_steps[t],
-                d_hp_steps[t],
-                wprep,
-            )
-            if mask_steps is not None:
-                m = mask_steps[t]
-                # Select, never multiply: a masked step contributes nothing to any weight,
-                # and the gradient passes through it unchanged to the step before.
-                d_xp_steps[t].masked_fill_(~m, 0)
-                if separate_hp:
-                    d_hp_steps[t].masked_fill_(~m, 0)
-                d_prev = tuple(torch.where(m, dp, ds) for dp, ds in zip(d_prev, d_state, strict=True))
-            d_state = list(d_prev)
-        return _Recurrence._weight_grads(ctx, kernel, d_xp, d_hp, x_flat, w, states, cache, d_state)
-
-    @staticmethod
-    def _weight_grads(ctx, kernel, d_xp, d_hp, x_flat, w, states, cache, d_state0):
-        T, B = d_xp.shape[0], d_xp.shape[1]
-        H = states[0].shape[2]
-        d_xp_flat = d_xp.view(T * B, -1)
-        d_hp_flat = d_hp.view(T * B, -1)
+        record = ForwardRecord(saved[0], tuple(saved[3 : 3 + n]), tuple(saved[3 + n :]))
+        w = Weights(saved[1], saved[2], None, None)
+        sweep = backward_sweep(ctx.kernel, record, w, ctx.mask, d_out, d_finals, ctx.window)
         # needs_input_grad: kernel, mask, window, save, x, w_ih, w_hh, bias, bias_hn, s0...
-        need = ctx.needs_input_grad[4:]
-        d_x = (d_xp_flat @ w.weight_ih).view(T, B, -1) if need[0] else None
-        d_w_ih = d_xp_flat.T @ x_flat if need[1] else None
-        d_bias = d_xp_flat.sum(0) if need[3] else None
-        d_w_hh = d_bias_hn = None
-        if need[2] or need[4]:
-            h_prev = states[0][:-1].reshape(T * B, H)
-            flat_cache = tuple(c.reshape(T * B, -1) for c in cache)
-            d_w_hh, d_bias_hn = kernel.recurrent_grads(d_hp_flat, h_prev, flat_cache)
-        if not ctx.has_bias_hn:
-            d_bias_hn = None
-        return (None, None, None, None, d_x, d_w_ih, d_w_hh, d_bias, d_bias_hn, *d_state0)
-
-    @staticmethod
-    def _windowed(
-        ctx,
-        kernel,
-        d_out,
-        d_finals,
-        w,
-        wprep,
-        bcache_steps,
-        state_steps,
-        d_xp,
-        d_hp,
-        x_flat,
-        states,
-        cache,
-    ):
-        """Exact BPTT(τ): the loss at step t reaches back through at most τ steps.
-
-        The gradient injected at step t (from the outputs, or from the final state at
-        t = T) is carried back τ steps — its own step and τ−1 earlier ones — and then
-        dropped, so ``h_{t−τ}`` receives it but not the step that produced ``h_{t−τ}``.
-        Each injection is propagated separately (O(T·τ) steps): the gradient of a sum
-        of windows is not one backward sweep.
-        """
-        T = d_xp.shape[0]
-        B, H = d_xp.shape[1], states[0].shape[2]
-        n = len(states)
-        tau: int = ctx.window
-        mask_steps = ctx.mask.unbind(0) if ctx.mask is not None else None
-        separate_hp = d_hp is not d_xp
-        d_xp.zero_()
-        if separate_hp:
-            d_hp.zero_()
-        G = d_xp.shape[2]
-        tmp_xp = d_xp.new_empty(B, G)
-        tmp_hp = d_xp.new_empty(B, G) if separate_hp else tmp_xp
-        d_state0 = [x_flat.new_zeros(B, H) for _ in range(n)]
-        # Injections: output gradient at each step t (into h_t); final-state gradients
-        # count as losses at step T.
-        injections: list[tuple[int, list[Tensor]]] = []
-        for t in range(T):
-            if d_out is not None:
-                inj = [d_out[t]] + [x_flat.new_zeros(B, H) for _ in range(n - 1)]
-                injections.append((t, inj))
-        if any(d is not None for d in d_finals):
-            inj = [d if d is not None else x_flat.new_zeros(B, H) for d in d_finals]
-            injections.append((T - 1, inj))
-        for t_inj, inj in injections:
-            d_state = [d.clone() for d in inj]
-            stop = max(t_inj - tau, -1)
-            for t in range(t_inj, stop, -1):
-                prev = tuple(state_steps[k][t] for k in range(n))
-                new = tuple(state_steps[k][t + 1] for k in range(n))
-                d_prev = kernel.step_backward(
-                    tuple(d_state),
-                    prev,
-                    new,
-                    tuple(c[t] for c in bcache_steps),
-                    tmp_xp,
-                    tmp_hp,
-                    wprep,
-                )
-                if mask_steps is not None:
-                    m = mask_steps[t]
-                    tmp_xp.masked_fill_(~m, 0)
-                    if separate_hp:
-                        tmp_hp.masked_fill_(~m, 0)
-                    d_prev = tuple(torch.where(m, dp, ds) for dp, ds in zip(d_prev, d_state, strict=True))
-                d_xp[t] += tmp_xp
-                if separate_hp:
-                    d_hp[t] += tmp_hp
-                d_state = list(d_prev)
-            if stop == -1:  # the window reached the initial state
-                for k in range(n):
-                    d_state0[k] += d_state[k]
-        return _Recurrence._weight_grads(
-            ctx, kernel, d_xp, d_hp, x_flat, w, states, cache, d_state0
+        need = ctx.needs_input_grad[4:9]
+        g = weight_grads(ctx.kernel, record, sweep, w, need)
+        d_s0 = tuple(
+            d if ctx.needs_input_grad[9 + k] else None for k, d in enumerate(sweep.d_states0)
         )
+        return (None, None, None, None, *g, *d_s0)
 
 
 def run_recurrence(
