@@ -1,0 +1,167 @@
+"""Training configuration: one dataclass for every task, validated with the option's name.
+
+The command line parses into ``TrainConfig``; ``validate()`` turns out-of-range values
+into a ``ConfigError`` naming the option (``--hidden must be ≥ 1, got 0``). The config is
+saved as ``config.json`` in the run directory and read back for evaluation, generation
+and ``--resume``; unknown keys and wrong types there are errors, not silently dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from rnnkit.errors import ConfigError
+
+__all__ = ["TASKS", "TrainConfig", "parse_bptt"]
+
+TASKS = ("lm", "tag", "classify", "seq2seq", "events")
+CELLS = ("rnn", "lstm", "gru")
+
+
+def parse_bptt(spec: str) -> tuple[str, int | None]:
+    """``"full"`` → ("full", None); ``"segment:K"`` / ``"window:K"`` → (mode, K ≥ 1).
+
+    >>> parse_bptt("segment:64")
+    ('segment', 64)
+    """
+    if spec == "full":
+        return "full", None
+    mode, _, k = spec.partition(":")
+    if mode not in ("segment", "window") or not k:
+        raise ConfigError(f"--bptt must be full, segment:K or window:K, got {spec!r}")
+    try:
+        value = int(k)
+    except ValueError:
+        raise ConfigError(f"--bptt {mode}:K needs an integer K, got {k!r}") from None
+    if value < 1:
+        raise ConfigError(f"--bptt {mode}:K needs K ≥ 1, got {value}")
+    return mode, value
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``rnnkit train`` needs; field names are the options without ``--``."""
+
+    task: str = "lm"
+    train: str = ""
+    valid: str | None = None
+    out: str = "runs/default"
+    # model
+    cell: str = "lstm"
+    hidden: int = 256
+    layers: int = 1
+    bidirectional: bool = False
+    embedding: int = 64
+    tie_weights: bool = False
+    dropout: float = 0.0
+    nonlinearity: str = "tanh"
+    update: str = "candidate"
+    reset: str = "before"
+    # data
+    unit: str = "char"
+    min_freq: int = 1
+    max_len: int = 256
+    doc_boundary: str = "none"
+    valid_fraction: float = 0.05
+    # optimisation
+    epochs: int = 1
+    steps: int | None = None
+    batch_size: int = 32
+    optimizer: str = "adam"
+    lr: float = 2e-3
+    lr_decay: float = 0.5
+    clip_norm: float | None = 5.0
+    clip_value: float | None = None
+    bptt: str = "segment:64"
+    eval_every: int | None = None
+    patience: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+    ngram_order: int = 5
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> TrainConfig:
+        """Check every value; raise ``ConfigError`` naming the option."""
+
+        def positive(name: str, value: Any) -> None:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"--{name.replace('_', '-')} must be an integer, got {value!r}")
+            if value is not None and value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be ≥ 1, got {value}")
+
+        def choice(name: str, value: Any, options: tuple[str, ...]) -> None:
+            if value not in options:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be one of {', '.join(options)}, got {value!r}"
+                )
+
+        choice("task", self.task, TASKS)
+        choice("cell", self.cell, CELLS)
+        choice("unit", self.unit, ("char", "word"))
+        choice("optimizer", self.optimizer, ("adam", "sgd"))
+        choice("device", self.device, ("cpu", "cuda", "auto"))
+        choice("nonlinearity", self.nonlinearity, ("tanh", "relu"))
+        choice("update", self.update, ("candidate", "keep"))
+        choice("reset", self.reset, ("before", "after"))
+        choice("doc_boundary", self.doc_boundary, ("none", "line"))
+        for name in (
+            "hidden",
+            "layers",
+            "embedding",
+            "epochs",
+            "steps",
+            "batch_size",
+            "min_freq",
+            "max_len",
+            "eval_every",
+            "patience",
+            "ngram_order",
+        ):
+            positive(name, getattr(self, name))
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if not 0.0 < self.valid_fraction < 0.5:
+            raise ConfigError(f"--valid-fraction must be in (0, 0.5), got {self.valid_fraction}")
+        if not self.lr > 0:
+            raise ConfigError(f"--lr must be > 0, got {self.lr}")
+        if not 0.0 < self.lr_decay <= 1.0:
+            raise ConfigError(f"--lr-decay must be in (0, 1], got {self.lr_decay}")
+        for name in ("clip_norm", "clip_value"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        if not self.train:
+            raise ConfigError("--train is required")
+        parse_bptt(self.bptt)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "config.json") -> TrainConfig:
+        """Rebuild from ``to_dict()``; unknown keys or wrong types are a ``ConfigError``."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected a JSON object")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise ConfigError(f"{where}: unknown keys {unknown}")
+        defaults = cls()
+        for name, value in data.items():
+            default = getattr(defaults, name)
+            if value is None or default is None:
+                continue
+            expected = type(default)
+            ok = isinstance(value, expected) and not (
+                expected is not bool and isinstance(value, bool)
+            )
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                ok = True
+            if not ok:
+                raise ConfigError(
+                    f"{where}: {name} must be {expected.__name__}, got {type(value).__name__}"
+                )
+        return cls(**data)

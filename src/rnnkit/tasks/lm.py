@@ -1,0 +1,327 @@
+"""The language-modelling task: text → vocabulary → batches → model → training → metrics.
+
+``--bptt segment:K`` reads the corpus as B parallel streams in segments of K steps, the
+state carried from segment to segment (char-rnn style); ``full`` and ``window:K`` train on
+lines as separate padded sequences (``<s> w… </s>``), with full or windowed BPTT(K).
+An n-gram baseline (interpolated Kneser–Ney) is fitted on the same training tokens and
+scored on the same validation tokens, so the summary shows what the recurrence buys.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.numpy import load_file as load_numpy
+from safetensors.numpy import save_file as save_numpy
+
+from rnnkit.config import TrainConfig, parse_bptt
+from rnnkit.data.batching import SequenceBatcher, StreamBatcher, lm_pairs
+from rnnkit.data.text import encode_text, read_text
+from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
+from rnnkit.errors import CheckpointError, DataError
+from rnnkit.models.builders import build_language_model
+from rnnkit.models.language_model import LanguageModel, LossOutput
+from rnnkit.models.ngram import NGramModel
+from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything
+from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
+from rnnkit.training.loop import Trainer, TrainOptions
+
+__all__ = ["LMData", "evaluate_lm", "load_lm", "lm_metrics", "prepare_lm_data", "train_lm"]
+
+LN2 = math.log(2)
+
+
+@dataclass
+class LMData:
+    vocab: Vocabulary
+    mode: str  # "segment" | "full" | "window"
+    k: int | None
+    train_stream: np.ndarray | None = None
+    valid_stream: np.ndarray | None = None
+    train_seqs: list[np.ndarray] | None = None
+    valid_seqs: list[np.ndarray] | None = None
+
+
+def _split_text(text: str, fraction: float, path: str) -> tuple[str, str]:
+    """Hold out the last ``fraction`` of the text, cut at a line boundary."""
+    cut = int(len(text) * (1 - fraction))
+    newline = text.rfind("\n", 0, cut)
+    if newline > 0:
+        cut = newline + 1
+    train, valid = text[:cut], text[cut:]
+    if not train.strip() or not valid.strip():
+        raise DataError("corpus too small to hold out validation text; pass --valid", path)
+    return train, valid
+
+
+def _sequences(text: str, vocab: Vocabulary, max_len: int) -> list[np.ndarray]:
+    """Non-blank lines as id sequences, long lines cut into pieces of ``max_len``."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        ids = vocab.encode_array(line, dtype=np.int64)
+        for lo in range(0, len(ids), max_len):
+            out.append(ids[lo : lo + max_len])
+    return out
+
+
+def prepare_lm_data(cfg: TrainConfig, vocab: Vocabulary | None = None) -> LMData:
+    """Read, split and encode the corpora as ``cfg`` says."""
+    text = read_text(cfg.train)
+    if cfg.valid:
+        valid_text = read_text(cfg.valid)
+    else:
+        text, valid_text = _split_text(text, cfg.valid_fraction, cfg.train)
+    if vocab is None:
+        vocab = Vocabulary.from_text(text, unit=cfg.unit, min_freq=cfg.min_freq)
+    mode, k = parse_bptt(cfg.bptt)
+    data = LMData(vocab, mode, k)
+    if mode == "segment":
+        eos_lines = cfg.doc_boundary == "line"
+        data.train_stream = encode_text(text, vocab, eos_per_line=eos_lines, dtype=np.int64)
+        data.valid_stream = encode_text(valid_text, vocab, eos_per_line=eos_lines, dtype=np.int64)
+    else:
+        data.train_seqs = _sequences(text, vocab, cfg.max_len)
+        data.valid_seqs = _sequences(valid_text, vocab, cfg.max_len)
+        if not data.train_seqs:
+            raise DataError("no non-blank line to train on", cfg.train)
+        if not data.valid_seqs:
+            raise DataError("no non-blank line to validate on", cfg.valid or cfg.train)
+    return data
+
+
+def _stream_eval_batcher(stream: np.ndarray, batch_size: int, k: int) -> StreamBatcher:
+    rows = max(1, min(batch_size, (len(stream) - 1) // max(k, 1)))
+    return StreamBatcher(stream, rows, k)
+
+
+@torch.no_grad()
+def lm_metrics(
+    model: LanguageModel, data: LMData, device: torch.device, batch_size: int
+) -> dict[str, Any]:
+    """Mean nats per target token on the validation part of ``data`` (plus perplexity and,
+    for characters, bits per character)."""
+    was_training = model.training
+    model.eval()
+    nats, tokens = 0.0, 0
+    if data.mode == "segment":
+        assert data.valid_stream is not None and data.k is not None
+        batcher = _stream_eval_batcher(data.valid_stream, batch_size, data.k)
+        state = None
+        for batch in batcher:
+            out = model.loss(batch.inputs.to(device), batch.targets.to(device), state=state)
+            nats, tokens, state = nats + out.nats, tokens + out.tokens, out.state
+    else:
+        assert data.valid_seqs is not None
+        pairs = [lm_pairs(s, BOS_ID, EOS_ID) for s in data.valid_seqs]
+        batcher = SequenceBatcher(
+            [p[0] for p in pairs], [p[1] for p in pairs], batch_size=batch_size, shuffle=False
+        )
+        for batch in batcher:
+            out = model.loss(
+                batch.inputs.to(device), batch.targets.to(device), mask=batch.mask.to(device)
+            )
+            nats, tokens = nats + out.nats, tokens + out.tokens
+    model.train(was_training)
+    return _metrics(nats / max(tokens, 1), tokens, data.vocab.unit)
+
+
+def _metrics(loss: float, tokens: int, unit: str) -> dict[str, Any]:
+    m = {"loss_nats": loss, "tokens": tokens, "perplexity": math.exp(min(loss, 700))}
+    if unit == "char":
+        m["bits_per_char"] = loss / LN2
+    return m
+
+
+def _ngram_streams(data: LMData) -> tuple[Any, Any]:
+    if data.mode == "segment":
+        return data.train_stream, data.valid_stream
+
+    def with_eos(seqs: list[np.ndarray]) -> list[np.ndarray]:
+        return [np.concatenate([s, [EOS_ID]]) for s in seqs]
+
+    return with_eos(data.train_seqs), with_eos(data.valid_seqs)
+
+
+def _step_fn(data: LMData, device: torch.device):
+    if data.mode == "segment":
+
+        def step(model: LanguageModel, batch: Any, carry: Any) -> LossOutput:
+            return model.loss(
+                batch.inputs.to(device),
+                batch.targets.to(device),
+                state=carry,
+                starts=batch.starts.to(device),
+            )
+    else:
+        window = data.k if data.mode == "window" else None
+
+        def step(model: LanguageModel, batch: Any, carry: Any) -> LossOutput:
+            return model.loss(
+                batch.inputs.to(device),
+                batch.targets.to(device),
+                mask=batch.mask.to(device),
+                window=window,
+            )
+
+    return step
+
+
+def _train_batches(cfg: TrainConfig, data: LMData) -> Any:
+    if data.mode == "segment":
+        boundary = EOS_ID if cfg.doc_boundary == "line" else None
+        return StreamBatcher(data.train_stream, cfg.batch_size, data.k, boundary_id=boundary)
+    pairs = [lm_pairs(s, BOS_ID, EOS_ID) for s in data.train_seqs]
+    return SequenceBatcher(
+        [p[0] for p in pairs],
+        [p[1] for p in pairs],
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        seed=cfg.seed,
+    )
+
+
+def _optimizer(cfg: TrainConfig, model: torch.nn.Module):
+    if cfg.optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        plateau = None
+    else:  # the classic PTB recipe: plain SGD, divide the rate when validation stalls
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=cfg.lr_decay, patience=0)
+    return opt, plateau
+
+
+def train_lm(
+    cfg: TrainConfig, resume: bool = False, quiet: bool = False, callbacks=None
+) -> dict[str, Any]:
+    """Train a language model as ``cfg`` says; write the run directory; return a summary.
+
+    With ``resume``, the run directory's own config and vocabulary are used and training
+    continues from its latest snapshot exactly.
+    """
+    out = Path(cfg.out)
+    device = choose_device(cfg.device)
+    vocab = None
+    if resume:
+        saved_cfg, _ = load_config(out)
+        if saved_cfg.to_dict() != cfg.to_dict():
+            changed = [k for k, v in cfg.to_dict().items() if saved_cfg.to_dict().get(k) != v]
+            # How long to train may change on resume; what is trained may not.
+            allowed = {"epochs", "steps", "eval_every", "patience"}
+            bad = [k for k in changed if k not in allowed]
+            if bad:
+                raise CheckpointError(
+                    f"{out / 'config.json'}: --resume with different options {bad} "
+                    "(checkpoint of an incompatible config)"
+                )
+        vocab = Vocabulary.load(out / "vocab.json")
+    seed_everything(cfg.seed)
+    data = prepare_lm_data(cfg, vocab)
+    model = build_language_model(cfg, len(data.vocab)).to(device)
+    optimizer, plateau = _optimizer(cfg, model)
+    batches = _train_batches(cfg, data)
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        data.vocab.save(out / "vocab.json")
+        save_config(out, cfg, vocab_size=len(data.vocab))
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    trainer = Trainer(
+        model,
+        optimizer,
+        batches,
+        _step_fn(data, device),
+        TrainOptions(
+            epochs=cfg.epochs,
+            steps=cfg.steps,
+            clip_norm=cfg.clip_norm,
+            clip_value=cfg.clip_value,
+            eval_every=cfg.eval_every,
+            patience=cfg.patience,
+            quiet=quiet,
+            units="bits" if cfg.unit == "char" else "ppl",
+        ),
+        evaluate_fn=lambda m: lm_metrics(m, data, device, cfg.batch_size),
+        plateau=plateau,
+        out_dir=out,
+        callbacks=callbacks,
+    )
+    if resume:
+        trainer.resume()
+    started = time.perf_counter()
+    result = trainer.fit()
+    elapsed = time.perf_counter() - started
+    # The n-gram baseline on the same tokens.
+    ngram = NGramModel(order=cfg.ngram_order, vocab_size=len(data.vocab))
+    train_ng, valid_ng = _ngram_streams(data)
+    ngram.fit(train_ng)
+    save_numpy(ngram.to_state(), str(out / "ngram.safetensors"))
+    ngram_metrics = _metrics(ngram.evaluate(valid_ng), _count(valid_ng), data.vocab.unit)
+    train_events = [e for e in result.history if e["event"] == "train"]
+    summary = {
+        "task": "lm",
+        "steps": result.steps,
+        "epoch": result.epochs_done,
+        "elapsed_s": elapsed,
+        "train_loss_nats": result.train_loss_nats,
+        "tokens_per_s": float(np.median([e["tokens_per_s"] for e in train_events]))
+        if train_events
+        else None,
+        "valid": result.best_valid,
+        "ngram": {"order": cfg.ngram_order, **ngram_metrics},
+        "clipped_steps": result.clipped_steps,
+        "stopped_early": result.stopped_early,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    atomic_write_json(out / "summary.json", summary)
+    return summary
+
+
+def _count(data: Any) -> int:
+    return int(len(data)) if isinstance(data, np.ndarray) else int(sum(len(s) for s in data))
+
+
+def load_lm(
+    run_dir: str | Path, device: str = "cpu"
+) -> tuple[TrainConfig, Vocabulary, LanguageModel]:
+    """Load a trained language model from its run directory (no code is unpickled)."""
+    run_dir = Path(run_dir)
+    cfg, info = load_config(run_dir)
+    if cfg.task != "lm":
+        raise CheckpointError(f"{run_dir / 'config.json'}: task is {cfg.task!r}, not 'lm'")
+    vocab = Vocabulary.load(run_dir / "vocab.json")
+    if info.get("vocab_size") != len(vocab):
+        raise CheckpointError(
+            f"{run_dir / 'vocab.json'}: {len(vocab)} tokens but config.json says "
+            f"{info.get('vocab_size')}"
+        )
+    model = build_language_model(cfg, len(vocab)).to(choose_device(device))
+    load_model_weights(model, run_dir / "model.safetensors")
+    model.eval()
+    return cfg, vocab, model
+
+
+def evaluate_lm(
+    run_dir: str | Path, data_path: str, batch_size: int | None = None
+) -> dict[str, Any]:
+    """Score a text file with a trained model and its n-gram baseline, side by side."""
+    cfg, vocab, model = load_lm(run_dir)
+    eval_cfg = TrainConfig(**{**cfg.to_dict(), "train": data_path, "valid": data_path})
+    data = prepare_lm_data(eval_cfg, vocab)
+    device = next(model.parameters()).device
+    metrics = lm_metrics(model, data, device, batch_size or cfg.batch_size)
+    ngram_path = Path(run_dir) / "ngram.safetensors"
+    if ngram_path.is_file():
+        ngram = NGramModel.from_state(load_numpy(str(ngram_path)))
+        _, valid_ng = _ngram_streams(data)
+        metrics["ngram"] = {
+            "order": ngram.order,
+            **_metrics(ngram.evaluate(valid_ng), _count(valid_ng), vocab.unit),
+        }
+    return metrics

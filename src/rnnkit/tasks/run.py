@@ -1,0 +1,59 @@
+"""What every task's run directory shares: the config file, device choice, seeding."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rnnkit.config import TrainConfig
+from rnnkit.errors import CheckpointError, ConfigError
+from rnnkit.training.checkpoint import FORMAT_VERSION, atomic_write_json, read_json
+
+__all__ = ["choose_device", "load_config", "save_config", "seed_everything", "warn"]
+
+
+def warn(message: str) -> None:
+    """A one-line notice for the user on stderr (library code stays silent otherwise)."""
+    print(f"rnnkit: warning: {message}", file=sys.stderr)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def choose_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available here")
+    return torch.device(name)
+
+
+def save_config(out_dir: Path, cfg: TrainConfig, **info: Any) -> None:
+    atomic_write_json(
+        out_dir / "config.json",
+        {"format_version": FORMAT_VERSION, "config": cfg.to_dict(), **info},
+    )
+
+
+def load_config(run_dir: str | Path) -> tuple[TrainConfig, dict[str, Any]]:
+    """Read ``config.json`` of a run directory; errors name the file."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: no such checkpoint directory")
+    path = run_dir / "config.json"
+    data = read_json(path)
+    if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: not an rnnkit checkpoint of format {FORMAT_VERSION}")
+    try:
+        cfg = TrainConfig.from_dict(data.get("config"), where=str(path))
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
+    return cfg, data

@@ -1,0 +1,359 @@
+"""The model-agnostic training loop: steps, clipping, validation, checkpoints, resume.
+
+A task supplies a ``step_fn(model, batch, carry) -> LossOutput`` (loss to backpropagate,
+summed nats, token count, and the recurrent state to carry into the next batch — for
+stream batching) and an ``evaluate_fn(model) -> dict`` with at least ``loss_nats``. The
+loop owns everything else, so every task trains the same way (minGPT's trainer):
+
+* segment truncation: the carried state's VALUE crosses into the next batch, its gradient
+  does not (detached here);
+* clipping by global norm (``torch.nn.utils.clip_grad_norm_``) or by value;
+* a non-finite loss or gradient stops training (or skips the step, if asked) naming the
+  step, and no snapshot is ever written after a bad step;
+* validation every epoch or every N steps, best-on-validation weights in
+  ``model.safetensors``, early stopping, ``ReduceLROnPlateau``-style decay;
+* resumable snapshots (optimizer, scheduler, RNG, data position, carried state), so N
+  steps + resume + M steps equals N + M steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from rnnkit.errors import RnnkitError
+from rnnkit.models.language_model import LossOutput
+from rnnkit.training.checkpoint import load_snapshot, save_model_weights, save_snapshot
+from rnnkit.types import LSTMState
+
+__all__ = ["TrainOptions", "TrainResult", "Trainer", "TrainingDiverged"]
+
+
+class TrainingDiverged(RnnkitError):
+    """A NaN or infinite loss/gradient; the last good checkpoint is left intact."""
+
+
+@dataclass
+class TrainOptions:
+    """How long and how to train.
+
+    Attributes:
+        epochs: passes over the training data (ignored when ``steps`` is set).
+        steps: total optimizer steps, or None to run ``epochs``.
+        clip_norm: global gradient-norm threshold κ (``g ← κ g / ‖g‖`` if ``‖g‖ > κ``).
+        clip_value: clip each gradient entry to ``[−v, v]`` (a separate, named option).
+        eval_every: validate every N steps (None: at the end of every epoch).
+        patience: stop after this many validations without improvement (None: never).
+        log_every: write a training line to the metrics log every N steps.
+        on_nonfinite: ``"stop"`` (default) or ``"skip"`` the step.
+        quiet: no progress bar.
+        units: what the progress bar shows besides nats: ``"bits"`` or ``"ppl"``.
+    """
+
+    epochs: int = 1
+    steps: int | None = None
+    clip_norm: float | None = None
+    clip_value: float | None = None
+    eval_every: int | None = None
+    patience: int | None = None
+    log_every: int = 50
+    on_nonfinite: str = "stop"
+    quiet: bool = False
+    units: str = "ppl"
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    epochs_done: int
+    train_loss_nats: float | None
+    best_valid: dict[str, Any] | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    stopped_early: bool = False
+    clipped_steps: int = 0
+
+
+def _detach(state: Any) -> Any:
+    if state is None:
+        return None
+    if isinstance(state, LSTMState):
+        return LSTMState(state.h.detach(), state.c.detach())
+    if isinstance(state, Tensor):
+        return state.detach()
+    return type(state)(*(_detach(s) for s in state))
+
+
+def _carry_tensors(carry: Any) -> dict[str, Tensor]:
+    if carry is None:
+        return {}
+    if isinstance(carry, LSTMState):
+        return {"carry/h": carry.h, "carry/c": carry.c}
+    return {"carry/state": carry}
+
+
+def _carry_from(tensors: dict[str, Tensor], device: torch.device) -> Any:
+    if "carry/h" in tensors:
+        return LSTMState(tensors["carry/h"].to(device), tensors["carry/c"].to(device))
+    if "carry/state" in tensors:
+        return tensors["carry/state"].to(device)
+    return None
+
+
+class Trainer:
+    """Train ``model`` on ``batches`` with ``step_fn``; see the module docstring.
+
+    Args:
+        model: the ``nn.Module`` (its ``train()``/``eval()`` mode is managed here).
+        optimizer: a torch optimizer over the model's parameters.
+        batches: a resumable batcher (``__iter__`` yields one epoch, ``__len__``,
+            ``state_dict``/``load_state_dict``, ``epoch``), e.g. ``StreamBatcher``.
+        step_fn: ``(model, batch, carry) -> LossOutput``.
+        evaluate_fn: ``model -> {"loss_nats": …, …}`` on validation data, or None.
+        scheduler: a per-step LR scheduler (``step()`` after each optimizer step).
+        plateau: a ``ReduceLROnPlateau`` stepped with each validation loss.
+        out_dir: run directory for snapshots, best weights and ``metrics.jsonl``.
+        callbacks: called as ``cb(event: dict)`` for every logged event.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        batches: Any,
+        step_fn: Callable[[nn.Module, Any, Any], LossOutput],
+        options: TrainOptions,
+        evaluate_fn: Callable[[nn.Module], dict[str, Any]] | None = None,
+        scheduler: Any = None,
+        plateau: torch.optim.lr_scheduler.ReduceLROnPlateau | None = None,
+        out_dir: str | Path | None = None,
+        callbacks: list[Callable[[dict[str, Any]], None]] | None = None,
+        grad_hook: Callable[[nn.Module, float, bool], None] | None = None,
+    ) -> None:
+        if options.on_nonfinite not in ("stop", "skip"):
+            raise ValueError(f"on_nonfinite must be 'stop' or 'skip', got {options.on_nonfinite!r}")
+        self.model = model
+        self.optimizer = optimizer
+        self.batches = batches
+        self.step_fn = step_fn
+        self.options = options
+        self.evaluate_fn = evaluate_fn
+        self.scheduler = scheduler
+        self.plateau = plateau
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.callbacks = callbacks or []
+        self.grad_hook = grad_hook
+        self.step = 0
+        self.carry: Any = None
+        self.best: dict[str, Any] | None = None
+        self.bad_evals = 0
+        self.history: list[dict[str, Any]] = []
+        self.clipped = 0
+        self._window_nats = 0.0
+        self._window_tokens = 0
+        self._device = next(model.parameters()).device
+
+    # -- bookkeeping -------------------------------------------------------------------
+    def _log(self, event: dict[str, Any]) -> None:
+        self.history.append(event)
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(event) + "\n")
+        for cb in self.callbacks:
+            cb(event)
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "batches": self.batches.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "plateau": self.plateau.state_dict() if self.plateau is not None else None,
+            "best": self.best,
+            "bad_evals": self.bad_evals,
+            "clipped": self.clipped,
+        }
+
+    def save(self) -> None:
+        """Write a resumable snapshot of the current step."""
+        if self.out_dir is None:
+            return
+        extra = {"rng/torch": torch.get_rng_state(), **_carry_tensors(self.carry)}
+        save_snapshot(self.out_dir, self.step, self.model, self.optimizer, self._state(), extra)
+        if self.evaluate_fn is None:  # no validation: the latest weights are the ones to use
+            save_model_weights(self.model, self.out_dir / "model.safetensors")
+
+    def resume(self) -> None:
+        """Restore model, optimizer, scheduler, RNG, data position and carried state."""
+        if self.out_dir is None:
+            raise RnnkitError("resume needs an output directory")
+        state, extra = load_snapshot(self.out_dir, self.model, self.optimizer)
+        self.step = int(state["step"])
+        self.batches.load_state_dict(state["batches"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.plateau is not None and state.get("plateau") is not None:
+            self.plateau.load_state_dict(state["plateau"])
+        self.best = state.get("best")
+        self.bad_evals = int(state.get("bad_evals", 0))
+        self.clipped = int(state.get("clipped", 0))
+        if "rng/torch" in extra:
+            torch.set_rng_state(extra["rng/torch"])
+        self.carry = _carry_from(extra, self._device)
+
+    # -- the loop ----------------------------------------------------------------------
+    def _total_steps(self) -> int:
+        if self.options.steps is not None:
+            return self.options.steps
+        return self.options.epochs * len(self.batches)
+
+    def _batches(self) -> Iterator[Any]:
+        while True:
+            yield from self.batches
+
+    def _evaluate(self) -> bool:
+        """Validate, keep the best weights; return True when training should stop."""
+        if self.evaluate_fn is None:
+            return False
+        self.model.eval()
+        metrics = self.evaluate_fn(self.model)
+        self.model.train()
+        loss = float(metrics["loss_nats"])
+        event = {"event": "valid", "step": self.step, "epoch": self.batches.epoch, **metrics}
+        improved = self.best is None or loss < float(self.best["loss_nats"])
+        if improved:
+            self.best = {"step": self.step, **metrics}
+            self.bad_evals = 0
+            if self.out_dir is not None:
+                save_model_weights(self.model, self.out_dir / "model.safetensors")
+        else:
+            self.bad_evals += 1
+        event["best"] = improved
+        self._log(event)
+        if self.plateau is not None:
+            self.plateau.step(loss)
+        return self.options.patience is not None and self.bad_evals >= self.options.patience
+
+    def _check_finite(self, value: float, what: str, batch_index: int) -> bool:
+        if math.isfinite(value):
+            return True
+        message = (
+            f"{what} is {value} at step {self.step + 1} (batch {batch_index} of epoch "
+            f"{self.batches.epoch}); the last good checkpoint is kept"
+        )
+        if self.options.on_nonfinite == "skip":
+            self._log({"event": "skipped", "step": self.step + 1, "reason": message})
+            self.optimizer.zero_grad(set_to_none=True)
+            return False
+        raise TrainingDiverged(message + " (lower --lr or set --clip-norm)")
+
+    def fit(self) -> TrainResult:
+        """Train until ``steps`` (or ``epochs``) are done or early stopping triggers."""
+        opts = self.options
+        total = self._total_steps()
+        self.model.train()
+        bar = tqdm(
+            total=total,
+            initial=self.step,
+            disable=opts.quiet,
+            unit="step",
+            dynamic_ncols=True,
+            leave=False,
+        )
+        steps_per_epoch = len(self.batches)
+        stopped_early = False
+        started = time.perf_counter()
+        window_start, window_tokens_start = started, 0
+        tokens_seen = 0
+        last_train_loss = None
+        try:
+            it = self._batches()
+            while self.step < total:
+                batch = next(it)
+                batch_index = self.batches.position
+                self.optimizer.zero_grad(set_to_none=True)
+                out = self.step_fn(self.model, batch, self.carry)
+                loss_value = float(out.loss.detach())
+                if not self._check_finite(loss_value, "the training loss", batch_index):
+                    self.carry = None
+                    continue
+                out.loss.backward()
+                params = [p for p in self.model.parameters() if p.grad is not None]
+                if opts.clip_value is not None:
+                    torch.nn.utils.clip_grad_value_(params, opts.clip_value)
+                max_norm = opts.clip_norm if opts.clip_norm is not None else float("inf")
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+                if not self._check_finite(grad_norm, "the gradient norm", batch_index):
+                    self.carry = None
+                    continue
+                clipped = opts.clip_norm is not None and grad_norm > opts.clip_norm
+                self.clipped += int(clipped)
+                if self.grad_hook is not None:
+                    self.grad_hook(self.model, grad_norm, clipped)
+                self.optimizer.step()
+                if self.scheduler is not None:
+                    self.scheduler.step()
+                self.step += 1
+                self.carry = _detach(out.state)
+                self._window_nats += out.nats
+                self._window_tokens += out.tokens
+                tokens_seen += out.tokens
+                last_train_loss = self._window_nats / max(self._window_tokens, 1)
+                bar.update(1)
+                if not opts.quiet:
+                    now = time.perf_counter()
+                    rate = (tokens_seen - window_tokens_start) / max(now - window_start, 1e-9)
+                    shown = (
+                        {"bits": f"{last_train_loss / math.log(2):.3f}"}
+                        if opts.units == "bits"
+                        else {"ppl": f"{math.exp(min(last_train_loss, 50)):.2f}"}
+                    )
+                    bar.set_postfix(loss=f"{last_train_loss:.3f}", **shown, tok_s=f"{rate:.0f}")
+                if self.step % opts.log_every == 0 or self.step == total:
+                    now = time.perf_counter()
+                    self._log(
+                        {
+                            "event": "train",
+                            "step": self.step,
+                            "epoch": self.batches.epoch,
+                            "loss_nats": last_train_loss,
+                            "grad_norm": grad_norm,
+                            "clipped_total": self.clipped,
+                            "lr": self.optimizer.param_groups[0]["lr"],
+                            "tokens_per_s": (tokens_seen - window_tokens_start)
+                            / max(now - window_start, 1e-9),
+                        }
+                    )
+                    self._window_nats, self._window_tokens = 0.0, 0
+                    window_start, window_tokens_start = now, tokens_seen
+                end_of_epoch = self.batches.position == steps_per_epoch
+                at_eval = (
+                    self.step % opts.eval_every == 0 if opts.eval_every else end_of_epoch
+                ) or self.step == total
+                if end_of_epoch:
+                    self.carry = None  # streams restart at the beginning
+                if at_eval:
+                    stop = self._evaluate()
+                    self.save()
+                    if stop:
+                        stopped_early = True
+                        self._log({"event": "early_stop", "step": self.step})
+                        break
+        finally:
+            bar.close()
+        return TrainResult(
+            steps=self.step,
+            epochs_done=self.batches.epoch,
+            train_loss_nats=last_train_loss,
+            best_valid=self.best,
+            history=self.history,
+            stopped_early=stopped_early,
+            clipped_steps=self.clipped,
+        )
