@@ -31,7 +31,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad option as one line naming the option (exit 2)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"rnnkit {self.prog.split()[-1]}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -214,7 +214,7 @@ def train_lm(
         if saved_cfg.to_dict() != cfg.to_dict():
             changed = [k for k, v in cfg.to_dict().items() if saved_cfg.to_dict().get(k) != v]
             # How long to train may change on resume; what is trained may not.
-            allowed = {"epochs", "steps", "eval_every", "patience"}
+            allowed = {"epochs", "steps", "eval_every", "patience", "device"}
             bad = [k for k in changed if k not in allowed]
             if bad:
                 raise CheckpointError(

@@ -1,0 +1,38 @@
+"""``rnnkit evaluate``: score a data file with a trained checkpoint (and its baseline)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+__all__ = ["register", "run"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="evaluate a checkpoint on data",
+        description="Score a data file with a trained model.",
+    )
+    p.add_argument("--checkpoint", required=True, help="run directory written by train")
+    p.add_argument("--data", required=True, help="data file in the task's format")
+    p.add_argument("--batch-size", type=int, help="evaluation batch size")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rnnkit.tasks.lm import evaluate_lm
+
+    metrics = evaluate_lm(args.checkpoint, args.data, args.batch_size)
+    if args.json:
+        print(json.dumps(metrics))
+        return 0
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            inner = ", ".join(f"{k} {v:.4g}" for k, v in value.items())
+            print(f"{key}: {inner}")
+        else:
+            print(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
+    return 0

@@ -1,0 +1,230 @@
+"""``rnnkit train``: parse options into a ``TrainConfig``, validate, run the task."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from rnnkit.config import TASKS, TrainConfig
+from rnnkit.errors import ConfigError
+
+__all__ = ["add_model_options", "register", "run"]
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--cell",
+        choices=("rnn", "lstm", "gru"),
+        default=d.cell,
+        help="recurrent cell (default %(default)s)",
+    )
+    g.add_argument(
+        "--hidden", type=int, default=d.hidden, help="hidden width H (default %(default)s)"
+    )
+    g.add_argument(
+        "--layers", type=int, default=d.layers, help="stacked layers (default %(default)s)"
+    )
+    g.add_argument("--bidirectional", action="store_true", help="two directions per layer")
+    g.add_argument(
+        "--embedding", type=int, default=d.embedding, help="embedding width (default %(default)s)"
+    )
+    g.add_argument(
+        "--tie-weights",
+        action="store_true",
+        help="share the embedding with the output layer (a projection is added "
+        "when --hidden differs from --embedding)",
+    )
+    g.add_argument(
+        "--dropout",
+        type=float,
+        default=d.dropout,
+        help="dropout on embeddings, between layers and before the head",
+    )
+    g.add_argument(
+        "--nonlinearity",
+        choices=("tanh", "relu"),
+        default=d.nonlinearity,
+        help="simple RNN activation (default %(default)s)",
+    )
+    g.add_argument(
+        "--update",
+        choices=("candidate", "keep"),
+        default=d.update,
+        help="GRU update convention (SPEC §1.3, default %(default)s)",
+    )
+    g.add_argument(
+        "--reset",
+        choices=("before", "after"),
+        default=d.reset,
+        help="GRU reset position (SPEC §1.3, default %(default)s)",
+    )
+
+
+def register(sub: Any) -> None:
+    d = TrainConfig()
+    p = sub.add_parser("train", help="train a model", description="Train a recurrent model.")
+    p.add_argument("--task", choices=TASKS, default="lm", help="what to learn (default lm)")
+    p.add_argument("--train", required=True, help="training data file")
+    p.add_argument("--valid", help="validation data file (default: hold out the end of --train)")
+    p.add_argument("--out", required=True, help="run directory for checkpoints and reports")
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its latest snapshot"
+    )
+    add_model_options(p)
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--unit",
+        choices=("char", "word"),
+        default=d.unit,
+        help="token unit (lm, classify; default %(default)s)",
+    )
+    g.add_argument(
+        "--min-freq",
+        type=int,
+        default=d.min_freq,
+        help="rarer tokens become <unk> (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-len",
+        type=int,
+        default=d.max_len,
+        help="longer lines are cut into pieces of this many tokens (sequence mode)",
+    )
+    g.add_argument(
+        "--doc-boundary",
+        choices=("none", "line"),
+        default=d.doc_boundary,
+        help="'line': every line is a document; the carried state is reset at "
+        "each line start (streams)",
+    )
+    g.add_argument(
+        "--valid-fraction",
+        type=float,
+        default=d.valid_fraction,
+        help="share of --train held out when no --valid (default %(default)s)",
+    )
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--epochs", type=int, default=d.epochs, help="passes over the data")
+    g.add_argument("--steps", type=int, help="optimizer steps (overrides --epochs)")
+    g.add_argument("--batch-size", type=int, default=d.batch_size, help="batch size B")
+    g.add_argument(
+        "--optimizer",
+        choices=("adam", "sgd"),
+        default=d.optimizer,
+        help="adam (default) or sgd with learning-rate decay on plateau",
+    )
+    g.add_argument("--lr", type=float, default=d.lr, help="learning rate (default %(default)s)")
+    g.add_argument(
+        "--lr-decay",
+        type=float,
+        default=d.lr_decay,
+        help="sgd: factor applied when validation stops improving",
+    )
+    g.add_argument(
+        "--clip-norm",
+        type=float,
+        default=d.clip_norm,
+        help="clip the global gradient norm to this (default %(default)s)",
+    )
+    g.add_argument("--no-clip", action="store_true", help="do not clip gradients")
+    g.add_argument("--clip-value", type=float, help="clip each gradient entry to [-v, v]")
+    g.add_argument(
+        "--bptt",
+        default=d.bptt,
+        help="full | segment:K (streams, state carried) | window:K (exact "
+        "BPTT(K)); default %(default)s",
+    )
+    g.add_argument("--eval-every", type=int, help="validate every N steps (default: each epoch)")
+    g.add_argument("--patience", type=int, help="early stop after N validations without gain")
+    g.add_argument("--seed", type=int, default=d.seed, help="random seed")
+    g.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default=d.device,
+        help="where to train (default %(default)s)",
+    )
+    g.add_argument(
+        "--ngram-order",
+        type=int,
+        default=d.ngram_order,
+        help="order of the n-gram baseline (default %(default)s)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.set_defaults(func=run)
+
+
+CONFIG_FIELDS = {f for f in TrainConfig.__dataclass_fields__} - {"extra"}
+
+
+RESUME_CHANGEABLE = {"epochs", "steps", "eval_every", "patience", "device"}
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    values = {k: v for k, v in vars(args).items() if k in CONFIG_FIELDS}
+    if args.no_clip:
+        values["clip_norm"] = None
+    if not args.resume:
+        return TrainConfig(**values).validate()
+    # --resume: the run's own config holds; options given on the command line may only
+    # change how long or where to train. Anything else would be another model.
+    from rnnkit.tasks.run import load_config
+
+    saved, _ = load_config(args.out)
+    defaults = TrainConfig(train=saved.train, out=saved.out).to_dict()
+    merged = saved.to_dict()
+    for key, value in values.items():
+        if key in ("train", "out") or value == defaults.get(key) or value == merged[key]:
+            continue
+        if key not in RESUME_CHANGEABLE:
+            raise ConfigError(
+                f"--{key.replace('_', '-')} differs from the run being resumed "
+                f"({merged[key]!r} in {args.out}/config.json); only "
+                f"{', '.join('--' + k.replace('_', '-') for k in sorted(RESUME_CHANGEABLE))} "
+                "may change"
+            )
+        merged[key] = value
+    return TrainConfig(**merged).validate()
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    valid, ngram = summary.get("valid"), summary.get("ngram")
+    print(
+        f"trained {summary['steps']} steps in {summary['elapsed_s']:.0f} s "
+        f"({summary.get('tokens_per_s') or 0:.0f} tokens/s), "
+        f"{summary['parameters']:,} parameters"
+    )
+    if valid:
+        key = "bits_per_char" if "bits_per_char" in valid else "perplexity"
+        label = "bits/char" if key == "bits_per_char" else "perplexity"
+        line = f"validation {label}: recurrent {valid[key]:.3f}"
+        if ngram:
+            line += f" | {ngram['order']}-gram baseline {ngram[key]:.3f}"
+        print(line + f"  (nats/token {valid['loss_nats']:.3f})")
+    for sample in summary.get("samples", []):
+        print(f"sample: {sample!r}")
+    if summary.get("report"):
+        print(f"report: {summary['report']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    if cfg.task != "lm":
+        raise ConfigError(f"--task {cfg.task} is not available in this version (lm is)")
+    from rnnkit.tasks.lm import train_lm  # lazy: keeps `rnnkit --help` fast
+
+    summary = train_lm(cfg, resume=args.resume, quiet=args.quiet)
+    if args.json:
+        print(
+            json.dumps(
+                summary,
+                default=lambda o: None if isinstance(o, float) and not math.isfinite(o) else o,
+            )
+        )
+    else:
+        _print_summary(summary)
+    return 0
