@@ -68,6 +68,7 @@ class TrainConfig:
     # optimisation
     epochs: int = 1
     steps: int | None = None
+    max_time: float | None = None
     batch_size: int = 32
     optimizer: str = "adam"
     lr: float = 2e-3
@@ -128,6 +129,8 @@ class TrainConfig:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
         if not 0.0 < self.lr_decay <= 1.0:
             raise ConfigError(f"--lr-decay must be in (0, 1], got {self.lr_decay}")
+        if self.max_time is not None and not self.max_time > 0:
+            raise ConfigError(f"--max-time must be > 0 seconds, got {self.max_time}")
         for name in ("clip_norm", "clip_value"):
             value = getattr(self, name)
             if value is not None and not value > 0:

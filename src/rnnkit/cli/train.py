@@ -110,6 +110,8 @@ def register(sub: Any) -> None:
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, default=d.epochs, help="passes over the data")
     g.add_argument("--steps", type=int, help="optimizer steps (overrides --epochs)")
+    g.add_argument("--max-time", type=float,
+                   help="stop after this many seconds of training (then validate and save)")
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="batch size B")
     g.add_argument(
         "--optimizer",
@@ -161,7 +163,7 @@ def register(sub: Any) -> None:
 CONFIG_FIELDS = {f for f in TrainConfig.__dataclass_fields__} - {"extra"}
 
 
-RESUME_CHANGEABLE = {"epochs", "steps", "eval_every", "patience", "device"}
+RESUME_CHANGEABLE = {"epochs", "steps", "max_time", "eval_every", "patience", "device"}
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

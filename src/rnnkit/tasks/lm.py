@@ -214,7 +214,7 @@ def train_lm(
         if saved_cfg.to_dict() != cfg.to_dict():
             changed = [k for k, v in cfg.to_dict().items() if saved_cfg.to_dict().get(k) != v]
             # How long to train may change on resume; what is trained may not.
-            allowed = {"epochs", "steps", "eval_every", "patience", "device"}
+            allowed = {"epochs", "steps", "max_time", "eval_every", "patience", "device"}
             bad = [k for k in changed if k not in allowed]
             if bad:
                 raise CheckpointError(
@@ -240,6 +240,7 @@ def train_lm(
         TrainOptions(
             epochs=cfg.epochs,
             steps=cfg.steps,
+            max_time=cfg.max_time,
             clip_norm=cfg.clip_norm,
             clip_value=cfg.clip_value,
             eval_every=cfg.eval_every,

@@ -49,6 +49,7 @@ class TrainOptions:
     Attributes:
         epochs: passes over the training data (ignored when ``steps`` is set).
         steps: total optimizer steps, or None to run ``epochs``.
+        max_time: stop after this many seconds of training (validate and save first).
         clip_norm: global gradient-norm threshold κ (``g ← κ g / ‖g‖`` if ``‖g‖ > κ``).
         clip_value: clip each gradient entry to ``[−v, v]`` (a separate, named option).
         eval_every: validate every N steps (None: at the end of every epoch).
@@ -61,6 +62,7 @@ class TrainOptions:
 
     epochs: int = 1
     steps: int | None = None
+    max_time: float | None = None
     clip_norm: float | None = None
     clip_value: float | None = None
     eval_every: int | None = None
@@ -334,9 +336,14 @@ class Trainer:
                     self._window_nats, self._window_tokens = 0.0, 0
                     window_start, window_tokens_start = now, tokens_seen
                 end_of_epoch = self.batches.position == steps_per_epoch
+                out_of_time = (
+                    opts.max_time is not None and time.perf_counter() - started >= opts.max_time
+                )
                 at_eval = (
-                    self.step % opts.eval_every == 0 if opts.eval_every else end_of_epoch
-                ) or self.step == total
+                    (self.step % opts.eval_every == 0 if opts.eval_every else end_of_epoch)
+                    or self.step == total
+                    or out_of_time
+                )
                 if end_of_epoch:
                     self.carry = None  # streams restart at the beginning
                 if at_eval:
@@ -346,6 +353,9 @@ class Trainer:
                         stopped_early = True
                         self._log({"event": "early_stop", "step": self.step})
                         break
+                if out_of_time:
+                    self._log({"event": "time_limit", "step": self.step})
+                    break
         finally:
             bar.close()
         return TrainResult(
