@@ -23,9 +23,10 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rnnkit.tasks.lm import evaluate_lm
+    from rnnkit.tasks.registry import task_module, task_of_run
 
-    metrics = evaluate_lm(args.checkpoint, args.data, args.batch_size)
+    task = task_module(task_of_run(args.checkpoint))
+    metrics = task.evaluate(args.checkpoint, args.data, args.batch_size)
     if args.json:
         print(json.dumps(metrics))
         return 0

@@ -215,11 +215,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    if cfg.task != "lm":
-        raise ConfigError(f"--task {cfg.task} is not available in this version (lm is)")
-    from rnnkit.tasks.lm import train_lm  # lazy: keeps `rnnkit --help` fast
+    from rnnkit.tasks.registry import task_module  # lazy: keeps `rnnkit --help` fast
 
-    summary = train_lm(cfg, resume=args.resume, quiet=args.quiet)
+    summary = task_module(cfg.task).train(cfg, resume=args.resume, quiet=args.quiet)
     if args.json:
         print(
             json.dumps(

@@ -32,7 +32,16 @@ from rnnkit.tasks.run import choose_device, load_config, save_config, seed_every
 from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
 from rnnkit.training.loop import Trainer, TrainOptions
 
-__all__ = ["LMData", "evaluate_lm", "load_lm", "lm_metrics", "prepare_lm_data", "train_lm"]
+__all__ = [
+    "LMData",
+    "evaluate",
+    "evaluate_lm",
+    "lm_metrics",
+    "load_lm",
+    "prepare_lm_data",
+    "train",
+    "train_lm",
+]
 
 LN2 = math.log(2)
 
@@ -326,3 +335,8 @@ def evaluate_lm(
             **_metrics(ngram.evaluate(valid_ng), _count(valid_ng), vocab.unit),
         }
     return metrics
+
+
+# The task interface of ``rnnkit.tasks.registry``.
+train = train_lm
+evaluate = evaluate_lm
