@@ -81,6 +81,17 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"
     ngram_order: int = 5
+    # task-specific (issue 4): classify / tag / seq2seq
+    pooling: str = "last"
+    tag_column: str = "upos"
+    char_rnn: bool = False
+    source_unit: str = "char"
+    target_unit: str = "char"
+    attention: str = "dot"
+    context: str = "init"
+    scheduled_sampling: str = "none"
+    decoder_only: bool = False
+    beam: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> TrainConfig:
@@ -107,6 +118,12 @@ class TrainConfig:
         choice("update", self.update, ("candidate", "keep"))
         choice("reset", self.reset, ("before", "after"))
         choice("doc_boundary", self.doc_boundary, ("none", "line"))
+        choice("pooling", self.pooling, ("last", "mean", "max"))
+        choice("source_unit", self.source_unit, ("char", "word"))
+        choice("target_unit", self.target_unit, ("char", "word"))
+        choice("attention", self.attention, ("none", "dot", "bilinear", "additive"))
+        choice("context", self.context, ("init", "input", "both"))
+        positive("beam", self.beam)
         for name in (
             "hidden",
             "layers",

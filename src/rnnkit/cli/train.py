@@ -110,8 +110,11 @@ def register(sub: Any) -> None:
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, default=d.epochs, help="passes over the data")
     g.add_argument("--steps", type=int, help="optimizer steps (overrides --epochs)")
-    g.add_argument("--max-time", type=float,
-                   help="stop after this many seconds of training (then validate and save)")
+    g.add_argument(
+        "--max-time",
+        type=float,
+        help="stop after this many seconds of training (then validate and save)",
+    )
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="batch size B")
     g.add_argument(
         "--optimizer",
@@ -155,6 +158,59 @@ def register(sub: Any) -> None:
         default=d.ngram_order,
         help="order of the n-gram baseline (default %(default)s)",
     )
+    g = p.add_argument_group("task-specific")
+    g.add_argument(
+        "--pooling",
+        choices=("last", "mean", "max"),
+        default=d.pooling,
+        help="classify: how the encoder states become one vector",
+    )
+    g.add_argument(
+        "--tag-column",
+        default=d.tag_column,
+        help="tag: CoNLL-U column holding the tag (upos, xpos, deprel, …)",
+    )
+    g.add_argument(
+        "--char-rnn",
+        action="store_true",
+        help="tag: add a character-level RNN over each word (helps unknown words)",
+    )
+    g.add_argument(
+        "--source-unit",
+        choices=("char", "word"),
+        default=d.source_unit,
+        help="seq2seq: unit of the source side (word = split on spaces)",
+    )
+    g.add_argument(
+        "--target-unit",
+        choices=("char", "word"),
+        default=d.target_unit,
+        help="seq2seq: unit of the target side",
+    )
+    g.add_argument(
+        "--attention",
+        choices=("none", "dot", "bilinear", "additive"),
+        default=d.attention,
+        help="seq2seq: attention over encoder states",
+    )
+    g.add_argument(
+        "--context",
+        choices=("init", "input", "both"),
+        default=d.context,
+        help="seq2seq: the encoder's final state initializes the decoder, is fed "
+        "at every decoder step, or both",
+    )
+    g.add_argument(
+        "--scheduled-sampling",
+        default=d.scheduled_sampling,
+        help="seq2seq: none | linear:K | exponential:K | inverse-sigmoid:K",
+    )
+    g.add_argument(
+        "--decoder-only",
+        action="store_true",
+        help="seq2seq: one language model over 'source <sep> target'",
+    )
+    g.add_argument("--beam", type=int, default=d.beam, help="seq2seq: beam width for decoding")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=run)
