@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/python examples/core_demo.py
+	$(BIN)/python examples/char_lm/main_job.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

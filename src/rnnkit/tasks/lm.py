@@ -340,3 +340,57 @@ def evaluate_lm(
 # The task interface of ``rnnkit.tasks.registry``.
 train = train_lm
 evaluate = evaluate_lm
+
+
+def prompt_ids(cfg: TrainConfig, vocab: Vocabulary, prompt: str | None) -> tuple[list[int], int]:
+    """Token ids that prime generation, and how many prompt tokens were unknown.
+
+    Sequence-trained models (``--bptt full``/``window``) saw ``<s>`` first; stream-trained
+    ones saw running text, so an empty prompt starts from a newline when it is known.
+    """
+    ids, unknown = vocab.encode_with_unknown(prompt) if prompt else ([], 0)
+    if parse_bptt(cfg.bptt)[0] != "segment":
+        return [BOS_ID, *ids], unknown
+    if not ids:
+        newline = vocab.stoi.get("\n") if vocab.unit == "char" else None
+        ids = [newline if newline is not None else BOS_ID]
+    return ids, unknown
+
+
+def sample_texts(
+    cfg: TrainConfig,
+    vocab: Vocabulary,
+    model: LanguageModel,
+    prompt: str | None = None,
+    *,
+    num: int = 1,
+    max_length: int = 200,
+    strategy: str = "sample",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    beam_size: int = 4,
+    seed: int | None = None,
+) -> list[str]:
+    """Generate ``num`` continuations of ``prompt`` as text (the prompt not repeated)."""
+    from rnnkit.generation import generate
+
+    ids, _ = prompt_ids(cfg, vocab, prompt)
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device)
+    generator.manual_seed(cfg.seed if seed is None else seed)
+    model.eval()
+    results = generate(
+        model,
+        ids,
+        max_length=max_length,
+        eos_id=EOS_ID,
+        strategy=strategy,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        beam_size=beam_size,
+        num=num,
+        generator=generator,
+    )
+    return [vocab.decode(r.ids) for r in results]

@@ -1,0 +1,52 @@
+"""The main job of `make run`: a character-level LSTM language model on real text.
+
+The corpus is the Python standard library's own source files on this machine (code,
+docstrings, comments): real text that ships with the platform, nothing downloaded or
+copied into the repository. Trains for a fixed time budget, then prints samples and the
+validation bits per character next to a 5-gram Kneser-Ney baseline.
+
+    python examples/char_lm/main_job.py [--out runs/main] [--max-time 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rnnkit.cli.train import _print_summary
+from rnnkit.config import TrainConfig
+from rnnkit.data.corpus import stdlib_corpus
+from rnnkit.tasks.lm import load_lm, sample_texts, train_lm
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="runs/main", help="run directory")
+    p.add_argument("--max-time", type=float, default=200.0, help="training seconds")
+    p.add_argument("--corpus-chars", type=int, default=2_000_000, help="training characters")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+
+    out = Path(args.out)
+    train_path, valid_path = stdlib_corpus(out / "corpus", max_chars=args.corpus_chars)
+    print(f"corpus: {train_path} ({train_path.stat().st_size:,} bytes), "
+          f"{valid_path} ({valid_path.stat().st_size:,} bytes) from the standard library")
+    cfg = TrainConfig(
+        task="lm", train=str(train_path), valid=str(valid_path), out=str(out),
+        cell="lstm", hidden=256, embedding=64, layers=1, dropout=0.0,
+        batch_size=32, bptt="segment:64", lr=3e-3, clip_norm=5.0,
+        epochs=100, max_time=args.max_time, eval_every=400, seed=0,
+    ).validate()
+    summary = train_lm(cfg, quiet=args.quiet)
+    _, vocab, model = load_lm(out)
+    summary["samples"] = sample_texts(cfg, vocab, model, "def ", num=3, max_length=160,
+                                      temperature=0.8, seed=0)
+    summary["samples"] = ["def " + s for s in summary["samples"]]
+    _print_summary(summary)
+    print(f"run directory: {out} (evaluate: rnnkit evaluate --checkpoint {out} --data FILE)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""``rnnkit generate``: sample, decode greedily or beam-search from a trained checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rnnkit.errors import ConfigError
+
+__all__ = ["register", "run"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text from a checkpoint",
+        description="Generate from a trained model; the state is carried "
+        "token to token (O(1) work per token).",
+    )
+    p.add_argument("--checkpoint", required=True, help="run directory written by train")
+    p.add_argument("--prompt", help="text that primes the state (lm)")
+    p.add_argument("--input", help="source text to transduce (seq2seq)")
+    p.add_argument("--max-length", type=int, default=200, help="tokens to generate at most")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature > 0")
+    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with mass ≥ p")
+    p.add_argument("--greedy", action="store_true", help="take the most likely token")
+    p.add_argument("--beam", type=int, help="beam search with this width")
+    p.add_argument("--seed", type=int, default=0, help="random seed (reproducible samples)")
+    p.add_argument("--num", type=int, default=1, help="number of samples")
+    p.add_argument("--json", action="store_true", help="print one JSON object per sample")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rnnkit.tasks.registry import task_module, task_of_run
+
+    task = task_of_run(args.checkpoint)
+    if task == "seq2seq":
+        if args.input is None:
+            raise ConfigError("--input is required for a seq2seq checkpoint")
+        outputs = task_module(task).transduce(args.checkpoint, args.input, beam=args.beam or 1)
+        outputs = outputs if isinstance(outputs, list) else [outputs]
+    elif task == "lm":
+        from rnnkit.tasks.lm import load_lm, prompt_ids, sample_texts
+        from rnnkit.tasks.run import warn
+
+        if args.max_length < 1:
+            raise ConfigError(f"--max-length must be ≥ 1, got {args.max_length}")
+        if args.num < 1:
+            raise ConfigError(f"--num must be ≥ 1, got {args.num}")
+        cfg, vocab, model = load_lm(args.checkpoint)
+        _, unknown = prompt_ids(cfg, vocab, args.prompt)
+        if unknown:
+            warn(f"--prompt has {unknown} token(s) outside the vocabulary; read as <unk>")
+        strategy = "beam" if args.beam else "greedy" if args.greedy else "sample"
+        try:
+            outputs = sample_texts(
+                cfg,
+                vocab,
+                model,
+                args.prompt,
+                num=args.num,
+                max_length=args.max_length,
+                strategy=strategy,
+                temperature=args.temperature,
+                top_k=args.top_k,
+                top_p=args.top_p,
+                beam_size=args.beam or 4,
+                seed=args.seed,
+            )
+        except ValueError as exc:  # an out-of-range sampling option, named by generate()
+            raise ConfigError(str(exc)) from None
+        outputs = [(args.prompt or "") + text for text in outputs]
+    else:
+        raise ConfigError(f"generate does not apply to a {task} checkpoint")
+    for text in outputs:
+        print(json.dumps({"text": text}) if args.json else text)
+    return 0
