@@ -273,16 +273,13 @@ def train_lm(
     ngram.fit(train_ng)
     save_numpy(ngram.to_state(), str(out / "ngram.safetensors"))
     ngram_metrics = _metrics(ngram.evaluate(valid_ng), _count(valid_ng), data.vocab.unit)
-    train_events = [e for e in result.history if e["event"] == "train"]
     summary = {
         "task": "lm",
         "steps": result.steps,
         "epoch": result.epochs_done,
         "elapsed_s": elapsed,
         "train_loss_nats": result.train_loss_nats,
-        "tokens_per_s": float(np.median([e["tokens_per_s"] for e in train_events]))
-        if train_events
-        else None,
+        "tokens_per_s": result.tokens / max(result.train_seconds, 1e-9),
         "valid": result.best_valid,
         "ngram": {"order": cfg.ngram_order, **ngram_metrics},
         "clipped_steps": result.clipped_steps,

@@ -82,6 +82,8 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     stopped_early: bool = False
     clipped_steps: int = 0
+    tokens: int = 0  # target tokens trained on in this call of fit()
+    train_seconds: float = 0.0  # wall time of those steps, validation excluded
 
 
 def _detach(state: Any) -> Any:
@@ -274,6 +276,7 @@ class Trainer:
         started = time.perf_counter()
         window_start, window_tokens_start = started, 0
         tokens_seen = 0
+        eval_seconds = 0.0
         last_train_loss = None
         try:
             it = self._batches()
@@ -347,8 +350,10 @@ class Trainer:
                 if end_of_epoch:
                     self.carry = None  # streams restart at the beginning
                 if at_eval:
+                    eval_started = time.perf_counter()
                     stop = self._evaluate()
                     self.save()
+                    eval_seconds += time.perf_counter() - eval_started
                     if stop:
                         stopped_early = True
                         self._log({"event": "early_stop", "step": self.step})
@@ -366,4 +371,6 @@ class Trainer:
             history=self.history,
             stopped_early=stopped_early,
             clipped_steps=self.clipped,
+            tokens=tokens_seen,
+            train_seconds=time.perf_counter() - started - eval_seconds,
         )
