@@ -30,18 +30,34 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     train_path, valid_path = stdlib_corpus(out / "corpus", max_chars=args.corpus_chars)
-    print(f"corpus: {train_path} ({train_path.stat().st_size:,} bytes), "
-          f"{valid_path} ({valid_path.stat().st_size:,} bytes) from the standard library")
+    print(
+        f"corpus: {train_path} ({train_path.stat().st_size:,} bytes), "
+        f"{valid_path} ({valid_path.stat().st_size:,} bytes) from the standard library"
+    )
     cfg = TrainConfig(
-        task="lm", train=str(train_path), valid=str(valid_path), out=str(out),
-        cell="lstm", hidden=256, embedding=64, layers=1, dropout=0.0,
-        batch_size=32, bptt="segment:64", lr=3e-3, clip_norm=5.0,
-        epochs=100, max_time=args.max_time, eval_every=400, seed=0,
+        task="lm",
+        train=str(train_path),
+        valid=str(valid_path),
+        out=str(out),
+        cell="lstm",
+        hidden=256,
+        embedding=64,
+        layers=1,
+        dropout=0.0,
+        batch_size=32,
+        bptt="segment:64",
+        lr=3e-3,
+        clip_norm=5.0,
+        epochs=100,
+        max_time=args.max_time,
+        eval_every=400,
+        seed=0,
     ).validate()
     summary = train_lm(cfg, quiet=args.quiet)
     _, vocab, model = load_lm(out)
-    summary["samples"] = sample_texts(cfg, vocab, model, "def ", num=3, max_length=160,
-                                      temperature=0.8, seed=0)
+    summary["samples"] = sample_texts(
+        cfg, vocab, model, "def ", num=3, max_length=160, temperature=0.8, seed=0
+    )
     summary["samples"] = ["def " + s for s in summary["samples"]]
     _print_summary(summary)
     print(f"run directory: {out} (evaluate: rnnkit evaluate --checkpoint {out} --data FILE)")

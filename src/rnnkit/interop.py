@@ -228,7 +228,7 @@ def convert_gru_update(m: nn.Module) -> nn.Module:
             update=update,
             reset=first.reset,
         ).to(device=first.weight_ih.device, dtype=first.weight_ih.dtype)
-        for old_cell, new_cell in zip(m.cells(), new.cells()):
+        for old_cell, new_cell in zip(m.cells(), new.cells(), strict=True):
             new_cell.load_state_dict(_flip_update(old_cell).state_dict())
         return new
     raise TypeError(f"convert_gru_update expects a GRUCell or GRU, got {type(m).__name__}")

@@ -7,7 +7,7 @@ LSTM 4). Everything is batch-first.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 from torch import Tensor
 
@@ -22,7 +22,7 @@ class LSTMState(NamedTuple):
 
 
 # A recurrent state: one tensor for RNN/GRU, the pair for LSTM.
-State = Union[Tensor, LSTMState]
+State = Tensor | LSTMState
 
 
 class RecurrentOutput(NamedTuple):

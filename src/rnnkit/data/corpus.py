@@ -16,8 +16,18 @@ from rnnkit.training.checkpoint import atomic_write_bytes
 
 __all__ = ["stdlib_corpus"]
 
-SKIP_PARTS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3",
-              "turtledemo", "__pycache__", "ensurepip", "encodings"}
+SKIP_PARTS = {
+    "test",
+    "tests",
+    "idlelib",
+    "site-packages",
+    "dist-packages",
+    "lib2to3",
+    "turtledemo",
+    "__pycache__",
+    "ensurepip",
+    "encodings",
+}
 
 
 def _sources(root: Path) -> list[Path]:

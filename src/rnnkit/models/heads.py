@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import torch
+import torch  # noqa: F401  (the doctest namespace)
 import torch.nn.functional as F
 from torch import Tensor, nn
 

@@ -8,6 +8,7 @@ steps and the prefix is never re-run.
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import torch
@@ -123,7 +124,7 @@ class LanguageModel(nn.Module):
             cols = torch.nonzero(starts.any(0)).view(-1).tolist()
             bounds = sorted(set([0, *cols, T]))
             pieces = []
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            for a, b in itertools.pairwise(bounds):
                 if state is None:
                     state = self._zero_state(inputs.shape[0], x)
                 state = reset_rows(state, starts[:, a])

@@ -291,7 +291,7 @@ def train_lm(
 
 
 def _count(data: Any) -> int:
-    return int(len(data)) if isinstance(data, np.ndarray) else int(sum(len(s) for s in data))
+    return len(data) if isinstance(data, np.ndarray) else int(sum(len(s) for s in data))
 
 
 def load_lm(
