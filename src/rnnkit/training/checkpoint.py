@@ -206,20 +206,26 @@ def save_snapshot(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    save_model_weights(model, tmp / "model.safetensors")
-    opt_tensors, opt_plain = _optimizer_split(optimizer.state_dict())
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-    extra = {k: v.detach().contiguous().cpu() for k, v in (extra_tensors or {}).items()}
-    save_file(extra, str(tmp / "extra.safetensors"))
-    full = {
-        "format_version": FORMAT_VERSION,
-        "step": step,
-        "optimizer": opt_plain,
-        "sha256": {f: sha256_file(tmp / f) for f in SNAPSHOT_FILES},
-        **state,
-    }
-    atomic_write_json(tmp / "state.json", full)
-    os.replace(tmp, snap)
+    try:
+        save_model_weights(model, tmp / "model.safetensors")
+        opt_tensors, opt_plain = _optimizer_split(optimizer.state_dict())
+        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+        extra = {k: v.detach().contiguous().cpu() for k, v in (extra_tensors or {}).items()}
+        save_file(extra, str(tmp / "extra.safetensors"))
+        full = {
+            "format_version": FORMAT_VERSION,
+            "step": step,
+            "optimizer": opt_plain,
+            "sha256": {f: sha256_file(tmp / f) for f in SNAPSHOT_FILES},
+            **state,
+        }
+        atomic_write_json(tmp / "state.json", full)
+        os.replace(tmp, snap)
+    except BaseException:
+        # A failed write (disk full, interrupt) leaves no half-written snapshot behind;
+        # latest.json still points to the previous, complete one.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     atomic_write_json(
         out_dir / "latest.json",
         {
