@@ -1,0 +1,237 @@
+"""Per-step and per-lag contributions: they add up to the gradient, and each one is right.
+
+The oracle gives every step of every sequence its OWN copy of the weights (the "dummy
+variables" of Goodfellow §10.2.2) in a plain autograd loop over the cells' differentiable
+step functions; the gradient of copy k is the contribution of step k. Sequences are run
+one at a time so a reverse direction can be read back from each row's own last step.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import Tensor
+
+from rnnkit import GRUCell, LSTMCell, RNNCell
+from rnnkit.cells.gru import gru_step
+from rnnkit.cells.kernel import Weights
+from rnnkit.cells.lstm import lstm_step
+from rnnkit.cells.rnn import rnn_step
+from rnnkit.diagnostics import Contributions, lag_contributions, step_contributions
+from rnnkit.layers.recurrent import Recurrent
+from rnnkit.types import LSTMState
+
+DT = torch.float64
+NAMES = ("weight_ih", "weight_hh", "bias", "bias_hn")
+VARIANTS = {
+    "rnn_tanh": lambda: RNNCell(3, 4),
+    "rnn_relu": lambda: RNNCell(3, 4, nonlinearity="relu"),
+    "lstm": lambda: LSTMCell(3, 4),
+    "gru_candidate_before": lambda: GRUCell(3, 4),
+    "gru_candidate_after": lambda: GRUCell(3, 4, reset="after"),
+    "gru_keep_before": lambda: GRUCell(3, 4, update="keep"),
+    "gru_keep_after": lambda: GRUCell(3, 4, update="keep", reset="after"),
+}
+# Holes, trailing padding, a leading hole, and position 4 masked in every row.
+MASK = torch.tensor([[1, 1, 1, 1, 0, 1], [1, 0, 1, 1, 0, 0], [0, 1, 1, 0, 0, 0]], dtype=torch.bool)
+
+
+def make(name: str, seed: int = 0):
+    torch.manual_seed(seed)
+    cell = VARIANTS[name]().to(DT)
+    gen = torch.Generator().manual_seed(seed + 1)
+    B, T = MASK.shape
+    x = torch.randn(B, T, 3, generator=gen, dtype=DT)
+    R = torch.randn(B, T, 4, generator=gen, dtype=DT)
+    s0 = torch.randn(B, 4, generator=gen, dtype=DT)
+    state = LSTMState(s0, 0.5 * s0) if cell.is_lstm else s0
+    return cell, x, R, state
+
+
+def step_fn(cell, x: Tensor, state, w: Weights):
+    if isinstance(cell, RNNCell):
+        return rnn_step(x, state, w, cell.nonlinearity)
+    if isinstance(cell, LSTMCell):
+        return lstm_step(x, state, w)
+    return gru_step(x, state, w, cell.update, cell.reset)
+
+
+def oracle(cell, x, R, state, mask, reverse=False, window=None):
+    """Per-step and per-lag gradients of ``L = Σ_t ⟨R_t, h_t⟩ + ½‖h_t‖²`` by autograd.
+
+    Returns ``(steps, lags)``: dicts name → ``(T, ·)``, positions in original order.
+    """
+    B, T, _ = x.shape
+    base = Weights(*cell.weights())
+    steps = {
+        n: torch.zeros(T, *p.shape, dtype=DT)
+        for n, p in zip(NAMES, base, strict=True)
+        if p is not None
+    }
+    lags = {n: torch.zeros_like(t) for n, t in steps.items()}
+    for b in range(B):
+        real = [t for t in range(T) if mask[b, t]]
+        extent = real[-1] + 1 if real else 0
+        order = list(range(T))
+        if reverse:
+            order = [extent - 1 - j if j < extent else j for j in range(T)]
+        copies = [
+            Weights(*(None if p is None else p.detach().clone().requires_grad_() for p in base))
+            for _ in range(T)
+        ]
+        s = tuple(state) if cell.is_lstm else (state,)
+        s = tuple(v[b : b + 1] for v in s)
+        hs = []
+        for j in range(T):  # reading step j is position order[j]
+            pos = order[j]
+            new = step_fn(
+                cell, x[b : b + 1, pos], LSTMState(*s) if cell.is_lstm else s[0], copies[j]
+            )
+            new = tuple(new) if cell.is_lstm else (new,)
+            s = new if mask[b, pos] else s
+            hs.append(s[0])
+        for t in range(T):  # the loss at reading step t, alone
+            pos_t = order[t]
+            h = hs[t]
+            loss = (R[b, pos_t] * h[0]).sum() + 0.5 * (h * h).sum()
+            if not loss.requires_grad:  # nothing real read yet: the initial state held
+                continue
+            params = [p for c in copies for p in c if p is not None]
+            grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+            k = 0
+            for j, c in enumerate(copies):
+                for n, p in zip(NAMES, c, strict=True):
+                    if p is None:
+                        continue
+                    g = grads[k]
+                    k += 1
+                    if g is None or j > t:
+                        continue
+                    if window is not None and t - j >= window:
+                        continue
+                    steps[n][order[j]] += g
+                    lags[n][t - j] += g
+    return steps, lags
+
+
+def loss_fn_for(R: Tensor):
+    return lambda h: (R * h).sum() + 0.5 * (h * h).sum()
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_contributions_match_per_copy_autograd(variant: str, reverse: bool) -> None:
+    cell, x, R, state = make(variant)
+    source = Recurrent(cell, reverse=reverse)
+    steps = step_contributions(source, x, loss_fn=loss_fn_for(R), mask=MASK, state=state)
+    lags = lag_contributions(source, x, loss_fn=loss_fn_for(R), mask=MASK, state=state)
+    want_steps, want_lags = oracle(cell, x, R, state, MASK, reverse)
+    assert set(steps.parameters()) == set(want_steps)
+    for name, want in want_steps.items():
+        torch.testing.assert_close(steps.parameters()[name], want, rtol=0, atol=1e-10)
+        torch.testing.assert_close(lags.parameters()[name], want_lags[name], rtol=0, atol=1e-10)
+        # Both splits add up to the same total.
+        torch.testing.assert_close(steps.total()[name], lags.total()[name], rtol=0, atol=1e-10)
+    # Position 4 is padding in every row: its copy of the weights gets exactly nothing.
+    for t in steps.parameters().values():
+        assert torch.count_nonzero(t[4]) == 0
+
+
+def test_sum_equals_the_layer_gradient_float64() -> None:
+    """The sum of the contributions is the gradient the layer's explicit BPTT computes."""
+    cell, x, R, state = make("lstm", seed=3)
+    mask = MASK.clone()
+    mask[2, 0] = True  # the layer itself needs each row to start with a real step
+    loss = loss_fn_for(R)
+    c = step_contributions(cell, x, loss_fn=loss, mask=mask, state=state)
+    out, _ = Recurrent(cell)(x.transpose(0, 1), mask.T, state)
+    loss(out.transpose(0, 1)).backward()
+    for name, total in c.total().items():
+        torch.testing.assert_close(total, getattr(cell, name).grad, rtol=0, atol=1e-10)
+
+
+def test_d_outputs_equals_loss_fn_and_one_of_them_is_required() -> None:
+    cell, x, R, state = make("gru_keep_after")
+    h = Recurrent(cell)(x.transpose(0, 1), MASK.T, state)[0].transpose(0, 1).detach()
+    by_fn = step_contributions(cell, x, loss_fn=loss_fn_for(R), mask=MASK, state=state)
+    by_grad = step_contributions(cell, x, R + h, mask=MASK, state=state)
+    for name, t in by_fn.parameters().items():
+        torch.testing.assert_close(t, by_grad.parameters()[name], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="exactly one"):
+        step_contributions(cell, x, R, loss_fn=loss_fn_for(R))
+    with pytest.raises(ValueError, match="exactly one"):
+        lag_contributions(cell, x)
+    with pytest.raises(ValueError, match="d_outputs must match"):
+        step_contributions(cell, x, R[:, :2])
+
+
+def test_window_truncates_exactly() -> None:
+    cell, x, R, state = make("rnn_tanh", seed=5)
+    window = 2
+    steps = step_contributions(
+        cell, x, loss_fn=loss_fn_for(R), mask=MASK, state=state, window=window
+    )
+    lags = lag_contributions(cell, x, loss_fn=loss_fn_for(R), mask=MASK, state=state, window=window)
+    want_steps, want_lags = oracle(cell, x, R, state, MASK, window=window)
+    for name, want in want_steps.items():
+        torch.testing.assert_close(steps.parameters()[name], want, rtol=0, atol=1e-10)
+        torch.testing.assert_close(lags.parameters()[name], want_lags[name], rtol=0, atol=1e-10)
+    assert torch.count_nonzero(lags.weight_hh[window:]) == 0  # nothing longer than τ − 1
+    # ... and the total is the layer's own BPTT(τ).
+    mask = MASK.clone()
+    mask[2, 0] = True
+    c = step_contributions(cell, x, loss_fn=loss_fn_for(R), mask=mask, state=state, window=2)
+    cell.zero_grad()
+    out, _ = Recurrent(cell)(x.transpose(0, 1), mask.T, state, window=2)
+    loss_fn_for(R)(out.transpose(0, 1)).backward()
+    torch.testing.assert_close(c.total()["weight_hh"], cell.weight_hh.grad, rtol=0, atol=1e-10)
+
+
+def test_norms_and_json() -> None:
+    cell, x, R, state = make("lstm")
+    c = step_contributions(cell, x, loss_fn=loss_fn_for(R), mask=MASK, state=state)
+    assert isinstance(c, Contributions) and c.axis == "step"
+    norms = c.norms()
+    assert set(norms) == {"weight_ih", "weight_hh", "bias"}
+    for k in range(x.shape[1]):
+        assert float(norms["weight_hh"][k]) == pytest.approx(float(c.weight_hh[k].norm()))
+    data = json.loads(json.dumps(c.to_dict()))
+    assert data["axis"] == "step" and len(data["norms"]["bias"]) == x.shape[1]
+    assert data["total_norms"]["bias"] == pytest.approx(float(c.bias.sum(0).norm()))
+
+
+def test_one_unit_demo_signs_cancel() -> None:
+    """Seed 001's demo: a one-unit network; the bars add up to the total (a numerical
+    derivative checks it), and they can have different signs."""
+    cell = RNNCell(1, 1).to(DT)
+    with torch.no_grad():
+        cell.weight_ih.fill_(1.0)
+        cell.weight_hh.fill_(-0.9)
+        cell.bias.zero_()
+    x = torch.tensor([[[1.0], [0.5], [-1.0], [0.2]]], dtype=DT)
+
+    def loss(h: Tensor) -> Tensor:
+        return h[:, -1].sum()
+
+    c = step_contributions(cell, x, loss_fn=loss)
+    bars = c.weight_hh.view(-1)
+    assert bool((bars > 0).any()) and bool((bars < 0).any())
+
+    def run(w: float) -> float:
+        with torch.no_grad():
+            cell.weight_hh.fill_(w)
+            out, _ = Recurrent(cell)(x.transpose(0, 1))
+        return float(loss(out.transpose(0, 1)))
+
+    eps = 1e-6
+    numeric = (run(-0.9 + eps) - run(-0.9 - eps)) / (2 * eps)
+    assert float(bars.sum()) == pytest.approx(numeric, abs=1e-8)
+
+
+def test_rejects_what_is_not_a_cell() -> None:
+    with pytest.raises(TypeError, match="Recurrent"):
+        step_contributions(torch.nn.Linear(3, 4), torch.zeros(1, 2, 3), loss_fn=torch.sum)
+    with pytest.raises(ValueError, match=r"\(B, T, I\)"):
+        step_contributions(RNNCell(3, 4), torch.zeros(1, 2, 5), loss_fn=torch.sum)
