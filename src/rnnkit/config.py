@@ -9,6 +9,8 @@ and ``--resume``; unknown keys and wrong types there are errors, not silently dr
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,19 +171,23 @@ class TrainConfig:
         unknown = sorted(set(data) - set(fields))
         if unknown:
             raise ConfigError(f"{where}: unknown keys {unknown}")
-        defaults = cls()
+        hints = typing.get_type_hints(cls)
         for name, value in data.items():
-            default = getattr(defaults, name)
-            if value is None or default is None:
-                continue
-            expected = type(default)
-            ok = isinstance(value, expected) and not (
-                expected is not bool and isinstance(value, bool)
-            )
-            if expected is float and isinstance(value, int) and not isinstance(value, bool):
-                ok = True
-            if not ok:
-                raise ConfigError(
-                    f"{where}: {name} must be {expected.__name__}, got {type(value).__name__}"
+            # From the annotation, so that options unset by default (``steps: int | None``)
+            # are checked too when set.
+            hint = hints[name]
+            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            args = typing.get_args(hint) if union else (hint,)
+            kinds = tuple(typing.get_origin(a) or a for a in args if a is not type(None))
+            if value is None:
+                ok = type(None) in args
+            else:
+                ok = isinstance(value, kinds) and not (
+                    bool not in kinds and isinstance(value, bool)
                 )
+                if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+                    ok = True
+            if not ok:
+                expected = " or ".join(k.__name__ for k in kinds)
+                raise ConfigError(f"{where}: {name} must be {expected}, got {type(value).__name__}")
         return cls(**data)
