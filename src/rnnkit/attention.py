@@ -1,0 +1,189 @@
+"""Attention over encoder states with source masks (SPEC §5, encoder–decoder).
+
+At decoder step ``i`` the query is the previous decoder state ``q = h^d_{i−1}`` and the
+memory the encoder states ``h^e_1..h^e_S``. Scores:
+
+* ``dot``:      ``s_j = qᵀ h^e_j``                   (needs equal widths)
+* ``bilinear``: ``s_j = qᵀ W_s h^e_j``               (``W_s: d_q × d_e``, widths may differ)
+* ``additive``: ``s_j = vᵀ tanh(W_q q + W_e h^e_j)``  (Bahdanau et al. 2015)
+
+``α = softmax_j(s_j)`` over the REAL source positions only: padded positions get the score
+``-inf`` (through ``torch.where``, never ``score × 0``), so their weight is exactly 0; a
+row with no real position at all gets all-zero weights and a zero context instead of NaN.
+The context is ``c = Σ_j α_j h^e_j``. The part of the score that depends only on the
+memory (``W_s h^e_j``, ``W_e h^e_j``) is computed once per source by :meth:`Attention.
+prepare`, not at every decoder step.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from rnnkit.errors import ConfigError
+
+__all__ = ["ATTENTION_KINDS", "Attention", "AttentionOutput", "masked_softmax"]
+
+ATTENTION_KINDS = ("dot", "bilinear", "additive")
+
+
+class AttentionOutput(NamedTuple):
+    """What one attention step returns.
+
+    Attributes:
+        context: ``(B, d_e)`` the weighted sum of the memory.
+        weights: ``(B, S)`` the attention distribution ``α`` (rows sum to 1, or are all
+            zero when a row has no real source position); exactly 0 at padding.
+    """
+
+    context: Tensor
+    weights: Tensor
+
+
+def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
+    """Softmax over the last dimension restricted to ``mask``; exactly 0 elsewhere.
+
+    Args:
+        scores: ``(B, S)`` (or any ``(..., S)``).
+        mask: bool of the same shape, True at real positions; None = all real.
+
+    Returns:
+        The weights, same shape; a row without any real position is all zeros (no NaN,
+        and no NaN gradient either).
+
+    >>> s = torch.tensor([[1.0, 2.0, 50.0], [0.0, 0.0, 0.0]])
+    >>> m = torch.tensor([[True, True, False], [False, False, False]])
+    >>> masked_softmax(s, m)
+    tensor([[0.2689, 0.7311, 0.0000],
+            [0.0000, 0.0000, 0.0000]])
+    """
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    mask = mask.to(device=scores.device, dtype=torch.bool)
+    if mask.shape != scores.shape:
+        raise ValueError(
+            f"mask must have the shape of the scores {tuple(scores.shape)}, got {tuple(mask.shape)}"
+        )
+    any_real = mask.any(dim=-1, keepdim=True)
+    # -inf at padding; rows with nothing real get finite zeros so softmax stays defined.
+    masked = torch.where(mask, scores, torch.full_like(scores, float("-inf")))
+    masked = torch.where(any_real, masked, torch.zeros_like(scores))
+    weights = torch.softmax(masked, dim=-1)
+    return torch.where(mask, weights, torch.zeros_like(weights))
+
+
+class Attention(nn.Module):
+    """Score a query against a memory of encoder states, softmax over real positions.
+
+    Args:
+        kind: ``"dot"``, ``"bilinear"`` or ``"additive"``.
+        query_size: ``d_q``, the decoder state width.
+        memory_size: ``d_e``, the encoder state width (``D·H`` for a bidirectional
+            encoder).
+        attention_size: ``additive`` only: the width of ``tanh(W_q q + W_e h_e)``
+            (default ``query_size``).
+
+    Raises:
+        ConfigError: unknown kind, or ``dot`` with ``query_size != memory_size`` (the
+            message names both widths).
+
+    Parameters: none for ``dot``; ``W_s (d_q, d_e)`` for ``bilinear``;
+    ``W_q (A, d_q)``, ``W_e (A, d_e)``, bias ``(A,)`` and ``v (A,)`` for ``additive``.
+
+    >>> att = Attention("bilinear", query_size=3, memory_size=5)
+    >>> memory = torch.randn(2, 4, 5)
+    >>> mask = torch.tensor([[True, True, True, False], [True, False, False, False]])
+    >>> out = att(torch.randn(2, 3), att.prepare(memory), memory, mask)
+    >>> out.context.shape, out.weights.sum(-1).tolist(), out.weights[0, 3].item()
+    (torch.Size([2, 5]), [1.0, 1.0], 0.0)
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        query_size: int,
+        memory_size: int,
+        attention_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        if kind not in ATTENTION_KINDS:
+            raise ConfigError(
+                f"--attention must be one of none, {', '.join(ATTENTION_KINDS)}, got {kind!r}"
+            )
+        if kind == "dot" and query_size != memory_size:
+            raise ConfigError(
+                f"--attention dot needs equal widths: the decoder state has {query_size} but "
+                f"the encoder states have {memory_size} (a bidirectional encoder doubles "
+                "it); use --attention bilinear or additive"
+            )
+        self.kind = kind
+        self.query_size = query_size
+        self.memory_size = memory_size
+        self.weight: nn.Parameter | None = None
+        if kind == "bilinear":
+            self.weight = nn.Parameter(torch.empty(query_size, memory_size))  # W_s
+            bound = 1.0 / (query_size * memory_size) ** 0.25
+            nn.init.uniform_(self.weight, -bound, bound)
+        elif kind == "additive":
+            A = attention_size or query_size
+            self.attention_size = A
+            self.query_proj = nn.Linear(query_size, A, bias=True)  # W_q, b
+            self.memory_proj = nn.Linear(memory_size, A, bias=False)  # W_e
+            self.v = nn.Parameter(torch.empty(A))
+            nn.init.uniform_(self.v, -(A**-0.5), A**-0.5)
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, query_size={self.query_size}, memory_size={self.memory_size}"
+
+    def prepare(self, memory: Tensor) -> Tensor:
+        """The query-independent part of the scores, once per source.
+
+        Args:
+            memory: ``(B, S, d_e)`` encoder states.
+
+        Returns:
+            ``dot``: the memory itself ``(B, S, d_e)``; ``bilinear``: ``h^e W_sᵀ``
+            ``(B, S, d_q)`` so that ``s_j = q · (W_s h^e_j)``; ``additive``: ``W_e h^e``
+            ``(B, S, A)``.
+        """
+        if memory.dim() != 3 or memory.shape[-1] != self.memory_size:
+            raise ValueError(
+                f"memory must have shape (B, S, {self.memory_size}), got {tuple(memory.shape)}"
+            )
+        if self.kind == "dot":
+            return memory
+        if self.kind == "bilinear":
+            assert self.weight is not None
+            return memory @ self.weight.T  # (B, S, d_q)
+        return self.memory_proj(memory)  # (B, S, A)
+
+    def scores(self, query: Tensor, keys: Tensor) -> Tensor:
+        """Raw scores ``(B, S)`` of ``query (B, d_q)`` against prepared ``keys``."""
+        if query.dim() != 2 or query.shape[-1] != self.query_size:
+            raise ValueError(
+                f"query must have shape (B, {self.query_size}), got {tuple(query.shape)}"
+            )
+        if self.kind == "additive":
+            hidden = torch.tanh(keys + self.query_proj(query).unsqueeze(1))  # (B, S, A)
+            return hidden @ self.v  # (B, S)
+        return torch.bmm(keys, query.unsqueeze(-1)).squeeze(-1)  # (B, S)
+
+    def forward(
+        self, query: Tensor, keys: Tensor, memory: Tensor, mask: Tensor | None = None
+    ) -> AttentionOutput:
+        """One attention step.
+
+        Args:
+            query: ``(B, d_q)`` the previous decoder state.
+            keys: ``(B, S, ·)`` from :meth:`prepare` (of this ``memory``).
+            memory: ``(B, S, d_e)`` the encoder states.
+            mask: ``(B, S)`` bool, True at real source positions; None = all real.
+
+        Returns:
+            ``AttentionOutput(context (B, d_e), weights (B, S))``.
+        """
+        weights = masked_softmax(self.scores(query, keys), mask)  # (B, S)
+        context = torch.bmm(weights.unsqueeze(1), memory).squeeze(1)  # (B, d_e)
+        return AttentionOutput(context, weights)
