@@ -1,0 +1,463 @@
+"""Encoder–decoder (SPEC §5): encoder stack → context / attention → step-wise decoder.
+
+The encoder reads the source ``x_1..x_S`` into states ``h^e_1..h^e_S`` (``D·H_e`` wide,
+both directions concatenated) and a final state per layer (each sequence's own last real
+step; for the backward direction the state after reading back to ``x_1``). The context
+``c`` is the top layer's final state, directions concatenated: ``[h^f_S; h^b_1]``.
+
+``context`` decides where it goes:
+
+* ``"init"``: it initialises the decoder, layer by layer: ``h^d_0 = c`` when the widths
+  agree (one direction, ``H_e = H_d``), else ``h^d_0 = tanh(W_b [h^f; h^b] + b_b)`` (for an
+  LSTM the memory cell gets its own linear projection, no tanh);
+* ``"input"``: it is appended to the decoder's input at every step (the state starts at 0);
+* ``"both"``.
+
+With attention, at decoder step ``i`` the previous top decoder state scores the encoder
+states (:mod:`rnnkit.attention`), ``c_i = Σ_j α_ij h^e_j`` is appended to the input,
+``h^d_i = g([E y_{i−1}; c_i (; c)], h^d_{i−1})``, and the output layer reads
+``[h^d_i; c_i]``: ``ŷ_i = softmax(V [h^d_i; c_i] + b)``.
+
+Training: teacher forcing (input ``y_{i−1}``), or scheduled sampling: with probability
+``p``, per sequence and per step, the input is the model's own greedy choice at the
+previous step instead. A sequence whose fed token is its own ``</s>`` has ended, as it
+would in free running: its later steps carry no loss (their inputs are irrelevant).
+Without attention and with pure teacher forcing the decoder runs as one layer call (the
+library's explicit BPTT over the whole target); otherwise it runs a cell-level loop.
+
+Decoding (greedy or beam search with length normalisation, batched) goes through
+:func:`rnnkit.generation.generate_batch` with :meth:`Seq2Seq.step`: the encoder runs once,
+then one decoder step per token; finished rows leave the batch.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from rnnkit.attention import Attention
+from rnnkit.config import TrainConfig
+from rnnkit.data.vocab import BOS_ID, EOS_ID
+from rnnkit.errors import ConfigError
+from rnnkit.generation import GenerationResult, generate_batch
+from rnnkit.layers.stacked import StackedRecurrent
+from rnnkit.losses import sequence_cross_entropy
+from rnnkit.models.builders import build_encoder
+from rnnkit.models.heads import TiedHead
+from rnnkit.models.language_model import LossOutput
+from rnnkit.types import LSTMState, State
+
+__all__ = [
+    "CONTEXT_MODES",
+    "STATE_BATCH_DIM",
+    "DecoderState",
+    "Seq2Seq",
+    "Seq2SeqOutput",
+    "build_seq2seq",
+]
+
+CONTEXT_MODES = ("init", "input", "both")
+
+
+class DecoderState(NamedTuple):
+    """Everything a decoder step needs; rows are batch rows (select with ``STATE_BATCH_DIM``).
+
+    Attributes:
+        hidden: decoder state ``(L, 1, B, H_d)`` (``LSTMState`` for an LSTM decoder).
+        memory: ``(B, S, D·H_e)`` encoder states (attention), or None.
+        keys: ``(B, S, ·)`` the attention's query-independent part, or None.
+        source_mask: ``(B, S)`` bool, True at real source positions, or None.
+        context: ``(B, D·H_e)`` the context fed at every step (``input``/``both``), or None.
+    """
+
+    hidden: State
+    memory: Tensor | None
+    keys: Tensor | None
+    source_mask: Tensor | None
+    context: Tensor | None
+
+
+# The batch dimension of every part of a DecoderState (for generation's row selection).
+STATE_BATCH_DIM = DecoderState(2, 0, 0, 0, 0)
+
+
+class Seq2SeqOutput(NamedTuple):
+    """Teacher-forced (or scheduled-sampling) outputs.
+
+    Attributes:
+        logits: ``(B, T, V)`` over the target vocabulary at every decoder step.
+        attention: ``(B, T, S)`` attention weights (exactly 0 at source padding), or None.
+        mask: ``(B, T)`` the steps that carry a loss: the target mask, less the steps after
+            a sequence was fed its own ``</s>`` (scheduled sampling).
+    """
+
+    logits: Tensor
+    attention: Tensor | None
+    mask: Tensor
+
+
+def _stack(states: list[State]) -> State:
+    """Per-layer ``(B, H)`` states → ``(L, 1, B, H)``."""
+    if isinstance(states[0], LSTMState):
+        return LSTMState(
+            torch.stack([s.h for s in states]).unsqueeze(1),
+            torch.stack([s.c for s in states]).unsqueeze(1),
+        )
+    return torch.stack(states).unsqueeze(1)  # type: ignore[arg-type]
+
+
+def _unstack(state: State) -> list[State]:
+    if isinstance(state, LSTMState):
+        return [LSTMState(h[0], c[0]) for h, c in zip(state.h, state.c, strict=True)]
+    return [s[0] for s in state]
+
+
+def _top(state: State) -> Tensor:
+    return state.h if isinstance(state, LSTMState) else state
+
+
+def _coins(n: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """``n`` uniform draws on ``device``, from ``generator`` (where it lives) if given."""
+    where = generator.device if generator is not None else device
+    return torch.rand(n, generator=generator, device=where).to(device)
+
+
+def _directions(t: Tensor) -> Tensor:
+    """``(D, B, H)`` → ``(B, D·H)``: ``[h^f; h^b]``."""
+    return t.permute(1, 0, 2).reshape(t.shape[1], -1)
+
+
+class Seq2Seq(nn.Module):
+    """Encoder–decoder with optional attention; parts injected, :func:`build_seq2seq` sizes.
+
+    Args:
+        source_embedding: ``nn.Embedding(V_s, E_s)``.
+        encoder: a stack (``RNN``/``LSTM``/``GRU``, may be bidirectional) over ``E_s``.
+        target_embedding: ``nn.Embedding(V_t, E_t)``.
+        decoder: a unidirectional stack whose ``input_size`` is ``E_t`` (+ ``D·H_e`` with
+            attention, + ``D·H_e`` for ``context`` input/both); stepped cell by cell.
+        head: maps ``(…, H_d [+ D·H_e with attention])`` to logits ``(…, V_t)``.
+        attention: an :class:`~rnnkit.attention.Attention` with ``query_size = H_d`` and
+            ``memory_size = D·H_e``, or None.
+        context: ``"init"``, ``"input"`` or ``"both"`` (see the module docstring).
+        dropout: on embeddings and before the head.
+
+    >>> from rnnkit import GRU
+    >>> model = Seq2Seq(nn.Embedding(9, 4), GRU(4, 6, bidirectional=True),
+    ...                 nn.Embedding(7, 4), GRU(4 + 12, 6), nn.Linear(6 + 12, 7),
+    ...                 attention=Attention("additive", 6, 12))
+    >>> src, tgt = torch.tensor([[4, 5, 6], [7, 8, 0]]), torch.tensor([[2, 4], [2, 5]])
+    >>> out = model(src, src != 0, tgt, torch.ones(2, 2, dtype=torch.bool))
+    >>> out.logits.shape, out.attention.shape, out.attention[1, :, 2].tolist()
+    (torch.Size([2, 2, 7]), torch.Size([2, 2, 3]), [0.0, 0.0])
+    """
+
+    def __init__(
+        self,
+        source_embedding: nn.Embedding,
+        encoder: StackedRecurrent,
+        target_embedding: nn.Embedding,
+        decoder: StackedRecurrent,
+        head: nn.Module,
+        attention: Attention | None = None,
+        context: str = "init",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if context not in CONTEXT_MODES:
+            raise ConfigError(
+                f"--context must be one of {', '.join(CONTEXT_MODES)}, got {context!r}"
+            )
+        if decoder.bidirectional:
+            raise ValueError("the decoder must be unidirectional (it generates left to right)")
+        if encoder.input_size != source_embedding.embedding_dim:
+            raise ValueError(
+                f"encoder input_size {encoder.input_size} != source embedding_dim "
+                f"{source_embedding.embedding_dim}"
+            )
+        memory_size = encoder.num_directions * encoder.hidden_size
+        H = decoder.hidden_size
+        expected = target_embedding.embedding_dim
+        if attention is not None:
+            if (attention.query_size, attention.memory_size) != (H, memory_size):
+                raise ValueError(
+                    f"attention widths ({attention.query_size}, {attention.memory_size}) must be "
+                    f"(decoder hidden {H}, encoder states {memory_size})"
+                )
+            expected += memory_size
+        if context in ("input", "both"):
+            expected += memory_size
+        if decoder.input_size != expected:
+            raise ValueError(
+                f"decoder input_size must be {expected} (target embedding"
+                f"{' + attention context' if attention is not None else ''}"
+                f"{' + fixed context' if context != 'init' else ''}), got {decoder.input_size}"
+            )
+        self.source_embedding = source_embedding
+        self.encoder = encoder
+        self.target_embedding = target_embedding
+        self.decoder = decoder
+        self.head = head
+        self.attention = attention
+        self.context_mode = context
+        self.memory_size = memory_size
+        self.drop = nn.Dropout(dropout)
+        # Bridges from the encoder's final states to the decoder's initial ones.
+        self.bridge_h = nn.ModuleList()
+        self.bridge_c = nn.ModuleList()
+        if context in ("init", "both"):
+            same = encoder.num_directions == 1 and encoder.hidden_size == H
+            for _ in range(decoder.num_layers):
+                self.bridge_h.append(nn.Identity() if same else nn.Linear(memory_size, H))
+                if decoder.is_lstm:
+                    copy_c = same and encoder.is_lstm
+                    self.bridge_c.append(nn.Identity() if copy_c else nn.Linear(memory_size, H))
+        self._project_h = not (encoder.num_directions == 1 and encoder.hidden_size == H)
+
+    @property
+    def vocab_size(self) -> int:
+        """``V_t``, the size of the target vocabulary."""
+        return self.target_embedding.num_embeddings
+
+    # ------------------------------------------------------------------------ encoder
+    def encode(self, source: Tensor, source_mask: Tensor) -> DecoderState:
+        """Run the encoder; return the decoder's initial :class:`DecoderState`.
+
+        Args:
+            source: ``(B, S)`` source ids.  source_mask: ``(B, S)`` bool.
+        """
+        x = self.drop(self.source_embedding(source))  # (B, S, E_s)
+        out = self.encoder(x, mask=source_mask)
+        memory = out.outputs  # (B, S, D·H_e)
+        enc_h = _top(out.state)  # (L_e, D, B, H_e)
+        B = source.shape[0]
+        context = _directions(enc_h[-1])  # (B, D·H_e)
+        L_d, L_e = self.decoder.num_layers, enc_h.shape[0]
+        H = self.decoder.hidden_size
+        if self.context_mode == "input":
+            h0 = memory.new_zeros(L_d, 1, B, H)
+            hidden: State = LSTMState(h0, torch.zeros_like(h0)) if self.decoder.is_lstm else h0
+        else:
+            layers: list[State] = []
+            for l in range(L_d):
+                src = l if L_e == L_d else L_e - 1
+                h = self.bridge_h[l](_directions(enc_h[src]))  # (B, H_d)
+                if self._project_h:
+                    h = torch.tanh(h)
+                if self.decoder.is_lstm:
+                    if isinstance(out.state, LSTMState):
+                        c = self.bridge_c[l](_directions(out.state.c[src]))
+                    else:
+                        c = self.bridge_c[l](torch.zeros_like(context))
+                    layers.append(LSTMState(h, c))
+                else:
+                    layers.append(h)
+            hidden = _stack(layers)
+        keys = self.attention.prepare(memory) if self.attention is not None else None
+        return DecoderState(
+            hidden=hidden,
+            memory=memory if self.attention is not None else None,
+            keys=keys,
+            source_mask=source_mask if self.attention is not None else None,
+            context=context if self.context_mode in ("input", "both") else None,
+        )
+
+    # ------------------------------------------------------------------------ decoder
+    def _step(
+        self, emb: Tensor, hidden: list[State], state: DecoderState
+    ) -> tuple[Tensor, list[State], Tensor | None]:
+        """One decoder step: ``emb (B, E_t)`` → (head input ``(B, ·)``, new layers, α)."""
+        parts = [emb]
+        attn_ctx, weights = None, None
+        if self.attention is not None:
+            assert state.keys is not None and state.memory is not None
+            attn_ctx, weights = self.attention(
+                _top(hidden[-1]), state.keys, state.memory, state.source_mask
+            )
+            parts.append(attn_ctx)
+        if state.context is not None:
+            parts.append(state.context)
+        x = torch.cat(parts, dim=-1) if len(parts) > 1 else emb
+        new: list[State] = []
+        for l, cell in enumerate(self.decoder.cells()):
+            if l > 0 and self.decoder.dropout > 0:
+                x = self.decoder.drop(x)
+            s = cell(x, hidden[l])
+            new.append(s)
+            x = _top(s)
+        features = x if attn_ctx is None else torch.cat([x, attn_ctx], dim=-1)
+        return features, new, weights
+
+    def step(self, token: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
+        """One generation step: ``token (B,)`` → ``(log-probabilities (B, V_t), state)``."""
+        emb = self.drop(self.target_embedding(token))  # (B, E_t)
+        features, hidden, _ = self._step(emb, _unstack(state.hidden), state)
+        log_probs = torch.log_softmax(self.head(self.drop(features)), dim=-1)
+        return log_probs, state._replace(hidden=_stack(hidden))
+
+    def forward(
+        self,
+        source: Tensor,
+        source_mask: Tensor,
+        target_in: Tensor,
+        target_mask: Tensor,
+        sampling_p: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Seq2SeqOutput:
+        """Decoder outputs for every target step.
+
+        Args:
+            source: ``(B, S)`` ids.  source_mask: ``(B, S)`` bool.
+            target_in: ``(B, T)`` decoder inputs ``<s> y_1 … y_m`` (padded).
+            target_mask: ``(B, T)`` bool, True at real target steps.
+            sampling_p: None for teacher forcing; else the probability ``p`` of feeding the
+                model's own greedy choice of the previous step, per sequence and step
+                (``0.0`` is teacher forcing, ``1.0`` free running).
+            generator: random source of the coin tosses (default: torch's global one).
+        """
+        state = self.encode(source, source_mask)
+        B, T = target_in.shape
+        if self.attention is None and sampling_p is None:
+            # Pure teacher forcing without attention: one call of the layer (explicit BPTT).
+            x = self.drop(self.target_embedding(target_in))  # (B, T, E_t)
+            if state.context is not None:
+                x = torch.cat([x, state.context.unsqueeze(1).expand(B, T, -1)], dim=-1)
+            out = self.decoder(x, mask=target_mask, state=state.hidden)
+            return Seq2SeqOutput(self.head(self.drop(out.outputs)), None, target_mask)
+        hidden = _unstack(state.hidden)
+        features, weights, logits_steps = [], [], []
+        step_masks = []
+        ended = torch.zeros(B, dtype=torch.bool, device=target_in.device)
+        emb_all = self.drop(self.target_embedding(target_in)) if sampling_p is None else None
+        prev_logits: Tensor | None = None
+        for t in range(T):
+            if emb_all is not None:
+                emb = emb_all[:, t]
+            else:
+                token = target_in[:, t]
+                if t > 0:
+                    assert prev_logits is not None
+                    own = prev_logits.argmax(dim=-1)  # (B,)
+                    use_own = _coins(B, generator, target_in.device) < sampling_p
+                    token = torch.where(use_own, own, token)
+                    ended = ended | (use_own & (own == EOS_ID))
+                emb = self.drop(self.target_embedding(token))
+            step_masks.append(target_mask[:, t] & ~ended)
+            feat, hidden, w = self._step(emb, hidden, state)
+            if w is not None:
+                weights.append(w)
+            if emb_all is None:
+                step_logits = self.head(self.drop(feat))  # (B, V)
+                logits_steps.append(step_logits)
+                prev_logits = step_logits.detach()
+            else:
+                features.append(feat)
+        if emb_all is None:
+            logits = torch.stack(logits_steps, dim=1)  # (B, T, V)
+        else:
+            logits = self.head(self.drop(torch.stack(features, dim=1)))  # (B, T, V)
+        attention = torch.stack(weights, dim=1) if weights else None  # (B, T, S)
+        return Seq2SeqOutput(logits, attention, torch.stack(step_masks, dim=1))
+
+    # ---------------------------------------------------------------------- task API
+    def loss(self, batch, sampling_p: float | None = None, generator=None) -> LossOutput:
+        """Masked token-mean cross-entropy (nats) of a ``PairBatch``."""
+        out = self(
+            batch.source,
+            batch.source_mask,
+            batch.target_in,
+            batch.target_mask,
+            sampling_p=sampling_p,
+            generator=generator,
+        )
+        loss = sequence_cross_entropy(out.logits, batch.target_out, out.mask)
+        tokens = int(out.mask.sum())
+        return LossOutput(loss, float(loss.detach()) * tokens, tokens, None)
+
+    def target_logits(self, batch) -> Tensor:
+        """Teacher-forced logits ``(B, T, V_t)`` aligned with ``batch.target_out``."""
+        return self(batch.source, batch.source_mask, batch.target_in, batch.target_mask).logits
+
+    @torch.no_grad()
+    def decode(
+        self,
+        source: Tensor,
+        source_mask: Tensor,
+        beam: int = 1,
+        max_length: int = 100,
+        length_penalty: float = 1.0,
+        num: int = 1,
+    ) -> list[list[GenerationResult]]:
+        """Greedy (``beam=1``) or beam search for every source of the batch at once.
+
+        Args:
+            source: ``(B, S)``.  source_mask: ``(B, S)``.
+            beam: beam width ``K``.  max_length: most tokens drawn (``</s>`` included).
+            length_penalty: ``α`` of ``score = log p / n^α`` (1: per-token log-prob).
+            num: hypotheses per source (``≤ beam``).
+
+        Returns:
+            ``B`` lists of :class:`~rnnkit.generation.GenerationResult`, best first.
+        """
+        state = self.encode(source, source_mask)
+        return generate_batch(
+            self,
+            None,
+            max_length=max_length,
+            eos_id=EOS_ID,
+            bos_id=BOS_ID,
+            strategy="greedy" if beam == 1 else "beam",
+            beam_size=beam,
+            length_penalty=length_penalty,
+            num=num,
+            state=state,
+            state_batch_dim=STATE_BATCH_DIM,
+        )
+
+
+def build_seq2seq(cfg: TrainConfig, source_vocab_size: int, target_vocab_size: int) -> Seq2Seq:
+    """The encoder–decoder ``cfg`` asks for: widths, depth, cell, attention, context.
+
+    Encoder and decoder share ``--cell``, ``--hidden``, ``--layers`` and ``--embedding``;
+    only the encoder is bidirectional (``--bidirectional``).
+
+    >>> cfg = TrainConfig(train="x", task="seq2seq", hidden=8, embedding=4, attention="bilinear")
+    >>> m = build_seq2seq(cfg, 10, 12)
+    >>> m.vocab_size, m.decoder.input_size
+    (12, 12)
+    """
+    if cfg.context not in CONTEXT_MODES:
+        raise ConfigError(
+            f"--context must be one of {', '.join(CONTEXT_MODES)}, got {cfg.context!r}"
+        )
+    E, H = cfg.embedding, cfg.hidden
+    source_embedding = nn.Embedding(source_vocab_size, E)
+    target_embedding = nn.Embedding(target_vocab_size, E)
+    encoder = build_encoder(cfg, E)
+    memory = encoder.num_directions * H
+    attention = None
+    decoder_in = E
+    if cfg.attention != "none":
+        attention = Attention(cfg.attention, H, memory)
+        decoder_in += memory
+    if cfg.context in ("input", "both"):
+        decoder_in += memory
+    decoder = build_encoder(cfg, decoder_in, bidirectional=False)
+    head_in = H + (memory if attention is not None else 0)
+    head: nn.Module = (
+        TiedHead(target_embedding, head_in)
+        if cfg.tie_weights
+        else nn.Linear(head_in, target_vocab_size)
+    )
+    return Seq2Seq(
+        source_embedding,
+        encoder,
+        target_embedding,
+        decoder,
+        head,
+        attention=attention,
+        context=cfg.context,
+        dropout=cfg.dropout,
+    )
