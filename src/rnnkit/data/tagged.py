@@ -1,0 +1,288 @@
+"""Readers of tagged sentences for sequence labelling: CoNLL-U and ``token<TAB>tag`` files.
+
+Both return a list of :class:`TaggedSentence` (tokens, tags, and the 1-based line of the
+sentence's first token, for messages). Every problem is a ``DataError`` naming the file
+and the line:
+
+* **CoNLL-U** (Universal Dependencies): ten tab-separated columns
+  ``id form lemma upos xpos feats head deprel deps misc``; ``#`` comment lines are skipped,
+  and so are multiword-token ranges (``1-2``) and empty nodes (``1.1``), which are not
+  words of the sentence; a blank line ends a sentence. The token is the ``form`` column,
+  the tag the column chosen by name (``upos`` by default). A line with another number of
+  columns, an id that is not a positive integer, or an empty tag field is an error.
+* **token<TAB>tag**: one token per line, exactly two tab-separated fields (a token may
+  hold spaces, never a tab), a blank line between sentences.
+
+:func:`read_tagged` picks the format from the file's first data line (ten columns, or
+a ``#`` comment, means CoNLL-U).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from os import PathLike
+from typing import NamedTuple
+
+from rnnkit.data.text import read_text
+from rnnkit.errors import ConfigError, DataError
+
+__all__ = [
+    "CONLLU_COLUMNS",
+    "TaggedSentence",
+    "detect_tagged_format",
+    "parse_conllu",
+    "parse_token_tags",
+    "read_conllu",
+    "read_tagged",
+    "read_token_tags",
+    "tagged_sentence",
+]
+
+CONLLU_COLUMNS: tuple[str, ...] = (
+    "id",
+    "form",
+    "lemma",
+    "upos",
+    "xpos",
+    "feats",
+    "head",
+    "deprel",
+    "deps",
+    "misc",
+)
+FORMATS: tuple[str, ...] = ("conllu", "tsv")
+
+PathLikeStr = str | PathLike[str]
+
+
+class TaggedSentence(NamedTuple):
+    """One sentence: ``tokens[i]`` carries ``tags[i]``; ``line`` is where it starts (1-based)."""
+
+    tokens: list[str]
+    tags: list[str]
+    line: int = 0
+
+
+def tagged_sentence(
+    tokens: Sequence[str],
+    tags: Sequence[str],
+    path: PathLikeStr | None = None,
+    line: int | None = None,
+) -> TaggedSentence:
+    """A checked :class:`TaggedSentence`: as many tags as tokens, none empty.
+
+    Args:
+        tokens: the words.
+        tags: one tag per word.
+        path, line: where the sentence comes from, for the error message.
+
+    >>> tagged_sentence(["a", "dog"], ["DET", "NOUN"]).tags
+    ['DET', 'NOUN']
+    >>> tagged_sentence(["a", "dog"], ["DET"], "x.tsv", 4)
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.DataError: x.tsv:4: tag sequence of the wrong length: 2 tokens but 1 tags
+    """
+    if len(tokens) != len(tags):
+        raise DataError(
+            f"tag sequence of the wrong length: {len(tokens)} tokens but {len(tags)} tags",
+            path,
+            line,
+        )
+    if not tokens:
+        raise DataError("empty sentence", path, line)
+    for what, items in (("token", tokens), ("tag", tags)):
+        for item in items:
+            if not isinstance(item, str) or not item.strip():
+                raise DataError(f"empty {what}", path, line)
+    return TaggedSentence(list(tokens), list(tags), line or 0)
+
+
+def _lines(text: str) -> Iterator[tuple[int, str]]:
+    # split("\n") keeps line numbers in step with an editor (see data/text.py).
+    return enumerate(text.split("\n"), start=1)
+
+
+def _column_index(column: str) -> int:
+    if column not in CONLLU_COLUMNS or column == "id":
+        options = ", ".join(c for c in CONLLU_COLUMNS if c != "id")
+        raise ConfigError(f"--tag-column must be one of {options}, got {column!r}")
+    return CONLLU_COLUMNS.index(column)
+
+
+def parse_conllu(
+    text: str, column: str = "upos", path: PathLikeStr | None = None
+) -> list[TaggedSentence]:
+    """Sentences of CoNLL-U ``text`` with the tags of ``column`` (see the module doc).
+
+    Args:
+        text: the file's content.
+        column: the tag column by name: ``form lemma upos xpos feats head deprel deps misc``.
+        path: the file name for error messages.
+
+    >>> rows = ["# text = I go", "1-2\\tIgo\\t_\\t_\\t_\\t_\\t_\\t_\\t_\\t_",
+    ...         "1\\tI\\tI\\tPRON\\tPRP\\t_\\t2\\tnsubj\\t_\\t_",
+    ...         "2\\tgo\\tgo\\tVERB\\tVBP\\t_\\t0\\troot\\t_\\t_",
+    ...         "2.1\\tgone\\tgo\\tVERB\\tVBN\\t_\\t_\\t_\\t2:x\\t_", ""]
+    >>> parse_conllu("\\n".join(rows))
+    [TaggedSentence(tokens=['I', 'go'], tags=['PRON', 'VERB'], line=3)]
+    >>> parse_conllu("\\n".join(rows), column="deprel")[0].tags
+    ['nsubj', 'root']
+    >>> parse_conllu("1\\tI\\tPRON\\n", path="bad.conllu")
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.DataError: bad.conllu:1: malformed CoNLL-U line: expected 10 \
+tab-separated columns, got 3
+    """
+    col = _column_index(column)
+    sentences: list[TaggedSentence] = []
+    tokens: list[str] = []
+    tags: list[str] = []
+    start = 0
+
+    def flush() -> None:
+        nonlocal tokens, tags
+        if tokens:
+            sentences.append(TaggedSentence(tokens, tags, start))
+        tokens, tags = [], []
+
+    for number, line in _lines(text):
+        if not line.strip():
+            flush()
+            continue
+        if line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        if len(fields) != len(CONLLU_COLUMNS):
+            raise DataError(
+                f"malformed CoNLL-U line: expected 10 tab-separated columns, got {len(fields)}",
+                path,
+                number,
+            )
+        word_id = fields[0]
+        if "-" in word_id or "." in word_id:
+            continue  # multiword token range or empty node: not a word of the sentence
+        if not word_id.isdigit() or int(word_id) < 1:
+            raise DataError(
+                f"malformed CoNLL-U line: id must be a positive integer, got {word_id!r}",
+                path,
+                number,
+            )
+        form, tag = fields[1], fields[col].strip()
+        if not form:
+            raise DataError("malformed CoNLL-U line: empty form column", path, number)
+        if not tag:
+            raise DataError(f"malformed CoNLL-U line: empty {column} column", path, number)
+        if not tokens:
+            start = number
+        tokens.append(form)
+        tags.append(tag)
+    flush()
+    return sentences
+
+
+def parse_token_tags(text: str, path: PathLikeStr | None = None) -> list[TaggedSentence]:
+    """Sentences of ``token<TAB>tag`` lines, blank lines between sentences.
+
+    >>> parse_token_tags("The\\tDET\\ncat\\tNOUN\\n\\nRuns\\tVERB\\n")
+    [TaggedSentence(tokens=['The', 'cat'], tags=['DET', 'NOUN'], line=1), \
+TaggedSentence(tokens=['Runs'], tags=['VERB'], line=4)]
+    >>> parse_token_tags("The\\tDET\\ncat NOUN\\n", path="t.tsv")
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.DataError: t.tsv:2: line has no tab (expected token<TAB>tag)
+    """
+    sentences: list[TaggedSentence] = []
+    tokens: list[str] = []
+    tags: list[str] = []
+    start = 0
+    for number, line in _lines(text):
+        if not line.strip():
+            if tokens:
+                sentences.append(TaggedSentence(tokens, tags, start))
+            tokens, tags = [], []
+            continue
+        fields = line.split("\t")
+        if len(fields) == 1:
+            raise DataError("line has no tab (expected token<TAB>tag)", path, number)
+        if len(fields) != 2:
+            raise DataError(
+                f"expected token<TAB>tag, got {len(fields)} tab-separated fields", path, number
+            )
+        token, tag = fields[0], fields[1].strip()
+        if not token.strip():
+            raise DataError("empty token (expected token<TAB>tag)", path, number)
+        if not tag:
+            raise DataError("empty tag (expected token<TAB>tag)", path, number)
+        if not tokens:
+            start = number
+        tokens.append(token)
+        tags.append(tag)
+    if tokens:
+        sentences.append(TaggedSentence(tokens, tags, start))
+    return sentences
+
+
+def detect_tagged_format(text: str) -> str:
+    """``"conllu"`` if the first non-blank line is a ``#`` comment or has ten tab-separated
+    columns, else ``"tsv"``.
+
+    >>> detect_tagged_format("# sent_id = 1\\n"), detect_tagged_format("a\\tDET\\n")
+    ('conllu', 'tsv')
+    """
+    for _, line in _lines(text):
+        if not line.strip():
+            continue
+        if line.startswith("#") or len(line.split("\t")) == len(CONLLU_COLUMNS):
+            return "conllu"
+        return "tsv"
+    return "tsv"
+
+
+def _nonempty(sentences: list[TaggedSentence], path: PathLikeStr) -> list[TaggedSentence]:
+    if not sentences:
+        raise DataError("no tagged sentence in the file", path)
+    return sentences
+
+
+def read_conllu(path: PathLikeStr, column: str = "upos") -> list[TaggedSentence]:
+    """Read a CoNLL-U file (strict UTF-8); see :func:`parse_conllu`."""
+    return _nonempty(parse_conllu(read_text(path), column, path), path)
+
+
+def read_token_tags(path: PathLikeStr) -> list[TaggedSentence]:
+    """Read a ``token<TAB>tag`` file (strict UTF-8); see :func:`parse_token_tags`."""
+    return _nonempty(parse_token_tags(read_text(path), path), path)
+
+
+def read_tagged(
+    path: PathLikeStr, column: str = "upos", fmt: str | None = None
+) -> tuple[list[TaggedSentence], str]:
+    """Read a tagged file in either format.
+
+    Args:
+        path: the file.
+        column: the CoNLL-U tag column (ignored for ``token<TAB>tag`` files).
+        fmt: ``"conllu"`` or ``"tsv"``; None detects it (:func:`detect_tagged_format`).
+
+    Returns:
+        ``(sentences, format)``.
+
+    >>> import tempfile, pathlib
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = pathlib.Path(d) / "t.tsv"
+    ...     _ = p.write_text("x\\tNOUN\\n")
+    ...     read_tagged(p)
+    ([TaggedSentence(tokens=['x'], tags=['NOUN'], line=1)], 'tsv')
+    """
+    _column_index(column)
+    text = read_text(path)
+    if fmt is None:
+        fmt = detect_tagged_format(text)
+    if fmt not in FORMATS:
+        raise ConfigError(f"tagged format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt == "conllu":
+        sentences = parse_conllu(text, column, path)
+    else:
+        sentences = parse_token_tags(text, path)
+    return _nonempty(sentences, path), fmt

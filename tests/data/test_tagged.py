@@ -1,0 +1,152 @@
+"""Tagged readers: CoNLL-U (comments, multiword ranges, empty nodes, column by name) and
+token<TAB>tag lines; every malformed input is a one-line DataError naming file and line."""
+
+from __future__ import annotations
+
+import pytest
+
+from rnnkit.data.tagged import (
+    CONLLU_COLUMNS,
+    TaggedSentence,
+    detect_tagged_format,
+    read_conllu,
+    read_tagged,
+    read_token_tags,
+    tagged_sentence,
+)
+from rnnkit.errors import ConfigError, DataError
+
+CONLLU = """\
+# newdoc id = x
+# sent_id = 1
+# text = Don't go.
+1-2\tDon't\t_\t_\t_\t_\t_\t_\t_\t_
+1\tDo\tdo\tAUX\tVBP\tMood=Ind\t3\taux\t_\t_
+2\tn't\tnot\tPART\tRB\t_\t3\tadvmod\t_\t_
+3\tgo\tgo\tVERB\tVB\tVerbForm=Inf\t0\troot\t_\tSpaceAfter=No
+3.1\tgone\tgo\tVERB\tVBN\t_\t_\t_\t3:conj\t_
+4\t.\t.\tPUNCT\t.\t_\t3\tpunct\t_\t_
+
+# sent_id = 2
+1\tHi\thi\tINTJ\tUH\t_\t0\troot\t_\t_
+
+"""
+
+
+def write(tmp_path, text, name="data.txt"):
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_conllu_skips_comments_ranges_and_empty_nodes(tmp_path):
+    p = write(tmp_path, CONLLU, "a.conllu")
+    assert read_conllu(p) == [
+        TaggedSentence(["Do", "n't", "go", "."], ["AUX", "PART", "VERB", "PUNCT"], 5),
+        TaggedSentence(["Hi"], ["INTJ"], 12),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("column", "expected"),
+    [
+        ("upos", ["AUX", "PART", "VERB", "PUNCT"]),
+        ("xpos", ["VBP", "RB", "VB", "."]),
+        ("lemma", ["do", "not", "go", "."]),
+        ("deprel", ["aux", "advmod", "root", "punct"]),
+        ("head", ["3", "3", "0", "3"]),
+        ("feats", ["Mood=Ind", "_", "VerbForm=Inf", "_"]),
+        ("misc", ["_", "_", "SpaceAfter=No", "_"]),
+    ],
+)
+def test_conllu_column_by_name(tmp_path, column, expected):
+    p = write(tmp_path, CONLLU, "a.conllu")
+    assert read_conllu(p, column)[0].tags == expected
+    assert read_tagged(p, column) == (read_conllu(p, column), "conllu")
+
+
+def test_conllu_unknown_column_is_a_config_error(tmp_path):
+    p = write(tmp_path, CONLLU)
+    with pytest.raises(ConfigError, match=r"--tag-column must be one of form, lemma, upos"):
+        read_conllu(p, "pos")
+    assert len(CONLLU_COLUMNS) == 10
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("1\tDo\tdo\tAUX", "malformed CoNLL-U line: expected 10 tab-separated columns, got 4"),
+        (
+            "1\tDo\tdo\tAUX\tVBP\t_\t3\taux\t_\t_\textra",
+            "malformed CoNLL-U line: expected 10 tab-separated columns, got 11",
+        ),
+        (
+            "1 Do do AUX VBP _ 3 aux _ _",
+            "malformed CoNLL-U line: expected 10 tab-separated columns, got 1",
+        ),
+        (
+            "x\tDo\tdo\tAUX\tVBP\t_\t3\taux\t_\t_",
+            "malformed CoNLL-U line: id must be a positive integer, got 'x'",
+        ),
+        ("1\tDo\tdo\t\tVBP\t_\t3\taux\t_\t_", "malformed CoNLL-U line: empty upos column"),
+    ],
+)
+def test_conllu_malformed_line_names_file_and_line(tmp_path, line, message):
+    lines = CONLLU.split("\n")
+    lines[5] = line  # line 6 of the file
+    p = write(tmp_path, "\n".join(lines), "bad.conllu")
+    with pytest.raises(DataError) as info:
+        read_conllu(p)
+    assert str(info.value) == f"{p}:6: {message}"
+    assert (info.value.path, info.value.line) == (str(p), 6)
+
+
+def test_token_tag_lines(tmp_path):
+    p = write(tmp_path, "\n\nThe\tDET\nNew York\tPROPN\n\n\nruns\tVERB\n", "t.tsv")
+    assert read_token_tags(p) == [
+        TaggedSentence(["The", "New York"], ["DET", "PROPN"], 3),
+        TaggedSentence(["runs"], ["VERB"], 7),
+    ]
+    assert read_tagged(p) == (read_token_tags(p), "tsv")
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("cat NOUN", "line has no tab (expected token<TAB>tag)"),
+        ("cat\tNOUN\tSg", "expected token<TAB>tag, got 3 tab-separated fields"),
+        ("cat\t", "empty tag (expected token<TAB>tag)"),
+        ("\tNOUN", "empty token (expected token<TAB>tag)"),
+    ],
+)
+def test_token_tag_errors(tmp_path, bad, message):
+    p = write(tmp_path, f"The\tDET\n{bad}\nsat\tVERB\n", "t.tsv")
+    with pytest.raises(DataError) as info:
+        read_token_tags(p)
+    assert str(info.value) == f"{p}:2: {message}"
+
+
+def test_wrong_length_and_empty_files(tmp_path):
+    with pytest.raises(DataError, match=r"^s.tsv:3: tag sequence of the wrong length: 3 tokens"):
+        tagged_sentence(["a", "b", "c"], ["X", "Y"], "s.tsv", 3)
+    with pytest.raises(DataError, match="empty tag"):
+        tagged_sentence(["a"], [" "])
+    with pytest.raises(DataError, match="empty corpus"):
+        read_token_tags(write(tmp_path, "\n\n"))
+    with pytest.raises(DataError, match="no tagged sentence in the file"):
+        read_conllu(write(tmp_path, "# only a comment\n"))
+    with pytest.raises(DataError, match="file not found"):
+        read_tagged(tmp_path / "missing.tsv")
+
+
+def test_invalid_utf8_names_the_byte(tmp_path):
+    p = tmp_path / "b.tsv"
+    p.write_bytes(b"ok\tX\n\xff\tY\n")
+    with pytest.raises(DataError, match=r"b.tsv:2: invalid UTF-8 at byte offset 5"):
+        read_tagged(p)
+
+
+def test_format_detection():
+    assert detect_tagged_format("\n1\ta\ta\tX\t_\t_\t0\troot\t_\t_\n") == "conllu"
+    assert detect_tagged_format("# comment\n") == "conllu"
+    assert detect_tagged_format("a\tX\n") == "tsv"
