@@ -1,0 +1,149 @@
+"""Sequence classification: one label per sequence (SPEC §4 Fig. 10.5, §5).
+
+embedding → recurrent stack → pooling (``last`` real state, ``[h^f_L; h^b_1]`` when
+bidirectional; masked ``mean``; masked ``max``) → feed-forward head
+``z = W_2 tanh(W_1 p + b_1) + b_2`` → softmax, trained end to end with cross-entropy.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rnnkit.config import TrainConfig
+from rnnkit.layers.stacked import StackedRecurrent
+from rnnkit.models.builders import build_encoder
+from rnnkit.models.language_model import LossOutput
+from rnnkit.models.pooling import Pooling
+
+__all__ = ["Classifier", "FeedForwardHead", "build_classifier"]
+
+
+class FeedForwardHead(nn.Module):
+    """``z = W_2 tanh(W_1 p + b_1) + b_2``: one hidden layer, then class logits.
+
+    >>> FeedForwardHead(6, 4, 3)(torch.zeros(2, 6)).shape
+    torch.Size([2, 3])
+    """
+
+    def __init__(
+        self, in_features: int, hidden: int, num_classes: int, dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(in_features, hidden)
+        self.out = nn.Linear(hidden, num_classes)
+        self.drop = nn.Dropout(dropout)
+
+    @property
+    def out_features(self) -> int:
+        return self.out.out_features
+
+    def forward(self, p: Tensor) -> Tensor:
+        """``p (B, F)`` → logits ``(B, K)``."""
+        return self.out(self.drop(torch.tanh(self.hidden(p))))
+
+
+class Classifier(nn.Module):
+    """``Classifier(embedding, encoder, pooling, head)``: parts injected, see module doc.
+
+    Args:
+        embedding: ``nn.Embedding(V, E)``.
+        encoder: a stack with ``input_size = E``.
+        pooling: a :class:`~rnnkit.models.pooling.Pooling` whose ``num_directions`` is
+            the encoder's.
+        head: maps ``(B, D·H)`` to logits ``(B, K)``.
+        dropout: dropout on the embeddings and on the pooled vector.
+
+    >>> from rnnkit import GRU
+    >>> clf = Classifier(nn.Embedding(9, 4), GRU(4, 5, bidirectional=True),
+    ...                  Pooling("max", 2), FeedForwardHead(10, 6, 3))
+    >>> x, mask = torch.tensor([[4, 5, 6], [7, 8, 0]]), torch.tensor([[1, 1, 1], [1, 1, 0]])
+    >>> clf(x, mask.bool()).shape
+    torch.Size([2, 3])
+    """
+
+    def __init__(
+        self,
+        embedding: nn.Embedding,
+        encoder: StackedRecurrent,
+        pooling: Pooling,
+        head: nn.Module,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if encoder.input_size != embedding.embedding_dim:
+            raise ValueError(
+                f"encoder input_size {encoder.input_size} != embedding_dim "
+                f"{embedding.embedding_dim}"
+            )
+        if pooling.num_directions != encoder.num_directions:
+            raise ValueError(
+                f"pooling has num_directions={pooling.num_directions} but the encoder "
+                f"{encoder.num_directions}"
+            )
+        self.embedding = embedding
+        self.encoder = encoder
+        self.pooling = pooling
+        self.head = head
+        self.drop = nn.Dropout(dropout)
+
+    @property
+    def num_classes(self) -> int:
+        return self.head.out_features
+
+    def encode(self, inputs: Tensor, mask: Tensor | None = None) -> Tensor:
+        """The pooled sequence vectors ``(B, D·H)`` of ``inputs (B, T)`` token ids."""
+        if mask is None:
+            mask = torch.ones_like(inputs, dtype=torch.bool)
+        out = self.encoder(self.drop(self.embedding(inputs)), mask=mask)
+        return self.pooling(out.outputs, mask, out.state)
+
+    def forward(self, inputs: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Class logits ``(B, K)``.
+
+        Args:
+            inputs: ``(B, T)`` token ids.
+            mask: ``(B, T)`` bool, True at real tokens (every row needs one); None = all.
+        """
+        return self.head(self.drop(self.encode(inputs, mask)))
+
+    def loss(self, inputs: Tensor, labels: Tensor, mask: Tensor | None = None) -> LossOutput:
+        """Mean cross-entropy over the examples, in nats; ``tokens`` counts examples.
+
+        Args:
+            inputs, mask: as in :meth:`forward`.
+            labels: ``(B,)`` class ids.
+        """
+        if labels.dim() != 1 or labels.shape[0] != inputs.shape[0]:
+            raise ValueError(
+                f"labels must have shape (B,) = ({inputs.shape[0]},), got {tuple(labels.shape)}"
+            )
+        loss = F.cross_entropy(self(inputs, mask), labels)
+        n = int(labels.shape[0])
+        return LossOutput(loss, float(loss.detach()) * n, n)
+
+    @torch.no_grad()
+    def predict(self, inputs: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Most probable class ids ``(B,)``."""
+        return self(inputs, mask).argmax(-1)
+
+
+def build_classifier(cfg: TrainConfig, vocab_size: int, num_classes: int) -> Classifier:
+    """Embedding → stack (``cfg.bidirectional``) → ``cfg.pooling`` → feed-forward head
+    with ``cfg.hidden`` units.
+
+    >>> cfg = TrainConfig(train="x", hidden=8, embedding=4, bidirectional=True, pooling="mean")
+    >>> clf = build_classifier(cfg, vocab_size=12, num_classes=3)
+    >>> clf.pooling, clf.num_classes
+    (Pooling('mean', num_directions=2), 3)
+    """
+    encoder = build_encoder(cfg, cfg.embedding)
+    width = encoder.hidden_size * encoder.num_directions
+    return Classifier(
+        nn.Embedding(vocab_size, cfg.embedding),
+        encoder,
+        Pooling(cfg.pooling, encoder.num_directions),
+        FeedForwardHead(width, cfg.hidden, num_classes, cfg.dropout),
+        dropout=cfg.dropout,
+    )

@@ -1,0 +1,94 @@
+"""Classifier: it learns with every pooling, a sequence's result never depends on its
+padding or its batch neighbours, and the loss is the mean over examples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rnnkit import GRU, LSTM, RNN
+from rnnkit.config import TrainConfig
+from rnnkit.models.classifier import Classifier, FeedForwardHead, build_classifier
+from rnnkit.models.pooling import Pooling
+
+V, K = 10, 3
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def batch(seed=0, B=8, T=6):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    inputs = torch.randint(4, V, (B, T), generator=g).masked_fill(~mask, 0)
+    labels = torch.randint(0, K, (B,), generator=g)
+    return inputs, labels, mask
+
+
+def make(pooling, bidirectional=True, cell=LSTM, seed=0):
+    torch.manual_seed(seed)
+    D = 2 if bidirectional else 1
+    return Classifier(
+        nn.Embedding(V, 5),
+        cell(5, 6, bidirectional=bidirectional),
+        Pooling(pooling, D),
+        FeedForwardHead(6 * D, 8, K),
+    ).double()
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean", "max"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+def test_overfits_one_batch(pooling, bidirectional):
+    inputs, labels, mask = batch()
+    model = make(pooling, bidirectional, cell=GRU)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    first = float(model.loss(inputs, labels, mask).loss.detach())
+    for _ in range(40):
+        opt.zero_grad()
+        model.loss(inputs, labels, mask).loss.backward()
+        opt.step()
+    out = model.loss(inputs, labels, mask)
+    assert float(out.loss.detach()) < 0.05 < first
+    assert out.tokens == inputs.shape[0]
+    assert torch.equal(model.predict(inputs, mask), labels)
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean", "max"])
+@pytest.mark.parametrize("cell", [RNN, GRU, LSTM])
+def test_each_sequence_alone_equals_in_batch_with_garbage_padding(pooling, cell):
+    inputs, _, mask = batch(1)
+    model = make(pooling, True, cell)
+    logits = model(torch.where(mask, inputs, 9), mask)  # real ids in the padding
+    for i in range(inputs.shape[0]):
+        n = int(mask[i].sum())
+        alone = model(inputs[i : i + 1, :n])
+        torch.testing.assert_close(alone[0], logits[i], rtol=1e-12, atol=1e-12)
+
+
+def test_loss_is_mean_cross_entropy_over_examples():
+    inputs, labels, mask = batch(2)
+    model = make("mean")
+    out = model.loss(inputs, labels, mask)
+    expected = F.cross_entropy(model(inputs, mask), labels, reduction="sum")
+    assert out.nats == pytest.approx(float(expected.detach()))
+    assert float(out.loss.detach()) == pytest.approx(float(expected.detach()) / inputs.shape[0])
+    with pytest.raises(ValueError, match="labels must have shape"):
+        model.loss(inputs, labels[:-1], mask)
+
+
+def test_builder_and_mismatched_parts():
+    cfg = TrainConfig(train="x", cell="rnn", hidden=7, embedding=3, pooling="max", layers=2)
+    clf = build_classifier(cfg, vocab_size=V, num_classes=4)
+    assert clf.num_classes == 4 and clf.pooling.method == "max"
+    assert clf(torch.tensor([[4, 5, 0]]), torch.tensor([[True, True, False]])).shape == (1, 4)
+    with pytest.raises(ValueError, match="num_directions"):
+        Classifier(nn.Embedding(V, 5), GRU(5, 6), Pooling("last", 2), FeedForwardHead(6, 8, K))
