@@ -1,0 +1,442 @@
+"""The transduction task: ``source<TAB>target`` pairs → vocabularies → model → metrics.
+
+``rnnkit train --task seq2seq`` trains an encoder–decoder (``--attention``, ``--context``,
+``--scheduled-sampling``) or, with ``--decoder-only``, one language model over
+``source <sep> target``. ``--source-unit`` / ``--target-unit`` choose characters or
+words per side; ``--max-len`` bounds the tokens of each side of a training pair and of a
+decoded output; ``--beam`` is the beam width used for validation decoding, ``evaluate``
+and ``generate --input`` (1 = greedy).
+
+Run directory (beside the training loop's snapshots and ``metrics.jsonl``)::
+
+    config.json          the TrainConfig, format version, both vocabulary sizes
+    vocab.json           the TARGET vocabulary (what the model writes)
+    source_vocab.json    the source vocabulary
+    model.safetensors    best weights on validation loss
+    summary.json         what ``train`` returned
+
+Metrics: ``loss_nats`` (mean per target token, ``</s>`` included, teacher forcing),
+``tokens``, ``perplexity``, ``token_accuracy`` (teacher forcing), and from decoding
+``exact_match`` and ``token_error_rate`` (edit distance over reference tokens).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from rnnkit.config import TrainConfig
+from rnnkit.data.pairs import Pair, PairBatcher, encode_pairs, make_pair_batch, read_pairs
+from rnnkit.data.vocab import Vocabulary, count_tokens
+from rnnkit.errors import CheckpointError, ConfigError, DataError
+from rnnkit.losses import sequence_cross_entropy
+from rnnkit.models.decoder_only import build_decoder_only
+from rnnkit.models.seq2seq import build_seq2seq
+from rnnkit.seq2seq_metrics import exact_match, teacher_forced_accuracy, token_error_rate
+from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything
+from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
+from rnnkit.training.loop import Trainer, TrainOptions
+from rnnkit.training.scheduled_sampling import parse_schedule
+
+__all__ = [
+    "Seq2SeqData",
+    "build_model",
+    "check_config",
+    "decode_ids",
+    "decode_metrics",
+    "evaluate",
+    "load_seq2seq",
+    "prepare_data",
+    "teacher_forced_metrics",
+    "train",
+    "transduce",
+]
+
+RESUME_CHANGEABLE = {"epochs", "steps", "max_time", "eval_every", "patience", "device"}
+
+
+@dataclass
+class Seq2SeqData:
+    """Encoded training and validation pairs with both vocabularies."""
+
+    source_vocab: Vocabulary
+    target_vocab: Vocabulary
+    train_pairs: list[Pair]
+    valid_pairs: list[Pair]
+    train_src: list[np.ndarray]
+    train_tgt: list[np.ndarray]
+    valid_src: list[np.ndarray]
+    valid_tgt: list[np.ndarray]
+    valid_path: str
+
+
+def _vocab(texts: list[str], unit: str, min_freq: int) -> Vocabulary:
+    counts: Counter[str] = count_tokens("\n".join(texts), unit)
+    counts.pop("\n", None)  # the joiner, not data
+    return Vocabulary.from_counts(counts, unit=unit, min_freq=min_freq)
+
+
+def _check_lengths(pairs: list[Pair], src, tgt, max_len: int, path: str) -> None:
+    for pair, s, t in zip(pairs, src, tgt, strict=True):
+        for side, ids in (("source", s), ("target", t)):
+            if len(ids) > max_len:
+                raise DataError(
+                    f"the {side} has {len(ids)} tokens, more than --max-len {max_len}",
+                    path,
+                    pair.line or None,
+                )
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """The seq2seq-specific checks of ``cfg`` (ConfigError naming the option)."""
+    schedule = parse_schedule(cfg.scheduled_sampling)
+    if cfg.decoder_only:
+        if schedule.active:
+            raise ConfigError(
+                "--scheduled-sampling applies to the encoder–decoder, not --decoder-only"
+            )
+        if cfg.bidirectional:
+            raise ConfigError("--bidirectional does not apply to --decoder-only (one causal LM)")
+
+
+def prepare_data(
+    cfg: TrainConfig, vocabs: tuple[Vocabulary, Vocabulary] | None = None
+) -> Seq2SeqData:
+    """Read the pairs, hold out validation pairs, build or reuse the vocabularies."""
+    pairs = read_pairs(cfg.train)
+    if cfg.valid:
+        train_pairs, valid_pairs, valid_path = pairs, read_pairs(cfg.valid), cfg.valid
+    else:
+        held = max(1, round(len(pairs) * cfg.valid_fraction))
+        if len(pairs) - held < 1:
+            raise DataError(
+                f"{len(pairs)} pair(s): too few to hold out validation pairs; pass --valid",
+                cfg.train,
+            )
+        train_pairs, valid_pairs, valid_path = pairs[:-held], pairs[-held:], cfg.train
+    if vocabs is None:
+        source_vocab = _vocab([p.source for p in train_pairs], cfg.source_unit, cfg.min_freq)
+        target_vocab = _vocab([p.target for p in train_pairs], cfg.target_unit, cfg.min_freq)
+    else:
+        source_vocab, target_vocab = vocabs
+    train_src, train_tgt = encode_pairs(train_pairs, source_vocab, target_vocab, cfg.train)
+    valid_src, valid_tgt = encode_pairs(valid_pairs, source_vocab, target_vocab, valid_path)
+    _check_lengths(train_pairs, train_src, train_tgt, cfg.max_len, cfg.train)
+    return Seq2SeqData(
+        source_vocab,
+        target_vocab,
+        train_pairs,
+        valid_pairs,
+        train_src,
+        train_tgt,
+        valid_src,
+        valid_tgt,
+        valid_path,
+    )
+
+
+def build_model(cfg: TrainConfig, source_vocab_size: int, target_vocab_size: int) -> nn.Module:
+    """``Seq2Seq`` or, with ``--decoder-only``, ``DecoderOnlyTranslator``."""
+    if cfg.decoder_only:
+        return build_decoder_only(cfg, source_vocab_size, target_vocab_size)
+    return build_seq2seq(cfg, source_vocab_size, target_vocab_size)
+
+
+@torch.no_grad()
+def teacher_forced_metrics(
+    model: nn.Module,
+    sources: list[np.ndarray],
+    targets: list[np.ndarray],
+    device: torch.device,
+    batch_size: int,
+) -> dict[str, Any]:
+    """Loss (nats per target token), perplexity and token accuracy under teacher forcing."""
+    was_training = model.training
+    model.eval()
+    nats, tokens, correct = 0.0, 0, 0
+    for batch in PairBatcher(sources, targets, batch_size=batch_size, shuffle=False):
+        batch = batch.to(device)
+        logits = model.target_logits(batch)  # (B, T, V_t)
+        nats += float(
+            sequence_cross_entropy(logits, batch.target_out, batch.target_mask, reduction="sum")
+        )
+        hits, counted = teacher_forced_accuracy(logits, batch.target_out, batch.target_mask)
+        correct, tokens = correct + hits, tokens + counted
+    model.train(was_training)
+    loss = nats / max(tokens, 1)
+    return {
+        "loss_nats": loss,
+        "tokens": tokens,
+        "perplexity": math.exp(min(loss, 700)),
+        "token_accuracy": correct / max(tokens, 1),
+    }
+
+
+@torch.no_grad()
+def decode_ids(
+    model: nn.Module,
+    sources: list[np.ndarray],
+    device: torch.device,
+    batch_size: int,
+    beam: int,
+    max_length: int,
+) -> list[list[int]]:
+    """The best hypothesis for every source, decoded in length-sorted batches."""
+    was_training = model.training
+    model.eval()
+    order = np.argsort([len(s) for s in sources], kind="stable")
+    out: list[list[int]] = [[] for _ in sources]
+    for lo in range(0, len(order), batch_size):
+        idx = order[lo : lo + batch_size]
+        batch = make_pair_batch([sources[i] for i in idx], None).to(device)
+        results = model.decode(batch.source, batch.source_mask, beam=beam, max_length=max_length)
+        for i, hyps in zip(idx.tolist(), results, strict=True):
+            out[i] = hyps[0].ids
+    model.train(was_training)
+    return out
+
+
+def _render(vocab: Vocabulary, ids: list[int]) -> str:
+    # Specials stay visible (an <unk> in an output is worth seeing); </s> is never in ids.
+    return vocab.decode(ids, skip_specials=False)
+
+
+def decode_metrics(
+    model: nn.Module,
+    pairs: list[Pair],
+    sources: list[np.ndarray],
+    target_vocab: Vocabulary,
+    device: torch.device,
+    batch_size: int,
+    beam: int,
+    max_length: int,
+) -> tuple[dict[str, Any], list[str]]:
+    """Exact match and token error rate of decoded outputs; also the rendered outputs."""
+    hyp_ids = decode_ids(model, sources, device, batch_size, beam, max_length)
+    hyps = [[target_vocab.itos[i] for i in ids] for ids in hyp_ids]
+    refs = [target_vocab.tokenize(p.target) for p in pairs]
+    metrics = {
+        "exact_match": exact_match(hyps, refs),
+        "token_error_rate": token_error_rate(hyps, refs),
+        "sentences": len(pairs),
+        "beam": beam,
+    }
+    return metrics, [_render(target_vocab, ids) for ids in hyp_ids]
+
+
+class _StepClock:
+    """Lets the step function read the trainer's step count (exact across resume)."""
+
+    trainer: Trainer | None = None
+
+    @property
+    def step(self) -> int:
+        return self.trainer.step if self.trainer is not None else 0
+
+
+def _check_resume(out: Path, cfg: TrainConfig) -> tuple[Vocabulary, Vocabulary]:
+    saved, _ = load_config(out)
+    if saved.task != "seq2seq":
+        raise CheckpointError(f"{out / 'config.json'}: task is {saved.task!r}, not 'seq2seq'")
+    changed = [k for k, v in cfg.to_dict().items() if saved.to_dict().get(k) != v]
+    bad = [k for k in changed if k not in RESUME_CHANGEABLE]
+    if bad:
+        raise CheckpointError(
+            f"{out / 'config.json'}: --resume with different options {bad} "
+            "(checkpoint of an incompatible config)"
+        )
+    return Vocabulary.load(out / "source_vocab.json"), Vocabulary.load(out / "vocab.json")
+
+
+def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[str, Any]:
+    """Train as ``cfg`` says; write the run directory; return a summary.
+
+    The summary's ``valid`` holds the teacher-forced metrics of the best checkpoint plus
+    ``exact_match`` / ``token_error_rate`` of decoding the validation sources with it.
+    """
+    check_config(cfg)
+    schedule = parse_schedule(cfg.scheduled_sampling)
+    out = Path(cfg.out)
+    device = choose_device(cfg.device)
+    vocabs = _check_resume(out, cfg) if resume else None
+    seed_everything(cfg.seed)
+    data = prepare_data(cfg, vocabs)
+    model = build_model(cfg, len(data.source_vocab), len(data.target_vocab)).to(device)
+    optimizer = (
+        torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        if cfg.optimizer == "adam"
+        else torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    )
+    plateau = (
+        None
+        if cfg.optimizer == "adam"
+        else torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=cfg.lr_decay, patience=0)
+    )
+    batches = PairBatcher(
+        data.train_src, data.train_tgt, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        data.target_vocab.save(out / "vocab.json")
+        data.source_vocab.save(out / "source_vocab.json")
+        save_config(
+            out,
+            cfg,
+            source_vocab_size=len(data.source_vocab),
+            target_vocab_size=len(data.target_vocab),
+        )
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    clock = _StepClock()
+
+    def step_fn(m: nn.Module, batch: Any, carry: Any):
+        p = schedule.probability(clock.step) if schedule.active else None
+        return m.loss(batch.to(device), sampling_p=p)
+
+    trainer = Trainer(
+        model,
+        optimizer,
+        batches,
+        step_fn,
+        TrainOptions(
+            epochs=cfg.epochs,
+            steps=cfg.steps,
+            max_time=cfg.max_time,
+            clip_norm=cfg.clip_norm,
+            clip_value=cfg.clip_value,
+            eval_every=cfg.eval_every,
+            patience=cfg.patience,
+            quiet=quiet,
+            units="ppl",
+        ),
+        evaluate_fn=lambda m: teacher_forced_metrics(
+            m, data.valid_src, data.valid_tgt, device, cfg.batch_size
+        ),
+        plateau=plateau,
+        out_dir=out,
+    )
+    clock.trainer = trainer
+    if resume:
+        trainer.resume()
+    started = time.perf_counter()
+    result = trainer.fit()
+    elapsed = time.perf_counter() - started
+    # Decode the validation sources with the best weights.
+    load_model_weights(model, out / "model.safetensors")
+    decoded, outputs = decode_metrics(
+        model,
+        data.valid_pairs,
+        data.valid_src,
+        data.target_vocab,
+        device,
+        cfg.batch_size,
+        cfg.beam,
+        cfg.max_len + 1,
+    )
+    train_events = [e for e in result.history if e["event"] == "train"]
+    summary = {
+        "task": "seq2seq",
+        "model": "decoder-only" if cfg.decoder_only else "encoder-decoder",
+        "steps": result.steps,
+        "epoch": result.epochs_done,
+        "elapsed_s": elapsed,
+        "train_loss_nats": result.train_loss_nats,
+        "tokens_per_s": float(np.median([e["tokens_per_s"] for e in train_events]))
+        if train_events
+        else None,
+        "sentences_per_s": result.steps * cfg.batch_size / max(elapsed, 1e-9),
+        "scheduled_sampling_p": schedule.probability(result.steps),
+        "valid": {**(result.best_valid or {}), **decoded},
+        "samples": [
+            f"{p.source} → {o}" for p, o in zip(data.valid_pairs[:3], outputs[:3], strict=False)
+        ],
+        "clipped_steps": result.clipped_steps,
+        "stopped_early": result.stopped_early,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    atomic_write_json(out / "summary.json", summary)
+    return summary
+
+
+def load_seq2seq(
+    run_dir: str | Path, device: str = "cpu"
+) -> tuple[TrainConfig, Vocabulary, Vocabulary, nn.Module]:
+    """``(cfg, source_vocab, target_vocab, model)`` of a run directory (no unpickling)."""
+    run_dir = Path(run_dir)
+    cfg, info = load_config(run_dir)
+    if cfg.task != "seq2seq":
+        raise CheckpointError(f"{run_dir / 'config.json'}: task is {cfg.task!r}, not 'seq2seq'")
+    source_vocab = Vocabulary.load(run_dir / "source_vocab.json")
+    target_vocab = Vocabulary.load(run_dir / "vocab.json")
+    for name, vocab, key in (
+        ("source_vocab.json", source_vocab, "source_vocab_size"),
+        ("vocab.json", target_vocab, "target_vocab_size"),
+    ):
+        if info.get(key) != len(vocab):
+            raise CheckpointError(
+                f"{run_dir / name}: {len(vocab)} tokens but config.json says {info.get(key)}"
+            )
+    model = build_model(cfg, len(source_vocab), len(target_vocab)).to(choose_device(device))
+    load_model_weights(model, run_dir / "model.safetensors")
+    model.eval()
+    return cfg, source_vocab, target_vocab, model
+
+
+def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None) -> dict[str, Any]:
+    """Score a ``source<TAB>target`` file: teacher-forced loss and accuracy, then decoding
+    (beam width of the run's ``--beam``) for exact match and token error rate.
+
+    Tokens outside the vocabularies are counted (``source_unknown_tokens``,
+    ``target_unknown_tokens``), not fatal: an unknown reference token simply cannot be
+    matched.
+    """
+    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir)
+    device = next(model.parameters()).device
+    pairs = read_pairs(data_path)
+    sources, targets = encode_pairs(pairs, source_vocab, target_vocab, data_path)
+    bs = batch_size or cfg.batch_size
+    if bs < 1:
+        raise ConfigError(f"--batch-size must be ≥ 1, got {bs}")
+    metrics = teacher_forced_metrics(model, sources, targets, device, bs)
+    decoded, _ = decode_metrics(
+        model, pairs, sources, target_vocab, device, bs, cfg.beam, cfg.max_len + 1
+    )
+    metrics.update(decoded)
+    metrics["source_unknown_tokens"] = sum(
+        source_vocab.encode_with_unknown(p.source)[1] for p in pairs
+    )
+    metrics["target_unknown_tokens"] = sum(
+        target_vocab.encode_with_unknown(p.target)[1] for p in pairs
+    )
+    return metrics
+
+
+def transduce(
+    run_dir: str | Path, text: str, beam: int | None = None, max_length: int | None = None
+) -> str:
+    """The model's output for one source ``text`` (``rnnkit generate --input TEXT``).
+
+    Args:
+        run_dir: a seq2seq run directory.
+        text: the source, in the run's ``--source-unit``.
+        beam: beam width (default: the run's ``--beam``; 1 = greedy).
+        max_length: most output tokens (default: the run's ``--max-len``).
+    """
+    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir)
+    ids = source_vocab.encode_array(text, dtype=np.int64)
+    if len(ids) == 0:
+        raise DataError("--input is empty: nothing to transduce")
+    beam = cfg.beam if beam is None else beam
+    if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
+        raise ConfigError(f"--beam must be an integer ≥ 1, got {beam!r}")
+    limit = cfg.max_len if max_length is None else max_length
+    device = next(model.parameters()).device
+    hyp = decode_ids(model, [ids], device, 1, beam, limit + 1)[0]
+    return _render(target_vocab, hyp)
