@@ -1,0 +1,259 @@
+"""Shared fixtures of the recurrent-core contract (DESIGN.md, "Tests").
+
+``cell_spec`` runs a test once per cell variant (RNN tanh/relu, LSTM, and the GRU with all
+four ``update`` × ``reset`` combinations); ``torch_spec`` only over the forms ``torch.nn``
+can express. Each ``CellSpec`` knows how to build the cell and the layer and how to run the
+plain differentiable oracle (``rnn_step`` / ``lstm_step`` / ``gru_step`` in a Python loop
+with ``torch.where`` hold-state at masked steps), which every explicit-BPTT result is
+compared with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from rnnkit.cells.gru import gru_step
+from rnnkit.cells.lstm import lstm_step
+from rnnkit.cells.rnn import rnn_step
+from rnnkit.layers.stacked import GRU, LSTM, RNN
+from rnnkit.types import LSTMState
+
+DTYPE = torch.float64
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """One cell variant: its kind, options, and how to build and step it."""
+
+    name: str
+    kind: str  # "rnn", "lstm", "gru"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    # ---- construction -------------------------------------------------------------
+    @property
+    def num_states(self) -> int:
+        return 2 if self.kind == "lstm" else 1
+
+    @property
+    def is_lstm(self) -> bool:
+        return self.kind == "lstm"
+
+    @property
+    def torch_expressible(self) -> bool:
+        if self.kind != "gru":
+            return True
+        return self.options == {"update": "keep", "reset": "after"}
+
+    def cell(self, I: int, H: int, seed: int = 0, dtype: torch.dtype = DTYPE, **extra):
+        from rnnkit import GRUCell, LSTMCell, RNNCell
+
+        cls = {"rnn": RNNCell, "lstm": LSTMCell, "gru": GRUCell}[self.kind]
+        torch.manual_seed(seed)
+        return cls(I, H, **self.options, **extra).to(dtype)
+
+    def layer(
+        self,
+        I: int,
+        H: int,
+        num_layers: int = 1,
+        bidirectional: bool = False,
+        seed: int = 0,
+        dtype: torch.dtype = DTYPE,
+        **extra,
+    ):
+        cls = {"rnn": RNN, "lstm": LSTM, "gru": GRU}[self.kind]
+        torch.manual_seed(seed)
+        layer = cls(I, H, num_layers, bidirectional, **extra, **self.options)
+        return layer.to(dtype)
+
+    def torch_layer(self, I, H, num_layers=1, bidirectional=False, dtype=DTYPE, seed=0):
+        assert self.torch_expressible
+        torch.manual_seed(seed)
+        kw: dict[str, Any] = {"batch_first": True}
+        if self.kind == "rnn":
+            kw["nonlinearity"] = self.options.get("nonlinearity", "tanh")
+        cls = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}[self.kind]
+        return cls(I, H, num_layers, bidirectional=bidirectional, **kw).to(dtype)
+
+    def torch_cell(self, I, H, dtype=DTYPE, seed=0):
+        assert self.torch_expressible
+        torch.manual_seed(seed)
+        if self.kind == "rnn":
+            return nn.RNNCell(I, H, nonlinearity=self.options.get("nonlinearity", "tanh")).to(dtype)
+        return {"lstm": nn.LSTMCell, "gru": nn.GRUCell}[self.kind](I, H).to(dtype)
+
+    def grad_pairs(self, cell, tmod, sfx: str = "") -> list[tuple[str, Tensor, Tensor]]:
+        """``(name, rnnkit grad, torch grad)`` for every parameter, after ``backward``.
+
+        rnnkit's one bias is torch's ``b_ih + b_hh``, so its gradient equals both of
+        torch's; the GRU's ``bias_hn`` is torch's ``bias_hh`` n block.
+        """
+        H = cell.hidden_size
+
+        def tg(name: str) -> Tensor:
+            return getattr(tmod, name + sfx).grad
+
+        pairs = [
+            ("weight_ih", cell.weight_ih.grad, tg("weight_ih")),
+            ("weight_hh", cell.weight_hh.grad, tg("weight_hh")),
+            ("bias~bias_ih", cell.bias.grad, tg("bias_ih")),
+        ]
+        if self.kind == "gru":
+            pairs.append(
+                ("bias[r,z]~bias_hh[r,z]", cell.bias.grad[: 2 * H], tg("bias_hh")[: 2 * H])
+            )
+            pairs.append(("bias_hn~bias_hh[n]", cell.bias_hn.grad, tg("bias_hh")[2 * H :]))
+        else:
+            pairs.append(("bias~bias_hh", cell.bias.grad, tg("bias_hh")))
+        for name, a, b in pairs:
+            assert a is not None and b is not None, f"no gradient for {name}{sfx}"
+        return pairs
+
+    # ---- states --------------------------------------------------------------------
+    def pack(self, states: tuple[Tensor, ...]):
+        """A tuple of state tensors → what the cell/layer API takes (LSTMState or tensor)."""
+        return LSTMState(*states) if self.is_lstm else states[0]
+
+    def unpack(self, state) -> tuple[Tensor, ...]:
+        return tuple(state) if self.is_lstm else (state,)
+
+    # ---- the oracle ----------------------------------------------------------------
+    def step(self, cell, x: Tensor, states: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """One step in plain differentiable ops (the cells' oracle step functions)."""
+        w = cell.weights()
+        if self.kind == "rnn":
+            return (rnn_step(x, states[0], w, cell.nonlinearity),)
+        if self.kind == "lstm":
+            return tuple(lstm_step(x, LSTMState(*states), w))
+        return (gru_step(x, states[0], w, cell.update, cell.reset),)
+
+    def run(self, cell, x: Tensor, states0: tuple[Tensor, ...], mask: Tensor | None = None):
+        """Oracle time loop over ``x (T, B, I)`` with ``mask (T, B)``: hold at masked steps.
+
+        Returns ``(outputs (T, B, H), final states tuple)``; outputs are the h states.
+        """
+        prev = states0
+        outs = []
+        for t in range(x.shape[0]):
+            new = self.step(cell, x[t], prev)
+            if mask is not None:
+                m = mask[t][:, None]
+                new = tuple(torch.where(m, a, b) for a, b in zip(new, prev, strict=True))
+            prev = new
+            outs.append(prev[0])
+        return torch.stack(outs), prev
+
+    def run_layer(self, layer, x: Tensor, mask: Tensor | None = None, state=None):
+        """Oracle of a whole ``StackedRecurrent`` on batch-first ``x (B, T, I)``.
+
+        The reverse direction is built row by row with Python index lists: each row's span
+        ``[0, last real step]`` is reversed, the padding after it stays where it is.
+        Returns ``(outputs (B, T, D·H), final states tuple of (L, D, B, H))``.
+        """
+        B, T, _ = x.shape
+        L, D = layer.num_layers, layer.num_directions
+        m = torch.ones(B, T, dtype=torch.bool) if mask is None else mask
+        cells = layer.cells()
+        h = x.transpose(0, 1)  # (T, B, ·)
+        mt = m.T  # (T, B)
+        idx = torch.empty(T, B, dtype=torch.long)
+        for b in range(B):
+            real = [t for t in range(T) if bool(m[b, t])]
+            extent = real[-1] + 1 if real else 0
+            idx[:, b] = torch.tensor([extent - 1 - t if t < extent else t for t in range(T)])
+        finals: list[list[tuple[Tensor, ...]]] = []
+        for l in range(L):
+            outs, fins = [], []
+            for d in range(D):
+                cell = cells[l * D + d]
+                if state is None:
+                    s0 = tuple(h.new_zeros(B, layer.hidden_size) for _ in range(self.num_states))
+                else:
+                    s0 = tuple(s[l, d] for s in self.unpack(state))
+                if d == 0:
+                    o, f = self.run(cell, h, s0, mt)
+                else:
+                    hr = torch.stack([h[idx[:, b], b] for b in range(B)], dim=1)
+                    mr = torch.stack([mt[idx[:, b], b] for b in range(B)], dim=1)
+                    o_r, f = self.run(cell, hr, s0, mr)
+                    o = torch.empty_like(o_r)
+                    for b in range(B):
+                        o[idx[:, b], b] = o_r[:, b]
+                outs.append(o)
+                fins.append(f)
+            h = torch.cat(outs, dim=-1)
+            finals.append(fins)
+        stacked = tuple(
+            torch.stack([torch.stack([finals[l][d][k] for d in range(D)]) for l in range(L)])
+            for k in range(self.num_states)
+        )
+        return h.transpose(0, 1), stacked
+
+
+ALL_SPECS = [
+    CellSpec("rnn_tanh", "rnn", {"nonlinearity": "tanh"}),
+    CellSpec("rnn_relu", "rnn", {"nonlinearity": "relu"}),
+    CellSpec("lstm", "lstm"),
+    CellSpec("gru_candidate_before", "gru", {"update": "candidate", "reset": "before"}),
+    CellSpec("gru_candidate_after", "gru", {"update": "candidate", "reset": "after"}),
+    CellSpec("gru_keep_before", "gru", {"update": "keep", "reset": "before"}),
+    CellSpec("gru_keep_after", "gru", {"update": "keep", "reset": "after"}),
+]
+TORCH_SPECS = [s for s in ALL_SPECS if s.torch_expressible]
+GRU_SPECS = [s for s in ALL_SPECS if s.kind == "gru"]
+
+
+@pytest.fixture(params=ALL_SPECS, ids=lambda s: s.name)
+def cell_spec(request) -> CellSpec:
+    """Every cell variant of the library."""
+    return request.param
+
+
+@pytest.fixture(params=TORCH_SPECS, ids=lambda s: s.name)
+def torch_spec(request) -> CellSpec:
+    """The cell variants that ``torch.nn`` can express (RNN, LSTM, GRU keep/after)."""
+    return request.param
+
+
+@pytest.fixture(params=GRU_SPECS, ids=lambda s: s.name)
+def gru_spec(request) -> CellSpec:
+    """The four GRU variants (update × reset)."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """Run a module's tiny-tensor tests on one intra-op thread, then restore the setting.
+
+    On a loaded 2-core machine OpenMP spin-waiting makes small backward passes ~40×
+    slower; nothing these tests compute is large enough to gain from a second thread.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    """A seeded generator for test data."""
+    return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture
+def holey_mask() -> Tensor:
+    """``(B=4, T=6)`` bool: a full row, a prefix, a zero-length row, and a row with holes."""
+    return torch.tensor(
+        [
+            [1, 1, 1, 1, 1, 1],
+            [1, 1, 1, 0, 0, 0],
+            [0, 0, 0, 0, 0, 0],
+            [1, 0, 1, 1, 0, 1],
+        ],
+        dtype=torch.bool,
+    )
