@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from rnnkit.config import TASKS, TrainConfig
@@ -246,6 +247,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 "may change"
             )
         merged[key] = value
+    # The run directory is the one given now: a run that was moved (or resumed from
+    # another working directory) must not train on in the place config.json remembers.
+    if Path(args.out).resolve() != Path(saved.out).resolve():
+        merged["out"] = args.out
     return TrainConfig(**merged).validate()
 
 

@@ -223,7 +223,8 @@ def train_lm(
         if saved_cfg.to_dict() != cfg.to_dict():
             changed = [k for k, v in cfg.to_dict().items() if saved_cfg.to_dict().get(k) != v]
             # How long to train may change on resume; what is trained may not.
-            allowed = {"epochs", "steps", "max_time", "eval_every", "patience", "device"}
+            # ``out`` is where the run is now (it may have been moved since).
+            allowed = {"epochs", "steps", "max_time", "eval_every", "patience", "device", "out"}
             bad = [k for k in changed if k not in allowed]
             if bad:
                 raise CheckpointError(

@@ -1,0 +1,422 @@
+"""``rnnkit train`` / ``rnnkit evaluate`` end to end on a tiny generated corpus: the run
+directory, ``evaluate --json``, exact ``--resume``, every truncation mode and unit, and bad
+input (one line on stderr, non-zero exit, no traceback, nothing half-written)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import pickle
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rnnkit.cli.main import main
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "hat"]
+TINY = ["--hidden", "8", "--embedding", "8", "--batch-size", "4", "--ngram-order", "3"]
+CHECKPOINT_FILES = {"model.safetensors", "latest.json", "snapshots", "summary.json"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Tiny models: threads only add contention (and time) on a shared machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def corpus(lines, seed):
+    rng = random.Random(seed)
+    return "".join(
+        " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 7))) + "\n" for _ in range(lines)
+    )
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("data")
+    (d / "train.txt").write_text(corpus(80, 0), encoding="utf-8")
+    (d / "valid.txt").write_text(corpus(12, 1), encoding="utf-8")
+    return d
+
+
+def train_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "train",
+        "--train",
+        str(data / "train.txt"),
+        "--out",
+        str(out),
+        *TINY,
+        "--bptt",
+        "segment:16",
+        "--steps",
+        "6",
+        "--quiet",
+        *extra,
+    ]
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run ``main(argv)`` in-process: (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse exits for usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *words):
+    assert code not in (0, None), err
+    assert "Traceback" not in err
+    lines = err.strip("\n").splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {err!r}"
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def assert_nothing_half_written(out: Path):
+    if not out.exists():
+        return
+    names = set(os.listdir(out))
+    assert not names & CHECKPOINT_FILES, names
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+
+
+def digest_tree(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def snapshot_tensors(out: Path) -> tuple[int, dict[str, torch.Tensor]]:
+    pointer = json.loads((out / "latest.json").read_text())
+    return pointer["step"], load_file(str(out / pointer["snapshot"] / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def run(data, tmp_path_factory) -> Path:
+    """A trained char run with a validation file."""
+    out = tmp_path_factory.mktemp("runs") / "char"
+    code = main(train_args(data, out, "--valid", str(data / "valid.txt"), "--dropout", "0.1"))
+    assert code == 0
+    return out
+
+
+# -- the run directory ------------------------------------------------------------------------
+def test_train_writes_a_complete_run_directory(run):
+    for name in (
+        "config.json",
+        "vocab.json",
+        "model.safetensors",
+        "latest.json",
+        "metrics.jsonl",
+        "summary.json",
+        "ngram.safetensors",
+    ):
+        assert (run / name).is_file(), name
+    assert not [p for p in run.rglob("*") if ".tmp" in p.name]
+    config = json.loads((run / "config.json").read_text())
+    assert config["config"]["hidden"] == 8 and config["config"]["dropout"] == 0.1
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {"train", "valid"} <= {e["event"] for e in events}
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["ngram"]["order"] == 3
+    assert summary["valid"]["bits_per_char"] == pytest.approx(
+        summary["valid"]["loss_nats"] / math.log(2)
+    )
+    step, tensors = snapshot_tensors(run)
+    assert step == 6 and "embedding.weight" in tensors
+
+
+def test_train_prints_the_model_next_to_the_baseline(data, tmp_path, capsys):
+    code, out, err = cli(capsys, *train_args(data, tmp_path / "r"))
+    assert code == 0 and err == ""
+    assert "trained 6 steps" in out
+    assert "validation bits/char: recurrent" in out and "3-gram baseline" in out
+
+
+def test_train_json_prints_one_object(data, tmp_path, capsys):
+    code, out, _ = cli(capsys, *train_args(data, tmp_path / "r", "--json"))
+    assert code == 0
+    (line,) = out.strip().splitlines()
+    summary = json.loads(line)
+    assert summary["steps"] == 6 and "bits_per_char" in summary["valid"]
+
+
+def test_evaluate_json(run, data, capsys):
+    code, out, err = cli(
+        capsys, "evaluate", "--checkpoint", str(run), "--data", str(data / "valid.txt"), "--json"
+    )
+    assert code == 0 and err == ""
+    (line,) = out.strip().splitlines()
+    metrics = json.loads(line)
+    assert isinstance(metrics, dict)
+    assert metrics["tokens"] > 0 and isinstance(metrics["tokens"], int)
+    assert metrics["perplexity"] == pytest.approx(math.exp(metrics["loss_nats"]))
+    assert metrics["bits_per_char"] == pytest.approx(metrics["loss_nats"] / math.log(2))
+    ngram = metrics["ngram"]
+    assert ngram["order"] == 3 and ngram["bits_per_char"] > 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert metrics["loss_nats"] == pytest.approx(summary["valid"]["loss_nats"], rel=1e-6)
+
+
+def test_evaluate_prints_readable_lines(run, data, capsys):
+    code, out, _ = cli(
+        capsys, "evaluate", "--checkpoint", str(run), "--data", str(data / "valid.txt")
+    )
+    assert code == 0
+    assert out.startswith("loss_nats: ") and "\nngram: order 3" in out
+
+
+# -- exact resume -----------------------------------------------------------------------------
+def test_resume_continues_exactly(data, tmp_path, capsys):
+    extra = ("--dropout", "0.2", "--doc-boundary", "line", "--layers", "2", "--bptt", "segment:8")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert cli(capsys, *train_args(data, straight, *extra), "--steps", "11")[0] == 0
+    assert cli(capsys, *train_args(data, split, *extra))[0] == 0  # 6 steps
+    _, after_6 = snapshot_tensors(split)
+    # The run's own config holds on --resume: only how long to train is given again.
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--train",
+        str(data / "train.txt"),
+        "--out",
+        str(split),
+        "--resume",
+        "--steps",
+        "11",
+        "--quiet",
+    )
+    assert code == 0, err
+    (step_a, a), (step_b, b) = snapshot_tensors(straight), snapshot_tensors(split)
+    assert step_a == step_b == 11
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert not torch.equal(after_6["head.weight"], b["head.weight"])
+    config = json.loads((split / "config.json").read_text())["config"]
+    assert config["steps"] == 6  # config.json describes the run as started
+
+
+def test_resume_of_a_moved_run_trains_where_the_run_is_now(data, tmp_path, capsys):
+    first, moved = tmp_path / "first", tmp_path / "moved"
+    assert cli(capsys, *train_args(data, first))[0] == 0
+    shutil.move(first, moved)
+    code, _, err = cli(capsys, *train_args(data, moved, "--resume", "--steps", "8"))
+    assert code == 0, err
+    assert not first.exists()  # nothing written where config.json says the run was
+    assert snapshot_tensors(moved)[0] == 8
+
+
+# -- every mode -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--bptt", "full"),
+        ("--bptt", "window:3", "--cell", "gru"),
+        ("--unit", "word", "--cell", "rnn", "--tie-weights"),
+        ("--unit", "word", "--bptt", "window:2", "--optimizer", "sgd", "--lr", "0.5"),
+    ],
+    ids=["full", "window", "word-segment", "word-window-sgd"],
+)
+def test_modes_train_and_evaluate_end_to_end(data, tmp_path, capsys, extra):
+    out = tmp_path / "r"
+    code, _, err = cli(capsys, *train_args(data, out, *extra))
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 6 and math.isfinite(summary["valid"]["loss_nats"])
+    code, stdout, _ = cli(
+        capsys, "evaluate", "--checkpoint", str(out), "--data", str(data / "valid.txt"), "--json"
+    )
+    assert code == 0
+    metrics = json.loads(stdout)
+    word = "word" in extra
+    assert ("bits_per_char" in metrics) is not word
+    assert math.isfinite(metrics["perplexity"]) and "ngram" in metrics
+
+
+# -- bad input --------------------------------------------------------------------------------
+def write(path: Path, content: bytes) -> Path:
+    path.write_bytes(content)
+    return path
+
+
+BAD_TRAIN = {
+    "missing-file": (lambda d: ["--train", str(d / "nope.txt")], ["nope.txt", "file not found"]),
+    "directory": (lambda d: ["--train", str(d)], ["is a directory"]),
+    "empty-corpus": (lambda d: ["--train", str(write(d / "e.txt", b""))], ["e.txt", "empty"]),
+    "whitespace-corpus": (
+        lambda d: ["--train", str(write(d / "w.txt", b" \n\n\t\n"))],
+        ["w.txt", "empty"],
+    ),
+    "invalid-utf8": (
+        lambda d: ["--train", str(write(d / "u.txt", b"hello\nwor\xffld\n" * 3))],
+        ["u.txt:2", "invalid UTF-8 at byte offset 9", "0xff"],
+    ),
+    "missing-valid": (
+        lambda d: ["--train", str(d / "train.txt"), "--valid", str(d / "v.txt")],
+        ["v.txt", "file not found"],
+    ),
+    "hidden-0": (lambda d: ["--hidden", "0"], ["--hidden must be ≥ 1, got 0"]),
+    "bptt-window-0": (lambda d: ["--bptt", "window:0"], ["--bptt window:K needs K ≥ 1"]),
+    "bptt-garbage": (lambda d: ["--bptt", "segments"], ["--bptt must be full"]),
+    "dropout-1.5": (lambda d: ["--dropout", "1.5"], ["--dropout must be in [0, 1)"]),
+    "lr-0": (lambda d: ["--lr", "0"], ["--lr must be > 0"]),
+    "batch-size-0": (lambda d: ["--batch-size", "0"], ["--batch-size"]),
+    "hidden-not-int": (lambda d: ["--hidden", "eight"], ["--hidden", "invalid int value"]),
+    "unknown-option": (lambda d: ["--hiden", "8"], ["unrecognized arguments: --hiden"]),
+    "unknown-cell": (lambda d: ["--cell", "transformer"], ["--cell", "invalid choice"]),
+    "unavailable-task": (lambda d: ["--task", "tag"], ["--task tag"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TRAIN), ids=list(BAD_TRAIN))
+def test_bad_train_input_is_one_line_and_writes_nothing(data, tmp_path, capsys, case):
+    make, words = BAD_TRAIN[case]
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    shutil.copy(data / "train.txt", inputs / "train.txt")
+    out = tmp_path / "out"
+    argv = train_args(inputs, out)
+    extra = make(inputs)
+    if extra[0] == "--train":  # replace the corpus instead of adding a second --train
+        argv[argv.index("--train") + 1] = extra[1]
+        extra = extra[2:]
+    code, _, err = cli(capsys, *argv, *extra)
+    assert_one_line_error(code, err, *words)
+    assert_nothing_half_written(out)
+
+
+def test_missing_required_option(capsys, tmp_path):
+    code, _, err = cli(capsys, "train", "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, err, "required", "--train")
+
+
+def test_resume_with_a_changed_model_is_refused_and_changes_nothing(run, data, capsys):
+    before = digest_tree(run)
+    code, _, err = cli(capsys, *train_args(data, run, "--resume", "--hidden", "16", "--steps", "9"))
+    assert_one_line_error(code, err, "--hidden differs", "config.json")
+    assert digest_tree(run) == before
+
+
+def test_resume_without_a_run_is_refused(data, tmp_path, capsys):
+    code, _, err = cli(capsys, *train_args(data, tmp_path / "none", "--resume"))
+    assert_one_line_error(code, err, "no such checkpoint directory")
+    assert not (tmp_path / "none").exists()
+
+
+def test_resume_from_a_corrupted_snapshot_is_refused(run, data, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    pointer = json.loads((copy / "latest.json").read_text())
+    weights = copy / pointer["snapshot"] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-16])
+    before = digest_tree(copy)
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--train",
+        str(data / "train.txt"),
+        "--out",
+        str(copy),
+        "--resume",
+        "--steps",
+        "9",
+        "--quiet",
+    )
+    assert_one_line_error(code, err, str(weights), "checksum")
+    assert digest_tree(copy) == before
+
+
+def test_divergence_stops_with_one_line_and_no_checkpoint(data, tmp_path, capsys):
+    out = tmp_path / "r"
+    code, _, err = cli(
+        capsys, *train_args(data, out, "--optimizer", "sgd", "--lr", "1e38", "--no-clip")
+    )
+    assert_one_line_error(code, err, "training loss is", "at step")
+    assert_nothing_half_written(out)
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_evaluate_refuses_a_pickle_in_place_of_the_weights(run, data, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    marker = tmp_path / "pwned"
+    (copy / "model.safetensors").write_bytes(pickle.dumps({"x": _Payload(marker)}))
+    code, out, err = cli(
+        capsys, "evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt")
+    )
+    assert_one_line_error(code, err, "model.safetensors")
+    assert out == "" and not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("case", "words"),
+    [
+        ("no-checkpoint", ["no such checkpoint directory"]),
+        ("missing-data", ["missing.txt", "file not found"]),
+        ("invalid-utf8", ["bad.txt:1", "invalid UTF-8 at byte offset 3"]),
+    ],
+)
+def test_bad_evaluate_input_is_one_line(run, tmp_path, capsys, case, words):
+    checkpoint, path = str(run), str(tmp_path / "missing.txt")
+    if case == "no-checkpoint":
+        checkpoint = str(tmp_path / "nothing")
+        path = str(write(tmp_path / "ok.txt", b"the cat\n"))
+    elif case == "invalid-utf8":
+        path = str(write(tmp_path / "bad.txt", b"the\xc3(cat\n"))
+    code, out, err = cli(capsys, "evaluate", "--checkpoint", checkpoint, "--data", path, "--json")
+    assert_one_line_error(code, err, *words)
+    assert out == ""
+
+
+# -- the installed entry points ---------------------------------------------------------------
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "error"}
+
+
+def test_console_script_help():
+    script = Path(sys.executable).parent / "rnnkit"
+    if not script.exists():
+        pytest.skip("the rnnkit console script is not installed next to this Python")
+    proc = subprocess.run(
+        [str(script), "train", "--help"], capture_output=True, text=True, timeout=120, env=_env()
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--bptt" in proc.stdout and "--tie-weights" in proc.stdout
+
+
+def test_python_m_rnnkit_trains_and_reports_errors(data, tmp_path):
+    out = tmp_path / "r"
+    argv = [sys.executable, "-m", "rnnkit", *train_args(data, out, "--steps", "2", "--json")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=_env())
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["steps"] == 2
+    assert (out / "model.safetensors").is_file()
+    bad = [sys.executable, "-m", "rnnkit", *train_args(data, tmp_path / "b", "--hidden", "0")]
+    proc = subprocess.run(bad, capture_output=True, text=True, timeout=300, env=_env())
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == ["rnnkit train: error: --hidden must be ≥ 1, got 0"]
