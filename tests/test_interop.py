@@ -198,11 +198,6 @@ def test_from_torch_cell_without_biases(tcls, gen):
     torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="from_torch returns a module in training mode even when the torch module is in "
-    "eval mode, so with dropout > 0 it does not compute what m computes",
-)
 def test_from_torch_keeps_eval_mode(gen):
     torch.manual_seed(0)
     t = nn.GRU(3, 4, 2, dropout=0.5, batch_first=True).double().eval()

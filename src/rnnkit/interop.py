@@ -77,6 +77,7 @@ def from_torch(m: nn.Module) -> nn.Module:
             like = m.weight_ih
             nonlinearity = getattr(m, "nonlinearity", "tanh")
             cell = _new_cell(kind, m.input_size, m.hidden_size, nonlinearity, like)
+            cell.train(m.training)
             _cell_from_torch_params(cell, m.weight_ih, m.weight_hh, m.bias_ih, m.bias_hh)
             return cell
     for torch_cls, (layer_cls, kind) in _TORCH_LAYERS.items():
@@ -98,6 +99,7 @@ def from_torch(m: nn.Module) -> nn.Module:
                 m.batch_first,
                 **options,
             ).to(device=like.device, dtype=like.dtype)
+            layer.train(m.training)  # dropout between layers acts only in training mode
             cells = layer.cells()
             D = 2 if m.bidirectional else 1
             for index, cell in enumerate(cells):
@@ -160,7 +162,7 @@ def to_torch(m: nn.Module) -> nn.Module:
         out = torch_cls(m.input_size, m.hidden_size, **kwargs)
         out = out.to(device=m.weight_ih.device, dtype=m.weight_ih.dtype)
         _copy_to_torch(m, out.weight_ih, out.weight_hh, out.bias_ih, out.bias_hh)
-        return out
+        return out.train(m.training)
     if isinstance(m, StackedRecurrent):
         cells = m.cells()
         for cell in cells:
@@ -173,7 +175,8 @@ def to_torch(m: nn.Module) -> nn.Module:
             m.hidden_size,
             num_layers=m.num_layers,
             bidirectional=m.bidirectional,
-            dropout=m.dropout,
+            # One layer has no "between layers": torch would warn about its dropout.
+            dropout=m.dropout if m.num_layers > 1 else 0.0,
             batch_first=True,
             **kwargs,
         ).to(device=first.weight_ih.device, dtype=first.weight_ih.dtype)
@@ -188,7 +191,7 @@ def to_torch(m: nn.Module) -> nn.Module:
                 getattr(out, "bias_ih" + sfx),
                 getattr(out, "bias_hh" + sfx),
             )
-        return out
+        return out.train(m.training)
     raise TypeError(f"to_torch expects an rnnkit cell or layer, got {type(m).__name__}")
 
 

@@ -254,11 +254,6 @@ def test_lstm_cell_state_in_lstm_state_with_matching_c():
         cell(x, LSTMState(torch.zeros(2, 4, dtype=DT), torch.zeros(2, 5, dtype=DT)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="check_cell_input reads state.h before checking isinstance(state, LSTMState): "
-    "a plain tensor or (h, c) tuple raises AttributeError instead of the TypeError",
-)
 @pytest.mark.parametrize("as_tuple", [False, True], ids=["tensor", "tuple"])
 def test_lstm_cell_rejects_non_lstm_state(as_tuple):
     cell = LSTMCell(3, 4).double()

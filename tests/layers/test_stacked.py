@@ -146,14 +146,7 @@ def test_layer_window_at_least_seq_len_is_full(cell_spec, gen):
         0,
         -2,
         True,
-        pytest.param(
-            1.5,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="StackedRecurrent.forward checks int(window) < 1, so window=1.5 is "
-                "accepted (and only fails deep in the backward sweep)",
-            ),
-        ),
+        1.5,
     ],
 )
 def test_bad_window(window):

@@ -91,9 +91,11 @@ def check_cell_input(cell: CellBase, x: Tensor, state: State | None) -> State:
     B, H = x.shape[0], cell.hidden_size
     if state is None:
         return cell.zero_state(B, x)
-    parts = (("state.h", state.h), ("state.c", state.c)) if cell.is_lstm else (("state", state),)
     if cell.is_lstm and not isinstance(state, LSTMState):
-        raise TypeError("the state of an LSTM cell must be LSTMState(h, c)")
+        raise TypeError(
+            f"the state of an LSTM cell must be LSTMState(h, c), got {type(state).__name__}"
+        )
+    parts = (("state.h", state.h), ("state.c", state.c)) if cell.is_lstm else (("state", state),)
     for name, t in parts:
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

@@ -186,7 +186,9 @@ class StackedRecurrent(nn.Module):
             of each sequence is its state after its last real step.
         """
         self._check_input(x)
-        if window is not None and (isinstance(window, bool) or int(window) < 1):
+        if window is not None and (
+            isinstance(window, bool) or not isinstance(window, int) or window < 1
+        ):
             raise ValueError(f"window must be a positive integer or None, got {window!r}")
         mask_bt = resolve_mask(x, lengths, mask, batch_first=self.batch_first)
         xt = x.transpose(0, 1) if self.batch_first else x  # (T, B, I)
