@@ -1,0 +1,526 @@
+"""How gradients travel back through time: ‖∂L/∂h_k‖, ‖∂h_t/∂h_k‖₂ and their bound.
+
+SPEC §3: ``∂h_t/∂h_k = Π_{j=k+1..t} diag(φ'(a_j)) W_h``, so for the simple cell
+
+    ‖∂h_t/∂h_k‖₂ ≤ (γλ)^{t−k},   λ = ‖W_h‖₂ (largest singular value),
+    γ = sup φ' = 1 for tanh (and relu), ¼ for the logistic.
+
+The measured norms come from the cell's own step (``cell(x, state)``, plain differentiable
+ops): ``method="exact"`` multiplies the per-step Jacobians (``H × H``, or ``2H × 2H`` for
+the LSTM state ``(h, c)``) and takes the spectral norm of the product; ``method="power"``
+never forms a matrix and runs (block) power iteration on ``PᵀP`` with vector products (``Pᵀu``
+by backward mode, ``Pv`` by differentiating that once more — no forward-mode AD), for
+large ``H``. Its estimate ``σ_max(P V)`` (orthonormal ``V``) is never above the true norm.
+
+For the LSTM and GRU the Jacobian of ``h_t`` w.r.t. ``h_k`` goes through the full state
+(``c`` too); ``full_state=True`` reports the norm of the whole state Jacobian instead.
+Masked steps hold the state, so their Jacobian is the identity. ``∂L/∂h_k`` comes from
+the library's explicit backward sweep, one step at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from rnnkit.cells.base import CellBase
+from rnnkit.cells.rnn import RNNCell
+from rnnkit.diagnostics.contributions import (
+    DirectionRun,
+    LossFn,
+    output_gradient,
+    run_direction,
+    sub_record,
+)
+from rnnkit.layers.masking import flip_sequences, resolve_mask
+from rnnkit.layers.recurrent import Recurrent
+from rnnkit.recurrence import backward_sweep
+from rnnkit.types import LSTMState, State
+
+__all__ = [
+    "DerivativeSize",
+    "GradientFlow",
+    "activation_gain",
+    "gradient_flow",
+    "jacobian_bound",
+    "jacobian_norms",
+    "real_steps",
+    "rnn_jacobian_bound",
+    "spectral_norm",
+    "state_gradient_norms",
+    "state_gradients",
+    "step_jacobians",
+    "weight_derivative_size",
+]
+
+GAINS = {"tanh": 1.0, "relu": 1.0, "logistic": 0.25, "sigmoid": 0.25}
+METHODS = ("exact", "power")
+
+
+# ---- the bound ----------------------------------------------------------------------
+def activation_gain(activation: str) -> float:
+    """``γ``, the bound on ``φ'``: 1 for tanh and relu, ¼ for the logistic (sigmoid).
+
+    >>> activation_gain("tanh"), activation_gain("logistic")
+    (1.0, 0.25)
+    """
+    if activation not in GAINS:
+        raise ValueError(f"activation must be one of {sorted(GAINS)}, got {activation!r}")
+    return GAINS[activation]
+
+
+def spectral_norm(matrix: Tensor) -> float:
+    """``‖W‖₂``, the largest singular value of a 2-D tensor.
+
+    >>> spectral_norm(torch.diag(torch.tensor([0.5, -0.8])))
+    0.800000011920929
+    """
+    if matrix.dim() != 2:
+        raise ValueError(f"matrix must be 2-D, got shape {tuple(matrix.shape)}")
+    return float(torch.linalg.matrix_norm(matrix.detach(), ord=2))
+
+
+def jacobian_bound(
+    norm: float, steps: int | Sequence[int] | Tensor, activation: str = "tanh"
+) -> Tensor:
+    """The bound ``(γλ)^{t−k}`` on ``‖∂h_t/∂h_k‖₂`` (SPEC §3), float64.
+
+    Args:
+        norm: ``λ ≥ ‖W_h‖₂`` (see ``spectral_norm``).
+        steps: ``t − k``, one or many.
+        activation: ``"tanh"`` / ``"relu"`` (γ = 1) or ``"logistic"`` (γ = ¼).
+
+    SPEC §6, ``‖W‖ = 0.8`` over 20 steps:
+
+    >>> round(float(jacobian_bound(0.8, 20)), 4)
+    0.0115
+    >>> f"{float(jacobian_bound(0.8, 20, 'logistic')):.1e}"
+    '1.0e-14'
+    """
+    gamma = activation_gain(activation)
+    k = torch.as_tensor(steps, dtype=torch.float64)
+    return torch.tensor(gamma * float(norm), dtype=torch.float64) ** k
+
+
+def rnn_jacobian_bound(cell: RNNCell, steps: int | Sequence[int] | Tensor) -> Tensor:
+    """``(γλ)^{steps}`` for a simple cell: ``λ = ‖weight_hh‖₂``, γ of its nonlinearity.
+
+    >>> cell = RNNCell(2, 3)
+    >>> with torch.no_grad():
+    ...     _ = cell.weight_hh.copy_(0.8 * torch.eye(3))
+    >>> round(float(rnn_jacobian_bound(cell, 20)), 4)
+    0.0115
+    """
+    if not isinstance(cell, RNNCell):
+        raise TypeError(
+            f"the (γλ)^(t−k) bound holds for the simple RNNCell only, got {type(cell).__name__}"
+        )
+    return jacobian_bound(spectral_norm(cell.weight_hh), steps, cell.nonlinearity)
+
+
+class DerivativeSize(NamedTuple):
+    """Entries of the tensor ``∂⁺s_k/∂W`` (``d × d × d``) and how many can be non-zero."""
+
+    entries: int
+    nonzero: int
+
+
+def weight_derivative_size(d: int) -> DerivativeSize:
+    """SPEC §6: ``∂⁺s_k/∂W`` has ``d³`` entries, at most ``d²`` non-zero (``p = q``).
+
+    That is why the contribution of step ``k`` is stored as the ``d × d`` outer product
+    ``(δ ⊙ σ'(a_k)) s_{k−1}ᵀ`` (``step_contributions``), never as the ``d³`` tensor.
+
+    >>> weight_derivative_size(50)
+    DerivativeSize(entries=125000, nonzero=2500)
+    """
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise ValueError(f"d must be a positive integer, got {d!r}")
+    return DerivativeSize(d**3, d**2)
+
+
+# ---- ∂L/∂h_k --------------------------------------------------------------------------
+def state_gradients(
+    source: CellBase | Recurrent,
+    x: Tensor,
+    d_outputs: Tensor | None = None,
+    *,
+    loss_fn: LossFn | None = None,
+    lengths: Tensor | None = None,
+    mask: Tensor | None = None,
+    state: State | None = None,
+    batch_first: bool = True,
+) -> tuple[Tensor, ...]:
+    """``∂L/∂h_k`` for ``k = 0 … T`` (and ``∂L/∂c_k`` for the LSTM), full BPTT.
+
+    The explicit backward sweep is run one step at a time so the gradient of every state
+    can be kept: ``∂L/∂h_k`` includes the loss at step k and everything after it.
+
+    Args: as ``step_contributions`` (``source``, ``x``, ``d_outputs`` or ``loss_fn``, …).
+
+    Returns:
+        One tensor per state component, ``(B, T + 1, H)`` (time-major ``(T + 1, B, H)``
+        if not ``batch_first``): index 0 is the initial state ``h_0``, index ``k + 1`` the
+        state output at position ``k`` (``h_{k+1}`` of SPEC §3).
+
+    >>> from rnnkit import LSTMCell
+    >>> g_h, g_c = state_gradients(LSTMCell(2, 3), torch.randn(4, 5, 2),
+    ...                            loss_fn=lambda h: h[:, -1].sum())
+    >>> g_h.shape, bool(g_h[:, -1].eq(1).all())
+    (torch.Size([4, 6, 3]), True)
+    """
+    run = run_direction(source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first)
+    d_out = output_gradient(run, d_outputs, loss_fn, batch_first)
+    record, T = run.record, run.steps
+    grads = [torch.zeros_like(s) for s in record.states]  # (T + 1, B, H) each
+    d = [torch.zeros_like(s[0]) for s in record.states]
+    with torch.no_grad():
+        for t in range(T - 1, -1, -1):
+            d[0] = d[0] + d_out[t]
+            for g, dk in zip(grads, d, strict=True):
+                g[t + 1] = dk
+            mask3 = None if run.mask3 is None else run.mask3[t : t + 1]
+            sweep = backward_sweep(
+                run.kernel, sub_record(record, t, t + 1), run.weights, mask3, None, tuple(d)
+            )
+            d = list(sweep.d_states0)
+        for g, dk in zip(grads, d, strict=True):
+            g[0] = dk
+    out = []
+    for g in grads:
+        g = torch.cat([g[:1], run.to_original(g[1:])])  # positions in original order
+        out.append(g.transpose(0, 1) if batch_first else g)
+    return tuple(out)
+
+
+def state_gradient_norms(
+    source: CellBase | Recurrent,
+    x: Tensor,
+    d_outputs: Tensor | None = None,
+    *,
+    loss_fn: LossFn | None = None,
+    lengths: Tensor | None = None,
+    mask: Tensor | None = None,
+    state: State | None = None,
+    batch_first: bool = True,
+) -> Tensor:
+    """``‖∂L/∂h_k‖`` for ``k = 0 … T``, ``(T + 1,)``: the norm over the whole batch.
+
+    Per sequence: ``state_gradients(...)[0].norm(dim=-1)``.
+
+    >>> from rnnkit import RNNCell
+    >>> n = state_gradient_norms(RNNCell(2, 3), torch.randn(4, 5, 2),
+    ...                          loss_fn=lambda h: h[:, -1].sum())
+    >>> n.shape, bool(n[-1] == 12 ** 0.5)
+    (torch.Size([6]), True)
+    """
+    g = state_gradients(
+        source,
+        x,
+        d_outputs,
+        loss_fn=loss_fn,
+        lengths=lengths,
+        mask=mask,
+        state=state,
+        batch_first=batch_first,
+    )[0]
+    return g.norm(dim=(0, 2) if batch_first else (1, 2))
+
+
+# ---- ∂h_t/∂h_k ------------------------------------------------------------------------
+def _step_function(cell: CellBase, x_t: Tensor) -> Callable[[Tensor], Tensor]:
+    """One step of the cell as a map of the flat state ``s (B, S)`` (``S = 2H`` for LSTM)."""
+    H = cell.hidden_size
+    if cell.is_lstm:
+
+        def step(s: Tensor) -> Tensor:
+            new = cell(x_t, LSTMState(s[:, :H], s[:, H:]))
+            return torch.cat([new.h, new.c], dim=1)
+
+        return step
+    return lambda s: cell(x_t, s)
+
+
+def _flat_states(run: DirectionRun) -> Tensor:
+    return torch.cat(run.record.states, dim=-1)  # (T + 1, B, S)
+
+
+def _step_inputs(run: DirectionRun) -> Tensor:
+    T, B = run.steps, run.record.states[0].shape[1]
+    return run.record.x.view(T, B, -1)
+
+
+def step_jacobians(
+    source: CellBase | Recurrent,
+    x: Tensor,
+    *,
+    lengths: Tensor | None = None,
+    mask: Tensor | None = None,
+    state: State | None = None,
+    batch_first: bool = True,
+) -> Tensor:
+    """The Jacobian of each step, ``∂s_{t+1}/∂s_t`` per sequence: ``(T, B, S, S)``.
+
+    ``s`` is the state (``h``, or ``[h; c]`` for the LSTM, ``S = 2H``); the identity at
+    masked steps. For a reverse direction, in reading order.
+
+    >>> from rnnkit import RNNCell
+    >>> cell = RNNCell(2, 3)
+    >>> J = step_jacobians(cell, torch.randn(1, 4, 2), mask=torch.tensor([[1, 1, 0, 1]]))
+    >>> J.shape, bool(torch.equal(J[2, 0], torch.eye(3)))
+    (torch.Size([4, 1, 3, 3]), True)
+    """
+    run = run_direction(source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first)
+    s, xs = _flat_states(run), _step_inputs(run)
+    T, B, S = run.steps, s.shape[1], s.shape[2]
+    eye = torch.eye(S, dtype=s.dtype, device=s.device)
+    out = s.new_empty(T, B, S, S)
+    for t in range(T):
+        with torch.enable_grad():
+            s_prev = s[t].detach().requires_grad_(True)
+            new = _step_function(run.cell, xs[t])(s_prev)  # (B, S)
+            # Rows are independent: the gradient of column i summed over the batch holds
+            # row i of every sequence's own Jacobian. (Plain autograd: torch.func's first
+            # call costs seconds.)
+            rows = [
+                torch.autograd.grad(new[:, i].sum(), s_prev, retain_graph=i < S - 1)[0]
+                for i in range(S)
+            ]
+        J = torch.stack(rows, dim=1)  # (B, S, S)
+        if run.mask3 is not None:
+            J = torch.where(run.mask3[t].unsqueeze(-1), J, eye)
+        out[t] = J.detach()
+    return out
+
+
+class _LinearSteps:
+    """``v ↦ J_t v`` and ``u ↦ J_tᵀ u`` of every step without forming ``J_t``.
+
+    The batch is repeated ``copies`` times (rows ``i·B + b``) so that a block of vectors
+    per sequence goes through in one call.
+    """
+
+    def __init__(self, run: DirectionRun, start: int, copies: int = 1) -> None:
+        s, xs = _flat_states(run), _step_inputs(run)
+        self.mask3 = None if run.mask3 is None else run.mask3.repeat(1, copies, 1)
+        self.graphs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+        with torch.enable_grad():
+            for t in range(start, run.steps):
+                s_prev = s[t].detach().repeat(copies, 1).requires_grad_(True)
+                new = _step_function(run.cell, xs[t].repeat(copies, 1))(s_prev)
+                u = torch.zeros_like(new, requires_grad=True)
+                (vjp,) = torch.autograd.grad(new, s_prev, u, create_graph=True)  # Jᵀu, linear
+                self.graphs.append((s_prev, new, u, vjp))
+        self.start = start
+
+    def _hold(self, t: int, new: Tensor, old: Tensor) -> Tensor:
+        return new if self.mask3 is None else torch.where(self.mask3[t], new, old)
+
+    def forward(self, v: Tensor, stop: int) -> Tensor:
+        """``P v`` for ``P = J_{stop−1} ⋯ J_start`` (steps ``start … stop − 1``)."""
+        for t in range(self.start, stop):
+            _, _, u, vjp = self.graphs[t - self.start]
+            (jv,) = torch.autograd.grad(vjp, u, v, retain_graph=True)
+            v = self._hold(t, jv, v)
+        return v
+
+    def backward(self, u: Tensor, stop: int) -> Tensor:
+        """``Pᵀ u``."""
+        for t in range(stop - 1, self.start - 1, -1):
+            s_prev, new, _, _ = self.graphs[t - self.start]
+            (ju,) = torch.autograd.grad(new, s_prev, u, retain_graph=True)
+            u = self._hold(t, ju, u)
+        return u
+
+
+def jacobian_norms(
+    source: CellBase | Recurrent,
+    x: Tensor,
+    *,
+    start: int = 0,
+    method: str = "exact",
+    full_state: bool = False,
+    iterations: int = 100,
+    tol: float = 1e-8,
+    block: int = 4,
+    seed: int = 0,
+    lengths: Tensor | None = None,
+    mask: Tensor | None = None,
+    state: State | None = None,
+    batch_first: bool = True,
+) -> Tensor:
+    """``‖∂h_t/∂h_k‖₂`` for ``k = start`` and every ``t = k … T``, per sequence.
+
+    Args:
+        source, x, lengths, mask, state, batch_first: as ``step_contributions``.
+        start: ``k``, the state index (0 = initial state ``h_0``).
+        method: ``"exact"`` (product of the per-step Jacobians, small ``H``) or
+            ``"power"`` (power iteration with vector products, large ``H``).
+        full_state: LSTM: the norm of the Jacobian of the whole state ``(h, c)``.
+        iterations, tol, block, seed: power method: subspace iteration on ``PᵀP`` with
+            ``block`` vectors (converges like ``(σ_{block+1}/σ_1)²`` per round, so close
+            top singular values do not stall it); at most ``iterations`` rounds per
+            ``t``, stopping when the estimate moves less than ``tol`` (relative; at
+            least a few units of the dtype's rounding); random start from ``seed``. The
+            estimate, ``σ_max(P V)`` for orthonormal ``V``, never exceeds the true norm.
+
+    Returns:
+        ``(B, T + 1 − start)``: column ``j`` is ``‖∂h_{k+j}/∂h_k‖₂`` (column 0 is 1).
+
+    >>> from rnnkit import RNNCell
+    >>> cell = RNNCell(3, 4)
+    >>> x = torch.randn(2, 10, 3)
+    >>> exact = jacobian_norms(cell, x)
+    >>> power = jacobian_norms(cell, x, method="power")
+    >>> bool(torch.allclose(exact, power, rtol=1e-4)), exact.shape
+    (True, torch.Size([2, 11]))
+    >>> bound = rnn_jacobian_bound(cell, range(11))
+    >>> bool((exact <= bound.float() * (1 + 1e-5)).all())
+    True
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    run = run_direction(source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first)
+    T, H = run.steps, run.cell.hidden_size
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= T:
+        raise ValueError(f"start must be an integer in [0, T] = [0, {T}], got {start!r}")
+    s = _flat_states(run)
+    B, S = s.shape[1], s.shape[2]
+    width = S if full_state else H  # the block measured: h → h, or the whole state
+    norms = s.new_ones(B, T + 1 - start)
+    if method == "exact":
+        J = step_jacobians(
+            source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first
+        )
+        P = torch.eye(S, dtype=s.dtype, device=s.device).expand(B, S, S)
+        for j, t in enumerate(range(start, T), start=1):
+            P = J[t] @ P
+            norms[:, j] = torch.linalg.matrix_norm(P[:, :width, :width], ord=2)
+        return norms
+    tol = max(tol, 8 * torch.finfo(s.dtype).eps)
+    gen = torch.Generator(device=s.device).manual_seed(seed)
+    k = max(1, min(block, width))
+    steps = _LinearSteps(run, start, copies=k)
+    V = torch.randn(B, width, k, generator=gen, dtype=s.dtype, device=s.device)
+    V = torch.linalg.qr(V).Q  # (B, width, k) orthonormal columns
+
+    def apply(V: Tensor, stop: int, transpose: bool = False) -> Tensor:
+        f = steps.backward if transpose else steps.forward
+        rows = V.permute(2, 0, 1).reshape(k * B, width)  # column i of row b → row i·B + b
+        rows = torch.cat([rows, rows.new_zeros(k * B, S - width)], dim=1)
+        return f(rows, stop)[:, :width].reshape(k, B, width).permute(1, 2, 0)
+
+    for j, stop in enumerate(range(start + 1, T + 1), start=1):
+        sigma = s.new_zeros(B)
+        for _ in range(max(1, iterations)):  # warm start: the previous t's subspace
+            W = apply(V, stop)  # P V, (B, width, k)
+            new_sigma = torch.linalg.matrix_norm(W, ord=2)  # σ_max(P V) ≤ ‖P‖₂
+            V = torch.linalg.qr(apply(W, stop, transpose=True)).Q  # PᵀP V, orthonormalised
+            done = bool(((new_sigma - sigma).abs() <= tol * new_sigma.clamp_min(1e-300)).all())
+            sigma = new_sigma
+            if done:
+                break
+        norms[:, j] = torch.linalg.matrix_norm(apply(V, stop), ord=2)
+    return norms
+
+
+# ---- everything at once, for the report -----------------------------------------------
+@dataclass(frozen=True)
+class GradientFlow:
+    """Gradient flow of one direction over one batch (plain data for plots and reports).
+
+    Attributes:
+        state_grad_norms: ``(T + 1,)`` ``‖∂L/∂h_k‖`` over the batch, ``k = 0 … T``.
+        jacobian_norms: ``(B, T + 1 − start)`` ``‖∂h_{start+j}/∂h_start‖₂``.
+        start: ``k`` of the Jacobians.  weight_norm: ``λ = ‖W_h‖₂`` (all gate blocks).
+        real_steps: ``(B, T + 1 − start)`` how many real steps lie between ``h_k`` and
+            ``h_{k+j}`` (masked steps hold the state: their Jacobian is the identity, so
+            they are no factor of the product).
+        bound: ``(B, T + 1 − start)`` ``(γλ)^{real_steps}`` for the simple cell, None for
+            LSTM/GRU (the bound of SPEC §3 is for the simple cell).
+    """
+
+    state_grad_norms: Tensor
+    jacobian_norms: Tensor
+    start: int
+    weight_norm: float
+    real_steps: Tensor
+    bound: Tensor | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: lists of floats (``None`` for the bound of LSTM/GRU)."""
+        return {
+            "state_grad_norms": self.state_grad_norms.tolist(),
+            "jacobian_norms": self.jacobian_norms.tolist(),
+            "start": self.start,
+            "weight_norm": self.weight_norm,
+            "real_steps": self.real_steps.tolist(),
+            "bound": None if self.bound is None else self.bound.tolist(),
+        }
+
+
+def gradient_flow(
+    source: CellBase | Recurrent,
+    x: Tensor,
+    d_outputs: Tensor | None = None,
+    *,
+    loss_fn: LossFn | None = None,
+    start: int = 0,
+    method: str | None = None,
+    lengths: Tensor | None = None,
+    mask: Tensor | None = None,
+    state: State | None = None,
+    batch_first: bool = True,
+) -> GradientFlow:
+    """``state_gradient_norms``, ``jacobian_norms`` and the bound in one call.
+
+    ``method`` None picks ``"exact"`` up to a state width of 64, else ``"power"``.
+
+    >>> from rnnkit import RNNCell
+    >>> flow = gradient_flow(RNNCell(2, 3), torch.randn(4, 6, 2), loss_fn=lambda h: h.sum())
+    >>> flow.state_grad_norms.shape, flow.jacobian_norms.shape, flow.bound.shape
+    (torch.Size([7]), torch.Size([4, 7]), torch.Size([4, 7]))
+    """
+    cell = source.cell if isinstance(source, Recurrent) else source
+    kw: dict[str, Any] = {"lengths": lengths, "mask": mask, "state": state}
+    kw["batch_first"] = batch_first
+    grads = state_gradient_norms(source, x, d_outputs, loss_fn=loss_fn, **kw)
+    if method is None:
+        method = "exact" if cell.hidden_size * (2 if cell.is_lstm else 1) <= 64 else "power"
+    norms = jacobian_norms(source, x, start=start, method=method, **kw)
+    counts = real_steps(source, x, start=start, lengths=lengths, mask=mask, batch_first=batch_first)
+    bound = rnn_jacobian_bound(cell, counts) if isinstance(cell, RNNCell) else None
+    return GradientFlow(grads, norms, start, spectral_norm(cell.weight_hh), counts, bound)
+
+
+def real_steps(
+    source: CellBase | Recurrent,
+    x: Tensor,
+    *,
+    start: int = 0,
+    lengths: Tensor | None = None,
+    mask: Tensor | None = None,
+    batch_first: bool = True,
+) -> Tensor:
+    """Real steps between ``h_start`` and ``h_{start+j}``, ``(B, T + 1 − start)`` (int64).
+
+    The exponent of the bound for masked batches: ``rnn_jacobian_bound(cell, counts)``.
+    In reading order for a reverse direction.
+
+    >>> from rnnkit import RNNCell
+    >>> real_steps(RNNCell(2, 3), torch.zeros(1, 4, 2), mask=torch.tensor([[1, 0, 1, 1]]))
+    tensor([[0, 1, 1, 2, 3]])
+    """
+    reverse = isinstance(source, Recurrent) and source.reverse
+    mask_bt = resolve_mask(x, lengths, mask, batch_first=batch_first)
+    B, T = (x.shape[0], x.shape[1]) if batch_first else (x.shape[1], x.shape[0])
+    if mask_bt is None:
+        mask_bt = torch.ones(B, T, dtype=torch.bool, device=x.device)
+    if reverse:
+        mask_bt = flip_sequences(mask_bt.T, mask_bt.T)[0].T  # reading order
+    counts = mask_bt[:, start:].long().cumsum(dim=1)
+    return torch.cat([counts.new_zeros(B, 1), counts], dim=1)
