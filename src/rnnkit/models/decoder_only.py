@@ -23,10 +23,11 @@ from torch import Tensor, nn
 
 from rnnkit.config import TrainConfig
 from rnnkit.data.vocab import BOS_ID, EOS_ID, PAD_ID
-from rnnkit.generation import GenerationResult, generate_batch
+from rnnkit.generation import GenerationResult
 from rnnkit.losses import sequence_cross_entropy
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.language_model import LanguageModel, LossOutput
+from rnnkit.models.seq2seq_search import decode_batch
 from rnnkit.types import State
 
 __all__ = ["DecoderOnlyTranslator", "build_decoder_only", "joint_sequences"]
@@ -171,18 +172,16 @@ class DecoderOnlyTranslator(nn.Module):
         num: int = 1,
     ) -> list[list[GenerationResult]]:
         """Greedy or beam search, batched (arguments as ``Seq2Seq.decode``)."""
-        return generate_batch(
+        return decode_batch(
             self,
-            None,
+            self.encode_source(source, source_mask),
+            2,
+            beam=beam,
             max_length=max_length,
-            eos_id=EOS_ID,
             bos_id=BOS_ID,
-            strategy="greedy" if beam == 1 else "beam",
-            beam_size=beam,
+            eos_id=EOS_ID,
             length_penalty=length_penalty,
             num=num,
-            state=self.encode_source(source, source_mask),
-            state_batch_dim=2,
         )
 
 

@@ -41,12 +41,13 @@ from rnnkit.attention import Attention
 from rnnkit.config import TrainConfig
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
-from rnnkit.generation import GenerationResult, generate_batch
+from rnnkit.generation import GenerationResult
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.losses import sequence_cross_entropy
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.language_model import LossOutput
+from rnnkit.models.seq2seq_search import decode_batch
 from rnnkit.types import LSTMState, State
 
 __all__ = [
@@ -402,18 +403,16 @@ class Seq2Seq(nn.Module):
             ``B`` lists of :class:`~rnnkit.generation.GenerationResult`, best first.
         """
         state = self.encode(source, source_mask)
-        return generate_batch(
+        return decode_batch(
             self,
-            None,
+            state,
+            STATE_BATCH_DIM,
+            beam=beam,
             max_length=max_length,
-            eos_id=EOS_ID,
             bos_id=BOS_ID,
-            strategy="greedy" if beam == 1 else "beam",
-            beam_size=beam,
+            eos_id=EOS_ID,
             length_penalty=length_penalty,
             num=num,
-            state=state,
-            state_batch_dim=STATE_BATCH_DIM,
         )
 
 

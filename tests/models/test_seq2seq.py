@@ -1,0 +1,217 @@
+"""Encoder–decoder: overfitting, context modes, attention outputs, scheduled sampling at
+p = 0 (teacher forcing) and p = 1 (free running), batched greedy / beam decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rnnkit.config import TrainConfig
+from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
+from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
+from rnnkit.errors import ConfigError
+from rnnkit.models.seq2seq import STATE_BATCH_DIM, build_seq2seq
+from rnnkit.models.seq2seq_search import beam_search
+from rnnkit.types import LSTMState
+
+WORDS = ["abcd", "bcae", "dab", "ecdba", "cc"]
+VOCAB = Vocabulary(list("abcde"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    yield
+
+
+def reverse_batch(words=WORDS):
+    src, tgt = encode_pairs([Pair(w, w[::-1]) for w in words], VOCAB, VOCAB)
+    return make_pair_batch(src, tgt)
+
+
+def model(seed=0, **options):
+    torch.manual_seed(seed)
+    settings = {"hidden": 16, "embedding": 8, "cell": "gru", **options}
+    cfg = TrainConfig(train="x", task="seq2seq", **settings)
+    return build_seq2seq(cfg, len(VOCAB), len(VOCAB))
+
+
+def decoded(m, batch, beam=1, max_length=10):
+    hyps = m.decode(batch.source, batch.source_mask, beam=beam, max_length=max_length)
+    return [h[0].ids for h in hyps]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"attention": "none", "context": "init"},
+        {"attention": "additive", "context": "both", "bidirectional": True, "cell": "lstm"},
+    ],
+    ids=["plain-gru", "additive-bi-lstm"],
+)
+def test_overfits_reverse_of_five_strings(options):
+    m = model(hidden=32, **options)
+    batch = reverse_batch()
+    opt = torch.optim.Adam(m.parameters(), lr=0.02)
+    for _ in range(120):
+        opt.zero_grad()
+        out = m.loss(batch)
+        out.loss.backward()
+        opt.step()
+    assert out.loss.item() < 0.05
+    m.eval()
+    assert [VOCAB.decode(ids) for ids in decoded(m, batch)] == [w[::-1] for w in WORDS]
+    assert [VOCAB.decode(ids) for ids in decoded(m, batch, beam=3)] == [w[::-1] for w in WORDS]
+
+
+def test_attention_weights_are_returned_and_zero_on_source_padding():
+    m = model(attention="bilinear", bidirectional=True)
+    batch = reverse_batch()
+    out = m(batch.source, batch.source_mask, batch.target_in, batch.target_mask)
+    B, T = batch.target_in.shape
+    assert out.attention.shape == (B, T, batch.source.shape[1])
+    pad = ~batch.source_mask.unsqueeze(1).expand_as(out.attention)
+    assert torch.all(out.attention[pad] == 0.0)
+    torch.testing.assert_close(out.attention.sum(-1), torch.ones(B, T))
+
+
+def test_result_of_a_row_does_not_depend_on_padding_or_neighbours():
+    m = model(attention="additive", context="both").eval()
+    batch = reverse_batch()
+    full = m(batch.source, batch.source_mask, batch.target_in, batch.target_mask).logits
+    for i, w in enumerate(WORDS):
+        alone = reverse_batch([w])
+        row = m(alone.source, alone.source_mask, alone.target_in, alone.target_mask).logits
+        n = len(w) + 1
+        torch.testing.assert_close(full[i, :n], row[0, :n], atol=1e-6, rtol=1e-5)
+
+
+def test_init_context_copies_the_encoder_final_state_when_widths_agree():
+    m = model(cell="lstm", attention="none", context="init")
+    batch = reverse_batch()
+    state = m.encode(batch.source, batch.source_mask)
+    enc = m.encoder(m.source_embedding(batch.source), mask=batch.source_mask).state
+    assert isinstance(state.hidden, LSTMState)
+    assert torch.equal(state.hidden.h[:, 0], enc.h[:, 0])
+    assert torch.equal(state.hidden.c[:, 0], enc.c[:, 0])
+
+
+def test_bidirectional_encoder_is_projected_to_the_decoder_width():
+    m = model(bidirectional=True, attention="none", context="init", layers=2)
+    batch = reverse_batch()
+    state = m.encode(batch.source, batch.source_mask)
+    assert state.hidden.shape == (2, 1, len(WORDS), 16)
+    assert all(isinstance(b, torch.nn.Linear) for b in m.bridge_h)
+
+
+def test_dot_attention_with_a_bidirectional_encoder_is_a_clear_error():
+    with pytest.raises(ConfigError, match=r"16.*32.*bilinear"):
+        model(bidirectional=True, attention="dot")
+
+
+@pytest.mark.parametrize("attention", ["none", "dot"])
+def test_scheduled_sampling_with_p_zero_equals_teacher_forcing(attention):
+    # With "none", teacher forcing runs the decoder as one layer call (explicit BPTT) and
+    # p = 0 runs the step loop with the sampling code: the two must agree.
+    m = model(attention=attention, context="both")
+    batch = reverse_batch()
+    args = (batch.source, batch.source_mask, batch.target_in, batch.target_mask)
+    tf = m(*args)
+    ss = m(*args, sampling_p=0.0, generator=torch.Generator().manual_seed(0))
+    real = batch.target_mask  # the layer holds its state at padded steps, the loop need not
+    torch.testing.assert_close(ss.logits[real], tf.logits[real], atol=1e-6, rtol=1e-5)
+    assert torch.equal(ss.mask, batch.target_mask)
+    gt = torch.autograd.grad(m.loss(batch).loss, list(m.parameters()), allow_unused=True)
+    gs = torch.autograd.grad(m.loss(batch, 0.0).loss, list(m.parameters()), allow_unused=True)
+    for a, b in zip(gt, gs, strict=True):
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def _free_running_logits(m, batch, steps):
+    """Greedy free running through ``Seq2Seq.step``: the decoding path, one row at a time."""
+    rows = []
+    for i in range(batch.source.shape[0]):
+        state = m.encode(batch.source[i : i + 1], batch.source_mask[i : i + 1])
+        token = torch.tensor([BOS_ID])
+        logits = []
+        for _ in range(steps):
+            log_probs, state = m.step(token, state)
+            logits.append(log_probs[0])
+            token = log_probs.argmax(-1)
+        rows.append(torch.stack(logits))
+    return torch.stack(rows)  # (B, steps, V) log-probabilities
+
+
+@pytest.mark.parametrize("attention", ["none", "additive"])
+def test_scheduled_sampling_with_p_one_equals_free_running(attention):
+    m = model(seed=3, attention=attention, context="init").eval()
+    batch = reverse_batch()
+    out = m(batch.source, batch.source_mask, batch.target_in, batch.target_mask, sampling_p=1.0)
+    T = batch.target_in.shape[1]
+    free = _free_running_logits(m, batch, T)
+    ss = torch.log_softmax(out.logits, -1)
+    for i in range(len(WORDS)):
+        own = free[i].argmax(-1).tolist()
+        # Free running stops after its own </s>: steps up to and including it must agree.
+        stop = own.index(EOS_ID) + 1 if EOS_ID in own else T
+        n = min(stop, int(batch.target_mask[i].sum()))
+        torch.testing.assert_close(ss[i, :n], free[i, :n], atol=1e-5, rtol=1e-5)
+        assert out.mask[i].tolist() == [t < n for t in range(T)]
+
+
+def test_a_sequence_fed_its_own_eos_has_ended():
+    m = model(attention="dot")
+    with torch.no_grad():
+        m.head.bias[EOS_ID] = 100.0  # the model always says </s>
+    batch = reverse_batch()
+    args = (batch.source, batch.source_mask, batch.target_in, batch.target_mask)
+    out = m(*args, sampling_p=1.0)
+    expected = torch.zeros_like(batch.target_mask)
+    expected[:, 0] = True  # only the first step (input <s>) is real; then it has ended
+    assert torch.equal(out.mask, expected)
+    loss = m.loss(batch, sampling_p=1.0)
+    assert loss.tokens == len(WORDS) and torch.isfinite(loss.loss)
+
+
+@pytest.mark.parametrize("attention", ["none", "additive"])
+def test_beam_width_one_equals_greedy_and_batching_changes_nothing(attention):
+    m = model(seed=5, attention=attention, context="both", cell="lstm").eval()
+    batch = reverse_batch()
+    greedy = decoded(m, batch, beam=1, max_length=8)
+    hyps = m.decode(batch.source, batch.source_mask, beam=1, max_length=8)
+    with torch.no_grad():
+        state = m.encode(batch.source, batch.source_mask)
+        beam = beam_search(
+            m, state, STATE_BATCH_DIM, beam=1, max_length=8, bos_id=BOS_ID, eos_id=EOS_ID
+        )
+    assert [b[0].ids for b in beam] == greedy
+    assert [b[0].logprob for b in beam] == pytest.approx([h[0].logprob for h in hyps], abs=1e-5)
+    beam3 = decoded(m, batch, beam=3, max_length=8)
+    for i, w in enumerate(WORDS):
+        alone = reverse_batch([w])
+        assert decoded(m, alone, beam=1, max_length=8)[0] == greedy[i]
+        assert decoded(m, alone, beam=3, max_length=8)[0] == beam3[i]
+
+
+def test_beam_search_keeps_going_until_the_top_beam_ends():
+    # A model sure of one long answer whose other beams prefer </s> at once: stopping as
+    # soon as K hypotheses have ended would return a short, improbable one.
+    answer = [4, 5, 4, 5, 4]
+
+    class Scripted:
+        vocab_size = 6
+
+        def step(self, token, state):  # state (B, 2): [steps done, still on the answer]
+            t = int(state[0, 0])
+            on = state[:, 1] > 0
+            if t > 0:
+                on = on & (token == answer[t - 1])
+            want = answer[t] if t < len(answer) else EOS_ID
+            lp = torch.full((token.shape[0], 6), -20.0)
+            lp[:, EOS_ID] = torch.where(on, -9.0, -5.0)
+            lp[on, want] = -0.001
+            return torch.log_softmax(lp, -1), torch.stack([state[:, 0] + 1, on.float()], 1)
+
+    state = torch.tensor([[0.0, 1.0]])
+    out = beam_search(Scripted(), state, 0, beam=3, max_length=10, bos_id=BOS_ID, eos_id=EOS_ID)
+    assert out[0][0].ids == answer and out[0][0].finished
