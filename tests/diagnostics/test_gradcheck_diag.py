@@ -1,0 +1,126 @@
+"""``gradcheck``: the explicit BPTT passes against finite differences; a broken one fails."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rnnkit import LSTM
+from rnnkit.cells.lstm import LSTMKernel
+from rnnkit.cells.rnn import RNNKernel
+from rnnkit.diagnostics import GradcheckResult, gradcheck
+from rnnkit.diagnostics.gradcheck import random_mask
+
+VARIANTS = [
+    ("rnn", {"nonlinearity": "tanh"}),
+    ("rnn", {"nonlinearity": "relu"}),
+    ("lstm", {}),
+    ("gru", {"update": "candidate", "reset": "before"}),
+    ("gru", {"update": "candidate", "reset": "after"}),
+    ("gru", {"update": "keep", "reset": "before"}),
+    ("gru", {"update": "keep", "reset": "after"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("cell", "options"), VARIANTS, ids=["_".join([c, *o.values()]) for c, o in VARIANTS]
+)
+def test_every_cell_variant_passes(cell: str, options: dict) -> None:
+    result = gradcheck(cell, **options)
+    assert result.passed, result.to_dict()
+    assert result.max_rel_error < 1e-7
+    names = [e.name for e in result.errors]
+    assert names[-2:] in (["input", "state"], ["state.h", "state.c"])
+    expected = {"layers.0.cell.weight_ih", "layers.0.cell.weight_hh", "layers.0.cell.bias"}
+    assert expected <= set(names)
+    assert ("layers.0.cell.bias_hn" in names) == (options.get("reset") == "after")
+
+
+def test_stacked_bidirectional_and_windowed() -> None:
+    full = gradcheck("rnn", num_layers=2, bidirectional=True, steps=4)
+    assert full.passed and len(full.errors) == 4 * 3 + 2
+    windowed = gradcheck("lstm", num_layers=2, bidirectional=True, steps=4, window=2)
+    assert windowed.passed, windowed.to_dict()
+    assert windowed.config["window"] == 2
+
+
+def test_window_reference_is_the_truncated_graph() -> None:
+    """BPTT(2) differs from full BPTT here, yet passes: the reference is truncated too."""
+    torch.manual_seed(0)
+    layer = LSTM(3, 4).double()
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    grads = []
+    for window in (None, 2):
+        layer.zero_grad()
+        layer(x, window=window).outputs.sum().backward()
+        grads.append(layer.layers[0].cell.weight_hh.grad.clone())
+    assert float((grads[0] - grads[1]).abs().max()) > 1e-3
+    assert gradcheck("lstm", window=2, steps=5).passed
+    assert gradcheck("gru", reset="after", window=1, steps=4).passed
+
+
+def corrupt(monkeypatch: pytest.MonkeyPatch, kernel: type, change) -> None:
+    """Wrap the kernel's hand-written step backward — and, where the time loop has a
+    compiled twin of it (``native_backward``), that one too — with ``change``."""
+    for name in ("step_backward", "native_backward"):
+        original = getattr(kernel, name, None)
+        if original is None:
+            continue
+
+        def wrapped(self, *args, _original=original, _name=name):
+            return change(_name, _original(self, *args))
+
+        monkeypatch.setattr(kernel, name, wrapped)
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_a_corrupted_backward_fails(monkeypatch: pytest.MonkeyPatch, window) -> None:
+    def scaled(name, out):
+        if name == "step_backward":  # ∂L/∂h_{t−1}, scaled at every step
+            return tuple(1.01 * d for d in out)
+        d_xp, d_hp, d0 = out
+        return 1.01 * d_xp, d_hp if d_hp is d_xp else 1.01 * d_hp, tuple(1.01 * d for d in d0)
+
+    corrupt(monkeypatch, RNNKernel, scaled)
+    result = gradcheck("rnn", window=window)
+    assert not result.passed
+    assert 1e-4 < result.max_rel_error < 1.0
+
+
+def test_a_corrupted_lstm_cell_gradient_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    def dropped_c(name, out):
+        if name == "step_backward":
+            d_h, d_c = out
+            return d_h, 0.99 * d_c  # the memory path loses 1 % at every step
+        d_xp, d_hp, (d_h0, d_c0) = out
+        return d_xp, d_hp, (d_h0, 0.99 * d_c0)  # the initial memory's gradient is off
+
+    corrupt(monkeypatch, LSTMKernel, dropped_c)
+    result = gradcheck("lstm")
+    assert not result.passed and result.max_rel_error > 1e-5
+
+
+def test_result_is_json_ready_and_tolerance_applies() -> None:
+    result = gradcheck("gru", steps=3, tol=1e-300)
+    assert isinstance(result, GradcheckResult) and not result.passed  # nothing is that exact
+    data = json.loads(json.dumps(result.to_dict(), allow_nan=False))
+    assert data["passed"] is False and data["worst"] == result.worst.name
+    assert data["config"]["cell"] == "gru" and data["tol"] == 1e-300
+    assert {"name", "numel", "max_abs_error", "max_abs_grad", "rel_error"} == set(data["errors"][0])
+    with pytest.raises(ValueError, match="cell"):
+        gradcheck("transformer")
+
+
+def test_random_mask_has_holes_and_padding_and_leaves_the_global_rng() -> None:
+    mask = random_mask(64, 8, torch.Generator().manual_seed(3))
+    assert bool(mask[:, 0].all()) and bool(mask[0].all())
+    steps = torch.arange(1, 9)
+    lengths = torch.where(mask, steps, 0).amax(1)  # last real step + 1
+    assert bool((lengths < 8).any())  # trailing padding
+    inside = torch.arange(8)[None, :] < lengths[:, None]
+    assert bool((inside & ~mask).any())  # holes
+    state = torch.random.get_rng_state()
+    gradcheck("rnn", steps=2)
+    assert torch.equal(state, torch.random.get_rng_state())
