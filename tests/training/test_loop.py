@@ -167,12 +167,6 @@ def test_resume_into_a_differently_shaped_batcher_is_refused(tmp_path):
         other.resume()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="stopping at --steps N validates at step N (a validation the straight run does "
-    "not make), which steps ReduceLROnPlateau and the patience count: the resumed run "
-    "then trains with another learning rate",
-)
 def test_resume_is_exact_with_sgd_and_plateau_decay(tmp_path):
     def flat(model):
         return {"loss_nats": 1.0}  # never improves: the plateau decays at every validation

@@ -270,10 +270,10 @@ def train_lm(
     elapsed = time.perf_counter() - started
     # The n-gram baseline on the same tokens.
     ngram = NGramModel(order=cfg.ngram_order, vocab_size=len(data.vocab))
-    train_ng, valid_ng = _ngram_streams(data)
+    train_ng, _ = _ngram_streams(data)
     ngram.fit(train_ng)
     save_numpy(ngram.to_state(), str(out / "ngram.safetensors"))
-    ngram_metrics = _metrics(ngram.evaluate(valid_ng), _count(valid_ng), data.vocab.unit)
+    ngram_metrics = ngram_lm_metrics(ngram, data, cfg.batch_size)
     summary = {
         "task": "lm",
         "steps": result.steps,
@@ -282,7 +282,7 @@ def train_lm(
         "train_loss_nats": result.train_loss_nats,
         "tokens_per_s": result.tokens / max(result.train_seconds, 1e-9),
         "valid": result.best_valid,
-        "ngram": {"order": cfg.ngram_order, **ngram_metrics},
+        "ngram": ngram_metrics,
         "clipped_steps": result.clipped_steps,
         "stopped_early": result.stopped_early,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -291,8 +291,24 @@ def train_lm(
     return summary
 
 
-def _count(data: Any) -> int:
-    return len(data) if isinstance(data, np.ndarray) else int(sum(len(s) for s in data))
+def ngram_lm_metrics(ngram: NGramModel, data: LMData, batch_size: int) -> dict[str, Any]:
+    """The n-gram baseline scored on exactly the target tokens ``lm_metrics`` scores.
+
+    Streams: the recurrent model predicts the targets of ``rows`` streams of ``L`` tokens,
+    i.e. tokens ``1 … rows·L`` of the validation stream; the n-gram is scored on the same
+    tokens (with its own left context). Sequences: ``w… </s>`` of every line for both.
+    """
+    _, valid = _ngram_streams(data)
+    if data.mode == "segment":
+        assert data.k is not None
+        batcher = _stream_eval_batcher(valid, batch_size, data.k)
+        logprobs = ngram.logprobs(valid)[1 : batcher.batch_size * batcher.row_len + 1]
+    else:
+        logprobs = ngram.logprobs(valid)
+    return {
+        "order": ngram.order,
+        **_metrics(float(-logprobs.mean()), len(logprobs), data.vocab.unit),
+    }
 
 
 def load_lm(
@@ -327,11 +343,7 @@ def evaluate_lm(
     ngram_path = Path(run_dir) / "ngram.safetensors"
     if ngram_path.is_file():
         ngram = NGramModel.from_state(load_numpy(str(ngram_path)))
-        _, valid_ng = _ngram_streams(data)
-        metrics["ngram"] = {
-            "order": ngram.order,
-            **_metrics(ngram.evaluate(valid_ng), _count(valid_ng), vocab.unit),
-        }
+        metrics["ngram"] = ngram_lm_metrics(ngram, data, batch_size or cfg.batch_size)
     return metrics
 
 

@@ -342,17 +342,21 @@ class Trainer:
                 out_of_time = (
                     opts.max_time is not None and time.perf_counter() - started >= opts.max_time
                 )
-                at_eval = (
-                    (self.step % opts.eval_every == 0 if opts.eval_every else end_of_epoch)
-                    or self.step == total
-                    or out_of_time
-                )
+                scheduled = self.step % opts.eval_every == 0 if opts.eval_every else end_of_epoch
+                final = self.step == total or out_of_time
                 if end_of_epoch:
                     self.carry = None  # streams restart at the beginning
-                if at_eval:
+                if scheduled or final:
                     eval_started = time.perf_counter()
-                    stop = self._evaluate()
-                    self.save()
+                    if scheduled:
+                        stop = self._evaluate()
+                        self.save()
+                    else:
+                        # A validation only because this call of fit() ends here must not
+                        # change what a resumed run continues from (plateau, patience), so
+                        # the snapshot is taken first: N + resume + M steps = N + M steps.
+                        self.save()
+                        stop = self._evaluate()
                     eval_seconds += time.perf_counter() - eval_started
                     if stop:
                         stopped_early = True
