@@ -452,13 +452,16 @@ class GradientFlow:
     bound: Tensor | None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: lists of floats (``None`` for the bound of LSTM/GRU)."""
+        """JSON-ready: lists of floats (``None`` for the bound of LSTM/GRU).
+
+        The keys are the arguments of ``plots.plot_gradient_flow``; ``real_steps`` is left
+        out (the per-sequence ``bound`` already carries it).
+        """
         return {
             "state_grad_norms": self.state_grad_norms.tolist(),
             "jacobian_norms": self.jacobian_norms.tolist(),
             "start": self.start,
             "weight_norm": self.weight_norm,
-            "real_steps": self.real_steps.tolist(),
             "bound": None if self.bound is None else self.bound.tolist(),
         }
 
