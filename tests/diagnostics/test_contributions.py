@@ -235,3 +235,5 @@ def test_rejects_what_is_not_a_cell() -> None:
         step_contributions(torch.nn.Linear(3, 4), torch.zeros(1, 2, 3), loss_fn=torch.sum)
     with pytest.raises(ValueError, match=r"\(B, T, I\)"):
         step_contributions(RNNCell(3, 4), torch.zeros(1, 2, 5), loss_fn=torch.sum)
+    with pytest.raises(TypeError, match="float64"):
+        step_contributions(RNNCell(3, 4), torch.zeros(1, 2, 3, dtype=DT), loss_fn=torch.sum)

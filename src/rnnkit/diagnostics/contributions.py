@@ -148,6 +148,12 @@ def run_direction(
         raise ValueError(
             f"x must have shape {layout} with I = {cell.input_size}, got {tuple(x.shape)}"
         )
+    p = cell.weight_ih
+    if x.dtype != p.dtype or x.device != p.device:
+        raise TypeError(
+            f"x is {x.dtype} on {x.device} but the cell's parameters are {p.dtype} on "
+            f"{p.device}; convert one of them (e.g. cell.to(x))"
+        )
     mask_bt = resolve_mask(x, lengths, mask, batch_first=batch_first)  # (B, T) or None
     xt = x.transpose(0, 1) if batch_first else x  # (T, B, I)
     mask_t = mask_bt.T if mask_bt is not None else None  # (T, B)
