@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -125,6 +125,13 @@ def _split(source: CellBase | Recurrent) -> tuple[CellBase, bool]:
     )
 
 
+def detached_weights(cell: CellBase) -> Weights:
+    """The cell's ``Weights`` detached (they share storage: in-place edits show)."""
+    w = cast(Weights, cell.weights())  # type: ignore[operator]  # every cell defines it
+    hn = None if w.bias_hn is None else w.bias_hn.detach()
+    return Weights(w.weight_ih.detach(), w.weight_hh.detach(), w.bias.detach(), hn)
+
+
 def run_direction(
     source: CellBase | Recurrent,
     x: Tensor,
@@ -170,8 +177,8 @@ def run_direction(
         xt = torch.where(mask3, xt, 0.0)  # padding may hold anything; it never leaks
         if bool(run_mask.all()):
             mask3 = None
-    w = Weights(*(None if p is None else p.detach() for p in cell.weights()))
-    kernel = cell.kernel
+    w = detached_weights(cell)
+    kernel = cast(Kernel, cell.kernel)
     with torch.no_grad():
         record = forward_pass(kernel, xt.detach(), w, states0, mask3, save=True)
     return DirectionRun(cell, kernel, w, record, mask3, mask_t, reverse)
@@ -227,12 +234,14 @@ def per_step(
         cache = tuple(to_original(c) for c in cache)
     d_w_ih = torch.einsum("kbg,kbi->kgi", d_xp, x)  # (n, G·H, I)
     d_bias = d_xp.sum(1)  # (n, G·H)
-    hh, hn = [], []
+    hh: list[Tensor] = []
+    hn: list[Tensor] = []
     for k in range(n):  # the kernel knows what multiplies W_hh (e.g. r ⊙ h for the GRU)
         g_hh, g_hn = kernel.recurrent_grads(d_hp[k], h_prev[k], tuple(c[k] for c in cache))
         hh.append(g_hh)
-        hn.append(g_hn)
-    d_bias_hn = None if hn[0] is None else torch.stack(hn)
+        if g_hn is not None:
+            hn.append(g_hn)
+    d_bias_hn = torch.stack(hn) if hn else None
     return d_w_ih, torch.stack(hh), d_bias, d_bias_hn
 
 

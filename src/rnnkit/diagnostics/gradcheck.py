@@ -27,8 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rnnkit.cells.kernel import Weights
-from rnnkit.diagnostics.contributions import run_direction
+from rnnkit.diagnostics.contributions import detached_weights, run_direction
 from rnnkit.layers.masking import flip_sequences
 from rnnkit.layers.stacked import GRU, LSTM, RNN, Bidirectional, StackedRecurrent
 from rnnkit.recurrence import forward_pass
@@ -117,6 +116,11 @@ def _loss(out: Any, r_out: Tensor, r_fin: tuple[Tensor, ...]) -> Tensor:
     for s, r in zip(_state_tuple(out.state), r_fin, strict=True):
         loss = loss + (s * r).sum()
     return loss
+
+
+def _grad(t: Tensor) -> Tensor:
+    """``t.grad`` (zeros if nothing reached ``t``)."""
+    return torch.zeros_like(t) if t.grad is None else t.grad.detach().clone()
 
 
 def _rel(g: Tensor, ref: Tensor, name: str) -> GradientError:
@@ -225,8 +229,9 @@ def _direction_reference(
     frozen = run_direction(direction, x, mask=mask, state=state).record.states  # (T + 1, B, H)
     T, B = x.shape[1], x.shape[0]
     mask_t = mask.T
-    d_r = flip_sequences(d_out.transpose(0, 1), mask_t)[0] if direction.reverse else None
-    d_r = d_out.transpose(0, 1) if d_r is None else d_r  # (T, B, H) reading order
+    d_r = d_out.transpose(0, 1)  # (T, B, H)
+    if direction.reverse:
+        d_r = flip_sequences(d_r, mask_t)[0]  # reading order
     x_var = x.clone(memory_format=torch.contiguous_format)
     s0_var = tuple(s.clone(memory_format=torch.contiguous_format) for s in s0)
     # Window of injection t: steps t − τ + 1 … t, as rows (t, b) of one batch.
@@ -234,13 +239,14 @@ def _direction_reference(
     inside = idx >= 0
     idx = idx.clamp(min=0)
     starts_at_zero = (torch.arange(T) - window + 1 <= 0)[:, None]  # (T, 1)
-    w = Weights(*(None if p is None else p.detach() for p in cell.weights()))
+    w = detached_weights(cell)
 
     def objective() -> Tensor:
         xt = x_var.transpose(0, 1)  # (T, B, I)
         mr = mask_t
         if direction.reverse:
-            xt, mr = flip_sequences(xt, mask_t)
+            xt = flip_sequences(xt, mask_t)[0]
+            mr = flip_sequences(mask_t, mask_t)[0]  # the mask in reading order
         xw = xt[idx.T].reshape(window, T * B, -1)  # (τ, T, B, I) → (τ, T·B, I)
         mw = (mr[idx.T] & inside.T[:, :, None]).reshape(window, T * B, 1)
         xw = torch.where(mw, xw, 0.0)
@@ -341,10 +347,10 @@ def gradcheck(
     s_leaf = tuple(s.clone().requires_grad_(True) for s in states0)
     out = layer(x_leaf, mask=mask, state=pack(s_leaf), window=window)
     _loss(out, r_out, r_fin).backward()
-    explicit = {name: p.grad.detach().clone() for name, p in layer.named_parameters()}
-    explicit["input"] = x_leaf.grad.detach()
+    explicit = {name: _grad(p) for name, p in layer.named_parameters()}
+    explicit["input"] = _grad(x_leaf)
     for k, s in enumerate(s_leaf):
-        explicit[f"state.{k}"] = s.grad.detach()
+        explicit[f"state.{k}"] = _grad(s)
 
     if window is None:
         x_var, s_var = x.clone(), tuple(s.clone() for s in states0)

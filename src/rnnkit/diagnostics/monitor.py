@@ -20,7 +20,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -181,7 +181,9 @@ def layer_statistics(
         names = ["forward", "backward"] if isinstance(layer, Bidirectional) else [""]
         outputs = []
         for direction, name in zip(directions, names, strict=True):
-            run = run_direction(direction, h, lengths=lengths, mask=mask, batch_first=batch_first)
+            run = run_direction(
+                cast(Recurrent, direction), h, lengths=lengths, mask=mask, batch_first=batch_first
+            )
             out[f"layer{index}" + (f".{name}" if name else "")] = _stats(run, threshold)
             outputs.append(run.outputs)  # (T, B, H), original order
         h = torch.cat(outputs, dim=-1)
@@ -353,7 +355,7 @@ class GradientMonitor:
     def clip_rate(self) -> float:
         """Share of recorded steps (with a known ``clipped``) on which clipping fired."""
         known = [r for r in self.history if r.clipped is not None]
-        return sum(r.clipped for r in known) / len(known) if known else 0.0
+        return sum(1 for r in known if r.clipped) / len(known) if known else 0.0
 
     def norms(self, group: str | None = None) -> list[float | None]:
         """The global norm history, or one group's."""
