@@ -278,7 +278,14 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     from rnnkit.tasks.registry import task_module  # lazy: keeps `rnnkit --help` fast
 
-    summary = task_module(cfg.task).train(cfg, resume=args.resume, quiet=args.quiet)
+    try:
+        summary = task_module(cfg.task).train(cfg, resume=args.resume, quiet=args.quiet)
+    finally:
+        from rnnkit.training.distributed import shutdown_distributed
+
+        shutdown_distributed()
+    if summary.get("rank", 0) != 0:
+        return 0  # under torchrun only rank 0 reports
     if args.json:
         print(
             json.dumps(

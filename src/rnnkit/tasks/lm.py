@@ -24,12 +24,13 @@ from rnnkit.config import TrainConfig, parse_bptt
 from rnnkit.data.batching import SequenceBatcher, StreamBatcher, lm_pairs
 from rnnkit.data.text import encode_text, read_text
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
-from rnnkit.errors import CheckpointError, DataError
+from rnnkit.errors import CheckpointError, ConfigError, DataError
 from rnnkit.models.builders import build_language_model
 from rnnkit.models.language_model import LanguageModel, LossOutput
 from rnnkit.models.ngram import NGramModel
 from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything
 from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
+from rnnkit.training.distributed import init_distributed
 from rnnkit.training.loop import Trainer, TrainOptions
 
 __all__ = [
@@ -183,7 +184,7 @@ def _step_fn(data: LMData, device: torch.device):
     return step
 
 
-def _train_batches(cfg: TrainConfig, data: LMData) -> Any:
+def _train_batches(cfg: TrainConfig, data: LMData, drop_last: bool = False) -> Any:
     if data.mode == "segment":
         boundary = EOS_ID if cfg.doc_boundary == "line" else None
         return StreamBatcher(data.train_stream, cfg.batch_size, data.k, boundary_id=boundary)
@@ -194,6 +195,7 @@ def _train_batches(cfg: TrainConfig, data: LMData) -> Any:
         batch_size=cfg.batch_size,
         shuffle=True,
         seed=cfg.seed,
+        drop_last=drop_last,  # distributed: every batch splits evenly over the processes
     )
 
 
@@ -232,13 +234,20 @@ def train_lm(
                     "(checkpoint of an incompatible config)"
                 )
         vocab = Vocabulary.load(out / "vocab.json")
-    seed_everything(cfg.seed)
+    ctx = init_distributed(device.type)
+    if ctx.enabled and cfg.batch_size % ctx.world_size:
+        raise ConfigError(
+            f"--batch-size {cfg.batch_size} is the global batch: it must be divisible by the "
+            f"{ctx.world_size} processes"
+        )
+    seed_everything(cfg.seed)  # the same on every rank: identical initial weights
     data = prepare_lm_data(cfg, vocab)
     model = build_language_model(cfg, len(data.vocab)).to(device)
     optimizer, plateau = _optimizer(cfg, model)
-    batches = _train_batches(cfg, data)
-    out.mkdir(parents=True, exist_ok=True)
-    if not resume:
+    batches = _train_batches(cfg, data, drop_last=ctx.enabled)
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    if not resume and ctx.is_main:
         data.vocab.save(out / "vocab.json")
         save_config(out, cfg, vocab_size=len(data.vocab))
         (out / "metrics.jsonl").unlink(missing_ok=True)
@@ -262,12 +271,15 @@ def train_lm(
         plateau=plateau,
         out_dir=out,
         callbacks=callbacks,
+        dist_ctx=ctx,
     )
     if resume:
         trainer.resume()
     started = time.perf_counter()
     result = trainer.fit()
     elapsed = time.perf_counter() - started
+    if not ctx.is_main:
+        return {"task": "lm", "rank": ctx.rank, "steps": result.steps}
     # The n-gram baseline on the same tokens.
     ngram = NGramModel(order=cfg.ngram_order, vocab_size=len(data.vocab))
     train_ng, _ = _ngram_streams(data)

@@ -33,6 +33,7 @@ from tqdm import tqdm
 from rnnkit.errors import RnnkitError
 from rnnkit.models.language_model import LossOutput
 from rnnkit.training.checkpoint import load_snapshot, save_model_weights, save_snapshot
+from rnnkit.training.distributed import DistContext, ShardedBatches, StepModule
 from rnnkit.types import LSTMState
 
 __all__ = ["TrainOptions", "TrainResult", "Trainer", "TrainingDiverged"]
@@ -141,13 +142,20 @@ class Trainer:
         out_dir: str | Path | None = None,
         callbacks: list[Callable[[dict[str, Any]], None]] | None = None,
         grad_hook: Callable[[nn.Module, float, bool], None] | None = None,
+        dist_ctx: DistContext | None = None,
     ) -> None:
         if options.on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"on_nonfinite must be 'stop' or 'skip', got {options.on_nonfinite!r}")
         self.model = model
         self.optimizer = optimizer
-        self.batches = batches
+        self.dist = dist_ctx or DistContext()
+        self.batches = ShardedBatches(batches, self.dist) if self.dist.enabled else batches
         self.step_fn = step_fn
+        self.ddp: nn.Module | None = None
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.ddp = DistributedDataParallel(StepModule(model, step_fn))
         self.options = options
         self.evaluate_fn = evaluate_fn
         self.scheduler = scheduler
@@ -168,6 +176,8 @@ class Trainer:
     # -- bookkeeping -------------------------------------------------------------------
     def _log(self, event: dict[str, Any]) -> None:
         self.history.append(event)
+        if not self.dist.is_main:
+            return  # only rank 0 writes logs
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
@@ -186,10 +196,16 @@ class Trainer:
         }
 
     def save(self) -> None:
-        """Write a resumable snapshot of the current step."""
+        """Write a resumable snapshot of the current step (rank 0 writes; with several
+        processes every rank must call this: the carried state is gathered first)."""
         if self.out_dir is None:
             return
-        extra = {"rng/torch": torch.get_rng_state(), **_carry_tensors(self.carry)}
+        carry = _carry_tensors(self.carry)
+        if self.dist.enabled:  # the snapshot holds the GLOBAL batch's carried state
+            carry = {k: self.dist.gather_rows(v, dim=2) for k, v in carry.items()}
+        if not self.dist.is_main:
+            return
+        extra = {"rng/torch": torch.get_rng_state(), **carry}
         save_snapshot(self.out_dir, self.step, self.model, self.optimizer, self._state(), extra)
         if self.evaluate_fn is None:  # no validation: the latest weights are the ones to use
             save_model_weights(self.model, self.out_dir / "model.safetensors")
@@ -210,6 +226,11 @@ class Trainer:
         self.clipped = int(state.get("clipped", 0))
         if "rng/torch" in extra:
             torch.set_rng_state(extra["rng/torch"])
+        if self.dist.enabled:  # this process's rows of the global carried state
+            extra = {
+                k: v if not k.startswith("carry/") else self.dist.rows(v, dim=2)
+                for k, v in extra.items()
+            }
         self.carry = _carry_from(extra, self._device)
 
     # -- the loop ----------------------------------------------------------------------
@@ -235,7 +256,7 @@ class Trainer:
         if improved:
             self.best = {"step": self.step, **metrics}
             self.bad_evals = 0
-            if self.out_dir is not None:
+            if self.out_dir is not None and self.dist.is_main:
                 save_model_weights(self.model, self.out_dir / "model.safetensors")
         else:
             self.bad_evals += 1
@@ -266,7 +287,7 @@ class Trainer:
         bar = tqdm(
             total=total,
             initial=self.step,
-            disable=opts.quiet,
+            disable=opts.quiet or not self.dist.is_main,
             unit="step",
             dynamic_ncols=True,
             leave=False,
@@ -284,12 +305,22 @@ class Trainer:
                 batch = next(it)
                 batch_index = self.batches.position
                 self.optimizer.zero_grad(set_to_none=True)
-                out = self.step_fn(self.model, batch, self.carry)
-                loss_value = float(out.loss.detach())
-                if not self._check_finite(loss_value, "the training loss", batch_index):
+                if self.ddp is not None:
+                    out = self.ddp(batch, self.carry)
+                else:
+                    out = self.step_fn(self.model, batch, self.carry)
+                loss = out.loss
+                # Global figures (sums over processes): every rank sees the same values,
+                # so every rank takes the same decision (stop, skip) and none deadlocks.
+                nats, tokens = self.dist.all_sum(out.nats, out.tokens)
+                if not self._check_finite(nats, "the training loss", batch_index):
                     self.carry = None
                     continue
-                out.loss.backward()
+                if self.dist.enabled:
+                    # DDP averages gradients over W processes: weigh each process's token
+                    # mean by its share of the global tokens -> gradient of the global mean.
+                    loss = loss * (out.tokens * self.dist.world_size / max(tokens, 1))
+                loss.backward()
                 params = [p for p in self.model.parameters() if p.grad is not None]
                 if opts.clip_value is not None:
                     torch.nn.utils.clip_grad_value_(params, opts.clip_value)
@@ -307,9 +338,9 @@ class Trainer:
                     self.scheduler.step()
                 self.step += 1
                 self.carry = _detach(out.state)
-                self._window_nats += out.nats
-                self._window_tokens += out.tokens
-                tokens_seen += out.tokens
+                self._window_nats += nats
+                self._window_tokens += int(tokens)
+                tokens_seen += int(tokens)
                 last_train_loss = self._window_nats / max(self._window_tokens, 1)
                 bar.update(1)
                 if not opts.quiet:

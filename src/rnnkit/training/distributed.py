@@ -1,0 +1,154 @@
+"""Data-parallel training on ``torch.distributed`` (gloo on CPU, NCCL on GPU).
+
+Launch with torchrun, e.g. ``torchrun --nproc-per-node 2 -m rnnkit train …``; the usual
+torchrun flags (``--nnodes``, ``--rdzv-endpoint``) take it to several machines.
+
+* ``--batch-size`` is the GLOBAL batch: each of the W processes takes its own B/W rows of
+  every batch (for streams: its own streams). So a run gives the same weights whatever W
+  is (up to float32 reduction order), and ``--resume`` works with another number of
+  processes — the data position is that of the global batch.
+* Gradients are averaged by ``DistributedDataParallel``; each process scales its token-mean
+  loss by its share of the global tokens first, so the averaged gradient is the gradient of
+  the global token mean even when processes hold different numbers of tokens.
+* Only rank 0 writes checkpoints, logs and reports; every rank validates on the whole
+  validation set, so early stopping and learning-rate decisions agree without messages.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from rnnkit.errors import ConfigError
+
+__all__ = [
+    "DistContext",
+    "ShardedBatches",
+    "StepModule",
+    "init_distributed",
+    "shutdown_distributed",
+]
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process stands in the group (a single process by default)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def rows(self, t: Tensor, dim: int = 0) -> Tensor:
+        """This process's contiguous share of ``t`` along ``dim`` (the global batch)."""
+        if not self.enabled:
+            return t
+        if t.shape[dim] % self.world_size:
+            raise ConfigError(
+                f"{t.shape[dim]} rows cannot be split evenly over {self.world_size} processes"
+            )
+        per = t.shape[dim] // self.world_size
+        return t.narrow(dim, self.rank * per, per)
+
+    def gather_rows(self, t: Tensor, dim: int = 0) -> Tensor:
+        """Concatenate every process's ``t`` along ``dim`` in rank order (all ranks)."""
+        if not self.enabled:
+            return t
+        parts = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(parts, t.contiguous())
+        return torch.cat(parts, dim=dim)
+
+    def all_sum(self, *values: float) -> list[float]:
+        """Sum numbers over all processes (identity for one process)."""
+        if not self.enabled:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.tolist()
+
+
+def init_distributed(device_type: str = "cpu") -> DistContext:
+    """Join the process group torchrun describes in the environment (``WORLD_SIZE``, …).
+
+    One process (no ``WORLD_SIZE`` or 1) needs no group and gets the default context.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext()
+    if not dist.is_available():
+        raise ConfigError("torch.distributed is not available in this torch build")
+    if not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend)
+    return DistContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def shutdown_distributed() -> None:
+    """Leave the process group, if this process joined one."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _shard(value: Any, ctx: DistContext) -> Any:
+    if isinstance(value, Tensor) and value.dim() >= 1:
+        if value.shape[0] % ctx.world_size:
+            raise ConfigError(
+                f"a batch of {value.shape[0]} rows cannot be split evenly over "
+                f"{ctx.world_size} processes; choose --batch-size divisible by their number"
+            )
+        return ctx.rows(value, dim=0)
+    return value
+
+
+class ShardedBatches:
+    """This process's rows of every batch of a resumable batcher (position is global)."""
+
+    def __init__(self, batches: Any, ctx: DistContext) -> None:
+        self.inner = batches
+        self.ctx = ctx
+
+    def __iter__(self):
+        for batch in self.inner:
+            fields = {k: _shard(v, self.ctx) for k, v in batch._asdict().items()}
+            yield type(batch)(**fields)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    @property
+    def epoch(self) -> int:
+        return self.inner.epoch
+
+    @property
+    def position(self) -> int:
+        return self.inner.position
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
+
+class StepModule(nn.Module):
+    """``forward(batch, carry)`` runs a task's step function, so DDP sees one forward."""
+
+    def __init__(self, model: nn.Module, step_fn: Any) -> None:
+        super().__init__()
+        self.model = model
+        self.step_fn = step_fn
+
+    def forward(self, batch: Any, carry: Any) -> NamedTuple:
+        return self.step_fn(self.model, batch, carry)
