@@ -55,8 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (RnnkitError, OSError) as exc:
-        print(f"rnnkit {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        code = getattr(exc, "exit_code", 2)
+        kind = "error" if code == 2 else "stopped"
+        print(f"rnnkit {args.command}: {kind}: {exc}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         print(f"rnnkit {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -52,7 +52,9 @@ class Recurrent(nn.Module):
             self.cell.kernel, x, self.cell.weights(), states0, run_mask, window
         )
         if self.reverse:
-            outputs, _ = flip_sequences(outputs, run_mask)
+            # Flip back with the ORIGINAL mask: the extent [0, L) is that of the input (a
+            # leading hole makes the flipped mask's extent shorter).
+            outputs, _ = flip_sequences(outputs, mask)
         final: State = LSTMState(*finals) if self.cell.is_lstm else finals[0]
         return outputs, final
 

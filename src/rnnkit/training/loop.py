@@ -18,8 +18,11 @@ loop owns everything else, so every task trains the same way (minGPT's trainer):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,11 +39,41 @@ from rnnkit.training.checkpoint import load_snapshot, save_model_weights, save_s
 from rnnkit.training.distributed import DistContext, ShardedBatches, StepModule
 from rnnkit.types import LSTMState
 
-__all__ = ["TrainOptions", "TrainResult", "Trainer", "TrainingDiverged"]
+__all__ = ["TrainOptions", "TrainResult", "Trainer", "TrainingDiverged", "TrainingInterrupted"]
 
 
 class TrainingDiverged(RnnkitError):
     """A NaN or infinite loss/gradient; the last good checkpoint is left intact."""
+
+
+class TrainingInterrupted(RnnkitError):
+    """SIGINT or SIGTERM arrived: the step in flight was finished and saved."""
+
+    exit_code = 130
+
+
+@contextlib.contextmanager
+def _stop_on_signals(flag: list[int]):
+    """Turn SIGINT/SIGTERM into a request to stop after the current step (``flag``).
+
+    A second signal while the first is pending stops at once (KeyboardInterrupt). Only
+    the main thread can own signal handlers; elsewhere nothing is installed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if flag:
+            raise KeyboardInterrupt
+        flag.append(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 @dataclass
@@ -299,7 +332,10 @@ class Trainer:
         tokens_seen = 0
         eval_seconds = 0.0
         last_train_loss = None
-        try:
+        stop_signal: list[int] = []
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_stop_on_signals(stop_signal))
+            stack.callback(bar.close)
             it = self._batches()
             while self.step < total:
                 batch = next(it)
@@ -312,7 +348,9 @@ class Trainer:
                 loss = out.loss
                 # Global figures (sums over processes): every rank sees the same values,
                 # so every rank takes the same decision (stop, skip) and none deadlocks.
-                nats, tokens = self.dist.all_sum(out.nats, out.tokens)
+                nats, tokens, stopping = self.dist.all_sum(
+                    out.nats, out.tokens, float(bool(stop_signal))
+                )
                 if not self._check_finite(nats, "the training loss", batch_index):
                     self.carry = None
                     continue
@@ -396,8 +434,15 @@ class Trainer:
                 if out_of_time:
                     self._log({"event": "time_limit", "step": self.step})
                     break
-        finally:
-            bar.close()
+                if stopping:  # a signal reached some process: all save and stop together
+                    if not (scheduled or final):
+                        self.save()
+                    self._log({"event": "interrupted", "step": self.step})
+                    name = signal.Signals(stop_signal[0]).name if stop_signal else "a signal"
+                    raise TrainingInterrupted(
+                        f"stopped by {name} after step {self.step}; the checkpoint is saved "
+                        "(continue with --resume)"
+                    )
         return TrainResult(
             steps=self.step,
             epochs_done=self.batches.epoch,
