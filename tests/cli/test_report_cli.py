@@ -1,0 +1,90 @@
+"""``rnnkit report --checkpoint DIR [--out PATH]``: writes the HTML report, says where,
+and turns a bad directory into one line on stderr with a non-zero exit."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from rnnkit.cli.main import main
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "hat"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse exits for usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cli")
+    rng = random.Random(0)
+    text = "".join(" ".join(rng.choice(WORDS) for _ in range(5)) + "\n" for _ in range(100))
+    (root / "train.txt").write_text(text, encoding="utf-8")
+    argv = ["train", "--train", str(root / "train.txt"), "--out", str(root / "run")]
+    argv += ["--cell", "rnn", "--hidden", "8", "--embedding", "8", "--batch-size", "4"]
+    argv += ["--bptt", "segment:16", "--steps", "10", "--ngram-order", "2", "--quiet"]
+    assert main(argv) == 0
+    return root / "run"
+
+
+def test_report_writes_the_default_path_and_says_where(capsys, run_dir):
+    code, out, err = cli(capsys, "report", "--checkpoint", str(run_dir))
+    assert code == 0, err
+    path = run_dir / "report.html"
+    assert out == f"report: {path}\n"
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>") and "data:image/png;base64," in text
+
+
+def test_report_out_option(capsys, run_dir, tmp_path, monkeypatch):
+    import rnnkit.diagnostics.report as report
+
+    # The content is the library's business (tests/diagnostics); here only where it goes.
+    monkeypatch.setattr(report, "render_report", lambda run: f"<!DOCTYPE html>{run}")
+    out_path = tmp_path / "reports" / "run.html"
+    code, out, _ = cli(capsys, "report", "--checkpoint", str(run_dir), "--out", str(out_path))
+    assert code == 0
+    assert out.strip() == f"report: {out_path}"
+    assert out_path.read_text() == f"<!DOCTYPE html>{run_dir}"
+    code, out, _ = cli(capsys, "report", "--checkpoint", str(run_dir), "--out", str(tmp_path))
+    assert code == 0 and out.strip() == f"report: {tmp_path / 'report.html'}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--checkpoint", "{tmp}/missing"], "no such checkpoint directory"),
+        (["--checkpoint", "{tmp}"], "config.json: missing"),
+    ],
+)
+def test_bad_checkpoint_is_one_line_and_exit_2(capsys, tmp_path, argv, message):
+    code, out, err = cli(capsys, "report", *(a.format(tmp=tmp_path) for a in argv))
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and message in err and err.startswith("rnnkit report: error:")
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_usage_errors(capsys):
+    code, _, err = cli(capsys, "report")
+    assert code == 2 and "--checkpoint" in err
+    code, out, _ = cli(capsys, "report", "--help")
+    assert code == 0 and "--out" in out and "self-contained" in out
