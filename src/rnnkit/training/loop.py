@@ -348,10 +348,10 @@ class Trainer:
                 loss = out.loss
                 # Global figures (sums over processes): every rank sees the same values,
                 # so every rank takes the same decision (stop, skip) and none deadlocks.
-                nats, tokens, stopping = self.dist.all_sum(
-                    out.nats, out.tokens, float(bool(stop_signal))
+                nats, tokens, stopping, loss_sum = self.dist.all_sum(
+                    out.nats, out.tokens, float(bool(stop_signal)), float(loss.detach())
                 )
-                if not self._check_finite(nats, "the training loss", batch_index):
+                if not self._check_finite(loss_sum + nats, "the training loss", batch_index):
                     self.carry = None
                     continue
                 if self.dist.enabled:
