@@ -176,6 +176,7 @@ def test_bad_input_is_one_line_naming_file_and_line(tmp_path, capsys, content, l
         (["--scheduled-sampling", "cosine:3"], "--scheduled-sampling"),
         (["--bidirectional", "--attention", "dot"], "--attention dot"),
         (["--decoder-only", "--scheduled-sampling", "linear:5"], "--scheduled-sampling"),
+        (["--decoder-only", "--bidirectional"], "--bidirectional"),
     ],
 )
 def test_bad_options_are_one_line(data, tmp_path, capsys, options, named):

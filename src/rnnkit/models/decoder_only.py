@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rnnkit.config import TrainConfig
+from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, PAD_ID
 from rnnkit.generation import GenerationResult
 from rnnkit.losses import sequence_cross_entropy
@@ -126,7 +127,7 @@ class DecoderOnlyTranslator(nn.Module):
         """``V_t``, the target vocabulary size."""
         return self.lm.vocab_size - self.source_vocab_size
 
-    def target_logits(self, batch) -> Tensor:
+    def target_logits(self, batch: PairBatch) -> Tensor:
         """Logits ``(B, T, V_t)`` of every target step under teacher forcing."""
         inputs, mask, positions = joint_sequences(
             batch.source, batch.source_mask, batch.target_in, batch.target_mask,
@@ -136,7 +137,12 @@ class DecoderOnlyTranslator(nn.Module):
         index = positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
         return logits.gather(1, index)  # (B, T, V_t)
 
-    def loss(self, batch, sampling_p: float | None = None, generator=None) -> LossOutput:
+    def loss(
+        self,
+        batch: PairBatch,
+        sampling_p: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> LossOutput:
         """Cross-entropy on the target part only (masked token mean, nats)."""
         if sampling_p is not None:
             raise ValueError("scheduled sampling applies to the encoder–decoder only")

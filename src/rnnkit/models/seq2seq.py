@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from rnnkit.attention import Attention
 from rnnkit.config import TrainConfig
+from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
 from rnnkit.generation import GenerationResult
@@ -363,7 +364,12 @@ class Seq2Seq(nn.Module):
         return Seq2SeqOutput(logits, attention, torch.stack(step_masks, dim=1))
 
     # ---------------------------------------------------------------------- task API
-    def loss(self, batch, sampling_p: float | None = None, generator=None) -> LossOutput:
+    def loss(
+        self,
+        batch: PairBatch,
+        sampling_p: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> LossOutput:
         """Masked token-mean cross-entropy (nats) of a ``PairBatch``."""
         out = self(
             batch.source,
@@ -377,7 +383,7 @@ class Seq2Seq(nn.Module):
         tokens = int(out.mask.sum())
         return LossOutput(loss, float(loss.detach()) * tokens, tokens, None)
 
-    def target_logits(self, batch) -> Tensor:
+    def target_logits(self, batch: PairBatch) -> Tensor:
         """Teacher-forced logits ``(B, T, V_t)`` aligned with ``batch.target_out``."""
         return self(batch.source, batch.source_mask, batch.target_in, batch.target_mask).logits
 
