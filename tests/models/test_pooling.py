@@ -20,6 +20,15 @@ MASK = torch.tensor(
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Tiny tensors: a second thread only adds contention on a shared machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def states():
     g = torch.Generator().manual_seed(0)
