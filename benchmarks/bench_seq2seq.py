@@ -54,6 +54,17 @@ def _median_time(fn, rounds: int, reps: int) -> float:
     return statistics.median(times)
 
 
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _model(args: argparse.Namespace, attention: str, seed: int = 0):
     torch.manual_seed(seed)
     cfg = TrainConfig(
@@ -150,7 +161,8 @@ def main() -> None:
         )
 
     record = {
-        "machine": platform.processor() or platform.machine(),
+        "machine": _cpu(),
+        "load_average": round(os.getloadavg()[0], 1),
         "cpus": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -176,7 +188,7 @@ def main() -> None:
     print(
         f"seq2seq {m['cell']} H={m['hidden']} E={m['embedding']} attention={m['attention']} "
         f"({m['parameters']:,} parameters); {record['data']}; torch {record['torch']}, "
-        f"{record['threads']} threads"
+        f"{record['threads']} thread(s), {record['machine']}, load {record['load_average']}"
     )
     for key, value in record["sentences_per_s"].items():
         print(f"  {key:<24} {value:10.1f} sentences/s")
