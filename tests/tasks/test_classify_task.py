@@ -163,3 +163,13 @@ def test_evaluate_bad_file_and_wrong_task(capsys, data, tmp_path):
 
     with pytest.raises(CheckpointError, match="task is 'classify', not 'tag'"):
         load_tagger(out)
+
+
+def test_resume_continues_exactly(capsys, data, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert train(capsys, data, straight, "--steps", "6", "--eval-every", "3")[0] == 0
+    assert train(capsys, data, split, "--steps", "3", "--eval-every", "3")[0] == 0
+    assert train(capsys, data, split, "--steps", "6", "--eval-every", "3", "--resume")[0] == 0
+    a = json.loads((straight / "summary.json").read_text())["valid"]
+    b = json.loads((split / "summary.json").read_text())["valid"]
+    assert a["loss_nats"] == pytest.approx(b["loss_nats"], rel=1e-6)
