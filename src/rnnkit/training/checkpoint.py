@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -198,13 +199,11 @@ def save_snapshot(
     ``extra_tensors`` (RNG states, a carried recurrent state) go to ``extra.safetensors``.
     """
     out_dir = Path(out_dir)
-    name = f"step-{step:09d}"
+    # A unique name: a snapshot of a step saved before (say, by a run killed after it)
+    # is never touched while latest.json may still point to it.
+    name = f"step-{step:09d}-{uuid.uuid4().hex[:8]}"
     snap = out_dir / "snapshots" / name
-    if snap.exists():
-        shutil.rmtree(snap)
     tmp = out_dir / "snapshots" / f".{name}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     try:
         save_model_weights(model, tmp / "model.safetensors")
@@ -235,10 +234,18 @@ def save_snapshot(
             "state_sha256": sha256_file(snap / "state.json"),
         },
     )
-    # Only now may older snapshots go.
-    snaps = sorted(p for p in (out_dir / "snapshots").iterdir() if p.name.startswith("step-"))
-    for old in snaps[:-keep]:
+    # Only now may older snapshots go — and leftovers of writes a crash cut short.
+    snaps = sorted(
+        (p for p in (out_dir / "snapshots").iterdir() if p.name.startswith("step-") and p != snap),
+        key=lambda p: p.stat().st_mtime,
+    )
+    for old in snaps[: max(len(snaps) - (keep - 1), 0)]:
         shutil.rmtree(old, ignore_errors=True)
+    for stale in (out_dir / "snapshots").glob(".step-*.tmp"):
+        if stale != tmp:
+            shutil.rmtree(stale, ignore_errors=True)
+    for stale in out_dir.glob(".*.tmp"):  # atomic_write_bytes temp files of a killed run
+        stale.unlink(missing_ok=True)
     return snap
 
 
