@@ -10,6 +10,7 @@ compared with.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,14 @@ from rnnkit.layers.stacked import GRU, LSTM, RNN
 from rnnkit.types import LSTMState
 
 DTYPE = torch.float64
+
+# One intra-op thread for the whole suite: the tests use tiny tensors, where a second
+# OpenMP thread only adds synchronisation (20-40x slower on a loaded 2-core machine).
+# Speed is measured in benchmarks/, never here.
+torch.set_num_threads(1)
+# `rnnkit train` writes its HTML report by default; the report has tests of its own, so the
+# many tiny training runs of the suite skip it (RNNKIT_REPORT=0 is the documented switch).
+os.environ.setdefault("RNNKIT_REPORT", "0")
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if task == "seq2seq":
         if args.input is None:
             raise ConfigError("--input is required for a seq2seq checkpoint")
-        outputs = task_module(task).transduce(args.checkpoint, args.input, beam=args.beam or 1)
+        outputs = task_module(task).transduce(args.checkpoint, args.input, beam=args.beam)
         outputs = outputs if isinstance(outputs, list) else [outputs]
     elif task == "lm":
         from rnnkit.tasks.lm import load_lm, prompt_ids, sample_texts

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +215,13 @@ def register(sub: Any) -> None:
     g.add_argument("--beam", type=int, default=d.beam, help="seq2seq: beam width for decoding")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument(
+        "--no-report",
+        action="store_true",
+        default=os.environ.get("RNNKIT_REPORT", "1") == "0",
+        help="do not write OUT/report.html at the end (default: write it; the environment "
+        "variable RNNKIT_REPORT=0 changes the default)",
+    )
     p.set_defaults(func=run)
 
 
@@ -261,17 +269,41 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"({summary.get('tokens_per_s') or 0:.0f} tokens/s), "
         f"{summary['parameters']:,} parameters"
     )
-    if valid:
+    if valid and ("bits_per_char" in valid or "perplexity" in valid):
         key = "bits_per_char" if "bits_per_char" in valid else "perplexity"
         label = "bits/char" if key == "bits_per_char" else "perplexity"
         line = f"validation {label}: recurrent {valid[key]:.3f}"
         if ngram:
-            line += f" | {ngram['order']}-gram baseline {ngram[key]:.3f}"
+            line += f" | {ngram['order']}-gram baseline {ngram.get(key, float('nan')):.3f}"
         print(line + f"  (nats/token {valid['loss_nats']:.3f})")
+    if valid:
+        shown = [
+            f"{k.replace('_', ' ')} {valid[k]:.4f}"
+            for k in ("accuracy", "macro_f1", "span_f1", "exact_match", "token_error_rate")
+            if isinstance(valid.get(k), (int, float))
+        ]
+        if shown:
+            print("validation " + ", ".join(shown))
     for sample in summary.get("samples", []):
         print(f"sample: {sample!r}")
     if summary.get("report"):
         print(f"report: {summary['report']}")
+
+
+def _write_report(out: str) -> str | None:
+    """The HTML report of a finished run; a failure to draw it never fails the run."""
+    from rnnkit.tasks.run import warn
+
+    try:
+        from rnnkit.diagnostics.report import write_report
+
+        return str(write_report(out))
+    except Exception as exc:  # the trained model is saved: say what failed, do not fail
+        warn(
+            f"the report could not be written ({exc.__class__.__name__}: {exc}); "
+            f"try: rnnkit report --checkpoint {out}"
+        )
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -286,6 +318,8 @@ def run(args: argparse.Namespace) -> int:
         shutdown_distributed()
     if summary.get("rank", 0) != 0:
         return 0  # under torchrun only rank 0 reports
+    if not args.no_report:
+        summary["report"] = _write_report(cfg.out)
     if args.json:
         print(
             json.dumps(

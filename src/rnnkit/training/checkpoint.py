@@ -51,6 +51,13 @@ FORMAT_VERSION = 1
 SNAPSHOT_FILES = ("model.safetensors", "optimizer.safetensors", "extra.safetensors")
 
 
+def _default_mode(path: str) -> None:
+    # mkstemp creates 0600; a finished file gets the mode a plain open() would give.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temporary file, fsync, rename)."""
     path = Path(path)
@@ -61,6 +68,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        _default_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -115,6 +123,7 @@ def save_model_weights(module: nn.Module, path: str | os.PathLike[str]) -> None:
         save_file(_state_tensors(module), tmp, metadata={"format": "rnnkit"})
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        _default_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

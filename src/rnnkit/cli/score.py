@@ -1,0 +1,350 @@
+"""``rnnkit score``: anomaly verdicts of event sessions with a trained ``events`` run.
+
+::
+
+    rnnkit score --checkpoint runs/sys --data sessions.jsonl      # one JSON line per session
+    rnnkit score --checkpoint runs/sys --data trace.txt --from strace
+    tail -F events.jsonl | rnnkit score --checkpoint runs/sys --data - --follow
+
+Batch mode prints, per session, ``{"session", "score", "verdict", "threshold", "scores",
+"events", "unknown", "top": [{"position", "event", "surprise", "miss"}...]}`` (see
+:func:`rnnkit.tasks.events.score_sessions`). ``--follow`` reads one event per line
+(:mod:`rnnkit.streaming` documents the format) and prints a verdict line when a session
+becomes anomalous or closes. A one-line summary goes to stderr unless ``--quiet``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from rnnkit.anomaly import SCORES
+from rnnkit.errors import ConfigError, DataError
+
+__all__ = ["ScoreConfig", "register", "run"]
+
+_STRACE_LINE = re.compile(r"^\s*(?:\[pid\s+\d+\]\s+|\d+\s+)?(?:[\d:.]+\s+)?[a-z_0-9]+\(")
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    """Validated options of ``rnnkit score``.
+
+    >>> ScoreConfig.from_args(argparse.Namespace(
+    ...     checkpoint="r", data="-", source="strace", no_result=False, per="pid", top=5,
+    ...     batch_size=64, score=None, target_fpr=None, threshold=None, ngram=False,
+    ...     follow=True, max_sessions=10000, idle_timeout=300.0, until_idle=None, poll=0.2,
+    ...     quiet=False))
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.ConfigError: --follow reads event lines; --from strace is for whole files
+    """
+
+    checkpoint: str
+    data: str
+    source: str = "sessions"
+    with_result: bool = True
+    per: str = "pid"
+    top: int = 5
+    batch_size: int = 64
+    score: str | None = None
+    target_fpr: float | None = None
+    threshold: float | None = None
+    ngram: bool = False
+    follow: bool = False
+    max_sessions: int = 10_000
+    idle_timeout: float | None = 300.0
+    until_idle: float | None = None
+    poll: float = 0.2
+    quiet: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ScoreConfig:
+        """Check the options together and build the config."""
+        if args.follow and args.source != "sessions":
+            raise ConfigError("--follow reads event lines; --from strace is for whole files")
+        if args.follow and args.ngram:
+            raise ConfigError("--ngram applies to batch scoring, not --follow")
+        if args.target_fpr is not None and args.threshold is not None:
+            raise ConfigError("give --target-fpr or --threshold, not both")
+        if args.target_fpr is not None and not 0 < args.target_fpr < 1:
+            raise ConfigError(f"--target-fpr must be in (0, 1), got {args.target_fpr}")
+        for name in ("top", "batch_size", "max_sessions"):
+            value = getattr(args, name)
+            minimum = 0 if name == "top" else 1
+            if value < minimum:
+                raise ConfigError(f"--{name.replace('_', '-')} must be ≥ {minimum}, got {value}")
+        for name in ("idle_timeout", "until_idle", "poll"):
+            value = getattr(args, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value}")
+        if not args.follow and (args.until_idle is not None):
+            raise ConfigError("--until-idle applies to --follow only")
+        if args.source == "sessions" and (args.no_result or args.per != "pid"):
+            raise ConfigError("--no-result and --per apply to --from strace only")
+        return cls(
+            checkpoint=args.checkpoint,
+            data=args.data,
+            source=args.source,
+            with_result=not args.no_result,
+            per=args.per,
+            top=args.top,
+            batch_size=args.batch_size,
+            score=args.score,
+            target_fpr=args.target_fpr,
+            threshold=args.threshold,
+            ngram=args.ngram,
+            follow=args.follow,
+            max_sessions=args.max_sessions,
+            idle_timeout=args.idle_timeout,
+            until_idle=args.until_idle,
+            poll=args.poll,
+            quiet=args.quiet,
+        )
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``score`` subcommand to the ``rnnkit`` parser."""
+    p = subparsers.add_parser(
+        "score",
+        help="anomaly scores of event sessions (events task)",
+        description="Score event sessions with a trained events run: one JSON line per "
+        "session (batch), or verdict lines as events arrive (--follow).",
+    )
+    p.add_argument("--checkpoint", required=True, help="run directory of an events run")
+    p.add_argument(
+        "--data",
+        required=True,
+        metavar="PATH",
+        help="sessions (JSON lines), strace output (--from strace), or event lines "
+        "(--follow); '-' reads standard input",
+    )
+    p.add_argument(
+        "--from",
+        dest="source",
+        choices=("sessions", "strace"),
+        default="sessions",
+        help="what --data holds (default: JSON-lines sessions)",
+    )
+    p.add_argument(
+        "--no-result",
+        action="store_true",
+        help="(strace) events are bare syscall names; must match how the run was trained",
+    )
+    p.add_argument(
+        "--per",
+        choices=("pid", "file"),
+        default="pid",
+        help="(strace) one session per traced process (default) or per file",
+    )
+    p.add_argument(
+        "--top", type=int, default=5, help="list the K most surprising events (default 5)"
+    )
+    p.add_argument("--batch-size", type=int, default=64, help="sessions per forward pass")
+    p.add_argument(
+        "--score",
+        choices=SCORES,
+        help="session score giving the verdict: max surprise, mean surprise or count of "
+        "top-g misses (default: the run's)",
+    )
+    p.add_argument(
+        "--target-fpr",
+        type=float,
+        help="re-pick thresholds at this false-positive rate from the run's validation scores",
+    )
+    p.add_argument("--threshold", type=float, help="anomalous when the score is above this")
+    p.add_argument(
+        "--ngram", action="store_true", help="add the n-gram baseline's scores (batch mode)"
+    )
+    g = p.add_argument_group("streaming")
+    g.add_argument(
+        "--follow",
+        action="store_true",
+        help="read event lines as they arrive (a growing file, or '-' for a pipe); "
+        'format: {"session": ID, "event": E} / {"session": ID, "end": true}',
+    )
+    g.add_argument(
+        "--max-sessions",
+        type=int,
+        default=10_000,
+        help="most sessions open at once; the least recently active is closed (default "
+        "%(default)s)",
+    )
+    g.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        help="close a session after this many seconds without events (default %(default)s)",
+    )
+    g.add_argument(
+        "--until-idle",
+        type=float,
+        help="stop when no input arrived for this many seconds (default: follow forever)",
+    )
+    g.add_argument("--poll", type=float, default=0.2, help="seconds between checks for new input")
+    p.add_argument("--quiet", action="store_true", help="no summary on stderr")
+    p.set_defaults(func=run)
+
+
+def _print(record: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _note(message: str) -> None:
+    print(f"rnnkit score: {message}", file=sys.stderr)
+
+
+def _hint_strace(path: str) -> str:
+    if path == "-":
+        return ""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = f.readline(4096)
+    except OSError:
+        return ""
+    return (
+        " (this looks like strace output: add --from strace)" if _STRACE_LINE.match(first) else ""
+    )
+
+
+def _sessions(config: ScoreConfig) -> Iterator[Any]:
+    if config.source == "strace":
+        from rnnkit.data.strace import parse_strace
+
+        if config.data == "-":
+            sessions, stats = parse_strace(
+                sys.stdin,
+                with_result=config.with_result,
+                per=config.per,  # type: ignore[arg-type]
+            )
+        else:
+            sessions, stats = parse_strace(
+                config.data,
+                with_result=config.with_result,
+                per=config.per,  # type: ignore[arg-type]
+            )
+        if stats.skipped and not config.quiet:
+            source, line = stats.first_skipped[0]
+            _note(f"skipped {stats.skipped} non-strace line(s) (first at {source}:{line})")
+        yield from sessions
+        return
+    from rnnkit.data.events import iter_sessions
+
+    def read(fileobj: Any, path: str) -> Iterator[Any]:
+        try:
+            for _, session in iter_sessions(fileobj, path):
+                yield session
+        except DataError as exc:
+            if exc.line == 1 and exc.message.startswith("invalid JSON"):
+                raise DataError(exc.message + _hint_strace(config.data), exc.path, 1) from None
+            raise
+
+    if config.data == "-":
+        yield from read(sys.stdin.buffer, "<stdin>")
+    else:
+        with open(config.data, "rb") as fileobj:
+            yield from read(fileobj, config.data)
+
+
+def _thresholds(config: ScoreConfig, run: Any) -> dict[str, dict[str, float]]:
+    from rnnkit.tasks.events import repick_thresholds
+
+    name = config.score or run.thresholds["score"]
+    if config.target_fpr is not None:
+        limits = repick_thresholds(config.checkpoint, config.target_fpr)
+    else:
+        limits = {m: dict(run.thresholds[m]) for m in ("rnn", "ngram")}
+    if config.threshold is not None:
+        limits["rnn"][name] = config.threshold
+    return limits
+
+
+def _run_batch(config: ScoreConfig, run: Any) -> int:
+    from rnnkit.tasks.events import score_sessions
+
+    limits = _thresholds(config, run)
+    count = anomalous = unknown = 0
+    empty = True
+    for record in score_sessions(
+        run,
+        _sessions(config),
+        batch_size=config.batch_size,
+        top_k=config.top,
+        score=config.score,
+        thresholds=limits,
+        ngram=config.ngram,
+    ):
+        empty = False
+        count += 1
+        anomalous += record["verdict"] == "anomalous"
+        unknown += record["unknown"]
+        _print(record)
+    if empty:
+        raise DataError("no sessions (the input is empty)", config.data)
+    if not config.quiet:
+        name = config.score or run.thresholds["score"]
+        _note(
+            f"{count} session(s), {anomalous} anomalous ({name} score above "
+            f"{limits['rnn'][name]:.4g}); {unknown} event(s) never seen in training (<unk>)"
+        )
+    return 0
+
+
+def _run_follow(config: ScoreConfig, run: Any) -> int:
+    from rnnkit.streaming import StreamScorer, follow_lines, parse_stream_line
+
+    name = config.score or run.thresholds["score"]
+    scorer = StreamScorer(
+        run.model,
+        run.vocab,
+        threshold=_thresholds(config, run)["rnn"][name],
+        score=name,
+        top_g=int(run.thresholds["top_g"]),
+        top_k=config.top,
+        max_sessions=config.max_sessions,
+        idle_timeout=config.idle_timeout,
+    )
+    path = "<stdin>" if config.data == "-" else config.data
+    bad = 0
+    for lines in follow_lines(config.data, poll=config.poll, until_idle=config.until_idle):
+        items = []
+        for number, raw in lines:
+            try:
+                items.append(parse_stream_line(raw, path, number))
+            except DataError as exc:
+                bad += 1
+                _note(f"warning: {exc} (line skipped)")
+        for verdict in scorer.feed(items):
+            _print(verdict)
+    for verdict in scorer.close_all("input ended"):
+        _print(verdict)
+    if not config.quiet:
+        st = scorer.stats
+        _note(
+            f"{st['events']} event(s) in {st['sessions']} session(s), {st['anomalous']} "
+            f"anomalous; {st['unknown']} event(s) never seen in training (<unk>); "
+            f"{st['evicted']} evicted, {st['idle']} idle; {bad} bad line(s)"
+            + (
+                f"; {st['ends_without_session']} end(s) of no open session"
+                if st["ends_without_session"]
+                else ""
+            )
+        )
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``rnnkit score``; returns the exit status."""
+    config = ScoreConfig.from_args(args)
+    from rnnkit.tasks.events import load_events
+
+    events_run = load_events(config.checkpoint)
+    if config.follow:
+        return _run_follow(config, events_run)
+    return _run_batch(config, events_run)
