@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from rnnkit import native
 from rnnkit.cells.kernel import Kernel, Weights
 
 __all__ = [
@@ -99,6 +100,17 @@ class Sweep(NamedTuple):
     d_states0: tuple[Tensor, ...]
 
 
+def _compiled(kernel: Kernel, *tensors: Tensor | None) -> Any:
+    """The compiled loop (``rnnkit.native``) if it handles this kernel and these tensors."""
+    if not hasattr(kernel, "native_forward") or not native.supports(*tensors):
+        return None
+    return native.library()
+
+
+def _mask2(mask: Tensor | None) -> Tensor | None:
+    return None if mask is None else mask[..., 0].contiguous()  # (T, B, 1) → (T, B)
+
+
 def forward_pass(
     kernel: Kernel,
     x: Tensor,
@@ -111,6 +123,10 @@ def forward_pass(
     ``mask (T, B, 1)`` bool or None."""
     T, B, I = x.shape
     x_flat = x.reshape(T * B, I)
+    lib = _compiled(kernel, x, *w, *states0)
+    if lib is not None:
+        states, cache = kernel.native_forward(lib, x_flat, w, T, B, states0, _mask2(mask), save)
+        return ForwardRecord(x_flat, states, cache)
     xps = kernel.project_inputs(x_flat, w, T, B)  # (T, B, ·) buffers
     states, cache = _forward_loop(kernel, xps, mask, states0, kernel.prepare(w), save)
     return ForwardRecord(x_flat, states, cache)
@@ -135,6 +151,14 @@ def backward_sweep(
     T, B, H = states[0].shape[0] - 1, states[0].shape[1], states[0].shape[2]
     n = len(states)
     like = record.x
+    lib = _compiled(kernel, like, w.weight_hh) if window is None else None
+    if lib is not None:
+        d_states = tuple(
+            like.new_zeros(B, H) if d is None else d.contiguous().clone() for d in d_finals
+        )
+        d_out_c = None if d_out is None else d_out.contiguous()
+        d_xp, d_hp, d0 = kernel.native_backward(lib, record, w, _mask2(mask), d_out_c, d_states)
+        return Sweep(d_xp, d_hp, tuple(d0))
     bcache_steps = [c.unbind(0) for c in kernel.backward_cache(cache, states)]
     state_steps = [s.unbind(0) for s in states]
     G = kernel.gates
@@ -191,7 +215,7 @@ def backward_sweep(
     tmp_xp = like.new_empty(B, G * H)
     tmp_hp = like.new_empty(B, G * H) if separate_hp else tmp_xp
     d0 = [z.clone() for z in zeros]
-    injections = [(t, [d_out[t]] + zeros[1:]) for t in range(T)] if d_out is not None else []
+    injections = [(t, [d_out[t], *zeros[1:]]) for t in range(T)] if d_out is not None else []
     if any(d is not None for d in d_finals):
         injections.append((T - 1, finals))
     for t_inj, inj in injections:
@@ -313,6 +337,17 @@ def run_recurrence(
         x = torch.where(mask3, x, 0.0)
         if bool(mask.all()):
             mask3 = None
+    order = None
+    if mask3 is not None and _compiled(kernel, x, *weights, *states0) is not None:
+        # The compiled loop stops computing rows after their last real step when rows are
+        # sorted by it (as packed sequences are): sort here, undo the order on the way out.
+        steps = torch.arange(1, x.shape[0] + 1, device=x.device)
+        last = torch.where(mask, steps[:, None], 0).amax(0)  # (B,) last real step + 1
+        if bool((last[1:] > last[:-1]).any()):
+            order = torch.argsort(last, descending=True, stable=True)
+            x = x.index_select(1, order)
+            mask3 = mask3.index_select(1, order)
+            states0 = tuple(s.index_select(0, order) for s in states0)
     tensors = (x, *weights, *states0)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     result = _Recurrence.apply(
@@ -327,4 +362,10 @@ def run_recurrence(
         weights.bias_hn,
         *states0,
     )
-    return result[0], tuple(result[1:])
+    outputs, finals = result[0], tuple(result[1:])
+    if order is not None:
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        outputs = outputs.index_select(1, inverse)
+        finals = tuple(f.index_select(0, inverse) for f in finals)
+    return outputs, finals

@@ -167,10 +167,30 @@ class GRUKernel:
         if self.reset == "after":
             H = h_prev.shape[1]
             return d_hp.T @ h_prev, d_hp[:, 2 * H :].sum(0)
-        rz, n, rec = cache[:3]
+        rec = cache[2]
         H = h_prev.shape[1]
         d_w = torch.cat([d_hp[:, : 2 * H].T @ h_prev, d_hp[:, 2 * H :].T @ rec], dim=0)
         return d_w, None
+
+    # The compiled loop (rnnkit.native) fills the same buffers as step_into/step_backward.
+    def native_forward(self, lib, x, w, T, B, states0, mask, save):
+        xp_rz, xp_n = self.project_inputs(x, w, T, B)
+        after = self.reset == "after"
+        bias_hn = w.bias_hn.contiguous() if after else None
+        hs, rec = lib.gru_forward(
+            xp_rz, xp_n, w.weight_hh.contiguous(), bias_hn, states0[0], mask, save,
+            self.update == "keep", after,
+        )  # fmt: skip
+        return (hs,), (xp_rz, xp_n, rec)
+
+    def native_backward(self, lib, record, w, mask, d_out, d_states):
+        rz, n, rec = (c.contiguous() for c in record.cache)
+        h_states = record.states[0].contiguous()
+        d_xp, d_hp, d_h0 = lib.gru_backward(
+            rz, n, rec, h_states, w.weight_hh.contiguous(), mask, d_out, d_states[0],
+            self.update == "keep", self.reset == "after",
+        )  # fmt: skip
+        return d_xp, d_hp, (d_h0,)
 
 
 class GRUCell(CellBase):

@@ -146,6 +146,23 @@ class LSTMKernel:
     def recurrent_grads(self, d_hp, h_prev, cache):
         return d_hp.T @ h_prev, None
 
+    # The compiled loop (rnnkit.native) fills the same buffers as step_into/step_backward.
+    def native_forward(self, lib, x, w, T, B, states0, mask, save):
+        H = w.weight_hh.shape[1]
+        xp = torch.addmm(w.bias, x, w.weight_ih.T).view(T, B, 4 * H)  # gates, in place
+        hs, cs, tanh_c = lib.lstm_forward(
+            xp, w.weight_hh.contiguous(), states0[0], states0[1], mask, save
+        )
+        return (hs, cs), (xp, tanh_c)
+
+    def native_backward(self, lib, record, w, mask, d_out, d_states):
+        gates, tanh_c = (c.contiguous() for c in record.cache)
+        c_states = record.states[1].contiguous()
+        d_xp, d_h0, d_c0 = lib.lstm_backward(
+            gates, tanh_c, c_states, w.weight_hh.contiguous(), mask, d_out, *d_states
+        )
+        return d_xp, d_xp, (d_h0, d_c0)
+
 
 class LSTMCell(CellBase):
     """LSTM cell with forget gate (SPEC §1.2): ONE bias per gate, gates i, f, g, o.

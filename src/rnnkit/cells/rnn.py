@@ -83,6 +83,20 @@ class RNNKernel:
     def recurrent_grads(self, d_hp, h_prev, cache):
         return d_hp.T @ h_prev, None
 
+    # The compiled loop (rnnkit.native) fills the same buffers as step_into/step_backward.
+    def native_forward(self, lib, x, w, T, B, states0, mask, save):
+        (xp,) = self.project_inputs(x, w, T, B)
+        relu = self.nonlinearity == "relu"
+        (hs,) = lib.rnn_forward(xp, w.weight_hh.contiguous(), states0[0], mask, relu)
+        return (hs,), ()
+
+    def native_backward(self, lib, record, w, mask, d_out, d_states):
+        relu = self.nonlinearity == "relu"
+        d_xp, d_h0 = lib.rnn_backward(
+            record.states[0].contiguous(), w.weight_hh.contiguous(), mask, d_out, d_states[0], relu
+        )
+        return d_xp, d_xp, (d_h0,)
+
 
 class RNNCell(CellBase):
     """Elman cell ``h_t = φ(W_x x_t + W_h h_{t-1} + b)`` with ONE bias (SPEC §1.1).

@@ -1,0 +1,94 @@
+"""Timing helpers for the benchmarks: interleaved runs, medians, the matmul ceiling.
+
+On a shared 2-core machine the load drifts by tens of percent within seconds, so the
+contenders are timed in interleaved rounds (A, B, C, A, B, C, … in a fresh random order
+each round) and each ratio is the median over rounds of the ratio WITHIN a round: drift
+slower than a round cancels.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["interleaved", "machine", "matmul_ceiling", "median_ratio"]
+
+
+def _block(fn: Callable[[], object], n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+def interleaved(
+    fns: dict[str, Callable[[], object]], rounds: int, block_s: float = 0.15, seed: int = 0
+) -> dict[str, list[float]]:
+    """Seconds per call of each function, one entry per round.
+
+    Each round times every function over a block of ``n`` calls (``n`` chosen once so a
+    block takes about ``block_s``), in a random order.
+    """
+    rng = random.Random(seed)
+    reps: dict[str, int] = {}
+    for name, fn in fns.items():
+        fn()  # warm up: allocator, oneDNN primitive caches, lazy init
+        fn()
+        one = _block(fn, 1)
+        reps[name] = max(1, round(block_s / max(one, 1e-6)))
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for _ in range(rounds):
+        rng.shuffle(names)
+        for name in names:
+            times[name].append(_block(fns[name], reps[name]))
+    return times
+
+
+def median_ratio(times: dict[str, list[float]], num: str, den: str) -> float:
+    """Median over rounds of ``times[num] / times[den]`` (> 1: ``den`` is faster)."""
+    return statistics.median(a / b for a, b in zip(times[num], times[den], strict=True))
+
+
+def matmul_ceiling(n: int = 2048, rounds: int = 5) -> float:
+    """Measured float32 ``torch.mm`` GFLOP/s for ``n × n`` matrices (best of ``rounds``)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    torch.mm(a, b, out=out)
+    best = min(_block(lambda: torch.mm(a, b, out=out), 3) for _ in range(rounds))
+    return 2 * n**3 / best / 1e9
+
+
+def machine() -> dict[str, object]:
+    """Machine, torch version, thread count and date for the record."""
+    model = platform.processor() or platform.machine()
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = float("nan")
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "load_1min": round(load, 2),
+    }
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
