@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rnnkit.cli.train import _print_summary
+from rnnkit.cli.train import _print_summary, _write_report
 from rnnkit.config import TrainConfig
 from rnnkit.data.corpus import stdlib_corpus
 from rnnkit.tasks.lm import load_lm, sample_texts, train_lm
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg, vocab, model, "def ", num=3, max_length=160, temperature=0.8, seed=0
     )
     summary["samples"] = ["def " + s for s in summary["samples"]]
+    summary["report"] = _write_report(str(out))
     _print_summary(summary)
     print(f"run directory: {out} (evaluate: rnnkit evaluate --checkpoint {out} --data FILE)")
     return 0
