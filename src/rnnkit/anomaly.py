@@ -1,0 +1,290 @@
+"""Anomaly scores of event sessions: per-event surprise, top-g misses, session scores,
+thresholds at a target false-positive rate, and detection metrics. Pure functions.
+
+Per event ``t`` of a session (its end ``</s>`` included, so a session cut short is
+visible), given the model's log-probabilities ``log p(· | e_<t)``:
+
+- **surprise** ``s_t = −ln p(e_t | e_<t)`` in nats;
+- **top-g miss** (DeepLog, Du et al. 2017): ``e_t`` is not among the ``g`` most probable
+  candidates, i.e. its *rank* (how many candidates are strictly more probable) is ``≥ g``.
+
+Per session, three scores, each higher = more anomalous:
+
+- ``max``: ``max_t s_t`` (one very unlikely event is enough: the default);
+- ``mean``: ``mean_t s_t`` (per-event negative log-likelihood; length-independent);
+- ``count``: the number of top-g misses (DeepLog flags a session with ``count ≥ 1``).
+
+A session is anomalous when its score is **strictly above** the threshold. The threshold
+for a target false-positive rate ``α`` is picked on normal validation sessions by
+:func:`threshold_at_fpr`: at most ``⌊α·n⌋`` of the ``n`` validation scores lie above it.
+
+>>> import numpy as np
+>>> log_probs = np.log(np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]))
+>>> s, rank = surprise_and_rank(log_probs, np.array([0, 1]))
+>>> s.round(3).tolist(), rank.tolist()
+([0.357, 2.303], [0, 1])
+>>> {k: round(v, 3) for k, v in session_scores(s, rank >= 1).items()}
+{'max': 2.303, 'mean': 1.33, 'count': 1}
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "SCORES",
+    "RunningScore",
+    "detection_metrics",
+    "precision_recall_f1",
+    "roc_auc",
+    "session_scores",
+    "surprise_and_rank",
+    "threshold_at_fpr",
+    "top_events",
+]
+
+#: The session scores, in the order they are reported.
+SCORES: tuple[str, ...] = ("max", "mean", "count")
+
+
+def surprise_and_rank(log_probs: Any, targets: Any) -> tuple[Any, Any]:
+    """Surprise ``−ln p(target)`` and rank of each target among all candidates.
+
+    Works on numpy arrays and on torch tensors alike (the result has the input's kind).
+
+    Args:
+        log_probs: ``(..., V)`` log-probabilities (natural log) of the next event.
+        targets: ``(...)`` integer ids of the events that did happen.
+
+    Returns:
+        ``(surprise, rank)``, each ``(...)``: ``rank`` is the number of candidates strictly
+        more probable than the target (0 = the model's first choice), so the target is a
+        top-g miss exactly when ``rank >= g``. Ties count in the target's favour.
+
+    >>> import torch
+    >>> lp = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
+    >>> s, r = surprise_and_rank(lp, torch.tensor([2]))
+    >>> round(float(s[0]), 4), int(r[0])
+    (1.3863, 1)
+    """
+    if isinstance(log_probs, np.ndarray):
+        target_lp = np.take_along_axis(log_probs, np.asarray(targets)[..., None], axis=-1)
+    else:  # a torch tensor (torch is not imported here: this module stays numpy-only)
+        target_lp = log_probs.gather(-1, targets.unsqueeze(-1))
+    rank = (log_probs > target_lp).sum(-1)
+    return -target_lp[..., 0], rank
+
+
+def session_scores(surprise: Any, miss: Any) -> dict[str, float | int]:
+    """The three session scores from per-event surprises and top-g misses.
+
+    Args:
+        surprise: ``(n,)`` surprises in nats (n ≥ 1).
+        miss: ``(n,)`` bool, the events outside the top-g candidates.
+
+    Returns:
+        ``{"max": float, "mean": float, "count": int}``.
+
+    >>> session_scores([1.0, 3.0], [False, True])
+    {'max': 3.0, 'mean': 2.0, 'count': 1}
+    """
+    s = np.asarray(surprise, dtype=np.float64)
+    if s.size == 0:
+        raise ValueError("a session score needs at least one event")
+    return {"max": float(s.max()), "mean": float(s.mean()), "count": int(np.sum(miss))}
+
+
+def top_events(surprise: Any, k: int) -> list[tuple[int, float]]:
+    """The ``k`` most surprising positions as ``(position, surprise)``, most surprising
+    first; ties go to the earlier position.
+
+    >>> top_events([0.5, 2.0, 0.1, 2.0], 3)
+    [(1, 2.0), (3, 2.0), (0, 0.5)]
+    """
+    s = np.asarray(surprise, dtype=np.float64)
+    if k <= 0 or s.size == 0:
+        return []
+    order = np.lexsort((np.arange(s.size), -s))[:k]  # by -surprise, then position
+    return [(int(i), float(s[i])) for i in order]
+
+
+class RunningScore:
+    """The session scores of :func:`session_scores`, kept one event at a time in O(1)
+    memory (plus the ``k`` most surprising events): what streaming keeps per session.
+
+    Args:
+        top_k: how many of the most surprising events to remember.
+
+    >>> r = RunningScore(top_k=2)
+    >>> for position, (s, miss) in enumerate([(1.0, False), (3.0, True), (2.0, False)]):
+    ...     r.add(s, miss, position, f"e{position}")
+    >>> r.scores(), r.top()
+    ({'max': 3.0, 'mean': 2.0, 'count': 1}, [(1, 3.0, 'e1'), (2, 2.0, 'e2')])
+    """
+
+    __slots__ = ("_heap", "count", "max", "n", "top_k", "total")
+
+    def __init__(self, top_k: int = 5) -> None:
+        self.top_k = top_k
+        self.n = 0
+        self.max = -math.inf
+        self.total = 0.0
+        self.count = 0
+        # Min-heap of (surprise, -position, event): the root is the least surprising of
+        # the kept ones (the latest of equals), the first to go.
+        self._heap: list[tuple[float, int, str]] = []
+
+    def add(self, surprise: float, miss: bool, position: int, event: str) -> None:
+        """Account for one event."""
+        self.n += 1
+        self.max = max(self.max, surprise)
+        self.total += surprise
+        self.count += bool(miss)
+        if self.top_k <= 0:
+            return
+        item = (surprise, -position, event)
+        if len(self._heap) < self.top_k:
+            heapq.heappush(self._heap, item)
+        elif item > self._heap[0]:
+            heapq.heapreplace(self._heap, item)
+
+    def scores(self) -> dict[str, float | int]:
+        """``{"max", "mean", "count"}`` so far (as :func:`session_scores`)."""
+        if self.n == 0:
+            raise ValueError("a session score needs at least one event")
+        return {"max": self.max, "mean": self.total / self.n, "count": self.count}
+
+    def score(self, name: str) -> float:
+        """One of the scores by name (``"max"``, ``"mean"`` or ``"count"``)."""
+        return float(self.scores()[name])
+
+    def top(self) -> list[tuple[int, float, str]]:
+        """The kept events as ``(position, surprise, event)``, most surprising first."""
+        return [(-p, s, e) for s, p, e in sorted(self._heap, key=lambda x: (-x[0], -x[1]))]
+
+
+def threshold_at_fpr(
+    normal_scores: Sequence[float] | np.ndarray, target_fpr: float, margin: float = 1e-4
+) -> float:
+    """A threshold that flags at most ``⌊target_fpr · n⌋`` of ``n`` normal scores (a
+    session is anomalous when its score is strictly above the threshold).
+
+    With ``k = ⌊target_fpr · n⌋`` allowed, the threshold sits just above the ``(k+1)``-th
+    largest score ``s``: at ``s + margin·max(1, |s|)``, but never past the midpoint to the
+    next larger score. The margin keeps verdicts stable where sessions repeat exactly (two
+    runs of a deterministic program score the same): float rounding — a session scored in
+    another batch, or streamed — can then not push a copy of ``s`` over the line.
+
+    With ``n < 1 / target_fpr`` no false positive is allowed and the threshold is just
+    above the largest normal score; on new normal sessions the false-positive rate is then
+    about ``1 / (n + 1)``, so the validation set should hold well over ``1 / target_fpr``
+    sessions for the target to be met rather than undershot.
+
+    Args:
+        normal_scores: scores of normal (validation) sessions, at least one.
+        target_fpr: in ``(0, 1)``.
+        margin: relative tolerance above the chosen score (``≥ 0``).
+
+    >>> threshold_at_fpr([0.1, 0.5, 0.2, 0.9, 0.3], 0.2)  # one of five may be above
+    0.5001
+    >>> threshold_at_fpr([0.1, 0.5, 0.2, 0.9, 0.3], 0.01, margin=0.0)
+    0.9
+    """
+    if not 0.0 < target_fpr < 1.0:
+        raise ValueError(f"target_fpr must be in (0, 1), got {target_fpr}")
+    if not margin >= 0.0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    s = np.sort(np.asarray(normal_scores, dtype=np.float64))
+    if s.size == 0:
+        raise ValueError("no normal scores to choose a threshold from")
+    allowed = math.floor(target_fpr * s.size + 1e-9)  # 1e-9: 0.01 * 300 is 3, not 2.999…
+    chosen = float(s[s.size - 1 - allowed])
+    threshold = chosen + margin * max(1.0, abs(chosen))
+    larger = s[s > chosen]
+    if larger.size:
+        threshold = min(threshold, (chosen + float(larger[0])) / 2)
+    return threshold
+
+
+def roc_auc(scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray) -> float:
+    """Area under the ROC curve: the probability that a random anomalous session scores
+    above a random normal one, ties counting one half (Mann–Whitney U over mid-ranks).
+
+    Args:
+        scores: ``(n,)`` anomaly scores.
+        labels: ``(n,)`` 1 anomalous, 0 normal; both classes must be present.
+
+    >>> roc_auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1])
+    0.75
+    >>> roc_auc([1, 1, 1], [0, 1, 1])
+    0.5
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels).astype(bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("ROC-AUC needs both normal and anomalous sessions")
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(s.size, dtype=np.float64)
+    sorted_s = s[order]
+    # Mid-ranks: every member of a run of equal scores gets the run's mean rank.
+    starts = np.flatnonzero(np.r_[True, sorted_s[1:] != sorted_s[:-1]])
+    ends = np.r_[starts[1:], s.size]
+    mid = (starts + ends + 1) / 2.0  # mean of the 1-based ranks start+1 .. end
+    ranks[order] = np.repeat(mid, ends - starts)
+    u = ranks[y].sum() - n_pos * (n_pos + 1) / 2.0
+    return float(u / (n_pos * n_neg))
+
+
+def precision_recall_f1(
+    predicted: Sequence[bool] | np.ndarray, labels: Sequence[int] | np.ndarray
+) -> dict[str, float | int]:
+    """Precision, recall, F1 and false-positive rate of anomaly verdicts.
+
+    An undefined ratio (nothing flagged, no anomaly, no normal session) is reported as 0.
+
+    >>> precision_recall_f1([True, True, False, False], [1, 0, 1, 0])
+    {'precision': 0.5, 'recall': 0.5, 'f1': 0.5, 'fpr': 0.5, 'tp': 1, 'fp': 1, 'fn': 1, 'tn': 1}
+    """
+    p = np.asarray(predicted).astype(bool)
+    y = np.asarray(labels).astype(bool)
+    tp, fp = int(np.sum(p & y)), int(np.sum(p & ~y))
+    fn, tn = int(np.sum(~p & y)), int(np.sum(~p & ~y))
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    fpr = fp / (fp + tn) if fp + tn else 0.0
+    return {
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "fpr": fpr,
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
+        "tn": tn,
+    }
+
+
+def detection_metrics(
+    scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray, threshold: float
+) -> dict[str, float | int]:
+    """ROC-AUC (when both classes are present) and the verdict metrics at ``threshold``.
+
+    >>> m = detection_metrics([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1], threshold=0.37)
+    >>> m["auc"], m["precision"], m["recall"]
+    (0.75, 0.5, 0.5)
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels).astype(bool)
+    out: dict[str, float | int] = {}
+    if y.any() and not y.all():
+        out["auc"] = roc_auc(s, y)
+    out.update(precision_recall_f1(s > threshold, y))
+    out["threshold"] = float(threshold)
+    return out

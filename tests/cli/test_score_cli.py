@@ -1,0 +1,212 @@
+"""``rnnkit train --task events`` → ``rnnkit score`` (batch and --follow) → ``evaluate --json``,
+end to end through the command line, and its answers to bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from rnnkit.cli.main import main
+from rnnkit.data.events import write_sessions
+from rnnkit.tasks.events import generate_sessions
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.set_num_threads(1)
+    tmp = tmp_path_factory.mktemp("score_cli")
+    write_sessions(tmp / "train.jsonl", generate_sessions(126, anomalies=6, seed=1))
+    write_sessions(tmp / "valid.jsonl", generate_sessions(100, seed=2, prefix="v"))
+    write_sessions(tmp / "test.jsonl", generate_sessions(60, anomalies=20, seed=3, prefix="t"))
+    code = main(
+        [
+            "train", "--task", "events", "--train", str(tmp / "train.jsonl"),
+            "--valid", str(tmp / "valid.jsonl"), "--out", str(tmp / "run"), "--hidden", "32",
+            "--embedding", "16", "--epochs", "5", "--batch-size", "16", "--lr", "0.01",
+            "--bptt", "full", "--ngram-order", "3", "--quiet",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    return tmp / "run"
+
+
+def _lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_train_prints_its_summary_and_leaves_labelled_anomalies_out(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["sessions"]["excluded_anomalous"] == 6
+    assert (run_dir / "thresholds.json").is_file()
+
+
+def test_score_prints_one_line_per_session(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    test = run_dir.parent / "test.jsonl"
+    assert main(["score", "--checkpoint", str(run_dir), "--data", str(test), "--top", "3"]) == 0
+    out, err = capsys.readouterr()
+    records = _lines(out)
+    assert [r["session"] for r in records] == [f"t{i}" for i in range(60)]
+    for r in records:
+        assert {"session", "score", "verdict", "threshold", "top", "scores", "label"} <= set(r)
+        assert r["verdict"] in ("anomalous", "normal") and len(r["top"]) == 3
+        assert {"position", "event", "surprise"} <= set(r["top"][0])
+    flagged = [r["label"] for r in records if r["verdict"] == "anomalous"]
+    assert sum(flagged) >= 11  # most of the 20 planted anomalies
+    assert "60 session(s)" in err
+    # Thresholds re-picked at another false-positive rate, or given outright.
+    assert main(["score", "--checkpoint", str(run_dir), "--data", str(test), "--quiet",
+                 "--target-fpr", "0.3"]) == 0  # fmt: skip
+    relaxed = _lines(capsys.readouterr().out)
+    assert relaxed[0]["threshold"] < records[0]["threshold"]
+    assert main(["score", "--checkpoint", str(run_dir), "--data", str(test), "--quiet",
+                 "--threshold", "1e9", "--score", "mean", "--ngram"]) == 0  # fmt: skip
+    fixed = _lines(capsys.readouterr().out)
+    assert all(r["verdict"] == "normal" and r["threshold"] == 1e9 for r in fixed)
+    assert all("ngram" in r and r["ngram"]["verdict"] in ("anomalous", "normal") for r in fixed)
+
+
+def test_evaluate_json_reports_detection_side_by_side(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    test = run_dir.parent / "test.jsonl"
+    assert main(["evaluate", "--checkpoint", str(run_dir), "--data", str(test), "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    for key in ("loss_nats", "tokens", "auc", "precision", "recall", "f1"):
+        assert isinstance(metrics[key], (int, float)), key
+    assert metrics["auc"] > 0.85
+    assert {"auc", "precision", "recall", "f1"} <= set(metrics["ngram"])
+    # The plain-text form prints every value without tripping over nested results.
+    assert main(["evaluate", "--checkpoint", str(run_dir), "--data", str(test)]) == 0
+    text = capsys.readouterr().out
+    assert "auc:" in text and "ngram:" in text
+
+
+def test_follow_a_file_prints_verdicts_and_skips_bad_lines(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "stream.jsonl"
+    normal = generate_sessions(1, seed=7)[0].events
+    lines = [
+        {"session": "a", "event": normal[0]},
+        {"session": "b", "events": ["login:user", "exec_shell"]},
+        {"session": "a", "events": normal[1:], "end": True},
+    ]
+    text = "\n".join(json.dumps(x) for x in lines[:2]) + "\n{broken\n" + json.dumps(lines[2])
+    path.write_text(text + '\n{"session": "ghost", "end": true}\n')
+    code = main(["score", "--checkpoint", str(run_dir), "--data", str(path), "--follow",
+                 "--until-idle", "0.3", "--poll", "0.05"])  # fmt: skip
+    assert code == 0
+    out, err = capsys.readouterr()
+    verdicts = _lines(out)
+    by = {(v["session"], v["reason"]): v for v in verdicts}
+    assert by[("b", "anomalous")]["closed"] is False
+    assert by[("b", "anomalous")]["top"][0] == {
+        "position": 1,
+        "event": "exec_shell",
+        "surprise": by[("b", "anomalous")]["top"][0]["surprise"],
+        "unknown": True,
+    }
+    assert by[("a", "end")]["verdict"] == "normal"
+    assert by[("a", "end")]["events"] == len(normal)
+    assert by[("b", "input ended")]["closed"] is True
+    assert f"{path}:3: invalid JSON" in err and "(line skipped)" in err
+    assert "1 end(s) of no open session" in err
+
+
+def test_follow_standard_input(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    events = [{"session": "s", "event": e} for e in ("login:admin", "sudo", "write_cfg")]
+    events.append({"session": "s", "end": True})
+    read_end, write_end = os.pipe()
+    os.write(write_end, "".join(json.dumps(e) + "\n" for e in events).encode())
+    os.close(write_end)  # the producer is done: the pipe ends after these lines
+    saved = os.dup(0)
+    os.dup2(read_end, 0)  # --data - reads file descriptor 0 itself
+    try:
+        code = main(["score", "--checkpoint", str(run_dir), "--data", "-", "--follow", "--quiet"])
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        os.close(read_end)
+    assert code == 0
+    (verdict,) = _lines(capsys.readouterr().out)
+    assert verdict["reason"] == "end" and verdict["events"] == 3
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "message"),
+    [
+        ('{"session": "a", "events": ["x"]}\n{"session": "a" "events": []}\n', [],
+         r"data.txt:2: invalid JSON"),
+        ('{"session": "a", "events": []}\n', [], r"data.txt:1: session 'a' has no events"),
+        ("1234  openat(AT_FDCWD, \"/x\", O_RDONLY) = 3\n", [],
+         "looks like strace output: add --from strace"),
+        ("hello world\nthis is not strace\n", ["--from", "strace"], "data.txt"),
+        ("", [], "no sessions"),
+    ],
+)  # fmt: skip
+def test_bad_data_is_one_clear_line(
+    run_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: str,
+    extra: list[str],
+    message: str,
+) -> None:
+    path = tmp_path / "data.txt"
+    path.write_text(content)
+    code = main(["score", "--checkpoint", str(run_dir), "--data", str(path), *extra])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and err.startswith("rnnkit score: error: ")
+    assert message in err or __import__("re").search(message, err), err
+
+
+def test_strace_input_is_scored_with_unknown_events(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "trace.txt"
+    trace.write_text(
+        '10  openat(AT_FDCWD, "/nope", O_RDONLY) = -1 ENOENT (No such file or directory)\n'
+        "10  exit_group(1)                     = ?\n"
+        "10  +++ exited with 1 +++\n"
+    )
+    assert main(["score", "--checkpoint", str(run_dir), "--data", str(trace),
+                 "--from", "strace"]) == 0  # fmt: skip
+    out, err = capsys.readouterr()
+    (record,) = _lines(out)
+    assert record["unknown"] == 2 and record["verdict"] == "anomalous"
+    assert "2 event(s) never seen in training (<unk>)" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--target-fpr", "1.5"], "--target-fpr must be in (0, 1)"),
+        (["--target-fpr", "0.1", "--threshold", "2"], "not both"),
+        (["--until-idle", "1"], "--until-idle applies to --follow only"),
+        (["--follow", "--from", "strace"], "--follow reads event lines"),
+        (["--max-sessions", "0", "--follow"], "--max-sessions must be ≥ 1"),
+        (["--no-result"], "apply to --from strace only"),
+    ],
+)
+def test_bad_options_are_named(
+    run_dir: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    code = main(["score", "--checkpoint", str(run_dir), "--data", "x", *args])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_checkpoint_that_is_not_an_events_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["score", "--checkpoint", str(tmp_path / "nothing"), "--data", "x"]) == 2
+    assert "no such checkpoint directory" in capsys.readouterr().err

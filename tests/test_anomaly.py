@@ -1,0 +1,148 @@
+"""Anomaly scores: surprise and rank, session scores, thresholds at a target FPR, metrics."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rnnkit.anomaly import (
+    RunningScore,
+    detection_metrics,
+    precision_recall_f1,
+    roc_auc,
+    session_scores,
+    surprise_and_rank,
+    threshold_at_fpr,
+    top_events,
+)
+
+
+def test_surprise_and_rank_agree_between_numpy_and_torch() -> None:
+    gen = torch.Generator().manual_seed(0)
+    log_probs = torch.log_softmax(torch.randn(3, 5, 7, generator=gen), dim=-1)
+    targets = torch.randint(0, 7, (3, 5), generator=gen)
+    s_t, r_t = surprise_and_rank(log_probs, targets)
+    s_n, r_n = surprise_and_rank(log_probs.numpy(), targets.numpy())
+    np.testing.assert_allclose(s_t.numpy(), s_n, rtol=1e-6)
+    np.testing.assert_array_equal(r_t.numpy(), r_n)
+    # The rank is the number of strictly more probable candidates: the argmax has rank 0.
+    best = log_probs.argmax(-1)
+    assert (surprise_and_rank(log_probs, best)[1] == 0).all()
+    expected = (log_probs > log_probs.gather(-1, targets[..., None])).sum(-1)
+    assert torch.equal(r_t, expected)
+
+
+def test_rank_ties_count_for_the_target() -> None:
+    lp = np.log(np.array([[0.4, 0.4, 0.2]]))
+    assert surprise_and_rank(lp, np.array([1]))[1].tolist() == [0]
+    assert surprise_and_rank(lp, np.array([2]))[1].tolist() == [2]
+
+
+def test_session_scores_of_the_worked_example() -> None:
+    # SPEC §6 "deep" example: −ln 0.7 three times and −ln 0.1.
+    surprise = -np.log([0.7, 0.7, 0.7, 0.1])
+    scores = session_scores(surprise, [False, False, False, True])
+    assert scores["max"] == pytest.approx(2.303, abs=1e-3)
+    assert scores["mean"] * 4 == pytest.approx(3.37, abs=1e-2)
+    assert scores["count"] == 1
+    with pytest.raises(ValueError, match="at least one event"):
+        session_scores([], [])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0, 20, allow_nan=False), st.booleans()), min_size=1, max_size=40),
+    st.integers(0, 6),
+)
+def test_running_score_equals_batch_scores(events: list[tuple[float, bool]], k: int) -> None:
+    running = RunningScore(top_k=k)
+    for position, (s, miss) in enumerate(events):
+        running.add(s, miss, position, f"e{position}")
+    surprise = [s for s, _ in events]
+    batch = session_scores(surprise, [m for _, m in events])
+    assert running.scores()["max"] == batch["max"]
+    assert running.scores()["count"] == batch["count"]
+    assert running.scores()["mean"] == pytest.approx(batch["mean"], rel=1e-12, abs=1e-12)
+    assert [(p, s) for p, s, _ in running.top()] == top_events(surprise, k)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.floats(-5, 5, allow_nan=False), min_size=1, max_size=60),
+    st.floats(0.001, 0.999),
+)
+def test_threshold_flags_at_most_the_allowed_share(scores: list[float], fpr: float) -> None:
+    threshold = threshold_at_fpr(scores, fpr)
+    above = sum(s > threshold for s in scores)
+    allowed = math.floor(fpr * len(scores) + 1e-9)
+    assert above <= allowed
+    # ...and it is (just above) the smallest such threshold among the scores: the largest
+    # score at or below it would flag more if the threshold moved under it.
+    chosen = max(s for s in scores if s <= threshold)
+    assert sum(s >= chosen for s in scores) > allowed
+    assert threshold - chosen <= 1e-4 * max(1.0, abs(chosen)) + 1e-12
+
+
+def test_threshold_examples_and_errors() -> None:
+    normal = np.arange(100, dtype=float)  # 0..99
+    assert threshold_at_fpr(normal, 0.05, margin=0) == 94.0  # 95..99 above: five of 100
+    assert threshold_at_fpr(normal, 0.001, margin=0) == 99.0  # no false positive allowed
+    assert threshold_at_fpr([3.0], 0.5) == pytest.approx(3.0003)
+    # The margin never reaches past the midpoint to the next score.
+    assert threshold_at_fpr([1.0, 1.00001], 0.5) == pytest.approx(1.000005)
+    # Copies of the chosen score stay below the line, even off by float32 rounding.
+    copies = np.full(10, 7.25)
+    limit = threshold_at_fpr(copies, 0.01)
+    assert not (np.float32(7.25) * (1 + 1e-6) > limit)
+    with pytest.raises(ValueError, match="target_fpr"):
+        threshold_at_fpr(normal, 0.0)
+    with pytest.raises(ValueError, match="no normal scores"):
+        threshold_at_fpr([], 0.1)
+
+
+def _auc_by_pairs(scores: list[float], labels: list[int]) -> float:
+    pos = [s for s, y in zip(scores, labels, strict=True) if y]
+    neg = [s for s, y in zip(scores, labels, strict=True) if not y]
+    wins = sum((p > n) + 0.5 * (p == n) for p, n in itertools.product(pos, neg))
+    return wins / (len(pos) * len(neg))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.booleans()), min_size=2, max_size=40))
+def test_auc_equals_the_pairwise_probability(rows: list[tuple[int, bool]]) -> None:
+    scores = [float(s) for s, _ in rows]  # small integers: many ties
+    labels = [int(y) for _, y in rows]
+    if len(set(labels)) < 2:
+        with pytest.raises(ValueError, match="both"):
+            roc_auc(scores, labels)
+        return
+    assert roc_auc(scores, labels) == pytest.approx(_auc_by_pairs(scores, labels))
+
+
+def test_perfect_and_inverted_separation() -> None:
+    assert roc_auc([1, 2, 3, 4], [0, 0, 1, 1]) == 1.0
+    assert roc_auc([4, 3, 2, 1], [0, 0, 1, 1]) == 0.0
+
+
+def test_precision_recall_f1_edge_cases() -> None:
+    nothing = precision_recall_f1([False, False], [1, 0])
+    assert (nothing["precision"], nothing["recall"], nothing["f1"]) == (0.0, 0.0, 0.0)
+    perfect = precision_recall_f1([True, False], [1, 0])
+    assert (perfect["precision"], perfect["recall"], perfect["f1"], perfect["fpr"]) == (
+        1.0,
+        1.0,
+        1.0,
+        0.0,
+    )
+
+
+def test_detection_metrics_without_both_classes_has_no_auc() -> None:
+    m = detection_metrics([0.1, 0.9], [1, 1], threshold=0.5)
+    assert "auc" not in m
+    assert m["recall"] == 0.5 and m["threshold"] == 0.5
