@@ -9,6 +9,7 @@ from cells. Every layer returns ``RecurrentOutput(outputs, state)`` whatever the
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -216,13 +217,10 @@ class StackedRecurrent(nn.Module):
         )
 
 
-class RNN(StackedRecurrent):
-    """Stacked (bi)directional Elman layers.
+class _CellStack(StackedRecurrent):
+    """A stack of one cell kind: the constructor of ``RNN``, ``LSTM`` and ``GRU``."""
 
-    >>> out = RNN(3, 4, num_layers=2, bidirectional=True)(torch.zeros(2, 5, 3))
-    >>> out.outputs.shape, out.state.shape
-    (torch.Size([2, 5, 8]), torch.Size([2, 2, 2, 4]))
-    """
+    cell_class: ClassVar[type[CellBase]]
 
     def __init__(
         self,
@@ -234,15 +232,28 @@ class RNN(StackedRecurrent):
         batch_first: bool = True,
         **cell_options: object,
     ) -> None:
+        cell_class = self.cell_class
+
         def factory(width: int) -> CellBase:
-            return RNNCell(width, hidden_size, **cell_options)
+            return cell_class(width, hidden_size, **cell_options)
 
         super().__init__(
             factory, input_size, hidden_size, num_layers, bidirectional, dropout, batch_first
         )
 
 
-class LSTM(StackedRecurrent):
+class RNN(_CellStack):
+    """Stacked (bi)directional Elman layers; ``nonlinearity`` as in ``RNNCell``.
+
+    >>> out = RNN(3, 4, num_layers=2, bidirectional=True)(torch.zeros(2, 5, 3))
+    >>> out.outputs.shape, out.state.shape
+    (torch.Size([2, 5, 8]), torch.Size([2, 2, 2, 4]))
+    """
+
+    cell_class = RNNCell
+
+
+class LSTM(_CellStack):
     """Stacked (bi)directional LSTM layers; the state is ``LSTMState(h, c)``.
 
     >>> out = LSTM(3, 4)(torch.zeros(2, 5, 3), lengths=torch.tensor([5, 2]))
@@ -250,44 +261,14 @@ class LSTM(StackedRecurrent):
     torch.Size([1, 1, 2, 4])
     """
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        bidirectional: bool = False,
-        dropout: float = 0.0,
-        batch_first: bool = True,
-        **cell_options: object,
-    ) -> None:
-        def factory(width: int) -> CellBase:
-            return LSTMCell(width, hidden_size, **cell_options)
-
-        super().__init__(
-            factory, input_size, hidden_size, num_layers, bidirectional, dropout, batch_first
-        )
+    cell_class = LSTMCell
 
 
-class GRU(StackedRecurrent):
+class GRU(_CellStack):
     """Stacked (bi)directional GRU layers; ``update``/``reset`` as in ``GRUCell``.
 
     >>> GRU(3, 4, update="keep", reset="after")(torch.zeros(2, 5, 3)).outputs.shape
     torch.Size([2, 5, 4])
     """
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        bidirectional: bool = False,
-        dropout: float = 0.0,
-        batch_first: bool = True,
-        **cell_options: object,
-    ) -> None:
-        def factory(width: int) -> CellBase:
-            return GRUCell(width, hidden_size, **cell_options)
-
-        super().__init__(
-            factory, input_size, hidden_size, num_layers, bidirectional, dropout, batch_first
-        )
+    cell_class = GRUCell
