@@ -119,10 +119,39 @@ inline float tanh_(float x) {
 inline double sigm(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 inline double tanh_(double x) { return std::tanh(x); }
 
-// Rows processed at step t: 1 + the last row with a real step at or after t.
-std::vector<int64_t> active_rows(const std::optional<Tensor>& mask, int64_t T, int64_t B) {
-  std::vector<int64_t> active(T, B);
-  if (!mask.has_value()) return active;
+// The steps of one call: how many leading rows each step computes and where its rows
+// start in the step buffers (xp, gates, caches, d_xp). Padded buffers are (T, B, width):
+// step t starts at row t·B. Packed buffers (like PackedSequence) hold only the rows each
+// step computes: step t starts at off[t], so products over all steps skip finished rows.
+struct Steps {
+  std::vector<int64_t> act;  // rows 0 .. act[t] − 1 are computed at step t
+  std::vector<int64_t> off;  // packed row offsets (T + 1), empty when padded
+  int64_t B = 0;
+  int64_t row(int64_t t) const { return off.empty() ? t * B : off[t]; }
+  bool packed() const { return !off.empty(); }
+  int64_t rows() const { return off.empty() ? (int64_t)act.size() * B : off.back(); }
+};
+
+// Padded: step t computes rows up to the last one with a real step at or after t.
+// Packed: the offsets say how many (the caller derived them from the same rule).
+Steps make_steps(const std::optional<Tensor>& mask, const std::optional<Tensor>& offsets,
+                 int64_t T, int64_t B) {
+  Steps S;
+  S.B = B;
+  S.act.assign(T, B);
+  if (offsets.has_value()) {
+    TORCH_CHECK(offsets->scalar_type() == at::kLong && offsets->dim() == 1 &&
+                    offsets->size(0) == T + 1 && offsets->is_contiguous(),
+                "offsets must be (T + 1,) int64");
+    const int64_t* o = offsets->data_ptr<int64_t>();
+    S.off.assign(o, o + T + 1);
+    for (int64_t t = 0; t < T; ++t) {
+      S.act[t] = o[t + 1] - o[t];
+      TORCH_CHECK(S.act[t] >= 0 && S.act[t] <= B, "offsets must grow by 0 .. B per step");
+    }
+    return S;
+  }
+  if (!mask.has_value()) return S;
   const bool* M = mask->data_ptr<bool>();
   std::vector<int64_t> last(B, -1);
   for (int64_t t = 0; t < T; ++t)
@@ -131,9 +160,9 @@ std::vector<int64_t> active_rows(const std::optional<Tensor>& mask, int64_t T, i
   int64_t top = B;
   for (int64_t t = 0; t < T; ++t) {
     while (top > 0 && last[top - 1] < t) --top;
-    active[t] = top;
+    S.act[t] = top;
   }
-  return active;
+  return S;
 }
 
 void check(const Tensor& t, const char* name, int64_t dim) {
@@ -142,21 +171,58 @@ void check(const Tensor& t, const char* name, int64_t dim) {
   TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dimensions");
 }
 
-const bool* mask_ptr(const std::optional<Tensor>& mask, int64_t T, int64_t B) {
-  if (!mask.has_value()) return nullptr;
-  check(*mask, "mask", 2);
-  TORCH_CHECK(mask->scalar_type() == at::kBool && mask->size(0) == T && mask->size(1) == B,
-              "mask must be (T, B) bool");
-  return mask->data_ptr<bool>();
+// Rows of the block [r0, r1) that step t computes (the rest are finished: held).
+inline int64_t block_active(int64_t active, int64_t r0, int64_t r1) {
+  return std::clamp<int64_t>(active - r0, 0, r1 - r0);
 }
 
-int64_t grain_rows(int64_t width) {
-  return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
+template <typename T>
+void copy_rows(T* dst, const T* src, int64_t from, int64_t to, int64_t width) {
+  if (from < to)
+    std::memcpy(dst + from * width, src + from * width, (to - from) * width * sizeof(T));
 }
+
+template <typename T>
+void zero_rows(T* dst, int64_t from, int64_t to, int64_t width) {
+  if (from < to) std::memset(dst + from * width, 0, (to - from) * width * sizeof(T));
+}
+
+// Sequences are independent: split the batch into contiguous row blocks, one per thread,
+// each running the WHOLE time loop — no synchronisation per step. Blocks are balanced by
+// the number of steps their rows are active (rows come sorted by last real step).
+int64_t g_min_block_rows = 4;  // below this a thread's products get too thin
+
+void set_min_block_rows(int64_t rows) { g_min_block_rows = std::max<int64_t>(rows, 1); }
 
 template <typename F>
-void rows(int64_t n, int64_t width, const F& f) {
-  if (n > 0) at::parallel_for(0, n, grain_rows(width), f);
+void over_blocks(int64_t B, const Steps& S, const F& run) {
+  const int64_t kMinRows = g_min_block_rows;
+  const int64_t P = std::min<int64_t>(at::get_num_threads(), B / kMinRows);
+  if (P <= 1 || at::in_parallel_region()) {
+    run(0, B);
+    return;
+  }
+  std::vector<int64_t> work(B + 1, 0);  // work[b] = steps at which row b is computed
+  for (int64_t a : S.act) work[0] += 1, work[a] -= 1;
+  int64_t total = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (b > 0) work[b] += work[b - 1];
+    total += work[b];
+  }
+  std::vector<int64_t> bounds{0};
+  int64_t cum = 0;
+  for (int64_t b = 0; b < B && (int64_t)bounds.size() < P; ++b) {
+    cum += work[b];
+    const int64_t rows_left = B - (b + 1), blocks_left = P - (int64_t)bounds.size();
+    if (b + 1 - bounds.back() >= kMinRows && rows_left >= blocks_left * kMinRows &&
+        cum * P >= total * (int64_t)bounds.size())
+      bounds.push_back(b + 1);
+  }
+  bounds.push_back(B);
+  const int64_t nblocks = (int64_t)bounds.size() - 1;
+  at::parallel_for(0, nblocks, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) run(bounds[p], bounds[p + 1]);
+  });
 }
 
 template <typename T>
@@ -182,45 +248,43 @@ void rnn_bwd_row(const T* __restrict h, T* __restrict dh, T* __restrict da, int6
 }
 
 template <typename T, bool RELU>
-void rnn_forward_impl(T* xp, const T* w, T* hs, const bool* M, const std::vector<int64_t>& act,
-                      int64_t Tn, int64_t B, int64_t H) {
+void rnn_forward_impl(T* xp, const T* w, T* hs, const bool* M, const Steps& S,
+                      int64_t Tn, int64_t B, int64_t H, int64_t r0, int64_t r1) {
   for (int64_t t = 0; t < Tn; ++t) {
-    const int64_t bt = act[t];
-    T* a = xp + t * B * H;
-    const T* hp = hs + t * B * H;
-    T* hn = hs + (t + 1) * B * H;
-    const bool* m = M ? M + t * B : nullptr;
+    const int64_t bt = block_active(S.act[t], r0, r1);
+    T* a = xp + (S.row(t) + r0) * H;
+    const T* hp = hs + (t * B + r0) * H;
+    T* hn = hs + ((t + 1) * B + r0) * H;
+    const bool* m = M ? M + t * B + r0 : nullptr;
     gemm_rm<T>(false, true, bt, H, H, hp, H, w, H, T(1), a, H);  // a += h W^T
-    rows(bt, H, [&](int64_t r0, int64_t r1) {
-      for (int64_t b = r0; b < r1; ++b) {
-        if (m && !m[b])
-          std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
-        else
-          rnn_fwd_row<T, RELU>(a + b * H, hn + b * H, H);
-      }
-    });
-    if (bt < B) std::memcpy(hn + bt * H, hp + bt * H, (B - bt) * H * sizeof(T));
+    for (int64_t b = 0; b < bt; ++b) {
+      if (m && !m[b])
+        std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
+      else
+        rnn_fwd_row<T, RELU>(a + b * H, hn + b * H, H);
+    }
+    copy_rows(hn, hp, bt, r1 - r0, H);
   }
 }
 
 template <typename T, bool RELU>
-void rnn_backward_impl(const T* hs, const T* w, const bool* M, const std::vector<int64_t>& act,
-                       const T* dout, T* dxp, T* dh, int64_t Tn, int64_t B, int64_t H) {
+void rnn_backward_impl(const T* hs, const T* w, const bool* M, const Steps& S,
+                       const T* dout, T* dxp, T* dh, int64_t Tn, int64_t B, int64_t H,
+                       int64_t r0, int64_t r1) {
+  dh += r0 * H;
   for (int64_t t = Tn - 1; t >= 0; --t) {
-    const int64_t bt = act[t];
-    const T* h = hs + (t + 1) * B * H;
-    T* da = dxp + t * B * H;
-    const bool* m = M ? M + t * B : nullptr;
-    if (dout) add_into(dh, dout + t * B * H, B * H);
-    rows(bt, H, [&](int64_t r0, int64_t r1) {
-      for (int64_t b = r0; b < r1; ++b) {
-        if (m && !m[b])
-          std::memset(da + b * H, 0, H * sizeof(T));
-        else
-          rnn_bwd_row<T, RELU>(h + b * H, dh + b * H, da + b * H, H);
-      }
-    });
-    if (bt < B) std::memset(da + bt * H, 0, (B - bt) * H * sizeof(T));
+    const int64_t bt = block_active(S.act[t], r0, r1);
+    const T* h = hs + ((t + 1) * B + r0) * H;
+    T* da = dxp + (S.row(t) + r0) * H;
+    const bool* m = M ? M + t * B + r0 : nullptr;
+    if (dout) add_into(dh, dout + (t * B + r0) * H, (r1 - r0) * H);
+    for (int64_t b = 0; b < bt; ++b) {
+      if (m && !m[b])
+        std::memset(da + b * H, 0, H * sizeof(T));
+      else
+        rnn_bwd_row<T, RELU>(h + b * H, dh + b * H, da + b * H, H);
+    }
+    if (!S.packed()) zero_rows(da, bt, r1 - r0, H);
     gemm_rm<T>(false, false, bt, H, H, da, H, w, H, T(1), dh, H);  // d_h_prev += d_a W
   }
 }
@@ -263,63 +327,60 @@ void lstm_bwd_row(const T* __restrict gi, const T* __restrict gf, const T* __res
 
 template <typename T>
 void lstm_forward_impl(T* xp, const T* w, T* hs, T* cs, T* tc, bool save, const bool* M,
-                       const std::vector<int64_t>& act, int64_t Tn, int64_t B, int64_t H) {
+                       const Steps& S, int64_t Tn, int64_t B, int64_t H,
+                       int64_t r0, int64_t r1) {
   const int64_t G = 4 * H;
   for (int64_t t = 0; t < Tn; ++t) {
-    const int64_t bt = act[t];
-    T* g = xp + t * B * G;
-    const T* hp = hs + t * B * H;
-    const T* cp = cs + t * B * H;
-    T* hn = hs + (t + 1) * B * H;
-    T* cn = cs + (t + 1) * B * H;
-    T* tct = save ? tc + t * B * H : tc;
-    const bool* m = M ? M + t * B : nullptr;
+    const int64_t bt = block_active(S.act[t], r0, r1);
+    T* g = xp + (S.row(t) + r0) * G;
+    const T* hp = hs + (t * B + r0) * H;
+    const T* cp = cs + (t * B + r0) * H;
+    T* hn = hs + ((t + 1) * B + r0) * H;
+    T* cn = cs + ((t + 1) * B + r0) * H;
+    T* tct = tc + ((save ? S.row(t) : 0) + r0) * H;
+    const bool* m = M ? M + t * B + r0 : nullptr;
     gemm_rm<T>(false, true, bt, G, H, hp, H, w, H, T(1), g, G);  // gates += h W_hh^T
-    rows(bt, G, [&](int64_t r0, int64_t r1) {
-      for (int64_t b = r0; b < r1; ++b) {
-        T* gb = g + b * G;
-        lstm_fwd_row<T>(gb, gb + H, gb + 2 * H, gb + 3 * H, cp + b * H, cn + b * H, hn + b * H,
-                        tct + b * H, H);
-        if (m && !m[b]) {  // a hole: hold the state
-          std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
-          std::memcpy(cn + b * H, cp + b * H, H * sizeof(T));
-        }
+    for (int64_t b = 0; b < bt; ++b) {
+      T* gb = g + b * G;
+      lstm_fwd_row<T>(gb, gb + H, gb + 2 * H, gb + 3 * H, cp + b * H, cn + b * H, hn + b * H,
+                      tct + b * H, H);
+      if (m && !m[b]) {  // a hole: hold the state
+        std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
+        std::memcpy(cn + b * H, cp + b * H, H * sizeof(T));
       }
-    });
-    if (bt < B) {
-      std::memcpy(hn + bt * H, hp + bt * H, (B - bt) * H * sizeof(T));
-      std::memcpy(cn + bt * H, cp + bt * H, (B - bt) * H * sizeof(T));
-      if (save) std::memset(tct + bt * H, 0, (B - bt) * H * sizeof(T));
     }
+    copy_rows(hn, hp, bt, r1 - r0, H);
+    copy_rows(cn, cp, bt, r1 - r0, H);
+    if (save && !S.packed()) zero_rows(tct, bt, r1 - r0, H);
   }
 }
 
 template <typename T>
 void lstm_backward_impl(const T* gates, const T* tc, const T* cs, const T* w, const bool* M,
-                        const std::vector<int64_t>& act, const T* dout, T* dxp, T* dh, T* dc,
-                        int64_t Tn, int64_t B, int64_t H) {
+                        const Steps& S, const T* dout, T* dxp, T* dh, T* dc,
+                        int64_t Tn, int64_t B, int64_t H, int64_t r0, int64_t r1) {
   const int64_t G = 4 * H;
+  dh += r0 * H;
+  dc += r0 * H;
   for (int64_t t = Tn - 1; t >= 0; --t) {
-    const int64_t bt = act[t];
-    const T* g = gates + t * B * G;
-    const T* tct = tc + t * B * H;
-    const T* cp = cs + t * B * H;
-    T* dg = dxp + t * B * G;
-    const bool* m = M ? M + t * B : nullptr;
-    if (dout) add_into(dh, dout + t * B * H, B * H);
-    rows(bt, G, [&](int64_t r0, int64_t r1) {
-      for (int64_t b = r0; b < r1; ++b) {
-        T* d = dg + b * G;
-        if (m && !m[b]) {  // a hole: no gate gradient, d_h and d_c pass through
-          std::memset(d, 0, G * sizeof(T));
-          continue;
-        }
-        const T* gb = g + b * G;
-        lstm_bwd_row<T>(gb, gb + H, gb + 2 * H, gb + 3 * H, tct + b * H, cp + b * H, dh + b * H,
-                        dc + b * H, d, d + H, d + 2 * H, d + 3 * H, H);
+    const int64_t bt = block_active(S.act[t], r0, r1);
+    const T* g = gates + (S.row(t) + r0) * G;
+    const T* tct = tc + (S.row(t) + r0) * H;
+    const T* cp = cs + (t * B + r0) * H;
+    T* dg = dxp + (S.row(t) + r0) * G;
+    const bool* m = M ? M + t * B + r0 : nullptr;
+    if (dout) add_into(dh, dout + (t * B + r0) * H, (r1 - r0) * H);
+    for (int64_t b = 0; b < bt; ++b) {
+      T* d = dg + b * G;
+      if (m && !m[b]) {  // a hole: no gate gradient, d_h and d_c pass through
+        std::memset(d, 0, G * sizeof(T));
+        continue;
       }
-    });
-    if (bt < B) std::memset(dg + bt * G, 0, (B - bt) * G * sizeof(T));
+      const T* gb = g + b * G;
+      lstm_bwd_row<T>(gb, gb + H, gb + 2 * H, gb + 3 * H, tct + b * H, cp + b * H, dh + b * H,
+                      dc + b * H, d, d + H, d + 2 * H, d + 3 * H, H);
+    }
+    if (!S.packed()) zero_rows(dg, bt, r1 - r0, G);
     gemm_rm<T>(false, false, bt, H, G, dg, G, w, H, T(1), dh, H);  // d_h_prev += d_gates W_hh
   }
 }
@@ -371,49 +432,41 @@ void gru_before_fwd_row_b(T* __restrict n_, const T* __restrict z_, const T* __r
 
 template <typename T, bool KEEP>
 void gru_forward_impl(T* rz, T* xn, T* rec, const T* w, const T* bhn, T* hs, bool save,
-                      const bool* M, const std::vector<int64_t>& act, int64_t Tn, int64_t B,
-                      int64_t H, bool after) {
+                      const bool* M, const Steps& S, int64_t Tn, int64_t B,
+                      int64_t H, bool after, int64_t r0, int64_t r1) {
   const int64_t RW = after ? 3 * H : H;  // width of the rec cache
   for (int64_t t = 0; t < Tn; ++t) {
-    const int64_t bt = act[t];
-    T* rzt = rz + t * B * 2 * H;
-    T* nt = xn + t * B * H;
-    T* rt = save ? rec + t * B * RW : rec;
-    const T* hp = hs + t * B * H;
-    T* hn = hs + (t + 1) * B * H;
-    const bool* m = M ? M + t * B : nullptr;
+    const int64_t bt = block_active(S.act[t], r0, r1);
+    T* rzt = rz + (S.row(t) + r0) * 2 * H;
+    T* nt = xn + (S.row(t) + r0) * H;
+    T* rt = rec + ((save ? S.row(t) : 0) + r0) * RW;
+    const T* hp = hs + (t * B + r0) * H;
+    T* hn = hs + ((t + 1) * B + r0) * H;
+    const bool* m = M ? M + t * B + r0 : nullptr;
     if (after) {
       gemm_rm<T>(false, true, bt, 3 * H, H, hp, H, w, H, T(0), rt, 3 * H);  // W_hh h
-      rows(bt, 3 * H, [&](int64_t r0, int64_t r1) {
-        for (int64_t b = r0; b < r1; ++b) {
-          T* rzb = rzt + b * 2 * H;
-          T* rb = rt + b * 3 * H;
-          gru_after_fwd_row<T, KEEP>(rzb, rzb + H, nt + b * H, rb, rb + H, rb + 2 * H, bhn,
-                                     hp + b * H, hn + b * H, H);
-          if (m && !m[b]) std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
-        }
-      });
+      for (int64_t b = 0; b < bt; ++b) {
+        T* rzb = rzt + b * 2 * H;
+        T* rb = rt + b * 3 * H;
+        gru_after_fwd_row<T, KEEP>(rzb, rzb + H, nt + b * H, rb, rb + H, rb + 2 * H, bhn,
+                                   hp + b * H, hn + b * H, H);
+        if (m && !m[b]) std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
+      }
     } else {
       gemm_rm<T>(false, true, bt, 2 * H, H, hp, H, w, H, T(1), rzt, 2 * H);  // + W_rz h
-      rows(bt, 2 * H, [&](int64_t r0, int64_t r1) {
-        for (int64_t b = r0; b < r1; ++b) {
-          T* rzb = rzt + b * 2 * H;
-          gru_before_fwd_row_a<T>(rzb, rzb + H, hp + b * H, rt + b * H, H);
-        }
-      });
+      for (int64_t b = 0; b < bt; ++b) {
+        T* rzb = rzt + b * 2 * H;
+        gru_before_fwd_row_a<T>(rzb, rzb + H, hp + b * H, rt + b * H, H);
+      }
       gemm_rm<T>(false, true, bt, H, H, rt, H, w + 2 * H * H, H, T(1), nt, H);  // + W_nh (r⊙h)
-      rows(bt, H, [&](int64_t r0, int64_t r1) {
-        for (int64_t b = r0; b < r1; ++b) {
-          gru_before_fwd_row_b<T, KEEP>(nt + b * H, rzt + b * 2 * H + H, hp + b * H, hn + b * H,
-                                        H);
-          if (m && !m[b]) std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
-        }
-      });
+      for (int64_t b = 0; b < bt; ++b) {
+        gru_before_fwd_row_b<T, KEEP>(nt + b * H, rzt + b * 2 * H + H, hp + b * H, hn + b * H,
+                                      H);
+        if (m && !m[b]) std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
+      }
     }
-    if (bt < B) {
-      std::memcpy(hn + bt * H, hp + bt * H, (B - bt) * H * sizeof(T));
-      if (save) std::memset(rt + bt * RW, 0, (B - bt) * RW * sizeof(T));
-    }
+    copy_rows(hn, hp, bt, r1 - r0, H);
+    if (save && !S.packed()) zero_rows(rt, bt, r1 - r0, RW);
   }
 }
 
@@ -458,186 +511,229 @@ void gru_before_bwd_row(const T* __restrict r_, const T* __restrict hp,
 
 template <typename T, bool KEEP>
 void gru_backward_impl(const T* rz, const T* xn, const T* rec, const T* hs, const T* w,
-                       const bool* M, const std::vector<int64_t>& act, const T* dout, T* dxp,
-                       T* dhp, T* drh, T* dh, int64_t Tn, int64_t B, int64_t H, bool after) {
+                       const bool* M, const Steps& S, const T* dout, T* dxp,
+                       T* dhp, T* drh, T* dh, int64_t Tn, int64_t B, int64_t H, bool after,
+                       int64_t r0, int64_t r1) {
   const int64_t G = 3 * H;
   const int64_t RW = after ? 3 * H : H;
+  dh += r0 * H;
+  drh += r0 * H;
   for (int64_t t = Tn - 1; t >= 0; --t) {
-    const int64_t bt = act[t];
-    const T* rzt = rz + t * B * 2 * H;
-    const T* nt = xn + t * B * H;
-    const T* rt = rec + t * B * RW;
-    const T* hp = hs + t * B * H;
-    T* dx = dxp + t * B * G;
-    T* dr = after ? dhp + t * B * G : dx;
-    const bool* m = M ? M + t * B : nullptr;
-    if (dout) add_into(dh, dout + t * B * H, B * H);
-    rows(bt, G, [&](int64_t r0, int64_t r1) {
-      for (int64_t b = r0; b < r1; ++b) {
-        T* dxb = dx + b * G;
-        if (m && !m[b]) {  // a hole: no gate gradient, d_h passes through
-          std::memset(dxb, 0, G * sizeof(T));
-          if (after) std::memset(dr + b * G, 0, G * sizeof(T));
-          continue;
-        }
-        const T* rzb = rzt + b * 2 * H;
-        gru_bwd_row_common<T, KEEP>(rzb + H, nt + b * H, hp + b * H, dh + b * H, dxb + H,
-                                    dxb + 2 * H, H);
-        if (after) {
-          T* drb = dr + b * G;
-          gru_after_bwd_row<T>(rzb, rt + b * 3 * H + 2 * H, dxb + H, dxb + 2 * H, dxb, drb,
-                               drb + H, drb + 2 * H, H);
-        }
+    const int64_t bt = block_active(S.act[t], r0, r1);
+    const T* rzt = rz + (S.row(t) + r0) * 2 * H;
+    const T* nt = xn + (S.row(t) + r0) * H;
+    const T* rt = rec + (S.row(t) + r0) * RW;
+    const T* hp = hs + (t * B + r0) * H;
+    T* dx = dxp + (S.row(t) + r0) * G;
+    T* dr = after ? dhp + (S.row(t) + r0) * G : dx;
+    const bool* m = M ? M + t * B + r0 : nullptr;
+    if (dout) add_into(dh, dout + (t * B + r0) * H, (r1 - r0) * H);
+    for (int64_t b = 0; b < bt; ++b) {
+      T* dxb = dx + b * G;
+      if (m && !m[b]) {  // a hole: no gate gradient, d_h passes through
+        std::memset(dxb, 0, G * sizeof(T));
+        if (after) std::memset(dr + b * G, 0, G * sizeof(T));
+        continue;
       }
-    });
-    if (bt < B) {
-      std::memset(dx + bt * G, 0, (B - bt) * G * sizeof(T));
-      if (after) std::memset(dr + bt * G, 0, (B - bt) * G * sizeof(T));
+      const T* rzb = rzt + b * 2 * H;
+      gru_bwd_row_common<T, KEEP>(rzb + H, nt + b * H, hp + b * H, dh + b * H, dxb + H,
+                                  dxb + 2 * H, H);
+      if (after) {
+        T* drb = dr + b * G;
+        gru_after_bwd_row<T>(rzb, rt + b * 3 * H + 2 * H, dxb + H, dxb + 2 * H, dxb, drb,
+                             drb + H, drb + 2 * H, H);
+      }
     }
+    if (!S.packed()) zero_rows(dx, bt, r1 - r0, G);
     if (after) {
+      if (!S.packed()) zero_rows(dr, bt, r1 - r0, G);
       gemm_rm<T>(false, false, bt, H, G, dr, G, w, H, T(1), dh, H);  // += d_hp W_hh
       continue;
     }
     // reset before: d(r⊙h) = d_an W_nh, then d_r and the path through r⊙h
     gemm_rm<T>(false, false, bt, H, H, dx + 2 * H, G, w + 2 * H * H, H, T(0), drh, H);
-    rows(bt, H, [&](int64_t r0, int64_t r1) {
-      for (int64_t b = r0; b < r1; ++b) {
-        if (m && !m[b]) continue;
-        gru_before_bwd_row<T>(rzt + b * 2 * H, hp + b * H, drh + b * H, dx + b * G, dh + b * H,
-                              H);
-      }
-    });
+    for (int64_t b = 0; b < bt; ++b) {
+      if (m && !m[b]) continue;
+      gru_before_bwd_row<T>(rzt + b * 2 * H, hp + b * H, drh + b * H, dx + b * G, dh + b * H, H);
+    }
     gemm_rm<T>(false, false, bt, H, 2 * H, dx, G, w, H, T(1), dh, H);  // += d_rz W_rz
   }
 }
 
 // ---------------------------------------------------------------- entry points
+// Step buffers (xp, caches) are (T, B, width), or (N, width) packed when offsets are given;
+// states are always (T + 1, B, H) and d_out (T, B, H).
+int64_t steps_of(const Tensor& buf, const std::optional<Tensor>& offsets) {
+  return offsets.has_value() ? offsets->size(0) - 1 : buf.size(0);
+}
+
+void check_buf(const Tensor& t, const char* name, const Steps& S, int64_t width) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), name, " must be contiguous on the CPU");
+  TORCH_CHECK(t.numel() == S.rows() * width, name, " has ", t.numel(), " elements, expected ",
+              S.rows() * width);
+}
+
+Tensor step_buffer(const Steps& S, int64_t width, const Tensor& like) {
+  if (S.packed()) return at::empty({S.rows(), width}, like.options());
+  return at::empty({(int64_t)S.act.size(), S.B, width}, like.options());
+}
+
+Tensor scratch(const Steps& S, int64_t width, const Tensor& like) {
+  return at::empty({1, S.B, width}, like.options());  // one step, reused (no save)
+}
+
+const bool* mask_of(const std::optional<Tensor>& mask, int64_t T, int64_t B) {
+  if (!mask.has_value()) return nullptr;
+  check(*mask, "mask", 2);
+  TORCH_CHECK(mask->scalar_type() == at::kBool && mask->size(0) == T && mask->size(1) == B,
+              "mask must be (T, B) bool");
+  return mask->data_ptr<bool>();
+}
+
+template <typename T>
+const T* opt_ptr(const std::optional<Tensor>& t) {
+  return t.has_value() ? t->data_ptr<T>() : nullptr;
+}
+
 std::vector<Tensor> rnn_forward(Tensor xp, Tensor w_hh, Tensor h0, std::optional<Tensor> mask,
-                                bool relu) {
-  check(xp, "xp", 3);
+                                bool relu, std::optional<Tensor> offsets) {
   check(w_hh, "w_hh", 2);
-  const int64_t Tn = xp.size(0), B = xp.size(1), H = xp.size(2);
-  const bool* M = mask_ptr(mask, Tn, B);
-  auto act = active_rows(mask, Tn, B);
+  const int64_t Tn = steps_of(xp, offsets), B = h0.size(0), H = h0.size(1);
+  const bool* M = mask_of(mask, Tn, B);
+  const Steps S = make_steps(mask, offsets, Tn, B);
+  check_buf(xp, "xp", S, H);
   Tensor hs = at::empty({Tn + 1, B, H}, xp.options());
   hs[0].copy_(h0);
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "rnn_forward", [&] {
     auto f = relu ? rnn_forward_impl<scalar_t, true> : rnn_forward_impl<scalar_t, false>;
-    f(xp.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(), hs.data_ptr<scalar_t>(), M, act, Tn,
-      B, H);
+    over_blocks(B, S, [&](int64_t r0, int64_t r1) {
+      f(xp.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(), hs.data_ptr<scalar_t>(), M, S, Tn,
+        B, H, r0, r1);
+    });
   });
   return {hs};
 }
 
 std::vector<Tensor> rnn_backward(Tensor hs, Tensor w_hh, std::optional<Tensor> mask,
-                                 std::optional<Tensor> d_out, Tensor d_h, bool relu) {
+                                 std::optional<Tensor> d_out, Tensor d_h, bool relu,
+                                 std::optional<Tensor> offsets) {
   check(hs, "hs", 3);
   check(w_hh, "w_hh", 2);
   check(d_h, "d_h", 2);
   const int64_t Tn = hs.size(0) - 1, B = hs.size(1), H = hs.size(2);
-  const bool* M = mask_ptr(mask, Tn, B);
-  auto act = active_rows(mask, Tn, B);
-  Tensor dxp = at::empty({Tn, B, H}, hs.options());
+  const bool* M = mask_of(mask, Tn, B);
+  const Steps S = make_steps(mask, offsets, Tn, B);
+  Tensor dxp = step_buffer(S, H, hs);
   AT_DISPATCH_FLOATING_TYPES(hs.scalar_type(), "rnn_backward", [&] {
     auto f = relu ? rnn_backward_impl<scalar_t, true> : rnn_backward_impl<scalar_t, false>;
-    f(hs.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(), M, act,
-      d_out ? d_out->data_ptr<scalar_t>() : nullptr, dxp.data_ptr<scalar_t>(),
-      d_h.data_ptr<scalar_t>(), Tn, B, H);
+    over_blocks(B, S, [&](int64_t r0, int64_t r1) {
+      f(hs.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(), M, S, opt_ptr<scalar_t>(d_out),
+        dxp.data_ptr<scalar_t>(), d_h.data_ptr<scalar_t>(), Tn, B, H, r0, r1);
+    });
   });
   return {dxp, d_h};
 }
 
 std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor h0, Tensor c0,
-                                 std::optional<Tensor> mask, bool save) {
-  check(xp, "xp", 3);
+                                 std::optional<Tensor> mask, bool save,
+                                 std::optional<Tensor> offsets) {
   check(w_hh, "w_hh", 2);
-  const int64_t Tn = xp.size(0), B = xp.size(1), H = h0.size(1);
-  TORCH_CHECK(xp.size(2) == 4 * H && w_hh.size(0) == 4 * H && w_hh.size(1) == H);
-  const bool* M = mask_ptr(mask, Tn, B);
-  auto act = active_rows(mask, Tn, B);
+  const int64_t Tn = steps_of(xp, offsets), B = h0.size(0), H = h0.size(1);
+  TORCH_CHECK(w_hh.size(0) == 4 * H && w_hh.size(1) == H, "w_hh must be (4H, H)");
+  const bool* M = mask_of(mask, Tn, B);
+  const Steps S = make_steps(mask, offsets, Tn, B);
+  check_buf(xp, "xp", S, 4 * H);
   Tensor hs = at::empty({Tn + 1, B, H}, xp.options());
   Tensor cs = at::empty({Tn + 1, B, H}, xp.options());
-  Tensor tc = at::empty({save ? Tn : 1, B, H}, xp.options());
+  Tensor tc = save ? step_buffer(S, H, xp) : scratch(S, H, xp);
   hs[0].copy_(h0);
   cs[0].copy_(c0);
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "lstm_forward", [&] {
-    lstm_forward_impl<scalar_t>(xp.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(),
-                                hs.data_ptr<scalar_t>(), cs.data_ptr<scalar_t>(),
-                                tc.data_ptr<scalar_t>(), save, M, act, Tn, B, H);
+    over_blocks(B, S, [&](int64_t r0, int64_t r1) {
+      lstm_forward_impl<scalar_t>(xp.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(),
+                                  hs.data_ptr<scalar_t>(), cs.data_ptr<scalar_t>(),
+                                  tc.data_ptr<scalar_t>(), save, M, S, Tn, B, H, r0, r1);
+    });
   });
-  if (!save) tc = tc.expand({Tn, B, H});
+  if (!save && !S.packed()) tc = tc.expand({Tn, B, H});
   return {hs, cs, tc};
 }
 
 std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_hh,
                                   std::optional<Tensor> mask, std::optional<Tensor> d_out,
-                                  Tensor d_h, Tensor d_c) {
-  check(gates, "gates", 3);
-  check(tc, "tanh_c", 3);
+                                  Tensor d_h, Tensor d_c, std::optional<Tensor> offsets) {
   check(cs, "cs", 3);
   check(w_hh, "w_hh", 2);
   check(d_h, "d_h", 2);
   check(d_c, "d_c", 2);
-  const int64_t Tn = gates.size(0), B = gates.size(1), H = tc.size(2);
-  const bool* M = mask_ptr(mask, Tn, B);
-  auto act = active_rows(mask, Tn, B);
-  Tensor dxp = at::empty({Tn, B, 4 * H}, gates.options());
+  const int64_t Tn = cs.size(0) - 1, B = cs.size(1), H = cs.size(2);
+  const bool* M = mask_of(mask, Tn, B);
+  const Steps S = make_steps(mask, offsets, Tn, B);
+  check_buf(gates, "gates", S, 4 * H);
+  check_buf(tc, "tanh_c", S, H);
+  Tensor dxp = step_buffer(S, 4 * H, gates);
   AT_DISPATCH_FLOATING_TYPES(gates.scalar_type(), "lstm_backward", [&] {
-    lstm_backward_impl<scalar_t>(gates.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(),
-                                 cs.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(), M, act,
-                                 d_out ? d_out->data_ptr<scalar_t>() : nullptr,
-                                 dxp.data_ptr<scalar_t>(), d_h.data_ptr<scalar_t>(),
-                                 d_c.data_ptr<scalar_t>(), Tn, B, H);
+    over_blocks(B, S, [&](int64_t r0, int64_t r1) {
+      lstm_backward_impl<scalar_t>(gates.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(),
+                                   cs.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(), M, S,
+                                   opt_ptr<scalar_t>(d_out), dxp.data_ptr<scalar_t>(),
+                                   d_h.data_ptr<scalar_t>(), d_c.data_ptr<scalar_t>(), Tn, B, H,
+                                   r0, r1);
+    });
   });
   return {dxp, d_h, d_c};
 }
 
 std::vector<Tensor> gru_forward(Tensor rz, Tensor xn, Tensor w_hh, std::optional<Tensor> b_hn,
                                 Tensor h0, std::optional<Tensor> mask, bool save, bool keep,
-                                bool after) {
-  check(rz, "xp_rz", 3);
-  check(xn, "xp_n", 3);
+                                bool after, std::optional<Tensor> offsets) {
   check(w_hh, "w_hh", 2);
-  const int64_t Tn = xn.size(0), B = xn.size(1), H = xn.size(2);
+  const int64_t Tn = steps_of(xn, offsets), B = h0.size(0), H = h0.size(1);
   TORCH_CHECK(!after || b_hn.has_value(), "reset='after' needs bias_hn");
-  const bool* M = mask_ptr(mask, Tn, B);
-  auto act = active_rows(mask, Tn, B);
+  const bool* M = mask_of(mask, Tn, B);
+  const Steps S = make_steps(mask, offsets, Tn, B);
+  check_buf(rz, "xp_rz", S, 2 * H);
+  check_buf(xn, "xp_n", S, H);
   Tensor hs = at::empty({Tn + 1, B, H}, xn.options());
   const int64_t RW = after ? 3 * H : H;
-  Tensor rec = at::empty({save ? Tn : 1, B, RW}, xn.options());
+  Tensor rec = save ? step_buffer(S, RW, xn) : scratch(S, RW, xn);
   hs[0].copy_(h0);
   AT_DISPATCH_FLOATING_TYPES(xn.scalar_type(), "gru_forward", [&] {
     auto f = keep ? gru_forward_impl<scalar_t, true> : gru_forward_impl<scalar_t, false>;
-    f(rz.data_ptr<scalar_t>(), xn.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(),
-      w_hh.data_ptr<scalar_t>(), after ? b_hn->data_ptr<scalar_t>() : nullptr,
-      hs.data_ptr<scalar_t>(), save, M, act, Tn, B, H, after);
+    over_blocks(B, S, [&](int64_t r0, int64_t r1) {
+      f(rz.data_ptr<scalar_t>(), xn.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(),
+        w_hh.data_ptr<scalar_t>(), after ? b_hn->data_ptr<scalar_t>() : nullptr,
+        hs.data_ptr<scalar_t>(), save, M, S, Tn, B, H, after, r0, r1);
+    });
   });
-  if (!save) rec = rec.expand({Tn, B, RW});
+  if (!save && !S.packed()) rec = rec.expand({Tn, B, RW});
   return {hs, rec};
 }
 
 std::vector<Tensor> gru_backward(Tensor rz, Tensor xn, Tensor rec, Tensor hs, Tensor w_hh,
                                  std::optional<Tensor> mask, std::optional<Tensor> d_out,
-                                 Tensor d_h, bool keep, bool after) {
-  check(rz, "rz", 3);
-  check(xn, "n", 3);
-  check(rec, "rec", 3);
+                                 Tensor d_h, bool keep, bool after,
+                                 std::optional<Tensor> offsets) {
   check(hs, "hs", 3);
   check(w_hh, "w_hh", 2);
   check(d_h, "d_h", 2);
-  const int64_t Tn = xn.size(0), B = xn.size(1), H = xn.size(2);
-  const bool* M = mask_ptr(mask, Tn, B);
-  auto act = active_rows(mask, Tn, B);
-  Tensor dxp = at::empty({Tn, B, 3 * H}, xn.options());
-  Tensor dhp = after ? at::empty({Tn, B, 3 * H}, xn.options()) : dxp;
-  Tensor drh = at::empty({after ? 1 : B, H}, xn.options());
+  const int64_t Tn = hs.size(0) - 1, B = hs.size(1), H = hs.size(2);
+  const bool* M = mask_of(mask, Tn, B);
+  const Steps S = make_steps(mask, offsets, Tn, B);
+  check_buf(rz, "rz", S, 2 * H);
+  check_buf(xn, "n", S, H);
+  check_buf(rec, "rec", S, after ? 3 * H : H);
+  Tensor dxp = step_buffer(S, 3 * H, xn);
+  Tensor dhp = after ? step_buffer(S, 3 * H, xn) : dxp;
+  Tensor drh = at::empty({B, H}, xn.options());  // d(r ⊙ h) scratch (reset before)
   AT_DISPATCH_FLOATING_TYPES(xn.scalar_type(), "gru_backward", [&] {
     auto f = keep ? gru_backward_impl<scalar_t, true> : gru_backward_impl<scalar_t, false>;
-    f(rz.data_ptr<scalar_t>(), xn.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(),
-      hs.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(), M, act,
-      d_out ? d_out->data_ptr<scalar_t>() : nullptr, dxp.data_ptr<scalar_t>(),
-      dhp.data_ptr<scalar_t>(), drh.data_ptr<scalar_t>(), d_h.data_ptr<scalar_t>(), Tn, B, H,
-      after);
+    over_blocks(B, S, [&](int64_t r0, int64_t r1) {
+      f(rz.data_ptr<scalar_t>(), xn.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(),
+        hs.data_ptr<scalar_t>(), w_hh.data_ptr<scalar_t>(), M, S, opt_ptr<scalar_t>(d_out),
+        dxp.data_ptr<scalar_t>(), dhp.data_ptr<scalar_t>(), drh.data_ptr<scalar_t>(),
+        d_h.data_ptr<scalar_t>(), Tn, B, H, after, r0, r1);
+    });
   });
   return {dxp, dhp, d_h};
 }
@@ -645,22 +741,26 @@ std::vector<Tensor> gru_backward(Tensor rz, Tensor xn, Tensor rec, Tensor hs, Te
 }  // namespace
 
 TORCH_LIBRARY(rnnkit_native, m) {
-  m.def("rnn_forward(Tensor(a!) xp, Tensor w_hh, Tensor h0, Tensor? mask, bool relu) -> Tensor[]",
+  m.def("set_min_block_rows(int rows) -> ()", &set_min_block_rows);
+  m.def("rnn_forward(Tensor(a!) xp, Tensor w_hh, Tensor h0, Tensor? mask, bool relu, "
+        "Tensor? offsets=None) -> Tensor[]",
         &rnn_forward);
   m.def("rnn_backward(Tensor hs, Tensor w_hh, Tensor? mask, Tensor? d_out, Tensor(a!) d_h, "
-        "bool relu) -> Tensor[]",
+        "bool relu, Tensor? offsets=None) -> Tensor[]",
         &rnn_backward);
   m.def("lstm_forward(Tensor(a!) xp, Tensor w_hh, Tensor h0, Tensor c0, Tensor? mask, "
-        "bool save) -> Tensor[]",
+        "bool save, Tensor? offsets=None) -> Tensor[]",
         &lstm_forward);
   m.def("lstm_backward(Tensor gates, Tensor tanh_c, Tensor cs, Tensor w_hh, Tensor? mask, "
-        "Tensor? d_out, Tensor(a!) d_h, Tensor(b!) d_c) -> Tensor[]",
+        "Tensor? d_out, Tensor(a!) d_h, Tensor(b!) d_c, Tensor? offsets=None) -> Tensor[]",
         &lstm_backward);
   m.def("gru_forward(Tensor(a!) xp_rz, Tensor(b!) xp_n, Tensor w_hh, Tensor? bias_hn, "
-        "Tensor h0, Tensor? mask, bool save, bool keep, bool after) -> Tensor[]",
+        "Tensor h0, Tensor? mask, bool save, bool keep, bool after, Tensor? offsets=None) "
+        "-> Tensor[]",
         &gru_forward);
   m.def("gru_backward(Tensor rz, Tensor n, Tensor rec, Tensor hs, Tensor w_hh, Tensor? mask, "
-        "Tensor? d_out, Tensor(a!) d_h, bool keep, bool after) -> Tensor[]",
+        "Tensor? d_out, Tensor(a!) d_h, bool keep, bool after, Tensor? offsets=None) "
+        "-> Tensor[]",
         &gru_backward);
 }
 """

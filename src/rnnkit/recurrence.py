@@ -37,6 +37,7 @@ from rnnkit.cells.kernel import Kernel, Weights
 __all__ = [
     "ForwardRecord",
     "Grads",
+    "Packing",
     "Sweep",
     "backward_sweep",
     "forward_pass",
@@ -79,11 +80,51 @@ def _forward_loop(
 
 
 class ForwardRecord(NamedTuple):
-    """What the forward pass keeps for the explicit backward (all time-major)."""
+    """What the forward pass keeps for the explicit backward (all time-major).
 
-    x: Tensor  # (T·B, I) input, padding replaced by 0
+    With a ``Packing``, ``x`` and the cache hold only the rows each step computes, in
+    packed order (``(N, ·)``, like ``PackedSequence.data``); the states stay padded.
+    """
+
+    x: Tensor  # (T·B, I) input, padding replaced by 0 — or (N, I) packed
     states: tuple[Tensor, ...]  # each (T + 1, B, H); index 0 = initial state
-    cache: tuple[Tensor, ...]  # the kernel's per-step cache, each (T, B, ·)
+    cache: tuple[Tensor, ...]  # the kernel's per-step cache, each (T, B, ·) — or (N, ·)
+
+
+class Packing(NamedTuple):
+    """Which rows each step computes, for the compiled loop's packed buffers.
+
+    Step t computes rows ``0 .. act_t − 1`` (rows sorted by their last real step, so the
+    finished ones are at the end); its rows sit at ``offsets[t] .. offsets[t+1] − 1`` of
+    the packed buffers, and ``index`` maps packed rows to ``t·B + b``. Holes inside the
+    computed rows still hold the state through the mask. Input projections and weight
+    gradients then cost only the computed rows, not the padding.
+    """
+
+    offsets: Tensor  # (T + 1,) int64
+    index: Tensor  # (N,) int64
+
+
+def make_packing(mask: Tensor) -> Packing | None:
+    """The packing of a ``(T, B)`` mask, or None when every step computes every row.
+
+    >>> make_packing(torch.tensor([[1, 1], [1, 0], [0, 0]], dtype=torch.bool)).offsets
+    tensor([0, 2, 3, 3])
+    """
+    T, B = mask.shape
+    if mask.numel() == 0:
+        return None
+    steps = torch.arange(T, device=mask.device)
+    rows = torch.arange(1, B + 1, device=mask.device)
+    last = torch.where(mask, steps[:, None], -1).amax(0)  # (B,) last real step, −1 if none
+    computed = last[None, :] >= steps[:, None]  # (T, B): row still has a real step ahead
+    act = (computed * rows).amax(1)  # (T,) 1 + the last such row
+    if bool((act == B).all()):
+        return None
+    offsets = torch.zeros(T + 1, dtype=torch.long, device=mask.device)
+    torch.cumsum(act, 0, out=offsets[1:])
+    flat = torch.arange(T * B, device=mask.device).view(T, B)
+    return Packing(offsets, flat[rows[None, :] <= act[:, None]])
 
 
 class Sweep(NamedTuple):
@@ -118,14 +159,23 @@ def forward_pass(
     states0: tuple[Tensor, ...],
     mask: Tensor | None,
     save: bool,
+    packing: Packing | None = None,
 ) -> ForwardRecord:
     """Input projections in one product, then the step loop. ``x (T, B, I)``,
-    ``mask (T, B, 1)`` bool or None."""
+    ``mask (T, B, 1)`` bool or None; ``packing`` (compiled loop only) skips the rows
+    that have finished (see ``Packing``)."""
     T, B, I = x.shape
     x_flat = x.reshape(T * B, I)
     lib = _compiled(kernel, x, *w, *states0)
+    if lib is None and packing is not None:
+        raise RuntimeError("a Packing needs the compiled loop (rnnkit.native)")
     if lib is not None:
-        states, cache = kernel.native_forward(lib, x_flat, w, T, B, states0, _mask2(mask), save)
+        offsets = None
+        if packing is not None:
+            x_flat, offsets = x_flat.index_select(0, packing.index), packing.offsets
+        states, cache = kernel.native_forward(
+            lib, x_flat, w, T, B, states0, _mask2(mask), save, offsets
+        )
         return ForwardRecord(x_flat, states, cache)
     xps = kernel.project_inputs(x_flat, w, T, B)  # (T, B, ·) buffers
     states, cache = _forward_loop(kernel, xps, mask, states0, kernel.prepare(w), save)
@@ -140,24 +190,31 @@ def backward_sweep(
     d_out: Tensor | None,
     d_finals: tuple[Tensor | None, ...],
     window: int | None = None,
+    packing: Packing | None = None,
 ) -> Sweep:
     """The explicit BPTT sweep from ``t = T`` down to 1 (SPEC §3).
 
     Args:
         d_out: ∂L/∂outputs ``(T, B, H)`` or None.  d_finals: ∂L/∂(final states).
         window: None for full BPTT, τ ≥ 1 for the exact BPTT(τ).
+        packing: the ``Packing`` the record was made with (its ``d_xp`` is then packed).
     """
     states, cache = record.states, record.cache
     T, B, H = states[0].shape[0] - 1, states[0].shape[1], states[0].shape[2]
     n = len(states)
     like = record.x
     lib = _compiled(kernel, like, w.weight_hh) if window is None else None
+    if packing is not None and (lib is None or window is not None):
+        raise RuntimeError("a Packing needs the compiled loop (rnnkit.native) and no window")
     if lib is not None:
         d_states = tuple(
             like.new_zeros(B, H) if d is None else d.contiguous().clone() for d in d_finals
         )
         d_out_c = None if d_out is None else d_out.contiguous()
-        d_xp, d_hp, d0 = kernel.native_backward(lib, record, w, _mask2(mask), d_out_c, d_states)
+        offsets = None if packing is None else packing.offsets
+        d_xp, d_hp, d0 = kernel.native_backward(
+            lib, record, w, _mask2(mask), d_out_c, d_states, offsets
+        )
         return Sweep(d_xp, d_hp, tuple(d0))
     bcache_steps = [c.unbind(0) for c in kernel.backward_cache(cache, states)]
     state_steps = [s.unbind(0) for s in states]
@@ -238,23 +295,36 @@ class Grads(NamedTuple):
 
 
 def weight_grads(
-    kernel: Kernel, record: ForwardRecord, sweep: Sweep, w: Weights, need: tuple[bool, ...]
+    kernel: Kernel,
+    record: ForwardRecord,
+    sweep: Sweep,
+    w: Weights,
+    need: tuple[bool, ...],
+    packing: Packing | None = None,
 ) -> Grads:
     """Every gradient as ONE matrix product (or sum) over all steps.
 
-    ``need`` flags (x, weight_ih, weight_hh, bias, bias_hn).
+    ``need`` flags (x, weight_ih, weight_hh, bias, bias_hn); with ``packing`` the products
+    run over the computed rows only and ``∂L/∂x`` is scattered back to ``(T, B, I)``.
     """
-    T, B = sweep.d_xp.shape[0], sweep.d_xp.shape[1]
-    H = record.states[0].shape[2]
-    d_xp = sweep.d_xp.view(T * B, -1)
-    d_x = (d_xp @ w.weight_ih).view(T, B, -1) if need[0] else None
+    T, B, H = (s - k for s, k in zip(record.states[0].shape, (1, 0, 0), strict=True))
+    d_xp = sweep.d_xp.reshape(-1, sweep.d_xp.shape[-1])  # (T·B or N, G·H)
+    d_x = None
+    if need[0]:
+        d_x = d_xp @ w.weight_ih
+        if packing is not None:  # rows never computed get no gradient
+            d_x = d_x.new_zeros(T * B, d_x.shape[1]).index_copy_(0, packing.index, d_x)
+        d_x = d_x.view(T, B, d_x.shape[-1])
     d_w_ih = d_xp.T @ record.x if need[1] else None
     d_bias = d_xp.sum(0) if need[3] else None
     d_w_hh = d_bias_hn = None
     if need[2] or need[4]:
         h_prev = record.states[0][:-1].reshape(T * B, H)
-        flat_cache = tuple(c.reshape(T * B, -1) for c in record.cache)
-        d_w_hh, d_bias_hn = kernel.recurrent_grads(sweep.d_hp.view(T * B, -1), h_prev, flat_cache)
+        if packing is not None:
+            h_prev = h_prev.index_select(0, packing.index)
+        flat_cache = tuple(c.reshape(h_prev.shape[0], c.shape[-1]) for c in record.cache)
+        d_hp = sweep.d_hp.reshape(h_prev.shape[0], sweep.d_hp.shape[-1])
+        d_w_hh, d_bias_hn = kernel.recurrent_grads(d_hp, h_prev, flat_cache)
     return Grads(d_x, d_w_ih, d_w_hh, d_bias, d_bias_hn if need[4] else None)
 
 
@@ -268,6 +338,7 @@ class _Recurrence(torch.autograd.Function):
         mask: Tensor | None,
         window: int | None,
         save: bool,
+        packing: Packing | None,
         x: Tensor,
         weight_ih: Tensor,
         weight_hh: Tensor,
@@ -276,9 +347,9 @@ class _Recurrence(torch.autograd.Function):
         *states0: Tensor,
     ) -> tuple[Tensor, ...]:
         w = Weights(weight_ih, weight_hh, bias, bias_hn)
-        record = forward_pass(kernel, x, w, states0, mask, save)
+        record = forward_pass(kernel, x, w, states0, mask, save, packing)
         if save:
-            ctx.kernel, ctx.mask, ctx.window = kernel, mask, window
+            ctx.kernel, ctx.mask, ctx.window, ctx.packing = kernel, mask, window, packing
             ctx.num_states = len(record.states)
             ctx.save_for_backward(record.x, weight_ih, weight_hh, *record.states, *record.cache)
         finals = tuple(s[-1].clone() for s in record.states)
@@ -291,14 +362,18 @@ class _Recurrence(torch.autograd.Function):
         n = ctx.num_states
         record = ForwardRecord(saved[0], tuple(saved[3 : 3 + n]), tuple(saved[3 + n :]))
         w = Weights(saved[1], saved[2], None, None)
-        sweep = backward_sweep(ctx.kernel, record, w, ctx.mask, d_out, d_finals, ctx.window)
-        # needs_input_grad: kernel, mask, window, save, x, w_ih, w_hh, bias, bias_hn, s0...
-        need = ctx.needs_input_grad[4:9]
-        g = weight_grads(ctx.kernel, record, sweep, w, need)
-        d_s0 = tuple(
-            d if ctx.needs_input_grad[9 + k] else None for k, d in enumerate(sweep.d_states0)
+        packing = ctx.packing
+        sweep = backward_sweep(
+            ctx.kernel, record, w, ctx.mask, d_out, d_finals, ctx.window, packing
         )
-        return (None, None, None, None, *g, *d_s0)
+        # needs_input_grad: kernel, mask, window, save, packing, x, w_ih, w_hh, bias,
+        # bias_hn, s0...
+        need = ctx.needs_input_grad[5:10]
+        g = weight_grads(ctx.kernel, record, sweep, w, need, packing)
+        d_s0 = tuple(
+            d if ctx.needs_input_grad[10 + k] else None for k, d in enumerate(sweep.d_states0)
+        )
+        return (None, None, None, None, None, *g, *d_s0)
 
 
 def run_recurrence(
@@ -337,10 +412,11 @@ def run_recurrence(
         x = torch.where(mask3, x, 0.0)
         if bool(mask.all()):
             mask3 = None
-    order = None
+    order = packing = None
     if mask3 is not None and _compiled(kernel, x, *weights, *states0) is not None:
         # The compiled loop stops computing rows after their last real step when rows are
-        # sorted by it (as packed sequences are): sort here, undo the order on the way out.
+        # sorted by it (as packed sequences are): sort here, undo the order on the way out,
+        # and pack the steps' buffers so that the products skip the finished rows too.
         steps = torch.arange(1, x.shape[0] + 1, device=x.device)
         last = torch.where(mask, steps[:, None], 0).amax(0)  # (B,) last real step + 1
         if bool((last[1:] > last[:-1]).any()):
@@ -348,6 +424,8 @@ def run_recurrence(
             x = x.index_select(1, order)
             mask3 = mask3.index_select(1, order)
             states0 = tuple(s.index_select(0, order) for s in states0)
+        if window is None:
+            packing = make_packing(mask3[..., 0])
     tensors = (x, *weights, *states0)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     result = _Recurrence.apply(
@@ -355,6 +433,7 @@ def run_recurrence(
         mask3,
         window,
         save,
+        packing,
         x,
         weights.weight_ih,
         weights.weight_hh,

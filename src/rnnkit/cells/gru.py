@@ -173,22 +173,26 @@ class GRUKernel:
         return d_w, None
 
     # The compiled loop (rnnkit.native) fills the same buffers as step_into/step_backward.
-    def native_forward(self, lib, x, w, T, B, states0, mask, save):
-        xp_rz, xp_n = self.project_inputs(x, w, T, B)
+    def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None):
+        H = w.weight_hh.shape[1]
+        xp_rz = torch.addmm(w.bias[: 2 * H], x, w.weight_ih[: 2 * H].T)  # (T·B or N, 2H)
+        xp_n = torch.addmm(w.bias[2 * H :], x, w.weight_ih[2 * H :].T)  # (T·B or N, H)
+        if offsets is None:
+            xp_rz, xp_n = xp_rz.view(T, B, 2 * H), xp_n.view(T, B, H)
         after = self.reset == "after"
         bias_hn = w.bias_hn.contiguous() if after else None
         hs, rec = lib.gru_forward(
             xp_rz, xp_n, w.weight_hh.contiguous(), bias_hn, states0[0], mask, save,
-            self.update == "keep", after,
+            self.update == "keep", after, offsets,
         )  # fmt: skip
         return (hs,), (xp_rz, xp_n, rec)
 
-    def native_backward(self, lib, record, w, mask, d_out, d_states):
+    def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None):
         rz, n, rec = (c.contiguous() for c in record.cache)
         h_states = record.states[0].contiguous()
         d_xp, d_hp, d_h0 = lib.gru_backward(
             rz, n, rec, h_states, w.weight_hh.contiguous(), mask, d_out, d_states[0],
-            self.update == "keep", self.reset == "after",
+            self.update == "keep", self.reset == "after", offsets,
         )  # fmt: skip
         return d_xp, d_hp, (d_h0,)
 

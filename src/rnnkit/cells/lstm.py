@@ -147,19 +147,20 @@ class LSTMKernel:
         return d_hp.T @ h_prev, None
 
     # The compiled loop (rnnkit.native) fills the same buffers as step_into/step_backward.
-    def native_forward(self, lib, x, w, T, B, states0, mask, save):
-        H = w.weight_hh.shape[1]
-        xp = torch.addmm(w.bias, x, w.weight_ih.T).view(T, B, 4 * H)  # gates, in place
+    def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None):
+        xp = torch.addmm(w.bias, x, w.weight_ih.T)  # (T·B or N, 4H): the gates, in place
+        if offsets is None:
+            xp = xp.view(T, B, xp.shape[1])
         hs, cs, tanh_c = lib.lstm_forward(
-            xp, w.weight_hh.contiguous(), states0[0], states0[1], mask, save
+            xp, w.weight_hh.contiguous(), states0[0], states0[1], mask, save, offsets
         )
         return (hs, cs), (xp, tanh_c)
 
-    def native_backward(self, lib, record, w, mask, d_out, d_states):
+    def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None):
         gates, tanh_c = (c.contiguous() for c in record.cache)
         c_states = record.states[1].contiguous()
         d_xp, d_h0, d_c0 = lib.lstm_backward(
-            gates, tanh_c, c_states, w.weight_hh.contiguous(), mask, d_out, *d_states
+            gates, tanh_c, c_states, w.weight_hh.contiguous(), mask, d_out, *d_states, offsets
         )
         return d_xp, d_xp, (d_h0, d_c0)
 

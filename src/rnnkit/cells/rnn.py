@@ -54,7 +54,7 @@ class RNNKernel:
         return w.weight_hh.T  # (H, H) view: addmm reads it transposed, no copy
 
     def project_inputs(self, x: Tensor, w: Weights, T: int, B: int) -> tuple[Tensor, ...]:
-        return (torch.addmm(w.bias, x, w.weight_ih.T).view(T, B, -1),)
+        return (torch.addmm(w.bias, x, w.weight_ih.T).view(T, B, w.weight_hh.shape[1]),)
 
     def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
         return ()
@@ -84,16 +84,24 @@ class RNNKernel:
         return d_hp.T @ h_prev, None
 
     # The compiled loop (rnnkit.native) fills the same buffers as step_into/step_backward.
-    def native_forward(self, lib, x, w, T, B, states0, mask, save):
-        (xp,) = self.project_inputs(x, w, T, B)
+    def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None):
+        xp = torch.addmm(w.bias, x, w.weight_ih.T)  # (T·B or N, H)
+        if offsets is None:
+            xp = xp.view(T, B, xp.shape[1])
         relu = self.nonlinearity == "relu"
-        (hs,) = lib.rnn_forward(xp, w.weight_hh.contiguous(), states0[0], mask, relu)
+        (hs,) = lib.rnn_forward(xp, w.weight_hh.contiguous(), states0[0], mask, relu, offsets)
         return (hs,), ()
 
-    def native_backward(self, lib, record, w, mask, d_out, d_states):
+    def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None):
         relu = self.nonlinearity == "relu"
         d_xp, d_h0 = lib.rnn_backward(
-            record.states[0].contiguous(), w.weight_hh.contiguous(), mask, d_out, d_states[0], relu
+            record.states[0].contiguous(),
+            w.weight_hh.contiguous(),
+            mask,
+            d_out,
+            d_states[0],
+            relu,
+            offsets,
         )
         return d_xp, d_xp, (d_h0,)
 
