@@ -5,7 +5,7 @@ docstrings, comments): real text that ships with the platform, nothing downloade
 copied into the repository. Trains for a fixed time budget, then prints samples and the
 validation bits per character next to a 5-gram Kneser-Ney baseline.
 
-    python examples/char_lm/main_job.py [--out runs/main] [--max-time 200]
+    python examples/char_lm/main_job.py [--out runs/main] [--max-time 270]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rnnkit.tasks.lm import load_lm, sample_texts, train_lm
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/main", help="run directory")
-    p.add_argument("--max-time", type=float, default=200.0, help="training seconds")
+    p.add_argument("--max-time", type=float, default=270.0, help="training seconds")
     p.add_argument("--corpus-chars", type=int, default=2_000_000, help="training characters")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         clip_norm=5.0,
         epochs=100,
         max_time=args.max_time,
-        eval_every=400,
+        eval_every=1000,
         seed=0,
     ).validate()
     summary = train_lm(cfg, quiet=args.quiet)

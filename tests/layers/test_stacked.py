@@ -284,16 +284,9 @@ def test_bad_num_layers(num_layers):
 
 # ------------------------------------------------------------------ empty batch
 
-EMPTY_BATCH_VIEW_BUG = (
-    "a (0, T, I) batch (torch.nn accepts it) fails: .view(T, B, -1) / .view(T * B, -1) of a "
-    "0-element tensor is ambiguous (cells/rnn.py RNNKernel.project_inputs in the forward; "
-    "recurrence.py weight_grads in the backward)"
-)
 
-
-def test_empty_batch_forward(cell_spec, request):
-    if cell_spec.kind == "rnn":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=EMPTY_BATCH_VIEW_BUG))
+def test_empty_batch_forward(cell_spec):
+    """A (0, T, I) batch runs, as in torch.nn."""
     layer = cell_spec.layer(3, 4, 2, True)
     res = layer(torch.zeros(0, 5, 3, dtype=DT))
     assert res.outputs.shape == (0, 5, 8)
@@ -301,7 +294,6 @@ def test_empty_batch_forward(cell_spec, request):
         assert s.shape == (2, 2, 0, 4)
 
 
-@pytest.mark.xfail(strict=True, reason=EMPTY_BATCH_VIEW_BUG)
 def test_empty_batch_backward(cell_spec):
     layer = cell_spec.layer(3, 4)
     x = torch.zeros(0, 5, 3, dtype=DT, requires_grad=True)
