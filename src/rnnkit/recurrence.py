@@ -41,7 +41,9 @@ __all__ = [
     "Sweep",
     "backward_sweep",
     "forward_pass",
+    "make_packing",
     "run_recurrence",
+    "unpack_record",
     "weight_grads",
 ]
 
@@ -103,6 +105,18 @@ class Packing(NamedTuple):
 
     offsets: Tensor  # (T + 1,) int64
     index: Tensor  # (N,) int64
+
+
+def unpack_record(record: ForwardRecord, packing: Packing) -> ForwardRecord:
+    """The padded ``(T·B, ·)`` / ``(T, B, ·)`` record of a packed one (rows never computed
+    hold zeros: they are all past their row's last real step, so masked)."""
+    T, B = record.states[0].shape[0] - 1, record.states[0].shape[1]
+
+    def pad(t: Tensor) -> Tensor:
+        return t.new_zeros(T * B, t.shape[-1]).index_copy_(0, packing.index, t)
+
+    cache = tuple(pad(c).view(T, B, c.shape[-1]) for c in record.cache)
+    return ForwardRecord(pad(record.x), record.states, cache)
 
 
 def make_packing(mask: Tensor) -> Packing | None:
@@ -363,6 +377,10 @@ class _Recurrence(torch.autograd.Function):
         record = ForwardRecord(saved[0], tuple(saved[3 : 3 + n]), tuple(saved[3 + n :]))
         w = Weights(saved[1], saved[2], None, None)
         packing = ctx.packing
+        if packing is not None and ctx.window is not None:
+            # BPTT(τ) is the PyTorch sweep, which reads padded buffers. (The forward still
+            # ran packed: truncation changes gradients only, never values, to the bit.)
+            record, packing = unpack_record(record, packing), None
         sweep = backward_sweep(
             ctx.kernel, record, w, ctx.mask, d_out, d_finals, ctx.window, packing
         )
@@ -424,8 +442,7 @@ def run_recurrence(
             x = x.index_select(1, order)
             mask3 = mask3.index_select(1, order)
             states0 = tuple(s.index_select(0, order) for s in states0)
-        if window is None:
-            packing = make_packing(mask3[..., 0])
+        packing = make_packing(mask3[..., 0])
     tensors = (x, *weights, *states0)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     result = _Recurrence.apply(

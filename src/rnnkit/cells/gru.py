@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.cells.base import CellBase, check_cell_input
-from rnnkit.cells.kernel import Weights, scratch
+from rnnkit.cells.kernel import Weights, input_product, scratch
 
 __all__ = ["GRUCell", "GRUKernel", "gru_step"]
 
@@ -175,14 +175,16 @@ class GRUKernel:
     # The compiled loop (rnnkit.native) fills the same buffers as step_into/step_backward.
     def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None):
         H = w.weight_hh.shape[1]
-        xp_rz = torch.addmm(w.bias[: 2 * H], x, w.weight_ih[: 2 * H].T)  # (T·B or N, 2H)
-        xp_n = torch.addmm(w.bias[2 * H :], x, w.weight_ih[2 * H :].T)  # (T·B or N, H)
+        # x W_ih^T; the bias is added in the loop (addmm would first copy it to every row)
+        xp_rz = input_product(x, w.weight_ih[: 2 * H])  # (T·B or N, 2H)
+        xp_n = input_product(x, w.weight_ih[2 * H :])  # (T·B or N, H)
         if offsets is None:
             xp_rz, xp_n = xp_rz.view(T, B, 2 * H), xp_n.view(T, B, H)
         after = self.reset == "after"
         bias_hn = w.bias_hn.contiguous() if after else None
         hs, rec = lib.gru_forward(
-            xp_rz, xp_n, w.weight_hh.contiguous(), bias_hn, states0[0], mask, save,
+            xp_rz, xp_n, w.weight_hh.contiguous(), w.bias.contiguous(), bias_hn, states0[0],
+            mask, save,
             self.update == "keep", after, offsets,
         )  # fmt: skip
         return (hs,), (xp_rz, xp_n, rec)

@@ -11,9 +11,35 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
+import torch
 from torch import Tensor
 
-__all__ = ["Kernel", "Weights", "scratch"]
+__all__ = ["Kernel", "Weights", "input_product", "scratch"]
+
+# oneDNN's matmul beats the BLAS by 5-30 % on this product for float32 on 2 cores here (the
+# projections of all steps: T·B rows), but costs more per call on small ones.
+_ONEDNN_MIN_ROWS = 256
+
+
+def input_product(x: Tensor, weight: Tensor) -> Tensor:
+    """``x weightᵀ`` for all steps at once, ``x (N, I)``, ``weight (G·H, I)`` → ``(N, G·H)``.
+
+    >>> input_product(torch.ones(2, 3), torch.ones(4, 3)).tolist()[0]
+    [3.0, 3.0, 3.0, 3.0]
+    """
+    if (
+        x.shape[0] >= _ONEDNN_MIN_ROWS
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and x.is_contiguous()
+        and weight.is_contiguous()
+    ):
+        try:
+            return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+        except (RuntimeError, AttributeError):  # a build without it: the BLAS below
+            pass
+    return x @ weight.T
 
 
 def scratch(T: int, B: int, width: int, like: Tensor, save: bool) -> Tensor:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from rnnkit.cells.base import CellBase, check_cell_input
-from rnnkit.cells.kernel import Weights, scratch
+from rnnkit.cells.kernel import Weights, input_product, scratch
 from rnnkit.types import LSTMState
 
 __all__ = ["LSTMCache", "LSTMCell", "LSTMKernel", "lstm_step", "lstm_step_backward"]
@@ -148,11 +148,12 @@ class LSTMKernel:
 
     # The compiled loop (rnnkit.native) fills the same buffers as step_into/step_backward.
     def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None):
-        xp = torch.addmm(w.bias, x, w.weight_ih.T)  # (T·B or N, 4H): the gates, in place
+        # x W_ih^T; the bias is added in the loop (addmm would first copy it to every row)
+        xp = input_product(x, w.weight_ih)  # (T·B or N, 4H): the activated gates, in place
         if offsets is None:
             xp = xp.view(T, B, xp.shape[1])
         hs, cs, tanh_c = lib.lstm_forward(
-            xp, w.weight_hh.contiguous(), states0[0], states0[1], mask, save, offsets
+            xp, w.weight_hh.contiguous(), w.bias.contiguous(), *states0, mask, save, offsets
         )
         return (hs, cs), (xp, tanh_c)
 

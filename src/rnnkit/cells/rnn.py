@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from rnnkit.cells.base import CellBase, check_cell_input
-from rnnkit.cells.kernel import Weights
+from rnnkit.cells.kernel import Weights, input_product
 
 __all__ = ["RNNCell", "RNNKernel", "rnn_step", "rnn_step_backward"]
 
@@ -85,11 +85,12 @@ class RNNKernel:
 
     # The compiled loop (rnnkit.native) fills the same buffers as step_into/step_backward.
     def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None):
-        xp = torch.addmm(w.bias, x, w.weight_ih.T)  # (T·B or N, H)
+        xp = input_product(x, w.weight_ih)  # (T·B or N, H); the bias is added in the loop
         if offsets is None:
             xp = xp.view(T, B, xp.shape[1])
         relu = self.nonlinearity == "relu"
-        (hs,) = lib.rnn_forward(xp, w.weight_hh.contiguous(), states0[0], mask, relu, offsets)
+        W, b = w.weight_hh.contiguous(), w.bias.contiguous()
+        (hs,) = lib.rnn_forward(xp, W, b, states0[0], mask, relu, offsets)
         return (hs,), ()
 
     def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None):
