@@ -69,7 +69,7 @@ def matmul_flops(cell: str, B: int, T: int, I: int, H: int, training: bool) -> f
 
 
 def bench_config(
-    cell: str, H: int, B: int, T: int, I: int, rounds: int, block_s: float, loop: bool
+    cell: str, H: int, B: int, T: int, I: int, rounds: int, block_s: float, loop: bool, clock: str
 ) -> dict[str, object]:
     torch.manual_seed(0)
     tm = TORCH_CLASSES[cell](I, H, batch_first=True)
@@ -100,7 +100,7 @@ def bench_config(
 
     result: dict[str, object] = {"cell": cell, "H": H, "B": B, "T": T, "I": I}
     for mode, make in (("train", train), ("infer", infer)):
-        times = interleaved({n: make(n) for n in runs}, rounds, block_s)
+        times = interleaved({n: make(n) for n in runs}, rounds, block_s, clock=clock)
         entry: dict[str, object] = {f"{n}_ms": median(times[n]) * 1e3 for n in runs}
         entry["torch/rnnkit"] = median_ratio(times, "torch", "rnnkit")
         if loop:
@@ -113,7 +113,9 @@ def bench_config(
     return result
 
 
-def bench_varlen(cell: str, H: int, B: int, T: int, I: int, rounds: int, block_s: float):
+def bench_varlen(
+    cell: str, H: int, B: int, T: int, I: int, rounds: int, block_s: float, clock: str
+) -> dict[str, object]:
     """Training on lengths uniform in [T/10, T]: cost should follow the real tokens."""
     torch.manual_seed(1)
     tm = TORCH_CLASSES[cell](I, H, batch_first=True)
@@ -139,7 +141,10 @@ def bench_varlen(cell: str, H: int, B: int, T: int, I: int, rounds: int, block_s
         return torch.autograd.grad(tm(x)[0], [x, *tp], d_out)
 
     times = interleaved(
-        {"rnnkit": rnnkit_run, "packed": packed_run, "padded": padded_run}, rounds, block_s
+        {"rnnkit": rnnkit_run, "packed": packed_run, "padded": padded_run},
+        rounds,
+        block_s,
+        clock=clock,
     )
     return {
         "cell": cell,
@@ -158,7 +163,8 @@ def print_tables(report: dict[str, object], out) -> None:
     ceiling = report["matmul_gflops"]
     print(
         f"# {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
-        f"{m['date']}, load {m['load_1min']}; float32 mm ceiling {ceiling:.0f} GFLOP/s",
+        f"{m['date']}, load {m['load_1min']}, {m['clock']} clock; "
+        f"float32 mm ceiling {ceiling:.0f} GFLOP/s",
         file=out,
     )
     rows = report["configs"]
@@ -220,8 +226,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-fixed", action="store_true", help="skip the fixed-length table")
     p.add_argument("--no-varlen", action="store_true", help="skip the variable-length table")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="one thread, timed by its CPU time (steadier on a shared machine)",
+    )
     p.add_argument("--json", action="store_true", help="JSON on stdout (table on stderr)")
     args = p.parse_args(argv)
+    clock = "wall"
+    if args.cpu_time:
+        if args.threads not in (None, 1):
+            p.error("--cpu-time measures one thread: leave --threads out")
+        args.threads, clock = 1, "thread"
     if args.threads:
         torch.set_num_threads(args.threads)
     cells = [c for c in args.cells.split(",") if c]
@@ -235,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     table_out = sys.stderr if args.json else sys.stdout
 
     report: dict[str, object] = {
-        "machine": machine(),
+        "machine": {**machine(), "clock": clock},
         "matmul_gflops": matmul_ceiling(),
         "configs": [],
         "varlen": [],
@@ -245,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             for B in batch:
                 I = args.input_size or H
                 if not args.no_fixed:
-                    r = bench_config(cell, H, B, args.seq, I, rounds, args.block, loop)
+                    r = bench_config(cell, H, B, args.seq, I, rounds, args.block, loop, clock)
                     report["configs"].append(r)
                     print(
                         f"{cell} H={H} B={B}: train {r['train']['torch/rnnkit']:.2f} "
@@ -253,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                         file=sys.stderr,
                     )
                 if not args.no_varlen:
-                    v = bench_varlen(cell, H, B, args.seq, I, rounds, args.block)
+                    v = bench_varlen(cell, H, B, args.seq, I, rounds, args.block, clock)
                     report["varlen"].append(v)
                     print(
                         f"{cell} H={H} B={B} varlen: packed/rk {v['packed/rnnkit']:.2f} "

@@ -53,7 +53,6 @@ _SOURCE = r"""
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <immintrin.h>
 #include <optional>
 #include <vector>
 
@@ -96,6 +95,7 @@ void gemm_rm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* A, int6
 // here against 55-90 for the BLAS. K is summed in blocks of 256 (accuracy like the BLAS).
 // float64 (the exact oracle path) and CPUs without AVX2 call the BLAS.
 #if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
 #define RNNKIT_PACKED_GEMM 1
 constexpr int NR = 16;
 constexpr int64_t KC = 256;
@@ -162,19 +162,29 @@ inline void kern(int64_t K, const float* __restrict A, int64_t lda, const float*
   }
 }
 
-template <int MR>
+// Rows in tiles of 6, except that a tail of 1-3 rows borrows from the last full tile
+// (8 = 4 + 4, 9 = 5 + 4): a tile under 4 rows has too few independent FMA chains to hide
+// the FMA latency, so it would cost nearly as much as a full one.
 void kern_rows(int64_t m, int64_t K, const float* A, int64_t lda, const float* Bp, float* C,
                int64_t ldc, int nv, bool add) {
   int64_t r = 0;
-  for (; r + MR <= m; r += MR) kern<MR>(K, A + r * lda, lda, Bp, C + r * ldc, ldc, nv, add);
-  switch (m - r) {
-    case 1: kern<1>(K, A + r * lda, lda, Bp, C + r * ldc, ldc, nv, add); break;
-    case 2: kern<2>(K, A + r * lda, lda, Bp, C + r * ldc, ldc, nv, add); break;
-    case 3: kern<3>(K, A + r * lda, lda, Bp, C + r * ldc, ldc, nv, add); break;
-    case 4: kern<4>(K, A + r * lda, lda, Bp, C + r * ldc, ldc, nv, add); break;
-    case 5: kern<5>(K, A + r * lda, lda, Bp, C + r * ldc, ldc, nv, add); break;
-    default: break;
-  }
+  auto tile = [&](int64_t rows) {
+    const float* a = A + r * lda;
+    float* c = C + r * ldc;
+    switch (rows) {
+      case 1: kern<1>(K, a, lda, Bp, c, ldc, nv, add); break;
+      case 2: kern<2>(K, a, lda, Bp, c, ldc, nv, add); break;
+      case 3: kern<3>(K, a, lda, Bp, c, ldc, nv, add); break;
+      case 4: kern<4>(K, a, lda, Bp, c, ldc, nv, add); break;
+      case 5: kern<5>(K, a, lda, Bp, c, ldc, nv, add); break;
+      default: kern<6>(K, a, lda, Bp, c, ldc, nv, add); break;
+    }
+    r += rows;
+  };
+  while (m - r > 9) tile(6);
+  const int64_t left = m - r;  // 0 .. 9
+  if (left > 6) tile((left + 1) / 2);  // 7 = 4 + 3, 8 = 4 + 4, 9 = 5 + 4
+  if (m > r) tile(m - r);
 }
 #endif
 
@@ -228,7 +238,7 @@ struct StepMatrix {
         const int nv = (int)std::min<int64_t>(NR, n - p * NR);
         for (int64_t kb = 0; kb < k; kb += KC) {
           const bool add = kb > 0 || beta != 0.f;
-          kern_rows<6>(m, std::min(KC, k - kb), A + kb, lda, panels + (p * k + kb) * NR,
+          kern_rows(m, std::min(KC, k - kb), A + kb, lda, panels + (p * k + kb) * NR,
                        C + p * NR, ldc, nv, add);
         }
         if (k == 0 && beta == 0.f)
