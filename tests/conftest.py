@@ -248,6 +248,19 @@ def single_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(params=["compiled", "pytorch"])
+def time_loop(request):
+    """Run a test once on each time loop: the compiled one (``rnnkit.native``) and the
+    PyTorch loop (the fallback and oracle). Both must pass the same contract (issue 6)."""
+    from rnnkit import native
+
+    compiled = request.param == "compiled"
+    if compiled and not native.available():
+        pytest.skip("the compiled time loop is unavailable on this machine")
+    with native.use_native(compiled):
+        yield request.param
+
+
 @pytest.fixture
 def gen() -> torch.Generator:
     """A seeded generator for test data."""

@@ -24,7 +24,7 @@ from rnnkit import (
     to_torch,
 )
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
 
 DT = torch.float64
 TOL = {"atol": 1e-12, "rtol": 0.0}

@@ -17,7 +17,7 @@ from torch.autograd.function import BackwardCFunction
 from rnnkit.cells.kernel import Weights
 from rnnkit.recurrence import run_recurrence
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
 
 DT = torch.float64
 TOL = {"atol": 1e-10, "rtol": 0.0}

@@ -3,21 +3,26 @@
 The pure-PyTorch loop of ``recurrence.py`` pays 3–5 µs of Python and dispatch per eager
 op, a dozen ops per step; at small sizes that is most of the time. This module compiles
 (once, on first use, into a per-user cache) one C++ loop per cell kind that does, per
-step, ONE matrix product through the BLAS torch links (``sgemm_``/``dgemm_``) and ONE
-fused pass of the gate math over contiguous rows — forward, and the hand-written backward
-of ``cells/*.py``. Inputs projections and every weight gradient stay single large matrix
-products in ``recurrence.py``; this module only replaces the two loops over time, and
-fills exactly the same buffers (``ForwardRecord`` and ``Sweep``), so either loop's
-forward pairs with either loop's backward.
+step, ONE matrix product (float32: W_hh packed once per call and a register-blocked AVX2
+kernel; float64: the BLAS torch links) and ONE fused pass of the gate math over
+contiguous rows — forward, and the hand-written backward of ``cells/*.py``. Input
+projections and every weight gradient stay single large matrix products in
+``recurrence.py``; this module only replaces the two loops over time and fills the same
+buffers (``ForwardRecord`` and ``Sweep``), so either loop's forward pairs with either
+loop's backward.
 
-Rows that have finished stop costing: at step t only rows ``0 .. active_t − 1`` are
-computed, where ``active_t − 1`` is the last row with a real step at or after t (the
-caller sorts rows by their last real step, like packed sequences); a hole inside that
-range still holds the state by selection, as in the PyTorch loop.
+Sequences are independent, so each thread runs the whole loop over its own block of rows
+(no synchronisation per step). Rows that have finished stop costing: at step t only rows
+``0 .. act_t − 1`` are computed, ``act_t − 1`` being the last row with a real step at or
+after t (``run_recurrence`` sorts rows by their last real step, like packed sequences, and
+may pack the step buffers to those rows: ``recurrence.Packing``); a hole inside that range
+still holds the state by selection, as in the PyTorch loop.
 
-Availability: CPU tensors, float32 and float64, when a C++ compiler is present. If the
-build fails, one warning line is logged and ``recurrence.py`` uses its PyTorch loop, which
-stays the oracle (``RNNKIT_NATIVE=0`` or ``use_native(False)`` selects it explicitly).
+Availability: CPU tensors, float32 and float64, when a C++ compiler is present (``$CXX``,
+else ``c++``; the cache is ``$RNNKIT_CACHE``, else ``~/.cache/rnnkit``). If the build or
+the load fails, one warning line is logged and ``recurrence.py`` uses its PyTorch loop,
+which stays the oracle (``RNNKIT_NATIVE=0`` or ``use_native(False)`` selects it
+explicitly); a failed build is remembered in the cache and not retried by later processes.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +48,7 @@ __all__ = ["available", "library", "supports", "use_native"]
 
 _log = logging.getLogger("rnnkit")
 _state: dict[str, object] = {"loaded": None, "failed": False}
+_lock = threading.Lock()  # one load per process: a namespace registers only once
 _enabled = os.environ.get("RNNKIT_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 _SOURCE = r"""
@@ -1025,11 +1032,21 @@ def _load() -> bool:
     cache = _cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     target = cache / f"rnnkit_native_{digest}.so"
+    # A failed build is not retried by later processes with the same compiler (a missing
+    # compiler would otherwise cost every process a failed run); another $CXX tries again.
+    cxx_tag = hashlib.sha256(os.environ.get("CXX", "c++").encode()).hexdigest()[:8]
+    failed = cache / f"rnnkit_native_{digest}_{cxx_tag}.failed"
     if not target.exists():
         with open(cache / f"rnnkit_native_{digest}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one process builds, the others wait
+            if failed.exists():
+                raise RuntimeError(f"{failed.read_text().strip()} (delete {failed} to retry)")
             if not target.exists():
-                _build(target)
+                try:
+                    _build(target)
+                except Exception as exc:
+                    failed.write_text(str(exc))
+                    raise
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.ops.load_library(str(target))
@@ -1041,13 +1058,17 @@ def library() -> object | None:
     if not _enabled or _state["failed"]:
         return None
     if _state["loaded"] is None:
-        try:
-            _load()
-            _state["loaded"] = torch.ops.rnnkit_native
-        except Exception as exc:  # any build or load failure means: use the PyTorch loop
-            _state["failed"] = True
-            _log.warning("rnnkit: compiled time loop unavailable (%s); using the PyTorch loop", exc)
-            return None
+        with _lock:
+            if _state["loaded"] is None and not _state["failed"]:
+                try:
+                    _load()
+                    _state["loaded"] = torch.ops.rnnkit_native
+                except Exception as exc:  # any build or load failure: the PyTorch loop
+                    _state["failed"] = True
+                    _log.warning(
+                        "rnnkit: compiled time loop unavailable (%s); using the PyTorch loop",
+                        exc,
+                    )
     return _state["loaded"]
 
 

@@ -17,7 +17,7 @@ import torch
 from rnnkit import GRUCell, LSTMCell, LSTMState, RNNCell, from_torch, to_torch
 from rnnkit.recurrence import run_recurrence
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
 
 DT = torch.float64
 TOL = {"atol": 1e-10, "rtol": 0.0}

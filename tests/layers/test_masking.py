@@ -16,7 +16,7 @@ import torch
 
 from rnnkit.layers.masking import flip_sequences, lengths_to_mask, resolve_mask
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
 
 DT = torch.float64
 TOL = {"atol": 1e-10, "rtol": 0.0}

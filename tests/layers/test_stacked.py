@@ -12,7 +12,7 @@ from torch.func import functional_call
 from rnnkit import GRU, LSTM, RNN, LSTMState, RecurrentOutput
 from rnnkit.recurrence import run_recurrence
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
 
 DT = torch.float64
 TOL = {"atol": 1e-10, "rtol": 0.0}

@@ -15,7 +15,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from rnnkit import GRU, LSTM, RNN, LSTMState, from_torch, to_torch
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
 
 DT = torch.float64
 TOL = {"atol": 1e-10, "rtol": 0.0}

@@ -1,0 +1,125 @@
+"""The compiled time loop (``rnnkit.native``): agreement with the PyTorch loop, fallback.
+
+The contract tests of the core (tests/test_recurrence.py, tests/layers, tests/cells,
+tests/test_interop.py) run on BOTH loops through the ``time_loop`` fixture. This module
+adds what those cannot show: float32 agreement of the two loops at sizes where the
+compiled loop splits rows into thread blocks and packs finished rows away, and what a user
+sees when no compiler is present (one warning line, correct results on the PyTorch loop,
+and no retry by later processes).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from rnnkit import GRU, LSTM, RNN, native
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no compiled loop here")
+
+
+def _run(layer, x, lengths, compiled: bool):
+    with native.use_native(compiled):
+        out = layer(x, lengths=lengths)
+        h = out.outputs
+        loss = (h * torch.linspace(-1, 1, h.shape[-1], dtype=h.dtype)).sum()
+        params = [p for p in layer.parameters()]
+        grads = torch.autograd.grad(loss, [x, *params])
+    return h.detach(), grads
+
+
+@pytest.mark.parametrize(
+    ("cls", "options"),
+    [
+        (RNN, {}),
+        (LSTM, {}),
+        (GRU, {}),
+        (GRU, {"update": "keep", "reset": "after"}),
+    ],
+    ids=["rnn", "lstm", "gru", "gru_keep_after"],
+)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_float32_compiled_equals_pytorch_loop(cls, options, threads) -> None:
+    """Outputs and gradients agree to 1e-5 of the largest value (float32), with lengths
+    that make the compiled loop sort, pack and shrink the active rows, at B = 37 (thread
+    blocks of uneven size) and bidirectional stacks."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        layer = cls(24, 32, num_layers=2, bidirectional=True, **options)
+        B, T = 37, 19
+        x = torch.randn(B, T, 24, requires_grad=True)
+        lengths = torch.randint(0, T + 1, (B,))
+        lengths[0] = T
+        h_c, g_c = _run(layer, x, lengths, compiled=True)
+        h_p, g_p = _run(layer, x, lengths, compiled=False)
+    finally:
+        torch.set_num_threads(before)
+    scale = h_p.abs().max()
+    assert (h_c - h_p).abs().max() <= 1e-5 * scale
+    for a, b in zip(g_c, g_p, strict=True):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp_min(1e-6)
+
+
+def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+        check=False,
+    )
+
+
+_USER = """
+    import logging, torch
+    logging.basicConfig(format="%(message)s")
+    from rnnkit import LSTM, native
+    torch.manual_seed(0)
+    layer = LSTM(3, 4).double()
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    out = layer(x, lengths=torch.tensor([5, 2]))
+    import rnnkit
+    ref = rnnkit.to_torch(layer)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, [5, 2], batch_first=True)
+    o, _ = torch.nn.utils.rnn.pad_packed_sequence(ref(packed)[0], batch_first=True)
+    print("available", native.available())
+    real = torch.arange(5)[None, :] < torch.tensor([[5], [2]])  # compare real steps only
+    print("max_diff", float((out.outputs - o)[real].abs().max().detach()))
+"""
+
+
+def test_without_a_compiler_one_warning_and_the_pytorch_loop(tmp_path: Path) -> None:
+    env = {"CXX": "/nonexistent/c++", "RNNKIT_CACHE": str(tmp_path), "RNNKIT_NATIVE": "1"}
+    first = _python(_USER, env)
+    assert first.returncode == 0, first.stderr
+    assert "available False" in first.stdout
+    diff = float(first.stdout.split("max_diff")[1])
+    assert diff < 1e-12  # the PyTorch loop computes the same function
+    warnings = [line for line in first.stderr.splitlines() if line.strip()]
+    assert len(warnings) == 1, first.stderr
+    assert "compiled time loop unavailable" in warnings[0]
+    assert "using the PyTorch loop" in warnings[0]
+    assert list(tmp_path.glob("*.failed")), "the failed build is not remembered"
+    # A later process with the same compiler does not try again: it names the marker.
+    second = _python(_USER, env)
+    assert second.returncode == 0, second.stderr
+    assert "available False" in second.stdout
+    assert ".failed to retry" in second.stderr
+
+
+def test_rnnkit_native_0_selects_the_pytorch_loop(tmp_path: Path) -> None:
+    env = {"RNNKIT_NATIVE": "0", "RNNKIT_CACHE": str(tmp_path)}
+    proc = _python(_USER, env)
+    assert proc.returncode == 0, proc.stderr
+    assert "available False" in proc.stdout
+    assert proc.stderr.strip() == ""  # chosen, not failed: nothing to warn about
+    assert not list(tmp_path.iterdir())  # nothing built
