@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from rnnkit.cells.base import CellBase
 from rnnkit.layers.masking import flip_sequences
+from rnnkit.recompute import run_recomputed
 from rnnkit.recurrence import run_recurrence
 from rnnkit.types import LSTMState, State
 
@@ -39,8 +40,12 @@ class Recurrent(nn.Module):
         mask: Tensor | None = None,
         state: State | None = None,
         window: int | None = None,
+        recompute: int | None = None,
     ) -> tuple[Tensor, State]:
-        """``x (T, B, I)``, ``mask (T, B)`` → ``(outputs (T, B, H), final state)``."""
+        """``x (T, B, I)``, ``mask (T, B)`` → ``(outputs (T, B, H), final state)``.
+
+        ``recompute=k`` stores only every k-th state and recomputes the rest in the
+        backward (``rnnkit.recompute``); not together with ``window``."""
         B = x.shape[1]
         if state is None:
             state = self.cell.zero_state(B, x)
@@ -48,9 +53,16 @@ class Recurrent(nn.Module):
         run_mask = mask
         if self.reverse:
             x, run_mask = flip_sequences(x, mask)
-        outputs, finals = run_recurrence(
-            self.cell.kernel, x, self.cell.weights(), states0, run_mask, window
-        )
+        if recompute is not None:
+            if window is not None:
+                raise ValueError("recompute and window cannot be combined: choose one")
+            outputs, finals = run_recomputed(
+                self.cell.kernel, x, self.cell.weights(), states0, run_mask, recompute
+            )
+        else:
+            outputs, finals = run_recurrence(
+                self.cell.kernel, x, self.cell.weights(), states0, run_mask, window
+            )
         if self.reverse:
             # Flip back with the ORIGINAL mask: the extent [0, L) is that of the input (a
             # leading hole makes the flipped mask's extent shorter).
