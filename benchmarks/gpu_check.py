@@ -1,0 +1,206 @@
+"""The prepared GPU check (issue 6): CUDA results against the CPU reference, and speed vs cuDNN.
+
+Run it where a GPU is lent (one short call; about 2–4 minutes on an H200 incl. start-up):
+
+    python benchmarks/gpu_check.py --out $OUT/gpu_check.json
+
+1. **Correctness.** For every cell form (RNN tanh/relu, LSTM, the four GRU forms), a
+   2-layer bidirectional stack with a mask that has holes, an empty row and NaN in the
+   padding: outputs, final states and every gradient (input, parameters, initial state)
+   on the device in float64 against the CPU float64 result of the PyTorch loop (the
+   oracle), and in float32 against the same reference (relative to the largest value).
+2. **Speed.** Training (forward + backward) and inference of rnnkit on the device vs
+   ``torch.nn`` (cuDNN) with the same weights (``from_torch``): LSTM and GRU,
+   H ∈ {128, 256, 512}, B ∈ {16, 64}, T = 100, medians of interleaved rounds, device
+   synchronised around every timed block.
+
+Exit status 1 if any correctness check fails. ``--device cpu`` runs the same checks on
+the CPU (the compiled loop against the PyTorch loop) — the test suite does that in
+``--quick`` form so that this script cannot rot while no GPU is at hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import rnnkit
+from rnnkit import GRU, LSTM, RNN, native
+from rnnkit.types import LSTMState
+
+FORMS = [
+    ("rnn_tanh", RNN, {"nonlinearity": "tanh"}),
+    ("rnn_relu", RNN, {"nonlinearity": "relu"}),
+    ("lstm", LSTM, {}),
+    ("gru_candidate_before", GRU, {"update": "candidate", "reset": "before"}),
+    ("gru_candidate_after", GRU, {"update": "candidate", "reset": "after"}),
+    ("gru_keep_before", GRU, {"update": "keep", "reset": "before"}),
+    ("gru_keep_after", GRU, {"update": "keep", "reset": "after"}),
+]
+
+
+def _mask(B: int, T: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    mask = torch.rand(B, T, generator=g) < 0.8  # holes everywhere
+    mask[0] = True
+    mask[1] = False  # an empty row
+    return mask
+
+
+def _run(layer, x, mask, state, device, dtype):
+    """Outputs, final states and the gradients of a fixed scalar, as float64 CPU tensors."""
+    layer = layer.to(device=device, dtype=dtype)
+    x = x.to(device=device, dtype=dtype).requires_grad_(True)
+    state = tuple(s.to(device=device, dtype=dtype).requires_grad_(True) for s in state)
+    packed = LSTMState(*state) if len(state) == 2 else state[0]
+    out = layer(x, mask=mask.to(device), state=packed)
+    finals = tuple(out.state) if isinstance(out.state, LSTMState) else (out.state,)
+    w = torch.linspace(-1, 1, out.outputs.shape[-1], device=device, dtype=dtype)
+    loss = (out.outputs * w).sum() + sum((f * f).sum() for f in finals)
+    grads = torch.autograd.grad(loss, [x, *layer.parameters(), *state])
+    return [t.detach().double().cpu() for t in (out.outputs, *finals, *grads)]
+
+
+def correctness(device: str, sizes: tuple[int, int, int, int]) -> list[dict]:
+    B, T, I, H = sizes
+    rows = []
+    for name, cls, options in FORMS:
+        torch.manual_seed(0)
+        layer = cls(I, H, num_layers=2, bidirectional=True, **options)
+        mask = _mask(B, T)
+        x = torch.randn(B, T, I, dtype=torch.float64)
+        x[~mask] = float("nan")  # padding may hold anything
+        n = 2 if cls is LSTM else 1
+        state = tuple(torch.randn(2, 2, B, H, dtype=torch.float64) for _ in range(n))
+        with native.use_native(False):  # the oracle: the PyTorch loop on the CPU
+            ref = _run(layer, x, mask, state, "cpu", torch.float64)
+        for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-5)):
+            got = _run(layer, x, mask, state, device, dtype)
+            err = 0.0
+            for a, b in zip(got, ref, strict=True):
+                scale = float(b.nan_to_num().abs().max()) or 1.0
+                bad = bool(a.isnan().ne(b.isnan()).any())
+                diff = float((a - b).nan_to_num(0.0).abs().max()) / scale
+                err = max(err, math.inf if bad else diff)
+            rows.append(
+                {"form": name, "dtype": str(dtype)[6:], "max_rel_err": err, "ok": err <= tol}
+            )
+    return rows
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(fn, device: str, rounds: int, block_s: float = 0.2) -> list[float]:
+    fn()
+    fn()
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    reps = max(1, round(block_s / max(time.perf_counter() - t0, 1e-6)))
+    out = []
+    for _ in range(rounds):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        _sync(device)
+        out.append((time.perf_counter() - t0) / reps)
+    return out
+
+
+def _speed_row(cell: str, H: int, B: int, T: int, device: str, rounds: int) -> dict:
+    torch.manual_seed(0)
+    ref = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[cell](H, H, batch_first=True).to(device)
+    ours = rnnkit.from_torch(ref).to(device)
+    x = torch.randn(B, T, H, device=device, requires_grad=True)
+    d = torch.randn(B, T, H, device=device)
+    params_t, params_r = list(ref.parameters()), list(ours.parameters())
+
+    def train_t():
+        torch.autograd.grad(ref(x)[0], [x, *params_t], d)
+
+    def train_r():
+        torch.autograd.grad(ours(x).outputs, [x, *params_r], d)
+
+    def infer_t():
+        with torch.no_grad():
+            ref(x)
+
+    def infer_r():
+        with torch.no_grad():
+            ours(x)
+
+    fns = {"train_torch": train_t, "train_rnnkit": train_r}
+    fns |= {"infer_torch": infer_t, "infer_rnnkit": infer_r}
+    med = {k: statistics.median(_timed(f, device, rounds)) for k, f in fns.items()}
+    return {
+        "cell": cell,
+        "H": H,
+        "B": B,
+        "T": T,
+        **{f"{k}_ms": v * 1e3 for k, v in med.items()},
+        "train_torch_over_rnnkit": med["train_torch"] / med["train_rnnkit"],
+        "infer_torch_over_rnnkit": med["infer_torch"] / med["infer_rnnkit"],
+    }
+
+
+def speed(device: str, hidden: list[int], batch: list[int], T: int, rounds: int) -> list[dict]:
+    rows = []
+    for cell in ("lstm", "gru"):
+        for H in hidden:
+            for B in batch:
+                rows.append(_speed_row(cell, H, B, T, device, rounds))
+                print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one speed row")
+    p.add_argument("--no-speed", action="store_true")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", type=Path, help="write the JSON result here (else stdout)")
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            "gpu_check: no CUDA device here (use --device cpu for the CPU check)", file=sys.stderr
+        )
+        return 2
+    sizes = (4, 5, 3, 4) if args.quick else (6, 13, 5, 8)
+    checks = correctness(args.device, sizes)
+    result: dict[str, object] = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version() if args.device == "cuda" else None,
+        "correctness": checks,
+    }
+    if not args.no_speed:
+        hidden, batch = ([16], [4]) if args.quick else ([128, 256, 512], [16, 64])
+        T = 10 if args.quick else 100
+        result["speed"] = speed(args.device, hidden, batch, T, 2 if args.quick else args.rounds)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    else:
+        print(text)
+    failed = [c for c in checks if not c["ok"]]
+    for c in failed:
+        print(f"gpu_check: {c['form']} {c['dtype']} off by {c['max_rel_err']:.2e}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
