@@ -105,7 +105,7 @@ def test_bad_lines_name_file_and_line(line: str, message: str) -> None:
 def test_bad_bytes_are_data_errors() -> None:
     with pytest.raises(DataError, match="UTF-8"):
         parse_stream_line(b'{"session": "\xff"}', "f", 1)
-    with pytest.raises(DataError, match="longer than"):
+    with pytest.raises(DataError, match="line too long, over the limit"):
         parse_stream_line(OVERLONG, "f", 2)
 
 

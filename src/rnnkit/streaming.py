@@ -33,7 +33,6 @@ back) and when it closes (``closed: true``, ``reason`` ``end``, ``idle``, ``evic
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import stat
@@ -47,6 +46,7 @@ import torch
 
 from rnnkit.anomaly import SCORES, RunningScore, surprise_and_rank
 from rnnkit.data.events import MAX_LINE_BYTES
+from rnnkit.data.limits import MAX_JSON_LINE_BYTES, loads_json
 from rnnkit.data.vocab import BOS_ID, EOS_ID, SPECIALS, UNK_ID
 from rnnkit.errors import ConfigError, DataError
 from rnnkit.types import LSTMState
@@ -96,17 +96,14 @@ def parse_stream_line(
 
     if isinstance(text, bytes):
         if text is OVERLONG:
-            raise fail(f"line longer than {MAX_LINE_BYTES // 2**20} MiB")
+            limit = MAX_JSON_LINE_BYTES.value(default=MAX_LINE_BYTES)
+            raise fail(MAX_JSON_LINE_BYTES.exceeded("line too long", limit))
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise fail(f"not valid UTF-8 (byte {exc.start + 1} of the line)") from None
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise fail(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
-    except (RecursionError, ValueError) as exc:
-        raise fail(f"invalid JSON: {exc.__class__.__name__}") from None
+    # Deep nesting and 5,000-digit integers are DataErrors naming path:line here too.
+    record = loads_json(text, path, line)
     if not isinstance(record, dict):
         raise fail("expected a JSON object")
     unknown = [k for k in record if k not in _KEYS]
@@ -529,6 +526,7 @@ def follow_lines(
     else:
         fd, owned = os.open(source, os.O_RDONLY), True
     try:
+        limit = MAX_JSON_LINE_BYTES.value(default=MAX_LINE_BYTES)
         regular = stat.S_ISREG(os.fstat(fd).st_mode)
         buffer = b""
         number = 0
@@ -571,11 +569,11 @@ def follow_lines(
                 if skipping:
                     skipping = False
                     continue
-                if len(raw) > MAX_LINE_BYTES:
+                if len(raw) > limit:
                     batch.append((number, OVERLONG))
                 elif raw.strip():
                     batch.append((number, raw.rstrip(b"\r")))
-            if len(buffer) > MAX_LINE_BYTES:
+            if len(buffer) > limit:
                 number += 1
                 batch.append((number, OVERLONG))
                 buffer, skipping = b"", True

@@ -15,8 +15,10 @@ Rules, each broken rule a :class:`~rnnkit.errors.DataError` naming file and line
   ``true``/``false`` are refused so a boolean column is not mistaken for a label.
 - No other keys: a misspelt ``"lable"`` would otherwise leave a session silently
   unlabelled.
-- Blank lines are skipped; a line is at most :data:`MAX_LINE_BYTES` long; objects may not
-  repeat a key.
+- Blank lines are skipped; objects may not repeat a key.
+- Size limits (:mod:`rnnkit.data.limits`): a line is at most :data:`MAX_LINE_BYTES`
+  (10 MiB), a session at most 1,000,000 events, JSON nested at most 100 levels; each is
+  raised with an environment variable or a keyword argument, as the error says.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from os import PathLike
 from typing import IO, Any
 
+from rnnkit.data.limits import MAX_JSON_LINE_BYTES, MAX_SEQ_LEN, loads_json
 from rnnkit.errors import DataError
 
 __all__ = [
@@ -109,13 +112,18 @@ def _type_name(value: object) -> str:
 
 
 def parse_session(
-    text: str, path: str | PathLike[str] | None = None, line: int | None = None
+    text: str,
+    path: str | PathLike[str] | None = None,
+    line: int | None = None,
+    *,
+    max_seq_len: int | None = None,
 ) -> Session:
     """Parse and validate one JSON line into a :class:`Session`.
 
     Args:
         text: the line, with or without its newline.
         path, line: where it came from, only for error messages.
+        max_seq_len: most events of one session (default :data:`~rnnkit.data.limits.MAX_SEQ_LEN`).
 
     Raises:
         DataError: anything wrong with the line, located by ``path:line``.
@@ -132,17 +140,11 @@ def parse_session(
         return DataError(message, path=path, line=line)
 
     try:
-        record = json.loads(text, object_pairs_hook=_no_duplicate_keys)
-    except json.JSONDecodeError as exc:
-        raise fail(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+        # loads_json turns deep nesting ("[[[[...") and 5,000-digit integers into
+        # DataError naming path:line.
+        record = loads_json(text, path, line, object_pairs_hook=_no_duplicate_keys)
     except _DuplicateKeyError as exc:
         raise fail(f"key {exc.key!r} appears twice") from None
-    except RecursionError:
-        # The C decoder recurses once per nesting level; "[[[[..." must not crash us.
-        raise fail("invalid JSON: nested too deeply") from None
-    except ValueError as exc:
-        # e.g. an integer literal over Python's 4300-digit limit.
-        raise fail(f"invalid JSON: {exc}") from None
     if not isinstance(record, dict):
         raise fail(f"expected a JSON object, got {_type_name(record)}")
     unknown = [key for key in record if key not in _KEYS]
@@ -165,6 +167,11 @@ def parse_session(
         raise fail(f"session {session_id!r}: 'events' must be a list, got {_type_name(events)}")
     if not events:
         raise fail(f"session {session_id!r} has no events")
+    limit = MAX_SEQ_LEN.value(max_seq_len)
+    if len(events) > limit:
+        raise fail(
+            MAX_SEQ_LEN.exceeded(f"session {session_id!r} has {len(events):,} events", limit)
+        )
     for index, event in enumerate(events):
         if not isinstance(event, str):
             raise fail(
@@ -181,14 +188,18 @@ def parse_session(
     return Session(session_id, events, None if label is None else int(label))
 
 
-def _read_line(fileobj: IO[Any], path: str | PathLike[str] | None, line: int) -> str | None:
-    """The next line as text, None at end of file; refuses lines over MAX_LINE_BYTES."""
-    raw: str | bytes = fileobj.readline(MAX_LINE_BYTES + 1)
+def _read_line(
+    fileobj: IO[Any], path: str | PathLike[str] | None, line: int, limit: int
+) -> str | None:
+    """The next line as text, None at end of file; refuses lines over ``limit`` bytes."""
+    # Never more than limit + 1 in memory: a 5 GB line costs one bounded read.
+    raw: str | bytes = fileobj.readline(limit + 1)
     if not raw:
         return None
     # On a text stream the limit counts characters (up to 4 bytes each): still bounded.
-    if len(raw) > MAX_LINE_BYTES:
-        raise DataError(f"line longer than {MAX_LINE_BYTES // 2**20} MiB", path=path, line=line)
+    if len(raw) > limit:
+        message = MAX_JSON_LINE_BYTES.exceeded("line too long", limit)
+        raise DataError(message, path=path, line=line)
     if isinstance(raw, bytes):
         try:
             return raw.decode("utf-8")
@@ -200,7 +211,12 @@ def _read_line(fileobj: IO[Any], path: str | PathLike[str] | None, line: int) ->
 
 
 def iter_sessions(
-    fileobj: IO[Any], path: str | PathLike[str] | None = None, *, unique: bool = True
+    fileobj: IO[Any],
+    path: str | PathLike[str] | None = None,
+    *,
+    unique: bool = True,
+    max_line_bytes: int | None = None,
+    max_seq_len: int | None = None,
 ) -> Iterator[tuple[int, Session]]:
     """Stream sessions from an open file, one per JSON line, as ``(line_number, session)``.
 
@@ -210,6 +226,9 @@ def iter_sessions(
         fileobj: a binary or text file object (binary is decoded as UTF-8).
         path: file name for error messages (default: ``fileobj.name`` when it has one).
         unique: refuse a session id seen earlier in the stream.
+        max_line_bytes: longest line (default :data:`MAX_LINE_BYTES`, or the environment
+            variable ``RNNKIT_MAX_JSON_LINE_BYTES``).
+        max_seq_len: most events of a session (:data:`~rnnkit.data.limits.MAX_SEQ_LEN`).
 
     Raises:
         DataError: on the first bad line, naming ``path:line``.
@@ -224,11 +243,12 @@ def iter_sessions(
     if path is None:
         name = getattr(fileobj, "name", None)
         path = name if isinstance(name, str) else None
+    limit = MAX_JSON_LINE_BYTES.value(max_line_bytes, default=MAX_LINE_BYTES)
     seen: dict[str, int] = {}
     line = 0
     while True:
         line += 1
-        text = _read_line(fileobj, path, line)
+        text = _read_line(fileobj, path, line, limit)
         if text is None:
             return
         if line == 1 and text.startswith("\ufeff"):
@@ -236,7 +256,7 @@ def iter_sessions(
         if not text.strip():
             continue
         # Without its newline, so a "column" in a JSON error is on this line.
-        session = parse_session(text.rstrip("\r\n"), path, line)
+        session = parse_session(text.rstrip("\r\n"), path, line, max_seq_len=max_seq_len)
         if unique:
             if session.session in seen:
                 raise DataError(
@@ -249,11 +269,17 @@ def iter_sessions(
         yield line, session
 
 
-def read_sessions(path: str | PathLike[str]) -> list[Session]:
+def read_sessions(
+    path: str | PathLike[str],
+    *,
+    max_line_bytes: int | None = None,
+    max_seq_len: int | None = None,
+) -> list[Session]:
     """Read a whole JSON-lines session file (the ``events`` data format).
 
     Args:
         path: the file.
+        max_line_bytes, max_seq_len: size limits (see :func:`iter_sessions`).
 
     Raises:
         DataError: a bad line (``path:line: problem``), or a file with no session.
@@ -266,7 +292,12 @@ def read_sessions(path: str | PathLike[str]) -> list[Session]:
     [Session(session='a', events=['x', 'y'], label=1)]
     """
     with open(path, "rb") as fileobj:
-        sessions = [session for _, session in iter_sessions(fileobj, path)]
+        sessions = [
+            session
+            for _, session in iter_sessions(
+                fileobj, path, max_line_bytes=max_line_bytes, max_seq_len=max_seq_len
+            )
+        ]
     if not sessions:
         raise DataError("no sessions (the file is empty)", path=path)
     return sessions

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
+from rnnkit.data.limits import loads_json
 from rnnkit.data.text import read_numbered_lines
 from rnnkit.errors import DataError
 
@@ -118,11 +119,12 @@ class LabelSet:
 
     def __init__(self, labels: Iterable[str]) -> None:
         self.labels: list[str] = list(labels)
+        # Types first: a list among the labels of a labels.json would not even hash.
+        if any(not isinstance(x, str) or not x for x in self.labels):
+            raise DataError("labels must be non-empty strings")
         self._index = {label: i for i, label in enumerate(self.labels)}
         if len(self._index) != len(self.labels):
             raise DataError("label set holds a duplicate label")
-        if any(not isinstance(x, str) or not x for x in self.labels):
-            raise DataError("labels must be non-empty strings")
         if not self.labels:
             raise DataError("a label set needs at least one label")
 
@@ -183,11 +185,15 @@ class LabelSet:
         LabelSet(['x', 'y'])
         """
         try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+            raw = Path(path).read_bytes()
         except FileNotFoundError:
             raise DataError("file not found", path) from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except OSError as exc:
             raise DataError(f"not a label set ({exc.__class__.__name__})", path) from None
+        try:
+            doc = loads_json(raw, path)
+        except DataError as exc:
+            raise DataError(f"not a label set: {exc.message}", path, exc.line) from None
         if (
             not isinstance(doc, dict)
             or doc.get("format") != _FORMAT

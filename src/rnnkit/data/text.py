@@ -183,7 +183,12 @@ def encode_corpus(
 
 
 def build_vocab_from_file(
-    path: PathLikeStr, unit: str = "char", min_freq: int = 1, max_size: int | None = None
+    path: PathLikeStr,
+    unit: str = "char",
+    min_freq: int = 1,
+    max_size: int | None = None,
+    *,
+    max_vocab: int | None = None,
 ) -> Vocabulary:
     """Build a vocabulary from a UTF-8 file's token counts.
 
@@ -194,7 +199,9 @@ def build_vocab_from_file(
         path: the corpus file.
         unit: ``"char"`` or ``"word"``.
         min_freq: smallest count kept.
-        max_size: largest vocabulary size, specials included.
+        max_size: largest vocabulary size, specials included (the rarest tokens go).
+        max_vocab: without ``max_size``, more distinct tokens than this is a ``DataError``
+            naming the file (default 1,000,000; see :mod:`rnnkit.data.limits`).
 
     >>> import tempfile, pathlib
     >>> with tempfile.TemporaryDirectory() as d:
@@ -204,4 +211,6 @@ def build_vocab_from_file(
     ['the', 'cat', 'end']
     """
     text = read_text(path)
-    return Vocabulary.from_counts(count_tokens(text, unit), unit, min_freq, max_size)
+    return Vocabulary.from_counts(
+        count_tokens(text, unit), unit, min_freq, max_size, max_vocab=max_vocab, source=path
+    )

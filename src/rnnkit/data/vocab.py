@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rnnkit.data.limits import MAX_VOCAB, loads_json
 from rnnkit.errors import ConfigError, DataError
 
 __all__ = [
@@ -133,6 +134,9 @@ class Vocabulary:
         unit: str = "char",
         min_freq: int = 1,
         max_size: int | None = None,
+        *,
+        max_vocab: int | None = None,
+        source: str | PathLike[str] | None = None,
     ) -> Vocabulary:
         """Keep tokens seen at least ``min_freq`` times, most frequent first.
 
@@ -142,10 +146,20 @@ class Vocabulary:
             min_freq: smallest count kept (>= 1).
             max_size: largest ``len(vocab)``, the four specials included (>= 4); the least
                 frequent tokens are dropped first.
+            max_vocab: without ``max_size``, more tokens than this (default
+                :data:`~rnnkit.data.limits.MAX_VOCAB`, 1,000,000) is a ``DataError``: a
+                word vocabulary of random data would otherwise become an embedding
+                and an output layer of millions of rows.
+            source: the file the counts come from, for that error.
 
         >>> v = Vocabulary.from_counts({"a": 5, "b": 1, "c": 5}, min_freq=2)
         >>> v.itos[4:], len(v)
         (['a', 'c'], 6)
+        >>> Vocabulary.from_counts({"a": 5, "b": 1, "c": 5}, max_vocab=2, source="x.txt")
+        ... # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        rnnkit.errors.DataError: x.txt: vocabulary of 3 distinct tokens ... limit of 2 tokens ...
         """
         _check_unit(unit)
         if min_freq < 1:
@@ -153,6 +167,10 @@ class Vocabulary:
         if max_size is not None and max_size < len(SPECIALS):
             raise ConfigError(f"max_size must be >= {len(SPECIALS)} (the specials), got {max_size}")
         kept = [(t, c) for t, c in counts.items() if c >= min_freq and t not in SPECIALS]
+        limit = MAX_VOCAB.value(max_vocab)
+        if max_size is None and len(kept) > limit:
+            found = f"vocabulary of {len(kept):,} distinct tokens (seen at least {min_freq} times)"
+            raise DataError(MAX_VOCAB.exceeded(found, limit) + "; or raise --min-freq", source)
         kept.sort(key=lambda tc: (-tc[1], tc[0]))
         if max_size is not None:
             kept = kept[: max_size - len(SPECIALS)]
@@ -160,14 +178,23 @@ class Vocabulary:
 
     @classmethod
     def from_text(
-        cls, text: str, unit: str = "char", min_freq: int = 1, max_size: int | None = None
+        cls,
+        text: str,
+        unit: str = "char",
+        min_freq: int = 1,
+        max_size: int | None = None,
+        *,
+        max_vocab: int | None = None,
+        source: str | PathLike[str] | None = None,
     ) -> Vocabulary:
         """Build from the token counts of ``text`` (see :meth:`from_counts`).
 
         >>> Vocabulary.from_text("b a b", unit="word").itos[4:]
         ['b', 'a']
         """
-        return cls.from_counts(count_tokens(text, unit), unit, min_freq, max_size)
+        return cls.from_counts(
+            count_tokens(text, unit), unit, min_freq, max_size, max_vocab=max_vocab, source=source
+        )
 
     def __len__(self) -> int:
         return len(self.itos)
@@ -306,9 +333,9 @@ class Vocabulary:
 ['<pad>', '<unk>', '<s>', '</s>']
         """
         try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"vocabulary JSON: {exc.msg}", path, exc.lineno) from None
+            doc = loads_json(text, path)
+        except DataError as exc:
+            raise DataError(f"vocabulary JSON: {exc.message}", path, exc.line) from None
         if not isinstance(doc, dict):
             raise DataError("vocabulary JSON: expected an object", path)
         if doc.get("format", _FORMAT) != _FORMAT:

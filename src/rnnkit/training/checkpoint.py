@@ -33,7 +33,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from rnnkit.errors import CheckpointError
+from rnnkit.data.limits import loads_json
+from rnnkit.errors import CheckpointError, DataError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -84,11 +85,15 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     """Read a JSON file; a missing or malformed file is a ``CheckpointError`` naming it."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return loads_json(path.read_bytes(), path)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc.__class__.__name__})") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{path}: is a directory, not a JSON file") from None
+    except DataError as exc:
+        # Deep nesting, a 5,000-digit integer, bad UTF-8: all one line naming the file.
+        at = f" at line {exc.line}" if exc.line is not None else ""
+        raise CheckpointError(f"{path}: not valid JSON{at}: {exc.message}") from None
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:

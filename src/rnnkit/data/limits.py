@@ -1,0 +1,162 @@
+"""Size limits of what rnnkit reads: an absurd input is a clear error, not an out-of-memory.
+
+Every limit has a default generous enough for real data, a keyword argument of the
+readers that enforce it, and an environment variable, so a user of the command line can
+raise it without a code change::
+
+    RNNKIT_MAX_LINE_CHARS=4000000 rnnkit train --task classify --train long-docs.tsv ...
+
+=====================  ==========================  =====================================
+limit                  default                     applies to
+=====================  ==========================  =====================================
+``max_line_chars``     1,048,576 characters        a line of a CoNLL-U, ``token<TAB>tag``,
+                                                   ``label<TAB>text`` or
+                                                   ``source<TAB>target`` file (an error);
+                                                   strace and log lines (skipped, counted)
+``max_json_line_bytes`` 10 MiB                     a line of an events JSON-lines file or
+                                                   of the streaming input (one session)
+``max_seq_len``        1,000,000 tokens            a tagged sentence, an event session
+``max_vocab``          1,000,000 tokens            a vocabulary built from data
+``max_json_depth``     100 levels                  nesting of any JSON rnnkit reads
+=====================  ==========================  =====================================
+
+A plain-text language-model corpus has no line limit: it is a document, read whole and
+cut into segments, so a corpus without newlines is legitimate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from os import PathLike
+from typing import Any
+
+from rnnkit.errors import ConfigError, DataError
+
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "MAX_JSON_LINE_BYTES",
+    "MAX_LINE_CHARS",
+    "MAX_SEQ_LEN",
+    "MAX_VOCAB",
+    "Limit",
+    "loads_json",
+]
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One size limit: its keyword name, its default, and what it counts.
+
+    >>> MAX_SEQ_LEN.value(5)
+    5
+    >>> MAX_SEQ_LEN.exceeded("sentence of 7 tokens", 5)
+    'sentence of 7 tokens, over the limit of 5 tokens (raise it with RNNKIT_MAX_SEQ_LEN=N, \
+or max_seq_len=N in Python)'
+    """
+
+    name: str
+    default: int
+    unit: str
+
+    @property
+    def env(self) -> str:
+        """The environment variable that overrides the default."""
+        return f"RNNKIT_{self.name.upper()}"
+
+    def value(self, override: int | None = None, default: int | None = None) -> int:
+        """The limit in force: ``override`` if given, else the environment variable, else
+        ``default`` (a module's own constant) or this limit's default."""
+        if override is not None:
+            if isinstance(override, bool) or not isinstance(override, int) or override < 1:
+                raise ConfigError(f"{self.name} must be a positive integer, got {override!r}")
+            return override
+        raw = os.environ.get(self.env)
+        if raw is None or not raw.strip():
+            return self.default if default is None else default
+        try:
+            found = int(raw.replace("_", ""))
+        except ValueError:
+            found = 0
+        if found < 1:
+            raise ConfigError(f"{self.env} must be a positive integer, got {raw!r}")
+        return found
+
+    def exceeded(self, found: str, limit: int) -> str:
+        """The message body: what was found, the limit, and how to raise it."""
+        return (
+            f"{found}, over the limit of {limit:,} {self.unit} (raise it with "
+            f"{self.env}=N, or {self.name}=N in Python)"
+        )
+
+
+MAX_LINE_CHARS = Limit("max_line_chars", 1 << 20, "characters")
+MAX_JSON_LINE_BYTES = Limit("max_json_line_bytes", 10 << 20, "bytes")
+MAX_SEQ_LEN = Limit("max_seq_len", 1_000_000, "tokens")
+MAX_VOCAB = Limit("max_vocab", 1_000_000, "tokens")
+MAX_JSON_DEPTH = Limit("max_json_depth", 100, "levels")
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether a parsed JSON value nests deeper than ``limit`` (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
+    return False
+
+
+def loads_json(
+    text: str | bytes,
+    path: str | PathLike[str] | None = None,
+    line: int | None = None,
+    *,
+    max_depth: int | None = None,
+    **options: Any,
+) -> Any:
+    """``json.loads`` that fails only with a one-line :class:`DataError` naming ``path:line``.
+
+    Python's decoder raises ``RecursionError`` on deep nesting (``[`` x 100,000) and a
+    bare ``ValueError`` on an integer of over 4,300 digits; both become a ``DataError``,
+    and so does nesting deeper than ``max_depth`` (:data:`MAX_JSON_DEPTH`), which no file
+    of rnnkit needs. ``options`` go to ``json.loads`` (``object_pairs_hook``...); an
+    exception raised by a hook passes through.
+
+    >>> loads_json('{"a": [1, 2]}')
+    {'a': [1, 2]}
+    >>> loads_json("[" * 100_000, "x.json")
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.DataError: x.json: JSON nested too deeply, over the limit of 100 levels \
+(raise it with RNNKIT_MAX_JSON_DEPTH=N, or max_json_depth=N in Python)
+    """
+    limit = MAX_JSON_DEPTH.value(max_depth)
+    too_deep = MAX_JSON_DEPTH.exceeded("JSON nested too deeply", limit)
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"invalid UTF-8 at byte offset {exc.start}", path, line) from None
+    try:
+        value = json.loads(text, **options)
+    except json.JSONDecodeError as exc:
+        # A line of a JSON-lines file is named by the caller; in a whole file, by the error.
+        at = line if line is not None else exc.lineno
+        raise DataError(f"invalid JSON: {exc.msg} (column {exc.colno})", path, at) from None
+    except RecursionError:
+        raise DataError(too_deep, path, line) from None
+    except ValueError as exc:
+        if "digits" in str(exc):  # int() refuses over sys.get_int_max_str_digits() digits
+            raise DataError("invalid JSON: an integer with too many digits", path, line) from None
+        raise DataError(f"invalid JSON: {exc}", path, line) from None
+    # Counting brackets is a fast upper bound; only a document that could be too deep is
+    # walked.
+    if text.count("[") + text.count("{") > limit and _depth_over(value, limit):
+        raise DataError(too_deep, path, line)
+    return value
