@@ -4,6 +4,11 @@
 step t is the true token t−1; the prediction at step t never sees token t or later);
 generation calls ``step`` once per token, carrying the state, so ``n`` tokens cost ``n``
 steps and the prefix is never re-run.
+
+``length="stop"`` / ``"predict"`` (a :class:`~rnnkit.models.length.SequenceLength`) adds
+a sequence-length mechanism: a stop output per step, or a length predicted from the
+initial state with the steps remaining fed to every step (SPEC §5; see that module).
+Without one (the default) the model is exactly the plain ``</s>`` language model.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from torch import Tensor, nn
 
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.losses import sequence_cross_entropy
+from rnnkit.models.length import LengthState, SequenceLength, length_targets
 from rnnkit.types import LSTMState, State
 
 __all__ = ["LMOutput", "LanguageModel", "LossOutput", "reset_rows"]
@@ -59,6 +65,9 @@ class LanguageModel(nn.Module):
         head: maps ``(B, T, D·H)`` to logits ``(B, T, V)`` (``nn.Linear`` or ``TiedHead``).
         dropout: dropout on the embeddings and before the head (between layers is the
             encoder's own ``dropout``).
+        length: a :class:`~rnnkit.models.length.SequenceLength` (``features_size = H``,
+            ``context_size = H``: it reads the initial top state), or None for ``</s>``.
+            With ``"predict"`` the encoder's ``input_size`` is ``E + R``.
 
     >>> from rnnkit import LSTM
     >>> emb = nn.Embedding(7, 4)
@@ -73,19 +82,26 @@ class LanguageModel(nn.Module):
         encoder: StackedRecurrent,
         head: nn.Module,
         dropout: float = 0.0,
+        length: SequenceLength | None = None,
     ) -> None:
         super().__init__()
         if encoder.bidirectional:
             raise ValueError("a language model needs a unidirectional encoder (causality)")
-        if encoder.input_size != embedding.embedding_dim:
+        extra = 0 if length is None else length.input_size
+        if encoder.input_size != embedding.embedding_dim + extra:
             raise ValueError(
                 f"encoder input_size {encoder.input_size} != embedding_dim "
-                f"{embedding.embedding_dim}"
+                f"{embedding.embedding_dim}" + (f" + length input {extra}" if extra else "")
+            )
+        if length is not None and length.features_size != encoder.hidden_size:
+            raise ValueError(
+                f"length features_size {length.features_size} != hidden_size {encoder.hidden_size}"
             )
         self.embedding = embedding
         self.encoder = encoder
         self.head = head
         self.drop = nn.Dropout(dropout)
+        self.length = length
 
     @property
     def vocab_size(self) -> int:
@@ -102,6 +118,7 @@ class LanguageModel(nn.Module):
         state: State | None = None,
         starts: Tensor | None = None,
         window: int | None = None,
+        lengths: Tensor | None = None,
     ) -> LMOutput:
         """Logits of the next token at every step.
 
@@ -112,8 +129,28 @@ class LanguageModel(nn.Module):
             starts: ``(B, T)`` bool, True where a new document starts: the state entering
                 that step is reset to zero (stream batching).
             window: BPTT(τ) window, or None for full backpropagation.
+            lengths: ``(B,)`` tokens per row, for ``length="predict"`` only (the steps
+                remaining are fed to every step).
         """
+        h, state = self.features(inputs, mask, state, starts, window, lengths)
+        return LMOutput(self.head(self.drop(h)), state)
+
+    def features(
+        self,
+        inputs: Tensor,
+        mask: Tensor | None = None,
+        state: State | None = None,
+        starts: Tensor | None = None,
+        window: int | None = None,
+        lengths: Tensor | None = None,
+    ) -> tuple[Tensor, State]:
+        """Top states ``(B, T, H)`` (what the head reads) and the final state."""
         x = self.drop(self.embedding(inputs))  # (B, T, E)
+        if self.length is not None and self.length.input_size:
+            if lengths is None:
+                raise ValueError("length='predict' needs lengths (B,) in training")
+            remaining = self.length.remaining_steps(lengths, inputs.shape[1])  # (B, T)
+            x = torch.cat([x, self.length.remaining_inputs(remaining)], dim=-1)  # (B, T, E+R)
         if starts is None or not bool(starts.any()):
             h, state = self._run(x, mask, state, window)
         else:
@@ -132,7 +169,7 @@ class LanguageModel(nn.Module):
                 h_piece, state = self._run(x[:, a:b], piece_mask, state, window)
                 pieces.append(h_piece)
             h = torch.cat(pieces, dim=1)
-        return LMOutput(self.head(self.drop(h)), state)
+        return h, state
 
     def _zero_state(self, batch_size: int, like: Tensor) -> State:
         enc = self.encoder
@@ -149,7 +186,15 @@ class LanguageModel(nn.Module):
         starts: Tensor | None = None,
         window: int | None = None,
     ) -> LossOutput:
-        """Teacher-forced cross-entropy, masked token mean, in nats."""
+        """Teacher-forced cross-entropy, masked token mean, in nats.
+
+        With a length mechanism, rows are whole sequences ``y_1 … y_m </s>``; the loss is
+        their exact negative log-likelihood per token step (see :mod:`rnnkit.models.length`).
+        """
+        if self.length is not None:
+            if starts is not None:
+                raise ValueError("a length mechanism needs whole sequences per row: no starts")
+            return self._length_loss(inputs, targets, mask, state, window)
         out = self(inputs, mask=mask, state=state, starts=starts, window=window)
         if mask is None:
             mask = torch.ones_like(inputs, dtype=torch.bool)
@@ -157,8 +202,47 @@ class LanguageModel(nn.Module):
         tokens = int(mask.sum())
         return LossOutput(loss, float(loss.detach()) * tokens, tokens, out.state)
 
+    def _length_loss(self, inputs, targets, mask, state, window) -> LossOutput:
+        assert self.length is not None
+        lt = length_targets(targets, mask, self.length.eos_id)
+        h, final = self.features(inputs, mask, state, None, window, lt.lengths)
+        context = self._initial_top(state, inputs.shape[0], h)
+        nats, tokens = self.length.loss(self.head(self.drop(h)), targets, h, context, lt)
+        return LossOutput(nats / tokens, float(nats.detach()), tokens, final)
+
+    def _initial_top(self, state: State | None, batch_size: int, like: Tensor) -> Tensor:
+        """``h_0`` of the top layer ``(B, H)``: what the length output reads."""
+        if state is None:
+            return like.new_zeros(batch_size, self.encoder.hidden_size)
+        h = state.h if isinstance(state, LSTMState) else state
+        return h[-1, 0]
+
+    @property
+    def state_batch_dim(self) -> int | LengthState:
+        """Batch dimension(s) of the generation state (``generate(..., state_batch_dim=)``)."""
+        return 2 if self.length is None else LengthState(2, 0)
+
     @torch.no_grad()
-    def step(self, token: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        """One generation step: ``token (B,)`` → ``(log-probabilities (B, V), state)``."""
-        out = self(token.view(-1, 1), state=state)
-        return torch.log_softmax(out.logits[:, 0], dim=-1), out.state
+    def step(
+        self, token: Tensor, state: State | LengthState | None = None
+    ) -> tuple[Tensor, State | LengthState]:
+        """One generation step: ``token (B,)`` → ``(log-probabilities (B, V), state)``.
+
+        With a length mechanism the state is a :class:`~rnnkit.models.length.LengthState`
+        (None at the first step: zero state, and ``T`` chosen greedily under ``"predict"``).
+        """
+        if self.length is None:
+            out = self(token.view(-1, 1), state=state)
+            return torch.log_softmax(out.logits[:, 0], dim=-1), out.state
+        if state is None:
+            B, like = token.shape[0], self.embedding.weight
+            extra = self.length.start(B, self._initial_top(None, B, like))
+            state = LengthState(None, extra)
+        x = self.drop(self.embedding(token.view(-1, 1)))  # (B, 1, E)
+        extra_input = self.length.step_input(state.extra)
+        if extra_input is not None:
+            x = torch.cat([x, extra_input.unsqueeze(1)], dim=-1)  # (B, 1, E + R)
+        h, hidden = self._run(x, None, state.hidden, None)
+        logits = self.head(self.drop(h[:, 0]))
+        log_probs, extra = self.length.step_output(logits, h[:, 0], state.extra)
+        return log_probs, LengthState(hidden, extra)

@@ -25,6 +25,12 @@ would in free running: its later steps carry no loss (their inputs are irrelevan
 Without attention and with pure teacher forcing the decoder runs as one layer call (the
 library's explicit BPTT over the whole target); otherwise it runs a cell-level loop.
 
+``length="stop"`` / ``"predict"`` (a :class:`~rnnkit.models.length.SequenceLength`) replaces
+``</s>`` by a stop output per decoder step (reading the head's features), or by a length
+predicted from the encoder context ``c`` with the steps remaining appended to every
+decoder input ``[E y_{i−1}; E_r[r_i]; …]``; the default (None) is the ``</s>`` decoder.
+Scheduled sampling is not combined with a mechanism.
+
 Decoding (greedy or beam search with length normalisation, batched) goes through
 :func:`rnnkit.generation.generate_batch` with :meth:`Seq2Seq.step`: the encoder runs once,
 then one decoder step per token; finished rows leave the batch.
@@ -48,6 +54,7 @@ from rnnkit.losses import sequence_cross_entropy
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.language_model import LossOutput
+from rnnkit.models.length import SequenceLength, length_targets
 from rnnkit.models.seq2seq_search import decode_batch
 from rnnkit.types import LSTMState, State
 
@@ -72,6 +79,8 @@ class DecoderState(NamedTuple):
         keys: ``(B, S, ·)`` the attention's query-independent part, or None.
         source_mask: ``(B, S)`` bool, True at real source positions, or None.
         context: ``(B, D·H_e)`` the context fed at every step (``input``/``both``), or None.
+        length: ``(B,)`` the length mechanism's value (previous stop logit, or tokens
+            left), or None without a mechanism.
     """
 
     hidden: State
@@ -79,10 +88,11 @@ class DecoderState(NamedTuple):
     keys: Tensor | None
     source_mask: Tensor | None
     context: Tensor | None
+    length: Tensor | None = None
 
 
 # The batch dimension of every part of a DecoderState (for generation's row selection).
-STATE_BATCH_DIM = DecoderState(2, 0, 0, 0, 0)
+STATE_BATCH_DIM = DecoderState(2, 0, 0, 0, 0, 0)
 
 
 class Seq2SeqOutput(NamedTuple):
@@ -93,11 +103,15 @@ class Seq2SeqOutput(NamedTuple):
         attention: ``(B, T, S)`` attention weights (exactly 0 at source padding), or None.
         mask: ``(B, T)`` the steps that carry a loss: the target mask, less the steps after
             a sequence was fed its own ``</s>`` (scheduled sampling).
+        features: ``(B, T, F)`` what the head read (with a length mechanism), or None.
+        context: ``(B, D·H_e)`` the encoder context (with a length mechanism), or None.
     """
 
     logits: Tensor
     attention: Tensor | None
     mask: Tensor
+    features: Tensor | None = None
+    context: Tensor | None = None
 
 
 def _stack(states: list[State]) -> State:
@@ -145,6 +159,9 @@ class Seq2Seq(nn.Module):
             ``memory_size = D·H_e``, or None.
         context: ``"init"``, ``"input"`` or ``"both"`` (see the module docstring).
         dropout: on embeddings and before the head.
+        length: a :class:`~rnnkit.models.length.SequenceLength` with ``features_size`` the
+            head's input width and ``context_size = D·H_e``, or None (``</s>``). With
+            ``"predict"`` the decoder input grows by its ``input_size`` ``R``.
 
     >>> from rnnkit import GRU
     >>> model = Seq2Seq(nn.Embedding(9, 4), GRU(4, 6, bidirectional=True),
@@ -166,6 +183,7 @@ class Seq2Seq(nn.Module):
         attention: Attention | None = None,
         context: str = "init",
         dropout: float = 0.0,
+        length: SequenceLength | None = None,
     ) -> None:
         super().__init__()
         if context not in CONTEXT_MODES:
@@ -181,7 +199,7 @@ class Seq2Seq(nn.Module):
             )
         memory_size = encoder.num_directions * encoder.hidden_size
         H = decoder.hidden_size
-        expected = target_embedding.embedding_dim
+        expected = target_embedding.embedding_dim + (0 if length is None else length.input_size)
         if attention is not None:
             if (attention.query_size, attention.memory_size) != (H, memory_size):
                 raise ValueError(
@@ -194,9 +212,17 @@ class Seq2Seq(nn.Module):
         if decoder.input_size != expected:
             raise ValueError(
                 f"decoder input_size must be {expected} (target embedding"
+                f"{' + steps remaining' if length is not None and length.input_size else ''}"
                 f"{' + attention context' if attention is not None else ''}"
                 f"{' + fixed context' if context != 'init' else ''}), got {decoder.input_size}"
             )
+        if length is not None:
+            features = H + (memory_size if attention is not None else 0)
+            if length.features_size != features:
+                raise ValueError(f"length features_size must be {features} (the head's input)")
+            if length.mode == "predict" and length.context_size != memory_size:
+                raise ValueError(f"length context_size must be {memory_size} (D·H_e)")
+        self.length = length
         self.source_embedding = source_embedding
         self.encoder = encoder
         self.target_embedding = target_embedding
@@ -230,6 +256,10 @@ class Seq2Seq(nn.Module):
         Args:
             source: ``(B, S)`` source ids.  source_mask: ``(B, S)`` bool.
         """
+        return self._encode(source, source_mask)[0]
+
+    def _encode(self, source: Tensor, source_mask: Tensor) -> tuple[DecoderState, Tensor]:
+        """:meth:`encode`, and the context ``c (B, D·H_e)``."""
         x = self.drop(self.source_embedding(source))  # (B, S, E_s)
         out = self.encoder(x, mask=source_mask)
         memory = out.outputs  # (B, S, D·H_e)
@@ -264,7 +294,8 @@ class Seq2Seq(nn.Module):
             keys=keys,
             source_mask=source_mask if self.attention is not None else None,
             context=context if self.context_mode in ("input", "both") else None,
-        )
+            length=None if self.length is None else self.length.start(B, context),
+        ), context
 
     # ------------------------------------------------------------------------ decoder
     def _step(
@@ -295,8 +326,17 @@ class Seq2Seq(nn.Module):
     def step(self, token: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
         """One generation step: ``token (B,)`` → ``(log-probabilities (B, V_t), state)``."""
         emb = self.drop(self.target_embedding(token))  # (B, E_t)
+        if self.length is not None:
+            assert state.length is not None
+            remaining = self.length.step_input(state.length)
+            if remaining is not None:
+                emb = torch.cat([emb, remaining], dim=-1)  # (B, E_t + R)
         features, hidden, _ = self._step(emb, _unstack(state.hidden), state)
-        log_probs = torch.log_softmax(self.head(self.drop(features)), dim=-1)
+        logits = self.head(self.drop(features))
+        if self.length is not None:
+            log_probs, extra = self.length.step_output(logits, features, state.length)
+            return log_probs, state._replace(hidden=_stack(hidden), length=extra)
+        log_probs = torch.log_softmax(logits, dim=-1)
         return log_probs, state._replace(hidden=_stack(hidden))
 
     def forward(
@@ -319,6 +359,8 @@ class Seq2Seq(nn.Module):
                 (``0.0`` is teacher forcing, ``1.0`` free running).
             generator: random source of the coin tosses (default: torch's global one).
         """
+        if self.length is not None:
+            return self._length_forward(source, source_mask, target_in, target_mask, sampling_p)
         state = self.encode(source, source_mask)
         B, T = target_in.shape
         if self.attention is None and sampling_p is None:
@@ -363,6 +405,38 @@ class Seq2Seq(nn.Module):
         attention = torch.stack(weights, dim=1) if weights else None  # (B, T, S)
         return Seq2SeqOutput(logits, attention, torch.stack(step_masks, dim=1))
 
+    def _length_forward(
+        self,
+        source: Tensor,
+        source_mask: Tensor,
+        target_in: Tensor,
+        target_mask: Tensor,
+        sampling_p: float | None,
+    ) -> Seq2SeqOutput:
+        """Teacher forcing with a length mechanism: features and context kept for the loss."""
+        assert self.length is not None
+        if sampling_p is not None:
+            raise ConfigError("scheduled sampling is not supported with length='stop'/'predict'")
+        state, context = self._encode(source, source_mask)
+        T = target_in.shape[1]
+        emb = self.drop(self.target_embedding(target_in))  # (B, T, E_t)
+        if self.length.input_size:
+            lengths = target_mask.sum(1) - 1  # the </s> step is not a token
+            self.length.check_lengths(lengths)
+            remaining = self.length.remaining_steps(lengths, T)  # (B, T)
+            emb = torch.cat([emb, self.length.remaining_inputs(remaining)], dim=-1)
+        hidden = _unstack(state.hidden)
+        features, weights = [], []
+        for t in range(T):  # padding is at the end: it never reaches a real step
+            feat, hidden, w = self._step(emb[:, t], hidden, state)
+            features.append(feat)
+            if w is not None:
+                weights.append(w)
+        feats = torch.stack(features, dim=1)  # (B, T, F)
+        attention = torch.stack(weights, dim=1) if weights else None
+        logits = self.head(self.drop(feats))
+        return Seq2SeqOutput(logits, attention, target_mask, feats, context)
+
     # ---------------------------------------------------------------------- task API
     def loss(
         self,
@@ -379,6 +453,13 @@ class Seq2Seq(nn.Module):
             sampling_p=sampling_p,
             generator=generator,
         )
+        if self.length is not None:
+            assert out.features is not None
+            lt = length_targets(batch.target_out, out.mask, EOS_ID)
+            nats, tokens = self.length.loss(
+                out.logits, batch.target_out, out.features, out.context, lt
+            )
+            return LossOutput(nats / tokens, float(nats.detach()), tokens, None)
         loss = sequence_cross_entropy(out.logits, batch.target_out, out.mask)
         tokens = int(out.mask.sum())
         return LossOutput(loss, float(loss.detach()) * tokens, tokens, None)
