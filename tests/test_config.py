@@ -162,3 +162,16 @@ def test_from_dict_rejects_wrong_types(key, value):
 )
 def test_from_dict_accepts_set_and_unset_optionals(key, value):
     assert getattr(TrainConfig.from_dict({"train": "x", key: value}), key) == value
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        # Found by tests/fuzz/test_fuzz_cli.py: both were ValueError tracebacks from torch.
+        ({"seed": 10**20}, "--seed must be an integer below 2\\^63"),
+        ({"hidden": 2**64}, "--hidden is absurdly large"),
+    ],
+)
+def test_out_of_range_integers_are_config_errors(change: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(train="t.txt", **change).validate()

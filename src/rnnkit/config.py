@@ -104,6 +104,8 @@ class TrainConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be an integer, got {value!r}")
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be ≥ 1, got {value}")
+            if value is not None and value >= 2**63:  # torch sizes are 64-bit: OverflowError
+                raise ConfigError(f"--{name.replace('_', '-')} is absurdly large: {value}")
 
         def choice(name: str, value: Any, options: tuple[str, ...]) -> None:
             if value not in options:
@@ -144,6 +146,9 @@ class TrainConfig:
             raise ConfigError(f"--dropout must be in [0, 1), got {self.dropout}")
         if not 0.0 < self.valid_fraction < 0.5:
             raise ConfigError(f"--valid-fraction must be in (0, 0.5), got {self.valid_fraction}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or abs(self.seed) >= 2**63:
+            # torch.manual_seed takes 64 bits; a larger seed was a ValueError traceback.
+            raise ConfigError(f"--seed must be an integer below 2^63 in size, got {self.seed!r}")
         if not self.lr > 0:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
         if not 0.0 < self.lr_decay <= 1.0:

@@ -112,7 +112,12 @@ def test_a_corrupted_gru_backward_exits_1(
         (["--cell", "gru", "--nonlinearity", "relu"], "--nonlinearity applies to --cell rnn"),
         (["--cell", "rnn", "--hidden", "0"], "--hidden must be a positive integer, got 0"),
         (["--cell", "rnn", "--window", "0"], "--window must be a positive integer, got 0"),
-        (["--cell", "rnn", "--tol", "-1"], "--tol must be a positive number, got -1.0"),
+        (["--cell", "rnn", "--tol", "-1"], "--tol must be a positive finite number, got -1.0"),
+        # Found by tests/fuzz: each was a traceback (RuntimeError, ValueError) or a hang.
+        (["--cell", "lstm", "--hidden", "100000"], "over the limit of 1,000,000 (minutes"),
+        (["--cell", "lstm", "--eps", "inf"], "--eps must be a positive finite number, got inf"),
+        (["--cell", "lstm", "--tol", "inf"], "--tol must be a positive finite number, got inf"),
+        (["--cell", "lstm", "--seed", str(10**20)], "--seed must be below 2^63 in size"),
     ],
 )
 def test_bad_options_are_one_line_errors(
@@ -136,3 +141,9 @@ def test_unknown_cell_and_missing_cell_are_usage_errors(
 def test_every_option_has_help() -> None:
     for action in build_parser()._actions:
         assert action.help, action.dest
+
+
+def test_a_window_longer_than_the_batch_is_full_bptt(capsys: pytest.CaptureFixture[str]) -> None:
+    # --window 10**22 overflowed torch's index (a traceback, found by tests/fuzz).
+    status, out, _ = run_cli(capsys, "--cell", "rnn", "--window", str(10**22), "--json")
+    assert status == 0 and json.loads(out)["config"]["window"] == 5

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -66,8 +67,22 @@ class GradcheckConfig:
             raise ConfigError(f"--window must be a positive integer, got {args.window}")
         for option in ("tol", "eps"):
             value = getattr(args, option)
-            if not value > 0:
-                raise ConfigError(f"--{option} must be a positive number, got {value}")
+            # inf would print as a non-JSON "Infinity" and check nothing.
+            if not 0 < value < math.inf:
+                raise ConfigError(f"--{option} must be a positive finite number, got {value}")
+        if abs(args.seed) >= 2**63:  # torch seeds are 64-bit: a larger one is a ValueError
+            raise ConfigError(f"--seed must be below 2^63 in size, got {args.seed}")
+        if args.eps > 1:
+            raise ConfigError(f"--eps must be at most 1 (a finite-difference step), got {args.eps}")
+        work = finite_difference_work(args)
+        if work > MAX_WORK:
+            # Each checked entry costs two forward passes over all steps and layers: the
+            # cost grows like H^3 T L, and --hidden 100000 would ask for 160 GB at once.
+            raise ConfigError(
+                f"gradcheck of this size needs about {work:,.3g} cell steps, over the limit "
+                f"of {MAX_WORK:,} (minutes of work); it checks small layers: lower --hidden, "
+                "--input, --batch, --steps or --layers"
+            )
         return cls(
             cell=args.cell,
             hidden_size=args.hidden,
@@ -79,12 +94,39 @@ class GradcheckConfig:
             nonlinearity=args.nonlinearity or "tanh",
             update=args.update or "candidate",
             reset=args.reset or "before",
-            window=args.window,
+            # A window as long as the batch is full BPTT; a larger one changes nothing (and
+            # an astronomically large one would overflow torch's integer index).
+            window=None if args.window is None else min(args.window, args.steps),
             seed=args.seed,
             tol=args.tol,
             eps=args.eps,
             json=args.json,
         )
+
+
+#: Largest gradcheck accepted, in cell steps (see :func:`finite_difference_work`): a few
+#: minutes on one core; the default check is about 2,000.
+MAX_WORK = 1_000_000
+
+_GATES = {"rnn": 1, "lstm": 4, "gru": 3}
+
+
+def finite_difference_work(args: argparse.Namespace) -> float:
+    """Cell steps of a check: checked entries x (2 forward passes of T steps, L layers, D
+    directions). Computed in floats: absurd sizes must not build huge integers.
+
+    >>> finite_difference_work(build_parser().parse_args(["--cell", "lstm"]))
+    2130.0
+    """
+    G = _GATES.get(args.cell, 4)
+    H, I, B, T, L = (
+        float(getattr(args, k)) for k in ("hidden", "input", "batch", "steps", "layers")
+    )
+    D = 2.0 if args.bidirectional else 1.0
+    params = sum(G * H * ((I if layer == 0 else D * H) + H + 2) for layer in range(min(int(L), 2)))
+    params = D * (params + max(L - 2, 0) * G * H * (D * H + H + 2))
+    entries = params + B * T * I + L * D * B * H * (2 if args.cell == "lstm" else 1)
+    return 2 * entries * T * L * D
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:

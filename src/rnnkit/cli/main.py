@@ -62,6 +62,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"rnnkit {args.command}: interrupted", file=sys.stderr)
         return 130
+    except (MemoryError, RuntimeError) as exc:
+        # torch reports a failed allocation as RuntimeError ("DefaultCPUAllocator: can't
+        # allocate memory", "CUDA out of memory"); any other RuntimeError is a bug to show.
+        if not isinstance(exc, MemoryError) and not _out_of_memory(exc):
+            raise
+        print(
+            f"rnnkit {args.command}: error: out of memory ({_first_line(exc)}); use smaller "
+            "sizes (--hidden, --embedding, --batch-size, --max-len)",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "out of memory" in text or "can't allocate memory" in text
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:200]
 
 
 if __name__ == "__main__":  # pragma: no cover
