@@ -71,8 +71,11 @@ def parse_labelled_line(
     return LabelledExample(label, text, number or 0)
 
 
-def read_labelled(path: PathLikeStr) -> list[LabelledExample]:
+def read_labelled(path: PathLikeStr, *, max_line_chars: int | None = None) -> list[LabelledExample]:
     """All examples of a ``label<TAB>text`` file (strict UTF-8; blank lines skipped).
+
+    A line over ``max_line_chars`` (default 1,048,576; :mod:`rnnkit.data.limits`) is a
+    ``DataError`` naming it.
 
     >>> import tempfile, pathlib
     >>> with tempfile.TemporaryDirectory() as d:
@@ -81,7 +84,8 @@ def read_labelled(path: PathLikeStr) -> list[LabelledExample]:
     ...     read_labelled(p)
     [LabelledExample(label='a', text='x y', line=1), LabelledExample(label='b', text='z', line=3)]
     """
-    return [parse_labelled_line(line, path, n) for n, line in read_numbered_lines(path)]
+    lines = read_numbered_lines(path, max_line_chars=max_line_chars)
+    return [parse_labelled_line(line, path, n) for n, line in lines]
 
 
 def split_holdout(items: Sequence[T], fraction: float, seed: int = 0) -> tuple[list[T], list[T]]:

@@ -72,11 +72,12 @@ def parse_pair_line(
     return Pair(source, target, number or 0)
 
 
-def read_pairs(path: str | PathLike[str]) -> list[Pair]:
+def read_pairs(path: str | PathLike[str], *, max_line_chars: int | None = None) -> list[Pair]:
     """All pairs of a ``source<TAB>target`` file (blank lines skipped).
 
     Raises:
-        DataError: a missing or non-UTF-8 file, a malformed line (``file:line``), or a
+        DataError: a missing or non-UTF-8 file, a malformed line (``file:line``), a line
+            over ``max_line_chars`` (default 1,048,576; :mod:`rnnkit.data.limits`), or a
             file without any pair.
 
     >>> import tempfile, pathlib
@@ -86,7 +87,8 @@ def read_pairs(path: str | PathLike[str]) -> list[Pair]:
     ...     [(s, t, n) for s, t, n in read_pairs(p)]
     [('ab', 'ba', 1), ('xyz', 'zyx', 3)]
     """
-    pairs = [parse_pair_line(line, path, number) for number, line in read_numbered_lines(path)]
+    lines = read_numbered_lines(path, max_line_chars=max_line_chars)
+    pairs = [parse_pair_line(line, path, number) for number, line in lines]
     if not pairs:
         raise DataError("no source<TAB>target line", path)
     return pairs

@@ -19,11 +19,12 @@ a ``#`` comment, means CoNLL-U).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from os import PathLike
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from rnnkit.data.text import read_text
+from rnnkit.data.limits import MAX_SEQ_LEN
+from rnnkit.data.text import checked_lines, read_text
 from rnnkit.errors import ConfigError, DataError
 
 __all__ = [
@@ -111,7 +112,12 @@ def _column_index(column: str) -> int:
 
 
 def parse_conllu(
-    text: str, column: str = "upos", path: PathLikeStr | None = None
+    text: str,
+    column: str = "upos",
+    path: PathLikeStr | None = None,
+    *,
+    max_line_chars: int | None = None,
+    max_seq_len: int | None = None,
 ) -> list[TaggedSentence]:
     """Sentences of CoNLL-U ``text`` with the tags of ``column`` (see the module doc).
 
@@ -119,6 +125,8 @@ def parse_conllu(
         text: the file's content.
         column: the tag column by name: ``form lemma upos xpos feats head deprel deps misc``.
         path: the file name for error messages.
+        max_line_chars, max_seq_len: size limits (:mod:`rnnkit.data.limits`): the longest
+            line and the most tokens of one sentence.
 
     >>> rows = ["# text = I go", "1-2\\tIgo\\t_\\t_\\t_\\t_\\t_\\t_\\t_\\t_",
     ...         "1\\tI\\tI\\tPRON\\tPRP\\t_\\t2\\tnsubj\\t_\\t_",
@@ -135,6 +143,7 @@ def parse_conllu(
 tab-separated columns, got 3
     """
     col = _column_index(column)
+    too_long = _sentence_check(path, max_seq_len)
     sentences: list[TaggedSentence] = []
     tokens: list[str] = []
     tags: list[str] = []
@@ -146,7 +155,7 @@ tab-separated columns, got 3
             sentences.append(TaggedSentence(tokens, tags, start))
         tokens, tags = [], []
 
-    for number, line in _lines(text):
+    for number, line in checked_lines(text, path, max_line_chars):
         if not line.strip():
             flush()
             continue
@@ -177,12 +186,20 @@ tab-separated columns, got 3
             start = number
         tokens.append(form)
         tags.append(tag)
+        too_long(tokens, start)
     flush()
     return sentences
 
 
-def parse_token_tags(text: str, path: PathLikeStr | None = None) -> list[TaggedSentence]:
-    """Sentences of ``token<TAB>tag`` lines, blank lines between sentences.
+def parse_token_tags(
+    text: str,
+    path: PathLikeStr | None = None,
+    *,
+    max_line_chars: int | None = None,
+    max_seq_len: int | None = None,
+) -> list[TaggedSentence]:
+    """Sentences of ``token<TAB>tag`` lines, blank lines between sentences; size limits as
+    for :func:`parse_conllu`.
 
     >>> parse_token_tags("The\\tDET\\ncat\\tNOUN\\n\\nRuns\\tVERB\\n")
     [TaggedSentence(tokens=['The', 'cat'], tags=['DET', 'NOUN'], line=1), \
@@ -196,7 +213,8 @@ TaggedSentence(tokens=['Runs'], tags=['VERB'], line=4)]
     tokens: list[str] = []
     tags: list[str] = []
     start = 0
-    for number, line in _lines(text):
+    too_long = _sentence_check(path, max_seq_len)
+    for number, line in checked_lines(text, path, max_line_chars):
         if not line.strip():
             if tokens:
                 sentences.append(TaggedSentence(tokens, tags, start))
@@ -218,9 +236,24 @@ TaggedSentence(tokens=['Runs'], tags=['VERB'], line=4)]
             start = number
         tokens.append(token)
         tags.append(tag)
+        too_long(tokens, start)
     if tokens:
         sentences.append(TaggedSentence(tokens, tags, start))
     return sentences
+
+
+def _sentence_check(path: PathLikeStr | None, max_seq_len: int | None) -> Callable[..., None]:
+    """A check that a growing sentence is within ``max_seq_len`` tokens."""
+    limit = MAX_SEQ_LEN.value(max_seq_len)
+
+    def check(tokens: list[str], start: int) -> None:
+        # A file without blank lines is one sentence; a million tokens of it would be one
+        # sequence of a million time steps.
+        if len(tokens) > limit:
+            found = f"sentence of more than {limit:,} tokens (no blank line)"
+            raise DataError(MAX_SEQ_LEN.exceeded(found, limit), path, start)
+
+    return check
 
 
 def detect_tagged_format(text: str) -> str:
@@ -245,18 +278,23 @@ def _nonempty(sentences: list[TaggedSentence], path: PathLikeStr) -> list[Tagged
     return sentences
 
 
-def read_conllu(path: PathLikeStr, column: str = "upos") -> list[TaggedSentence]:
+def read_conllu(path: PathLikeStr, column: str = "upos", **limits: Any) -> list[TaggedSentence]:
     """Read a CoNLL-U file (strict UTF-8); see :func:`parse_conllu`."""
-    return _nonempty(parse_conllu(read_text(path), column, path), path)
+    return _nonempty(parse_conllu(read_text(path), column, path, **limits), path)
 
 
-def read_token_tags(path: PathLikeStr) -> list[TaggedSentence]:
+def read_token_tags(path: PathLikeStr, **limits: Any) -> list[TaggedSentence]:
     """Read a ``token<TAB>tag`` file (strict UTF-8); see :func:`parse_token_tags`."""
-    return _nonempty(parse_token_tags(read_text(path), path), path)
+    return _nonempty(parse_token_tags(read_text(path), path, **limits), path)
 
 
 def read_tagged(
-    path: PathLikeStr, column: str = "upos", fmt: str | None = None
+    path: PathLikeStr,
+    column: str = "upos",
+    fmt: str | None = None,
+    *,
+    max_line_chars: int | None = None,
+    max_seq_len: int | None = None,
 ) -> tuple[list[TaggedSentence], str]:
     """Read a tagged file in either format.
 
@@ -264,6 +302,7 @@ def read_tagged(
         path: the file.
         column: the CoNLL-U tag column (ignored for ``token<TAB>tag`` files).
         fmt: ``"conllu"`` or ``"tsv"``; None detects it (:func:`detect_tagged_format`).
+        max_line_chars, max_seq_len: size limits (:mod:`rnnkit.data.limits`).
 
     Returns:
         ``(sentences, format)``.
@@ -281,8 +320,9 @@ def read_tagged(
         fmt = detect_tagged_format(text)
     if fmt not in FORMATS:
         raise ConfigError(f"tagged format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    limits = {"max_line_chars": max_line_chars, "max_seq_len": max_seq_len}
     if fmt == "conllu":
-        sentences = parse_conllu(text, column, path)
+        sentences = parse_conllu(text, column, path, **limits)
     else:
-        sentences = parse_token_tags(text, path)
+        sentences = parse_token_tags(text, path, **limits)
     return _nonempty(sentences, path), fmt

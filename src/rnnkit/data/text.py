@@ -13,11 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
+from rnnkit.data.limits import MAX_LINE_CHARS
 from rnnkit.data.vocab import EOS_ID, UNK_ID, Vocabulary, count_tokens
 from rnnkit.errors import DataError
 
 __all__ = [
     "build_vocab_from_file",
+    "checked_lines",
     "encode_corpus",
     "encode_text",
     "read_lines",
@@ -77,12 +79,17 @@ def read_text(path: PathLikeStr) -> str:
     return text
 
 
-def read_numbered_lines(path: PathLikeStr) -> list[tuple[int, str]]:
+def read_numbered_lines(
+    path: PathLikeStr, *, max_line_chars: int | None = None
+) -> list[tuple[int, str]]:
     """The non-blank lines of a UTF-8 file with their 1-based line numbers (for error messages
     of line-oriented readers).
 
     Args:
         path: the file.
+        max_line_chars: longest line accepted (default
+            :data:`~rnnkit.data.limits.MAX_LINE_CHARS`, 1,048,576); a longer one is a
+            ``DataError`` naming its line.
 
     Returns:
         ``[(line_number, line), ...]``, lines without their newline; lines holding only
@@ -95,10 +102,36 @@ def read_numbered_lines(path: PathLikeStr) -> list[tuple[int, str]]:
     ...     read_numbered_lines(p)
     [(1, 'a b'), (4, 'c')]
     """
-    return list(_numbered_lines(read_text(path)))
+    lines = checked_lines(read_text(path), path, max_line_chars)
+    return [(number, line) for number, line in lines if line.strip()]
 
 
-def read_lines(path: PathLikeStr) -> list[str]:
+def checked_lines(
+    text: str, path: PathLikeStr | None = None, max_line_chars: int | None = None
+) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of every line of ``text``, blank ones included, refusing a
+    line over ``max_line_chars`` (:data:`~rnnkit.data.limits.MAX_LINE_CHARS`).
+
+    A line of a line-oriented format is one example or token; one of millions of
+    characters is a corrupt or hostile file, and would become a sequence that no model
+    can hold in memory.
+
+    >>> list(checked_lines("ab\\n\\nabcdef", "x.tsv", max_line_chars=4))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.DataError: x.tsv:3: line of 6 characters, over the limit of 4 characters ...
+    """
+    limit = MAX_LINE_CHARS.value(max_line_chars)
+    lines = text.split("\n")  # not splitlines(): see _numbered_lines
+    check = len(text) > limit  # a text shorter than the limit cannot hold a long line
+    for number, line in enumerate(lines, start=1):
+        if check and len(line) > limit:
+            found = f"line of {len(line):,} characters"
+            raise DataError(MAX_LINE_CHARS.exceeded(found, limit), path, number)
+        yield number, line
+
+
+def read_lines(path: PathLikeStr, *, max_line_chars: int | None = None) -> list[str]:
     """The non-blank lines of a UTF-8 file (sentence-per-line data), without newlines.
 
     >>> import tempfile, pathlib
@@ -108,7 +141,8 @@ def read_lines(path: PathLikeStr) -> list[str]:
     ...     read_lines(p)
     ['first line', 'second']
     """
-    return [line for _, line in _numbered_lines(read_text(path))]
+    text = read_text(path)
+    return [line for _, line in checked_lines(text, path, max_line_chars) if line.strip()]
 
 
 def _numbered_lines(text: str) -> Iterator[tuple[int, str]]:
