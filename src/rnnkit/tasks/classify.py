@@ -154,7 +154,7 @@ def train_classify(
         labels = LabelSet.load(out / "labels.json")
     else:
         text = "\n".join(ex.text for ex in train_examples)
-        vocab = Vocabulary.from_text(text, unit=cfg.unit, min_freq=cfg.min_freq)
+        vocab = Vocabulary.from_text(text, unit=cfg.unit, min_freq=cfg.min_freq, source=cfg.train)
         labels = LabelSet.from_data(ex.label for ex in train_examples)
     seed_everything(cfg.seed)
     train_enc = encode_examples(train_examples, vocab, labels, cfg.max_len, cfg.train)

@@ -124,13 +124,15 @@ class EventVocabulary(Vocabulary):
         self._events = {tok: i for tok, i in self.stoi.items() if i >= len(SPECIALS)}
 
     @classmethod
-    def from_sessions(cls, sessions: Iterable[Sequence[str]], min_freq: int = 1) -> EventVocabulary:
+    def from_sessions(
+        cls, sessions: Iterable[Sequence[str]], min_freq: int = 1, source: str | None = None
+    ) -> EventVocabulary:
         """Events seen at least ``min_freq`` times, most frequent first."""
         counts: dict[str, int] = {}
         for events in sessions:
             for e in events:
                 counts[e] = counts.get(e, 0) + 1
-        vocab = cls.from_counts(counts, unit="word", min_freq=min_freq)
+        vocab = cls.from_counts(counts, unit="word", min_freq=min_freq, source=source)
         assert isinstance(vocab, EventVocabulary)
         return vocab
 
@@ -366,7 +368,9 @@ def prepare_events_data(cfg: TrainConfig, vocab: EventVocabulary | None = None) 
         valid = [normal[i] for i in sorted(held)]
         train_sessions = [s for i, s in enumerate(normal) if i not in held]
     if vocab is None:
-        vocab = EventVocabulary.from_sessions((s.events for s in train_sessions), cfg.min_freq)
+        vocab = EventVocabulary.from_sessions(
+            (s.events for s in train_sessions), cfg.min_freq, source=cfg.train
+        )
     enc = [vocab.encode_events(s.events) for s in valid]
     return EventsData(
         vocab=vocab,

@@ -90,7 +90,7 @@ def prepare_lm_data(cfg: TrainConfig, vocab: Vocabulary | None = None) -> LMData
     else:
         text, valid_text = _split_text(text, cfg.valid_fraction, cfg.train)
     if vocab is None:
-        vocab = Vocabulary.from_text(text, unit=cfg.unit, min_freq=cfg.min_freq)
+        vocab = Vocabulary.from_text(text, unit=cfg.unit, min_freq=cfg.min_freq, source=cfg.train)
     mode, k = parse_bptt(cfg.bptt)
     data = LMData(vocab, mode, k)
     if mode == "segment":

@@ -78,10 +78,10 @@ class Seq2SeqData:
     valid_path: str
 
 
-def _vocab(texts: list[str], unit: str, min_freq: int) -> Vocabulary:
+def _vocab(texts: list[str], unit: str, min_freq: int, source: str) -> Vocabulary:
     counts: Counter[str] = count_tokens("\n".join(texts), unit)
     counts.pop("\n", None)  # the joiner, not data
-    return Vocabulary.from_counts(counts, unit=unit, min_freq=min_freq)
+    return Vocabulary.from_counts(counts, unit=unit, min_freq=min_freq, source=source)
 
 
 def _check_lengths(pairs: list[Pair], src, tgt, max_len: int, path: str) -> None:
@@ -123,8 +123,9 @@ def prepare_data(
             )
         train_pairs, valid_pairs, valid_path = pairs[:-held], pairs[-held:], cfg.train
     if vocabs is None:
-        source_vocab = _vocab([p.source for p in train_pairs], cfg.source_unit, cfg.min_freq)
-        target_vocab = _vocab([p.target for p in train_pairs], cfg.target_unit, cfg.min_freq)
+        sources, targets = [p.source for p in train_pairs], [p.target for p in train_pairs]
+        source_vocab = _vocab(sources, cfg.source_unit, cfg.min_freq, cfg.train)
+        target_vocab = _vocab(targets, cfg.target_unit, cfg.min_freq, cfg.train)
     else:
         source_vocab, target_vocab = vocabs
     train_src, train_tgt = encode_pairs(train_pairs, source_vocab, target_vocab, cfg.train)

@@ -217,7 +217,7 @@ class TagData:
     @classmethod
     def from_sentences(cls, sentences: list[TaggedSentence], cfg: TrainConfig) -> TagData:
         words = Counter(word_key(t) for s in sentences for t in s.tokens)
-        vocab = Vocabulary.from_counts(words, unit="word", min_freq=cfg.min_freq)
+        vocab = Vocabulary.from_counts(words, unit="word", min_freq=cfg.min_freq, source=cfg.train)
         tags = LabelSet.from_data(t for s in sentences for t in s.tags)
         chars = None
         if cfg.char_rnn:
