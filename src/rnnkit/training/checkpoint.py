@@ -93,7 +93,8 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     except DataError as exc:
         # Deep nesting, a 5,000-digit integer, bad UTF-8: all one line naming the file.
         at = f" at line {exc.line}" if exc.line is not None else ""
-        raise CheckpointError(f"{path}: not valid JSON{at}: {exc.message}") from None
+        detail = exc.message.removeprefix("invalid JSON: ")
+        raise CheckpointError(f"{path}: not valid JSON{at}: {detail}") from None
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
