@@ -585,11 +585,12 @@ inline T mix(T z, T hp, T n) {
 template <typename T, bool KEEP>
 void gru_after_fwd_row(T* __restrict r_, T* __restrict z_, T* __restrict n_,
                        const T* __restrict rec_r, const T* __restrict rec_z,
-                       T* __restrict rec_n, const T* __restrict b, const T* __restrict bhn,
+                       const T* __restrict rec_n, T* __restrict rn_out,
+                       const T* __restrict b, const T* __restrict bhn,
                        const T* __restrict hp, T* __restrict hn, int64_t H) {
   for (int64_t j = 0; j < H; ++j) {
     const T rn = rec_n[j] + bhn[j];
-    rec_n[j] = rn;
+    rn_out[j] = rn;  // W_nh h + b_hn: the only part of W_hh h the backward needs
     const T r = sigm(r_[j] + b[j] + rec_r[j]);
     const T z = sigm(z_[j] + b[H + j] + rec_z[j]);
     const T n = tanh_(n_[j] + b[2 * H + j] + r * rn);
@@ -628,9 +629,10 @@ void gru_forward_impl(T* rz, T* xn, T* rec, const StepMatrix<T>& W1, const StepM
                       const T* bias, const T* bhn, T* sc, T* hs, bool save,
                       const bool* M, const Steps& S, int64_t Tn, int64_t B,
                       int64_t H, bool after, int64_t r0, int64_t r1) {
-  const int64_t RW = after ? 3 * H : H;  // width of the rec cache
+  const int64_t RW = H;  // width of the rec cache: W_nh h + b_hn (after) or r ⊙ h (before)
   T* sc_rz = sc + r0 * 2 * H;  // scratch: h W_rz^T (B, 2H), then (r ⊙ h) W_nh^T (B, H)
   T* sc_n = sc + B * 2 * H + r0 * H;
+  T* sc_all = sc + r0 * 3 * H;  // after: W_hh h (B, 3H)
   for (int64_t t = 0; t < Tn; ++t) {
     const int64_t bt = block_active(S.act[t], r0, r1);
     T* rzt = rz + (S.row(t) + r0) * 2 * H;
@@ -640,12 +642,12 @@ void gru_forward_impl(T* rz, T* xn, T* rec, const StepMatrix<T>& W1, const StepM
     T* hn = hs + ((t + 1) * B + r0) * H;
     const bool* m = M ? M + t * B + r0 : nullptr;
     if (after) {
-      W1.mm(bt, hp, H, T(0), rt, 3 * H);  // W_hh h
+      W1.mm(bt, hp, H, T(0), sc_all, 3 * H);  // W_hh h
       for (int64_t b = 0; b < bt; ++b) {
         T* rzb = rzt + b * 2 * H;
-        T* rb = rt + b * 3 * H;
-        gru_after_fwd_row<T, KEEP>(rzb, rzb + H, nt + b * H, rb, rb + H, rb + 2 * H, bias, bhn,
-                                   hp + b * H, hn + b * H, H);
+        const T* sb = sc_all + b * 3 * H;
+        gru_after_fwd_row<T, KEEP>(rzb, rzb + H, nt + b * H, sb, sb + H, sb + 2 * H, rt + b * H,
+                                   bias, bhn, hp + b * H, hn + b * H, H);
         if (m && !m[b]) std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
       }
     } else {
@@ -682,15 +684,11 @@ void gru_bwd_row_common(const T* __restrict z_, const T* __restrict n_, const T*
 
 template <typename T>
 void gru_after_bwd_row(const T* __restrict r_, const T* __restrict rec_n,
-                       const T* __restrict daz, const T* __restrict dan, T* __restrict dar,
-                       T* __restrict hr, T* __restrict hz, T* __restrict hn, int64_t H) {
+                       const T* __restrict dan, T* __restrict dar, T* __restrict hn, int64_t H) {
   for (int64_t j = 0; j < H; ++j) {
     const T r = r_[j];
-    const T d = dan[j] * rec_n[j] * (r * (T(1) - r));
-    dar[j] = d;
-    hr[j] = d;
-    hz[j] = daz[j];
-    hn[j] = dan[j] * r;
+    dar[j] = dan[j] * rec_n[j] * (r * (T(1) - r));
+    hn[j] = dan[j] * r;  // the recurrent n-gradient (d_hp holds only this block)
   }
 }
 
@@ -712,39 +710,35 @@ void gru_backward_impl(const T* rz, const T* xn, const T* rec, const T* hs,
                        T* dhp, T* drh, T* dh, int64_t Tn, int64_t B, int64_t H, bool after,
                        int64_t r0, int64_t r1) {
   const int64_t G = 3 * H;
-  const int64_t RW = after ? 3 * H : H;
   dh += r0 * H;
   drh += r0 * H;
   for (int64_t t = Tn - 1; t >= 0; --t) {
     const int64_t bt = block_active(S.act[t], r0, r1);
     const T* rzt = rz + (S.row(t) + r0) * 2 * H;
     const T* nt = xn + (S.row(t) + r0) * H;
-    const T* rt = rec + (S.row(t) + r0) * RW;
+    const T* rt = rec + (S.row(t) + r0) * H;
     const T* hp = hs + (t * B + r0) * H;
     T* dx = dxp + (S.row(t) + r0) * G;
-    T* dr = after ? dhp + (S.row(t) + r0) * G : dx;
+    T* dr = after ? dhp + (S.row(t) + r0) * H : dx;  // after: d_hp is (·, H)
     const bool* m = M ? M + t * B + r0 : nullptr;
     if (dout) add_into(dh, dout + (t * B + r0) * H, (r1 - r0) * H);
     for (int64_t b = 0; b < bt; ++b) {
       T* dxb = dx + b * G;
       if (m && !m[b]) {  // a hole: no gate gradient, d_h passes through
         std::memset(dxb, 0, G * sizeof(T));
-        if (after) std::memset(dr + b * G, 0, G * sizeof(T));
+        if (after) std::memset(dr + b * H, 0, H * sizeof(T));
         continue;
       }
       const T* rzb = rzt + b * 2 * H;
       gru_bwd_row_common<T, KEEP>(rzb + H, nt + b * H, hp + b * H, dh + b * H, dxb + H,
                                   dxb + 2 * H, H);
-      if (after) {
-        T* drb = dr + b * G;
-        gru_after_bwd_row<T>(rzb, rt + b * 3 * H + 2 * H, dxb + H, dxb + 2 * H, dxb, drb,
-                             drb + H, drb + 2 * H, H);
-      }
+      if (after) gru_after_bwd_row<T>(rzb, rt + b * H, dxb + 2 * H, dxb, dr + b * H, H);
     }
     if (!S.packed()) zero_rows(dx, bt, r1 - r0, G);
     if (after) {
-      if (!S.packed()) zero_rows(dr, bt, r1 - r0, G);
-      W1.mm(bt, dr, G, T(1), dh, H);  // += d_hp W_hh
+      if (!S.packed()) zero_rows(dr, bt, r1 - r0, H);
+      W1.mm(bt, dx, G, T(1), dh, H);  // += d_rz W_rz
+      W2.mm(bt, dr, H, T(1), dh, H);  // += (d_an ⊙ r) W_nh
       continue;
     }
     // reset before: d(r⊙h) = d_an W_nh, then d_r and the path through r⊙h
@@ -907,7 +901,7 @@ std::vector<Tensor> gru_forward(Tensor rz, Tensor xn, Tensor w_hh, Tensor bias,
   check_buf(rz, "xp_rz", S, 2 * H);
   check_buf(xn, "xp_n", S, H);
   Tensor hs = at::empty({Tn + 1, B, H}, xn.options());
-  const int64_t RW = after ? 3 * H : H;
+  const int64_t RW = H;  // W_nh h + b_hn (after) or r ⊙ h (before)
   Tensor rec = save ? step_buffer(S, RW, xn) : scratch(S, RW, xn);
   Tensor sc = at::empty({B * 3 * H}, xn.options());
   check(bias, "bias", 1);
@@ -940,14 +934,14 @@ std::vector<Tensor> gru_backward(Tensor rz, Tensor xn, Tensor rec, Tensor hs, Te
   const Steps S = make_steps(mask, offsets, Tn, B);
   check_buf(rz, "rz", S, 2 * H);
   check_buf(xn, "n", S, H);
-  check_buf(rec, "rec", S, after ? 3 * H : H);
+  check_buf(rec, "rec", S, H);
   Tensor dxp = step_buffer(S, 3 * H, xn);
-  Tensor dhp = after ? step_buffer(S, 3 * H, xn) : dxp;
+  Tensor dhp = after ? step_buffer(S, H, xn) : dxp;
   Tensor drh = at::empty({B, H}, xn.options());  // d(r ⊙ h) scratch (reset before)
   AT_DISPATCH_FLOATING_TYPES(xn.scalar_type(), "gru_backward", [&] {
     auto f = keep ? gru_backward_impl<scalar_t, true> : gru_backward_impl<scalar_t, false>;
-    const StepMatrix<scalar_t> W1(w_hh, 0, after ? 3 * H : 2 * H, false);
-    const StepMatrix<scalar_t> W2(w_hh, 2 * H, after ? 0 : H, false);
+    const StepMatrix<scalar_t> W1(w_hh, 0, 2 * H, false);  // r, z rows
+    const StepMatrix<scalar_t> W2(w_hh, 2 * H, H, false);  // n rows
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(rz.data_ptr<scalar_t>(), xn.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(),
         hs.data_ptr<scalar_t>(), W1, W2, M, S, opt_ptr<scalar_t>(d_out),

@@ -235,10 +235,9 @@ def backward_sweep(
     G = kernel.gates
     separate_hp = getattr(kernel, "reset", None) == "after"
     d_xp = like.new_zeros(T, B, G * H) if window else like.new_empty(T, B, G * H)
+    # reset="after": d_hp holds the n block only (the r, z blocks equal d_xp's)
     d_hp = (
-        (like.new_zeros(T, B, G * H) if window else like.new_empty(T, B, G * H))
-        if separate_hp
-        else d_xp
+        (like.new_zeros(T, B, H) if window else like.new_empty(T, B, H)) if separate_hp else d_xp
     )
     mask_steps = mask.unbind(0) if mask is not None else None
     wprep = kernel.prepare_backward(w)
@@ -284,7 +283,7 @@ def backward_sweep(
     # ones, then dropped — h_{t−τ} receives it, the step producing h_{t−τ} does not. Each
     # injection is its own sweep (O(T·τ) steps): a sum of windows is not one sweep.
     tmp_xp = like.new_empty(B, G * H)
-    tmp_hp = like.new_empty(B, G * H) if separate_hp else tmp_xp
+    tmp_hp = like.new_empty(B, H) if separate_hp else tmp_xp
     d0 = [z.clone() for z in zeros]
     injections = [(t, [d_out[t], *zeros[1:]]) for t in range(T)] if d_out is not None else []
     if any(d is not None for d in d_finals):
@@ -338,7 +337,7 @@ def weight_grads(
             h_prev = h_prev.index_select(0, packing.index)
         flat_cache = tuple(c.reshape(h_prev.shape[0], c.shape[-1]) for c in record.cache)
         d_hp = sweep.d_hp.reshape(h_prev.shape[0], sweep.d_hp.shape[-1])
-        d_w_hh, d_bias_hn = kernel.recurrent_grads(d_hp, h_prev, flat_cache)
+        d_w_hh, d_bias_hn = kernel.recurrent_grads(d_xp, d_hp, h_prev, flat_cache)
     return Grads(d_x, d_w_ih, d_w_hh, d_bias, d_bias_hn if need[4] else None)
 
 

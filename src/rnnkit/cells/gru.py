@@ -64,9 +64,9 @@ def gru_step(
 
 
 class _Prepared(NamedTuple):
-    weight_hh_t: Tensor  # (H, 3H) "after"; (H, 2H) r,z rows "before"
-    weight_hn_t: Tensor | None  # (H, H) n rows, "before" only
-    bias_hh: Tensor | None  # (3H,) = (0, 0, b_hn), "after" only
+    weight_hh_t: Tensor  # (H, 2H): the r, z rows, transposed
+    weight_hn_t: Tensor  # (H, H): the n rows, transposed
+    bias_hn: Tensor | None  # (H,) "after" only
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,10 @@ class GRUKernel:
     The candidate ``n`` and the gates ``r, z`` live in separate contiguous buffers
     because ``tanh``/``sigmoid`` on strided slices cost ~4× here; ``torch.lerp`` does the
     convex combination of both update conventions in one op.
-    Cache: ``rz (B, 2H)``, ``n (B, H)`` and ``rec`` = ``W_hh h + (0, 0, b_hn)`` ``(B, 3H)``
-    (after) or ``r ⊙ h_{t-1}`` ``(B, H)`` (before).
+    Cache: ``rz (B, 2H)``, ``n (B, H)`` and ``rec (B, H)``: ``W_nh h_{t-1} + b_hn`` (after)
+    or ``r ⊙ h_{t-1}`` (before). With ``reset="after"`` the sweep's ``d_hp`` holds only
+    the n block ``d_an ⊙ r`` (the r, z blocks are ``d_xp``'s): both keep the memory of a
+    training step at ``(2·3 + 3)·T·B·H`` numbers instead of ``(2·3 + 3 + 4)·T·B·H``.
     """
 
     update: str = "candidate"
@@ -87,10 +89,8 @@ class GRUKernel:
 
     def prepare(self, w: Weights) -> _Prepared:
         H = w.weight_hh.shape[1]
-        if self.reset == "after":
-            zeros = w.bias_hn.new_zeros(2 * H)
-            return _Prepared(w.weight_hh.T, None, torch.cat([zeros, w.bias_hn]))
-        return _Prepared(w.weight_hh[: 2 * H].T, w.weight_hh[2 * H :].T, None)
+        bias_hn = w.bias_hn if self.reset == "after" else None
+        return _Prepared(w.weight_hh[: 2 * H].T, w.weight_hh[2 * H :].T, bias_hn)
 
     def project_inputs(self, x: Tensor, w: Weights, T: int, B: int) -> tuple[Tensor, ...]:
         H = w.weight_hh.shape[1]
@@ -101,19 +101,18 @@ class GRUKernel:
         return (xp_rz, xp_n)
 
     def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
-        rec = scratch(T, B, H if self.reset == "before" else 3 * H, xps[0], save)
+        rec = scratch(T, B, H, xps[0], save)
         return (xps[0], xps[1], rec)
 
     def step_into(self, xp, prev, out, cache, prep) -> None:
         (h_prev,) = prev
         rz, n, rec = cache  # rz, n are the projection buffers, overwritten in place
         H = h_prev.shape[1]
+        rz.addmm_(h_prev, prep.weight_hh_t).sigmoid_()
         if self.reset == "after":
-            torch.addmm(prep.bias_hh, h_prev, prep.weight_hh_t, out=rec)  # (B, 3H)
-            rz.add_(rec[:, : 2 * H]).sigmoid_()
-            n.addcmul_(rz[:, :H], rec[:, 2 * H :])  # W_nx x + b_n + r ⊙ (W_nh h + b_hn)
+            torch.addmm(prep.bias_hn, h_prev, prep.weight_hn_t, out=rec)  # W_nh h + b_hn
+            n.addcmul_(rz[:, :H], rec)  # W_nx x + b_n + r ⊙ (W_nh h + b_hn)
         else:
-            rz.addmm_(h_prev, prep.weight_hh_t).sigmoid_()
             torch.mul(rz[:, :H], h_prev, out=rec)  # r ⊙ h_{t-1}
             n.addmm_(rec, prep.weight_hn_t)
         n.tanh_()
@@ -152,23 +151,22 @@ class GRUKernel:
         d_an.mul_(d_n)
         W = w.weight_hh
         if self.reset == "after":
-            torch.mul(d_an, rec[:, 2 * H :], out=d_ar)  # d_r = d_an ⊙ (W_nh h + b_hn)
+            torch.mul(d_an, rec, out=d_ar)  # d_r = d_an ⊙ (W_nh h + b_hn)
             d_xp[:, : 2 * H].mul_(d_rz)
-            d_hp[:, : 2 * H].copy_(d_xp[:, : 2 * H])
-            torch.mul(d_an, r, out=d_hp[:, 2 * H :])
-            return (d_h_prev.addmm_(d_hp, W),)
+            torch.mul(d_an, r, out=d_hp)  # the recurrent n-gradient (B, H)
+            return (d_h_prev.addmm_(d_xp[:, : 2 * H], W[: 2 * H]).addmm_(d_hp, W[2 * H :]),)
         d_rh = d_an @ W[2 * H :]  # ∂L/∂(r ⊙ h_{t-1})
         torch.mul(d_rh, h_prev, out=d_ar)
         d_xp[:, : 2 * H].mul_(d_rz)
         d_h_prev.addcmul_(d_rh, r)
         return (d_h_prev.addmm_(d_xp[:, : 2 * H], W[: 2 * H]),)
 
-    def recurrent_grads(self, d_hp, h_prev, cache):
-        if self.reset == "after":
-            H = h_prev.shape[1]
-            return d_hp.T @ h_prev, d_hp[:, 2 * H :].sum(0)
-        rec = cache[2]
+    def recurrent_grads(self, d_xp, d_hp, h_prev, cache):
         H = h_prev.shape[1]
+        if self.reset == "after":  # d_hp is the n block; r, z are d_xp's
+            d_w = torch.cat([d_xp[:, : 2 * H].T @ h_prev, d_hp.T @ h_prev], dim=0)
+            return d_w, d_hp.sum(0)
+        rec = cache[2]
         d_w = torch.cat([d_hp[:, : 2 * H].T @ h_prev, d_hp[:, 2 * H :].T @ rec], dim=0)
         return d_w, None
 

@@ -121,13 +121,16 @@ class Kernel(Protocol):
     ) -> tuple[Tensor, ...]:
         """Backward of one step: write ∂L/∂(input pre-activation) into ``d_xp`` and
         ∂L/∂(recurrent pre-activation) into ``d_hp`` (the same buffer unless the cell's
-        recurrent and input pre-activations differ), return ∂L/∂(previous state)."""
+        recurrent and input pre-activations differ: then ``d_hp`` holds only the blocks
+        that differ, e.g. the GRU's n block with ``reset="after"``), return
+        ∂L/∂(previous state)."""
 
     def recurrent_grads(
-        self, d_hp: Tensor, h_prev: Tensor, cache: tuple[Tensor, ...]
+        self, d_xp: Tensor, d_hp: Tensor, h_prev: Tensor, cache: tuple[Tensor, ...]
     ) -> tuple[Tensor, Tensor | None]:
         """``(∂L/∂weight_hh, ∂L/∂bias_hn or None)`` from all steps at once.
 
-        ``d_hp (N, G·H)``, ``h_prev (N, H)`` and the cache are flattened over ``N = T·B``;
-        each gradient is ONE matrix product (or sum) over all steps (SPEC §3).
+        ``d_xp (N, G·H)``, ``d_hp`` (see ``step_backward``), ``h_prev (N, H)`` and the
+        cache are flattened over ``N = T·B``; each gradient is ONE matrix product (or
+        sum) over all steps (SPEC §3).
         """

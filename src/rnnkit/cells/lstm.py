@@ -143,7 +143,7 @@ class LSTMKernel:
         d_xp.mul_(deriv)  # to pre-activation gradients, all four blocks in one op
         return (d_xp @ w, d_ct.mul_(f))
 
-    def recurrent_grads(self, d_hp, h_prev, cache):
+    def recurrent_grads(self, d_xp, d_hp, h_prev, cache):
         return d_hp.T @ h_prev, None
 
     # The compiled loop (rnnkit.native) fills the same buffers as step_into/step_backward.

@@ -80,7 +80,7 @@ class RNNKernel:
         torch.mul(d_new[0], deriv, out=d_xp)  # d_a = φ'(a_t) ⊙ d_h
         return (d_xp @ w,)  # ∂L/∂h_{t-1} = W_hᵀ d_a
 
-    def recurrent_grads(self, d_hp, h_prev, cache):
+    def recurrent_grads(self, d_xp, d_hp, h_prev, cache):
         return d_hp.T @ h_prev, None
 
     # The compiled loop (rnnkit.native) fills the same buffers as step_into/step_backward.
