@@ -20,6 +20,9 @@ __all__ = ["TASKS", "TrainConfig", "parse_bptt"]
 
 TASKS = ("lm", "tag", "classify", "seq2seq", "events")
 CELLS = ("rnn", "lstm", "gru")
+LENGTHS = ("eos", "stop", "predict")
+WIRINGS = ("hidden", "jordan")
+CONDITIONS = ("none", "init", "input", "both")
 
 
 def parse_bptt(spec: str) -> tuple[str, int | None]:
@@ -94,6 +97,10 @@ class TrainConfig:
     scheduled_sampling: str = "none"
     decoder_only: bool = False
     beam: int = 1
+    # the other wirings (issue 4, SPEC §4-5): lm / seq2seq
+    length: str = "eos"  # eos | stop | predict: how a sequence's end is modelled
+    wiring: str = "hidden"  # hidden | jordan (lm): Fig. 10.3 or Fig. 10.4
+    condition: str = "none"  # none | init | input | both (lm): class-conditional context
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> TrainConfig:
@@ -162,7 +169,62 @@ class TrainConfig:
         if not self.train:
             raise ConfigError("--train is required")
         parse_bptt(self.bptt)
+        self._check_wirings()
         return self
+
+    def _check_wirings(self) -> None:
+        """``--length``, ``--wiring``, ``--condition``: values and the options they exclude."""
+        for name, options in (
+            ("length", LENGTHS),
+            ("wiring", WIRINGS),
+            ("condition", CONDITIONS),
+        ):
+            if getattr(self, name) not in options:
+                raise ConfigError(
+                    f"--{name} must be one of {', '.join(options)}, got {getattr(self, name)!r}"
+                )
+        if self.length != "eos" and self.task not in ("lm", "seq2seq"):
+            raise ConfigError(f"--length {self.length} applies to --task lm and seq2seq")
+        for name in ("wiring", "condition"):
+            if getattr(self, name) != getattr(TrainConfig, name) and self.task != "lm":
+                raise ConfigError(f"--{name} {getattr(self, name)} applies to --task lm only")
+        sequences = parse_bptt(self.bptt)[0] != "segment"
+        if self.length != "eos":
+            if self.task == "seq2seq" and self.decoder_only:
+                raise ConfigError(
+                    f"--length {self.length} applies to the encoder–decoder, not --decoder-only"
+                )
+            if self.task == "seq2seq" and self.scheduled_sampling != "none":
+                raise ConfigError(
+                    f"--length {self.length} cannot be combined with --scheduled-sampling"
+                )
+            # A mechanism models whole sequences: stream segments have no end to predict.
+            if self.task == "lm" and not sequences:
+                raise ConfigError(
+                    f"--length {self.length} needs whole lines as sequences: "
+                    "--bptt full or window:K, not segment:K"
+                )
+        if self.wiring == "jordan":
+            # Fig. 10.4 has one layer and only the fed-back output as memory.
+            for bad, given in (
+                (f"--layers {self.layers}", self.layers != 1),
+                ("--bidirectional", self.bidirectional),
+                ("--tie-weights", self.tie_weights),
+                (f"--length {self.length}", self.length != "eos"),
+                (f"--condition {self.condition}", self.condition != "none"),
+            ):
+                if given:
+                    raise ConfigError(f"{bad} does not apply to --wiring jordan")
+        if self.condition != "none":
+            if self.length != "eos":
+                raise ConfigError(
+                    f"--length {self.length} cannot be combined with --condition {self.condition}"
+                )
+            if parse_bptt(self.bptt)[0] != "full":
+                raise ConfigError(
+                    f"--condition {self.condition} needs --bptt full "
+                    "(each label<TAB>text line is one sequence)"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

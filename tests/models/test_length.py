@@ -257,6 +257,27 @@ def test_seq2seq_loss_is_the_sequence_nll_scored_step_by_step(mode):
     assert STATE_BATCH_DIM.length == 0
 
 
+@pytest.mark.parametrize("mode", ["stop", "predict"])
+def test_teacher_forced_metrics_leave_the_eos_step_out(mode):
+    from rnnkit.tasks.seq2seq import teacher_forced_metrics
+
+    model = seq2seq_with(mode, attention=True).eval()
+    batch = count_batch(["abc", "d", "bb"])
+    logits = model.target_logits(batch)
+    # </s> is no token: never the argmax, and its step is not scored.
+    assert bool(torch.isneginf(logits[..., EOS_ID]).all())
+    mask = model.token_mask(batch)
+    assert mask.sum(1).tolist() == [3, 1, 2]
+    assert not bool((mask & (batch.target_out == EOS_ID)).any())
+    sources = [s[m].numpy() for s, m in zip(batch.source, batch.source_mask, strict=True)]
+    targets = [t[m][:-1].numpy() for t, m in zip(batch.target_out, batch.target_mask, strict=True)]
+    got = teacher_forced_metrics(model, sources, targets, torch.device("cpu"), batch_size=2)
+    hits = ((logits.argmax(-1) == batch.target_out) & mask).sum()
+    assert got["tokens"] == 6 and got["token_accuracy"] == pytest.approx(float(hits) / 6)
+    # The loss is the training loss: the exact sequence NLL per token step.
+    assert got["loss_nats"] == pytest.approx(model.loss(batch).nats / 6, rel=1e-5)
+
+
 def test_default_decoder_has_no_length_state():
     torch.manual_seed(0)
     m = Seq2Seq(nn.Embedding(9, E), GRU(E, H), nn.Embedding(9, E), GRU(E, H), nn.Linear(H, 9))

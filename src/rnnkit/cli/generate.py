@@ -21,6 +21,9 @@ def register(sub: Any) -> None:
     p.add_argument("--checkpoint", required=True, help="run directory written by train")
     p.add_argument("--prompt", help="text that primes the state (lm)")
     p.add_argument("--input", help="source text to transduce (seq2seq)")
+    p.add_argument(
+        "--condition", metavar="LABEL", help="the class to generate for (class-conditional lm)"
+    )
     p.add_argument("--max-length", type=int, default=200, help="tokens to generate at most")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature > 0")
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
@@ -33,10 +36,33 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _condition_index(checkpoint: str, cfg: Any, label: str | None) -> int | None:
+    """The class index of ``--condition LABEL``; a clear error naming the known labels."""
+    from rnnkit.tasks.lm import lm_labels
+
+    labels = lm_labels(checkpoint, cfg)
+    if labels is None:
+        if label is not None:
+            raise ConfigError(
+                "--condition applies to a class-conditional checkpoint "
+                "(trained with --condition init, input or both)"
+            )
+        return None
+    known = ", ".join(labels.labels)
+    if label is None:
+        raise ConfigError(f"this checkpoint is class-conditional: give --condition LABEL ({known})")
+    index = labels.get(label)
+    if index is None:
+        raise ConfigError(f"--condition {label!r} is not a label of this checkpoint ({known})")
+    return index
+
+
 def run(args: argparse.Namespace) -> int:
     from rnnkit.tasks.registry import task_module, task_of_run
 
     task = task_of_run(args.checkpoint)
+    if args.condition is not None and task != "lm":
+        raise ConfigError(f"--condition does not apply to a {task} checkpoint")
     if task == "seq2seq":
         if args.input is None:
             raise ConfigError("--input is required for a seq2seq checkpoint")
@@ -51,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         if args.num < 1:
             raise ConfigError(f"--num must be ≥ 1, got {args.num}")
         cfg, vocab, model = load_lm(args.checkpoint)
+        condition = _condition_index(args.checkpoint, cfg, args.condition)
         _, unknown = prompt_ids(cfg, vocab, args.prompt)
         if unknown:
             warn(f"--prompt has {unknown} token(s) outside the vocabulary; read as <unk>")
@@ -69,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
                 top_p=args.top_p,
                 beam_size=args.beam or 4,
                 seed=args.seed,
+                condition=condition,
             )
         except ValueError as exc:  # an out-of-range sampling option, named by generate()
             raise ConfigError(str(exc)) from None

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rnnkit.config import TASKS, TrainConfig
+from rnnkit.config import CONDITIONS, LENGTHS, TASKS, WIRINGS, TrainConfig
 from rnnkit.errors import ConfigError
 
 __all__ = ["add_model_options", "register", "run"]
@@ -213,6 +213,30 @@ def register(sub: Any) -> None:
         help="seq2seq: one language model over 'source <sep> target'",
     )
     g.add_argument("--beam", type=int, default=d.beam, help="seq2seq: beam width for decoding")
+    g.add_argument(
+        "--length",
+        choices=LENGTHS,
+        default=d.length,
+        help="lm, seq2seq: how a sequence ends: the </s> symbol (eos, default), a stop "
+        "output per step (stop), or a length predicted first, at most --max-len, with the "
+        "steps remaining fed to every step (predict); lm: needs --bptt full or window:K",
+    )
+    g.add_argument(
+        "--wiring",
+        choices=WIRINGS,
+        default=d.wiring,
+        help="lm: hidden-to-hidden recurrence (hidden, default) or output-to-hidden only "
+        "(jordan, SPEC §4: one layer of width --hidden, trained with no time loop; "
+        "--cell and --embedding do not apply)",
+    )
+    g.add_argument(
+        "--condition",
+        choices=CONDITIONS,
+        default=d.condition,
+        help="lm: class-conditional LM on label<TAB>text lines; the class embedding "
+        "enters the initial state (init), every step (input) or both; needs --bptt full; "
+        "generate --condition LABEL",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument(

@@ -532,19 +532,27 @@ def lm_prediction_section(run: Run, vocab: Any, model: Any, snippet: Tensor):
 
 def lm_sections(run: Run, samples: int = 3) -> list[tuple[str, str, str]]:
     """Samples, gradient flow and predictions of a language-model run."""
-    from rnnkit.tasks.lm import load_lm, sample_texts
+    from rnnkit.models.language_model import LanguageModel
+    from rnnkit.tasks.lm import lm_labels, load_lm, sample_texts
 
     cfg, vocab, model = load_lm(run.path)
-    texts = sample_texts(
-        cfg,
-        vocab,
-        model,
-        None,
-        num=samples,
-        max_length=200 if cfg.unit == "char" else 50,
-        temperature=0.8,
-        seed=cfg.seed,
-    )
+    labels = lm_labels(run.path, cfg)
+    # A class-conditional model samples once for each of its first classes.
+    classes = [None] if labels is None else list(range(min(samples, len(labels))))
+    texts = []
+    for k in classes:
+        drawn = sample_texts(
+            cfg,
+            vocab,
+            model,
+            None,
+            num=samples if k is None else 1,
+            max_length=200 if cfg.unit == "char" else 50,
+            temperature=0.8,
+            seed=cfg.seed,
+            condition=k,
+        )
+        texts += drawn if labels is None or k is None else [f"[{labels.labels[k]}] {drawn[0]}"]
     body = "".join(f"<pre>{esc(t)}</pre>" for t in texts)
     out = [
         section(
@@ -553,6 +561,19 @@ def lm_sections(run: Run, samples: int = 3) -> list[tuple[str, str, str]]:
             f"<p>Sampled at temperature 0.8 (seed {cfg.seed}), no prompt:</p>" + body,
         )
     ]
+    # The pictures below read a LanguageModel's embedding → stack → head directly.
+    if not isinstance(model, LanguageModel) or (model.length and model.length.input_size):
+        out.append(
+            section(
+                "gradients",
+                "Gradient flow through time",
+                note(
+                    "Gradient-flow and prediction pictures are drawn for the hidden-to-hidden "
+                    "LM (not --wiring jordan, --condition or --length predict)."
+                ),
+            )
+        )
+        return out
     batch, snippet, where = diagnostic_batch(run, vocab, model)
     if batch is None:
         out.append(section("gradients", "Gradient flow through time", note("No text to read.")))
@@ -638,6 +659,7 @@ def render_report(run_dir: str | Path) -> str:
     what = f"{cfg.task} · {cfg.cell.upper()} · {cfg.layers} layer(s) × {cfg.hidden} units"
     if cfg.task == "lm":
         what += f" · {cfg.unit}-level"
+        what += " · Jordan wiring" if cfg.wiring == "jordan" else ""
     from rnnkit import __version__
 
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

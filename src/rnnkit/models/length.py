@@ -168,6 +168,10 @@ class SequenceLength(nn.Module):
         return 0 if self.remaining is None else self.remaining.embedding_dim
 
     # ----------------------------------------------------------------- training
+    def token_logits(self, logits: Tensor) -> Tensor:
+        """``logits (…, V)`` with ``</s>`` out of the softmax: it is never a token here."""
+        return _mask_eos(logits, self.eos_id)
+
     def remaining_steps(self, lengths: Tensor, T: int) -> Tensor:
         """``r_t = T_i − t`` for ``t = 1..T`` (0 past the end): ``(B, T)`` long."""
         steps = torch.arange(1, T + 1, device=lengths.device)

@@ -51,7 +51,7 @@ from rnnkit.errors import ConfigError
 from rnnkit.generation import GenerationResult
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.losses import sequence_cross_entropy
-from rnnkit.models.builders import build_encoder
+from rnnkit.models.builders import build_encoder, build_length
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.length import SequenceLength, length_targets
@@ -465,8 +465,23 @@ class Seq2Seq(nn.Module):
         return LossOutput(loss, float(loss.detach()) * tokens, tokens, None)
 
     def target_logits(self, batch: PairBatch) -> Tensor:
-        """Teacher-forced logits ``(B, T, V_t)`` aligned with ``batch.target_out``."""
-        return self(batch.source, batch.source_mask, batch.target_in, batch.target_mask).logits
+        """Teacher-forced logits ``(B, T, V_t)`` aligned with ``batch.target_out``.
+
+        With a length mechanism ``</s>`` is not a token: its logit is ``−inf`` (never the
+        argmax), and its step is outside :meth:`token_mask`.
+        """
+        logits = self(batch.source, batch.source_mask, batch.target_in, batch.target_mask).logits
+        return logits if self.length is None else self.length.token_logits(logits)
+
+    def token_mask(self, batch: PairBatch) -> Tensor:
+        """``(B, T)`` the target steps scored as tokens (teacher-forced accuracy).
+
+        ``batch.target_mask``; with a length mechanism, less each row's ``</s>`` step (the
+        stop output or the predicted length models the end, not a token).
+        """
+        if self.length is None:
+            return batch.target_mask
+        return length_targets(batch.target_out, batch.target_mask, EOS_ID).token_mask
 
     @torch.no_grad()
     def decode(
@@ -507,7 +522,8 @@ def build_seq2seq(cfg: TrainConfig, source_vocab_size: int, target_vocab_size: i
     """The encoder–decoder ``cfg`` asks for: widths, depth, cell, attention, context.
 
     Encoder and decoder share ``--cell``, ``--hidden``, ``--layers`` and ``--embedding``;
-    only the encoder is bidirectional (``--bidirectional``).
+    only the encoder is bidirectional (``--bidirectional``). ``--length stop|predict``
+    adds the mechanism (``--max-len`` the longest predicted target).
 
     >>> cfg = TrainConfig(train="x", task="seq2seq", hidden=8, embedding=4, attention="bilinear")
     >>> m = build_seq2seq(cfg, 10, 12)
@@ -530,8 +546,11 @@ def build_seq2seq(cfg: TrainConfig, source_vocab_size: int, target_vocab_size: i
         decoder_in += memory
     if cfg.context in ("input", "both"):
         decoder_in += memory
-    decoder = build_encoder(cfg, decoder_in, bidirectional=False)
     head_in = H + (memory if attention is not None else 0)
+    # --length: the stop output reads the head's input; the length output reads c.
+    length = build_length(cfg, head_in, memory)
+    decoder_in += 0 if length is None else length.input_size
+    decoder = build_encoder(cfg, decoder_in, bidirectional=False)
     head: nn.Module = (
         TiedHead(target_embedding, head_in)
         if cfg.tie_weights
@@ -546,4 +565,5 @@ def build_seq2seq(cfg: TrainConfig, source_vocab_size: int, target_vocab_size: i
         attention=attention,
         context=cfg.context,
         dropout=cfg.dropout,
+        length=length,
     )

@@ -5,13 +5,26 @@ state carried from segment to segment (char-rnn style); ``full`` and ``window:K`
 lines as separate padded sequences (``<s> w… </s>``), with full or windowed BPTT(K).
 An n-gram baseline (interpolated Kneser–Ney) is fitted on the same training tokens and
 scored on the same validation tokens, so the summary shows what the recurrence buys.
+
+The other wirings (SPEC §4–5), each a ``TrainConfig`` option saved in ``config.json``:
+
+* ``--length stop|predict`` (``--bptt full``/``window:K``): a stop output per step, or a
+  length predicted first (at most ``--max-len``) with the steps remaining fed to every
+  step, instead of ``</s>``; ``loss_nats`` is then the exact sequence NLL per token step.
+* ``--wiring jordan``: the output-to-hidden recurrence of Fig. 10.4 (:class:`JordanLM`),
+  trained with no time loop.
+* ``--condition init|input|both`` (``--bptt full``): a class-conditional LM on
+  ``label<TAB>text`` lines; the run directory adds ``labels.json``; generation takes a
+  label. An evaluation line whose label the model never saw cannot be scored: it is left
+  out and reported as ``unknown_labels`` / ``unknown_label_counts``.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +32,19 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file as load_numpy
 from safetensors.numpy import save_file as save_numpy
+from torch import Tensor
 
 from rnnkit.config import TrainConfig, parse_bptt
 from rnnkit.data.batching import SequenceBatcher, StreamBatcher, lm_pairs
+from rnnkit.data.labelled import LabelledExample, LabelSet, read_labelled, split_holdout
 from rnnkit.data.text import encode_text, read_text
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
 from rnnkit.errors import CheckpointError, ConfigError, DataError
-from rnnkit.models.builders import build_language_model
+from rnnkit.models.builders import build_lm
+from rnnkit.models.conditional import CONDITIONAL_STATE_DIM, ConditionalLM
+from rnnkit.models.jordan import JordanLM
 from rnnkit.models.language_model import LanguageModel, LossOutput
+from rnnkit.models.length import LengthState
 from rnnkit.models.ngram import NGramModel
 from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything
 from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
@@ -37,6 +55,7 @@ __all__ = [
     "LMData",
     "evaluate",
     "evaluate_lm",
+    "lm_labels",
     "lm_metrics",
     "load_lm",
     "prepare_lm_data",
@@ -56,6 +75,11 @@ class LMData:
     valid_stream: np.ndarray | None = None
     train_seqs: list[np.ndarray] | None = None
     valid_seqs: list[np.ndarray] | None = None
+    # --condition: the classes, and the class of every sequence
+    labels: LabelSet | None = None
+    train_labels: np.ndarray | None = None
+    valid_labels: np.ndarray | None = None
+    valid_unknown: Counter[str] = field(default_factory=Counter)  # unseen label → lines
 
 
 def _split_text(text: str, fraction: float, path: str) -> tuple[str, str]:
@@ -82,8 +106,64 @@ def _sequences(text: str, vocab: Vocabulary, max_len: int) -> list[np.ndarray]:
     return out
 
 
-def prepare_lm_data(cfg: TrainConfig, vocab: Vocabulary | None = None) -> LMData:
-    """Read, split and encode the corpora as ``cfg`` says."""
+def _labelled_sequences(
+    examples: list[LabelledExample], data: LMData, max_len: int, path: str
+) -> tuple[list[np.ndarray], np.ndarray, Counter[str]]:
+    """Texts as id sequences (cut into pieces of ``max_len``), the class of each, and the
+    lines whose label is not in ``data.labels`` (left out: they cannot be conditioned on)."""
+    assert data.labels is not None
+    seqs, classes, unknown = [], [], Counter()
+    for ex in examples:
+        k = data.labels.get(ex.label)
+        if k is None:
+            unknown[ex.label] += 1
+            continue
+        ids = data.vocab.encode_array(ex.text, dtype=np.int64)
+        if len(ids) == 0:  # e.g. a word-unit text of only whitespace-like characters
+            raise DataError("empty text (no tokens)", path, ex.line)
+        for lo in range(0, len(ids), max_len):
+            seqs.append(ids[lo : lo + max_len])
+            classes.append(k)
+    return seqs, np.array(classes, dtype=np.int64), unknown
+
+
+def _prepare_conditional(
+    cfg: TrainConfig, vocab: Vocabulary | None, labels: LabelSet | None
+) -> LMData:
+    """``--condition``: ``label<TAB>text`` lines, one sequence (and class) per line."""
+    examples = read_labelled(cfg.train)
+    if cfg.valid:
+        valid_examples, valid_path = read_labelled(cfg.valid), cfg.valid
+    else:
+        examples, valid_examples = split_holdout(examples, cfg.valid_fraction, cfg.seed)
+        valid_path = cfg.train
+    if not examples:
+        raise DataError("no label<TAB>text line to train on", cfg.train)
+    if vocab is None:
+        text = "\n".join(ex.text for ex in examples)
+        vocab = Vocabulary.from_text(text, unit=cfg.unit, min_freq=cfg.min_freq, source=cfg.train)
+    if labels is None:
+        labels = LabelSet.from_data(ex.label for ex in examples)
+    data = LMData(vocab, "full", None, labels=labels)
+    data.train_seqs, data.train_labels, _ = _labelled_sequences(
+        examples, data, cfg.max_len, cfg.train
+    )
+    data.valid_seqs, data.valid_labels, data.valid_unknown = _labelled_sequences(
+        valid_examples, data, cfg.max_len, valid_path
+    )
+    if not data.valid_seqs:
+        raise DataError(
+            f"no line has a label the model knows ({', '.join(labels.labels)})", valid_path
+        )
+    return data
+
+
+def prepare_lm_data(
+    cfg: TrainConfig, vocab: Vocabulary | None = None, labels: LabelSet | None = None
+) -> LMData:
+    """Read, split and encode the corpora as ``cfg`` says (``labels``: ``--condition``)."""
+    if cfg.condition != "none":
+        return _prepare_conditional(cfg, vocab, labels)
     text = read_text(cfg.train)
     if cfg.valid:
         valid_text = read_text(cfg.valid)
@@ -112,9 +192,43 @@ def _stream_eval_batcher(stream: np.ndarray, batch_size: int, k: int) -> StreamB
     return StreamBatcher(stream, rows, k)
 
 
+def _batch_loss(
+    model: torch.nn.Module,
+    batch: Any,
+    device: torch.device,
+    *,
+    stream: bool,
+    classes: Tensor | None = None,
+    state: Any = None,
+    starts: Tensor | None = None,
+    window: int | None = None,
+) -> LossOutput:
+    """The loss of one batch for any ``--wiring`` / ``--condition`` model.
+
+    ``stream``: a segment of parallel streams carrying ``state`` (reset at ``starts``);
+    else padded whole sequences (``classes``: the class of every sequence, ``--condition``).
+    """
+    inputs, targets = batch.inputs.to(device), batch.targets.to(device)
+    if isinstance(model, JordanLM):
+        # Its only memory is the previous token, i.e. the input itself: no state to carry,
+        # nothing to truncate, every step computed at once.
+        return model.loss(inputs, targets, mask=None if stream else batch.mask.to(device))
+    if stream:
+        return model.loss(inputs, targets, state=state, starts=starts)
+    mask = batch.mask.to(device)
+    if isinstance(model, ConditionalLM):
+        assert classes is not None
+        return model.loss(classes[batch.indices].to(device), inputs, targets, mask=mask)
+    return model.loss(inputs, targets, mask=mask, window=window)
+
+
+def _classes(labels: np.ndarray | None) -> Tensor | None:
+    return None if labels is None else torch.from_numpy(labels)
+
+
 @torch.no_grad()
 def lm_metrics(
-    model: LanguageModel, data: LMData, device: torch.device, batch_size: int
+    model: torch.nn.Module, data: LMData, device: torch.device, batch_size: int
 ) -> dict[str, Any]:
     """Mean nats per target token on the validation part of ``data`` (plus perplexity and,
     for characters, bits per character)."""
@@ -126,7 +240,7 @@ def lm_metrics(
         batcher = _stream_eval_batcher(data.valid_stream, batch_size, data.k)
         state = None
         for batch in batcher:
-            out = model.loss(batch.inputs.to(device), batch.targets.to(device), state=state)
+            out = _batch_loss(model, batch, device, stream=True, state=state)
             nats, tokens, state = nats + out.nats, tokens + out.tokens, out.state
     else:
         assert data.valid_seqs is not None
@@ -134,10 +248,9 @@ def lm_metrics(
         batcher = SequenceBatcher(
             [p[0] for p in pairs], [p[1] for p in pairs], batch_size=batch_size, shuffle=False
         )
+        classes = _classes(data.valid_labels)
         for batch in batcher:
-            out = model.loss(
-                batch.inputs.to(device), batch.targets.to(device), mask=batch.mask.to(device)
-            )
+            out = _batch_loss(model, batch, device, stream=False, classes=classes)
             nats, tokens = nats + out.nats, tokens + out.tokens
     model.train(was_training)
     return _metrics(nats / max(tokens, 1), tokens, data.vocab.unit)
@@ -163,23 +276,15 @@ def _ngram_streams(data: LMData) -> tuple[Any, Any]:
 def _step_fn(data: LMData, device: torch.device):
     if data.mode == "segment":
 
-        def step(model: LanguageModel, batch: Any, carry: Any) -> LossOutput:
-            return model.loss(
-                batch.inputs.to(device),
-                batch.targets.to(device),
-                state=carry,
-                starts=batch.starts.to(device),
-            )
+        def step(model: torch.nn.Module, batch: Any, carry: Any) -> LossOutput:
+            starts = batch.starts.to(device)
+            return _batch_loss(model, batch, device, stream=True, state=carry, starts=starts)
     else:
         window = data.k if data.mode == "window" else None
+        classes = _classes(data.train_labels)
 
-        def step(model: LanguageModel, batch: Any, carry: Any) -> LossOutput:
-            return model.loss(
-                batch.inputs.to(device),
-                batch.targets.to(device),
-                mask=batch.mask.to(device),
-                window=window,
-            )
+        def step(model: torch.nn.Module, batch: Any, carry: Any) -> LossOutput:
+            return _batch_loss(model, batch, device, stream=False, classes=classes, window=window)
 
     return step
 
@@ -219,7 +324,7 @@ def train_lm(
     """
     out = Path(cfg.out)
     device = choose_device(cfg.device)
-    vocab = None
+    vocab, labels = None, None
     if resume:
         saved_cfg, _ = load_config(out)
         if saved_cfg.to_dict() != cfg.to_dict():
@@ -234,6 +339,7 @@ def train_lm(
                     "(checkpoint of an incompatible config)"
                 )
         vocab = Vocabulary.load(out / "vocab.json")
+        labels = lm_labels(out, cfg)
     ctx = init_distributed(device.type)
     if ctx.enabled and cfg.batch_size % ctx.world_size:
         raise ConfigError(
@@ -241,15 +347,20 @@ def train_lm(
             f"{ctx.world_size} processes"
         )
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
-    data = prepare_lm_data(cfg, vocab)
-    model = build_language_model(cfg, len(data.vocab)).to(device)
+    data = prepare_lm_data(cfg, vocab, labels)
+    num_labels = None if data.labels is None else len(data.labels)
+    model = build_lm(cfg, len(data.vocab), num_labels).to(device)
     optimizer, plateau = _optimizer(cfg, model)
     batches = _train_batches(cfg, data, drop_last=ctx.enabled)
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
     if not resume and ctx.is_main:
         data.vocab.save(out / "vocab.json")
-        save_config(out, cfg, vocab_size=len(data.vocab))
+        info: dict[str, Any] = {"vocab_size": len(data.vocab)}
+        if data.labels is not None:
+            data.labels.save(out / "labels.json")
+            info["num_labels"] = len(data.labels)
+        save_config(out, cfg, **info)
         (out / "metrics.jsonl").unlink(missing_ok=True)
     trainer = Trainer(
         model,
@@ -323,10 +434,24 @@ def ngram_lm_metrics(ngram: NGramModel, data: LMData, batch_size: int) -> dict[s
     }
 
 
+def lm_labels(run_dir: str | Path, cfg: TrainConfig) -> LabelSet | None:
+    """The classes of a ``--condition`` run (its ``labels.json``), else None."""
+    if cfg.condition == "none":
+        return None
+    try:
+        return LabelSet.load(Path(run_dir) / "labels.json")
+    except DataError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
 def load_lm(
     run_dir: str | Path, device: str = "cpu"
-) -> tuple[TrainConfig, Vocabulary, LanguageModel]:
-    """Load a trained language model from its run directory (no code is unpickled)."""
+) -> tuple[TrainConfig, Vocabulary, torch.nn.Module]:
+    """Load a trained language model from its run directory (no code is unpickled).
+
+    The model is a :class:`LanguageModel`, a :class:`JordanLM` (``--wiring jordan``) or a
+    :class:`ConditionalLM` (``--condition``; its classes: :func:`lm_labels`).
+    """
     run_dir = Path(run_dir)
     cfg, info = load_config(run_dir)
     if cfg.task != "lm":
@@ -337,7 +462,14 @@ def load_lm(
             f"{run_dir / 'vocab.json'}: {len(vocab)} tokens but config.json says "
             f"{info.get('vocab_size')}"
         )
-    model = build_language_model(cfg, len(vocab)).to(choose_device(device))
+    labels = lm_labels(run_dir, cfg)
+    num_labels = None if labels is None else len(labels)
+    if info.get("num_labels") != num_labels:
+        raise CheckpointError(
+            f"{run_dir / 'labels.json'}: {num_labels} labels but config.json says "
+            f"{info.get('num_labels')}"
+        )
+    model = build_lm(cfg, len(vocab), num_labels).to(choose_device(device))
     load_model_weights(model, run_dir / "model.safetensors")
     model.eval()
     return cfg, vocab, model
@@ -349,9 +481,12 @@ def evaluate_lm(
     """Score a text file with a trained model and its n-gram baseline, side by side."""
     cfg, vocab, model = load_lm(run_dir)
     eval_cfg = TrainConfig(**{**cfg.to_dict(), "train": data_path, "valid": data_path})
-    data = prepare_lm_data(eval_cfg, vocab)
+    data = prepare_lm_data(eval_cfg, vocab, lm_labels(run_dir, cfg))
     device = next(model.parameters()).device
     metrics = lm_metrics(model, data, device, batch_size or cfg.batch_size)
+    if data.labels is not None:  # lines of a label the model never saw are not scored
+        metrics["unknown_labels"] = sum(data.valid_unknown.values())
+        metrics["unknown_label_counts"] = dict(sorted(data.valid_unknown.items()))
     ngram_path = Path(run_dir) / "ngram.safetensors"
     if ngram_path.is_file():
         ngram = NGramModel.from_state(load_numpy(str(ngram_path)))
@@ -382,7 +517,7 @@ def prompt_ids(cfg: TrainConfig, vocab: Vocabulary, prompt: str | None) -> tuple
 def sample_texts(
     cfg: TrainConfig,
     vocab: Vocabulary,
-    model: LanguageModel,
+    model: torch.nn.Module,
     prompt: str | None = None,
     *,
     num: int = 1,
@@ -393,18 +528,39 @@ def sample_texts(
     top_p: float | None = None,
     beam_size: int = 4,
     seed: int | None = None,
+    condition: int | None = None,
 ) -> list[str]:
-    """Generate ``num`` continuations of ``prompt`` as text (the prompt not repeated)."""
-    from rnnkit.generation import generate
+    """Generate ``num`` continuations of ``prompt`` as text (the prompt not repeated).
+
+    ``condition``: the class index a :class:`ConditionalLM` generates for (required for
+    one, refused otherwise). With ``--length predict`` and sampling, each sample draws its
+    own length ``T`` (which counts the prompt's tokens); greedy and beam search take the
+    most probable ``T``.
+    """
+    from rnnkit.generation import generate_batch
 
     ids, _ = prompt_ids(cfg, vocab, prompt)
     device = next(model.parameters()).device
     generator = torch.Generator(device=device)
     generator.manual_seed(cfg.seed if seed is None else seed)
     model.eval()
-    results = generate(
+    if isinstance(model, ConditionalLM) != (condition is not None):
+        raise ValueError("a class index is needed exactly for a class-conditional model")
+    prompts, copies = [ids], num
+    state: Any = None
+    state_batch_dim: Any = getattr(model, "state_batch_dim", 2)
+    if isinstance(model, ConditionalLM):
+        state = model.start(torch.tensor([condition], device=device))
+        state_batch_dim = CONDITIONAL_STATE_DIM
+    length = model.length if isinstance(model, LanguageModel) else None
+    if length is not None and length.mode == "predict" and strategy == "sample":
+        # One draw of T per sample, from the length output reading h_0 = 0.
+        h0 = torch.zeros(num, cfg.hidden, device=device)
+        lengths = length.start(num, h0, sample=True, generator=generator)
+        state, prompts, copies = LengthState(None, lengths), [ids] * num, 1
+    results = generate_batch(
         model,
-        ids,
+        prompts,
         max_length=max_length,
         eos_id=EOS_ID,
         strategy=strategy,
@@ -412,7 +568,9 @@ def sample_texts(
         top_k=top_k,
         top_p=top_p,
         beam_size=beam_size,
-        num=num,
+        num=copies,
         generator=generator,
+        state=state,
+        state_batch_dim=state_batch_dim,
     )
-    return [vocab.decode(r.ids) for r in results]
+    return [vocab.decode(r.ids) for row in results for r in row]

@@ -18,6 +18,13 @@ Run directory (beside the training loop's snapshots and ``metrics.jsonl``)::
 Metrics: ``loss_nats`` (mean per target token, ``</s>`` included, teacher forcing),
 ``tokens``, ``perplexity``, ``token_accuracy`` (teacher forcing), and from decoding
 ``exact_match`` and ``token_error_rate`` (edit distance over reference tokens).
+
+``--length stop|predict`` replaces ``</s>`` by a stop output per decoder step or a target
+length predicted from the encoder context (at most ``--max-len``):
+:mod:`rnnkit.models.length`. Then ``</s>`` is no token: ``tokens`` and ``token_accuracy``
+leave its step out, and ``loss_nats`` is the exact sequence negative log-likelihood (stop
+or length terms included) per token step, the training loss. Under ``predict`` a
+reference target longer than ``--max-len`` cannot be scored: a ``DataError`` naming it.
 """
 
 from __future__ import annotations
@@ -95,6 +102,22 @@ def _check_lengths(pairs: list[Pair], src, tgt, max_len: int, path: str) -> None
                 )
 
 
+def _check_target_lengths(
+    cfg: TrainConfig, pairs: list[Pair], targets: list[np.ndarray], path: str
+) -> None:
+    """``--length predict`` gives no probability to a target longer than ``--max-len``."""
+    if cfg.length != "predict":
+        return
+    for pair, t in zip(pairs, targets, strict=True):
+        if len(t) > cfg.max_len:
+            raise DataError(
+                f"the target has {len(t)} tokens, more than --max-len {cfg.max_len} "
+                "(the longest length --length predict can predict)",
+                path,
+                pair.line or None,
+            )
+
+
 def check_config(cfg: TrainConfig) -> None:
     """The seq2seq-specific checks of ``cfg`` (ConfigError naming the option)."""
     schedule = parse_schedule(cfg.scheduled_sampling)
@@ -131,6 +154,7 @@ def prepare_data(
     train_src, train_tgt = encode_pairs(train_pairs, source_vocab, target_vocab, cfg.train)
     valid_src, valid_tgt = encode_pairs(valid_pairs, source_vocab, target_vocab, valid_path)
     _check_lengths(train_pairs, train_src, train_tgt, cfg.max_len, cfg.train)
+    _check_target_lengths(cfg, valid_pairs, valid_tgt, valid_path)
     return Seq2SeqData(
         source_vocab,
         target_vocab,
@@ -163,13 +187,19 @@ def teacher_forced_metrics(
     was_training = model.training
     model.eval()
     nats, tokens, correct = 0.0, 0, 0
+    length = getattr(model, "length", None)  # decoder-only models have none
     for batch in PairBatcher(sources, targets, batch_size=batch_size, shuffle=False):
         batch = batch.to(device)
         logits = model.target_logits(batch)  # (B, T, V_t)
-        nats += float(
-            sequence_cross_entropy(logits, batch.target_out, batch.target_mask, reduction="sum")
-        )
-        hits, counted = teacher_forced_accuracy(logits, batch.target_out, batch.target_mask)
+        if length is None:
+            mask = batch.target_mask
+            nats += float(sequence_cross_entropy(logits, batch.target_out, mask, reduction="sum"))
+        else:
+            # The exact sequence NLL (token terms plus the stop / length terms) over the
+            # token steps, as in training; </s> is no token: its step is not scored.
+            mask = model.token_mask(batch)
+            nats += model.loss(batch).nats
+        hits, counted = teacher_forced_accuracy(logits, batch.target_out, mask)
         correct, tokens = correct + hits, tokens + counted
     model.train(was_training)
     loss = nats / max(tokens, 1)
@@ -402,6 +432,7 @@ def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None)
     device = next(model.parameters()).device
     pairs = read_pairs(data_path)
     sources, targets = encode_pairs(pairs, source_vocab, target_vocab, data_path)
+    _check_target_lengths(cfg, pairs, targets, data_path)
     bs = batch_size or cfg.batch_size
     if bs < 1:
         raise ConfigError(f"--batch-size must be ≥ 1, got {bs}")
