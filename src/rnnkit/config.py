@@ -20,6 +20,7 @@ __all__ = ["TASKS", "TrainConfig", "parse_bptt"]
 
 TASKS = ("lm", "tag", "classify", "seq2seq", "events")
 CELLS = ("rnn", "lstm", "gru")
+PRECISIONS = ("fp32", "bf16", "fp16")
 LENGTHS = ("eos", "stop", "predict")
 WIRINGS = ("hidden", "jordan")
 CONDITIONS = ("none", "init", "input", "both")
@@ -85,6 +86,7 @@ class TrainConfig:
     patience: int | None = None
     seed: int = 0
     device: str = "cpu"
+    precision: str = "fp32"  # fp32 | bf16 | fp16: autocast dtype of training
     ngram_order: int = 5
     # task-specific (issue 4): classify / tag / seq2seq
     pooling: str = "last"
@@ -125,6 +127,7 @@ class TrainConfig:
         choice("unit", self.unit, ("char", "word"))
         choice("optimizer", self.optimizer, ("adam", "sgd"))
         choice("device", self.device, ("cpu", "cuda", "auto"))
+        choice("precision", self.precision, PRECISIONS)
         choice("nonlinearity", self.nonlinearity, ("tanh", "relu"))
         choice("update", self.update, ("candidate", "keep"))
         choice("reset", self.reset, ("before", "after"))

@@ -21,6 +21,10 @@ then every weight gradient is ONE matrix product over all steps:
 
 Truncation is a property of this loop too: ``window=τ`` gives the exact BPTT(τ) of SPEC §3
 (the loss at step t reaches back to ``h_{t−τ}`` and no further).
+
+Under ``torch.autocast`` (mixed precision) the loop runs with autocast off, in its
+weights' dtype: a float16/bfloat16 input or initial state is cast up first (``rnnkit.amp``
+says why).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from rnnkit import native
+from rnnkit.amp import without_autocast
 from rnnkit.cells.kernel import Kernel, Weights
 
 __all__ = [
@@ -46,6 +51,17 @@ __all__ = [
     "unpack_record",
     "weight_grads",
 ]
+
+
+def _like_weights(
+    w: Weights, x: Tensor, states0: tuple[Tensor, ...]
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """``x`` and ``states0`` in the weights' dtype: a float16/bfloat16 input (an autocast
+    product upstream) meets float32 weights here. A no-op when the dtypes agree."""
+    dtype = w.weight_hh.dtype
+    if x.dtype != dtype and x.is_floating_point():
+        x = x.to(dtype)
+    return x, tuple(s.to(dtype) if s.dtype != dtype else s for s in states0)
 
 
 def _forward_loop(
@@ -166,6 +182,7 @@ def _mask2(mask: Tensor | None) -> Tensor | None:
     return None if mask is None else mask[..., 0].contiguous()  # (T, B, 1) → (T, B)
 
 
+@without_autocast
 def forward_pass(
     kernel: Kernel,
     x: Tensor,
@@ -177,7 +194,9 @@ def forward_pass(
 ) -> ForwardRecord:
     """Input projections in one product, then the step loop. ``x (T, B, I)``,
     ``mask (T, B, 1)`` bool or None; ``packing`` (compiled loop only) skips the rows
-    that have finished (see ``Packing``)."""
+    that have finished (see ``Packing``). Under autocast it computes in the weights'
+    dtype (module docstring)."""
+    x, states0 = _like_weights(w, x, states0)
     T, B, I = x.shape
     x_flat = x.reshape(T * B, I)
     lib = _compiled(kernel, x, *w, *states0)
@@ -196,6 +215,7 @@ def forward_pass(
     return ForwardRecord(x_flat, states, cache)
 
 
+@without_autocast
 def backward_sweep(
     kernel: Kernel,
     record: ForwardRecord,
@@ -307,6 +327,7 @@ class Grads(NamedTuple):
     bias_hn: Tensor | None
 
 
+@without_autocast
 def weight_grads(
     kernel: Kernel,
     record: ForwardRecord,
@@ -422,6 +443,10 @@ def run_recurrence(
     >>> out.shape, bool(torch.equal(out[-1], h))
     (torch.Size([4, 1, 3]), True)
     """
+    # Under autocast the input (or a state) may come from a float16/bfloat16 product; the
+    # recurrence runs in the weights' dtype (module docstring). Cast here, outside the
+    # autograd node, so the cast is differentiable and the compiled loop is chosen below.
+    x, states0 = _like_weights(weights, x, states0)
     mask3 = None
     if mask is not None:
         mask3 = mask.unsqueeze(-1)  # (T, B, 1)

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from rnnkit.amp import cell_step_in_weights_dtype
 from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.kernel import Weights, input_product, scratch
 
@@ -244,6 +245,7 @@ class GRUCell(CellBase):
     def weights(self) -> Weights:
         return Weights(self.weight_ih, self.weight_hh, self.bias, self.bias_hn)
 
+    @cell_step_in_weights_dtype
     def forward(self, x: Tensor, state: Tensor | None = None) -> Tensor:
         """One step: ``x (B, I)``, ``state (B, H)`` or None (zeros) → ``h_t (B, H)``."""
         h_prev = check_cell_input(self, x, state)

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from rnnkit.amp import cell_step_in_weights_dtype
 from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.kernel import Weights, input_product, scratch
 from rnnkit.types import LSTMState
@@ -208,6 +209,7 @@ class LSTMCell(CellBase):
     def weights(self) -> Weights:
         return Weights(self.weight_ih, self.weight_hh, self.bias, None)
 
+    @cell_step_in_weights_dtype
     def forward(self, x: Tensor, state: LSTMState | None = None) -> LSTMState:
         """One step: ``x (B, I)``, ``LSTMState`` or None (zeros) → ``LSTMState(h, c)``."""
         state = check_cell_input(self, x, state)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rnnkit.amp import cell_step_in_weights_dtype
 from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.kernel import Weights, input_product
 
@@ -146,6 +147,7 @@ class RNNCell(CellBase):
     def weights(self) -> Weights:
         return Weights(self.weight_ih, self.weight_hh, self.bias, None)
 
+    @cell_step_in_weights_dtype
     def forward(self, x: Tensor, state: Tensor | None = None) -> Tensor:
         """One step: ``x (B, I)``, ``state (B, H)`` or None (zeros) → ``h_t (B, H)``."""
         h_prev = check_cell_input(self, x, state)

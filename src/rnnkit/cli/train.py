@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rnnkit.config import CONDITIONS, LENGTHS, TASKS, WIRINGS, TrainConfig
+from rnnkit.config import CONDITIONS, LENGTHS, PRECISIONS, TASKS, WIRINGS, TrainConfig
 from rnnkit.errors import ConfigError
 
 __all__ = ["add_model_options", "register", "run"]
@@ -153,6 +153,13 @@ def register(sub: Any) -> None:
         choices=("cpu", "cuda", "auto"),
         default=d.device,
         help="where to train (default %(default)s)",
+    )
+    g.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=d.precision,
+        help="fp32 (default), or mixed precision: forward and loss under torch.autocast "
+        "in bf16 or fp16 (fp16 with a GradScaler); the recurrence itself stays float32",
     )
     g.add_argument(
         "--ngram-order",

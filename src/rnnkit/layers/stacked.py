@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from rnnkit.amp import autocast_devices_on, low_precision_to
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.gru import GRUCell
 from rnnkit.cells.lstm import LSTMCell
@@ -196,6 +197,9 @@ class StackedRecurrent(nn.Module):
             ``RecurrentOutput(outputs (B, T, D·H), state (L, D, B, H))``; the final state
             of each sequence is its state after its last real step.
         """
+        if autocast_devices_on():  # a float16/bfloat16 product upstream: see rnnkit.amp
+            dtype = self.cells()[0].weight_ih.dtype
+            x, state = low_precision_to(x, dtype), low_precision_to(state, dtype)
         self._check_input(x)
         if window is not None and (
             isinstance(window, bool) or not isinstance(window, int) or window < 1

@@ -575,6 +575,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
             max_time=cfg.max_time,
             clip_norm=cfg.clip_norm,
             clip_value=cfg.clip_value,
+            precision=cfg.precision,
             eval_every=cfg.eval_every,
             patience=cfg.patience,
             quiet=quiet,

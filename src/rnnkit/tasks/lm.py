@@ -373,6 +373,7 @@ def train_lm(
             max_time=cfg.max_time,
             clip_norm=cfg.clip_norm,
             clip_value=cfg.clip_value,
+            precision=cfg.precision,
             eval_every=cfg.eval_every,
             patience=cfg.patience,
             quiet=quiet,

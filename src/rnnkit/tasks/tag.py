@@ -127,6 +127,7 @@ def fit(
             max_time=cfg.max_time,
             clip_norm=cfg.clip_norm,
             clip_value=cfg.clip_value,
+            precision=cfg.precision,
             eval_every=cfg.eval_every,
             patience=cfg.patience,
             quiet=quiet,

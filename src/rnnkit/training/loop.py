@@ -13,7 +13,14 @@ loop owns everything else, so every task trains the same way (minGPT's trainer):
 * validation every epoch or every N steps, best-on-validation weights in
   ``model.safetensors``, early stopping, ``ReduceLROnPlateau``-style decay;
 * resumable snapshots (optimizer, scheduler, RNG, data position, carried state), so N
-  steps + resume + M steps equals N + M steps.
+  steps + resume + M steps equals N + M steps;
+* mixed precision (``precision="bf16"`` / ``"fp16"``): forward and loss under
+  ``torch.autocast``; with float16 a ``torch.amp.GradScaler`` (on every device — the
+  underflow of float16 gradients is a property of the format, not of CUDA): the loss is
+  scaled before the backward, the gradients unscaled before clipping, and a step whose
+  gradients overflowed is skipped by the scaler (its scale halves) — that is not a
+  divergence, unless it happens ``MAX_SCALER_SKIPS`` times in a row. Validation runs in
+  float32. The scaler's state is part of the snapshot.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import math
 import signal
 import threading
 import time
+import warnings
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,13 +42,65 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from rnnkit.errors import RnnkitError
+from rnnkit.errors import CheckpointError, ConfigError, RnnkitError
 from rnnkit.models.language_model import LossOutput
 from rnnkit.training.checkpoint import load_snapshot, save_model_weights, save_snapshot
 from rnnkit.training.distributed import DistContext, ShardedBatches, StepModule
 from rnnkit.types import LSTMState
 
-__all__ = ["TrainOptions", "TrainResult", "Trainer", "TrainingDiverged", "TrainingInterrupted"]
+__all__ = [
+    "MAX_SCALER_SKIPS",
+    "TrainOptions",
+    "TrainResult",
+    "Trainer",
+    "TrainingDiverged",
+    "TrainingInterrupted",
+    "autocast_setup",
+]
+
+# float16 overflow skips in a row before training counts as diverged: each halves the loss
+# scale, so 20 take the default 2^16 down to 2^-4 — gradients that overflow float16 even
+# then (|g| > 2^20) are not a scale problem.
+MAX_SCALER_SKIPS = 20
+HISTORY_EVENTS = 10_000  # logged events kept in memory (TrainResult.history)
+_AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_setup(
+    precision: str, device: torch.device
+) -> tuple[torch.dtype | None, torch.amp.GradScaler | None]:
+    """``(autocast dtype or None, GradScaler or None)`` for ``precision`` on ``device``.
+
+    fp32: no autocast. bf16: autocast, no scaler (bfloat16 has float32's exponent range).
+    fp16: autocast and a ``GradScaler`` for the device. A precision the device's autocast
+    does not support is a ``ConfigError`` naming ``--precision``.
+
+    >>> autocast_setup("bf16", torch.device("cpu"))
+    (torch.bfloat16, None)
+    """
+    if precision not in _AMP_DTYPES:
+        raise ConfigError(f"--precision must be one of {', '.join(_AMP_DTYPES)}, got {precision!r}")
+    dtype = _AMP_DTYPES[precision]
+    if dtype is None:
+        return None, None
+    kind = device.type
+    unsupported = ConfigError(
+        f"--precision {precision}: torch {torch.__version__} has no {precision} autocast on "
+        f"{kind} (use --precision fp32)"
+    )
+    if not torch.amp.is_autocast_available(kind):
+        raise unsupported
+    if kind == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ConfigError("--precision bf16: this GPU has no bfloat16 (use --precision fp16)")
+    # torch says "not supported" by a warning and runs without autocast: make that an error.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autocast(kind, dtype=dtype):
+            enabled = torch.is_autocast_enabled(kind)
+    if caught or not enabled:
+        raise unsupported
+    scaler = torch.amp.GradScaler(kind) if dtype == torch.float16 else None
+    return dtype, scaler
 
 
 class TrainingDiverged(RnnkitError):
@@ -90,6 +151,9 @@ class TrainOptions:
         patience: stop after this many validations without improvement (None: never).
         log_every: write a training line to the metrics log every N steps.
         on_nonfinite: ``"stop"`` (default) or ``"skip"`` the step.
+        precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``: forward and loss under
+            ``torch.autocast`` in that dtype (fp16 with a ``GradScaler``); see the module
+            docstring.
         quiet: no progress bar.
         units: what the progress bar shows besides nats: ``"bits"`` or ``"ppl"``.
     """
@@ -103,6 +167,7 @@ class TrainOptions:
     patience: int | None = None
     log_every: int = 50
     on_nonfinite: str = "stop"
+    precision: str = "fp32"
     quiet: bool = False
     units: str = "ppl"
 
@@ -113,7 +178,7 @@ class TrainResult:
     epochs_done: int
     train_loss_nats: float | None
     best_valid: dict[str, Any] | None
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)  # last HISTORY_EVENTS
     stopped_early: bool = False
     clipped_steps: int = 0
     tokens: int = 0  # target tokens trained on in this call of fit()
@@ -200,11 +265,16 @@ class Trainer:
         self.carry: Any = None
         self.best: dict[str, Any] | None = None
         self.bad_evals = 0
-        self.history: list[dict[str, Any]] = []
+        # The most recent events only: a run of millions of steps must not grow memory
+        # per step (the soak test); metrics.jsonl keeps every event.
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_EVENTS)
         self.clipped = 0
         self._window_nats = 0.0
         self._window_tokens = 0
         self._device = next(model.parameters()).device
+        self._amp_dtype, self.scaler = autocast_setup(options.precision, self._device)
+        self.scaler_skips = 0  # steps the GradScaler skipped (float16 overflow)
+        self._scaler_streak = 0  # ... of them in a row, up to now
 
     # -- bookkeeping -------------------------------------------------------------------
     def _log(self, event: dict[str, Any]) -> None:
@@ -226,6 +296,10 @@ class Trainer:
             "best": self.best,
             "bad_evals": self.bad_evals,
             "clipped": self.clipped,
+            "precision": self.options.precision,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "scaler_skips": self.scaler_skips,
+            "scaler_streak": self._scaler_streak,
         }
 
     def save(self) -> None:
@@ -248,6 +322,12 @@ class Trainer:
         if self.out_dir is None:
             raise RnnkitError("resume needs an output directory")
         state, extra = load_snapshot(self.out_dir, self.model, self.optimizer)
+        saved_precision = state.get("precision", "fp32")  # snapshots before --precision
+        if saved_precision != self.options.precision:
+            raise CheckpointError(
+                f"{self.out_dir}: the snapshot was trained with --precision {saved_precision}, "
+                f"not {self.options.precision}"
+            )
         self.step = int(state["step"])
         self.batches.load_state_dict(state["batches"])
         if self.scheduler is not None and state.get("scheduler") is not None:
@@ -257,6 +337,10 @@ class Trainer:
         self.best = state.get("best")
         self.bad_evals = int(state.get("bad_evals", 0))
         self.clipped = int(state.get("clipped", 0))
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.scaler_skips = int(state.get("scaler_skips", 0))
+        self._scaler_streak = int(state.get("scaler_streak", 0))
         if "rng/torch" in extra:
             torch.set_rng_state(extra["rng/torch"])
         if self.dist.enabled:  # this process's rows of the global carried state
@@ -312,6 +396,38 @@ class Trainer:
             return False
         raise TrainingDiverged(message + " (lower --lr or set --clip-norm)")
 
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self._amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self._device.type, dtype=self._amp_dtype)
+
+    def _scaler_skipped(self, params: list[Tensor], batch_index: int) -> bool:
+        """fp16 only: if the unscaled gradients hold inf/NaN, let the GradScaler skip the
+        step and lower its scale (its own overflow handling, not a divergence) and return
+        True; ``MAX_SCALER_SKIPS`` such steps in a row are a ``TrainingDiverged``."""
+        assert self.scaler is not None
+        grads = [p.grad for p in params if p.grad is not None]
+        peak = torch.nn.utils.get_total_norm(grads, norm_type=math.inf) if grads else None
+        if peak is None or bool(torch.isfinite(peak)):
+            self._scaler_streak = 0
+            return False
+        self.scaler.step(self.optimizer)  # sees the recorded inf: no optimizer step
+        self.scaler.update()  # scale ← scale · backoff
+        self.scaler_skips += 1
+        self._scaler_streak += 1
+        scale = self.scaler.get_scale()
+        self._log(
+            {"event": "scaler_skip", "step": self.step + 1, "batch": batch_index, "scale": scale}
+        )
+        if self._scaler_streak >= MAX_SCALER_SKIPS:
+            raise TrainingDiverged(
+                f"the gradients overflowed float16 {self._scaler_streak} steps in a row, up to "
+                f"step {self.step + 1} (batch {batch_index} of epoch {self.batches.epoch}; "
+                f"loss scale now {scale:g}); the last good checkpoint is kept (lower --lr, "
+                "set --clip-norm or use --precision bf16)"
+            )
+        return True
+
     def fit(self) -> TrainResult:
         """Train until ``steps`` (or ``epochs``) are done or early stopping triggers."""
         opts = self.options
@@ -341,10 +457,11 @@ class Trainer:
                 batch = next(it)
                 batch_index = self.batches.position
                 self.optimizer.zero_grad(set_to_none=True)
-                if self.ddp is not None:
-                    out = self.ddp(batch, self.carry)
-                else:
-                    out = self.step_fn(self.model, batch, self.carry)
+                with self._autocast():  # forward and loss only (torch's AMP recipe)
+                    if self.ddp is not None:
+                        out = self.ddp(batch, self.carry)
+                    else:
+                        out = self.step_fn(self.model, batch, self.carry)
                 loss = out.loss
                 # Global figures (sums over processes): every rank sees the same values,
                 # so every rank takes the same decision (stop, skip) and none deadlocks.
@@ -358,8 +475,17 @@ class Trainer:
                     # DDP averages gradients over W processes: weigh each process's token
                     # mean by its share of the global tokens -> gradient of the global mean.
                     loss = loss * (out.tokens * self.dist.world_size / max(tokens, 1))
-                loss.backward()
-                params = [p for p in self.model.parameters() if p.grad is not None]
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
+                    # Clipping, the finite check and the hook see the true gradients.
+                    self.scaler.unscale_(self.optimizer)
+                    if self._scaler_skipped(params, batch_index):
+                        self.carry = _detach(out.state)  # the forward was fine: carry on
+                        continue
+                else:
+                    loss.backward()
+                params = [p for p in params if p.grad is not None]
                 if opts.clip_value is not None:
                     torch.nn.utils.clip_grad_value_(params, opts.clip_value)
                 max_norm = opts.clip_norm if opts.clip_norm is not None else float("inf")
@@ -371,7 +497,11 @@ class Trainer:
                 self.clipped += int(clipped)
                 if self.grad_hook is not None:
                     self.grad_hook(self.model, grad_norm, clipped)
-                self.optimizer.step()
+                if self.scaler is not None:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
                 if self.scheduler is not None:
                     self.scheduler.step()
                 self.step += 1
@@ -401,6 +531,11 @@ class Trainer:
                             "grad_norm": grad_norm,
                             "clipped_total": self.clipped,
                             "lr": self.optimizer.param_groups[0]["lr"],
+                            **(
+                                {"loss_scale": self.scaler.get_scale()}
+                                if self.scaler is not None
+                                else {}
+                            ),
                             "tokens_per_s": (tokens_seen - window_tokens_start)
                             / max(now - window_start, 1e-9),
                         }
@@ -448,7 +583,7 @@ class Trainer:
             epochs_done=self.batches.epoch,
             train_loss_nats=last_train_loss,
             best_valid=self.best,
-            history=self.history,
+            history=list(self.history),
             stopped_early=stopped_early,
             clipped_steps=self.clipped,
             tokens=tokens_seen,

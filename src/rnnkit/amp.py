@@ -1,0 +1,111 @@
+"""Mixed precision: under ``torch.autocast`` the recurrence runs in its weights' dtype.
+
+``rnnkit train --precision bf16|fp16`` runs forward and loss under ``torch.autocast``
+(``training/loop.py``). Autocast would compute the matrix products of a cell step in
+bfloat16/float16 and leave the gate math in float32, so a step would mix dtypes, and
+the time loop's buffers, its compiled loop (float32/float64 only) and its hand-written
+backward would meet tensors they were not written for. Instead the time loop
+(``recurrence.py``) and the single-step cells run with autocast switched OFF, in the
+dtype of their weights (float32 for a float32 model): a float16/bfloat16 input or state
+coming from an autocast product upstream is cast up first. The products around the
+recurrence (the output layer, attention, projections) still run in the autocast dtype.
+
+Why float32 (``benchmarks/bench_precision.py``; the figures are in docs/reliability.md):
+the state passes T times through the same product, so its rounding compounds; in
+bfloat16 the outputs are ~4e-3 off and the gradients ~1e-2 (float32: 1e-7), and the
+bfloat16 loop is not reliably faster than the compiled float32 loop on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor
+
+from rnnkit.types import LSTMState
+
+__all__ = [
+    "autocast_devices_on",
+    "cell_step_in_weights_dtype",
+    "low_precision_to",
+    "without_autocast",
+]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+# Device types whose autocast state is checked (those this torch build knows).
+_AUTOCAST_DEVICES = tuple(
+    d for d in ("cpu", "cuda", "xpu", "mps") if torch.amp.is_autocast_available(d)
+)
+
+
+def autocast_devices_on() -> list[str]:
+    """The device types on which autocast is enabled in this thread now.
+
+    >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+    ...     autocast_devices_on()
+    ['cpu']
+    """
+    return [d for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
+
+
+@contextlib.contextmanager
+def _autocast_off(devices: list[str]):
+    with contextlib.ExitStack() as stack:
+        for d in devices:
+            stack.enter_context(torch.autocast(d, enabled=False))
+        yield
+
+
+def without_autocast(fn: _F) -> _F:
+    """Decorator: run ``fn`` with autocast switched off wherever it is on."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        on = autocast_devices_on()
+        if not on:
+            return fn(*args, **kwargs)
+        with _autocast_off(on):
+            return fn(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+def low_precision_to(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` (a tensor, an ``LSTMState`` or None) with float16/bfloat16 tensors cast to
+    ``dtype``; anything else is returned as it is.
+
+    >>> low_precision_to(torch.ones(1, dtype=torch.bfloat16), torch.float32).dtype
+    torch.float32
+    """
+    if isinstance(value, LSTMState):
+        return LSTMState(low_precision_to(value.h, dtype), low_precision_to(value.c, dtype))
+    if (
+        isinstance(value, Tensor)
+        and value.dtype in (torch.float16, torch.bfloat16)
+        and value.dtype != dtype
+    ):
+        return value.to(dtype)
+    return value
+
+
+def cell_step_in_weights_dtype(forward: _F) -> _F:
+    """Decorator for a cell's ``forward(x, state)``: under autocast, cast a
+    float16/bfloat16 ``x`` and state to the weights' dtype and run the step with autocast
+    off — the same arithmetic as the time loop. Outside autocast nothing changes (a dtype
+    mismatch stays the cell's ``TypeError``)."""
+
+    @functools.wraps(forward)
+    def run(self: Any, x: Any, state: Any = None) -> Any:
+        on = autocast_devices_on()
+        if not on:
+            return forward(self, x, state)
+        dtype = self.weight_ih.dtype
+        x, state = low_precision_to(x, dtype), low_precision_to(state, dtype)
+        with _autocast_off(on):
+            return forward(self, x, state)
+
+    return run  # type: ignore[return-value]
