@@ -10,7 +10,7 @@ of 64, Adam, clip 5) trained by the ``Trainer`` with ``precision`` fp32, bf16 an
 from the same weights on the same batches, in interleaved blocks of steps: tokens/s
 (median over blocks), the final training loss and the validation loss (float32).
 
-    python benchmarks/bench_precision.py [--rounds 8] [--block 40] [--json]
+    python benchmarks/bench_precision.py [--rounds 8] [--block 40] [--threads N] [--json]
 """
 
 from __future__ import annotations
@@ -138,8 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--block", type=int, default=40, help="training steps per timed block")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     started = time.perf_counter()
     result = {
         "machine": machine(),

@@ -199,8 +199,11 @@ def test_training_and_scoring_for_a_long_time_do_not_grow_memory(tmp_path):
         "final_train_loss_nats": result.train_loss_nats,
     }
     print("\nsoak:", json.dumps(figures))
-    if os.environ.get("RNNKIT_SOAK_REPORT"):
-        Path(os.environ["RNNKIT_SOAK_REPORT"]).write_text(json.dumps(figures, indent=2) + "\n")
+    if os.environ.get("RNNKIT_SOAK_REPORT"):  # with the RSS curve, 40 points
+        at = np.linspace(0, n - 1, 40).astype(int)
+        trace = [[int(steps[i]), round(rss[i] * mib, 2)] for i in at]
+        report = json.dumps({**figures, "trace_step_rss_mib": trace}, indent=2)
+        Path(os.environ["RNNKIT_SOAK_REPORT"]).write_text(report + "\n")
     assert counts["scored"] == counts["verdicts"] > 0  # every streamed session closed
     assert scorer.open_sessions == 0
     assert result.train_loss_nats is not None and np.isfinite(result.train_loss_nats)
