@@ -256,9 +256,7 @@ def backward_sweep(
     separate_hp = getattr(kernel, "reset", None) == "after"
     d_xp = like.new_zeros(T, B, G * H) if window else like.new_empty(T, B, G * H)
     # reset="after": d_hp holds the n block only (the r, z blocks equal d_xp's)
-    d_hp = (
-        (like.new_zeros(T, B, H) if window else like.new_empty(T, B, H)) if separate_hp else d_xp
-    )
+    d_hp = (like.new_zeros(T, B, H) if window else like.new_empty(T, B, H)) if separate_hp else d_xp
     mask_steps = mask.unbind(0) if mask is not None else None
     wprep = kernel.prepare_backward(w)
     zeros = [like.new_zeros(B, H) for _ in range(n)]

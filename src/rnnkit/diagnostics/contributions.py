@@ -237,9 +237,7 @@ def per_step(
     hh: list[Tensor] = []
     hn: list[Tensor] = []
     for k in range(n):  # the kernel knows what multiplies W_hh (e.g. r ⊙ h for the GRU)
-        g_hh, g_hn = kernel.recurrent_grads(
-            d_xp[k], d_hp[k], h_prev[k], tuple(c[k] for c in cache)
-        )
+        g_hh, g_hn = kernel.recurrent_grads(d_xp[k], d_hp[k], h_prev[k], tuple(c[k] for c in cache))
         hh.append(g_hh)
         if g_hn is not None:
             hn.append(g_hn)
