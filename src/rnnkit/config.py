@@ -87,6 +87,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast dtype of training
+    on_nonfinite: str = "stop"  # stop | skip: a NaN/inf loss or gradient (named either way)
     ngram_order: int = 5
     # task-specific (issue 4): classify / tag / seq2seq
     pooling: str = "last"
@@ -128,6 +129,7 @@ class TrainConfig:
         choice("optimizer", self.optimizer, ("adam", "sgd"))
         choice("device", self.device, ("cpu", "cuda", "auto"))
         choice("precision", self.precision, PRECISIONS)
+        choice("on_nonfinite", self.on_nonfinite, ("stop", "skip"))
         choice("nonlinearity", self.nonlinearity, ("tanh", "relu"))
         choice("update", self.update, ("candidate", "keep"))
         choice("reset", self.reset, ("before", "after"))

@@ -416,3 +416,20 @@ def test_python_m_rnnkit_trains(data, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["steps"] == 2
     assert (out / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_diverging_run_ends_with_one_line_in_both_nonfinite_modes(data, tmp_path, capsys, mode):
+    """A learning rate of 1e38 makes every step after the first non-finite: ``stop`` ends at
+    once, ``skip`` after MAX_SKIPPED_STEPS skipped steps — never a loop that runs forever."""
+    from rnnkit.training.loop import MAX_SKIPPED_STEPS
+
+    out = tmp_path / "run"
+    args = train_args(data, out, "--steps", "6", "--lr", "1e38", "--no-clip")
+    code = main([*args, "--optimizer", "sgd", "--on-nonfinite", mode])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1, err
+    assert "is inf at step 2" in err[0] or "is nan at step 2" in err[0]
+    assert (f"{MAX_SKIPPED_STEPS} steps in a row were skipped" in err[0]) == (mode == "skip")
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert config["on_nonfinite"] == mode

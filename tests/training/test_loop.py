@@ -240,6 +240,22 @@ def test_on_nonfinite_skip_skips_the_step(tmp_path):
     assert any(json.loads(line)["event"] == "skipped" for line in lines)
 
 
+def test_skipping_stops_when_every_step_is_nonfinite(tmp_path):
+    """Skipping is for a bad batch; weights that turned bad make every batch non-finite, and
+    then training must end (it would otherwise skip forever without counting a step)."""
+    from rnnkit.training.loop import MAX_SKIPPED_STEPS
+
+    def always_nan(model, batch, carry):
+        out = stream_step(model, batch, carry)
+        return out._replace(loss=out.loss * float("nan"))
+
+    trainer = make_trainer(tmp_path, step_fn=always_nan, steps=5, on_nonfinite="skip")
+    with pytest.raises(TrainingDiverged, match=rf"{MAX_SKIPPED_STEPS} steps in a row were skipped"):
+        trainer.fit()
+    skipped = [e for e in trainer.history if e["event"] == "skipped"]
+    assert len(skipped) == MAX_SKIPPED_STEPS
+
+
 def test_unknown_on_nonfinite_is_refused():
     with pytest.raises(ValueError, match="on_nonfinite"):
         make_trainer(on_nonfinite="ignore")

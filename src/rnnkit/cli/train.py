@@ -162,6 +162,13 @@ def register(sub: Any) -> None:
         "in bf16 or fp16 (fp16 with a GradScaler); the recurrence itself stays float32",
     )
     g.add_argument(
+        "--on-nonfinite",
+        choices=("stop", "skip"),
+        default=d.on_nonfinite,
+        help="a NaN or inf loss or gradient: stop training (default; the checkpoint keeps "
+        "the last good state) or skip that step; either way the step and batch are named",
+    )
+    g.add_argument(
         "--ngram-order",
         type=int,
         default=d.ngram_order,

@@ -49,9 +49,16 @@ from rnnkit.errors import CheckpointError, ConfigError, DataError
 from rnnkit.models.builders import build_language_model
 from rnnkit.models.language_model import LanguageModel, LossOutput
 from rnnkit.models.ngram import NGramModel
-from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything, warn
+from rnnkit.tasks.run import (
+    choose_device,
+    load_config,
+    save_config,
+    seed_everything,
+    train_options,
+    warn,
+)
 from rnnkit.training.checkpoint import atomic_write_json, load_model_weights, read_json
-from rnnkit.training.loop import Trainer, TrainOptions
+from rnnkit.training.loop import Trainer
 
 __all__ = [
     "DEFAULTS",
@@ -569,17 +576,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         optimizer,
         batches,
         step,
-        TrainOptions(
-            epochs=cfg.epochs,
-            steps=cfg.steps,
-            max_time=cfg.max_time,
-            clip_norm=cfg.clip_norm,
-            clip_value=cfg.clip_value,
-            precision=cfg.precision,
-            eval_every=cfg.eval_every,
-            patience=cfg.patience,
-            quiet=quiet,
-        ),
+        train_options(cfg, quiet),
         evaluate_fn=lambda m: _valid_metrics(m, data, cfg.batch_size),
         out_dir=out,
     )

@@ -46,10 +46,10 @@ from rnnkit.models.jordan import JordanLM
 from rnnkit.models.language_model import LanguageModel, LossOutput
 from rnnkit.models.length import LengthState
 from rnnkit.models.ngram import NGramModel
-from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything
+from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything, train_options
 from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
 from rnnkit.training.distributed import init_distributed
-from rnnkit.training.loop import Trainer, TrainOptions
+from rnnkit.training.loop import Trainer
 
 __all__ = [
     "LMData",
@@ -367,18 +367,7 @@ def train_lm(
         optimizer,
         batches,
         _step_fn(data, device),
-        TrainOptions(
-            epochs=cfg.epochs,
-            steps=cfg.steps,
-            max_time=cfg.max_time,
-            clip_norm=cfg.clip_norm,
-            clip_value=cfg.clip_value,
-            precision=cfg.precision,
-            eval_every=cfg.eval_every,
-            patience=cfg.patience,
-            quiet=quiet,
-            units="bits" if cfg.unit == "char" else "ppl",
-        ),
+        train_options(cfg, quiet, "bits" if cfg.unit == "char" else "ppl"),
         evaluate_fn=lambda m: lm_metrics(m, data, device, cfg.batch_size),
         plateau=plateau,
         out_dir=out,

@@ -1,4 +1,4 @@
-"""What every task's run directory shares: the config file, device choice, seeding."""
+"""What every task's run shares: the config file, device choice, seeding, loop options."""
 
 from __future__ import annotations
 
@@ -13,8 +13,16 @@ import torch
 from rnnkit.config import TrainConfig
 from rnnkit.errors import CheckpointError, ConfigError
 from rnnkit.training.checkpoint import FORMAT_VERSION, atomic_write_json, read_json
+from rnnkit.training.loop import TrainOptions
 
-__all__ = ["choose_device", "load_config", "save_config", "seed_everything", "warn"]
+__all__ = [
+    "choose_device",
+    "load_config",
+    "save_config",
+    "seed_everything",
+    "train_options",
+    "warn",
+]
 
 
 def warn(message: str) -> None:
@@ -57,3 +65,24 @@ def load_config(run_dir: str | Path) -> tuple[TrainConfig, dict[str, Any]]:
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
     return cfg, data
+
+
+def train_options(cfg: TrainConfig, quiet: bool, units: str = "ppl") -> TrainOptions:
+    """The training loop's options from the command line's config (every task the same).
+
+    >>> train_options(TrainConfig(steps=3), quiet=True).steps
+    3
+    """
+    return TrainOptions(
+        epochs=cfg.epochs,
+        steps=cfg.steps,
+        max_time=cfg.max_time,
+        clip_norm=cfg.clip_norm,
+        clip_value=cfg.clip_value,
+        eval_every=cfg.eval_every,
+        patience=cfg.patience,
+        on_nonfinite=cfg.on_nonfinite,
+        precision=cfg.precision,
+        quiet=quiet,
+        units=units,
+    )

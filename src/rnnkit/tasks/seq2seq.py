@@ -48,9 +48,9 @@ from rnnkit.losses import sequence_cross_entropy
 from rnnkit.models.decoder_only import build_decoder_only
 from rnnkit.models.seq2seq import build_seq2seq
 from rnnkit.seq2seq_metrics import exact_match, teacher_forced_accuracy, token_error_rate
-from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything
+from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything, train_options
 from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
-from rnnkit.training.loop import Trainer, TrainOptions
+from rnnkit.training.loop import Trainer
 from rnnkit.training.scheduled_sampling import parse_schedule
 
 __all__ = [
@@ -336,18 +336,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         optimizer,
         batches,
         step_fn,
-        TrainOptions(
-            epochs=cfg.epochs,
-            steps=cfg.steps,
-            max_time=cfg.max_time,
-            clip_norm=cfg.clip_norm,
-            clip_value=cfg.clip_value,
-            precision=cfg.precision,
-            eval_every=cfg.eval_every,
-            patience=cfg.patience,
-            quiet=quiet,
-            units="ppl",
-        ),
+        train_options(cfg, quiet, "ppl"),
         evaluate_fn=lambda m: teacher_forced_metrics(
             m, data.valid_src, data.valid_tgt, device, cfg.batch_size
         ),

@@ -47,9 +47,9 @@ from rnnkit.errors import CheckpointError, DataError
 from rnnkit.metrics import is_bio_tagset, macro_f1, per_class_prf, span_prf
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.tagger import Tagger, build_tagger
-from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything
+from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything, train_options
 from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
-from rnnkit.training.loop import Trainer, TrainOptions, TrainResult
+from rnnkit.training.loop import Trainer, TrainResult
 
 __all__ = [
     "MAX_WORD_CHARS",
@@ -121,17 +121,7 @@ def fit(
         optimizer,
         batches,
         step_fn,
-        TrainOptions(
-            epochs=cfg.epochs,
-            steps=cfg.steps,
-            max_time=cfg.max_time,
-            clip_norm=cfg.clip_norm,
-            clip_value=cfg.clip_value,
-            precision=cfg.precision,
-            eval_every=cfg.eval_every,
-            patience=cfg.patience,
-            quiet=quiet,
-        ),
+        train_options(cfg, quiet),
         evaluate_fn=evaluate_fn,
         plateau=plateau,
         out_dir=cfg.out,

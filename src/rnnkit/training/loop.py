@@ -62,6 +62,10 @@ __all__ = [
 # scale, so 20 take the default 2^16 down to 2^-4 — gradients that overflow float16 even
 # then (|g| > 2^20) are not a scale problem.
 MAX_SCALER_SKIPS = 20
+# on_nonfinite="skip": non-finite steps in a row before training counts as diverged. One bad
+# batch is what skipping is for; 20 in a row mean the weights themselves went bad (every
+# later batch would be skipped too — without this bound, forever).
+MAX_SKIPPED_STEPS = 20
 HISTORY_EVENTS = 10_000  # logged events kept in memory (TrainResult.history)
 _AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -275,6 +279,7 @@ class Trainer:
         self._amp_dtype, self.scaler = autocast_setup(options.precision, self._device)
         self.scaler_skips = 0  # steps the GradScaler skipped (float16 overflow)
         self._scaler_streak = 0  # ... of them in a row, up to now
+        self._skip_streak = 0  # non-finite steps skipped in a row (on_nonfinite="skip")
 
     # -- bookkeeping -------------------------------------------------------------------
     def _log(self, event: dict[str, Any]) -> None:
@@ -393,7 +398,10 @@ class Trainer:
         if self.options.on_nonfinite == "skip":
             self._log({"event": "skipped", "step": self.step + 1, "reason": message})
             self.optimizer.zero_grad(set_to_none=True)
-            return False
+            self._skip_streak += 1
+            if self._skip_streak < MAX_SKIPPED_STEPS:
+                return False
+            message = f"{self._skip_streak} steps in a row were skipped; the last: {message}"
         raise TrainingDiverged(message + " (lower --lr or set --clip-norm)")
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -505,6 +513,7 @@ class Trainer:
                 if self.scheduler is not None:
                     self.scheduler.step()
                 self.step += 1
+                self._skip_streak = 0
                 self.carry = _detach(out.state)
                 self._window_nats += nats
                 self._window_tokens += int(tokens)
