@@ -45,16 +45,17 @@ def _run(layer, x, lengths, compiled: bool):
     ids=["rnn", "lstm", "gru", "gru_keep_after"],
 )
 @pytest.mark.parametrize("threads", [1, 2])
-def test_float32_compiled_equals_pytorch_loop(cls, options, threads) -> None:
+@pytest.mark.parametrize(("B", "T"), [(37, 19), (3, 5)], ids=["packed_weights", "blas"])
+def test_float32_compiled_equals_pytorch_loop(cls, options, threads, B, T) -> None:
     """Outputs and gradients agree to 1e-5 of the largest value (float32), with lengths
     that make the compiled loop sort, pack and shrink the active rows, at B = 37 (thread
-    blocks of uneven size) and bidirectional stacks."""
+    blocks of uneven size; enough rows to pack W_hh for the AVX2 kernel) and at B = 3,
+    T = 5 (too few rows: the BLAS product), in bidirectional stacks."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         torch.manual_seed(0)
         layer = cls(24, 32, num_layers=2, bidirectional=True, **options)
-        B, T = 37, 19
         x = torch.randn(B, T, 24, requires_grad=True)
         lengths = torch.randint(0, T + 1, (B,))
         lengths[0] = T
