@@ -47,7 +47,8 @@ def _run(layer, x, lengths, compiled: bool):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("B", "T"), [(37, 19), (3, 5)], ids=["packed_weights", "blas"])
 def test_float32_compiled_equals_pytorch_loop(cls, options, threads, B, T) -> None:
-    """Outputs and gradients agree to 1e-5 of the largest value (float32), with lengths
+    """Outputs and gradients agree to 1e-6 of the largest value in float32 (issue 6's bar;
+    measured: at most 4.7e-7 here, 6.2e-7 at B 64, T 100), with lengths
     that make the compiled loop sort, pack and shrink the active rows, at B = 37 (thread
     blocks of uneven size; enough rows to pack W_hh for the AVX2 kernel) and at B = 3,
     T = 5 (too few rows: the BLAS product), in bidirectional stacks."""
@@ -64,9 +65,9 @@ def test_float32_compiled_equals_pytorch_loop(cls, options, threads, B, T) -> No
     finally:
         torch.set_num_threads(before)
     scale = h_p.abs().max()
-    assert (h_c - h_p).abs().max() <= 1e-5 * scale
+    assert (h_c - h_p).abs().max() <= 1e-6 * scale
     for a, b in zip(g_c, g_p, strict=True):
-        assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp_min(1e-6)
+        assert (a - b).abs().max() <= 1e-6 * b.abs().max().clamp_min(1e-6)
 
 
 def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
