@@ -65,6 +65,7 @@ class TrainConfig:
     nonlinearity: str = "tanh"
     update: str = "candidate"
     reset: str = "before"
+    recompute: int | None = None  # store the state every K steps, recompute the rest
     # data
     unit: str = "char"
     min_freq: int = 1
@@ -140,6 +141,7 @@ class TrainConfig:
         choice("attention", self.attention, ("none", "dot", "bilinear", "additive"))
         choice("context", self.context, ("init", "input", "both"))
         positive("beam", self.beam)
+        positive("recompute", self.recompute)
         for name in (
             "hidden",
             "layers",
@@ -173,7 +175,11 @@ class TrainConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
         if not self.train:
             raise ConfigError("--train is required")
-        parse_bptt(self.bptt)
+        if parse_bptt(self.bptt)[0] == "window" and self.recompute is not None:
+            raise ConfigError(
+                f"--recompute cannot be combined with --bptt {self.bptt}: the windowed "
+                "backward keeps every step"
+            )
         self._check_wirings()
         return self
 
@@ -217,6 +223,7 @@ class TrainConfig:
                 ("--tie-weights", self.tie_weights),
                 (f"--length {self.length}", self.length != "eos"),
                 (f"--condition {self.condition}", self.condition != "none"),
+                (f"--recompute {self.recompute}", self.recompute is not None),
             ):
                 if given:
                     raise ConfigError(f"{bad} does not apply to --wiring jordan")

@@ -433,3 +433,31 @@ def test_diverging_run_ends_with_one_line_in_both_nonfinite_modes(data, tmp_path
     assert (f"{MAX_SKIPPED_STEPS} steps in a row were skipped" in err[0]) == (mode == "skip")
     config = json.loads((out / "config.json").read_text())["config"]
     assert config["on_nonfinite"] == mode
+
+
+def test_recompute_trains_the_same_weights(data, tmp_path, capsys):
+    """``--recompute K`` changes what is stored, not what is learned: the same run with and
+    without it ends with the same weights (float32 round-off apart)."""
+    runs = {}
+    for name, extra in (("stored", ()), ("recomputed", ("--recompute", "3"))):
+        out = tmp_path / name
+        assert cli(capsys, *train_args(data, out, "--bptt", "full", *extra))[0] == 0
+        runs[name] = load_file(str(out / "model.safetensors"))
+        saved = json.loads((out / "config.json").read_text())["config"]
+        assert saved["recompute"] == (3 if extra else None)
+    for key, value in runs["stored"].items():
+        torch.testing.assert_close(runs["recomputed"][key], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--recompute", "0"), "--recompute must be ≥ 1, got 0"),
+        (("--recompute", "4", "--bptt", "window:3"), "--recompute cannot be combined with"),
+        (("--recompute", "4", "--wiring", "jordan"), "--recompute 4 does not apply to --wiring"),
+    ],
+)
+def test_bad_recompute_is_one_line(data, tmp_path, capsys, extra, message):
+    code, _, err = cli(capsys, *train_args(data, tmp_path / "run", *extra))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()

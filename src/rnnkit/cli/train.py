@@ -64,6 +64,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         default=d.reset,
         help="GRU reset position (SPEC §1.3, default %(default)s)",
     )
+    g.add_argument(
+        "--recompute",
+        type=int,
+        metavar="K",
+        help="keep only the state every K steps for the backward and recompute the rest: "
+        "the same gradients in O(T/K + K) memory for long sequences, ~1/3 more time",
+    )
 
 
 def register(sub: Any) -> None:

@@ -20,7 +20,9 @@ def build_encoder(
 ) -> StackedRecurrent:
     """The recurrent stack the config asks for (cell, width, depth, directions, dropout)."""
     bi = cfg.bidirectional if bidirectional is None else bidirectional
-    common = dict(num_layers=cfg.layers, bidirectional=bi, dropout=cfg.dropout)
+    common = dict(
+        num_layers=cfg.layers, bidirectional=bi, dropout=cfg.dropout, recompute=cfg.recompute
+    )
     if cfg.cell == "rnn":
         return RNN(input_size, cfg.hidden, nonlinearity=cfg.nonlinearity, **common)
     if cfg.cell == "lstm":
