@@ -315,6 +315,21 @@ def test_resume_with_a_changed_model_is_refused_and_changes_nothing(run, data, c
     assert digest_tree(run) == before
 
 
+def test_resume_with_an_option_given_at_its_default_is_refused(data, tmp_path, capsys):
+    """``--cell lstm`` is the default, but given on a GRU run's --resume it is a request for
+    another model: refused like any change, not silently ignored as if omitted."""
+    out = tmp_path / "gru"
+    assert cli(capsys, *train_args(data, out, "--cell", "gru"))[0] == 0
+    before = digest_tree(out)
+    code, _, err = cli(capsys, *train_args(data, out, "--resume", "--cell", "lstm"))
+    assert_one_line_error(code, err, "--cell differs", "'gru'")
+    assert digest_tree(out) == before
+    # Omitted, it stays the run's own: the resume trains on as a GRU.
+    assert cli(capsys, *train_args(data, out, "--resume", "--steps", "8"))[0] == 0
+    saved = json.loads((out / "config.json").read_text())["config"]
+    assert saved["cell"] == "gru"
+
+
 def test_resume_without_a_run_is_refused(data, tmp_path, capsys):
     code, _, err = cli(capsys, *train_args(data, tmp_path / "none", "--resume"))
     assert_one_line_error(code, err, "no such checkpoint directory")

@@ -49,9 +49,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def explicit_options(argv: Sequence[str] | None) -> set[str]:
+    """The destinations ``argv`` sets itself (not by default): a second parse in which
+    every default is suppressed. ``--resume`` needs it: an option given with its default
+    value (``--length eos``) is still a request, not an omission.
+
+    >>> sorted(explicit_options(["train", "--train", "a.txt", "--out", "r", "--lr", "0.002"]))
+    ['command', 'lr', 'out', 'train']
+    """
+    parser = build_parser()
+    pending = [parser]
+    while pending:
+        for action in pending.pop()._actions:
+            action.default = argparse.SUPPRESS
+            if isinstance(action, argparse._SubParsersAction):
+                pending.extend(action.choices.values())
+    given = vars(parser.parse_args(argv))
+    return {k for k in given if k != "func"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.explicit = explicit_options(argv)
     try:
         return int(args.func(args) or 0)
     except (RnnkitError, OSError) as exc:

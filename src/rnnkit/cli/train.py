@@ -289,8 +289,15 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     saved, _ = load_config(args.out)
     defaults = TrainConfig(train=saved.train, out=saved.out).to_dict()
     merged = saved.to_dict()
+    explicit = getattr(args, "explicit", None)  # set by cli.main; None when called directly
+    if explicit is not None and "no_clip" in explicit:
+        explicit = explicit | {"clip_norm"}
+
+    def given(key: str) -> bool:
+        return key in explicit if explicit is not None else values[key] != defaults.get(key)
+
     for key, value in values.items():
-        if key in ("train", "out") or value == defaults.get(key) or value == merged[key]:
+        if key in ("train", "out") or not given(key) or value == merged[key]:
             continue
         if key not in RESUME_CHANGEABLE:
             raise ConfigError(
