@@ -13,7 +13,7 @@
 
 The model is untrained (throughput does not depend on the weights) unless ``--checkpoint``
 names an ``events`` run; sessions come from the toy grammar of
-:func:`rnnkit.tasks.events.generate_sessions` (about 20 events each) unless ``--data``
+:func:`rnnkit.data.generated_sessions.generate_sessions` (about 20 events each) unless ``--data``
 names a sessions file.
 
     python benchmarks/bench_events.py [--hidden 64] [--layers 1] [--threads 1] [--json]
@@ -38,12 +38,12 @@ from _common import machine
 
 from rnnkit.config import TrainConfig
 from rnnkit.data.events import read_sessions
+from rnnkit.data.generated_sessions import generate_sessions
 from rnnkit.models.builders import build_language_model
 from rnnkit.streaming import StreamItem, StreamScorer
 from rnnkit.tasks.events import (
     EventVocabulary,
     event_surprises,
-    generate_sessions,
     load_events,
 )
 

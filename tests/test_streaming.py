@@ -13,6 +13,7 @@ import torch
 
 from rnnkit.config import TrainConfig
 from rnnkit.data.events import MAX_LINE_BYTES, Session
+from rnnkit.data.generated_sessions import generate_sessions
 from rnnkit.errors import DataError
 from rnnkit.models.builders import build_language_model
 from rnnkit.streaming import (
@@ -26,7 +27,6 @@ from rnnkit.streaming import (
 from rnnkit.tasks.events import (
     EventsModel,
     EventVocabulary,
-    generate_sessions,
     score_sessions,
 )
 from rnnkit.types import LSTMState

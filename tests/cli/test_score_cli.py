@@ -12,7 +12,7 @@ import torch
 
 from rnnkit.cli.main import main
 from rnnkit.data.events import write_sessions
-from rnnkit.tasks.events import generate_sessions
+from rnnkit.data.generated_sessions import generate_sessions
 
 
 @pytest.fixture(scope="module")

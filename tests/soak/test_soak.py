@@ -39,6 +39,7 @@ import torch
 from rnnkit.config import TrainConfig
 from rnnkit.data.batching import StreamBatcher
 from rnnkit.data.events import write_sessions
+from rnnkit.data.generated_sessions import generate_sessions
 from rnnkit.models.builders import build_language_model
 from rnnkit.streaming import StreamItem, StreamScorer
 from rnnkit.tasks import events as ev
@@ -85,8 +86,8 @@ def slope_per_step(steps: np.ndarray, rss: np.ndarray) -> float:
 def _events_run(tmp: Path) -> ev.EventsModel:
     """A small trained ``events`` run to score with (setup, not measured)."""
     train_path, valid_path = tmp / "train.jsonl", tmp / "valid.jsonl"
-    write_sessions(train_path, ev.generate_sessions(150, anomalies=6, seed=1))
-    write_sessions(valid_path, ev.generate_sessions(80, anomalies=8, seed=2, prefix="v"))
+    write_sessions(train_path, generate_sessions(150, anomalies=6, seed=1))
+    write_sessions(valid_path, generate_sessions(80, anomalies=8, seed=2, prefix="v"))
     cfg = TrainConfig(
         task="events",
         train=str(train_path),
@@ -110,7 +111,7 @@ def test_training_and_scoring_for_a_long_time_do_not_grow_memory(tmp_path):
     torch.manual_seed(0)
     run = _events_run(tmp_path)
     # The training stream: the events of many sessions, one after another.
-    sessions = ev.generate_sessions(2000, seed=3, prefix="t")
+    sessions = generate_sessions(2000, seed=3, prefix="t")
     ids = np.concatenate([run.vocab.encode_events(s.events)[0] for s in sessions])
     cfg = TrainConfig(train="x", hidden=32, embedding=16, layers=2, dropout=0.1)
     model = build_language_model(cfg, len(run.vocab))
@@ -124,7 +125,7 @@ def test_training_and_scoring_for_a_long_time_do_not_grow_memory(tmp_path):
                 nats, tokens = nats + out.nats, tokens + out.tokens
         return {"loss_nats": nats / tokens}
 
-    score_pool = ev.generate_sessions(400, anomalies=20, seed=4, prefix="p")
+    score_pool = generate_sessions(400, anomalies=20, seed=4, prefix="p")
     scorer = StreamScorer(run.model, run.vocab, threshold=1e9, max_sessions=64, idle_timeout=None)
     # Preallocated: appending Python ints to lists would itself grow ~80 bytes a step.
     capacity = int(SECONDS * 2000) + 10_000

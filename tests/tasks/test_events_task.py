@@ -17,6 +17,7 @@ import torch
 from rnnkit.anomaly import roc_auc
 from rnnkit.config import TrainConfig
 from rnnkit.data.events import Session, write_sessions
+from rnnkit.data.generated_sessions import ANOMALY_KINDS, generate_sessions
 from rnnkit.data.strace import parse_strace
 from rnnkit.data.vocab import EOS_ID, Vocabulary
 from rnnkit.errors import CheckpointError, ConfigError, DataError
@@ -26,7 +27,6 @@ from rnnkit.tasks.events import (
     EventVocabulary,
     evaluate,
     event_surprises,
-    generate_sessions,
     load_events,
     ngram_surprises,
     options,
@@ -113,7 +113,7 @@ def test_planted_anomalies_are_separated(trained: tuple[Path, dict], tmp_path: P
     run = load_events(run_dir)
     records = list(score_sessions(run, generate_sessions(200, anomalies=40, seed=8)))
     normal = np.array([r["score"] for r in records if r["label"] == 0])
-    for k, kind in enumerate(ev.ANOMALY_KINDS):
+    for k, kind in enumerate(ANOMALY_KINDS):
         planted = np.array([r["score"] for r in records[160 + k :: 4]])
         if kind == "privilege":
             labels = np.r_[np.zeros(len(normal)), np.ones(len(planted))]
