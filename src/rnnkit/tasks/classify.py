@@ -214,9 +214,7 @@ def load_classifier(
 ) -> tuple[TrainConfig, Vocabulary, LabelSet, Classifier]:
     """Load a trained classifier, its vocabulary and label set (no code is unpickled)."""
     run_dir = Path(run_dir)
-    cfg, info = load_config(run_dir)
-    if cfg.task != "classify":
-        raise CheckpointError(f"{run_dir / 'config.json'}: task is {cfg.task!r}, not 'classify'")
+    cfg, info = load_config(run_dir, task="classify")
     try:
         vocab = Vocabulary.load(run_dir / "vocab.json")
         labels = LabelSet.load(run_dir / "labels.json")

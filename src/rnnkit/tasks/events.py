@@ -50,6 +50,7 @@ from rnnkit.models.builders import build_language_model
 from rnnkit.models.language_model import LanguageModel, LossOutput
 from rnnkit.models.ngram import NGramModel
 from rnnkit.tasks.run import (
+    check_count,
     choose_device,
     load_config,
     save_config,
@@ -576,15 +577,9 @@ class EventsModel:
 def load_events(run_dir: str | Path, device: str = "cpu") -> EventsModel:
     """Load an ``events`` run directory (no code is unpickled); errors name the file."""
     run_dir = Path(run_dir)
-    cfg, info = load_config(run_dir)
-    if cfg.task != "events":
-        raise CheckpointError(f"{run_dir / 'config.json'}: task is {cfg.task!r}, not 'events'")
+    cfg, info = load_config(run_dir, task="events")
     vocab = EventVocabulary.load(run_dir / "vocab.json")
-    if info.get("vocab_size") != len(vocab):
-        raise CheckpointError(
-            f"{run_dir / 'vocab.json'}: {len(vocab)} events but config.json says "
-            f"{info.get('vocab_size')}"
-        )
+    check_count(run_dir / "vocab.json", len(vocab), "events", info, "vocab_size")
     thresholds = read_thresholds(run_dir)
     model = build_language_model(cfg, len(vocab)).to(choose_device(device))
     load_model_weights(model, run_dir / "model.safetensors")

@@ -46,7 +46,14 @@ from rnnkit.models.jordan import JordanLM
 from rnnkit.models.language_model import LanguageModel, LossOutput
 from rnnkit.models.length import LengthState
 from rnnkit.models.ngram import NGramModel
-from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything, train_options
+from rnnkit.tasks.run import (
+    check_count,
+    choose_device,
+    load_config,
+    save_config,
+    seed_everything,
+    train_options,
+)
 from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
 from rnnkit.training.distributed import init_distributed
 from rnnkit.training.loop import Trainer
@@ -443,22 +450,12 @@ def load_lm(
     :class:`ConditionalLM` (``--condition``; its classes: :func:`lm_labels`).
     """
     run_dir = Path(run_dir)
-    cfg, info = load_config(run_dir)
-    if cfg.task != "lm":
-        raise CheckpointError(f"{run_dir / 'config.json'}: task is {cfg.task!r}, not 'lm'")
+    cfg, info = load_config(run_dir, task="lm")
     vocab = Vocabulary.load(run_dir / "vocab.json")
-    if info.get("vocab_size") != len(vocab):
-        raise CheckpointError(
-            f"{run_dir / 'vocab.json'}: {len(vocab)} tokens but config.json says "
-            f"{info.get('vocab_size')}"
-        )
+    check_count(run_dir / "vocab.json", len(vocab), "tokens", info, "vocab_size")
     labels = lm_labels(run_dir, cfg)
     num_labels = None if labels is None else len(labels)
-    if info.get("num_labels") != num_labels:
-        raise CheckpointError(
-            f"{run_dir / 'labels.json'}: {num_labels} labels but config.json says "
-            f"{info.get('num_labels')}"
-        )
+    check_count(run_dir / "labels.json", num_labels, "labels", info, "num_labels")
     model = build_lm(cfg, len(vocab), num_labels).to(choose_device(device))
     load_model_weights(model, run_dir / "model.safetensors")
     model.eval()

@@ -16,6 +16,7 @@ from rnnkit.training.checkpoint import FORMAT_VERSION, atomic_write_json, read_j
 from rnnkit.training.loop import TrainOptions
 
 __all__ = [
+    "check_count",
     "choose_device",
     "load_config",
     "save_config",
@@ -51,8 +52,9 @@ def save_config(out_dir: Path, cfg: TrainConfig, **info: Any) -> None:
     )
 
 
-def load_config(run_dir: str | Path) -> tuple[TrainConfig, dict[str, Any]]:
-    """Read ``config.json`` of a run directory; errors name the file."""
+def load_config(run_dir: str | Path, task: str | None = None) -> tuple[TrainConfig, dict[str, Any]]:
+    """Read ``config.json`` of a run directory; errors name the file. With ``task``, a run
+    of another task is a ``CheckpointError`` too."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: no such checkpoint directory")
@@ -64,7 +66,15 @@ def load_config(run_dir: str | Path) -> tuple[TrainConfig, dict[str, Any]]:
         cfg = TrainConfig.from_dict(data.get("config"), where=str(path))
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
+    if task is not None and cfg.task != task:
+        raise CheckpointError(f"{path}: task is {cfg.task!r}, not {task!r}")
     return cfg, data
+
+
+def check_count(path: Path, count: int | None, noun: str, info: dict[str, Any], key: str) -> None:
+    """``count`` (what ``path`` holds) must equal ``info[key]`` (what config.json says)."""
+    if info.get(key) != count:
+        raise CheckpointError(f"{path}: {count} {noun} but config.json says {info.get(key)}")
 
 
 def train_options(cfg: TrainConfig, quiet: bool, units: str = "ppl") -> TrainOptions:

@@ -48,7 +48,14 @@ from rnnkit.losses import sequence_cross_entropy
 from rnnkit.models.decoder_only import build_decoder_only
 from rnnkit.models.seq2seq import build_seq2seq
 from rnnkit.seq2seq_metrics import exact_match, teacher_forced_accuracy, token_error_rate
-from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything, train_options
+from rnnkit.tasks.run import (
+    check_count,
+    choose_device,
+    load_config,
+    save_config,
+    seed_everything,
+    train_options,
+)
 from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
 from rnnkit.training.loop import Trainer
 from rnnkit.training.scheduled_sampling import parse_schedule
@@ -274,9 +281,7 @@ class _StepClock:
 
 
 def _check_resume(out: Path, cfg: TrainConfig) -> tuple[Vocabulary, Vocabulary]:
-    saved, _ = load_config(out)
-    if saved.task != "seq2seq":
-        raise CheckpointError(f"{out / 'config.json'}: task is {saved.task!r}, not 'seq2seq'")
+    saved, _ = load_config(out, task="seq2seq")
     changed = [k for k, v in cfg.to_dict().items() if saved.to_dict().get(k) != v]
     bad = [k for k in changed if k not in RESUME_CHANGEABLE]
     if bad:
@@ -391,19 +396,14 @@ def load_seq2seq(
 ) -> tuple[TrainConfig, Vocabulary, Vocabulary, nn.Module]:
     """``(cfg, source_vocab, target_vocab, model)`` of a run directory (no unpickling)."""
     run_dir = Path(run_dir)
-    cfg, info = load_config(run_dir)
-    if cfg.task != "seq2seq":
-        raise CheckpointError(f"{run_dir / 'config.json'}: task is {cfg.task!r}, not 'seq2seq'")
+    cfg, info = load_config(run_dir, task="seq2seq")
     source_vocab = Vocabulary.load(run_dir / "source_vocab.json")
     target_vocab = Vocabulary.load(run_dir / "vocab.json")
     for name, vocab, key in (
         ("source_vocab.json", source_vocab, "source_vocab_size"),
         ("vocab.json", target_vocab, "target_vocab_size"),
     ):
-        if info.get(key) != len(vocab):
-            raise CheckpointError(
-                f"{run_dir / name}: {len(vocab)} tokens but config.json says {info.get(key)}"
-            )
+        check_count(run_dir / name, len(vocab), "tokens", info, key)
     model = build_model(cfg, len(source_vocab), len(target_vocab)).to(choose_device(device))
     load_model_weights(model, run_dir / "model.safetensors")
     model.eval()

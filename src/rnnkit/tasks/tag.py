@@ -450,9 +450,7 @@ def train_tag(
 def load_tagger(run_dir: str | Path, device: str = "cpu") -> tuple[TrainConfig, TagData, Tagger]:
     """Load a trained tagger and its vocabularies (no code is unpickled)."""
     run_dir = Path(run_dir)
-    cfg, info = load_config(run_dir)
-    if cfg.task != "tag":
-        raise CheckpointError(f"{run_dir / 'config.json'}: task is {cfg.task!r}, not 'tag'")
+    cfg, info = load_config(run_dir, task="tag")
     try:
         data = TagData.load(run_dir, cfg.char_rnn)
     except DataError as exc:
