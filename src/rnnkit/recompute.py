@@ -25,7 +25,13 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from rnnkit.cells.kernel import Kernel, Weights
-from rnnkit.recurrence import backward_sweep, forward_pass, run_recurrence, weight_grads
+from rnnkit.recurrence import (
+    backward_sweep,
+    clean_padding,
+    forward_pass,
+    run_recurrence,
+    weight_grads,
+)
 
 __all__ = ["run_recomputed"]
 
@@ -125,12 +131,7 @@ def run_recomputed(
     tensors = (x, *weights, *states0)
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors):
         return run_recurrence(kernel, x, weights, states0, mask)  # nothing stored anyway
-    mask3 = None
-    if mask is not None:
-        mask3 = mask.unsqueeze(-1)  # (T, B, 1)
-        x = torch.where(mask3, x, 0.0)  # padding may hold anything: never let it in
-        if bool(mask.all()):
-            mask3 = None
+    x, mask3 = clean_padding(x, mask)
     result = _Segmented.apply(
         kernel,
         mask3,

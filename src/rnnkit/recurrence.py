@@ -45,6 +45,7 @@ __all__ = [
     "Packing",
     "Sweep",
     "backward_sweep",
+    "clean_padding",
     "forward_pass",
     "make_packing",
     "run_recurrence",
@@ -412,6 +413,17 @@ class _Recurrence(torch.autograd.Function):
         return (None, None, None, None, None, *g, *d_s0)
 
 
+def clean_padding(x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """``x (T, B, I)`` with its padding replaced by 0, and the mask as ``(T, B, 1)`` —
+    None when every step is real. Padding may hold anything (NaN, 1e30): it is replaced
+    before it can touch a product (selection, never a multiplication by the mask)."""
+    if mask is None:
+        return x, None
+    mask3 = mask.unsqueeze(-1)
+    x = torch.where(mask3, x, 0.0)
+    return x, None if bool(mask.all()) else mask3
+
+
 def run_recurrence(
     kernel: Kernel,
     x: Tensor,
@@ -445,13 +457,7 @@ def run_recurrence(
     # recurrence runs in the weights' dtype (module docstring). Cast here, outside the
     # autograd node, so the cast is differentiable and the compiled loop is chosen below.
     x, states0 = _like_weights(weights, x, states0)
-    mask3 = None
-    if mask is not None:
-        mask3 = mask.unsqueeze(-1)  # (T, B, 1)
-        # Padding may hold anything (NaN, 1e30): replace it before it can touch a product.
-        x = torch.where(mask3, x, 0.0)
-        if bool(mask.all()):
-            mask3 = None
+    x, mask3 = clean_padding(x, mask)
     order = packing = None
     if mask3 is not None and _compiled(kernel, x, *weights, *states0) is not None:
         # The compiled loop stops computing rows after their last real step when rows are
