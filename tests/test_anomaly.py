@@ -12,12 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rnnkit.anomaly import (
+    MIN_STD,
+    KeyStats,
     RunningScore,
+    combined_scores,
     detection_metrics,
     precision_recall_f1,
     roc_auc,
     session_scores,
     surprise_and_rank,
+    tail_pvalues,
     threshold_at_fpr,
     top_events,
 )
@@ -146,3 +150,48 @@ def test_detection_metrics_without_both_classes_has_no_auc() -> None:
     m = detection_metrics([0.1, 0.9], [1, 1], threshold=0.5)
     assert "auc" not in m
     assert m["recall"] == 0.5 and m["threshold"] == 0.5
+
+
+# ---- end, norm and combined scores -----------------------------------------------------
+
+
+def test_session_scores_end_and_norm_by_hand() -> None:
+    # Surprises of three events and the end: the end is the last one.
+    scores = session_scores([0.2, 4.0, 0.1, 1.5], [False, True, False, False], z=[1, -2, 7, 3])
+    assert scores == {"max": 4.0, "mean": 1.45, "count": 1, "end": 1.5, "norm": 7.0}
+    assert "norm" not in session_scores([0.2], [False])
+
+
+def test_key_stats_by_hand() -> None:
+    # Event 4: surprises 1 and 3 (mean 2, population std 1); event 5: 0.5 five times
+    # (std 0, floored to MIN_STD); event 6 once (under min_count): the global figures.
+    surprise = np.array([1.0, 3.0, 0.5, 0.5, 0.5, 0.5, 0.5, 9.0])
+    ids = np.array([4, 4, 5, 5, 5, 5, 5, 6])
+    stats = KeyStats.fit([(surprise[:3], ids[:3]), (surprise[3:], ids[3:])], 7, min_count=2)
+    g_mean = 15.5 / 8
+    g_std = math.sqrt((1 + 9 + 5 * 0.25 + 81) / 8 - g_mean**2)
+    assert stats.mean[4] == 2.0 and stats.std[4] == 1.0
+    assert stats.mean[5] == 0.5 and stats.std[5] == 0.0
+    assert stats.mean[6] == pytest.approx(g_mean) and stats.std[6] == pytest.approx(g_std)
+    assert stats.mean[1] == pytest.approx(g_mean)  # never seen (<unk>)
+    z = stats.normalise(np.array([5.0, 0.8, 9.0]), np.array([4, 5, 6]))
+    np.testing.assert_allclose(z, [3.0, (0.8 - 0.5) / MIN_STD, (9.0 - g_mean) / g_std])
+    with pytest.raises(ValueError, match="at least one session"):
+        KeyStats.fit([], 3)
+
+
+def test_tail_pvalues_and_tippett_combination_by_hand() -> None:
+    cal = [1.0, 2.0, 2.0, 5.0]  # N = 4: p = (1 + #{c >= x}) / 5
+    np.testing.assert_allclose(
+        tail_pvalues(cal, [0.0, 2.0, 2.5, 5.0, 6.0]), [1, 0.8, 0.4, 0.4, 0.2]
+    )
+    calibration = {"a": cal, "b": [0.0, 0.0, 0.0, 10.0]}
+    # Session 1: p_a = 0.8, p_b(10) = 0.4 → −ln 0.4; session 2: p_a(6) = 0.2, p_b = 1.
+    combined = combined_scores(calibration, {"a": [2.0, 6.0], "b": [10.0, -1.0]}, ("a", "b"))
+    np.testing.assert_allclose(combined, [-math.log(0.4), -math.log(0.2)])
+    # A session beyond every calibration score in any part reaches the ceiling ln(N + 1).
+    assert combined_scores(calibration, {"a": [99.0], "b": [0.0]}, ("a", "b"))[0] == pytest.approx(
+        math.log(5)
+    )
+    with pytest.raises(ValueError, match="calibration"):
+        tail_pvalues([], [1.0])

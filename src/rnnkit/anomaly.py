@@ -8,11 +8,20 @@ visible), given the model's log-probabilities ``log p(· | e_<t)``:
 - **top-g miss** (DeepLog, Du et al. 2017): ``e_t`` is not among the ``g`` most probable
   candidates, i.e. its *rank* (how many candidates are strictly more probable) is ``≥ g``.
 
-Per session, three scores, each higher = more anomalous:
+Per session, six scores, each higher = more anomalous:
 
 - ``max``: ``max_t s_t`` (one very unlikely event is enough: the default);
 - ``mean``: ``mean_t s_t`` (per-event negative log-likelihood; length-independent);
-- ``count``: the number of top-g misses (DeepLog flags a session with ``count ≥ 1``).
+- ``count``: the number of top-g misses (DeepLog flags a session with ``count ≥ 1``);
+- ``end``: the surprise of the session's end ``−ln p(</s> | e_1 … e_n)``: high when the
+  session stops where the model expects more events (a run cut short by a crash);
+- ``norm``: ``max_t z_t`` with ``z_t = (s_t − μ_k) / max(σ_k, σ_min)`` the surprise of
+  event ``k = e_t`` relative to that event's own typical surprise (mean ``μ_k`` and
+  standard deviation ``σ_k`` over normal sessions, :class:`KeyStats`): an event that is
+  always hard to predict no longer hides one that is always easy;
+- ``combined``: ``−ln min_j p_j`` (Tippett's combination) over the tail p-values ``p_j``
+  of the five scores above, each against the same scores of normal calibration sessions
+  (:func:`tail_pvalues`): a session extreme in *any* way, on a common scale.
 
 A session is anomalous when its score is **strictly above** the threshold. The threshold
 for a target false-positive rate ``α`` is picked on normal validation sessions by
@@ -24,7 +33,7 @@ for a target false-positive rate ``α`` is picked on normal validation sessions 
 >>> s.round(3).tolist(), rank.tolist()
 ([0.357, 2.303], [0, 1])
 >>> {k: round(v, 3) for k, v in session_scores(s, rank >= 1).items()}
-{'max': 2.303, 'mean': 1.33, 'count': 1}
+{'max': 2.303, 'mean': 1.33, 'count': 1, 'end': 2.303}
 """
 
 from __future__ import annotations
@@ -37,19 +46,32 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "COMBINED_PARTS",
+    "RUNNING_SCORES",
     "SCORES",
+    "KeyStats",
     "RunningScore",
+    "combined_scores",
     "detection_metrics",
     "precision_recall_f1",
     "roc_auc",
     "session_scores",
     "surprise_and_rank",
+    "tail_pvalues",
     "threshold_at_fpr",
     "top_events",
 ]
 
+#: The scores a session keeps in O(1) memory as events arrive (:class:`RunningScore`).
+RUNNING_SCORES: tuple[str, ...] = ("max", "mean", "count")
+#: The scores Tippett's combination is made of.
+COMBINED_PARTS: tuple[str, ...] = ("max", "mean", "count", "end", "norm")
 #: The session scores, in the order they are reported.
-SCORES: tuple[str, ...] = ("max", "mean", "count")
+SCORES: tuple[str, ...] = (*COMBINED_PARTS, "combined")
+#: Smallest per-event standard deviation of surprise (nats) a ``norm`` score divides by:
+#: an event the model always predicts (σ ≈ 0) would otherwise turn a tenth of a nat into
+#: a huge z.
+MIN_STD = 0.1
 
 
 def surprise_and_rank(log_probs: Any, targets: Any) -> tuple[Any, Any]:
@@ -80,23 +102,131 @@ def surprise_and_rank(log_probs: Any, targets: Any) -> tuple[Any, Any]:
     return -target_lp[..., 0], rank
 
 
-def session_scores(surprise: Any, miss: Any) -> dict[str, float | int]:
-    """The three session scores from per-event surprises and top-g misses.
+def session_scores(surprise: Any, miss: Any, z: Any = None) -> dict[str, float | int]:
+    """The session scores from per-event surprises, top-g misses and normalised surprises.
 
     Args:
-        surprise: ``(n,)`` surprises in nats (n ≥ 1).
+        surprise: ``(n,)`` surprises in nats (n ≥ 1), the last one that of the end
+            ``</s>`` (the ``end`` score).
         miss: ``(n,)`` bool, the events outside the top-g candidates.
+        z: ``(n,)`` normalised surprises (:meth:`KeyStats.normalise`), or None for a
+            result without ``norm``.
 
     Returns:
-        ``{"max": float, "mean": float, "count": int}``.
+        ``{"max": float, "mean": float, "count": int, "end": float[, "norm": float]}``
+        (``combined`` needs other sessions: :func:`combined_scores`).
 
-    >>> session_scores([1.0, 3.0], [False, True])
-    {'max': 3.0, 'mean': 2.0, 'count': 1}
+    >>> session_scores([1.0, 3.0, 0.5], [False, True, False], z=[0.0, 4.0, 2.0])
+    {'max': 3.0, 'mean': 1.5, 'count': 1, 'end': 0.5, 'norm': 4.0}
     """
     s = np.asarray(surprise, dtype=np.float64)
     if s.size == 0:
         raise ValueError("a session score needs at least one event")
-    return {"max": float(s.max()), "mean": float(s.mean()), "count": int(np.sum(miss))}
+    out: dict[str, float | int] = {
+        "max": float(s.max()),
+        "mean": float(s.mean()),
+        "count": int(np.sum(miss)),
+        "end": float(s[-1]),
+    }
+    if z is not None:
+        out["norm"] = float(np.max(np.asarray(z, dtype=np.float64)))
+    return out
+
+
+class KeyStats:
+    """Per-event mean and standard deviation of surprise over normal sessions, for the
+    ``norm`` score ``z_t = (s_t − μ_k) / max(σ_k, σ_min)`` with ``k = e_t``.
+
+    An event id seen fewer than ``min_count`` times (or never: an unknown event) gets the
+    mean and standard deviation of all events together.
+
+    Args:
+        mean, std: ``(V,)`` per event id.
+
+    >>> stats = KeyStats.fit([(np.array([1.0, 3.0, 0.2]), np.array([4, 4, 2]))], 6, min_count=2)
+    >>> stats.mean.round(3).tolist(), stats.std.round(3).tolist()
+    ([1.4, 1.4, 1.4, 1.4, 2.0, 1.4], [1.178, 1.178, 1.178, 1.178, 1.0, 1.178])
+    >>> stats.normalise(np.array([5.0, 2.578]), np.array([4, 0])).round(3).tolist()
+    [3.0, 1.0]
+    """
+
+    def __init__(self, mean: np.ndarray, std: np.ndarray, min_std: float = MIN_STD) -> None:
+        self.mean = np.asarray(mean, dtype=np.float64)
+        self.std = np.asarray(std, dtype=np.float64)
+        if self.mean.shape != self.std.shape or self.mean.ndim != 1:
+            raise ValueError("mean and std must be (V,) arrays of one shape")
+        self.min_std = float(min_std)
+
+    @classmethod
+    def fit(
+        cls,
+        sessions: Sequence[tuple[np.ndarray, np.ndarray]],
+        vocab_size: int,
+        min_count: int = 5,
+        min_std: float = MIN_STD,
+    ) -> KeyStats:
+        """From ``(surprise (n,), event ids (n,))`` pairs of normal sessions.
+
+        The statistics are population ones (divided by the count): ``μ_k = Σ s / c_k``,
+        ``σ_k² = Σ s² / c_k − μ_k²``.
+        """
+        if not sessions:
+            raise ValueError("per-event statistics need at least one session")
+        s = np.concatenate([np.asarray(x, dtype=np.float64) for x, _ in sessions])
+        k = np.concatenate([np.asarray(ids, dtype=np.int64) for _, ids in sessions])
+        count = np.bincount(k, minlength=vocab_size).astype(np.float64)
+        total = np.bincount(k, weights=s, minlength=vocab_size)
+        squares = np.bincount(k, weights=s * s, minlength=vocab_size)
+        seen = count >= max(min_count, 1)
+        mean = np.full(vocab_size, s.mean())
+        std = np.full(vocab_size, s.std())
+        mean[seen] = total[seen] / count[seen]
+        std[seen] = np.sqrt(np.maximum(squares[seen] / count[seen] - mean[seen] ** 2, 0.0))
+        return cls(mean, std, min_std)
+
+    def normalise(self, surprise: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """``z (n,)`` of surprises ``(n,)`` of the event ids ``(n,)``."""
+        ids = np.asarray(ids, dtype=np.int64)
+        return (np.asarray(surprise, dtype=np.float64) - self.mean[ids]) / np.maximum(
+            self.std[ids], self.min_std
+        )
+
+
+def tail_pvalues(calibration: Any, scores: Any) -> np.ndarray:
+    """Tail p-value of each score against calibration scores of normal sessions:
+    ``p(x) = (1 + #{c ≥ x}) / (N + 1)`` (the conformal p-value: never 0, and 1 below
+    every calibration score).
+
+    >>> tail_pvalues([1.0, 2.0, 3.0], [0.5, 2.0, 9.0]).tolist()
+    [1.0, 0.75, 0.25]
+    """
+    cal = np.sort(np.asarray(calibration, dtype=np.float64))
+    if cal.size == 0:
+        raise ValueError("tail p-values need calibration scores")
+    x = np.asarray(scores, dtype=np.float64)
+    above = cal.size - np.searchsorted(cal, x, side="left")  # #{c >= x}
+    return (1.0 + above) / (cal.size + 1.0)
+
+
+def combined_scores(
+    calibration: dict[str, Any], scores: dict[str, Any], parts: Sequence[str] = COMBINED_PARTS
+) -> np.ndarray:
+    """Tippett's combination ``−ln min_j p_j`` of the tail p-values of several scores.
+
+    Args:
+        calibration: per score name, the scores of normal calibration sessions.
+        scores: per score name, ``(n,)`` scores of the sessions to combine.
+        parts: the score names combined.
+
+    Returns:
+        ``(n,)`` combined scores, in ``[0, ln(N + 1)]``.
+
+    >>> cal = {"a": [1.0, 2.0, 3.0], "b": [10.0, 20.0, 30.0]}
+    >>> combined_scores(cal, {"a": [0.0, 3.0], "b": [25.0, 40.0]}, ("a", "b")).round(4).tolist()
+    [0.6931, 1.3863]
+    """
+    p = np.stack([tail_pvalues(calibration[name], scores[name]) for name in parts])
+    return -np.log(p.min(axis=0))
 
 
 def top_events(surprise: Any, k: int) -> list[tuple[int, float]]:
@@ -154,7 +284,7 @@ class RunningScore:
             heapq.heapreplace(self._heap, item)
 
     def scores(self) -> dict[str, float | int]:
-        """``{"max", "mean", "count"}`` so far (as :func:`session_scores`)."""
+        """``{"max", "mean", "count"}`` so far (the :data:`RUNNING_SCORES`)."""
         if self.n == 0:
             raise ValueError("a session score needs at least one event")
         return {"max": self.max, "mean": self.total / self.n, "count": self.count}

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
-from rnnkit.anomaly import SCORES, RunningScore, surprise_and_rank
+from rnnkit.anomaly import RUNNING_SCORES, RunningScore, surprise_and_rank
 from rnnkit.data.events import MAX_LINE_BYTES
 from rnnkit.data.limits import MAX_JSON_LINE_BYTES, loads_json
 from rnnkit.data.vocab import BOS_ID, EOS_ID, SPECIALS, UNK_ID
@@ -301,8 +301,11 @@ class StreamScorer:
         idle_timeout: float | None = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if score not in SCORES:
-            raise ConfigError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+        if score not in RUNNING_SCORES:
+            raise ConfigError(
+                f"streaming scores are {', '.join(RUNNING_SCORES)} (the others need the "
+                f"whole session), got {score!r}"
+            )
         if max_sessions < 1:
             raise ConfigError(f"--max-sessions must be ≥ 1, got {max_sessions}")
         if idle_timeout is not None and not idle_timeout > 0:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rnnkit.anomaly import SCORES
 from rnnkit.cli.main import main
 from rnnkit.data.events import write_sessions
 from rnnkit.data.generated_sessions import generate_sessions
@@ -210,3 +211,42 @@ def test_a_checkpoint_that_is_not_an_events_run(
 ) -> None:
     assert main(["score", "--checkpoint", str(tmp_path / "nothing"), "--data", "x"]) == 2
     assert "no such checkpoint directory" in capsys.readouterr().err
+
+
+def test_train_takes_the_detection_options_and_prints_detection(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_sessions(tmp_path / "train.jsonl", generate_sessions(40, seed=1))
+    write_sessions(tmp_path / "valid.jsonl", generate_sessions(30, anomalies=6, seed=2))
+    code = main(
+        [
+            "train", "--task", "events", "--train", str(tmp_path / "train.jsonl"),
+            "--valid", str(tmp_path / "valid.jsonl"), "--out", str(tmp_path / "run"),
+            "--hidden", "8", "--embedding", "4", "--epochs", "1", "--quiet", "--no-report",
+            "--score", "combined", "--top-g", "2", "--window", "4", "--target-fpr", "0.02",
+            "--threshold-method", "gpd",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "threshold: combined score above" in out
+    assert "of 24 normal sessions above it" in out and "Clopper–Pearson" in out
+    assert "note: 24 normal validation sessions cannot show" in out
+    assert "recurrent" in out and "5-gram" in out
+    thresholds = json.loads((tmp_path / "run" / "thresholds.json").read_text())
+    assert (thresholds["score"], thresholds["top_g"], thresholds["window"]) == ("combined", 2, 4)
+    assert thresholds["method"] == "gpd" and thresholds["target_fpr"] == 0.02
+    test = tmp_path / "valid.jsonl"
+    assert main(["score", "--checkpoint", str(tmp_path / "run"), "--data", str(test),
+                 "--quiet", "--target-fpr", "0.1", "--threshold-method", "gpd"]) == 0  # fmt: skip
+    records = _lines(capsys.readouterr().out)
+    assert len(records) == 30 and all(set(r["scores"]) == set(SCORES) for r in records)
+    # The options belong to the events task, and a streaming score must be a running one.
+    assert main(["train", "--task", "lm", "--train", str(test), "--out", str(tmp_path / "x"),
+                 "--top-g", "3"]) == 2  # fmt: skip
+    assert "--top-g apply to --task events only" in capsys.readouterr().err
+    assert main(["score", "--checkpoint", str(tmp_path / "run"), "--data", "-", "--follow"]) == 2
+    assert "streaming scores are max, mean, count" in capsys.readouterr().err
+    assert main(["score", "--checkpoint", str(tmp_path / "run"), "--data", str(test),
+                 "--threshold-method", "gpd"]) == 2  # fmt: skip
+    assert "give --target-fpr too" in capsys.readouterr().err

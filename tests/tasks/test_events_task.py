@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from rnnkit.anomaly import roc_auc
+from rnnkit.anomaly import SCORES, roc_auc
 from rnnkit.config import TrainConfig
 from rnnkit.data.events import Session, write_sessions
 from rnnkit.data.generated_sessions import ANOMALY_KINDS, generate_sessions
@@ -82,7 +82,7 @@ def test_summary_counts_and_files(trained: tuple[Path, dict]) -> None:
         assert (run_dir / name).is_file()
     thresholds = json.loads((run_dir / "thresholds.json").read_text())
     assert thresholds["target_fpr"] == TARGET_FPR and thresholds["top_g"] == 3
-    assert set(thresholds["rnn"]) == set(thresholds["ngram"]) == {"max", "mean", "count"}
+    assert set(thresholds["rnn"]) == set(thresholds["ngram"]) == set(SCORES)
     # The recurrent model beats the trigram on the validation sessions, and already
     # separates the labelled anomalies of --valid.
     assert summary["valid"]["loss_nats"] < summary["ngram"]["loss_nats"]
@@ -291,3 +291,74 @@ def test_real_strace_sessions_flag_a_refused_connection(tmp_path: Path) -> None:
     assert flagged["unknown"] >= 1  # ECONNREFUSED never happened in training
     assert any(t["event"] == "connect:ECONNREFUSED" for t in flagged["top"])
     assert flagged["score"] > max(records[s.session]["score"] for s in normal[4:])
+
+
+def test_a_window_as_long_as_the_session_changes_nothing(trained: tuple[Path, dict]) -> None:
+    # Windowed scoring starts each prediction from a zero state over the last h inputs; a
+    # window that reaches back to <s> is the whole session: the same surprises and ranks.
+    run = load_events(trained[0])
+    seqs = [run.vocab.encode_events(s.events)[0] for s in generate_sessions(5, seed=12)]
+    whole = event_surprises(run.model, seqs, batch_size=2)
+    longest = max(len(s) for s in seqs)
+    for h in (longest + 1, longest + 7):
+        for (s1, r1), (s2, r2) in zip(whole, event_surprises(run.model, seqs, 2, h), strict=True):
+            np.testing.assert_allclose(s1, s2, atol=1e-5)
+            np.testing.assert_array_equal(r1, r2)
+    # A window of 2: prediction t sees only inputs t-1 and t, from a zero state.
+    seq = seqs[0]
+    x, y = np.r_[2, seq], np.r_[seq, EOS_ID]  # <s> e_1 … e_n and e_1 … e_n </s>
+    ((short, rank),) = event_surprises(run.model, [seq], 1, 2)
+    for t in range(len(x)):
+        with torch.no_grad():
+            logits = run.model(torch.from_numpy(x[max(0, t - 1) : t + 1])[None]).logits[0, -1]
+        log_probs = torch.log_softmax(logits.double(), -1)
+        assert short[t] == pytest.approx(-log_probs[y[t]].item(), abs=1e-5)
+        assert rank[t] == int((log_probs > log_probs[y[t]]).sum())
+
+
+def test_summary_shows_every_score_and_what_validation_can_show(
+    trained: tuple[Path, dict],
+) -> None:
+    run_dir, summary = trained
+    fpr = summary["validation_fpr"]
+    assert fpr["sessions"] == 300 and fpr["resolved"]  # 300 clean sessions show 5 %
+    lo, hi = fpr["interval95"]
+    assert lo <= fpr["false_positives"] / 300 <= hi
+    assert "note" not in summary
+    for model in ("rnn", "ngram"):
+        assert set(summary["detection"][model]) == set(SCORES)
+        for m in summary["detection"][model].values():
+            assert m["tp"] + m["fn"] == 20 and m["fp"] + m["tn"] == 300
+    worst = summary["worst_sessions"]
+    assert len(worst) == 5 and worst[0]["score"] >= worst[-1]["score"]
+    assert all(w["top"] and w["label"] in (0, 1) for w in worst)
+    # Every score of a scored session is there, and the combined one is within its bounds.
+    run = load_events(run_dir)
+    (record,) = score_sessions(run, generate_sessions(1, seed=13), score="combined")
+    assert set(record["scores"]) == set(SCORES)
+    n_cal = summary["sessions"]["train"]
+    assert 0 <= record["scores"]["combined"] <= np.log(n_cal + 1) + 1e-9
+    assert record["scores"]["end"] == pytest.approx(
+        event_surprises(
+            run.model, [run.vocab.encode_events(generate_sessions(1, seed=13)[0].events)[0]]
+        )[0][0][-1]
+    )
+
+
+def test_few_validation_sessions_say_so(tmp_path: Path) -> None:
+    train_path, valid_path = tmp_path / "train.jsonl", tmp_path / "valid.jsonl"
+    write_sessions(train_path, generate_sessions(60, seed=1))
+    write_sessions(valid_path, generate_sessions(48, seed=2, prefix="v"))
+    cfg = _config(tmp_path, train_path, valid_path, epochs=1, hidden=8, embedding=4,
+                  extra={"target_fpr": 0.01, "threshold": "gpd"})  # fmt: skip
+    summary = train(cfg, quiet=True)
+    assert not summary["validation_fpr"]["resolved"]
+    assert summary["validation_fpr"]["resolvable"] == pytest.approx(0.074, abs=1e-3)
+    assert (
+        "48 normal validation sessions cannot show a false-positive rate of 0.01"
+        in (summary["note"])
+    )
+    assert "368" in summary["note"]
+    thresholds = json.loads((tmp_path / "run" / "thresholds.json").read_text())
+    assert thresholds["method"] == "gpd" and thresholds["version"] == 2
+    assert set(thresholds["how"]["rnn"]) == set(SCORES)

@@ -25,6 +25,7 @@ from typing import Any
 
 from rnnkit.anomaly import SCORES
 from rnnkit.errors import ConfigError, DataError
+from rnnkit.thresholds import THRESHOLD_METHODS
 
 __all__ = ["ScoreConfig", "register", "run"]
 
@@ -62,6 +63,7 @@ class ScoreConfig:
     until_idle: float | None = None
     poll: float = 0.2
     quiet: bool = False
+    threshold_method: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ScoreConfig:
@@ -105,7 +107,15 @@ class ScoreConfig:
             until_idle=args.until_idle,
             poll=args.poll,
             quiet=args.quiet,
+            threshold_method=_threshold_method(args),
         )
+
+
+def _threshold_method(args: argparse.Namespace) -> str | None:
+    method = getattr(args, "threshold_method", None)
+    if method is not None and args.target_fpr is None:
+        raise ConfigError("--threshold-method re-picks thresholds: give --target-fpr too")
+    return method
 
 
 def register(subparsers: Any) -> None:
@@ -149,13 +159,20 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--score",
         choices=SCORES,
-        help="session score giving the verdict: max surprise, mean surprise or count of "
-        "top-g misses (default: the run's)",
+        help="session score giving the verdict: max or mean surprise, count of top-g misses, "
+        "end (surprise of the session's end), norm (surprise against each event's typical "
+        "one) or combined (default: the run's; --follow: max, mean or count)",
     )
     p.add_argument(
         "--target-fpr",
         type=float,
         help="re-pick thresholds at this false-positive rate from the run's validation scores",
+    )
+    p.add_argument(
+        "--threshold-method",
+        choices=THRESHOLD_METHODS,
+        help="with --target-fpr: the empirical quantile, or a generalized Pareto tail fit "
+        "(gpd) for rates the validation sessions are too few to show",
     )
     p.add_argument("--threshold", type=float, help="anomalous when the score is above this")
     p.add_argument(
@@ -257,7 +274,9 @@ def _thresholds(config: ScoreConfig, run: Any) -> dict[str, dict[str, float]]:
 
     name = config.score or run.thresholds["score"]
     if config.target_fpr is not None:
-        limits = repick_thresholds(config.checkpoint, config.target_fpr)
+        limits = repick_thresholds(
+            config.checkpoint, config.target_fpr, config.threshold_method or "quantile"
+        )
     else:
         limits = {m: dict(run.thresholds[m]) for m in ("rnn", "ngram")}
     if config.threshold is not None:

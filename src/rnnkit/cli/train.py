@@ -258,6 +258,7 @@ def register(sub: Any) -> None:
         "enters the initial state (init), every step (input) or both; needs --bptt full; "
         "generate --condition LABEL",
     )
+    _add_events_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument(
@@ -272,6 +273,75 @@ def register(sub: Any) -> None:
 
 CONFIG_FIELDS = {f for f in TrainConfig.__dataclass_fields__} - {"extra"}
 
+#: ``--task events`` options: command-line name -> key of the config's ``extra``.
+EVENTS_OPTIONS = {
+    "events_target_fpr": "target_fpr",
+    "events_top_g": "top_g",
+    "events_window": "window",
+    "events_score": "score",
+    "events_threshold_method": "threshold",
+}
+
+
+def _add_events_options(p: argparse.ArgumentParser) -> None:
+    from rnnkit.anomaly import SCORES
+    from rnnkit.thresholds import THRESHOLD_METHODS
+
+    g = p.add_argument_group("anomaly detection (--task events)")
+    g.add_argument(
+        "--target-fpr",
+        dest="events_target_fpr",
+        type=float,
+        metavar="A",
+        help="false-positive rate the thresholds aim at on normal validation sessions "
+        "(default 0.01)",
+    )
+    g.add_argument(
+        "--top-g",
+        dest="events_top_g",
+        type=int,
+        metavar="G",
+        help="an event outside the G most probable is a miss (the count score; default 9)",
+    )
+    g.add_argument(
+        "--window",
+        dest="events_window",
+        type=int,
+        metavar="H",
+        help="each prediction sees only the last H events (DeepLog's window; default: "
+        "the whole session so far)",
+    )
+    g.add_argument(
+        "--score",
+        dest="events_score",
+        choices=SCORES,
+        help="the session score giving verdicts (default max); docs/anomaly.md compares them",
+    )
+    g.add_argument(
+        "--threshold-method",
+        dest="events_threshold_method",
+        choices=THRESHOLD_METHODS,
+        help="quantile: the empirical one (default); gpd: a generalized Pareto fit of the "
+        "validation scores' tail, for rates the validation sessions are too few to show",
+    )
+
+
+def _events_extra(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--task events`` options given, as the config's ``extra``."""
+    given = {
+        key: getattr(args, name)
+        for name, key in EVENTS_OPTIONS.items()
+        if getattr(args, name, None) is not None
+    }
+    if given and args.task != "events":
+        flags = ", ".join(
+            f"--{k.replace('events_', '').replace('_', '-')}"
+            for k in EVENTS_OPTIONS
+            if getattr(args, k, None) is not None
+        )
+        raise ConfigError(f"{flags} apply to --task events only")
+    return given
+
 
 RESUME_CHANGEABLE = {"epochs", "steps", "max_time", "eval_every", "patience", "device"}
 
@@ -280,8 +350,15 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     values = {k: v for k, v in vars(args).items() if k in CONFIG_FIELDS}
     if args.no_clip:
         values["clip_norm"] = None
+    extra = _events_extra(args)
     if not args.resume:
-        return TrainConfig(**values).validate()
+        if extra:
+            from rnnkit.tasks.events import options
+
+            options(TrainConfig(train=values["train"], extra=extra))  # ConfigError if bad
+        return TrainConfig(**values, extra=extra).validate()
+    if extra:
+        raise ConfigError("the anomaly-detection options cannot change on --resume")
     # --resume: the run's own config holds; options given on the command line may only
     # change how long or where to train. Anything else would be another model.
     from rnnkit.tasks.run import load_config
@@ -336,10 +413,44 @@ def _print_summary(summary: dict[str, Any]) -> None:
         ]
         if shown:
             print("validation " + ", ".join(shown))
+    if summary.get("task") == "events":
+        _print_detection(summary)
     for sample in summary.get("samples", []):
         print(f"sample: {sample!r}")
     if summary.get("report"):
         print(f"report: {summary['report']}")
+
+
+def _print_detection(summary: dict[str, Any]) -> None:
+    """The events run's thresholds, what validation shows of the false-positive rate, and
+    detection on labelled validation sessions, the recurrent model next to the n-gram."""
+    thr = summary["thresholds"]
+    name = thr["score"]
+    print(
+        f"threshold: {name} score above {thr['rnn'][name]:.4g} (target FPR "
+        f"{thr['target_fpr']:g}; {thr.get('how', 'empirical quantile')})"
+    )
+    fpr = summary.get("validation_fpr")
+    if fpr:
+        lo, hi = fpr["interval95"]
+        print(
+            f"validation: {fpr['false_positives']} of {fpr['sessions']} normal sessions above "
+            f"it; false-positive rate {lo:.2%} to {hi:.2%} (95 % Clopper–Pearson)"
+        )
+    if summary.get("note"):
+        print(f"note: {summary['note']}")
+    detection = summary.get("detection")
+    if not detection:
+        return
+    print(f"labelled validation sessions, {name} score:")
+    print("  model      AUC     precision recall  F1      TP    FP    FN    TN")
+    for model, label in (("rnn", "recurrent"), ("ngram", f"{summary['ngram']['order']}-gram")):
+        m = detection[model][name]
+        auc = f"{m['auc']:.4f}" if "auc" in m else "  -   "
+        print(
+            f"  {label:<10} {auc}  {m['precision']:.4f}    {m['recall']:.4f}  {m['f1']:.4f}  "
+            f"{m['tp']:<5} {m['fp']:<5} {m['fn']:<5} {m['tn']:<5}"
+        )
 
 
 def _write_report(out: str) -> str | None:

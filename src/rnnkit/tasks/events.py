@@ -7,9 +7,14 @@ the n-gram baseline on the same sessions, scores the normal validation sessions 
 models and stores, per model and per session score (:mod:`rnnkit.anomaly`), the threshold
 for the target false-positive rate. The run directory holds, besides the usual files::
 
-    thresholds.json            target FPR, top-g, the default score, every threshold
+    thresholds.json            target FPR, top-g, window, the default score, how thresholds
+                               are picked, every threshold
     valid_scores.safetensors   the validation sessions' scores (thresholds can be re-picked
-                               at another FPR without retraining: ``rnnkit score --target-fpr``)
+                               at another FPR without retraining: ``rnnkit score --target-fpr``),
+                               and those of labelled validation sessions (the report's curves)
+    calibration.safetensors    per model, each event's mean and standard deviation of
+                               surprise and the training sessions' scores: what the ``norm``
+                               and ``combined`` scores are measured against
     ngram.safetensors          the n-gram baseline
 
 Each session is one example: inputs ``<s> e_1 … e_n``, targets ``e_1 … e_n </s>``, padded
@@ -19,12 +24,17 @@ concatenated) through the last K steps. Sessions longer than ``--max-len`` are t
 pieces of that many events (a piece after the first starts from a zero state with the
 previous event as input); scoring always runs whole sessions, carrying the state.
 
-Options without a command-line flag come from ``cfg.extra``: ``target_fpr`` (0.01),
-``top_g`` (9, DeepLog's default) and ``score`` (``"max"``, ``"mean"`` or ``"count"``).
+Options of ``cfg.extra`` (``rnnkit train --target-fpr/--top-g/--window/--score/
+--threshold-method``): ``target_fpr`` (0.01), ``top_g`` (9, DeepLog's default), ``window``
+(None: each prediction sees the whole session so far; ``h``: only the last ``h`` events,
+from a zero state, as DeepLog's window, and training runs pieces of ``h`` events),
+``score`` (one of :data:`rnnkit.anomaly.SCORES`, default ``"max"``) and ``threshold``
+(``"quantile"`` or ``"gpd"``, :func:`rnnkit.thresholds.pick_threshold`).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -38,8 +48,16 @@ import torch
 from safetensors.numpy import load_file as load_numpy
 from safetensors.numpy import save_file as save_numpy
 
-from rnnkit.anomaly import SCORES, detection_metrics, session_scores, surprise_and_rank
-from rnnkit.anomaly import threshold_at_fpr as _threshold_at_fpr
+from rnnkit.anomaly import (
+    COMBINED_PARTS,
+    RUNNING_SCORES,
+    SCORES,
+    KeyStats,
+    combined_scores,
+    detection_metrics,
+    session_scores,
+    surprise_and_rank,
+)
 from rnnkit.anomaly import top_events as _top_events
 from rnnkit.config import TrainConfig, parse_bptt
 from rnnkit.data.batching import SequenceBatcher, lm_pairs, pad_sequences
@@ -58,6 +76,7 @@ from rnnkit.tasks.run import (
     train_options,
     warn,
 )
+from rnnkit.thresholds import THRESHOLD_METHODS, clopper_pearson, pick_threshold, resolvable_fpr
 from rnnkit.training.checkpoint import atomic_write_json, load_model_weights, read_json
 from rnnkit.training.loop import Trainer
 
@@ -74,7 +93,13 @@ __all__ = [
 ]
 
 #: Options read from ``cfg.extra`` and their defaults.
-DEFAULTS: dict[str, Any] = {"target_fpr": 0.01, "top_g": 9, "score": "max"}
+DEFAULTS: dict[str, Any] = {
+    "target_fpr": 0.01,
+    "top_g": 9,
+    "score": "max",
+    "window": None,
+    "threshold": "quantile",
+}
 THRESHOLDS_FORMAT = "rnnkit.thresholds"
 #: Steps per forward call when scoring: bounds memory whatever a session's length.
 SCORE_CHUNK = 512
@@ -83,8 +108,8 @@ SCORE_CHUNK = 512
 def options(cfg: TrainConfig) -> dict[str, Any]:
     """The events options of ``cfg.extra`` merged over :data:`DEFAULTS`, validated.
 
-    >>> options(TrainConfig(train="x", extra={"top_g": 3}))
-    {'target_fpr': 0.01, 'top_g': 3, 'score': 'max'}
+    >>> options(TrainConfig(train="x", extra={"top_g": 3}))["top_g"]
+    3
     """
     unknown = sorted(set(cfg.extra) - set(DEFAULTS))
     if unknown:
@@ -98,6 +123,14 @@ def options(cfg: TrainConfig) -> dict[str, Any]:
         raise ConfigError(f"top_g must be an integer ≥ 1, got {g!r}")
     if opts["score"] not in SCORES:
         raise ConfigError(f"score must be one of {', '.join(SCORES)}, got {opts['score']!r}")
+    h = opts["window"]
+    if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 1):
+        raise ConfigError(f"window must be an integer ≥ 1 (events of context), got {h!r}")
+    if opts["threshold"] not in THRESHOLD_METHODS:
+        raise ConfigError(
+            f"threshold method must be one of {', '.join(THRESHOLD_METHODS)}, "
+            f"got {opts['threshold']!r}"
+        )
     return opts
 
 
@@ -163,18 +196,63 @@ def _chunks(order: np.ndarray, size: int) -> Iterator[np.ndarray]:
 
 
 @torch.no_grad()
+def _windowed_surprises(
+    model: LanguageModel, seqs: Sequence[np.ndarray], batch_size: int, window: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`event_surprises` where each prediction sees only the last ``window`` inputs.
+
+    Prediction ``t`` (target ``y_t``) runs the model from a zero state over the inputs
+    ``x_{t−h+1} … x_t`` of ``x = <s> e_1 … e_n``, left-padded (a masked step holds the
+    zero state) to ``h`` steps: rows of ``(h,)`` windows, ``batch_size × 8`` per call.
+    """
+    device = next(model.parameters()).device
+    rows_x, rows_y, owner = [], [], []
+    for i, seq in enumerate(seqs):
+        x, y = lm_pairs(seq, BOS_ID, EOS_ID)
+        pos = np.arange(len(x))[:, None] - np.arange(window - 1, -1, -1)[None, :]  # (n+1, h)
+        # Column j of row t is input x_{t-h+1+j}; before the session's start: padding.
+        rows_x.append(np.where(pos >= 0, x[np.maximum(pos, 0)], 0))
+        rows_y.append(y)
+        owner.append(np.full(len(x), i))
+    xs, ys = np.concatenate(rows_x), np.concatenate(rows_y)
+    offsets = np.arange(window - 1, -1, -1)[None, :]  # how far back each column looks
+    mask_all = np.concatenate([(np.arange(len(y))[:, None] - offsets) >= 0 for y in rows_y])
+    surprise = np.empty(len(xs), dtype=np.float64)
+    rank = np.empty(len(xs), dtype=np.int64)
+    step = max(1, batch_size * 8)
+    for lo in range(0, len(xs), step):
+        hi = lo + step
+        inputs = torch.from_numpy(xs[lo:hi]).to(device)
+        mask = torch.from_numpy(mask_all[lo:hi]).to(device)
+        logits = model(inputs, mask=mask).logits[:, -1].float()  # (rows, V)
+        s, r = surprise_and_rank(
+            torch.log_softmax(logits, -1), torch.from_numpy(ys[lo:hi]).to(device)
+        )
+        surprise[lo:hi] = s.double().cpu().numpy()
+        rank[lo:hi] = r.cpu().numpy()
+    bounds = np.cumsum([0] + [len(y) for y in rows_y])
+    return [(surprise[a:b].copy(), rank[a:b].copy()) for a, b in itertools.pairwise(bounds)]
+
+
+@torch.no_grad()
 def event_surprises(
-    model: LanguageModel, seqs: Sequence[np.ndarray], batch_size: int = 64
+    model: LanguageModel,
+    seqs: Sequence[np.ndarray],
+    batch_size: int = 64,
+    window: int | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Surprise and rank of every event of every session, and of its end ``</s>``.
 
     Sessions run whole (the state carried across chunks of :data:`SCORE_CHUNK` steps, so
-    memory is bounded by ``batch_size × SCORE_CHUNK × V``), grouped by length.
+    memory is bounded by ``batch_size × SCORE_CHUNK × V``), grouped by length. With a
+    ``window`` ``h``, each prediction instead sees only the last ``h`` inputs, from a zero
+    state (DeepLog's history window).
 
     Args:
         model: the next-event LM (put in eval mode here).
         seqs: event id sequences, each ``(n,)`` with ``n ≥ 1``.
         batch_size: sessions per forward call.
+        window: None (whole sessions) or ``h ≥ 1``.
 
     Returns:
         Per session ``(surprise (n+1,) float64, rank (n+1,) int64)``; position ``n`` is the
@@ -187,6 +265,8 @@ def event_surprises(
     [(3,), (2,)]
     """
     model.eval()
+    if window is not None:
+        return _windowed_surprises(model, seqs, batch_size, window)
     device = next(model.parameters()).device
     out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(seqs)
     lengths = np.array([len(s) for s in seqs])
@@ -246,11 +326,71 @@ def ngram_surprises(
     return out
 
 
+def _targets(seq: np.ndarray) -> np.ndarray:
+    """The ids each surprise is of: the session's events, then ``</s>``."""
+    return np.append(np.asarray(seq, dtype=np.int64), EOS_ID)
+
+
+def _session_rows(
+    per_event: Sequence[tuple[np.ndarray, np.ndarray]],
+    seqs: Sequence[np.ndarray],
+    top_g: int,
+    keys: KeyStats | None,
+) -> list[dict[str, float | int]]:
+    return [
+        session_scores(s, r >= top_g, None if keys is None else keys.normalise(s, _targets(q)))
+        for (s, r), q in zip(per_event, seqs, strict=True)
+    ]
+
+
+@dataclass
+class Calibration:
+    """What a model's ``norm`` and ``combined`` scores are measured against: each event's
+    typical surprise, and the :data:`~rnnkit.anomaly.COMBINED_PARTS` scores of the
+    (normal) training sessions."""
+
+    keys: KeyStats
+    parts: dict[str, np.ndarray]
+
+    @classmethod
+    def fit(
+        cls,
+        per_event: Sequence[tuple[np.ndarray, np.ndarray]],
+        seqs: Sequence[np.ndarray],
+        vocab_size: int,
+        top_g: int,
+    ) -> Calibration:
+        pairs = [(s, _targets(q)) for (s, _), q in zip(per_event, seqs, strict=True)]
+        keys = KeyStats.fit(pairs, vocab_size)
+        rows = _session_rows(per_event, seqs, top_g, keys)
+        parts = {n: np.array([row[n] for row in rows], dtype=np.float64) for n in COMBINED_PARTS}
+        return cls(keys, parts)
+
+    def arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        out = {f"{prefix}/key_mean": self.keys.mean, f"{prefix}/key_std": self.keys.std}
+        out.update({f"{prefix}/parts/{n}": v for n, v in self.parts.items()})
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], prefix: str) -> Calibration:
+        keys = KeyStats(arrays[f"{prefix}/key_mean"], arrays[f"{prefix}/key_std"])
+        return cls(keys, {n: arrays[f"{prefix}/parts/{n}"] for n in COMBINED_PARTS})
+
+
 def _all_scores(
-    per_event: Sequence[tuple[np.ndarray, np.ndarray]], top_g: int
+    per_event: Sequence[tuple[np.ndarray, np.ndarray]],
+    seqs: Sequence[np.ndarray],
+    top_g: int,
+    calibration: Calibration | None,
 ) -> dict[str, np.ndarray]:
-    rows = [session_scores(s, r >= top_g) for s, r in per_event]
-    return {name: np.array([row[name] for row in rows], dtype=np.float64) for name in SCORES}
+    """Every session score, ``(n,)`` each; without a calibration (a run from before it was
+    stored) only the :data:`RUNNING_SCORES` and ``end``."""
+    rows = _session_rows(per_event, seqs, top_g, calibration and calibration.keys)
+    names = COMBINED_PARTS if calibration is not None else (*RUNNING_SCORES, "end")
+    out = {n: np.array([row[n] for row in rows], dtype=np.float64) for n in names}
+    if calibration is not None:
+        out["combined"] = combined_scores(calibration.parts, out)
+    return out
 
 
 # ---- data ------------------------------------------------------------------------------
@@ -356,8 +496,49 @@ def _loss_metrics(nats: float, tokens: int) -> dict[str, Any]:
     return {"loss_nats": loss, "tokens": tokens, "perplexity": math.exp(min(loss, 700))}
 
 
-def _valid_metrics(model: LanguageModel, data: EventsData, batch_size: int) -> dict[str, Any]:
-    per_event = event_surprises(model, data.valid, batch_size)
+def _sessions_to_resolve(target_fpr: float, confidence: float = 0.95) -> int:
+    """Fewest clean sessions whose Clopper–Pearson upper end reaches ``target_fpr``:
+    ``⌈ln((1−c)/2) / ln(1−α)⌉``.
+
+    >>> _sessions_to_resolve(0.01)
+    368
+    """
+    return math.ceil(math.log((1 - confidence) / 2) / math.log1p(-target_fpr))
+
+
+def _worst_sessions(
+    data: EventsData,
+    per_event: Sequence[tuple[np.ndarray, np.ndarray]],
+    normal: np.ndarray,
+    anomalous: np.ndarray,
+    top_g: int,
+    k: int = 5,
+    top: int = 3,
+) -> list[dict[str, Any]]:
+    """The ``k`` highest-scoring labelled validation sessions with their most surprising
+    events (for the report: what the model finds odd, right or wrong)."""
+    scores = np.r_[normal, anomalous]
+    seqs = data.valid + data.valid_anomalous
+    out = []
+    for i in np.argsort(-scores, kind="stable")[:k]:
+        events = [data.vocab.itos[t] for t in seqs[i]]
+        surprise, rank = per_event[i]
+        out.append(
+            {
+                "index": int(i if i < len(normal) else i - len(normal)),
+                "label": int(i >= len(normal)),
+                "score": float(scores[i]),
+                "events": len(events),
+                "top": _top_items(surprise, rank, seqs[i], events, top, top_g),
+            }
+        )
+    return out
+
+
+def _valid_metrics(
+    model: LanguageModel, data: EventsData, batch_size: int, window: int | None = None
+) -> dict[str, Any]:
+    per_event = event_surprises(model, data.valid, batch_size, window)
     nats = float(sum(s.sum() for s, _ in per_event))
     return _loss_metrics(nats, sum(len(s) for s, _ in per_event))
 
@@ -375,56 +556,84 @@ def _save_arrays(arrays: dict[str, np.ndarray], path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _thresholds(scores: dict[str, np.ndarray], target_fpr: float) -> dict[str, float]:
-    return {name: _threshold_at_fpr(values, target_fpr) for name, values in scores.items()}
+def _thresholds(
+    scores: dict[str, np.ndarray], target_fpr: float, method: str
+) -> tuple[dict[str, float], dict[str, str]]:
+    picked = {name: pick_threshold(values, target_fpr, method) for name, values in scores.items()}
+    return {k: v[0] for k, v in picked.items()}, {k: v[1] for k, v in picked.items()}
 
 
 def _write_thresholds(
     out: Path,
     opts: dict[str, Any],
-    rnn_scores: dict[str, np.ndarray],
-    ngram_scores: dict[str, np.ndarray],
+    valid_scores: dict[str, dict[str, np.ndarray]],
+    anomalous_scores: dict[str, dict[str, np.ndarray]] | None,
 ) -> dict[str, Any]:
     fpr = float(opts["target_fpr"])
+    rnn, rnn_how = _thresholds(valid_scores["rnn"], fpr, opts["threshold"])
+    ngram, ngram_how = _thresholds(valid_scores["ngram"], fpr, opts["threshold"])
     doc = {
         "format": THRESHOLDS_FORMAT,
-        "version": 1,
+        "version": 2,
         "target_fpr": fpr,
         "top_g": int(opts["top_g"]),
+        "window": opts["window"],
         "score": opts["score"],
-        "valid_sessions": len(rnn_scores["max"]),
-        "rnn": _thresholds(rnn_scores, fpr),
-        "ngram": _thresholds(ngram_scores, fpr),
+        "method": opts["threshold"],
+        "valid_sessions": len(valid_scores["rnn"]["max"]),
+        "rnn": rnn,
+        "ngram": ngram,
+        "how": {"rnn": rnn_how, "ngram": ngram_how},
     }
-    arrays = {f"rnn/{k}": v for k, v in rnn_scores.items()}
-    arrays.update({f"ngram/{k}": v for k, v in ngram_scores.items()})
+    arrays = {f"{m}/{k}": v for m, scores in valid_scores.items() for k, v in scores.items()}
+    if anomalous_scores:
+        # Labelled anomalous validation sessions: the report's ROC and PR curves.
+        arrays.update(
+            {f"anomalous/{m}/{k}": v for m, sc in anomalous_scores.items() for k, v in sc.items()}
+        )
     _save_arrays(arrays, out / "valid_scores.safetensors")
     atomic_write_json(out / "thresholds.json", doc)
     return doc
 
 
+def _scores_of_version(version: int) -> tuple[str, ...]:
+    return ("max", "mean", "count") if version == 1 else SCORES
+
+
 def read_thresholds(run_dir: str | Path) -> dict[str, Any]:
-    """``thresholds.json`` of a run, checked; errors name the file."""
+    """``thresholds.json`` of a run, checked; errors name the file.
+
+    Version 1 (runs from before the ``end``, ``norm`` and ``combined`` scores) holds
+    thresholds for ``max``, ``mean`` and ``count`` only; version 2 for every score.
+    """
     path = Path(run_dir) / "thresholds.json"
     doc = read_json(path)
     try:
+        names = _scores_of_version(doc["version"]) if doc["version"] in (1, 2) else ()
         ok = (
             doc["format"] == THRESHOLDS_FORMAT
-            and doc["version"] == 1
-            and doc["score"] in SCORES
-            and all(isinstance(doc[m][s], (int, float)) for m in ("rnn", "ngram") for s in SCORES)
+            and bool(names)
+            and doc["score"] in names
+            and all(isinstance(doc[m][s], (int, float)) for m in ("rnn", "ngram") for s in names)
             and isinstance(doc["top_g"], int)
             and 0 < doc["target_fpr"] < 1
         )
+        window = doc.get("window")
+        ok = ok and (window is None or (isinstance(window, int) and window >= 1))
     except (KeyError, TypeError):
         ok = False
     if not ok:
-        raise CheckpointError(f"{path}: not an rnnkit thresholds file of version 1")
+        raise CheckpointError(f"{path}: not an rnnkit thresholds file of version 1 or 2")
+    doc.setdefault("window", None)
+    doc.setdefault("method", "quantile")
     return doc
 
 
-def repick_thresholds(run_dir: str | Path, target_fpr: float) -> dict[str, dict[str, float]]:
-    """Thresholds at another false-positive rate, from the stored validation scores."""
+def repick_thresholds(
+    run_dir: str | Path, target_fpr: float, method: str = "quantile"
+) -> dict[str, dict[str, float]]:
+    """Thresholds at another false-positive rate (and method), from the stored validation
+    scores."""
     if not 0 < target_fpr < 1:
         raise ConfigError(f"--target-fpr must be in (0, 1), got {target_fpr}")
     path = Path(run_dir) / "valid_scores.safetensors"
@@ -433,11 +642,52 @@ def repick_thresholds(run_dir: str | Path, target_fpr: float) -> dict[str, dict[
     try:
         arrays = load_numpy(str(path))
         return {
-            m: {s: _threshold_at_fpr(arrays[f"{m}/{s}"], target_fpr) for s in SCORES}
+            m: {
+                s: pick_threshold(arrays[f"{m}/{s}"], target_fpr, method)[0]
+                for s in SCORES
+                if f"{m}/{s}" in arrays
+            }
             for m in ("rnn", "ngram")
         }
     except (KeyError, ValueError, OSError) as exc:
         raise CheckpointError(f"{path}: not valid ({exc})") from None
+
+
+def read_calibration(run_dir: str | Path) -> dict[str, Calibration] | None:
+    """``calibration.safetensors`` of a run per model, or None (a run from before it)."""
+    path = Path(run_dir) / "calibration.safetensors"
+    if not path.is_file():
+        return None
+    try:
+        arrays = load_numpy(str(path))
+        return {m: Calibration.from_arrays(arrays, m) for m in ("rnn", "ngram")}
+    except (KeyError, ValueError, OSError) as exc:
+        raise CheckpointError(f"{path}: not valid ({exc})") from None
+
+
+def validation_fpr(
+    normal_scores: np.ndarray, threshold: float, target_fpr: float
+) -> dict[str, Any]:
+    """What the validation sessions show about the false-positive rate at a threshold:
+    the count above it, its 95 % Clopper–Pearson interval, and the smallest rate these
+    sessions could show (:func:`rnnkit.thresholds.resolvable_fpr`).
+
+    >>> v = validation_fpr(np.array([0.1, 0.2, 0.3]), 0.25, 0.01)
+    >>> v["false_positives"], v["sessions"], v["resolved"]
+    (1, 3, False)
+    """
+    n = len(normal_scores)
+    k = int(np.sum(np.asarray(normal_scores) > threshold))
+    lo, hi = clopper_pearson(k, n)
+    smallest = resolvable_fpr(n)
+    return {
+        "false_positives": k,
+        "sessions": n,
+        "rate": k / n,
+        "interval95": [lo, hi],
+        "resolvable": smallest,
+        "resolved": bool(smallest <= target_fpr),
+    }
 
 
 # ---- training --------------------------------------------------------------------------
@@ -472,7 +722,9 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     init_output_bias(model, data.train)  # (resume then loads the saved weights over it)
     optimizer_cls = torch.optim.SGD if cfg.optimizer == "sgd" else torch.optim.Adam
     optimizer = optimizer_cls(model.parameters(), lr=cfg.lr)
-    pieces = [p for s in data.train for p in _pieces(s, cfg.max_len)]
+    # A window of h events: train on pieces of h (each from a zero state), as it scores.
+    piece_len = cfg.max_len if opts["window"] is None else min(cfg.max_len, opts["window"])
+    pieces = [p for s in data.train for p in _pieces(s, piece_len)]
     batches = SequenceBatcher(
         [p[0] for p in pieces],
         [p[1] for p in pieces],
@@ -501,7 +753,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         batches,
         step,
         train_options(cfg, quiet),
-        evaluate_fn=lambda m: _valid_metrics(m, data, cfg.batch_size),
+        evaluate_fn=lambda m: _valid_metrics(m, data, cfg.batch_size, opts["window"]),
         out_dir=out,
     )
     if resume:
@@ -515,14 +767,33 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     ngram.fit([np.concatenate([s, [EOS_ID]]) for s in data.train])
     _save_arrays(ngram.to_state(), out / "ngram.safetensors")
 
-    g = int(opts["top_g"])
-    rnn_valid = event_surprises(model, data.valid, cfg.batch_size)
+    g, h, bs, size = int(opts["top_g"]), opts["window"], cfg.batch_size, len(data.vocab)
+    calibration = {
+        "rnn": Calibration.fit(event_surprises(model, data.train, bs, h), data.train, size, g),
+        "ngram": Calibration.fit(ngram_surprises(ngram, data.train), data.train, size, g),
+    }
+    arrays = {k: v for m, c in calibration.items() for k, v in c.arrays(m).items()}
+    _save_arrays(arrays, out / "calibration.safetensors")
+    rnn_valid = event_surprises(model, data.valid, bs, h)
     ngram_valid = ngram_surprises(ngram, data.valid)
-    thresholds = _write_thresholds(
-        out, opts, _all_scores(rnn_valid, g), _all_scores(ngram_valid, g)
-    )
+    valid_scores = {
+        "rnn": _all_scores(rnn_valid, data.valid, g, calibration["rnn"]),
+        "ngram": _all_scores(ngram_valid, data.valid, g, calibration["ngram"]),
+    }
+    anomalous_scores = None
+    if data.valid_anomalous:
+        anomalous_per_event = {
+            "rnn": event_surprises(model, data.valid_anomalous, bs, h),
+            "ngram": ngram_surprises(ngram, data.valid_anomalous),
+        }
+        anomalous_scores = {
+            m: _all_scores(per, data.valid_anomalous, g, calibration[m])
+            for m, per in anomalous_per_event.items()
+        }
+    thresholds = _write_thresholds(out, opts, valid_scores, anomalous_scores)
     ngram_nats = float(sum(s.sum() for s, _ in ngram_valid))
     tokens = sum(len(s) for s, _ in ngram_valid)
+    name = opts["score"]
     summary: dict[str, Any] = {
         "task": "events",
         "steps": result.steps,
@@ -543,19 +814,43 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
             "valid_anomalous": len(data.valid_anomalous),
         },
         "unknown_valid_events": data.unknown_valid,
-        "thresholds": {k: thresholds[k] for k in ("target_fpr", "top_g", "score", "rnn", "ngram")},
+        "thresholds": {
+            **{k: thresholds[k] for k in ("target_fpr", "top_g", "window", "score", "method")},
+            "rnn": thresholds["rnn"],
+            "ngram": thresholds["ngram"],
+            "how": thresholds["how"]["rnn"][name],
+        },
     }
-    if len(data.valid) * opts["target_fpr"] < 1:
+    fpr = validation_fpr(valid_scores["rnn"][name], thresholds["rnn"][name], opts["target_fpr"])
+    summary["validation_fpr"] = fpr
+    if not fpr["resolved"]:
         summary["note"] = (
-            f"{len(data.valid)} normal validation sessions cannot resolve a false-positive "
-            f"rate of {opts['target_fpr']}: the threshold is the largest validation score"
+            f"{len(data.valid)} normal validation sessions cannot show a false-positive rate "
+            f"of {opts['target_fpr']:g}: even none above the threshold leaves up to "
+            f"{fpr['resolvable']:.2%} (95 % Clopper–Pearson); validate on at least "
+            f"{_sessions_to_resolve(opts['target_fpr'])} normal sessions"
+            + ("" if opts["threshold"] == "gpd" else ", or pick it with --threshold-method gpd")
         )
-    if data.valid_anomalous:
-        labels = [0] * len(data.valid) + [1] * len(data.valid_anomalous)
-        rnn_all = rnn_valid + event_surprises(model, data.valid_anomalous, cfg.batch_size)
-        name = opts["score"]
-        scores = _all_scores(rnn_all, g)[name]
-        summary["valid_detection"] = detection_metrics(scores, labels, thresholds["rnn"][name])
+    if anomalous_scores is not None:
+        labels = np.r_[np.zeros(len(data.valid)), np.ones(len(data.valid_anomalous))]
+        detection = {
+            m: {
+                n: detection_metrics(
+                    np.r_[valid_scores[m][n], anomalous_scores[m][n]], labels, thresholds[m][n]
+                )
+                for n in SCORES
+            }
+            for m in ("rnn", "ngram")
+        }
+        summary["valid_detection"] = detection["rnn"][name]
+        summary["detection"] = detection
+        summary["worst_sessions"] = _worst_sessions(
+            data,
+            rnn_valid + anomalous_per_event["rnn"],
+            valid_scores["rnn"][name],
+            anomalous_scores["rnn"][name],
+            g,
+        )
     atomic_write_json(out / "summary.json", summary)
     return summary
 
@@ -572,6 +867,28 @@ class EventsModel:
     model: LanguageModel
     thresholds: dict[str, Any]
     ngram: NGramModel | None
+    calibration: dict[str, Calibration] | None = None
+
+    @property
+    def scores(self) -> tuple[str, ...]:
+        """The session scores this run has thresholds for (every one, unless the run
+        predates the calibration)."""
+        complete = self.calibration is not None and self.thresholds["version"] >= 2
+        return SCORES if complete else RUNNING_SCORES
+
+    def check_score(self, name: str) -> None:
+        """ConfigError unless this run can give the score ``name``."""
+        if name not in SCORES:
+            raise ConfigError(f"--score must be one of {', '.join(SCORES)}, got {name!r}")
+        if name not in self.scores:
+            raise ConfigError(
+                f"--score {name} needs calibration.safetensors, which this run predates "
+                f"(retrain it; scores here: {', '.join(self.scores)})"
+            )
+
+    def surprises(self, seqs: Sequence[np.ndarray], batch_size: int) -> list[Any]:
+        """:func:`event_surprises` with the run's window."""
+        return event_surprises(self.model, seqs, batch_size, self.thresholds.get("window"))
 
 
 def load_events(run_dir: str | Path, device: str = "cpu") -> EventsModel:
@@ -588,7 +905,7 @@ def load_events(run_dir: str | Path, device: str = "cpu") -> EventsModel:
     ngram_path = run_dir / "ngram.safetensors"
     if ngram_path.is_file():
         ngram = NGramModel.from_state(load_numpy(str(ngram_path)))
-    return EventsModel(cfg, vocab, model, thresholds, ngram)
+    return EventsModel(cfg, vocab, model, thresholds, ngram, read_calibration(run_dir))
 
 
 def _top_items(
@@ -637,9 +954,9 @@ def score_sessions(
         ["label"], ["ngram"]}``.
     """
     name = score or run.thresholds["score"]
-    if name not in SCORES:
-        raise ConfigError(f"--score must be one of {', '.join(SCORES)}, got {name!r}")
+    run.check_score(name)
     limits = thresholds or {m: run.thresholds[m] for m in ("rnn", "ngram")}
+    cal = run.calibration or {}
     g = int(run.thresholds["top_g"])
     if ngram and run.ngram is None:
         raise CheckpointError("this run has no ngram.safetensors")
@@ -648,11 +965,13 @@ def score_sessions(
     def flush() -> Iterator[dict[str, Any]]:
         encoded = [run.vocab.encode_events(s.events) for s in batch]
         seqs = [ids for ids, _ in encoded]
-        per_event = event_surprises(run.model, seqs, batch_size)
+        per_event = run.surprises(seqs, batch_size)
         per_ngram = ngram_surprises(run.ngram, seqs) if ngram and run.ngram else None
+        all_rnn = _all_scores(per_event, seqs, g, cal.get("rnn"))
+        all_ngram = _all_scores(per_ngram, seqs, g, cal.get("ngram")) if per_ngram else None
         for i, session in enumerate(batch):
             surprise, rank = per_event[i]
-            scores = session_scores(surprise, rank >= g)
+            scores = _row(all_rnn, i)
             value = float(scores[name])
             limit = float(limits["rnn"][name])
             record: dict[str, Any] = {
@@ -668,7 +987,8 @@ def score_sessions(
             if session.label is not None:
                 record["label"] = session.label
             if per_ngram is not None:
-                ns = session_scores(per_ngram[i][0], per_ngram[i][1] >= g)
+                assert all_ngram is not None
+                ns = _row(all_ngram, i)
                 nlimit = float(limits["ngram"][name])
                 record["ngram"] = {
                     "score": float(ns[name]),
@@ -687,6 +1007,11 @@ def score_sessions(
         yield from flush()
 
 
+def _row(scores: dict[str, np.ndarray], i: int) -> dict[str, float | int]:
+    """Session ``i``'s scores as plain numbers (``count`` an integer)."""
+    return {k: int(v[i]) if k == "count" else float(v[i]) for k, v in scores.items()}
+
+
 def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None) -> dict[str, Any]:
     """Score a labelled (or unlabelled) session file with the model and the baseline.
 
@@ -703,7 +1028,7 @@ def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None)
     seqs = [ids for ids, _ in encoded]
     g = int(run.thresholds["top_g"])
     name = run.thresholds["score"]
-    rnn = event_surprises(run.model, seqs, bs)
+    rnn = run.surprises(seqs, bs)
     nats = float(sum(s.sum() for s, _ in rnn))
     metrics: dict[str, Any] = {
         **_loss_metrics(nats, sum(len(s) for s, _ in rnn)),
@@ -729,9 +1054,12 @@ def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None)
     metrics["labelled"] = len(labelled)
     metrics["anomalous_sessions"] = int(labels.sum())
     models = {"rnn": rnn, **({"ngram": ngram_per} if ngram_per is not None else {})}
+    cal = run.calibration or {}
     for model_name, per_event in models.items():
-        scores = _all_scores([per_event[i] for i in labelled], g)
-        for score_name in SCORES:
+        scores = _all_scores(
+            [per_event[i] for i in labelled], [seqs[i] for i in labelled], g, cal.get(model_name)
+        )
+        for score_name in run.scores:
             m = detection_metrics(
                 scores[score_name], labels, run.thresholds[model_name][score_name]
             )

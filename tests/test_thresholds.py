@@ -1,0 +1,111 @@
+"""Thresholds that say how far they can be trusted: the generalized Pareto tail fit and
+the Clopper–Pearson interval, against hand-computed values and known distributions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from rnnkit.anomaly import threshold_at_fpr
+from rnnkit.thresholds import (
+    GPDFit,
+    clopper_pearson,
+    fit_gpd_pwm,
+    gpd_threshold,
+    pick_threshold,
+    resolvable_fpr,
+)
+
+
+def test_pwm_fit_by_hand() -> None:
+    # y = 1, 2, 3: p_j = (j − 0.35)/3, a0 = 2, a1 = Σ (1 − p_j) y_j / 3.
+    a0 = 2.0
+    a1 = ((1 - 0.65 / 3) * 1 + (1 - 1.65 / 3) * 2 + (1 - 2.65 / 3) * 3) / 3
+    xi, sigma = fit_gpd_pwm([3.0, 1.0, 2.0])
+    assert xi == pytest.approx(2 - a0 / (a0 - 2 * a1))
+    assert sigma == pytest.approx(2 * a0 * a1 / (a0 - 2 * a1))
+    for bad in ([1.0], [-1.0, 2.0], [0.0, 0.0, 0.0]):
+        with pytest.raises(ValueError):
+            fit_gpd_pwm(bad)
+
+
+@pytest.mark.parametrize("xi", [-0.2, 0.0, 0.3])
+def test_pwm_fit_recovers_a_known_tail(xi: float) -> None:
+    # Inverse-CDF samples of GPD(ξ, σ = 2): y = σ/ξ ((1 − U)^(−ξ) − 1), or −σ ln(1 − U).
+    u = np.random.default_rng(0).random(50_000)
+    y = -2.0 * np.log1p(-u) if xi == 0 else 2.0 / xi * ((1 - u) ** (-xi) - 1)
+    got_xi, got_sigma = fit_gpd_pwm(y)
+    assert got_xi == pytest.approx(xi, abs=0.03)
+    assert got_sigma == pytest.approx(2.0, rel=0.03)
+
+
+def test_gpd_quantile_by_hand() -> None:
+    # rate 0.01 of n = 100 with m = 10 exceedances: r = 0.1.
+    assert GPDFit(u=1.0, xi=0.5, sigma=2.0, m=10, n=100).quantile(0.01) == pytest.approx(
+        1 + 2 / 0.5 * (0.1**-0.5 - 1)
+    )
+    assert GPDFit(u=1.0, xi=0.0, sigma=2.0, m=10, n=100).quantile(0.01) == pytest.approx(
+        1 - 2 * math.log(0.1)
+    )
+
+
+def test_tail_threshold_extrapolates_past_the_largest_score() -> None:
+    # 300 exponential scores: the true score exceeded 0.1 % of the time is ln 1000 = 6.91.
+    # The empirical quantile cannot go past the largest of 300 (n·α < 1); the tail fit
+    # can, and over many draws it lands on the true quantile (one draw of 30 exceedances
+    # varies a lot: the median of 60 is compared).
+    fitted, largest = [], []
+    for seed in range(60):
+        scores = np.random.default_rng(seed).exponential(size=300)
+        threshold, how = pick_threshold(scores, 0.001, "gpd")
+        assert how.startswith("generalized Pareto")
+        fit = gpd_threshold(scores, 0.001)
+        assert fit.m == 30 and fit.n == 300 and threshold == fit.quantile(0.001)
+        fitted.append(threshold)
+        largest.append(scores.max())
+    assert np.median(fitted) == pytest.approx(math.log(1000), rel=0.08)
+    assert np.median(largest) < 0.9 * math.log(1000)  # where the empirical one would sit
+
+
+def test_tail_threshold_falls_back_to_the_empirical_quantile() -> None:
+    scores = np.arange(100, dtype=float)
+    empirical = threshold_at_fpr(scores, 0.2)
+    # The target is within the scores' reach: 0.2 · 100 = 20 ≥ 10 exceedances.
+    assert pick_threshold(scores, 0.2, "gpd") == (
+        empirical,
+        "empirical quantile (the target is within the validation scores)",
+    )
+    # Ties: 95 equal scores and 5 larger leave too few exceedances to fit.
+    tied = np.r_[np.zeros(95), np.arange(1, 6)]
+    value, how = pick_threshold(tied, 0.001, "gpd")
+    assert value == threshold_at_fpr(tied, 0.001) and "tail fit impossible" in how
+    with pytest.raises(ValueError, match="threshold method"):
+        pick_threshold(scores, 0.1, "median")
+
+
+def test_clopper_pearson_closed_forms() -> None:
+    for n in (1, 7, 48, 1000):
+        lo, hi = clopper_pearson(0, n)
+        assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / n), rel=1e-9)
+        lo, hi = clopper_pearson(n, n)
+        assert hi == 1.0 and lo == pytest.approx(0.025 ** (1 / n), rel=1e-9)
+    lo, hi = clopper_pearson(1, 2)
+    assert lo == pytest.approx(1 - math.sqrt(0.975)) and hi == pytest.approx(math.sqrt(0.975))
+    # A tabulated value: 5 of 20, 95 %: [0.0866, 0.4910].
+    lo, hi = clopper_pearson(5, 20)
+    assert lo == pytest.approx(0.0866, abs=1e-4) and hi == pytest.approx(0.4910, abs=1e-4)
+    # Symmetry: k of n and n − k of n mirror each other.
+    lo, hi = clopper_pearson(3, 11, confidence=0.9)
+    lo2, hi2 = clopper_pearson(8, 11, confidence=0.9)
+    assert lo == pytest.approx(1 - hi2) and hi == pytest.approx(1 - lo2)
+    for k, n in ((-1, 3), (4, 3), (0, 0)):
+        with pytest.raises(ValueError):
+            clopper_pearson(k, n)
+
+
+def test_resolvable_fpr() -> None:
+    # 48 clean sessions vouch for no rate under 7.4 %; 368 are the fewest for 1 %.
+    assert resolvable_fpr(48) == pytest.approx(0.0740, abs=1e-4)
+    assert resolvable_fpr(367) > 0.01 >= resolvable_fpr(368)
