@@ -14,7 +14,9 @@ import pytest
 import torch
 from torch.autograd.function import BackwardCFunction
 
+from rnnkit import RNNCell
 from rnnkit.cells.kernel import Weights
+from rnnkit.diagnostics.contributions import step_contributions
 from rnnkit.recurrence import run_recurrence
 
 pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
@@ -211,12 +213,12 @@ def test_garbage_in_padding_is_ignored(cell_spec, gen, holey_mask):
 
 
 def truncated_reference(spec, cell, x, s0, mask, tau, g_out, g_fin):
-    """Autograd of the explicitly truncated graph of SPEC §3.
+    """Autograd of the explicitly truncated graph of windowed BPTT(τ).
 
-    The loss at step t (on ``h_t``, 1-based) is recomputed from ``h_{t−τ}`` with that state
-    detached, so its gradient flows back through exactly τ steps; where ``t − τ ≤ 0`` the
-    recomputation starts from the (differentiable) initial state. The final-state loss is a
-    loss at step T.
+    The loss at step t (on ``h_t``, 1-based) is recomputed over steps ``t − τ … t`` from
+    ``h_{t−τ−1}`` with that state detached, so ``∂h_t/∂h_k`` keeps at most τ factors; where
+    ``t − τ − 1 < 0`` the recomputation starts from the (differentiable) initial state. The
+    final-state loss is a loss at step T.
     """
     with torch.no_grad():  # the state values h_0..h_T
         states = [tuple(s.detach() for s in s0)]
@@ -228,8 +230,8 @@ def truncated_reference(spec, cell, x, s0, mask, tau, g_out, g_fin):
     n_steps = x.shape[0]
 
     def window_run(t):  # returns the state h_t recomputed over its window, t in 1..T
-        start = t - tau
-        prev = s0 if start <= 0 else states[start]
+        start = t - tau - 1  # the detached state h_{t−τ−1}
+        prev = s0 if start < 0 else states[start]
         first = max(start, 0)
         m = None if mask is None else mask[first:t]
         _, fin = spec.run(cell, x[first:t], prev, m)
@@ -280,14 +282,37 @@ def test_window_at_least_seq_len_is_full_bptt(cell_spec, gen, holey_mask, tau):
 @pytest.mark.parametrize("tau", [1, 2])
 def test_window_limits_how_far_a_loss_reaches(cell_spec, gen, tau):
     """Hand check: with BPTT(τ) a loss on h_t alone gives ∂/∂x_s ≠ 0 exactly for
-    t − τ < s ≤ t, and no gradient to the initial state unless t ≤ τ."""
+    t − τ ≤ s ≤ t, and a gradient to the initial state exactly when t ≤ τ."""
     cell, x, s0, _, _ = make_case(cell_spec, gen)
     t = 5  # 1-based step of the loss
     out, _ = run_recurrence(cell.kernel, x, cell.weights(), s0, None, window=tau)
     d_x, *d_s0 = torch.autograd.grad(out[t - 1].sum(), [x, *s0])
     reached = [s + 1 for s in range(T) if bool(d_x[s].abs().sum() > 0)]
-    assert reached == list(range(t - tau + 1, t + 1))
+    assert reached == list(range(t - tau, t + 1))
     assert all(torch.count_nonzero(d) == 0 for d in d_s0)
-    out, _ = run_recurrence(cell.kernel, x, cell.weights(), s0, None, window=tau)
-    d_s0 = torch.autograd.grad(out[tau - 1].sum(), s0[0])[0]
-    assert torch.count_nonzero(d_s0) > 0
+    for t, reaches_h0 in ((tau, True), (tau + 1, False)):
+        out, _ = run_recurrence(cell.kernel, x, cell.weights(), s0, None, window=tau)
+        d_s0 = torch.autograd.grad(out[t - 1].sum(), s0[0])[0]
+        assert (torch.count_nonzero(d_s0) > 0) == reaches_h0
+
+
+def test_lecture_example_tau3_loss_at_step_10_reaches_steps_7_to_10():
+    """The worked example of windowed BPTT: τ = 3, the loss at step t = 10 gets weight
+    gradient contributions from k = 7, 8, 9, 10 and exactly none from k ≤ 6."""
+    torch.manual_seed(0)
+    cell = RNNCell(2, 3).double()
+    x = torch.randn(1, 12, 2, dtype=DT)
+    d_out = torch.zeros(1, 12, 3, dtype=DT)
+    d_out[0, 9] = torch.randn(3, dtype=DT)  # a loss on h_10 only
+    c = step_contributions(cell, x, d_out, window=3)
+    for name in ("weight_hh", "weight_ih", "bias"):
+        norms = c.norms()[name]
+        reached = [k + 1 for k in range(12) if float(norms[k]) != 0.0]
+        assert reached == [7, 8, 9, 10], (name, norms)
+    # the same figures as autograd of the graph with h_6 detached
+    xt, w = x.transpose(0, 1), cell.weights()
+    with torch.no_grad():
+        h6 = run_recurrence(cell.kernel, xt[:6], w, (torch.zeros(1, 3, dtype=DT),), None)[1]
+    out, _ = run_recurrence(cell.kernel, xt[6:10], w, h6, None)
+    want = torch.autograd.grad((out[-1] * d_out[0, 9]).sum(), cell.weight_hh)[0]
+    torch.testing.assert_close(c.weight_hh.sum(0), want, **TOL)

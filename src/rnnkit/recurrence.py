@@ -19,8 +19,10 @@ then every weight gradient is ONE matrix product over all steps:
 ``∂L/∂W_ih = d_gatesᵀ x``, ``∂L/∂W_hh = d_gatesᵀ h_prev``, ``∂L/∂x = d_gates W_ih``,
 ``∂L/∂b = Σ d_gates`` — as cuDNN and haste do.
 
-Truncation is a property of this loop too: ``window=τ`` gives the exact BPTT(τ) of SPEC §3
-(the loss at step t reaches back to ``h_{t−τ}`` and no further).
+Truncation is a property of this loop too: ``window=τ`` gives the exact windowed BPTT(τ):
+the gradient of the loss at step t flows back τ steps, to ``h_{t−τ}``, so every product
+``∂h_t/∂h_k`` has at most τ factors and the steps ``k = t−τ … t`` contribute to the weight
+gradients (τ = 3, t = 10: k = 7, 8, 9, 10; docs/bptt.md).
 
 Under ``torch.autocast`` (mixed precision) the loop runs with autocast off, in its
 weights' dtype: a float16/bfloat16 input or initial state is cast up first (``rnnkit.amp``
@@ -298,9 +300,10 @@ def backward_sweep(
         return Sweep(d_xp, d_hp, tuple(d0))
 
     # Exact BPTT(τ): the loss at step t (its output gradient; the final-state gradient
-    # counts as a loss at step T) is carried back through its own step and τ − 1 earlier
-    # ones, then dropped — h_{t−τ} receives it, the step producing h_{t−τ} does not. Each
-    # injection is its own sweep (O(T·τ) steps): a sum of windows is not one sweep.
+    # counts as a loss at step T) is carried back to h_{t−τ} (τ Jacobian factors), and the
+    # step producing h_{t−τ} still contributes its local gradient: steps t−τ … t, τ + 1 of
+    # them. h_{t−τ−1} receives nothing, so the initial state h_0 is reached only for t ≤ τ.
+    # Each injection is its own sweep (O(T·τ) steps): a sum of windows is not one sweep.
     tmp_xp = like.new_empty(B, G * H)
     tmp_hp = like.new_empty(B, H) if separate_hp else tmp_xp
     d0 = [z.clone() for z in zeros]
@@ -308,9 +311,13 @@ def backward_sweep(
     if any(d is not None for d in d_finals):
         injections.append((T - 1, finals))
     for t_inj, inj in injections:
-        stop = max(t_inj - window, -1)
-        d_state = sweep([d.clone() for d in inj], t_inj, stop, lambda t: tmp_xp, lambda t: tmp_hp)
-        if stop == -1:  # the window reached the initial state
+        # 0-based step t_inj is 1-based step t = t_inj + 1; its window is 1-based steps
+        # t − τ … t, i.e. 0-based t_inj − τ − 1 (exclusive) down to t_inj − τ.
+        stop = t_inj - window - 1
+        d_state = sweep(
+            [d.clone() for d in inj], t_inj, max(stop, -1), lambda t: tmp_xp, lambda t: tmp_hp
+        )
+        if stop < -1:  # t ≤ τ: ∂h_t/∂h_0 has at most τ factors, h_0 is inside the window
             for k in range(n):
                 d0[k] += d_state[k]
     return Sweep(d_xp, d_hp, tuple(d0))

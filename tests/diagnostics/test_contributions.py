@@ -109,7 +109,7 @@ def oracle(cell, x, R, state, mask, reverse=False, window=None):
                     k += 1
                     if g is None or j > t:
                         continue
-                    if window is not None and t - j >= window:
+                    if window is not None and t - j > window:  # BPTT(τ): lags 0 … τ
                         continue
                     steps[n][order[j]] += g
                     lags[n][t - j] += g
@@ -178,7 +178,8 @@ def test_window_truncates_exactly() -> None:
     for name, want in want_steps.items():
         torch.testing.assert_close(steps.parameters()[name], want, rtol=0, atol=1e-10)
         torch.testing.assert_close(lags.parameters()[name], want_lags[name], rtol=0, atol=1e-10)
-    assert torch.count_nonzero(lags.weight_hh[window:]) == 0  # nothing longer than τ − 1
+    assert torch.count_nonzero(lags.weight_hh[window + 1 :]) == 0  # nothing longer than τ
+    assert torch.count_nonzero(lags.weight_hh[window]) > 0  # ... and lag τ itself is there
     # ... and the total is the layer's own BPTT(τ).
     mask = MASK.clone()
     mask[2, 0] = True

@@ -188,11 +188,12 @@ def test_gradient_does_not_cross_the_segment_cut():
 
 # -- 4. window truncation BPTT(τ) ------------------------------------------------------------
 def truncated_graph_loss(lm, x, y, mask, tau):
-    """Σ_t ℓ_t / N where ℓ_t is recomputed from the DETACHED state after step t−τ."""
+    """Σ_t ℓ_t / N where ℓ_t is recomputed over steps t−τ … t from the DETACHED state
+    before step t−τ."""
     total = x.new_zeros((), dtype=torch.float64)
     T = x.shape[1]
     for t in range(T):
-        lo = max(t - tau + 1, 0)
+        lo = max(t - tau, 0)
         state = None
         if lo > 0:
             with torch.no_grad():
@@ -265,7 +266,7 @@ def test_window_with_starts_reaches_back_at_most_tau_steps():
     starts[0, 4] = True  # row 0 starts a document at 4; row 1 runs straight through
     lm(x, starts=starts, window=2).logits[1, 5].sum().backward()
     g = kept[0].grad[1].abs().sum(-1)
-    assert torch.all(g[:4] == 0), g  # window 2 from step 5: steps 4 and 5 only
+    assert torch.all(g[:3] == 0), g  # window 2 from step 5: steps 3, 4 and 5 only
 
 
 # -- 5. document starts reset the state ------------------------------------------------------

@@ -164,8 +164,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--window",
         type=int,
         metavar="TAU",
-        help="check windowed BPTT(TAU) against differences of the same truncated graph "
-        "(default: full BPTT)",
+        help="check windowed BPTT(TAU) (the loss at step t reaches steps t-TAU..t) against "
+        "differences of the same truncated graph (default: full BPTT)",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of weights, data, mask and loss (default 0)"

@@ -150,7 +150,7 @@ def register(sub: Any) -> None:
         "--bptt",
         default=d.bptt,
         help="full | segment:K (streams, state carried) | window:K (exact "
-        "BPTT(K)); default %(default)s",
+        "windowed BPTT(K): the loss at step t reaches steps t-K..t); default %(default)s",
     )
     g.add_argument("--eval-every", type=int, help="validate every N steps (default: each epoch)")
     g.add_argument("--patience", type=int, help="early stop after N validations without gain")

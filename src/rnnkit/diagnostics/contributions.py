@@ -343,7 +343,7 @@ def lag_contributions(
         for t in range(T):
             if not bool(d_out[t].any()):
                 continue
-            start = 0 if window is None else max(0, t - window + 1)
+            start = 0 if window is None else max(0, t - window)  # steps t − τ … t
             sub = sub_record(record, start, t + 1)
             d_sub = torch.zeros_like(d_out[start : t + 1])
             d_sub[-1] = d_out[t]

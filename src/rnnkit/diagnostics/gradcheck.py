@@ -9,8 +9,9 @@ gradients of every parameter, the input and the initial state; central differenc
 
 With ``window=τ`` the explicit gradient is BPTT(τ), the gradient of a truncated graph, so
 the reference is too: for each direction, from the top layer down, the truncated loss
-``F = Σ_t ⟨∂L/∂h_t, h_t⟩`` where ``h_t`` is recomputed from the state ``τ`` steps earlier
-held FIXED at its unperturbed value (the initial state stays variable); central
+``F = Σ_t ⟨∂L/∂h_t, h_t⟩`` where ``h_t`` is recomputed over steps ``t − τ … t`` from the
+state before them held FIXED at its unperturbed value (the initial state stays variable,
+so it is reached for ``t ≤ τ``); central
 differences of ``F`` give that direction's truncated gradients, and its input gradient
 becomes the output gradient of the layer below.
 
@@ -234,11 +235,14 @@ def _direction_reference(
         d_r = flip_sequences(d_r, mask_t)[0]  # reading order
     x_var = x.clone(memory_format=torch.contiguous_format)
     s0_var = tuple(s.clone(memory_format=torch.contiguous_format) for s in s0)
-    # Window of injection t: steps t − τ + 1 … t, as rows (t, b) of one batch.
-    idx = torch.arange(T)[:, None] - window + 1 + torch.arange(window)[None, :]  # (T, τ)
+    # Window of injection t: steps t − τ … t (τ + 1 of them, from the detached state
+    # before step t − τ), as rows (t, b) of one batch. Where t − τ < 0 the window starts at
+    # the live initial state.
+    span = window + 1
+    idx = torch.arange(T)[:, None] - window + torch.arange(span)[None, :]  # (T, τ + 1)
     inside = idx >= 0
     idx = idx.clamp(min=0)
-    starts_at_zero = (torch.arange(T) - window + 1 <= 0)[:, None]  # (T, 1)
+    starts_at_zero = (torch.arange(T) - window < 0)[:, None]  # (T, 1)
     w = detached_weights(cell)
 
     def objective() -> Tensor:
@@ -247,10 +251,10 @@ def _direction_reference(
         if direction.reverse:
             xt = flip_sequences(xt, mask_t)[0]
             mr = flip_sequences(mask_t, mask_t)[0]  # the mask in reading order
-        xw = xt[idx.T].reshape(window, T * B, -1)  # (τ, T, B, I) → (τ, T·B, I)
-        mw = (mr[idx.T] & inside.T[:, :, None]).reshape(window, T * B, 1)
+        xw = xt[idx.T].reshape(span, T * B, -1)  # (τ + 1, T, B, I) → (τ + 1, T·B, I)
+        mw = (mr[idx.T] & inside.T[:, :, None]).reshape(span, T * B, 1)
         xw = torch.where(mw, xw, 0.0)
-        start_index = (torch.arange(T) - window + 1).clamp(min=0)
+        start_index = (torch.arange(T) - window).clamp(min=0)
         starts = tuple(
             torch.where(starts_at_zero[:, :, None], s.expand(T, B, -1), f[start_index]).reshape(
                 T * B, -1
