@@ -4,6 +4,7 @@ round-trips, and unknown keys or wrong types in it are refused."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -175,3 +176,32 @@ def test_from_dict_accepts_set_and_unset_optionals(key, value):
 def test_out_of_range_integers_are_config_errors(change: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         TrainConfig(train="t.txt", **change).validate()
+
+
+def test_the_option_table_names_real_fields_and_tasks():
+    from rnnkit.config import CELL_OPTIONS, TASK_OPTIONS, TASKS
+
+    fields = set(TrainConfig.__dataclass_fields__)
+    assert set(TASK_OPTIONS) <= fields and set(CELL_OPTIONS) <= fields
+    assert all(set(tasks) <= set(TASKS) for tasks in TASK_OPTIONS.values())
+
+
+@pytest.mark.parametrize(
+    ("values", "given", "message"),
+    [
+        (dict(task="tag", pooling="mean"), None, "--pooling does not apply to --task tag"),
+        (dict(task="tag"), {"pooling"}, "--pooling does not apply to --task tag"),
+        (dict(task="lm", beam=3), None, "--beam does not apply to --task lm (only to: seq2seq)"),
+        (dict(cell="lstm", reset="after"), None, "--reset does not apply to --cell lstm"),
+        (dict(cell="gru", wiring="jordan", update="keep"), None, "--wiring jordan"),
+    ],
+)
+def test_check_applies_refuses_what_the_task_does_not_read(values, given, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainConfig(train="x", **values).check_applies(given)
+
+
+def test_check_applies_accepts_what_the_task_reads():
+    TrainConfig(train="x", task="classify", pooling="max", unit="word").check_applies()
+    TrainConfig(train="x", task="lm", wiring="jordan", nonlinearity="relu").check_applies()
+    TrainConfig(train="x", task="tag").check_applies({"cell", "hidden", "bidirectional"})

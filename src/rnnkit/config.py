@@ -16,7 +16,7 @@ from typing import Any
 
 from rnnkit.errors import ConfigError
 
-__all__ = ["TASKS", "TrainConfig", "parse_bptt"]
+__all__ = ["CELL_OPTIONS", "TASKS", "TASK_OPTIONS", "TrainConfig", "parse_bptt"]
 
 TASKS = ("lm", "tag", "classify", "seq2seq", "events")
 CELLS = ("rnn", "lstm", "gru")
@@ -24,6 +24,40 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 LENGTHS = ("eos", "stop", "predict")
 WIRINGS = ("hidden", "jordan")
 CONDITIONS = ("none", "init", "input", "both")
+
+#: The options that only some tasks read: field name → the tasks that use it. An option
+#: not listed here applies to every task. Giving a listed option to another task is a
+#: ConfigError (``TrainConfig.check_applies``), and ``rnnkit train --help`` shows the tasks
+#: beside the option. A new task-specific option MUST be added here.
+TASK_OPTIONS: dict[str, tuple[str, ...]] = {
+    "bidirectional": ("tag", "classify", "seq2seq"),  # lm/events are causal; tag always is
+    "tie_weights": ("lm", "seq2seq", "events"),
+    "unit": ("lm", "classify"),
+    "doc_boundary": ("lm",),
+    "bptt": ("lm", "events"),
+    "ngram_order": ("lm", "events"),
+    "pooling": ("classify",),
+    "tag_column": ("tag",),
+    "char_rnn": ("tag",),
+    "source_unit": ("seq2seq",),
+    "target_unit": ("seq2seq",),
+    "attention": ("seq2seq",),
+    "context": ("seq2seq",),
+    "scheduled_sampling": ("seq2seq",),
+    "decoder_only": ("seq2seq",),
+    "beam": ("seq2seq",),
+    "length": ("lm", "seq2seq"),
+    "wiring": ("lm",),
+    "condition": ("lm",),
+}
+
+#: Options of one recurrent cell: field name → the cells that read it (``--nonlinearity``
+#: also applies to ``--wiring jordan``, which has no cell).
+CELL_OPTIONS: dict[str, tuple[str, ...]] = {
+    "nonlinearity": ("rnn",),
+    "update": ("gru",),
+    "reset": ("gru",),
+}
 
 
 def parse_bptt(spec: str) -> tuple[str, int | None]:
@@ -237,6 +271,47 @@ class TrainConfig:
                     f"--condition {self.condition} needs --bptt full "
                     "(each label<TAB>text line is one sequence)"
                 )
+
+    def given_options(self) -> set[str]:
+        """The fields whose value differs from the default (what a caller that does not
+        know which options were typed can take as "given")."""
+        default = TrainConfig()
+        return {
+            f.name
+            for f in dataclasses.fields(self)
+            if f.name != "extra" and getattr(self, f.name) != getattr(default, f.name)
+        }
+
+    def check_applies(self, given: typing.Iterable[str] | None = None) -> TrainConfig:
+        """Refuse options that this task (or cell) does not read: stored and ignored would
+        be a silent lie. ``given``: the options the user set (field names; the command
+        line passes what argv set, so an option given at its default value counts too);
+        None: those differing from the default.
+
+        >>> TrainConfig(train="x", task="tag").check_applies({"pooling"})
+        Traceback (most recent call last):
+        ...
+        rnnkit.errors.ConfigError: --pooling does not apply to --task tag (only to: classify)
+        """
+        names = self.given_options() if given is None else set(given)
+        for name in sorted(names):
+            flag = "--" + name.replace("_", "-")
+            tasks = TASK_OPTIONS.get(name)
+            if tasks is not None and self.task not in tasks:
+                raise ConfigError(
+                    f"{flag} does not apply to --task {self.task} (only to: {', '.join(tasks)})"
+                )
+            cells = CELL_OPTIONS.get(name)
+            if self.wiring == "jordan" and name in (*CELL_OPTIONS, "cell"):
+                if name == "nonlinearity":  # φ of the Jordan update
+                    continue
+                raise ConfigError(f"{flag} does not apply to --wiring jordan (it has no cell)")
+            if cells is None or self.cell in cells:
+                continue
+            raise ConfigError(
+                f"{flag} does not apply to --cell {self.cell} (only to: {', '.join(cells)})"
+            )
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

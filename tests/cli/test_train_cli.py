@@ -298,6 +298,9 @@ def test_bad_train_input_is_one_line_and_writes_nothing(data, tmp_path, capsys, 
     if extra[0] == "--train":  # replace the corpus instead of adding a second --train
         argv[argv.index("--train") + 1] = extra[1]
         extra = extra[2:]
+    if "--task" in extra:  # --bptt and --ngram-order are language-model options
+        for option in ("--bptt", "--ngram-order"):
+            del argv[argv.index(option) : argv.index(option) + 2]
     code, _, err = cli(capsys, *argv, *extra)
     assert_one_line_error(code, err, *words)
     assert_nothing_half_written(out)
@@ -476,3 +479,39 @@ def test_bad_recompute_is_one_line(data, tmp_path, capsys, extra, message):
     code, _, err = cli(capsys, *train_args(data, tmp_path / "run", *extra))
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("task", "extra", "words"),
+    [
+        ("lm", ("--scheduled-sampling", "linear:5"), ("--scheduled-sampling", "--task lm")),
+        ("lm", ("--bidirectional",), ("--bidirectional", "--task lm")),
+        ("classify", ("--attention", "dot"), ("--attention", "--task classify", "seq2seq")),
+        ("tag", ("--pooling", "last"), ("--pooling", "--task tag", "classify")),
+        ("events", ("--unit", "char"), ("--unit", "--task events")),
+        ("seq2seq", ("--bptt", "full"), ("--bptt", "--task seq2seq")),
+        ("lm", ("--cell", "lstm", "--update", "keep"), ("--update", "--cell lstm")),
+        ("lm", ("--cell", "gru", "--nonlinearity", "tanh"), ("--nonlinearity", "--cell gru")),
+    ],
+)
+def test_an_option_the_task_does_not_read_is_refused(data, tmp_path, capsys, task, extra, words):
+    """Given at its default value too: what argv set counts, not what differs."""
+    out = tmp_path / "run"
+    argv = ["train", "--task", task, "--train", str(data / "train.txt"), "--out", str(out)]
+    code, _, err = cli(capsys, *argv, *extra)
+    assert code == 2
+    assert_one_line_error(code, err, "does not apply to", *words)
+    assert not out.exists()
+
+
+def test_help_says_which_tasks_an_option_belongs_to(capsys):
+    code, out, _ = cli(capsys, "train", "--help")
+    assert code == 0
+    text = " ".join(out.split())  # argparse wraps lines
+    assert "classify options:" in text and "seq2seq options:" in text
+    assert (
+        "--pooling {last,mean,max} how the encoder states become one vector [tasks: classify]"
+        in text
+    )
+    assert "[tasks: tag, classify, seq2seq]" in text  # --bidirectional
+    assert "[cells: gru]" in text  # --update / --reset

@@ -9,7 +9,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rnnkit.config import CONDITIONS, LENGTHS, PRECISIONS, TASKS, WIRINGS, TrainConfig
+from rnnkit.config import (
+    CELL_OPTIONS,
+    CONDITIONS,
+    LENGTHS,
+    PRECISIONS,
+    TASK_OPTIONS,
+    TASKS,
+    WIRINGS,
+    TrainConfig,
+)
 from rnnkit.errors import ConfigError
 
 __all__ = ["add_model_options", "register", "run"]
@@ -89,7 +98,7 @@ def register(sub: Any) -> None:
         "--unit",
         choices=("char", "word"),
         default=d.unit,
-        help="token unit (lm, classify; default %(default)s)",
+        help="token unit (default %(default)s)",
     )
     g.add_argument(
         "--min-freq",
@@ -181,72 +190,76 @@ def register(sub: Any) -> None:
         default=d.ngram_order,
         help="order of the n-gram baseline (default %(default)s)",
     )
-    g = p.add_argument_group("task-specific")
+    g = p.add_argument_group("classify options")
     g.add_argument(
         "--pooling",
         choices=("last", "mean", "max"),
         default=d.pooling,
-        help="classify: how the encoder states become one vector",
+        help="how the encoder states become one vector",
     )
+    g = p.add_argument_group("tag options")
     g.add_argument(
         "--tag-column",
         default=d.tag_column,
-        help="tag: CoNLL-U column holding the tag (upos, xpos, deprel, …)",
+        help="CoNLL-U column holding the tag (upos, xpos, deprel, …)",
     )
     g.add_argument(
         "--char-rnn",
         action="store_true",
-        help="tag: add a character-level RNN over each word (helps unknown words)",
+        help="add a character-level RNN over each word (helps unknown words)",
     )
+    g = p.add_argument_group("seq2seq options")
     g.add_argument(
         "--source-unit",
         choices=("char", "word"),
         default=d.source_unit,
-        help="seq2seq: unit of the source side (word = split on spaces)",
+        help="unit of the source side (word = split on spaces)",
     )
     g.add_argument(
         "--target-unit",
         choices=("char", "word"),
         default=d.target_unit,
-        help="seq2seq: unit of the target side",
+        help="unit of the target side",
     )
     g.add_argument(
         "--attention",
         choices=("none", "dot", "bilinear", "additive"),
         default=d.attention,
-        help="seq2seq: attention over encoder states",
+        help="attention over encoder states",
     )
     g.add_argument(
         "--context",
         choices=("init", "input", "both"),
         default=d.context,
-        help="seq2seq: the encoder's final state initializes the decoder, is fed "
+        help="the encoder's final state initializes the decoder, is fed "
         "at every decoder step, or both",
     )
     g.add_argument(
         "--scheduled-sampling",
         default=d.scheduled_sampling,
-        help="seq2seq: none | linear:K | exponential:K | inverse-sigmoid:K",
+        help="none | linear:K | exponential:K | inverse-sigmoid:K",
     )
     g.add_argument(
         "--decoder-only",
         action="store_true",
-        help="seq2seq: one language model over 'source <sep> target'",
+        help="one language model over 'source <sep> target'",
     )
-    g.add_argument("--beam", type=int, default=d.beam, help="seq2seq: beam width for decoding")
+    g.add_argument("--beam", type=int, default=d.beam, help="beam width for decoding")
+    g = p.add_argument_group("lm and seq2seq options")
     g.add_argument(
         "--length",
         choices=LENGTHS,
         default=d.length,
-        help="lm, seq2seq: how a sequence ends: the </s> symbol (eos, default), a stop "
+        help="how a sequence ends: the </s> symbol (eos, default), a stop "
         "output per step (stop), or a length predicted first, at most --max-len, with the "
         "steps remaining fed to every step (predict); lm: needs --bptt full or window:K",
     )
+    g = p.add_argument_group("lm options")
     g.add_argument(
         "--wiring",
         choices=WIRINGS,
         default=d.wiring,
-        help="lm: hidden-to-hidden recurrence (hidden, default) or output-to-hidden only "
+        help="hidden-to-hidden recurrence (hidden, default) or output-to-hidden only "
         "(jordan, SPEC §4: one layer of width --hidden, trained with no time loop; "
         "--cell and --embedding do not apply)",
     )
@@ -254,7 +267,7 @@ def register(sub: Any) -> None:
         "--condition",
         choices=CONDITIONS,
         default=d.condition,
-        help="lm: class-conditional LM on label<TAB>text lines; the class embedding "
+        help="class-conditional LM on label<TAB>text lines; the class embedding "
         "enters the initial state (init), every step (input) or both; needs --bptt full; "
         "generate --condition LABEL",
     )
@@ -268,7 +281,22 @@ def register(sub: Any) -> None:
         help="do not write OUT/report.html at the end (default: write it; the environment "
         "variable RNNKIT_REPORT=0 changes the default)",
     )
+    mark_applicability(p)
     p.set_defaults(func=run)
+
+
+def mark_applicability(p: argparse.ArgumentParser) -> None:
+    """Append ``[tasks: …]`` / ``[cells: …]`` to the help of every option that only some
+    tasks or cells read, from the one table in ``rnnkit.config`` (so the help and the
+    refusal can never disagree)."""
+    for action in p._actions:
+        notes = []
+        if action.dest in TASK_OPTIONS:
+            notes.append("tasks: " + ", ".join(TASK_OPTIONS[action.dest]))
+        if action.dest in CELL_OPTIONS:
+            notes.append("cells: " + ", ".join(CELL_OPTIONS[action.dest]))
+        if notes and action.help is not None:
+            action.help = f"{action.help} [{'; '.join(notes)}]"
 
 
 CONFIG_FIELDS = {f for f in TrainConfig.__dataclass_fields__} - {"extra"}
@@ -351,12 +379,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.no_clip:
         values["clip_norm"] = None
     extra = _events_extra(args)
+    explicit = getattr(args, "explicit", None)  # set by cli.main; None when called directly
+    if explicit is not None and "no_clip" in explicit:
+        explicit = explicit | {"clip_norm"}
     if not args.resume:
         if extra:
             from rnnkit.tasks.events import options
 
             options(TrainConfig(train=values["train"], extra=extra))  # ConfigError if bad
-        return TrainConfig(**values, extra=extra).validate()
+        cfg = TrainConfig(**values, extra=extra).validate()
+        return cfg.check_applies(None if explicit is None else explicit & CONFIG_FIELDS)
     if extra:
         raise ConfigError("the anomaly-detection options cannot change on --resume")
     # --resume: the run's own config holds; options given on the command line may only
@@ -366,9 +398,6 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     saved, _ = load_config(args.out)
     defaults = TrainConfig(train=saved.train, out=saved.out).to_dict()
     merged = saved.to_dict()
-    explicit = getattr(args, "explicit", None)  # set by cli.main; None when called directly
-    if explicit is not None and "no_clip" in explicit:
-        explicit = explicit | {"clip_norm"}
 
     def given(key: str) -> bool:
         return key in explicit if explicit is not None else values[key] != defaults.get(key)
@@ -388,7 +417,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     # another working directory) must not train on in the place config.json remembers.
     if Path(args.out).resolve() != Path(saved.out).resolve():
         merged["out"] = args.out
-    return TrainConfig(**merged).validate()
+    cfg = TrainConfig(**merged).validate()
+    given_now = {k for k in values if k not in ("train", "out") and given(k)}
+    return cfg.check_applies(given_now)
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
