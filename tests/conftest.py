@@ -30,6 +30,9 @@ DTYPE = torch.float64
 # OpenMP thread only adds synchronisation (20-40x slower on a loaded 2-core machine).
 # Speed is measured in benchmarks/, never here.
 torch.set_num_threads(1)
+# ... and for the training runs of the suite, whose thread choice (rnnkit.threads) would
+# otherwise follow the load; tests/test_threads.py tests that choice with fake inputs.
+os.environ.setdefault("RNNKIT_THREADS", "1")
 # `rnnkit train` writes its HTML report by default; the report has tests of its own, so the
 # many tiny training runs of the suite skip it (RNNKIT_REPORT=0 is the documented switch).
 os.environ.setdefault("RNNKIT_REPORT", "0")

@@ -3,6 +3,12 @@
 Public names are those of ``../shared/API.md``; everything is batch-first.
 """
 
+# Before torch loads its OpenMP runtime (which reads its environment once): idle OpenMP
+# threads spin briefly, not for a millisecond, so that they cannot starve a busy machine.
+from rnnkit.threads import configure_wait_policy
+
+configure_wait_policy()
+
 from rnnkit.cells.gru import GRUCell
 from rnnkit.cells.lstm import LSTMCell
 from rnnkit.cells.rnn import RNNCell

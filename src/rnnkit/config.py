@@ -121,6 +121,7 @@ class TrainConfig:
     patience: int | None = None
     seed: int = 0
     device: str = "cpu"
+    threads: int | None = None  # CPU threads; None: from RNNKIT_THREADS, else chosen by load
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast dtype of training
     on_nonfinite: str = "stop"  # stop | skip: a NaN/inf loss or gradient (named either way)
     ngram_order: int = 5
@@ -203,6 +204,8 @@ class TrainConfig:
             raise ConfigError(f"--lr-decay must be in (0, 1], got {self.lr_decay}")
         if self.max_time is not None and not self.max_time > 0:
             raise ConfigError(f"--max-time must be > 0 seconds, got {self.max_time}")
+        if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
+            raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         for name in ("clip_norm", "clip_value"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -135,6 +135,12 @@ def register(sub: Any) -> None:
     )
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="batch size B")
     g.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads to train with (default: RNNKIT_THREADS, else chosen from the CPUs "
+        "free now, the cgroup quota and the batch size, and re-checked as the load changes)",
+    )
+    g.add_argument(
         "--optimizer",
         choices=("adam", "sgd"),
         default=d.optimizer,
@@ -371,7 +377,15 @@ def _events_extra(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
-RESUME_CHANGEABLE = {"epochs", "steps", "max_time", "eval_every", "patience", "device"}
+RESUME_CHANGEABLE = {
+    "epochs",
+    "steps",
+    "max_time",
+    "eval_every",
+    "patience",
+    "device",
+    "threads",
+}
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -446,6 +460,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
             print("validation " + ", ".join(shown))
     if summary.get("task") == "events":
         _print_detection(summary)
+    if summary.get("threads"):
+        print(summary["threads"])
     for sample in summary.get("samples", []):
         print(f"sample: {sample!r}")
     if summary.get("report"):

@@ -797,6 +797,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     summary: dict[str, Any] = {
         "task": "events",
         "steps": result.steps,
+        "threads": result.threads,
         "epoch": result.epochs_done,
         "elapsed_s": elapsed,
         "train_loss_nats": result.train_loss_nats,

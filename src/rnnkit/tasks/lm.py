@@ -397,6 +397,7 @@ def train_lm(
     summary = {
         "task": "lm",
         "steps": result.steps,
+        "threads": result.threads,
         "epoch": result.epochs_done,
         "elapsed_s": elapsed,
         "train_loss_nats": result.train_loss_nats,

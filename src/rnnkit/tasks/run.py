@@ -93,6 +93,8 @@ def train_options(cfg: TrainConfig, quiet: bool, units: str = "ppl") -> TrainOpt
         patience=cfg.patience,
         on_nonfinite=cfg.on_nonfinite,
         precision=cfg.precision,
+        threads=cfg.threads,
+        rows=cfg.batch_size,
         quiet=quiet,
         units=units,
     )

@@ -74,7 +74,7 @@ __all__ = [
     "transduce",
 ]
 
-RESUME_CHANGEABLE = {"epochs", "steps", "max_time", "eval_every", "patience", "device"}
+RESUME_CHANGEABLE = {"epochs", "steps", "max_time", "eval_every", "patience", "device", "threads"}
 
 
 @dataclass
@@ -371,6 +371,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         "task": "seq2seq",
         "model": "decoder-only" if cfg.decoder_only else "encoder-decoder",
         "steps": result.steps,
+        "threads": result.threads,
         "epoch": result.epochs_done,
         "elapsed_s": elapsed,
         "train_loss_nats": result.train_loss_nats,

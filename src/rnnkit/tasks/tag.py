@@ -74,7 +74,7 @@ __all__ = [
 # bounded for long string literals and comments.
 MAX_WORD_CHARS = 24
 WORD_DROPOUT = 0.05  # default; ``extra["word_dropout"]`` in config.json overrides it
-RESUME_CHANGEABLE = {"epochs", "steps", "max_time", "eval_every", "patience", "device"}
+RESUME_CHANGEABLE = {"epochs", "steps", "max_time", "eval_every", "patience", "device", "threads"}
 _WHITESPACE = re.compile(r"\s")
 
 
@@ -142,6 +142,7 @@ def run_summary(
     return {
         "task": task,
         "steps": result.steps,
+        "threads": result.threads,
         "epoch": result.epochs_done,
         "elapsed_s": elapsed,
         "train_loss_nats": result.train_loss_nats,

@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 from rnnkit.errors import CheckpointError, ConfigError, RnnkitError
 from rnnkit.models.language_model import LossOutput
+from rnnkit.threads import ThreadGovernor
 from rnnkit.training.checkpoint import load_snapshot, save_model_weights, save_snapshot
 from rnnkit.training.distributed import DistContext, ShardedBatches, StepModule
 from rnnkit.types import LSTMState
@@ -158,6 +159,10 @@ class TrainOptions:
         precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``: forward and loss under
             ``torch.autocast`` in that dtype (fp16 with a ``GradScaler``); see the module
             docstring.
+        threads: CPU threads for the run (None: ``RNNKIT_THREADS``, else chosen from the
+            CPUs free now and re-checked every few seconds: ``rnnkit.threads``); torch's
+            previous count is restored when ``fit`` returns.
+        rows: batch rows, which bound the thread count (each thread gets >= 8 rows).
         quiet: no progress bar.
         units: what the progress bar shows besides nats: ``"bits"`` or ``"ppl"``.
     """
@@ -172,6 +177,8 @@ class TrainOptions:
     log_every: int = 50
     on_nonfinite: str = "stop"
     precision: str = "fp32"
+    threads: int | None = None
+    rows: int | None = None
     quiet: bool = False
     units: str = "ppl"
 
@@ -187,6 +194,7 @@ class TrainResult:
     clipped_steps: int = 0
     tokens: int = 0  # target tokens trained on in this call of fit()
     train_seconds: float = 0.0  # wall time of those steps, validation excluded
+    threads: str = ""  # one line: the CPU threads used and why (rnnkit.threads)
 
 
 def _detach(state: Any) -> Any:
@@ -457,13 +465,24 @@ class Trainer:
         eval_seconds = 0.0
         last_train_loss = None
         stop_signal: list[int] = []
+        governor = None
+        if self._device.type == "cpu":
+            try:
+                governor = ThreadGovernor(opts.threads, rows=opts.rows)
+            except ValueError as exc:  # a bad RNNKIT_THREADS / --threads: one line
+                raise ConfigError(str(exc)) from None
         with contextlib.ExitStack() as stack:
             stack.enter_context(_stop_on_signals(stop_signal))
             stack.callback(bar.close)
+            if governor is not None:
+                governor.start()
+                stack.callback(governor.stop)
             it = self._batches()
             while self.step < total:
                 batch = next(it)
                 batch_index = self.batches.position
+                if governor is not None:
+                    governor.tick()
                 self.optimizer.zero_grad(set_to_none=True)
                 with self._autocast():  # forward and loss only (torch's AMP recipe)
                     if self.ddp is not None:
@@ -597,4 +616,5 @@ class Trainer:
             clipped_steps=self.clipped,
             tokens=tokens_seen,
             train_seconds=time.perf_counter() - started - eval_seconds,
+            threads=governor.note if governor is not None else "",
         )
