@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	# torch is pinned exactly: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e ".[test,dev]"
+	# The C++ time loop now, not at the first training (without a compiler: the PyTorch loop).
+	-$(BIN)/python -m rnnkit build-native
 	touch $(STAMP)
 
 run: $(STAMP)

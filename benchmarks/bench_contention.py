@@ -14,7 +14,9 @@ sees them when it starts. Contenders:
 * ``torch.nn``: ``nn.Embedding`` + ``nn.LSTM`` + ``nn.Linear`` in a process that never
   imports rnnkit: torch's defaults (one thread per core, OpenMP's default spin);
 * optional ``rnnkit@N`` / ``torch.nn@N``: the same with ``N`` threads fixed
-  (``torch.set_num_threads``), e.g. ``rnnkit@2`` is rnnkit before the thread choice.
+  (``torch.set_num_threads``), e.g. ``rnnkit@2`` is rnnkit before the thread choice;
+  a suffix ``+spin=S`` runs the worker with ``GOMP_SPINCOUNT=S`` (libgomp's default is
+  300000; rnnkit sets 10000 unless the user chose), e.g. ``rnnkit@2+spin=300000``.
 
 Rounds interleave the levels and contenders (fresh random order each round); figures
 are medians over rounds. The header records the 1-minute load before the run: other
@@ -23,6 +25,7 @@ programs already running count as competitors the benchmark did not start.
     python benchmarks/bench_contention.py               # 3 rounds, 20 steps (~3-4 min)
     python benchmarks/bench_contention.py --quick       # 1 round, 10 steps (~1 min)
     python benchmarks/bench_contention.py --contenders rnnkit,rnnkit@2,torch.nn,torch.nn@1
+    python benchmarks/bench_contention.py --contenders rnnkit@2,rnnkit@2+spin=300000,rnnkit@2+spin=0
 """
 
 from __future__ import annotations
@@ -132,6 +135,9 @@ def _spawn_competitors(n: int) -> list[subprocess.Popen]:
 
 def _run_worker(contender: str, steps: int, max_seconds: float) -> dict[str, object]:
     env = dict(os.environ)
+    contender, _, spin = contender.partition("+spin=")
+    if spin:  # libgomp reads it at load: only a fresh process can change it
+        env["GOMP_SPINCOUNT"] = spin
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, __file__, "--worker", contender, "--steps", str(steps)]
     cmd += ["--max-seconds", str(max_seconds)]

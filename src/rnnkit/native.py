@@ -33,6 +33,7 @@ import hashlib
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,7 +45,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["available", "library", "supports", "use_native"]
+__all__ = ["available", "build", "library", "supports", "use_native"]
 
 _log = logging.getLogger("rnnkit")
 _state: dict[str, object] = {"loaded": None, "failed": False}
@@ -1031,23 +1032,38 @@ def _cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "rnnkit"
 
 
-def _load() -> bool:
+def _paths() -> tuple[Path, Path]:
+    """The library this source, these flags and this torch build into, and the marker a
+    failed build with this compiler leaves."""
     key = "\0".join([_SOURCE, *_flags(), torch.__version__, sys.platform])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     cache = _cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    target = cache / f"rnnkit_native_{digest}.so"
     # A failed build is not retried by later processes with the same compiler (a missing
     # compiler would otherwise cost every process a failed run); another $CXX tries again.
     cxx_tag = hashlib.sha256(os.environ.get("CXX", "c++").encode()).hexdigest()[:8]
-    failed = cache / f"rnnkit_native_{digest}_{cxx_tag}.failed"
+    return cache / f"rnnkit_native_{digest}.so", cache / f"rnnkit_native_{digest}_{cxx_tag}.failed"
+
+
+def _load() -> bool:
+    target, failed = _paths()
+    cache = target.parent
+    cache.mkdir(parents=True, exist_ok=True)
     if not target.exists():
-        with open(cache / f"rnnkit_native_{digest}.lock", "w") as lock:
+        with open(target.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one process builds, the others wait
             if failed.exists():
                 raise RuntimeError(f"{failed.read_text().strip()} (delete {failed} to retry)")
             if not target.exists():
                 try:
+                    cxx = os.environ.get("CXX", "c++")
+                    if shutil.which(cxx) is None:
+                        raise RuntimeError(f"no C++ compiler: {cxx} not found")
+                    # The first use must not look hung: say what the wait is, and where.
+                    print(
+                        f"rnnkit: building the compiled time loop (once, ~30 s) into {cache}…",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     _build(target)
                 except Exception as exc:
                     failed.write_text(str(exc))
@@ -1056,6 +1072,22 @@ def _load() -> bool:
         warnings.simplefilter("ignore")
         torch.ops.load_library(str(target))
     return True
+
+
+def build() -> Path:
+    """Build (or find) the compiled loop now, retrying a build that failed before; return
+    the library's path. Raises RuntimeError saying why it cannot be built.
+
+    ``rnnkit build-native`` (and ``python -m rnnkit.native``) call it, e.g. right after
+    installing, so that the first training does not wait for the compiler.
+    """
+    target, failed = _paths()
+    failed.unlink(missing_ok=True)  # asked for explicitly: try again
+    if _state["loaded"] is None:
+        with _lock:
+            _load()
+            _state["loaded"], _state["failed"] = torch.ops.rnnkit_native, False
+    return target
 
 
 def library() -> object | None:

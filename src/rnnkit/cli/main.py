@@ -24,6 +24,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "score",
     "sessions",
     "gradcheck",
+    "build_native",
 )
 
 
