@@ -9,6 +9,7 @@ and ``--resume``; unknown keys and wrong types there are errors, not silently dr
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -106,14 +107,18 @@ class TrainConfig:
     max_len: int = 256
     doc_boundary: str = "none"
     valid_fraction: float = 0.05
-    # optimisation
-    epochs: int = 1
+    # optimisation. No budget (epochs, steps and max_time all None: the command line's
+    # default): train until validation stops improving (rnnkit.training.loop).
+    epochs: int | None = 1
     steps: int | None = None
     max_time: float | None = None
     batch_size: int = 32
     optimizer: str = "adam"
     lr: float = 2e-3
     lr_decay: float = 0.5
+    lr_schedule: str | None = None  # constant | plateau | step:E:F | cosine; None: by optimizer
+    warmup: int = 0  # steps of linear learning-rate warm-up
+    init_range: float | None = None  # uniform initialisation of every parameter in [-R, R]
     clip_norm: float | None = 5.0
     clip_value: float | None = None
     bptt: str = "segment:64"
@@ -202,6 +207,7 @@ class TrainConfig:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
         if not 0.0 < self.lr_decay <= 1.0:
             raise ConfigError(f"--lr-decay must be in (0, 1], got {self.lr_decay}")
+        self._check_schedule()
         if self.max_time is not None and not self.max_time > 0:
             raise ConfigError(f"--max-time must be > 0 seconds, got {self.max_time}")
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
@@ -219,6 +225,39 @@ class TrainConfig:
             )
         self._check_wirings()
         return self
+
+    def effective_lr_schedule(self) -> str:
+        """``--lr-schedule``, or its default: ``plateau`` with SGD, ``constant`` with Adam."""
+        if self.lr_schedule is not None:
+            return self.lr_schedule
+        return "plateau" if self.optimizer == "sgd" else "constant"
+
+    def _check_schedule(self) -> None:
+        """``--lr-schedule``, ``--warmup``, ``--init-range``."""
+        from rnnkit.training.schedules import parse_lr_schedule  # torch: only when training
+
+        schedule = parse_lr_schedule(self.effective_lr_schedule())
+        if (
+            schedule.kind == "step"
+            and self.steps is None
+            and self.epochs is not None
+            and schedule.after_epoch is not None
+            and schedule.after_epoch >= self.epochs
+        ):
+            raise ConfigError(
+                f"--lr-schedule {self.lr_schedule} never decays: --epochs {self.epochs} ends "
+                f"before epoch {schedule.after_epoch + 1}"
+            )
+        if schedule.kind == "cosine" and self.steps is None and self.epochs is None:
+            raise ConfigError(
+                "--lr-schedule cosine needs the run's length: give --steps or --epochs"
+            )
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ConfigError(f"--warmup must be an integer ≥ 0 (steps), got {self.warmup!r}")
+        if self.init_range is not None and not (
+            self.init_range > 0 and math.isfinite(self.init_range)
+        ):
+            raise ConfigError(f"--init-range must be > 0, got {self.init_range}")
 
     def _check_wirings(self) -> None:
         """``--length``, ``--wiring``, ``--condition``: values and the options they exclude."""

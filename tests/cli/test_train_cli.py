@@ -515,3 +515,26 @@ def test_help_says_which_tasks_an_option_belongs_to(capsys):
     )
     assert "[tasks: tag, classify, seq2seq]" in text  # --bidirectional
     assert "[cells: gru]" in text  # --update / --reset
+
+
+# -- no budget: until validation stops improving -----------------------------------------------
+def test_with_no_budget_train_stops_by_itself_and_says_why(data, tmp_path, capsys):
+    out = tmp_path / "r"
+    argv = ["train", "--train", str(data / "train.txt"), "--valid", str(data / "valid.txt")]
+    code, stdout, _ = cli(
+        capsys, *argv, "--out", str(out), *TINY, "--bptt", "segment:16", "--lr", "0.03"
+    )
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_early"], summary
+    assert summary["stopped"].startswith("no improvement for ")
+    best = summary["valid"]["step"]
+    assert f"stopped: {summary['stopped']}; weights of step {best}" in stdout
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert config["epochs"] is None and config["steps"] is None
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    valid = [e for e in events if e["event"] == "valid"]
+    assert len(valid) >= 10
+    assert min(valid, key=lambda e: e["loss_nats"])["step"] == best < summary["steps"]
+    # several validations per epoch, all with the rate in force
+    assert len({e["epoch"] for e in valid}) < len(valid) and all("lr" in e for e in valid)

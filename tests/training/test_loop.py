@@ -15,7 +15,15 @@ from rnnkit.data.batching import SequenceBatcher, StreamBatcher, lm_pairs
 from rnnkit.errors import CheckpointError
 from rnnkit.models.language_model import LanguageModel
 from rnnkit.training.checkpoint import load_model_weights, load_snapshot
-from rnnkit.training.loop import Trainer, TrainingDiverged, TrainOptions
+from rnnkit.training.loop import (
+    CAP_EPOCHS,
+    CAP_MIN_STEPS,
+    Trainer,
+    TrainingDiverged,
+    TrainOptions,
+    default_eval_every,
+    default_patience,
+)
 from rnnkit.types import LSTMState
 
 V, E, H = 12, 6, 8
@@ -302,3 +310,104 @@ def test_early_stopping_after_patience_validations(tmp_path):
     ]
     assert events[-1] == {"event": "early_stop", "step": 10}
     assert all(math.isfinite(e["loss_nats"]) for e in events if e["event"] == "train")
+
+
+# -- restoring the best weights; training until validation stops improving --------------------
+def _worsening(losses):
+    it = iter(losses)
+    return lambda model: {"loss_nats": next(it)}
+
+
+@pytest.mark.parametrize("on_disk", [True, False])
+def test_early_stopping_restores_the_best_weights(tmp_path, on_disk):
+    out = tmp_path / "run" if on_disk else None
+    losses = [3.0, 2.0, 2.5, 2.4, 2.1]  # best at the second validation (step 4)
+    trainer = make_trainer(out, evaluate_fn=_worsening(losses), steps=50, eval_every=2, patience=3)
+    result = trainer.fit()
+    assert result.steps == 10 and result.best_valid["step"] == 4
+    assert result.stopped == "no improvement for 3 validations (best at step 4)"
+    # The oracle: the same run stopped at step 4 (same seed, same batches, same dropout).
+    at_best = make_trainer(steps=4)
+    at_best.fit()
+    assert_same(weights(trainer.model), weights(at_best.model))
+    if on_disk:
+        saved = make_trainer(seed=3).model
+        load_model_weights(saved, out / "model.safetensors")
+        assert_same(weights(saved), weights(at_best.model))
+
+
+def test_restoring_a_best_found_before_the_resume_reads_model_safetensors(tmp_path):
+    losses = [2.0, 3.0, 3.5, 4.0]  # best at step 2, before the resume at step 4
+    first = make_trainer(tmp_path, evaluate_fn=_worsening(losses[:2]), steps=4, eval_every=2)
+    first.fit()
+    resumed = make_trainer(tmp_path, evaluate_fn=_worsening(losses[2:]), steps=8, eval_every=2)
+    resumed.resume()
+    result = resumed.fit()
+    assert result.best_valid["step"] == 2 and result.stopped == "8 steps done"
+    at_best = make_trainer(steps=2)
+    at_best.fit()
+    assert_same(weights(resumed.model), weights(at_best.model))
+
+
+def test_restore_best_can_be_turned_off(tmp_path):
+    trainer = make_trainer(
+        evaluate_fn=_worsening([1.0, 2.0]), steps=4, eval_every=2, restore_best=False
+    )
+    trainer.fit()
+    straight = make_trainer(steps=4)
+    straight.fit()
+    assert_same(weights(trainer.model), weights(straight.model))
+
+
+def test_with_no_budget_training_stops_when_validation_stops_improving(tmp_path):
+    # Random tokens: nothing beyond the unigram to learn, so validation soon worsens.
+    valid = StreamBatcher(stream_ids(90, seed=1), 3, 7)
+
+    def evaluate(model):
+        nats = tokens = 0.0
+        with torch.no_grad():
+            for batch in valid:
+                out = stream_step(model, batch, None)
+                nats, tokens = nats + float(out.nats), tokens + out.tokens
+        return {"loss_nats": nats / tokens}
+
+    trainer = make_trainer(tmp_path, evaluate_fn=evaluate, epochs=None, dropout=0.0)
+    assert trainer.until_converged and trainer.eval_every == 1  # 10 steps per epoch
+    assert trainer.patience == default_patience(10, 1) == 100
+    result = trainer.fit()
+    assert result.stopped_early
+    assert result.stopped.startswith("no improvement for 100 validations")
+    assert result.steps == result.best_valid["step"] + 100 < trainer.total_steps
+    valids = [e for e in result.history if e["event"] == "valid"]
+    assert len(valids) == result.steps >= 10
+    assert weights(trainer.model)["head.weight"].equal(
+        trainer._best_weights["head.weight"]  # the best, not the last
+    )
+
+
+def test_with_no_budget_the_cap_ends_training_and_says_so():
+    # No validation: nothing can stop it early, the cap does (patched small for the test).
+    trainer = make_trainer(epochs=None)
+    assert trainer.until_converged and trainer.patience is None
+    assert trainer.total_steps == max(CAP_EPOCHS * 10, CAP_MIN_STEPS)
+    trainer.total_steps = 12
+    result = trainer.fit()
+    assert result.steps == 12 and result.stopped.startswith("cap reached: 1.2 epochs (12 steps)")
+
+
+def test_default_eval_every_and_patience_follow_the_data_size():
+    assert default_eval_every(1) == 1 and default_eval_every(10) == 1
+    assert default_eval_every(11) == 2 and default_eval_every(978) == 98
+    assert default_eval_every(10**7) == 1000  # at least every 1,000 steps
+    # two epochs of validations, at least 10 validations and at least 100 steps
+    assert default_patience(978, 98) == 20
+    assert default_patience(10**7, 1000) == 20_000
+    assert default_patience(60, 6) == 20
+    assert default_patience(4, 1) == 100
+
+
+def test_a_time_budget_alone_has_no_step_total(tmp_path):
+    trainer = make_trainer(epochs=None, max_time=0.3)
+    assert trainer.total_steps is None and not trainer.until_converged
+    result = trainer.fit()
+    assert result.steps > 0 and result.stopped == "time budget of 0.3 s reached"

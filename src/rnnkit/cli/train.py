@@ -126,7 +126,13 @@ def register(sub: Any) -> None:
         help="share of --train held out when no --valid (default %(default)s)",
     )
     g = p.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, default=d.epochs, help="passes over the data")
+    g.add_argument(
+        "--epochs",
+        type=int,
+        help="passes over the data (default, with no --steps or --max-time either: train "
+        "until validation stops improving, validating ~10 times per epoch, with a cap of "
+        "100 epochs or an hour; see docs/training.md)",
+    )
     g.add_argument("--steps", type=int, help="optimizer steps (overrides --epochs)")
     g.add_argument(
         "--max-time",
@@ -151,7 +157,30 @@ def register(sub: Any) -> None:
         "--lr-decay",
         type=float,
         default=d.lr_decay,
-        help="sgd: factor applied when validation stops improving",
+        help="--lr-schedule plateau: factor applied when validation stops improving "
+        "(default %(default)s)",
+    )
+    g.add_argument(
+        "--lr-schedule",
+        metavar="constant|plateau|step:E:F|cosine",
+        help="learning-rate schedule: constant; plateau (multiply by --lr-decay when "
+        "validation stops improving); step:E:F (multiply by F at the end of epoch E and of "
+        "every later epoch, e.g. step:4:0.5); cosine (down to 0 over --steps/--epochs). "
+        "Default: plateau with --optimizer sgd, constant with adam",
+    )
+    g.add_argument(
+        "--warmup",
+        type=int,
+        default=d.warmup,
+        metavar="N",
+        help="raise the learning rate linearly over the first N steps (default 0)",
+    )
+    g.add_argument(
+        "--init-range",
+        type=float,
+        metavar="R",
+        help="initialise every parameter uniformly in [-R, R] (default: each layer's own "
+        "initialisation)",
     )
     g.add_argument(
         "--clip-norm",
@@ -443,6 +472,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"({summary.get('tokens_per_s') or 0:.0f} tokens/s), "
         f"{summary['parameters']:,} parameters"
     )
+    if summary.get("stopped"):
+        best = (valid or {}).get("step")
+        print(f"stopped: {summary['stopped']}" + (f"; weights of step {best}" if best else ""))
     if valid and ("bits_per_char" in valid or "perplexity" in valid):
         key = "bits_per_char" if "bits_per_char" in valid else "perplexity"
         label = "bits/char" if key == "bits_per_char" else "perplexity"

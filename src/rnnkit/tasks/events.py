@@ -806,6 +806,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         "ngram": {"order": cfg.ngram_order, **_loss_metrics(ngram_nats, tokens)},
         "clipped_steps": result.clipped_steps,
         "stopped_early": result.stopped_early,
+        "stopped": result.stopped,
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(data.vocab),
         "sessions": {

@@ -311,14 +311,11 @@ def _train_batches(cfg: TrainConfig, data: LMData, drop_last: bool = False) -> A
     )
 
 
-def _optimizer(cfg: TrainConfig, model: torch.nn.Module):
+def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    # The learning-rate schedule (--lr-schedule) is built by the Trainer.
     if cfg.optimizer == "adam":
-        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-        plateau = None
-    else:  # the classic PTB recipe: plain SGD, divide the rate when validation stalls
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=cfg.lr_decay, patience=0)
-    return opt, plateau
+        return torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    return torch.optim.SGD(model.parameters(), lr=cfg.lr)
 
 
 def train_lm(
@@ -357,7 +354,7 @@ def train_lm(
     data = prepare_lm_data(cfg, vocab, labels)
     num_labels = None if data.labels is None else len(data.labels)
     model = build_lm(cfg, len(data.vocab), num_labels).to(device)
-    optimizer, plateau = _optimizer(cfg, model)
+    optimizer = _optimizer(cfg, model)
     batches = _train_batches(cfg, data, drop_last=ctx.enabled)
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -376,7 +373,6 @@ def train_lm(
         _step_fn(data, device),
         train_options(cfg, quiet, "bits" if cfg.unit == "char" else "ppl"),
         evaluate_fn=lambda m: lm_metrics(m, data, device, cfg.batch_size),
-        plateau=plateau,
         out_dir=out,
         callbacks=callbacks,
         dist_ctx=ctx,
@@ -406,6 +402,7 @@ def train_lm(
         "ngram": ngram_metrics,
         "clipped_steps": result.clipped_steps,
         "stopped_early": result.stopped_early,
+        "stopped": result.stopped,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
     atomic_write_json(out / "summary.json", summary)

@@ -97,4 +97,8 @@ def train_options(cfg: TrainConfig, quiet: bool, units: str = "ppl") -> TrainOpt
         rows=cfg.batch_size,
         quiet=quiet,
         units=units,
+        lr_schedule=cfg.effective_lr_schedule(),
+        warmup=cfg.warmup,
+        lr_decay=cfg.lr_decay,
+        init_range=cfg.init_range,
     )

@@ -311,11 +311,6 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         if cfg.optimizer == "adam"
         else torch.optim.SGD(model.parameters(), lr=cfg.lr)
     )
-    plateau = (
-        None
-        if cfg.optimizer == "adam"
-        else torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=cfg.lr_decay, patience=0)
-    )
     batches = PairBatcher(
         data.train_src, data.train_tgt, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed
     )
@@ -345,7 +340,6 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         evaluate_fn=lambda m: teacher_forced_metrics(
             m, data.valid_src, data.valid_tgt, device, cfg.batch_size
         ),
-        plateau=plateau,
         out_dir=out,
     )
     clock.trainer = trainer
@@ -386,6 +380,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         ],
         "clipped_steps": result.clipped_steps,
         "stopped_early": result.stopped_early,
+        "stopped": result.stopped,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
     atomic_write_json(out / "summary.json", summary)

@@ -95,13 +95,11 @@ def check_resume(cfg: TrainConfig, out: Path) -> None:
         )
 
 
-def make_optimizer(cfg: TrainConfig, model: nn.Module) -> tuple[torch.optim.Optimizer, Any]:
-    """Adam, or SGD with the learning rate divided on a validation plateau."""
+def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """Adam or SGD (the learning-rate schedule, ``--lr-schedule``, is the Trainer's)."""
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr), None
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=cfg.lr_decay, patience=0)
-    return opt, plateau
+        return torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    return torch.optim.SGD(model.parameters(), lr=cfg.lr)
 
 
 def fit(
@@ -115,7 +113,7 @@ def fit(
     callbacks: Any = None,
 ) -> tuple[TrainResult, float]:
     """Run the shared training loop into ``cfg.out``; return the result and seconds spent."""
-    optimizer, plateau = make_optimizer(cfg, model)
+    optimizer = make_optimizer(cfg, model)
     trainer = Trainer(
         model,
         optimizer,
@@ -123,7 +121,6 @@ def fit(
         step_fn,
         train_options(cfg, quiet),
         evaluate_fn=evaluate_fn,
-        plateau=plateau,
         out_dir=cfg.out,
         callbacks=callbacks,
     )
@@ -152,6 +149,7 @@ def run_summary(
         "valid": result.best_valid,
         "clipped_steps": result.clipped_steps,
         "stopped_early": result.stopped_early,
+        "stopped": result.stopped,
         "parameters": sum(p.numel() for p in model.parameters()),
         **extra,
     }

@@ -11,7 +11,12 @@ loop owns everything else, so every task trains the same way (minGPT's trainer):
 * a non-finite loss or gradient stops training (or skips the step, if asked) naming the
   step, and no snapshot is ever written after a bad step;
 * validation every epoch or every N steps, best-on-validation weights in
-  ``model.safetensors``, early stopping, ``ReduceLROnPlateau``-style decay;
+  ``model.safetensors`` (and, at the end, in the model itself), early stopping,
+  learning-rate schedules (``rnnkit.training.schedules``), ``init_range`` initialisation;
+* with no budget (``epochs`` and ``steps`` and ``max_time`` all None), training runs until
+  validation stops improving: validation about ``VALIDATIONS_PER_EPOCH`` times per epoch,
+  early stopping after :func:`default_patience` validations without improvement, and a
+  cap of ``CAP_EPOCHS`` epochs (at least ``CAP_MIN_STEPS`` steps) or ``CAP_SECONDS``;
 * resumable snapshots (optimizer, scheduler, RNG, data position, carried state), so N
   steps + resume + M steps equals N + M steps;
 * mixed precision (``precision="bf16"`` / ``"fp16"``): forward and loss under
@@ -40,16 +45,25 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from rnnkit.errors import CheckpointError, ConfigError, RnnkitError
 from rnnkit.models.language_model import LossOutput
 from rnnkit.threads import ThreadGovernor
-from rnnkit.training.checkpoint import load_snapshot, save_model_weights, save_snapshot
+from rnnkit.training.checkpoint import (
+    load_model_weights,
+    load_snapshot,
+    save_model_weights,
+    save_snapshot,
+)
 from rnnkit.training.distributed import DistContext, ShardedBatches, StepModule
+from rnnkit.training.progress import Progress
+from rnnkit.training.schedules import build_lr_schedulers, parse_lr_schedule
 from rnnkit.types import LSTMState
 
 __all__ = [
+    "CAP_EPOCHS",
+    "CAP_MIN_STEPS",
+    "CAP_SECONDS",
     "MAX_SCALER_SKIPS",
     "TrainOptions",
     "TrainResult",
@@ -57,6 +71,8 @@ __all__ = [
     "TrainingDiverged",
     "TrainingInterrupted",
     "autocast_setup",
+    "default_eval_every",
+    "default_patience",
 ]
 
 # float16 overflow skips in a row before training counts as diverged: each halves the loss
@@ -69,6 +85,38 @@ MAX_SCALER_SKIPS = 20
 MAX_SKIPPED_STEPS = 20
 HISTORY_EVENTS = 10_000  # logged events kept in memory (TrainResult.history)
 _AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# Training with no budget: validate about this often per epoch (early stopping needs
+# several points per epoch on small data, where one epoch is a handful of steps) ...
+VALIDATIONS_PER_EPOCH = 10
+MAX_EVAL_EVERY = 1000  # ... but at least every 1,000 steps on large data
+# ... and stop at the latest after CAP_EPOCHS epochs (but not before CAP_MIN_STEPS steps:
+# a few hundred sessions make an epoch of 4 steps) or CAP_SECONDS of training.
+CAP_EPOCHS = 100
+CAP_MIN_STEPS = 5000
+CAP_SECONDS = 3600.0
+
+
+def default_eval_every(steps_per_epoch: int) -> int:
+    """Steps between validations when training until validation stops improving:
+    ``clamp(⌈S / VALIDATIONS_PER_EPOCH⌉, 1, MAX_EVAL_EVERY)`` for ``S`` steps per epoch.
+
+    >>> default_eval_every(978), default_eval_every(4)
+    (98, 1)
+    """
+    return max(1, min(math.ceil(steps_per_epoch / VALIDATIONS_PER_EPOCH), MAX_EVAL_EVERY))
+
+
+def default_patience(steps_per_epoch: int, eval_every: int) -> int:
+    """Validations without improvement before training with no budget stops: those of
+    two epochs, at least 10 validations and at least 100 steps — generous, because an
+    LSTM's validation loss can stall for a while (on a plateau) before it falls again.
+
+    >>> default_patience(978, 98), default_patience(4, 1)
+    (20, 100)
+    """
+    per_epoch = math.ceil(steps_per_epoch / eval_every)
+    return max(2 * per_epoch, 10, math.ceil(100 / eval_every))
 
 
 def autocast_setup(
@@ -147,13 +195,17 @@ class TrainOptions:
     """How long and how to train.
 
     Attributes:
-        epochs: passes over the training data (ignored when ``steps`` is set).
+        epochs: passes over the training data (ignored when ``steps`` is set). None with
+            ``steps`` and ``max_time`` None too: train until validation stops improving
+            (see the module docstring); None with ``max_time``: until the time is up.
         steps: total optimizer steps, or None to run ``epochs``.
         max_time: stop after this many seconds of training (validate and save first).
         clip_norm: global gradient-norm threshold κ (``g ← κ g / ‖g‖`` if ``‖g‖ > κ``).
         clip_value: clip each gradient entry to ``[−v, v]`` (a separate, named option).
-        eval_every: validate every N steps (None: at the end of every epoch).
-        patience: stop after this many validations without improvement (None: never).
+        eval_every: validate every N steps (None: at the end of every epoch, or
+            :func:`default_eval_every` when training until validation stops improving).
+        patience: stop after this many validations without improvement (None: never, or
+            :func:`default_patience` when training until validation stops improving).
         log_every: write a training line to the metrics log every N steps.
         on_nonfinite: ``"stop"`` (default) or ``"skip"`` the step.
         precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``: forward and loss under
@@ -165,9 +217,18 @@ class TrainOptions:
         rows: batch rows, which bound the thread count (each thread gets >= 8 rows).
         quiet: no progress bar.
         units: what the progress bar shows besides nats: ``"bits"`` or ``"ppl"``.
+        lr_schedule: ``"constant"``, ``"plateau"``, ``"step:E:F"`` or ``"cosine"``
+            (``rnnkit.training.schedules``), built here; None: the ``scheduler`` and
+            ``plateau`` given to the ``Trainer``, if any.
+        warmup: steps of linear learning-rate warm-up (with ``lr_schedule``).
+        lr_decay: the ``plateau`` schedule's factor.
+        init_range: re-initialise every parameter uniformly in ``[−R, R]`` (None: keep
+            the model's own initialisation).
+        restore_best: at the end of ``fit()``, load the best-on-validation weights into
+            the model (those of ``model.safetensors``).
     """
 
-    epochs: int = 1
+    epochs: int | None = 1
     steps: int | None = None
     max_time: float | None = None
     clip_norm: float | None = None
@@ -181,6 +242,11 @@ class TrainOptions:
     rows: int | None = None
     quiet: bool = False
     units: str = "ppl"
+    lr_schedule: str | None = None
+    warmup: int = 0
+    lr_decay: float = 0.5
+    init_range: float | None = None
+    restore_best: bool = True
 
 
 @dataclass
@@ -195,6 +261,7 @@ class TrainResult:
     tokens: int = 0  # target tokens trained on in this call of fit()
     train_seconds: float = 0.0  # wall time of those steps, validation excluded
     threads: str = ""  # one line: the CPU threads used and why (rnnkit.threads)
+    stopped: str = ""  # why training ended, one line ("no improvement for 20 validations")
 
 
 def _detach(state: Any) -> Any:
@@ -268,6 +335,27 @@ class Trainer:
             self.ddp = DistributedDataParallel(StepModule(model, step_fn))
         self.options = options
         self.evaluate_fn = evaluate_fn
+        self._resolve_budget(len(self.batches))
+        if options.init_range is not None:
+            if not options.init_range > 0:
+                raise ConfigError(f"--init-range must be > 0, got {options.init_range}")
+            for p in model.parameters():
+                nn.init.uniform_(p, -options.init_range, options.init_range)
+        if options.lr_schedule is not None:
+            if scheduler is not None or plateau is not None:
+                raise ValueError("pass either options.lr_schedule or scheduler/plateau, not both")
+            known = options.steps is not None or options.epochs is not None
+            per_epoch = math.ceil(len(self.batches) / self.eval_every) if self.eval_every else 1
+            scheduler, plateau = build_lr_schedulers(
+                optimizer,
+                parse_lr_schedule(options.lr_schedule),
+                steps_per_epoch=len(self.batches),
+                total_steps=self.total_steps if known else None,
+                warmup=options.warmup,
+                decay=options.lr_decay,
+                # decay when a whole epoch's validations bring no improvement
+                plateau_patience=per_epoch - 1,
+            )
         self.scheduler = scheduler
         self.plateau = plateau
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -276,6 +364,7 @@ class Trainer:
         self.step = 0
         self.carry: Any = None
         self.best: dict[str, Any] | None = None
+        self._best_weights: dict[str, Tensor] | None = None  # in memory, since this fit()
         self.bad_evals = 0
         # The most recent events only: a run of millions of steps must not grow memory
         # per step (the soak test); metrics.jsonl keeps every event.
@@ -288,6 +377,33 @@ class Trainer:
         self.scaler_skips = 0  # steps the GradScaler skipped (float16 overflow)
         self._scaler_streak = 0  # ... of them in a row, up to now
         self._skip_streak = 0  # non-finite steps skipped in a row (on_nonfinite="skip")
+
+    def _resolve_budget(self, steps_per_epoch: int) -> None:
+        """``total_steps`` (None: unbounded), ``max_time``, ``eval_every``, ``patience``
+        and ``until_converged`` from the options and the data's size."""
+        opts = self.options
+        self.until_converged = opts.steps is None and opts.epochs is None and opts.max_time is None
+        self.eval_every = opts.eval_every
+        self.patience = opts.patience
+        self.max_time = opts.max_time
+        if opts.steps is not None:
+            self.total_steps: int | None = opts.steps
+        elif opts.epochs is not None:
+            self.total_steps = opts.epochs * steps_per_epoch
+        elif self.until_converged:
+            self.total_steps = max(CAP_EPOCHS * steps_per_epoch, CAP_MIN_STEPS)
+            self.max_time = CAP_SECONDS
+            if self.eval_every is None:
+                self.eval_every = default_eval_every(steps_per_epoch)
+            if self.patience is None and self.evaluate_fn is not None:
+                self.patience = default_patience(steps_per_epoch, self.eval_every)
+        else:
+            self.total_steps = None  # a time budget only
+
+    def _cap_text(self) -> str:
+        assert self.total_steps is not None
+        epochs = self.total_steps / max(len(self.batches), 1)
+        return f"{epochs:g} epochs ({self.total_steps:,} steps) or {CAP_SECONDS:.0f} s"
 
     # -- bookkeeping -------------------------------------------------------------------
     def _log(self, event: dict[str, Any]) -> None:
@@ -364,11 +480,6 @@ class Trainer:
         self.carry = _carry_from(extra, self._device)
 
     # -- the loop ----------------------------------------------------------------------
-    def _total_steps(self) -> int:
-        if self.options.steps is not None:
-            return self.options.steps
-        return self.options.epochs * len(self.batches)
-
     def _batches(self) -> Iterator[Any]:
         while True:
             yield from self.batches
@@ -386,15 +497,30 @@ class Trainer:
         if improved:
             self.best = {"step": self.step, **metrics}
             self.bad_evals = 0
+            if self.options.restore_best:
+                self._best_weights = {
+                    k: v.detach().clone() for k, v in self.model.state_dict().items()
+                }
             if self.out_dir is not None and self.dist.is_main:
                 save_model_weights(self.model, self.out_dir / "model.safetensors")
         else:
             self.bad_evals += 1
         event["best"] = improved
+        event["lr"] = self.optimizer.param_groups[0]["lr"]
         self._log(event)
         if self.plateau is not None:
             self.plateau.step(loss)
-        return self.options.patience is not None and self.bad_evals >= self.options.patience
+        return self.patience is not None and self.bad_evals >= self.patience
+
+    def _restore_best(self) -> None:
+        """Load the best-on-validation weights into the model (if not the current ones):
+        from memory when found during this ``fit()``, else from ``model.safetensors``."""
+        if self.best is None or int(self.best["step"]) == self.step:
+            return
+        if self._best_weights is not None:
+            self.model.load_state_dict(self._best_weights)
+        elif self.out_dir is not None and (self.out_dir / "model.safetensors").is_file():
+            load_model_weights(self.model, self.out_dir / "model.safetensors")
 
     def _check_finite(self, value: float, what: str, batch_index: int) -> bool:
         if math.isfinite(value):
@@ -447,18 +573,17 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Train until ``steps`` (or ``epochs``) are done or early stopping triggers."""
         opts = self.options
-        total = self._total_steps()
+        total = self.total_steps
         self.model.train()
-        bar = tqdm(
-            total=total,
+        bar = Progress(
+            total_steps=None if self.until_converged else total,
+            max_time=None if self.until_converged else self.max_time,
             initial=self.step,
             disable=opts.quiet or not self.dist.is_main,
-            unit="step",
-            dynamic_ncols=True,
-            leave=False,
         )
         steps_per_epoch = len(self.batches)
         stopped_early = False
+        stopped = ""
         started = time.perf_counter()
         window_start, window_tokens_start = started, 0
         tokens_seen = 0
@@ -478,7 +603,7 @@ class Trainer:
                 governor.start()
                 stack.callback(governor.stop)
             it = self._batches()
-            while self.step < total:
+            while total is None or self.step < total:
                 batch = next(it)
                 batch_index = self.batches.position
                 if governor is not None:
@@ -524,6 +649,7 @@ class Trainer:
                 self.clipped += int(clipped)
                 if self.grad_hook is not None:
                     self.grad_hook(self.model, grad_norm, clipped)
+                lr = self.optimizer.param_groups[0]["lr"]  # the rate of this step
                 if self.scaler is not None:
                     self.scaler.step(self.optimizer)
                     self.scaler.update()
@@ -538,7 +664,6 @@ class Trainer:
                 self._window_tokens += int(tokens)
                 tokens_seen += int(tokens)
                 last_train_loss = self._window_nats / max(self._window_tokens, 1)
-                bar.update(1)
                 if not opts.quiet:
                     now = time.perf_counter()
                     rate = (tokens_seen - window_tokens_start) / max(now - window_start, 1e-9)
@@ -547,7 +672,19 @@ class Trainer:
                         if opts.units == "bits"
                         else {"ppl": f"{math.exp(min(last_train_loss, 50)):.2f}"}
                     )
-                    bar.set_postfix(loss=f"{last_train_loss:.3f}", **shown, tok_s=f"{rate:.0f}")
+                    waiting = (
+                        {"no_gain": f"{self.bad_evals}/{self.patience}"}
+                        if self.until_converged and self.patience is not None
+                        else {}
+                    )
+                    bar.update(
+                        self.step,
+                        loss=f"{last_train_loss:.3f}",
+                        **shown,
+                        lr=f"{lr:.3g}",
+                        tok_s=f"{rate:.0f}",
+                        **waiting,
+                    )
                 if self.step % opts.log_every == 0 or self.step == total:
                     now = time.perf_counter()
                     self._log(
@@ -558,7 +695,7 @@ class Trainer:
                             "loss_nats": last_train_loss,
                             "grad_norm": grad_norm,
                             "clipped_total": self.clipped,
-                            "lr": self.optimizer.param_groups[0]["lr"],
+                            "lr": lr,
                             **(
                                 {"loss_scale": self.scaler.get_scale()}
                                 if self.scaler is not None
@@ -572,9 +709,9 @@ class Trainer:
                     window_start, window_tokens_start = now, tokens_seen
                 end_of_epoch = self.batches.position == steps_per_epoch
                 out_of_time = (
-                    opts.max_time is not None and time.perf_counter() - started >= opts.max_time
+                    self.max_time is not None and time.perf_counter() - started >= self.max_time
                 )
-                scheduled = self.step % opts.eval_every == 0 if opts.eval_every else end_of_epoch
+                scheduled = self.step % self.eval_every == 0 if self.eval_every else end_of_epoch
                 final = self.step == total or out_of_time
                 if end_of_epoch:
                     self.carry = None  # streams restart at the beginning
@@ -592,9 +729,19 @@ class Trainer:
                     eval_seconds += time.perf_counter() - eval_started
                     if stop:
                         stopped_early = True
+                        assert self.best is not None
+                        stopped = (
+                            f"no improvement for {self.bad_evals} validations "
+                            f"(best at step {self.best['step']})"
+                        )
                         self._log({"event": "early_stop", "step": self.step})
                         break
                 if out_of_time:
+                    stopped = (
+                        f"cap reached: {self.max_time:.0f} s of training"
+                        if self.until_converged
+                        else f"time budget of {self.max_time:g} s reached"
+                    )
                     self._log({"event": "time_limit", "step": self.step})
                     break
                 if stopping:  # a signal reached some process: all save and stop together
@@ -606,6 +753,15 @@ class Trainer:
                         f"stopped by {name} after step {self.step}; the checkpoint is saved "
                         "(continue with --resume)"
                     )
+        if not stopped:
+            if self.until_converged:
+                stopped = f"cap reached: {self._cap_text()}"
+            elif opts.steps is not None:
+                stopped = f"{self.step:,} steps done"
+            else:
+                stopped = f"{opts.epochs} epochs done ({self.step:,} steps)"
+        if opts.restore_best:
+            self._restore_best()
         return TrainResult(
             steps=self.step,
             epochs_done=self.batches.epoch,
@@ -617,4 +773,5 @@ class Trainer:
             tokens=tokens_seen,
             train_seconds=time.perf_counter() - started - eval_seconds,
             threads=governor.note if governor is not None else "",
+            stopped=stopped,
         )

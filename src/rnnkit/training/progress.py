@@ -1,0 +1,125 @@
+"""The training progress display: a tqdm bar against the run's real budget.
+
+The bar measures what actually ends the run: seconds for a time budget (``--max-time``),
+steps for a step or epoch budget, and, when training runs until validation stops
+improving, a plain step counter (no total, so no invented ETA) with the validations
+without improvement in the postfix. On a terminal it is tqdm's bar; when stderr is a file
+or a pipe (a log), tqdm would write one carriage-return-separated line per refresh, so
+instead the same text (``tqdm.format_meter``) is written as an ordinary line every
+``interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Any
+
+from tqdm import tqdm
+
+__all__ = ["Progress"]
+
+# A time budget's bar counts seconds: "42/270 s [00:42<03:48, step=1200, ...]".
+TIME_FORMAT = "{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]"
+
+
+class Progress:
+    """Progress of one ``Trainer.fit()`` call.
+
+    Args:
+        total_steps: the step budget (None: no step budget).
+        max_time: the time budget in seconds (None: none); it takes precedence over
+            ``total_steps`` (a time budget is what ends such a run).
+        initial: steps already done (a resumed run).
+        disable: show nothing.
+        file: where to write (default: ``sys.stderr``).
+        interval: seconds between plain lines when ``file`` is not a terminal.
+    """
+
+    def __init__(
+        self,
+        *,
+        total_steps: int | None,
+        max_time: float | None,
+        initial: int = 0,
+        disable: bool = False,
+        file: IO[str] | None = None,
+        interval: float = 30.0,
+    ) -> None:
+        self.file = file if file is not None else sys.stderr
+        self.by_time = max_time is not None
+        self.total: float | None = max_time if self.by_time else total_steps
+        self.unit = "s" if self.by_time else "step"
+        self.step = initial
+        self.initial = initial
+        self.interval = interval
+        self.started = time.perf_counter()
+        self._last_line = self.started
+        self._postfix: dict[str, Any] = {}
+        isatty = getattr(self.file, "isatty", None)
+        self.terminal = bool(isatty and isatty())
+        self.bar: tqdm | None = None
+        self.disabled = disable
+        if disable or not self.terminal:
+            return
+        if self.by_time:
+            self.bar = tqdm(
+                total=max_time,
+                file=self.file,
+                dynamic_ncols=True,
+                leave=False,
+                bar_format=TIME_FORMAT,
+            )
+        else:
+            self.bar = tqdm(
+                total=total_steps,
+                initial=initial,
+                file=self.file,
+                unit="step",
+                dynamic_ncols=True,
+                leave=False,
+            )
+
+    def update(self, step: int, **postfix: Any) -> None:
+        """Record that ``step`` steps are done; ``postfix`` is shown after the bar."""
+        if self.disabled:
+            return
+        now = time.perf_counter()
+        elapsed = now - self.started
+        if self.by_time:
+            postfix = {"step": step, **postfix}
+        self._postfix = postfix
+        if self.bar is not None:
+            self.bar.set_postfix(postfix, refresh=False)
+            if self.by_time:
+                assert self.total is not None
+                self.bar.update(min(elapsed, self.total) - self.bar.n)
+            else:
+                self.bar.update(step - self.step)
+            self.step = step
+            return
+        self.step = step
+        if now - self._last_line >= self.interval:
+            self._last_line = now
+            print(self.line(elapsed), file=self.file, flush=True)
+
+    def line(self, elapsed: float) -> str:
+        """The progress as one plain line (what the bar shows, without the bar)."""
+        n = min(elapsed, self.total) if self.by_time and self.total is not None else self.step
+        text = tqdm.format_meter(
+            n,
+            self.total,
+            elapsed,
+            ncols=0,
+            unit=self.unit,
+            initial=0 if self.by_time else self.initial,
+            bar_format=TIME_FORMAT.replace("{l_bar}{bar}| ", "{percentage:3.0f}% ")
+            if self.by_time
+            else None,
+            postfix=", ".join(f"{k}={v}" for k, v in self._postfix.items()) or None,
+        )
+        return "train: " + text.strip()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
