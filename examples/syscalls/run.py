@@ -37,11 +37,12 @@ from pathlib import Path
 
 import torch
 
+from rnnkit.anomaly import RUNNING_SCORES, SCORES
 from rnnkit.config import TrainConfig
 from rnnkit.data.events import Session, read_sessions, write_sessions
 from rnnkit.data.strace import parse_strace
 from rnnkit.streaming import StreamItem, StreamScorer
-from rnnkit.tasks.events import evaluate, load_events, score_sessions, train
+from rnnkit.tasks.events import DEFAULTS, evaluate, load_events, score_sessions, train
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
 WORDS += ["eta", "theta", "iota", "kappa", "lambda", "mu"]
@@ -304,7 +305,6 @@ def stream_check(run_dir: Path, test: Path) -> dict[str, float]:
     """Replay the test sessions interleaved, event by event, through the streaming scorer."""
     run = load_events(run_dir)
     sessions = read_sessions(test)
-    batch = {r["session"]: r for r in score_sessions(run, sessions)}
     rng = random.Random(0)
     cursors = {s.session: 0 for s in sessions}
     events = {s.session: s.events for s in sessions}
@@ -318,7 +318,9 @@ def stream_check(run_dir: Path, test: Path) -> dict[str, float]:
             del cursors[sid]
         else:
             cursors[sid] = i + 1
-    name = run.thresholds["score"]
+    # Streaming keeps the running scores; the others need the whole session.
+    name = run.thresholds["score"] if run.thresholds["score"] in RUNNING_SCORES else "max"
+    batch = {r["session"]: r for r in score_sessions(run, sessions, score=name)}
     scorer = StreamScorer(
         run.model,
         run.vocab,
@@ -356,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reuse", action="store_true", help="reuse the recorded sessions in --out")
+    p.add_argument("--score", choices=SCORES, default=DEFAULTS["score"], help="verdict score")
+    p.add_argument("--window", type=int, help="DeepLog's history window h (default: none)")
+    p.add_argument("--top-g", type=int, default=DEFAULTS["top_g"])
+    p.add_argument("--threshold-method", choices=("quantile", "gpd"), default="quantile")
     args = p.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     out = Path(args.out).resolve()
@@ -382,7 +388,13 @@ def main(argv: list[str] | None = None) -> int:
         max_len=2048,
         ngram_order=5,
         seed=args.seed,
-        extra={"target_fpr": 0.01, "top_g": 9, "score": "max"},
+        extra={
+            "target_fpr": 0.01,
+            "top_g": args.top_g,
+            "score": args.score,
+            "window": args.window,
+            "threshold": args.threshold_method,
+        },
     ).validate()
     summary = train(cfg, quiet=True)
     print(
@@ -415,13 +427,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"{'model / score':<16}{'AUC':>7}{'prec':>7}{'recall':>7}{'F1':>7}{'FPR':>7}")
     for model in ("rnn", "ngram"):
-        for score in ("max", "mean", "count"):
+        for score in SCORES:
             m = metrics[f"{model}_{score}"]
             print(
                 f"{model + ' ' + score:<16}{m.get('auc', float('nan')):>7.3f}"
                 f"{m['precision']:>7.3f}{m['recall']:>7.3f}{m['f1']:>7.3f}{m['fpr']:>7.3f}"
             )
-    print("flagged (LSTM max / 5-gram max) per kind:")
+    print(f"flagged (LSTM {metrics['score']} / 5-gram {metrics['score']}) per kind:")
     for kind, c in sorted(per_kind.items()):
         print(f"  {kind:<16}{c['rnn']:>4}/{c['n']:<4} {c['ngram']:>4}/{c['n']}")
     print(

@@ -104,7 +104,8 @@ def test_log_to_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     )
     assert (status, stderr) == (0, "")
     assert stdout == (
-        f"wrote 2 sessions (3 events) to {out}; 2 templates; skipped 1 line without a session id\n"
+        f"wrote 2 sessions (3 events) to {out}; 2 templates; skipped 1 line without a session id "
+        f"(first at {log}:3)\n"
     )
     get = "<DATE> INFO req=<SESSION> GET <*> <NUM> in <NUM> ms"
     assert read_sessions(out) == [
@@ -129,9 +130,37 @@ def test_log_to_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
             "--no-result and --per apply to --from strace only",
         ),
         (
-            ["--from", "log", "{trace}", "--session-pattern", "x"],
-            "--session-pattern 'x' has no group: mark the id with (?P<session>...) or (...), "
-            r"e.g. 'req=(\w+)'",
+            [
+                "--from",
+                "log",
+                "{readme}",
+                "--session-pattern",
+                "x",
+                "--log-format",
+                "<A>: <Content>",
+            ],
+            "{readme}:1: the line does not match --log-format '<A>: <Content>' "
+            "(starts 'just words')",
+        ),
+        (
+            ["--from", "log", "{readme}", "--session-pattern", "x", "--log-format", "<A>"],
+            "--log-format '<A>' has no <Content> field (the message to mine)",
+        ),
+        (
+            ["--from", "log", "{readme}", "--log-format", "<A>: <Content>", "--session-field", "B"],
+            "--session-field B is not a header field of --log-format (fields: A)",
+        ),
+        (
+            ["--from", "log", "{readme}", "--session-pattern", "(x)", "--session-field", "A"],
+            "give --session-pattern or --session-field (one of them)",
+        ),
+        (
+            ["--from", "strace", "{trace}", "--log-format", "<Content>"],
+            "--log-format applies to --from log only",
+        ),
+        (
+            ["--from", "log", "{readme}", "--session-pattern", "(x)", "--drain-depth", "2"],
+            "depth must be at least 3, got 2",
         ),
         (
             ["--from", "log", "{trace}", "--session-pattern", "(x)", "--similarity", "2"],
@@ -208,3 +237,51 @@ def test_installed_command_runs(tmp_path: Path, trace: Path) -> None:
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout.startswith(f"wrote 2 sessions (5 events) to {out}")
     assert [s.session for s in read_sessions(out)] == [f"{trace}:100", f"{trace}:101"]
+
+
+HDFS_LIKE = "".join(
+    line + "\n"
+    for line in [
+        "081109 203615 148 INFO dfs.DataNode$PacketResponder: Received block blk_-160 of "
+        "size 91 from /10.250.19.102",
+        "081109 203615 149 INFO dfs.FSNamesystem: BLOCK* NameSystem.allocateBlock: "
+        "/user/job_1/part-00 blk_7503",
+        "081109 203616 148 INFO dfs.DataNode$PacketResponder: Received block blk_7503 of "
+        "size 67 from /10.250.10.6",
+        "081109 203617 150 WARN dfs.DataNode: heartbeat lost",
+        "",
+        "081109 203618 151 INFO dfs.DataNode$PacketResponder: PacketResponder 1 for block "
+        "blk_-160 terminating",
+    ]
+)
+
+
+def test_log_format_keeps_header_fields_out_of_templates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "hdfs.log"
+    log.write_text(HDFS_LIKE)
+    out = tmp_path / "s.jsonl"
+    fmt = "<Date> <Time> <Pid> <Level> <Component>: <Content>"
+    status, stdout, stderr = run_cli(
+        capsys, "--from", "log", str(log), "--out", str(out), "--log-format", fmt,
+        "--session-pattern", r"blk_-?\d+", "--drain-depth", "5", "--drain-max-children", "10",
+    )  # fmt: skip
+    assert (status, stderr) == (0, "")
+    assert f"skipped 2 lines without a session id (first at {log}:4)" in stdout
+    received = "Received block <SESSION> of size <NUM> from /<IP>"
+    assert read_sessions(out) == [
+        Session("blk_-160", [received, "PacketResponder <NUM> for block <SESSION> terminating"]),
+        Session(
+            "blk_7503",
+            ["BLOCK* NameSystem.allocateBlock: /user/job_1/part-<NUM> <SESSION>", received],
+        ),
+    ]
+    # The session as a header field: one session per pid.
+    status, _, stderr = run_cli(
+        capsys, "--from", "log", str(log), "--out", str(out), "--log-format", fmt,
+        "--session-field", "Pid",
+    )  # fmt: skip
+    assert (status, stderr) == (0, "")
+    assert [s.session for s in read_sessions(out)] == ["148", "149", "150", "151"]
+    assert read_sessions(out)[2].events == ["heartbeat lost"]

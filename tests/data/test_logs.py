@@ -9,7 +9,7 @@ import pytest
 
 from rnnkit.data import logs as logs_module
 from rnnkit.data.events import Session
-from rnnkit.data.logs import LogSessionizer, sessions_from_logs
+from rnnkit.data.logs import LogSessionizer, compile_log_format, sessions_from_logs
 from rnnkit.errors import ConfigError, DataError
 
 # HDFS-style lines (the Loghub benchmark's classic): a block id is the session.
@@ -156,7 +156,6 @@ def test_no_line_with_a_session_names_the_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("pattern", "message"),
     [
-        (r"req=\w+", r"--session-pattern 'req=\w+' has no group: mark the id with"),
         (
             r"req=(\w+",
             r"--session-pattern 'req=(\w+' is not a valid regex: missing ), unterminated",
@@ -185,3 +184,62 @@ def test_mining_is_quiet(
     sessions_from_logs(["a=1 x", "a=2 y"], r"a=(\d)")
     assert capsys.readouterr() == ("", "")
     assert [r for r in caplog.records if r.name.startswith("drain3")] == []
+
+
+def test_a_pattern_without_a_group_takes_the_whole_match() -> None:
+    sessions, _ = sessions_from_logs(["got blk_-42 ok", "sent blk_7"], r"blk_-?\d+", masks=())
+    assert [(s.session, s.events) for s in sessions] == [
+        ("blk_-42", ["got <SESSION> ok"]),
+        ("blk_7", ["sent <SESSION>"]),
+    ]
+
+
+def test_log_format_regex_by_hand() -> None:
+    rx = compile_log_format("<Date> <Time> [<Thread>] <Level>  <Component> - <Content>")
+    assert rx.pattern == (
+        r"^(?P<Date>.*?)\s+(?P<Time>.*?)\s+\[(?P<Thread>.*?)\]\s+(?P<Level>.*?)\s+"
+        r"(?P<Component>.*?)\s+\-\s+(?P<Content>.*)$"
+    )
+    m = rx.match("2026-12-01 10:00:00,1 [main-3] ERROR   a.b.C - req 7: failed - retry")
+    assert m is not None and m.groupdict() == {
+        "Date": "2026-12-01",
+        "Time": "10:00:00,1",
+        "Thread": "main-3",
+        "Level": "ERROR",
+        "Component": "a.b.C",
+        "Content": "req 7: failed - retry",
+    }
+    for bad, message in (
+        ("<Date> <Date> <Content>", "names the field <Date> twice"),
+        ("<1x> <Content>", "field <1x> is not a name"),
+        ("<Date> <Time>", "has no <Content> field"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            compile_log_format(bad)
+
+
+def test_header_fields_never_reach_templates_and_bad_lines_are_located(tmp_path: Path) -> None:
+    # Lines whose dates, pids and levels differ but whose messages are alike: one template.
+    fmt = "<Date> <Time> <Pid> <Level> <Component>: <Content>"
+    lines = [
+        f"0811{d:02d} 2036{d:02d} {100 + d} {lvl} dfs.DataNode: Served block blk_{d} to /10.0.0.{d}"
+        for d, lvl in ((1, "INFO"), (2, "WARN"), (3, "INFO"))
+    ]
+    sessions, stats = sessions_from_logs(lines, r"blk_\d+", log_format=fmt)
+    assert {e for s in sessions for e in s.events} == {"Served block <SESSION> to /<IP>"}
+    assert stats.templates == 1
+    # Without the format the header is mined too: the component is in every template.
+    raw, _ = sessions_from_logs(lines, r"blk_\d+")
+    assert all("dfs.DataNode:" in e for s in raw for e in s.events)
+    path = tmp_path / "app.log"
+    path.write_text("\n".join([*lines, "", "a stack trace line"]) + "\n")
+    with pytest.raises(DataError) as info:
+        sessions_from_logs(path, r"blk_\d+", log_format=fmt)
+    assert str(info.value) == (
+        f"{path}:5: the line does not match --log-format '{fmt}' (starts 'a stack trace line')"
+    )
+    # A session field that is empty on every line that fits.
+    with pytest.raises(DataError, match="the field <Level> is empty on every line"):
+        sessions_from_logs(
+            ["a  : x"], log_format="<Date> <Level>: <Content>", session_field="Level"
+        )

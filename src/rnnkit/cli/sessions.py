@@ -4,6 +4,8 @@
 
     rnnkit sessions --from strace trace.txt --out train.jsonl --label 0
     rnnkit sessions --from log app.log --session-pattern 'req=(\\w+)' --out app.jsonl
+    rnnkit sessions --from log hdfs.log --out hdfs.jsonl --session-pattern 'blk_-?\\d+' \\
+        --log-format '<Date> <Time> <Pid> <Level> <Component>: <Content>'
 
 The output is the JSON-lines format that ``rnnkit train --task events`` reads, written
 atomically. A one-line summary goes to stdout unless ``--quiet``.
@@ -43,11 +45,21 @@ class SessionsConfig:
     label: int | None = None
     similarity: float = 0.4
     quiet: bool = False
+    log_format: str | None = None
+    session_field: str | None = None
+    drain_depth: int = 4
+    drain_max_children: int = 100
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SessionsConfig:
         """Check the options together (argparse checks each alone) and build the config."""
-        if args.source == "log" and not args.session_pattern:
+        log_options = {
+            "log_format": getattr(args, "log_format", None),
+            "session_field": getattr(args, "session_field", None),
+            "drain_depth": getattr(args, "drain_depth", None),
+            "drain_max_children": getattr(args, "drain_max_children", None),
+        }
+        if args.source == "log" and not (args.session_pattern or log_options["session_field"]):
             raise ConfigError("--from log needs --session-pattern (a regex; its group is the id)")
         if args.source == "strace":
             # Refused rather than ignored: the user expected them to do something.
@@ -55,6 +67,9 @@ class SessionsConfig:
                 raise ConfigError("--session-pattern applies to --from log only")
             if args.similarity != 0.4:
                 raise ConfigError("--similarity applies to --from log only")
+            for name, value in log_options.items():
+                if value is not None:
+                    raise ConfigError(f"--{name.replace('_', '-')} applies to --from log only")
         elif args.no_result or args.per != "pid":
             raise ConfigError("--no-result and --per apply to --from strace only")
         if not 0.0 <= args.similarity <= 1.0:
@@ -81,6 +96,10 @@ class SessionsConfig:
             label=args.label,
             similarity=args.similarity,
             quiet=args.quiet,
+            log_format=log_options["log_format"],
+            session_field=log_options["session_field"],
+            drain_depth=log_options["drain_depth"] or 4,
+            drain_max_children=log_options["drain_max_children"] or 100,
         )
 
 
@@ -107,8 +126,33 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--session-pattern",
         metavar="REGEX",
-        help="(log) regex finding a line's session id: group 'session' or the first group; "
-        "lines without one are skipped",
+        help="(log) regex finding a line's session id: group 'session', else the first "
+        "group, else the whole match (e.g. 'blk_-?\\d+'); lines without one are skipped",
+    )
+    parser.add_argument(
+        "--log-format",
+        metavar="FORMAT",
+        help="(log) header format of each line, loghub style, e.g. '<Date> <Time> <Pid> "
+        "<Level> <Component>: <Content>': only <Content> is mined into templates; a line "
+        "that does not fit stops with its file and line",
+    )
+    parser.add_argument(
+        "--session-field",
+        metavar="NAME",
+        help="(log) with --log-format: the header field that is the session id (e.g. Pid), "
+        "instead of --session-pattern",
+    )
+    parser.add_argument(
+        "--drain-depth",
+        type=int,
+        metavar="N",
+        help="(log) depth of Drain's prefix tree, at least 3 (default 4)",
+    )
+    parser.add_argument(
+        "--drain-max-children",
+        type=int,
+        metavar="N",
+        help="(log) most children of a node of Drain's prefix tree (default 100)",
     )
     parser.add_argument(
         "--similarity",
@@ -166,10 +210,16 @@ def _from_strace(config: SessionsConfig) -> tuple[list[Session], str]:
 def _from_logs(config: SessionsConfig) -> tuple[list[Session], str]:
     from rnnkit.data.logs import LogSessionizer, no_session_message
 
-    assert config.session_pattern is not None  # from_args makes sure
     # One sessionizer for all inputs: a session may span rotated files, and every file
     # must name the same kind of line by the same template.
-    sessionizer = LogSessionizer(config.session_pattern, similarity=config.similarity)
+    sessionizer = LogSessionizer(
+        config.session_pattern,
+        log_format=config.log_format,
+        session_field=config.session_field,
+        similarity=config.similarity,
+        depth=config.drain_depth,
+        max_children=config.drain_max_children,
+    )
     for path in config.inputs:
         sessionizer.add_file(path)
     sessions = sessionizer.sessions(config.label)
@@ -180,6 +230,9 @@ def _from_logs(config: SessionsConfig) -> tuple[list[Session], str]:
         f"; {_count(stats.templates, 'template')}; skipped "
         f"{_count(stats.no_session, 'line')} without a session id"
     )
+    if stats.first_no_session is not None:
+        source, line = stats.first_no_session
+        note += f" (first at {source}:{line})"
     if stats.too_long:
         note += f" and {_count(stats.too_long, 'overlong line')}"
     return sessions, note

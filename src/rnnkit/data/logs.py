@@ -11,6 +11,14 @@ has at the *end* of mining. Drain generalises a template as lines arrive, so a o
 labelling would call the same kind of line by two names depending on when it came.
 
 The session id is masked as ``<SESSION>`` before mining, so it never splits a template.
+
+A *header format* in the style of the loghub benchmark (``log_format``, e.g.
+``<Date> <Time> <Pid> <Level> <Component>: <Content>``) splits every line into its header
+fields and its message; only the message ``<Content>`` is mined, so a timestamp, a pid or
+a level never ends up inside a template. The session id is then found by the pattern
+(anywhere in the line) or taken whole from a header field (``session_field="Pid"``). A
+non-blank line that does not fit the format stops the reading with its file and line:
+a wrong format would otherwise silently turn every header into template text.
 """
 
 from __future__ import annotations
@@ -26,7 +34,13 @@ from typing import Any
 from rnnkit.data.events import Session
 from rnnkit.errors import ConfigError, DataError
 
-__all__ = ["DEFAULT_MASKS", "LogSessionizer", "LogStats", "sessions_from_logs"]
+__all__ = [
+    "DEFAULT_MASKS",
+    "LogSessionizer",
+    "LogStats",
+    "compile_log_format",
+    "sessions_from_logs",
+]
 
 # drain3 logs at INFO ("Starting Drain3 template miner") through the root logger's
 # handlers; a user who turns on INFO logging for their own code should not get it.
@@ -60,6 +74,8 @@ class LogStats:
         too_long: lines skipped for being over :data:`MAX_LINE_CHARS`.
         templates: distinct templates mined.
         sessions: sessions produced.
+        first_no_session: ``(file, line)`` of the first line without a session id (the
+            file is ``None`` for lines given in code).
     """
 
     lines: int = 0
@@ -68,21 +84,51 @@ class LogStats:
     too_long: int = 0
     templates: int = 0
     sessions: int = 0
+    first_no_session: tuple[str | None, int] | None = None
+
+
+def compile_log_format(log_format: str) -> re.Pattern[str]:
+    """A loghub-style header format as a regex with one named group per field.
+
+    ``<Name>`` is a field (a lazy ``.*?``; ``<Content>``, required, takes the rest of the
+    line); any run of spaces matches any run of whitespace; other text is literal.
+
+    >>> rx = compile_log_format("<Date> <Time> <Level> [<Component>] <Content>")
+    >>> rx.match("2026-12-01 10:00:01 WARN  [disk] quota: 91% used").groupdict()
+    {'Date': '2026-12-01', 'Time': '10:00:01', 'Level': 'WARN', 'Component': 'disk', \
+'Content': 'quota: 91% used'}
+    """
+    parts = re.split(r"(<[^<>\s]+>)", log_format)
+    names: list[str] = []
+    regex = ""
+    for part in parts:
+        if len(part) > 2 and part[0] == "<" and part[-1] == ">":
+            name = part[1:-1]
+            if not name.isidentifier():
+                raise ConfigError(f"--log-format field <{name}> is not a name (letters, _)")
+            if name in names:
+                raise ConfigError(f"--log-format names the field <{name}> twice")
+            names.append(name)
+            regex += "(?P<Content>.*)" if name == "Content" else f"(?P<{name}>.*?)"
+        else:
+            regex += r"\s+".join(re.escape(word) for word in re.split(" +", part))
+    if "Content" not in names:
+        raise ConfigError(
+            f"--log-format '{log_format}' has no <Content> field (the message to mine)"
+        )
+    return re.compile(f"^{regex}$")
 
 
 def _compile_session_pattern(pattern: str | re.Pattern[str]) -> tuple[re.Pattern[str], int | str]:
+    """The pattern and which group is the id: ``session``, else the first, else the whole
+    match (``blk_-?\\d+``)."""
     try:
         compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
     except re.error as exc:
         raise ConfigError(f"--session-pattern '{pattern}' is not a valid regex: {exc}") from None
     if "session" in compiled.groupindex:
         return compiled, "session"
-    if compiled.groups >= 1:
-        return compiled, 1
-    raise ConfigError(
-        f"--session-pattern '{compiled.pattern}' has no group: mark the id with "
-        r"(?P<session>...) or (...), e.g. 'req=(\w+)'"
-    )
+    return compiled, 1 if compiled.groups >= 1 else 0
 
 
 class LogSessionizer:
@@ -90,14 +136,20 @@ class LogSessionizer:
 
     Args:
         session_pattern: regex searched in each line; its group ``session`` (or else its
-            first group) is the session id. Lines where it does not match, or the group
-            is empty, are skipped and counted.
+            first group, or else the whole match) is the session id. Lines where it does
+            not match, or the group is empty, are skipped and counted.
+        log_format: a loghub-style header format (:func:`compile_log_format`): only the
+            ``<Content>`` of each line is mined; a line that does not fit is a DataError.
+        session_field: with ``log_format``, the header field that is the session id
+            (instead of ``session_pattern``).
         masks: ``(regex, name)`` pairs masked as ``<name>`` before mining.
         similarity: Drain's similarity threshold (0..1); higher makes more templates.
         depth: Drain's prefix-tree depth (at least 3).
+        max_children: most children of a node of Drain's prefix tree (at least 2).
 
     Raises:
-        ConfigError: a bad pattern, threshold, or depth; drain3 not installed.
+        ConfigError: a bad pattern, format, field, threshold, depth or max_children;
+            drain3 not installed.
 
     >>> sessionizer = LogSessionizer(r"req=(\\w+)")
     >>> sessionizer.add_lines([
@@ -116,13 +168,35 @@ class LogSessionizer:
 
     def __init__(
         self,
-        session_pattern: str | re.Pattern[str],
+        session_pattern: str | re.Pattern[str] | None = None,
         *,
+        log_format: str | None = None,
+        session_field: str | None = None,
         masks: Iterable[tuple[str, str]] = DEFAULT_MASKS,
         similarity: float = 0.4,
         depth: int = 4,
+        max_children: int = 100,
     ) -> None:
-        self.pattern, self._group = _compile_session_pattern(session_pattern)
+        self.log_format = log_format
+        self.format = None if log_format is None else compile_log_format(log_format)
+        if (session_pattern is None) == (session_field is None):
+            raise ConfigError("give --session-pattern or --session-field (one of them)")
+        self.session_field = session_field
+        self.pattern: re.Pattern[str] | None = None
+        if session_field is not None:
+            if self.format is None:
+                raise ConfigError("--session-field names a field of --log-format: give both")
+            if session_field not in self.format.groupindex or session_field == "Content":
+                fields = [f for f in self.format.groupindex if f != "Content"]
+                raise ConfigError(
+                    f"--session-field {session_field} is not a header field of --log-format "
+                    f"(fields: {', '.join(fields) or 'none'})"
+                )
+        else:
+            assert session_pattern is not None
+            self.pattern, self._group = _compile_session_pattern(session_pattern)
+        if max_children < 2:
+            raise ConfigError(f"max_children must be at least 2, got {max_children}")
         if not 0.0 <= similarity <= 1.0:
             raise ConfigError(f"similarity must be in [0, 1], got {similarity}")
         if depth < 3:
@@ -139,6 +213,7 @@ class LogSessionizer:
         config = TemplateMinerConfig()
         config.drain_sim_th = similarity
         config.drain_depth = depth
+        config.drain_max_children = max_children
         config.profiling_enabled = False  # its profiler prints to stdout
         mask_list = list(masks)
         for regex, _ in mask_list:
@@ -153,30 +228,68 @@ class LogSessionizer:
         self._clusters: dict[str, list[int]] = {}
         self.stats = LogStats()
 
-    def add_line(self, line: str) -> bool:
-        """Mine one line; True if it carried a session id (and became an event)."""
+    def add_line(self, line: str, source: str | None = None, number: int | None = None) -> bool:
+        """Mine one line; True if it carried a session id (and became an event).
+
+        Args:
+            line: the text (a trailing newline is dropped).
+            source, number: where the line is from (file and 1-based line), for errors
+                and the count of lines without a session id.
+
+        Raises:
+            DataError: with a header format, a non-blank line that does not fit it.
+        """
         self.stats.lines += 1
+        number = self.stats.lines if number is None else number
         line = line.rstrip("\r\n")
         if len(line) > MAX_LINE_CHARS:
             self.stats.too_long += 1
             return False
-        match = self.pattern.search(line)
-        session_id = match.group(self._group) if match else None
+        session_id, message = self._split(line, source, number)
         if not session_id:
             self.stats.no_session += 1
+            if self.stats.first_no_session is None:
+                self.stats.first_no_session = (source, number)
             return False
-        assert match is not None
-        start, end = match.span(self._group)
-        message = f"{line[:start]}<SESSION>{line[end:]}"
         cluster_id = self._miner.add_log_message(message)["cluster_id"]
         self._clusters.setdefault(session_id, []).append(cluster_id)
         self.stats.used += 1
         return True
 
-    def add_lines(self, lines: Iterable[str]) -> None:
+    def _split(self, line: str, source: str | None, number: int) -> tuple[str | None, str]:
+        """``(session id or None, the message to mine with the id masked)``."""
+        content_start, content = 0, line
+        header = None
+        if self.format is not None:
+            header = self.format.match(line)
+            if header is None:
+                if not line.strip():
+                    return None, ""
+                raise DataError(
+                    f"the line does not match --log-format '{self.log_format}'"
+                    f" (starts {line[:60]!r})",
+                    source or "<lines>",
+                    number,
+                )
+            content_start, content = header.start("Content"), header.group("Content")
+        if self.session_field is not None:
+            assert header is not None
+            return header.group(self.session_field).strip() or None, content
+        assert self.pattern is not None
+        match = self.pattern.search(line)
+        session_id = match.group(self._group) if match else None
+        if not session_id or match is None:
+            return None, content
+        start, end = match.span(self._group)
+        if start >= content_start:  # the id is in the message: mask it there
+            start, end = start - content_start, end - content_start
+            content = f"{content[:start]}<SESSION>{content[end:]}"
+        return session_id, content
+
+    def add_lines(self, lines: Iterable[str], source: str | None = None) -> None:
         """Mine each line of an iterable (an open file, a list of strings)."""
-        for line in lines:
-            self.add_line(line)
+        for number, line in enumerate(lines, 1):
+            self.add_line(line, source, number)
 
     def add_file(self, path: str | PathLike[str]) -> None:
         """Mine every line of a text file.
@@ -184,9 +297,12 @@ class LogSessionizer:
         Bytes that are not UTF-8 are replaced rather than refused: logs mix encodings,
         and one bad byte should cost one character, not the file.
         """
+        source = os.fspath(path)
+        number = 0
         with open(path, encoding="utf-8", errors="replace") as fileobj:
             while True:
                 line = fileobj.readline(MAX_LINE_CHARS + 1)
+                number += 1
                 if not line:
                     return
                 if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
@@ -196,7 +312,7 @@ class LogSessionizer:
                     self.stats.lines += 1
                     self.stats.too_long += 1
                     continue
-                self.add_line(line)
+                self.add_line(line, source, number)
 
     def templates(self) -> dict[int, str]:
         """The mined templates by Drain cluster id.
@@ -225,19 +341,23 @@ class LogSessionizer:
 
 def sessions_from_logs(
     source: str | PathLike[str] | Iterable[str],
-    session_pattern: str | re.Pattern[str],
+    session_pattern: str | re.Pattern[str] | None = None,
     *,
     label: int | None = None,
+    log_format: str | None = None,
+    session_field: str | None = None,
     masks: Iterable[tuple[str, str]] = DEFAULT_MASKS,
     similarity: float = 0.4,
     depth: int = 4,
+    max_children: int = 100,
 ) -> tuple[list[Session], LogStats]:
     """Sessions of template events from one log file (a path) or from lines.
 
     Args:
         source: a path (``str`` or ``PathLike``: a ``str`` is always a path), or an
             iterable of lines.
-        session_pattern, masks, similarity, depth: see :class:`LogSessionizer`.
+        session_pattern, log_format, session_field, masks, similarity, depth,
+            max_children: see :class:`LogSessionizer`.
         label: label given to every session (``0``/``1``), or None.
 
     Returns:
@@ -258,7 +378,15 @@ def sessions_from_logs(
     >>> stats.used, stats.no_session
     (3, 0)
     """
-    sessionizer = LogSessionizer(session_pattern, masks=masks, similarity=similarity, depth=depth)
+    sessionizer = LogSessionizer(
+        session_pattern,
+        log_format=log_format,
+        session_field=session_field,
+        masks=masks,
+        similarity=similarity,
+        depth=depth,
+        max_children=max_children,
+    )
     path = None
     if isinstance(source, (str, PathLike)):
         path = os.fspath(source)
@@ -283,5 +411,7 @@ def no_session_message(sessionizer: LogSessionizer) -> str:
     read = f"{stats.lines} line{'s' if stats.lines != 1 else ''} read"
     if stats.too_long:
         read += f", {stats.too_long} over {MAX_LINE_CHARS} characters"
+    if sessionizer.pattern is None:
+        return f"the field <{sessionizer.session_field}> is empty on every line ({read})"
     # Quoted by hand: repr() would double every backslash of the regex.
     return f"no line matches the session pattern '{sessionizer.pattern.pattern}' ({read})"
