@@ -17,8 +17,10 @@ from rnnkit.anomaly import (
     RunningScore,
     combined_scores,
     detection_metrics,
+    precision_recall_curve,
     precision_recall_f1,
     roc_auc,
+    roc_curve,
     session_scores,
     surprise_and_rank,
     tail_pvalues,
@@ -195,3 +197,25 @@ def test_tail_pvalues_and_tippett_combination_by_hand() -> None:
     )
     with pytest.raises(ValueError, match="calibration"):
         tail_pvalues([], [1.0])
+
+
+def test_curves_match_scikit_learn_and_the_auc() -> None:
+    metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(4)
+    labels = rng.random(200) < 0.3
+    scores = np.round(rng.normal(size=200) + labels, 1)  # rounded: many ties
+    fpr, tpr, t = roc_curve(scores, labels)
+    ref_fpr, ref_tpr, ref_t = metrics.roc_curve(labels, scores, drop_intermediate=False)
+    np.testing.assert_allclose(fpr, ref_fpr)
+    np.testing.assert_allclose(tpr, ref_tpr)
+    np.testing.assert_allclose(t[1:], ref_t[1:])
+    assert np.trapezoid(tpr, fpr) == pytest.approx(roc_auc(scores, labels))
+    recall, precision, t = precision_recall_curve(scores, labels)
+    ref_p, ref_r, ref_t = metrics.precision_recall_curve(labels, scores)
+    # scikit-learn lists them from the lowest threshold and stops at full recall, then
+    # appends (precision 1, recall 0).
+    keep = t >= ref_t[0]
+    np.testing.assert_allclose(precision[keep], ref_p[:-1][::-1])
+    np.testing.assert_allclose(recall[keep], ref_r[:-1][::-1])
+    with pytest.raises(ValueError, match="both normal and anomalous"):
+        roc_curve([1.0, 2.0], [0, 0])

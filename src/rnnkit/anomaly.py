@@ -53,8 +53,10 @@ __all__ = [
     "RunningScore",
     "combined_scores",
     "detection_metrics",
+    "precision_recall_curve",
     "precision_recall_f1",
     "roc_auc",
+    "roc_curve",
     "session_scores",
     "surprise_and_rank",
     "tail_pvalues",
@@ -369,6 +371,56 @@ def roc_auc(scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.nda
     ranks[order] = np.repeat(mid, ends - starts)
     u = ranks[y].sum() - n_pos * (n_pos + 1) / 2.0
     return float(u / (n_pos * n_neg))
+
+
+def _cumulative_counts(
+    scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """``(thresholds, tp, fp, n_pos, n_neg)``: for each distinct score ``t``, highest first,
+    the true and false positives when every session scoring ``≥ t`` is flagged."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels).astype(bool)
+    if s.shape != y.shape or s.ndim != 1:
+        raise ValueError("scores and labels must be (n,) arrays of one length")
+    order = np.argsort(-s, kind="mergesort")
+    s, y = s[order], y[order]
+    last = np.r_[s[1:] != s[:-1], True]  # the last of each run of equal scores
+    tp = np.cumsum(y)[last]
+    fp = np.cumsum(~y)[last]
+    return s[last], tp, fp, int(y.sum()), int((~y).sum())
+
+
+def roc_curve(
+    scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ROC curve: ``(fpr, tpr, thresholds)`` when every session scoring ``≥ t`` is
+    flagged, ``t`` each distinct score from the highest down, after a first point
+    ``(0, 0)`` at ``t = +inf``. The trapezoids under it sum to :func:`roc_auc`.
+
+    >>> fpr, tpr, t = roc_curve([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1])
+    >>> fpr.tolist(), tpr.tolist(), t.tolist()
+    ([0.0, 0.0, 0.5, 0.5, 1.0], [0.0, 0.5, 0.5, 1.0, 1.0], [inf, 0.8, 0.4, 0.35, 0.1])
+    """
+    t, tp, fp, n_pos, n_neg = _cumulative_counts(scores, labels)
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("a ROC curve needs both normal and anomalous sessions")
+    return np.r_[0.0, fp / n_neg], np.r_[0.0, tp / n_pos], np.r_[np.inf, t]
+
+
+def precision_recall_curve(
+    scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The precision–recall curve: ``(recall, precision, thresholds)`` when every session
+    scoring ``≥ t`` is flagged, ``t`` each distinct score from the highest down.
+
+    >>> r, p, t = precision_recall_curve([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1])
+    >>> r.tolist(), p.round(3).tolist(), t.tolist()
+    ([0.5, 0.5, 1.0, 1.0], [1.0, 0.5, 0.667, 0.5], [0.8, 0.4, 0.35, 0.1])
+    """
+    t, tp, fp, n_pos, _ = _cumulative_counts(scores, labels)
+    if n_pos == 0:
+        raise ValueError("a precision–recall curve needs anomalous sessions")
+    return tp / n_pos, tp / (tp + fp), t
 
 
 def precision_recall_f1(

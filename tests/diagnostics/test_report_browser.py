@@ -307,3 +307,33 @@ def test_the_browser_check_catches_a_broken_image_and_an_outside_request(
     found = problems(seen, events)
     assert any(p.startswith("image 0 does not decode") for p in found), found
     assert any("example.invalid" in p for p in found), found
+
+
+def test_events_report_with_its_detection_figures_loads_in_chromium(chromium, tmp_path):
+    from rnnkit.data.events import write_sessions
+    from rnnkit.data.generated_sessions import generate_sessions
+    from rnnkit.tasks.events import train as train_events
+
+    write_sessions(tmp_path / "train.jsonl", generate_sessions(40, seed=1))
+    write_sessions(tmp_path / "valid.jsonl", generate_sessions(30, anomalies=6, seed=2))
+    cfg = TrainConfig(
+        task="events",
+        train=str(tmp_path / "train.jsonl"),
+        valid=str(tmp_path / "valid.jsonl"),
+        out=str(tmp_path / "run"),
+        hidden=8,
+        embedding=4,
+        epochs=1,
+        ngram_order=3,
+    ).validate()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_events(cfg, quiet=True)
+    finally:
+        torch.set_num_threads(before)
+    seen, events, _ = visit(chromium, write_report(tmp_path / "run"), tmp_path)
+    assert seen["ready"] == "complete"
+    # Loss curves, gradient norms, then the ROC/PR curves and the score histograms.
+    assert len(seen["images"]) >= 3
+    assert problems(seen, events) == []

@@ -11,7 +11,8 @@ baseline), training (loss curves, gradient norm and clipping, vanishing/explodin
 signals), samples, gradient flow through time (‖∂L/∂h_k‖, ‖∂h_t/∂h_k‖₂ against the bound
 (γλ)^{t−k}, per-step and per-lag contributions to ∂L/∂W_hh, gate saturation), what the
 model predicts (next-symbol distribution and hidden states along a text), attention
-(seq2seq) and the configuration. Model pictures are drawn for language models and
+(seq2seq), anomaly detection (events: :mod:`rnnkit.diagnostics.detection`) and the
+configuration. Model pictures are drawn for language models and
 attention maps for seq2seq runs with attention; other tasks get the numbers and curves.
 
 The diagnostics run on a small batch of the run's own validation text (or training
@@ -652,6 +653,10 @@ def render_report(run_dir: str | Path) -> str:
             parts += lm_sections(run)
         elif run.cfg.task == "seq2seq":
             parts += attention_sections(run)
+        elif run.cfg.task == "events":
+            from rnnkit.diagnostics.detection import detection_sections
+
+            parts += detection_sections(run)
     parts.append(config_section(run))
     nav = " ".join(f'<a href="#{a}">{esc(t)}</a>' for a, t, _ in parts)
     cfg = run.cfg
