@@ -244,7 +244,7 @@ def test_train_takes_the_detection_options_and_prints_detection(
     # The options belong to the events task, and a streaming score must be a running one.
     assert main(["train", "--task", "lm", "--train", str(test), "--out", str(tmp_path / "x"),
                  "--top-g", "3"]) == 2  # fmt: skip
-    assert "--top-g apply to --task events only" in capsys.readouterr().err
+    assert "--top-g does not apply to --task lm (only to: events)" in capsys.readouterr().err
     assert main(["score", "--checkpoint", str(tmp_path / "run"), "--data", "-", "--follow"]) == 2
     assert "streaming scores are max, mean, count" in capsys.readouterr().err
     assert main(["score", "--checkpoint", str(tmp_path / "run"), "--data", str(test),

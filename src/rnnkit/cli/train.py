@@ -397,12 +397,9 @@ def _events_extra(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, name, None) is not None
     }
     if given and args.task != "events":
-        flags = ", ".join(
-            f"--{k.replace('events_', '').replace('_', '-')}"
-            for k in EVENTS_OPTIONS
-            if getattr(args, k, None) is not None
-        )
-        raise ConfigError(f"{flags} apply to --task events only")
+        first = next(k for k in EVENTS_OPTIONS if getattr(args, k, None) is not None)
+        flag = "--" + first.removeprefix("events_").replace("_", "-")
+        raise ConfigError(f"{flag} does not apply to --task {args.task} (only to: events)")
     return given
 
 
