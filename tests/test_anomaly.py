@@ -17,6 +17,7 @@ from rnnkit.anomaly import (
     RunningScore,
     combined_scores,
     detection_metrics,
+    log_tail_pvalues,
     precision_recall_curve,
     precision_recall_f1,
     roc_auc,
@@ -183,18 +184,22 @@ def test_key_stats_by_hand() -> None:
 
 
 def test_tail_pvalues_and_tippett_combination_by_hand() -> None:
-    cal = [1.0, 2.0, 2.0, 5.0]  # N = 4: p = (1 + #{c >= x}) / 5
+    cal = [1.0, 2.0, 2.0, 5.0]  # N = 4: p = (1 + #{c >= x}) / 5 up to the largest, 5
+    # Past 5 the tail is exponential: the top m = 3 exceed u = 1 by 1, 1, 4 (β = 2).
     np.testing.assert_allclose(
-        tail_pvalues(cal, [0.0, 2.0, 2.5, 5.0, 6.0]), [1, 0.8, 0.4, 0.4, 0.2]
+        tail_pvalues(cal, [0.0, 2.0, 2.5, 5.0, 6.0, 9.0]),
+        [1, 0.8, 0.4, 0.4, math.exp(-0.5) / 5, math.exp(-2) / 5],
     )
     calibration = {"a": cal, "b": [0.0, 0.0, 0.0, 10.0]}
-    # Session 1: p_a = 0.8, p_b(10) = 0.4 → −ln 0.4; session 2: p_a(6) = 0.2, p_b = 1.
+    # Session 1: p_a = 0.8, p_b(10) = 0.4 → −ln 0.4; session 2: p_a(6) = e^-0.5/5, p_b = 1.
     combined = combined_scores(calibration, {"a": [2.0, 6.0], "b": [10.0, -1.0]}, ("a", "b"))
-    np.testing.assert_allclose(combined, [-math.log(0.4), -math.log(0.2)])
-    # A session beyond every calibration score in any part reaches the ceiling ln(N + 1).
-    assert combined_scores(calibration, {"a": [99.0], "b": [0.0]}, ("a", "b"))[0] == pytest.approx(
-        math.log(5)
-    )
+    np.testing.assert_allclose(combined, [-math.log(0.4), math.log(5) + 0.5])
+    # Far past every calibration score: no ceiling, the excess in units of β (b: top 3
+    # exceed 0 by 0, 0, 10 → only 10 is above u = 0: β = 10).
+    far = combined_scores(calibration, {"a": [0.0], "b": [1010.0]}, ("a", "b"))
+    assert far[0] == pytest.approx(math.log(5) + 100)
+    # Calibration scores with no spread: the scale is 1.
+    assert log_tail_pvalues([0.0, 0.0], [3.0])[0] == pytest.approx(-math.log(3) - 3)
     with pytest.raises(ValueError, match="calibration"):
         tail_pvalues([], [1.0])
 

@@ -21,7 +21,8 @@ Per session, six scores, each higher = more anomalous:
   always hard to predict no longer hides one that is always easy;
 - ``combined``: ``−ln min_j p_j`` (Tippett's combination) over the tail p-values ``p_j``
   of the five scores above, each against the same scores of normal calibration sessions
-  (:func:`tail_pvalues`): a session extreme in *any* way, on a common scale.
+  (:func:`log_tail_pvalues`, with an exponential tail past the largest of them): a
+  session extreme in *any* way, on a common scale.
 
 A session is anomalous when its score is **strictly above** the threshold. The threshold
 for a target false-positive rate ``α`` is picked on normal validation sessions by
@@ -53,6 +54,7 @@ __all__ = [
     "RunningScore",
     "combined_scores",
     "detection_metrics",
+    "log_tail_pvalues",
     "precision_recall_curve",
     "precision_recall_f1",
     "roc_auc",
@@ -194,20 +196,46 @@ class KeyStats:
         )
 
 
-def tail_pvalues(calibration: Any, scores: Any) -> np.ndarray:
-    """Tail p-value of each score against calibration scores of normal sessions:
-    ``p(x) = (1 + #{c ≥ x}) / (N + 1)`` (the conformal p-value: never 0, and 1 below
-    every calibration score).
+def log_tail_pvalues(calibration: Any, scores: Any) -> np.ndarray:
+    """``ln p(x)``, the tail p-value of each score against calibration scores of normal
+    sessions (``N`` of them, sorted ``c_(1) ≤ … ≤ c_(N)``).
 
-    >>> tail_pvalues([1.0, 2.0, 3.0], [0.5, 2.0, 9.0]).tolist()
-    [1.0, 0.75, 0.25]
+    Up to the largest calibration score it is the conformal p-value
+    ``p(x) = (1 + #{c ≥ x}) / (N + 1)``. Beyond it the count would stop at ``1/(N+1)``
+    (every session past the largest would tie, whether a little or far past), so the tail
+    is extrapolated as an exponential one (a generalized Pareto tail with ``ξ = 0``):
+    ``p(x) = exp(−(x − c_(N)) / β) / (N + 1)``, with ``β`` the mean excess of the top
+    ``m = min(max(10, ⌈N/10⌉), N − 1)`` scores over the next one (the exponential's
+    maximum-likelihood scale); when they have no spread, ``β`` is the standard deviation
+    of all calibration scores, or 1.
+
+    >>> np.exp(log_tail_pvalues([1.0, 2.0, 2.0, 5.0], [0.5, 2.0, 5.0, 7.0])).round(4).tolist()
+    [1.0, 0.8, 0.4, 0.0736]
     """
     cal = np.sort(np.asarray(calibration, dtype=np.float64))
-    if cal.size == 0:
+    n = cal.size
+    if n == 0:
         raise ValueError("tail p-values need calibration scores")
     x = np.asarray(scores, dtype=np.float64)
-    above = cal.size - np.searchsorted(cal, x, side="left")  # #{c >= x}
-    return (1.0 + above) / (cal.size + 1.0)
+    above = n - np.searchsorted(cal, x, side="left")  # #{c >= x}
+    log_p = np.log((1.0 + above) / (n + 1.0))
+    m = min(max(10, math.ceil(n / 10)), n - 1)
+    excess = cal[cal > cal[n - 1 - m]] - cal[n - 1 - m] if m > 0 else cal[:0]
+    beta = float(excess.mean()) if excess.size else 0.0
+    if not beta > 0:
+        beta = float(cal.std()) if cal.std() > 0 else 1.0
+    beyond = x > cal[-1]
+    log_p[beyond] = -math.log(n + 1.0) - (x[beyond] - cal[-1]) / beta
+    return log_p
+
+
+def tail_pvalues(calibration: Any, scores: Any) -> np.ndarray:
+    """The tail p-values of :func:`log_tail_pvalues` (which see).
+
+    >>> tail_pvalues([1.0, 2.0, 3.0], [0.5, 2.0, 3.0]).tolist()
+    [1.0, 0.75, 0.5]
+    """
+    return np.exp(log_tail_pvalues(calibration, scores))
 
 
 def combined_scores(
@@ -221,14 +249,15 @@ def combined_scores(
         parts: the score names combined.
 
     Returns:
-        ``(n,)`` combined scores, in ``[0, ln(N + 1)]``.
+        ``(n,)`` combined scores, ``≥ 0``; past ``ln(N + 1)`` only for a session beyond
+        every calibration session in some score.
 
     >>> cal = {"a": [1.0, 2.0, 3.0], "b": [10.0, 20.0, 30.0]}
-    >>> combined_scores(cal, {"a": [0.0, 3.0], "b": [25.0, 40.0]}, ("a", "b")).round(4).tolist()
-    [0.6931, 1.3863]
+    >>> combined_scores(cal, {"a": [0.0, 3.0], "b": [25.0, 20.0]}, ("a", "b")).round(4).tolist()
+    [0.6931, 0.6931]
     """
-    p = np.stack([tail_pvalues(calibration[name], scores[name]) for name in parts])
-    return -np.log(p.min(axis=0))
+    log_p = np.stack([log_tail_pvalues(calibration[name], scores[name]) for name in parts])
+    return -log_p.min(axis=0)
 
 
 def top_events(surprise: Any, k: int) -> list[tuple[int, float]]:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from rnnkit.anomaly import SCORES, roc_auc
+from rnnkit.anomaly import COMBINED_PARTS, SCORES, combined_scores, roc_auc
 from rnnkit.config import TrainConfig
 from rnnkit.data.events import Session, write_sessions
 from rnnkit.data.generated_sessions import ANOMALY_KINDS, generate_sessions
@@ -336,8 +336,9 @@ def test_summary_shows_every_score_and_what_validation_can_show(
     run = load_events(run_dir)
     (record,) = score_sessions(run, generate_sessions(1, seed=13), score="combined")
     assert set(record["scores"]) == set(SCORES)
-    n_cal = summary["sessions"]["train"]
-    assert 0 <= record["scores"]["combined"] <= np.log(n_cal + 1) + 1e-9
+    parts = {n: [record["scores"][n]] for n in COMBINED_PARTS}
+    expected = combined_scores(run.calibration["rnn"].parts, parts)[0]  # type: ignore[index]
+    assert record["scores"]["combined"] == pytest.approx(expected) and expected >= 0
     assert record["scores"]["end"] == pytest.approx(
         event_surprises(
             run.model, [run.vocab.encode_events(generate_sessions(1, seed=13)[0].events)[0]]
