@@ -17,7 +17,7 @@ from typing import Any
 
 from rnnkit.errors import ConfigError
 
-__all__ = ["CELL_OPTIONS", "TASKS", "TASK_OPTIONS", "TrainConfig", "parse_bptt"]
+__all__ = ["CELL_OPTIONS", "DOC_BOUNDARIES", "TASKS", "TASK_OPTIONS", "TrainConfig", "parse_bptt"]
 
 TASKS = ("lm", "tag", "classify", "seq2seq", "events")
 CELLS = ("rnn", "lstm", "gru")
@@ -25,6 +25,9 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 LENGTHS = ("eos", "stop", "predict")
 WIRINGS = ("hidden", "jordan")
 CONDITIONS = ("none", "init", "input", "both")
+# lm streams: how line ends are read (none: as whitespace; eos: </s> ends every line, the
+# state carries on; line: </s> ends every line and the state is reset at each line start)
+DOC_BOUNDARIES = ("none", "eos", "line")
 
 #: The options that only some tasks read: field name → the tasks that use it. An option
 #: not listed here applies to every task. Giving a listed option to another task is a
@@ -174,7 +177,7 @@ class TrainConfig:
         choice("nonlinearity", self.nonlinearity, ("tanh", "relu"))
         choice("update", self.update, ("candidate", "keep"))
         choice("reset", self.reset, ("before", "after"))
-        choice("doc_boundary", self.doc_boundary, ("none", "line"))
+        choice("doc_boundary", self.doc_boundary, DOC_BOUNDARIES)
         choice("pooling", self.pooling, ("last", "mean", "max"))
         choice("source_unit", self.source_unit, ("char", "word"))
         choice("target_unit", self.target_unit, ("char", "word"))

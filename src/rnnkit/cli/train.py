@@ -12,6 +12,7 @@ from typing import Any
 from rnnkit.config import (
     CELL_OPTIONS,
     CONDITIONS,
+    DOC_BOUNDARIES,
     LENGTHS,
     PRECISIONS,
     TASK_OPTIONS,
@@ -114,10 +115,13 @@ def register(sub: Any) -> None:
     )
     g.add_argument(
         "--doc-boundary",
-        choices=("none", "line"),
+        choices=DOC_BOUNDARIES,
         default=d.doc_boundary,
-        help="'line': every line is a document; the carried state is reset at "
-        "each line start (streams)",
+        help="lm streams (--bptt segment:K): 'eos': every line ends with </s> and the "
+        "state carries on across lines (sentence-per-line corpora such as the Penn "
+        "Treebank); 'line': every line is a document, ended by </s>, and the carried "
+        "state is reset at each line start; 'none' (default): the text as it is (for "
+        "--unit word, line ends are then only whitespace)",
     )
     g.add_argument(
         "--valid-fraction",

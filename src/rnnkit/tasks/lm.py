@@ -181,7 +181,8 @@ def prepare_lm_data(
     mode, k = parse_bptt(cfg.bptt)
     data = LMData(vocab, mode, k)
     if mode == "segment":
-        eos_lines = cfg.doc_boundary == "line"
+        # eos and line both end every line with </s>; only line resets the state there.
+        eos_lines = cfg.doc_boundary in ("eos", "line")
         data.train_stream = encode_text(text, vocab, eos_per_line=eos_lines, dtype=np.int64)
         data.valid_stream = encode_text(valid_text, vocab, eos_per_line=eos_lines, dtype=np.int64)
     else:
@@ -494,6 +495,8 @@ def prompt_ids(cfg: TrainConfig, vocab: Vocabulary, prompt: str | None) -> tuple
     if parse_bptt(cfg.bptt)[0] != "segment":
         return [BOS_ID, *ids], unknown
     if not ids:
+        if cfg.doc_boundary != "none":  # lines ended with </s>: text starts after one
+            return [EOS_ID], unknown
         newline = vocab.stoi.get("\n") if vocab.unit == "char" else None
         ids = [newline if newline is not None else BOS_ID]
     return ids, unknown
