@@ -6,12 +6,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint bench clean
 
-$(STAMP): pyproject.toml
+# pyproject.toml states ranges; constraints.txt the exact versions every machine runs.
+CONSTRAINTS := -c constraints.txt
+
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# torch is pinned exactly: an unpinned torch would pull a multi-GB CUDA build.
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[test,dev]"
+	# torch first and exactly (constraints.txt): an unpinned torch would pull a multi-GB
+	# CUDA build.
+	$(BIN)/python -m pip install -q $(CONSTRAINTS) torch
+	$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[logs,test,dev]"
 	# The C++ time loop now, not at the first training (without a compiler: the PyTorch loop).
 	-$(BIN)/python -m rnnkit build-native
 	touch $(STAMP)

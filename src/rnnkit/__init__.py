@@ -1,6 +1,7 @@
 """rnnkit: recurrent sequence models with explicit, inspectable backpropagation through time.
 
-Public names are those of ``../shared/API.md``; everything is batch-first.
+The layers here are batch-first with one bias per gate. ``__version__`` is the package's
+one version source (``pyproject.toml`` reads it).
 """
 
 # Before torch loads its OpenMP runtime (which reads its environment once): idle OpenMP

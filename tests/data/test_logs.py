@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -243,3 +244,11 @@ def test_header_fields_never_reach_templates_and_bad_lines_are_located(tmp_path:
         sessions_from_logs(
             ["a  : x"], log_format="<Date> <Level>: <Content>", session_field="Level"
         )
+
+
+def test_missing_drain3_names_the_extra(monkeypatch):
+    """drain3 is an optional dependency (`rnnkit[logs]`): without it, one line says so."""
+    for name in ("drain3", "drain3.masking", "drain3.template_miner_config"):
+        monkeypatch.setitem(sys.modules, name, None)  # import -> ImportError
+    with pytest.raises(ConfigError, match=r"drain3.*pip install 'rnnkit\[logs\]'"):
+        LogSessionizer(r"(blk_-?\d+)")

@@ -12,6 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from rnnkit import __version__
 from rnnkit.errors import RnnkitError
 
 # Subcommand modules, imported lazily so `rnnkit --help` stays fast and one broken
@@ -37,8 +38,12 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rnnkit", description="Recurrent sequence models with explicit BPTT.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    # Not `required`: `rnnkit` alone prints the list of commands (main), not argparse's
+    # bare "arguments are required: COMMAND".
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=_Parser, title="commands"
+    )
     for name in SUBCOMMANDS:
         try:
             module = importlib.import_module(f"rnnkit.cli.{name}")
@@ -72,6 +77,11 @@ def explicit_options(argv: Sequence[str] | None) -> set[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        # No command is a usage error (status 2, like any other), shown with the list.
+        parser.print_help(sys.stderr)
+        print("rnnkit: error: no command given (one of the commands above)", file=sys.stderr)
+        return 2
     args.explicit = explicit_options(argv)
     try:
         return int(args.func(args) or 0)

@@ -207,7 +207,9 @@ class LogSessionizer:
             from drain3.masking import MaskingInstruction
             from drain3.template_miner_config import TemplateMinerConfig
         except ImportError:
-            raise ConfigError("log sessions need drain3: pip install drain3==0.9.11") from None
+            raise ConfigError(
+                "log sessions need drain3, an optional dependency: pip install 'rnnkit[logs]'"
+            ) from None
         # A config object built in code: TemplateMiner() without one would look for a
         # drain3.ini in the working directory (and warn when there is none).
         config = TemplateMinerConfig()
