@@ -1,0 +1,28 @@
+"""Cells: one time step of the simple RNN, the LSTM and the GRU (hand-written backward steps)."""
+
+from rnnkit.cells.base import CellBase, check_cell_input
+from rnnkit.cells.gru import GRUCell, GRUKernel, gru_step
+from rnnkit.cells.kernel import Kernel, Weights, input_product, scratch
+from rnnkit.cells.lstm import LSTMCache, LSTMCell, LSTMKernel, lstm_step, lstm_step_backward
+from rnnkit.cells.rnn import RNNCell, RNNKernel, rnn_step, rnn_step_backward
+
+__all__ = [
+    "CellBase",
+    "GRUCell",
+    "GRUKernel",
+    "Kernel",
+    "LSTMCache",
+    "LSTMCell",
+    "LSTMKernel",
+    "RNNCell",
+    "RNNKernel",
+    "Weights",
+    "check_cell_input",
+    "gru_step",
+    "input_product",
+    "lstm_step",
+    "lstm_step_backward",
+    "rnn_step",
+    "rnn_step_backward",
+    "scratch",
+]

@@ -1,0 +1,87 @@
+"""Models: language models, taggers, classifiers, encoder–decoders and their parts.
+
+The public names of every module resolve here (``rnnkit.models.LanguageModel``); the
+``CONTEXT_MODES`` of ``conditional`` and ``seq2seq`` differ in meaning and stay in their
+modules.
+"""
+
+from rnnkit.models.builders import build_encoder, build_language_model, build_length, build_lm
+from rnnkit.models.classifier import Classifier, FeedForwardHead, build_classifier
+from rnnkit.models.conditional import (
+    CONDITIONAL_STATE_DIM,
+    ConditionalLM,
+    ConditionalState,
+    class_conditional_lm,
+)
+from rnnkit.models.decoder_only import DecoderOnlyTranslator, build_decoder_only, joint_sequences
+from rnnkit.models.heads import TiedHead
+from rnnkit.models.jordan import NONLINEARITIES, JordanLM, jordan_lm
+from rnnkit.models.language_model import LanguageModel, LMOutput, LossOutput, reset_rows
+from rnnkit.models.length import (
+    LENGTH_MODES,
+    LengthState,
+    LengthTargets,
+    SequenceLength,
+    length_targets,
+)
+from rnnkit.models.ngram import NGramModel, count_table_size
+from rnnkit.models.pooling import POOLINGS, Pooling, last_pool, max_pool, mean_pool, state_pool
+from rnnkit.models.seq2seq import (
+    STATE_BATCH_DIM,
+    DecoderState,
+    Seq2Seq,
+    Seq2SeqOutput,
+    build_seq2seq,
+)
+from rnnkit.models.seq2seq_search import beam_search, decode_batch
+from rnnkit.models.tagger import CHAR_EMBEDDING, CHAR_HIDDEN, CharEncoder, Tagger, build_tagger
+
+__all__ = [
+    "CHAR_EMBEDDING",
+    "CHAR_HIDDEN",
+    "CONDITIONAL_STATE_DIM",
+    "LENGTH_MODES",
+    "NONLINEARITIES",
+    "POOLINGS",
+    "STATE_BATCH_DIM",
+    "CharEncoder",
+    "Classifier",
+    "ConditionalLM",
+    "ConditionalState",
+    "DecoderOnlyTranslator",
+    "DecoderState",
+    "FeedForwardHead",
+    "JordanLM",
+    "LMOutput",
+    "LanguageModel",
+    "LengthState",
+    "LengthTargets",
+    "LossOutput",
+    "NGramModel",
+    "Pooling",
+    "Seq2Seq",
+    "Seq2SeqOutput",
+    "SequenceLength",
+    "Tagger",
+    "TiedHead",
+    "beam_search",
+    "build_classifier",
+    "build_decoder_only",
+    "build_encoder",
+    "build_language_model",
+    "build_length",
+    "build_lm",
+    "build_seq2seq",
+    "build_tagger",
+    "class_conditional_lm",
+    "count_table_size",
+    "decode_batch",
+    "joint_sequences",
+    "jordan_lm",
+    "last_pool",
+    "length_targets",
+    "max_pool",
+    "mean_pool",
+    "reset_rows",
+    "state_pool",
+]

@@ -1,0 +1,45 @@
+"""Every subpackage's public names resolve at the package (``rnnkit.models.LanguageModel``)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import rnnkit
+
+PACKAGES = ("cells", "layers", "models", "training", "data", "diagnostics")
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_package_all_resolves(name):
+    package = importlib.import_module(f"rnnkit.{name}")
+    assert package.__all__, name
+    for public in package.__all__:
+        assert getattr(package, public) is not None, f"rnnkit.{name}.{public}"
+
+
+@pytest.mark.parametrize("name", ("cells", "layers", "models", "training"))
+def test_package_reexports_each_module_all(name):
+    """Nothing a module declares public is missing at its package (the one exception: the
+    two different ``CONTEXT_MODES`` of models.conditional and models.seq2seq)."""
+    import pkgutil
+
+    package = importlib.import_module(f"rnnkit.{name}")
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"rnnkit.{name}.{info.name}")
+        for public in getattr(module, "__all__", ()):
+            if public == "CONTEXT_MODES":
+                continue
+            assert getattr(package, public) is getattr(module, public), f"{name}.{public}"
+
+
+def test_readme_names():
+    from rnnkit.models import LanguageModel, TiedHead
+    from rnnkit.training import Trainer
+
+    assert LanguageModel.__module__ == "rnnkit.models.language_model"
+    assert TiedHead.__module__ == "rnnkit.models.heads"
+    assert Trainer.__module__ == "rnnkit.training.loop"
+    for public in rnnkit.__all__:
+        assert hasattr(rnnkit, public), public
