@@ -20,6 +20,18 @@ from rnnkit.types import LSTMState, RecurrentOutput
 
 __version__ = "0.1.0"
 
+# Imported on first use: the task layer pulls in data readers, training and the report.
+_LAZY = {"load": "rnnkit.tasks.trained", "TrainedRun": "rnnkit.tasks.trained"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rnnkit' has no attribute {name!r}")
+
+
 __all__ = [
     "GRU",
     "LSTM",
@@ -31,10 +43,12 @@ __all__ = [
     "RNNCell",
     "RecurrentOutput",
     "StackedRecurrent",
+    "TrainedRun",
     "__version__",
     "convert_gru_update",
     "count_parameters",
     "from_torch",
+    "load",
     "sequence_cross_entropy",
     "to_torch",
 ]
