@@ -263,3 +263,14 @@ def test_to_torch_keeps_dtype_and_options():
         True,
     )
     assert t.hidden_size == 4 and t.input_size == 3
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("tcls", [nn.RNN, nn.LSTM, nn.GRU])
+def test_round_trip_keeps_batch_first(tcls, batch_first):
+    """to_torch(from_torch(t)) reads its input as t does: the same outputs."""
+    t = tcls(3, 4, 2, batch_first=batch_first).double()
+    back = to_torch(from_torch(t))
+    assert back.batch_first is batch_first
+    x = torch.randn(5, 2, 3, dtype=DT)
+    torch.testing.assert_close(back(x)[0], t(x)[0], rtol=0, atol=1e-12)

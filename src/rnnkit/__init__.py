@@ -1,7 +1,8 @@
 """rnnkit: recurrent sequence models with explicit, inspectable backpropagation through time.
 
-The layers here are batch-first with one bias per gate. ``__version__`` is the package's
-one version source (``pyproject.toml`` reads it).
+The layers here are batch-first with one bias per gate; ``rnnkit.nn`` has the same layers
+behind ``torch.nn``'s interface (a drop-in). ``__version__`` is the package's one version
+source (``pyproject.toml`` reads it).
 """
 
 # Before torch loads its OpenMP runtime (which reads its environment once): idle OpenMP
@@ -10,6 +11,7 @@ from rnnkit.threads import configure_wait_policy
 
 configure_wait_policy()
 
+from rnnkit import nn
 from rnnkit.cells.gru import GRUCell
 from rnnkit.cells.lstm import LSTMCell
 from rnnkit.cells.rnn import RNNCell
@@ -49,6 +51,7 @@ __all__ = [
     "count_parameters",
     "from_torch",
     "load",
+    "nn",
     "sequence_cross_entropy",
     "to_torch",
 ]

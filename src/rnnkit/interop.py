@@ -143,7 +143,8 @@ def _copy_to_torch(cell: CellBase, w_ih, w_hh, b_ih, b_hh) -> None:
 
 
 def to_torch(m: nn.Module) -> nn.Module:
-    """The ``torch.nn`` module (``batch_first=True`` for layers) computing what ``m`` does.
+    """The ``torch.nn`` module computing what ``m`` does (layers keep their ``batch_first``,
+    so ``to_torch(from_torch(t))`` reads inputs as ``t`` does).
 
     A form torch lacks (a GRU other than ``update="keep", reset="after"``) is a
     ``ValueError`` that says so.
@@ -177,7 +178,7 @@ def to_torch(m: nn.Module) -> nn.Module:
             bidirectional=m.bidirectional,
             # One layer has no "between layers": torch would warn about its dropout.
             dropout=m.dropout if m.num_layers > 1 else 0.0,
-            batch_first=True,
+            batch_first=m.batch_first,
             **kwargs,
         ).to(device=first.weight_ih.device, dtype=first.weight_ih.dtype)
         D = m.num_directions
