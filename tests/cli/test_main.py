@@ -27,8 +27,8 @@ def test_no_command_lists_the_commands(capsys):
     assert main([]) == 2  # a usage error, like any other
     captured = capsys.readouterr()
     assert captured.out == ""
-    for name in SUBCOMMANDS:
-        assert f"\n    {name}" in captured.err
+    for name in SUBCOMMANDS:  # module names; the command is spelled with "-"
+        assert f"\n    {name.replace('_', '-')}" in captured.err
     assert "train a model" in captured.err
     assert (
         captured.err.splitlines()[-1]
