@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml constraints.txt
 	# CUDA build.
 	$(BIN)/python -m pip install -q $(CONSTRAINTS) torch
 	$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[logs,test,dev]"
+	# Optional: ONNX export and its check (its test is skipped where these do not install).
+	-$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[onnx,test-onnx]"
 	# The C++ time loop now, not at the first training (without a compiler: the PyTorch loop).
 	-$(BIN)/python -m rnnkit build-native
 	touch $(STAMP)

@@ -40,6 +40,7 @@ from torch.autograd.function import once_differentiable
 from rnnkit import native
 from rnnkit.amp import without_autocast
 from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.tracing import TracingError, check_tracer, tracing
 
 __all__ = [
     "ForwardRecord",
@@ -175,8 +176,11 @@ class Sweep(NamedTuple):
 
 
 def _compiled(kernel: Kernel, *tensors: Tensor | None) -> Any:
-    """The compiled loop (``rnnkit.native``) if it handles this kernel and these tensors."""
-    if not hasattr(kernel, "native_forward") or not native.supports(*tensors):
+    """The compiled loop (``rnnkit.native``) if it handles this kernel and these tensors.
+
+    Never while tracing (``torch.compile``/``torch.export``): a graph holds the PyTorch
+    loop, the same function in operations a graph can represent (``rnnkit.tracing``)."""
+    if not hasattr(kernel, "native_forward") or not native.supports(*tensors) or tracing():
         return None
     return native.library()
 
@@ -428,7 +432,41 @@ def clean_padding(x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None
         return x, None
     mask3 = mask.unsqueeze(-1)
     x = torch.where(mask3, x, 0.0)
+    if tracing():  # a graph cannot branch on the data: keep the mask (same result)
+        return x, mask3
     return x, None if bool(mask.all()) else mask3
+
+
+def _traced_recurrence(
+    kernel: Kernel,
+    x: Tensor,
+    weights: Weights,
+    states0: tuple[Tensor, ...],
+    mask: Tensor | None,
+    window: int | None,
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """The time loop as a graph can hold it (``torch.compile``, ``torch.export``, ONNX):
+    out-of-place steps of the kernel's differentiable step, the state held at padded
+    steps by selection, gradients by autograd (the explicit BPTT equals them: tested).
+    The loop over ``T`` is unrolled into the graph."""
+    if window is not None and torch.is_grad_enabled():
+        raise TracingError(
+            f"window={window} (truncated BPTT) cannot be traced by torch.compile/export: "
+            "train it eagerly (the traced graph's gradients are full BPTT)"
+        )
+    x, states0 = _like_weights(weights, x, states0)
+    x, mask3 = clean_padding(x, mask)
+    step = kernel.step  # type: ignore[attr-defined]
+    states, outputs = states0, []
+    for t in range(x.shape[0]):
+        new = step(x[t], states, weights)
+        if mask3 is not None:
+            new = tuple(torch.where(mask3[t], a, b) for a, b in zip(new, states, strict=True))
+        outputs.append(new[0])
+        states = new
+    if not outputs:
+        return x.new_zeros(0, x.shape[1], states0[0].shape[1]), states0
+    return torch.stack(outputs), tuple(states)
 
 
 def run_recurrence(
@@ -460,6 +498,9 @@ def run_recurrence(
     >>> out.shape, bool(torch.equal(out[-1], h))
     (torch.Size([4, 1, 3]), True)
     """
+    check_tracer()
+    if tracing():
+        return _traced_recurrence(kernel, x, weights, states0, mask, window)
     # Under autocast the input (or a state) may come from a float16/bfloat16 product; the
     # recurrence runs in the weights' dtype (module docstring). Cast here, outside the
     # autograd node, so the cast is differentiable and the compiled loop is chosen below.

@@ -88,6 +88,10 @@ class GRUKernel:
     gates: int = 3
     num_states: int = 1
 
+    def step(self, x: Tensor, states: tuple[Tensor, ...], w: Weights) -> tuple[Tensor, ...]:
+        """One step in plain differentiable ops (the loop a traced graph holds)."""
+        return (gru_step(x, states[0], w, self.update, self.reset),)
+
     def prepare(self, w: Weights) -> _Prepared:
         H = w.weight_hh.shape[1]
         bias_hn = w.bias_hn if self.reset == "after" else None

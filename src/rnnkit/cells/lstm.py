@@ -83,6 +83,10 @@ class LSTMKernel:
     gates: int = 4
     num_states: int = 2
 
+    def step(self, x: Tensor, states: tuple[Tensor, ...], w: Weights) -> tuple[Tensor, ...]:
+        """One step in plain differentiable ops (the loop a traced graph holds)."""
+        return tuple(lstm_step(x, LSTMState(*states), w))
+
     @staticmethod
     def _g_scale(H: int, like: Tensor) -> Tensor:
         scale = like.new_ones(4 * H)

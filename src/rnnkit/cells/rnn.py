@@ -51,6 +51,10 @@ class RNNKernel:
     gates: int = 1
     num_states: int = 1
 
+    def step(self, x: Tensor, states: tuple[Tensor, ...], w: Weights) -> tuple[Tensor, ...]:
+        """One step in plain differentiable ops (the loop a traced graph holds)."""
+        return (rnn_step(x, states[0], w, self.nonlinearity),)
+
     def prepare(self, w: Weights) -> Tensor:
         return w.weight_hh.T  # (H, H) view: addmm reads it transposed, no copy
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rnnkit.tracing import tracing
+
 __all__ = ["flip_sequences", "lengths_to_mask", "resolve_mask"]
 
 
@@ -41,6 +43,8 @@ def resolve_mask(
         if lengths.dim() != 1 or lengths.shape[0] != B:
             raise ValueError(f"lengths must have shape (B,) = ({B},), got {tuple(lengths.shape)}")
         lengths = lengths.to(x.device)
+        if tracing():  # a graph cannot check values: lengths_to_mask clips them
+            return lengths_to_mask(lengths, T)
         if B and int(lengths.min()) < 0:
             bad = int(torch.nonzero(lengths < 0)[0, 0])
             raise ValueError(f"lengths[{bad}] = {int(lengths[bad])} is negative")
@@ -62,7 +66,7 @@ def resolve_mask(
         if mask.dtype != torch.bool:
             if mask.dtype.is_floating_point or mask.is_complex():
                 raise TypeError(f"mask must be bool (or 0/1 integers), got dtype {mask.dtype}")
-            if bool(((mask != 0) & (mask != 1)).any()):
+            if not tracing() and bool(((mask != 0) & (mask != 1)).any()):
                 raise ValueError("mask must hold only 0 and 1")
             mask = mask != 0
         mask = mask.to(x.device)

@@ -12,6 +12,7 @@ from rnnkit.cells.base import CellBase
 from rnnkit.layers.masking import flip_sequences
 from rnnkit.recompute import run_recomputed
 from rnnkit.recurrence import run_recurrence
+from rnnkit.tracing import check_tracer, tracing
 from rnnkit.types import LSTMState, State
 
 __all__ = ["Recurrent"]
@@ -46,6 +47,7 @@ class Recurrent(nn.Module):
 
         ``recompute=k`` stores only every k-th state and recomputes the rest in the
         backward (``rnnkit.recompute``); not together with ``window``."""
+        check_tracer()
         B = x.shape[1]
         if state is None:
             state = self.cell.zero_state(B, x)
@@ -53,7 +55,7 @@ class Recurrent(nn.Module):
         run_mask = mask
         if self.reverse:
             x, run_mask = flip_sequences(x, mask)
-        if recompute is not None:
+        if recompute is not None and not tracing():  # a graph's memory is the compiler's
             if window is not None:
                 raise ValueError("recompute and window cannot be combined: choose one")
             outputs, finals = run_recomputed(

@@ -1,0 +1,45 @@
+"""Whether rnnkit's code is being traced into a graph, and which tracers it refuses.
+
+``torch.compile``, ``torch.export`` and the ONNX exporter built on it
+(``torch.onnx.export(..., dynamo=True)``) trace the recurrence through its PyTorch loop:
+the same function as the compiled C++ loop, written in torch operations a graph can hold
+(the loop over time is unrolled, so a graph is specialised to its number of steps). The
+run-time shortcuts that look at the data (skipping an all-true mask, sorting rows by
+length for the compiled loop, checking lengths) are left out while tracing: a graph
+cannot depend on them.
+
+``torch.jit.trace`` and the TorchScript-based ONNX exporter (``dynamo=False``) cannot see
+through the recurrence's custom autograd node: they would record its results as
+constants, a graph that ignores its input. They are refused with :class:`TracingError`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rnnkit.errors import RnnkitError
+
+__all__ = ["TracingError", "check_tracer", "tracing"]
+
+
+class TracingError(RnnkitError, RuntimeError):
+    """A tracer that would record a wrong graph of rnnkit's recurrence."""
+
+
+def tracing() -> bool:
+    """True inside ``torch.compile``, ``torch.export`` and the dynamo ONNX exporter."""
+    return bool(torch.compiler.is_compiling())
+
+
+def check_tracer() -> None:
+    """Refuse ``torch.jit.trace`` / ``torch.onnx.export(..., dynamo=False)``.
+
+    >>> check_tracer()  # not tracing: nothing to say
+    """
+    if torch.jit.is_tracing():
+        raise TracingError(
+            "rnnkit's recurrence cannot be traced by torch.jit.trace or the TorchScript-based "
+            "ONNX exporter (torch.onnx.export(..., dynamo=False)): the graph would hold "
+            "constants instead of the time loop; use torch.onnx.export(..., dynamo=True), "
+            "torch.export.export or torch.compile"
+        )
