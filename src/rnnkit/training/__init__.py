@@ -1,4 +1,8 @@
-"""Training: the model-agnostic loop, atomic checkpoints, distributed and scheduled sampling."""
+"""Training: the model-agnostic loop, atomic checkpoints, distributed, schedules and progress.
+
+The ``SCHEDULES`` of ``scheduled_sampling`` and ``schedules`` differ in meaning and stay in
+their modules.
+"""
 
 from rnnkit.training.checkpoint import (
     FORMAT_VERSION,
@@ -19,6 +23,9 @@ from rnnkit.training.distributed import (
     shutdown_distributed,
 )
 from rnnkit.training.loop import (
+    CAP_EPOCHS,
+    CAP_MIN_STEPS,
+    CAP_SECONDS,
     MAX_SCALER_SKIPS,
     Trainer,
     TrainingDiverged,
@@ -26,14 +33,22 @@ from rnnkit.training.loop import (
     TrainOptions,
     TrainResult,
     autocast_setup,
+    default_eval_every,
+    default_patience,
 )
-from rnnkit.training.scheduled_sampling import SCHEDULES, SamplingSchedule, parse_schedule
+from rnnkit.training.progress import Progress
+from rnnkit.training.scheduled_sampling import SamplingSchedule, parse_schedule
+from rnnkit.training.schedules import LRSchedule, build_lr_schedulers, parse_lr_schedule
 
 __all__ = [
+    "CAP_EPOCHS",
+    "CAP_MIN_STEPS",
+    "CAP_SECONDS",
     "FORMAT_VERSION",
     "MAX_SCALER_SKIPS",
-    "SCHEDULES",
     "DistContext",
+    "LRSchedule",
+    "Progress",
     "SamplingSchedule",
     "ShardedBatches",
     "StepModule",
@@ -45,9 +60,13 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "autocast_setup",
+    "build_lr_schedulers",
+    "default_eval_every",
+    "default_patience",
     "init_distributed",
     "load_model_weights",
     "load_snapshot",
+    "parse_lr_schedule",
     "parse_schedule",
     "read_json",
     "save_model_weights",
