@@ -1,0 +1,73 @@
+"""The progress display: totals from the real budget, plain lines (no carriage returns)
+when the output is not a terminal."""
+
+from __future__ import annotations
+
+import io
+
+from rnnkit.training.progress import Progress
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_step_budget_is_the_bar_total():
+    out = Terminal()
+    bar = Progress(total_steps=500, max_time=None, initial=100, file=out)
+    assert bar.bar is not None and bar.bar.total == 500 and bar.bar.n == 100
+    bar.update(101, loss="1.0")
+    assert bar.bar.n == 101
+    bar.close()
+
+
+def test_a_time_budget_counts_seconds_not_steps():
+    out = Terminal()
+    bar = Progress(total_steps=10**9, max_time=270.0, file=out)  # a step total would lie
+    assert bar.bar is not None and bar.bar.total == 270.0
+    bar.update(5, loss="1.0")
+    assert 0 <= bar.bar.n < 270 and bar._postfix["step"] == 5
+    bar.close()
+    assert "/270 s" in out.getvalue()
+
+
+def test_open_ended_training_has_no_total_and_so_no_eta():
+    out = Terminal()
+    bar = Progress(total_steps=None, max_time=None, file=out)
+    assert bar.bar is not None and bar.bar.total is None
+    bar.update(7, no_gain="3/20")
+    bar.bar.refresh()
+    bar.close()
+    text = out.getvalue()
+    assert "7step" in text and "no_gain=3/20" in text and "<" not in text  # no remaining
+
+
+def test_not_a_terminal_plain_lines_at_an_interval():
+    out = io.StringIO()
+    bar = Progress(total_steps=40, max_time=None, file=out, interval=0.0)
+    assert bar.bar is None
+    for step in range(1, 4):
+        bar.update(step, loss=f"{step}.0")
+    bar.close()
+    text = out.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert len(lines) == 3 and lines[-1].startswith("train:")
+    assert "3/40" in lines[-1] and "loss=3.0" in lines[-1]
+
+
+def test_not_a_terminal_nothing_before_the_first_interval():
+    out = io.StringIO()
+    bar = Progress(total_steps=40, max_time=None, file=out, interval=3600.0)
+    bar.update(1, loss="1.0")
+    bar.close()
+    assert out.getvalue() == ""
+
+
+def test_disabled_shows_nothing():
+    out = Terminal()
+    bar = Progress(total_steps=10, max_time=None, disable=True, file=out)
+    bar.update(3)
+    bar.close()
+    assert bar.bar is None and out.getvalue() == ""
