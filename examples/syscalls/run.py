@@ -35,12 +35,14 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from rnnkit.anomaly import RUNNING_SCORES, SCORES
+from rnnkit.anomaly import RUNNING_SCORES, SCORES, precision_recall_curve, roc_curve
 from rnnkit.config import TrainConfig
 from rnnkit.data.events import Session, read_sessions, write_sessions
 from rnnkit.data.strace import parse_strace
+from rnnkit.diagnostics.plots import plot_detection_curves, plot_score_histograms, to_png
 from rnnkit.streaming import StreamItem, StreamScorer
 from rnnkit.tasks.events import DEFAULTS, evaluate, load_events, score_sessions, train
 
@@ -347,6 +349,34 @@ def stream_check(run_dir: Path, test: Path) -> dict[str, float]:
     }
 
 
+def draw(records: list[dict], out: Path, score: str, metrics: dict, cell: str) -> list[Path]:
+    """ROC/PR curves and score histograms of the test sessions, LSTM beside the 5-gram."""
+    labels = np.array([r["label"] for r in records])
+    curves, panels = {}, []
+    for model, name in (("rnn", cell), ("ngram", "5-gram")):
+        scores = np.array([(r if model == "rnn" else r["ngram"])["scores"][score] for r in records])
+        threshold = (records[0] if model == "rnn" else records[0]["ngram"])["threshold"]
+        fpr, tpr, _ = roc_curve(scores, labels)
+        recall, precision, _ = precision_recall_curve(scores, labels)
+        m = metrics[f"{model}_{score}"]
+        curves[name] = {
+            "fpr": fpr,
+            "tpr": tpr,
+            "recall": recall,
+            "precision": precision,
+            "auc": m["auc"],
+            "point": (m["fpr"], m["recall"], m["precision"]),
+        }
+        panels.append((name, scores[labels == 0], scores[labels == 1], threshold))
+    paths = [out / "detection.png", out / "histograms.png"]
+    title = (
+        f"Test sessions ({score} score): {np.sum(labels == 0)} normal runs, {labels.sum()} faults"
+    )
+    paths[0].write_bytes(to_png(plot_detection_curves(curves, title=title), dpi=80))
+    paths[1].write_bytes(to_png(plot_score_histograms(panels, score=score), dpi=80))
+    return paths
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/syscalls", help="working directory")
@@ -405,7 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     metrics = evaluate(out / "run", str(paths["test"]))
     run = load_events(out / "run")
     per_kind: dict[str, Counter] = {}
-    for record_ in score_sessions(run, read_sessions(paths["test"]), ngram=True):
+    records = list(score_sessions(run, read_sessions(paths["test"]), ngram=True))
+    figures = draw(records, out, metrics["score"], metrics, args.cell.upper())
+    for record_ in records:
         kind = record_["session"].split("/")[0]
         c = per_kind.setdefault(kind, Counter())
         c["n"] += 1
@@ -441,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{stream['same_verdicts']}/{stream['sessions']} sessions, largest score "
         f"difference {stream['max_abs_score_diff']:.2e}"
     )
-    print(f"report: {out / 'report.json'}")
+    print(f"report: {out / 'report.json'}; figures: {', '.join(str(f) for f in figures)}")
     return 0
 
 
