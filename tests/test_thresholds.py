@@ -109,3 +109,17 @@ def test_resolvable_fpr() -> None:
     # 48 clean sessions vouch for no rate under 7.4 %; 368 are the fewest for 1 %.
     assert resolvable_fpr(48) == pytest.approx(0.0740, abs=1e-4)
     assert resolvable_fpr(367) > 0.01 >= resolvable_fpr(368)
+
+
+def test_tail_level_steps_down_past_tied_scores() -> None:
+    # 80 distinct scores, then 15 sessions tied at 90 and 5 at 100 (runs that repeat
+    # exactly): 10 exceedances would cut the tied block, so the level steps down to 79
+    # and all 20 above it are fitted.
+    scores = np.r_[np.arange(80.0), np.full(15, 90.0), np.full(5, 100.0)]
+    fit = gpd_threshold(scores, 0.001)
+    assert (fit.u, fit.m, fit.n) == (79.0, 20, 100)
+    xi, sigma = fit_gpd_pwm(np.r_[np.full(15, 11.0), np.full(5, 21.0)])
+    assert (fit.xi, fit.sigma) == pytest.approx((xi, sigma))
+    # All but a few tied: no level in the upper half has 10 above it.
+    with pytest.raises(ValueError, match="no tail to fit"):
+        gpd_threshold(np.r_[np.zeros(95), np.arange(1.0, 6.0)], 0.001)

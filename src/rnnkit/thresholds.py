@@ -116,12 +116,14 @@ def gpd_threshold(
     Args:
         normal_scores: scores of normal validation sessions.
         target_fpr: in ``(0, 1)``.
-        m: exceedances to fit (default ``max(10, ⌈n/10⌉)``, at most ``n − 1``).
+        m: exceedances to fit (default ``max(10, ⌈n/10⌉)``, at most ``n − 1``): the level
+            ``u`` is the largest score with at least ``m`` scores above it (more when the
+            scores tie).
 
     Raises:
-        ValueError: fewer than :data:`MIN_EXCEEDANCES` + 1 scores, fewer than
-            :data:`MIN_EXCEEDANCES` scores above the level (ties), a shape ``ξ ≥ 1``,
-            or the fit does not exist (see :func:`fit_gpd_pwm`).
+        ValueError: fewer than :data:`MIN_EXCEEDANCES` + 1 scores, no level in the upper
+            half of the scores with ``m`` above it (ties), a shape ``ξ ≥ 1``, or the fit
+            does not exist (see :func:`fit_gpd_pwm`).
     """
     if not 0.0 < target_fpr < 1.0:
         raise ValueError(f"target_fpr must be in (0, 1), got {target_fpr}")
@@ -132,13 +134,16 @@ def gpd_threshold(
     if m is None:
         m = max(MIN_EXCEEDANCES, math.ceil(n / 10))
     m = min(m, n - 1)
-    u = float(s[n - 1 - m])
-    y = s[s > u] - u  # ties at u are not exceedances
-    if y.size < MIN_EXCEEDANCES:
+    # The level: the largest score with at least m scores above it. Sessions that repeat
+    # exactly tie; the level then steps down past the tied block rather than cutting it.
+    above = n - np.searchsorted(s, s, side="right")  # #{scores > s_i}, non-increasing
+    fits = np.flatnonzero(above >= m)
+    if not fits.size or above[fits[-1]] > n // 2:
         raise ValueError(
-            f"only {y.size} distinct-enough scores above the tail level (ties): "
-            f"a tail fit needs at least {MIN_EXCEEDANCES}"
+            f"fewer than {m} scores lie above a level in the upper half (ties): no tail to fit"
         )
+    u = float(s[fits[-1]])
+    y = s[s > u] - u
     xi, sigma = fit_gpd_pwm(y)
     if xi >= 1.0:
         raise ValueError(f"the fitted tail has no mean (shape {xi:.2f} ≥ 1)")
