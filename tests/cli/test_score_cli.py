@@ -245,8 +245,23 @@ def test_train_takes_the_detection_options_and_prints_detection(
     assert main(["train", "--task", "lm", "--train", str(test), "--out", str(tmp_path / "x"),
                  "--top-g", "3"]) == 2  # fmt: skip
     assert "--top-g does not apply to --task lm (only to: events)" in capsys.readouterr().err
-    assert main(["score", "--checkpoint", str(tmp_path / "run"), "--data", "-", "--follow"]) == 2
-    assert "streaming scores are max, mean, count" in capsys.readouterr().err
+    assert main(["score", "--checkpoint", str(tmp_path / "run"), "--data", "-", "--follow",
+                 "--score", "max"]) == 2  # fmt: skip
+    assert "this run predicts from a window of 4 events: score it in batch" in (
+        capsys.readouterr().err
+    )
     assert main(["score", "--checkpoint", str(tmp_path / "run"), "--data", str(test),
                  "--threshold-method", "gpd"]) == 2  # fmt: skip
     assert "give --target-fpr too" in capsys.readouterr().err
+
+
+def test_follow_refuses_a_whole_session_score(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["score", "--checkpoint", str(run_dir), "--data", "-", "--follow", "--score", "combined"]
+    )
+    assert code == 2
+    assert "streaming scores are max, mean, count (the others need the whole session)" in (
+        capsys.readouterr().err
+    )

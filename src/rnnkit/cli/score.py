@@ -319,6 +319,13 @@ def _run_follow(config: ScoreConfig, run: Any) -> int:
     from rnnkit.streaming import StreamScorer, follow_lines, parse_stream_line
 
     name = config.score or run.thresholds["score"]
+    if run.thresholds.get("window"):
+        # Streaming carries one state per session over all its events: it cannot score
+        # with the run's history window, and different scores would be silent.
+        raise ConfigError(
+            f"--follow carries each session's whole history; this run predicts from a "
+            f"window of {run.thresholds['window']} events: score it in batch"
+        )
     scorer = StreamScorer(
         run.model,
         run.vocab,
