@@ -1,0 +1,418 @@
+"""End to end, every task: rnnkit's model against the same model written plainly on torch.nn.
+
+One training step = forward, masked loss, backward, global-norm clipping at 5, Adam step,
+on random token ids of realistic shapes (speed does not depend on the values). The
+torch.nn models are written the way a user would write them:
+
+* ``lm``: ``nn.Embedding`` → ``nn.LSTM`` → ``nn.Linear``, state carried (detached);
+  rnnkit ``build_language_model`` (the char LM of ``make run``: E 64, H 256, B 32, K 64);
+* ``tag``: ``nn.Embedding`` → bidirectional ``nn.LSTM`` on ``pack_padded_sequence`` →
+  ``nn.Linear``; rnnkit ``build_tagger`` (E 64, H 128, B 32, sentence lengths 5–40);
+* ``classify``: ``nn.Embedding`` → ``nn.LSTM`` on ``pack_padded_sequence``, the last
+  state → the feed-forward head; rnnkit ``build_classifier`` (E 64, H 128, B 32,
+  lengths 10–100, ``pooling last``);
+* ``events``: the event LM, ``nn.Embedding`` → 2-layer ``nn.LSTM`` → ``nn.Linear`` on
+  padded sessions with a masked loss; rnnkit ``build_language_model`` with the same mask
+  (E 32, 2 × H 64, B 32, sessions of 20–200 events);
+* ``seq2seq``: encoder ``nn.LSTM``, decoder an ``nn.LSTMCell`` loop with additive
+  attention on the previous state and the context fed with the next input (the wiring of
+  ``build_seq2seq``), head on ``[h, context]``; rnnkit ``build_seq2seq`` (E 64, H 128,
+  B 64, string lengths 5–15);
+* ``seq2seq-greedy``: greedy decoding of 512 sources in batches of 64 (max length 32),
+  rnnkit ``Seq2Seq.decode`` (finished rows leave the batch) against the loop a user
+  writes (all rows until every row has ended); same weights (copied), untrained.
+
+Timing: the two contenders of a task alternate in interleaved rounds (``_common``);
+the ratio is the median over rounds of ``torch time / rnnkit time`` (> 1: rnnkit is
+faster). Threads: torch's default unless ``--threads``.
+
+    python benchmarks/bench_tasks.py                  # all tasks, 5 rounds (~4 min)
+    python benchmarks/bench_tasks.py --quick          # 3 rounds of shorter blocks (~2 min)
+    python benchmarks/bench_tasks.py --tasks seq2seq,seq2seq-greedy --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import interleaved, machine, median_ratio
+
+from rnnkit import to_torch
+from rnnkit.config import TrainConfig
+from rnnkit.data.vocab import BOS_ID, EOS_ID
+from rnnkit.models.builders import build_language_model
+from rnnkit.models.classifier import build_classifier
+from rnnkit.models.seq2seq import build_seq2seq
+from rnnkit.models.tagger import build_tagger
+from rnnkit.types import LSTMState
+
+TASKS = ("lm", "tag", "classify", "events", "seq2seq", "seq2seq-greedy")
+Step = Callable[[], None]
+
+
+def _trainer(model: nn.Module, loss_fn: Callable[[int], torch.Tensor]) -> Step:
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    count = [0]
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(count[0]).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        opt.step()
+        count[0] += 1
+
+    return step
+
+
+def _lengths(gen: torch.Generator, B: int, lo: int, hi: int) -> torch.Tensor:
+    return torch.randint(lo, hi + 1, (B,), generator=gen)
+
+
+def _padded(gen: torch.Generator, V: int, lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    T = int(lengths.max())
+    ids = torch.randint(4, V, (len(lengths), T), generator=gen)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    return ids.masked_fill(~mask, 0), mask
+
+
+def _masked_ce(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits[mask], targets[mask])
+
+
+# ------------------------------------------------------------------------------ tasks
+def task_lm(gen: torch.Generator) -> tuple[dict[str, Step], int]:
+    V, E, H, B, K = 100, 64, 256, 32, 64
+    lm = build_language_model(TrainConfig(train="-", hidden=H, embedding=E), V)
+    data = torch.randint(0, V, (8, B, K + 1), generator=gen)
+
+    class TorchLM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding, self.lstm = nn.Embedding(V, E), nn.LSTM(E, H, batch_first=True)
+            self.head = nn.Linear(H, V)
+
+    tlm = TorchLM()
+    carry: dict[str, object] = {"rnnkit": None, "torch": None}
+
+    def rk_loss(i: int) -> torch.Tensor:
+        x, y = data[i % 8, :, :-1], data[i % 8, :, 1:]
+        out = lm.loss(x, y, state=carry["rnnkit"])
+        carry["rnnkit"] = LSTMState(out.state.h.detach(), out.state.c.detach())
+        return out.loss
+
+    def t_loss(i: int) -> torch.Tensor:
+        x, y = data[i % 8, :, :-1], data[i % 8, :, 1:]
+        h, (hn, cn) = tlm.lstm(tlm.embedding(x), carry["torch"])
+        carry["torch"] = (hn.detach(), cn.detach())
+        return nn.functional.cross_entropy(tlm.head(h).flatten(0, 1), y.flatten())
+
+    return {"rnnkit": _trainer(lm, rk_loss), "torch.nn": _trainer(tlm, t_loss)}, B * K
+
+
+def task_tag(gen: torch.Generator) -> tuple[dict[str, Step], int]:
+    V, E, H, B, K = 5000, 64, 128, 32, 17
+    cfg = TrainConfig(train="-", task="tag", hidden=H, embedding=E)
+    tagger = build_tagger(cfg, V, K)
+    batches = []
+    for _ in range(8):
+        lengths = _lengths(gen, B, 5, 40)
+        words, mask = _padded(gen, V, lengths)
+        tags = torch.randint(0, K, words.shape, generator=gen)
+        batches.append((words, mask, tags, lengths))
+    tokens = sum(int(b[3].sum()) for b in batches) // len(batches)
+
+    class TorchTagger(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = nn.Embedding(V, E)
+            self.lstm = nn.LSTM(E, H, batch_first=True, bidirectional=True)
+            self.head = nn.Linear(2 * H, K)
+
+    tt = TorchTagger()
+
+    def rk_loss(i: int) -> torch.Tensor:
+        words, mask, tags, _ = batches[i % 8]
+        return tagger.loss(words, tags, mask).loss
+
+    def t_loss(i: int) -> torch.Tensor:
+        words, mask, tags, lengths = batches[i % 8]
+        packed = pack_padded_sequence(
+            tt.embedding(words), lengths, batch_first=True, enforce_sorted=False
+        )
+        out, _ = tt.lstm(packed)
+        h, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        return _masked_ce(tt.head(h), tags, mask)
+
+    return {"rnnkit": _trainer(tagger, rk_loss), "torch.nn": _trainer(tt, t_loss)}, tokens
+
+
+def task_classify(gen: torch.Generator) -> tuple[dict[str, Step], int]:
+    V, E, H, B, K = 5000, 64, 128, 32, 4
+    cfg = TrainConfig(train="-", task="classify", hidden=H, embedding=E, pooling="last")
+    clf = build_classifier(cfg, V, K)
+    batches = []
+    for _ in range(8):
+        lengths = _lengths(gen, B, 10, 100)
+        ids, mask = _padded(gen, V, lengths)
+        batches.append((ids, mask, torch.randint(0, K, (B,), generator=gen), lengths))
+    tokens = sum(int(b[3].sum()) for b in batches) // len(batches)
+
+    class TorchClassifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = nn.Embedding(V, E)
+            self.lstm = nn.LSTM(E, H, batch_first=True)
+            self.head = nn.Sequential(nn.Linear(H, H), nn.ReLU(), nn.Linear(H, K))
+
+    tc = TorchClassifier()
+
+    def rk_loss(i: int) -> torch.Tensor:
+        ids, mask, labels, _ = batches[i % 8]
+        return clf.loss(ids, labels, mask).loss
+
+    def t_loss(i: int) -> torch.Tensor:
+        ids, _, labels, lengths = batches[i % 8]
+        packed = pack_padded_sequence(
+            tc.embedding(ids), lengths, batch_first=True, enforce_sorted=False
+        )
+        _, (hn, _) = tc.lstm(packed)
+        return nn.functional.cross_entropy(tc.head(hn[-1]), labels)
+
+    return {"rnnkit": _trainer(clf, rk_loss), "torch.nn": _trainer(tc, t_loss)}, tokens
+
+
+def task_events(gen: torch.Generator) -> tuple[dict[str, Step], int]:
+    V, E, H, L, B = 60, 32, 64, 2, 32
+    cfg = TrainConfig(train="-", task="events", hidden=H, embedding=E, layers=L)
+    lm = build_language_model(cfg, V)
+    batches = []
+    for _ in range(8):
+        lengths = _lengths(gen, B, 20, 200)
+        ids, mask = _padded(gen, V, lengths + 1)
+        batches.append((ids[:, :-1], ids[:, 1:], mask[:, 1:], lengths))
+    tokens = sum(int(b[3].sum()) for b in batches) // len(batches)
+
+    class TorchEventLM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = nn.Embedding(V, E)
+            self.lstm = nn.LSTM(E, H, num_layers=L, batch_first=True)
+            self.head = nn.Linear(H, V)
+
+    te = TorchEventLM()
+
+    def rk_loss(i: int) -> torch.Tensor:
+        x, y, mask, _ = batches[i % 8]
+        return lm.loss(x, y, mask=mask).loss
+
+    def t_loss(i: int) -> torch.Tensor:
+        x, y, mask, _ = batches[i % 8]
+        h, _ = te.lstm(te.embedding(x))
+        return _masked_ce(te.head(h), y, mask)
+
+    return {"rnnkit": _trainer(lm, rk_loss), "torch.nn": _trainer(te, t_loss)}, tokens
+
+
+class TorchSeq2Seq(nn.Module):
+    """Encoder ``nn.LSTM``; decoder ``nn.LSTMCell`` stepped in Python with additive
+    attention on the previous state, its context concatenated to the next input and to
+    the head's input — the wiring of rnnkit's ``build_seq2seq`` (``context init``)."""
+
+    def __init__(self, V: int, E: int, H: int) -> None:
+        super().__init__()
+        self.src_emb, self.tgt_emb = nn.Embedding(V, E), nn.Embedding(V, E)
+        self.encoder = nn.LSTM(E, H, batch_first=True)
+        self.query_proj = nn.Linear(H, H)
+        self.memory_proj = nn.Linear(H, H, bias=False)
+        self.v = nn.Parameter(torch.randn(H) / H**0.5)
+        self.cell = nn.LSTMCell(E + H, H)
+        self.head = nn.Linear(2 * H, V)
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor):
+        lengths = src_mask.sum(1)
+        packed = pack_padded_sequence(
+            self.src_emb(src), lengths, batch_first=True, enforce_sorted=False
+        )
+        out, (hn, cn) = self.encoder(packed)
+        memory, _ = nn.utils.rnn.pad_packed_sequence(
+            out, batch_first=True, total_length=src.shape[1]
+        )
+        return memory, self.memory_proj(memory), (hn[-1], cn[-1])
+
+    def attend(self, h, memory, keys, src_mask):
+        scores = torch.tanh(keys + self.query_proj(h).unsqueeze(1)) @ self.v
+        weights = torch.softmax(scores.masked_fill(~src_mask, float("-inf")), dim=-1)
+        return torch.bmm(weights.unsqueeze(1), memory).squeeze(1)
+
+    def step(self, emb, hc, memory, keys, src_mask):
+        ctx = self.attend(hc[0], memory, keys, src_mask)
+        h, c = self.cell(torch.cat([emb, ctx], dim=-1), hc)
+        return torch.cat([h, ctx], dim=-1), (h, c)
+
+    def loss(self, src, src_mask, tgt_in, tgt_out, tgt_mask):
+        memory, keys, hc = self.encode(src, src_mask)
+        emb = self.tgt_emb(tgt_in)
+        feats = []
+        for t in range(tgt_in.shape[1]):
+            f, hc = self.step(emb[:, t], hc, memory, keys, src_mask)
+            feats.append(f)
+        logits = self.head(torch.stack(feats, dim=1))
+        return _masked_ce(logits, tgt_out, tgt_mask)
+
+    @torch.no_grad()
+    def greedy(self, src, src_mask, max_length: int) -> torch.Tensor:
+        memory, keys, hc = self.encode(src, src_mask)
+        B = src.shape[0]
+        token = torch.full((B,), BOS_ID, dtype=torch.long)
+        done = torch.zeros(B, dtype=torch.bool)
+        out = []
+        for _ in range(max_length):
+            f, hc = self.step(self.tgt_emb(token), hc, memory, keys, src_mask)
+            token = self.head(f).argmax(-1)
+            out.append(token)
+            done |= token == EOS_ID
+            if bool(done.all()):
+                break
+        return torch.stack(out, dim=1)
+
+
+def _seq2seq_models(V: int, E: int, H: int):
+    cfg = TrainConfig(
+        train="-", task="seq2seq", hidden=H, embedding=E, attention="additive", context="init"
+    )
+    model = build_seq2seq(cfg, V, V)
+    ref = TorchSeq2Seq(V, E, H)
+    with torch.no_grad():  # the same weights, so decoding runs the same lengths
+        ref.src_emb.weight.copy_(model.source_embedding.weight)
+        ref.tgt_emb.weight.copy_(model.target_embedding.weight)
+        ref.encoder = to_torch(model.encoder)
+        ref.cell = to_torch(model.decoder.cells()[0])
+        att = model.attention
+        ref.query_proj.load_state_dict(att.query_proj.state_dict())
+        ref.memory_proj.load_state_dict(att.memory_proj.state_dict())
+        ref.v.copy_(att.v)
+        ref.head.load_state_dict(model.head.state_dict())
+    return model, ref
+
+
+def _pairs(gen: torch.Generator, V: int, B: int):
+    lengths = _lengths(gen, B, 5, 15)
+    src, src_mask = _padded(gen, V, lengths)
+    tgt, tgt_mask = _padded(gen, V, lengths + 1)
+    tgt_in = torch.cat([torch.full((B, 1), BOS_ID), tgt[:, :-1]], dim=1)
+    tgt_out = tgt.clone()
+    tgt_out[torch.arange(B), lengths] = EOS_ID
+    return src, src_mask, tgt_in.masked_fill(~tgt_mask, 0), tgt_out, tgt_mask
+
+
+def task_seq2seq(gen: torch.Generator) -> tuple[dict[str, Step], int]:
+    from rnnkit.data.pairs import PairBatch
+
+    V, E, H, B = 40, 64, 128, 64
+    model, ref = _seq2seq_models(V, E, H)
+    batches = [_pairs(gen, V, B) for _ in range(8)]
+    tokens = sum(int(b[4].sum()) for b in batches) // len(batches)
+    fields = PairBatch._fields
+
+    def rk_loss(i: int) -> torch.Tensor:
+        src, src_mask, tgt_in, tgt_out, tgt_mask = batches[i % 8]
+        values = {
+            "source": src,
+            "source_mask": src_mask,
+            "target_in": tgt_in,
+            "target_out": tgt_out,
+            "target_mask": tgt_mask,
+        }
+        batch = PairBatch(**{k: values.get(k) for k in fields})
+        return model.loss(batch).loss
+
+    def t_loss(i: int) -> torch.Tensor:
+        return ref.loss(*batches[i % 8])
+
+    return {"rnnkit": _trainer(model, rk_loss), "torch.nn": _trainer(ref, t_loss)}, tokens
+
+
+def task_seq2seq_greedy(gen: torch.Generator) -> tuple[dict[str, Step], int]:
+    V, E, H, B, N, max_length = 40, 64, 128, 64, 512, 32
+    model, ref = _seq2seq_models(V, E, H)
+    model.eval()
+    ref.eval()
+    batches = [_pairs(gen, V, B)[:2] for _ in range(N // B)]
+
+    def rk() -> None:
+        for src, mask in batches:
+            model.decode(src, mask, beam=1, max_length=max_length)
+
+    def tn() -> None:
+        for src, mask in batches:
+            ref.greedy(src, mask, max_length)
+
+    return {"rnnkit": rk, "torch.nn": tn}, N
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--block", type=float, default=1.0, help="seconds per timed block")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--quick", action="store_true", help="3 rounds of 0.5 s blocks")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.block = 3, 0.5
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    builders = {
+        "lm": task_lm,
+        "tag": task_tag,
+        "classify": task_classify,
+        "events": task_events,
+        "seq2seq": task_seq2seq,
+        "seq2seq-greedy": task_seq2seq_greedy,
+    }
+    info = machine()
+    rows = []
+    for name in args.tasks.split(","):
+        if name not in builders:
+            p.error(f"--tasks: unknown task {name!r} (known: {', '.join(TASKS)})")
+        torch.manual_seed(0)
+        fns, units = builders[name](torch.Generator().manual_seed(0))
+        times = interleaved(fns, rounds=args.rounds, block_s=args.block)
+        rk = sorted(times["rnnkit"])[len(times["rnnkit"]) // 2]
+        tn = sorted(times["torch.nn"])[len(times["torch.nn"]) // 2]
+        row = {
+            "task": name,
+            "unit": "sentences" if name == "seq2seq-greedy" else "tokens",
+            "rnnkit_per_s": units / rk,
+            "torch_per_s": units / tn,
+            "ratio": median_ratio(times, "torch.nn", "rnnkit"),
+        }
+        rows.append(row)
+        if not args.json:
+            print(
+                f"{name:<15} rnnkit {row['rnnkit_per_s']:>10,.0f} {row['unit']}/s   "
+                f"torch.nn {row['torch_per_s']:>10,.0f}   ratio {row['ratio']:.2f}",
+                flush=True,
+            )
+    if args.json:
+        print(json.dumps({"machine": info, "rounds": args.rounds, "rows": rows}))
+    else:
+        print(
+            f"({info['cpu']}, {info['cores']} cores, {info['torch_threads']} threads, torch "
+            f"{info['torch']}, {info['date']}, load {info['load_1min']} at the start)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
