@@ -171,6 +171,23 @@ def test_ngram_surprise_and_rank_match_its_distributions() -> None:
             assert rank[t] == np.sum(dist > dist[target])
 
 
+@pytest.mark.parametrize("order", [1, 2, 3, 5])
+def test_ngram_ranks_vectorised_equal_the_per_event_definition(order: int) -> None:
+    """Random sessions (unseen contexts, ties between unseen ids): every event's surprise
+    and rank equal those computed from its own context's distribution, one at a time."""
+    rng = np.random.default_rng(order)
+    train = [rng.integers(4, 12, size=rng.integers(1, 30)) for _ in range(20)]
+    ngram = NGramModel(order=order, vocab_size=16).fit([np.append(s, EOS_ID) for s in train])
+    probe = [rng.integers(4, 16, size=n) for n in (0, 1, 7, 40)]
+    for seq, (surprise, rank) in zip(probe, ngram_surprises(ngram, probe), strict=True):
+        full = np.append(seq, EOS_ID)
+        assert surprise.shape == rank.shape == (len(full),)
+        for t, target in enumerate(full):
+            dist = ngram.distribution(full[max(0, t - order + 1) : t].tolist())
+            assert surprise[t] == pytest.approx(-np.log(dist[target]))
+            assert rank[t] == np.sum(dist > dist[target])
+
+
 def test_event_vocabulary_keeps_whole_events() -> None:
     vocab = EventVocabulary.from_sessions([["a b", "c"], ["a b"], ["d"]], min_freq=2)
     assert vocab.itos[4:] == ["a b"]

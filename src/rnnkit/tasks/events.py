@@ -308,20 +308,33 @@ def ngram_surprises(
     """
     full = [np.concatenate([s, [EOS_ID]]).astype(np.int64) for s in seqs]
     logp = ngram.logprobs(full)
+    flat = np.concatenate(full) if full else np.zeros(0, np.int64)
+    # Vectorised over events (a Python loop per event made the n-gram side by side cost
+    # several times the recurrent model): each event's context is its k = n − 1 previous
+    # ids, −1 before the session's start; one distribution per distinct context, and the
+    # rank of every event that has it from one sorted copy of that distribution.
     k = ngram.order - 1
-    by_context: dict[tuple[int, ...], list[tuple[int, int]]] = {}
-    for i, s in enumerate(full):
-        for t in range(len(s)):
-            ctx = tuple(s[max(0, t - k) : t].tolist()) if k else ()
-            by_context.setdefault(ctx, []).append((i, t))
-    ranks = [np.zeros(len(s), dtype=np.int64) for s in full]
-    for ctx, where in by_context.items():
-        dist = ngram.distribution(list(ctx))
-        for i, t in where:
-            ranks[i][t] = int(np.sum(dist > dist[full[i][t]]))
+    pos = np.concatenate([np.arange(len(s)) for s in full]) if full else flat
+    windows = np.full((len(flat), k), -1, dtype=np.int64)
+    for j in range(1, k + 1):  # column k - j holds the id j steps back
+        ok = pos >= j
+        windows[ok, k - j] = flat[np.flatnonzero(ok) - j]
+    ranks = np.zeros(len(flat), dtype=np.int64)
+    if len(flat):
+        contexts, which = np.unique(windows, axis=0, return_inverse=True)
+        which = which.reshape(-1)
+        order = np.argsort(which, kind="stable")
+        bounds = np.searchsorted(which[order], np.arange(len(contexts) + 1))
+        for c, ctx in enumerate(contexts):
+            events = order[bounds[c] : bounds[c + 1]]
+            dist = ngram.distribution([int(t) for t in ctx if t >= 0])
+            # rank = how many ids are strictly more probable than the event's own
+            ranks[events] = len(dist) - np.searchsorted(
+                np.sort(dist), dist[flat[events]], side="right"
+            )
     out, lo = [], 0
-    for s, r in zip(full, ranks, strict=True):
-        out.append((-logp[lo : lo + len(s)], r))
+    for s in full:
+        out.append((-logp[lo : lo + len(s)], ranks[lo : lo + len(s)].copy()))
         lo += len(s)
     return out
 
