@@ -262,3 +262,25 @@ def test_lstm_cell_rejects_non_lstm_state(as_tuple):
     state = (h, h.clone()) if as_tuple else h
     with pytest.raises(TypeError, match="LSTMState"):
         cell(x, state)
+
+
+def test_lstm_cell_fused_step_equals_the_oracle_step_and_its_gradients():
+    """``LSTMCell.forward`` runs torch's fused ``lstm_cell``: the same values and
+    gradients (float64) as ``lstm_step``, the plain-op oracle."""
+    from rnnkit.cells.lstm import lstm_step
+
+    torch.manual_seed(0)
+    cell = LSTMCell(3, 4, forget_bias=1.0).double()
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    c0 = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    inputs = [x, h0, c0, *cell.parameters()]
+    fused = cell(x, LSTMState(h0, c0))
+    oracle = lstm_step(x, LSTMState(h0, c0), cell.weights())
+    torch.testing.assert_close(fused.h, oracle.h, rtol=0, atol=1e-14)
+    torch.testing.assert_close(fused.c, oracle.c, rtol=0, atol=1e-14)
+    w = torch.randn(2, 5, 4, dtype=torch.float64)
+    g_fused = torch.autograd.grad((fused.h * w[0]).sum() + (fused.c * w[1]).sum(), inputs)
+    g_oracle = torch.autograd.grad((oracle.h * w[0]).sum() + (oracle.c * w[1]).sum(), inputs)
+    for a, b in zip(g_fused, g_oracle, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-13)

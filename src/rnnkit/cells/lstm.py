@@ -217,4 +217,8 @@ class LSTMCell(CellBase):
     def forward(self, x: Tensor, state: LSTMState | None = None) -> LSTMState:
         """One step: ``x (B, I)``, ``LSTMState`` or None (zeros) → ``LSTMState(h, c)``."""
         state = check_cell_input(self, x, state)
-        return lstm_step(x, state, self.weights())
+        # The same step as ``lstm_step`` (the oracle, same gate order and bias), in torch's
+        # one fused op: a per-step loop (decoders, generation) pays ~10 eager ops of
+        # Python dispatch less per step. Tested equal to ``lstm_step`` in float64.
+        h, c = torch.lstm_cell(x, (state.h, state.c), self.weight_ih, self.weight_hh, self.bias)
+        return LSTMState(h, c)
