@@ -1,6 +1,6 @@
 """Shared fixtures of the recurrent-core contract (DESIGN.md, "Tests").
 
-``cell_spec`` runs a test once per cell variant (RNN tanh/relu, LSTM, and the GRU with all
+``cell_spec`` runs a test once per cell variant (RNN tanh/relu/sigmoid, LSTM, and the GRU with all
 four ``update`` × ``reset`` combinations); ``torch_spec`` only over the forms ``torch.nn``
 can express. Each ``CellSpec`` knows how to build the cell and the layer and how to run the
 plain differentiable oracle (``rnn_step`` / ``lstm_step`` / ``gru_step`` in a Python loop
@@ -57,6 +57,8 @@ class CellSpec:
 
     @property
     def torch_expressible(self) -> bool:
+        if self.kind == "rnn":  # torch.nn.RNN has tanh and relu, not the logistic
+            return self.options.get("nonlinearity", "tanh") in ("tanh", "relu")
         if self.kind != "gru":
             return True
         return self.options == {"update": "keep", "reset": "after"}
@@ -210,6 +212,7 @@ class CellSpec:
 ALL_SPECS = [
     CellSpec("rnn_tanh", "rnn", {"nonlinearity": "tanh"}),
     CellSpec("rnn_relu", "rnn", {"nonlinearity": "relu"}),
+    CellSpec("rnn_sigmoid", "rnn", {"nonlinearity": "sigmoid"}),
     CellSpec("lstm", "lstm"),
     CellSpec("gru_candidate_before", "gru", {"update": "candidate", "reset": "before"}),
     CellSpec("gru_candidate_after", "gru", {"update": "candidate", "reset": "after"}),

@@ -205,3 +205,29 @@ def test_check_applies_accepts_what_the_task_reads():
     TrainConfig(train="x", task="classify", pooling="max", unit="word").check_applies()
     TrainConfig(train="x", task="lm", wiring="jordan", nonlinearity="relu").check_applies()
     TrainConfig(train="x", task="tag").check_applies({"cell", "hidden", "bidirectional"})
+
+
+@pytest.mark.parametrize(
+    ("values", "per_layer"),
+    [
+        (dict(cell="rnn", nonlinearity="sigmoid", layers=2), ("sigmoid", "sigmoid")),
+        (dict(cell="rnn", nonlinearity="tanh,sigmoid", layers=2), ("tanh", "sigmoid")),
+        (dict(cell="rnn", nonlinearity="relu,tanh,sigmoid", layers=3), ("relu", "tanh", "sigmoid")),
+    ],
+)
+def test_nonlinearity_one_or_one_per_layer(values, per_layer):
+    assert TrainConfig(train="x", **values).validate().nonlinearities() == per_layer
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (dict(cell="rnn", nonlinearity="tanh,sigmoid", layers=3), "names 2 layers, --layers is 3"),
+        (dict(cell="rnn", nonlinearity="tanh,softsign", layers=2), "must be one of tanh, relu"),
+        (dict(cell="rnn", nonlinearity="tanh,", layers=2), "must be one of"),
+        (dict(cell="gru", nonlinearity="tanh,sigmoid", layers=2), "applies to --cell rnn"),
+    ],
+)
+def test_bad_nonlinearity_is_named(values, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainConfig(train="x", **values).validate()

@@ -38,11 +38,13 @@ def _run(layer, x, lengths, compiled: bool):
     ("cls", "options"),
     [
         (RNN, {}),
+        (RNN, {"nonlinearity": "sigmoid"}),
+        (RNN, {"nonlinearity": ("relu", "sigmoid")}),
         (LSTM, {}),
         (GRU, {}),
         (GRU, {"update": "keep", "reset": "after"}),
     ],
-    ids=["rnn", "lstm", "gru", "gru_keep_after"],
+    ids=["rnn", "rnn_sigmoid", "rnn_relu_sigmoid", "lstm", "gru", "gru_keep_after"],
 )
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("B", "T"), [(37, 19), (3, 5)], ids=["packed_weights", "blas"])

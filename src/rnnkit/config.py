@@ -29,6 +29,8 @@ CONDITIONS = ("none", "init", "input", "both")
 # state carries on; line: </s> ends every line and the state is reset at each line start)
 DOC_BOUNDARIES = ("none", "eos", "line")
 
+NONLINEARITIES = ("tanh", "relu", "sigmoid")
+
 #: The options that only some tasks read: field name → the tasks that use it. An option
 #: not listed here applies to every task. Giving a listed option to another task is a
 #: ConfigError (``TrainConfig.check_applies``), and ``rnnkit train --help`` shows the tasks
@@ -100,7 +102,7 @@ class TrainConfig:
     embedding: int = 64
     tie_weights: bool = False
     dropout: float = 0.0
-    nonlinearity: str = "tanh"
+    nonlinearity: str = "tanh"  # or one per layer: "tanh,sigmoid"
     update: str = "candidate"
     reset: str = "before"
     recompute: int | None = None  # store the state every K steps, recompute the rest
@@ -174,7 +176,7 @@ class TrainConfig:
         choice("device", self.device, ("cpu", "cuda", "auto"))
         choice("precision", self.precision, PRECISIONS)
         choice("on_nonfinite", self.on_nonfinite, ("stop", "skip"))
-        choice("nonlinearity", self.nonlinearity, ("tanh", "relu"))
+        self._check_nonlinearity()
         choice("update", self.update, ("candidate", "keep"))
         choice("reset", self.reset, ("before", "after"))
         choice("doc_boundary", self.doc_boundary, DOC_BOUNDARIES)
@@ -261,6 +263,31 @@ class TrainConfig:
             self.init_range > 0 and math.isfinite(self.init_range)
         ):
             raise ConfigError(f"--init-range must be > 0, got {self.init_range}")
+
+    def nonlinearities(self) -> tuple[str, ...]:
+        """``--nonlinearity`` as one entry per layer (``"tanh,sigmoid"`` on two layers →
+        ``("tanh", "sigmoid")``; one name applies to every layer)."""
+        parts = tuple(self.nonlinearity.split(","))
+        return parts * self.layers if len(parts) == 1 else parts
+
+    def _check_nonlinearity(self) -> None:
+        parts = self.nonlinearity.split(",") if isinstance(self.nonlinearity, str) else [None]
+        for part in parts:
+            if part not in NONLINEARITIES:
+                raise ConfigError(
+                    f"--nonlinearity must be one of {', '.join(NONLINEARITIES)}, or one per "
+                    f"layer separated by commas, got {self.nonlinearity!r}"
+                )
+        if len(parts) > 1:
+            if self.cell != "rnn" or self.wiring == "jordan":
+                raise ConfigError(
+                    f"--nonlinearity {self.nonlinearity}: one per layer applies to --cell rnn"
+                )
+            if len(parts) != self.layers:
+                raise ConfigError(
+                    f"--nonlinearity {self.nonlinearity} names {len(parts)} layers, "
+                    f"--layers is {self.layers}: give one, or one per layer"
+                )
 
     def _check_wirings(self) -> None:
         """``--length``, ``--wiring``, ``--condition``: values and the options they exclude."""

@@ -119,6 +119,11 @@ def from_torch(m: nn.Module) -> nn.Module:
 
 
 def _check_torch_form(cell: CellBase) -> None:
+    if isinstance(cell, RNNCell) and cell.nonlinearity not in ("tanh", "relu"):
+        raise ValueError(
+            f"to_torch: torch.nn.RNN has tanh and relu only; this cell uses "
+            f"nonlinearity={cell.nonlinearity!r}"
+        )
     if isinstance(cell, GRUCell) and (cell.update, cell.reset) != ("keep", "after"):
         hint = (
             " (convert_gru_update gives the same function with update='keep')"
@@ -169,6 +174,14 @@ def to_torch(m: nn.Module) -> nn.Module:
         for cell in cells:
             _check_torch_form(cell)
         first = cells[0]
+        if isinstance(first, RNNCell) and any(
+            c.nonlinearity != first.nonlinearity
+            for c in cells  # type: ignore[attr-defined]
+        ):
+            raise ValueError(
+                "to_torch: torch.nn.RNN has one nonlinearity for all layers; this stack mixes "
+                f"{sorted({c.nonlinearity for c in cells})}"  # type: ignore[attr-defined]
+            )
         torch_cls = {RNNCell: nn.RNN, LSTMCell: nn.LSTM, GRUCell: nn.GRU}[type(first)]
         kwargs = {"nonlinearity": first.nonlinearity} if isinstance(first, RNNCell) else {}
         out = torch_cls(

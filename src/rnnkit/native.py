@@ -417,24 +417,27 @@ void add_into(T* __restrict a, const T* __restrict b, int64_t n) {
 
 // ---------------------------------------------------------------- simple cell
 // x: x_t W_ih^T, s: h_{t-1} W_hh^T, b: the bias
-template <typename T, bool RELU>
+// ACT: 0 tanh, 1 relu, 2 the logistic sigmoid (phi' = h (1 - h)).
+template <typename T, int ACT>
 void rnn_fwd_row(const T* __restrict x, const T* __restrict s, const T* __restrict b,
                  T* __restrict h, int64_t H) {
   for (int64_t j = 0; j < H; ++j) {
     const T a = x[j] + b[j] + s[j];
-    h[j] = RELU ? (a < T(0) ? T(0) : a) : tanh_(a);
+    h[j] = ACT == 1 ? (a < T(0) ? T(0) : a) : ACT == 2 ? sigm(a) : tanh_(a);
   }
 }
 
-template <typename T, bool RELU>
+template <typename T, int ACT>
 void rnn_bwd_row(const T* __restrict h, T* __restrict dh, T* __restrict da, int64_t H) {
   for (int64_t j = 0; j < H; ++j) {
-    da[j] = RELU ? (h[j] > T(0) ? dh[j] : T(0)) : dh[j] * (T(1) - h[j] * h[j]);
+    da[j] = ACT == 1   ? (h[j] > T(0) ? dh[j] : T(0))
+            : ACT == 2 ? dh[j] * (h[j] * (T(1) - h[j]))
+                       : dh[j] * (T(1) - h[j] * h[j]);
     dh[j] = T(0);  // replaced by d_a W below
   }
 }
 
-template <typename T, bool RELU>
+template <typename T, int ACT>
 void rnn_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* sc, T* hs, const bool* M,
                       const Steps& S, int64_t Tn, int64_t B, int64_t H, int64_t r0, int64_t r1) {
   sc += r0 * H;
@@ -449,13 +452,13 @@ void rnn_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* sc, T* hs
       if (m && !m[b])
         std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
       else
-        rnn_fwd_row<T, RELU>(a + b * H, sc + b * H, bias, hn + b * H, H);
+        rnn_fwd_row<T, ACT>(a + b * H, sc + b * H, bias, hn + b * H, H);
     }
     copy_rows(hn, hp, bt, r1 - r0, H);
   }
 }
 
-template <typename T, bool RELU>
+template <typename T, int ACT>
 void rnn_backward_impl(const T* hs, const StepMatrix<T>& W, const bool* M, const Steps& S,
                        const T* dout, T* dxp, T* dh, int64_t Tn, int64_t B, int64_t H,
                        int64_t r0, int64_t r1) {
@@ -470,7 +473,7 @@ void rnn_backward_impl(const T* hs, const StepMatrix<T>& W, const bool* M, const
       if (m && !m[b])
         std::memset(da + b * H, 0, H * sizeof(T));
       else
-        rnn_bwd_row<T, RELU>(h + b * H, dh + b * H, da + b * H, H);
+        rnn_bwd_row<T, ACT>(h + b * H, dh + b * H, da + b * H, H);
     }
     if (!S.packed()) zero_rows(da, bt, r1 - r0, H);
     W.mm(bt, da, H, T(1), dh, H);  // d_h_prev += d_a W
@@ -799,8 +802,9 @@ const T* opt_ptr(const std::optional<Tensor>& t) {
 }
 
 std::vector<Tensor> rnn_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
-                                std::optional<Tensor> mask, bool relu,
+                                std::optional<Tensor> mask, int64_t act,
                                 std::optional<Tensor> offsets) {
+  TORCH_CHECK(act >= 0 && act <= 2, "act must be 0 (tanh), 1 (relu) or 2 (sigmoid)");
   check(w_hh, "w_hh", 2);
   const int64_t Tn = steps_of(xp, offsets), B = h0.size(0), H = h0.size(1);
   const bool* M = mask_of(mask, Tn, B);
@@ -811,7 +815,9 @@ std::vector<Tensor> rnn_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
   Tensor sc = at::empty({B, H}, xp.options());
   hs[0].copy_(h0);
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "rnn_forward", [&] {
-    auto f = relu ? rnn_forward_impl<scalar_t, true> : rnn_forward_impl<scalar_t, false>;
+    auto f = act == 1   ? rnn_forward_impl<scalar_t, 1>
+             : act == 2 ? rnn_forward_impl<scalar_t, 2>
+                        : rnn_forward_impl<scalar_t, 0>;
     const StepMatrix<scalar_t> W(w_hh, 0, H, true, S.rows());
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(xp.data_ptr<scalar_t>(), W, bias.data_ptr<scalar_t>(), sc.data_ptr<scalar_t>(),
@@ -823,8 +829,9 @@ std::vector<Tensor> rnn_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
 }
 
 std::vector<Tensor> rnn_backward(Tensor hs, Tensor w_hh, std::optional<Tensor> mask,
-                                 std::optional<Tensor> d_out, Tensor d_h, bool relu,
+                                 std::optional<Tensor> d_out, Tensor d_h, int64_t act,
                                  std::optional<Tensor> offsets) {
+  TORCH_CHECK(act >= 0 && act <= 2, "act must be 0 (tanh), 1 (relu) or 2 (sigmoid)");
   check(hs, "hs", 3);
   check(w_hh, "w_hh", 2);
   check(d_h, "d_h", 2);
@@ -833,7 +840,9 @@ std::vector<Tensor> rnn_backward(Tensor hs, Tensor w_hh, std::optional<Tensor> m
   const Steps S = make_steps(mask, offsets, Tn, B);
   Tensor dxp = step_buffer(S, H, hs);
   AT_DISPATCH_FLOATING_TYPES(hs.scalar_type(), "rnn_backward", [&] {
-    auto f = relu ? rnn_backward_impl<scalar_t, true> : rnn_backward_impl<scalar_t, false>;
+    auto f = act == 1   ? rnn_backward_impl<scalar_t, 1>
+             : act == 2 ? rnn_backward_impl<scalar_t, 2>
+                        : rnn_backward_impl<scalar_t, 0>;
     const StepMatrix<scalar_t> W(w_hh, 0, H, false, S.rows());
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(hs.data_ptr<scalar_t>(), W, M, S, opt_ptr<scalar_t>(d_out),
@@ -968,11 +977,11 @@ std::vector<Tensor> gru_backward(Tensor rz, Tensor xn, Tensor rec, Tensor hs, Te
 
 TORCH_LIBRARY(rnnkit_native, m) {
   m.def("set_min_block_rows(int rows) -> ()", &set_min_block_rows);
-  m.def("rnn_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor? mask, bool relu, "
+  m.def("rnn_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor? mask, int act, "
         "Tensor? offsets=None) -> Tensor[]",
         &rnn_forward);
   m.def("rnn_backward(Tensor hs, Tensor w_hh, Tensor? mask, Tensor? d_out, Tensor(a!) d_h, "
-        "bool relu, Tensor? offsets=None) -> Tensor[]",
+        "int act, Tensor? offsets=None) -> Tensor[]",
         &rnn_backward);
   m.def("lstm_forward(Tensor(a!) xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor c0, Tensor? mask, "
         "bool save, Tensor? offsets=None) -> Tensor[]",

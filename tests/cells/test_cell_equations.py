@@ -27,6 +27,8 @@ def sigma(a):
 def ref_rnn(x, h, P, nonlinearity):
     """§1.1: a = W_x x + W_h h + b; h' = φ(a)."""
     a = P["weight_ih"] @ x + P["weight_hh"] @ h + P["bias"]
+    if nonlinearity == "sigmoid":  # the logistic σ(a) = 1 / (1 + e^{−a})
+        return 1.0 / (1.0 + np.exp(-a))
     return np.tanh(a) if nonlinearity == "tanh" else np.maximum(a, 0.0)
 
 
@@ -102,6 +104,7 @@ def numpy_params(cell) -> dict[str, np.ndarray]:
 VARIANTS = {
     "rnn_tanh": ("rnn", {"nonlinearity": "tanh"}),
     "rnn_relu": ("rnn", {"nonlinearity": "relu"}),
+    "rnn_sigmoid": ("rnn", {"nonlinearity": "sigmoid"}),
     "lstm": ("lstm", {}),
     "gru_candidate_before": ("gru", {"update": "candidate", "reset": "before"}),
     "gru_candidate_after": ("gru", {"update": "candidate", "reset": "after"}),
@@ -200,6 +203,15 @@ GOLDEN = {
         0.628966842765059,
     ],
     "rnn_relu": [0, 0, 0, 0.295454545454545, 0.490702479338843, 0.678719008264463],
+    # h_1 by hand: a = (−0.934091, −0.468182), σ(a) = (0.282095, 0.385047)
+    "rnn_sigmoid": [
+        0.282095495274008,
+        0.385046673041744,
+        0.454022003297609,
+        0.568447521126525,
+        0.593701140961868,
+        0.680692596331253,
+    ],
     "lstm": [
         0.0382133677222701,
         -0.109751164012209,

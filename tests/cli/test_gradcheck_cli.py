@@ -14,6 +14,7 @@ from rnnkit.cli.main import main
 VARIANTS = [
     ["--cell", "rnn"],
     ["--cell", "rnn", "--nonlinearity", "relu"],
+    ["--cell", "rnn", "--nonlinearity", "sigmoid"],
     ["--cell", "lstm"],
     ["--cell", "gru"],
     ["--cell", "gru", "--update", "keep", "--reset", "after"],

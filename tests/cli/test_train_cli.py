@@ -538,3 +538,25 @@ def test_with_no_budget_train_stops_by_itself_and_says_why(data, tmp_path, capsy
     assert min(valid, key=lambda e: e["loss_nats"])["step"] == best < summary["steps"]
     # several validations per epoch, all with the rate in force
     assert len({e["epoch"] for e in valid}) < len(valid) and all("lr" in e for e in valid)
+
+
+def test_one_nonlinearity_per_layer_trains_saves_and_reloads(data, tmp_path, capsys):
+    """--nonlinearity tanh,sigmoid on two layers: the layers are built so, the run is saved
+    with it, and evaluate rebuilds the same model (the loss it prints is the run's own)."""
+    from rnnkit.tasks.lm import load_lm
+
+    out = tmp_path / "mixed"
+    mixed = ("--cell", "rnn", "--layers", "2", "--nonlinearity", "tanh,sigmoid")
+    argv = train_args(data, out, "--valid", str(data / "valid.txt"), *mixed)
+    code, _, err = cli(capsys, *argv)
+    assert code == 0, err
+    model = load_lm(out)[2]
+    assert [c.nonlinearity for c in model.encoder.cells()] == ["tanh", "sigmoid"]
+    code, text, err = cli(
+        capsys, "evaluate", "--checkpoint", str(out), "--data", str(data / "valid.txt"), "--json"
+    )
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert json.loads(text)["loss_nats"] == pytest.approx(summary["valid"]["loss_nats"], rel=1e-6)
+    code, _, err = cli(capsys, *train_args(data, tmp_path / "bad", "--nonlinearity", "tanh,relu"))
+    assert_one_line_error(code, err, "--nonlinearity tanh,relu", "--cell rnn")

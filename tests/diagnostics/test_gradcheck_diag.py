@@ -16,6 +16,7 @@ from rnnkit.diagnostics.gradcheck import random_mask
 VARIANTS = [
     ("rnn", {"nonlinearity": "tanh"}),
     ("rnn", {"nonlinearity": "relu"}),
+    ("rnn", {"nonlinearity": "sigmoid"}),
     ("lstm", {}),
     ("gru", {"update": "candidate", "reset": "before"}),
     ("gru", {"update": "candidate", "reset": "after"}),

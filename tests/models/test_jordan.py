@@ -37,13 +37,13 @@ def data(B=3, T=7, seed=1) -> tuple[Tensor, Tensor, Tensor]:
     return targets, prev, x
 
 
-@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu", "sigmoid"])
 def test_teacher_forcing_equals_a_step_by_step_loop_over_true_targets(nonlinearity):
     lm = make(nonlinearity=nonlinearity)
     targets, prev, x = data()
     W_o = lm.feedback.weight.T  # (H, V): the fed-back one-hot picks a column
     W_x = lm.input_weight.weight
-    phi = torch.tanh if nonlinearity == "tanh" else torch.relu
+    phi = {"tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid}[nonlinearity]
     o_prev = F.one_hot(torch.full((3,), BOS_ID), V).double()  # o_0 = e_<s>
     steps = []
     for t in range(targets.shape[1]):
@@ -190,7 +190,7 @@ def test_learns_a_cycle_and_generates_it():
 
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="nonlinearity"):
-        jordan_lm(V, H, nonlinearity="sigmoid")
+        jordan_lm(V, H, nonlinearity="softsign")
     with pytest.raises(ValueError, match="input_size"):
         jordan_lm(V, H, input_size=-1)
     lm = make()

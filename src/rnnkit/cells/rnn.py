@@ -1,11 +1,12 @@
 """The simple (Elman) recurrent cell, SPEC §1.1.
 
     a_t = W_x x_t + W_h h_{t-1} + b          W_x = weight_ih (H, I), W_h = weight_hh (H, H)
-    h_t = φ(a_t)                             φ = tanh (default) or relu
+    h_t = φ(a_t)                             φ = tanh (default), relu or sigmoid (logistic)
 
 Backward of one step (min-char-rnn's naming), with ``d_h`` = ∂L/∂h_t:
 
-    d_a = φ'(a_t) ⊙ d_h            tanh: φ' = 1 − h_t²;  relu: φ' = [h_t > 0]
+    d_a = φ'(a_t) ⊙ d_h            tanh: φ' = 1 − h_t²;  relu: φ' = [h_t > 0];
+                                   sigmoid: φ' = h_t (1 − h_t)  (at most ¼)
     ∂L/∂h_{t-1} = W_hᵀ d_a
 """
 
@@ -20,9 +21,29 @@ from rnnkit.amp import cell_step_in_weights_dtype
 from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.kernel import Weights, input_product
 
-__all__ = ["RNNCell", "RNNKernel", "rnn_step", "rnn_step_backward"]
+__all__ = ["NONLINEARITIES", "RNNCell", "RNNKernel", "activate", "rnn_step", "rnn_step_backward"]
 
-NONLINEARITIES = ("tanh", "relu")
+NONLINEARITIES = ("tanh", "relu", "sigmoid")
+#: The compiled loop's code of each nonlinearity (rnnkit.native: 0 tanh, 1 relu, 2 sigmoid).
+ACTIVATION_CODES = {"tanh": 0, "relu": 1, "sigmoid": 2}
+
+
+def activate(a: Tensor, nonlinearity: str) -> Tensor:
+    """``φ(a)``: tanh, relu or the logistic sigmoid."""
+    if nonlinearity == "tanh":
+        return torch.tanh(a)
+    if nonlinearity == "relu":
+        return torch.relu(a)
+    return torch.sigmoid(a)
+
+
+def derivative(h: Tensor, nonlinearity: str) -> Tensor:
+    """``φ'(a)`` from ``h = φ(a)``: ``1 − h²``, ``[h > 0]`` or ``h (1 − h)``."""
+    if nonlinearity == "tanh":
+        return 1 - h * h
+    if nonlinearity == "relu":
+        return (h > 0).to(h.dtype)
+    return h * (1 - h)
 
 
 def rnn_step(x: Tensor, h_prev: Tensor, w: Weights, nonlinearity: str = "tanh") -> Tensor:
@@ -34,12 +55,12 @@ def rnn_step(x: Tensor, h_prev: Tensor, w: Weights, nonlinearity: str = "tanh") 
         ``h_t (B, H)``.
     """
     a = x @ w.weight_ih.T + h_prev @ w.weight_hh.T + w.bias
-    return torch.tanh(a) if nonlinearity == "tanh" else torch.relu(a)
+    return activate(a, nonlinearity)
 
 
 def rnn_step_backward(d_h: Tensor, h: Tensor, w: Weights, nonlinearity: str = "tanh"):
     """Backward of one step: returns ``(d_a, d_h_prev)``, both ``(B, H)``."""
-    d_a = d_h * (1 - h * h) if nonlinearity == "tanh" else d_h * (h > 0)
+    d_a = d_h * derivative(h, nonlinearity)
     return d_a, d_a @ w.weight_hh
 
 
@@ -68,17 +89,18 @@ class RNNKernel:
         a = xp[0].addmm_(prev[0], prep)  # a_t = W_x x_t + b + W_h h_{t-1}, in place
         if self.nonlinearity == "tanh":
             torch.tanh(a, out=out[0])
-        else:
+        elif self.nonlinearity == "relu":
             torch.clamp(a, min=0, out=out[0])
+        else:
+            torch.sigmoid(a, out=out[0])
 
     def prepare_backward(self, w: Weights) -> Tensor:
         return w.weight_hh
 
     def backward_cache(self, cache, states):
         h = states[0][1:]  # (T, B, H): h_1..h_T
-        # φ'(a_t) for all steps at once: 1 − h² (tanh) or [h > 0] (relu).
-        deriv = 1 - h * h if self.nonlinearity == "tanh" else (h > 0).to(h.dtype)
-        return (deriv,)
+        # φ'(a_t) for all steps at once: 1 − h² (tanh), [h > 0] (relu), h(1 − h) (sigmoid).
+        return (derivative(h, self.nonlinearity),)
 
     def step_backward(self, d_new, prev, new, cache, d_xp, d_hp, w):
         (deriv,) = cache
@@ -93,20 +115,20 @@ class RNNKernel:
         xp = input_product(x, w.weight_ih)  # (T·B or N, H); the bias is added in the loop
         if offsets is None:
             xp = xp.view(T, B, xp.shape[1])
-        relu = self.nonlinearity == "relu"
+        act = ACTIVATION_CODES[self.nonlinearity]
         W, b = w.weight_hh.contiguous(), w.bias.contiguous()
-        (hs,) = lib.rnn_forward(xp, W, b, states0[0], mask, relu, offsets)
+        (hs,) = lib.rnn_forward(xp, W, b, states0[0], mask, act, offsets)
         return (hs,), ()
 
     def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None):
-        relu = self.nonlinearity == "relu"
+        act = ACTIVATION_CODES[self.nonlinearity]
         d_xp, d_h0 = lib.rnn_backward(
             record.states[0].contiguous(),
             w.weight_hh.contiguous(),
             mask,
             d_out,
             d_states[0],
-            relu,
+            act,
             offsets,
         )
         return d_xp, d_xp, (d_h0,)
@@ -117,7 +139,7 @@ class RNNCell(CellBase):
 
     Args:
         input_size: ``I``.  hidden_size: ``H``.
-        nonlinearity: ``"tanh"`` or ``"relu"``.
+        nonlinearity: ``"tanh"``, ``"relu"`` or ``"sigmoid"`` (the logistic ``σ``).
         init: ``"uniform"`` (PyTorch's U(±1/√H)) or ``"orthogonal"`` recurrent weights.
 
     Parameters: ``weight_ih (H, I)``, ``weight_hh (H, H)``, ``bias (H,)`` — ``H(I + H + 1)``.

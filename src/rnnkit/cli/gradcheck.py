@@ -148,7 +148,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--bidirectional", action="store_true", help="two directions per layer")
     parser.add_argument(
-        "--nonlinearity", choices=("tanh", "relu"), help="(rnn) φ of the simple cell (default tanh)"
+        "--nonlinearity",
+        choices=("tanh", "relu", "sigmoid"),
+        help="(rnn) φ of the simple cell (default tanh)",
     )
     parser.add_argument(
         "--update",

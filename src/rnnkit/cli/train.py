@@ -58,9 +58,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--nonlinearity",
-        choices=("tanh", "relu"),
         default=d.nonlinearity,
-        help="simple RNN activation (default %(default)s)",
+        metavar="{tanh,relu,sigmoid}[,...]",
+        help="simple RNN activation φ: tanh, relu or sigmoid (the logistic), or one per "
+        "layer bottom first, e.g. tanh,sigmoid (default %(default)s)",
     )
     g.add_argument(
         "--update",

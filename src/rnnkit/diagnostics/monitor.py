@@ -9,7 +9,8 @@ Gate saturation (issue 5): the share of gate values within ``threshold`` (0.02) 
 1. For a logistic gate ``s`` that is ``s < 0.02`` or ``s > 0.98``. Gates in tanh form —
 the LSTM candidate ``g``, the GRU candidate ``n`` and the state of a tanh RNN, all in
 ``[−1, 1]`` — are mapped to ``(v + 1) / 2``, so they count when ``|v| > 1 − 2·0.02 =
-0.96``. For a relu RNN ``"h"`` is the share of exact zeros (dead units). Values are read
+0.96``. For a relu RNN ``"h"`` is the share of exact zeros (dead units); a sigmoid RNN's
+``"h"`` is read as a logistic gate. Values are read
 from the forward cache of ``rnnkit.recurrence.forward_pass`` (LSTM: activated i, f, g, o;
 GRU: r, z and n) at real steps only.
 """
@@ -78,8 +79,11 @@ def _saturation(run: DirectionRun, threshold: float) -> dict[str, float]:
         parts = {"r": (r, logistic), "z": (z, logistic), "n": (n, tanh_form)}
     else:
         h = record.states[0][1:]
-        dead = getattr(cell, "nonlinearity", "tanh") == "relu"
-        parts = {"h": (h, (lambda v: v == 0) if dead else tanh_form)}
+        phi = getattr(cell, "nonlinearity", "tanh")
+        if phi == "relu":
+            parts = {"h": (h, lambda v: v == 0)}
+        else:
+            parts = {"h": (h, logistic if phi == "sigmoid" else tanh_form)}
     return {name: _share(v, valid, hit(v)) for name, (v, hit) in parts.items()}
 
 

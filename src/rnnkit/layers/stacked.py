@@ -8,7 +8,8 @@ from cells. Every layer returns ``RecurrentOutput(outputs, state)`` whatever the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import torch
@@ -271,14 +272,57 @@ class _CellStack(StackedRecurrent):
 
 
 class RNN(_CellStack):
-    """Stacked (bi)directional Elman layers; ``nonlinearity`` as in ``RNNCell``.
+    """Stacked (bi)directional Elman layers; ``nonlinearity`` as in ``RNNCell``, one for
+    every layer or a sequence of one per layer (bottom first).
 
     >>> out = RNN(3, 4, num_layers=2, bidirectional=True)(torch.zeros(2, 5, 3))
     >>> out.outputs.shape, out.state.shape
     (torch.Size([2, 5, 8]), torch.Size([2, 2, 2, 4]))
+    >>> [c.nonlinearity for c in RNN(3, 4, 2, nonlinearity=("tanh", "sigmoid")).cells()]
+    ['tanh', 'sigmoid']
     """
 
     cell_class = RNNCell
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bidirectional: bool = False,
+        dropout: float = 0.0,
+        batch_first: bool = True,
+        recompute: int | None = None,
+        nonlinearity: str | Sequence[str] = "tanh",
+        **cell_options: object,
+    ) -> None:
+        per_layer = None if isinstance(nonlinearity, str) else list(nonlinearity)
+        if per_layer is not None and len(per_layer) != num_layers:
+            raise ValueError(
+                f"nonlinearity has {len(per_layer)} entries for {num_layers} layers: "
+                "give one, or one per layer"
+            )
+        # StackedRecurrent asks for the cells layer by layer, bottom first (forward
+        # direction, then backward): the k-th cell built belongs to layer k // directions.
+        directions = 2 if bidirectional else 1
+        built = itertools.count()
+
+        def factory(width: int) -> CellBase:
+            index = next(built)
+            phi = nonlinearity if per_layer is None else per_layer[index // directions]
+            return RNNCell(width, hidden_size, nonlinearity=phi, **cell_options)  # type: ignore[arg-type]
+
+        StackedRecurrent.__init__(
+            self,
+            factory,
+            input_size,
+            hidden_size,
+            num_layers,
+            bidirectional,
+            dropout,
+            batch_first,
+            recompute,
+        )
 
 
 class LSTM(_CellStack):

@@ -24,7 +24,7 @@ def build_encoder(
         num_layers=cfg.layers, bidirectional=bi, dropout=cfg.dropout, recompute=cfg.recompute
     )
     if cfg.cell == "rnn":
-        return RNN(input_size, cfg.hidden, nonlinearity=cfg.nonlinearity, **common)
+        return RNN(input_size, cfg.hidden, nonlinearity=cfg.nonlinearities(), **common)
     if cfg.cell == "lstm":
         return LSTM(input_size, cfg.hidden, **common)
     return GRU(input_size, cfg.hidden, update=cfg.update, reset=cfg.reset, **common)

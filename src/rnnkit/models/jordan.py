@@ -25,12 +25,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from rnnkit.cells.rnn import NONLINEARITIES, activate
 from rnnkit.losses import sequence_cross_entropy
 from rnnkit.models.language_model import LossOutput
 
 __all__ = ["NONLINEARITIES", "JordanLM", "jordan_lm"]
-
-NONLINEARITIES = ("tanh", "relu")
 
 
 class JordanLM(nn.Module):
@@ -40,7 +39,7 @@ class JordanLM(nn.Module):
         feedback: ``nn.Embedding(V, H)``; row ``y`` is ``W_o e_y`` (the one-hot fed back).
         head: maps ``(…, H)`` to logits ``(…, V)`` (``W_y``, ``b_y``), e.g. ``nn.Linear``.
         input_size: ``I``, the width of the optional per-step input ``x_t`` (0: none).
-        nonlinearity: ``φ``, ``"tanh"`` or ``"relu"``.
+        nonlinearity: ``φ``, ``"tanh"``, ``"relu"`` or ``"sigmoid"``.
         dropout: on ``h_t`` before the head.
 
     >>> _ = torch.manual_seed(0)
@@ -102,7 +101,7 @@ class JordanLM(nn.Module):
         a = self.feedback(prev) + self.bias  # (B, T, H)
         if self.input_weight is not None:
             a = a + self.input_weight(inputs)
-        return torch.tanh(a) if self.nonlinearity == "tanh" else torch.relu(a)
+        return activate(a, self.nonlinearity)
 
     def forward(self, prev: Tensor, inputs: Tensor | None = None) -> Tensor:
         """Teacher-forced logits ``(B, T, V)``: ``prev[:, t]`` is the true ``y_{t−1}``."""

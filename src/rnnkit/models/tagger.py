@@ -216,7 +216,13 @@ def build_tagger(
         if num_chars is None:
             raise ValueError("--char-rnn needs the size of the character vocabulary")
         char_cfg = TrainConfig(
-            **{**cfg.to_dict(), "hidden": CHAR_HIDDEN, "layers": 1, "dropout": 0.0}
+            **{
+                **cfg.to_dict(),
+                "hidden": CHAR_HIDDEN,
+                "layers": 1,
+                "dropout": 0.0,
+                "nonlinearity": cfg.nonlinearities()[0],  # the first layer's φ
+            }
         )
         char_encoder = CharEncoder(
             nn.Embedding(num_chars, CHAR_EMBEDDING, padding_idx=0),
