@@ -21,6 +21,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "train",
     "evaluate",
     "generate",
+    "predict",
     "report",
     "score",
     "sessions",

@@ -48,6 +48,8 @@ __all__ = [
     "evaluate",
     "evaluate_classify",
     "load_classifier",
+    "predict_labels",
+    "predictor",
     "train",
     "train_classify",
 ]
@@ -241,3 +243,47 @@ def evaluate_classify(
 # The task interface of ``rnnkit.tasks.registry``.
 train = train_classify
 evaluate = evaluate_classify
+
+
+@torch.no_grad()
+def predict_labels(model: Classifier, inputs: list[np.ndarray], batch_size: int = 32) -> np.ndarray:
+    """Class probabilities ``(N, K)`` (softmax of the logits) of encoded, non-empty texts."""
+    model.eval()
+    device = next(model.parameters()).device
+    rows: dict[int, np.ndarray] = {}
+    for batch in SequenceBatcher(inputs, batch_size=batch_size, shuffle=False):
+        probs = F.softmax(model(batch.inputs.to(device), batch.mask.to(device)), dim=-1)
+        for i, p in zip(batch.indices.tolist(), probs.double().cpu().numpy(), strict=True):
+            rows[i] = p
+    return np.stack([rows[i] for i in range(len(inputs))]) if inputs else np.zeros((0, 0))
+
+
+def predictor(run_dir: str | Path, batch_size: int | None = None, **_: Any) -> Any:
+    """``rnnkit predict`` for a classifier: each input line is one text (the first
+    ``--max-len`` tokens are read, as in training); the result is ``{"label": best,
+    "probabilities": {label: p, ...}, "tokens": n, "unknown": n}``. A line without tokens
+    is a DataError naming it."""
+    cfg, vocab, labels, model = load_classifier(run_dir)
+    bs = batch_size or cfg.batch_size
+
+    def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
+        inputs, unknown = [], []
+        for text, (path, line) in zip(lines, where, strict=True):
+            ids, n_unknown = vocab.encode_with_unknown(text)
+            if not ids:
+                raise DataError("empty text (no tokens to classify)", path, line)
+            inputs.append(np.array(ids[: cfg.max_len], dtype=np.int64))
+            unknown.append(n_unknown)
+        probs = predict_labels(model, inputs, bs)
+        names = labels.labels
+        return [
+            {
+                "label": names[int(p.argmax())],
+                "probabilities": {n: float(v) for n, v in zip(names, p, strict=True)},
+                "tokens": len(x),
+                "unknown": u,
+            }
+            for p, x, u in zip(probs, inputs, unknown, strict=True)
+        ]
+
+    return run

@@ -88,6 +88,7 @@ __all__ = [
     "event_surprises",
     "load_events",
     "ngram_surprises",
+    "predictor",
     "score_sessions",
     "train",
 ]
@@ -1089,3 +1090,21 @@ def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None)
                 {k: main[k] for k in ("auc", "precision", "recall", "f1", "fpr") if k in main}
             )
     return metrics
+
+
+def predictor(run_dir: str | Path, batch_size: int | None = None, top: int = 5, **_: Any) -> Any:
+    """``rnnkit predict`` for an events run: each input line is one session as JSON
+    (``{"session": id, "events": [...]}``, as ``rnnkit score`` reads), the result its
+    verdict record from :func:`score_sessions` (the run's score and thresholds)."""
+    from rnnkit.data.events import parse_session
+
+    run = load_events(run_dir)
+    bs = batch_size or 64
+
+    def score(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
+        sessions = [
+            parse_session(text, path, line) for text, (path, line) in zip(lines, where, strict=True)
+        ]
+        return list(score_sessions(run, sessions, batch_size=bs, top_k=top))
+
+    return score

@@ -62,9 +62,11 @@ __all__ = [
     "LMData",
     "evaluate",
     "evaluate_lm",
+    "line_logprobs",
     "lm_labels",
     "lm_metrics",
     "load_lm",
+    "predictor",
     "prepare_lm_data",
     "train",
     "train_lm",
@@ -562,3 +564,117 @@ def sample_texts(
         state_batch_dim=state_batch_dim,
     )
     return [vocab.decode(r.ids) for row in results for r in row]
+
+
+# -- per-token scores of new text ---------------------------------------------------------
+
+
+def _line_ends(cfg: TrainConfig, vocab: Vocabulary) -> tuple[int, int | None]:
+    """The token that precedes a line and the one that ends it, as the model saw them:
+    ``<s>`` … ``</s>`` for sequence-trained models (under ``--length stop`` the ``</s>``
+    step is the stop output's probability); for streams ``</s>`` with ``--doc-boundary
+    line``, else the newline character of a char model (None: a word stream has no end)."""
+    if parse_bptt(cfg.bptt)[0] != "segment":
+        return BOS_ID, EOS_ID
+    if cfg.doc_boundary == "line":
+        return EOS_ID, EOS_ID
+    newline = vocab.stoi.get("\n") if vocab.unit == "char" else None
+    return (BOS_ID if newline is None else newline), newline
+
+
+@torch.no_grad()
+def line_logprobs(
+    cfg: TrainConfig,
+    vocab: Vocabulary,
+    model: torch.nn.Module,
+    lines: list[str],
+    conditions: list[int] | None = None,
+) -> list[dict[str, Any]]:
+    """Per-token log-probabilities (nats) and surprise (bits, ``−log₂ p``) of every line.
+
+    Each line is read from the model's start of a line (:func:`_line_ends`) and scored
+    token by token through the model's ``step`` (the generation interface, so every
+    ``--wiring`` and ``--condition`` model is scored the same way), the end of the line
+    included where the model knows one. ``conditions``: the class of every line for a
+    class-conditional model.
+
+    Returns, per line: ``{"tokens": [...], "logprobs": [...], "surprise": [...],
+    "nats": total, "unknown": n}`` (``tokens`` as the vocabulary reads the line, ``"</s>"``
+    or ``"\\n"`` for the end).
+    """
+    length = model.length if isinstance(model, LanguageModel) else None
+    if length is not None and length.mode == "predict":
+        raise ConfigError(
+            "predict on a --length predict run: its token probabilities depend on the "
+            "length chosen first; evaluate scores whole sequences"
+        )
+    start, end = _line_ends(cfg, vocab)
+    model.eval()
+    device = next(model.parameters()).device
+    rows, results = [], []
+    for text in lines:
+        ids, unknown = vocab.encode_with_unknown(text)
+        pieces = vocab.tokenize(text)
+        targets = [*ids, end] if end is not None else list(ids)
+        shown = [*pieces, vocab.itos[end]] if end is not None else list(pieces)
+        rows.append(([start, *ids], targets))
+        results.append({"tokens": shown, "unknown": unknown})
+    if not rows:
+        return []
+    T = max(len(t) for _, t in rows)
+    state: Any = None
+    if isinstance(model, ConditionalLM):
+        if conditions is None:
+            raise ValueError("a class-conditional model needs the class of every line")
+        state = model.start(torch.tensor(conditions, device=device))
+    elif conditions is not None:
+        raise ValueError("classes given for a model that is not class-conditional")
+    got = torch.zeros(len(rows), T, dtype=torch.float64)
+    for t in range(T):
+        # Rows already scored feed their last token again; their outputs are not read.
+        token = torch.tensor([inp[min(t, len(inp) - 1)] for inp, _ in rows], device=device)
+        log_probs, state = model.step(token, state)
+        want = torch.tensor([tg[min(t, len(tg) - 1)] for _, tg in rows], device=device)
+        got[:, t] = log_probs.gather(1, want.view(-1, 1)).squeeze(1).double().cpu()
+    for i, (_, targets) in enumerate(rows):
+        lp = got[i, : len(targets)].tolist()
+        results[i]["logprobs"] = lp
+        results[i]["surprise"] = [-v / LN2 for v in lp]
+        results[i]["nats"] = -sum(lp)
+    return results
+
+
+def predictor(run_dir: str | Path, batch_size: int | None = None, **_: Any) -> Any:
+    """``rnnkit predict`` for a language model: each input line is scored by
+    :func:`line_logprobs`; for a class-conditional run a line is ``label<TAB>text``."""
+    cfg, vocab, model = load_lm(run_dir)
+    labels = lm_labels(run_dir, cfg)
+    bs = batch_size or cfg.batch_size
+
+    def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
+        conditions: list[int] | None = None
+        texts = lines
+        if labels is not None:
+            conditions, texts = [], []
+            for text, (path, line) in zip(lines, where, strict=True):
+                label, tab, rest = text.partition("\t")
+                index = labels.get(label) if tab else None
+                if index is None:
+                    raise DataError(
+                        f"expected label<TAB>text with a label of this run "
+                        f"({', '.join(labels.labels)})",
+                        path,
+                        line,
+                    )
+                conditions.append(index)
+                texts.append(rest)
+        out: list[dict[str, Any]] = []
+        for lo in range(0, len(texts), bs):
+            part = None if conditions is None else conditions[lo : lo + bs]
+            out.extend(line_logprobs(cfg, vocab, model, texts[lo : lo + bs], part))
+        if conditions is not None:
+            for record, text in zip(out, lines, strict=True):
+                record["label"] = text.partition("\t")[0]
+        return out
+
+    return run

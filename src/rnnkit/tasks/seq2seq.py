@@ -68,6 +68,7 @@ __all__ = [
     "decode_metrics",
     "evaluate",
     "load_seq2seq",
+    "predictor",
     "prepare_data",
     "teacher_forced_metrics",
     "train",
@@ -458,3 +459,43 @@ def transduce(
     device = next(model.parameters()).device
     hyp = decode_ids(model, [ids], device, 1, beam, limit + 1)[0]
     return _render(target_vocab, hyp)
+
+
+def predictor(
+    run_dir: str | Path,
+    batch_size: int | None = None,
+    beam: int | None = None,
+    max_length: int | None = None,
+    **_: Any,
+) -> Any:
+    """``rnnkit predict`` for an encoder–decoder: each input line is one source (in the
+    run's ``--source-unit``), decoded in length-sorted batches with beam width ``beam``
+    (default: the run's ``--beam``; 1 = greedy), at most ``max_length`` output tokens
+    (default: the run's ``--max-len``). The result is ``{"input": source, "output": text,
+    "unknown": n}`` (``n`` source tokens outside the vocabulary). A line without tokens is
+    a DataError naming it."""
+    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir)
+    beam = cfg.beam if beam is None else beam
+    if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
+        raise ConfigError(f"--beam must be an integer ≥ 1, got {beam!r}")
+    limit = cfg.max_len if max_length is None else max_length
+    if limit < 1:
+        raise ConfigError(f"--max-length must be ≥ 1, got {limit}")
+    bs = batch_size or cfg.batch_size
+    device = next(model.parameters()).device
+
+    def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
+        sources, unknown = [], []
+        for text, (path, line) in zip(lines, where, strict=True):
+            ids, n_unknown = source_vocab.encode_with_unknown(text)
+            if not ids:
+                raise DataError("empty source (no tokens to transduce)", path, line)
+            sources.append(np.array(ids, dtype=np.int64))
+            unknown.append(n_unknown)
+        hyps = decode_ids(model, sources, device, bs, beam, limit + 1)
+        return [
+            {"input": text, "output": _render(target_vocab, h), "unknown": u}
+            for text, h, u in zip(lines, hyps, unknown, strict=True)
+        ]
+
+    return run

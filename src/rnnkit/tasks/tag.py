@@ -63,6 +63,8 @@ __all__ = [
     "fit",
     "load_tagger",
     "make_optimizer",
+    "predict_tags",
+    "predictor",
     "tag_metrics",
     "train",
     "train_tag",
@@ -478,3 +480,52 @@ def evaluate_tag(
 # The task interface of ``rnnkit.tasks.registry``.
 train = train_tag
 evaluate = evaluate_tag
+
+
+# -- prediction on untagged text ----------------------------------------------------------
+
+
+@torch.no_grad()
+def predict_tags(
+    model: Tagger, data: TagData, sentences: list[list[str]], batch_size: int = 32
+) -> list[list[str]]:
+    """The most probable tag of every token of every sentence (an empty sentence gets
+    none). Tokens are as in the training file (one word each)."""
+    model.eval()
+    device = next(model.parameters()).device
+    rows = [i for i, s in enumerate(sentences) if s]
+    tagged = [TaggedSentence(sentences[i], [""] * len(sentences[i])) for i in rows]
+    out: list[list[str]] = [[] for _ in sentences]
+    if not tagged:
+        return out
+    enc = encode_tagged(tagged, data)
+    labels = data.tags.labels
+    for batch in SequenceBatcher(enc.words, batch_size=batch_size, shuffle=False):
+        words, mask, chars = _inputs(enc, batch, device)
+        pred = model.predict(words, mask, chars).cpu().numpy()
+        for row, i in enumerate(batch.indices.tolist()):
+            out[rows[i]] = [labels[j] for j in pred[row, : len(enc.words[i])]]
+    return out
+
+
+def predictor(run_dir: str | Path, batch_size: int | None = None, **_: Any) -> Any:
+    """``rnnkit predict`` for a tagger: each input line is one sentence, tokens separated by
+    whitespace; the result is ``{"tokens": [...], "tags": [...], "unknown": n}`` (``n``
+    tokens outside the vocabulary)."""
+    cfg, data, model = load_tagger(run_dir)
+    bs = batch_size or cfg.batch_size
+
+    def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
+        sentences = [line.split() for line in lines]
+        tags = predict_tags(model, data, sentences, bs)
+        stoi = data.vocab.stoi
+        return [
+            {
+                "tokens": s,
+                "tags": t,
+                "unknown": sum(word_key(w) not in stoi for w in s),
+            }
+            for s, t in zip(sentences, tags, strict=True)
+        ]
+
+    return run
