@@ -195,3 +195,45 @@ def test_too_long_lines_and_evaluate_on_missing_file(data, tmp_path, capsys, tra
         capsys, "evaluate", "--checkpoint", str(trained), "--data", str(tmp_path / "none.tsv")
     )
     assert code == 2 and "none.tsv" in err
+
+
+def generate_lines(capsys, trained, *extra) -> tuple[list[str], str]:
+    code, out, err = run(capsys, "generate", "--checkpoint", str(trained), *extra)
+    assert code == 0, err
+    return out.splitlines(), err
+
+
+def test_generate_samples_as_asked(trained, capsys):
+    """--num samples; top-k 1 sampling is greedy search; the same --seed the same samples;
+    --max-length bounds every output; the default stays the run's search."""
+    greedy = transduce(trained, "abcd", beam=1)
+    top1, _ = generate_lines(capsys, trained, "--input", "abcd", "--num", "3", "--top-k", "1")
+    assert top1 == [greedy] * 3
+    a, _ = generate_lines(capsys, trained, "--input", "abcd", "--num", "5", "--seed", "7",
+                          "--temperature", "2.0")  # fmt: skip
+    b, _ = generate_lines(capsys, trained, "--input", "abcd", "--num", "5", "--seed", "7",
+                          "--temperature", "2.0")  # fmt: skip
+    c, _ = generate_lines(capsys, trained, "--input", "abcd", "--num", "5", "--seed", "8",
+                          "--temperature", "2.0")  # fmt: skip
+    assert len(a) == 5 and a == b and a != c
+    short, _ = generate_lines(capsys, trained, "--input", "abcd", "--num", "4", "--seed", "1",
+                              "--max-length", "2")  # fmt: skip
+    assert len(short) == 4 and all(len(s) <= 2 for s in short)
+    searched, _ = generate_lines(capsys, trained, "--input", "abcd")
+    assert searched == [transduce(trained, "abcd")]  # the run's beam 2
+    best, _ = generate_lines(capsys, trained, "--input", "abcd", "--num", "2", "--beam", "2")
+    assert len(best) == 2 and best[0] == transduce(trained, "abcd", beam=2)
+    cut, _ = generate_lines(capsys, trained, "--input", "abcd", "--greedy", "--max-length", "1")
+    assert cut == [transduce(trained, "abcd", beam=1, max_length=1)]
+
+
+def test_generate_warns_about_input_outside_the_vocabulary(trained, capsys):
+    lines, err = generate_lines(capsys, trained, "--input", "abzz")
+    assert len(lines) == 1
+    assert "--input has 2 token(s) outside the vocabulary; read as <unk>" in err
+    code, _, err = run(capsys, "generate", "--checkpoint", str(trained), "--input", "ab",
+                       "--beam", "2", "--temperature", "0.5")  # fmt: skip
+    assert code == 2 and "give one or the other" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run(capsys, "generate", "--checkpoint", str(trained), "--input", "ab",
+                       "--top-p", "1.5")  # fmt: skip
+    assert code == 2 and "top_p" in err.replace("-", "_") and len(err.strip().splitlines()) == 1

@@ -57,6 +57,53 @@ def _condition_index(checkpoint: str, cfg: Any, label: str | None) -> int | None
     return index
 
 
+#: Options that ask a seq2seq run to sample rather than search.
+SAMPLING = ("temperature", "top_k", "top_p", "seed")
+
+
+def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
+    """``--input`` through a seq2seq run: the run's search (``--beam`` or the run's beam;
+    ``--num N`` best hypotheses), ``--greedy``, or sampling when a sampling option is given
+    (``--num`` samples); at most ``--max-length`` tokens (default: the run's ``--max-len``)."""
+    from rnnkit.tasks.run import warn
+
+    if args.input is None:
+        raise ConfigError("--input is required for a seq2seq checkpoint")
+    if args.prompt is not None:
+        raise ConfigError("--prompt applies to a language model; a seq2seq run reads --input")
+    explicit = getattr(args, "explicit", None)
+
+    def given(name: str) -> bool:
+        if explicit is not None:
+            return name in explicit
+        default = {"temperature": 1.0, "seed": 0, "max_length": 200}.get(name)
+        return getattr(args, name) not in (None, default)
+
+    sample = any(given(name) for name in SAMPLING)
+    if sample and (args.beam or args.greedy):
+        raise ConfigError(
+            "--beam/--greedy search; --temperature, --top-k, --top-p and --seed sample: "
+            "give one or the other"
+        )
+    if args.greedy and args.num > 1:
+        raise ConfigError("--greedy gives one output; --num N with --beam N lists the N best")
+    outputs, unknown = module.generate_outputs(
+        args.checkpoint,
+        args.input,
+        sample=sample,
+        num=args.num,
+        beam=1 if args.greedy else args.beam,
+        max_length=args.max_length if given("max_length") else None,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    if unknown:
+        warn(f"--input has {unknown} token(s) outside the vocabulary; read as <unk>")
+    return list(outputs)
+
+
 def run(args: argparse.Namespace) -> int:
     from rnnkit.tasks.registry import task_module, task_of_run
 
@@ -64,10 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if args.condition is not None and task != "lm":
         raise ConfigError(f"--condition does not apply to a {task} checkpoint")
     if task == "seq2seq":
-        if args.input is None:
-            raise ConfigError("--input is required for a seq2seq checkpoint")
-        outputs = task_module(task).transduce(args.checkpoint, args.input, beam=args.beam)
-        outputs = outputs if isinstance(outputs, list) else [outputs]
+        outputs = _transduce(args, task_module(task))
     elif task == "lm":
         from rnnkit.tasks.lm import load_lm, prompt_ids, sample_texts
         from rnnkit.tasks.run import warn

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from rnnkit.config import TrainConfig
 from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, PAD_ID
-from rnnkit.generation import GenerationResult
+from rnnkit.generation import GenerationResult, generate_batch
 from rnnkit.losses import sequence_cross_entropy
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.language_model import LanguageModel, LossOutput
@@ -188,6 +188,36 @@ class DecoderOnlyTranslator(nn.Module):
             eos_id=EOS_ID,
             length_penalty=length_penalty,
             num=num,
+        )
+
+    @torch.no_grad()
+    def sample(
+        self,
+        source: Tensor,
+        source_mask: Tensor,
+        *,
+        num: int = 1,
+        max_length: int = 100,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> list[list[GenerationResult]]:
+        """``num`` samples per source (arguments as ``Seq2Seq.sample``)."""
+        return generate_batch(
+            self,
+            None,
+            max_length=max_length,
+            eos_id=EOS_ID,
+            bos_id=BOS_ID,
+            strategy="sample",
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            num=num,
+            generator=generator,
+            state=self.encode_source(source, source_mask),
+            state_batch_dim=2,
         )
 
 

@@ -48,7 +48,7 @@ from rnnkit.config import TrainConfig
 from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
-from rnnkit.generation import GenerationResult
+from rnnkit.generation import GenerationResult, generate_batch
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.losses import sequence_cross_entropy
 from rnnkit.models.builders import build_encoder, build_length
@@ -515,6 +515,41 @@ class Seq2Seq(nn.Module):
             eos_id=EOS_ID,
             length_penalty=length_penalty,
             num=num,
+        )
+
+    @torch.no_grad()
+    def sample(
+        self,
+        source: Tensor,
+        source_mask: Tensor,
+        *,
+        num: int = 1,
+        max_length: int = 100,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> list[list[GenerationResult]]:
+        """``num`` independent samples per source from ``p(y | x)`` (temperature, top-k and
+        nucleus filtering as :func:`rnnkit.generation.filter_log_probs`), all in one batch.
+
+        Returns:
+            ``B`` lists of ``num`` results, in draw order.
+        """
+        return generate_batch(
+            self,
+            None,
+            max_length=max_length,
+            eos_id=EOS_ID,
+            bos_id=BOS_ID,
+            strategy="sample",
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            num=num,
+            generator=generator,
+            state=self.encode(source, source_mask),
+            state_batch_dim=STATE_BATCH_DIM,
         )
 
 
