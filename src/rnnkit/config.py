@@ -49,7 +49,7 @@ TASK_OPTIONS: dict[str, tuple[str, ...]] = {
     "target_unit": ("seq2seq",),
     "attention": ("seq2seq",),
     "context": ("seq2seq",),
-    "scheduled_sampling": ("seq2seq",),
+    "scheduled_sampling": ("lm", "seq2seq"),
     "decoder_only": ("seq2seq",),
     "beam": ("seq2seq",),
     "length": ("lm", "seq2seq"),
@@ -321,6 +321,19 @@ class TrainConfig:
                     f"--length {self.length} needs whole lines as sequences: "
                     "--bptt full or window:K, not segment:K"
                 )
+        if self.task == "lm" and self.scheduled_sampling != "none":
+            # The model's own choices are fed one step at a time through the plain LM.
+            for bad, given in (
+                (f"--bptt {self.bptt}", parse_bptt(self.bptt)[0] != "full"),
+                (f"--wiring {self.wiring}", self.wiring != "hidden"),
+                (f"--condition {self.condition}", self.condition != "none"),
+                (f"--length {self.length}", self.length != "eos"),
+            ):
+                if given:
+                    raise ConfigError(
+                        f"--scheduled-sampling on --task lm needs --bptt full, the hidden "
+                        f"wiring, no --condition and --length eos; got {bad}"
+                    )
         if self.wiring == "jordan":
             # Fig. 10.4 has one layer and only the fed-back output as memory.
             for bad, given in (

@@ -484,7 +484,7 @@ def test_bad_recompute_is_one_line(data, tmp_path, capsys, extra, message):
 @pytest.mark.parametrize(
     ("task", "extra", "words"),
     [
-        ("lm", ("--scheduled-sampling", "linear:5"), ("--scheduled-sampling", "--task lm")),
+        ("tag", ("--scheduled-sampling", "linear:5"), ("--scheduled-sampling", "--task tag")),
         ("lm", ("--bidirectional",), ("--bidirectional", "--task lm")),
         ("classify", ("--attention", "dot"), ("--attention", "--task classify", "seq2seq")),
         ("tag", ("--pooling", "last"), ("--pooling", "--task tag", "classify")),
@@ -560,3 +560,19 @@ def test_one_nonlinearity_per_layer_trains_saves_and_reloads(data, tmp_path, cap
     assert json.loads(text)["loss_nats"] == pytest.approx(summary["valid"]["loss_nats"], rel=1e-6)
     code, _, err = cli(capsys, *train_args(data, tmp_path / "bad", "--nonlinearity", "tanh,relu"))
     assert_one_line_error(code, err, "--nonlinearity tanh,relu", "--cell rnn")
+
+
+def test_lm_scheduled_sampling_trains_with_its_schedule(data, tmp_path, capsys):
+    out = tmp_path / "ss"
+    argv = train_args(data, out, "--bptt", "full", "--scheduled-sampling", "linear:8", "--json")
+    code, text, err = cli(capsys, *argv)
+    assert code == 0, err
+    summary = json.loads(text.strip().splitlines()[-1])
+    assert summary["steps"] == 6 and summary["scheduled_sampling_p"] == pytest.approx(6 / 8)
+    assert json.loads((out / "config.json").read_text())["config"]["scheduled_sampling"] == (
+        "linear:8"
+    )
+    code, _, err = cli(
+        capsys, *train_args(data, tmp_path / "x", "--scheduled-sampling", "linear:8")
+    )
+    assert_one_line_error(code, err, "--scheduled-sampling on --task lm needs --bptt full")

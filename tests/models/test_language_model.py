@@ -369,3 +369,64 @@ def test_tied_head_logits_use_the_embedding_matrix():
     h = torch.randn(2, 3, 6, dtype=torch.float64)
     expected = h @ tied.embedding.weight.T + tied.head.bias
     torch.testing.assert_close(tied.head(h), expected, rtol=0, atol=1e-12)
+
+
+# -- scheduled sampling ------------------------------------------------------------------------
+def free_running_reference(lm, x, y, mask, coins, p):
+    """Autograd oracle: the cells' own differentiable step (no explicit BPTT), one token at
+    a time; at step t ≥ 1 a row feeds argmax of its previous logits where ``coins[:, t] <
+    p`` and the step is real."""
+    cells = lm.encoder.cells()
+    B, T = x.shape
+    hs = [torch.zeros(B, H, dtype=torch.float64) for _ in cells]
+    cs = [torch.zeros(B, H, dtype=torch.float64) for _ in cells]
+    total = x.new_zeros((), dtype=torch.float64)
+    prev = None
+    for t in range(T):
+        token = x[:, t]
+        if t > 0:
+            own = prev.detach().argmax(-1)
+            token = torch.where((coins[:, t] < p) & mask[:, t], own, token)
+        inp = lm.embedding(token)
+        for k, cell in enumerate(cells):
+            if cell.is_lstm:
+                h, c = cell(inp, LSTMState(hs[k], cs[k]))
+                cs[k] = torch.where(mask[:, t : t + 1], c, cs[k])
+            else:
+                h = cell(inp, hs[k])
+            hs[k] = torch.where(mask[:, t : t + 1], h, hs[k])
+            inp = hs[k]
+        prev = lm.head(inp)
+        ce = F.cross_entropy(prev, y[:, t], reduction="none")
+        total = total + torch.where(mask[:, t], ce, 0.0).sum()
+    return total / mask.sum()
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_scheduled_sampling_p0_is_teacher_forcing(kind):
+    lm = make_lm(kind, 2)
+    x, y = tokens(3, 9), tokens(3, 9, seed=7)
+    got = grads(lm, lm.scheduled_loss(x, y, PADDED, sampling_p=0.0).loss)
+    want = grads(lm, lm.loss(x, y, mask=PADDED).loss)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("p", [1.0, 0.5])
+def test_scheduled_sampling_equals_autograd_of_the_sampled_graph(kind, p):
+    """Loss and every gradient equal autograd through the cells' plain step functions fed
+    the same choices (the coins drawn from the same seeded generator)."""
+    lm = make_lm(kind, 2)
+    x, y = tokens(3, 9), tokens(3, 9, seed=7)
+    out = lm.scheduled_loss(x, y, PADDED, sampling_p=p, generator=torch.Generator().manual_seed(3))
+    got = grads(lm, out.loss)
+    g = torch.Generator().manual_seed(3)
+    coins = torch.stack([torch.zeros(3)] + [torch.rand(3, generator=g) for _ in range(8)], 1)
+    ref_loss = free_running_reference(lm, x, y, PADDED, coins, p)
+    want = grads(lm, ref_loss)
+    torch.testing.assert_close(out.loss.detach(), ref_loss.detach(), rtol=1e-10, atol=1e-12)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-12)
+    if p == 1.0:  # free running differs from teacher forcing
+        assert not torch.allclose(out.loss, lm.loss(x, y, mask=PADDED).loss)

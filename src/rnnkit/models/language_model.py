@@ -202,6 +202,51 @@ class LanguageModel(nn.Module):
         tokens = int(mask.sum())
         return LossOutput(loss, float(loss.detach()) * tokens, tokens, out.state)
 
+    def scheduled_loss(
+        self,
+        inputs: Tensor,
+        targets: Tensor,
+        mask: Tensor | None = None,
+        sampling_p: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> LossOutput:
+        """The loss under scheduled sampling (Bengio et al. 2015): at every real step
+        ``t ≥ 1`` of every sequence a coin decides, with probability ``sampling_p``, to feed
+        the model's own greedy choice ``argmax ŷ_{t−1}`` (no gradient through the choice)
+        instead of the true token ``inputs[:, t]``. ``sampling_p = 0`` is the teacher-forced
+        :meth:`loss` (same value and gradients, one step at a time); ``1`` free running
+        from the first token. The steps run one at a time through the stack, carrying the
+        state (exact BPTT through all of them); a fed ``</s>`` does not end the sequence.
+
+        Args:
+            inputs, targets: ``(B, T)`` ids (``<s> y_1 …`` and ``y_1 … </s>``).
+            mask: ``(B, T)`` bool, True at real steps, or None.
+            sampling_p: ``p ∈ [0, 1]``.  generator: the coins' random source.
+        """
+        if self.length is not None:
+            raise ValueError("scheduled sampling is not combined with a length mechanism")
+        if not 0.0 <= sampling_p <= 1.0:
+            raise ValueError(f"sampling_p must be in [0, 1], got {sampling_p}")
+        B, T = inputs.shape
+        if mask is None:
+            mask = torch.ones_like(inputs, dtype=torch.bool)
+        state: State | None = None
+        steps: list[Tensor] = []
+        for t in range(T):
+            token = inputs[:, t]
+            if t > 0 and sampling_p > 0:
+                own = steps[-1].detach().argmax(dim=-1)  # (B,)
+                where = generator.device if generator is not None else inputs.device
+                coins = torch.rand(B, generator=generator, device=where).to(inputs.device)
+                token = torch.where((coins < sampling_p) & mask[:, t], own, token)
+            x = self.drop(self.embedding(token.view(B, 1)))  # (B, 1, E)
+            h, state = self._run(x, mask[:, t : t + 1], state, None)
+            steps.append(self.head(self.drop(h[:, 0])))  # (B, V)
+        logits = torch.stack(steps, dim=1)  # (B, T, V)
+        loss = sequence_cross_entropy(logits, targets, mask, reduction="token")
+        tokens = int(mask.sum())
+        return LossOutput(loss, float(loss.detach()) * tokens, tokens, state)
+
     def _length_loss(self, inputs, targets, mask, state, window) -> LossOutput:
         assert self.length is not None
         lt = length_targets(targets, mask, self.length.eos_id)

@@ -57,6 +57,7 @@ from rnnkit.tasks.run import (
 from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
 from rnnkit.training.distributed import init_distributed
 from rnnkit.training.loop import Trainer
+from rnnkit.training.scheduled_sampling import parse_schedule
 
 __all__ = [
     "LMData",
@@ -283,7 +284,18 @@ def _ngram_streams(data: LMData) -> tuple[Any, Any]:
     return with_eos(data.train_seqs), with_eos(data.valid_seqs)
 
 
-def _step_fn(data: LMData, device: torch.device):
+def _step_fn(data: LMData, device: torch.device, sampling: Any = None):
+    """The training step of ``data``'s mode; ``sampling``: ``(schedule, steps_done)`` for
+    scheduled sampling (``steps_done()`` reads the trainer's step count)."""
+    if sampling is not None:
+        schedule, steps_done = sampling
+
+        def sampled(model: torch.nn.Module, batch: Any, carry: Any) -> LossOutput:
+            p = schedule.probability(steps_done())
+            inputs, targets = batch.inputs.to(device), batch.targets.to(device)
+            return model.scheduled_loss(inputs, targets, batch.mask.to(device), sampling_p=p)
+
+        return sampled
     if data.mode == "segment":
 
         def step(model: torch.nn.Module, batch: Any, carry: Any) -> LossOutput:
@@ -369,17 +381,23 @@ def train_lm(
             info["num_labels"] = len(data.labels)
         save_config(out, cfg, **info)
         (out / "metrics.jsonl").unlink(missing_ok=True)
+    schedule = parse_schedule(cfg.scheduled_sampling)
+    holder: dict[str, Trainer] = {}
+    sampling = None
+    if schedule.active:
+        sampling = (schedule, lambda: holder["trainer"].step if holder else 0)
     trainer = Trainer(
         model,
         optimizer,
         batches,
-        _step_fn(data, device),
+        _step_fn(data, device, sampling),
         train_options(cfg, quiet, "bits" if cfg.unit == "char" else "ppl"),
         evaluate_fn=lambda m: lm_metrics(m, data, device, cfg.batch_size),
         out_dir=out,
         callbacks=callbacks,
         dist_ctx=ctx,
     )
+    holder["trainer"] = trainer
     if resume:
         trainer.resume()
     started = time.perf_counter()
@@ -408,6 +426,8 @@ def train_lm(
         "stopped": result.stopped,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
+    if schedule.active:  # the probability of feeding the model's own token, at the end
+        summary["scheduled_sampling_p"] = schedule.probability(result.steps)
     atomic_write_json(out / "summary.json", summary)
     return summary
 
