@@ -19,7 +19,8 @@ from rnnkit.errors import ConfigError
 
 __all__ = ["CELL_OPTIONS", "DOC_BOUNDARIES", "TASKS", "TASK_OPTIONS", "TrainConfig", "parse_bptt"]
 
-TASKS = ("lm", "tag", "classify", "seq2seq", "events")
+TASKS = ("lm", "tag", "classify", "seq2seq", "events", "regress")
+TOKEN_TASKS = ("lm", "tag", "classify", "seq2seq", "events")
 CELLS = ("rnn", "lstm", "gru")
 PRECISIONS = ("fp32", "bf16", "fp16")
 LENGTHS = ("eos", "stop", "predict")
@@ -36,7 +37,9 @@ NONLINEARITIES = ("tanh", "relu", "sigmoid")
 #: ConfigError (``TrainConfig.check_applies``), and ``rnnkit train --help`` shows the tasks
 #: beside the option. A new task-specific option MUST be added here.
 TASK_OPTIONS: dict[str, tuple[str, ...]] = {
-    "bidirectional": ("tag", "classify", "seq2seq"),  # lm/events are causal; tag always is
+    "bidirectional": ("tag", "classify", "seq2seq", "regress"),  # lm/events: causal
+    "embedding": TOKEN_TASKS,  # regress reads vectors, not tokens
+    "min_freq": TOKEN_TASKS,
     "tie_weights": ("lm", "seq2seq", "events"),
     "unit": ("lm", "classify"),
     "doc_boundary": ("lm",),
@@ -55,6 +58,8 @@ TASK_OPTIONS: dict[str, tuple[str, ...]] = {
     "length": ("lm", "seq2seq"),
     "wiring": ("lm",),
     "condition": ("lm",),
+    "target": ("regress",),
+    "loss": ("regress",),
 }
 
 #: Options of one recurrent cell: field name → the cells that read it (``--nonlinearity``
@@ -150,6 +155,9 @@ class TrainConfig:
     length: str = "eos"  # eos | stop | predict: how a sequence's end is modelled
     wiring: str = "hidden"  # hidden | jordan (lm): Fig. 10.3 or Fig. 10.4
     condition: str = "none"  # none | init | input | both (lm): class-conditional context
+    # regress: real-valued sequences
+    target: str = "next"  # next (x_{t+1} from x_1..x_t) | value (y from the whole sequence)
+    loss: str = "mse"  # mse | gaussian (mean and variance: the Gaussian NLL)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> TrainConfig:
@@ -185,6 +193,10 @@ class TrainConfig:
         choice("target_unit", self.target_unit, ("char", "word"))
         choice("attention", self.attention, ("none", "dot", "bilinear", "additive"))
         choice("context", self.context, ("init", "input", "both"))
+        choice("target", self.target, ("next", "value"))
+        choice("loss", self.loss, ("mse", "gaussian"))
+        if self.task == "regress" and self.target == "next" and self.bidirectional:
+            raise ConfigError("--bidirectional does not apply to --target next (it is causal)")
         positive("beam", self.beam)
         positive("recompute", self.recompute)
         for name in (

@@ -14,7 +14,8 @@ What a line is and what comes out depends on the run's task (each task module's
 * ``seq2seq``: a source → ``{"input", "output", "unknown"}`` (batched, ``--beam``);
 * ``lm``: a text (``label<TAB>text`` for a class-conditional run) → ``{"tokens",
   "logprobs" (nats), "surprise" (bits), "nats", "unknown"}``;
-* ``events``: a session as JSON → the verdict record of ``rnnkit score``.
+* ``events``: a session as JSON → the verdict record of ``rnnkit score``;
+* ``regress``: a sequence as JSON (``{"seq": [...]}``) → ``{"prediction"[, "variance"]}``.
 
 Input is read line by line and answered in batches of at most ``--batch-size`` lines; a
 batch is cut early whenever no further line is waiting on the input, so a pipe gets each

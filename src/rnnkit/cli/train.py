@@ -294,6 +294,21 @@ def register(sub: Any) -> None:
         "output per step (stop), or a length predicted first, at most --max-len, with the "
         "steps remaining fed to every step (predict); lm: needs --bptt full or window:K",
     )
+    g = p.add_argument_group("regress options")
+    g.add_argument(
+        "--target",
+        choices=("next", "value"),
+        default=d.target,
+        help="next: predict x_(t+1) from x_1..x_t at every step (default); value: predict "
+        "each sequence's y from the whole sequence",
+    )
+    g.add_argument(
+        "--loss",
+        choices=("mse", "gaussian"),
+        default=d.loss,
+        help="mse: mean squared error (default); gaussian: a mean and a variance per value, "
+        "the Gaussian negative log-likelihood",
+    )
     g = p.add_argument_group("lm options")
     g.add_argument(
         "--wiring",
@@ -492,6 +507,12 @@ def _print_summary(summary: dict[str, Any]) -> None:
         ]
         if shown:
             print("validation " + ", ".join(shown))
+    if summary.get("task") == "regress" and valid and isinstance(valid.get("mse"), float):
+        base = (summary.get("baseline") or {}).get("mse")
+        line = f"validation mse: recurrent {valid['mse']:.4g}"
+        if isinstance(base, float):
+            line += f" | persistence baseline {base:.4g}"
+        print(line + f"  (loss {valid['loss']:.4g} per value)")
     if summary.get("task") == "events":
         _print_detection(summary)
     if summary.get("threads"):

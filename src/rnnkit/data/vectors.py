@@ -1,0 +1,176 @@
+"""Real-valued vector sequences for the ``regress`` task: readers with errors naming the file
+and line.
+
+Two formats:
+
+* **JSON lines** (``.jsonl`` / ``.json``, or any file not ending in ``.csv``): one sequence
+  per line, ``{"seq": [[x11, x12, …], [x21, …], …]}`` (a list of scalars is a sequence of
+  one-dimensional vectors) and, for sequence-to-value targets, ``"y": [y1, …]`` (or one
+  number). Blank lines are skipped.
+* **CSV** (``.csv``): ONE sequence per file, one time step per row, one column per
+  dimension (``csv`` module dialect: commas, optional quotes). A first row that is not
+  numeric is a header and skipped. A directory holds one sequence per ``*.csv`` file (in
+  name order).
+
+Every value must be a finite number and every step of every sequence must have the same
+width (``D``), else a :class:`~rnnkit.errors.DataError` names the file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rnnkit.data.limits import MAX_SEQ_LEN
+from rnnkit.errors import DataError
+
+__all__ = ["VectorSequence", "parse_vector_line", "read_vector_sequences"]
+
+
+@dataclass(frozen=True)
+class VectorSequence:
+    """One sequence: ``values (T, D)`` float32, an optional target ``y (K,)``, and where it
+    came from (``path``, ``line``: 1-based, of the JSON line or the first data row)."""
+
+    values: np.ndarray
+    target: np.ndarray | None
+    path: str
+    line: int
+
+
+def _number(value: Any, path: str, line: int, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DataError(f"{what} is not a number: {value!r}", path, line)
+    out = float(value)
+    if not math.isfinite(out):
+        raise DataError(f"{what} is not finite: {value!r}", path, line)
+    return out
+
+
+def parse_vector_line(text: str, path: str, line: int) -> VectorSequence:
+    """One JSON line ``{"seq": [...], "y": ...}`` as a :class:`VectorSequence`."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"not valid JSON ({exc.msg})", path, line) from None
+    if not isinstance(data, dict) or "seq" not in data:
+        raise DataError('expected an object {"seq": [[...], ...]}', path, line)
+    seq = data["seq"]
+    if not isinstance(seq, list) or not seq:
+        raise DataError('"seq" must be a non-empty list of steps', path, line)
+    limit = MAX_SEQ_LEN.value()
+    if len(seq) > limit:
+        raise DataError(MAX_SEQ_LEN.exceeded(f"seq of {len(seq)} steps", limit), path, line)
+    rows = []
+    width = None
+    for t, step in enumerate(seq):
+        values = step if isinstance(step, list) else [step]
+        if not values:
+            raise DataError(f"step {t + 1} of seq is empty", path, line)
+        if width is not None and len(values) != width:
+            raise DataError(
+                f"step {t + 1} of seq has {len(values)} values, the steps before {width}",
+                path,
+                line,
+            )
+        width = len(values)
+        rows.append([_number(v, path, line, f"step {t + 1} of seq: a value") for v in values])
+    target = None
+    if "y" in data:
+        y = data["y"] if isinstance(data["y"], list) else [data["y"]]
+        if not y:
+            raise DataError('"y" must be a number or a non-empty list of numbers', path, line)
+        target = np.array([_number(v, path, line, '"y": a value') for v in y], dtype=np.float32)
+    unknown = sorted(set(data) - {"seq", "y"})
+    if unknown:
+        raise DataError(f"unknown keys {unknown} (expected seq and y)", path, line)
+    return VectorSequence(np.array(rows, dtype=np.float32), target, path, line)
+
+
+def _read_jsonl(path: Path) -> list[VectorSequence]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        try:
+            for number, text in enumerate(f, start=1):
+                if text.strip():
+                    out.append(parse_vector_line(text, str(path), number))
+        except UnicodeDecodeError as exc:
+            raise DataError(f"not UTF-8 text ({exc.reason})", str(path)) from None
+    return out
+
+
+def _read_csv(path: Path) -> VectorSequence:
+    rows: list[list[float]] = []
+    limit = MAX_SEQ_LEN.value()
+    first = 0
+    width = None
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            for number, fields in enumerate(csv.reader(f), start=1):
+                if not fields or all(not x.strip() for x in fields):
+                    continue
+                try:
+                    values = [float(x) for x in fields]
+                except ValueError:
+                    if not rows and number == 1:  # a header row
+                        continue
+                    bad = next(x for x in fields if not _is_float(x))
+                    raise DataError(f"not a number: {bad!r}", str(path), number) from None
+                if not all(math.isfinite(v) for v in values):
+                    raise DataError("a value is not finite", str(path), number)
+                if width is not None and len(values) != width:
+                    raise DataError(
+                        f"row has {len(values)} values, the rows before {width}", str(path), number
+                    )
+                width = len(values)
+                first = first or number
+                rows.append(values)
+                if len(rows) > limit:
+                    raise DataError(MAX_SEQ_LEN.exceeded(f"{len(rows)} rows", limit), path, number)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 text ({exc.reason})", str(path)) from None
+    except csv.Error as exc:
+        raise DataError(f"not CSV ({exc})", str(path)) from None
+    if not rows:
+        raise DataError("no numeric rows (one sequence per CSV file)", str(path))
+    return VectorSequence(np.array(rows, dtype=np.float32), None, str(path), first)
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def read_vector_sequences(path: str | Path) -> list[VectorSequence]:
+    """All sequences of a JSON-lines file, a CSV file (one sequence) or a directory of CSV
+    files; every step of every sequence of the same width ``D``."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(p.glob("*.csv"))
+        if not files:
+            raise DataError("a directory of sequences must hold *.csv files", str(p))
+        seqs = [_read_csv(f) for f in files]
+    elif p.suffix.lower() == ".csv":
+        seqs = [_read_csv(p)]
+    else:
+        seqs = _read_jsonl(p)
+    if not seqs:
+        raise DataError("no sequences", str(p))
+    width = seqs[0].values.shape[1]
+    for s in seqs:
+        if s.values.shape[1] != width:
+            raise DataError(
+                f"steps have {s.values.shape[1]} values, the first sequence's {width}",
+                s.path,
+                s.line,
+            )
+    return seqs

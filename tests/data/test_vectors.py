@@ -1,0 +1,59 @@
+"""Readers of real-valued sequences: JSON lines and CSV, and their one-line errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rnnkit.data.vectors import read_vector_sequences
+from rnnkit.errors import DataError
+
+
+def test_json_lines_with_vectors_scalars_and_targets(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text(
+        '{"seq": [[1, 2], [3, 4.5]], "y": 7}\n\n{"seq": [[0, -1]], "y": [1, 2]}\n',
+        encoding="utf-8",
+    )
+    a, b = read_vector_sequences(path)
+    np.testing.assert_array_equal(a.values, [[1, 2], [3, 4.5]])
+    assert a.target.tolist() == [7.0] and b.target.tolist() == [1.0, 2.0]
+    assert (a.line, b.line) == (1, 3)
+    scalars = tmp_path / "x.jsonl"
+    scalars.write_text('{"seq": [1, 2, 3]}\n', encoding="utf-8")
+    (s,) = read_vector_sequences(scalars)
+    assert s.values.shape == (3, 1) and s.target is None
+
+
+def test_csv_file_is_one_sequence_and_a_directory_many(tmp_path):
+    (tmp_path / "b.csv").write_text("x,y\n1,2\n3,4\n", encoding="utf-8")
+    (tmp_path / "a.csv").write_text("0.5,1e-3\n", encoding="utf-8")
+    (one,) = read_vector_sequences(tmp_path / "b.csv")
+    np.testing.assert_array_equal(one.values, [[1, 2], [3, 4]])
+    assert one.line == 2  # the header is skipped
+    both = read_vector_sequences(tmp_path)
+    assert [s.path.rsplit("/", 1)[1] for s in both] == ["a.csv", "b.csv"]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "where", "words"),
+    [
+        ("w.csv", "1,2\n3,4\n5\n", ":3", "row has 1 values, the rows before 2"),
+        ("n.csv", "1,2\n3,abc\n", ":2", "not a number: 'abc'"),
+        ("f.csv", "1,2\n3,nan\n", ":2", "not finite"),
+        ("e.csv", "a,b\n", "", "no numeric rows"),
+        ("j.jsonl", '{"seq": [[1, 2]]}\n{"seq": [[1, "x"]]}\n', ":2", "not a number"),
+        ("k.jsonl", '{"seq": [[1, 2], [3]]}\n', ":1", "step 2 of seq has 1 values"),
+        ("d.jsonl", '{"seq": [[1, 2]]}\n{"seq": [[1, 2, 3]]}\n', ":2", "the first sequence's 2"),
+        ("m.jsonl", '{"sequence": [[1]]}\n', ":1", '{"seq"'),
+        ("t.jsonl", '{"seq": [[1]]\n', ":1", "not valid JSON"),
+        ("b.jsonl", '{"seq": [[true]]}\n', ":1", "not a number"),
+    ],
+)
+def test_bad_input_names_file_and_line(tmp_path, name, content, where, words):
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataError) as err:
+        read_vector_sequences(path)
+    assert str(err.value).startswith(f"{path}{where}: ")
+    assert words in str(err.value)
