@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rnnkit import sequence_cross_entropy
+from rnnkit.losses import training_loss
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -136,3 +137,22 @@ def test_argument_errors():
     bad[1, 2] = -1
     with pytest.raises(ValueError, match=r"\[0, 4\)"):
         sequence_cross_entropy(logits, bad)
+
+
+def test_training_loss_reductions_by_hand():
+    """Row 0: two tokens at p = 1/2; row 1: one token at p = 1/4 (and one padded step).
+    token: (ln 2 + ln 2 + ln 4) / 3; sequence: (ln 2 + ln 4) / 2; nats always ln 2·4."""
+    probs = torch.tensor(
+        [
+            [[0.5, 0.5 / 3, 0.5 / 3, 0.5 / 3], [0.5, 0.5 / 3, 0.5 / 3, 0.5 / 3]],
+            [[0.25, 0.25, 0.25, 0.25], [0.9, 0.1 / 3, 0.1 / 3, 0.1 / 3]],
+        ],
+        dtype=torch.float64,
+    )
+    targets = torch.zeros(2, 2, dtype=torch.long)
+    mask = torch.tensor([[True, True], [True, False]])
+    ln2 = math.log(2)
+    for reduction, want in (("token", 4 * ln2 / 3), ("sequence", 1.5 * ln2)):
+        loss, nats, tokens = training_loss(probs.log(), targets, mask, reduction)
+        assert float(loss) == pytest.approx(want, rel=1e-12)
+        assert nats == pytest.approx(4 * ln2, rel=1e-12) and tokens == 3

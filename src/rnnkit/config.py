@@ -58,6 +58,7 @@ TASK_OPTIONS: dict[str, tuple[str, ...]] = {
     "length": ("lm", "seq2seq"),
     "wiring": ("lm",),
     "condition": ("lm",),
+    "loss_reduction": ("lm", "tag", "seq2seq", "events"),
     "target": ("regress",),
     "loss": ("regress",),
 }
@@ -155,6 +156,7 @@ class TrainConfig:
     length: str = "eos"  # eos | stop | predict: how a sequence's end is modelled
     wiring: str = "hidden"  # hidden | jordan (lm): Fig. 10.3 or Fig. 10.4
     condition: str = "none"  # none | init | input | both (lm): class-conditional context
+    loss_reduction: str = "token"  # token | sequence: how the training loss averages
     # regress: real-valued sequences
     target: str = "next"  # next (x_{t+1} from x_1..x_t) | value (y from the whole sequence)
     loss: str = "mse"  # mse | gaussian (mean and variance: the Gaussian NLL)
@@ -193,6 +195,18 @@ class TrainConfig:
         choice("target_unit", self.target_unit, ("char", "word"))
         choice("attention", self.attention, ("none", "dot", "bilinear", "additive"))
         choice("context", self.context, ("init", "input", "both"))
+        choice("loss_reduction", self.loss_reduction, ("token", "sequence"))
+        if self.loss_reduction == "sequence":
+            if self.length != "eos":
+                raise ConfigError(
+                    f"--loss-reduction sequence cannot be combined with --length {self.length} "
+                    "(the length mechanism's loss is per token step)"
+                )
+            if self.task == "lm" and parse_bptt(self.bptt)[0] == "segment":
+                raise ConfigError(
+                    "--loss-reduction sequence needs whole sequences: --bptt full or window:K, "
+                    f"not {self.bptt}"
+                )
         choice("target", self.target, ("next", "value"))
         choice("loss", self.loss, ("mse", "gaussian"))
         if self.task == "regress" and self.target == "next" and self.bidirectional:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["REDUCTIONS", "sequence_cross_entropy"]
+__all__ = ["REDUCTIONS", "sequence_cross_entropy", "training_loss"]
 
 REDUCTIONS = ("token", "sequence", "sum")
 
@@ -64,3 +64,20 @@ def sequence_cross_entropy(
     sums = torch.zeros(B, dtype=per_token.dtype, device=logits.device).index_add(0, row, per_token)
     has = counts > 0
     return (sums[has] / counts[has]).mean()
+
+
+def training_loss(
+    logits: Tensor, targets: Tensor, mask: Tensor | None, reduction: str = "token"
+) -> tuple[Tensor, float, int]:
+    """``(loss, nats, tokens)``: the loss to backpropagate under ``reduction`` (``"token"``
+    or ``"sequence"``, see :func:`sequence_cross_entropy`), and the detached sum of the
+    per-token losses with their count, so that figures over batches stay exact per token
+    whatever the reduction."""
+    if mask is None:
+        mask = torch.ones(targets.shape, dtype=torch.bool, device=logits.device)
+    loss = sequence_cross_entropy(logits, targets, mask, reduction=reduction)
+    tokens = int(mask.sum())
+    if reduction == "token":
+        return loss, float(loss.detach()) * tokens, tokens
+    total = sequence_cross_entropy(logits.detach(), targets, mask, reduction="sum")
+    return loss, float(total), tokens

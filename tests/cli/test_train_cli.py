@@ -576,3 +576,14 @@ def test_lm_scheduled_sampling_trains_with_its_schedule(data, tmp_path, capsys):
         capsys, *train_args(data, tmp_path / "x", "--scheduled-sampling", "linear:8")
     )
     assert_one_line_error(code, err, "--scheduled-sampling on --task lm needs --bptt full")
+
+
+def test_loss_reduction_sequence_is_saved_and_refused_on_streams(data, tmp_path, capsys):
+    out = tmp_path / "seq"
+    code, _, err = cli(
+        capsys, *train_args(data, out, "--bptt", "full", "--loss-reduction", "sequence")
+    )
+    assert code == 0, err
+    assert json.loads((out / "config.json").read_text())["config"]["loss_reduction"] == "sequence"
+    code, _, err = cli(capsys, *train_args(data, tmp_path / "x", "--loss-reduction", "sequence"))
+    assert_one_line_error(code, err, "--loss-reduction sequence needs whole sequences")

@@ -430,3 +430,18 @@ def test_scheduled_sampling_equals_autograd_of_the_sampled_graph(kind, p):
         torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-12)
     if p == 1.0:  # free running differs from teacher forcing
         assert not torch.allclose(out.loss, lm.loss(x, y, mask=PADDED).loss)
+
+
+def test_sequence_loss_reduction_weighs_every_sequence_the_same():
+    lm = make_lm("gru", 1)
+    x, y = tokens(3, 9), tokens(3, 9, seed=7)
+    lm.loss_reduction = "sequence"
+    out = lm.loss(x, y, mask=PADDED)
+    logits = lm(x, mask=PADDED).logits
+    per_row = [F.cross_entropy(logits[b][PADDED[b]], y[b][PADDED[b]]) for b in range(3)]
+    torch.testing.assert_close(out.loss, torch.stack(per_row).mean(), rtol=1e-12, atol=1e-12)
+    lm.loss_reduction = "token"
+    token = lm.loss(x, y, mask=PADDED)
+    assert out.tokens == token.tokens == int(PADDED.sum())
+    assert out.nats == pytest.approx(token.nats, rel=1e-12)  # the figures stay per token
+    assert not torch.allclose(out.loss, token.loss)

@@ -196,6 +196,14 @@ def register(sub: Any) -> None:
     g.add_argument("--no-clip", action="store_true", help="do not clip gradients")
     g.add_argument("--clip-value", type=float, help="clip each gradient entry to [-v, v]")
     g.add_argument(
+        "--loss-reduction",
+        choices=("token", "sequence"),
+        default=d.loss_reduction,
+        help="how the training loss averages: every target token weighs the same (token, "
+        "default) or every sequence (sequence: the mean within each, then over them); the "
+        "figures reported stay per token",
+    )
+    g.add_argument(
         "--bptt",
         default=d.bptt,
         help="full | segment:K (streams, state carried) | window:K (exact "

@@ -28,7 +28,7 @@ from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
 from rnnkit.generation import GenerationResult, generate_batch
 from rnnkit.layers.stacked import GRU, LSTM, RNN, StackedRecurrent
-from rnnkit.losses import sequence_cross_entropy
+from rnnkit.losses import training_loss
 from rnnkit.models.language_model import LMOutput, LossOutput
 from rnnkit.types import LSTMState, State
 
@@ -71,6 +71,10 @@ class ConditionalLM(nn.Module):
     >>> lm(torch.tensor([0, 1]), torch.tensor([[2, 4], [2, 5]])).logits.shape
     torch.Size([2, 2, 8])
     """
+
+    #: How the training loss averages token losses: "token" (every target token weighs
+    #: the same) or "sequence" (the mean within each sequence, then over sequences).
+    loss_reduction: str = "token"
 
     def __init__(
         self,
@@ -153,11 +157,8 @@ class ConditionalLM(nn.Module):
     ) -> LossOutput:
         """Teacher-forced cross-entropy, masked token mean (nats)."""
         out = self(condition, inputs, mask)
-        if mask is None:
-            mask = torch.ones_like(inputs, dtype=torch.bool)
-        loss = sequence_cross_entropy(out.logits, targets, mask)
-        tokens = int(mask.sum())
-        return LossOutput(loss, float(loss.detach()) * tokens, tokens, None)
+        loss, nats, tokens = training_loss(out.logits, targets, mask, self.loss_reduction)
+        return LossOutput(loss, nats, tokens, None)
 
     def start(self, condition: Any) -> ConditionalState:
         """The generation state of every row before its first token."""

@@ -25,7 +25,7 @@ from rnnkit.config import TrainConfig
 from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, PAD_ID
 from rnnkit.generation import GenerationResult, generate_batch
-from rnnkit.losses import sequence_cross_entropy
+from rnnkit.losses import training_loss
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.language_model import LanguageModel, LossOutput
 from rnnkit.models.seq2seq_search import decode_batch
@@ -112,6 +112,10 @@ class DecoderOnlyTranslator(nn.Module):
     (1, True)
     """
 
+    #: How the training loss averages token losses: "token" (every target token weighs
+    #: the same) or "sequence" (the mean within each sequence, then over sequences).
+    loss_reduction: str = "token"
+
     def __init__(self, lm: LanguageModel, source_vocab_size: int) -> None:
         super().__init__()
         if source_vocab_size >= lm.vocab_size:
@@ -147,9 +151,10 @@ class DecoderOnlyTranslator(nn.Module):
         if sampling_p is not None:
             raise ValueError("scheduled sampling applies to the encoder–decoder only")
         logits = self.target_logits(batch)
-        loss = sequence_cross_entropy(logits, batch.target_out, batch.target_mask)
-        tokens = int(batch.target_mask.sum())
-        return LossOutput(loss, float(loss.detach()) * tokens, tokens, None)
+        loss, nats, tokens = training_loss(
+            logits, batch.target_out, batch.target_mask, self.loss_reduction
+        )
+        return LossOutput(loss, nats, tokens, None)
 
     def encode_source(self, source: Tensor, source_mask: Tensor) -> State:
         """The LM state after ``<s> x`` for every row (held at each row's last token).

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.cells.rnn import NONLINEARITIES, activate
-from rnnkit.losses import sequence_cross_entropy
+from rnnkit.losses import training_loss
 from rnnkit.models.language_model import LossOutput
 
 __all__ = ["NONLINEARITIES", "JordanLM", "jordan_lm"]
@@ -47,6 +47,10 @@ class JordanLM(nn.Module):
     >>> lm(torch.tensor([[2, 4, 5]])).shape
     torch.Size([1, 3, 7])
     """
+
+    #: How the training loss averages token losses: "token" (every target token weighs
+    #: the same) or "sequence" (the mean within each sequence, then over sequences).
+    loss_reduction: str = "token"
 
     def __init__(
         self,
@@ -121,11 +125,8 @@ class JordanLM(nn.Module):
             mask: ``(B, T)`` bool or None.  inputs: ``(B, T, I)`` or None.
         """
         logits = self(prev, inputs)
-        if mask is None:
-            mask = torch.ones_like(prev, dtype=torch.bool)
-        loss = sequence_cross_entropy(logits, targets, mask)
-        tokens = int(mask.sum())
-        return LossOutput(loss, float(loss.detach()) * tokens, tokens, None)
+        loss, nats, tokens = training_loss(logits, targets, mask, self.loss_reduction)
+        return LossOutput(loss, nats, tokens, None)
 
     @torch.no_grad()
     def step(self, token: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor | None]:

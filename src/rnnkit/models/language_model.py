@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.layers.stacked import StackedRecurrent
-from rnnkit.losses import sequence_cross_entropy
+from rnnkit.losses import training_loss
 from rnnkit.models.length import LengthState, SequenceLength, length_targets
 from rnnkit.types import LSTMState, State
 
@@ -75,6 +75,10 @@ class LanguageModel(nn.Module):
     >>> lm(torch.zeros(2, 3, dtype=torch.long)).logits.shape
     torch.Size([2, 3, 7])
     """
+
+    #: How the training loss averages token losses: "token" (every target token weighs
+    #: the same) or "sequence" (the mean within each sequence, then over sequences).
+    loss_reduction: str = "token"
 
     def __init__(
         self,
@@ -196,11 +200,8 @@ class LanguageModel(nn.Module):
                 raise ValueError("a length mechanism needs whole sequences per row: no starts")
             return self._length_loss(inputs, targets, mask, state, window)
         out = self(inputs, mask=mask, state=state, starts=starts, window=window)
-        if mask is None:
-            mask = torch.ones_like(inputs, dtype=torch.bool)
-        loss = sequence_cross_entropy(out.logits, targets, mask, reduction="token")
-        tokens = int(mask.sum())
-        return LossOutput(loss, float(loss.detach()) * tokens, tokens, out.state)
+        loss, nats, tokens = training_loss(out.logits, targets, mask, self.loss_reduction)
+        return LossOutput(loss, nats, tokens, out.state)
 
     def scheduled_loss(
         self,
@@ -243,9 +244,8 @@ class LanguageModel(nn.Module):
             h, state = self._run(x, mask[:, t : t + 1], state, None)
             steps.append(self.head(self.drop(h[:, 0])))  # (B, V)
         logits = torch.stack(steps, dim=1)  # (B, T, V)
-        loss = sequence_cross_entropy(logits, targets, mask, reduction="token")
-        tokens = int(mask.sum())
-        return LossOutput(loss, float(loss.detach()) * tokens, tokens, state)
+        loss, nats, tokens = training_loss(logits, targets, mask, self.loss_reduction)
+        return LossOutput(loss, nats, tokens, state)
 
     def _length_loss(self, inputs, targets, mask, state, window) -> LossOutput:
         assert self.length is not None

@@ -50,7 +50,7 @@ from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
 from rnnkit.generation import GenerationResult, generate_batch
 from rnnkit.layers.stacked import StackedRecurrent
-from rnnkit.losses import sequence_cross_entropy
+from rnnkit.losses import training_loss
 from rnnkit.models.builders import build_encoder, build_length
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.language_model import LossOutput
@@ -172,6 +172,10 @@ class Seq2Seq(nn.Module):
     >>> out.logits.shape, out.attention.shape, out.attention[1, :, 2].tolist()
     (torch.Size([2, 2, 7]), torch.Size([2, 2, 3]), [0.0, 0.0])
     """
+
+    #: How the training loss averages token losses: "token" (every target token weighs
+    #: the same) or "sequence" (the mean within each sequence, then over sequences).
+    loss_reduction: str = "token"
 
     def __init__(
         self,
@@ -460,9 +464,10 @@ class Seq2Seq(nn.Module):
                 out.logits, batch.target_out, out.features, out.context, lt
             )
             return LossOutput(nats / tokens, float(nats.detach()), tokens, None)
-        loss = sequence_cross_entropy(out.logits, batch.target_out, out.mask)
-        tokens = int(out.mask.sum())
-        return LossOutput(loss, float(loss.detach()) * tokens, tokens, None)
+        loss, nats, tokens = training_loss(
+            out.logits, batch.target_out, out.mask, self.loss_reduction
+        )
+        return LossOutput(loss, nats, tokens, None)
 
     def target_logits(self, batch: PairBatch) -> Tensor:
         """Teacher-forced logits ``(B, T, V_t)`` aligned with ``batch.target_out``.

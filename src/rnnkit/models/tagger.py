@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from rnnkit.config import TrainConfig
 from rnnkit.data.vocab import UNK_ID
 from rnnkit.layers.stacked import StackedRecurrent
-from rnnkit.losses import sequence_cross_entropy
+from rnnkit.losses import training_loss
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.pooling import state_pool
@@ -86,6 +86,10 @@ class Tagger(nn.Module):
     >>> tagger(words, mask.bool()).shape
     torch.Size([2, 3, 3])
     """
+
+    #: How the training loss averages token losses: "token" (every target token weighs
+    #: the same) or "sequence" (the mean within each sequence, then over sequences).
+    loss_reduction: str = "token"
 
     def __init__(
         self,
@@ -180,9 +184,8 @@ class Tagger(nn.Module):
             mask = torch.ones_like(words, dtype=torch.bool)
         logits = self(words, mask, chars)
         counted = mask if loss_mask is None else loss_mask & mask
-        loss = sequence_cross_entropy(logits, tags, counted)
-        tokens = int(counted.sum())
-        return LossOutput(loss, float(loss.detach()) * tokens, tokens)
+        loss, nats, tokens = training_loss(logits, tags, counted, self.loss_reduction)
+        return LossOutput(loss, nats, tokens)
 
     @torch.no_grad()
     def predict(

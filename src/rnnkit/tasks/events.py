@@ -733,6 +733,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     if data.excluded and not quiet:
         warn(f"{cfg.train}: {data.excluded} session(s) labelled 1 left out of training")
     model = build_language_model(cfg, len(data.vocab)).to(device)
+    model.loss_reduction = cfg.loss_reduction
     init_output_bias(model, data.train)  # (resume then loads the saved weights over it)
     optimizer_cls = torch.optim.SGD if cfg.optimizer == "sgd" else torch.optim.Adam
     optimizer = optimizer_cls(model.parameters(), lr=cfg.lr)

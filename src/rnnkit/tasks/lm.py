@@ -369,6 +369,7 @@ def train_lm(
     data = prepare_lm_data(cfg, vocab, labels)
     num_labels = None if data.labels is None else len(data.labels)
     model = build_lm(cfg, len(data.vocab), num_labels).to(device)
+    model.loss_reduction = cfg.loss_reduction
     optimizer = _optimizer(cfg, model)
     batches = _train_batches(cfg, data, drop_last=ctx.enabled)
     if ctx.is_main:

@@ -308,6 +308,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     seed_everything(cfg.seed)
     data = prepare_data(cfg, vocabs)
     model = build_model(cfg, len(data.source_vocab), len(data.target_vocab)).to(device)
+    model.loss_reduction = cfg.loss_reduction
     optimizer = (
         torch.optim.Adam(model.parameters(), lr=cfg.lr)
         if cfg.optimizer == "adam"

@@ -412,6 +412,7 @@ def train_tag(
         len(data.chars) if data.chars is not None else None,
         word_dropout=_word_dropout(cfg),
     ).to(device)
+    model.loss_reduction = cfg.loss_reduction
     batches = SequenceBatcher(
         train_enc.words, train_enc.tags, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed
     )
