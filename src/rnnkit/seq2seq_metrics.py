@@ -5,6 +5,13 @@
 * **token error rate**: ``Σ edit_distance(hyp, ref) / Σ len(ref)`` over the corpus (edit
   distance = Levenshtein: insertions, deletions, substitutions, each cost 1). It can
   exceed 1 (hypotheses longer than the references).
+* **character error rate**: the same on the rendered strings, character by character
+  (``Σ edit_distance / Σ len(reference)``), whatever the target unit.
+* **BLEU** (Papineni et al. 2002, corpus level, 0–100): the geometric mean of the clipped
+  1- to 4-gram precisions times the brevity penalty ``min(1, exp(1 − r/c))``, with
+  sacreBLEU's default ``exp`` smoothing of a zero count (the k-th zero precision becomes
+  ``1 / (2^k · total)``), on the given tokens (no further tokenisation): the figure of
+  ``sacrebleu.corpus_bleu(hyps, [refs], tokenize="none")`` on space-joined tokens.
 * **token accuracy under teacher forcing**: the share of target positions (``</s>``
   included) where the model's most probable next token, given the TRUE prefix, is the
   reference token.
@@ -12,12 +19,21 @@
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Hashable, Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["edit_distance", "exact_match", "teacher_forced_accuracy", "token_error_rate"]
+__all__ = [
+    "bleu",
+    "character_error_rate",
+    "edit_distance",
+    "exact_match",
+    "teacher_forced_accuracy",
+    "token_error_rate",
+]
 
 
 def edit_distance(hyp: Sequence[Hashable], ref: Sequence[Hashable]) -> int:
@@ -64,6 +80,56 @@ def token_error_rate(
     if total == 0:
         raise ValueError("token_error_rate with empty references is undefined")
     return sum(edit_distance(h, r) for h, r in zip(hyps, refs, strict=True)) / total
+
+
+def character_error_rate(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """Corpus character error rate of strings (see the module doc).
+
+    >>> character_error_rate(["the cat", "a"], ["the bat", "ab"])  # (1 + 1) / (7 + 2)
+    0.2222222222222222
+    """
+    _same_count(hyps, refs)
+    return token_error_rate([list(h) for h in hyps], [list(r) for r in refs])
+
+
+def bleu(
+    hyps: Sequence[Sequence[Hashable]], refs: Sequence[Sequence[Hashable]], max_order: int = 4
+) -> float:
+    """Corpus BLEU (0–100) of token sequences against one reference each (module doc).
+
+    >>> round(bleu([list("abcde")], [list("abcde")]), 6)
+    100.0
+    >>> round(bleu([list("abcd")], [list("abcde")]), 4)  # all n-grams right, too short
+    77.8801
+    """
+    _same_count(hyps, refs)
+    if not refs:
+        raise ValueError("bleu of no sentence is undefined")
+    correct = [0] * max_order
+    total = [0] * max_order
+    hyp_len = ref_len = 0
+    for h, r in zip(hyps, refs, strict=True):
+        h, r = list(h), list(r)
+        hyp_len, ref_len = hyp_len + len(h), ref_len + len(r)
+        for n in range(1, max_order + 1):
+            h_grams = Counter(tuple(h[i : i + n]) for i in range(len(h) - n + 1))
+            r_grams = Counter(tuple(r[i : i + n]) for i in range(len(r) - n + 1))
+            correct[n - 1] += sum(min(c, r_grams[g]) for g, c in h_grams.items())
+            total[n - 1] += max(len(h) - n + 1, 0)
+    if hyp_len == 0:
+        return 0.0
+    log_precision = 0.0
+    zeros = 1.0
+    for c, t in zip(correct, total, strict=True):
+        if t == 0:  # no n-gram of this order in any hypothesis: BLEU is 0 (as sacreBLEU)
+            return 0.0
+        if c == 0:
+            zeros *= 2.0
+            log_precision += math.log(1.0 / (zeros * t))
+        else:
+            log_precision += math.log(c / t)
+    brevity = 0.0 if hyp_len >= ref_len else 1.0 - ref_len / hyp_len
+    return 100.0 * math.exp(brevity + log_precision / max_order)
 
 
 def teacher_forced_accuracy(logits: Tensor, targets: Tensor, mask: Tensor) -> tuple[int, int]:

@@ -11,6 +11,7 @@ import torch
 
 from rnnkit.cli.main import main
 from rnnkit.data.generated_pairs import generate_pairs, write_pairs
+from rnnkit.seq2seq_metrics import bleu
 from rnnkit.tasks.seq2seq import load_seq2seq, transduce
 
 TINY = ["--hidden", "16", "--embedding", "8", "--batch-size", "16", "--max-len", "12"]
@@ -94,6 +95,13 @@ def test_train_writes_the_run_directory_and_evaluate_prints_json(trained, data, 
     assert metrics["tokens"] == sum(len(t) + 1 for _, t in generate_pairs("reverse", 16, 1, 3, 5))
     assert 0.0 <= metrics["exact_match"] <= 1.0 and metrics["token_error_rate"] >= 0.0
     assert metrics["beam"] == 2
+    # character targets: the character error rate is the token error rate; BLEU is that of
+    # the outputs against the references (sacreBLEU in tests/test_seq2seq_metrics.py)
+    assert metrics["character_error_rate"] == pytest.approx(metrics["token_error_rate"])
+    pairs = (data / "valid.tsv").read_text().splitlines()
+    outputs = [transduce(trained, line.split("\t")[0]) for line in pairs]
+    refs = [list(line.split("\t")[1]) for line in pairs]
+    assert metrics["bleu"] == pytest.approx(bleu([list(o) for o in outputs], refs))
     # Training helped: better than a uniform guess over the target vocabulary.
     _, _, vocab, _ = load_seq2seq(trained)
     assert metrics["loss_nats"] < 0.8 * torch.log(torch.tensor(float(len(vocab)))).item()

@@ -47,7 +47,13 @@ from rnnkit.errors import CheckpointError, ConfigError, DataError
 from rnnkit.losses import sequence_cross_entropy
 from rnnkit.models.decoder_only import build_decoder_only
 from rnnkit.models.seq2seq import build_seq2seq
-from rnnkit.seq2seq_metrics import exact_match, teacher_forced_accuracy, token_error_rate
+from rnnkit.seq2seq_metrics import (
+    bleu,
+    character_error_rate,
+    exact_match,
+    teacher_forced_accuracy,
+    token_error_rate,
+)
 from rnnkit.tasks.run import (
     check_count,
     choose_device,
@@ -259,17 +265,25 @@ def decode_metrics(
     beam: int,
     max_length: int,
 ) -> tuple[dict[str, Any], list[str]]:
-    """Exact match and token error rate of decoded outputs; also the rendered outputs."""
+    """Exact match, token and character error rates and BLEU of decoded outputs; also the
+    rendered outputs."""
     hyp_ids = decode_ids(model, sources, device, batch_size, beam, max_length)
+    # max_length steps leave room for </s>: an output that did not end is cut one shorter
+    hyp_ids = [ids[: max_length - 1] for ids in hyp_ids]
     hyps = [[target_vocab.itos[i] for i in ids] for ids in hyp_ids]
     refs = [target_vocab.tokenize(p.target) for p in pairs]
+    rendered = [_render(target_vocab, ids) for ids in hyp_ids]
     metrics = {
         "exact_match": exact_match(hyps, refs),
         "token_error_rate": token_error_rate(hyps, refs),
+        "character_error_rate": character_error_rate(rendered, [p.target for p in pairs])
+        if any(p.target for p in pairs)
+        else None,
+        "bleu": bleu(hyps, refs),
         "sentences": len(pairs),
         "beam": beam,
     }
-    return metrics, [_render(target_vocab, ids) for ids in hyp_ids]
+    return metrics, rendered
 
 
 class _StepClock:
