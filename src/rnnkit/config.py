@@ -59,6 +59,7 @@ TASK_OPTIONS: dict[str, tuple[str, ...]] = {
     "wiring": ("lm",),
     "condition": ("lm",),
     "loss_reduction": ("lm", "tag", "seq2seq", "events"),
+    "pretrained_vectors": ("lm", "tag", "classify"),
     "target": ("regress",),
     "loss": ("regress",),
 }
@@ -157,6 +158,7 @@ class TrainConfig:
     wiring: str = "hidden"  # hidden | jordan (lm): Fig. 10.3 or Fig. 10.4
     condition: str = "none"  # none | init | input | both (lm): class-conditional context
     loss_reduction: str = "token"  # token | sequence: how the training loss averages
+    pretrained_vectors: str | None = None  # word2vec/GloVe text file into the embedding
     # regress: real-valued sequences
     target: str = "next"  # next (x_{t+1} from x_1..x_t) | value (y from the whole sequence)
     loss: str = "mse"  # mse | gaussian (mean and variance: the Gaussian NLL)
@@ -369,6 +371,7 @@ class TrainConfig:
                 (f"--length {self.length}", self.length != "eos"),
                 (f"--condition {self.condition}", self.condition != "none"),
                 (f"--recompute {self.recompute}", self.recompute is not None),
+                ("--pretrained-vectors", self.pretrained_vectors is not None),
             ):
                 if given:
                     raise ConfigError(f"{bad} does not apply to --wiring jordan")

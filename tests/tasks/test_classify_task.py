@@ -173,3 +173,19 @@ def test_resume_continues_exactly(capsys, data, tmp_path):
     a = json.loads((straight / "summary.json").read_text())["valid"]
     b = json.loads((split / "summary.json").read_text())["valid"]
     assert a["loss_nats"] == pytest.approx(b["loss_nats"], rel=1e-6)
+
+
+def test_pretrained_vectors_are_counted_and_a_wrong_dimension_is_one_line(capsys, data, tmp_path):
+    vectors = tmp_path / "v.txt"
+    vectors.write_text("a 1 0 0 0 0 0 0 0\nb 0 1 0 0 0 0 0 0\nqq 0 0 1 0 0 0 0 0\n")
+    code, out, err = train(
+        capsys, data, tmp_path / "p", "--pretrained-vectors", str(vectors), "--steps", "2",
+        "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["pretrained_vectors"]["found"] == 2  # a and b, not qq
+    assert "2 of" in err and "vocabulary words found" in err
+    vectors.write_text("a 1 0 0\n")
+    code, _, err = train(capsys, data, tmp_path / "q", "--pretrained-vectors", str(vectors))
+    assert code == 2 and f"{vectors}:1:" in err and "--embedding" in err
+    assert len(err.strip().splitlines()) == 1

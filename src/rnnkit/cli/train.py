@@ -51,6 +51,12 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "when --hidden differs from --embedding)",
     )
     g.add_argument(
+        "--pretrained-vectors",
+        metavar="FILE",
+        help="initialise the word embedding from vectors in word2vec/GloVe text format "
+        "(one 'word v1 … vd' per line, d = --embedding); says how many words were found",
+    )
+    g.add_argument(
         "--dropout",
         type=float,
         default=d.dropout,

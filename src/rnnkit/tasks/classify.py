@@ -37,7 +37,13 @@ from rnnkit.errors import CheckpointError, DataError
 from rnnkit.metrics import confusion_matrix
 from rnnkit.models.classifier import Classifier, build_classifier
 from rnnkit.models.language_model import LossOutput
-from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything
+from rnnkit.tasks.run import (
+    choose_device,
+    load_config,
+    load_pretrained_vectors,
+    save_config,
+    seed_everything,
+)
 from rnnkit.tasks.tag import check_resume, fit, loss_figures, per_class_figures, run_summary
 from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
 
@@ -165,6 +171,7 @@ def train_classify(
     if not bool((valid_enc.labels < K).any()):
         raise DataError("no validation example has a label seen in training", cfg.valid)
     model = build_classifier(cfg, len(vocab), K).to(device)
+    pretrained = None if resume else load_pretrained_vectors(cfg, model.embedding, vocab.itos)
     batches = SequenceBatcher(
         train_enc.inputs, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed
     )
@@ -202,6 +209,7 @@ def train_classify(
         model,
         labels=labels.labels,
         vocab_size=len(vocab),
+        **({"pretrained_vectors": pretrained} if pretrained else {}),
         baseline={
             "kind": f"majority class ({labels.labels[majority]})",
             "accuracy": float((valid_enc.labels[known] == majority).mean()),

@@ -50,6 +50,7 @@ from rnnkit.tasks.run import (
     check_count,
     choose_device,
     load_config,
+    load_pretrained_vectors,
     save_config,
     seed_everything,
     train_options,
@@ -370,6 +371,7 @@ def train_lm(
     num_labels = None if data.labels is None else len(data.labels)
     model = build_lm(cfg, len(data.vocab), num_labels).to(device)
     model.loss_reduction = cfg.loss_reduction
+    pretrained = None if resume else load_pretrained_vectors(cfg, model.embedding, data.vocab.itos)
     optimizer = _optimizer(cfg, model)
     batches = _train_batches(cfg, data, drop_last=ctx.enabled)
     if ctx.is_main:
@@ -427,6 +429,8 @@ def train_lm(
         "stopped": result.stopped,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
+    if pretrained is not None:
+        summary["pretrained_vectors"] = pretrained
     if schedule.active:  # the probability of feeding the model's own token, at the end
         summary["scheduled_sampling_p"] = schedule.probability(result.steps)
     atomic_write_json(out / "summary.json", summary)

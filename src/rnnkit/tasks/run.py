@@ -102,3 +102,31 @@ def train_options(cfg: TrainConfig, quiet: bool, units: str = "ppl") -> TrainOpt
         lr_decay=cfg.lr_decay,
         init_range=cfg.init_range,
     )
+
+
+def load_pretrained_vectors(
+    cfg: TrainConfig, embedding: torch.nn.Embedding, tokens: list[str]
+) -> dict[str, Any] | None:
+    """``--pretrained-vectors FILE``: copy the vector of every token of ``tokens`` (the
+    vocabulary, index order) found in the file into its row of ``embedding``; the other
+    rows keep their initialisation. Returns ``{"file", "found", "vocabulary"}`` (None
+    without the option) and says it on stderr."""
+    if cfg.pretrained_vectors is None:
+        return None
+    from rnnkit.data.word_vectors import read_word_vectors
+
+    dim = embedding.embedding_dim
+    vectors = read_word_vectors(cfg.pretrained_vectors, dim, tokens)
+    found = 0
+    with torch.no_grad():
+        for index, token in enumerate(tokens):
+            vector = vectors.get(token)
+            if vector is not None:
+                embedding.weight[index] = torch.from_numpy(vector).to(embedding.weight)
+                found += 1
+    print(
+        f"rnnkit: pretrained vectors: {found} of {len(tokens)} vocabulary words found in "
+        f"{cfg.pretrained_vectors}",
+        file=sys.stderr,
+    )
+    return {"file": cfg.pretrained_vectors, "found": found, "vocabulary": len(tokens)}

@@ -47,7 +47,14 @@ from rnnkit.errors import CheckpointError, DataError
 from rnnkit.metrics import is_bio_tagset, macro_f1, per_class_prf, span_prf
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.tagger import Tagger, build_tagger
-from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything, train_options
+from rnnkit.tasks.run import (
+    choose_device,
+    load_config,
+    load_pretrained_vectors,
+    save_config,
+    seed_everything,
+    train_options,
+)
 from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
 from rnnkit.training.loop import Trainer, TrainResult
 
@@ -413,6 +420,7 @@ def train_tag(
         word_dropout=_word_dropout(cfg),
     ).to(device)
     model.loss_reduction = cfg.loss_reduction
+    pretrained = None if resume else load_pretrained_vectors(cfg, model.embedding, data.vocab.itos)
     batches = SequenceBatcher(
         train_enc.words, train_enc.tags, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed
     )
@@ -443,6 +451,7 @@ def train_tag(
         model,
         tags=data.tags.labels,
         vocab_size=len(data.vocab),
+        **({"pretrained_vectors": pretrained} if pretrained else {}),
         baseline=_baseline(train_enc, valid_enc, K),
     )
     atomic_write_json(out / "summary.json", summary)

@@ -1,0 +1,54 @@
+"""Pretrained word vectors (word2vec / GloVe text) and their copy into an embedding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rnnkit.config import TrainConfig
+from rnnkit.data.word_vectors import read_word_vectors
+from rnnkit.errors import DataError
+from rnnkit.tasks.run import load_pretrained_vectors
+
+
+def test_glove_and_word2vec_text(tmp_path):
+    glove = tmp_path / "g.txt"
+    glove.write_text("the 0.5 -1 2\ncat 1 2 3\nthe 9 9 9\n", encoding="utf-8")
+    got = read_word_vectors(glove, 3)
+    assert sorted(got) == ["cat", "the"]
+    np.testing.assert_array_equal(got["the"], [0.5, -1, 2])  # the first occurrence wins
+    w2v = tmp_path / "w.txt"
+    w2v.write_text("2 3\ndog 1 1 1\ncat 0 0 1\n", encoding="utf-8")
+    assert sorted(read_word_vectors(w2v, 3, wanted=["cat", "emu"])) == ["cat"]
+
+
+@pytest.mark.parametrize(
+    ("content", "where", "words"),
+    [
+        ("a 1 2 3\nb 1 2\n", ":2", "has 2 numbers, the embedding is 3 wide"),
+        ("a 1 2 x\n", ":1", "not a number: 'x'"),
+        ("a 1 2 inf\n", ":1", "not finite"),
+    ],
+)
+def test_bad_vector_files_name_file_and_line(tmp_path, content, where, words):
+    path = tmp_path / "v.txt"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataError) as err:
+        read_word_vectors(path, 3)
+    assert str(err.value).startswith(f"{path}{where}: ") and words in str(err.value)
+
+
+def test_vectors_found_are_copied_and_counted(tmp_path, capsys):
+    path = tmp_path / "v.txt"
+    path.write_text("cat 1 2\nzebra 5 5\ndog -1 0.5\n", encoding="utf-8")
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(4, 2)
+    before = emb.weight.detach().clone()
+    cfg = TrainConfig(train="x", pretrained_vectors=str(path))
+    info = load_pretrained_vectors(cfg, emb, ["<pad>", "dog", "cow", "cat"])
+    assert info == {"file": str(path), "found": 2, "vocabulary": 4}
+    torch.testing.assert_close(emb.weight[1], torch.tensor([-1.0, 0.5]))
+    torch.testing.assert_close(emb.weight[3], torch.tensor([1.0, 2.0]))
+    torch.testing.assert_close(emb.weight[[0, 2]], before[[0, 2]])  # not found: unchanged
+    assert "2 of 4 vocabulary words found" in capsys.readouterr().err
