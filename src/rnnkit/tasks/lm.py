@@ -598,10 +598,11 @@ def _line_ends(cfg: TrainConfig, vocab: Vocabulary) -> tuple[int, int | None]:
     """The token that precedes a line and the one that ends it, as the model saw them:
     ``<s>`` … ``</s>`` for sequence-trained models (under ``--length stop`` the ``</s>``
     step is the stop output's probability); for streams ``</s>`` with ``--doc-boundary
-    line``, else the newline character of a char model (None: a word stream has no end)."""
+    eos|line``, else the newline character of a char model (None: a word stream has no
+    end)."""
     if parse_bptt(cfg.bptt)[0] != "segment":
         return BOS_ID, EOS_ID
-    if cfg.doc_boundary == "line":
+    if cfg.doc_boundary in ("eos", "line"):
         return EOS_ID, EOS_ID
     newline = vocab.stoi.get("\n") if vocab.unit == "char" else None
     return (BOS_ID if newline is None else newline), newline
