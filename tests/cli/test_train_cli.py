@@ -513,7 +513,7 @@ def test_help_says_which_tasks_an_option_belongs_to(capsys):
         "--pooling {last,mean,max} how the encoder states become one vector [tasks: classify]"
         in text
     )
-    assert "[tasks: tag, classify, seq2seq]" in text  # --bidirectional
+    assert "[tasks: tag, classify, seq2seq, regress]" in text  # --bidirectional
     assert "[cells: gru]" in text  # --update / --reset
 
 

@@ -371,7 +371,9 @@ def train_lm(
     num_labels = None if data.labels is None else len(data.labels)
     model = build_lm(cfg, len(data.vocab), num_labels).to(device)
     model.loss_reduction = cfg.loss_reduction
-    pretrained = None if resume else load_pretrained_vectors(cfg, model.embedding, data.vocab.itos)
+    pretrained = None
+    if cfg.pretrained_vectors is not None and not resume:  # (refused with --wiring jordan)
+        pretrained = load_pretrained_vectors(cfg, model.embedding, data.vocab.itos)
     optimizer = _optimizer(cfg, model)
     batches = _train_batches(cfg, data, drop_last=ctx.enabled)
     if ctx.is_main:
