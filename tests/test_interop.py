@@ -275,6 +275,7 @@ def test_round_trip_keeps_batch_first(tcls, batch_first):
     x = torch.randn(5, 2, 3, dtype=DT)
     torch.testing.assert_close(back(x)[0], t(x)[0], rtol=0, atol=1e-12)
 
+
 def test_to_torch_refuses_what_torch_has_no_form_for():
     with pytest.raises(ValueError, match="tanh and relu only"):
         to_torch(RNNCell(3, 4, nonlinearity="sigmoid"))
