@@ -164,7 +164,8 @@ class TrainedRun:
             if len(x) == 0:
                 raise DataError(f"source {i} has no tokens")
         hyps = decode_ids(self.model, ids, self.device, batch_size, beam, limit + 1)
-        return [_render(self.vocab, h) for h in hyps]
+        # limit + 1 steps leave room for </s>: an output that did not end is cut at limit
+        return [_render(self.vocab, h[:limit]) for h in hyps]
 
     def _predict_events(
         self, sessions: list[Any], batch_size: int, **options: Any
