@@ -4,9 +4,17 @@ from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.gru import GRUCell, GRUKernel, gru_step
 from rnnkit.cells.kernel import Kernel, Weights, input_product, scratch
 from rnnkit.cells.lstm import LSTMCache, LSTMCell, LSTMKernel, lstm_step, lstm_step_backward
-from rnnkit.cells.rnn import RNNCell, RNNKernel, rnn_step, rnn_step_backward
+from rnnkit.cells.rnn import (
+    NONLINEARITIES,
+    RNNCell,
+    RNNKernel,
+    activate,
+    rnn_step,
+    rnn_step_backward,
+)
 
 __all__ = [
+    "NONLINEARITIES",
     "CellBase",
     "GRUCell",
     "GRUKernel",
@@ -17,6 +25,7 @@ __all__ = [
     "RNNCell",
     "RNNKernel",
     "Weights",
+    "activate",
     "check_cell_input",
     "gru_step",
     "input_product",

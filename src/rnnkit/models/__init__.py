@@ -26,6 +26,7 @@ from rnnkit.models.length import (
 )
 from rnnkit.models.ngram import NGramModel, count_table_size
 from rnnkit.models.pooling import POOLINGS, Pooling, last_pool, max_pool, mean_pool, state_pool
+from rnnkit.models.regressor import LOSSES, TARGETS, Regressor, RegressorOutput
 from rnnkit.models.seq2seq import (
     STATE_BATCH_DIM,
     DecoderState,
@@ -41,9 +42,11 @@ __all__ = [
     "CHAR_HIDDEN",
     "CONDITIONAL_STATE_DIM",
     "LENGTH_MODES",
+    "LOSSES",
     "NONLINEARITIES",
     "POOLINGS",
     "STATE_BATCH_DIM",
+    "TARGETS",
     "CharEncoder",
     "Classifier",
     "ConditionalLM",
@@ -59,6 +62,8 @@ __all__ = [
     "LossOutput",
     "NGramModel",
     "Pooling",
+    "Regressor",
+    "RegressorOutput",
     "Seq2Seq",
     "Seq2SeqOutput",
     "SequenceLength",
