@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         eval_every=args.eval_every,
         seed=0,
     ).validate()
-    summary = train_lm(cfg, quiet=args.quiet)
+    # `make run` again replaces the previous run of this job: say so explicitly.
+    summary = train_lm(cfg, quiet=args.quiet, overwrite=True)
     _, vocab, model = load_lm(out)
     summary["samples"] = sample_texts(
         cfg, vocab, model, "def ", num=3, max_length=160, temperature=0.8, seed=0

@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             "threshold": args.threshold_method,
         },
     ).validate()
-    summary = train(cfg, quiet=True)
+    summary = train(cfg, quiet=True, overwrite=True)  # a rerun replaces the last run
     print(
         f"trained {summary['steps']} steps in {summary['elapsed_s']:.0f} s; vocabulary "
         f"{summary['vocab_size']} events; validation nats/event: LSTM "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from os import PathLike
 
-__all__ = ["CheckpointError", "ConfigError", "DataError", "RnnkitError"]
+__all__ = ["CheckpointError", "ConfigError", "DataError", "RnnkitError", "WriteError"]
 
 
 class RnnkitError(Exception):
@@ -41,3 +41,8 @@ class ConfigError(RnnkitError, ValueError):
 
 class CheckpointError(RnnkitError):
     """A checkpoint that is missing, incomplete, corrupted or from an incompatible config."""
+
+
+class WriteError(RnnkitError):
+    """A file that could not be written (disk full, permissions, a read-only file system,
+    a destination that is not a regular file); the previous file, if any, is unchanged."""

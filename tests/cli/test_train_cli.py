@@ -587,3 +587,117 @@ def test_loss_reduction_sequence_is_saved_and_refused_on_streams(data, tmp_path,
     assert json.loads((out / "config.json").read_text())["config"]["loss_reduction"] == "sequence"
     code, _, err = cli(capsys, *train_args(data, tmp_path / "x", "--loss-reduction", "sequence"))
     assert_one_line_error(code, err, "--loss-reduction sequence needs whole sequences")
+
+
+# -- shared and hostile run directories ---------------------------------------------------------
+def test_training_into_an_existing_run_is_refused_unless_resume_or_overwrite(
+    run, data, tmp_path, capsys
+):
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    (copy / "report.html").write_text("<p>the old run</p>")
+    (copy / "notes.txt").write_text("mine")  # not a run file: never touched
+    before = digest_tree(copy)
+    code, _, err = cli(capsys, *train_args(data, copy, "--no-report"))
+    assert_one_line_error(code, err, str(copy), "already holds a run", "--overwrite")
+    assert digest_tree(copy) == before
+    code, _, err = cli(capsys, *train_args(data, copy, "--resume", "--overwrite"))
+    assert_one_line_error(code, err, "--resume and --overwrite")
+    assert digest_tree(copy) == before
+
+    code, _, err = cli(
+        capsys, *train_args(data, copy, "--no-report", "--overwrite", "--steps", "2")
+    )
+    assert code == 0, err
+    assert not (copy / "report.html").exists()  # it described the old run
+    assert (copy / "notes.txt").read_text() == "mine"
+    steps = [json.loads(x).get("step") for x in (copy / "metrics.jsonl").read_text().splitlines()]
+    assert max(s for s in steps if s is not None) == 2  # the old run's 6 steps are gone
+    assert json.loads((copy / "summary.json").read_text())["steps"] == 2
+
+
+HOLD_LOCK = """
+import sys, time
+from rnnkit.tasks.run import lock_run_dir
+with lock_run_dir(sys.argv[1]):
+    print("locked", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_run_directory_in_use_is_refused_naming_the_holder(data, tmp_path, capsys):
+    out = tmp_path / "shared"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        code, _, err = cli(capsys, *train_args(data, out))
+        assert_one_line_error(code, err, str(out), "in use", f"pid {holder.pid}")
+        assert_nothing_half_written(out)
+    finally:
+        holder.communicate("", timeout=60)
+    code, _, err = cli(capsys, *train_args(data, out, "--steps", "1"))  # released: trains
+    assert code == 0, err
+
+
+def test_every_file_of_a_run_is_readable_by_others_under_umask_022(run):
+    old = os.umask(0o022)
+    os.umask(old)
+    assert old == 0o022, "the suite runs under the usual umask"
+    modes = {
+        str(p.relative_to(run)): oct(p.stat().st_mode & 0o777)
+        for p in run.rglob("*")
+        if p.is_file() and p.name != ".lock"
+    }
+    assert {"vocab.json", "ngram.safetensors", "model.safetensors"} <= set(modes)
+    assert any(name.endswith("optimizer.safetensors") for name in modes)
+    assert set(modes.values()) == {"0o644"}, modes
+
+
+def test_flipped_bytes_in_the_final_weights_are_refused(run, data, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    weights = copy / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[-5] ^= 0x40  # inside the tensor data: the safetensors header still parses
+    raw[-9] ^= 0x01
+    weights.write_bytes(bytes(raw))
+    code, _, err = cli(
+        capsys, "evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt")
+    )
+    assert_one_line_error(code, err, str(weights), "checksum mismatch")
+    code, _, err = cli(capsys, "generate", "--checkpoint", str(copy))
+    assert_one_line_error(code, err, str(weights), "checksum mismatch")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 200 KiB tmpfs (needs root and mount); skipped where it cannot be mounted."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    try:
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(where)],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"cannot mount a small tmpfs here ({exc.__class__.__name__})")
+    yield where
+    subprocess.run(["umount", str(where)], check=False, timeout=30)
+
+
+def test_a_full_disk_is_one_line_and_leaves_a_loadable_run(data, tiny_disk, capsys):
+    out = tiny_disk / "run"
+    big = ["--hidden", "64", "--embedding", "64", "--eval-every", "2", "--steps", "6"]
+    code, _, err = cli(capsys, *train_args(data, out, *big))
+    assert_one_line_error(code, err, str(out), "No space left on device")
+    assert code == 2
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]

@@ -44,3 +44,55 @@ def test_every_loop_option_comes_from_the_config() -> None:
 def test_on_nonfinite_is_validated_naming_the_option() -> None:
     with pytest.raises(ConfigError, match="--on-nonfinite must be one of stop, skip"):
         TrainConfig(train="corpus.txt", on_nonfinite="ignore").validate()
+
+
+def test_prepare_run_dir_refuses_an_existing_run_and_overwrite_removes_only_run_files(tmp_path):
+    from rnnkit.errors import CheckpointError
+    from rnnkit.tasks.run import prepare_run_dir
+
+    prepare_run_dir(tmp_path / "new")  # a new path: fine, nothing created
+    assert not (tmp_path / "new").exists()
+    out = tmp_path / "run"
+    (out / "snapshots" / "step-1").mkdir(parents=True)
+    for name in ("config.json", "metrics.jsonl", "report.html", "mine.txt"):
+        (out / name).write_text("x")
+    with pytest.raises(ConfigError, match=r"already holds a run \(config\.json, "):
+        prepare_run_dir(out)
+    with pytest.raises(ConfigError, match="--resume and --overwrite exclude each other"):
+        prepare_run_dir(out, resume=True, overwrite=True)
+    prepare_run_dir(out, resume=True)  # continuing it is fine
+    prepare_run_dir(out, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
+    with pytest.raises(CheckpointError, match="holds no run to continue"):
+        prepare_run_dir(out, resume=True)
+
+
+def test_the_python_api_refuses_to_train_over_a_run_too(tmp_path):
+    from rnnkit.tasks.lm import train_lm
+
+    (tmp_path / "c.txt").write_text("ab ba abba\n" * 40)
+    cfg = TrainConfig(
+        train=str(tmp_path / "c.txt"), out=str(tmp_path / "r"), hidden=4, embedding=4, steps=1
+    ).validate()
+    train_lm(cfg, quiet=True)
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train_lm(cfg, quiet=True)
+    assert train_lm(cfg, quiet=True, overwrite=True)["steps"] == 1
+
+
+def test_a_held_lock_refuses_a_second_holder_with_the_pid(tmp_path):
+    import os
+
+    from rnnkit.tasks.run import lock_run_dir
+
+    with (
+        lock_run_dir(tmp_path / "r"),
+        pytest.raises(
+            ConfigError, match=rf"in use by another rnnkit process \(pid {os.getpid()}\)"
+        ),
+        lock_run_dir(tmp_path / "r"),
+    ):
+        pass
+    with lock_run_dir(tmp_path / "r"):  # released at the end of the first
+        pass
+    assert not (tmp_path / "r").exists()  # created for nothing: removed again

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
 from rnnkit import GRU, LSTM
 from rnnkit.config import TrainConfig
-from rnnkit.errors import CheckpointError
+from rnnkit.errors import CheckpointError, WriteError
 from rnnkit.models.builders import build_language_model
 from rnnkit.models.language_model import LanguageModel
 from rnnkit.training import checkpoint as ck
@@ -274,38 +275,50 @@ def test_atomic_write_leaves_old_file_and_no_temp_on_error(tmp_path, monkeypatch
     path = tmp_path / "config.json"
     atomic_write_json(path, {"a": 1})
     monkeypatch.setattr(ck.os, "fsync", _boom)  # fails after part of the data is written
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(WriteError, match=r"config\.json: cannot write: No space left on device"):
         atomic_write_bytes(path, b'{"a": 2, "much": "more"}')
     assert json.loads(path.read_text()) == {"a": 1}
     assert leftovers(tmp_path) == []
 
 
-def test_save_model_weights_error_mid_write_keeps_old_file(tmp_path, monkeypatch):
+# A full disk as each library reports it: the OS (OSError), safetensors (SafetensorError,
+# which is not an OSError) — every one becomes one WriteError line naming the file.
+DISK_FULL = [
+    OSError(28, "No space left on device"),
+    SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })"),
+]
+
+
+@pytest.mark.parametrize("error", DISK_FULL, ids=["OSError", "SafetensorError"])
+def test_save_model_weights_error_mid_write_keeps_old_file(tmp_path, monkeypatch, error):
     path = tmp_path / "model.safetensors"
     save_model_weights(make_lm(), path)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
 
     def half_then_fail(tensors, filename, metadata=None):
         Path(filename).write_bytes(b"\x00" * 64)  # half a file on disk...
-        raise OSError(28, "No space left on device")  # ...then the disk is full
+        raise error  # ...then the disk is full
 
     monkeypatch.setattr(ck, "save_file", half_then_fail)
-    with pytest.raises(OSError):
+    with pytest.raises(WriteError, match=r"model\.safetensors: cannot write: "):
         save_model_weights(make_lm(seed=3), path)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("error", DISK_FULL, ids=["OSError", "SafetensorError"])
 @pytest.mark.parametrize("fail_at", ["optimizer", "state"])
-def test_save_snapshot_error_mid_write_keeps_the_last_good_one(run_dir, monkeypatch, fail_at):
+def test_save_snapshot_error_mid_write_keeps_the_last_good_one(
+    run_dir, monkeypatch, fail_at, error
+):
     out, model, opt = run_dir
     pointer_before = (out / "latest.json").read_bytes()
     real_save_file, real_json = ck.save_file, ck.atomic_write_json
 
     def flaky_save_file(tensors, filename, metadata=None):
-        if fail_at == "optimizer" and Path(filename).name == "optimizer.safetensors":
+        if fail_at == "optimizer" and "optimizer.safetensors" in Path(filename).name:
             Path(filename).write_bytes(b"\x00" * 10)
-            raise OSError(28, "No space left on device")
+            raise error
         return real_save_file(tensors, filename, metadata=metadata)
 
     def flaky_json(path, obj):
@@ -316,7 +329,7 @@ def test_save_snapshot_error_mid_write_keeps_the_last_good_one(run_dir, monkeypa
     monkeypatch.setattr(ck, "save_file", flaky_save_file)
     monkeypatch.setattr(ck, "atomic_write_json", flaky_json)
     trained(model, 1)
-    with pytest.raises(OSError):
+    with pytest.raises((WriteError, OSError)):
         save_snapshot(out, 4, model, opt, {})
     monkeypatch.undo()
     assert (out / "latest.json").read_bytes() == pointer_before

@@ -100,6 +100,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its latest snapshot"
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in --out (without it, or --resume, an existing run "
+        "is refused)",
+    )
     add_model_options(p)
     g = p.add_argument_group("data")
     g.add_argument(
@@ -590,7 +596,9 @@ def run(args: argparse.Namespace) -> int:
     from rnnkit.tasks.registry import task_module  # lazy: keeps `rnnkit --help` fast
 
     try:
-        summary = task_module(cfg.task).train(cfg, resume=args.resume, quiet=args.quiet)
+        summary = task_module(cfg.task).train(
+            cfg, resume=args.resume, quiet=args.quiet, overwrite=getattr(args, "overwrite", False)
+        )
     finally:
         from rnnkit.training.distributed import shutdown_distributed
 

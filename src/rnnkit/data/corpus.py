@@ -11,8 +11,8 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
+from rnnkit.data.files import atomic_write_bytes
 from rnnkit.errors import DataError
-from rnnkit.training.checkpoint import atomic_write_bytes
 
 __all__ = ["stdlib_corpus"]
 

@@ -23,15 +23,13 @@ Rules, each broken rule a :class:`~rnnkit.errors.DataError` naming file and line
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import secrets
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from os import PathLike
 from typing import IO, Any
 
+from rnnkit.data.files import atomic_write_bytes
 from rnnkit.data.limits import MAX_JSON_LINE_BYTES, MAX_SEQ_LEN, loads_json
 from rnnkit.errors import DataError
 
@@ -340,21 +338,5 @@ def write_sessions(path: str | PathLike[str], sessions: Iterable[Session]) -> No
         seen.add(session.session)
         lines.append(text + "\n")
 
-    path = os.fspath(path)
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
-    # os.open with 0o666 lets the umask decide the permissions, as a plain open() would;
-    # tempfile's 0o600 would leave the result unreadable to others. O_EXCL refuses to
-    # follow a planted symlink.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
-            out.writelines(lines)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        # Never leave a half-written temp file behind, even on Ctrl-C.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    # The one atomic writer: the umask's permissions, and never a device or FIFO replaced.
+    atomic_write_bytes(path, "".join(lines).encode("utf-8"))

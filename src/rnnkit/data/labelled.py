@@ -11,16 +11,14 @@ otherwise lose whole classes to the tail).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
 from os import PathLike
-from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
+from rnnkit.data.files import atomic_write_bytes, read_run_file
 from rnnkit.data.limits import loads_json
 from rnnkit.data.text import read_numbered_lines
 from rnnkit.errors import DataError
@@ -164,18 +162,8 @@ class LabelSet:
 
     def save(self, path: PathLikeStr) -> None:
         """Write the JSON atomically (temporary file in the same folder, then rename)."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_dict(), f, ensure_ascii=False, indent=1)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        text = json.dumps(self.to_dict(), ensure_ascii=False, indent=1) + "\n"
+        atomic_write_bytes(path, text.encode("utf-8"))
 
     @classmethod
     def load(cls, path: PathLikeStr) -> LabelSet:
@@ -188,12 +176,7 @@ class LabelSet:
         ...     LabelSet.load(p)
         LabelSet(['x', 'y'])
         """
-        try:
-            raw = Path(path).read_bytes()
-        except FileNotFoundError:
-            raise DataError("file not found", path) from None
-        except OSError as exc:
-            raise DataError(f"not a label set ({exc.__class__.__name__})", path) from None
+        raw = read_run_file(path)
         try:
             doc = loads_json(raw, path)
         except DataError as exc:

@@ -9,15 +9,13 @@ one Python object per character.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from os import PathLike
-from pathlib import Path
 
 import numpy as np
 
+from rnnkit.data.files import atomic_write_bytes, read_run_file
 from rnnkit.data.limits import MAX_VOCAB, loads_json
 from rnnkit.errors import ConfigError, DataError
 
@@ -369,7 +367,7 @@ class Vocabulary:
         ...     Vocabulary.load(p).itos[4:]
         ['a']
         """
-        _atomic_write_text(Path(path), self.to_json() + "\n")
+        atomic_write_bytes(path, (self.to_json() + "\n").encode("utf-8"))
 
     @classmethod
     def load(cls, path: str | PathLike[str]) -> Vocabulary:
@@ -378,28 +376,10 @@ class Vocabulary:
         Raises:
             DataError: file missing, unreadable, not UTF-8, or not a valid vocabulary.
         """
-        try:
-            raw = Path(path).read_bytes()
-        except FileNotFoundError:
-            raise DataError("file not found", path) from None
-        except OSError as exc:
-            raise DataError(f"cannot read: {exc.strerror or exc}", path) from None
+        raw = read_run_file(path)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             line = raw.count(b"\n", 0, exc.start) + 1
             raise DataError(f"invalid UTF-8 at byte offset {exc.start}", path, line) from None
         return cls.from_json(text, path)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -39,6 +39,7 @@ from rnnkit.models.classifier import Classifier, build_classifier
 from rnnkit.models.language_model import LossOutput
 from rnnkit.tasks.run import (
     choose_device,
+    guarded_run,
     load_config,
     load_pretrained_vectors,
     save_config,
@@ -149,6 +150,7 @@ def _read_split(cfg: TrainConfig) -> tuple[list[LabelledExample], list[LabelledE
     return split_holdout(examples, cfg.valid_fraction, cfg.seed)
 
 
+@guarded_run
 def train_classify(
     cfg: TrainConfig, resume: bool = False, quiet: bool = False, callbacks: Any = None
 ) -> dict[str, Any]:

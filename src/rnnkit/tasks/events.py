@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -62,6 +61,7 @@ from rnnkit.anomaly import top_events as _top_events
 from rnnkit.config import TrainConfig, parse_bptt
 from rnnkit.data.batching import SequenceBatcher, lm_pairs, pad_sequences
 from rnnkit.data.events import Session, read_sessions
+from rnnkit.data.files import atomic_write
 from rnnkit.data.vocab import BOS_ID, EOS_ID, SPECIALS, UNK_ID, Vocabulary
 from rnnkit.errors import CheckpointError, ConfigError, DataError
 from rnnkit.models.builders import build_language_model
@@ -70,6 +70,7 @@ from rnnkit.models.ngram import NGramModel
 from rnnkit.tasks.run import (
     check_count,
     choose_device,
+    guarded_run,
     load_config,
     save_config,
     seed_everything,
@@ -562,12 +563,7 @@ def _valid_metrics(
 
 def _save_arrays(arrays: dict[str, np.ndarray], path: Path) -> None:
     """safetensors (numpy) written to a temporary name, then renamed: never half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        save_numpy(arrays, str(tmp))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, write_path=lambda tmp: save_numpy(arrays, tmp))
 
 
 def _thresholds(
@@ -707,6 +703,7 @@ def validation_fpr(
 # ---- training --------------------------------------------------------------------------
 
 
+@guarded_run
 def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[str, Any]:
     """Train the next-event model and the baseline, pick thresholds, write the run.
 

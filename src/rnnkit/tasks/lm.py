@@ -36,6 +36,7 @@ from torch import Tensor
 
 from rnnkit.config import TrainConfig, parse_bptt
 from rnnkit.data.batching import SequenceBatcher, StreamBatcher, lm_pairs
+from rnnkit.data.files import atomic_write
 from rnnkit.data.labelled import LabelledExample, LabelSet, read_labelled, split_holdout
 from rnnkit.data.text import encode_text, read_text
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
@@ -49,6 +50,7 @@ from rnnkit.models.ngram import NGramModel
 from rnnkit.tasks.run import (
     check_count,
     choose_device,
+    guarded_run,
     load_config,
     load_pretrained_vectors,
     save_config,
@@ -334,6 +336,7 @@ def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimize
     return torch.optim.SGD(model.parameters(), lr=cfg.lr)
 
 
+@guarded_run
 def train_lm(
     cfg: TrainConfig, resume: bool = False, quiet: bool = False, callbacks=None
 ) -> dict[str, Any]:
@@ -414,7 +417,8 @@ def train_lm(
     ngram = NGramModel(order=cfg.ngram_order, vocab_size=len(data.vocab))
     train_ng, _ = _ngram_streams(data)
     ngram.fit(train_ng)
-    save_numpy(ngram.to_state(), str(out / "ngram.safetensors"))
+    state = ngram.to_state()
+    atomic_write(out / "ngram.safetensors", write_path=lambda tmp: save_numpy(state, tmp))
     ngram_metrics = ngram_lm_metrics(ngram, data, cfg.batch_size)
     summary = {
         "task": "lm",

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import functools
+import os
 import random
+import shutil
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +23,13 @@ from rnnkit.training.checkpoint import FORMAT_VERSION, atomic_write_json, read_j
 from rnnkit.training.loop import TrainOptions
 
 __all__ = [
+    "RUN_FILES",
     "check_count",
     "choose_device",
+    "guarded_run",
     "load_config",
+    "lock_run_dir",
+    "prepare_run_dir",
     "save_config",
     "seed_everything",
     "train_options",
@@ -75,6 +86,123 @@ def check_count(path: Path, count: int | None, noun: str, info: dict[str, Any], 
     """``count`` (what ``path`` holds) must equal ``info[key]`` (what config.json says)."""
     if info.get(key) != count:
         raise CheckpointError(f"{path}: {count} {noun} but config.json says {info.get(key)}")
+
+
+# Everything a training run writes into its directory (``--overwrite`` removes exactly
+# these; other files a user keeps there are left alone).
+RUN_FILES = (
+    "config.json",
+    "vocab.json",
+    "source_vocab.json",
+    "chars.json",
+    "labels.json",
+    "model.safetensors",
+    "latest.json",
+    "snapshots",
+    "metrics.jsonl",
+    "summary.json",
+    "ngram.safetensors",
+    "thresholds.json",
+    "valid_scores.safetensors",
+    "report.html",
+)
+
+LOCK_NAME = ".lock"
+
+
+def _is_main_process() -> bool:
+    # Under torchrun every rank runs the same command with the same --out; rank 0 alone
+    # owns the directory (the others never write to it).
+    return os.environ.get("RANK", "0") == "0"
+
+
+def prepare_run_dir(out: str | Path, resume: bool = False, overwrite: bool = False) -> None:
+    """Check that ``out`` may receive this run, before anything is written.
+
+    A new or empty directory is fine. A directory that already holds a run is refused:
+    training again would silently replace its weights and metrics (and, without a new
+    report, leave the old report describing another run). ``resume`` continues it instead;
+    ``overwrite`` removes the old run's files (:data:`RUN_FILES`) first.
+    """
+    out = Path(out)
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+    if resume:
+        if not (out / "config.json").is_file():
+            raise CheckpointError(f"--resume: {out} holds no run to continue (no config.json)")
+        return
+    if not _is_main_process():
+        return
+    found = [name for name in RUN_FILES if (out / name).exists()]
+    if found and not overwrite:
+        raise ConfigError(
+            f"--out {out} already holds a run ({', '.join(found[:3])}); continue it with "
+            "--resume or replace it with --overwrite"
+        )
+    for name in found:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+@contextlib.contextmanager
+def lock_run_dir(out: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on the run directory ``out`` (created if needed) while
+    training or resuming: a second process on the same directory is refused at once,
+    with the pid of the holder, instead of both writing into one run.
+
+    The lock is ``flock`` on ``OUT/.lock``: the kernel releases it when the holder exits,
+    however it exits (a SIGKILL leaves no stale lock). The file itself stays.
+    """
+    out = Path(out)
+    if not _is_main_process():
+        yield
+        return
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                raise
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise ConfigError(
+                f"--out {out} is in use by another rnnkit process (pid {holder}); wait for "
+                "it to finish or choose another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        # A run refused before it wrote anything leaves no directory behind.
+        if created and os.listdir(out) == [LOCK_NAME]:
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        os.close(fd)
+
+
+def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """Wrap a task's ``train(cfg, resume=False, quiet=False, ...)``: the run directory
+    is locked (:func:`lock_run_dir`) for the whole run and checked
+    (:func:`prepare_run_dir`) before anything is written. Adds the keyword ``overwrite``
+    (default False: a directory holding a run is refused unless ``resume``)."""
+
+    @functools.wraps(train)
+    def wrapper(cfg: TrainConfig, *args: Any, overwrite: bool = False, **kwargs: Any):
+        resume = bool(kwargs.get("resume", args[0] if args else False))
+        with lock_run_dir(cfg.out):
+            prepare_run_dir(cfg.out, resume=resume, overwrite=overwrite)
+            return train(cfg, *args, **kwargs)
+
+    return wrapper
 
 
 def train_options(cfg: TrainConfig, quiet: bool, units: str = "ppl") -> TrainOptions:

@@ -57,6 +57,7 @@ from rnnkit.seq2seq_metrics import (
 from rnnkit.tasks.run import (
     check_count,
     choose_device,
+    guarded_run,
     load_config,
     save_config,
     seed_everything,
@@ -308,6 +309,7 @@ def _check_resume(out: Path, cfg: TrainConfig) -> tuple[Vocabulary, Vocabulary]:
     return Vocabulary.load(out / "source_vocab.json"), Vocabulary.load(out / "vocab.json")
 
 
+@guarded_run
 def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[str, Any]:
     """Train as ``cfg`` says; write the run directory; return a summary.
 

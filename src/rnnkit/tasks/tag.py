@@ -49,6 +49,7 @@ from rnnkit.models.language_model import LossOutput
 from rnnkit.models.tagger import Tagger, build_tagger
 from rnnkit.tasks.run import (
     choose_device,
+    guarded_run,
     load_config,
     load_pretrained_vectors,
     save_config,
@@ -390,6 +391,7 @@ def _word_dropout(cfg: TrainConfig) -> float:
     return float(cfg.extra.get("word_dropout", WORD_DROPOUT))
 
 
+@guarded_run
 def train_tag(
     cfg: TrainConfig, resume: bool = False, quiet: bool = False, callbacks: Any = None
 ) -> dict[str, Any]:

@@ -21,88 +21,96 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import nn
 
+from rnnkit.data.files import (
+    append_line,
+    atomic_write,
+    atomic_write_bytes,
+    read_run_file,
+    require_regular_file,
+    sha256_file,
+)
 from rnnkit.data.limits import loads_json
 from rnnkit.errors import CheckpointError, DataError
 
 __all__ = [
     "FORMAT_VERSION",
+    "append_jsonl",
     "atomic_write_bytes",
     "atomic_write_json",
+    "dumps_strict",
     "load_model_weights",
     "load_snapshot",
     "read_json",
     "save_model_weights",
     "save_snapshot",
+    "save_tensors",
     "sha256_file",
+    "tensors_sha256",
 ]
 
 FORMAT_VERSION = 1
 SNAPSHOT_FILES = ("model.safetensors", "optimizer.safetensors", "extra.safetensors")
 
 
-def _default_mode(path: str) -> None:
-    # mkstemp creates 0600; a finished file gets the mode a plain open() would give.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file, fsync, rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        _default_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write ``obj`` as indented JSON, atomically."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+    """Write ``obj`` as indented strict JSON (see :func:`dumps_strict`), atomically."""
+    text = dumps_strict(obj, indent=2, sort_keys=True) + "\n"
+    atomic_write_bytes(path, text.encode())
+
+
+def dumps_strict(obj: Any, **kwargs: Any) -> str:
+    """JSON text that every strict parser reads: a non-finite float (a diverged loss, an
+    undefined metric) becomes ``null``, never the non-standard ``NaN``/``Infinity``.
+
+    >>> dumps_strict({"loss": float("nan"), "ok": [1.5, float("inf")]})
+    '{"loss": null, "ok": [1.5, null]}'
+    """
+    return json.dumps(_finite_or_none(obj), allow_nan=False, **kwargs)
+
+
+def _finite_or_none(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_none(v) for v in obj]
+    return obj
+
+
+def append_jsonl(path: str | os.PathLike[str], obj: Any) -> None:
+    """Append ``obj`` as one strict JSON line (``metrics.jsonl``)."""
+    append_line(path, dumps_strict(obj))
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
     """Read a JSON file; a missing or malformed file is a ``CheckpointError`` naming it."""
     path = Path(path)
+    if not os.path.lexists(path):
+        raise CheckpointError(f"{path}: missing")
     try:
-        return loads_json(path.read_bytes(), path)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing") from None
-    except IsADirectoryError:
-        raise CheckpointError(f"{path}: is a directory, not a JSON file") from None
+        raw = read_run_file(path)
+    except DataError as exc:
+        raise CheckpointError(str(exc)) from None
+    try:
+        return loads_json(raw, path)
     except DataError as exc:
         # Deep nesting, a 5,000-digit integer, bad UTF-8: all one line naming the file.
         at = f" at line {exc.line}" if exc.line is not None else ""
         detail = exc.message.removeprefix("invalid JSON: ")
         raise CheckpointError(f"{path}: not valid JSON{at}: {detail}") from None
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _state_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -119,37 +127,63 @@ def _state_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over the names, dtypes, shapes and bytes of ``tensors``, in name order.
+
+    Stored in a weights file's own metadata, it lets a load notice flipped bytes in the
+    tensor data (a damaged disk, a bad copy) that safetensors' header check cannot see.
+    """
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def save_model_weights(module: nn.Module, path: str | os.PathLike[str]) -> None:
-    """Save ``module``'s weights as safetensors, atomically."""
+    """Save ``module``'s weights as safetensors, atomically, with their checksum in the
+    file's metadata (``sha256``, see :func:`tensors_sha256`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(_state_tensors(module), tmp, metadata={"format": "rnnkit"})
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        _default_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    tensors = _state_tensors(module)
+    metadata = {"format": "rnnkit", "sha256": tensors_sha256(tensors)}
+    atomic_write(path, write_path=lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
-def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing")
+def save_tensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike[str]) -> None:
+    """Save named tensors as safetensors, atomically (the one writer's rules)."""
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    atomic_write(path, write_path=lambda tmp: save_file(tensors, tmp))
+
+
+def _load_tensors(path: Path, checked: bool = False) -> dict[str, torch.Tensor]:
     try:
-        return load_file(str(path))
+        require_regular_file(path)  # weights are mapped, not read: no size cap
+    except DataError as exc:
+        raise CheckpointError(str(exc)) from None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: not a valid safetensors file ({exc})") from None
+    if checked:
+        digest = metadata.get("sha256")
+        # Files written before checksums were recorded have none: nothing to compare.
+        if digest is not None and digest != tensors_sha256(tensors):
+            raise CheckpointError(f"{path}: checksum mismatch (corrupted or truncated)")
+        for name, t in tensors.items():
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise CheckpointError(f"{path}: {name} holds NaN or infinite values")
+    return tensors
 
 
 def load_model_weights(module: nn.Module, path: str | os.PathLike[str]) -> None:
     """Load safetensors weights into ``module``; mismatched names or shapes are a
     ``CheckpointError`` naming the file (a checkpoint of another configuration)."""
     path = Path(path)
-    tensors = _load_tensors(path)
+    tensors = _load_tensors(path, checked=True)
     own = module.state_dict()
     by_storage: dict[Any, str] = {}
     for name, t in own.items():
@@ -223,9 +257,8 @@ def save_snapshot(
     try:
         save_model_weights(model, tmp / "model.safetensors")
         opt_tensors, opt_plain = _optimizer_split(optimizer.state_dict())
-        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-        extra = {k: v.detach().contiguous().cpu() for k, v in (extra_tensors or {}).items()}
-        save_file(extra, str(tmp / "extra.safetensors"))
+        save_tensors(opt_tensors, tmp / "optimizer.safetensors")
+        save_tensors(extra_tensors or {}, tmp / "extra.safetensors")
         full = {
             "format_version": FORMAT_VERSION,
             "step": step,

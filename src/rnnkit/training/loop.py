@@ -31,7 +31,6 @@ loop owns everything else, so every task trains the same way (minGPT's trainer):
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import signal
 import threading
@@ -50,6 +49,7 @@ from rnnkit.errors import CheckpointError, ConfigError, RnnkitError
 from rnnkit.models.language_model import LossOutput
 from rnnkit.threads import ThreadGovernor
 from rnnkit.training.checkpoint import (
+    append_jsonl,
     load_model_weights,
     load_snapshot,
     save_model_weights,
@@ -411,9 +411,7 @@ class Trainer:
         if not self.dist.is_main:
             return  # only rank 0 writes logs
         if self.out_dir is not None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(event) + "\n")
+            append_jsonl(self.out_dir / "metrics.jsonl", event)
         for cb in self.callbacks:
             cb(event)
 
