@@ -88,3 +88,31 @@ def test_usage_errors(capsys):
     assert code == 2 and "--checkpoint" in err
     code, out, _ = cli(capsys, "report", "--help")
     assert code == 0 and "--out" in out and "self-contained" in out
+
+
+def special_files(tmp_path: Path) -> dict[str, Path]:
+    """A FIFO, and a character device (a copy of /dev/null's node, where mknod is allowed:
+    the test never points rnnkit at a real system device)."""
+    import os
+    import stat
+
+    made = {"FIFO": tmp_path / "fifo"}
+    os.mkfifo(made["FIFO"])
+    try:
+        os.mknod(tmp_path / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        made["character device"] = tmp_path / "null"
+    except OSError:
+        pass  # not root: the FIFO still shows the rule
+    return made
+
+
+def test_report_never_replaces_a_device_or_fifo(capsys, run_dir, tmp_path):
+    import os
+    import stat
+
+    for kind, path in special_files(tmp_path).items():
+        mode = os.lstat(path).st_mode
+        code, out, err = cli(capsys, "report", "--checkpoint", str(run_dir), "--out", str(path))
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert f"{path}: is a {kind}, not a regular file; refusing to replace it" in err
+        assert os.lstat(path).st_mode == mode and not stat.S_ISREG(mode)

@@ -265,3 +265,68 @@ def test_follow_refuses_a_whole_session_score(
     assert "streaming scores are max, mean, count (the others need the whole session)" in (
         capsys.readouterr().err
     )
+
+
+def test_a_closed_pipe_ends_quietly(run_dir: Path, tmp_path: Path) -> None:
+    # `rnnkit score ... | head -3`: far more output than a pipe buffers (64 KiB), so the
+    # writes after head has gone fail with EPIPE.
+    import subprocess
+    import sys
+
+    many = tmp_path / "many.jsonl"
+    write_sessions(many, generate_sessions(400, seed=4, prefix="m"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = f"{sys.executable} -m rnnkit score --checkpoint {run_dir} --data {many} --top 20"
+    done = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {cmd} | head -3 >/dev/null; echo ${{PIPESTATUS[0]}}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.stdout.strip() == "0", done.stdout
+    assert "Broken pipe" not in done.stderr and "Traceback" not in done.stderr
+    # Only the summary line (stderr) remains; nothing about the pipe.
+    assert all("session(s)" in line for line in done.stderr.splitlines()), done.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_non_finite_threshold_is_refused(
+    run_dir: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    # NaN compares false with every score: every session would be "normal".
+    test = run_dir.parent / "test.jsonl"
+    code = main(
+        ["score", "--checkpoint", str(run_dir), "--data", str(test), f"--threshold={value}"]
+    )
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1
+    assert "--threshold must be a finite number" in err
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "1e999"])
+def test_a_non_finite_number_in_thresholds_json_is_refused(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], constant: str
+) -> None:
+    import re
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    path = copy / "thresholds.json"
+    text = path.read_text()
+    doc = json.loads(text)
+    first = doc["rnn"][doc["score"]]
+    path.write_text(text.replace(json.dumps(first), constant, 1))
+    test = run_dir.parent / "test.jsonl"
+    code = main(["score", "--checkpoint", str(copy), "--data", str(test)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert re.search(r"thresholds\.json: not valid JSON: .*(not a JSON number|finite number)", err)
+
+
+def test_score_output_is_strict_json(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    test = run_dir.parent / "test.jsonl"
+    assert main(["score", "--checkpoint", str(run_dir), "--data", str(test), "--quiet"]) == 0
+    for line in capsys.readouterr().out.splitlines():
+        json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in the output"))

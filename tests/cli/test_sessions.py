@@ -285,3 +285,25 @@ def test_log_format_keeps_header_fields_out_of_templates(
     assert (status, stderr) == (0, "")
     assert [s.session for s in read_sessions(out)] == ["148", "149", "150", "151"]
     assert read_sessions(out)[2].events == ["heartbeat lost"]
+
+
+def test_out_is_never_a_device_fifo_or_directory(
+    tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+    import stat
+
+    targets = {"FIFO": tmp_path / "fifo", "directory": tmp_path / "dir"}
+    os.mkfifo(targets["FIFO"])
+    targets["directory"].mkdir()
+    try:  # a copy of /dev/null's node: never a real system device
+        os.mknod(tmp_path / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        targets["character device"] = tmp_path / "null"
+    except OSError:
+        pass
+    for kind, path in targets.items():
+        mode = os.lstat(path).st_mode
+        status, out, err = run_cli(capsys, "--from", "strace", str(trace), "--out", str(path))
+        assert status == 2 and out == "" and err.count("\n") == 1, err
+        assert f"{path}: is a {kind}, not a regular file; refusing to replace it" in err
+        assert os.lstat(path).st_mode == mode

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 __all__ = ["register", "run"]
@@ -28,7 +27,9 @@ def run(args: argparse.Namespace) -> int:
     task = task_module(task_of_run(args.checkpoint))
     metrics = task.evaluate(args.checkpoint, args.data, args.batch_size)
     if args.json:
-        print(json.dumps(metrics))
+        from rnnkit.training.checkpoint import dumps_strict
+
+        print(dumps_strict(metrics))
         return 0
     for key, value in metrics.items():
         if isinstance(value, dict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -76,6 +77,19 @@ def explicit_options(argv: Sequence[str] | None) -> set[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`rnnkit score ... | head -3`): stop quietly, as other Unix
+        # tools do. Python's documented recipe: point stdout at devnull, so the flush at
+        # exit does not fail a second time.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 0
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -85,7 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args.explicit = explicit_options(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit after the last line
+        return code
+    except BrokenPipeError:
+        raise
     except (RnnkitError, OSError) as exc:
         code = getattr(exc, "exit_code", 2)
         kind = "error" if code == 2 else "stopped"

@@ -16,7 +16,7 @@ becomes anomalous or closes. A one-line summary goes to stderr unless ``--quiet`
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import re
 import sys
 from collections.abc import Iterator
@@ -74,6 +74,9 @@ class ScoreConfig:
             raise ConfigError("--ngram applies to batch scoring, not --follow")
         if args.target_fpr is not None and args.threshold is not None:
             raise ConfigError("give --target-fpr or --threshold, not both")
+        if args.threshold is not None and not math.isfinite(args.threshold):
+            # A NaN threshold compares false with every score: detection silently off.
+            raise ConfigError(f"--threshold must be a finite number, got {args.threshold}")
         if args.target_fpr is not None and not 0 < args.target_fpr < 1:
             raise ConfigError(f"--target-fpr must be in (0, 1), got {args.target_fpr}")
         for name in ("top", "batch_size", "max_sessions"):
@@ -209,7 +212,9 @@ def register(subparsers: Any) -> None:
 
 
 def _print(record: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+    from rnnkit.training.checkpoint import dumps_strict
+
+    sys.stdout.write(dumps_strict(record, ensure_ascii=False) + "\n")
     sys.stdout.flush()
 
 

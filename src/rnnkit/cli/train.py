@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -608,12 +606,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_report:
         summary["report"] = _write_report(cfg.out)
     if args.json:
-        print(
-            json.dumps(
-                summary,
-                default=lambda o: None if isinstance(o, float) and not math.isfinite(o) else o,
-            )
-        )
+        from rnnkit.training.checkpoint import dumps_strict
+
+        print(dumps_strict(summary))  # a diverged loss is null, never the non-JSON NaN
     else:
         _print_summary(summary)
     return 0

@@ -27,6 +27,7 @@ cut into segments, so a corpus without newlines is legitimate.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from os import PathLike
@@ -112,6 +113,17 @@ def _depth_over(value: Any, limit: int) -> bool:
     return False
 
 
+def _not_json_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} is out of the range of a finite number")
+    return value
+
+
 def loads_json(
     text: str | bytes,
     path: str | PathLike[str] | None = None,
@@ -143,6 +155,10 @@ def loads_json(
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise DataError(f"invalid UTF-8 at byte offset {exc.start}", path, line) from None
+    # Strict JSON: NaN, Infinity and 1e999 are not numbers JSON allows (a NaN threshold
+    # would switch detection off); every file rnnkit writes is strict JSON too.
+    options.setdefault("parse_constant", _not_json_number)
+    options.setdefault("parse_float", _finite_float)
     try:
         value = json.loads(text, **options)
     except json.JSONDecodeError as exc:

@@ -624,7 +624,7 @@ def read_thresholds(run_dir: str | Path) -> dict[str, Any]:
             doc["format"] == THRESHOLDS_FORMAT
             and bool(names)
             and doc["score"] in names
-            and all(isinstance(doc[m][s], (int, float)) for m in ("rnn", "ngram") for s in names)
+            and all(_finite_number(doc[m][s]) for m in ("rnn", "ngram") for s in names)
             and isinstance(doc["top_g"], int)
             and 0 < doc["target_fpr"] < 1
         )
@@ -637,6 +637,10 @@ def read_thresholds(run_dir: str | Path) -> dict[str, Any]:
     doc.setdefault("window", None)
     doc.setdefault("method", "quantile")
     return doc
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def repick_thresholds(
