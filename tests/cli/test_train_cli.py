@@ -701,3 +701,43 @@ def test_a_full_disk_is_one_line_and_leaves_a_loadable_run(data, tiny_disk, caps
     assert_one_line_error(code, err, str(out), "No space left on device")
     assert code == 2
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+
+
+def test_resume_accepts_the_same_data_anywhere_and_refuses_other_data(
+    data, tmp_path, capsys, monkeypatch
+):
+    # The attack: a relative --train resolved from another directory holding another
+    # corpus.txt of the same name.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    shutil.copy(data / "train.txt", tmp_path / "a" / "corpus.txt")
+    (tmp_path / "b" / "corpus.txt").write_text(corpus(80, 7), encoding="utf-8")
+    shutil.copy(data / "valid.txt", tmp_path / "a" / "valid.txt")
+    out = tmp_path / "run"
+    monkeypatch.chdir(tmp_path / "a")
+    base = [*TINY, "--bptt", "segment:16", "--quiet", "--out", str(out)]
+    code, _, err = cli(
+        capsys, "train", "--train", "corpus.txt", "--valid", "valid.txt", *base, "--steps", "4"
+    )
+    assert code == 0, err
+    recorded = json.loads((out / "config.json").read_text())["data"]
+    assert recorded["train"]["path"] == str(tmp_path / "a" / "corpus.txt")
+    assert recorded["train"]["size"] == (tmp_path / "a" / "corpus.txt").stat().st_size
+
+    monkeypatch.chdir(tmp_path / "b")
+    before = digest_tree(out)
+    code, _, err = cli(capsys, "train", "--train", "corpus.txt", *base, "--resume", "--steps", "6")
+    assert_one_line_error(code, err, "--train corpus.txt is not the data this run was trained on")
+    assert str(tmp_path / "a" / "corpus.txt") in err
+    assert digest_tree(out) == before
+
+    # The same content under another name and place is the same data: it resumes, and
+    # the validation file is found by its recorded absolute path.
+    shutil.copy(tmp_path / "a" / "corpus.txt", tmp_path / "b" / "same.txt")
+    code, _, err = cli(capsys, "train", "--train", "same.txt", *base, "--resume", "--steps", "6")
+    assert code == 0, err
+    assert json.loads((out / "summary.json").read_text())["steps"] == 6
+
+    (tmp_path / "a" / "valid.txt").write_text("changed\n")
+    code, _, err = cli(capsys, "train", "--train", "same.txt", *base, "--resume", "--steps", "8")
+    assert_one_line_error(code, err, "--valid", "is not the data this run was trained on")

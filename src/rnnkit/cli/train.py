@@ -473,15 +473,22 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     # change how long or where to train. Anything else would be another model.
     from rnnkit.tasks.run import load_config
 
-    saved, _ = load_config(args.out)
+    saved, info = load_config(args.out)
     defaults = TrainConfig(train=saved.train, out=saved.out).to_dict()
     merged = saved.to_dict()
 
     def given(key: str) -> bool:
         return key in explicit if explicit is not None else values[key] != defaults.get(key)
 
+    # --train (and --valid, if given) are the files given now; the task accepts them only
+    # if their content is what the run was trained on (tasks.run.resume_data).
+    merged["train"] = values["train"]
+    if given("valid"):
+        merged["valid"] = values["valid"]
+    elif info.get("data") is not None:
+        merged["valid"] = None  # the run's own file, by its recorded absolute path
     for key, value in values.items():
-        if key in ("train", "out") or not given(key) or value == merged[key]:
+        if key in ("train", "valid", "out") or not given(key) or value == merged[key]:
             continue
         if key not in RESUME_CHANGEABLE:
             raise ConfigError(

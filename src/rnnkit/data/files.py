@@ -157,6 +157,7 @@ def append_line(path: PathLikeStr, line: str) -> None:
     path = Path(path)
     check_writable_target(path)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
             f.write(line.rstrip("\n") + "\n")
     except OSError as exc:

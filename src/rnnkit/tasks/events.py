@@ -719,7 +719,9 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     vocab = None
     if resume:
         saved, _ = load_config(out)
+        # train/valid: checked by content (tasks.run.resume_data), so may be renamed.
         allowed = {"epochs", "steps", "max_time", "eval_every", "patience", "device"}
+        allowed |= {"out", "train", "valid"}
         bad = [
             k for k, v in cfg.to_dict().items() if saved.to_dict().get(k) != v and k not in allowed
         ]

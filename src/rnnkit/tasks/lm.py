@@ -354,7 +354,9 @@ def train_lm(
             changed = [k for k, v in cfg.to_dict().items() if saved_cfg.to_dict().get(k) != v]
             # How long to train may change on resume; what is trained may not.
             # ``out`` is where the run is now (it may have been moved since).
+            # train/valid: checked by content (tasks.run.resume_data), so may be renamed.
             allowed = {"epochs", "steps", "max_time", "eval_every", "patience", "device", "out"}
+            allowed |= {"train", "valid"}
             bad = [k for k in changed if k not in allowed]
             if bad:
                 raise CheckpointError(

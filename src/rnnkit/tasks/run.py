@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import functools
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from rnnkit.config import TrainConfig
+from rnnkit.data.files import fingerprint
 from rnnkit.errors import CheckpointError, ConfigError
 from rnnkit.training.checkpoint import FORMAT_VERSION, atomic_write_json, read_json
 from rnnkit.training.loop import TrainOptions
@@ -26,10 +28,12 @@ __all__ = [
     "RUN_FILES",
     "check_count",
     "choose_device",
+    "data_fingerprints",
     "guarded_run",
     "load_config",
     "lock_run_dir",
     "prepare_run_dir",
+    "resume_data",
     "save_config",
     "seed_everything",
     "train_options",
@@ -57,10 +61,71 @@ def choose_device(name: str) -> torch.device:
 
 
 def save_config(out_dir: Path, cfg: TrainConfig, **info: Any) -> None:
+    """Write ``config.json``: the config, the task's ``info`` (vocabulary size, ...) and
+    the fingerprints of the data files (:func:`data_fingerprints`)."""
+    info.setdefault("data", data_fingerprints(cfg))
     atomic_write_json(
         out_dir / "config.json",
         {"format_version": FORMAT_VERSION, "config": cfg.to_dict(), **info},
     )
+
+
+def data_fingerprints(cfg: TrainConfig) -> dict[str, Any]:
+    """Absolute path, size and SHA-256 of the training and validation files: what a
+    ``--resume`` checks the data it is given against."""
+    return {
+        key: fingerprint(path) if path and Path(path).is_file() else None
+        for key, path in (("train", cfg.train), ("valid", cfg.valid))
+    }
+
+
+def resume_data(cfg: TrainConfig, info: dict[str, Any]) -> TrainConfig:
+    """The config to resume with: ``--train`` (and ``--valid``) accepted only if their
+    content is what the run was trained on (``info["data"]`` of ``config.json``), so a
+    different file of the same name, or the same name resolved from another directory,
+    never silently continues the run. Without ``--valid``, the run's own validation file
+    is used (by its absolute path), if it is still the same.
+    """
+    saved = info.get("data")
+    if saved is None:  # a run from before fingerprints were recorded: nothing to check
+        return cfg
+    where = Path(cfg.out) / "config.json"
+    try:
+        ok = isinstance(saved, dict) and all(
+            saved.get(k) is None
+            or (
+                isinstance(saved[k]["path"], str)
+                and isinstance(saved[k]["size"], int)
+                and isinstance(saved[k]["sha256"], str)
+            )
+            for k in ("train", "valid")
+        )
+    except (KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise CheckpointError(f"{where}: 'data' is not a valid record of the data files")
+    changes: dict[str, Any] = {}
+    for key in ("train", "valid"):
+        want, given = saved.get(key), getattr(cfg, key)
+        if want is None:
+            if given is not None:
+                raise ConfigError(
+                    f"--{key} {given}: the run was trained without --{key}; resume without it"
+                )
+            continue
+        path = given if given is not None else want["path"]
+        if given is None and not Path(path).is_file():
+            raise CheckpointError(
+                f"--resume: the {key} file of this run, {path}, is gone; give it with --{key}"
+            )
+        got = fingerprint(path)
+        if (got["size"], got["sha256"]) != (want["size"], want["sha256"]):
+            raise ConfigError(
+                f"--{key} {path} is not the data this run was trained on ({want['path']}, "
+                f"{want['size']:,} bytes, sha256 {want['sha256'][:12]}…); resume with that file"
+            )
+        changes[key] = got["path"]
+    return dataclasses.replace(cfg, **changes)
 
 
 def load_config(run_dir: str | Path, task: str | None = None) -> tuple[TrainConfig, dict[str, Any]]:
@@ -200,6 +265,8 @@ def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str,
         resume = bool(kwargs.get("resume", args[0] if args else False))
         with lock_run_dir(cfg.out):
             prepare_run_dir(cfg.out, resume=resume, overwrite=overwrite)
+            if resume:
+                cfg = resume_data(cfg, load_config(cfg.out)[1])
             return train(cfg, *args, **kwargs)
 
     return wrapper

@@ -300,7 +300,8 @@ class _StepClock:
 def _check_resume(out: Path, cfg: TrainConfig) -> tuple[Vocabulary, Vocabulary]:
     saved, _ = load_config(out, task="seq2seq")
     changed = [k for k, v in cfg.to_dict().items() if saved.to_dict().get(k) != v]
-    bad = [k for k in changed if k not in RESUME_CHANGEABLE]
+    # train/valid: checked by content (tasks.run.resume_data), so may be renamed.
+    bad = [k for k in changed if k not in RESUME_CHANGEABLE | {"out", "train", "valid"}]
     if bad:
         raise CheckpointError(
             f"{out / 'config.json'}: --resume with different options {bad} "

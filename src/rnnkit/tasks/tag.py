@@ -97,7 +97,9 @@ def check_resume(cfg: TrainConfig, out: Path) -> None:
     if saved.task != cfg.task:
         raise CheckpointError(f"{out / 'config.json'}: task is {saved.task!r}, not {cfg.task!r}")
     old, new = saved.to_dict(), cfg.to_dict()
-    bad = [k for k, v in new.items() if old.get(k) != v and k not in RESUME_CHANGEABLE | {"out"}]
+    # train/valid: checked by content (tasks.run.resume_data), so may be renamed.
+    same = RESUME_CHANGEABLE | {"out", "train", "valid"}
+    bad = [k for k, v in new.items() if old.get(k) != v and k not in same]
     if bad:
         raise CheckpointError(
             f"{out / 'config.json'}: --resume with different options {bad} "
