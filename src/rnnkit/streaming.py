@@ -536,13 +536,30 @@ def follow_lines(
         skipping = False  # inside an overlong line, until its newline
         last_data = clock()
         offset = 0
+        tail = b""  # the last bytes read, up to offset: to notice a file rewritten under us
         while True:
             if regular:
                 size = os.fstat(fd).st_size
-                if size < offset:  # truncated (log rotation by copytruncate): start over
+                if size < offset or (tail and os.pread(fd, len(tail), offset - len(tail)) != tail):
+                    # Truncated (log rotation by copytruncate), even if it has grown back
+                    # past our offset since: start over at 0. A partial line of the old
+                    # content is dropped, never joined to the new content.
                     os.lseek(fd, 0, os.SEEK_SET)
-                    offset, buffer = 0, b""
+                    offset, buffer, tail, number, skipping = 0, b"", b"", 0, False
                 chunk = os.read(fd, read_size)
+                if not chunk and owned and follow and _renamed(fd, source):
+                    # The name now points to a new file (rotation by rename, as `tail -F`
+                    # follows): one last read of the old file, then its last line ends
+                    # there and the new file is read from its start.
+                    chunk = os.read(fd, read_size)
+                    if not chunk:
+                        if buffer.strip() and not skipping:
+                            yield [(number + 1, buffer.rstrip(b"\r"))]
+                        os.close(fd)
+                        fd = os.open(source, os.O_RDONLY)
+                        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+                        offset, buffer, tail, number, skipping = 0, b"", b"", 0, False
+                        continue
                 if not chunk:
                     if not follow:
                         break
@@ -562,6 +579,7 @@ def follow_lines(
                 if not chunk:
                     break  # the writer closed the pipe
             offset += len(chunk)
+            tail = (tail + chunk)[-64:]
             last_data = clock()
             buffer += chunk
             lines = buffer.split(b"\n")
@@ -587,6 +605,17 @@ def follow_lines(
     finally:
         if owned:
             os.close(fd)
+
+
+def _renamed(fd: int, path: str) -> bool:
+    """Whether ``path`` names another file than the open ``fd`` now (a rotation). While
+    the name is missing (between the rename and the new file), keep the old one."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    old = os.fstat(fd)
+    return (now.st_ino, now.st_dev) != (old.st_ino, old.st_dev)
 
 
 def scores_array(verdicts: Iterable[dict[str, Any]], name: str = "max") -> np.ndarray:
