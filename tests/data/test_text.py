@@ -135,3 +135,46 @@ def test_any_bytes_either_decode_exactly_or_fail_at_the_first_bad_byte(data):
                 read_text(path)
         else:
             assert read_text(path) == expected
+
+
+def test_a_device_is_refused_at_once():
+    # `--train /dev/zero`: an endless file; refused before any byte is read.
+    with pytest.raises(DataError, match=r"^/dev/zero: is a device, not a data file$"):
+        read_text("/dev/zero")
+
+
+def test_the_line_limit_applies_while_reading_an_endless_pipe(tmp_path):
+    import os
+    import threading
+
+    from rnnkit.data.text import read_numbered_lines
+
+    fifo = tmp_path / "endless"
+    os.mkfifo(fifo)
+    written = [0]
+
+    def writer() -> None:
+        try:
+            with open(fifo, "wb") as f:
+                for _ in range(400):  # up to 400 MiB without a newline, if nobody stops
+                    f.write(b"\0" * (1 << 20))
+                    written[0] += 1
+        except BrokenPipeError:
+            pass  # the reader gave up: what the test wants
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    with pytest.raises(DataError, match=r"endless:1: line of more than 4,000 bytes"):
+        read_numbered_lines(fifo, max_line_chars=1000)
+    thread.join(timeout=60)
+    assert written[0] < 4  # stopped after the first MiB, not after 400
+
+
+def test_a_file_over_max_file_bytes_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "c.txt"
+    path.write_bytes(b"ab\n" * 1000)
+    monkeypatch.setenv("RNNKIT_MAX_FILE_BYTES", "2999")
+    with pytest.raises(DataError, match=r"file of more than 2,999 bytes.*RNNKIT_MAX_FILE_BYTES"):
+        read_text(path)
+    monkeypatch.setenv("RNNKIT_MAX_FILE_BYTES", "3000")
+    assert read_text(path) == "ab\n" * 1000

@@ -18,6 +18,7 @@ from rnnkit.config import (
     WIRINGS,
     TrainConfig,
 )
+from rnnkit.data.limits import MAX_PARAMETERS
 from rnnkit.errors import ConfigError
 
 __all__ = ["add_model_options", "register", "run"]
@@ -345,6 +346,12 @@ def register(sub: Any) -> None:
         "generate --condition LABEL",
     )
     _add_events_options(p)
+    p.add_argument(
+        "--max-parameters",
+        type=int,
+        help="refuse a model whose recurrent layers would hold more parameters than this "
+        f"(default {MAX_PARAMETERS.default:,}, or ${MAX_PARAMETERS.env})",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument(
@@ -596,8 +603,39 @@ def _write_report(out: str) -> str | None:
         return None
 
 
+def recurrent_parameters(cfg: TrainConfig) -> int:
+    """The parameters of the recurrent layers ``cfg`` asks for (weights and biases of every
+    gate, layer and direction; not the embedding and output layer, which depend on the
+    vocabulary): ``Σ_layers dirs · gates · H · (I + H + 1)``.
+
+    >>> recurrent_parameters(TrainConfig(cell="lstm", hidden=8, embedding=4, layers=2))
+    960
+    """
+    gates = {"rnn": 1, "gru": 3, "lstm": 4}.get(cfg.cell, 4)
+    dirs = 2 if cfg.bidirectional else 1
+    total, width = 0, cfg.embedding
+    for _ in range(min(cfg.layers, 1 << 20)):  # no loop of a billion steps to say no
+        total += dirs * gates * cfg.hidden * (width + cfg.hidden + 1)
+        width = dirs * cfg.hidden
+    return total * max(cfg.layers // (1 << 20), 1)
+
+
+def check_size(cfg: TrainConfig, limit: int | None) -> None:
+    """Refuse at once a model too large to build in reasonable time and memory
+    (``--layers 1000000`` would otherwise spend minutes allocating before failing)."""
+    cap = MAX_PARAMETERS.value(limit)
+    count = recurrent_parameters(cfg)
+    if count > cap:
+        raise ConfigError(
+            f"--layers {cfg.layers} --hidden {cfg.hidden} --embedding {cfg.embedding}: the "
+            f"recurrent layers alone would hold {count:,} parameters, over the limit of "
+            f"{cap:,} (raise it with --max-parameters N or {MAX_PARAMETERS.env}=N)"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    check_size(cfg, getattr(args, "max_parameters", None))
     from rnnkit.tasks.registry import task_module  # lazy: keeps `rnnkit --help` fast
 
     try:

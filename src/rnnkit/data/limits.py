@@ -18,6 +18,10 @@ limit                  default                     applies to
 ``max_seq_len``        1,000,000 tokens            a tagged sentence, an event session
 ``max_vocab``          1,000,000 tokens            a vocabulary built from data
 ``max_json_depth``     100 levels                  nesting of any JSON rnnkit reads
+``max_file_bytes``     4 GiB                       a training or evaluation data file
+                                                   (read in chunks, checked as it comes)
+``max_parameters``     500,000,000 parameters      the recurrent layers of a model to train
+                                                   (``rnnkit train --max-parameters N``)
 =====================  ==========================  =====================================
 
 A plain-text language-model corpus has no line limit: it is a document, read whole and
@@ -36,9 +40,11 @@ from typing import Any
 from rnnkit.errors import ConfigError, DataError
 
 __all__ = [
+    "MAX_FILE_BYTES",
     "MAX_JSON_DEPTH",
     "MAX_JSON_LINE_BYTES",
     "MAX_LINE_CHARS",
+    "MAX_PARAMETERS",
     "MAX_SEQ_LEN",
     "MAX_VOCAB",
     "Limit",
@@ -97,6 +103,8 @@ MAX_JSON_LINE_BYTES = Limit("max_json_line_bytes", 10 << 20, "bytes")
 MAX_SEQ_LEN = Limit("max_seq_len", 1_000_000, "tokens")
 MAX_VOCAB = Limit("max_vocab", 1_000_000, "tokens")
 MAX_JSON_DEPTH = Limit("max_json_depth", 100, "levels")
+MAX_FILE_BYTES = Limit("max_file_bytes", 4 << 30, "bytes")
+MAX_PARAMETERS = Limit("max_parameters", 500_000_000, "parameters")
 
 
 def _depth_over(value: Any, limit: int) -> bool:

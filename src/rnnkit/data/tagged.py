@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from os import PathLike
 from typing import Any, NamedTuple
 
-from rnnkit.data.limits import MAX_SEQ_LEN
+from rnnkit.data.limits import MAX_LINE_CHARS, MAX_SEQ_LEN
 from rnnkit.data.text import checked_lines, read_text
 from rnnkit.errors import ConfigError, DataError
 
@@ -280,12 +280,14 @@ def _nonempty(sentences: list[TaggedSentence], path: PathLikeStr) -> list[Tagged
 
 def read_conllu(path: PathLikeStr, column: str = "upos", **limits: Any) -> list[TaggedSentence]:
     """Read a CoNLL-U file (strict UTF-8); see :func:`parse_conllu`."""
-    return _nonempty(parse_conllu(read_text(path), column, path, **limits), path)
+    text = read_text(path, max_line_chars=MAX_LINE_CHARS.value(limits.get("max_line_chars")))
+    return _nonempty(parse_conllu(text, column, path, **limits), path)
 
 
 def read_token_tags(path: PathLikeStr, **limits: Any) -> list[TaggedSentence]:
     """Read a ``token<TAB>tag`` file (strict UTF-8); see :func:`parse_token_tags`."""
-    return _nonempty(parse_token_tags(read_text(path), path, **limits), path)
+    text = read_text(path, max_line_chars=MAX_LINE_CHARS.value(limits.get("max_line_chars")))
+    return _nonempty(parse_token_tags(text, path, **limits), path)
 
 
 def read_tagged(
@@ -315,7 +317,8 @@ def read_tagged(
     ([TaggedSentence(tokens=['x'], tags=['NOUN'], line=1)], 'tsv')
     """
     _column_index(column)
-    text = read_text(path)
+    # The line limit applies while reading: `--train /dev/zero`-like input fails at once.
+    text = read_text(path, max_line_chars=MAX_LINE_CHARS.value(max_line_chars))
     if fmt is None:
         fmt = detect_tagged_format(text)
     if fmt not in FORMATS:

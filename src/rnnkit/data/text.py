@@ -7,13 +7,14 @@ what a user needs to find it (``head -c`` / a hex editor).
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterator
 from os import PathLike
-from pathlib import Path
 
 import numpy as np
 
-from rnnkit.data.limits import MAX_LINE_CHARS
+from rnnkit.data.limits import MAX_FILE_BYTES, MAX_LINE_CHARS
 from rnnkit.data.vocab import EOS_ID, UNK_ID, Vocabulary, count_tokens
 from rnnkit.errors import DataError
 
@@ -30,7 +31,52 @@ __all__ = [
 PathLikeStr = str | PathLike[str]
 
 
-def read_text(path: PathLikeStr) -> str:
+def _read_bounded(path: PathLikeStr, max_line_chars: int | None) -> bytes:
+    """The bytes of a data file, read in 1 MiB chunks with the limits applied as they come:
+    at most :data:`~rnnkit.data.limits.MAX_FILE_BYTES` in all, and, for a line-oriented
+    format (``max_line_chars`` given), no line of more than 4 bytes per allowed character
+    (UTF-8's widest), so ``--train /dev/zero`` or an endless pipe fails at once, not after
+    gigabytes. A device node is refused outright (a FIFO is fine: ``<(zcat c.gz)``)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise DataError("file not found", path) from None
+    except OSError as exc:
+        raise DataError(f"cannot read: {exc.strerror or exc}", path) from None
+    if stat.S_ISDIR(mode):
+        raise DataError("is a directory, not a text file", path)
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        raise DataError("is a device, not a data file", path)
+    file_limit = MAX_FILE_BYTES.value()
+    line_limit = None if max_line_chars is None else MAX_LINE_CHARS.value(max_line_chars)
+    chunks: list[bytes] = []
+    total, line_bytes, line = 0, 0, 1
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                total += len(chunk)
+                if total > file_limit:
+                    found = f"file of more than {file_limit:,} bytes"
+                    raise DataError(MAX_FILE_BYTES.exceeded(found, file_limit), path)
+                if line_limit is not None:
+                    # parts[0] goes on with the current line; each later part is a line.
+                    parts = chunk.split(b"\n")
+                    for i, part in enumerate(parts):
+                        length = len(part) + (line_bytes if i == 0 else 0)
+                        if length > 4 * line_limit:
+                            found = f"line of more than {4 * line_limit:,} bytes"
+                            raise DataError(
+                                MAX_LINE_CHARS.exceeded(found, line_limit), path, line + i
+                            )
+                    line += len(parts) - 1
+                    line_bytes = len(parts[-1]) + (line_bytes if len(parts) == 1 else 0)
+                chunks.append(chunk)
+    except OSError as exc:
+        raise DataError(f"cannot read: {exc.strerror or exc}", path) from None
+    return b"".join(chunks)
+
+
+def read_text(path: PathLikeStr, *, max_line_chars: int | None = None) -> str:
     """Read a UTF-8 text file strictly.
 
     A leading byte-order mark is dropped and ``"\\r\\n"`` becomes ``"\\n"`` (line numbers are
@@ -38,10 +84,13 @@ def read_text(path: PathLikeStr) -> str:
 
     Args:
         path: the file.
+        max_line_chars: for a line-oriented format, the longest line; checked while
+            reading (a plain-text corpus has no line limit).
 
     Raises:
-        DataError: ``file not found``, unreadable, invalid UTF-8 (with the byte offset of the
-            first bad byte and its 1-based line), or empty / whitespace-only.
+        DataError: ``file not found``, unreadable, a device, over
+            :data:`~rnnkit.data.limits.MAX_FILE_BYTES`, invalid UTF-8 (with the byte offset
+            of the first bad byte and its 1-based line), or empty / whitespace-only.
 
     >>> import tempfile, pathlib
     >>> with tempfile.TemporaryDirectory() as d:
@@ -52,14 +101,7 @@ def read_text(path: PathLikeStr) -> str:
     ...
     rnnkit.errors.DataError: ...c.txt:2: invalid UTF-8 at byte offset 7 (byte 0xff)
     """
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise DataError("file not found", path) from None
-    except IsADirectoryError:
-        raise DataError("is a directory, not a text file", path) from None
-    except OSError as exc:
-        raise DataError(f"cannot read: {exc.strerror or exc}", path) from None
+    raw = _read_bounded(path, max_line_chars)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -102,7 +144,8 @@ def read_numbered_lines(
     ...     read_numbered_lines(p)
     [(1, 'a b'), (4, 'c')]
     """
-    lines = checked_lines(read_text(path), path, max_line_chars)
+    limit = MAX_LINE_CHARS.value(max_line_chars)
+    lines = checked_lines(read_text(path, max_line_chars=limit), path, limit)
     return [(number, line) for number, line in lines if line.strip()]
 
 
