@@ -330,3 +330,20 @@ def test_score_output_is_strict_json(run_dir: Path, capsys: pytest.CaptureFixtur
     assert main(["score", "--checkpoint", str(run_dir), "--data", str(test), "--quiet"]) == 0
     for line in capsys.readouterr().out.splitlines():
         json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in the output"))
+
+
+@pytest.mark.parametrize("name", ["valid_scores.safetensors", "ngram.safetensors"])
+def test_a_truncated_array_file_is_one_line(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    path = copy / name
+    path.write_bytes(path.read_bytes()[:50])
+    test = run_dir.parent / "test.jsonl"
+    # The baseline is checked even without --ngram; the scores only with --target-fpr.
+    code = main(["score", "--checkpoint", str(copy), "--data", str(test), "--target-fpr", "0.1"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and str(path) in err, err

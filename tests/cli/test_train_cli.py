@@ -741,3 +741,166 @@ def test_resume_accepts_the_same_data_anywhere_and_refuses_other_data(
     (tmp_path / "a" / "valid.txt").write_text("changed\n")
     code, _, err = cli(capsys, "train", "--train", "same.txt", *base, "--resume", "--steps", "8")
     assert_one_line_error(code, err, "--valid", "is not the data this run was trained on")
+
+
+# -- tampered run files: every one is one line naming the file ---------------------------------
+def _edit_config(run_dir: Path, **values) -> None:
+    path = run_dir / "config.json"
+    doc = json.loads(path.read_text())
+    doc["config"].update(values)
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [
+        ({"dropout": 5}, ["--dropout"]),
+        ({"hidden": -1}, ["--hidden"]),
+        ({"seed": 2**70}, ["--seed"]),
+    ],
+    ids=["dropout", "hidden", "seed"],
+)
+def test_a_tampered_config_is_one_line_in_every_command(run, data, tmp_path, capsys, values, words):
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    _edit_config(copy, **values)
+    for argv in (
+        ["evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt")],
+        ["generate", "--checkpoint", str(copy)],
+        ["report", "--checkpoint", str(copy)],
+    ):
+        code, _, err = cli(capsys, *argv)
+        assert_one_line_error(code, err, str(copy / "config.json"), *words)
+        assert code == 2
+
+
+def test_tampered_logs_and_baseline_are_one_line(run, data, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    (copy / "summary.json").write_text("[" * 100_000)
+    code, _, err = cli(capsys, "report", "--checkpoint", str(copy))
+    assert_one_line_error(code, err, str(copy / "summary.json"), "nested too deeply")
+    ngram = copy / "ngram.safetensors"
+    ngram.write_bytes(ngram.read_bytes()[:40])
+    code, _, err = cli(
+        capsys, "evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt")
+    )
+    assert_one_line_error(code, err, str(ngram))
+
+
+def test_nan_weights_are_refused_even_with_a_matching_checksum(run, tmp_path, capsys):
+    from rnnkit.training.checkpoint import tensors_sha256
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    weights = copy / "model.safetensors"
+    tensors = load_file(str(weights))
+    name = sorted(tensors)[0]
+    tensors[name][0] = float("nan")
+    from safetensors.torch import save_file
+
+    save_file(
+        tensors, str(weights), metadata={"format": "rnnkit", "sha256": tensors_sha256(tensors)}
+    )
+    code, _, err = cli(capsys, "generate", "--checkpoint", str(copy))
+    assert_one_line_error(code, err, str(weights), name, "NaN or infinite")
+
+
+def _forge_snapshot(run_dir: Path, state_edit=None, optimizer_edit=None, pointer_edit=None):
+    """Change a snapshot and recompute every checksum, as a forger would."""
+    from safetensors.torch import save_file
+
+    pointer_path = run_dir / "latest.json"
+    pointer = json.loads(pointer_path.read_text())
+    snap = run_dir / pointer["snapshot"]
+    state = json.loads((snap / "state.json").read_text())
+    if optimizer_edit is not None:
+        tensors = load_file(str(snap / "optimizer.safetensors"))
+        optimizer_edit(tensors)
+        save_file(tensors, str(snap / "optimizer.safetensors"))
+        raw = (snap / "optimizer.safetensors").read_bytes()
+        state["sha256"]["optimizer.safetensors"] = hashlib.sha256(raw).hexdigest()
+    if state_edit is not None:
+        state_edit(state)
+    (snap / "state.json").write_text(json.dumps(state))
+    pointer["state_sha256"] = hashlib.sha256((snap / "state.json").read_bytes()).hexdigest()
+    if pointer_edit is not None:
+        pointer_edit(pointer)
+    pointer_path.write_text(json.dumps(pointer))
+
+
+def _set(key, value):
+    return lambda d: d.__setitem__(key, value)
+
+
+def _first_moment(edit):
+    def change(tensors):
+        key = next(k for k in sorted(tensors) if k.endswith("/exp_avg"))
+        tensors[key] = edit(tensors[key])
+
+    return change
+
+
+FORGERIES = {
+    "step-string": {"state_edit": _set("step", "x")},
+    "batches-garbage": {"state_edit": _set("batches", [1, 2])},
+    "optimizer-groups-missing": {"state_edit": lambda s: s["optimizer"].pop("param_groups")},
+    "lr-string": {"state_edit": lambda s: s["optimizer"]["param_groups"][0].update(lr="fast")},
+    "lr-nan": {"state_edit": lambda s: s["optimizer"]["param_groups"][0].update(lr=None)},
+    "state-not-object": {"state_edit": lambda s: s.__setitem__("optimizer", [])},
+    "moment-wrong-shape": {"optimizer_edit": _first_moment(lambda t: torch.zeros(3))},
+    "moment-nan": {"optimizer_edit": _first_moment(lambda t: torch.full_like(t, float("nan")))},
+    "unknown-parameter": {
+        "optimizer_edit": lambda t: t.__setitem__("999/exp_avg", torch.zeros(2)),
+    },
+    "nul-in-snapshot-path": {"pointer_edit": _set("snapshot", "snapshots/a\u0000b")},
+    "snapshot-path-number": {"pointer_edit": _set("snapshot", 7)},
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+def test_a_forged_snapshot_is_one_line_on_resume(run, data, tmp_path, capsys, forgery):
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    _forge_snapshot(copy, **FORGERIES[forgery])
+    code, _, err = cli(
+        capsys, "train", "--train", str(data / "train.txt"), "--out", str(copy), "--resume",
+        "--steps", "8", "--quiet",
+    )  # fmt: skip
+    assert_one_line_error(code, err, str(copy))
+    assert code == 2
+
+
+def test_a_renamed_label_in_labels_json_is_refused_on_resume(tmp_path, capsys):
+    rng = random.Random(0)
+    lines = [f"{rng.choice(['pos', 'neg'])}\t{corpus(1, i).strip()}\n" for i in range(60)]
+    (tmp_path / "c.tsv").write_text("".join(lines), encoding="utf-8")
+    out = tmp_path / "run"
+    base = ["train", "--train", str(tmp_path / "c.tsv"), "--out", str(out), "--condition"]
+    base += ["init", "--bptt", "full", "--hidden", "4", "--embedding", "4", "--quiet"]
+    code, _, err = cli(capsys, *base, "--steps", "2")
+    assert code == 0, err
+    labels = out / "labels.json"
+    labels.write_text(labels.read_text().replace('"pos"', '"POS"'))
+    code, _, err = cli(capsys, *base, "--steps", "4", "--resume")
+    assert_one_line_error(code, err, str(labels), "missing ['pos'], unknown ['POS']")
+
+
+def test_an_absurd_model_size_is_refused_at_once_with_an_override(data, tmp_path, capsys):
+    out = tmp_path / "big"
+    code, _, err = cli(capsys, *train_args(data, out, "--layers", "1000000"))
+    assert_one_line_error(code, err, "--layers 1000000", "parameters", "--max-parameters")
+    assert not out.exists()
+    # The override lets a deliberate large model through (here a small limit shows it).
+    code, _, err = cli(capsys, *train_args(data, out, "--max-parameters", "100"))
+    assert_one_line_error(code, err, "over the limit of 100")
+    code, _, err = cli(capsys, *train_args(data, out, "--max-parameters", "100000", "--steps", "1"))
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("task", ["lm", "tag", "classify", "seq2seq"])
+def test_training_on_dev_zero_fails_at_once(tmp_path, capsys, task):
+    code, _, err = cli(
+        capsys, "train", "--task", task, "--train", "/dev/zero", "--out", str(tmp_path / "r")
+    )
+    assert_one_line_error(code, err, "/dev/zero: is a device, not a data file")

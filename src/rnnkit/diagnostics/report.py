@@ -39,9 +39,9 @@ from torch import Tensor
 
 from rnnkit.config import TrainConfig
 from rnnkit.diagnostics import plots
-from rnnkit.errors import CheckpointError
 from rnnkit.tasks.run import load_config
 from rnnkit.training.checkpoint import atomic_write_bytes
+from rnnkit.training.run_files import read_metrics, read_summary
 
 __all__ = ["REPORT_NAME", "render_report", "write_report"]
 
@@ -87,23 +87,10 @@ def read_run(run_dir: str | Path) -> Run:
     """Config (required), summary and logged events (optional) of a run directory."""
     path = Path(run_dir)
     cfg, info = load_config(path)
-    summary: dict[str, Any] = {}
-    if (path / "summary.json").is_file():
-        try:
-            loaded = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"{path / 'summary.json'}: not valid JSON ({exc})") from None
-        summary = loaded if isinstance(loaded, dict) else {}
-    events, bad = [], 0
-    if (path / "metrics.jsonl").is_file():
-        for line in (path / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:  # a line cut by a crash: counted and shown, never fatal
-                bad += 1
-                continue
-            if isinstance(event, dict):
-                events.append(event)
+    # One set of rules for the logs (training.run_files): a tampered summary is one line;
+    # a bad log line (cut by a crash, wrong types) is counted and shown, never fatal.
+    summary = read_summary(path)
+    events, bad = read_metrics(path)
     return Run(path, cfg, info, summary, events, bad)
 
 

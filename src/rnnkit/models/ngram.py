@@ -349,8 +349,8 @@ class NGramModel:
         return state
 
     @classmethod
-    def from_state(cls, state: dict[str, np.ndarray]) -> NGramModel:
-        """Rebuild a fitted model from :meth:`to_state`."""
+    def from_state(cls, state: dict[str, np.ndarray], where: str | None = None) -> NGramModel:
+        """Rebuild a fitted model from :meth:`to_state` (``where``: the file, for errors)."""
         try:
             order, vocab_size = (int(v) for v in np.asarray(state["config"]).tolist())
             model = cls(order, float(np.asarray(state["discount"])[0]), vocab_size)
@@ -366,7 +366,8 @@ class NGramModel:
                     ctx_total.append(np.asarray(state[f"ctx_total_{k}"], dtype=np.float64))
                     ctx_types.append(np.asarray(state[f"ctx_types_{k}"], dtype=np.int64))
         except (KeyError, ValueError, TypeError, IndexError) as exc:
-            raise CheckpointError(f"invalid n-gram state: {exc}") from None
+            at = f"{where}: " if where else ""
+            raise CheckpointError(f"{at}invalid n-gram state: {exc}") from None
         model._keys, model._counts = keys, counts
         model._ctx_total, model._ctx_types = ctx_total, ctx_types
         model._unigram_total, model._unigram_types = float(total), int(types)

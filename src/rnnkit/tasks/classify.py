@@ -38,6 +38,7 @@ from rnnkit.metrics import confusion_matrix
 from rnnkit.models.classifier import Classifier, build_classifier
 from rnnkit.models.language_model import LossOutput
 from rnnkit.tasks.run import (
+    check_labels,
     choose_device,
     guarded_run,
     load_config,
@@ -162,6 +163,8 @@ def train_classify(
         check_resume(cfg, out)
         vocab = Vocabulary.load(out / "vocab.json")
         labels = LabelSet.load(out / "labels.json")
+        found = LabelSet.from_data(ex.label for ex in train_examples)
+        check_labels(out, labels, found, cfg.train)
     else:
         text = "\n".join(ex.text for ex in train_examples)
         vocab = Vocabulary.from_text(text, unit=cfg.unit, min_freq=cfg.min_freq, source=cfg.train)

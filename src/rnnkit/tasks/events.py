@@ -44,7 +44,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.numpy import load_file as load_numpy
 from safetensors.numpy import save_file as save_numpy
 
 from rnnkit.anomaly import (
@@ -78,7 +77,12 @@ from rnnkit.tasks.run import (
     warn,
 )
 from rnnkit.thresholds import THRESHOLD_METHODS, clopper_pearson, pick_threshold, resolvable_fpr
-from rnnkit.training.checkpoint import atomic_write_json, load_model_weights, read_json
+from rnnkit.training.checkpoint import (
+    atomic_write_json,
+    load_arrays,
+    load_model_weights,
+    read_json,
+)
 from rnnkit.training.loop import Trainer
 
 __all__ = [
@@ -651,10 +655,8 @@ def repick_thresholds(
     if not 0 < target_fpr < 1:
         raise ConfigError(f"--target-fpr must be in (0, 1), got {target_fpr}")
     path = Path(run_dir) / "valid_scores.safetensors"
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing")
+    arrays = load_arrays(path)
     try:
-        arrays = load_numpy(str(path))
         return {
             m: {
                 s: pick_threshold(arrays[f"{m}/{s}"], target_fpr, method)[0]
@@ -672,8 +674,8 @@ def read_calibration(run_dir: str | Path) -> dict[str, Calibration] | None:
     path = Path(run_dir) / "calibration.safetensors"
     if not path.is_file():
         return None
+    arrays = load_arrays(path)
     try:
-        arrays = load_numpy(str(path))
         return {m: Calibration.from_arrays(arrays, m) for m in ("rnn", "ngram")}
     except (KeyError, ValueError, OSError) as exc:
         raise CheckpointError(f"{path}: not valid ({exc})") from None
@@ -924,7 +926,7 @@ def load_events(run_dir: str | Path, device: str = "cpu") -> EventsModel:
     ngram = None
     ngram_path = run_dir / "ngram.safetensors"
     if ngram_path.is_file():
-        ngram = NGramModel.from_state(load_numpy(str(ngram_path)))
+        ngram = NGramModel.from_state(load_arrays(ngram_path), where=str(ngram_path))
     return EventsModel(cfg, vocab, model, thresholds, ngram, read_calibration(run_dir))
 
 

@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.numpy import load_file as load_numpy
 from safetensors.numpy import save_file as save_numpy
 from torch import Tensor
 
@@ -49,6 +48,7 @@ from rnnkit.models.length import LengthState
 from rnnkit.models.ngram import NGramModel
 from rnnkit.tasks.run import (
     check_count,
+    check_labels,
     choose_device,
     guarded_run,
     load_config,
@@ -57,7 +57,7 @@ from rnnkit.tasks.run import (
     seed_everything,
     train_options,
 )
-from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
+from rnnkit.training.checkpoint import atomic_write_json, load_arrays, load_model_weights
 from rnnkit.training.distributed import init_distributed
 from rnnkit.training.loop import Trainer
 from rnnkit.training.scheduled_sampling import parse_schedule
@@ -157,6 +157,8 @@ def _prepare_conditional(
         vocab = Vocabulary.from_text(text, unit=cfg.unit, min_freq=cfg.min_freq, source=cfg.train)
     if labels is None:
         labels = LabelSet.from_data(ex.label for ex in examples)
+    else:  # resume: the run's labels.json must still be the data's labels
+        check_labels(cfg.out, labels, LabelSet.from_data(ex.label for ex in examples), cfg.train)
     data = LMData(vocab, "full", None, labels=labels)
     data.train_seqs, data.train_labels, _ = _labelled_sequences(
         examples, data, cfg.max_len, cfg.train
@@ -510,7 +512,7 @@ def evaluate_lm(
         metrics["unknown_label_counts"] = dict(sorted(data.valid_unknown.items()))
     ngram_path = Path(run_dir) / "ngram.safetensors"
     if ngram_path.is_file():
-        ngram = NGramModel.from_state(load_numpy(str(ngram_path)))
+        ngram = NGramModel.from_state(load_arrays(ngram_path), where=str(ngram_path))
         metrics["ngram"] = ngram_lm_metrics(ngram, data, batch_size or cfg.batch_size)
     return metrics
 

@@ -27,6 +27,7 @@ from rnnkit.training.loop import TrainOptions
 __all__ = [
     "RUN_FILES",
     "check_count",
+    "check_labels",
     "choose_device",
     "data_fingerprints",
     "guarded_run",
@@ -142,9 +143,28 @@ def load_config(run_dir: str | Path, task: str | None = None) -> tuple[TrainConf
         cfg = TrainConfig.from_dict(data.get("config"), where=str(path))
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
+    try:
+        # The command line's own rules: `dropout: 5`, `hidden: -1` or a seed of 2^70
+        # written into config.json are refused as they would be as options.
+        cfg.validate()
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
     if task is not None and cfg.task != task:
         raise CheckpointError(f"{path}: task is {cfg.task!r}, not {task!r}")
     return cfg, data
+
+
+def check_labels(run_dir: str | Path, saved: Any, found: Any, data_path: str) -> None:
+    """On resume, ``labels.json`` (``saved``) must hold exactly the labels the training
+    data has (``found``, a ``LabelSet`` built from it, as at training time): a label
+    renamed or removed in the file would silently drop that class's lines."""
+    if list(saved.labels) != list(found.labels):
+        missing = sorted(set(found.labels) - set(saved.labels))
+        extra = sorted(set(saved.labels) - set(found.labels))
+        raise CheckpointError(
+            f"{Path(run_dir) / 'labels.json'}: does not match the labels of {data_path} "
+            f"(missing {missing[:3]}, unknown {extra[:3]}): edited since training?"
+        )
 
 
 def check_count(path: Path, count: int | None, noun: str, info: dict[str, Any], key: str) -> None:

@@ -28,8 +28,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
+from safetensors.numpy import load_file as load_numpy
 from safetensors.torch import save_file
 from torch import nn
 
@@ -50,6 +52,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "dumps_strict",
+    "load_arrays",
     "load_model_weights",
     "load_snapshot",
     "read_json",
@@ -179,6 +182,20 @@ def _load_tensors(path: Path, checked: bool = False) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def load_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """The arrays of a numpy safetensors file of a run (``ngram.safetensors``,
+    ``valid_scores.safetensors``); anything wrong is a ``CheckpointError`` naming it."""
+    path = Path(path)
+    try:
+        require_regular_file(path)
+    except DataError as exc:
+        raise CheckpointError(str(exc).replace("file not found", "missing")) from None
+    try:
+        return load_numpy(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: not a valid safetensors file ({exc})") from None
+
+
 def load_model_weights(module: nn.Module, path: str | os.PathLike[str]) -> None:
     """Load safetensors weights into ``module``; mismatched names or shapes are a
     ``CheckpointError`` naming the file (a checkpoint of another configuration)."""
@@ -231,6 +248,62 @@ def _optimizer_join(tensors: dict[str, torch.Tensor], plain: dict[str, Any]) -> 
         pid, key = name.split("/", 1)
         state.setdefault(int(pid), {})[key] = t
     return {"state": state, "param_groups": plain["param_groups"]}
+
+
+def _check_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """A saved optimizer state must have the live optimizer's form: the same groups with
+    the same kinds of values (a learning rate stays a finite number), and per parameter,
+    tensors of that parameter's shape, finite. ``load_state_dict`` checks only the group
+    sizes: a forged state would otherwise fail (or poison the weights) steps later.
+    Raises ``ValueError`` naming what does not fit."""
+    live = optimizer.state_dict()
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or len(groups) != len(live["param_groups"]):
+        raise ValueError("param_groups differ")
+    for group, ref in zip(groups, live["param_groups"], strict=True):
+        if not isinstance(group, dict) or set(group) != set(ref):
+            raise ValueError("param_groups have other keys")
+        for key, value in ref.items():
+            got = group[key]
+            if isinstance(value, bool) or value is None:
+                ok = (
+                    got is None or isinstance(got, bool) if value is None else isinstance(got, bool)
+                )
+            elif isinstance(value, (int, float)):
+                ok = isinstance(got, (int, float)) and not isinstance(got, bool)
+                ok = ok and math.isfinite(got)
+            elif isinstance(value, (list, tuple)):
+                ok = isinstance(got, (list, tuple)) and len(got) == len(value)
+                if key != "params":
+                    ok = ok and all(isinstance(g, (int, float)) and math.isfinite(g) for g in got)
+            else:
+                ok = isinstance(got, type(value))
+            if not ok:
+                raise ValueError(f"param_groups {key} is {got!r}"[:120])
+    shapes = {
+        pid: tuple(p.shape)
+        for pid, p in zip(
+            (i for g in live["param_groups"] for i in g["params"]),
+            (p for g in optimizer.param_groups for p in g["params"]),
+            strict=True,
+        )
+    }
+    for pid, entry in saved.get("state", {}).items():
+        if pid not in shapes or not isinstance(entry, dict):
+            raise ValueError(f"state of unknown parameter {pid!r}"[:120])
+        for key, value in entry.items():
+            if not torch.is_tensor(value):
+                if not (isinstance(value, (int, float)) and math.isfinite(value)):
+                    raise ValueError(f"state {pid}/{key} is {value!r}"[:120])
+                continue
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(f"state {pid}/{key} holds NaN or infinite values")
+            if key == "step" and bool((value < 0).any()):
+                raise ValueError(f"state {pid}/step is negative")
+            if value.dim() > 0 and tuple(value.shape) != shapes[pid]:
+                raise ValueError(
+                    f"state {pid}/{key} has shape {tuple(value.shape)}, the parameter {shapes[pid]}"
+                )
 
 
 def save_snapshot(
@@ -305,7 +378,11 @@ def load_snapshot(
     pointer = read_json(out_dir / "latest.json")
     if not isinstance(pointer, dict) or pointer.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{out_dir / 'latest.json'}: unknown checkpoint format")
-    rel = Path(str(pointer.get("snapshot", "")))
+    where = out_dir / "latest.json"
+    name, digest = pointer.get("snapshot"), pointer.get("state_sha256")
+    if not isinstance(name, str) or not name or "\0" in name or not isinstance(digest, str):
+        raise CheckpointError(f"{where}: snapshot must be a path and state_sha256 a checksum")
+    rel = Path(name)
     snap = (out_dir / rel).resolve()
     if rel.is_absolute() or out_dir.resolve() not in snap.parents:
         raise CheckpointError(f"{out_dir / 'latest.json'}: snapshot path escapes {out_dir}")
@@ -315,7 +392,10 @@ def load_snapshot(
     if sha256_file(state_path) != pointer.get("state_sha256"):
         raise CheckpointError(f"{state_path}: checksum mismatch (corrupted or truncated)")
     state = read_json(state_path)
-    for fname, digest in state.get("sha256", {}).items():
+    sums = state.get("sha256") if isinstance(state, dict) else None
+    if not isinstance(sums, dict) or not isinstance(state.get("step"), int):
+        raise CheckpointError(f"{state_path}: not a snapshot state (step, sha256)")
+    for fname, digest in sums.items():
         if fname not in SNAPSHOT_FILES:
             raise CheckpointError(f"{state_path}: unexpected file entry {fname!r}")
         if not (snap / fname).is_file():
@@ -326,7 +406,12 @@ def load_snapshot(
     if optimizer is not None:
         tensors = _load_tensors(snap / "optimizer.safetensors")
         try:
-            optimizer.load_state_dict(_optimizer_join(tensors, state["optimizer"]))
-        except (ValueError, KeyError, RuntimeError) as exc:
-            raise CheckpointError(f"{snap}: optimizer state does not fit ({exc})") from None
+            saved = _optimizer_join(tensors, state["optimizer"])
+            _check_optimizer_state(optimizer, saved)
+            optimizer.load_state_dict(saved)
+        except (ValueError, KeyError, RuntimeError, TypeError, AttributeError) as exc:
+            detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            raise CheckpointError(
+                f"{snap}: optimizer state does not fit ({type(exc).__name__}: {detail})"
+            ) from None
     return state, _load_tensors(snap / "extra.safetensors")

@@ -449,6 +449,21 @@ class Trainer:
         if self.out_dir is None:
             raise RnnkitError("resume needs an output directory")
         state, extra = load_snapshot(self.out_dir, self.model, self.optimizer)
+        try:
+            self._restore(state, extra)
+        except RnnkitError as exc:
+            if str(self.out_dir) in str(exc):
+                raise
+            raise CheckpointError(f"{self.out_dir}: the snapshot's state: {exc}") from None
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
+            # A state.json whose checksums match but whose content was forged: one line.
+            detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+            raise CheckpointError(
+                f"{self.out_dir}: the snapshot's state.json does not fit this run "
+                f"({type(exc).__name__}: {detail})"
+            ) from None
+
+    def _restore(self, state: dict[str, Any], extra: dict[str, Tensor]) -> None:
         saved_precision = state.get("precision", "fp32")  # snapshots before --precision
         if saved_precision != self.options.precision:
             raise CheckpointError(

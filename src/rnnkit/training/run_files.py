@@ -1,0 +1,139 @@
+"""The logs of a run directory, read by one set of rules: ``summary.json`` and
+``metrics.jsonl``.
+
+Both are read as run files (:func:`rnnkit.data.files.read_run_file`: a regular file of
+bounded size) and as strict JSON with bounded nesting (:func:`rnnkit.data.limits.loads_json`).
+Then the fields a reader uses are checked for their types, so that a tampered or damaged
+file is one line naming it (``summary.json``) or a skipped, counted line
+(``metrics.jsonl``, which a crash may cut at its end) — never a traceback further on.
+
+=================  =============================================================
+``summary.json``   a JSON object; ``steps``, ``epoch``, ``parameters``,
+                   ``clipped_steps`` integers or null; ``elapsed_s``,
+                   ``tokens_per_s``, ``train_loss_nats`` numbers or null;
+                   ``valid`` and ``ngram`` objects (or null) whose metrics
+                   (:data:`METRIC_FIELDS`) are numbers or null
+a line of          a JSON object with a string ``event``; ``step``,
+``metrics.jsonl``  ``clipped_total`` integers ≥ 0; ``best`` a boolean; metrics
+                   (:data:`METRIC_FIELDS`) and ``grad_norm`` numbers or null
+=================  =============================================================
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rnnkit.data.files import read_run_file
+from rnnkit.data.limits import loads_json
+from rnnkit.errors import CheckpointError, DataError
+from rnnkit.training.checkpoint import read_json
+
+__all__ = ["METRIC_FIELDS", "read_metrics", "read_summary"]
+
+# Fields that are numbers (or null) wherever they appear in a run's logs.
+METRIC_FIELDS = (
+    "loss_nats",
+    "perplexity",
+    "bits_per_char",
+    "accuracy",
+    "macro_f1",
+    "span_f1",
+    "exact_match",
+    "token_error_rate",
+    "tokens",
+    "lr",
+    "grad_norm",
+    "elapsed_s",
+)
+_INT_FIELDS = ("steps", "epoch", "parameters", "clipped_steps")
+_NUMBER_FIELDS = ("elapsed_s", "tokens_per_s", "train_loss_nats")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _metrics_problem(obj: dict[str, Any]) -> str | None:
+    """What is wrong with the metrics of one evaluation (None: nothing)."""
+    for key in METRIC_FIELDS:
+        if key in obj and obj[key] is not None and not _is_number(obj[key]):
+            return f"{key} must be a number, got {type(obj[key]).__name__}"
+    for key in ("step", "order", "epoch"):
+        if key in obj and obj[key] is not None and not (_is_int(obj[key]) and obj[key] >= 0):
+            return f"{key} must be an integer ≥ 0, got {obj[key]!r}"[:120]
+    return None
+
+
+def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """``summary.json`` of a run, checked ({} when there is none: a run cut short).
+
+    Raises:
+        CheckpointError: not a file, too large, not strict JSON, nested too deeply, or a
+            field of the wrong type; one line naming the file.
+    """
+    path = Path(run_dir) / "summary.json"
+    if not os.path.lexists(path):
+        return {}
+    doc = read_json(path)
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+    for key in _INT_FIELDS:
+        if doc.get(key) is not None and not _is_int(doc[key]):
+            raise CheckpointError(f"{path}: {key} must be an integer, got {doc[key]!r}"[:200])
+    for key in _NUMBER_FIELDS:
+        if doc.get(key) is not None and not _is_number(doc[key]):
+            raise CheckpointError(f"{path}: {key} must be a number, got {doc[key]!r}"[:200])
+    for key in ("valid", "ngram"):
+        part = doc.get(key)
+        if part is None:
+            continue
+        if not isinstance(part, dict):
+            raise CheckpointError(f"{path}: {key} must be an object, got {type(part).__name__}")
+        problem = _metrics_problem(part)
+        if problem:
+            raise CheckpointError(f"{path}: {key}: {problem}")
+    return doc
+
+
+def read_metrics(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], int]:
+    """The events of ``metrics.jsonl`` that follow the rules, and how many lines did not
+    (cut by a crash, invalid UTF-8, wrong types): those are skipped and counted, never
+    fatal, since the log is evidence, not input to the model. ``([], 0)`` without a log.
+
+    Raises:
+        CheckpointError: the log is not a regular file, or is larger than the cap.
+    """
+    path = Path(run_dir) / "metrics.jsonl"
+    if not os.path.lexists(path):
+        return [], 0
+    try:
+        raw = read_run_file(path)
+    except DataError as exc:
+        raise CheckpointError(str(exc)) from None
+    events: list[dict[str, Any]] = []
+    bad = 0
+    for number, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            event = loads_json(line, path, number)
+        except DataError:
+            bad += 1
+            continue
+        if (
+            not isinstance(event, dict)
+            or not isinstance(event.get("event"), str)
+            or _metrics_problem(event) is not None
+            or ("clipped_total" in event and not _is_int(event["clipped_total"]))
+            or ("best" in event and not isinstance(event["best"], bool))
+        ):
+            bad += 1
+            continue
+        events.append(event)
+    return events, bad
