@@ -904,3 +904,14 @@ def test_training_on_dev_zero_fails_at_once(tmp_path, capsys, task):
         capsys, "train", "--task", task, "--train", "/dev/zero", "--out", str(tmp_path / "r")
     )
     assert_one_line_error(code, err, "/dev/zero: is a device, not a data file")
+
+
+def test_a_fifo_as_config_json_is_refused_not_waited_on(run, data, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    (copy / "config.json").unlink()
+    os.mkfifo(copy / "config.json")  # reading it would block until a writer comes: never
+    code, _, err = cli(
+        capsys, "evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt")
+    )
+    assert_one_line_error(code, err, str(copy / "config.json"), "is a FIFO, not a regular file")
