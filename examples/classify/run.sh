@@ -19,7 +19,7 @@ for pooling in $POOLINGS; do
   "$PY" -m rnnkit train --task classify --train "$OUT/data/train.tsv" \
     --valid "$OUT/data/valid.tsv" --out "$OUT/$pooling" --unit char --max-len 80 \
     --hidden 64 --embedding 32 --bidirectional --pooling "$pooling" --dropout 0.3 \
-    --epochs 6 --batch-size 32 --seed 0 --quiet
+    --epochs 6 --batch-size 32 --seed 0 --quiet --overwrite  # a rerun replaces the run
   "$PY" -m rnnkit evaluate --checkpoint "$OUT/$pooling" --data "$OUT/data/test.tsv" --json \
     > "$OUT/$pooling.test.json"
 done

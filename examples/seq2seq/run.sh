@@ -19,8 +19,9 @@ gen reverse --n 4000 --seed 0 --min-len 5 --max-len 15 --out "$OUT/reverse-train
 gen reverse --n 500 --seed 1 --min-len 5 --max-len 15 --out "$OUT/reverse-valid.tsv"
 gen reverse --n 500 --seed 2 --min-len 5 --max-len 15 --out "$OUT/reverse-test.tsv"
 
+# --overwrite: running the example again replaces its runs.
 COMMON=(--task seq2seq --hidden 128 --embedding 32 --epochs 6 --batch-size 32 --lr 0.003
-        --max-len 24 --quiet)
+        --max-len 24 --quiet --overwrite)
 
 echo "== dates: bidirectional LSTM encoder, additive attention, beam 5"
 "$RNNKIT" train "${COMMON[@]}" --train "$OUT/dates-train.tsv" --valid "$OUT/dates-valid.tsv" \

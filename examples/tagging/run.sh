@@ -25,7 +25,7 @@ run() {  # name data extra-options...
   local name=$1 data=$2
   shift 2
   "$PY" -m rnnkit train --task tag --train "$OUT/$data/train.tsv" --valid "$OUT/$data/valid.tsv" \
-    --out "$OUT/$name" "${COMMON[@]}" "$@"
+    --out "$OUT/$name" --overwrite "${COMMON[@]}" "$@"  # a rerun replaces the run
   "$PY" -m rnnkit evaluate --checkpoint "$OUT/$name" --data "$OUT/$data/test.tsv" --json \
     > "$OUT/$name.test.json"
 }
