@@ -56,7 +56,7 @@ def test_prepare_run_dir_refuses_an_existing_run_and_overwrite_removes_only_run_
     (out / "snapshots" / "step-1").mkdir(parents=True)
     for name in ("config.json", "metrics.jsonl", "report.html", "mine.txt"):
         (out / name).write_text("x")
-    with pytest.raises(ConfigError, match=r"already holds a run \(config\.json, "):
+    with pytest.raises(ConfigError, match=r"already holds a run \(snapshots, report\.html\)"):
         prepare_run_dir(out)
     with pytest.raises(ConfigError, match="--resume and --overwrite exclude each other"):
         prepare_run_dir(out, resume=True, overwrite=True)
@@ -65,6 +65,12 @@ def test_prepare_run_dir_refuses_an_existing_run_and_overwrite_removes_only_run_
     assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
     with pytest.raises(CheckpointError, match="holds no run to continue"):
         prepare_run_dir(out, resume=True)
+    # A run that failed before it saved anything (config and log only) is no run to
+    # protect: a new run replaces what it left.
+    for name in ("config.json", "vocab.json", "metrics.jsonl"):
+        (out / name).write_text("x")
+    prepare_run_dir(out)
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
 
 
 def test_the_python_api_refuses_to_train_over_a_run_too(tmp_path):

@@ -192,6 +192,9 @@ RUN_FILES = (
     "report.html",
 )
 
+# The files that make a directory a run worth protecting from a new one.
+RUN_SAVED = ("model.safetensors", "latest.json", "snapshots", "summary.json", "report.html")
+
 LOCK_NAME = ".lock"
 
 
@@ -221,9 +224,12 @@ def prepare_run_dir(out: str | Path, resume: bool = False, overwrite: bool = Fal
     if not _is_main_process():
         return
     found = [name for name in RUN_FILES if (out / name).exists()]
-    if found and not overwrite:
+    # What a finished or resumable run leaves; a run that failed before saving anything
+    # (bad data, divergence at step 2) leaves only its start, which a new run replaces.
+    saved = [name for name in RUN_SAVED if (out / name).exists()]
+    if saved and not overwrite:
         raise ConfigError(
-            f"--out {out} already holds a run ({', '.join(found[:3])}); continue it with "
+            f"--out {out} already holds a run ({', '.join(saved[:3])}); continue it with "
             "--resume or replace it with --overwrite"
         )
     for name in found:
