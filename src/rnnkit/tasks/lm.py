@@ -141,7 +141,7 @@ def _labelled_sequences(
 
 
 def _prepare_conditional(
-    cfg: TrainConfig, vocab: Vocabulary | None, labels: LabelSet | None
+    cfg: TrainConfig, vocab: Vocabulary | None, labels: LabelSet | None, resume: bool = False
 ) -> LMData:
     """``--condition``: ``label<TAB>text`` lines, one sequence (and class) per line."""
     examples = read_labelled(cfg.train)
@@ -157,7 +157,7 @@ def _prepare_conditional(
         vocab = Vocabulary.from_text(text, unit=cfg.unit, min_freq=cfg.min_freq, source=cfg.train)
     if labels is None:
         labels = LabelSet.from_data(ex.label for ex in examples)
-    else:  # resume: the run's labels.json must still be the data's labels
+    elif resume:  # the run's labels.json must still be the training data's labels
         check_labels(cfg.out, labels, LabelSet.from_data(ex.label for ex in examples), cfg.train)
     data = LMData(vocab, "full", None, labels=labels)
     data.train_seqs, data.train_labels, _ = _labelled_sequences(
@@ -174,11 +174,15 @@ def _prepare_conditional(
 
 
 def prepare_lm_data(
-    cfg: TrainConfig, vocab: Vocabulary | None = None, labels: LabelSet | None = None
+    cfg: TrainConfig,
+    vocab: Vocabulary | None = None,
+    labels: LabelSet | None = None,
+    resume: bool = False,
 ) -> LMData:
-    """Read, split and encode the corpora as ``cfg`` says (``labels``: ``--condition``)."""
+    """Read, split and encode the corpora as ``cfg`` says (``labels``: ``--condition``;
+    with ``resume``, they must be exactly the training data's labels)."""
     if cfg.condition != "none":
-        return _prepare_conditional(cfg, vocab, labels)
+        return _prepare_conditional(cfg, vocab, labels, resume)
     text = read_text(cfg.train)
     if cfg.valid:
         valid_text = read_text(cfg.valid)
@@ -374,7 +378,7 @@ def train_lm(
             f"{ctx.world_size} processes"
         )
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
-    data = prepare_lm_data(cfg, vocab, labels)
+    data = prepare_lm_data(cfg, vocab, labels, resume=resume)
     num_labels = None if data.labels is None else len(data.labels)
     model = build_lm(cfg, len(data.vocab), num_labels).to(device)
     model.loss_reduction = cfg.loss_reduction
