@@ -6,14 +6,19 @@ their modules.
 
 from rnnkit.training.checkpoint import (
     FORMAT_VERSION,
+    append_jsonl,
     atomic_write_bytes,
     atomic_write_json,
+    dumps_strict,
+    load_arrays,
     load_model_weights,
     load_snapshot,
     read_json,
     save_model_weights,
     save_snapshot,
+    save_tensors,
     sha256_file,
+    tensors_sha256,
 )
 from rnnkit.training.distributed import (
     DistContext,
@@ -37,6 +42,7 @@ from rnnkit.training.loop import (
     default_patience,
 )
 from rnnkit.training.progress import Progress
+from rnnkit.training.run_files import METRIC_FIELDS, read_metrics, read_summary
 from rnnkit.training.scheduled_sampling import SamplingSchedule, parse_schedule
 from rnnkit.training.schedules import LRSchedule, build_lr_schedulers, parse_lr_schedule
 
@@ -46,6 +52,7 @@ __all__ = [
     "CAP_SECONDS",
     "FORMAT_VERSION",
     "MAX_SCALER_SKIPS",
+    "METRIC_FIELDS",
     "DistContext",
     "LRSchedule",
     "Progress",
@@ -57,20 +64,27 @@ __all__ = [
     "Trainer",
     "TrainingDiverged",
     "TrainingInterrupted",
+    "append_jsonl",
     "atomic_write_bytes",
     "atomic_write_json",
     "autocast_setup",
     "build_lr_schedulers",
     "default_eval_every",
     "default_patience",
+    "dumps_strict",
     "init_distributed",
+    "load_arrays",
     "load_model_weights",
     "load_snapshot",
     "parse_lr_schedule",
     "parse_schedule",
     "read_json",
+    "read_metrics",
+    "read_summary",
     "save_model_weights",
     "save_snapshot",
+    "save_tensors",
     "sha256_file",
     "shutdown_distributed",
+    "tensors_sha256",
 ]
