@@ -34,7 +34,13 @@ from rnnkit.errors import CheckpointError, ConfigError, DataError
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.regressor import Regressor
-from rnnkit.tasks.run import choose_device, load_config, save_config, seed_everything
+from rnnkit.tasks.run import (
+    choose_device,
+    guarded_run,
+    load_config,
+    save_config,
+    seed_everything,
+)
 from rnnkit.tasks.tag import check_resume, fit, run_summary
 from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
 
@@ -170,6 +176,7 @@ def _check_width(seqs: list[VectorSequence], width: int, what: str) -> None:
             )
 
 
+@guarded_run
 def train(
     cfg: TrainConfig, resume: bool = False, quiet: bool = False, callbacks: Any = None
 ) -> dict[str, Any]:
