@@ -9,6 +9,8 @@
 # Both: SGD, batch 20 streams, clip the gradient norm at 5, </s> after every sentence with
 # the state carried across sentences, the corpus's own <unk>.
 set -eu
+# Running again replaces the run, unless the options continue it (--resume).
+case " $* " in *" --resume "*) replace="" ;; *) replace="--overwrite" ;; esac
 here=$(cd "$(dirname "$0")" && pwd)
 PYTHON=${PYTHON:-$here/../../.venv/bin/python}
 config=${1:-small}
@@ -22,11 +24,11 @@ medium) model="--hidden 650 --embedding 650 --dropout 0.5 --bptt segment:35 --in
 esac
 data=$here/data
 out=$here/runs/$config
-# shellcheck disable=SC2086  # $model and $schedule are lists of options
+# shellcheck disable=SC2086  # $model, $schedule and $replace are lists of options
 "$PYTHON" -m rnnkit train --task lm --unit word --doc-boundary eos \
     --train "$data/ptb.train.txt" --valid "$data/ptb.valid.txt" --out "$out" \
     --cell lstm --layers 2 $model \
-    --batch-size 20 --optimizer sgd --lr 1 --clip-norm 5 $schedule "$@"
+    --batch-size 20 --optimizer sgd --lr 1 --clip-norm 5 $schedule $replace "$@"
 "$PYTHON" -m rnnkit evaluate --checkpoint "$out" --data "$data/ptb.test.txt" --json \
     > "$out/test.json"
 cat "$out/test.json"
