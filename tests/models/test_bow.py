@@ -1,0 +1,112 @@
+"""The bag-of-n-grams baseline against scikit-learn: the same tf-idf features as
+``TfidfVectorizer(sublinear_tf=True)`` over the same n-grams, and the same fit as
+``LogisticRegression(C)`` (multinomial, L-BFGS) on a small generated problem."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from rnnkit.errors import CheckpointError
+from rnnkit.models.bow import BagOfNgrams, fit_logistic
+
+sklearn = pytest.importorskip("sklearn")
+from sklearn.feature_extraction.text import TfidfVectorizer  # noqa: E402
+from sklearn.linear_model import LogisticRegression  # noqa: E402
+
+
+def _problem(n: int = 120, V: int = 12, seed: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
+    """Texts over ids 4 … V−1; the class is which of three marker ids occurs most, with
+    noise words, so no feature alone decides it and the fit must weigh them."""
+    rng = np.random.default_rng(seed)
+    texts, labels = [], []
+    for _ in range(n):
+        length = int(rng.integers(3, 12))
+        ids = rng.integers(4, V, size=length)
+        texts.append(ids)
+        counts = [(ids == m).sum() for m in (4, 5, 6)]
+        labels.append(int(np.argmax(counts)))
+    return texts, np.array(labels)
+
+
+def _names(ids: np.ndarray) -> list[str]:
+    ids = [int(i) for i in ids]
+    return [f"u{a}" for a in ids] + [f"b{a}_{b}" for a, b in itertools.pairwise(ids)]
+
+
+def test_features_equal_sklearn_tfidf():
+    texts, _ = _problem()
+    bow = BagOfNgrams(vocab_size=12, num_classes=3)
+    bow._fit_features(texts)
+    ours = bow.features(texts).to_dense().numpy()
+    vec = TfidfVectorizer(analyzer=_names, sublinear_tf=True, norm="l2", smooth_idf=True)
+    theirs = vec.fit_transform(texts).toarray()
+    # Same features, named: unigram key a·13, bigram key a·13 + b + 1.
+    key_of = {}
+    for name, col in vec.vocabulary_.items():
+        if name[0] == "u":
+            key_of[col] = int(name[1:]) * 13
+        else:
+            a, b = (int(v) for v in name[1:].split("_"))
+            key_of[col] = a * 13 + b + 1
+    assert sorted(key_of.values()) == bow.keys.tolist()
+    order = [bow.keys.tolist().index(key_of[c]) for c in range(theirs.shape[1])]
+    np.testing.assert_allclose(ours[:, order], theirs, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("C", [0.5, 10.0])
+def test_fit_equals_sklearn_logistic_regression(C):
+    texts, labels = _problem()
+    bow = BagOfNgrams(vocab_size=12, num_classes=3, C=C).fit(texts, labels)
+    X = bow.features(texts).to_dense().numpy()
+    ref = LogisticRegression(C=C, solver="lbfgs", tol=1e-12, max_iter=10_000).fit(X, labels)
+    np.testing.assert_allclose(bow.weight, ref.coef_, atol=2e-5)
+    np.testing.assert_allclose(bow.bias, ref.intercept_, atol=2e-5)
+    np.testing.assert_allclose(bow.probabilities(texts), ref.predict_proba(X), atol=1e-6)
+    held, held_labels = _problem(60, seed=1)
+    Xh = bow.features(held).to_dense().numpy()
+    assert bow.predict(held).tolist() == ref.predict(Xh).tolist()
+    accuracy = float((bow.predict(held) == held_labels).mean())
+    assert accuracy == pytest.approx(float(ref.score(Xh, held_labels)))
+    assert accuracy > 0.6  # it learned something (chance is about 0.33)
+
+
+def test_fit_logistic_dense_and_sparse_agree():
+    texts, labels = _problem(50)
+    bow = BagOfNgrams(vocab_size=12, num_classes=3)
+    bow._fit_features(texts)
+    X = bow.features(texts)
+    W1, b1 = fit_logistic(X, labels, 3, 1.0)
+    W2, b2 = fit_logistic(X.to_dense(), labels, 3, 1.0)
+    np.testing.assert_allclose(W1, W2, atol=1e-8)
+    np.testing.assert_allclose(b1, b2, atol=1e-8)
+
+
+def test_unknown_ngrams_and_empty_rows():
+    texts, labels = _problem(40)
+    bow = BagOfNgrams(vocab_size=20, num_classes=3).fit(texts, labels)
+    X = bow.features([np.array([15, 16, 17]), np.array([4])]).to_dense()
+    assert torch.all(X[0] == 0)  # ids never seen in training: no feature, prior only
+    assert float(X[1].norm()) == pytest.approx(1.0)
+    p = bow.probabilities([np.array([15])])[0]
+    expected = torch.softmax(torch.from_numpy(bow.bias), 0).numpy()
+    np.testing.assert_allclose(p, expected)
+
+
+def test_state_round_trip_and_tampering():
+    texts, labels = _problem(40)
+    bow = BagOfNgrams(vocab_size=12, num_classes=3).fit(texts, labels)
+    state = bow.to_state()
+    again = BagOfNgrams.from_state(state)
+    np.testing.assert_array_equal(again.probabilities(texts), bow.probabilities(texts))
+    bad = dict(state, **{"bow/weight": state["bow/weight"][:, :-1]})
+    with pytest.raises(CheckpointError, match=r"x\.safetensors: invalid bag-of-n-grams"):
+        BagOfNgrams.from_state(bad, where="x.safetensors")
+    nan = dict(state, **{"bow/bias": np.full(3, np.nan)})
+    with pytest.raises(CheckpointError, match="invalid bag-of-n-grams"):
+        BagOfNgrams.from_state(nan)
+    with pytest.raises(CheckpointError, match="invalid bag-of-n-grams"):
+        BagOfNgrams.from_state({k: v for k, v in state.items() if k != "bow/idf"})
