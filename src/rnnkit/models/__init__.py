@@ -5,6 +5,7 @@ The public names of every module resolve here (``rnnkit.models.LanguageModel``);
 modules.
 """
 
+from rnnkit.models.bow import BOW_C, MAX_FEATURES, BagOfNgrams, fit_logistic
 from rnnkit.models.builders import build_encoder, build_language_model, build_length, build_lm
 from rnnkit.models.classifier import Classifier, FeedForwardHead, build_classifier
 from rnnkit.models.conditional import (
@@ -24,6 +25,12 @@ from rnnkit.models.length import (
     SequenceLength,
     length_targets,
 )
+from rnnkit.models.lookup import (
+    MAX_NEIGHBOURS,
+    MostFrequentTag,
+    NearestNeighbour,
+    levenshtein_many,
+)
 from rnnkit.models.ngram import NGramModel, count_table_size
 from rnnkit.models.pooling import POOLINGS, Pooling, last_pool, max_pool, mean_pool, state_pool
 from rnnkit.models.regressor import LOSSES, TARGETS, Regressor, RegressorOutput
@@ -38,15 +45,19 @@ from rnnkit.models.seq2seq_search import beam_search, decode_batch
 from rnnkit.models.tagger import CHAR_EMBEDDING, CHAR_HIDDEN, CharEncoder, Tagger, build_tagger
 
 __all__ = [
+    "BOW_C",
     "CHAR_EMBEDDING",
     "CHAR_HIDDEN",
     "CONDITIONAL_STATE_DIM",
     "LENGTH_MODES",
     "LOSSES",
+    "MAX_FEATURES",
+    "MAX_NEIGHBOURS",
     "NONLINEARITIES",
     "POOLINGS",
     "STATE_BATCH_DIM",
     "TARGETS",
+    "BagOfNgrams",
     "CharEncoder",
     "Classifier",
     "ConditionalLM",
@@ -60,7 +71,9 @@ __all__ = [
     "LengthState",
     "LengthTargets",
     "LossOutput",
+    "MostFrequentTag",
     "NGramModel",
+    "NearestNeighbour",
     "Pooling",
     "Regressor",
     "RegressorOutput",
@@ -81,10 +94,12 @@ __all__ = [
     "class_conditional_lm",
     "count_table_size",
     "decode_batch",
+    "fit_logistic",
     "joint_sequences",
     "jordan_lm",
     "last_pool",
     "length_targets",
+    "levenshtein_many",
     "max_pool",
     "mean_pool",
     "reset_rows",
