@@ -145,9 +145,13 @@ def test_train_writes_a_complete_run_directory(run):
 
 def test_train_prints_the_model_next_to_the_baseline(data, tmp_path, capsys):
     code, out, err = cli(capsys, *train_args(data, tmp_path / "r"))
-    assert code == 0 and err == ""
+    assert code == 0
     assert "trained 6 steps" in out
     assert "validation bits/char: recurrent" in out and "3-gram baseline" in out
+    # Six steps leave the model behind the n-gram: one line on stderr says so and why.
+    (line,) = err.splitlines()
+    assert line.startswith("rnnkit: behind baseline: validation bits/char ")
+    assert "for the 3-gram, after 6 steps" in line and "--steps 6" in line
 
 
 def test_train_json_prints_one_object(data, tmp_path, capsys):
@@ -156,6 +160,10 @@ def test_train_json_prints_one_object(data, tmp_path, capsys):
     (line,) = out.strip().splitlines()
     summary = json.loads(line)
     assert summary["steps"] == 6 and "bits_per_char" in summary["valid"]
+    behind = summary["behind_baseline"]
+    assert behind["metric"] == "bits_per_char" and behind["still_improving"] is True
+    assert behind["model"] == summary["valid"]["bits_per_char"] > behind["baseline"]
+    assert behind["baseline"] == summary["ngram"]["bits_per_char"]
 
 
 def test_evaluate_json(run, data, capsys):

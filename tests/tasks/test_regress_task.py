@@ -78,8 +78,12 @@ def test_summary_has_the_persistence_baseline_computed_by_hand(trained, data):
     summary = json.loads((trained / "summary.json").read_text())
     seqs = [s.values.astype(np.float64) for s in read_vector_sequences(data / "valid.jsonl")]
     errors = np.concatenate([(s[1:] - s[:-1]).ravel() for s in seqs])
-    assert summary["baseline"]["mse"] == pytest.approx(float((errors**2).mean()), rel=1e-5)
-    assert summary["valid"]["baseline_mse"] == pytest.approx(summary["baseline"]["mse"])
+    assert summary["baselines"]["persistence"]["mse"] == pytest.approx(
+        float((errors**2).mean()), rel=1e-5
+    )
+    assert summary["valid"]["baseline_mse"] == pytest.approx(
+        summary["baselines"]["persistence"]["mse"]
+    )
     assert summary["task"] == "regress" and summary["input_size"] == summary["output_size"] == 2
 
 

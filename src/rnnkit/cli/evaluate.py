@@ -32,9 +32,20 @@ def run(args: argparse.Namespace) -> int:
         print(dumps_strict(metrics))
         return 0
     for key, value in metrics.items():
-        if isinstance(value, dict):
-            inner = ", ".join(f"{k} {v:.4g}" for k, v in value.items())
-            print(f"{key}: {inner}")
+        if key == "baselines" and isinstance(value, dict):
+            for name, figures in value.items():
+                rest = {k: v for k, v in figures.items() if k != "kind"}
+                print(f"baseline {name} ({figures.get('kind', name)}): {_inner(rest)}")
+        elif isinstance(value, dict):
+            print(f"{key}: {_inner(value)}")
         else:
-            print(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
+            print(f"{key}: {_value(value)}")
     return 0
+
+
+def _value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _inner(figures: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {_value(v)}" for k, v in figures.items())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -514,6 +515,19 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return cfg.check_applies(given_now)
 
 
+#: The validation figures the summary prints, for the model and for each baseline.
+SHOWN_METRICS = (
+    "accuracy",
+    "oov_accuracy",
+    "macro_f1",
+    "span_f1",
+    "exact_match",
+    "character_error_rate",
+    "token_error_rate",
+    "bleu",
+)
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     valid, ngram = summary.get("valid"), summary.get("ngram")
     print(
@@ -534,17 +548,27 @@ def _print_summary(summary: dict[str, Any]) -> None:
     if valid:
         shown = [
             f"{k.replace('_', ' ')} {valid[k]:.4f}"
-            for k in ("accuracy", "macro_f1", "span_f1", "exact_match", "token_error_rate")
+            for k in SHOWN_METRICS
             if isinstance(valid.get(k), (int, float))
         ]
         if shown:
             print("validation " + ", ".join(shown))
+    baselines = summary.get("baselines") or {}
     if summary.get("task") == "regress" and valid and isinstance(valid.get("mse"), float):
-        base = (summary.get("baseline") or {}).get("mse")
+        base = (baselines.get("persistence") or {}).get("mse")
         line = f"validation mse: recurrent {valid['mse']:.4g}"
         if isinstance(base, float):
             line += f" | persistence baseline {base:.4g}"
         print(line + f"  (loss {valid['loss']:.4g} per value)")
+    else:
+        for name, figures in baselines.items():
+            shown = [
+                f"{k.replace('_', ' ')} {figures[k]:.4f}"
+                for k in SHOWN_METRICS
+                if isinstance(figures.get(k), (int, float))
+            ]
+            if shown:
+                print(f"baseline, {figures.get('kind', name)}: " + ", ".join(shown))
     if summary.get("task") == "events":
         _print_detection(summary)
     if summary.get("threads"):
@@ -656,4 +680,8 @@ def run(args: argparse.Namespace) -> int:
         print(dumps_strict(summary))  # a diverged loss is null, never the non-JSON NaN
     else:
         _print_summary(summary)
+    behind = summary.get("behind_baseline")
+    if behind:  # on stderr, so that --json's stdout stays one JSON object
+        sys.stdout.flush()
+        print(f"rnnkit: {behind['line']}", file=sys.stderr)
     return 0

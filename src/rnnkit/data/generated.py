@@ -22,6 +22,13 @@ Nothing is downloaded or copied in; every answer is computed, never annotated by
   exact (though some lines are genuinely hard to place).
 * **Majority letter** (:func:`majority_letter_examples`): random strings over ``abcxyz``;
   the label is whichever of ``a``, ``b``, ``c`` occurs most often (ties never occur).
+* **Previous-word tags** (:func:`previous_word_sentences`): random words; each word's tag
+  is the group of the word before it, so a word's own most frequent tag is right about
+  half the time and one step of context is right every time.
+* **Letter order** (:func:`letter_order_examples`): random strings over ``wxyz`` with one
+  ``a`` and one ``b`` inserted; the label says which comes first. Every class has the same
+  letters (a bag of them cannot tell) and the two are rarely next to each other (a bag of
+  bigrams seldom can); reading in order always can.
 
 :func:`python_tagging_corpus` and :func:`stdlib_classification_corpus` write
 ``train/valid/test`` files in the formats ``rnnkit train`` reads; they split by source
@@ -47,7 +54,9 @@ from rnnkit.errors import ConfigError, DataError
 __all__ = [
     "CLASSIFY_PACKAGES",
     "SCHEMES",
+    "letter_order_examples",
     "majority_letter_examples",
+    "previous_word_sentences",
     "python_tagging_corpus",
     "python_token_sentences",
     "stdlib_classification_corpus",
@@ -345,4 +354,65 @@ LabelledExample(label='a', text='yabaczac', line=0)]
         counts = sorted(((text.count(c), c) for c in "abc"), reverse=True)
         if counts[0][0] > counts[1][0]:  # a unique winner
             out.append(LabelledExample(counts[0][1], text))
+    return out
+
+
+#: The words of :func:`previous_word_sentences` and their groups (the tags).
+PREVIOUS_WORD_GROUPS = {"ant": "A", "bee": "A", "cat": "A", "dog": "A",
+                        "eel": "B", "fox": "B", "gnu": "B", "hen": "B"}  # fmt: skip
+
+
+def previous_word_sentences(
+    n: int, seed: int = 0, min_len: int = 3, max_len: int = 10, noise: float = 0.0
+) -> list[TaggedSentence]:
+    """``n`` sentences of random words of :data:`PREVIOUS_WORD_GROUPS`; the tag of a word
+    is the group of the word before it (``START`` for the first word). With ``noise``, each
+    tag after the first is replaced by a random group with that probability (the answer
+    is then right only on average, as with real annotation).
+
+    >>> s = previous_word_sentences(1, seed=0)[0]
+    >>> list(zip(s.tokens, s.tags))[:3]
+    [('fox', 'START'), ('eel', 'B'), ('cat', 'B')]
+    """
+    rng = np.random.default_rng(seed)
+    words = list(PREVIOUS_WORD_GROUPS)
+    groups = sorted(set(PREVIOUS_WORD_GROUPS.values()))
+    out = []
+    for _ in range(n):
+        length = int(rng.integers(min_len, max_len + 1))
+        tokens = [words[i] for i in rng.integers(len(words), size=length)]
+        tags = ["START"] + [PREVIOUS_WORD_GROUPS[w] for w in tokens[:-1]]
+        if noise:
+            flip = rng.random(length) < noise
+            tags = [
+                groups[int(rng.integers(len(groups)))] if f and i else t
+                for i, (t, f) in enumerate(zip(tags, flip, strict=True))
+            ]
+        out.append(TaggedSentence(tokens, tags))
+    return out
+
+
+def letter_order_examples(
+    n: int, seed: int = 0, min_len: int = 6, max_len: int = 12, noise: float = 0.0
+) -> list[LabelledExample]:
+    """``n`` strings over ``wxyz`` (``min_len`` … ``max_len`` letters in all) holding one
+    ``a`` and one ``b`` at random places; the label is ``ab`` if ``a`` comes first, else
+    ``ba``. The classes are balanced. With ``noise``, each label is replaced by a random
+    one with that probability.
+
+    >>> letter_order_examples(2, seed=0)
+    [LabelledExample(label='ab', text='yyxxwabwzyz', line=0), \
+LabelledExample(label='ba', text='byyzxzywazy', line=0)]
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        length = int(rng.integers(min_len, max_len + 1))
+        letters = list(rng.choice(list("wxyz"), size=length))
+        first, second = sorted(rng.choice(length, size=2, replace=False).tolist())
+        label = "ab" if i % 2 == 0 else "ba"
+        letters[first], letters[second] = label[0], label[1]
+        if noise and rng.random() < noise:
+            label = ("ab", "ba")[int(rng.integers(2))]
+        out.append(LabelledExample(label, "".join(str(c) for c in letters)))
     return out

@@ -7,13 +7,15 @@
 forbids loading anything else, so the page looks the same offline, mailed or archived.
 
 Sections: metrics (validation loss, bits per character and perplexity next to the n-gram
-baseline), training (loss curves, gradient norm and clipping, vanishing/exploding
-signals), samples, gradient flow through time (‖∂L/∂h_k‖, ‖∂h_t/∂h_k‖₂ against the bound
-(γλ)^{t−k}, per-step and per-lag contributions to ∂L/∂W_hh, gate saturation), what the
-model predicts (next-symbol distribution and hidden states along a text), attention
-(seq2seq), anomaly detection (events: :mod:`rnnkit.diagnostics.detection`) and the
-configuration. Model pictures are drawn for language models and
-attention maps for seq2seq runs with attention; other tasks get the numbers and curves.
+baseline or the task's own baselines, and one line when the model is behind its best
+baseline, with the likely cause and what to try), training (loss curves, gradient norm
+and clipping, vanishing/exploding signals), samples, gradient flow through time
+(‖∂L/∂h_k‖, ‖∂h_t/∂h_k‖₂ against the bound (γλ)^{t−k}, per-step and per-lag
+contributions to ∂L/∂W_hh, gate saturation), what the model predicts (next-symbol
+distribution and hidden states along a text), attention (seq2seq), anomaly detection
+(events: :mod:`rnnkit.diagnostics.detection`) and the configuration. Model pictures are
+drawn for language models and attention maps for seq2seq runs with attention; other
+tasks get the numbers and curves.
 
 The diagnostics run on a small batch of the run's own validation text (or training
 text, or — when neither file can be read — text the model generates). Nothing is printed.
@@ -40,6 +42,7 @@ from torch import Tensor
 from rnnkit.config import TrainConfig
 from rnnkit.diagnostics import plots
 from rnnkit.tasks.run import load_config
+from rnnkit.training.baseline_check import LABELS, compare
 from rnnkit.training.checkpoint import atomic_write_bytes
 from rnnkit.training.run_files import read_metrics, read_summary
 
@@ -178,6 +181,9 @@ def metrics_section(run: Run) -> tuple[str, str, str]:
         columns.append((f"model (last evaluation, step {last.get('step')})", last))
     if ngram:
         columns.append((f"{ngram.get('order', 'n')}-gram Kneser–Ney baseline", ngram))
+    baselines = run.summary.get("baselines") or {}
+    for name, figures in baselines.items():
+        columns.append((f"baseline: {figures.get('kind', name)}", figures))
     keys = [k for k in METRIC_NAMES if any(k in c for _, c in columns)]
     keys += sorted(
         k
@@ -206,7 +212,24 @@ def metrics_section(run: Run) -> tuple[str, str, str]:
             f"n-gram baseline on the same validation tokens "
             f"(perplexity {fmt(valid.get('perplexity'))} vs {fmt(ngram.get('perplexity'))}).</p>"
         )
+    body += _baseline_verdict(run)
     return section("metrics", "Metrics", body)
+
+
+def _baseline_verdict(run: Run) -> str:
+    """One paragraph: the model behind its best baseline (the summary's line: likely cause
+    and what to try), or ahead of it on the task's headline metric."""
+    behind = run.summary.get("behind_baseline")
+    if behind:
+        return f'<p class="warn"><b>{esc(behind["line"])}</b></p>'
+    found = compare(run.summary, run.cfg.task)
+    if found is None or run.cfg.task in ("lm", "events"):  # said above, in loss units
+        return ""
+    label = LABELS.get(found["metric"], found["metric"])
+    return (
+        f"<p>The recurrent model is not behind its best baseline on validation {esc(label)}: "
+        f"{fmt(found['model'])} vs {fmt(found['baseline'])} for the {esc(found['kind'])}.</p>"
+    )
 
 
 def training_section(run: Run) -> tuple[str, str, str]:

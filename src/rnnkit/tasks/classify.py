@@ -15,7 +15,14 @@ reports what its loss is averaged over), also given as ``examples``; ``perplexit
 ``per_class_precision`` / ``per_class_recall`` / ``per_class_f1`` / ``per_class_support``.
 An example whose label the model was never trained on cannot be scored: it is left out
 of every figure above and reported as ``unknown_labels`` (count) and
-``unknown_label_counts`` (per label). The summary adds the majority-class baseline.
+``unknown_label_counts`` (per label).
+
+Baselines, fitted on the training examples and scored beside the model in the summary
+and by ``evaluate`` (``baselines``: ``accuracy``, ``macro_f1``): the majority class, and
+a bag of n-grams — tf-idf unigram and bigram features of the same tokens the model reads,
+and an L2-regularised multinomial logistic regression (:mod:`rnnkit.models.bow`). Word
+order beyond a bigram is what the recurrent model has and they lack. Both are kept in
+``baseline.safetensors``.
 """
 
 from __future__ import annotations
@@ -34,27 +41,39 @@ from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.labelled import LabelledExample, LabelSet, read_labelled, split_holdout
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.errors import CheckpointError, DataError
-from rnnkit.metrics import confusion_matrix
+from rnnkit.metrics import confusion_matrix, macro_f1
+from rnnkit.models.bow import BagOfNgrams
 from rnnkit.models.classifier import Classifier, build_classifier
 from rnnkit.models.language_model import LossOutput
 from rnnkit.tasks.run import (
+    BASELINE_FILE,
     check_labels,
     choose_device,
+    finish_summary,
     guarded_run,
+    load_baseline,
     load_config,
     load_pretrained_vectors,
+    save_baseline,
     save_config,
     seed_everything,
 )
 from rnnkit.tasks.tag import check_resume, fit, loss_figures, per_class_figures, run_summary
-from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
+from rnnkit.training.checkpoint import load_model_weights
+
+#: What the bag-of-n-grams baseline is, as the summary and the report name it.
+BOW_KIND = "bag of n-grams (tf-idf unigrams and bigrams, logistic regression)"
 
 __all__ = [
+    "BOW_KIND",
+    "Baselines",
     "EncodedExamples",
+    "baseline_metrics",
     "classify_metrics",
     "encode_examples",
     "evaluate",
     "evaluate_classify",
+    "fit_baselines",
     "load_classifier",
     "predict_labels",
     "predictor",
@@ -144,6 +163,74 @@ def classify_metrics(
     return metrics
 
 
+@dataclass
+class Baselines:
+    """The classify baselines: the majority class of the training data, and the
+    bag-of-n-grams logistic regression (:class:`rnnkit.models.bow.BagOfNgrams`)."""
+
+    majority: int
+    bow: BagOfNgrams
+
+    def to_state(self) -> dict[str, np.ndarray]:
+        return {"majority": np.array([self.majority], dtype=np.int64), **self.bow.to_state()}
+
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray], num_labels: int, where: str) -> Baselines:
+        bow = BagOfNgrams.from_state(state, where=where)
+        try:
+            majority = int(np.asarray(state["majority"]).reshape(-1)[0])
+        except (KeyError, IndexError, ValueError, TypeError):
+            majority = -1
+        if not 0 <= majority < num_labels or bow.num_classes != num_labels:
+            raise CheckpointError(f"{where}: the baseline does not match labels.json")
+        return cls(majority, bow)
+
+
+def fit_baselines(train: EncodedExamples, vocab_size: int, num_labels: int) -> Baselines:
+    """Both baselines, fitted on the training examples (their first ``--max-len`` tokens,
+    as the model reads them)."""
+    majority = Counter(train.labels.tolist()).most_common(1)[0][0]
+    known = train.labels < num_labels
+    texts = [x for x, k in zip(train.inputs, known, strict=True) if k]
+    bow = BagOfNgrams(vocab_size, num_labels).fit(texts, train.labels[known])
+    return Baselines(int(majority), bow)
+
+
+def baseline_metrics(
+    baselines: Baselines, enc: EncodedExamples, labels: LabelSet
+) -> dict[str, dict[str, Any]]:
+    """Accuracy and macro-F1 of both baselines on ``enc`` (examples of a known label)."""
+    K = len(labels)
+    known = enc.labels < K
+    gold = enc.labels[known]
+    texts = [x for x, k in zip(enc.inputs, known, strict=True) if k]
+    predicted = {
+        "majority": np.full(len(gold), baselines.majority),
+        "bag_of_ngrams": baselines.bow.predict(texts),
+    }
+    kinds = {
+        "majority": f"majority class ({labels.labels[baselines.majority]})",
+        "bag_of_ngrams": BOW_KIND,
+    }
+    out = {}
+    for name, pred in predicted.items():
+        gold_names = [labels.labels[i] for i in gold]
+        pred_names = [labels.labels[i] for i in pred]
+        out[name] = {
+            "kind": kinds[name],
+            "accuracy": float((pred == gold).mean()) if len(gold) else None,
+            "macro_f1": macro_f1(gold_names, pred_names, labels.labels) if len(gold) else None,
+        }
+    return out
+
+
+def _load_baselines(run_dir: Path, labels: LabelSet) -> Baselines | None:
+    arrays = load_baseline(run_dir)
+    if arrays is None:
+        return None
+    return Baselines.from_state(arrays, len(labels), str(run_dir / BASELINE_FILE))
+
+
 def _read_split(cfg: TrainConfig) -> tuple[list[LabelledExample], list[LabelledExample]]:
     examples = read_labelled(cfg.train)
     if cfg.valid:
@@ -195,6 +282,8 @@ def train_classify(
         labels.save(out / "labels.json")
         save_config(out, cfg, vocab_size=len(vocab), num_labels=K)
         (out / "metrics.jsonl").unlink(missing_ok=True)
+    baselines = fit_baselines(train_enc, len(vocab), K)
+    save_baseline(out, baselines.to_state())
     result, elapsed = fit(
         cfg,
         model,
@@ -205,8 +294,6 @@ def train_classify(
         quiet,
         callbacks,
     )
-    majority = Counter(train_enc.labels.tolist()).most_common(1)[0][0]
-    known = valid_enc.labels < K
     summary = run_summary(
         "classify",
         result,
@@ -215,13 +302,9 @@ def train_classify(
         labels=labels.labels,
         vocab_size=len(vocab),
         **({"pretrained_vectors": pretrained} if pretrained else {}),
-        baseline={
-            "kind": f"majority class ({labels.labels[majority]})",
-            "accuracy": float((valid_enc.labels[known] == majority).mean()),
-        },
+        baselines=baseline_metrics(baselines, valid_enc, labels),
     )
-    atomic_write_json(out / "summary.json", summary)
-    return summary
+    return finish_summary(cfg, summary)
 
 
 def load_classifier(
@@ -250,7 +333,11 @@ def evaluate_classify(
     cfg, vocab, labels, model = load_classifier(run_dir)
     enc = encode_examples(read_labelled(data_path), vocab, labels, cfg.max_len, data_path)
     device = next(model.parameters()).device
-    return classify_metrics(model, enc, labels, device, batch_size or cfg.batch_size)
+    metrics = classify_metrics(model, enc, labels, device, batch_size or cfg.batch_size)
+    baselines = _load_baselines(Path(run_dir), labels)
+    if baselines is not None and bool((enc.labels < len(labels)).any()):
+        metrics["baselines"] = baseline_metrics(baselines, enc, labels)
+    return metrics
 
 
 # The task interface of ``rnnkit.tasks.registry``.

@@ -69,6 +69,7 @@ from rnnkit.models.ngram import NGramModel
 from rnnkit.tasks.run import (
     check_count,
     choose_device,
+    finish_summary,
     guarded_run,
     load_config,
     save_config,
@@ -873,8 +874,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
             anomalous_scores["rnn"][name],
             g,
         )
-    atomic_write_json(out / "summary.json", summary)
-    return summary
+    return finish_summary(cfg, summary)
 
 
 # ---- loading and scoring ---------------------------------------------------------------

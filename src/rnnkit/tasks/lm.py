@@ -50,6 +50,7 @@ from rnnkit.tasks.run import (
     check_count,
     check_labels,
     choose_device,
+    finish_summary,
     guarded_run,
     load_config,
     load_pretrained_vectors,
@@ -57,7 +58,7 @@ from rnnkit.tasks.run import (
     seed_everything,
     train_options,
 )
-from rnnkit.training.checkpoint import atomic_write_json, load_arrays, load_model_weights
+from rnnkit.training.checkpoint import load_arrays, load_model_weights
 from rnnkit.training.distributed import init_distributed
 from rnnkit.training.loop import Trainer
 from rnnkit.training.scheduled_sampling import parse_schedule
@@ -447,8 +448,7 @@ def train_lm(
         summary["pretrained_vectors"] = pretrained
     if schedule.active:  # the probability of feeding the model's own token, at the end
         summary["scheduled_sampling_p"] = schedule.probability(result.steps)
-    atomic_write_json(out / "summary.json", summary)
-    return summary
+    return finish_summary(cfg, summary)
 
 
 def ngram_lm_metrics(ngram: NGramModel, data: LMData, batch_size: int) -> dict[str, Any]:

@@ -36,15 +36,17 @@ from rnnkit.models.language_model import LossOutput
 from rnnkit.models.regressor import Regressor
 from rnnkit.tasks.run import (
     choose_device,
+    finish_summary,
     guarded_run,
     load_config,
     save_config,
     seed_everything,
 )
 from rnnkit.tasks.tag import check_resume, fit, run_summary
-from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
+from rnnkit.training.checkpoint import load_model_weights
 
 __all__ = [
+    "PERSISTENCE_KIND",
     "Encoded",
     "build_regressor",
     "encode_sequences",
@@ -65,6 +67,9 @@ class Encoded:
 
     def __len__(self) -> int:
         return len(self.inputs)
+
+
+PERSISTENCE_KIND = "persistence forecast (the last value)"
 
 
 def encode_sequences(
@@ -238,13 +243,14 @@ def train(
         loss=cfg.loss,
         input_size=D,
         output_size=K,
-        baseline={
-            "kind": "persistence (the last value)",
-            "mse": regression_metrics(model, valid_enc, device, cfg.batch_size)["baseline_mse"],
+        baselines={
+            "persistence": {
+                "kind": PERSISTENCE_KIND,
+                "mse": regression_metrics(model, valid_enc, device, cfg.batch_size)["baseline_mse"],
+            }
         },
     )
-    atomic_write_json(out / "summary.json", summary)
-    return summary
+    return finish_summary(cfg, summary)
 
 
 def load_regressor(run_dir: str | Path, device: str = "cpu") -> tuple[TrainConfig, dict, Regressor]:

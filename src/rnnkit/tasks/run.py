@@ -17,24 +17,30 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.numpy import save_file as save_numpy
 
 from rnnkit.config import TrainConfig
-from rnnkit.data.files import fingerprint
+from rnnkit.data.files import atomic_write, fingerprint
 from rnnkit.errors import CheckpointError, ConfigError
-from rnnkit.training.checkpoint import FORMAT_VERSION, atomic_write_json, read_json
+from rnnkit.training.baseline_check import behind_baseline
+from rnnkit.training.checkpoint import FORMAT_VERSION, atomic_write_json, load_arrays, read_json
 from rnnkit.training.loop import TrainOptions
 
 __all__ = [
+    "BASELINE_FILE",
     "RUN_FILES",
     "check_count",
     "check_labels",
     "choose_device",
     "data_fingerprints",
+    "finish_summary",
     "guarded_run",
+    "load_baseline",
     "load_config",
     "lock_run_dir",
     "prepare_run_dir",
     "resume_data",
+    "save_baseline",
     "save_config",
     "seed_everything",
     "train_options",
@@ -69,6 +75,33 @@ def save_config(out_dir: Path, cfg: TrainConfig, **info: Any) -> None:
         out_dir / "config.json",
         {"format_version": FORMAT_VERSION, "config": cfg.to_dict(), **info},
     )
+
+
+def finish_summary(cfg: TrainConfig, summary: dict[str, Any]) -> dict[str, Any]:
+    """Add ``behind_baseline`` (the model against its best baseline, one line saying why
+    when it is behind: :mod:`rnnkit.training.baseline_check`) and write ``summary.json``.
+    Returns the summary."""
+    summary["behind_baseline"] = behind_baseline(summary, cfg)
+    atomic_write_json(Path(cfg.out) / "summary.json", summary)
+    return summary
+
+
+BASELINE_FILE = "baseline.safetensors"
+
+
+def save_baseline(out: str | Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write the fitted baseline of a run (``baseline.safetensors``: numpy arrays, no
+    pickling), so that ``rnnkit evaluate`` scores it beside the model on new data."""
+    atomic_write(Path(out) / BASELINE_FILE, write_path=lambda tmp: save_numpy(arrays, tmp))
+
+
+def load_baseline(run_dir: str | Path) -> dict[str, np.ndarray] | None:
+    """The arrays of ``baseline.safetensors`` (None for a run that has none: one from
+    before the file existed). A damaged file is a ``CheckpointError`` naming it."""
+    path = Path(run_dir) / BASELINE_FILE
+    if not os.path.lexists(path):
+        return None
+    return load_arrays(path)
 
 
 def data_fingerprints(cfg: TrainConfig) -> dict[str, Any]:
@@ -189,6 +222,7 @@ RUN_FILES = (
     "ngram.safetensors",
     "thresholds.json",
     "valid_scores.safetensors",
+    "baseline.safetensors",
     "report.html",
 )
 

@@ -17,7 +17,15 @@ Run directory (beside the training loop's snapshots and ``metrics.jsonl``)::
 
 Metrics: ``loss_nats`` (mean per target token, ``</s>`` included, teacher forcing),
 ``tokens``, ``perplexity``, ``token_accuracy`` (teacher forcing), and from decoding
-``exact_match`` and ``token_error_rate`` (edit distance over reference tokens).
+``exact_match``, ``token_error_rate`` (edit distance over reference tokens),
+``character_error_rate`` and ``bleu``.
+
+Baselines, scored with the same decoding metrics in the summary and by ``evaluate``
+(``baselines``): ``copy`` (the source itself is the output: what a transliteration-like
+task gets for free) and ``nearest_neighbour`` (the target of the training source at the
+smallest edit distance, :class:`rnnkit.models.lookup.NearestNeighbour`: memorisation,
+with a little generalisation to similar sources). The training pairs it searches are
+kept in ``baseline.safetensors``.
 
 ``--length stop|predict`` replaces ``</s>`` by a stop output per decoder step or a target
 length predicted from the encoder context (at most ``--max-len``):
@@ -46,6 +54,7 @@ from rnnkit.data.vocab import Vocabulary, count_tokens
 from rnnkit.errors import CheckpointError, ConfigError, DataError
 from rnnkit.losses import sequence_cross_entropy
 from rnnkit.models.decoder_only import build_decoder_only
+from rnnkit.models.lookup import NearestNeighbour
 from rnnkit.models.seq2seq import build_seq2seq
 from rnnkit.seq2seq_metrics import (
     bleu,
@@ -55,20 +64,26 @@ from rnnkit.seq2seq_metrics import (
     token_error_rate,
 )
 from rnnkit.tasks.run import (
+    BASELINE_FILE,
     check_count,
     choose_device,
+    finish_summary,
     guarded_run,
+    load_baseline,
     load_config,
+    save_baseline,
     save_config,
     seed_everything,
     train_options,
 )
-from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
+from rnnkit.training.checkpoint import load_model_weights
 from rnnkit.training.loop import Trainer
 from rnnkit.training.scheduled_sampling import parse_schedule
 
 __all__ = [
+    "COPY_KIND",
     "Seq2SeqData",
+    "baseline_metrics",
     "build_model",
     "check_config",
     "decode_ids",
@@ -76,6 +91,8 @@ __all__ = [
     "evaluate",
     "generate_outputs",
     "load_seq2seq",
+    "nearest_kind",
+    "output_metrics",
     "predictor",
     "prepare_data",
     "teacher_forced_metrics",
@@ -272,9 +289,19 @@ def decode_metrics(
     # max_length steps leave room for </s>: an output that did not end is cut one shorter
     hyp_ids = [ids[: max_length - 1] for ids in hyp_ids]
     hyps = [[target_vocab.itos[i] for i in ids] for ids in hyp_ids]
-    refs = [target_vocab.tokenize(p.target) for p in pairs]
     rendered = [_render(target_vocab, ids) for ids in hyp_ids]
-    metrics = {
+    metrics = output_metrics(hyps, rendered, pairs, target_vocab)
+    metrics["beam"] = beam
+    return metrics, rendered
+
+
+def output_metrics(
+    hyps: list[list[str]], rendered: list[str], pairs: list[Pair], target_vocab: Vocabulary
+) -> dict[str, Any]:
+    """Exact match, token and character error rates and BLEU of outputs (``hyps``: their
+    tokens, ``rendered``: their text) against the pairs' targets."""
+    refs = [target_vocab.tokenize(p.target) for p in pairs]
+    return {
         "exact_match": exact_match(hyps, refs),
         "token_error_rate": token_error_rate(hyps, refs),
         "character_error_rate": character_error_rate(rendered, [p.target for p in pairs])
@@ -282,9 +309,56 @@ def decode_metrics(
         else None,
         "bleu": bleu(hyps, refs),
         "sentences": len(pairs),
-        "beam": beam,
     }
-    return metrics, rendered
+
+
+COPY_KIND = "copy of the source"
+
+
+def nearest_kind(nn: NearestNeighbour) -> str:
+    """What the nearest-neighbour baseline is, saying so when it searched a subset."""
+    if nn.searched < nn.total:
+        return (
+            f"nearest training source (edit distance; {nn.searched:,} of {nn.total:,} "
+            "training pairs searched)"
+        )
+    return "nearest training source (edit distance)"
+
+
+def baseline_metrics(
+    nn: NearestNeighbour,
+    pairs: list[Pair],
+    sources: list[np.ndarray],
+    target_vocab: Vocabulary,
+) -> dict[str, dict[str, Any]]:
+    """The two transduction baselines scored like the model's decoded outputs: the source
+    copied as the output (``copy``), and the target of the nearest training source
+    (``nearest_neighbour``)."""
+    joiner = "" if target_vocab.unit == "char" else " "
+    copied = [target_vocab.tokenize(p.source) for p in pairs]
+    looked_up = [target.tolist() for target in nn.predict(sources)]
+    return {
+        "copy": {
+            "kind": COPY_KIND,
+            **output_metrics(copied, [joiner.join(t) for t in copied], pairs, target_vocab),
+        },
+        "nearest_neighbour": {
+            "kind": nearest_kind(nn),
+            **output_metrics(
+                [[target_vocab.itos[i] for i in ids] for ids in looked_up],
+                [_render(target_vocab, ids) for ids in looked_up],
+                pairs,
+                target_vocab,
+            ),
+        },
+    }
+
+
+def _load_nearest(run_dir: Path) -> NearestNeighbour | None:
+    arrays = load_baseline(run_dir)
+    if arrays is None:
+        return None
+    return NearestNeighbour.from_state(arrays, where=str(run_dir / BASELINE_FILE))
 
 
 class _StepClock:
@@ -326,6 +400,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     data = prepare_data(cfg, vocabs)
     model = build_model(cfg, len(data.source_vocab), len(data.target_vocab)).to(device)
     model.loss_reduction = cfg.loss_reduction
+    nearest = NearestNeighbour(data.train_src, data.train_tgt)
     optimizer = (
         torch.optim.Adam(model.parameters(), lr=cfg.lr)
         if cfg.optimizer == "adam"
@@ -345,6 +420,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
             target_vocab_size=len(data.target_vocab),
         )
         (out / "metrics.jsonl").unlink(missing_ok=True)
+    save_baseline(out, nearest.to_state())
     clock = _StepClock()
 
     def step_fn(m: nn.Module, batch: Any, carry: Any):
@@ -395,6 +471,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         "sentences_per_s": result.steps * cfg.batch_size / max(elapsed, 1e-9),
         "scheduled_sampling_p": schedule.probability(result.steps),
         "valid": {**(result.best_valid or {}), **decoded},
+        "baselines": baseline_metrics(nearest, data.valid_pairs, data.valid_src, data.target_vocab),
         "samples": [
             f"{p.source} → {o}" for p, o in zip(data.valid_pairs[:3], outputs[:3], strict=False)
         ],
@@ -403,8 +480,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         "stopped": result.stopped,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
-    atomic_write_json(out / "summary.json", summary)
-    return summary
+    return finish_summary(cfg, summary)
 
 
 def load_seq2seq(
@@ -447,6 +523,9 @@ def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None)
         model, pairs, sources, target_vocab, device, bs, cfg.beam, cfg.max_len + 1
     )
     metrics.update(decoded)
+    nearest = _load_nearest(Path(run_dir))
+    if nearest is not None:
+        metrics["baselines"] = baseline_metrics(nearest, pairs, sources, target_vocab)
     metrics["source_unknown_tokens"] = sum(
         source_vocab.encode_with_unknown(p.source)[1] for p in pairs
     )

@@ -15,9 +15,11 @@ is none); ``macro_f1`` and per-tag ``per_tag_precision`` / ``per_tag_recall`` /
 trained on cannot be scored: those tokens are left out of the loss, the accuracy and the
 per-tag figures and reported as ``unknown_labels`` (their number) and
 ``unknown_label_counts`` (per tag); span F1 keeps them in the gold spans (a span of an
-unknown type is a miss — the honest figure). The summary adds a baseline that gives
-every known word its most frequent training tag (and unknown words the most frequent
-tag overall), to show what the recurrence buys.
+unknown type is a miss — the honest figure). Beside the model, the summary and
+``evaluate`` give a baseline that gives every known word its most frequent training tag
+and unknown words the most frequent tag overall (``baselines["most_frequent_tag"]``:
+``accuracy``, ``oov_accuracy``, ``oov_tokens``; :class:`rnnkit.models.lookup.MostFrequentTag`,
+kept in ``baseline.safetensors``), to show what the recurrence buys.
 
 Also the helpers that the classification task shares (resume check, optimizer, the fit
 and the summary).
@@ -28,7 +30,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,29 +48,37 @@ from rnnkit.data.vocab import PAD_ID, UNK_ID, Vocabulary
 from rnnkit.errors import CheckpointError, DataError
 from rnnkit.metrics import is_bio_tagset, macro_f1, per_class_prf, span_prf
 from rnnkit.models.language_model import LossOutput
+from rnnkit.models.lookup import MostFrequentTag
 from rnnkit.models.tagger import Tagger, build_tagger
 from rnnkit.tasks.run import (
+    BASELINE_FILE,
     choose_device,
+    finish_summary,
     guarded_run,
+    load_baseline,
     load_config,
     load_pretrained_vectors,
+    save_baseline,
     save_config,
     seed_everything,
     train_options,
 )
-from rnnkit.training.checkpoint import atomic_write_json, load_model_weights
+from rnnkit.training.checkpoint import load_model_weights
 from rnnkit.training.loop import Trainer, TrainResult
 
 __all__ = [
+    "BASELINE_KIND",
     "MAX_WORD_CHARS",
     "WORD_DROPOUT",
     "EncodedTags",
     "TagData",
+    "baseline_metrics",
     "check_resume",
     "encode_tagged",
     "evaluate",
     "evaluate_tag",
     "fit",
+    "fit_baseline",
     "load_tagger",
     "make_optimizer",
     "predict_tags",
@@ -367,23 +377,39 @@ def tag_metrics(
     return metrics
 
 
-def _baseline(train: EncodedTags, valid: EncodedTags, K: int) -> dict[str, Any]:
-    """Accuracy of "each known word gets its most frequent training tag"."""
-    by_word: dict[int, Counter[int]] = defaultdict(Counter)
-    overall: Counter[int] = Counter()
-    for w, t in zip(train.words, train.tags, strict=True):
-        for wi, ti in zip(w.tolist(), t.tolist(), strict=True):
-            by_word[wi][ti] += 1
-            overall[ti] += 1
-    best = {w: c.most_common(1)[0][0] for w, c in by_word.items() if w != UNK_ID}
-    fallback = overall.most_common(1)[0][0]
-    right = total = 0
-    for w, t in zip(valid.words, valid.tags, strict=True):
-        for wi, ti in zip(w.tolist(), t.tolist(), strict=True):
-            if ti < K:
-                right += int(best.get(wi, fallback) == ti)
-                total += 1
-    return {"kind": "most frequent tag per word", "accuracy": right / total if total else None}
+BASELINE_KIND = "most frequent tag per word"
+
+
+def fit_baseline(train: EncodedTags, data: TagData) -> MostFrequentTag:
+    """The most-frequent-tag baseline of the training sentences (``<unk>``, which is no
+    one word, is not a word of it: unknown words get the most frequent tag overall)."""
+    return MostFrequentTag.fit(
+        train.words, train.tags, len(data.vocab), len(data.tags), skip=(UNK_ID,)
+    )
+
+
+def baseline_metrics(baseline: MostFrequentTag, enc: EncodedTags, K: int) -> dict[str, Any]:
+    """Accuracy and OOV accuracy of the baseline on ``enc``, over the tokens the model
+    is scored on (a gold tag the model never saw is left out, as for the model)."""
+    gold = np.concatenate(enc.tags) if enc.tags else np.zeros(0, np.int64)
+    pred = baseline.predict(np.concatenate(enc.words)) if enc.words else gold
+    oov = np.concatenate(enc.oov) if enc.oov else np.zeros(0, bool)
+    known = gold < K
+    right = (pred == gold) & known
+    total, n_oov = int(known.sum()), int((oov & known).sum())
+    return {
+        "kind": BASELINE_KIND,
+        "accuracy": float(right.sum()) / total if total else None,
+        "oov_accuracy": float((right & oov).sum()) / n_oov if n_oov else None,
+        "oov_tokens": n_oov,
+    }
+
+
+def _load_baseline(run_dir: Path, num_tags: int) -> MostFrequentTag | None:
+    arrays = load_baseline(run_dir)
+    if arrays is None:
+        return None
+    return MostFrequentTag.from_state(arrays, num_tags, where=str(run_dir / BASELINE_FILE))
 
 
 # -- train / evaluate ----------------------------------------------------------------------
@@ -438,6 +464,8 @@ def train_tag(
         data.save(out)
         save_config(out, cfg, vocab_size=len(data.vocab), num_labels=K)
         (out / "metrics.jsonl").unlink(missing_ok=True)
+    baseline = fit_baseline(train_enc, data)
+    save_baseline(out, baseline.to_state())
     result, elapsed = fit(
         cfg,
         model,
@@ -456,10 +484,9 @@ def train_tag(
         tags=data.tags.labels,
         vocab_size=len(data.vocab),
         **({"pretrained_vectors": pretrained} if pretrained else {}),
-        baseline=_baseline(train_enc, valid_enc, K),
+        baselines={"most_frequent_tag": baseline_metrics(baseline, valid_enc, K)},
     )
-    atomic_write_json(out / "summary.json", summary)
-    return summary
+    return finish_summary(cfg, summary)
 
 
 def load_tagger(run_dir: str | Path, device: str = "cpu") -> tuple[TrainConfig, TagData, Tagger]:
@@ -488,7 +515,13 @@ def evaluate_tag(
     sentences, _ = read_tagged(data_path, cfg.tag_column)
     enc = encode_tagged(sentences, data)
     device = next(model.parameters()).device
-    return tag_metrics(model, enc, data, device, batch_size or cfg.batch_size, full=True)
+    metrics = tag_metrics(model, enc, data, device, batch_size or cfg.batch_size, full=True)
+    baseline = _load_baseline(Path(run_dir), len(data.tags))
+    if baseline is not None:
+        metrics["baselines"] = {
+            "most_frequent_tag": baseline_metrics(baseline, enc, len(data.tags))
+        }
+    return metrics
 
 
 # The task interface of ``rnnkit.tasks.registry``.

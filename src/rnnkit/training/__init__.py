@@ -4,6 +4,13 @@ The ``SCHEDULES`` of ``scheduled_sampling`` and ``schedules`` differ in meaning 
 their modules.
 """
 
+from rnnkit.training.baseline_check import (
+    HEADLINE,
+    LABELS,
+    baseline_figures,
+    behind_baseline,
+    compare,
+)
 from rnnkit.training.checkpoint import (
     FORMAT_VERSION,
     append_jsonl,
@@ -51,6 +58,8 @@ __all__ = [
     "CAP_MIN_STEPS",
     "CAP_SECONDS",
     "FORMAT_VERSION",
+    "HEADLINE",
+    "LABELS",
     "MAX_SCALER_SKIPS",
     "METRIC_FIELDS",
     "DistContext",
@@ -68,7 +77,10 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "autocast_setup",
+    "baseline_figures",
+    "behind_baseline",
     "build_lr_schedulers",
+    "compare",
     "default_eval_every",
     "default_patience",
     "dumps_strict",

@@ -12,7 +12,9 @@ file is one line naming it (``summary.json``) or a skipped, counted line
                    ``clipped_steps`` integers or null; ``elapsed_s``,
                    ``tokens_per_s``, ``train_loss_nats`` numbers or null;
                    ``valid`` and ``ngram`` objects (or null) whose metrics
-                   (:data:`METRIC_FIELDS`) are numbers or null
+                   (:data:`METRIC_FIELDS`) are numbers or null; ``baselines``
+                   an object of such objects (``kind`` a string);
+                   ``behind_baseline`` null or an object with a string ``line``
 a line of          a JSON object with a string ``event``; ``step``,
 ``metrics.jsonl``  ``clipped_total`` integers ≥ 0; ``best`` a boolean; metrics
                    (:data:`METRIC_FIELDS`) and ``grad_norm`` numbers or null
@@ -42,6 +44,10 @@ METRIC_FIELDS = (
     "span_f1",
     "exact_match",
     "token_error_rate",
+    "character_error_rate",
+    "bleu",
+    "oov_accuracy",
+    "mse",
     "tokens",
     "lr",
     "grad_norm",
@@ -98,6 +104,25 @@ def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         problem = _metrics_problem(part)
         if problem:
             raise CheckpointError(f"{path}: {key}: {problem}")
+    baselines = doc.get("baselines")
+    if baselines is not None:
+        if not isinstance(baselines, dict):
+            raise CheckpointError(f"{path}: baselines must be an object")
+        for name, part in baselines.items():
+            problem = (
+                "must be an object"
+                if not isinstance(part, dict)
+                else "kind must be a string"
+                if not isinstance(part.get("kind", ""), str)
+                else _metrics_problem(part)
+            )
+            if problem:
+                raise CheckpointError(f"{path}: baselines: {name}: {problem}"[:200])
+    behind = doc.get("behind_baseline")
+    if behind is not None and not (
+        isinstance(behind, dict) and isinstance(behind.get("line"), str)
+    ):
+        raise CheckpointError(f"{path}: behind_baseline must be null or an object with a line")
     return doc
 
 

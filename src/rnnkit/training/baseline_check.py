@@ -1,0 +1,219 @@
+"""Is the trained model behind its baseline? One comparison for every task.
+
+Every task scores a baseline on the same validation data as the model: the n-gram
+(``summary["ngram"]``: ``lm``, ``events``) or the task's own (``summary["baselines"]``:
+``{name: {"kind": …, metric: value, …}}``). :func:`behind_baseline` compares the model
+with the best of them on the task's headline metric (:data:`HEADLINE`) and, when the
+model is worse, says so in one line with the likely cause and what to try, read from
+the run itself:
+
+* validation still improving when training ended (the best validation was the last):
+  the run was too short — a budget option (``--steps``, ``--epochs``, ``--max-time``)
+  ended it, or the default mode's cap did;
+* validation stopped improving while the training loss is far below the validation loss
+  (under half of it): overfitting — more ``--dropout``, a smaller ``--hidden``;
+* validation stopped improving and the training loss is not much lower: underfitting —
+  a larger ``--hidden``, another ``--lr``, more ``--layers``.
+
+The result is ``summary["behind_baseline"]`` (None when the model is not behind, or no
+baseline can be compared), printed by ``rnnkit train`` on stderr and shown in the report.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rnnkit.config import TrainConfig
+
+__all__ = ["HEADLINE", "LABELS", "baseline_figures", "behind_baseline", "compare"]
+
+#: Per task: the validation metrics to compare, in order of preference (the first that
+#: the model and a baseline both report), and whether higher is better.
+HEADLINE: dict[str, tuple[tuple[str, ...], bool]] = {
+    "lm": (("bits_per_char", "loss_nats"), False),
+    "events": (("loss_nats",), False),
+    "regress": (("mse",), False),
+    "tag": (("accuracy",), True),
+    "classify": (("accuracy",), True),
+    "seq2seq": (("character_error_rate", "token_error_rate"), False),
+}
+
+LABELS = {
+    "bits_per_char": "bits/char",
+    "loss_nats": "loss (nats/token)",
+    "mse": "mse",
+    "accuracy": "accuracy",
+    "character_error_rate": "character error rate",
+    "token_error_rate": "token error rate",
+}
+
+# The training loss under half the validation loss, once validation stopped improving:
+# the model fits the training data much better than the rest — overfitting.
+OVERFIT_RATIO = 0.5
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def baseline_figures(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """``(what, metrics)`` of every baseline of a summary: the n-gram, then the task's own.
+
+    >>> baseline_figures({"ngram": {"order": 3, "loss_nats": 1.0}})
+    [('3-gram', {'order': 3, 'loss_nats': 1.0})]
+    """
+    out: list[tuple[str, dict[str, Any]]] = []
+    ngram = summary.get("ngram")
+    if isinstance(ngram, dict):
+        out.append((f"{ngram.get('order', 'n')}-gram", ngram))
+    baselines = summary.get("baselines")
+    if isinstance(baselines, dict):
+        for name, figures in baselines.items():
+            if isinstance(figures, dict):
+                out.append((str(figures.get("kind", name)), figures))
+    return out
+
+
+def _comparable(valid: dict[str, Any], baseline: dict[str, Any], metric: str) -> bool:
+    # A loss per token compares only over the same tokens (an LM with --length stop has
+    # no </s> token, the n-gram has one).
+    if metric in ("loss_nats", "bits_per_char") and "tokens" in valid and "tokens" in baseline:
+        return valid["tokens"] == baseline["tokens"]
+    return True
+
+
+def _budget(cfg: TrainConfig) -> list[str]:
+    """The budget options of the run (empty: trained until validation stopped improving)."""
+    given = []
+    if cfg.steps is not None:
+        given.append(f"--steps {cfg.steps}")
+    elif cfg.epochs is not None:
+        given.append(f"--epochs {cfg.epochs}")
+    if cfg.max_time is not None:
+        given.append(f"--max-time {cfg.max_time:g}")
+    return given
+
+
+def _diagnose(summary: dict[str, Any], cfg: TrainConfig) -> tuple[bool, str, str]:
+    """``(still improving, likely cause, what to try)`` of a run that ended behind."""
+    valid = summary.get("valid") or {}
+    steps = summary.get("steps")
+    best = valid.get("step")
+    still = isinstance(best, int) and isinstance(steps, int) and best >= steps
+    stopped = summary.get("stopped") or ""
+    if still:
+        budget = _budget(cfg)
+        if budget:
+            flags = " / ".join(b.split()[0] for b in budget)
+            return (
+                True,
+                f"validation was still improving when the budget ({', '.join(budget)}) ended",
+                f"train longer: leave out {flags} (training then runs until validation "
+                f"stops improving) or raise it",
+            )
+        return (
+            True,
+            f"validation was still improving when training stopped ({stopped or 'the cap'})",
+            f"a larger --lr (now {cfg.lr:g}) or a longer run (--epochs beyond the cap)",
+        )
+    loss_key = "loss" if summary.get("task") == "regress" else "loss_nats"
+    train_loss, valid_loss = _number(summary.get("train_loss_nats")), _number(valid.get(loss_key))
+    peak = f"validation stopped improving at step {best} of {steps}"
+    if (
+        train_loss is not None
+        and valid_loss is not None
+        and valid_loss > 0
+        and train_loss < OVERFIT_RATIO * valid_loss
+    ):
+        return (
+            False,
+            f"{peak} while the training loss went on falling ({train_loss:.3g} vs "
+            f"{valid_loss:.3g} on validation): overfitting",
+            f"more --dropout (now {cfg.dropout:g}), a smaller --hidden (now {cfg.hidden}) "
+            "or more training data",
+        )
+    shown = f" (training loss {train_loss:.3g})" if train_loss is not None else ""
+    return (
+        False,
+        f"{peak}{shown}: the model underfits",
+        f"a larger --hidden (now {cfg.hidden}), another --lr (now {cfg.lr:g}; try a third "
+        f"and three times it) or --layers {cfg.layers + 1}",
+    )
+
+
+def compare(summary: dict[str, Any], task: str | None = None) -> dict[str, Any] | None:
+    """The model against its best baseline on the task's headline metric: ``{"metric",
+    "model", "baseline", "kind", "behind"}`` (None when nothing can be compared). The
+    first metric of :data:`HEADLINE` that the model and a baseline both report decides.
+
+    >>> compare({"task": "classify", "valid": {"accuracy": 0.9},
+    ...          "baselines": {"a": {"kind": "x", "accuracy": 0.5},
+    ...                        "b": {"kind": "y", "accuracy": 0.7}}})["kind"]
+    'y'
+    """
+    task = summary.get("task", task)
+    if task not in HEADLINE:
+        return None
+    metrics, higher = HEADLINE[task]
+    valid = summary.get("valid")
+    if not isinstance(valid, dict):
+        return None
+    for metric in metrics:
+        model = _number(valid.get(metric))
+        if model is None:
+            continue
+        scored = [
+            (value, kind)
+            for kind, figures in baseline_figures(summary)
+            if (value := _number(figures.get(metric))) is not None
+            and _comparable(valid, figures, metric)
+        ]
+        if not scored:
+            continue
+        base, kind = max(scored) if higher else min(scored)
+        behind = model < base if higher else model > base
+        return {"metric": metric, "model": model, "baseline": base, "kind": kind, "behind": behind}
+    return None
+
+
+def behind_baseline(summary: dict[str, Any], cfg: TrainConfig) -> dict[str, Any] | None:
+    """The model against its best baseline on the task's headline metric; None unless
+    the model is strictly worse.
+
+    Returns ``{"metric", "model", "baseline", "baseline_kind", "steps", "best_step",
+    "still_improving", "cause", "advice", "line"}``; ``line`` is the one line to show.
+
+    >>> s = {"task": "tag", "steps": 1, "stopped": "1 steps done",
+    ...      "valid": {"step": 1, "accuracy": 0.4},
+    ...      "baselines": {"most_frequent_tag": {"kind": "most frequent tag", "accuracy": 0.6}}}
+    >>> r = behind_baseline(s, TrainConfig(task="tag", steps=1))
+    >>> r["line"].split(";")[0]
+    'behind baseline: validation accuracy 0.4 vs 0.6 for the most frequent tag, after 1 step'
+    >>> r["cause"]
+    'validation was still improving when the budget (--steps 1) ended'
+    """
+    found = compare(summary, cfg.task)
+    if found is None or not found["behind"]:
+        return None
+    metric, model, base, kind = (found[k] for k in ("metric", "model", "baseline", "kind"))
+    still, cause, advice = _diagnose(summary, cfg)
+    steps = summary.get("steps")
+    label = LABELS.get(metric, metric)
+    line = (
+        f"behind baseline: validation {label} {model:.4g} vs {base:.4g} for the {kind}, "
+        f"after {steps} step{'' if steps == 1 else 's'}; likely cause: {cause}; try: {advice}"
+    )
+    return {
+        "metric": metric,
+        "model": model,
+        "baseline": base,
+        "baseline_kind": kind,
+        "steps": steps,
+        "best_step": (summary.get("valid") or {}).get("step"),
+        "still_improving": still,
+        "cause": cause,
+        "advice": advice,
+        "line": line,
+    }

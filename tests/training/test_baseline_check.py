@@ -1,0 +1,144 @@
+"""The one comparison of a model with its baselines: which metric, which baseline, when it
+says "behind" (strictly worse only), and the cause it gives — read from the run itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from rnnkit.config import TrainConfig
+from rnnkit.training.baseline_check import baseline_figures, behind_baseline, compare
+
+
+def _summary(task: str, valid: dict, **extra) -> dict:
+    return {"task": task, "steps": 100, "stopped": "100 steps done", "valid": valid, **extra}
+
+
+def test_classify_is_compared_with_its_best_baseline():
+    s = _summary(
+        "classify",
+        {"step": 100, "accuracy": 0.6, "loss_nats": 0.9},
+        baselines={
+            "majority": {"kind": "majority class (a)", "accuracy": 0.4},
+            "bag_of_ngrams": {"kind": "bag of n-grams", "accuracy": 0.7},
+        },
+    )
+    found = compare(s)
+    assert found == {
+        "metric": "accuracy",
+        "model": 0.6,
+        "baseline": 0.7,
+        "kind": "bag of n-grams",
+        "behind": True,
+    }
+    behind = behind_baseline(s, TrainConfig(task="classify", steps=100))
+    assert behind["baseline_kind"] == "bag of n-grams" and behind["baseline"] == 0.7
+    assert behind["line"].startswith(
+        "behind baseline: validation accuracy 0.6 vs 0.7 for the bag of n-grams, after 100 steps"
+    )
+
+
+@pytest.mark.parametrize(("model", "behind"), [(0.7, False), (0.71, False), (0.69, True)])
+def test_only_strictly_worse_is_behind(model, behind):
+    s = _summary(
+        "tag",
+        {"step": 100, "accuracy": model},
+        baselines={"most_frequent_tag": {"kind": "most frequent tag per word", "accuracy": 0.7}},
+    )
+    assert (behind_baseline(s, TrainConfig(task="tag")) is not None) is behind
+
+
+def test_lower_is_better_for_losses_errors_and_mse():
+    lm = _summary("lm", {"step": 5, "loss_nats": 2.0, "tokens": 10}, ngram={"order": 5,
+                  "loss_nats": 1.5, "tokens": 10})  # fmt: skip
+    assert compare(lm)["behind"] is True and compare(lm)["kind"] == "5-gram"
+    lm["valid"]["loss_nats"] = 1.4
+    assert behind_baseline(lm, TrainConfig()) is None
+    reg = _summary("regress", {"step": 1, "mse": 0.5, "loss": 0.5},
+                   baselines={"persistence": {"kind": "persistence", "mse": 0.25}})  # fmt: skip
+    assert compare(reg)["behind"] is True
+    s2s = _summary(
+        "seq2seq",
+        {"step": 3, "exact_match": 0.9, "character_error_rate": 0.05, "token_error_rate": 0.1},
+        baselines={
+            "copy": {"kind": "copy", "exact_match": 0.0, "character_error_rate": 0.6},
+            "nearest_neighbour": {"kind": "nn", "exact_match": 0.2, "character_error_rate": 0.3},
+        },
+    )
+    assert compare(s2s) == {
+        "metric": "character_error_rate",
+        "model": 0.05,
+        "baseline": 0.3,
+        "kind": "nn",
+        "behind": False,
+    }
+
+
+def test_bits_per_char_first_and_only_over_the_same_tokens():
+    s = _summary(
+        "lm",
+        {"step": 5, "loss_nats": 2.0, "bits_per_char": 2.885, "tokens": 10},
+        ngram={"order": 3, "loss_nats": 1.0, "bits_per_char": 1.443, "tokens": 10},
+    )
+    assert compare(s)["metric"] == "bits_per_char"
+    # --length stop: the model scores no </s> token, the n-gram does: not comparable.
+    s["ngram"]["tokens"] = 12
+    assert compare(s) is None and behind_baseline(s, TrainConfig()) is None
+
+
+def test_nothing_to_compare():
+    assert compare({"task": "tag", "valid": {"accuracy": 0.5}}) is None
+    assert compare({"task": "tag", "valid": None, "baselines": {}}) is None
+    assert compare({"task": "other", "valid": {"accuracy": 0.5}}) is None
+    assert baseline_figures({"baselines": {"x": "not a dict"}}) == []
+
+
+def _behind_tag(valid: dict, **extra) -> dict:
+    return _summary(
+        "tag",
+        valid,
+        baselines={"most_frequent_tag": {"kind": "most frequent tag per word", "accuracy": 0.9}},
+        **extra,
+    )
+
+
+def test_cause_a_budget_ended_while_validation_improved():
+    s = _behind_tag({"step": 100, "accuracy": 0.5, "loss_nats": 1.0}, train_loss_nats=1.1)
+    r = behind_baseline(s, TrainConfig(task="tag", epochs=2))
+    assert r["still_improving"] is True and r["best_step"] == 100
+    assert r["cause"] == "validation was still improving when the budget (--epochs 2) ended"
+    assert r["advice"].startswith("train longer: leave out --epochs")
+    r = behind_baseline(s, TrainConfig(task="tag", epochs=None, steps=100, max_time=60.0))
+    assert "(--steps 100, --max-time 60)" in r["cause"]
+    assert "leave out --steps / --max-time" in r["advice"]
+
+
+def test_cause_the_default_modes_cap():
+    s = _behind_tag({"step": 100, "accuracy": 0.5}, stopped="cap reached: 100 epochs")
+    r = behind_baseline(s, TrainConfig(task="tag", epochs=None, lr=0.002))
+    assert r["cause"] == (
+        "validation was still improving when training stopped (cap reached: 100 epochs)"
+    )
+    assert "a larger --lr (now 0.002)" in r["advice"]
+
+
+def test_cause_overfitting_and_underfitting():
+    over = _behind_tag(
+        {"step": 40, "accuracy": 0.5, "loss_nats": 1.0},
+        train_loss_nats=0.2,
+        stopped="no improvement for 10 validations (best at step 40)",
+    )
+    r = behind_baseline(over, TrainConfig(task="tag", epochs=None, hidden=256, dropout=0.0))
+    assert r["still_improving"] is False
+    assert r["cause"] == (
+        "validation stopped improving at step 40 of 100 while the training loss went on "
+        "falling (0.2 vs 1 on validation): overfitting"
+    )
+    assert r["advice"].startswith("more --dropout (now 0), a smaller --hidden (now 256)")
+    under = _behind_tag({"step": 40, "accuracy": 0.5, "loss_nats": 1.0}, train_loss_nats=0.9)
+    r = behind_baseline(under, TrainConfig(task="tag", epochs=None, hidden=16, layers=1))
+    assert r["cause"] == (
+        "validation stopped improving at step 40 of 100 (training loss 0.9): the model underfits"
+    )
+    assert "a larger --hidden (now 16)" in r["advice"] and "--layers 2" in r["advice"]
+    assert r["line"].endswith(f"likely cause: {r['cause']}; try: {r['advice']}")
+    assert "\n" not in r["line"]
