@@ -159,6 +159,24 @@ def test_bad_arguments_and_inputs():
         lm.fit(np.array([0, -1]))
 
 
+@pytest.mark.parametrize("order", [1, 2, 4])
+def test_distributions_equal_one_distribution_per_context(order):
+    rng = np.random.default_rng(order)
+    lm = NGramModel(order=order, vocab_size=9).fit(rng.integers(0, 7, size=300))
+    contexts = rng.integers(0, 9, size=(12, order - 1))
+    for c in range(0, 12, 3):  # contexts that start at the sequence's start: -1 on the left
+        contexts[c, : c % order] = -1
+    got = lm.distributions(contexts)
+    assert got.shape == (12, 9)
+    for row, ctx in zip(got, contexts, strict=True):
+        np.testing.assert_allclose(row, lm.distribution([int(t) for t in ctx if t >= 0]))
+    if order > 1:
+        with pytest.raises(DataError, match="out of range"):
+            lm.distributions(np.full((1, order - 1), 9))
+    with pytest.raises(DataError, match="shape"):
+        lm.distributions(np.zeros((2, order), dtype=int))
+
+
 def test_count_table_size():
     assert count_table_size(10, 5) == 100_000
 

@@ -188,6 +188,21 @@ def test_ngram_ranks_vectorised_equal_the_per_event_definition(order: int) -> No
             assert rank[t] == np.sum(dist > dist[target])
 
 
+def test_ngram_ranks_in_small_blocks_equal_one_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranking in blocks of a few contexts and events (as with a large vocabulary) gives
+    the ranks of one block."""
+    rng = np.random.default_rng(3)
+    train = [rng.integers(4, 12, size=rng.integers(1, 30)) for _ in range(20)]
+    ngram = NGramModel(order=3, vocab_size=16).fit([np.append(s, EOS_ID) for s in train])
+    probe = [rng.integers(4, 16, size=n) for n in (0, 3, 25, 60)]
+    whole = ngram_surprises(ngram, probe)
+    monkeypatch.setattr(ev, "RANK_CELLS", 3 * 16)  # three rows of V at a time
+    blocked = ngram_surprises(ngram, probe)
+    for (s1, r1), (s2, r2) in zip(whole, blocked, strict=True):
+        np.testing.assert_array_equal(s1, s2)
+        np.testing.assert_array_equal(r1, r2)
+
+
 def test_event_vocabulary_keeps_whole_events() -> None:
     vocab = EventVocabulary.from_sessions([["a b", "c"], ["a b"], ["d"]], min_freq=2)
     assert vocab.itos[4:] == ["a b"]

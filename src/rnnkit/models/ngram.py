@@ -270,6 +270,39 @@ class NGramModel:
         self._check_fitted()
         return self._probs(self._windows(context, np.arange(self.vocab_size)))
 
+    def distributions(self, contexts: np.ndarray) -> np.ndarray:
+        """Probabilities of every id after each of many contexts, in one vectorised pass.
+
+        Args:
+            contexts: ``(C, n - 1)`` integer ids, the most recent last; ``-1`` where the
+                context reaches back before the sequence's start (only on the left).
+
+        Returns:
+            ``(C, V)`` float64; row ``c`` equals :meth:`distribution` of row ``c``'s ids
+            that are ``>= 0``.
+
+        >>> lm = NGramModel(order=2).fit(np.array([0, 1, 1]))
+        >>> lm.distributions(np.array([[1], [-1]])).round(3).tolist()
+        [[0.25, 0.75], [0.5, 0.5]]
+        """
+        self._check_fitted()
+        n, V = self.order, self.vocab_size
+        ctx = np.asarray(contexts, dtype=np.int64)
+        if ctx.ndim != 2 or ctx.shape[1] != n - 1:
+            raise DataError(f"contexts must have shape (C, {n - 1}), got {tuple(ctx.shape)}")
+        if ctx.size and (int(ctx.max()) >= V or int(ctx.min()) < -1):
+            bad = int(ctx.max()) if int(ctx.max()) >= V else int(ctx.min())
+            raise DataError(f"context id {bad} out of range for vocab_size {V}")
+        out = np.empty((len(ctx), V))
+        rows = max(1, (1 << 18) // max(V, 1))  # bound the (rows, V, n) temporaries
+        for lo in range(0, len(ctx), rows):
+            part = ctx[lo : lo + rows] + 1  # -1 becomes the start symbol, id i is i + 1
+            windows = np.empty((len(part), V, n), dtype=np.int64)
+            windows[:, :, :-1] = part[:, None, :]
+            windows[:, :, -1] = np.arange(1, V + 1)
+            out[lo : lo + rows] = self._probs(windows.reshape(-1, n)).reshape(len(part), V)
+        return out
+
     def logprob(self, context: Sequence[int], token: int) -> float:
         """Natural log of ``P(token | context)`` (see :meth:`distribution` for ``context``).
 
