@@ -22,7 +22,14 @@ then every weight gradient is ONE matrix product over all steps:
 Truncation is a property of this loop too: ``window=τ`` gives the exact windowed BPTT(τ):
 the gradient of the loss at step t flows back τ steps, to ``h_{t−τ}``, so every product
 ``∂h_t/∂h_k`` has at most τ factors and the steps ``k = t−τ … t`` contribute to the weight
-gradients (τ = 3, t = 10: k = 7, 8, 9, 10; docs/bptt.md).
+gradients (τ = 3, t = 10: k = 7, 8, 9, 10; docs/bptt.md). ``windowed_sweep`` computes it
+lag by lag for one direction or for a whole stack (the window then counts the steps of a
+path through every layer it crosses).
+
+A reset mask (``reset (T, B, 1)``, True where a new document starts) replaces the state
+entering step t of those rows by zeros in the forward and stops the gradient there in the
+backward; the record keeps it (``ForwardRecord.reset``) so that every reader of the
+states sees the same incoming states (``incoming_states``).
 
 Under ``torch.autocast`` (mixed precision) the loop runs with autocast off, in its
 weights' dtype: a float16/bfloat16 input or initial state is cast up first (``rnnkit.amp``
@@ -31,6 +38,7 @@ says why).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -47,13 +55,17 @@ __all__ = [
     "Grads",
     "Packing",
     "Sweep",
+    "WindowUnit",
     "backward_sweep",
     "clean_padding",
     "forward_pass",
+    "incoming_states",
     "make_packing",
+    "reorder",
     "run_recurrence",
     "unpack_record",
     "weight_grads",
+    "windowed_sweep",
 ]
 
 
@@ -75,9 +87,13 @@ def _forward_loop(
     states0: tuple[Tensor, ...],
     prep: Any,
     save: bool,
+    reset: Tensor | None = None,
 ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
     """Run all steps. Returns state buffers ``(T + 1, B, H)`` (index 0 = initial) and the
-    cache buffers ``(T, B, ·)`` (empty tuple's worth of scratch when ``save`` is False)."""
+    cache buffers ``(T, B, ·)`` (empty tuple's worth of scratch when ``save`` is False).
+
+    ``reset (T, B, 1)``: the rows whose state entering step t is replaced by zeros (the
+    buffers keep each step's own result: ``incoming_states`` applies the reset)."""
     T, B = xps[0].shape[0], xps[0].shape[1]
     H = states0[0].shape[1]
     states = tuple(xps[0].new_empty(T + 1, B, H) for _ in states0)
@@ -88,9 +104,13 @@ def _forward_loop(
     state_steps = [s.unbind(0) for s in states]
     xp_steps = [xp.unbind(0) for xp in xps]
     mask_steps = mask.unbind(0) if mask is not None else None
+    # Which steps reset a row: read once, so that the other steps pay nothing.
+    resets = [] if reset is None else reset.any(1).view(-1).tolist()
     n = len(states)
     for t in range(T):
         prev = tuple(state_steps[k][t] for k in range(n))
+        if resets and resets[t]:  # a new document: this step starts from the zero state
+            prev = tuple(torch.where(reset[t], 0.0, p) for p in prev)  # type: ignore[index]
         out = tuple(state_steps[k][t + 1] for k in range(n))
         xp_t = tuple(xs[t] for xs in xp_steps)
         kernel.step_into(xp_t, prev, out, tuple(cs[t] for cs in cache_steps), prep)
@@ -111,6 +131,16 @@ class ForwardRecord(NamedTuple):
     x: Tensor  # (T·B, I) input, padding replaced by 0 — or (N, I) packed
     states: tuple[Tensor, ...]  # each (T + 1, B, H); index 0 = initial state
     cache: tuple[Tensor, ...]  # the kernel's per-step cache, each (T, B, ·) — or (N, ·)
+    reset: Tensor | None = None  # (T, B, 1) bool: state entering step t zeroed, or None
+
+
+def incoming_states(record: ForwardRecord) -> tuple[Tensor, ...]:
+    """The state each step starts from, ``(T, B, H)`` each: ``states[:-1]``, with zeros
+    where the record resets a row (what the step actually read)."""
+    prev = tuple(s[:-1] for s in record.states)
+    if record.reset is None:
+        return prev
+    return tuple(torch.where(record.reset, 0.0, p) for p in prev)
 
 
 class Packing(NamedTuple):
@@ -198,15 +228,17 @@ def forward_pass(
     mask: Tensor | None,
     save: bool,
     packing: Packing | None = None,
+    reset: Tensor | None = None,
 ) -> ForwardRecord:
     """Input projections in one product, then the step loop. ``x (T, B, I)``,
     ``mask (T, B, 1)`` bool or None; ``packing`` (compiled loop only) skips the rows
-    that have finished (see ``Packing``). Under autocast it computes in the weights'
-    dtype (module docstring)."""
+    that have finished (see ``Packing``); ``reset (T, B, 1)`` bool or None zeroes the
+    state entering a step (the PyTorch loop: the compiled one has no resets). Under
+    autocast it computes in the weights' dtype (module docstring)."""
     x, states0 = _like_weights(w, x, states0)
     T, B, I = x.shape
     x_flat = x.reshape(T * B, I)
-    lib = _compiled(kernel, x, *w, *states0)
+    lib = _compiled(kernel, x, *w, *states0) if reset is None else None
     if lib is None and packing is not None:
         raise RuntimeError("a Packing needs the compiled loop (rnnkit.native)")
     if lib is not None:
@@ -218,8 +250,8 @@ def forward_pass(
         )
         return ForwardRecord(x_flat, states, cache)
     xps = kernel.project_inputs(x_flat, w, T, B)  # (T, B, ·) buffers
-    states, cache = _forward_loop(kernel, xps, mask, states0, kernel.prepare(w), save)
-    return ForwardRecord(x_flat, states, cache)
+    states, cache = _forward_loop(kernel, xps, mask, states0, kernel.prepare(w), save, reset)
+    return ForwardRecord(x_flat, states, cache, reset)
 
 
 @without_autocast
@@ -237,15 +269,20 @@ def backward_sweep(
 
     Args:
         d_out: ∂L/∂outputs ``(T, B, H)`` or None.  d_finals: ∂L/∂(final states).
-        window: None for full BPTT, τ ≥ 1 for the exact BPTT(τ).
+        window: None for full BPTT, τ ≥ 1 for the exact BPTT(τ) (``windowed_sweep``).
         packing: the ``Packing`` the record was made with (its ``d_xp`` is then packed).
     """
+    if window is not None:
+        if packing is not None:
+            raise RuntimeError("a Packing needs the compiled loop (rnnkit.native) and no window")
+        unit = WindowUnit(kernel, record, w, mask)
+        return windowed_sweep([[unit]], d_out, [[tuple(d_finals)]], window)[0][0]
     states, cache = record.states, record.cache
     T, B, H = states[0].shape[0] - 1, states[0].shape[1], states[0].shape[2]
     n = len(states)
     like = record.x
-    lib = _compiled(kernel, like, w.weight_hh) if window is None else None
-    if packing is not None and (lib is None or window is not None):
+    lib = _compiled(kernel, like, w.weight_hh) if record.reset is None else None
+    if packing is not None and lib is None:
         raise RuntimeError("a Packing needs the compiled loop (rnnkit.native) and no window")
     if lib is not None:
         d_states = tuple(
@@ -259,72 +296,227 @@ def backward_sweep(
         return Sweep(d_xp, d_hp, tuple(d0))
     bcache_steps = [c.unbind(0) for c in kernel.backward_cache(cache, states)]
     state_steps = [s.unbind(0) for s in states]
+    prev_steps = [p.unbind(0) for p in incoming_states(record)]
     G = kernel.gates
     separate_hp = getattr(kernel, "reset", None) == "after"
-    d_xp = like.new_zeros(T, B, G * H) if window else like.new_empty(T, B, G * H)
+    d_xp = like.new_empty(T, B, G * H)
     # reset="after": d_hp holds the n block only (the r, z blocks equal d_xp's)
-    d_hp = (like.new_zeros(T, B, H) if window else like.new_empty(T, B, H)) if separate_hp else d_xp
+    d_hp = like.new_empty(T, B, H) if separate_hp else d_xp
     mask_steps = mask.unbind(0) if mask is not None else None
+    reset_steps = record.reset.unbind(0) if record.reset is not None else None
     wprep = kernel.prepare_backward(w)
-    zeros = [like.new_zeros(B, H) for _ in range(n)]
-    finals = [d if d is not None else z for d, z in zip(d_finals, zeros, strict=True)]
-
-    def sweep(d_state: list[Tensor], t_from: int, t_stop: int, out_xp, out_hp) -> list[Tensor]:
-        # One reversed pass over steps t_from .. t_stop+1, writing the gate gradients of
-        # step t into out_xp(t)/out_hp(t); returns the gradient of the state before.
-        for t in range(t_from, t_stop, -1):
-            if d_out is not None and window is None:
-                d_state[0] = d_state[0] + d_out[t]
-            prev = tuple(state_steps[k][t] for k in range(n))
-            new = tuple(state_steps[k][t + 1] for k in range(n))
-            g_xp, g_hp = out_xp(t), out_hp(t)
-            d_prev = kernel.step_backward(
-                tuple(d_state), prev, new, tuple(c[t] for c in bcache_steps), g_xp, g_hp, wprep
-            )
-            if mask_steps is not None:
-                m = mask_steps[t]
-                # Select, never multiply: a masked step contributes nothing to any weight,
-                # and the gradient passes through it unchanged to the step before.
-                g_xp.masked_fill_(~m, 0)
-                if separate_hp:
-                    g_hp.masked_fill_(~m, 0)
-                d_prev = tuple(torch.where(m, a, b) for a, b in zip(d_prev, d_state, strict=True))
-            if window is not None:  # accumulate: several windows touch the same step
-                d_xp[t] += g_xp
-                if separate_hp:
-                    d_hp[t] += g_hp
-            d_state = list(d_prev)
-        return d_state
-
-    if window is None:
-        d_xp_steps, d_hp_steps = d_xp.unbind(0), d_hp.unbind(0)
-        d0 = sweep(
-            [d.clone() for d in finals], T - 1, -1, d_xp_steps.__getitem__, d_hp_steps.__getitem__
+    d_state = [like.new_zeros(B, H) if d is None else d.clone() for d in d_finals]
+    for t in range(T - 1, -1, -1):
+        if d_out is not None:
+            d_state[0] = d_state[0] + d_out[t]
+        prev = tuple(prev_steps[k][t] for k in range(n))
+        new = tuple(state_steps[k][t + 1] for k in range(n))
+        g_xp, g_hp = d_xp[t], d_hp[t]
+        d_prev = kernel.step_backward(
+            tuple(d_state), prev, new, tuple(c[t] for c in bcache_steps), g_xp, g_hp, wprep
         )
-        return Sweep(d_xp, d_hp, tuple(d0))
+        if mask_steps is not None:
+            m = mask_steps[t]
+            # Select, never multiply: a masked step contributes nothing to any weight,
+            # and the gradient passes through it unchanged to the step before.
+            g_xp.masked_fill_(~m, 0)
+            if separate_hp:
+                g_hp.masked_fill_(~m, 0)
+            d_prev = tuple(torch.where(m, a, b) for a, b in zip(d_prev, d_state, strict=True))
+        if reset_steps is not None:  # the step read the zero state: nothing flows back
+            d_prev = tuple(torch.where(reset_steps[t], 0.0, d) for d in d_prev)
+        d_state = list(d_prev)
+    return Sweep(d_xp, d_hp, tuple(d_state))
 
-    # Exact BPTT(τ): the loss at step t (its output gradient; the final-state gradient
-    # counts as a loss at step T) is carried back to h_{t−τ} (τ Jacobian factors), and the
-    # step producing h_{t−τ} still contributes its local gradient: steps t−τ … t, τ + 1 of
-    # them. h_{t−τ−1} receives nothing, so the initial state h_0 is reached only for t ≤ τ.
-    # Each injection is its own sweep (O(T·τ) steps): a sum of windows is not one sweep.
-    tmp_xp = like.new_empty(B, G * H)
-    tmp_hp = like.new_empty(B, H) if separate_hp else tmp_xp
-    d0 = [z.clone() for z in zeros]
-    injections = [(t, [d_out[t], *zeros[1:]]) for t in range(T)] if d_out is not None else []
-    if any(d is not None for d in d_finals):
-        injections.append((T - 1, finals))
-    for t_inj, inj in injections:
-        # 0-based step t_inj is 1-based step t = t_inj + 1; its window is 1-based steps
-        # t − τ … t, i.e. 0-based t_inj − τ − 1 (exclusive) down to t_inj − τ.
-        stop = t_inj - window - 1
-        d_state = sweep(
-            [d.clone() for d in inj], t_inj, max(stop, -1), lambda t: tmp_xp, lambda t: tmp_hp
+
+class WindowUnit(NamedTuple):
+    """One direction of one layer as ``windowed_sweep`` sees it (all in reading order).
+
+    ``order`` maps time steps between the order of the layer's input and this direction's
+    reading order, ``reading[t, b] = input[order[t, b], b]``; it is an involution (the same
+    index maps back), None when the two orders agree.
+    """
+
+    kernel: Kernel
+    record: ForwardRecord
+    weights: Weights
+    mask: Tensor | None  # (T, B, 1) bool in reading order, or None (every step real)
+    order: Tensor | None = None  # (T, B) int64
+
+
+def reorder(t: Tensor, order: Tensor | None) -> Tensor:
+    """``t (T, B, ·)`` with its steps taken in ``order`` (``WindowUnit.order``)."""
+    if order is None:
+        return t
+    return t.gather(0, order.view(*order.shape, 1).expand_as(t))
+
+
+class _Steps:
+    """The backward of steps ``0 … n−1`` of one unit in one batched call, each step with
+    its own gradient of the state after it (``n·B`` rows for the kernel's step)."""
+
+    def __init__(self, unit: WindowUnit) -> None:
+        record, kernel = unit.record, unit.kernel
+        self.kernel = kernel
+        self.cache = kernel.backward_cache(record.cache, record.states)
+        self.prev = incoming_states(record)
+        self.new = tuple(s[1:] for s in record.states)
+        self.mask, self.reset = unit.mask, record.reset
+        self.wprep = kernel.prepare_backward(unit.weights)
+        self.separate = getattr(kernel, "reset", None) == "after"
+        self.width = kernel.gates * record.states[0].shape[2]
+
+    def __call__(self, d_new: list[Tensor]) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """``d_new`` each ``(n, B, H)`` → ``(d_xp (n, B, G·H), d_hp, d_prev (n, B, H))``."""
+        n, B, H = d_new[0].shape
+        rows = n * B
+
+        def flat(t: Tensor) -> Tensor:
+            return t[:n].reshape(rows, t.shape[-1])
+
+        like = d_new[0]
+        g_xp = like.new_empty(rows, self.width)
+        g_hp = like.new_empty(rows, H) if self.separate else g_xp
+        d_state = tuple(flat(d) for d in d_new)
+        d_prev = self.kernel.step_backward(
+            d_state,
+            tuple(flat(p) for p in self.prev),
+            tuple(flat(s) for s in self.new),
+            tuple(flat(c) for c in self.cache),
+            g_xp,
+            g_hp,
+            self.wprep,
         )
-        if stop < -1:  # t ≤ τ: ∂h_t/∂h_0 has at most τ factors, h_0 is inside the window
-            for k in range(n):
-                d0[k] += d_state[k]
-    return Sweep(d_xp, d_hp, tuple(d0))
+        if self.mask is not None:  # as in backward_sweep: select, pass masked steps through
+            m = flat(self.mask)
+            g_xp.masked_fill_(~m, 0)
+            if self.separate:
+                g_hp.masked_fill_(~m, 0)
+            d_prev = tuple(torch.where(m, a, b) for a, b in zip(d_prev, d_state, strict=True))
+        if self.reset is not None:
+            r = flat(self.reset)
+            d_prev = tuple(torch.where(r, 0.0, d) for d in d_prev)
+        return (
+            g_xp.view(n, B, g_xp.shape[-1]),
+            g_hp.view(n, B, g_hp.shape[-1]),
+            [d.view(n, B, H) for d in d_prev],
+        )
+
+
+@without_autocast
+def windowed_sweep(
+    layers: Sequence[Sequence[WindowUnit]],
+    d_out: Tensor | None,
+    d_finals: Sequence[Sequence[tuple[Tensor | None, ...]]],
+    window: int,
+    drops: Sequence[Tensor | None] | None = None,
+) -> list[list[Sweep]]:
+    """The exact windowed BPTT(τ) of a stack of layers (bottom first; one layer: a list of
+    its directions, whose outputs are concatenated), lag by lag.
+
+    A loss at step t (an output gradient of the top layer, or a final-state gradient of
+    any layer: a loss at step T) reaches a step only along paths of at most τ recurrent
+    steps, counted in every layer the path crosses, in each direction's reading order:
+    every Jacobian product ``∂s_t/∂s_k`` on the way keeps at most τ factors, and the steps
+    reached contribute their local gradients (a path of j ≤ τ steps ends at a step whose
+    weights, input and — for j < τ, at step 1 — initial state it reaches). For a
+    unidirectional stack this is autograd of the truncated graph of the whole stack: every
+    layer recomputed over steps ``t−τ … t`` from the detached states before them.
+
+    Lag j holds, for every layer and step k, the gradient of the state after step k from
+    the paths that have gone j steps: ONE batched backward step of all steps per layer and
+    lag (``n·B`` rows), the layer's input gradient passed to the layer below at the same
+    lag (where its own lag goes on), then shifted one step back for lag j + 1. The cost is
+    ``(min(τ, span) + 1)`` batched steps per layer and direction, ``O(T·τ·L·D)`` step rows
+    in all, the longest path ``span`` being ``T − 1`` steps (``L·(T − 1)`` when a reverse
+    direction lets a path turn around).
+
+    Args:
+        layers: the units of every layer, bottom first (a reverse direction has an
+            ``order``); the records' steps all ``(T, B)``.
+        d_out: ∂L/∂(top outputs concatenated) ``(T, B, D·H)`` in the input order, or None.
+        d_finals: ``d_finals[l][d]`` the gradients of unit (l, d)'s final states.
+        window: τ ≥ 1.
+        drops: ``drops[l]`` the dropout multiplier ``(T, B, ·)`` on the input of layer
+            ``l`` (None where there is none): the gradient passed down is scaled by it.
+
+    Returns:
+        ``Sweep`` per unit (the gate gradients summed over all lags, the initial states').
+    """
+    first = layers[-1][0].record
+    T, B = first.states[0].shape[0] - 1, first.states[0].shape[1]
+    like = first.x
+    steps = [[_Steps(u) for u in layer] for layer in layers]
+    # With forward directions only, a path only goes back in time: lag j reaches steps
+    # 0 … T−1−j only, and the batches shrink with the lag.
+    shrink = all(u.order is None for layer in layers for u in layer)
+    span = (T - 1) * (1 if shrink else len(layers))
+    grads = [
+        [[like.new_zeros(T, B, s.shape[2]) for s in u.record.states] for u in layer]
+        for layer in layers
+    ]
+    d0 = [
+        [[like.new_zeros(B, s.shape[2]) for s in u.record.states] for u in layer]
+        for layer in layers
+    ]
+    acc_xp, acc_hp = [], []
+    for layer, layer_steps in zip(layers, steps, strict=True):
+        acc_xp.append([like.new_zeros(T, B, st.width) for st in layer_steps])
+        acc_hp.append(
+            [
+                like.new_zeros(T, B, u.record.states[0].shape[2]) if st.separate else xp
+                for u, st, xp in zip(layer, layer_steps, acc_xp[-1], strict=True)
+            ]
+        )
+    if d_out is not None:
+        col = 0
+        for u, g in zip(layers[-1], grads[-1], strict=True):
+            H = u.record.states[0].shape[2]
+            g[0] += reorder(d_out[..., col : col + H], u.order)
+            col += H
+    for layer_grads, layer_d0, layer_finals in zip(grads, d0, d_finals, strict=True):
+        for g, z, fin in zip(layer_grads, layer_d0, layer_finals, strict=True):
+            for buf, zero, f in zip(g, z, fin, strict=True):
+                if f is not None:
+                    # the final state is a loss at step T (with no step: the initial state)
+                    (buf[T - 1] if T else zero).add_(f)
+    for j in range(min(window, span) + 1):
+        n = T - j if shrink else T
+        below: Tensor | None = None  # ∂/∂(input of layer l + 1) along paths of j steps
+        for index in range(len(layers) - 1, -1, -1):
+            layer = layers[index]
+            if below is not None:
+                drop = None if drops is None else drops[index + 1]
+                if drop is not None:
+                    below = below * drop[:n]
+                col = 0
+                for u, g in zip(layer, grads[index], strict=True):
+                    H = u.record.states[0].shape[2]
+                    g[0] = g[0] + reorder(below[..., col : col + H], u.order)
+                    col += H
+            below = None
+            for d, u in enumerate(layer):
+                g_xp, g_hp, d_prev = steps[index][d](grads[index][d])
+                acc_xp[index][d][:n] += g_xp
+                if steps[index][d].separate:
+                    acc_hp[index][d][:n] += g_hp
+                if index > 0:  # the same paths go on in the layer below, at the same lag
+                    g_in = reorder(g_xp @ u.weights.weight_ih, u.order)
+                    below = g_in if below is None else below + g_in
+                if j < window:  # a path of j < τ steps at step 1 goes on to h_0
+                    for z, dp in zip(d0[index][d], d_prev, strict=True):
+                        z += dp[0]
+                # one step back in time: what lag j + 1 starts from
+                if shrink:
+                    grads[index][d] = [dp[1:] for dp in d_prev]
+                else:
+                    grads[index][d] = [
+                        torch.cat([dp[1:], torch.zeros_like(dp[:1])]) for dp in d_prev
+                    ]
+    return [
+        [Sweep(xp, hp, tuple(z)) for xp, hp, z in zip(acc_xp[i], acc_hp[i], d0[i], strict=True)]
+        for i in range(len(layers))
+    ]
 
 
 class Grads(NamedTuple):
@@ -363,7 +555,7 @@ def weight_grads(
     d_bias = d_xp.sum(0) if need[3] else None
     d_w_hh = d_bias_hn = None
     if need[2] or need[4]:
-        h_prev = record.states[0][:-1].reshape(T * B, H)
+        h_prev = incoming_states(record)[0].reshape(T * B, H)
         if packing is not None:
             h_prev = h_prev.index_select(0, packing.index)
         flat_cache = tuple(c.reshape(h_prev.shape[0], c.shape[-1]) for c in record.cache)
