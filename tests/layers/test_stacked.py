@@ -129,10 +129,12 @@ def test_layer_window_equals_run_recurrence_window(cell_spec, gen, holey_mask):
 
 
 def test_layer_window_at_least_seq_len_is_full(cell_spec, gen):
+    # A path of a bidirectional stack can turn at every layer: it crosses at most
+    # L·(T − 1) + 1 = 9 steps here (tests/layers/test_windowed.py has the unidirectional T).
     layer = cell_spec.layer(3, 4, 2, True)
     x = torch.randn(2, 5, 3, generator=gen, dtype=DT, requires_grad=True)
     grads = []
-    for window in (None, 5, 9):
+    for window in (None, 9, 30):
         out = layer(x, lengths=torch.tensor([5, 3]), window=window)
         grads.append(torch.autograd.grad(out.outputs.sum(), [x, *layer.parameters()]))
     for other in grads[1:]:
@@ -276,6 +278,36 @@ def test_gru_layer_rejects_a_pair_state():
         GRU(I, H).double()(x64(B, T, I), state=LSTMState(x64(1, 1, B, H), x64(1, 1, B, H)))
 
 
+def test_resets_errors():
+    layer = GRU(I, H, 2).double()
+    with pytest.raises(TypeError, match=r"resets must be bool, got dtype torch\.int64"):
+        layer(x64(B, T, I), resets=torch.zeros(B, T, dtype=torch.long))
+    with pytest.raises(
+        ValueError, match=r"resets must have shape \(B, T\) = \(2, 5\), got \(5, 2\)"
+    ):
+        layer(x64(B, T, I), resets=torch.zeros(T, B, dtype=torch.bool))
+    with pytest.raises(TypeError, match=r"resets must be a torch\.Tensor, got list"):
+        layer(x64(B, T, I), resets=[[False] * T] * B)
+    with pytest.raises(ValueError, match="resets need a unidirectional stack"):
+        GRU(I, H, bidirectional=True).double()(
+            x64(B, T, I), resets=torch.ones(B, T, dtype=torch.bool)
+        )
+
+
+def test_resets_time_major_and_window(gen):
+    """``batch_first=False`` takes ``resets (T, B)``; the window changes no value."""
+    layer = LSTM(I, H, 2, batch_first=False).double()
+    x = torch.randn(T, B, I, generator=gen, dtype=DT, requires_grad=True)
+    resets = torch.zeros(T, B, dtype=torch.bool)
+    resets[2, 1] = True
+    pieces = layer(x, resets=resets)
+    windowed = layer(x, resets=resets, window=2)
+    torch.testing.assert_close(windowed.outputs, pieces.outputs, **TOL)
+    # row 1 restarts at step 2: its outputs there equal a fresh run of steps 2…
+    fresh = layer(x[2:, 1:2]).outputs
+    torch.testing.assert_close(pieces.outputs[2:, 1:2], fresh, **TOL)
+
+
 @pytest.mark.parametrize("num_layers", [0, -1, 1.5, True])
 def test_bad_num_layers(num_layers):
     with pytest.raises(ValueError, match="num_layers"):
@@ -294,10 +326,11 @@ def test_empty_batch_forward(cell_spec):
         assert s.shape == (2, 2, 0, 4)
 
 
-def test_empty_batch_backward(cell_spec):
-    layer = cell_spec.layer(3, 4)
+@pytest.mark.parametrize("window", [None, 2])
+def test_empty_batch_backward(cell_spec, window):
+    layer = cell_spec.layer(3, 4, 2)
     x = torch.zeros(0, 5, 3, dtype=DT, requires_grad=True)
-    layer(x).outputs.sum().backward()
+    layer(x, window=window).outputs.sum().backward()
     assert x.grad.shape == (0, 5, 3)
     assert all(torch.count_nonzero(p.grad) == 0 for p in layer.parameters())
 

@@ -94,9 +94,12 @@ class GradcheckConfig:
             nonlinearity=args.nonlinearity or "tanh",
             update=args.update or "candidate",
             reset=args.reset or "before",
-            # A window as long as the batch is full BPTT; a larger one changes nothing (and
-            # an astronomically large one would overflow torch's integer index).
-            window=None if args.window is None else min(args.window, args.steps),
+            # A window as long as the longest path (the batch's steps, in each layer when a
+            # reverse direction lets a path turn) is full BPTT; a larger one changes nothing
+            # (and an astronomically large one would overflow torch's integer index).
+            window=None
+            if args.window is None
+            else min(args.window, args.steps * (args.layers if args.bidirectional else 1)),
             seed=args.seed,
             tol=args.tol,
             eps=args.eps,
@@ -166,8 +169,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--window",
         type=int,
         metavar="TAU",
-        help="check windowed BPTT(TAU) (the loss at step t reaches steps t-TAU..t) against "
-        "differences of the same truncated graph (default: full BPTT)",
+        help="check windowed BPTT(TAU) of the whole stack (the loss at step t reaches steps "
+        "t-TAU..t of every layer) against differences of the same truncated graph "
+        "(default: full BPTT)",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of weights, data, mask and loss (default 0)"

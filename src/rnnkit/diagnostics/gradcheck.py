@@ -7,13 +7,15 @@ initial state, and the loss ``L = Σ R ⊙ outputs + Σ R_f ⊙ final state`` wi
 gradients of every parameter, the input and the initial state; central differences
 ``(L(θ + ε) − L(θ − ε)) / 2ε`` give them again, one scalar at a time.
 
-With ``window=τ`` the explicit gradient is BPTT(τ), the gradient of a truncated graph, so
-the reference is too: for each direction, from the top layer down, the truncated loss
-``F = Σ_t ⟨∂L/∂h_t, h_t⟩`` where ``h_t`` is recomputed over steps ``t − τ … t`` from the
-state before them held FIXED at its unperturbed value (the initial state stays variable,
-so it is reached for ``t ≤ τ``); central
-differences of ``F`` give that direction's truncated gradients, and its input gradient
-becomes the output gradient of the layer below.
+With ``window=τ`` the explicit gradient is BPTT(τ) of the whole stack, the gradient of a
+truncated graph, so the reference is too: the loss ``L`` evaluated on states recomputed
+with a budget of steps. The state after step k of a direction with budget b is one step
+from the state after step k − 1 with budget b − 1, on the input of step k with budget b
+(the layer below's states at step k with the same budget); with budget 0 the state before
+is held FIXED at its unperturbed value (the initial state stays variable while the budget
+lasts). The outputs and final states of ``L`` are those with budget τ, so every path from
+the loss to a parameter, input or initial state crosses at most τ steps, counted in every
+layer and direction; central differences of that loss give the reference.
 
 The error of one tensor is ``max|g − g_fd| / max(max|g_fd|, max|g|)`` (0 when both are
 0); the check passes when every tensor's error is at most ``tol``.
@@ -163,45 +165,96 @@ def _truncated_reference(
     window: int,
     eps: float,
 ) -> dict[str, Tensor]:
-    """Finite-difference gradients of the BPTT(τ) graph, direction by direction (top down)."""
-    L, H = layer.num_layers, layer.hidden_size
-    prefixes = _cell_prefixes(layer)
-    inputs = [x]  # batch-first input of every layer
+    """Finite-difference gradients of the BPTT(τ) graph of the whole stack (module doc)."""
+    L = layer.num_layers
+    dirs = [_directions(layer, index) for index in range(L)]
+    frozen: list[tuple[Tensor, ...]] = []  # unperturbed states (T + 1, B, H), reading order
+    below = x
     for index in range(L):
-        dirs = _directions(layer, index)
-        outs = [
-            run_direction(d, inputs[-1], mask=mask, state=_s0(states0, index, k)).outputs
-            for k, d in enumerate(dirs)
-        ]
-        inputs.append(torch.cat(outs, dim=-1).transpose(0, 1))
-    ref: dict[str, Tensor] = {"state." + str(k): torch.zeros_like(s) for k, s in enumerate(states0)}
-    d_above = r_out  # ∂L/∂(outputs of the layer being processed), (B, T, D·H)
-    for index in range(L - 1, -1, -1):
-        d_input = torch.zeros_like(inputs[index])
-        for k, direction in enumerate(_directions(layer, index)):
-            fin = tuple(r[index, k] for r in r_fin)
-            s0 = tuple(s[index, k] for s in states0)
-            grads = _direction_reference(
-                direction,
-                inputs[index],
-                mask,
-                s0,
-                d_above[..., k * H : (k + 1) * H],
-                fin,
-                window,
-                eps,
-            )
-            prefix = prefixes[id(direction.cell)]
-            for name, g in grads.items():
-                if name == "input":
-                    d_input += g
-                elif name.startswith("state."):
-                    ref[name][index, k] = g
-                else:
-                    ref[f"{prefix}.{name}"] = g
-        d_above = d_input
-    ref["input"] = d_above
+        outs = []
+        for k, d in enumerate(dirs[index]):
+            run = run_direction(d, below, mask=mask, state=_s0(states0, index, k))
+            frozen.append(run.record.states)
+            outs.append(run.outputs)
+        below = torch.cat(outs, dim=-1).transpose(0, 1)
+    x_var = x.clone(memory_format=torch.contiguous_format)
+    s_var = tuple(s.clone(memory_format=torch.contiguous_format) for s in states0)
+
+    def objective() -> Tensor:
+        out, finals = _budget_forward(dirs, x_var, mask, s_var, frozen, window)
+        total = (out * r_out).sum()
+        u = 0
+        for index in range(L):
+            for k in range(len(dirs[index])):
+                for f, r in zip(finals[u], r_fin, strict=True):
+                    total = total + (f * r[index, k]).sum()
+                u += 1
+        return total
+
+    with torch.no_grad():
+        ref = {name: _central(p.data, objective, eps) for name, p in layer.named_parameters()}
+        ref["input"] = _central(x_var, objective, eps)
+        for k, s in enumerate(s_var):
+            ref[f"state.{k}"] = _central(s, objective, eps)
     return ref
+
+
+def _budget_forward(
+    dirs: list[list[Any]],
+    x: Tensor,
+    mask: Tensor,
+    states0: tuple[Tensor, ...],
+    frozen: list[tuple[Tensor, ...]],
+    window: int,
+) -> tuple[Tensor, list[tuple[Tensor, ...]]]:
+    """The stack's outputs ``(B, T, D·H)`` and final states with budget τ (module doc).
+
+    Budget level by level, every step of a level in ONE batch of ``T·B`` rows: level b
+    reads level b − 1 one step back. A path crosses at most ``T − 1`` steps per layer, so
+    levels below ``τ − L·(T − 1)`` are never reached and start from the fixed states."""
+    T, B = x.shape[1], x.shape[0]
+    mask_t = mask.T  # (T, B)
+    order = flip_sequences(torch.arange(T).view(T, 1).expand(T, B), mask_t)[0]
+    reading = flip_sequences(mask_t, mask_t)[1]
+    assert reading is not None
+    lowest = max(0, window - (T - 1) * len(dirs))
+    xt = x.transpose(0, 1)  # (T, B, I)
+    h = xt
+    previous: list[tuple[Tensor, ...]] = []
+    for budget in range(lowest, window + 1):
+        current: list[tuple[Tensor, ...]] = []
+        h = xt
+        u = 0
+        for index, layer_dirs in enumerate(dirs):
+            outs = []
+            for k, direction in enumerate(layer_dirs):
+                rev = direction.reverse
+                m = reading if rev else mask_t
+                inp = h.gather(0, order[..., None].expand_as(h)) if rev else h
+                inp = torch.where(m[..., None], inp, 0.0)
+                prev = []
+                for j, fixed in enumerate(frozen[u]):
+                    before = fixed[:-1].clone()  # (T, B, H): the state before each step
+                    if budget >= 1:
+                        before[0] = states0[j][index, k]
+                        if previous:
+                            before[1:] = previous[u][j][:-1]
+                    prev.append(before.reshape(T * B, -1))
+                rec = forward_pass(
+                    direction.cell.kernel,
+                    inp.reshape(1, T * B, -1),
+                    detached_weights(direction.cell),
+                    tuple(prev),
+                    m.reshape(1, T * B, 1),
+                    save=False,
+                )
+                new = tuple(s[1].view(T, B, -1) for s in rec.states)
+                current.append(new)
+                outs.append(new[0].gather(0, order[..., None].expand_as(new[0])) if rev else new[0])
+                u += 1
+            h = torch.cat(outs, dim=-1)
+        previous = current
+    return h.transpose(0, 1), [tuple(s[T - 1] for s in unit) for unit in previous]
 
 
 def _directions(layer: StackedRecurrent, index: int) -> list[Any]:
@@ -212,68 +265,6 @@ def _directions(layer: StackedRecurrent, index: int) -> list[Any]:
 def _s0(states0: tuple[Tensor, ...], index: int, k: int) -> Any:
     parts = tuple(s[index, k] for s in states0)
     return LSTMState(*parts) if len(parts) == 2 else parts[0]
-
-
-def _direction_reference(
-    direction: Any,
-    x: Tensor,
-    mask: Tensor,
-    s0: tuple[Tensor, ...],
-    d_out: Tensor,
-    d_fin: tuple[Tensor, ...],
-    window: int,
-    eps: float,
-) -> dict[str, Tensor]:
-    """Central differences of one direction's truncated loss ``F`` (see the module doc)."""
-    cell = direction.cell
-    state = LSTMState(*s0) if cell.is_lstm else s0[0]
-    frozen = run_direction(direction, x, mask=mask, state=state).record.states  # (T + 1, B, H)
-    T, B = x.shape[1], x.shape[0]
-    mask_t = mask.T
-    d_r = d_out.transpose(0, 1)  # (T, B, H)
-    if direction.reverse:
-        d_r = flip_sequences(d_r, mask_t)[0]  # reading order
-    x_var = x.clone(memory_format=torch.contiguous_format)
-    s0_var = tuple(s.clone(memory_format=torch.contiguous_format) for s in s0)
-    # Window of injection t: steps t − τ … t (τ + 1 of them, from the detached state
-    # before step t − τ), as rows (t, b) of one batch. Where t − τ < 0 the window starts at
-    # the live initial state.
-    span = window + 1
-    idx = torch.arange(T)[:, None] - window + torch.arange(span)[None, :]  # (T, τ + 1)
-    inside = idx >= 0
-    idx = idx.clamp(min=0)
-    starts_at_zero = (torch.arange(T) - window < 0)[:, None]  # (T, 1)
-    w = detached_weights(cell)
-
-    def objective() -> Tensor:
-        xt = x_var.transpose(0, 1)  # (T, B, I)
-        mr = mask_t
-        if direction.reverse:
-            xt = flip_sequences(xt, mask_t)[0]
-            mr = flip_sequences(mask_t, mask_t)[0]  # the mask in reading order
-        xw = xt[idx.T].reshape(span, T * B, -1)  # (τ + 1, T, B, I) → (τ + 1, T·B, I)
-        mw = (mr[idx.T] & inside.T[:, :, None]).reshape(span, T * B, 1)
-        xw = torch.where(mw, xw, 0.0)
-        start_index = (torch.arange(T) - window).clamp(min=0)
-        starts = tuple(
-            torch.where(starts_at_zero[:, :, None], s.expand(T, B, -1), f[start_index]).reshape(
-                T * B, -1
-            )
-            for s, f in zip(s0_var, frozen, strict=True)
-        )
-        rec = forward_pass(cell.kernel, xw, w, starts, mw, save=False)
-        ends = [s[-1].view(T, B, -1) for s in rec.states]  # the state at step t, row (t, b)
-        total = (ends[0] * d_r).sum()
-        for e, d in zip(ends, d_fin, strict=True):
-            total = total + (e[T - 1] * d).sum()
-        return total
-
-    with torch.no_grad():
-        grads = {name: _central(p.data, objective, eps) for name, p in cell.named_parameters()}
-        grads["input"] = _central(x_var, objective, eps)
-        for k, s in enumerate(s0_var):
-            grads[f"state.{k}"] = _central(s, objective, eps)
-    return grads
 
 
 def gradcheck(

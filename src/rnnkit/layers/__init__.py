@@ -2,7 +2,8 @@
 
 from rnnkit.layers.masking import flip_sequences, lengths_to_mask, resolve_mask
 from rnnkit.layers.recurrent import Recurrent
-from rnnkit.layers.stacked import GRU, LSTM, RNN, Bidirectional, StackedRecurrent
+from rnnkit.layers.stacked import GRU, LSTM, RNN, Bidirectional, StackedRecurrent, reset_rows
+from rnnkit.layers.windowed import run_windowed_stack
 
 __all__ = [
     "GRU",
@@ -13,5 +14,7 @@ __all__ = [
     "StackedRecurrent",
     "flip_sequences",
     "lengths_to_mask",
+    "reset_rows",
     "resolve_mask",
+    "run_windowed_stack",
 ]

@@ -4,6 +4,10 @@
 outputs, ``h_t = [h^f_t; h^b_t]``; ``StackedRecurrent`` feeds each layer's outputs to the
 next (dropout between layers). ``RNN``/``LSTM``/``GRU`` are conveniences that build this
 from cells. Every layer returns ``RecurrentOutput(outputs, state)`` whatever the flags.
+
+With ``window=τ`` the stack trains with the windowed BPTT(τ) of the whole stack, one
+autograd node over all layers (``rnnkit.layers.windowed``); ``resets`` zero the state of
+some rows inside the batch (document starts): between resets the layers run as usual.
 """
 
 from __future__ import annotations
@@ -22,9 +26,22 @@ from rnnkit.cells.lstm import LSTMCell
 from rnnkit.cells.rnn import RNNCell
 from rnnkit.layers.masking import resolve_mask
 from rnnkit.layers.recurrent import Recurrent
+from rnnkit.layers.windowed import run_windowed_stack
+from rnnkit.tracing import tracing
 from rnnkit.types import LSTMState, RecurrentOutput, State
 
-__all__ = ["GRU", "LSTM", "RNN", "Bidirectional", "StackedRecurrent"]
+__all__ = ["GRU", "LSTM", "RNN", "Bidirectional", "StackedRecurrent", "reset_rows"]
+
+
+def reset_rows(state: State | None, rows: Tensor) -> State | None:
+    """Zero the state ``(L, D, B, H)`` of the batch rows where ``rows (B,)`` is True
+    (selection, no ×0)."""
+    if state is None:
+        return None
+    keep = ~rows.view(1, 1, -1, 1)
+    if isinstance(state, LSTMState):
+        return LSTMState(*(torch.where(keep, s, 0.0) for s in state))
+    return torch.where(keep, state, 0.0)
 
 
 class Bidirectional(nn.Module):
@@ -183,6 +200,7 @@ class StackedRecurrent(nn.Module):
         mask: Tensor | None = None,
         state: State | None = None,
         window: int | None = None,
+        resets: Tensor | None = None,
     ) -> RecurrentOutput:
         """Run the stack over a batch of sequences.
 
@@ -192,7 +210,11 @@ class StackedRecurrent(nn.Module):
             mask: ``(B, T)`` bool, True at real steps (holes hold the state), or None.
                 Not both ``lengths`` and ``mask``.
             state: initial state ``(L, D, B, H)`` (``LSTMState`` for LSTM), None = zeros.
-            window: None for full BPTT; τ ≥ 1 for the exact windowed BPTT(τ).
+            window: None for full BPTT; τ ≥ 1 for the exact windowed BPTT(τ) of the whole
+                stack: the loss at step t reaches steps ``t−τ … t`` of every layer.
+            resets: ``(B, T)`` bool (``(T, B)`` if not ``batch_first``), True where a new
+                document starts: the state entering that step is zero in every layer, and
+                no gradient crosses it. Unidirectional stacks only.
 
         Returns:
             ``RecurrentOutput(outputs (B, T, D·H), state (L, D, B, H))``; the final state
@@ -212,9 +234,23 @@ class StackedRecurrent(nn.Module):
                 "windowed BPTT keeps every step; set layer.recompute = None"
             )
         mask_bt = resolve_mask(x, lengths, mask, batch_first=self.batch_first)
+        resets_bt = self._check_resets(resets, x)
         xt = x.transpose(0, 1) if self.batch_first else x  # (T, B, I)
         mask_t = mask_bt.T if mask_bt is not None else None  # (T, B)
         init = self._split_state(state, xt)
+        if window is not None and xt.shape[0] > 0 and self._needs_grad(xt, state):
+            h, finals = self._run_windowed(xt, mask_t, init, window, resets_bt)
+        elif resets_bt is not None:
+            return self._run_pieces(x, mask_bt, state, window, resets_bt)
+        else:
+            h, finals = self._run_layers(xt, mask_t, init, window)
+        outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
+        return RecurrentOutput(outputs, _stack_states(finals, self.is_lstm))
+
+    def _run_layers(
+        self, xt: Tensor, mask_t: Tensor | None, init: list[list[State]] | None, window
+    ) -> tuple[Tensor, list[list[State]]]:
+        """Layer after layer, one autograd node per direction (``(T, B, ·)`` inside)."""
         finals: list[list[State]] = []
         h = xt
         for index, layer in enumerate(self.layers):
@@ -228,8 +264,93 @@ class StackedRecurrent(nn.Module):
                 h, f = layer(h, mask_t, s0, window, self.recompute)
                 fin = [f]
             finals.append(fin)
-        outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
-        return RecurrentOutput(outputs, _stack_states(finals, self.is_lstm))
+        return h, finals
+
+    def _run_windowed(
+        self,
+        xt: Tensor,
+        mask_t: Tensor | None,
+        init: list[list[State]] | None,
+        window: int,
+        resets_bt: Tensor | None,
+    ) -> tuple[Tensor, list[list[State]]]:
+        """The windowed BPTT(τ) of the whole stack: one node (``rnnkit.layers.windowed``)."""
+        T, B = xt.shape[0], xt.shape[1]
+        width = self.hidden_size * self.num_directions
+        drops: list[Tensor | None] = [None]
+        for _ in range(1, self.num_layers):
+            # The multiplier nn.Dropout applies (the same random draws as on the outputs)
+            on = self.dropout > 0 and self.training
+            drops.append(self.drop(xt.new_ones(T, B, width)) if on else None)
+        layers = [
+            list(layer.directions) if isinstance(layer, Bidirectional) else [layer]
+            for layer in self.layers
+        ]
+        reset_t = None if resets_bt is None else resets_bt.T
+        return run_windowed_stack(layers, xt, mask_t, init, window, drops, reset_t)
+
+    def _run_pieces(
+        self,
+        x: Tensor,
+        mask_bt: Tensor | None,
+        state: State | None,
+        window: int | None,
+        resets_bt: Tensor,
+    ) -> RecurrentOutput:
+        """Resets without a gradient window: run between the columns where some row
+        starts, zeroing those rows' state. Document starts are rare (a few per batch), so
+        this is a few calls of the time loop, each exact."""
+        B, T = resets_bt.shape
+        cols = torch.nonzero(resets_bt.any(0)).view(-1).tolist()
+        outs = []
+        for a, b in itertools.pairwise(sorted({0, *cols, T})):
+            if state is None:
+                state = self.zero_state(B, x)
+            state = reset_rows(state, resets_bt[:, a])
+            piece = x[:, a:b] if self.batch_first else x[a:b]
+            piece_mask = None
+            if mask_bt is not None:
+                piece_mask = mask_bt[:, a:b] if self.batch_first else mask_bt[:, a:b].T
+            out = self(piece, mask=piece_mask, state=state, window=window)
+            outs.append(out.outputs)
+            state = out.state
+        return RecurrentOutput(torch.cat(outs, dim=1 if self.batch_first else 0), state)
+
+    def zero_state(self, batch_size: int, like: Tensor) -> State:
+        """The zero state ``(L, D, B, H)`` (an ``LSTMState`` for LSTM) in ``like``'s dtype."""
+        shape = (self.num_layers, self.num_directions, batch_size, self.hidden_size)
+        h = like.new_zeros(shape)
+        return LSTMState(h, torch.zeros_like(h)) if self.is_lstm else h
+
+    def _needs_grad(self, xt: Tensor, state: State | None) -> bool:
+        """Whether a backward can follow (the window changes gradients only)."""
+        if not torch.is_grad_enabled() or tracing():
+            return False  # traced: the per-layer path refuses a window (rnnkit.tracing)
+        tensors = [xt, *self.parameters()]
+        if state is not None:
+            tensors += list(state) if isinstance(state, LSTMState) else [state]
+        return any(t.requires_grad for t in tensors)
+
+    def _check_resets(self, resets: Tensor | None, x: Tensor) -> Tensor | None:
+        """``resets`` as ``(B, T)`` bool, or None when it resets nothing."""
+        if resets is None:
+            return None
+        if not isinstance(resets, Tensor):
+            raise TypeError(f"resets must be a torch.Tensor, got {type(resets).__name__}")
+        B, T = (x.shape[0], x.shape[1]) if self.batch_first else (x.shape[1], x.shape[0])
+        expected = (B, T) if self.batch_first else (T, B)
+        if tuple(resets.shape) != expected:
+            layout = "(B, T)" if self.batch_first else "(T, B)"
+            raise ValueError(
+                f"resets must have shape {layout} = {expected}, got {tuple(resets.shape)}"
+            )
+        if resets.dtype != torch.bool:
+            raise TypeError(f"resets must be bool, got dtype {resets.dtype}")
+        if self.bidirectional:
+            raise ValueError("resets need a unidirectional stack (a document start is in time)")
+        resets = resets.to(x.device)
+        resets = resets if self.batch_first else resets.T
+        return resets if bool(resets.any()) else None
 
     def extra_repr(self) -> str:
         return (

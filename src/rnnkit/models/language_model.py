@@ -13,13 +13,12 @@ Without one (the default) the model is exactly the plain ``</s>`` language model
 
 from __future__ import annotations
 
-import itertools
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from rnnkit.layers.stacked import StackedRecurrent
+from rnnkit.layers.stacked import StackedRecurrent, reset_rows
 from rnnkit.losses import training_loss
 from rnnkit.models.length import LengthState, SequenceLength, length_targets
 from rnnkit.types import LSTMState, State
@@ -43,16 +42,6 @@ class LossOutput(NamedTuple):
     nats: float
     tokens: int
     state: State | None = None
-
-
-def reset_rows(state: State | None, rows: Tensor) -> State | None:
-    """Zero the state of the batch rows where ``rows (B,)`` is True (selection, no ×0)."""
-    if state is None:
-        return None
-    keep = ~rows.view(1, 1, -1, 1)
-    if isinstance(state, LSTMState):
-        return LSTMState(*(torch.where(keep, s, 0.0) for s in state))
-    return torch.where(keep, state, 0.0)
 
 
 class LanguageModel(nn.Module):
@@ -111,8 +100,8 @@ class LanguageModel(nn.Module):
     def vocab_size(self) -> int:
         return self.embedding.num_embeddings
 
-    def _run(self, x, mask, state, window):
-        out = self.encoder(x, mask=mask, state=state, window=window)
+    def _run(self, x, mask, state, window, resets=None):
+        out = self.encoder(x, mask=mask, state=state, window=window, resets=resets)
         return out.outputs, out.state
 
     def forward(
@@ -131,8 +120,9 @@ class LanguageModel(nn.Module):
             mask: ``(B, T)`` bool, True at real steps, or None.
             state: the state carried in (e.g. from the previous stream segment).
             starts: ``(B, T)`` bool, True where a new document starts: the state entering
-                that step is reset to zero (stream batching).
-            window: BPTT(τ) window, or None for full backpropagation.
+                that step is reset to zero (stream batching), and no gradient crosses it.
+            window: BPTT(τ) window, or None for full backpropagation: the loss at step t
+                reaches steps ``t−τ … t`` of every layer, across other rows' starts.
             lengths: ``(B,)`` tokens per row, for ``length="predict"`` only (the steps
                 remaining are fed to every step).
         """
@@ -155,31 +145,9 @@ class LanguageModel(nn.Module):
                 raise ValueError("length='predict' needs lengths (B,) in training")
             remaining = self.length.remaining_steps(lengths, inputs.shape[1])  # (B, T)
             x = torch.cat([x, self.length.remaining_inputs(remaining)], dim=-1)  # (B, T, E+R)
-        if starts is None or not bool(starts.any()):
-            h, state = self._run(x, mask, state, window)
-        else:
-            # Documents start inside the segment: run between start columns, resetting
-            # the rows that start. Boundaries are rare (per document), so this is a few
-            # calls of the time loop, not one per step.
-            T = inputs.shape[1]
-            cols = torch.nonzero(starts.any(0)).view(-1).tolist()
-            bounds = sorted(set([0, *cols, T]))
-            pieces = []
-            for a, b in itertools.pairwise(bounds):
-                if state is None:
-                    state = self._zero_state(inputs.shape[0], x)
-                state = reset_rows(state, starts[:, a])
-                piece_mask = None if mask is None else mask[:, a:b]
-                h_piece, state = self._run(x[:, a:b], piece_mask, state, window)
-                pieces.append(h_piece)
-            h = torch.cat(pieces, dim=1)
+        # Document starts: the encoder zeroes those rows' state (its ``resets``).
+        h, state = self._run(x, mask, state, window, starts)
         return h, state
-
-    def _zero_state(self, batch_size: int, like: Tensor) -> State:
-        enc = self.encoder
-        shape = (enc.num_layers, enc.num_directions, batch_size, enc.hidden_size)
-        h = like.new_zeros(shape)
-        return LSTMState(h, torch.zeros_like(h)) if enc.is_lstm else h
 
     def loss(
         self,

@@ -1,0 +1,229 @@
+"""Windowed BPTT(τ) of a whole stack: one autograd node over every layer and direction.
+
+One node per layer would count the window in each layer on its own: the loss at step t
+would reach layer 1 about ``L·τ`` steps back. Here the stack's backward is one lag-by-lag
+sweep (``rnnkit.recurrence.windowed_sweep``) that counts a path's steps from the loss,
+through every layer it crosses, so a unidirectional stack gets exactly the truncated
+graph of the whole stack: every layer recomputed over steps ``t−τ … t`` from the detached
+states before them. Document starts inside the batch (``reset``) are handled inside the
+same loop, so the window also counts across them: a row that does not start there keeps
+its window, a row that does gets no gradient across its start.
+
+The forward is the usual one (the compiled loop where it applies; the PyTorch loop when
+rows reset), layer after layer, the dropout between layers given as multipliers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.layers.masking import flip_sequences
+from rnnkit.layers.recurrent import Recurrent
+from rnnkit.recurrence import (
+    ForwardRecord,
+    WindowUnit,
+    forward_pass,
+    reorder,
+    weight_grads,
+    windowed_sweep,
+)
+from rnnkit.types import LSTMState, State
+
+__all__ = ["run_windowed_stack"]
+
+
+class _Plan(NamedTuple):
+    """What the node needs besides its differentiable inputs (all time-major)."""
+
+    kernels: list[list[Kernel]]  # [layer][direction]
+    reverse: list[list[bool]]
+    num_states: int
+    window: int
+    mask: Tensor | None  # (T, B, 1) input order, None when every step is real
+    reading: Tensor | None  # (T, B, 1) the mask in a reverse direction's reading order
+    order: Tensor | None  # (T, B) input order ↔ reverse reading order (an involution)
+    reset: Tensor | None  # (T, B, 1) state entering the step zeroed (forward only)
+    drops: list[Tensor | None]  # [layer] dropout multiplier on the layer's input
+
+
+def _unit_count(plan: _Plan) -> int:
+    return sum(len(layer) for layer in plan.kernels)
+
+
+class _WindowedStack(torch.autograd.Function):
+    """Inputs: ``x (T, B, I)``, then per unit (layer by layer, directions in order) its four
+    weights (``bias_hn`` may be None), then per unit its initial states. Outputs: the top
+    outputs ``(T, B, D·H)`` and every unit's final states."""
+
+    @staticmethod
+    def forward(ctx: Any, plan: _Plan, x: Tensor, *tensors: Tensor | None) -> tuple[Tensor, ...]:  # type: ignore[override]
+        units = _unit_count(plan)
+        weights = [Weights(*tensors[4 * u : 4 * u + 4]) for u in range(units)]  # type: ignore[misc]
+        s = plan.num_states
+        states0 = [
+            tuple(tensors[4 * units + s * u : 4 * units + s * (u + 1)]) for u in range(units)
+        ]
+        records: list[ForwardRecord] = []
+        h = x
+        u = 0
+        for index, layer in enumerate(plan.kernels):
+            drop = plan.drops[index]
+            if drop is not None:
+                h = h * drop
+            if plan.mask is not None:  # padding may hold anything: it never enters a step
+                h = torch.where(plan.mask, h, 0.0)
+            outs = []
+            for d, kernel in enumerate(layer):
+                rev = plan.reverse[index][d]
+                rec = forward_pass(
+                    kernel,
+                    reorder(h, plan.order) if rev else h,
+                    weights[u],
+                    states0[u],  # type: ignore[arg-type]
+                    plan.reading if rev else plan.mask,
+                    save=True,
+                    reset=None if rev else plan.reset,
+                )
+                records.append(rec)
+                out = rec.states[0][1:]
+                outs.append(reorder(out, plan.order) if rev else out)
+                u += 1
+            h = torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
+        ctx.plan = plan
+        saved: list[Tensor] = []
+        for w, rec in zip(weights, records, strict=True):
+            saved += [rec.x, w.weight_ih, w.weight_hh, *rec.states, *rec.cache]
+        ctx.cache_sizes = [len(rec.cache) for rec in records]
+        ctx.save_for_backward(*saved)
+        finals = [f[-1].clone() for rec in records for f in rec.states]
+        return (h, *finals)
+
+    @staticmethod
+    def backward(ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None):  # type: ignore[override]
+        plan: _Plan = ctx.plan
+        s = plan.num_states
+        saved = ctx.saved_tensors
+        units: list[list[WindowUnit]] = []
+        finals: list[list[tuple[Tensor | None, ...]]] = []
+        pos = u = 0
+        for index, layer in enumerate(plan.kernels):
+            units.append([])
+            finals.append([])
+            for d, kernel in enumerate(layer):
+                n_cache = ctx.cache_sizes[u]
+                x_flat, w_ih, w_hh = saved[pos : pos + 3]
+                states = tuple(saved[pos + 3 : pos + 3 + s])
+                cache = tuple(saved[pos + 3 + s : pos + 3 + s + n_cache])
+                pos += 3 + s + n_cache
+                rev = plan.reverse[index][d]
+                record = ForwardRecord(x_flat, states, cache, None if rev else plan.reset)
+                units[-1].append(
+                    WindowUnit(
+                        kernel,
+                        record,
+                        Weights(w_ih, w_hh, None, None),  # type: ignore[arg-type]
+                        plan.reading if rev else plan.mask,
+                        plan.order if rev else None,
+                    )
+                )
+                finals[-1].append(tuple(d_finals[s * u : s * (u + 1)]))
+                u += 1
+        sweeps = windowed_sweep(units, d_out, finals, plan.window, plan.drops)
+        need = ctx.needs_input_grad
+        n_units = u
+        d_x = None
+        d_weights: list[Tensor | None] = []
+        d_states0: list[Tensor | None] = []
+        u = 0
+        for index, (layer, layer_sweeps) in enumerate(zip(units, sweeps, strict=True)):
+            for unit, sweep in zip(layer, layer_sweeps, strict=True):
+                flags = (index == 0 and need[1], *need[2 + 4 * u : 6 + 4 * u])
+                g = weight_grads(unit.kernel, unit.record, sweep, unit.weights, flags)
+                if g.x is not None:
+                    gx = reorder(g.x, unit.order)
+                    d_x = gx if d_x is None else d_x + gx
+                d_weights += [g.weight_ih, g.weight_hh, g.bias, g.bias_hn]
+                for k, d0 in enumerate(sweep.d_states0):
+                    d_states0.append(d0 if need[2 + 4 * n_units + s * u + k] else None)
+                u += 1
+        return (None, d_x, *d_weights, *d_states0)
+
+
+def _reverse_order(mask: Tensor | None, T: int, B: int, like: Tensor) -> Tensor:
+    """The ``(T, B)`` step index of a reverse direction (``flip_sequences`` of the steps)."""
+    steps = torch.arange(T, device=like.device).view(T, 1).expand(T, B)
+    return flip_sequences(steps, mask)[0]
+
+
+def run_windowed_stack(
+    layers: Sequence[Sequence[Recurrent]],
+    x: Tensor,
+    mask: Tensor | None,
+    init: Sequence[Sequence[State]] | None,
+    window: int,
+    drops: Sequence[Tensor | None],
+    reset: Tensor | None = None,
+) -> tuple[Tensor, list[list[State]]]:
+    """Run a stack with the windowed BPTT(τ) of the whole stack (module docstring).
+
+    Args:
+        layers: the directions of every layer, bottom first.
+        x: ``(T, B, I)``.  mask: ``(T, B)`` bool or None.
+        init: ``init[l][d]`` the initial state of each direction, or None for zeros.
+        window: τ ≥ 1.
+        drops: ``drops[l]`` the dropout multiplier ``(T, B, D·H)`` on the input of layer
+            ``l`` (None where there is none; always for layer 0).
+        reset: ``(T, B)`` bool, True where the state entering the step is zeroed (every
+            layer; unidirectional stacks only), or None.
+
+    Returns:
+        ``(top outputs (T, B, D·H), final states [layer][direction])``.
+    """
+    T, B = x.shape[0], x.shape[1]
+    cells = [[r.cell for r in layer] for layer in layers]
+    is_lstm = cells[0][0].is_lstm
+    mask3 = reading = None
+    if mask is not None and not bool(mask.all()):
+        mask3 = mask.unsqueeze(-1)
+    has_reverse = any(r.reverse for layer in layers for r in layer)
+    order = _reverse_order(mask, T, B, x) if has_reverse else None
+    if has_reverse and mask3 is not None:
+        reading = flip_sequences(mask, mask)[1].unsqueeze(-1)  # type: ignore[union-attr]
+    if reset is not None and has_reverse:
+        raise ValueError("resets need a unidirectional stack")
+    tensors: list[Tensor | None] = []
+    for layer in cells:
+        for c in layer:
+            tensors += list(c.weights())
+    for index, layer in enumerate(cells):
+        for d, c in enumerate(layer):
+            state = c.zero_state(B, x) if init is None else init[index][d]
+            tensors += list(state) if isinstance(state, LSTMState) else [state]
+    plan = _Plan(
+        kernels=[[c.kernel for c in layer] for layer in cells],
+        reverse=[[r.reverse for r in layer] for layer in layers],
+        num_states=2 if is_lstm else 1,
+        window=window,
+        mask=mask3,
+        reading=reading,
+        order=order,
+        reset=None if reset is None else reset.unsqueeze(-1),
+        drops=list(drops),
+    )
+    result = _WindowedStack.apply(plan, x, *tensors)
+    outputs, flat = result[0], result[1:]
+    s = plan.num_states
+    finals: list[list[State]] = []
+    u = 0
+    for layer in cells:
+        finals.append([])
+        for _ in layer:
+            parts = flat[s * u : s * (u + 1)]
+            finals[-1].append(LSTMState(*parts) if is_lstm else parts[0])
+            u += 1
+    return outputs, finals

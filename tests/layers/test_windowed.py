@@ -1,0 +1,331 @@
+"""Windowed BPTT(τ) of a whole stack (``rnnkit.layers.windowed``) against autograd.
+
+* a unidirectional stack (1–3 layers, every cell, holes and padding, a random initial
+  state, output and final-state losses) equals autograd of the truncated graph of the
+  whole stack: for each step t every layer recomputed over steps t−τ … t from the
+  detached states before them, with the cells' plain step functions;
+* the same with document starts inside the batch (rows reset to the zero state);
+* a bidirectional stack equals autograd of the budget graph (a state with budget b is
+  computed from the state one step back with budget b − 1, and from the detached state
+  at budget 0), built from the plain steps with the reverse order made row by row;
+* hand checks: how far the loss at one step reaches, and where the window is full BPTT.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+from torch.autograd.function import BackwardCFunction
+
+pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
+
+DT = torch.float64
+TOL = {"atol": 1e-10, "rtol": 0.0}
+B, T, I, H = 4, 6, 3, 4
+
+
+def make_case(spec, gen, layers, bidirectional=False):
+    layer = spec.layer(I, H, layers, bidirectional)
+    D = 2 if bidirectional else 1
+    x = torch.randn(B, T, I, generator=gen, dtype=DT, requires_grad=True)
+    s0 = tuple(
+        torch.randn(layers, D, B, H, generator=gen, dtype=DT, requires_grad=True)
+        for _ in range(spec.num_states)
+    )
+    g_out = torch.randn(B, T, D * H, generator=gen, dtype=DT)
+    g_fin = tuple(torch.randn(layers, D, B, H, generator=gen, dtype=DT) for _ in s0)
+    return layer, x, s0, g_out, g_fin
+
+
+def loss_of(outputs, finals, g_out, g_fin) -> Tensor:
+    loss = (outputs * g_out).sum()
+    for f, g in zip(finals, g_fin, strict=True):
+        loss = loss + (f * g).sum()
+    return loss
+
+
+def grads(loss, layer, x, s0) -> tuple[Tensor, ...]:
+    return torch.autograd.grad(loss, [x, *s0, *layer.parameters()], allow_unused=True)
+
+
+def windowed_grads(spec, layer, x, s0, g_out, g_fin, mask, window, resets=None):
+    out = layer(x, mask=mask, state=spec.pack(s0), window=window, resets=resets)
+    return out, grads(loss_of(out.outputs, spec.unpack(out.state), g_out, g_fin), layer, x, s0)
+
+
+def assert_all_close(got, want) -> None:
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(
+            torch.zeros_like(b) if a is None else a, torch.zeros_like(a) if b is None else b, **TOL
+        )
+
+
+# ---------------------------------------------------------- unidirectional: the truncated graph
+
+
+def clip_run(spec, layer, x, s0, mask, resets, frozen, lo, hi):
+    """The stack over steps ``lo … hi`` (time-major, plain steps) from the states before
+    ``lo``: the detached ``frozen`` ones, or the live initial state when ``live``."""
+    h = x[lo : hi + 1]
+    finals = []
+    for index, cell in enumerate(layer.cells()):
+        state = tuple(s[index, 0] for s in s0) if frozen is None else frozen[index][lo]
+        outs = []
+        for t in range(lo, hi + 1):
+            if resets is not None:  # a document starts: the zero state
+                r = resets[t][:, None]
+                state = tuple(torch.where(r, 0.0, s) for s in state)
+            out, state = spec.run(cell, h[t - lo : t - lo + 1], state, mask[t : t + 1])
+            outs.append(out)
+        h = torch.cat(outs)
+        finals.append(state)
+    return h, finals
+
+
+def truncated_graph_loss(spec, layer, x, s0, mask, tau, g_out, g_fin, resets=None):
+    """Σ_t ⟨g_out_t, top output at t⟩ + ⟨g_fin, final states⟩ where the output at step t
+    (0-based) is recomputed, in every layer, over steps ``t − τ … t`` from the DETACHED
+    states before step t − τ (the live initial state when t < τ); the final states are a
+    loss at the last step."""
+    xt, mask_t = x.transpose(0, 1), mask.T
+    resets_t = None if resets is None else resets.T
+    with torch.no_grad():  # the incoming state of every step of every layer
+        frozen = [[None] * T for _ in layer.cells()]
+        h = xt
+        for index, cell in enumerate(layer.cells()):
+            state = tuple(s[index, 0].detach() for s in s0)
+            outs = []
+            for t in range(T):
+                frozen[index][t] = state
+                if resets_t is not None:
+                    state = tuple(torch.where(resets_t[t][:, None], 0.0, s) for s in state)
+                out, state = spec.run(cell, h[t : t + 1], state, mask_t[t : t + 1])
+                outs.append(out)
+            h = torch.cat(outs)
+    loss = x.new_zeros(())
+    for t in range(T):
+        lo = t - tau
+        out, finals = clip_run(
+            spec, layer, xt, s0, mask_t, resets_t, None if lo < 0 else frozen, max(lo, 0), t
+        )
+        loss = loss + (out[-1] * g_out[:, t]).sum()
+        if t == T - 1:
+            for k, g in enumerate(g_fin):
+                loss = loss + sum((f[k] * g[i, 0]).sum() for i, f in enumerate(finals))
+    return loss
+
+
+@pytest.mark.parametrize(("layers", "tau"), [(2, 2), (3, 1), (3, 3)])
+def test_unidirectional_stack_equals_the_truncated_graph(cell_spec, gen, holey_mask, layers, tau):
+    layer, x, s0, g_out, g_fin = make_case(cell_spec, gen, layers)
+    out, got = windowed_grads(cell_spec, layer, x, s0, g_out, g_fin, holey_mask, tau)
+    want = grads(
+        truncated_graph_loss(cell_spec, layer, x, s0, holey_mask, tau, g_out, g_fin),
+        layer,
+        x,
+        s0,
+    )
+    assert_all_close(got, want)
+    # the window changes gradients only, never values (up to the rounding of the compiled
+    # loop's batching: the ordinary run skips finished rows)
+    full = layer(x, mask=holey_mask, state=cell_spec.pack(s0))
+    torch.testing.assert_close(out.outputs, full.outputs, rtol=0, atol=1e-14)
+    full_grads = grads(
+        loss_of(full.outputs, cell_spec.unpack(full.state), g_out, g_fin), layer, x, s0
+    )
+    assert not torch.allclose(got[0], full_grads[0])
+
+
+def test_resets_inside_the_batch_equal_the_truncated_graph(cell_spec, gen, holey_mask):
+    layer, x, s0, g_out, g_fin = make_case(cell_spec, gen, 2)
+    resets = torch.zeros(B, T, dtype=torch.bool)
+    resets[0, 3] = True  # a document starts inside the batch
+    resets[1, 0] = resets[1, 2] = True  # a fresh start, and another inside the real steps
+    resets[3, 4] = True  # at a hole: the state held there is the zero state
+    out, got = windowed_grads(cell_spec, layer, x, s0, g_out, g_fin, holey_mask, 2, resets)
+    ref = truncated_graph_loss(cell_spec, layer, x, s0, holey_mask, 2, g_out, g_fin, resets)
+    assert_all_close(got, grads(ref, layer, x, s0))
+    with torch.no_grad():  # the values are those of the run in pieces (no window)
+        pieces = layer(x, mask=holey_mask, state=cell_spec.pack(s0), resets=resets)
+    torch.testing.assert_close(out.outputs, pieces.outputs, **TOL)
+    for a, b in zip(cell_spec.unpack(out.state), cell_spec.unpack(pieces.state), strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+@pytest.mark.parametrize("tau", [1, 2])
+def test_the_loss_at_one_step_reaches_every_layer_tau_steps_back(cell_spec, gen, tau):
+    """Hand check on a 3-layer stack: a loss on the top output at (1-based) step t gives
+    ∂/∂x_s ≠ 0 exactly for t − τ ≤ s ≤ t, and reaches the initial states exactly when
+    t ≤ τ — in every layer, not τ steps per layer."""
+    layer, x, s0, _, _ = make_case(cell_spec, gen, 3)
+    t = 5
+    out = layer(x, state=cell_spec.pack(s0), window=tau).outputs
+    d_x, *d_s0 = torch.autograd.grad(out[:, t - 1].sum(), [x, *s0])
+    reached = [s + 1 for s in range(T) if bool(d_x[:, s].abs().sum() > 0)]
+    assert reached == list(range(t - tau, t + 1))
+    assert all(torch.count_nonzero(d) == 0 for d in d_s0)
+    for t, reaches in ((tau, True), (tau + 1, False)):
+        out = layer(x, state=cell_spec.pack(s0), window=tau).outputs
+        d_h0 = torch.autograd.grad(out[:, t - 1].sum(), s0[0])[0]
+        assert [bool(d_h0[i].abs().sum() > 0) for i in range(3)] == [reaches] * 3
+
+
+# ---------------------------------------------------------------- bidirectional: the budget graph
+
+
+def reverse_index(mask: Tensor) -> Tensor:
+    """``(T, B)``: the step a reverse direction reads at each position, row by row."""
+    idx = torch.empty(T, B, dtype=torch.long)
+    for b in range(B):
+        real = [t for t in range(T) if bool(mask[b, t])]
+        extent = real[-1] + 1 if real else 0
+        idx[:, b] = torch.tensor([extent - 1 - t if t < extent else t for t in range(T)])
+    return idx
+
+
+def take(h: Tensor, idx: Tensor) -> Tensor:
+    """``h (T, B, ·)`` with row b's steps taken in the order ``idx[:, b]``."""
+    return torch.stack([h[idx[:, b], b] for b in range(h.shape[1])], dim=1)
+
+
+def budget_graph_loss(spec, layer, x, s0, mask, tau, g_out, g_fin):
+    """The loss on outputs and final states computed with a budget of τ steps: the state
+    after step k (reading order) with budget b is one plain step from the state after
+    step k − 1 with budget b − 1 (the live initial state at k = 0) on the inputs with
+    budget b; with budget 0 the state before is the DETACHED one of the ordinary run."""
+    L, D = layer.num_layers, layer.num_directions
+    cells = layer.cells()
+    idx = reverse_index(mask)
+    xt, mask_t = x.transpose(0, 1), mask.T
+    readings = [mask_t, take(mask_t, idx)]
+    with torch.no_grad():  # the ordinary run: the incoming states in reading order
+        frozen = []
+        h = xt
+        for index in range(L):
+            outs = []
+            for d in range(D):
+                cell = cells[index * D + d]
+                inp = take(h, idx) if d else h
+                state = tuple(s[index, d].detach() for s in s0)
+                before, o = [], []
+                for t in range(T):
+                    before.append(state)
+                    out, state = spec.run(cell, inp[t : t + 1], state, readings[d][t : t + 1])
+                    o.append(out)
+                frozen.append(before)
+                o = torch.cat(o)
+                outs.append(take(o, idx) if d else o)  # the index is an involution
+            h = torch.cat(outs, dim=-1)
+    lowest = max(0, tau - L * (T - 1))  # a lower budget is never reached
+    previous = None
+    for budget in range(lowest, tau + 1):
+        current = []
+        h = xt
+        for index in range(L):
+            outs = []
+            for d in range(D):
+                u = index * D + d
+                cell = cells[u]
+                inp = take(h, idx) if d else h
+                new = []
+                for t in range(T):
+                    if budget == 0 or (t > 0 and previous is None):
+                        prev = frozen[u][t]
+                    elif t == 0:
+                        prev = tuple(s[index, d] for s in s0)
+                    else:
+                        prev = previous[u][t - 1]
+                    _, state = spec.run(cell, inp[t : t + 1], prev, readings[d][t : t + 1])
+                    new.append(state)
+                current.append(new)
+                o = torch.stack([s[0] for s in new])
+                outs.append(take(o, idx) if d else o)
+            h = torch.cat(outs, dim=-1)
+        previous = current
+    loss = (h.transpose(0, 1) * g_out).sum()
+    for u, states in enumerate(previous):
+        for f, g in zip(states[T - 1], g_fin, strict=True):
+            loss = loss + (f * g[u // D, u % D]).sum()
+    return loss
+
+
+@pytest.mark.parametrize(("layers", "tau"), [(1, 2), (2, 2), (2, 7)])
+def test_bidirectional_stack_equals_the_budget_graph(cell_spec, gen, holey_mask, layers, tau):
+    layer, x, s0, g_out, g_fin = make_case(cell_spec, gen, layers, bidirectional=True)
+    _, got = windowed_grads(cell_spec, layer, x, s0, g_out, g_fin, holey_mask, tau)
+    ref = budget_graph_loss(cell_spec, layer, x, s0, holey_mask, tau, g_out, g_fin)
+    assert_all_close(got, grads(ref, layer, x, s0))
+
+
+def test_the_two_oracles_agree_on_a_unidirectional_stack(cell_spec, gen, holey_mask):
+    """On a unidirectional stack the budget graph is the truncated graph of the stack
+    (a check of the oracles, and of what the window means there)."""
+    layer, x, s0, g_out, g_fin = make_case(cell_spec, gen, 2)
+    a = grads(
+        truncated_graph_loss(cell_spec, layer, x, s0, holey_mask, 2, g_out, g_fin), layer, x, s0
+    )
+    b = grads(budget_graph_loss(cell_spec, layer, x, s0, holey_mask, 2, g_out, g_fin), layer, x, s0)
+    assert_all_close(a, b)
+
+
+# ------------------------------------------------------------------------ where it is full BPTT
+
+
+def full_grads(spec, layer, x, s0, g_out, g_fin, mask):
+    out = layer(x, mask=mask, state=spec.pack(s0))
+    return grads(loss_of(out.outputs, spec.unpack(out.state), g_out, g_fin), layer, x, s0)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_a_window_as_long_as_the_longest_path_is_full_bptt(
+    cell_spec, gen, holey_mask, bidirectional
+):
+    """A path to an initial state crosses at most T steps (T Jacobian factors); in a
+    bidirectional stack it can turn at every layer, so at most L·(T − 1) + 1 (T − 1 in
+    each layer above): that window is full BPTT, one step less is not."""
+    layer, x, s0, g_out, g_fin = make_case(cell_spec, gen, 2, bidirectional)
+    longest = 2 * (T - 1) + 1 if bidirectional else T
+    want = full_grads(cell_spec, layer, x, s0, g_out, g_fin, holey_mask)
+    for tau in (longest, longest + 4):
+        _, got = windowed_grads(cell_spec, layer, x, s0, g_out, g_fin, holey_mask, tau)
+        assert_all_close(got, want)
+    _, short = windowed_grads(cell_spec, layer, x, s0, g_out, g_fin, holey_mask, longest - 1)
+    gap = max(float((a - b).abs().max()) for a, b in zip(short, want, strict=True))
+    if not (bidirectional and cell_spec.name == "rnn_relu"):  # its longest paths are dead here
+        assert gap > 1e-12  # the logistic's 9-factor path: ~1e-7
+
+
+def test_dropout_between_layers_is_the_same_draw_and_scales_the_gradient(gen):
+    """In training, the windowed stack draws the dropout of the per-layer path (same
+    values for the same seed), and a window as long as the sequence is full BPTT of it."""
+    from tests.conftest import ALL_SPECS
+
+    spec = ALL_SPECS[4]  # GRU
+    layer, x, s0, g_out, g_fin = make_case(spec, gen, 3)
+    layer.dropout = 0.4
+    layer.drop.p = 0.4
+    torch.manual_seed(7)
+    full = layer(x, state=spec.pack(s0))
+    want = grads(loss_of(full.outputs, spec.unpack(full.state), g_out, g_fin), layer, x, s0)
+    torch.manual_seed(7)
+    out, got = windowed_grads(spec, layer, x, s0, g_out, g_fin, None, T)
+    torch.testing.assert_close(out.outputs, full.outputs, **TOL)
+    assert_all_close(got, want)
+
+
+def test_one_autograd_node_for_the_whole_stack(cell_spec, gen):
+    layer, x, s0, _, _ = make_case(cell_spec, gen, 3)
+    out = layer(x, state=cell_spec.pack(s0), window=2).outputs
+    seen, todo, custom = set(), [out.grad_fn], 0
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        custom += isinstance(node, BackwardCFunction)
+        todo.extend(n for n, _ in node.next_functions)
+    assert custom == 1
+    with torch.no_grad():  # nothing to truncate: the ordinary forward, the same values
+        plain = layer(x, state=cell_spec.pack(s0), window=2).outputs
+    torch.testing.assert_close(plain, out.detach(), rtol=0, atol=1e-14)
