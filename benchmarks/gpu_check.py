@@ -1,4 +1,4 @@
-"""The prepared GPU check (issue 6): CUDA results against the CPU reference, and speed vs cuDNN.
+"""The prepared GPU check: CUDA results against the CPU reference, and speed vs cuDNN.
 
 Run it where a GPU is lent (one short call; about 2–4 minutes on an H200 incl. start-up):
 

@@ -1,4 +1,4 @@
-"""Shared fixtures of the recurrent-core contract (DESIGN.md, "Tests").
+"""Shared fixtures of the recurrent-core contract (CONTRIBUTING.md, "Tests").
 
 ``cell_spec`` runs a test once per cell variant (RNN tanh/relu/sigmoid, LSTM, and the GRU with all
 four ``update`` × ``reset`` combinations); ``torch_spec`` only over the forms ``torch.nn``
@@ -257,7 +257,7 @@ def single_thread():
 @pytest.fixture(params=["compiled", "pytorch"])
 def time_loop(request):
     """Run a test once on each time loop: the compiled one (``rnnkit.native``) and the
-    PyTorch loop (the fallback and oracle). Both must pass the same contract (issue 6)."""
+    PyTorch loop (the fallback and oracle). Both must pass the same contract."""
     from rnnkit import native
 
     compiled = request.param == "compiled"

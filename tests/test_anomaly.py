@@ -52,7 +52,7 @@ def test_rank_ties_count_for_the_target() -> None:
 
 
 def test_session_scores_of_the_worked_example() -> None:
-    # SPEC §6 "deep" example: −ln 0.7 three times and −ln 0.1.
+    # the worked example of docs/math.md, "Losses": −ln 0.7 three times and −ln 0.1.
     surprise = -np.log([0.7, 0.7, 0.7, 0.1])
     scores = session_scores(surprise, [False, False, False, True])
     assert scores["max"] == pytest.approx(2.303, abs=1e-3)

@@ -1,5 +1,5 @@
-"""``rnnkit.interop``: GRU update-convention conversion (SPEC §1.3), parameter counts
-(SPEC §1.1–1.4), and the clear errors of ``from_torch`` / ``to_torch``.
+"""``rnnkit.interop``: GRU update-convention conversion, parameter counts
+(docs/math.md, "Parameter counts"), and the clear errors of ``from_torch`` / ``to_torch``.
 
 (Equality with ``torch.nn`` through ``from_torch``/``to_torch`` is the cell and layer
 contract: ``tests/cells/test_cell_contract.py``, ``tests/layers/test_torch_parity.py``.)

@@ -1,5 +1,5 @@
-"""``sequence_cross_entropy``: the masked reductions of SPEC §2 with hand-computed values
-(SPEC §4, §6), padding that never matters, and clear errors."""
+"""``sequence_cross_entropy``: the masked reductions of docs/math.md, "Losses", with
+hand-computed values (the worked examples there), padding that never matters, and clear errors."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@
   mask that has holes and a zero-length row;
 * ``torch.autograd.gradcheck`` on every input, parameter and the initial state;
 * hold-state semantics: zero-length rows keep the initial state, holes hold the state;
-* windowed BPTT(τ) equals autograd of the explicitly truncated graph (SPEC §3), and
-  τ ≥ T equals full BPTT.
+* windowed BPTT(τ) equals autograd of the explicitly truncated graph (docs/math.md,
+  "Truncation"), and τ ≥ T equals full BPTT.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The state and output containers of ``rnnkit.types`` (API.md)."""
+"""The state and output containers of ``rnnkit.types``."""
 
 from __future__ import annotations
 

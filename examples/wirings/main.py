@@ -1,4 +1,4 @@
-"""The other wirings of the sources (SPEC §4–5), each on generated data with exact answers.
+"""The other wirings (docs/math.md, "Models"), each on generated data with exact answers.
 
 1. Output-to-hidden (Jordan, Fig. 10.4) vs hidden-to-hidden LM on a Fibonacci-mod-5
    language: the Jordan model trains with no time loop but remembers one token, so it

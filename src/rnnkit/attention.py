@@ -1,4 +1,4 @@
-"""Attention over encoder states with source masks (SPEC §5, encoder–decoder).
+"""Attention over encoder states with source masks (docs/math.md, "Attention").
 
 At decoder step ``i`` the query is the previous decoder state ``q = h^d_{i−1}`` and the
 memory the encoder states ``h^e_1..h^e_S``. Scores:

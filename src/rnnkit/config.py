@@ -142,7 +142,7 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast dtype of training
     on_nonfinite: str = "stop"  # stop | skip: a NaN/inf loss or gradient (named either way)
     ngram_order: int = 5
-    # task-specific (issue 4): classify / tag / seq2seq
+    # task-specific: classify / tag / seq2seq
     pooling: str = "last"
     tag_column: str = "upos"
     char_rnn: bool = False
@@ -153,9 +153,9 @@ class TrainConfig:
     scheduled_sampling: str = "none"
     decoder_only: bool = False
     beam: int = 1
-    # the other wirings (issue 4, SPEC §4-5): lm / seq2seq
+    # the other wirings: lm / seq2seq
     length: str = "eos"  # eos | stop | predict: how a sequence's end is modelled
-    wiring: str = "hidden"  # hidden | jordan (lm): Fig. 10.3 or Fig. 10.4
+    wiring: str = "hidden"  # hidden | jordan (lm): hidden-to-hidden or output-to-hidden
     condition: str = "none"  # none | init | input | both (lm): class-conditional context
     loss_reduction: str = "token"  # token | sequence: how the training loss averages
     pretrained_vectors: str | None = None  # word2vec/GloVe text file into the embedding

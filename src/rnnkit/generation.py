@@ -1,4 +1,4 @@
-"""Free running (SPEC §5): carry the state step to step, choose the next token, stop.
+"""Free running: carry the state step to step, choose the next token, stop.
 
 Any model with ``step(token (B,), state) -> (log_probs (B, V), new_state)`` can generate
 (``state=None`` is the zero initial state). The prompt primes the state one token at a
@@ -580,7 +580,9 @@ def generate(
     state_batch_dim: DimSpec = 2,
     reorder: Reorder | None = None,
 ) -> list[GenerationResult]:
-    """Generate ``num`` sequences from one prompt (default ``[bos_id]``): SPEC §5.
+    """Generate ``num`` sequences from one prompt (default ``[bos_id]``).
+
+    The decoding rules are in docs/math.md, "Generation".
 
     The ``num`` samples are drawn as one batch after priming once; ``state`` (one row,
     or None for zeros) is where priming starts. Arguments as in ``generate_batch``

@@ -1,6 +1,6 @@
 """Exchange with ``torch.nn``: copy weights both ways, and convert GRU conventions.
 
-PyTorch keeps two biases per gate (``b_ih + b_hh``); rnnkit keeps one (SPEC §1), so
+PyTorch keeps two biases per gate (``b_ih + b_hh``); rnnkit keeps one, so
 ``from_torch`` adds them — except the GRU candidate's recurrent bias, which sits inside
 ``r ⊙ (W_hn h + b_hn)`` and becomes ``bias_hn``. PyTorch's GRU is rnnkit's
 ``update="keep", reset="after"``. Gate orders agree (LSTM i,f,g,o; GRU r,z,n).
@@ -23,7 +23,7 @@ __all__ = ["convert_gru_update", "count_parameters", "from_torch", "to_torch"]
 def count_parameters(module: nn.Module) -> int:
     """Number of trainable scalars of ``module``.
 
-    >>> count_parameters(RNNCell(10, 20)) + count_parameters(nn.Linear(20, 5))  # SPEC §1.4
+    >>> count_parameters(RNNCell(10, 20)) + count_parameters(nn.Linear(20, 5))  # 600 + 20 + 105
     725
     """
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
@@ -215,7 +215,7 @@ def _flip_update(cell: GRUCell) -> GRUCell:
     new = new.to(device=cell.weight_ih.device, dtype=cell.weight_ih.dtype)
     new.load_state_dict(cell.state_dict())
     H = cell.hidden_size
-    with torch.no_grad():  # 1 − σ(s) = σ(−s): negate the z rows (SPEC §1.3)
+    with torch.no_grad():  # 1 − σ(s) = σ(−s): negate the z rows
         new.weight_ih[H : 2 * H].neg_()
         new.weight_hh[H : 2 * H].neg_()
         new.bias[H : 2 * H].neg_()

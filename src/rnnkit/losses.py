@@ -1,4 +1,4 @@
-"""Masked sequence losses in nats (SPEC §2, §4)."""
+"""Masked sequence losses in nats (docs/math.md, "Losses")."""
 
 from __future__ import annotations
 

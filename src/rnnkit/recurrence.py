@@ -1,7 +1,7 @@
 """The one time loop: forward over T steps with masking, and the explicit BPTT backward.
 
 This module holds the only ``for t in range(T)`` and the only reversed loop of the
-library (DESIGN.md). Forward:
+library. Forward:
 
 * all input projections in ONE matrix product before the loop: ``xp = x W_ihᵀ + b``;
 * per step only the recurrent product and the gate math (the cell kernel's
@@ -9,7 +9,8 @@ library (DESIGN.md). Forward:
 * at a masked step the state is held: ``h_t = h_{t-1}`` (``c`` too), by selection —
   padding may hold NaN or huge values and never leaks (it is replaced by 0 up front).
 
-Backward (SPEC §3), replaying the kernel's ``step_backward`` from ``t = T`` down to 1:
+Backward (docs/math.md, "Backpropagation through time"), replaying the kernel's
+``step_backward`` from ``t = T`` down to 1:
 
     d_h ← d_h + ∂ℓ/∂h_t (gradient of the outputs)
     at a real step:   d_gates_t, d_state_{t-1} = step_backward(d_state_t, …)
@@ -265,7 +266,7 @@ def backward_sweep(
     window: int | None = None,
     packing: Packing | None = None,
 ) -> Sweep:
-    """The explicit BPTT sweep from ``t = T`` down to 1 (SPEC §3).
+    """The explicit BPTT sweep from ``t = T`` down to 1.
 
     Args:
         d_out: ∂L/∂outputs ``(T, B, H)`` or None.  d_finals: ∂L/∂(final states).

@@ -1,4 +1,4 @@
-"""The contract every cell keeps (DESIGN.md, "Tests"), run on every variant.
+"""The contract every cell keeps (CONTRIBUTING.md, "Tests"), run on every variant.
 
 * one step equals ``torch.nn``'s cell with copied weights, values and all gradients,
   both through ``from_torch`` and ``to_torch`` (the forms torch has);

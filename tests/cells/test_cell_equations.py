@@ -1,5 +1,5 @@
-"""The textbook equations of SPEC §1, transcribed independently into numpy, per column
-vector, with the parameter blocks cut out of the documented layout (API.md: LSTM gate order
+"""The textbook equations of docs/math.md, "Cells", transcribed independently into numpy, per column
+vector, with the parameter blocks cut out of the documented layout (README: LSTM gate order
 i, f, g, o; GRU r, z, n; one bias per gate; ``bias_hn`` inside ``r ⊙ (W_hn h + b_hn)``).
 
 Plus one golden-value test per cell variant: fixed weights, fixed input, and the expected
@@ -17,7 +17,7 @@ from rnnkit.layers.stacked import GRU, LSTM, RNN
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-# ------------------------------------------------------------------ numpy reference (SPEC §1)
+# ------------------------------------------------------------------ numpy reference (docs/math.md)
 
 
 def sigma(a):
@@ -25,7 +25,7 @@ def sigma(a):
 
 
 def ref_rnn(x, h, P, nonlinearity):
-    """§1.1: a = W_x x + W_h h + b; h' = φ(a)."""
+    """Simple cell: a = W_x x + W_h h + b; h' = φ(a)."""
     a = P["weight_ih"] @ x + P["weight_hh"] @ h + P["bias"]
     if nonlinearity == "sigmoid":  # the logistic σ(a) = 1 / (1 + e^{−a})
         return 1.0 / (1.0 + np.exp(-a))
@@ -33,7 +33,7 @@ def ref_rnn(x, h, P, nonlinearity):
 
 
 def ref_lstm(x, h, c, P):
-    """§1.2 with u = [x; h] and W_gate = [W_gate,x  W_gate,h] (d_h × (d + d_h))."""
+    """LSTM with u = [x; h] and W_gate = [W_gate,x  W_gate,h] (d_h × (d + d_h))."""
     d_h = h.shape[0]
     W = np.concatenate([P["weight_ih"], P["weight_hh"]], axis=1)  # (4 d_h, d + d_h)
     blocks = {name: slice(k * d_h, (k + 1) * d_h) for k, name in enumerate("ifco")}
@@ -47,7 +47,7 @@ def ref_lstm(x, h, c, P):
 
 
 def ref_gru(x, h, P, update, reset):
-    """§1.3 with its two switches, exactly as written there."""
+    """GRU with its two switches, exactly as written in docs/math.md."""
     d_h, d = h.shape[0], x.shape[0]
     W = np.concatenate([P["weight_ih"], P["weight_hh"]], axis=1)  # (3 d_h, d + d_h)
     W_r, W_z, W_h = W[:d_h], W[d_h : 2 * d_h], W[2 * d_h :]
@@ -190,7 +190,7 @@ def test_gru_switches_really_differ():
     assert not torch.allclose(vals[1], vals[2])
 
 
-# Printed once by ``ref_sequence`` (numpy, the SPEC §1 formulas above) on the fixed weights
+# Printed once by ``ref_sequence`` (numpy, the formulas above) on the fixed weights
 # of ``set_fixed_weights`` and the input of ``golden_input``: h_1, h_2, h_3 (each H = 2),
 # then the final c for the LSTM.
 GOLDEN = {

@@ -1,4 +1,4 @@
-"""The other wirings on the command line (issue 4): ``--length`` (lm, seq2seq),
+"""The other wirings on the command line: ``--length`` (lm, seq2seq),
 ``--wiring jordan`` and ``--condition`` (lm). Each option trains, is saved in
 ``config.json``, and is honoured by ``--resume``, ``evaluate --json`` and ``generate``;
 bad combinations are one line naming the option, with nothing written."""

@@ -1,9 +1,10 @@
 """Per-step and per-lag contributions: they add up to the gradient, and each one is right.
 
 The oracle gives every step of every sequence its OWN copy of the weights (the "dummy
-variables" of Goodfellow §10.2.2) in a plain autograd loop over the cells' differentiable
-step functions; the gradient of copy k is the contribution of step k. Sequences are run
-one at a time so a reverse direction can be read back from each row's own last step.
+variables" of Goodfellow et al., *Deep Learning*, §10.2.2) in a plain autograd loop over
+the cells' differentiable step functions; the gradient of copy k is the contribution of
+step k. Sequences are run one at a time so a reverse direction can be read back from each
+row's own last step.
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ def test_norms_and_json() -> None:
 
 
 def test_one_unit_demo_signs_cancel() -> None:
-    """Seed 001's demo: a one-unit network; the bars add up to the total (a numerical
+    """A one-unit network, worked by hand: the bars add up to the total (a numerical
     derivative checks it), and they can have different signs."""
     cell = RNNCell(1, 1).to(DT)
     with torch.no_grad():

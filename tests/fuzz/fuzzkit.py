@@ -1,10 +1,10 @@
 """Shared parts of the fuzz tests: settings, input strategies, and the outcome check.
 
-The contract every reader is held to (issue 8, item 5): given any input it returns a
+The contract every reader is held to: given any input it returns a
 result or raises an :class:`~rnnkit.errors.RnnkitError` whose message is one line naming
 the file; any other exception, a hang or unbounded memory is a bug.
 
-``RNNKIT_FUZZ_EXAMPLES=N`` runs N examples per test (random seeds) instead of the small
+``RNNKIT_FUZZ_EXAMPLES=N`` runs N examples per test (a random seed each) instead of the small
 deterministic CI run; ``RNNKIT_FUZZ_SEED`` fixes the seed of such a long run.
 """
 

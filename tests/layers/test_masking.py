@@ -1,4 +1,5 @@
-"""Padding, masks and directions at the layer level (SPEC §2), for every cell variant.
+"""Padding, masks and directions at the layer level, for every cell variant (docs/math.md,
+"Sequences, padding and masks").
 
 * the stacked (bidirectional) layer equals the plain oracle (conftest ``run_layer``) with a
   mask that has holes and a zero-length row: outputs, final states, all gradients;

@@ -8,7 +8,7 @@ from rnnkit.layers.recurrent import Recurrent
 
 def test_reverse_with_leading_hole_matches_reading_backwards():
     """mask [F, T, T, F]: the backward output at step 1 is h(x2, x1), at step 2 h(x2),
-    and the hole at step 0 holds the state reached after step 1 (SPEC §2)."""
+    and the hole at step 0 holds the state reached after step 1."""
     torch.manual_seed(0)
     cell = RNNCell(2, 3).double()
     x = torch.randn(4, 1, 2, dtype=torch.double)

@@ -1,4 +1,4 @@
-"""Whole layers equal ``torch.nn.RNN/LSTM/GRU`` with copied weights (DESIGN.md contract).
+"""Whole layers equal ``torch.nn.RNN/LSTM/GRU`` with copied weights (the layer contract).
 
 Outputs, final states and ALL gradients (inputs, initial state, every parameter of every
 layer and direction), float64 to 1e-10, single and multi-layer, bidirectional, with

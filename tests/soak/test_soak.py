@@ -1,4 +1,4 @@
-"""Soak test (issue 8, item 6): train and score for a long time; memory must not grow.
+"""Soak test: train and score for a long time; memory must not grow.
 
 Marked ``slow``: ``make test`` / plain ``pytest`` skip it (``-m "not slow"`` in the
 pytest options). Run it on its own::

@@ -1,5 +1,5 @@
 """Crash safety: SIGKILL at random moments never leaves an unloadable run directory, and
-SIGTERM finishes the step in flight, saves and exits cleanly (issue 8)."""
+SIGTERM finishes the step in flight, saves and exits cleanly."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """What every cell shares: its parameters, their initialisation, and argument checks.
 
 A cell stores ``weight_ih (G·H, I)``, ``weight_hh (G·H, H)`` and ONE ``bias (G·H,)`` — the
-textbook form of SPEC §1 (PyTorch's two biases per gate are added on import). ``G`` is the
+textbook form (PyTorch's two biases per gate are added on import). ``G`` is the
 number of gate blocks: 1 (RNN), 4 (LSTM, order i,f,g,o), 3 (GRU, order r,z,n).
 
-Each concrete cell module also provides, side by side (DESIGN.md):
+Each concrete cell module also provides, side by side:
 
 * ``step``: one step in plain differentiable torch ops — the oracle for autograd tests;
 * ``step_into``: the same step writing into the preallocated buffers of the time loop;
@@ -34,7 +34,8 @@ class CellBase(nn.Module):
         hidden_size: ``H``, the width of ``h_t``.
         init: ``"uniform"`` draws every parameter from U(−1/√H, 1/√H) like PyTorch;
             ``"orthogonal"`` does the same but makes each gate block of ``weight_hh`` an
-            orthogonal ``H × H`` matrix (keeps ‖W_h‖₂ = 1 at the start, SPEC §3).
+            orthogonal ``H × H`` matrix (keeps ‖W_h‖₂ = 1 at the start: the gradient
+            bound (γλ)^(t−k) then neither vanishes nor explodes from the weights alone).
     """
 
     gates: ClassVar[int] = 1

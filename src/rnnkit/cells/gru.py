@@ -1,4 +1,4 @@
-"""The GRU cell with its two independent switches, SPEC §1.3. Gate order r, z, n.
+"""The GRU cell with its two independent switches (docs/math.md, "GRU"). Gate order r, z, n.
 
     z_t = σ(W_z u_t + b_z)      (update gate)     r_t = σ(W_r u_t + b_r)   (reset gate)
 
@@ -6,7 +6,7 @@ reset="before" (textbook, Cho et al. 2014 v3, d2l):
     n_t = tanh(W_nx x_t + W_nh (r_t ⊙ h_{t-1}) + b_n)
 reset="after" (cuDNN, PyTorch, Keras ``reset_after=True``), two candidate biases:
     n_t = tanh(W_nx x_t + b_n + r_t ⊙ (W_nh h_{t-1} + b_hn))
-update="candidate" (z is the share given to the candidate, seed 000):
+update="candidate" (z is the share given to the candidate; the textbook form):
     h_t = (1 − z_t) ⊙ h_{t-1} + z_t ⊙ n_t
 update="keep" (z is the share kept of the old state; original GRU, PyTorch, d2l):
     h_t = z_t ⊙ h_{t-1} + (1 − z_t) ⊙ n_t
@@ -203,7 +203,7 @@ class GRUKernel:
 
 
 class GRUCell(CellBase):
-    """GRU cell (SPEC §1.3) with independent ``update`` and ``reset`` switches.
+    """GRU cell with independent ``update`` and ``reset`` switches.
 
     Args:
         input_size: ``I``.  hidden_size: ``H``.

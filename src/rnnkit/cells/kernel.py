@@ -132,5 +132,5 @@ class Kernel(Protocol):
 
         ``d_xp (N, G·H)``, ``d_hp`` (see ``step_backward``), ``h_prev (N, H)`` and the
         cache are flattened over ``N = T·B``; each gradient is ONE matrix product (or
-        sum) over all steps (SPEC §3).
+        sum) over all steps.
         """

@@ -1,4 +1,4 @@
-"""The LSTM cell with forget gate, SPEC §1.2, ONE bias per gate, gate order i, f, g, o.
+"""The LSTM cell with forget gate, ONE bias per gate, gate order i, f, g, o.
 
     u_t = [x_t; h_{t-1}]
     i_t = σ(W_i u_t + b_i)    f_t = σ(W_f u_t + b_f)    o_t = σ(W_o u_t + b_o)
@@ -172,7 +172,7 @@ class LSTMKernel:
 
 
 class LSTMCell(CellBase):
-    """LSTM cell with forget gate (SPEC §1.2): ONE bias per gate, gates i, f, g, o.
+    """LSTM cell with forget gate: ONE bias per gate, gates i, f, g, o.
 
     Args:
         input_size: ``I``.  hidden_size: ``H``.

@@ -1,4 +1,4 @@
-"""The simple (Elman) recurrent cell, SPEC §1.1.
+"""The simple (Elman) recurrent cell.
 
     a_t = W_x x_t + W_h h_{t-1} + b          W_x = weight_ih (H, I), W_h = weight_hh (H, H)
     h_t = φ(a_t)                             φ = tanh (default), relu or sigmoid (logistic)
@@ -135,7 +135,7 @@ class RNNKernel:
 
 
 class RNNCell(CellBase):
-    """Elman cell ``h_t = φ(W_x x_t + W_h h_{t-1} + b)`` with ONE bias (SPEC §1.1).
+    """Elman cell ``h_t = φ(W_x x_t + W_h h_{t-1} + b)`` with ONE bias.
 
     Args:
         input_size: ``I``.  hidden_size: ``H``.

@@ -70,7 +70,7 @@ class GradcheckConfig:
             # inf would print as a non-JSON "Infinity" and check nothing.
             if not 0 < value < math.inf:
                 raise ConfigError(f"--{option} must be a positive finite number, got {value}")
-        if abs(args.seed) >= 2**63:  # torch seeds are 64-bit: a larger one is a ValueError
+        if abs(args.seed) >= 2**63:  # a torch seed is 64-bit: a larger one is a ValueError
             raise ConfigError(f"--seed must be below 2^63 in size, got {args.seed}")
         if args.eps > 1:
             raise ConfigError(f"--eps must be at most 1 (a finite-difference step), got {args.eps}")

@@ -73,13 +73,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "--update",
         choices=("candidate", "keep"),
         default=d.update,
-        help="GRU update convention (SPEC §1.3, default %(default)s)",
+        help="GRU update convention: z weighs the candidate or the kept state "
+        "(default %(default)s)",
     )
     g.add_argument(
         "--reset",
         choices=("before", "after"),
         default=d.reset,
-        help="GRU reset position (SPEC §1.3, default %(default)s)",
+        help="GRU reset gate before or after the recurrent matrix (default %(default)s)",
     )
     g.add_argument(
         "--recompute",
@@ -335,7 +336,7 @@ def register(sub: Any) -> None:
         choices=WIRINGS,
         default=d.wiring,
         help="hidden-to-hidden recurrence (hidden, default) or output-to-hidden only "
-        "(jordan, SPEC §4: one layer of width --hidden, trained with no time loop; "
+        "(jordan: one layer of width --hidden, trained with no time loop; "
         "--cell and --embedding do not apply)",
     )
     g.add_argument(

@@ -6,7 +6,7 @@ file and line. A trailing ``\\r`` (Windows line ends) is dropped; other whitespa
 kept (it is a character of a char-unit side).
 
 A batch holds the source ``(B, S)`` with its mask, and the target in teacher-forcing form:
-decoder inputs ``<s> y_1 … y_m`` and targets ``y_1 … y_m </s>`` (SPEC §5).
+decoder inputs ``<s> y_1 … y_m`` and targets ``y_1 … y_m </s>``.
 """
 
 from __future__ import annotations

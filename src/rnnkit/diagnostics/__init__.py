@@ -6,7 +6,7 @@ nothing here prints, logs or warns.
 * ``contributions``: each step's (and each time lag's) share of ∂L/∂W, from the explicit
   BPTT sweep — the shares add up to the total gradient.
 * ``jacobian``: ‖∂L/∂h_k‖, ‖∂h_t/∂h_k‖₂ (exact or power iteration) and the bound
-  (γλ)^{t−k} of SPEC §3.
+  (γλ)^{t−k} (docs/math.md, "Gradient flow").
 * ``gradcheck``: the explicit BPTT against central finite differences (float64).
 * ``monitor``: gradient-norm history, clipping, vanishing/exploding signals, gate
   saturation and state norms during training.

@@ -1,9 +1,10 @@
 """Per-step and per-lag contributions to the weight gradients, from the explicit BPTT.
 
 A shared weight is used at every step, so its gradient is the sum of the gradients of
-its per-step copies (Goodfellow §10.2.2, "dummy variables" ``W^(k)``). For step ``k``
-(0-based position, ``x[:, k]``; step ``k + 1`` in SPEC §3's 1-based notation) the copy's
-gradient is read off the explicit backward sweep of ``rnnkit.recurrence``:
+its per-step copies (the "dummy variables" ``W^(k)`` of Goodfellow et al., *Deep Learning*,
+§10.2.2). For step ``k`` (0-based position, ``x[:, k]``; step ``k + 1`` in the 1-based
+notation of docs/math.md) the copy's gradient is read off the explicit backward sweep of
+``rnnkit.recurrence``:
 
     ∂L/∂W_h^(k) = kernel.recurrent_grads(rows of step k)     (δ_k h_{k-1}ᵀ for the RNN)
     ∂L/∂W_x^(k) = δ_kᵀ x_k          ∂L/∂b^(k) = Σ_rows δ_k
@@ -15,7 +16,7 @@ are kept apart so that they can be shown, and their sum is the total gradient.
 By time lag: the loss at step ``t`` reaches the copy at step ``k ≤ t`` through the path
 ``h_k → … → h_t``, ``t − k`` transitions long. Sweeping each step's loss separately
 (O(T²) steps, fine for diagnostics) splits the gradient by ``lag = t − k``; lag 0 is the
-direct term with no Jacobian factor, the long lags are what vanish (seed 003). Lags are
+direct term with no Jacobian factor, the long lags are what vanish. Lags are
 counted in positions, masked steps included; for a reverse direction, in reading order.
 """
 
@@ -261,8 +262,8 @@ def step_contributions(
 
     Runs ``forward_pass`` and ONE ``backward_sweep`` (the library's explicit BPTT, exact
     ``window`` truncation included) and splits each weight gradient by step. Masked steps
-    contribute exactly zero (SPEC §3). For a reverse direction index ``k`` is still the
-    position ``x[:, k]``.
+    contribute exactly zero (the state is held there). For a reverse direction index ``k``
+    is still the position ``x[:, k]``.
 
     Args:
         source: a cell or one direction of a layer (``Recurrent``).

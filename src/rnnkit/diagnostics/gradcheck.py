@@ -1,4 +1,4 @@
-"""Explicit BPTT against central finite differences, in float64 (SPEC §3).
+"""Explicit BPTT against central finite differences, in float64.
 
 ``gradcheck`` builds a layer (``RNN``/``LSTM``/``GRU`` with the chosen options), a random
 batch with holes and trailing padding (every sequence starts with a real step), a random

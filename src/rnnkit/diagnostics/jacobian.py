@@ -1,6 +1,6 @@
 """How gradients travel back through time: ‖∂L/∂h_k‖, ‖∂h_t/∂h_k‖₂ and their bound.
 
-SPEC §3: ``∂h_t/∂h_k = Π_{j=k+1..t} diag(φ'(a_j)) W_h``, so for the simple cell
+``∂h_t/∂h_k = Π_{j=k+1..t} diag(φ'(a_j)) W_h``, so for the simple cell
 
     ‖∂h_t/∂h_k‖₂ ≤ (γλ)^{t−k},   λ = ‖W_h‖₂ (largest singular value),
     γ = sup φ' = 1 for tanh (and relu), ¼ for the logistic.
@@ -87,14 +87,14 @@ def spectral_norm(matrix: Tensor) -> float:
 def jacobian_bound(
     norm: float, steps: int | Sequence[int] | Tensor, activation: str = "tanh"
 ) -> Tensor:
-    """The bound ``(γλ)^{t−k}`` on ``‖∂h_t/∂h_k‖₂`` (SPEC §3), float64.
+    """The bound ``(γλ)^{t−k}`` on ``‖∂h_t/∂h_k‖₂``, float64.
 
     Args:
         norm: ``λ ≥ ‖W_h‖₂`` (see ``spectral_norm``).
         steps: ``t − k``, one or many.
         activation: ``"tanh"`` / ``"relu"`` (γ = 1) or ``"logistic"`` (γ = ¼).
 
-    SPEC §6, ``‖W‖ = 0.8`` over 20 steps:
+    ``‖W‖ = 0.8`` over 20 steps:
 
     >>> round(float(jacobian_bound(0.8, 20)), 4)
     0.0115
@@ -130,7 +130,7 @@ class DerivativeSize(NamedTuple):
 
 
 def weight_derivative_size(d: int) -> DerivativeSize:
-    """SPEC §6: ``∂⁺s_k/∂W`` has ``d³`` entries, at most ``d²`` non-zero (``p = q``).
+    """``∂⁺s_k/∂W`` has ``d³`` entries, at most ``d²`` non-zero (``p = q``).
 
     That is why the contribution of step ``k`` is stored as the ``d × d`` outer product
     ``(δ ⊙ σ'(a_k)) s_{k−1}ᵀ`` (``step_contributions``), never as the ``d³`` tensor.
@@ -165,7 +165,7 @@ def state_gradients(
     Returns:
         One tensor per state component, ``(B, T + 1, H)`` (time-major ``(T + 1, B, H)``
         if not ``batch_first``): index 0 is the initial state ``h_0``, index ``k + 1`` the
-        state output at position ``k`` (``h_{k+1}`` of SPEC §3).
+        state output at position ``k`` (``h_{k+1}`` in the 1-based notation of docs/math.md).
 
     >>> from rnnkit import LSTMCell
     >>> g_h, g_c = state_gradients(LSTMCell(2, 3), torch.randn(4, 5, 2),
@@ -441,7 +441,7 @@ class GradientFlow:
             ``h_{k+j}`` (masked steps hold the state: their Jacobian is the identity, so
             they are no factor of the product).
         bound: ``(B, T + 1 − start)`` ``(γλ)^{real_steps}`` for the simple cell, None for
-            LSTM/GRU (the bound of SPEC §3 is for the simple cell).
+            LSTM/GRU (the bound is for the simple cell).
     """
 
     state_grad_norms: Tensor

@@ -5,7 +5,7 @@ into errors, and the caller decides where messages go). ``GradientMonitor`` is c
 per optimizer step — directly, or as the ``grad_hook(model, grad_norm, clipped)`` of
 ``rnnkit.training.loop.Trainer`` — and its history is JSON-serialisable for the report.
 
-Gate saturation (issue 5): the share of gate values within ``threshold`` (0.02) of 0 or
+Gate saturation: the share of gate values within ``threshold`` (0.02) of 0 or
 1. For a logistic gate ``s`` that is ``s < 0.02`` or ``s > 0.98``. Gates in tanh form —
 the LSTM candidate ``g``, the GRU candidate ``n`` and the state of a tanh RNN, all in
 ``[−1, 1]`` — are mapped to ``(v + 1) / 2``, so they count when ``|v| > 1 − 2·0.02 =

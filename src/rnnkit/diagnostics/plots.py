@@ -374,8 +374,8 @@ def projected_contributions(parts: Any) -> tuple[np.ndarray, float]:
     ``parts`` stacks the contributions ``C_k`` of one parameter (``Contributions.weight_hh``,
     ``(K, …)``) whose sum is the gradient ``G``. Each is projected on the direction of
     ``G``: ``c_k = ⟨C_k, G⟩ / ‖G‖``, so ``Σ_k c_k = ‖G‖`` exactly, and a negative ``c_k``
-    is a step that pulls against the update (seed 001: "the contributions have different
-    signs, and their sum is what matters").
+    is a step that pulls against the update (the contributions can have different
+    signs; their sum is what matters).
 
     Returns:
         ``(values (K,), total)`` in float64; all zeros and ``0.0`` when ``G = 0``.

@@ -445,7 +445,7 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
     bound = rnn_jacobian_bound(cell, range(Tj + 1)).numpy() if simple else None
     body = (
         f"<p>On {B} windows of {T} {esc(run.cfg.unit)}s from {esc(where)}, through the first "
-        f"layer ({esc(type(cell).__name__)}, H = {cell.hidden_size}). SPEC §3: "
+        f"layer ({esc(type(cell).__name__)}, H = {cell.hidden_size}). "
         "∂h_t/∂h_k = Π diag(φ′(a_j)) W_h, so ‖∂h_t/∂h_k‖₂ ≤ (γλ)^(t−k) with λ = ‖W_h‖₂ "
         "and γ = 1 for tanh, ¼ for the logistic (the bound is for the simple cell).</p>"
     )

@@ -22,7 +22,7 @@ class Recurrent(nn.Module):
     """Run ``cell`` forward in time, or backward within each sequence's own length.
 
     With ``reverse=True`` each sequence is read from ITS OWN last real step down to its
-    first (SPEC §2), so the output at step t equals running the cell on the reversed
+    first, so the output at step t equals running the cell on the reversed
     unpadded sequence; outputs are returned in the original time order.
 
     Args:

@@ -47,7 +47,7 @@ def reset_rows(state: State | None, rows: Tensor) -> State | None:
 class Bidirectional(nn.Module):
     """A forward and a backward ``Recurrent`` over the same input; outputs concatenated.
 
-    The backward direction reads each sequence from its own last real step (SPEC §2).
+    The backward direction reads each sequence from its own last real step.
     """
 
     def __init__(self, forward_layer: Recurrent, backward_layer: Recurrent) -> None:

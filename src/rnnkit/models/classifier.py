@@ -1,4 +1,4 @@
-"""Sequence classification: one label per sequence (SPEC §4 Fig. 10.5, §5).
+"""Sequence classification: one label per sequence.
 
 embedding → recurrent stack → pooling (``last`` real state, ``[h^f_L; h^b_1]`` when
 bidirectional; masked ``mean``; masked ``max``) → feed-forward head

@@ -1,4 +1,6 @@
-"""A fixed context vector ``c`` conditioning a language model (SPEC §4, Fig. 10.9).
+"""A fixed context vector ``c`` conditioning a language model.
+
+The wiring of Goodfellow et al., *Deep Learning*, Fig. 10.9.
 
 ``c = conditioner(condition)`` (e.g. the embedding of a class label, ``(B, C)``) reaches
 the recurrence in one of three ways, named as the encoder–decoder's ``--context``:

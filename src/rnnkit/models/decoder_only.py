@@ -1,4 +1,4 @@
-"""Decoder-only translation (SPEC §5): one language model over ``source <sep> target``.
+"""Decoder-only translation: one language model over ``source <sep> target``.
 
 ``p(y | x) = Π_t p(y_t | y_{<t}, x)`` with a single recurrent LM reading the concatenation
 

@@ -13,7 +13,7 @@ class TiedHead(nn.Module):
     """Output layer sharing the embedding matrix: ``z = E (P h) + b`` (weight tying).
 
     ``V = E`` requires the top state width to equal the embedding width; otherwise a
-    projection ``P: H → embedding_dim`` is inserted (SPEC §5).
+    projection ``P: H → embedding_dim`` is inserted.
 
     Args:
         embedding: the model's ``nn.Embedding(V, E)``; its weight is shared, not copied.

@@ -1,4 +1,4 @@
-"""Output-to-hidden (Jordan) recurrence, SPEC §4 / Goodfellow Fig. 10.4: no ``W_h``.
+"""Output-to-hidden (Jordan) recurrence (Goodfellow et al., *Deep Learning*, Fig. 10.4): no ``W_h``.
 
     h_t = φ(W_x x_t + W_o o_{t−1} + b)        z_t = W_y h_t + b_y,   ŷ_t = softmax(z_t)
 
@@ -73,7 +73,7 @@ class JordanLM(nn.Module):
         self.input_size = input_size
         self.hidden_size = H
         self.nonlinearity = nonlinearity
-        # W_x without a bias: b below is the one bias of the pre-activation (SPEC §1).
+        # W_x without a bias: b below is the one bias of the pre-activation.
         self.input_weight = nn.Linear(input_size, H, bias=False) if input_size else None
         self.bias = nn.Parameter(feedback.weight.new_zeros(H))
         self.drop = nn.Dropout(dropout)

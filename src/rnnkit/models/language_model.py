@@ -1,4 +1,4 @@
-"""Recurrent language model: embedding → recurrent stack → output layer (SPEC §5).
+"""Recurrent language model: embedding → recurrent stack → output layer.
 
 ``ŷ_t = softmax(V h_t + b)`` over the next token. Trained by teacher forcing (input at
 step t is the true token t−1; the prediction at step t never sees token t or later);
@@ -7,7 +7,7 @@ steps and the prefix is never re-run.
 
 ``length="stop"`` / ``"predict"`` (a :class:`~rnnkit.models.length.SequenceLength`) adds
 a sequence-length mechanism: a stop output per step, or a length predicted from the
-initial state with the steps remaining fed to every step (SPEC §5; see that module).
+initial state with the steps remaining fed to every step (see that module).
 Without one (the default) the model is exactly the plain ``</s>`` language model.
 """
 

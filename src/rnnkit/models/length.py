@@ -1,4 +1,4 @@
-"""Sequence-length mechanisms (SPEC §5, Goodfellow §10.2.3) other than ``</s>``.
+"""Sequence-length mechanisms (Goodfellow et al., *Deep Learning*, §10.2.3) other than ``</s>``.
 
 Batches keep their usual form, inputs ``<s> y_1 … y_m`` and targets ``y_1 … y_m </s>``;
 with a mechanism, the ``</s>`` step carries no token loss and ``</s>`` is never a token

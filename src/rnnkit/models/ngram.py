@@ -1,4 +1,4 @@
-"""The n-gram baseline: interpolated Kneser-Ney over integer token ids (SPEC §5, baselines).
+"""The n-gram baseline: interpolated Kneser-Ney over integer token ids.
 
 What the recurrence buys is measured against this model. It is plain interpolated
 Kneser-Ney (Chen & Goodman 1998, §3.5; one absolute discount ``D`` for every order, not the
@@ -39,7 +39,7 @@ _START = 0  # the virtual start symbol; real id i is stored as i + 1
 
 def count_table_size(num_symbols: int, length: int) -> int:
     """Entries of a full count table over all sequences of ``length`` symbols: ``k ** n``
-    (SPEC §5: the table grows exponentially with length, a network's parameters do not).
+    (the table grows exponentially with length, a network's parameters do not).
 
     >>> count_table_size(10, 5)
     100000

@@ -1,4 +1,4 @@
-"""Pooling: the per-step states of an encoder become one vector per sequence (SPEC §5).
+"""Pooling: the per-step states of an encoder become one vector per sequence.
 
 * ``last``: the state after the last real step. For a bidirectional encoder it is
   ``[h^f_{L_i}; h^b_1]``: the forward direction's final state (at the sequence's own last

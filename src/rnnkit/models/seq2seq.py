@@ -1,4 +1,4 @@
-"""Encoder–decoder (SPEC §5): encoder stack → context / attention → step-wise decoder.
+"""Encoder–decoder: encoder stack → context / attention → step-wise decoder.
 
 The encoder reads the source ``x_1..x_S`` into states ``h^e_1..h^e_S`` (``D·H_e`` wide,
 both directions concatenated) and a final state per layer (each sequence's own last real

@@ -1,4 +1,4 @@
-"""Sequence labelling: one softmax over the tag set at every step (SPEC §5).
+"""Sequence labelling: one softmax over the tag set at every step.
 
 ``x_t = [E w_t; c(w_t)]`` — the word embedding, optionally beside a character-level
 encoding ``c(w)`` of the word's spelling (a bidirectional RNN over its characters, its two

@@ -6,7 +6,7 @@ lines as separate padded sequences (``<s> w… </s>``), with full or windowed BP
 An n-gram baseline (interpolated Kneser–Ney) is fitted on the same training tokens and
 scored on the same validation tokens, so the summary shows what the recurrence buys.
 
-The other wirings (SPEC §4–5), each a ``TrainConfig`` option saved in ``config.json``:
+The other wirings (docs/math.md, "Models"), each a ``TrainConfig`` option saved in ``config.json``:
 
 * ``--length stop|predict`` (``--bptt full``/``window:K``): a stop output per step, or a
   length predicted first (at most ``--max-len``) with the steps remaining fed to every
