@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,84 @@ def test_no_tracked_file_points_outside_the_repository() -> None:
                 if pattern.search(line):
                     found.append(f"{path.relative_to(ROOT)}:{number}: {what}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+# ---- links in the documentation ----------------------------------------------------------
+
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+# A code span naming a path inside the repository, e.g. `docs/bptt.md` or `examples/wirings/`.
+REPO_PATH = re.compile(r"^(?:docs|examples|benchmarks|src|tests|recipes)/[\w./-]*$")
+
+
+def documentation() -> list[Path]:
+    return [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def slug(heading: str) -> str:
+    """The anchor Python-Markdown (and so mkdocs) gives a heading."""
+    text = unicodedata.normalize("NFKD", re.sub(r"[`*]", "", heading))
+    text = re.sub(r"[^\w\s-]", "", text.encode("ascii", "ignore").decode()).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(path: Path) -> set[str]:
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    return {slug(m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, re.M)}
+
+
+def test_slug_is_python_markdowns() -> None:
+    assert slug("1. Each step's contribution to the gradient") == (
+        "1-each-steps-contribution-to-the-gradient"
+    )
+    assert slug("Segment truncation (`--bptt segment:K`)") == "segment-truncation-bptt-segmentk"
+    assert slug("Sequences, padding and masks") == "sequences-padding-and-masks"
+
+
+def broken_links(path: Path, root: Path = ROOT) -> list[str]:
+    """Relative links of ``path`` that name no file (or no heading) inside ``root``, and
+    code spans naming a repository path that does not exist."""
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    problems = []
+    for match in LINK.finditer(CODE_SPAN.sub("", text)):
+        target = match.group(1)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        file_part, _, anchor = target.partition("#")
+        resolved = (path.parent / file_part).resolve() if file_part else path
+        where = f"{path.relative_to(root)}: ({target})"
+        if not resolved.is_relative_to(root):
+            problems.append(f"{where} points outside the repository")
+        elif not resolved.exists():
+            problems.append(f"{where} names no file")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+            problems.append(f"{where} names no heading of {resolved.relative_to(root)}")
+    for match in CODE_SPAN.finditer(text):
+        name = match.group(1).split("::")[0]
+        if REPO_PATH.match(name) and not (root / name).exists():
+            problems.append(f"{path.relative_to(root)}: `{name}` names no file")
+    return problems
+
+
+def test_links_in_the_documentation_resolve() -> None:
+    problems = [p for doc in documentation() for p in broken_links(doc)]
+    assert not problems, "\n".join(problems)
+
+
+def test_broken_links_are_found(tmp_path: Path) -> None:
+    """The checker sees a missing file, a missing heading and a path outside the root,
+    and accepts what exists."""
+    root = tmp_path / "repo"
+    (root / "docs").mkdir(parents=True)
+    (root / "docs" / "real.md").write_text("# A real page\n\n## Its part\n", encoding="utf-8")
+    page = root / "docs" / "page.md"
+    page.write_text(
+        "[fine](real.md#its-part) [self](#here) `docs/real.md`\n\n# Here\n\n"
+        "[a](real.md#no-such-part) [b](nowhere.md) [c](../../outside.md) `docs/gone.md`\n"
+        "```\n[in a code block](ignored.md)\n```\n",
+        encoding="utf-8",
+    )
+    problems = broken_links(page, root.resolve())
+    assert len(problems) == 4, problems
+    assert ["no-such-part" in p for p in problems] == [True, False, False, False]
