@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench docs clean
 
 # pyproject.toml states ranges; constraints.txt the exact versions every machine runs.
 CONSTRAINTS := -c constraints.txt
@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[logs,test,dev]"
 	# Optional: ONNX export and its check (its test is skipped where these do not install).
 	-$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[onnx,test-onnx]"
+	# Optional: the documentation build (its test is skipped where this does not install).
+	-$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[docs]"
 	# The C++ time loop now, not at the first training (without a compiler: the PyTorch loop).
 	-$(BIN)/python -m rnnkit build-native
 	touch $(STAMP)
@@ -35,5 +37,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_recurrent.py
 
+# The documentation site (docs/*.md and the API reference from the docstrings) in site/;
+# --strict: a broken link or anchor, or a docstring that does not parse, is an error.
+docs: $(STAMP)
+	$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[docs]"
+	$(BIN)/python -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) build site src/*.egg-info

@@ -154,3 +154,20 @@ def test_broken_links_are_found(tmp_path: Path) -> None:
     problems = broken_links(page, root.resolve())
     assert len(problems) == 4, problems
     assert ["no-such-part" in p for p in problems] == [True, False, False, False]
+
+
+SECTION_REF = re.compile(r"docs/([\w-]+\.md),?\s+[\"'“]([^\"'”\n]+)[\"'”]")
+
+
+def test_section_references_name_real_sections() -> None:
+    """A docstring or comment citing ``docs/math.md, "Truncation"`` names a heading that
+    exists in that page."""
+    problems = []
+    for path in tracked_files():
+        if path.suffix not in (".py", ".md") or not path.is_file():
+            continue
+        for match in SECTION_REF.finditer(path.read_text(encoding="utf-8")):
+            page = ROOT / "docs" / match.group(1)
+            if not page.is_file() or slug(match.group(2)) not in anchors(page):
+                problems.append(f"{path.relative_to(ROOT)}: {match.group(0)}")
+    assert not problems, "\n".join(problems)

@@ -358,8 +358,8 @@ def sessions_from_logs(
     Args:
         source: a path (``str`` or ``PathLike``: a ``str`` is always a path), or an
             iterable of lines.
-        session_pattern, log_format, session_field, masks, similarity, depth,
-            max_children: see :class:`LogSessionizer`.
+        session_pattern: and ``log_format``, ``session_field``, ``masks``,
+            ``similarity``, ``depth``, ``max_children``: see :class:`LogSessionizer`.
         label: label given to every session (``0``/``1``), or None.
 
     Returns:
