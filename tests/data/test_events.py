@@ -231,3 +231,35 @@ def test_written_file_gets_ordinary_permissions(tmp_path: Path) -> None:
     finally:
         os.umask(old_umask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+def test_params_round_trip_and_stay_out_of_the_repr(tmp_path: Path) -> None:
+    session = Session("a", ["x", "y"], 0, params=[[0.0, 12.5], [0.25, None]])
+    path = tmp_path / "p.jsonl"
+    write_sessions(path, [session, Session("b", ["x"])])
+    back = read_sessions(path)
+    assert back[0].params == [[0.0, 12.5], [0.25, None]] and back[1].params is None
+    assert back == [session, Session("b", ["x"])]
+    assert "params" not in repr(back[1]) and "params=[[0.0, 12.5]" in repr(back[0])
+    assert json.loads(path.read_text().splitlines()[0])["params"] == [[0.0, 12.5], [0.25, None]]
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ('{"a": 1}', "'params' must be a list, got an object"),
+        ("[[1]]", "'params' has 1 entries for 2 events"),
+        ("[[1], 2]", "params[1] is a number, expected a list of numbers"),
+        ('[[1], ["7"]]', "params[1][0] is a string, expected a number or null"),
+        ("[[true], []]", "params[0][0] is a boolean"),
+        ("[[" + "9" * 400 + "], []]", "params[0][0] is not finite"),
+    ],
+)
+def test_bad_params_name_the_line(tmp_path: Path, params: str, message: str) -> None:
+    path = write_lines(
+        tmp_path,
+        '{"session": "ok", "events": ["x"]}',
+        '{"session": "s", "events": ["x", "y"], "params": ' + params + "}",
+    )
+    error = read_error(path)
+    assert error.startswith(f"{path}:2: session 's': ") and message in error

@@ -15,6 +15,12 @@ Rules, each broken rule a :class:`~rnnkit.errors.DataError` naming file and line
   ``true``/``false`` are refused so a boolean column is not mistaken for a label.
 - No other keys: a misspelt ``"lable"`` would otherwise leave a session silently
   unlabelled.
+- ``params`` (optional): one list per event, in the events' order, of that event's
+  *parameter values*: finite numbers, or ``null`` where the event's line held no number
+  in that place (``rnnkit sessions --from log --params`` writes them: the numbers of the
+  template's variable parts, the seconds since the session's previous event first).
+  The parameter-value model (``rnnkit train --task params``) reads them; the ``events``
+  task ignores them.
 - Blank lines are skipped; objects may not repeat a key.
 - Size limits (:mod:`rnnkit.data.limits`): a line is at most :data:`MAX_LINE_BYTES`
   (10 MiB), a session at most 1,000,000 events, JSON nested at most 100 levels; each is
@@ -24,6 +30,7 @@ Rules, each broken rule a :class:`~rnnkit.errors.DataError` naming file and line
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from os import PathLike
@@ -47,7 +54,7 @@ __all__ = [
 #: into memory would be the failure.
 MAX_LINE_BYTES = 10 * 1024 * 1024
 
-_KEYS = ("session", "events", "label")
+_KEYS = ("session", "events", "label", "params")
 
 
 @dataclass
@@ -58,6 +65,8 @@ class Session:
         session: identifier, unique within a file.
         events: the tokens, in the order they happened (at least one).
         label: ``0`` normal, ``1`` anomalous, ``None`` unlabelled.
+        params: per event, its parameter values (numbers, ``None`` where missing), or
+            ``None`` for a session without them.
 
     >>> Session("p1", ["openat:ok", "read:ok"], label=0)
     Session(session='p1', events=['openat:ok', 'read:ok'], label=0)
@@ -66,6 +75,15 @@ class Session:
     session: str
     events: list[str] = field(default_factory=list)
     label: int | None = None
+    # Not in the repr when absent: most sessions have none (system calls, plain logs).
+    params: list[list[float | None]] | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        params = "" if self.params is None else f", params={self.params!r}"
+        return (
+            f"Session(session={self.session!r}, events={self.events!r}, "
+            f"label={self.label!r}{params})"
+        )
 
     def to_json(self) -> str:
         """The session as one JSON line (without newline); ``label`` omitted when None.
@@ -76,6 +94,8 @@ class Session:
         record: dict[str, Any] = {"session": self.session, "events": self.events}
         if self.label is not None:
             record["label"] = self.label
+        if self.params is not None:
+            record["params"] = self.params
         # ensure_ascii=False keeps non-ASCII tokens readable and the file smaller.
         return json.dumps(record, ensure_ascii=False)
 
@@ -147,7 +167,7 @@ def parse_session(
         raise fail(f"expected a JSON object, got {_type_name(record)}")
     unknown = [key for key in record if key not in _KEYS]
     if unknown:
-        raise fail(f"unknown key {unknown[0]!r} (expected session, events, label)")
+        raise fail(f"unknown key {unknown[0]!r} (expected session, events, label, params)")
 
     if "session" not in record:
         raise fail("missing key 'session'")
@@ -182,8 +202,50 @@ def parse_session(
     label = record.get("label")
     if label is not None and (isinstance(label, bool) or label not in (0, 1)):
         raise fail(f"session {session_id!r}: 'label' must be 0 or 1, got {json.dumps(label)}")
+    params = record.get("params")
+    if params is not None:
+        params = _parse_params(params, session_id, len(events), fail)
     # label in (0, 1) also admits 1.0; store the int so the written file round-trips.
-    return Session(session_id, events, None if label is None else int(label))
+    return Session(session_id, events, None if label is None else int(label), params)
+
+
+def _parse_params(
+    params: Any, session_id: str, n_events: int, fail: Any
+) -> list[list[float | None]]:
+    """``params`` checked: one list per event of finite numbers or nulls."""
+    if not isinstance(params, list):
+        raise fail(f"session {session_id!r}: 'params' must be a list, got {_type_name(params)}")
+    if len(params) != n_events:
+        raise fail(
+            f"session {session_id!r}: 'params' has {len(params)} entries for {n_events} events "
+            "(one list per event)"
+        )
+    out: list[list[float | None]] = []
+    for index, values in enumerate(params):
+        if not isinstance(values, list):
+            raise fail(
+                f"session {session_id!r}: params[{index}] is {_type_name(values)}, expected a "
+                "list of numbers"
+            )
+        row: list[float | None] = []
+        for j, value in enumerate(values):
+            if value is None:
+                row.append(None)
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise fail(
+                    f"session {session_id!r}: params[{index}][{j}] is {_type_name(value)}, "
+                    "expected a number or null"
+                )
+            try:
+                number = float(value)
+            except OverflowError:  # an integer of 400 digits
+                number = math.inf
+            if not math.isfinite(number):
+                raise fail(f"session {session_id!r}: params[{index}][{j}] is not finite")
+            row.append(number)
+        out.append(row)
+    return out
 
 
 def _read_line(
