@@ -174,6 +174,58 @@ def test_log_to_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
             ["--from", "log", "{readme}", "--session-pattern", r"req=(\d+)"],
             r"{readme}: no line matches the session pattern 'req=(\d+)' (1 line read)",
         ),
+        (
+            ["--from", "log", "{readme}", "--session-pattern", "x", "--time-field", "A"],
+            "--time-field and --time-format apply with --params only",
+        ),
+        (
+            ["--from", "strace", "{trace}", "--params"],
+            "--params applies to --from log only",
+        ),
+        (
+            [
+                "--from",
+                "log",
+                "{readme}",
+                "--session-pattern",
+                "x",
+                "--params",
+                "--time-field",
+                "A",
+            ],
+            "--time-field names fields of --log-format: give both",
+        ),
+        (
+            [
+                "--from",
+                "log",
+                "{readme}",
+                "--session-pattern",
+                "w",
+                "--params",
+                "--log-format",
+                "<A> <Content>",
+                "--time-field",
+                "B",
+            ],
+            "--time-field B is not a header field of --log-format (fields: A)",
+        ),
+        (
+            [
+                "--from",
+                "log",
+                "{readme}",
+                "--session-pattern",
+                "w",
+                "--params",
+                "--log-format",
+                "<A> <Content>",
+                "--time-field",
+                "A",
+            ],
+            "{readme}:1: the time 'just' (--time-field A) is not ISO 8601 or a number of "
+            "seconds (else give --time-format)",
+        ),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(
@@ -307,3 +359,39 @@ def test_out_is_never_a_device_fifo_or_directory(
         assert status == 2 and out == "" and err.count("\n") == 1, err
         assert f"{path}: is a {kind}, not a regular file; refusing to replace it" in err
         assert os.lstat(path).st_mode == mode
+
+
+def test_log_params_carry_numbers_and_time_deltas(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "app.log"
+    log.write_text(LOG)
+    out = tmp_path / "s.jsonl"
+    status, stdout, stderr = run_cli(
+        capsys, "--from", "log", str(log), "--session-pattern", r"req=(\w+)", "--out", str(out),
+        "--log-format", "<Date> <Time> <Level> <Content>", "--params", "--time-field",
+        "Date,Time",
+    )  # fmt: skip
+    assert (status, stderr) == (0, "")
+    assert stdout.endswith("; parameter values of widths [2, 4]\n")
+    a1, b2 = read_sessions(out)
+    assert a1.events == ["req=<SESSION> GET <*> <NUM> in <NUM> ms",
+                         "req=<SESSION> upstream timeout after <NUM> ms"]  # fmt: skip
+    # [seconds since the session's previous line, then each slot's number or null]
+    assert a1.params == [[0.0, None, 200.0, 12.0], [1.499, 3000.0]]
+    assert b2.params == [[0.0, None, 200.0, 7.0]]
+    # Without --time-field: the numbers alone; a bad time format is one line with file:line.
+    status, _, _ = run_cli(
+        capsys, "--from", "log", str(log), "--session-pattern", r"req=(\w+)", "--out", str(out),
+        "--log-format", "<Date> <Time> <Level> <Content>", "--params",
+    )  # fmt: skip
+    assert status == 0 and read_sessions(out)[1].params == [[None, 200.0, 7.0]]
+    status, _, stderr = run_cli(
+        capsys, "--from", "log", str(log), "--session-pattern", r"req=(\w+)", "--out", str(out),
+        "--log-format", "<Date> <Time> <Level> <Content>", "--params", "--time-field", "Time",
+        "--time-format", "%H:%M",
+    )  # fmt: skip
+    assert status == 2 and stderr == (
+        f"rnnkit sessions: error: {log}:1: the time '10:00:00,001' (--time-field Time) is not "
+        "--time-format '%H:%M'\n"
+    )

@@ -6,6 +6,8 @@
     rnnkit sessions --from log app.log --session-pattern 'req=(\\w+)' --out app.jsonl
     rnnkit sessions --from log hdfs.log --out hdfs.jsonl --session-pattern 'blk_-?\\d+' \\
         --log-format '<Date> <Time> <Pid> <Level> <Component>: <Content>'
+    rnnkit sessions --from log pg.log --out pg.jsonl --log-format '<Date> <Time> <Zone> \\
+        [<Pid>] <Session> <Content>' --session-field Session --params --time-field Date,Time
 
 The output is the JSON-lines format that ``rnnkit train --task events`` reads, written
 atomically. A one-line summary goes to stdout unless ``--quiet``.
@@ -49,6 +51,9 @@ class SessionsConfig:
     session_field: str | None = None
     drain_depth: int = 4
     drain_max_children: int = 100
+    params: bool = False
+    time_fields: tuple[str, ...] = ()
+    time_format: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SessionsConfig:
@@ -58,6 +63,9 @@ class SessionsConfig:
             "session_field": getattr(args, "session_field", None),
             "drain_depth": getattr(args, "drain_depth", None),
             "drain_max_children": getattr(args, "drain_max_children", None),
+            "params": getattr(args, "params", False) or None,
+            "time_field": getattr(args, "time_field", None),
+            "time_format": getattr(args, "time_format", None),
         }
         if args.source == "log" and not (args.session_pattern or log_options["session_field"]):
             raise ConfigError("--from log needs --session-pattern (a regex; its group is the id)")
@@ -74,6 +82,16 @@ class SessionsConfig:
             raise ConfigError("--no-result and --per apply to --from strace only")
         if not 0.0 <= args.similarity <= 1.0:
             raise ConfigError(f"--similarity must be in [0, 1], got {args.similarity}")
+        time_fields: tuple[str, ...] = ()
+        if log_options["time_field"] is not None:
+            time_fields = tuple(f.strip() for f in log_options["time_field"].split(","))
+            if not all(time_fields):
+                raise ConfigError(
+                    f"--time-field {log_options['time_field']!r}: give field names separated "
+                    "by commas (e.g. Date,Time)"
+                )
+        if (time_fields or log_options["time_format"]) and not log_options["params"]:
+            raise ConfigError("--time-field and --time-format apply with --params only")
         seen: set[str] = set()
         for path in args.inputs:
             real = os.path.realpath(path)
@@ -100,6 +118,9 @@ class SessionsConfig:
             session_field=log_options["session_field"],
             drain_depth=log_options["drain_depth"] or 4,
             drain_max_children=log_options["drain_max_children"] or 100,
+            params=bool(log_options["params"]),
+            time_fields=time_fields,
+            time_format=log_options["time_format"],
         )
 
 
@@ -153,6 +174,26 @@ def register(subparsers: Any) -> None:
         type=int,
         metavar="N",
         help="(log) most children of a node of Drain's prefix tree (default 100)",
+    )
+    parser.add_argument(
+        "--params",
+        action="store_true",
+        help='(log) also write each event\'s parameter values ("params": the numbers of '
+        "its template's variable parts, null where not a number), for rnnkit train --task "
+        "params",
+    )
+    parser.add_argument(
+        "--time-field",
+        metavar="NAME[,NAME]",
+        help="(log) with --params and --log-format: the header field(s) holding the line's "
+        "time (e.g. Date,Time); the seconds since the session's previous line then come "
+        "first in each event's params",
+    )
+    parser.add_argument(
+        "--time-format",
+        metavar="FORMAT",
+        help="(log) strptime format of the --time-field text (e.g. '%%y%%m%%d %%H%%M%%S'; "
+        "default: ISO 8601, else a number of seconds)",
     )
     parser.add_argument(
         "--similarity",
@@ -219,6 +260,9 @@ def _from_logs(config: SessionsConfig) -> tuple[list[Session], str]:
         similarity=config.similarity,
         depth=config.drain_depth,
         max_children=config.drain_max_children,
+        params=config.params,
+        time_fields=config.time_fields,
+        time_format=config.time_format,
     )
     for path in config.inputs:
         sessionizer.add_file(path)
@@ -235,6 +279,14 @@ def _from_logs(config: SessionsConfig) -> tuple[list[Session], str]:
         note += f" (first at {source}:{line})"
     if stats.too_long:
         note += f" and {_count(stats.too_long, 'overlong line')}"
+    if config.params:
+        width = {len(v) for s in sessions for v in s.params or []}
+        note += f"; parameter values of widths {sorted(width)}"
+        if stats.unmatched_params:
+            note += (
+                f" ({_count(stats.unmatched_params, 'line')} no longer fitting its template: "
+                "values null)"
+            )
     return sessions, note
 
 

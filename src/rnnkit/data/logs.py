@@ -12,6 +12,13 @@ labelling would call the same kind of line by two names depending on when it cam
 
 The session id is masked as ``<SESSION>`` before mining, so it never splits a template.
 
+With ``params=True`` every event also gets its *parameter values* (DeepLog's parameter
+value vector): the numbers of the template's variable parts, in order, read back from
+the line by its final template (``<NUM>`` and every other ``<…>`` slot; a slot whose text
+is not wholly a number, such as an address or ``size=512``, gives ``None``). With
+``time_fields`` (header fields of the format holding the line's time), the seconds since
+the same session's previous line come first (0 for its first line).
+
 A *header format* in the style of the loghub benchmark (``log_format``, e.g.
 ``<Date> <Time> <Pid> <Level> <Component>: <Content>``) splits every line into its header
 fields and its message; only the message ``<Content>`` is mined, so a timestamp, a pid or
@@ -24,10 +31,12 @@ a wrong format would otherwise silently turn every header into template text.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from os import PathLike
 from typing import Any
 
@@ -39,6 +48,8 @@ __all__ = [
     "LogSessionizer",
     "LogStats",
     "compile_log_format",
+    "parse_log_time",
+    "parse_number",
     "sessions_from_logs",
 ]
 
@@ -76,6 +87,8 @@ class LogStats:
         sessions: sessions produced.
         first_no_session: ``(file, line)`` of the first line without a session id (the
             file is ``None`` for lines given in code).
+        unmatched_params: lines (with ``params``) whose text did not match their final
+            template when the parameters were read back: all their values are ``None``.
     """
 
     lines: int = 0
@@ -85,6 +98,53 @@ class LogStats:
     templates: int = 0
     sessions: int = 0
     first_no_session: tuple[str | None, int] | None = None
+    unmatched_params: int = 0
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def parse_number(text: str) -> float | None:
+    """The value of a parameter that is wholly one finite number, else None.
+
+    >>> parse_number("12"), parse_number("-7.5e-1"), parse_number("size=512"), parse_number("1e999")
+    (12.0, -0.75, None, None)
+    """
+    text = text.strip()
+    if not _NUMBER.fullmatch(text):
+        return None
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def parse_log_time(text: str, time_format: str | None = None) -> float:
+    """A log line's time in seconds (POSIX; a time without a zone is taken as UTC).
+
+    With ``time_format`` (``strptime`` directives, e.g. ``%y%m%d %H%M%S``) the text must
+    fit it; without, it is ISO 8601 (``2026-12-01 10:00:01.123``, ``…T10:00:01Z``), else a
+    number of seconds. Raises ``ValueError`` when it is neither.
+
+    >>> parse_log_time("2026-12-01 10:00:01.5") - parse_log_time("2026-12-01T10:00:00Z")
+    1.5
+    >>> parse_log_time("081109 203615", "%y%m%d %H%M%S") - parse_log_time("2008-11-09 20:36:00")
+    15.0
+    >>> parse_log_time("1764583201.25")
+    1764583201.25
+    """
+    text = text.strip()
+    if time_format is not None:
+        moment = datetime.strptime(text, time_format)
+    else:
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            value = parse_number(text)
+            if value is None:
+                raise ValueError("not ISO 8601 and not a number of seconds") from None
+            return value
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
 
 
 def compile_log_format(log_format: str) -> re.Pattern[str]:
@@ -146,6 +206,11 @@ class LogSessionizer:
         similarity: Drain's similarity threshold (0..1); higher makes more templates.
         depth: Drain's prefix-tree depth (at least 3).
         max_children: most children of a node of Drain's prefix tree (at least 2).
+        params: also read every event's parameter values (see the module's text).
+        time_fields: with ``params`` and ``log_format``, the header fields holding the
+            line's time (joined by a space, e.g. ``("Date", "Time")``): the seconds since
+            the session's previous line become each vector's first value.
+        time_format: ``strptime`` format of that time (default: ISO 8601 or seconds).
 
     Raises:
         ConfigError: a bad pattern, format, field, threshold, depth or max_children;
@@ -176,6 +241,9 @@ class LogSessionizer:
         similarity: float = 0.4,
         depth: int = 4,
         max_children: int = 100,
+        params: bool = False,
+        time_fields: Sequence[str] | None = None,
+        time_format: str | None = None,
     ) -> None:
         self.log_format = log_format
         self.format = None if log_format is None else compile_log_format(log_format)
@@ -195,6 +263,23 @@ class LogSessionizer:
         else:
             assert session_pattern is not None
             self.pattern, self._group = _compile_session_pattern(session_pattern)
+        self.params = params
+        self.time_fields = tuple(time_fields or ())
+        self.time_format = time_format
+        if (self.time_fields or time_format is not None) and not params:
+            raise ConfigError("--time-field and --time-format apply with --params only")
+        if time_format is not None and not self.time_fields:
+            raise ConfigError("--time-format needs --time-field (the fields it reads)")
+        if self.time_fields:
+            if self.format is None:
+                raise ConfigError("--time-field names fields of --log-format: give both")
+            for name in self.time_fields:
+                if name not in self.format.groupindex or name == "Content":
+                    fields = [f for f in self.format.groupindex if f != "Content"]
+                    raise ConfigError(
+                        f"--time-field {name} is not a header field of --log-format "
+                        f"(fields: {', '.join(fields) or 'none'})"
+                    )
         if max_children < 2:
             raise ConfigError(f"max_children must be at least 2, got {max_children}")
         if not 0.0 <= similarity <= 1.0:
@@ -228,6 +313,11 @@ class LogSessionizer:
         # Cluster id of each line, per session in order of first appearance; the final
         # template of each cluster is only known once every line is in.
         self._clusters: dict[str, list[int]] = {}
+        # With params: each line's mined message (its parameters are read back once the
+        # templates are final) and its seconds since the session's previous line.
+        self._messages: dict[str, list[str]] = {}
+        self._deltas: dict[str, list[float]] = {}
+        self._last_time: dict[str, float] = {}
         self.stats = LogStats()
 
     def add_line(self, line: str, source: str | None = None, number: int | None = None) -> bool:
@@ -247,26 +337,57 @@ class LogSessionizer:
         if len(line) > MAX_LINE_CHARS:
             self.stats.too_long += 1
             return False
-        session_id, message = self._split(line, source, number)
+        session_id, message, header = self._split(line, source, number)
         if not session_id:
             self.stats.no_session += 1
             if self.stats.first_no_session is None:
                 self.stats.first_no_session = (source, number)
             return False
+        delta = self._delta(session_id, header, source, number) if self.time_fields else 0.0
         cluster_id = self._miner.add_log_message(message)["cluster_id"]
         self._clusters.setdefault(session_id, []).append(cluster_id)
+        if self.params:
+            self._messages.setdefault(session_id, []).append(message)
+            self._deltas.setdefault(session_id, []).append(delta)
         self.stats.used += 1
         return True
 
-    def _split(self, line: str, source: str | None, number: int) -> tuple[str | None, str]:
-        """``(session id or None, the message to mine with the id masked)``."""
+    def _delta(
+        self, session_id: str, header: re.Match[str] | None, source: str | None, number: int
+    ) -> float:
+        """Seconds since the session's previous line (0 for its first)."""
+        assert header is not None
+        text = " ".join(header.group(name).strip() for name in self.time_fields)
+        try:
+            now = parse_log_time(text, self.time_format)
+        except ValueError:
+            how = (
+                f"--time-format '{self.time_format}'"
+                if self.time_format
+                else ("ISO 8601 or a number of seconds (else give --time-format)")
+            )
+            raise DataError(
+                f"the time {text!r} (--time-field {','.join(self.time_fields)}) is not {how}",
+                source or "<lines>",
+                number,
+            ) from None
+        last = self._last_time.get(session_id)
+        self._last_time[session_id] = now
+        # To the microsecond, a datetime's resolution: POSIX seconds near 1.7e9 carry
+        # float noise in the 7th decimal.
+        return 0.0 if last is None else round(now - last, 6)
+
+    def _split(
+        self, line: str, source: str | None, number: int
+    ) -> tuple[str | None, str, re.Match[str] | None]:
+        """``(session id or None, the message to mine with the id masked, the header)``."""
         content_start, content = 0, line
         header = None
         if self.format is not None:
             header = self.format.match(line)
             if header is None:
                 if not line.strip():
-                    return None, ""
+                    return None, "", None
                 raise DataError(
                     f"the line does not match --log-format '{self.log_format}'"
                     f" (starts {line[:60]!r})",
@@ -276,17 +397,17 @@ class LogSessionizer:
             content_start, content = header.start("Content"), header.group("Content")
         if self.session_field is not None:
             assert header is not None
-            return header.group(self.session_field).strip() or None, content
+            return header.group(self.session_field).strip() or None, content, header
         assert self.pattern is not None
         match = self.pattern.search(line)
         session_id = match.group(self._group) if match else None
         if not session_id or match is None:
-            return None, content
+            return None, content, header
         start, end = match.span(self._group)
         if start >= content_start:  # the id is in the message: mask it there
             start, end = start - content_start, end - content_start
             content = f"{content[:start]}<SESSION>{content[end:]}"
-        return session_id, content
+        return session_id, content, header
 
     def add_lines(self, lines: Iterable[str], source: str | None = None) -> None:
         """Mine each line of an iterable (an open file, a list of strings)."""
@@ -335,10 +456,33 @@ class LogSessionizer:
         templates = self.templates()
         self.stats.templates = len(templates)
         self.stats.sessions = len(self._clusters)
-        return [
-            Session(session_id, [templates[c] for c in cluster_ids], label)
-            for session_id, cluster_ids in self._clusters.items()
-        ]
+        self.stats.unmatched_params = 0
+        out = []
+        for session_id, cluster_ids in self._clusters.items():
+            events = [templates[c] for c in cluster_ids]
+            params = None
+            if self.params:
+                messages, deltas = self._messages[session_id], self._deltas[session_id]
+                params = [
+                    ([delta] if self.time_fields else []) + self._values(template, message)
+                    for template, message, delta in zip(events, messages, deltas, strict=True)
+                ]
+            out.append(Session(session_id, events, label, params))
+        return out
+
+    def _values(self, template: str, message: str) -> list[float | None]:
+        """The numbers of a message's template slots, in order (None: not a number)."""
+        found = self._miner.extract_parameters(template, message, exact_matching=True)
+        if found is None:  # the line no longer fits the template it was mined into
+            self.stats.unmatched_params += 1
+            return [None] * len(self._slots.findall(template))
+        return [parse_number(p.value) for p in found]
+
+    @property
+    def _slots(self) -> re.Pattern[str]:
+        """A template's parameter slots: ``<*>`` and the masks."""
+        names = ["\\*", *(re.escape(n) for n in self._miner.masker.mask_names)]
+        return re.compile("<(?:" + "|".join(names) + ")>")
 
 
 def sessions_from_logs(
@@ -352,6 +496,9 @@ def sessions_from_logs(
     similarity: float = 0.4,
     depth: int = 4,
     max_children: int = 100,
+    params: bool = False,
+    time_fields: Sequence[str] | None = None,
+    time_format: str | None = None,
 ) -> tuple[list[Session], LogStats]:
     """Sessions of template events from one log file (a path) or from lines.
 
@@ -359,7 +506,8 @@ def sessions_from_logs(
         source: a path (``str`` or ``PathLike``: a ``str`` is always a path), or an
             iterable of lines.
         session_pattern: and ``log_format``, ``session_field``, ``masks``,
-            ``similarity``, ``depth``, ``max_children``: see :class:`LogSessionizer`.
+            ``similarity``, ``depth``, ``max_children``, ``params``, ``time_fields``,
+            ``time_format``: see :class:`LogSessionizer`.
         label: label given to every session (``0``/``1``), or None.
 
     Returns:
@@ -388,6 +536,9 @@ def sessions_from_logs(
         similarity=similarity,
         depth=depth,
         max_children=max_children,
+        params=params,
+        time_fields=time_fields,
+        time_format=time_format,
     )
     path = None
     if isinstance(source, (str, PathLike)):
