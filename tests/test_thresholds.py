@@ -123,3 +123,37 @@ def test_tail_level_steps_down_past_tied_scores() -> None:
     # All but a few tied: no level in the upper half has 10 above it.
     with pytest.raises(ValueError, match="no tail to fit"):
         gpd_threshold(np.r_[np.zeros(95), np.arange(1.0, 6.0)], 0.001)
+
+
+def test_normal_quantile_matches_the_tables() -> None:
+    from rnnkit.thresholds import normal_quantile
+
+    # Φ⁻¹ from the standard tables: 1.959964 (97.5 %), 2.575829 (99.5 %), 3.290527 (99.95 %)
+    for p, z in ((0.975, 1.959964), (0.995, 2.575829), (0.9995, 3.290527), (0.5, 0.0)):
+        assert normal_quantile(p) == pytest.approx(z, abs=1e-6)
+        assert normal_quantile(1 - p) == pytest.approx(-z, abs=1e-6)
+    with pytest.raises(ValueError, match="p in"):
+        normal_quantile(1.0)
+
+
+def test_gaussian_interval_by_hand() -> None:
+    from rnnkit.thresholds import fit_gaussian
+
+    # Errors 1, 2, 3, 4: mean 2.5, sample variance (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3,
+    # σ = 1.290994; at 99 %, z = 2.575829: 2.5 ± 2.575829 · 1.290994 = 2.5 ± 3.325380.
+    fit = fit_gaussian([1.0, 2.0, 3.0, 4.0])
+    lo, hi = fit.interval(0.99)
+    assert (fit.mean, fit.n) == (2.5, 4)
+    assert fit.std == pytest.approx(1.290994, abs=1e-6)
+    assert lo == pytest.approx(2.5 - 3.325380, abs=1e-5)
+    assert hi == pytest.approx(2.5 + 3.325380, abs=1e-5)
+    # 95 %: z = 1.959964 → upper end 2.5 + 2.530302 = 5.030302
+    assert fit.interval(0.95)[1] == pytest.approx(5.030302, abs=1e-5)
+    # Identical errors: the floor keeps the interval open.
+    assert fit_gaussian([0.2, 0.2, 0.2], min_std=0.01).interval(0.99)[1] == pytest.approx(
+        0.2 + 0.02575829, abs=1e-7
+    )
+    with pytest.raises(ValueError, match="at least two"):
+        fit_gaussian([1.0])
+    with pytest.raises(ValueError, match="finite"):
+        fit_gaussian([1.0, float("nan")])

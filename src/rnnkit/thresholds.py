@@ -15,6 +15,10 @@ This module adds:
 - :func:`clopper_pearson`: the exact binomial confidence interval of a rate from
   ``k`` of ``n``: what a validation false-positive count actually shows.
 - :func:`resolvable_fpr`: the smallest false-positive rate ``n`` sessions can show.
+- :func:`fit_gaussian` and :meth:`GaussianFit.interval`: DeepLog's rule for parameter
+  values (Du et al., CCS 2017): the prediction errors of normal validation data are
+  modelled as a Gaussian ``N(μ, σ²)`` and an error above the upper end of its confidence
+  interval, ``μ + z σ`` with ``z = Φ⁻¹((1 + c) / 2)``, is anomalous.
 
 Closed forms and a bisection in numpy (no scipy): the estimators are a few lines each,
 and the binomial tail needs only ``lgamma``.
@@ -36,9 +40,12 @@ from rnnkit.anomaly import threshold_at_fpr
 __all__ = [
     "THRESHOLD_METHODS",
     "GPDFit",
+    "GaussianFit",
     "clopper_pearson",
+    "fit_gaussian",
     "fit_gpd_pwm",
     "gpd_threshold",
+    "normal_quantile",
     "pick_threshold",
     "resolvable_fpr",
 ]
@@ -243,3 +250,60 @@ def resolvable_fpr(n: int, confidence: float = 0.95) -> float:
     (0.074, 0.00368)
     """
     return clopper_pearson(0, n, confidence)[1]
+
+
+def normal_quantile(p: float) -> float:
+    """``Φ⁻¹(p)``, the standard normal quantile, by bisection on ``Φ(x) = ½ erfc(−x/√2)``.
+
+    >>> round(normal_quantile(0.975), 6), round(normal_quantile(0.995), 6)
+    (1.959964, 2.575829)
+    """
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"a quantile needs p in (0, 1), got {p}")
+    lo, hi = -40.0, 40.0
+    for _ in range(200):  # the interval halves each time: far below float resolution
+        mid = (lo + hi) / 2
+        if 0.5 * math.erfc(-mid / math.sqrt(2.0)) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class GaussianFit:
+    """A Gaussian ``N(mean, std²)`` fitted to ``n`` values (prediction errors)."""
+
+    mean: float
+    std: float
+    n: int
+
+    def interval(self, confidence: float) -> tuple[float, float]:
+        """The central ``confidence`` interval ``μ ∓ z σ``, ``z = Φ⁻¹((1 + c) / 2)``.
+
+        >>> [round(x, 6) for x in GaussianFit(mean=1.0, std=2.0, n=10).interval(0.95)]
+        [-2.919928, 4.919928]
+        """
+        if not 0.0 < confidence < 1.0:
+            raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+        z = normal_quantile((1.0 + confidence) / 2.0)
+        return self.mean - z * self.std, self.mean + z * self.std
+
+
+def fit_gaussian(values: Sequence[float] | np.ndarray, min_std: float = 0.0) -> GaussianFit:
+    """Mean and sample standard deviation (``n − 1`` in the denominator) of ``values``,
+    the deviation at least ``min_std`` (a set of identical errors would otherwise flag
+    the smallest change).
+
+    Raises:
+        ValueError: fewer than two values, or a value that is not finite.
+
+    >>> fit_gaussian([1.0, 2.0, 3.0, 4.0])
+    GaussianFit(mean=2.5, std=1.2909944487358056, n=4)
+    """
+    x = np.asarray(values, dtype=np.float64).reshape(-1)
+    if x.size < 2:
+        raise ValueError(f"a Gaussian fit needs at least two values, got {x.size}")
+    if not np.isfinite(x).all():
+        raise ValueError("a Gaussian fit needs finite values")
+    return GaussianFit(float(x.mean()), max(float(x.std(ddof=1)), min_std), int(x.size))
