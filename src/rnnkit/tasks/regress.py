@@ -51,6 +51,7 @@ __all__ = [
     "build_regressor",
     "encode_sequences",
     "evaluate",
+    "fit_sequences",
     "load_regressor",
     "predictor",
     "regression_metrics",
@@ -186,9 +187,6 @@ def train(
     cfg: TrainConfig, resume: bool = False, quiet: bool = False, callbacks: Any = None
 ) -> dict[str, Any]:
     """Train a regressor as ``cfg`` says; write the run directory; return the summary."""
-    out = Path(cfg.out)
-    device = choose_device(cfg.device)
-    target = cfg.target
     seqs = _read(cfg.train)
     if cfg.valid:
         train_seqs, valid_seqs = seqs, _read(cfg.valid)
@@ -196,7 +194,28 @@ def train(
         train_seqs, valid_seqs = split_holdout(seqs, cfg.valid_fraction, cfg.seed)
         if not valid_seqs:
             raise DataError("too few sequences to hold some out for validation", cfg.train)
+    return fit_sequences(cfg, train_seqs, valid_seqs, resume=resume, quiet=quiet,
+                         callbacks=callbacks)  # fmt: skip
+
+
+def fit_sequences(
+    cfg: TrainConfig,
+    train_seqs: list[VectorSequence],
+    valid_seqs: list[VectorSequence],
+    *,
+    resume: bool = False,
+    quiet: bool = False,
+    callbacks: Any = None,
+    **info: Any,
+) -> dict[str, Any]:
+    """Train a regressor on sequences already read into ``cfg.out`` (no lock taken: the
+    caller holds the run directory; :func:`train` for files, the ``params`` task for one
+    model per log key). ``info`` goes into ``config.json`` beside the sizes."""
+    out = Path(cfg.out)
+    device = choose_device(cfg.device)
+    target = cfg.target
     D = train_seqs[0].values.shape[1]
+    _check_width(train_seqs, D, "the first sequence's width")
     _check_width(valid_seqs, D, "the training data's width")
     if resume:
         check_resume(cfg, out)
@@ -222,7 +241,7 @@ def train(
 
     out.mkdir(parents=True, exist_ok=True)
     if not resume:
-        save_config(out, cfg, input_size=D, output_size=K)
+        save_config(out, cfg, input_size=D, output_size=K, **info)
         (out / "metrics.jsonl").unlink(missing_ok=True)
     result, elapsed = fit(
         cfg,
