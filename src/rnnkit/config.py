@@ -19,7 +19,7 @@ from rnnkit.errors import ConfigError
 
 __all__ = ["CELL_OPTIONS", "DOC_BOUNDARIES", "TASKS", "TASK_OPTIONS", "TrainConfig", "parse_bptt"]
 
-TASKS = ("lm", "tag", "classify", "seq2seq", "events", "regress")
+TASKS = ("lm", "tag", "classify", "seq2seq", "events", "regress", "params")
 TOKEN_TASKS = ("lm", "tag", "classify", "seq2seq", "events")
 CELLS = ("rnn", "lstm", "gru")
 PRECISIONS = ("fp32", "bf16", "fp16")

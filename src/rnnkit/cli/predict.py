@@ -14,7 +14,9 @@ What a line is and what comes out depends on the run's task (each task module's
 * ``seq2seq``: a source → ``{"input", "output", "unknown"}`` (batched, ``--beam``);
 * ``lm``: a text (``label<TAB>text`` for a class-conditional run) → ``{"tokens",
   "logprobs" (nats), "surprise" (bits), "nats", "unknown"}``;
-* ``events``: a session as JSON → the verdict record of ``rnnkit score``;
+* ``events``: a session as JSON → the verdict record of ``rnnkit score`` (with ``--params
+  RUN``, also a parameter-value run's verdict: anomalous when either model says so);
+* ``params``: a session as JSON with its ``"params"`` → the parameter model's record;
 * ``regress``: a sequence as JSON (``{"seq": [...]}``) → ``{"prediction"[, "variance"]}``.
 
 Input is read line by line and answered in batches of at most ``--batch-size`` lines; a
@@ -70,11 +72,16 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--top", type=int, default=5, help="events: list the K most surprising events (default 5)"
     )
+    p.add_argument(
+        "--params",
+        metavar="RUN",
+        help="events: also judge each event's parameter values with this params run",
+    )
     p.set_defaults(func=run)
 
 
 #: Options of one task only, refused for the others (what argv set counts).
-TASK_ONLY = {"beam": "seq2seq", "max_length": "seq2seq", "top": "events"}
+TASK_ONLY = {"beam": "seq2seq", "max_length": "seq2seq", "top": "events", "params": "events"}
 
 
 def _waiting(stream: TextIO) -> bool:
@@ -136,7 +143,9 @@ def run(args: argparse.Namespace) -> int:
         if explicit is not None:
             given = option in explicit
         else:
-            given = option != "top" and getattr(args, option) is not None
+            given = option != "top" and getattr(args, option, None) is not None
+        if option == "top" and task == "params":
+            continue  # a params run lists its most unusual vectors
         if given and task != owner:
             flag = "--" + option.replace("_", "-")
             raise ConfigError(f"{flag} does not apply to a {task} checkpoint (only to {owner})")
@@ -153,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         beam=args.beam,
         max_length=args.max_length,
         top=args.top,
+        params=getattr(args, "params", None),
     )
     batch_size = args.batch_size or 32
     if args.input == "-":

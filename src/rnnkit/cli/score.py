@@ -5,12 +5,19 @@
     rnnkit score --checkpoint runs/sys --data sessions.jsonl      # one JSON line per session
     rnnkit score --checkpoint runs/sys --data trace.txt --from strace
     tail -F events.jsonl | rnnkit score --checkpoint runs/sys --data - --follow
+    rnnkit score --checkpoint runs/keys --params runs/values --data sessions.jsonl
+    rnnkit score --checkpoint runs/values --data sessions.jsonl   # a params run alone
 
 Batch mode prints, per session, ``{"session", "score", "verdict", "threshold", "scores",
 "events", "unknown", "top": [{"position", "event", "surprise", "miss"}...]}`` (see
 :func:`rnnkit.tasks.events.score_sessions`). ``--follow`` reads one event per line
 (:mod:`rnnkit.streaming` documents the format) and prints a verdict line when a session
 becomes anomalous or closes. A one-line summary goes to stderr unless ``--quiet``.
+
+``--params RUN`` adds the verdict of a parameter-value run (``rnnkit train --task
+params``, :func:`rnnkit.tasks.params.combine`): ``verdict`` is then anomalous when either
+model says so, ``keys_verdict`` is the key-sequence model's own and ``params`` the
+parameter model's record. A ``params`` run given as ``--checkpoint`` scores alone.
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ class ScoreConfig:
     poll: float = 0.2
     quiet: bool = False
     threshold_method: str | None = None
+    params: str | None = None
+    confidence: float | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ScoreConfig:
@@ -92,6 +101,14 @@ class ScoreConfig:
             raise ConfigError("--until-idle applies to --follow only")
         if args.source == "sessions" and (args.no_result or args.per != "pid"):
             raise ConfigError("--no-result and --per apply to --from strace only")
+        params = getattr(args, "params", None)
+        confidence = getattr(args, "confidence", None)
+        if params is not None and args.follow:
+            raise ConfigError("--params applies to batch scoring, not --follow")
+        if params is not None and args.source != "sessions":
+            raise ConfigError("--params reads sessions with parameter values, not --from strace")
+        if confidence is not None and not 0 < confidence < 1:
+            raise ConfigError(f"--confidence must be in (0, 1), got {confidence}")
         return cls(
             checkpoint=args.checkpoint,
             data=args.data,
@@ -111,6 +128,8 @@ class ScoreConfig:
             poll=args.poll,
             quiet=args.quiet,
             threshold_method=_threshold_method(args),
+            params=params,
+            confidence=confidence,
         )
 
 
@@ -181,6 +200,18 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--ngram", action="store_true", help="add the n-gram baseline's scores (batch mode)"
     )
+    p.add_argument(
+        "--params",
+        metavar="RUN",
+        help="also judge each event's parameter values with this params run (rnnkit train "
+        "--task params): a session is anomalous when either model says so",
+    )
+    p.add_argument(
+        "--confidence",
+        type=float,
+        metavar="C",
+        help="the params run's confidence interval, re-picked (default: the run's)",
+    )
     g = p.add_argument_group("streaming")
     g.add_argument(
         "--follow",
@@ -236,6 +267,12 @@ def _hint_strace(path: str) -> str:
 
 
 def _sessions(config: ScoreConfig) -> Iterator[Any]:
+    for session, _, _ in _items(config):
+        yield session
+
+
+def _items(config: ScoreConfig) -> Iterator[tuple[Any, str, int]]:
+    """``(session, file, line)`` of every input session (strace sessions: line 0)."""
     if config.source == "strace":
         from rnnkit.data.strace import parse_strace
 
@@ -254,14 +291,15 @@ def _sessions(config: ScoreConfig) -> Iterator[Any]:
         if stats.skipped and not config.quiet:
             source, line = stats.first_skipped[0]
             _note(f"skipped {stats.skipped} non-strace line(s) (first at {source}:{line})")
-        yield from sessions
+        for session in sessions:
+            yield session, config.data, 0
         return
     from rnnkit.data.events import iter_sessions
 
-    def read(fileobj: Any, path: str) -> Iterator[Any]:
+    def read(fileobj: Any, path: str) -> Iterator[tuple[Any, str, int]]:
         try:
-            for _, session in iter_sessions(fileobj, path):
-                yield session
+            for line, session in iter_sessions(fileobj, path):
+                yield session, path, line
         except DataError as exc:
             if exc.line == 1 and exc.message.startswith("invalid JSON"):
                 raise DataError(exc.message + _hint_strace(config.data), exc.path, 1) from None
@@ -289,23 +327,45 @@ def _thresholds(config: ScoreConfig, run: Any) -> dict[str, dict[str, float]]:
     return limits
 
 
-def _run_batch(config: ScoreConfig, run: Any) -> int:
+def _run_batch(config: ScoreConfig, run: Any, params_run: Any = None) -> int:
+    from collections import deque
+
     from rnnkit.tasks.events import score_sessions
 
     limits = _thresholds(config, run)
-    count = anomalous = unknown = 0
+    count = anomalous = unknown = by_params = 0
     empty = True
-    for record in score_sessions(
+    pending: deque[tuple[Any, str, int]] = deque()
+
+    def tap() -> Iterator[Any]:
+        # The sessions pass to the key model one by one; the params model gets each
+        # again, with its file and line, when its verdict comes out (in order).
+        for item in _items(config):
+            pending.append(item)
+            yield item[0]
+
+    records = score_sessions(
         run,
-        _sessions(config),
+        tap(),
         batch_size=config.batch_size,
         top_k=config.top,
         score=config.score,
         thresholds=limits,
         ngram=config.ngram,
-    ):
+    )
+    for record in records:
         empty = False
         count += 1
+        if params_run is not None:
+            from rnnkit.tasks.params import combine
+            from rnnkit.tasks.params import score_sessions as score_params
+
+            item = pending.popleft()
+            (params_record,) = score_params(
+                params_run, [item], top_k=config.top, confidence=config.confidence
+            )
+            by_params += params_record["verdict"] == "anomalous"
+            record = combine(record, params_record)
         anomalous += record["verdict"] == "anomalous"
         unknown += record["unknown"]
         _print(record)
@@ -313,9 +373,47 @@ def _run_batch(config: ScoreConfig, run: Any) -> int:
         raise DataError("no sessions (the input is empty)", config.data)
     if not config.quiet:
         name = config.score or run.thresholds["score"]
+        either = f" (parameter values: {by_params})" if params_run is not None else ""
         _note(
-            f"{count} session(s), {anomalous} anomalous ({name} score above "
+            f"{count} session(s), {anomalous} anomalous{either} ({name} score above "
             f"{limits['rnn'][name]:.4g}); {unknown} event(s) never seen in training (<unk>)"
+        )
+    return 0
+
+
+def _run_params(config: ScoreConfig) -> int:
+    """A params run alone: one record per session."""
+    from rnnkit.tasks.params import load_params, score_sessions
+
+    for flag, value in (
+        ("--ngram", config.ngram),
+        ("--score", config.score),
+        ("--target-fpr", config.target_fpr),
+        ("--threshold", config.threshold),
+        ("--params", config.params),
+    ):
+        if value:
+            raise ConfigError(f"{flag} applies to an events checkpoint, not a params run")
+    if config.follow or config.source != "sessions":
+        raise ConfigError("a params run scores JSON-lines sessions in batch (no --follow, strace)")
+    run = load_params(config.checkpoint)
+    count = anomalous = 0
+    for record in score_sessions(
+        run,
+        _items(config),
+        batch_size=config.batch_size,
+        top_k=config.top,
+        confidence=config.confidence,
+    ):
+        count += 1
+        anomalous += record["verdict"] == "anomalous"
+        _print(record)
+    if not count:
+        raise DataError("no sessions (the input is empty)", config.data)
+    if not config.quiet:
+        _note(
+            f"{count} session(s), {anomalous} anomalous (a parameter vector above its key's "
+            f"{config.confidence or run.confidence:g} interval)"
         )
     return 0
 
@@ -374,8 +472,18 @@ def run(args: argparse.Namespace) -> int:
     """Run ``rnnkit score``; returns the exit status."""
     config = ScoreConfig.from_args(args)
     from rnnkit.tasks.events import load_events
+    from rnnkit.tasks.registry import task_of_run
 
+    if task_of_run(config.checkpoint) == "params":
+        return _run_params(config)
     events_run = load_events(config.checkpoint)
     if config.follow:
         return _run_follow(config, events_run)
-    return _run_batch(config, events_run)
+    params_run = None
+    if config.params is not None:
+        from rnnkit.tasks.params import load_params
+
+        params_run = load_params(config.params)
+    elif config.confidence is not None:
+        raise ConfigError("--confidence applies to a params run: give --params RUN")
+    return _run_batch(config, events_run, params_run)

@@ -348,6 +348,7 @@ def register(sub: Any) -> None:
         "generate --condition LABEL",
     )
     _add_events_options(p)
+    _add_params_options(p)
     p.add_argument(
         "--max-parameters",
         type=int,
@@ -436,18 +437,37 @@ def _add_events_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+#: ``--task params`` options: command-line name -> key of the config's ``extra``.
+PARAMS_OPTIONS = {"params_confidence": "confidence"}
+
+
+def _add_params_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("parameter values (--task params)")
+    g.add_argument(
+        "--confidence",
+        dest="params_confidence",
+        type=float,
+        metavar="C",
+        help="a parameter vector whose prediction error is above the upper end of this "
+        "confidence interval of the key's validation errors is anomalous (default 0.99)",
+    )
+
+
 def _events_extra(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``--task events`` options given, as the config's ``extra``."""
-    given = {
-        key: getattr(args, name)
-        for name, key in EVENTS_OPTIONS.items()
-        if getattr(args, name, None) is not None
-    }
-    if given and args.task != "events":
-        first = next(k for k in EVENTS_OPTIONS if getattr(args, k, None) is not None)
-        flag = "--" + first.removeprefix("events_").replace("_", "-")
-        raise ConfigError(f"{flag} does not apply to --task {args.task} (only to: events)")
-    return given
+    """The ``--task events`` (or ``params``) options given, as the config's ``extra``."""
+    extra: dict[str, Any] = {}
+    for task, table in (("events", EVENTS_OPTIONS), ("params", PARAMS_OPTIONS)):
+        given = {
+            key: getattr(args, name)
+            for name, key in table.items()
+            if getattr(args, name, None) is not None
+        }
+        if given and args.task != task:
+            first = next(k for k in table if getattr(args, k, None) is not None)
+            flag = "--" + first.removeprefix(f"{task}_").replace("_", "-")
+            raise ConfigError(f"{flag} does not apply to --task {args.task} (only to: {task})")
+        extra.update(given)
+    return extra
 
 
 RESUME_CHANGEABLE = {
@@ -471,9 +491,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         explicit = explicit | {"clip_norm"}
     if not args.resume:
         if extra:
-            from rnnkit.tasks.events import options
+            from rnnkit.tasks.registry import task_module
 
-            options(TrainConfig(train=values["train"], extra=extra))  # ConfigError if bad
+            # ConfigError if bad
+            task_module(args.task).options(TrainConfig(train=values["train"], extra=extra))
         cfg = TrainConfig(**values, extra=extra).validate()
         return cfg.check_applies(None if explicit is None else explicit & CONFIG_FIELDS)
     if extra:
@@ -529,7 +550,39 @@ SHOWN_METRICS = (
 )
 
 
+def _print_params(summary: dict[str, Any]) -> None:
+    """A params run: the keys modelled, the threshold, validation false positives."""
+    keys = summary["keys"]
+    print(
+        f"modelled {keys['modelled']} key(s) ({keys['vectors_modelled']} training vectors; "
+        f"{keys['skipped']} key(s) too rare or without numbers, {keys['vectors_skipped']} "
+        f"vectors) in {summary['elapsed_s']:.0f} s, {summary['parameters']:,} parameters"
+    )
+    print(
+        f"threshold: a vector's error above the {summary['confidence']:g} interval of its "
+        f"key's validation errors (mean + {summary['z']:.4g} standard deviations)"
+    )
+    fpr = summary["validation_fpr"]
+    lo, hi = fpr["interval95"]
+    print(
+        f"validation: {fpr['false_positives']} of {fpr['sessions']} normal sessions flagged; "
+        f"false-positive rate {lo:.2%} to {hi:.2%} (95 % Clopper–Pearson)"
+    )
+    m = summary.get("valid_detection")
+    if m:
+        auc = f"{m['auc']:.4f}" if "auc" in m else "-"
+        print(
+            f"labelled validation sessions: AUC {auc}, precision {m['precision']:.4f}, "
+            f"recall {m['recall']:.4f}, F1 {m['f1']:.4f}"
+        )
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
+    if summary.get("task") == "params":
+        _print_params(summary)
+        if summary.get("report"):
+            print(f"report: {summary['report']}")
+        return
     valid, ngram = summary.get("valid"), summary.get("ngram")
     print(
         f"trained {summary['steps']} steps in {summary['elapsed_s']:.0f} s "

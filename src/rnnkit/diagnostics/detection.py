@@ -1,4 +1,5 @@
-"""The report's anomaly-detection section for an ``events`` run.
+"""The report's anomaly-detection sections: an ``events`` run's, and a ``params`` run's
+(:func:`params_sections`).
 
 Read from the run directory only (no model is run): ``thresholds.json``, the validation
 sessions' scores in ``valid_scores.safetensors`` (normal ones, and the labelled anomalous
@@ -26,7 +27,7 @@ from rnnkit.anomaly import (
 from rnnkit.diagnostics import plots
 from rnnkit.diagnostics.report import Run, esc, fmt, image, note, section, table
 
-__all__ = ["detection_sections"]
+__all__ = ["detection_sections", "params_sections"]
 
 MODELS = (("rnn", "recurrent"), ("ngram", "n-gram"))
 
@@ -201,3 +202,100 @@ def _raw_table(rows: list[list[Any]], header: list[str]) -> str:
         )
         out.append(f"<tr>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(out)}</tbody></table>"
+
+
+def params_sections(run: Run) -> list[tuple[str, str, str]]:
+    """The section of a ``params`` run: each key's model and error Gaussian, what the
+    validation sessions show of the false-positive rate, the validation vectors' errors
+    in standard deviations with the bound, and (with labelled anomalous validation
+    sessions) the session scores, ROC and precision–recall curves."""
+    keys_path, thresholds_path = run.path / "keys.json", run.path / "thresholds.json"
+    scores_path = run.path / "valid_scores.safetensors"
+    if not (keys_path.is_file() and thresholds_path.is_file() and scores_path.is_file()):
+        return []
+    from safetensors.numpy import load_file
+
+    try:
+        keys = json.loads(keys_path.read_text(encoding="utf-8"))
+        doc = json.loads(thresholds_path.read_text(encoding="utf-8"))
+        arrays = load_file(str(scores_path))
+        z = float(doc["z"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        run.notes.append(f"The parameter-value section is missing: {exc}")
+        return []
+    rows = [
+        [
+            esc(k["key"]),
+            k["train_vectors"],
+            k["valid_vectors"],
+            f"{len(k['dims'])} of {k['width']}",
+            k["error"]["mean"],
+            k["error"]["std"],
+            doc["bounds"].get(k["key"]),
+        ]
+        for k in keys.get("keys", [])
+    ]
+    body = (
+        f"<p>One recurrent regressor per key; a vector is anomalous when its prediction "
+        f"error is above the {doc['confidence']:g} confidence interval of its key's "
+        f"validation errors (mean + {z:.4g} standard deviations), a session when any of "
+        f"its vectors is.</p>"
+    )
+    header = ["key", "training vectors", "validation vectors", "values modelled"]
+    body += _raw_table(rows, [*header, "error mean", "error std", "bound"])
+    skipped = keys.get("skipped", [])
+    if skipped:
+        body += note(
+            f"{len(skipped)} key(s) not modelled: "
+            + "; ".join(f"{s['key'][:50]} ({s['reason']})" for s in skipped[:8])
+        )
+    fpr = run.summary.get("validation_fpr")
+    if fpr:
+        lo, hi = fpr["interval95"]
+        body += (
+            f"<p>On the validation sessions <b>{fpr['false_positives']} of {fpr['sessions']}"
+            f"</b> normal sessions hold a vector above its bound: a false-positive rate "
+            f"between <b>{lo:.2%} and {hi:.2%}</b> (95 % Clopper–Pearson). The bound is per "
+            "vector: a session of many vectors has as many chances to cross it.</p>"
+        )
+    vz = arrays.get("valid_z", np.zeros(0))
+    body += image(
+        plots.plot_score_histograms([("validation vectors", vz, [], z)], score="error z"),
+        "prediction errors of the validation vectors",
+        "Each validation vector's error in standard deviations of its key's errors, "
+        "(e − μ) / σ; the dashed line is the bound.",
+    )
+    normal = arrays.get("normal", np.zeros(0))
+    anomalous = arrays.get("anomalous")
+    if anomalous is not None and anomalous.size and normal.size:
+        labels = np.r_[np.zeros(normal.size), np.ones(anomalous.size)]
+        scores = np.r_[normal, anomalous]
+        finite = np.where(np.isfinite(scores), scores, -1e9)
+        at = detection_metrics(finite, labels, z)
+        fpr_c, tpr, _ = roc_curve(finite, labels)
+        recall, precision, _ = precision_recall_curve(finite, labels)
+        body += image(
+            plots.plot_detection_curves(
+                {
+                    "parameter values": {
+                        "fpr": fpr_c,
+                        "tpr": tpr,
+                        "recall": recall,
+                        "precision": precision,
+                        "auc": at["auc"],
+                        "point": (at["fpr"], at["recall"], at["precision"]),
+                    }
+                }
+            ),
+            "ROC and precision-recall curves of the parameter-value model",
+            "Session score: the largest error z of its vectors; the dot is the verdict at "
+            "the bound.",
+        )
+        panel = ("parameter values", normal[np.isfinite(normal)], anomalous[np.isfinite(anomalous)])
+        body += image(
+            plots.plot_score_histograms([(*panel, z)], score="largest error z"),
+            "session scores, normal against anomalous",
+            "Session scores of normal (blue) and anomalous (red) validation sessions; the "
+            "dashed line is the bound.",
+        )
+    return [section("params", "Parameter values", body)]

@@ -667,6 +667,10 @@ def render_report(run_dir: str | Path) -> str:
             from rnnkit.diagnostics.detection import detection_sections
 
             parts += detection_sections(run)
+        elif run.cfg.task == "params":
+            from rnnkit.diagnostics.detection import params_sections
+
+            parts += params_sections(run)
     parts.append(config_section(run))
     nav = " ".join(f'<a href="#{a}">{esc(t)}</a>' for a, t, _ in parts)
     cfg = run.cfg

@@ -1124,19 +1124,37 @@ def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None)
     return metrics
 
 
-def predictor(run_dir: str | Path, batch_size: int | None = None, top: int = 5, **_: Any) -> Any:
+def predictor(
+    run_dir: str | Path,
+    batch_size: int | None = None,
+    top: int = 5,
+    params: str | Path | None = None,
+    **_: Any,
+) -> Any:
     """``rnnkit predict`` for an events run: each input line is one session as JSON
     (``{"session": id, "events": [...]}``, as ``rnnkit score`` reads), the result its
-    verdict record from :func:`score_sessions` (the run's score and thresholds)."""
+    verdict record from :func:`score_sessions` (the run's score and thresholds). With
+    ``params`` (a ``params`` run directory) the parameter values are judged too
+    (:func:`rnnkit.tasks.params.combine`)."""
     from rnnkit.data.events import parse_session
 
     run = load_events(run_dir)
     bs = batch_size or 64
+    params_run = None
+    if params is not None:
+        from rnnkit.tasks import params as params_task
+
+        params_run = params_task.load_params(params)
 
     def score(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
         sessions = [
             parse_session(text, path, line) for text, (path, line) in zip(lines, where, strict=True)
         ]
-        return list(score_sessions(run, sessions, batch_size=bs, top_k=top))
+        records = list(score_sessions(run, sessions, batch_size=bs, top_k=top))
+        if params_run is None:
+            return records
+        items = [(s, path, line) for s, (path, line) in zip(sessions, where, strict=True)]
+        judged = params_task.score_sessions(params_run, items, batch_size=bs, top_k=top)
+        return [params_task.combine(r, p) for r, p in zip(records, judged, strict=True)]
 
     return score

@@ -223,6 +223,9 @@ RUN_FILES = (
     "thresholds.json",
     "valid_scores.safetensors",
     "baseline.safetensors",
+    "calibration.safetensors",
+    "keys.json",
+    "keys",
     "report.html",
 )
 
