@@ -404,10 +404,11 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         model_key.valid_vectors = occ_valid.count()
         keys.append(model_key)
         valid_z[key] = [(e - model_key.error.mean) / model_key.error.std for e in errors]
+        mse = (summary.get("valid") or {}).get("mse", math.nan)
         _say(
             f"key {len(keys)} ({model_key.train_vectors} vectors, {len(model_key.dims)} of "
-            f"{model_key.width} values): validation mse {summary['valid']['mse']:.4g} "
-            f"(persistence {summary['baselines']['persistence']['mse']:.4g}), errors "
+            f"{model_key.width} values): validation mse {mse:.4g} (persistence "
+            f"{summary['baselines']['persistence']['mse']:.4g}), errors "
             f"N({model_key.error.mean:.3g}, "
             f"{model_key.error.std:.3g}²): {key[:60]}",
             quiet,
