@@ -260,7 +260,11 @@ def params_sections(run: Run) -> list[tuple[str, str, str]]:
         )
     vz = arrays.get("valid_z", np.zeros(0))
     body += image(
-        plots.plot_score_histograms([("validation vectors", vz, [], z)], score="error z"),
+        plots.plot_score_histograms(
+            [("validation vectors", vz, [], z)],
+            xlabel="prediction error in standard deviations of its key's, (e − μ) / σ",
+            counted="vectors",
+        ),
         "prediction errors of the validation vectors",
         "Each validation vector's error in standard deviations of its key's errors, "
         "(e − μ) / σ; the dashed line is the bound.",

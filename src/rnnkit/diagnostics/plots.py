@@ -692,6 +692,8 @@ def plot_score_histograms(
     width: float | None = None,
     height: float = 3.6,
     bins: int = 40,
+    xlabel: str | None = None,
+    counted: str = "sessions",
 ) -> Figure:
     """Histograms of session scores, normal against anomalous, with the threshold drawn;
     one panel per detector.
@@ -700,6 +702,8 @@ def plot_score_histograms(
         panels: ``(title, normal scores, anomalous scores, threshold)`` each; the
             anomalous scores may be empty (unlabelled validation).
         score: the score's name (the x label).
+        xlabel: the x label instead (default ``session score (score)``).
+        counted: what the histograms count (the y label), default ``sessions``.
 
     >>> fig = plot_score_histograms([("m", [0.1, 0.2, 0.4], [2.0, 3.0], 1.0)])
     >>> fig.axes[0].get_xlabel()
@@ -721,8 +725,8 @@ def plot_score_histograms(
             ax.axvline(threshold, color="black", ls="--", lw=1.5, label="threshold")
         ax.set_yscale("symlog", linthresh=1)
         ax.set_title(title)
-        ax.set_xlabel(f"session score ({score})")
-        ax.set_ylabel("sessions")
+        ax.set_xlabel(xlabel or f"session score ({score})")
+        ax.set_ylabel(counted)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     return fig
