@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import logging
 import os
 import platform
 import shutil
@@ -45,9 +44,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from rnnkit import messages
+
 __all__ = ["available", "build", "library", "supports", "use_native"]
 
-_log = logging.getLogger("rnnkit")
 _state: dict[str, object] = {"loaded": None, "failed": False}
 _lock = threading.Lock()  # one load per process: a namespace registers only once
 _enabled = os.environ.get("RNNKIT_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
@@ -1068,11 +1068,7 @@ def _load() -> bool:
                     if shutil.which(cxx) is None:
                         raise RuntimeError(f"no C++ compiler: {cxx} not found")
                     # The first use must not look hung: say what the wait is, and where.
-                    print(
-                        f"rnnkit: building the compiled time loop (once, ~30 s) into {cache}…",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    messages.info(f"building the compiled time loop (once, ~30 s) into {cache}…")
                     _build(target)
                 except Exception as exc:
                     failed.write_text(str(exc))
@@ -1111,9 +1107,8 @@ def library() -> object | None:
                     _state["loaded"] = torch.ops.rnnkit_native
                 except Exception as exc:  # any build or load failure: the PyTorch loop
                     _state["failed"] = True
-                    _log.warning(
-                        "rnnkit: compiled time loop unavailable (%s); using the PyTorch loop",
-                        exc,
+                    messages.warning(
+                        f"compiled time loop unavailable ({exc}); using the PyTorch loop"
                     )
     return _state["loaded"]
 

@@ -34,3 +34,44 @@ def test_no_command_lists_the_commands(capsys):
         captured.err.splitlines()[-1]
         == "rnnkit: error: no command given (one of the commands above)"
     )
+
+
+def _subparsers():
+    from rnnkit.cli.main import build_parser
+
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return action.choices
+
+
+def test_every_command_takes_quiet_and_verbose_counted():
+    commands = _subparsers()
+    assert {name.replace("-", "_") for name in commands} == set(SUBCOMMANDS)
+    for name, sub in commands.items():
+        text = sub.format_help()
+        assert "-q, --quiet" in text and "-v, --verbose" in text, name
+        options = {a.dest: a for a in sub._actions}
+        for dest in ("quiet", "verbose"):  # one definition each, counted
+            assert type(options[dest]).__name__ == "_CountAction", (name, dest)
+
+
+@pytest.mark.parametrize(
+    ("flags", "level", "quiet"),
+    [([], "INFO", False), (["-q"], "WARNING", True), (["--quiet"], "WARNING", True),
+     (["-qq"], "ERROR", True), (["-v"], "DEBUG", False), (["-vv"], "DEBUG", False),
+     (["-q", "-v"], "INFO", False), (["-qqv"], "WARNING", True)],
+)  # fmt: skip
+def test_the_level_is_verbose_minus_quiet_and_restored_after(monkeypatch, flags, level, quiet):
+    from rnnkit import messages
+    from rnnkit.cli import report
+
+    seen = {}
+
+    def fake_run(args):
+        seen["level"], seen["quiet"] = messages.level_name(), args.quiet
+        return 0
+
+    monkeypatch.setattr(report, "run", fake_run)
+    assert main(["report", "--checkpoint", "nowhere", *flags]) == 0
+    assert seen == {"level": level, "quiet": quiet}
+    assert messages.level_name() == "INFO"  # as it was before main()

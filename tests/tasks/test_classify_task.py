@@ -181,11 +181,15 @@ def test_pretrained_vectors_are_counted_and_a_wrong_dimension_is_one_line(capsys
     vectors.write_text("a 1 0 0 0 0 0 0 0\nb 0 1 0 0 0 0 0 0\nqq 0 0 1 0 0 0 0 0\n")
     code, out, err = train(
         capsys, data, tmp_path / "p", "--pretrained-vectors", str(vectors), "--steps", "2",
-        "--json",
+        "--json", "-v",  # -v cancels TINY's -q: the default level, where notes show
     )  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["pretrained_vectors"]["found"] == 2  # a and b, not qq
-    assert "2 of" in err and "vocabulary words found" in err
+    assert "rnnkit: pretrained vectors: 2 of" in err and "vocabulary words found" in err
+    # -q (TINY's) keeps only warnings and errors; summary.json has the count either way.
+    code, _, err = train(capsys, data, tmp_path / "p2", "--pretrained-vectors", str(vectors),
+                         "--steps", "1")  # fmt: skip
+    assert code == 0 and "vocabulary words found" not in err, err
     vectors.write_text("a 1 0 0\n")
     code, _, err = train(capsys, data, tmp_path / "q", "--pretrained-vectors", str(vectors))
     assert code == 2 and f"{vectors}:1:" in err and "--embedding" in err

@@ -3,6 +3,10 @@
 Each subcommand module exposes ``register(subparsers)`` (adds its parser and sets
 ``func``) and a ``run(args) -> int``. Errors a user can fix (``RnnkitError``, ``OSError``)
 become one line on stderr and exit status 2; nothing prints a traceback.
+
+Every command takes ``-q/--quiet`` and ``-v/--verbose`` (added here, so they mean the same
+everywhere): their count sets the level of the ``rnnkit`` logger (``rnnkit.messages``),
+and ``args.quiet`` becomes the boolean "below the default level" the commands read.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from rnnkit import __version__
+from rnnkit import __version__, messages
 from rnnkit.errors import RnnkitError
 
 # Subcommand modules, imported lazily so `rnnkit --help` stays fast and one broken
@@ -54,7 +58,30 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # subcommand not built yet
             raise
         module.register(sub)
+    for command in sub.choices.values():
+        add_verbosity_options(command)
     return parser
+
+
+def add_verbosity_options(p: argparse.ArgumentParser) -> None:
+    """``-q/--quiet`` and ``-v/--verbose``, counted: the level is verbose − quiet."""
+    g = p.add_argument_group("output")
+    g.add_argument(
+        "-q",
+        "--quiet",
+        action="count",
+        default=0,
+        help="say less on stderr: -q no progress bar, summary or notes (warnings and errors "
+        "only), -qq errors only; results on stdout are unchanged",
+    )
+    g.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="say more on stderr: details such as a line per training record and per "
+        "validation, and the effective configuration",
+    )
 
 
 def explicit_options(argv: Sequence[str] | None) -> set[str]:
@@ -98,6 +125,17 @@ def _main(argv: Sequence[str] | None) -> int:
         print("rnnkit: error: no command given (one of the commands above)", file=sys.stderr)
         return 2
     args.explicit = explicit_options(argv)
+    level = args.verbose - args.quiet
+    args.quiet = level < 0  # what the commands read: below the default level
+    before = messages.LOGGER.level
+    messages.set_verbosity(level)
+    try:
+        return _run(args)
+    finally:
+        messages.LOGGER.setLevel(before)  # main() called in-process leaves the level as it was
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not at exit after the last line

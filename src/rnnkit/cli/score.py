@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rnnkit import messages
 from rnnkit.anomaly import SCORES
 from rnnkit.errors import ConfigError, DataError
 from rnnkit.thresholds import THRESHOLD_METHODS
@@ -238,7 +239,6 @@ def register(subparsers: Any) -> None:
         help="stop when no input arrived for this many seconds (default: follow forever)",
     )
     g.add_argument("--poll", type=float, default=0.2, help="seconds between checks for new input")
-    p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     p.set_defaults(func=run)
 
 
@@ -250,7 +250,7 @@ def _print(record: dict[str, Any]) -> None:
 
 
 def _note(message: str) -> None:
-    print(f"rnnkit score: {message}", file=sys.stderr)
+    messages.info(message, who="rnnkit score")
 
 
 def _hint_strace(path: str) -> str:
@@ -448,7 +448,7 @@ def _run_follow(config: ScoreConfig, run: Any) -> int:
                 items.append(parse_stream_line(raw, path, number))
             except DataError as exc:
                 bad += 1
-                _note(f"warning: {exc} (line skipped)")
+                messages.warning(f"{exc} (line skipped)", who="rnnkit score")
         for verdict in scorer.feed(items):
             _print(verdict)
     for verdict in scorer.close_all("input ended"):

@@ -220,7 +220,6 @@ def register(subparsers: Any) -> None:
         choices=(0, 1),
         help="label every session 0 (normal) or 1 (anomalous); default unlabelled",
     )
-    parser.add_argument("--quiet", action="store_true", help="print no summary")
     parser.set_defaults(func=run)
 
 

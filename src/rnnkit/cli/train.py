@@ -355,7 +355,6 @@ def register(sub: Any) -> None:
         help="refuse a model whose recurrent layers would hold more parameters than this "
         f"(default {MAX_PARAMETERS.default:,}, or ${MAX_PARAMETERS.env})",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument(
         "--no-report",

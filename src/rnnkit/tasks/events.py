@@ -762,7 +762,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         vocab = EventVocabulary.load(out / "vocab.json")
     seed_everything(cfg.seed)
     data = prepare_events_data(cfg, vocab)
-    if data.excluded and not quiet:
+    if data.excluded:
         warn(f"{cfg.train}: {data.excluded} session(s) labelled 1 left out of training")
     model = build_language_model(cfg, len(data.vocab)).to(device)
     model.loss_reduction = cfg.loss_reduction

@@ -10,7 +10,6 @@ import functools
 import os
 import random
 import shutil
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 from safetensors.numpy import save_file as save_numpy
 
+from rnnkit import messages
 from rnnkit.config import TrainConfig
 from rnnkit.data.files import atomic_write, fingerprint
 from rnnkit.errors import CheckpointError, ConfigError
@@ -49,8 +49,9 @@ __all__ = [
 
 
 def warn(message: str) -> None:
-    """A one-line notice for the user on stderr (library code stays silent otherwise)."""
-    print(f"rnnkit: warning: {message}", file=sys.stderr)
+    """A one-line warning for the user on stderr (``rnnkit: warning: …``; hidden by
+    ``-qq``: :mod:`rnnkit.messages`)."""
+    messages.warning(message)
 
 
 def seed_everything(seed: int) -> None:
@@ -382,9 +383,8 @@ def load_pretrained_vectors(
             if vector is not None:
                 embedding.weight[index] = torch.from_numpy(vector).to(embedding.weight)
                 found += 1
-    print(
-        f"rnnkit: pretrained vectors: {found} of {len(tokens)} vocabulary words found in "
-        f"{cfg.pretrained_vectors}",
-        file=sys.stderr,
+    messages.info(
+        f"pretrained vectors: {found} of {len(tokens)} vocabulary words found in "
+        f"{cfg.pretrained_vectors}"
     )
     return {"file": cfg.pretrained_vectors, "found": found, "vocabulary": len(tokens)}

@@ -35,6 +35,7 @@ from safetensors.numpy import load_file as load_numpy
 from safetensors.torch import save_file
 from torch import nn
 
+from rnnkit import messages
 from rnnkit.data.files import (
     append_line,
     atomic_write,
@@ -227,6 +228,8 @@ def load_model_weights(module: nn.Module, path: str | os.PathLike[str]) -> None:
             source = by_storage[(t.data_ptr(), t.dtype, tuple(t.shape))]
             if source == name:
                 t.copy_(tensors[name])
+    count = sum(t.numel() for t in tensors.values())
+    messages.debug(f"loaded {path}: {len(tensors)} tensors, {count:,} values, SHA-256 checked")
 
 
 def _optimizer_split(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -1,0 +1,70 @@
+"""rnnkit.messages: one level for what rnnkit says on stderr, in rnnkit's own format."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from rnnkit import messages
+
+
+@pytest.fixture(autouse=True)
+def _default_level():
+    yield
+    messages.set_verbosity(0)
+
+
+def said(capsys) -> list[str]:
+    messages.debug("a detail")
+    messages.info("a note")
+    messages.warning("a warning")
+    messages.info("a summary", who="rnnkit score")
+    captured = capsys.readouterr()
+    assert captured.out == ""  # never on stdout: that is for results
+    return captured.err.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("level", "expected"),
+    [
+        (2, ["rnnkit: a detail", "rnnkit: a note", "rnnkit: warning: a warning",
+             "rnnkit score: a summary"]),
+        (1, ["rnnkit: a detail", "rnnkit: a note", "rnnkit: warning: a warning",
+             "rnnkit score: a summary"]),
+        (0, ["rnnkit: a note", "rnnkit: warning: a warning", "rnnkit score: a summary"]),
+        (-1, ["rnnkit: warning: a warning"]),
+        (-2, []),
+        (-5, []),
+    ],
+)  # fmt: skip
+def test_each_level_shows_what_it_says(capsys, level, expected):
+    messages.set_verbosity(level)
+    assert said(capsys) == expected
+    assert messages.verbosity() == max(-2, min(1, level))
+
+
+def test_the_default_is_info_and_nothing_reaches_the_root_logger(capsys):
+    assert messages.level_name() == "INFO"
+    root = logging.getLogger()
+    seen: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Collect()
+    root.addHandler(handler)
+    try:
+        messages.warning("once")
+    finally:
+        root.removeHandler(handler)
+    # A program's own logging.basicConfig must not print every line a second time.
+    assert seen == []
+    assert capsys.readouterr().err == "rnnkit: warning: once\n"
+
+
+def test_a_level_set_through_logging_is_honoured(capsys):
+    logging.getLogger("rnnkit").setLevel(logging.ERROR)
+    assert messages.verbosity() == -2
+    assert said(capsys) == []
