@@ -17,7 +17,15 @@ from typing import Any
 
 from rnnkit.errors import ConfigError
 
-__all__ = ["CELL_OPTIONS", "DOC_BOUNDARIES", "TASKS", "TASK_OPTIONS", "TrainConfig", "parse_bptt"]
+__all__ = [
+    "CELL_OPTIONS",
+    "DOC_BOUNDARIES",
+    "RESUME_CHANGEABLE",
+    "TASKS",
+    "TASK_OPTIONS",
+    "TrainConfig",
+    "parse_bptt",
+]
 
 TASKS = ("lm", "tag", "classify", "seq2seq", "events", "regress", "params")
 TOKEN_TASKS = ("lm", "tag", "classify", "seq2seq", "events")
@@ -63,6 +71,12 @@ TASK_OPTIONS: dict[str, tuple[str, ...]] = {
     "target": ("regress",),
     "loss": ("regress",),
 }
+
+#: The options ``--resume`` may change: how long, where and how verbosely to train, never
+#: what is trained. Every task checks its saved config against this one set.
+RESUME_CHANGEABLE: frozenset[str] = frozenset(
+    {"epochs", "steps", "max_time", "eval_every", "patience", "device", "threads", "log_every"}
+)
 
 #: Options of one recurrent cell: field name → the cells that read it (``--nonlinearity``
 #: also applies to ``--wiring jordan``, which has no cell).
@@ -141,6 +155,7 @@ class TrainConfig:
     threads: int | None = None  # CPU threads; None: from RNNKIT_THREADS, else chosen by load
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast dtype of training
     on_nonfinite: str = "stop"  # stop | skip: a NaN/inf loss or gradient (named either way)
+    log_every: int | None = None  # steps between training records; None: from the budget
     ngram_order: int = 5
     # task-specific: classify / tag / seq2seq
     pooling: str = "last"
@@ -227,6 +242,7 @@ class TrainConfig:
             "eval_every",
             "patience",
             "ngram_order",
+            "log_every",
         ):
             positive(name, getattr(self, name))
         if not 0.0 <= self.dropout < 1.0:

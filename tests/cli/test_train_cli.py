@@ -923,3 +923,25 @@ def test_a_fifo_as_config_json_is_refused_not_waited_on(run, data, tmp_path, cap
         capsys, "evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt")
     )
     assert_one_line_error(code, err, str(copy / "config.json"), "is a FIFO, not a regular file")
+
+
+def test_log_every_sets_the_training_records_and_may_change_on_resume(capsys, data, tmp_path):
+    out = tmp_path / "run"
+    code, _, err = cli(capsys, *train_args(data, out, "--log-every", "4", "--steps", "6"))
+    assert code == 0, err
+
+    def steps() -> list[int]:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        return [e["step"] for e in map(json.loads, lines) if e["event"] == "train"]
+
+    assert steps() == [4, 6]
+    # --threads too: every option the refusal names as changeable is accepted by the task
+    resumed = train_args(data, out, "--resume", "--steps", "9", "--log-every", "2")
+    code, _, err = cli(capsys, *resumed, "--threads", "1")
+    assert code == 0, err
+    assert steps() == [4, 6, 8, 9]
+    for bad in ("0", "-1"):
+        code, _, err = cli(capsys, *train_args(data, tmp_path / "bad", "--log-every", bad))
+        assert (
+            code == 2 and err.strip() == f"rnnkit train: error: --log-every must be ≥ 1, got {bad}"
+        )

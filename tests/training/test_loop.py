@@ -12,7 +12,7 @@ from torch import nn
 
 from rnnkit import GRU, LSTM
 from rnnkit.data.batching import SequenceBatcher, StreamBatcher, lm_pairs
-from rnnkit.errors import CheckpointError
+from rnnkit.errors import CheckpointError, ConfigError
 from rnnkit.models.language_model import LanguageModel
 from rnnkit.training.checkpoint import load_model_weights, load_snapshot
 from rnnkit.training.loop import (
@@ -411,3 +411,57 @@ def test_a_time_budget_alone_has_no_step_total(tmp_path):
     assert trainer.total_steps is None and not trainer.until_converged
     result = trainer.fit()
     assert result.steps > 0 and result.stopped == "time budget of 0.3 s reached"
+
+
+# -- training records ----------------------------------------------------------------------------
+def _train_steps(path):
+    events = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    return [e["step"] for e in events if e["event"] == "train"]
+
+
+@pytest.mark.parametrize(
+    ("budget", "log_every", "expected"),
+    [
+        ({"steps": 10}, 4, [4, 8, 10]),  # every N, and the last step
+        ({"steps": 7}, None, list(range(1, 8))),  # a short run: every step
+        ({"steps": 120}, None, list(range(2, 121, 2))),  # ⌊120/50⌋ = 2: 60 records
+        ({"epochs": 3}, None, list(range(1, 31))),  # 30 steps of a known length
+    ],
+)
+def test_training_records_every_log_every_steps(tmp_path, budget, log_every, expected):
+    trainer = make_trainer(out=tmp_path, log_every=log_every, **{"epochs": None, **budget})
+    trainer.fit()
+    assert _train_steps(tmp_path) == expected
+
+
+def test_a_run_of_unknown_length_records_about_twenty_times_per_epoch(tmp_path):
+    # 10 steps per epoch, no budget but time: ⌈10/20⌉ = 1, every step.
+    trainer = make_trainer(out=tmp_path, log_every=None, epochs=None, max_time=3600, steps=None)
+    assert trainer.log_every == 1
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+def test_log_every_below_one_is_refused(bad):
+    with pytest.raises(ConfigError, match="--log-every must be an integer ≥ 1"):
+        make_trainer(log_every=bad, steps=3)
+
+
+def test_verbose_prints_one_line_per_record(tmp_path, capsys):
+    from rnnkit import messages
+
+    evaluate = lambda model: {"loss_nats": 1.0}  # noqa: E731
+    trainer = make_trainer(out=tmp_path, log_every=3, steps=6, evaluate_fn=evaluate, eval_every=6)
+    messages.set_verbosity(1)
+    try:
+        trainer.fit()
+    finally:
+        messages.set_verbosity(0)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[1].strip() for line in lines if "/6 (epoch" in line] == [
+        "step 3/6 (epoch 0)",
+        "step 6/6 (epoch 0)",
+    ], lines
+    assert any(line.startswith("rnnkit: validation at step 6: loss_nats 1") for line in lines)
+    # without -v: nothing (the progress bar is off: quiet)
+    make_trainer(out=tmp_path / "b", log_every=3, steps=6).fit()
+    assert capsys.readouterr().err == ""

@@ -14,6 +14,7 @@ from rnnkit.config import (
     DOC_BOUNDARIES,
     LENGTHS,
     PRECISIONS,
+    RESUME_CHANGEABLE,
     TASK_OPTIONS,
     TASKS,
     WIRINGS,
@@ -349,6 +350,15 @@ def register(sub: Any) -> None:
     )
     _add_events_options(p)
     _add_params_options(p)
+    g = p.add_argument_group("logging")
+    g.add_argument(
+        "--log-every",
+        type=int,
+        metavar="N",
+        help="steps between training records in metrics.jsonl (and lines with -v); "
+        "default: every ⌊steps/50⌋ steps, 1 to 50, when the run's length is known "
+        "(--steps, --epochs), else every ⌈S/20⌉ for S steps per epoch, 1 to 50",
+    )
     p.add_argument(
         "--max-parameters",
         type=int,
@@ -467,17 +477,6 @@ def _events_extra(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"{flag} does not apply to --task {args.task} (only to: {task})")
         extra.update(given)
     return extra
-
-
-RESUME_CHANGEABLE = {
-    "epochs",
-    "steps",
-    "max_time",
-    "eval_every",
-    "patience",
-    "device",
-    "threads",
-}
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -57,7 +57,7 @@ from rnnkit.anomaly import (
     surprise_and_rank,
 )
 from rnnkit.anomaly import top_events as _top_events
-from rnnkit.config import TrainConfig, parse_bptt
+from rnnkit.config import RESUME_CHANGEABLE, TrainConfig, parse_bptt
 from rnnkit.data.batching import SequenceBatcher, lm_pairs, pad_sequences
 from rnnkit.data.events import Session, read_sessions
 from rnnkit.data.files import atomic_write
@@ -749,8 +749,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     if resume:
         saved, _ = load_config(out)
         # train/valid: checked by content (tasks.run.resume_data), so may be renamed.
-        allowed = {"epochs", "steps", "max_time", "eval_every", "patience", "device"}
-        allowed |= {"out", "train", "valid"}
+        allowed = RESUME_CHANGEABLE | {"out", "train", "valid"}
         bad = [
             k for k, v in cfg.to_dict().items() if saved.to_dict().get(k) != v and k not in allowed
         ]

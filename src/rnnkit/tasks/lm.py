@@ -33,7 +33,7 @@ import torch
 from safetensors.numpy import save_file as save_numpy
 from torch import Tensor
 
-from rnnkit.config import TrainConfig, parse_bptt
+from rnnkit.config import RESUME_CHANGEABLE, TrainConfig, parse_bptt
 from rnnkit.data.batching import SequenceBatcher, StreamBatcher, lm_pairs
 from rnnkit.data.files import atomic_write
 from rnnkit.data.labelled import LabelledExample, LabelSet, read_labelled, split_holdout
@@ -362,8 +362,7 @@ def train_lm(
             # How long to train may change on resume; what is trained may not.
             # ``out`` is where the run is now (it may have been moved since).
             # train/valid: checked by content (tasks.run.resume_data), so may be renamed.
-            allowed = {"epochs", "steps", "max_time", "eval_every", "patience", "device", "out"}
-            allowed |= {"train", "valid"}
+            allowed = RESUME_CHANGEABLE | {"out", "train", "valid"}
             bad = [k for k in changed if k not in allowed]
             if bad:
                 raise CheckpointError(

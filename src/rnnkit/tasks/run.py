@@ -350,6 +350,7 @@ def train_options(cfg: TrainConfig, quiet: bool, units: str = "ppl") -> TrainOpt
         clip_value=cfg.clip_value,
         eval_every=cfg.eval_every,
         patience=cfg.patience,
+        log_every=cfg.log_every,
         on_nonfinite=cfg.on_nonfinite,
         precision=cfg.precision,
         threads=cfg.threads,

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rnnkit.config import TrainConfig
+from rnnkit.config import RESUME_CHANGEABLE, TrainConfig
 from rnnkit.data.pairs import Pair, PairBatcher, encode_pairs, make_pair_batch, read_pairs
 from rnnkit.data.vocab import Vocabulary, count_tokens
 from rnnkit.errors import CheckpointError, ConfigError, DataError
@@ -99,8 +99,6 @@ __all__ = [
     "train",
     "transduce",
 ]
-
-RESUME_CHANGEABLE = {"epochs", "steps", "max_time", "eval_every", "patience", "device", "threads"}
 
 
 @dataclass

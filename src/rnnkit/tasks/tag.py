@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rnnkit.config import TrainConfig
+from rnnkit.config import RESUME_CHANGEABLE, TrainConfig
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.labelled import LabelSet, split_holdout
 from rnnkit.data.tagged import TaggedSentence, read_tagged
@@ -94,7 +94,6 @@ __all__ = [
 # bounded for long string literals and comments.
 MAX_WORD_CHARS = 24
 WORD_DROPOUT = 0.05  # default; ``extra["word_dropout"]`` in config.json overrides it
-RESUME_CHANGEABLE = {"epochs", "steps", "max_time", "eval_every", "patience", "device", "threads"}
 _WHITESPACE = re.compile(r"\s")
 
 

@@ -31,6 +31,7 @@ loop owns everything else, so every task trains the same way (minGPT's trainer):
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import signal
 import threading
@@ -45,6 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from rnnkit import messages
 from rnnkit.errors import CheckpointError, ConfigError, RnnkitError
 from rnnkit.models.language_model import LossOutput
 from rnnkit.threads import ThreadGovernor
@@ -72,7 +74,9 @@ __all__ = [
     "TrainingInterrupted",
     "autocast_setup",
     "default_eval_every",
+    "default_log_every",
     "default_patience",
+    "describe_event",
 ]
 
 # float16 overflow skips in a row before training counts as diverged: each halves the loss
@@ -107,6 +111,32 @@ def default_eval_every(steps_per_epoch: int) -> int:
     return max(1, min(math.ceil(steps_per_epoch / VALIDATIONS_PER_EPOCH), MAX_EVAL_EVERY))
 
 
+# Training records (metrics.jsonl, -v lines) every at most this many steps; a run whose
+# length is known gets at least RECORDS_PER_RUN records (a 200-step run: every 4 steps),
+# one of unknown length at least RECORDS_PER_EPOCH per epoch.
+MAX_LOG_EVERY = 50
+RECORDS_PER_RUN = 50
+RECORDS_PER_EPOCH = 20
+
+
+def default_log_every(total_steps: int | None, steps_per_epoch: int) -> int:
+    """Steps between training records when ``log_every`` is not given: for a run of known
+    length ``N`` (a step or epoch budget) ``clamp(⌊N / 50⌋, 1, 50)`` — every step up to 99
+    steps, at least 50 records up to 2,500 steps, every 50 steps beyond; for a run of
+    unknown length (a time budget, or until validation stops improving) ``clamp(⌈S / 20⌉,
+    1, 50)`` for ``S`` steps per epoch — at least 20 records per epoch (such a run lasts at
+    least its patience, of an epoch or more, so it too gets ~20 points or more).
+
+    >>> default_log_every(6, 10), default_log_every(200, 10), default_log_every(5000, 10)
+    (1, 4, 50)
+    >>> default_log_every(None, 978), default_log_every(None, 4)
+    (49, 1)
+    """
+    if total_steps is not None:
+        return max(1, min(total_steps // RECORDS_PER_RUN, MAX_LOG_EVERY))
+    return max(1, min(math.ceil(steps_per_epoch / RECORDS_PER_EPOCH), MAX_LOG_EVERY))
+
+
 def default_patience(steps_per_epoch: int, eval_every: int) -> int:
     """Validations without improvement before training with no budget stops: those of
     two epochs, at least 10 validations and at least 100 steps — generous, because an
@@ -117,6 +147,44 @@ def default_patience(steps_per_epoch: int, eval_every: int) -> int:
     """
     per_epoch = math.ceil(steps_per_epoch / eval_every)
     return max(2 * per_epoch, 10, math.ceil(100 / eval_every))
+
+
+def describe_event(event: dict[str, Any], total_steps: int | None = None) -> str:
+    """One event of ``metrics.jsonl`` as a line for people (what ``-v`` prints).
+
+    >>> describe_event({"event": "train", "step": 50, "epoch": 1, "loss_nats": 1.23456,
+    ...                 "lr": 0.002, "grad_norm": 0.5, "tokens_per_s": 40960.0}, 200)
+    'step 50/200 (epoch 1): loss 1.2346 nats, lr 0.002, grad norm 0.5, 40,960 tokens/s'
+    >>> describe_event({"event": "valid", "step": 50, "epoch": 1, "loss_nats": 1.1,
+    ...                 "accuracy": 0.75, "best": True, "lr": 0.002})
+    'validation at step 50: loss_nats 1.1, accuracy 0.75 (best so far)'
+    """
+    kind, step = event.get("event"), event.get("step")
+    if kind == "train":
+        of = f"/{total_steps}" if total_steps is not None else ""
+        parts = [f"loss {event['loss_nats']:.4f} nats"]
+        for key, label, form in (
+            ("lr", "lr", ".3g"),
+            ("grad_norm", "grad norm", ".3g"),
+            ("loss_scale", "loss scale", "g"),
+        ):
+            if isinstance(event.get(key), (int, float)):
+                parts.append(f"{label} {event[key]:{form}}")
+        if isinstance(event.get("tokens_per_s"), (int, float)):
+            parts.append(f"{event['tokens_per_s']:,.0f} tokens/s")
+        return f"step {step}{of} (epoch {event.get('epoch')}): " + ", ".join(parts)
+    if kind == "valid":
+        shown = [
+            f"{key} {value:.4g}"
+            for key, value in event.items()
+            if key not in ("event", "step", "epoch", "best", "lr", "tokens")
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+        ]
+        best = " (best so far)" if event.get("best") else ""
+        return f"validation at step {step}: " + ", ".join(shown) + best
+    detail = f": {event['reason']}" if isinstance(event.get("reason"), str) else ""
+    return f"{kind} at step {step}{detail}"
 
 
 def autocast_setup(
@@ -206,7 +274,8 @@ class TrainOptions:
             :func:`default_eval_every` when training until validation stops improving).
         patience: stop after this many validations without improvement (None: never, or
             :func:`default_patience` when training until validation stops improving).
-        log_every: write a training line to the metrics log every N steps.
+        log_every: write a training record to the metrics log (and, with ``-v``, a line to
+            stderr) every N steps, and at the last step (None: :func:`default_log_every`).
         on_nonfinite: ``"stop"`` (default) or ``"skip"`` the step.
         precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``: forward and loss under
             ``torch.autocast`` in that dtype (fp16 with a ``GradScaler``); see the module
@@ -235,7 +304,7 @@ class TrainOptions:
     clip_value: float | None = None
     eval_every: int | None = None
     patience: int | None = None
-    log_every: int = 50
+    log_every: int | None = None
     on_nonfinite: str = "stop"
     precision: str = "fp32"
     threads: int | None = None
@@ -399,6 +468,12 @@ class Trainer:
                 self.patience = default_patience(steps_per_epoch, self.eval_every)
         else:
             self.total_steps = None  # a time budget only
+        known = opts.steps is not None or opts.epochs is not None
+        self.log_every = opts.log_every
+        if self.log_every is None:
+            self.log_every = default_log_every(self.total_steps if known else None, steps_per_epoch)
+        elif isinstance(self.log_every, bool) or self.log_every < 1:
+            raise ConfigError(f"--log-every must be an integer ≥ 1, got {self.log_every!r}")
 
     def _cap_text(self) -> str:
         assert self.total_steps is not None
@@ -412,6 +487,8 @@ class Trainer:
             return  # only rank 0 writes logs
         if self.out_dir is not None:
             append_jsonl(self.out_dir / "metrics.jsonl", event)
+        if messages.LOGGER.isEnabledFor(logging.DEBUG):  # -v: the record as one line
+            messages.debug(describe_event(event, self.total_steps))
         for cb in self.callbacks:
             cb(event)
 
@@ -698,7 +775,7 @@ class Trainer:
                         tok_s=f"{rate:.0f}",
                         **waiting,
                     )
-                if self.step % opts.log_every == 0 or self.step == total:
+                if self.step % self.log_every == 0 or self.step == total:
                     now = time.perf_counter()
                     self._log(
                         {
