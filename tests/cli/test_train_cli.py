@@ -459,6 +459,7 @@ def test_diverging_run_ends_with_one_line_in_both_nonfinite_modes(data, tmp_path
     assert (f"{MAX_SKIPPED_STEPS} steps in a row were skipped" in err[0]) == (mode == "skip")
     config = json.loads((out / "config.json").read_text())["config"]
     assert config["on_nonfinite"] == mode
+    assert csv_matches_jsonl(out)  # the table is written however training ends
 
 
 def test_recompute_trains_the_same_weights(data, tmp_path, capsys):
@@ -945,3 +946,35 @@ def test_log_every_sets_the_training_records_and_may_change_on_resume(capsys, da
         assert (
             code == 2 and err.strip() == f"rnnkit train: error: --log-every must be ≥ 1, got {bad}"
         )
+
+
+def csv_matches_jsonl(out: Path) -> bool:
+    """metrics.csv holds the events of metrics.jsonl, one row each, every field equal."""
+    import csv
+
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    with open(out / "metrics.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(events) > 0
+    for row, event in zip(rows, events, strict=True):
+        assert set(event) <= set(row)
+        for key, cell in row.items():
+            value = event.get(key)
+            if value is None:
+                assert cell == "", (key, cell)
+            elif isinstance(value, str):
+                assert cell == value, (key, cell)
+            else:
+                assert json.loads(cell) == value, (key, cell, value)  # floats bit for bit
+    return True
+
+
+def test_metrics_csv_beside_metrics_jsonl_across_a_resume(capsys, data, tmp_path):
+    out = tmp_path / "run"
+    args = train_args(data, out, "--valid", str(data / "valid.txt"), "--eval-every", "2")
+    assert cli(capsys, *args, "--steps", "4")[0] == 0
+    assert csv_matches_jsonl(out)
+    assert cli(capsys, *args, "--steps", "7", "--resume")[0] == 0
+    assert csv_matches_jsonl(out)
+    rows = (out / "metrics.csv").read_text().splitlines()
+    assert [r.split(",")[:2] for r in rows[1:]].count(["valid", "6"]) == 1

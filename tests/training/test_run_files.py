@@ -69,3 +69,70 @@ def test_bad_metric_lines_are_skipped_and_counted(tmp_path):
     (tmp_path / "metrics.jsonl").write_bytes(b"\n".join(lines) + b"\n\n")
     assert read_metrics(tmp_path) == (good, 7)
     assert read_metrics(tmp_path / "nothing") == ([], 0)
+
+
+# -- metrics.csv ---------------------------------------------------------------------------------
+def csv_events(path) -> list[dict[str, object]]:
+    """metrics.csv read back: each cell to the JSON value it stands for, empty cells left out
+    (the oracle is json.loads of metrics.jsonl)."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+
+    def value(cell: str) -> object:
+        try:
+            return json.loads(cell)
+        except ValueError:
+            return cell  # a string field
+
+    return [{k: value(v) for k, v in row.items() if v != ""} for row in rows]
+
+
+def test_metrics_csv_holds_exactly_the_events_of_metrics_jsonl(tmp_path):
+    from rnnkit.training.run_files import write_metrics_csv
+
+    events = [
+        {"event": "train", "step": 1, "epoch": 0, "loss_nats": 2.0794415416798357, "lr": 1e-05,
+         "grad_norm": 0.30000000000000004, "clipped_total": 0, "tokens_per_s": 12345.678},
+        {"event": "skipped", "step": 2, "reason": 'the loss is nan at step 2, "batch" 3\nnext'},
+        {"event": "valid", "step": 2, "epoch": 0, "loss_nats": 1.5, "accuracy": 0.25,
+         "best": True, "lr": 1e-05, "per_class": {"a": 0.5, "b": 1.0}},
+        {"event": "valid", "step": 4, "epoch": 1, "loss_nats": 1.75, "accuracy": None,
+         "best": False},
+        {"event": "early_stop", "step": 4},
+    ]  # fmt: skip
+    lines = [json.dumps(e) for e in events]
+    lines.insert(2, '{"event": "train", "step": "x"}')  # a bad line: skipped, as readers do
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"event": "tr')  # cut
+    path = write_metrics_csv(tmp_path)
+    assert path == tmp_path / "metrics.csv"
+    header = path.read_text().splitlines()[0].split(",")
+    assert header[:3] == ["event", "step", "epoch"] and len(header) == len(set(header))
+    expected = [{k: v for k, v in e.items() if v is not None} for e in events]
+    assert csv_events(path) == expected
+    # Written again from a grown log: the whole table, atomically replaced.
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('\n{"event": "time_limit", "step": 5}\n')
+    write_metrics_csv(tmp_path)
+    assert csv_events(path) == [*expected, {"event": "time_limit", "step": 5}]
+
+
+def test_metrics_csv_follows_the_write_rules(tmp_path):
+    from rnnkit.errors import WriteError
+    from rnnkit.training.run_files import write_metrics_csv
+
+    (tmp_path / "metrics.jsonl").write_text('{"event": "train", "step": 1}\n')
+    os.mkfifo(tmp_path / "metrics.csv")  # never replaced, never blocked on
+    with pytest.raises(WriteError, match=r"metrics\.csv: is a FIFO"):
+        write_metrics_csv(tmp_path)
+    os.unlink(tmp_path / "metrics.csv")
+    write_metrics_csv(tmp_path)
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    assert oct((tmp_path / "metrics.csv").stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

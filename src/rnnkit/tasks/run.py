@@ -219,6 +219,7 @@ RUN_FILES = (
     "latest.json",
     "snapshots",
     "metrics.jsonl",
+    "metrics.csv",
     "summary.json",
     "ngram.safetensors",
     "thresholds.json",

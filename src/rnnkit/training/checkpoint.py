@@ -8,6 +8,7 @@ Layout of a run directory ``OUT``::
     latest.json          pointer to the newest resumable snapshot, with its checksum
     snapshots/step-N/    model.safetensors, optimizer.safetensors, state.json
     metrics.jsonl        one JSON object per logged event
+    metrics.csv          the same events as a table (training.run_files)
 
 Every file is written to a temporary name in the same directory, flushed, fsynced and
 renamed over the old one, so a crash leaves the old file or the new one, never half of

@@ -59,6 +59,7 @@ from rnnkit.training.checkpoint import (
 )
 from rnnkit.training.distributed import DistContext, ShardedBatches, StepModule
 from rnnkit.training.progress import Progress
+from rnnkit.training.run_files import write_metrics_csv
 from rnnkit.training.schedules import build_lr_schedulers, parse_lr_schedule
 from rnnkit.types import LSTMState
 
@@ -88,6 +89,10 @@ MAX_SCALER_SKIPS = 20
 # later batch would be skipped too — without this bound, forever).
 MAX_SKIPPED_STEPS = 20
 HISTORY_EVENTS = 10_000  # logged events kept in memory (TrainResult.history)
+# metrics.csv is rewritten from metrics.jsonl at a snapshot at most this often (and when
+# fit() ends): a table of every event without rewriting it at every validation of a run
+# that validates every step.
+CSV_EVERY_S = 30.0
 _AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Training with no budget: validate about this often per epoch (early stopping needs
@@ -446,6 +451,7 @@ class Trainer:
         self.scaler_skips = 0  # steps the GradScaler skipped (float16 overflow)
         self._scaler_streak = 0  # ... of them in a row, up to now
         self._skip_streak = 0  # non-finite steps skipped in a row (on_nonfinite="skip")
+        self._csv_written = time.perf_counter()  # metrics.csv: at most every CSV_EVERY_S
 
     def _resolve_budget(self, steps_per_epoch: int) -> None:
         """``total_steps`` (None: unbounded), ``max_time``, ``eval_every``, ``patience``
@@ -520,6 +526,26 @@ class Trainer:
         save_snapshot(self.out_dir, self.step, self.model, self.optimizer, self._state(), extra)
         if self.evaluate_fn is None:  # no validation: the latest weights are the ones to use
             save_model_weights(self.model, self.out_dir / "model.safetensors")
+        if time.perf_counter() - self._csv_written >= CSV_EVERY_S:
+            self._write_csv()
+
+    def _write_csv(self) -> None:
+        """``metrics.csv`` from ``metrics.jsonl`` (rank 0, with a run directory)."""
+        if self.out_dir is None or not self.dist.is_main:
+            return
+        try:
+            write_metrics_csv(self.out_dir)
+        except CheckpointError as exc:  # an oversized log: the table is a convenience
+            messages.warning(f"metrics.csv not written: {exc}")
+        self._csv_written = time.perf_counter()
+
+    def _csv_on_exit(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc_type is None:
+            self._write_csv()
+        else:  # the error that ends training is the one to report, not a failed table
+            with contextlib.suppress(Exception):
+                self._write_csv()
+        return False
 
     def resume(self) -> None:
         """Restore model, optimizer, scheduler, RNG, data position and carried state."""
@@ -687,6 +713,8 @@ class Trainer:
             except ValueError as exc:  # a bad RNNKIT_THREADS / --threads: one line
                 raise ConfigError(str(exc)) from None
         with contextlib.ExitStack() as stack:
+            # Last out: metrics.csv holds every event, however fit() ends.
+            stack.push(self._csv_on_exit)
             stack.enter_context(_stop_on_signals(stop_signal))
             stack.callback(bar.close)
             if governor is not None:

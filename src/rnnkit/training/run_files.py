@@ -1,5 +1,5 @@
 """The logs of a run directory, read by one set of rules: ``summary.json`` and
-``metrics.jsonl``.
+``metrics.jsonl``; and ``metrics.csv``, the same events as a table.
 
 Both are read as run files (:func:`rnnkit.data.files.read_run_file`: a regular file of
 bounded size) and as strict JSON with bounded nesting (:func:`rnnkit.data.limits.loads_json`).
@@ -19,20 +19,37 @@ a line of          a JSON object with a string ``event``; ``step``,
 ``metrics.jsonl``  ``clipped_total`` integers ≥ 0; ``best`` a boolean; metrics
                    (:data:`METRIC_FIELDS`) and ``grad_norm`` numbers or null
 =================  =============================================================
+
+``metrics.csv`` is derived, never read back: :func:`write_metrics_csv` writes the events of
+``metrics.jsonl`` that follow these rules, one row each, atomically (a reader sees the
+previous table or the new one). The columns are ``event``, ``step``, ``epoch``, then every
+other field in the order it first appears; a field an event does not have (or a null) is
+an empty cell; numbers are written as in the JSON (``repr``: the same float back), booleans
+``true``/``false``, a nested value as its JSON text.
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
 from pathlib import Path
 from typing import Any
 
-from rnnkit.data.files import read_run_file
+from rnnkit.data.files import atomic_write_bytes, read_run_file
 from rnnkit.data.limits import loads_json
 from rnnkit.errors import CheckpointError, DataError
 from rnnkit.training.checkpoint import read_json
 
-__all__ = ["METRIC_FIELDS", "read_metrics", "read_summary"]
+__all__ = [
+    "CSV_FIRST_COLUMNS",
+    "METRIC_FIELDS",
+    "metrics_csv",
+    "read_metrics",
+    "read_summary",
+    "write_metrics_csv",
+]
 
 # Fields that are numbers (or null) wherever they appear in a run's logs.
 METRIC_FIELDS = (
@@ -162,3 +179,53 @@ def read_metrics(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]],
             continue
         events.append(event)
     return events, bad
+
+
+CSV_FIRST_COLUMNS = ("event", "step", "epoch")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return value if isinstance(value, str) else repr(value)
+    return json.dumps(value, allow_nan=False, separators=(",", ":"), sort_keys=True)
+
+
+def metrics_csv(events: list[dict[str, Any]]) -> str:
+    """``events`` as CSV text (see the module docstring for the columns and cells).
+
+    >>> print(metrics_csv([{"event": "train", "step": 2, "loss_nats": 0.5},
+    ...                    {"event": "valid", "step": 2, "best": True}]), end="")
+    event,step,epoch,loss_nats,best
+    train,2,,0.5,
+    valid,2,,,true
+    """
+    columns = list(CSV_FIRST_COLUMNS)
+    seen = set(columns)
+    for event in events:
+        for key in event:
+            if key not in seen:
+                seen.add(key)
+                columns.append(key)
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(columns)
+    for event in events:
+        writer.writerow([_cell(event.get(key)) for key in columns])
+    return text.getvalue()
+
+
+def write_metrics_csv(run_dir: str | os.PathLike[str]) -> Path:
+    """Write ``RUN/metrics.csv`` from ``RUN/metrics.jsonl`` (atomically); returns its path.
+
+    Raises:
+        CheckpointError: ``metrics.jsonl`` is not a regular file or is over the size cap.
+        WriteError: ``metrics.csv`` cannot be written (named).
+    """
+    path = Path(run_dir) / "metrics.csv"
+    events, _ = read_metrics(run_dir)
+    atomic_write_bytes(path, metrics_csv(events).encode("utf-8"))
+    return path
