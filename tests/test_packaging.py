@@ -63,6 +63,10 @@ def test_wheel_contents(wheel):
     assert any(line.startswith("Requires-Dist: torch<3,>=2.4") for line in requires), requires
     assert not any("==" in line.split(";")[0] for line in requires), requires
     assert any("drain3" in line and 'extra == "logs"' in line for line in requires), requires
+    assert any(
+        line.startswith("Requires-Dist: tensorboard<3,>=2.14") and 'extra == "tensorboard"' in line
+        for line in requires
+    ), requires
 
 
 def test_wheel_installs_and_runs_in_a_fresh_venv(wheel, tmp_path):

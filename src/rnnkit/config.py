@@ -75,7 +75,17 @@ TASK_OPTIONS: dict[str, tuple[str, ...]] = {
 #: The options ``--resume`` may change: how long, where and how verbosely to train, never
 #: what is trained. Every task checks its saved config against this one set.
 RESUME_CHANGEABLE: frozenset[str] = frozenset(
-    {"epochs", "steps", "max_time", "eval_every", "patience", "device", "threads", "log_every"}
+    {
+        "epochs",
+        "steps",
+        "max_time",
+        "eval_every",
+        "patience",
+        "device",
+        "threads",
+        "log_every",
+        "tensorboard",
+    }
 )
 
 #: Options of one recurrent cell: field name → the cells that read it (``--nonlinearity``
@@ -156,6 +166,7 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast dtype of training
     on_nonfinite: str = "stop"  # stop | skip: a NaN/inf loss or gradient (named either way)
     log_every: int | None = None  # steps between training records; None: from the budget
+    tensorboard: str | None = None  # directory for TensorBoard scalars of the records
     ngram_order: int = 5
     # task-specific: classify / tag / seq2seq
     pooling: str = "last"
@@ -267,6 +278,10 @@ class TrainConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
         if not self.train:
             raise ConfigError("--train is required")
+        if self.tensorboard is not None and (
+            not isinstance(self.tensorboard, str) or not self.tensorboard
+        ):
+            raise ConfigError(f"--tensorboard must name a directory, got {self.tensorboard!r}")
         if parse_bptt(self.bptt)[0] == "window" and self.recompute is not None:
             raise ConfigError(
                 f"--recompute cannot be combined with --bptt {self.bptt}: the windowed "

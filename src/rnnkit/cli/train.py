@@ -359,6 +359,13 @@ def register(sub: Any) -> None:
         "default: every ⌊steps/50⌋ steps, 1 to 50, when the run's length is known "
         "(--steps, --epochs), else every ⌈S/20⌉ for S steps per epoch, 1 to 50",
     )
+    g.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="also write the training records and validation figures as TensorBoard "
+        "scalars into DIR (train/loss_nats, train/lr, valid/…; needs the extra: "
+        "pip install 'rnnkit[tensorboard]')",
+    )
     p.add_argument(
         "--max-parameters",
         type=int,
@@ -712,6 +719,12 @@ def check_size(cfg: TrainConfig, limit: int | None) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     check_size(cfg, getattr(args, "max_parameters", None))
+    if cfg.tensorboard is not None:  # a missing package is said before anything is trained
+        from rnnkit.training.tensorboard import require_tensorboard
+
+        require_tensorboard()
+        if os.path.exists(cfg.tensorboard) and not os.path.isdir(cfg.tensorboard):
+            raise ConfigError(f"--tensorboard {cfg.tensorboard}: exists and is not a directory")
     from rnnkit.tasks.registry import task_module  # lazy: keeps `rnnkit --help` fast
 
     try:

@@ -352,6 +352,7 @@ def train_options(cfg: TrainConfig, quiet: bool, units: str = "ppl") -> TrainOpt
         eval_every=cfg.eval_every,
         patience=cfg.patience,
         log_every=cfg.log_every,
+        tensorboard=cfg.tensorboard,
         on_nonfinite=cfg.on_nonfinite,
         precision=cfg.precision,
         threads=cfg.threads,

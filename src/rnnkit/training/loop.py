@@ -281,6 +281,8 @@ class TrainOptions:
             :func:`default_patience` when training until validation stops improving).
         log_every: write a training record to the metrics log (and, with ``-v``, a line to
             stderr) every N steps, and at the last step (None: :func:`default_log_every`).
+        tensorboard: also write the records as TensorBoard scalars into this directory
+            (``rnnkit.training.tensorboard``; needs the ``tensorboard`` package).
         on_nonfinite: ``"stop"`` (default) or ``"skip"`` the step.
         precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``: forward and loss under
             ``torch.autocast`` in that dtype (fp16 with a ``GradScaler``); see the module
@@ -310,6 +312,7 @@ class TrainOptions:
     eval_every: int | None = None
     patience: int | None = None
     log_every: int | None = None
+    tensorboard: str | None = None
     on_nonfinite: str = "stop"
     precision: str = "fp32"
     threads: int | None = None
@@ -452,6 +455,7 @@ class Trainer:
         self._scaler_streak = 0  # ... of them in a row, up to now
         self._skip_streak = 0  # non-finite steps skipped in a row (on_nonfinite="skip")
         self._csv_written = time.perf_counter()  # metrics.csv: at most every CSV_EVERY_S
+        self._tensorboard: Any = None  # a TensorBoardWriter while fit() runs, if asked
 
     def _resolve_budget(self, steps_per_epoch: int) -> None:
         """``total_steps`` (None: unbounded), ``max_time``, ``eval_every``, ``patience``
@@ -495,6 +499,8 @@ class Trainer:
             append_jsonl(self.out_dir / "metrics.jsonl", event)
         if messages.LOGGER.isEnabledFor(logging.DEBUG):  # -v: the record as one line
             messages.debug(describe_event(event, self.total_steps))
+        if self._tensorboard is not None:
+            self._tensorboard(event)
         for cb in self.callbacks:
             cb(event)
 
@@ -538,6 +544,10 @@ class Trainer:
         except CheckpointError as exc:  # an oversized log: the table is a convenience
             messages.warning(f"metrics.csv not written: {exc}")
         self._csv_written = time.perf_counter()
+
+    def _close_tensorboard(self) -> None:
+        self._tensorboard.close()
+        self._tensorboard = None
 
     def _csv_on_exit(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         if exc_type is None:
@@ -717,6 +727,11 @@ class Trainer:
             stack.push(self._csv_on_exit)
             stack.enter_context(_stop_on_signals(stop_signal))
             stack.callback(bar.close)
+            if opts.tensorboard is not None and self.dist.is_main:
+                from rnnkit.training.tensorboard import TensorBoardWriter
+
+                self._tensorboard = TensorBoardWriter(opts.tensorboard)
+                stack.callback(self._close_tensorboard)
             if governor is not None:
                 governor.start()
                 stack.callback(governor.stop)
