@@ -440,23 +440,33 @@ class TrainConfig:
         """
         names = self.given_options() if given is None else set(given)
         for name in sorted(names):
-            flag = "--" + name.replace("_", "-")
-            tasks = TASK_OPTIONS.get(name)
-            if tasks is not None and self.task not in tasks:
-                raise ConfigError(
-                    f"{flag} does not apply to --task {self.task} (only to: {', '.join(tasks)})"
-                )
-            cells = CELL_OPTIONS.get(name)
-            if self.wiring == "jordan" and name in (*CELL_OPTIONS, "cell"):
-                if name == "nonlinearity":  # φ of the Jordan update
-                    continue
-                raise ConfigError(f"{flag} does not apply to --wiring jordan (it has no cell)")
-            if cells is None or self.cell in cells:
-                continue
-            raise ConfigError(
-                f"{flag} does not apply to --cell {self.cell} (only to: {', '.join(cells)})"
-            )
+            reason = self.not_applying(name)
+            if reason is not None:
+                raise ConfigError(reason)
         return self
+
+    def applies(self, name: str) -> bool:
+        """Whether this task (and cell, and wiring) reads the option ``name`` (a field).
+
+        >>> TrainConfig(task="tag").applies("pooling"), TrainConfig(cell="gru").applies("reset")
+        (False, True)
+        """
+        return self.not_applying(name) is None
+
+    def not_applying(self, name: str) -> str | None:
+        """Why the option ``name`` does not apply here (the refusal line), or None."""
+        flag = "--" + name.replace("_", "-")
+        tasks = TASK_OPTIONS.get(name)
+        if tasks is not None and self.task not in tasks:
+            return f"{flag} does not apply to --task {self.task} (only to: {', '.join(tasks)})"
+        cells = CELL_OPTIONS.get(name)
+        if self.wiring == "jordan" and name in (*CELL_OPTIONS, "cell"):
+            if name == "nonlinearity":  # φ of the Jordan update
+                return None
+            return f"{flag} does not apply to --wiring jordan (it has no cell)"
+        if cells is None or self.cell in cells:
+            return None
+        return f"{flag} does not apply to --cell {self.cell} (only to: {', '.join(cells)})"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -94,6 +94,9 @@ def test_a_fifo_is_refused_at_once_not_waited_on(tmp_path):
         read_run_file(fifo)
     with pytest.raises(DataError, match="is a character device"):
         require_regular_file("/dev/zero")
+    (tmp_path / "summary.json").mkdir()  # os.open reads a directory; fdopen did not
+    with pytest.raises(DataError, match=r"summary\.json: is a directory, not a regular file$"):
+        read_run_file(tmp_path / "summary.json")
 
 
 def test_a_run_file_over_the_cap_is_refused_without_reading_it_whole(tmp_path):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rnnkit import messages
 from rnnkit.config import (
     CELL_OPTIONS,
     CONDITIONS,
@@ -95,10 +98,25 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 def register(sub: Any) -> None:
     d = TrainConfig()
     p = sub.add_parser("train", help="train a model", description="Train a recurrent model.")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="read options from a TOML file (keys: the options without --, e.g. "
+        "batch-size = 32); options on the command line override it (docs/cli.md)",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the complete effective configuration as TOML (loadable with --config) "
+        "and exit without training; without --train/--out, a template",
+    )
     p.add_argument("--task", choices=TASKS, default="lm", help="what to learn (default lm)")
-    p.add_argument("--train", required=True, help="training data file")
+    # Not argparse-required: --config may give them (checked in run()).
+    p.add_argument("--train", help="training data file (required, here or in --config)")
     p.add_argument("--valid", help="validation data file (default: hold out the end of --train)")
-    p.add_argument("--out", required=True, help="run directory for checkpoints and reports")
+    p.add_argument(
+        "--out", help="run directory for checkpoints and reports (required, here or in --config)"
+    )
     p.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its latest snapshot"
     )
@@ -716,9 +734,91 @@ def check_size(cfg: TrainConfig, limit: int | None) -> None:
         )
 
 
+def _train_parser() -> argparse.ArgumentParser:
+    """The ``train`` subcommand's parser (the one a configuration file is checked against)."""
+    from rnnkit.cli.main import build_parser  # same layer; main imports this module lazily
+
+    action = next(a for a in build_parser()._actions if a.dest == "command")
+    return action.choices["train"]
+
+
+def effective_options(
+    cfg: TrainConfig, args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> dict[str, Any]:
+    """Every option of a configuration file that applies to ``cfg``'s task and cell, with
+    the value this run uses (None: unset): what ``--print-config`` prints."""
+    from rnnkit.cli.config_file import file_actions
+
+    values: dict[str, Any] = {}
+    for action in file_actions(parser):
+        dest = action.dest
+        if dest in EVENTS_OPTIONS:
+            if cfg.task == "events":
+                values[dest] = cfg.extra.get(EVENTS_OPTIONS[dest])
+        elif dest == "no_clip":
+            values[dest] = cfg.clip_norm is None
+        elif dest in CONFIG_FIELDS:
+            if cfg.applies(dest):
+                values[dest] = getattr(cfg, dest)
+        else:  # options of the command itself (--max-parameters, --no-report)
+            values[dest] = getattr(args, dest, None)
+    return values
+
+
+def print_config_text(
+    cfg: TrainConfig,
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    unset: Iterable[str] = (),
+) -> str:
+    """The TOML of ``--print-config`` (``unset``: options shown unset, a template's)."""
+    from rnnkit import __version__
+    from rnnkit.cli.config_file import render
+
+    values = effective_options(cfg, args, parser)
+    values.update(dict.fromkeys(unset))
+    cell = "no cell (--wiring jordan)" if cfg.wiring == "jordan" else f"the {cfg.cell} cell"
+    header = (
+        f"rnnkit train configuration (rnnkit {__version__}): task {cfg.task}, {cell}.",
+        "Use it with: rnnkit train --config FILE (options on the command line win).",
+        "Every option that applies is here; those of other tasks or cells are left out.",
+    )
+    return render(parser, values, header)
+
+
 def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    check_size(cfg, getattr(args, "max_parameters", None))
+    origins: dict[str, str] = {}
+    parser = _train_parser()
+    explicit = getattr(args, "explicit", None)
+    if args.config is not None:
+        from rnnkit.cli.config_file import apply_config_file
+
+        given = set(explicit) if explicit is not None else set()
+        origins = apply_config_file(parser, args, given, args.config)
+        for dest, key in EVENTS_OPTIONS.items():  # the events task names them by these keys
+            if dest in origins:
+                origins[key] = origins[dest]
+        if explicit is not None:  # options from the file are given, as if typed
+            args.explicit = explicit | {k for k in origins if not k.startswith("--")}
+    unset = [name for name in ("train", "out") if not getattr(args, name)]
+    if unset:
+        if not args.print_config or args.resume:
+            raise ConfigError(f"--{unset[0]} is required (on the command line or in --config)")
+        for name in unset:  # --print-config alone: a template; these two stay unset
+            setattr(args, name, f"<{name}>")
+    try:
+        cfg = config_from_args(args)
+        check_size(cfg, getattr(args, "max_parameters", None))
+    except ConfigError as exc:
+        from rnnkit.cli.config_file import blame
+
+        raise blame(exc, origins, args.config) from None
+    if args.print_config:
+        sys.stdout.write(print_config_text(cfg, args, parser, unset))
+        return 0
+    if messages.LOGGER.isEnabledFor(logging.DEBUG):
+        text = print_config_text(cfg, args, parser).rstrip()
+        messages.debug("the effective configuration (--print-config):\n" + text)
     if cfg.tensorboard is not None:  # a missing package is said before anything is trained
         from rnnkit.training.tensorboard import require_tensorboard
 

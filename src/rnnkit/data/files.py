@@ -186,12 +186,12 @@ def _open_regular(path: Path) -> IO[bytes]:
         raise DataError("is a directory, not a file", path) from None
     except OSError as exc:
         raise DataError(f"cannot read: {exc.strerror or exc}", path) from None
-    f = os.fdopen(fd, "rb")
+    # Checked before fdopen, which refuses a directory with its own "[Errno 21] ...: <fd>".
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
-        f.close()
+        os.close(fd)
         raise DataError(f"is a {_kind(mode)}, not a regular file", path)
-    return f
+    return os.fdopen(fd, "rb")
 
 
 def require_regular_file(path: PathLikeStr) -> None:
