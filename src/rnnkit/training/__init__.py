@@ -46,17 +46,28 @@ from rnnkit.training.loop import (
     TrainResult,
     autocast_setup,
     default_eval_every,
+    default_log_every,
     default_patience,
+    describe_event,
 )
 from rnnkit.training.progress import Progress
-from rnnkit.training.run_files import METRIC_FIELDS, read_metrics, read_summary
+from rnnkit.training.run_files import (
+    CSV_FIRST_COLUMNS,
+    METRIC_FIELDS,
+    metrics_csv,
+    read_metrics,
+    read_summary,
+    write_metrics_csv,
+)
 from rnnkit.training.scheduled_sampling import SamplingSchedule, parse_schedule
 from rnnkit.training.schedules import LRSchedule, build_lr_schedulers, parse_lr_schedule
+from rnnkit.training.tensorboard import TensorBoardWriter, require_tensorboard, scalars
 
 __all__ = [
     "CAP_EPOCHS",
     "CAP_MIN_STEPS",
     "CAP_SECONDS",
+    "CSV_FIRST_COLUMNS",
     "FORMAT_VERSION",
     "HEADLINE",
     "LABELS",
@@ -68,6 +79,7 @@ __all__ = [
     "SamplingSchedule",
     "ShardedBatches",
     "StepModule",
+    "TensorBoardWriter",
     "TrainOptions",
     "TrainResult",
     "Trainer",
@@ -82,21 +94,27 @@ __all__ = [
     "build_lr_schedulers",
     "compare",
     "default_eval_every",
+    "default_log_every",
     "default_patience",
+    "describe_event",
     "dumps_strict",
     "init_distributed",
     "load_arrays",
     "load_model_weights",
     "load_snapshot",
+    "metrics_csv",
     "parse_lr_schedule",
     "parse_schedule",
     "read_json",
     "read_metrics",
     "read_summary",
+    "require_tensorboard",
     "save_model_weights",
     "save_snapshot",
     "save_tensors",
+    "scalars",
     "sha256_file",
     "shutdown_distributed",
     "tensors_sha256",
+    "write_metrics_csv",
 ]
