@@ -64,6 +64,13 @@ def test_the_default_is_info_and_nothing_reaches_the_root_logger(capsys):
     assert capsys.readouterr().err == "rnnkit: warning: once\n"
 
 
+def test_a_warning_may_name_its_own_kind(capsys):
+    messages.warning("behind baseline: 2.1 vs 2.0", label="")
+    messages.set_verbosity(-2)
+    messages.warning("behind baseline: hidden by -qq", label="")
+    assert capsys.readouterr().err == "rnnkit: behind baseline: 2.1 vs 2.0\n"
+
+
 def test_a_level_set_through_logging_is_honoured(capsys):
     logging.getLogger("rnnkit").setLevel(logging.ERROR)
     assert messages.verbosity() == -2

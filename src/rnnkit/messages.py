@@ -65,9 +65,11 @@ class _StderrHandler(logging.Handler):
 class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         who = getattr(record, "who", "rnnkit")
-        kind = "warning: " if record.levelno == logging.WARNING else ""
-        kind = "error: " if record.levelno >= logging.ERROR else kind
-        return f"{who}: {kind}{record.getMessage()}"
+        label = getattr(record, "label", None)
+        if label is None:
+            label = {logging.WARNING: "warning"}.get(record.levelno, "")
+            label = "error" if record.levelno >= logging.ERROR else label
+        return f"{who}: {label + ': ' if label else ''}{record.getMessage()}"
 
 
 def _install() -> None:
@@ -114,6 +116,7 @@ def info(message: str, who: str = "rnnkit") -> None:
     LOGGER.info(message, extra={"who": who})
 
 
-def warning(message: str, who: str = "rnnkit") -> None:
-    """A warning (``rnnkit: warning: <message>``), hidden by ``-qq``."""
-    LOGGER.warning(message, extra={"who": who})
+def warning(message: str, who: str = "rnnkit", label: str = "warning") -> None:
+    """A warning (``rnnkit: warning: <message>``; ``label`` replaces ``warning``, for a
+    message that names its own kind), hidden by ``-qq``."""
+    LOGGER.warning(message, extra={"who": who, "label": label})

@@ -848,5 +848,5 @@ def run(args: argparse.Namespace) -> int:
     behind = summary.get("behind_baseline")
     if behind:  # on stderr, so that --json's stdout stays one JSON object
         sys.stdout.flush()
-        print(f"rnnkit: {behind['line']}", file=sys.stderr)
+        messages.warning(behind["line"], label="")  # "behind baseline: …" names itself
     return 0
