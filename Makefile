@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench docs clean
+.PHONY: run test lint format bench docs clean
 
 # pyproject.toml states ranges; constraints.txt the exact versions every machine runs.
 CONSTRAINTS := -c constraints.txt
@@ -30,9 +30,16 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+CSRC := src/rnnkit/csrc/*.cpp src/rnnkit/csrc/*.h
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/clang-format --dry-run --Werror $(CSRC)
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/clang-format -i $(CSRC)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_recurrent.py

@@ -11,6 +11,7 @@ and no retry by later processes).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -127,3 +128,69 @@ def test_rnnkit_native_0_selects_the_pytorch_loop(tmp_path: Path) -> None:
     assert "available False" in proc.stdout
     assert proc.stderr.strip() == ""  # chosen, not failed: nothing to warn about
     assert not list(tmp_path.iterdir())  # nothing built
+
+
+def test_the_build_of_these_sources_gave_no_warning() -> None:
+    """The cached library's build log (written by every build, beside it): the sources
+    compile without a warning under -Wall -Wextra (torch's own headers are system headers
+    there, whose warnings are not reported)."""
+    log = native._paths()[0].with_suffix(".log").read_text()
+    assert " -Wall -Wextra " in log.splitlines()[0]
+    assert str(native.CSRC / "loop.cpp") in log.splitlines()[0]  # the package's own file
+    assert "warning:" not in log, log
+
+
+def test_compiler_errors_name_the_real_file_and_line(tmp_path: Path) -> None:
+    """The compiler reads the sources where they are (never a copy), and the one line a
+    failed build gives is the compiler's first error, ``file:line:column: error: …``;
+    warnings are on (-Wall -Wextra) and land in the log. A small loop.cpp keeps it fast."""
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    (csrc / "loop.cpp").write_text(
+        "int f(int unused_parameter) {\n"
+        "  int unused_variable = 0;\n"
+        "  return 1;\n"
+        "}\n"
+        "int g() { return undeclared_name; }\n"
+    )
+    log = tmp_path / "build.log"
+    with pytest.raises(RuntimeError) as info:
+        native._compile(csrc, tmp_path / "x.so", log)
+    message = str(info.value)
+    assert message.startswith(f"{csrc / 'loop.cpp'}:5:"), message
+    assert "error:" in message and "undeclared_name" in message
+    assert message.endswith(f"(the compiler's output: {log})")
+    text = log.read_text()
+    assert f"{csrc / 'loop.cpp'}:1:" in text and "unused_parameter" in text  # -Wextra
+    assert f"{csrc / 'loop.cpp'}:2:" in text and "unused_variable" in text  # -Wall
+    assert not (tmp_path / "x.so").exists()
+
+
+def test_first_error_picks_the_error_line() -> None:
+    output = (
+        "In file included from /pkg/csrc/loop.cpp:18:\n"
+        "/pkg/csrc/gru.h: In function 'void f()':\n"
+        "/pkg/csrc/gru.h:26:29: error: 'x' was not declared in this scope\n"
+        "/pkg/csrc/gru.h:27:3: error: expected ';'\n"
+    )
+    assert (
+        native._first_error(output)
+        == "/pkg/csrc/gru.h:26:29: error: 'x' was not declared in this scope"
+    )
+    assert (
+        native._first_error("a\nb\nc\nld: cannot find -lc10\n") == "b | c | ld: cannot find -lc10"
+    )
+
+
+def test_the_cache_key_follows_every_source_file(tmp_path: Path, monkeypatch) -> None:
+    """A change to any header (not only loop.cpp) names a new library: a stale build is
+    never loaded for edited sources."""
+    before = native._paths()[0].name
+    for source in native._sources():
+        copy = tmp_path / source.parent.name
+        shutil.copytree(native.CSRC, copy, dirs_exist_ok=True)
+        (copy / source.name).write_text(source.read_text() + "\n// edited\n")
+        monkeypatch.setattr(native, "CSRC", copy)
+        assert native._paths()[0].name != before, source.name
+        monkeypatch.undo()
+    assert {p.name for p in native._sources()} >= {"loop.cpp", "gru.h", "lstm.h", "rnn.h"}

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import rnnkit
+from rnnkit import native
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,6 +55,9 @@ def test_wheel_contents(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert wheel.name.startswith(f"rnnkit-{rnnkit.__version__}-")
     assert "rnnkit/py.typed" in names
+    # The compiled loop's C++ sources: an installed wheel builds them on first use.
+    for source in native._sources():
+        assert f"rnnkit/csrc/{source.name}" in names, source.name
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(metadata).decode()
@@ -94,5 +98,9 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(wheel, tmp_path):
         "assert importlib.metadata.version('rnnkit') == rnnkit.__version__\n"
         "out = rnnkit.LSTM(3, 4)(torch.zeros(2, 5, 3)).outputs\n"
         "print(tuple(out.shape))\n"
+        # the installed sources are the checkout's (the same library name, a hash of
+        # them), and the compiled loop is there where the checkout has it
+        "print(rnnkit.native._paths()[0].name, rnnkit.native.available())\n"
     )
-    assert _run([str(python), "-c", probe], cwd=tmp_path, env=env).strip() == "(2, 5, 4)"
+    expected = f"(2, 5, 4)\n{native._paths()[0].name} {native.available()}"
+    assert _run([str(python), "-c", probe], cwd=tmp_path, env=env).strip() == expected

@@ -1,0 +1,120 @@
+// The LSTM: the forward and backward loops over time of one thread's row block.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "activations.h"
+#include "gemm.h"
+#include "steps.h"
+
+namespace {
+
+// gi..go: the input projections x_t W_ih^T on entry, the activated gates on exit (when
+// SAVE); si..so: the recurrent part h_{t-1} W_hh^T of this step; bi..bo: the bias.
+template <typename T, bool SAVE>
+void lstm_fwd_row(T* __restrict gi, T* __restrict gf, T* __restrict gg, T* __restrict go,
+                  const T* __restrict si, const T* __restrict sf, const T* __restrict sg,
+                  const T* __restrict so, const T* __restrict bi, const T* __restrict bf,
+                  const T* __restrict bg, const T* __restrict bo, const T* __restrict cp,
+                  T* __restrict cn, T* __restrict hn, T* __restrict tc, int64_t H) {
+  for (int64_t j = 0; j < H; ++j) {
+    const T i = sigm(gi[j] + bi[j] + si[j]), f = sigm(gf[j] + bf[j] + sf[j]);
+    const T g = tanh_(gg[j] + bg[j] + sg[j]), o = sigm(go[j] + bo[j] + so[j]);
+    const T c = f * cp[j] + i * g;
+    const T tcj = tanh_(c);
+    cn[j] = c;
+    hn[j] = o * tcj;
+    if constexpr (SAVE) {
+      gi[j] = i;
+      gf[j] = f;
+      gg[j] = g;
+      go[j] = o;
+      tc[j] = tcj;
+    }
+  }
+}
+
+template <typename T>
+void lstm_bwd_row(const T* __restrict gi, const T* __restrict gf, const T* __restrict gg,
+                  const T* __restrict go, const T* __restrict tc, const T* __restrict cp,
+                  T* __restrict dh, T* __restrict dc, T* __restrict di, T* __restrict df,
+                  T* __restrict dg, T* __restrict dout, int64_t H) {
+  for (int64_t j = 0; j < H; ++j) {
+    const T i = gi[j], f = gf[j], g = gg[j], o = go[j], tcj = tc[j], dhj = dh[j];
+    const T dct = dc[j] + dhj * o * (T(1) - tcj * tcj);
+    di[j] = dct * g * (i * (T(1) - i));
+    df[j] = dct * cp[j] * (f * (T(1) - f));
+    dg[j] = dct * i * (T(1) - g * g);
+    dout[j] = dhj * tcj * (o * (T(1) - o));
+    dc[j] = dct * f;
+    dh[j] = T(0);  // replaced by d_gates W_hh below
+  }
+}
+
+template <typename T>
+void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* hs, T* cs, T* tc,
+                       bool save, const bool* M, const Steps& S, int64_t Tn, int64_t B, int64_t H,
+                       int64_t r0, int64_t r1) {
+  const int64_t G = 4 * H;
+  rec += r0 * G;
+  for (int64_t t = 0; t < Tn; ++t) {
+    const int64_t bt = block_active(S.act[t], r0, r1);
+    T* g = xp + (S.row(t) + r0) * G;
+    const T* hp = hs + (t * B + r0) * H;
+    // without save, c ping-pongs between two rows (only the final one is returned)
+    const T* cp = cs + ((save ? t : t % 2) * B + r0) * H;
+    T* cn = cs + ((save ? t + 1 : (t + 1) % 2) * B + r0) * H;
+    T* hn = hs + ((t + 1) * B + r0) * H;
+    T* tct = tc + ((save ? S.row(t) : 0) + r0) * H;
+    const bool* m = M ? M + t * B + r0 : nullptr;
+    // The recurrent part into a small hot buffer: the projections are read once, below.
+    W.mm(bt, hp, H, T(0), rec, G);  // h_{t-1} W_hh^T
+    for (int64_t b = 0; b < bt; ++b) {
+      T* gb = g + b * G;
+      const T* sb = rec + b * G;
+      auto row = save ? lstm_fwd_row<T, true> : lstm_fwd_row<T, false>;
+      row(gb, gb + H, gb + 2 * H, gb + 3 * H, sb, sb + H, sb + 2 * H, sb + 3 * H, bias, bias + H,
+          bias + 2 * H, bias + 3 * H, cp + b * H, cn + b * H, hn + b * H, tct + b * H, H);
+      if (m && !m[b]) {  // a hole: hold the state
+        std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
+        std::memcpy(cn + b * H, cp + b * H, H * sizeof(T));
+      }
+    }
+    copy_rows(hn, hp, bt, r1 - r0, H);
+    copy_rows(cn, cp, bt, r1 - r0, H);
+    if (save && !S.packed()) zero_rows(tct, bt, r1 - r0, H);
+  }
+}
+
+template <typename T>
+void lstm_backward_impl(const T* gates, const T* tc, const T* cs, const StepMatrix<T>& W,
+                        const bool* M, const Steps& S, const T* dout, T* dxp, T* dh, T* dc,
+                        int64_t Tn, int64_t B, int64_t H, int64_t r0, int64_t r1) {
+  const int64_t G = 4 * H;
+  dh += r0 * H;
+  dc += r0 * H;
+  for (int64_t t = Tn - 1; t >= 0; --t) {
+    const int64_t bt = block_active(S.act[t], r0, r1);
+    const T* g = gates + (S.row(t) + r0) * G;
+    const T* tct = tc + (S.row(t) + r0) * H;
+    const T* cp = cs + (t * B + r0) * H;
+    T* dg = dxp + (S.row(t) + r0) * G;
+    const bool* m = M ? M + t * B + r0 : nullptr;
+    if (dout) add_into(dh, dout + (t * B + r0) * H, (r1 - r0) * H);
+    for (int64_t b = 0; b < bt; ++b) {
+      T* d = dg + b * G;
+      if (m && !m[b]) {  // a hole: no gate gradient, d_h and d_c pass through
+        std::memset(d, 0, G * sizeof(T));
+        continue;
+      }
+      const T* gb = g + b * G;
+      lstm_bwd_row<T>(gb, gb + H, gb + 2 * H, gb + 3 * H, tct + b * H, cp + b * H, dh + b * H,
+                      dc + b * H, d, d + H, d + 2 * H, d + 3 * H, H);
+    }
+    if (!S.packed()) zero_rows(dg, bt, r1 - r0, G);
+    W.mm(bt, dg, G, T(1), dh, H);  // d_h_prev += d_gates W_hh
+  }
+}
+
+}  // namespace
