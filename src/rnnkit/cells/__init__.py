@@ -1,7 +1,7 @@
 """Cells: one time step of the simple RNN, the LSTM and the GRU (hand-written backward steps)."""
 
 from rnnkit.cells.base import CellBase, check_cell_input
-from rnnkit.cells.gru import GRUCell, GRUKernel, gru_step
+from rnnkit.cells.gru import GRUCache, GRUCell, GRUKernel, gru_step, gru_step_backward
 from rnnkit.cells.kernel import Kernel, Weights, input_product, scratch
 from rnnkit.cells.lstm import LSTMCache, LSTMCell, LSTMKernel, lstm_step, lstm_step_backward
 from rnnkit.cells.rnn import (
@@ -16,6 +16,7 @@ from rnnkit.cells.rnn import (
 __all__ = [
     "NONLINEARITIES",
     "CellBase",
+    "GRUCache",
     "GRUCell",
     "GRUKernel",
     "Kernel",
@@ -28,6 +29,7 @@ __all__ = [
     "activate",
     "check_cell_input",
     "gru_step",
+    "gru_step_backward",
     "input_product",
     "lstm_step",
     "lstm_step_backward",

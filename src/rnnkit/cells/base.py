@@ -6,9 +6,13 @@ number of gate blocks: 1 (RNN), 4 (LSTM, order i,f,g,o), 3 (GRU, order r,z,n).
 
 Each concrete cell module also provides, side by side:
 
-* ``step``: one step in plain differentiable torch ops — the oracle for autograd tests;
-* ``step_into``: the same step writing into the preallocated buffers of the time loop;
-* ``step_backward``: the hand-written backward of one step used by the explicit BPTT.
+* ``rnn_step`` / ``lstm_step`` / ``gru_step``: one step in plain differentiable torch ops,
+  the oracle of the autograd tests (and the loop a traced graph holds);
+* ``rnn_step_backward`` / ``lstm_step_backward`` / ``gru_step_backward``: the readable
+  hand-written backward of that step (tested against autograd);
+* the kernel's ``step_into`` and ``step_backward``: the same step and backward writing
+  into the preallocated buffers of the time loop, the form the explicit BPTT runs. They,
+  and the compiled loop (``rnnkit.native``), are tested against the readable pair.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ Backward of one step with ``d_h`` = ∂L/∂h_t ("keep"; "candidate" swaps z and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple, overload
 
 import torch
 from torch import Tensor, nn
@@ -35,33 +35,112 @@ from rnnkit.amp import cell_step_in_weights_dtype
 from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.kernel import Weights, input_product, scratch
 
-__all__ = ["GRUCell", "GRUKernel", "gru_step"]
+__all__ = ["GRUCache", "GRUCell", "GRUKernel", "gru_step", "gru_step_backward"]
 
 UPDATES = ("candidate", "keep")
 RESETS = ("before", "after")
 
 
+class GRUCache(NamedTuple):
+    """What the backward of one GRU step needs besides ``h_{t-1}`` (the time loop keeps the
+    same per step: ``rz``, ``n`` and ``rec`` of ``GRUKernel``)."""
+
+    gates: Tensor  # (B, 3H) activated r, z, n
+    rec: Tensor  # (B, H): W_nh h_{t-1} + b_hn (reset="after") or r ⊙ h_{t-1} ("before")
+
+
+@overload
 def gru_step(
-    x: Tensor, h_prev: Tensor, w: Weights, update: str = "candidate", reset: str = "before"
-) -> Tensor:
+    x: Tensor,
+    h_prev: Tensor,
+    w: Weights,
+    update: str = ...,
+    reset: str = ...,
+    *,
+    return_cache: Literal[False] = ...,
+) -> Tensor: ...
+@overload
+def gru_step(
+    x: Tensor,
+    h_prev: Tensor,
+    w: Weights,
+    update: str = ...,
+    reset: str = ...,
+    *,
+    return_cache: Literal[True],
+) -> tuple[Tensor, GRUCache]: ...
+def gru_step(
+    x: Tensor,
+    h_prev: Tensor,
+    w: Weights,
+    update: str = "candidate",
+    reset: str = "before",
+    *,
+    return_cache: bool = False,
+) -> Tensor | tuple[Tensor, GRUCache]:
     """One GRU step in plain differentiable ops (the autograd oracle).
 
     Args:
         x: ``(B, I)``.  h_prev: ``(B, H)``.
+        return_cache: also return the ``GRUCache`` that ``gru_step_backward`` reads.
     Returns:
-        ``h_t (B, H)``.
+        ``h_t (B, H)``, or ``(h_t, cache)``.
     """
     H = h_prev.shape[1]
     xp = x @ w.weight_ih.T + w.bias  # (B, 3H)
     W_rz, W_n = w.weight_hh[: 2 * H], w.weight_hh[2 * H :]
     r, z = torch.sigmoid(xp[:, : 2 * H] + h_prev @ W_rz.T).chunk(2, dim=1)
     if reset == "before":
-        n = torch.tanh(xp[:, 2 * H :] + (r * h_prev) @ W_n.T)
+        rec = r * h_prev
+        n = torch.tanh(xp[:, 2 * H :] + rec @ W_n.T)
     else:
-        n = torch.tanh(xp[:, 2 * H :] + r * (h_prev @ W_n.T + w.bias_hn))
-    if update == "candidate":
-        return (1 - z) * h_prev + z * n
-    return z * h_prev + (1 - z) * n
+        rec = h_prev @ W_n.T + w.bias_hn
+        n = torch.tanh(xp[:, 2 * H :] + r * rec)
+    h = (1 - z) * h_prev + z * n if update == "candidate" else z * h_prev + (1 - z) * n
+    if return_cache:
+        return h, GRUCache(torch.cat([r, z, n], dim=1), rec)
+    return h
+
+
+def gru_step_backward(
+    d_h: Tensor,
+    h_prev: Tensor,
+    cache: GRUCache,
+    w: Weights,
+    update: str = "candidate",
+    reset: str = "before",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Readable backward of one step (the module docstring's equations).
+
+    Args:
+        d_h: ∂L/∂h_t ``(B, H)``.  h_prev: ``h_{t-1}``.  cache: from ``gru_step``.
+    Returns:
+        ``(d_gates (B, 3H), d_h_prev (B, H), d_hn (B, H))``: ``d_gates`` is ∂L/∂ of the
+        input pre-activations ``W_x x_t + b`` of r, z, n (also ∂L/∂ of the recurrent ones
+        ``W_rz h_{t-1}`` of r and z); ``d_hn`` is ∂L/∂ of the n block's recurrent product,
+        ``W_nh h_{t-1} + b_hn`` (after) or ``W_nh (r ⊙ h_{t-1})`` (before). So
+        ``∂L/∂W_nh = d_hnᵀ h_{t-1}`` (after) or ``d_hnᵀ (r ⊙ h_{t-1})`` (before) and
+        ``∂L/∂b_hn = Σ d_hn``.
+    """
+    H = h_prev.shape[1]
+    r, z, n = cache.gates.chunk(3, dim=1)
+    W_rz, W_n = w.weight_hh[: 2 * H], w.weight_hh[2 * H :]
+    if update == "candidate":  # h_t = (1 − z) ⊙ h_{t-1} + z ⊙ n
+        d_z, d_n, d_h_prev = d_h * (n - h_prev), d_h * z, d_h * (1 - z)
+    else:  # h_t = z ⊙ h_{t-1} + (1 − z) ⊙ n
+        d_z, d_n, d_h_prev = d_h * (h_prev - n), d_h * (1 - z), d_h * z
+    d_an = d_n * (1 - n * n)
+    if reset == "after":  # n = tanh(a_n + r ⊙ rec), rec = W_nh h_{t-1} + b_hn
+        d_r = d_an * cache.rec
+        d_hn = d_an * r
+        d_h_prev = d_h_prev + d_hn @ W_n
+    else:  # n = tanh(a_n + W_nh rec), rec = r ⊙ h_{t-1}
+        d_rec = d_an @ W_n
+        d_r = d_rec * h_prev
+        d_hn = d_an
+        d_h_prev = d_h_prev + d_rec * r
+    d_gates = torch.cat([d_r * r * (1 - r), d_z * z * (1 - z), d_an], dim=1)
+    return d_gates, d_h_prev + d_gates[:, : 2 * H] @ W_rz, d_hn
 
 
 class _Prepared(NamedTuple):

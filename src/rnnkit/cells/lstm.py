@@ -19,7 +19,7 @@ coming from step t+1 and the output:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple, overload
 
 import torch
 from torch import Tensor
@@ -39,23 +39,48 @@ class LSTMCache(NamedTuple):
     tanh_c: Tensor  # (B, H)
 
 
-def lstm_step(x: Tensor, state: LSTMState, w: Weights) -> LSTMState:
+@overload
+def lstm_step(
+    x: Tensor, state: LSTMState, w: Weights, *, return_cache: Literal[False] = ...
+) -> LSTMState: ...
+@overload
+def lstm_step(
+    x: Tensor, state: LSTMState, w: Weights, *, return_cache: Literal[True]
+) -> tuple[LSTMState, LSTMCache]: ...
+def lstm_step(
+    x: Tensor, state: LSTMState, w: Weights, *, return_cache: bool = False
+) -> LSTMState | tuple[LSTMState, LSTMCache]:
     """One step in plain differentiable ops (the autograd oracle).
 
     Args:
         x: ``(B, I)``.  state: ``LSTMState(h, c)``, each ``(B, H)``.
+        return_cache: also return the ``LSTMCache`` that ``lstm_step_backward`` reads.
+    Returns:
+        ``LSTMState(h_t, c_t)``, or ``(state, cache)``.
     """
     a = x @ w.weight_ih.T + state.h @ w.weight_hh.T + w.bias  # (B, 4H)
     a_i, a_f, a_g, a_o = a.chunk(4, dim=1)
     i, f, g, o = torch.sigmoid(a_i), torch.sigmoid(a_f), torch.tanh(a_g), torch.sigmoid(a_o)
     c = f * state.c + i * g
-    return LSTMState(o * torch.tanh(c), c)
+    tanh_c = torch.tanh(c)
+    new = LSTMState(o * tanh_c, c)
+    if return_cache:
+        return new, LSTMCache(torch.cat([i, f, g, o], dim=1), tanh_c)
+    return new
 
 
 def lstm_step_backward(
     d_h: Tensor, d_c: Tensor, c_prev: Tensor, cache: LSTMCache, w: Weights
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Readable backward of one step: ``(d_gates (B, 4H), d_h_prev, d_c_prev)``."""
+    """Readable backward of one step (the module docstring's equations).
+
+    Args:
+        d_h, d_c: ∂L/∂h_t and ∂L/∂c_t ``(B, H)``.  c_prev: ``c_{t-1}``.
+        cache: from ``lstm_step``.
+    Returns:
+        ``(d_gates (B, 4H), d_h_prev, d_c_prev)``: ``d_gates`` is ∂L/∂ of the gates'
+        pre-activations ``W_x x_t + W_h h_{t-1} + b`` (order i, f, g, o).
+    """
     i, f, g, o = cache.gates.chunk(4, dim=1)
     d_c = d_c + d_h * o * (1 - cache.tanh_c**2)
     d_i = d_c * g * i * (1 - i)

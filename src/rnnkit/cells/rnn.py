@@ -58,8 +58,16 @@ def rnn_step(x: Tensor, h_prev: Tensor, w: Weights, nonlinearity: str = "tanh") 
     return activate(a, nonlinearity)
 
 
-def rnn_step_backward(d_h: Tensor, h: Tensor, w: Weights, nonlinearity: str = "tanh"):
-    """Backward of one step: returns ``(d_a, d_h_prev)``, both ``(B, H)``."""
+def rnn_step_backward(
+    d_h: Tensor, h: Tensor, w: Weights, nonlinearity: str = "tanh"
+) -> tuple[Tensor, Tensor]:
+    """Readable backward of one step (the module docstring's equations).
+
+    Args:
+        d_h: ∂L/∂h_t ``(B, H)``.  h: ``h_t``, the step's output (φ' is read from it).
+    Returns:
+        ``(d_a, d_h_prev)``, both ``(B, H)``: ∂L/∂a_t (the pre-activation) and ∂L/∂h_{t-1}.
+    """
     d_a = d_h * derivative(h, nonlinearity)
     return d_a, d_a @ w.weight_hh
 
