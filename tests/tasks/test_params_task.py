@@ -16,7 +16,13 @@ import torch
 
 from rnnkit.cli.main import main
 from rnnkit.data.events import read_sessions
-from rnnkit.tasks.params import MIN_ERROR_STD, _collect, _fit_key, load_params
+from rnnkit.tasks.params import (
+    MIN_ERROR_STD,
+    _collect,
+    _fit_key,
+    load_params,
+    session_threshold,
+)
 from rnnkit.tasks.regress import load_regressor
 from rnnkit.thresholds import normal_quantile
 
@@ -211,12 +217,57 @@ def test_evaluate_predict_and_confidence(data: Path, runs: tuple[Path, Path], ca
     assert code == 0, err
     record = json.loads(out)
     assert record["params"]["verdict"] == "anomalous" and record["verdict"] == "anomalous"
-    # A params run alone, and its confidence re-picked: z grows with it.
+    # A params run alone, and its confidence re-picked: z grows with it, and the session
+    # threshold is never below it.
+    t = json.loads((params / "thresholds.json").read_text())["session_score"]
     code, out, _ = cli(capsys, "score", "--checkpoint", str(params), "--data", str(lines),
                        "--confidence", "0.999")  # fmt: skip
     assert code == 0
-    assert json.loads(out)["threshold"] == pytest.approx(normal_quantile(0.9995))
+    assert json.loads(out)["threshold"] == pytest.approx(max(normal_quantile(0.9995), t))
     assert load_params(params).confidence == 0.99
+
+
+def test_the_session_threshold_holds_the_target_rate_on_validation(
+    data: Path, runs: tuple[Path, Path], capsys
+) -> None:
+    """t: at most ⌊α n⌋ of the n normal validation sessions score above it, and the
+    verdict is score > max(z, t); --target-fpr re-picks t from the stored scores."""
+    from safetensors.numpy import load_file
+
+    params, _ = runs
+    normal = load_file(str(params / "valid_scores.safetensors"))["normal"]
+    doc = json.loads((params / "thresholds.json").read_text())
+    assert doc["target_fpr"] == 0.01 and doc["method"] == "quantile"
+    t = doc["session_score"]
+    assert len(normal) == 30 and int(np.sum(normal > t)) == 0  # ⌊0.01 · 30⌋ = 0
+    assert t >= float(np.max(normal))
+    summary = json.loads((params / "summary.json").read_text())
+    z = normal_quantile(0.995)
+    assert summary["session_threshold"] == pytest.approx(max(z, t))
+    assert summary["validation_fpr"]["false_positives"] == 0
+    # Re-picked at 0.2: 6 of the 30 may lie above; the 7th largest is at or below t.
+    code, out, err = cli(capsys, "score", "--checkpoint", str(params), "--data",
+                         str(data / "test.jsonl"), "--target-fpr", "0.2")  # fmt: skip
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    limit = records[0]["threshold"]
+    ranked = np.sort(normal)[::-1]
+    if limit > z:
+        assert int(np.sum(normal > limit)) == 6 and ranked[6] <= limit < ranked[5]
+    for r in records:
+        assert r["verdict"] == ("anomalous" if (r["score"] or -np.inf) > limit else "normal")
+        assert r["anomalous_vectors"] > 0 or r["verdict"] == "normal"
+
+
+def test_session_threshold_by_hand() -> None:
+    """Empirical quantile over the sessions' scores; sessions with no checked vector
+    (−inf) count as below any threshold; none checked at all leaves z alone."""
+    t, how = session_threshold(np.array([0.5, 3.0, 1.0, -np.inf, 2.0]), 0.2)
+    assert how == "empirical quantile" and 2.0 < t < 3.0  # one of five above
+    t, _ = session_threshold(np.array([0.5, 3.0, -np.inf, -np.inf, -np.inf]), 0.2)
+    assert 0.5 < t < 3.0
+    t, how = session_threshold(np.array([-np.inf, -np.inf]), 0.1)
+    assert t == -np.inf and how == "no validation vector was checked"
 
 
 @pytest.mark.parametrize(
@@ -257,6 +308,15 @@ def test_bad_input_is_one_line_with_file_and_line(
         ),
         (["--task", "params", "--confidence", "1.5"], "--confidence must be in (0, 1), got 1.5"),
         (["--task", "params", "--embedding", "4"], "--embedding does not apply to --task params"),
+        (
+            ["--task", "params", "--top-g", "3"],
+            "--top-g does not apply to --task params (only to: events)",
+        ),
+        (["--task", "params", "--target-fpr", "2"], "--target-fpr must be in (0, 1), got 2.0"),
+        (
+            ["--task", "regress", "--target-fpr", "0.1"],
+            "--target-fpr does not apply to --task regress (only to: events, params)",
+        ),
     ],
 )
 def test_bad_options_are_refused(data: Path, capsys, argv, message, tmp_path: Path) -> None:
@@ -281,3 +341,31 @@ def test_report_shows_each_key_and_the_errors(runs: tuple[Path, Path]) -> None:
     assert "req=&lt;SESSION&gt; read chunk took &lt;NUM&gt; ms" in section
     assert "mean + 2.576 standard deviations" in section
     assert section[: section.index("</section>")].count("<img") == 1  # no labelled anomalies
+
+
+def test_target_rate_and_method_from_the_command_line_and_a_config_file(
+    data: Path, capsys, tmp_path: Path
+) -> None:
+    out = tmp_path / "p"
+    config = tmp_path / "params.toml"
+    config.write_text('task = "params"\ntarget-fpr = 0.1\nthreshold-method = "gpd"\n')
+    code, text, err = cli(capsys, "train", "--config", str(config), "--train",
+                          str(data / "train.jsonl"), "--valid", str(data / "valid.jsonl"),
+                          "--out", str(out), "--epochs", "2", *TINY,
+                          "--print-config")  # fmt: skip
+    assert code == 0, err
+    assert "target-fpr = 0.1" in text and 'threshold-method = "gpd"' in text
+    code, _, err = cli(capsys, "train", "--config", str(config), "--train",
+                       str(data / "train.jsonl"), "--valid", str(data / "valid.jsonl"),
+                       "--out", str(out), "--epochs", "2", *TINY)  # fmt: skip
+    assert code == 0, err
+    doc = json.loads((out / "thresholds.json").read_text())
+    assert (doc["target_fpr"], doc["method"]) == (0.1, "gpd")
+    # 0.1 of 30 sessions is 3, fewer than the 10 the tail is fitted to: the tail fit.
+    from safetensors.numpy import load_file
+
+    from rnnkit.thresholds import gpd_threshold
+
+    normal = load_file(str(out / "valid_scores.safetensors"))["normal"]
+    assert doc["session_how"].startswith("generalized Pareto tail")
+    assert doc["session_score"] == pytest.approx(gpd_threshold(normal, 0.1).quantile(0.1))

@@ -189,7 +189,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--target-fpr",
         type=float,
-        help="re-pick thresholds at this false-positive rate from the run's validation scores",
+        help="re-pick thresholds at this false-positive rate from the run's validation scores "
+        "(a params run as --checkpoint: its session threshold)",
     )
     p.add_argument(
         "--threshold-method",
@@ -211,7 +212,8 @@ def register(subparsers: Any) -> None:
         "--confidence",
         type=float,
         metavar="C",
-        help="the params run's confidence interval, re-picked (default: the run's)",
+        help="the params run's per-vector confidence interval, re-picked (default: the "
+        "run's); the session threshold is never below its bound",
     )
     g = p.add_argument_group("streaming")
     g.add_argument(
@@ -383,12 +385,11 @@ def _run_batch(config: ScoreConfig, run: Any, params_run: Any = None) -> int:
 
 def _run_params(config: ScoreConfig) -> int:
     """A params run alone: one record per session."""
-    from rnnkit.tasks.params import load_params, score_sessions
+    from rnnkit.tasks.params import load_params, repick_session_score, score_sessions
 
     for flag, value in (
         ("--ngram", config.ngram),
         ("--score", config.score),
-        ("--target-fpr", config.target_fpr),
         ("--threshold", config.threshold),
         ("--params", config.params),
     ):
@@ -397,6 +398,12 @@ def _run_params(config: ScoreConfig) -> int:
     if config.follow or config.source != "sessions":
         raise ConfigError("a params run scores JSON-lines sessions in batch (no --follow, strace)")
     run = load_params(config.checkpoint)
+    session_score = None
+    if config.target_fpr is not None:
+        session_score = repick_session_score(
+            config.checkpoint, config.target_fpr, config.threshold_method or "quantile"
+        )
+    limit = run.limit(config.confidence, session_score)
     count = anomalous = 0
     for record in score_sessions(
         run,
@@ -404,6 +411,7 @@ def _run_params(config: ScoreConfig) -> int:
         batch_size=config.batch_size,
         top_k=config.top,
         confidence=config.confidence,
+        session_score=session_score,
     ):
         count += 1
         anomalous += record["verdict"] == "anomalous"
@@ -412,8 +420,9 @@ def _run_params(config: ScoreConfig) -> int:
         raise DataError("no sessions (the input is empty)", config.data)
     if not config.quiet:
         _note(
-            f"{count} session(s), {anomalous} anomalous (a parameter vector above its key's "
-            f"{config.confidence or run.confidence:g} interval)"
+            f"{count} session(s), {anomalous} anomalous (largest error z above {limit:.4g}: "
+            f"the validated session threshold, at least the "
+            f"{config.confidence or run.confidence:g} interval's {run.z(config.confidence):.4g})"
         )
     return 0
 

@@ -432,14 +432,14 @@ def _add_events_options(p: argparse.ArgumentParser) -> None:
     from rnnkit.anomaly import SCORES
     from rnnkit.thresholds import THRESHOLD_METHODS
 
-    g = p.add_argument_group("anomaly detection (--task events)")
+    g = p.add_argument_group("anomaly detection (--task events; params: the two marked)")
     g.add_argument(
         "--target-fpr",
         dest="events_target_fpr",
         type=float,
         metavar="A",
         help="false-positive rate the thresholds aim at on normal validation sessions "
-        "(default 0.01)",
+        "(default 0.01; params too: its session threshold)",
     )
     g.add_argument(
         "--top-g",
@@ -467,12 +467,30 @@ def _add_events_options(p: argparse.ArgumentParser) -> None:
         dest="events_threshold_method",
         choices=THRESHOLD_METHODS,
         help="quantile: the empirical one (default); gpd: a generalized Pareto fit of the "
-        "validation scores' tail, for rates the validation sessions are too few to show",
+        "validation scores' tail, for rates the validation sessions are too few to show "
+        "(params too)",
     )
 
 
 #: ``--task params`` options: command-line name -> key of the config's ``extra``.
-PARAMS_OPTIONS = {"params_confidence": "confidence"}
+PARAMS_OPTIONS = {
+    "params_confidence": "confidence",
+    "events_target_fpr": "target_fpr",
+    "events_threshold_method": "threshold",
+}
+#: Each option kept in the config's ``extra``: destination -> (its key there, the tasks
+#: it applies to).
+EXTRA_OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    dest: (
+        key,
+        tuple(
+            t
+            for t, table in (("events", EVENTS_OPTIONS), ("params", PARAMS_OPTIONS))
+            if dest in table
+        ),
+    )
+    for dest, key in {**EVENTS_OPTIONS, **PARAMS_OPTIONS}.items()
+}
 
 
 def _add_params_options(p: argparse.ArgumentParser) -> None:
@@ -490,17 +508,16 @@ def _add_params_options(p: argparse.ArgumentParser) -> None:
 def _events_extra(args: argparse.Namespace) -> dict[str, Any]:
     """The ``--task events`` (or ``params``) options given, as the config's ``extra``."""
     extra: dict[str, Any] = {}
-    for task, table in (("events", EVENTS_OPTIONS), ("params", PARAMS_OPTIONS)):
-        given = {
-            key: getattr(args, name)
-            for name, key in table.items()
-            if getattr(args, name, None) is not None
-        }
-        if given and args.task != task:
-            first = next(k for k in table if getattr(args, k, None) is not None)
-            flag = "--" + first.removeprefix(f"{task}_").replace("_", "-")
-            raise ConfigError(f"{flag} does not apply to --task {args.task} (only to: {task})")
-        extra.update(given)
+    for dest, (key, tasks) in EXTRA_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if args.task not in tasks:
+            flag = "--" + dest.split("_", 1)[1].replace("_", "-")
+            raise ConfigError(
+                f"{flag} does not apply to --task {args.task} (only to: {', '.join(tasks)})"
+            )
+        extra[key] = value
     return extra
 
 
@@ -583,7 +600,13 @@ def _print_params(summary: dict[str, Any]) -> None:
     )
     print(
         f"threshold: a vector's error above the {summary['confidence']:g} interval of its "
-        f"key's validation errors (mean + {summary['z']:.4g} standard deviations)"
+        f"key's validation errors (mean + {summary['z']:.4g} standard deviations); a "
+        f"session's largest error above {summary['session_threshold']:.4g} standard "
+        f"deviations (target FPR {summary['target_fpr']:g}; "
+        f"{summary['session_threshold_how']})"
+        if "session_threshold" in summary
+        else f"threshold: a vector's error above the {summary['confidence']:g} interval of "
+        f"its key's validation errors (mean + {summary['z']:.4g} standard deviations)"
     )
     fpr = summary["validation_fpr"]
     lo, hi = fpr["interval95"]
@@ -752,9 +775,10 @@ def effective_options(
     values: dict[str, Any] = {}
     for action in file_actions(parser):
         dest = action.dest
-        if dest in EVENTS_OPTIONS:
-            if cfg.task == "events":
-                values[dest] = cfg.extra.get(EVENTS_OPTIONS[dest])
+        if dest in EXTRA_OPTIONS:
+            key, tasks = EXTRA_OPTIONS[dest]
+            if cfg.task in tasks:
+                values[dest] = cfg.extra.get(key)
         elif dest == "no_clip":
             values[dest] = cfg.clip_norm is None
         elif dest in CONFIG_FIELDS:
@@ -795,7 +819,7 @@ def run(args: argparse.Namespace) -> int:
 
         given = set(explicit) if explicit is not None else set()
         origins = apply_config_file(parser, args, given, args.config)
-        for dest, key in EVENTS_OPTIONS.items():  # the events task names them by these keys
+        for dest, (key, _) in EXTRA_OPTIONS.items():  # the tasks name them by these keys
             if dest in origins:
                 origins[key] = origins[dest]
         if explicit is not None:  # options from the file are given, as if typed

@@ -220,6 +220,9 @@ def params_sections(run: Run) -> list[tuple[str, str, str]]:
         doc = json.loads(thresholds_path.read_text(encoding="utf-8"))
         arrays = load_file(str(scores_path))
         z = float(doc["z"])
+        # The session threshold max(z, t); a run from before it had one: z alone.
+        t = doc.get("session_score")
+        limit = z if t is None else max(z, float(t))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         run.notes.append(f"The parameter-value section is missing: {exc}")
         return []
@@ -238,8 +241,16 @@ def params_sections(run: Run) -> list[tuple[str, str, str]]:
     body = (
         f"<p>One recurrent regressor per key; a vector is anomalous when its prediction "
         f"error is above the {doc['confidence']:g} confidence interval of its key's "
-        f"validation errors (mean + {z:.4g} standard deviations), a session when any of "
-        f"its vectors is.</p>"
+        f"validation errors (mean + {z:.4g} standard deviations). A session's score is "
+        f"its largest error in standard deviations; it is anomalous above "
+        f"<b>{limit:.4g}</b>"
+        + (
+            f", the score at most {doc['target_fpr']:g} of the normal validation sessions "
+            f"exceed ({esc(str(doc.get('session_how', '')))}), and never below the "
+            "per-vector bound.</p>"
+            if t is not None and float(t) > z
+            else ", the per-vector bound: a session is anomalous when any of its vectors is.</p>"
+        )
     )
     header = ["key", "training vectors", "validation vectors", "values modelled"]
     body += _raw_table(rows, [*header, "error mean", "error std", "bound"])
@@ -254,9 +265,12 @@ def params_sections(run: Run) -> list[tuple[str, str, str]]:
         lo, hi = fpr["interval95"]
         body += (
             f"<p>On the validation sessions <b>{fpr['false_positives']} of {fpr['sessions']}"
-            f"</b> normal sessions hold a vector above its bound: a false-positive rate "
-            f"between <b>{lo:.2%} and {hi:.2%}</b> (95 % Clopper–Pearson). The bound is per "
-            "vector: a session of many vectors has as many chances to cross it.</p>"
+            f"</b> normal sessions score above the session threshold: a false-positive rate "
+            f"between <b>{lo:.2%} and {hi:.2%}</b> (95 % Clopper–Pearson; these sessions "
+            "also chose the threshold, so the rate on new sessions is the one to trust). "
+            "The per-vector bound alone would flag "
+            f"<b>{int(np.sum(arrays.get('normal', np.zeros(0)) > z))}</b>: a session of many "
+            "vectors has as many chances to cross it.</p>"
         )
     vz = arrays.get("valid_z", np.zeros(0))
     body += image(
@@ -275,7 +289,7 @@ def params_sections(run: Run) -> list[tuple[str, str, str]]:
         labels = np.r_[np.zeros(normal.size), np.ones(anomalous.size)]
         scores = np.r_[normal, anomalous]
         finite = np.where(np.isfinite(scores), scores, -1e9)
-        at = detection_metrics(finite, labels, z)
+        at = detection_metrics(finite, labels, limit)
         fpr_c, tpr, _ = roc_curve(finite, labels)
         recall, precision, _ = precision_recall_curve(finite, labels)
         body += image(
@@ -293,13 +307,13 @@ def params_sections(run: Run) -> list[tuple[str, str, str]]:
             ),
             "ROC and precision-recall curves of the parameter-value model",
             "Session score: the largest error z of its vectors; the dot is the verdict at "
-            "the bound.",
+            "the session threshold.",
         )
         panel = ("parameter values", normal[np.isfinite(normal)], anomalous[np.isfinite(anomalous)])
         body += image(
-            plots.plot_score_histograms([(*panel, z)], score="largest error z"),
+            plots.plot_score_histograms([(*panel, limit)], score="largest error z"),
             "session scores, normal against anomalous",
             "Session scores of normal (blue) and anomalous (red) validation sessions; the "
-            "dashed line is the bound.",
+            "dashed line is the session threshold.",
         )
     return [section("params", "Parameter values", body)]

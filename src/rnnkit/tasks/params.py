@@ -26,8 +26,15 @@ For each key ``k`` (an event: a log template) of the normal training sessions:
    (``--confidence``, default 0.99). An error below the interval is a better prediction
    than usual, never an anomaly.
 
-A session's **score** is the largest ``(e − μ_k) / σ_k`` over its checked vectors, and it
-is anomalous when that is above ``z`` (when any vector is). Events of keys without a
+A session's **score** is the largest ``(e − μ_k) / σ_k`` over its checked vectors. The
+interval is per vector, and a session has many: with ~10 vectors a session and errors
+(squares) skewed to the right, a per-vector ``c`` of 0.99 flags a fifth of normal
+sessions. So a session is **anomalous** when its score is above the *session threshold*
+``max(z, t)``: ``t`` is picked on the validation sessions' scores at ``--target-fpr``
+(default 0.01; ``--threshold-method`` quantile or a generalized Pareto tail fit, as the
+``events`` task), and ``z`` keeps the rule that a session with no vector outside its
+interval is never anomalous. DeepLog's own rule (any vector outside its interval) is the
+record's ``anomalous_vectors > 0``. Events of keys without a
 model (unseen in training, or too rare: fewer than :data:`MIN_TRAIN_VECTORS` training or
 :data:`MIN_VALID_VECTORS` validation vectors) are counted, not checked: an unseen key is
 the key-sequence model's to flag. A value missing (``null``) where training always had a
@@ -42,7 +49,8 @@ interleaved with it.
 
 Run directory: ``config.json``, ``keys.json`` (per key: its dims, normalisation, error
 Gaussian and sub-run), ``keys/NNN/`` (a ``regress`` run per key), ``thresholds.json``
-(confidence, ``z``, each key's error bound), ``valid_scores.safetensors`` (the validation
+(confidence, ``z``, each key's error bound, the target rate and the session threshold),
+``valid_scores.safetensors`` (the validation
 sessions' scores and every validation vector's ``z``: the report's figures),
 ``summary.json``.
 """
@@ -74,7 +82,13 @@ from rnnkit.models.regressor import Regressor
 from rnnkit.tasks.events import validation_fpr
 from rnnkit.tasks.regress import fit_sequences, load_regressor
 from rnnkit.tasks.run import guarded_run, load_config, save_config
-from rnnkit.thresholds import GaussianFit, fit_gaussian, normal_quantile
+from rnnkit.thresholds import (
+    THRESHOLD_METHODS,
+    GaussianFit,
+    fit_gaussian,
+    normal_quantile,
+    pick_threshold,
+)
 from rnnkit.training.checkpoint import atomic_write_json, load_arrays, read_json
 
 __all__ = [
@@ -86,12 +100,14 @@ __all__ = [
     "evaluate",
     "load_params",
     "predictor",
+    "repick_session_score",
     "score_sessions",
+    "session_threshold",
     "train",
 ]
 
 #: Options read from ``cfg.extra`` and their defaults.
-DEFAULTS: dict[str, Any] = {"confidence": 0.99}
+DEFAULTS: dict[str, Any] = {"confidence": 0.99, "target_fpr": 0.01, "threshold": "quantile"}
 #: Fewest training vectors a key is modelled from.
 MIN_TRAIN_VECTORS = 10
 #: Fewest validation vectors a key's error Gaussian is fitted to.
@@ -114,6 +130,12 @@ def options(cfg: TrainConfig) -> dict[str, Any]:
         raise ConfigError(f"unknown params option(s) {unknown} (known: {sorted(DEFAULTS)})")
     opts = {**DEFAULTS, **cfg.extra}
     check_confidence(opts["confidence"])
+    check_target_fpr(opts["target_fpr"])
+    if opts["threshold"] not in THRESHOLD_METHODS:
+        raise ConfigError(
+            f"--threshold-method must be one of {', '.join(THRESHOLD_METHODS)}, "
+            f"got {opts['threshold']!r}"
+        )
     return opts
 
 
@@ -122,6 +144,34 @@ def check_confidence(c: Any) -> float:
     if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < 1:
         raise ConfigError(f"--confidence must be in (0, 1), got {c!r}")
     return float(c)
+
+
+def check_target_fpr(f: Any) -> float:
+    """``f`` if it is a rate in (0, 1), else a ConfigError."""
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1:
+        raise ConfigError(f"--target-fpr must be in (0, 1), got {f!r}")
+    return float(f)
+
+
+def session_threshold(
+    valid_scores: np.ndarray, target_fpr: float, method: str = "quantile"
+) -> tuple[float, str]:
+    """The session score ``t`` above which at most ``target_fpr`` of the normal validation
+    sessions lie (:func:`rnnkit.thresholds.pick_threshold`), and how it was found.
+
+    Sessions with no checked vector (score ``−inf``) count as normal sessions below any
+    threshold; with none checked at all, ``t = −inf`` (then ``z`` alone decides).
+
+    >>> session_threshold(np.array([0.5, 3.0, 1.0, -np.inf, 2.0]), 0.2)
+    (2.0001, 'empirical quantile')
+    """
+    scores = np.asarray(valid_scores, dtype=np.float64)
+    finite = scores[np.isfinite(scores)]
+    if not finite.size:
+        return -math.inf, "no validation vector was checked"
+    # −inf cannot be sorted into a tail fit: below every real score is all that matters.
+    floor = float(finite.min()) - 1.0
+    return pick_threshold(np.where(np.isfinite(scores), scores, floor), target_fpr, method)
 
 
 # ---- keys ------------------------------------------------------------------------------
@@ -426,9 +476,13 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
             "skipped": skipped,
         },
     )
-    thresholds = _write_thresholds(out, opts["confidence"], keys, len(valid))
-    run = ParamsModel(cfg, keys, skipped, opts["confidence"], thresholds)
+    run = ParamsModel(cfg, keys, skipped, opts["confidence"], {})
     valid_scores = np.array([r["_score"] for r in _score_items(run, valid, cfg.batch_size)])
+    t, how = session_threshold(valid_scores, opts["target_fpr"], opts["threshold"])
+    run.thresholds = _write_thresholds(
+        out, opts["confidence"], keys, len(valid), opts["target_fpr"], opts["threshold"], t, how
+    )
+    limit = run.limit()
     arrays = {
         "normal": valid_scores,
         "valid_z": np.concatenate([np.concatenate(v) for v in valid_z.values()]),
@@ -446,6 +500,9 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         "parameters": parameters,
         "confidence": opts["confidence"],
         "z": z,
+        "target_fpr": opts["target_fpr"],
+        "session_threshold": limit,
+        "session_threshold_how": how if t >= z else f"z (above {how}: {t:.4g})",
         "keys": {
             "modelled": len(keys),
             "skipped": len(skipped),
@@ -458,20 +515,27 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
             "excluded_anomalous": excluded,
             "valid_anomalous": len(valid_anomalous),
         },
-        "validation_fpr": validation_fpr(valid_scores, z, 1 - opts["confidence"]),
+        "validation_fpr": validation_fpr(valid_scores, limit, opts["target_fpr"]),
         "skipped_keys": skipped[:20],
     }
     if anomalous_scores is not None:
         labels = np.r_[np.zeros(len(valid_scores)), np.ones(len(anomalous_scores))]
         summary_doc["valid_detection"] = detection_metrics(
-            np.r_[valid_scores, anomalous_scores], labels, z
+            np.r_[valid_scores, anomalous_scores], labels, limit
         )
     atomic_write_json(out / "summary.json", summary_doc)
     return summary_doc
 
 
 def _write_thresholds(
-    out: Path, confidence: float, keys: list[KeyModel], valid_sessions: int
+    out: Path,
+    confidence: float,
+    keys: list[KeyModel],
+    valid_sessions: int,
+    target_fpr: float,
+    method: str,
+    t: float,
+    how: str,
 ) -> dict[str, Any]:
     z = normal_quantile((1 + confidence) / 2)
     doc = {
@@ -481,6 +545,11 @@ def _write_thresholds(
         "z": z,
         "valid_sessions": valid_sessions,
         "bounds": {k.key: k.bound(z) for k in keys},
+        "target_fpr": target_fpr,
+        "method": method,
+        # JSON has no infinity: None when no validation vector was checked.
+        "session_score": t if math.isfinite(t) else None,
+        "session_how": how,
     }
     atomic_write_json(out / "thresholds.json", doc)
     return doc
@@ -504,8 +573,15 @@ class ParamsModel:
         self.widths = {k.key: k.width for k in self.keys}
 
     def z(self, confidence: float | None = None) -> float:
-        """The session threshold (in error standard deviations) at a confidence."""
+        """The per-vector bound (in error standard deviations) at a confidence."""
         return normal_quantile((1 + (confidence or self.confidence)) / 2)
+
+    def limit(self, confidence: float | None = None, session_score: float | None = None) -> float:
+        """The session threshold ``max(z, t)``: ``t`` the run's validated session score
+        (or ``session_score``); a run written before it had one uses ``z`` alone."""
+        t = session_score if session_score is not None else self.thresholds.get("session_score")
+        z = self.z(confidence)
+        return z if t is None else max(z, float(t))
 
 
 def load_params(run_dir: str | Path, device: str = "cpu") -> ParamsModel:
@@ -545,9 +621,11 @@ def _score_items(
     batch_size: int = 64,
     top_k: int = 3,
     confidence: float | None = None,
+    session_score: float | None = None,
 ) -> list[dict[str, Any]]:
     """The verdict record of each session (in order), ``_score`` the float score."""
     z_limit = run.z(confidence)
+    limit = run.limit(confidence, session_score)
     occ = _collect(items, run.widths)
     # Which session each key's occurrence belongs to (the same order as _collect's).
     owner: dict[str, list[int]] = {}
@@ -616,8 +694,8 @@ def _score_items(
         top = sorted(rec.pop("_top"), key=lambda t: -t["z"])[:top_k]
         score = rec["_score"]
         rec["score"] = None if score == -math.inf else score
-        rec["verdict"] = "anomalous" if score > z_limit else "normal"
-        rec["threshold"] = z_limit
+        rec["verdict"] = "anomalous" if score > limit else "normal"
+        rec["threshold"] = limit
         rec["top"] = top
     return records
 
@@ -629,25 +707,27 @@ def score_sessions(
     batch_size: int = 64,
     top_k: int = 3,
     confidence: float | None = None,
+    session_score: float | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Score ``(session, path, line)`` items with a loaded run, ``batch_size`` sessions at a
-    time; one record per session, in order:
+    time; one record per session, in order (``confidence`` re-picks the per-vector bound,
+    ``session_score`` the validated session score ``t``, see :func:`repick_session_score`):
 
     ``{"session", "score" (largest z, None when no vector was checked), "verdict",
-    "threshold" (z), "vectors", "checked", "unmodelled", "missing", "anomalous_vectors",
-    "top": [{"position", "event", "error", "bound", "z", "anomalous", "dims", "values",
-    "expected"}], ["label"]}``.
+    "threshold" (the session threshold max(z, t)), "vectors", "checked", "unmodelled",
+    "missing", "anomalous_vectors", "top": [{"position", "event", "error", "bound", "z",
+    "anomalous", "dims", "values", "expected"}], ["label"]}``.
     """
     batch: list[tuple[Session, str, int]] = []
     for item in items:
         batch.append(item)
         if len(batch) >= batch_size:
-            for rec in _score_items(run, batch, batch_size, top_k, confidence):
+            for rec in _score_items(run, batch, batch_size, top_k, confidence, session_score):
                 rec.pop("_score")
                 yield rec
             batch = []
     if batch:
-        for rec in _score_items(run, batch, batch_size, top_k, confidence):
+        for rec in _score_items(run, batch, batch_size, top_k, confidence, session_score):
             rec.pop("_score")
             yield rec
 
@@ -658,7 +738,7 @@ def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None)
     run = load_params(run_dir)
     items = _read(data_path)
     records = _score_items(run, items, batch_size or run.cfg.batch_size)
-    z = run.z()
+    z = run.limit()
     metrics: dict[str, Any] = {
         "sessions": len(records),
         "confidence": run.confidence,
@@ -706,6 +786,14 @@ def read_scores(run_dir: str | Path) -> dict[str, np.ndarray]:
     if "normal" not in arrays or "valid_z" not in arrays:
         raise CheckpointError(f"{path}: not the validation scores of a params run")
     return arrays
+
+
+def repick_session_score(run_dir: str | Path, target_fpr: float, method: str = "quantile") -> float:
+    """The session score ``t`` re-picked at another target rate from the run's validation
+    scores, without retraining (``rnnkit score --target-fpr`` on a params run)."""
+    check_target_fpr(target_fpr)
+    t, _ = session_threshold(read_scores(run_dir)["normal"], target_fpr, method)
+    return t
 
 
 def combine(record: dict[str, Any], params_record: dict[str, Any]) -> dict[str, Any]:
