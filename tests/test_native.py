@@ -11,6 +11,7 @@ and no retry by later processes).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -135,8 +136,12 @@ def test_the_build_of_these_sources_gave_no_warning() -> None:
     compile without a warning under -Wall -Wextra (torch's own headers are system headers
     there, whose warnings are not reported)."""
     log = native._paths()[0].with_suffix(".log").read_text()
-    assert " -Wall -Wextra " in log.splitlines()[0]
-    assert str(native.CSRC / "loop.cpp") in log.splitlines()[0]  # the package's own file
+    command = log.splitlines()[0]
+    assert " -Wall -Wextra " in command
+    # A package's own loop.cpp, compiled in place; not necessarily this checkout's: the
+    # library is named by a hash of the sources, so another checkout (or an installed
+    # wheel) with the same sources may have built the cached one.
+    assert re.search(r" \S+/rnnkit/csrc/loop\.cpp ", command), command
     assert "warning:" not in log, log
 
 
