@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format bench docs clean
+.PHONY: run test lint typecheck format bench docs clean
 
 # pyproject.toml states ranges; constraints.txt the exact versions every machine runs.
 CONSTRAINTS := -c constraints.txt
@@ -36,6 +36,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/clang-format --dry-run --Werror $(CSRC)
+
+# The annotations of src/rnnkit against torch's and numpy's (pyproject.toml: [tool.mypy]).
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -93,8 +93,8 @@ def _map_state(fn: Callable[..., Tensor], dim: DimSpec, *states: Any) -> Any:
             raise TypeError(f"state_batch_dim {dim!r} does not match a tensor leaf")
         return fn(*states, dim)
     if isinstance(first, dict):
-        dims = dim if isinstance(dim, dict) else dict.fromkeys(first, dim)
-        return {k: _map_state(fn, dims[k], *(s[k] for s in states)) for k in first}
+        by_key = dim if isinstance(dim, dict) else dict.fromkeys(first, dim)
+        return {k: _map_state(fn, by_key[k], *(s[k] for s in states)) for k in first}
     if isinstance(first, (tuple, list)):
         dims = dim if isinstance(dim, (tuple, list)) else (dim,) * len(first)
         if len(dims) != len(first):
@@ -141,10 +141,16 @@ def _where_state(rows: Tensor, new: Any, old: Any, dim: DimSpec) -> Any:
     return _map_state(pick, dim, new, old)
 
 
+def _collect(into: list[Any], item: Any, leaf: Tensor) -> Tensor:
+    """``into.append(item)``, then ``leaf``: a leaf function that reads and keeps."""
+    into.append(item)
+    return leaf
+
+
 def _batch_size(state: Any, dim: DimSpec) -> int | None:
     sizes: list[int] = []
     try:
-        _map_state(lambda t, d: sizes.append(t.shape[d]) or t, dim, state)
+        _map_state(lambda t, d: _collect(sizes, t.shape[d], t), dim, state)
     except (IndexError, TypeError) as e:
         raise ValueError(
             f"cannot read the rows of the state with state_batch_dim={dim!r}: give "
@@ -157,7 +163,7 @@ def _device(model: Any, state: Any) -> torch.device:
     leaves: list[Tensor] = []
     # A state only its own reorder callable understands tells nothing: TypeError ignored.
     with contextlib.suppress(TypeError):
-        _map_state(lambda t, d: leaves.append(t) or t, 0, state)
+        _map_state(lambda t, d: _collect(leaves, t, t), 0, state)
     if leaves:
         return leaves[0].device
     params = getattr(model, "parameters", None)

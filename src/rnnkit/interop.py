@@ -174,13 +174,10 @@ def to_torch(m: nn.Module) -> nn.Module:
         for cell in cells:
             _check_torch_form(cell)
         first = cells[0]
-        if isinstance(first, RNNCell) and any(
-            c.nonlinearity != first.nonlinearity
-            for c in cells  # type: ignore[attr-defined]
-        ):
+        if isinstance(first, RNNCell) and any(c.nonlinearity != first.nonlinearity for c in cells):
             raise ValueError(
                 "to_torch: torch.nn.RNN has one nonlinearity for all layers; this stack mixes "
-                f"{sorted({c.nonlinearity for c in cells})}"  # type: ignore[attr-defined]
+                f"{sorted({c.nonlinearity for c in cells})}"
             )
         torch_cls = {RNNCell: nn.RNN, LSTMCell: nn.LSTM, GRUCell: nn.GRU}[type(first)]
         kwargs = {"nonlinearity": first.nonlinearity} if isinstance(first, RNNCell) else {}

@@ -45,7 +45,7 @@ class _Segmented(torch.autograd.Function):
     backward recomputes each segment (reverse order) and runs the explicit BPTT on it."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         kernel: Kernel,
         mask: Tensor | None,
@@ -76,7 +76,7 @@ class _Segmented(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None):  # type: ignore[override]
+    def backward(ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None):
         x, w_ih, w_hh, bias, bias_hn, *starts = ctx.saved_tensors
         w = Weights(w_ih, w_hh, bias, bias_hn)
         kernel, mask, n = ctx.kernel, ctx.mask, ctx.n
@@ -100,7 +100,8 @@ class _Segmented(torch.autograd.Function):
                 d_x[t0:t1] = g.x
             for k, part in enumerate(g[1:]):
                 if part is not None:
-                    totals[k] = part if totals[k] is None else totals[k] + part
+                    total = totals[k]
+                    totals[k] = part if total is None else total + part
             d_state = sweep.d_states0
         d_s0 = tuple(d if ctx.needs_input_grad[8 + k] else None for k, d in enumerate(d_state))
         return (None, None, None, d_x, *totals, *d_s0)

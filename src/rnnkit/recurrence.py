@@ -149,13 +149,13 @@ class Packing(NamedTuple):
 
     Step t computes rows ``0 .. act_t − 1`` (rows sorted by their last real step, so the
     finished ones are at the end); its rows sit at ``offsets[t] .. offsets[t+1] − 1`` of
-    the packed buffers, and ``index`` maps packed rows to ``t·B + b``. Holes inside the
+    the packed buffers, and ``rows`` maps packed rows to ``t·B + b``. Holes inside the
     computed rows still hold the state through the mask. Input projections and weight
     gradients then cost only the computed rows, not the padding.
     """
 
     offsets: Tensor  # (T + 1,) int64
-    index: Tensor  # (N,) int64
+    rows: Tensor  # (N,) int64: packed row -> t·B + b
 
 
 def unpack_record(record: ForwardRecord, packing: Packing) -> ForwardRecord:
@@ -164,7 +164,7 @@ def unpack_record(record: ForwardRecord, packing: Packing) -> ForwardRecord:
     T, B = record.states[0].shape[0] - 1, record.states[0].shape[1]
 
     def pad(t: Tensor) -> Tensor:
-        return t.new_zeros(T * B, t.shape[-1]).index_copy_(0, packing.index, t)
+        return t.new_zeros(T * B, t.shape[-1]).index_copy_(0, packing.rows, t)
 
     cache = tuple(pad(c).view(T, B, c.shape[-1]) for c in record.cache)
     return ForwardRecord(pad(record.x), record.states, cache)
@@ -245,7 +245,7 @@ def forward_pass(
     if lib is not None:
         offsets = None
         if packing is not None:
-            x_flat, offsets = x_flat.index_select(0, packing.index), packing.offsets
+            x_flat, offsets = x_flat.index_select(0, packing.rows), packing.offsets
         states, cache = kernel.native_forward(
             lib, x_flat, w, T, B, states0, _mask2(mask), save, offsets
         )
@@ -505,8 +505,8 @@ def windowed_sweep(
                     g_in = reorder(g_xp @ u.weights.weight_ih, u.order)
                     below = g_in if below is None else below + g_in
                 if j < window:  # a path of j < τ steps at step 1 goes on to h_0
-                    for z, dp in zip(d0[index][d], d_prev, strict=True):
-                        z += dp[0]
+                    for d0_part, dp in zip(d0[index][d], d_prev, strict=True):
+                        d0_part += dp[0]
                 # one step back in time: what lag j + 1 starts from
                 if shrink:
                     grads[index][d] = [dp[1:] for dp in d_prev]
@@ -550,7 +550,7 @@ def weight_grads(
     if need[0]:
         d_x = d_xp @ w.weight_ih
         if packing is not None:  # rows never computed get no gradient
-            d_x = d_x.new_zeros(T * B, d_x.shape[1]).index_copy_(0, packing.index, d_x)
+            d_x = d_x.new_zeros(T * B, d_x.shape[1]).index_copy_(0, packing.rows, d_x)
         d_x = d_x.view(T, B, d_x.shape[-1])
     d_w_ih = d_xp.T @ record.x if need[1] else None
     d_bias = d_xp.sum(0) if need[3] else None
@@ -558,7 +558,7 @@ def weight_grads(
     if need[2] or need[4]:
         h_prev = incoming_states(record)[0].reshape(T * B, H)
         if packing is not None:
-            h_prev = h_prev.index_select(0, packing.index)
+            h_prev = h_prev.index_select(0, packing.rows)
         flat_cache = tuple(c.reshape(h_prev.shape[0], c.shape[-1]) for c in record.cache)
         d_hp = sweep.d_hp.reshape(h_prev.shape[0], sweep.d_hp.shape[-1])
         d_w_hh, d_bias_hn = kernel.recurrent_grads(d_xp, d_hp, h_prev, flat_cache)
@@ -569,7 +569,7 @@ class _Recurrence(torch.autograd.Function):
     """Autograd node whose backward is the library's explicit BPTT."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         kernel: Kernel,
         mask: Tensor | None,
@@ -594,11 +594,12 @@ class _Recurrence(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None):  # type: ignore[override]
+    def backward(ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None):
         saved = ctx.saved_tensors
         n = ctx.num_states
         record = ForwardRecord(saved[0], tuple(saved[3 : 3 + n]), tuple(saved[3 + n :]))
-        w = Weights(saved[1], saved[2], None, None)
+        # The backward reads no bias: None stands in for it.
+        w = Weights(saved[1], saved[2], None, None)  # type: ignore[arg-type]
         packing = ctx.packing
         if packing is not None and ctx.window is not None:
             # BPTT(τ) is the PyTorch sweep, which reads padded buffers. (The forward still
@@ -700,7 +701,11 @@ def run_recurrence(
     x, states0 = _like_weights(weights, x, states0)
     x, mask3 = clean_padding(x, mask)
     order = packing = None
-    if mask3 is not None and _compiled(kernel, x, *weights, *states0) is not None:
+    if (
+        mask is not None
+        and mask3 is not None
+        and _compiled(kernel, x, *weights, *states0) is not None
+    ):
         # The compiled loop stops computing rows after their last real step when rows are
         # sorted by it (as packed sequences are): sort here, undo the order on the way out,
         # and pack the steps' buffers so that the products skip the finished rows too.

@@ -39,7 +39,7 @@ import stat
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
 import numpy as np
 import torch
@@ -142,10 +142,10 @@ class _StatePool:
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int) -> None:
-        enc = model.encoder
+        enc: Any = model.encoder  # the model's recurrent stack (duck-typed)
         param = next(model.parameters())
         self.is_lstm = bool(enc.is_lstm)
-        self.shape = (enc.num_layers, enc.num_directions, enc.hidden_size)
+        self.shape = (int(enc.num_layers), int(enc.num_directions), int(enc.hidden_size))
         self.capacity = capacity
         self._dtype, self._device = param.dtype, param.device
         self.parts: list[torch.Tensor] = []
@@ -218,12 +218,15 @@ def step_function(model: torch.nn.Module) -> Callable[[torch.Tensor, Any], tuple
         return model.step  # type: ignore[return-value]
     cells = encoder.cells()
     is_lstm = bool(encoder.is_lstm)
+    embedding = cast(torch.nn.Module, model.embedding)
+    head = cast(torch.nn.Module, model.head)
+    slow_step = cast(Callable[..., tuple[torch.Tensor, Any]], model.step)
 
     @torch.no_grad()
     def step(tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
         if model.training:  # dropout would make the fast path differ from model.step
-            return model.step(tokens, state)
-        x = model.embedding(tokens)  # (B, E)
+            return slow_step(tokens, state)
+        x = embedding(tokens)  # (B, E)
         new = []
         for layer, cell in enumerate(cells):
             if state is None:
@@ -235,7 +238,7 @@ def step_function(model: torch.nn.Module) -> Callable[[torch.Tensor, Any], tuple
             s = cell(x, prev)
             new.append(s)
             x = s.h if is_lstm else s  # (B, H)
-        log_probs = torch.log_softmax(model.head(x), dim=-1)  # (B, V)
+        log_probs = torch.log_softmax(head(x), dim=-1)  # (B, V)
         if is_lstm:
             h = torch.stack([s.h for s in new])[:, None]  # (L, 1, B, H)
             c = torch.stack([s.c for s in new])[:, None]

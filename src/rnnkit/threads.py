@@ -146,11 +146,11 @@ def cgroup_quota(
                 for depth in range(len(rel_parts), -1, -1):
                     f = base.joinpath(*rel_parts[:depth], "cpu.max")
                     try:
-                        quota, period = f.read_text().split()[:2]
+                        quota_text, period_text = f.read_text().split()[:2]
                     except (OSError, ValueError):
                         continue
-                    if quota != "max" and float(period) > 0:
-                        limits.append(float(quota) / float(period))
+                    if quota_text != "max" and float(period_text) > 0:
+                        limits.append(float(quota_text) / float(period_text))
         elif "cpu" in controllers.split(","):
             for name in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
                 for depth in range(len(rel_parts), -1, -1):

@@ -18,12 +18,16 @@ Each concrete cell module also provides, side by side:
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import ClassVar, TypeVar, cast
 
 import torch
 from torch import Tensor, nn
 
+from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.types import LSTMState, State
+
+#: A step's state kind: a cell's check returns the kind it was given.
+S = TypeVar("S", Tensor, LSTMState)
 
 __all__ = ["CellBase", "check_cell_input"]
 
@@ -73,13 +77,22 @@ class CellBase(nn.Module):
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}"
 
+    @property
+    def kernel(self) -> Kernel:
+        """The cell kind's step, forward and backward, as the time loop runs it."""
+        raise NotImplementedError(f"{type(self).__name__} has no kernel")
+
+    def weights(self) -> Weights:
+        """The parameters as the time loop reads them."""
+        raise NotImplementedError(f"{type(self).__name__} has no weights")
+
     def zero_state(self, batch_size: int, like: Tensor) -> State:
         """The all-zero state for ``batch_size`` rows, on ``like``'s device and dtype."""
         h = like.new_zeros(batch_size, self.hidden_size)
         return LSTMState(h, torch.zeros_like(h)) if self.is_lstm else h
 
 
-def check_cell_input(cell: CellBase, x: Tensor, state: State | None) -> State:
+def check_cell_input(cell: CellBase, x: Tensor, state: S | None) -> S:
     """Validate one step's input ``x (B, I)`` and state; return the state (zeros if None)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -95,12 +108,14 @@ def check_cell_input(cell: CellBase, x: Tensor, state: State | None) -> State:
         )
     B, H = x.shape[0], cell.hidden_size
     if state is None:
-        return cell.zero_state(B, x)
-    if cell.is_lstm and not isinstance(state, LSTMState):
-        raise TypeError(
-            f"the state of an LSTM cell must be LSTMState(h, c), got {type(state).__name__}"
-        )
-    parts = (("state.h", state.h), ("state.c", state.c)) if cell.is_lstm else (("state", state),)
+        return cast(S, cell.zero_state(B, x))
+    parts: tuple[tuple[str, object], ...] = (("state", state),)
+    if cell.is_lstm:
+        if not isinstance(state, LSTMState):
+            raise TypeError(
+                f"the state of an LSTM cell must be LSTMState(h, c), got {type(state).__name__}"
+            )
+        parts = (("state.h", state.h), ("state.c", state.c))
     for name, t in parts:
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

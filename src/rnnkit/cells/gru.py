@@ -94,6 +94,8 @@ def gru_step(
         rec = r * h_prev
         n = torch.tanh(xp[:, 2 * H :] + rec @ W_n.T)
     else:
+        if w.bias_hn is None:
+            raise ValueError('reset="after" needs the weights\' bias_hn (b_hn)')
         rec = h_prev @ W_n.T + w.bias_hn
         n = torch.tanh(xp[:, 2 * H :] + r * rec)
     h = (1 - z) * h_prev + z * n if update == "candidate" else z * h_prev + (1 - z) * n

@@ -9,7 +9,7 @@ contiguous ``(B, ·)`` blocks.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -64,8 +64,13 @@ class Weights(NamedTuple):
 class Kernel(Protocol):
     """One step of a cell kind, forward and backward, for the time loop."""
 
-    gates: int  # G
-    num_states: int  # 1 (h) or 2 (h, c)
+    @property
+    def gates(self) -> int:
+        """``G``, the gate blocks of the pre-activations."""
+
+    @property
+    def num_states(self) -> int:
+        """1 (``h``) or 2 (``h, c``)."""
 
     def prepare(self, w: Weights) -> object:
         """Per-call precomputation shared by all steps (e.g. transposed/scaled weights)."""
@@ -134,3 +139,32 @@ class Kernel(Protocol):
         cache are flattened over ``N = T·B``; each gradient is ONE matrix product (or
         sum) over all steps.
         """
+
+    def native_forward(
+        self,
+        lib: Any,
+        x: Tensor,
+        w: Weights,
+        T: int,
+        B: int,
+        states0: tuple[Tensor, ...],
+        mask: Tensor | None,
+        save: bool,
+        offsets: Tensor | None = None,
+    ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+        """The whole forward loop in the compiled library ``lib`` (rnnkit.native): the
+        state buffers ``(T + 1, B, H)`` and the cache, the same as ``step_into`` fills.
+        ``offsets``: packed rows (only the rows still running at each step)."""
+
+    def native_backward(
+        self,
+        lib: Any,
+        record: Any,
+        w: Weights,
+        mask: Tensor | None,
+        d_out: Tensor | None,
+        d_states: tuple[Tensor, ...],
+        offsets: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+        """The whole backward loop in ``lib``: ``(d_xp, d_hp, ∂L/∂initial states)``, the
+        same as the steps of ``step_backward``."""

@@ -190,8 +190,8 @@ def apply_config_file(
             raise ConfigError(
                 f"{where}: is a table; options are top-level keys (hidden = 256, not a [section])"
             )
-        action = by_key.get(key)
-        if action is None:
+        found = by_key.get(key)
+        if found is None:
             if key.replace("_", "-") in invocation:
                 raise ConfigError(
                     f"{where}: --{key.replace('_', '-')} is not a configuration option "
@@ -200,6 +200,7 @@ def apply_config_file(
             close = difflib.get_close_matches(key, list(by_key), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise ConfigError(f"{where}: unknown option{hint}")
+        action = found
         if action.dest in seen:
             raise ConfigError(f"{path}: {seen[action.dest]} and {key} are the same option")
         seen[action.dest] = key

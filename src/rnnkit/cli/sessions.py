@@ -58,7 +58,7 @@ class SessionsConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SessionsConfig:
         """Check the options together (argparse checks each alone) and build the config."""
-        log_options = {
+        log_options: dict[str, Any] = {
             "log_format": getattr(args, "log_format", None),
             "session_field": getattr(args, "session_field", None),
             "drain_depth": getattr(args, "drain_depth", None),

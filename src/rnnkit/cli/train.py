@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rnnkit import messages
 from rnnkit.config import (
@@ -762,7 +762,8 @@ def _train_parser() -> argparse.ArgumentParser:
     from rnnkit.cli.main import build_parser  # same layer; main imports this module lazily
 
     action = next(a for a in build_parser()._actions if a.dest == "command")
-    return action.choices["train"]
+    choices = cast(dict[str, argparse.ArgumentParser], action.choices)
+    return choices["train"]
 
 
 def effective_options(

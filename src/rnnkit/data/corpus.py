@@ -54,7 +54,8 @@ def stdlib_corpus(
         ``(train_path, valid_path)``.
     """
     root = Path(sysconfig.get_paths()["stdlib"])
-    train, valid = [], []
+    train: list[str] = []
+    valid: list[str] = []
     n_train = 0
     for index, path in enumerate(_sources(root)):
         try:

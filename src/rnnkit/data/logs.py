@@ -460,13 +460,13 @@ class LogSessionizer:
         out = []
         for session_id, cluster_ids in self._clusters.items():
             events = [templates[c] for c in cluster_ids]
-            params = None
+            params: list[list[float | None]] | None = None
             if self.params:
                 messages, deltas = self._messages[session_id], self._deltas[session_id]
-                params = [
-                    ([delta] if self.time_fields else []) + self._values(template, message)
-                    for template, message, delta in zip(events, messages, deltas, strict=True)
-                ]
+                params = []
+                for template, message, delta in zip(events, messages, deltas, strict=True):
+                    values: list[float | None] = [delta] if self.time_fields else []
+                    params.append(values + self._values(template, message))
             out.append(Session(session_id, events, label, params))
         return out
 

@@ -271,7 +271,7 @@ class Vocabulary:
             table = table.copy()
             table[ord("\n")] = newline_id
         last = len(table) - 1  # every code point past the table maps to this <unk> slot
-        out = np.empty(len(text), dtype=dtype)
+        out: np.ndarray = np.empty(len(text), dtype=dtype)
         for start in range(0, len(text), _CHUNK):
             cps = _code_points(text[start : start + _CHUNK])
             out[start : start + len(cps)] = table[np.minimum(cps, last)]

@@ -128,7 +128,7 @@ def _split(source: CellBase | Recurrent) -> tuple[CellBase, bool]:
 
 def detached_weights(cell: CellBase) -> Weights:
     """The cell's ``Weights`` detached (they share storage: in-place edits show)."""
-    w = cast(Weights, cell.weights())  # type: ignore[operator]  # every cell defines it
+    w = cell.weights()
     hn = None if w.bias_hn is None else w.bias_hn.detach()
     return Weights(w.weight_ih.detach(), w.weight_hh.detach(), w.bias.detach(), hn)
 

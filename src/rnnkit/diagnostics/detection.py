@@ -92,6 +92,7 @@ def detection_sections(run: Run) -> list[tuple[str, str, str]]:
     name = doc["score"]
     body = _thresholds_body(run, doc)
     labelled = f"anomalous/rnn/{name}" in arrays
+    panels: list[tuple[str, np.ndarray, Any, float]]
     if not labelled:
         panels = [
             (_model_label(run, m), arrays[f"{m}/{name}"], [], float(doc[m][name]))

@@ -163,6 +163,14 @@ def _empty(ax: Axes, message: str) -> None:
 
 
 # ---- training curves -------------------------------------------------------------------
+def _nats_to_bits(nats: Any) -> Any:
+    return np.asarray(nats) / LN2
+
+
+def _bits_to_nats(bits: Any) -> Any:
+    return np.asarray(bits) * LN2
+
+
 def plot_losses(
     train_steps: Sequence[float],
     train_loss: Sequence[float],
@@ -211,7 +219,7 @@ def plot_losses(
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper right", fontsize=9)
     if bits_per_char:
-        right = ax.secondary_yaxis("right", functions=(lambda n: n / LN2, lambda b: b * LN2))
+        right = ax.secondary_yaxis("right", functions=(_nats_to_bits, _bits_to_nats))
         right.set_ylabel("bits per character")
     return fig
 

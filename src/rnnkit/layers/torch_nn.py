@@ -91,7 +91,10 @@ class _TorchRNNBase(nn.Module):
             width = input_size if layer == 0 else hidden_size * D
             for direction in range(D):
                 sfx = f"_l{layer}" + ("_reverse" if direction else "")
-                shapes = [(G * hidden_size, width), (G * hidden_size, hidden_size)]
+                shapes: list[tuple[int, ...]] = [
+                    (G * hidden_size, width),
+                    (G * hidden_size, hidden_size),
+                ]
                 names = ["weight_ih", "weight_hh"]
                 if bias:
                     shapes += [(G * hidden_size,), (G * hidden_size,)]
@@ -212,10 +215,10 @@ class _TorchRNNBase(nn.Module):
             the final states ``(L·D, B, H)``, each sequence's after its last real step.
         """
         name = f"rnnkit.nn.{type(self).__name__}"
-        packed = isinstance(input, PackedSequence)
+        packed_input = input if isinstance(input, PackedSequence) else None
         lengths = None
-        if packed:
-            x, lengths = pad_packed_sequence(input, batch_first=self.batch_first)
+        if packed_input is not None:
+            x, lengths = pad_packed_sequence(packed_input, batch_first=self.batch_first)
             batched = True
         else:
             if not isinstance(input, Tensor):
@@ -251,9 +254,8 @@ class _TorchRNNBase(nn.Module):
             final: Any = (self._join(out.state.h), self._join(out.state.c))
         else:
             final = self._join(out.state)
-        if packed:
-            assert lengths is not None
-            outputs = _repack(outputs, input, self.batch_first)
+        if packed_input is not None:
+            outputs = _repack(outputs, packed_input, self.batch_first)
         elif not batched:
             outputs = outputs.squeeze(0 if self.batch_first else 1)
             final = tuple(f.squeeze(1) for f in final) if isinstance(final, tuple) else final

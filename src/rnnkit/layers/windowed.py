@@ -61,9 +61,9 @@ class _WindowedStack(torch.autograd.Function):
     outputs ``(T, B, D·H)`` and every unit's final states."""
 
     @staticmethod
-    def forward(ctx: Any, plan: _Plan, x: Tensor, *tensors: Tensor | None) -> tuple[Tensor, ...]:  # type: ignore[override]
+    def forward(ctx: Any, plan: _Plan, x: Tensor, *tensors: Tensor | None) -> tuple[Tensor, ...]:
         units = _unit_count(plan)
-        weights = [Weights(*tensors[4 * u : 4 * u + 4]) for u in range(units)]  # type: ignore[misc]
+        weights = [Weights(*tensors[4 * u : 4 * u + 4]) for u in range(units)]
         s = plan.num_states
         states0 = [
             tuple(tensors[4 * units + s * u : 4 * units + s * (u + 1)]) for u in range(units)
@@ -104,7 +104,7 @@ class _WindowedStack(torch.autograd.Function):
         return (h, *finals)
 
     @staticmethod
-    def backward(ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None):  # type: ignore[override]
+    def backward(ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None):
         plan: _Plan = ctx.plan
         s = plan.num_states
         saved = ctx.saved_tensors

@@ -121,7 +121,7 @@ def read_json(path: str | os.PathLike[str]) -> Any:
 def _state_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     # Tied weights appear under several names; safetensors refuses shared storage, so
     # keep the first name of each tensor (load_model_weights restores the others).
-    seen: dict[int, str] = {}
+    seen: dict[object, str] = {}
     out: dict[str, torch.Tensor] = {}
     for name, t in module.state_dict().items():
         key = id(t) if t.data_ptr() == 0 else (t.data_ptr(), t.dtype, tuple(t.shape))

@@ -38,7 +38,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -479,11 +479,12 @@ class Trainer:
         else:
             self.total_steps = None  # a time budget only
         known = opts.steps is not None or opts.epochs is not None
-        self.log_every = opts.log_every
-        if self.log_every is None:
-            self.log_every = default_log_every(self.total_steps if known else None, steps_per_epoch)
-        elif isinstance(self.log_every, bool) or self.log_every < 1:
-            raise ConfigError(f"--log-every must be an integer ≥ 1, got {self.log_every!r}")
+        log_every = opts.log_every
+        if log_every is None:
+            log_every = default_log_every(self.total_steps if known else None, steps_per_epoch)
+        elif isinstance(log_every, bool) or log_every < 1:
+            raise ConfigError(f"--log-every must be an integer ≥ 1, got {log_every!r}")
+        self.log_every: int = log_every
 
     def _cap_text(self) -> str:
         assert self.total_steps is not None
@@ -669,7 +670,7 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self._device.type, dtype=self._amp_dtype)
 
-    def _scaler_skipped(self, params: list[Tensor], batch_index: int) -> bool:
+    def _scaler_skipped(self, params: Sequence[Tensor], batch_index: int) -> bool:
         """fp16 only: if the unscaled gradients hold inf/NaN, let the GradScaler skip the
         step and lower its scale (its own overflow handling, not a divergence) and return
         True; ``MAX_SCALER_SKIPS`` such steps in a row are a ``TrainingDiverged``."""

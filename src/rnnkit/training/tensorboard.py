@@ -85,7 +85,7 @@ class TensorBoardWriter:
 
     def __call__(self, event: dict[str, Any]) -> None:
         step = event.get("step")
-        if not _number(step):
+        if step is None or not _number(step):
             return
         for tag, value in scalars(event).items():
             self.writer.add_scalar(tag, value, global_step=int(step))
