@@ -186,6 +186,10 @@ class GRUKernel:
         xp_n = torch.addmm(w.bias[2 * H :], x, w.weight_ih[2 * H :].T).view(T, B, H)
         return (xp_rz, xp_n)
 
+    def input_weights_t(self, weight: Tensor) -> tuple[Tensor, ...]:
+        H = weight.shape[0] // 3
+        return (weight[: 2 * H].T, weight[2 * H :].T)
+
     def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
         rec = scratch(T, B, H, xps[0], save)
         return (xps[0], xps[1], rec)

@@ -82,6 +82,11 @@ class Kernel(Protocol):
         ``step_into`` may compute the gates in place and keep them as its cache.
         """
 
+    def input_weights_t(self, weight: Tensor) -> tuple[Tensor, ...]:
+        """The transposed input weights of each ``project_inputs`` buffer: ``x @ W_k``
+        is buffer k's input part without the bias, for ``weight (G·H, I')`` — columns of
+        ``weight_ih`` whose input is only known step by step (an attention context)."""
+
     def alloc_cache(
         self, T: int, B: int, H: int, xps: tuple[Tensor, ...], save: bool
     ) -> tuple[Tensor, ...]:

@@ -129,6 +129,10 @@ class LSTMKernel:
         xp = torch.addmm(w.bias * scale, x, (w.weight_ih * scale[:, None]).T)
         return (xp.view(T, B, 4 * H),)
 
+    def input_weights_t(self, weight: Tensor) -> tuple[Tensor, ...]:
+        scale = self._g_scale(weight.shape[0] // 4, weight)
+        return ((weight * scale[:, None]).T,)
+
     def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
         # The gates are computed in place in the input projections and kept there.
         return (xps[0], scratch(T, B, H, xps[0], save))

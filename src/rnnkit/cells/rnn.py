@@ -90,6 +90,9 @@ class RNNKernel:
     def project_inputs(self, x: Tensor, w: Weights, T: int, B: int) -> tuple[Tensor, ...]:
         return (torch.addmm(w.bias, x, w.weight_ih.T).view(T, B, w.weight_hh.shape[1]),)
 
+    def input_weights_t(self, weight: Tensor) -> tuple[Tensor, ...]:
+        return (weight.T,)
+
     def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
         return ()
 

@@ -22,8 +22,11 @@ Training: teacher forcing (input ``y_{i−1}``), or scheduled sampling: with pro
 ``p``, per sequence and per step, the input is the model's own greedy choice at the
 previous step instead. A sequence whose fed token is its own ``</s>`` has ended, as it
 would in free running: its later steps carry no loss (their inputs are irrelevant).
-Without attention and with pure teacher forcing the decoder runs as one layer call (the
-library's explicit BPTT over the whole target); otherwise it runs a cell-level loop.
+With pure teacher forcing the decoder runs without attention as one layer call (the
+library's time loop and explicit BPTT over the whole target), with attention and one
+decoder layer as one autograd node with a hand-written backward
+(:mod:`rnnkit.attention_loop`); otherwise (scheduled sampling, several decoder layers,
+tracing) a cell-level loop.
 
 ``length="stop"`` / ``"predict"`` (a :class:`~rnnkit.models.length.SequenceLength`) replaces
 ``</s>`` by a stop output per decoder step (reading the head's features), or by a length
@@ -44,6 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.attention import Attention
+from rnnkit.attention_loop import attention_decoder
 from rnnkit.config import TrainConfig
 from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID
@@ -56,6 +60,7 @@ from rnnkit.models.heads import TiedHead
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.length import SequenceLength, length_targets
 from rnnkit.models.seq2seq_search import decode_batch
+from rnnkit.tracing import tracing
 from rnnkit.types import LSTMState, State
 
 __all__ = [
@@ -367,47 +372,93 @@ class Seq2Seq(nn.Module):
             return self._length_forward(source, source_mask, target_in, target_mask, sampling_p)
         state = self.encode(source, source_mask)
         B, T = target_in.shape
-        if self.attention is None and sampling_p is None:
-            # Pure teacher forcing without attention: one call of the layer (explicit BPTT).
-            x = self.drop(self.target_embedding(target_in))  # (B, T, E_t)
-            if state.context is not None:
-                x = torch.cat([x, state.context.unsqueeze(1).expand(B, T, -1)], dim=-1)
-            out = self.decoder(x, mask=target_mask, state=state.hidden)
-            return Seq2SeqOutput(self.head(self.drop(out.outputs)), None, target_mask)
+        if sampling_p is None:
+            emb = self.drop(self.target_embedding(target_in))  # (B, T, E_t)
+            features, attention = self._teacher_forced(emb, state, target_mask)
+            return Seq2SeqOutput(self.head(self.drop(features)), attention, target_mask)
         hidden = _unstack(state.hidden)
-        features, weights, logits_steps = [], [], []
+        weights, logits_steps = [], []
         step_masks = []
         ended = torch.zeros(B, dtype=torch.bool, device=target_in.device)
-        emb_all = self.drop(self.target_embedding(target_in)) if sampling_p is None else None
         prev_logits: Tensor | None = None
         for t in range(T):
-            if emb_all is not None:
-                emb = emb_all[:, t]
-            else:
-                token = target_in[:, t]
-                if t > 0:
-                    assert prev_logits is not None
-                    own = prev_logits.argmax(dim=-1)  # (B,)
-                    use_own = _coins(B, generator, target_in.device) < sampling_p
-                    token = torch.where(use_own, own, token)
-                    ended = ended | (use_own & (own == EOS_ID))
-                emb = self.drop(self.target_embedding(token))
+            token = target_in[:, t]
+            if t > 0:
+                assert prev_logits is not None
+                own = prev_logits.argmax(dim=-1)  # (B,)
+                use_own = _coins(B, generator, target_in.device) < sampling_p
+                token = torch.where(use_own, own, token)
+                ended = ended | (use_own & (own == EOS_ID))
+            emb = self.drop(self.target_embedding(token))
             step_masks.append(target_mask[:, t] & ~ended)
             feat, hidden, w = self._step(emb, hidden, state)
             if w is not None:
                 weights.append(w)
-            if emb_all is None:
-                step_logits = self.head(self.drop(feat))  # (B, V)
-                logits_steps.append(step_logits)
-                prev_logits = step_logits.detach()
-            else:
-                features.append(feat)
-        if emb_all is None:
-            logits = torch.stack(logits_steps, dim=1)  # (B, T, V)
-        else:
-            logits = self.head(self.drop(torch.stack(features, dim=1)))  # (B, T, V)
+            step_logits = self.head(self.drop(feat))  # (B, V)
+            logits_steps.append(step_logits)
+            prev_logits = step_logits.detach()
+        logits = torch.stack(logits_steps, dim=1)  # (B, T, V)
         attention = torch.stack(weights, dim=1) if weights else None  # (B, T, S)
         return Seq2SeqOutput(logits, attention, torch.stack(step_masks, dim=1))
+
+    def _teacher_forced(
+        self, emb: Tensor, state: DecoderState, mask: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Head inputs ``(B, T, F)`` and attention weights ``(B, T, S)`` (or None) of all
+        teacher-forced steps; ``emb (B, T, ·)``: the decoder inputs but the contexts.
+
+        ``mask`` (``(B, T)`` or None) lets the layer call hold the state at padded steps
+        (faster: finished rows stop costing); the real steps are the same either way.
+        """
+        B, T = emb.shape[:2]
+        if self.attention is None:
+            # One call of the layer (the time loop, explicit BPTT).
+            x = emb
+            if state.context is not None:
+                x = torch.cat([x, state.context.unsqueeze(1).expand(B, T, -1)], dim=-1)
+            return self.decoder(x, mask=mask, state=state.hidden).outputs, None
+        if self.decoder.num_layers == 1 and not tracing() and not torch.jit.is_tracing():
+            return self._attention_node(emb, state)
+        hidden = _unstack(state.hidden)
+        features, weights = [], []
+        for t in range(T):  # padded steps are computed too: they carry no loss
+            feat, hidden, w = self._step(emb[:, t], hidden, state)
+            features.append(feat)
+            weights.append(w)
+        return torch.stack(features, dim=1), torch.stack(weights, dim=1)
+
+    def _attention_node(self, emb: Tensor, state: DecoderState) -> tuple[Tensor, Tensor]:
+        """:meth:`_teacher_forced` with attention, one decoder layer: the same steps as one
+        autograd node (:func:`rnnkit.attention_loop.attention_decoder`)."""
+        assert self.attention is not None and state.keys is not None
+        assert state.memory is not None
+        cell = self.decoder.cells()[0]
+        w = cell.weights()
+        B, T, E = emb.shape
+        D = self.memory_size
+        # The step's input is [emb; c_t (; context)]: weight_ih's columns split the same way.
+        x, weight_x = emb, w.weight_ih[:, :E]
+        if state.context is not None:
+            x = torch.cat([emb, state.context.unsqueeze(1).expand(B, T, -1)], dim=-1)
+            weight_x = torch.cat([weight_x, w.weight_ih[:, E + D :]], dim=1)
+        hidden = state.hidden
+        states0 = (
+            (hidden.h[0, 0], hidden.c[0, 0]) if isinstance(hidden, LSTMState) else (hidden[0, 0],)
+        )
+        out = attention_decoder(
+            cell.kernel,
+            x.transpose(0, 1),
+            weight_x,
+            w.weight_ih[:, E : E + D],
+            w,
+            self.attention,
+            state.keys,
+            state.memory,
+            state.source_mask,
+            states0,
+        )
+        features = torch.cat([out.hidden, out.context], dim=-1).transpose(0, 1)  # (B, T, F)
+        return features, out.weights.transpose(0, 1)
 
     def _length_forward(
         self,
@@ -429,15 +480,8 @@ class Seq2Seq(nn.Module):
             self.length.check_lengths(lengths)
             remaining = self.length.remaining_steps(lengths, T)  # (B, T)
             emb = torch.cat([emb, self.length.remaining_inputs(remaining)], dim=-1)
-        hidden = _unstack(state.hidden)
-        features, weights = [], []
-        for t in range(T):  # padding is at the end: it never reaches a real step
-            feat, hidden, w = self._step(emb[:, t], hidden, state)
-            features.append(feat)
-            if w is not None:
-                weights.append(w)
-        feats = torch.stack(features, dim=1)  # (B, T, F)
-        attention = torch.stack(weights, dim=1) if weights else None
+        # padding is at the end: it never reaches a real step
+        feats, attention = self._teacher_forced(emb, state, None)  # (B, T, F)
         logits = self.head(self.drop(feats))
         return Seq2SeqOutput(logits, attention, target_mask, feats, context)
 
