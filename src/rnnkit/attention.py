@@ -1,7 +1,8 @@
 """Attention over encoder states with source masks (docs/math.md, "Attention").
 
-At decoder step ``i`` the query is the previous decoder state ``q = h^d_{i−1}`` and the
-memory the encoder states ``h^e_1..h^e_S``. Scores:
+At decoder step ``i`` the query is the previous decoder state ``q = h^d_{i−1}`` (attention
+before the step; after it, the new state ``h^d_i``) and the memory the encoder states
+``h^e_1..h^e_S``. Scores:
 
 * ``dot``:      ``s_j = qᵀ h^e_j``                   (needs equal widths)
 * ``bilinear``: ``s_j = qᵀ W_s h^e_j``               (``W_s: d_q × d_e``, widths may differ)
@@ -12,7 +13,9 @@ memory the encoder states ``h^e_1..h^e_S``. Scores:
 row with no real position at all gets all-zero weights and a zero context instead of NaN.
 The context is ``c = Σ_j α_j h^e_j``. The part of the score that depends only on the
 memory (``W_s h^e_j``, ``W_e h^e_j``) is computed once per source by :meth:`Attention.
-prepare`, not at every decoder step.
+prepare`, not at every decoder step. :meth:`Attention.attend_all` scores the queries of
+all steps at once, when they are known in advance (attention after a decoder that ran
+over the whole target).
 """
 
 from __future__ import annotations
@@ -191,6 +194,28 @@ class Attention(nn.Module):
         sig = torch.sigmoid(torch.add(q2, k, alpha=2))  # σ(2a): (B, [T,] S, A)
         return (sig @ self.v).mul(2).sub(self.v.sum())
 
+    def scores_all(self, queries: Tensor, keys: Tensor) -> Tensor:
+        """Raw scores ``(B, T, S)`` of ``T`` queries per row, ``queries (B, T, d_q)``:
+        :meth:`scores` of every step at once."""
+        if queries.dim() != 3 or queries.shape[-1] != self.query_size:
+            raise ValueError(
+                f"queries must have shape (B, T, {self.query_size}), got {tuple(queries.shape)}"
+            )
+        if self.kind == "additive":
+            return self._additive(queries, keys)
+        return torch.bmm(queries, keys.transpose(1, 2))  # (B, T, S)
+
+    def attend_all(
+        self, queries: Tensor, keys: Tensor, memory: Tensor, mask: Tensor | None = None
+    ) -> AttentionOutput:
+        """:meth:`forward` for ``T`` queries per row at once (attention after a decoder
+        that ran over all steps): ``queries (B, T, d_q)`` → ``AttentionOutput(context
+        (B, T, d_e), weights (B, T, S))``, each step as :meth:`forward` computes it."""
+        scores = self.scores_all(queries, keys)  # (B, T, S)
+        if mask is not None:
+            mask = mask.to(device=scores.device, dtype=torch.bool).unsqueeze(1).expand_as(scores)
+        weights = masked_softmax(scores, mask)
+        return AttentionOutput(torch.bmm(weights, memory), weights)
 
     def forward(
         self, query: Tensor, keys: Tensor, memory: Tensor, mask: Tensor | None = None

@@ -59,6 +59,7 @@ TASK_OPTIONS: dict[str, tuple[str, ...]] = {
     "source_unit": ("seq2seq",),
     "target_unit": ("seq2seq",),
     "attention": ("seq2seq",),
+    "attention_wiring": ("seq2seq",),
     "context": ("seq2seq",),
     "scheduled_sampling": ("lm", "seq2seq"),
     "decoder_only": ("seq2seq",),
@@ -175,6 +176,7 @@ class TrainConfig:
     source_unit: str = "char"
     target_unit: str = "char"
     attention: str = "dot"
+    attention_wiring: str = "before"  # before | after the decoder step (seq2seq)
     context: str = "init"
     scheduled_sampling: str = "none"
     decoder_only: bool = False
@@ -222,6 +224,12 @@ class TrainConfig:
         choice("source_unit", self.source_unit, ("char", "word"))
         choice("target_unit", self.target_unit, ("char", "word"))
         choice("attention", self.attention, ("none", "dot", "bilinear", "additive"))
+        choice("attention_wiring", self.attention_wiring, ("before", "after"))
+        if self.attention_wiring != "before" and (self.attention == "none" or self.decoder_only):
+            raise ConfigError(
+                f"--attention-wiring {self.attention_wiring} needs an encoder–decoder with "
+                "attention (--attention dot|bilinear|additive, no --decoder-only)"
+            )
         choice("context", self.context, ("init", "input", "both"))
         choice("loss_reduction", self.loss_reduction, ("token", "sequence"))
         if self.loss_reduction == "sequence":

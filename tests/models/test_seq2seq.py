@@ -10,7 +10,7 @@ from rnnkit.config import TrainConfig
 from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
 from rnnkit.errors import ConfigError
-from rnnkit.models.seq2seq import STATE_BATCH_DIM, build_seq2seq
+from rnnkit.models.seq2seq import STATE_BATCH_DIM, _unstack, build_seq2seq
 from rnnkit.models.seq2seq_search import beam_search
 from rnnkit.types import LSTMState
 
@@ -103,16 +103,57 @@ def test_bidirectional_encoder_is_projected_to_the_decoder_width():
     assert all(isinstance(b, torch.nn.Linear) for b in m.bridge_h)
 
 
+@pytest.mark.parametrize("kind", ["dot", "additive"])
+def test_attention_after_the_step_equals_the_step_loop_in_one_layer_call(kind):
+    # "after": the decoder reads no attention context, runs as one layer call, and the
+    # attention of all steps at once equals the step-by-step decoder (the decoding path).
+    m = model(attention=kind, attention_wiring="after", context="both", cell="lstm").double()
+    assert m.decoder.input_size == 8 + 16  # embedding and fixed context only
+    batch = reverse_batch()
+    out = m(batch.source, batch.source_mask, batch.target_in, batch.target_mask)
+    state = m.encode(batch.source, batch.source_mask)
+    emb = m.target_embedding(batch.target_in)
+    hidden, features, weights = _unstack(state.hidden), [], []
+    for t in range(batch.target_in.shape[1]):
+        feat, hidden, w = m._step(emb[:, t], hidden, state)
+        features.append(feat)
+        weights.append(w)
+    logits, attention = m.head(torch.stack(features, 1)), torch.stack(weights, 1)
+    real = batch.target_mask  # the layer holds its state at padded steps, the loop need not
+    torch.testing.assert_close(out.logits[real], logits[real], atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(out.attention[real], attention[real], atol=1e-12, rtol=1e-10)
+    d = torch.randn(logits.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    params = list(m.parameters())
+    ga = torch.autograd.grad((out.logits[real] * d[real]).sum(), params, allow_unused=True)
+    gb = torch.autograd.grad((logits[real] * d[real]).sum(), params, allow_unused=True)
+    for (name, _), a, b in zip(m.named_parameters(), ga, gb, strict=True):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9, msg=name)
+
+
+def test_attention_wiring_after_needs_attention():
+    with pytest.raises(ConfigError, match="--attention-wiring after"):
+        TrainConfig(
+            train="x", task="seq2seq", attention="none", attention_wiring="after"
+        ).validate()
+    with pytest.raises(ConfigError, match="--attention-wiring"):
+        model(attention="dot", attention_wiring="sideways")
+
+
 def test_dot_attention_with_a_bidirectional_encoder_is_a_clear_error():
     with pytest.raises(ConfigError, match=r"16.*32.*bilinear"):
         model(bidirectional=True, attention="dot")
 
 
-@pytest.mark.parametrize("attention", ["none", "dot"])
-def test_scheduled_sampling_with_p_zero_equals_teacher_forcing(attention):
-    # With "none", teacher forcing runs the decoder as one layer call (explicit BPTT) and
-    # p = 0 runs the step loop with the sampling code: the two must agree.
-    m = model(attention=attention, context="both")
+@pytest.mark.parametrize(
+    ("attention", "wiring"), [("none", "before"), ("dot", "before"), ("dot", "after")]
+)
+def test_scheduled_sampling_with_p_zero_equals_teacher_forcing(attention, wiring):
+    # Teacher forcing runs the decoder as one layer call (explicit BPTT; "none", "after")
+    # or one node ("before"), and p = 0 runs the step loop with the sampling code: the two
+    # must agree.
+    m = model(attention=attention, context="both", attention_wiring=wiring)
     batch = reverse_batch()
     args = (batch.source, batch.source_mask, batch.target_in, batch.target_mask)
     tf = m(*args)
@@ -173,9 +214,13 @@ def test_a_sequence_fed_its_own_eos_has_ended():
     assert loss.tokens == len(WORDS) and torch.isfinite(loss.loss)
 
 
-@pytest.mark.parametrize("attention", ["none", "additive"])
-def test_beam_width_one_equals_greedy_and_batching_changes_nothing(attention):
-    m = model(seed=5, attention=attention, context="both", cell="lstm").eval()
+@pytest.mark.parametrize(
+    ("attention", "wiring"), [("none", "before"), ("additive", "before"), ("additive", "after")]
+)
+def test_beam_width_one_equals_greedy_and_batching_changes_nothing(attention, wiring):
+    m = model(
+        seed=5, attention=attention, context="both", cell="lstm", attention_wiring=wiring
+    ).eval()
     batch = reverse_batch()
     greedy = decoded(m, batch, beam=1, max_length=8)
     hyps = m.decode(batch.source, batch.source_mask, beam=1, max_length=8)

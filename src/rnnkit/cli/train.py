@@ -308,6 +308,15 @@ def register(sub: Any) -> None:
         help="attention over encoder states",
     )
     g.add_argument(
+        "--attention-wiring",
+        choices=("before", "after"),
+        default=d.attention_wiring,
+        help="before: the previous decoder state attends and the context is fed into the "
+        "step (Bahdanau); after: the new state attends after the step and the context "
+        "reaches only the output layer (Luong, no input feeding; trains faster: the "
+        "decoder runs as one layer call)",
+    )
+    g.add_argument(
         "--context",
         choices=("init", "input", "both"),
         default=d.context,

@@ -35,6 +35,7 @@ from rnnkit.models.ngram import NGramModel, count_table_size
 from rnnkit.models.pooling import POOLINGS, Pooling, last_pool, max_pool, mean_pool, state_pool
 from rnnkit.models.regressor import LOSSES, TARGETS, Regressor, RegressorOutput
 from rnnkit.models.seq2seq import (
+    ATTENTION_WIRINGS,
     STATE_BATCH_DIM,
     DecoderState,
     Seq2Seq,
@@ -45,6 +46,7 @@ from rnnkit.models.seq2seq_search import beam_search, decode_batch
 from rnnkit.models.tagger import CHAR_EMBEDDING, CHAR_HIDDEN, CharEncoder, Tagger, build_tagger
 
 __all__ = [
+    "ATTENTION_WIRINGS",
     "BOW_C",
     "CHAR_EMBEDDING",
     "CHAR_HIDDEN",

@@ -13,18 +13,25 @@ step; for the backward direction the state after reading back to ``x_1``). The c
 * ``"input"``: it is appended to the decoder's input at every step (the state starts at 0);
 * ``"both"``.
 
-With attention, at decoder step ``i`` the previous top decoder state scores the encoder
-states (:mod:`rnnkit.attention`), ``c_i = Σ_j α_ij h^e_j`` is appended to the input,
-``h^d_i = g([E y_{i−1}; c_i (; c)], h^d_{i−1})``, and the output layer reads
-``[h^d_i; c_i]``: ``ŷ_i = softmax(V [h^d_i; c_i] + b)``.
+With attention, ``attention_wiring`` says where it sits in a decoder step:
+
+* ``"before"`` (the default; Bahdanau et al. 2015): the previous top decoder state scores
+  the encoder states (:mod:`rnnkit.attention`), ``c_i = Σ_j α_ij h^e_j`` is appended to the
+  input, ``h^d_i = g([E y_{i−1}; c_i (; c)], h^d_{i−1})``;
+* ``"after"`` (Luong et al. 2015's global attention, without input feeding): the step
+  runs first, ``h^d_i = g([E y_{i−1} (; c)], h^d_{i−1})``, then the NEW top state scores
+  the encoder states for ``c_i``. Nothing of the attention enters the recurrence.
+
+Either way the output layer reads ``[h^d_i; c_i]``: ``ŷ_i = softmax(V [h^d_i; c_i] + b)``.
 
 Training: teacher forcing (input ``y_{i−1}``), or scheduled sampling: with probability
 ``p``, per sequence and per step, the input is the model's own greedy choice at the
 previous step instead. A sequence whose fed token is its own ``</s>`` has ended, as it
 would in free running: its later steps carry no loss (their inputs are irrelevant).
-With pure teacher forcing the decoder runs without attention as one layer call (the
-library's time loop and explicit BPTT over the whole target), with attention and one
-decoder layer as one autograd node with a hand-written backward
+With pure teacher forcing, without attention or with ``"after"``, the decoder runs as
+one layer call (the library's time loop and explicit BPTT over the whole target), and
+the attention of all steps is a few batched products after it. With ``"before"`` and one
+decoder layer it runs as one autograd node with a hand-written backward
 (:mod:`rnnkit.attention_loop`); otherwise (scheduled sampling, several decoder layers,
 tracing) a cell-level loop.
 
@@ -64,6 +71,7 @@ from rnnkit.tracing import tracing
 from rnnkit.types import LSTMState, State
 
 __all__ = [
+    "ATTENTION_WIRINGS",
     "CONTEXT_MODES",
     "STATE_BATCH_DIM",
     "DecoderState",
@@ -73,6 +81,7 @@ __all__ = [
 ]
 
 CONTEXT_MODES = ("init", "input", "both")
+ATTENTION_WIRINGS = ("before", "after")
 
 
 class DecoderState(NamedTuple):
@@ -162,6 +171,8 @@ class Seq2Seq(nn.Module):
         head: maps ``(…, H_d [+ D·H_e with attention])`` to logits ``(…, V_t)``.
         attention: an :class:`~rnnkit.attention.Attention` with ``query_size = H_d`` and
             ``memory_size = D·H_e``, or None.
+        attention_wiring: ``"before"`` or ``"after"`` the decoder step (module
+            docstring); with ``"after"`` the decoder's input has no attention context.
         context: ``"init"``, ``"input"`` or ``"both"`` (see the module docstring).
         dropout: on embeddings and before the head.
         length: a :class:`~rnnkit.models.length.SequenceLength` with ``features_size`` the
@@ -193,11 +204,17 @@ class Seq2Seq(nn.Module):
         context: str = "init",
         dropout: float = 0.0,
         length: SequenceLength | None = None,
+        attention_wiring: str = "before",
     ) -> None:
         super().__init__()
         if context not in CONTEXT_MODES:
             raise ConfigError(
                 f"--context must be one of {', '.join(CONTEXT_MODES)}, got {context!r}"
+            )
+        if attention_wiring not in ATTENTION_WIRINGS:
+            raise ConfigError(
+                f"--attention-wiring must be one of {', '.join(ATTENTION_WIRINGS)}, "
+                f"got {attention_wiring!r}"
             )
         if decoder.bidirectional:
             raise ValueError("the decoder must be unidirectional (it generates left to right)")
@@ -215,14 +232,16 @@ class Seq2Seq(nn.Module):
                     f"attention widths ({attention.query_size}, {attention.memory_size}) must be "
                     f"(decoder hidden {H}, encoder states {memory_size})"
                 )
-            expected += memory_size
+            if attention_wiring == "before":
+                expected += memory_size
+        fed = attention is not None and attention_wiring == "before"
         if context in ("input", "both"):
             expected += memory_size
         if decoder.input_size != expected:
             raise ValueError(
                 f"decoder input_size must be {expected} (target embedding"
                 f"{' + steps remaining' if length is not None and length.input_size else ''}"
-                f"{' + attention context' if attention is not None else ''}"
+                f"{' + attention context' if fed else ''}"
                 f"{' + fixed context' if context != 'init' else ''}), got {decoder.input_size}"
             )
         if length is not None:
@@ -238,6 +257,7 @@ class Seq2Seq(nn.Module):
         self.decoder = decoder
         self.head = head
         self.attention = attention
+        self.attention_wiring = attention_wiring
         self.context_mode = context
         self.memory_size = memory_size
         self.drop = nn.Dropout(dropout)
@@ -313,8 +333,10 @@ class Seq2Seq(nn.Module):
         """One decoder step: ``emb (B, E_t)`` → (head input ``(B, ·)``, new layers, α)."""
         parts = [emb]
         attn_ctx, weights = None, None
+        before = self.attention is not None and self.attention_wiring == "before"
         if self.attention is not None:
             assert state.keys is not None and state.memory is not None
+        if before:
             attn_ctx, weights = self.attention(
                 _top(hidden[-1]), state.keys, state.memory, state.source_mask
             )
@@ -329,6 +351,8 @@ class Seq2Seq(nn.Module):
             s = cell(x, hidden[l])
             new.append(s)
             x = _top(s)
+        if self.attention is not None and not before:
+            attn_ctx, weights = self.attention(x, state.keys, state.memory, state.source_mask)
         features = x if attn_ctx is None else torch.cat([x, attn_ctx], dim=-1)
         return features, new, weights
 
@@ -411,12 +435,19 @@ class Seq2Seq(nn.Module):
         (faster: finished rows stop costing); the real steps are the same either way.
         """
         B, T = emb.shape[:2]
-        if self.attention is None:
-            # One call of the layer (the time loop, explicit BPTT).
+        if self.attention is None or self.attention_wiring == "after":
+            # One call of the layer (the time loop, explicit BPTT), attention after it.
             x = emb
             if state.context is not None:
                 x = torch.cat([x, state.context.unsqueeze(1).expand(B, T, -1)], dim=-1)
-            return self.decoder(x, mask=mask, state=state.hidden).outputs, None
+            out = self.decoder(x, mask=mask, state=state.hidden)
+            if self.attention is None:
+                return out.outputs, None
+            assert state.keys is not None and state.memory is not None
+            att = self.attention.attend_all(
+                out.outputs, state.keys, state.memory, state.source_mask
+            )
+            return torch.cat([out.outputs, att.context], dim=-1), att.weights
         if self.decoder.num_layers == 1 and not tracing() and not torch.jit.is_tracing():
             return self._attention_node(emb, state)
         hidden = _unstack(state.hidden)
@@ -428,8 +459,8 @@ class Seq2Seq(nn.Module):
         return torch.stack(features, dim=1), torch.stack(weights, dim=1)
 
     def _attention_node(self, emb: Tensor, state: DecoderState) -> tuple[Tensor, Tensor]:
-        """:meth:`_teacher_forced` with attention, one decoder layer: the same steps as one
-        autograd node (:func:`rnnkit.attention_loop.attention_decoder`)."""
+        """:meth:`_teacher_forced` with attention before the step, one decoder layer: the
+        same steps as one autograd node (:func:`rnnkit.attention_loop.attention_decoder`)."""
         assert self.attention is not None and state.keys is not None
         assert state.memory is not None
         cell = self.decoder.cells()[0]
@@ -627,7 +658,8 @@ def build_seq2seq(cfg: TrainConfig, source_vocab_size: int, target_vocab_size: i
     decoder_in = E
     if cfg.attention != "none":
         attention = Attention(cfg.attention, H, memory)
-        decoder_in += memory
+        if cfg.attention_wiring == "before":  # "after": the context reaches the head only
+            decoder_in += memory
     if cfg.context in ("input", "both"):
         decoder_in += memory
     head_in = H + (memory if attention is not None else 0)
@@ -650,4 +682,5 @@ def build_seq2seq(cfg: TrainConfig, source_vocab_size: int, target_vocab_size: i
         context=cfg.context,
         dropout=cfg.dropout,
         length=length,
+        attention_wiring=cfg.attention_wiring,
     )
