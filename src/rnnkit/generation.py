@@ -338,10 +338,8 @@ def _run_sampling(
 ) -> list[GenerationResult]:
     """Sample (or pick greedily) for independent rows; finished rows leave the batch."""
     B = log_probs.shape[0]
-    ids: list[list[int]] = [[] for _ in range(B)]
-    logprob = [0.0] * B
-    finished = [False] * B
     origin = torch.arange(B, device=log_probs.device)  # active row -> output row
+    drawn: list[tuple[Tensor, Tensor, Tensor]] = []  # (origin, token, log-prob) per step
     for t in range(opt.max_length):
         if opt.strategy == "greedy":
             token = log_probs.argmax(dim=-1)  # (B',)
@@ -354,22 +352,28 @@ def _run_sampling(
                 probs = probs.to(opt.generator.device)
             token = torch.multinomial(probs, 1, generator=opt.generator).view(-1)  # (B',)
             token = token.to(log_probs.device)
-        token_lp = log_probs.gather(1, token.view(-1, 1)).view(-1)
-        for r, k, lp in zip(origin.tolist(), token.tolist(), token_lp.tolist(), strict=True):
+        drawn.append((origin, token, log_probs.gather(1, token.view(-1, 1)).view(-1)))
+        if t == opt.max_length - 1:
+            break
+        live = token != (-1 if opt.eos_id is None else opt.eos_id)
+        alive = int(live.sum())
+        if alive == 0:
+            break
+        if alive < live.shape[0]:
+            keep = live.nonzero().view(-1)
+            state, token, origin = reorder(state, keep), token[keep], origin[keep]
+        log_probs, state = model.step(token, state)
+    # The bookkeeping once at the end, in the order drawn (the same float sums).
+    ids: list[list[int]] = [[] for _ in range(B)]
+    logprob = [0.0] * B
+    finished = [False] * B
+    for rows, tokens, lps in drawn:
+        for r, k, lp in zip(rows.tolist(), tokens.tolist(), lps.tolist(), strict=True):
             logprob[r] += lp
             if k == opt.eos_id:
                 finished[r] = True
             else:
                 ids[r].append(k)
-        if t == opt.max_length - 1:
-            break
-        live = token != (-1 if opt.eos_id is None else opt.eos_id)
-        if not bool(live.any()):
-            break
-        if not bool(live.all()):
-            keep = live.nonzero().view(-1)
-            state, token, origin = reorder(state, keep), token[keep], origin[keep]
-        log_probs, state = model.step(token, state)
     return [
         GenerationResult(i, lp, f, opt.score(lp, len(i) + f))
         for i, lp, f in zip(ids, logprob, finished, strict=True)
@@ -536,13 +540,16 @@ def generate_batch(
         if bos_id is None:
             raise ValueError("give prompt_ids or bos_id: generation needs a first token")
         S = _batch_size(state, state_batch_dim) if state is not None else None
-        if S is None:
+        if not S:
             raise ValueError("generate_batch needs prompts or an initial state with rows")
-        prompts = [[bos_id]] * S
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
-        raise ValueError("prompts must be a non-empty list of token-id lists")
     vocab_size = getattr(model, "vocab_size", None)
-    prompt_list = _check_prompts(prompts, vocab_size if _is_int(vocab_size) else None)
+    vocab = vocab_size if _is_int(vocab_size) else None
+    if prompts is None:
+        prompt_list = _check_prompts([[bos_id]], vocab) * S  # every row: the same one id
+    else:
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+            raise ValueError("prompts must be a non-empty list of token-id lists")
+        prompt_list = _check_prompts(prompts, vocab)
     S = len(prompt_list)
     if state is not None and reorder is None:
         rows = _batch_size(state, state_batch_dim)

@@ -238,6 +238,27 @@ def test_beam_width_one_equals_greedy_and_batching_changes_nothing(attention, wi
         assert decoded(m, alone, beam=3, max_length=8)[0] == beam3[i]
 
 
+def test_beam_search_reorders_per_source_parts_only_when_sources_leave():
+    # Seq2Seq.decode tells beam search that the encoder side of the state is the same in
+    # all beams of a source: the hypotheses equal those of selecting every part each step.
+    m = model(seed=7, attention="additive", context="both", cell="lstm")
+    batch = reverse_batch()
+    opt = torch.optim.Adam(m.parameters(), lr=0.02)
+    for _ in range(20):  # enough for the sources to end at different steps
+        opt.zero_grad()
+        m.loss(batch).loss.backward()
+        opt.step()
+    m.eval()
+    got = m.decode(batch.source, batch.source_mask, beam=3, max_length=9, num=2)
+    with torch.no_grad():
+        state = m.encode(batch.source, batch.source_mask)
+        want = beam_search(
+            m, state, STATE_BATCH_DIM, beam=3, max_length=9, bos_id=BOS_ID, eos_id=EOS_ID, num=2
+        )
+    assert len({len(h[0].ids) for h in got}) > 1
+    assert got == want
+
+
 def test_beam_search_keeps_going_until_the_top_beam_ends():
     # A model sure of one long answer whose other beams prefer </s> at once: stopping as
     # soon as K hypotheses have ended would return a short, improbable one.

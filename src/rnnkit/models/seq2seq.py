@@ -107,6 +107,8 @@ class DecoderState(NamedTuple):
 
 # The batch dimension of every part of a DecoderState (for generation's row selection).
 STATE_BATCH_DIM = DecoderState(2, 0, 0, 0, 0, 0)
+# The parts that depend on the source only: equal in all beams of a source (beam search).
+PER_SOURCE = DecoderState(False, True, True, True, True, False)
 
 
 class Seq2SeqOutput(NamedTuple):
@@ -129,18 +131,26 @@ class Seq2SeqOutput(NamedTuple):
 
 
 def _stack(states: list[State]) -> State:
-    """Per-layer ``(B, H)`` states → ``(L, 1, B, H)``."""
+    """Per-layer ``(B, H)`` states → ``(L, 1, B, H)`` (one layer: a view, no copy)."""
     if isinstance(states[0], LSTMState):
+        if len(states) == 1:
+            return LSTMState(states[0].h[None, None], states[0].c[None, None])
         return LSTMState(
             torch.stack([s.h for s in states]).unsqueeze(1),
             torch.stack([s.c for s in states]).unsqueeze(1),
         )
+    if len(states) == 1:
+        return states[0][None, None]  # type: ignore[index]
     return torch.stack(states).unsqueeze(1)  # type: ignore[arg-type]
 
 
 def _unstack(state: State) -> list[State]:
     if isinstance(state, LSTMState):
+        if state.h.shape[0] == 1:
+            return [LSTMState(state.h[0, 0], state.c[0, 0])]
         return [LSTMState(h[0], c[0]) for h, c in zip(state.h, state.c, strict=True)]
+    if state.shape[0] == 1:
+        return [state[0, 0]]
     return [s[0] for s in state]
 
 
@@ -356,16 +366,21 @@ class Seq2Seq(nn.Module):
         features = x if attn_ctx is None else torch.cat([x, attn_ctx], dim=-1)
         return features, new, weights
 
+    def _dropout(self, x: Tensor) -> Tensor:
+        """``self.drop(x)``, without the module call where it is the identity (a
+        generation step pays for every call)."""
+        return self.drop(x) if self.training and self.drop.p > 0 else x
+
     def step(self, token: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
         """One generation step: ``token (B,)`` → ``(log-probabilities (B, V_t), state)``."""
-        emb = self.drop(self.target_embedding(token))  # (B, E_t)
+        emb = self._dropout(self.target_embedding(token))  # (B, E_t)
         if self.length is not None:
             assert state.length is not None
             remaining = self.length.step_input(state.length)
             if remaining is not None:
                 emb = torch.cat([emb, remaining], dim=-1)  # (B, E_t + R)
         features, hidden, _ = self._step(emb, _unstack(state.hidden), state)
-        logits = self.head(self.drop(features))
+        logits = self.head(self._dropout(features))
         if self.length is not None:
             log_probs, extra = self.length.step_output(logits, features, state.length)
             return log_probs, state._replace(hidden=_stack(hidden), length=extra)
@@ -595,6 +610,7 @@ class Seq2Seq(nn.Module):
             eos_id=EOS_ID,
             length_penalty=length_penalty,
             num=num,
+            per_source=tuple(PER_SOURCE),
         )
 
     @torch.no_grad()

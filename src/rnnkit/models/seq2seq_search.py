@@ -41,6 +41,7 @@ def beam_search(
     eos_id: int,
     length_penalty: float = 1.0,
     num: int = 1,
+    per_source: tuple[bool, ...] | None = None,
 ) -> list[list[GenerationResult]]:
     """Beam search for the ``S`` rows of ``state``, ``S·K`` rows per ``step`` call.
 
@@ -53,6 +54,10 @@ def beam_search(
         bos_id, eos_id: the start and end symbols.
         length_penalty: ``α`` in ``score = logprob / n ** α``.
         num: hypotheses returned per source (``≤ K``).
+        per_source: for a tuple state, which of its parts are the same in all the beams
+            of a source (e.g. the encoder states a decoder attends to): those are selected
+            only when sources leave the batch, not when beams are reordered (a copy of
+            every beam's rows per step saved). None: every part is selected every step.
 
     Returns:
         ``S`` lists of at most ``num`` results, best score first.
@@ -124,8 +129,17 @@ def beam_search(
         rows, token = rows[keep_t].view(-1), tok[keep_t].view(-1)  # (A'·K,)
         seqs = torch.cat([seqs[rows], token.view(-1, 1)], dim=1)
         beam_lp = live_lp[keep_t]
+        if per_source is not None and len(keep) == A:
+            # Beams were reordered within their sources only: per-source parts stand.
+            state = type(state)(
+                *(
+                    part if same else select_state(part, rows, dim)
+                    for part, dim, same in zip(state, state_batch_dim, per_source, strict=True)
+                )
+            )
+        else:
+            state = select_state(state, rows, state_batch_dim)
         sources = [sources[a] for a in keep]
-        state = select_state(state, rows, state_batch_dim)
     return [sorted(h, key=lambda r: r.score, reverse=True)[:num] for h in hyps]
 
 
@@ -140,6 +154,7 @@ def decode_batch(
     eos_id: int,
     length_penalty: float = 1.0,
     num: int = 1,
+    per_source: tuple[bool, ...] | None = None,
 ) -> list[list[GenerationResult]]:
     """Greedy search (``beam = 1``, through ``generate_batch``) or :func:`beam_search`."""
     if beam == 1 and num == 1:
@@ -164,6 +179,7 @@ def decode_batch(
         eos_id=eos_id,
         length_penalty=length_penalty,
         num=num,
+        per_source=per_source,
     )
 
 
