@@ -5,8 +5,10 @@ uniform in ``[min-len, max-len]``. The model is the one ``rnnkit train --task se
 builds (``build_seq2seq``). Measured in one run:
 
 * training: forward + backward + Adam step on batches of ``--batch`` pairs, for teacher
-  forcing with attention (the cell-level decoder loop), scheduled sampling at p = 0.5
-  (the same loop plus the per-step head and coin tosses), and, as a reference, the
+  forcing with attention (``--attention-wiring before``: one autograd node over the
+  decoder's steps; ``after``: one layer call, then batched attention), scheduled
+  sampling at p = 0.5 (a cell-level loop with the per-step head and coin tosses), and,
+  as a reference, the
   model without attention, whose teacher-forced decoder is one layer call (the library's
   explicit BPTT);
 * decoding: the attention model after a short training (so that it ends its outputs
@@ -76,6 +78,7 @@ def _model(args: argparse.Namespace, attention: str, seed: int = 0):
         attention=attention,
         bidirectional=args.bidirectional,
         context="init",
+        attention_wiring=args.attention_wiring if attention != "none" else "before",
     )
     return build_seq2seq(cfg, args.vocab_size, args.vocab_size)
 
@@ -86,6 +89,12 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--embedding", type=int, default=64)
     p.add_argument("--attention", default="additive", choices=("dot", "bilinear", "additive"))
+    p.add_argument(
+        "--attention-wiring",
+        default="before",
+        choices=("before", "after"),
+        help="attention before the decoder step (context fed in) or after it",
+    )
     p.add_argument("--bidirectional", action="store_true", help="bidirectional encoder")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--min-len", type=int, default=5)
@@ -172,6 +181,7 @@ def main() -> None:
             "hidden": args.hidden,
             "embedding": args.embedding,
             "attention": args.attention,
+            "attention_wiring": args.attention_wiring,
             "bidirectional": args.bidirectional,
             "parameters": sum(p.numel() for p in model.parameters()),
         },

@@ -18,13 +18,24 @@ torch.nn models are written the way a user would write them:
   attention on the previous state and the context fed with the next input (the wiring of
   ``build_seq2seq``), head on ``[h, context]``; rnnkit ``build_seq2seq`` (E 64, H 128,
   B 64, string lengths 5–15);
+* ``seq2seq-after``: the same with attention after the decoder step (``--attention-wiring
+  after``, no input feeding): the torch.nn model runs its decoder as one ``nn.LSTM`` call
+  over the target and the attention of all steps in batched products, as a user would
+  write this wiring; rnnkit ``build_seq2seq`` with ``attention_wiring="after"``;
 * ``seq2seq-greedy``: greedy decoding of 512 sources in batches of 64 (max length 32),
   rnnkit ``Seq2Seq.decode`` (finished rows leave the batch) against the loop a user
-  writes (all rows until every row has ended); same weights (copied), untrained.
+  writes (all rows until every row has ended); same weights (copied), after 300 training
+  steps on string reversal (``--decode-train``) so that outputs end as a trained
+  model's do;
+* ``seq2seq-beam``: beam search (K = 5, length-normalised, the stopping rule of
+  ``rnnkit.models.seq2seq_search``) of the same sources: rnnkit (finished sources leave
+  the batch) against the same search written on the torch.nn model, every source's K
+  rows computed until all sources have ended (the same hypotheses).
 
 Timing: the two contenders of a task alternate in interleaved rounds (``_common``);
 the ratio is the median over rounds of ``torch time / rnnkit time`` (> 1: rnnkit is
-faster). Threads: torch's default unless ``--threads``.
+faster). Threads: torch's default unless ``--threads``; ``--cpu-time`` runs one thread
+and times it by its own CPU time, which leaves out the time other processes take.
 
     python benchmarks/bench_tasks.py                  # all tasks, 5 rounds (~4 min)
     python benchmarks/bench_tasks.py --quick          # 3 rounds of shorter blocks (~2 min)
@@ -55,7 +66,16 @@ from rnnkit.models.seq2seq import build_seq2seq
 from rnnkit.models.tagger import build_tagger
 from rnnkit.types import LSTMState
 
-TASKS = ("lm", "tag", "classify", "events", "seq2seq", "seq2seq-greedy")
+TASKS = (
+    "lm",
+    "tag",
+    "classify",
+    "events",
+    "seq2seq",
+    "seq2seq-after",
+    "seq2seq-greedy",
+    "seq2seq-beam",
+)
 Step = Callable[[], None]
 
 
@@ -284,41 +304,169 @@ class TorchSeq2Seq(nn.Module):
                 break
         return torch.stack(out, dim=1)
 
+    @torch.no_grad()
+    def beam(self, src, src_mask, K: int, max_length: int) -> list[list[int]]:
+        """Beam search, every source's K rows stepped until all sources are done; a source
+        is done when its best candidate is ``</s>`` or no live beam is left (the rule of
+        ``rnnkit.models.seq2seq_search``); score = log p / n."""
+        memory, keys, hc = self.encode(src, src_mask)
+        B = src.shape[0]
+        expand = torch.arange(B).repeat_interleave(K)
+        memory, keys, src_mask = memory[expand], keys[expand], src_mask[expand]
+        hc = (hc[0][expand], hc[1][expand])
+        token = torch.full((B * K,), BOS_ID, dtype=torch.long)
+        beam_lp = torch.full((B, K), float("-inf"))
+        beam_lp[:, 0] = 0.0
+        seqs = torch.zeros(B * K, 0, dtype=torch.long)
+        done = torch.zeros(B, dtype=torch.bool)
+        best: list[tuple[float, list[int]]] = [(float("-inf"), [])] * B
+        base = (torch.arange(B) * K).view(-1, 1)
+        for t in range(max_length):
+            f, hc = self.step(self.tgt_emb(token), hc, memory, keys, src_mask)
+            log_probs = torch.log_softmax(self.head(f), dim=-1)
+            V = log_probs.shape[-1]
+            cand = beam_lp.unsqueeze(-1) + log_probs.view(B, K, V)
+            top_lp, top_idx = cand.view(B, K * V).topk(2 * K, dim=-1)
+            parent, tok = top_idx // V, top_idx % V
+            finite, is_eos = torch.isfinite(top_lp), tok == EOS_ID
+            closes = is_eos & finite & ~done.view(-1, 1)
+            closes[:, K:] = False
+            for b, c in closes.nonzero().tolist():
+                score = float(top_lp[b, c]) / (t + 1)
+                if score > best[b][0]:
+                    best[b] = (score, seqs[b * K + int(parent[b, c])].tolist())
+            live_lp, pick = top_lp.masked_fill(is_eos | ~finite, float("-inf")).topk(K, dim=-1)
+            rows = (base + parent.gather(1, pick)).view(-1)
+            tok = tok.gather(1, pick).view(-1)
+            if t == max_length - 1:  # the live beams are hypotheses too (unfinished)
+                for b, k in (live_lp.isfinite() & ~done.view(-1, 1)).nonzero().tolist():
+                    score = float(live_lp[b, k]) / (t + 1)
+                    if score > best[b][0]:
+                        best[b] = (
+                            score,
+                            [*seqs[int(rows[b * K + k])].tolist(), int(tok[b * K + k])],
+                        )
+                break
+            done |= ~live_lp[:, 0].isfinite() | (is_eos[:, 0] & finite[:, 0])
+            if bool(done.all()):
+                break
+            seqs = torch.cat([seqs[rows], tok.view(-1, 1)], dim=1)
+            beam_lp, token = live_lp, tok
+            hc = (hc[0][rows], hc[1][rows])
+        return [ids for _, ids in best]
 
-def _seq2seq_models(V: int, E: int, H: int):
+
+class TorchSeq2SeqAfter(TorchSeq2Seq):
+    """Attention after the decoder step, no input feeding: the decoder is one ``nn.LSTM``
+    over the target, then the attention of all steps at once (batched products)."""
+
+    def __init__(self, V: int, E: int, H: int) -> None:
+        super().__init__(V, E, H)
+        del self.cell
+        self.decoder = nn.LSTM(E, H, batch_first=True)
+
+    def loss(self, src, src_mask, tgt_in, tgt_out, tgt_mask):
+        memory, keys, (h, c) = self.encode(src, src_mask)
+        out, _ = self.decoder(self.tgt_emb(tgt_in), (h[None], c[None]))  # (B, T, H)
+        scores = torch.tanh(keys.unsqueeze(1) + self.query_proj(out).unsqueeze(2)) @ self.v
+        weights = torch.softmax(scores.masked_fill(~src_mask[:, None], float("-inf")), dim=-1)
+        logits = self.head(torch.cat([out, torch.bmm(weights, memory)], dim=-1))
+        return _masked_ce(logits, tgt_out, tgt_mask)
+
+
+def _rnnkit_seq2seq(V: int, E: int, H: int, wiring: str = "before"):
+    wired = {} if wiring == "before" else {"attention_wiring": wiring}  # (older rnnkit too)
     cfg = TrainConfig(
-        train="-", task="seq2seq", hidden=H, embedding=E, attention="additive", context="init"
+        train="-",
+        task="seq2seq",
+        hidden=H,
+        embedding=E,
+        attention="additive",
+        context="init",
+        **wired,
     )
-    model = build_seq2seq(cfg, V, V)
-    ref = TorchSeq2Seq(V, E, H)
-    with torch.no_grad():  # the same weights, so decoding runs the same lengths
+    return build_seq2seq(cfg, V, V)
+
+
+def _torch_copy(model, wiring: str = "before"):
+    """The torch.nn model with ``model``'s weights (so decoding runs the same lengths)."""
+    V, E = model.target_embedding.weight.shape
+    H = model.decoder.hidden_size
+    ref = TorchSeq2Seq(V, E, H) if wiring == "before" else TorchSeq2SeqAfter(V, E, H)
+    with torch.no_grad():
         ref.src_emb.weight.copy_(model.source_embedding.weight)
         ref.tgt_emb.weight.copy_(model.target_embedding.weight)
         ref.encoder = to_torch(model.encoder)
-        ref.cell = to_torch(model.decoder.cells()[0])
+        if wiring == "before":
+            ref.cell = to_torch(model.decoder.cells()[0])
+        else:
+            ref.decoder = to_torch(model.decoder)
         att = model.attention
         ref.query_proj.load_state_dict(att.query_proj.state_dict())
         ref.memory_proj.load_state_dict(att.memory_proj.state_dict())
         ref.v.copy_(att.v)
         ref.head.load_state_dict(model.head.state_dict())
-    return model, ref
+    return ref
 
 
-def _pairs(gen: torch.Generator, V: int, B: int):
+def _seq2seq_models(V: int, E: int, H: int, wiring: str = "before"):
+    model = _rnnkit_seq2seq(V, E, H, wiring)
+    return model, _torch_copy(model, wiring)
+
+
+#: Training steps of the decoding tasks' model on string reversal (``--decode-train``), so
+#: that it ends its outputs with ``</s>`` at about the right length as a trained model does
+#: (an untrained one rarely draws ``</s>``: every row runs to the length limit).
+DECODE_TRAIN = {"steps": 300}
+_DECODE_MODEL: dict[int, object] = {}
+
+
+def _decoding_models(V: int, E: int, H: int):
+    from rnnkit.data.pairs import PairBatch
+
+    steps = DECODE_TRAIN["steps"]
+    if steps not in _DECODE_MODEL:
+        torch.manual_seed(0)
+        model = _rnnkit_seq2seq(V, E, H)
+        opt = torch.optim.Adam(model.parameters(), lr=5e-3)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(steps):
+            src, src_mask, tgt_in, tgt_out, tgt_mask = _pairs(gen, V, 64, reverse=True)
+            values = {
+                "source": src,
+                "source_mask": src_mask,
+                "target_in": tgt_in,
+                "target_out": tgt_out,
+                "target_mask": tgt_mask,
+            }
+            batch = PairBatch(**{k: values.get(k) for k in PairBatch._fields})
+            opt.zero_grad(set_to_none=True)
+            model.loss(batch).loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            opt.step()
+        _DECODE_MODEL[steps] = model.eval()
+    model = _DECODE_MODEL[steps]
+    return model, _torch_copy(model).eval()
+
+
+def _pairs(gen: torch.Generator, V: int, B: int, reverse: bool = False):
     lengths = _lengths(gen, B, 5, 15)
     src, src_mask = _padded(gen, V, lengths)
     tgt, tgt_mask = _padded(gen, V, lengths + 1)
+    if reverse:  # the target is the source read backwards
+        for b, n in enumerate(lengths.tolist()):
+            tgt[b, :n] = src[b, :n].flip(0)
     tgt_in = torch.cat([torch.full((B, 1), BOS_ID), tgt[:, :-1]], dim=1)
     tgt_out = tgt.clone()
     tgt_out[torch.arange(B), lengths] = EOS_ID
     return src, src_mask, tgt_in.masked_fill(~tgt_mask, 0), tgt_out, tgt_mask
 
 
-def task_seq2seq(gen: torch.Generator) -> tuple[dict[str, Step], int]:
+def task_seq2seq(gen: torch.Generator, wiring: str = "before") -> tuple[dict[str, Step], int]:
     from rnnkit.data.pairs import PairBatch
 
     V, E, H, B = 40, 64, 128, 64
-    model, ref = _seq2seq_models(V, E, H)
+    model, ref = _seq2seq_models(V, E, H, wiring)
     batches = [_pairs(gen, V, B) for _ in range(8)]
     tokens = sum(int(b[4].sum()) for b in batches) // len(batches)
     fields = PairBatch._fields
@@ -343,9 +491,7 @@ def task_seq2seq(gen: torch.Generator) -> tuple[dict[str, Step], int]:
 
 def task_seq2seq_greedy(gen: torch.Generator) -> tuple[dict[str, Step], int]:
     V, E, H, B, N, max_length = 40, 64, 128, 64, 512, 32
-    model, ref = _seq2seq_models(V, E, H)
-    model.eval()
-    ref.eval()
+    model, ref = _decoding_models(V, E, H)
     batches = [_pairs(gen, V, B)[:2] for _ in range(N // B)]
 
     def rk() -> None:
@@ -359,17 +505,48 @@ def task_seq2seq_greedy(gen: torch.Generator) -> tuple[dict[str, Step], int]:
     return {"rnnkit": rk, "torch.nn": tn}, N
 
 
+def task_seq2seq_beam(gen: torch.Generator) -> tuple[dict[str, Step], int]:
+    V, E, H, B, N, K, max_length = 40, 64, 128, 64, 512, 5, 32
+    model, ref = _decoding_models(V, E, H)
+    batches = [_pairs(gen, V, B)[:2] for _ in range(N // B)]
+
+    def rk() -> None:
+        for src, mask in batches:
+            model.decode(src, mask, beam=K, max_length=max_length)
+
+    def tn() -> None:
+        for src, mask in batches:
+            ref.beam(src, mask, K, max_length)
+
+    return {"rnnkit": rk, "torch.nn": tn}, N
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--block", type=float, default=1.0, help="seconds per timed block")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="one thread, timed by its CPU time (steadier on a loaded machine)",
+    )
     p.add_argument("--quick", action="store_true", help="3 rounds of 0.5 s blocks")
+    p.add_argument(
+        "--decode-train",
+        type=int,
+        default=DECODE_TRAIN["steps"],
+        help="training steps (string reversal) of the decoding tasks' model before timing; "
+        "0: untrained (rows rarely end before the length limit)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    DECODE_TRAIN["steps"] = args.decode_train
     if args.quick:
         args.rounds, args.block = 3, 0.5
+    if args.cpu_time:
+        args.threads = 1
     if args.threads:
         torch.set_num_threads(args.threads)
     builders = {
@@ -378,7 +555,9 @@ def main(argv: list[str] | None = None) -> int:
         "classify": task_classify,
         "events": task_events,
         "seq2seq": task_seq2seq,
+        "seq2seq-after": lambda gen: task_seq2seq(gen, "after"),
         "seq2seq-greedy": task_seq2seq_greedy,
+        "seq2seq-beam": task_seq2seq_beam,
     }
     info = machine()
     rows = []
@@ -387,12 +566,13 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--tasks: unknown task {name!r} (known: {', '.join(TASKS)})")
         torch.manual_seed(0)
         fns, units = builders[name](torch.Generator().manual_seed(0))
-        times = interleaved(fns, rounds=args.rounds, block_s=args.block)
+        clock = "thread" if args.cpu_time else "wall"
+        times = interleaved(fns, rounds=args.rounds, block_s=args.block, clock=clock)
         rk = sorted(times["rnnkit"])[len(times["rnnkit"]) // 2]
         tn = sorted(times["torch.nn"])[len(times["torch.nn"]) // 2]
         row = {
             "task": name,
-            "unit": "sentences" if name == "seq2seq-greedy" else "tokens",
+            "unit": "sentences" if name in ("seq2seq-greedy", "seq2seq-beam") else "tokens",
             "rnnkit_per_s": units / rk,
             "torch_per_s": units / tn,
             "ratio": median_ratio(times, "torch.nn", "rnnkit"),
@@ -405,11 +585,13 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     if args.json:
-        print(json.dumps({"machine": info, "rounds": args.rounds, "rows": rows}))
+        clock = "thread CPU time" if args.cpu_time else "wall clock"
+        print(json.dumps({"machine": info, "rounds": args.rounds, "clock": clock, "rows": rows}))
     else:
         print(
             f"({info['cpu']}, {info['cores']} cores, {info['torch_threads']} threads, torch "
-            f"{info['torch']}, {info['date']}, load {info['load_1min']} at the start)"
+            f"{info['torch']}, {info['date']}, load {info['load_1min']} at the start"
+            f"{', CPU time of the thread' if args.cpu_time else ''})"
         )
     return 0
 
