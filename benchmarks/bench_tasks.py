@@ -21,7 +21,8 @@ torch.nn models are written the way a user would write them:
 * ``seq2seq-after``: the same with attention after the decoder step (``--attention-wiring
   after``, no input feeding): the torch.nn model runs its decoder as one ``nn.LSTM`` call
   over the target and the attention of all steps in batched products, as a user would
-  write this wiring; rnnkit ``build_seq2seq`` with ``attention_wiring="after"``;
+  write this wiring; rnnkit ``build_seq2seq`` with ``attention_wiring="after"``; the
+  ``seq2seq`` task's torch.nn cell loop is timed beside them (its own ratio);
 * ``seq2seq-greedy``: greedy decoding of 512 sources in batches of 64 (max length 32),
   rnnkit ``Seq2Seq.decode`` (finished rows leave the batch) against the loop a user
   writes (all rows until every row has ended); same weights (copied), after 300 training
@@ -486,7 +487,11 @@ def task_seq2seq(gen: torch.Generator, wiring: str = "before") -> tuple[dict[str
     def t_loss(i: int) -> torch.Tensor:
         return ref.loss(*batches[i % 8])
 
-    return {"rnnkit": _trainer(model, rk_loss), "torch.nn": _trainer(ref, t_loss)}, tokens
+    fns = {"rnnkit": _trainer(model, rk_loss), "torch.nn": _trainer(ref, t_loss)}
+    if wiring == "after":  # and the torch.nn cell loop of the default wiring, for scale
+        loop = TorchSeq2Seq(V, E, H)
+        fns["torch.nn cell loop"] = _trainer(loop, lambda i: loop.loss(*batches[i % 8]))
+    return fns, tokens
 
 
 def task_seq2seq_greedy(gen: torch.Generator) -> tuple[dict[str, Step], int]:
@@ -577,11 +582,19 @@ def main(argv: list[str] | None = None) -> int:
             "torch_per_s": units / tn,
             "ratio": median_ratio(times, "torch.nn", "rnnkit"),
         }
+        others = [k for k in times if k not in ("rnnkit", "torch.nn")]
+        for other in others:  # a further reference: its time over rnnkit's
+            row[f"ratio_{other.replace(' ', '_')}"] = median_ratio(times, other, "rnnkit")
         rows.append(row)
         if not args.json:
+            extra = "".join(
+                f"   {k} {units / sorted(times[k])[len(times[k]) // 2]:,.0f}, ratio "
+                f"{median_ratio(times, k, 'rnnkit'):.2f}"
+                for k in others
+            )
             print(
                 f"{name:<15} rnnkit {row['rnnkit_per_s']:>10,.0f} {row['unit']}/s   "
-                f"torch.nn {row['torch_per_s']:>10,.0f}   ratio {row['ratio']:.2f}",
+                f"torch.nn {row['torch_per_s']:>10,.0f}   ratio {row['ratio']:.2f}{extra}",
                 flush=True,
             )
     if args.json:
