@@ -77,7 +77,7 @@ class _Spec(NamedTuple):
 
 class _AttentionDecoder(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         spec: _Spec,
         x: Tensor,
@@ -112,12 +112,13 @@ class _AttentionDecoder(torch.autograd.Function):
             # s_tj = vᵀ u_tj = 2 vᵀ σ_tj − Σ v with σ_tj = σ(2 (W_q h_{t−1} + b_q + k_j)):
             # tanh a = 2σ(2a) − 1, one sigmoid pass (Attention.scores computes the same).
             assert query_weight is not None and query_bias is not None and v is not None
+            w_q, b_q, v_a = query_weight, query_bias, v  # (typed: not None from here on)
             A = keys.shape[2]
             hidden = x.new_empty(T, B, S, A)  # σ_t, kept for the backward
             query = x.new_empty(B, A)
-            query3, query_weight_t = query.unsqueeze(1), query_weight.T
+            query3, query_weight_t = query.unsqueeze(1), w_q.T
             flat_scores = scores.view(B * S)
-            v_sum = v.sum()
+            v_sum = v_a.sum()
         n = len(states)
         state_steps = [s.unbind(0) for s in states]
         cache_steps = [c.unbind(0) for c in cache]
@@ -125,10 +126,10 @@ class _AttentionDecoder(torch.autograd.Function):
         for t in range(T):
             h_prev = state_steps[0][t]
             if spec.additive:
-                torch.addmm(query_bias, h_prev, query_weight_t, beta=2, alpha=2, out=query)
+                torch.addmm(b_q, h_prev, query_weight_t, beta=2, alpha=2, out=query)
                 sig = hidden[t]
                 torch.add(query3, keys, alpha=2, out=sig).sigmoid_()
-                torch.mv(sig.view(B * S, A), v, out=flat_scores)
+                torch.mv(sig.view(B * S, A), v_a, out=flat_scores)
                 scores.mul_(2).sub_(v_sum)
             else:
                 torch.bmm(keys, h_prev.unsqueeze(2), out=scores3)
@@ -149,13 +150,13 @@ class _AttentionDecoder(torch.autograd.Function):
         saved = [x, weight_x, weight_c, weight_hh, keys, memory, contexts, weights]
         saved += [*states, *cache]
         if spec.additive:
-            saved += [query_weight, v, hidden]
+            saved += [w_q, v_a, hidden]
         ctx.save_for_backward(*saved)
         return states[0][1:], contexts, weights
 
     @staticmethod
     @once_differentiable
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: Any, d_hidden: Tensor | None, d_contexts: Tensor | None, d_weights: Tensor | None
     ):
         spec, n = ctx.spec, ctx.num_states

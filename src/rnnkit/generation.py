@@ -536,16 +536,15 @@ def generate_batch(
         num=num,
         generator=generator,
     )
-    if prompts is None:
-        if bos_id is None:
-            raise ValueError("give prompt_ids or bos_id: generation needs a first token")
-        S = _batch_size(state, state_batch_dim) if state is not None else None
-        if not S:
-            raise ValueError("generate_batch needs prompts or an initial state with rows")
     vocab_size = getattr(model, "vocab_size", None)
     vocab = vocab_size if _is_int(vocab_size) else None
     if prompts is None:
-        prompt_list = _check_prompts([[bos_id]], vocab) * S  # every row: the same one id
+        if bos_id is None:
+            raise ValueError("give prompt_ids or bos_id: generation needs a first token")
+        rows = _batch_size(state, state_batch_dim) if state is not None else None
+        if not rows:
+            raise ValueError("generate_batch needs prompts or an initial state with rows")
+        prompt_list = _check_prompts([[bos_id]], vocab) * rows  # every row: the same one id
     else:
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
             raise ValueError("prompts must be a non-empty list of token-id lists")
