@@ -194,3 +194,20 @@ def test_pretrained_vectors_are_counted_and_a_wrong_dimension_is_one_line(capsys
     code, _, err = train(capsys, data, tmp_path / "q", "--pretrained-vectors", str(vectors))
     assert code == 2 and f"{vectors}:1:" in err and "--embedding" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_majority_baseline_breaks_ties_by_label_order():
+    """Of equally frequent labels the first in label order, whatever order the lines come
+    in (a file's order would make the baseline depend on how the data was shuffled)."""
+    import numpy as np
+
+    from rnnkit.tasks.classify import EncodedExamples, fit_baselines
+
+    def majority(labels: list[int]) -> int:
+        inputs = [np.array([1 + i % 3, 2], dtype=np.int64) for i in range(len(labels))]
+        train = EncodedExamples([], inputs, np.array(labels, dtype=np.int64))
+        return fit_baselines(train, vocab_size=5, num_labels=3).majority
+
+    assert majority([2, 1, 2, 1, 0]) == 1  # 1 and 2 twice each: 1 comes first
+    assert majority([1, 2, 2, 1, 2]) == 2
+    assert majority([2, 2, 0, 0, 1, 1]) == 0

@@ -189,11 +189,12 @@ class Baselines:
 def fit_baselines(train: EncodedExamples, vocab_size: int, num_labels: int) -> Baselines:
     """Both baselines, fitted on the training examples (their first ``--max-len`` tokens,
     as the model reads them)."""
-    majority = Counter(train.labels.tolist()).most_common(1)[0][0]
     known = train.labels < num_labels
+    # The most frequent label; of equally frequent ones, the first in label order.
+    majority = int(np.bincount(train.labels[known], minlength=num_labels).argmax())
     texts = [x for x, k in zip(train.inputs, known, strict=True) if k]
     bow = BagOfNgrams(vocab_size, num_labels).fit(texts, train.labels[known])
-    return Baselines(int(majority), bow)
+    return Baselines(majority, bow)
 
 
 def baseline_metrics(
