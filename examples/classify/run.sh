@@ -26,13 +26,8 @@ done
 
 "$PY" - "$OUT" $POOLINGS <<'PY'
 import json, sys
-from collections import Counter
-from rnnkit.data.labelled import read_labelled
 
 out, poolings = sys.argv[1], sys.argv[2:]
-test = [e.label for e in read_labelled(f"{out}/data/test.tsv")]
-majority = Counter(test).most_common(1)[0][1] / len(test)
-print(f"test lines: {len(test)}; majority-class accuracy {majority:.4f}")
 for pooling in poolings:
     m = json.load(open(f"{out}/{pooling}.test.json"))
     print(f"pooling {pooling:<4}  accuracy {m['accuracy']:.4f}  macro-F1 {m['macro_f1']:.4f}")
@@ -40,4 +35,8 @@ for pooling in poolings:
     print(" " * (width + 2) + " ".join(f"{l[:6]:>6}" for l in m["labels"]) + "   (predicted)")
     for label, row in zip(m["labels"], m["confusion_matrix"]):
         print(f"  {label:<{width}} " + " ".join(f"{n:6d}" for n in row))
+# The baselines, fitted on the same training lines (rnnkit evaluate scores them too).
+for name, b in m["baselines"].items():
+    print(f"baseline {b['kind']}: accuracy {b['accuracy']:.4f}  macro-F1 {b['macro_f1']:.4f}")
+print(f"test lines: {m['examples']}")
 PY
