@@ -231,3 +231,25 @@ def test_nonlinearity_one_or_one_per_layer(values, per_layer):
 def test_bad_nonlinearity_is_named(values, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         TrainConfig(train="x", **values).validate()
+
+
+def test_task_defaults_name_real_fields_of_options_the_task_reads():
+    from rnnkit.config import TASK_DEFAULTS, TASK_OPTIONS, TASKS
+
+    fields = set(TrainConfig.__dataclass_fields__)
+    for task, defaults in TASK_DEFAULTS.items():
+        assert task in TASKS and set(defaults) <= fields
+        for name in defaults:  # a default for an option the task does not read is a lie
+            assert task in TASK_OPTIONS.get(name, TASKS)
+        TrainConfig.for_task(task, train="x").validate()
+
+
+def test_for_task_applies_the_task_defaults_under_the_options_given():
+    from rnnkit.config import TASK_DEFAULTS
+
+    task, defaults = next(iter(TASK_DEFAULTS.items()))
+    key, value = next(iter(defaults.items()))
+    assert getattr(TrainConfig.for_task(task, train="x"), key) == value
+    assert getattr(TrainConfig(task=task, train="x"), key) == getattr(TrainConfig(), key)
+    other = TrainConfig.for_task(task, train="x", **{key: getattr(TrainConfig(), key)})
+    assert getattr(other, key) == getattr(TrainConfig(), key)  # given: kept

@@ -22,6 +22,7 @@ __all__ = [
     "DOC_BOUNDARIES",
     "RESUME_CHANGEABLE",
     "TASKS",
+    "TASK_DEFAULTS",
     "TASK_OPTIONS",
     "TrainConfig",
     "parse_bptt",
@@ -88,6 +89,14 @@ RESUME_CHANGEABLE: frozenset[str] = frozenset(
         "tensorboard",
     }
 )
+
+#: Defaults that differ by task, each chosen by measurement (docs/defaults.md: the data,
+#: the commands and the figures): task → {field: value}. The command line applies them to
+#: the options not given; in Python, :meth:`TrainConfig.for_task` does. Every other
+#: default is :class:`TrainConfig`'s own.
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "regress": {"lr": 5e-3},
+}
 
 #: Options of one recurrent cell: field name → the cells that read it (``--nonlinearity``
 #: also applies to ``--wiring jordan``, which has no cell).
@@ -191,6 +200,16 @@ class TrainConfig:
     target: str = "next"  # next (x_{t+1} from x_1..x_t) | value (y from the whole sequence)
     loss: str = "mse"  # mse | gaussian (mean and variance: the Gaussian NLL)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def for_task(cls, task: str, **options: Any) -> TrainConfig:
+        """A config of ``task`` with the task's own defaults (:data:`TASK_DEFAULTS`, what
+        ``rnnkit train --task TASK`` uses) under the ``options`` given.
+
+        >>> TrainConfig.for_task("regress", train="x").lr, TrainConfig(task="regress").lr
+        (0.005, 0.002)
+        """
+        return cls(task=task, **{**TASK_DEFAULTS.get(task, {}), **options})
 
     def validate(self) -> TrainConfig:
         """Check every value; raise ``ConfigError`` naming the option."""

@@ -75,3 +75,23 @@ def test_the_level_is_verbose_minus_quiet_and_restored_after(monkeypatch, flags,
     assert main(["report", "--checkpoint", "nowhere", *flags]) == 0
     assert seen == {"level": level, "quiet": quiet}
     assert messages.level_name() == "INFO"  # as it was before main()
+
+
+def test_train_uses_the_tasks_own_defaults_unless_given():
+    """The command line's defaults of a task are ``TASK_DEFAULTS`` over ``TrainConfig``'s
+    (regress: --lr 0.005); an option typed at the global default value stays as typed,
+    and ``--help`` names the exception."""
+    from rnnkit.cli.main import build_parser, explicit_options
+    from rnnkit.cli.train import config_from_args
+
+    def config(*argv: str):
+        full = ["train", "--train", "x.jsonl", "--out", "r", *argv]
+        args = build_parser().parse_args(full)
+        args.explicit = explicit_options(full)
+        return config_from_args(args)
+
+    assert config("--task", "regress").lr == 0.005
+    assert config("--task", "regress", "--lr", "0.002").lr == 0.002
+    assert config("--task", "tag").lr == 0.002
+    help_text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    assert "learning rate (default 0.002; regress: 0.005)" in " ".join(help_text.split())

@@ -18,6 +18,7 @@ from rnnkit.config import (
     LENGTHS,
     PRECISIONS,
     RESUME_CHANGEABLE,
+    TASK_DEFAULTS,
     TASK_OPTIONS,
     TASKS,
     WIRINGS,
@@ -411,11 +412,25 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def mark_applicability(p: argparse.ArgumentParser) -> None:
     """Append ``[tasks: …]`` / ``[cells: …]`` to the help of every option that only some
     tasks or cells read, from the one table in ``rnnkit.config`` (so the help and the
-    refusal can never disagree)."""
+    refusal can never disagree), and the tasks whose own default differs
+    (:data:`rnnkit.config.TASK_DEFAULTS`)."""
     for action in p._actions:
+        own = "; ".join(
+            f"{task}: {_shown(d[action.dest])}"
+            for task, d in TASK_DEFAULTS.items()
+            if action.dest in d
+        )
+        if own and action.help is not None:
+            # "learning rate (default 0.002)" -> "learning rate (default 0.002; regress: 0.005)"
+            closing = action.help.endswith(")") and "(default" in action.help
+            action.help = f"{action.help[:-1]}; {own})" if closing else f"{action.help} ({own})"
         notes = []
         if action.dest in TASK_OPTIONS:
             notes.append("tasks: " + ", ".join(TASK_OPTIONS[action.dest]))
@@ -544,6 +559,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
             # ConfigError if bad
             task_module(args.task).options(TrainConfig(train=values["train"], extra=extra))
+        global_defaults = TrainConfig()
+        for key, value in TASK_DEFAULTS.get(values["task"], {}).items():
+            # The task's own default for an option not given (without the parse's record
+            # of what was typed: one still at the global default counts as not given).
+            if (
+                key not in explicit
+                if explicit is not None
+                else (values[key] == getattr(global_defaults, key))
+            ):
+                values[key] = value
         cfg = TrainConfig(**values, extra=extra).validate()
         return cfg.check_applies(None if explicit is None else explicit & CONFIG_FIELDS)
     if extra:
