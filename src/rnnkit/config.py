@@ -179,7 +179,7 @@ class TrainConfig:
     tensorboard: str | None = None  # directory for TensorBoard scalars of the records
     ngram_order: int = 5
     # task-specific: classify / tag / seq2seq
-    pooling: str = "last"
+    pooling: str = "max"  # last | mean | max (classify; max measured best, docs/defaults.md)
     tag_column: str = "upos"
     char_rnn: bool = False
     source_unit: str = "char"

@@ -279,7 +279,7 @@ def test_the_printed_configuration_trains_the_same_run(data, tmp_path, capsys):
 def test_print_config_without_data_is_a_template(tmp_path, capsys):
     template = printed(capsys, "--task", "classify")
     assert "# train (not set)" in template and "# out (not set)" in template
-    assert values(template)["pooling"] == "last"  # the defaults, to edit
+    assert values(template)["pooling"] == "max"  # the defaults, to edit
     conf = tmp_path / "t.toml"
     conf.write_text(template)
     filled = printed(capsys, "--config", str(conf), "--train", "a.txt", "--out", "r")

@@ -519,8 +519,8 @@ def test_help_says_which_tasks_an_option_belongs_to(capsys):
     text = " ".join(out.split())  # argparse wraps lines
     assert "classify options:" in text and "seq2seq options:" in text
     assert (
-        "--pooling {last,mean,max} how the encoder states become one vector [tasks: classify]"
-        in text
+        "--pooling {last,mean,max} how the encoder states become one vector (default max) "
+        "[tasks: classify]" in text
     )
     assert "[tasks: tag, classify, seq2seq, regress]" in text  # --bidirectional
     assert "[cells: gru]" in text  # --update / --reset

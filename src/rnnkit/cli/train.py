@@ -276,7 +276,7 @@ def register(sub: Any) -> None:
         "--pooling",
         choices=("last", "mean", "max"),
         default=d.pooling,
-        help="how the encoder states become one vector",
+        help="how the encoder states become one vector (default %(default)s)",
     )
     g = p.add_argument_group("tag options")
     g.add_argument(
