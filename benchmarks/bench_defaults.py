@@ -23,7 +23,8 @@ Data sets (written under ``--work``, default ``runs/bench_defaults``):
   standard library comes from, ``stdlib_classification_corpus``);
 * ``seq2seq-reverse`` (5–12 letters) / ``seq2seq-date``: 2,000 generated pairs, 300 for
   validation;
-* ``lm-stdlib``: 300,000 characters of the standard library's sources (``stdlib_corpus``);
+* ``lm-stdlib``: the standard library's sources, ``stdlib_corpus(max_chars=300_000)``
+  (328,181 training and 28,049 validation characters here);
 * ``events-gen``: 1,000 generated sessions, 200 for validation (``generate_sessions``);
 * ``regress-sine``: 300 noisy two-dimensional sinusoids, 60 for validation.
 """
