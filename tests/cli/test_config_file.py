@@ -314,3 +314,14 @@ def test_toml_values_read_back_equal(value):
         assert math.isnan(back)
     else:
         assert back == value and type(back) is type(value)
+
+
+def test_a_tasks_own_default_is_printed_and_yields_to_the_file(tmp_path, capsys):
+    """``regress`` trains at its own default rate (``rnnkit.config.TASK_DEFAULTS``):
+    ``--print-config`` shows it, and a rate in the file counts as given, even the global
+    default's value."""
+    base = ("--task", "regress", "--train", "x.jsonl", "--out", str(tmp_path / "r"))
+    assert values(printed(capsys, *base))["lr"] == 0.005
+    conf = tmp_path / "run.toml"
+    conf.write_text("lr = 0.002\n")
+    assert values(printed(capsys, *base, "--config", str(conf)))["lr"] == 0.002
