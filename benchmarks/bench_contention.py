@@ -58,12 +58,12 @@ def worker(contender: str, steps: int, max_seconds: float) -> dict[str, object]:
     torch.manual_seed(0)
     governor = None
     if name == "rnnkit":
-        from rnnkit.config import TrainConfig
         from rnnkit.models.builders import build_language_model
+        from rnnkit.models.spec import ModelSpec
         from rnnkit.threads import ThreadGovernor
         from rnnkit.types import LSTMState
 
-        model = build_language_model(TrainConfig(train="-", hidden=H, embedding=E), V)
+        model = build_language_model(ModelSpec(hidden=H, embedding=E), V)
 
         def loss_fn(x, y, state):
             out = model.loss(x, y, state=None if state is None else LSTMState(*state))

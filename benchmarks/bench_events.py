@@ -36,10 +36,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
 
-from rnnkit.config import TrainConfig
 from rnnkit.data.events import read_sessions
 from rnnkit.data.generated_sessions import generate_sessions
 from rnnkit.models.builders import build_language_model
+from rnnkit.models.spec import ModelSpec
 from rnnkit.streaming import StreamItem, StreamScorer
 from rnnkit.tasks.events import (
     EventVocabulary,
@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         model, vocab, g = run.model, run.vocab, int(run.thresholds["top_g"])
     else:
         vocab = EventVocabulary.from_sessions(s.events for s in sessions)
-        cfg = TrainConfig(train="x", hidden=args.hidden, embedding=32, layers=args.layers)
-        model, g = build_language_model(cfg, len(vocab)).eval(), 9
+        spec = ModelSpec(hidden=args.hidden, embedding=32, layers=args.layers)
+        model, g = build_language_model(spec, len(vocab)).eval(), 9
     n_events = sum(len(s.events) for s in sessions)
     seqs = [vocab.encode_events(s.events)[0] for s in sessions]
     results: dict[str, object] = {"machine": machine(), "events": n_events}

@@ -27,13 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved, machine, median
 
 import rnnkit
-from rnnkit.config import TrainConfig
 from rnnkit.data.batching import StreamBatcher
 from rnnkit.data.corpus import stdlib_corpus
 from rnnkit.data.text import encode_text, read_text
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.generation import generate
 from rnnkit.models.builders import build_language_model
+from rnnkit.models.spec import ModelSpec
 
 
 class TorchLM(nn.Module):
@@ -87,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     text = read_text(train_path)
     vocab = Vocabulary.from_text(text, unit="char")
     ids = encode_text(text, vocab, dtype=np.int64)
-    cfg = TrainConfig(train="-", hidden=args.hidden, embedding=64)
+    spec = ModelSpec(hidden=args.hidden, embedding=64)
     torch.manual_seed(0)
-    lm = build_language_model(cfg, len(vocab))
+    lm = build_language_model(spec, len(vocab))
     tlm = TorchLM(copy.deepcopy(lm))  # same initial weights, torch.nn.LSTM encoder
     batches = StreamBatcher(ids, args.batch, args.segment)
     tokens_per_step = args.batch * args.segment

@@ -30,13 +30,13 @@ from _common import interleaved, machine, median
 
 from rnnkit import native
 from rnnkit.cells.lstm import LSTMCell
-from rnnkit.config import TrainConfig
 from rnnkit.data.batching import StreamBatcher
 from rnnkit.data.corpus import stdlib_corpus
 from rnnkit.data.text import encode_text, read_text
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.models.builders import build_language_model
+from rnnkit.models.spec import ModelSpec
 from rnnkit.training.loop import Trainer, TrainOptions
 
 
@@ -94,9 +94,9 @@ def language_model(rounds: int, block: int) -> dict[str, dict[str, float]]:
     vocab = Vocabulary.from_text(text, unit="char")
     ids = encode_text(text, vocab, dtype=np.int64)
     valid_ids = encode_text(read_text(valid_path)[:40_000], vocab, dtype=np.int64)
-    cfg = TrainConfig(train="-", hidden=256, embedding=64)
+    spec = ModelSpec(hidden=256, embedding=64)
     torch.manual_seed(0)
-    base = build_language_model(cfg, len(vocab))
+    base = build_language_model(spec, len(vocab))
     trainers = {}
     for precision in ("fp32", "bf16", "fp16"):
         model = copy.deepcopy(base)

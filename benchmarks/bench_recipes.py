@@ -36,8 +36,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
 
-from rnnkit.config import TrainConfig
 from rnnkit.models.builders import build_lm
+from rnnkit.models.spec import ModelSpec
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -107,8 +107,8 @@ def ptb_step(steps: int, threads: int | None, rounds: int = 3) -> dict:
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
-    cfg = TrainConfig(train="-", unit="word", hidden=200, embedding=200, layers=2)
-    model = build_lm(cfg, 10_002)  # the PTB run's vocabulary: 10,000 + <pad> and <s>
+    spec = ModelSpec(hidden=200, embedding=200, layers=2)
+    model = build_lm(spec, 10_002)  # the PTB run's vocabulary: 10,000 + <pad> and <s>
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     x = torch.randint(4, 10_002, (20, 20))
     y = torch.randint(4, 10_002, (20, 20))

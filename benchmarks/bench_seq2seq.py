@@ -36,11 +36,11 @@ import time
 import numpy as np
 import torch
 
-from rnnkit.config import TrainConfig
 from rnnkit.data.generated_pairs import generate_pairs
 from rnnkit.data.pairs import Pair, PairBatcher, encode_pairs
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.models.seq2seq import build_seq2seq
+from rnnkit.models.spec import ModelSpec
 from rnnkit.seq2seq_metrics import exact_match
 from rnnkit.tasks.seq2seq import decode_ids
 
@@ -69,9 +69,7 @@ def _cpu() -> str:
 
 def _model(args: argparse.Namespace, attention: str, seed: int = 0):
     torch.manual_seed(seed)
-    cfg = TrainConfig(
-        train="x",
-        task="seq2seq",
+    spec = ModelSpec(
         cell=args.cell,
         hidden=args.hidden,
         embedding=args.embedding,
@@ -80,7 +78,7 @@ def _model(args: argparse.Namespace, attention: str, seed: int = 0):
         context="init",
         attention_wiring=args.attention_wiring if attention != "none" else "before",
     )
-    return build_seq2seq(cfg, args.vocab_size, args.vocab_size)
+    return build_seq2seq(spec, args.vocab_size, args.vocab_size)
 
 
 def main() -> None:

@@ -59,11 +59,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved, machine, median_ratio
 
 from rnnkit import to_torch
-from rnnkit.config import TrainConfig
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.models.builders import build_language_model
 from rnnkit.models.classifier import build_classifier
 from rnnkit.models.seq2seq import build_seq2seq
+from rnnkit.models.spec import ModelSpec
 from rnnkit.models.tagger import build_tagger
 from rnnkit.types import LSTMState
 
@@ -112,7 +112,7 @@ def _masked_ce(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) 
 # ------------------------------------------------------------------------------ tasks
 def task_lm(gen: torch.Generator) -> tuple[dict[str, Step], int]:
     V, E, H, B, K = 100, 64, 256, 32, 64
-    lm = build_language_model(TrainConfig(train="-", hidden=H, embedding=E), V)
+    lm = build_language_model(ModelSpec(hidden=H, embedding=E), V)
     data = torch.randint(0, V, (8, B, K + 1), generator=gen)
 
     class TorchLM(nn.Module):
@@ -141,8 +141,8 @@ def task_lm(gen: torch.Generator) -> tuple[dict[str, Step], int]:
 
 def task_tag(gen: torch.Generator) -> tuple[dict[str, Step], int]:
     V, E, H, B, K = 5000, 64, 128, 32, 17
-    cfg = TrainConfig(train="-", task="tag", hidden=H, embedding=E)
-    tagger = build_tagger(cfg, V, K)
+    spec = ModelSpec(hidden=H, embedding=E)
+    tagger = build_tagger(spec, V, K)
     batches = []
     for _ in range(8):
         lengths = _lengths(gen, B, 5, 40)
@@ -178,8 +178,8 @@ def task_tag(gen: torch.Generator) -> tuple[dict[str, Step], int]:
 
 def task_classify(gen: torch.Generator) -> tuple[dict[str, Step], int]:
     V, E, H, B, K = 5000, 64, 128, 32, 4
-    cfg = TrainConfig(train="-", task="classify", hidden=H, embedding=E, pooling="last")
-    clf = build_classifier(cfg, V, K)
+    spec = ModelSpec(hidden=H, embedding=E, pooling="last")
+    clf = build_classifier(spec, V, K)
     batches = []
     for _ in range(8):
         lengths = _lengths(gen, B, 10, 100)
@@ -213,8 +213,8 @@ def task_classify(gen: torch.Generator) -> tuple[dict[str, Step], int]:
 
 def task_events(gen: torch.Generator) -> tuple[dict[str, Step], int]:
     V, E, H, L, B = 60, 32, 64, 2, 32
-    cfg = TrainConfig(train="-", task="events", hidden=H, embedding=E, layers=L)
-    lm = build_language_model(cfg, V)
+    spec = ModelSpec(hidden=H, embedding=E, layers=L)
+    lm = build_language_model(spec, V)
     batches = []
     for _ in range(8):
         lengths = _lengths(gen, B, 20, 200)
@@ -376,17 +376,10 @@ class TorchSeq2SeqAfter(TorchSeq2Seq):
 
 
 def _rnnkit_seq2seq(V: int, E: int, H: int, wiring: str = "before"):
-    wired = {} if wiring == "before" else {"attention_wiring": wiring}  # (older rnnkit too)
-    cfg = TrainConfig(
-        train="-",
-        task="seq2seq",
-        hidden=H,
-        embedding=E,
-        attention="additive",
-        context="init",
-        **wired,
+    spec = ModelSpec(
+        hidden=H, embedding=E, attention="additive", context="init", attention_wiring=wiring
     )
-    return build_seq2seq(cfg, V, V)
+    return build_seq2seq(spec, V, V)
 
 
 def _torch_copy(model, wiring: str = "before"):

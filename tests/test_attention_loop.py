@@ -11,17 +11,15 @@ import pytest
 import torch
 
 from rnnkit.attention_loop import attention_decoder
-from rnnkit.config import TrainConfig
 from rnnkit.models.seq2seq import _unstack, build_seq2seq
+from rnnkit.models.spec import ModelSpec
 
 V, B, S, T = 11, 4, 5, 6
 
 
 def _model(spec, kind: str, context: str):
     torch.manual_seed(0)
-    cfg = TrainConfig(
-        train="x",
-        task="seq2seq",
+    shape = ModelSpec(
         cell=spec.kind,
         hidden=6,
         embedding=4,
@@ -30,7 +28,7 @@ def _model(spec, kind: str, context: str):
         bidirectional=kind != "dot",
         **spec.options,
     )
-    return build_seq2seq(cfg, V, V).double()
+    return build_seq2seq(shape, V, V).double()
 
 
 def _batch(empty_row: bool):

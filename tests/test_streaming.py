@@ -16,6 +16,7 @@ from rnnkit.data.events import MAX_LINE_BYTES, Session
 from rnnkit.data.generated_sessions import generate_sessions
 from rnnkit.errors import DataError
 from rnnkit.models.builders import build_language_model
+from rnnkit.models.spec import ModelSpec
 from rnnkit.streaming import (
     OVERLONG,
     StreamItem,
@@ -29,6 +30,7 @@ from rnnkit.tasks.events import (
     EventVocabulary,
     score_sessions,
 )
+from rnnkit.tasks.run import model_spec
 from rnnkit.types import LSTMState
 
 EVENTS = ["login:user", "login:admin", "open", "read", "close", "stat", "connect", "send"]
@@ -41,7 +43,7 @@ def run() -> EventsModel:
     torch.manual_seed(0)
     vocab = EventVocabulary(EVENTS)
     cfg = TrainConfig(task="events", train="x", hidden=12, embedding=6, layers=2)
-    model = build_language_model(cfg, len(vocab)).eval()
+    model = build_language_model(model_spec(cfg), len(vocab)).eval()
     thresholds = {
         "score": "max",
         "top_g": 3,
@@ -148,8 +150,8 @@ def test_stream_scores_equal_batch_scores(run: EventsModel, batch: int) -> None:
 )
 def test_fast_step_is_the_models_step(options: dict) -> None:
     torch.manual_seed(1)
-    cfg = TrainConfig(train="x", **{"hidden": 5, "embedding": 3, **options})
-    model = build_language_model(cfg, 9).eval()
+    spec = ModelSpec(**{"hidden": 5, "embedding": 3, **options})
+    model = build_language_model(spec, 9).eval()
     step = step_function(model)
     tokens = torch.tensor([4, 5, 8])
     fast_state = slow_state = None

@@ -197,9 +197,8 @@ def step_function(model: torch.nn.Module) -> Callable[[torch.Tensor, Any], tuple
     one-step sequence, about 4× less overhead per event on CPU. Anything else falls back
     to ``model.step``.
 
-    >>> from rnnkit.config import TrainConfig
-    >>> from rnnkit.models.builders import build_language_model
-    >>> lm = build_language_model(TrainConfig(train="x", hidden=5, embedding=3, layers=2), 7)
+    >>> from rnnkit.models import ModelSpec, build_language_model
+    >>> lm = build_language_model(ModelSpec(hidden=5, embedding=3, layers=2), 7)
     >>> lm = lm.eval()
     >>> tokens = torch.tensor([4, 5])
     >>> fast, state = step_function(lm)(tokens, None)
@@ -278,12 +277,11 @@ class StreamScorer:
             never).
         clock: time source (seconds), for tests.
 
-    >>> from rnnkit.config import TrainConfig
-    >>> from rnnkit.models.builders import build_language_model
+    >>> from rnnkit.models import ModelSpec, build_language_model
     >>> class Vocab:
     ...     def encode_event(self, e): return {"a": 4, "b": 5}.get(e, 1)
     >>> _ = torch.manual_seed(0)
-    >>> lm = build_language_model(TrainConfig(train="x", hidden=4, embedding=3), 6)
+    >>> lm = build_language_model(ModelSpec(hidden=4, embedding=3), 6)
     >>> scorer = StreamScorer(lm, Vocab(), threshold=100.0)
     >>> scorer.feed([StreamItem("s1", ("a", "b")), StreamItem("s2", ("a",), end=True)])[0]["reason"]
     'end'

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from rnnkit import GRU, LSTM, RNN
-from rnnkit.config import TrainConfig
 from rnnkit.models.classifier import Classifier, FeedForwardHead, build_classifier
 from rnnkit.models.pooling import Pooling
+from rnnkit.models.spec import ModelSpec
 
 V, K = 10, 3
 
@@ -86,8 +86,8 @@ def test_loss_is_mean_cross_entropy_over_examples():
 
 
 def test_builder_and_mismatched_parts():
-    cfg = TrainConfig(train="x", cell="rnn", hidden=7, embedding=3, pooling="max", layers=2)
-    clf = build_classifier(cfg, vocab_size=V, num_classes=4)
+    spec = ModelSpec(cell="rnn", hidden=7, embedding=3, pooling="max", layers=2)
+    clf = build_classifier(spec, vocab_size=V, num_classes=4)
     assert clf.num_classes == 4 and clf.pooling.method == "max"
     assert clf(torch.tensor([[4, 5, 0]]), torch.tensor([[True, True, False]])).shape == (1, 4)
     with pytest.raises(ValueError, match="num_directions"):

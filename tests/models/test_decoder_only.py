@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rnnkit.config import TrainConfig
 from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
 from rnnkit.models.decoder_only import build_decoder_only, joint_sequences
 from rnnkit.models.seq2seq_search import beam_search
+from rnnkit.models.spec import ModelSpec
 
 SRC = Vocabulary(list("abcde"))
 TGT = Vocabulary(list("edcba"))  # other ids for the same letters: the sides are separate
@@ -30,7 +30,7 @@ def batch_of(words=WORDS):
 def model(seed=0, **options):
     torch.manual_seed(seed)
     settings = {"hidden": 32, "embedding": 16, "cell": "lstm", **options}
-    return build_decoder_only(TrainConfig(train="x", **settings), len(SRC), len(TGT))
+    return build_decoder_only(ModelSpec(**settings), len(SRC), len(TGT))
 
 
 def test_joint_layout_is_bos_source_sep_target():

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rnnkit import GRU, LSTM, RNN
-from rnnkit.config import TrainConfig
 from rnnkit.models.builders import build_language_model
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.language_model import LanguageModel
+from rnnkit.models.spec import ModelSpec
 from rnnkit.types import LSTMState
 
 V, E, H = 11, 6, 8
@@ -340,8 +340,8 @@ def test_rejects_bidirectional_encoder_and_width_mismatch():
 # -- 6. weight tying -------------------------------------------------------------------------
 def build(hidden, embedding, tie, cell="lstm"):
     torch.manual_seed(0)
-    cfg = TrainConfig(train="x", cell=cell, hidden=hidden, embedding=embedding, tie_weights=tie)
-    return build_language_model(cfg, V).double()
+    spec = ModelSpec(cell=cell, hidden=hidden, embedding=embedding, tie_weights=tie)
+    return build_language_model(spec, V).double()
 
 
 def n_params(m):

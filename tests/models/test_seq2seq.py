@@ -12,6 +12,7 @@ from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
 from rnnkit.errors import ConfigError
 from rnnkit.models.seq2seq import STATE_BATCH_DIM, _unstack, build_seq2seq
 from rnnkit.models.seq2seq_search import beam_search
+from rnnkit.models.spec import ModelSpec
 from rnnkit.types import LSTMState
 
 WORDS = ["abcd", "bcae", "dab", "ecdba", "cc"]
@@ -31,8 +32,8 @@ def reverse_batch(words=WORDS):
 def model(seed=0, **options):
     torch.manual_seed(seed)
     settings = {"hidden": 16, "embedding": 8, "cell": "gru", **options}
-    cfg = TrainConfig(train="x", task="seq2seq", **settings)
-    return build_seq2seq(cfg, len(VOCAB), len(VOCAB))
+    spec = ModelSpec(**settings)
+    return build_seq2seq(spec, len(VOCAB), len(VOCAB))
 
 
 def decoded(m, batch, beam=1, max_length=10):

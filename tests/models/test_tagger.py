@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rnnkit import GRU, LSTM
-from rnnkit.config import TrainConfig
 from rnnkit.data.vocab import UNK_ID
+from rnnkit.models.spec import ModelSpec
 from rnnkit.models.tagger import CharEncoder, Tagger, build_tagger
 
 V, C, K = 12, 9, 4
@@ -140,11 +140,11 @@ def test_errors_and_word_dropout():
 
 
 def test_builder_sizes():
-    cfg = TrainConfig(train="x", cell="gru", hidden=5, embedding=4, layers=2, char_rnn=True)
-    t = build_tagger(cfg, vocab_size=10, num_tags=3, num_chars=7)
+    spec = ModelSpec(cell="gru", hidden=5, embedding=4, layers=2, char_rnn=True)
+    t = build_tagger(spec, vocab_size=10, num_tags=3, num_chars=7)
     assert t.encoder.bidirectional and t.encoder.num_layers == 2
     assert t.char_encoder is not None and t.char_encoder.encoder.is_lstm is False
     words = torch.tensor([[4, 5]])
     assert t(words, None, torch.tensor([[[4, 0], [5, 6]]])).shape == (1, 2, 3)
     with pytest.raises(ValueError, match="character vocabulary"):
-        build_tagger(cfg, 10, 3)
+        build_tagger(spec, 10, 3)

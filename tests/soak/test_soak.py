@@ -41,6 +41,7 @@ from rnnkit.data.batching import StreamBatcher
 from rnnkit.data.events import write_sessions
 from rnnkit.data.generated_sessions import generate_sessions
 from rnnkit.models.builders import build_language_model
+from rnnkit.models.spec import ModelSpec
 from rnnkit.streaming import StreamItem, StreamScorer
 from rnnkit.tasks import events as ev
 from rnnkit.training.loop import Trainer, TrainOptions
@@ -113,8 +114,8 @@ def test_training_and_scoring_for_a_long_time_do_not_grow_memory(tmp_path):
     # The training stream: the events of many sessions, one after another.
     sessions = generate_sessions(2000, seed=3, prefix="t")
     ids = np.concatenate([run.vocab.encode_events(s.events)[0] for s in sessions])
-    cfg = TrainConfig(train="x", hidden=32, embedding=16, layers=2, dropout=0.1)
-    model = build_language_model(cfg, len(run.vocab))
+    spec = ModelSpec(hidden=32, embedding=16, layers=2, dropout=0.1)
+    model = build_language_model(spec, len(run.vocab))
     valid = StreamBatcher(ids[:2000], 8, 32)
 
     def evaluate(m: torch.nn.Module) -> dict[str, float]:

@@ -8,7 +8,9 @@ import pytest
 
 from rnnkit.config import TrainConfig
 from rnnkit.errors import ConfigError
-from rnnkit.tasks.run import train_options
+from rnnkit.models.spec import ModelSpec
+from rnnkit.tasks.run import model_spec, run_settings, train_options
+from rnnkit.training.baseline_check import RunSettings
 
 
 def test_every_loop_option_comes_from_the_config() -> None:
@@ -102,3 +104,47 @@ def test_a_held_lock_refuses_a_second_holder_with_the_pid(tmp_path):
     with lock_run_dir(tmp_path / "r"):  # released at the end of the first
         pass
     assert not (tmp_path / "r").exists()  # created for nothing: removed again
+
+
+def test_model_spec_defaults_are_the_train_defaults() -> None:
+    """``ModelSpec()`` is the model of ``rnnkit train`` with no option given: every field
+    is a train option of the same name and default."""
+    assert model_spec(TrainConfig(train="x")) == ModelSpec()
+
+
+def test_model_spec_carries_every_model_option() -> None:
+    changed = {
+        "cell": "gru",
+        "hidden": 9,
+        "layers": 2,
+        "bidirectional": True,
+        "embedding": 5,
+        "tie_weights": True,
+        "dropout": 0.25,
+        "nonlinearity": "relu",
+        "update": "keep",
+        "reset": "after",
+        "recompute": 4,
+        "length": "stop",
+        "max_len": 33,
+        "wiring": "jordan",
+        "condition": "init",
+        "pooling": "mean",
+        "char_rnn": True,
+        "attention": "additive",
+        "context": "both",
+        "attention_wiring": "after",
+    }
+    assert set(changed) == {f.name for f in dataclasses.fields(ModelSpec)}
+    spec = model_spec(TrainConfig(train="x", **changed))
+    assert dataclasses.asdict(spec) == changed
+
+
+def test_run_settings_are_the_configs() -> None:
+    assert run_settings(TrainConfig(train="x")) == RunSettings()
+    cfg = TrainConfig(train="x", steps=7, epochs=None, max_time=3.5, lr=0.1, hidden=9,
+                      layers=3, dropout=0.5)  # fmt: skip
+    assert dataclasses.asdict(run_settings(cfg)) == {
+        "steps": 7, "epochs": None, "max_time": 3.5, "lr": 0.1, "hidden": 9, "layers": 3,
+        "dropout": 0.5,
+    }  # fmt: skip

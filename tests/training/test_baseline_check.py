@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from rnnkit.config import TrainConfig
-from rnnkit.training.baseline_check import baseline_figures, behind_baseline, compare
+from rnnkit.training.baseline_check import (
+    RunSettings,
+    baseline_figures,
+    behind_baseline,
+    compare,
+)
 
 
 def _summary(task: str, valid: dict, **extra) -> dict:
@@ -30,7 +34,7 @@ def test_classify_is_compared_with_its_best_baseline():
         "kind": "bag of n-grams",
         "behind": True,
     }
-    behind = behind_baseline(s, TrainConfig(task="classify", steps=100))
+    behind = behind_baseline(s, "classify", RunSettings(steps=100))
     assert behind["baseline_kind"] == "bag of n-grams" and behind["baseline"] == 0.7
     assert behind["line"].startswith(
         "behind baseline: validation accuracy 0.6 vs 0.7 for the bag of n-grams, after 100 steps"
@@ -44,7 +48,7 @@ def test_only_strictly_worse_is_behind(model, behind):
         {"step": 100, "accuracy": model},
         baselines={"most_frequent_tag": {"kind": "most frequent tag per word", "accuracy": 0.7}},
     )
-    assert (behind_baseline(s, TrainConfig(task="tag")) is not None) is behind
+    assert (behind_baseline(s, "tag", RunSettings()) is not None) is behind
 
 
 def test_lower_is_better_for_losses_errors_and_mse():
@@ -52,7 +56,7 @@ def test_lower_is_better_for_losses_errors_and_mse():
                   "loss_nats": 1.5, "tokens": 10})  # fmt: skip
     assert compare(lm)["behind"] is True and compare(lm)["kind"] == "5-gram"
     lm["valid"]["loss_nats"] = 1.4
-    assert behind_baseline(lm, TrainConfig()) is None
+    assert behind_baseline(lm, "lm", RunSettings()) is None
     reg = _summary("regress", {"step": 1, "mse": 0.5, "loss": 0.5},
                    baselines={"persistence": {"kind": "persistence", "mse": 0.25}})  # fmt: skip
     assert compare(reg)["behind"] is True
@@ -82,7 +86,7 @@ def test_bits_per_char_first_and_only_over_the_same_tokens():
     assert compare(s)["metric"] == "bits_per_char"
     # --length stop: the model scores no </s> token, the n-gram does: not comparable.
     s["ngram"]["tokens"] = 12
-    assert compare(s) is None and behind_baseline(s, TrainConfig()) is None
+    assert compare(s) is None and behind_baseline(s, "lm", RunSettings()) is None
 
 
 def test_nothing_to_compare():
@@ -103,18 +107,18 @@ def _behind_tag(valid: dict, **extra) -> dict:
 
 def test_cause_a_budget_ended_while_validation_improved():
     s = _behind_tag({"step": 100, "accuracy": 0.5, "loss_nats": 1.0}, train_loss_nats=1.1)
-    r = behind_baseline(s, TrainConfig(task="tag", epochs=2))
+    r = behind_baseline(s, "tag", RunSettings(epochs=2))
     assert r["still_improving"] is True and r["best_step"] == 100
     assert r["cause"] == "validation was still improving when the budget (--epochs 2) ended"
     assert r["advice"].startswith("train longer: leave out --epochs")
-    r = behind_baseline(s, TrainConfig(task="tag", epochs=None, steps=100, max_time=60.0))
+    r = behind_baseline(s, "tag", RunSettings(epochs=None, steps=100, max_time=60.0))
     assert "(--steps 100, --max-time 60)" in r["cause"]
     assert "leave out --steps / --max-time" in r["advice"]
 
 
 def test_cause_the_default_modes_cap():
     s = _behind_tag({"step": 100, "accuracy": 0.5}, stopped="cap reached: 100 epochs")
-    r = behind_baseline(s, TrainConfig(task="tag", epochs=None, lr=0.002))
+    r = behind_baseline(s, "tag", RunSettings(epochs=None, lr=0.002))
     assert r["cause"] == (
         "validation was still improving when training stopped (cap reached: 100 epochs)"
     )
@@ -127,7 +131,7 @@ def test_cause_overfitting_and_underfitting():
         train_loss_nats=0.2,
         stopped="no improvement for 10 validations (best at step 40)",
     )
-    r = behind_baseline(over, TrainConfig(task="tag", epochs=None, hidden=256, dropout=0.0))
+    r = behind_baseline(over, "tag", RunSettings(epochs=None, hidden=256, dropout=0.0))
     assert r["still_improving"] is False
     assert r["cause"] == (
         "validation stopped improving at step 40 of 100 while the training loss went on "
@@ -135,7 +139,7 @@ def test_cause_overfitting_and_underfitting():
     )
     assert r["advice"].startswith("more --dropout (now 0), a smaller --hidden (now 256)")
     under = _behind_tag({"step": 40, "accuracy": 0.5, "loss_nats": 1.0}, train_loss_nats=0.9)
-    r = behind_baseline(under, TrainConfig(task="tag", epochs=None, hidden=16, layers=1))
+    r = behind_baseline(under, "tag", RunSettings(epochs=None, hidden=16, layers=1))
     assert r["cause"] == (
         "validation stopped improving at step 40 of 100 (training loss 0.9): the model underfits"
     )

@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 from torch import nn
 
 from rnnkit import GRU, LSTM
-from rnnkit.config import TrainConfig
 from rnnkit.errors import CheckpointError, WriteError
 from rnnkit.models.builders import build_language_model
 from rnnkit.models.language_model import LanguageModel
+from rnnkit.models.spec import ModelSpec
 from rnnkit.training import checkpoint as ck
 from rnnkit.training.checkpoint import (
     atomic_write_bytes,
@@ -130,13 +130,13 @@ def test_only_the_newest_snapshot_is_kept(run_dir):
 
 
 def test_tied_model_round_trip(tmp_path):
-    cfg = TrainConfig(train="x", hidden=6, embedding=6, tie_weights=True)
+    spec = ModelSpec(hidden=6, embedding=6, tie_weights=True)
     torch.manual_seed(0)
-    model = build_language_model(cfg, 9)
+    model = build_language_model(spec, 9)
     save_model_weights(model, tmp_path / "model.safetensors")
     assert "head.embedding.weight" not in load_file(str(tmp_path / "model.safetensors"))
     torch.manual_seed(1)
-    fresh = build_language_model(cfg, 9)
+    fresh = build_language_model(spec, 9)
     load_model_weights(fresh, tmp_path / "model.safetensors")
     assert fresh.head.weight is fresh.embedding.weight
     assert same_weights(model, fresh)

@@ -43,6 +43,7 @@ from rnnkit.models.seq2seq import (
     build_seq2seq,
 )
 from rnnkit.models.seq2seq_search import beam_search, decode_batch
+from rnnkit.models.spec import ModelSpec
 from rnnkit.models.tagger import CHAR_EMBEDDING, CHAR_HIDDEN, CharEncoder, Tagger, build_tagger
 
 __all__ = [
@@ -73,6 +74,7 @@ __all__ = [
     "LengthState",
     "LengthTargets",
     "LossOutput",
+    "ModelSpec",
     "MostFrequentTag",
     "NGramModel",
     "NearestNeighbour",

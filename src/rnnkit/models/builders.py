@@ -1,90 +1,92 @@
-"""Builders: turn a configuration's numbers into models (the models receive their parts)."""
+"""Builders: turn a :class:`~rnnkit.models.spec.ModelSpec` into models (the models receive
+their parts)."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from rnnkit.config import TrainConfig
 from rnnkit.layers.stacked import GRU, LSTM, RNN, StackedRecurrent
 from rnnkit.models.conditional import ConditionalLM
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.jordan import JordanLM
 from rnnkit.models.language_model import LanguageModel
 from rnnkit.models.length import SequenceLength
+from rnnkit.models.spec import ModelSpec
 
 __all__ = ["build_encoder", "build_language_model", "build_length", "build_lm"]
 
 
 def build_encoder(
-    cfg: TrainConfig, input_size: int, bidirectional: bool | None = None
+    spec: ModelSpec, input_size: int, bidirectional: bool | None = None
 ) -> StackedRecurrent:
-    """The recurrent stack the config asks for (cell, width, depth, directions, dropout)."""
-    bi = cfg.bidirectional if bidirectional is None else bidirectional
+    """The recurrent stack the spec asks for (cell, width, depth, directions, dropout)."""
+    bi = spec.bidirectional if bidirectional is None else bidirectional
     common = dict(
-        num_layers=cfg.layers, bidirectional=bi, dropout=cfg.dropout, recompute=cfg.recompute
+        num_layers=spec.layers, bidirectional=bi, dropout=spec.dropout, recompute=spec.recompute
     )
-    if cfg.cell == "rnn":
-        return RNN(input_size, cfg.hidden, nonlinearity=cfg.nonlinearities(), **common)
-    if cfg.cell == "lstm":
-        return LSTM(input_size, cfg.hidden, **common)
-    return GRU(input_size, cfg.hidden, update=cfg.update, reset=cfg.reset, **common)
+    if spec.cell == "rnn":
+        return RNN(input_size, spec.hidden, nonlinearity=spec.nonlinearities(), **common)
+    if spec.cell == "lstm":
+        return LSTM(input_size, spec.hidden, **common)
+    return GRU(input_size, spec.hidden, update=spec.update, reset=spec.reset, **common)
 
 
-def build_length(cfg: TrainConfig, features_size: int, context_size: int) -> SequenceLength | None:
-    """``--length stop|predict`` as a module (None for ``eos``); ``--max-len`` caps ``T``."""
-    if cfg.length == "eos":
+def build_length(spec: ModelSpec, features_size: int, context_size: int) -> SequenceLength | None:
+    """``spec.length`` stop|predict as a module (None for ``eos``); ``max_len`` caps ``T``."""
+    if spec.length == "eos":
         return None
     return SequenceLength(
-        cfg.length, features_size, context_size=context_size, max_length=cfg.max_len
+        spec.length, features_size, context_size=context_size, max_length=spec.max_len
     )
 
 
-def build_language_model(cfg: TrainConfig, vocab_size: int) -> LanguageModel:
-    """Embedding → stack → (tied) output layer, sized by ``cfg`` (with ``--length``).
+def build_language_model(spec: ModelSpec, vocab_size: int) -> LanguageModel:
+    """Embedding → stack → (tied) output layer, sized by ``spec`` (with its ``length``).
 
-    >>> lm = build_language_model(TrainConfig(train="x", hidden=8, embedding=4), 10)
+    >>> lm = build_language_model(ModelSpec(hidden=8, embedding=4), 10)
     >>> lm.vocab_size
     10
     """
-    embedding = nn.Embedding(vocab_size, cfg.embedding)
-    top = cfg.hidden
+    embedding = nn.Embedding(vocab_size, spec.embedding)
+    top = spec.hidden
     # The length output reads the initial top state (context_size = H).
-    length = build_length(cfg, top, top)
+    length = build_length(spec, top, top)
     extra = 0 if length is None else length.input_size
-    encoder = build_encoder(cfg, cfg.embedding + extra, bidirectional=False)
-    head: nn.Module = TiedHead(embedding, top) if cfg.tie_weights else nn.Linear(top, vocab_size)
-    return LanguageModel(embedding, encoder, head, dropout=cfg.dropout, length=length)
+    encoder = build_encoder(spec, spec.embedding + extra, bidirectional=False)
+    head: nn.Module = TiedHead(embedding, top) if spec.tie_weights else nn.Linear(top, vocab_size)
+    return LanguageModel(embedding, encoder, head, dropout=spec.dropout, length=length)
 
 
-def build_lm(cfg: TrainConfig, vocab_size: int, num_labels: int | None = None) -> nn.Module:
-    """The language model of ``--task lm``: ``--wiring`` and ``--condition`` choose the kind.
+def build_lm(spec: ModelSpec, vocab_size: int, num_labels: int | None = None) -> nn.Module:
+    """The language model of ``--task lm``: ``spec.wiring`` and ``spec.condition`` choose
+    the kind.
 
-    ``hidden``: :class:`LanguageModel`; ``jordan``: :class:`JordanLM` (width ``--hidden``,
-    ``φ`` from ``--nonlinearity``; ``--cell`` and ``--embedding`` do not apply);
-    ``--condition init|input|both``: :class:`ConditionalLM` over ``num_labels`` classes,
-    the class embedding ``c`` of width ``--embedding``.
+    ``hidden``: :class:`LanguageModel`; ``jordan``: :class:`JordanLM` (width ``hidden``,
+    ``φ`` from ``nonlinearity``; ``cell`` and ``embedding`` do not apply);
+    ``condition`` init|input|both: :class:`ConditionalLM` over ``num_labels`` classes,
+    the class embedding ``c`` of width ``embedding``.
 
-    >>> cfg = TrainConfig(train="x", hidden=8, wiring="jordan")
-    >>> type(build_lm(cfg, 10)).__name__
+    >>> spec = ModelSpec(hidden=8, wiring="jordan")
+    >>> type(build_lm(spec, 10)).__name__
     'JordanLM'
     """
-    if cfg.wiring == "jordan":
+    if spec.wiring == "jordan":
         return JordanLM(
-            nn.Embedding(vocab_size, cfg.hidden),
-            nn.Linear(cfg.hidden, vocab_size),
-            nonlinearity=cfg.nonlinearity,
-            dropout=cfg.dropout,
+            nn.Embedding(vocab_size, spec.hidden),
+            nn.Linear(spec.hidden, vocab_size),
+            nonlinearity=spec.nonlinearity,
+            dropout=spec.dropout,
         )
-    if cfg.condition == "none":
-        return build_language_model(cfg, vocab_size)
+    if spec.condition == "none":
+        return build_language_model(spec, vocab_size)
     if num_labels is None or num_labels < 1:
-        raise ValueError(f"--condition {cfg.condition} needs num_labels >= 1, got {num_labels}")
-    E = C = cfg.embedding
+        raise ValueError(f"--condition {spec.condition} needs num_labels >= 1, got {num_labels}")
+    E = C = spec.embedding
     embedding = nn.Embedding(vocab_size, E)
-    width = E + (C if cfg.condition != "init" else 0)
-    encoder = build_encoder(cfg, width, bidirectional=False)
+    width = E + (C if spec.condition != "init" else 0)
+    encoder = build_encoder(spec, width, bidirectional=False)
     head: nn.Module = (
-        TiedHead(embedding, cfg.hidden) if cfg.tie_weights else nn.Linear(cfg.hidden, vocab_size)
+        TiedHead(embedding, spec.hidden) if spec.tie_weights else nn.Linear(spec.hidden, vocab_size)
     )
     return ConditionalLM(
         embedding,
@@ -92,6 +94,6 @@ def build_lm(cfg: TrainConfig, vocab_size: int, num_labels: int | None = None) -
         head,
         nn.Embedding(num_labels, C),
         C,
-        context=cfg.condition,
-        dropout=cfg.dropout,
+        context=spec.condition,
+        dropout=spec.dropout,
     )

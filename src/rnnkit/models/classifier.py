@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rnnkit.config import TrainConfig
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.pooling import Pooling
+from rnnkit.models.spec import ModelSpec
 
 __all__ = ["Classifier", "FeedForwardHead", "build_classifier"]
 
@@ -129,21 +129,21 @@ class Classifier(nn.Module):
         return self(inputs, mask).argmax(-1)
 
 
-def build_classifier(cfg: TrainConfig, vocab_size: int, num_classes: int) -> Classifier:
-    """Embedding → stack (``cfg.bidirectional``) → ``cfg.pooling`` → feed-forward head
-    with ``cfg.hidden`` units.
+def build_classifier(spec: ModelSpec, vocab_size: int, num_classes: int) -> Classifier:
+    """Embedding → stack (``spec.bidirectional``) → ``spec.pooling`` → feed-forward head
+    with ``spec.hidden`` units.
 
-    >>> cfg = TrainConfig(train="x", hidden=8, embedding=4, bidirectional=True, pooling="mean")
-    >>> clf = build_classifier(cfg, vocab_size=12, num_classes=3)
+    >>> spec = ModelSpec(hidden=8, embedding=4, bidirectional=True, pooling="mean")
+    >>> clf = build_classifier(spec, vocab_size=12, num_classes=3)
     >>> clf.pooling, clf.num_classes
     (Pooling('mean', num_directions=2), 3)
     """
-    encoder = build_encoder(cfg, cfg.embedding)
+    encoder = build_encoder(spec, spec.embedding)
     width = encoder.hidden_size * encoder.num_directions
     return Classifier(
-        nn.Embedding(vocab_size, cfg.embedding),
+        nn.Embedding(vocab_size, spec.embedding),
         encoder,
-        Pooling(cfg.pooling, encoder.num_directions),
-        FeedForwardHead(width, cfg.hidden, num_classes, cfg.dropout),
-        dropout=cfg.dropout,
+        Pooling(spec.pooling, encoder.num_directions),
+        FeedForwardHead(width, spec.hidden, num_classes, spec.dropout),
+        dropout=spec.dropout,
     )

@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rnnkit.config import TrainConfig
 from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, PAD_ID
 from rnnkit.generation import GenerationResult, generate_batch
@@ -29,6 +28,7 @@ from rnnkit.losses import training_loss
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.language_model import LanguageModel, LossOutput
 from rnnkit.models.seq2seq_search import decode_batch
+from rnnkit.models.spec import ModelSpec
 from rnnkit.types import State
 
 __all__ = ["DecoderOnlyTranslator", "build_decoder_only", "joint_sequences"]
@@ -227,20 +227,20 @@ class DecoderOnlyTranslator(nn.Module):
 
 
 def build_decoder_only(
-    cfg: TrainConfig, source_vocab_size: int, target_vocab_size: int
+    spec: ModelSpec, source_vocab_size: int, target_vocab_size: int
 ) -> DecoderOnlyTranslator:
     """Embedding of ``V_s + V_t`` joint ids → unidirectional stack → ``V_t`` outputs.
 
-    >>> m = build_decoder_only(TrainConfig(train="x", hidden=8, embedding=4), 6, 7)
+    >>> m = build_decoder_only(ModelSpec(hidden=8, embedding=4), 6, 7)
     >>> m.vocab_size, m.lm.vocab_size
     (7, 13)
     """
-    embedding = nn.Embedding(source_vocab_size + target_vocab_size, cfg.embedding)
-    encoder = build_encoder(cfg, cfg.embedding, bidirectional=False)
+    embedding = nn.Embedding(source_vocab_size + target_vocab_size, spec.embedding)
+    encoder = build_encoder(spec, spec.embedding, bidirectional=False)
     head: nn.Module = (
-        _TargetTiedHead(embedding, cfg.hidden, source_vocab_size)
-        if cfg.tie_weights
-        else nn.Linear(cfg.hidden, target_vocab_size)
+        _TargetTiedHead(embedding, spec.hidden, source_vocab_size)
+        if spec.tie_weights
+        else nn.Linear(spec.hidden, target_vocab_size)
     )
-    lm = LanguageModel(embedding, encoder, head, dropout=cfg.dropout)
+    lm = LanguageModel(embedding, encoder, head, dropout=spec.dropout)
     return DecoderOnlyTranslator(lm, source_vocab_size)

@@ -55,7 +55,6 @@ from torch import Tensor, nn
 
 from rnnkit.attention import Attention
 from rnnkit.attention_loop import attention_decoder
-from rnnkit.config import TrainConfig
 from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
@@ -67,6 +66,7 @@ from rnnkit.models.heads import TiedHead
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.length import SequenceLength, length_targets
 from rnnkit.models.seq2seq_search import decode_batch
+from rnnkit.models.spec import ModelSpec
 from rnnkit.tracing import tracing
 from rnnkit.types import LSTMState, State
 
@@ -649,43 +649,43 @@ class Seq2Seq(nn.Module):
         )
 
 
-def build_seq2seq(cfg: TrainConfig, source_vocab_size: int, target_vocab_size: int) -> Seq2Seq:
-    """The encoder–decoder ``cfg`` asks for: widths, depth, cell, attention, context.
+def build_seq2seq(spec: ModelSpec, source_vocab_size: int, target_vocab_size: int) -> Seq2Seq:
+    """The encoder–decoder ``spec`` asks for: widths, depth, cell, attention, context.
 
     Encoder and decoder share ``--cell``, ``--hidden``, ``--layers`` and ``--embedding``;
     only the encoder is bidirectional (``--bidirectional``). ``--length stop|predict``
     adds the mechanism (``--max-len`` the longest predicted target).
 
-    >>> cfg = TrainConfig(train="x", task="seq2seq", hidden=8, embedding=4, attention="bilinear")
-    >>> m = build_seq2seq(cfg, 10, 12)
+    >>> spec = ModelSpec(hidden=8, embedding=4, attention="bilinear")
+    >>> m = build_seq2seq(spec, 10, 12)
     >>> m.vocab_size, m.decoder.input_size
     (12, 12)
     """
-    if cfg.context not in CONTEXT_MODES:
+    if spec.context not in CONTEXT_MODES:
         raise ConfigError(
-            f"--context must be one of {', '.join(CONTEXT_MODES)}, got {cfg.context!r}"
+            f"--context must be one of {', '.join(CONTEXT_MODES)}, got {spec.context!r}"
         )
-    E, H = cfg.embedding, cfg.hidden
+    E, H = spec.embedding, spec.hidden
     source_embedding = nn.Embedding(source_vocab_size, E)
     target_embedding = nn.Embedding(target_vocab_size, E)
-    encoder = build_encoder(cfg, E)
+    encoder = build_encoder(spec, E)
     memory = encoder.num_directions * H
     attention = None
     decoder_in = E
-    if cfg.attention != "none":
-        attention = Attention(cfg.attention, H, memory)
-        if cfg.attention_wiring == "before":  # "after": the context reaches the head only
+    if spec.attention != "none":
+        attention = Attention(spec.attention, H, memory)
+        if spec.attention_wiring == "before":  # "after": the context reaches the head only
             decoder_in += memory
-    if cfg.context in ("input", "both"):
+    if spec.context in ("input", "both"):
         decoder_in += memory
     head_in = H + (memory if attention is not None else 0)
     # --length: the stop output reads the head's input; the length output reads c.
-    length = build_length(cfg, head_in, memory)
+    length = build_length(spec, head_in, memory)
     decoder_in += 0 if length is None else length.input_size
-    decoder = build_encoder(cfg, decoder_in, bidirectional=False)
+    decoder = build_encoder(spec, decoder_in, bidirectional=False)
     head: nn.Module = (
         TiedHead(target_embedding, head_in)
-        if cfg.tie_weights
+        if spec.tie_weights
         else nn.Linear(head_in, target_vocab_size)
     )
     return Seq2Seq(
@@ -695,8 +695,8 @@ def build_seq2seq(cfg: TrainConfig, source_vocab_size: int, target_vocab_size: i
         decoder,
         head,
         attention=attention,
-        context=cfg.context,
-        dropout=cfg.dropout,
+        context=spec.context,
+        dropout=spec.dropout,
         length=length,
-        attention_wiring=cfg.attention_wiring,
+        attention_wiring=spec.attention_wiring,
     )

@@ -14,16 +14,18 @@ with that probability, so the ``<unk>`` embedding — all an unknown word gets a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor, nn
 
-from rnnkit.config import TrainConfig
 from rnnkit.data.vocab import UNK_ID
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.losses import training_loss
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.pooling import state_pool
+from rnnkit.models.spec import ModelSpec
 
 __all__ = ["CHAR_EMBEDDING", "CHAR_HIDDEN", "CharEncoder", "Tagger", "build_tagger"]
 
@@ -196,49 +198,47 @@ class Tagger(nn.Module):
 
 
 def build_tagger(
-    cfg: TrainConfig,
+    spec: ModelSpec,
     vocab_size: int,
     num_tags: int,
     num_chars: int | None = None,
     word_dropout: float = 0.0,
 ) -> Tagger:
-    """Word embedding (+ char encoder when ``cfg.char_rnn``) → bidirectional stack → linear.
+    """Word embedding (+ char encoder when ``spec.char_rnn``) → bidirectional stack → linear.
 
     The sentence encoder is always bidirectional (a tag may depend on the words after
-    it). The character encoder is one bidirectional layer of ``cfg.cell`` with
+    it). The character encoder is one bidirectional layer of ``spec.cell`` with
     ``CHAR_EMBEDDING``-wide character embeddings and ``CHAR_HIDDEN`` units per direction.
 
-    >>> cfg = TrainConfig(train="x", hidden=8, embedding=6, char_rnn=True)
-    >>> t = build_tagger(cfg, vocab_size=20, num_tags=5, num_chars=30)
+    >>> spec = ModelSpec(hidden=8, embedding=6, char_rnn=True)
+    >>> t = build_tagger(spec, vocab_size=20, num_tags=5, num_chars=30)
     >>> t.encoder.input_size, t.encoder.bidirectional, t.num_tags
     (70, True, 5)
     """
     char_encoder = None
-    width = cfg.embedding
-    if cfg.char_rnn:
+    width = spec.embedding
+    if spec.char_rnn:
         if num_chars is None:
             raise ValueError("--char-rnn needs the size of the character vocabulary")
-        char_cfg = TrainConfig(
-            **{
-                **cfg.to_dict(),
-                "hidden": CHAR_HIDDEN,
-                "layers": 1,
-                "dropout": 0.0,
-                "nonlinearity": cfg.nonlinearities()[0],  # the first layer's φ
-            }
+        char_spec = replace(
+            spec,
+            hidden=CHAR_HIDDEN,
+            layers=1,
+            dropout=0.0,
+            nonlinearity=spec.nonlinearities()[0],  # the first layer's φ
         )
         char_encoder = CharEncoder(
             nn.Embedding(num_chars, CHAR_EMBEDDING, padding_idx=0),
-            build_encoder(char_cfg, CHAR_EMBEDDING, bidirectional=True),
+            build_encoder(char_spec, CHAR_EMBEDDING, bidirectional=True),
         )
         width += char_encoder.output_size
-    encoder = build_encoder(cfg, width, bidirectional=True)
+    encoder = build_encoder(spec, width, bidirectional=True)
     head = nn.Linear(encoder.hidden_size * encoder.num_directions, num_tags)
     return Tagger(
-        nn.Embedding(vocab_size, cfg.embedding),
+        nn.Embedding(vocab_size, spec.embedding),
         encoder,
         head,
         char_encoder=char_encoder,
-        dropout=cfg.dropout,
+        dropout=spec.dropout,
         word_dropout=word_dropout,
     )

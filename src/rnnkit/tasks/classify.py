@@ -54,6 +54,7 @@ from rnnkit.tasks.run import (
     load_baseline,
     load_config,
     load_pretrained_vectors,
+    model_spec,
     save_baseline,
     save_config,
     seed_everything,
@@ -263,7 +264,7 @@ def train_classify(
     K = len(labels)
     if not bool((valid_enc.labels < K).any()):
         raise DataError("no validation example has a label seen in training", cfg.valid)
-    model = build_classifier(cfg, len(vocab), K).to(device)
+    model = build_classifier(model_spec(cfg), len(vocab), K).to(device)
     pretrained = None if resume else load_pretrained_vectors(cfg, model.embedding, vocab.itos)
     batches = SequenceBatcher(
         train_enc.inputs, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed
@@ -321,7 +322,7 @@ def load_classifier(
         raise CheckpointError(str(exc)) from None
     if info.get("vocab_size") != len(vocab) or info.get("num_labels") != len(labels):
         raise CheckpointError(f"{run_dir}: vocab.json/labels.json do not match config.json")
-    model = build_classifier(cfg, len(vocab), len(labels)).to(choose_device(device))
+    model = build_classifier(model_spec(cfg), len(vocab), len(labels)).to(choose_device(device))
     load_model_weights(model, run_dir / "model.safetensors")
     model.eval()
     return cfg, vocab, labels, model

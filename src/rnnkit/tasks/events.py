@@ -72,6 +72,7 @@ from rnnkit.tasks.run import (
     finish_summary,
     guarded_run,
     load_config,
+    model_spec,
     save_config,
     seed_everything,
     train_options,
@@ -265,9 +266,9 @@ def event_surprises(
         Per session ``(surprise (n+1,) float64, rank (n+1,) int64)``; position ``n`` is the
         end of the session.
 
-    >>> from rnnkit.models.builders import build_language_model
+    >>> from rnnkit.models import ModelSpec, build_language_model
     >>> torch.manual_seed(0) and None
-    >>> lm = build_language_model(TrainConfig(train="x", hidden=4, embedding=3), 6)
+    >>> lm = build_language_model(ModelSpec(hidden=4, embedding=3), 6)
     >>> [s.shape for s, _ in event_surprises(lm, [np.array([4, 5]), np.array([4])])]
     [(3,), (2,)]
     """
@@ -516,8 +517,8 @@ def init_output_bias(model: LanguageModel, seqs: Sequence[np.ndarray]) -> None:
     starts at ``ln(½ / N)``, below every seen event: an event never seen in training is
     surprising from the first step, not only after the softmax has slowly pushed it down.
 
-    >>> from rnnkit.models.builders import build_language_model
-    >>> lm = build_language_model(TrainConfig(train="x", hidden=4, embedding=3), 6)
+    >>> from rnnkit.models import ModelSpec, build_language_model
+    >>> lm = build_language_model(ModelSpec(hidden=4, embedding=3), 6)
     >>> init_output_bias(lm, [np.array([4, 4, 5])])
     >>> np.round(lm.head.bias.detach().numpy().astype(float), 2).tolist()  # ln(c / 7)
     [-2.64, -2.64, -2.64, -1.54, -1.03, -1.54]
@@ -763,7 +764,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     data = prepare_events_data(cfg, vocab)
     if data.excluded:
         warn(f"{cfg.train}: {data.excluded} session(s) labelled 1 left out of training")
-    model = build_language_model(cfg, len(data.vocab)).to(device)
+    model = build_language_model(model_spec(cfg), len(data.vocab)).to(device)
     model.loss_reduction = cfg.loss_reduction
     init_output_bias(model, data.train)  # (resume then loads the saved weights over it)
     optimizer_cls = torch.optim.SGD if cfg.optimizer == "sgd" else torch.optim.Adam
@@ -945,7 +946,7 @@ def load_events(run_dir: str | Path, device: str = "cpu") -> EventsModel:
     vocab = EventVocabulary.load(run_dir / "vocab.json")
     check_count(run_dir / "vocab.json", len(vocab), "events", info, "vocab_size")
     thresholds = read_thresholds(run_dir)
-    model = build_language_model(cfg, len(vocab)).to(choose_device(device))
+    model = build_language_model(model_spec(cfg), len(vocab)).to(choose_device(device))
     load_model_weights(model, run_dir / "model.safetensors")
     model.eval()
     ngram = None

@@ -54,6 +54,7 @@ from rnnkit.tasks.run import (
     guarded_run,
     load_config,
     load_pretrained_vectors,
+    model_spec,
     save_config,
     seed_everything,
     train_options,
@@ -380,7 +381,7 @@ def train_lm(
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
     data = prepare_lm_data(cfg, vocab, labels, resume=resume)
     num_labels = None if data.labels is None else len(data.labels)
-    model = build_lm(cfg, len(data.vocab), num_labels).to(device)
+    model = build_lm(model_spec(cfg), len(data.vocab), num_labels).to(device)
     model.loss_reduction = cfg.loss_reduction
     pretrained = None
     if cfg.pretrained_vectors is not None and not resume:  # (refused with --wiring jordan)
@@ -495,7 +496,7 @@ def load_lm(
     labels = lm_labels(run_dir, cfg)
     num_labels = None if labels is None else len(labels)
     check_count(run_dir / "labels.json", num_labels, "labels", info, "num_labels")
-    model = build_lm(cfg, len(vocab), num_labels).to(choose_device(device))
+    model = build_lm(model_spec(cfg), len(vocab), num_labels).to(choose_device(device))
     load_model_weights(model, run_dir / "model.safetensors")
     model.eval()
     return cfg, vocab, model

@@ -39,6 +39,7 @@ from rnnkit.tasks.run import (
     finish_summary,
     guarded_run,
     load_config,
+    model_spec,
     save_config,
     seed_everything,
 )
@@ -110,7 +111,7 @@ def build_regressor(cfg: TrainConfig, input_size: int, output_size: int) -> Regr
     """The encoder of ``cfg`` over ``D``-wide inputs, a linear head of ``K`` outputs."""
     target, loss = cfg.target, cfg.loss
     bidirectional = cfg.bidirectional if target == "value" else False
-    encoder = build_encoder(cfg, input_size, bidirectional=bidirectional)
+    encoder = build_encoder(model_spec(cfg), input_size, bidirectional=bidirectional)
     return Regressor(encoder, output_size, target, loss, dropout=cfg.dropout)
 
 

@@ -22,7 +22,8 @@ from rnnkit import messages
 from rnnkit.config import TrainConfig
 from rnnkit.data.files import atomic_write, fingerprint
 from rnnkit.errors import CheckpointError, ConfigError
-from rnnkit.training.baseline_check import behind_baseline
+from rnnkit.models.spec import ModelSpec
+from rnnkit.training.baseline_check import RunSettings, behind_baseline
 from rnnkit.training.checkpoint import FORMAT_VERSION, atomic_write_json, load_arrays, read_json
 from rnnkit.training.loop import TrainOptions
 
@@ -38,8 +39,10 @@ __all__ = [
     "load_baseline",
     "load_config",
     "lock_run_dir",
+    "model_spec",
     "prepare_run_dir",
     "resume_data",
+    "run_settings",
     "save_baseline",
     "save_config",
     "seed_everything",
@@ -68,6 +71,24 @@ def choose_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def model_spec(cfg: TrainConfig) -> ModelSpec:
+    """The model part of ``cfg`` for the builders of :mod:`rnnkit.models` (which never see
+    the configuration: each :class:`~rnnkit.models.spec.ModelSpec` field is the option of
+    its name).
+
+    >>> model_spec(TrainConfig(train="x", cell="gru", hidden=8)).hidden
+    8
+    """
+    return ModelSpec(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelSpec)})
+
+
+def run_settings(cfg: TrainConfig) -> RunSettings:
+    """The budget and knobs of ``cfg`` that the behind-the-baseline advice names
+    (:class:`~rnnkit.training.baseline_check.RunSettings`: each field the option of its
+    name)."""
+    return RunSettings(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(RunSettings)})
+
+
 def save_config(out_dir: Path, cfg: TrainConfig, **info: Any) -> None:
     """Write ``config.json``: the config, the task's ``info`` (vocabulary size, ...) and
     the fingerprints of the data files (:func:`data_fingerprints`)."""
@@ -82,7 +103,7 @@ def finish_summary(cfg: TrainConfig, summary: dict[str, Any]) -> dict[str, Any]:
     """Add ``behind_baseline`` (the model against its best baseline, one line saying why
     when it is behind: :mod:`rnnkit.training.baseline_check`) and write ``summary.json``.
     Returns the summary."""
-    summary["behind_baseline"] = behind_baseline(summary, cfg)
+    summary["behind_baseline"] = behind_baseline(summary, cfg.task, run_settings(cfg))
     atomic_write_json(Path(cfg.out) / "summary.json", summary)
     return summary
 

@@ -71,6 +71,7 @@ from rnnkit.tasks.run import (
     guarded_run,
     load_baseline,
     load_config,
+    model_spec,
     save_baseline,
     save_config,
     seed_everything,
@@ -202,8 +203,8 @@ def prepare_data(
 def build_model(cfg: TrainConfig, source_vocab_size: int, target_vocab_size: int) -> nn.Module:
     """``Seq2Seq`` or, with ``--decoder-only``, ``DecoderOnlyTranslator``."""
     if cfg.decoder_only:
-        return build_decoder_only(cfg, source_vocab_size, target_vocab_size)
-    return build_seq2seq(cfg, source_vocab_size, target_vocab_size)
+        return build_decoder_only(model_spec(cfg), source_vocab_size, target_vocab_size)
+    return build_seq2seq(model_spec(cfg), source_vocab_size, target_vocab_size)
 
 
 @torch.no_grad()

@@ -58,6 +58,7 @@ from rnnkit.tasks.run import (
     load_baseline,
     load_config,
     load_pretrained_vectors,
+    model_spec,
     save_baseline,
     save_config,
     seed_everything,
@@ -442,7 +443,7 @@ def train_tag(
     if not any(bool((t < K).any()) for t in valid_enc.tags):
         raise DataError("no validation token has a tag seen in training", cfg.valid or cfg.train)
     model = build_tagger(
-        cfg,
+        model_spec(cfg),
         len(data.vocab),
         K,
         len(data.chars) if data.chars is not None else None,
@@ -499,7 +500,10 @@ def load_tagger(run_dir: str | Path, device: str = "cpu") -> tuple[TrainConfig, 
     if info.get("vocab_size") != len(data.vocab) or info.get("num_labels") != len(data.tags):
         raise CheckpointError(f"{run_dir}: vocab.json/labels.json do not match config.json")
     model = build_tagger(
-        cfg, len(data.vocab), len(data.tags), len(data.chars) if data.chars is not None else None
+        model_spec(cfg),
+        len(data.vocab),
+        len(data.tags),
+        len(data.chars) if data.chars is not None else None,
     ).to(choose_device(device))
     load_model_weights(model, run_dir / "model.safetensors")
     model.eval()

@@ -7,6 +7,7 @@ their modules.
 from rnnkit.training.baseline_check import (
     HEADLINE,
     LABELS,
+    RunSettings,
     baseline_figures,
     behind_baseline,
     compare,
@@ -76,6 +77,7 @@ __all__ = [
     "DistContext",
     "LRSchedule",
     "Progress",
+    "RunSettings",
     "SamplingSchedule",
     "ShardedBatches",
     "StepModule",

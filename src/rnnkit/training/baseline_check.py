@@ -21,11 +21,10 @@ baseline can be compared), printed by ``rnnkit train`` on stderr and shown in th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from rnnkit.config import TrainConfig
-
-__all__ = ["HEADLINE", "LABELS", "baseline_figures", "behind_baseline", "compare"]
+__all__ = ["HEADLINE", "LABELS", "RunSettings", "baseline_figures", "behind_baseline", "compare"]
 
 #: Per task: the validation metrics to compare, in order of preference (the first that
 #: the model and a baseline both report), and whether higher is better.
@@ -50,6 +49,21 @@ LABELS = {
 # The training loss under half the validation loss, once validation stopped improving:
 # the model fits the training data much better than the rest — overfitting.
 OVERFIT_RATIO = 0.5
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The options of a run that the advice names: its budget (``steps``, ``epochs``,
+    ``max_time``; None: not given) and the knobs to turn (``lr``, ``hidden``, ``layers``,
+    ``dropout``). Each field is the train option of its name, with its default."""
+
+    steps: int | None = None
+    epochs: int | None = 1
+    max_time: float | None = None
+    lr: float = 2e-3
+    hidden: int = 256
+    layers: int = 1
+    dropout: float = 0.0
 
 
 def _number(value: Any) -> float | None:
@@ -84,19 +98,19 @@ def _comparable(valid: dict[str, Any], baseline: dict[str, Any], metric: str) ->
     return True
 
 
-def _budget(cfg: TrainConfig) -> list[str]:
+def _budget(settings: RunSettings) -> list[str]:
     """The budget options of the run (empty: trained until validation stopped improving)."""
     given = []
-    if cfg.steps is not None:
-        given.append(f"--steps {cfg.steps}")
-    elif cfg.epochs is not None:
-        given.append(f"--epochs {cfg.epochs}")
-    if cfg.max_time is not None:
-        given.append(f"--max-time {cfg.max_time:g}")
+    if settings.steps is not None:
+        given.append(f"--steps {settings.steps}")
+    elif settings.epochs is not None:
+        given.append(f"--epochs {settings.epochs}")
+    if settings.max_time is not None:
+        given.append(f"--max-time {settings.max_time:g}")
     return given
 
 
-def _diagnose(summary: dict[str, Any], cfg: TrainConfig) -> tuple[bool, str, str]:
+def _diagnose(summary: dict[str, Any], settings: RunSettings) -> tuple[bool, str, str]:
     """``(still improving, likely cause, what to try)`` of a run that ended behind."""
     valid = summary.get("valid") or {}
     steps = summary.get("steps")
@@ -104,7 +118,7 @@ def _diagnose(summary: dict[str, Any], cfg: TrainConfig) -> tuple[bool, str, str
     still = isinstance(best, int) and isinstance(steps, int) and best >= steps
     stopped = summary.get("stopped") or ""
     if still:
-        budget = _budget(cfg)
+        budget = _budget(settings)
         if budget:
             flags = " / ".join(b.split()[0] for b in budget)
             return (
@@ -116,7 +130,7 @@ def _diagnose(summary: dict[str, Any], cfg: TrainConfig) -> tuple[bool, str, str
         return (
             True,
             f"validation was still improving when training stopped ({stopped or 'the cap'})",
-            f"a larger --lr (now {cfg.lr:g}) or a longer run (--epochs beyond the cap)",
+            f"a larger --lr (now {settings.lr:g}) or a longer run (--epochs beyond the cap)",
         )
     loss_key = "loss" if summary.get("task") == "regress" else "loss_nats"
     train_loss, valid_loss = _number(summary.get("train_loss_nats")), _number(valid.get(loss_key))
@@ -131,15 +145,15 @@ def _diagnose(summary: dict[str, Any], cfg: TrainConfig) -> tuple[bool, str, str
             False,
             f"{peak} while the training loss went on falling ({train_loss:.3g} vs "
             f"{valid_loss:.3g} on validation): overfitting",
-            f"more --dropout (now {cfg.dropout:g}), a smaller --hidden (now {cfg.hidden}) "
-            "or more training data",
+            f"more --dropout (now {settings.dropout:g}), a smaller --hidden "
+            f"(now {settings.hidden}) or more training data",
         )
     shown = f" (training loss {train_loss:.3g})" if train_loss is not None else ""
     return (
         False,
         f"{peak}{shown}: the model underfits",
-        f"a larger --hidden (now {cfg.hidden}), another --lr (now {cfg.lr:g}; try a third "
-        f"and three times it) or --layers {cfg.layers + 1}",
+        f"a larger --hidden (now {settings.hidden}), another --lr (now {settings.lr:g}; "
+        f"try a third and three times it) or --layers {settings.layers + 1}",
     )
 
 
@@ -178,9 +192,12 @@ def compare(summary: dict[str, Any], task: str | None = None) -> dict[str, Any] 
     return None
 
 
-def behind_baseline(summary: dict[str, Any], cfg: TrainConfig) -> dict[str, Any] | None:
+def behind_baseline(
+    summary: dict[str, Any], task: str, settings: RunSettings
+) -> dict[str, Any] | None:
     """The model against its best baseline on the task's headline metric; None unless
-    the model is strictly worse.
+    the model is strictly worse. ``task`` applies when the summary does not name its own;
+    ``settings``: what the advice quotes and suggests changing.
 
     Returns ``{"metric", "model", "baseline", "baseline_kind", "steps", "best_step",
     "still_improving", "cause", "advice", "line"}``; ``line`` is the one line to show.
@@ -188,17 +205,17 @@ def behind_baseline(summary: dict[str, Any], cfg: TrainConfig) -> dict[str, Any]
     >>> s = {"task": "tag", "steps": 1, "stopped": "1 steps done",
     ...      "valid": {"step": 1, "accuracy": 0.4},
     ...      "baselines": {"most_frequent_tag": {"kind": "most frequent tag", "accuracy": 0.6}}}
-    >>> r = behind_baseline(s, TrainConfig(task="tag", steps=1))
+    >>> r = behind_baseline(s, "tag", RunSettings(steps=1))
     >>> r["line"].split(";")[0]
     'behind baseline: validation accuracy 0.4 vs 0.6 for the most frequent tag, after 1 step'
     >>> r["cause"]
     'validation was still improving when the budget (--steps 1) ended'
     """
-    found = compare(summary, cfg.task)
+    found = compare(summary, task)
     if found is None or not found["behind"]:
         return None
     metric, model, base, kind = (found[k] for k in ("metric", "model", "baseline", "kind"))
-    still, cause, advice = _diagnose(summary, cfg)
+    still, cause, advice = _diagnose(summary, settings)
     steps = summary.get("steps")
     label = LABELS.get(metric, metric)
     line = (
