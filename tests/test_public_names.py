@@ -8,7 +8,7 @@ import pytest
 
 import rnnkit
 
-PACKAGES = ("cells", "layers", "models", "training", "data", "diagnostics")
+PACKAGES = ("cells", "layers", "models", "training", "data", "diagnostics", "report")
 
 
 @pytest.mark.parametrize("name", PACKAGES)

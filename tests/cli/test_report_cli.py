@@ -55,10 +55,10 @@ def test_report_writes_the_default_path_and_says_where(capsys, run_dir):
 
 
 def test_report_out_option(capsys, run_dir, tmp_path, monkeypatch):
-    import rnnkit.diagnostics.report as report
+    import rnnkit.report.page as page
 
-    # The content is the library's business (tests/diagnostics); here only where it goes.
-    monkeypatch.setattr(report, "render_report", lambda run: f"<!DOCTYPE html>{run}")
+    # The content is the library's business (tests/report); here only where it goes.
+    monkeypatch.setattr(page, "render_report", lambda run: f"<!DOCTYPE html>{run}")
     out_path = tmp_path / "reports" / "run.html"
     code, out, _ = cli(capsys, "report", "--checkpoint", str(run_dir), "--out", str(out_path))
     assert code == 0

@@ -21,8 +21,8 @@ from test_fuzz_json import _mutated, json_docs, json_values
 
 from rnnkit.config import TrainConfig
 from rnnkit.data.labelled import LabelSet
-from rnnkit.diagnostics.report import Run, metrics_section
 from rnnkit.errors import RnnkitError
+from rnnkit.report.page import Run, metrics_section
 from rnnkit.tasks.events import read_thresholds
 from rnnkit.tasks.run import check_labels
 from rnnkit.training.checkpoint import load_snapshot, save_snapshot

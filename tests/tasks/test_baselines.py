@@ -196,7 +196,7 @@ def test_baseline_file_is_checked_on_evaluate(capsys, tmp_path):
 
 
 def test_report_shows_each_baseline_and_says_when_the_model_is_ahead(capsys, tmp_path):
-    from rnnkit.diagnostics.report import render_report
+    from rnnkit.report import render_report
 
     tagged(tmp_path / "train.tsv", _word_tags(8, 0))
     tagged(tmp_path / "valid.tsv", _word_tags(4, 1))

@@ -333,7 +333,7 @@ def test_score_confidence_needs_a_params_run(data: Path, runs, capsys) -> None:
 
 
 def test_report_shows_each_key_and_the_errors(runs: tuple[Path, Path]) -> None:
-    from rnnkit.diagnostics.report import render_report
+    from rnnkit.report import render_report
 
     params, _ = runs
     html = render_report(params)

@@ -22,7 +22,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rnnkit.diagnostics.report import write_report
+    from rnnkit.report import write_report
 
     path = write_report(args.checkpoint, args.out)
     print(f"report: {path}")

@@ -750,7 +750,7 @@ def _write_report(out: str) -> str | None:
     from rnnkit.tasks.run import warn
 
     try:
-        from rnnkit.diagnostics.report import write_report
+        from rnnkit.report import write_report
 
         return str(write_report(out))
     except Exception as exc:  # the trained model is saved: say what failed, do not fail

@@ -13,7 +13,7 @@ and clipping, vanishing/exploding signals), samples, gradient flow through time
 (‖∂L/∂h_k‖, ‖∂h_t/∂h_k‖₂ against the bound (γλ)^{t−k}, per-step and per-lag
 contributions to ∂L/∂W_hh, gate saturation), what the model predicts (next-symbol
 distribution and hidden states along a text), attention (seq2seq), anomaly detection
-(events: :mod:`rnnkit.diagnostics.detection`) and the configuration. Model pictures are
+(events: :mod:`rnnkit.report.detection`) and the configuration. Model pictures are
 drawn for language models and attention maps for seq2seq runs with attention; other
 tasks get the numbers and curves.
 
@@ -664,11 +664,11 @@ def render_report(run_dir: str | Path) -> str:
         elif run.cfg.task == "seq2seq":
             parts += attention_sections(run)
         elif run.cfg.task == "events":
-            from rnnkit.diagnostics.detection import detection_sections
+            from rnnkit.report.detection import detection_sections
 
             parts += detection_sections(run)
         elif run.cfg.task == "params":
-            from rnnkit.diagnostics.detection import params_sections
+            from rnnkit.report.detection import params_sections
 
             parts += params_sections(run)
     parts.append(config_section(run))

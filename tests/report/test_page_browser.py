@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 
 from rnnkit.config import TrainConfig
-from rnnkit.diagnostics.report import write_report
+from rnnkit.report import write_report
 from rnnkit.tasks.lm import train_lm
 
 INSTALL_TIMEOUT_S = 900

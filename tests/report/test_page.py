@@ -20,8 +20,8 @@ import torch
 from PIL import Image
 
 from rnnkit.config import TrainConfig
-from rnnkit.diagnostics.report import REPORT_NAME, render_report, write_report
 from rnnkit.errors import CheckpointError
+from rnnkit.report import REPORT_NAME, render_report, write_report
 from rnnkit.tasks.lm import train_lm
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "hat"]
@@ -187,9 +187,9 @@ def test_contribution_bars_match_the_models_backward_pass(rnn_report):
 
 
 def test_out_path_directory_and_rewrite(rnn_run, tmp_path, monkeypatch):
-    import rnnkit.diagnostics.report as report
+    import rnnkit.report.page as page
 
-    monkeypatch.setattr(report, "render_report", lambda run_dir: "<!DOCTYPE html>")
+    monkeypatch.setattr(page, "render_report", lambda run_dir: "<!DOCTYPE html>")
     out = write_report(rnn_run, tmp_path / "sub" / "r.html")
     assert out == tmp_path / "sub" / "r.html" and out.is_file()
     into = write_report(rnn_run, tmp_path)  # a directory gets report.html inside

@@ -15,7 +15,7 @@ from rnnkit.anomaly import SCORES, detection_metrics
 from rnnkit.config import TrainConfig
 from rnnkit.data.events import write_sessions
 from rnnkit.data.generated_sessions import generate_sessions
-from rnnkit.diagnostics.report import render_report, write_report
+from rnnkit.report import render_report, write_report
 from rnnkit.tasks.events import train
 
 

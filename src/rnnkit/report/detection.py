@@ -25,7 +25,7 @@ from rnnkit.anomaly import (
     roc_curve,
 )
 from rnnkit.diagnostics import plots
-from rnnkit.diagnostics.report import Run, esc, fmt, image, note, section, table
+from rnnkit.report.page import Run, esc, fmt, image, note, section, table
 
 __all__ = ["detection_sections", "params_sections"]
 
