@@ -36,6 +36,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/clang-format --dry-run --Werror $(CSRC)
+	# Imports go only down the layers ([tool.importlinter] in pyproject.toml).
+	$(BIN)/lint-imports --no-cache
 
 # The annotations of src/rnnkit against torch's and numpy's (pyproject.toml: [tool.mypy]).
 typecheck: $(STAMP)
