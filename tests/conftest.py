@@ -285,3 +285,21 @@ def holey_mask() -> Tensor:
         ],
         dtype=torch.bool,
     )
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """``run_cli(*argv) -> (exit status, stdout, stderr)``: the ``rnnkit`` command run in
+    this process, its output captured (argparse's ``SystemExit`` gives the status)."""
+    from rnnkit.cli.main import main
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:
+            code = exc.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

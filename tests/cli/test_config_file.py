@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rnnkit.cli.config_file import toml_value, tomllib  # tomli on Python 3.10
-from rnnkit.cli.main import main
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran"]
 
@@ -30,18 +29,8 @@ def data(tmp_path_factory) -> Path:
     return d
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def printed(capsys, *argv: str) -> str:
-    code, out, err = cli(capsys, "train", *argv, "--print-config")
+def printed(run_cli, *argv: str) -> str:
+    code, out, err = run_cli("train", *argv, "--print-config")
     assert code == 0 and err == "", err
     return out
 
@@ -51,14 +40,16 @@ def values(text: str) -> dict:
 
 
 # -- precedence ----------------------------------------------------------------------------------
-def test_the_command_line_overrides_the_file_which_overrides_the_defaults(data, tmp_path, capsys):
+def test_the_command_line_overrides_the_file_which_overrides_the_defaults(
+    data, tmp_path, capsys, run_cli
+):
     conf = tmp_path / "run.toml"
     conf.write_text(
         f'train = "{data / "train.txt"}"\nout = "{tmp_path / "run"}"\n'
         "hidden = 16\nembedding = 8\nbatch_size = 4\nlr = 0.01\nsteps = 3\n"
         'bptt = "segment:16"\nngram-order = 3\nno-report = true\n'
     )
-    code, _, err = cli(capsys, "train", "--config", str(conf), "--hidden", "8", "-q")
+    code, _, err = run_cli("train", "--config", str(conf), "--hidden", "8", "-q")
     assert code == 0, err
     saved = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
     assert saved["hidden"] == 8  # command line
@@ -66,15 +57,15 @@ def test_the_command_line_overrides_the_file_which_overrides_the_defaults(data, 
     assert saved["layers"] == 1 and saved["dropout"] == 0.0  # defaults
     assert not (tmp_path / "run" / "report.html").exists()  # no-report from the file
     # the same through --print-config, which writes nothing
-    shown = values(printed(capsys, "--config", str(conf), "--lr", "0.5", "--out", "elsewhere"))
+    shown = values(printed(run_cli, "--config", str(conf), "--lr", "0.5", "--out", "elsewhere"))
     assert (shown["lr"], shown["hidden"], shown["out"]) == (0.5, 16, "elsewhere")
     assert not Path("elsewhere").exists()
 
 
-def test_a_flag_of_the_command_line_wins_over_false_in_the_file(tmp_path, capsys):
+def test_a_flag_of_the_command_line_wins_over_false_in_the_file(tmp_path, run_cli):
     conf = tmp_path / "c.toml"
     conf.write_text('task = "tag"\nbidirectional = false\n')
-    shown = values(printed(capsys, "--config", str(conf), "--bidirectional"))
+    shown = values(printed(run_cli, "--config", str(conf), "--bidirectional"))
     assert shown["bidirectional"] is True and shown["task"] == "tag"
 
 
@@ -122,12 +113,11 @@ def test_a_flag_of_the_command_line_wins_over_false_in_the_file(tmp_path, capsys
          "recurrent layers alone would hold"),
     ],
 )  # fmt: skip
-def test_a_bad_key_is_one_line_naming_the_file_and_the_key(data, tmp_path, capsys, text, message):
+def test_a_bad_key_is_one_line_naming_the_file_and_the_key(data, tmp_path, run_cli, text, message):
     conf = tmp_path / "bad.toml"
     conf.write_text(text + "\n")
     out = tmp_path / "run"
-    code, stdout, err = cli(
-        capsys, "train", "--config", str(conf), "--train", str(data / "train.txt"),
+    code, stdout, err = run_cli("train", "--config", str(conf), "--train", str(data / "train.txt"),
         "--out", str(out),
     )  # fmt: skip
     assert code == 2 and stdout == ""
@@ -136,12 +126,12 @@ def test_a_bad_key_is_one_line_naming_the_file_and_the_key(data, tmp_path, capsy
     assert not out.exists()  # refused before anything was written
 
 
-def test_an_option_of_the_command_line_is_not_blamed_on_the_file(data, tmp_path, capsys):
+def test_an_option_of_the_command_line_is_not_blamed_on_the_file(data, tmp_path, run_cli):
     conf = tmp_path / "c.toml"
     conf.write_text("hidden = 0\n")  # overridden: still checked for its type, not its range
     where = ["--train", str(data / "train.txt"), "--out", str(tmp_path / "r")]
-    code, _, err = cli(
-        capsys, "train", "--config", str(conf), "--hidden", "8", "--dropout", "5", *where
+    code, _, err = run_cli(
+        "train", "--config", str(conf), "--hidden", "8", "--dropout", "5", *where
     )
     assert code == 2 and err == "rnnkit train: error: --dropout must be in [0, 1), got 5.0\n"
 
@@ -159,7 +149,7 @@ def test_an_option_of_the_command_line_is_not_blamed_on_the_file(data, tmp_path,
          "configuration"),
     ],
 )  # fmt: skip
-def test_an_unreadable_file_is_one_line(data, tmp_path, capsys, content, message):
+def test_an_unreadable_file_is_one_line(data, tmp_path, run_cli, content, message):
     path = tmp_path / "c.toml"
     if content == "fifo":
         os.mkfifo(path)  # refused at once, never waited on
@@ -168,7 +158,7 @@ def test_an_unreadable_file_is_one_line(data, tmp_path, capsys, content, message
     elif content is not None:
         path.write_bytes(content)
     where = ["--train", str(data / "train.txt"), "--out", str(tmp_path / "r")]
-    code, _, err = cli(capsys, "train", "--config", str(path), *where)
+    code, _, err = run_cli("train", "--config", str(path), *where)
     assert code == 2 and len(err.splitlines()) == 1, err
     expected = message.format(path=path)
     if not expected.startswith("--config"):
@@ -176,33 +166,33 @@ def test_an_unreadable_file_is_one_line(data, tmp_path, capsys, content, message
     assert err.startswith(f"rnnkit train: error: {expected}"), err
 
 
-def test_train_and_out_are_required_here_or_in_the_file(tmp_path, capsys):
-    code, _, err = cli(capsys, "train", "--train", "x.txt")
+def test_train_and_out_are_required_here_or_in_the_file(tmp_path, run_cli):
+    code, _, err = run_cli("train", "--train", "x.txt")
     assert code == 2 and err == (
         "rnnkit train: error: --out is required (on the command line or in --config)\n"
     )
 
 
 # -- --resume: the file's options are requests -------------------------------------------------
-def test_resume_with_a_file_takes_its_options_as_requests(data, tmp_path, capsys):
+def test_resume_with_a_file_takes_its_options_as_requests(data, tmp_path, capsys, run_cli):
     out = tmp_path / "run"
     tiny = ["--hidden", "8", "--embedding", "8", "--batch-size", "4", "--bptt", "segment:16",
             "--ngram-order", "3", "--no-report", "-q"]  # fmt: skip
     args = ["train", "--train", str(data / "train.txt"), "--out", str(out), *tiny]
-    assert cli(capsys, *args, "--steps", "2")[0] == 0
+    assert run_cli(*args, "--steps", "2")[0] == 0
     conf = tmp_path / "resume.toml"
     # the run's own configuration, printed by --print-config on --resume, resumes it
-    conf.write_text(printed(capsys, *args[1:], "--resume", "--steps", "4"))
+    conf.write_text(printed(run_cli, *args[1:], "--resume", "--steps", "4"))
     assert values(conf.read_text())["steps"] == 4
-    code, _, err = cli(capsys, "train", "--config", str(conf), "--resume", "-q")
+    code, _, err = run_cli("train", "--config", str(conf), "--resume", "-q")
     assert code == 0, err
     assert json.loads((out / "summary.json").read_text())["steps"] == 4
     # a changeable option from the file is taken; a model option that differs is refused
     conf.write_text(conf.read_text().replace("steps = 4", "steps = 5"))
-    assert cli(capsys, "train", "--config", str(conf), "--resume", "-q")[0] == 0
+    assert run_cli("train", "--config", str(conf), "--resume", "-q")[0] == 0
     assert json.loads((out / "summary.json").read_text())["steps"] == 5
     conf.write_text(conf.read_text().replace("hidden = 8", "hidden = 9"))
-    code, _, err = cli(capsys, "train", "--config", str(conf), "--resume", "--steps", "6")
+    code, _, err = run_cli("train", "--config", str(conf), "--resume", "--steps", "6")
     assert code == 2 and err.startswith(
         f"rnnkit train: error: {conf}: hidden: --hidden differs from the run being resumed "
         f"(8 in {out}/config.json)"
@@ -210,9 +200,9 @@ def test_resume_with_a_file_takes_its_options_as_requests(data, tmp_path, capsys
     # given at its default value in the file, it is still a request: refused when it differs
     conf.write_text("lr = 0.002\n")  # the default; this run was trained with it: accepted
     again = ["--train", str(data / "train.txt"), "--out", str(out)]
-    assert cli(capsys, "train", "--config", str(conf), "--resume", *again, "--steps", "6")[0] == 0
+    assert run_cli("train", "--config", str(conf), "--resume", *again, "--steps", "6")[0] == 0
     conf.write_text("dropout = 0.0\nlayers = 2\n")
-    code, _, err = cli(capsys, "train", "--config", str(conf), "--resume", *again, "--steps", "7")
+    code, _, err = run_cli("train", "--config", str(conf), "--resume", *again, "--steps", "7")
     assert code == 2 and f"{conf}: layers: --layers differs" in err
 
 
@@ -232,13 +222,13 @@ CONFIGS = [
 
 
 @pytest.mark.parametrize("options", CONFIGS, ids=[c[1] for c in CONFIGS])
-def test_print_config_loads_back_to_the_same_configuration(tmp_path, capsys, options):
+def test_print_config_loads_back_to_the_same_configuration(tmp_path, run_cli, options):
     odd = 'data "quoted"\\back\tslash\x7f ü.txt'  # a path TOML must escape
-    first = printed(capsys, "--train", odd, "--out", str(tmp_path / "r"), *options)
+    first = printed(run_cli, "--train", odd, "--out", str(tmp_path / "r"), *options)
     assert not (tmp_path / "r").exists()  # printing trains nothing, writes nothing
     conf = tmp_path / "run.toml"
     conf.write_text(first, encoding="utf-8")
-    second = printed(capsys, "--config", str(conf))
+    second = printed(run_cli, "--config", str(conf))
     assert second == first  # round trip: the same text
     loaded = values(first)
     assert loaded["train"] == odd
@@ -257,15 +247,15 @@ def test_print_config_loads_back_to_the_same_configuration(tmp_path, capsys, opt
         assert "target-fpr" not in loaded
 
 
-def test_the_printed_configuration_trains_the_same_run(data, tmp_path, capsys):
+def test_the_printed_configuration_trains_the_same_run(data, tmp_path, capsys, run_cli):
     options = ["--hidden", "8", "--embedding", "8", "--batch-size", "4", "--steps", "2", "-q"]
     options += ["--bptt", "segment:16", "--ngram-order", "3", "--no-report", "--lr", "0.003"]
     direct, via_file = tmp_path / "direct", tmp_path / "file"
     train = ["--train", str(data / "train.txt")]
-    assert cli(capsys, "train", *train, "--out", str(direct), *options)[0] == 0
+    assert run_cli("train", *train, "--out", str(direct), *options)[0] == 0
     conf = tmp_path / "run.toml"
-    conf.write_text(printed(capsys, *train, "--out", str(via_file), *options))
-    assert cli(capsys, "train", "--config", str(conf), "-q")[0] == 0
+    conf.write_text(printed(run_cli, *train, "--out", str(via_file), *options))
+    assert run_cli("train", "--config", str(conf), "-q")[0] == 0
     a = json.loads((direct / "config.json").read_text())["config"]
     b = json.loads((via_file / "config.json").read_text())["config"]
     assert {**a, "out": None} == {**b, "out": None}
@@ -276,21 +266,21 @@ def test_the_printed_configuration_trains_the_same_run(data, tmp_path, capsys):
     assert all(weights[0][k].equal(weights[1][k]) for k in weights[0])
 
 
-def test_print_config_without_data_is_a_template(tmp_path, capsys):
-    template = printed(capsys, "--task", "classify")
+def test_print_config_without_data_is_a_template(tmp_path, capsys, run_cli):
+    template = printed(run_cli, "--task", "classify")
     assert "# train (not set)" in template and "# out (not set)" in template
     assert values(template)["pooling"] == "max"  # the defaults, to edit
     conf = tmp_path / "t.toml"
     conf.write_text(template)
-    filled = printed(capsys, "--config", str(conf), "--train", "a.txt", "--out", "r")
-    assert filled == printed(capsys, "--task", "classify", "--train", "a.txt", "--out", "r")
-    code, _, err = cli(capsys, "train", "--print-config", "--resume")
+    filled = printed(run_cli, "--config", str(conf), "--train", "a.txt", "--out", "r")
+    assert filled == printed(run_cli, "--task", "classify", "--train", "a.txt", "--out", "r")
+    code, _, err = run_cli("train", "--print-config", "--resume")
     assert code == 2 and "--train is required" in err
 
 
-def test_verbose_shows_the_effective_configuration(data, tmp_path, capsys):
-    code, _, err = cli(
-        capsys, "train", "--train", str(data / "train.txt"), "--out", str(tmp_path / "r"),
+def test_verbose_shows_the_effective_configuration(data, tmp_path, run_cli):
+    code, _, err = run_cli("train", "--train", str(data / "train.txt"), "--out",
+        str(tmp_path / "r"),
         "--hidden", "8", "--embedding", "8", "--batch-size", "4", "--steps", "1", "--bptt",
         "segment:16", "--no-report", "-v",
     )  # fmt: skip
@@ -316,12 +306,12 @@ def test_toml_values_read_back_equal(value):
         assert back == value and type(back) is type(value)
 
 
-def test_a_tasks_own_default_is_printed_and_yields_to_the_file(tmp_path, capsys):
+def test_a_tasks_own_default_is_printed_and_yields_to_the_file(tmp_path, run_cli):
     """``regress`` trains at its own default rate (``rnnkit.config.TASK_DEFAULTS``):
     ``--print-config`` shows it, and a rate in the file counts as given, even the global
     default's value."""
     base = ("--task", "regress", "--train", "x.jsonl", "--out", str(tmp_path / "r"))
-    assert values(printed(capsys, *base))["lr"] == 0.005
+    assert values(printed(run_cli, *base))["lr"] == 0.005
     conf = tmp_path / "run.toml"
     conf.write_text("lr = 0.002\n")
-    assert values(printed(capsys, *base, "--config", str(conf)))["lr"] == 0.002
+    assert values(printed(run_cli, *base, "--config", str(conf)))["lr"] == 0.002

@@ -23,7 +23,7 @@ VARIANTS = [
 ]
 
 
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+def run_gradcheck(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     status = main(["gradcheck", *argv])
     out, err = capsys.readouterr()
     return status, out, err
@@ -31,7 +31,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
 
 @pytest.mark.parametrize("argv", VARIANTS, ids=lambda a: "-".join(a[1::2]))
 def test_every_cell_variant_passes(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
-    status, out, err = run_cli(capsys, *argv, "--steps", "4")
+    status, out, err = run_gradcheck(capsys, *argv, "--steps", "4")
     assert (status, err) == (0, "")
     lines = out.splitlines()
     assert lines[0].startswith(f"gradcheck: {argv[1]}")
@@ -42,7 +42,7 @@ def test_every_cell_variant_passes(capsys: pytest.CaptureFixture[str], argv: lis
 
 
 def test_options_reach_the_check(capsys: pytest.CaptureFixture[str]) -> None:
-    status, out, _ = run_cli(
+    status, out, _ = run_gradcheck(
         capsys,
         *("--cell", "lstm", "--hidden", "3", "--input", "2", "--batch", "2", "--steps", "3"),
         *("--layers", "2", "--bidirectional", "--window", "2", "--seed", "7", "--json"),
@@ -83,12 +83,12 @@ def test_a_corrupted_backward_exits_1(
             return 1.01 * d_xp, 1.01 * d_hp, tuple(1.01 * d for d in d0)
 
         monkeypatch.setattr(RNNKernel, "native_backward", native_scaled)
-    status, out, err = run_cli(capsys, "--cell", "rnn")
+    status, out, err = run_gradcheck(capsys, "--cell", "rnn")
     assert (status, err) == (1, "")
     assert out.splitlines()[-1].endswith("> tol 1e-06: FAILED")
-    status, out, _ = run_cli(capsys, "--cell", "rnn", "--json")
+    status, out, _ = run_gradcheck(capsys, "--cell", "rnn", "--json")
     assert status == 1 and json.loads(out)["passed"] is False
-    status, _, _ = run_cli(capsys, "--cell", "rnn", "--tol", "0.5")  # a loose enough tol
+    status, _, _ = run_gradcheck(capsys, "--cell", "rnn", "--tol", "0.5")  # a loose enough tol
     assert status == 0
 
 
@@ -102,7 +102,7 @@ def test_a_corrupted_gru_backward_exits_1(
         return 1.01 * d_w, d_b
 
     monkeypatch.setattr(GRUKernel, "recurrent_grads", scaled)
-    status, out, _ = run_cli(capsys, "--cell", "gru", "--steps", "3")
+    status, out, _ = run_gradcheck(capsys, "--cell", "gru", "--steps", "3")
     assert status == 1 and "(layers.0.cell.weight_hh)" in out.splitlines()[-1]
 
 
@@ -124,7 +124,7 @@ def test_a_corrupted_gru_backward_exits_1(
 def test_bad_options_are_one_line_errors(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
-    status, out, err = run_cli(capsys, *argv)
+    status, out, err = run_gradcheck(capsys, *argv)
     assert status == 2 and out == ""
     assert err.count("\n") == 1 and message in err and err.startswith("rnnkit gradcheck: error:")
 
@@ -146,5 +146,5 @@ def test_every_option_has_help() -> None:
 
 def test_a_window_longer_than_the_batch_is_full_bptt(capsys: pytest.CaptureFixture[str]) -> None:
     # --window 10**22 overflowed torch's index (a traceback, found by tests/fuzz).
-    status, out, _ = run_cli(capsys, "--cell", "rnn", "--window", str(10**22), "--json")
+    status, out, _ = run_gradcheck(capsys, "--cell", "rnn", "--window", str(10**22), "--json")
     assert status == 0 and json.loads(out)["config"]["window"] == 5

@@ -43,18 +43,8 @@ def _one_thread(single_thread):
     yield
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def predict(capsys, run: Path, path: Path, *extra: str) -> list[dict]:
-    code, out, err = cli(capsys, "predict", "--checkpoint", str(run), "--input", str(path), *extra)
+def predict(run_cli, run: Path, path: Path, *extra: str) -> list[dict]:
+    code, out, err = run_cli("predict", "--checkpoint", str(run), "--input", str(path), *extra)
     assert code == 0, err
     return [json.loads(line) for line in out.splitlines()]
 
@@ -98,11 +88,11 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def test_tag_gives_the_argmax_tag_of_every_token(runs, capsys, tmp_path):
+def test_tag_gives_the_argmax_tag_of_every_token(runs, run_cli, tmp_path):
     lines = ["def f ( x ) :", "", "return zzunknownzz"]
     path = tmp_path / "in.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    got = predict(capsys, runs["tag"], path, "--batch-size", "2")
+    got = predict(run_cli, runs["tag"], path, "--batch-size", "2")
     assert len(got) == len(lines)
     _, data, model = load_tagger(runs["tag"])
     for line, record in zip(lines, got, strict=True):
@@ -120,11 +110,11 @@ def test_tag_gives_the_argmax_tag_of_every_token(runs, capsys, tmp_path):
         assert record["tags"] == [data.tags.labels[i] for i in best.tolist()]
 
 
-def test_classify_gives_softmax_probabilities_and_their_argmax(runs, capsys, tmp_path):
+def test_classify_gives_softmax_probabilities_and_their_argmax(runs, run_cli, tmp_path):
     texts = ["aab", "bbbbba", "c", "abcabcabc"]
     path = tmp_path / "in.txt"
     path.write_text("\n".join(texts) + "\n", encoding="utf-8")
-    got = predict(capsys, runs["classify"], path, "--batch-size", "3")
+    got = predict(run_cli, runs["classify"], path, "--batch-size", "3")
     _, vocab, labels, model = load_classifier(runs["classify"])
     for text, record in zip(texts, got, strict=True):
         ids = torch.tensor([vocab.encode(text)])
@@ -137,25 +127,25 @@ def test_classify_gives_softmax_probabilities_and_their_argmax(runs, capsys, tmp
     assert len(got) == len(texts)
 
 
-def test_seq2seq_batched_beam_equals_one_source_at_a_time(runs, capsys, tmp_path):
+def test_seq2seq_batched_beam_equals_one_source_at_a_time(runs, run_cli, tmp_path):
     sources = ["abc", "dcbae", "a", "bb", "edcba"]
     path = tmp_path / "in.txt"
     path.write_text("\n".join(sources) + "\n", encoding="utf-8")
-    got = predict(capsys, runs["seq2seq"], path, "--batch-size", "4")
+    got = predict(run_cli, runs["seq2seq"], path, "--batch-size", "4")
     assert [r["input"] for r in got] == sources
     for source, record in zip(sources, got, strict=True):
         assert record["output"] == transduce(runs["seq2seq"], source)  # the run's beam 2
-    greedy = predict(capsys, runs["seq2seq"], path, "--beam", "1", "--max-length", "3")
+    greedy = predict(run_cli, runs["seq2seq"], path, "--beam", "1", "--max-length", "3")
     for source, record in zip(sources, greedy, strict=True):
         assert record["output"] == transduce(runs["seq2seq"], source, beam=1, max_length=3)
 
 
 @pytest.mark.parametrize("name", ["lm", "lm_stream"])
-def test_lm_logprobs_equal_the_teacher_forced_forward_pass(runs, capsys, tmp_path, name):
+def test_lm_logprobs_equal_the_teacher_forced_forward_pass(runs, run_cli, tmp_path, name):
     texts = ["abc abd", "cab", "zz"]
     path = tmp_path / "in.txt"
     path.write_text("\n".join(texts) + "\n", encoding="utf-8")
-    got = predict(capsys, runs[name], path, "--batch-size", "2")
+    got = predict(run_cli, runs[name], path, "--batch-size", "2")
     _, vocab, model = load_lm(runs[name])
     newline = vocab.stoi["\n"]
     for text, record in zip(texts, got, strict=True):
@@ -174,11 +164,11 @@ def test_lm_logprobs_equal_the_teacher_forced_forward_pass(runs, capsys, tmp_pat
     assert got[2]["unknown"] == 2  # "z" was never seen
 
 
-def test_events_answers_are_the_score_records(runs, capsys):
+def test_events_answers_are_the_score_records(runs, capsys, run_cli):
     sessions = runs["data"] / "sessions_valid.jsonl"
-    got = predict(capsys, runs["events"], sessions)
-    code, out, err = cli(
-        capsys, "score", "--checkpoint", str(runs["events"]), "--data", str(sessions), "--quiet"
+    got = predict(run_cli, runs["events"], sessions)
+    code, out, err = run_cli(
+        "score", "--checkpoint", str(runs["events"]), "--data", str(sessions), "--quiet"
     )
     assert code == 0, err
     assert got == [json.loads(line) for line in out.splitlines()]
@@ -217,32 +207,25 @@ def test_stdin_is_answered_line_by_line_as_it_arrives(runs):
     assert [set(a) for a in answers] == [{"label", "probabilities", "tokens", "unknown"}] * 3
 
 
-def test_bad_input_is_one_line_naming_file_and_line(runs, capsys, tmp_path):
+def test_bad_input_is_one_line_naming_file_and_line(runs, run_cli, tmp_path):
     path = tmp_path / "in.txt"
     path.write_text("aab\n\nbb\n", encoding="utf-8")
-    code, out, err = cli(
-        capsys, "predict", "--checkpoint", str(runs["classify"]), "--input", str(path),
+    code, out, err = run_cli("predict", "--checkpoint", str(runs["classify"]), "--input", str(path),
         "--batch-size", "1",
     )  # fmt: skip
     one_line_error(code, err, f"{path}:2", "empty text")
     assert len(out.splitlines()) == 1  # the answer before the bad line stands
     bad = tmp_path / "bad.bin"
     bad.write_bytes(b"ab\n\xff\xfe\n")
-    code, _, err = cli(
-        capsys, "predict", "--checkpoint", str(runs["classify"]), "--input", str(bad)
-    )
+    code, _, err = run_cli("predict", "--checkpoint", str(runs["classify"]), "--input", str(bad))
     one_line_error(code, err, "not UTF-8")
     session = tmp_path / "s.jsonl"
     session.write_text('{"session": "a", "events": ["x"]}\n{"session": 3}\n', encoding="utf-8")
-    code, _, err = cli(
-        capsys, "predict", "--checkpoint", str(runs["events"]), "--input", str(session)
-    )
+    code, _, err = run_cli("predict", "--checkpoint", str(runs["events"]), "--input", str(session))
     one_line_error(code, err, f"{session}:2")
-    code, _, err = cli(
-        capsys, "predict", "--checkpoint", str(runs["tag"]), "--input", str(path), "--beam", "2"
+    code, _, err = run_cli(
+        "predict", "--checkpoint", str(runs["tag"]), "--input", str(path), "--beam", "2"
     )
     one_line_error(code, err, "--beam does not apply to a tag checkpoint")
-    code, _, err = cli(
-        capsys, "predict", "--checkpoint", str(tmp_path / "none"), "--input", str(path)
-    )
+    code, _, err = run_cli("predict", "--checkpoint", str(tmp_path / "none"), "--input", str(path))
     assert code == 2 and len(err.strip().splitlines()) == 1

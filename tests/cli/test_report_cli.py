@@ -22,16 +22,6 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse exits for usage errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cli")
@@ -45,8 +35,8 @@ def run_dir(tmp_path_factory) -> Path:
     return root / "run"
 
 
-def test_report_writes_the_default_path_and_says_where(capsys, run_dir):
-    code, out, err = cli(capsys, "report", "--checkpoint", str(run_dir))
+def test_report_writes_the_default_path_and_says_where(run_cli, run_dir):
+    code, out, err = run_cli("report", "--checkpoint", str(run_dir))
     assert code == 0, err
     path = run_dir / "report.html"
     assert out == f"report: {path}\n"
@@ -54,17 +44,17 @@ def test_report_writes_the_default_path_and_says_where(capsys, run_dir):
     assert text.startswith("<!DOCTYPE html>") and "data:image/png;base64," in text
 
 
-def test_report_out_option(capsys, run_dir, tmp_path, monkeypatch):
+def test_report_out_option(run_cli, run_dir, tmp_path, monkeypatch):
     import rnnkit.report.page as page
 
     # The content is the library's business (tests/report); here only where it goes.
     monkeypatch.setattr(page, "render_report", lambda run: f"<!DOCTYPE html>{run}")
     out_path = tmp_path / "reports" / "run.html"
-    code, out, _ = cli(capsys, "report", "--checkpoint", str(run_dir), "--out", str(out_path))
+    code, out, _ = run_cli("report", "--checkpoint", str(run_dir), "--out", str(out_path))
     assert code == 0
     assert out.strip() == f"report: {out_path}"
     assert out_path.read_text() == f"<!DOCTYPE html>{run_dir}"
-    code, out, _ = cli(capsys, "report", "--checkpoint", str(run_dir), "--out", str(tmp_path))
+    code, out, _ = run_cli("report", "--checkpoint", str(run_dir), "--out", str(tmp_path))
     assert code == 0 and out.strip() == f"report: {tmp_path / 'report.html'}"
 
 
@@ -75,18 +65,18 @@ def test_report_out_option(capsys, run_dir, tmp_path, monkeypatch):
         (["--checkpoint", "{tmp}"], "config.json: missing"),
     ],
 )
-def test_bad_checkpoint_is_one_line_and_exit_2(capsys, tmp_path, argv, message):
-    code, out, err = cli(capsys, "report", *(a.format(tmp=tmp_path) for a in argv))
+def test_bad_checkpoint_is_one_line_and_exit_2(run_cli, tmp_path, argv, message):
+    code, out, err = run_cli("report", *(a.format(tmp=tmp_path) for a in argv))
     assert code == 2
     assert out == ""
     assert err.count("\n") == 1 and message in err and err.startswith("rnnkit report: error:")
     assert not (tmp_path / "report.html").exists()
 
 
-def test_usage_errors(capsys):
-    code, _, err = cli(capsys, "report")
+def test_usage_errors(run_cli):
+    code, _, err = run_cli("report")
     assert code == 2 and "--checkpoint" in err
-    code, out, _ = cli(capsys, "report", "--help")
+    code, out, _ = run_cli("report", "--help")
     assert code == 0 and "--out" in out and "self-contained" in out
 
 
@@ -106,13 +96,13 @@ def special_files(tmp_path: Path) -> dict[str, Path]:
     return made
 
 
-def test_report_never_replaces_a_device_or_fifo(capsys, run_dir, tmp_path):
+def test_report_never_replaces_a_device_or_fifo(run_cli, run_dir, tmp_path):
     import os
     import stat
 
     for kind, path in special_files(tmp_path).items():
         mode = os.lstat(path).st_mode
-        code, out, err = cli(capsys, "report", "--checkpoint", str(run_dir), "--out", str(path))
+        code, out, err = run_cli("report", "--checkpoint", str(run_dir), "--out", str(path))
         assert code == 2 and out == "" and err.count("\n") == 1, err
         assert f"{path}: is a {kind}, not a regular file; refusing to replace it" in err
         assert os.lstat(path).st_mode == mode and not stat.S_ISREG(mode)

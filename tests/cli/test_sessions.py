@@ -30,7 +30,7 @@ LOG = """\
 """
 
 
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+def run_sessions(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     status = main(["sessions", *argv])
     out, err = capsys.readouterr()
     return status, out, err
@@ -47,7 +47,7 @@ def test_strace_to_sessions(
     tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "new" / "dir" / "s.jsonl"  # missing directories are created
-    status, stdout, stderr = run_cli(
+    status, stdout, stderr = run_sessions(
         capsys, "--from", "strace", str(trace), "--out", str(out), "--label", "0"
     )
     assert (status, stderr) == (0, "")
@@ -66,7 +66,7 @@ def test_strace_per_file_without_results(
     other = tmp_path / "other.txt"
     other.write_text("close(3) = 0\n")
     out = tmp_path / "s.jsonl"
-    status, stdout, _ = run_cli(
+    status, stdout, _ = run_sessions(
         capsys,
         "--from",
         "strace",
@@ -90,7 +90,7 @@ def test_log_to_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     log = tmp_path / "app.log"
     log.write_text(LOG)
     out = tmp_path / "s.jsonl"
-    status, stdout, stderr = run_cli(
+    status, stdout, stderr = run_sessions(
         capsys,
         "--from",
         "log",
@@ -241,7 +241,7 @@ def test_user_errors_are_one_line_and_exit_2(
     out = tmp_path / "out.jsonl"
     out.write_text("previous\n")
     argv = [arg.format(**names) for arg in argv]
-    status, stdout, stderr = run_cli(capsys, *argv, "--out", str(out))
+    status, stdout, stderr = run_sessions(capsys, *argv, "--out", str(out))
     assert (status, stdout) == (2, "")
     assert stderr.startswith(f"rnnkit sessions: error: {message.format(**names)}")
     assert stderr.count("\n") == 1
@@ -249,7 +249,7 @@ def test_user_errors_are_one_line_and_exit_2(
 
 
 def test_out_that_is_an_input_is_refused(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    status, _, stderr = run_cli(capsys, "--from", "strace", str(trace), "--out", str(trace))
+    status, _, stderr = run_sessions(capsys, "--from", "strace", str(trace), "--out", str(trace))
     assert status == 2
     assert stderr == (
         f"rnnkit sessions: error: --out {trace} is also an INPUT; it would be overwritten\n"
@@ -315,7 +315,7 @@ def test_log_format_keeps_header_fields_out_of_templates(
     log.write_text(HDFS_LIKE)
     out = tmp_path / "s.jsonl"
     fmt = "<Date> <Time> <Pid> <Level> <Component>: <Content>"
-    status, stdout, stderr = run_cli(
+    status, stdout, stderr = run_sessions(
         capsys, "--from", "log", str(log), "--out", str(out), "--log-format", fmt,
         "--session-pattern", r"blk_-?\d+", "--drain-depth", "5", "--drain-max-children", "10",
     )  # fmt: skip
@@ -330,7 +330,7 @@ def test_log_format_keeps_header_fields_out_of_templates(
         ),
     ]
     # The session as a header field: one session per pid.
-    status, _, stderr = run_cli(
+    status, _, stderr = run_sessions(
         capsys, "--from", "log", str(log), "--out", str(out), "--log-format", fmt,
         "--session-field", "Pid",
     )  # fmt: skip
@@ -355,7 +355,7 @@ def test_out_is_never_a_device_fifo_or_directory(
         pass
     for kind, path in targets.items():
         mode = os.lstat(path).st_mode
-        status, out, err = run_cli(capsys, "--from", "strace", str(trace), "--out", str(path))
+        status, out, err = run_sessions(capsys, "--from", "strace", str(trace), "--out", str(path))
         assert status == 2 and out == "" and err.count("\n") == 1, err
         assert f"{path}: is a {kind}, not a regular file; refusing to replace it" in err
         assert os.lstat(path).st_mode == mode
@@ -367,7 +367,7 @@ def test_log_params_carry_numbers_and_time_deltas(
     log = tmp_path / "app.log"
     log.write_text(LOG)
     out = tmp_path / "s.jsonl"
-    status, stdout, stderr = run_cli(
+    status, stdout, stderr = run_sessions(
         capsys, "--from", "log", str(log), "--session-pattern", r"req=(\w+)", "--out", str(out),
         "--log-format", "<Date> <Time> <Level> <Content>", "--params", "--time-field",
         "Date,Time",
@@ -381,12 +381,12 @@ def test_log_params_carry_numbers_and_time_deltas(
     assert a1.params == [[0.0, None, 200.0, 12.0], [1.499, 3000.0]]
     assert b2.params == [[0.0, None, 200.0, 7.0]]
     # Without --time-field: the numbers alone; a bad time format is one line with file:line.
-    status, _, _ = run_cli(
+    status, _, _ = run_sessions(
         capsys, "--from", "log", str(log), "--session-pattern", r"req=(\w+)", "--out", str(out),
         "--log-format", "<Date> <Time> <Level> <Content>", "--params",
     )  # fmt: skip
     assert status == 0 and read_sessions(out)[1].params == [[None, 200.0, 7.0]]
-    status, _, stderr = run_cli(
+    status, _, stderr = run_sessions(
         capsys, "--from", "log", str(log), "--session-pattern", r"req=(\w+)", "--out", str(out),
         "--log-format", "<Date> <Time> <Level> <Content>", "--params", "--time-field", "Time",
         "--time-format", "%H:%M",

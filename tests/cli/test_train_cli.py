@@ -67,17 +67,6 @@ def train_args(data: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    """Run ``main(argv)`` in-process: (exit status, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse exits for usage errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def assert_one_line_error(code, err, *words):
     assert code not in (0, None), err
     assert "Traceback" not in err
@@ -143,8 +132,8 @@ def test_train_writes_a_complete_run_directory(run):
     assert step == 6 and "embedding.weight" in tensors
 
 
-def test_train_prints_the_model_next_to_the_baseline(data, tmp_path, capsys):
-    code, out, err = cli(capsys, *train_args(data, tmp_path / "r"))
+def test_train_prints_the_model_next_to_the_baseline(data, tmp_path, run_cli):
+    code, out, err = run_cli(*train_args(data, tmp_path / "r"))
     assert code == 0
     assert "trained 6 steps" in out
     assert "validation bits/char: recurrent" in out and "3-gram baseline" in out
@@ -154,8 +143,8 @@ def test_train_prints_the_model_next_to_the_baseline(data, tmp_path, capsys):
     assert "for the 3-gram, after 6 steps" in line and "--steps 6" in line
 
 
-def test_train_json_prints_one_object(data, tmp_path, capsys):
-    code, out, _ = cli(capsys, *train_args(data, tmp_path / "r", "--json"))
+def test_train_json_prints_one_object(data, tmp_path, run_cli):
+    code, out, _ = run_cli(*train_args(data, tmp_path / "r", "--json"))
     assert code == 0
     (line,) = out.strip().splitlines()
     summary = json.loads(line)
@@ -166,9 +155,9 @@ def test_train_json_prints_one_object(data, tmp_path, capsys):
     assert behind["baseline"] == summary["ngram"]["bits_per_char"]
 
 
-def test_evaluate_json(run, data, capsys):
-    code, out, err = cli(
-        capsys, "evaluate", "--checkpoint", str(run), "--data", str(data / "valid.txt"), "--json"
+def test_evaluate_json(run, data, run_cli):
+    code, out, err = run_cli(
+        "evaluate", "--checkpoint", str(run), "--data", str(data / "valid.txt"), "--json"
     )
     assert code == 0 and err == ""
     (line,) = out.strip().splitlines()
@@ -183,24 +172,21 @@ def test_evaluate_json(run, data, capsys):
     assert metrics["loss_nats"] == pytest.approx(summary["valid"]["loss_nats"], rel=1e-6)
 
 
-def test_evaluate_prints_readable_lines(run, data, capsys):
-    code, out, _ = cli(
-        capsys, "evaluate", "--checkpoint", str(run), "--data", str(data / "valid.txt")
-    )
+def test_evaluate_prints_readable_lines(run, data, run_cli):
+    code, out, _ = run_cli("evaluate", "--checkpoint", str(run), "--data", str(data / "valid.txt"))
     assert code == 0
     assert out.startswith("loss_nats: ") and "\nngram: order 3" in out
 
 
 # -- exact resume -----------------------------------------------------------------------------
-def test_resume_continues_exactly(data, tmp_path, capsys):
+def test_resume_continues_exactly(data, tmp_path, run_cli):
     extra = ("--dropout", "0.2", "--doc-boundary", "line", "--layers", "2", "--bptt", "segment:8")
     straight, split = tmp_path / "straight", tmp_path / "split"
-    assert cli(capsys, *train_args(data, straight, *extra), "--steps", "11")[0] == 0
-    assert cli(capsys, *train_args(data, split, *extra))[0] == 0  # 6 steps
+    assert run_cli(*train_args(data, straight, *extra), "--steps", "11")[0] == 0
+    assert run_cli(*train_args(data, split, *extra))[0] == 0  # 6 steps
     _, after_6 = snapshot_tensors(split)
     # The run's own config holds on --resume: only how long to train is given again.
-    code, _, err = cli(
-        capsys,
+    code, _, err = run_cli(
         "train",
         "--train",
         str(data / "train.txt"),
@@ -222,11 +208,11 @@ def test_resume_continues_exactly(data, tmp_path, capsys):
     assert config["steps"] == 6  # config.json describes the run as started
 
 
-def test_resume_of_a_moved_run_trains_where_the_run_is_now(data, tmp_path, capsys):
+def test_resume_of_a_moved_run_trains_where_the_run_is_now(data, tmp_path, run_cli):
     first, moved = tmp_path / "first", tmp_path / "moved"
-    assert cli(capsys, *train_args(data, first))[0] == 0
+    assert run_cli(*train_args(data, first))[0] == 0
     shutil.move(first, moved)
-    code, _, err = cli(capsys, *train_args(data, moved, "--resume", "--steps", "8"))
+    code, _, err = run_cli(*train_args(data, moved, "--resume", "--steps", "8"))
     assert code == 0, err
     assert not first.exists()  # nothing written where config.json says the run was
     assert snapshot_tensors(moved)[0] == 8
@@ -243,14 +229,14 @@ def test_resume_of_a_moved_run_trains_where_the_run_is_now(data, tmp_path, capsy
     ],
     ids=["full", "window", "word-segment", "word-window-sgd"],
 )
-def test_modes_train_and_evaluate_end_to_end(data, tmp_path, capsys, extra):
+def test_modes_train_and_evaluate_end_to_end(data, tmp_path, run_cli, extra):
     out = tmp_path / "r"
-    code, _, err = cli(capsys, *train_args(data, out, *extra))
+    code, _, err = run_cli(*train_args(data, out, *extra))
     assert code == 0, err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 6 and math.isfinite(summary["valid"]["loss_nats"])
-    code, stdout, _ = cli(
-        capsys, "evaluate", "--checkpoint", str(out), "--data", str(data / "valid.txt"), "--json"
+    code, stdout, _ = run_cli(
+        "evaluate", "--checkpoint", str(out), "--data", str(data / "valid.txt"), "--json"
     )
     assert code == 0
     metrics = json.loads(stdout)
@@ -295,7 +281,7 @@ BAD_TRAIN = {
 
 
 @pytest.mark.parametrize("case", list(BAD_TRAIN), ids=list(BAD_TRAIN))
-def test_bad_train_input_is_one_line_and_writes_nothing(data, tmp_path, capsys, case):
+def test_bad_train_input_is_one_line_and_writes_nothing(data, tmp_path, run_cli, case):
     make, words = BAD_TRAIN[case]
     inputs = tmp_path / "in"
     inputs.mkdir()
@@ -309,53 +295,52 @@ def test_bad_train_input_is_one_line_and_writes_nothing(data, tmp_path, capsys, 
     if "--task" in extra:  # --bptt and --ngram-order are language-model options
         for option in ("--bptt", "--ngram-order"):
             del argv[argv.index(option) : argv.index(option) + 2]
-    code, _, err = cli(capsys, *argv, *extra)
+    code, _, err = run_cli(*argv, *extra)
     assert_one_line_error(code, err, *words)
     assert_nothing_half_written(out)
 
 
-def test_missing_required_option(capsys, tmp_path):
-    code, _, err = cli(capsys, "train", "--out", str(tmp_path / "o"))
+def test_missing_required_option(run_cli, tmp_path):
+    code, _, err = run_cli("train", "--out", str(tmp_path / "o"))
     assert_one_line_error(code, err, "required", "--train")
 
 
-def test_resume_with_a_changed_model_is_refused_and_changes_nothing(run, data, capsys):
+def test_resume_with_a_changed_model_is_refused_and_changes_nothing(run, data, run_cli):
     before = digest_tree(run)
-    code, _, err = cli(capsys, *train_args(data, run, "--resume", "--hidden", "16", "--steps", "9"))
+    code, _, err = run_cli(*train_args(data, run, "--resume", "--hidden", "16", "--steps", "9"))
     assert_one_line_error(code, err, "--hidden differs", "config.json")
     assert digest_tree(run) == before
 
 
-def test_resume_with_an_option_given_at_its_default_is_refused(data, tmp_path, capsys):
+def test_resume_with_an_option_given_at_its_default_is_refused(data, tmp_path, run_cli):
     """``--cell lstm`` is the default, but given on a GRU run's --resume it is a request for
     another model: refused like any change, not silently ignored as if omitted."""
     out = tmp_path / "gru"
-    assert cli(capsys, *train_args(data, out, "--cell", "gru"))[0] == 0
+    assert run_cli(*train_args(data, out, "--cell", "gru"))[0] == 0
     before = digest_tree(out)
-    code, _, err = cli(capsys, *train_args(data, out, "--resume", "--cell", "lstm"))
+    code, _, err = run_cli(*train_args(data, out, "--resume", "--cell", "lstm"))
     assert_one_line_error(code, err, "--cell differs", "'gru'")
     assert digest_tree(out) == before
     # Omitted, it stays the run's own: the resume trains on as a GRU.
-    assert cli(capsys, *train_args(data, out, "--resume", "--steps", "8"))[0] == 0
+    assert run_cli(*train_args(data, out, "--resume", "--steps", "8"))[0] == 0
     saved = json.loads((out / "config.json").read_text())["config"]
     assert saved["cell"] == "gru"
 
 
-def test_resume_without_a_run_is_refused(data, tmp_path, capsys):
-    code, _, err = cli(capsys, *train_args(data, tmp_path / "none", "--resume"))
+def test_resume_without_a_run_is_refused(data, tmp_path, run_cli):
+    code, _, err = run_cli(*train_args(data, tmp_path / "none", "--resume"))
     assert_one_line_error(code, err, "no such checkpoint directory")
     assert not (tmp_path / "none").exists()
 
 
-def test_resume_from_a_corrupted_snapshot_is_refused(run, data, tmp_path, capsys):
+def test_resume_from_a_corrupted_snapshot_is_refused(run, data, tmp_path, run_cli):
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     pointer = json.loads((copy / "latest.json").read_text())
     weights = copy / pointer["snapshot"] / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-16])
     before = digest_tree(copy)
-    code, _, err = cli(
-        capsys,
+    code, _, err = run_cli(
         "train",
         "--train",
         str(data / "train.txt"),
@@ -370,10 +355,10 @@ def test_resume_from_a_corrupted_snapshot_is_refused(run, data, tmp_path, capsys
     assert digest_tree(copy) == before
 
 
-def test_divergence_stops_with_one_line_and_no_checkpoint(data, tmp_path, capsys):
+def test_divergence_stops_with_one_line_and_no_checkpoint(data, tmp_path, run_cli):
     out = tmp_path / "r"
-    code, _, err = cli(
-        capsys, *train_args(data, out, "--optimizer", "sgd", "--lr", "1e38", "--no-clip")
+    code, _, err = run_cli(
+        *train_args(data, out, "--optimizer", "sgd", "--lr", "1e38", "--no-clip")
     )
     assert_one_line_error(code, err, "training loss is", "at step")
     assert_nothing_half_written(out)
@@ -387,13 +372,13 @@ class _Payload:
         return (open, (str(self.marker), "w"))
 
 
-def test_evaluate_refuses_a_pickle_in_place_of_the_weights(run, data, tmp_path, capsys):
+def test_evaluate_refuses_a_pickle_in_place_of_the_weights(run, data, tmp_path, run_cli):
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     marker = tmp_path / "pwned"
     (copy / "model.safetensors").write_bytes(pickle.dumps({"x": _Payload(marker)}))
-    code, out, err = cli(
-        capsys, "evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt")
+    code, out, err = run_cli(
+        "evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt")
     )
     assert_one_line_error(code, err, "model.safetensors")
     assert out == "" and not marker.exists()
@@ -407,14 +392,14 @@ def test_evaluate_refuses_a_pickle_in_place_of_the_weights(run, data, tmp_path, 
         ("invalid-utf8", ["bad.txt:1", "invalid UTF-8 at byte offset 3"]),
     ],
 )
-def test_bad_evaluate_input_is_one_line(run, tmp_path, capsys, case, words):
+def test_bad_evaluate_input_is_one_line(run, tmp_path, run_cli, case, words):
     checkpoint, path = str(run), str(tmp_path / "missing.txt")
     if case == "no-checkpoint":
         checkpoint = str(tmp_path / "nothing")
         path = str(write(tmp_path / "ok.txt", b"the cat\n"))
     elif case == "invalid-utf8":
         path = str(write(tmp_path / "bad.txt", b"the\xc3(cat\n"))
-    code, out, err = cli(capsys, "evaluate", "--checkpoint", checkpoint, "--data", path, "--json")
+    code, out, err = run_cli("evaluate", "--checkpoint", checkpoint, "--data", path, "--json")
     assert_one_line_error(code, err, *words)
     assert out == ""
 
@@ -462,13 +447,13 @@ def test_diverging_run_ends_with_one_line_in_both_nonfinite_modes(data, tmp_path
     assert csv_matches_jsonl(out)  # the table is written however training ends
 
 
-def test_recompute_trains_the_same_weights(data, tmp_path, capsys):
+def test_recompute_trains_the_same_weights(data, tmp_path, run_cli):
     """``--recompute K`` changes what is stored, not what is learned: the same run with and
     without it ends with the same weights (float32 round-off apart)."""
     runs = {}
     for name, extra in (("stored", ()), ("recomputed", ("--recompute", "3"))):
         out = tmp_path / name
-        assert cli(capsys, *train_args(data, out, "--bptt", "full", *extra))[0] == 0
+        assert run_cli(*train_args(data, out, "--bptt", "full", *extra))[0] == 0
         runs[name] = load_file(str(out / "model.safetensors"))
         saved = json.loads((out / "config.json").read_text())["config"]
         assert saved["recompute"] == (3 if extra else None)
@@ -484,8 +469,8 @@ def test_recompute_trains_the_same_weights(data, tmp_path, capsys):
         (("--recompute", "4", "--wiring", "jordan"), "--recompute 4 does not apply to --wiring"),
     ],
 )
-def test_bad_recompute_is_one_line(data, tmp_path, capsys, extra, message):
-    code, _, err = cli(capsys, *train_args(data, tmp_path / "run", *extra))
+def test_bad_recompute_is_one_line(data, tmp_path, run_cli, extra, message):
+    code, _, err = run_cli(*train_args(data, tmp_path / "run", *extra))
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
 
@@ -503,18 +488,18 @@ def test_bad_recompute_is_one_line(data, tmp_path, capsys, extra, message):
         ("lm", ("--cell", "gru", "--nonlinearity", "tanh"), ("--nonlinearity", "--cell gru")),
     ],
 )
-def test_an_option_the_task_does_not_read_is_refused(data, tmp_path, capsys, task, extra, words):
+def test_an_option_the_task_does_not_read_is_refused(data, tmp_path, run_cli, task, extra, words):
     """Given at its default value too: what argv set counts, not what differs."""
     out = tmp_path / "run"
     argv = ["train", "--task", task, "--train", str(data / "train.txt"), "--out", str(out)]
-    code, _, err = cli(capsys, *argv, *extra)
+    code, _, err = run_cli(*argv, *extra)
     assert code == 2
     assert_one_line_error(code, err, "does not apply to", *words)
     assert not out.exists()
 
 
-def test_help_says_which_tasks_an_option_belongs_to(capsys):
-    code, out, _ = cli(capsys, "train", "--help")
+def test_help_says_which_tasks_an_option_belongs_to(run_cli):
+    code, out, _ = run_cli("train", "--help")
     assert code == 0
     text = " ".join(out.split())  # argparse wraps lines
     assert "classify options:" in text and "seq2seq options:" in text
@@ -527,11 +512,11 @@ def test_help_says_which_tasks_an_option_belongs_to(capsys):
 
 
 # -- no budget: until validation stops improving -----------------------------------------------
-def test_with_no_budget_train_stops_by_itself_and_says_why(data, tmp_path, capsys):
+def test_with_no_budget_train_stops_by_itself_and_says_why(data, tmp_path, run_cli):
     out = tmp_path / "r"
     argv = ["train", "--train", str(data / "train.txt"), "--valid", str(data / "valid.txt")]
-    code, stdout, _ = cli(
-        capsys, *argv, "--out", str(out), *TINY, "--bptt", "segment:16", "--lr", "0.03"
+    code, stdout, _ = run_cli(
+        *argv, "--out", str(out), *TINY, "--bptt", "segment:16", "--lr", "0.03"
     )
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -549,7 +534,7 @@ def test_with_no_budget_train_stops_by_itself_and_says_why(data, tmp_path, capsy
     assert len({e["epoch"] for e in valid}) < len(valid) and all("lr" in e for e in valid)
 
 
-def test_one_nonlinearity_per_layer_trains_saves_and_reloads(data, tmp_path, capsys):
+def test_one_nonlinearity_per_layer_trains_saves_and_reloads(data, tmp_path, run_cli):
     """--nonlinearity tanh,sigmoid on two layers: the layers are built so, the run is saved
     with it, and evaluate rebuilds the same model (the loss it prints is the run's own)."""
     from rnnkit.tasks.lm import load_lm
@@ -557,66 +542,60 @@ def test_one_nonlinearity_per_layer_trains_saves_and_reloads(data, tmp_path, cap
     out = tmp_path / "mixed"
     mixed = ("--cell", "rnn", "--layers", "2", "--nonlinearity", "tanh,sigmoid")
     argv = train_args(data, out, "--valid", str(data / "valid.txt"), *mixed)
-    code, _, err = cli(capsys, *argv)
+    code, _, err = run_cli(*argv)
     assert code == 0, err
     model = load_lm(out)[2]
     assert [c.nonlinearity for c in model.encoder.cells()] == ["tanh", "sigmoid"]
-    code, text, err = cli(
-        capsys, "evaluate", "--checkpoint", str(out), "--data", str(data / "valid.txt"), "--json"
+    code, text, err = run_cli(
+        "evaluate", "--checkpoint", str(out), "--data", str(data / "valid.txt"), "--json"
     )
     assert code == 0, err
     summary = json.loads((out / "summary.json").read_text())
     assert json.loads(text)["loss_nats"] == pytest.approx(summary["valid"]["loss_nats"], rel=1e-6)
-    code, _, err = cli(capsys, *train_args(data, tmp_path / "bad", "--nonlinearity", "tanh,relu"))
+    code, _, err = run_cli(*train_args(data, tmp_path / "bad", "--nonlinearity", "tanh,relu"))
     assert_one_line_error(code, err, "--nonlinearity tanh,relu", "--cell rnn")
 
 
-def test_lm_scheduled_sampling_trains_with_its_schedule(data, tmp_path, capsys):
+def test_lm_scheduled_sampling_trains_with_its_schedule(data, tmp_path, run_cli):
     out = tmp_path / "ss"
     argv = train_args(data, out, "--bptt", "full", "--scheduled-sampling", "linear:8", "--json")
-    code, text, err = cli(capsys, *argv)
+    code, text, err = run_cli(*argv)
     assert code == 0, err
     summary = json.loads(text.strip().splitlines()[-1])
     assert summary["steps"] == 6 and summary["scheduled_sampling_p"] == pytest.approx(6 / 8)
     assert json.loads((out / "config.json").read_text())["config"]["scheduled_sampling"] == (
         "linear:8"
     )
-    code, _, err = cli(
-        capsys, *train_args(data, tmp_path / "x", "--scheduled-sampling", "linear:8")
-    )
+    code, _, err = run_cli(*train_args(data, tmp_path / "x", "--scheduled-sampling", "linear:8"))
     assert_one_line_error(code, err, "--scheduled-sampling on --task lm needs --bptt full")
 
 
-def test_loss_reduction_sequence_is_saved_and_refused_on_streams(data, tmp_path, capsys):
+def test_loss_reduction_sequence_is_saved_and_refused_on_streams(data, tmp_path, run_cli):
     out = tmp_path / "seq"
-    code, _, err = cli(
-        capsys, *train_args(data, out, "--bptt", "full", "--loss-reduction", "sequence")
-    )
+    code, _, err = run_cli(*train_args(data, out, "--bptt", "full", "--loss-reduction", "sequence"))
     assert code == 0, err
     assert json.loads((out / "config.json").read_text())["config"]["loss_reduction"] == "sequence"
-    code, _, err = cli(capsys, *train_args(data, tmp_path / "x", "--loss-reduction", "sequence"))
+    code, _, err = run_cli(*train_args(data, tmp_path / "x", "--loss-reduction", "sequence"))
     assert_one_line_error(code, err, "--loss-reduction sequence needs whole sequences")
 
 
 # -- shared and hostile run directories ---------------------------------------------------------
 def test_training_into_an_existing_run_is_refused_unless_resume_or_overwrite(
-    run, data, tmp_path, capsys
+    run, data, tmp_path, run_cli
 ):
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     (copy / "report.html").write_text("<p>the old run</p>")
     (copy / "notes.txt").write_text("mine")  # not a run file: never touched
     before = digest_tree(copy)
-    code, _, err = cli(capsys, *train_args(data, copy, "--no-report"))
+    code, _, err = run_cli(*train_args(data, copy, "--no-report"))
     assert_one_line_error(code, err, str(copy), "already holds a run", "--overwrite")
     assert digest_tree(copy) == before
-    code, _, err = cli(capsys, *train_args(data, copy, "--resume", "--overwrite"))
+    code, _, err = run_cli(*train_args(data, copy, "--resume", "--overwrite"))
     assert_one_line_error(code, err, "--resume and --overwrite")
     assert digest_tree(copy) == before
 
-    code, _, err = cli(
-        capsys, *train_args(data, copy, "--no-report", "--overwrite", "--steps", "2")
-    )
+    code, _, err = run_cli(*train_args(data, copy, "--no-report", "--overwrite", "--steps", "2"))
     assert code == 0, err
     assert not (copy / "report.html").exists()  # it described the old run
     assert (copy / "notes.txt").read_text() == "mine"
@@ -634,7 +613,7 @@ with lock_run_dir(sys.argv[1]):
 """
 
 
-def test_a_run_directory_in_use_is_refused_naming_the_holder(data, tmp_path, capsys):
+def test_a_run_directory_in_use_is_refused_naming_the_holder(data, tmp_path, run_cli):
     out = tmp_path / "shared"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     holder = subprocess.Popen(
@@ -646,12 +625,12 @@ def test_a_run_directory_in_use_is_refused_naming_the_holder(data, tmp_path, cap
     )
     try:
         assert holder.stdout.readline() == "locked\n"
-        code, _, err = cli(capsys, *train_args(data, out))
+        code, _, err = run_cli(*train_args(data, out))
         assert_one_line_error(code, err, str(out), "in use", f"pid {holder.pid}")
         assert_nothing_half_written(out)
     finally:
         holder.communicate("", timeout=60)
-    code, _, err = cli(capsys, *train_args(data, out, "--steps", "1"))  # released: trains
+    code, _, err = run_cli(*train_args(data, out, "--steps", "1"))  # released: trains
     assert code == 0, err
 
 
@@ -669,7 +648,7 @@ def test_every_file_of_a_run_is_readable_by_others_under_umask_022(run):
     assert set(modes.values()) == {"0o644"}, modes
 
 
-def test_flipped_bytes_in_the_final_weights_are_refused(run, data, tmp_path, capsys):
+def test_flipped_bytes_in_the_final_weights_are_refused(run, data, tmp_path, run_cli):
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     weights = copy / "model.safetensors"
@@ -677,11 +656,9 @@ def test_flipped_bytes_in_the_final_weights_are_refused(run, data, tmp_path, cap
     raw[-5] ^= 0x40  # inside the tensor data: the safetensors header still parses
     raw[-9] ^= 0x01
     weights.write_bytes(bytes(raw))
-    code, _, err = cli(
-        capsys, "evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt")
-    )
+    code, _, err = run_cli("evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt"))
     assert_one_line_error(code, err, str(weights), "checksum mismatch")
-    code, _, err = cli(capsys, "generate", "--checkpoint", str(copy))
+    code, _, err = run_cli("generate", "--checkpoint", str(copy))
     assert_one_line_error(code, err, str(weights), "checksum mismatch")
 
 
@@ -703,17 +680,17 @@ def tiny_disk(tmp_path):
     subprocess.run(["umount", str(where)], check=False, timeout=30)
 
 
-def test_a_full_disk_is_one_line_and_leaves_a_loadable_run(data, tiny_disk, capsys):
+def test_a_full_disk_is_one_line_and_leaves_a_loadable_run(data, tiny_disk, run_cli):
     out = tiny_disk / "run"
     big = ["--hidden", "64", "--embedding", "64", "--eval-every", "2", "--steps", "6"]
-    code, _, err = cli(capsys, *train_args(data, out, *big))
+    code, _, err = run_cli(*train_args(data, out, *big))
     assert_one_line_error(code, err, str(out), "No space left on device")
     assert code == 2
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
 
 
 def test_resume_accepts_the_same_data_anywhere_and_refuses_other_data(
-    data, tmp_path, capsys, monkeypatch
+    data, tmp_path, run_cli, monkeypatch
 ):
     # The attack: a relative --train resolved from another directory holding another
     # corpus.txt of the same name.
@@ -725,8 +702,8 @@ def test_resume_accepts_the_same_data_anywhere_and_refuses_other_data(
     out = tmp_path / "run"
     monkeypatch.chdir(tmp_path / "a")
     base = [*TINY, "--bptt", "segment:16", "--quiet", "--out", str(out)]
-    code, _, err = cli(
-        capsys, "train", "--train", "corpus.txt", "--valid", "valid.txt", *base, "--steps", "4"
+    code, _, err = run_cli(
+        "train", "--train", "corpus.txt", "--valid", "valid.txt", *base, "--steps", "4"
     )
     assert code == 0, err
     recorded = json.loads((out / "config.json").read_text())["data"]
@@ -735,7 +712,7 @@ def test_resume_accepts_the_same_data_anywhere_and_refuses_other_data(
 
     monkeypatch.chdir(tmp_path / "b")
     before = digest_tree(out)
-    code, _, err = cli(capsys, "train", "--train", "corpus.txt", *base, "--resume", "--steps", "6")
+    code, _, err = run_cli("train", "--train", "corpus.txt", *base, "--resume", "--steps", "6")
     assert_one_line_error(code, err, "--train corpus.txt is not the data this run was trained on")
     assert str(tmp_path / "a" / "corpus.txt") in err
     assert digest_tree(out) == before
@@ -743,12 +720,12 @@ def test_resume_accepts_the_same_data_anywhere_and_refuses_other_data(
     # The same content under another name and place is the same data: it resumes, and
     # the validation file is found by its recorded absolute path.
     shutil.copy(tmp_path / "a" / "corpus.txt", tmp_path / "b" / "same.txt")
-    code, _, err = cli(capsys, "train", "--train", "same.txt", *base, "--resume", "--steps", "6")
+    code, _, err = run_cli("train", "--train", "same.txt", *base, "--resume", "--steps", "6")
     assert code == 0, err
     assert json.loads((out / "summary.json").read_text())["steps"] == 6
 
     (tmp_path / "a" / "valid.txt").write_text("changed\n")
-    code, _, err = cli(capsys, "train", "--train", "same.txt", *base, "--resume", "--steps", "8")
+    code, _, err = run_cli("train", "--train", "same.txt", *base, "--resume", "--steps", "8")
     assert_one_line_error(code, err, "--valid", "is not the data this run was trained on")
 
 
@@ -769,7 +746,9 @@ def _edit_config(run_dir: Path, **values) -> None:
     ],
     ids=["dropout", "hidden", "seed"],
 )
-def test_a_tampered_config_is_one_line_in_every_command(run, data, tmp_path, capsys, values, words):
+def test_a_tampered_config_is_one_line_in_every_command(
+    run, data, tmp_path, run_cli, values, words
+):
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     _edit_config(copy, **values)
@@ -778,26 +757,24 @@ def test_a_tampered_config_is_one_line_in_every_command(run, data, tmp_path, cap
         ["generate", "--checkpoint", str(copy)],
         ["report", "--checkpoint", str(copy)],
     ):
-        code, _, err = cli(capsys, *argv)
+        code, _, err = run_cli(*argv)
         assert_one_line_error(code, err, str(copy / "config.json"), *words)
         assert code == 2
 
 
-def test_tampered_logs_and_baseline_are_one_line(run, data, tmp_path, capsys):
+def test_tampered_logs_and_baseline_are_one_line(run, data, tmp_path, run_cli):
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     (copy / "summary.json").write_text("[" * 100_000)
-    code, _, err = cli(capsys, "report", "--checkpoint", str(copy))
+    code, _, err = run_cli("report", "--checkpoint", str(copy))
     assert_one_line_error(code, err, str(copy / "summary.json"), "nested too deeply")
     ngram = copy / "ngram.safetensors"
     ngram.write_bytes(ngram.read_bytes()[:40])
-    code, _, err = cli(
-        capsys, "evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt")
-    )
+    code, _, err = run_cli("evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt"))
     assert_one_line_error(code, err, str(ngram))
 
 
-def test_nan_weights_are_refused_even_with_a_matching_checksum(run, tmp_path, capsys):
+def test_nan_weights_are_refused_even_with_a_matching_checksum(run, tmp_path, run_cli):
     from rnnkit.training.checkpoint import tensors_sha256
 
     copy = tmp_path / "copy"
@@ -811,7 +788,7 @@ def test_nan_weights_are_refused_even_with_a_matching_checksum(run, tmp_path, ca
     save_file(
         tensors, str(weights), metadata={"format": "rnnkit", "sha256": tensors_sha256(tensors)}
     )
-    code, _, err = cli(capsys, "generate", "--checkpoint", str(copy))
+    code, _, err = run_cli("generate", "--checkpoint", str(copy))
     assert_one_line_error(code, err, str(weights), name, "NaN or infinite")
 
 
@@ -868,67 +845,65 @@ FORGERIES = {
 
 
 @pytest.mark.parametrize("forgery", sorted(FORGERIES))
-def test_a_forged_snapshot_is_one_line_on_resume(run, data, tmp_path, capsys, forgery):
+def test_a_forged_snapshot_is_one_line_on_resume(run, data, tmp_path, run_cli, forgery):
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     _forge_snapshot(copy, **FORGERIES[forgery])
-    code, _, err = cli(
-        capsys, "train", "--train", str(data / "train.txt"), "--out", str(copy), "--resume",
+    code, _, err = run_cli("train", "--train", str(data / "train.txt"), "--out", str(copy),
+        "--resume",
         "--steps", "8", "--quiet",
     )  # fmt: skip
     assert_one_line_error(code, err, str(copy))
     assert code == 2
 
 
-def test_a_renamed_label_in_labels_json_is_refused_on_resume(tmp_path, capsys):
+def test_a_renamed_label_in_labels_json_is_refused_on_resume(tmp_path, run_cli):
     rng = random.Random(0)
     lines = [f"{rng.choice(['pos', 'neg'])}\t{corpus(1, i).strip()}\n" for i in range(60)]
     (tmp_path / "c.tsv").write_text("".join(lines), encoding="utf-8")
     out = tmp_path / "run"
     base = ["train", "--train", str(tmp_path / "c.tsv"), "--out", str(out), "--condition"]
     base += ["init", "--bptt", "full", "--hidden", "4", "--embedding", "4", "--quiet"]
-    code, _, err = cli(capsys, *base, "--steps", "2")
+    code, _, err = run_cli(*base, "--steps", "2")
     assert code == 0, err
     labels = out / "labels.json"
     labels.write_text(labels.read_text().replace('"pos"', '"POS"'))
-    code, _, err = cli(capsys, *base, "--steps", "4", "--resume")
+    code, _, err = run_cli(*base, "--steps", "4", "--resume")
     assert_one_line_error(code, err, str(labels), "missing ['pos'], unknown ['POS']")
 
 
-def test_an_absurd_model_size_is_refused_at_once_with_an_override(data, tmp_path, capsys):
+def test_an_absurd_model_size_is_refused_at_once_with_an_override(data, tmp_path, run_cli):
     out = tmp_path / "big"
-    code, _, err = cli(capsys, *train_args(data, out, "--layers", "1000000"))
+    code, _, err = run_cli(*train_args(data, out, "--layers", "1000000"))
     assert_one_line_error(code, err, "--layers 1000000", "parameters", "--max-parameters")
     assert not out.exists()
     # The override lets a deliberate large model through (here a small limit shows it).
-    code, _, err = cli(capsys, *train_args(data, out, "--max-parameters", "100"))
+    code, _, err = run_cli(*train_args(data, out, "--max-parameters", "100"))
     assert_one_line_error(code, err, "over the limit of 100")
-    code, _, err = cli(capsys, *train_args(data, out, "--max-parameters", "100000", "--steps", "1"))
+    code, _, err = run_cli(*train_args(data, out, "--max-parameters", "100000", "--steps", "1"))
     assert code == 0, err
 
 
 @pytest.mark.parametrize("task", ["lm", "tag", "classify", "seq2seq"])
-def test_training_on_dev_zero_fails_at_once(tmp_path, capsys, task):
-    code, _, err = cli(
-        capsys, "train", "--task", task, "--train", "/dev/zero", "--out", str(tmp_path / "r")
+def test_training_on_dev_zero_fails_at_once(tmp_path, run_cli, task):
+    code, _, err = run_cli(
+        "train", "--task", task, "--train", "/dev/zero", "--out", str(tmp_path / "r")
     )
     assert_one_line_error(code, err, "/dev/zero: is a device, not a data file")
 
 
-def test_a_fifo_as_config_json_is_refused_not_waited_on(run, data, tmp_path, capsys):
+def test_a_fifo_as_config_json_is_refused_not_waited_on(run, data, tmp_path, run_cli):
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     (copy / "config.json").unlink()
     os.mkfifo(copy / "config.json")  # reading it would block until a writer comes: never
-    code, _, err = cli(
-        capsys, "evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt")
-    )
+    code, _, err = run_cli("evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt"))
     assert_one_line_error(code, err, str(copy / "config.json"), "is a FIFO, not a regular file")
 
 
-def test_log_every_sets_the_training_records_and_may_change_on_resume(capsys, data, tmp_path):
+def test_log_every_sets_the_training_records_and_may_change_on_resume(run_cli, data, tmp_path):
     out = tmp_path / "run"
-    code, _, err = cli(capsys, *train_args(data, out, "--log-every", "4", "--steps", "6"))
+    code, _, err = run_cli(*train_args(data, out, "--log-every", "4", "--steps", "6"))
     assert code == 0, err
 
     def steps() -> list[int]:
@@ -938,11 +913,11 @@ def test_log_every_sets_the_training_records_and_may_change_on_resume(capsys, da
     assert steps() == [4, 6]
     # --threads too: every option the refusal names as changeable is accepted by the task
     resumed = train_args(data, out, "--resume", "--steps", "9", "--log-every", "2")
-    code, _, err = cli(capsys, *resumed, "--threads", "1")
+    code, _, err = run_cli(*resumed, "--threads", "1")
     assert code == 0, err
     assert steps() == [4, 6, 8, 9]
     for bad in ("0", "-1"):
-        code, _, err = cli(capsys, *train_args(data, tmp_path / "bad", "--log-every", bad))
+        code, _, err = run_cli(*train_args(data, tmp_path / "bad", "--log-every", bad))
         assert (
             code == 2 and err.strip() == f"rnnkit train: error: --log-every must be ≥ 1, got {bad}"
         )
@@ -969,12 +944,12 @@ def csv_matches_jsonl(out: Path) -> bool:
     return True
 
 
-def test_metrics_csv_beside_metrics_jsonl_across_a_resume(capsys, data, tmp_path):
+def test_metrics_csv_beside_metrics_jsonl_across_a_resume(run_cli, data, tmp_path):
     out = tmp_path / "run"
     args = train_args(data, out, "--valid", str(data / "valid.txt"), "--eval-every", "2")
-    assert cli(capsys, *args, "--steps", "4")[0] == 0
+    assert run_cli(*args, "--steps", "4")[0] == 0
     assert csv_matches_jsonl(out)
-    assert cli(capsys, *args, "--steps", "7", "--resume")[0] == 0
+    assert run_cli(*args, "--steps", "7", "--resume")[0] == 0
     assert csv_matches_jsonl(out)
     rows = (out / "metrics.csv").read_text().splitlines()
     assert [r.split(",")[:2] for r in rows[1:]].count(["valid", "6"]) == 1

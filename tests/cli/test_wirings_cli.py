@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from rnnkit.cli.main import main
 from rnnkit.config import TrainConfig
 from rnnkit.data.generated_pairs import generate_pairs, write_pairs
 from rnnkit.errors import ConfigError
@@ -53,22 +52,11 @@ def data(tmp_path_factory) -> Path:
     return d
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse usage errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def train(capsys, data: Path, out: Path, *extra: str, train_file: str = "train.txt"):
+def train(run_cli, data: Path, out: Path, *extra: str, train_file: str = "train.txt"):
     tiny = TINY
     if "seq2seq" in extra:  # the n-gram baseline is a language-model option
         tiny = TINY[: TINY.index("--ngram-order")]
-    return cli(
-        capsys,
+    return run_cli(
         "train",
         "--train",
         str(data / train_file),
@@ -82,16 +70,16 @@ def train(capsys, data: Path, out: Path, *extra: str, train_file: str = "train.t
     )
 
 
-def evaluate(capsys, out: Path, data_file: Path) -> dict:
-    code, stdout, err = cli(
-        capsys, "evaluate", "--checkpoint", str(out), "--data", str(data_file), "--json"
+def evaluate(run_cli, out: Path, data_file: Path) -> dict:
+    code, stdout, err = run_cli(
+        "evaluate", "--checkpoint", str(out), "--data", str(data_file), "--json"
     )
     assert code == 0, err
     return json.loads(stdout)
 
 
-def generate(capsys, out: Path, *extra: str) -> list[str]:
-    code, stdout, err = cli(capsys, "generate", "--checkpoint", str(out), "--json", *extra)
+def generate(run_cli, out: Path, *extra: str) -> list[str]:
+    code, stdout, err = run_cli("generate", "--checkpoint", str(out), "--json", *extra)
     assert code == 0, err
     return [json.loads(line)["text"] for line in stdout.splitlines()]
 
@@ -108,53 +96,53 @@ def one_line_error(code, err, *words):
 
 # -- --length (lm) ----------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["stop", "predict"])
-def test_lm_length_trains_evaluates_generates_and_resumes(data, tmp_path, capsys, mode):
+def test_lm_length_trains_evaluates_generates_and_resumes(data, tmp_path, capsys, run_cli, mode):
     out = tmp_path / mode
     code, _, err = train(
-        capsys, data, out, "--bptt", "full", "--length", mode, "--max-len", "12", "--seed", "1"
+        run_cli, data, out, "--bptt", "full", "--length", mode, "--max-len", "12", "--seed", "1"
     )
     assert code == 0, err
     assert saved_config(out)["length"] == mode
     _, _, model = load_lm(out)
     assert model.length is not None and model.length.mode == mode
-    metrics = evaluate(capsys, out, data / "valid.txt")
+    metrics = evaluate(run_cli, out, data / "valid.txt")
     # Under a mechanism </s> is no token: only the characters of the lines are counted.
     text = (data / "valid.txt").read_text()
     assert metrics["tokens"] == len(text) - text.count("\n")
     assert math.isfinite(metrics["loss_nats"]) and "bits_per_char" in metrics
-    texts = generate(capsys, out, "--num", "3", "--max-length", "20")
+    texts = generate(run_cli, out, "--num", "3", "--max-length", "20")
     assert len(texts) == 3
     if mode == "predict":  # at most --max-len tokens, whatever was drawn
-        assert all(len(t) <= 12 for t in generate(capsys, out, "--greedy", "--max-length", "30"))
+        assert all(len(t) <= 12 for t in generate(run_cli, out, "--greedy", "--max-length", "30"))
     # --resume keeps the mechanism; changing it is refused.
-    code, _, err = train(capsys, data, out, "--bptt", "full", "--length", mode, "--max-len",
+    code, _, err = train(run_cli, data, out, "--bptt", "full", "--length", mode, "--max-len",
                          "12", "--seed", "1", "--resume", "--steps", "5")  # fmt: skip
     assert code == 0, err
     assert json.loads((out / "summary.json").read_text())["steps"] == 5
-    code, _, err = cli(capsys, "train", "--train", str(data / "train.txt"), "--out", str(out),
+    code, _, err = run_cli("train", "--train", str(data / "train.txt"), "--out", str(out),
                        "--resume", "--length", "predict" if mode == "stop" else "stop")  # fmt: skip
     one_line_error(code, err, "--length")
 
 
 # -- --wiring jordan --------------------------------------------------------------------------
-def test_jordan_trains_on_streams_evaluates_and_generates(data, tmp_path, capsys):
+def test_jordan_trains_on_streams_evaluates_and_generates(data, tmp_path, run_cli):
     out = tmp_path / "jordan"
-    code, _, err = train(capsys, data, out, "--wiring", "jordan", "--bptt", "segment:8")
+    code, _, err = train(run_cli, data, out, "--wiring", "jordan", "--bptt", "segment:8")
     assert code == 0, err
     assert saved_config(out)["wiring"] == "jordan"
     weights = load_file(str(out / "model.safetensors"))
     # Fig. 10.4: the fed-back output W_o and no hidden-to-hidden weight anywhere.
     assert "feedback.weight" in weights and not [k for k in weights if "weight_hh" in k]
     assert isinstance(load_lm(out)[2], JordanLM)
-    metrics = evaluate(capsys, out, data / "valid.txt")
+    metrics = evaluate(run_cli, out, data / "valid.txt")
     assert math.isfinite(metrics["perplexity"]) and "ngram" in metrics
-    assert len(generate(capsys, out, "--num", "2", "--prompt", "the", "--max-length", "10")) == 2
+    assert len(generate(run_cli, out, "--num", "2", "--prompt", "the", "--max-length", "10")) == 2
 
 
 # -- --condition ------------------------------------------------------------------------------
-def test_class_conditional_lm_end_to_end(data, tmp_path, capsys):
+def test_class_conditional_lm_end_to_end(data, tmp_path, capsys, run_cli):
     out = tmp_path / "cond"
-    code, _, err = train(capsys, data, out, "--condition", "both", "--bptt", "full",
+    code, _, err = train(run_cli, data, out, "--condition", "both", "--bptt", "full",
                          "--valid", str(data / "labelled_valid.tsv"), "--lr", "0.05",
                          "--steps", "40", train_file="labelled.tsv")  # fmt: skip
     assert code == 0, err
@@ -162,38 +150,38 @@ def test_class_conditional_lm_end_to_end(data, tmp_path, capsys):
     assert json.loads((out / "labels.json").read_text())["labels"] == ["neg", "pos"]
     assert isinstance(load_lm(out)[2], ConditionalLM)
     # The line of an unseen label is reported, not scored.
-    metrics = evaluate(capsys, out, data / "labelled_valid.tsv")
+    metrics = evaluate(run_cli, out, data / "labelled_valid.tsv")
     assert metrics["unknown_labels"] == 1 and metrics["unknown_label_counts"] == {"odd": 1}
     assert metrics["tokens"] == len("abab") + 1 + len("xy") + 1
     # The label steers generation: each class writes its own letters.
-    pos = generate(capsys, out, "--condition", "pos", "--greedy", "--max-length", "8")[0]
-    neg = generate(capsys, out, "--condition", "neg", "--greedy", "--max-length", "8")[0]
+    pos = generate(run_cli, out, "--condition", "pos", "--greedy", "--max-length", "8")[0]
+    neg = generate(run_cli, out, "--condition", "neg", "--greedy", "--max-length", "8")[0]
     assert pos and set(pos) <= set("ab") and neg and set(neg) <= set("xy")
-    code, _, err = cli(capsys, "generate", "--checkpoint", str(out), "--condition", "odd")
+    code, _, err = run_cli("generate", "--checkpoint", str(out), "--condition", "odd")
     one_line_error(code, err, "'odd'", "neg, pos")
-    code, _, err = cli(capsys, "generate", "--checkpoint", str(out))
+    code, _, err = run_cli("generate", "--checkpoint", str(out))
     one_line_error(code, err, "--condition LABEL", "neg, pos")
 
 
 # -- --length (seq2seq) -----------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["stop", "predict"])
-def test_seq2seq_length_end_to_end(data, tmp_path, capsys, mode):
+def test_seq2seq_length_end_to_end(data, tmp_path, capsys, run_cli, mode):
     out = tmp_path / f"s2s-{mode}"
-    code, _, err = train(capsys, data, out, "--task", "seq2seq", "--length", mode,
+    code, _, err = train(run_cli, data, out, "--task", "seq2seq", "--length", mode,
                          "--valid", str(data / "pairs_valid.tsv"), "--max-len", "8",
                          "--hidden", "16", train_file="pairs.tsv")  # fmt: skip
     assert code == 0, err
     assert saved_config(out)["length"] == mode
-    metrics = evaluate(capsys, out, data / "pairs_valid.tsv")
+    metrics = evaluate(run_cli, out, data / "pairs_valid.tsv")
     targets = [line.split("\t")[1] for line in (data / "pairs_valid.tsv").read_text().splitlines()]
     assert metrics["tokens"] == sum(len(t) for t in targets)  # no </s> steps
     assert 0.0 <= metrics["token_accuracy"] <= 1.0 and math.isfinite(metrics["loss_nats"])
-    code, stdout, err = cli(capsys, "generate", "--checkpoint", str(out), "--input", "abc")
+    code, stdout, err = run_cli("generate", "--checkpoint", str(out), "--input", "abc")
     assert code == 0 and stdout.endswith("\n"), err
     if mode == "predict":  # a reference longer than any length the model can predict
         long = tmp_path / "long.tsv"
         long.write_text("ab\tba\nabc\t" + "c" * 9 + "\n")
-        code, _, err = cli(capsys, "evaluate", "--checkpoint", str(out), "--data", str(long))
+        code, _, err = run_cli("evaluate", "--checkpoint", str(out), "--data", str(long))
         one_line_error(code, err, f"{long}:2:", "--max-len 8")
 
 
@@ -217,9 +205,9 @@ def test_seq2seq_length_end_to_end(data, tmp_path, capsys, mode):
          "--scheduled-sampling"),
     ],
 )  # fmt: skip
-def test_bad_combinations_are_one_line_naming_the_option(data, tmp_path, capsys, options, named):
+def test_bad_combinations_are_one_line_naming_the_option(data, tmp_path, run_cli, options, named):
     out = tmp_path / "never"
-    code, _, err = train(capsys, data, out, *options)
+    code, _, err = train(run_cli, data, out, *options)
     one_line_error(code, err, named)
     assert not out.exists()
 
@@ -241,9 +229,9 @@ def test_config_round_trip_and_old_configs_get_the_defaults():
         TrainConfig(train="x", condition="label").validate()
 
 
-def test_generate_condition_on_a_checkpoint_without_classes(data, tmp_path, capsys):
+def test_generate_condition_on_a_checkpoint_without_classes(data, tmp_path, capsys, run_cli):
     out = tmp_path / "plain"
-    code, _, err = train(capsys, data, out, "--bptt", "full", "--steps", "1")
+    code, _, err = train(run_cli, data, out, "--bptt", "full", "--steps", "1")
     assert code == 0, err
-    code, _, err = cli(capsys, "generate", "--checkpoint", str(out), "--condition", "pos")
+    code, _, err = run_cli("generate", "--checkpoint", str(out), "--condition", "pos")
     one_line_error(code, err, "--condition", "class-conditional")

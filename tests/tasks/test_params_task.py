@@ -56,16 +56,6 @@ def log_lines(n: int, seed: int, start: int, anomaly: str | None = None) -> list
     return out
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def write(path: Path, sessions: list, label: int | None = None) -> Path:
     rows = []
     for s in sessions:
@@ -124,10 +114,10 @@ def test_sessions_carry_the_values_and_time(data: Path) -> None:
 
 
 def test_planted_value_anomalies_are_found_while_the_key_sequence_is_normal(
-    data: Path, runs: tuple[Path, Path], capsys
+    data: Path, runs: tuple[Path, Path], run_cli
 ) -> None:
     params, events = runs
-    code, out, err = cli(capsys, "score", "--checkpoint", str(events), "--params", str(params),
+    code, out, err = run_cli("score", "--checkpoint", str(events), "--params", str(params),
                          "--data", str(data / "test.jsonl"), "--top", "1")  # fmt: skip
     assert code == 0, err
     records = [json.loads(line) for line in out.splitlines()]
@@ -201,9 +191,9 @@ def test_dims_are_the_numbers_of_every_training_vector() -> None:
                     "d")[1] == "1 training vector(s), fewer than 10"  # fmt: skip
 
 
-def test_evaluate_predict_and_confidence(data: Path, runs: tuple[Path, Path], capsys) -> None:
+def test_evaluate_predict_and_confidence(data: Path, runs: tuple[Path, Path], run_cli) -> None:
     params, events = runs
-    code, out, err = cli(capsys, "evaluate", "--checkpoint", str(params), "--data",
+    code, out, err = run_cli("evaluate", "--checkpoint", str(params), "--data",
                          str(data / "test.jsonl"), "--json")  # fmt: skip
     assert code == 0, err
     m = json.loads(out)
@@ -212,7 +202,7 @@ def test_evaluate_predict_and_confidence(data: Path, runs: tuple[Path, Path], ca
     line = (data / "test.jsonl").read_text().splitlines()[-1]
     lines = data / "one.jsonl"
     lines.write_text(line + "\n")
-    code, out, err = cli(capsys, "predict", "--checkpoint", str(events), "--params", str(params),
+    code, out, err = run_cli("predict", "--checkpoint", str(events), "--params", str(params),
                          "--input", str(lines))  # fmt: skip
     assert code == 0, err
     record = json.loads(out)
@@ -220,7 +210,7 @@ def test_evaluate_predict_and_confidence(data: Path, runs: tuple[Path, Path], ca
     # A params run alone, and its confidence re-picked: z grows with it, and the session
     # threshold is never below it.
     t = json.loads((params / "thresholds.json").read_text())["session_score"]
-    code, out, _ = cli(capsys, "score", "--checkpoint", str(params), "--data", str(lines),
+    code, out, _ = run_cli("score", "--checkpoint", str(params), "--data", str(lines),
                        "--confidence", "0.999")  # fmt: skip
     assert code == 0
     assert json.loads(out)["threshold"] == pytest.approx(max(normal_quantile(0.9995), t))
@@ -228,7 +218,7 @@ def test_evaluate_predict_and_confidence(data: Path, runs: tuple[Path, Path], ca
 
 
 def test_the_session_threshold_holds_the_target_rate_on_validation(
-    data: Path, runs: tuple[Path, Path], capsys
+    data: Path, runs: tuple[Path, Path], run_cli
 ) -> None:
     """t: at most ⌊α n⌋ of the n normal validation sessions score above it, and the
     verdict is score > max(z, t); --target-fpr re-picks t from the stored scores."""
@@ -246,7 +236,7 @@ def test_the_session_threshold_holds_the_target_rate_on_validation(
     assert summary["session_threshold"] == pytest.approx(max(z, t))
     assert summary["validation_fpr"]["false_positives"] == 0
     # Re-picked at 0.2: 6 of the 30 may lie above; the 7th largest is at or below t.
-    code, out, err = cli(capsys, "score", "--checkpoint", str(params), "--data",
+    code, out, err = run_cli("score", "--checkpoint", str(params), "--data",
                          str(data / "test.jsonl"), "--target-fpr", "0.2")  # fmt: skip
     assert code == 0, err
     records = [json.loads(line) for line in out.splitlines()]
@@ -282,7 +272,7 @@ def test_session_threshold_by_hand() -> None:
     ],
 )
 def test_bad_input_is_one_line_with_file_and_line(
-    data: Path, runs: tuple[Path, Path], capsys, edit, message: str, tmp_path: Path
+    data: Path, runs: tuple[Path, Path], run_cli, edit, message: str, tmp_path: Path
 ) -> None:
     params, events = runs
     rows = [json.loads(x) for x in (data / "test.jsonl").read_text().splitlines()[:3]]
@@ -295,7 +285,7 @@ def test_bad_input_is_one_line_with_file_and_line(
         ["score", "--checkpoint", str(events), "--params", str(params), "--data", str(bad)],
         ["evaluate", "--checkpoint", str(params), "--data", str(bad)],
     ):
-        code, _, err = cli(capsys, *argv)
+        code, _, err = run_cli(*argv)
         assert code == 2 and f"{bad}:2: {message}" in err and err.count("\n") == 1
 
 
@@ -319,15 +309,15 @@ def test_bad_input_is_one_line_with_file_and_line(
         ),
     ],
 )
-def test_bad_options_are_refused(data: Path, capsys, argv, message, tmp_path: Path) -> None:
-    code, _, err = cli(capsys, "train", "--train", str(data / "train.jsonl"), "--out",
+def test_bad_options_are_refused(data: Path, run_cli, argv, message, tmp_path: Path) -> None:
+    code, _, err = run_cli("train", "--train", str(data / "train.jsonl"), "--out",
                        str(tmp_path / "r"), *argv)  # fmt: skip
     assert code == 2 and message in err and err.count("\n") == 1
 
 
-def test_score_confidence_needs_a_params_run(data: Path, runs, capsys) -> None:
+def test_score_confidence_needs_a_params_run(data: Path, runs, run_cli) -> None:
     _, events = runs
-    code, _, err = cli(capsys, "score", "--checkpoint", str(events), "--data",
+    code, _, err = run_cli("score", "--checkpoint", str(events), "--data",
                        str(data / "test.jsonl"), "--confidence", "0.9")  # fmt: skip
     assert code == 2 and "--confidence applies to a params run: give --params RUN" in err
 
@@ -344,18 +334,18 @@ def test_report_shows_each_key_and_the_errors(runs: tuple[Path, Path]) -> None:
 
 
 def test_target_rate_and_method_from_the_command_line_and_a_config_file(
-    data: Path, capsys, tmp_path: Path
+    data: Path, run_cli, tmp_path: Path
 ) -> None:
     out = tmp_path / "p"
     config = tmp_path / "params.toml"
     config.write_text('task = "params"\ntarget-fpr = 0.1\nthreshold-method = "gpd"\n')
-    code, text, err = cli(capsys, "train", "--config", str(config), "--train",
+    code, text, err = run_cli("train", "--config", str(config), "--train",
                           str(data / "train.jsonl"), "--valid", str(data / "valid.jsonl"),
                           "--out", str(out), "--epochs", "2", *TINY,
                           "--print-config")  # fmt: skip
     assert code == 0, err
     assert "target-fpr = 0.1" in text and 'threshold-method = "gpd"' in text
-    code, _, err = cli(capsys, "train", "--config", str(config), "--train",
+    code, _, err = run_cli("train", "--config", str(config), "--train",
                        str(data / "train.jsonl"), "--valid", str(data / "valid.jsonl"),
                        "--out", str(out), "--epochs", "2", *TINY)  # fmt: skip
     assert code == 0, err

@@ -50,18 +50,8 @@ def data(tmp_path_factory) -> Path:
     return d
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def train(capsys, data, out, *extra, train="train.jsonl", valid="valid.jsonl"):
-    return cli(capsys, "train", "--task", "regress", "--train", str(data / train),
+def train(run_cli, data, out, *extra, train="train.jsonl", valid="valid.jsonl"):
+    return run_cli("train", "--task", "regress", "--train", str(data / train),
                "--valid", str(data / valid), "--out", str(out), *TINY, *extra)  # fmt: skip
 
 
@@ -87,8 +77,8 @@ def test_summary_has_the_persistence_baseline_computed_by_hand(trained, data):
     assert summary["task"] == "regress" and summary["input_size"] == summary["output_size"] == 2
 
 
-def test_evaluate_equals_the_model_on_each_sequence_alone(trained, data, capsys):
-    code, out, err = cli(capsys, "evaluate", "--checkpoint", str(trained), "--data",
+def test_evaluate_equals_the_model_on_each_sequence_alone(trained, data, run_cli):
+    code, out, err = run_cli("evaluate", "--checkpoint", str(trained), "--data",
                          str(data / "valid.jsonl"), "--json")  # fmt: skip
     assert code == 0, err
     metrics = json.loads(out)
@@ -105,11 +95,11 @@ def test_evaluate_equals_the_model_on_each_sequence_alone(trained, data, capsys)
     assert metrics["rmse"] == pytest.approx((sq / n) ** 0.5, rel=1e-5)
 
 
-def test_predict_gives_the_next_value_after_every_step(trained, data, capsys, tmp_path):
+def test_predict_gives_the_next_value_after_every_step(trained, data, run_cli, tmp_path):
     lines = (data / "valid.jsonl").read_text().splitlines()[:3]
     path = tmp_path / "in.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    code, out, err = cli(capsys, "predict", "--checkpoint", str(trained), "--input", str(path))
+    code, out, err = run_cli("predict", "--checkpoint", str(trained), "--input", str(path))
     assert code == 0, err
     _, _, model = load_regressor(trained)
     for line, answer in zip(lines, out.splitlines(), strict=True):
@@ -119,17 +109,17 @@ def test_predict_gives_the_next_value_after_every_step(trained, data, capsys, tm
         np.testing.assert_allclose(json.loads(answer)["prediction"], want.numpy(), atol=1e-6)
 
 
-def test_value_target_gaussian_and_csv_directories(data, tmp_path, capsys):
-    code, out, err = train(capsys, data, tmp_path / "v", "--target", "value", "--loss",
+def test_value_target_gaussian_and_csv_directories(data, tmp_path, run_cli):
+    code, out, err = train(run_cli, data, tmp_path / "v", "--target", "value", "--loss",
                            "gaussian", "--bidirectional", "--steps", "4", "--json")  # fmt: skip
     assert code == 0, err
     summary = json.loads(out)
     assert (summary["target"], summary["loss"], summary["output_size"]) == ("value", "gaussian", 1)
-    code, out, err = train(capsys, data, tmp_path / "c", "--steps", "3", "--json",
+    code, out, err = train(run_cli, data, tmp_path / "c", "--steps", "3", "--json",
                            train="csv_train", valid="csv_valid")  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["input_size"] == 2
-    code, _, err = train(capsys, data, tmp_path / "cv", "--target", "value",
+    code, _, err = train(run_cli, data, tmp_path / "cv", "--target", "value",
                          train="csv_train", valid="csv_valid")  # fmt: skip
     assert code == 2 and '"y"' in err and "s00.csv" in err
 
@@ -143,11 +133,11 @@ def test_value_target_gaussian_and_csv_directories(data, tmp_path, capsys):
         ("1,2\n3,4\n", ("--bidirectional",), ["--bidirectional", "--target next"]),
     ],
 )
-def test_bad_input_is_one_line(data, tmp_path, capsys, content, extra, words):
+def test_bad_input_is_one_line(data, tmp_path, run_cli, content, extra, words):
     (tmp_path / "bad.csv").write_text(content, encoding="utf-8")
     out = tmp_path / "run"
     bad = str(tmp_path / "bad.csv")
-    code, _, err = cli(capsys, "train", "--task", "regress", "--train", bad, "--valid",
+    code, _, err = run_cli("train", "--task", "regress", "--train", bad, "--valid",
                        str(data / "csv_valid"), "--out", str(out), *TINY, *extra)  # fmt: skip
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     for word in words:
