@@ -22,7 +22,8 @@ from rnnkit.data.corpus import stdlib_corpus
 from rnnkit.tasks.lm import load_lm, sample_texts, train_lm
 
 # Steps, not seconds: measured to pass the 5-gram with a margin, and few enough to finish
-# in about six minutes beside one busy process on 2 cores (README, "The main job").
+# in about six minutes on a quiet 2-core machine and ten beside one busy process (README,
+# "The main job").
 STEPS = 5000
 
 
