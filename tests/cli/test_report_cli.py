@@ -7,7 +7,6 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 
 from rnnkit.cli.main import main
 
@@ -15,11 +14,8 @@ WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big"
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(single_thread):
     yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

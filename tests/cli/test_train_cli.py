@@ -27,12 +27,9 @@ CHECKPOINT_FILES = {"model.safetensors", "latest.json", "snapshots", "summary.js
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
+def _one_thread(single_thread):
     # Tiny models: threads only add contention (and time) on a shared machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(before)
 
 
 def corpus(lines, seed):

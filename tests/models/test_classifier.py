@@ -17,11 +17,8 @@ V, K = 10, 3
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(single_thread):
     yield
-    torch.set_num_threads(before)
 
 
 def batch(seed=0, B=8, T=6):

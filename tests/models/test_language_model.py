@@ -22,12 +22,9 @@ V, E, H = 11, 6, 8
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
+def _one_thread(single_thread):
     # Tiny models: threads only add contention (and time) on a shared machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(before)
 
 
 def make_lm(kind="lstm", layers=1, dtype=torch.float64, seed=0, hidden=H, dropout=0.0):

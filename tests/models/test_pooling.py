@@ -21,12 +21,9 @@ MASK = torch.tensor(
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
+def _one_thread(single_thread):
     # Tiny tensors: a second thread only adds contention on a shared machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -17,11 +17,8 @@ V, C, K = 12, 9, 4
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(single_thread):
     yield
-    torch.set_num_threads(before)
 
 
 def batch(seed=0, B=6, T=7):

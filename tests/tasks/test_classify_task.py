@@ -20,11 +20,8 @@ TINY = ["--hidden", "8", "--embedding", "8", "--batch-size", "8", "--quiet"]
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(single_thread):
     yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from rnnkit.cli.main import main
 from rnnkit.data.generated import (
@@ -21,11 +20,8 @@ from rnnkit.data.generated import (
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(single_thread):
     yield
-    torch.set_num_threads(before)
 
 
 def default_run(capsys, task: str, d: Path) -> tuple[dict, str]:

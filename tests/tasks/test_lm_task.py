@@ -29,12 +29,9 @@ WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big"
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
+def _one_thread(single_thread):
     # Tiny models: threads only add contention (and time) on a shared machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(before)
 
 
 def corpus(lines=80, seed=0):

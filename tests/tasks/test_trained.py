@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 import rnnkit
 from rnnkit.cli.main import main
@@ -34,11 +33,8 @@ TINY = ["--hidden", "8", "--embedding", "8", "--batch-size", "8", "--quiet"]
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(single_thread):
     yield
-    torch.set_num_threads(before)
 
 
 def _train(out: Path, task: str, train: Path, *extra: str) -> Path:

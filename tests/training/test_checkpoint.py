@@ -32,12 +32,9 @@ from rnnkit.training.checkpoint import (
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
+def _one_thread(single_thread):
     # Tiny models: threads only add contention (and time) on a shared machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(before)
 
 
 def make_lm(hidden=8, cell="lstm", seed=0):

@@ -31,12 +31,9 @@ BOUNDARY = 3  # a document separator inside the stream
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
+def _one_thread(single_thread):
     # Tiny models: threads only add contention (and time) on a shared machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(before)
 
 
 def stream_ids(n=200, seed=0):

@@ -40,11 +40,8 @@ BF16_REL = 2.0**-8
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(single_thread):
     yield
-    torch.set_num_threads(before)
 
 
 def stream_ids(n: int = 3000, seed: int = 0) -> np.ndarray:

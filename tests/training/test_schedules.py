@@ -25,11 +25,8 @@ PER_EPOCH = 4  # StreamBatcher(110 ids, batch 3, segments of 9) -> 4 batches per
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(single_thread):
     yield
-    torch.set_num_threads(before)
 
 
 def make_trainer(out=None, optimizer="sgd", lr=1.0, seed=0, **options):
