@@ -138,7 +138,7 @@ def _files(d: Path) -> tuple[Path, Path]:
 
 def one_run(argv: list[str], cap: float) -> int:
     """``rnnkit train argv`` in this process, the default mode's cap lowered to ``cap``."""
-    from rnnkit.cli.main import main
+    from rnnkit.app.cli.main import main
     from rnnkit.training import loop
 
     loop.CAP_SECONDS = cap

@@ -1,9 +1,9 @@
 """Anomaly scoring throughput: events/s in batch and streaming, and memory per open session.
 
-- **batch**: :func:`rnnkit.tasks.events.event_surprises` over whole sessions (padded,
+- **batch**: :func:`rnnkit.app.tasks.events.event_surprises` over whole sessions (padded,
   grouped by length, state carried over chunks of 512 steps), surprise and rank of every
   event;
-- **streaming**: :class:`rnnkit.streaming.StreamScorer` on the same events, sessions
+- **streaming**: :class:`rnnkit.anomaly.streaming.StreamScorer` on the same events, sessions
   interleaved at random, fed one event per call (an idle input: every event is its own
   ``model.step``) and in reads of 64 events (a busy input: one step for every session
   that has an event in the read);
@@ -36,16 +36,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
 
-from rnnkit.data.events import read_sessions
-from rnnkit.data.generated_sessions import generate_sessions
-from rnnkit.models.builders import build_language_model
-from rnnkit.models.spec import ModelSpec
-from rnnkit.streaming import StreamItem, StreamScorer
-from rnnkit.tasks.events import (
+from rnnkit.anomaly.streaming import StreamItem, StreamScorer
+from rnnkit.app.tasks.events import (
     EventVocabulary,
     event_surprises,
     load_events,
 )
+from rnnkit.data.events import read_sessions
+from rnnkit.data.generated_sessions import generate_sessions
+from rnnkit.models.builders import build_language_model
+from rnnkit.models.spec import ModelSpec
 
 #: Six events per open session: its list of the five most surprising events is full.
 FILLER = ("login:user", "open", "read", "read", "close", "stat")

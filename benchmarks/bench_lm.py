@@ -31,7 +31,7 @@ from rnnkit.data.batching import StreamBatcher
 from rnnkit.data.corpus import stdlib_corpus
 from rnnkit.data.text import encode_text, read_text
 from rnnkit.data.vocab import Vocabulary
-from rnnkit.generation import generate
+from rnnkit.generation.search import generate
 from rnnkit.models.builders import build_language_model
 from rnnkit.models.spec import ModelSpec
 

@@ -27,7 +27,7 @@ _CHILD = r"""
 import gc, json, sys, time
 import torch
 import rnnkit
-from rnnkit import native
+from rnnkit.bptt import native
 
 cell, H, B, T, who, k, threads = sys.argv[1:8]
 H, B, T, k, threads = int(H), int(B), int(T), int(k), int(threads)

@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved, machine, median
 
-from rnnkit import native
+from rnnkit.bptt import native
 from rnnkit.cells.lstm import LSTMCell
 from rnnkit.data.batching import StreamBatcher
 from rnnkit.data.corpus import stdlib_corpus

@@ -36,13 +36,13 @@ import time
 import numpy as np
 import torch
 
+from rnnkit.app.tasks.seq2seq import decode_ids
 from rnnkit.data.generated_pairs import generate_pairs
 from rnnkit.data.pairs import Pair, PairBatcher, encode_pairs
 from rnnkit.data.vocab import Vocabulary
+from rnnkit.metrics.sequences import exact_match
 from rnnkit.models.seq2seq import build_seq2seq
 from rnnkit.models.spec import ModelSpec
-from rnnkit.seq2seq_metrics import exact_match
-from rnnkit.tasks.seq2seq import decode_ids
 
 
 def _median_time(fn, rounds: int, reps: int) -> float:

@@ -29,7 +29,7 @@ torch.nn models are written the way a user would write them:
   steps on string reversal (``--decode-train``) so that outputs end as a trained
   model's do;
 * ``seq2seq-beam``: beam search (K = 5, length-normalised, the stopping rule of
-  ``rnnkit.models.seq2seq_search``) of the same sources: rnnkit (finished sources leave
+  ``rnnkit.generation.seq2seq_search``) of the same sources: rnnkit (finished sources leave
   the batch) against the same search written on the torch.nn model, every source's K
   rows computed until all sources have ended (the same hypotheses).
 
@@ -309,7 +309,7 @@ class TorchSeq2Seq(nn.Module):
     def beam(self, src, src_mask, K: int, max_length: int) -> list[list[int]]:
         """Beam search, every source's K rows stepped until all sources are done; a source
         is done when its best candidate is ``</s>`` or no live beam is left (the rule of
-        ``rnnkit.models.seq2seq_search``); score = log p / n."""
+        ``rnnkit.generation.seq2seq_search``); score = log p / n."""
         memory, keys, hc = self.encode(src, src_mask)
         B = src.shape[0]
         expand = torch.arange(B).repeat_interleave(K)

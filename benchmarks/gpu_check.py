@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 import rnnkit
-from rnnkit import GRU, LSTM, RNN, native
+from rnnkit import GRU, LSTM, RNN
+from rnnkit.bptt import native
 from rnnkit.types import LSTMState
 
 FORMS = [

@@ -256,9 +256,9 @@ def single_thread():
 
 @pytest.fixture(params=["compiled", "pytorch"])
 def time_loop(request):
-    """Run a test once on each time loop: the compiled one (``rnnkit.native``) and the
+    """Run a test once on each time loop: the compiled one (``rnnkit.bptt.native``) and the
     PyTorch loop (the fallback and oracle). Both must pass the same contract."""
-    from rnnkit import native
+    from rnnkit.bptt import native
 
     compiled = request.param == "compiled"
     if compiled and not native.available():
@@ -291,7 +291,7 @@ def holey_mask() -> Tensor:
 def run_cli(capsys):
     """``run_cli(*argv) -> (exit status, stdout, stderr)``: the ``rnnkit`` command run in
     this process, its output captured (argparse's ``SystemExit`` gives the status)."""
-    from rnnkit.cli.main import main
+    from rnnkit.app.cli.main import main
 
     def run(*argv: str) -> tuple[int, str, str]:
         capsys.readouterr()

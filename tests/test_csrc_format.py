@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rnnkit import native
+from rnnkit.bptt import native
 
 ROOT = Path(__file__).resolve().parents[1]
 

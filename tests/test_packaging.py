@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import rnnkit
-from rnnkit import native
+from rnnkit.bptt import native
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,7 +100,7 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(wheel, tmp_path):
         "print(tuple(out.shape))\n"
         # the installed sources are the checkout's (the same library name, a hash of
         # them), and the compiled loop is there where the checkout has it
-        "print(rnnkit.native._paths()[0].name, rnnkit.native.available())\n"
+        "print(rnnkit.bptt.native._paths()[0].name, rnnkit.bptt.native.available())\n"
     )
     expected = f"(2, 5, 4)\n{native._paths()[0].name} {native.available()}"
     assert _run([str(python), "-c", probe], cwd=tmp_path, env=env).strip() == expected

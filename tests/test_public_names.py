@@ -8,7 +8,19 @@ import pytest
 
 import rnnkit
 
-PACKAGES = ("cells", "layers", "models", "training", "data", "diagnostics", "report")
+PACKAGES = (
+    "cells",
+    "bptt",
+    "layers",
+    "generation",
+    "metrics",
+    "models",
+    "training",
+    "anomaly",
+    "data",
+    "diagnostics",
+    "app.report",
+)
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -19,7 +31,9 @@ def test_package_all_resolves(name):
         assert getattr(package, public) is not None, f"rnnkit.{name}.{public}"
 
 
-@pytest.mark.parametrize("name", ("cells", "layers", "models", "training"))
+@pytest.mark.parametrize(
+    "name", ("cells", "bptt", "layers", "generation", "metrics", "models", "training", "anomaly")
+)
 def test_package_reexports_each_module_all(name):
     """Nothing a module declares public is missing at its package (the exceptions: names two
     modules define differently, ``CONTEXT_MODES`` of models.conditional and models.seq2seq

@@ -1,10 +1,11 @@
 """mkdocs hook: the API reference pages, generated from the package tree at build time.
 
-One page per subpackage of ``rnnkit`` (``api/cells.md``, ...) renders the docstrings of
-the subpackage and of each of its modules (mkdocstrings); ``api/modules.md`` does the same
-for the top-level modules and ``api/rnnkit.md`` for the public names of ``import rnnkit``.
-A module added to the package appears without editing any page; a new subpackage needs
-its line in the ``nav`` of ``mkdocs.yml`` (``mkdocs build --strict`` fails until then).
+One page per package below ``rnnkit`` (``api/cells.md``, ``api/app.tasks.md``, ...)
+renders the docstrings of the package and of each of its modules (mkdocstrings);
+``api/modules.md`` does the same for the top-level modules and ``api/rnnkit.md`` for the
+public names of ``import rnnkit``. A module added to the package appears without editing
+any page; a new package needs its line in the ``nav`` of ``mkdocs.yml`` (``mkdocs build
+--strict`` fails until then).
 """
 
 from __future__ import annotations
@@ -42,10 +43,15 @@ def pages() -> dict[str, str]:
         "api/modules.md": "# Top-level modules\n\n"
         + "\n".join(_block(f"rnnkit.{m}") for m in _modules(PACKAGE)),
     }
-    for sub in sorted(p for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()):
-        head = _block(f"rnnkit.{sub.name}", show_root_heading="false", members="false")
-        body = "\n".join(_block(f"rnnkit.{sub.name}.{m}") for m in _modules(sub))
-        out[f"api/{sub.name}.md"] = f"# rnnkit.{sub.name}\n\n{head}\n{body}"
+    # Every package below the root, nested ones (rnnkit.app.tasks) on pages of their own.
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        sub = init.parent
+        if sub == PACKAGE:
+            continue
+        name = ".".join(("rnnkit", *sub.relative_to(PACKAGE).parts))
+        head = _block(name, show_root_heading="false", members="false")
+        body = "\n".join(_block(f"{name}.{m}") for m in _modules(sub))
+        out[f"api/{name.removeprefix('rnnkit.')}.md"] = f"# {name}\n\n{head}\n{body}"
     return out
 
 

@@ -16,10 +16,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from rnnkit.cli.train import _print_summary, _write_report
-from rnnkit.config import TrainConfig
+from rnnkit.app.cli.train import _print_summary, _write_report
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.lm import load_lm, sample_texts, train_lm
 from rnnkit.data.corpus import stdlib_corpus
-from rnnkit.tasks.lm import load_lm, sample_texts, train_lm
 
 # Steps, not seconds: measured to pass the 5-gram with a margin, and few enough to finish
 # in about six minutes on a quiet 2-core machine and ten beside one busy process (README,

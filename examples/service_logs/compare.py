@@ -26,8 +26,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from rnnkit.anomaly import precision_recall_f1
 from rnnkit.data.events import read_sessions, write_sessions
+from rnnkit.metrics.detection import precision_recall_f1
 
 
 def split(out: Path, seed: int) -> None:

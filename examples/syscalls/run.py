@@ -38,13 +38,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rnnkit.anomaly import RUNNING_SCORES, SCORES, precision_recall_curve, roc_curve
-from rnnkit.config import TrainConfig
+from rnnkit.anomaly.scores import RUNNING_SCORES, SCORES
+from rnnkit.anomaly.streaming import StreamItem, StreamScorer
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.events import DEFAULTS, evaluate, load_events, score_sessions, train
 from rnnkit.data.events import Session, read_sessions, write_sessions
 from rnnkit.data.strace import parse_strace
 from rnnkit.diagnostics.plots import plot_detection_curves, plot_score_histograms, to_png
-from rnnkit.streaming import StreamItem, StreamScorer
-from rnnkit.tasks.events import DEFAULTS, evaluate, load_events, score_sessions, train
+from rnnkit.metrics.detection import precision_recall_curve, roc_curve
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
 WORDS += ["eta", "theta", "iota", "kappa", "lambda", "mu"]

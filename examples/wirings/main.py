@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from rnnkit import GRU
-from rnnkit.attention import Attention
 from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
+from rnnkit.layers.attention import Attention
 from rnnkit.models.conditional import class_conditional_lm
 from rnnkit.models.jordan import jordan_lm
 from rnnkit.models.language_model import LanguageModel

@@ -15,15 +15,15 @@ from rnnkit import nn
 from rnnkit.cells.gru import GRUCell
 from rnnkit.cells.lstm import LSTMCell
 from rnnkit.cells.rnn import RNNCell
-from rnnkit.interop import convert_gru_update, count_parameters, from_torch, to_torch
+from rnnkit.layers.interop import convert_gru_update, count_parameters, from_torch, to_torch
 from rnnkit.layers.stacked import GRU, LSTM, RNN, Bidirectional, StackedRecurrent
-from rnnkit.losses import sequence_cross_entropy
+from rnnkit.metrics.losses import sequence_cross_entropy
 from rnnkit.types import LSTMState, RecurrentOutput
 
 __version__ = "0.1.0"
 
 # Imported on first use: the task layer pulls in data readers, training and the report.
-_LAZY = {"load": "rnnkit.tasks.trained", "TrainedRun": "rnnkit.tasks.trained"}
+_LAZY = {"load": "rnnkit.app.tasks.trained", "TrainedRun": "rnnkit.app.tasks.trained"}
 
 
 def __getattr__(name: str) -> object:

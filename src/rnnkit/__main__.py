@@ -2,6 +2,6 @@
 
 import sys
 
-from rnnkit.cli.main import main
+from rnnkit.app.cli.main import main
 
 sys.exit(main())

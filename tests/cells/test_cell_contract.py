@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rnnkit import GRUCell, LSTMCell, LSTMState, RNNCell, from_torch, to_torch
-from rnnkit.recurrence import run_recurrence
+from rnnkit.bptt.recurrence import run_recurrence
 
 pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
 

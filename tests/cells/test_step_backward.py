@@ -5,7 +5,7 @@
    state and parameter gradient, on random shapes, for every cell variant.
 2. The time loops agree with the pair: the in-place kernels (``step_into``/``step_backward``
    of ``RNNKernel``/``LSTMKernel``/``GRUKernel`` in the PyTorch loop) and the compiled loop
-   (``rnnkit.native``) give, step by step, the states, caches, pre-activation gradients and
+   (``rnnkit.bptt.native``) give, step by step, the states, caches, pre-activation gradients and
    initial-state gradients of a Python loop of ``step``/``step_backward``, with a mask
    that holds the state at some steps.
 """
@@ -16,11 +16,11 @@ import pytest
 import torch
 from torch import Tensor
 
+from rnnkit.bptt.recurrence import backward_sweep, forward_pass
 from rnnkit.cells.gru import gru_step, gru_step_backward
 from rnnkit.cells.kernel import Weights
 from rnnkit.cells.lstm import lstm_step, lstm_step_backward
 from rnnkit.cells.rnn import rnn_step, rnn_step_backward
-from rnnkit.recurrence import backward_sweep, forward_pass
 from rnnkit.types import LSTMState
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -20,7 +20,7 @@ from rnnkit.data.generated import (
 from rnnkit.data.labelled import LabelledExample, read_labelled
 from rnnkit.data.tagged import read_token_tags
 from rnnkit.errors import ConfigError, DataError
-from rnnkit.metrics import bio_spans, is_bio_tagset
+from rnnkit.metrics.labels import bio_spans, is_bio_tagset
 
 SOURCE = """\
 import os.path  # the path module

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from rnnkit.config import TrainConfig
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.run import load_pretrained_vectors
 from rnnkit.data.word_vectors import read_word_vectors
 from rnnkit.errors import DataError
-from rnnkit.tasks.run import load_pretrained_vectors
 
 
 def test_glove_and_word2vec_text(tmp_path):

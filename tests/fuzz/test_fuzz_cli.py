@@ -18,9 +18,9 @@ from fuzzkit import FUZZ, Hang, time_limit
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rnnkit.cli.main import SUBCOMMANDS, build_parser, main
-from rnnkit.config import TrainConfig
-from rnnkit.tasks.run import save_config
+from rnnkit.app.cli.main import SUBCOMMANDS, build_parser, main
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.run import save_config
 
 
 def _actions() -> dict[str, list[argparse.Action]]:
@@ -134,7 +134,7 @@ def test_random_words_exit_cleanly(
 def test_out_of_memory_is_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, error: Exception
 ) -> None:
-    import rnnkit.cli.gradcheck as gradcheck_cli
+    import rnnkit.app.cli.gradcheck as gradcheck_cli
 
     def fail(args: argparse.Namespace) -> int:
         raise error
@@ -146,7 +146,7 @@ def test_out_of_memory_is_one_line(
 
 
 def test_other_runtime_errors_are_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
-    import rnnkit.cli.gradcheck as gradcheck_cli
+    import rnnkit.app.cli.gradcheck as gradcheck_cli
 
     def fail(args: argparse.Namespace) -> int:
         raise RuntimeError("a bug")

@@ -17,14 +17,14 @@ from fuzzkit import FUZZ, any_text, file_bytes, outcome, write
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rnnkit.config import TrainConfig
+from rnnkit.anomaly.streaming import StreamItem, parse_stream_line
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.events import EventVocabulary, read_thresholds
+from rnnkit.app.tasks.run import load_config, save_config
 from rnnkit.data.events import Session, read_sessions
 from rnnkit.data.labelled import LabelSet
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.errors import RnnkitError
-from rnnkit.streaming import StreamItem, parse_stream_line
-from rnnkit.tasks.events import EventVocabulary, read_thresholds
-from rnnkit.tasks.run import load_config, save_config
 from rnnkit.training.checkpoint import FORMAT_VERSION, load_snapshot, read_json
 
 # Numbers Python's json reads but no format expects: inf, nan, huge ints; and raw
@@ -170,7 +170,7 @@ _LATEST = {
     "state_sha256": "0" * 64,
 }
 _THRESHOLDS = {
-    "format": "rnnkit.thresholds",
+    "format": "rnnkit.anomaly.thresholds",
     "version": 1,
     "target_fpr": 0.01,
     "top_g": 3,

@@ -19,12 +19,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_fuzz_json import _mutated, json_docs, json_values
 
-from rnnkit.config import TrainConfig
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.report.page import Run, metrics_section
+from rnnkit.app.tasks.events import read_thresholds
+from rnnkit.app.tasks.run import check_labels
 from rnnkit.data.labelled import LabelSet
 from rnnkit.errors import RnnkitError
-from rnnkit.report.page import Run, metrics_section
-from rnnkit.tasks.events import read_thresholds
-from rnnkit.tasks.run import check_labels
 from rnnkit.training.checkpoint import load_snapshot, save_snapshot
 from rnnkit.training.run_files import read_metrics, read_summary
 
@@ -81,7 +81,7 @@ def test_metrics_jsonl_lines_are_read_or_skipped_and_counted(tmp_path: Path, dat
 
 
 _THRESHOLDS_V2 = {
-    "format": "rnnkit.thresholds",
+    "format": "rnnkit.anomaly.thresholds",
     "version": 2,
     "target_fpr": 0.01,
     "top_g": 3,

@@ -10,7 +10,7 @@ from torch.autograd.function import BackwardCFunction
 from torch.func import functional_call
 
 from rnnkit import GRU, LSTM, RNN, LSTMState, RecurrentOutput
-from rnnkit.recurrence import run_recurrence
+from rnnkit.bptt.recurrence import run_recurrence
 
 pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
 

@@ -9,7 +9,7 @@ import torch
 
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
-from rnnkit.generation import generate_batch
+from rnnkit.generation.search import generate_batch
 from rnnkit.models.conditional import (
     CONDITIONAL_STATE_DIM,
     ConditionalLM,

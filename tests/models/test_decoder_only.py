@@ -8,8 +8,8 @@ import torch
 
 from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
+from rnnkit.generation.seq2seq_search import beam_search
 from rnnkit.models.decoder_only import build_decoder_only, joint_sequences
-from rnnkit.models.seq2seq_search import beam_search
 from rnnkit.models.spec import ModelSpec
 
 SRC = Vocabulary(list("abcde"))

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from rnnkit import GRU
 from rnnkit.data.vocab import BOS_ID
-from rnnkit.generation import generate
+from rnnkit.generation.search import generate
 from rnnkit.models.jordan import JordanLM, jordan_lm
 from rnnkit.models.language_model import LanguageModel
 

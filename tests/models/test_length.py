@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from rnnkit import GRU, LSTM
-from rnnkit.attention import Attention
 from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
 from rnnkit.errors import ConfigError
-from rnnkit.generation import generate_batch
+from rnnkit.generation.search import generate_batch
+from rnnkit.layers.attention import Attention
 from rnnkit.models.language_model import LanguageModel
 from rnnkit.models.length import LengthState, SequenceLength, length_targets
 from rnnkit.models.seq2seq import STATE_BATCH_DIM, Seq2Seq
@@ -259,7 +259,7 @@ def test_seq2seq_loss_is_the_sequence_nll_scored_step_by_step(mode):
 
 @pytest.mark.parametrize("mode", ["stop", "predict"])
 def test_teacher_forced_metrics_leave_the_eos_step_out(mode):
-    from rnnkit.tasks.seq2seq import teacher_forced_metrics
+    from rnnkit.app.tasks.seq2seq import teacher_forced_metrics
 
     model = seq2seq_with(mode, attention=True).eval()
     batch = count_batch(["abc", "d", "bb"])

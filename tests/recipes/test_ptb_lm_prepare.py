@@ -8,9 +8,9 @@ import hashlib
 import pytest
 from _load import load_prepare
 
-from rnnkit.config import TrainConfig
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.lm import prepare_lm_data
 from rnnkit.data.vocab import EOS_ID, UNK_ID
-from rnnkit.tasks.lm import prepare_lm_data
 
 prepare = load_prepare("ptb_lm")
 

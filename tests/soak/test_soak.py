@@ -36,14 +36,14 @@ import numpy as np
 import pytest
 import torch
 
-from rnnkit.config import TrainConfig
+from rnnkit.anomaly.streaming import StreamItem, StreamScorer
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks import events as ev
 from rnnkit.data.batching import StreamBatcher
 from rnnkit.data.events import write_sessions
 from rnnkit.data.generated_sessions import generate_sessions
 from rnnkit.models.builders import build_language_model
 from rnnkit.models.spec import ModelSpec
-from rnnkit.streaming import StreamItem, StreamScorer
-from rnnkit.tasks import events as ev
 from rnnkit.training.loop import Trainer, TrainOptions
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rnnkit.tasks.lm import load_lm
+from rnnkit.app.tasks.lm import load_lm
 from rnnkit.training.checkpoint import load_snapshot
 
 RNNKIT = [sys.executable, "-m", "rnnkit"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rnnkit.cli.main import main
+from rnnkit.app.cli.main import main
 from rnnkit.training.distributed import DistContext
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")

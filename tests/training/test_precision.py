@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from rnnkit import GRU, LSTM, RNN
-from rnnkit.amp import autocast_devices_on
+from rnnkit.app.cli.main import main
+from rnnkit.app.config import TrainConfig
+from rnnkit.cells.amp import autocast_devices_on
 from rnnkit.cells.gru import GRUCell
 from rnnkit.cells.lstm import LSTMCell, LSTMKernel
-from rnnkit.cli.main import main
-from rnnkit.config import TrainConfig
 from rnnkit.data.batching import StreamBatcher
 from rnnkit.errors import CheckpointError, ConfigError
 from rnnkit.models.language_model import LanguageModel
@@ -146,7 +146,7 @@ def test_recurrence_under_autocast_runs_in_float32_and_grads_reach_every_paramet
 
 
 def test_compiled_loop_is_used_under_autocast(monkeypatch):
-    from rnnkit import native
+    from rnnkit.bptt import native
 
     if not native.available():
         pytest.skip("no compiled loop on this machine (no C++ compiler)")

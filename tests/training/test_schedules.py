@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from rnnkit import LSTM
-from rnnkit.cli.main import main as cli_main
-from rnnkit.config import TrainConfig
+from rnnkit.app.cli.main import main as cli_main
+from rnnkit.app.config import TrainConfig
 from rnnkit.data.batching import StreamBatcher
 from rnnkit.errors import ConfigError
 from rnnkit.models.language_model import LanguageModel

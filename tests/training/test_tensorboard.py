@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from rnnkit.cli.main import main
+from rnnkit.app.cli.main import main
 
 TINY = ["--hidden", "8", "--embedding", "8", "--batch-size", "4", "--ngram-order", "3", "-q"]
 

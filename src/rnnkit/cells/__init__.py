@@ -1,5 +1,14 @@
-"""Cells: one time step of the simple RNN, the LSTM and the GRU (hand-written backward steps)."""
+"""Cells: one time step of the simple RNN, the LSTM and the GRU (hand-written backward steps).
 
+``amp``: a cell steps in its weights' dtype under autocast (mixed precision).
+"""
+
+from rnnkit.cells.amp import (
+    autocast_devices_on,
+    cell_step_in_weights_dtype,
+    low_precision_to,
+    without_autocast,
+)
 from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.gru import GRUCache, GRUCell, GRUKernel, gru_step, gru_step_backward
 from rnnkit.cells.kernel import Kernel, Weights, input_product, scratch
@@ -27,13 +36,17 @@ __all__ = [
     "RNNKernel",
     "Weights",
     "activate",
+    "autocast_devices_on",
+    "cell_step_in_weights_dtype",
     "check_cell_input",
     "gru_step",
     "gru_step_backward",
     "input_product",
+    "low_precision_to",
     "lstm_step",
     "lstm_step_backward",
     "rnn_step",
     "rnn_step_backward",
     "scratch",
+    "without_autocast",
 ]

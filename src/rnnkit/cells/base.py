@@ -12,7 +12,7 @@ Each concrete cell module also provides, side by side:
   hand-written backward of that step (tested against autograd);
 * the kernel's ``step_into`` and ``step_backward``: the same step and backward writing
   into the preallocated buffers of the time loop, the form the explicit BPTT runs. They,
-  and the compiled loop (``rnnkit.native``), are tested against the readable pair.
+  and the compiled loop (``rnnkit.bptt.native``), are tested against the readable pair.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ update="keep" (z is the share kept of the old state; original GRU, PyTorch, d2l)
     h_t = z_t ⊙ h_{t-1} + (1 − z_t) ⊙ n_t
 
 Since 1 − σ(s) = σ(−s), negating the z rows of the weights and bias turns one update
-convention into the other exactly (``rnnkit.interop.convert_gru_update``).
+convention into the other exactly (``rnnkit.layers.interop.convert_gru_update``).
 
 Backward of one step with ``d_h`` = ∂L/∂h_t ("keep"; "candidate" swaps z and 1 − z):
 
@@ -31,7 +31,7 @@ from typing import Literal, NamedTuple, overload
 import torch
 from torch import Tensor, nn
 
-from rnnkit.amp import cell_step_in_weights_dtype
+from rnnkit.cells.amp import cell_step_in_weights_dtype
 from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.kernel import Weights, input_product, scratch
 
@@ -260,7 +260,7 @@ class GRUKernel:
         d_w = torch.cat([d_hp[:, : 2 * H].T @ h_prev, d_hp[:, 2 * H :].T @ rec], dim=0)
         return d_w, None
 
-    # The compiled loop (rnnkit.native) fills the same buffers as step_into/step_backward.
+    # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
     def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None):
         H = w.weight_hh.shape[1]
         # x W_ih^T; the bias is added in the loop (addmm would first copy it to every row)

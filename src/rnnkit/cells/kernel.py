@@ -157,7 +157,7 @@ class Kernel(Protocol):
         save: bool,
         offsets: Tensor | None = None,
     ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
-        """The whole forward loop in the compiled library ``lib`` (rnnkit.native): the
+        """The whole forward loop in the compiled library ``lib`` (rnnkit.bptt.native): the
         state buffers ``(T + 1, B, H)`` and the cache, the same as ``step_into`` fills.
         ``offsets``: packed rows (only the rows still running at each step)."""
 

@@ -24,7 +24,7 @@ from typing import Literal, NamedTuple, overload
 import torch
 from torch import Tensor
 
-from rnnkit.amp import cell_step_in_weights_dtype
+from rnnkit.cells.amp import cell_step_in_weights_dtype
 from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.kernel import Weights, input_product, scratch
 from rnnkit.types import LSTMState
@@ -180,7 +180,7 @@ class LSTMKernel:
     def recurrent_grads(self, d_xp, d_hp, h_prev, cache):
         return d_hp.T @ h_prev, None
 
-    # The compiled loop (rnnkit.native) fills the same buffers as step_into/step_backward.
+    # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
     def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None):
         # x W_ih^T; the bias is added in the loop (addmm would first copy it to every row)
         xp = input_product(x, w.weight_ih)  # (T·B or N, 4H): the activated gates, in place

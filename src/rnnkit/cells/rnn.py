@@ -17,14 +17,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rnnkit.amp import cell_step_in_weights_dtype
+from rnnkit.cells.amp import cell_step_in_weights_dtype
 from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.kernel import Weights, input_product
 
 __all__ = ["NONLINEARITIES", "RNNCell", "RNNKernel", "activate", "rnn_step", "rnn_step_backward"]
 
 NONLINEARITIES = ("tanh", "relu", "sigmoid")
-#: The compiled loop's code of each nonlinearity (rnnkit.native: 0 tanh, 1 relu, 2 sigmoid).
+#: The compiled loop's code of each nonlinearity (rnnkit.bptt.native: 0 tanh, 1 relu, 2 sigmoid).
 ACTIVATION_CODES = {"tanh": 0, "relu": 1, "sigmoid": 2}
 
 
@@ -121,7 +121,7 @@ class RNNKernel:
     def recurrent_grads(self, d_xp, d_hp, h_prev, cache):
         return d_hp.T @ h_prev, None
 
-    # The compiled loop (rnnkit.native) fills the same buffers as step_into/step_backward.
+    # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
     def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None):
         xp = input_product(x, w.weight_ih)  # (T·B or N, H); the bias is added in the loop
         if offsets is None:

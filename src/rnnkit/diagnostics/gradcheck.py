@@ -30,10 +30,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rnnkit.bptt.recurrence import forward_pass
 from rnnkit.diagnostics.contributions import detached_weights, run_direction
 from rnnkit.layers.masking import flip_sequences
 from rnnkit.layers.stacked import GRU, LSTM, RNN, Bidirectional, StackedRecurrent
-from rnnkit.recurrence import forward_pass
 from rnnkit.types import LSTMState
 
 __all__ = ["GradcheckResult", "GradientError", "gradcheck", "random_mask"]

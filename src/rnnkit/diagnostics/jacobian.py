@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from rnnkit.bptt.recurrence import backward_sweep
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.rnn import RNNCell
 from rnnkit.diagnostics.contributions import (
@@ -38,7 +39,6 @@ from rnnkit.diagnostics.contributions import (
 )
 from rnnkit.layers.masking import flip_sequences, resolve_mask
 from rnnkit.layers.recurrent import Recurrent
-from rnnkit.recurrence import backward_sweep
 from rnnkit.types import LSTMState, State
 
 __all__ = [

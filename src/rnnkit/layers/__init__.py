@@ -1,20 +1,39 @@
-"""Layers: whole sequences through one cell (masks, directions), stacked and bidirectional."""
+"""Layers: whole sequences through one cell (masks, directions), stacked and bidirectional.
 
+Beside them: ``attention`` (dot, general, additive; masked softmax), ``attention_loop``
+(the teacher-forced attention decoder as one autograd node), ``interop`` (weights to and
+from ``torch.nn``'s layers) and ``torch_nn`` (the layers behind ``torch.nn``'s interface,
+public as :mod:`rnnkit.nn`).
+"""
+
+from rnnkit.layers.attention import ATTENTION_KINDS, Attention, AttentionOutput, masked_softmax
+from rnnkit.layers.attention_loop import AttentionDecoderOutput, attention_decoder
+from rnnkit.layers.interop import convert_gru_update, count_parameters, from_torch, to_torch
 from rnnkit.layers.masking import flip_sequences, lengths_to_mask, resolve_mask
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.layers.stacked import GRU, LSTM, RNN, Bidirectional, StackedRecurrent, reset_rows
 from rnnkit.layers.windowed import run_windowed_stack
 
 __all__ = [
+    "ATTENTION_KINDS",
     "GRU",
     "LSTM",
     "RNN",
+    "Attention",
+    "AttentionDecoderOutput",
+    "AttentionOutput",
     "Bidirectional",
     "Recurrent",
     "StackedRecurrent",
+    "attention_decoder",
+    "convert_gru_update",
+    "count_parameters",
     "flip_sequences",
+    "from_torch",
     "lengths_to_mask",
+    "masked_softmax",
     "reset_rows",
     "resolve_mask",
     "run_windowed_stack",
+    "to_torch",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rnnkit.tracing import tracing
+from rnnkit.bptt.tracing import tracing
 
 __all__ = ["flip_sequences", "lengths_to_mask", "resolve_mask"]
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from rnnkit.bptt.recompute import run_recomputed
+from rnnkit.bptt.recurrence import run_recurrence
+from rnnkit.bptt.tracing import check_tracer, tracing
 from rnnkit.cells.base import CellBase
 from rnnkit.layers.masking import flip_sequences
-from rnnkit.recompute import run_recomputed
-from rnnkit.recurrence import run_recurrence
-from rnnkit.tracing import check_tracer, tracing
 from rnnkit.types import LSTMState, State
 
 __all__ = ["Recurrent"]
@@ -46,7 +46,7 @@ class Recurrent(nn.Module):
         """``x (T, B, I)``, ``mask (T, B)`` → ``(outputs (T, B, H), final state)``.
 
         ``recompute=k`` stores only every k-th state and recomputes the rest in the
-        backward (``rnnkit.recompute``); not together with ``window``."""
+        backward (``rnnkit.bptt.recompute``); not together with ``window``."""
         check_tracer()
         B = x.shape[1]
         if state is None:

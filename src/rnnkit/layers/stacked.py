@@ -19,7 +19,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from rnnkit.amp import autocast_devices_on, low_precision_to
+from rnnkit.bptt.tracing import tracing
+from rnnkit.cells.amp import autocast_devices_on, low_precision_to
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.gru import GRUCell
 from rnnkit.cells.lstm import LSTMCell
@@ -27,7 +28,6 @@ from rnnkit.cells.rnn import RNNCell
 from rnnkit.layers.masking import resolve_mask
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.layers.windowed import run_windowed_stack
-from rnnkit.tracing import tracing
 from rnnkit.types import LSTMState, RecurrentOutput, State
 
 __all__ = ["GRU", "LSTM", "RNN", "Bidirectional", "StackedRecurrent", "reset_rows"]
@@ -89,7 +89,7 @@ class StackedRecurrent(nn.Module):
         recompute: None (store every step for the backward), or k ≥ 1: store only the
             state every k steps and recompute the rest during the backward — memory
             ``O(T/k + k)`` per layer instead of ``O(T)`` for about a third more time
-            (``rnnkit.recompute``; k ≈ √T is the usual choice). Settable attribute.
+            (``rnnkit.bptt.recompute``; k ≈ √T is the usual choice). Settable attribute.
     """
 
     def __init__(
@@ -220,7 +220,7 @@ class StackedRecurrent(nn.Module):
             ``RecurrentOutput(outputs (B, T, D·H), state (L, D, B, H))``; the final state
             of each sequence is its state after its last real step.
         """
-        if autocast_devices_on():  # a float16/bfloat16 product upstream: see rnnkit.amp
+        if autocast_devices_on():  # a float16/bfloat16 product upstream: see rnnkit.cells.amp
             dtype = self.cells()[0].weight_ih.dtype
             x, state = low_precision_to(x, dtype), low_precision_to(state, dtype)
         self._check_input(x)
@@ -325,7 +325,7 @@ class StackedRecurrent(nn.Module):
     def _needs_grad(self, xt: Tensor, state: State | None) -> bool:
         """Whether a backward can follow (the window changes gradients only)."""
         if not torch.is_grad_enabled() or tracing():
-            return False  # traced: the per-layer path refuses a window (rnnkit.tracing)
+            return False  # traced: the per-layer path refuses a window (rnnkit.bptt.tracing)
         tensors = [xt, *self.parameters()]
         if state is not None:
             tensors += list(state) if isinstance(state, LSTMState) else [state]

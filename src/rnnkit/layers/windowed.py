@@ -2,7 +2,7 @@
 
 One node per layer would count the window in each layer on its own: the loss at step t
 would reach layer 1 about ``L·τ`` steps back. Here the stack's backward is one lag-by-lag
-sweep (``rnnkit.recurrence.windowed_sweep``) that counts a path's steps from the loss,
+sweep (``rnnkit.bptt.recurrence.windowed_sweep``) that counts a path's steps from the loss,
 through every layer it crosses, so a unidirectional stack gets exactly the truncated
 graph of the whole stack: every layer recomputed over steps ``t−τ … t`` from the detached
 states before them. Document starts inside the batch (``reset``) are handled inside the
@@ -21,10 +21,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from rnnkit.cells.kernel import Kernel, Weights
-from rnnkit.layers.masking import flip_sequences
-from rnnkit.layers.recurrent import Recurrent
-from rnnkit.recurrence import (
+from rnnkit.bptt.recurrence import (
     ForwardRecord,
     WindowUnit,
     forward_pass,
@@ -32,6 +29,9 @@ from rnnkit.recurrence import (
     weight_grads,
     windowed_sweep,
 )
+from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.layers.masking import flip_sequences
+from rnnkit.layers.recurrent import Recurrent
 from rnnkit.types import LSTMState, State
 
 __all__ = ["run_windowed_stack"]

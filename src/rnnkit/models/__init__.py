@@ -5,6 +5,7 @@ The public names of every module resolve here (``rnnkit.models.LanguageModel``);
 modules.
 """
 
+from rnnkit.generation.seq2seq_search import beam_search, decode_batch
 from rnnkit.models.bow import BOW_C, MAX_FEATURES, BagOfNgrams, fit_logistic
 from rnnkit.models.builders import build_encoder, build_language_model, build_length, build_lm
 from rnnkit.models.classifier import Classifier, FeedForwardHead, build_classifier
@@ -42,7 +43,6 @@ from rnnkit.models.seq2seq import (
     Seq2SeqOutput,
     build_seq2seq,
 )
-from rnnkit.models.seq2seq_search import beam_search, decode_batch
 from rnnkit.models.spec import ModelSpec
 from rnnkit.models.tagger import CHAR_EMBEDDING, CHAR_HIDDEN, CharEncoder, Tagger, build_tagger
 

@@ -28,9 +28,9 @@ from torch import Tensor, nn
 
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
-from rnnkit.generation import GenerationResult, generate_batch
+from rnnkit.generation.search import GenerationResult, generate_batch
 from rnnkit.layers.stacked import GRU, LSTM, RNN, StackedRecurrent
-from rnnkit.losses import training_loss
+from rnnkit.metrics.losses import training_loss
 from rnnkit.models.language_model import LMOutput, LossOutput
 from rnnkit.types import LSTMState, State
 
@@ -181,7 +181,7 @@ class ConditionalLM(nn.Module):
     ) -> list[list[GenerationResult]]:
         """Generate for each condition from ``<s>`` until ``</s>`` or ``max_length``.
 
-        ``options`` are :func:`rnnkit.generation.generate_batch`'s (``strategy``,
+        ``options`` are :func:`rnnkit.generation.search.generate_batch`'s (``strategy``,
         ``temperature``, ``num``, ``generator``, …); greedy by default.
         """
         return generate_batch(

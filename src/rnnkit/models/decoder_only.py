@@ -23,11 +23,11 @@ from torch import Tensor, nn
 
 from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, PAD_ID
-from rnnkit.generation import GenerationResult, generate_batch
-from rnnkit.losses import training_loss
+from rnnkit.generation.search import GenerationResult, generate_batch
+from rnnkit.generation.seq2seq_search import decode_batch
+from rnnkit.metrics.losses import training_loss
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.language_model import LanguageModel, LossOutput
-from rnnkit.models.seq2seq_search import decode_batch
 from rnnkit.models.spec import ModelSpec
 from rnnkit.types import State
 

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.cells.rnn import NONLINEARITIES, activate
-from rnnkit.losses import training_loss
+from rnnkit.metrics.losses import training_loss
 from rnnkit.models.language_model import LossOutput
 
 __all__ = ["NONLINEARITIES", "JordanLM", "jordan_lm"]

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.layers.stacked import StackedRecurrent, reset_rows
-from rnnkit.losses import training_loss
+from rnnkit.metrics.losses import training_loss
 from rnnkit.models.length import LengthState, SequenceLength, length_targets
 from rnnkit.types import LSTMState, State
 

@@ -18,7 +18,7 @@ Either way the training loss is the model's exact sequence negative log-likeliho
 over the batch and divided by the number of token steps (the models' ``LossOutput.loss``,
 nats per token; ``LossOutput.nats`` is the sum, length terms included).
 
-Generation keeps :func:`rnnkit.generation.generate_batch` unchanged: the model's ``step``
+Generation keeps :func:`rnnkit.generation.search.generate_batch` unchanged: the model's ``step``
 returns log-probabilities over the vocabulary in which ``</s>`` means "stop here".
 
 * ``"stop"``: at step ``t`` (fed ``y_{t−1}``), ``ln P(</s>) = ln s_{t−1}`` and

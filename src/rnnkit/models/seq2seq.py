@@ -16,7 +16,7 @@ step; for the backward direction the state after reading back to ``x_1``). The c
 With attention, ``attention_wiring`` says where it sits in a decoder step:
 
 * ``"before"`` (the default; Bahdanau et al. 2015): the previous top decoder state scores
-  the encoder states (:mod:`rnnkit.attention`), ``c_i = Σ_j α_ij h^e_j`` is appended to the
+  the encoder states (:mod:`rnnkit.layers.attention`), ``c_i = Σ_j α_ij h^e_j`` is appended to the
   input, ``h^d_i = g([E y_{i−1}; c_i (; c)], h^d_{i−1})``;
 * ``"after"`` (Luong et al. 2015's global attention, without input feeding): the step
   runs first, ``h^d_i = g([E y_{i−1} (; c)], h^d_{i−1})``, then the NEW top state scores
@@ -32,7 +32,7 @@ With pure teacher forcing, without attention or with ``"after"``, the decoder ru
 one layer call (the library's time loop and explicit BPTT over the whole target), and
 the attention of all steps is a few batched products after it. With ``"before"`` and one
 decoder layer it runs as one autograd node with a hand-written backward
-(:mod:`rnnkit.attention_loop`); otherwise (scheduled sampling, several decoder layers,
+(:mod:`rnnkit.layers.attention_loop`); otherwise (scheduled sampling, several decoder layers,
 tracing) a cell-level loop.
 
 ``length="stop"`` / ``"predict"`` (a :class:`~rnnkit.models.length.SequenceLength`) replaces
@@ -42,7 +42,7 @@ decoder input ``[E y_{i−1}; E_r[r_i]; …]``; the default (None) is the ``</s>
 Scheduled sampling is not combined with a mechanism.
 
 Decoding (greedy or beam search with length normalisation, batched) goes through
-:func:`rnnkit.generation.generate_batch` with :meth:`Seq2Seq.step`: the encoder runs once,
+:func:`rnnkit.generation.search.generate_batch` with :meth:`Seq2Seq.step`: the encoder runs once,
 then one decoder step per token; finished rows leave the batch.
 """
 
@@ -53,21 +53,21 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from rnnkit.attention import Attention
-from rnnkit.attention_loop import attention_decoder
+from rnnkit.bptt.tracing import tracing
 from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
-from rnnkit.generation import GenerationResult, generate_batch
+from rnnkit.generation.search import GenerationResult, generate_batch
+from rnnkit.generation.seq2seq_search import decode_batch
+from rnnkit.layers.attention import Attention
+from rnnkit.layers.attention_loop import attention_decoder
 from rnnkit.layers.stacked import StackedRecurrent
-from rnnkit.losses import training_loss
+from rnnkit.metrics.losses import training_loss
 from rnnkit.models.builders import build_encoder, build_length
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.length import SequenceLength, length_targets
-from rnnkit.models.seq2seq_search import decode_batch
 from rnnkit.models.spec import ModelSpec
-from rnnkit.tracing import tracing
 from rnnkit.types import LSTMState, State
 
 __all__ = [
@@ -179,7 +179,7 @@ class Seq2Seq(nn.Module):
         decoder: a unidirectional stack whose ``input_size`` is ``E_t`` (+ ``D·H_e`` with
             attention, + ``D·H_e`` for ``context`` input/both); stepped cell by cell.
         head: maps ``(…, H_d [+ D·H_e with attention])`` to logits ``(…, V_t)``.
-        attention: an :class:`~rnnkit.attention.Attention` with ``query_size = H_d`` and
+        attention: an :class:`~rnnkit.layers.attention.Attention` with ``query_size = H_d`` and
             ``memory_size = D·H_e``, or None.
         attention_wiring: ``"before"`` or ``"after"`` the decoder step (module
             docstring); with ``"after"`` the decoder's input has no attention context.
@@ -475,7 +475,7 @@ class Seq2Seq(nn.Module):
 
     def _attention_node(self, emb: Tensor, state: DecoderState) -> tuple[Tensor, Tensor]:
         """:meth:`_teacher_forced` with attention before the step, one decoder layer: the
-        same steps as one autograd node (:func:`rnnkit.attention_loop.attention_decoder`)."""
+        same steps as one autograd node (:func:`rnnkit.layers.attention_loop.attention_decoder`)."""
         assert self.attention is not None and state.keys is not None
         assert state.memory is not None
         cell = self.decoder.cells()[0]
@@ -597,7 +597,7 @@ class Seq2Seq(nn.Module):
             num: hypotheses per source (``≤ beam``).
 
         Returns:
-            ``B`` lists of :class:`~rnnkit.generation.GenerationResult`, best first.
+            ``B`` lists of :class:`~rnnkit.generation.search.GenerationResult`, best first.
         """
         state = self.encode(source, source_mask)
         return decode_batch(
@@ -627,7 +627,7 @@ class Seq2Seq(nn.Module):
         generator: torch.Generator | None = None,
     ) -> list[list[GenerationResult]]:
         """``num`` independent samples per source from ``p(y | x)`` (temperature, top-k and
-        nucleus filtering as :func:`rnnkit.generation.filter_log_probs`), all in one batch.
+        nucleus filtering as :func:`rnnkit.generation.search.filter_log_probs`), all in one batch.
 
         Returns:
             ``B`` lists of ``num`` results, in draw order.

@@ -2,7 +2,7 @@
 
 The builders (:mod:`rnnkit.models.builders` and the ``build_*`` of each model module)
 take a :class:`ModelSpec`, never the command line's configuration: models sit below the
-application, which translates its options into a spec (``rnnkit.tasks.run.model_spec``).
+application, which translates its options into a spec (``rnnkit.app.tasks.run.model_spec``).
 The field names and defaults are those of the ``rnnkit train`` options of the same name,
 so ``ModelSpec()`` builds the model of ``rnnkit train`` with no option given.
 

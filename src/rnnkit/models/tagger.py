@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from rnnkit.data.vocab import UNK_ID
 from rnnkit.layers.stacked import StackedRecurrent
-from rnnkit.losses import training_loss
+from rnnkit.metrics.losses import training_loss
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.pooling import state_pool

@@ -1,0 +1,51 @@
+"""``rnnkit evaluate``: score a data file with a trained checkpoint (and its baseline)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["register", "run"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="evaluate a checkpoint on data",
+        description="Score a data file with a trained model.",
+    )
+    p.add_argument("--checkpoint", required=True, help="run directory written by train")
+    p.add_argument("--data", required=True, help="data file in the task's format")
+    p.add_argument("--batch-size", type=int, help="evaluation batch size")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rnnkit.app.tasks.registry import task_module, task_of_run
+
+    task = task_module(task_of_run(args.checkpoint))
+    metrics = task.evaluate(args.checkpoint, args.data, args.batch_size)
+    if args.json:
+        from rnnkit.training.checkpoint import dumps_strict
+
+        print(dumps_strict(metrics))
+        return 0
+    for key, value in metrics.items():
+        if key == "baselines" and isinstance(value, dict):
+            for name, figures in value.items():
+                rest = {k: v for k, v in figures.items() if k != "kind"}
+                print(f"baseline {name} ({figures.get('kind', name)}): {_inner(rest)}")
+        elif isinstance(value, dict):
+            print(f"{key}: {_inner(value)}")
+        else:
+            print(f"{key}: {_value(value)}")
+    return 0
+
+
+def _value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _inner(figures: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {_value(v)}" for k, v in figures.items())

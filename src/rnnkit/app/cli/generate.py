@@ -1,0 +1,152 @@
+"""``rnnkit generate``: sample, decode greedily or beam-search from a trained checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rnnkit.errors import ConfigError
+
+__all__ = ["register", "run"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text from a checkpoint",
+        description="Generate from a trained model; the state is carried "
+        "token to token (O(1) work per token).",
+    )
+    p.add_argument("--checkpoint", required=True, help="run directory written by train")
+    p.add_argument("--prompt", help="text that primes the state (lm)")
+    p.add_argument("--input", help="source text to transduce (seq2seq)")
+    p.add_argument(
+        "--condition", metavar="LABEL", help="the class to generate for (class-conditional lm)"
+    )
+    p.add_argument("--max-length", type=int, default=200, help="tokens to generate at most")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature > 0")
+    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with mass ≥ p")
+    p.add_argument("--greedy", action="store_true", help="take the most likely token")
+    p.add_argument("--beam", type=int, help="beam search with this width")
+    p.add_argument("--seed", type=int, default=0, help="random seed (reproducible samples)")
+    p.add_argument("--num", type=int, default=1, help="number of samples")
+    p.add_argument("--json", action="store_true", help="print one JSON object per sample")
+    p.set_defaults(func=run)
+
+
+def _condition_index(checkpoint: str, cfg: Any, label: str | None) -> int | None:
+    """The class index of ``--condition LABEL``; a clear error naming the known labels."""
+    from rnnkit.app.tasks.lm import lm_labels
+
+    labels = lm_labels(checkpoint, cfg)
+    if labels is None:
+        if label is not None:
+            raise ConfigError(
+                "--condition applies to a class-conditional checkpoint "
+                "(trained with --condition init, input or both)"
+            )
+        return None
+    known = ", ".join(labels.labels)
+    if label is None:
+        raise ConfigError(f"this checkpoint is class-conditional: give --condition LABEL ({known})")
+    index = labels.get(label)
+    if index is None:
+        raise ConfigError(f"--condition {label!r} is not a label of this checkpoint ({known})")
+    return index
+
+
+#: Options that ask a seq2seq run to sample rather than search.
+SAMPLING = ("temperature", "top_k", "top_p", "seed")
+
+
+def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
+    """``--input`` through a seq2seq run: the run's search (``--beam`` or the run's beam;
+    ``--num N`` best hypotheses), ``--greedy``, or sampling when a sampling option is given
+    (``--num`` samples); at most ``--max-length`` tokens (default: the run's ``--max-len``)."""
+    from rnnkit.app.tasks.run import warn
+
+    if args.input is None:
+        raise ConfigError("--input is required for a seq2seq checkpoint")
+    if args.prompt is not None:
+        raise ConfigError("--prompt applies to a language model; a seq2seq run reads --input")
+    explicit = getattr(args, "explicit", None)
+
+    def given(name: str) -> bool:
+        if explicit is not None:
+            return name in explicit
+        default = {"temperature": 1.0, "seed": 0, "max_length": 200}.get(name)
+        return getattr(args, name) not in (None, default)
+
+    sample = any(given(name) for name in SAMPLING)
+    if sample and (args.beam or args.greedy):
+        raise ConfigError(
+            "--beam/--greedy search; --temperature, --top-k, --top-p and --seed sample: "
+            "give one or the other"
+        )
+    if args.greedy and args.num > 1:
+        raise ConfigError("--greedy gives one output; --num N with --beam N lists the N best")
+    outputs, unknown = module.generate_outputs(
+        args.checkpoint,
+        args.input,
+        sample=sample,
+        num=args.num,
+        beam=1 if args.greedy else args.beam,
+        max_length=args.max_length if given("max_length") else None,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    if unknown:
+        warn(f"--input has {unknown} token(s) outside the vocabulary; read as <unk>")
+    return list(outputs)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rnnkit.app.tasks.registry import task_module, task_of_run
+
+    task = task_of_run(args.checkpoint)
+    if args.condition is not None and task != "lm":
+        raise ConfigError(f"--condition does not apply to a {task} checkpoint")
+    if task == "seq2seq":
+        outputs = _transduce(args, task_module(task))
+    elif task == "lm":
+        from rnnkit.app.tasks.lm import load_lm, prompt_ids, sample_texts
+        from rnnkit.app.tasks.run import warn
+
+        if args.max_length < 1:
+            raise ConfigError(f"--max-length must be ≥ 1, got {args.max_length}")
+        if args.num < 1:
+            raise ConfigError(f"--num must be ≥ 1, got {args.num}")
+        cfg, vocab, model = load_lm(args.checkpoint)
+        condition = _condition_index(args.checkpoint, cfg, args.condition)
+        _, unknown = prompt_ids(cfg, vocab, args.prompt)
+        if unknown:
+            warn(f"--prompt has {unknown} token(s) outside the vocabulary; read as <unk>")
+        strategy = "beam" if args.beam else "greedy" if args.greedy else "sample"
+        try:
+            outputs = sample_texts(
+                cfg,
+                vocab,
+                model,
+                args.prompt,
+                num=args.num,
+                max_length=args.max_length,
+                strategy=strategy,
+                temperature=args.temperature,
+                top_k=args.top_k,
+                top_p=args.top_p,
+                beam_size=args.beam or 4,
+                seed=args.seed,
+                condition=condition,
+            )
+        except ValueError as exc:  # an out-of-range sampling option, named by generate()
+            raise ConfigError(str(exc)) from None
+        outputs = [(args.prompt or "") + text for text in outputs]
+    else:
+        raise ConfigError(f"generate does not apply to a {task} checkpoint")
+    for text in outputs:
+        print(json.dumps({"text": text}) if args.json else text)
+    return 0

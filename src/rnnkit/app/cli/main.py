@@ -1,0 +1,177 @@
+"""Entry point of the ``rnnkit`` command: registers one small module per subcommand.
+
+Each subcommand module exposes ``register(subparsers)`` (adds its parser and sets
+``func``) and a ``run(args) -> int``. Errors a user can fix (``RnnkitError``, ``OSError``)
+become one line on stderr and exit status 2; nothing prints a traceback.
+
+Every command takes ``-q/--quiet`` and ``-v/--verbose`` (added here, so they mean the same
+everywhere): their count sets the level of the ``rnnkit`` logger (``rnnkit.messages``),
+and ``args.quiet`` becomes the boolean "below the default level" the commands read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from rnnkit import __version__, messages
+from rnnkit.errors import RnnkitError
+
+# Subcommand modules, imported lazily so `rnnkit --help` stays fast and one broken
+# optional dependency cannot take down unrelated subcommands.
+SUBCOMMANDS: tuple[str, ...] = (
+    "train",
+    "evaluate",
+    "generate",
+    "predict",
+    "report",
+    "score",
+    "sessions",
+    "gradcheck",
+    "build_native",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad option as one line naming the option (exit 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rnnkit", description="Recurrent sequence models with explicit BPTT.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    # Not `required`: `rnnkit` alone prints the list of commands (main), not argparse's
+    # bare "arguments are required: COMMAND".
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=_Parser, title="commands"
+    )
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"rnnkit.app.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"rnnkit.app.cli.{name}":
+                continue  # subcommand not built yet
+            raise
+        module.register(sub)
+    for command in sub.choices.values():
+        add_verbosity_options(command)
+    return parser
+
+
+def add_verbosity_options(p: argparse.ArgumentParser) -> None:
+    """``-q/--quiet`` and ``-v/--verbose``, counted: the level is verbose − quiet."""
+    g = p.add_argument_group("output")
+    g.add_argument(
+        "-q",
+        "--quiet",
+        action="count",
+        default=0,
+        help="say less on stderr: -q no progress bar, summary or notes (warnings and errors "
+        "only), -qq errors only; results on stdout are unchanged",
+    )
+    g.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="say more on stderr: details such as a line per training record and per "
+        "validation, and the effective configuration",
+    )
+
+
+def explicit_options(argv: Sequence[str] | None) -> set[str]:
+    """The destinations ``argv`` sets itself (not by default): a second parse in which
+    every default is suppressed. ``--resume`` needs it: an option given with its default
+    value (``--length eos``) is still a request, not an omission.
+
+    >>> sorted(explicit_options(["train", "--train", "a.txt", "--out", "r", "--lr", "0.002"]))
+    ['command', 'lr', 'out', 'train']
+    """
+    parser = build_parser()
+    pending = [parser]
+    while pending:
+        for action in pending.pop()._actions:
+            action.default = argparse.SUPPRESS
+            if isinstance(action, argparse._SubParsersAction):
+                pending.extend(action.choices.values())
+    given = vars(parser.parse_args(argv))
+    return {k for k in given if k != "func"}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`rnnkit score ... | head -3`): stop quietly, as other Unix
+        # tools do. Python's documented recipe: point stdout at devnull, so the flush at
+        # exit does not fail a second time.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 0
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        # No command is a usage error (status 2, like any other), shown with the list.
+        parser.print_help(sys.stderr)
+        print("rnnkit: error: no command given (one of the commands above)", file=sys.stderr)
+        return 2
+    args.explicit = explicit_options(argv)
+    level = args.verbose - args.quiet
+    args.quiet = level < 0  # what the commands read: below the default level
+    before = messages.LOGGER.level
+    messages.set_verbosity(level)
+    try:
+        return _run(args)
+    finally:
+        messages.LOGGER.setLevel(before)  # main() called in-process leaves the level as it was
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit after the last line
+        return code
+    except BrokenPipeError:
+        raise
+    except (RnnkitError, OSError) as exc:
+        code = getattr(exc, "exit_code", 2)
+        kind = "error" if code == 2 else "stopped"
+        print(f"rnnkit {args.command}: {kind}: {exc}", file=sys.stderr)
+        return code
+    except KeyboardInterrupt:
+        print(f"rnnkit {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (MemoryError, RuntimeError) as exc:
+        # torch reports a failed allocation as RuntimeError ("DefaultCPUAllocator: can't
+        # allocate memory", "CUDA out of memory"); any other RuntimeError is a bug to show.
+        if not isinstance(exc, MemoryError) and not _out_of_memory(exc):
+            raise
+        print(
+            f"rnnkit {args.command}: error: out of memory ({_first_line(exc)}); use smaller "
+            "sizes (--hidden, --embedding, --batch-size, --max-len)",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "out of memory" in text or "can't allocate memory" in text
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:200]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

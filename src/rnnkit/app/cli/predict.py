@@ -1,0 +1,185 @@
+"""``rnnkit predict``: apply a trained model to new, unlabelled input, one JSON line out per
+input line.
+
+::
+
+    rnnkit predict --checkpoint runs/tagger --input sentences.txt
+    echo "the cat sat" | rnnkit predict --checkpoint runs/tagger --input -
+
+What a line is and what comes out depends on the run's task (each task module's
+``predictor``):
+
+* ``tag``: whitespace-separated tokens → ``{"tokens", "tags", "unknown"}``;
+* ``classify``: a text → ``{"label", "probabilities": {label: p}, "tokens", "unknown"}``;
+* ``seq2seq``: a source → ``{"input", "output", "unknown"}`` (batched, ``--beam``);
+* ``lm``: a text (``label<TAB>text`` for a class-conditional run) → ``{"tokens",
+  "logprobs" (nats), "surprise" (bits), "nats", "unknown"}``;
+* ``events``: a session as JSON → the verdict record of ``rnnkit score`` (with ``--params
+  RUN``, also a parameter-value run's verdict: anomalous when either model says so);
+* ``params``: a session as JSON with its ``"params"`` → the parameter model's record;
+* ``regress``: a sequence as JSON (``{"seq": [...]}``) → ``{"prediction"[, "variance"]}``.
+
+Input is read line by line and answered in batches of at most ``--batch-size`` lines; a
+batch is cut early whenever no further line is waiting on the input, so a pipe gets each
+answer as soon as its line arrives (streaming). A bad line is a one-line error naming the
+file (``<stdin>``) and line; the answers already printed stand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import select
+import stat
+import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+from rnnkit.errors import ConfigError, DataError
+
+__all__ = ["read_batches", "register", "run"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "predict",
+        help="apply a trained model to new input (JSON lines out)",
+        description="Apply a trained model to unlabelled input: one JSON line per input line "
+        "(tags, a label with probabilities, a transduction, per-token log-probabilities, "
+        "or a session verdict, by the run's task).",
+    )
+    p.add_argument("--checkpoint", required=True, help="run directory written by train")
+    p.add_argument(
+        "--input",
+        required=True,
+        metavar="FILE",
+        help="one input per line (UTF-8); '-' reads standard input as it arrives",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        help="most lines per forward pass (default: the run's batch size; events 64)",
+    )
+    p.add_argument(
+        "--beam", type=int, help="seq2seq: beam width (default: the run's --beam; 1 = greedy)"
+    )
+    p.add_argument(
+        "--max-length", type=int, help="seq2seq: most output tokens (default: the run's --max-len)"
+    )
+    p.add_argument(
+        "--top", type=int, default=5, help="events: list the K most surprising events (default 5)"
+    )
+    p.add_argument(
+        "--params",
+        metavar="RUN",
+        help="events: also judge each event's parameter values with this params run",
+    )
+    p.set_defaults(func=run)
+
+
+#: Options of one task only, refused for the others (what argv set counts).
+TASK_ONLY = {"beam": "seq2seq", "max_length": "seq2seq", "top": "events", "params": "events"}
+
+
+def _waiting(stream: TextIO) -> bool:
+    """Whether another line can be read at once: always for a regular file (or a stream
+    without a descriptor), else when the descriptor is readable (a line still in the
+    stream's own buffer may end a batch early: only the batch is smaller)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return True
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return True
+        ready, _, _ = select.select([fd], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(ready)
+
+
+def read_batches(
+    stream: TextIO, name: str, batch_size: int
+) -> Iterator[tuple[list[str], list[tuple[str, int]]]]:
+    """``(lines, [(name, line number)])`` batches of at most ``batch_size`` lines, without
+    their line ends; a batch ends early when no further line is waiting (streaming)."""
+    lines: list[str] = []
+    where: list[tuple[str, int]] = []
+    number = 0
+    while True:
+        try:
+            text = stream.readline()
+        except UnicodeDecodeError as exc:
+            raise DataError(f"not UTF-8 text ({exc.reason})", name, number + 1) from None
+        if not text:
+            break
+        number += 1
+        lines.append(text.rstrip("\r\n"))
+        where.append((name, number))
+        if len(lines) >= batch_size or not _waiting(stream):
+            yield lines, where
+            lines, where = [], []
+    if lines:
+        yield lines, where
+
+
+def _json_default(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _print(record: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(record, ensure_ascii=False, default=_json_default) + "\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rnnkit.app.tasks.registry import task_module, task_of_run
+
+    task = task_of_run(args.checkpoint)
+    explicit = getattr(args, "explicit", None)  # set by cli.main
+    for option, owner in TASK_ONLY.items():
+        if explicit is not None:
+            given = option in explicit
+        else:
+            given = option != "top" and getattr(args, option, None) is not None
+        if option == "top" and task == "params":
+            continue  # a params run lists its most unusual vectors
+        if given and task != owner:
+            flag = "--" + option.replace("_", "-")
+            raise ConfigError(f"{flag} does not apply to a {task} checkpoint (only to {owner})")
+    for option in ("batch_size", "beam", "max_length", "top"):
+        value = getattr(args, option)
+        minimum = 0 if option == "top" else 1
+        if value is not None and value < minimum:
+            flag = "--" + option.replace("_", "-")
+            raise ConfigError(f"{flag} must be ≥ {minimum}, got {value}")
+    module = task_module(task)
+    predict = module.predictor(
+        args.checkpoint,
+        batch_size=args.batch_size,
+        beam=args.beam,
+        max_length=args.max_length,
+        top=args.top,
+        params=getattr(args, "params", None),
+    )
+    batch_size = args.batch_size or 32
+    if args.input == "-":
+        stream: TextIO = sys.stdin
+        if hasattr(sys.stdin, "buffer"):  # strict UTF-8 whatever the locale says
+            stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="strict")
+        return _answer(predict, stream, "<stdin>", batch_size)
+    try:
+        with open(args.input, encoding="utf-8", errors="strict") as f:
+            return _answer(predict, f, args.input, batch_size)
+    except IsADirectoryError:
+        raise DataError("is a directory, not a file of lines", args.input) from None
+
+
+def _answer(predict: Any, stream: TextIO, name: str, batch_size: int) -> int:
+    for lines, where in read_batches(stream, name, batch_size):
+        for record in predict(lines, where):
+            _print(record)
+        sys.stdout.flush()
+    return 0

@@ -1,0 +1,29 @@
+"""``rnnkit report``: write the self-contained HTML report of a run directory."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["register", "run"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "report",
+        help="write the HTML report of a run (plots embedded)",
+        description="Write one self-contained HTML file with the run's configuration, "
+        "metrics, n-gram baseline, samples, gradient flow through time and pictures. "
+        "It needs no network access to view.",
+    )
+    p.add_argument("--checkpoint", required=True, help="run directory written by train")
+    p.add_argument("--out", help="where to write the report (default: DIR/report.html)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rnnkit.app.report import write_report
+
+    path = write_report(args.checkpoint, args.out)
+    print(f"report: {path}")
+    return 0

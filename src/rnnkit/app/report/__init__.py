@@ -1,0 +1,16 @@
+"""The run report: one self-contained HTML page per run directory (``rnnkit report``).
+
+The report is application code, not a library of diagnostics: it reads the run directory
+of any task (``config.json``, ``summary.json``, ``metrics.jsonl``, the model), reloads the
+model through the task that trained it and calls the diagnostics and plots of
+:mod:`rnnkit.diagnostics` on it. It therefore sits beside :mod:`rnnkit.app.tasks`, just above
+it (no task needs the report; the command line writes it after training), and not inside
+``tasks``, whose modules are one task each and the glue they share.
+
+* ``page``: :func:`write_report` / :func:`render_report` and the sections every run has.
+* ``detection``: the anomaly-detection sections of ``events`` and ``params`` runs.
+"""
+
+from rnnkit.app.report.page import REPORT_NAME, render_report, write_report
+
+__all__ = ["REPORT_NAME", "render_report", "write_report"]

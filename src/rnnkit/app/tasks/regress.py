@@ -1,0 +1,324 @@
+"""The ``regress`` task: real-valued vector sequences (:mod:`rnnkit.data.vectors`).
+
+``--target next`` (default) predicts ``x_{t+1}`` from ``x_1 … x_t`` at every step;
+``--target value`` predicts each sequence's ``"y"`` from the state after its last step.
+``--loss mse`` (default) or ``gaussian`` (mean and variance, the full Gaussian negative
+log-likelihood). Sequences are padded and masked as token sequences are; ``--max-len``
+cuts a long sequence into pieces of at most that many predictions (next) or keeps its
+first ``--max-len`` steps (value), as the token tasks do.
+
+Beside the model the summary and ``evaluate`` give the persistence baseline: the last
+value seen is the prediction (``x_t`` for ``x_{t+1}``; for ``value``, the last step when
+``y`` has the width of a step, else the mean training target).
+
+Run directory: ``config.json`` (with ``input_size``, ``output_size``), ``model.safetensors``,
+``summary.json``, snapshots, ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
+
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.run import (
+    choose_device,
+    finish_summary,
+    guarded_run,
+    load_config,
+    model_spec,
+    save_config,
+    seed_everything,
+)
+from rnnkit.app.tasks.tag import check_resume, fit, run_summary
+from rnnkit.data.batching import SequenceBatcher
+from rnnkit.data.labelled import split_holdout
+from rnnkit.data.vectors import VectorSequence, parse_vector_line, read_vector_sequences
+from rnnkit.errors import CheckpointError, ConfigError, DataError
+from rnnkit.models.builders import build_encoder
+from rnnkit.models.language_model import LossOutput
+from rnnkit.models.regressor import Regressor
+from rnnkit.training.checkpoint import load_model_weights
+
+__all__ = [
+    "PERSISTENCE_KIND",
+    "Encoded",
+    "build_regressor",
+    "encode_sequences",
+    "evaluate",
+    "fit_sequences",
+    "load_regressor",
+    "predictor",
+    "regression_metrics",
+    "train",
+]
+
+
+class Encoded:
+    """Model inputs ``x (T_i, D)`` and targets (``(T_i, D)`` for next, ``(K,)`` for value),
+    one pair per piece, and the persistence baseline's prediction of each target."""
+
+    def __init__(self, inputs: list[Tensor], targets: list[Tensor], persistence: list[Tensor]):
+        self.inputs, self.targets, self.persistence = inputs, targets, persistence
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+PERSISTENCE_KIND = "persistence forecast (the last value)"
+
+
+def encode_sequences(
+    seqs: list[VectorSequence], target: str, max_len: int, fallback: Tensor | None = None
+) -> Encoded:
+    """Pieces as the model reads them (see the module doc). ``fallback``: the persistence
+    prediction of a value target whose width is not a step's (the mean training target)."""
+    inputs, targets, persistence = [], [], []
+    for s in seqs:
+        x = torch.from_numpy(s.values)
+        if target == "next":
+            if len(x) < 2:
+                raise DataError("a sequence needs 2 steps or more to predict a next value",
+                                s.path, s.line)  # fmt: skip
+            for lo in range(0, len(x) - 1, max_len):
+                piece = x[lo : lo + max_len + 1]
+                inputs.append(piece[:-1])
+                targets.append(piece[1:])
+                persistence.append(piece[:-1])  # x_t for x_{t+1}
+            continue
+        if s.target is None:
+            raise DataError('--target value needs "y" on every line', s.path, s.line)
+        x = x[:max_len]
+        y = torch.from_numpy(s.target)
+        inputs.append(x)
+        targets.append(y)
+        if y.shape[0] == x.shape[1]:
+            persistence.append(x[-1])
+        elif fallback is not None:
+            persistence.append(fallback)
+        else:
+            persistence.append(torch.zeros_like(y))
+    return Encoded(inputs, targets, persistence)
+
+
+def build_regressor(cfg: TrainConfig, input_size: int, output_size: int) -> Regressor:
+    """The encoder of ``cfg`` over ``D``-wide inputs, a linear head of ``K`` outputs."""
+    target, loss = cfg.target, cfg.loss
+    bidirectional = cfg.bidirectional if target == "value" else False
+    encoder = build_encoder(model_spec(cfg), input_size, bidirectional=bidirectional)
+    return Regressor(encoder, output_size, target, loss, dropout=cfg.dropout)
+
+
+def _batches(enc: Encoded, batch_size: int, shuffle: bool, seed: int = 0) -> SequenceBatcher:
+    lengths = [np.zeros(len(x), dtype=np.int64) for x in enc.inputs]  # only the lengths count
+    return SequenceBatcher(lengths, batch_size=batch_size, shuffle=shuffle, seed=seed)
+
+
+def _batch(enc: Encoded, batch: Any, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    idx = batch.indices.tolist()
+    x = pad_sequence([enc.inputs[i] for i in idx], batch_first=True).to(device)
+    mask = batch.mask.to(device)
+    parts = [enc.targets[i] for i in idx]
+    y = pad_sequence(parts, batch_first=True) if parts[0].dim() == 2 else torch.stack(parts)
+    return x, y.to(device), mask
+
+
+@torch.no_grad()
+def regression_metrics(
+    model: Regressor, enc: Encoded, device: torch.device, batch_size: int
+) -> dict[str, Any]:
+    """``loss`` (mean per value: squared error, or Gaussian NLL in nats), ``loss_nats``
+    (the Gaussian NLL per value; unit variance for mse), ``mse``, ``rmse``, ``mae``,
+    ``elements``, and the persistence baseline's ``mse`` beside them."""
+    was_training = model.training
+    model.eval()
+    total, sq, ab, count = 0.0, 0.0, 0.0, 0
+    for batch in _batches(enc, batch_size, shuffle=False):
+        x, y, mask = _batch(enc, batch, device)
+        out = model.loss(x, y, mask)
+        total += out.nats
+        mean = model(x, mask).mean
+        keep = mask.unsqueeze(-1).expand_as(y) if y.dim() == 3 else torch.ones_like(y, dtype=bool)
+        err = (mean - y)[keep]
+        sq += float((err * err).sum())
+        ab += float(err.abs().sum())
+        count += int(keep.sum())
+    model.train(was_training)
+    base = torch.cat(
+        [(p - t).reshape(-1) for p, t in zip(enc.persistence, enc.targets, strict=True)]
+    )
+    mse = sq / max(count, 1)
+    loss = total / max(count, 1)
+    # The negative log-likelihood per value in nats: the Gaussian's own, or for mse that of
+    # a unit-variance Gaussian, ½ (mse + ln 2π) (the trainer keeps the lowest).
+    nats = loss if model.loss_kind == "gaussian" else 0.5 * (mse + math.log(2 * math.pi))
+    return {
+        "loss": loss,
+        "loss_nats": nats,
+        "mse": mse,
+        "rmse": mse**0.5,
+        "mae": ab / max(count, 1),
+        "elements": count,
+        "baseline_mse": float((base * base).mean()) if len(base) else None,
+    }
+
+
+def _read(path: str) -> list[VectorSequence]:
+    return read_vector_sequences(path)
+
+
+def _check_width(seqs: list[VectorSequence], width: int, what: str) -> None:
+    for s in seqs:
+        if s.values.shape[1] != width:
+            raise DataError(
+                f"steps have {s.values.shape[1]} values; the model reads {width} ({what})",
+                s.path,
+                s.line,
+            )
+
+
+@guarded_run
+def train(
+    cfg: TrainConfig, resume: bool = False, quiet: bool = False, callbacks: Any = None
+) -> dict[str, Any]:
+    """Train a regressor as ``cfg`` says; write the run directory; return the summary."""
+    seqs = _read(cfg.train)
+    if cfg.valid:
+        train_seqs, valid_seqs = seqs, _read(cfg.valid)
+    else:
+        train_seqs, valid_seqs = split_holdout(seqs, cfg.valid_fraction, cfg.seed)
+        if not valid_seqs:
+            raise DataError("too few sequences to hold some out for validation", cfg.train)
+    return fit_sequences(cfg, train_seqs, valid_seqs, resume=resume, quiet=quiet,
+                         callbacks=callbacks)  # fmt: skip
+
+
+def fit_sequences(
+    cfg: TrainConfig,
+    train_seqs: list[VectorSequence],
+    valid_seqs: list[VectorSequence],
+    *,
+    resume: bool = False,
+    quiet: bool = False,
+    callbacks: Any = None,
+    **info: Any,
+) -> dict[str, Any]:
+    """Train a regressor on sequences already read into ``cfg.out`` (no lock taken: the
+    caller holds the run directory; :func:`train` for files, the ``params`` task for one
+    model per log key). ``info`` goes into ``config.json`` beside the sizes."""
+    out = Path(cfg.out)
+    device = choose_device(cfg.device)
+    target = cfg.target
+    D = train_seqs[0].values.shape[1]
+    _check_width(train_seqs, D, "the first sequence's width")
+    _check_width(valid_seqs, D, "the training data's width")
+    if resume:
+        check_resume(cfg, out)
+    seed_everything(cfg.seed)
+    fallback = None
+    if target == "value":
+        ys = [s.target for s in train_seqs if s.target is not None]
+        fallback = torch.from_numpy(np.mean(ys, axis=0)) if ys else None
+    train_enc = encode_sequences(train_seqs, target, cfg.max_len, fallback)
+    valid_enc = encode_sequences(valid_seqs, target, cfg.max_len, fallback)
+    K = D if target == "next" else int(train_enc.targets[0].shape[0])
+    for y, s in zip(valid_enc.targets, valid_seqs, strict=False):
+        if target == "value" and y.shape[0] != K:
+            raise DataError(
+                f'"y" has {y.shape[0]} values, the training targets {K}', s.path, s.line
+            )
+    model = build_regressor(cfg, D, K).to(device)
+    batches = _batches(train_enc, cfg.batch_size, shuffle=True, seed=cfg.seed)
+
+    def step(m: Regressor, batch: Any, carry: Any) -> LossOutput:
+        x, y, mask = _batch(train_enc, batch, device)
+        return m.loss(x, y, mask)
+
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        save_config(out, cfg, input_size=D, output_size=K, **info)
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    result, elapsed = fit(
+        cfg,
+        model,
+        batches,
+        step,
+        lambda m: regression_metrics(m, valid_enc, device, cfg.batch_size),
+        resume,
+        quiet,
+        callbacks,
+    )
+    summary = run_summary(
+        "regress",
+        result,
+        elapsed,
+        model,
+        target=target,
+        loss=cfg.loss,
+        input_size=D,
+        output_size=K,
+        baselines={
+            "persistence": {
+                "kind": PERSISTENCE_KIND,
+                "mse": regression_metrics(model, valid_enc, device, cfg.batch_size)["baseline_mse"],
+            }
+        },
+    )
+    return finish_summary(cfg, summary)
+
+
+def load_regressor(run_dir: str | Path, device: str = "cpu") -> tuple[TrainConfig, dict, Regressor]:
+    """``(cfg, info, model)`` of a regress run directory (no code is unpickled)."""
+    run_dir = Path(run_dir)
+    cfg, info = load_config(run_dir, task="regress")
+    D, K = info.get("input_size"), info.get("output_size")
+    if not all(isinstance(v, int) and v >= 1 for v in (D, K)):
+        raise CheckpointError(f"{run_dir / 'config.json'}: no valid input_size/output_size")
+    model = build_regressor(cfg, D, K).to(choose_device(device))
+    load_model_weights(model, run_dir / "model.safetensors")
+    model.eval()
+    return cfg, info, model
+
+
+def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None) -> dict[str, Any]:
+    """Score sequences (same format as training) with a trained regressor, and the
+    persistence baseline beside it."""
+    cfg, info, model = load_regressor(run_dir)
+    seqs = _read(data_path)
+    _check_width(seqs, info["input_size"], "the run's input width")
+    enc = encode_sequences(seqs, cfg.target, cfg.max_len)
+    device = next(model.parameters()).device
+    return regression_metrics(model, enc, device, batch_size or cfg.batch_size)
+
+
+def predictor(run_dir: str | Path, batch_size: int | None = None, **_: Any) -> Any:
+    """``rnnkit predict`` for a regressor: each input line is a JSON sequence ``{"seq":
+    [...]}``; the answer is ``{"prediction": [...]}``: for ``next`` the predicted next
+    vector after every step (the last one forecasts the step after the sequence), for
+    ``value`` the predicted ``y``; with ``--loss gaussian`` also ``"variance"``."""
+    cfg, info, model = load_regressor(run_dir)
+    device = next(model.parameters()).device
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"--batch-size must be ≥ 1, got {batch_size}")
+
+    @torch.no_grad()
+    def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
+        seqs = [parse_vector_line(t, p, n) for t, (p, n) in zip(lines, where, strict=True)]
+        _check_width(seqs, info["input_size"], "the run's input width")
+        answers = []
+        for s in seqs:
+            x = torch.from_numpy(s.values[: cfg.max_len]).unsqueeze(0).to(device)
+            out = model(x)
+            record: dict[str, Any] = {"prediction": out.mean[0].tolist()}
+            if out.log_var is not None:
+                record["variance"] = out.log_var[0].exp().tolist()
+            answers.append(record)
+        return answers
+
+    return run

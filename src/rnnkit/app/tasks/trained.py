@@ -1,0 +1,283 @@
+"""A trained run directory as one Python object: ``rnnkit.load(run_dir)``.
+
+Any task's run (``lm``, ``tag``, ``classify``, ``seq2seq``, ``events``) loads the same way
+(``config.json`` says which; nothing is unpickled) into a :class:`TrainedRun` holding the
+model (in ``eval()`` mode), its vocabularies and labels and the training configuration,
+with the operation each task is for:
+
+* ``predict(inputs)`` — a label per text (``classify``), a tag per token (``tag``), the
+  output text per source (``seq2seq``), an anomaly verdict per session (``events``);
+* ``generate(prompt)`` — text continuations (``lm``).
+
+``rnnkit.load`` is :func:`load`; examples are in ``docs/python-api.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.registry import task_of_run
+from rnnkit.data.batching import SequenceBatcher
+from rnnkit.data.events import Session
+from rnnkit.data.labelled import LabelSet
+from rnnkit.data.tagged import TaggedSentence
+from rnnkit.data.vocab import Vocabulary
+from rnnkit.errors import ConfigError, DataError
+
+__all__ = ["TrainedRun", "load"]
+
+TASK_USE = {
+    "lm": "generate(prompt)",
+    "tag": "predict(sentences)",
+    "classify": "predict(texts)",
+    "seq2seq": "predict(sources)",
+    "events": "predict(sessions)",
+}
+
+
+@dataclass
+class TrainedRun:
+    """A loaded run: ``model`` (``eval()`` mode), ``vocab``, ``labels``, ``config``.
+
+    Attributes:
+        run_dir: where it was loaded from.
+        task: ``"lm"``, ``"tag"``, ``"classify"``, ``"seq2seq"`` or ``"events"``.
+        config: the run's training configuration (``config.json``).
+        model: the ``torch.nn.Module`` (weights of ``model.safetensors``).
+        vocab: the input vocabulary (the target one for ``seq2seq``; event names for
+            ``events``; words for ``tag``).
+        labels: the classes (``classify``), the tag set (``tag``), the conditions of a
+            class-conditional ``lm``; otherwise None.
+        source_vocab: the source vocabulary (``seq2seq``).
+        extras: task-specific parts: ``chars`` (``tag --char-rnn``), ``thresholds`` and
+            ``ngram`` (``events``).
+    """
+
+    run_dir: Path
+    task: str
+    config: TrainConfig
+    model: nn.Module
+    vocab: Vocabulary
+    labels: LabelSet | None = None
+    source_vocab: Vocabulary | None = None
+    extras: dict[str, Any] | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _not_for(self, method: str) -> ConfigError:
+        return ConfigError(
+            f"{method}() does not apply to a {self.task} run: use {TASK_USE[self.task]}"
+        )
+
+    # ---- predict -------------------------------------------------------------------
+
+    @torch.no_grad()
+    def predict(self, inputs: Sequence[Any], *, batch_size: int = 64, **options: Any) -> list:
+        """The model's answer for each input, in order.
+
+        Args:
+            inputs: ``classify``: texts; ``tag``: sentences, each a list of tokens (or a
+                string, split on whitespace); ``seq2seq``: source texts; ``events``:
+                sessions, each a list of event names (or a :class:`Session`).
+            batch_size: inputs per forward pass.
+            options: ``seq2seq``: ``beam`` (default the run's) and ``max_length``;
+                ``events``: those of :func:`rnnkit.app.tasks.events.score_sessions`
+                (``top_k``, ``score``, ``ngram``).
+
+        Returns:
+            ``classify``: a label per text; ``tag``: a list of tags per sentence;
+            ``seq2seq``: an output text per source; ``events``: a verdict dict per session
+            (``score``, ``verdict``, ``threshold``, ``top``, ...).
+        """
+        if isinstance(inputs, str):
+            raise ConfigError("predict() takes a list of inputs, not one string")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be ≥ 1, got {batch_size}")
+        if self.task in ("lm",):
+            raise self._not_for("predict")
+        if options and self.task not in ("seq2seq", "events"):
+            raise ConfigError(f"predict() of a {self.task} run takes no {sorted(options)}")
+        self.model.eval()
+        return getattr(self, f"_predict_{self.task}")(list(inputs), batch_size, **options)
+
+    def _predict_classify(self, texts: list[str], batch_size: int) -> list[str]:
+        assert self.labels is not None
+        ids = []
+        for i, text in enumerate(texts):
+            x = self.vocab.encode_array(text, dtype=np.int64)[: self.config.max_len]
+            if len(x) == 0:
+                raise DataError(f"input {i} has no tokens")
+            ids.append(x)
+        out: list[str] = [""] * len(ids)
+        for batch in SequenceBatcher(ids, batch_size=batch_size, shuffle=False):
+            best = self.model.predict(batch.inputs.to(self.device), batch.mask.to(self.device))
+            for row, i in enumerate(batch.indices.tolist()):
+                out[i] = self.labels.labels[int(best[row])]
+        return out
+
+    def _predict_tag(self, sentences: list[Any], batch_size: int) -> list[list[str]]:
+        from rnnkit.app.tasks.tag import TagData, _inputs, encode_tagged
+
+        assert self.labels is not None
+        tokenized = [s.split() if isinstance(s, str) else list(s) for s in sentences]
+        for i, tokens in enumerate(tokenized):
+            if not tokens:
+                raise DataError(f"sentence {i} has no tokens")
+        data = TagData(self.vocab, self.labels, (self.extras or {}).get("chars"))
+        # No gold tags: every position gets the "unknown tag" id, which is never read.
+        enc = encode_tagged([TaggedSentence(t, [""] * len(t)) for t in tokenized], data)
+        out: list[list[str]] = [[] for _ in tokenized]
+        batcher = SequenceBatcher(enc.words, enc.tags, batch_size=batch_size, shuffle=False)
+        for batch in batcher:
+            words, mask, chars = _inputs(enc, batch, self.device)
+            best = self.model.predict(words, mask, chars).cpu()
+            for row, i in enumerate(batch.indices.tolist()):
+                out[i] = [self.labels.labels[int(j)] for j in best[row, : len(tokenized[i])]]
+        return out
+
+    def _predict_seq2seq(
+        self,
+        sources: list[str],
+        batch_size: int,
+        beam: int | None = None,
+        max_length: int | None = None,
+    ) -> list[str]:
+        from rnnkit.app.tasks.seq2seq import _render, decode_ids
+
+        assert self.source_vocab is not None
+        beam = self.config.beam if beam is None else beam
+        if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
+            raise ConfigError(f"beam must be an integer ≥ 1, got {beam!r}")
+        limit = self.config.max_len if max_length is None else max_length
+        ids = [self.source_vocab.encode_array(s, dtype=np.int64) for s in sources]
+        for i, x in enumerate(ids):
+            if len(x) == 0:
+                raise DataError(f"source {i} has no tokens")
+        hyps = decode_ids(self.model, ids, self.device, batch_size, beam, limit + 1)
+        # limit + 1 steps leave room for </s>: an output that did not end is cut at limit
+        return [_render(self.vocab, h[:limit]) for h in hyps]
+
+    def _predict_events(
+        self, sessions: list[Any], batch_size: int, **options: Any
+    ) -> list[dict[str, Any]]:
+        from rnnkit.app.tasks.events import EventsModel, score_sessions
+
+        extras = self.extras or {}
+        run = EventsModel(
+            self.config, self.vocab, self.model, extras["thresholds"], extras.get("ngram")
+        )  # type: ignore[arg-type]
+        given = [
+            s if isinstance(s, Session) else Session(str(i), list(s))
+            for i, s in enumerate(sessions)
+        ]
+        return list(score_sessions(run, given, batch_size=batch_size, **options))
+
+    # ---- generate ------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        num: int = 1,
+        max_length: int = 200,
+        strategy: str = "sample",
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        beam_size: int = 4,
+        seed: int | None = None,
+        condition: str | None = None,
+    ) -> list[str]:
+        """``num`` continuations of ``prompt`` (the prompt not repeated); ``lm`` runs.
+
+        Args:
+            strategy: ``"sample"``, ``"greedy"`` or ``"beam"`` (``beam_size`` wide).
+            temperature, top_k, top_p: sampling options.
+            seed: the sampling seed (default the run's): the same seed, the same texts.
+            condition: the class to write for (a class-conditional ``lm``, required there).
+        """
+        from rnnkit.app.tasks.lm import sample_texts
+
+        if self.task != "lm":
+            raise self._not_for("generate")
+        if num < 1 or max_length < 1:
+            raise ConfigError(f"num and max_length must be ≥ 1, got {num} and {max_length}")
+        index = None
+        if self.labels is not None:
+            known = ", ".join(self.labels.labels)
+            if condition is None or self.labels.get(condition) is None:
+                raise ConfigError(f"this run is class-conditional: give condition= one of {known}")
+            index = self.labels.get(condition)
+        elif condition is not None:
+            raise ConfigError("condition= applies to a class-conditional run only")
+        try:
+            return sample_texts(
+                self.config,
+                self.vocab,
+                self.model,
+                prompt,
+                num=num,
+                max_length=max_length,
+                strategy=strategy,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                beam_size=beam_size,
+                seed=seed,
+                condition=index,
+            )
+        except ValueError as exc:  # an out-of-range sampling option, named by generate_batch
+            raise ConfigError(str(exc)) from None
+
+
+def load(run_dir: str | Path, device: str = "cpu") -> TrainedRun:
+    """Load the run directory ``rnnkit train`` wrote, whatever its task.
+
+    Args:
+        run_dir: the ``--out`` directory of ``rnnkit train``.
+        device: where the model goes (``"cpu"``, ``"cuda"``, ...).
+
+    Raises:
+        CheckpointError: a missing or inconsistent file, named.
+    """
+    run_dir = Path(run_dir)
+    task = task_of_run(run_dir)
+    if task == "lm":
+        from rnnkit.app.tasks.lm import lm_labels, load_lm
+
+        cfg, vocab, model = load_lm(run_dir, device)
+        return TrainedRun(run_dir, task, cfg, model, vocab, lm_labels(run_dir, cfg))
+    if task == "classify":
+        from rnnkit.app.tasks.classify import load_classifier
+
+        cfg, vocab, labels, model = load_classifier(run_dir, device)
+        return TrainedRun(run_dir, task, cfg, model, vocab, labels)
+    if task == "tag":
+        from rnnkit.app.tasks.tag import load_tagger
+
+        cfg, data, model = load_tagger(run_dir, device)
+        return TrainedRun(
+            run_dir, task, cfg, model, data.vocab, data.tags, extras={"chars": data.chars}
+        )
+    if task == "seq2seq":
+        from rnnkit.app.tasks.seq2seq import load_seq2seq
+
+        cfg, source, target, model = load_seq2seq(run_dir, device)
+        return TrainedRun(run_dir, task, cfg, model, target, source_vocab=source)
+    if task == "events":
+        from rnnkit.app.tasks.events import load_events
+
+        run = load_events(run_dir, device)
+        extras = {"thresholds": run.thresholds, "ngram": run.ngram}
+        return TrainedRun(run_dir, task, run.cfg, run.model, run.vocab, extras=extras)
+    raise ConfigError(f"{run_dir}: runs of task {task!r} cannot be loaded by this version")

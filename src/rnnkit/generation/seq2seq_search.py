@@ -1,0 +1,209 @@
+"""Batched decoding of transduction models: greedy and beam search with length
+normalisation, for any model with ``step(token (B,), state) -> (log_probs (B, V), state)``.
+
+Greedy search is :func:`rnnkit.generation.search.generate_batch`. Beam search is written here
+because its stopping rule matters for transduction: with ``early_stopping``, generation's
+beam search ends a source as soon as ``K`` hypotheses have ended, and a confident model
+ends low-probability beams early (their ``</s>`` ranks among the top ``K`` candidates
+while the one good beam is still going), so the search can stop before the best
+hypothesis is finished. The rule here (OpenNMT's): a source is done when the most
+probable candidate of a step is ``</s>`` (the top beam has ended) and at least ``num``
+hypotheses have ended; or when no live beam is left; or at ``max_length``.
+
+Conventions are generation's: ``</s>`` ends a hypothesis and is not in ``ids``; its
+log-probability is counted; ``score = logprob / n ** length_penalty`` with ``n`` the
+tokens drawn (``</s>`` included); live beams are ranked by log-probability (they all
+have the same length), finished ones by ``score``; a source whose search is over leaves
+the batch. With ``beam = 1`` this is exactly greedy search.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from rnnkit.generation.search import GenerationResult, generate_batch, select_state
+
+__all__ = ["beam_search", "decode_batch"]
+
+
+@torch.no_grad()
+def beam_search(
+    model: Any,
+    state: Any,
+    state_batch_dim: Any,
+    *,
+    beam: int,
+    max_length: int,
+    bos_id: int,
+    eos_id: int,
+    length_penalty: float = 1.0,
+    num: int = 1,
+    per_source: tuple[bool, ...] | None = None,
+) -> list[list[GenerationResult]]:
+    """Beam search for the ``S`` rows of ``state``, ``S·K`` rows per ``step`` call.
+
+    Args:
+        model: has ``step(token (B,), state) -> (log_probs (B, V), state)``.
+        state: the initial state of ``S`` sources (e.g. an encoder's).
+        state_batch_dim: the batch dimension of every state tensor (see
+            :func:`rnnkit.generation.search.select_state`).
+        beam: ``K ≥ 1``.  max_length: most tokens drawn per hypothesis (``</s>`` included).
+        bos_id, eos_id: the start and end symbols.
+        length_penalty: ``α`` in ``score = logprob / n ** α``.
+        num: hypotheses returned per source (``≤ K``).
+        per_source: for a tuple state, which of its parts are the same in all the beams
+            of a source (e.g. the encoder states a decoder attends to): those are selected
+            only when sources leave the batch, not when beams are reordered (a copy of
+            every beam's rows per step saved). None: every part is selected every step.
+
+    Returns:
+        ``S`` lists of at most ``num`` results, best score first.
+
+    >>> from torch import nn
+    >>> from rnnkit import GRU
+    >>> from rnnkit.models.language_model import LanguageModel
+    >>> _ = torch.manual_seed(0)
+    >>> lm = LanguageModel(nn.Embedding(6, 4), GRU(4, 8), nn.Linear(8, 6)).eval()
+    >>> start = torch.zeros(1, 1, 2, 8)  # two sources
+    >>> out = beam_search(lm, start, 2, beam=3, max_length=4, bos_id=2, eos_id=3, num=2)
+    >>> [len(h) for h in out], out[0][0].score >= out[0][1].score
+    ([2, 2], True)
+    """
+    if not isinstance(beam, int) or beam < 1:
+        raise ValueError(f"beam must be an integer ≥ 1, got {beam!r}")
+    if not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length must be an integer ≥ 1, got {max_length!r}")
+    if not 1 <= num <= beam:
+        raise ValueError(f"num must be in [1, beam = {beam}], got {num!r}")
+    K = beam
+    sizes: list[int] = []
+    _leaves(state, state_batch_dim, sizes)
+    S = sizes[0]
+    device = _device(state)
+    rows = torch.arange(S, device=device).repeat_interleave(K)
+    state = select_state(state, rows, state_batch_dim)
+    token = torch.full((S * K,), bos_id, dtype=torch.long, device=device)
+    beam_lp = torch.full((S, K), -math.inf, device=device)
+    beam_lp[:, 0] = 0.0  # one live beam per source at first; the others are placeholders
+    seqs = torch.zeros(S * K, 0, dtype=torch.long, device=device)  # (A·K, t)
+    sources = list(range(S))  # active position -> source
+    hyps: list[list[GenerationResult]] = [[] for _ in range(S)]
+
+    def add(source: int, ids: list[int], lp: float, finished: bool, n: int) -> None:
+        hyps[source].append(GenerationResult(ids, lp, finished, lp / n**length_penalty))
+
+    for t in range(max_length):
+        log_probs, state = model.step(token, state)
+        A, n = len(sources), t + 1
+        V = log_probs.shape[-1]
+        cand = beam_lp.unsqueeze(-1) + log_probs.view(A, K, V).float()  # (A, K, V)
+        top_lp, top_idx = cand.view(A, K * V).topk(min(2 * K, K * V), dim=-1)  # (A, C)
+        parent, tok = top_idx // V, top_idx % V
+        finite = torch.isfinite(top_lp)
+        is_eos = tok == eos_id
+        closes = is_eos & finite
+        closes[:, K:] = False  # only an </s> among the best K candidates ends a hypothesis
+        for a, c in closes.nonzero().tolist():
+            add(sources[a], seqs[a * K + int(parent[a, c])].tolist(), float(top_lp[a, c]), True, n)
+        live_lp, pick = top_lp.masked_fill(is_eos | ~finite, -math.inf).topk(K, dim=-1)
+        rows = (torch.arange(A, device=device) * K).view(-1, 1) + parent.gather(1, pick)
+        tok = tok.gather(1, pick)  # (A, K)
+        if t == max_length - 1:
+            for a, b in live_lp.isfinite().nonzero().tolist():
+                ids = [*seqs[int(rows[a, b])].tolist(), int(tok[a, b])]
+                add(sources[a], ids, float(live_lp[a, b]), False, n)
+            break
+        top_ended = (is_eos[:, 0] & finite[:, 0]).tolist()
+        any_live = live_lp[:, 0].isfinite().tolist()
+        keep = [
+            a
+            for a, s in enumerate(sources)
+            if any_live[a] and not (top_ended[a] and len(hyps[s]) >= num)
+        ]
+        if not keep:
+            break
+        keep_t = torch.tensor(keep, device=device)
+        rows, token = rows[keep_t].view(-1), tok[keep_t].view(-1)  # (A'·K,)
+        seqs = torch.cat([seqs[rows], token.view(-1, 1)], dim=1)
+        beam_lp = live_lp[keep_t]
+        if per_source is not None and len(keep) == A:
+            # Beams were reordered within their sources only: per-source parts stand.
+            state = type(state)(
+                *(
+                    part if same else select_state(part, rows, dim)
+                    for part, dim, same in zip(state, state_batch_dim, per_source, strict=True)
+                )
+            )
+        else:
+            state = select_state(state, rows, state_batch_dim)
+        sources = [sources[a] for a in keep]
+    return [sorted(h, key=lambda r: r.score, reverse=True)[:num] for h in hyps]
+
+
+def decode_batch(
+    model: Any,
+    state: Any,
+    state_batch_dim: Any,
+    *,
+    beam: int,
+    max_length: int,
+    bos_id: int,
+    eos_id: int,
+    length_penalty: float = 1.0,
+    num: int = 1,
+    per_source: tuple[bool, ...] | None = None,
+) -> list[list[GenerationResult]]:
+    """Greedy search (``beam = 1``, through ``generate_batch``) or :func:`beam_search`."""
+    if beam == 1 and num == 1:
+        return generate_batch(
+            model,
+            None,
+            max_length=max_length,
+            eos_id=eos_id,
+            bos_id=bos_id,
+            strategy="greedy",
+            length_penalty=length_penalty,
+            state=state,
+            state_batch_dim=state_batch_dim,
+        )
+    return beam_search(
+        model,
+        state,
+        state_batch_dim,
+        beam=beam,
+        max_length=max_length,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        length_penalty=length_penalty,
+        num=num,
+        per_source=per_source,
+    )
+
+
+def _leaves(state: Any, dim: Any, sizes: list[int]) -> None:
+    """Batch sizes of the tensor leaves of a nested state (``sizes`` is filled)."""
+    if state is None:
+        return
+    if isinstance(state, torch.Tensor):
+        sizes.append(state.shape[dim])
+        return
+    if isinstance(state, dict):
+        for k, v in state.items():
+            _leaves(v, dim[k] if isinstance(dim, dict) else dim, sizes)
+        return
+    dims = dim if isinstance(dim, (tuple, list)) else (dim,) * len(state)
+    for part, d in zip(state, dims, strict=True):
+        _leaves(part, d, sizes)
+
+
+def _device(state: Any) -> torch.device:
+    if isinstance(state, torch.Tensor):
+        return state.device
+    parts = state.values() if isinstance(state, dict) else (state or ())
+    for part in parts:
+        if part is not None:
+            return _device(part)
+    return torch.device("cpu")

@@ -1,0 +1,97 @@
+"""The `rnnkit` entry point itself: --version and the command list."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+import rnnkit
+from rnnkit.app.cli.main import SUBCOMMANDS, main
+
+
+def test_version_is_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"rnnkit {rnnkit.__version__}"
+
+
+def test_one_version_source():
+    """The installed distribution's version is read from rnnkit.__version__ (pyproject's
+    dynamic version), so the two cannot differ."""
+    assert importlib.metadata.version("rnnkit") == rnnkit.__version__
+
+
+def test_no_command_lists_the_commands(capsys):
+    assert main([]) == 2  # a usage error, like any other
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    for name in SUBCOMMANDS:  # module names; the command is spelled with "-"
+        assert f"\n    {name.replace('_', '-')}" in captured.err
+    assert "train a model" in captured.err
+    assert (
+        captured.err.splitlines()[-1]
+        == "rnnkit: error: no command given (one of the commands above)"
+    )
+
+
+def _subparsers():
+    from rnnkit.app.cli.main import build_parser
+
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return action.choices
+
+
+def test_every_command_takes_quiet_and_verbose_counted():
+    commands = _subparsers()
+    assert {name.replace("-", "_") for name in commands} == set(SUBCOMMANDS)
+    for name, sub in commands.items():
+        text = sub.format_help()
+        assert "-q, --quiet" in text and "-v, --verbose" in text, name
+        options = {a.dest: a for a in sub._actions}
+        for dest in ("quiet", "verbose"):  # one definition each, counted
+            assert type(options[dest]).__name__ == "_CountAction", (name, dest)
+
+
+@pytest.mark.parametrize(
+    ("flags", "level", "quiet"),
+    [([], "INFO", False), (["-q"], "WARNING", True), (["--quiet"], "WARNING", True),
+     (["-qq"], "ERROR", True), (["-v"], "DEBUG", False), (["-vv"], "DEBUG", False),
+     (["-q", "-v"], "INFO", False), (["-qqv"], "WARNING", True)],
+)  # fmt: skip
+def test_the_level_is_verbose_minus_quiet_and_restored_after(monkeypatch, flags, level, quiet):
+    from rnnkit import messages
+    from rnnkit.app.cli import report
+
+    seen = {}
+
+    def fake_run(args):
+        seen["level"], seen["quiet"] = messages.level_name(), args.quiet
+        return 0
+
+    monkeypatch.setattr(report, "run", fake_run)
+    assert main(["report", "--checkpoint", "nowhere", *flags]) == 0
+    assert seen == {"level": level, "quiet": quiet}
+    assert messages.level_name() == "INFO"  # as it was before main()
+
+
+def test_train_uses_the_tasks_own_defaults_unless_given():
+    """The command line's defaults of a task are ``TASK_DEFAULTS`` over ``TrainConfig``'s
+    (regress: --lr 0.005); an option typed at the global default value stays as typed,
+    and ``--help`` names the exception."""
+    from rnnkit.app.cli.main import build_parser, explicit_options
+    from rnnkit.app.cli.train import config_from_args
+
+    def config(*argv: str):
+        full = ["train", "--train", "x.jsonl", "--out", "r", *argv]
+        args = build_parser().parse_args(full)
+        args.explicit = explicit_options(full)
+        return config_from_args(args)
+
+    assert config("--task", "regress").lr == 0.005
+    assert config("--task", "regress", "--lr", "0.002").lr == 0.002
+    assert config("--task", "tag").lr == 0.002
+    help_text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    assert "learning rate (default 0.002; regress: 0.005)" in " ".join(help_text.split())

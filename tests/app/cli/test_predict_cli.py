@@ -1,0 +1,231 @@
+"""``rnnkit predict``: every task on tiny trained runs, each answer checked against the
+model run directly (its own forward pass, its unbatched decoder, or ``rnnkit score``), one
+JSON line per input line, streaming from a pipe, and bad input as one line."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rnnkit.app.cli.main import main
+from rnnkit.app.tasks.classify import load_classifier
+from rnnkit.app.tasks.lm import load_lm
+from rnnkit.app.tasks.seq2seq import transduce
+from rnnkit.app.tasks.tag import encode_tagged, load_tagger, word_key
+from rnnkit.data.events import write_sessions
+from rnnkit.data.generated import (
+    majority_letter_examples,
+    python_token_sentences,
+    stdlib_files,
+    write_labelled,
+    write_token_tags,
+)
+from rnnkit.data.generated_pairs import generate_pairs, write_pairs
+from rnnkit.data.generated_sessions import generate_sessions
+from rnnkit.data.tagged import TaggedSentence
+from rnnkit.data.vocab import BOS_ID, EOS_ID
+
+SRC = str(Path(__file__).resolve().parents[3] / "src")
+TINY = ["--hidden", "8", "--embedding", "8", "--batch-size", "8", "--quiet", "--no-report"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    yield
+
+
+def predict(run_cli, run: Path, path: Path, *extra: str) -> list[dict]:
+    code, out, err = run_cli("predict", "--checkpoint", str(run), "--input", str(path), *extra)
+    assert code == 0, err
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def one_line_error(code, err, *words):
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """One tiny trained run per task (a few steps: the answers are checked against the
+    same model, not for quality)."""
+    d = tmp_path_factory.mktemp("predict")
+    source = stdlib_files(["json"])[1].read_text(encoding="utf-8")
+    write_token_tags(python_token_sentences(source, max_tokens=12)[:32], d / "tags.tsv")
+    write_labelled(majority_letter_examples(48, seed=0), d / "labelled.tsv")
+    write_pairs(d / "pairs.tsv", generate_pairs("reverse", 48, seed=0, max_len=5))
+    (d / "text.txt").write_text("abc abd\nbca cab\n" * 30, encoding="utf-8")
+    write_sessions(d / "sessions.jsonl", generate_sessions(80, anomalies=0, seed=1))
+    write_sessions(d / "sessions_valid.jsonl", generate_sessions(40, anomalies=4, seed=2))
+    tasks = {
+        "tag": ["--task", "tag", "--train", str(d / "tags.tsv"), "--char-rnn"],
+        "classify": ["--task", "classify", "--train", str(d / "labelled.tsv")],
+        "seq2seq": ["--task", "seq2seq", "--train", str(d / "pairs.tsv"), "--beam", "2"],
+        "lm": ["--task", "lm", "--train", str(d / "text.txt"), "--bptt", "full"],
+        "lm_stream": ["--task", "lm", "--train", str(d / "text.txt"), "--bptt", "segment:8"],
+        "events": [
+            "--task", "events", "--train", str(d / "sessions.jsonl"),
+            "--valid", str(d / "sessions_valid.jsonl"), "--bptt", "full",
+        ],
+    }  # fmt: skip
+    out = {}
+    for name, argv in tasks.items():
+        out[name] = d / name
+        assert main(["train", *argv, "--out", str(out[name]), "--steps", "3", *TINY]) == 0
+    out["data"] = d
+    return out
+
+
+def test_tag_gives_the_argmax_tag_of_every_token(runs, run_cli, tmp_path):
+    lines = ["def f ( x ) :", "", "return zzunknownzz"]
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    got = predict(run_cli, runs["tag"], path, "--batch-size", "2")
+    assert len(got) == len(lines)
+    _, data, model = load_tagger(runs["tag"])
+    for line, record in zip(lines, got, strict=True):
+        tokens = line.split()
+        assert record["tokens"] == tokens
+        assert record["unknown"] == sum(word_key(t) not in data.vocab.stoi for t in tokens)
+        if not tokens:
+            assert record["tags"] == []
+            continue
+        enc = encode_tagged([TaggedSentence(tokens, [""] * len(tokens))], data)
+        words = torch.from_numpy(enc.words[0])[None]
+        chars = torch.from_numpy(enc.chars[0])[None]
+        with torch.no_grad():
+            best = model(words, torch.ones_like(words, dtype=torch.bool), chars).argmax(-1)[0]
+        assert record["tags"] == [data.tags.labels[i] for i in best.tolist()]
+
+
+def test_classify_gives_softmax_probabilities_and_their_argmax(runs, run_cli, tmp_path):
+    texts = ["aab", "bbbbba", "c", "abcabcabc"]
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    got = predict(run_cli, runs["classify"], path, "--batch-size", "3")
+    _, vocab, labels, model = load_classifier(runs["classify"])
+    for text, record in zip(texts, got, strict=True):
+        ids = torch.tensor([vocab.encode(text)])
+        with torch.no_grad():
+            probs = F.softmax(model(ids), dim=-1)[0].double()
+        want = dict(zip(labels.labels, probs.tolist(), strict=True))
+        assert record["probabilities"] == pytest.approx(want, abs=1e-6)
+        assert sum(record["probabilities"].values()) == pytest.approx(1.0)
+        assert record["label"] == labels.labels[int(probs.argmax())]
+    assert len(got) == len(texts)
+
+
+def test_seq2seq_batched_beam_equals_one_source_at_a_time(runs, run_cli, tmp_path):
+    sources = ["abc", "dcbae", "a", "bb", "edcba"]
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(sources) + "\n", encoding="utf-8")
+    got = predict(run_cli, runs["seq2seq"], path, "--batch-size", "4")
+    assert [r["input"] for r in got] == sources
+    for source, record in zip(sources, got, strict=True):
+        assert record["output"] == transduce(runs["seq2seq"], source)  # the run's beam 2
+    greedy = predict(run_cli, runs["seq2seq"], path, "--beam", "1", "--max-length", "3")
+    for source, record in zip(sources, greedy, strict=True):
+        assert record["output"] == transduce(runs["seq2seq"], source, beam=1, max_length=3)
+
+
+@pytest.mark.parametrize("name", ["lm", "lm_stream"])
+def test_lm_logprobs_equal_the_teacher_forced_forward_pass(runs, run_cli, tmp_path, name):
+    texts = ["abc abd", "cab", "zz"]
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    got = predict(run_cli, runs[name], path, "--batch-size", "2")
+    _, vocab, model = load_lm(runs[name])
+    newline = vocab.stoi["\n"]
+    for text, record in zip(texts, got, strict=True):
+        ids = vocab.encode(text)
+        if name == "lm":  # sequences: <s> text </s>
+            inputs, targets = [BOS_ID, *ids], [*ids, EOS_ID]
+        else:  # a char stream: the line follows a newline and ends with one
+            inputs, targets = [newline, *ids], [*ids, newline]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([inputs])).logits[0], dim=-1)
+        want = logp.gather(1, torch.tensor(targets).view(-1, 1)).view(-1).double()
+        assert record["logprobs"] == pytest.approx(want.tolist(), abs=1e-5)
+        assert record["surprise"] == pytest.approx((-want / math.log(2)).tolist(), abs=1e-5)
+        assert record["nats"] == pytest.approx(float(-want.sum()), abs=1e-5)
+        assert len(record["tokens"]) == len(targets)
+    assert got[2]["unknown"] == 2  # "z" was never seen
+
+
+def test_events_answers_are_the_score_records(runs, capsys, run_cli):
+    sessions = runs["data"] / "sessions_valid.jsonl"
+    got = predict(run_cli, runs["events"], sessions)
+    code, out, err = run_cli(
+        "score", "--checkpoint", str(runs["events"]), "--data", str(sessions), "--quiet"
+    )
+    assert code == 0, err
+    assert got == [json.loads(line) for line in out.splitlines()]
+    assert len(got) == len(sessions.read_text().splitlines())
+
+
+def test_stdin_is_answered_line_by_line_as_it_arrives(runs):
+    """A pipe gets each answer before the next line is written (batch size 8 does not make
+    it wait for 8 lines)."""
+    env = {**os.environ, "PYTHONPATH": SRC, "RNNKIT_NATIVE": "0"}
+    argv = [sys.executable, "-m", "rnnkit", "predict", "--checkpoint", str(runs["classify"]),
+            "--input", "-", "--batch-size", "8"]  # fmt: skip
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as proc:
+        watchdog = threading.Timer(120, proc.kill)  # a process that waits fails, never hangs
+        watchdog.start()
+        try:
+            answers = []
+            for text in ("aab", "bba", "abab"):
+                proc.stdin.write(text + "\n")
+                proc.stdin.flush()
+                answers.append(json.loads(proc.stdout.readline()))  # blocks until answered
+            proc.stdin.close()
+            assert proc.stdout.read() == ""
+            assert proc.wait(timeout=120) == 0, proc.stderr.read()
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                proc.kill()
+    assert [set(a) for a in answers] == [{"label", "probabilities", "tokens", "unknown"}] * 3
+
+
+def test_bad_input_is_one_line_naming_file_and_line(runs, run_cli, tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_text("aab\n\nbb\n", encoding="utf-8")
+    code, out, err = run_cli("predict", "--checkpoint", str(runs["classify"]), "--input", str(path),
+        "--batch-size", "1",
+    )  # fmt: skip
+    one_line_error(code, err, f"{path}:2", "empty text")
+    assert len(out.splitlines()) == 1  # the answer before the bad line stands
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"ab\n\xff\xfe\n")
+    code, _, err = run_cli("predict", "--checkpoint", str(runs["classify"]), "--input", str(bad))
+    one_line_error(code, err, "not UTF-8")
+    session = tmp_path / "s.jsonl"
+    session.write_text('{"session": "a", "events": ["x"]}\n{"session": 3}\n', encoding="utf-8")
+    code, _, err = run_cli("predict", "--checkpoint", str(runs["events"]), "--input", str(session))
+    one_line_error(code, err, f"{session}:2")
+    code, _, err = run_cli(
+        "predict", "--checkpoint", str(runs["tag"]), "--input", str(path), "--beam", "2"
+    )
+    one_line_error(code, err, "--beam does not apply to a tag checkpoint")
+    code, _, err = run_cli("predict", "--checkpoint", str(tmp_path / "none"), "--input", str(path))
+    assert code == 2 and len(err.strip().splitlines()) == 1

@@ -1,0 +1,94 @@
+"""The report's anomaly-detection section: its figures and tables are there, with the
+numbers of the run's own stored scores."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rnnkit.anomaly.scores import SCORES
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.report import render_report, write_report
+from rnnkit.app.tasks.events import train
+from rnnkit.data.events import write_sessions
+from rnnkit.data.generated_sessions import generate_sessions
+from rnnkit.metrics.detection import detection_metrics
+
+
+def _train(tmp: Path, valid_anomalies: int) -> Path:
+    write_sessions(tmp / "train.jsonl", generate_sessions(60, seed=1))
+    write_sessions(tmp / "valid.jsonl", generate_sessions(50, anomalies=valid_anomalies, seed=2))
+    cfg = TrainConfig(
+        task="events",
+        train=str(tmp / "train.jsonl"),
+        valid=str(tmp / "valid.jsonl"),
+        out=str(tmp / "run"),
+        hidden=12,
+        embedding=6,
+        epochs=2,
+        batch_size=16,
+        lr=1e-2,
+        bptt="full",
+        ngram_order=3,
+        extra={"target_fpr": 0.05, "top_g": 3},
+    ).validate()
+    torch.set_num_threads(1)
+    train(cfg, quiet=True)
+    return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def labelled_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _train(tmp_path_factory.mktemp("detection"), valid_anomalies=10)
+
+
+def _section(html: str) -> str:
+    start = html.index('<section id="detection">')
+    return html[start : html.index("</section>", start)]
+
+
+def test_detection_section_shows_curves_histograms_and_verdicts(labelled_run: Path) -> None:
+    html = render_report(labelled_run)
+    assert '<a href="#detection">Anomaly detection</a>' in html
+    body = _section(html)
+    alts = re.findall(r'<img src="data:image/png;base64,[^"]+" alt="([^"]+)"', body)
+    assert alts == ["ROC and precision-recall curves", "score histograms, normal against anomalous"]
+    assert "Labelled validation sessions: 40 normal, 10 anomalous" in body
+    assert "Clopper–Pearson" in body
+    assert "The highest-scoring validation sessions" in body and " nats" in body
+    # One row per detector and score, with the verdicts at the stored thresholds.
+    doc = json.loads((labelled_run / "thresholds.json").read_text())
+    summary = json.loads((labelled_run / "summary.json").read_text())
+    for model, label in (("rnn", "LSTM 1×12"), ("ngram", "3-gram")):
+        rows = re.findall(rf"<tr><td>{re.escape(label)}</td>.*?</tr>", body)
+        assert len(rows) == len(SCORES)
+        m = summary["detection"][model]["max"]
+        row = next(r for r in rows if "<b>max</b>" in r)
+        cells = re.findall(r'<td class="num">([^<]*)</td>', row)
+        assert cells[5:9] == [str(m[k]) for k in ("tp", "fp", "fn", "tn")]
+        assert float(cells[-1]) == pytest.approx(doc[model]["max"], rel=1e-3)
+
+
+def test_stored_scores_reproduce_the_summary(labelled_run: Path) -> None:
+    from safetensors.numpy import load_file
+
+    arrays = load_file(str(labelled_run / "valid_scores.safetensors"))
+    doc = json.loads((labelled_run / "thresholds.json").read_text())
+    summary = json.loads((labelled_run / "summary.json").read_text())
+    for score in SCORES:
+        normal, anomalous = arrays[f"rnn/{score}"], arrays[f"anomalous/rnn/{score}"]
+        labels = np.r_[np.zeros(normal.size), np.ones(anomalous.size)]
+        m = detection_metrics(np.r_[normal, anomalous], labels, doc["rnn"][score])
+        assert m == pytest.approx(summary["detection"]["rnn"][score])
+
+
+def test_without_labelled_anomalies_only_the_normal_histogram(tmp_path: Path) -> None:
+    run = _train(tmp_path, valid_anomalies=0)
+    body = _section(write_report(run).read_text(encoding="utf-8"))
+    assert body.count("<img ") == 1
+    assert "No labelled anomalous validation sessions" in body

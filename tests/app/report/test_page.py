@@ -1,0 +1,282 @@
+"""The HTML report of a run: one self-contained file (every picture a PNG ``data:`` URI,
+nothing fetched), with the run's metrics, baseline, samples, gradient flow and config.
+
+Real run directories come from ``train_lm`` on a tiny generated corpus (a few seconds).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import random
+import re
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.report import REPORT_NAME, render_report, write_report
+from rnnkit.app.tasks.lm import train_lm
+from rnnkit.errors import CheckpointError
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "hat"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    yield
+
+
+def corpus(lines: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return "".join(
+        " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 7))) + "\n" for _ in range(lines)
+    )
+
+
+def tiny_run(root: Path, name: str, **options) -> Path:
+    """Train a tiny language model into ``root/name``; returns the run directory."""
+    data = root / f"{name}-data"
+    data.mkdir()
+    (data / "train.txt").write_text(corpus(120, 0), encoding="utf-8")
+    (data / "valid.txt").write_text(corpus(20, 1), encoding="utf-8")
+    settings = {
+        "task": "lm",
+        "train": str(data / "train.txt"),
+        "valid": str(data / "valid.txt"),
+        "out": str(root / name),
+        "cell": "rnn",
+        "hidden": 12,
+        "embedding": 8,
+        "batch_size": 4,
+        "bptt": "segment:16",
+        "steps": 60,
+        "eval_every": 20,
+        "clip_norm": 1.0,
+        "ngram_order": 3,
+        "seed": 0,
+        **options,
+    }
+    train_lm(TrainConfig(**settings).validate(), quiet=True)
+    return root / name
+
+
+class Page(HTMLParser):
+    """Every tag with its attributes, and the text of ``<style>`` and ``<script>``."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.open: list[str] = []
+        self.styles: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        self.open.append(tag)
+
+    def handle_endtag(self, tag):
+        if self.open and self.open[-1] == tag:
+            self.open.pop()
+
+    def handle_data(self, data):
+        if self.open and self.open[-1] == "style":
+            self.styles.append(data)
+        self.text.append(data)
+
+    def of(self, tag: str) -> list[dict[str, str | None]]:
+        return [attrs for t, attrs in self.tags if t == tag]
+
+
+def parse(text: str) -> Page:
+    page = Page()
+    page.feed(text)
+    page.close()
+    return page
+
+
+def check_self_contained(text: str) -> Page:
+    """The checks every report passes; returns the parsed page."""
+    assert text.startswith("<!DOCTYPE html>")
+    page = parse(text)
+    assert not page.of("script") and not page.of("link") and not page.of("iframe")
+    assert "http://" not in text and "https://" not in text
+    csp = [m for m in page.of("meta") if m.get("http-equiv") == "Content-Security-Policy"]
+    assert csp and "default-src 'none'" in csp[0]["content"]
+    for tag, attrs in page.tags:  # no attribute points anywhere but into the page
+        for key in ("src", "href", "srcset", "action", "poster", "data"):
+            value = attrs.get(key)
+            if value is not None and tag != "img":
+                assert value.startswith("#"), (tag, key, value)
+    assert not any("url(" in s or "@import" in s for s in page.styles)
+    images = page.of("img")
+    assert images
+    for attrs in images:
+        src = attrs["src"]
+        prefix = "data:image/png;base64,"
+        assert src.startswith(prefix)
+        png = base64.b64decode(src[len(prefix) :], validate=True)
+        assert png[:8] == PNG_SIGNATURE
+        with Image.open(io.BytesIO(png)) as im:
+            im.load()  # decodes the whole image
+            assert im.size == (int(attrs["width"]), int(attrs["height"]))
+        assert attrs.get("alt")
+    return page
+
+
+@pytest.fixture(scope="module")
+def rnn_run(tmp_path_factory) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("runs"), "rnn")
+
+
+@pytest.fixture(scope="module")
+def rnn_report(rnn_run) -> tuple[Path, str]:
+    path = write_report(rnn_run)
+    return path, path.read_text(encoding="utf-8")
+
+
+def test_default_path_and_one_self_contained_file(rnn_run, rnn_report):
+    path, text = rnn_report
+    assert path == rnn_run / REPORT_NAME
+    page = check_self_contained(text)
+    # loss, gradient norm, gradient flow, step and lag contributions, next symbol, hidden
+    assert len(page.of("img")) == 7
+    assert not [p for p in rnn_run.iterdir() if p.name.endswith(".tmp")]  # atomic write
+
+
+def test_report_holds_metrics_baseline_samples_and_config(rnn_run, rnn_report):
+    _, text = rnn_report
+    summary = json.loads((rnn_run / "summary.json").read_text())
+    valid, ngram = summary["valid"], summary["ngram"]
+    for value in (valid["loss_nats"], valid["bits_per_char"], valid["perplexity"]):
+        assert f"{value:.4g}" in text
+    for value in (ngram["loss_nats"], ngram["bits_per_char"]):
+        assert f"{value:.4g}" in text
+    assert "3-gram Kneser–Ney baseline" in text
+    assert re.search(r"bits per character (better|worse)</b> than the n-gram", text)
+    ids = [m.group(1) for m in re.finditer(r'<section id="([a-z]+)"', text)]
+    assert ids == ["metrics", "training", "samples", "gradients", "predictions", "config"]
+    samples = text.split('<section id="samples">')[1].split("</section>")[0]
+    assert samples.count("<pre>") == 3
+    assert "steps clipped" in text and f"of {summary['steps']:,}" in text
+    assert "<th>hidden</th><td>12</td>" in text  # the configuration table
+    assert "<th>γλ</th>" in text  # the simple cell's bound numbers
+
+
+def test_contribution_bars_match_the_models_backward_pass(rnn_report):
+    _, text = rnn_report
+
+    def row(label: str) -> float:
+        m = re.search(re.escape(f"<th>{label}</th><td class=num>") + r"([-0-9.e+,]+)</td>", text)
+        assert m, label
+        return float(m.group(1).replace(",", ""))
+
+    bars = row("‖∂L/∂W_hh‖: sum of the bars")
+    reference = row("‖∂L/∂W_hh‖: backward pass of the model")
+    assert bars == pytest.approx(reference, rel=1e-3)
+    assert bars > 0
+
+
+def test_out_path_directory_and_rewrite(rnn_run, tmp_path, monkeypatch):
+    import rnnkit.app.report.page as page
+
+    monkeypatch.setattr(page, "render_report", lambda run_dir: "<!DOCTYPE html>")
+    out = write_report(rnn_run, tmp_path / "sub" / "r.html")
+    assert out == tmp_path / "sub" / "r.html" and out.is_file()
+    into = write_report(rnn_run, tmp_path)  # a directory gets report.html inside
+    assert into == tmp_path / REPORT_NAME
+    assert sorted(p.name for p in tmp_path.iterdir()) == [REPORT_NAME, "sub"]
+
+
+def test_report_of_a_run_without_summary_or_corpus(rnn_run, tmp_path):
+    """A run cut short (no summary, a half-written log line) whose corpus has gone:
+    the report still renders, from the log and from text the model generates."""
+    run = tmp_path / "run"
+    shutil.copytree(rnn_run, run, ignore=shutil.ignore_patterns("snapshots", REPORT_NAME))
+    (run / "summary.json").unlink()
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"event": "train", "st')
+    config = json.loads((run / "config.json").read_text())
+    config["config"]["train"] = str(tmp_path / "gone.txt")
+    config["config"]["valid"] = None
+    (run / "config.json").write_text(json.dumps(config))
+    text = render_report(run)
+    check_self_contained(text)
+    assert "1 unreadable line(s) of metrics.jsonl" in text
+    assert "text generated by the model" in text
+    assert "model (best, step " in text  # from the logged evaluations
+
+
+def test_missing_or_foreign_directory_is_a_checkpoint_error(tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint directory"):
+        write_report(tmp_path / "nope")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"config\.json"):
+        write_report(tmp_path)
+    assert not (tmp_path / REPORT_NAME).exists()
+
+
+def test_two_layer_word_lstm(tmp_path):
+    run = tiny_run(tmp_path, "lstm", cell="lstm", layers=2, unit="word", steps=60, bptt="segment:8")
+    text = write_report(run).read_text(encoding="utf-8")
+    page = check_self_contained(text)
+    assert len(page.of("img")) == 7
+    assert "<th>layer0</th>" in text and "<th>layer1</th>" in text  # gate saturation rows
+    assert "<th>γλ</th>" not in text  # the bound is for the simple cell
+    assert "bits per character" not in text.split('<section id="training">')[0]
+    assert "f saturated" in text
+
+
+def test_seq2seq_run_gets_attention_heatmaps(tmp_path):
+    """A seq2seq run directory (untrained weights, nothing logged yet): the report draws
+    one attention map per validation pair and says that no metrics were recorded."""
+    seq2seq = pytest.importorskip("rnnkit.app.tasks.seq2seq")
+    from rnnkit.app.tasks.run import save_config
+    from rnnkit.data.vocab import Vocabulary
+    from rnnkit.training.checkpoint import save_model_weights
+
+    pairs = ["ab cd\tdc ba", "cd\tdc", "ab ab cd\tdc ba ba", "cd ab\tba dc"]
+    (tmp_path / "pairs.tsv").write_text("\n".join(pairs) + "\n", encoding="utf-8")
+    run = tmp_path / "run"
+    cfg = TrainConfig(
+        task="seq2seq",
+        train=str(tmp_path / "pairs.tsv"),
+        valid=str(tmp_path / "pairs.tsv"),
+        out=str(run),
+        attention="dot",
+        hidden=8,
+        embedding=8,
+    ).validate()
+    source = Vocabulary.from_text("".join(p.split("\t")[0] for p in pairs))
+    target = Vocabulary.from_text("".join(p.split("\t")[1] for p in pairs))
+    run.mkdir()
+    source.save(run / "source_vocab.json")
+    target.save(run / "vocab.json")
+    save_config(run, cfg, source_vocab_size=len(source), target_vocab_size=len(target))
+    torch.manual_seed(0)
+    model = seq2seq.build_model(cfg, len(source), len(target))
+    save_model_weights(model, run / "model.safetensors")
+    text = write_report(run).read_text(encoding="utf-8")
+    page = check_self_contained(text)
+    attention = text.split('<section id="attention">')[1].split("</section>")[0]
+    assert attention.count("<img ") == 3
+    assert "ab cd → dc ba" in attention
+    assert "No validation metrics were recorded." in text
+    assert len(page.of("img")) == 4  # the (empty) loss curve and three maps
+
+
+def test_the_examples_of_docs_diagnostics_run():
+    import doctest
+
+    docs = Path(__file__).resolve().parents[3] / "docs" / "diagnostics.md"
+    result = doctest.testfile(
+        str(docs), module_relative=False, optionflags=doctest.ELLIPSIS, verbose=False
+    )
+    assert result.attempted > 20
+    assert result.failed == 0

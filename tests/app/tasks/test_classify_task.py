@@ -1,0 +1,210 @@
+"""``rnnkit train --task classify`` and ``rnnkit evaluate`` end to end on tiny generated
+data (the majority-letter task), char and word units, every pooling, unknown labels at
+evaluation, and bad input reported as one line naming file and line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rnnkit.app.cli.main import main
+from rnnkit.app.tasks.classify import load_classifier
+from rnnkit.data.generated import majority_letter_examples, write_labelled
+from rnnkit.data.labelled import LabelledExample, read_labelled
+from rnnkit.metrics.labels import confusion_matrix, macro_f1
+
+TINY = ["--hidden", "8", "--embedding", "8", "--batch-size", "8", "--quiet"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    yield
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("classify")
+    write_labelled(majority_letter_examples(64, seed=0), d / "train.tsv")
+    write_labelled(majority_letter_examples(24, seed=1), d / "valid.tsv")
+    words = [LabelledExample(e.label, " ".join(e.text), 0) for e in majority_letter_examples(40)]
+    write_labelled(words, d / "words.tsv")
+    return d
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def train(capsys, data, out, *extra, train_file="train.tsv", valid_file="valid.tsv"):
+    valid = ["--valid", str(data / valid_file)] if valid_file else []
+    return run(
+        capsys,
+        "train",
+        "--task",
+        "classify",
+        "--train",
+        str(data / train_file),
+        *valid,
+        "--out",
+        str(out),
+        *TINY,
+        *extra,
+    )
+
+
+def evaluate_json(capsys, out, path) -> dict:
+    code, stdout, err = run(
+        capsys, "evaluate", "--checkpoint", str(out), "--data", str(path), "--json"
+    )
+    assert code == 0, err
+    return json.loads(stdout)
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean", "max"])
+def test_train_then_evaluate_json(capsys, data, tmp_path, pooling):
+    out = tmp_path / "run"
+    code, stdout, err = train(
+        capsys, data, out, "--epochs", "2", "--pooling", pooling, "--bidirectional", "--json"
+    )
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["task"] == "classify" and summary["steps"] == 16
+    assert summary["labels"] == ["a", "b", "c"]
+    assert set(summary["baselines"]) == {"majority", "bag_of_ngrams"}
+    m = evaluate_json(capsys, out, data / "valid.tsv")
+    assert m["tokens"] == m["examples"] == 24 and m["unknown_labels"] == 0
+    assert m["loss_nats"] == pytest.approx(summary["valid"]["loss_nats"])
+    # Figures recomputed by hand from the model's own predictions.
+    _, vocab, labels, model = load_classifier(out)
+    examples = read_labelled(data / "valid.tsv")
+    pred = [
+        labels.labels[int(model.predict(torch.tensor([vocab.encode(e.text)]))[0])] for e in examples
+    ]
+    gold = [e.label for e in examples]
+    assert m["accuracy"] == pytest.approx(sum(g == p for g, p in zip(gold, pred, strict=True)) / 24)
+    assert m["macro_f1"] == pytest.approx(macro_f1(gold, pred, labels.labels))
+    assert m["confusion_matrix"] == confusion_matrix(gold, pred, labels.labels)
+    assert m["labels"] == labels.labels
+    assert set(m["per_class_f1"]) == {"a", "b", "c"}
+
+
+def test_word_units_and_held_out_validation(capsys, data, tmp_path):
+    out = tmp_path / "words"
+    code, _, err = train(
+        capsys,
+        data,
+        out,
+        "--unit",
+        "word",
+        "--steps",
+        "3",
+        "--cell",
+        "gru",
+        train_file="words.tsv",
+        valid_file=None,
+    )
+    assert code == 0, err
+    vocab = json.loads((out / "vocab.json").read_text())
+    assert vocab["unit"] == "word" and set(vocab["tokens"][4:]) == set("abcxyz")
+    assert evaluate_json(capsys, out, data / "words.tsv")["tokens"] == 40
+
+
+def test_unknown_labels_are_counted_not_fatal(capsys, data, tmp_path):
+    out = tmp_path / "run"
+    assert train(capsys, data, out, "--steps", "2")[0] == 0
+    extra = tmp_path / "extra.tsv"
+    extra.write_text("a\taaab\nzzz\taxb\nzzz\tccc\nq\tb\n", encoding="utf-8")
+    m = evaluate_json(capsys, out, extra)
+    assert m["tokens"] == 1 and m["unknown_labels"] == 3
+    assert m["unknown_label_counts"] == {"q": 1, "zzz": 2}
+    assert sum(map(sum, m["confusion_matrix"])) == 1
+    only_unknown = tmp_path / "unknown.tsv"
+    only_unknown.write_text("zzz\taxb\n", encoding="utf-8")
+    m = evaluate_json(capsys, out, only_unknown)
+    assert m["tokens"] == 0 and m["loss_nats"] is None and m["accuracy"] is None
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("a\tabc\nb abc\n", ":2: line has no tab (expected label<TAB>text)"),
+        ("a\tabc\n\tabc\n", ":2: empty label (expected label<TAB>text)"),
+        ("a\tabc\n\n\nb\t \n", ":4: empty text (expected label<TAB>text)"),
+    ],
+)
+def test_bad_input_is_one_line_naming_file_and_line(capsys, tmp_path, content, message):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text(content, encoding="utf-8")
+    out = tmp_path / "run"
+    code, _, err = run(
+        capsys, "train", "--task", "classify", "--train", str(bad), "--out", str(out), *TINY
+    )
+    assert code == 2
+    assert err.strip() == f"rnnkit train: error: {bad}{message}"
+    assert not out.exists() or not (out / "model.safetensors").exists()
+
+
+def test_evaluate_bad_file_and_wrong_task(capsys, data, tmp_path):
+    out = tmp_path / "run"
+    assert train(capsys, data, out, "--steps", "1")[0] == 0
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("a\tok\nnot labelled\n", encoding="utf-8")
+    code, _, err = run(capsys, "evaluate", "--checkpoint", str(out), "--data", str(bad))
+    assert code == 2 and err.strip().endswith(f"{bad}:2: line has no tab (expected label<TAB>text)")
+    from rnnkit.app.tasks.tag import load_tagger
+    from rnnkit.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="task is 'classify', not 'tag'"):
+        load_tagger(out)
+
+
+def test_resume_continues_exactly(capsys, data, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert train(capsys, data, straight, "--steps", "6", "--eval-every", "3")[0] == 0
+    assert train(capsys, data, split, "--steps", "3", "--eval-every", "3")[0] == 0
+    assert train(capsys, data, split, "--steps", "6", "--eval-every", "3", "--resume")[0] == 0
+    a = json.loads((straight / "summary.json").read_text())["valid"]
+    b = json.loads((split / "summary.json").read_text())["valid"]
+    assert a["loss_nats"] == pytest.approx(b["loss_nats"], rel=1e-6)
+
+
+def test_pretrained_vectors_are_counted_and_a_wrong_dimension_is_one_line(capsys, data, tmp_path):
+    vectors = tmp_path / "v.txt"
+    vectors.write_text("a 1 0 0 0 0 0 0 0\nb 0 1 0 0 0 0 0 0\nqq 0 0 1 0 0 0 0 0\n")
+    code, out, err = train(
+        capsys, data, tmp_path / "p", "--pretrained-vectors", str(vectors), "--steps", "2",
+        "--json", "-v",  # -v cancels TINY's -q: the default level, where notes show
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["pretrained_vectors"]["found"] == 2  # a and b, not qq
+    assert "rnnkit: pretrained vectors: 2 of" in err and "vocabulary words found" in err
+    # -q (TINY's) keeps only warnings and errors; summary.json has the count either way.
+    code, _, err = train(capsys, data, tmp_path / "p2", "--pretrained-vectors", str(vectors),
+                         "--steps", "1")  # fmt: skip
+    assert code == 0 and "vocabulary words found" not in err, err
+    vectors.write_text("a 1 0 0\n")
+    code, _, err = train(capsys, data, tmp_path / "q", "--pretrained-vectors", str(vectors))
+    assert code == 2 and f"{vectors}:1:" in err and "--embedding" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_majority_baseline_breaks_ties_by_label_order():
+    """Of equally frequent labels the first in label order, whatever order the lines come
+    in (a file's order would make the baseline depend on how the data was shuffled)."""
+    import numpy as np
+
+    from rnnkit.app.tasks.classify import EncodedExamples, fit_baselines
+
+    def majority(labels: list[int]) -> int:
+        inputs = [np.array([1 + i % 3, 2], dtype=np.int64) for i in range(len(labels))]
+        train = EncodedExamples([], inputs, np.array(labels, dtype=np.int64))
+        return fit_baselines(train, vocab_size=5, num_labels=3).majority
+
+    assert majority([2, 1, 2, 1, 0]) == 1  # 1 and 2 twice each: 1 comes first
+    assert majority([1, 2, 2, 1, 2]) == 2
+    assert majority([2, 2, 0, 0, 1, 1]) == 0

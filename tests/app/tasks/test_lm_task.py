@@ -1,0 +1,270 @@
+"""The lm task pipeline: data preparation, train_lm / evaluate_lm / load_lm agreement,
+exact resume of sequence-mode training, and the errors of incompatible run directories."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.lm import (
+    _train_batches,
+    evaluate_lm,
+    load_lm,
+    prepare_lm_data,
+    prompt_ids,
+    train_lm,
+)
+from rnnkit.data.vocab import BOS_ID, EOS_ID, UNK_ID, Vocabulary
+from rnnkit.errors import CheckpointError, DataError
+from rnnkit.training.checkpoint import atomic_write_json
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "hat"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    # Tiny models: threads only add contention (and time) on a shared machine.
+    yield
+
+
+def corpus(lines=80, seed=0):
+    rng = random.Random(seed)
+    return "".join(
+        " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 7))) + "\n" for _ in range(lines)
+    )
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    (d / "train.txt").write_text(corpus(80, 0), encoding="utf-8")
+    (d / "valid.txt").write_text(corpus(12, 1), encoding="utf-8")
+    return d
+
+
+def tiny(texts, out=None, **changes):
+    values = dict(
+        train=str(texts / "train.txt"),
+        out=str(out or texts / "run"),
+        hidden=12,
+        embedding=8,
+        batch_size=4,
+        bptt="segment:16",
+        steps=4,
+        ngram_order=3,
+    )
+    return TrainConfig(**{**values, **changes}).validate()
+
+
+@pytest.fixture(scope="module")
+def run(texts, tmp_path_factory):
+    """One trained run with a separate validation file (4 steps, one validation)."""
+    out = tmp_path_factory.mktemp("run")
+    cfg = tiny(texts, out, valid=str(texts / "valid.txt"), dropout=0.1)
+    return cfg, out, train_lm(cfg, quiet=True)
+
+
+# -- data -------------------------------------------------------------------------------------
+def test_stream_split_keeps_every_character_and_cuts_at_a_line(texts):
+    data = prepare_lm_data(tiny(texts, valid_fraction=0.2))
+    text = (texts / "train.txt").read_text()
+    train, valid = data.vocab.decode(data.train_stream), data.vocab.decode(data.valid_stream)
+    assert train + valid == text
+    assert train.endswith("\n") and 0.15 < len(valid) / len(text) < 0.25
+    assert data.train_stream.dtype == np.int64 and UNK_ID not in data.train_stream
+
+
+def test_line_documents_end_with_eos(texts):
+    data = prepare_lm_data(tiny(texts, doc_boundary="line"))
+    lines = (texts / "train.txt").read_text().splitlines()
+    eos = int((data.train_stream == EOS_ID).sum() + (data.valid_stream == EOS_ID).sum())
+    assert eos == len(lines) and data.train_stream[-1] == EOS_ID
+    newline = data.vocab.stoi.get("\n", -1)
+    assert newline not in data.train_stream and newline not in data.valid_stream
+
+
+def test_eos_lines_end_with_eos_and_carry_the_state(tmp_path):
+    # Penn Treebank style: one sentence per line, a literal <unk>, spaces around words.
+    (tmp_path / "ptb.txt").write_text(" a <unk> b \n b a \n\n a <unk> \n", encoding="utf-8")
+    cfg = TrainConfig(
+        train=str(tmp_path / "ptb.txt"),
+        valid=str(tmp_path / "ptb.txt"),
+        unit="word",
+        doc_boundary="eos",
+        bptt="segment:3",
+        batch_size=1,
+    ).validate()
+    data = prepare_lm_data(cfg)
+    assert data.vocab.itos[4:] == ["a", "b"]  # <unk> is the special, not a word
+    a, b = data.vocab.stoi["a"], data.vocab.stoi["b"]
+    expected = [a, UNK_ID, b, EOS_ID, b, a, EOS_ID, a, UNK_ID, EOS_ID]
+    assert data.train_stream.tolist() == data.valid_stream.tolist() == expected
+    # eos: the state is reset only where an epoch starts; line: after every </s> as well.
+    eos_starts = torch.cat([batch.starts for batch in _train_batches(cfg, data)], dim=1)
+    assert eos_starts[0].nonzero().view(-1).tolist() == [0]
+    line = TrainConfig(**{**cfg.to_dict(), "doc_boundary": "line"}).validate()
+    line_data = prepare_lm_data(line)
+    assert line_data.train_stream.tolist() == expected
+    line_starts = torch.cat([batch.starts for batch in _train_batches(line, line_data)], dim=1)
+    assert line_starts[0].nonzero().view(-1).tolist() == [0, 3, 6]
+
+
+def test_empty_prompt_starts_after_eos_where_lines_end_with_it(tmp_path):
+    vocab = Vocabulary(["a", "b"], unit="word")
+    for boundary, first in (("none", BOS_ID), ("eos", EOS_ID), ("line", EOS_ID)):
+        cfg = TrainConfig(train="x", unit="word", doc_boundary=boundary)
+        assert prompt_ids(cfg, vocab, None) == ([first], 0)
+        assert prompt_ids(cfg, vocab, "b zz") == ([vocab.stoi["b"], UNK_ID], 1)
+
+
+def test_sequence_mode_has_one_sequence_per_line_cut_at_max_len(texts):
+    data = prepare_lm_data(tiny(texts, bptt="full", valid=str(texts / "valid.txt")))
+    lines = (texts / "train.txt").read_text().splitlines()
+    assert [data.vocab.decode(s) for s in data.train_seqs] == lines
+    short = prepare_lm_data(tiny(texts, bptt="window:4", max_len=5, unit="word"))
+    assert max(len(s) for s in short.train_seqs) == 5
+    n_words = sum(len(s) for s in short.train_seqs + short.valid_seqs)
+    assert n_words == len((texts / "train.txt").read_text().split())
+
+
+def test_corpus_too_small_to_hold_out_validation(tmp_path):
+    (tmp_path / "one.txt").write_text("just one line\n")
+    cfg = TrainConfig(train=str(tmp_path / "one.txt")).validate()
+    with pytest.raises(DataError, match=r"one\.txt: corpus too small.*--valid"):
+        prepare_lm_data(cfg)
+
+
+# -- train / evaluate / load agree -------------------------------------------------------------
+def test_run_directory_and_summary(run):
+    _cfg, out, summary = run
+    for name in ("config.json", "vocab.json", "model.safetensors", "latest.json"):
+        assert (out / name).is_file(), name
+    assert summary["steps"] == 4 and summary["valid"]["step"] == 4
+    valid, ngram = summary["valid"], summary["ngram"]
+    assert valid["perplexity"] == pytest.approx(math.exp(valid["loss_nats"]))
+    assert valid["bits_per_char"] == pytest.approx(valid["loss_nats"] / math.log(2))
+    assert ngram["order"] == 3 and math.isfinite(ngram["loss_nats"])
+    assert json.loads((out / "summary.json").read_text()) == summary
+
+
+def test_recurrent_and_ngram_are_scored_on_the_same_tokens(run):
+    _, _, summary = run
+    assert summary["ngram"]["tokens"] == summary["valid"]["tokens"]
+
+
+def test_evaluate_on_the_validation_file_reproduces_the_summary(run, texts):
+    _cfg, out, summary = run
+    metrics = evaluate_lm(out, str(texts / "valid.txt"))
+    assert metrics["tokens"] == summary["valid"]["tokens"]
+    assert metrics["loss_nats"] == pytest.approx(summary["valid"]["loss_nats"], rel=1e-6)
+    assert metrics["ngram"] == pytest.approx(summary["ngram"], rel=1e-9)
+
+
+def test_load_lm_gives_the_saved_weights_in_eval_mode(run):
+    cfg, out, _ = run
+    loaded_cfg, vocab, model = load_lm(out)
+    assert loaded_cfg == cfg and not model.training
+    saved = load_file(str(out / "model.safetensors"))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, saved[name])
+    assert len(vocab) == model.vocab_size
+
+
+def test_unknown_characters_are_scored_as_unk(run, tmp_path):
+    _, out, _ = run
+    (tmp_path / "odd.txt").write_text("the cat sat on the ☃ mat\nand ran\n")
+    metrics = evaluate_lm(out, str(tmp_path / "odd.txt"))
+    assert metrics["tokens"] > 0 and math.isfinite(metrics["loss_nats"])
+
+
+# -- exact resume -------------------------------------------------------------------------------
+def snapshot_weights(out):
+    pointer = json.loads((out / "latest.json").read_text())
+    return pointer["step"], load_file(str(out / pointer["snapshot"] / "model.safetensors"))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(bptt="window:3", cell="gru", dropout=0.2),
+        dict(bptt="segment:8", doc_boundary="line", dropout=0.2, layers=2),
+    ],
+    ids=["window-sequences", "segment-streams-lines"],
+)
+def test_train_lm_resume_equals_one_run(texts, tmp_path, changes):
+    straight = train_lm(tiny(texts, tmp_path / "a", steps=9, **changes), quiet=True)
+    train_lm(tiny(texts, tmp_path / "b", steps=4, **changes), quiet=True)
+    resumed = train_lm(tiny(texts, tmp_path / "b", steps=9, **changes), resume=True, quiet=True)
+    assert straight["steps"] == resumed["steps"] == 9
+    (step_a, a), (step_b, b) = snapshot_weights(tmp_path / "a"), snapshot_weights(tmp_path / "b")
+    assert step_a == step_b == 9
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+# -- incompatible run directories ----------------------------------------------------------------
+def test_resume_with_another_model_is_refused(run, texts):
+    cfg, _out, _ = run
+    changed = TrainConfig(**{**cfg.to_dict(), "hidden": 16})
+    with pytest.raises(CheckpointError, match=r"config\.json.*'hidden'.*incompatible"):
+        train_lm(changed, resume=True, quiet=True)
+
+
+def test_load_lm_refuses_a_vocabulary_of_another_size(run, tmp_path):
+    _, out, _ = run
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("config.json", "vocab.json", "model.safetensors"):
+        (copy / name).write_bytes((out / name).read_bytes())
+    config = json.loads((copy / "config.json").read_text())
+    config["vocab_size"] += 1
+    atomic_write_json(copy / "config.json", config)
+    with pytest.raises(CheckpointError, match=r"vocab\.json: \d+ tokens but config\.json"):
+        load_lm(copy)
+
+
+def test_load_lm_refuses_weights_of_another_width(run, tmp_path):
+    _, out, _ = run
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("config.json", "vocab.json", "model.safetensors"):
+        (copy / name).write_bytes((out / name).read_bytes())
+    config = json.loads((copy / "config.json").read_text())
+    config["config"]["hidden"] = 10
+    atomic_write_json(copy / "config.json", config)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors.*another configuration"):
+        load_lm(copy)
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda c: c["config"].update(hiden=3), "unknown keys"),
+        (lambda c: c["config"].update(steps="4"), "steps must be int"),
+        (lambda c: c.update(format_version=99), "not an rnnkit checkpoint"),
+        (lambda c: c["config"].update(task="tag"), "not 'lm'"),
+    ],
+)
+def test_load_lm_refuses_a_bad_config_json(run, tmp_path, edit, words):
+    _, out, _ = run
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("config.json", "vocab.json", "model.safetensors"):
+        (copy / name).write_bytes((out / name).read_bytes())
+    config = json.loads((copy / "config.json").read_text())
+    edit(config)
+    atomic_write_json(copy / "config.json", config)
+    with pytest.raises(CheckpointError, match=rf"config\.json.*{words}"):
+        load_lm(copy)
+
+
+def test_load_lm_of_a_missing_directory(tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint directory"):
+        load_lm(tmp_path / "nope")

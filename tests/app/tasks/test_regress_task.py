@@ -1,0 +1,145 @@
+"""``rnnkit train --task regress``, ``evaluate`` and ``predict`` end to end on tiny noisy
+sinusoids: the persistence baseline against a hand computation, the metrics against the
+model run on each sequence alone, CSV input, and bad input as one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rnnkit.app.cli.main import main
+from rnnkit.app.tasks.regress import load_regressor
+from rnnkit.data.vectors import read_vector_sequences
+
+TINY = ["--cell", "gru", "--hidden", "8", "--batch-size", "8", "--quiet", "--no-report"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    yield
+
+
+def sinusoids(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        t = rng.uniform(0, 6.3) + 0.4 * np.arange(int(rng.integers(3, 12)))
+        out.append(np.stack([np.sin(t), np.cos(t)], 1) + 0.01 * rng.normal(size=(len(t), 2)))
+    return out
+
+
+def write_jsonl(path: Path, seqs: list[np.ndarray]) -> None:
+    lines = [json.dumps({"seq": s.tolist(), "y": [float(s[:, 0].mean())]}) for s in seqs]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("regress")
+    write_jsonl(d / "train.jsonl", sinusoids(40, 0))
+    write_jsonl(d / "valid.jsonl", sinusoids(10, 1))
+    for split, seqs in (("csv_train", sinusoids(8, 2)), ("csv_valid", sinusoids(3, 3))):
+        (d / split).mkdir()
+        for i, s in enumerate(seqs):
+            rows = "\n".join(",".join(f"{v:.6f}" for v in row) for row in s)
+            (d / split / f"s{i:02d}.csv").write_text("sin,cos\n" + rows + "\n", encoding="utf-8")
+    return d
+
+
+def train(run_cli, data, out, *extra, train="train.jsonl", valid="valid.jsonl"):
+    return run_cli("train", "--task", "regress", "--train", str(data / train),
+               "--valid", str(data / valid), "--out", str(out), *TINY, *extra)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "next"
+    argv = ["train", "--task", "regress", "--train", str(data / "train.jsonl"), "--valid",
+            str(data / "valid.jsonl"), "--out", str(out), *TINY, "--steps", "20"]  # fmt: skip
+    assert main(argv) == 0
+    return out
+
+
+def test_summary_has_the_persistence_baseline_computed_by_hand(trained, data):
+    summary = json.loads((trained / "summary.json").read_text())
+    seqs = [s.values.astype(np.float64) for s in read_vector_sequences(data / "valid.jsonl")]
+    errors = np.concatenate([(s[1:] - s[:-1]).ravel() for s in seqs])
+    assert summary["baselines"]["persistence"]["mse"] == pytest.approx(
+        float((errors**2).mean()), rel=1e-5
+    )
+    assert summary["valid"]["baseline_mse"] == pytest.approx(
+        summary["baselines"]["persistence"]["mse"]
+    )
+    assert summary["task"] == "regress" and summary["input_size"] == summary["output_size"] == 2
+
+
+def test_evaluate_equals_the_model_on_each_sequence_alone(trained, data, run_cli):
+    code, out, err = run_cli("evaluate", "--checkpoint", str(trained), "--data",
+                         str(data / "valid.jsonl"), "--json")  # fmt: skip
+    assert code == 0, err
+    metrics = json.loads(out)
+    _, _, model = load_regressor(trained)
+    sq, n = 0.0, 0
+    for s in read_vector_sequences(data / "valid.jsonl"):
+        x = torch.from_numpy(s.values)[None]
+        with torch.no_grad():
+            mean = model(x[:, :-1]).mean[0]
+        sq += float(((mean - x[0, 1:]) ** 2).sum())
+        n += mean.numel()
+    assert metrics["elements"] == n
+    assert metrics["mse"] == pytest.approx(sq / n, rel=1e-5)
+    assert metrics["rmse"] == pytest.approx((sq / n) ** 0.5, rel=1e-5)
+
+
+def test_predict_gives_the_next_value_after_every_step(trained, data, run_cli, tmp_path):
+    lines = (data / "valid.jsonl").read_text().splitlines()[:3]
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    code, out, err = run_cli("predict", "--checkpoint", str(trained), "--input", str(path))
+    assert code == 0, err
+    _, _, model = load_regressor(trained)
+    for line, answer in zip(lines, out.splitlines(), strict=True):
+        x = torch.tensor(json.loads(line)["seq"], dtype=torch.float32)[None]
+        with torch.no_grad():
+            want = model(x).mean[0]
+        np.testing.assert_allclose(json.loads(answer)["prediction"], want.numpy(), atol=1e-6)
+
+
+def test_value_target_gaussian_and_csv_directories(data, tmp_path, run_cli):
+    code, out, err = train(run_cli, data, tmp_path / "v", "--target", "value", "--loss",
+                           "gaussian", "--bidirectional", "--steps", "4", "--json")  # fmt: skip
+    assert code == 0, err
+    summary = json.loads(out)
+    assert (summary["target"], summary["loss"], summary["output_size"]) == ("value", "gaussian", 1)
+    code, out, err = train(run_cli, data, tmp_path / "c", "--steps", "3", "--json",
+                           train="csv_train", valid="csv_valid")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["input_size"] == 2
+    code, _, err = train(run_cli, data, tmp_path / "cv", "--target", "value",
+                         train="csv_train", valid="csv_valid")  # fmt: skip
+    assert code == 2 and '"y"' in err and "s00.csv" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "words"),
+    [
+        ("1,2\n3,4\n5,6,7\n", (), ["bad.csv:3", "row has 3 values"]),
+        ("1,2\n3,four\n", (), ["bad.csv:2", "not a number: 'four'"]),
+        ("1,2\n3,4\n", ("--embedding", "8"), ["--embedding does not apply to --task regress"]),
+        ("1,2\n3,4\n", ("--bidirectional",), ["--bidirectional", "--target next"]),
+    ],
+)
+def test_bad_input_is_one_line(data, tmp_path, run_cli, content, extra, words):
+    (tmp_path / "bad.csv").write_text(content, encoding="utf-8")
+    out = tmp_path / "run"
+    bad = str(tmp_path / "bad.csv")
+    code, _, err = run_cli("train", "--task", "regress", "--train", bad, "--valid",
+                       str(data / "csv_valid"), "--out", str(out), *TINY, *extra)  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err
+    assert not (out / "model.safetensors").exists()

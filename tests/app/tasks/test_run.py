@@ -1,0 +1,150 @@
+"""The glue every task shares (``rnnkit.app.tasks.run``): the loop's options from the config."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.run import model_spec, run_settings, train_options
+from rnnkit.errors import ConfigError
+from rnnkit.models.spec import ModelSpec
+from rnnkit.training.baseline_check import RunSettings
+
+
+def test_every_loop_option_comes_from_the_config() -> None:
+    cfg = TrainConfig(
+        train="corpus.txt",
+        epochs=3,
+        steps=17,
+        max_time=12.5,
+        clip_norm=0.5,
+        clip_value=2.0,
+        eval_every=4,
+        patience=2,
+        on_nonfinite="skip",
+        precision="bf16",
+    ).validate()
+    opts = train_options(cfg, quiet=True, units="bits")
+    got = dataclasses.asdict(opts)
+    for name in (
+        "epochs",
+        "steps",
+        "max_time",
+        "clip_norm",
+        "clip_value",
+        "eval_every",
+        "patience",
+        "on_nonfinite",
+        "precision",
+    ):
+        assert got[name] == getattr(cfg, name), name
+    assert opts.quiet is True and opts.units == "bits"
+
+
+def test_on_nonfinite_is_validated_naming_the_option() -> None:
+    with pytest.raises(ConfigError, match="--on-nonfinite must be one of stop, skip"):
+        TrainConfig(train="corpus.txt", on_nonfinite="ignore").validate()
+
+
+def test_prepare_run_dir_refuses_an_existing_run_and_overwrite_removes_only_run_files(tmp_path):
+    from rnnkit.app.tasks.run import prepare_run_dir
+    from rnnkit.errors import CheckpointError
+
+    prepare_run_dir(tmp_path / "new")  # a new path: fine, nothing created
+    assert not (tmp_path / "new").exists()
+    out = tmp_path / "run"
+    (out / "snapshots" / "step-1").mkdir(parents=True)
+    for name in ("config.json", "metrics.jsonl", "report.html", "mine.txt"):
+        (out / name).write_text("x")
+    with pytest.raises(ConfigError, match=r"already holds a run \(snapshots, report\.html\)"):
+        prepare_run_dir(out)
+    with pytest.raises(ConfigError, match="--resume and --overwrite exclude each other"):
+        prepare_run_dir(out, resume=True, overwrite=True)
+    prepare_run_dir(out, resume=True)  # continuing it is fine
+    prepare_run_dir(out, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
+    with pytest.raises(CheckpointError, match="holds no run to continue"):
+        prepare_run_dir(out, resume=True)
+    # A run that failed before it saved anything (config and log only) is no run to
+    # protect: a new run replaces what it left.
+    for name in ("config.json", "vocab.json", "metrics.jsonl"):
+        (out / name).write_text("x")
+    prepare_run_dir(out)
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
+
+
+def test_the_python_api_refuses_to_train_over_a_run_too(tmp_path):
+    from rnnkit.app.tasks.lm import train_lm
+
+    (tmp_path / "c.txt").write_text("ab ba abba\n" * 40)
+    cfg = TrainConfig(
+        train=str(tmp_path / "c.txt"), out=str(tmp_path / "r"), hidden=4, embedding=4, steps=1
+    ).validate()
+    train_lm(cfg, quiet=True)
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train_lm(cfg, quiet=True)
+    assert train_lm(cfg, quiet=True, overwrite=True)["steps"] == 1
+
+
+def test_a_held_lock_refuses_a_second_holder_with_the_pid(tmp_path):
+    import os
+
+    from rnnkit.app.tasks.run import lock_run_dir
+
+    with (
+        lock_run_dir(tmp_path / "r"),
+        pytest.raises(
+            ConfigError, match=rf"in use by another rnnkit process \(pid {os.getpid()}\)"
+        ),
+        lock_run_dir(tmp_path / "r"),
+    ):
+        pass
+    with lock_run_dir(tmp_path / "r"):  # released at the end of the first
+        pass
+    assert not (tmp_path / "r").exists()  # created for nothing: removed again
+
+
+def test_model_spec_defaults_are_the_train_defaults() -> None:
+    """``ModelSpec()`` is the model of ``rnnkit train`` with no option given: every field
+    is a train option of the same name and default."""
+    assert model_spec(TrainConfig(train="x")) == ModelSpec()
+
+
+def test_model_spec_carries_every_model_option() -> None:
+    changed = {
+        "cell": "gru",
+        "hidden": 9,
+        "layers": 2,
+        "bidirectional": True,
+        "embedding": 5,
+        "tie_weights": True,
+        "dropout": 0.25,
+        "nonlinearity": "relu",
+        "update": "keep",
+        "reset": "after",
+        "recompute": 4,
+        "length": "stop",
+        "max_len": 33,
+        "wiring": "jordan",
+        "condition": "init",
+        "pooling": "mean",
+        "char_rnn": True,
+        "attention": "additive",
+        "context": "both",
+        "attention_wiring": "after",
+    }
+    assert set(changed) == {f.name for f in dataclasses.fields(ModelSpec)}
+    spec = model_spec(TrainConfig(train="x", **changed))
+    assert dataclasses.asdict(spec) == changed
+
+
+def test_run_settings_are_the_configs() -> None:
+    assert run_settings(TrainConfig(train="x")) == RunSettings()
+    cfg = TrainConfig(train="x", steps=7, epochs=None, max_time=3.5, lr=0.1, hidden=9,
+                      layers=3, dropout=0.5)  # fmt: skip
+    assert dataclasses.asdict(run_settings(cfg)) == {
+        "steps": 7, "epochs": None, "max_time": 3.5, "lr": 0.1, "hidden": 9, "layers": 3,
+        "dropout": 0.5,
+    }  # fmt: skip

@@ -1,0 +1,214 @@
+"""``rnnkit train --task tag`` and ``rnnkit evaluate`` end to end on tiny generated data
+(Python token tags of a stdlib module, and a BIO variant), CoNLL-U input, exact resume,
+unknown tags at evaluation, and bad input reported as one line naming file and line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rnnkit.app.cli.main import main
+from rnnkit.app.tasks.tag import load_tagger, word_key
+from rnnkit.data.generated import python_token_sentences, stdlib_files, write_token_tags
+from rnnkit.metrics.labels import accuracy
+
+TINY = ["--hidden", "8", "--embedding", "8", "--batch-size", "8", "--quiet"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    yield
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("tag")
+    source = stdlib_files(["json"])[1].read_text(encoding="utf-8")  # json/decoder.py
+    for scheme in ("types", "bio"):
+        sentences = python_token_sentences(source, scheme=scheme, max_tokens=20)
+        write_token_tags(sentences[:48], d / f"{scheme}_train.tsv")
+        write_token_tags(sentences[48:64], d / f"{scheme}_valid.tsv")
+    return d
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def train(capsys, data, out, scheme="types", *extra):
+    return run(
+        capsys,
+        "train",
+        "--task",
+        "tag",
+        "--train",
+        str(data / f"{scheme}_train.tsv"),
+        "--valid",
+        str(data / f"{scheme}_valid.tsv"),
+        "--out",
+        str(out),
+        *TINY,
+        *extra,
+    )
+
+
+def evaluate_json(capsys, out, path) -> dict:
+    code, stdout, err = run(
+        capsys, "evaluate", "--checkpoint", str(out), "--data", str(path), "--json"
+    )
+    assert code == 0, err
+    return json.loads(stdout)
+
+
+def test_train_then_evaluate_json(capsys, data, tmp_path):
+    out = tmp_path / "run"
+    code, stdout, err = train(capsys, data, out, "types", "--epochs", "2", "--char-rnn", "--json")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["task"] == "tag" and summary["steps"] == 12
+    assert {"vocab.json", "labels.json", "chars.json", "model.safetensors"} <= {
+        p.name for p in out.iterdir()
+    }
+    m = evaluate_json(capsys, out, data / "types_valid.tsv")
+    n_tokens = sum(1 for line in (data / "types_valid.tsv").read_text().splitlines() if line)
+    assert m["tokens"] == n_tokens and m["unknown_labels"] == 0
+    assert m["loss_nats"] == pytest.approx(summary["valid"]["loss_nats"])
+    for key in ("accuracy", "oov_accuracy", "macro_f1", "per_tag_f1", "perplexity"):
+        assert key in m
+    assert 0 <= m["accuracy"] <= 1 and m["oov_tokens"] > 0
+    assert set(m["per_tag_f1"]) == set(summary["tags"])
+    assert "span_f1" not in m  # not a BIO tag set
+    # The accuracy is the model's own predictions scored by hand.
+    _, tag_data, model = load_tagger(out)
+    from rnnkit.data.tagged import read_token_tags
+
+    sentences = read_token_tags(data / "types_valid.tsv")
+    gold, pred = [], []
+    for s in sentences:
+        words = torch.tensor([[tag_data.vocab.stoi.get(word_key(t), 1) for t in s.tokens]])
+        chars = torch.zeros(1, len(s.tokens), 30, dtype=torch.long)
+        for i, t in enumerate(s.tokens):
+            ids = tag_data.chars.encode(t[:16] + t[-8:] if len(t) > 24 else t)
+            chars[0, i, : len(ids)] = torch.tensor(ids)
+        pred += [tag_data.tags.labels[j] for j in model.predict(words, None, chars)[0].tolist()]
+        gold += s.tags
+    assert m["accuracy"] == pytest.approx(accuracy(gold, pred))
+    # Text output (no --json) prints one line per figure.
+    code, stdout, _ = run(
+        capsys, "evaluate", "--checkpoint", str(out), "--data", str(data / "types_valid.tsv")
+    )
+    assert code == 0 and "accuracy:" in stdout and "per_tag_f1:" in stdout
+
+
+def test_bio_tags_report_span_f1(capsys, data, tmp_path):
+    out = tmp_path / "bio"
+    assert train(capsys, data, out, "bio", "--steps", "3", "--cell", "gru")[0] == 0
+    m = evaluate_json(capsys, out, data / "bio_valid.tsv")
+    assert {"span_precision", "span_recall", "span_f1"} <= set(m)
+    assert 0 <= m["span_f1"] <= 1
+
+
+def test_unknown_tags_are_counted_not_fatal(capsys, data, tmp_path):
+    out = tmp_path / "run"
+    assert train(capsys, data, out, "types", "--steps", "2")[0] == 0
+    extra = tmp_path / "extra.tsv"
+    extra.write_text(
+        (data / "types_valid.tsv").read_text() + "foo\tMYSTERY\nbar\tMYSTERY\n(\tOP\n\n",
+        encoding="utf-8",
+    )
+    base = evaluate_json(capsys, out, data / "types_valid.tsv")
+    m = evaluate_json(capsys, out, extra)
+    assert m["unknown_labels"] == 2 and m["unknown_label_counts"] == {"MYSTERY": 2}
+    assert m["tokens"] == base["tokens"] + 1  # only the known "(" is scored
+
+
+def test_conllu_input_with_tag_column(capsys, tmp_path):
+    rows = []
+    for i, (form, upos, xpos) in enumerate(
+        [("the", "DET", "DT"), ("cat", "NOUN", "NN"), ("sat", "VERB", "VBD")] * 4
+    ):
+        if i % 3 == 0:
+            rows.append(f"# sent_id = {i}")
+        rows.append(f"{i % 3 + 1}\t{form}\t{form}\t{upos}\t{xpos}\t_\t0\troot\t_\t_")
+        if i % 3 == 2:
+            rows.append("")
+    path = tmp_path / "tiny.conllu"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    code, _, err = run(
+        capsys,
+        "train",
+        "--task",
+        "tag",
+        "--train",
+        str(path),
+        "--valid",
+        str(path),
+        "--out",
+        str(out),
+        "--tag-column",
+        "xpos",
+        "--steps",
+        "2",
+        *TINY,
+    )
+    assert code == 0, err
+    assert json.loads((out / "labels.json").read_text())["labels"] == ["DT", "NN", "VBD"]
+    assert evaluate_json(capsys, out, path)["tokens"] == 12
+
+
+def test_resume_continues_exactly(capsys, data, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert train(capsys, data, straight, "types", "--steps", "6", "--eval-every", "3")[0] == 0
+    assert train(capsys, data, split, "types", "--steps", "3", "--eval-every", "3")[0] == 0
+    code, _, err = run(
+        capsys,
+        "train",
+        "--task",
+        "tag",
+        "--train",
+        str(data / "types_train.tsv"),
+        "--valid",
+        str(data / "types_valid.tsv"),
+        "--out",
+        str(split),
+        "--resume",
+        "--steps",
+        "6",
+        "--eval-every",
+        "3",
+        *TINY,
+    )
+    assert code == 0, err
+    a = json.loads((straight / "summary.json").read_text())["valid"]
+    b = json.loads((split / "summary.json").read_text())["valid"]
+    assert a["loss_nats"] == pytest.approx(b["loss_nats"], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("a\tX\nb Y\n", ":2: line has no tab (expected token<TAB>tag)"),
+        ("a\tX\nb\tY\tZ\n", ":2: expected token<TAB>tag, got 3 tab-separated fields"),
+        ("a\tX\n\tY\n", ":2: empty token (expected token<TAB>tag)"),
+        (
+            "# c\n1\ta\ta\tX\t_\t_\t0\troot\t_\n",
+            ":2: malformed CoNLL-U line: expected 10 tab-separated columns, got 9",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_naming_file_and_line(capsys, tmp_path, content, message):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text(content, encoding="utf-8")
+    out = tmp_path / "run"
+    code, _, err = run(
+        capsys, "train", "--task", "tag", "--train", str(bad), "--out", str(out), *TINY
+    )
+    assert code == 2
+    assert err.strip() == f"rnnkit train: error: {bad}{message}"
+    assert not (out / "model.safetensors").exists()

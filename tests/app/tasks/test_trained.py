@@ -1,0 +1,149 @@
+"""``rnnkit.load(run_dir)`` for every task: the loaded object's predict/generate agree with
+the command line's own paths (``evaluate``'s figures, ``generate``/``transduce``, the events
+scorer) on tiny runs trained here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import rnnkit
+from rnnkit.app.cli.main import main
+from rnnkit.app.tasks.events import load_events, score_sessions
+from rnnkit.app.tasks.seq2seq import transduce
+from rnnkit.app.tasks.trained import TrainedRun
+from rnnkit.data.events import write_sessions
+from rnnkit.data.generated import (
+    majority_letter_examples,
+    python_token_sentences,
+    stdlib_files,
+    write_labelled,
+    write_token_tags,
+)
+from rnnkit.data.generated_pairs import generate_pairs, write_pairs
+from rnnkit.data.generated_sessions import generate_sessions
+from rnnkit.data.labelled import read_labelled
+from rnnkit.data.pairs import read_pairs
+from rnnkit.data.tagged import read_tagged
+from rnnkit.errors import ConfigError
+
+TINY = ["--hidden", "8", "--embedding", "8", "--batch-size", "8", "--quiet"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    yield
+
+
+def _train(out: Path, task: str, train: Path, *extra: str) -> Path:
+    argv = ["train", "--task", task, "--train", str(train), "--out", str(out), *TINY, *extra]
+    assert main(argv) == 0
+    return out
+
+
+def _evaluate(run: Path, data: Path, capsys) -> dict:
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(run), "--data", str(data), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_classify_predict_matches_evaluate(tmp_path, capsys):
+    write_labelled(majority_letter_examples(48, seed=0), tmp_path / "train.tsv")
+    write_labelled(majority_letter_examples(20, seed=1), tmp_path / "test.tsv")
+    run_dir = _train(tmp_path / "run", "classify", tmp_path / "train.tsv", "--steps", "12")
+    run = rnnkit.load(run_dir)
+    assert isinstance(run, TrainedRun) and run.task == "classify"
+    assert isinstance(run.model, rnnkit.models.Classifier) and not run.model.training
+    examples = read_labelled(str(tmp_path / "test.tsv"))
+    predicted = run.predict([e.text for e in examples], batch_size=7)  # padded batches
+    assert set(predicted) <= set(run.labels.labels)
+    accuracy = sum(p == e.label for p, e in zip(predicted, examples, strict=True)) / len(examples)
+    assert accuracy == pytest.approx(_evaluate(run_dir, tmp_path / "test.tsv", capsys)["accuracy"])
+    # One at a time (no padding): the same answers.
+    assert [run.predict([e.text])[0] for e in examples[:5]] == predicted[:5]
+    with pytest.raises(ConfigError, match="generate\\(\\) does not apply to a classify run"):
+        run.generate("x")
+    with pytest.raises(ConfigError, match="a list of inputs"):
+        run.predict("abc")
+
+
+def test_tag_predict_matches_evaluate(tmp_path, capsys):
+    source = stdlib_files(["json"])[1].read_text(encoding="utf-8")
+    sentences = python_token_sentences(source, scheme="types", max_tokens=12)
+    write_token_tags(sentences[:32], tmp_path / "train.tsv")
+    write_token_tags(sentences[32:44], tmp_path / "test.tsv")
+    run_dir = _train(tmp_path / "run", "tag", tmp_path / "train.tsv", "--steps", "8", "--char-rnn")
+    run = rnnkit.load(run_dir)
+    assert run.extras["chars"] is not None
+    gold, _ = read_tagged(str(tmp_path / "test.tsv"))
+    predicted = run.predict([s.tokens for s in gold], batch_size=5)
+    assert [len(p) for p in predicted] == [len(s.tokens) for s in gold]
+    hits = [
+        p == g
+        for s, pred in zip(gold, predicted, strict=True)
+        for p, g in zip(pred, s.tags, strict=True)
+    ]
+    accuracy = sum(hits) / len(hits)
+    figures = _evaluate(run_dir, tmp_path / "test.tsv", capsys)
+    assert figures["unknown_labels"] == 0
+    assert accuracy == pytest.approx(figures["accuracy"])
+    assert run.predict([" ".join(gold[0].tokens)]) == predicted[:1]  # a string is split
+
+
+def test_seq2seq_predict_matches_transduce_and_exact_match(tmp_path, capsys):
+    write_pairs(tmp_path / "train.tsv", generate_pairs("reverse", 48, seed=0, max_len=4))
+    write_pairs(tmp_path / "test.tsv", generate_pairs("reverse", 10, seed=1, max_len=4))
+    run_dir = _train(tmp_path / "run", "seq2seq", tmp_path / "train.tsv", "--steps", "10")
+    run = rnnkit.load(run_dir)
+    assert run.source_vocab is not None
+    pairs = read_pairs(str(tmp_path / "test.tsv"))
+    outputs = run.predict([p.source for p in pairs], batch_size=3)
+    assert outputs == [transduce(run_dir, p.source) for p in pairs]
+    exact = sum(o == p.target for o, p in zip(outputs, pairs, strict=True)) / len(pairs)
+    assert exact == pytest.approx(_evaluate(run_dir, tmp_path / "test.tsv", capsys)["exact_match"])
+    assert run.predict([pairs[0].source], beam=2) == [transduce(run_dir, pairs[0].source, beam=2)]
+
+
+def test_events_predict_matches_the_scorer(tmp_path):
+    write_sessions(tmp_path / "train.jsonl", generate_sessions(40, seed=1))
+    run_dir = _train(
+        tmp_path / "run", "events", tmp_path / "train.jsonl", "--steps", "6", "--bptt", "full"
+    )
+    run = rnnkit.load(run_dir)
+    sessions = generate_sessions(9, anomalies=3, seed=3, prefix="t")
+    mine = run.predict([s.events for s in sessions], batch_size=4)
+    reference = list(score_sessions(load_events(run_dir), sessions, batch_size=4))
+    assert [m["score"] for m in mine] == [r["score"] for r in reference]
+    assert [m["verdict"] for m in mine] == [r["verdict"] for r in reference]
+    assert run.predict(sessions, top_k=2)[0]["session"] == sessions[0].session
+
+
+def test_lm_generate_matches_the_generate_command(tmp_path, capsys):
+    text = "the cat sat on the mat. the dog sat on the log.\n" * 20
+    (tmp_path / "train.txt").write_text(text, encoding="utf-8")
+    run_dir = _train(tmp_path / "run", "lm", tmp_path / "train.txt", "--steps", "5")
+    run = rnnkit.load(run_dir)
+    assert isinstance(run.model, rnnkit.models.LanguageModel)
+    assert run.vocab.unit == "char" and run.labels is None
+    texts = run.generate("the ", num=2, max_length=12, seed=4)
+    capsys.readouterr()
+    argv = ["generate", "--checkpoint", str(run_dir), "--prompt", "the ", "--num", "2"]
+    assert main([*argv, "--max-length", "12", "--seed", "4", "--json"]) == 0
+    printed = [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()]
+    assert printed == [f"the {t}" for t in texts]
+    assert run.generate("the ", max_length=8, seed=4) == run.generate("the ", max_length=8, seed=4)
+    assert len(run.generate(strategy="greedy", max_length=5)) == 1
+    with pytest.raises(ConfigError, match="predict\\(\\) does not apply to a lm run"):
+        run.predict(["x"])
+    with pytest.raises(ConfigError, match="class-conditional run only"):
+        run.generate(condition="a")
+
+
+def test_load_names_a_missing_run(tmp_path):
+    with pytest.raises(rnnkit.errors.CheckpointError, match="nothing: no such checkpoint"):
+        rnnkit.load(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(rnnkit.errors.RnnkitError, match=r"empty/config\.json"):
+        rnnkit.load(tmp_path / "empty")

@@ -1,0 +1,203 @@
+"""The compiled time loop (``rnnkit.bptt.native``): agreement with the PyTorch loop, fallback.
+
+The contract tests of the core (tests/bptt/test_recurrence.py, tests/layers, tests/cells,
+tests/layers/test_interop.py) run on BOTH loops through the ``time_loop`` fixture. This module
+adds what those cannot show: float32 agreement of the two loops at sizes where the
+compiled loop splits rows into thread blocks and packs finished rows away, and what a user
+sees when no compiler is present (one warning line, correct results on the PyTorch loop,
+and no retry by later processes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from rnnkit import GRU, LSTM, RNN
+from rnnkit.bptt import native
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no compiled loop here")
+
+
+def _run(layer, x, lengths, compiled: bool):
+    with native.use_native(compiled):
+        out = layer(x, lengths=lengths)
+        h = out.outputs
+        loss = (h * torch.linspace(-1, 1, h.shape[-1], dtype=h.dtype)).sum()
+        params = [p for p in layer.parameters()]
+        grads = torch.autograd.grad(loss, [x, *params])
+    return h.detach(), grads
+
+
+@pytest.mark.parametrize(
+    ("cls", "options"),
+    [
+        (RNN, {}),
+        (RNN, {"nonlinearity": "sigmoid"}),
+        (RNN, {"nonlinearity": ("relu", "sigmoid")}),
+        (LSTM, {}),
+        (GRU, {}),
+        (GRU, {"update": "keep", "reset": "after"}),
+    ],
+    ids=["rnn", "rnn_sigmoid", "rnn_relu_sigmoid", "lstm", "gru", "gru_keep_after"],
+)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("B", "T"), [(37, 19), (3, 5)], ids=["packed_weights", "blas"])
+def test_float32_compiled_equals_pytorch_loop(cls, options, threads, B, T) -> None:
+    """Outputs and gradients agree to 1e-6 of the largest value in float32 (the bar set for the
+    compiled loop; measured: at most 4.7e-7 here, 6.2e-7 at B 64, T 100), with lengths
+    that make the compiled loop sort, pack and shrink the active rows, at B = 37 (thread
+    blocks of uneven size; enough rows to pack W_hh for the AVX2 kernel) and at B = 3,
+    T = 5 (too few rows: the BLAS product), in bidirectional stacks."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        layer = cls(24, 32, num_layers=2, bidirectional=True, **options)
+        x = torch.randn(B, T, 24, requires_grad=True)
+        lengths = torch.randint(0, T + 1, (B,))
+        lengths[0] = T
+        h_c, g_c = _run(layer, x, lengths, compiled=True)
+        h_p, g_p = _run(layer, x, lengths, compiled=False)
+    finally:
+        torch.set_num_threads(before)
+    scale = h_p.abs().max()
+    assert (h_c - h_p).abs().max() <= 1e-6 * scale
+    for a, b in zip(g_c, g_p, strict=True):
+        assert (a - b).abs().max() <= 1e-6 * b.abs().max().clamp_min(1e-6)
+
+
+def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+        check=False,
+    )
+
+
+_USER = """
+    import logging, torch
+    logging.basicConfig(format="%(message)s")
+    from rnnkit import LSTM
+    from rnnkit.bptt import native
+    torch.manual_seed(0)
+    layer = LSTM(3, 4).double()
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    out = layer(x, lengths=torch.tensor([5, 2]))
+    import rnnkit
+    ref = rnnkit.to_torch(layer)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, [5, 2], batch_first=True)
+    o, _ = torch.nn.utils.rnn.pad_packed_sequence(ref(packed)[0], batch_first=True)
+    print("available", native.available())
+    real = torch.arange(5)[None, :] < torch.tensor([[5], [2]])  # compare real steps only
+    print("max_diff", float((out.outputs - o)[real].abs().max().detach()))
+"""
+
+
+def test_without_a_compiler_one_warning_and_the_pytorch_loop(tmp_path: Path) -> None:
+    env = {"CXX": "/nonexistent/c++", "RNNKIT_CACHE": str(tmp_path), "RNNKIT_NATIVE": "1"}
+    first = _python(_USER, env)
+    assert first.returncode == 0, first.stderr
+    assert "available False" in first.stdout
+    diff = float(first.stdout.split("max_diff")[1])
+    assert diff < 1e-12  # the PyTorch loop computes the same function
+    warnings = [line for line in first.stderr.splitlines() if line.strip()]
+    assert len(warnings) == 1, first.stderr
+    assert "compiled time loop unavailable" in warnings[0]
+    assert "using the PyTorch loop" in warnings[0]
+    assert list(tmp_path.glob("*.failed")), "the failed build is not remembered"
+    # A later process with the same compiler does not try again: it names the marker.
+    second = _python(_USER, env)
+    assert second.returncode == 0, second.stderr
+    assert "available False" in second.stdout
+    assert ".failed to retry" in second.stderr
+
+
+def test_rnnkit_native_0_selects_the_pytorch_loop(tmp_path: Path) -> None:
+    env = {"RNNKIT_NATIVE": "0", "RNNKIT_CACHE": str(tmp_path)}
+    proc = _python(_USER, env)
+    assert proc.returncode == 0, proc.stderr
+    assert "available False" in proc.stdout
+    assert proc.stderr.strip() == ""  # chosen, not failed: nothing to warn about
+    assert not list(tmp_path.iterdir())  # nothing built
+
+
+def test_the_build_of_these_sources_gave_no_warning() -> None:
+    """The cached library's build log (written by every build, beside it): the sources
+    compile without a warning under -Wall -Wextra (torch's own headers are system headers
+    there, whose warnings are not reported)."""
+    log = native._paths()[0].with_suffix(".log").read_text()
+    command = log.splitlines()[0]
+    assert " -Wall -Wextra " in command
+    # A package's own loop.cpp, compiled in place; not necessarily this checkout's: the
+    # library is named by a hash of the sources, so another checkout (or an installed
+    # wheel) with the same sources may have built the cached one.
+    assert re.search(r" \S+/rnnkit/csrc/loop\.cpp ", command), command
+    assert "warning:" not in log, log
+
+
+def test_compiler_errors_name_the_real_file_and_line(tmp_path: Path) -> None:
+    """The compiler reads the sources where they are (never a copy), and the one line a
+    failed build gives is the compiler's first error, ``file:line:column: error: …``;
+    warnings are on (-Wall -Wextra) and land in the log. A small loop.cpp keeps it fast."""
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    (csrc / "loop.cpp").write_text(
+        "int f(int unused_parameter) {\n"
+        "  int unused_variable = 0;\n"
+        "  return 1;\n"
+        "}\n"
+        "int g() { return undeclared_name; }\n"
+    )
+    log = tmp_path / "build.log"
+    with pytest.raises(RuntimeError) as info:
+        native._compile(csrc, tmp_path / "x.so", log)
+    message = str(info.value)
+    assert message.startswith(f"{csrc / 'loop.cpp'}:5:"), message
+    assert "error:" in message and "undeclared_name" in message
+    assert message.endswith(f"(the compiler's output: {log})")
+    text = log.read_text()
+    assert f"{csrc / 'loop.cpp'}:1:" in text and "unused_parameter" in text  # -Wextra
+    assert f"{csrc / 'loop.cpp'}:2:" in text and "unused_variable" in text  # -Wall
+    assert not (tmp_path / "x.so").exists()
+
+
+def test_first_error_picks_the_error_line() -> None:
+    output = (
+        "In file included from /pkg/csrc/loop.cpp:18:\n"
+        "/pkg/csrc/gru.h: In function 'void f()':\n"
+        "/pkg/csrc/gru.h:26:29: error: 'x' was not declared in this scope\n"
+        "/pkg/csrc/gru.h:27:3: error: expected ';'\n"
+    )
+    assert (
+        native._first_error(output)
+        == "/pkg/csrc/gru.h:26:29: error: 'x' was not declared in this scope"
+    )
+    assert (
+        native._first_error("a\nb\nc\nld: cannot find -lc10\n") == "b | c | ld: cannot find -lc10"
+    )
+
+
+def test_the_cache_key_follows_every_source_file(tmp_path: Path, monkeypatch) -> None:
+    """A change to any header (not only loop.cpp) names a new library: a stale build is
+    never loaded for edited sources."""
+    before = native._paths()[0].name
+    for source in native._sources():
+        copy = tmp_path / source.parent.name
+        shutil.copytree(native.CSRC, copy, dirs_exist_ok=True)
+        (copy / source.name).write_text(source.read_text() + "\n// edited\n")
+        monkeypatch.setattr(native, "CSRC", copy)
+        assert native._paths()[0].name != before, source.name
+        monkeypatch.undo()
+    assert {p.name for p in native._sources()} >= {"loop.cpp", "gru.h", "lstm.h", "rnn.h"}

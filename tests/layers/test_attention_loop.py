@@ -1,0 +1,133 @@
+"""The teacher-forced attention decoder as one node equals autograd through the step loop:
+outputs, attention weights and every gradient, in float64, for every cell variant and
+attention kind, with padded sources (a row without any real position included) and
+padded targets."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rnnkit.layers.attention_loop import attention_decoder
+from rnnkit.models.seq2seq import _unstack, build_seq2seq
+from rnnkit.models.spec import ModelSpec
+
+V, B, S, T = 11, 4, 5, 6
+
+
+def _model(spec, kind: str, context: str):
+    torch.manual_seed(0)
+    shape = ModelSpec(
+        cell=spec.kind,
+        hidden=6,
+        embedding=4,
+        attention=kind,
+        context=context,
+        bidirectional=kind != "dot",
+        **spec.options,
+    )
+    return build_seq2seq(shape, V, V).double()
+
+
+def _batch(empty_row: bool):
+    g = torch.Generator().manual_seed(1)
+    source = torch.randint(4, V, (B, S), generator=g)
+    source_mask = torch.ones(B, S, dtype=torch.bool)
+    source_mask[1, 3:] = False
+    source_mask[2, 1:] = False
+    if empty_row:
+        source_mask[3] = False
+    target_in = torch.randint(4, V, (B, T), generator=g)
+    target_mask = torch.ones(B, T, dtype=torch.bool)
+    target_mask[0, 4:] = False
+    target_mask[2, 2:] = False
+    return source, source_mask, target_in, target_mask
+
+
+def _step_loop(m, source, source_mask, target_in):
+    """Head inputs and attention weights, step by step through ``Seq2Seq._step`` (the
+    cells' own forward, autograd)."""
+    state = m.encode(source, source_mask)
+    emb = m.target_embedding(target_in)
+    hidden = _unstack(state.hidden)
+    features, weights = [], []
+    for t in range(target_in.shape[1]):
+        feat, hidden, w = m._step(emb[:, t], hidden, state)
+        features.append(feat)
+        weights.append(w)
+    return torch.stack(features, 1), torch.stack(weights, 1)
+
+
+@pytest.mark.parametrize(
+    ("kind", "context", "empty_row"),
+    [("dot", "init", False), ("bilinear", "both", True), ("additive", "input", True)],
+)
+def test_node_equals_autograd_through_the_step_loop(cell_spec, kind, context, empty_row):
+    m = _model(cell_spec, kind, context)
+    source, source_mask, target_in, target_mask = _batch(empty_row)
+    out = m(source, source_mask, target_in, target_mask)
+    features, weights = _step_loop(m, source, source_mask, target_in)
+    logits = m.head(features)
+    torch.testing.assert_close(out.logits, logits, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(out.attention, weights, atol=1e-12, rtol=1e-10)
+    assert torch.all(out.attention[~source_mask.unsqueeze(1).expand_as(weights)] == 0)
+    if empty_row:
+        assert torch.equal(out.attention[3], torch.zeros(T, S, dtype=torch.float64))
+    # A loss on the logits (real target steps only) and on the attention weights.
+    g = torch.Generator().manual_seed(2)
+    d_logits = torch.randn(logits.shape, generator=g, dtype=torch.float64)
+    d_logits[~target_mask] = 0
+    d_weights = torch.randn(weights.shape, generator=g, dtype=torch.float64)
+    params = list(m.parameters())
+
+    def grads(lg, w):
+        loss = (lg * d_logits).sum() + (w * d_weights).sum()
+        return torch.autograd.grad(loss, params, allow_unused=True)
+
+    for (name, _), a, b in zip(
+        m.named_parameters(), grads(out.logits, out.attention), grads(logits, weights), strict=True
+    ):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9, msg=name)
+            assert torch.isfinite(a).all(), name
+
+
+def test_only_the_logits_may_carry_a_loss():
+    # Gradients of the hidden states and contexts only (the attention weights unused),
+    # and of the weights only: each output may come back without a gradient.
+    m = _model(SimpleNamespace(kind="lstm", options={}), "additive", "init")
+    source, source_mask, target_in, _ = _batch(False)
+    state = m.encode(source, source_mask)
+    emb = m.target_embedding(target_in)
+    cell = m.decoder.cells()[0]
+    w = cell.weights()
+    E = emb.shape[-1]
+    D = m.memory_size
+
+    def run():
+        return attention_decoder(
+            cell.kernel,
+            emb.transpose(0, 1),
+            w.weight_ih[:, :E],
+            w.weight_ih[:, E : E + D],
+            w,
+            m.attention,
+            state.keys,
+            state.memory,
+            source_mask,
+            (state.hidden.h[0, 0], state.hidden.c[0, 0]),
+        )
+
+    out = run()
+    (g_h,) = torch.autograd.grad(out.hidden.sum(), [m.attention.v], retain_graph=True)
+    (g_w,) = torch.autograd.grad(out.weights.pow(2).sum(), [m.attention.v])
+    feats, w_loop = _step_loop(m, source, source_mask, target_in)
+    (r_h,) = torch.autograd.grad(
+        feats[..., : m.decoder.hidden_size].sum(), [m.attention.v], retain_graph=True
+    )
+    (r_w,) = torch.autograd.grad(w_loop.pow(2).sum(), [m.attention.v])
+    torch.testing.assert_close(g_h, r_h, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(g_w, r_w, atol=1e-12, rtol=1e-10)

@@ -1,0 +1,53 @@
+"""BLEU and character error rate against sacreBLEU (the test extra) and hand-computed
+values."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from rnnkit.metrics.sequences import bleu, character_error_rate
+
+sacrebleu = pytest.importorskip("sacrebleu")
+
+
+def test_bleu_by_hand():
+    # hypothesis "a b c d" against "a b c d e": every n-gram right, brevity exp(1 − 5/4)
+    assert bleu([list("abcd")], [list("abcde")]) == pytest.approx(100 * math.exp(-0.25))
+    # nothing right: the k-th zero count of n-grams becomes 1 / (2^k · total n-grams)
+    smoothed = (1 / (2 * 4)) * (1 / (4 * 3)) * (1 / (8 * 2)) * (1 / (16 * 1))
+    assert bleu([list("xyzw")], [list("abcd")]) == pytest.approx(100 * smoothed**0.25)
+    assert bleu([[]], [list("ab")]) == 0.0
+
+
+def random_corpus(rng: random.Random, n: int, alphabet: str) -> tuple[list, list]:
+    refs = [[rng.choice(alphabet) for _ in range(rng.randint(1, 12))] for _ in range(n)]
+    hyps = []
+    for r in refs:
+        h = [t if rng.random() < 0.7 else rng.choice(alphabet) for t in r]
+        if rng.random() < 0.3:
+            h = h[: rng.randint(0, len(h))]
+        if rng.random() < 0.3:
+            h = h + [rng.choice(alphabet) for _ in range(rng.randint(1, 4))]
+        hyps.append(h)
+    return hyps, refs
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_bleu_equals_sacrebleu_on_the_same_tokens(seed):
+    rng = random.Random(seed)
+    hyps, refs = random_corpus(rng, rng.randint(1, 20), "abcdef" if seed % 2 else "ab")
+    want = sacrebleu.corpus_bleu(
+        [" ".join(h) for h in hyps], [[" ".join(r) for r in refs]], tokenize="none"
+    ).score
+    assert bleu(hyps, refs) == pytest.approx(want, abs=1e-9)
+
+
+def test_character_error_rate_by_hand():
+    # "kitten" → "sitting": 3 edits over 7 reference characters; "" vs "ab": 2 over 2
+    assert character_error_rate(["kitten", ""], ["sitting", "ab"]) == pytest.approx(5 / 9)
+    assert character_error_rate(["same"], ["same"]) == 0.0
+    with pytest.raises(ValueError, match="empty references"):
+        character_error_rate(["a"], [""])
