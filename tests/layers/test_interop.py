@@ -18,6 +18,7 @@ from rnnkit import (
     GRUCell,
     LSTMCell,
     RNNCell,
+    StackedRecurrent,
     convert_gru_update,
     count_parameters,
     from_torch,
@@ -105,8 +106,25 @@ def test_convert_then_to_torch(gen):
         torch.testing.assert_close(layer(x).outputs, t(x)[0], atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("m", [RNNCell(2, 3), LSTM(2, 3), nn.GRU(2, 3)], ids=type)
+def _mixed_stack(kinds):
+    """A two-layer StackedRecurrent whose layers are the given cell kinds, bottom first."""
+    made = iter(kinds)
+
+    def factory(width):
+        kind = next(made)
+        return GRUCell(width, 4, "keep", "after") if kind is GRUCell else kind(width, 4)
+
+    return StackedRecurrent(factory, 3, 4, num_layers=len(kinds))
+
+
+@pytest.mark.parametrize(
+    "m",
+    [RNNCell(2, 3), LSTM(2, 3), nn.GRU(2, 3), _mixed_stack([GRUCell, RNNCell])],
+    ids=["RNNCell", "LSTM", "nn.GRU", "GRU-then-RNN"],
+)
 def test_convert_rejects_non_gru(m):
+    # A stack whose first layer is a GRU but not the others is no GRU either (it used to
+    # fail on the second layer with an AttributeError).
     with pytest.raises(TypeError, match=r"convert_gru_update expects a GRUCell or GRU"):
         convert_gru_update(m)
 
@@ -281,3 +299,13 @@ def test_to_torch_refuses_what_torch_has_no_form_for():
         to_torch(RNNCell(3, 4, nonlinearity="sigmoid"))
     with pytest.raises(ValueError, match="one nonlinearity for all layers"):
         to_torch(RNN(3, 4, 2, nonlinearity=("tanh", "relu")))
+
+
+@pytest.mark.parametrize(
+    "kinds", [[RNNCell, GRUCell], [GRUCell, RNNCell]], ids=["RNN-GRU", "GRU-RNN"]
+)
+def test_to_torch_refuses_a_stack_of_mixed_cell_kinds(kinds):
+    # torch.nn has one cell kind per layer module; a mixed stack used to fail on the
+    # second layer (no nonlinearity, or weights of the wrong shape for the first's kind).
+    with pytest.raises(ValueError, match=r"one cell kind for all layers; this stack mixes"):
+        to_torch(_mixed_stack(kinds))

@@ -37,6 +37,7 @@ def _cell_from_torch_params(cell: CellBase, w_ih, w_hh, b_ih, b_hh) -> None:
         b_ih = torch.zeros_like(cell.bias) if b_ih is None else b_ih
         b_hh = torch.zeros_like(cell.bias) if b_hh is None else b_hh
         if isinstance(cell, GRUCell):
+            assert cell.bias_hn is not None  # from_torch builds GRUs with reset="after"
             cell.bias.copy_(b_ih)
             cell.bias[: 2 * H] += b_hh[: 2 * H]
             cell.bias_hn.copy_(b_hh[2 * H :])
@@ -72,47 +73,49 @@ def from_torch(m: nn.Module) -> nn.Module:
     >>> torch.allclose(k(x).outputs, t(x)[0], atol=1e-6)
     True
     """
-    for torch_cls, kind in _TORCH_CELLS.items():
-        if type(m) is torch_cls:
-            like = m.weight_ih
-            nonlinearity = getattr(m, "nonlinearity", "tanh")
-            cell = _new_cell(kind, m.input_size, m.hidden_size, nonlinearity, like)
-            cell.train(m.training)
-            _cell_from_torch_params(cell, m.weight_ih, m.weight_hh, m.bias_ih, m.bias_hh)
-            return cell
-    for torch_cls, (layer_cls, kind) in _TORCH_LAYERS.items():
-        if type(m) is torch_cls:
-            if getattr(m, "proj_size", 0):
-                raise ValueError("from_torch: nn.LSTM with proj_size has no rnnkit equivalent")
-            like = m.weight_ih_l0
-            options = {}
-            if kind is RNNCell:
-                options["nonlinearity"] = m.nonlinearity
-            elif kind is GRUCell:
-                options = {"update": "keep", "reset": "after"}
-            layer = layer_cls(
-                m.input_size,
-                m.hidden_size,
-                m.num_layers,
-                m.bidirectional,
-                m.dropout,
-                m.batch_first,
-                **options,
-            ).to(device=like.device, dtype=like.dtype)
-            layer.train(m.training)  # dropout between layers acts only in training mode
-            cells = layer.cells()
-            D = 2 if m.bidirectional else 1
-            for index, cell in enumerate(cells):
-                layer_index, d = divmod(index, D)
-                sfx = f"_l{layer_index}" + ("_reverse" if d == 1 else "")
-                _cell_from_torch_params(
-                    cell,
-                    getattr(m, "weight_ih" + sfx),
-                    getattr(m, "weight_hh" + sfx),
-                    getattr(m, "bias_ih" + sfx, None),
-                    getattr(m, "bias_hh" + sfx, None),
-                )
-            return layer
+    # The exact classes: a subclass of a torch module may compute something else.
+    cell_kind = _TORCH_CELLS.get(type(m))
+    if cell_kind is not None and isinstance(m, nn.RNNCellBase):
+        like = m.weight_ih
+        nonlinearity = getattr(m, "nonlinearity", "tanh")
+        cell = _new_cell(cell_kind, m.input_size, m.hidden_size, nonlinearity, like)
+        cell.train(m.training)
+        _cell_from_torch_params(cell, m.weight_ih, m.weight_hh, m.bias_ih, m.bias_hh)
+        return cell
+    layer_kind = _TORCH_LAYERS.get(type(m))
+    if layer_kind is not None and isinstance(m, nn.RNNBase):
+        layer_cls, kind = layer_kind
+        if getattr(m, "proj_size", 0):
+            raise ValueError("from_torch: nn.LSTM with proj_size has no rnnkit equivalent")
+        like = m.get_parameter("weight_ih_l0")
+        options: dict[str, str] = {}
+        if isinstance(m, nn.RNN):
+            options["nonlinearity"] = m.nonlinearity
+        elif kind is GRUCell:
+            options = {"update": "keep", "reset": "after"}
+        layer = layer_cls(
+            m.input_size,
+            m.hidden_size,
+            m.num_layers,
+            m.bidirectional,
+            m.dropout,
+            m.batch_first,
+            **options,
+        ).to(device=like.device, dtype=like.dtype)
+        layer.train(m.training)  # dropout between layers acts only in training mode
+        cells = layer.cells()
+        D = 2 if m.bidirectional else 1
+        for index, cell in enumerate(cells):
+            layer_index, d = divmod(index, D)
+            sfx = f"_l{layer_index}" + ("_reverse" if d == 1 else "")
+            _cell_from_torch_params(
+                cell,
+                getattr(m, "weight_ih" + sfx),
+                getattr(m, "weight_hh" + sfx),
+                getattr(m, "bias_ih" + sfx, None),
+                getattr(m, "bias_hh" + sfx, None),
+            )
+        return layer
     raise TypeError(
         f"from_torch expects torch.nn.RNN/LSTM/GRU or their cells, got {type(m).__name__}"
     )
@@ -174,10 +177,16 @@ def to_torch(m: nn.Module) -> nn.Module:
         for cell in cells:
             _check_torch_form(cell)
         first = cells[0]
-        if isinstance(first, RNNCell) and any(c.nonlinearity != first.nonlinearity for c in cells):
+        if any(type(c) is not type(first) for c in cells):
+            raise ValueError(
+                "to_torch: a torch.nn layer has one cell kind for all layers; this stack mixes "
+                f"{sorted({type(c).__name__ for c in cells})}"
+            )
+        phis = {c.nonlinearity for c in cells if isinstance(c, RNNCell)}
+        if len(phis) > 1:
             raise ValueError(
                 "to_torch: torch.nn.RNN has one nonlinearity for all layers; this stack mixes "
-                f"{sorted({c.nonlinearity for c in cells})}"
+                f"{sorted(phis)}"
             )
         torch_cls = {RNNCell: nn.RNN, LSTMCell: nn.LSTM, GRUCell: nn.GRU}[type(first)]
         kwargs = {"nonlinearity": first.nonlinearity} if isinstance(first, RNNCell) else {}
@@ -229,8 +238,10 @@ def convert_gru_update(m: nn.Module) -> nn.Module:
     """
     if isinstance(m, GRUCell):
         return _flip_update(m)
-    if isinstance(m, StackedRecurrent) and isinstance(m.cells()[0], GRUCell):
-        first = m.cells()[0]
+    cells = m.cells() if isinstance(m, StackedRecurrent) else []
+    grus = [c for c in cells if isinstance(c, GRUCell)]
+    if isinstance(m, StackedRecurrent) and len(grus) == len(cells):  # GRU cells only
+        first = grus[0]
         update = "keep" if first.update == "candidate" else "candidate"
         new = GRU(
             m.input_size,
@@ -242,7 +253,7 @@ def convert_gru_update(m: nn.Module) -> nn.Module:
             update=update,
             reset=first.reset,
         ).to(device=first.weight_ih.device, dtype=first.weight_ih.dtype)
-        for old_cell, new_cell in zip(m.cells(), new.cells(), strict=True):
+        for old_cell, new_cell in zip(grus, new.cells(), strict=True):
             new_cell.load_state_dict(_flip_update(old_cell).state_dict())
         return new
     raise TypeError(f"convert_gru_update expects a GRUCell or GRU, got {type(m).__name__}")

@@ -6,6 +6,8 @@ the mask ``m_it = t < L_i``. A mask need not be a prefix of ones: a hole holds t
 
 from __future__ import annotations
 
+from typing import overload
+
 import torch
 from torch import Tensor
 
@@ -74,6 +76,12 @@ def resolve_mask(
     return None
 
 
+@overload
+def flip_sequences(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]: ...
+@overload
+def flip_sequences(x: Tensor, mask: None) -> tuple[Tensor, None]: ...
+@overload
+def flip_sequences(x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]: ...
 def flip_sequences(x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """Reverse each sequence within its own extent (Flax's ``flip_sequences``).
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import ClassVar, cast, overload
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +33,10 @@ from rnnkit.types import LSTMState, RecurrentOutput, State
 __all__ = ["GRU", "LSTM", "RNN", "Bidirectional", "StackedRecurrent", "reset_rows"]
 
 
+@overload
+def reset_rows(state: None, rows: Tensor) -> None: ...
+@overload
+def reset_rows(state: State, rows: Tensor) -> State: ...
 def reset_rows(state: State | None, rows: Tensor) -> State | None:
     """Zero the state ``(L, D, B, H)`` of the batch rows where ``rows (B,)`` is True
     (selection, no ×0)."""
@@ -69,10 +73,21 @@ class Bidirectional(nn.Module):
 def _stack_states(finals: list[list[State]], is_lstm: bool) -> State:
     """``finals[l][d]`` of ``(B, H)`` → ``(L, D, B, H)`` (or an ``LSTMState`` of them)."""
     if is_lstm:
-        h = torch.stack([torch.stack([s.h for s in layer]) for layer in finals])
-        c = torch.stack([torch.stack([s.c for s in layer]) for layer in finals])
+        # An LSTM stack's directions all end in an LSTMState, the others in a tensor.
+        pairs = cast("list[list[LSTMState]]", finals)
+        h = torch.stack([torch.stack([s.h for s in layer]) for layer in pairs])
+        c = torch.stack([torch.stack([s.c for s in layer]) for layer in pairs])
         return LSTMState(h, c)
-    return torch.stack([torch.stack(list(layer)) for layer in finals])
+    tensors = cast("list[list[Tensor]]", finals)
+    return torch.stack([torch.stack(layer) for layer in tensors])
+
+
+def _directions(layer: nn.Module) -> list[Recurrent]:
+    """One layer of a stack as its directions: forward, then reverse if bidirectional."""
+    # A stack's layers are the Recurrent and Bidirectional modules its constructor built;
+    # nn.ModuleList types its items as Module only.
+    dirs = layer.directions if isinstance(layer, Bidirectional) else [layer]
+    return [cast(Recurrent, d) for d in dirs]
 
 
 class StackedRecurrent(nn.Module):
@@ -140,11 +155,7 @@ class StackedRecurrent(nn.Module):
 
     def cells(self) -> list[CellBase]:
         """All cells, ordered by layer then direction."""
-        out: list[CellBase] = []
-        for layer in self.layers:
-            dirs = layer.directions if isinstance(layer, Bidirectional) else [layer]
-            out.extend(d.cell for d in dirs)
-        return out
+        return [d.cell for layer in self.layers for d in _directions(layer)]
 
     def _check_input(self, x: Tensor) -> None:
         if not isinstance(x, Tensor):
@@ -189,7 +200,7 @@ class StackedRecurrent(nn.Module):
                 )
             if t.dtype != x.dtype or t.device != x.device:
                 raise TypeError(f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}")
-        if self.is_lstm:
+        if isinstance(state, LSTMState):  # is_lstm: checked above
             return [[LSTMState(state.h[l, d], state.c[l, d]) for d in range(D)] for l in range(L)]
         return [[state[l, d] for d in range(D)] for l in range(L)]
 
@@ -282,10 +293,7 @@ class StackedRecurrent(nn.Module):
             # The multiplier nn.Dropout applies (the same random draws as on the outputs)
             on = self.dropout > 0 and self.training
             drops.append(self.drop(xt.new_ones(T, B, width)) if on else None)
-        layers = [
-            list(layer.directions) if isinstance(layer, Bidirectional) else [layer]
-            for layer in self.layers
-        ]
+        layers = [_directions(layer) for layer in self.layers]
         reset_t = None if resets_bt is None else resets_bt.T
         return run_windowed_stack(layers, xt, mask_t, init, window, drops, reset_t)
 
@@ -303,18 +311,18 @@ class StackedRecurrent(nn.Module):
         B, T = resets_bt.shape
         cols = torch.nonzero(resets_bt.any(0)).view(-1).tolist()
         outs = []
+        # Some row resets (the caller checked), so there is at least one piece.
+        current = self.zero_state(B, x) if state is None else state
         for a, b in itertools.pairwise(sorted({0, *cols, T})):
-            if state is None:
-                state = self.zero_state(B, x)
-            state = reset_rows(state, resets_bt[:, a])
+            current = reset_rows(current, resets_bt[:, a])
             piece = x[:, a:b] if self.batch_first else x[a:b]
             piece_mask = None
             if mask_bt is not None:
                 piece_mask = mask_bt[:, a:b] if self.batch_first else mask_bt[:, a:b].T
-            out = self(piece, mask=piece_mask, state=state, window=window)
+            out = self(piece, mask=piece_mask, state=current, window=window)
             outs.append(out.outputs)
-            state = out.state
-        return RecurrentOutput(torch.cat(outs, dim=1 if self.batch_first else 0), state)
+            current = out.state
+        return RecurrentOutput(torch.cat(outs, dim=1 if self.batch_first else 0), current)
 
     def zero_state(self, batch_size: int, like: Tensor) -> State:
         """The zero state ``(L, D, B, H)`` (an ``LSTMState`` for LSTM) in ``like``'s dtype."""
@@ -362,7 +370,9 @@ class StackedRecurrent(nn.Module):
 class _CellStack(StackedRecurrent):
     """A stack of one cell kind: the constructor of ``RNN``, ``LSTM`` and ``GRU``."""
 
-    cell_class: ClassVar[type[CellBase]]
+    # The cell's constructor: (input_size, hidden_size, **cell_options) → a cell; each
+    # kind takes its own options (nonlinearity, forget_bias, update, reset, init).
+    cell_class: ClassVar[Callable[..., CellBase]]
 
     def __init__(
         self,

@@ -55,6 +55,23 @@ def _unit_count(plan: _Plan) -> int:
     return sum(len(layer) for layer in plan.kernels)
 
 
+def _unit_inputs(
+    plan: _Plan, tensors: tuple[Tensor | None, ...]
+) -> tuple[list[Weights], list[tuple[Tensor, ...]]]:
+    """The node's inputs after ``x``, split per unit: its weights and initial states."""
+    units, s = _unit_count(plan), plan.num_states
+    weights, states0 = [], []
+    for u in range(units):
+        w_ih, w_hh, bias, bias_hn = tensors[4 * u : 4 * u + 4]
+        # run_windowed_stack passes every weight but bias_hn, and every state, as a tensor.
+        assert w_ih is not None and w_hh is not None and bias is not None
+        weights.append(Weights(w_ih, w_hh, bias, bias_hn))
+        states = tensors[4 * units + s * u : 4 * units + s * (u + 1)]
+        states0.append(tuple(t for t in states if t is not None))
+        assert len(states0[-1]) == s
+    return weights, states0
+
+
 class _WindowedStack(torch.autograd.Function):
     """Inputs: ``x (T, B, I)``, then per unit (layer by layer, directions in order) its four
     weights (``bias_hn`` may be None), then per unit its initial states. Outputs: the top
@@ -62,12 +79,7 @@ class _WindowedStack(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, plan: _Plan, x: Tensor, *tensors: Tensor | None) -> tuple[Tensor, ...]:
-        units = _unit_count(plan)
-        weights = [Weights(*tensors[4 * u : 4 * u + 4]) for u in range(units)]
-        s = plan.num_states
-        states0 = [
-            tuple(tensors[4 * units + s * u : 4 * units + s * (u + 1)]) for u in range(units)
-        ]
+        weights, states0 = _unit_inputs(plan, tensors)
         records: list[ForwardRecord] = []
         h = x
         u = 0
@@ -84,7 +96,7 @@ class _WindowedStack(torch.autograd.Function):
                     kernel,
                     reorder(h, plan.order) if rev else h,
                     weights[u],
-                    states0[u],  # type: ignore[arg-type]
+                    states0[u],
                     plan.reading if rev else plan.mask,
                     save=True,
                     reset=None if rev else plan.reset,
@@ -126,6 +138,8 @@ class _WindowedStack(torch.autograd.Function):
                     WindowUnit(
                         kernel,
                         record,
+                        # The backward reads weight_ih and weight_hh only; the biases
+                        # are not saved.
                         Weights(w_ih, w_hh, None, None),  # type: ignore[arg-type]
                         plan.reading if rev else plan.mask,
                         plan.order if rev else None,
@@ -140,8 +154,8 @@ class _WindowedStack(torch.autograd.Function):
         d_weights: list[Tensor | None] = []
         d_states0: list[Tensor | None] = []
         u = 0
-        for index, (layer, layer_sweeps) in enumerate(zip(units, sweeps, strict=True)):
-            for unit, sweep in zip(layer, layer_sweeps, strict=True):
+        for index, (layer_units, layer_sweeps) in enumerate(zip(units, sweeps, strict=True)):
+            for unit, sweep in zip(layer_units, layer_sweeps, strict=True):
                 flags = (index == 0 and need[1], *need[2 + 4 * u : 6 + 4 * u])
                 g = weight_grads(unit.kernel, unit.record, sweep, unit.weights, flags)
                 if g.x is not None:
@@ -187,13 +201,13 @@ def run_windowed_stack(
     T, B = x.shape[0], x.shape[1]
     cells = [[r.cell for r in layer] for layer in layers]
     is_lstm = cells[0][0].is_lstm
+    has_reverse = any(r.reverse for layer in layers for r in layer)
+    order = _reverse_order(mask, T, B, x) if has_reverse else None
     mask3 = reading = None
     if mask is not None and not bool(mask.all()):
         mask3 = mask.unsqueeze(-1)
-    has_reverse = any(r.reverse for layer in layers for r in layer)
-    order = _reverse_order(mask, T, B, x) if has_reverse else None
-    if has_reverse and mask3 is not None:
-        reading = flip_sequences(mask, mask)[1].unsqueeze(-1)  # type: ignore[union-attr]
+        if has_reverse:
+            reading = flip_sequences(mask, mask)[1].unsqueeze(-1)
     if reset is not None and has_reverse:
         raise ValueError("resets need a unidirectional stack")
     tensors: list[Tensor | None] = []
