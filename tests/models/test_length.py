@@ -153,6 +153,17 @@ def test_predict_generation_draws_exactly_t_tokens():
     assert len(h.ids) == best and h.finished
 
 
+def test_lm_step_with_a_mechanism_names_the_state_it_needs():
+    # The step's own state is a LengthState; a bare recurrent state is one clear line
+    # (it used to be an AttributeError on ``.extra``).
+    lm = lm_with("stop").eval()
+    token = torch.tensor([A, B_])
+    log_probs, state = lm.step(token)
+    assert isinstance(state, LengthState) and log_probs.shape == (2, V)
+    with pytest.raises(TypeError, match="the generation state is a LengthState"):
+        lm.step(token, state.hidden)
+
+
 def train(model, loss_fn, steps, lr=0.03):
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     for _ in range(steps):

@@ -3,6 +3,8 @@ their parts)."""
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from torch import nn
 
 from rnnkit.layers.stacked import GRU, LSTM, RNN, StackedRecurrent
@@ -16,12 +18,21 @@ from rnnkit.models.spec import ModelSpec
 __all__ = ["build_encoder", "build_language_model", "build_length", "build_lm"]
 
 
+class _StackOptions(TypedDict):
+    """What every kind of stack takes from the spec besides its sizes."""
+
+    num_layers: int
+    bidirectional: bool
+    dropout: float
+    recompute: int | None
+
+
 def build_encoder(
     spec: ModelSpec, input_size: int, bidirectional: bool | None = None
 ) -> StackedRecurrent:
     """The recurrent stack the spec asks for (cell, width, depth, directions, dropout)."""
     bi = spec.bidirectional if bidirectional is None else bidirectional
-    common = dict(
+    common = _StackOptions(
         num_layers=spec.layers, bidirectional=bi, dropout=spec.dropout, recompute=spec.recompute
     )
     if spec.cell == "rnn":

@@ -7,6 +7,8 @@ bidirectional; masked ``mean``; masked ``max``) → feed-forward head
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -90,7 +92,8 @@ class Classifier(nn.Module):
 
     @property
     def num_classes(self) -> int:
-        return self.head.out_features
+        # The head is a Linear or a FeedForwardHead: both give their output width.
+        return cast(int, self.head.out_features)
 
     def encode(self, inputs: Tensor, mask: Tensor | None = None) -> Tensor:
         """The pooled sequence vectors ``(B, D·H)`` of ``inputs (B, T)`` token ids."""

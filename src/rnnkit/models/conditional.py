@@ -53,7 +53,8 @@ class ConditionalState(NamedTuple):
 
 
 # The batch dimension of every part of a ConditionalState (generation's row selection).
-CONDITIONAL_STATE_DIM = ConditionalState(2, 0)
+# (a ConditionalState of ints: ``_make`` takes values of any type).
+CONDITIONAL_STATE_DIM = ConditionalState._make((2, 0))
 
 
 class ConditionalLM(nn.Module):

@@ -233,7 +233,8 @@ class LanguageModel(nn.Module):
     @property
     def state_batch_dim(self) -> int | LengthState:
         """Batch dimension(s) of the generation state (``generate(..., state_batch_dim=)``)."""
-        return 2 if self.length is None else LengthState(2, 0)
+        # A LengthState of ints (``_make`` takes values of any type).
+        return 2 if self.length is None else LengthState._make((2, 0))
 
     @torch.no_grad()
     def step(
@@ -251,6 +252,11 @@ class LanguageModel(nn.Module):
             B, like = token.shape[0], self.embedding.weight
             extra = self.length.start(B, self._initial_top(None, B, like))
             state = LengthState(None, extra)
+        elif not isinstance(state, LengthState):
+            raise TypeError(
+                "with a length mechanism the generation state is a LengthState "
+                f"(None at the first step), got {type(state).__name__}"
+            )
         x = self.drop(self.embedding(token.view(-1, 1)))  # (B, 1, E)
         extra_input = self.length.step_input(state.extra)
         if extra_input is not None:

@@ -136,8 +136,8 @@ class NearestNeighbour:
         keep = np.arange(len(sources))
         if len(sources) > MAX_NEIGHBOURS:
             keep = np.linspace(0, len(sources) - 1, MAX_NEIGHBOURS).round().astype(np.int64)
-        self.sources = [np.asarray(sources[i], dtype=np.int64) for i in keep]
-        self.targets = [np.asarray(targets[i], dtype=np.int64) for i in keep]
+        self.sources = [np.asarray(sources[int(i)], dtype=np.int64) for i in keep]
+        self.targets = [np.asarray(targets[int(i)], dtype=np.int64) for i in keep]
         self._exact: dict[bytes, int] = {}
         for index, s in enumerate(self.sources):
             self._exact.setdefault(s.tobytes(), index)

@@ -158,7 +158,7 @@ class NGramModel:
         seqs = self._sequences(data)
         P, R = self._padded(seqs)
         top = int(P.max()) - 1
-        if self._infer_vocab_size:
+        if self._infer_vocab_size or self.vocab_size is None:  # None: inferred
             self.vocab_size = top + 1
         elif top >= self.vocab_size:
             raise DataError(f"token id {top} out of range for vocab_size {self.vocab_size}")
@@ -213,13 +213,15 @@ class NGramModel:
 
     # ---- queries -------------------------------------------------------------------------
 
-    def _check_fitted(self) -> None:
-        if not self._fitted:
+    def _check_fitted(self) -> int:
+        """``V`` of the fitted model (given, or set by the fit)."""
+        if not self._fitted or self.vocab_size is None:
             raise ConfigError("NGramModel is not fitted: call fit() first")
+        return self.vocab_size
 
     def _probs(self, windows: np.ndarray) -> np.ndarray:
         """P(last column | the ``n - 1`` before it) for each row of shifted ids ``(m, n)``."""
-        n, D, V = self.order, self.discount, self.vocab_size
+        n, D, V = self.order, self.discount, self._check_fitted()
         keys, counts = self._keys, self._counts
         gram = _lookup(keys[1], windows[:, -1])
         c = np.where(gram >= 0, counts[1][gram], 0)
@@ -241,7 +243,7 @@ class NGramModel:
         return p
 
     def _windows(self, context: Sequence[int], tokens: np.ndarray) -> np.ndarray:
-        V = self.vocab_size
+        V = self._check_fitted()
         history = [int(t) for t in context][-(self.order - 1) :] if self.order > 1 else []
         for t in history:
             if not 0 <= t < V:
@@ -267,8 +269,8 @@ class NGramModel:
         >>> lm.distribution([1]).round(3).tolist()
         [0.25, 0.75]
         """
-        self._check_fitted()
-        return self._probs(self._windows(context, np.arange(self.vocab_size)))
+        V = self._check_fitted()
+        return self._probs(self._windows(context, np.arange(V)))
 
     def distributions(self, contexts: np.ndarray) -> np.ndarray:
         """Probabilities of every id after each of many contexts, in one vectorised pass.
@@ -285,8 +287,7 @@ class NGramModel:
         >>> lm.distributions(np.array([[1], [-1]])).round(3).tolist()
         [[0.25, 0.75], [0.5, 0.5]]
         """
-        self._check_fitted()
-        n, V = self.order, self.vocab_size
+        n, V = self.order, self._check_fitted()
         ctx = np.asarray(contexts, dtype=np.int64)
         if ctx.ndim != 2 or ctx.shape[1] != n - 1:
             raise DataError(f"contexts must have shape (C, {n - 1}), got {tuple(ctx.shape)}")
@@ -310,9 +311,9 @@ class NGramModel:
         >>> round(lm.logprob([0], 1), 4)  # ln((1 - 0.5 + 0.5 * P_1(1)) / 1), P_1(1) = 5/12
         -0.3448
         """
-        self._check_fitted()
-        if not 0 <= int(token) < self.vocab_size:
-            raise DataError(f"token id {token} out of range for vocab_size {self.vocab_size}")
+        V = self._check_fitted()
+        if not 0 <= int(token) < V:
+            raise DataError(f"token id {token} out of range for vocab_size {V}")
         p = self._probs(self._windows(context, np.array([int(token)])))
         return math.log(float(p[0]))
 
@@ -326,13 +327,11 @@ class NGramModel:
         Returns:
             ``(N,)`` float64, the tokens of all sequences in order.
         """
-        self._check_fitted()
+        V = self._check_fitted()
         seqs = self._sequences(data)
         P, R = self._padded(seqs)
-        if int(P.max()) > self.vocab_size:
-            raise DataError(
-                f"token id {int(P.max()) - 1} out of range for vocab_size {self.vocab_size}"
-            )
+        if int(P.max()) > V:
+            raise DataError(f"token id {int(P.max()) - 1} out of range for vocab_size {V}")
         windows = np.lib.stride_tricks.sliding_window_view(P, self.order)  # (len - n + 1, n)
         out = np.empty(len(R))
         step = 1 << 18  # bound the temporaries of the vectorized lookups

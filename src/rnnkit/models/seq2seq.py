@@ -48,7 +48,7 @@ then one decoder step per token; finished rows leave the batch.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -105,10 +105,14 @@ class DecoderState(NamedTuple):
     length: Tensor | None = None
 
 
-# The batch dimension of every part of a DecoderState (for generation's row selection).
-STATE_BATCH_DIM = DecoderState(2, 0, 0, 0, 0, 0)
-# The parts that depend on the source only: equal in all beams of a source (beam search).
-PER_SOURCE = DecoderState(False, True, True, True, True, False)
+# The batch dimension of every part of a DecoderState (for generation's row selection): a
+# DecoderState of ints (``_make`` takes values of any type).
+STATE_BATCH_DIM = DecoderState._make((2, 0, 0, 0, 0, 0))
+# Per part, whether it depends on the source only: equal in all beams of a source (beam
+# search).
+PER_SOURCE = tuple(
+    name in ("memory", "keys", "source_mask", "context") for name in DecoderState._fields
+)
 
 
 class Seq2SeqOutput(NamedTuple):
@@ -132,16 +136,19 @@ class Seq2SeqOutput(NamedTuple):
 
 def _stack(states: list[State]) -> State:
     """Per-layer ``(B, H)`` states → ``(L, 1, B, H)`` (one layer: a view, no copy)."""
+    # The layers of one decoder: all LSTMState, or all tensors.
     if isinstance(states[0], LSTMState):
-        if len(states) == 1:
-            return LSTMState(states[0].h[None, None], states[0].c[None, None])
+        pairs = cast("list[LSTMState]", states)
+        if len(pairs) == 1:
+            return LSTMState(pairs[0].h[None, None], pairs[0].c[None, None])
         return LSTMState(
-            torch.stack([s.h for s in states]).unsqueeze(1),
-            torch.stack([s.c for s in states]).unsqueeze(1),
+            torch.stack([s.h for s in pairs]).unsqueeze(1),
+            torch.stack([s.c for s in pairs]).unsqueeze(1),
         )
-    if len(states) == 1:
-        return states[0][None, None]  # type: ignore[index]
-    return torch.stack(states).unsqueeze(1)  # type: ignore[arg-type]
+    tensors = cast("list[Tensor]", states)
+    if len(tensors) == 1:
+        return tensors[0][None, None]
+    return torch.stack(tensors).unsqueeze(1)
 
 
 def _unstack(state: State) -> list[State]:
@@ -343,11 +350,12 @@ class Seq2Seq(nn.Module):
         """One decoder step: ``emb (B, E_t)`` → (head input ``(B, ·)``, new layers, α)."""
         parts = [emb]
         attn_ctx, weights = None, None
-        before = self.attention is not None and self.attention_wiring == "before"
-        if self.attention is not None:
+        attention = self.attention
+        before = self.attention_wiring == "before"
+        if attention is not None:
             assert state.keys is not None and state.memory is not None
-        if before:
-            attn_ctx, weights = self.attention(
+        if attention is not None and before:
+            attn_ctx, weights = attention(
                 _top(hidden[-1]), state.keys, state.memory, state.source_mask
             )
             parts.append(attn_ctx)
@@ -361,8 +369,8 @@ class Seq2Seq(nn.Module):
             s = cell(x, hidden[l])
             new.append(s)
             x = _top(s)
-        if self.attention is not None and not before:
-            attn_ctx, weights = self.attention(x, state.keys, state.memory, state.source_mask)
+        if attention is not None and not before:
+            attn_ctx, weights = attention(x, state.keys, state.memory, state.source_mask)
         features = x if attn_ctx is None else torch.cat([x, attn_ctx], dim=-1)
         return features, new, weights
 
@@ -374,18 +382,18 @@ class Seq2Seq(nn.Module):
     def step(self, token: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
         """One generation step: ``token (B,)`` → ``(log-probabilities (B, V_t), state)``."""
         emb = self._dropout(self.target_embedding(token))  # (B, E_t)
-        if self.length is not None:
-            assert state.length is not None
-            remaining = self.length.step_input(state.length)
-            if remaining is not None:
-                emb = torch.cat([emb, remaining], dim=-1)  # (B, E_t + R)
+        if self.length is None:
+            features, hidden, _ = self._step(emb, _unstack(state.hidden), state)
+            log_probs = torch.log_softmax(self.head(self._dropout(features)), dim=-1)
+            return log_probs, state._replace(hidden=_stack(hidden))
+        assert state.length is not None  # encode() starts it with a mechanism
+        remaining = self.length.step_input(state.length)
+        if remaining is not None:
+            emb = torch.cat([emb, remaining], dim=-1)  # (B, E_t + R)
         features, hidden, _ = self._step(emb, _unstack(state.hidden), state)
         logits = self.head(self._dropout(features))
-        if self.length is not None:
-            log_probs, extra = self.length.step_output(logits, features, state.length)
-            return log_probs, state._replace(hidden=_stack(hidden), length=extra)
-        log_probs = torch.log_softmax(logits, dim=-1)
-        return log_probs, state._replace(hidden=_stack(hidden))
+        log_probs, extra = self.length.step_output(logits, features, state.length)
+        return log_probs, state._replace(hidden=_stack(hidden), length=extra)
 
     def forward(
         self,
@@ -469,6 +477,7 @@ class Seq2Seq(nn.Module):
         features, weights = [], []
         for t in range(T):  # padded steps are computed too: they carry no loss
             feat, hidden, w = self._step(emb[:, t], hidden, state)
+            assert w is not None  # the attention weighs the source at every step
             features.append(feat)
             weights.append(w)
         return torch.stack(features, dim=1), torch.stack(weights, dim=1)
@@ -550,10 +559,10 @@ class Seq2Seq(nn.Module):
         if self.length is not None:
             assert out.features is not None
             lt = length_targets(batch.target_out, out.mask, EOS_ID)
-            nats, tokens = self.length.loss(
+            total, count = self.length.loss(
                 out.logits, batch.target_out, out.features, out.context, lt
             )
-            return LossOutput(nats / tokens, float(nats.detach()), tokens, None)
+            return LossOutput(total / count, float(total.detach()), count, None)
         loss, nats, tokens = training_loss(
             out.logits, batch.target_out, out.mask, self.loss_reduction
         )
@@ -610,7 +619,7 @@ class Seq2Seq(nn.Module):
             eos_id=EOS_ID,
             length_penalty=length_penalty,
             num=num,
-            per_source=tuple(PER_SOURCE),
+            per_source=PER_SOURCE,
         )
 
     @torch.no_grad()

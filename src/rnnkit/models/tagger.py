@@ -15,6 +15,7 @@ with that probability, so the ``<unk>`` embedding — all an unknown word gets a
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -119,7 +120,7 @@ class Tagger(nn.Module):
 
     @property
     def num_tags(self) -> int:
-        return self.head.out_features
+        return cast(int, self.head.out_features)  # the head is a Linear (its output width)
 
     def features(self, words: Tensor, mask: Tensor, chars: Tensor | None = None) -> Tensor:
         """Step inputs ``(B, T, E [+ D·H_c])``: word embeddings and character features.

@@ -430,19 +430,20 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
     g_all = state_gradient_norms(first, x, loss_fn=loss_all(targets)).numpy()
     g_last = state_gradient_norms(first, x, loss_fn=loss_last).numpy()
     lam = spectral_norm(cell.weight_hh)
-    simple = isinstance(cell, RNNCell)
-    gamma = activation_gain(cell.nonlinearity) if simple else None
+    rnn = cell if isinstance(cell, RNNCell) else None  # the bound is for the simple cell
+    simple = rnn is not None
+    gamma = activation_gain(rnn.nonlinearity) if rnn is not None else None
     lines = {
         r"$L$ = mean of $\ell_t$ over all steps": g_all,
         r"$\ell_T$ only (the last step's loss)": g_last,
     }
     # ‖∂ℓ_T/∂h_k‖ ≤ ‖∂ℓ_T/∂h_T‖ (γλ)^{T−k}: the bound on the last step's gradient.
-    last_bound = g_last[-1] * (gamma * lam) ** np.arange(T, -1, -1.0) if simple else None
+    last_bound = g_last[-1] * (gamma * lam) ** np.arange(T, -1, -1.0) if gamma is not None else None
     Bj, Tj = min(B, 4), min(T, 32)
     width = cell.hidden_size * (2 if cell.is_lstm else 1)
     method = "exact" if width <= 64 else "power"
     J = jacobian_norms(first, x[:Bj, :Tj], method=method, iterations=10).numpy()
-    bound = rnn_jacobian_bound(cell, range(Tj + 1)).numpy() if simple else None
+    bound = rnn_jacobian_bound(rnn, range(Tj + 1)).numpy() if rnn is not None else None
     body = (
         f"<p>On {B} windows of {T} {esc(run.cfg.unit)}s from {esc(where)}, through the first "
         f"layer ({esc(type(cell).__name__)}, H = {cell.hidden_size}). "
@@ -469,7 +470,9 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
     model.zero_grad(set_to_none=True)
     with torch.enable_grad():
         sequence_cross_entropy(model(inputs).logits, targets).backward()
-    reference = float(cell.weight_hh.grad.norm())
+    grad = cell.weight_hh.grad
+    assert grad is not None  # the backward just ran through this cell
+    reference = float(grad.norm())
     model.zero_grad(set_to_none=True)
     body += image(
         plots.plot_contributions(values, total=total),
@@ -496,7 +499,7 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
             float(g_last[0] / g_last[-1]) if g_last[-1] > 0 else None,
         ],
     ]
-    if simple:
+    if gamma is not None:
         rows += [
             ["γ (activation)", gamma],
             ["γλ", gamma * lam],
