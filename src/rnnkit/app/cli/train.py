@@ -555,10 +555,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         explicit = explicit | {"clip_norm"}
     if not args.resume:
         if extra:
-            from rnnkit.app.tasks.registry import task_module
+            from rnnkit.app.tasks.registry import check_task_options
 
-            # ConfigError if bad
-            task_module(args.task).options(TrainConfig(train=values["train"], extra=extra))
+            check_task_options(args.task, TrainConfig(train=values["train"], extra=extra))
         global_defaults = TrainConfig()
         for key, value in TASK_DEFAULTS.get(values["task"], {}).items():
             # The task's own default for an option not given (without the parse's record
