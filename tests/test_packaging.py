@@ -104,3 +104,17 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(wheel, tmp_path):
     )
     expected = f"(2, 5, 4)\n{native._paths()[0].name} {native.available()}"
     assert _run([str(python), "-c", probe], cwd=tmp_path, env=env).strip() == expected
+
+
+def test_the_pre_commit_hook_runs_what_ci_runs_before_the_tests() -> None:
+    """`.pre-commit-config.yaml` calls the Makefile's lint and typecheck targets, the ones
+    `.ci/run` calls, so the checks are listed in one place."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text(encoding="utf-8"))
+    (hook,) = [h for repo in config["repos"] for h in repo["hooks"]]
+    assert hook["entry"] == "make lint typecheck" and hook["pass_filenames"] is False
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "make lint typecheck" in ci
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "\nlint:" in makefile and "\ntypecheck:" in makefile
