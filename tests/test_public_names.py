@@ -20,6 +20,8 @@ PACKAGES = (
     "data",
     "diagnostics",
     "app.report",
+    "app.tasks",
+    "app.cli",
 )
 
 
