@@ -36,7 +36,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
 
-from rnnkit.anomaly.streaming import StreamItem, StreamScorer
+from rnnkit.anomaly.stream_format import StreamItem
+from rnnkit.anomaly.streaming import StreamScorer
 from rnnkit.app.tasks.events import (
     EventVocabulary,
     event_surprises,

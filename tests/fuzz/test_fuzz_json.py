@@ -17,7 +17,7 @@ from fuzzkit import FUZZ, any_text, file_bytes, outcome, write
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rnnkit.anomaly.streaming import StreamItem, parse_stream_line
+from rnnkit.anomaly.stream_format import StreamItem, parse_stream_line
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.events import EventVocabulary, read_thresholds
 from rnnkit.app.tasks.run import load_config, save_config

@@ -36,7 +36,8 @@ import numpy as np
 import pytest
 import torch
 
-from rnnkit.anomaly.streaming import StreamItem, StreamScorer
+from rnnkit.anomaly.stream_format import StreamItem
+from rnnkit.anomaly.streaming import StreamScorer
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks import events as ev
 from rnnkit.data.batching import StreamBatcher

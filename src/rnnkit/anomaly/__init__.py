@@ -5,11 +5,15 @@
 * ``thresholds``: the threshold at a target false-positive rate (empirical or from a
   generalized Pareto tail) and how far it can be trusted (Clopper–Pearson);
 * ``streaming``: scoring events as they arrive (``rnnkit score --follow``): one
-  recurrent state per open session, verdicts when a session ends.
+  recurrent state per open session, verdicts when a session ends;
+* ``session_state``: one model step per event and the pool of open sessions' states;
+* ``stream_format``: the JSON-lines format of streamed events and its parser;
+* ``follow``: reading a growing file or a pipe line by line (``tail -F``).
 
 The detection metrics (ROC-AUC, precision, recall, F1) are in :mod:`rnnkit.metrics`.
 """
 
+from rnnkit.anomaly.follow import OVERLONG, follow_lines
 from rnnkit.anomaly.scores import (
     COMBINED_PARTS,
     RUNNING_SCORES,
@@ -23,15 +27,9 @@ from rnnkit.anomaly.scores import (
     tail_pvalues,
     top_events,
 )
-from rnnkit.anomaly.streaming import (
-    OVERLONG,
-    StreamItem,
-    StreamScorer,
-    follow_lines,
-    parse_stream_line,
-    scores_array,
-    step_function,
-)
+from rnnkit.anomaly.session_state import step_function
+from rnnkit.anomaly.stream_format import StreamItem, parse_stream_line
+from rnnkit.anomaly.streaming import StreamScorer, scores_array
 from rnnkit.anomaly.thresholds import (
     THRESHOLD_METHODS,
     GaussianFit,

@@ -1,25 +1,16 @@
 """Streaming anomaly scores: events arrive one by one, one recurrent state per open session.
 
-The input is JSON lines, one per event (or a few events, or a session's end)::
-
-    {"session": "web-17", "event": "openat:ok"}
-    {"session": "web-17", "events": ["read:ok", "close:ok"]}
-    {"session": "web-17", "end": true}
-    {"session": "web-18", "event": "exit_group:noreturn", "end": true}
-
-Keys: ``session`` (a string, or an integer read as its decimal string), ``event`` (one
-non-empty string) or ``events`` (a list of them), ``end`` (``true``: the session is over;
-its end ``</s>`` is scored, as in batch scoring). Nothing else; a bad line is reported
-(``file:line: problem``) and skipped, never fatal. An event after a session's end opens a
-new session with the same id.
+The input is JSON lines, one per event (or a few events, or a session's end), in the
+format of :mod:`rnnkit.anomaly.stream_format`, read by
+:func:`~rnnkit.anomaly.follow.follow_lines`.
 
 :class:`StreamScorer` keeps, per open session, the recurrent state after all its events
 but the last, the last event's id, and running scores
 (:class:`~rnnkit.anomaly.scores.RunningScore`).
-When event ``e_t`` arrives, ONE step of the model on ``e_{t-1}`` (:func:`step_function`)
-gives ``p(· | e_<t)``, so the work per event is O(1) whatever the session's length, and
-the scores equal batch scores (:func:`rnnkit.app.tasks.events.score_sessions`) of the same
-sessions up to float rounding.
+When event ``e_t`` arrives, ONE step of the model on ``e_{t-1}``
+(:func:`~rnnkit.anomaly.session_state.step_function`) gives ``p(· | e_<t)``, so the work
+per event is O(1) whatever the session's length, and the scores equal batch scores
+(:func:`rnnkit.app.tasks.events.score_sessions`) of the same sessions up to float rounding.
 Events that arrive together (one read of the input) are stepped as one batch, one row per
 session. States live in one pool tensor, a row per open session, so memory is bounded:
 at most ``max_sessions`` are open (the least recently active is closed first, verdict
@@ -34,218 +25,29 @@ back) and when it closes (``closed: true``, ``reason`` ``end``, ``idle``, ``evic
 
 from __future__ import annotations
 
-import os
-import select
-import stat
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple, Protocol, cast
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from rnnkit.anomaly.scores import RUNNING_SCORES, RunningScore, surprise_and_rank
-from rnnkit.data.events import MAX_LINE_BYTES
-from rnnkit.data.limits import MAX_JSON_LINE_BYTES, loads_json
+from rnnkit.anomaly.session_state import StatePool, step_function
+from rnnkit.anomaly.stream_format import StreamItem
 from rnnkit.data.vocab import BOS_ID, EOS_ID, SPECIALS, UNK_ID
-from rnnkit.errors import ConfigError, DataError
-from rnnkit.types import LSTMState
+from rnnkit.errors import ConfigError
 
-__all__ = [
-    "OVERLONG",
-    "StreamItem",
-    "StreamScorer",
-    "follow_lines",
-    "parse_stream_line",
-    "scores_array",
-    "step_function",
-]
+__all__ = ["StreamScorer", "scores_array"]
 
-_KEYS = ("session", "event", "events", "end")
 _END = object()  # a queued session end
-#: Stands for a line longer than MAX_LINE_BYTES in what :func:`follow_lines` yields.
-OVERLONG = b"\0overlong"
-
-
-class StreamItem(NamedTuple):
-    """One input line: events of a session, and whether the session ends after them."""
-
-    session: str
-    events: tuple[str, ...]
-    end: bool = False
-
-
-def parse_stream_line(
-    text: str | bytes, path: str | None = None, line: int | None = None
-) -> StreamItem:
-    """Parse one line of the streaming format (see the module docstring).
-
-    Raises:
-        DataError: naming ``path:line`` and the problem.
-
-    >>> parse_stream_line('{"session": 7, "event": "open", "end": true}')
-    StreamItem(session='7', events=('open',), end=True)
-    >>> parse_stream_line('{"session": "a"}', "in.jsonl", 3)
-    Traceback (most recent call last):
-    ...
-    rnnkit.errors.DataError: in.jsonl:3: session 'a': no "event", "events" or "end": true
-    """
-
-    def fail(message: str) -> DataError:
-        return DataError(message, path=path, line=line)
-
-    if isinstance(text, bytes):
-        if text is OVERLONG:
-            limit = MAX_JSON_LINE_BYTES.value(default=MAX_LINE_BYTES)
-            raise fail(MAX_JSON_LINE_BYTES.exceeded("line too long", limit))
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise fail(f"not valid UTF-8 (byte {exc.start + 1} of the line)") from None
-    # Deep nesting and 5,000-digit integers are DataErrors naming path:line here too.
-    record = loads_json(text, path, line)
-    if not isinstance(record, dict):
-        raise fail("expected a JSON object")
-    unknown = [k for k in record if k not in _KEYS]
-    if unknown:
-        raise fail(f"unknown key {unknown[0]!r} (expected session, event or events, end)")
-    sid = record.get("session")
-    if isinstance(sid, bool) or not isinstance(sid, (str, int)) or sid == "":
-        raise fail("'session' must be a non-empty string or an integer")
-    sid = str(sid)
-    if "event" in record and "events" in record:
-        raise fail(f"session {sid!r}: both 'event' and 'events'")
-    events = [record["event"]] if "event" in record else record.get("events", [])
-    if not isinstance(events, list):
-        raise fail(f"session {sid!r}: 'events' must be a list")
-    for e in events:
-        if not isinstance(e, str) or not e:
-            raise fail(f"session {sid!r}: an event must be a non-empty string, got {e!r}")
-    end = record.get("end", False)
-    if not isinstance(end, bool):
-        raise fail(f"session {sid!r}: 'end' must be true or false")
-    if not events and not end:
-        raise fail(f'session {sid!r}: no "event", "events" or "end": true')
-    return StreamItem(sid, tuple(events), end)
 
 
 class EventEncoder(Protocol):
     """What the scorer needs of a vocabulary (:class:`~rnnkit.app.tasks.events.EventVocabulary`)."""
 
     def encode_event(self, event: str) -> int: ...
-
-
-class _StatePool:
-    """Recurrent states of open sessions, one row each, in one tensor per state part.
-
-    Rows are recycled through a free list; the pool doubles up to ``capacity`` rows.
-    """
-
-    def __init__(self, model: torch.nn.Module, capacity: int) -> None:
-        enc: Any = model.encoder  # the model's recurrent stack (duck-typed)
-        param = next(model.parameters())
-        self.is_lstm = bool(enc.is_lstm)
-        self.shape = (int(enc.num_layers), int(enc.num_directions), int(enc.hidden_size))
-        self.capacity = capacity
-        self._dtype, self._device = param.dtype, param.device
-        self.parts: list[torch.Tensor] = []
-        self.free: list[int] = []
-        self._grow(min(capacity, 64))
-
-    def _grow(self, rows: int) -> None:
-        L, D, H = self.shape
-        old = self.parts[0].shape[2] if self.parts else 0
-        new = [
-            torch.zeros(L, D, rows, H, dtype=self._dtype, device=self._device)
-            for _ in range(2 if self.is_lstm else 1)
-        ]
-        for part, prev in zip(new, self.parts, strict=False):
-            part[:, :, :old] = prev
-        self.parts = new
-        self.free.extend(range(rows - 1, old - 1, -1))
-
-    def alloc(self) -> int:
-        if not self.free:
-            self._grow(min(self.capacity, 2 * self.parts[0].shape[2]))
-        row = self.free.pop()
-        for part in self.parts:
-            part[:, :, row] = 0.0
-        return row
-
-    def release(self, row: int) -> None:
-        self.free.append(row)
-
-    def gather(self, rows: torch.Tensor) -> Any:
-        taken = [part.index_select(2, rows) for part in self.parts]
-        return LSTMState(*taken) if self.is_lstm else taken[0]
-
-    def scatter(self, rows: torch.Tensor, state: Any) -> None:
-        for part, new in zip(self.parts, state if self.is_lstm else (state,), strict=True):
-            part.index_copy_(2, rows, new)
-
-    def bytes_per_session(self) -> int:
-        L, D, H = self.shape
-        return len(self.parts) * L * D * H * self.parts[0].element_size()
-
-
-def step_function(model: torch.nn.Module) -> Callable[[torch.Tensor, Any], tuple[Any, Any]]:
-    """``(tokens (B,), state) -> (log-probabilities (B, V), state)`` for one event.
-
-    For a :class:`~rnnkit.models.language_model.LanguageModel` in eval mode this calls the
-    cells of its unidirectional stack directly (embedding → cell of each layer → head):
-    the same function as ``model.step`` without the whole-sequence machinery around a
-    one-step sequence, about 4× less overhead per event on CPU. Anything else falls back
-    to ``model.step``.
-
-    >>> from rnnkit.models import ModelSpec, build_language_model
-    >>> lm = build_language_model(ModelSpec(hidden=5, embedding=3, layers=2), 7)
-    >>> lm = lm.eval()
-    >>> tokens = torch.tensor([4, 5])
-    >>> fast, state = step_function(lm)(tokens, None)
-    >>> slow, _ = lm.step(tokens)
-    >>> bool(torch.allclose(fast, slow, atol=1e-6)), tuple(state.h.shape)
-    (True, (2, 1, 2, 5))
-    """
-    encoder = getattr(model, "encoder", None)
-    parts = ("embedding", "head", "step")
-    if (
-        encoder is None
-        or not all(hasattr(model, name) for name in parts)
-        or not hasattr(encoder, "cells")
-        or encoder.num_directions != 1
-    ):
-        return model.step  # type: ignore[return-value]
-    cells = encoder.cells()
-    is_lstm = bool(encoder.is_lstm)
-    embedding = cast(torch.nn.Module, model.embedding)
-    head = cast(torch.nn.Module, model.head)
-    slow_step = cast(Callable[..., tuple[torch.Tensor, Any]], model.step)
-
-    @torch.no_grad()
-    def step(tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
-        if model.training:  # dropout would make the fast path differ from model.step
-            return slow_step(tokens, state)
-        x = embedding(tokens)  # (B, E)
-        new = []
-        for layer, cell in enumerate(cells):
-            if state is None:
-                prev = None
-            elif is_lstm:
-                prev = LSTMState(state.h[layer, 0], state.c[layer, 0])
-            else:
-                prev = state[layer, 0]
-            s = cell(x, prev)
-            new.append(s)
-            x = s.h if is_lstm else s  # (B, H)
-        log_probs = torch.log_softmax(head(x), dim=-1)  # (B, V)
-        if is_lstm:
-            h = torch.stack([s.h for s in new])[:, None]  # (L, 1, B, H)
-            c = torch.stack([s.c for s in new])[:, None]
-            return log_probs, LSTMState(h, c)
-        return log_probs, torch.stack(new)[:, None]
-
-    return step
 
 
 class _Open:
@@ -324,7 +126,7 @@ class StreamScorer:
         self.clock = clock
         self._device = next(model.parameters()).device
         self._step = step_function(model)
-        self._pool = _StatePool(model, max_sessions)
+        self._pool = StatePool(model, max_sessions)
         self._open: OrderedDict[str, _Open] = OrderedDict()  # least recently active first
         self._round: list[tuple[str, _Open, Any]] = []
         self._in_round: set[str] = set()
@@ -494,130 +296,6 @@ class StreamScorer:
             "closed": closed,
             "reason": reason,
         }
-
-
-def follow_lines(
-    source: str,
-    *,
-    follow: bool = True,
-    poll: float = 0.2,
-    until_idle: float | None = None,
-    read_size: int = 1 << 16,
-    clock: Callable[[], float] = time.monotonic,
-) -> Iterator[list[tuple[int, bytes]]]:
-    """Complete lines of a growing file or a pipe, in batches as they arrive.
-
-    Yields a list of ``(line number, line bytes without newline)`` per read; an empty list
-    when ``poll`` seconds passed without a complete line (so the caller can close idle
-    sessions). A line longer than :data:`~rnnkit.data.events.MAX_LINE_BYTES` is yielded
-    as :data:`OVERLONG`. Blank lines are skipped (their numbers still count).
-
-    Args:
-        source: a path, or ``"-"`` for standard input.
-        follow: at the end of a regular file, wait for more (``tail -f``); a pipe ends
-            when its writer closes it.
-        poll: seconds between checks for new data.
-        until_idle: stop after this many seconds without new data (None: never).
-
-    >>> import tempfile, os
-    >>> path = os.path.join(tempfile.mkdtemp(), "e.jsonl")
-    >>> with open(path, "w") as f:
-    ...     _ = f.write('{"a": 1}\\n\\n{"b": 2}\\n{"c": 3}')
-    >>> [batch for batch in follow_lines(path, follow=False) if batch]
-    [[(1, b'{"a": 1}'), (3, b'{"b": 2}')], [(4, b'{"c": 3}')]]
-    """
-    if source == "-":
-        fd, owned = 0, False
-    else:
-        fd, owned = os.open(source, os.O_RDONLY), True
-    try:
-        limit = MAX_JSON_LINE_BYTES.value(default=MAX_LINE_BYTES)
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-        buffer = b""
-        number = 0
-        skipping = False  # inside an overlong line, until its newline
-        last_data = clock()
-        offset = 0
-        tail = b""  # the last bytes read, up to offset: to notice a file rewritten under us
-        while True:
-            if regular:
-                size = os.fstat(fd).st_size
-                if size < offset or (tail and os.pread(fd, len(tail), offset - len(tail)) != tail):
-                    # Truncated (log rotation by copytruncate), even if it has grown back
-                    # past our offset since: start over at 0. A partial line of the old
-                    # content is dropped, never joined to the new content.
-                    os.lseek(fd, 0, os.SEEK_SET)
-                    offset, buffer, tail, number, skipping = 0, b"", b"", 0, False
-                chunk = os.read(fd, read_size)
-                if not chunk and owned and follow and _renamed(fd, source):
-                    # The name now points to a new file (rotation by rename, as `tail -F`
-                    # follows): one last read of the old file, then its last line ends
-                    # there and the new file is read from its start.
-                    chunk = os.read(fd, read_size)
-                    if not chunk:
-                        if buffer.strip() and not skipping:
-                            yield [(number + 1, buffer.rstrip(b"\r"))]
-                        os.close(fd)
-                        fd = os.open(source, os.O_RDONLY)
-                        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-                        offset, buffer, tail, number, skipping = 0, b"", b"", 0, False
-                        continue
-                if not chunk:
-                    if not follow:
-                        break
-                    if until_idle is not None and clock() - last_data >= until_idle:
-                        break
-                    time.sleep(poll)
-                    yield []
-                    continue
-            else:
-                ready, _, _ = select.select([fd], [], [], poll)
-                if not ready:
-                    if until_idle is not None and clock() - last_data >= until_idle:
-                        break
-                    yield []
-                    continue
-                chunk = os.read(fd, read_size)
-                if not chunk:
-                    break  # the writer closed the pipe
-            offset += len(chunk)
-            tail = (tail + chunk)[-64:]
-            last_data = clock()
-            buffer += chunk
-            lines = buffer.split(b"\n")
-            buffer = lines.pop()
-            batch = []
-            for raw in lines:
-                number += 1
-                if skipping:
-                    skipping = False
-                    continue
-                if len(raw) > limit:
-                    batch.append((number, OVERLONG))
-                elif raw.strip():
-                    batch.append((number, raw.rstrip(b"\r")))
-            if len(buffer) > limit:
-                number += 1
-                batch.append((number, OVERLONG))
-                buffer, skipping = b"", True
-            if batch:
-                yield batch
-        if buffer.strip() and not skipping:
-            yield [(number + 1, buffer.rstrip(b"\r"))]  # a last line without newline
-    finally:
-        if owned:
-            os.close(fd)
-
-
-def _renamed(fd: int, path: str) -> bool:
-    """Whether ``path`` names another file than the open ``fd`` now (a rotation). While
-    the name is missing (between the rename and the new file), keep the old one."""
-    try:
-        now = os.stat(path)
-    except FileNotFoundError:
-        return False
-    old = os.fstat(fd)
-    return (now.st_ino, now.st_dev) != (old.st_ino, old.st_dev)
 
 
 def scores_array(verdicts: Iterable[dict[str, Any]], name: str = "max") -> np.ndarray:

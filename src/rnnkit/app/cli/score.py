@@ -11,7 +11,7 @@
 Batch mode prints, per session, ``{"session", "score", "verdict", "threshold", "scores",
 "events", "unknown", "top": [{"position", "event", "surprise", "miss"}...]}`` (see
 :func:`rnnkit.app.tasks.events.score_sessions`). ``--follow`` reads one event per line
-(:mod:`rnnkit.anomaly.streaming` documents the format) and prints a verdict line when a session
+(:mod:`rnnkit.anomaly.stream_format` documents the format) and prints a verdict line when a session
 becomes anomalous or closes. A one-line summary goes to stderr unless ``--quiet``.
 
 ``--params RUN`` adds the verdict of a parameter-value run (``rnnkit train --task
@@ -428,7 +428,9 @@ def _run_params(config: ScoreConfig) -> int:
 
 
 def _run_follow(config: ScoreConfig, run: Any) -> int:
-    from rnnkit.anomaly.streaming import StreamScorer, follow_lines, parse_stream_line
+    from rnnkit.anomaly.follow import follow_lines
+    from rnnkit.anomaly.stream_format import parse_stream_line
+    from rnnkit.anomaly.streaming import StreamScorer
 
     name = config.score or run.thresholds["score"]
     if run.thresholds.get("window"):

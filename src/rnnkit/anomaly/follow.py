@@ -1,0 +1,147 @@
+"""Reading a growing file or a pipe line by line as it is written (``tail -F``).
+
+:func:`follow_lines` yields complete lines in batches as they arrive, survives log
+rotation (by rename or by truncation) and never holds more than one line's worth of an
+overlong line in memory; ``rnnkit score --follow`` parses what it yields with
+:func:`~rnnkit.anomaly.stream_format.parse_stream_line`.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import stat
+import time
+from collections.abc import Callable, Iterator
+
+from rnnkit.data.events import MAX_LINE_BYTES
+from rnnkit.data.limits import MAX_JSON_LINE_BYTES
+
+__all__ = ["OVERLONG", "follow_lines"]
+
+#: Stands for a line longer than MAX_LINE_BYTES in what :func:`follow_lines` yields.
+OVERLONG = b"\0overlong"
+
+
+def follow_lines(
+    source: str,
+    *,
+    follow: bool = True,
+    poll: float = 0.2,
+    until_idle: float | None = None,
+    read_size: int = 1 << 16,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[list[tuple[int, bytes]]]:
+    """Complete lines of a growing file or a pipe, in batches as they arrive.
+
+    Yields a list of ``(line number, line bytes without newline)`` per read; an empty list
+    when ``poll`` seconds passed without a complete line (so the caller can close idle
+    sessions). A line longer than :data:`~rnnkit.data.events.MAX_LINE_BYTES` is yielded
+    as :data:`OVERLONG`. Blank lines are skipped (their numbers still count).
+
+    Args:
+        source: a path, or ``"-"`` for standard input.
+        follow: at the end of a regular file, wait for more (``tail -f``); a pipe ends
+            when its writer closes it.
+        poll: seconds between checks for new data.
+        until_idle: stop after this many seconds without new data (None: never).
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "e.jsonl")
+    >>> with open(path, "w") as f:
+    ...     _ = f.write('{"a": 1}\\n\\n{"b": 2}\\n{"c": 3}')
+    >>> [batch for batch in follow_lines(path, follow=False) if batch]
+    [[(1, b'{"a": 1}'), (3, b'{"b": 2}')], [(4, b'{"c": 3}')]]
+    """
+    if source == "-":
+        fd, owned = 0, False
+    else:
+        fd, owned = os.open(source, os.O_RDONLY), True
+    try:
+        limit = MAX_JSON_LINE_BYTES.value(default=MAX_LINE_BYTES)
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        buffer = b""
+        number = 0
+        skipping = False  # inside an overlong line, until its newline
+        last_data = clock()
+        offset = 0
+        tail = b""  # the last bytes read, up to offset: to notice a file rewritten under us
+        while True:
+            if regular:
+                size = os.fstat(fd).st_size
+                if size < offset or (tail and os.pread(fd, len(tail), offset - len(tail)) != tail):
+                    # Truncated (log rotation by copytruncate), even if it has grown back
+                    # past our offset since: start over at 0. A partial line of the old
+                    # content is dropped, never joined to the new content.
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    offset, buffer, tail, number, skipping = 0, b"", b"", 0, False
+                chunk = os.read(fd, read_size)
+                if not chunk and owned and follow and _renamed(fd, source):
+                    # The name now points to a new file (rotation by rename, as `tail -F`
+                    # follows): one last read of the old file, then its last line ends
+                    # there and the new file is read from its start.
+                    chunk = os.read(fd, read_size)
+                    if not chunk:
+                        if buffer.strip() and not skipping:
+                            yield [(number + 1, buffer.rstrip(b"\r"))]
+                        os.close(fd)
+                        fd = os.open(source, os.O_RDONLY)
+                        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+                        offset, buffer, tail, number, skipping = 0, b"", b"", 0, False
+                        continue
+                if not chunk:
+                    if not follow:
+                        break
+                    if until_idle is not None and clock() - last_data >= until_idle:
+                        break
+                    time.sleep(poll)
+                    yield []
+                    continue
+            else:
+                ready, _, _ = select.select([fd], [], [], poll)
+                if not ready:
+                    if until_idle is not None and clock() - last_data >= until_idle:
+                        break
+                    yield []
+                    continue
+                chunk = os.read(fd, read_size)
+                if not chunk:
+                    break  # the writer closed the pipe
+            offset += len(chunk)
+            tail = (tail + chunk)[-64:]
+            last_data = clock()
+            buffer += chunk
+            lines = buffer.split(b"\n")
+            buffer = lines.pop()
+            batch = []
+            for raw in lines:
+                number += 1
+                if skipping:
+                    skipping = False
+                    continue
+                if len(raw) > limit:
+                    batch.append((number, OVERLONG))
+                elif raw.strip():
+                    batch.append((number, raw.rstrip(b"\r")))
+            if len(buffer) > limit:
+                number += 1
+                batch.append((number, OVERLONG))
+                buffer, skipping = b"", True
+            if batch:
+                yield batch
+        if buffer.strip() and not skipping:
+            yield [(number + 1, buffer.rstrip(b"\r"))]  # a last line without newline
+    finally:
+        if owned:
+            os.close(fd)
+
+
+def _renamed(fd: int, path: str) -> bool:
+    """Whether ``path`` names another file than the open ``fd`` now (a rotation). While
+    the name is missing (between the rename and the new file), keep the old one."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    old = os.fstat(fd)
+    return (now.st_ino, now.st_dev) != (old.st_ino, old.st_dev)
