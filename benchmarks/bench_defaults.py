@@ -139,9 +139,9 @@ def _files(d: Path) -> tuple[Path, Path]:
 def one_run(argv: list[str], cap: float) -> int:
     """``rnnkit train argv`` in this process, the default mode's cap lowered to ``cap``."""
     from rnnkit.app.cli.main import main
-    from rnnkit.training import loop
+    from rnnkit.training import budget
 
-    loop.CAP_SECONDS = cap
+    budget.CAP_SECONDS = cap
     return main(argv)
 
 

@@ -14,16 +14,10 @@ from rnnkit import GRU, LSTM
 from rnnkit.data.batching import SequenceBatcher, StreamBatcher, lm_pairs
 from rnnkit.errors import CheckpointError, ConfigError
 from rnnkit.models.language_model import LanguageModel
+from rnnkit.training.budget import CAP_EPOCHS, CAP_MIN_STEPS, default_patience
 from rnnkit.training.checkpoint import load_model_weights, load_snapshot
-from rnnkit.training.loop import (
-    CAP_EPOCHS,
-    CAP_MIN_STEPS,
-    Trainer,
-    TrainingDiverged,
-    TrainOptions,
-    default_eval_every,
-    default_patience,
-)
+from rnnkit.training.loop import Trainer, TrainOptions
+from rnnkit.training.nonfinite import TrainingDiverged
 from rnnkit.types import LSTMState
 
 V, E, H = 12, 6, 8
@@ -248,7 +242,7 @@ def test_on_nonfinite_skip_skips_the_step(tmp_path):
 def test_skipping_stops_when_every_step_is_nonfinite(tmp_path):
     """Skipping is for a bad batch; weights that turned bad make every batch non-finite, and
     then training must end (it would otherwise skip forever without counting a step)."""
-    from rnnkit.training.loop import MAX_SKIPPED_STEPS
+    from rnnkit.training.nonfinite import MAX_SKIPPED_STEPS
 
     def always_nan(model, batch, carry):
         out = stream_step(model, batch, carry)
@@ -390,17 +384,6 @@ def test_with_no_budget_the_cap_ends_training_and_says_so():
     trainer.total_steps = 12
     result = trainer.fit()
     assert result.steps == 12 and result.stopped.startswith("cap reached: 1.2 epochs (12 steps)")
-
-
-def test_default_eval_every_and_patience_follow_the_data_size():
-    assert default_eval_every(1) == 1 and default_eval_every(10) == 1
-    assert default_eval_every(11) == 2 and default_eval_every(978) == 98
-    assert default_eval_every(10**7) == 1000  # at least every 1,000 steps
-    # two epochs of validations, at least 10 validations and at least 100 steps
-    assert default_patience(978, 98) == 20
-    assert default_patience(10**7, 1000) == 20_000
-    assert default_patience(60, 6) == 20
-    assert default_patience(4, 1) == 100
 
 
 def test_a_time_budget_alone_has_no_step_total(tmp_path):

@@ -22,15 +22,11 @@ from rnnkit.cells.lstm import LSTMCell, LSTMKernel
 from rnnkit.data.batching import StreamBatcher
 from rnnkit.errors import CheckpointError, ConfigError
 from rnnkit.models.language_model import LanguageModel
-from rnnkit.training import loop as loop_module
+from rnnkit.training import precision as precision_module
 from rnnkit.training.checkpoint import load_snapshot
-from rnnkit.training.loop import (
-    MAX_SCALER_SKIPS,
-    Trainer,
-    TrainingDiverged,
-    TrainOptions,
-    autocast_setup,
-)
+from rnnkit.training.loop import Trainer, TrainOptions
+from rnnkit.training.nonfinite import MAX_SCALER_SKIPS, TrainingDiverged
+from rnnkit.training.precision import autocast_setup
 from rnnkit.types import LSTMState
 
 V, E, H = 40, 16, 32
@@ -346,7 +342,7 @@ def test_a_precision_the_device_cannot_autocast_is_a_config_error(monkeypatch):
         warnings.warn("In CPU autocast, but the target dtype is not supported.", stacklevel=2)
         return real("cpu", enabled=False)
 
-    monkeypatch.setattr(loop_module.torch, "autocast", unsupported)
+    monkeypatch.setattr(precision_module.torch, "autocast", unsupported)
     with pytest.raises(
         ConfigError, match=r"--precision fp16: torch .* has no fp16 autocast on cpu"
     ):

@@ -15,7 +15,7 @@ import torch
 
 from rnnkit.types import LSTMState
 
-__all__ = ["StatePool", "step_function"]
+__all__ = ["step_function"]
 
 
 class StatePool:

@@ -1,5 +1,17 @@
 """Training: the model-agnostic loop, atomic checkpoints, distributed, schedules and progress.
 
+* ``loop``: the :class:`Trainer`, one step after another, validation and early stopping;
+* ``options``: what a run is asked to do and what it did (``TrainOptions``, ``TrainResult``);
+* ``budget``: how long a run trains and how often it validates and records;
+* ``nonfinite``: a NaN or infinite loss or gradient (stop, skip, float16 overflow);
+* ``precision``: autocast and the GradScaler of mixed precision;
+* ``snapshots``: what a resumable snapshot holds and how a run resumes from it;
+* ``run_log``: ``metrics.jsonl``, ``metrics.csv``, TensorBoard and the ``-v`` lines;
+* ``interrupt``: SIGINT and SIGTERM finish the step in flight and save it;
+* ``checkpoint``, ``run_files``: atomic files of a run and reading them back;
+* ``schedules``, ``scheduled_sampling``, ``distributed``, ``progress``, ``tensorboard``,
+  ``baseline_check``: as their names say.
+
 The ``SCHEDULES`` of ``scheduled_sampling`` and ``schedules`` differ in meaning and stay in
 their modules.
 """
@@ -11,6 +23,14 @@ from rnnkit.training.baseline_check import (
     baseline_figures,
     behind_baseline,
     compare,
+)
+from rnnkit.training.budget import (
+    CAP_EPOCHS,
+    CAP_MIN_STEPS,
+    CAP_SECONDS,
+    default_eval_every,
+    default_log_every,
+    default_patience,
 )
 from rnnkit.training.checkpoint import (
     FORMAT_VERSION,
@@ -35,22 +55,11 @@ from rnnkit.training.distributed import (
     init_distributed,
     shutdown_distributed,
 )
-from rnnkit.training.loop import (
-    CAP_EPOCHS,
-    CAP_MIN_STEPS,
-    CAP_SECONDS,
-    MAX_SCALER_SKIPS,
-    Trainer,
-    TrainingDiverged,
-    TrainingInterrupted,
-    TrainOptions,
-    TrainResult,
-    autocast_setup,
-    default_eval_every,
-    default_log_every,
-    default_patience,
-    describe_event,
-)
+from rnnkit.training.interrupt import TrainingInterrupted
+from rnnkit.training.loop import Trainer
+from rnnkit.training.nonfinite import MAX_SCALER_SKIPS, MAX_SKIPPED_STEPS, TrainingDiverged
+from rnnkit.training.options import TrainOptions, TrainResult
+from rnnkit.training.precision import autocast_setup
 from rnnkit.training.progress import Progress
 from rnnkit.training.run_files import (
     CSV_FIRST_COLUMNS,
@@ -60,6 +69,7 @@ from rnnkit.training.run_files import (
     read_summary,
     write_metrics_csv,
 )
+from rnnkit.training.run_log import describe_event
 from rnnkit.training.scheduled_sampling import SamplingSchedule, parse_schedule
 from rnnkit.training.schedules import LRSchedule, build_lr_schedulers, parse_lr_schedule
 from rnnkit.training.tensorboard import TensorBoardWriter, require_tensorboard, scalars
@@ -73,6 +83,7 @@ __all__ = [
     "HEADLINE",
     "LABELS",
     "MAX_SCALER_SKIPS",
+    "MAX_SKIPPED_STEPS",
     "METRIC_FIELDS",
     "DistContext",
     "LRSchedule",

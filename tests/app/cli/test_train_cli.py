@@ -430,7 +430,7 @@ def test_python_m_rnnkit_trains(data, tmp_path):
 def test_diverging_run_ends_with_one_line_in_both_nonfinite_modes(data, tmp_path, capsys, mode):
     """A learning rate of 1e38 makes every step after the first non-finite: ``stop`` ends at
     once, ``skip`` after MAX_SKIPPED_STEPS skipped steps — never a loop that runs forever."""
-    from rnnkit.training.loop import MAX_SKIPPED_STEPS
+    from rnnkit.training.nonfinite import MAX_SKIPPED_STEPS
 
     out = tmp_path / "run"
     args = train_args(data, out, "--steps", "6", "--lr", "1e38", "--no-clip")

@@ -1,0 +1,160 @@
+"""How long training runs, and how often it validates and records, from the options and
+the data's size.
+
+A run has a step budget (``steps``, or ``epochs`` × steps per epoch), a time budget
+(``max_time``), or neither: then it trains until validation stops improving, validating
+about ``VALIDATIONS_PER_EPOCH`` times per epoch, stopping after :func:`default_patience`
+validations without improvement, and at the latest after ``CAP_EPOCHS`` epochs (at least
+``CAP_MIN_STEPS`` steps) or ``CAP_SECONDS`` seconds. Training records come every
+:func:`default_log_every` steps unless ``log_every`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from rnnkit.errors import ConfigError
+
+__all__ = [
+    "CAP_EPOCHS",
+    "CAP_MIN_STEPS",
+    "CAP_SECONDS",
+    "default_eval_every",
+    "default_log_every",
+    "default_patience",
+]
+
+# Training with no budget: validate about this often per epoch (early stopping needs
+# several points per epoch on small data, where one epoch is a handful of steps) ...
+VALIDATIONS_PER_EPOCH = 10
+MAX_EVAL_EVERY = 1000  # ... but at least every 1,000 steps on large data
+# ... and stop at the latest after CAP_EPOCHS epochs (but not before CAP_MIN_STEPS steps:
+# a few hundred sessions make an epoch of 4 steps) or CAP_SECONDS of training.
+CAP_EPOCHS = 100
+CAP_MIN_STEPS = 5000
+CAP_SECONDS = 3600.0
+
+# Training records (metrics.jsonl, -v lines) every at most this many steps; a run whose
+# length is known gets at least RECORDS_PER_RUN records (a 200-step run: every 4 steps),
+# one of unknown length at least RECORDS_PER_EPOCH per epoch.
+MAX_LOG_EVERY = 50
+RECORDS_PER_RUN = 50
+RECORDS_PER_EPOCH = 20
+
+
+def default_eval_every(steps_per_epoch: int) -> int:
+    """Steps between validations when training until validation stops improving:
+    ``clamp(⌈S / VALIDATIONS_PER_EPOCH⌉, 1, MAX_EVAL_EVERY)`` for ``S`` steps per epoch.
+
+    >>> default_eval_every(978), default_eval_every(4)
+    (98, 1)
+    """
+    return max(1, min(math.ceil(steps_per_epoch / VALIDATIONS_PER_EPOCH), MAX_EVAL_EVERY))
+
+
+def default_log_every(total_steps: int | None, steps_per_epoch: int) -> int:
+    """Steps between training records when ``log_every`` is not given: for a run of known
+    length ``N`` (a step or epoch budget) ``clamp(⌊N / 50⌋, 1, 50)`` — every step up to 99
+    steps, at least 50 records up to 2,500 steps, every 50 steps beyond; for a run of
+    unknown length (a time budget, or until validation stops improving) ``clamp(⌈S / 20⌉,
+    1, 50)`` for ``S`` steps per epoch — at least 20 records per epoch (such a run lasts at
+    least its patience, of an epoch or more, so it too gets ~20 points or more).
+
+    >>> default_log_every(6, 10), default_log_every(200, 10), default_log_every(5000, 10)
+    (1, 4, 50)
+    >>> default_log_every(None, 978), default_log_every(None, 4)
+    (49, 1)
+    """
+    if total_steps is not None:
+        return max(1, min(total_steps // RECORDS_PER_RUN, MAX_LOG_EVERY))
+    return max(1, min(math.ceil(steps_per_epoch / RECORDS_PER_EPOCH), MAX_LOG_EVERY))
+
+
+def default_patience(steps_per_epoch: int, eval_every: int) -> int:
+    """Validations without improvement before training with no budget stops: those of
+    two epochs, at least 10 validations and at least 100 steps — generous, because an
+    LSTM's validation loss can stall for a while (on a plateau) before it falls again.
+
+    >>> default_patience(978, 98), default_patience(4, 1)
+    (20, 100)
+    """
+    per_epoch = math.ceil(steps_per_epoch / eval_every)
+    return max(2 * per_epoch, 10, math.ceil(100 / eval_every))
+
+
+class BudgetOptions(Protocol):
+    """The options a budget is made from (:class:`~rnnkit.training.options.TrainOptions`)."""
+
+    epochs: int | None
+    steps: int | None
+    max_time: float | None
+    eval_every: int | None
+    patience: int | None
+    log_every: int | None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What ends a run and how often it validates and records.
+
+    Attributes:
+        total_steps: the last step (None: no step budget, a time budget only).
+        max_time: seconds of training before it stops (None: no limit).
+        eval_every: validate every N steps (None: at the end of every epoch).
+        patience: validations without improvement before stopping (None: never).
+        log_every: a training record every N steps.
+        until_converged: no budget was given: train until validation stops improving.
+    """
+
+    total_steps: int | None
+    max_time: float | None
+    eval_every: int | None
+    patience: int | None
+    log_every: int
+    until_converged: bool
+
+
+def resolve_budget(opts: BudgetOptions, steps_per_epoch: int, validates: bool) -> Budget:
+    """The :class:`Budget` of ``opts`` for data of ``steps_per_epoch`` steps per epoch
+    (``validates``: the run has validation data, so a default patience applies).
+
+    >>> from rnnkit.training.options import TrainOptions
+    >>> b = resolve_budget(TrainOptions(epochs=None), 10, validates=True)
+    >>> b.until_converged, b.total_steps, b.max_time, b.eval_every, b.patience, b.log_every
+    (True, 5000, 3600.0, 1, 100, 1)
+    """
+    until_converged = opts.steps is None and opts.epochs is None and opts.max_time is None
+    eval_every, patience, max_time = opts.eval_every, opts.patience, opts.max_time
+    total_steps: int | None
+    if opts.steps is not None:
+        total_steps = opts.steps
+    elif opts.epochs is not None:
+        total_steps = opts.epochs * steps_per_epoch
+    elif until_converged:
+        total_steps = max(CAP_EPOCHS * steps_per_epoch, CAP_MIN_STEPS)
+        max_time = CAP_SECONDS
+        if eval_every is None:
+            eval_every = default_eval_every(steps_per_epoch)
+        if patience is None and validates:
+            patience = default_patience(steps_per_epoch, eval_every)
+    else:
+        total_steps = None  # a time budget only
+    known = opts.steps is not None or opts.epochs is not None
+    log_every = opts.log_every
+    if log_every is None:
+        log_every = default_log_every(total_steps if known else None, steps_per_epoch)
+    elif isinstance(log_every, bool) or log_every < 1:
+        raise ConfigError(f"--log-every must be an integer ≥ 1, got {log_every!r}")
+    return Budget(total_steps, max_time, eval_every, patience, log_every, until_converged)
+
+
+def cap_text(total_steps: int, steps_per_epoch: int) -> str:
+    """The cap of a run with no budget, for people.
+
+    >>> cap_text(5000, 10)
+    '500 epochs (5,000 steps) or 3600 s'
+    """
+    epochs = total_steps / max(steps_per_epoch, 1)
+    return f"{epochs:g} epochs ({total_steps:,} steps) or {CAP_SECONDS:.0f} s"

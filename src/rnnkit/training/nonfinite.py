@@ -1,0 +1,113 @@
+"""A NaN or infinite loss or gradient during training: stop, skip the step, or (float16)
+let the ``GradScaler`` lower its scale.
+
+``on_nonfinite="stop"`` (the default) ends training with :class:`TrainingDiverged` naming
+the step and batch; ``"skip"`` drops the step and goes on, unless ``MAX_SKIPPED_STEPS``
+steps in a row were bad. With float16, gradients that overflow the scaled loss are the
+``GradScaler``'s business (it skips the step and halves its scale), not a divergence,
+unless that happens ``MAX_SCALER_SKIPS`` times in a row. No snapshot is ever written
+after a bad step: the loop writes them only after good ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rnnkit.errors import RnnkitError
+
+__all__ = ["MAX_SCALER_SKIPS", "MAX_SKIPPED_STEPS", "TrainingDiverged"]
+
+# float16 overflow skips in a row before training counts as diverged: each halves the loss
+# scale, so 20 take the default 2^16 down to 2^-4 — gradients that overflow float16 even
+# then (|g| > 2^20) are not a scale problem.
+MAX_SCALER_SKIPS = 20
+# on_nonfinite="skip": non-finite steps in a row before training counts as diverged. One bad
+# batch is what skipping is for; 20 in a row mean the weights themselves went bad (every
+# later batch would be skipped too — without this bound, forever).
+MAX_SKIPPED_STEPS = 20
+
+
+class TrainingDiverged(RnnkitError):
+    """A NaN or infinite loss/gradient; the last good checkpoint is left intact."""
+
+
+class NonFiniteGuard:
+    """The checks of one training run and their counts in a row.
+
+    Args:
+        on_nonfinite: ``"stop"`` or ``"skip"``.
+        log: where a ``skipped`` or ``scaler_skip`` event goes (the run's log).
+
+    ``where`` below is ``(step, batch, epoch)``: the step in flight (1-based), the batch's
+    position in its epoch, the epoch.
+
+    >>> guard = NonFiniteGuard("skip", log=lambda event: print(event["reason"]))
+    >>> guard.check(float("nan"), "the training loss", (3, 2, 1))
+    the training loss is nan at step 3 (batch 2 of epoch 1); the last good checkpoint is kept
+    False
+    """
+
+    def __init__(self, on_nonfinite: str, log: Callable[[dict[str, Any]], None]) -> None:
+        self.on_nonfinite = on_nonfinite
+        self.log = log
+        self.skip_streak = 0  # non-finite steps skipped in a row (on_nonfinite="skip")
+        self.scaler_skips = 0  # steps the GradScaler skipped (float16 overflow)
+        self.scaler_streak = 0  # ... of them in a row, up to now
+
+    def check(self, value: float, what: str, where: tuple[int, int, int]) -> bool:
+        """True when ``value`` is finite; False when the step is to be skipped (the caller
+        drops its gradients); raises :class:`TrainingDiverged` otherwise."""
+        if math.isfinite(value):
+            return True
+        step, batch, epoch = where
+        message = (
+            f"{what} is {value} at step {step} (batch {batch} of epoch {epoch}); the last "
+            "good checkpoint is kept"
+        )
+        if self.on_nonfinite == "skip":
+            self.log({"event": "skipped", "step": step, "reason": message})
+            self.skip_streak += 1
+            if self.skip_streak < MAX_SKIPPED_STEPS:
+                return False
+            message = f"{self.skip_streak} steps in a row were skipped; the last: {message}"
+        raise TrainingDiverged(message + " (lower --lr or set --clip-norm)")
+
+    def good_step(self) -> None:
+        """An optimizer step was taken: the count of skipped steps in a row starts over."""
+        self.skip_streak = 0
+
+    def scaler_skipped(
+        self,
+        scaler: torch.amp.GradScaler,
+        optimizer: torch.optim.Optimizer,
+        params: Sequence[Tensor],
+        where: tuple[int, int, int],
+    ) -> bool:
+        """fp16 only: if the unscaled gradients hold inf/NaN, let the GradScaler skip the
+        step and lower its scale (its own overflow handling, not a divergence) and return
+        True; ``MAX_SCALER_SKIPS`` such steps in a row are a :class:`TrainingDiverged`."""
+        grads = [p.grad for p in params if p.grad is not None]
+        peak = torch.nn.utils.get_total_norm(grads, norm_type=math.inf) if grads else None
+        if peak is None or bool(torch.isfinite(peak)):
+            self.scaler_streak = 0
+            return False
+        scaler.step(optimizer)  # sees the recorded inf: no optimizer step
+        scaler.update()  # scale ← scale · backoff
+        self.scaler_skips += 1
+        self.scaler_streak += 1
+        scale = scaler.get_scale()
+        step, batch, epoch = where
+        self.log({"event": "scaler_skip", "step": step, "batch": batch, "scale": scale})
+        if self.scaler_streak >= MAX_SCALER_SKIPS:
+            raise TrainingDiverged(
+                f"the gradients overflowed float16 {self.scaler_streak} steps in a row, up to "
+                f"step {step} (batch {batch} of epoch {epoch}; loss scale now {scale:g}); the "
+                "last good checkpoint is kept (lower --lr, set --clip-norm or use --precision "
+                "bf16)"
+            )
+        return True

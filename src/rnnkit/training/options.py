@@ -1,0 +1,92 @@
+"""What a training run is asked to do (:class:`TrainOptions`) and what it did
+(:class:`TrainResult`): the arguments and the result of
+:meth:`rnnkit.training.loop.Trainer.fit`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["TrainOptions", "TrainResult"]
+
+
+@dataclass
+class TrainOptions:
+    """How long and how to train.
+
+    Attributes:
+        epochs: passes over the training data (ignored when ``steps`` is set). None with
+            ``steps`` and ``max_time`` None too: train until validation stops improving
+            (see :mod:`rnnkit.training.budget`); None with ``max_time``: until the time is up.
+        steps: total optimizer steps, or None to run ``epochs``.
+        max_time: stop after this many seconds of training (validate and save first).
+        clip_norm: global gradient-norm threshold κ (``g ← κ g / ‖g‖`` if ``‖g‖ > κ``).
+        clip_value: clip each gradient entry to ``[−v, v]`` (a separate, named option).
+        eval_every: validate every N steps (None: at the end of every epoch, or
+            :func:`~rnnkit.training.budget.default_eval_every` when training until validation
+            stops improving).
+        patience: stop after this many validations without improvement (None: never, or
+            :func:`~rnnkit.training.budget.default_patience` when training until validation
+            stops improving).
+        log_every: write a training record to the metrics log (and, with ``-v``, a line to
+            stderr) every N steps, and at the last step (None:
+            :func:`~rnnkit.training.budget.default_log_every`).
+        tensorboard: also write the records as TensorBoard scalars into this directory
+            (``rnnkit.training.tensorboard``; needs the ``tensorboard`` package).
+        on_nonfinite: ``"stop"`` (default) or ``"skip"`` the step.
+        precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``: forward and loss under
+            ``torch.autocast`` in that dtype (fp16 with a ``GradScaler``); see the docstring of
+            :mod:`rnnkit.training.loop`.
+        threads: CPU threads for the run (None: ``RNNKIT_THREADS``, else chosen from the
+            CPUs free now and re-checked every few seconds: ``rnnkit.threads``); torch's
+            previous count is restored when ``fit`` returns.
+        rows: batch rows, which bound the thread count (each thread gets >= 8 rows).
+        quiet: no progress bar.
+        units: what the progress bar shows besides nats: ``"bits"`` or ``"ppl"``.
+        lr_schedule: ``"constant"``, ``"plateau"``, ``"step:E:F"`` or ``"cosine"``
+            (``rnnkit.training.schedules``), built here; None: the ``scheduler`` and
+            ``plateau`` given to the ``Trainer``, if any.
+        warmup: steps of linear learning-rate warm-up (with ``lr_schedule``).
+        lr_decay: the ``plateau`` schedule's factor.
+        init_range: re-initialise every parameter uniformly in ``[−R, R]`` (None: keep
+            the model's own initialisation).
+        restore_best: at the end of ``fit()``, load the best-on-validation weights into
+            the model (those of ``model.safetensors``).
+    """
+
+    epochs: int | None = 1
+    steps: int | None = None
+    max_time: float | None = None
+    clip_norm: float | None = None
+    clip_value: float | None = None
+    eval_every: int | None = None
+    patience: int | None = None
+    log_every: int | None = None
+    tensorboard: str | None = None
+    on_nonfinite: str = "stop"
+    precision: str = "fp32"
+    threads: int | None = None
+    rows: int | None = None
+    quiet: bool = False
+    units: str = "ppl"
+    lr_schedule: str | None = None
+    warmup: int = 0
+    lr_decay: float = 0.5
+    init_range: float | None = None
+    restore_best: bool = True
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    epochs_done: int
+    train_loss_nats: float | None
+    best_valid: dict[str, Any] | None
+    history: list[dict[str, Any]] = field(default_factory=list)  # last HISTORY_EVENTS
+    stopped_early: bool = False
+    clipped_steps: int = 0
+    tokens: int = 0  # target tokens trained on in this call of fit()
+    train_seconds: float = 0.0  # wall time of those steps, validation excluded
+    threads: str = ""  # one line: the CPU threads used and why (rnnkit.threads)
+    stopped: str = ""  # why training ended, one line ("no improvement for 20 validations")

@@ -1,0 +1,136 @@
+"""Resumable snapshots of a :class:`~rnnkit.training.loop.Trainer`: what goes into one,
+and how a run continues from it.
+
+A snapshot (written by :func:`~rnnkit.training.checkpoint.save_snapshot`, atomically)
+holds the model, the optimizer, the learning-rate schedules, the best validation so far
+and the validations since, the clipping and float16-overflow counts, the GradScaler, the
+torch RNG, the data position and the carried recurrent state, so that N steps, a resume
+and M steps train exactly as N + M steps would.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from rnnkit.errors import CheckpointError, RnnkitError
+from rnnkit.training.checkpoint import load_snapshot, save_model_weights, save_snapshot
+from rnnkit.types import LSTMState
+
+if TYPE_CHECKING:
+    from rnnkit.training.loop import Trainer
+
+__all__ = []
+
+
+def carry_tensors(carry: Any) -> dict[str, Tensor]:
+    """The carried recurrent state as named tensors of a snapshot.
+
+    >>> sorted(carry_tensors(LSTMState(torch.zeros(1), torch.ones(1))))
+    ['carry/c', 'carry/h']
+    """
+    if carry is None:
+        return {}
+    if isinstance(carry, LSTMState):
+        return {"carry/h": carry.h, "carry/c": carry.c}
+    return {"carry/state": carry}
+
+
+def carry_from(tensors: dict[str, Tensor], device: torch.device) -> Any:
+    """The carried state back from a snapshot's tensors (None when it holds none)."""
+    if "carry/h" in tensors:
+        return LSTMState(tensors["carry/h"].to(device), tensors["carry/c"].to(device))
+    if "carry/state" in tensors:
+        return tensors["carry/state"].to(device)
+    return None
+
+
+def _state(trainer: Trainer) -> dict[str, Any]:
+    guard = trainer.guard
+    return {
+        "batches": trainer.batches.state_dict(),
+        "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
+        "plateau": trainer.plateau.state_dict() if trainer.plateau is not None else None,
+        "best": trainer.best,
+        "bad_evals": trainer.bad_evals,
+        "clipped": trainer.clipped,
+        "precision": trainer.options.precision,
+        "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
+        "scaler_skips": guard.scaler_skips,
+        "scaler_streak": guard.scaler_streak,
+    }
+
+
+def save_trainer(trainer: Trainer) -> None:
+    """Write a resumable snapshot of the trainer's current step (rank 0 writes; with
+    several processes every rank must call this: the carried state is gathered first)."""
+    out_dir = trainer.out_dir
+    if out_dir is None:
+        return
+    carry = carry_tensors(trainer.carry)
+    dist = trainer.dist
+    if dist.enabled:  # the snapshot holds the GLOBAL batch's carried state
+        carry = {k: dist.gather_rows(v, dim=2) for k, v in carry.items()}
+    if not dist.is_main:
+        return
+    extra = {"rng/torch": torch.get_rng_state(), **carry}
+    save_snapshot(out_dir, trainer.step, trainer.model, trainer.optimizer, _state(trainer), extra)
+    if trainer.evaluate_fn is None:  # no validation: the latest weights are the ones to use
+        save_model_weights(trainer.model, out_dir / "model.safetensors")
+    if trainer.run_log.csv_due():
+        trainer.run_log.write_csv()
+
+
+def resume_trainer(trainer: Trainer) -> None:
+    """Restore model, optimizer, scheduler, RNG, data position and carried state from the
+    snapshot in the trainer's run directory; a snapshot that does not fit is one
+    :class:`~rnnkit.errors.CheckpointError` naming the directory."""
+    out_dir = trainer.out_dir
+    if out_dir is None:
+        raise RnnkitError("resume needs an output directory")
+    state, extra = load_snapshot(out_dir, trainer.model, trainer.optimizer)
+    try:
+        _restore(trainer, state, extra)
+    except RnnkitError as exc:
+        if str(out_dir) in str(exc):
+            raise
+        raise CheckpointError(f"{out_dir}: the snapshot's state: {exc}") from None
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
+        # A state.json whose checksums match but whose content was forged: one line.
+        detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        raise CheckpointError(
+            f"{out_dir}: the snapshot's state.json does not fit this run "
+            f"({type(exc).__name__}: {detail})"
+        ) from None
+
+
+def _restore(trainer: Trainer, state: dict[str, Any], extra: dict[str, Tensor]) -> None:
+    saved_precision = state.get("precision", "fp32")  # snapshots before --precision
+    if saved_precision != trainer.options.precision:
+        raise CheckpointError(
+            f"{trainer.out_dir}: the snapshot was trained with --precision {saved_precision}, "
+            f"not {trainer.options.precision}"
+        )
+    trainer.step = int(state["step"])
+    trainer.batches.load_state_dict(state["batches"])
+    if trainer.scheduler is not None and state.get("scheduler") is not None:
+        trainer.scheduler.load_state_dict(state["scheduler"])
+    if trainer.plateau is not None and state.get("plateau") is not None:
+        trainer.plateau.load_state_dict(state["plateau"])
+    trainer.best = state.get("best")
+    trainer.bad_evals = int(state.get("bad_evals", 0))
+    trainer.clipped = int(state.get("clipped", 0))
+    if trainer.scaler is not None and state.get("scaler"):
+        trainer.scaler.load_state_dict(state["scaler"])
+    trainer.guard.scaler_skips = int(state.get("scaler_skips", 0))
+    trainer.guard.scaler_streak = int(state.get("scaler_streak", 0))
+    if "rng/torch" in extra:
+        torch.set_rng_state(extra["rng/torch"])
+    dist = trainer.dist
+    if dist.enabled:  # this process's rows of the global carried state
+        extra = {
+            k: v if not k.startswith("carry/") else dist.rows(v, dim=2) for k, v in extra.items()
+        }
+    trainer.carry = carry_from(extra, trainer._device)

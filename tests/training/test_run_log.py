@@ -1,0 +1,30 @@
+"""The run's log: every event in metrics.jsonl, a bounded history, metrics.csv at the end."""
+
+from __future__ import annotations
+
+import json
+
+from rnnkit.training.run_log import RunLog
+
+
+def test_events_go_to_the_file_the_callbacks_and_a_bounded_history(tmp_path, monkeypatch):
+    monkeypatch.setattr("rnnkit.training.run_log.HISTORY_EVENTS", 3)
+    seen: list[dict] = []
+    log = RunLog(tmp_path, True, [seen.append])
+    events = [{"event": "train", "step": i, "loss_nats": 1.0 / i} for i in range(1, 6)]
+    for event in events:
+        log.write(event, total_steps=5)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == events == seen
+    assert list(log.history) == events[-3:]
+    log.csv_on_exit(None, None, None)
+    rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + len(events) and "loss_nats" in rows[0]
+
+
+def test_other_processes_keep_the_history_only(tmp_path):
+    seen: list[dict] = []
+    log = RunLog(tmp_path, False, [seen.append])
+    log.write({"event": "valid", "step": 1, "loss_nats": 0.5})
+    log.write_csv()
+    assert list(tmp_path.iterdir()) == [] and seen == [] and len(log.history) == 1
