@@ -16,24 +16,22 @@ import torch
 
 from rnnkit.anomaly.scores import COMBINED_PARTS, SCORES, combined_scores
 from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks import events as ev
 from rnnkit.app.tasks.events import (
     EventVocabulary,
     evaluate,
     event_surprises,
     load_events,
-    ngram_surprises,
     options,
     score_sessions,
     train,
 )
+from rnnkit.app.tasks.events import surprise as surprise_module
 from rnnkit.data.events import Session, write_sessions
 from rnnkit.data.generated_sessions import ANOMALY_KINDS, generate_sessions
 from rnnkit.data.strace import parse_strace
-from rnnkit.data.vocab import EOS_ID, Vocabulary
+from rnnkit.data.vocab import EOS_ID
 from rnnkit.errors import CheckpointError, ConfigError, DataError
 from rnnkit.metrics.detection import roc_auc
-from rnnkit.models.ngram import NGramModel
 
 TARGET_FPR = 0.05
 
@@ -153,78 +151,11 @@ def test_scoring_long_sessions_in_chunks_changes_nothing(
     run = load_events(trained[0])
     seqs = [run.vocab.encode_events(s.events)[0] for s in generate_sessions(6, seed=6)]
     whole = event_surprises(run.model, seqs, batch_size=4)
-    monkeypatch.setattr(ev, "SCORE_CHUNK", 3)
+    monkeypatch.setattr(surprise_module, "SCORE_CHUNK", 3)
     chunked = event_surprises(run.model, seqs, batch_size=4)
     for (s1, r1), (s2, r2) in zip(whole, chunked, strict=True):
         np.testing.assert_allclose(s1, s2, atol=1e-5)
         np.testing.assert_array_equal(r1, r2)
-
-
-def test_ngram_surprise_and_rank_match_its_distributions() -> None:
-    seqs = [np.array([4, 5, 4, 6]), np.array([5, 5])]
-    ngram = NGramModel(order=3, vocab_size=7).fit([np.append(s, EOS_ID) for s in seqs])
-    probe = [np.array([4, 6, 5]), np.array([6])]
-    for seq, (surprise, rank) in zip(probe, ngram_surprises(ngram, probe), strict=True):
-        full = np.append(seq, EOS_ID)
-        for t, target in enumerate(full):
-            dist = ngram.distribution(full[max(0, t - 2) : t].tolist())
-            assert surprise[t] == pytest.approx(-np.log(dist[target]))
-            assert rank[t] == np.sum(dist > dist[target])
-
-
-@pytest.mark.parametrize("order", [1, 2, 3, 5])
-def test_ngram_ranks_vectorised_equal_the_per_event_definition(order: int) -> None:
-    """Random sessions (unseen contexts, ties between unseen ids): every event's surprise
-    and rank equal those computed from its own context's distribution, one at a time."""
-    rng = np.random.default_rng(order)
-    train = [rng.integers(4, 12, size=rng.integers(1, 30)) for _ in range(20)]
-    ngram = NGramModel(order=order, vocab_size=16).fit([np.append(s, EOS_ID) for s in train])
-    probe = [rng.integers(4, 16, size=n) for n in (0, 1, 7, 40)]
-    for seq, (surprise, rank) in zip(probe, ngram_surprises(ngram, probe), strict=True):
-        full = np.append(seq, EOS_ID)
-        assert surprise.shape == rank.shape == (len(full),)
-        for t, target in enumerate(full):
-            dist = ngram.distribution(full[max(0, t - order + 1) : t].tolist())
-            assert surprise[t] == pytest.approx(-np.log(dist[target]))
-            assert rank[t] == np.sum(dist > dist[target])
-
-
-def test_ngram_ranks_in_small_blocks_equal_one_block(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ranking in blocks of a few contexts and events (as with a large vocabulary) gives
-    the ranks of one block."""
-    rng = np.random.default_rng(3)
-    train = [rng.integers(4, 12, size=rng.integers(1, 30)) for _ in range(20)]
-    ngram = NGramModel(order=3, vocab_size=16).fit([np.append(s, EOS_ID) for s in train])
-    probe = [rng.integers(4, 16, size=n) for n in (0, 3, 25, 60)]
-    whole = ngram_surprises(ngram, probe)
-    monkeypatch.setattr(ev, "RANK_CELLS", 3 * 16)  # three rows of V at a time
-    blocked = ngram_surprises(ngram, probe)
-    for (s1, r1), (s2, r2) in zip(whole, blocked, strict=True):
-        np.testing.assert_array_equal(s1, s2)
-        np.testing.assert_array_equal(r1, r2)
-
-
-def test_event_vocabulary_keeps_whole_events() -> None:
-    vocab = EventVocabulary.from_sessions([["a b", "c"], ["a b"], ["d"]], min_freq=2)
-    assert vocab.itos[4:] == ["a b"]
-    assert vocab.encode_events(["a b", "c", "</s>"]) == (pytest.approx([4, 1, 1]), 2)
-    with pytest.raises(DataError, match="a special"):
-        EventVocabulary(["<unk>"])
-    # The file is an ordinary vocabulary file; the plain reader refuses spaces in words.
-    text = vocab.to_json()
-    assert EventVocabulary.from_json(text) == vocab
-    with pytest.raises(DataError, match="whitespace"):
-        Vocabulary.from_json(text)
-
-
-def test_pieces_cover_a_long_session_once() -> None:
-    seq = np.arange(4, 14)  # 10 events: 11 predictions with the end
-    pieces = ev._pieces(seq, 4)
-    assert [len(x) for x, _ in pieces] == [4, 4, 3]
-    targets = np.concatenate([y for _, y in pieces])
-    assert targets.tolist() == [*seq.tolist(), EOS_ID]
-    # A later piece starts from the event before its first target.
-    assert pieces[1][0][0] == pieces[0][1][-1]
 
 
 def test_bad_input_and_options(tmp_path: Path, trained: tuple[Path, dict]) -> None:

@@ -79,7 +79,7 @@ from rnnkit.anomaly.thresholds import (
     pick_threshold,
 )
 from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.events import validation_fpr
+from rnnkit.app.tasks.events.thresholds import validation_fpr
 from rnnkit.app.tasks.regress import fit_sequences, load_regressor
 from rnnkit.app.tasks.run import guarded_run, load_config, save_config
 from rnnkit.data.events import Session, iter_sessions, parse_session

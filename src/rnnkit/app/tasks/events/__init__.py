@@ -1,0 +1,80 @@
+"""The ``events`` task: a next-event language model of normal sessions, and anomaly scores.
+
+``rnnkit train --task events`` reads JSON-lines sessions (:mod:`rnnkit.data.events`),
+trains a recurrent LM over the event vocabulary on the *normal* sessions (unlabelled or
+``label: 0``; ``label: 1`` sessions in the training file are left out and counted), fits
+the n-gram baseline on the same sessions, scores the normal validation sessions with both
+models and stores, per model and per session score (:mod:`rnnkit.anomaly.scores`), the threshold
+for the target false-positive rate. The run directory holds, besides the usual files::
+
+    thresholds.json            target FPR, top-g, window, the default score, how thresholds
+                               are picked, every threshold
+    valid_scores.safetensors   the validation sessions' scores (thresholds can be re-picked
+                               at another FPR without retraining: ``rnnkit score --target-fpr``),
+                               and those of labelled validation sessions (the report's curves)
+    calibration.safetensors    per model, each event's mean and standard deviation of
+                               surprise and the training sessions' scores: what the ``norm``
+                               and ``combined`` scores are measured against
+    ngram.safetensors          the n-gram baseline
+
+Each session is one example: inputs ``<s> e_1 … e_n``, targets ``e_1 … e_n </s>``, padded
+and bucketed by length. ``--bptt full`` backpropagates through whole sessions, ``window:K``
+(and ``segment:K``, the command line's default, read the same way here: sessions are never
+concatenated) through the last K steps. Sessions longer than ``--max-len`` are trained in
+pieces of that many events (a piece after the first starts from a zero state with the
+previous event as input); scoring always runs whole sessions, carrying the state.
+
+Options of ``cfg.extra`` (``rnnkit train --target-fpr/--top-g/--window/--score/
+--threshold-method``): ``target_fpr`` (0.01), ``top_g`` (9, DeepLog's default), ``window``
+(None: each prediction sees the whole session so far; ``h``: only the last ``h`` events,
+from a zero state, as DeepLog's window, and training runs pieces of ``h`` events),
+``score`` (one of :data:`rnnkit.anomaly.scores.SCORES`, default ``"max"``) and ``threshold``
+(``"quantile"`` or ``"gpd"``, :func:`rnnkit.anomaly.thresholds.pick_threshold`).
+
+The modules, one job each: ``options`` (the task's options and their checks), ``data``
+(the event vocabulary; reading, splitting and encoding sessions), ``surprise`` (per-event
+surprise and rank under the LM and the n-gram), ``scores`` (session scores and the
+calibration), ``thresholds`` (picking, writing and reading the thresholds), ``train``
+(training the run), ``summary`` (``summary.json``), ``scoring`` (a trained run: load,
+score, evaluate, predict).
+"""
+
+from rnnkit.app.tasks.events.data import EventsData, EventVocabulary, prepare_events_data
+from rnnkit.app.tasks.events.options import DEFAULTS, options
+from rnnkit.app.tasks.events.scores import Calibration, read_calibration
+from rnnkit.app.tasks.events.scoring import (
+    EventsModel,
+    evaluate,
+    load_events,
+    predictor,
+    score_sessions,
+)
+from rnnkit.app.tasks.events.surprise import event_surprises, ngram_surprises
+from rnnkit.app.tasks.events.thresholds import (
+    read_thresholds,
+    repick_thresholds,
+    validation_fpr,
+)
+from rnnkit.app.tasks.events.train import init_output_bias, train
+
+__all__ = [
+    "DEFAULTS",
+    "Calibration",
+    "EventVocabulary",
+    "EventsData",
+    "EventsModel",
+    "evaluate",
+    "event_surprises",
+    "init_output_bias",
+    "load_events",
+    "ngram_surprises",
+    "options",
+    "predictor",
+    "prepare_events_data",
+    "read_calibration",
+    "read_thresholds",
+    "repick_thresholds",
+    "score_sessions",
+    "train",
+    "validation_fpr",
+]

@@ -1,0 +1,131 @@
+"""Every session score of a model from its per-event surprises (:mod:`rnnkit.anomaly.scores`),
+the calibration the ``norm`` and ``combined`` scores are measured against
+(``calibration.safetensors``), and a session's most surprising events as a verdict lists
+them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rnnkit.anomaly.scores import (
+    COMBINED_PARTS,
+    RUNNING_SCORES,
+    KeyStats,
+    combined_scores,
+    session_scores,
+)
+from rnnkit.anomaly.scores import top_events as _top_events
+from rnnkit.data.vocab import EOS_ID, SPECIALS, UNK_ID
+from rnnkit.errors import CheckpointError
+from rnnkit.training.checkpoint import (
+    load_arrays,
+)
+
+__all__ = ["Calibration", "all_scores", "read_calibration", "score_row", "top_items"]
+
+
+def _targets(seq: np.ndarray) -> np.ndarray:
+    """The ids each surprise is of: the session's events, then ``</s>``."""
+    return np.append(np.asarray(seq, dtype=np.int64), EOS_ID)
+
+
+def _session_rows(
+    per_event: Sequence[tuple[np.ndarray, np.ndarray]],
+    seqs: Sequence[np.ndarray],
+    top_g: int,
+    keys: KeyStats | None,
+) -> list[dict[str, float | int]]:
+    return [
+        session_scores(s, r >= top_g, None if keys is None else keys.normalise(s, _targets(q)))
+        for (s, r), q in zip(per_event, seqs, strict=True)
+    ]
+
+
+@dataclass
+class Calibration:
+    """What a model's ``norm`` and ``combined`` scores are measured against: each event's
+    typical surprise, and the :data:`~rnnkit.anomaly.scores.COMBINED_PARTS` scores of the
+    (normal) training sessions."""
+
+    keys: KeyStats
+    parts: dict[str, np.ndarray]
+
+    @classmethod
+    def fit(
+        cls,
+        per_event: Sequence[tuple[np.ndarray, np.ndarray]],
+        seqs: Sequence[np.ndarray],
+        vocab_size: int,
+        top_g: int,
+    ) -> Calibration:
+        pairs = [(s, _targets(q)) for (s, _), q in zip(per_event, seqs, strict=True)]
+        keys = KeyStats.fit(pairs, vocab_size)
+        rows = _session_rows(per_event, seqs, top_g, keys)
+        parts = {n: np.array([row[n] for row in rows], dtype=np.float64) for n in COMBINED_PARTS}
+        return cls(keys, parts)
+
+    def arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        out = {f"{prefix}/key_mean": self.keys.mean, f"{prefix}/key_std": self.keys.std}
+        out.update({f"{prefix}/parts/{n}": v for n, v in self.parts.items()})
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], prefix: str) -> Calibration:
+        keys = KeyStats(arrays[f"{prefix}/key_mean"], arrays[f"{prefix}/key_std"])
+        return cls(keys, {n: arrays[f"{prefix}/parts/{n}"] for n in COMBINED_PARTS})
+
+
+def all_scores(
+    per_event: Sequence[tuple[np.ndarray, np.ndarray]],
+    seqs: Sequence[np.ndarray],
+    top_g: int,
+    calibration: Calibration | None,
+) -> dict[str, np.ndarray]:
+    """Every session score, ``(n,)`` each; without a calibration (a run from before it was
+    stored) only the :data:`RUNNING_SCORES` and ``end``."""
+    rows = _session_rows(per_event, seqs, top_g, calibration and calibration.keys)
+    names = COMBINED_PARTS if calibration is not None else (*RUNNING_SCORES, "end")
+    out = {n: np.array([row[n] for row in rows], dtype=np.float64) for n in names}
+    if calibration is not None:
+        out["combined"] = combined_scores(calibration.parts, out)
+    return out
+
+
+def score_row(scores: dict[str, np.ndarray], i: int) -> dict[str, float | int]:
+    """Session ``i``'s scores as plain numbers (``count`` an integer)."""
+    return {k: int(v[i]) if k == "count" else float(v[i]) for k, v in scores.items()}
+
+
+def top_items(
+    surprise: np.ndarray, rank: np.ndarray, ids: np.ndarray, events: Sequence[str], k: int, g: int
+) -> list[dict[str, Any]]:
+    items = []
+    for position, s in _top_events(surprise, k):
+        end = position == len(events)
+        item: dict[str, Any] = {
+            "position": position,
+            "event": SPECIALS[EOS_ID] if end else events[position],
+            "surprise": round(s, 4),
+            "miss": bool(rank[position] >= g),
+        }
+        if not end and ids[position] == UNK_ID:
+            item["unknown"] = True
+        items.append(item)
+    return items
+
+
+def read_calibration(run_dir: str | Path) -> dict[str, Calibration] | None:
+    """``calibration.safetensors`` of a run per model, or None (a run from before it)."""
+    path = Path(run_dir) / "calibration.safetensors"
+    if not path.is_file():
+        return None
+    arrays = load_arrays(path)
+    try:
+        return {m: Calibration.from_arrays(arrays, m) for m in ("rnn", "ngram")}
+    except (KeyError, ValueError, OSError) as exc:
+        raise CheckpointError(f"{path}: not valid ({exc})") from None

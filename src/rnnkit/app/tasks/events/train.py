@@ -1,0 +1,218 @@
+"""Training an ``events`` run: the next-event LM on the normal sessions (pieces of at most
+``--max-len`` events, or of the history window), the n-gram baseline on the same
+sessions, the calibration, and the thresholds from both models' validation scores.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rnnkit.app.config import RESUME_CHANGEABLE, TrainConfig, parse_bptt
+from rnnkit.app.tasks.events.data import EventsData, EventVocabulary, prepare_events_data
+from rnnkit.app.tasks.events.options import options
+from rnnkit.app.tasks.events.scores import Calibration, all_scores
+from rnnkit.app.tasks.events.summary import Validation, summarise
+from rnnkit.app.tasks.events.surprise import event_surprises, ngram_surprises, surprise_loss
+from rnnkit.app.tasks.events.thresholds import save_arrays, write_thresholds
+from rnnkit.app.tasks.run import (
+    choose_device,
+    finish_summary,
+    guarded_run,
+    load_config,
+    model_spec,
+    save_config,
+    seed_everything,
+    train_options,
+    warn,
+)
+from rnnkit.data.batching import SequenceBatcher, lm_pairs
+from rnnkit.data.vocab import BOS_ID, EOS_ID
+from rnnkit.errors import CheckpointError
+from rnnkit.models.builders import build_language_model
+from rnnkit.models.language_model import LanguageModel, LossOutput
+from rnnkit.models.ngram import NGramModel
+from rnnkit.training.checkpoint import load_model_weights
+from rnnkit.training.loop import Trainer
+from rnnkit.training.options import TrainResult
+
+__all__ = ["init_output_bias", "train"]
+
+
+@guarded_run
+def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[str, Any]:
+    """Train the next-event model and the baseline, pick thresholds, write the run.
+
+    Returns the summary (also written to ``summary.json``).
+    """
+    opts = options(cfg)
+    out = Path(cfg.out)
+    device = choose_device(cfg.device)
+    vocab = _resumed_vocab(cfg, out) if resume else None
+    seed_everything(cfg.seed)
+    data = prepare_events_data(cfg, vocab)
+    if data.excluded:
+        warn(f"{cfg.train}: {data.excluded} session(s) labelled 1 left out of training")
+    model, result, elapsed = _fit_model(cfg, opts, data, device, resume, quiet)
+    ngram = NGramModel(order=cfg.ngram_order, vocab_size=len(data.vocab))
+    ngram.fit([np.concatenate([s, [EOS_ID]]) for s in data.train])
+    save_arrays(ngram.to_state(), out / "ngram.safetensors")
+    valid = _validate(cfg, opts, data, model, ngram)
+    parameters = sum(p.numel() for p in model.parameters())
+    return finish_summary(cfg, summarise(cfg, opts, data, result, elapsed, parameters, valid))
+
+
+def _resumed_vocab(cfg: TrainConfig, out: Path) -> EventVocabulary:
+    """The vocabulary of the run to resume, once its options are known to fit."""
+    saved, _ = load_config(out)
+    # train/valid: checked by content (tasks.run.resume_data), so may be renamed.
+    allowed = RESUME_CHANGEABLE | {"out", "train", "valid"}
+    bad = [k for k, v in cfg.to_dict().items() if saved.to_dict().get(k) != v and k not in allowed]
+    if bad:
+        raise CheckpointError(
+            f"{out / 'config.json'}: --resume with different options {bad} "
+            "(checkpoint of an incompatible config)"
+        )
+    return EventVocabulary.load(out / "vocab.json")
+
+
+def _fit_model(
+    cfg: TrainConfig,
+    opts: dict[str, Any],
+    data: EventsData,
+    device: torch.device,
+    resume: bool,
+    quiet: bool,
+) -> tuple[LanguageModel, TrainResult, float]:
+    """Train the next-event LM into ``cfg.out``; ``(the best model on validation, the
+    loop's result, seconds)``."""
+    out = Path(cfg.out)
+    model = build_language_model(model_spec(cfg), len(data.vocab)).to(device)
+    model.loss_reduction = cfg.loss_reduction
+    init_output_bias(model, data.train)  # (resume then loads the saved weights over it)
+    optimizer_cls = torch.optim.SGD if cfg.optimizer == "sgd" else torch.optim.Adam
+    optimizer = optimizer_cls(model.parameters(), lr=cfg.lr)
+    # A window of h events: train on pieces of h (each from a zero state), as it scores.
+    piece_len = cfg.max_len if opts["window"] is None else min(cfg.max_len, opts["window"])
+    pieces = [p for s in data.train for p in _pieces(s, piece_len)]
+    batches = SequenceBatcher(
+        [p[0] for p in pieces],
+        [p[1] for p in pieces],
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        seed=cfg.seed,
+    )
+    window = _window(cfg)
+
+    def step(m: LanguageModel, batch: Any, carry: Any) -> LossOutput:
+        return m.loss(
+            batch.inputs.to(device),
+            batch.targets.to(device),
+            mask=batch.mask.to(device),
+            window=window,
+        )
+
+    def evaluate(m: LanguageModel) -> dict[str, Any]:
+        return surprise_loss(event_surprises(m, data.valid, cfg.batch_size, opts["window"]))
+
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        data.vocab.save(out / "vocab.json")
+        save_config(out, cfg, vocab_size=len(data.vocab))
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    trainer = Trainer(
+        model,
+        optimizer,
+        batches,
+        step,
+        train_options(cfg, quiet),
+        evaluate_fn=evaluate,
+        out_dir=out,
+    )
+    if resume:
+        trainer.resume()
+    started = time.perf_counter()
+    result = trainer.fit()
+    elapsed = time.perf_counter() - started
+    load_model_weights(model, out / "model.safetensors")  # the best on validation
+    return model, result, elapsed
+
+
+def _validate(
+    cfg: TrainConfig,
+    opts: dict[str, Any],
+    data: EventsData,
+    model: LanguageModel,
+    ngram: NGramModel,
+) -> Validation:
+    """Calibrate both models on the training sessions, score the validation sessions and
+    pick the thresholds (``calibration.safetensors``, ``valid_scores.safetensors``,
+    ``thresholds.json``)."""
+    out = Path(cfg.out)
+    g, h, bs, size = int(opts["top_g"]), opts["window"], cfg.batch_size, len(data.vocab)
+    calibration = {
+        "rnn": Calibration.fit(event_surprises(model, data.train, bs, h), data.train, size, g),
+        "ngram": Calibration.fit(ngram_surprises(ngram, data.train), data.train, size, g),
+    }
+    arrays = {k: v for m, c in calibration.items() for k, v in c.arrays(m).items()}
+    save_arrays(arrays, out / "calibration.safetensors")
+    per_event = {
+        "rnn": event_surprises(model, data.valid, bs, h),
+        "ngram": ngram_surprises(ngram, data.valid),
+    }
+    scores = {m: all_scores(per, data.valid, g, calibration[m]) for m, per in per_event.items()}
+    anomalous_per_event = anomalous_scores = None
+    if data.valid_anomalous:
+        anomalous_per_event = {
+            "rnn": event_surprises(model, data.valid_anomalous, bs, h),
+            "ngram": ngram_surprises(ngram, data.valid_anomalous),
+        }
+        anomalous_scores = {
+            m: all_scores(per, data.valid_anomalous, g, calibration[m])
+            for m, per in anomalous_per_event.items()
+        }
+    thresholds = write_thresholds(out, opts, scores, anomalous_scores)
+    return Validation(per_event, scores, anomalous_per_event, anomalous_scores, thresholds)
+
+
+@torch.no_grad()
+def init_output_bias(model: LanguageModel, seqs: Sequence[np.ndarray]) -> None:
+    """Start the output bias at the log-frequencies of the training targets (add-½).
+
+    Training then starts from the unigram model instead of the uniform one, and an id that
+    is never a target (``<unk>`` when every event is in the vocabulary, ``<pad>``, ``<s>``)
+    starts at ``ln(½ / N)``, below every seen event: an event never seen in training is
+    surprising from the first step, not only after the softmax has slowly pushed it down.
+
+    >>> from rnnkit.models import ModelSpec, build_language_model
+    >>> lm = build_language_model(ModelSpec(hidden=4, embedding=3), 6)
+    >>> init_output_bias(lm, [np.array([4, 4, 5])])
+    >>> np.round(lm.head.bias.detach().numpy().astype(float), 2).tolist()  # ln(c / 7)
+    [-2.64, -2.64, -2.64, -1.54, -1.03, -1.54]
+    """
+    bias = getattr(model.head, "bias", None)
+    if not isinstance(bias, torch.Tensor) or bias.shape != (model.vocab_size,):
+        return
+    counts = np.full(model.vocab_size, 0.5)
+    for s in seqs:
+        counts += np.bincount(s, minlength=model.vocab_size)[: model.vocab_size]
+    counts[EOS_ID] += len(seqs)  # every session ends once
+    bias.copy_(torch.from_numpy(np.log(counts / counts.sum())).to(bias))
+
+
+def _pieces(seq: np.ndarray, max_len: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    inputs, targets = lm_pairs(seq, BOS_ID, EOS_ID)
+    return [
+        (inputs[lo : lo + max_len], targets[lo : lo + max_len])
+        for lo in range(0, len(inputs), max_len)
+    ]
+
+
+def _window(cfg: TrainConfig) -> int | None:
+    mode, k = parse_bptt(cfg.bptt)
+    return None if mode == "full" else k
