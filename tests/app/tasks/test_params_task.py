@@ -16,13 +16,7 @@ import torch
 
 from rnnkit.anomaly.thresholds import normal_quantile
 from rnnkit.app.cli.main import main
-from rnnkit.app.tasks.params import (
-    MIN_ERROR_STD,
-    _collect,
-    _fit_key,
-    load_params,
-    session_threshold,
-)
+from rnnkit.app.tasks.params import MIN_ERROR_STD, load_params
 from rnnkit.app.tasks.regress import load_regressor
 from rnnkit.data.events import read_sessions
 
@@ -174,23 +168,6 @@ def test_the_error_gaussian_by_hand(data: Path, runs: tuple[Path, Path]) -> None
     assert mean[1] == pytest.approx(10, abs=0.5) and scale[1] == pytest.approx(1, abs=0.3)
 
 
-def test_dims_are_the_numbers_of_every_training_vector() -> None:
-    from rnnkit.data.events import Session
-
-    rows = [[float(i), None if i == 3 else 5.0, 7.0] for i in range(12)]
-    occ = _collect([(Session("a", ["k"] * 12, None, rows), "f", 1)])
-    key, why = _fit_key("k", 3, occ["k"], "keys/000")
-    assert why == "" and key is not None
-    assert key.dims == [0, 2]  # the middle value was missing once: not modelled
-    assert key.mean.tolist() == [5.5, 7.0]
-    assert key.scale[0] == pytest.approx(np.std(np.arange(12.0)))
-    assert key.scale[1] == 7.0  # constant: max(|mean|, 1), so any change counts
-    x, missing = key.normalise(np.array([[5.5, np.nan, 14.0], [np.nan, 1.0, 7.0]]))
-    assert x.tolist() == [[0.0, 1.0], [0.0, 0.0]] and missing == 1
-    assert _fit_key("k", 3, _collect([(Session("b", ["k"], None, [rows[0]]), "f", 1)])["k"],
-                    "d")[1] == "1 training vector(s), fewer than 10"  # fmt: skip
-
-
 def test_evaluate_predict_and_confidence(data: Path, runs: tuple[Path, Path], run_cli) -> None:
     params, events = runs
     code, out, err = run_cli("evaluate", "--checkpoint", str(params), "--data",
@@ -247,17 +224,6 @@ def test_the_session_threshold_holds_the_target_rate_on_validation(
     for r in records:
         assert r["verdict"] == ("anomalous" if (r["score"] or -np.inf) > limit else "normal")
         assert r["anomalous_vectors"] > 0 or r["verdict"] == "normal"
-
-
-def test_session_threshold_by_hand() -> None:
-    """Empirical quantile over the sessions' scores; sessions with no checked vector
-    (−inf) count as below any threshold; none checked at all leaves z alone."""
-    t, how = session_threshold(np.array([0.5, 3.0, 1.0, -np.inf, 2.0]), 0.2)
-    assert how == "empirical quantile" and 2.0 < t < 3.0  # one of five above
-    t, _ = session_threshold(np.array([0.5, 3.0, -np.inf, -np.inf, -np.inf]), 0.2)
-    assert 0.5 < t < 3.0
-    t, how = session_threshold(np.array([-np.inf, -np.inf]), 0.1)
-    assert t == -np.inf and how == "no validation vector was checked"
 
 
 @pytest.mark.parametrize(

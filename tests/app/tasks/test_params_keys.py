@@ -1,0 +1,24 @@
+"""A key's model in the params task: which values it reads and how they are normalised."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rnnkit.app.tasks.params.keys import collect, fit_key
+from rnnkit.data.events import Session
+
+
+def test_dims_are_the_numbers_of_every_training_vector() -> None:
+    rows = [[float(i), None if i == 3 else 5.0, 7.0] for i in range(12)]
+    occ = collect([(Session("a", ["k"] * 12, None, rows), "f", 1)])
+    key, why = fit_key("k", 3, occ["k"], "keys/000")
+    assert why == "" and key is not None
+    assert key.dims == [0, 2]  # the middle value was missing once: not modelled
+    assert key.mean.tolist() == [5.5, 7.0]
+    assert key.scale[0] == pytest.approx(np.std(np.arange(12.0)))
+    assert key.scale[1] == 7.0  # constant: max(|mean|, 1), so any change counts
+    x, missing = key.normalise(np.array([[5.5, np.nan, 14.0], [np.nan, 1.0, 7.0]]))
+    assert x.tolist() == [[0.0, 1.0], [0.0, 0.0]] and missing == 1
+    assert fit_key("k", 3, collect([(Session("b", ["k"], None, [rows[0]]), "f", 1)])["k"],
+                    "d")[1] == "1 training vector(s), fewer than 10"  # fmt: skip
