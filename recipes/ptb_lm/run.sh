@@ -8,6 +8,9 @@
 # medium: 2 x 650 LSTM, dropout 0.5, 39 epochs, lr 1 times 0.8 after every epoch from the 7th
 # Both: SGD, batch 20 streams, clip the gradient norm at 5, </s> after every sentence with
 # the state carried across sentences, the corpus's own <unk>.
+# The paper's loss is summed over the unrolled steps (averaged over the batch); rnnkit's
+# is the mean per word. The same update in rnnkit's terms: the learning rate times the
+# unrolled steps and the clipping norm divided by them (lr 20, clip 0.25 for small).
 set -eu
 # Running again replaces the run, unless the options continue it (--resume).
 case " $* " in *" --resume "*) replace="" ;; *) replace="--overwrite" ;; esac
@@ -17,9 +20,9 @@ config=${1:-small}
 [ $# -gt 0 ] && shift
 case $config in
 small) model="--hidden 200 --embedding 200 --bptt segment:20 --init-range 0.1"
-       schedule="--lr-schedule step:4:0.5 --epochs 13" ;;
+       schedule="--lr 20 --clip-norm 0.25 --lr-schedule step:4:0.5 --epochs 13" ;;
 medium) model="--hidden 650 --embedding 650 --dropout 0.5 --bptt segment:35 --init-range 0.05"
-        schedule="--lr-schedule step:6:0.8 --epochs 39" ;;
+        schedule="--lr 35 --clip-norm 0.142857 --lr-schedule step:6:0.8 --epochs 39" ;;
 *) echo "run.sh: unknown configuration '$config' (small or medium)" >&2; exit 2 ;;
 esac
 data=$here/data
@@ -28,7 +31,7 @@ out=$here/runs/$config
 "$PYTHON" -m rnnkit train --task lm --unit word --doc-boundary eos \
     --train "$data/ptb.train.txt" --valid "$data/ptb.valid.txt" --out "$out" \
     --cell lstm --layers 2 $model \
-    --batch-size 20 --optimizer sgd --lr 1 --clip-norm 5 $schedule $replace "$@"
+    --batch-size 20 --optimizer sgd $schedule $replace "$@"
 "$PYTHON" -m rnnkit evaluate --checkpoint "$out" --data "$data/ptb.test.txt" --json \
     > "$out/test.json"
 cat "$out/test.json"
