@@ -19,6 +19,7 @@ PACKAGES = (
     "anomaly",
     "data",
     "diagnostics",
+    "app.config",
     "app.report",
     "app.tasks",
     "app.cli",

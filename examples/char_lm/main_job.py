@@ -16,7 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from rnnkit.app.cli.train import _print_summary, _write_report
+from rnnkit.app.cli.train import _write_report
+from rnnkit.app.cli.train_summary import print_summary
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.lm import load_lm, sample_texts, train_lm
 from rnnkit.data.corpus import stdlib_corpus
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     summary["samples"] = ["def " + s for s in summary["samples"]]
     summary["report"] = _write_report(str(out))
-    _print_summary(summary)
+    print_summary(summary)
     print(f"run directory: {out} (evaluate: rnnkit evaluate --checkpoint {out} --data FILE)")
     return 0
 

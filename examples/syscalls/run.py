@@ -40,8 +40,9 @@ import torch
 
 from rnnkit.anomaly.scores import RUNNING_SCORES, SCORES
 from rnnkit.anomaly.streaming import StreamItem, StreamScorer
-from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.events import DEFAULTS, evaluate, load_events, score_sessions, train
+from rnnkit.anomaly.thresholds import THRESHOLD_METHODS
+from rnnkit.app.config import EventsOptions, TrainConfig
+from rnnkit.app.tasks.events import evaluate, load_events, score_sessions, train
 from rnnkit.data.events import Session, read_sessions, write_sessions
 from rnnkit.data.strace import parse_strace
 from rnnkit.diagnostics.plots import plot_detection_curves, plot_score_histograms, to_png
@@ -389,10 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reuse", action="store_true", help="reuse the recorded sessions in --out")
-    p.add_argument("--score", choices=SCORES, default=DEFAULTS["score"], help="verdict score")
+    p.add_argument("--score", choices=SCORES, default=EventsOptions.score, help="verdict score")
     p.add_argument("--window", type=int, help="DeepLog's history window h (default: none)")
-    p.add_argument("--top-g", type=int, default=DEFAULTS["top_g"])
-    p.add_argument("--threshold-method", choices=("quantile", "gpd"), default="quantile")
+    p.add_argument("--top-g", type=int, default=EventsOptions.top_g)
+    p.add_argument(
+        "--threshold-method", choices=THRESHOLD_METHODS, default=EventsOptions.threshold_method
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     out = Path(args.out).resolve()
@@ -419,13 +422,11 @@ def main(argv: list[str] | None = None) -> int:
         max_len=2048,
         ngram_order=5,
         seed=args.seed,
-        extra={
-            "target_fpr": 0.01,
-            "top_g": args.top_g,
-            "score": args.score,
-            "window": args.window,
-            "threshold": args.threshold_method,
-        },
+        target_fpr=0.01,
+        top_g=args.top_g,
+        score=args.score,
+        window=args.window,
+        threshold_method=args.threshold_method,
     ).validate()
     summary = train(cfg, quiet=True, overwrite=True)  # a rerun replaces the last run
     print(

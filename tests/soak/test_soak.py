@@ -102,7 +102,8 @@ def _events_run(tmp: Path) -> ev.EventsModel:
         lr=1e-2,
         bptt="full",
         ngram_order=3,
-        extra={"target_fpr": 0.05, "top_g": 3},
+        target_fpr=0.05,
+        top_g=3,
     ).validate()
     ev.train(cfg, quiet=True)
     return ev.load_events(cfg.out)

@@ -107,7 +107,7 @@ def test_a_flag_of_the_command_line_wins_over_false_in_the_file(tmp_path, run_cl
         ("update = 'keep'", "update: --update does not apply to --cell lstm (only to: gru)"),
         ("target-fpr = 0.5", "target-fpr: --target-fpr does not apply to --task lm (only "
          "to: events, params)"),
-        ("task = 'events'\ntarget-fpr = 1.5", "target-fpr: target_fpr must be in (0, 1), got "
+        ("task = 'events'\ntarget-fpr = 1.5", "target-fpr: --target-fpr must be in (0, 1), got "
          "1.5"),
         ("layers = 1000000", "layers: --layers 1000000 --hidden 256 --embedding 64: the "
          "recurrent layers alone would hold"),

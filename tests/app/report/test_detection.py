@@ -35,7 +35,8 @@ def _train(tmp: Path, valid_anomalies: int) -> Path:
         lr=1e-2,
         bptt="full",
         ngram_order=3,
-        extra={"target_fpr": 0.05, "top_g": 3},
+        target_fpr=0.05,
+        top_g=3,
     ).validate()
     torch.set_num_threads(1)
     train(cfg, quiet=True)

@@ -49,7 +49,8 @@ def _config(tmp: Path, train_path: Path, valid_path: Path | None, **kw) -> Train
         lr=1e-2,
         bptt="full",
         ngram_order=3,
-        extra={"target_fpr": TARGET_FPR, "top_g": 3},
+        target_fpr=TARGET_FPR,
+        top_g=3,
     )
     settings.update(kw)
     return TrainConfig(**settings).validate()
@@ -171,14 +172,17 @@ def test_bad_input_and_options(tmp_path: Path, trained: tuple[Path, dict]) -> No
     malformed.write_text('{"session": "a", "events": ["x"]}\n{"session": "b", "events": []}\n')
     with pytest.raises(DataError, match=r"malformed.jsonl:2: session 'b' has no events"):
         train(_config(tmp_path, malformed, None), quiet=True)
-    for extra, message in [
-        ({"top_k": 3}, "unknown events option"),
-        ({"target_fpr": 1.5}, "target_fpr"),
-        ({"top_g": 0}, "top_g"),
-        ({"score": "median"}, "score must be one of"),
+    for changes, message in [
+        ({"target_fpr": 1.5}, r"--target-fpr must be in \(0, 1\), got 1.5"),
+        ({"top_g": 0}, "--top-g must be ≥ 1, got 0"),
+        ({"window": 0}, "--window must be ≥ 1, got 0"),
+        ({"score": "median"}, "--score must be one of"),
     ]:
         with pytest.raises(ConfigError, match=message):
-            options(TrainConfig(train="x", extra=extra))
+            TrainConfig(train="x", task="events", **changes).validate()
+    with pytest.raises(ConfigError, match=r"unknown key extra\.top_k"):  # an old config.json
+        TrainConfig.from_dict({"train": "x", "task": "events", "extra": {"top_k": 3}})
+    assert options(TrainConfig(train="x", threshold_method="gpd"))["threshold"] == "gpd"
     # A run without its thresholds, or of another task, is refused naming the file.
     broken = tmp_path / "broken"
     shutil.copytree(trained[0], broken)
@@ -315,7 +319,7 @@ def test_few_validation_sessions_say_so(tmp_path: Path) -> None:
     write_sessions(train_path, generate_sessions(60, seed=1))
     write_sessions(valid_path, generate_sessions(48, seed=2, prefix="v"))
     cfg = _config(tmp_path, train_path, valid_path, epochs=1, hidden=8, embedding=4,
-                  extra={"target_fpr": 0.01, "threshold": "gpd"})  # fmt: skip
+                  target_fpr=0.01, threshold_method="gpd")  # fmt: skip
     summary = train(cfg, quiet=True)
     assert not summary["validation_fpr"]["resolved"]
     assert summary["validation_fpr"]["resolvable"] == pytest.approx(0.074, abs=1e-3)

@@ -48,8 +48,8 @@ def test_task_options_are_checked_where_a_task_has_them() -> None:
     from rnnkit.app.tasks.registry import check_task_options
 
     check_task_options("lm", TrainConfig(train="x"))  # no options of its own: nothing
-    with pytest.raises(ConfigError, match="target_fpr"):
-        check_task_options("events", TrainConfig(train="x", extra={"target_fpr": 2.0}))
+    with pytest.raises(ConfigError, match="--target-fpr"):
+        check_task_options("events", TrainConfig(train="x", target_fpr=2.0))
 
 
 def test_an_unknown_task_is_one_clear_error() -> None:

@@ -70,7 +70,6 @@ from rnnkit.training.loop import Trainer, TrainResult
 __all__ = [
     "BASELINE_KIND",
     "MAX_WORD_CHARS",
-    "WORD_DROPOUT",
     "EncodedTags",
     "TagData",
     "baseline_metrics",
@@ -94,7 +93,6 @@ __all__ = [
 # quote, a digit, "#") and suffixes (morphology) carry the signal, and compute stays
 # bounded for long string literals and comments.
 MAX_WORD_CHARS = 24
-WORD_DROPOUT = 0.05  # default; ``extra["word_dropout"]`` in config.json overrides it
 _WHITESPACE = re.compile(r"\s")
 
 
@@ -416,7 +414,7 @@ def _load_baseline(run_dir: Path, num_tags: int) -> MostFrequentTag | None:
 
 
 def _word_dropout(cfg: TrainConfig) -> float:
-    return float(cfg.extra.get("word_dropout", WORD_DROPOUT))
+    return float(cfg.word_dropout)
 
 
 @guarded_run

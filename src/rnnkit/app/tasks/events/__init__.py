@@ -24,12 +24,14 @@ concatenated) through the last K steps. Sessions longer than ``--max-len`` are t
 pieces of that many events (a piece after the first starts from a zero state with the
 previous event as input); scoring always runs whole sessions, carrying the state.
 
-Options of ``cfg.extra`` (``rnnkit train --target-fpr/--top-g/--window/--score/
---threshold-method``): ``target_fpr`` (0.01), ``top_g`` (9, DeepLog's default), ``window``
-(None: each prediction sees the whole session so far; ``h``: only the last ``h`` events,
-from a zero state, as DeepLog's window, and training runs pieces of ``h`` events),
-``score`` (one of :data:`rnnkit.anomaly.scores.SCORES`, default ``"max"``) and ``threshold``
-(``"quantile"`` or ``"gpd"``, :func:`rnnkit.anomaly.thresholds.pick_threshold`).
+Options (``rnnkit.app.config.EventsOptions``, ``rnnkit train --target-fpr/--top-g/
+--window/--score/--threshold-method``): ``target_fpr`` (0.01), ``top_g`` (9, DeepLog's
+default), ``window`` (None: each prediction sees the whole session so far; ``h``: only
+the last ``h`` events, from a zero state, as DeepLog's window, and training runs pieces
+of ``h`` events),
+``score`` (one of :data:`rnnkit.anomaly.scores.SCORES`, default ``"max"``) and
+``threshold_method`` (``"quantile"`` or ``"gpd"``,
+:func:`rnnkit.anomaly.thresholds.pick_threshold`).
 
 The modules, one job each: ``options`` (the task's options and their checks), ``data``
 (the event vocabulary; reading, splitting and encoding sessions), ``surprise`` (per-event
@@ -40,7 +42,7 @@ score, evaluate, predict).
 """
 
 from rnnkit.app.tasks.events.data import EventsData, EventVocabulary, prepare_events_data
-from rnnkit.app.tasks.events.options import DEFAULTS, options
+from rnnkit.app.tasks.events.options import options
 from rnnkit.app.tasks.events.scores import Calibration, read_calibration
 from rnnkit.app.tasks.events.scoring import (
     EventsModel,
@@ -58,7 +60,6 @@ from rnnkit.app.tasks.events.thresholds import (
 from rnnkit.app.tasks.events.train import init_output_bias, train
 
 __all__ = [
-    "DEFAULTS",
     "Calibration",
     "EventVocabulary",
     "EventsData",

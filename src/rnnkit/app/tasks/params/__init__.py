@@ -67,7 +67,7 @@ from rnnkit.app.tasks.params.keys import (
     KeyModel,
     vector_errors,
 )
-from rnnkit.app.tasks.params.options import DEFAULTS, options
+from rnnkit.app.tasks.params.options import options
 from rnnkit.app.tasks.params.scoring import (
     ParamsModel,
     combine,
@@ -84,7 +84,6 @@ from rnnkit.app.tasks.params.thresholds import (
 from rnnkit.app.tasks.params.train import train
 
 __all__ = [
-    "DEFAULTS",
     "MIN_ERROR_STD",
     "MIN_TRAIN_VECTORS",
     "MIN_VALID_VECTORS",

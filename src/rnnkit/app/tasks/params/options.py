@@ -1,45 +1,34 @@
-"""The ``params`` task's own options (``cfg.extra``): their defaults and checks."""
+"""The ``params`` task's own options (``rnnkit.app.config.ParamsOptions`` and the two of
+``EventsOptions`` it reads), checked, by the names the run's files use; the checks of a
+confidence and a rate that ``rnnkit score`` re-picks with."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rnnkit.anomaly.thresholds import (
-    THRESHOLD_METHODS,
-)
-from rnnkit.app.config import TrainConfig
+from rnnkit.app.config import EventsOptions, ParamsOptions, TrainConfig
 from rnnkit.errors import ConfigError
 
 __all__ = [
-    "DEFAULTS",
     "check_confidence",
     "check_target_fpr",
     "options",
 ]
 
 
-#: Options read from ``cfg.extra`` and their defaults.
-DEFAULTS: dict[str, Any] = {"confidence": 0.99, "target_fpr": 0.01, "threshold": "quantile"}
-
-
 def options(cfg: TrainConfig) -> dict[str, Any]:
-    """The params options of ``cfg.extra`` over :data:`DEFAULTS`, validated.
+    """The params options of ``cfg``, checked (a ``ConfigError`` naming the option), by
+    the names the run's files use (``threshold``: the method).
 
-    >>> options(TrainConfig(train="x", extra={"confidence": 0.999}))["confidence"]
+    >>> options(TrainConfig(train="x", confidence=0.999))["confidence"]
     0.999
     """
-    unknown = sorted(set(cfg.extra) - set(DEFAULTS))
-    if unknown:
-        raise ConfigError(f"unknown params option(s) {unknown} (known: {sorted(DEFAULTS)})")
-    opts = {**DEFAULTS, **cfg.extra}
-    check_confidence(opts["confidence"])
-    check_target_fpr(opts["target_fpr"])
-    if opts["threshold"] not in THRESHOLD_METHODS:
-        raise ConfigError(
-            f"--threshold-method must be one of {', '.join(THRESHOLD_METHODS)}, "
-            f"got {opts['threshold']!r}"
-        )
-    return opts
+    cfg.check_fields(ParamsOptions, EventsOptions)
+    return {
+        "confidence": cfg.confidence,
+        "target_fpr": cfg.target_fpr,
+        "threshold": cfg.threshold_method,
+    }
 
 
 def check_confidence(c: Any) -> float:

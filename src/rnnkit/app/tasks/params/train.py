@@ -16,7 +16,7 @@ import numpy as np
 from safetensors.numpy import save_file as save_numpy
 
 from rnnkit.anomaly.thresholds import fit_gaussian, normal_quantile
-from rnnkit.app.config import TrainConfig
+from rnnkit.app.config import EventsOptions, ParamsOptions, TrainConfig
 from rnnkit.app.tasks.events.thresholds import validation_fpr
 from rnnkit.app.tasks.params.keys import (
     KEYS_FORMAT,
@@ -146,8 +146,9 @@ def _fit_keys(
         if model_key is None:
             skipped.append({"key": key, "reason": why, "train_vectors": train_occ[key].count()})
             continue
+        unset = {**dataclasses.asdict(ParamsOptions()), **dataclasses.asdict(EventsOptions())}
         sub = dataclasses.replace(
-            cfg, task="regress", out=str(out / directory), target="next", loss="mse", extra={}
+            cfg, task="regress", out=str(out / directory), target="next", loss="mse", **unset
         )
         train_seqs = key_sequences(model_key, train_occ[key])
         valid_seqs = key_sequences(model_key, occ_valid)

@@ -3,6 +3,7 @@ round-trips, and unknown keys or wrong types in it are refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -73,6 +74,13 @@ def test_defaults_validate():
         (dict(dropout=1.0), "--dropout must be in [0, 1), got 1.0"),
         (dict(dropout=-0.1), "--dropout"),
         (dict(dropout=float("nan")), "--dropout"),
+        (dict(word_dropout=1.0), "--word-dropout must be in [0, 1), got 1.0"),
+        (dict(target_fpr=0.0), "--target-fpr must be in (0, 1), got 0.0"),
+        (dict(confidence=1.0), "--confidence must be in (0, 1), got 1.0"),
+        (dict(top_g=0), "--top-g must be ≥ 1, got 0"),
+        (dict(window=0), "--window must be ≥ 1, got 0"),
+        (dict(score="median"), "--score must be one of max, mean"),
+        (dict(threshold_method="pot"), "--threshold-method must be one of quantile, gpd"),
         (dict(lr=0.0), "--lr must be > 0"),
         (dict(lr=float("nan")), "--lr"),
         (dict(lr_decay=0.0), "--lr-decay"),
@@ -139,7 +147,8 @@ def test_from_dict_rejects_non_objects(data):
         ("dropout", "0.1"),
         ("dropout", False),
         ("cell", 3),
-        ("extra", []),
+        ("extra", []),  # an old run's object of task options
+        ("extra", {"top_g": "3"}),
         ("hidden", None),  # only options that may be unset may be null
         ("bptt", None),
         # Options whose default is None (unset) must still have the right type when set.
@@ -155,6 +164,60 @@ def test_from_dict_rejects_wrong_types(key, value):
     with pytest.raises(ConfigError) as info:
         TrainConfig.from_dict({"train": "x", key: value}, where="run/config.json")
     assert str(info.value).startswith("run/config.json: ") and key in str(info.value)
+
+
+def test_an_old_config_with_extra_loads_onto_the_fields():
+    """Runs written before the anomaly-detection and tagging options were fields kept them
+    in an ``extra`` object, under their old keys (``threshold`` for the method)."""
+    old = {
+        "train": "x",
+        "task": "events",
+        "extra": {"target_fpr": 0.05, "top_g": 3, "window": 4, "score": "mean", "threshold": "gpd"},
+    }
+    cfg = TrainConfig.from_dict(json.loads(json.dumps(old))).validate()
+    assert (cfg.target_fpr, cfg.top_g, cfg.window, cfg.score, cfg.threshold_method) == (
+        0.05,
+        3,
+        4,
+        "mean",
+        "gpd",
+    )
+    assert cfg.confidence == TrainConfig().confidence and "extra" not in cfg.to_dict()
+    params = TrainConfig.from_dict({"train": "x", "task": "params", "extra": {"confidence": 0.9}})
+    assert params.confidence == 0.9
+    tag = TrainConfig.from_dict({"train": "x", "task": "tag", "extra": {"word_dropout": 0.2}})
+    assert tag.word_dropout == 0.2
+    assert TrainConfig.from_dict({"train": "x", "extra": {}}) == TrainConfig(train="x")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"top_k": 3}, r"run/config\.json: unknown key extra\.top_k"),
+        ({"threshold": "pot"}, None),  # loads; validate() names it
+    ],
+)
+def test_an_old_extra_is_checked_like_the_fields(extra, message):
+    data = {"train": "x", "task": "events", "extra": extra}
+    if message is not None:
+        with pytest.raises(ConfigError, match=message):
+            TrainConfig.from_dict(data, where="run/config.json")
+        return
+    with pytest.raises(ConfigError, match="--threshold-method must be one of"):
+        TrainConfig.from_dict(data, where="run/config.json").validate()
+
+
+def test_an_option_given_both_ways_is_refused():
+    with pytest.raises(ConfigError, match="top_g is given twice"):
+        TrainConfig.from_dict({"train": "x", "top_g": 3, "extra": {"top_g": 4}})
+
+
+def test_the_concerns_hold_every_field_once_and_in_order():
+    from rnnkit.app.config import CONCERNS
+    from rnnkit.app.config.fields import option_fields
+
+    names = [f.name for concern in CONCERNS for f in option_fields(concern)]
+    assert names == [f.name for f in dataclasses.fields(TrainConfig)]
 
 
 @pytest.mark.parametrize(
@@ -253,3 +316,31 @@ def test_for_task_applies_the_task_defaults_under_the_options_given():
     assert getattr(TrainConfig(task=task, train="x"), key) == getattr(TrainConfig(), key)
     other = TrainConfig.for_task(task, train="x", **{key: getattr(TrainConfig(), key)})
     assert getattr(other, key) == getattr(TrainConfig(), key)  # given: kept
+
+
+def test_a_run_directory_with_an_old_config_json_still_loads_evaluates_and_resumes(
+    tmp_path, run_cli
+):
+    """A run written before the task options were fields: its ``config.json`` has an
+    ``extra`` object and none of those fields; ``rnnkit.load``, ``evaluate`` and
+    ``--resume`` read it as before."""
+    import rnnkit
+    from rnnkit.app.config import EventsOptions, ParamsOptions
+
+    corpus = tmp_path / "train.txt"
+    corpus.write_text("the cat sat on the mat\n" * 40)
+    run = tmp_path / "run"
+    options = ["--hidden", "8", "--embedding", "4", "--batch-size", "4", "--bptt", "segment:8"]
+    argv = ["train", "--train", str(corpus), "--out", str(run), *options, "--no-report", "-q"]
+    assert run_cli(*argv, "--steps", "2")[0] == 0
+    saved = json.loads((run / "config.json").read_text())
+    new = {f.name for f in dataclasses.fields(EventsOptions) + dataclasses.fields(ParamsOptions)}
+    new.add("word_dropout")
+    saved["config"] = {k: v for k, v in saved["config"].items() if k not in new}
+    saved["config"]["extra"] = {}
+    (run / "config.json").write_text(json.dumps(saved))
+    assert rnnkit.load(run).config.word_dropout == TrainConfig().word_dropout
+    code, out, err = run_cli("evaluate", "--checkpoint", str(run), "--data", str(corpus))
+    assert code == 0 and "bits" in out + err, err
+    assert run_cli(*argv, "--steps", "3", "--resume")[0] == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 3

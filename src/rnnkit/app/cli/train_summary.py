@@ -1,0 +1,143 @@
+"""What ``rnnkit train`` prints at the end of a run (without ``--json``): the steps and
+time, the validation figures beside the baselines', and for the anomaly-detection tasks
+the thresholds and what validation shows of their false-positive rate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SHOWN_METRICS", "print_summary"]
+
+
+#: The validation figures the summary prints, for the model and for each baseline.
+SHOWN_METRICS = (
+    "accuracy",
+    "oov_accuracy",
+    "macro_f1",
+    "span_f1",
+    "exact_match",
+    "character_error_rate",
+    "token_error_rate",
+    "bleu",
+)
+
+
+def _print_params(summary: dict[str, Any]) -> None:
+    """A params run: the keys modelled, the threshold, validation false positives."""
+    keys = summary["keys"]
+    print(
+        f"modelled {keys['modelled']} key(s) ({keys['vectors_modelled']} training vectors; "
+        f"{keys['skipped']} key(s) too rare or without numbers, {keys['vectors_skipped']} "
+        f"vectors) in {summary['elapsed_s']:.0f} s, {summary['parameters']:,} parameters"
+    )
+    print(
+        f"threshold: a vector's error above the {summary['confidence']:g} interval of its "
+        f"key's validation errors (mean + {summary['z']:.4g} standard deviations); a "
+        f"session's largest error above {summary['session_threshold']:.4g} standard "
+        f"deviations (target FPR {summary['target_fpr']:g}; "
+        f"{summary['session_threshold_how']})"
+        if "session_threshold" in summary
+        else f"threshold: a vector's error above the {summary['confidence']:g} interval of "
+        f"its key's validation errors (mean + {summary['z']:.4g} standard deviations)"
+    )
+    fpr = summary["validation_fpr"]
+    lo, hi = fpr["interval95"]
+    print(
+        f"validation: {fpr['false_positives']} of {fpr['sessions']} normal sessions flagged; "
+        f"false-positive rate {lo:.2%} to {hi:.2%} (95 % Clopper–Pearson)"
+    )
+    m = summary.get("valid_detection")
+    if m:
+        auc = f"{m['auc']:.4f}" if "auc" in m else "-"
+        print(
+            f"labelled validation sessions: AUC {auc}, precision {m['precision']:.4f}, "
+            f"recall {m['recall']:.4f}, F1 {m['f1']:.4f}"
+        )
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    if summary.get("task") == "params":
+        _print_params(summary)
+        if summary.get("report"):
+            print(f"report: {summary['report']}")
+        return
+    valid, ngram = summary.get("valid"), summary.get("ngram")
+    print(
+        f"trained {summary['steps']} steps in {summary['elapsed_s']:.0f} s "
+        f"({summary.get('tokens_per_s') or 0:.0f} tokens/s), "
+        f"{summary['parameters']:,} parameters"
+    )
+    if summary.get("stopped"):
+        best = (valid or {}).get("step")
+        print(f"stopped: {summary['stopped']}" + (f"; weights of step {best}" if best else ""))
+    if valid and ("bits_per_char" in valid or "perplexity" in valid):
+        key = "bits_per_char" if "bits_per_char" in valid else "perplexity"
+        label = "bits/char" if key == "bits_per_char" else "perplexity"
+        line = f"validation {label}: recurrent {valid[key]:.3f}"
+        if ngram:
+            line += f" | {ngram['order']}-gram baseline {ngram.get(key, float('nan')):.3f}"
+        print(line + f"  (nats/token {valid['loss_nats']:.3f})")
+    if valid:
+        shown = [
+            f"{k.replace('_', ' ')} {valid[k]:.4f}"
+            for k in SHOWN_METRICS
+            if isinstance(valid.get(k), (int, float))
+        ]
+        if shown:
+            print("validation " + ", ".join(shown))
+    baselines = summary.get("baselines") or {}
+    if summary.get("task") == "regress" and valid and isinstance(valid.get("mse"), float):
+        base = (baselines.get("persistence") or {}).get("mse")
+        line = f"validation mse: recurrent {valid['mse']:.4g}"
+        if isinstance(base, float):
+            line += f" | persistence baseline {base:.4g}"
+        print(line + f"  (loss {valid['loss']:.4g} per value)")
+    else:
+        for name, figures in baselines.items():
+            shown = [
+                f"{k.replace('_', ' ')} {figures[k]:.4f}"
+                for k in SHOWN_METRICS
+                if isinstance(figures.get(k), (int, float))
+            ]
+            if shown:
+                print(f"baseline, {figures.get('kind', name)}: " + ", ".join(shown))
+    if summary.get("task") == "events":
+        _print_detection(summary)
+    if summary.get("threads"):
+        print(summary["threads"])
+    for sample in summary.get("samples", []):
+        print(f"sample: {sample!r}")
+    if summary.get("report"):
+        print(f"report: {summary['report']}")
+
+
+def _print_detection(summary: dict[str, Any]) -> None:
+    """The events run's thresholds, what validation shows of the false-positive rate, and
+    detection on labelled validation sessions, the recurrent model next to the n-gram."""
+    thr = summary["thresholds"]
+    name = thr["score"]
+    print(
+        f"threshold: {name} score above {thr['rnn'][name]:.4g} (target FPR "
+        f"{thr['target_fpr']:g}; {thr.get('how', 'empirical quantile')})"
+    )
+    fpr = summary.get("validation_fpr")
+    if fpr:
+        lo, hi = fpr["interval95"]
+        print(
+            f"validation: {fpr['false_positives']} of {fpr['sessions']} normal sessions above "
+            f"it; false-positive rate {lo:.2%} to {hi:.2%} (95 % Clopper–Pearson)"
+        )
+    if summary.get("note"):
+        print(f"note: {summary['note']}")
+    detection = summary.get("detection")
+    if not detection:
+        return
+    print(f"labelled validation sessions, {name} score:")
+    print("  model      AUC     precision recall  F1      TP    FP    FN    TN")
+    for model, label in (("rnn", "recurrent"), ("ngram", f"{summary['ngram']['order']}-gram")):
+        m = detection[model][name]
+        auc = f"{m['auc']:.4f}" if "auc" in m else "  -   "
+        print(
+            f"  {label:<10} {auc}  {m['precision']:.4f}    {m['recall']:.4f}  {m['f1']:.4f}  "
+            f"{m['tp']:<5} {m['fp']:<5} {m['fn']:<5} {m['tn']:<5}"
+        )

@@ -1,0 +1,83 @@
+"""The model's options: the recurrent cell, its sizes and the layers around it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rnnkit.app.config.fields import TOKEN_TASKS, option
+
+__all__ = ["CELLS", "NONLINEARITIES", "ModelOptions"]
+
+CELLS = ("rnn", "lstm", "gru")
+NONLINEARITIES = ("tanh", "relu", "sigmoid")
+
+
+@dataclass(kw_only=True)
+class ModelOptions:
+    """What is trained: the cell, its width and depth, the embedding and dropout."""
+
+    title: ClassVar[str] = "model"
+
+    cell: str = option("lstm", choices=CELLS, help="recurrent cell (default %(default)s)")
+    hidden: int = option(256, positive=True, help="hidden width H (default %(default)s)")
+    layers: int = option(1, positive=True, help="stacked layers (default %(default)s)")
+    bidirectional: bool = option(
+        False,
+        tasks=("tag", "classify", "seq2seq", "regress"),  # lm/events: causal
+        help="two directions per layer",
+    )
+    embedding: int = option(
+        64,
+        positive=True,
+        tasks=TOKEN_TASKS,  # regress reads vectors, not tokens
+        help="embedding width (default %(default)s)",
+    )
+    tie_weights: bool = option(
+        False,
+        tasks=("lm", "seq2seq", "events"),
+        help="share the embedding with the output layer (a projection is added "
+        "when --hidden differs from --embedding)",
+    )
+    pretrained_vectors: str | None = option(
+        None,
+        metavar="FILE",
+        tasks=("lm", "tag", "classify"),
+        help="initialise the word embedding from vectors in word2vec/GloVe text format "
+        "(one 'word v1 … vd' per line, d = --embedding); says how many words were found",
+    )
+    dropout: float = option(0.0, help="dropout on embeddings, between layers and before the head")
+    # One name, or one per layer ("tanh,sigmoid"): not a choice list, TrainConfig checks it.
+    nonlinearity: str = option(
+        "tanh",
+        metavar="{tanh,relu,sigmoid}[,...]",
+        cells=("rnn",),
+        help="simple RNN activation φ: tanh, relu or sigmoid (the logistic), or one per "
+        "layer bottom first, e.g. tanh,sigmoid (default %(default)s)",
+    )
+    update: str = option(
+        "candidate",
+        choices=("candidate", "keep"),
+        cells=("gru",),
+        help="GRU update convention: z weighs the candidate or the kept state "
+        "(default %(default)s)",
+    )
+    reset: str = option(
+        "before",
+        choices=("before", "after"),
+        cells=("gru",),
+        help="GRU reset gate before or after the recurrent matrix (default %(default)s)",
+    )
+    recompute: int | None = option(
+        None,
+        metavar="K",
+        positive=True,
+        help="keep only the state every K steps for the backward and recompute the rest: "
+        "the same gradients in O(T/K + K) memory for long sequences, ~1/3 more time",
+    )
+
+    def nonlinearities(self) -> tuple[str, ...]:
+        """``--nonlinearity`` as one entry per layer (``"tanh,sigmoid"`` on two layers →
+        ``("tanh", "sigmoid")``; one name applies to every layer)."""
+        parts = tuple(self.nonlinearity.split(","))
+        return parts * self.layers if len(parts) == 1 else parts

@@ -1,0 +1,400 @@
+"""``TrainConfig``: every option of ``rnnkit train``, composed of one dataclass per concern.
+
+The concerns (:data:`CONCERNS`) are dataclasses of their own modules — the model, the
+data, the optimisation, the run, and each task's options — and ``TrainConfig`` inherits
+them all, so its fields stay flat: ``cfg.hidden``, ``cfg.target_fpr``, and ``config.json``
+one object of every option by name. (Nesting ``cfg.model.hidden`` would have changed
+every reader of a config and the shape of every run directory's ``config.json``.)
+
+``validate()`` checks what each field declares (its choices, a positive count) and the
+rules between options, and turns a bad value into a ``ConfigError`` naming the option
+(``--hidden must be ≥ 1, got 0``). ``check_applies()`` refuses an option the task or cell
+does not read (the fields' ``tasks=`` and ``cells=``). The config is saved as
+``config.json`` in the run directory and read back for evaluation, generation and
+``--resume`` (``from_dict``, which also reads the ``extra`` object of older runs); unknown
+keys and wrong types there are errors, not silently dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from rnnkit.app.config.anomaly import EventsOptions, ParamsOptions
+from rnnkit.app.config.data import DataOptions
+from rnnkit.app.config.fields import (
+    TASKS,
+    check_option,
+    flag,
+    option,
+    option_of,
+    value_kinds,
+)
+from rnnkit.app.config.legacy import from_legacy
+from rnnkit.app.config.model import NONLINEARITIES, ModelOptions
+from rnnkit.app.config.optim import OptimOptions, parse_bptt
+from rnnkit.app.config.run import RunOptions
+from rnnkit.app.config.tasks import (
+    ClassifyOptions,
+    LmOptions,
+    RegressOptions,
+    Seq2seqOptions,
+    TagOptions,
+)
+from rnnkit.errors import ConfigError
+
+__all__ = ["CELL_OPTIONS", "CONCERNS", "TASK_DEFAULTS", "TASK_OPTIONS", "TrainConfig"]
+
+#: Defaults that differ by task, each chosen by measurement (docs/defaults.md: the data,
+#: the commands and the figures): task → {field: value}. The command line applies them to
+#: the options not given; in Python, :meth:`TrainConfig.for_task` does. Every other
+#: default is :class:`TrainConfig`'s own.
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "regress": {"lr": 5e-3},
+}
+
+
+@dataclass(kw_only=True)
+class TaskChoice:
+    """The task, which decides which of the other options apply."""
+
+    title: ClassVar[str] = ""  # the command's own options, before the groups
+
+    task: str = option("lm", choices=TASKS, help="what to learn (default lm)")
+
+
+#: The concerns, in the order of ``rnnkit train --help`` and of ``config.json``.
+CONCERNS: tuple[type, ...] = (
+    TaskChoice,
+    ModelOptions,
+    DataOptions,
+    OptimOptions,
+    RunOptions,
+    LmOptions,
+    ClassifyOptions,
+    TagOptions,
+    Seq2seqOptions,
+    RegressOptions,
+    EventsOptions,
+    ParamsOptions,
+)
+
+
+# The bases in reverse: a dataclass lists the fields of its last base first.
+@dataclass(kw_only=True)
+class TrainConfig(
+    ParamsOptions,
+    EventsOptions,
+    RegressOptions,
+    Seq2seqOptions,
+    TagOptions,
+    ClassifyOptions,
+    LmOptions,
+    RunOptions,
+    OptimOptions,
+    DataOptions,
+    ModelOptions,
+    TaskChoice,
+):
+    """Everything ``rnnkit train`` needs; field names are the options without ``--``."""
+
+    @classmethod
+    def for_task(cls, task: str, **options: Any) -> TrainConfig:
+        """A config of ``task`` with the task's own defaults (:data:`TASK_DEFAULTS`, what
+        ``rnnkit train --task TASK`` uses) under the ``options`` given.
+
+        >>> TrainConfig.for_task("regress", train="x").lr, TrainConfig(task="regress").lr
+        (0.005, 0.002)
+        """
+        return cls(task=task, **{**TASK_DEFAULTS.get(task, {}), **options})
+
+    def check_fields(self, *concerns: type) -> TrainConfig:
+        """Check what each field of the ``concerns`` (none: of all) declares — its choices,
+        a positive count, a rate — and raise ``ConfigError`` naming the option.
+
+        >>> TrainConfig(top_g=0).check_fields(EventsOptions)
+        Traceback (most recent call last):
+        ...
+        rnnkit.errors.ConfigError: --top-g must be ≥ 1, got 0
+        """
+        for concern in concerns or (type(self),):
+            for f in dataclasses.fields(concern):
+                if f.name == "nonlinearity":  # one name, or one per layer
+                    self._check_nonlinearity()
+                check_option(f, getattr(self, f.name))
+        return self
+
+    def validate(self) -> TrainConfig:
+        """Check every value; raise ``ConfigError`` naming the option."""
+        self.check_fields()
+        if self.attention_wiring != "before" and (self.attention == "none" or self.decoder_only):
+            raise ConfigError(
+                f"--attention-wiring {self.attention_wiring} needs an encoder–decoder with "
+                "attention (--attention dot|bilinear|additive, no --decoder-only)"
+            )
+        if self.loss_reduction == "sequence":
+            if self.length != "eos":
+                raise ConfigError(
+                    f"--loss-reduction sequence cannot be combined with --length {self.length} "
+                    "(the length mechanism's loss is per token step)"
+                )
+            if self.task == "lm" and parse_bptt(self.bptt)[0] == "segment":
+                raise ConfigError(
+                    "--loss-reduction sequence needs whole sequences: --bptt full or window:K, "
+                    f"not {self.bptt}"
+                )
+        if self.task == "regress" and self.target == "next" and self.bidirectional:
+            raise ConfigError("--bidirectional does not apply to --target next (it is causal)")
+        for name in ("dropout", "word_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"{flag(name)} must be in [0, 1), got {value}")
+        if not 0.0 < self.valid_fraction < 0.5:
+            raise ConfigError(f"--valid-fraction must be in (0, 0.5), got {self.valid_fraction}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or abs(self.seed) >= 2**63:
+            # torch.manual_seed takes 64 bits; a larger seed was a ValueError traceback.
+            raise ConfigError(f"--seed must be an integer below 2^63 in size, got {self.seed!r}")
+        if not self.lr > 0:
+            raise ConfigError(f"--lr must be > 0, got {self.lr}")
+        if not 0.0 < self.lr_decay <= 1.0:
+            raise ConfigError(f"--lr-decay must be in (0, 1], got {self.lr_decay}")
+        self._check_schedule()
+        if self.max_time is not None and not self.max_time > 0:
+            raise ConfigError(f"--max-time must be > 0 seconds, got {self.max_time}")
+        if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
+            raise ConfigError(f"--threads must be >= 1, got {self.threads}")
+        for name in ("clip_norm", "clip_value"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{flag(name)} must be > 0, got {value}")
+        if not self.train:
+            raise ConfigError("--train is required")
+        if self.tensorboard is not None and (
+            not isinstance(self.tensorboard, str) or not self.tensorboard
+        ):
+            raise ConfigError(f"--tensorboard must name a directory, got {self.tensorboard!r}")
+        if parse_bptt(self.bptt)[0] == "window" and self.recompute is not None:
+            raise ConfigError(
+                f"--recompute cannot be combined with --bptt {self.bptt}: the windowed "
+                "backward keeps every step"
+            )
+        self._check_wirings()
+        return self
+
+    def _check_schedule(self) -> None:
+        """``--lr-schedule``, ``--warmup``, ``--init-range``."""
+        from rnnkit.training.schedules import parse_lr_schedule  # torch: only when training
+
+        schedule = parse_lr_schedule(self.effective_lr_schedule())
+        if (
+            schedule.kind == "step"
+            and self.steps is None
+            and self.epochs is not None
+            and schedule.after_epoch is not None
+            and schedule.after_epoch >= self.epochs
+        ):
+            raise ConfigError(
+                f"--lr-schedule {self.lr_schedule} never decays: --epochs {self.epochs} ends "
+                f"before epoch {schedule.after_epoch + 1}"
+            )
+        if schedule.kind == "cosine" and self.steps is None and self.epochs is None:
+            raise ConfigError(
+                "--lr-schedule cosine needs the run's length: give --steps or --epochs"
+            )
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ConfigError(f"--warmup must be an integer ≥ 0 (steps), got {self.warmup!r}")
+        if self.init_range is not None and not (
+            self.init_range > 0 and math.isfinite(self.init_range)
+        ):
+            raise ConfigError(f"--init-range must be > 0, got {self.init_range}")
+
+    def _check_nonlinearity(self) -> None:
+        parts = self.nonlinearity.split(",") if isinstance(self.nonlinearity, str) else [None]
+        for part in parts:
+            if part not in NONLINEARITIES:
+                raise ConfigError(
+                    f"--nonlinearity must be one of {', '.join(NONLINEARITIES)}, or one per "
+                    f"layer separated by commas, got {self.nonlinearity!r}"
+                )
+        if len(parts) > 1:
+            if self.cell != "rnn" or self.wiring == "jordan":
+                raise ConfigError(
+                    f"--nonlinearity {self.nonlinearity}: one per layer applies to --cell rnn"
+                )
+            if len(parts) != self.layers:
+                raise ConfigError(
+                    f"--nonlinearity {self.nonlinearity} names {len(parts)} layers, "
+                    f"--layers is {self.layers}: give one, or one per layer"
+                )
+
+    def _check_wirings(self) -> None:
+        """``--length``, ``--wiring``, ``--condition``: the options they exclude."""
+        if self.length != "eos" and self.task not in ("lm", "seq2seq"):
+            raise ConfigError(f"--length {self.length} applies to --task lm and seq2seq")
+        for name in ("wiring", "condition"):
+            if getattr(self, name) != getattr(TrainConfig, name) and self.task != "lm":
+                raise ConfigError(f"--{name} {getattr(self, name)} applies to --task lm only")
+        sequences = parse_bptt(self.bptt)[0] != "segment"
+        if self.length != "eos":
+            if self.task == "seq2seq" and self.decoder_only:
+                raise ConfigError(
+                    f"--length {self.length} applies to the encoder–decoder, not --decoder-only"
+                )
+            if self.task == "seq2seq" and self.scheduled_sampling != "none":
+                raise ConfigError(
+                    f"--length {self.length} cannot be combined with --scheduled-sampling"
+                )
+            # A mechanism models whole sequences: stream segments have no end to predict.
+            if self.task == "lm" and not sequences:
+                raise ConfigError(
+                    f"--length {self.length} needs whole lines as sequences: "
+                    "--bptt full or window:K, not segment:K"
+                )
+        if self.task == "lm" and self.scheduled_sampling != "none":
+            # The model's own choices are fed one step at a time through the plain LM.
+            for bad, given in (
+                (f"--bptt {self.bptt}", parse_bptt(self.bptt)[0] != "full"),
+                (f"--wiring {self.wiring}", self.wiring != "hidden"),
+                (f"--condition {self.condition}", self.condition != "none"),
+                (f"--length {self.length}", self.length != "eos"),
+            ):
+                if given:
+                    raise ConfigError(
+                        f"--scheduled-sampling on --task lm needs --bptt full, the hidden "
+                        f"wiring, no --condition and --length eos; got {bad}"
+                    )
+        if self.wiring == "jordan":
+            # Fig. 10.4 has one layer and only the fed-back output as memory.
+            for bad, given in (
+                (f"--layers {self.layers}", self.layers != 1),
+                ("--bidirectional", self.bidirectional),
+                ("--tie-weights", self.tie_weights),
+                (f"--length {self.length}", self.length != "eos"),
+                (f"--condition {self.condition}", self.condition != "none"),
+                (f"--recompute {self.recompute}", self.recompute is not None),
+                ("--pretrained-vectors", self.pretrained_vectors is not None),
+            ):
+                if given:
+                    raise ConfigError(f"{bad} does not apply to --wiring jordan")
+        if self.condition != "none":
+            if self.length != "eos":
+                raise ConfigError(
+                    f"--length {self.length} cannot be combined with --condition {self.condition}"
+                )
+            if parse_bptt(self.bptt)[0] != "full":
+                raise ConfigError(
+                    f"--condition {self.condition} needs --bptt full "
+                    "(each label<TAB>text line is one sequence)"
+                )
+
+    def given_options(self) -> set[str]:
+        """The fields whose value differs from the default (what a caller that does not
+        know which options were typed can take as "given")."""
+        default = TrainConfig()
+        return {
+            f.name
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
+
+    def check_applies(self, given: typing.Iterable[str] | None = None) -> TrainConfig:
+        """Refuse options that this task (or cell) does not read: stored and ignored would
+        be a silent lie. ``given``: the options the user set (field names; the command
+        line passes what argv set, so an option given at its default value counts too);
+        None: those differing from the default.
+
+        >>> TrainConfig(train="x", task="tag").check_applies({"pooling"})
+        Traceback (most recent call last):
+        ...
+        rnnkit.errors.ConfigError: --pooling does not apply to --task tag (only to: classify)
+        """
+        names = self.given_options() if given is None else set(given)
+        for name in sorted(names):
+            reason = self.not_applying(name)
+            if reason is not None:
+                raise ConfigError(reason)
+        return self
+
+    def applies(self, name: str) -> bool:
+        """Whether this task (and cell, and wiring) reads the option ``name`` (a field).
+
+        >>> TrainConfig(task="tag").applies("pooling"), TrainConfig(cell="gru").applies("reset")
+        (False, True)
+        """
+        return self.not_applying(name) is None
+
+    def not_applying(self, name: str) -> str | None:
+        """Why the option ``name`` does not apply here (the refusal line), or None."""
+        tasks = TASK_OPTIONS.get(name)
+        if tasks is not None and self.task not in tasks:
+            only = ", ".join(tasks)
+            return f"{flag(name)} does not apply to --task {self.task} (only to: {only})"
+        cells = CELL_OPTIONS.get(name)
+        if self.wiring == "jordan" and name in (*CELL_OPTIONS, "cell"):
+            if name == "nonlinearity":  # φ of the Jordan update
+                return None
+            return f"{flag(name)} does not apply to --wiring jordan (it has no cell)"
+        if cells is None or self.cell in cells:
+            return None
+        return f"{flag(name)} does not apply to --cell {self.cell} (only to: {', '.join(cells)})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "config.json") -> TrainConfig:
+        """Rebuild from ``to_dict()``; unknown keys or wrong types are a ``ConfigError``.
+
+        The ``extra`` object of run directories written before the anomaly-detection and
+        tagging options were fields is read back onto those fields
+        (:mod:`rnnkit.app.config.legacy`).
+
+        >>> TrainConfig.from_dict({"train": "x", "extra": {"threshold": "gpd"}}).threshold_method
+        'gpd'
+        """
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected a JSON object")
+        data, legacy = from_legacy(data, where)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ConfigError(f"{where}: unknown keys {unknown}")
+        kinds = value_kinds(cls)
+        for name, value in data.items():
+            # From the annotation, so that options unset by default (``steps: int | None``)
+            # are checked too when set.
+            kind, optional = kinds[name]
+            if value is None:
+                ok = optional
+            elif kind is float:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            else:
+                ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+            if not ok:
+                got = type(value).__name__
+                key = legacy.get(name, name)
+                raise ConfigError(f"{where}: {key} must be {kind.__name__}, got {got}")
+        return cls(**data)
+
+
+def _table(key: str) -> dict[str, tuple[str, ...]]:
+    table: dict[str, tuple[str, ...]] = {}
+    for f in dataclasses.fields(TrainConfig):
+        value = getattr(option_of(f), key)
+        if value is not None:
+            table[f.name] = value
+    return table
+
+
+#: The options that only some tasks read: field name → the tasks that use it (each
+#: field's ``tasks=``). An option not listed here applies to every task. Giving a listed
+#: option to another task is a ConfigError (``TrainConfig.check_applies``), and
+#: ``rnnkit train --help`` shows the tasks beside the option.
+TASK_OPTIONS: dict[str, tuple[str, ...]] = _table("tasks")
+
+#: Options of one recurrent cell: field name → the cells that read it (each field's
+#: ``cells=``; ``--nonlinearity`` also applies to ``--wiring jordan``, which has no cell).
+CELL_OPTIONS: dict[str, tuple[str, ...]] = _table("cells")
