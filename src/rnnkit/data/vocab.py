@@ -12,6 +12,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from os import PathLike
+from typing import TypeVar
 
 import numpy as np
 
@@ -29,6 +30,9 @@ __all__ = [
     "Vocabulary",
     "count_tokens",
 ]
+
+# A vocabulary class: its constructors build an instance of the class they are called on.
+_VocabT = TypeVar("_VocabT", bound="Vocabulary")
 
 SPECIALS: tuple[str, ...] = ("<pad>", "<unk>", "<s>", "</s>")
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -127,7 +131,7 @@ class Vocabulary:
 
     @classmethod
     def from_counts(
-        cls,
+        cls: type[_VocabT],
         counts: Mapping[str, int],
         unit: str = "char",
         min_freq: int = 1,
@@ -135,7 +139,7 @@ class Vocabulary:
         *,
         max_vocab: int | None = None,
         source: str | PathLike[str] | None = None,
-    ) -> Vocabulary:
+    ) -> _VocabT:
         """Keep tokens seen at least ``min_freq`` times, most frequent first.
 
         Args:
@@ -176,7 +180,7 @@ class Vocabulary:
 
     @classmethod
     def from_text(
-        cls,
+        cls: type[_VocabT],
         text: str,
         unit: str = "char",
         min_freq: int = 1,
@@ -184,7 +188,7 @@ class Vocabulary:
         *,
         max_vocab: int | None = None,
         source: str | PathLike[str] | None = None,
-    ) -> Vocabulary:
+    ) -> _VocabT:
         """Build from the token counts of ``text`` (see :meth:`from_counts`).
 
         >>> Vocabulary.from_text("b a b", unit="word").itos[4:]
@@ -321,7 +325,9 @@ class Vocabulary:
         return json.dumps(doc, ensure_ascii=False, indent=0)
 
     @classmethod
-    def from_json(cls, text: str, path: str | PathLike[str] | None = None) -> Vocabulary:
+    def from_json(
+        cls: type[_VocabT], text: str, path: str | PathLike[str] | None = None
+    ) -> _VocabT:
         """Parse :meth:`to_json` output; anything malformed is a ``DataError`` naming ``path``.
 
         >>> Vocabulary.from_json('{"unit": "char", "tokens": []}')
@@ -370,7 +376,7 @@ class Vocabulary:
         atomic_write_bytes(path, (self.to_json() + "\n").encode("utf-8"))
 
     @classmethod
-    def load(cls, path: str | PathLike[str]) -> Vocabulary:
+    def load(cls: type[_VocabT], path: str | PathLike[str]) -> _VocabT:
         """Read a vocabulary written by :meth:`save`.
 
         Raises:

@@ -68,7 +68,9 @@ def build_language_model(spec: ModelSpec, vocab_size: int) -> LanguageModel:
     return LanguageModel(embedding, encoder, head, dropout=spec.dropout, length=length)
 
 
-def build_lm(spec: ModelSpec, vocab_size: int, num_labels: int | None = None) -> nn.Module:
+def build_lm(
+    spec: ModelSpec, vocab_size: int, num_labels: int | None = None
+) -> LanguageModel | JordanLM | ConditionalLM:
     """The language model of ``--task lm``: ``spec.wiring`` and ``spec.condition`` choose
     the kind.
 

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -100,7 +100,11 @@ class _Pace:
         return (self.tokens_seen - self.window_tokens_start) / max(now - self.window_start, 1e-9)
 
 
-class Trainer:
+# The model being trained: what step_fn and evaluate_fn receive.
+_M = TypeVar("_M", bound=nn.Module)
+
+
+class Trainer(Generic[_M]):
     """Train ``model`` on ``batches`` with ``step_fn``; see the module docstring.
 
     Args:
@@ -118,12 +122,12 @@ class Trainer:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: _M,
         optimizer: torch.optim.Optimizer,
         batches: Any,
-        step_fn: Callable[[nn.Module, Any, Any], LossOutput],
+        step_fn: Callable[[_M, Any, Any], LossOutput],
         options: TrainOptions,
-        evaluate_fn: Callable[[nn.Module], dict[str, Any]] | None = None,
+        evaluate_fn: Callable[[_M], dict[str, Any]] | None = None,
         scheduler: Any = None,
         plateau: torch.optim.lr_scheduler.ReduceLROnPlateau | None = None,
         out_dir: str | Path | None = None,
