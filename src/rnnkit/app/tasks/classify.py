@@ -141,16 +141,16 @@ def classify_metrics(
             nats += float(F.cross_entropy(logits[known], gold[known], reduction="sum"))
         predicted[batch.indices.numpy()] = logits.argmax(-1).cpu().numpy()
     model.train(was_training)
-    known = enc.labels < K
-    n = int(known.sum())
-    gold_names = [labels.labels[i] for i in enc.labels[known]]
-    pred_names = [labels.labels[i] for i in predicted[known]]
-    unknown = Counter(ex.label for ex, k in zip(enc.examples, known, strict=True) if not k)
+    labelled = enc.labels < K  # examples of a class the model knows
+    n = int(labelled.sum())
+    gold_names = [labels.labels[i] for i in enc.labels[labelled]]
+    pred_names = [labels.labels[i] for i in predicted[labelled]]
+    unknown = Counter(ex.label for ex, k in zip(enc.examples, labelled, strict=True) if not k)
     metrics: dict[str, Any] = {
         **loss_figures(nats, n),
         "tokens": n,
         "examples": n,
-        "accuracy": float((predicted[known] == enc.labels[known]).mean()) if n else None,
+        "accuracy": float((predicted[labelled] == enc.labels[labelled]).mean()) if n else None,
         **per_class_figures(gold_names, pred_names, labels.labels, "per_class"),
         "unknown_labels": sum(unknown.values()),
         "unknown_label_counts": dict(sorted(unknown.items())),

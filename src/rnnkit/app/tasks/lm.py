@@ -64,6 +64,9 @@ from rnnkit.training.distributed import init_distributed
 from rnnkit.training.loop import Trainer
 from rnnkit.training.scheduled_sampling import parse_schedule
 
+#: The kinds of model ``--task lm`` trains (``--wiring``, ``--condition``; ``build_lm``).
+AnyLM = LanguageModel | JordanLM | ConditionalLM
+
 __all__ = [
     "LMData",
     "evaluate",
@@ -127,7 +130,9 @@ def _labelled_sequences(
     """Texts as id sequences (cut into pieces of ``max_len``), the class of each, and the
     lines whose label is not in ``data.labels`` (left out: they cannot be conditioned on)."""
     assert data.labels is not None
-    seqs, classes, unknown = [], [], Counter()
+    seqs: list[np.ndarray] = []
+    classes: list[int] = []
+    unknown: Counter[str] = Counter()
     for ex in examples:
         k = data.labels.get(ex.label)
         if k is None:
@@ -215,7 +220,7 @@ def _stream_eval_batcher(stream: np.ndarray, batch_size: int, k: int) -> StreamB
 
 
 def _batch_loss(
-    model: torch.nn.Module,
+    model: AnyLM,
     batch: Any,
     device: torch.device,
     *,
@@ -235,13 +240,13 @@ def _batch_loss(
         # Its only memory is the previous token, i.e. the input itself: no state to carry,
         # nothing to truncate, every step computed at once.
         return model.loss(inputs, targets, mask=None if stream else batch.mask.to(device))
+    if isinstance(model, ConditionalLM):
+        assert classes is not None and not stream  # --condition reads whole lines
+        mask = batch.mask.to(device)
+        return model.loss(classes[batch.indices].to(device), inputs, targets, mask=mask)
     if stream:
         return model.loss(inputs, targets, state=state, starts=starts)
-    mask = batch.mask.to(device)
-    if isinstance(model, ConditionalLM):
-        assert classes is not None
-        return model.loss(classes[batch.indices].to(device), inputs, targets, mask=mask)
-    return model.loss(inputs, targets, mask=mask, window=window)
+    return model.loss(inputs, targets, mask=batch.mask.to(device), window=window)
 
 
 def _classes(labels: np.ndarray | None) -> Tensor | None:
@@ -249,9 +254,7 @@ def _classes(labels: np.ndarray | None) -> Tensor | None:
 
 
 @torch.no_grad()
-def lm_metrics(
-    model: torch.nn.Module, data: LMData, device: torch.device, batch_size: int
-) -> dict[str, Any]:
+def lm_metrics(model: AnyLM, data: LMData, device: torch.device, batch_size: int) -> dict[str, Any]:
     """Mean nats per target token on the validation part of ``data`` (plus perplexity and,
     for characters, bits per character)."""
     was_training = model.training
@@ -267,11 +270,11 @@ def lm_metrics(
     else:
         assert data.valid_seqs is not None
         pairs = [lm_pairs(s, BOS_ID, EOS_ID) for s in data.valid_seqs]
-        batcher = SequenceBatcher(
+        lines = SequenceBatcher(
             [p[0] for p in pairs], [p[1] for p in pairs], batch_size=batch_size, shuffle=False
         )
         classes = _classes(data.valid_labels)
-        for batch in batcher:
+        for batch in lines:
             out = _batch_loss(model, batch, device, stream=False, classes=classes)
             nats, tokens = nats + out.nats, tokens + out.tokens
     model.train(was_training)
@@ -292,6 +295,7 @@ def _ngram_streams(data: LMData) -> tuple[Any, Any]:
     def with_eos(seqs: list[np.ndarray]) -> list[np.ndarray]:
         return [np.concatenate([s, [EOS_ID]]) for s in seqs]
 
+    assert data.train_seqs is not None and data.valid_seqs is not None
     return with_eos(data.train_seqs), with_eos(data.valid_seqs)
 
 
@@ -301,7 +305,8 @@ def _step_fn(data: LMData, device: torch.device, sampling: Any = None):
     if sampling is not None:
         schedule, steps_done = sampling
 
-        def sampled(model: torch.nn.Module, batch: Any, carry: Any) -> LossOutput:
+        # --scheduled-sampling needs the hidden wiring without --condition: a LanguageModel.
+        def sampled(model: LanguageModel, batch: Any, carry: Any) -> LossOutput:
             p = schedule.probability(steps_done())
             inputs, targets = batch.inputs.to(device), batch.targets.to(device)
             return model.scheduled_loss(inputs, targets, batch.mask.to(device), sampling_p=p)
@@ -309,14 +314,14 @@ def _step_fn(data: LMData, device: torch.device, sampling: Any = None):
         return sampled
     if data.mode == "segment":
 
-        def step(model: torch.nn.Module, batch: Any, carry: Any) -> LossOutput:
+        def step(model: AnyLM, batch: Any, carry: Any) -> LossOutput:
             starts = batch.starts.to(device)
             return _batch_loss(model, batch, device, stream=True, state=carry, starts=starts)
     else:
         window = data.k if data.mode == "window" else None
         classes = _classes(data.train_labels)
 
-        def step(model: torch.nn.Module, batch: Any, carry: Any) -> LossOutput:
+        def step(model: AnyLM, batch: Any, carry: Any) -> LossOutput:
             return _batch_loss(model, batch, device, stream=False, classes=classes, window=window)
 
     return step
@@ -325,7 +330,9 @@ def _step_fn(data: LMData, device: torch.device, sampling: Any = None):
 def _train_batches(cfg: TrainConfig, data: LMData, drop_last: bool = False) -> Any:
     if data.mode == "segment":
         boundary = EOS_ID if cfg.doc_boundary == "line" else None
+        assert data.train_stream is not None and data.k is not None
         return StreamBatcher(data.train_stream, cfg.batch_size, data.k, boundary_id=boundary)
+    assert data.train_seqs is not None
     pairs = [lm_pairs(s, BOS_ID, EOS_ID) for s in data.train_seqs]
     return SequenceBatcher(
         [p[0] for p in pairs],
@@ -384,7 +391,8 @@ def train_lm(
     model = build_lm(model_spec(cfg), len(data.vocab), num_labels).to(device)
     model.loss_reduction = cfg.loss_reduction
     pretrained = None
-    if cfg.pretrained_vectors is not None and not resume:  # (refused with --wiring jordan)
+    if cfg.pretrained_vectors is not None and not resume:
+        assert not isinstance(model, JordanLM)  # refused with --wiring jordan
         pretrained = load_pretrained_vectors(cfg, model.embedding, data.vocab.itos)
     optimizer = _optimizer(cfg, model)
     batches = _train_batches(cfg, data, drop_last=ctx.enabled)
@@ -481,9 +489,7 @@ def lm_labels(run_dir: str | Path, cfg: TrainConfig) -> LabelSet | None:
         raise CheckpointError(str(exc)) from None
 
 
-def load_lm(
-    run_dir: str | Path, device: str = "cpu"
-) -> tuple[TrainConfig, Vocabulary, torch.nn.Module]:
+def load_lm(run_dir: str | Path, device: str = "cpu") -> tuple[TrainConfig, Vocabulary, AnyLM]:
     """Load a trained language model from its run directory (no code is unpickled).
 
     The model is a :class:`LanguageModel`, a :class:`JordanLM` (``--wiring jordan``) or a
@@ -546,7 +552,7 @@ def prompt_ids(cfg: TrainConfig, vocab: Vocabulary, prompt: str | None) -> tuple
 def sample_texts(
     cfg: TrainConfig,
     vocab: Vocabulary,
-    model: torch.nn.Module,
+    model: AnyLM,
     prompt: str | None = None,
     *,
     num: int = 1,
@@ -626,7 +632,7 @@ def _line_ends(cfg: TrainConfig, vocab: Vocabulary) -> tuple[int, int | None]:
 def line_logprobs(
     cfg: TrainConfig,
     vocab: Vocabulary,
-    model: torch.nn.Module,
+    model: AnyLM,
     lines: list[str],
     conditions: list[int] | None = None,
 ) -> list[dict[str, Any]]:

@@ -144,7 +144,11 @@ def regression_metrics(
         out = model.loss(x, y, mask)
         total += out.nats
         mean = model(x, mask).mean
-        keep = mask.unsqueeze(-1).expand_as(y) if y.dim() == 3 else torch.ones_like(y, dtype=bool)
+        keep = (
+            mask.unsqueeze(-1).expand_as(y)
+            if y.dim() == 3
+            else torch.ones_like(y, dtype=torch.bool)
+        )
         err = (mean - y)[keep]
         sq += float((err * err).sum())
         ab += float(err.abs().sum())
@@ -278,7 +282,7 @@ def load_regressor(run_dir: str | Path, device: str = "cpu") -> tuple[TrainConfi
     run_dir = Path(run_dir)
     cfg, info = load_config(run_dir, task="regress")
     D, K = info.get("input_size"), info.get("output_size")
-    if not all(isinstance(v, int) and v >= 1 for v in (D, K)):
+    if not (isinstance(D, int) and D >= 1 and isinstance(K, int) and K >= 1):
         raise CheckpointError(f"{run_dir / 'config.json'}: no valid input_size/output_size")
     model = build_regressor(cfg, D, K).to(choose_device(device))
     load_model_weights(model, run_dir / "model.safetensors")

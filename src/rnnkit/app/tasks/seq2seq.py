@@ -46,7 +46,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from rnnkit.app.config import RESUME_CHANGEABLE, TrainConfig
 from rnnkit.app.tasks.run import (
@@ -74,9 +73,10 @@ from rnnkit.metrics.sequences import (
     teacher_forced_accuracy,
     token_error_rate,
 )
-from rnnkit.models.decoder_only import build_decoder_only
+from rnnkit.models.decoder_only import DecoderOnlyTranslator, build_decoder_only
+from rnnkit.models.language_model import LossOutput
 from rnnkit.models.lookup import NearestNeighbour
-from rnnkit.models.seq2seq import build_seq2seq
+from rnnkit.models.seq2seq import Seq2Seq, build_seq2seq
 from rnnkit.training.checkpoint import load_model_weights
 from rnnkit.training.loop import Trainer
 from rnnkit.training.scheduled_sampling import parse_schedule
@@ -200,7 +200,9 @@ def prepare_data(
     )
 
 
-def build_model(cfg: TrainConfig, source_vocab_size: int, target_vocab_size: int) -> nn.Module:
+def build_model(
+    cfg: TrainConfig, source_vocab_size: int, target_vocab_size: int
+) -> Seq2Seq | DecoderOnlyTranslator:
     """``Seq2Seq`` or, with ``--decoder-only``, ``DecoderOnlyTranslator``."""
     if cfg.decoder_only:
         return build_decoder_only(model_spec(cfg), source_vocab_size, target_vocab_size)
@@ -209,7 +211,7 @@ def build_model(cfg: TrainConfig, source_vocab_size: int, target_vocab_size: int
 
 @torch.no_grad()
 def teacher_forced_metrics(
-    model: nn.Module,
+    model: Seq2Seq | DecoderOnlyTranslator,
     sources: list[np.ndarray],
     targets: list[np.ndarray],
     device: torch.device,
@@ -219,18 +221,19 @@ def teacher_forced_metrics(
     was_training = model.training
     model.eval()
     nats, tokens, correct = 0.0, 0, 0
-    length = getattr(model, "length", None)  # decoder-only models have none
+    # The model with a length mechanism (decoder-only models have none), or None.
+    with_length = model if isinstance(model, Seq2Seq) and model.length is not None else None
     for batch in PairBatcher(sources, targets, batch_size=batch_size, shuffle=False):
         batch = batch.to(device)
         logits = model.target_logits(batch)  # (B, T, V_t)
-        if length is None:
+        if with_length is None:
             mask = batch.target_mask
             nats += float(sequence_cross_entropy(logits, batch.target_out, mask, reduction="sum"))
         else:
             # The exact sequence NLL (token terms plus the stop / length terms) over the
             # token steps, as in training; </s> is no token: its step is not scored.
-            mask = model.token_mask(batch)
-            nats += model.loss(batch).nats
+            mask = with_length.token_mask(batch)
+            nats += with_length.loss(batch).nats
         hits, counted = teacher_forced_accuracy(logits, batch.target_out, mask)
         correct, tokens = correct + hits, tokens + counted
     model.train(was_training)
@@ -245,7 +248,7 @@ def teacher_forced_metrics(
 
 @torch.no_grad()
 def decode_ids(
-    model: nn.Module,
+    model: Seq2Seq | DecoderOnlyTranslator,
     sources: list[np.ndarray],
     device: torch.device,
     batch_size: int,
@@ -273,7 +276,7 @@ def _render(vocab: Vocabulary, ids: list[int]) -> str:
 
 
 def decode_metrics(
-    model: nn.Module,
+    model: Seq2Seq | DecoderOnlyTranslator,
     pairs: list[Pair],
     sources: list[np.ndarray],
     target_vocab: Vocabulary,
@@ -422,7 +425,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     save_baseline(out, nearest.to_state())
     clock = _StepClock()
 
-    def step_fn(m: nn.Module, batch: Any, carry: Any):
+    def step_fn(m: Seq2Seq | DecoderOnlyTranslator, batch: Any, carry: Any) -> LossOutput:
         p = schedule.probability(clock.step) if schedule.active else None
         return m.loss(batch.to(device), sampling_p=p)
 
@@ -484,7 +487,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
 
 def load_seq2seq(
     run_dir: str | Path, device: str = "cpu"
-) -> tuple[TrainConfig, Vocabulary, Vocabulary, nn.Module]:
+) -> tuple[TrainConfig, Vocabulary, Vocabulary, Seq2Seq | DecoderOnlyTranslator]:
     """``(cfg, source_vocab, target_vocab, model)`` of a run directory (no unpickling)."""
     run_dir = Path(run_dir)
     cfg, info = load_config(run_dir, task="seq2seq")

@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -122,12 +122,16 @@ def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=cfg.lr)
 
 
+# The model a step function and an evaluation of fit() receive.
+_M = TypeVar("_M", bound=nn.Module)
+
+
 def fit(
     cfg: TrainConfig,
-    model: nn.Module,
+    model: _M,
     batches: Any,
-    step_fn: Callable[[nn.Module, Any, Any], LossOutput],
-    evaluate_fn: Callable[[nn.Module], dict[str, Any]],
+    step_fn: Callable[[_M, Any, Any], LossOutput],
+    evaluate_fn: Callable[[_M], dict[str, Any]],
     resume: bool,
     quiet: bool,
     callbacks: Any = None,
@@ -302,7 +306,9 @@ def _char_batch(enc: EncodedTags, indices: Tensor, T: int) -> Tensor:
     return torch.from_numpy(out)
 
 
-def _inputs(enc: EncodedTags, batch: Any, device: torch.device) -> tuple[Tensor, ...]:
+def _inputs(
+    enc: EncodedTags, batch: Any, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor | None]:
     words, mask = batch.inputs.to(device), batch.mask.to(device)
     chars = None
     if enc.chars is not None:

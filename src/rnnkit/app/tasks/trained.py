@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -31,6 +31,16 @@ from rnnkit.data.labelled import LabelSet
 from rnnkit.data.tagged import TaggedSentence
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.errors import ConfigError, DataError
+
+if TYPE_CHECKING:  # the kinds of model (and vocabulary) each task's loader builds
+    from rnnkit.app.tasks.events import EventVocabulary
+    from rnnkit.models.classifier import Classifier
+    from rnnkit.models.conditional import ConditionalLM
+    from rnnkit.models.decoder_only import DecoderOnlyTranslator
+    from rnnkit.models.jordan import JordanLM
+    from rnnkit.models.language_model import LanguageModel
+    from rnnkit.models.seq2seq import Seq2Seq
+    from rnnkit.models.tagger import Tagger
 
 __all__ = ["TrainedRun", "load"]
 
@@ -112,6 +122,7 @@ class TrainedRun:
 
     def _predict_classify(self, texts: list[str], batch_size: int) -> list[str]:
         assert self.labels is not None
+        model = cast("Classifier", self.model)  # load() gives each task its own model kind
         ids = []
         for i, text in enumerate(texts):
             x = self.vocab.encode_array(text, dtype=np.int64)[: self.config.max_len]
@@ -120,7 +131,7 @@ class TrainedRun:
             ids.append(x)
         out: list[str] = [""] * len(ids)
         for batch in SequenceBatcher(ids, batch_size=batch_size, shuffle=False):
-            best = self.model.predict(batch.inputs.to(self.device), batch.mask.to(self.device))
+            best = model.predict(batch.inputs.to(self.device), batch.mask.to(self.device))
             for row, i in enumerate(batch.indices.tolist()):
                 out[i] = self.labels.labels[int(best[row])]
         return out
@@ -129,6 +140,7 @@ class TrainedRun:
         from rnnkit.app.tasks.tag import TagData, _inputs, encode_tagged
 
         assert self.labels is not None
+        model = cast("Tagger", self.model)  # load() gives each task its own model kind
         tokenized = [s.split() if isinstance(s, str) else list(s) for s in sentences]
         for i, tokens in enumerate(tokenized):
             if not tokens:
@@ -140,7 +152,7 @@ class TrainedRun:
         batcher = SequenceBatcher(enc.words, enc.tags, batch_size=batch_size, shuffle=False)
         for batch in batcher:
             words, mask, chars = _inputs(enc, batch, self.device)
-            best = self.model.predict(words, mask, chars).cpu()
+            best = model.predict(words, mask, chars).cpu()
             for row, i in enumerate(batch.indices.tolist()):
                 out[i] = [self.labels.labels[int(j)] for j in best[row, : len(tokenized[i])]]
         return out
@@ -155,6 +167,7 @@ class TrainedRun:
         from rnnkit.app.tasks.seq2seq import _render, decode_ids
 
         assert self.source_vocab is not None
+        model = cast("Seq2Seq | DecoderOnlyTranslator", self.model)  # (as load() builds it)
         beam = self.config.beam if beam is None else beam
         if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
             raise ConfigError(f"beam must be an integer ≥ 1, got {beam!r}")
@@ -163,7 +176,7 @@ class TrainedRun:
         for i, x in enumerate(ids):
             if len(x) == 0:
                 raise DataError(f"source {i} has no tokens")
-        hyps = decode_ids(self.model, ids, self.device, batch_size, beam, limit + 1)
+        hyps = decode_ids(model, ids, self.device, batch_size, beam, limit + 1)
         # limit + 1 steps leave room for </s>: an output that did not end is cut at limit
         return [_render(self.vocab, h[:limit]) for h in hyps]
 
@@ -174,8 +187,12 @@ class TrainedRun:
 
         extras = self.extras or {}
         run = EventsModel(
-            self.config, self.vocab, self.model, extras["thresholds"], extras.get("ngram")
-        )  # type: ignore[arg-type]
+            self.config,
+            cast("EventVocabulary", self.vocab),  # as load() builds an events run
+            cast("LanguageModel", self.model),
+            extras["thresholds"],
+            extras.get("ngram"),
+        )
         given = [
             s if isinstance(s, Session) else Session(str(i), list(s))
             for i, s in enumerate(sessions)
@@ -224,7 +241,8 @@ class TrainedRun:
             return sample_texts(
                 self.config,
                 self.vocab,
-                self.model,
+                # load() builds the model of --task lm's wiring and condition
+                cast("LanguageModel | JordanLM | ConditionalLM", self.model),
                 prompt,
                 num=num,
                 max_length=max_length,
@@ -252,6 +270,7 @@ def load(run_dir: str | Path, device: str = "cpu") -> TrainedRun:
     """
     run_dir = Path(run_dir)
     task = task_of_run(run_dir)
+    model: nn.Module  # of the task's own kind
     if task == "lm":
         from rnnkit.app.tasks.lm import lm_labels, load_lm
 
