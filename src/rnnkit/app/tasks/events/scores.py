@@ -88,7 +88,8 @@ def all_scores(
 ) -> dict[str, np.ndarray]:
     """Every session score, ``(n,)`` each; without a calibration (a run from before it was
     stored) only the :data:`RUNNING_SCORES` and ``end``."""
-    rows = _session_rows(per_event, seqs, top_g, calibration and calibration.keys)
+    keys = None if calibration is None else calibration.keys
+    rows = _session_rows(per_event, seqs, top_g, keys)
     names = COMBINED_PARTS if calibration is not None else (*RUNNING_SCORES, "end")
     out = {n: np.array([row[n] for row in rows], dtype=np.float64) for n in names}
     if calibration is not None:

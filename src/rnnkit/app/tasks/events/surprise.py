@@ -181,8 +181,9 @@ def ngram_surprises(
         windows[ok, k - j] = flat[np.flatnonzero(ok) - j]
     ranks = np.zeros(len(flat), dtype=np.int64)
     if len(flat):
-        contexts, which = _distinct_rows(windows, ngram.vocab_size)
         V = ngram.vocab_size
+        assert V is not None  # a fitted n-gram (its logprobs above) knows its vocabulary
+        contexts, which = _distinct_rows(windows, V)
         order = np.argsort(which, kind="stable")  # events grouped by context
         bounds = np.searchsorted(which[order], np.arange(len(contexts) + 1))
         per = max(1, RANK_CELLS // max(V, 1))  # bound the (rows, V) temporaries
