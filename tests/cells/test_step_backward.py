@@ -16,7 +16,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from rnnkit.bptt.recurrence import backward_sweep, forward_pass
+from rnnkit.bptt.backward import backward_sweep
+from rnnkit.bptt.forward import forward_pass
 from rnnkit.cells.gru import gru_step, gru_step_backward
 from rnnkit.cells.kernel import Weights
 from rnnkit.cells.lstm import lstm_step, lstm_step_backward

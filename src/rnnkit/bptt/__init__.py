@@ -1,8 +1,13 @@
 """Backpropagation through time: the loop over T steps and its explicit backward.
 
-* ``recurrence``: the forward pass over a batch of sequences (masks, packing of finished
-  rows, document resets) and the backward sweep (full, truncated in segments, windows
-  across a stack), returning the gradients to autograd as one node;
+* ``recurrence``: one direction of one layer over time as one autograd node
+  (:func:`run_recurrence`), whose backward is the library's explicit BPTT;
+* ``forward``: the forward pass over a batch of sequences (one input product, then the
+  steps; masks, document resets);
+* ``backward``: the backward sweep from the last step to the first and the weight
+  gradients as one product over all steps;
+* ``windowed``: the exact windowed BPTT(τ), lag by lag, of one direction or a stack;
+* ``record``: what the forward keeps for the backward, and the packing of finished rows;
 * ``recompute``: the forward pass kept at checkpoints only and recomputed in the backward,
   for sequences too long to keep every step;
 * ``native``: the same loop compiled from ``rnnkit/csrc`` (built on first use), dispatched
@@ -10,26 +15,22 @@
 * ``tracing``: the check that refuses graph tracing of the explicit backward.
 """
 
+from rnnkit.bptt.backward import backward_sweep, weight_grads
+from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.native import available, build, library, supports, use_native
 from rnnkit.bptt.recompute import run_recomputed
-from rnnkit.bptt.recurrence import (
+from rnnkit.bptt.record import (
     ForwardRecord,
     Grads,
     Packing,
     Sweep,
-    WindowUnit,
-    backward_sweep,
-    clean_padding,
-    forward_pass,
     incoming_states,
     make_packing,
-    reorder,
-    run_recurrence,
     unpack_record,
-    weight_grads,
-    windowed_sweep,
 )
+from rnnkit.bptt.recurrence import clean_padding, run_recurrence
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
+from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 
 __all__ = [
     "ForwardRecord",

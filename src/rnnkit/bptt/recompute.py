@@ -24,13 +24,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from rnnkit.bptt.recurrence import (
-    backward_sweep,
-    clean_padding,
-    forward_pass,
-    run_recurrence,
-    weight_grads,
-)
+from rnnkit.bptt.backward import backward_sweep, weight_grads
+from rnnkit.bptt.forward import forward_pass
+from rnnkit.bptt.recurrence import clean_padding, run_recurrence
 from rnnkit.cells.kernel import Kernel, Weights
 
 __all__ = ["run_recomputed"]

@@ -4,7 +4,7 @@ A shared weight is used at every step, so its gradient is the sum of the gradien
 its per-step copies (the "dummy variables" ``W^(k)`` of Goodfellow et al., *Deep Learning*,
 §10.2.2). For step ``k`` (0-based position, ``x[:, k]``; step ``k + 1`` in the 1-based
 notation of docs/math.md) the copy's gradient is read off the explicit backward sweep of
-``rnnkit.bptt.recurrence``:
+``rnnkit.bptt.backward``:
 
     ∂L/∂W_h^(k) = kernel.recurrent_grads(rows of step k)     (δ_k h_{k-1}ᵀ for the RNN)
     ∂L/∂W_x^(k) = δ_kᵀ x_k          ∂L/∂b^(k) = Σ_rows δ_k
@@ -29,7 +29,9 @@ from typing import Any, NamedTuple, cast
 import torch
 from torch import Tensor
 
-from rnnkit.bptt.recurrence import ForwardRecord, backward_sweep, forward_pass
+from rnnkit.bptt.backward import backward_sweep
+from rnnkit.bptt.forward import forward_pass
+from rnnkit.bptt.record import ForwardRecord
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.layers.masking import flip_sequences, resolve_mask

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rnnkit.bptt.recurrence import forward_pass
+from rnnkit.bptt.forward import forward_pass
 from rnnkit.diagnostics.contributions import detached_weights, run_direction
 from rnnkit.layers.masking import flip_sequences
 from rnnkit.layers.stacked import GRU, LSTM, RNN, Bidirectional, StackedRecurrent

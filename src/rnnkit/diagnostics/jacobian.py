@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from rnnkit.bptt.recurrence import backward_sweep
+from rnnkit.bptt.backward import backward_sweep
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.rnn import RNNCell
 from rnnkit.diagnostics.contributions import (

@@ -11,7 +11,7 @@ the LSTM candidate ``g``, the GRU candidate ``n`` and the state of a tanh RNN, a
 ``[−1, 1]`` — are mapped to ``(v + 1) / 2``, so they count when ``|v| > 1 − 2·0.02 =
 0.96``. For a relu RNN ``"h"`` is the share of exact zeros (dead units); a sigmoid RNN's
 ``"h"`` is read as a logistic gate. Values are read
-from the forward cache of ``rnnkit.bptt.recurrence.forward_pass`` (LSTM: activated i, f, g, o;
+from the forward cache of ``rnnkit.bptt.forward.forward_pass`` (LSTM: activated i, f, g, o;
 GRU: r, z and n) at real steps only.
 """
 

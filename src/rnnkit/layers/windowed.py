@@ -2,7 +2,7 @@
 
 One node per layer would count the window in each layer on its own: the loss at step t
 would reach layer 1 about ``L·τ`` steps back. Here the stack's backward is one lag-by-lag
-sweep (``rnnkit.bptt.recurrence.windowed_sweep``) that counts a path's steps from the loss,
+sweep (``rnnkit.bptt.windowed.windowed_sweep``) that counts a path's steps from the loss,
 through every layer it crosses, so a unidirectional stack gets exactly the truncated
 graph of the whole stack: every layer recomputed over steps ``t−τ … t`` from the detached
 states before them. Document starts inside the batch (``reset``) are handled inside the
@@ -21,14 +21,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from rnnkit.bptt.recurrence import (
-    ForwardRecord,
-    WindowUnit,
-    forward_pass,
-    reorder,
-    weight_grads,
-    windowed_sweep,
-)
+from rnnkit.bptt.backward import weight_grads
+from rnnkit.bptt.forward import forward_pass
+from rnnkit.bptt.record import ForwardRecord
+from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.layers.masking import flip_sequences
 from rnnkit.layers.recurrent import Recurrent

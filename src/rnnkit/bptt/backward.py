@@ -1,0 +1,140 @@
+"""The explicit BPTT backward of the time loop, and the weight gradients.
+
+Backward (docs/math.md, "Backpropagation through time"), replaying the kernel's
+``step_backward`` from ``t = T`` down to 1 (the library's only reversed loop over
+time, besides the lag-by-lag one of ``rnnkit.bptt.windowed``):
+
+    d_h ← d_h + ∂ℓ/∂h_t (gradient of the outputs)
+    at a real step:   d_gates_t, d_state_{t-1} = step_backward(d_state_t, …)
+    at a masked step: d_gates_t = 0,  d_state_{t-1} = d_state_t  (passes straight through)
+
+then every weight gradient is ONE matrix product over all steps:
+``∂L/∂W_ih = d_gatesᵀ x``, ``∂L/∂W_hh = d_gatesᵀ h_prev``, ``∂L/∂x = d_gates W_ih``,
+``∂L/∂b = Σ d_gates`` — as cuDNN and haste do. A row whose state was reset at step t
+passes no gradient back past it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rnnkit.bptt.forward import _compiled, _mask2
+from rnnkit.bptt.record import ForwardRecord, Grads, Packing, Sweep, incoming_states
+from rnnkit.bptt.windowed import WindowUnit, windowed_sweep
+from rnnkit.cells.amp import without_autocast
+from rnnkit.cells.kernel import Kernel, Weights
+
+__all__ = ["backward_sweep", "weight_grads"]
+
+
+@without_autocast
+def backward_sweep(
+    kernel: Kernel,
+    record: ForwardRecord,
+    w: Weights,
+    mask: Tensor | None,
+    d_out: Tensor | None,
+    d_finals: tuple[Tensor | None, ...],
+    window: int | None = None,
+    packing: Packing | None = None,
+) -> Sweep:
+    """The explicit BPTT sweep from ``t = T`` down to 1.
+
+    Args:
+        d_out: ∂L/∂outputs ``(T, B, H)`` or None.  d_finals: ∂L/∂(final states).
+        window: None for full BPTT, τ ≥ 1 for the exact BPTT(τ) (``windowed_sweep``).
+        packing: the ``Packing`` the record was made with (its ``d_xp`` is then packed).
+    """
+    if window is not None:
+        if packing is not None:
+            raise RuntimeError(
+                "a Packing needs the compiled loop (rnnkit.bptt.native) and no window"
+            )
+        unit = WindowUnit(kernel, record, w, mask)
+        return windowed_sweep([[unit]], d_out, [[tuple(d_finals)]], window)[0][0]
+    states, cache = record.states, record.cache
+    T, B, H = states[0].shape[0] - 1, states[0].shape[1], states[0].shape[2]
+    n = len(states)
+    like = record.x
+    lib = _compiled(kernel, like, w.weight_hh) if record.reset is None else None
+    if packing is not None and lib is None:
+        raise RuntimeError("a Packing needs the compiled loop (rnnkit.bptt.native) and no window")
+    if lib is not None:
+        d_states = tuple(
+            like.new_zeros(B, H) if d is None else d.contiguous().clone() for d in d_finals
+        )
+        d_out_c = None if d_out is None else d_out.contiguous()
+        offsets = None if packing is None else packing.offsets
+        d_xp, d_hp, d0 = kernel.native_backward(
+            lib, record, w, _mask2(mask), d_out_c, d_states, offsets
+        )
+        return Sweep(d_xp, d_hp, tuple(d0))
+    bcache_steps = [c.unbind(0) for c in kernel.backward_cache(cache, states)]
+    state_steps = [s.unbind(0) for s in states]
+    prev_steps = [p.unbind(0) for p in incoming_states(record)]
+    G = kernel.gates
+    separate_hp = getattr(kernel, "reset", None) == "after"
+    d_xp = like.new_empty(T, B, G * H)
+    # reset="after": d_hp holds the n block only (the r, z blocks equal d_xp's)
+    d_hp = like.new_empty(T, B, H) if separate_hp else d_xp
+    mask_steps = mask.unbind(0) if mask is not None else None
+    reset_steps = record.reset.unbind(0) if record.reset is not None else None
+    wprep = kernel.prepare_backward(w)
+    d_state = [like.new_zeros(B, H) if d is None else d.clone() for d in d_finals]
+    for t in range(T - 1, -1, -1):
+        if d_out is not None:
+            d_state[0] = d_state[0] + d_out[t]
+        prev = tuple(prev_steps[k][t] for k in range(n))
+        new = tuple(state_steps[k][t + 1] for k in range(n))
+        g_xp, g_hp = d_xp[t], d_hp[t]
+        d_prev = kernel.step_backward(
+            tuple(d_state), prev, new, tuple(c[t] for c in bcache_steps), g_xp, g_hp, wprep
+        )
+        if mask_steps is not None:
+            m = mask_steps[t]
+            # Select, never multiply: a masked step contributes nothing to any weight,
+            # and the gradient passes through it unchanged to the step before.
+            g_xp.masked_fill_(~m, 0)
+            if separate_hp:
+                g_hp.masked_fill_(~m, 0)
+            d_prev = tuple(torch.where(m, a, b) for a, b in zip(d_prev, d_state, strict=True))
+        if reset_steps is not None:  # the step read the zero state: nothing flows back
+            d_prev = tuple(torch.where(reset_steps[t], 0.0, d) for d in d_prev)
+        d_state = list(d_prev)
+    return Sweep(d_xp, d_hp, tuple(d_state))
+
+
+@without_autocast
+def weight_grads(
+    kernel: Kernel,
+    record: ForwardRecord,
+    sweep: Sweep,
+    w: Weights,
+    need: tuple[bool, ...],
+    packing: Packing | None = None,
+) -> Grads:
+    """Every gradient as ONE matrix product (or sum) over all steps.
+
+    ``need`` flags (x, weight_ih, weight_hh, bias, bias_hn); with ``packing`` the products
+    run over the computed rows only and ``∂L/∂x`` is scattered back to ``(T, B, I)``.
+    """
+    T, B, H = (s - k for s, k in zip(record.states[0].shape, (1, 0, 0), strict=True))
+    d_xp = sweep.d_xp.reshape(-1, sweep.d_xp.shape[-1])  # (T·B or N, G·H)
+    d_x = None
+    if need[0]:
+        d_x = d_xp @ w.weight_ih
+        if packing is not None:  # rows never computed get no gradient
+            d_x = d_x.new_zeros(T * B, d_x.shape[1]).index_copy_(0, packing.rows, d_x)
+        d_x = d_x.view(T, B, d_x.shape[-1])
+    d_w_ih = d_xp.T @ record.x if need[1] else None
+    d_bias = d_xp.sum(0) if need[3] else None
+    d_w_hh = d_bias_hn = None
+    if need[2] or need[4]:
+        h_prev = incoming_states(record)[0].reshape(T * B, H)
+        if packing is not None:
+            h_prev = h_prev.index_select(0, packing.rows)
+        flat_cache = tuple(c.reshape(h_prev.shape[0], c.shape[-1]) for c in record.cache)
+        d_hp = sweep.d_hp.reshape(h_prev.shape[0], sweep.d_hp.shape[-1])
+        d_w_hh, d_bias_hn = kernel.recurrent_grads(d_xp, d_hp, h_prev, flat_cache)
+    return Grads(d_x, d_w_ih, d_w_hh, d_bias, d_bias_hn if need[4] else None)

@@ -1,0 +1,131 @@
+"""The forward pass of the time loop over T steps, with masking.
+
+This module holds the library's only ``for t in range(T)`` of the forward:
+
+* all input projections in ONE matrix product before the loop: ``xp = x W_ihᵀ + b``;
+* per step only the recurrent product and the gate math (the cell kernel's
+  ``step_into``), written into preallocated time-major buffers;
+* at a masked step the state is held: ``h_t = h_{t-1}`` (``c`` too), by selection —
+  padding may hold NaN or huge values and never leaks (it is replaced by 0 up front).
+
+The compiled loop (``rnnkit.bptt.native``) runs the same steps where it supports the
+kernel and the tensors. Under ``torch.autocast`` (mixed precision) the loop runs with
+autocast off, in its weights' dtype: a float16/bfloat16 input or initial state is cast
+up first (``rnnkit.cells.amp`` says why).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rnnkit.bptt import native
+from rnnkit.bptt.record import ForwardRecord, Packing
+from rnnkit.bptt.tracing import tracing
+from rnnkit.cells.amp import without_autocast
+from rnnkit.cells.kernel import Kernel, Weights
+
+__all__ = ["forward_pass"]
+
+
+def _like_weights(
+    w: Weights, x: Tensor, states0: tuple[Tensor, ...]
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """``x`` and ``states0`` in the weights' dtype: a float16/bfloat16 input (an autocast
+    product upstream) meets float32 weights here. A no-op when the dtypes agree."""
+    dtype = w.weight_hh.dtype
+    if x.dtype != dtype and x.is_floating_point():
+        x = x.to(dtype)
+    return x, tuple(s.to(dtype) if s.dtype != dtype else s for s in states0)
+
+
+def _forward_loop(
+    kernel: Kernel,
+    xps: tuple[Tensor, ...],
+    mask: Tensor | None,
+    states0: tuple[Tensor, ...],
+    prep: Any,
+    save: bool,
+    reset: Tensor | None = None,
+) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """Run all steps. Returns state buffers ``(T + 1, B, H)`` (index 0 = initial) and the
+    cache buffers ``(T, B, ·)`` (empty tuple's worth of scratch when ``save`` is False).
+
+    ``reset (T, B, 1)``: the rows whose state entering step t is replaced by zeros (the
+    buffers keep each step's own result: ``incoming_states`` applies the reset)."""
+    T, B = xps[0].shape[0], xps[0].shape[1]
+    H = states0[0].shape[1]
+    states = tuple(xps[0].new_empty(T + 1, B, H) for _ in states0)
+    for buf, s0 in zip(states, states0, strict=True):
+        buf[0].copy_(s0)
+    cache = kernel.alloc_cache(T, B, H, xps, save)
+    cache_steps = [c.unbind(0) for c in cache]
+    state_steps = [s.unbind(0) for s in states]
+    xp_steps = [xp.unbind(0) for xp in xps]
+    mask_steps = mask.unbind(0) if mask is not None else None
+    # Which steps reset a row: read once, so that the other steps pay nothing.
+    resets = [] if reset is None else reset.any(1).view(-1).tolist()
+    n = len(states)
+    for t in range(T):
+        prev = tuple(state_steps[k][t] for k in range(n))
+        if resets and resets[t]:  # a new document: this step starts from the zero state
+            prev = tuple(torch.where(reset[t], 0.0, p) for p in prev)  # type: ignore[index]
+        out = tuple(state_steps[k][t + 1] for k in range(n))
+        xp_t = tuple(xs[t] for xs in xp_steps)
+        kernel.step_into(xp_t, prev, out, tuple(cs[t] for cs in cache_steps), prep)
+        if mask_steps is not None:
+            m = mask_steps[t]  # (B, 1) bool
+            for k in range(n):
+                torch.where(m, out[k], prev[k], out=out[k])  # hold state at padding
+    return states, cache
+
+
+def _compiled(kernel: Kernel, *tensors: Tensor | None) -> Any:
+    """The compiled loop (``rnnkit.bptt.native``) if it handles this kernel and these tensors.
+
+    Never while tracing (``torch.compile``/``torch.export``): a graph holds the PyTorch
+    loop, the same function in operations a graph can represent (``rnnkit.bptt.tracing``)."""
+    if not hasattr(kernel, "native_forward") or not native.supports(*tensors) or tracing():
+        return None
+    return native.library()
+
+
+def _mask2(mask: Tensor | None) -> Tensor | None:
+    return None if mask is None else mask[..., 0].contiguous()  # (T, B, 1) → (T, B)
+
+
+@without_autocast
+def forward_pass(
+    kernel: Kernel,
+    x: Tensor,
+    w: Weights,
+    states0: tuple[Tensor, ...],
+    mask: Tensor | None,
+    save: bool,
+    packing: Packing | None = None,
+    reset: Tensor | None = None,
+) -> ForwardRecord:
+    """Input projections in one product, then the step loop. ``x (T, B, I)``,
+    ``mask (T, B, 1)`` bool or None; ``packing`` (compiled loop only) skips the rows
+    that have finished (see ``Packing``); ``reset (T, B, 1)`` bool or None zeroes the
+    state entering a step (the PyTorch loop: the compiled one has no resets). Under
+    autocast it computes in the weights' dtype (module docstring)."""
+    x, states0 = _like_weights(w, x, states0)
+    T, B, I = x.shape
+    x_flat = x.reshape(T * B, I)
+    lib = _compiled(kernel, x, *w, *states0) if reset is None else None
+    if lib is None and packing is not None:
+        raise RuntimeError("a Packing needs the compiled loop (rnnkit.bptt.native)")
+    if lib is not None:
+        offsets = None
+        if packing is not None:
+            x_flat, offsets = x_flat.index_select(0, packing.rows), packing.offsets
+        states, cache = kernel.native_forward(
+            lib, x_flat, w, T, B, states0, _mask2(mask), save, offsets
+        )
+        return ForwardRecord(x_flat, states, cache)
+    xps = kernel.project_inputs(x_flat, w, T, B)  # (T, B, ·) buffers
+    states, cache = _forward_loop(kernel, xps, mask, states0, kernel.prepare(w), save, reset)
+    return ForwardRecord(x_flat, states, cache, reset)
