@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.figures import loss_figures, per_class_figures
+from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.run import (
     BASELINE_FILE,
     check_labels,
@@ -51,7 +53,6 @@ from rnnkit.app.tasks.run import (
     save_config,
     seed_everything,
 )
-from rnnkit.app.tasks.tag import check_resume, fit, loss_figures, per_class_figures, run_summary
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.labelled import LabelledExample, LabelSet, read_labelled, split_holdout
 from rnnkit.data.vocab import Vocabulary

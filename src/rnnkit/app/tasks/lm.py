@@ -33,7 +33,8 @@ import torch
 from safetensors.numpy import save_file as save_numpy
 from torch import Tensor
 
-from rnnkit.app.config import RESUME_CHANGEABLE, TrainConfig, parse_bptt
+from rnnkit.app.config import TrainConfig, parse_bptt
+from rnnkit.app.tasks.fitting import check_unchanged, make_optimizer
 from rnnkit.app.tasks.run import (
     check_count,
     check_labels,
@@ -344,13 +345,6 @@ def _train_batches(cfg: TrainConfig, data: LMData, drop_last: bool = False) -> A
     )
 
 
-def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    # The learning-rate schedule (--lr-schedule) is built by the Trainer.
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr)
-
-
 @guarded_run
 def train_lm(
     cfg: TrainConfig, resume: bool = False, quiet: bool = False, callbacks=None
@@ -365,18 +359,7 @@ def train_lm(
     vocab, labels = None, None
     if resume:
         saved_cfg, _ = load_config(out)
-        if saved_cfg.to_dict() != cfg.to_dict():
-            changed = [k for k, v in cfg.to_dict().items() if saved_cfg.to_dict().get(k) != v]
-            # How long to train may change on resume; what is trained may not.
-            # ``out`` is where the run is now (it may have been moved since).
-            # train/valid: checked by content (tasks.run.resume_data), so may be renamed.
-            allowed = RESUME_CHANGEABLE | {"out", "train", "valid"}
-            bad = [k for k in changed if k not in allowed]
-            if bad:
-                raise CheckpointError(
-                    f"{out / 'config.json'}: --resume with different options {bad} "
-                    "(checkpoint of an incompatible config)"
-                )
+        check_unchanged(cfg, saved_cfg, out)
         vocab = Vocabulary.load(out / "vocab.json")
         labels = lm_labels(out, cfg)
     ctx = init_distributed(device.type)
@@ -394,7 +377,7 @@ def train_lm(
     if cfg.pretrained_vectors is not None and not resume:
         assert not isinstance(model, JordanLM)  # refused with --wiring jordan
         pretrained = load_pretrained_vectors(cfg, model.embedding, data.vocab.itos)
-    optimizer = _optimizer(cfg, model)
+    optimizer = make_optimizer(cfg, model)
     batches = _train_batches(cfg, data, drop_last=ctx.enabled)
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)

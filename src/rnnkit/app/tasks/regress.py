@@ -27,6 +27,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
 from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.run import (
     choose_device,
     finish_summary,
@@ -36,7 +37,6 @@ from rnnkit.app.tasks.run import (
     save_config,
     seed_everything,
 )
-from rnnkit.app.tasks.tag import check_resume, fit, run_summary
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.labelled import split_holdout
 from rnnkit.data.vectors import VectorSequence, parse_vector_line, read_vector_sequences

@@ -27,20 +27,19 @@ and the summary).
 
 from __future__ import annotations
 
-import math
 import re
-import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from rnnkit.app.config import RESUME_CHANGEABLE, TrainConfig
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.figures import loss_figures, per_class_figures
+from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.run import (
     BASELINE_FILE,
     choose_device,
@@ -53,19 +52,17 @@ from rnnkit.app.tasks.run import (
     save_baseline,
     save_config,
     seed_everything,
-    train_options,
 )
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.labelled import LabelSet, split_holdout
 from rnnkit.data.tagged import TaggedSentence, read_tagged
 from rnnkit.data.vocab import PAD_ID, UNK_ID, Vocabulary
 from rnnkit.errors import CheckpointError, DataError
-from rnnkit.metrics.labels import is_bio_tagset, macro_f1, per_class_prf, span_prf
+from rnnkit.metrics.labels import is_bio_tagset, span_prf
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.lookup import MostFrequentTag
 from rnnkit.models.tagger import Tagger, build_tagger
 from rnnkit.training.checkpoint import load_model_weights
-from rnnkit.training.loop import Trainer, TrainResult
 
 __all__ = [
     "BASELINE_KIND",
@@ -73,14 +70,11 @@ __all__ = [
     "EncodedTags",
     "TagData",
     "baseline_metrics",
-    "check_resume",
     "encode_tagged",
     "evaluate",
     "evaluate_tag",
-    "fit",
     "fit_baseline",
     "load_tagger",
-    "make_optimizer",
     "predict_tags",
     "predictor",
     "tag_metrics",
@@ -94,110 +88,6 @@ __all__ = [
 # bounded for long string literals and comments.
 MAX_WORD_CHARS = 24
 _WHITESPACE = re.compile(r"\s")
-
-
-# -- helpers shared with the classification task -------------------------------------------
-
-
-def check_resume(cfg: TrainConfig, out: Path) -> None:
-    """``--resume`` may change how long and where to train, never what is trained."""
-    saved, _ = load_config(out)
-    if saved.task != cfg.task:
-        raise CheckpointError(f"{out / 'config.json'}: task is {saved.task!r}, not {cfg.task!r}")
-    old, new = saved.to_dict(), cfg.to_dict()
-    # train/valid: checked by content (tasks.run.resume_data), so may be renamed.
-    same = RESUME_CHANGEABLE | {"out", "train", "valid"}
-    bad = [k for k, v in new.items() if old.get(k) != v and k not in same]
-    if bad:
-        raise CheckpointError(
-            f"{out / 'config.json'}: --resume with different options {bad} "
-            "(checkpoint of an incompatible config)"
-        )
-
-
-def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """Adam or SGD (the learning-rate schedule, ``--lr-schedule``, is the Trainer's)."""
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr)
-
-
-# The model a step function and an evaluation of fit() receive.
-_M = TypeVar("_M", bound=nn.Module)
-
-
-def fit(
-    cfg: TrainConfig,
-    model: _M,
-    batches: Any,
-    step_fn: Callable[[_M, Any, Any], LossOutput],
-    evaluate_fn: Callable[[_M], dict[str, Any]],
-    resume: bool,
-    quiet: bool,
-    callbacks: Any = None,
-) -> tuple[TrainResult, float]:
-    """Run the shared training loop into ``cfg.out``; return the result and seconds spent."""
-    optimizer = make_optimizer(cfg, model)
-    trainer = Trainer(
-        model,
-        optimizer,
-        batches,
-        step_fn,
-        train_options(cfg, quiet),
-        evaluate_fn=evaluate_fn,
-        out_dir=cfg.out,
-        callbacks=callbacks,
-    )
-    if resume:
-        trainer.resume()
-    started = time.perf_counter()
-    result = trainer.fit()
-    return result, time.perf_counter() - started
-
-
-def run_summary(
-    task: str, result: TrainResult, elapsed: float, model: nn.Module, **extra: Any
-) -> dict[str, Any]:
-    """The ``summary.json`` fields every supervised task shares."""
-    train_events = [e for e in result.history if e["event"] == "train"]
-    return {
-        "task": task,
-        "steps": result.steps,
-        "threads": result.threads,
-        "epoch": result.epochs_done,
-        "elapsed_s": elapsed,
-        "train_loss_nats": result.train_loss_nats,
-        "tokens_per_s": float(np.median([e["tokens_per_s"] for e in train_events]))
-        if train_events
-        else None,
-        "valid": result.best_valid,
-        "clipped_steps": result.clipped_steps,
-        "stopped_early": result.stopped_early,
-        "stopped": result.stopped,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        **extra,
-    }
-
-
-def loss_figures(nats: float, count: int) -> dict[str, Any]:
-    """``loss_nats`` and ``perplexity`` from summed nats (None for nothing scored)."""
-    if count == 0:
-        return {"loss_nats": None, "perplexity": None}
-    loss = nats / count
-    return {"loss_nats": loss, "perplexity": math.exp(min(loss, 700))}
-
-
-def per_class_figures(
-    gold: list[str], pred: list[str], labels: list[str], prefix: str
-) -> dict[str, Any]:
-    """Macro-F1 and flat per-class dicts ``{prefix}_precision`` … (one number per class)."""
-    if not gold:
-        return {"macro_f1": None}
-    per = per_class_prf(gold, pred, labels)
-    out: dict[str, Any] = {"macro_f1": macro_f1(gold, pred, labels)}
-    for key in ("precision", "recall", "f1", "support"):
-        out[f"{prefix}_{key}"] = {label: per[label][key] for label in labels}
-    return out
 
 
 # -- data ----------------------------------------------------------------------------------

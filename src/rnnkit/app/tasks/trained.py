@@ -164,7 +164,7 @@ class TrainedRun:
         beam: int | None = None,
         max_length: int | None = None,
     ) -> list[str]:
-        from rnnkit.app.tasks.seq2seq import _render, decode_ids
+        from rnnkit.app.tasks.seq2seq_decode import decode_ids, render_output
 
         assert self.source_vocab is not None
         model = cast("Seq2Seq | DecoderOnlyTranslator", self.model)  # (as load() builds it)
@@ -178,7 +178,7 @@ class TrainedRun:
                 raise DataError(f"source {i} has no tokens")
         hyps = decode_ids(model, ids, self.device, batch_size, beam, limit + 1)
         # limit + 1 steps leave room for </s>: an output that did not end is cut at limit
-        return [_render(self.vocab, h[:limit]) for h in hyps]
+        return [render_output(self.vocab, h[:limit]) for h in hyps]
 
     def _predict_events(
         self, sessions: list[Any], batch_size: int, **options: Any

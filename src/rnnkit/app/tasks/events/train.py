@@ -13,13 +13,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from rnnkit.app.config import RESUME_CHANGEABLE, TrainConfig, parse_bptt
+from rnnkit.app.config import TrainConfig, parse_bptt
 from rnnkit.app.tasks.events.data import EventsData, EventVocabulary, prepare_events_data
 from rnnkit.app.tasks.events.options import options
 from rnnkit.app.tasks.events.scores import Calibration, all_scores
 from rnnkit.app.tasks.events.summary import Validation, summarise
 from rnnkit.app.tasks.events.surprise import event_surprises, ngram_surprises, surprise_loss
 from rnnkit.app.tasks.events.thresholds import save_arrays, write_thresholds
+from rnnkit.app.tasks.fitting import check_unchanged, make_optimizer
 from rnnkit.app.tasks.run import (
     choose_device,
     finish_summary,
@@ -33,7 +34,6 @@ from rnnkit.app.tasks.run import (
 )
 from rnnkit.data.batching import SequenceBatcher, lm_pairs
 from rnnkit.data.vocab import BOS_ID, EOS_ID
-from rnnkit.errors import CheckpointError
 from rnnkit.models.builders import build_language_model
 from rnnkit.models.language_model import LanguageModel, LossOutput
 from rnnkit.models.ngram import NGramModel
@@ -70,14 +70,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
 def _resumed_vocab(cfg: TrainConfig, out: Path) -> EventVocabulary:
     """The vocabulary of the run to resume, once its options are known to fit."""
     saved, _ = load_config(out)
-    # train/valid: checked by content (tasks.run.resume_data), so may be renamed.
-    allowed = RESUME_CHANGEABLE | {"out", "train", "valid"}
-    bad = [k for k, v in cfg.to_dict().items() if saved.to_dict().get(k) != v and k not in allowed]
-    if bad:
-        raise CheckpointError(
-            f"{out / 'config.json'}: --resume with different options {bad} "
-            "(checkpoint of an incompatible config)"
-        )
+    check_unchanged(cfg, saved, out)
     return EventVocabulary.load(out / "vocab.json")
 
 
@@ -95,8 +88,7 @@ def _fit_model(
     model = build_language_model(model_spec(cfg), len(data.vocab)).to(device)
     model.loss_reduction = cfg.loss_reduction
     init_output_bias(model, data.train)  # (resume then loads the saved weights over it)
-    optimizer_cls = torch.optim.SGD if cfg.optimizer == "sgd" else torch.optim.Adam
-    optimizer = optimizer_cls(model.parameters(), lr=cfg.lr)
+    optimizer = make_optimizer(cfg, model)
     # A window of h events: train on pieces of h (each from a zero state), as it scores.
     piece_len = cfg.max_len if opts["window"] is None else min(cfg.max_len, opts["window"])
     pieces = [p for s in data.train for p in _pieces(s, piece_len)]
