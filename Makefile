@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch first and exactly (constraints.txt): an unpinned torch would pull a multi-GB
 	# CUDA build.
 	$(BIN)/python -m pip install -q $(CONSTRAINTS) torch
-	$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[logs,tensorboard,test,dev]"
+	$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[logs,tensorboard,yaml,test,dev]"
 	# Optional: ONNX export and its check (its test is skipped where these do not install).
 	-$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[onnx,test-onnx]"
 	# Optional: the documentation build (its test is skipped where this does not install).

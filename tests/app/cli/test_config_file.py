@@ -315,3 +315,29 @@ def test_a_tasks_own_default_is_printed_and_yields_to_the_file(tmp_path, run_cli
     conf = tmp_path / "run.toml"
     conf.write_text("lr = 0.002\n")
     assert values(printed(run_cli, *base, "--config", str(conf)))["lr"] == 0.002
+
+
+# -- YAML ----------------------------------------------------------------------------------------
+def test_a_yaml_file_sets_the_same_options_as_toml(tmp_path, run_cli):
+    toml_file, yaml_file = tmp_path / "c.toml", tmp_path / "c.yaml"
+    toml_file.write_text('task = "tag"\nhidden = 16\nlr = 1.0e-3\nbidirectional = true\n')
+    yaml_file.write_text("task: tag\nhidden: 16\nlr: 1.0e-3\nbidirectional: true\n")
+    from_toml = values(printed(run_cli, "--config", str(toml_file)))
+    assert values(printed(run_cli, "--config", str(yaml_file))) == from_toml
+    assert (from_toml["hidden"], from_toml["lr"]) == (16, 0.001)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("hidden: [1, 2\n", "not valid YAML"),
+        ("- hidden\n- 16\n", "a YAML configuration is a mapping of option names"),
+        ("lr: 1e-3\n", "lr"),  # YAML 1.1 reads 1e-3 as a string: refused like any wrong type
+    ],
+)
+def test_a_bad_yaml_file_is_one_line(tmp_path, run_cli, text, message):
+    conf = tmp_path / "bad.yml"
+    conf.write_text(text)
+    code, _, err = run_cli("train", "--config", str(conf), "--print-config")
+    assert code == 2 and message in err and str(conf) in err
+    assert len(err.strip().splitlines()) == 1, err

@@ -1,4 +1,4 @@
-"""Configuration files of a command: ``--config FILE`` (TOML) and ``--print-config``.
+"""Configuration files of a command: ``--config FILE`` (TOML, or YAML) and ``--print-config``.
 
 A configuration file holds the options of the command line as top-level TOML keys, named
 as the options without ``--`` (``batch-size = 32``; ``batch_size`` is the same key).
@@ -23,7 +23,10 @@ Why TOML only: it is in the standard library (``tomllib``, Python 3.11; ``tomli`
 its types are those of the options (integer, float, boolean, string) and it has no
 implicit conversions — YAML 1.1, as PyYAML reads it, turns ``no`` into false and reads
 ``1e-3`` as a string. One format also means one file that ``--print-config`` writes and
-``--config`` reads back.
+``--config`` reads back. A file named ``*.yaml``/``*.yml`` is read as YAML all the same
+(``yaml.safe_load``, the ``yaml`` extra) for setups that keep their configuration in
+YAML: the same keys and the same checks, so a value YAML reads as another type (``1e-3``
+is a string to it; write ``1.0e-3``) is refused in one line like any wrong value.
 """
 
 from __future__ import annotations
@@ -81,11 +84,13 @@ def file_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 
 def read_config_file(path: str) -> dict[str, Any]:
-    """The TOML document of ``path``: a regular file of at most ``MAX_CONFIG_BYTES``, UTF-8.
+    """The TOML document of ``path`` (YAML when it is named ``*.yaml``/``*.yml``): a regular
+    file of at most ``MAX_CONFIG_BYTES``, UTF-8.
 
     Raises:
-        ConfigError: missing, not a regular file, too large, not UTF-8 or not TOML; one
-            line naming the file (with the line and column TOML's parser gives).
+        ConfigError: missing, not a regular file, too large, not UTF-8, not TOML (or not a
+            YAML mapping); one line naming the file (with the line and column the parser
+            gives).
     """
     try:
         raw = read_run_file(path, MAX_CONFIG_BYTES)
@@ -99,12 +104,35 @@ def read_config_file(path: str) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    if path.endswith((".yaml", ".yml")):
+        return _yaml_document(path, text)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:  # arrays nested thousands deep: no traceback
         raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
+
+
+def _yaml_document(path: str, text: str) -> dict[str, Any]:
+    """The top-level mapping of a YAML file (``yaml.safe_load``: no object construction)."""
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError(
+            f"{path}: reading YAML needs PyYAML (pip install 'rnnkit[yaml]'), or write TOML"
+        ) from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict) or not all(isinstance(k, str) for k in document):
+        raise ConfigError(f"{path}: a YAML configuration is a mapping of option names")
+    return document
 
 
 def _kind(value: Any) -> str:
