@@ -1,4 +1,4 @@
-"""The lm task pipeline: data preparation, train_lm / evaluate_lm / load_lm agreement,
+"""The lm task pipeline: train_lm / evaluate_lm / load_lm agreement,
 exact resume of sequence-mode training, and the errors of incompatible run directories."""
 
 from __future__ import annotations
@@ -7,22 +7,13 @@ import json
 import math
 import random
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.lm import (
-    _train_batches,
-    evaluate_lm,
-    load_lm,
-    prepare_lm_data,
-    prompt_ids,
-    train_lm,
-)
-from rnnkit.data.vocab import BOS_ID, EOS_ID, UNK_ID, Vocabulary
-from rnnkit.errors import CheckpointError, DataError
+from rnnkit.app.tasks.lm import evaluate_lm, load_lm, train_lm
+from rnnkit.errors import CheckpointError
 from rnnkit.training.checkpoint import atomic_write_json
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "hat"]
@@ -69,76 +60,6 @@ def run(texts, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     cfg = tiny(texts, out, valid=str(texts / "valid.txt"), dropout=0.1)
     return cfg, out, train_lm(cfg, quiet=True)
-
-
-# -- data -------------------------------------------------------------------------------------
-def test_stream_split_keeps_every_character_and_cuts_at_a_line(texts):
-    data = prepare_lm_data(tiny(texts, valid_fraction=0.2))
-    text = (texts / "train.txt").read_text()
-    train, valid = data.vocab.decode(data.train_stream), data.vocab.decode(data.valid_stream)
-    assert train + valid == text
-    assert train.endswith("\n") and 0.15 < len(valid) / len(text) < 0.25
-    assert data.train_stream.dtype == np.int64 and UNK_ID not in data.train_stream
-
-
-def test_line_documents_end_with_eos(texts):
-    data = prepare_lm_data(tiny(texts, doc_boundary="line"))
-    lines = (texts / "train.txt").read_text().splitlines()
-    eos = int((data.train_stream == EOS_ID).sum() + (data.valid_stream == EOS_ID).sum())
-    assert eos == len(lines) and data.train_stream[-1] == EOS_ID
-    newline = data.vocab.stoi.get("\n", -1)
-    assert newline not in data.train_stream and newline not in data.valid_stream
-
-
-def test_eos_lines_end_with_eos_and_carry_the_state(tmp_path):
-    # Penn Treebank style: one sentence per line, a literal <unk>, spaces around words.
-    (tmp_path / "ptb.txt").write_text(" a <unk> b \n b a \n\n a <unk> \n", encoding="utf-8")
-    cfg = TrainConfig(
-        train=str(tmp_path / "ptb.txt"),
-        valid=str(tmp_path / "ptb.txt"),
-        unit="word",
-        doc_boundary="eos",
-        bptt="segment:3",
-        batch_size=1,
-    ).validate()
-    data = prepare_lm_data(cfg)
-    assert data.vocab.itos[4:] == ["a", "b"]  # <unk> is the special, not a word
-    a, b = data.vocab.stoi["a"], data.vocab.stoi["b"]
-    expected = [a, UNK_ID, b, EOS_ID, b, a, EOS_ID, a, UNK_ID, EOS_ID]
-    assert data.train_stream.tolist() == data.valid_stream.tolist() == expected
-    # eos: the state is reset only where an epoch starts; line: after every </s> as well.
-    eos_starts = torch.cat([batch.starts for batch in _train_batches(cfg, data)], dim=1)
-    assert eos_starts[0].nonzero().view(-1).tolist() == [0]
-    line = TrainConfig(**{**cfg.to_dict(), "doc_boundary": "line"}).validate()
-    line_data = prepare_lm_data(line)
-    assert line_data.train_stream.tolist() == expected
-    line_starts = torch.cat([batch.starts for batch in _train_batches(line, line_data)], dim=1)
-    assert line_starts[0].nonzero().view(-1).tolist() == [0, 3, 6]
-
-
-def test_empty_prompt_starts_after_eos_where_lines_end_with_it(tmp_path):
-    vocab = Vocabulary(["a", "b"], unit="word")
-    for boundary, first in (("none", BOS_ID), ("eos", EOS_ID), ("line", EOS_ID)):
-        cfg = TrainConfig(train="x", unit="word", doc_boundary=boundary)
-        assert prompt_ids(cfg, vocab, None) == ([first], 0)
-        assert prompt_ids(cfg, vocab, "b zz") == ([vocab.stoi["b"], UNK_ID], 1)
-
-
-def test_sequence_mode_has_one_sequence_per_line_cut_at_max_len(texts):
-    data = prepare_lm_data(tiny(texts, bptt="full", valid=str(texts / "valid.txt")))
-    lines = (texts / "train.txt").read_text().splitlines()
-    assert [data.vocab.decode(s) for s in data.train_seqs] == lines
-    short = prepare_lm_data(tiny(texts, bptt="window:4", max_len=5, unit="word"))
-    assert max(len(s) for s in short.train_seqs) == 5
-    n_words = sum(len(s) for s in short.train_seqs + short.valid_seqs)
-    assert n_words == len((texts / "train.txt").read_text().split())
-
-
-def test_corpus_too_small_to_hold_out_validation(tmp_path):
-    (tmp_path / "one.txt").write_text("just one line\n")
-    cfg = TrainConfig(train=str(tmp_path / "one.txt")).validate()
-    with pytest.raises(DataError, match=r"one\.txt: corpus too small.*--valid"):
-        prepare_lm_data(cfg)
 
 
 # -- train / evaluate / load agree -------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 One module per task (``lm``, ``tag``, ``classify``, ``seq2seq``, ``regress``; ``events``
 and ``params`` are packages of one module per job), each a
-:class:`~rnnkit.app.tasks.registry.Task`; ``seq2seq_decode`` (a transducer's decoding,
-output metrics and baselines) beside its task. What the tasks share: ``run`` (run
-directories, the random seed, the model specification, the training options),
-``fitting`` (resume checks, the optimizer, running the Trainer, the common summary) and
-``figures`` (loss and per-class figures); ``registry`` finds a task's module; ``trained``
-reloads a finished run for Python use (``rnnkit.load``).
+:class:`~rnnkit.app.tasks.registry.Task`; beside their task, ``lm_data`` (a language
+model's corpora, read and batched as ``--bptt`` says), ``lm_text`` (a trained LM's
+prompts, samples and per-line scores) and ``seq2seq_decode`` (a transducer's decoding,
+output metrics and baselines). What the tasks share: ``run`` (run directories, the
+random seed, the model specification, the training options), ``fitting`` (resume checks,
+the optimizer, running the Trainer, the common summary) and ``figures`` (loss and
+per-class figures); ``registry`` finds a task's module; ``trained`` reloads a finished
+run for Python use (``rnnkit.load``).
 """
 
 from rnnkit.app.tasks.registry import Task, check_task_options, task_module, task_of_run

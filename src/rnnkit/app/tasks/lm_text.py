@@ -1,0 +1,183 @@
+"""What a trained language model does with text: continue a prompt (:func:`sample_texts`,
+``rnnkit generate``) and score new lines token by token (:func:`line_logprobs`, ``rnnkit
+predict``), each line read from where the model saw lines start."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from rnnkit.app.config import TrainConfig, parse_bptt
+from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
+from rnnkit.errors import ConfigError
+from rnnkit.models.conditional import CONDITIONAL_STATE_DIM, ConditionalLM
+from rnnkit.models.jordan import JordanLM
+from rnnkit.models.language_model import LanguageModel
+from rnnkit.models.length import LengthState
+
+#: The kinds of model ``--task lm`` trains (``--wiring``, ``--condition``; ``build_lm``).
+AnyLM = LanguageModel | JordanLM | ConditionalLM
+
+__all__ = ["line_logprobs", "prompt_ids", "sample_texts"]
+
+LN2 = math.log(2)
+
+
+def prompt_ids(cfg: TrainConfig, vocab: Vocabulary, prompt: str | None) -> tuple[list[int], int]:
+    """Token ids that prime generation, and how many prompt tokens were unknown.
+
+    Sequence-trained models (``--bptt full``/``window``) saw ``<s>`` first; stream-trained
+    ones saw running text, so an empty prompt starts from a newline when it is known.
+    """
+    ids, unknown = vocab.encode_with_unknown(prompt) if prompt else ([], 0)
+    if parse_bptt(cfg.bptt)[0] != "segment":
+        return [BOS_ID, *ids], unknown
+    if not ids:
+        if cfg.doc_boundary != "none":  # lines ended with </s>: text starts after one
+            return [EOS_ID], unknown
+        newline = vocab.stoi.get("\n") if vocab.unit == "char" else None
+        ids = [newline if newline is not None else BOS_ID]
+    return ids, unknown
+
+
+def sample_texts(
+    cfg: TrainConfig,
+    vocab: Vocabulary,
+    model: AnyLM,
+    prompt: str | None = None,
+    *,
+    num: int = 1,
+    max_length: int = 200,
+    strategy: str = "sample",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    beam_size: int = 4,
+    seed: int | None = None,
+    condition: int | None = None,
+) -> list[str]:
+    """Generate ``num`` continuations of ``prompt`` as text (the prompt not repeated).
+
+    ``condition``: the class index a :class:`ConditionalLM` generates for (required for
+    one, refused otherwise). With ``--length predict`` and sampling, each sample draws its
+    own length ``T`` (which counts the prompt's tokens); greedy and beam search take the
+    most probable ``T``.
+    """
+    from rnnkit.generation.search import generate_batch
+
+    ids, _ = prompt_ids(cfg, vocab, prompt)
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device)
+    generator.manual_seed(cfg.seed if seed is None else seed)
+    model.eval()
+    if isinstance(model, ConditionalLM) != (condition is not None):
+        raise ValueError("a class index is needed exactly for a class-conditional model")
+    prompts, copies = [ids], num
+    state: Any = None
+    state_batch_dim: Any = getattr(model, "state_batch_dim", 2)
+    if isinstance(model, ConditionalLM):
+        state = model.start(torch.tensor([condition], device=device))
+        state_batch_dim = CONDITIONAL_STATE_DIM
+    length = model.length if isinstance(model, LanguageModel) else None
+    if length is not None and length.mode == "predict" and strategy == "sample":
+        # One draw of T per sample, from the length output reading h_0 = 0.
+        h0 = torch.zeros(num, cfg.hidden, device=device)
+        lengths = length.start(num, h0, sample=True, generator=generator)
+        state, prompts, copies = LengthState(None, lengths), [ids] * num, 1
+    results = generate_batch(
+        model,
+        prompts,
+        max_length=max_length,
+        eos_id=EOS_ID,
+        strategy=strategy,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        beam_size=beam_size,
+        num=copies,
+        generator=generator,
+        state=state,
+        state_batch_dim=state_batch_dim,
+    )
+    return [vocab.decode(r.ids) for row in results for r in row]
+
+
+# -- per-token scores of new text ---------------------------------------------------------
+
+
+def _line_ends(cfg: TrainConfig, vocab: Vocabulary) -> tuple[int, int | None]:
+    """The token that precedes a line and the one that ends it, as the model saw them:
+    ``<s>`` … ``</s>`` for sequence-trained models (under ``--length stop`` the ``</s>``
+    step is the stop output's probability); for streams ``</s>`` with ``--doc-boundary
+    eos|line``, else the newline character of a char model (None: a word stream has no
+    end)."""
+    if parse_bptt(cfg.bptt)[0] != "segment":
+        return BOS_ID, EOS_ID
+    if cfg.doc_boundary in ("eos", "line"):
+        return EOS_ID, EOS_ID
+    newline = vocab.stoi.get("\n") if vocab.unit == "char" else None
+    return (BOS_ID if newline is None else newline), newline
+
+
+@torch.no_grad()
+def line_logprobs(
+    cfg: TrainConfig,
+    vocab: Vocabulary,
+    model: AnyLM,
+    lines: list[str],
+    conditions: list[int] | None = None,
+) -> list[dict[str, Any]]:
+    """Per-token log-probabilities (nats) and surprise (bits, ``−log₂ p``) of every line.
+
+    Each line is read from the model's start of a line (:func:`_line_ends`) and scored
+    token by token through the model's ``step`` (the generation interface, so every
+    ``--wiring`` and ``--condition`` model is scored the same way), the end of the line
+    included where the model knows one. ``conditions``: the class of every line for a
+    class-conditional model.
+
+    Returns, per line: ``{"tokens": [...], "logprobs": [...], "surprise": [...],
+    "nats": total, "unknown": n}`` (``tokens`` as the vocabulary reads the line, ``"</s>"``
+    or ``"\\n"`` for the end).
+    """
+    length = model.length if isinstance(model, LanguageModel) else None
+    if length is not None and length.mode == "predict":
+        raise ConfigError(
+            "predict on a --length predict run: its token probabilities depend on the "
+            "length chosen first; evaluate scores whole sequences"
+        )
+    start, end = _line_ends(cfg, vocab)
+    model.eval()
+    device = next(model.parameters()).device
+    rows, results = [], []
+    for text in lines:
+        ids, unknown = vocab.encode_with_unknown(text)
+        pieces = vocab.tokenize(text)
+        targets = [*ids, end] if end is not None else list(ids)
+        shown = [*pieces, vocab.itos[end]] if end is not None else list(pieces)
+        rows.append(([start, *ids], targets))
+        results.append({"tokens": shown, "unknown": unknown})
+    if not rows:
+        return []
+    T = max(len(t) for _, t in rows)
+    state: Any = None
+    if isinstance(model, ConditionalLM):
+        if conditions is None:
+            raise ValueError("a class-conditional model needs the class of every line")
+        state = model.start(torch.tensor(conditions, device=device))
+    elif conditions is not None:
+        raise ValueError("classes given for a model that is not class-conditional")
+    got = torch.zeros(len(rows), T, dtype=torch.float64)
+    for t in range(T):
+        # Rows already scored feed their last token again; their outputs are not read.
+        token = torch.tensor([inp[min(t, len(inp) - 1)] for inp, _ in rows], device=device)
+        log_probs, state = model.step(token, state)
+        want = torch.tensor([tg[min(t, len(tg) - 1)] for _, tg in rows], device=device)
+        got[:, t] = log_probs.gather(1, want.view(-1, 1)).squeeze(1).double().cpu()
+    for i, (_, targets) in enumerate(rows):
+        lp = got[i, : len(targets)].tolist()
+        results[i]["logprobs"] = lp
+        results[i]["surprise"] = [-v / LN2 for v in lp]
+        results[i]["nats"] = -sum(lp)
+    return results
