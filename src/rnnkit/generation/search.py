@@ -30,15 +30,29 @@ or a matching nested spec of dims) or by a ``reorder(state, index)`` callable.
 
 from __future__ import annotations
 
-import contextlib
-import math
-import numbers
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from rnnkit.generation.beam import _run_beam
+from rnnkit.generation.options import (
+    GenerationResult,
+    StepModel,
+    _check_prompts,
+    _is_int,
+    _Options,
+)
+from rnnkit.generation.sampling import _run_sampling, filter_log_probs
+from rnnkit.generation.state import (
+    DimSpec,
+    Reorder,
+    _batch_size,
+    _device,
+    _where_state,
+    select_state,
+)
 
 __all__ = [
     "GenerationResult",
@@ -48,255 +62,6 @@ __all__ = [
     "generate_batch",
     "select_state",
 ]
-
-STRATEGIES = ("sample", "greedy", "beam")
-
-# A batch-dimension spec: one int for every tensor, or a structure matching the state's.
-DimSpec = Any
-Reorder = Callable[[Any, Tensor], Any]
-
-
-class StepModel(Protocol):
-    """What generation needs of a model (``LanguageModel.step``, a seq2seq decoder...)."""
-
-    def step(self, token: Tensor, state: Any) -> tuple[Tensor, Any]: ...
-
-
-class GenerationResult(NamedTuple):
-    """One generated sequence.
-
-    Attributes:
-        ids: the generated token ids, prompt and ``eos`` excluded.
-        logprob: natural-log probability of the drawn tokens under the model (``eos``
-            included when drawn).
-        finished: True when the sequence ended with ``eos`` (False: cut at ``max_length``).
-        score: ``logprob / n ** length_penalty``, ``n`` the tokens drawn (``eos``
-            included); what beam search ranks by.
-    """
-
-    ids: list[int]
-    logprob: float
-    finished: bool
-    score: float
-
-
-# ----------------------------------------------------------------------------- states
-
-
-def _map_state(fn: Callable[..., Tensor], dim: DimSpec, *states: Any) -> Any:
-    """Apply ``fn(tensor..., dim)`` leaf-wise over matching nested states."""
-    first = states[0]
-    if first is None:
-        return None
-    if isinstance(first, Tensor):
-        if not isinstance(dim, int):
-            raise TypeError(f"state_batch_dim {dim!r} does not match a tensor leaf")
-        return fn(*states, dim)
-    if isinstance(first, dict):
-        by_key = dim if isinstance(dim, dict) else dict.fromkeys(first, dim)
-        return {k: _map_state(fn, by_key[k], *(s[k] for s in states)) for k in first}
-    if isinstance(first, (tuple, list)):
-        dims = dim if isinstance(dim, (tuple, list)) else (dim,) * len(first)
-        if len(dims) != len(first):
-            raise TypeError(f"state_batch_dim {dim!r} does not match the state's structure")
-        items = [
-            _map_state(fn, d, *parts)
-            for d, parts in zip(dims, zip(*states, strict=True), strict=True)
-        ]
-        if isinstance(first, list):
-            return items
-        return type(first)(*items) if hasattr(first, "_fields") else tuple(items)
-    raise TypeError(f"cannot select rows of a state of type {type(first).__name__}")
-
-
-def select_state(state: Any, index: Tensor, dim: DimSpec = 2) -> Any:
-    """Rows ``index`` of every tensor of a (nested) state, along its batch dimension.
-
-    Args:
-        state: a tensor, None, or tuples / NamedTuples / lists / dicts of them.
-        index: ``(B',)`` long row indices (repeats allowed: this also expands a state).
-        dim: the batch dimension of every tensor (rnnkit states ``(L, D, B, H)``: 2), or
-            a structure matching the state's with one dim per leaf.
-
-    >>> from rnnkit.types import LSTMState
-    >>> s = LSTMState(torch.arange(3.0).view(1, 1, 3, 1), torch.zeros(1, 1, 3, 1))
-    >>> select_state(s, torch.tensor([2, 0, 0])).h.view(-1).tolist()
-    [2.0, 0.0, 0.0]
-    >>> select_state((torch.arange(3), s), torch.tensor([1]), dim=(0, 2))[0].tolist()
-    [1]
-    """
-    return _map_state(lambda t, d: t.index_select(d, index.to(t.device)), dim, state)
-
-
-def _where_state(rows: Tensor, new: Any, old: Any, dim: DimSpec) -> Any:
-    """``new`` where ``rows (B,)`` is True, else ``old`` (None: the zero state)."""
-
-    def pick(n: Tensor, o: Tensor | None, d: int) -> Tensor:
-        shape = [1] * n.dim()
-        shape[d] = -1
-        return torch.where(rows.to(n.device).view(shape), n, 0.0 if o is None else o)
-
-    if old is None:
-        return _map_state(lambda n, d: pick(n, None, d), dim, new)
-    return _map_state(pick, dim, new, old)
-
-
-def _collect(into: list[Any], item: Any, leaf: Tensor) -> Tensor:
-    """``into.append(item)``, then ``leaf``: a leaf function that reads and keeps."""
-    into.append(item)
-    return leaf
-
-
-def _batch_size(state: Any, dim: DimSpec) -> int | None:
-    sizes: list[int] = []
-    try:
-        _map_state(lambda t, d: _collect(sizes, t.shape[d], t), dim, state)
-    except (IndexError, TypeError) as e:
-        raise ValueError(
-            f"cannot read the rows of the state with state_batch_dim={dim!r}: give "
-            "state_batch_dim matching the state, or prompts"
-        ) from e
-    return sizes[0] if sizes else None
-
-
-def _device(model: Any, state: Any) -> torch.device:
-    leaves: list[Tensor] = []
-    # A state only its own reorder callable understands tells nothing: TypeError ignored.
-    with contextlib.suppress(TypeError):
-        _map_state(lambda t, d: _collect(leaves, t, t), 0, state)
-    if leaves:
-        return leaves[0].device
-    params = getattr(model, "parameters", None)
-    if callable(params):
-        for p in params():
-            return p.device
-    return torch.device("cpu")
-
-
-# --------------------------------------------------------------------------- sampling
-
-
-def filter_log_probs(
-    log_probs: Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-) -> Tensor:
-    """Sampling distribution: temperature, then top-k, then nucleus (top-p), renormalised.
-
-    Tokens outside the kept set get ``-inf``. Top-k keeps exactly ``k`` tokens (ties at
-    the boundary broken by ``torch.topk``); top-p keeps the smallest set of most probable
-    tokens whose mass (after temperature and top-k) is at least ``p``, never fewer than one.
-
-    Args:
-        log_probs: ``(B, V)`` log-probabilities (or logits).
-        temperature: ``> 0``; ``T → 0`` approaches greedy, ``T = 1`` is the model.
-        top_k: keep the ``k`` most probable tokens (None: all).
-        top_p: in ``(0, 1]`` (None or 1: all).
-
-    Returns:
-        ``(B, V)`` normalised log-probabilities.
-
-    >>> lp = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
-    >>> filter_log_probs(lp, top_p=0.8).exp()
-    tensor([[0.6250, 0.3750, 0.0000, 0.0000]])
-    >>> filter_log_probs(lp, top_k=1).exp()
-    tensor([[1., 0., 0., 0.]])
-    """
-    _check_sampling(temperature, top_k, top_p)
-    scores = torch.log_softmax(log_probs.float() / temperature, dim=-1)
-    if top_k is not None and top_k < scores.shape[-1]:
-        keep = torch.zeros_like(scores, dtype=torch.bool)
-        keep.scatter_(-1, scores.topk(top_k, dim=-1).indices, True)
-        scores = torch.log_softmax(scores.masked_fill(~keep, -math.inf), dim=-1)
-    if top_p is not None and top_p < 1.0:
-        probs, order = scores.exp().sort(dim=-1, descending=True)  # (B, V)
-        mass_before = probs.cumsum(-1) - probs
-        drop_sorted = mass_before >= top_p
-        drop_sorted[..., 0] = False  # the most probable token always stays
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scores = torch.log_softmax(scores.masked_fill(drop, -math.inf), dim=-1)
-    return scores
-
-
-# ----------------------------------------------------------------------------- checks
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if not _is_real(temperature) or not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
-    if top_k is not None and (not _is_int(top_k) or top_k < 1):
-        raise ValueError(f"top_k must be an integer >= 1 or None, got {top_k!r}")
-    if top_p is not None and not (_is_real(top_p) and 0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
-
-
-@dataclass(frozen=True)
-class _Options:
-    """The validated decoding options, passed around as one value."""
-
-    max_length: int
-    eos_id: int | None
-    bos_id: int | None
-    strategy: str
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-    beam_size: int
-    length_penalty: float
-    early_stopping: bool
-    num: int
-    generator: torch.Generator | None
-
-    def __post_init__(self) -> None:
-        if not _is_int(self.max_length) or self.max_length < 1:
-            raise ValueError(f"max_length must be an integer >= 1, got {self.max_length!r}")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(
-                f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}"
-            )
-        _check_sampling(self.temperature, self.top_k, self.top_p)
-        if not _is_int(self.beam_size) or self.beam_size < 1:
-            raise ValueError(f"beam_size must be an integer >= 1, got {self.beam_size!r}")
-        alpha = self.length_penalty
-        if not (_is_real(alpha) and math.isfinite(alpha)):
-            raise ValueError(f"length_penalty must be a finite number, got {alpha!r}")
-        if not _is_int(self.num) or self.num < 1:
-            raise ValueError(f"num must be an integer >= 1, got {self.num!r}")
-        if self.strategy == "beam" and self.num > self.beam_size:
-            raise ValueError(f"num ({self.num}) must not exceed beam_size ({self.beam_size})")
-        for name in ("eos_id", "bos_id"):
-            value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 0):
-                raise ValueError(f"{name} must be a non-negative integer or None, got {value!r}")
-
-    def score(self, logprob: float, n: int) -> float:
-        return logprob / n**self.length_penalty
-
-
-def _check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int | None) -> list[list[int]]:
-    out = []
-    for i, prompt in enumerate(prompts):
-        ids = prompt.view(-1).tolist() if isinstance(prompt, Tensor) else list(prompt)
-        if not ids:
-            raise ValueError(f"prompt_ids must not be empty (prompt {i})")
-        for t in ids:
-            if not _is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size):
-                raise ValueError(f"prompt_ids holds {t!r}, not a token id (prompt {i})")
-        out.append([int(t) for t in ids])
-    return out
-
-
-# ------------------------------------------------------------------------------- core
 
 
 def _prime(
@@ -331,128 +96,6 @@ def _prime(
         last = log_probs if last is None else torch.where(ends, log_probs, last)
     assert last is not None
     return last, state
-
-
-def _run_sampling(
-    model: StepModel, log_probs: Tensor, state: Any, reorder: Reorder, opt: _Options
-) -> list[GenerationResult]:
-    """Sample (or pick greedily) for independent rows; finished rows leave the batch."""
-    B = log_probs.shape[0]
-    origin = torch.arange(B, device=log_probs.device)  # active row -> output row
-    drawn: list[tuple[Tensor, Tensor, Tensor]] = []  # (origin, token, log-prob) per step
-    for t in range(opt.max_length):
-        if opt.strategy == "greedy":
-            token = log_probs.argmax(dim=-1)  # (B',)
-        else:
-            probs = filter_log_probs(
-                log_probs, temperature=opt.temperature, top_k=opt.top_k, top_p=opt.top_p
-            ).exp()
-            if opt.generator is not None and opt.generator.device != probs.device:
-                # Draw where the generator lives (a CPU seed reproduces on any device).
-                probs = probs.to(opt.generator.device)
-            token = torch.multinomial(probs, 1, generator=opt.generator).view(-1)  # (B',)
-            token = token.to(log_probs.device)
-        drawn.append((origin, token, log_probs.gather(1, token.view(-1, 1)).view(-1)))
-        if t == opt.max_length - 1:
-            break
-        live = token != (-1 if opt.eos_id is None else opt.eos_id)
-        alive = int(live.sum())
-        if alive == 0:
-            break
-        if alive < live.shape[0]:
-            keep = live.nonzero().view(-1)
-            state, token, origin = reorder(state, keep), token[keep], origin[keep]
-        log_probs, state = model.step(token, state)
-    # The bookkeeping once at the end, in the order drawn (the same float sums).
-    ids: list[list[int]] = [[] for _ in range(B)]
-    logprob = [0.0] * B
-    finished = [False] * B
-    for rows, tokens, lps in drawn:
-        for r, k, lp in zip(rows.tolist(), tokens.tolist(), lps.tolist(), strict=True):
-            logprob[r] += lp
-            if k == opt.eos_id:
-                finished[r] = True
-            else:
-                ids[r].append(k)
-    return [
-        GenerationResult(i, lp, f, opt.score(lp, len(i) + f))
-        for i, lp, f in zip(ids, logprob, finished, strict=True)
-    ]
-
-
-def _run_beam(
-    model: StepModel, log_probs: Tensor, state: Any, reorder: Reorder, opt: _Options
-) -> list[list[GenerationResult]]:
-    """Beam search over ``S`` sources at once: ``S·K`` rows per ``step`` call.
-
-    Live beams are ranked by raw log-probability (all have the same length); finished
-    hypotheses by ``score``. A source leaves the batch when its search is over.
-    """
-    K = opt.beam_size
-    S, V = log_probs.shape
-    device = log_probs.device
-    expand = torch.arange(S, device=device).repeat_interleave(K)
-    state = reorder(state, expand)
-    log_probs = log_probs.index_select(0, expand)  # (S·K, V)
-    # Only the first beam of each source is live at first; the others are placeholders.
-    beam_lp = torch.full((S, K), -math.inf, device=device)
-    beam_lp[:, 0] = 0.0
-    seqs = torch.zeros(S * K, 0, dtype=torch.long, device=device)  # (S·K, t)
-    sources = list(range(S))  # active position -> source
-    hyps: list[list[GenerationResult]] = [[] for _ in range(S)]
-    for t in range(opt.max_length):
-        A, n = len(sources), t + 1  # n: tokens drawn so far, this one included
-        cand = beam_lp.unsqueeze(-1) + log_probs.view(A, K, V).float()  # (A, K, V)
-        # 2K candidates leave K live ones even if K of them are eos.
-        top_lp, top_idx = cand.view(A, K * V).topk(min(2 * K, K * V), dim=-1)  # (A, C)
-        parent, token = top_idx // V, top_idx % V
-        finite = torch.isfinite(top_lp)
-        is_eos = token == (-1 if opt.eos_id is None else opt.eos_id)
-        # An eos ranked among the best K candidates closes a hypothesis.
-        closes = is_eos & finite
-        closes[:, K:] = False
-        for a, c in closes.nonzero().tolist():
-            lp = float(top_lp[a, c])
-            ids = seqs[a * K + int(parent[a, c])].tolist()
-            hyps[sources[a]].append(GenerationResult(ids, lp, True, opt.score(lp, n)))
-        live_lp, pick = top_lp.masked_fill(is_eos | ~finite, -math.inf).topk(K, dim=-1)
-        rows = (torch.arange(A, device=device) * K).view(-1, 1) + parent.gather(1, pick)
-        token = token.gather(1, pick)  # (A, K)
-        if t == opt.max_length - 1:
-            for a, b in live_lp.isfinite().nonzero().tolist():
-                lp = float(live_lp[a, b])
-                ids = [*seqs[int(rows[a, b])].tolist(), int(token[a, b])]
-                hyps[sources[a]].append(GenerationResult(ids, lp, False, opt.score(lp, n)))
-            break
-        keep = [
-            a
-            for a, s in enumerate(sources)
-            if not _beam_done(hyps[s], float(live_lp[a, 0]), n, opt)
-        ]
-        if not keep:
-            break
-        keep_t = torch.tensor(keep, device=device)
-        rows, token = rows[keep_t].view(-1), token[keep_t].view(-1)  # (A'·K,)
-        seqs = torch.cat([seqs[rows], token.view(-1, 1)], dim=1)
-        beam_lp = live_lp[keep_t]
-        sources = [sources[a] for a in keep]
-        log_probs, state = model.step(token, reorder(state, rows))
-    return [sorted(h, key=lambda r: r.score, reverse=True)[: opt.num] for h in hyps]
-
-
-def _beam_done(hyps: list[GenerationResult], best_live: float, n: int, opt: _Options) -> bool:
-    """Whether a source's search is over after drawing its ``n``-th token."""
-    if not math.isfinite(best_live):
-        return True
-    if len(hyps) < opt.beam_size:
-        return False
-    if opt.early_stopping:
-        return True
-    # A live hypothesis's logprob (≤ 0) only falls, so its best reachable score is at the
-    # length that divides it most: the longest for alpha > 0, the shortest otherwise.
-    length = opt.max_length if opt.length_penalty > 0 else n + 1
-    worst_kept = sorted((h.score for h in hyps), reverse=True)[opt.beam_size - 1]
-    return opt.score(best_live, length) <= worst_kept
 
 
 # -------------------------------------------------------------------------------- API

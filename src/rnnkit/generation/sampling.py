@@ -1,0 +1,106 @@
+"""Sampling: the filtered distribution (temperature, top-k, top-p) and the free-running
+loop that samples, or picks greedily, for independent rows."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rnnkit.generation.options import GenerationResult, StepModel, _check_sampling, _Options
+from rnnkit.generation.state import Reorder
+
+__all__ = ["filter_log_probs"]
+
+
+def filter_log_probs(
+    log_probs: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> Tensor:
+    """Sampling distribution: temperature, then top-k, then nucleus (top-p), renormalised.
+
+    Tokens outside the kept set get ``-inf``. Top-k keeps exactly ``k`` tokens (ties at
+    the boundary broken by ``torch.topk``); top-p keeps the smallest set of most probable
+    tokens whose mass (after temperature and top-k) is at least ``p``, never fewer than one.
+
+    Args:
+        log_probs: ``(B, V)`` log-probabilities (or logits).
+        temperature: ``> 0``; ``T → 0`` approaches greedy, ``T = 1`` is the model.
+        top_k: keep the ``k`` most probable tokens (None: all).
+        top_p: in ``(0, 1]`` (None or 1: all).
+
+    Returns:
+        ``(B, V)`` normalised log-probabilities.
+
+    >>> lp = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    >>> filter_log_probs(lp, top_p=0.8).exp()
+    tensor([[0.6250, 0.3750, 0.0000, 0.0000]])
+    >>> filter_log_probs(lp, top_k=1).exp()
+    tensor([[1., 0., 0., 0.]])
+    """
+    _check_sampling(temperature, top_k, top_p)
+    scores = torch.log_softmax(log_probs.float() / temperature, dim=-1)
+    if top_k is not None and top_k < scores.shape[-1]:
+        keep = torch.zeros_like(scores, dtype=torch.bool)
+        keep.scatter_(-1, scores.topk(top_k, dim=-1).indices, True)
+        scores = torch.log_softmax(scores.masked_fill(~keep, -math.inf), dim=-1)
+    if top_p is not None and top_p < 1.0:
+        probs, order = scores.exp().sort(dim=-1, descending=True)  # (B, V)
+        mass_before = probs.cumsum(-1) - probs
+        drop_sorted = mass_before >= top_p
+        drop_sorted[..., 0] = False  # the most probable token always stays
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = torch.log_softmax(scores.masked_fill(drop, -math.inf), dim=-1)
+    return scores
+
+
+def _run_sampling(
+    model: StepModel, log_probs: Tensor, state: Any, reorder: Reorder, opt: _Options
+) -> list[GenerationResult]:
+    """Sample (or pick greedily) for independent rows; finished rows leave the batch."""
+    B = log_probs.shape[0]
+    origin = torch.arange(B, device=log_probs.device)  # active row -> output row
+    drawn: list[tuple[Tensor, Tensor, Tensor]] = []  # (origin, token, log-prob) per step
+    for t in range(opt.max_length):
+        if opt.strategy == "greedy":
+            token = log_probs.argmax(dim=-1)  # (B',)
+        else:
+            probs = filter_log_probs(
+                log_probs, temperature=opt.temperature, top_k=opt.top_k, top_p=opt.top_p
+            ).exp()
+            if opt.generator is not None and opt.generator.device != probs.device:
+                # Draw where the generator lives (a CPU seed reproduces on any device).
+                probs = probs.to(opt.generator.device)
+            token = torch.multinomial(probs, 1, generator=opt.generator).view(-1)  # (B',)
+            token = token.to(log_probs.device)
+        drawn.append((origin, token, log_probs.gather(1, token.view(-1, 1)).view(-1)))
+        if t == opt.max_length - 1:
+            break
+        live = token != (-1 if opt.eos_id is None else opt.eos_id)
+        alive = int(live.sum())
+        if alive == 0:
+            break
+        if alive < live.shape[0]:
+            keep = live.nonzero().view(-1)
+            state, token, origin = reorder(state, keep), token[keep], origin[keep]
+        log_probs, state = model.step(token, state)
+    # The bookkeeping once at the end, in the order drawn (the same float sums).
+    ids: list[list[int]] = [[] for _ in range(B)]
+    logprob = [0.0] * B
+    finished = [False] * B
+    for rows, tokens, lps in drawn:
+        for r, k, lp in zip(rows.tolist(), tokens.tolist(), lps.tolist(), strict=True):
+            logprob[r] += lp
+            if k == opt.eos_id:
+                finished[r] = True
+            else:
+                ids[r].append(k)
+    return [
+        GenerationResult(i, lp, f, opt.score(lp, len(i) + f))
+        for i, lp, f in zip(ids, logprob, finished, strict=True)
+    ]
