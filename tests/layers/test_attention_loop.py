@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from rnnkit.layers.attention_loop import attention_decoder
-from rnnkit.models.seq2seq import _unstack, build_seq2seq
+from rnnkit.models.seq2seq import build_seq2seq
+from rnnkit.models.seq2seq_decoder import _unstack
 from rnnkit.models.spec import ModelSpec
 
 V, B, S, T = 11, 4, 5, 6

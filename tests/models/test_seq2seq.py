@@ -11,7 +11,8 @@ from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
 from rnnkit.errors import ConfigError
 from rnnkit.generation.seq2seq_search import beam_search
-from rnnkit.models.seq2seq import STATE_BATCH_DIM, _unstack, build_seq2seq
+from rnnkit.models.seq2seq import STATE_BATCH_DIM, build_seq2seq
+from rnnkit.models.seq2seq_decoder import _unstack
 from rnnkit.models.spec import ModelSpec
 from rnnkit.types import LSTMState
 

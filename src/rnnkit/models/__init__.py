@@ -35,14 +35,8 @@ from rnnkit.models.lookup import (
 from rnnkit.models.ngram import NGramModel, count_table_size
 from rnnkit.models.pooling import POOLINGS, Pooling, last_pool, max_pool, mean_pool, state_pool
 from rnnkit.models.regressor import LOSSES, TARGETS, Regressor, RegressorOutput
-from rnnkit.models.seq2seq import (
-    ATTENTION_WIRINGS,
-    STATE_BATCH_DIM,
-    DecoderState,
-    Seq2Seq,
-    Seq2SeqOutput,
-    build_seq2seq,
-)
+from rnnkit.models.seq2seq import ATTENTION_WIRINGS, Seq2Seq, Seq2SeqOutput, build_seq2seq
+from rnnkit.models.seq2seq_decoder import STATE_BATCH_DIM, DecoderState
 from rnnkit.models.spec import ModelSpec
 from rnnkit.models.tagger import CHAR_EMBEDDING, CHAR_HIDDEN, CharEncoder, Tagger, build_tagger
 

@@ -13,27 +13,17 @@ step; for the backward direction the state after reading back to ``x_1``). The c
 * ``"input"``: it is appended to the decoder's input at every step (the state starts at 0);
 * ``"both"``.
 
-With attention, ``attention_wiring`` says where it sits in a decoder step:
-
-* ``"before"`` (the default; Bahdanau et al. 2015): the previous top decoder state scores
-  the encoder states (:mod:`rnnkit.layers.attention`), ``c_i = Σ_j α_ij h^e_j`` is appended to the
-  input, ``h^d_i = g([E y_{i−1}; c_i (; c)], h^d_{i−1})``;
-* ``"after"`` (Luong et al. 2015's global attention, without input feeding): the step
-  runs first, ``h^d_i = g([E y_{i−1} (; c)], h^d_{i−1})``, then the NEW top state scores
-  the encoder states for ``c_i``. Nothing of the attention enters the recurrence.
-
-Either way the output layer reads ``[h^d_i; c_i]``: ``ŷ_i = softmax(V [h^d_i; c_i] + b)``.
+With attention, ``attention_wiring`` says where it sits in a decoder step, ``"before"``
+(Bahdanau et al. 2015) or ``"after"`` (Luong et al. 2015); the decoder side (its state,
+one step, the teacher-forced run) is :mod:`rnnkit.models.seq2seq_decoder`, whose
+docstring gives the equations.
 
 Training: teacher forcing (input ``y_{i−1}``), or scheduled sampling: with probability
 ``p``, per sequence and per step, the input is the model's own greedy choice at the
 previous step instead. A sequence whose fed token is its own ``</s>`` has ended, as it
 would in free running: its later steps carry no loss (their inputs are irrelevant).
-With pure teacher forcing, without attention or with ``"after"``, the decoder runs as
-one layer call (the library's time loop and explicit BPTT over the whole target), and
-the attention of all steps is a few batched products after it. With ``"before"`` and one
-decoder layer it runs as one autograd node with a hand-written backward
-(:mod:`rnnkit.layers.attention_loop`); otherwise (scheduled sampling, several decoder layers,
-tracing) a cell-level loop.
+Scheduled sampling runs the decoder one step at a time; pure teacher forcing runs all
+steps at once where it can (:mod:`rnnkit.models.seq2seq_decoder`).
 
 ``length="stop"`` / ``"predict"`` (a :class:`~rnnkit.models.length.SequenceLength`) replaces
 ``</s>`` by a stop output per decoder step (reading the head's features), or by a length
@@ -48,25 +38,33 @@ then one decoder step per token; finished rows leave the batch.
 
 from __future__ import annotations
 
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from rnnkit.bptt.tracing import tracing
 from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
 from rnnkit.generation.search import GenerationResult, generate_batch
 from rnnkit.generation.seq2seq_search import decode_batch
 from rnnkit.layers.attention import Attention
-from rnnkit.layers.attention_loop import attention_decoder
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.metrics.losses import training_loss
 from rnnkit.models.builders import build_encoder, build_length
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.length import SequenceLength, length_targets
+from rnnkit.models.seq2seq_decoder import (
+    PER_SOURCE,
+    STATE_BATCH_DIM,
+    DecoderState,
+    _decoder_step,
+    _stack,
+    _teacher_forced,
+    _top,
+    _unstack,
+)
 from rnnkit.models.spec import ModelSpec
 from rnnkit.types import LSTMState, State
 
@@ -82,37 +80,6 @@ __all__ = [
 
 CONTEXT_MODES = ("init", "input", "both")
 ATTENTION_WIRINGS = ("before", "after")
-
-
-class DecoderState(NamedTuple):
-    """Everything a decoder step needs; rows are batch rows (select with ``STATE_BATCH_DIM``).
-
-    Attributes:
-        hidden: decoder state ``(L, 1, B, H_d)`` (``LSTMState`` for an LSTM decoder).
-        memory: ``(B, S, D·H_e)`` encoder states (attention), or None.
-        keys: ``(B, S, ·)`` the attention's query-independent part, or None.
-        source_mask: ``(B, S)`` bool, True at real source positions, or None.
-        context: ``(B, D·H_e)`` the context fed at every step (``input``/``both``), or None.
-        length: ``(B,)`` the length mechanism's value (previous stop logit, or tokens
-            left), or None without a mechanism.
-    """
-
-    hidden: State
-    memory: Tensor | None
-    keys: Tensor | None
-    source_mask: Tensor | None
-    context: Tensor | None
-    length: Tensor | None = None
-
-
-# The batch dimension of every part of a DecoderState (for generation's row selection): a
-# DecoderState of ints (``_make`` takes values of any type).
-STATE_BATCH_DIM = DecoderState._make((2, 0, 0, 0, 0, 0))
-# Per part, whether it depends on the source only: equal in all beams of a source (beam
-# search).
-PER_SOURCE = tuple(
-    name in ("memory", "keys", "source_mask", "context") for name in DecoderState._fields
-)
 
 
 class Seq2SeqOutput(NamedTuple):
@@ -132,37 +99,6 @@ class Seq2SeqOutput(NamedTuple):
     mask: Tensor
     features: Tensor | None = None
     context: Tensor | None = None
-
-
-def _stack(states: list[State]) -> State:
-    """Per-layer ``(B, H)`` states → ``(L, 1, B, H)`` (one layer: a view, no copy)."""
-    # The layers of one decoder: all LSTMState, or all tensors.
-    if isinstance(states[0], LSTMState):
-        pairs = cast("list[LSTMState]", states)
-        if len(pairs) == 1:
-            return LSTMState(pairs[0].h[None, None], pairs[0].c[None, None])
-        return LSTMState(
-            torch.stack([s.h for s in pairs]).unsqueeze(1),
-            torch.stack([s.c for s in pairs]).unsqueeze(1),
-        )
-    tensors = cast("list[Tensor]", states)
-    if len(tensors) == 1:
-        return tensors[0][None, None]
-    return torch.stack(tensors).unsqueeze(1)
-
-
-def _unstack(state: State) -> list[State]:
-    if isinstance(state, LSTMState):
-        if state.h.shape[0] == 1:
-            return [LSTMState(state.h[0, 0], state.c[0, 0])]
-        return [LSTMState(h[0], c[0]) for h, c in zip(state.h, state.c, strict=True)]
-    if state.shape[0] == 1:
-        return [state[0, 0]]
-    return [s[0] for s in state]
-
-
-def _top(state: State) -> Tensor:
-    return state.h if isinstance(state, LSTMState) else state
 
 
 def _coins(n: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
@@ -188,8 +124,9 @@ class Seq2Seq(nn.Module):
         head: maps ``(…, H_d [+ D·H_e with attention])`` to logits ``(…, V_t)``.
         attention: an :class:`~rnnkit.layers.attention.Attention` with ``query_size = H_d`` and
             ``memory_size = D·H_e``, or None.
-        attention_wiring: ``"before"`` or ``"after"`` the decoder step (module
-            docstring); with ``"after"`` the decoder's input has no attention context.
+        attention_wiring: ``"before"`` or ``"after"`` the decoder step
+            (:mod:`rnnkit.models.seq2seq_decoder`); with ``"after"`` the decoder's input has
+            no attention context.
         context: ``"init"``, ``"input"`` or ``"both"`` (see the module docstring).
         dropout: on embeddings and before the head.
         length: a :class:`~rnnkit.models.length.SequenceLength` with ``features_size`` the
@@ -348,31 +285,9 @@ class Seq2Seq(nn.Module):
         self, emb: Tensor, hidden: list[State], state: DecoderState
     ) -> tuple[Tensor, list[State], Tensor | None]:
         """One decoder step: ``emb (B, E_t)`` → (head input ``(B, ·)``, new layers, α)."""
-        parts = [emb]
-        attn_ctx, weights = None, None
-        attention = self.attention
-        before = self.attention_wiring == "before"
-        if attention is not None:
-            assert state.keys is not None and state.memory is not None
-        if attention is not None and before:
-            attn_ctx, weights = attention(
-                _top(hidden[-1]), state.keys, state.memory, state.source_mask
-            )
-            parts.append(attn_ctx)
-        if state.context is not None:
-            parts.append(state.context)
-        x = torch.cat(parts, dim=-1) if len(parts) > 1 else emb
-        new: list[State] = []
-        for l, cell in enumerate(self.decoder.cells()):
-            if l > 0 and self.decoder.dropout > 0:
-                x = self.decoder.drop(x)
-            s = cell(x, hidden[l])
-            new.append(s)
-            x = _top(s)
-        if attention is not None and not before:
-            attn_ctx, weights = attention(x, state.keys, state.memory, state.source_mask)
-        features = x if attn_ctx is None else torch.cat([x, attn_ctx], dim=-1)
-        return features, new, weights
+        return _decoder_step(
+            self.decoder, self.attention, self.attention_wiring, emb, hidden, state
+        )
 
     def _dropout(self, x: Tensor) -> Tensor:
         """``self.drop(x)``, without the module call where it is the identity (a
@@ -452,68 +367,10 @@ class Seq2Seq(nn.Module):
         self, emb: Tensor, state: DecoderState, mask: Tensor | None
     ) -> tuple[Tensor, Tensor | None]:
         """Head inputs ``(B, T, F)`` and attention weights ``(B, T, S)`` (or None) of all
-        teacher-forced steps; ``emb (B, T, ·)``: the decoder inputs but the contexts.
-
-        ``mask`` (``(B, T)`` or None) lets the layer call hold the state at padded steps
-        (faster: finished rows stop costing); the real steps are the same either way.
-        """
-        B, T = emb.shape[:2]
-        if self.attention is None or self.attention_wiring == "after":
-            # One call of the layer (the time loop, explicit BPTT), attention after it.
-            x = emb
-            if state.context is not None:
-                x = torch.cat([x, state.context.unsqueeze(1).expand(B, T, -1)], dim=-1)
-            out = self.decoder(x, mask=mask, state=state.hidden)
-            if self.attention is None:
-                return out.outputs, None
-            assert state.keys is not None and state.memory is not None
-            att = self.attention.attend_all(
-                out.outputs, state.keys, state.memory, state.source_mask
-            )
-            return torch.cat([out.outputs, att.context], dim=-1), att.weights
-        if self.decoder.num_layers == 1 and not tracing() and not torch.jit.is_tracing():
-            return self._attention_node(emb, state)
-        hidden = _unstack(state.hidden)
-        features, weights = [], []
-        for t in range(T):  # padded steps are computed too: they carry no loss
-            feat, hidden, w = self._step(emb[:, t], hidden, state)
-            assert w is not None  # the attention weighs the source at every step
-            features.append(feat)
-            weights.append(w)
-        return torch.stack(features, dim=1), torch.stack(weights, dim=1)
-
-    def _attention_node(self, emb: Tensor, state: DecoderState) -> tuple[Tensor, Tensor]:
-        """:meth:`_teacher_forced` with attention before the step, one decoder layer: the
-        same steps as one autograd node (:func:`rnnkit.layers.attention_loop.attention_decoder`)."""
-        assert self.attention is not None and state.keys is not None
-        assert state.memory is not None
-        cell = self.decoder.cells()[0]
-        w = cell.weights()
-        B, T, E = emb.shape
-        D = self.memory_size
-        # The step's input is [emb; c_t (; context)]: weight_ih's columns split the same way.
-        x, weight_x = emb, w.weight_ih[:, :E]
-        if state.context is not None:
-            x = torch.cat([emb, state.context.unsqueeze(1).expand(B, T, -1)], dim=-1)
-            weight_x = torch.cat([weight_x, w.weight_ih[:, E + D :]], dim=1)
-        hidden = state.hidden
-        states0 = (
-            (hidden.h[0, 0], hidden.c[0, 0]) if isinstance(hidden, LSTMState) else (hidden[0, 0],)
+        teacher-forced steps (:func:`rnnkit.models.seq2seq_decoder._teacher_forced`)."""
+        return _teacher_forced(
+            self.decoder, self.attention, self.attention_wiring, self.memory_size, emb, state, mask
         )
-        out = attention_decoder(
-            cell.kernel,
-            x.transpose(0, 1),
-            weight_x,
-            w.weight_ih[:, E : E + D],
-            w,
-            self.attention,
-            state.keys,
-            state.memory,
-            state.source_mask,
-            states0,
-        )
-        features = torch.cat([out.hidden, out.context], dim=-1).transpose(0, 1)  # (B, T, F)
-        return features, out.weights.transpose(0, 1)
 
     def _length_forward(
         self,
