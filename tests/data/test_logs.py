@@ -10,7 +10,7 @@ import pytest
 
 from rnnkit.data import logs as logs_module
 from rnnkit.data.events import Session
-from rnnkit.data.logs import LogSessionizer, compile_log_format, sessions_from_logs
+from rnnkit.data.logs import LogSessionizer, sessions_from_logs
 from rnnkit.errors import ConfigError, DataError
 
 # HDFS-style lines (the Loghub benchmark's classic): a block id is the session.
@@ -193,30 +193,6 @@ def test_a_pattern_without_a_group_takes_the_whole_match() -> None:
         ("blk_-42", ["got <SESSION> ok"]),
         ("blk_7", ["sent <SESSION>"]),
     ]
-
-
-def test_log_format_regex_by_hand() -> None:
-    rx = compile_log_format("<Date> <Time> [<Thread>] <Level>  <Component> - <Content>")
-    assert rx.pattern == (
-        r"^(?P<Date>.*?)\s+(?P<Time>.*?)\s+\[(?P<Thread>.*?)\]\s+(?P<Level>.*?)\s+"
-        r"(?P<Component>.*?)\s+\-\s+(?P<Content>.*)$"
-    )
-    m = rx.match("2026-12-01 10:00:00,1 [main-3] ERROR   a.b.C - req 7: failed - retry")
-    assert m is not None and m.groupdict() == {
-        "Date": "2026-12-01",
-        "Time": "10:00:00,1",
-        "Thread": "main-3",
-        "Level": "ERROR",
-        "Component": "a.b.C",
-        "Content": "req 7: failed - retry",
-    }
-    for bad, message in (
-        ("<Date> <Date> <Content>", "names the field <Date> twice"),
-        ("<1x> <Content>", "field <1x> is not a name"),
-        ("<Date> <Time>", "has no <Content> field"),
-    ):
-        with pytest.raises(ConfigError, match=message):
-            compile_log_format(bad)
 
 
 def test_header_fields_never_reach_templates_and_bad_lines_are_located(tmp_path: Path) -> None:

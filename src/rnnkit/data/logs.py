@@ -19,28 +19,28 @@ is not wholly a number, such as an address or ``size=512``, gives ``None``). Wit
 ``time_fields`` (header fields of the format holding the line's time), the seconds since
 the same session's previous line come first (0 for its first line).
 
-A *header format* in the style of the loghub benchmark (``log_format``, e.g.
-``<Date> <Time> <Pid> <Level> <Component>: <Content>``) splits every line into its header
-fields and its message; only the message ``<Content>`` is mined, so a timestamp, a pid or
-a level never ends up inside a template. The session id is then found by the pattern
-(anywhere in the line) or taken whole from a header field (``session_field="Pid"``). A
-non-blank line that does not fit the format stops the reading with its file and line:
-a wrong format would otherwise silently turn every header into template text.
+A *header format* in the style of the loghub benchmark (``log_format``) splits every line
+into header fields and the message that is mined; how a line splits into its session id,
+its message, its header and its time is :mod:`rnnkit.data.log_fields`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from os import PathLike
 from typing import Any
 
 from rnnkit.data.events import Session
+from rnnkit.data.log_fields import (
+    LineFields,
+    compile_log_format,
+    parse_log_time,
+    parse_number,
+)
 from rnnkit.errors import ConfigError, DataError
 
 __all__ = [
@@ -101,96 +101,6 @@ class LogStats:
     unmatched_params: int = 0
 
 
-_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
-
-
-def parse_number(text: str) -> float | None:
-    """The value of a parameter that is wholly one finite number, else None.
-
-    >>> parse_number("12"), parse_number("-7.5e-1"), parse_number("size=512"), parse_number("1e999")
-    (12.0, -0.75, None, None)
-    """
-    text = text.strip()
-    if not _NUMBER.fullmatch(text):
-        return None
-    value = float(text)
-    return value if math.isfinite(value) else None
-
-
-def parse_log_time(text: str, time_format: str | None = None) -> float:
-    """A log line's time in seconds (POSIX; a time without a zone is taken as UTC).
-
-    With ``time_format`` (``strptime`` directives, e.g. ``%y%m%d %H%M%S``) the text must
-    fit it; without, it is ISO 8601 (``2026-12-01 10:00:01.123``, ``…T10:00:01Z``), else a
-    number of seconds. Raises ``ValueError`` when it is neither.
-
-    >>> parse_log_time("2026-12-01 10:00:01.5") - parse_log_time("2026-12-01T10:00:00Z")
-    1.5
-    >>> parse_log_time("081109 203615", "%y%m%d %H%M%S") - parse_log_time("2008-11-09 20:36:00")
-    15.0
-    >>> parse_log_time("1764583201.25")
-    1764583201.25
-    """
-    text = text.strip()
-    if time_format is not None:
-        moment = datetime.strptime(text, time_format)
-    else:
-        try:
-            moment = datetime.fromisoformat(text)
-        except ValueError:
-            value = parse_number(text)
-            if value is None:
-                raise ValueError("not ISO 8601 and not a number of seconds") from None
-            return value
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.timestamp()
-
-
-def compile_log_format(log_format: str) -> re.Pattern[str]:
-    """A loghub-style header format as a regex with one named group per field.
-
-    ``<Name>`` is a field (a lazy ``.*?``; ``<Content>``, required, takes the rest of the
-    line); any run of spaces matches any run of whitespace; other text is literal.
-
-    >>> rx = compile_log_format("<Date> <Time> <Level> [<Component>] <Content>")
-    >>> rx.match("2026-12-01 10:00:01 WARN  [disk] quota: 91% used").groupdict()
-    {'Date': '2026-12-01', 'Time': '10:00:01', 'Level': 'WARN', 'Component': 'disk', \
-'Content': 'quota: 91% used'}
-    """
-    parts = re.split(r"(<[^<>\s]+>)", log_format)
-    names: list[str] = []
-    regex = ""
-    for part in parts:
-        if len(part) > 2 and part[0] == "<" and part[-1] == ">":
-            name = part[1:-1]
-            if not name.isidentifier():
-                raise ConfigError(f"--log-format field <{name}> is not a name (letters, _)")
-            if name in names:
-                raise ConfigError(f"--log-format names the field <{name}> twice")
-            names.append(name)
-            regex += "(?P<Content>.*)" if name == "Content" else f"(?P<{name}>.*?)"
-        else:
-            regex += r"\s+".join(re.escape(word) for word in re.split(" +", part))
-    if "Content" not in names:
-        raise ConfigError(
-            f"--log-format '{log_format}' has no <Content> field (the message to mine)"
-        )
-    return re.compile(f"^{regex}$")
-
-
-def _compile_session_pattern(pattern: str | re.Pattern[str]) -> tuple[re.Pattern[str], int | str]:
-    """The pattern and which group is the id: ``session``, else the first, else the whole
-    match (``blk_-?\\d+``)."""
-    try:
-        compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
-    except re.error as exc:
-        raise ConfigError(f"--session-pattern '{pattern}' is not a valid regex: {exc}") from None
-    if "session" in compiled.groupindex:
-        return compiled, "session"
-    return compiled, 1 if compiled.groups >= 1 else 0
-
-
 class LogSessionizer:
     """Collects log lines (from one or many files) into sessions of template events.
 
@@ -245,41 +155,22 @@ class LogSessionizer:
         time_fields: Sequence[str] | None = None,
         time_format: str | None = None,
     ) -> None:
+        # The line options are checked first, then Drain's.
+        self.fields = LineFields(
+            session_pattern,
+            log_format=log_format,
+            session_field=session_field,
+            params=params,
+            time_fields=time_fields,
+            time_format=time_format,
+        )
         self.log_format = log_format
-        self.format = None if log_format is None else compile_log_format(log_format)
-        if (session_pattern is None) == (session_field is None):
-            raise ConfigError("give --session-pattern or --session-field (one of them)")
+        self.format = self.fields.format
         self.session_field = session_field
-        self.pattern: re.Pattern[str] | None = None
-        if session_field is not None:
-            if self.format is None:
-                raise ConfigError("--session-field names a field of --log-format: give both")
-            if session_field not in self.format.groupindex or session_field == "Content":
-                fields = [f for f in self.format.groupindex if f != "Content"]
-                raise ConfigError(
-                    f"--session-field {session_field} is not a header field of --log-format "
-                    f"(fields: {', '.join(fields) or 'none'})"
-                )
-        else:
-            assert session_pattern is not None
-            self.pattern, self._group = _compile_session_pattern(session_pattern)
+        self.pattern = self.fields.pattern
         self.params = params
-        self.time_fields = tuple(time_fields or ())
+        self.time_fields = self.fields.time_fields
         self.time_format = time_format
-        if (self.time_fields or time_format is not None) and not params:
-            raise ConfigError("--time-field and --time-format apply with --params only")
-        if time_format is not None and not self.time_fields:
-            raise ConfigError("--time-format needs --time-field (the fields it reads)")
-        if self.time_fields:
-            if self.format is None:
-                raise ConfigError("--time-field names fields of --log-format: give both")
-            for name in self.time_fields:
-                if name not in self.format.groupindex or name == "Content":
-                    fields = [f for f in self.format.groupindex if f != "Content"]
-                    raise ConfigError(
-                        f"--time-field {name} is not a header field of --log-format "
-                        f"(fields: {', '.join(fields) or 'none'})"
-                    )
         if max_children < 2:
             raise ConfigError(f"max_children must be at least 2, got {max_children}")
         if not 0.0 <= similarity <= 1.0:
@@ -337,7 +228,7 @@ class LogSessionizer:
         if len(line) > MAX_LINE_CHARS:
             self.stats.too_long += 1
             return False
-        session_id, message, header = self._split(line, source, number)
+        session_id, message, header = self.fields.split(line, source, number)
         if not session_id:
             self.stats.no_session += 1
             if self.stats.first_no_session is None:
@@ -356,58 +247,12 @@ class LogSessionizer:
         self, session_id: str, header: re.Match[str] | None, source: str | None, number: int
     ) -> float:
         """Seconds since the session's previous line (0 for its first)."""
-        assert header is not None
-        text = " ".join(header.group(name).strip() for name in self.time_fields)
-        try:
-            now = parse_log_time(text, self.time_format)
-        except ValueError:
-            how = (
-                f"--time-format '{self.time_format}'"
-                if self.time_format
-                else ("ISO 8601 or a number of seconds (else give --time-format)")
-            )
-            raise DataError(
-                f"the time {text!r} (--time-field {','.join(self.time_fields)}) is not {how}",
-                source or "<lines>",
-                number,
-            ) from None
+        now = self.fields.time(header, source, number)
         last = self._last_time.get(session_id)
         self._last_time[session_id] = now
         # To the microsecond, a datetime's resolution: POSIX seconds near 1.7e9 carry
         # float noise in the 7th decimal.
         return 0.0 if last is None else round(now - last, 6)
-
-    def _split(
-        self, line: str, source: str | None, number: int
-    ) -> tuple[str | None, str, re.Match[str] | None]:
-        """``(session id or None, the message to mine with the id masked, the header)``."""
-        content_start, content = 0, line
-        header = None
-        if self.format is not None:
-            header = self.format.match(line)
-            if header is None:
-                if not line.strip():
-                    return None, "", None
-                raise DataError(
-                    f"the line does not match --log-format '{self.log_format}'"
-                    f" (starts {line[:60]!r})",
-                    source or "<lines>",
-                    number,
-                )
-            content_start, content = header.start("Content"), header.group("Content")
-        if self.session_field is not None:
-            assert header is not None
-            return header.group(self.session_field).strip() or None, content, header
-        assert self.pattern is not None
-        match = self.pattern.search(line)
-        session_id = match.group(self._group) if match else None
-        if not session_id or match is None:
-            return None, content, header
-        start, end = match.span(self._group)
-        if start >= content_start:  # the id is in the message: mask it there
-            start, end = start - content_start, end - content_start
-            content = f"{content[:start]}<SESSION>{content[end:]}"
-        return session_id, content, header
 
     def add_lines(self, lines: Iterable[str], source: str | None = None) -> None:
         """Mine each line of an iterable (an open file, a list of strings)."""

@@ -1,0 +1,100 @@
+"""One log line's fields: the header format as a regex, the session id found and masked,
+the time read from header fields; bad formats, lines and times named."""
+
+from __future__ import annotations
+
+import pytest
+
+from rnnkit.data.log_fields import LineFields, compile_log_format
+from rnnkit.errors import ConfigError, DataError
+
+FORMAT = "<Date> <Time> <Pid> <Level> <Content>"
+
+
+def test_log_format_regex_by_hand() -> None:
+    rx = compile_log_format("<Date> <Time> [<Thread>] <Level>  <Component> - <Content>")
+    assert rx.pattern == (
+        r"^(?P<Date>.*?)\s+(?P<Time>.*?)\s+\[(?P<Thread>.*?)\]\s+(?P<Level>.*?)\s+"
+        r"(?P<Component>.*?)\s+\-\s+(?P<Content>.*)$"
+    )
+    m = rx.match("2026-12-01 10:00:00,1 [main-3] ERROR   a.b.C - req 7: failed - retry")
+    assert m is not None and m.groupdict() == {
+        "Date": "2026-12-01",
+        "Time": "10:00:00,1",
+        "Thread": "main-3",
+        "Level": "ERROR",
+        "Component": "a.b.C",
+        "Content": "req 7: failed - retry",
+    }
+    for bad, message in (
+        ("<Date> <Date> <Content>", "names the field <Date> twice"),
+        ("<1x> <Content>", "field <1x> is not a name"),
+        ("<Date> <Time>", "has no <Content> field"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            compile_log_format(bad)
+
+
+def test_the_session_id_is_masked_in_the_message_only() -> None:
+    fields = LineFields(r"req=(\w+)", log_format=FORMAT)
+    session, message, header = fields.split("2026-12-01 10:00:01 42 INFO req=ab7 GET /", None, 1)
+    assert (session, message) == ("ab7", "req=<SESSION> GET /")
+    assert header is not None and header.group("Pid") == "42"
+    # Found in the header (the pid), the id leaves the message as it is.
+    fields = LineFields(r"^\S+ \S+ (\d+)", log_format=FORMAT)
+    assert fields.split("2026-12-01 10:00:01 42 INFO req=ab7 GET /", None, 1)[:2] == (
+        "42",
+        "req=ab7 GET /",
+    )
+    by_field = LineFields(log_format=FORMAT, session_field="Level")
+    assert by_field.split("2026-12-01 10:00:01 42 WARN disk full", None, 1)[:2] == (
+        "WARN",
+        "disk full",
+    )
+
+
+def test_blank_and_unfitting_lines() -> None:
+    fields = LineFields(r"req=(\w+)", log_format=FORMAT)
+    assert fields.split("   ", "app.log", 3) == (None, "", None)
+    with pytest.raises(DataError) as info:
+        fields.split("a stack trace line", "app.log", 4)
+    assert str(info.value) == (
+        f"app.log:4: the line does not match --log-format '{FORMAT}' (starts 'a stack trace line')"
+    )
+
+
+def test_time_from_header_fields() -> None:
+    fields = LineFields(r"req=(\w+)", log_format=FORMAT, params=True, time_fields=("Date", "Time"))
+    first = fields.split("2026-12-01 10:00:01.25 42 INFO req=a x", None, 1)[2]
+    later = fields.split("2026-12-01 10:01:00 42 INFO req=a y", None, 2)[2]
+    assert fields.time(later, None, 2) - fields.time(first, None, 1) == 58.75
+    bad = fields.split("2026-13-01 10:00:00 42 INFO req=a z", "app.log", 9)[2]
+    with pytest.raises(DataError, match=r"app.log:9: the time '2026-13-01 10:00:00'"):
+        fields.time(bad, "app.log", 9)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "give --session-pattern or --session-field"),
+        ({"session_pattern": "a", "session_field": "Pid"}, "one of them"),
+        ({"session_field": "Pid"}, "--session-field names a field of --log-format"),
+        ({"session_field": "Content", "log_format": FORMAT}, "not a header field"),
+        ({"session_pattern": "(", "log_format": FORMAT}, "not a valid regex"),
+        ({"session_pattern": "a", "time_fields": ("Date",)}, "apply with --params only"),
+        ({"session_pattern": "a", "params": True, "time_format": "%H"}, "needs --time-field"),
+        ({"session_pattern": "a", "params": True, "time_fields": ("Date",)}, "give both"),
+        (
+            {
+                "session_pattern": "a",
+                "params": True,
+                "time_fields": ("Nope",),
+                "log_format": FORMAT,
+            },
+            "--time-field Nope is not a header field",
+        ),
+    ],
+)
+def test_bad_options_name_themselves(options: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        LineFields(**options)
