@@ -7,8 +7,13 @@ model through the task that trained it and calls the diagnostics and plots of
 it (no task needs the report; the command line writes it after training), and not inside
 ``tasks``, whose modules are one task each and the glue they share.
 
-* ``page``: :func:`write_report` / :func:`render_report` and the sections every run has.
+* ``page``: :func:`write_report` / :func:`render_report` and the sections every run has
+  (metrics, training, configuration).
+* ``lm``: the samples, gradient-flow and prediction sections of language-model runs.
+* ``attention``: the attention heatmaps of seq2seq runs.
 * ``detection``: the anomaly-detection sections of ``events`` and ``params`` runs.
+* ``html``: the HTML pieces (escaping, tables, embedded figures, sections, style sheet).
+* ``run``: what the report reads from a run directory.
 """
 
 from rnnkit.app.report.page import REPORT_NAME, render_report, write_report

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from rnnkit.anomaly.scores import SCORES
-from rnnkit.app.report.page import Run, esc, fmt, image, note, section, table
+from rnnkit.app.report.html import esc, fmt, image, note, section, table
+from rnnkit.app.report.run import Run
 from rnnkit.diagnostics import plots
 from rnnkit.metrics.detection import detection_metrics, precision_recall_curve, roc_curve
 

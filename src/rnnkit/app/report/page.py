@@ -13,147 +13,42 @@ and clipping, vanishing/exploding signals), samples, gradient flow through time
 (‖∂L/∂h_k‖, ‖∂h_t/∂h_k‖₂ against the bound (γλ)^{t−k}, per-step and per-lag
 contributions to ∂L/∂W_hh, gate saturation), what the model predicts (next-symbol
 distribution and hidden states along a text), attention (seq2seq), anomaly detection
-(events: :mod:`rnnkit.app.report.detection`) and the configuration. Model pictures are
-drawn for language models and attention maps for seq2seq runs with attention; other
-tasks get the numbers and curves.
+(events and params) and the configuration. Model pictures are drawn for language models
+and attention maps for seq2seq runs with attention; other tasks get the numbers and
+curves.
 
-The diagnostics run on a small batch of the run's own validation text (or training
-text, or — when neither file can be read — text the model generates). Nothing is printed.
+This module assembles the page and writes the sections every run has (metrics,
+training, configuration); a task's own sections are in :mod:`rnnkit.app.report.lm`,
+:mod:`rnnkit.app.report.attention` and :mod:`rnnkit.app.report.detection`, the HTML
+pieces in :mod:`rnnkit.app.report.html` and the reading of the run directory in
+:mod:`rnnkit.app.report.run`. Nothing is printed.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
-from torch import Tensor
 
-from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.run import load_config
+from rnnkit.app.report.attention import attention_sections
+from rnnkit.app.report.html import CSP, STYLE, esc, fmt, image, note, section, table
+from rnnkit.app.report.lm import lm_sections
+from rnnkit.app.report.run import Run, read_run
 from rnnkit.diagnostics import plots
 from rnnkit.training.baseline_check import LABELS, compare
 from rnnkit.training.checkpoint import atomic_write_bytes
-from rnnkit.training.run_files import read_metrics, read_summary
 
 __all__ = ["REPORT_NAME", "render_report", "write_report"]
 
 REPORT_NAME = "report.html"
-DPI = 100
-CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 LN2 = math.log(2)
-
-STYLE = """
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;
-  margin:0 auto;max-width:1100px;padding:1rem 1.5rem 3rem;color:#1d1d1f;line-height:1.45}
-h1{margin-bottom:.2rem}h2{border-bottom:2px solid #ddd;padding-bottom:.2rem;margin-top:2.2rem}
-.meta{color:#666;font-size:.9rem}nav a{margin-right:1rem}
-table{border-collapse:collapse;margin:.6rem 0 1rem;font-size:.92rem}
-th,td{border:1px solid #ddd;padding:.25rem .6rem;text-align:left;vertical-align:top}
-th{background:#f4f4f6}td.num{text-align:right;font-variant-numeric:tabular-nums}
-figure{margin:1rem 0 1.6rem}figure img{max-width:100%;height:auto;border:1px solid #eee}
-figcaption{color:#555;font-size:.88rem;max-width:900px}
-pre{background:#f7f7f9;border:1px solid #e4e4e8;padding:.6rem;white-space:pre-wrap;
-  word-break:break-word;font-size:.85rem}
-.note{color:#555;font-style:italic}.warn{color:#a33}
-"""
-
-
-# ---- reading the run directory --------------------------------------------------------
-@dataclass
-class Run:
-    """What the report reads from a run directory."""
-
-    path: Path
-    cfg: TrainConfig
-    info: dict[str, Any]
-    summary: dict[str, Any]
-    events: list[dict[str, Any]]
-    bad_lines: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("event") == kind]
-
-
-def read_run(run_dir: str | Path) -> Run:
-    """Config (required), summary and logged events (optional) of a run directory."""
-    path = Path(run_dir)
-    cfg, info = load_config(path)
-    # One set of rules for the logs (training.run_files): a tampered summary is one line;
-    # a bad log line (cut by a crash, wrong types) is counted and shown, never fatal.
-    summary = read_summary(path)
-    events, bad = read_metrics(path)
-    return Run(path, cfg, info, summary, events, bad)
-
-
-# ---- HTML pieces ----------------------------------------------------------------------
-def esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def fmt(value: Any) -> str:
-    """A number for a table: thousands separated, else 4 significant digits; text escaped.
-
-    >>> fmt(12345.6), fmt(0.000123456), fmt(3), fmt(None)
-    ('12,346', '0.0001235', '3', '—')
-    """
-    if isinstance(value, bool) or value is None:
-        return esc("—" if value is None else value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return esc(value)
-        return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
-    return esc(value)
-
-
-def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> str:
-    """An HTML table; numbers right-aligned, everything escaped."""
-    out = ["<table>"]
-    if header:
-        out.append("<tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
-    for row in rows:
-        cells = []
-        for i, value in enumerate(row):
-            if i == 0:
-                cells.append(f"<th>{esc(value)}</th>")
-            else:
-                numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-                cells.append(f"<td{' class=num' if numeric else ''}>{fmt(value)}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
-    return "\n".join(out) + "\n</table>"
-
-
-def image(fig: Figure, alt: str, caption: str = "") -> str:
-    """A figure as an embedded PNG (``data:`` URI) with its caption."""
-    png = plots.to_png(fig, dpi=DPI)
-    width, height = (round(v * DPI) for v in fig.get_size_inches())
-    data = base64.b64encode(png).decode("ascii")
-    cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
-    return (
-        f'<figure><img src="data:image/png;base64,{data}" alt="{esc(alt)}" '
-        f'width="{width}" height="{height}">{cap}</figure>'
-    )
-
-
-def section(anchor: str, title: str, body: str) -> tuple[str, str, str]:
-    return anchor, title, f'<section id="{anchor}"><h2>{esc(title)}</h2>\n{body}\n</section>'
-
-
-def note(text: str) -> str:
-    return f'<p class="note">{esc(text)}</p>'
 
 
 # ---- metrics and training -------------------------------------------------------------
@@ -327,7 +222,7 @@ def config_section(run: Run) -> tuple[str, str, str]:
     return section("config", "Configuration", table(rows + extra, ["option", "value"]))
 
 
-# ---- language-model diagnostics ----------------------------------------------------------
+# ---- the page ---------------------------------------------------------------------------
 @contextmanager
 def single_thread() -> Iterator[None]:
     """One intra-op thread while diagnostics run: they are many tiny ops, and on a busy
@@ -340,316 +235,6 @@ def single_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def read_sample_text(run: Run, limit: int = 1 << 18) -> tuple[str, str] | None:
-    """``(text, where)`` from the run's validation (else training) file, if readable."""
-    for name in (run.cfg.valid, run.cfg.train):
-        if not name:
-            continue
-        for candidate in (Path(name), run.path / name):
-            try:
-                with open(candidate, encoding="utf-8", errors="replace") as f:
-                    text = f.read(limit)
-            except OSError:
-                continue
-            if text.strip():
-                return text, str(candidate)
-    return None
-
-
-def diagnostic_batch(run: Run, vocab: Any, model: Any, rows: int = 8, steps: int = 64):
-    """``(ids (B, T + 1), snippet ids, where)``: evenly spaced windows of the run's text.
-
-    Falls back to text the model generates when no corpus file can be read.
-    """
-    from rnnkit.app.tasks.lm import sample_texts
-
-    found = read_sample_text(run)
-    if found is not None:
-        text, where = found
-    else:
-        text = "".join(
-            sample_texts(
-                run.cfg, vocab, model, None, num=1, max_length=rows * (steps + 1), seed=run.cfg.seed
-            )
-        )
-        where = "text generated by the model (no corpus file could be read)"
-        run.notes.append(f"Diagnostics ran on {where}.")
-    ids = torch.as_tensor(vocab.encode_array(text, dtype=np.int64))
-    n = int(ids.numel())
-    if n < 3:
-        return None, None, where
-    rows = max(1, min(rows, n // 3))
-    steps = max(2, min(steps, n // rows - 1))
-    starts = np.linspace(0, n - steps - 1, rows).astype(int)
-    batch = torch.stack([ids[a : a + steps + 1] for a in starts])  # (B, T + 1)
-    return batch, ids[: min(n, 49)], where
-
-
-def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
-    from rnnkit.cells.rnn import RNNCell
-    from rnnkit.diagnostics import (
-        activation_gain,
-        jacobian_norms,
-        lag_contributions,
-        layer_statistics,
-        rnn_jacobian_bound,
-        spectral_norm,
-        state_gradient_norms,
-        step_contributions,
-    )
-    from rnnkit.layers.recurrent import Recurrent
-    from rnnkit.metrics.losses import sequence_cross_entropy
-
-    encoder = model.encoder
-    first = encoder.layers[0]
-    if not isinstance(first, Recurrent):
-        return section(
-            "gradients",
-            "Gradient flow through time",
-            note("Gradient-flow pictures are drawn for unidirectional stacks."),
-        )
-    cell = first.cell
-    inputs, targets = batch[:, :-1], batch[:, 1:]
-    B, T = inputs.shape
-    with torch.no_grad():
-        x = model.embedding(inputs)  # (B, T, E)
-
-    def logits_of(h: Tensor) -> Tensor:
-        """Outputs of the first layer (B, T, H) → logits, through the layers above it."""
-        z = h.transpose(0, 1)  # (T, B, H)
-        for layer in encoder.layers[1:]:
-            z, _ = layer(z)
-        return model.head(z.transpose(0, 1))
-
-    def loss_all(tgt: Tensor):
-        return lambda h: sequence_cross_entropy(logits_of(h), tgt)
-
-    def loss_last(h: Tensor) -> Tensor:
-        return sequence_cross_entropy(logits_of(h)[:, -1:], targets[:, -1:])
-
-    g_all = state_gradient_norms(first, x, loss_fn=loss_all(targets)).numpy()
-    g_last = state_gradient_norms(first, x, loss_fn=loss_last).numpy()
-    lam = spectral_norm(cell.weight_hh)
-    rnn = cell if isinstance(cell, RNNCell) else None  # the bound is for the simple cell
-    simple = rnn is not None
-    gamma = activation_gain(rnn.nonlinearity) if rnn is not None else None
-    lines = {
-        r"$L$ = mean of $\ell_t$ over all steps": g_all,
-        r"$\ell_T$ only (the last step's loss)": g_last,
-    }
-    # ‖∂ℓ_T/∂h_k‖ ≤ ‖∂ℓ_T/∂h_T‖ (γλ)^{T−k}: the bound on the last step's gradient.
-    last_bound = g_last[-1] * (gamma * lam) ** np.arange(T, -1, -1.0) if gamma is not None else None
-    Bj, Tj = min(B, 4), min(T, 32)
-    width = cell.hidden_size * (2 if cell.is_lstm else 1)
-    method = "exact" if width <= 64 else "power"
-    J = jacobian_norms(first, x[:Bj, :Tj], method=method, iterations=10).numpy()
-    bound = rnn_jacobian_bound(rnn, range(Tj + 1)).numpy() if rnn is not None else None
-    body = (
-        f"<p>On {B} windows of {T} {esc(run.cfg.unit)}s from {esc(where)}, through the first "
-        f"layer ({esc(type(cell).__name__)}, H = {cell.hidden_size}). "
-        "∂h_t/∂h_k = Π diag(φ′(a_j)) W_h, so ‖∂h_t/∂h_k‖₂ ≤ (γλ)^(t−k) with λ = ‖W_h‖₂ "
-        "and γ = 1 for tanh, ¼ for the logistic (the bound is for the simple cell).</p>"
-    )
-    flow = plots.plot_gradient_flow(lines, J, bound, weight_norm=lam, state_grad_bound=last_bound)
-    body += image(
-        flow,
-        "gradient norm through time and Jacobian norms against the bound",
-        "Left: ‖∂L/∂h_k‖ for every state of the first layer (log scale)"
-        + (", dashed: its bound ‖∂ℓ_T/∂h_T‖ (γλ)^(T−k) for the last step's loss" if simple else "")
-        + ". Right: "
-        f"‖∂h_t/∂h_0‖₂ over the first {Tj} steps of {Bj} windows "
-        f"({'exact' if method == 'exact' else 'power-iteration estimate'})"
-        + (
-            ", dashed: the bound (γλ)^(t−k)."
-            if simple
-            else "; the (γλ)^(t−k) bound is for the simple cell only."
-        ),
-    )
-    steps = step_contributions(first, x, loss_fn=loss_all(targets))
-    values, total = plots.projected_contributions(steps.weight_hh)
-    model.zero_grad(set_to_none=True)
-    with torch.enable_grad():
-        sequence_cross_entropy(model(inputs).logits, targets).backward()
-    grad = cell.weight_hh.grad
-    assert grad is not None  # the backward just ran through this cell
-    reference = float(grad.norm())
-    model.zero_grad(set_to_none=True)
-    body += image(
-        plots.plot_contributions(values, total=total),
-        "per-step contributions to the gradient of the recurrent weight",
-        "Each bar is step k's copy of W_hh: its contribution C_k = ∂L/∂W_hh^(k) "
-        "projected on the direction of the total gradient G = Σ_k C_k, so the "
-        "bars add up to ‖G‖ (the dark bar). Red bars pull against the update.",
-    )
-    Bl, Tl = min(B, 4), min(T, 32)
-    lags = lag_contributions(first, x[:Bl, :Tl], loss_fn=loss_all(targets[:Bl, :Tl]))
-    lag_values, lag_total = plots.projected_contributions(lags.weight_hh)
-    body += image(
-        plots.plot_contributions(lag_values, total=lag_total, axis="lag"),
-        "contributions to the gradient of the recurrent weight by time lag",
-        f"The same gradient split by how far it travelled (lag t − k, on {Bl} "
-        f"windows of {Tl} steps): long lags are what vanish.",
-    )
-    rows: list[list[Any]] = [
-        ["λ = ‖W_hh‖₂ (first layer)", lam],
-        ["‖∂L/∂W_hh‖: sum of the bars", total],
-        ["‖∂L/∂W_hh‖: backward pass of the model", reference],
-        [
-            "‖∂ℓ_T/∂h_0‖ / ‖∂ℓ_T/∂h_T‖ (how much of the last loss reaches the start)",
-            float(g_last[0] / g_last[-1]) if g_last[-1] > 0 else None,
-        ],
-    ]
-    if gamma is not None:
-        rows += [
-            ["γ (activation)", gamma],
-            ["γλ", gamma * lam],
-            ["bound after 20 steps (γλ)^20", (gamma * lam) ** 20],
-        ]
-    body += table(rows)
-    stats = layer_statistics(encoder, x)
-    gates = sorted({g for st in stats.values() for g in st.saturation})
-    srows = [
-        [name, *(st.saturation.get(g) for g in gates), st.state_norm, st.cell_norm]
-        for name, st in stats.items()
-    ]
-    body += "<p>Gate saturation (share of values within 0.02 of 0 or 1) and state norms:</p>"
-    body += table(srows, ["layer", *(f"{g} saturated" for g in gates), "mean ‖h_t‖", "mean ‖c_t‖"])
-    return section("gradients", "Gradient flow through time", body)
-
-
-def lm_prediction_section(run: Run, vocab: Any, model: Any, snippet: Tensor):
-    if snippet is None or snippet.numel() < 2:
-        return section("predictions", "What the model predicts", note("No text to read."))
-    ids = snippet[None, :-1]  # (1, T)
-    with torch.no_grad():
-        probs = torch.softmax(model(ids).logits[0].double(), dim=-1).numpy()  # (T, V)
-        states = model.encoder(model.embedding(ids)).outputs[0].numpy()  # (T, D·H)
-    context = [vocab.itos[i] for i in ids[0].tolist()]
-    targets = snippet[1:].tolist()
-    text = vocab.decode(snippet.tolist(), skip_specials=False)
-    body = f"<p>Along the start of the text:</p><pre>{esc(text)}</pre>"
-    body += image(
-        plots.plot_next_symbol(probs, vocab.itos, context, targets=targets),
-        "heatmap of the next-symbol distribution along the text",
-        "Column t: the model's distribution over the next symbol after reading "
-        "the symbol below it (the most likely symbols overall as rows); squares "
-        "mark the symbol that really came next.",
-    )
-    body += image(
-        plots.plot_hidden_states(states, context),
-        "hidden-state activations over time",
-        "Hidden state h_t of the last layer at every position (units with the "
-        "largest variance when there are many).",
-    )
-    return section("predictions", "What the model predicts", body)
-
-
-def lm_sections(run: Run, samples: int = 3) -> list[tuple[str, str, str]]:
-    """Samples, gradient flow and predictions of a language-model run."""
-    from rnnkit.app.tasks.lm import lm_labels, load_lm, sample_texts
-    from rnnkit.models.language_model import LanguageModel
-
-    cfg, vocab, model = load_lm(run.path)
-    labels = lm_labels(run.path, cfg)
-    # A class-conditional model samples once for each of its first classes.
-    classes = [None] if labels is None else list(range(min(samples, len(labels))))
-    texts = []
-    for k in classes:
-        drawn = sample_texts(
-            cfg,
-            vocab,
-            model,
-            None,
-            num=samples if k is None else 1,
-            max_length=200 if cfg.unit == "char" else 50,
-            temperature=0.8,
-            seed=cfg.seed,
-            condition=k,
-        )
-        texts += drawn if labels is None or k is None else [f"[{labels.labels[k]}] {drawn[0]}"]
-    body = "".join(f"<pre>{esc(t)}</pre>" for t in texts)
-    out = [
-        section(
-            "samples",
-            "Samples",
-            f"<p>Sampled at temperature 0.8 (seed {cfg.seed}), no prompt:</p>" + body,
-        )
-    ]
-    # The pictures below read a LanguageModel's embedding → stack → head directly.
-    if not isinstance(model, LanguageModel) or (model.length and model.length.input_size):
-        out.append(
-            section(
-                "gradients",
-                "Gradient flow through time",
-                note(
-                    "Gradient-flow and prediction pictures are drawn for the hidden-to-hidden "
-                    "LM (not --wiring jordan, --condition or --length predict)."
-                ),
-            )
-        )
-        return out
-    batch, snippet, where = diagnostic_batch(run, vocab, model)
-    if batch is None:
-        out.append(section("gradients", "Gradient flow through time", note("No text to read.")))
-    else:
-        out.append(lm_gradient_section(run, model, batch, where))
-    out.append(lm_prediction_section(run, vocab, model, snippet))
-    return out
-
-
-def attention_sections(run: Run, pairs_shown: int = 3) -> list[tuple[str, str, str]]:
-    """Attention heatmaps (teacher-forced on validation pairs) of a seq2seq run."""
-    cfg = run.cfg
-    title = "Attention"
-    if cfg.decoder_only or cfg.attention == "none":
-        return [section("attention", title, note("This model has no attention."))]
-    from rnnkit.app.tasks.seq2seq import load_seq2seq
-    from rnnkit.data.pairs import encode_pairs, make_pair_batch, read_pairs
-    from rnnkit.errors import DataError
-
-    _, source_vocab, target_vocab, model = load_seq2seq(run.path)
-    pairs = None
-    # The first validation pairs; without a validation file, the last training pairs
-    # (the ones training held out).
-    for name, held_out in ((cfg.valid, False), (cfg.train, True)):
-        for candidate in (Path(name), run.path / name) if name else ():
-            try:
-                every = read_pairs(candidate)
-                pairs = every[-pairs_shown:] if held_out else every[:pairs_shown]
-                src, tgt = encode_pairs(pairs, source_vocab, target_vocab, candidate)
-                break
-            except (DataError, OSError):
-                pairs = None
-        if pairs:
-            break
-    if not pairs:
-        return [section("attention", title, note("No readable source<TAB>target pairs."))]
-    batch = make_pair_batch(src, tgt)
-    with torch.no_grad():
-        out = model(batch.source, batch.source_mask, batch.target_in, batch.target_mask)
-    if out.attention is None:
-        return [section("attention", title, note("The model returned no attention weights."))]
-    body = ""
-    for i, pair in enumerate(pairs):
-        S, M = len(src[i]), len(tgt[i]) + 1  # outputs y_1 … y_m </s>
-        weights = out.attention[i, :M, :S].double().numpy()
-        labels = [target_vocab.itos[j] for j in batch.target_out[i, :M].tolist()]
-        fig = plots.plot_attention(
-            weights,
-            [source_vocab.itos[j] for j in src[i].tolist()],
-            labels,
-            title=f"Attention, pair {i + 1}",
-        )
-        body += image(
-            fig,
-            f"attention heatmap of pair {i + 1}",
-            f"{pair.source} → {pair.target} (teacher forcing: row t is the step "
-            "that predicts the target token on the left).",
-        )
-    return [section("attention", title, body)]
-
-
-# ---- the page ---------------------------------------------------------------------------
 def render_report(run_dir: str | Path) -> str:
     """The report of a run directory as HTML text (self-contained, no network needed).
 

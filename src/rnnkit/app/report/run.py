@@ -1,0 +1,41 @@
+"""What the report reads from a run directory: its configuration (required), its summary
+and its logged events (optional; a bad log line is counted, never fatal)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.run import load_config
+from rnnkit.training.run_files import read_metrics, read_summary
+
+__all__ = ["Run", "read_run"]
+
+
+@dataclass
+class Run:
+    """What the report reads from a run directory."""
+
+    path: Path
+    cfg: TrainConfig
+    info: dict[str, Any]
+    summary: dict[str, Any]
+    events: list[dict[str, Any]]
+    bad_lines: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event") == kind]
+
+
+def read_run(run_dir: str | Path) -> Run:
+    """Config (required), summary and logged events (optional) of a run directory."""
+    path = Path(run_dir)
+    cfg, info = load_config(path)
+    # One set of rules for the logs (training.run_files): a tampered summary is one line;
+    # a bad log line (cut by a crash, wrong types) is counted and shown, never fatal.
+    summary = read_summary(path)
+    events, bad = read_metrics(path)
+    return Run(path, cfg, info, summary, events, bad)
