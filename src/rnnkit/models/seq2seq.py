@@ -65,6 +65,7 @@ from rnnkit.models.seq2seq_decoder import (
     _top,
     _unstack,
 )
+from rnnkit.models.seq2seq_inference import InferenceStep
 from rnnkit.models.spec import ModelSpec
 from rnnkit.types import LSTMState, State
 
@@ -444,6 +445,16 @@ class Seq2Seq(nn.Module):
             return batch.target_mask
         return length_targets(batch.target_out, batch.target_mask, EOS_ID).token_mask
 
+    def _decoding(self, state: DecoderState) -> tuple[Seq2Seq | InferenceStep, DecoderState]:
+        """What decoding steps with, and its first state: the same step in fewer
+        operations (:class:`~rnnkit.models.seq2seq_inference.InferenceStep`) where it
+        applies, else :meth:`step`."""
+        fast = InferenceStep.build(self)
+        prepared = None if fast is None else fast.prepare(state)
+        if fast is None or prepared is None:
+            return self, state
+        return fast, prepared
+
     @torch.no_grad()
     def decode(
         self,
@@ -465,9 +476,9 @@ class Seq2Seq(nn.Module):
         Returns:
             ``B`` lists of :class:`~rnnkit.generation.search.GenerationResult`, best first.
         """
-        state = self.encode(source, source_mask)
+        stepper, state = self._decoding(self.encode(source, source_mask))
         return decode_batch(
-            self,
+            stepper,
             state,
             STATE_BATCH_DIM,
             beam=beam,
@@ -498,8 +509,9 @@ class Seq2Seq(nn.Module):
         Returns:
             ``B`` lists of ``num`` results, in draw order.
         """
+        stepper, state = self._decoding(self.encode(source, source_mask))
         return generate_batch(
-            self,
+            stepper,
             None,
             max_length=max_length,
             eos_id=EOS_ID,
@@ -510,7 +522,7 @@ class Seq2Seq(nn.Module):
             top_p=top_p,
             num=num,
             generator=generator,
-            state=self.encode(source, source_mask),
+            state=state,
             state_batch_dim=STATE_BATCH_DIM,
         )
 
