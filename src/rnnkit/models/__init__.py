@@ -37,6 +37,7 @@ from rnnkit.models.pooling import POOLINGS, Pooling, last_pool, max_pool, mean_p
 from rnnkit.models.regressor import LOSSES, TARGETS, Regressor, RegressorOutput
 from rnnkit.models.seq2seq import ATTENTION_WIRINGS, Seq2Seq, Seq2SeqOutput, build_seq2seq
 from rnnkit.models.seq2seq_decoder import STATE_BATCH_DIM, DecoderState
+from rnnkit.models.seq2seq_inference import InferenceStep
 from rnnkit.models.spec import ModelSpec
 from rnnkit.models.tagger import CHAR_EMBEDDING, CHAR_HIDDEN, CharEncoder, Tagger, build_tagger
 
@@ -62,6 +63,7 @@ __all__ = [
     "DecoderOnlyTranslator",
     "DecoderState",
     "FeedForwardHead",
+    "InferenceStep",
     "JordanLM",
     "LMOutput",
     "LanguageModel",
