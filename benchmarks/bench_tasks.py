@@ -33,6 +33,10 @@ torch.nn models are written the way a user would write them:
   the batch) against the same search written on the torch.nn model, every source's K
   rows computed until all sources have ended (the same hypotheses).
 
+Both decoding tasks also time rnnkit with the model's general decoder step instead of
+the inference step that ``Seq2Seq.decode`` takes for an LSTM decoder (``rnnkit general
+step``: its time over rnnkit's, the gain of that step).
+
 Timing: the two contenders of a task alternate in interleaved rounds (``_common``);
 the ratio is the median over rounds of ``torch time / rnnkit time`` (> 1: rnnkit is
 faster). Threads: torch's default unless ``--threads``; ``--cpu-time`` runs one thread
@@ -500,7 +504,7 @@ def task_seq2seq_greedy(gen: torch.Generator) -> tuple[dict[str, Step], int]:
         for src, mask in batches:
             ref.greedy(src, mask, max_length)
 
-    return {"rnnkit": rk, "torch.nn": tn}, N
+    return {"rnnkit": rk, "torch.nn": tn, "rnnkit general step": _general(model, batches, 1)}, N
 
 
 def task_seq2seq_beam(gen: torch.Generator) -> tuple[dict[str, Step], int]:
@@ -516,7 +520,32 @@ def task_seq2seq_beam(gen: torch.Generator) -> tuple[dict[str, Step], int]:
         for src, mask in batches:
             ref.beam(src, mask, K, max_length)
 
-    return {"rnnkit": rk, "torch.nn": tn}, N
+    return {"rnnkit": rk, "torch.nn": tn, "rnnkit general step": _general(model, batches, K)}, N
+
+
+def _general(model, batches, beam: int, max_length: int = 32) -> Step:
+    """rnnkit's decoding with the model's general ``step`` instead of the inference step
+    ``Seq2Seq.decode`` takes for an LSTM decoder (what ``decode`` ran before it)."""
+    from rnnkit.data.vocab import BOS_ID, EOS_ID
+    from rnnkit.generation.seq2seq_search import decode_batch
+    from rnnkit.models.seq2seq_decoder import PER_SOURCE, STATE_BATCH_DIM
+
+    @torch.no_grad()
+    def run() -> None:
+        for src, mask in batches:
+            state = model.encode(src, mask)
+            decode_batch(
+                model,
+                state,
+                STATE_BATCH_DIM,
+                beam=beam,
+                max_length=max_length,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
+                per_source=PER_SOURCE,
+            )
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
