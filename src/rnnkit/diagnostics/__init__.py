@@ -5,8 +5,9 @@ nothing here prints, logs or warns.
 
 * ``contributions``: each step's (and each time lag's) share of ∂L/∂W, from the explicit
   BPTT sweep — the shares add up to the total gradient.
-* ``jacobian``: ‖∂L/∂h_k‖, ‖∂h_t/∂h_k‖₂ (exact or power iteration) and the bound
-  (γλ)^{t−k} (docs/math.md, "Gradient flow").
+* ``jacobian``: ‖∂h_t/∂h_k‖₂ (exact or power iteration) and ``gradient_flow``, everything
+  a report draws at once; ``loss_gradients``: ‖∂L/∂h_k‖ for every state; ``bound``: the
+  bound (γλ)^{t−k} and the real steps it counts (docs/math.md, "Gradient flow").
 * ``gradcheck``: the explicit BPTT against central finite differences (float64).
 * ``monitor``: gradient-norm history, clipping, vanishing/exploding signals, gate
   saturation and state norms during training.
@@ -25,23 +26,19 @@ nothing here prints, logs or warns.
 True
 """
 
-from rnnkit.diagnostics.contributions import Contributions, lag_contributions, step_contributions
-from rnnkit.diagnostics.gradcheck import GradcheckResult, GradientError, gradcheck
-from rnnkit.diagnostics.jacobian import (
+from rnnkit.diagnostics.bound import (
     DerivativeSize,
-    GradientFlow,
     activation_gain,
-    gradient_flow,
     jacobian_bound,
-    jacobian_norms,
     real_steps,
     rnn_jacobian_bound,
     spectral_norm,
-    state_gradient_norms,
-    state_gradients,
-    step_jacobians,
     weight_derivative_size,
 )
+from rnnkit.diagnostics.contributions import Contributions, lag_contributions, step_contributions
+from rnnkit.diagnostics.gradcheck import GradcheckResult, GradientError, gradcheck
+from rnnkit.diagnostics.jacobian import GradientFlow, gradient_flow, jacobian_norms, step_jacobians
+from rnnkit.diagnostics.loss_gradients import state_gradient_norms, state_gradients
 from rnnkit.diagnostics.monitor import (
     GradientEvent,
     GradientMonitor,

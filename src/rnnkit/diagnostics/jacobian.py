@@ -1,9 +1,4 @@
-"""How gradients travel back through time: ‖∂L/∂h_k‖, ‖∂h_t/∂h_k‖₂ and their bound.
-
-``∂h_t/∂h_k = Π_{j=k+1..t} diag(φ'(a_j)) W_h``, so for the simple cell
-
-    ‖∂h_t/∂h_k‖₂ ≤ (γλ)^{t−k},   λ = ‖W_h‖₂ (largest singular value),
-    γ = sup φ' = 1 for tanh (and relu), ¼ for the logistic.
+"""How far one state reaches the later ones: ``‖∂h_t/∂h_k‖₂``, and gradient flow at once.
 
 The measured norms come from the cell's own step (``cell(x, state)``, plain differentiable
 ops): ``method="exact"`` multiplies the per-step Jacobians (``H × H``, or ``2H × 2H`` for
@@ -14,30 +9,35 @@ large ``H``. Its estimate ``σ_max(P V)`` (orthonormal ``V``) is never above the
 
 For the LSTM and GRU the Jacobian of ``h_t`` w.r.t. ``h_k`` goes through the full state
 (``c`` too); ``full_state=True`` reports the norm of the whole state Jacobian instead.
-Masked steps hold the state, so their Jacobian is the identity. ``∂L/∂h_k`` comes from
-the library's explicit backward sweep, one step at a time.
+Masked steps hold the state, so their Jacobian is the identity.
+
+``gradient_flow`` bundles these norms with ``‖∂L/∂h_k‖`` (``loss_gradients``) and the bound
+``(γλ)^{t−k}`` they are compared with (``bound``) for plots and reports; the names of those
+two modules are importable from here as well.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from rnnkit.bptt.backward import backward_sweep
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.rnn import RNNCell
-from rnnkit.diagnostics.contributions import (
-    DirectionRun,
-    LossFn,
-    output_gradient,
-    run_direction,
-    sub_record,
+from rnnkit.diagnostics.bound import (
+    DerivativeSize,
+    activation_gain,
+    jacobian_bound,
+    real_steps,
+    rnn_jacobian_bound,
+    spectral_norm,
+    weight_derivative_size,
 )
-from rnnkit.layers.masking import flip_sequences, resolve_mask
+from rnnkit.diagnostics.contributions import DirectionRun, LossFn, run_direction
+from rnnkit.diagnostics.loss_gradients import state_gradient_norms, state_gradients
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.types import LSTMState, State
 
@@ -57,178 +57,7 @@ __all__ = [
     "weight_derivative_size",
 ]
 
-GAINS = {"tanh": 1.0, "relu": 1.0, "logistic": 0.25, "sigmoid": 0.25}
 METHODS = ("exact", "power")
-
-
-# ---- the bound ----------------------------------------------------------------------
-def activation_gain(activation: str) -> float:
-    """``γ``, the bound on ``φ'``: 1 for tanh and relu, ¼ for the logistic (sigmoid).
-
-    >>> activation_gain("tanh"), activation_gain("logistic")
-    (1.0, 0.25)
-    """
-    if activation not in GAINS:
-        raise ValueError(f"activation must be one of {sorted(GAINS)}, got {activation!r}")
-    return GAINS[activation]
-
-
-def spectral_norm(matrix: Tensor) -> float:
-    """``‖W‖₂``, the largest singular value of a 2-D tensor.
-
-    >>> spectral_norm(torch.diag(torch.tensor([0.5, -0.8])))
-    0.800000011920929
-    """
-    if matrix.dim() != 2:
-        raise ValueError(f"matrix must be 2-D, got shape {tuple(matrix.shape)}")
-    return float(torch.linalg.matrix_norm(matrix.detach(), ord=2))
-
-
-def jacobian_bound(
-    norm: float, steps: int | Sequence[int] | Tensor, activation: str = "tanh"
-) -> Tensor:
-    """The bound ``(γλ)^{t−k}`` on ``‖∂h_t/∂h_k‖₂``, float64.
-
-    Args:
-        norm: ``λ ≥ ‖W_h‖₂`` (see ``spectral_norm``).
-        steps: ``t − k``, one or many.
-        activation: ``"tanh"`` / ``"relu"`` (γ = 1) or ``"logistic"`` (γ = ¼).
-
-    ``‖W‖ = 0.8`` over 20 steps:
-
-    >>> round(float(jacobian_bound(0.8, 20)), 4)
-    0.0115
-    >>> f"{float(jacobian_bound(0.8, 20, 'logistic')):.1e}"
-    '1.0e-14'
-    """
-    gamma = activation_gain(activation)
-    k = torch.as_tensor(steps, dtype=torch.float64)
-    return torch.tensor(gamma * float(norm), dtype=torch.float64) ** k
-
-
-def rnn_jacobian_bound(cell: RNNCell, steps: int | Sequence[int] | Tensor) -> Tensor:
-    """``(γλ)^{steps}`` for a simple cell: ``λ = ‖weight_hh‖₂``, γ of its nonlinearity.
-
-    >>> cell = RNNCell(2, 3)
-    >>> with torch.no_grad():
-    ...     _ = cell.weight_hh.copy_(0.8 * torch.eye(3))
-    >>> round(float(rnn_jacobian_bound(cell, 20)), 4)
-    0.0115
-    """
-    if not isinstance(cell, RNNCell):
-        raise TypeError(
-            f"the (γλ)^(t−k) bound holds for the simple RNNCell only, got {type(cell).__name__}"
-        )
-    return jacobian_bound(spectral_norm(cell.weight_hh), steps, cell.nonlinearity)
-
-
-class DerivativeSize(NamedTuple):
-    """Entries of the tensor ``∂⁺s_k/∂W`` (``d × d × d``) and how many can be non-zero."""
-
-    entries: int
-    nonzero: int
-
-
-def weight_derivative_size(d: int) -> DerivativeSize:
-    """``∂⁺s_k/∂W`` has ``d³`` entries, at most ``d²`` non-zero (``p = q``).
-
-    That is why the contribution of step ``k`` is stored as the ``d × d`` outer product
-    ``(δ ⊙ σ'(a_k)) s_{k−1}ᵀ`` (``step_contributions``), never as the ``d³`` tensor.
-
-    >>> weight_derivative_size(50)
-    DerivativeSize(entries=125000, nonzero=2500)
-    """
-    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-        raise ValueError(f"d must be a positive integer, got {d!r}")
-    return DerivativeSize(d**3, d**2)
-
-
-# ---- ∂L/∂h_k --------------------------------------------------------------------------
-def state_gradients(
-    source: CellBase | Recurrent,
-    x: Tensor,
-    d_outputs: Tensor | None = None,
-    *,
-    loss_fn: LossFn | None = None,
-    lengths: Tensor | None = None,
-    mask: Tensor | None = None,
-    state: State | None = None,
-    batch_first: bool = True,
-) -> tuple[Tensor, ...]:
-    """``∂L/∂h_k`` for ``k = 0 … T`` (and ``∂L/∂c_k`` for the LSTM), full BPTT.
-
-    The explicit backward sweep is run one step at a time so the gradient of every state
-    can be kept: ``∂L/∂h_k`` includes the loss at step k and everything after it.
-
-    Args: as ``step_contributions`` (``source``, ``x``, ``d_outputs`` or ``loss_fn``, …).
-
-    Returns:
-        One tensor per state component, ``(B, T + 1, H)`` (time-major ``(T + 1, B, H)``
-        if not ``batch_first``): index 0 is the initial state ``h_0``, index ``k + 1`` the
-        state output at position ``k`` (``h_{k+1}`` in the 1-based notation of docs/math.md).
-
-    >>> from rnnkit import LSTMCell
-    >>> g_h, g_c = state_gradients(LSTMCell(2, 3), torch.randn(4, 5, 2),
-    ...                            loss_fn=lambda h: h[:, -1].sum())
-    >>> g_h.shape, bool(g_h[:, -1].eq(1).all())
-    (torch.Size([4, 6, 3]), True)
-    """
-    run = run_direction(source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first)
-    d_out = output_gradient(run, d_outputs, loss_fn, batch_first)
-    record, T = run.record, run.steps
-    grads = [torch.zeros_like(s) for s in record.states]  # (T + 1, B, H) each
-    d = [torch.zeros_like(s[0]) for s in record.states]
-    with torch.no_grad():
-        for t in range(T - 1, -1, -1):
-            d[0] = d[0] + d_out[t]
-            for g, dk in zip(grads, d, strict=True):
-                g[t + 1] = dk
-            mask3 = None if run.mask3 is None else run.mask3[t : t + 1]
-            sweep = backward_sweep(
-                run.kernel, sub_record(record, t, t + 1), run.weights, mask3, None, tuple(d)
-            )
-            d = list(sweep.d_states0)
-        for g, dk in zip(grads, d, strict=True):
-            g[0] = dk
-    out = []
-    for g in grads:
-        g = torch.cat([g[:1], run.to_original(g[1:])])  # positions in original order
-        out.append(g.transpose(0, 1) if batch_first else g)
-    return tuple(out)
-
-
-def state_gradient_norms(
-    source: CellBase | Recurrent,
-    x: Tensor,
-    d_outputs: Tensor | None = None,
-    *,
-    loss_fn: LossFn | None = None,
-    lengths: Tensor | None = None,
-    mask: Tensor | None = None,
-    state: State | None = None,
-    batch_first: bool = True,
-) -> Tensor:
-    """``‖∂L/∂h_k‖`` for ``k = 0 … T``, ``(T + 1,)``: the norm over the whole batch.
-
-    Per sequence: ``state_gradients(...)[0].norm(dim=-1)``.
-
-    >>> from rnnkit import RNNCell
-    >>> n = state_gradient_norms(RNNCell(2, 3), torch.randn(4, 5, 2),
-    ...                          loss_fn=lambda h: h[:, -1].sum())
-    >>> n.shape, bool(n[-1] == 12 ** 0.5)
-    (torch.Size([6]), True)
-    """
-    g = state_gradients(
-        source,
-        x,
-        d_outputs,
-        loss_fn=loss_fn,
-        lengths=lengths,
-        mask=mask,
-        state=state,
-        batch_first=batch_first,
-    )[0]
-    return g.norm(dim=(0, 2) if batch_first else (1, 2))
 
 
 # ---- ∂h_t/∂h_k ------------------------------------------------------------------------
@@ -498,32 +327,3 @@ def gradient_flow(
     counts = real_steps(source, x, start=start, lengths=lengths, mask=mask, batch_first=batch_first)
     bound = rnn_jacobian_bound(cell, counts) if isinstance(cell, RNNCell) else None
     return GradientFlow(grads, norms, start, spectral_norm(cell.weight_hh), counts, bound)
-
-
-def real_steps(
-    source: CellBase | Recurrent,
-    x: Tensor,
-    *,
-    start: int = 0,
-    lengths: Tensor | None = None,
-    mask: Tensor | None = None,
-    batch_first: bool = True,
-) -> Tensor:
-    """Real steps between ``h_start`` and ``h_{start+j}``, ``(B, T + 1 − start)`` (int64).
-
-    The exponent of the bound for masked batches: ``rnn_jacobian_bound(cell, counts)``.
-    In reading order for a reverse direction.
-
-    >>> from rnnkit import RNNCell
-    >>> real_steps(RNNCell(2, 3), torch.zeros(1, 4, 2), mask=torch.tensor([[1, 0, 1, 1]]))
-    tensor([[0, 1, 1, 2, 3]])
-    """
-    reverse = isinstance(source, Recurrent) and source.reverse
-    mask_bt = resolve_mask(x, lengths, mask, batch_first=batch_first)
-    B, T = (x.shape[0], x.shape[1]) if batch_first else (x.shape[1], x.shape[0])
-    if mask_bt is None:
-        mask_bt = torch.ones(B, T, dtype=torch.bool, device=x.device)
-    if reverse:
-        mask_bt = flip_sequences(mask_bt.T, mask_bt.T)[0].T  # reading order
-    counts = mask_bt[:, start:].long().cumsum(dim=1)
-    return torch.cat([counts.new_zeros(B, 1), counts], dim=1)
