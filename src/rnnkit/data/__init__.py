@@ -1,13 +1,7 @@
 """Data: vocabularies, text corpora and batching (streams for truncated BPTT, padded buckets)."""
 
-from rnnkit.data.batching import (
-    SequenceBatch,
-    SequenceBatcher,
-    StreamBatch,
-    StreamBatcher,
-    lm_pairs,
-    pad_sequences,
-)
+from rnnkit.data.batching import SequenceBatch, SequenceBatcher, lm_pairs, pad_sequences
+from rnnkit.data.streams import StreamBatch, StreamBatcher
 from rnnkit.data.text import (
     build_vocab_from_file,
     encode_corpus,

@@ -1,10 +1,11 @@
-"""Batches for training: parallel streams cut into segments (truncated BPTT over a long text)
-and length-bucketed, padded batches of separate sequences.
+"""Batches for training: length-bucketed, padded batches of separate sequences, and (from
+``rnnkit.data.streams``, importable here as well) parallel streams cut into segments for
+truncated BPTT over a long text.
 
 Both batchers are deterministic and resumable: ``state_dict()`` records the epoch and the
 number of batches already handed out, and the order of an epoch is a pure function of
 ``(seed, epoch)``, so a batcher restored from a state dict continues with exactly the
-batches an uninterrupted run would have produced.
+batches an uninterrupted run would have produced (``rnnkit.data.batch_resume``).
 
 Iteration contract (both batchers): ``for batch in batcher`` runs to the end of the current
 epoch, starting from the saved position; when the loop finishes the batcher moves on to the
@@ -13,14 +14,16 @@ next epoch. Breaking out of the loop keeps the position, so the next ``iter`` re
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from rnnkit.errors import CheckpointError, ConfigError, DataError
+from rnnkit.data.batch_resume import _as_ids, _positive, _Resumable
+from rnnkit.data.streams import StreamBatch, StreamBatcher
+from rnnkit.errors import ConfigError, DataError
 
 __all__ = [
     "SequenceBatch",
@@ -30,194 +33,6 @@ __all__ = [
     "lm_pairs",
     "pad_sequences",
 ]
-
-
-def _as_ids(ids: Any, what: str) -> np.ndarray:
-    """A 1-D integer numpy array, or a ``DataError`` saying what is wrong with ``what``."""
-    if isinstance(ids, Tensor):
-        ids = ids.detach().cpu().numpy()
-    arr = np.asarray(ids)
-    if arr.ndim != 1:
-        raise DataError(f"{what} must be a 1-D array of token ids, got shape {arr.shape}")
-    if arr.size and arr.dtype.kind not in "iu":
-        raise DataError(f"{what} must hold integer token ids, got dtype {arr.dtype}")
-    if arr.size and arr.min() < 0:
-        raise DataError(f"{what} holds a negative token id ({int(arr.min())})")
-    return arr
-
-
-def _positive(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-class _Resumable:
-    """Epoch / position bookkeeping shared by the batchers (see the module docstring)."""
-
-    epoch: int
-    position: int
-
-    def __len__(self) -> int:
-        raise NotImplementedError
-
-    def _batch(self, index: int) -> Any:
-        raise NotImplementedError
-
-    def _start_epoch(self) -> None:
-        """Hook: prepare the order of ``self.epoch``."""
-
-    def __iter__(self) -> Iterator[Any]:
-        if self.position >= len(self):  # state saved right after an epoch's last batch
-            self.epoch += 1
-            self.position = 0
-        self._start_epoch()
-        while self.position < len(self):
-            index = self.position
-            # Count the batch as consumed before handing it out: a state dict saved while
-            # the caller works on batch i resumes at batch i + 1.
-            self.position += 1
-            yield self._batch(index)
-        self.epoch += 1
-        self.position = 0
-
-    def _check_state(self, state: dict[str, Any], expected: dict[str, Any]) -> None:
-        for key, value in expected.items():
-            if key not in state:
-                raise CheckpointError(f"batcher state lacks {key!r}")
-            if state[key] != value:
-                raise CheckpointError(
-                    f"batcher state has {key}={state[key]!r} but this batcher has {value!r}"
-                )
-        epoch, position = state.get("epoch"), state.get("position")
-        if not isinstance(epoch, int) or epoch < 0:
-            raise CheckpointError(f"batcher state has an invalid epoch {epoch!r}")
-        if not isinstance(position, int) or not 0 <= position <= len(self):
-            raise CheckpointError(f"batcher state has an invalid position {position!r}")
-        self.epoch, self.position = epoch, position
-
-
-class StreamBatch(NamedTuple):
-    """One segment of ``B`` parallel streams.
-
-    Attributes:
-        inputs: ``(B, T)`` int64 token ids, ``T <= segment_len`` (only the last segment of an
-            epoch is shorter).
-        targets: ``(B, T)`` int64, the next token of the stream at every position.
-        mask: ``(B, T)`` bool, all true (streams have no padding; kept so that loss code is
-            the same as for padded batches).
-        starts: ``(B, T)`` bool, true where the recurrent state entering that step must be
-            the initial (zero) state: at the first position of an epoch, and wherever the
-            input is the document boundary token.
-        reset: ``(B,)`` bool, ``starts[:, 0]``: rows whose carried state must be zeroed before
-            this segment (all true for the first segment of an epoch).
-    """
-
-    inputs: Tensor
-    targets: Tensor
-    mask: Tensor
-    starts: Tensor
-    reset: Tensor
-
-
-class StreamBatcher(_Resumable):
-    """Cut one token stream into ``B`` contiguous parallel streams and hand out consecutive
-    segments of ``K`` steps (char-rnn / truncated-BPTT batching).
-
-    With ``N`` tokens each row holds ``L = (N - 1) // B`` inputs: row ``b`` reads
-    ``ids[b*L : (b+1)*L]`` and predicts ``ids[b*L+1 : (b+1)*L+1]``, so every target is the
-    true next token; the ``N - 1 - B*L`` tokens left over are dropped. Segment ``s`` covers
-    columns ``[s*K, min((s+1)*K, L))``: the last one is shorter rather than padded (no
-    compute is spent on padding; ``mask`` is therefore all true). The state carried from one
-    segment to the next is the caller's; the order is fixed, so no seed is needed.
-
-    Documents: with ``boundary_id`` set (e.g. ``</s>`` or a separator), a position whose
-    input is that token starts a new document. The boundary token then plays the start
-    symbol: the state entering it is reset, and it predicts the next document's first
-    token. ``starts`` marks these positions (plus the first position of an epoch), so a
-    loop can reset the state inside a segment.
-
-    Args:
-        ids: ``(N,)`` integer token ids.
-        batch_size: ``B``, the number of parallel streams.
-        segment_len: ``K``, the number of steps per segment (the truncation length).
-        boundary_id: token id that separates documents, or None for one document.
-
-    >>> batcher = StreamBatcher(np.arange(10), batch_size=2, segment_len=3)
-    >>> len(batcher)
-    2
-    >>> [b.inputs.tolist() for b in batcher]
-    [[[0, 1, 2], [4, 5, 6]], [[3], [7]]]
-    """
-
-    def __init__(
-        self,
-        ids: Any,
-        batch_size: int,
-        segment_len: int,
-        boundary_id: int | None = None,
-    ) -> None:
-        ids = _as_ids(ids, "the token stream")
-        self.batch_size = _positive("batch_size", batch_size)
-        self.segment_len = _positive("segment_len", segment_len)
-        self.boundary_id = boundary_id
-        B = self.batch_size
-        L = (len(ids) - 1) // B
-        if L < 1:
-            raise DataError(
-                f"token stream too short: {len(ids)} tokens cannot fill {B} streams "
-                f"(needs at least {B + 1})"
-            )
-        self.row_len = L
-        self._inputs = ids[: B * L].reshape(B, L)  # views, no copy
-        self._targets = ids[1 : B * L + 1].reshape(B, L)
-        self.epoch = 0
-        self.position = 0
-
-    def __len__(self) -> int:
-        return -(-self.row_len // self.segment_len)
-
-    def _batch(self, index: int) -> StreamBatch:
-        lo = index * self.segment_len
-        hi = min(lo + self.segment_len, self.row_len)
-        inputs = np.ascontiguousarray(self._inputs[:, lo:hi], dtype=np.int64)  # (B, T)
-        targets = np.ascontiguousarray(self._targets[:, lo:hi], dtype=np.int64)
-        if self.boundary_id is None:
-            starts = np.zeros(inputs.shape, dtype=bool)
-        else:
-            starts = inputs == self.boundary_id
-        if lo == 0:
-            starts[:, 0] = True
-        starts_t = torch.from_numpy(starts)
-        return StreamBatch(
-            inputs=torch.from_numpy(inputs),
-            targets=torch.from_numpy(targets),
-            mask=torch.ones(inputs.shape, dtype=torch.bool),
-            starts=starts_t,
-            reset=starts_t[:, 0].clone(),
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        """Position for exact resume (plain ints: JSON-safe).
-
-        >>> b = StreamBatcher(np.arange(20), 2, 3)
-        >>> _ = next(iter(b))
-        >>> b.state_dict()
-        {'epoch': 0, 'position': 1, 'batch_size': 2, 'segment_len': 3, 'row_len': 9}
-        """
-        return {"epoch": self.epoch, "position": self.position, **self._shape()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; a state from a differently shaped batcher is a
-        ``CheckpointError``."""
-        self._check_state(state, self._shape())
-
-    def _shape(self) -> dict[str, int]:
-        return {
-            "batch_size": self.batch_size,
-            "segment_len": self.segment_len,
-            "row_len": self.row_len,
-        }
 
 
 def lm_pairs(seq_ids: Any, bos: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
