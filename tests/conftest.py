@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from rnnkit.cells.gru import gru_step
 from rnnkit.cells.lstm import lstm_step
 from rnnkit.cells.rnn import rnn_step
-from rnnkit.layers.stacked import GRU, LSTM, RNN
+from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
 from rnnkit.types import LSTMState
 
 DTYPE = torch.float64

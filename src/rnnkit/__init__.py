@@ -15,8 +15,9 @@ from rnnkit import nn
 from rnnkit.cells.gru import GRUCell
 from rnnkit.cells.lstm import LSTMCell
 from rnnkit.cells.rnn import RNNCell
+from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
 from rnnkit.layers.interop import convert_gru_update, count_parameters, from_torch, to_torch
-from rnnkit.layers.stacked import GRU, LSTM, RNN, Bidirectional, StackedRecurrent
+from rnnkit.layers.stacked import Bidirectional, StackedRecurrent
 from rnnkit.metrics.losses import sequence_cross_entropy
 from rnnkit.types import LSTMState, RecurrentOutput
 

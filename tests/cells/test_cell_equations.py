@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rnnkit import GRUCell, LSTMCell, LSTMState, RNNCell
-from rnnkit.layers.stacked import GRU, LSTM, RNN
+from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -333,33 +333,3 @@ def test_empty_batch_backward(cell_spec, window):
     layer(x, window=window).outputs.sum().backward()
     assert x.grad.shape == (0, 5, 3)
     assert all(torch.count_nonzero(p.grad) == 0 for p in layer.parameters())
-
-
-# ------------------------------------------------------------------ one φ per layer
-
-
-def test_rnn_with_one_nonlinearity_per_layer_equals_the_layers_composed(gen):
-    """RNN(nonlinearity=("tanh", "sigmoid")) = a tanh layer feeding a sigmoid layer with
-    the same weights (values and autograd gradients, bidirectional, with lengths)."""
-    mixed = RNN(3, 4, 2, True, nonlinearity=("tanh", "sigmoid")).double()
-    assert [c.nonlinearity for c in mixed.cells()] == ["tanh", "tanh", "sigmoid", "sigmoid"]
-    one = RNN(3, 4, 1, True, nonlinearity="tanh").double()
-    two = RNN(8, 4, 1, True, nonlinearity="sigmoid").double()
-    one.layers[0].load_state_dict(mixed.layers[0].state_dict())
-    two.layers[0].load_state_dict(mixed.layers[1].state_dict())
-    x = torch.randn(3, 5, 3, generator=gen, dtype=DT)
-    lengths = torch.tensor([5, 2, 4])
-    got = mixed(x, lengths=lengths).outputs
-    want = two(one(x, lengths=lengths).outputs, lengths=lengths).outputs
-    torch.testing.assert_close(got, want, **TOL)
-    g1 = torch.autograd.grad(got.sum(), list(mixed.parameters()))
-    g2 = torch.autograd.grad(want.sum(), [*one.parameters(), *two.parameters()])
-    for a, b in zip(g1, g2, strict=True):
-        torch.testing.assert_close(a, b, **TOL)
-
-
-def test_rnn_nonlinearity_per_layer_must_name_every_layer():
-    with pytest.raises(ValueError, match="2 entries for 3 layers"):
-        RNN(3, 4, 3, nonlinearity=("tanh", "sigmoid"))
-    with pytest.raises(ValueError, match="nonlinearity must be one of"):
-        RNN(3, 4, 2, nonlinearity=("tanh", "softsign"))

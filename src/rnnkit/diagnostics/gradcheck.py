@@ -32,8 +32,9 @@ from torch import Tensor
 
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.diagnostics.contributions import detached_weights, run_direction
+from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
 from rnnkit.layers.masking import flip_sequences
-from rnnkit.layers.stacked import GRU, LSTM, RNN, Bidirectional, StackedRecurrent
+from rnnkit.layers.stacked import Bidirectional, StackedRecurrent
 from rnnkit.types import LSTMState
 
 __all__ = ["GradcheckResult", "GradientError", "gradcheck", "random_mask"]

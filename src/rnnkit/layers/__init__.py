@@ -1,4 +1,5 @@
-"""Layers: whole sequences through one cell (masks, directions), stacked and bidirectional.
+"""Layers: whole sequences through one cell (masks, directions), stacked and bidirectional
+(``stacked``; ``RNN``, ``LSTM`` and ``GRU`` in ``cell_stacks``).
 
 Beside them: ``attention`` (dot, general, additive; masked softmax), ``attention_loop``
 (the teacher-forced attention decoder as one autograd node), ``interop`` (weights to and
@@ -8,10 +9,11 @@ public as :mod:`rnnkit.nn`).
 
 from rnnkit.layers.attention import ATTENTION_KINDS, Attention, AttentionOutput, masked_softmax
 from rnnkit.layers.attention_loop import AttentionDecoderOutput, attention_decoder
+from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
 from rnnkit.layers.interop import convert_gru_update, count_parameters, from_torch, to_torch
 from rnnkit.layers.masking import flip_sequences, lengths_to_mask, resolve_mask
 from rnnkit.layers.recurrent import Recurrent
-from rnnkit.layers.stacked import GRU, LSTM, RNN, Bidirectional, StackedRecurrent, reset_rows
+from rnnkit.layers.stacked import Bidirectional, StackedRecurrent, reset_rows
 from rnnkit.layers.windowed import run_windowed_stack
 
 __all__ = [

@@ -15,7 +15,8 @@ from rnnkit.cells.base import CellBase
 from rnnkit.cells.gru import GRUCell
 from rnnkit.cells.lstm import LSTMCell
 from rnnkit.cells.rnn import RNNCell
-from rnnkit.layers.stacked import GRU, LSTM, RNN, StackedRecurrent
+from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
+from rnnkit.layers.stacked import StackedRecurrent
 
 __all__ = ["convert_gru_update", "count_parameters", "from_torch", "to_torch"]
 

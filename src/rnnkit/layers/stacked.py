@@ -3,7 +3,8 @@
 ``Bidirectional`` holds a forward and a reverse ``Recurrent`` and concatenates their
 outputs, ``h_t = [h^f_t; h^b_t]``; ``StackedRecurrent`` feeds each layer's outputs to the
 next (dropout between layers). ``RNN``/``LSTM``/``GRU`` are conveniences that build this
-from cells. Every layer returns ``RecurrentOutput(outputs, state)`` whatever the flags.
+from cells (``rnnkit.layers.cell_stacks``; importable from here as well). Every layer
+returns ``RecurrentOutput(outputs, state)`` whatever the flags.
 
 With ``window=τ`` the stack trains with the windowed BPTT(τ) of the whole stack, one
 autograd node over all layers (``rnnkit.layers.windowed``); ``resets`` zero the state of
@@ -13,8 +14,8 @@ some rows inside the batch (document starts): between resets the layers run as u
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
-from typing import ClassVar, cast, overload
+from collections.abc import Callable
+from typing import cast, overload
 
 import torch
 from torch import Tensor, nn
@@ -22,15 +23,12 @@ from torch import Tensor, nn
 from rnnkit.bptt.tracing import tracing
 from rnnkit.cells.amp import autocast_devices_on, low_precision_to
 from rnnkit.cells.base import CellBase
-from rnnkit.cells.gru import GRUCell
-from rnnkit.cells.lstm import LSTMCell
-from rnnkit.cells.rnn import RNNCell
 from rnnkit.layers.masking import resolve_mask
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.layers.windowed import run_windowed_stack
 from rnnkit.types import LSTMState, RecurrentOutput, State
 
-__all__ = ["GRU", "LSTM", "RNN", "Bidirectional", "StackedRecurrent", "reset_rows"]
+__all__ = ["Bidirectional", "StackedRecurrent", "reset_rows"]
 
 
 @overload
@@ -367,111 +365,12 @@ class StackedRecurrent(nn.Module):
         )
 
 
-class _CellStack(StackedRecurrent):
-    """A stack of one cell kind: the constructor of ``RNN``, ``LSTM`` and ``GRU``."""
+def __getattr__(name: str) -> object:
+    """``RNN``, ``LSTM`` and ``GRU``, importable from here as before they moved: they live in
+    ``rnnkit.layers.cell_stacks``, which imports this module, so they are fetched on first
+    use rather than at import."""
+    if name in ("GRU", "LSTM", "RNN"):
+        from rnnkit.layers import cell_stacks
 
-    # The cell's constructor: (input_size, hidden_size, **cell_options) → a cell; each
-    # kind takes its own options (nonlinearity, forget_bias, update, reset, init).
-    cell_class: ClassVar[Callable[..., CellBase]]
-
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        bidirectional: bool = False,
-        dropout: float = 0.0,
-        batch_first: bool = True,
-        recompute: int | None = None,
-        **cell_options: object,
-    ) -> None:
-        cell_class = self.cell_class
-
-        def factory(width: int) -> CellBase:
-            return cell_class(width, hidden_size, **cell_options)
-
-        super().__init__(
-            factory,
-            input_size,
-            hidden_size,
-            num_layers,
-            bidirectional,
-            dropout,
-            batch_first,
-            recompute,
-        )
-
-
-class RNN(_CellStack):
-    """Stacked (bi)directional Elman layers; ``nonlinearity`` as in ``RNNCell``, one for
-    every layer or a sequence of one per layer (bottom first).
-
-    >>> out = RNN(3, 4, num_layers=2, bidirectional=True)(torch.zeros(2, 5, 3))
-    >>> out.outputs.shape, out.state.shape
-    (torch.Size([2, 5, 8]), torch.Size([2, 2, 2, 4]))
-    >>> [c.nonlinearity for c in RNN(3, 4, 2, nonlinearity=("tanh", "sigmoid")).cells()]
-    ['tanh', 'sigmoid']
-    """
-
-    cell_class = RNNCell
-
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        bidirectional: bool = False,
-        dropout: float = 0.0,
-        batch_first: bool = True,
-        recompute: int | None = None,
-        nonlinearity: str | Sequence[str] = "tanh",
-        **cell_options: object,
-    ) -> None:
-        per_layer = None if isinstance(nonlinearity, str) else list(nonlinearity)
-        if per_layer is not None and len(per_layer) != num_layers:
-            raise ValueError(
-                f"nonlinearity has {len(per_layer)} entries for {num_layers} layers: "
-                "give one, or one per layer"
-            )
-        # StackedRecurrent asks for the cells layer by layer, bottom first (forward
-        # direction, then backward): the k-th cell built belongs to layer k // directions.
-        directions = 2 if bidirectional else 1
-        built = itertools.count()
-
-        def factory(width: int) -> CellBase:
-            index = next(built)
-            phi = nonlinearity if per_layer is None else per_layer[index // directions]
-            return RNNCell(width, hidden_size, nonlinearity=phi, **cell_options)  # type: ignore[arg-type]
-
-        StackedRecurrent.__init__(
-            self,
-            factory,
-            input_size,
-            hidden_size,
-            num_layers,
-            bidirectional,
-            dropout,
-            batch_first,
-            recompute,
-        )
-
-
-class LSTM(_CellStack):
-    """Stacked (bi)directional LSTM layers; the state is ``LSTMState(h, c)``.
-
-    >>> out = LSTM(3, 4)(torch.zeros(2, 5, 3), lengths=torch.tensor([5, 2]))
-    >>> out.state.h.shape
-    torch.Size([1, 1, 2, 4])
-    """
-
-    cell_class = LSTMCell
-
-
-class GRU(_CellStack):
-    """Stacked (bi)directional GRU layers; ``update``/``reset`` as in ``GRUCell``.
-
-    >>> GRU(3, 4, update="keep", reset="after")(torch.zeros(2, 5, 3)).outputs.shape
-    torch.Size([2, 5, 4])
-    """
-
-    cell_class = GRUCell
+        return getattr(cell_stacks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

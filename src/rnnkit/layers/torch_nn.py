@@ -29,7 +29,8 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from rnnkit.layers import stacked
+from rnnkit.layers import cell_stacks
+from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.types import LSTMState
 
 __all__ = ["GRU", "LSTM", "RNN"]
@@ -111,7 +112,9 @@ class _TorchRNNBase(nn.Module):
             options["nonlinearity"] = nonlinearity
         elif self.mode == "GRU":
             options = {"update": "keep", "reset": "after"}
-        layer_class = {"RNN": stacked.RNN, "LSTM": stacked.LSTM, "GRU": stacked.GRU}[self.mode]
+        layer_class = {"RNN": cell_stacks.RNN, "LSTM": cell_stacks.LSTM, "GRU": cell_stacks.GRU}[
+            self.mode
+        ]
         with torch.device("meta"):
             inner = layer_class(
                 input_size,
@@ -242,7 +245,7 @@ class _TorchRNNBase(nn.Module):
                 if isinstance(hx, tuple | list):
                     raise TypeError(f"{name}: hx must be one tensor (L·D, B, H), as for torch")
                 state = self._split(self._check_hx(hx, B, batched, "hx"))
-        inner: stacked.StackedRecurrent = self.__dict__["_inner"]
+        inner: StackedRecurrent = self.__dict__["_inner"]
         inner.train(self.training)
         if lengths is not None:
             lengths = lengths.to(x.device)

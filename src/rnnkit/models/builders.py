@@ -7,7 +7,8 @@ from typing import TypedDict
 
 from torch import nn
 
-from rnnkit.layers.stacked import GRU, LSTM, RNN, StackedRecurrent
+from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
+from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.models.conditional import ConditionalLM
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.jordan import JordanLM

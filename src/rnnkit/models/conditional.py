@@ -29,7 +29,8 @@ from torch import Tensor, nn
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
 from rnnkit.generation.search import GenerationResult, generate_batch
-from rnnkit.layers.stacked import GRU, LSTM, RNN, StackedRecurrent
+from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
+from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.metrics.losses import training_loss
 from rnnkit.models.language_model import LMOutput, LossOutput
 from rnnkit.types import LSTMState, State

@@ -1,0 +1,135 @@
+"""``RNN``, ``LSTM`` and ``GRU``: a ``StackedRecurrent`` of one cell kind, built from the
+cell's own options.
+
+Each takes the stack's arguments (``input_size``, ``hidden_size``, ``num_layers``,
+``bidirectional``, ``dropout``, ``batch_first``, ``recompute``) and passes the rest to
+every cell it builds; ``RNN`` also takes one nonlinearity per layer. Everything else (the
+forward pass, states, windows, resets) is ``rnnkit.layers.stacked``'s.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+from rnnkit.cells.base import CellBase
+from rnnkit.cells.gru import GRUCell
+from rnnkit.cells.lstm import LSTMCell
+from rnnkit.cells.rnn import RNNCell
+from rnnkit.layers.stacked import StackedRecurrent
+
+__all__ = ["GRU", "LSTM", "RNN"]
+
+
+class _CellStack(StackedRecurrent):
+    """A stack of one cell kind: the constructor of ``RNN``, ``LSTM`` and ``GRU``."""
+
+    # The cell's constructor: (input_size, hidden_size, **cell_options) → a cell; each
+    # kind takes its own options (nonlinearity, forget_bias, update, reset, init).
+    cell_class: ClassVar[Callable[..., CellBase]]
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bidirectional: bool = False,
+        dropout: float = 0.0,
+        batch_first: bool = True,
+        recompute: int | None = None,
+        **cell_options: object,
+    ) -> None:
+        cell_class = self.cell_class
+
+        def factory(width: int) -> CellBase:
+            return cell_class(width, hidden_size, **cell_options)
+
+        super().__init__(
+            factory,
+            input_size,
+            hidden_size,
+            num_layers,
+            bidirectional,
+            dropout,
+            batch_first,
+            recompute,
+        )
+
+
+class RNN(_CellStack):
+    """Stacked (bi)directional Elman layers; ``nonlinearity`` as in ``RNNCell``, one for
+    every layer or a sequence of one per layer (bottom first).
+
+    >>> import torch
+    >>> out = RNN(3, 4, num_layers=2, bidirectional=True)(torch.zeros(2, 5, 3))
+    >>> out.outputs.shape, out.state.shape
+    (torch.Size([2, 5, 8]), torch.Size([2, 2, 2, 4]))
+    >>> [c.nonlinearity for c in RNN(3, 4, 2, nonlinearity=("tanh", "sigmoid")).cells()]
+    ['tanh', 'sigmoid']
+    """
+
+    cell_class = RNNCell
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bidirectional: bool = False,
+        dropout: float = 0.0,
+        batch_first: bool = True,
+        recompute: int | None = None,
+        nonlinearity: str | Sequence[str] = "tanh",
+        **cell_options: object,
+    ) -> None:
+        per_layer = None if isinstance(nonlinearity, str) else list(nonlinearity)
+        if per_layer is not None and len(per_layer) != num_layers:
+            raise ValueError(
+                f"nonlinearity has {len(per_layer)} entries for {num_layers} layers: "
+                "give one, or one per layer"
+            )
+        # StackedRecurrent asks for the cells layer by layer, bottom first (forward
+        # direction, then backward): the k-th cell built belongs to layer k // directions.
+        directions = 2 if bidirectional else 1
+        built = itertools.count()
+
+        def factory(width: int) -> CellBase:
+            index = next(built)
+            phi = nonlinearity if per_layer is None else per_layer[index // directions]
+            return RNNCell(width, hidden_size, nonlinearity=phi, **cell_options)  # type: ignore[arg-type]
+
+        StackedRecurrent.__init__(
+            self,
+            factory,
+            input_size,
+            hidden_size,
+            num_layers,
+            bidirectional,
+            dropout,
+            batch_first,
+            recompute,
+        )
+
+
+class LSTM(_CellStack):
+    """Stacked (bi)directional LSTM layers; the state is ``LSTMState(h, c)``.
+
+    >>> import torch
+    >>> out = LSTM(3, 4)(torch.zeros(2, 5, 3), lengths=torch.tensor([5, 2]))
+    >>> out.state.h.shape
+    torch.Size([1, 1, 2, 4])
+    """
+
+    cell_class = LSTMCell
+
+
+class GRU(_CellStack):
+    """Stacked (bi)directional GRU layers; ``update``/``reset`` as in ``GRUCell``.
+
+    >>> import torch
+    >>> GRU(3, 4, update="keep", reset="after")(torch.zeros(2, 5, 3)).outputs.shape
+    torch.Size([2, 5, 4])
+    """
+
+    cell_class = GRUCell
