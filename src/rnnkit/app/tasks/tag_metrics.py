@@ -1,0 +1,120 @@
+"""How a tagger is scored: loss, accuracy, OOV accuracy, per-tag and (BIO tag sets) span
+figures, with gold tags the model never saw counted apart; and the most-frequent-tag
+baseline, fitted on the training sentences and scored on the same tokens."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rnnkit.app.tasks.figures import loss_figures, per_class_figures
+from rnnkit.app.tasks.run import BASELINE_FILE, load_baseline
+from rnnkit.app.tasks.tag_data import EncodedTags, TagData, _inputs
+from rnnkit.data.batching import SequenceBatcher
+from rnnkit.data.vocab import UNK_ID
+from rnnkit.metrics.labels import is_bio_tagset, span_prf
+from rnnkit.models.lookup import MostFrequentTag
+from rnnkit.models.tagger import Tagger
+
+__all__ = ["BASELINE_KIND", "baseline_metrics", "fit_baseline", "tag_metrics"]
+
+
+@torch.no_grad()
+def tag_metrics(
+    model: Tagger,
+    enc: EncodedTags,
+    data: TagData,
+    device: torch.device,
+    batch_size: int,
+    full: bool = True,
+) -> dict[str, Any]:
+    """Loss, accuracy, OOV accuracy and (``full``) per-tag and span figures on ``enc``."""
+    was_training = model.training
+    model.eval()
+    K = len(data.tags)
+    batcher = SequenceBatcher(enc.words, enc.tags, batch_size=batch_size, shuffle=False)
+    nats, scored = 0.0, 0
+    predicted: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(enc.words)
+    for batch in batcher:
+        words, mask, chars = _inputs(enc, batch, device)
+        tags = batch.targets.to(device)
+        known = mask & (tags < K)
+        logits = model(words, mask, chars)  # (B, T, K)
+        if bool(known.any()):
+            logp = torch.log_softmax(logits[known], dim=-1)
+            nats -= float(logp.gather(1, tags[known].unsqueeze(1)).sum())
+            scored += int(known.sum())
+        pred = logits.argmax(-1).cpu().numpy()
+        for row, i in enumerate(batch.indices.tolist()):
+            predicted[i] = pred[row, : len(enc.words[i])]
+    model.train(was_training)
+    gold_ids = np.concatenate(enc.tags)
+    pred_ids = np.concatenate(predicted)
+    oov = np.concatenate(enc.oov)
+    known = gold_ids < K
+    correct = (gold_ids == pred_ids) & known
+    n_oov = int((oov & known).sum())
+    metrics: dict[str, Any] = {
+        **loss_figures(nats, scored),
+        "tokens": scored,
+        "accuracy": float(correct.sum()) / scored if scored else None,
+        "oov_accuracy": float((correct & oov).sum()) / n_oov if n_oov else None,
+        "oov_tokens": n_oov,
+    }
+    unknown = Counter(
+        t
+        for s, g in zip(enc.sentences, enc.tags, strict=True)
+        for t, i in zip(s.tags, g, strict=True)
+        if i == K
+    )
+    metrics["unknown_labels"] = sum(unknown.values())
+    metrics["unknown_label_counts"] = dict(sorted(unknown.items()))
+    labels = data.tags.labels
+    pred_tags = [[labels[j] for j in p] for p in predicted]
+    if is_bio_tagset(labels):
+        spans = span_prf([s.tags for s in enc.sentences], pred_tags)
+        metrics.update({f"span_{k}": spans[k] for k in ("precision", "recall", "f1")})
+    if full:
+        gold_known = [labels[j] for j in gold_ids[known]]
+        pred_known = [labels[j] for j in pred_ids[known]]
+        metrics.update(per_class_figures(gold_known, pred_known, labels, "per_tag"))
+    return metrics
+
+
+BASELINE_KIND = "most frequent tag per word"
+
+
+def fit_baseline(train: EncodedTags, data: TagData) -> MostFrequentTag:
+    """The most-frequent-tag baseline of the training sentences (``<unk>``, which is no
+    one word, is not a word of it: unknown words get the most frequent tag overall)."""
+    return MostFrequentTag.fit(
+        train.words, train.tags, len(data.vocab), len(data.tags), skip=(UNK_ID,)
+    )
+
+
+def baseline_metrics(baseline: MostFrequentTag, enc: EncodedTags, K: int) -> dict[str, Any]:
+    """Accuracy and OOV accuracy of the baseline on ``enc``, over the tokens the model
+    is scored on (a gold tag the model never saw is left out, as for the model)."""
+    gold = np.concatenate(enc.tags) if enc.tags else np.zeros(0, np.int64)
+    pred = baseline.predict(np.concatenate(enc.words)) if enc.words else gold
+    oov = np.concatenate(enc.oov) if enc.oov else np.zeros(0, bool)
+    known = gold < K
+    right = (pred == gold) & known
+    total, n_oov = int(known.sum()), int((oov & known).sum())
+    return {
+        "kind": BASELINE_KIND,
+        "accuracy": float(right.sum()) / total if total else None,
+        "oov_accuracy": float((right & oov).sum()) / n_oov if n_oov else None,
+        "oov_tokens": n_oov,
+    }
+
+
+def _load_baseline(run_dir: Path, num_tags: int) -> MostFrequentTag | None:
+    arrays = load_baseline(run_dir)
+    if arrays is None:
+        return None
+    return MostFrequentTag.from_state(arrays, num_tags, where=str(run_dir / BASELINE_FILE))

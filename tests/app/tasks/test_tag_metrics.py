@@ -1,0 +1,102 @@
+"""How a tagger is scored (rnnkit.app.tasks.tag_metrics): a model of fixed logits per word
+and the most-frequent-tag baseline, against figures worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from rnnkit.app.tasks.tag_data import TagData, encode_tagged
+from rnnkit.app.tasks.tag_metrics import (
+    BASELINE_KIND,
+    baseline_metrics,
+    fit_baseline,
+    tag_metrics,
+)
+from rnnkit.data.labelled import LabelSet
+from rnnkit.data.tagged import TaggedSentence
+from rnnkit.data.vocab import Vocabulary
+
+# Word ids: <unk> 1, "the" 4, "dog" 5, "New␣York" 6. Tags: DET 0, NOUN 1, PROPN 2.
+DATA = TagData(
+    Vocabulary(["the", "dog", "New\u2423York"], unit="word"), LabelSet(["DET", "NOUN", "PROPN"])
+)
+# Scored: S2's "the" is tagged X, a tag the model never saw: left out, counted apart.
+EVAL = [
+    TaggedSentence(["the", "dog"], ["DET", "NOUN"]),
+    TaggedSentence(["cat", "New York", "the"], ["NOUN", "PROPN", "X"]),
+]
+LOGITS = {  # word id -> logits over (DET, NOUN, PROPN)
+    1: [0.5, 0.2, -1.0],  # <unk>: DET
+    4: [2.0, 0.0, -1.0],  # the: DET
+    5: [0.1, 1.5, 0.3],  # dog: NOUN
+    6: [1.0, 0.0, 0.5],  # New York: DET (gold PROPN)
+}
+
+
+class FixedTagger(nn.Module):
+    """Logits that depend on the word alone: ``(B, T) -> (B, T, K)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        table = torch.zeros(7, 3)
+        for word, row in LOGITS.items():
+            table[word] = torch.tensor(row)
+        self.register_buffer("table", table)
+
+    def forward(self, words: Tensor, mask: Tensor, chars: Tensor | None = None) -> Tensor:
+        return self.table[words]
+
+
+def nats(word: int, tag: int) -> float:
+    row = LOGITS[word]
+    return math.log(sum(math.exp(x) for x in row)) - row[tag]
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_tag_metrics_by_hand(batch_size: int) -> None:
+    model = FixedTagger().train()
+    enc = encode_tagged(EVAL, DATA)
+    m = tag_metrics(model, enc, DATA, torch.device("cpu"), batch_size, full=True)
+    assert model.training  # put back as it was
+    # Scored tokens: the/DET, dog/NOUN, cat(<unk>)/NOUN, New York/PROPN.
+    expected = (nats(4, 0) + nats(5, 1) + nats(1, 1) + nats(6, 2)) / 4
+    assert m["tokens"] == 4
+    assert m["loss_nats"] == pytest.approx(expected, rel=1e-6)
+    assert m["perplexity"] == pytest.approx(math.exp(expected), rel=1e-6)
+    assert m["accuracy"] == 2 / 4  # cat → DET and New York → DET are wrong
+    assert (m["oov_tokens"], m["oov_accuracy"]) == (1, 0.0)
+    assert (m["unknown_labels"], m["unknown_label_counts"]) == (1, {"X": 1})
+    # Predicted DET: the, cat, New York (1 right); NOUN: dog (right); PROPN: none.
+    assert m["per_tag_precision"] == {"DET": 1 / 3, "NOUN": 1.0, "PROPN": 0.0}
+    assert m["per_tag_recall"] == {"DET": 1.0, "NOUN": 1 / 2, "PROPN": 0.0}
+    assert m["per_tag_support"] == {"DET": 1, "NOUN": 2, "PROPN": 1}
+    assert not any(key.startswith("span_") for key in m)  # not a BIO tag set
+    short = tag_metrics(model, enc, DATA, torch.device("cpu"), batch_size, full=False)
+    assert "per_tag_f1" not in short and short["accuracy"] == m["accuracy"]
+
+
+def test_most_frequent_tag_baseline_by_hand() -> None:
+    train = encode_tagged(
+        [
+            TaggedSentence(["the", "dog"], ["DET", "NOUN"]),
+            TaggedSentence(["the", "dog"], ["DET", "NOUN"]),
+            TaggedSentence(["dog", "rex"], ["NOUN", "PROPN"]),  # rex is <unk>
+            TaggedSentence(["dog"], ["PROPN"]),
+        ],
+        DATA,
+    )
+    baseline = fit_baseline(train, DATA)
+    # the → DET, dog → NOUN (3 to 1); <unk> is no word of it and New York was never seen:
+    # both get the most frequent tag overall, NOUN (3 against 2 and 2).
+    assert baseline.predict(torch.tensor([4, 5, 1, 6]).numpy()).tolist() == [0, 1, 1, 1]
+    figures = baseline_metrics(baseline, encode_tagged(EVAL, DATA), len(DATA.tags))
+    assert figures == {
+        "kind": BASELINE_KIND,
+        "accuracy": 3 / 4,  # New York (PROPN) is the miss; S2's "the" (X) is not scored
+        "oov_accuracy": 1.0,
+        "oov_tokens": 1,
+    }
