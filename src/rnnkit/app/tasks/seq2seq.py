@@ -33,34 +33,42 @@ length predicted from the encoder context (at most ``--max-len``):
 leave its step out, and ``loss_nats`` is the exact sequence negative log-likelihood (stop
 or length terms included) per token step, the training loss. Under ``predict`` a
 reference target longer than ``--max-len`` cannot be scored: a ``DataError`` naming it.
+
+The pairs, vocabularies, model building and loading are in
+:mod:`rnnkit.app.tasks.seq2seq_data`; decoding, the output metrics and the baselines in
+:mod:`rnnkit.app.tasks.seq2seq_decode`; ``rnnkit generate --input`` in
+:mod:`rnnkit.app.tasks.seq2seq_generate`. This module trains, evaluates and predicts, and
+exports their names as well.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.fitting import check_unchanged, make_optimizer
 from rnnkit.app.tasks.run import (
     BASELINE_FILE,
-    check_count,
     choose_device,
     finish_summary,
     guarded_run,
     load_baseline,
     load_config,
-    model_spec,
     save_baseline,
     save_config,
     seed_everything,
     train_options,
+)
+from rnnkit.app.tasks.seq2seq_data import (
+    Seq2SeqData,
+    _check_target_lengths,
+    build_model,
+    load_seq2seq,
+    prepare_data,
 )
 from rnnkit.app.tasks.seq2seq_decode import (
     COPY_KIND,
@@ -72,13 +80,14 @@ from rnnkit.app.tasks.seq2seq_decode import (
     render_output,
     teacher_forced_metrics,
 )
-from rnnkit.data.pairs import Pair, PairBatcher, encode_pairs, make_pair_batch, read_pairs
-from rnnkit.data.vocab import Vocabulary, count_tokens
+from rnnkit.app.tasks.seq2seq_generate import generate_outputs, transduce
+from rnnkit.data.pairs import PairBatcher, encode_pairs, read_pairs
+from rnnkit.data.vocab import Vocabulary
 from rnnkit.errors import ConfigError, DataError
-from rnnkit.models.decoder_only import DecoderOnlyTranslator, build_decoder_only
+from rnnkit.models.decoder_only import DecoderOnlyTranslator
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.lookup import NearestNeighbour
-from rnnkit.models.seq2seq import Seq2Seq, build_seq2seq
+from rnnkit.models.seq2seq import Seq2Seq
 from rnnkit.training.checkpoint import load_model_weights
 from rnnkit.training.loop import Trainer
 from rnnkit.training.scheduled_sampling import parse_schedule
@@ -104,54 +113,6 @@ __all__ = [
 ]
 
 
-@dataclass
-class Seq2SeqData:
-    """Encoded training and validation pairs with both vocabularies."""
-
-    source_vocab: Vocabulary
-    target_vocab: Vocabulary
-    train_pairs: list[Pair]
-    valid_pairs: list[Pair]
-    train_src: list[np.ndarray]
-    train_tgt: list[np.ndarray]
-    valid_src: list[np.ndarray]
-    valid_tgt: list[np.ndarray]
-    valid_path: str
-
-
-def _vocab(texts: list[str], unit: str, min_freq: int, source: str) -> Vocabulary:
-    counts: Counter[str] = count_tokens("\n".join(texts), unit)
-    counts.pop("\n", None)  # the joiner, not data
-    return Vocabulary.from_counts(counts, unit=unit, min_freq=min_freq, source=source)
-
-
-def _check_lengths(pairs: list[Pair], src, tgt, max_len: int, path: str) -> None:
-    for pair, s, t in zip(pairs, src, tgt, strict=True):
-        for side, ids in (("source", s), ("target", t)):
-            if len(ids) > max_len:
-                raise DataError(
-                    f"the {side} has {len(ids)} tokens, more than --max-len {max_len}",
-                    path,
-                    pair.line or None,
-                )
-
-
-def _check_target_lengths(
-    cfg: TrainConfig, pairs: list[Pair], targets: list[np.ndarray], path: str
-) -> None:
-    """``--length predict`` gives no probability to a target longer than ``--max-len``."""
-    if cfg.length != "predict":
-        return
-    for pair, t in zip(pairs, targets, strict=True):
-        if len(t) > cfg.max_len:
-            raise DataError(
-                f"the target has {len(t)} tokens, more than --max-len {cfg.max_len} "
-                "(the longest length --length predict can predict)",
-                path,
-                pair.line or None,
-            )
-
-
 def check_config(cfg: TrainConfig) -> None:
     """The seq2seq-specific checks of ``cfg`` (ConfigError naming the option)."""
     schedule = parse_schedule(cfg.scheduled_sampling)
@@ -162,53 +123,6 @@ def check_config(cfg: TrainConfig) -> None:
             )
         if cfg.bidirectional:
             raise ConfigError("--bidirectional does not apply to --decoder-only (one causal LM)")
-
-
-def prepare_data(
-    cfg: TrainConfig, vocabs: tuple[Vocabulary, Vocabulary] | None = None
-) -> Seq2SeqData:
-    """Read the pairs, hold out validation pairs, build or reuse the vocabularies."""
-    pairs = read_pairs(cfg.train)
-    if cfg.valid:
-        train_pairs, valid_pairs, valid_path = pairs, read_pairs(cfg.valid), cfg.valid
-    else:
-        held = max(1, round(len(pairs) * cfg.valid_fraction))
-        if len(pairs) - held < 1:
-            raise DataError(
-                f"{len(pairs)} pair(s): too few to hold out validation pairs; pass --valid",
-                cfg.train,
-            )
-        train_pairs, valid_pairs, valid_path = pairs[:-held], pairs[-held:], cfg.train
-    if vocabs is None:
-        sources, targets = [p.source for p in train_pairs], [p.target for p in train_pairs]
-        source_vocab = _vocab(sources, cfg.source_unit, cfg.min_freq, cfg.train)
-        target_vocab = _vocab(targets, cfg.target_unit, cfg.min_freq, cfg.train)
-    else:
-        source_vocab, target_vocab = vocabs
-    train_src, train_tgt = encode_pairs(train_pairs, source_vocab, target_vocab, cfg.train)
-    valid_src, valid_tgt = encode_pairs(valid_pairs, source_vocab, target_vocab, valid_path)
-    _check_lengths(train_pairs, train_src, train_tgt, cfg.max_len, cfg.train)
-    _check_target_lengths(cfg, valid_pairs, valid_tgt, valid_path)
-    return Seq2SeqData(
-        source_vocab,
-        target_vocab,
-        train_pairs,
-        valid_pairs,
-        train_src,
-        train_tgt,
-        valid_src,
-        valid_tgt,
-        valid_path,
-    )
-
-
-def build_model(
-    cfg: TrainConfig, source_vocab_size: int, target_vocab_size: int
-) -> Seq2Seq | DecoderOnlyTranslator:
-    """``Seq2Seq`` or, with ``--decoder-only``, ``DecoderOnlyTranslator``."""
-    if cfg.decoder_only:
-        return build_decoder_only(model_spec(cfg), source_vocab_size, target_vocab_size)
-    return build_seq2seq(model_spec(cfg), source_vocab_size, target_vocab_size)
 
 
 def _load_nearest(run_dir: Path) -> NearestNeighbour | None:
@@ -329,25 +243,6 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     return finish_summary(cfg, summary)
 
 
-def load_seq2seq(
-    run_dir: str | Path, device: str = "cpu"
-) -> tuple[TrainConfig, Vocabulary, Vocabulary, Seq2Seq | DecoderOnlyTranslator]:
-    """``(cfg, source_vocab, target_vocab, model)`` of a run directory (no unpickling)."""
-    run_dir = Path(run_dir)
-    cfg, info = load_config(run_dir, task="seq2seq")
-    source_vocab = Vocabulary.load(run_dir / "source_vocab.json")
-    target_vocab = Vocabulary.load(run_dir / "vocab.json")
-    for name, vocab, key in (
-        ("source_vocab.json", source_vocab, "source_vocab_size"),
-        ("vocab.json", target_vocab, "target_vocab_size"),
-    ):
-        check_count(run_dir / name, len(vocab), "tokens", info, key)
-    model = build_model(cfg, len(source_vocab), len(target_vocab)).to(choose_device(device))
-    load_model_weights(model, run_dir / "model.safetensors")
-    model.eval()
-    return cfg, source_vocab, target_vocab, model
-
-
 def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None) -> dict[str, Any]:
     """Score a ``source<TAB>target`` file: teacher-forced loss and accuracy, then decoding
     (beam width of the run's ``--beam``) for exact match and token error rate.
@@ -379,30 +274,6 @@ def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None)
         target_vocab.encode_with_unknown(p.target)[1] for p in pairs
     )
     return metrics
-
-
-def transduce(
-    run_dir: str | Path, text: str, beam: int | None = None, max_length: int | None = None
-) -> str:
-    """The model's output for one source ``text`` (``rnnkit generate --input TEXT``).
-
-    Args:
-        run_dir: a seq2seq run directory.
-        text: the source, in the run's ``--source-unit``.
-        beam: beam width (default: the run's ``--beam``; 1 = greedy).
-        max_length: most output tokens (default: the run's ``--max-len``).
-    """
-    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir)
-    ids = source_vocab.encode_array(text, dtype=np.int64)
-    if len(ids) == 0:
-        raise DataError("--input is empty: nothing to transduce")
-    beam = cfg.beam if beam is None else beam
-    if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
-        raise ConfigError(f"--beam must be an integer ≥ 1, got {beam!r}")
-    limit = cfg.max_len if max_length is None else max_length
-    device = next(model.parameters()).device
-    hyp = decode_ids(model, [ids], device, 1, beam, limit + 1)[0]
-    return render_output(target_vocab, hyp[:limit])  # limit + 1 steps leave room for </s> only
 
 
 def predictor(
@@ -443,62 +314,3 @@ def predictor(
         ]
 
     return run
-
-
-def generate_outputs(
-    run_dir: str | Path,
-    text: str,
-    *,
-    sample: bool = False,
-    num: int = 1,
-    beam: int | None = None,
-    max_length: int | None = None,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int = 0,
-) -> tuple[list[str], int]:
-    """Outputs for one source (``rnnkit generate --input TEXT``), and how many of its
-    tokens are outside the source vocabulary (read as ``<unk>``).
-
-    ``sample``: ``num`` independent samples (``temperature``, ``top_k``, ``top_p``; the
-    random source seeded with ``seed``); else the ``num`` best hypotheses of beam search
-    of width ``max(beam, num)`` (``beam`` default: the run's ``--beam``; width 1 is greedy
-    search). ``max_length``: most output tokens (default: the run's ``--max-len``).
-    """
-    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir)
-    ids, unknown = source_vocab.encode_with_unknown(text)
-    if not ids:
-        raise DataError("--input is empty: nothing to transduce")
-    if isinstance(num, bool) or not isinstance(num, int) or num < 1:
-        raise ConfigError(f"--num must be an integer ≥ 1, got {num!r}")
-    limit = cfg.max_len if max_length is None else max_length
-    if limit < 1:
-        raise ConfigError(f"--max-length must be ≥ 1, got {limit}")
-    device = next(model.parameters()).device
-    batch = make_pair_batch([np.array(ids, dtype=np.int64)], None).to(device)
-    if sample:
-        generator = torch.Generator(device=device)
-        generator.manual_seed(seed)
-        try:
-            results = model.sample(
-                batch.source,
-                batch.source_mask,
-                num=num,
-                max_length=limit + 1,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                generator=generator,
-            )[0]
-        except ValueError as exc:  # an out-of-range sampling option, named by generation
-            raise ConfigError(str(exc)) from None
-    else:
-        width = max(cfg.beam if beam is None else beam, num)
-        if width < 1:
-            raise ConfigError(f"--beam must be ≥ 1, got {width}")
-        results = model.decode(
-            batch.source, batch.source_mask, beam=width, max_length=limit + 1, num=num
-        )[0]
-    # limit + 1 steps leave room for </s>: an output that did not end is cut at limit
-    return [render_output(target_vocab, r.ids[:limit]) for r in results], unknown

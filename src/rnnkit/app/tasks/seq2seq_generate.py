@@ -1,0 +1,100 @@
+"""A trained transducer's outputs for one source, as ``rnnkit generate --input`` asks:
+the run's search (:func:`transduce`), or the ``num`` best hypotheses of a beam or ``num``
+samples (:func:`generate_outputs`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rnnkit.app.tasks.seq2seq_data import load_seq2seq
+from rnnkit.app.tasks.seq2seq_decode import decode_ids, render_output
+from rnnkit.data.pairs import make_pair_batch
+from rnnkit.errors import ConfigError, DataError
+
+__all__ = ["generate_outputs", "transduce"]
+
+
+def transduce(
+    run_dir: str | Path, text: str, beam: int | None = None, max_length: int | None = None
+) -> str:
+    """The model's output for one source ``text`` (``rnnkit generate --input TEXT``).
+
+    Args:
+        run_dir: a seq2seq run directory.
+        text: the source, in the run's ``--source-unit``.
+        beam: beam width (default: the run's ``--beam``; 1 = greedy).
+        max_length: most output tokens (default: the run's ``--max-len``).
+    """
+    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir)
+    ids = source_vocab.encode_array(text, dtype=np.int64)
+    if len(ids) == 0:
+        raise DataError("--input is empty: nothing to transduce")
+    beam = cfg.beam if beam is None else beam
+    if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
+        raise ConfigError(f"--beam must be an integer ≥ 1, got {beam!r}")
+    limit = cfg.max_len if max_length is None else max_length
+    device = next(model.parameters()).device
+    hyp = decode_ids(model, [ids], device, 1, beam, limit + 1)[0]
+    return render_output(target_vocab, hyp[:limit])  # limit + 1 steps leave room for </s> only
+
+
+def generate_outputs(
+    run_dir: str | Path,
+    text: str,
+    *,
+    sample: bool = False,
+    num: int = 1,
+    beam: int | None = None,
+    max_length: int | None = None,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+) -> tuple[list[str], int]:
+    """Outputs for one source (``rnnkit generate --input TEXT``), and how many of its
+    tokens are outside the source vocabulary (read as ``<unk>``).
+
+    ``sample``: ``num`` independent samples (``temperature``, ``top_k``, ``top_p``; the
+    random source seeded with ``seed``); else the ``num`` best hypotheses of beam search
+    of width ``max(beam, num)`` (``beam`` default: the run's ``--beam``; width 1 is greedy
+    search). ``max_length``: most output tokens (default: the run's ``--max-len``).
+    """
+    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir)
+    ids, unknown = source_vocab.encode_with_unknown(text)
+    if not ids:
+        raise DataError("--input is empty: nothing to transduce")
+    if isinstance(num, bool) or not isinstance(num, int) or num < 1:
+        raise ConfigError(f"--num must be an integer ≥ 1, got {num!r}")
+    limit = cfg.max_len if max_length is None else max_length
+    if limit < 1:
+        raise ConfigError(f"--max-length must be ≥ 1, got {limit}")
+    device = next(model.parameters()).device
+    batch = make_pair_batch([np.array(ids, dtype=np.int64)], None).to(device)
+    if sample:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(seed)
+        try:
+            results = model.sample(
+                batch.source,
+                batch.source_mask,
+                num=num,
+                max_length=limit + 1,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                generator=generator,
+            )[0]
+        except ValueError as exc:  # an out-of-range sampling option, named by generation
+            raise ConfigError(str(exc)) from None
+    else:
+        width = max(cfg.beam if beam is None else beam, num)
+        if width < 1:
+            raise ConfigError(f"--beam must be ≥ 1, got {width}")
+        results = model.decode(
+            batch.source, batch.source_mask, beam=width, max_length=limit + 1, num=num
+        )[0]
+    # limit + 1 steps leave room for </s>: an output that did not end is cut at limit
+    return [render_output(target_vocab, r.ids[:limit]) for r in results], unknown
