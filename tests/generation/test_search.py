@@ -124,6 +124,22 @@ def test_finished_rows_leave_the_batch_and_never_change() -> None:
     assert all(EOS not in fed for fed in model.fed[1:])
 
 
+def test_greedy_keeps_ended_rows_until_a_quarter_has_ended() -> None:
+    # The argmax chain k -> k+1, 5 -> </s>: a row primed with k ends after 6 - k draws.
+    prompts = [[1], [1], [1], [2], [3], [4], [5], [5]]
+    model = TableModel(chain_table(6))
+    out = generate_batch(model, prompts, max_length=10, eos_id=EOS, strategy="greedy")
+    for prompt, (result,) in zip(prompts, out, strict=True):
+        (alone,) = generate(
+            TableModel(chain_table(6)), prompt, max_length=10, eos_id=EOS, strategy="greedy"
+        )
+        assert result == alone  # ids, log-probability, finished and score
+    # Priming 8 rows; after draw 1 two of 8 have ended (a quarter): out; after draw 2 one
+    # of 6 (kept, it draws on unrecorded); after draw 3 two of 6: out; after draw 4 one
+    # of 4: out; after draw 5 none is left.
+    assert model.batch_sizes == [8, 6, 6, 4, 3]
+
+
 # ---------------------------------------------------------------------------- batches
 
 

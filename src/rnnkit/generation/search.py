@@ -21,6 +21,8 @@ Decisions, stated once:
   (the tokens drawn). Beam search ranks finished hypotheses by ``score``.
 * Rows of a batch that have drawn ``eos`` leave the batch: their state is dropped from
   the next ``step`` call, so they consume nothing and their output never changes.
+  Greedy search drops them once a quarter of the batch has ended (one copy of the state
+  for several rows); until then ended rows are stepped but what they draw is not kept.
 * The model's train/eval mode is left as it is: call ``model.eval()`` first (dropout).
 
 States are tensors or nested tuples / NamedTuples / lists / dicts of tensors; rows are
