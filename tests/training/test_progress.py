@@ -71,3 +71,12 @@ def test_disabled_shows_nothing():
     bar.update(3)
     bar.close()
     assert bar.bar is None and out.getvalue() == ""
+
+
+def test_not_a_terminal_a_time_budget_in_whole_seconds():
+    # "train: 32% 1055/3300 s [17:35<37:24, step=5]", not "1055.2852751320024/3300.0".
+    bar = Progress(total_steps=None, max_time=3300.0, file=io.StringIO())
+    bar.update(5, loss="0.2")
+    line = bar.line(1055.2852751320024)
+    assert line.startswith("train: 32% 1055/3300 s [17:35<")
+    assert "step=5" in line and "loss=0.2" in line and "s/s" not in line

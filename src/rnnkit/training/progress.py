@@ -110,7 +110,8 @@ class Progress:
             n,
             self.total,
             elapsed,
-            ncols=0,
+            # ncols=0 (no bar) also drops a custom bar_format; the time form has no {bar}.
+            ncols=None if self.by_time else 0,
             unit=self.unit,
             initial=0 if self.by_time else self.initial,
             bar_format=TIME_FORMAT.replace("{l_bar}{bar}| ", "{percentage:3.0f}% ")
