@@ -67,7 +67,8 @@ class InferenceStep:
         # row, T = E W_ih[:, :E]ᵀ (V_t, 4H); the rest (attention context, c) a product.
         self.table = _embedding_table(model)
         self.rest_t = cells[0].weight_ih[:, E:].t().contiguous()  # (I_0 − E, 4H)
-        self.weight_ih_t = [c.weight_ih.t().contiguous() for c in cells]  # (I_l, 4H)
+        # Layers above the first: their whole input product (H, 4H), transposed once.
+        self.upper_ih_t = [c.weight_ih.t().contiguous() for c in cells[1:]]
         self.weight_hh = [c.weight_hh.contiguous() for c in cells]  # (4H, H)
         self.bias = [c.bias.contiguous() for c in cells]
         self.hidden = model.decoder.hidden_size
@@ -151,7 +152,7 @@ class InferenceStep:
         cs: list[Tensor] = []
         for l in range(L):
             if l > 0:  # the layer below's new state is this layer's input
-                xp = torch.mm(hs[-1], self.weight_ih_t[l])
+                xp = torch.mm(hs[-1], self.upper_ih_t[l - 1])
             # The loop reads the input product as (T, B, 4H) and activates it in place.
             h, c, _ = self.lib.lstm_forward(
                 xp.view(1, B, 4 * H),
