@@ -201,3 +201,76 @@ def test_the_cache_key_follows_every_source_file(tmp_path: Path, monkeypatch) ->
         assert native._paths()[0].name != before, source.name
         monkeypatch.undo()
     assert {p.name for p in native._sources()} >= {"loop.cpp", "gru.h", "lstm.h", "rnn.h"}
+
+
+# ----------------------------------------------------------------- one-step operators
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_lstm_step_equals_autograd_of_the_cell_math(dtype) -> None:
+    lib = native.library()
+    B, H = 5, 7
+    g = torch.Generator().manual_seed(0)
+    xp, rec = (torch.randn(B, 4 * H, generator=g, dtype=dtype) for _ in range(2))
+    bias = torch.randn(4 * H, generator=g, dtype=dtype)
+    c_prev = torch.randn(B, H, generator=g, dtype=dtype)
+    a = (xp + rec + bias).requires_grad_()
+    cp = c_prev.clone().requires_grad_()
+    i, f, gg, o = a.chunk(4, 1)
+    i, f, gg, o = i.sigmoid(), f.sigmoid(), gg.tanh(), o.sigmoid()
+    c = f * cp + i * gg
+    h = o * c.tanh()
+    gates = xp.clone()
+    h_out, c_out, tanh_c = (torch.empty(B, H, dtype=dtype) for _ in range(3))
+    lib.lstm_step(gates, rec, bias, c_prev, h_out, c_out, tanh_c)
+    tol = {"atol": 1e-14, "rtol": 1e-12} if dtype == torch.float64 else {}
+    torch.testing.assert_close(h_out, h, **tol)
+    torch.testing.assert_close(c_out, c, **tol)
+    torch.testing.assert_close(gates, torch.cat([i, f, gg, o], 1), **tol)
+    d_h, d_c, d_out = (torch.randn(B, H, generator=g, dtype=dtype) for _ in range(3))
+    want_a, want_c = torch.autograd.grad([h, c], [a, cp], [d_h + d_out, d_c])
+    d_gates = torch.empty(B, 4 * H, dtype=dtype)
+    lib.lstm_step_backward(gates, tanh_c, c_prev, d_h, d_c, d_gates, d_out)
+    torch.testing.assert_close(d_gates, want_a, **tol)
+    torch.testing.assert_close(d_c, want_c, **tol)  # now the gradient of c_{t−1}
+    assert torch.equal(d_h, torch.zeros_like(d_h))  # its recurrent part is computed outside
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("keep", [True, False])
+def test_sigmoid_scores_forward_and_backward(dtype, keep) -> None:
+    lib = native.library()
+    B, S, A = 3, 5, 19  # A not a multiple of the vector width
+    g = torch.Generator().manual_seed(1)
+    keys = torch.randn(B, S, A, generator=g, dtype=dtype)
+    query = torch.randn(B, A, generator=g, dtype=dtype)
+    v = torch.randn(A, generator=g, dtype=dtype)
+    sig_want = torch.sigmoid(keys + query.unsqueeze(1))
+    scores = torch.empty(B, S, dtype=dtype)
+    sig = torch.empty(B, S, A, dtype=dtype) if keep else None
+    lib.sigmoid_scores(keys, query, v, scores, sig)
+    tol = {"atol": 1e-14, "rtol": 1e-12} if dtype == torch.float64 else {}
+    torch.testing.assert_close(scores, sig_want @ v, **tol)
+    if sig is None:
+        return
+    torch.testing.assert_close(sig, sig_want, **tol)
+    d_s = torch.randn(B, S, generator=g, dtype=dtype)
+    w = torch.randn(A, generator=g, dtype=dtype)
+    acc0 = torch.randn(B, S, A, generator=g, dtype=dtype)
+    acc = acc0.clone()
+    s_sig, d_q = torch.empty(B, A, dtype=dtype), torch.empty(B, A, dtype=dtype)
+    lib.sigmoid_scores_backward(d_s, sig, w, s_sig, d_q, acc)
+    d_sig = d_s.unsqueeze(2) * sig * (1 - sig)
+    torch.testing.assert_close(s_sig, (d_s.unsqueeze(2) * sig).sum(1), **tol)
+    torch.testing.assert_close(d_q, w * d_sig.sum(1), **tol)
+    torch.testing.assert_close(acc, acc0 + d_sig, **tol)
+
+
+def test_one_step_operators_refuse_wrong_shapes() -> None:
+    lib = native.library()
+    with pytest.raises(RuntimeError, match="query must be"):
+        lib.sigmoid_scores(
+            torch.zeros(2, 3, 4), torch.zeros(2, 5), torch.zeros(4), torch.zeros(2, 3)
+        )
+    with pytest.raises(RuntimeError, match="must be contiguous"):
+        lib.lstm_step(
+            torch.zeros(8, 2).T, torch.zeros(2, 8), torch.zeros(8), *(torch.zeros(2, 2),) * 4
+        )

@@ -1,7 +1,8 @@
 """The teacher-forced attention decoder as one node equals autograd through the step loop:
 outputs, attention weights and every gradient, in float64, for every cell variant and
 attention kind, with padded sources (a row without any real position included) and
-padded targets."""
+padded targets; with the compiled loop's one-step operators (an LSTM's gate math, the
+additive scores) and without them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rnnkit.bptt.native import use_native
 from rnnkit.layers.attention_loop import attention_decoder
 from rnnkit.models.seq2seq import build_seq2seq
 from rnnkit.models.seq2seq_decoder import _unstack
@@ -65,10 +67,12 @@ def _step_loop(m, source, source_mask, target_in):
     ("kind", "context", "empty_row"),
     [("dot", "init", False), ("bilinear", "both", True), ("additive", "input", True)],
 )
-def test_node_equals_autograd_through_the_step_loop(cell_spec, kind, context, empty_row):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_node_equals_autograd_through_the_step_loop(cell_spec, kind, context, empty_row, compiled):
     m = _model(cell_spec, kind, context)
     source, source_mask, target_in, target_mask = _batch(empty_row)
-    out = m(source, source_mask, target_in, target_mask)
+    with use_native(compiled):
+        out = m(source, source_mask, target_in, target_mask)
     features, weights = _step_loop(m, source, source_mask, target_in)
     logits = m.head(features)
     torch.testing.assert_close(out.logits, logits, atol=1e-12, rtol=1e-10)
@@ -87,16 +91,16 @@ def test_node_equals_autograd_through_the_step_loop(cell_spec, kind, context, em
         loss = (lg * d_logits).sum() + (w * d_weights).sum()
         return torch.autograd.grad(loss, params, allow_unused=True)
 
-    for (name, _), a, b in zip(
-        m.named_parameters(), grads(out.logits, out.attention), grads(logits, weights), strict=True
-    ):
+    got = grads(out.logits, out.attention)  # the node's backward: chosen with its forward
+    for (name, _), a, b in zip(m.named_parameters(), got, grads(logits, weights), strict=True):
         assert (a is None) == (b is None), name
         if a is not None:
             torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9, msg=name)
             assert torch.isfinite(a).all(), name
 
 
-def test_only_the_logits_may_carry_a_loss():
+@pytest.mark.parametrize("compiled", [True, False])
+def test_only_the_logits_may_carry_a_loss(compiled):
     # Gradients of the hidden states and contexts only (the attention weights unused),
     # and of the weights only: each output may come back without a gradient.
     m = _model(SimpleNamespace(kind="lstm", options={}), "additive", "init")
@@ -122,7 +126,8 @@ def test_only_the_logits_may_carry_a_loss():
             (state.hidden.h[0, 0], state.hidden.c[0, 0]),
         )
 
-    out = run()
+    with use_native(compiled):
+        out = run()
     (g_h,) = torch.autograd.grad(out.hidden.sum(), [m.attention.v], retain_graph=True)
     (g_w,) = torch.autograd.grad(out.weights.pow(2).sum(), [m.attention.v])
     feats, w_loop = _step_loop(m, source, source_mask, target_in)
@@ -132,3 +137,21 @@ def test_only_the_logits_may_carry_a_loss():
     (r_w,) = torch.autograd.grad(w_loop.pow(2).sum(), [m.attention.v])
     torch.testing.assert_close(g_h, r_h, atol=1e-12, rtol=1e-10)
     torch.testing.assert_close(g_w, r_w, atol=1e-12, rtol=1e-10)
+
+
+def test_float32_compiled_operators_agree_with_the_torch_ops():
+    # The compiled sigmoid is a polynomial (a few ulp): the two float32 paths agree to
+    # float32 precision, forward and every gradient.
+    m = _model(SimpleNamespace(kind="lstm", options={}), "additive", "init").float()
+    source, source_mask, target_in, target_mask = _batch(True)
+    results = []
+    for compiled in (True, False):
+        with use_native(compiled):
+            out = m(source, source_mask, target_in, target_mask)
+        grads = torch.autograd.grad(out.logits.pow(2).sum(), list(m.parameters()))
+        results.append((out.logits, out.attention, grads))
+    (la, wa, ga), (lb, wb, gb) = results
+    torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(wa, wb, atol=1e-5, rtol=1e-4)
+    for a, b in zip(ga, gb, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-__all__ = ["Kernel", "Weights", "input_product", "scratch"]
+__all__ = ["Kernel", "StepKernel", "Weights", "input_product", "scratch"]
 
 # oneDNN's matmul beats the BLAS by 5-30 % on this product for float32 on 2 cores here (the
 # projections of all steps: T·B rows), but costs more per call on small ones.
@@ -61,8 +61,8 @@ class Weights(NamedTuple):
     bias_hn: Tensor | None  # (H,)
 
 
-class Kernel(Protocol):
-    """One step of a cell kind, forward and backward, for the time loop."""
+class StepKernel(Protocol):
+    """One step of a cell kind, forward and backward, for a loop over time in Python."""
 
     @property
     def gates(self) -> int:
@@ -144,6 +144,11 @@ class Kernel(Protocol):
         cache are flattened over ``N = T·B``; each gradient is ONE matrix product (or
         sum) over all steps.
         """
+
+
+class Kernel(StepKernel, Protocol):
+    """A :class:`StepKernel` whose whole loops over time also run in the compiled library
+    (the time loop of ``rnnkit.bptt``)."""
 
     def native_forward(
         self,

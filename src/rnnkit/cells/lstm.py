@@ -19,7 +19,7 @@ coming from step t+1 and the output:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, overload
+from typing import Any, Literal, NamedTuple, overload
 
 import torch
 from torch import Tensor
@@ -29,7 +29,14 @@ from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.kernel import Weights, input_product, scratch
 from rnnkit.types import LSTMState
 
-__all__ = ["LSTMCache", "LSTMCell", "LSTMKernel", "lstm_step", "lstm_step_backward"]
+__all__ = [
+    "LSTMCache",
+    "LSTMCell",
+    "LSTMKernel",
+    "NativeLSTMStep",
+    "lstm_step",
+    "lstm_step_backward",
+]
 
 
 class LSTMCache(NamedTuple):
@@ -198,6 +205,58 @@ class LSTMKernel:
             gates, tanh_c, c_states, w.weight_hh.contiguous(), mask, d_out, *d_states, offsets
         )
         return d_xp, d_xp, (d_h0, d_c0)
+
+
+class _NativePrepared(NamedTuple):
+    weight_hh_t: Tensor  # (H, 4H)
+    bias: Tensor  # (4H,)
+
+
+@dataclass(frozen=True)
+class NativeLSTMStep:
+    """:class:`LSTMKernel`'s step interface on the compiled loop's one-step operators, for
+    loops that stay in Python (attention before the step): per step the two products in
+    torch and the gate math in one call (``lstm_step`` / ``lstm_step_backward``) instead of
+    some ten eager operations. The same buffers as :class:`LSTMKernel` (the activated gates
+    in place of the input projections, ``tanh c`` beside them); the projections carry no
+    bias (the step adds it) and no scaling of the g rows (the step computes ``tanh``).
+    """
+
+    lib: Any  # torch.ops.rnnkit_native
+    gates: int = 4
+    num_states: int = 2
+
+    def prepare(self, w: Weights) -> _NativePrepared:
+        return _NativePrepared(w.weight_hh.T, w.bias.contiguous())
+
+    def project_inputs(self, x: Tensor, w: Weights, T: int, B: int) -> tuple[Tensor, ...]:
+        return (input_product(x, w.weight_ih).view(T, B, w.weight_ih.shape[0]),)
+
+    def input_weights_t(self, weight: Tensor) -> tuple[Tensor, ...]:
+        return (weight.T,)
+
+    def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
+        return (xps[0], scratch(T, B, H, xps[0], save))
+
+    def step_into(self, xp, prev, out, cache, prep) -> None:
+        gates, tanh_c = cache  # gates is xp[0]: the projection buffer, overwritten
+        rec = torch.mm(prev[0], prep.weight_hh_t)  # h_{t−1} W_hhᵀ
+        self.lib.lstm_step(gates, rec, prep.bias, prev[1], out[0], out[1], tanh_c)
+
+    def prepare_backward(self, w: Weights) -> Tensor:
+        return w.weight_hh
+
+    def backward_cache(self, cache, states):
+        return cache
+
+    def step_backward(self, d_new, prev, new, cache, d_xp, d_hp, w):
+        d_h, d_c = d_new  # updated in place: d_c becomes ∂L/∂c_{t−1}
+        gates, tanh_c = cache
+        self.lib.lstm_step_backward(gates, tanh_c, prev[1], d_h, d_c, d_xp)
+        return (d_xp @ w, d_c)
+
+    def recurrent_grads(self, d_xp, d_hp, h_prev, cache):
+        return d_hp.T @ h_prev, None
 
 
 class LSTMCell(CellBase):

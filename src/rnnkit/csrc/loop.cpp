@@ -1,6 +1,7 @@
 // The compiled time loop of rnnkit (rnnkit/native.py builds and loads it): the forward and
-// the explicit backward through time of the simple cell, the LSTM and the GRU, registered
-// as the torch operators rnnkit_native::*.
+// the explicit backward through time of the simple cell, the LSTM and the GRU, one LSTM
+// step for loops that stay in Python, and the fused scores of additive attention
+// (attention.h), registered as the torch operators rnnkit_native::*.
 //
 // Each fused pass over one row is its own function with __restrict parameters: that is
 // what lets GCC vectorise it (inside the lambdas, with derived pointers, it gives up).
@@ -12,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "attention.h"
 #include "gemm.h"
 #include "gru.h"
 #include "lstm.h"
@@ -51,6 +53,11 @@ const bool* mask_of(const std::optional<Tensor>& mask, int64_t T, int64_t B) {
 
 template <typename T>
 const T* opt_ptr(const std::optional<Tensor>& t) {
+  return t.has_value() ? t->data_ptr<T>() : nullptr;
+}
+
+template <typename T>
+T* opt_out_ptr(std::optional<Tensor>& t) {
   return t.has_value() ? t->data_ptr<T>() : nullptr;
 }
 
@@ -221,6 +228,130 @@ std::vector<Tensor> gru_backward(Tensor rz, Tensor xn, Tensor rec, Tensor hs, Te
   return {dxp, dhp, d_h};
 }
 
+// One LSTM step over a batch, for loops that run in Python because something between the
+// steps depends on the state (attention before the step, a decoder generating): the gate
+// math of lstm_forward / lstm_backward on products computed outside.
+//   forward: xp (B, 4H) the input part of the pre-activation (no bias), rec (B, 4H) the
+//   recurrent part h_{t-1} W_hh^T, c_prev (B, H) → h, c, tanh_c (B, H); xp becomes the
+//   activated gates i, f, g, o.
+void lstm_step(Tensor xp, Tensor rec, Tensor bias, Tensor c_prev, Tensor h, Tensor c,
+               Tensor tanh_c) {
+  check(xp, "xp", 2);
+  check(rec, "rec", 2);
+  check(bias, "bias", 1);
+  const int64_t B = xp.size(0), H = xp.size(1) / 4;
+  TORCH_CHECK(xp.size(1) == 4 * H && rec.sizes() == xp.sizes() && bias.size(0) == 4 * H,
+              "xp and rec must be (B, 4H), bias (4H)");
+  for (const Tensor* t : {&c_prev, &h, &c, &tanh_c}) {
+    check(*t, "every state", 2);
+    TORCH_CHECK(t->size(0) == B && t->size(1) == H, "every state must be (B, H)");
+  }
+  AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "lstm_step", [&] {
+    scalar_t* g = xp.data_ptr<scalar_t>();
+    const scalar_t *r = rec.data_ptr<scalar_t>(), *b = bias.data_ptr<scalar_t>();
+    const scalar_t* cp = c_prev.data_ptr<scalar_t>();
+    scalar_t *hn = h.data_ptr<scalar_t>(), *cn = c.data_ptr<scalar_t>();
+    scalar_t* tc = tanh_c.data_ptr<scalar_t>();
+    const int64_t G = 4 * H;
+    at::parallel_for(0, B, std::max<int64_t>(1, 4096 / G), [&](int64_t b0, int64_t b1) {
+      for (int64_t i = b0; i < b1; ++i) {
+        scalar_t* gb = g + i * G;
+        const scalar_t* sb = r + i * G;
+        lstm_fwd_row<scalar_t, true>(gb, gb + H, gb + 2 * H, gb + 3 * H, sb, sb + H, sb + 2 * H,
+                                     sb + 3 * H, b, b + H, b + 2 * H, b + 3 * H, cp + i * H,
+                                     cn + i * H, hn + i * H, tc + i * H, H);
+      }
+    });
+  });
+}
+
+//   backward: gates, tanh_c from lstm_step, c_prev; d_h (B, H) the gradient of h_t (plus
+//   d_out if given), d_c (B, H) that of c_t → d_gates (B, 4H) the pre-activation's; d_c
+//   becomes that of c_{t-1}, d_h is zeroed (its recurrent part is d_gates W_hh, outside).
+void lstm_step_backward(Tensor gates, Tensor tanh_c, Tensor c_prev, Tensor d_h, Tensor d_c,
+                        Tensor d_gates, std::optional<Tensor> d_out) {
+  check(gates, "gates", 2);
+  check(d_gates, "d_gates", 2);
+  const int64_t B = gates.size(0), H = gates.size(1) / 4;
+  TORCH_CHECK(d_gates.sizes() == gates.sizes(), "d_gates must have the gates' shape");
+  for (const Tensor* t : {&tanh_c, &c_prev, &d_h, &d_c}) {
+    check(*t, "every state", 2);
+    TORCH_CHECK(t->size(0) == B && t->size(1) == H, "every state must be (B, H)");
+  }
+  if (d_out.has_value()) {
+    check(*d_out, "d_out", 2);
+    TORCH_CHECK(d_out->sizes() == d_h.sizes(), "d_out must be (B, H)");
+  }
+  AT_DISPATCH_FLOATING_TYPES(gates.scalar_type(), "lstm_step_backward", [&] {
+    const scalar_t *g = gates.data_ptr<scalar_t>(), *tc = tanh_c.data_ptr<scalar_t>();
+    const scalar_t* cp = c_prev.data_ptr<scalar_t>();
+    const scalar_t* dout = opt_ptr<scalar_t>(d_out);
+    scalar_t *dh = d_h.data_ptr<scalar_t>(), *dc = d_c.data_ptr<scalar_t>();
+    scalar_t* dg = d_gates.data_ptr<scalar_t>();
+    const int64_t G = 4 * H;
+    at::parallel_for(0, B, std::max<int64_t>(1, 4096 / G), [&](int64_t b0, int64_t b1) {
+      if (dout) add_into(dh + b0 * H, dout + b0 * H, (b1 - b0) * H);
+      for (int64_t i = b0; i < b1; ++i) {
+        const scalar_t* gb = g + i * G;
+        scalar_t* d = dg + i * G;
+        lstm_bwd_row<scalar_t>(gb, gb + H, gb + 2 * H, gb + 3 * H, tc + i * H, cp + i * H,
+                               dh + i * H, dc + i * H, d, d + H, d + 2 * H, d + 3 * H, H);
+      }
+    });
+  });
+}
+
+void check_same(const Tensor& t, const Tensor& like, const char* name) {
+  TORCH_CHECK(t.scalar_type() == like.scalar_type(), name, " must have the keys' dtype");
+}
+
+void sigmoid_scores(Tensor keys, Tensor query, Tensor v, Tensor scores, std::optional<Tensor> sig) {
+  check(keys, "keys", 3);
+  check(query, "query", 2);
+  check(v, "v", 1);
+  check(scores, "scores", 2);
+  const int64_t B = keys.size(0), S = keys.size(1), A = keys.size(2);
+  TORCH_CHECK(query.size(0) == B && query.size(1) == A, "query must be (B, A)");
+  TORCH_CHECK(v.size(0) == A, "v must be (A)");
+  TORCH_CHECK(scores.size(0) == B && scores.size(1) == S, "scores must be (B, S)");
+  for (const Tensor* t : {&query, &v, &scores}) check_same(*t, keys, "every tensor");
+  if (sig.has_value()) {
+    check(*sig, "sig", 3);
+    check_same(*sig, keys, "sig");
+    TORCH_CHECK(sig->sizes() == keys.sizes(), "sig must have the keys' shape");
+  }
+  AT_DISPATCH_FLOATING_TYPES(keys.scalar_type(), "sigmoid_scores", [&] {
+    sigmoid_scores_impl<scalar_t>(keys.data_ptr<scalar_t>(), query.data_ptr<scalar_t>(),
+                                  v.data_ptr<scalar_t>(), scores.data_ptr<scalar_t>(),
+                                  opt_out_ptr<scalar_t>(sig), B, S, A);
+  });
+}
+
+void sigmoid_scores_backward(Tensor d_s, Tensor sig, Tensor w, Tensor s_sig, Tensor d_q,
+                             std::optional<Tensor> acc) {
+  check(d_s, "d_s", 2);
+  check(sig, "sig", 3);
+  check(w, "w", 1);
+  check(s_sig, "s_sig", 2);
+  check(d_q, "d_q", 2);
+  const int64_t B = sig.size(0), S = sig.size(1), A = sig.size(2);
+  TORCH_CHECK(d_s.size(0) == B && d_s.size(1) == S, "d_s must be (B, S)");
+  TORCH_CHECK(w.size(0) == A, "w must be (A)");
+  TORCH_CHECK(s_sig.size(0) == B && s_sig.size(1) == A, "s_sig must be (B, A)");
+  TORCH_CHECK(d_q.size(0) == B && d_q.size(1) == A, "d_q must be (B, A)");
+  for (const Tensor* t : {&d_s, &w, &s_sig, &d_q}) check_same(*t, sig, "every tensor");
+  if (acc.has_value()) {
+    check(*acc, "acc", 3);
+    check_same(*acc, sig, "acc");
+    TORCH_CHECK(acc->sizes() == sig.sizes(), "acc must have sig's shape");
+  }
+  AT_DISPATCH_FLOATING_TYPES(sig.scalar_type(), "sigmoid_scores_backward", [&] {
+    sigmoid_scores_backward_impl<scalar_t>(
+        d_s.data_ptr<scalar_t>(), sig.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+        s_sig.data_ptr<scalar_t>(), d_q.data_ptr<scalar_t>(), opt_out_ptr<scalar_t>(acc), B, S, A);
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(rnnkit_native, m) {
@@ -252,4 +383,20 @@ TORCH_LIBRARY(rnnkit_native, m) {
       "Tensor? d_out, Tensor(a!) d_h, bool keep, bool after, Tensor? offsets=None) "
       "-> Tensor[]",
       &gru_backward);
+  m.def(
+      "lstm_step(Tensor(a!) xp, Tensor rec, Tensor bias, Tensor c_prev, Tensor(b!) h, "
+      "Tensor(c!) c, Tensor(d!) tanh_c) -> ()",
+      &lstm_step);
+  m.def(
+      "lstm_step_backward(Tensor gates, Tensor tanh_c, Tensor c_prev, Tensor(a!) d_h, "
+      "Tensor(b!) d_c, Tensor(c!) d_gates, Tensor? d_out=None) -> ()",
+      &lstm_step_backward);
+  m.def(
+      "sigmoid_scores(Tensor keys, Tensor query, Tensor v, Tensor(a!) scores, "
+      "Tensor(b!)? sig=None) -> ()",
+      &sigmoid_scores);
+  m.def(
+      "sigmoid_scores_backward(Tensor d_s, Tensor sig, Tensor w, Tensor(a!) s_sig, "
+      "Tensor(b!) d_q, Tensor(c!)? acc=None) -> ()",
+      &sigmoid_scores_backward);
 }

@@ -77,7 +77,7 @@ def _run_sampling(
     ended = torch.zeros(B, dtype=torch.bool, device=log_probs.device) if lazy else None
     for t in range(opt.max_length):
         if opt.strategy == "greedy":
-            token = log_probs.argmax(dim=-1)  # (B',)
+            chosen, token = log_probs.max(dim=-1)  # (B',) each: one op for both
         else:
             probs = filter_log_probs(
                 log_probs, temperature=opt.temperature, top_k=opt.top_k, top_p=opt.top_p
@@ -87,7 +87,8 @@ def _run_sampling(
                 probs = probs.to(opt.generator.device)
             token = torch.multinomial(probs, 1, generator=opt.generator).view(-1)  # (B',)
             token = token.to(log_probs.device)
-        drawn.append((origin, token, log_probs.gather(1, token.view(-1, 1)).view(-1)))
+            chosen = log_probs.gather(1, token.view(-1, 1)).view(-1)
+        drawn.append((origin, token, chosen))
         if t == opt.max_length - 1:
             break
         live = token != (-1 if opt.eos_id is None else opt.eos_id)

@@ -45,8 +45,10 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from rnnkit.bptt import native
 from rnnkit.cells.amp import without_autocast
-from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.cells.kernel import Kernel, StepKernel, Weights
+from rnnkit.cells.lstm import LSTMKernel, NativeLSTMStep
 
 __all__ = ["AttentionDecoderOutput", "attention_decoder"]
 
@@ -68,11 +70,12 @@ class AttentionDecoderOutput(NamedTuple):
 class _Spec(NamedTuple):
     """The non-tensor inputs of the node."""
 
-    kernel: Kernel
+    kernel: StepKernel
     additive: bool
     fill: Tensor  # (B, S) bool: the score positions set to −inf (padding of rows with any)
     empty_rows: Tensor | None  # (B, 1) bool: rows without any real position (weights 0)
     T: int
+    lib: Any  # the compiled loop's operators (fused additive scores), or None: torch ops
 
 
 class _AttentionDecoder(torch.autograd.Function):
@@ -107,7 +110,10 @@ class _AttentionDecoder(torch.autograd.Function):
         contexts = x.new_empty(T, B, D)
         weights = x.new_empty(T, B, S)
         scores = x.new_empty(B, S)
-        scores3 = scores.unsqueeze(2)  # (B, S, 1): bmm's output view
+        scores_row = scores.unsqueeze(1)  # (B, 1, S): bmm's output view
+        lib = spec.lib
+        if not spec.additive:
+            keys_t = keys.transpose(1, 2).contiguous()  # (B, A, S): s_t = h_{t−1}ᵀ K as a row
         if spec.additive:
             # s_tj = vᵀ u_tj = 2 vᵀ σ_tj − Σ v with σ_tj = σ(2 (W_q h_{t−1} + b_q + k_j)):
             # tanh a = 2σ(2a) − 1, one sigmoid pass (Attention.scores computes the same).
@@ -119,6 +125,8 @@ class _AttentionDecoder(torch.autograd.Function):
             query3, query_weight_t = query.unsqueeze(1), w_q.T
             flat_scores = scores.view(B * S)
             v_sum = v_a.sum()
+            if lib is not None:  # one fused pass: σ_t and s_t + Σ v (the softmax ignores Σ v)
+                keys2, v2 = 2 * keys, 2 * v_a
         n = len(states)
         state_steps = [s.unbind(0) for s in states]
         cache_steps = [c.unbind(0) for c in cache]
@@ -128,11 +136,14 @@ class _AttentionDecoder(torch.autograd.Function):
             if spec.additive:
                 torch.addmm(b_q, h_prev, query_weight_t, beta=2, alpha=2, out=query)
                 sig = hidden[t]
-                torch.add(query3, keys, alpha=2, out=sig).sigmoid_()
-                torch.mv(sig.view(B * S, A), v_a, out=flat_scores)
-                scores.mul_(2).sub_(v_sum)
+                if lib is not None:
+                    lib.sigmoid_scores(keys2, query, v2, scores, sig)
+                else:
+                    torch.add(query3, keys, alpha=2, out=sig).sigmoid_()
+                    torch.mv(sig.view(B * S, A), v_a, out=flat_scores)
+                    scores.mul_(2).sub_(v_sum)
             else:
-                torch.bmm(keys, h_prev.unsqueeze(2), out=scores3)
+                torch.bmm(h_prev.unsqueeze(1), keys_t, out=scores_row)
             scores.masked_fill_(spec.fill, float("-inf"))
             alpha = weights[t]
             torch.softmax(scores, -1, out=alpha)
@@ -181,7 +192,11 @@ class _AttentionDecoder(torch.autograd.Function):
         d_c = x.new_empty(T, B, D)
         d_s = x.new_empty(T, B, S)
         d_alpha = x.new_empty(B, S)
-        d_alpha3 = d_alpha.unsqueeze(2)
+        d_alpha_row = d_alpha.unsqueeze(1)  # (B, 1, S)
+        # d_α_t = m d_c_t as a row times mᵀ: torch's batched product of a matrix and a
+        # column vector is several times slower than that of a row vector and a matrix.
+        memory_t = memory.transpose(1, 2).contiguous()  # (B, D, S)
+        lib = spec.lib
         if spec.additive:
             # Per step, with σ_t (B, S, A) while it is in cache: u = 2σ − 1, so
             # ∂s/∂(W_q h + b_q) = (1 − u²) ⊙ v = 4 σ(1 − σ) ⊙ v and ∂s/∂v = 2σ − 1:
@@ -210,13 +225,16 @@ class _AttentionDecoder(torch.autograd.Function):
                 torch.addmm(d_contexts[t], d_xp[t], weight_c, out=d_c[t])
             else:
                 torch.mm(d_xp[t], weight_c, out=d_c[t])
-            torch.bmm(memory, d_c[t].unsqueeze(2), out=d_alpha3)
+            torch.bmm(d_c[t].unsqueeze(1), memory_t, out=d_alpha_row)
             if d_weights is not None:
                 d_alpha.add_(d_weights[t])
             d_s_t = d_s[t]
             d_s_t.copy_(torch._softmax_backward_data(d_alpha, weights[t], -1, d_alpha.dtype))
             # the query was h_{t−1}
-            if spec.additive:
+            if spec.additive and lib is not None:  # the same sums in one pass
+                lib.sigmoid_scores_backward(d_s_t, hidden[t], v4, s_sig[t], d_q[t], acc)
+                d_prev[0].addmm_(d_q[t], query_weight)
+            elif spec.additive:
                 sig, d_s3 = hidden[t], d_s_t.unsqueeze(1)
                 torch.bmm(d_s3, sig, out=s_sig[t].unsqueeze(1))
                 torch.addcmul(sig, sig, sig, value=-1, out=dsig)  # σ − σ²
@@ -314,7 +332,11 @@ def attention_decoder(
     fill = ~source_mask & any_real
     empty_rows = None if bool(any_real.all()) else ~any_real
     additive = attention.kind == "additive"
-    spec = _Spec(kernel, additive, fill, empty_rows, T)
+    lib = native.library() if native.supports(x, memory, weights.weight_hh) else None
+    step_kernel: StepKernel = kernel
+    if lib is not None and isinstance(kernel, LSTMKernel):
+        step_kernel = NativeLSTMStep(lib)  # the gate math of each step in one call
+    spec = _Spec(step_kernel, additive, fill, empty_rows, T, lib)
     if additive:
         qw, qb, v = attention.query_proj.weight, attention.query_proj.bias, attention.v
     else:

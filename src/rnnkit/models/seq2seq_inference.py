@@ -12,12 +12,16 @@ half as many operations, by rearranging what does not change the value:
   ``2 vᵀ σ(2 (W_q q + b + k_j)) − Σ v`` (``tanh a = 2 σ(2a) − 1``, one sigmoid pass, as the
   training path does), with ``2 W_q``, ``2 b``, ``2 v`` and ``2 k_j`` scaled once per
   decoding instead of per step, and without the constant ``− Σ v``: a softmax does not
-  change when the same number is added to every score;
+  change when the same number is added to every score; the sigmoid and ``vᵀσ`` of every
+  source position in one pass of the compiled library (``sigmoid_scores``);
+* dot and bilinear attention read the keys transposed (once per decoding), so that a
+  step's scores are a row vector times a matrix, several times faster in torch than the
+  batched matrix times a column;
 * padding positions are excluded by one in-place fill of ``−∞`` with the mask inverted
   once (a source with no real position at all keeps the general step, whose weights
   are all zero there);
-* each decoder layer's recurrence and gates run in the compiled time loop for one step
-  (``h W_hhᵀ`` and the fused gates in one call), after one product for the input;
+* each decoder layer's gates in one call of the compiled library (``lstm_step``), after
+  one product for the input and one for the recurrence;
 * weights are transposed once, not at every step.
 
 The values equal the general step's to float rounding (tested in float64 and float32);
@@ -69,7 +73,7 @@ class InferenceStep:
         self.rest_t = cells[0].weight_ih[:, E:].t().contiguous()  # (I_0 − E, 4H)
         # Layers above the first: their whole input product (H, 4H), transposed once.
         self.upper_ih_t = [c.weight_ih.t().contiguous() for c in cells[1:]]
-        self.weight_hh = [c.weight_hh.contiguous() for c in cells]  # (4H, H)
+        self.weight_hh_t = [c.weight_hh.t() for c in cells]  # (H, 4H)
         self.bias = [c.bias.contiguous() for c in cells]
         self.hidden = model.decoder.hidden_size
         self.head = model.head
@@ -110,7 +114,10 @@ class InferenceStep:
         if mask is not None and not bool(mask.any(dim=-1).all()):
             return None
         assert state.keys is not None
-        keys = 2 * state.keys if self.additive else state.keys
+        # additive: 2k (the factor of tanh a = 2σ(2a) − 1); dot, bilinear: Kᵀ (B, A, S), so
+        # that a step's scores are a row times a matrix (torch's batched matrix-times-column
+        # product is several times slower)
+        keys = 2 * state.keys if self.additive else state.keys.transpose(1, 2).contiguous()
         return state._replace(keys=keys, source_mask=None if mask is None else ~mask)
 
     def _attend(self, query: Tensor, state: DecoderState) -> Tensor:
@@ -119,9 +126,11 @@ class InferenceStep:
         assert keys is not None and memory is not None
         if self.additive:
             q = torch.addmm(self.query_bias, query, self.query_weight_t)  # 2 (W_q q + b)
-            scores = torch.add(keys, q.unsqueeze(1)).sigmoid_() @ self.v  # (B, S)
-        else:  # dot, bilinear: keys are the memory or W_s h^e
-            scores = torch.bmm(keys, query.unsqueeze(-1)).squeeze(-1)
+            scores = keys.new_empty(keys.shape[:2])  # (B, S)
+            # vᵀσ(k_j + q) for every j in one pass (the compiled loop's sigmoid)
+            self.lib.sigmoid_scores(keys.contiguous(), q, self.v, scores)
+        else:  # dot, bilinear: keys are (the memory or W_s h^e) transposed
+            scores = torch.bmm(query.unsqueeze(1), keys).squeeze(1)
         if padding is not None:
             scores.masked_fill_(padding, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
@@ -144,7 +153,8 @@ class InferenceStep:
         if state.context is not None:
             parts.append(state.context)
         # The embedding's part of the first layer's input product, then the rest's.
-        xp = self.table[token]  # (B, 4H), a new tensor
+        xp = torch.index_select(self.table, 0, token)  # (B, 4H), a new tensor (table[token]
+        # is the same rows through advanced indexing, four times slower at this size)
         if parts:
             rest = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
             xp = torch.addmm(xp, rest, self.rest_t)
@@ -153,18 +163,13 @@ class InferenceStep:
         for l in range(L):
             if l > 0:  # the layer below's new state is this layer's input
                 xp = torch.mm(hs[-1], self.upper_ih_t[l - 1])
-            # The loop reads the input product as (T, B, 4H) and activates it in place.
-            h, c, _ = self.lib.lstm_forward(
-                xp.view(1, B, 4 * H),
-                self.weight_hh[l],
-                self.bias[l],
-                hidden.h[l, 0],
-                hidden.c[l, 0],
-                None,
-                False,
-            )
-            hs.append(h[1])
-            cs.append(c[1])
+            # The recurrent product here, the gate math in one call (the whole-loop
+            # lstm_forward would repack W_hh for this one step).
+            rec = torch.mm(hidden.h[l, 0], self.weight_hh_t[l])  # (B, 4H)
+            h, c, tanh_c = (xp.new_empty(B, H) for _ in range(3))
+            self.lib.lstm_step(xp, rec, self.bias[l], hidden.c[l, 0].contiguous(), h, c, tanh_c)
+            hs.append(h)
+            cs.append(c)
         x = hs[-1]
         if self.attention is not None and not self.before:
             ctx = self._attend(x, state)
