@@ -41,20 +41,23 @@ T dot_row(const T* __restrict v, const T* __restrict sig, int64_t A) {
   return s;
 }
 
-// keys (B, S, A), query (B, A), v (A) → scores (B, S); σ into sig (B, S, A) if not null.
+// keys (B, S, A), query (B, Q, A), v (A) → scores (B, Q, S); σ into sig (B, Q, S, A) if not
+// null. Q queries per row: one per decoder step (1 while decoding or inside a step loop).
 template <typename T>
 void sigmoid_scores_impl(const T* keys, const T* query, const T* v, T* scores, T* sig, int64_t B,
-                         int64_t S, int64_t A) {
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, S * A));
+                         int64_t Q, int64_t S, int64_t A) {
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, Q * S * A));
   at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
     std::vector<T> row(sig == nullptr ? A : 0);  // σ of one position when sig is not kept
     for (int64_t b = b0; b < b1; ++b) {
-      const T* q = query + b * A;
-      for (int64_t j = 0; j < S; ++j) {
-        const int64_t r = b * S + j;
-        T* out = sig != nullptr ? sig + r * A : row.data();
-        sigmoid_row(keys + r * A, q, out, A);
-        scores[r] = dot_row(v, out, A);
+      for (int64_t t = 0; t < Q; ++t) {
+        const T* q = query + (b * Q + t) * A;
+        for (int64_t j = 0; j < S; ++j) {
+          const int64_t r = (b * Q + t) * S + j;
+          T* out = sig != nullptr ? sig + r * A : row.data();
+          sigmoid_row(keys + (b * S + j) * A, q, out, A);
+          scores[r] = dot_row(v, out, A);
+        }
       }
     }
   });
@@ -82,26 +85,29 @@ void sigmoid_backward_row_noacc(T ds, const T* __restrict sig, T* __restrict s_s
   }
 }
 
-// d_s (B, S), sig (B, S, A), w (A) → s_sig (B, A) = Σ_j d_s σ, d_q (B, A) = w ⊙ Σ_j d_s σ(1 − σ),
-// acc (B, S, A) += d_s σ(1 − σ) if not null.
+// d_s (B, Q, S), sig (B, Q, S, A), w (A) → s_sig (B, Q, A) = Σ_j d_s σ,
+// d_q (B, Q, A) = w ⊙ Σ_j d_s σ(1 − σ), acc (B, S, A) += Σ_q d_s σ(1 − σ) if not null.
 template <typename T>
 void sigmoid_scores_backward_impl(const T* ds, const T* sig, const T* w, T* s_sig, T* d_q, T* acc,
-                                  int64_t B, int64_t S, int64_t A) {
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, S * A));
+                                  int64_t B, int64_t Q, int64_t S, int64_t A) {
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, Q * S * A));
   at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      T* ss = s_sig + b * A;
-      T* dq = d_q + b * A;
-      for (int64_t a = 0; a < A; ++a) ss[a] = dq[a] = T(0);
-      for (int64_t j = 0; j < S; ++j) {
-        const int64_t r = b * S + j;
-        if (acc != nullptr) {
-          sigmoid_backward_row(ds[r], sig + r * A, ss, dq, acc + r * A, A);
-        } else {
-          sigmoid_backward_row_noacc(ds[r], sig + r * A, ss, dq, A);
+      for (int64_t t = 0; t < Q; ++t) {
+        const int64_t bq = b * Q + t;
+        T* ss = s_sig + bq * A;
+        T* dq = d_q + bq * A;
+        for (int64_t a = 0; a < A; ++a) ss[a] = dq[a] = T(0);
+        for (int64_t j = 0; j < S; ++j) {
+          const int64_t r = bq * S + j;
+          if (acc != nullptr) {
+            sigmoid_backward_row(ds[r], sig + r * A, ss, dq, acc + (b * S + j) * A, A);
+          } else {
+            sigmoid_backward_row_noacc(ds[r], sig + r * A, ss, dq, A);
+          }
         }
+        for (int64_t a = 0; a < A; ++a) dq[a] *= w[a];
       }
-      for (int64_t a = 0; a < A; ++a) dq[a] *= w[a];
     }
   });
 }

@@ -305,50 +305,59 @@ void check_same(const Tensor& t, const Tensor& like, const char* name) {
   TORCH_CHECK(t.scalar_type() == like.scalar_type(), name, " must have the keys' dtype");
 }
 
+// The query may be (B, A) or (B, Q, A), the other tensors following: scores (B, [Q,] S),
+// sig (B, [Q,] S, A).
 void sigmoid_scores(Tensor keys, Tensor query, Tensor v, Tensor scores, std::optional<Tensor> sig) {
   check(keys, "keys", 3);
-  check(query, "query", 2);
   check(v, "v", 1);
-  check(scores, "scores", 2);
   const int64_t B = keys.size(0), S = keys.size(1), A = keys.size(2);
-  TORCH_CHECK(query.size(0) == B && query.size(1) == A, "query must be (B, A)");
+  const bool many = query.dim() == 3;
+  const int64_t Q = many ? query.size(1) : 1;
+  check(query, "query", many ? 3 : 2);
+  check(scores, "scores", many ? 3 : 2);
+  TORCH_CHECK(query.size(0) == B && query.size(-1) == A, "query must be (B, A) or (B, Q, A)");
   TORCH_CHECK(v.size(0) == A, "v must be (A)");
-  TORCH_CHECK(scores.size(0) == B && scores.size(1) == S, "scores must be (B, S)");
+  TORCH_CHECK(scores.numel() == B * Q * S && scores.size(-1) == S,
+              "scores must be (B, S) or (B, Q, S)");
   for (const Tensor* t : {&query, &v, &scores}) check_same(*t, keys, "every tensor");
   if (sig.has_value()) {
-    check(*sig, "sig", 3);
+    check(*sig, "sig", many ? 4 : 3);
     check_same(*sig, keys, "sig");
-    TORCH_CHECK(sig->sizes() == keys.sizes(), "sig must have the keys' shape");
+    TORCH_CHECK(sig->numel() == B * Q * S * A && sig->size(-1) == A,
+                "sig must be (B, S, A) or (B, Q, S, A)");
   }
   AT_DISPATCH_FLOATING_TYPES(keys.scalar_type(), "sigmoid_scores", [&] {
     sigmoid_scores_impl<scalar_t>(keys.data_ptr<scalar_t>(), query.data_ptr<scalar_t>(),
                                   v.data_ptr<scalar_t>(), scores.data_ptr<scalar_t>(),
-                                  opt_out_ptr<scalar_t>(sig), B, S, A);
+                                  opt_out_ptr<scalar_t>(sig), B, Q, S, A);
   });
 }
 
 void sigmoid_scores_backward(Tensor d_s, Tensor sig, Tensor w, Tensor s_sig, Tensor d_q,
                              std::optional<Tensor> acc) {
-  check(d_s, "d_s", 2);
-  check(sig, "sig", 3);
+  const bool many = sig.dim() == 4;
+  check(sig, "sig", many ? 4 : 3);
+  check(d_s, "d_s", many ? 3 : 2);
   check(w, "w", 1);
-  check(s_sig, "s_sig", 2);
-  check(d_q, "d_q", 2);
-  const int64_t B = sig.size(0), S = sig.size(1), A = sig.size(2);
-  TORCH_CHECK(d_s.size(0) == B && d_s.size(1) == S, "d_s must be (B, S)");
+  check(s_sig, "s_sig", many ? 3 : 2);
+  check(d_q, "d_q", many ? 3 : 2);
+  const int64_t B = sig.size(0), Q = many ? sig.size(1) : 1, S = sig.size(-2), A = sig.size(-1);
+  TORCH_CHECK(d_s.numel() == B * Q * S && d_s.size(-1) == S, "d_s must be (B, [Q,] S)");
   TORCH_CHECK(w.size(0) == A, "w must be (A)");
-  TORCH_CHECK(s_sig.size(0) == B && s_sig.size(1) == A, "s_sig must be (B, A)");
-  TORCH_CHECK(d_q.size(0) == B && d_q.size(1) == A, "d_q must be (B, A)");
+  TORCH_CHECK(s_sig.numel() == B * Q * A && s_sig.size(-1) == A, "s_sig must be (B, [Q,] A)");
+  TORCH_CHECK(d_q.numel() == B * Q * A && d_q.size(-1) == A, "d_q must be (B, [Q,] A)");
   for (const Tensor* t : {&d_s, &w, &s_sig, &d_q}) check_same(*t, sig, "every tensor");
   if (acc.has_value()) {
     check(*acc, "acc", 3);
     check_same(*acc, sig, "acc");
-    TORCH_CHECK(acc->sizes() == sig.sizes(), "acc must have sig's shape");
+    TORCH_CHECK(acc->size(0) == B && acc->size(1) == S && acc->size(2) == A,
+                "acc must be (B, S, A)");
   }
   AT_DISPATCH_FLOATING_TYPES(sig.scalar_type(), "sigmoid_scores_backward", [&] {
-    sigmoid_scores_backward_impl<scalar_t>(
-        d_s.data_ptr<scalar_t>(), sig.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
-        s_sig.data_ptr<scalar_t>(), d_q.data_ptr<scalar_t>(), opt_out_ptr<scalar_t>(acc), B, S, A);
+    sigmoid_scores_backward_impl<scalar_t>(d_s.data_ptr<scalar_t>(), sig.data_ptr<scalar_t>(),
+                                           w.data_ptr<scalar_t>(), s_sig.data_ptr<scalar_t>(),
+                                           d_q.data_ptr<scalar_t>(), opt_out_ptr<scalar_t>(acc), B,
+                                           Q, S, A);
   });
 }
 

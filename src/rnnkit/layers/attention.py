@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.errors import ConfigError
+from rnnkit.layers.attention_scores import compiled_scores_library, sigmoid_scores
 
 __all__ = ["ATTENTION_KINDS", "Attention", "AttentionOutput", "masked_softmax"]
 
@@ -173,7 +174,8 @@ class Attention(nn.Module):
             )
         if self.kind == "additive":
             return self._additive(query, keys)
-        return torch.bmm(keys, query.unsqueeze(-1)).squeeze(-1)  # (B, S)
+        # a row times Kᵀ: torch's batched matrix-times-column product is several times slower
+        return torch.bmm(query.unsqueeze(1), keys.transpose(1, 2)).squeeze(1)  # (B, S)
 
     def _additive(self, query: Tensor, keys: Tensor) -> Tensor:
         """``vᵀ tanh(W_q q + b + k_j)`` for ``query (B, d_q)`` → ``(B, S)``, or ``(B, T,
@@ -187,6 +189,9 @@ class Attention(nn.Module):
         flat = query.reshape(-1, query.shape[-1])
         q2 = torch.addmm(proj.bias, flat, proj.weight.T, beta=2, alpha=2)  # 2 (W_q q + b)
         A = q2.shape[-1]
+        lib = compiled_scores_library(q2, keys, self.v)
+        if lib is not None:  # one pass forward, one backward (attention_scores.py)
+            return sigmoid_scores(lib, q2.view(*query.shape[:-1], A), keys, self.v)
         if query.dim() == 2:
             q2, k = q2.unsqueeze(1), keys  # (B, 1, A), (B, S, A)
         else:
