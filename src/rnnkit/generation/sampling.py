@@ -91,16 +91,17 @@ def _run_sampling(
         drawn.append((origin, token, chosen))
         if t == opt.max_length - 1:
             break
-        live = token != (-1 if opt.eos_id is None else opt.eos_id)
-        if ended is not None:
-            ended |= ~live
-            live = ~ended
-        alive = int(live.sum())
+        rows = token.shape[0]
+        if ended is not None:  # greedy: rows stay until a quarter of them has ended
+            ended |= token == opt.eos_id
+            alive = rows - int(ended.sum())
+        else:
+            live = token != (-1 if opt.eos_id is None else opt.eos_id)
+            alive = int(live.sum())
         if alive == 0:
             break
-        rows = live.shape[0]
         if alive < rows and (ended is None or 4 * alive <= 3 * rows):
-            keep = live.nonzero().view(-1)
+            keep = (live if ended is None else ~ended).nonzero().view(-1)
             state, token, origin = reorder(state, keep), token[keep], origin[keep]
             if ended is not None:
                 ended = ended[keep]
