@@ -11,8 +11,15 @@ from rnnkit.cells.amp import (
 )
 from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.gru import GRUCache, GRUCell, GRUKernel, gru_step, gru_step_backward
-from rnnkit.cells.kernel import Kernel, Weights, input_product, scratch
-from rnnkit.cells.lstm import LSTMCache, LSTMCell, LSTMKernel, lstm_step, lstm_step_backward
+from rnnkit.cells.kernel import Kernel, StepKernel, Weights, input_product, scratch
+from rnnkit.cells.lstm import (
+    LSTMCache,
+    LSTMCell,
+    LSTMKernel,
+    NativeLSTMStep,
+    lstm_step,
+    lstm_step_backward,
+)
 from rnnkit.cells.rnn import (
     NONLINEARITIES,
     RNNCell,
@@ -32,8 +39,10 @@ __all__ = [
     "LSTMCache",
     "LSTMCell",
     "LSTMKernel",
+    "NativeLSTMStep",
     "RNNCell",
     "RNNKernel",
+    "StepKernel",
     "Weights",
     "activate",
     "autocast_devices_on",

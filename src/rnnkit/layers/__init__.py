@@ -2,13 +2,15 @@
 (``stacked``; ``RNN``, ``LSTM`` and ``GRU`` in ``cell_stacks``).
 
 Beside them: ``attention`` (dot, general, additive; masked softmax), ``attention_loop``
-(the teacher-forced attention decoder as one autograd node), ``interop`` (weights to and
+(the teacher-forced attention decoder as one autograd node), ``attention_scores``
+(additive scores as one autograd node on the compiled library), ``interop`` (weights to and
 from ``torch.nn``'s layers) and ``torch_nn`` (the layers behind ``torch.nn``'s interface,
 public as :mod:`rnnkit.nn`).
 """
 
 from rnnkit.layers.attention import ATTENTION_KINDS, Attention, AttentionOutput, masked_softmax
 from rnnkit.layers.attention_loop import AttentionDecoderOutput, attention_decoder
+from rnnkit.layers.attention_scores import compiled_scores_library, sigmoid_scores
 from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
 from rnnkit.layers.interop import convert_gru_update, count_parameters, from_torch, to_torch
 from rnnkit.layers.masking import flip_sequences, lengths_to_mask, resolve_mask
@@ -28,6 +30,7 @@ __all__ = [
     "Recurrent",
     "StackedRecurrent",
     "attention_decoder",
+    "compiled_scores_library",
     "convert_gru_update",
     "count_parameters",
     "flip_sequences",
@@ -37,5 +40,6 @@ __all__ = [
     "reset_rows",
     "resolve_mask",
     "run_windowed_stack",
+    "sigmoid_scores",
     "to_torch",
 ]
