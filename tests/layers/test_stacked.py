@@ -333,3 +333,25 @@ def test_empty_batch_backward(cell_spec, window):
     layer(x, window=window).outputs.sum().backward()
     assert x.grad.shape == (0, 5, 3)
     assert all(torch.count_nonzero(p.grad) == 0 for p in layer.parameters())
+
+
+def test_projected_input_is_refused_where_it_does_not_apply():
+    from rnnkit import LSTM
+    from rnnkit.bptt.native import available, use_native
+
+    if not available():
+        pytest.skip("no compiled loop here")
+    torch.manual_seed(0)
+    stack = LSTM(5, 8)
+    table = stack.input_table(torch.randn(11, 5))
+    assert table.shape == (11, 32)
+    xp = table[torch.randint(0, 11, (2, 6))]
+    assert stack(xp, projected=True).outputs.shape == (2, 6, 8)
+    with pytest.raises(ValueError, match="I = 32"):
+        stack(torch.randn(2, 6, 5), projected=True)  # the embeddings, not their product
+    with pytest.raises(ValueError, match="projected=True needs"):
+        stack(xp, projected=True, window=2)
+    with use_native(False), pytest.raises(ValueError, match="projected=True needs"):
+        stack(xp, projected=True)
+    both = LSTM(5, 8, bidirectional=True)
+    assert not both.takes_projected(xp)

@@ -462,3 +462,62 @@ def test_sequence_loss_reduction_weighs_every_sequence_the_same():
     assert out.tokens == token.tokens == int(PADDED.sum())
     assert out.nats == pytest.approx(token.nats, rel=1e-12)  # the figures stay per token
     assert not torch.allclose(out.loss, token.loss)
+
+
+# ------------------------------------------------- the first layer's input from a table
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn"])
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("masked", [False, True])
+def test_table_input_equals_the_product(cell, layers, masked):
+    """Reading x W_ihᵀ from the table E W_ihᵀ gives the same logits, final state and every
+    gradient as the product of the embeddings (float64; with padding: packed rows)."""
+    from rnnkit.bptt.native import available, use_native
+    from rnnkit.models.builders import build_language_model
+    from rnnkit.models.spec import ModelSpec
+
+    if not available():
+        pytest.skip("no compiled loop here")
+    torch.manual_seed(0)
+    lm = build_language_model(ModelSpec(cell=cell, hidden=8, embedding=5, layers=layers), 11)
+    lm = lm.double()
+    x = torch.randint(0, 11, (4, 9))
+    mask = None
+    if masked:
+        mask = torch.ones(4, 9, dtype=torch.bool)
+        mask[1, 6:] = False
+        mask[3, 2:] = False
+    assert lm._reads_table(x, None, None)
+    out = lm(x, mask=mask)
+    got = torch.autograd.grad(out.logits.pow(2).sum(), list(lm.parameters()))
+    with use_native(False):
+        assert not lm._reads_table(x, None, None)
+        ref = lm(x, mask=mask)
+        want = torch.autograd.grad(ref.logits.pow(2).sum(), list(lm.parameters()))
+    torch.testing.assert_close(out.logits, ref.logits, atol=1e-13, rtol=1e-11)
+    ref_state = ref.state if isinstance(ref.state, tuple) else (ref.state,)
+    out_state = out.state if isinstance(out.state, tuple) else (out.state,)
+    for a, b in zip(out_state, ref_state, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-13, rtol=1e-11)
+    for (name, _), a, b in zip(lm.named_parameters(), got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10, msg=name)
+
+
+def test_table_input_only_where_it_is_the_same_model():
+    from rnnkit.bptt.native import available
+    from rnnkit.models.builders import build_language_model
+    from rnnkit.models.spec import ModelSpec
+
+    if not available():
+        pytest.skip("no compiled loop here")
+    lm = build_language_model(ModelSpec(hidden=8, embedding=5, dropout=0.3), 11)
+    x = torch.randint(0, 11, (4, 9))
+    assert not lm.train()._reads_table(x, None, None)  # dropout on the embeddings
+    assert lm.eval()._reads_table(x, None, None)  # no dropout in evaluation
+    assert not lm._reads_table(x[:2, :2], None, None)  # fewer tokens than the vocabulary
+    assert not lm._reads_table(x, None, 4)  # windowed BPTT
+    assert not lm._reads_table(x, torch.zeros(4, 9, dtype=torch.bool), None)  # starts
+    handle = lm.embedding.register_forward_hook(lambda *a: None)
+    assert not lm._reads_table(x, None, None)  # a hook expects the embedding to run
+    handle.remove()
+    lm.encoder.recompute = 2
+    assert not lm._reads_table(x, None, None)

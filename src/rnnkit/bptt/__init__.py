@@ -28,7 +28,7 @@ from rnnkit.bptt.record import (
     make_packing,
     unpack_record,
 )
-from rnnkit.bptt.recurrence import clean_padding, run_recurrence
+from rnnkit.bptt.recurrence import clean_padding, run_recurrence, takes_projected
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 
@@ -51,6 +51,7 @@ __all__ = [
     "reorder",
     "run_recomputed",
     "run_recurrence",
+    "takes_projected",
     "supports",
     "tracing",
     "unpack_record",

@@ -113,21 +113,24 @@ def weight_grads(
     w: Weights,
     need: tuple[bool, ...],
     packing: Packing | None = None,
+    projected: bool = False,
 ) -> Grads:
     """Every gradient as ONE matrix product (or sum) over all steps.
 
     ``need`` flags (x, weight_ih, weight_hh, bias, bias_hn); with ``packing`` the products
     run over the computed rows only and ``∂L/∂x`` is scattered back to ``(T, B, I)``.
+    ``projected``: ``x`` was the input product itself (``forward_pass``): ``∂L/∂x`` is
+    ``d_xp`` and ``weight_ih`` gets no gradient here (the caller's product gives it one).
     """
     T, B, H = (s - k for s, k in zip(record.states[0].shape, (1, 0, 0), strict=True))
     d_xp = sweep.d_xp.reshape(-1, sweep.d_xp.shape[-1])  # (T·B or N, G·H)
     d_x = None
     if need[0]:
-        d_x = d_xp @ w.weight_ih
+        d_x = d_xp if projected else d_xp @ w.weight_ih
         if packing is not None:  # rows never computed get no gradient
             d_x = d_x.new_zeros(T * B, d_x.shape[1]).index_copy_(0, packing.rows, d_x)
         d_x = d_x.view(T, B, d_x.shape[-1])
-    d_w_ih = d_xp.T @ record.x if need[1] else None
+    d_w_ih = d_xp.T @ record.x if need[1] and not projected else None
     d_bias = d_xp.sum(0) if need[3] else None
     d_w_hh = d_bias_hn = None
     if need[2] or need[4]:

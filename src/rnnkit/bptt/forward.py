@@ -106,26 +106,37 @@ def forward_pass(
     save: bool,
     packing: Packing | None = None,
     reset: Tensor | None = None,
+    projected: bool = False,
 ) -> ForwardRecord:
     """Input projections in one product, then the step loop. ``x (T, B, I)``,
     ``mask (T, B, 1)`` bool or None; ``packing`` (compiled loop only) skips the rows
     that have finished (see ``Packing``); ``reset (T, B, 1)`` bool or None zeroes the
     state entering a step (the PyTorch loop: the compiled one has no resets). Under
-    autocast it computes in the weights' dtype (module docstring)."""
+    autocast it computes in the weights' dtype (module docstring).
+
+    ``projected`` (compiled loop only): ``x (T, B, G·H)`` is the input product
+    ``x W_ihᵀ`` itself, without the bias, computed by the caller (a language model reads
+    it from a table of the vocabulary's rows); the record then keeps no input."""
     x, states0 = _like_weights(w, x, states0)
     T, B, I = x.shape
     x_flat = x.reshape(T * B, I)
     lib = _compiled(kernel, x, *w, *states0) if reset is None else None
-    if lib is None and packing is not None:
-        raise RuntimeError("a Packing needs the compiled loop (rnnkit.bptt.native)")
+    if lib is None and (packing is not None or projected):
+        raise RuntimeError(
+            "a Packing or a projected input needs the compiled loop (rnnkit.bptt.native)"
+        )
     if lib is not None:
         offsets = None
         if packing is not None:
             x_flat, offsets = x_flat.index_select(0, packing.rows), packing.offsets
+        elif projected and x_flat.data_ptr() == x.data_ptr():
+            x_flat = x_flat.clone()  # the loop overwrites the projections: not the caller's
         states, cache = kernel.native_forward(
-            lib, x_flat, w, T, B, states0, _mask2(mask), save, offsets
+            lib, x_flat, w, T, B, states0, _mask2(mask), save, offsets, projected
         )
-        return ForwardRecord(x_flat, states, cache)
+        # A projected input is not needed again (no ∂L/∂W_ih here): keep no reference.
+        kept = x_flat.new_empty(0, I) if projected else x_flat
+        return ForwardRecord(kept, states, cache)
     xps = kernel.project_inputs(x_flat, w, T, B)  # (T, B, ·) buffers
     states, cache = _forward_loop(kernel, xps, mask, states0, kernel.prepare(w), save, reset)
     return ForwardRecord(x_flat, states, cache, reset)

@@ -25,7 +25,7 @@ from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_reco
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
 from rnnkit.cells.kernel import Kernel, Weights
 
-__all__ = ["clean_padding", "run_recurrence"]
+__all__ = ["clean_padding", "run_recurrence", "takes_projected"]
 
 
 class _Recurrence(torch.autograd.Function):
@@ -39,6 +39,7 @@ class _Recurrence(torch.autograd.Function):
         window: int | None,
         save: bool,
         packing: Packing | None,
+        projected: bool,
         x: Tensor,
         weight_ih: Tensor,
         weight_hh: Tensor,
@@ -47,9 +48,10 @@ class _Recurrence(torch.autograd.Function):
         *states0: Tensor,
     ) -> tuple[Tensor, ...]:
         w = Weights(weight_ih, weight_hh, bias, bias_hn)
-        record = forward_pass(kernel, x, w, states0, mask, save, packing)
+        record = forward_pass(kernel, x, w, states0, mask, save, packing, projected=projected)
         if save:
             ctx.kernel, ctx.mask, ctx.window, ctx.packing = kernel, mask, window, packing
+            ctx.projected = projected
             ctx.num_states = len(record.states)
             ctx.save_for_backward(record.x, weight_ih, weight_hh, *record.states, *record.cache)
         finals = tuple(s[-1].clone() for s in record.states)
@@ -71,14 +73,22 @@ class _Recurrence(torch.autograd.Function):
         sweep = backward_sweep(
             ctx.kernel, record, w, ctx.mask, d_out, d_finals, ctx.window, packing
         )
-        # needs_input_grad: kernel, mask, window, save, packing, x, w_ih, w_hh, bias,
-        # bias_hn, s0...
-        need = ctx.needs_input_grad[5:10]
-        g = weight_grads(ctx.kernel, record, sweep, w, need, packing)
+        # needs_input_grad: kernel, mask, window, save, packing, projected, x, w_ih, w_hh,
+        # bias, bias_hn, s0...
+        need = ctx.needs_input_grad[6:11]
+        g = weight_grads(ctx.kernel, record, sweep, w, need, packing, ctx.projected)
         d_s0 = tuple(
-            d if ctx.needs_input_grad[10 + k] else None for k, d in enumerate(sweep.d_states0)
+            d if ctx.needs_input_grad[11 + k] else None for k, d in enumerate(sweep.d_states0)
         )
-        return (None, None, None, None, None, *g, *d_s0)
+        return (None, None, None, None, None, None, *g, *d_s0)
+
+
+def takes_projected(
+    kernel: Kernel, x: Tensor, weights: Weights, states0: tuple[Tensor, ...] = ()
+) -> bool:
+    """Whether :func:`run_recurrence` can take ``x`` as the input product itself
+    (``projected=True``): where the compiled loop runs for these tensors."""
+    return _compiled(kernel, x, *weights, *states0) is not None
 
 
 def clean_padding(x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -133,6 +143,7 @@ def run_recurrence(
     states0: tuple[Tensor, ...],
     mask: Tensor | None = None,
     window: int | None = None,
+    projected: bool = False,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """Run one direction of one layer over time with the explicit BPTT backward.
 
@@ -143,6 +154,9 @@ def run_recurrence(
         states0: initial state tensors, each ``(B, H)`` (``(h,)`` or ``(h, c)``).
         mask: ``(T, B)`` bool, True at real steps, or None (all real).
         window: None for full BPTT, or τ ≥ 1 for the exact windowed BPTT(τ).
+        projected: ``x (T, B, G·H)`` is the input product ``x W_ihᵀ`` (no bias) the caller
+            computed; ``weight_ih`` then gets no gradient from this node. The compiled
+            loop only (:func:`takes_projected`), full BPTT.
 
     Returns:
         ``(outputs (T, B, H), final states)`` — the final states are those after each
@@ -156,6 +170,11 @@ def run_recurrence(
     (torch.Size([4, 1, 3]), True)
     """
     check_tracer()
+    if projected and (window is not None or not takes_projected(kernel, x, weights, states0)):
+        raise ValueError(
+            "a projected input needs the compiled loop, no tracing and full BPTT "
+            "(check takes_projected first)"
+        )
     if tracing():
         return _traced_recurrence(kernel, x, weights, states0, mask, window)
     # Under autocast the input (or a state) may come from a float16/bfloat16 product; the
@@ -188,6 +207,7 @@ def run_recurrence(
         window,
         save,
         packing,
+        projected,
         x,
         weights.weight_ih,
         weights.weight_hh,

@@ -261,11 +261,14 @@ class GRUKernel:
         return d_w, None
 
     # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
-    def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None):
+    def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
         H = w.weight_hh.shape[1]
         # x W_ih^T; the bias is added in the loop (addmm would first copy it to every row)
-        xp_rz = input_product(x, w.weight_ih[: 2 * H])  # (T·B or N, 2H)
-        xp_n = input_product(x, w.weight_ih[2 * H :])  # (T·B or N, H)
+        if projected:  # the two blocks as the contiguous buffers the loop writes into
+            xp_rz, xp_n = x[:, : 2 * H].contiguous(), x[:, 2 * H :].contiguous()
+        else:
+            xp_rz = input_product(x, w.weight_ih[: 2 * H])  # (T·B or N, 2H)
+            xp_n = input_product(x, w.weight_ih[2 * H :])  # (T·B or N, H)
         if offsets is None:
             xp_rz, xp_n = xp_rz.view(T, B, 2 * H), xp_n.view(T, B, H)
         after = self.reset == "after"

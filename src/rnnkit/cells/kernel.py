@@ -161,10 +161,13 @@ class Kernel(StepKernel, Protocol):
         mask: Tensor | None,
         save: bool,
         offsets: Tensor | None = None,
+        projected: bool = False,
     ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
         """The whole forward loop in the compiled library ``lib`` (rnnkit.bptt.native): the
         state buffers ``(T + 1, B, H)`` and the cache, the same as ``step_into`` fills.
-        ``offsets``: packed rows (only the rows still running at each step)."""
+        ``offsets``: packed rows (only the rows still running at each step).
+        ``projected``: ``x`` is already the input product ``x W_ihᵀ`` ``(N, G·H)``, without
+        the bias, in a buffer the loop may overwrite."""
 
     def native_backward(
         self,

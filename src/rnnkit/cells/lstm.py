@@ -188,9 +188,10 @@ class LSTMKernel:
         return d_hp.T @ h_prev, None
 
     # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
-    def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None):
+    def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
         # x W_ih^T; the bias is added in the loop (addmm would first copy it to every row)
-        xp = input_product(x, w.weight_ih)  # (T·B or N, 4H): the activated gates, in place
+        xp = x if projected else input_product(x, w.weight_ih)  # (T·B or N, 4H): the
+        # activated gates, in place
         if offsets is None:
             xp = xp.view(T, B, xp.shape[1])
         hs, cs, tanh_c = lib.lstm_forward(

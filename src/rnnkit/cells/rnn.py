@@ -122,8 +122,9 @@ class RNNKernel:
         return d_hp.T @ h_prev, None
 
     # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
-    def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None):
-        xp = input_product(x, w.weight_ih)  # (T·B or N, H); the bias is added in the loop
+    def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
+        # (T·B or N, H); the bias is added in the loop
+        xp = x if projected else input_product(x, w.weight_ih)
         if offsets is None:
             xp = xp.view(T, B, xp.shape[1])
         act = ACTIVATION_CODES[self.nonlinearity]

@@ -42,11 +42,14 @@ class Recurrent(nn.Module):
         state: State | None = None,
         window: int | None = None,
         recompute: int | None = None,
+        projected: bool = False,
     ) -> tuple[Tensor, State]:
         """``x (T, B, I)``, ``mask (T, B)`` → ``(outputs (T, B, H), final state)``.
 
         ``recompute=k`` stores only every k-th state and recomputes the rest in the
-        backward (``rnnkit.bptt.recompute``); not together with ``window``."""
+        backward (``rnnkit.bptt.recompute``); not together with ``window``.
+        ``projected``: ``x (T, B, G·H)`` is the input product ``x W_ihᵀ`` (no bias),
+        computed by the caller (``rnnkit.bptt.recurrence.run_recurrence``)."""
         check_tracer()
         B = x.shape[1]
         if state is None:
@@ -56,6 +59,8 @@ class Recurrent(nn.Module):
         if self.reverse:
             x, run_mask = flip_sequences(x, mask)
         if recompute is not None and not tracing():  # a graph's memory is the compiler's
+            if projected:
+                raise ValueError("a projected input cannot be recomputed: recompute=None")
             if window is not None:
                 raise ValueError("recompute and window cannot be combined: choose one")
             outputs, finals = run_recomputed(
@@ -63,7 +68,7 @@ class Recurrent(nn.Module):
             )
         else:
             outputs, finals = run_recurrence(
-                self.cell.kernel, x, self.cell.weights(), states0, run_mask, window
+                self.cell.kernel, x, self.cell.weights(), states0, run_mask, window, projected
             )
         if self.reverse:
             # Flip back with the ORIGINAL mask: the extent [0, L) is that of the input (a

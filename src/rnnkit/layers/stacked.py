@@ -20,6 +20,7 @@ from typing import cast, overload
 import torch
 from torch import Tensor, nn
 
+from rnnkit.bptt.recurrence import takes_projected
 from rnnkit.bptt.tracing import tracing
 from rnnkit.cells.amp import autocast_devices_on, low_precision_to
 from rnnkit.cells.base import CellBase
@@ -155,19 +156,18 @@ class StackedRecurrent(nn.Module):
         """All cells, ordered by layer then direction."""
         return [d.cell for layer in self.layers for d in _directions(layer)]
 
-    def _check_input(self, x: Tensor) -> None:
+    def _check_input(self, x: Tensor, projected: bool = False) -> None:
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         layout = "(B, T, I)" if self.batch_first else "(T, B, I)"
+        # a projected input is the first layer's input product: G·H wide
+        width = self.cells()[0].weight_ih.shape[0] if projected else self.input_size
         if x.dim() != 3:
             raise ValueError(
-                f"x must have 3 dimensions {layout} with I = {self.input_size}, "
-                f"got shape {tuple(x.shape)}"
+                f"x must have 3 dimensions {layout} with I = {width}, got shape {tuple(x.shape)}"
             )
-        if x.shape[2] != self.input_size:
-            raise ValueError(
-                f"x must have shape {layout} with I = {self.input_size}, got {tuple(x.shape)}"
-            )
+        if x.shape[2] != width:
+            raise ValueError(f"x must have shape {layout} with I = {width}, got {tuple(x.shape)}")
         p = self.cells()[0].weight_ih
         if x.dtype != p.dtype or x.device != p.device:
             raise TypeError(
@@ -202,6 +202,22 @@ class StackedRecurrent(nn.Module):
             return [[LSTMState(state.h[l, d], state.c[l, d]) for d in range(D)] for l in range(L)]
         return [[state[l, d] for d in range(D)] for l in range(L)]
 
+    def input_table(self, embedding: Tensor) -> Tensor:
+        """``E W_ihᵀ`` ``(V, G·H)``: the first layer's input product of every row of an
+        embedding ``E (V, I)`` (no bias), for ``forward(..., projected=True)`` with
+        ``x = table[tokens]``. Differentiable: the gradients reach ``E`` and ``W_ih``."""
+        return embedding @ self.cells()[0].weight_ih.T
+
+    def takes_projected(self, like: Tensor) -> bool:
+        """Whether ``forward(..., projected=True)`` runs for inputs like ``like``: one
+        direction, no ``recompute``, and the compiled loop for these tensors (CPU
+        float32/float64, not while tracing)."""
+        if self.bidirectional or self.recompute is not None or autocast_devices_on():
+            return False
+        layer = _directions(self.layers[0])[0]
+        cell = layer.cell
+        return takes_projected(cell.kernel, like, cell.weights())
+
     def forward(
         self,
         x: Tensor,
@@ -210,6 +226,7 @@ class StackedRecurrent(nn.Module):
         state: State | None = None,
         window: int | None = None,
         resets: Tensor | None = None,
+        projected: bool = False,
     ) -> RecurrentOutput:
         """Run the stack over a batch of sequences.
 
@@ -224,6 +241,10 @@ class StackedRecurrent(nn.Module):
             resets: ``(B, T)`` bool (``(T, B)`` if not ``batch_first``), True where a new
                 document starts: the state entering that step is zero in every layer, and
                 no gradient crosses it. Unidirectional stacks only.
+            projected: ``x`` is the first layer's input product ``x W_ihᵀ`` (no bias),
+                ``(B, T, G·H)`` — e.g. ``input_table(E)[tokens]``, which for a vocabulary
+                smaller than the batch's tokens costs far less than the product; where
+                :meth:`takes_projected` says so, with full BPTT and no ``resets``.
 
         Returns:
             ``RecurrentOutput(outputs (B, T, D·H), state (L, D, B, H))``; the final state
@@ -232,7 +253,12 @@ class StackedRecurrent(nn.Module):
         if autocast_devices_on():  # a float16/bfloat16 product upstream: see rnnkit.cells.amp
             dtype = self.cells()[0].weight_ih.dtype
             x, state = low_precision_to(x, dtype), low_precision_to(state, dtype)
-        self._check_input(x)
+        self._check_input(x, projected)
+        if projected and (window is not None or resets is not None or not self.takes_projected(x)):
+            raise ValueError(
+                "projected=True needs takes_projected(x) (one direction, no recompute, the "
+                "compiled loop), full BPTT and no resets"
+            )
         if window is not None and (
             isinstance(window, bool) or not isinstance(window, int) or window < 1
         ):
@@ -252,14 +278,20 @@ class StackedRecurrent(nn.Module):
         elif resets_bt is not None:
             return self._run_pieces(x, mask_bt, state, window, resets_bt)
         else:
-            h, finals = self._run_layers(xt, mask_t, init, window)
+            h, finals = self._run_layers(xt, mask_t, init, window, projected)
         outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
         return RecurrentOutput(outputs, _stack_states(finals, self.is_lstm))
 
     def _run_layers(
-        self, xt: Tensor, mask_t: Tensor | None, init: list[list[State]] | None, window
+        self,
+        xt: Tensor,
+        mask_t: Tensor | None,
+        init: list[list[State]] | None,
+        window,
+        projected: bool = False,
     ) -> tuple[Tensor, list[list[State]]]:
-        """Layer after layer, one autograd node per direction (``(T, B, ·)`` inside)."""
+        """Layer after layer, one autograd node per direction (``(T, B, ·)`` inside);
+        ``projected``: ``xt`` is the first layer's input product."""
         finals: list[list[State]] = []
         h = xt
         for index, layer in enumerate(self.layers):
@@ -270,7 +302,7 @@ class StackedRecurrent(nn.Module):
                 h, fin = layer(h, mask_t, layer_state, window, self.recompute)
             else:
                 s0 = None if layer_state is None else layer_state[0]
-                h, f = layer(h, mask_t, s0, window, self.recompute)
+                h, f = layer(h, mask_t, s0, window, self.recompute, projected and index == 0)
                 fin = [f]
             finals.append(fin)
         return h, finals

@@ -100,6 +100,33 @@ class LanguageModel(nn.Module):
     def vocab_size(self) -> int:
         return self.embedding.num_embeddings
 
+    def _reads_table(self, inputs: Tensor, starts: Tensor | None, window: int | None) -> bool:
+        """Whether :meth:`features` reads the first layer's input product from a table
+        of the vocabulary: fewer rows than the batch's tokens, an embedding that is a
+        plain lookup (no dropout on it now, no max_norm or gradient scaling, no hook
+        that expects to see it called), no length input, full BPTT without document
+        starts, and where the encoder takes a projected input
+        (``StackedRecurrent.takes_projected``)."""
+        emb = self.embedding
+        hooked = bool(
+            emb._forward_hooks
+            or emb._forward_pre_hooks
+            or nn.modules.module._global_forward_hooks
+            or nn.modules.module._global_forward_pre_hooks
+        )
+        return (
+            self.embedding.num_embeddings < inputs.numel()
+            and not hooked
+            and not (self.training and self.drop.p > 0)
+            and emb.max_norm is None
+            and not emb.scale_grad_by_freq
+            and not emb.sparse
+            and (self.length is None or not self.length.input_size)
+            and window is None
+            and starts is None
+            and self.encoder.takes_projected(emb.weight)
+        )
+
     def _run(self, x, mask, state, window, resets=None):
         out = self.encoder(x, mask=mask, state=state, window=window, resets=resets)
         return out.outputs, out.state
@@ -139,6 +166,15 @@ class LanguageModel(nn.Module):
         lengths: Tensor | None = None,
     ) -> tuple[Tensor, State]:
         """Top states ``(B, T, H)`` (what the head reads) and the final state."""
+        if self._reads_table(inputs, starts, window):
+            # The first layer's input product x W_ihᵀ of a token is a row of E W_ihᵀ: read
+            # from that (V, G·H) table instead of a (B·T, E) × (E, G·H) product, and the
+            # backward is a scatter of d_xp into V rows and two (V, ·) products instead of
+            # two (B·T, ·) ones — the same function and gradients (tested).
+            table = self.encoder.input_table(self.embedding.weight)
+            xp = nn.functional.embedding(inputs, table, padding_idx=self.embedding.padding_idx)
+            out = self.encoder(xp, mask=mask, state=state, projected=True)
+            return out.outputs, out.state
         x = self.drop(self.embedding(inputs))  # (B, T, E)
         if self.length is not None and self.length.input_size:
             if lengths is None:
