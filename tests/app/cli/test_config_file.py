@@ -54,7 +54,7 @@ def test_the_command_line_overrides_the_file_which_overrides_the_defaults(
     saved = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
     assert saved["hidden"] == 8  # command line
     assert (saved["lr"], saved["steps"], saved["batch_size"]) == (0.01, 3, 4)  # file
-    assert saved["layers"] == 1 and saved["dropout"] == 0.0  # defaults
+    assert saved["layers"] == 2 and saved["dropout"] == 0.3  # the lm task's defaults
     assert not (tmp_path / "run" / "report.html").exists()  # no-report from the file
     # the same through --print-config, which writes nothing
     shown = values(printed(run_cli, "--config", str(conf), "--lr", "0.5", "--out", "elsewhere"))
@@ -201,7 +201,7 @@ def test_resume_with_a_file_takes_its_options_as_requests(data, tmp_path, capsys
     conf.write_text("lr = 0.002\n")  # the default; this run was trained with it: accepted
     again = ["--train", str(data / "train.txt"), "--out", str(out)]
     assert run_cli("train", "--config", str(conf), "--resume", *again, "--steps", "6")[0] == 0
-    conf.write_text("dropout = 0.0\nlayers = 2\n")
+    conf.write_text("dropout = 0.3\nlayers = 1\n")  # the lm task's dropout; one layer
     code, _, err = run_cli("train", "--config", str(conf), "--resume", *again, "--steps", "7")
     assert code == 2 and f"{conf}: layers: --layers differs" in err
 

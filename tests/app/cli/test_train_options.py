@@ -91,7 +91,7 @@ def test_the_default_configuration_is_the_fields_defaults_but_the_command_lines_
     args.explicit = explicit_options(argv)
     cfg = config_from_args(args)
     assert cfg.epochs is None  # the command line trains until validation stops improving
-    assert dataclasses.replace(cfg, epochs=1) == TrainConfig(train="t.txt", out="r")
+    assert dataclasses.replace(cfg, epochs=1) == TrainConfig.for_task("lm", train="t.txt", out="r")
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from rnnkit.app.config import (
     TASK_DEFAULTS,
     TASK_OPTIONS,
     TrainConfig,
+    task_defaults,
 )
 from rnnkit.app.config.fields import SAME, flag, option_fields, option_of, value_kinds
 from rnnkit.data.limits import MAX_PARAMETERS
@@ -143,7 +144,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         explicit = explicit | {"clip_norm"}
     if not args.resume:
         global_defaults = TrainConfig()
-        for key, value in TASK_DEFAULTS.get(values["task"], {}).items():
+        for key, value in task_defaults(values["task"], values).items():
             # The task's own default for an option not given (without the parse's record
             # of what was typed: one still at the global default counts as not given).
             if (

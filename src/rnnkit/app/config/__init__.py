@@ -42,6 +42,7 @@ from rnnkit.app.config.train import (
     TASK_OPTIONS,
     TaskChoice,
     TrainConfig,
+    task_defaults,
 )
 
 __all__ = [
@@ -76,4 +77,5 @@ __all__ = [
     "TrainConfig",
     "option",
     "parse_bptt",
+    "task_defaults",
 ]

@@ -46,15 +46,37 @@ from rnnkit.app.config.tasks import (
 )
 from rnnkit.errors import ConfigError
 
-__all__ = ["CELL_OPTIONS", "CONCERNS", "TASK_DEFAULTS", "TASK_OPTIONS", "TrainConfig"]
+__all__ = [
+    "CELL_OPTIONS",
+    "CONCERNS",
+    "TASK_DEFAULTS",
+    "TASK_OPTIONS",
+    "TrainConfig",
+    "task_defaults",
+]
 
 #: Defaults that differ by task, each chosen by measurement (docs/defaults.md: the data,
 #: the commands and the figures): task → {field: value}. The command line applies them to
 #: the options not given; in Python, :meth:`TrainConfig.for_task` does. Every other
 #: default is :class:`TrainConfig`'s own.
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "lm": {"layers": 2, "dropout": 0.3},
     "regress": {"lr": 5e-3},
 }
+
+
+def task_defaults(task: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The defaults of :data:`TASK_DEFAULTS` for ``task`` that apply with these
+    ``options``: the Jordan wiring has one layer by definition, so an ``lm`` with
+    ``wiring="jordan"`` keeps ``layers=1``.
+
+    >>> task_defaults("lm", {"wiring": "jordan"})
+    {'dropout': 0.3}
+    """
+    defaults = dict(TASK_DEFAULTS.get(task, {}))
+    if options.get("wiring") == "jordan":
+        defaults.pop("layers", None)
+    return defaults
 
 
 @dataclass(kw_only=True)
@@ -109,7 +131,7 @@ class TrainConfig(
         >>> TrainConfig.for_task("regress", train="x").lr, TrainConfig(task="regress").lr
         (0.005, 0.002)
         """
-        return cls(task=task, **{**TASK_DEFAULTS.get(task, {}), **options})
+        return cls(task=task, **{**task_defaults(task, options), **options})
 
     def check_fields(self, *concerns: type) -> TrainConfig:
         """Check what each field of the ``concerns`` (none: of all) declares — its choices,
