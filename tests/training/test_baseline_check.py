@@ -146,3 +146,27 @@ def test_cause_overfitting_and_underfitting():
     assert "a larger --hidden (now 16)" in r["advice"] and "--layers 2" in r["advice"]
     assert r["line"].endswith(f"likely cause: {r['cause']}; try: {r['advice']}")
     assert "\n" not in r["line"]
+
+
+def test_cause_a_model_that_fits_better_than_its_baseline_but_does_not_generalise():
+    # training loss 1.25 nats under the 5-gram's 1.62 on validation, the model's own
+    # validation loss 1.81: not underfitting (the ratio rule alone would say so)
+    s = {
+        "task": "lm",
+        "steps": 1310,
+        "stopped": "no improvement for 20 validations (best at step 1210)",
+        "train_loss_nats": 1.25,
+        "valid": {"step": 1210, "loss_nats": 1.81, "bits_per_char": 2.61, "tokens": 500},
+        "ngram": {"order": 5, "loss_nats": 1.62, "bits_per_char": 2.33, "tokens": 500},
+    }
+    r = behind_baseline(s, "lm", RunSettings(epochs=None, hidden=128, dropout=0.3))
+    assert r["cause"] == (
+        "validation stopped improving at step 1210 of 1310; the training loss (1.25) is "
+        "below the 5-gram's validation loss (1.62) but the model's validation loss is 1.81: "
+        "it does not generalise from this data (overfitting)"
+    )
+    assert r["advice"].startswith("more --dropout (now 0.3), a smaller --hidden (now 128)")
+    # a training loss above the baseline's validation loss: the ratio rule decides
+    s["train_loss_nats"] = 1.7
+    r = behind_baseline(s, "lm", RunSettings(epochs=None, hidden=128, layers=2))
+    assert r["cause"].endswith("(training loss 1.7): the model underfits")

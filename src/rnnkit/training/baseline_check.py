@@ -11,7 +11,10 @@ the run itself:
   the run was too short — a budget option (``--steps``, ``--epochs``, ``--max-time``)
   ended it, or the default mode's cap did;
 * validation stopped improving while the training loss is far below the validation loss
-  (under half of it): overfitting — more ``--dropout``, a smaller ``--hidden``;
+  (under half of it), or below the baseline's own validation loss (the model fits its
+  training data better than the baseline fits the validation data, yet ends behind on
+  validation: it does not generalise from this data): overfitting — more ``--dropout``,
+  a smaller ``--hidden``, more data;
 * validation stopped improving and the training loss is not much lower: underfitting —
   a larger ``--hidden``, another ``--lr``, more ``--layers``.
 
@@ -110,8 +113,21 @@ def _budget(settings: RunSettings) -> list[str]:
     return given
 
 
-def _diagnose(summary: dict[str, Any], settings: RunSettings) -> tuple[bool, str, str]:
-    """``(still improving, likely cause, what to try)`` of a run that ended behind."""
+def _baseline_loss(summary: dict[str, Any], kind: str) -> float | None:
+    """The validation loss (nats a token) of the baseline ``kind``, where it has one over
+    the same tokens as the model."""
+    valid = summary.get("valid") or {}
+    for what, figures in baseline_figures(summary):
+        if what == kind and _comparable(valid, figures, "loss_nats"):
+            return _number(figures.get("loss_nats"))
+    return None
+
+
+def _diagnose(
+    summary: dict[str, Any], settings: RunSettings, baseline_kind: str | None = None
+) -> tuple[bool, str, str]:
+    """``(still improving, likely cause, what to try)`` of a run that ended behind its
+    baseline ``baseline_kind``."""
     valid = summary.get("valid") or {}
     steps = summary.get("steps")
     best = valid.get("step")
@@ -135,6 +151,10 @@ def _diagnose(summary: dict[str, Any], settings: RunSettings) -> tuple[bool, str
     loss_key = "loss" if summary.get("task") == "regress" else "loss_nats"
     train_loss, valid_loss = _number(summary.get("train_loss_nats")), _number(valid.get(loss_key))
     peak = f"validation stopped improving at step {best} of {steps}"
+    overfit_advice = (
+        f"more --dropout (now {settings.dropout:g}), a smaller --hidden "
+        f"(now {settings.hidden}) or more training data"
+    )
     if (
         train_loss is not None
         and valid_loss is not None
@@ -145,8 +165,21 @@ def _diagnose(summary: dict[str, Any], settings: RunSettings) -> tuple[bool, str
             False,
             f"{peak} while the training loss went on falling ({train_loss:.3g} vs "
             f"{valid_loss:.3g} on validation): overfitting",
-            f"more --dropout (now {settings.dropout:g}), a smaller --hidden "
-            f"(now {settings.hidden}) or more training data",
+            overfit_advice,
+        )
+    base_loss = None if baseline_kind is None else _baseline_loss(summary, baseline_kind)
+    if (
+        train_loss is not None
+        and valid_loss is not None
+        and base_loss is not None
+        and train_loss < base_loss < valid_loss
+    ):
+        return (
+            False,
+            f"{peak}; the training loss ({train_loss:.3g}) is below the {baseline_kind}'s "
+            f"validation loss ({base_loss:.3g}) but the model's validation loss is "
+            f"{valid_loss:.3g}: it does not generalise from this data (overfitting)",
+            overfit_advice,
         )
     shown = f" (training loss {train_loss:.3g})" if train_loss is not None else ""
     return (
@@ -215,7 +248,7 @@ def behind_baseline(
     if found is None or not found["behind"]:
         return None
     metric, model, base, kind = (found[k] for k in ("metric", "model", "baseline", "kind"))
-    still, cause, advice = _diagnose(summary, settings)
+    still, cause, advice = _diagnose(summary, settings, kind)
     steps = summary.get("steps")
     label = LABELS.get(metric, metric)
     line = (
