@@ -46,6 +46,8 @@ def _common(corpus: Path, out: Path) -> list[str]:
         "8",
         "--bptt",
         "segment:16",
+        "--dropout",  # no random masks: one process and two draw them differently
+        "0",
         "--quiet",
     ]
 
