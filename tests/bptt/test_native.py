@@ -249,6 +249,9 @@ def test_sigmoid_scores_forward_and_backward(dtype, keep) -> None:
     lib.sigmoid_scores(keys, query, v, scores, sig)
     tol = {"atol": 1e-14, "rtol": 1e-12} if dtype == torch.float64 else {}
     torch.testing.assert_close(scores, sig_want @ v, **tol)
+    scaled = torch.empty(B, S, dtype=dtype)  # the keys' scale inside the pass
+    lib.sigmoid_scores(keys / 2, query, v, scaled, None, key_scale=2.0)
+    torch.testing.assert_close(scaled, sig_want @ v, **tol)
     if sig is None:
         return
     torch.testing.assert_close(sig, sig_want, **tol)

@@ -29,8 +29,8 @@ namespace {
 // σ of one source position into sig, then vᵀσ: two loops, each of which GCC vectorises
 // (the sigmoid inside the reduction it does not).
 template <typename T>
-void sigmoid_row(const T* __restrict k, const T* __restrict q, T* __restrict sig, int64_t A) {
-  for (int64_t a = 0; a < A; ++a) sig[a] = sigm(k[a] + q[a]);
+void sigmoid_row(const T* __restrict k, T ks, const T* __restrict q, T* __restrict sig, int64_t A) {
+  for (int64_t a = 0; a < A; ++a) sig[a] = sigm(ks * k[a] + q[a]);
 }
 
 template <typename T>
@@ -41,11 +41,12 @@ T dot_row(const T* __restrict v, const T* __restrict sig, int64_t A) {
   return s;
 }
 
-// keys (B, S, A), query (B, Q, A), v (A) → scores (B, Q, S); σ into sig (B, Q, S, A) if not
-// null. Q queries per row: one per decoder step (1 while decoding or inside a step loop).
+// keys (B, S, A), query (B, Q, A), v (A) → scores (B, Q, S) of σ(ks · k + q); σ into
+// sig (B, Q, S, A) if not null (ks: the keys' scale, so that callers need not scale them). Q
+// queries per row: one per decoder step (1 while decoding or inside a step loop).
 template <typename T>
-void sigmoid_scores_impl(const T* keys, const T* query, const T* v, T* scores, T* sig, int64_t B,
-                         int64_t Q, int64_t S, int64_t A) {
+void sigmoid_scores_impl(const T* keys, T ks, const T* query, const T* v, T* scores, T* sig,
+                         int64_t B, int64_t Q, int64_t S, int64_t A) {
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, Q * S * A));
   at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
     std::vector<T> row(sig == nullptr ? A : 0);  // σ of one position when sig is not kept
@@ -55,7 +56,7 @@ void sigmoid_scores_impl(const T* keys, const T* query, const T* v, T* scores, T
         for (int64_t j = 0; j < S; ++j) {
           const int64_t r = (b * Q + t) * S + j;
           T* out = sig != nullptr ? sig + r * A : row.data();
-          sigmoid_row(keys + (b * S + j) * A, q, out, A);
+          sigmoid_row(keys + (b * S + j) * A, ks, q, out, A);
           scores[r] = dot_row(v, out, A);
         }
       }

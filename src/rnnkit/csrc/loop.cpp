@@ -307,7 +307,8 @@ void check_same(const Tensor& t, const Tensor& like, const char* name) {
 
 // The query may be (B, A) or (B, Q, A), the other tensors following: scores (B, [Q,] S),
 // sig (B, [Q,] S, A).
-void sigmoid_scores(Tensor keys, Tensor query, Tensor v, Tensor scores, std::optional<Tensor> sig) {
+void sigmoid_scores(Tensor keys, Tensor query, Tensor v, Tensor scores, std::optional<Tensor> sig,
+                    double key_scale) {
   check(keys, "keys", 3);
   check(v, "v", 1);
   const int64_t B = keys.size(0), S = keys.size(1), A = keys.size(2);
@@ -327,9 +328,10 @@ void sigmoid_scores(Tensor keys, Tensor query, Tensor v, Tensor scores, std::opt
                 "sig must be (B, S, A) or (B, Q, S, A)");
   }
   AT_DISPATCH_FLOATING_TYPES(keys.scalar_type(), "sigmoid_scores", [&] {
-    sigmoid_scores_impl<scalar_t>(keys.data_ptr<scalar_t>(), query.data_ptr<scalar_t>(),
-                                  v.data_ptr<scalar_t>(), scores.data_ptr<scalar_t>(),
-                                  opt_out_ptr<scalar_t>(sig), B, Q, S, A);
+    sigmoid_scores_impl<scalar_t>(keys.data_ptr<scalar_t>(), static_cast<scalar_t>(key_scale),
+                                  query.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+                                  scores.data_ptr<scalar_t>(), opt_out_ptr<scalar_t>(sig), B, Q, S,
+                                  A);
   });
 }
 
@@ -402,7 +404,7 @@ TORCH_LIBRARY(rnnkit_native, m) {
       &lstm_step_backward);
   m.def(
       "sigmoid_scores(Tensor keys, Tensor query, Tensor v, Tensor(a!) scores, "
-      "Tensor(b!)? sig=None) -> ()",
+      "Tensor(b!)? sig=None, float key_scale=1.0) -> ()",
       &sigmoid_scores);
   m.def(
       "sigmoid_scores_backward(Tensor d_s, Tensor sig, Tensor w, Tensor(a!) s_sig, "

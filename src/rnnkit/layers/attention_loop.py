@@ -126,7 +126,7 @@ class _AttentionDecoder(torch.autograd.Function):
             flat_scores = scores.view(B * S)
             v_sum = v_a.sum()
             if lib is not None:  # one fused pass: σ_t and s_t + Σ v (the softmax ignores Σ v)
-                keys2, v2 = 2 * keys, 2 * v_a
+                v2 = 2 * v_a
         n = len(states)
         state_steps = [s.unbind(0) for s in states]
         cache_steps = [c.unbind(0) for c in cache]
@@ -137,7 +137,7 @@ class _AttentionDecoder(torch.autograd.Function):
                 torch.addmm(b_q, h_prev, query_weight_t, beta=2, alpha=2, out=query)
                 sig = hidden[t]
                 if lib is not None:
-                    lib.sigmoid_scores(keys2, query, v2, scores, sig)
+                    lib.sigmoid_scores(keys, query, v2, scores, sig, key_scale=2.0)
                 else:
                     torch.add(query3, keys, alpha=2, out=sig).sigmoid_()
                     torch.mv(sig.view(B * S, A), v_a, out=flat_scores)
@@ -206,8 +206,9 @@ class _AttentionDecoder(torch.autograd.Function):
             d_q = x.new_empty(T, B, A)
             v4 = 4 * v
             s_sig = x.new_empty(T, B, A)  # Σ_j d_s_tj σ_tj
-            s_dsig = x.new_empty(B, 1, A)  # Σ_j d_s_tj σ_tj(1 − σ_tj)
-            dsig = x.new_empty(B, S, A)  # σ_t(1 − σ_t) (the saved σ stays as it is)
+            if lib is None:  # the torch operations' buffers (the compiled pass needs none)
+                s_dsig = x.new_empty(B, 1, A)  # Σ_j d_s_tj σ_tj(1 − σ_tj)
+                dsig = x.new_empty(B, S, A)  # σ_t(1 − σ_t) (the saved σ stays as it is)
             acc = x.new_zeros(B, S, A) if ctx.needs_input_grad[7] else None
         wprep = kernel.prepare_backward(Weights(weight_x, weight_hh, None, None))  # type: ignore[arg-type]
         d_state = [x.new_zeros(B, H) for _ in range(n)]

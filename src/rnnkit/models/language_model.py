@@ -117,11 +117,13 @@ class LanguageModel(nn.Module):
         against 64).
         """
         emb = self.embedding
+        # torch keeps the global module hooks in private dicts: read them defensively
+        module = nn.modules.module
         hooked = bool(
             emb._forward_hooks
             or emb._forward_pre_hooks
-            or nn.modules.module._global_forward_hooks
-            or nn.modules.module._global_forward_pre_hooks
+            or getattr(module, "_global_forward_hooks", None)
+            or getattr(module, "_global_forward_pre_hooks", None)
         )
         return (
             mask is None
