@@ -75,6 +75,59 @@ def test_float32_compiled_equals_pytorch_loop(cls, options, threads, B, T) -> No
         assert (a - b).abs().max() <= 1e-6 * b.abs().max().clamp_min(1e-6)
 
 
+def _lstm_run(dtype, mask, need_x: bool, threads: int):
+    """Outputs, final states and every gradient of one LSTM direction on the compiled loop."""
+    from rnnkit.bptt.recurrence import run_recurrence
+    from rnnkit.cells.lstm import LSTMCell
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(3)
+        T, B, I, H = mask.shape[0], mask.shape[1], 24, 32
+        torch.manual_seed(0)
+        cell = LSTMCell(I, H).to(dtype)
+        x = torch.randn(T, B, I, generator=g, dtype=dtype).requires_grad_(need_x)
+        s0 = tuple(torch.randn(B, H, generator=g, dtype=dtype).requires_grad_() for _ in "hc")
+        out, finals = run_recurrence(cell.kernel, x, cell.weights(), s0, mask)
+        d_out = torch.randn(T, B, H, generator=g, dtype=dtype)
+        loss = (out * d_out).sum() + sum((f * f).sum() for f in finals)
+        inputs = [*([x] if need_x else []), *cell.parameters(), *s0]
+        grads = torch.autograd.grad(loss, inputs)
+        with torch.no_grad():
+            out_ng, _ = run_recurrence(cell.kernel, x, cell.weights(), s0, mask)
+    finally:
+        torch.set_num_threads(before)
+    return [out.detach(), *(f.detach() for f in finals), *grads, out_ng]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("need_x", [True, False])
+def test_lstm_input_product_in_the_loop_equals_the_product_before_it(
+    monkeypatch, threads, dtype, need_x
+) -> None:
+    """Where I + H is small the compiled LSTM loop multiplies each step's inputs itself
+    (and the backward gives ∂L/∂x step by step); everywhere else one product over all
+    steps comes first. Both give the same outputs, final states and gradients — with rows
+    sorted and packed by their lengths, a hole inside a row, a carried initial state, an
+    input without gradient, and under no_grad — to float64 rounding and float32's 1e-6."""
+    from rnnkit.cells import lstm
+
+    assert lstm.input_in_loop(24, 32) and not lstm.input_in_loop(256, 512)
+    T, B = 9, 37
+    lengths = torch.randint(0, T + 1, (B,), generator=torch.Generator().manual_seed(5))
+    mask = torch.arange(T)[:, None] < lengths[None, :]
+    mask[2, 0] = mask[5, 3] = False  # holes
+    in_loop = _lstm_run(dtype, mask, need_x, threads)
+    monkeypatch.setattr(lstm, "INPUT_IN_LOOP_MAX", 0)
+    before = _lstm_run(dtype, mask, need_x, threads)
+    for a, b in zip(in_loop, before, strict=True):
+        scale = b.abs().max().clamp_min(1e-6)
+        tol = 1e-12 if dtype == torch.float64 else 1e-6
+        assert (a - b).abs().max() <= tol * scale
+
+
 def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],

@@ -38,6 +38,7 @@ def backward_sweep(
     d_finals: tuple[Tensor | None, ...],
     window: int | None = None,
     packing: Packing | None = None,
+    need_x: bool = False,
 ) -> Sweep:
     """The explicit BPTT sweep from ``t = T`` down to 1.
 
@@ -45,6 +46,8 @@ def backward_sweep(
         d_out: ∂L/∂outputs ``(T, B, H)`` or None.  d_finals: ∂L/∂(final states).
         window: None for full BPTT, τ ≥ 1 for the exact BPTT(τ) (``windowed_sweep``).
         packing: the ``Packing`` the record was made with (its ``d_xp`` is then packed).
+        need_x: ∂L/∂x will be needed: the compiled loop may compute it step by step
+            (``Sweep.d_x``; ``weight_grads`` then skips the product ``d_xp W_ih``).
     """
     if window is not None:
         if packing is not None:
@@ -66,10 +69,10 @@ def backward_sweep(
         )
         d_out_c = None if d_out is None else d_out.contiguous()
         offsets = None if packing is None else packing.offsets
-        d_xp, d_hp, d0 = kernel.native_backward(
-            lib, record, w, _mask2(mask), d_out_c, d_states, offsets
+        d_xp, d_hp, d0, d_x = kernel.native_backward(
+            lib, record, w, _mask2(mask), d_out_c, d_states, offsets, need_x
         )
-        return Sweep(d_xp, d_hp, tuple(d0))
+        return Sweep(d_xp, d_hp, tuple(d0), d_x)
     bcache_steps = [c.unbind(0) for c in kernel.backward_cache(cache, states)]
     state_steps = [s.unbind(0) for s in states]
     prev_steps = [p.unbind(0) for p in incoming_states(record)]
@@ -126,7 +129,12 @@ def weight_grads(
     d_xp = sweep.d_xp.reshape(-1, sweep.d_xp.shape[-1])  # (T·B or N, G·H)
     d_x = None
     if need[0]:
-        d_x = d_xp if projected else d_xp @ w.weight_ih
+        if projected:
+            d_x = d_xp
+        elif sweep.d_x is not None:  # the compiled loop's, step by step
+            d_x = sweep.d_x.reshape(-1, sweep.d_x.shape[-1])
+        else:
+            d_x = d_xp @ w.weight_ih
         if packing is not None:  # rows never computed get no gradient
             d_x = d_x.new_zeros(T * B, d_x.shape[1]).index_copy_(0, packing.rows, d_x)
         d_x = d_x.view(T, B, d_x.shape[-1])

@@ -2,7 +2,10 @@
 
 This module holds the library's only ``for t in range(T)`` of the forward:
 
-* all input projections in ONE matrix product before the loop: ``xp = x W_ihᵀ + b``;
+* all input projections in ONE matrix product before the loop: ``xp = x W_ihᵀ + b``
+  (the compiled loop of a narrow LSTM, ``I + H ≤ 512``, multiplies each step's inputs
+  itself instead: thin products at that width run faster in the loop, beside the
+  recurrent one, than one (T·B, 4H) product and its round trip through memory);
 * per step only the recurrent product and the gate math (the cell kernel's
   ``step_into``), written into preallocated time-major buffers;
 * at a masked step the state is held: ``h_t = h_{t-1}`` (``c`` too), by selection —
@@ -108,7 +111,8 @@ def forward_pass(
     reset: Tensor | None = None,
     projected: bool = False,
 ) -> ForwardRecord:
-    """Input projections in one product, then the step loop. ``x (T, B, I)``,
+    """Input projections in one product (or, for a narrow LSTM, in the compiled loop
+    step by step), then the step loop. ``x (T, B, I)``,
     ``mask (T, B, 1)`` bool or None; ``packing`` (compiled loop only) skips the rows
     that have finished (see ``Packing``); ``reset (T, B, 1)`` bool or None zeroes the
     state entering a step (the PyTorch loop: the compiled one has no resets). Under

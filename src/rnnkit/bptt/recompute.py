@@ -90,7 +90,7 @@ class _Segmented(torch.autograd.Function):
             s0 = tuple(starts[index * n : (index + 1) * n])
             record = forward_pass(kernel, x[t0:t1], w, s0, seg_mask, save=True)
             seg_out = None if d_out is None else d_out[t0:t1]
-            sweep = backward_sweep(kernel, record, w, seg_mask, seg_out, d_state)
+            sweep = backward_sweep(kernel, record, w, seg_mask, seg_out, d_state, need_x=need[0])
             g = weight_grads(kernel, record, sweep, w, need)
             if d_x is not None and g.x is not None:
                 d_x[t0:t1] = g.x

@@ -107,6 +107,7 @@ class Sweep(NamedTuple):
     d_xp: Tensor
     d_hp: Tensor
     d_states0: tuple[Tensor, ...]
+    d_x: Tensor | None = None  # ∂L/∂x (N, I) where the compiled loop computed it
 
 
 class Grads(NamedTuple):

@@ -70,12 +70,12 @@ class _Recurrence(torch.autograd.Function):
             # BPTT(τ) is the PyTorch sweep, which reads padded buffers. (The forward still
             # ran packed: truncation changes gradients only, never values, to the bit.)
             record, packing = unpack_record(record, packing), None
-        sweep = backward_sweep(
-            ctx.kernel, record, w, ctx.mask, d_out, d_finals, ctx.window, packing
-        )
         # needs_input_grad: kernel, mask, window, save, packing, projected, x, w_ih, w_hh,
         # bias, bias_hn, s0...
         need = ctx.needs_input_grad[6:11]
+        sweep = backward_sweep(
+            ctx.kernel, record, w, ctx.mask, d_out, d_finals, ctx.window, packing, need[0]
+        )
         g = weight_grads(ctx.kernel, record, sweep, w, need, packing, ctx.projected)
         d_s0 = tuple(
             d if ctx.needs_input_grad[11 + k] else None for k, d in enumerate(sweep.d_states0)

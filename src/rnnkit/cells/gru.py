@@ -280,14 +280,14 @@ class GRUKernel:
         )  # fmt: skip
         return (hs,), (xp_rz, xp_n, rec)
 
-    def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None):
+    def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False):
         rz, n, rec = (c.contiguous() for c in record.cache)
         h_states = record.states[0].contiguous()
         d_xp, d_hp, d_h0 = lib.gru_backward(
             rz, n, rec, h_states, w.weight_hh.contiguous(), mask, d_out, d_states[0],
             self.update == "keep", self.reset == "after", offsets,
         )  # fmt: skip
-        return d_xp, d_hp, (d_h0,)
+        return d_xp, d_hp, (d_h0,), None
 
 
 class GRUCell(CellBase):

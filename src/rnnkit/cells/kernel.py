@@ -178,6 +178,9 @@ class Kernel(StepKernel, Protocol):
         d_out: Tensor | None,
         d_states: tuple[Tensor, ...],
         offsets: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
-        """The whole backward loop in ``lib``: ``(d_xp, d_hp, ∂L/∂initial states)``, the
-        same as the steps of ``step_backward``."""
+        need_x: bool = False,
+    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None]:
+        """The whole backward loop in ``lib``: ``(d_xp, d_hp, ∂L/∂initial states, d_x)``,
+        the first three the same as the steps of ``step_backward``. ``d_x`` is ∂L/∂x
+        ``(N, I)`` where the loop computed it step by step (``need_x`` asks for it; a
+        kernel may still return None, and ``weight_grads`` then takes ``d_xp W_ih``)."""

@@ -132,7 +132,7 @@ class RNNKernel:
         (hs,) = lib.rnn_forward(xp, W, b, states0[0], mask, act, offsets)
         return (hs,), ()
 
-    def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None):
+    def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False):
         act = ACTIVATION_CODES[self.nonlinearity]
         d_xp, d_h0 = lib.rnn_backward(
             record.states[0].contiguous(),
@@ -143,7 +143,7 @@ class RNNKernel:
             act,
             offsets,
         )
-        return d_xp, d_xp, (d_h0,)
+        return d_xp, d_xp, (d_h0,), None
 
 
 class RNNCell(CellBase):

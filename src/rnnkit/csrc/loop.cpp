@@ -111,41 +111,61 @@ std::vector<Tensor> rnn_backward(Tensor hs, Tensor w_hh, std::optional<Tensor> m
   return {dxp, d_h};
 }
 
+// xp: the input projections, overwritten by the activated gates when saving; or, with
+// w_ih, the inputs themselves (rows of I), whose product the loop computes step by step
+// (the gates then go to a new buffer, returned fourth; empty without w_ih or save).
 std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor c0,
                                  std::optional<Tensor> mask, bool save,
-                                 std::optional<Tensor> offsets) {
+                                 std::optional<Tensor> offsets, std::optional<Tensor> w_ih) {
   check(w_hh, "w_hh", 2);
   const int64_t Tn = steps_of(xp, offsets), B = h0.size(0), H = h0.size(1);
   TORCH_CHECK(w_hh.size(0) == 4 * H && w_hh.size(1) == H, "w_hh must be (4H, H)");
   const bool* M = mask_of(mask, Tn, B);
   const Steps S = make_steps(mask, offsets, Tn, B);
-  check_buf(xp, "xp", S, 4 * H);
+  const bool fused = w_ih.has_value();
+  int64_t I = 0;
+  if (fused) {
+    check(*w_ih, "w_ih", 2);
+    TORCH_CHECK(w_ih->size(0) == 4 * H && w_ih->scalar_type() == xp.scalar_type(),
+                "w_ih must be (4H, I) of the input's dtype");
+    I = w_ih->size(1);
+    check_buf(xp, "x", S, I);
+  } else {
+    check_buf(xp, "xp", S, 4 * H);
+  }
   check(bias, "bias", 1);
   Tensor hs = at::empty({Tn + 1, B, H}, xp.options());
   Tensor cs = at::empty({save ? Tn + 1 : 2, B, H}, xp.options());
   Tensor tc = save ? step_buffer(S, H, xp) : scratch(S, H, xp);
   Tensor rec = at::empty({B, 4 * H}, xp.options());
+  Tensor gates = fused && save ? step_buffer(S, 4 * H, xp) : at::empty({0}, xp.options());
   hs[0].copy_(h0);
   cs[0].copy_(c0);
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "lstm_forward", [&] {
     const StepMatrix<scalar_t> W(w_hh, 0, 4 * H, true, S.rows());
+    std::optional<StepMatrix<scalar_t>> Wx;
+    if (fused) Wx.emplace(*w_ih, 0, 4 * H, true, S.rows());
+    scalar_t* g = fused ? (save ? gates.data_ptr<scalar_t>() : nullptr) : xp.data_ptr<scalar_t>();
+    const scalar_t* x = fused ? xp.data_ptr<scalar_t>() : nullptr;
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
-      lstm_forward_impl<scalar_t>(xp.data_ptr<scalar_t>(), W, bias.data_ptr<scalar_t>(),
-                                  rec.data_ptr<scalar_t>(), hs.data_ptr<scalar_t>(),
-                                  cs.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(), save, M, S, Tn,
-                                  B, H, r0, r1);
+      lstm_forward_impl<scalar_t>(g, W, bias.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(),
+                                  hs.data_ptr<scalar_t>(), cs.data_ptr<scalar_t>(),
+                                  tc.data_ptr<scalar_t>(), save, M, S, Tn, B, H, r0, r1, x,
+                                  Wx ? &*Wx : nullptr, I);
     });
   });
   if (!save) {  // nothing is kept for backward: only the final c is meaningful
     cs = cs[Tn % 2].expand({Tn + 1, B, H});
     if (!S.packed()) tc = tc.expand({Tn, B, H});
   }
-  return {hs, cs, tc};
+  return {hs, cs, tc, gates};
 }
 
+// With w_ih, also d_x = d_gates W_ih step by step (returned fourth; empty without it).
 std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_hh,
                                   std::optional<Tensor> mask, std::optional<Tensor> d_out,
-                                  Tensor d_h, Tensor d_c, std::optional<Tensor> offsets) {
+                                  Tensor d_h, Tensor d_c, std::optional<Tensor> offsets,
+                                  std::optional<Tensor> w_ih) {
   check(cs, "cs", 3);
   check(w_hh, "w_hh", 2);
   check(d_h, "d_h", 2);
@@ -156,16 +176,27 @@ std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_h
   check_buf(gates, "gates", S, 4 * H);
   check_buf(tc, "tanh_c", S, H);
   Tensor dxp = step_buffer(S, 4 * H, gates);
+  int64_t I = 0;
+  if (w_ih.has_value()) {
+    check(*w_ih, "w_ih", 2);
+    TORCH_CHECK(w_ih->size(0) == 4 * H && w_ih->scalar_type() == gates.scalar_type(),
+                "w_ih must be (4H, I) of the gates' dtype");
+    I = w_ih->size(1);
+  }
+  Tensor dx = w_ih.has_value() ? step_buffer(S, I, gates) : at::empty({0}, gates.options());
   AT_DISPATCH_FLOATING_TYPES(gates.scalar_type(), "lstm_backward", [&] {
     const StepMatrix<scalar_t> W(w_hh, 0, 4 * H, false, S.rows());
+    std::optional<StepMatrix<scalar_t>> Wx;
+    if (w_ih.has_value()) Wx.emplace(*w_ih, 0, 4 * H, false, S.rows());
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       lstm_backward_impl<scalar_t>(gates.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(),
                                    cs.data_ptr<scalar_t>(), W, M, S, opt_ptr<scalar_t>(d_out),
                                    dxp.data_ptr<scalar_t>(), d_h.data_ptr<scalar_t>(),
-                                   d_c.data_ptr<scalar_t>(), Tn, B, H, r0, r1);
+                                   d_c.data_ptr<scalar_t>(), Tn, B, H, r0, r1, Wx ? &*Wx : nullptr,
+                                   w_ih.has_value() ? dx.data_ptr<scalar_t>() : nullptr, I);
     });
   });
-  return {dxp, d_h, d_c};
+  return {dxp, d_h, d_c, dx};
 }
 
 std::vector<Tensor> gru_forward(Tensor rz, Tensor xn, Tensor w_hh, Tensor bias,
@@ -257,9 +288,9 @@ void lstm_step(Tensor xp, Tensor rec, Tensor bias, Tensor c_prev, Tensor h, Tens
       for (int64_t i = b0; i < b1; ++i) {
         scalar_t* gb = g + i * G;
         const scalar_t* sb = r + i * G;
-        lstm_fwd_row<scalar_t, true>(gb, gb + H, gb + 2 * H, gb + 3 * H, sb, sb + H, sb + 2 * H,
-                                     sb + 3 * H, b, b + H, b + 2 * H, b + 3 * H, cp + i * H,
-                                     cn + i * H, hn + i * H, tc + i * H, H);
+        lstm_fwd_row<scalar_t, true, true>(gb, gb + H, gb + 2 * H, gb + 3 * H, sb, sb + H,
+                                           sb + 2 * H, sb + 3 * H, b, b + H, b + 2 * H, b + 3 * H,
+                                           cp + i * H, cn + i * H, hn + i * H, tc + i * H, H);
       }
     });
   });
@@ -377,11 +408,12 @@ TORCH_LIBRARY(rnnkit_native, m) {
       &rnn_backward);
   m.def(
       "lstm_forward(Tensor(a!) xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor c0, Tensor? mask, "
-      "bool save, Tensor? offsets=None) -> Tensor[]",
+      "bool save, Tensor? offsets=None, Tensor? w_ih=None) -> Tensor[]",
       &lstm_forward);
   m.def(
       "lstm_backward(Tensor gates, Tensor tanh_c, Tensor cs, Tensor w_hh, Tensor? mask, "
-      "Tensor? d_out, Tensor(a!) d_h, Tensor(b!) d_c, Tensor? offsets=None) -> Tensor[]",
+      "Tensor? d_out, Tensor(a!) d_h, Tensor(b!) d_c, Tensor? offsets=None, Tensor? w_ih=None) "
+      "-> Tensor[]",
       &lstm_backward);
   m.def(
       "gru_forward(Tensor(a!) xp_rz, Tensor(b!) xp_n, Tensor w_hh, Tensor bias, "

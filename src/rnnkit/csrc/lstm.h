@@ -10,17 +10,21 @@
 
 namespace {
 
-// gi..go: the input projections x_t W_ih^T on entry, the activated gates on exit (when
-// SAVE); si..so: the recurrent part h_{t-1} W_hh^T of this step; bi..bo: the bias.
-template <typename T, bool SAVE>
+// gi..go: the input projections x_t W_ih^T on entry (XP; without XP they are not read:
+// si..so then hold the whole product), the activated gates on exit (when SAVE); si..so:
+// the recurrent part h_{t-1} W_hh^T of this step; bi..bo: the bias.
+template <typename T, bool SAVE, bool XP>
 void lstm_fwd_row(T* __restrict gi, T* __restrict gf, T* __restrict gg, T* __restrict go,
                   const T* __restrict si, const T* __restrict sf, const T* __restrict sg,
                   const T* __restrict so, const T* __restrict bi, const T* __restrict bf,
                   const T* __restrict bg, const T* __restrict bo, const T* __restrict cp,
                   T* __restrict cn, T* __restrict hn, T* __restrict tc, int64_t H) {
   for (int64_t j = 0; j < H; ++j) {
-    const T i = sigm(gi[j] + bi[j] + si[j]), f = sigm(gf[j] + bf[j] + sf[j]);
-    const T g = tanh_(gg[j] + bg[j] + sg[j]), o = sigm(go[j] + bo[j] + so[j]);
+    const T ai = XP ? gi[j] + bi[j] + si[j] : si[j] + bi[j];
+    const T af = XP ? gf[j] + bf[j] + sf[j] : sf[j] + bf[j];
+    const T ag = XP ? gg[j] + bg[j] + sg[j] : sg[j] + bg[j];
+    const T ao = XP ? go[j] + bo[j] + so[j] : so[j] + bo[j];
+    const T i = sigm(ai), f = sigm(af), g = tanh_(ag), o = sigm(ao);
     const T c = f * cp[j] + i * g;
     const T tcj = tanh_(c);
     cn[j] = c;
@@ -52,15 +56,24 @@ void lstm_bwd_row(const T* __restrict gi, const T* __restrict gf, const T* __res
   }
 }
 
+// xp: the input projections (T·B or N rows of 4H), the activated gates on exit when
+// saving. With Wx (the input product in the loop), x holds the inputs (rows of I) instead,
+// each step's product is x_t W_ih^T + h_{t-1} W_hh^T, and xp only receives the gates
+// (null when not saving).
 template <typename T>
 void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* hs, T* cs, T* tc,
                        bool save, const bool* M, const Steps& S, int64_t Tn, int64_t B, int64_t H,
-                       int64_t r0, int64_t r1) {
+                       int64_t r0, int64_t r1, const T* x = nullptr,
+                       const StepMatrix<T>* Wx = nullptr, int64_t I = 0) {
   const int64_t G = 4 * H;
   rec += r0 * G;
+  using Row = void (*)(T*, T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,
+                       const T*, const T*, const T*, T*, T*, T*, int64_t);
+  const Row row = Wx ? (save ? lstm_fwd_row<T, true, false> : lstm_fwd_row<T, false, false>)
+                     : (save ? lstm_fwd_row<T, true, true> : lstm_fwd_row<T, false, true>);
   for (int64_t t = 0; t < Tn; ++t) {
     const int64_t bt = block_active(S.act[t], r0, r1);
-    T* g = xp + (S.row(t) + r0) * G;
+    T* g = xp ? xp + (S.row(t) + r0) * G : nullptr;
     const T* hp = hs + (t * B + r0) * H;
     // without save, c ping-pongs between two rows (only the final one is returned)
     const T* cp = cs + ((save ? t : t % 2) * B + r0) * H;
@@ -69,11 +82,16 @@ void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* 
     T* tct = tc + ((save ? S.row(t) : 0) + r0) * H;
     const bool* m = M ? M + t * B + r0 : nullptr;
     // The recurrent part into a small hot buffer: the projections are read once, below.
-    W.mm(bt, hp, H, T(0), rec, G);  // h_{t-1} W_hh^T
+    if (Wx) {
+      Wx->mm(bt, x + (S.row(t) + r0) * I, I, T(0), rec, G);  // x_t W_ih^T
+      W.mm(bt, hp, H, T(1), rec, G);                         // + h_{t-1} W_hh^T
+    } else {
+      W.mm(bt, hp, H, T(0), rec, G);  // h_{t-1} W_hh^T
+    }
     for (int64_t b = 0; b < bt; ++b) {
-      T* gb = g + b * G;
       const T* sb = rec + b * G;
-      auto row = save ? lstm_fwd_row<T, true> : lstm_fwd_row<T, false>;
+      // without g (no save, input product in the loop) the row is neither read nor written
+      T* gb = g ? g + b * G : const_cast<T*>(sb);
       row(gb, gb + H, gb + 2 * H, gb + 3 * H, sb, sb + H, sb + 2 * H, sb + 3 * H, bias, bias + H,
           bias + 2 * H, bias + 3 * H, cp + b * H, cn + b * H, hn + b * H, tct + b * H, H);
       if (m && !m[b]) {  // a hole: hold the state
@@ -83,14 +101,19 @@ void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* 
     }
     copy_rows(hn, hp, bt, r1 - r0, H);
     copy_rows(cn, cp, bt, r1 - r0, H);
-    if (save && !S.packed()) zero_rows(tct, bt, r1 - r0, H);
+    if (save && !S.packed()) {
+      zero_rows(tct, bt, r1 - r0, H);
+      if (Wx) zero_rows(g, bt, r1 - r0, G);  // finished rows' gates: defined, like their inputs
+    }
   }
 }
 
+// With Wx (W_ih), each step also writes its rows of d_x = d_gates W_ih (rows of I).
 template <typename T>
 void lstm_backward_impl(const T* gates, const T* tc, const T* cs, const StepMatrix<T>& W,
                         const bool* M, const Steps& S, const T* dout, T* dxp, T* dh, T* dc,
-                        int64_t Tn, int64_t B, int64_t H, int64_t r0, int64_t r1) {
+                        int64_t Tn, int64_t B, int64_t H, int64_t r0, int64_t r1,
+                        const StepMatrix<T>* Wx = nullptr, T* dx = nullptr, int64_t I = 0) {
   const int64_t G = 4 * H;
   dh += r0 * H;
   dc += r0 * H;
@@ -113,6 +136,11 @@ void lstm_backward_impl(const T* gates, const T* tc, const T* cs, const StepMatr
                       dc + b * H, d, d + H, d + 2 * H, d + 3 * H, H);
     }
     if (!S.packed()) zero_rows(dg, bt, r1 - r0, G);
+    if (Wx) {
+      T* dxt = dx + (S.row(t) + r0) * I;
+      Wx->mm(bt, dg, G, T(0), dxt, I);  // d_x_t = d_gates W_ih
+      if (!S.packed()) zero_rows(dxt, bt, r1 - r0, I);
+    }
     W.mm(bt, dg, G, T(1), dh, H);  // d_h_prev += d_gates W_hh
   }
 }
