@@ -30,10 +30,11 @@ from rnnkit.cells.kernel import Weights, input_product, scratch
 from rnnkit.types import LSTMState
 
 # The compiled loop takes the input product step by step (x_t W_ih^T beside h_{t-1} W_hh^T,
-# and d_x_t = d_gates_t W_ih in the backward) where I + H is at most this: a training step
-# of an LSTM layer at I = H = 128 (T 100, B 16-64, 1-2 threads) 1.04-1.08x faster than with
-# the (T·B, 4H) product before the loop, at 256 1.03x; at 512 the large products are faster
-# (0.88x), so they stay.
+# and d_x_t = d_gates_t W_ih in the backward) where I + H is at most this. A training step
+# of one layer (T 100), interleaved against the (T·B, 4H) product before the loop: I = H =
+# 128, B 16-64: 1.03-1.05x on one thread, 0.98-1.03x on two; I = H = 256, B 32: 1.075x;
+# inference 1.07-1.09x. At I = H = 512 the large products win (0.91x), at I 512 / H 256 it
+# is a wash (1.03x): they stay there (benchmarks/README.md, the time loop's step 9).
 INPUT_IN_LOOP_MAX = 512
 
 
