@@ -114,7 +114,9 @@ def test_lstm_input_product_in_the_loop_equals_the_product_before_it(
     input without gradient, and under no_grad — to float64 rounding and float32's 1e-6."""
     from rnnkit.cells import lstm
 
-    assert lstm.input_in_loop(24, 32) and not lstm.input_in_loop(256, 512)
+    n = torch.get_num_threads()
+    assert lstm.input_in_loop(24, 32, 4 * n) and not lstm.input_in_loop(256, 512, 64)
+    assert not lstm.input_in_loop(24, 32, 4 * n - 1)  # a thread without its 4 rows
     T, B = 9, 37
     lengths = torch.randint(0, T + 1, (B,), generator=torch.Generator().manual_seed(5))
     mask = torch.arange(T)[:, None] < lengths[None, :]

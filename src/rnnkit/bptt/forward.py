@@ -3,9 +3,10 @@
 This module holds the library's only ``for t in range(T)`` of the forward:
 
 * all input projections in ONE matrix product before the loop: ``xp = x W_ihᵀ + b``
-  (the compiled loop of a narrow LSTM, ``I + H ≤ 512``, multiplies each step's inputs
-  itself instead: thin products at that width run faster in the loop, beside the
-  recurrent one, than one (T·B, 4H) product and its round trip through memory);
+  (the compiled loop of a narrow LSTM, ``I + H ≤ 512`` and 4 rows a thread, multiplies
+  each step's inputs itself instead: thin products at that width run faster in the loop,
+  beside the recurrent one, than one (T·B, 4H) product and its round trip through
+  memory);
 * per step only the recurrent product and the gate math (the cell kernel's
   ``step_into``), written into preallocated time-major buffers;
 * at a masked step the state is held: ``h_t = h_{t-1}`` (``c`` too), by selection —

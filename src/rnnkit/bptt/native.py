@@ -8,7 +8,7 @@ step, ONE matrix product (float32: W_hh packed once per call and a register-bloc
 kernel; float64: the BLAS torch links) and ONE fused pass of the gate math over
 contiguous rows — forward, and the hand-written backward of ``cells/*.py``. Input
 projections and every weight gradient stay single large matrix products in
-``recurrence.py``, except that for a narrow LSTM (``I + H ≤ 512``,
+``recurrence.py``, except that for a narrow LSTM (``I + H ≤ 512``, 4 rows a thread,
 ``rnnkit.cells.lstm.input_in_loop``) the loop also multiplies each step's inputs
 (``x_t W_ihᵀ`` beside ``h_{t-1} W_hhᵀ``; backward ``d_x_t = d_gates_t W_ih``), which is
 faster there than one product of all steps' rows before and after it. This module only

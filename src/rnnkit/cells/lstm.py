@@ -30,17 +30,24 @@ from rnnkit.cells.kernel import Weights, input_product, scratch
 from rnnkit.types import LSTMState
 
 # The compiled loop takes the input product step by step (x_t W_ih^T beside h_{t-1} W_hh^T,
-# and d_x_t = d_gates_t W_ih in the backward) where I + H is at most this. A training step
-# of one layer (T 100), interleaved against the (T·B, 4H) product before the loop: I = H =
-# 128, B 16-64: 1.03-1.05x on one thread, 0.98-1.03x on two; I = H = 256, B 32: 1.075x;
-# inference 1.07-1.09x. At I = H = 512 the large products win (0.91x), at I 512 / H 256 it
-# is a wash (1.03x): they stay there (benchmarks/README.md, the time loop's step 9).
+# and d_x_t = d_gates_t W_ih in the backward) where I + H is at most this and every thread
+# gets a block of at least 4 rows. A training step of one layer (T 100), interleaved
+# against the (T·B, 4H) product before the loop: I = H = 128, B 16-64: 1.03-1.05x on one
+# thread, 0.98-1.03x on two; I = H = 256, B 32: 1.075x; inference 1.07-1.09x. At I = H =
+# 512 the large products win (0.91x), at I 512 / H 256 it is a wash (1.03x). With fewer
+# rows a step's products are too thin, or run on fewer threads than one large product:
+# I = H = 128, one thread, B 1: 0.78x, B 2: 0.87x, B 4: 1.03x; two threads, B 4: 0.90x,
+# B 8: 1.035x (benchmarks/README.md, the time loop's step 9).
 INPUT_IN_LOOP_MAX = 512
+_MIN_ROWS_PER_THREAD = 4  # the loop's smallest thread block (steps.h, g_min_block_rows)
 
 
-def input_in_loop(input_size: int, hidden_size: int) -> bool:
-    """Whether the compiled loop computes an LSTM layer's input product per step."""
-    return input_size > 0 and input_size + hidden_size <= INPUT_IN_LOOP_MAX
+def input_in_loop(input_size: int, hidden_size: int, batch: int) -> bool:
+    """Whether the compiled loop computes an LSTM layer's input product per step, for
+    ``batch`` rows on torch's current number of threads."""
+    if input_size <= 0 or input_size + hidden_size > INPUT_IN_LOOP_MAX:
+        return False
+    return batch >= _MIN_ROWS_PER_THREAD * torch.get_num_threads()
 
 
 __all__ = [
@@ -204,7 +211,7 @@ class LSTMKernel:
     # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
     def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
         w_hh, bias = w.weight_hh.contiguous(), w.bias.contiguous()
-        if not projected and input_in_loop(x.shape[-1], w_hh.shape[1]):
+        if not projected and input_in_loop(x.shape[-1], w_hh.shape[1], B):
             # each step's x_t W_ih^T in the loop: no (N, 4H) product before it
             xs = x.contiguous()
             xs = xs if offsets is not None else xs.view(T, B, xs.shape[-1])
@@ -225,8 +232,9 @@ class LSTMKernel:
         c_states = record.states[1].contiguous()
         # ∂L/∂x step by step where the forward would take its input product in the loop (a
         # projected input keeps no x: the caller's product has its own backward)
+        B = c_states.shape[1]
         in_loop = need_x and record.x.numel() > 0
-        in_loop = in_loop and input_in_loop(record.x.shape[-1], w.weight_hh.shape[1])
+        in_loop = in_loop and input_in_loop(record.x.shape[-1], w.weight_hh.shape[1], B)
         w_ih = w.weight_ih.contiguous() if in_loop else None
         d_xp, d_h0, d_c0, d_x = lib.lstm_backward(
             gates, tanh_c, c_states, w.weight_hh.contiguous(), mask, d_out, *d_states, offsets,
