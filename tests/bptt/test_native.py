@@ -332,3 +332,27 @@ def test_one_step_operators_refuse_wrong_shapes() -> None:
         lib.lstm_step(
             torch.zeros(8, 2).T, torch.zeros(2, 8), torch.zeros(8), *(torch.zeros(2, 2),) * 4
         )
+
+
+def test_loop_operators_refuse_a_wrong_input_weight() -> None:
+    """The input product in the loop checks ``w_ih`` against the state width and dtype,
+    and the inputs against its width, before touching any buffer."""
+    lib = native.library()
+    T, B, I, H = 3, 2, 5, 4
+    x, h0, c0 = torch.zeros(T, B, I), torch.zeros(B, H), torch.zeros(B, H)
+    w_hh, bias = torch.zeros(4 * H, H), torch.zeros(4 * H)
+    with pytest.raises(RuntimeError, match=r"w_ih must be \(4H, I\)"):
+        lib.lstm_forward(x, w_hh, bias, h0, c0, None, True, None, torch.zeros(3 * H, I))
+    with pytest.raises(RuntimeError, match=r"w_ih must be \(4H, I\)"):
+        w64 = torch.zeros(4 * H, I, dtype=torch.float64)
+        lib.lstm_forward(x, w_hh, bias, h0, c0, None, True, None, w64)
+    with pytest.raises(RuntimeError, match="x has 30 elements, expected 24"):
+        lib.lstm_forward(x, w_hh, bias, h0, c0, None, True, None, torch.zeros(4 * H, 4))
+    hs, cs, tc, gates = lib.lstm_forward(
+        x, w_hh, bias, h0, c0, None, True, None, torch.zeros(4 * H, I)
+    )
+    assert gates.shape == (T, B, 4 * H)
+    with pytest.raises(RuntimeError, match=r"w_ih must be \(4H, I\)"):
+        lib.lstm_backward(
+            gates, tc, cs, w_hh, None, None, h0.clone(), c0.clone(), None, torch.zeros(H, I)
+        )
