@@ -348,7 +348,7 @@ def test_loop_operators_refuse_a_wrong_input_weight() -> None:
         lib.lstm_forward(x, w_hh, bias, h0, c0, None, True, None, w64)
     with pytest.raises(RuntimeError, match="x has 30 elements, expected 24"):
         lib.lstm_forward(x, w_hh, bias, h0, c0, None, True, None, torch.zeros(4 * H, 4))
-    hs, cs, tc, gates = lib.lstm_forward(
+    _, cs, tc, gates = lib.lstm_forward(
         x, w_hh, bias, h0, c0, None, True, None, torch.zeros(4 * H, I)
     )
     assert gates.shape == (T, B, 4 * H)
