@@ -10,7 +10,11 @@ Runs are interleaved (see ``_common.py``) and each ratio is the median of per-ro
 ratios; ``torch/rnnkit > 1`` means rnnkit is faster. Also measured in the same run: the
 variable-length case (lengths uniform in [T/10, T]: rnnkit with ``lengths`` vs
 ``torch.nn`` on ``pack_padded_sequence`` vs ``torch.nn`` on the padded batch) and the
-achieved matrix-product GFLOP/s against the measured float32 ``torch.mm`` ceiling.
+achieved matrix-product GFLOP/s against the measured float32 ``torch.mm`` ceiling —
+twice: against the best of two 3072² products at the start and the end of the run, and
+against a 2048² product timed in every round of the training runs beside the layers
+(``%round``: the median over rounds of the layer's rate over the product's rate in that
+round), which the machine's drift within a run cannot bias.
 
     python benchmarks/bench_recurrent.py                 # full table (several minutes)
     python benchmarks/bench_recurrent.py --quick         # fewer rounds and sizes
@@ -29,7 +33,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleaved, machine, matmul_ceiling, median, median_ratio
+from _common import interleaved, machine, matmul_ceiling, median, median_ratio, round_ceiling
 
 import rnnkit
 from rnnkit.cells.gru import gru_step
@@ -100,7 +104,11 @@ def bench_config(
 
     result: dict[str, object] = {"cell": cell, "H": H, "B": B, "T": T, "I": I}
     for mode, make in (("train", train), ("infer", infer)):
-        times = interleaved({n: make(n) for n in runs}, rounds, block_s, clock=clock)
+        fns = {n: make(n) for n in runs}
+        mm_flops = 0.0
+        if mode == "train":  # the ceiling, timed in the same rounds
+            fns["mm"], mm_flops = round_ceiling()
+        times = interleaved(fns, rounds, block_s, clock=clock)
         entry: dict[str, object] = {f"{n}_ms": median(times[n]) * 1e3 for n in runs}
         entry["torch/rnnkit"] = median_ratio(times, "torch", "rnnkit")
         if loop:
@@ -108,6 +116,15 @@ def bench_config(
         flops = matmul_flops(cell, B, T, I, H, mode == "train")
         entry["rnnkit_gflops"] = flops / median(times["rnnkit"]) / 1e9
         entry["torch_gflops"] = flops / median(times["torch"]) / 1e9
+        if mm_flops:
+            # the layer's rate over the product's, within each round
+            entry["rnnkit_round_share"] = median(
+                [
+                    (flops / t) / (mm_flops / m)
+                    for t, m in zip(times["rnnkit"], times["mm"], strict=True)
+                ]
+            )
+            entry["mm_round_gflops"] = mm_flops / median(times["mm"]) / 1e9
         entry["tokens_per_s"] = {n: B * T / median(times[n]) for n in runs}
         result[mode] = entry
     return result
@@ -173,7 +190,8 @@ def print_tables(report: dict[str, object], out) -> None:
     if rows:
         print(
             "\ncell   H   B | train ms: rnnkit  torch   loop | torch/rk loop/rk | "
-            "infer ms: rnnkit  torch   loop | torch/rk loop/rk | train GFLOP/s rk (%ceil) torch",
+            "infer ms: rnnkit  torch   loop | torch/rk loop/rk | "
+            "train GFLOP/s rk (%ceil %round) torch",
             file=out,
         )
         for r in rows:
@@ -191,7 +209,8 @@ def print_tables(report: dict[str, object], out) -> None:
             tr = r["train"]
             print(
                 f"{r['cell']:5s} {r['H']:3d} {r['B']:3d} |{cells[0]} |{cells[1]} | "
-                f"{tr['rnnkit_gflops']:6.1f} ({100 * tr['rnnkit_gflops'] / ceiling:3.0f}%) "
+                f"{tr['rnnkit_gflops']:6.1f} ({100 * tr['rnnkit_gflops'] / ceiling:3.0f}% "
+                f"{100 * tr.get('rnnkit_round_share', float('nan')):3.0f}%) "
                 f"{tr['torch_gflops']:6.1f}",
                 file=out,
             )

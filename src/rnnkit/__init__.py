@@ -11,6 +11,12 @@ from rnnkit.threads import configure_wait_policy
 
 configure_wait_policy()
 
+# A training step's buffers are reused by the next one instead of being handed back to
+# the kernel and faulted in again, page by page (glibc; see rnnkit.heap).
+from rnnkit.heap import keep_freed_memory
+
+keep_freed_memory()
+
 from rnnkit import nn
 from rnnkit.cells.gru import GRUCell
 from rnnkit.cells.lstm import LSTMCell
