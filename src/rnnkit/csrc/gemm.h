@@ -171,8 +171,11 @@ struct StepMatrix {
     if constexpr (std::is_same_v<T, float>) {
       if (work < PACK_MIN_ROWS) return;
       const int64_t np = (n + NR - 1) / NR;
-      packed = at::zeros({np * k * NR}, W.options());
+      packed = at::empty({np * k * NR}, W.options());
       float* d = packed.data_ptr<float>();
+      // only a last, partial panel has columns no row of W fills: zero them (whatever
+      // they held would be multiplied, and a denormal there would slow the FMAs)
+      if (n % NR != 0) std::memset(d + (np - 1) * k * NR, 0, k * NR * sizeof(float));
       for (int64_t p = 0; p < np; ++p) {
         float* dp = d + p * k * NR;
         const int64_t cols = std::min<int64_t>(NR, n - p * NR);
