@@ -3,13 +3,13 @@
 A training step allocates its buffers — the saved gates, states and their gradients, a
 few MB to tens of MB — and frees them all at its end. glibc hands the top of its heap
 back to the kernel whenever more than its *trim threshold* lies free there; that
-threshold starts at 256 KiB and only grows to twice the largest block it has given back
-to the kernel before (at most 64 MiB). A step whose buffers are each smaller than their
-total is therefore returned to the kernel after every step, and the next step takes a
-page fault on each 4 KiB page of them as it writes them again (the kernel zeroes each
-page). Measured (one thread, LSTM I = H = 128, T 100, one training call, 2026-12-02):
-878 faults a step and 1.08× the time at B 16, 5,608 faults and 1.23× at B 64;
-``torch.nn.LSTM``, whose blocks happen to stay below the threshold, takes none.
+threshold starts at 128 KiB and grows only to twice the largest mapped block freed so
+far (at most 64 MiB). A step that frees more than that in all, in blocks each smaller,
+has its memory returned to the kernel after every step, and the next step takes a page
+fault on each 4 KiB page as it writes it again (the kernel zeroes each page). Measured
+(one thread, LSTM I = H = 128, T 100, one training call, 2026-12-02): 878 faults a step
+and 1.08× the time at B 16, 5,608 faults and 1.23× at B 64; ``torch.nn.LSTM`` took
+none in the same loop.
 
 ``keep_freed_memory`` sets the two thresholds to the values glibc's own rule ends at —
 blocks up to 32 MiB from the heap, and up to 64 MiB of free heap kept — so that the
@@ -23,7 +23,6 @@ or ``RNNKIT_KEEP_HEAP=0``. Without glibc (macOS, Windows, musl) it does nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import platform
 import sys
@@ -80,8 +79,8 @@ def _glibc() -> _Libc | None:
     """The C library when it is glibc (whose ``mallopt`` this module sets), else None."""
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return None
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    try:  # glibc's soname where torch runs (find_library would run ldconfig)
+        return ctypes.CDLL("libc.so.6")
     except OSError:
         return None
 
