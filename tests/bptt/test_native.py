@@ -130,6 +130,45 @@ def test_lstm_input_product_in_the_loop_equals_the_product_before_it(
         assert (a - b).abs().max() <= tol * scale
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("in_loop", [True, False])
+def test_lstm_backward_sums_the_bias_gradient_in_the_loop(threads, in_loop) -> None:
+    """The compiled LSTM backward sums ∂L/∂bias while it writes each row of d_gates (its
+    fifth result): equal to d_gates summed afterwards, with finished rows, holes, and the
+    batch split into one block of rows per thread."""
+    lib = native.library()
+    g = torch.Generator().manual_seed(11)
+    T, B, I, H = 7, 19, 6, 5
+    f64 = {"dtype": torch.float64}
+    mask = torch.arange(T)[:, None] < torch.randint(1, T + 1, (B,), generator=g)[None, :]
+    mask[3, 2] = mask[1, 7] = False  # holes
+    w_ih, w_hh = (
+        torch.randn(4 * H, I, generator=g, **f64),
+        torch.randn(4 * H, H, generator=g, **f64),
+    )
+    bias = torch.randn(4 * H, generator=g, **f64)
+    h0, c0 = torch.randn(B, H, generator=g, **f64), torch.randn(B, H, generator=g, **f64)
+    x = torch.randn(T, B, I, generator=g, **f64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        if in_loop:
+            _, cs, tc, gates = lib.lstm_forward(x, w_hh, bias, h0, c0, mask, True, None, w_ih)
+        else:
+            gates = (x @ w_ih.T).contiguous()
+            _, cs, tc, _ = lib.lstm_forward(gates, w_hh, bias, h0, c0, mask, True, None, None)
+        d_out = torch.randn(T, B, H, generator=g, **f64)
+        d_xp, _, _, _, d_bias = lib.lstm_backward(
+            gates, tc, cs, w_hh, mask, d_out, torch.zeros(B, H, **f64), torch.zeros(B, H, **f64),
+            None, w_ih if in_loop else None,
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    assert d_bias.shape == (4 * H,)
+    assert float(d_xp.abs().sum()) > 0
+    torch.testing.assert_close(d_bias, d_xp.reshape(-1, 4 * H).sum(0), rtol=1e-12, atol=1e-12)
+
+
 def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],

@@ -81,10 +81,11 @@ def test_a_corrupted_backward_fails(monkeypatch: pytest.MonkeyPatch, window) -> 
     def scaled(name, out):
         if name == "step_backward":  # ∂L/∂h_{t−1}, scaled at every step
             return tuple(1.01 * d for d in out)
-        d_xp, d_hp, d0, d_x = out
+        d_xp, d_hp, d0, d_x, d_b = out
         d_hp = d_hp if d_hp is d_xp else 1.01 * d_hp
         d_x = None if d_x is None else 1.01 * d_x
-        return 1.01 * d_xp, d_hp, tuple(1.01 * d for d in d0), d_x
+        d_b = None if d_b is None else 1.01 * d_b
+        return 1.01 * d_xp, d_hp, tuple(1.01 * d for d in d0), d_x, d_b
 
     corrupt(monkeypatch, RNNKernel, scaled)
     result = gradcheck("rnn", window=window)
@@ -97,8 +98,8 @@ def test_a_corrupted_lstm_cell_gradient_fails(monkeypatch: pytest.MonkeyPatch) -
         if name == "step_backward":
             d_h, d_c = out
             return d_h, 0.99 * d_c  # the memory path loses 1 % at every step
-        d_xp, d_hp, (d_h0, d_c0), d_x = out
-        return d_xp, d_hp, (d_h0, 0.99 * d_c0), d_x  # the initial memory's gradient is off
+        d_xp, d_hp, (d_h0, d_c0), d_x, d_b = out
+        return d_xp, d_hp, (d_h0, 0.99 * d_c0), d_x, d_b  # the initial memory's gradient is off
 
     corrupt(monkeypatch, LSTMKernel, dropped_c)
     result = gradcheck("lstm")

@@ -69,10 +69,10 @@ def backward_sweep(
         )
         d_out_c = None if d_out is None else d_out.contiguous()
         offsets = None if packing is None else packing.offsets
-        d_xp, d_hp, d0, d_x = kernel.native_backward(
+        d_xp, d_hp, d0, d_x, d_bias = kernel.native_backward(
             lib, record, w, _mask2(mask), d_out_c, d_states, offsets, need_x
         )
-        return Sweep(d_xp, d_hp, tuple(d0), d_x)
+        return Sweep(d_xp, d_hp, tuple(d0), d_x, d_bias)
     bcache_steps = [c.unbind(0) for c in kernel.backward_cache(cache, states)]
     state_steps = [s.unbind(0) for s in states]
     prev_steps = [p.unbind(0) for p in incoming_states(record)]
@@ -139,7 +139,9 @@ def weight_grads(
             d_x = d_x.new_zeros(T * B, d_x.shape[1]).index_copy_(0, packing.rows, d_x)
         d_x = d_x.view(T, B, d_x.shape[-1])
     d_w_ih = d_xp.T @ record.x if need[1] and not projected else None
-    d_bias = d_xp.sum(0) if need[3] else None
+    d_bias = None
+    if need[3]:  # summed by the compiled loop where it could, while the rows were in cache
+        d_bias = sweep.d_bias if sweep.d_bias is not None else d_xp.sum(0)
     d_w_hh = d_bias_hn = None
     if need[2] or need[4]:
         h_prev = incoming_states(record)[0].reshape(T * B, H)

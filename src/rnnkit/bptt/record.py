@@ -108,6 +108,7 @@ class Sweep(NamedTuple):
     d_hp: Tensor
     d_states0: tuple[Tensor, ...]
     d_x: Tensor | None = None  # ∂L/∂x (N, I) where the compiled loop computed it
+    d_bias: Tensor | None = None  # ∂L/∂bias (G·H,) where the compiled loop summed it
 
 
 class Grads(NamedTuple):

@@ -287,7 +287,7 @@ class GRUKernel:
             rz, n, rec, h_states, w.weight_hh.contiguous(), mask, d_out, d_states[0],
             self.update == "keep", self.reset == "after", offsets,
         )  # fmt: skip
-        return d_xp, d_hp, (d_h0,), None
+        return d_xp, d_hp, (d_h0,), None, None
 
 
 class GRUCell(CellBase):

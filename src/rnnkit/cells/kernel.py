@@ -179,8 +179,10 @@ class Kernel(StepKernel, Protocol):
         d_states: tuple[Tensor, ...],
         offsets: Tensor | None = None,
         need_x: bool = False,
-    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None]:
-        """The whole backward loop in ``lib``: ``(d_xp, d_hp, ∂L/∂initial states, d_x)``,
-        the first three the same as the steps of ``step_backward``. ``d_x`` is ∂L/∂x
-        ``(N, I)`` where the loop computed it step by step (``need_x`` asks for it; a
-        kernel may still return None, and ``weight_grads`` then takes ``d_xp W_ih``)."""
+    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None]:
+        """The whole backward loop in ``lib``: ``(d_xp, d_hp, ∂L/∂initial states, d_x,
+        d_bias)``, the first three the same as the steps of ``step_backward``. ``d_x`` is
+        ∂L/∂x ``(N, I)`` where the loop computed it step by step (``need_x`` asks for it; a
+        kernel may still return None, and ``weight_grads`` then takes ``d_xp W_ih``);
+        ``d_bias`` is ∂L/∂bias, ``d_xp`` summed over its rows, where the loop summed it
+        (None: ``weight_grads`` sums ``d_xp``)."""

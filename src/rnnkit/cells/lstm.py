@@ -236,11 +236,11 @@ class LSTMKernel:
         in_loop = need_x and record.x.numel() > 0
         in_loop = in_loop and input_in_loop(record.x.shape[-1], w.weight_hh.shape[1], B)
         w_ih = w.weight_ih.contiguous() if in_loop else None
-        d_xp, d_h0, d_c0, d_x = lib.lstm_backward(
+        d_xp, d_h0, d_c0, d_x, d_bias = lib.lstm_backward(
             gates, tanh_c, c_states, w.weight_hh.contiguous(), mask, d_out, *d_states, offsets,
             w_ih,
         )  # fmt: skip
-        return d_xp, d_xp, (d_h0, d_c0), (d_x if in_loop else None)
+        return d_xp, d_xp, (d_h0, d_c0), (d_x if in_loop else None), d_bias
 
 
 class _NativePrepared(NamedTuple):

@@ -143,7 +143,7 @@ class RNNKernel:
             act,
             offsets,
         )
-        return d_xp, d_xp, (d_h0,), None
+        return d_xp, d_xp, (d_h0,), None, None
 
 
 class RNNCell(CellBase):

@@ -161,7 +161,8 @@ std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
   return {hs, cs, tc, gates};
 }
 
-// With w_ih, also d_x = d_gates W_ih step by step (returned fourth; empty without it).
+// With w_ih, also d_x = d_gates W_ih step by step (returned fourth; empty without it);
+// fifth, the bias gradient (the sum of d_gates over every row).
 std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_hh,
                                   std::optional<Tensor> mask, std::optional<Tensor> d_out,
                                   Tensor d_h, Tensor d_c, std::optional<Tensor> offsets,
@@ -184,19 +185,21 @@ std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_h
     I = w_ih->size(1);
   }
   Tensor dx = w_ih.has_value() ? step_buffer(S, I, gates) : at::empty({0}, gates.options());
+  // each thread block sums its rows' bias gradient into the row of its first batch row
+  Tensor d_bias = at::zeros({B, 4 * H}, gates.options());
   AT_DISPATCH_FLOATING_TYPES(gates.scalar_type(), "lstm_backward", [&] {
     const StepMatrix<scalar_t> W(w_hh, 0, 4 * H, false, S.rows());
     std::optional<StepMatrix<scalar_t>> Wx;
     if (w_ih.has_value()) Wx.emplace(*w_ih, 0, 4 * H, false, S.rows());
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
-      lstm_backward_impl<scalar_t>(gates.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(),
-                                   cs.data_ptr<scalar_t>(), W, M, S, opt_ptr<scalar_t>(d_out),
-                                   dxp.data_ptr<scalar_t>(), d_h.data_ptr<scalar_t>(),
-                                   d_c.data_ptr<scalar_t>(), Tn, B, H, r0, r1, Wx ? &*Wx : nullptr,
-                                   w_ih.has_value() ? dx.data_ptr<scalar_t>() : nullptr, I);
+      lstm_backward_impl<scalar_t>(
+          gates.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(), cs.data_ptr<scalar_t>(), W, M, S,
+          opt_ptr<scalar_t>(d_out), dxp.data_ptr<scalar_t>(), d_h.data_ptr<scalar_t>(),
+          d_c.data_ptr<scalar_t>(), d_bias.data_ptr<scalar_t>() + r0 * 4 * H, Tn, B, H, r0, r1,
+          Wx ? &*Wx : nullptr, w_ih.has_value() ? dx.data_ptr<scalar_t>() : nullptr, I);
     });
   });
-  return {dxp, d_h, d_c, dx};
+  return {dxp, d_h, d_c, dx, d_bias.sum(0)};
 }
 
 std::vector<Tensor> gru_forward(Tensor rz, Tensor xn, Tensor w_hh, Tensor bias,

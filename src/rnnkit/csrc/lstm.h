@@ -109,10 +109,12 @@ void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* 
 }
 
 // With Wx (W_ih), each step also writes its rows of d_x = d_gates W_ih (rows of I).
+// d_bias (4H): this block's rows of d_gates summed over all steps, while each row is in
+// cache (a sum over the (T·B, 4H) buffer afterwards would read it all once more).
 template <typename T>
 void lstm_backward_impl(const T* gates, const T* tc, const T* cs, const StepMatrix<T>& W,
                         const bool* M, const Steps& S, const T* dout, T* dxp, T* dh, T* dc,
-                        int64_t Tn, int64_t B, int64_t H, int64_t r0, int64_t r1,
+                        T* d_bias, int64_t Tn, int64_t B, int64_t H, int64_t r0, int64_t r1,
                         const StepMatrix<T>* Wx = nullptr, T* dx = nullptr, int64_t I = 0) {
   const int64_t G = 4 * H;
   dh += r0 * H;
@@ -134,6 +136,7 @@ void lstm_backward_impl(const T* gates, const T* tc, const T* cs, const StepMatr
       const T* gb = g + b * G;
       lstm_bwd_row<T>(gb, gb + H, gb + 2 * H, gb + 3 * H, tct + b * H, cp + b * H, dh + b * H,
                       dc + b * H, d, d + H, d + 2 * H, d + 3 * H, H);
+      add_into(d_bias, d, G);
     }
     if (!S.packed()) zero_rows(dg, bt, r1 - r0, G);
     if (Wx) {

@@ -79,9 +79,10 @@ def test_a_corrupted_backward_exits_1(
         native = RNNKernel.native_backward
 
         def native_scaled(self, *args):
-            d_xp, d_hp, d0, d_x = native(self, *args)
+            d_xp, d_hp, d0, d_x, d_b = native(self, *args)
             d_x = None if d_x is None else 1.01 * d_x
-            return 1.01 * d_xp, 1.01 * d_hp, tuple(1.01 * d for d in d0), d_x
+            d_b = None if d_b is None else 1.01 * d_b
+            return 1.01 * d_xp, 1.01 * d_hp, tuple(1.01 * d for d in d0), d_x, d_b
 
         monkeypatch.setattr(RNNKernel, "native_backward", native_scaled)
     status, out, err = run_gradcheck(capsys, "--cell", "rnn")
