@@ -395,3 +395,10 @@ def test_loop_operators_refuse_a_wrong_input_weight() -> None:
         lib.lstm_backward(
             gates, tc, cs, w_hh, None, None, h0.clone(), c0.clone(), None, torch.zeros(H, I)
         )
+    # the outputs' gradient: (T, B, H), contiguous — else one error, not a read past its end
+    for bad in (torch.zeros(T, B, H + 1), torch.zeros(B, T, H).transpose(0, 1)):
+        with pytest.raises(RuntimeError, match=r"d_out must be contiguous \(T, B, H\)"):
+            lib.lstm_backward(gates, tc, cs, w_hh, None, bad, h0.clone(), c0.clone(), None, None)
+    hs = torch.zeros(T + 1, B, H)
+    with pytest.raises(RuntimeError, match=r"d_out must be contiguous \(T, B, H\)"):
+        lib.rnn_backward(hs, torch.zeros(H, H), None, torch.zeros(T - 1, B, H), h0.clone(), 0)

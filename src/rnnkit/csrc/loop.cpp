@@ -51,6 +51,15 @@ const bool* mask_of(const std::optional<Tensor>& mask, int64_t T, int64_t B) {
   return mask->data_ptr<bool>();
 }
 
+// d_out, the outputs' gradient: (T, B, H), contiguous (the loops read its rows in place).
+void check_d_out(const std::optional<Tensor>& d_out, int64_t T, int64_t B, int64_t H) {
+  if (!d_out.has_value()) return;
+  TORCH_CHECK(d_out->device().is_cpu() && d_out->is_contiguous() && d_out->dim() == 3 &&
+                  d_out->size(0) == T && d_out->size(1) == B && d_out->size(2) == H,
+              "d_out must be contiguous (T, B, H) = (", T, ", ", B, ", ", H, ") on the CPU, got ",
+              d_out->sizes());
+}
+
 template <typename T>
 const T* opt_ptr(const std::optional<Tensor>& t) {
   return t.has_value() ? t->data_ptr<T>() : nullptr;
@@ -95,6 +104,7 @@ std::vector<Tensor> rnn_backward(Tensor hs, Tensor w_hh, std::optional<Tensor> m
   check(w_hh, "w_hh", 2);
   check(d_h, "d_h", 2);
   const int64_t Tn = hs.size(0) - 1, B = hs.size(1), H = hs.size(2);
+  check_d_out(d_out, Tn, B, H);
   const bool* M = mask_of(mask, Tn, B);
   const Steps S = make_steps(mask, offsets, Tn, B);
   Tensor dxp = step_buffer(S, H, hs);
@@ -176,6 +186,7 @@ std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_h
   const Steps S = make_steps(mask, offsets, Tn, B);
   check_buf(gates, "gates", S, 4 * H);
   check_buf(tc, "tanh_c", S, H);
+  check_d_out(d_out, Tn, B, H);
   Tensor dxp = step_buffer(S, 4 * H, gates);
   int64_t I = 0;
   if (w_ih.has_value()) {
@@ -240,6 +251,7 @@ std::vector<Tensor> gru_backward(Tensor rz, Tensor xn, Tensor rec, Tensor hs, Te
   check(w_hh, "w_hh", 2);
   check(d_h, "d_h", 2);
   const int64_t Tn = hs.size(0) - 1, B = hs.size(1), H = hs.size(2);
+  check_d_out(d_out, Tn, B, H);
   const bool* M = mask_of(mask, Tn, B);
   const Steps S = make_steps(mask, offsets, Tn, B);
   check_buf(rz, "rz", S, 2 * H);
