@@ -169,6 +169,45 @@ def test_lstm_backward_sums_the_bias_gradient_in_the_loop(threads, in_loop) -> N
     torch.testing.assert_close(d_bias, d_xp.reshape(-1, 4 * H).sum(0), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("save", [True, False])
+def test_lstm_forward_keeps_the_callers_projections(threads, save) -> None:
+    """``keep_input``: the projections are read, not overwritten, and the gates go to a
+    buffer of their own — the same states and gates as the in-place loop to float64
+    rounding (the projection meets h W_hhᵀ before the bias instead of after), with rows
+    finishing early, a hole, the batch split between threads."""
+    lib = native.library()
+    g = torch.Generator().manual_seed(13)
+    T, B, H = 6, 21, 5
+    f64 = {"dtype": torch.float64}
+    mask = torch.arange(T)[:, None] < torch.randint(1, T + 1, (B,), generator=g)[None, :]
+    mask[2, 4] = False  # a hole
+    xp = torch.randn(T, B, 4 * H, generator=g, **f64)
+    w_hh, bias = torch.randn(4 * H, H, generator=g, **f64), torch.randn(4 * H, generator=g, **f64)
+    h0, c0 = torch.randn(B, H, generator=g, **f64), torch.randn(B, H, generator=g, **f64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        kept = xp.clone()
+        hs_k, cs_k, tc_k, gates_k = lib.lstm_forward(
+            kept, w_hh, bias, h0, c0, mask, save, None, None, True
+        )
+        in_place = xp.clone()
+        hs_i, cs_i, tc_i, empty = lib.lstm_forward(in_place, w_hh, bias, h0, c0, mask, save, None)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(kept, xp)  # not written
+    tol = {"rtol": 1e-13, "atol": 1e-14}
+    assert empty.numel() == 0 and gates_k.numel() == (xp.numel() if save else 0)
+    torch.testing.assert_close(hs_k, hs_i, **tol)
+    torch.testing.assert_close(
+        cs_k[-1] if not save else cs_k, cs_i[-1] if not save else cs_i, **tol
+    )
+    if save:  # the in-place loop left its gates in its input buffer
+        torch.testing.assert_close(gates_k, in_place, **tol)
+        torch.testing.assert_close(tc_k, tc_i, **tol)
+
+
 def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],

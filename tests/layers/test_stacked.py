@@ -335,6 +335,31 @@ def test_empty_batch_backward(cell_spec, window):
     assert all(torch.count_nonzero(p.grad) == 0 for p in layer.parameters())
 
 
+def test_a_projected_input_is_read_not_written():
+    """The caller's projections — here gathered time-major and passed as a batch-first
+    view, as a language model does, so that no copy comes between — are left as they
+    were, and the outputs and gradients are those of the embeddings' own product."""
+    from rnnkit import LSTM
+    from rnnkit.bptt.native import available
+
+    if not available():
+        pytest.skip("no compiled loop here")
+    torch.manual_seed(0)
+    stack = LSTM(5, 8).double()
+    emb = torch.randn(11, 5, dtype=DT, requires_grad=True)
+    tokens = torch.randint(0, 11, (3, 7))
+    table = stack.input_table(emb)
+    xp_tm = table[tokens.T]  # (T, B, 4H)
+    before = xp_tm.detach().clone()
+    out = stack(xp_tm.transpose(0, 1), projected=True).outputs
+    assert torch.equal(xp_tm.detach(), before)
+    ref = stack(emb[tokens]).outputs
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(out)
+    d_emb = torch.autograd.grad(out, emb, g)[0]
+    torch.testing.assert_close(d_emb, torch.autograd.grad(ref, emb, g)[0])
+
+
 def test_projected_input_is_refused_where_it_does_not_apply():
     from rnnkit import LSTM
     from rnnkit.bptt.native import available, use_native

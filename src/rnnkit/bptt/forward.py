@@ -134,8 +134,6 @@ def forward_pass(
         offsets = None
         if packing is not None:
             x_flat, offsets = x_flat.index_select(0, packing.rows), packing.offsets
-        elif projected and x_flat.data_ptr() == x.data_ptr():
-            x_flat = x_flat.clone()  # the loop overwrites the projections: not the caller's
         states, cache = kernel.native_forward(
             lib, x_flat, w, T, B, states0, _mask2(mask), save, offsets, projected
         )

@@ -167,7 +167,8 @@ class Kernel(StepKernel, Protocol):
         state buffers ``(T + 1, B, H)`` and the cache, the same as ``step_into`` fills.
         ``offsets``: packed rows (only the rows still running at each step).
         ``projected``: ``x`` is already the input product ``x W_ihᵀ`` ``(N, G·H)``, without
-        the bias, in a buffer the loop may overwrite."""
+        the bias — the caller's tensor (possibly a view of it), which the loop must not
+        overwrite."""
 
     def native_backward(
         self,

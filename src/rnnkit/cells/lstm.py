@@ -221,11 +221,14 @@ class LSTMKernel:
             return (hs, cs), (gates, tanh_c)
         # x W_ih^T; the bias is added in the loop (addmm would first copy it to every row)
         xp = x if projected else input_product(x, w.weight_ih)  # (T·B or N, 4H): the
-        # activated gates, in place
+        # activated gates, in place — except in the caller's projections (kept: the loop
+        # writes the gates to a new buffer, cheaper than a copy of the projections first)
         if offsets is None:
             xp = xp.view(T, B, xp.shape[1])
-        hs, cs, tanh_c, _ = lib.lstm_forward(xp, w_hh, bias, *states0, mask, save, offsets, None)
-        return (hs, cs), (xp, tanh_c)
+        hs, cs, tanh_c, gates = lib.lstm_forward(
+            xp, w_hh, bias, *states0, mask, save, offsets, None, projected
+        )
+        return (hs, cs), ((gates if projected else xp), tanh_c)
 
     def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False):
         gates, tanh_c = (c.contiguous() for c in record.cache)

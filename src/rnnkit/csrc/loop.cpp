@@ -123,10 +123,13 @@ std::vector<Tensor> rnn_backward(Tensor hs, Tensor w_hh, std::optional<Tensor> m
 
 // xp: the input projections, overwritten by the activated gates when saving; or, with
 // w_ih, the inputs themselves (rows of I), whose product the loop computes step by step
-// (the gates then go to a new buffer, returned fourth; empty without w_ih or save).
+// (the gates then go to a new buffer, returned fourth; empty without w_ih or save). With
+// keep_input, projections are only read (they are the caller's) and the gates go to a
+// new buffer too: cheaper than copying them first.
 std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor c0,
                                  std::optional<Tensor> mask, bool save,
-                                 std::optional<Tensor> offsets, std::optional<Tensor> w_ih) {
+                                 std::optional<Tensor> offsets, std::optional<Tensor> w_ih,
+                                 bool keep_input) {
   check(w_hh, "w_hh", 2);
   const int64_t Tn = steps_of(xp, offsets), B = h0.size(0), H = h0.size(1);
   TORCH_CHECK(w_hh.size(0) == 4 * H && w_hh.size(1) == H, "w_hh must be (4H, H)");
@@ -148,15 +151,16 @@ std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
   Tensor cs = at::empty({save ? Tn + 1 : 2, B, H}, xp.options());
   Tensor tc = save ? step_buffer(S, H, xp) : scratch(S, H, xp);
   Tensor rec = at::empty({B, 4 * H}, xp.options());
-  Tensor gates = fused && save ? step_buffer(S, 4 * H, xp) : at::empty({0}, xp.options());
+  const bool apart = fused || keep_input;  // the gates in a buffer of their own
+  Tensor gates = apart && save ? step_buffer(S, 4 * H, xp) : at::empty({0}, xp.options());
   hs[0].copy_(h0);
   cs[0].copy_(c0);
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "lstm_forward", [&] {
     const StepMatrix<scalar_t> W(w_hh, 0, 4 * H, true, S.rows());
     std::optional<StepMatrix<scalar_t>> Wx;
     if (fused) Wx.emplace(*w_ih, 0, 4 * H, true, S.rows());
-    scalar_t* g = fused ? (save ? gates.data_ptr<scalar_t>() : nullptr) : xp.data_ptr<scalar_t>();
-    const scalar_t* x = fused ? xp.data_ptr<scalar_t>() : nullptr;
+    scalar_t* g = apart ? (save ? gates.data_ptr<scalar_t>() : nullptr) : xp.data_ptr<scalar_t>();
+    const scalar_t* x = apart ? xp.data_ptr<scalar_t>() : nullptr;
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       lstm_forward_impl<scalar_t>(g, W, bias.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(),
                                   hs.data_ptr<scalar_t>(), cs.data_ptr<scalar_t>(),
@@ -423,7 +427,7 @@ TORCH_LIBRARY(rnnkit_native, m) {
       &rnn_backward);
   m.def(
       "lstm_forward(Tensor(a!) xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor c0, Tensor? mask, "
-      "bool save, Tensor? offsets=None, Tensor? w_ih=None) -> Tensor[]",
+      "bool save, Tensor? offsets=None, Tensor? w_ih=None, bool keep_input=False) -> Tensor[]",
       &lstm_forward);
   m.def(
       "lstm_backward(Tensor gates, Tensor tanh_c, Tensor cs, Tensor w_hh, Tensor? mask, "

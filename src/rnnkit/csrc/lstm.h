@@ -59,7 +59,9 @@ void lstm_bwd_row(const T* __restrict gi, const T* __restrict gf, const T* __res
 // xp: the input projections (T·B or N rows of 4H), the activated gates on exit when
 // saving. With Wx (the input product in the loop), x holds the inputs (rows of I) instead,
 // each step's product is x_t W_ih^T + h_{t-1} W_hh^T, and xp only receives the gates
-// (null when not saving).
+// (null when not saving). With x but no Wx, x holds the projections (rows of 4H), read
+// and not written: each step copies its rows into the hot buffer before h_{t-1} W_hh^T
+// is added, and xp again only receives the gates.
 template <typename T>
 void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* hs, T* cs, T* tc,
                        bool save, const bool* M, const Steps& S, int64_t Tn, int64_t B, int64_t H,
@@ -69,8 +71,8 @@ void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* 
   rec += r0 * G;
   using Row = void (*)(T*, T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,
                        const T*, const T*, const T*, T*, T*, T*, int64_t);
-  const Row row = Wx ? (save ? lstm_fwd_row<T, true, false> : lstm_fwd_row<T, false, false>)
-                     : (save ? lstm_fwd_row<T, true, true> : lstm_fwd_row<T, false, true>);
+  const Row row = x ? (save ? lstm_fwd_row<T, true, false> : lstm_fwd_row<T, false, false>)
+                    : (save ? lstm_fwd_row<T, true, true> : lstm_fwd_row<T, false, true>);
   for (int64_t t = 0; t < Tn; ++t) {
     const int64_t bt = block_active(S.act[t], r0, r1);
     T* g = xp ? xp + (S.row(t) + r0) * G : nullptr;
@@ -85,6 +87,9 @@ void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* 
     if (Wx) {
       Wx->mm(bt, x + (S.row(t) + r0) * I, I, T(0), rec, G);  // x_t W_ih^T
       W.mm(bt, hp, H, T(1), rec, G);                         // + h_{t-1} W_hh^T
+    } else if (x) {
+      std::memcpy(rec, x + (S.row(t) + r0) * G, bt * G * sizeof(T));  // the projections
+      W.mm(bt, hp, H, T(1), rec, G);                                  // + h_{t-1} W_hh^T
     } else {
       W.mm(bt, hp, H, T(0), rec, G);  // h_{t-1} W_hh^T
     }
@@ -103,7 +108,7 @@ void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* 
     copy_rows(cn, cp, bt, r1 - r0, H);
     if (save && !S.packed()) {
       zero_rows(tct, bt, r1 - r0, H);
-      if (Wx) zero_rows(g, bt, r1 - r0, G);  // finished rows' gates: defined, like their inputs
+      if (x) zero_rows(g, bt, r1 - r0, G);  // finished rows' gates: defined, like their inputs
     }
   }
 }

@@ -185,7 +185,10 @@ class LanguageModel(nn.Module):
             # backward is a scatter of d_xp into V rows and two (V, ·) products instead of
             # two (B·T, ·) ones — the same function and gradients (tested).
             table = self.encoder.input_table(self.embedding.weight)
-            xp = nn.functional.embedding(inputs, table, padding_idx=self.embedding.padding_idx)
+            # gathered time-major and handed over as a batch-first view: the layer works
+            # in (T, B, ·), so neither the rows nor their gradient need a transposing copy
+            pad = self.embedding.padding_idx
+            xp = nn.functional.embedding(inputs.T, table, padding_idx=pad).transpose(0, 1)
             out = self.encoder(xp, mask=mask, state=state, projected=True)
             return out.outputs, out.state
         x = self.drop(self.embedding(inputs))  # (B, T, E)
