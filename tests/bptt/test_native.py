@@ -441,3 +441,62 @@ def test_loop_operators_refuse_a_wrong_input_weight() -> None:
     hs = torch.zeros(T + 1, B, H)
     with pytest.raises(RuntimeError, match=r"d_out must be contiguous \(T, B, H\)"):
         lib.rnn_backward(hs, torch.zeros(H, H), None, torch.zeros(T - 1, B, H), h0.clone(), 0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("a_t", [False, True], ids=["a", "a_T"])
+@pytest.mark.parametrize("b_t", [False, True], ids=["b", "b_T"])
+@pytest.mark.parametrize(
+    ("m", "k", "n"),
+    [(512, 1600, 128), (203, 517, 45), (64, 3, 7), (70, 0, 33), (5, 9, 4)],
+    ids=["weight_grad", "partial_tiles", "short_k", "empty_k", "blas"],
+)
+def test_matmul_equals_the_float64_product(threads, a_t, b_t, m, k, n) -> None:
+    """The library's product (the weight gradients' ``d_gatesᵀ x``; its own kernel where
+    the machine has AVX-512) agrees with the float64 product to 1e-6 of the largest value,
+    for every layout the backward passes (``d_xp.T`` is a transposed view), rows and
+    columns that fill no whole tile or panel, K over several blocks of 256, and on 2
+    threads; float64 is torch's own product, to the bit."""
+    lib = native.library()
+    torch.manual_seed(0)
+    a = torch.randn(k, m).T if a_t else torch.randn(m, k)
+    b = torch.randn(n, k).T if b_t else torch.randn(k, n)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = lib.matmul(a, b)
+        got64 = lib.matmul(a.double(), b.double())
+    finally:
+        torch.set_num_threads(before)
+    want = a.double() @ b.double()
+    assert got.shape == (m, n) and got.dtype == torch.float32
+    scale = max(float(want.abs().max()), 1.0)
+    assert float((got.double() - want).abs().max()) <= 1e-6 * scale
+    assert torch.equal(got64, want)
+
+
+def test_matmul_refuses_shapes_that_do_not_chain() -> None:
+    with pytest.raises(RuntimeError, match=r"matmul needs \(m, k\) and \(k, n\) matrices"):
+        native.library().matmul(torch.zeros(3, 4), torch.zeros(5, 2))
+
+
+@pytest.mark.parametrize(
+    ("machine", "capability", "march"),
+    [
+        ("x86_64", "AVX512", "-march=x86-64-v4"),
+        ("x86_64", "AVX2", "-march=x86-64-v3"),
+        ("x86_64", "DEFAULT", None),
+        ("aarch64", "DEFAULT", None),
+    ],
+)
+def test_the_build_targets_the_widest_vectors_torch_found(
+    monkeypatch, machine, capability, march
+) -> None:
+    """AVX-512 machines get the 16-float kernel (x86-64-v4), AVX2 ones the 8-float one;
+    elsewhere no -march (the portable build, products on the BLAS). The flags are part
+    of the cache key, so a library built for one never loads for the other."""
+    monkeypatch.setattr(native.platform, "machine", lambda: machine)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    flags = native._flags()
+    marches = [f for f in flags if f.startswith("-march")]
+    assert marches == ([march] if march else [])

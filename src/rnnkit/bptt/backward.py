@@ -127,6 +127,10 @@ def weight_grads(
     """
     T, B, H = (s - k for s, k in zip(record.states[0].shape, (1, 0, 0), strict=True))
     d_xp = sweep.d_xp.reshape(-1, sweep.d_xp.shape[-1])  # (T·B or N, G·H)
+    # Where the time loop ran compiled, so do these products: the library's own matmul
+    # (torch's BLAS may take a path at half the machine's rate, e.g. MKL on AMD CPUs).
+    lib = _compiled(kernel, d_xp, w.weight_hh) if record.reset is None else None
+    mm = torch.mm if lib is None else lib.matmul
     d_x = None
     if need[0]:
         if projected:
@@ -134,11 +138,11 @@ def weight_grads(
         elif sweep.d_x is not None:  # the compiled loop's, step by step
             d_x = sweep.d_x.reshape(-1, sweep.d_x.shape[-1])
         else:
-            d_x = d_xp @ w.weight_ih
+            d_x = mm(d_xp, w.weight_ih)
         if packing is not None:  # rows never computed get no gradient
             d_x = d_x.new_zeros(T * B, d_x.shape[1]).index_copy_(0, packing.rows, d_x)
         d_x = d_x.view(T, B, d_x.shape[-1])
-    d_w_ih = d_xp.T @ record.x if need[1] and not projected else None
+    d_w_ih = mm(d_xp.T, record.x) if need[1] and not projected else None
     d_bias = None
     if need[3]:  # summed by the compiled loop where it could, while the rows were in cache
         d_bias = sweep.d_bias if sweep.d_bias is not None else d_xp.sum(0)
@@ -149,5 +153,5 @@ def weight_grads(
             h_prev = h_prev.index_select(0, packing.rows)
         flat_cache = tuple(c.reshape(h_prev.shape[0], c.shape[-1]) for c in record.cache)
         d_hp = sweep.d_hp.reshape(h_prev.shape[0], sweep.d_hp.shape[-1])
-        d_w_hh, d_bias_hn = kernel.recurrent_grads(d_xp, d_hp, h_prev, flat_cache)
+        d_w_hh, d_bias_hn = kernel.recurrent_grads(d_xp, d_hp, h_prev, flat_cache, mm)
     return Grads(d_x, d_w_ih, d_w_hh, d_bias, d_bias_hn if need[4] else None)

@@ -4,12 +4,15 @@ The pure-PyTorch loop of ``recurrence.py`` pays 3–5 µs of Python and dispatch
 op, a dozen ops per step; at small sizes that is most of the time. This module compiles
 the C++ sources of ``rnnkit/csrc`` (once, on first use, into a per-user cache): one loop
 per cell kind (``rnn.h``, ``lstm.h``, ``gru.h``; entry points in ``loop.cpp``) that does, per
-step, ONE matrix product (float32: W_hh packed once per call and a register-blocked AVX2
-kernel; float64: the BLAS torch links) and ONE fused pass of the gate math over
-contiguous rows — forward, and the hand-written backward of ``cells/*.py``. Input
-projections and every weight gradient stay single large matrix products in
-``recurrence.py``, except that for a narrow LSTM (``I + H ≤ 512``, 4 rows a thread,
-``rnnkit.cells.lstm.input_in_loop``) the loop also multiplies each step's inputs
+step, ONE matrix product (float32: W_hh packed once per call and a register-blocked
+kernel, AVX-512 where the CPU has it, else AVX2; float64: the BLAS torch links) and ONE
+fused pass of the gate math over contiguous rows — forward, and the hand-written backward
+of ``cells/*.py``. Input projections and every weight gradient stay single large matrix
+products in ``recurrence.py`` (the weight gradients on the library's ``matmul``, the same
+kernel over all steps' rows where the CPU has AVX-512: there torch's BLAS may take its
+AVX2 path at half the machine's rate, as MKL does on AMD processors), except that for a
+narrow LSTM (``I + H ≤ 512``, 4 rows a thread, ``rnnkit.cells.lstm.input_in_loop``) the
+loop also multiplies each step's inputs
 (``x_t W_ihᵀ`` beside ``h_{t-1} W_hhᵀ``; backward ``d_x_t = d_gates_t W_ih``), which is
 faster there than one product of all steps' rows before and after it. This module only
 replaces the two loops over time and fills the same buffers (``ForwardRecord`` and
@@ -72,7 +75,9 @@ def _flags() -> list[str]:
     flags += ["-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wextra"]
     if platform.machine() in ("x86_64", "AMD64"):
         capability = torch.backends.cpu.get_cpu_capability()
-        if capability in ("AVX2", "AVX512"):
+        if capability == "AVX512":  # AVX-512 (F, BW, CD, DQ, VL): 16 floats an instruction
+            flags.append("-march=x86-64-v4")
+        elif capability == "AVX2":
             flags.append("-march=x86-64-v3")  # AVX2 + FMA: the gate loops vectorise
     return flags
 

@@ -251,13 +251,13 @@ class GRUKernel:
         d_h_prev.addcmul_(d_rh, r)
         return (d_h_prev.addmm_(d_xp[:, : 2 * H], W[: 2 * H]),)
 
-    def recurrent_grads(self, d_xp, d_hp, h_prev, cache):
+    def recurrent_grads(self, d_xp, d_hp, h_prev, cache, mm=torch.mm):
         H = h_prev.shape[1]
         if self.reset == "after":  # d_hp is the n block; r, z are d_xp's
-            d_w = torch.cat([d_xp[:, : 2 * H].T @ h_prev, d_hp.T @ h_prev], dim=0)
+            d_w = torch.cat([mm(d_xp[:, : 2 * H].T, h_prev), mm(d_hp.T, h_prev)], dim=0)
             return d_w, d_hp.sum(0)
         rec = cache[2]
-        d_w = torch.cat([d_hp[:, : 2 * H].T @ h_prev, d_hp[:, 2 * H :].T @ rec], dim=0)
+        d_w = torch.cat([mm(d_hp[:, : 2 * H].T, h_prev), mm(d_hp[:, 2 * H :].T, rec)], dim=0)
         return d_w, None
 
     # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.

@@ -9,6 +9,7 @@ contiguous ``(B, ·)`` blocks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -136,13 +137,19 @@ class StepKernel(Protocol):
         ∂L/∂(previous state)."""
 
     def recurrent_grads(
-        self, d_xp: Tensor, d_hp: Tensor, h_prev: Tensor, cache: tuple[Tensor, ...]
+        self,
+        d_xp: Tensor,
+        d_hp: Tensor,
+        h_prev: Tensor,
+        cache: tuple[Tensor, ...],
+        mm: Callable[[Tensor, Tensor], Tensor] = torch.mm,
     ) -> tuple[Tensor, Tensor | None]:
         """``(∂L/∂weight_hh, ∂L/∂bias_hn or None)`` from all steps at once.
 
         ``d_xp (N, G·H)``, ``d_hp`` (see ``step_backward``), ``h_prev (N, H)`` and the
         cache are flattened over ``N = T·B``; each gradient is ONE matrix product (or
-        sum) over all steps.
+        sum) over all steps, computed by ``mm`` (the compiled library's own product
+        where the time loop ran there).
         """
 
 

@@ -205,8 +205,8 @@ class LSTMKernel:
         d_xp.mul_(deriv)  # to pre-activation gradients, all four blocks in one op
         return (d_xp @ w, d_ct.mul_(f))
 
-    def recurrent_grads(self, d_xp, d_hp, h_prev, cache):
-        return d_hp.T @ h_prev, None
+    def recurrent_grads(self, d_xp, d_hp, h_prev, cache, mm=torch.mm):
+        return mm(d_hp.T, h_prev), None
 
     # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
     def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
@@ -294,8 +294,8 @@ class NativeLSTMStep:
         self.lib.lstm_step_backward(gates, tanh_c, prev[1], d_h, d_c, d_xp)
         return (d_xp @ w, d_c)
 
-    def recurrent_grads(self, d_xp, d_hp, h_prev, cache):
-        return d_hp.T @ h_prev, None
+    def recurrent_grads(self, d_xp, d_hp, h_prev, cache, mm=torch.mm):
+        return mm(d_hp.T, h_prev), None
 
 
 class LSTMCell(CellBase):

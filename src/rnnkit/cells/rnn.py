@@ -118,8 +118,8 @@ class RNNKernel:
         torch.mul(d_new[0], deriv, out=d_xp)  # d_a = φ'(a_t) ⊙ d_h
         return (d_xp @ w,)  # ∂L/∂h_{t-1} = W_hᵀ d_a
 
-    def recurrent_grads(self, d_xp, d_hp, h_prev, cache):
-        return d_hp.T @ h_prev, None
+    def recurrent_grads(self, d_xp, d_hp, h_prev, cache, mm=torch.mm):
+        return mm(d_hp.T, h_prev), None
 
     # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
     def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):

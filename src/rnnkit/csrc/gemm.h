@@ -1,5 +1,5 @@
 // The recurrent matrix product of every step: the BLAS torch links, and for float32 a
-// packed, register-blocked AVX2/FMA kernel (StepMatrix).
+// packed, register-blocked AVX2/FMA or AVX-512 kernel (StepMatrix).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -46,16 +46,89 @@ void gemm_rm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* A, int6
 }
 
 // The recurrent product of every step, C (m x n) = A (m x k) · B + beta C, with B fixed for
-// the whole call. float32: B is packed once per call into 16-column panels and multiplied
-// by a register-blocked AVX2/FMA kernel (6 x 16 tile): the products of one step are thin
-// (m = the rows of one thread's block, 4 .. 64), where this runs at ~105 GFLOP/s a core
-// here against 55-90 for the BLAS. K is summed in blocks of 256 (accuracy like the BLAS).
-// float64 (the exact oracle path) and CPUs without AVX2 call the BLAS.
-#if defined(__AVX2__) && defined(__FMA__)
+// the whole call. float32: B is packed once per call into NR-column panels and multiplied
+// by a register-blocked FMA kernel: the products of one step are thin (m = the rows of one
+// thread's block, 4 .. 64), where the BLAS runs well below its large-matrix rate. AVX2:
+// 6 x 16 tiles (~105 GFLOP/s a core against 55-90 for the BLAS on an AVX2 machine).
+// AVX-512: 8 x 32 tiles, twice the work per instruction — where the BLAS torch links
+// takes its AVX2 path (MKL on AMD processors), the only way to the machine's rate. K is
+// summed in blocks of 256 (accuracy like the BLAS). float64 (the exact oracle path) and
+// CPUs without AVX2 call the BLAS.
+#if defined(__AVX512F__)
+#define RNNKIT_PACKED_GEMM 1
+#define RNNKIT_GEMM_AVX512 1
+constexpr int NR = 32;
+constexpr int64_t KC = 256;
+
+// C (MR x nv) (+)= A (MR x K) · Bp (K x NR panel). AT: A is stored transposed (element
+// (r, k) at A[k·lda + r]: the weight gradients' d_gates, rows of the step buffer).
+template <int MR, bool AT = false>
+inline void kern(int64_t K, const float* __restrict A, int64_t lda, const float* __restrict Bp,
+                 float* C, int64_t ldc, int nv, bool add) {
+  __m512 acc[2 * MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < 2 * MR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 b0 = _mm512_loadu_ps(Bp + k * NR), b1 = _mm512_loadu_ps(Bp + k * NR + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 a = _mm512_set1_ps(AT ? A[k * lda + r] : A[r * lda + k]);
+      acc[2 * r] = _mm512_fmadd_ps(a, b0, acc[2 * r]);
+      acc[2 * r + 1] = _mm512_fmadd_ps(a, b1, acc[2 * r + 1]);
+    }
+  }
+  // columns nv .. NR of a last, partial panel are not stored
+  const __mmask16 m0 = nv >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nv) - 1);
+  const __mmask16 m1 = nv >= 32  ? __mmask16(0xFFFF)
+                       : nv > 16 ? __mmask16((1u << (nv - 16)) - 1)
+                                 : 0;
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    float* cr = C + r * ldc;
+    __m512 x0 = acc[2 * r], x1 = acc[2 * r + 1];
+    if (add) {
+      x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, cr));
+      x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, cr + 16));
+    }
+    _mm512_mask_storeu_ps(cr, m0, x0);
+    _mm512_mask_storeu_ps(cr + 16, m1, x1);
+  }
+}
+
+// Rows in tiles of 8; a tail of 9-11 rows is split in two (9 = 5 + 4): a tile under 4 rows
+// has too few independent FMA chains (2 a row) to hide the FMA latency. The rows of the
+// tile that starts at row r of m:
+inline int64_t tile_rows(int64_t m, int64_t r) {
+  const int64_t left = m - r;
+  return left > 11 ? 8 : left > 8 ? (left + 1) / 2 : left;  // 9 = 5 + 4, 11 = 6 + 5
+}
+
+template <bool AT = false>
+void kern_tile(int64_t rows, int64_t K, const float* a, int64_t lda, const float* Bp, float* c,
+               int64_t ldc, int nv, bool add) {
+  switch (rows) {
+    case 1: kern<1, AT>(K, a, lda, Bp, c, ldc, nv, add); break;
+    case 2: kern<2, AT>(K, a, lda, Bp, c, ldc, nv, add); break;
+    case 3: kern<3, AT>(K, a, lda, Bp, c, ldc, nv, add); break;
+    case 4: kern<4, AT>(K, a, lda, Bp, c, ldc, nv, add); break;
+    case 5: kern<5, AT>(K, a, lda, Bp, c, ldc, nv, add); break;
+    case 6: kern<6, AT>(K, a, lda, Bp, c, ldc, nv, add); break;
+    case 7: kern<7, AT>(K, a, lda, Bp, c, ldc, nv, add); break;
+    default: kern<8, AT>(K, a, lda, Bp, c, ldc, nv, add); break;
+  }
+}
+
+void kern_rows(int64_t m, int64_t K, const float* A, int64_t lda, const float* Bp, float* C,
+               int64_t ldc, int nv, bool add) {
+  for (int64_t r = 0, rows; r < m; r += rows) {
+    rows = tile_rows(m, r);
+    kern_tile(rows, K, A + r * lda, lda, Bp, C + r * ldc, ldc, nv, add);
+  }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
 #define RNNKIT_PACKED_GEMM 1
 constexpr int NR = 16;
 constexpr int64_t KC = 256;
-
 template <int MR>
 inline void kern(int64_t K, const float* __restrict A, int64_t lda, const float* __restrict Bp,
                  float* C, int64_t ldc, int nv, bool add) {
@@ -153,14 +226,15 @@ struct StepMatrix {
   const T* w = nullptr;
   int64_t k = 0, n = 0, ldw = 0;
   bool transposed = false;
-  Tensor packed;  // float32: 16-column panels
+  Tensor packed;  // float32: NR-column panels
   const float* panels = nullptr;
 
   // work: rows the products will see in all (the steps' computed rows). Packing reads and
   // writes all of W once, the cost of several rows' products: a call with only a few rows
   // (generation: one token, batch 1) is faster on the BLAS without it (207 -> ~30 us/step
   // for LSTM 256 at batch 1).
-  StepMatrix(const Tensor& W, int64_t row0, int64_t rows, bool transpose, int64_t work) {
+  StepMatrix(const Tensor& W, int64_t row0, int64_t rows, bool transpose,
+             [[maybe_unused]] int64_t work) {
     const int64_t H = W.size(1);
     w = W.data_ptr<T>() + row0 * H;
     ldw = H;
@@ -203,21 +277,44 @@ struct StepMatrix {
         gemm_rm<T>(false, transposed, m, n, k, A, lda, w, ldw, beta, C, ldc);
         return;
       }
+      // K blocks outermost: a block of A's rows stays in cache across the panels
       const int64_t np = (n + NR - 1) / NR;
-      for (int64_t p = 0; p < np; ++p) {
-        const int nv = (int)std::min<int64_t>(NR, n - p * NR);
-        for (int64_t kb = 0; kb < k; kb += KC) {
-          const bool add = kb > 0 || beta != 0.f;
+      for (int64_t kb = 0; kb < k; kb += KC) {
+        const bool add = kb > 0 || beta != 0.f;
+        for (int64_t p = 0; p < np; ++p)
           kern_rows(m, std::min(KC, k - kb), A + kb, lda, panels + (p * k + kb) * NR, C + p * NR,
-                    ldc, nv, add);
-        }
-        if (k == 0 && beta == 0.f)
-          for (int64_t r = 0; r < m; ++r) std::memset(C + r * ldc + p * NR, 0, nv * sizeof(float));
+                    ldc, (int)std::min<int64_t>(NR, n - p * NR), add);
       }
+      if (k == 0 && beta == 0.f)
+        for (int64_t r = 0; r < m; ++r) std::memset(C + r * ldc, 0, n * sizeof(float));
       return;
     }
 #endif
     gemm_rm<T>(false, transposed, m, n, k, A, lda, w, ldw, beta, C, ldc);
+  }
+
+  // C (m x n, ldc) = A · B where A is stored transposed: element (r, kk) at A[kk·lda + r]
+  // (the weight gradients read d_gates, rows of G·H, as G·H x N); k ≥ 1. AVX-512 only: the AVX2
+  // build leaves these large products to the BLAS, which runs them at its full rate there.
+  void mm_at(int64_t m, const T* A, int64_t lda, T* C, int64_t ldc) const {
+    if (m <= 0) return;
+#ifdef RNNKIT_GEMM_AVX512
+    if constexpr (std::is_same_v<T, float>) {
+      if (panels != nullptr) {
+        const int64_t np = (n + NR - 1) / NR;
+        for (int64_t kb = 0; kb < k; kb += KC)
+          for (int64_t p = 0; p < np; ++p)
+            for (int64_t r = 0, rows; r < m; r += rows) {
+              rows = tile_rows(m, r);
+              kern_tile<true>(rows, std::min(KC, k - kb), A + kb * lda + r, lda,
+                              panels + (p * k + kb) * NR, C + r * ldc + p * NR, ldc,
+                              (int)std::min<int64_t>(NR, n - p * NR), kb > 0);
+            }
+        return;
+      }
+    }
+#endif
+    gemm_rm<T>(true, transposed, m, n, k, A, lda, w, ldw, T(0), C, ldc);
   }
 };
 

@@ -415,8 +415,44 @@ void sigmoid_scores_backward(Tensor d_s, Tensor sig, Tensor w, Tensor s_sig, Ten
 
 }  // namespace
 
+// C = A · B over all steps' rows — the weight gradients d_gatesᵀ x and d_gatesᵀ h_{t−1},
+// the input gradient d_gates W_ih. float32 with AVX-512: the packed kernel, split into
+// blocks of 64 rows over the threads (where torch's BLAS takes its AVX2 path, MKL on AMD
+// processors, this is twice its rate). Elsewhere torch's own product. A and B: each
+// row-major or the transpose of a row-major matrix (a .T view); other strides are copied.
+Tensor matmul(Tensor a, Tensor b) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0),
+              "matmul needs (m, k) and (k, n) matrices, got ", a.sizes(), " and ", b.sizes());
+#ifdef RNNKIT_GEMM_AVX512
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.device().is_cpu() &&
+      b.device().is_cpu() && m >= PACK_MIN_ROWS && n > 0 && k > 0) {
+    const bool a_t = !a.is_contiguous() && a.t().is_contiguous();
+    if (!a_t) a = a.contiguous();
+    const bool b_t = !b.is_contiguous() && b.t().is_contiguous();
+    if (!b_t) b = b.contiguous();
+    Tensor c = at::empty({m, n}, a.options());
+    const StepMatrix<float> W(b_t ? b.t() : b, 0, b_t ? n : k, b_t, m);
+    const float* A = a.data_ptr<float>();
+    float* C = c.data_ptr<float>();
+    const int64_t lda = a_t ? m : k;
+    constexpr int64_t kRows = 64;
+    at::parallel_for(0, (m + kRows - 1) / kRows, 1, [&](int64_t q0, int64_t q1) {
+      const int64_t r0 = q0 * kRows, r1 = std::min(m, q1 * kRows);
+      if (a_t)
+        W.mm_at(r1 - r0, A + r0, lda, C + r0 * n, n);
+      else
+        W.mm(r1 - r0, A + r0 * lda, lda, 0.f, C + r0 * n, n);
+    });
+    return c;
+  }
+#endif
+  return at::mm(a, b);
+}
+
 TORCH_LIBRARY(rnnkit_native, m) {
   m.def("set_min_block_rows(int rows) -> ()", &set_min_block_rows);
+  m.def("matmul(Tensor a, Tensor b) -> Tensor", &matmul);
   m.def(
       "rnn_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor? mask, int act, "
       "Tensor? offsets=None) -> Tensor[]",
