@@ -500,3 +500,11 @@ def test_the_build_targets_the_widest_vectors_torch_found(
     flags = native._flags()
     marches = [f for f in flags if f.startswith("-march")]
     assert marches == ([march] if march else [])
+
+
+def test_own_matmul_says_whether_the_build_has_its_own_kernel() -> None:
+    """The library's matmul is its own kernel exactly where the build targets AVX-512;
+    without the library there is none."""
+    assert native.own_matmul() == ("-march=x86-64-v4" in native._flags())
+    with native.use_native(False):
+        assert native.own_matmul() is False

@@ -17,7 +17,7 @@
 
 from rnnkit.bptt.backward import backward_sweep, weight_grads
 from rnnkit.bptt.forward import forward_pass
-from rnnkit.bptt.native import available, build, library, supports, use_native
+from rnnkit.bptt.native import available, build, library, own_matmul, supports, use_native
 from rnnkit.bptt.recompute import run_recomputed
 from rnnkit.bptt.record import (
     ForwardRecord,
@@ -48,6 +48,7 @@ __all__ = [
     "incoming_states",
     "library",
     "make_packing",
+    "own_matmul",
     "reorder",
     "run_recomputed",
     "run_recurrence",

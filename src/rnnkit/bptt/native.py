@@ -48,13 +48,14 @@ import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from rnnkit import messages
 
-__all__ = ["available", "build", "library", "supports", "use_native"]
+__all__ = ["available", "build", "library", "own_matmul", "supports", "use_native"]
 
 _state: dict[str, object] = {"loaded": None, "failed": False}
 _lock = threading.Lock()  # one load per process: a namespace registers only once
@@ -212,6 +213,19 @@ def library() -> object | None:
                         f"compiled time loop unavailable ({exc}); using the PyTorch loop"
                     )
     return _state["loaded"]
+
+
+def own_matmul() -> bool:
+    """Whether the compiled library's ``matmul`` runs its own kernel for large float32
+    products (built for AVX-512), where torch's BLAS may take a slower path (MKL's AVX2
+    path on AMD processors); False without the library. Elsewhere ``matmul`` is torch's
+    product and there is nothing to gain by calling it."""
+    lib: Any = library()
+    if lib is None:
+        return False
+    if "own_matmul" not in _state:  # asked once: a layer asks at every call
+        _state["own_matmul"] = bool(lib.own_matmul())
+    return bool(_state["own_matmul"])
 
 
 def supports(*tensors: Tensor | None) -> bool:

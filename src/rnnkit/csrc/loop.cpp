@@ -450,9 +450,20 @@ Tensor matmul(Tensor a, Tensor b) {
   return at::mm(a, b);
 }
 
+// Whether matmul runs the library's own kernel for large float32 products (AVX-512
+// builds) rather than torch's.
+bool own_matmul() {
+#ifdef RNNKIT_GEMM_AVX512
+  return true;
+#else
+  return false;
+#endif
+}
+
 TORCH_LIBRARY(rnnkit_native, m) {
   m.def("set_min_block_rows(int rows) -> ()", &set_min_block_rows);
   m.def("matmul(Tensor a, Tensor b) -> Tensor", &matmul);
+  m.def("own_matmul() -> bool", &own_matmul);
   m.def(
       "rnn_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor? mask, int act, "
       "Tensor? offsets=None) -> Tensor[]",

@@ -3,7 +3,8 @@
 
 Beside them: ``attention`` (dot, general, additive; masked softmax), ``attention_loop``
 (the teacher-forced attention decoder as one autograd node), ``attention_scores``
-(additive scores as one autograd node on the compiled library), ``interop`` (weights to and
+(additive scores as one autograd node on the compiled library), ``linear`` (``nn.Linear``
+whose large float32 products run on the compiled library's), ``interop`` (weights to and
 from ``torch.nn``'s layers) and ``torch_nn`` (the layers behind ``torch.nn``'s interface,
 public as :mod:`rnnkit.nn`).
 """
@@ -13,6 +14,7 @@ from rnnkit.layers.attention_loop import AttentionDecoderOutput, attention_decod
 from rnnkit.layers.attention_scores import compiled_scores_library, sigmoid_scores
 from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
 from rnnkit.layers.interop import convert_gru_update, count_parameters, from_torch, to_torch
+from rnnkit.layers.linear import Linear, linear
 from rnnkit.layers.masking import flip_sequences, lengths_to_mask, resolve_mask
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.layers.stacked import Bidirectional, StackedRecurrent, reset_rows
@@ -27,6 +29,7 @@ __all__ = [
     "AttentionDecoderOutput",
     "AttentionOutput",
     "Bidirectional",
+    "Linear",
     "Recurrent",
     "StackedRecurrent",
     "attention_decoder",
@@ -36,6 +39,7 @@ __all__ = [
     "flip_sequences",
     "from_torch",
     "lengths_to_mask",
+    "linear",
     "masked_softmax",
     "reset_rows",
     "resolve_mask",

@@ -8,6 +8,7 @@ from typing import TypedDict
 from torch import nn
 
 from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
+from rnnkit.layers.linear import Linear
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.models.conditional import ConditionalLM
 from rnnkit.models.heads import TiedHead
@@ -65,7 +66,7 @@ def build_language_model(spec: ModelSpec, vocab_size: int) -> LanguageModel:
     length = build_length(spec, top, top)
     extra = 0 if length is None else length.input_size
     encoder = build_encoder(spec, spec.embedding + extra, bidirectional=False)
-    head: nn.Module = TiedHead(embedding, top) if spec.tie_weights else nn.Linear(top, vocab_size)
+    head: nn.Module = TiedHead(embedding, top) if spec.tie_weights else Linear(top, vocab_size)
     return LanguageModel(embedding, encoder, head, dropout=spec.dropout, length=length)
 
 
@@ -100,7 +101,7 @@ def build_lm(
     width = E + (C if spec.condition != "init" else 0)
     encoder = build_encoder(spec, width, bidirectional=False)
     head: nn.Module = (
-        TiedHead(embedding, spec.hidden) if spec.tie_weights else nn.Linear(spec.hidden, vocab_size)
+        TiedHead(embedding, spec.hidden) if spec.tie_weights else Linear(spec.hidden, vocab_size)
     )
     return ConditionalLM(
         embedding,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch  # noqa: F401  (the doctest namespace)
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from rnnkit.layers.linear import linear
 
 __all__ = ["TiedHead"]
 
@@ -40,4 +41,4 @@ class TiedHead(nn.Module):
         """``h (..., H)`` → logits ``(..., V)``."""
         if self.projection is not None:
             h = self.projection(h)
-        return F.linear(h, self.embedding.weight, self.bias)
+        return linear(h, self.embedding.weight, self.bias)

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.data.vocab import UNK_ID
+from rnnkit.layers.linear import Linear
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.metrics.losses import training_loss
 from rnnkit.models.builders import build_encoder
@@ -234,7 +235,7 @@ def build_tagger(
         )
         width += char_encoder.output_size
     encoder = build_encoder(spec, width, bidirectional=True)
-    head = nn.Linear(encoder.hidden_size * encoder.num_directions, num_tags)
+    head = Linear(encoder.hidden_size * encoder.num_directions, num_tags)
     return Tagger(
         nn.Embedding(vocab_size, spec.embedding),
         encoder,
