@@ -75,3 +75,17 @@ def test_module_is_an_nn_linear_with_its_state_dict() -> None:
         want, got = ref(x), layer(x)
     assert got.shape == (4, 100, 10)
     assert float((got - want).abs().max()) <= 1e-6 * float(want.abs().max())
+
+
+def test_second_derivatives_equal_torch_linears() -> None:
+    """Under ``create_graph=True`` the backward's products are torch's (differentiable), so
+    second derivatives — through the input and through the weight — equal F.linear's."""
+    torch.manual_seed(2)
+    x0, w0, b0 = torch.randn(128, 32), torch.randn(8, 32), torch.randn(8)
+    results = []
+    for fn in (linear, F.linear):
+        x, w, b = (t.clone().requires_grad_() for t in (x0, w0, b0))
+        (g_x,) = torch.autograd.grad(fn(x, w, b).pow(2).sum(), x, create_graph=True)
+        results.append(torch.autograd.grad(g_x.pow(2).sum(), [x, w, b]))
+    for a, e in zip(*results, strict=True):
+        assert float((a - e).abs().max()) <= 1e-5 * max(float(e.abs().max()), 1.0)

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt import native
 from rnnkit.bptt.tracing import tracing
@@ -39,13 +38,14 @@ class _LibraryLinear(torch.autograd.Function):
         return out if bias is None else out.add_(bias)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, d_out: Tensor):
         x, weight = ctx.saved_tensors
+        # Under create_graph the products must be differentiable again: torch's own then.
+        mm = torch.mm if torch.is_grad_enabled() else ctx.lib.matmul
         d_out = d_out.contiguous()
         need = ctx.needs_input_grad
-        d_x = ctx.lib.matmul(d_out, weight) if need[1] else None  # (N, in)
-        d_w = ctx.lib.matmul(d_out.T, x) if need[2] else None  # (out, in)
+        d_x = mm(d_out, weight) if need[1] else None  # (N, in)
+        d_w = mm(d_out.T, x) if need[2] else None  # (out, in)
         d_b = d_out.sum(0) if need[3] else None
         return None, d_x, d_w, d_b
 
