@@ -25,6 +25,7 @@ from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, PAD_ID
 from rnnkit.generation.search import GenerationResult, generate_batch
 from rnnkit.generation.seq2seq_search import decode_batch
+from rnnkit.layers.linear import Linear
 from rnnkit.metrics.losses import training_loss
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.language_model import LanguageModel, LossOutput
@@ -240,7 +241,7 @@ def build_decoder_only(
     head: nn.Module = (
         _TargetTiedHead(embedding, spec.hidden, source_vocab_size)
         if spec.tie_weights
-        else nn.Linear(spec.hidden, target_vocab_size)
+        else Linear(spec.hidden, target_vocab_size)
     )
     lm = LanguageModel(embedding, encoder, head, dropout=spec.dropout)
     return DecoderOnlyTranslator(lm, source_vocab_size)

@@ -49,6 +49,7 @@ from rnnkit.errors import ConfigError
 from rnnkit.generation.search import GenerationResult, generate_batch
 from rnnkit.generation.seq2seq_search import decode_batch
 from rnnkit.layers.attention import Attention
+from rnnkit.layers.linear import Linear
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.metrics.losses import training_loss
 from rnnkit.models.builders import build_encoder, build_length
@@ -564,7 +565,7 @@ def build_seq2seq(spec: ModelSpec, source_vocab_size: int, target_vocab_size: in
     head: nn.Module = (
         TiedHead(target_embedding, head_in)
         if spec.tie_weights
-        else nn.Linear(head_in, target_vocab_size)
+        else Linear(head_in, target_vocab_size)
     )
     return Seq2Seq(
         source_embedding,

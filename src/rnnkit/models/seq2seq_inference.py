@@ -81,7 +81,7 @@ class InferenceStep:
         # The output layer as one product with its weight transposed once (a Linear
         # module's call costs half as much again as the product at these sizes).
         self.head: Callable[[Tensor], Tensor] = model.head
-        if type(model.head) is nn.Linear:
+        if isinstance(model.head, nn.Linear):  # rnnkit.layers.Linear is one
             weight_t, bias = model.head.weight.t().contiguous(), model.head.bias  # (F, V_t)
             if bias is not None:
                 self.head = partial(torch.addmm, bias, mat2=weight_t)
