@@ -8,6 +8,7 @@ slower than a round cancels.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import random
@@ -90,9 +91,10 @@ def _products(n: int) -> dict[str, Callable[[], object]]:
     return products
 
 
-def fastest_product(n: int = 2048, rounds: int = 3) -> tuple[str, Callable[[], object]]:
-    """The faster of torch's float32 products (``_products``) on this machine: its name and
-    an ``n × n`` call of it.
+@functools.cache
+def fastest_product(n: int = 2048, rounds: int = 3) -> str:
+    """The faster of torch's float32 products (``_products``) on this machine, by name;
+    decided once per process, so that every ceiling of a run is the same product.
 
     The two differ by more than 2× on some machines: MKL (torch's BLAS) takes its AVX2
     path on AMD processors, where oneDNN uses AVX-512 (measured on a Zen 5 core: 90
@@ -103,14 +105,14 @@ def fastest_product(n: int = 2048, rounds: int = 3) -> tuple[str, Callable[[], o
     for name, fn in products.items():
         fn()
         best[name] = min(_block(fn, 1, time.perf_counter) for _ in range(rounds))
-    name = min(best, key=best.__getitem__)
-    return name, products[name]
+    return min(best, key=best.__getitem__)
 
 
 def matmul_ceiling(n: int = 3072, rounds: int = 7) -> float:
     """Measured float32 GFLOP/s of the fastest product for ``n × n`` matrices (best of
     ``rounds``)."""
-    _, fn = fastest_product(n)
+    fn = _products(n)[fastest_product()]
+    fn()
     best = min(_block(fn, 1, time.perf_counter) for _ in range(rounds))
     return 2 * n**3 / best / 1e9
 
@@ -123,8 +125,7 @@ def round_ceiling(n: int = 2048) -> tuple[Callable[[], object], float]:
     thread); a ceiling measured only at the start and the end of a run misjudges a
     layer timed in between. 2048² runs at the 3072² rate on average and takes a fifth.
     """
-    _, fn = fastest_product(n)
-    return fn, 2.0 * n**3
+    return _products(n)[fastest_product()], 2.0 * n**3
 
 
 def machine() -> dict[str, object]:

@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, object] = {
         "machine": {**machine(), "clock": clock},
         "matmul_gflops": matmul_ceiling(),
-        "ceiling_product": fastest_product()[0],
+        "ceiling_product": fastest_product(),
         "configs": [],
         "varlen": [],
     }

@@ -118,11 +118,13 @@ void kern_tile(int64_t rows, int64_t K, const float* a, int64_t lda, const float
   }
 }
 
+// AT: A stored transposed (a tile's first row starts r floats in, not r rows down).
+template <bool AT = false>
 void kern_rows(int64_t m, int64_t K, const float* A, int64_t lda, const float* Bp, float* C,
                int64_t ldc, int nv, bool add) {
   for (int64_t r = 0, rows; r < m; r += rows) {
     rows = tile_rows(m, r);
-    kern_tile(rows, K, A + r * lda, lda, Bp, C + r * ldc, ldc, nv, add);
+    kern_tile<AT>(rows, K, AT ? A + r : A + r * lda, lda, Bp, C + r * ldc, ldc, nv, add);
   }
 }
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -304,12 +306,8 @@ struct StepMatrix {
         const int64_t np = (n + NR - 1) / NR;
         for (int64_t kb = 0; kb < k; kb += KC)
           for (int64_t p = 0; p < np; ++p)
-            for (int64_t r = 0, rows; r < m; r += rows) {
-              rows = tile_rows(m, r);
-              kern_tile<true>(rows, std::min(KC, k - kb), A + kb * lda + r, lda,
-                              panels + (p * k + kb) * NR, C + r * ldc + p * NR, ldc,
-                              (int)std::min<int64_t>(NR, n - p * NR), kb > 0);
-            }
+            kern_rows<true>(m, std::min(KC, k - kb), A + kb * lda, lda, panels + (p * k + kb) * NR,
+                            C + p * NR, ldc, (int)std::min<int64_t>(NR, n - p * NR), kb > 0);
         return;
       }
     }
