@@ -155,3 +155,26 @@ def test_float32_compiled_operators_agree_with_the_torch_ops():
     torch.testing.assert_close(wa, wb, atol=1e-5, rtol=1e-4)
     for a, b in zip(ga, gb, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["additive", "dot"])
+def test_float32_weight_gradients_agree_with_float64_at_product_sizes(kind):
+    # Large enough that every weight gradient (4H = 64 rows, T·B = 80) runs on the
+    # library's own product where it has one (AVX-512 builds): float32 against the same
+    # node in float64, to float32 precision.
+    torch.manual_seed(0)
+    shape = ModelSpec(cell="lstm", hidden=16, embedding=16, attention=kind, context="init")
+    m64 = build_seq2seq(shape, V, V).double()
+    m32 = build_seq2seq(shape, V, V).float()
+    m32.load_state_dict(m64.state_dict())
+    g = torch.Generator().manual_seed(2)
+    source = torch.randint(4, V, (8, 7), generator=g)
+    target_in = torch.randint(4, V, (8, 10), generator=g)
+    masks = torch.ones(8, 7, dtype=torch.bool), torch.ones(8, 10, dtype=torch.bool)
+    grads = []
+    for m in (m32, m64):
+        out = m(source, masks[0], target_in, masks[1])
+        grads.append(torch.autograd.grad(out.logits.pow(2).sum(), list(m.parameters())))
+    for (name, _), a, b in zip(m32.named_parameters(), *grads, strict=True):
+        scale = b.abs().max().item()
+        torch.testing.assert_close(a.double(), b, atol=1e-5 * scale, rtol=1e-4, msg=name)

@@ -247,19 +247,22 @@ class _AttentionDecoder(torch.autograd.Function):
             else:
                 d_prev[0].unsqueeze(1).baddbmm_(d_s_t.unsqueeze(1), keys)
             d_state = d_prev
-        # Every weight gradient: one product over all steps.
+        # Every weight gradient: one product over all steps — on the library's own
+        # product where it has one (torch's BLAS may take a path at half the machine's
+        # rate, e.g. MKL on AMD CPUs), as the time loop's weight gradients do.
+        mm = lib.matmul if lib is not None and native.own_matmul() else torch.mm
         h_prev = states[0][:-1].reshape(T * B, H)
         d_xp_flat = d_xp.view(T * B, G * H)
         need = ctx.needs_input_grad
-        d_x = d_xp_flat @ weight_x if need[1] else None
-        d_weight_x = d_xp_flat.T @ x if need[2] else None
-        d_weight_c = d_xp_flat.T @ contexts.view(T * B, D) if need[3] else None
+        d_x = mm(d_xp_flat, weight_x) if need[1] else None
+        d_weight_x = mm(d_xp_flat.T, x) if need[2] else None
+        d_weight_c = mm(d_xp_flat.T, contexts.view(T * B, D)) if need[3] else None
         d_weight_hh = d_bias_hn = None
         if need[4] or need[6]:
             flat_cache = tuple(c.reshape(T * B, c.shape[-1]) for c in cache)
             d_hp_flat = d_hp.reshape(T * B, d_hp.shape[-1])
             d_weight_hh, d_bias_hn = kernel.recurrent_grads(
-                d_xp_flat, d_hp_flat, h_prev, flat_cache
+                d_xp_flat, d_hp_flat, h_prev, flat_cache, mm
             )
         d_bias = d_xp_flat.sum(0) if need[5] else None
         d_s_bst = d_s.permute(1, 2, 0)  # (B, S, T)
@@ -269,7 +272,7 @@ class _AttentionDecoder(torch.autograd.Function):
             if acc is not None:
                 d_keys = acc.mul_(v4)
             d_q_flat = d_q.view(T * B, A)
-            d_query_weight = d_q_flat.T @ h_prev if need[9] else None
+            d_query_weight = mm(d_q_flat.T, h_prev) if need[9] else None
             d_query_bias = d_q_flat.sum(0) if need[10] else None
             d_v = s_sig.view(T * B, A).sum(0).mul_(2).sub_(d_s.sum()) if need[11] else None
         elif need[7]:
