@@ -1,9 +1,9 @@
-"""Reading UTF-8 corpora, line splitting and whole-file encoding (correct and fast)."""
+"""Reading UTF-8 corpora, line splitting and whole-file encoding (speed:
+benchmarks/bench_data.py)."""
 
 from __future__ import annotations
 
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -90,17 +90,13 @@ def _generated_corpus(n_chars: int) -> str:
     return "".join(rng.choice(alphabet, n_chars).tolist())
 
 
-def test_large_char_corpus_is_counted_and_encoded_fast_and_exactly(tmp_path):
+def test_large_char_corpus_is_counted_and_encoded_exactly(tmp_path):
     text = _generated_corpus(4_000_000)
     path = tmp_path / "big.txt"
     path.write_text(text, encoding="utf-8")
 
-    start = time.perf_counter()
     vocab = build_vocab_from_file(path)
     ids = encode_corpus(path, vocab)
-    elapsed = time.perf_counter() - start
-
-    assert elapsed < 5.0  # about 0.2 s here; a per-character Python loop takes many seconds
     assert ids.dtype == np.int32 and ids.shape == (len(text),)
     assert Counter(text) == {vocab.itos[i]: n for i, n in Counter(ids.tolist()).items()}
     head = text[:5000] + text[-5000:]

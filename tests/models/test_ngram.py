@@ -1,11 +1,11 @@
 """Interpolated Kneser-Ney: hand-computed values, exact normalization, agreement with a
-direct dictionary implementation of the definition, evaluation and speed."""
+direct dictionary implementation of the definition, evaluation (speed:
+benchmarks/bench_data.py)."""
 
 from __future__ import annotations
 
 import itertools
 import math
-import time
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -181,15 +181,10 @@ def test_count_table_size():
     assert count_table_size(10, 5) == 100_000
 
 
-def test_fit_and_evaluate_are_fast_on_character_sized_data():
+def test_fit_and_evaluate_on_character_sized_data():
     rng = np.random.default_rng(0)
     # A Markov-ish character stream: 500k tokens, 30 symbols.
     ids = np.cumsum(rng.integers(0, 3, size=600_000)) % 30
-    start = time.perf_counter()
     lm = NGramModel(order=5).fit(ids[:500_000])
-    fit_s = time.perf_counter() - start
-    start = time.perf_counter()
     nats = lm.evaluate(ids[500_000:])
-    eval_s = time.perf_counter() - start
-    assert fit_s < 5.0 and eval_s < 2.0  # about 0.7 s and 0.05 s on 2 CPU cores
     assert nats == pytest.approx(math.log(3), abs=0.05)  # the next step is uniform over 3
