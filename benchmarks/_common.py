@@ -41,6 +41,16 @@ def _block(fn: Callable[[], object], n: int, clock: Callable[[], float]) -> floa
     return (clock() - t0) / n
 
 
+def best_time(fn: Callable[[], object], repeats: int) -> float:
+    """The shortest wall-clock time of ``repeats`` calls of ``fn`` (seconds)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def interleaved(
     fns: dict[str, Callable[[], object]],
     rounds: int,

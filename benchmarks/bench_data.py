@@ -24,31 +24,19 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine
+from _common import best_time, machine
 
 from rnnkit.data.text import build_vocab_from_file, encode_corpus
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.models.ngram import NGramModel
 
 ALPHABET = list("abcdefghij klmnopqrstuvwxyz\n.,éü😀")
-
-
-def best_time(fn: Callable[[], object], repeats: int) -> float:
-    """The shortest wall-clock time of ``repeats`` calls (seconds)."""
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def corpus(n_chars: int, repeats: int) -> dict[str, float]:

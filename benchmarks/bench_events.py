@@ -27,14 +27,14 @@ import argparse
 import json
 import random
 import sys
-import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine
+from _common import best_time, machine
 
 from rnnkit.anomaly.stream_format import StreamItem
 from rnnkit.anomaly.streaming import StreamScorer
@@ -69,15 +69,6 @@ def _interleaved(sessions, seed: int = 0) -> list[StreamItem]:
     return items
 
 
-def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", help="an events run directory (default: untrained model)")
@@ -106,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         model, g = build_language_model(spec, len(vocab)).eval(), 9
     n_events = sum(len(s.events) for s in sessions)
     seqs = [vocab.encode_events(s.events)[0] for s in sessions]
-    results: dict[str, object] = {"machine": machine(), "events": n_events}
+    results: dict[str, Any] = {"machine": machine(), "events": n_events}
     results["model"] = {
         "cell": "lstm" if model.encoder.is_lstm else "gru/rnn",
         "hidden": model.encoder.hidden_size,
@@ -114,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         "vocab": len(vocab),
     }
 
-    batch_s = _best(lambda: event_surprises(model, seqs, batch_size=64), args.repeats)
+    batch_s = best_time(lambda: event_surprises(model, seqs, batch_size=64), args.repeats)
     results["batch_events_per_s"] = n_events / batch_s
 
     items = _interleaved(sessions)
@@ -126,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 scorer.feed(items[lo : lo + read])
 
         repeats = 1 if read == 1 else args.repeats
-        results[f"stream_events_per_s_read{read}"] = n_events / _best(stream, repeats)
+        results[f"stream_events_per_s_read{read}"] = n_events / best_time(stream, repeats)
 
     scorer = StreamScorer(
         model, vocab, threshold=1e9, top_g=g, max_sessions=args.open, idle_timeout=None
