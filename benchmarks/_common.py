@@ -15,7 +15,7 @@ import random
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -52,7 +52,7 @@ def best_time(fn: Callable[[], object], repeats: int) -> float:
 
 
 def interleaved(
-    fns: dict[str, Callable[[], object]],
+    fns: Mapping[str, Callable[[], object]],
     rounds: int,
     block_s: float = 0.15,
     seed: int = 0,

@@ -39,13 +39,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 V, E, H, B, K = 100, 64, 256, 32, 64
 
 
-def worker(contender: str, steps: int, max_seconds: float) -> dict[str, object]:
+def worker(contender: str, steps: int, max_seconds: float) -> dict[str, Any]:
     """Train ``steps`` steps (or until ``max_seconds``) and return tokens/s and threads."""
     name, _, fixed = contender.partition("@")
     if name == "rnnkit":
@@ -63,7 +64,7 @@ def worker(contender: str, steps: int, max_seconds: float) -> dict[str, object]:
         from rnnkit.threads import ThreadGovernor
         from rnnkit.types import LSTMState
 
-        model = build_language_model(ModelSpec(hidden=H, embedding=E), V)
+        model: nn.Module = build_language_model(ModelSpec(hidden=H, embedding=E), V)
 
         def loss_fn(x, y, state):
             out = model.loss(x, y, state=None if state is None else LSTMState(*state))
@@ -91,7 +92,7 @@ def worker(contender: str, steps: int, max_seconds: float) -> dict[str, object]:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     data = torch.randint(0, V, (8, B, K + 1), generator=gen)
-    carry = [None]
+    carry: list[tuple[torch.Tensor, ...] | None] = [None]
 
     def step(i: int) -> None:
         x, y = data[i % 8, :, :-1], data[i % 8, :, 1:]
@@ -133,7 +134,7 @@ def _spawn_competitors(n: int) -> list[subprocess.Popen]:
     ]
 
 
-def _run_worker(contender: str, steps: int, max_seconds: float) -> dict[str, object]:
+def _run_worker(contender: str, steps: int, max_seconds: float) -> dict[str, Any]:
     env = dict(os.environ)
     contender, _, spin = contender.partition("+spin=")
     if spin:  # libgomp reads it at load: only a fresh process can change it
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     contenders = args.contenders.split(",")
     levels = [int(v) for v in args.levels.split(",")]
-    runs: dict[tuple[int, str], list[dict[str, object]]] = {
+    runs: dict[tuple[int, str], list[dict[str, Any]]] = {
         (lv, c): [] for lv in levels for c in contenders
     }
     rng = random.Random(0)
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
     table = []
     for level in levels:
-        row: dict[str, object] = {"competitors": level}
+        row: dict[str, Any] = {"competitors": level}
         for c in contenders:
             rs = runs[(level, c)]
             row[c] = statistics.median(float(r["tokens_per_s"]) for r in rs)

@@ -80,9 +80,13 @@ def _pairs(task: str) -> Callable[[Path], list[str]]:
     def make(d: Path) -> list[str]:
         from rnnkit.data.generated_pairs import generate_pairs, write_pairs
 
-        lengths = {"min_len": 5, "max_len": 12} if task == "reverse" else {}
-        write_pairs(d / "train.tsv", generate_pairs(task, 2000, seed=0, **lengths))
-        write_pairs(d / "valid.tsv", generate_pairs(task, 300, seed=1, **lengths))
+        def pairs(n: int, seed: int) -> list[tuple[str, str]]:
+            if task == "reverse":
+                return generate_pairs(task, n, seed=seed, min_len=5, max_len=12)
+            return generate_pairs(task, n, seed=seed)
+
+        write_pairs(d / "train.tsv", pairs(2000, 0))
+        write_pairs(d / "valid.tsv", pairs(300, 1))
         return ["--task", "seq2seq", "--max-len", "24"]
 
     return make

@@ -21,6 +21,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,8 +70,9 @@ def recurrence(hidden: int, rounds: int) -> dict[str, dict[str, float]]:
     x_ref = x64.clone().requires_grad_()
     out_ref, _ = ref(x_ref)
     out_ref.backward(g64)
-    grads_ref = {n: p.grad for n, p in ref.named_parameters()}
-    fns, result = {}, {}
+    grads_ref = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
+    fns: dict[str, Any] = {}
+    result: dict[str, dict[str, float]] = {}
     for name, (dtype, compiled) in variants.items():
         layer, run = make(dtype, compiled)
         out = run().detach().double()
@@ -79,6 +81,7 @@ def recurrence(hidden: int, rounds: int) -> dict[str, dict[str, float]]:
             "grad_rel_err": max(
                 float((p.grad.double() - grads_ref[n]).norm() / grads_ref[n].norm())
                 for n, p in layer.named_parameters()
+                if p.grad is not None
             ),
         }
         fns[name] = run
@@ -88,7 +91,7 @@ def recurrence(hidden: int, rounds: int) -> dict[str, dict[str, float]]:
     return result
 
 
-def language_model(rounds: int, block: int) -> dict[str, dict[str, float]]:
+def language_model(rounds: int, block: int) -> dict[str, dict[str, Any]]:
     train_path, valid_path = stdlib_corpus(Path("runs/bench_corpus"), max_chars=300_000)
     text = read_text(train_path)
     vocab = Vocabulary.from_text(text, unit="char")
@@ -112,10 +115,11 @@ def language_model(rounds: int, block: int) -> dict[str, dict[str, float]]:
     for r in range(rounds):
         for precision in order[r % 3 :] + order[: r % 3]:  # rotate: no fixed position
             t = trainers[precision]
-            t.options.steps = t.step + block
+            # the budget is resolved when the trainer is made: move both
+            t.options.steps = t.total_steps = t.step + block
             res = t.fit()
             rates[precision].append(res.tokens / res.train_seconds)
-    result = {}
+    result: dict[str, dict[str, Any]] = {}
     valid = StreamBatcher(valid_ids, 32, 64)
     for precision, t in trainers.items():
         t.model.eval()
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    result = {
+    result: dict[str, Any] = {
         "machine": machine(),
         "recurrence": {f"H={h}": recurrence(h, args.rounds) for h in (128, 256, 512)},
         "char_lm": language_model(args.rounds, args.block),

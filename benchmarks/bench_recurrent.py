@@ -28,6 +28,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,9 +53,11 @@ TORCH_CLASSES = {"lstm": nn.LSTM, "gru": nn.GRU}
 GATES = {"lstm": 4, "gru": 3}
 
 
-def plain_loop(layer: nn.Module, cell_kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
+def plain_loop(
+    layer: rnnkit.StackedRecurrent, cell_kind: str
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """A Python loop of the oracle step over time, differentiated by autograd."""
-    cell = layer.cells()[0]
+    cell: Any = layer.cells()[0]  # an LSTM or a GRU cell: their weights and options
 
     def run(x: torch.Tensor) -> torch.Tensor:  # x (B, T, I) → outputs (B, T, H)
         B, H = x.shape[0], cell.hidden_size
@@ -82,10 +85,11 @@ def matmul_flops(cell: str, B: int, T: int, I: int, H: int, training: bool) -> f
 
 def bench_config(
     cell: str, H: int, B: int, T: int, I: int, rounds: int, block_s: float, loop: bool, clock: str
-) -> dict[str, object]:
+) -> dict[str, Any]:
     torch.manual_seed(0)
     tm = TORCH_CLASSES[cell](I, H, batch_first=True)
     km = rnnkit.from_torch(tm)
+    assert isinstance(km, rnnkit.StackedRecurrent)
     params = {"torch": list(tm.parameters()), "rnnkit": list(km.parameters())}
     x = torch.randn(B, T, I, requires_grad=True)
     d_out = torch.randn(B, T, H)
@@ -110,14 +114,14 @@ def bench_config(
 
         return go
 
-    result: dict[str, object] = {"cell": cell, "H": H, "B": B, "T": T, "I": I}
+    result: dict[str, Any] = {"cell": cell, "H": H, "B": B, "T": T, "I": I}
     for mode, make in (("train", train), ("infer", infer)):
         fns = {n: make(n) for n in runs}
         mm_flops = 0.0
         if mode == "train":  # the ceiling, timed in the same rounds
             fns["mm"], mm_flops = round_ceiling()
         times = interleaved(fns, rounds, block_s, clock=clock)
-        entry: dict[str, object] = {f"{n}_ms": median(times[n]) * 1e3 for n in runs}
+        entry: dict[str, Any] = {f"{n}_ms": median(times[n]) * 1e3 for n in runs}
         entry["torch/rnnkit"] = median_ratio(times, "torch", "rnnkit")
         if loop:
             entry["loop/rnnkit"] = median_ratio(times, "loop", "rnnkit")
@@ -140,7 +144,7 @@ def bench_config(
 
 def bench_varlen(
     cell: str, H: int, B: int, T: int, I: int, rounds: int, block_s: float, clock: str
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Training on lengths uniform in [T/10, T]: cost should follow the real tokens."""
     torch.manual_seed(1)
     tm = TORCH_CLASSES[cell](I, H, batch_first=True)
@@ -183,7 +187,7 @@ def bench_varlen(
     }
 
 
-def print_tables(report: dict[str, object], out) -> None:
+def print_tables(report: dict[str, Any], out) -> None:
     m = report["machine"]
     # The machine's ceiling is the better of the two measurements (start and end of the
     # run): a lower one only says that something else had a core at that moment.
@@ -280,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     loop = not (args.no_loop or args.quick)
     table_out = sys.stderr if args.json else sys.stdout
 
-    report: dict[str, object] = {
+    report: dict[str, Any] = {
         "machine": {**machine(), "clock": clock},
         "matmul_gflops": matmul_ceiling(),
         "ceiling_product": fastest_product(),

@@ -32,6 +32,7 @@ import os
 import platform
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -167,7 +168,7 @@ def main() -> None:
             [[vocab.itos[i] for i in h] for h in hyps], refs
         )
 
-    record = {
+    record: dict[str, Any] = {
         "machine": _cpu(),
         "load_average": round(os.getloadavg()[0], 1),
         "cpus": os.cpu_count(),

@@ -54,6 +54,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -126,11 +127,12 @@ def task_lm(gen: torch.Generator) -> tuple[dict[str, Step], int]:
             self.head = nn.Linear(H, V)
 
     tlm = TorchLM()
-    carry: dict[str, object] = {"rnnkit": None, "torch": None}
+    carry: dict[str, Any] = {"rnnkit": None, "torch": None}
 
     def rk_loss(i: int) -> torch.Tensor:
         x, y = data[i % 8, :, :-1], data[i % 8, :, 1:]
         out = lm.loss(x, y, state=carry["rnnkit"])
+        assert isinstance(out.state, LSTMState)
         carry["rnnkit"] = LSTMState(out.state.h.detach(), out.state.c.detach())
         return out.loss
 
@@ -255,11 +257,11 @@ class TorchSeq2Seq(nn.Module):
     def __init__(self, V: int, E: int, H: int) -> None:
         super().__init__()
         self.src_emb, self.tgt_emb = nn.Embedding(V, E), nn.Embedding(V, E)
-        self.encoder = nn.LSTM(E, H, batch_first=True)
+        self.encoder: nn.Module = nn.LSTM(E, H, batch_first=True)
         self.query_proj = nn.Linear(H, H)
         self.memory_proj = nn.Linear(H, H, bias=False)
         self.v = nn.Parameter(torch.randn(H) / H**0.5)
-        self.cell = nn.LSTMCell(E + H, H)
+        self.cell: nn.Module = nn.LSTMCell(E + H, H)
         self.head = nn.Linear(2 * H, V)
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor):
@@ -368,7 +370,7 @@ class TorchSeq2SeqAfter(TorchSeq2Seq):
     def __init__(self, V: int, E: int, H: int) -> None:
         super().__init__(V, E, H)
         del self.cell
-        self.decoder = nn.LSTM(E, H, batch_first=True)
+        self.decoder: nn.Module = nn.LSTM(E, H, batch_first=True)
 
     def loss(self, src, src_mask, tgt_in, tgt_out, tgt_mask):
         memory, keys, (h, c) = self.encode(src, src_mask)
@@ -430,14 +432,8 @@ def _decoding_models(V: int, E: int, H: int):
         gen = torch.Generator().manual_seed(1)
         for _ in range(steps):
             src, src_mask, tgt_in, tgt_out, tgt_mask = _pairs(gen, V, 64, reverse=True)
-            values = {
-                "source": src,
-                "source_mask": src_mask,
-                "target_in": tgt_in,
-                "target_out": tgt_out,
-                "target_mask": tgt_mask,
-            }
-            batch = PairBatch(**{k: values.get(k) for k in PairBatch._fields})
+            rows = torch.arange(src.shape[0])
+            batch = PairBatch(src, src_mask, tgt_in, tgt_out, tgt_mask, rows)
             opt.zero_grad(set_to_none=True)
             model.loss(batch).loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
@@ -467,18 +463,10 @@ def task_seq2seq(gen: torch.Generator, wiring: str = "before") -> tuple[dict[str
     model, ref = _seq2seq_models(V, E, H, wiring)
     batches = [_pairs(gen, V, B) for _ in range(8)]
     tokens = sum(int(b[4].sum()) for b in batches) // len(batches)
-    fields = PairBatch._fields
 
     def rk_loss(i: int) -> torch.Tensor:
         src, src_mask, tgt_in, tgt_out, tgt_mask = batches[i % 8]
-        values = {
-            "source": src,
-            "source_mask": src_mask,
-            "target_in": tgt_in,
-            "target_out": tgt_out,
-            "target_mask": tgt_mask,
-        }
-        batch = PairBatch(**{k: values.get(k) for k in fields})
+        batch = PairBatch(src, src_mask, tgt_in, tgt_out, tgt_mask, torch.arange(src.shape[0]))
         return model.loss(batch).loss
 
     def t_loss(i: int) -> torch.Tensor:
