@@ -115,8 +115,7 @@ def language_model(rounds: int, block: int) -> dict[str, dict[str, Any]]:
     for r in range(rounds):
         for precision in order[r % 3 :] + order[: r % 3]:  # rotate: no fixed position
             t = trainers[precision]
-            # the budget is resolved when the trainer is made: move both
-            t.options.steps = t.total_steps = t.step + block
+            t.total_steps = t.step + block  # the budget the trainer resolved, moved on
             res = t.fit()
             rates[precision].append(res.tokens / res.train_seconds)
     result: dict[str, dict[str, Any]] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -103,6 +104,17 @@ def assert_same(a, b):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), f"{k} differs by {float((a[k] - b[k]).abs().max())}"
+
+
+# -- options ----------------------------------------------------------------------------------
+def test_options_are_fixed_once_the_trainer_is_made_and_a_new_budget_is_a_new_trainer():
+    t = make_trainer(steps=3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.options.steps = 5  # would be ignored: the budget was resolved when t was made
+    assert t.fit().steps == 3
+    options = dataclasses.replace(t.options, steps=2)
+    more = Trainer(t.model, t.optimizer, t.batches, stream_step, options)
+    assert more.fit().steps == 2
 
 
 # -- carried state ----------------------------------------------------------------------------

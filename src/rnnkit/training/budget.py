@@ -85,14 +85,21 @@ def default_patience(steps_per_epoch: int, eval_every: int) -> int:
 
 
 class BudgetOptions(Protocol):
-    """The options a budget is made from (:class:`~rnnkit.training.options.TrainOptions`)."""
+    """The options a budget is made from (:class:`~rnnkit.training.options.TrainOptions`),
+    read only."""
 
-    epochs: int | None
-    steps: int | None
-    max_time: float | None
-    eval_every: int | None
-    patience: int | None
-    log_every: int | None
+    @property
+    def epochs(self) -> int | None: ...
+    @property
+    def steps(self) -> int | None: ...
+    @property
+    def max_time(self) -> float | None: ...
+    @property
+    def eval_every(self) -> int | None: ...
+    @property
+    def patience(self) -> int | None: ...
+    @property
+    def log_every(self) -> int | None: ...
 
 
 @dataclass(frozen=True)

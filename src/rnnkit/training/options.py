@@ -11,9 +11,15 @@ from typing import Any
 __all__ = ["TrainOptions", "TrainResult"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainOptions:
     """How long and how to train.
+
+    Frozen: a :class:`~rnnkit.training.loop.Trainer` resolves its budget (steps, epochs,
+    time, validation and logging intervals) from them when it is made, so a field changed
+    afterwards would be ignored; assigning one is an error instead. For another budget,
+    make a new ``Trainer`` over the same model and optimizer with
+    ``dataclasses.replace(options, steps=...)``.
 
     Attributes:
         epochs: passes over the training data (ignored when ``steps`` is set). None with
