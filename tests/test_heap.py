@@ -113,7 +113,10 @@ def _faults_per_churn(keep: str) -> int:
 )
 def test_freed_buffers_are_reused_instead_of_faulted_in_again() -> None:
     pages = 8 * (4 << 20) // 4096  # what one churn writes
-    # glibc's own thresholds hand the 32 MiB back every time: a fault on each page
-    assert _faults_per_churn("0") > pages // 2
-    # kept: the next churn reuses the same pages
-    assert _faults_per_churn("1") < pages // 8
+    # glibc's own thresholds hand back all of the 32 MiB after every churn, or a part of
+    # it when small allocations land above some blocks (it varies with the address
+    # layout: in 56 runs, 8,156 faults a churn in 41 and 1,833 in 15) ...
+    handed_back = _faults_per_churn("0")
+    # ... kept, the next churn reuses the same pages (0 or 204 faults)
+    kept = _faults_per_churn("1")
+    assert kept < pages // 8 < handed_back
