@@ -39,7 +39,8 @@ lint: $(STAMP)
 	# Imports go only down the layers ([tool.importlinter] in pyproject.toml).
 	$(BIN)/lint-imports --no-cache
 
-# The annotations of src/rnnkit and benchmarks/ against torch's and numpy's (pyproject.toml: [tool.mypy]).
+# The annotations of src/rnnkit and benchmarks/ against torch's and numpy's
+# (pyproject.toml: [tool.mypy]).
 typecheck: $(STAMP)
 	$(BIN)/mypy
 

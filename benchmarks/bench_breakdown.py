@@ -36,13 +36,10 @@ from unittest import mock
 
 import torch
 from _common import interleaved, machine, round_ceiling
-from torch import nn
+from bench_recurrent import GATES, TORCH_CLASSES, matmul_flops
 
 import rnnkit
 from rnnkit.bptt import native
-
-GATES = {"lstm": 4, "gru": 3}
-TORCH_CLASSES = {"lstm": nn.LSTM, "gru": nn.GRU}
 
 
 class _Operators:
@@ -117,7 +114,7 @@ def breakdown(
             "mm": mm,
         }
         times = interleaved(fns, rounds, block_s, clock="thread")
-    flops = 3 * 2.0 * T * B * GATES[cell] * H * (I + H)  # forward, and twice that backward
+    flops = matmul_flops(cell, B, T, I, H, training=True)
     med = {name: statistics.median(v) for name, v in times.items()}
     # Each operator's share of the timed call (summed over every timed call, the warm-up
     # included on both sides), applied to the untimed call's median.
