@@ -67,10 +67,9 @@ def backward_sweep(
         d_states = tuple(
             like.new_zeros(B, H) if d is None else d.contiguous().clone() for d in d_finals
         )
-        d_out_c = None if d_out is None else d_out.contiguous()
         offsets = None if packing is None else packing.offsets
         d_xp, d_hp, d0, d_x, d_bias = kernel.native_backward(
-            lib, record, w, _mask2(mask), d_out_c, d_states, offsets, need_x
+            lib, record, w, _mask2(mask), d_out, d_states, offsets, need_x
         )
         return Sweep(d_xp, d_hp, tuple(d0), d_x, d_bias)
     bcache_steps = [c.unbind(0) for c in kernel.backward_cache(cache, states)]
@@ -142,7 +141,9 @@ def weight_grads(
         if packing is not None:  # rows never computed get no gradient
             d_x = d_x.new_zeros(T * B, d_x.shape[1]).index_copy_(0, packing.rows, d_x)
         d_x = d_x.view(T, B, d_x.shape[-1])
-    d_w_ih = mm(d_xp.T, record.x) if need[1] and not projected else None
+    x = record.x  # (T, B, I) as the compiled loop read it: its own product takes that
+    x = x.reshape(-1, x.shape[-1]) if x.dim() == 3 and lib is None else x
+    d_w_ih = mm(d_xp.T, x) if need[1] and not projected else None
     d_bias = None
     if need[3]:  # summed by the compiled loop where it could, while the rows were in cache
         d_bias = sweep.d_bias if sweep.d_bias is not None else d_xp.sum(0)

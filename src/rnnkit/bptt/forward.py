@@ -111,6 +111,7 @@ def forward_pass(
     packing: Packing | None = None,
     reset: Tensor | None = None,
     projected: bool = False,
+    in_place: bool = False,
 ) -> ForwardRecord:
     """Input projections in one product (or, for a narrow LSTM, in the compiled loop
     step by step), then the step loop. ``x (T, B, I)``,
@@ -121,11 +122,19 @@ def forward_pass(
 
     ``projected`` (compiled loop only): ``x (T, B, G·H)`` is the input product
     ``x W_ihᵀ`` itself, without the bias, computed by the caller (a language model reads
-    it from a table of the vocabulary's rows); the record then keeps no input."""
+    it from a table of the vocabulary's rows); the record then keeps no input.
+
+    ``in_place``: where the compiled loop reads ``x`` as it lies (``native_reads_rows``:
+    a batch-first input, transposed, needs no copy), the record keeps ``x (T, B, I)``
+    itself rather than ``(T·B, I)`` rows, and the outputs may come in the input's layout
+    (``ForwardRecord.outputs``)."""
     x, states0 = _like_weights(w, x, states0)
     T, B, I = x.shape
-    x_flat = x.reshape(T * B, I)
     lib = _compiled(kernel, x, *w, *states0) if reset is None else None
+    in_place = in_place and lib is not None and packing is None and not projected
+    in_place = in_place and kernel.native_reads_rows(x, w)
+    # (T·B, I): a view where x is contiguous, else a copy — not made where read in place
+    x_flat = x if in_place else x.reshape(T * B, I)
     if lib is None and (packing is not None or projected):
         raise RuntimeError(
             "a Packing or a projected input needs the compiled loop (rnnkit.bptt.native)"
@@ -134,12 +143,12 @@ def forward_pass(
         offsets = None
         if packing is not None:
             x_flat, offsets = x_flat.index_select(0, packing.rows), packing.offsets
-        states, cache = kernel.native_forward(
+        states, cache, outputs = kernel.native_forward(
             lib, x_flat, w, T, B, states0, _mask2(mask), save, offsets, projected
         )
         # A projected input is not needed again (no ∂L/∂W_ih here): keep no reference.
         kept = x_flat.new_empty(0, I) if projected else x_flat
-        return ForwardRecord(kept, states, cache)
+        return ForwardRecord(kept, states, cache, None, outputs)
     xps = kernel.project_inputs(x_flat, w, T, B)  # (T, B, ·) buffers
     states, cache = _forward_loop(kernel, xps, mask, states0, kernel.prepare(w), save, reset)
     return ForwardRecord(x_flat, states, cache, reset)

@@ -32,10 +32,15 @@ class ForwardRecord(NamedTuple):
     packed order (``(N, ·)``, like ``PackedSequence.data``); the states stay padded.
     """
 
-    x: Tensor  # (T·B, I) input, padding replaced by 0 — or (N, I) packed
+    # (T·B, I) input, padding replaced by 0 — or (N, I) packed, or (T, B, I) as it lay
+    # where the compiled loop read it in place (forward_pass(..., in_place=True))
+    x: Tensor
     states: tuple[Tensor, ...]  # each (T + 1, B, H); index 0 = initial state
     cache: tuple[Tensor, ...]  # the kernel's per-step cache, each (T, B, ·) — or (N, ·)
     reset: Tensor | None = None  # (T, B, 1) bool: state entering step t zeroed, or None
+    # the outputs (T, B, H) where the compiled loop also wrote them in the input's layout
+    # (a view of a batch-first buffer); None: they are states[0][1:]
+    outputs: Tensor | None = None
 
 
 def incoming_states(record: ForwardRecord) -> tuple[Tensor, ...]:

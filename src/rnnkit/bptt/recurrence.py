@@ -48,14 +48,17 @@ class _Recurrence(torch.autograd.Function):
         *states0: Tensor,
     ) -> tuple[Tensor, ...]:
         w = Weights(weight_ih, weight_hh, bias, bias_hn)
-        record = forward_pass(kernel, x, w, states0, mask, save, packing, projected=projected)
+        record = forward_pass(
+            kernel, x, w, states0, mask, save, packing, projected=projected, in_place=True
+        )
         if save:
             ctx.kernel, ctx.mask, ctx.window, ctx.packing = kernel, mask, window, packing
             ctx.projected = projected
             ctx.num_states = len(record.states)
             ctx.save_for_backward(record.x, weight_ih, weight_hh, *record.states, *record.cache)
         finals = tuple(s[-1].clone() for s in record.states)
-        return (record.states[0][1:], *finals)  # outputs (T, B, H), final states (B, H)
+        outputs = record.states[0][1:] if record.outputs is None else record.outputs
+        return (outputs, *finals)  # outputs (T, B, H), final states (B, H)
 
     @staticmethod
     @once_differentiable

@@ -261,6 +261,9 @@ class GRUKernel:
         return d_w, None
 
     # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
+    def native_reads_rows(self, x, w):
+        return False  # its input products run before the loop, over rows of (T·B, I)
+
     def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
         H = w.weight_hh.shape[1]
         # x W_ih^T; the bias is added in the loop (addmm would first copy it to every row)
@@ -278,11 +281,12 @@ class GRUKernel:
             mask, save,
             self.update == "keep", after, offsets,
         )  # fmt: skip
-        return (hs,), (xp_rz, xp_n, rec)
+        return (hs,), (xp_rz, xp_n, rec), None
 
     def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False):
         rz, n, rec = (c.contiguous() for c in record.cache)
         h_states = record.states[0].contiguous()
+        d_out = None if d_out is None else d_out.contiguous()
         d_xp, d_hp, d_h0 = lib.gru_backward(
             rz, n, rec, h_states, w.weight_hh.contiguous(), mask, d_out, d_states[0],
             self.update == "keep", self.reset == "after", offsets,

@@ -157,6 +157,10 @@ class Kernel(StepKernel, Protocol):
     """A :class:`StepKernel` whose whole loops over time also run in the compiled library
     (the time loop of ``rnnkit.bptt``)."""
 
+    def native_reads_rows(self, x: Tensor, w: Weights) -> bool:
+        """Whether ``native_forward`` takes ``x (T, B, I)`` as it lies in memory (any
+        strides, contiguous rows: a batch-first input, transposed, needs no copy)."""
+
     def native_forward(
         self,
         lib: Any,
@@ -169,9 +173,12 @@ class Kernel(StepKernel, Protocol):
         save: bool,
         offsets: Tensor | None = None,
         projected: bool = False,
-    ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], Tensor | None]:
         """The whole forward loop in the compiled library ``lib`` (rnnkit.bptt.native): the
-        state buffers ``(T + 1, B, H)`` and the cache, the same as ``step_into`` fills.
+        state buffers ``(T + 1, B, H)``, the cache, the same as ``step_into`` fills, and
+        the outputs ``(T, B, H)`` where the loop also wrote them in the input's layout
+        (a batch-first view; None: they are ``states[0][1:]``).
+        ``x``: ``(N, I)`` rows, or ``(T, B, I)`` as it lies where ``native_reads_rows``.
         ``offsets``: packed rows (only the rows still running at each step).
         ``projected``: ``x`` is already the input product ``x W_ihᵀ`` ``(N, G·H)``, without
         the bias — the caller's tensor (possibly a view of it), which the loop must not
@@ -188,8 +195,9 @@ class Kernel(StepKernel, Protocol):
         offsets: Tensor | None = None,
         need_x: bool = False,
     ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None]:
-        """The whole backward loop in ``lib``: ``(d_xp, d_hp, ∂L/∂initial states, d_x,
-        d_bias)``, the first three the same as the steps of ``step_backward``. ``d_x`` is
+        """The whole backward loop in ``lib`` (``d_out (T, B, H)`` with any strides):
+        ``(d_xp, d_hp, ∂L/∂initial states, d_x, d_bias)``, the first three the same as
+        the steps of ``step_backward``. ``d_x`` is
         ∂L/∂x ``(N, I)`` where the loop computed it step by step (``need_x`` asks for it; a
         kernel may still return None, and ``weight_grads`` then takes ``d_xp W_ih``);
         ``d_bias`` is ∂L/∂bias, ``d_xp`` summed over its rows, where the loop summed it

@@ -209,26 +209,37 @@ class LSTMKernel:
         return mm(d_hp.T, h_prev), None
 
     # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
+    def native_reads_rows(self, x, w):
+        return input_in_loop(x.shape[-1], w.weight_hh.shape[1], x.shape[1])
+
     def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
         w_hh, bias = w.weight_hh.contiguous(), w.bias.contiguous()
         if not projected and input_in_loop(x.shape[-1], w_hh.shape[1], B):
-            # each step's x_t W_ih^T in the loop: no (N, 4H) product before it
-            xs = x.contiguous()
-            xs = xs if offsets is not None else xs.view(T, B, xs.shape[-1])
-            hs, cs, tanh_c, gates = lib.lstm_forward(
-                xs, w_hh, bias, *states0, mask, save, offsets, w.weight_ih.contiguous()
-            )
-            return (hs, cs), (gates, tanh_c)
+            # each step's x_t W_ih^T in the loop: no (N, 4H) product before it. x (T, B, I)
+            # is read where it lies; a batch-first one (rows of a step T·I apart) gets its
+            # outputs written batch-first too: no transposing copy on either side.
+            if x.dim() == 3:
+                xs = x if x.stride(-1) == 1 else x.contiguous()
+                batch_first = T > 1 and B > 1 and xs.stride(0) < xs.stride(1)
+            else:
+                xs = x.contiguous()
+                xs = xs if offsets is not None else xs.view(T, B, xs.shape[-1])
+                batch_first = False
+            hs, cs, tanh_c, gates, out = lib.lstm_forward(
+                xs, w_hh, bias, *states0, mask, save, offsets, w.weight_ih.contiguous(), False,
+                batch_first,
+            )  # fmt: skip
+            return (hs, cs), (gates, tanh_c), (out.transpose(0, 1) if batch_first else None)
         # x W_ih^T; the bias is added in the loop (addmm would first copy it to every row)
         xp = x if projected else input_product(x, w.weight_ih)  # (T·B or N, 4H): the
         # activated gates, in place — except in the caller's projections (kept: the loop
         # writes the gates to a new buffer, cheaper than a copy of the projections first)
         if offsets is None:
             xp = xp.view(T, B, xp.shape[1])
-        hs, cs, tanh_c, gates = lib.lstm_forward(
+        hs, cs, tanh_c, gates, _ = lib.lstm_forward(
             xp, w_hh, bias, *states0, mask, save, offsets, None, projected
         )
-        return (hs, cs), ((gates if projected else xp), tanh_c)
+        return (hs, cs), ((gates if projected else xp), tanh_c), None
 
     def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False):
         gates, tanh_c = (c.contiguous() for c in record.cache)
@@ -239,6 +250,8 @@ class LSTMKernel:
         in_loop = need_x and record.x.numel() > 0
         in_loop = in_loop and input_in_loop(record.x.shape[-1], w.weight_hh.shape[1], B)
         w_ih = w.weight_ih.contiguous() if in_loop else None
+        if d_out is not None and d_out.stride(-1) != 1:  # the loop reads rows in place
+            d_out = d_out.contiguous()
         d_xp, d_h0, d_c0, d_x, d_bias = lib.lstm_backward(
             gates, tanh_c, c_states, w.weight_hh.contiguous(), mask, d_out, *d_states, offsets,
             w_ih,

@@ -122,6 +122,9 @@ class RNNKernel:
         return mm(d_hp.T, h_prev), None
 
     # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
+    def native_reads_rows(self, x, w):
+        return False  # its input product runs before the loop, over rows of (T·B, I)
+
     def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
         # (T·B or N, H); the bias is added in the loop
         xp = x if projected else input_product(x, w.weight_ih)
@@ -130,7 +133,7 @@ class RNNKernel:
         act = ACTIVATION_CODES[self.nonlinearity]
         W, b = w.weight_hh.contiguous(), w.bias.contiguous()
         (hs,) = lib.rnn_forward(xp, W, b, states0[0], mask, act, offsets)
-        return (hs,), ()
+        return (hs,), (), None
 
     def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False):
         act = ACTIVATION_CODES[self.nonlinearity]
@@ -138,7 +141,7 @@ class RNNKernel:
             record.states[0].contiguous(),
             w.weight_hh.contiguous(),
             mask,
-            d_out,
+            None if d_out is None else d_out.contiguous(),
             d_states[0],
             act,
             offsets,

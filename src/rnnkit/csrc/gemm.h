@@ -227,6 +227,8 @@ template <typename T>
 struct StepMatrix {
   const T* w = nullptr;
   int64_t k = 0, n = 0, ldw = 0;
+  // group > 0: row kk of B lies at w + (kk / group)·ldg + (kk % group)·ldw (see below)
+  int64_t group = 0, ldg = 0;
   bool transposed = false;
   Tensor packed;  // float32: NR-column panels
   const float* panels = nullptr;
@@ -235,19 +237,33 @@ struct StepMatrix {
   // writes all of W once, the cost of several rows' products: a call with only a few rows
   // (generation: one token, batch 1) is faster on the BLAS without it (207 -> ~30 us/step
   // for LSTM 256 at batch 1).
-  StepMatrix(const Tensor& W, int64_t row0, int64_t rows, bool transpose,
-             [[maybe_unused]] int64_t work) {
+  StepMatrix(const Tensor& W, int64_t row0, int64_t rows, bool transpose, int64_t work) {
     const int64_t H = W.size(1);
     w = W.data_ptr<T>() + row0 * H;
     ldw = H;
     transposed = transpose;
     k = transpose ? H : rows;
     n = transpose ? rows : H;
+    if (work >= PACK_MIN_ROWS) pack(W.options());
+  }
+
+  // B (k x n) made of the rows t·groups + b of a (T, groups, n) tensor with any strides
+  // but contiguous rows: row kk at base + (kk / groups)·ld_t + (kk % groups)·ld_b — a
+  // batch-first input read in place. float32 with the packed kernel only: always packed.
+  StepMatrix(const T* base, int64_t rows, int64_t cols, int64_t groups, int64_t ld_t, int64_t ld_b)
+      : w(base), k(rows), n(cols), ldw(ld_b), group(groups), ldg(ld_t) {
+    pack(at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
+  }
+
+  const T* row_of_b(int64_t kk) const {
+    return group > 0 ? w + (kk / group) * ldg + (kk % group) * ldw : w + kk * ldw;
+  }
+
+  void pack([[maybe_unused]] const at::TensorOptions& options) {
 #ifdef RNNKIT_PACKED_GEMM
     if constexpr (std::is_same_v<T, float>) {
-      if (work < PACK_MIN_ROWS) return;
       const int64_t np = (n + NR - 1) / NR;
-      packed = at::empty({np * k * NR}, W.options());
+      packed = at::empty({np * k * NR}, options);
       float* d = packed.data_ptr<float>();
       // only a last, partial panel has columns no row of W fills: zero them (whatever
       // they held would be multiplied, and a denormal there would slow the FMAs)
@@ -255,14 +271,14 @@ struct StepMatrix {
       for (int64_t p = 0; p < np; ++p) {
         float* dp = d + p * k * NR;
         const int64_t cols = std::min<int64_t>(NR, n - p * NR);
-        if (transpose) {  // B[kk][j] = W_sub[j][kk]
+        if (transposed) {  // B[kk][j] = W_sub[j][kk]
           for (int64_t c = 0; c < cols; ++c) {
             const float* src = w + (p * NR + c) * ldw;
             for (int64_t kk = 0; kk < k; ++kk) dp[kk * NR + c] = src[kk];
           }
         } else {  // B[kk][j] = W_sub[kk][j]
           for (int64_t kk = 0; kk < k; ++kk)
-            std::memcpy(dp + kk * NR, w + kk * ldw + p * NR, cols * sizeof(float));
+            std::memcpy(dp + kk * NR, row_of_b(kk) + p * NR, cols * sizeof(float));
         }
       }
       panels = d;

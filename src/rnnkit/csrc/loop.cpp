@@ -51,6 +51,14 @@ const bool* mask_of(const std::optional<Tensor>& mask, int64_t T, int64_t B) {
   return mask->data_ptr<bool>();
 }
 
+// A (T, B, width) tensor whose rows the loop reads in place: any strides but contiguous rows.
+void check_rows(const Tensor& t, const char* name, int64_t T, int64_t B, int64_t width) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 3 && t.size(0) == T && t.size(1) == B &&
+                  t.size(2) == width && (t.stride(2) == 1 || width <= 1 || t.numel() == 0),
+              name, " must be (T, B, ", width, ") = (", T, ", ", B, ", ", width,
+              ") with contiguous rows on the CPU, got ", t.sizes(), " with strides ", t.strides());
+}
+
 // d_out, the outputs' gradient: (T, B, H), contiguous (the loops read its rows in place).
 void check_d_out(const std::optional<Tensor>& d_out, int64_t T, int64_t B, int64_t H) {
   if (!d_out.has_value()) return;
@@ -125,11 +133,14 @@ std::vector<Tensor> rnn_backward(Tensor hs, Tensor w_hh, std::optional<Tensor> m
 // w_ih, the inputs themselves (rows of I), whose product the loop computes step by step
 // (the gates then go to a new buffer, returned fourth; empty without w_ih or save). With
 // keep_input, projections are only read (they are the caller's) and the gates go to a
-// new buffer too: cheaper than copying them first.
+// new buffer too: cheaper than copying them first. Inputs with w_ih and no offsets may
+// be any (T, B, I) view with contiguous rows (a batch-first input, transposed): the loop
+// reads them in place. batch_first: the outputs h_1..h_T are also written (B, T, H),
+// returned fifth (empty otherwise), so that a batch-first layer needs no transposing copy.
 std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor c0,
                                  std::optional<Tensor> mask, bool save,
                                  std::optional<Tensor> offsets, std::optional<Tensor> w_ih,
-                                 bool keep_input) {
+                                 bool keep_input, bool batch_first) {
   check(w_hh, "w_hh", 2);
   const int64_t Tn = steps_of(xp, offsets), B = h0.size(0), H = h0.size(1);
   TORCH_CHECK(w_hh.size(0) == 4 * H && w_hh.size(1) == H, "w_hh must be (4H, H)");
@@ -142,7 +153,10 @@ std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
     TORCH_CHECK(w_ih->size(0) == 4 * H && w_ih->scalar_type() == xp.scalar_type(),
                 "w_ih must be (4H, I) of the input's dtype");
     I = w_ih->size(1);
-    check_buf(xp, "x", S, I);
+    if (S.packed())
+      check_buf(xp, "x", S, I);
+    else
+      check_rows(xp, "x", Tn, B, I);
   } else {
     check_buf(xp, "xp", S, 4 * H);
   }
@@ -153,6 +167,7 @@ std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
   Tensor rec = at::empty({B, 4 * H}, xp.options());
   const bool apart = fused || keep_input;  // the gates in a buffer of their own
   Tensor gates = apart && save ? step_buffer(S, 4 * H, xp) : at::empty({0}, xp.options());
+  Tensor out = at::empty({batch_first ? B : 0, Tn, H}, xp.options());
   hs[0].copy_(h0);
   cs[0].copy_(c0);
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "lstm_forward", [&] {
@@ -165,18 +180,20 @@ std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
       lstm_forward_impl<scalar_t>(g, W, bias.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(),
                                   hs.data_ptr<scalar_t>(), cs.data_ptr<scalar_t>(),
                                   tc.data_ptr<scalar_t>(), save, M, S, Tn, B, H, r0, r1, x,
-                                  Wx ? &*Wx : nullptr, I);
+                                  Wx ? &*Wx : nullptr, I, xp.stride(0), xp.stride(1),
+                                  batch_first ? out.data_ptr<scalar_t>() : nullptr);
     });
   });
   if (!save) {  // nothing is kept for backward: only the final c is meaningful
     cs = cs[Tn % 2].expand({Tn + 1, B, H});
     if (!S.packed()) tc = tc.expand({Tn, B, H});
   }
-  return {hs, cs, tc, gates};
+  return {hs, cs, tc, gates, out};
 }
 
 // With w_ih, also d_x = d_gates W_ih step by step (returned fourth; empty without it);
-// fifth, the bias gradient (the sum of d_gates over every row).
+// fifth, the bias gradient (the sum of d_gates over every row). d_out may be any (T, B, H)
+// view with contiguous rows (the gradient of batch-first outputs): read in place.
 std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_hh,
                                   std::optional<Tensor> mask, std::optional<Tensor> d_out,
                                   Tensor d_h, Tensor d_c, std::optional<Tensor> offsets,
@@ -190,7 +207,7 @@ std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_h
   const Steps S = make_steps(mask, offsets, Tn, B);
   check_buf(gates, "gates", S, 4 * H);
   check_buf(tc, "tanh_c", S, H);
-  check_d_out(d_out, Tn, B, H);
+  if (d_out.has_value()) check_rows(*d_out, "d_out", Tn, B, H);
   Tensor dxp = step_buffer(S, 4 * H, gates);
   int64_t I = 0;
   if (w_ih.has_value()) {
@@ -209,9 +226,10 @@ std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_h
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       lstm_backward_impl<scalar_t>(
           gates.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(), cs.data_ptr<scalar_t>(), W, M, S,
-          opt_ptr<scalar_t>(d_out), dxp.data_ptr<scalar_t>(), d_h.data_ptr<scalar_t>(),
-          d_c.data_ptr<scalar_t>(), d_bias.data_ptr<scalar_t>() + r0 * 4 * H, Tn, B, H, r0, r1,
-          Wx ? &*Wx : nullptr, w_ih.has_value() ? dx.data_ptr<scalar_t>() : nullptr, I);
+          opt_ptr<scalar_t>(d_out), d_out ? d_out->stride(0) : 0, d_out ? d_out->stride(1) : 0,
+          dxp.data_ptr<scalar_t>(), d_h.data_ptr<scalar_t>(), d_c.data_ptr<scalar_t>(),
+          d_bias.data_ptr<scalar_t>() + r0 * 4 * H, Tn, B, H, r0, r1, Wx ? &*Wx : nullptr,
+          w_ih.has_value() ? dx.data_ptr<scalar_t>() : nullptr, I);
     });
   });
   return {dxp, d_h, d_c, dx, d_bias.sum(0)};
@@ -420,19 +438,27 @@ void sigmoid_scores_backward(Tensor d_s, Tensor sig, Tensor w, Tensor s_sig, Ten
 // blocks of 64 rows over the threads (where torch's BLAS takes its AVX2 path, MKL on AMD
 // processors, this is twice its rate). Elsewhere torch's own product. A and B: each
 // row-major or the transpose of a row-major matrix (a .T view); other strides are copied.
+// B may also be (T, B, n), its rows t·B + b: a batch-first input (transposed) is then
+// read in place for d_gatesᵀ x.
 Tensor matmul(Tensor a, Tensor b) {
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0),
-              "matmul needs (m, k) and (k, n) matrices, got ", a.sizes(), " and ", b.sizes());
+  const bool rows3 = b.dim() == 3;
+  TORCH_CHECK(a.dim() == 2 && (b.dim() == 2 || rows3) &&
+                  a.size(1) == (rows3 ? b.size(0) * b.size(1) : b.size(0)),
+              "matmul needs (m, k) and (k, n) matrices (or (T, B, n) with T·B = k), got ",
+              a.sizes(), " and ", b.sizes());
 #ifdef RNNKIT_GEMM_AVX512
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(-1);
   if (a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.device().is_cpu() &&
       b.device().is_cpu() && m >= PACK_MIN_ROWS && n > 0 && k > 0) {
     const bool a_t = !a.is_contiguous() && a.t().is_contiguous();
     if (!a_t) a = a.contiguous();
-    const bool b_t = !b.is_contiguous() && b.t().is_contiguous();
-    if (!b_t) b = b.contiguous();
+    if (rows3 && b.stride(2) != 1) b = b.contiguous();
+    const bool b_t = !rows3 && !b.is_contiguous() && b.t().is_contiguous();
+    if (!rows3 && !b_t) b = b.contiguous();
     Tensor c = at::empty({m, n}, a.options());
-    const StepMatrix<float> W(b_t ? b.t() : b, 0, b_t ? n : k, b_t, m);
+    const StepMatrix<float> W =
+        rows3 ? StepMatrix<float>(b.data_ptr<float>(), k, n, b.size(1), b.stride(0), b.stride(1))
+              : StepMatrix<float>(b_t ? b.t() : b, 0, b_t ? n : k, b_t, m);
     const float* A = a.data_ptr<float>();
     float* C = c.data_ptr<float>();
     const int64_t lda = a_t ? m : k;
@@ -447,7 +473,7 @@ Tensor matmul(Tensor a, Tensor b) {
     return c;
   }
 #endif
-  return at::mm(a, b);
+  return at::mm(a, rows3 ? b.reshape({-1, b.size(2)}) : b);
 }
 
 // Whether matmul runs the library's own kernel for large float32 products (AVX-512
@@ -474,7 +500,8 @@ TORCH_LIBRARY(rnnkit_native, m) {
       &rnn_backward);
   m.def(
       "lstm_forward(Tensor(a!) xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor c0, Tensor? mask, "
-      "bool save, Tensor? offsets=None, Tensor? w_ih=None, bool keep_input=False) -> Tensor[]",
+      "bool save, Tensor? offsets=None, Tensor? w_ih=None, bool keep_input=False, "
+      "bool batch_first=False) -> Tensor[]",
       &lstm_forward);
   m.def(
       "lstm_backward(Tensor gates, Tensor tanh_c, Tensor cs, Tensor w_hh, Tensor? mask, "

@@ -62,11 +62,16 @@ void lstm_bwd_row(const T* __restrict gi, const T* __restrict gf, const T* __res
 // (null when not saving). With x but no Wx, x holds the projections (rows of 4H), read
 // and not written: each step copies its rows into the hot buffer before h_{t-1} W_hh^T
 // is added, and xp again only receives the gates.
+// The inputs with Wx may lie with any row strides when the buffers are padded: row b of
+// step t at x + t·xs_t + b·xs_b (a batch-first (B, T, I) tensor read in place, no
+// transposing copy); packed, they are rows of I from the step's offset. out, when given,
+// receives each h_t in the batch-first layout as well: row (b, t) at out + (b·T + t)·H.
 template <typename T>
 void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* hs, T* cs, T* tc,
                        bool save, const bool* M, const Steps& S, int64_t Tn, int64_t B, int64_t H,
                        int64_t r0, int64_t r1, const T* x = nullptr,
-                       const StepMatrix<T>* Wx = nullptr, int64_t I = 0) {
+                       const StepMatrix<T>* Wx = nullptr, int64_t I = 0, int64_t xs_t = 0,
+                       int64_t xs_b = 0, T* out = nullptr) {
   const int64_t G = 4 * H;
   rec += r0 * G;
   using Row = void (*)(T*, T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,
@@ -85,8 +90,9 @@ void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* 
     const bool* m = M ? M + t * B + r0 : nullptr;
     // The recurrent part into a small hot buffer: the projections are read once, below.
     if (Wx) {
-      Wx->mm(bt, x + (S.row(t) + r0) * I, I, T(0), rec, G);  // x_t W_ih^T
-      W.mm(bt, hp, H, T(1), rec, G);                         // + h_{t-1} W_hh^T
+      const T* xt = S.packed() ? x + (S.row(t) + r0) * I : x + t * xs_t + r0 * xs_b;
+      Wx->mm(bt, xt, S.packed() ? I : xs_b, T(0), rec, G);  // x_t W_ih^T
+      W.mm(bt, hp, H, T(1), rec, G);                        // + h_{t-1} W_hh^T
     } else if (x) {
       std::memcpy(rec, x + (S.row(t) + r0) * G, bt * G * sizeof(T));  // the projections
       W.mm(bt, hp, H, T(1), rec, G);                                  // + h_{t-1} W_hh^T
@@ -106,6 +112,9 @@ void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* 
     }
     copy_rows(hn, hp, bt, r1 - r0, H);
     copy_rows(cn, cp, bt, r1 - r0, H);
+    if (out)
+      for (int64_t b = 0; b < r1 - r0; ++b)
+        std::memcpy(out + ((r0 + b) * Tn + t) * H, hn + b * H, H * sizeof(T));
     if (save && !S.packed()) {
       zero_rows(tct, bt, r1 - r0, H);
       if (x) zero_rows(g, bt, r1 - r0, G);  // finished rows' gates: defined, like their inputs
@@ -116,11 +125,14 @@ void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* 
 // With Wx (W_ih), each step also writes its rows of d_x = d_gates W_ih (rows of I).
 // d_bias (4H): this block's rows of d_gates summed over all steps, while each row is in
 // cache (a sum over the (T·B, 4H) buffer afterwards would read it all once more).
+// d_out: row b of step t at dout + t·ds_t + b·ds_b (the gradient of batch-first outputs
+// is read in place).
 template <typename T>
 void lstm_backward_impl(const T* gates, const T* tc, const T* cs, const StepMatrix<T>& W,
-                        const bool* M, const Steps& S, const T* dout, T* dxp, T* dh, T* dc,
-                        T* d_bias, int64_t Tn, int64_t B, int64_t H, int64_t r0, int64_t r1,
-                        const StepMatrix<T>* Wx = nullptr, T* dx = nullptr, int64_t I = 0) {
+                        const bool* M, const Steps& S, const T* dout, int64_t ds_t, int64_t ds_b,
+                        T* dxp, T* dh, T* dc, T* d_bias, int64_t Tn, int64_t B, int64_t H,
+                        int64_t r0, int64_t r1, const StepMatrix<T>* Wx = nullptr, T* dx = nullptr,
+                        int64_t I = 0) {
   const int64_t G = 4 * H;
   dh += r0 * H;
   dc += r0 * H;
@@ -131,7 +143,12 @@ void lstm_backward_impl(const T* gates, const T* tc, const T* cs, const StepMatr
     const T* cp = cs + (t * B + r0) * H;
     T* dg = dxp + (S.row(t) + r0) * G;
     const bool* m = M ? M + t * B + r0 : nullptr;
-    if (dout) add_into(dh, dout + (t * B + r0) * H, (r1 - r0) * H);
+    if (dout && ds_b == H) {  // the rows of a step lie together
+      add_into(dh, dout + t * ds_t + r0 * H, (r1 - r0) * H);
+    } else if (dout) {
+      for (int64_t b = 0; b < r1 - r0; ++b)
+        add_into(dh + b * H, dout + t * ds_t + (r0 + b) * ds_b, H);
+    }
     for (int64_t b = 0; b < bt; ++b) {
       T* d = dg + b * G;
       if (m && !m[b]) {  // a hole: no gate gradient, d_h and d_c pass through
