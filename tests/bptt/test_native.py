@@ -144,6 +144,7 @@ def test_lstm_reads_a_batch_first_input_where_it_lies(threads, dtype, hole) -> N
     B, T, I, H = 9, 7, 6, 5
     layer = LSTM(I, H, num_layers=2, batch_first=True).to(dtype)
     x = torch.randn(B, T, I, generator=g, dtype=dtype, requires_grad=True)
+    weight = torch.randn(B, T, H, generator=g, dtype=dtype)  # every row of d_out differs
     mask = None
     if hole:  # (padding is replaced by zeros first: the loop reads that copy in place)
         mask = torch.ones(B, T, dtype=torch.bool)
@@ -158,14 +159,12 @@ def test_lstm_reads_a_batch_first_input_where_it_lies(threads, dtype, hole) -> N
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            with (
-                native.use_native(compiled),
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-            ):
-                out = layer(x, mask=mask)
-            h = out.outputs
-            loss = (h * torch.linspace(-1, 1, H, dtype=dtype)).sum() + out.state.c.sum()
-            grads = torch.autograd.grad(loss, [x, *layer.parameters()])
+            with native.use_native(compiled):  # the backward too: it may run on either
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    out = layer(x, mask=mask)
+                h = out.outputs
+                loss = (h * weight).sum() + out.state.c.sum()
+                grads = torch.autograd.grad(loss, [x, *layer.parameters()])
         finally:
             torch.set_num_threads(before)
         return h, [h.detach(), out.state.h.detach(), out.state.c.detach(), *grads]
