@@ -380,3 +380,30 @@ def test_projected_input_is_refused_where_it_does_not_apply():
         stack(xp, projected=True)
     both = LSTM(5, 8, bidirectional=True)
     assert not both.takes_projected(xp)
+
+
+def test_dropout_between_layers_draws_the_same_masks_on_either_loop():
+    """The compiled loop hands a batch-first stack's outputs on in the batch-first layout;
+    nn.Dropout draws its mask in memory order, so the stack applies it over (T, B, ·)
+    whatever the layout: the same seed gives the same masks, outputs and gradients on the
+    compiled loop, on the PyTorch loop and with recomputation (the random draws, and so a
+    trained model, do not depend on the loop or path taken)."""
+    from rnnkit.bptt import native
+
+    if not native.available():
+        pytest.skip("no compiled loop here")
+    B, T, I, H = 8, 6, 5, 7
+    layer = LSTM(I, H, num_layers=3, dropout=0.5, batch_first=True).train()
+    x = torch.randn(B, T, I, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    weight = torch.randn(B, T, H, generator=torch.Generator().manual_seed(3))
+    runs = []
+    for compiled, recompute in ((True, None), (False, None), (True, 2)):
+        layer.recompute = recompute
+        torch.manual_seed(7)
+        with native.use_native(compiled):
+            h = layer(x).outputs
+            grads = torch.autograd.grad((h * weight).sum(), [x, *layer.parameters()])
+        runs.append([h.detach(), *grads])
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

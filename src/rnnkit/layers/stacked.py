@@ -296,7 +296,10 @@ class StackedRecurrent(nn.Module):
         h = xt
         for index, layer in enumerate(self.layers):
             if index > 0 and self.dropout > 0:
-                h = self.drop(h)
+                # nn.Dropout draws its mask in the memory order of h: always over (T, B, ·)
+                # (not the batch-first view the compiled loop may hand on), so that the
+                # draws, and a trained model, do not depend on which loop or path ran
+                h = self.drop(h.contiguous() if self.drop.training else h)
             layer_state = None if init is None else init[index]
             if isinstance(layer, Bidirectional):
                 h, fin = layer(h, mask_t, layer_state, window, self.recompute)
