@@ -141,7 +141,10 @@ def weight_grads(
         if packing is not None:  # rows never computed get no gradient
             d_x = d_x.new_zeros(T * B, d_x.shape[1]).index_copy_(0, packing.rows, d_x)
         d_x = d_x.view(T, B, d_x.shape[-1])
-    x = record.x  # (T, B, I) as the compiled loop read it: its own product takes that
+    # x (T, B, I) as the compiled loop read it in place: the library's product takes its
+    # rows where they lie; torch's (the compiled loop switched off since the forward)
+    # needs the (T·B, I) rows
+    x = record.x
     x = x.reshape(-1, x.shape[-1]) if x.dim() == 3 and lib is None else x
     d_w_ih = mm(d_xp.T, x) if need[1] and not projected else None
     d_bias = None
