@@ -521,7 +521,8 @@ def test_matmul_equals_the_float64_product(threads, a_t, b_t, m, k, n) -> None:
     finally:
         torch.set_num_threads(before)
     want = a.double() @ b.double()
-    assert got.shape == (m, n) and got.dtype == torch.float32
+    # contiguous: callers view it as they please (one thread turns d_gatesᵀ x round)
+    assert got.shape == (m, n) and got.dtype == torch.float32 and got.is_contiguous()
     scale = max(float(want.abs().max()), 1.0)
     assert float((got.double() - want).abs().max()) <= 1e-6 * scale
     assert torch.equal(got64, want)

@@ -313,7 +313,8 @@ struct StepMatrix {
 
   // C (m x n, ldc) = A · B where A is stored transposed: element (r, kk) at A[kk·lda + r]
   // (the weight gradients read d_gates, rows of G·H, as G·H x N); k ≥ 1. AVX-512 only: the AVX2
-  // build leaves these large products to the BLAS, which runs them at its full rate there.
+  // build leaves these large products to the BLAS (matmul asks for them the way round
+  // it runs faster), whose AVX2 kernel is no slower than this one.
   void mm_at(int64_t m, const T* A, int64_t lda, T* C, int64_t ldc) const {
     if (m <= 0) return;
 #ifdef RNNKIT_GEMM_AVX512
