@@ -259,6 +259,34 @@ def test_lstm_forward_keeps_the_callers_projections(threads, save) -> None:
         torch.testing.assert_close(tc_k, tc_i, **tol)
 
 
+@pytest.mark.parametrize("I", [24, 600], ids=["input_product_in_the_loop", "projections_before"])
+@pytest.mark.parametrize("H", [13, 16])
+@pytest.mark.parametrize("grad", [True, False], ids=["train", "no_grad"])
+def test_lstm_gates_saturate_and_carry_nan_like_the_pytorch_loop(I, H, grad) -> None:
+    """The float32 gate loop (8 units at a time where the build has AVX2, the scalar loop
+    for the rest of a row: H = 13 is 8 + 5) at its edges: pre-activations of ±1e4 and ±inf
+    (one infinite input a step) saturate the gates to the values torch's sigmoid and tanh
+    give, and a NaN input poisons its own sequence from its step on and no other — as on
+    the PyTorch loop."""
+    torch.manual_seed(5)
+    layer = LSTM(I, H)
+    T, B = 6, 3
+    x = torch.randn(B, T, I)
+    x[0, 1:] *= 1e4
+    x[0, 3, 0], x[0, 4, 1] = float("inf"), -float("inf")  # one a step: ±inf, no inf - inf
+    x[1, 2, 7] = float("nan")
+    x.requires_grad_(grad)
+    outs = {}
+    for compiled in (True, False):
+        with native.use_native(compiled), torch.set_grad_enabled(grad):
+            outs[compiled] = layer(x).outputs.detach()
+    ours, ref = outs[True], outs[False]
+    nan = torch.zeros(B, T, H, dtype=torch.bool)
+    nan[1, 2:] = True
+    assert torch.equal(ours.isnan(), nan) and torch.equal(ref.isnan(), nan)
+    torch.testing.assert_close(ours[~nan], ref[~nan], rtol=0, atol=1e-6)
+
+
 def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "activations.h"
 #include "gemm.h"
@@ -10,16 +11,67 @@
 
 namespace {
 
+#ifdef RNNKIT_ACT_AVX2
+// float32 on AVX2: the row's first 8·⌊H/8⌋ units, in two loops — (i, f, g, o, c) and then
+// (tanh c, h) — with the scalar loop's operations (results equal to the bit). Why two:
+// in one loop a unit's chain, gates → c → tanh c → h, is ~150 cycles long and longer
+// than the core's reorder window lets iterations overlap; split, each loop's iterations
+// overlap (8.8 → 6.7 µs a step at H 128, B 16 on one Zen 3 core). o waits for the second
+// loop in go, or, without SAVE (go is then not written), in tc, which is scratch then.
+// Returns the number of units done.
+template <bool SAVE, bool XP>
+int64_t lstm_fwd_row8(float* __restrict gi, float* __restrict gf, float* __restrict gg,
+                      float* __restrict go, const float* __restrict si, const float* __restrict sf,
+                      const float* __restrict sg, const float* __restrict so,
+                      const float* __restrict bi, const float* __restrict bf,
+                      const float* __restrict bg, const float* __restrict bo,
+                      const float* __restrict cp, float* __restrict cn, float* __restrict hn,
+                      float* __restrict tc, int64_t H) {
+  const int64_t n = H / 8 * 8;
+  float* ob = SAVE ? go : tc;
+  // XP: (x_t W_ih^T + b) + h W_hh^T, the scalar loop's order
+  const auto pre = [](const float* g, const float* s, const float* b, int64_t j) {
+    const __m256 sb = _mm256_loadu_ps(b + j);
+    return XP ? _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(g + j), sb), _mm256_loadu_ps(s + j))
+              : _mm256_add_ps(_mm256_loadu_ps(s + j), sb);
+  };
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256 ai = pre(gi, si, bi, j), af = pre(gf, sf, bf, j);
+    const __m256 ag = pre(gg, sg, bg, j), ao = pre(go, so, bo, j);
+    const __m256 i = sigm8(ai), f = sigm8(af), g = tanh8(ag), o = sigm8(ao);
+    _mm256_storeu_ps(cn + j, _mm256_fmadd_ps(f, _mm256_loadu_ps(cp + j), _mm256_mul_ps(i, g)));
+    if constexpr (SAVE) {
+      _mm256_storeu_ps(gi + j, i);
+      _mm256_storeu_ps(gf + j, f);
+      _mm256_storeu_ps(gg + j, g);
+    }
+    _mm256_storeu_ps(ob + j, o);
+  }
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256 t = tanh8(_mm256_loadu_ps(cn + j));
+    _mm256_storeu_ps(hn + j, _mm256_mul_ps(_mm256_loadu_ps(ob + j), t));
+    if constexpr (SAVE) _mm256_storeu_ps(tc + j, t);
+  }
+  return n;
+}
+#endif
+
 // gi..go: the input projections x_t W_ih^T on entry (XP; without XP they are not read:
 // si..so then hold the whole product), the activated gates on exit (when SAVE); si..so:
-// the recurrent part h_{t-1} W_hh^T of this step; bi..bo: the bias.
+// the recurrent part h_{t-1} W_hh^T of this step; bi..bo: the bias; tc: tanh c on exit
+// when SAVE, scratch for H values otherwise.
 template <typename T, bool SAVE, bool XP>
 void lstm_fwd_row(T* __restrict gi, T* __restrict gf, T* __restrict gg, T* __restrict go,
                   const T* __restrict si, const T* __restrict sf, const T* __restrict sg,
                   const T* __restrict so, const T* __restrict bi, const T* __restrict bf,
                   const T* __restrict bg, const T* __restrict bo, const T* __restrict cp,
                   T* __restrict cn, T* __restrict hn, T* __restrict tc, int64_t H) {
-  for (int64_t j = 0; j < H; ++j) {
+  int64_t j0 = 0;
+#ifdef RNNKIT_ACT_AVX2
+  if constexpr (std::is_same_v<T, float>)
+    j0 = lstm_fwd_row8<SAVE, XP>(gi, gf, gg, go, si, sf, sg, so, bi, bf, bg, bo, cp, cn, hn, tc, H);
+#endif
+  for (int64_t j = j0; j < H; ++j) {
     const T ai = XP ? gi[j] + bi[j] + si[j] : si[j] + bi[j];
     const T af = XP ? gf[j] + bf[j] + sf[j] : sf[j] + bf[j];
     const T ag = XP ? gg[j] + bg[j] + sg[j] : sg[j] + bg[j];
