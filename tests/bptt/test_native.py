@@ -259,17 +259,33 @@ def test_lstm_forward_keeps_the_callers_projections(threads, save) -> None:
         torch.testing.assert_close(tc_k, tc_i, **tol)
 
 
-@pytest.mark.parametrize("I", [24, 600], ids=["input_product_in_the_loop", "projections_before"])
+@pytest.mark.parametrize(
+    ("cls", "options", "I"),
+    [
+        (LSTM, {}, 24),
+        (LSTM, {}, 600),
+        (GRU, {}, 24),
+        (GRU, {"reset": "after"}, 24),
+        (GRU, {"update": "keep", "reset": "after"}, 24),
+    ],
+    ids=[
+        "lstm_input_product_in_the_loop",
+        "lstm_projections_before",
+        "gru",
+        "gru_after",
+        "gru_keep_after",
+    ],
+)
 @pytest.mark.parametrize("H", [13, 16])
 @pytest.mark.parametrize("grad", [True, False], ids=["train", "no_grad"])
-def test_lstm_gates_saturate_and_carry_nan_like_the_pytorch_loop(I, H, grad) -> None:
-    """The float32 gate loop (8 units at a time where the build has AVX2, the scalar loop
-    for the rest of a row: H = 13 is 8 + 5) at its edges: pre-activations of ±1e4 and ±inf
+def test_gates_saturate_and_carry_nan_like_the_pytorch_loop(cls, options, I, H, grad) -> None:
+    """The float32 gate loops (8 units at a time where the build has AVX2, the scalar loop
+    for the rest of a row: H = 13 is 8 + 5) at their edges: pre-activations of ±1e4 and ±inf
     (one infinite input a step) saturate the gates to the values torch's sigmoid and tanh
     give, and a NaN input poisons its own sequence from its step on and no other — as on
     the PyTorch loop."""
     torch.manual_seed(5)
-    layer = LSTM(I, H)
+    layer = cls(I, H, **options)
     T, B = 6, 3
     x = torch.randn(B, T, I)
     x[0, 1:] *= 1e4

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "activations.h"
 #include "gemm.h"
@@ -15,6 +16,77 @@ inline T mix(T z, T hp, T n) {
   return KEEP ? n + z * (hp - n) : hp + z * (n - hp);  // h_t from z, h_{t-1} and n
 }
 
+#ifdef RNNKIT_ACT_AVX2
+// float32 on AVX2: the first 8·⌊H/8⌋ units of a row with the scalar loops' operations
+// (results equal to the bit), written out as in lstm.h; each returns the units done.
+template <bool KEEP>
+inline __m256 mix8(__m256 z, __m256 hp, __m256 n) {
+  return KEEP ? _mm256_fmadd_ps(z, _mm256_sub_ps(hp, n), n)
+              : _mm256_fmadd_ps(z, _mm256_sub_ps(n, hp), hp);
+}
+
+// Two loops, (r, z, n's pre-activation) then (n, h): in one, a unit's chain r → n → h
+// outlasts what the core overlaps (see lstm_fwd_row8). n_ holds the pre-activation between.
+template <bool KEEP>
+int64_t gru_after_fwd_row8(float* __restrict r_, float* __restrict z_, float* __restrict n_,
+                           const float* __restrict rec_r, const float* __restrict rec_z,
+                           const float* __restrict rec_n, float* __restrict rn_out,
+                           const float* __restrict b, const float* __restrict bhn,
+                           const float* __restrict hp, float* __restrict hn, int64_t H) {
+  const int64_t n = H / 8 * 8;
+  const auto ld = [](const float* p, int64_t j) { return _mm256_loadu_ps(p + j); };
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256 rn = _mm256_add_ps(ld(rec_n, j), ld(bhn, j));
+    const __m256 ar = _mm256_add_ps(_mm256_add_ps(ld(r_, j), ld(b, j)), ld(rec_r, j));
+    const __m256 az = _mm256_add_ps(_mm256_add_ps(ld(z_, j), ld(b + H, j)), ld(rec_z, j));
+    const __m256 r = sigm8(ar), z = sigm8(az);
+    _mm256_storeu_ps(rn_out + j, rn);
+    _mm256_storeu_ps(r_ + j, r);
+    _mm256_storeu_ps(z_ + j, z);
+    __m256 rrn = _mm256_mul_ps(r, rn);
+    // opaque to GCC, which would fuse the add below into an FMA: the scalar loop's build
+    // rounds r ⊙ rn first
+    __asm__("" : "+x"(rrn));
+    _mm256_storeu_ps(n_ + j, _mm256_add_ps(_mm256_add_ps(ld(n_, j), ld(b + 2 * H, j)), rrn));
+  }
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256 nv = tanh8(ld(n_, j));
+    _mm256_storeu_ps(n_ + j, nv);
+    _mm256_storeu_ps(hn + j, mix8<KEEP>(ld(z_, j), ld(hp, j), nv));
+  }
+  return n;
+}
+
+inline int64_t gru_before_fwd_row_a8(float* __restrict r_, float* __restrict z_,
+                                     const float* __restrict s, const float* __restrict b,
+                                     const float* __restrict hp, float* __restrict rh, int64_t H) {
+  const int64_t n = H / 8 * 8;
+  const auto ld = [](const float* p, int64_t j) { return _mm256_loadu_ps(p + j); };
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256 r = sigm8(_mm256_add_ps(_mm256_add_ps(ld(r_, j), ld(b, j)), ld(s, j)));
+    const __m256 z = sigm8(_mm256_add_ps(_mm256_add_ps(ld(z_, j), ld(b + H, j)), ld(s + H, j)));
+    _mm256_storeu_ps(r_ + j, r);
+    _mm256_storeu_ps(z_ + j, z);
+    _mm256_storeu_ps(rh + j, _mm256_mul_ps(r, ld(hp, j)));
+  }
+  return n;
+}
+
+template <bool KEEP>
+int64_t gru_before_fwd_row_b8(float* __restrict n_, const float* __restrict s,
+                              const float* __restrict bn, const float* __restrict z_,
+                              const float* __restrict hp, float* __restrict hn, int64_t H) {
+  const int64_t n = H / 8 * 8;
+  const auto ld = [](const float* p, int64_t j) { return _mm256_loadu_ps(p + j); };
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256 nv = tanh8(_mm256_add_ps(_mm256_add_ps(ld(n_, j), ld(bn, j)), ld(s, j)));
+    _mm256_storeu_ps(n_ + j, nv);
+    _mm256_storeu_ps(hn + j, mix8<KEEP>(ld(z_, j), ld(hp, j), nv));
+  }
+  return n;
+}
+#endif
+
 // r_, z_, n_: the input projections on entry, r, z, n on exit; b: the bias (r, z, n)
 template <typename T, bool KEEP>
 void gru_after_fwd_row(T* __restrict r_, T* __restrict z_, T* __restrict n_,
@@ -22,7 +94,12 @@ void gru_after_fwd_row(T* __restrict r_, T* __restrict z_, T* __restrict n_,
                        const T* __restrict rec_n, T* __restrict rn_out, const T* __restrict b,
                        const T* __restrict bhn, const T* __restrict hp, T* __restrict hn,
                        int64_t H) {
-  for (int64_t j = 0; j < H; ++j) {
+  int64_t j0 = 0;
+#ifdef RNNKIT_ACT_AVX2
+  if constexpr (std::is_same_v<T, float>)
+    j0 = gru_after_fwd_row8<KEEP>(r_, z_, n_, rec_r, rec_z, rec_n, rn_out, b, bhn, hp, hn, H);
+#endif
+  for (int64_t j = j0; j < H; ++j) {
     const T rn = rec_n[j] + bhn[j];
     rn_out[j] = rn;  // W_nh h + b_hn: the only part of W_hh h the backward needs
     const T r = sigm(r_[j] + b[j] + rec_r[j]);
@@ -39,7 +116,11 @@ template <typename T>
 void gru_before_fwd_row_a(T* __restrict r_, T* __restrict z_, const T* __restrict s,
                           const T* __restrict b, const T* __restrict hp, T* __restrict rh,
                           int64_t H) {
-  for (int64_t j = 0; j < H; ++j) {
+  int64_t j0 = 0;
+#ifdef RNNKIT_ACT_AVX2
+  if constexpr (std::is_same_v<T, float>) j0 = gru_before_fwd_row_a8(r_, z_, s, b, hp, rh, H);
+#endif
+  for (int64_t j = j0; j < H; ++j) {
     const T r = sigm(r_[j] + b[j] + s[j]);
     r_[j] = r;
     z_[j] = sigm(z_[j] + b[H + j] + s[H + j]);
@@ -51,7 +132,12 @@ template <typename T, bool KEEP>
 void gru_before_fwd_row_b(T* __restrict n_, const T* __restrict s, const T* __restrict bn,
                           const T* __restrict z_, const T* __restrict hp, T* __restrict hn,
                           int64_t H) {
-  for (int64_t j = 0; j < H; ++j) {
+  int64_t j0 = 0;
+#ifdef RNNKIT_ACT_AVX2
+  if constexpr (std::is_same_v<T, float>)
+    j0 = gru_before_fwd_row_b8<KEEP>(n_, s, bn, z_, hp, hn, H);
+#endif
+  for (int64_t j = j0; j < H; ++j) {
     const T n = tanh_(n_[j] + bn[j] + s[j]);
     n_[j] = n;
     hn[j] = mix<T, KEEP>(z_[j], hp[j], n);
