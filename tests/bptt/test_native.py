@@ -267,6 +267,8 @@ def test_lstm_forward_keeps_the_callers_projections(threads, save) -> None:
         (GRU, {}, 24),
         (GRU, {"reset": "after"}, 24),
         (GRU, {"update": "keep", "reset": "after"}, 24),
+        (RNN, {}, 24),
+        (RNN, {"nonlinearity": "sigmoid"}, 24),
     ],
     ids=[
         "lstm_input_product_in_the_loop",
@@ -274,6 +276,8 @@ def test_lstm_forward_keeps_the_callers_projections(threads, save) -> None:
         "gru",
         "gru_after",
         "gru_keep_after",
+        "rnn",
+        "rnn_sigmoid",
     ],
 )
 @pytest.mark.parametrize("H", [13, 16])

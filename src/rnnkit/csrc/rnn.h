@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "activations.h"
 #include "gemm.h"
@@ -15,7 +16,18 @@ namespace {
 template <typename T, int ACT>
 void rnn_fwd_row(const T* __restrict x, const T* __restrict s, const T* __restrict b,
                  T* __restrict h, int64_t H) {
-  for (int64_t j = 0; j < H; ++j) {
+  int64_t j0 = 0;
+#ifdef RNNKIT_ACT_AVX2
+  // float32 tanh and sigmoid: written out as in lstm.h (min/max clamps), equal to the bit
+  if constexpr (std::is_same_v<T, float> && ACT != 1) {
+    for (j0 = 0; j0 + 8 <= H; j0 += 8) {
+      const __m256 a = _mm256_add_ps(
+          _mm256_add_ps(_mm256_loadu_ps(x + j0), _mm256_loadu_ps(b + j0)), _mm256_loadu_ps(s + j0));
+      _mm256_storeu_ps(h + j0, ACT == 2 ? sigm8(a) : tanh8(a));
+    }
+  }
+#endif
+  for (int64_t j = j0; j < H; ++j) {
     const T a = x[j] + b[j] + s[j];
     h[j] = ACT == 1 ? (a < T(0) ? T(0) : a) : ACT == 2 ? sigm(a) : tanh_(a);
   }
