@@ -75,7 +75,7 @@ def test_float32_compiled_equals_pytorch_loop(cls, options, threads, B, T) -> No
         assert (a - b).abs().max() <= 1e-6 * b.abs().max().clamp_min(1e-6)
 
 
-def _lstm_run(dtype, mask, need_x: bool, threads: int):
+def _lstm_run(dtype, mask, need_x: bool, threads: int, I: int = 24, H: int = 32):
     """Outputs, final states and every gradient of one LSTM direction on the compiled loop."""
     from rnnkit.bptt.recurrence import run_recurrence
     from rnnkit.cells.lstm import LSTMCell
@@ -84,7 +84,7 @@ def _lstm_run(dtype, mask, need_x: bool, threads: int):
     torch.set_num_threads(threads)
     try:
         g = torch.Generator().manual_seed(3)
-        T, B, I, H = mask.shape[0], mask.shape[1], 24, 32
+        T, B = mask.shape
         torch.manual_seed(0)
         cell = LSTMCell(I, H).to(dtype)
         x = torch.randn(T, B, I, generator=g, dtype=dtype).requires_grad_(need_x)
@@ -128,6 +128,25 @@ def test_lstm_input_product_in_the_loop_equals_the_product_before_it(
         scale = b.abs().max().clamp_min(1e-6)
         tol = 1e-12 if dtype == torch.float64 else 1e-6
         assert (a - b).abs().max() <= tol * scale
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("I", "H"), [(300, 100), (100, 300), (260, 252)])
+def test_lstm_input_product_in_the_loop_at_widths_that_split_k(monkeypatch, threads, I, H):
+    """In the loop, the step's products ``x_t W_ihᵀ`` and ``h_{t−1} W_hhᵀ`` run over K in
+    blocks of 256: inputs and states wider than one block, one of each, and both just
+    over one, give what the product before the loop gives, to float32's 1e-6."""
+    from rnnkit.cells import lstm
+
+    assert lstm.input_in_loop(I, H, 4 * threads)
+    T, B = 5, 29
+    lengths = torch.randint(1, T + 1, (B,), generator=torch.Generator().manual_seed(7))
+    mask = torch.arange(T)[:, None] < lengths[None, :]
+    in_loop = _lstm_run(torch.float32, mask, True, threads, I, H)
+    monkeypatch.setattr(lstm, "INPUT_IN_LOOP_MAX", 0)
+    before = _lstm_run(torch.float32, mask, True, threads, I, H)
+    for a, b in zip(in_loop, before, strict=True):
+        assert (a - b).abs().max() <= 1e-6 * b.abs().max().clamp_min(1e-6)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
