@@ -34,12 +34,9 @@ int64_t gru_after_fwd_row8(float* __restrict r_, float* __restrict z_, float* __
                            const float* __restrict b, const float* __restrict bhn,
                            const float* __restrict hp, float* __restrict hn, int64_t H) {
   const int64_t n = H / 8 * 8;
-  const auto ld = [](const float* p, int64_t j) { return _mm256_loadu_ps(p + j); };
   for (int64_t j = 0; j < n; j += 8) {
-    const __m256 rn = _mm256_add_ps(ld(rec_n, j), ld(bhn, j));
-    const __m256 ar = _mm256_add_ps(_mm256_add_ps(ld(r_, j), ld(b, j)), ld(rec_r, j));
-    const __m256 az = _mm256_add_ps(_mm256_add_ps(ld(z_, j), ld(b + H, j)), ld(rec_z, j));
-    const __m256 r = sigm8(ar), z = sigm8(az);
+    const __m256 rn = _mm256_add_ps(ld8(rec_n, j), ld8(bhn, j));
+    const __m256 r = sigm8(sum8(r_, b, rec_r, j)), z = sigm8(sum8(z_, b + H, rec_z, j));
     _mm256_storeu_ps(rn_out + j, rn);
     _mm256_storeu_ps(r_ + j, r);
     _mm256_storeu_ps(z_ + j, z);
@@ -47,12 +44,12 @@ int64_t gru_after_fwd_row8(float* __restrict r_, float* __restrict z_, float* __
     // opaque to GCC, which would fuse the add below into an FMA: the scalar loop's build
     // rounds r ⊙ rn first
     __asm__("" : "+x"(rrn));
-    _mm256_storeu_ps(n_ + j, _mm256_add_ps(_mm256_add_ps(ld(n_, j), ld(b + 2 * H, j)), rrn));
+    _mm256_storeu_ps(n_ + j, _mm256_add_ps(_mm256_add_ps(ld8(n_, j), ld8(b + 2 * H, j)), rrn));
   }
   for (int64_t j = 0; j < n; j += 8) {
-    const __m256 nv = tanh8(ld(n_, j));
+    const __m256 nv = tanh8(ld8(n_, j));
     _mm256_storeu_ps(n_ + j, nv);
-    _mm256_storeu_ps(hn + j, mix8<KEEP>(ld(z_, j), ld(hp, j), nv));
+    _mm256_storeu_ps(hn + j, mix8<KEEP>(ld8(z_, j), ld8(hp, j), nv));
   }
   return n;
 }
@@ -61,13 +58,11 @@ inline int64_t gru_before_fwd_row_a8(float* __restrict r_, float* __restrict z_,
                                      const float* __restrict s, const float* __restrict b,
                                      const float* __restrict hp, float* __restrict rh, int64_t H) {
   const int64_t n = H / 8 * 8;
-  const auto ld = [](const float* p, int64_t j) { return _mm256_loadu_ps(p + j); };
   for (int64_t j = 0; j < n; j += 8) {
-    const __m256 r = sigm8(_mm256_add_ps(_mm256_add_ps(ld(r_, j), ld(b, j)), ld(s, j)));
-    const __m256 z = sigm8(_mm256_add_ps(_mm256_add_ps(ld(z_, j), ld(b + H, j)), ld(s + H, j)));
+    const __m256 r = sigm8(sum8(r_, b, s, j)), z = sigm8(sum8(z_, b + H, s + H, j));
     _mm256_storeu_ps(r_ + j, r);
     _mm256_storeu_ps(z_ + j, z);
-    _mm256_storeu_ps(rh + j, _mm256_mul_ps(r, ld(hp, j)));
+    _mm256_storeu_ps(rh + j, _mm256_mul_ps(r, ld8(hp, j)));
   }
   return n;
 }
@@ -77,11 +72,10 @@ int64_t gru_before_fwd_row_b8(float* __restrict n_, const float* __restrict s,
                               const float* __restrict bn, const float* __restrict z_,
                               const float* __restrict hp, float* __restrict hn, int64_t H) {
   const int64_t n = H / 8 * 8;
-  const auto ld = [](const float* p, int64_t j) { return _mm256_loadu_ps(p + j); };
   for (int64_t j = 0; j < n; j += 8) {
-    const __m256 nv = tanh8(_mm256_add_ps(_mm256_add_ps(ld(n_, j), ld(bn, j)), ld(s, j)));
+    const __m256 nv = tanh8(sum8(n_, bn, s, j));
     _mm256_storeu_ps(n_ + j, nv);
-    _mm256_storeu_ps(hn + j, mix8<KEEP>(ld(z_, j), ld(hp, j), nv));
+    _mm256_storeu_ps(hn + j, mix8<KEEP>(ld8(z_, j), ld8(hp, j), nv));
   }
   return n;
 }

@@ -31,15 +31,13 @@ int64_t lstm_fwd_row8(float* __restrict gi, float* __restrict gf, float* __restr
   float* ob = SAVE ? go : tc;
   // XP: (x_t W_ih^T + b) + h W_hh^T, the scalar loop's order
   const auto pre = [](const float* g, const float* s, const float* b, int64_t j) {
-    const __m256 sb = _mm256_loadu_ps(b + j);
-    return XP ? _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(g + j), sb), _mm256_loadu_ps(s + j))
-              : _mm256_add_ps(_mm256_loadu_ps(s + j), sb);
+    return XP ? sum8(g, b, s, j) : _mm256_add_ps(ld8(s, j), ld8(b, j));
   };
   for (int64_t j = 0; j < n; j += 8) {
     const __m256 ai = pre(gi, si, bi, j), af = pre(gf, sf, bf, j);
     const __m256 ag = pre(gg, sg, bg, j), ao = pre(go, so, bo, j);
     const __m256 i = sigm8(ai), f = sigm8(af), g = tanh8(ag), o = sigm8(ao);
-    _mm256_storeu_ps(cn + j, _mm256_fmadd_ps(f, _mm256_loadu_ps(cp + j), _mm256_mul_ps(i, g)));
+    _mm256_storeu_ps(cn + j, _mm256_fmadd_ps(f, ld8(cp, j), _mm256_mul_ps(i, g)));
     if constexpr (SAVE) {
       _mm256_storeu_ps(gi + j, i);
       _mm256_storeu_ps(gf + j, f);
@@ -48,8 +46,8 @@ int64_t lstm_fwd_row8(float* __restrict gi, float* __restrict gf, float* __restr
     _mm256_storeu_ps(ob + j, o);
   }
   for (int64_t j = 0; j < n; j += 8) {
-    const __m256 t = tanh8(_mm256_loadu_ps(cn + j));
-    _mm256_storeu_ps(hn + j, _mm256_mul_ps(_mm256_loadu_ps(ob + j), t));
+    const __m256 t = tanh8(ld8(cn, j));
+    _mm256_storeu_ps(hn + j, _mm256_mul_ps(ld8(ob, j), t));
     if constexpr (SAVE) _mm256_storeu_ps(tc + j, t);
   }
   return n;

@@ -21,8 +21,7 @@ void rnn_fwd_row(const T* __restrict x, const T* __restrict s, const T* __restri
   // float32 tanh and sigmoid: written out as in lstm.h (min/max clamps), equal to the bit
   if constexpr (std::is_same_v<T, float> && ACT != 1) {
     for (j0 = 0; j0 + 8 <= H; j0 += 8) {
-      const __m256 a = _mm256_add_ps(
-          _mm256_add_ps(_mm256_loadu_ps(x + j0), _mm256_loadu_ps(b + j0)), _mm256_loadu_ps(s + j0));
+      const __m256 a = sum8(x, b, s, j0);
       _mm256_storeu_ps(h + j0, ACT == 2 ? sigm8(a) : tanh8(a));
     }
   }
