@@ -77,12 +77,6 @@ inline __m256 exp8(__m256 x, bool above_minus_87 = false) {
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
-// The gate loops' loads: 8 floats from p + j, and (a + b) + c — the scalar loops' order
-// for projection, bias and recurrent part.
-inline __m256 ld8(const float* p, int64_t j) { return _mm256_loadu_ps(p + j); }
-inline __m256 sum8(const float* a, const float* b, const float* c, int64_t j) {
-  return _mm256_add_ps(_mm256_add_ps(ld8(a, j), ld8(b, j)), ld8(c, j));
-}
 inline __m256 sigm8(__m256 x) {
   const __m256 one = _mm256_set1_ps(1.0f);
   return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)))));
@@ -102,6 +96,13 @@ inline __m256 tanh8(__m256 x) {
   p = _mm256_fmadd_ps(_mm256_mul_ps(p, z), ax, ax);
   const __m256 small = _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ);
   return _mm256_or_ps(_mm256_blendv_ps(big, p, small), _mm256_and_ps(x, sign));  // copysign
+}
+
+// The gate loops' loads: 8 floats from p + j, and (a + b) + c — the scalar loops' order
+// for projection, bias and recurrent part.
+inline __m256 ld8(const float* p, int64_t j) { return _mm256_loadu_ps(p + j); }
+inline __m256 sum8(const float* a, const float* b, const float* c, int64_t j) {
+  return _mm256_add_ps(_mm256_add_ps(ld8(a, j), ld8(b, j)), ld8(c, j));
 }
 
 }  // namespace
