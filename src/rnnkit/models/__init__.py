@@ -38,7 +38,7 @@ from rnnkit.models.regressor import LOSSES, TARGETS, Regressor, RegressorOutput
 from rnnkit.models.seq2seq import ATTENTION_WIRINGS, Seq2Seq, Seq2SeqOutput, build_seq2seq
 from rnnkit.models.seq2seq_decoder import STATE_BATCH_DIM, DecoderState
 from rnnkit.models.seq2seq_inference import InferenceStep
-from rnnkit.models.spec import ModelSpec
+from rnnkit.models.spec import TASK_MODEL_DEFAULTS, ModelSpec, task_model_defaults
 from rnnkit.models.tagger import CHAR_EMBEDDING, CHAR_HIDDEN, CharEncoder, Tagger, build_tagger
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "POOLINGS",
     "STATE_BATCH_DIM",
     "TARGETS",
+    "TASK_MODEL_DEFAULTS",
     "BagOfNgrams",
     "CharEncoder",
     "Classifier",
@@ -104,4 +105,5 @@ __all__ = [
     "mean_pool",
     "reset_rows",
     "state_pool",
+    "task_model_defaults",
 ]

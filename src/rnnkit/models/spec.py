@@ -3,21 +3,49 @@
 The builders (:mod:`rnnkit.models.builders` and the ``build_*`` of each model module)
 take a :class:`ModelSpec`, never the command line's configuration: models sit below the
 application, which translates its options into a spec (``rnnkit.app.tasks.run.model_spec``).
-The field names and defaults are those of the ``rnnkit train`` options of the same name,
-so ``ModelSpec()`` builds the model of ``rnnkit train`` with no option given.
+The field names and defaults are those of the ``rnnkit train`` options of the same name;
+a task may default some of them otherwise (:data:`TASK_MODEL_DEFAULTS`: ``lm`` trains
+two layers with dropout 0.3), so the model ``rnnkit train --task TASK`` builds with no
+model option given is ``ModelSpec.for_task(TASK)``, while ``ModelSpec()`` holds the
+options' own defaults.
 
 >>> spec = ModelSpec(cell="rnn", hidden=8, layers=2, nonlinearity="tanh,relu")
 >>> spec.nonlinearities()
 ('tanh', 'relu')
 >>> ModelSpec(hidden=8, layers=3).nonlinearities()
 ('tanh', 'tanh', 'tanh')
+>>> ModelSpec().layers, ModelSpec.for_task("lm").layers, ModelSpec.for_task("tag").layers
+(1, 2, 1)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["ModelSpec"]
+__all__ = ["TASK_MODEL_DEFAULTS", "ModelSpec", "task_model_defaults"]
+
+#: The model defaults that differ by task, each chosen by measurement (docs/defaults.md):
+#: task → {field: value}. ``rnnkit train --task TASK`` applies them to the options not
+#: given (``rnnkit.app.config.TASK_DEFAULTS`` holds them beside the training ones);
+#: :meth:`ModelSpec.for_task` does the same.
+TASK_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "lm": {"layers": 2, "dropout": 0.3},
+}
+
+
+def task_model_defaults(task: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """The defaults of :data:`TASK_MODEL_DEFAULTS` for ``task`` that apply with these
+    ``fields``: the Jordan wiring has one layer by definition, so an ``lm`` with
+    ``wiring="jordan"`` keeps ``layers=1``.
+
+    >>> task_model_defaults("lm", {"wiring": "jordan"})
+    {'dropout': 0.3}
+    """
+    defaults = dict(TASK_MODEL_DEFAULTS.get(task, {}))
+    if fields.get("wiring") == "jordan":
+        defaults.pop("layers", None)
+    return defaults
 
 
 @dataclass(frozen=True)
@@ -56,6 +84,19 @@ class ModelSpec:
     attention: str = "dot"
     context: str = "init"
     attention_wiring: str = "before"
+
+    @classmethod
+    def for_task(cls, task: str, **fields: Any) -> ModelSpec:
+        """The spec ``rnnkit train --task TASK`` builds: ``fields`` over the task's own
+        defaults (:data:`TASK_MODEL_DEFAULTS`) over the options' defaults.
+
+        >>> spec = ModelSpec.for_task("lm", hidden=128)
+        >>> spec.hidden, spec.layers, spec.dropout
+        (128, 2, 0.3)
+        >>> ModelSpec.for_task("lm", dropout=0.0).dropout  # a field given wins
+        0.0
+        """
+        return cls(**{**task_model_defaults(task, fields), **fields})
 
     def nonlinearities(self) -> tuple[str, ...]:
         """``nonlinearity`` as one entry per layer (``"tanh,sigmoid"`` on two layers →

@@ -45,6 +45,7 @@ from rnnkit.app.config.tasks import (
     TagOptions,
 )
 from rnnkit.errors import ConfigError
+from rnnkit.models.spec import TASK_MODEL_DEFAULTS, task_model_defaults
 
 __all__ = [
     "CELL_OPTIONS",
@@ -55,13 +56,21 @@ __all__ = [
     "task_defaults",
 ]
 
-#: Defaults that differ by task, each chosen by measurement (docs/defaults.md: the data,
-#: the commands and the figures): task → {field: value}. The command line applies them to
-#: the options not given; in Python, :meth:`TrainConfig.for_task` does. Every other
-#: default is :class:`TrainConfig`'s own.
-TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "lm": {"layers": 2, "dropout": 0.3},
+# The training defaults that differ by task; the model's are the models' own
+# (rnnkit.models.spec.TASK_MODEL_DEFAULTS, so that ModelSpec.for_task builds what train does).
+_TRAINING_TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "regress": {"lr": 5e-3},
+}
+
+#: Defaults that differ by task, each chosen by measurement (docs/defaults.md: the data,
+#: the commands and the figures): task → {field: value}, the model's
+#: (:data:`rnnkit.models.spec.TASK_MODEL_DEFAULTS`) and the training's. The command line
+#: applies them to the options not given; in Python, :meth:`TrainConfig.for_task` does.
+#: Every other default is :class:`TrainConfig`'s own.
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    task: {**TASK_MODEL_DEFAULTS.get(task, {}), **_TRAINING_TASK_DEFAULTS.get(task, {})}
+    for task in TASKS
+    if task in TASK_MODEL_DEFAULTS or task in _TRAINING_TASK_DEFAULTS
 }
 
 
@@ -73,10 +82,7 @@ def task_defaults(task: str, options: dict[str, Any]) -> dict[str, Any]:
     >>> task_defaults("lm", {"wiring": "jordan"})
     {'dropout': 0.3}
     """
-    defaults = dict(TASK_DEFAULTS.get(task, {}))
-    if options.get("wiring") == "jordan":
-        defaults.pop("layers", None)
-    return defaults
+    return {**task_model_defaults(task, options), **_TRAINING_TASK_DEFAULTS.get(task, {})}
 
 
 @dataclass(kw_only=True)

@@ -1,0 +1,71 @@
+"""``ModelSpec.for_task(TASK)`` is the spec ``rnnkit train --task TASK`` builds.
+
+The oracle is the command line itself: the configuration ``rnnkit train`` makes of the
+same arguments (and prints with ``--print-config``), turned into a spec the way training
+does (``rnnkit.app.tasks.run.model_spec``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+
+from rnnkit.app.config.fields import TASKS
+from rnnkit.models import ModelSpec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - tomli is a dependency before 3.11
+    import tomli as tomllib
+
+FIELDS = [f.name for f in dataclasses.fields(ModelSpec)]
+
+
+def cli_spec(*argv: str) -> ModelSpec:
+    """The spec of the model ``rnnkit train --train x ARGV`` would build."""
+    from rnnkit.app.cli.main import build_parser, explicit_options
+    from rnnkit.app.cli.train import config_from_args
+    from rnnkit.app.tasks.run import model_spec
+
+    full = ["train", "--train", "x", "--out", "r", *argv]
+    args = build_parser().parse_args(full)
+    args.explicit = explicit_options(full)
+    return model_spec(config_from_args(args))
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_for_task_is_the_spec_train_builds(task: str, run_cli) -> None:
+    assert ModelSpec.for_task(task) == cli_spec("--task", task)
+    # ... and what --print-config shows a user, field by field.
+    code, out, err = run_cli("train", "--task", task, "--train", "x", "--print-config")
+    assert code == 0, err
+    printed = {k.replace("-", "_"): v for k, v in tomllib.loads(out).items()}
+    shown = [name for name in FIELDS if name in printed]
+    assert "hidden" in shown
+    for name in shown:
+        assert getattr(ModelSpec.for_task(task), name) == printed[name], name
+
+
+def test_the_lm_defaults_differ_from_the_options_own() -> None:
+    """The case that matters: ``lm`` trains two layers with dropout 0.3, the options'
+    own defaults are one layer without dropout (``ModelSpec()``)."""
+    assert (ModelSpec().layers, ModelSpec().dropout) == (1, 0.0)
+    lm = ModelSpec.for_task("lm")
+    assert (lm.layers, lm.dropout) == (2, 0.3) == (cli_spec().layers, cli_spec().dropout)
+
+
+@pytest.mark.parametrize(
+    "fields, argv",
+    [
+        ({"wiring": "jordan"}, ["--wiring", "jordan"]),  # one layer by definition
+        ({"dropout": 0.0}, ["--dropout", "0"]),  # a value given at the global default
+        (
+            {"layers": 3, "hidden": 16, "cell": "gru"},
+            ["--layers", "3", "--hidden", "16", "--cell", "gru"],
+        ),
+    ],
+)
+def test_fields_given_win_over_the_task_defaults(fields: dict, argv: list[str]) -> None:
+    assert ModelSpec.for_task("lm", **fields) == cli_spec("--task", "lm", *argv)
