@@ -269,14 +269,3 @@ def test_seq2seq_run_gets_attention_heatmaps(tmp_path):
     assert "ab cd → dc ba" in attention
     assert "No validation metrics were recorded." in text
     assert len(page.of("img")) == 4  # the (empty) loss curve and three maps
-
-
-def test_the_examples_of_docs_diagnostics_run():
-    import doctest
-
-    docs = Path(__file__).resolve().parents[3] / "docs" / "diagnostics.md"
-    result = doctest.testfile(
-        str(docs), module_relative=False, optionflags=doctest.ELLIPSIS, verbose=False
-    )
-    assert result.attempted > 20
-    assert result.failed == 0
