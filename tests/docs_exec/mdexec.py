@@ -24,7 +24,9 @@ What a page says to the runner, in HTML comments (invisible on the site):
 The tutorials' ``rnnkit train`` commands run at a small budget: the ``rnnkit`` on the
 ``PATH`` of the shell blocks (:func:`shell_env`) appends ``--steps N`` (the last
 ``--steps`` wins and overrides ``--epochs``) where ``DOCS_EXEC_STEPS=N`` is set, so a
-page shows the real command and the test runs it in seconds.
+page shows the real command and the test runs it in seconds. With a
+:func:`forkserver`, that ``rnnkit`` and ``python`` start from one process that imported
+torch once (``forkserver.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import re
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +49,7 @@ BLOCK_MARKS = ("skip", "needs", "figures vary")
 # A number of a summary line: 3.27, 229,794, 1e-3 (not the digits inside a word).
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?(?![\w])")
 DRIVER = Path(__file__).with_name("mdexec_driver.py")
+FORKSERVER = Path(__file__).with_name("forkserver.py")
 
 
 class PageError(ValueError):
@@ -155,24 +160,30 @@ def run_python(page: Page, cwd: Path, timeout: float = 600) -> subprocess.Comple
 # ---- Shell blocks ------------------------------------------------------------------
 
 
-def shell_env(bin_dir: Path, steps: int | None) -> dict[str, str]:
+def shell_env(bin_dir: Path, steps: int | None, server: Path | None = None) -> dict[str, str]:
     """The environment of the shell blocks: ``python`` and ``rnnkit`` are this test's
     interpreter and its rnnkit, and ``rnnkit train`` gets ``--steps steps`` appended
-    (none: the page's own budget)."""
+    (none: the page's own budget). With ``server`` (the socket of a running
+    ``forkserver.py``), the two commands start from its process, torch imported."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    python = bin_dir / "python"
-    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n', encoding="utf-8")
-    rnnkit = bin_dir / "rnnkit"
-    rnnkit.write_text(
-        "#!/bin/sh\n"
-        '# The budget of the doc-execution test: DOCS_EXEC_STEPS=N appends "--steps N".\n'
+    scripts = {}
+    for name in ("python", "rnnkit"):
+        if server is not None:
+            scripts[name] = (
+                f'exec "{sys.executable}" "{FORKSERVER}" --client "{server}" {name} "$@"\n'
+            )
+    scripts.setdefault("python", f'exec "{sys.executable}" "$@"\n')
+    scripts.setdefault(
+        "rnnkit",
+        # The budget of the doc-execution test: DOCS_EXEC_STEPS=N appends "--steps N".
         'if [ "$1" = train ] && [ -n "$DOCS_EXEC_STEPS" ]; then\n'
         f'  exec "{sys.executable}" -m rnnkit "$@" --steps "$DOCS_EXEC_STEPS"\n'
         "fi\n"
         f'exec "{sys.executable}" -m rnnkit "$@"\n',
-        encoding="utf-8",
     )
-    for script in (python, rnnkit):
+    for name, body in scripts.items():
+        script = bin_dir / name
+        script.write_text("#!/bin/sh\n" + body, encoding="utf-8")
         script.chmod(script.stat().st_mode | stat.S_IXUSR)
     env = child_env()
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
@@ -180,6 +191,28 @@ def shell_env(bin_dir: Path, steps: int | None) -> dict[str, str]:
     if steps is not None:
         env["DOCS_EXEC_STEPS"] = str(steps)
     return env
+
+
+@contextmanager
+def forkserver(path: Path) -> Iterator[Path]:
+    """A running ``forkserver.py`` listening on ``path`` (its socket), stopped after."""
+    process = subprocess.Popen(
+        [sys.executable, str(FORKSERVER), str(path)],
+        env=child_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        ready = process.stdout.readline()
+        assert ready == "ready\n", f"forkserver.py did not start (exit {process.wait()})"
+        yield path
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def output_matches(want: str, got: str, figures_vary: bool = False) -> bool:

@@ -2,7 +2,8 @@
 CONTRIBUTING.md, "Documentation that runs").
 
 Every tutorial's commands run in one shared directory, in page order, at a budget of
-``DOCS_EXEC_STEPS`` training steps (default 30); every page's Python blocks run in order,
+``DOCS_EXEC_STEPS`` training steps (default 30), started from one process that imported
+torch once (``forkserver.py``); every page's Python blocks run in order,
 a page that reads a tutorial's run (``<!-- after: ... -->``) in that directory after the
 tutorial, any other page in a directory of its own.
 """
@@ -10,10 +11,19 @@ tutorial, any other page in a directory of its own.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mdexec import Page, check_tutorial_fences, read_page, run_python, run_shell, shell_env
+from mdexec import (
+    Page,
+    check_tutorial_fences,
+    forkserver,
+    read_page,
+    run_python,
+    run_shell,
+    shell_env,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -29,10 +39,10 @@ def _name(path: Path) -> str:
 class Tutorials:
     """The tutorials' shared directory; each tutorial's commands run there at most once."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, server: Path | None) -> None:
         self.root = root / "work"
         self.root.mkdir()
-        self.env = shell_env(root / "bin", STEPS)
+        self.env = shell_env(root / "bin", STEPS, server)
         self.failures: dict[str, list[str]] = {}
 
     def ensure(self, name: str) -> list[str]:
@@ -46,8 +56,11 @@ class Tutorials:
 
 
 @pytest.fixture(scope="module")
-def tutorials(tmp_path_factory: pytest.TempPathFactory) -> Tutorials:
-    return Tutorials(tmp_path_factory.mktemp("docs-exec"))
+def tutorials(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tutorials]:
+    root = tmp_path_factory.mktemp("docs-exec")
+    # The commands start from one process that imported torch once (forkserver.py).
+    with forkserver(root / "fork.sock") as server:
+        yield Tutorials(root, server)
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=_name)

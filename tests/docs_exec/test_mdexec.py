@@ -12,6 +12,7 @@ import pytest
 from mdexec import (
     PageError,
     check_tutorial_fences,
+    forkserver,
     read_page,
     run_python,
     run_shell,
@@ -149,3 +150,25 @@ def test_the_budget_appends_steps_to_rnnkit_train(tmp_path: Path) -> None:
     assert run_shell(read_page(path), tmp_path, shell_env(tmp_path / "bin", 7)) == []
     unchanged = run_shell(read_page(path), tmp_path, shell_env(tmp_path / "bin", None))
     assert unchanged and "printed:\nsteps = 300\n" in unchanged[0]
+
+
+def test_the_forkserver_runs_commands_as_a_fresh_process_would(tmp_path: Path) -> None:
+    """Standard input, output and error, the exit status, the working directory, the
+    environment and the budget, through ``forkserver.py``, as with the plain commands."""
+    text = (
+        f"{FENCE}sh\nexport DOC_VALUE=7\n"
+        "echo in | python -c 'import os, sys; print(sys.stdin.read().strip(), os.getcwd(), "
+        'os.environ["DOC_VALUE"], sys.argv[1:])\' a b\n'
+        'python -c \'import sys; sys.exit("to stderr")\' 2>&1 || echo "status $?"\n'
+        "python - <<'PY'\nprint(__name__)\nPY\n"
+        "rnnkit train --task lm --train x.txt --steps 300 --print-config | grep '^steps '\n"
+        'rnnkit evaluate 2>/dev/null || echo "status $?"\n'
+        f"{FENCE}\n\n{FENCE}output\n"
+        f"in {tmp_path} 7 ['a', 'b']\nto stderr\nstatus 1\n__main__\nsteps = 7\nstatus 2\n{FENCE}\n"
+    )
+    path = page(tmp_path, text)
+    with forkserver(tmp_path / "fork.sock") as server:
+        env = shell_env(tmp_path / "bin", 7, server)
+        assert run_shell(read_page(path), tmp_path, env) == []
+    plain = shell_env(tmp_path / "plain", 7)
+    assert run_shell(read_page(path), tmp_path, plain) == []
