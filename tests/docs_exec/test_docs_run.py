@@ -11,7 +11,9 @@ tutorial, any other page in a directory of its own.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 TUTORIALS = sorted(DOCS.glob("tutorial-*.md"))
 PAGES = [p for p in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))] if read_page(p).of("python")]
+# The runner runs bash and forks (forkserver.py).
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="the runner needs bash and fork")
 STEPS = int(os.environ.get("DOCS_EXEC_STEPS", "30"))
 
 
@@ -58,9 +62,11 @@ class Tutorials:
 @pytest.fixture(scope="module")
 def tutorials(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tutorials]:
     root = tmp_path_factory.mktemp("docs-exec")
-    # The commands start from one process that imported torch once (forkserver.py).
-    with forkserver(root / "fork.sock") as server:
-        yield Tutorials(root, server)
+    # The commands start from one process that imported torch once (forkserver.py); its
+    # socket in a short path of its own (a socket's path is at most ~100 bytes).
+    with ExitStack() as stack:
+        short = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="docs-exec-")))
+        yield Tutorials(root, stack.enter_context(forkserver(short / "fork.sock")))
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=_name)

@@ -6,6 +6,7 @@ pages made for one rule each (the marks, doctest blocks, shown output, the budge
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from mdexec import (
     shell_env,
 )
 
+# The runner runs bash and forks (forkserver.py).
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="the runner needs bash and fork")
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 FENCE = "```"
 
