@@ -5,7 +5,9 @@ masking, and the explicit BPTT backward.
 ``rnnkit.bptt.forward.forward_pass`` (one input product, then the steps), its backward
 ``rnnkit.bptt.backward.backward_sweep`` (full BPTT, or the exact windowed BPTT(τ) of
 ``rnnkit.bptt.windowed``) and ``weight_grads`` (every weight gradient as one product over
-all steps), on the records of ``rnnkit.bptt.record``. With the compiled loop, rows are
+all steps), on the records of ``rnnkit.bptt.record``. Where PyTorch's fused kernels
+(cuDNN on a GPU) compute the same function, they run the layer instead
+(``rnnkit.bptt.fused``: CUDA tensors by default). With the compiled loop, rows are
 sorted by their last real step and packed, so finished rows cost nothing. Under graph
 tracing (``torch.compile``, ``torch.export``) the loop is the kernel's differentiable
 step, unrolled, and autograd gives the gradients (the explicit BPTT equals them: tested).
@@ -21,6 +23,7 @@ from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt.backward import backward_sweep, weight_grads
 from rnnkit.bptt.forward import _compiled, _like_weights, forward_pass
+from rnnkit.bptt.fused import run_fused, wants_fused
 from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_record
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
 from rnnkit.cells.kernel import Kernel, Weights
@@ -185,6 +188,9 @@ def run_recurrence(
     # autograd node, so the cast is differentiable and the compiled loop is chosen below.
     x, states0 = _like_weights(weights, x, states0)
     x, mask3 = clean_padding(x, mask)
+    fused = wants_fused(kernel, x, None if mask3 is None else mask3[..., 0], window, projected)
+    if fused is not None:  # PyTorch's fused kernel (cuDNN) computes this function
+        return run_fused(kernel, fused[0], x, weights, states0, fused[1])
     order = packing = None
     if (
         mask is not None
