@@ -13,18 +13,26 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import gpu_check
 
+FUSED_FORMS = {"rnn_tanh", "rnn_relu", "lstm", "gru_candidate_after", "gru_keep_after"}
+
 
 @pytest.mark.usefixtures("single_thread")
-def test_cpu_form_of_the_gpu_check(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", ["auto", "fused"])
+def test_cpu_form_of_the_gpu_check(tmp_path: Path, path: str) -> None:
     out = tmp_path / "check.json"
-    status = gpu_check.main(["--device", "cpu", "--quick", "--no-speed", "--out", str(out)])
+    argv = ["--device", "cpu", "--quick", "--no-speed", "--path", path, "--out", str(out)]
+    status = gpu_check.main(argv)
     result = json.loads(out.read_text())
     assert status == 0, result
-    forms = {(c["form"], c["dtype"]) for c in result["correctness"]}
-    assert len(forms) == 2 * len(gpu_check.FORMS)
+    forms = {(c["form"], c["mask"], c["dtype"]) for c in result["correctness"]}
+    assert len(forms) == 2 * 2 * len(gpu_check.FORMS)
     for check in result["correctness"]:
         tol = 1e-10 if check["dtype"] == "float64" else 2e-5
         assert check["max_rel_err"] <= tol, check
+        # On the CPU "auto" never takes the fused kernels; "fused" takes them for every
+        # layer whose function is theirs: lengths, not holes (2 layers x 2 directions).
+        fused = path == "fused" and check["mask"] == "lengths" and check["form"] in FUSED_FORMS
+        assert check["fused_calls"] == (4 if fused else 0), check
 
 
 def test_without_cuda_it_says_so(capsys) -> None:
