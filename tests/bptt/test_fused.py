@@ -225,3 +225,23 @@ def test_a_wrong_path_is_refused_in_one_line(monkeypatch):
     monkeypatch.setitem(fused._choice, "path", "cudnn")
     with pytest.raises(ValueError, match="RNNKIT_GPU_PATH='cudnn'"):
         wants_fused(rnnkit.LSTMCell(I, H).kernel, torch.zeros(2, 1, I), None, None, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
+def test_on_cuda_the_default_path_is_cudnn_and_equals_the_cpu_oracle(name, cls, kw, calls):
+    dtype = torch.float64
+    gen = torch.Generator().manual_seed(2)
+    layer = _layer(cls, kw, dtype)
+    x = torch.randn(B, T, I, dtype=dtype, generator=gen)
+    state = _initial(cls, dtype, gen)
+    lens = torch.tensor([T, 3, 0, 1, 6])
+    expected = _run(layer, x, state, "loop", lengths=lens)
+    cuda_state = (
+        LSTMState(*(s.cuda() for s in state)) if isinstance(state, LSTMState) else state.cuda()
+    )
+    got = _run(layer.cuda(), x.cuda(), cuda_state, "auto", lengths=lens.cuda())
+    assert calls["n"] == 4
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g.cpu(), e, atol=1e-10, rtol=0.0)
