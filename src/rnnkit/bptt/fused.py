@@ -41,12 +41,21 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from rnnkit.bptt.tracing import tracing
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.cells.lstm import LSTMKernel
 from rnnkit.cells.rnn import RNNKernel
 
-__all__ = ["PATHS", "fused_form", "prefix_lengths", "run_fused", "use_fused", "wants_fused"]
+__all__ = [
+    "PATHS",
+    "fused_form",
+    "prefix_lengths",
+    "run_fused",
+    "traced_fused_form",
+    "use_fused",
+    "wants_fused",
+]
 
 #: The choices of :func:`use_fused` (and of ``RNNKIT_GPU_PATH``).
 PATHS = ("auto", "fused", "loop")
@@ -145,6 +154,18 @@ def wants_fused(
     return form, lengths
 
 
+def traced_fused_form(
+    kernel: Kernel, mask: Tensor | None, window: int | None, projected: bool
+) -> str | None:
+    """The fused kernel a traced graph (``torch.compile``, ``torch.export``, ONNX) holds
+    for this layer as one operator, or None (the graph then holds the unrolled steps):
+    no mask (a graph cannot branch on a mask's values), full BPTT, the path not forced
+    to ``"loop"``."""
+    if _path() == "loop" or mask is not None or window is not None or projected:
+        return None
+    return fused_form(kernel)
+
+
 def _fused_parameters(form: str, w: Weights) -> list[Tensor]:
     """``[w_ih, w_hh, b_ih, b_hh]`` in PyTorch's form for rnnkit's weights (gate orders are
     the same: LSTM i, f, g, o; GRU r, z, n)."""
@@ -181,11 +202,14 @@ def _call(
     """One fused call, unidirectional, one layer, no dropout; ``hx`` each ``(1, B, H)``."""
     op = getattr(torch._VF, form)
     h = hx if form == "lstm" else hx[0]
-    with warnings.catch_warnings():
-        # rnnkit's parameters are separate tensors, not one cuDNN buffer: cuDNN copies them
-        # into one per call (a few MB at most) and warns that it does; that copy is the
-        # price of keeping the cells' parameters as they are.
-        warnings.filterwarnings("ignore", message=".*contiguous chunk of memory.*")
+    # rnnkit's parameters are separate tensors, not one cuDNN buffer: cuDNN copies them
+    # into one per call (a few MB at most) and warns that it does; that copy is the price
+    # of keeping the cells' parameters as they are. (A graph being traced cannot hold the
+    # warning filter; there the warning, if any, is the compiler's to show.)
+    quiet = contextlib.nullcontext() if tracing() else warnings.catch_warnings()
+    with quiet:
+        if not tracing():
+            warnings.filterwarnings("ignore", message=".*contiguous chunk of memory.*")
         if batch_sizes is None:
             result = op(x, h, params, True, 1, 0.0, train, False, False)
         else:

@@ -23,7 +23,7 @@ from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt.backward import backward_sweep, weight_grads
 from rnnkit.bptt.forward import _compiled, _like_weights, forward_pass
-from rnnkit.bptt.fused import run_fused, wants_fused
+from rnnkit.bptt.fused import run_fused, traced_fused_form, wants_fused
 from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_record
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
 from rnnkit.cells.kernel import Kernel, Weights
@@ -182,6 +182,12 @@ def run_recurrence(
             "(check takes_projected first)"
         )
     if tracing():
+        # A graph holds PyTorch's fused operator as one node where it computes this
+        # function (no mask: a graph cannot look at a mask's values), else the steps.
+        traced = traced_fused_form(kernel, mask, window, projected)
+        if traced is not None:
+            x, states0 = _like_weights(weights, x, states0)
+            return run_fused(kernel, traced, x, weights, states0, None)
         return _traced_recurrence(kernel, x, weights, states0, mask, window)
     # Under autocast the input (or a state) may come from a float16/bfloat16 product; the
     # recurrence runs in the weights' dtype (module docstring). Cast here, outside the
