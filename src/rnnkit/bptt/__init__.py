@@ -19,7 +19,15 @@
 
 from rnnkit.bptt.backward import backward_sweep, weight_grads
 from rnnkit.bptt.forward import forward_pass
-from rnnkit.bptt.fused import PATHS, fused_form, prefix_lengths, run_fused, use_fused, wants_fused
+from rnnkit.bptt.fused import (
+    PATHS,
+    fused_form,
+    prefix_lengths,
+    run_fused,
+    traced_fused_form,
+    use_fused,
+    wants_fused,
+)
 from rnnkit.bptt.native import available, build, library, own_matmul, supports, use_native
 from rnnkit.bptt.recompute import run_recomputed
 from rnnkit.bptt.record import (
@@ -61,6 +69,7 @@ __all__ = [
     "run_recurrence",
     "supports",
     "takes_projected",
+    "traced_fused_form",
     "tracing",
     "unpack_record",
     "use_fused",
