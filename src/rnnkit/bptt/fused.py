@@ -155,13 +155,23 @@ def wants_fused(
 
 
 def traced_fused_form(
-    kernel: Kernel, mask: Tensor | None, window: int | None, projected: bool
+    kernel: Kernel,
+    mask: Tensor | None,
+    window: int | None,
+    projected: bool,
+    tensors: tuple[Tensor | None, ...] = (),
 ) -> str | None:
     """The fused kernel a traced graph (``torch.compile``, ``torch.export``, ONNX) holds
     for this layer as one operator, or None (the graph then holds the unrolled steps):
     no mask (a graph cannot branch on a mask's values), full BPTT, the path not forced
-    to ``"loop"``."""
+    to ``"loop"``, and either an export or a graph that computes no gradient of
+    ``tensors``. Why not a compiled training step: AOTAutograd's backward of the CPU's
+    fused LSTM (oneDNN's ``mkldnn_rnn_layer``) fails in torch 2.13 (the inductor and
+    aot_eager backends alike), so a compiled training step keeps the unrolled steps."""
     if _path() == "loop" or mask is not None or window is not None or projected:
+        return None
+    grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    if grads and not torch.compiler.is_exporting():
         return None
     return fused_form(kernel)
 

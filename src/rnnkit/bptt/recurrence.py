@@ -183,8 +183,9 @@ def run_recurrence(
         )
     if tracing():
         # A graph holds PyTorch's fused operator as one node where it computes this
-        # function (no mask: a graph cannot look at a mask's values), else the steps.
-        traced = traced_fused_form(kernel, mask, window, projected)
+        # function (no mask: a graph cannot look at a mask's values; an export or no
+        # gradient: traced_fused_form says why), else the steps.
+        traced = traced_fused_form(kernel, mask, window, projected, (x, *weights, *states0))
         if traced is not None:
             x, states0 = _like_weights(weights, x, states0)
             return run_fused(kernel, traced, x, weights, states0, None)
