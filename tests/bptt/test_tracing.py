@@ -90,14 +90,46 @@ def test_compile_fullgraph_forward_and_gradients():
     _close(grads, eager_grads)
 
 
+def test_compiled_masks_with_holes_train_like_eager():
+    """Under torch.compile the time loop is one opaque operator (rnnkit::recurrence) whose
+    gradients are the explicit BPTT's: a mask with holes compiles and gives eager's
+    gradients."""
+    torch.manual_seed(0)
+    layer = rnnkit.LSTM(3, 4, num_layers=2, bidirectional=True)
+    x, mask = _inputs(4, B=3, T=6)
+    mask[1, 2] = False  # a hole
+
+    def loss(x, mask):
+        return layer(x, mask=mask).outputs.square().sum()
+
+    eager = torch.autograd.grad(loss(x, mask), list(layer.parameters()))
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)(x, mask)
+    _close(torch.autograd.grad(compiled, list(layer.parameters())), eager)
+
+
 def test_window_bptt_is_refused_while_tracing():
-    layer = rnnkit.RNN(3, 4)
+    layer = rnnkit.RNN(3, 4, num_layers=2)
 
     def train_step(x):
         return layer(x, window=2).outputs.sum()
 
     with pytest.raises(Exception, match=r"window=2 \(truncated BPTT\) cannot be traced"):
         torch.compile(train_step, backend="eager", fullgraph=True)(torch.randn(2, 4, 3))
+
+
+def test_the_compiled_graph_holds_one_operator_per_layer_and_direction():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    layer = rnnkit.GRU(3, 4, num_layers=2, update="candidate", reset="before")
+    counter = CompileCounterWithBackend("aot_eager")
+    x, mask = _inputs(6, T=5)
+    torch.compile(lambda x, m: layer(x, mask=m).outputs.sum(), backend=counter, fullgraph=True)(
+        x, mask
+    )
+    (graph,) = counter.graphs
+    ops = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert ops.count("rnnkit.recurrence") == 2  # not 5 unrolled steps of each layer
+    assert not any("sigmoid" in op for op in ops)
 
 
 def test_jit_trace_is_refused():

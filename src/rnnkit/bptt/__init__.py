@@ -14,6 +14,8 @@
   to where it supports the cell and the options, the Python loop otherwise;
 * ``fused``: PyTorch's fused kernels (cuDNN on a GPU) for the layers whose function is
   theirs, and the choice of path (``use_fused``, ``RNNKIT_GPU_PATH``);
+* ``opaque``: the time loop as one operator of a compiled graph (``rnnkit::recurrence``,
+  ``torch.library.custom_op``), its gradient the explicit BPTT's;
 * ``tracing``: the check that refuses graph tracing of the explicit backward.
 """
 
@@ -29,6 +31,7 @@ from rnnkit.bptt.fused import (
     wants_fused,
 )
 from rnnkit.bptt.native import available, build, library, own_matmul, supports, use_native
+from rnnkit.bptt.opaque import kernel_from_name, kernel_name, run_opaque
 from rnnkit.bptt.recompute import run_recomputed
 from rnnkit.bptt.record import (
     ForwardRecord,
@@ -39,7 +42,12 @@ from rnnkit.bptt.record import (
     make_packing,
     unpack_record,
 )
-from rnnkit.bptt.recurrence import clean_padding, run_recurrence, takes_projected
+from rnnkit.bptt.recurrence import (
+    clean_padding,
+    recurrence_gradients,
+    run_recurrence,
+    takes_projected,
+)
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 
@@ -59,12 +67,16 @@ __all__ = [
     "forward_pass",
     "fused_form",
     "incoming_states",
+    "kernel_from_name",
+    "kernel_name",
     "library",
     "make_packing",
     "own_matmul",
     "prefix_lengths",
+    "recurrence_gradients",
     "reorder",
     "run_fused",
+    "run_opaque",
     "run_recomputed",
     "run_recurrence",
     "supports",
