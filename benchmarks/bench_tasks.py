@@ -45,6 +45,7 @@ and times it by its own CPU time, which leaves out the time other processes take
     python benchmarks/bench_tasks.py                  # all tasks, 5 rounds (~4 min)
     python benchmarks/bench_tasks.py --quick          # 3 rounds of shorter blocks (~2 min)
     python benchmarks/bench_tasks.py --tasks seq2seq,seq2seq-greedy --json
+    python benchmarks/bench_tasks.py --device cuda    # both on a GPU (torch.nn: cuDNN)
 """
 
 from __future__ import annotations
@@ -95,6 +96,18 @@ def _trainer(model: nn.Module, loss_fn: Callable[[int], torch.Tensor]) -> Step:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
         opt.step()
         count[0] += 1
+
+    return step
+
+
+def _synchronised(fn: Step, device: torch.device) -> Step:
+    """``fn``, then wait for the device: a step's time is its work, not its launches."""
+    if device.type != "cuda":
+        return fn
+
+    def step() -> None:
+        fn()
+        torch.cuda.synchronize(device)
 
     return step
 
@@ -173,7 +186,7 @@ def task_tag(gen: torch.Generator) -> tuple[dict[str, Step], int]:
     def t_loss(i: int) -> torch.Tensor:
         words, mask, tags, lengths = batches[i % 8]
         packed = pack_padded_sequence(
-            tt.embedding(words), lengths, batch_first=True, enforce_sorted=False
+            tt.embedding(words), lengths.cpu(), batch_first=True, enforce_sorted=False
         )
         out, _ = tt.lstm(packed)
         h, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
@@ -209,7 +222,7 @@ def task_classify(gen: torch.Generator) -> tuple[dict[str, Step], int]:
     def t_loss(i: int) -> torch.Tensor:
         ids, _, labels, lengths = batches[i % 8]
         packed = pack_padded_sequence(
-            tc.embedding(ids), lengths, batch_first=True, enforce_sorted=False
+            tc.embedding(ids), lengths.cpu(), batch_first=True, enforce_sorted=False
         )
         _, (hn, _) = tc.lstm(packed)
         return nn.functional.cross_entropy(tc.head(hn[-1]), labels)
@@ -267,7 +280,7 @@ class TorchSeq2Seq(nn.Module):
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor):
         lengths = src_mask.sum(1)
         packed = pack_padded_sequence(
-            self.src_emb(src), lengths, batch_first=True, enforce_sorted=False
+            self.src_emb(src), lengths.cpu(), batch_first=True, enforce_sorted=False
         )
         out, (hn, cn) = self.encoder(packed)
         memory, _ = nn.utils.rnn.pad_packed_sequence(
@@ -555,8 +568,17 @@ def main(argv: list[str] | None = None) -> int:
         help="training steps (string reversal) of the decoding tasks' model before timing; "
         "0: untrained (rows rarely end before the length limit)",
     )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where both models train (cuda: torch.nn runs cuDNN; the device is "
+        "synchronised after every step of either)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device here")
     DECODE_TRAIN["steps"] = args.decode_train
     if args.quick:
         args.rounds, args.block = 3, 0.5
@@ -580,7 +602,9 @@ def main(argv: list[str] | None = None) -> int:
         if name not in builders:
             p.error(f"--tasks: unknown task {name!r} (known: {', '.join(TASKS)})")
         torch.manual_seed(0)
-        fns, units = builders[name](torch.Generator().manual_seed(0))
+        with device:  # models and data on the device (tensors made without one go there)
+            fns, units = builders[name](torch.Generator(device=device).manual_seed(0))
+        fns = {k: _synchronised(f, device) for k, f in fns.items()}
         clock = "thread" if args.cpu_time else "wall"
         times = interleaved(fns, rounds=args.rounds, block_s=args.block, clock=clock)
         rk = sorted(times["rnnkit"])[len(times["rnnkit"]) // 2]
@@ -613,7 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(
             f"({info['cpu']}, {info['cores']} cores, {info['torch_threads']} threads, torch "
-            f"{info['torch']}, {info['date']}, load {info['load_1min']} at the start"
+            f"{info['torch']}, {info['date']}, load {info['load_1min']} at the start, "
+            f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}"
             f"{', CPU time of the thread' if args.cpu_time else ''})"
         )
     return 0

@@ -6,22 +6,28 @@ Run it where a GPU is lent (one short call; about 2–4 minutes on an H200 incl.
 
 1. **Correctness.** For every cell form (RNN tanh/relu, LSTM, the four GRU forms), a
    2-layer bidirectional stack with a mask that has holes, an empty row and NaN in the
-   padding: outputs, final states and every gradient (input, parameters, initial state)
-   on the device in float64 against the CPU float64 result of the PyTorch loop (the
-   oracle), and in float32 against the same reference (relative to the largest value).
+   padding, and with a mask of lengths 0 … T (PyTorch's fused kernels, cuDNN on a GPU,
+   where the function is theirs; ``fused_calls`` counts them): outputs, final states and
+   every gradient (input, parameters, initial state) on the device in float64 against
+   the CPU float64 result of the PyTorch loop (the oracle), and in float32 against the
+   same reference (relative to the largest value).
 2. **Speed.** Training (forward + backward) and inference of rnnkit on the device vs
    ``torch.nn`` (cuDNN) with the same weights (``from_torch``): LSTM and GRU,
-   H ∈ {128, 256, 512}, B ∈ {16, 64}, T = 100, medians of interleaved rounds, device
-   synchronised around every timed block.
+   H ∈ {128, 256, 512}, B ∈ {16, 64}, T = 100, medians of rounds, device synchronised
+   around every timed block; the default path, the library's own loop forced
+   (``train_loop``, ``infer_loop``), and a mask with holes (``train_holes``, which no
+   fused kernel computes) against cuDNN's time without one.
 
 Exit status 1 if any correctness check fails. ``--device cpu`` runs the same checks on
 the CPU (the compiled loop against the PyTorch loop) — the test suite does that in
-``--quick`` form so that this script cannot rot while no GPU is at hand.
+``--quick`` form so that this script cannot rot while no GPU is at hand, once on the
+default path and once with ``--path fused`` (PyTorch's CPU kernels in cuDNN's place).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -33,7 +39,7 @@ import torch
 
 import rnnkit
 from rnnkit import GRU, LSTM, RNN
-from rnnkit.bptt import native
+from rnnkit.bptt import fused, native
 from rnnkit.types import LSTMState
 
 FORMS = [
@@ -47,8 +53,15 @@ FORMS = [
 ]
 
 
-def _mask(B: int, T: int) -> torch.Tensor:
+def _mask(B: int, T: int, kind: str = "holes") -> torch.Tensor:
+    """``holes``: holes everywhere (the library's loop on every device); ``lengths``: each
+    row's real steps a prefix, lengths 0 … T (PyTorch's fused kernels where the function
+    is theirs)."""
     g = torch.Generator().manual_seed(7)
+    if kind == "lengths":
+        lengths = torch.randint(0, T + 1, (B,), generator=g)
+        lengths[0], lengths[1] = T, 0
+        return torch.arange(T)[None, :] < lengths[:, None]
     mask = torch.rand(B, T, generator=g) < 0.8  # holes everywhere
     mask[0] = True
     mask[1] = False  # an empty row
@@ -69,21 +82,41 @@ def _run(layer, x, mask, state, device, dtype):
     return [t.detach().double().cpu() for t in (out.outputs, *finals, *grads)]
 
 
-def correctness(device: str, sizes: tuple[int, int, int, int]) -> list[dict]:
+class _FusedCalls:
+    """Counts the calls of PyTorch's fused kernels inside the block."""
+
+    def __enter__(self) -> _FusedCalls:
+        self.n, self._real = 0, fused._call
+
+        def counted(*args, **kwargs):
+            self.n += 1
+            return self._real(*args, **kwargs)
+
+        fused._call = counted
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fused._call = self._real
+
+
+def correctness(device: str, sizes: tuple[int, int, int, int], path: str = "auto") -> list[dict]:
+    """Every form, with a mask of holes and a mask of lengths, on ``path`` (which says
+    whether PyTorch's fused kernels may run) against the CPU float64 PyTorch loop."""
     B, T, I, H = sizes
     rows = []
-    for name, cls, options in FORMS:
+    for (name, cls, options), kind in itertools.product(FORMS, ("holes", "lengths")):
         torch.manual_seed(0)
         layer = cls(I, H, num_layers=2, bidirectional=True, **options)
-        mask = _mask(B, T)
+        mask = _mask(B, T, kind)
         x = torch.randn(B, T, I, dtype=torch.float64)
         x[~mask] = float("nan")  # padding may hold anything
         n = 2 if cls is LSTM else 1
         state = tuple(torch.randn(2, 2, B, H, dtype=torch.float64) for _ in range(n))
-        with native.use_native(False):  # the oracle: the PyTorch loop on the CPU
+        with native.use_native(False), fused.use_fused("loop"):  # the oracle
             ref = _run(layer, x, mask, state, "cpu", torch.float64)
         for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-5)):
-            got = _run(layer, x, mask, state, device, dtype)
+            with fused.use_fused(path), _FusedCalls() as calls:
+                got = _run(layer, x, mask, state, device, dtype)
             err = 0.0
             for a, b in zip(got, ref, strict=True):
                 scale = float(b.nan_to_num().abs().max()) or 1.0
@@ -91,7 +124,14 @@ def correctness(device: str, sizes: tuple[int, int, int, int]) -> list[dict]:
                 diff = float((a - b).nan_to_num(0.0).abs().max()) / scale
                 err = max(err, math.inf if bad else diff)
             rows.append(
-                {"form": name, "dtype": str(dtype)[6:], "max_rel_err": err, "ok": err <= tol}
+                {
+                    "form": name,
+                    "mask": kind,
+                    "dtype": str(dtype)[6:],
+                    "fused_calls": calls.n,
+                    "max_rel_err": err,
+                    "ok": err <= tol,
+                }
             )
     return rows
 
@@ -134,6 +174,11 @@ def _speed_row(cell: str, H: int, B: int, T: int, device: str, rounds: int) -> d
     def train_r():
         torch.autograd.grad(ours(x).outputs, [x, *params_r], d)
 
+    holes = _mask(B, T, "holes").to(device)
+
+    def train_holes():
+        torch.autograd.grad(ours(x, mask=holes).outputs, [x, *params_r], d)
+
     def infer_t():
         with torch.no_grad():
             ref(x)
@@ -142,8 +187,16 @@ def _speed_row(cell: str, H: int, B: int, T: int, device: str, rounds: int) -> d
         with torch.no_grad():
             ours(x)
 
-    fns = {"train_torch": train_t, "train_rnnkit": train_r}
-    fns |= {"infer_torch": infer_t, "infer_rnnkit": infer_r}
+    def on_loop(fn):
+        def run():
+            with fused.use_fused("loop"):
+                fn()
+
+        return run
+
+    fns = {"train_torch": train_t, "train_rnnkit": train_r, "train_loop": on_loop(train_r)}
+    fns |= {"infer_torch": infer_t, "infer_rnnkit": infer_r, "infer_loop": on_loop(infer_r)}
+    fns |= {"train_holes": train_holes}
     med = {k: statistics.median(_timed(f, device, rounds)) for k, f in fns.items()}
     return {
         "cell": cell,
@@ -151,8 +204,14 @@ def _speed_row(cell: str, H: int, B: int, T: int, device: str, rounds: int) -> d
         "B": B,
         "T": T,
         **{f"{k}_ms": v * 1e3 for k, v in med.items()},
+        # >= 1.0: rnnkit as fast as torch.nn (cuDNN on a GPU); the default path
         "train_torch_over_rnnkit": med["train_torch"] / med["train_rnnkit"],
         "infer_torch_over_rnnkit": med["infer_torch"] / med["infer_rnnkit"],
+        # the library's own loop on the same function (what ran before the fused path)
+        "train_torch_over_loop": med["train_torch"] / med["train_loop"],
+        "infer_torch_over_loop": med["infer_torch"] / med["infer_loop"],
+        # a mask with holes (no fused equivalent) against cuDNN's time without one
+        "train_torch_over_holes": med["train_torch"] / med["train_holes"],
     }
 
 
@@ -172,6 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes, one speed row")
     p.add_argument("--no-speed", action="store_true")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "--path",
+        choices=fused.PATHS,
+        default="auto",
+        help="which path the correctness check runs (fused: PyTorch's kernels wherever the "
+        "function is theirs, also on the CPU)",
+    )
     p.add_argument("--out", type=Path, help="write the JSON result here (else stdout)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -180,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     sizes = (4, 5, 3, 4) if args.quick else (6, 13, 5, 8)
-    checks = correctness(args.device, sizes)
+    checks = correctness(args.device, sizes, args.path)
     result: dict[str, object] = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -199,7 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
     failed = [c for c in checks if not c["ok"]]
     for c in failed:
-        print(f"gpu_check: {c['form']} {c['dtype']} off by {c['max_rel_err']:.2e}", file=sys.stderr)
+        print(
+            f"gpu_check: {c['form']} {c['mask']} {c['dtype']} off by {c['max_rel_err']:.2e}",
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 

@@ -1,7 +1,11 @@
-"""Drop-in replacements for ``torch.nn.RNN``, ``LSTM`` and ``GRU``.
+"""``torch.nn`` with its recurrent layers and cells computed by rnnkit.
 
-``from rnnkit import nn`` (or ``rnnkit.nn.LSTM``) gives torch's interface computed by
-rnnkit's layers; see :mod:`rnnkit.layers.torch_nn` and ``docs/torch-nn.md``.
+``from rnnkit import nn  # was: from torch import nn`` keeps a program running unchanged:
+every name of ``torch.nn`` is reachable here (``nn.Module``, ``nn.Linear``,
+``nn.functional``, ``nn.utils.rnn``, ... are torch's own objects), and ``RNN``, ``LSTM``,
+``GRU``, ``RNNCell``, ``LSTMCell``, ``GRUCell`` are replaced by subclasses of torch's
+that compute with rnnkit (:mod:`rnnkit.layers.torch_nn`,
+:mod:`rnnkit.layers.torch_nn_cells`; ``docs/torch-nn.md``).
 
 >>> import torch
 >>> from rnnkit import nn
@@ -12,8 +16,86 @@ rnnkit's layers; see :mod:`rnnkit.layers.torch_nn` and ``docs/torch-nn.md``.
 >>> x = torch.randn(5, 2, 3)
 >>> torch.allclose(lstm(x)[0], reference(x)[0], atol=1e-6)
 True
+>>> nn.Linear is torch.nn.Linear, isinstance(lstm, torch.nn.LSTM)
+(True, True)
 """
 
-from rnnkit.layers.torch_nn import GRU, LSTM, RNN
+from __future__ import annotations
 
-__all__ = ["GRU", "LSTM", "RNN"]
+from typing import Any
+
+import torch
+
+from rnnkit.layers.torch_nn import GRU, LSTM, RNN, plain_torch_copy
+from rnnkit.layers.torch_nn_cells import GRUCell, LSTMCell, RNNCell
+
+__all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNCell", "quantize_dynamic"]
+
+
+def __getattr__(name: str) -> Any:
+    """Every other name is ``torch.nn``'s own."""
+    try:
+        return getattr(torch.nn, name)
+    except AttributeError:
+        raise AttributeError(f"module 'rnnkit.nn' (torch.nn) has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted(set(dir(torch.nn)) | set(__all__))
+
+
+class _FromDropIn:
+    """``from_float`` for a drop-in: torch's quantized module, built from torch's own class
+    over the same parameters (torch's ``from_float`` accepts its exact classes only)."""
+
+    def __init__(self, quantized: Any, torch_class: type[torch.nn.Module]) -> None:
+        self.quantized, self.torch_class = quantized, torch_class
+
+    def from_float(self, mod: torch.nn.Module, use_precomputed_fake_quant: bool = False) -> Any:
+        plain = plain_torch_copy(mod, self.torch_class)
+        return self.quantized.from_float(
+            plain, use_precomputed_fake_quant=use_precomputed_fake_quant
+        )
+
+
+def quantize_dynamic(
+    model: torch.nn.Module,
+    qconfig_spec: Any = None,
+    dtype: torch.dtype = torch.qint8,
+    mapping: dict[Any, Any] | None = None,
+    inplace: bool = False,
+) -> torch.nn.Module:
+    """``torch.ao.quantization.quantize_dynamic`` that also quantizes the drop-ins.
+
+    torch's function looks modules up by their exact class, so it leaves a subclass of
+    ``torch.nn.LSTM`` as it is; this one maps rnnkit's ``LSTM``, ``GRU``, ``LSTMCell``,
+    ``GRUCell`` and ``RNNCell`` to torch's quantized modules (which then compute, as for
+    torch's layers), whether ``qconfig_spec`` names torch's classes or rnnkit's. Same
+    arguments as torch's.
+    """
+    from torch.ao.nn.quantized import dynamic as nnqd
+    from torch.ao.quantization import quantization_mappings
+
+    base = torch.nn
+    twins = {base.LSTM: LSTM, base.GRU: GRU, base.LSTMCell: LSTMCell}
+    twins |= {base.GRUCell: GRUCell, base.RNNCell: RNNCell}
+    quantized = {LSTM: nnqd.LSTM, GRU: nnqd.GRU, LSTMCell: nnqd.LSTMCell}
+    quantized |= {GRUCell: nnqd.GRUCell, RNNCell: nnqd.RNNCell}
+    torch_of = {ours: theirs for theirs, ours in twins.items()}
+    ours = {c: _FromDropIn(q, torch_of[c]) for c, q in quantized.items()}
+    if mapping is None:
+        mapping = dict(quantization_mappings.get_default_dynamic_quant_module_mappings())
+    mapping = {**mapping, **ours}
+    if isinstance(qconfig_spec, set):
+        qconfig_spec = qconfig_spec | {twins[c] for c in qconfig_spec if c in twins}
+    elif isinstance(qconfig_spec, dict):
+        qconfig_spec = {
+            **qconfig_spec,
+            **{twins[c]: v for c, v in qconfig_spec.items() if c in twins},
+        }
+    elif qconfig_spec is None and dtype in (torch.qint8, torch.float16):
+        # torch's defaults for these dtypes: its recurrent layers, cells and Linear
+        q = torch.ao.quantization
+        qconfig = q.default_dynamic_qconfig if dtype == torch.qint8 else q.float16_dynamic_qconfig
+        qconfig_spec = {c: qconfig for c in (*ours, base.Linear, *twins)}
+    return torch.ao.quantization.quantize_dynamic(model, qconfig_spec, dtype, mapping, inplace)

@@ -13,18 +13,26 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import gpu_check
 
+FUSED_FORMS = {"rnn_tanh", "rnn_relu", "lstm", "gru_candidate_after", "gru_keep_after"}
+
 
 @pytest.mark.usefixtures("single_thread")
-def test_cpu_form_of_the_gpu_check(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", ["auto", "fused"])
+def test_cpu_form_of_the_gpu_check(tmp_path: Path, path: str) -> None:
     out = tmp_path / "check.json"
-    status = gpu_check.main(["--device", "cpu", "--quick", "--no-speed", "--out", str(out)])
+    argv = ["--device", "cpu", "--quick", "--no-speed", "--path", path, "--out", str(out)]
+    status = gpu_check.main(argv)
     result = json.loads(out.read_text())
     assert status == 0, result
-    forms = {(c["form"], c["dtype"]) for c in result["correctness"]}
-    assert len(forms) == 2 * len(gpu_check.FORMS)
+    forms = {(c["form"], c["mask"], c["dtype"]) for c in result["correctness"]}
+    assert len(forms) == 2 * 2 * len(gpu_check.FORMS)
     for check in result["correctness"]:
         tol = 1e-10 if check["dtype"] == "float64" else 2e-5
         assert check["max_rel_err"] <= tol, check
+        # On the CPU "auto" never takes the fused kernels; "fused" takes them for every
+        # layer whose function is theirs: lengths, not holes (2 layers x 2 directions).
+        fused = path == "fused" and check["mask"] == "lengths" and check["form"] in FUSED_FORMS
+        assert check["fused_calls"] == (4 if fused else 0), check
 
 
 def test_without_cuda_it_says_so(capsys) -> None:
@@ -32,3 +40,41 @@ def test_without_cuda_it_says_so(capsys) -> None:
         pytest.skip("a GPU is present")
     assert gpu_check.main(["--device", "cuda"]) == 2
     assert "no CUDA device here" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_the_suite_script_parses_and_its_tables_read_the_check(tmp_path: Path) -> None:
+    import subprocess
+
+    import gpu_tables
+
+    root = Path(__file__).resolve().parents[2]
+    assert subprocess.run(["sh", "-n", str(root / "benchmarks/gpu_suite.sh")]).returncode == 0
+    gpu_check.main(
+        ["--device", "cpu", "--quick", "--no-speed", "--out", str(tmp_path / "gpu_check.json")]
+    )
+    lines = gpu_tables.correctness_table(json.loads((tmp_path / "gpu_check.json").read_text()))
+    assert len(lines) == 2 + 2 * 2 * len(gpu_check.FORMS)
+    assert all(line.endswith("| yes |") for line in lines[2:])
+    row = {
+        "cell": "lstm",
+        "H": 8,
+        "B": 2,
+        "T": 3,
+        "train_torch_ms": 2.0,
+        "train_rnnkit_ms": 1.0,
+        "train_loop_ms": 4.0,
+        "train_holes_ms": 8.0,
+        "infer_torch_ms": 1.0,
+        "infer_rnnkit_ms": 1.0,
+        "infer_loop_ms": 2.0,
+        "train_torch_over_rnnkit": 2.0,
+        "infer_torch_over_rnnkit": 1.0,
+        "train_torch_over_loop": 0.5,
+        "infer_torch_over_loop": 0.5,
+        "train_torch_over_holes": 0.25,
+    }
+    assert gpu_tables.speed_table({"speed": [row]})[2].startswith(
+        "| lstm | 8 | 2 | 3 | 2.00 | 1.00 | 2.00 | 0.50 | 0.25 |"
+    )
+    assert gpu_tables.main([str(tmp_path)]) == 0

@@ -90,14 +90,46 @@ def test_compile_fullgraph_forward_and_gradients():
     _close(grads, eager_grads)
 
 
+def test_compiled_masks_with_holes_train_like_eager():
+    """Under torch.compile the time loop is one opaque operator (rnnkit::recurrence) whose
+    gradients are the explicit BPTT's: a mask with holes compiles and gives eager's
+    gradients."""
+    torch.manual_seed(0)
+    layer = rnnkit.LSTM(3, 4, num_layers=2, bidirectional=True)
+    x, mask = _inputs(4, B=3, T=6)
+    mask[1, 2] = False  # a hole
+
+    def loss(x, mask):
+        return layer(x, mask=mask).outputs.square().sum()
+
+    eager = torch.autograd.grad(loss(x, mask), list(layer.parameters()))
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)(x, mask)
+    _close(torch.autograd.grad(compiled, list(layer.parameters())), eager)
+
+
 def test_window_bptt_is_refused_while_tracing():
-    layer = rnnkit.RNN(3, 4)
+    layer = rnnkit.RNN(3, 4, num_layers=2)
 
     def train_step(x):
         return layer(x, window=2).outputs.sum()
 
     with pytest.raises(Exception, match=r"window=2 \(truncated BPTT\) cannot be traced"):
         torch.compile(train_step, backend="eager", fullgraph=True)(torch.randn(2, 4, 3))
+
+
+def test_the_compiled_graph_holds_one_operator_per_layer_and_direction():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    layer = rnnkit.GRU(3, 4, num_layers=2, update="candidate", reset="before")
+    counter = CompileCounterWithBackend("aot_eager")
+    x, mask = _inputs(6, T=5)
+    torch.compile(lambda x, m: layer(x, mask=m).outputs.sum(), backend=counter, fullgraph=True)(
+        x, mask
+    )
+    (graph,) = counter.graphs
+    ops = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert ops.count("rnnkit.recurrence") == 2  # not 5 unrolled steps of each layer
+    assert not any("sigmoid" in op for op in ops)
 
 
 def test_jit_trace_is_refused():
@@ -136,3 +168,119 @@ def test_onnx_dynamo_export_runs_in_onnxruntime(tmp_path):
     x, mask = _inputs(5, T=4)
     got = session.run(None, {"x": x.numpy(), "mask": mask.numpy()})
     _close([torch.from_numpy(a) for a in got], model(x, mask))
+
+
+class Unmasked(torch.nn.Module):
+    """A layer taking x alone (no mask: the graph can hold PyTorch's fused operator)."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x).outputs
+
+
+def _targets(program) -> list[str]:
+    return [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize(
+    "make, op",
+    [
+        (lambda: rnnkit.LSTM(3, 4, num_layers=2), "aten.lstm.input"),
+        (
+            lambda: rnnkit.GRU(3, 4, num_layers=2, update="candidate", reset="after"),
+            "aten.gru.input",
+        ),
+        (lambda: rnnkit.RNN(3, 4, num_layers=2, nonlinearity="relu"), "aten.rnn_relu.input"),
+    ],
+    ids=["lstm", "gru-after", "rnn-relu"],
+)
+def test_export_without_a_mask_holds_one_operator_per_layer(make, op):
+    """The recurrence is one node of the graph (not T unrolled steps), the graph stays
+    small, and it computes what eager does."""
+    torch.manual_seed(0)
+    model = Unmasked(make().eval())
+    x = torch.randn(2, 6, 3)
+    program = torch.export.export(model, (x,))
+    assert _targets(program).count(op) == 2  # two layers
+    x2 = torch.randn(2, 6, 3)
+    _close([program.module()(x2)], [model(x2)])
+
+
+def test_an_exported_two_layer_lstm_is_at_most_three_times_torchs_graph():
+    torch.manual_seed(0)
+    ours = Unmasked(rnnkit.LSTM(8, 16, num_layers=2).eval())
+    theirs = torch.nn.LSTM(8, 16, num_layers=2, batch_first=True).eval()
+
+    class First(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = theirs
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lstm(x)[0]
+
+    x = torch.randn(3, 20, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's own note on its _flat_weights
+        n_torch = len(torch.export.export(First(), (x,)).graph.nodes)
+    n_ours = len(torch.export.export(ours, (x,)).graph.nodes)
+    assert n_ours <= 3 * n_torch, (n_ours, n_torch)
+
+
+def test_forms_without_a_fused_operator_stay_unrolled_in_the_graph():
+    model = Unmasked(rnnkit.GRU(3, 4, update="keep", reset="before").eval())
+    program = torch.export.export(model, (torch.randn(2, 5, 3),))
+    targets = _targets(program)
+    assert not any("gru" in t for t in targets)
+    assert targets.count("aten.sigmoid.default") >= 5  # the steps, one by one
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: rnnkit.GRU(
+            3, 4, num_layers=2, bidirectional=True, update="candidate", reset="after"
+        ),
+        lambda: rnnkit.LSTM(3, 4, num_layers=2),
+    ],
+    ids=["gru", "lstm"],
+)
+def test_compile_without_a_mask_trains_like_eager(make):
+    """A compiled training step (the unrolled steps: AOTAutograd cannot differentiate the
+    CPU's fused LSTM) gives eager's outputs and gradients."""
+    torch.manual_seed(0)
+    layer = make()
+    model = Unmasked(layer)
+    x = torch.randn(2, 5, 3)
+    eager = model(x)
+    eager_grads = torch.autograd.grad(eager.square().sum(), layer.parameters())
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    out = compiled(x)
+    grads = torch.autograd.grad(out.square().sum(), layer.parameters())
+    _close([out], [eager])
+    _close(grads, eager_grads)
+
+
+def test_onnx_export_without_a_mask_maps_to_onnx_recurrent_operators(tmp_path):
+    for name in ("onnxscript", "onnxruntime"):
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{name} not installed (extras: rnnkit[onnx], test-onnx)")
+    import onnxruntime
+
+    torch.manual_seed(0)
+    model = Unmasked(rnnkit.LSTM(3, 4, num_layers=2, bidirectional=True).eval())
+    x = torch.randn(2, 5, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(model, (x,), dynamo=True, verbose=False)
+    ops = [node.op_type for node in program.model_proto.graph.node]
+    assert ops.count("LSTM") == 4  # two layers, two directions; no unrolled steps
+    assert "Sigmoid" not in ops
+    program.save(str(tmp_path / "m.onnx"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"))
+    x2 = torch.randn(2, 5, 3)
+    (got,) = session.run(None, {session.get_inputs()[0].name: x2.numpy()})
+    _close([torch.from_numpy(got)], [model(x2)])

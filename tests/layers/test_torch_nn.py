@@ -138,9 +138,9 @@ def test_torch_positional_order_and_defaults():
         assert getattr(mine, name) == getattr(reference, name), name
     assert knn.GRU(2, 3).batch_first is False
     rnn = knn.RNN(3, 4, 1, "relu")
-    assert rnn.nonlinearity == "relu" and repr(rnn) == "RNN(3, 4, nonlinearity='relu')"
+    assert rnn.nonlinearity == "relu" and repr(rnn) == repr(torch.nn.RNN(3, 4, 1, "relu"))
     assert repr(knn.LSTM(3, 4, batch_first=True)) == repr(torch.nn.LSTM(3, 4, batch_first=True))
-    mine.flatten_parameters()  # torch code calls it; a no-op here
+    mine.flatten_parameters()  # torch code calls it
 
 
 def test_eval_mode_dropout_is_identity_as_in_torch():
@@ -152,8 +152,6 @@ def test_eval_mode_dropout_is_identity_as_in_torch():
 
 
 def test_errors_are_clear():
-    with pytest.raises(ValueError, match="proj_size=2 is not supported"):
-        knn.LSTM(3, 4, proj_size=2)
     with pytest.raises(ValueError, match="Unknown nonlinearity"):
         knn.RNN(3, 4, nonlinearity="sigmoid")
     lstm = knn.LSTM(3, 4, num_layers=2)
@@ -173,3 +171,105 @@ def test_namespace():
     assert sum(p.numel() for p in knn.LSTM(3, 5).parameters()) == sum(
         p.numel() for p in torch.nn.LSTM(3, 5).parameters()
     )
+
+
+# -- the drop-ins are torch's classes ---------------------------------------------------------
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+def test_instances_of_torchs_classes_with_torchs_small_api(mode):
+    mine = getattr(knn, mode)(3, 5, num_layers=2)
+    assert isinstance(mine, getattr(torch.nn, mode)) and isinstance(mine, torch.nn.RNNBase)
+    assert [t.shape for t in mine._flat_weights] == [p.shape for p in mine.parameters()]
+    x = torch.randn(4, 2, 3)
+    h = torch.zeros(2, 2, 5)
+    hx = (h, h) if mode == "LSTM" else h
+    mine.check_forward_args(x, hx, None)  # torch's own checks pass
+    assert mine.permute_hidden(hx, None) is hx
+
+
+def test_projected_lstm_is_computed_as_torch_does():
+    reference, mine = _pair("LSTM", num_layers=2, proj_size=2, bidirectional=True)
+    x = torch.randn(6, 3, 3, dtype=DTYPE)
+    (o1, (h1, c1)), (o2, (h2, c2)) = reference(x), mine(x)
+    assert h2.shape == (4, 3, 2)
+    for a, b in ((o1, o2), (h1, h2), (c1, c2)):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+def test_a_batch_of_size_zero_gives_torchs_empty_results(mode):
+    reference, mine = _pair(mode, batch_first=True)
+    x = torch.zeros(0, 4, 3, dtype=DTYPE)
+    (o1, s1), (o2, s2) = reference(x), mine(x)
+    assert o2.shape == o1.shape == (0, 4, 5)
+    assert [t.shape for t in _flat(s2)] == [t.shape for t in _flat(s1)]
+
+
+def test_dropout_one_runs_as_in_torch():
+    mine = knn.GRU(3, 4, num_layers=2, dropout=1.0)
+    out, h = mine(torch.randn(5, 2, 3))
+    assert out.shape == (5, 2, 4) and h.shape == (2, 2, 4)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.ao's own notices
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
+def test_quantize_dynamic_quantizes_the_drop_in_as_torchs():
+    """The PyTorch tutorial's recipe for a word language model, {nn.LSTM, nn.Linear},
+    through rnnkit.nn's quantize_dynamic (torch's looks classes up by exact type)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential()
+    model.add_module("rnn", knn.LSTM(8, 16, num_layers=2))
+    quantized = knn.quantize_dynamic(model, {knn.LSTM, knn.Linear}, dtype=torch.qint8)
+    assert isinstance(quantized.rnn, torch.ao.nn.quantized.dynamic.LSTM)
+    assert isinstance(model.rnn, knn.LSTM)  # not in place, as torch's default
+    x = torch.randn(5, 2, 8)
+    torch.testing.assert_close(quantized.rnn(x)[0], model.rnn(x)[0], rtol=0, atol=0.05)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # TorchScript's own notice
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # torch's LSTM's own checks
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_torchscript_trace_and_script_compute_the_same_function(mode):
+    reference, mine = _pair(mode, num_layers=2, bidirectional=True)
+    x, x2 = torch.randn(4, 2, 3, dtype=DTYPE), torch.randn(4, 2, 3, dtype=DTYPE)
+    traced = torch.jit.trace(mine, (x,))
+    torch.testing.assert_close(traced(x2)[0], reference(x2)[0], rtol=0, atol=1e-12)
+    # torch.jit.script compiles torch's own class over the same parameters
+    plain = mine.__prepare_scriptable__()
+    assert type(plain) is getattr(torch.nn, mode)
+    assert plain.weight_ih_l0 is mine.weight_ih_l0
+    torch.testing.assert_close(plain(x2)[0], reference(x2)[0], rtol=0, atol=0)
+    try:
+        scripted_torch = torch.jit.script(reference)
+        scripted_torch(x)
+    except (AttributeError, RuntimeError) as exc:  # torch 2.13 no longer scripts its RNNs
+        pytest.skip(f"torch.jit.script of torch.nn.{mode} itself fails here: {exc}")
+    scripted = torch.jit.script(mine)
+    torch.testing.assert_close(scripted(x)[0], reference(x)[0], rtol=0, atol=1e-12)
+
+
+class _Model(torch.nn.Module):
+    """A user's model holding a drop-in (module level: pickles name their class)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(10, 3)
+        self.rnn = knn.LSTM(3, 5, num_layers=2)
+        self.head = torch.nn.Linear(5, 10)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(self.embedding(ids))[0])
+
+
+def test_a_pickled_whole_model_loads_with_weights_only_and_the_public_classes(tmp_path):
+    torch.manual_seed(0)
+    model = _Model()
+    torch.save(model, tmp_path / "model.pt")
+    allowed = [_Model, torch.nn.Embedding, torch.nn.Linear, knn.LSTM]
+    with torch.serialization.safe_globals(allowed):
+        loaded = torch.load(tmp_path / "model.pt", weights_only=True)
+    ids = torch.randint(0, 10, (4, 2))
+    torch.testing.assert_close(loaded(ids), model(ids), rtol=0, atol=0)
+    assert type(loaded.rnn) is knn.LSTM and knn.LSTM.__module__ == "rnnkit.nn"
+    refused = pytest.raises(Exception, match=r"rnnkit\.nn\.LSTM")  # only what is allowed
+    with refused, torch.serialization.safe_globals(allowed[:3]):
+        torch.load(tmp_path / "model.pt", weights_only=True)

@@ -12,12 +12,26 @@
   for sequences too long to keep every step;
 * ``native``: the same loop compiled from ``rnnkit/csrc`` (built on first use), dispatched
   to where it supports the cell and the options, the Python loop otherwise;
+* ``fused``: PyTorch's fused kernels (cuDNN on a GPU) for the layers whose function is
+  theirs, and the choice of path (``use_fused``, ``RNNKIT_GPU_PATH``);
+* ``opaque``: the time loop as one operator of a compiled graph (``rnnkit::recurrence``,
+  ``torch.library.custom_op``), its gradient the explicit BPTT's;
 * ``tracing``: the check that refuses graph tracing of the explicit backward.
 """
 
 from rnnkit.bptt.backward import backward_sweep, weight_grads
 from rnnkit.bptt.forward import forward_pass
+from rnnkit.bptt.fused import (
+    PATHS,
+    fused_form,
+    prefix_lengths,
+    run_fused,
+    traced_fused_form,
+    use_fused,
+    wants_fused,
+)
 from rnnkit.bptt.native import available, build, library, own_matmul, supports, use_native
+from rnnkit.bptt.opaque import kernel_from_name, kernel_name, run_opaque
 from rnnkit.bptt.recompute import run_recomputed
 from rnnkit.bptt.record import (
     ForwardRecord,
@@ -28,11 +42,17 @@ from rnnkit.bptt.record import (
     make_packing,
     unpack_record,
 )
-from rnnkit.bptt.recurrence import clean_padding, run_recurrence, takes_projected
+from rnnkit.bptt.recurrence import (
+    clean_padding,
+    recurrence_gradients,
+    run_recurrence,
+    takes_projected,
+)
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 
 __all__ = [
+    "PATHS",
     "ForwardRecord",
     "Grads",
     "Packing",
@@ -45,18 +65,28 @@ __all__ = [
     "check_tracer",
     "clean_padding",
     "forward_pass",
+    "fused_form",
     "incoming_states",
+    "kernel_from_name",
+    "kernel_name",
     "library",
     "make_packing",
     "own_matmul",
+    "prefix_lengths",
+    "recurrence_gradients",
     "reorder",
+    "run_fused",
+    "run_opaque",
     "run_recomputed",
     "run_recurrence",
     "supports",
     "takes_projected",
+    "traced_fused_form",
     "tracing",
     "unpack_record",
+    "use_fused",
     "use_native",
+    "wants_fused",
     "weight_grads",
     "windowed_sweep",
 ]

@@ -5,7 +5,9 @@ masking, and the explicit BPTT backward.
 ``rnnkit.bptt.forward.forward_pass`` (one input product, then the steps), its backward
 ``rnnkit.bptt.backward.backward_sweep`` (full BPTT, or the exact windowed BPTT(τ) of
 ``rnnkit.bptt.windowed``) and ``weight_grads`` (every weight gradient as one product over
-all steps), on the records of ``rnnkit.bptt.record``. With the compiled loop, rows are
+all steps), on the records of ``rnnkit.bptt.record``. Where PyTorch's fused kernels
+(cuDNN on a GPU) compute the same function, they run the layer instead
+(``rnnkit.bptt.fused``: CUDA tensors by default). With the compiled loop, rows are
 sorted by their last real step and packed, so finished rows cost nothing. Under graph
 tracing (``torch.compile``, ``torch.export``) the loop is the kernel's differentiable
 step, unrolled, and autograd gives the gradients (the explicit BPTT equals them: tested).
@@ -21,11 +23,13 @@ from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt.backward import backward_sweep, weight_grads
 from rnnkit.bptt.forward import _compiled, _like_weights, forward_pass
+from rnnkit.bptt.fused import run_fused, traced_fused_form, wants_fused
+from rnnkit.bptt.opaque import run_opaque
 from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_record
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
 from rnnkit.cells.kernel import Kernel, Weights
 
-__all__ = ["clean_padding", "run_recurrence", "takes_projected"]
+__all__ = ["clean_padding", "recurrence_gradients", "run_recurrence", "takes_projected"]
 
 
 class _Recurrence(torch.autograd.Function):
@@ -179,29 +183,31 @@ def run_recurrence(
             "(check takes_projected first)"
         )
     if tracing():
+        # A graph holds PyTorch's fused operator as one node where it computes this
+        # function (no mask: a graph cannot look at a mask's values; an export or no
+        # gradient: traced_fused_form says why), else the steps.
+        traced = traced_fused_form(kernel, mask, window, projected, (x, *weights, *states0))
+        if traced is not None:
+            x, states0 = _like_weights(weights, x, states0)
+            return run_fused(kernel, traced, x, weights, states0, None)
+        if not torch.compiler.is_exporting() and (window is None or not torch.is_grad_enabled()):
+            # torch.compile: the library's own loop as one opaque node (rnnkit.bptt.opaque).
+            # (A window is refused below: a stack's BPTT(τ) spans its layers, which a graph
+            # of per-layer nodes cannot express.)
+            x, states0 = _like_weights(weights, x, states0)
+            opaque = run_opaque(kernel, x, weights, states0, mask, window)
+            if opaque is not None:
+                return opaque
         return _traced_recurrence(kernel, x, weights, states0, mask, window)
     # Under autocast the input (or a state) may come from a float16/bfloat16 product; the
     # recurrence runs in the weights' dtype (module docstring). Cast here, outside the
     # autograd node, so the cast is differentiable and the compiled loop is chosen below.
     x, states0 = _like_weights(weights, x, states0)
     x, mask3 = clean_padding(x, mask)
-    order = packing = None
-    if (
-        mask is not None
-        and mask3 is not None
-        and _compiled(kernel, x, *weights, *states0) is not None
-    ):
-        # The compiled loop stops computing rows after their last real step when rows are
-        # sorted by it (as packed sequences are): sort here, undo the order on the way out,
-        # and pack the steps' buffers so that the products skip the finished rows too.
-        steps = torch.arange(1, x.shape[0] + 1, device=x.device)
-        last = torch.where(mask, steps[:, None], 0).amax(0)  # (B,) last real step + 1
-        if bool((last[1:] > last[:-1]).any()):
-            order = torch.argsort(last, descending=True, stable=True)
-            x = x.index_select(1, order)
-            mask3 = mask3.index_select(1, order)
-            states0 = tuple(s.index_select(0, order) for s in states0)
-        packing = make_packing(mask3[..., 0])
+    fused = wants_fused(kernel, x, None if mask3 is None else mask3[..., 0], window, projected)
+    if fused is not None:  # PyTorch's fused kernel (cuDNN) computes this function
+        return run_fused(kernel, fused[0], x, weights, states0, fused[1])
+    x, mask3, states0, order, packing = _sorted_rows(kernel, x, weights, states0, mask, mask3)
     tensors = (x, *weights, *states0)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     result = _Recurrence.apply(
@@ -220,8 +226,84 @@ def run_recurrence(
     )
     outputs, finals = result[0], tuple(result[1:])
     if order is not None:
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
+        inverse = _inverse(order)
         outputs = outputs.index_select(1, inverse)
         finals = tuple(f.index_select(0, inverse) for f in finals)
     return outputs, finals
+
+
+def _sorted_rows(
+    kernel: Kernel,
+    x: Tensor,
+    weights: Weights,
+    states0: tuple[Tensor, ...],
+    mask: Tensor | None,
+    mask3: Tensor | None,
+) -> tuple[Tensor, Tensor | None, tuple[Tensor, ...], Tensor | None, Packing | None]:
+    """Rows sorted by their last real step and the steps' buffers packed, where the
+    compiled loop runs a mask: ``(x, mask3, states0, order or None, packing or None)``."""
+    if mask is None or mask3 is None or _compiled(kernel, x, *weights, *states0) is None:
+        return x, mask3, states0, None, None
+    # The compiled loop stops computing rows after their last real step when rows are
+    # sorted by it (as packed sequences are): sort here, undo the order on the way out,
+    # and pack the steps' buffers so that the products skip the finished rows too.
+    order = None
+    steps = torch.arange(1, x.shape[0] + 1, device=x.device)
+    last = torch.where(mask, steps[:, None], 0).amax(0)  # (B,) last real step + 1
+    if bool((last[1:] > last[:-1]).any()):
+        order = torch.argsort(last, descending=True, stable=True)
+        x = x.index_select(1, order)
+        mask3 = mask3.index_select(1, order)
+        states0 = tuple(s.index_select(0, order) for s in states0)
+    return x, mask3, states0, order, make_packing(mask3[..., 0])
+
+
+def _inverse(order: Tensor) -> Tensor:
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return inverse
+
+
+class _PlainContext:
+    """What :class:`_Recurrence` reads and writes of an autograd context, outside autograd."""
+
+    def __init__(self, needs_input_grad: tuple[bool, ...]) -> None:
+        self.needs_input_grad = needs_input_grad
+        self.saved_tensors: tuple[Tensor, ...] = ()
+
+    def save_for_backward(self, *tensors: Tensor) -> None:
+        self.saved_tensors = tensors
+
+
+def recurrence_gradients(
+    kernel: Kernel,
+    x: Tensor,
+    weights: Weights,
+    states0: tuple[Tensor, ...],
+    mask: Tensor | None,
+    window: int | None,
+    d_outputs: Tensor,
+    d_finals: tuple[Tensor, ...],
+) -> tuple[Tensor | None, ...]:
+    """The explicit BPTT's gradients of ``(x, weight_ih, weight_hh, bias, bias_hn,
+    *states0)`` for the gradients of :func:`run_recurrence`'s outputs and final states,
+    computed without autograd (the backward of ``rnnkit::recurrence``, where autograd
+    does not record). ``x`` in the weights' dtype; ``bias_hn``'s entry is None without
+    one."""
+    x, mask3 = clean_padding(x, mask)
+    x, mask3, states0, order, packing = _sorted_rows(kernel, x, weights, states0, mask, mask3)
+    if order is not None:
+        d_outputs = d_outputs.index_select(1, order)
+        d_finals = tuple(d.index_select(0, order) for d in d_finals)
+    needs = (False,) * 6 + (True,) * 4 + (weights.bias_hn is not None,) + (True,) * len(states0)
+    ctx = _PlainContext(needs)
+    _Recurrence.forward(ctx, kernel, mask3, window, True, packing, False, x, *weights, *states0)
+    grads = _Recurrence.backward(ctx, d_outputs, *d_finals)[6:]
+    d_x, d_rest, d_s0 = grads[0], list(grads[1:5]), list(grads[5:])
+    if order is not None:
+        inverse = _inverse(order)
+        d_x = d_x.index_select(1, inverse)
+        d_s0 = [d.index_select(0, inverse) for d in d_s0]
+    if mask3 is not None:  # the padding was replaced by zeros: no gradient reaches it
+        d_x = torch.where(mask3 if order is None else mask3.index_select(1, inverse), d_x, 0.0)
+    return (d_x, *d_rest, *d_s0)

@@ -1,9 +1,11 @@
 """Whether rnnkit's code is being traced into a graph, and which tracers it refuses.
 
 ``torch.compile``, ``torch.export`` and the ONNX exporter built on it
-(``torch.onnx.export(..., dynamo=True)``) trace the recurrence through its PyTorch loop:
-the same function as the compiled C++ loop, written in torch operations a graph can hold
-(the loop over time is unrolled, so a graph is specialised to its number of steps). The
+(``torch.onnx.export(..., dynamo=True)``) trace the recurrence as PyTorch's own fused
+operator where that computes the function and no mask is given (``rnnkit.bptt.fused``:
+one node per layer and direction), else through its PyTorch loop: the same function as
+the compiled C++ loop, written in torch operations a graph can hold (the loop over time
+is unrolled, so a graph is specialised to its number of steps). The
 run-time shortcuts that look at the data (skipping an all-true mask, sorting rows by
 length for the compiled loop, checking lengths) are left out while tracing: a graph
 cannot depend on them.

@@ -5,8 +5,8 @@ Beside them: ``attention`` (dot, general, additive; masked softmax), ``attention
 (the teacher-forced attention decoder as one autograd node), ``attention_scores``
 (additive scores as one autograd node on the compiled library), ``linear`` (``nn.Linear``
 whose large float32 products run on the compiled library's), ``interop`` (weights to and
-from ``torch.nn``'s layers) and ``torch_nn`` (the layers behind ``torch.nn``'s interface,
-public as :mod:`rnnkit.nn`).
+from ``torch.nn``'s layers), ``torch_nn`` and ``torch_nn_cells`` (the layers and cells
+behind ``torch.nn``'s interface, public as :mod:`rnnkit.nn`).
 """
 
 from rnnkit.layers.attention import ATTENTION_KINDS, Attention, AttentionOutput, masked_softmax

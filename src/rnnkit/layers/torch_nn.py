@@ -1,27 +1,31 @@
 """``torch.nn.RNN`` / ``LSTM`` / ``GRU`` with torch's exact interface, run by rnnkit.
 
-Replacing ``from torch import nn`` by ``from rnnkit import nn`` for these three classes
-keeps a program's behaviour: the same constructor (positional order, defaults,
-``batch_first=False``), the same parameters under the same names (``weight_ih_l0``,
-``weight_hh_l0``, ``bias_ih_l0``, ``bias_hh_l0``, ``..._reverse``; a torch ``state_dict``
-loads as it is, and the same seed gives the same initial weights), the same ``hx``
-handling and state layout ``(L·D, B, H)``, ``PackedSequence`` in and out, unbatched
-``(T, I)`` input. The computation is rnnkit's: the stacked layers of
-:mod:`rnnkit.layers.stacked` with the explicit BPTT, fed these parameters.
+Replacing ``from torch import nn`` by ``from rnnkit import nn`` keeps a program's
+behaviour. The three classes *are* torch's (subclasses of ``torch.nn.RNN``, ``LSTM`` and
+``GRU``): the same constructor, parameters, ``state_dict``, initial weights from the
+same seed, ``_flat_weights``, ``flatten_parameters``, ``check_forward_args``,
+``permute_hidden``, ``isinstance`` checks (so ``torch.ao.quantization.quantize_dynamic``
+quantizes them as it does torch's), the same ``hx`` handling and state layout
+``(L·D, B, H)``, ``PackedSequence`` in and out, unbatched ``(T, I)`` input. Only
+``forward`` differs: the computation is rnnkit's stacked layers with the explicit BPTT,
+fed these parameters.
 
 PyTorch keeps two biases per gate; rnnkit's cells one. The cells are given
 ``b = b_ih + b_hh`` (for the GRU: ``b_ih + b_hh`` for r and z, and ``b_in`` with
 ``b_hn`` kept apart inside ``r ⊙ (W_hn h + b_hn)``), so the gradients reach both biases as
 in torch. torch's GRU is rnnkit's ``update="keep", reset="after"``.
 
-Not supported: ``proj_size`` (no projected LSTM in rnnkit: an error says so) and
-``dropout=1``. Dropout between layers draws other random masks than torch's (same
+Where rnnkit has no such layer or a tool cannot see through its time loop, torch's own
+``forward`` computes the same function: a projected LSTM (``proj_size > 0``),
+``dropout=1``, a batch of size 0, and TorchScript (``torch.jit.trace``,
+``torch.jit.script``, the TorchScript ONNX exporter). A pickled model names the public
+classes (``rnnkit.nn.LSTM``), so ``torch.load(..., weights_only=True)`` with those
+allow-listed loads it. Dropout between layers draws other random masks than torch's (same
 probability). ``docs/torch-nn.md`` lists the differences.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -33,134 +37,86 @@ from rnnkit.layers import cell_stacks
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.types import LSTMState
 
-__all__ = ["GRU", "LSTM", "RNN"]
-
-_GATES = {"RNN": 1, "LSTM": 4, "GRU": 3}
+__all__ = ["GRU", "LSTM", "RNN", "plain_torch_copy"]
 
 
-class _TorchRNNBase(nn.Module):
-    """The part the three classes share (torch's ``RNNBase``)."""
+def plain_torch_copy(module: nn.Module, torch_class: type[nn.Module]) -> nn.Module:
+    """The same module as an instance of ``torch_class`` (torch's own class), sharing its
+    parameters: what TorchScript compiles in place of an rnnkit drop-in."""
+    plain = torch_class.__new__(torch_class)
+    plain.__dict__.update({k: v for k, v in module.__dict__.items() if k != "_inner"})
+    return plain
 
-    mode = "RNN"
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        bias: bool = True,
-        batch_first: bool = False,
-        dropout: float = 0.0,
-        bidirectional: bool = False,
-        proj_size: int = 0,
-        device: Any = None,
-        dtype: torch.dtype | None = None,
-        *,
-        nonlinearity: str = "tanh",
-    ) -> None:
-        super().__init__()
-        name = type(self).__name__
-        if proj_size:
-            raise ValueError(
-                f"rnnkit.nn.{name}: proj_size={proj_size} is not supported (rnnkit has no "
-                "projected LSTM); use torch.nn.LSTM for it"
+class _DropIn:
+    """What the three classes add to torch's: rnnkit computes ``forward``.
+
+    Mixed in before torch's class (``class LSTM(_DropIn, torch.nn.LSTM)``), so ``super()``
+    is torch's class: its constructor, parameters and small API stay torch's."""
+
+    _torch_class: type[nn.RNNBase]
+    # torch's attributes (set by torch's constructor), as this mixin reads them:
+    input_size: int
+    hidden_size: int
+    num_layers: int
+    bias: bool
+    batch_first: bool
+    dropout: float
+    bidirectional: bool
+    proj_size: int
+    mode: str
+    nonlinearity: str
+    training: bool
+    _inner_prefixes: list[str]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # torch's class, next in the MRO
+        self._build_inner()
+
+    def _build_inner(self) -> None:
+        """The rnnkit stack that computes; its own parameters are placeholders on the meta
+        device (no memory), replaced at each call by the ones derived from torch's. Held
+        outside the module tree: it adds nothing to ``state_dict()`` or ``parameters()``,
+        and a pickle leaves it out (``__getstate__``)."""
+        inner = None
+        if self.proj_size == 0 and self.dropout < 1:
+            options: dict[str, Any] = {}
+            if self.mode.startswith("RNN"):
+                options["nonlinearity"] = self.nonlinearity
+            elif self.mode == "GRU":
+                options = {"update": "keep", "reset": "after"}
+            kind = {"LSTM": cell_stacks.LSTM, "GRU": cell_stacks.GRU}.get(
+                self.mode, cell_stacks.RNN
             )
-        for option, value in (("input_size", input_size), ("hidden_size", hidden_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"rnnkit.nn.{name}: {option} must be a positive integer")
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(f"rnnkit.nn.{name}: num_layers must be a positive integer")
-        if isinstance(dropout, bool) or not 0.0 <= float(dropout) < 1.0:
-            # torch also takes 1 (every output between layers zeroed): nothing to learn.
-            raise ValueError(f"rnnkit.nn.{name}: dropout must be a number in [0, 1)")
-        self.input_size = input_size
-        self.hidden_size = hidden_size
-        self.num_layers = num_layers
-        self.bias = bias
-        self.batch_first = batch_first
-        self.dropout = float(dropout)
-        self.bidirectional = bidirectional
-        self.proj_size = 0
-        self.nonlinearity = nonlinearity
-        D = 2 if bidirectional else 1
-        G = _GATES[self.mode]
-        factory = {"device": device, "dtype": dtype}
-        # torch's parameters, in torch's registration order (so the same seed gives the
-        # same initial weights, and state dicts match key for key).
-        self._flat_weights_names: list[str] = []
-        for layer in range(num_layers):
-            width = input_size if layer == 0 else hidden_size * D
-            for direction in range(D):
-                sfx = f"_l{layer}" + ("_reverse" if direction else "")
-                shapes: list[tuple[int, ...]] = [
-                    (G * hidden_size, width),
-                    (G * hidden_size, hidden_size),
-                ]
-                names = ["weight_ih", "weight_hh"]
-                if bias:
-                    shapes += [(G * hidden_size,), (G * hidden_size,)]
-                    names += ["bias_ih", "bias_hh"]
-                for n, shape in zip(names, shapes, strict=True):
-                    self.register_parameter(n + sfx, nn.Parameter(torch.empty(shape, **factory)))
-                    self._flat_weights_names.append(n + sfx)
-        self.reset_parameters()
-        # The rnnkit stack that computes; its own parameters are placeholders on the meta
-        # device (no memory), replaced at each call by the ones derived from the above.
-        # Held outside the module tree: it adds nothing to state_dict() or parameters().
-        options: dict[str, Any] = {}
-        if self.mode == "RNN":
-            options["nonlinearity"] = nonlinearity
-        elif self.mode == "GRU":
-            options = {"update": "keep", "reset": "after"}
-        layer_class = {"RNN": cell_stacks.RNN, "LSTM": cell_stacks.LSTM, "GRU": cell_stacks.GRU}[
-            self.mode
-        ]
-        with torch.device("meta"):
-            inner = layer_class(
-                input_size,
-                hidden_size,
-                num_layers,
-                bidirectional,
-                self.dropout,
-                batch_first,
-                **options,
-            )
+            with torch.device("meta"):
+                inner = kind(
+                    self.input_size,
+                    self.hidden_size,
+                    self.num_layers,
+                    self.bidirectional,
+                    float(self.dropout),
+                    self.batch_first,
+                    **options,
+                )
+            index = {id(p): n for n, p in inner.named_parameters()}
+            prefixes = [index[id(c.weight_ih)][: -len("weight_ih")] for c in inner.cells()]
+            self.__dict__["_inner_prefixes"] = prefixes
         self.__dict__["_inner"] = inner
-        index = {id(p): n for n, p in inner.named_parameters()}
-        self._inner_prefixes = [index[id(c.weight_ih)][: -len("weight_ih")] for c in inner.cells()]
 
-    # ---- torch's small API ------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()  # type: ignore[misc]  # torch's: no weak references
+        state.pop("_inner", None)  # rebuilt on load: a pickle names only public classes
+        state.pop("_inner_prefixes", None)
+        return state
 
-    def reset_parameters(self) -> None:
-        """torch's initialisation: every parameter uniform in ``(-1/√H, 1/√H)``."""
-        stdv = 1.0 / math.sqrt(self.hidden_size) if self.hidden_size > 0 else 0
-        for weight in self.parameters():
-            nn.init.uniform_(weight, -stdv, stdv)
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[misc]  # torch's RNNBase.__setstate__
+        self._build_inner()
 
-    def flatten_parameters(self) -> None:
-        """A no-op (cuDNN's weight layout does not apply); kept so torch code runs."""
-
-    @property
-    def all_weights(self) -> list[list[nn.Parameter]]:
-        per = 4 if self.bias else 2
-        names = self._flat_weights_names
-        return [[getattr(self, n) for n in names[i : i + per]] for i in range(0, len(names), per)]
-
-    def extra_repr(self) -> str:
-        s = f"{self.input_size}, {self.hidden_size}"
-        if self.num_layers != 1:
-            s += f", num_layers={self.num_layers}"
-        if self.mode == "RNN" and self.nonlinearity != "tanh":
-            s += f", nonlinearity={self.nonlinearity!r}"
-        if self.bias is not True:
-            s += f", bias={self.bias}"
-        if self.batch_first is not False:
-            s += f", batch_first={self.batch_first}"
-        if self.dropout != 0:
-            s += f", dropout={self.dropout}"
-        if self.bidirectional is not False:
-            s += f", bidirectional={self.bidirectional}"
-        return s
+    def __prepare_scriptable__(self) -> nn.Module:
+        """``torch.jit.script`` compiles torch's class with these parameters (the same
+        function; TorchScript cannot compile rnnkit's time loop)."""
+        return plain_torch_copy(self, self._torch_class)  # type: ignore[arg-type]
 
     # ---- computation -----------------------------------------------------------------
 
@@ -218,6 +174,8 @@ class _TorchRNNBase(nn.Module):
             the final states ``(L·D, B, H)``, each sequence's after its last real step.
         """
         name = f"rnnkit.nn.{type(self).__name__}"
+        if self._torch_computes(input):
+            return self._torch_class.forward(self, input, hx)
         packed_input = input if isinstance(input, PackedSequence) else None
         lengths = None
         if packed_input is not None:
@@ -266,6 +224,17 @@ class _TorchRNNBase(nn.Module):
                 final = final.squeeze(1)
         return outputs, final
 
+    def _torch_computes(self, input: Tensor | PackedSequence) -> bool:
+        """Whether torch's own ``forward`` computes this call (module docstring)."""
+        if torch.jit.is_scripting() or torch.jit.is_tracing():
+            return True
+        if self.__dict__.get("_inner") is None:  # proj_size > 0, dropout=1
+            return True
+        if isinstance(input, PackedSequence):
+            return input.data.shape[0] == 0
+        batch_axis = 0 if self.batch_first else 1
+        return isinstance(input, Tensor) and input.dim() == 3 and input.shape[batch_axis] == 0
+
     def _split(self, h: Tensor) -> Tensor:
         """``(L·D, B, H)`` → ``(L, D, B, H)`` (torch orders layers, then directions)."""
         D = 2 if self.bidirectional else 1
@@ -296,55 +265,24 @@ def _lengths_of(packed: PackedSequence) -> Tensor:
     return sorted_lengths[packed.unsorted_indices.cpu()]
 
 
-class RNN(_TorchRNNBase):
+class RNN(_DropIn, nn.RNN):
     """``torch.nn.RNN``: ``RNN(input_size, hidden_size, num_layers=1, nonlinearity="tanh",
     bias=True, batch_first=False, dropout=0.0, bidirectional=False, device=None,
-    dtype=None)``.
+    dtype=None)``, computed by rnnkit.
 
     >>> rnn = RNN(3, 4, 2)
     >>> out, h_n = rnn(torch.zeros(5, 2, 3))  # (T, B, I)
-    >>> out.shape, h_n.shape
-    (torch.Size([5, 2, 4]), torch.Size([2, 2, 4]))
+    >>> out.shape, h_n.shape, isinstance(rnn, torch.nn.RNN)
+    (torch.Size([5, 2, 4]), torch.Size([2, 2, 4]), True)
     """
 
-    mode = "RNN"
-
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        nonlinearity: str = "tanh",
-        bias: bool = True,
-        batch_first: bool = False,
-        dropout: float = 0.0,
-        bidirectional: bool = False,
-        device: Any = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        if nonlinearity not in ("tanh", "relu"):
-            raise ValueError(
-                f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'."
-            )
-        super().__init__(
-            input_size,
-            hidden_size,
-            num_layers,
-            bias,
-            batch_first,
-            dropout,
-            bidirectional,
-            0,
-            device,
-            dtype,
-            nonlinearity=nonlinearity,
-        )
+    _torch_class = nn.RNN
 
 
-class LSTM(_TorchRNNBase):
+class LSTM(_DropIn, nn.LSTM):
     """``torch.nn.LSTM``: ``LSTM(input_size, hidden_size, num_layers=1, bias=True,
     batch_first=False, dropout=0.0, bidirectional=False, proj_size=0, device=None,
-    dtype=None)``; ``proj_size`` other than 0 is refused.
+    dtype=None)``, computed by rnnkit (``proj_size > 0``: by torch's kernels).
 
     >>> lstm = LSTM(3, 4, batch_first=True)
     >>> out, (h_n, c_n) = lstm(torch.zeros(2, 5, 3))  # (B, T, I)
@@ -352,41 +290,23 @@ class LSTM(_TorchRNNBase):
     (torch.Size([2, 5, 4]), torch.Size([1, 2, 4]), torch.Size([1, 2, 4]))
     """
 
-    mode = "LSTM"
+    _torch_class = nn.LSTM
 
 
-class GRU(_TorchRNNBase):
+class GRU(_DropIn, nn.GRU):
     """``torch.nn.GRU``: ``GRU(input_size, hidden_size, num_layers=1, bias=True,
-    batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None)``.
+    batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None)``,
+    computed by rnnkit (``update="keep", reset="after"``).
 
     >>> out, h_n = GRU(3, 4, bidirectional=True)(torch.zeros(5, 3))  # unbatched (T, I)
     >>> out.shape, h_n.shape
     (torch.Size([5, 8]), torch.Size([2, 4]))
     """
 
-    mode = "GRU"
+    _torch_class = nn.GRU
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        bias: bool = True,
-        batch_first: bool = False,
-        dropout: float = 0.0,
-        bidirectional: bool = False,
-        device: Any = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__(
-            input_size,
-            hidden_size,
-            num_layers,
-            bias,
-            batch_first,
-            dropout,
-            bidirectional,
-            0,
-            device,
-            dtype,
-        )
+
+# Pickles (torch.save of a whole model) name the public classes, which is what a user
+# allow-lists for torch.load(..., weights_only=True).
+for _cls in (RNN, LSTM, GRU):
+    _cls.__module__ = "rnnkit.nn"

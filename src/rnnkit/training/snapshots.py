@@ -75,12 +75,32 @@ def save_trainer(trainer: Trainer) -> None:
         carry = {k: dist.gather_rows(v, dim=2) for k, v in carry.items()}
     if not dist.is_main:
         return
-    extra = {"rng/torch": torch.get_rng_state(), **carry}
+    extra = {**_rng_states(), **carry}
     save_snapshot(out_dir, trainer.step, trainer.model, trainer.optimizer, _state(trainer), extra)
     if trainer.evaluate_fn is None:  # no validation: the latest weights are the ones to use
         save_model_weights(trainer.model, out_dir / "model.safetensors")
     if trainer.run_log.csv_due():
         trainer.run_log.write_csv()
+
+
+def _rng_states() -> dict[str, Tensor]:
+    """The random generators a training step draws from: the CPU's, and each CUDA
+    device's where CUDA is in use (dropout on a GPU draws from the device's generator, so
+    an exact resume needs it too)."""
+    states = {"rng/torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["rng/cuda"] = torch.stack(torch.cuda.get_rng_state_all())  # (devices, n)
+    return states
+
+
+def _restore_rng(extra: dict[str, Tensor]) -> None:
+    if "rng/torch" in extra:
+        torch.set_rng_state(extra["rng/torch"])
+    if "rng/cuda" in extra and torch.cuda.is_available():
+        # A machine with fewer devices restores those it has (a run resumed elsewhere
+        # still resumes; exactly so where the devices match).
+        saved = list(extra["rng/cuda"])[: torch.cuda.device_count()]
+        torch.cuda.set_rng_state_all(saved)
 
 
 def resume_trainer(trainer: Trainer) -> None:
@@ -126,8 +146,7 @@ def _restore(trainer: Trainer, state: dict[str, Any], extra: dict[str, Tensor]) 
         trainer.scaler.load_state_dict(state["scaler"])
     trainer.guard.scaler_skips = int(state.get("scaler_skips", 0))
     trainer.guard.scaler_streak = int(state.get("scaler_streak", 0))
-    if "rng/torch" in extra:
-        torch.set_rng_state(extra["rng/torch"])
+    _restore_rng(extra)
     dist = trainer.dist
     if dist.enabled:  # this process's rows of the global carried state
         extra = {

@@ -1,0 +1,44 @@
+#!/bin/sh
+# The prepared GPU run: every check that needs a CUDA device, in one call of a few
+# minutes, its tables in one file (OUT/tables.md) and its logs beside it.
+#
+#   sh benchmarks/gpu_suite.sh OUT [ptb]
+#
+# 1. the CUDA test tier (pytest -m gpu);
+# 2. benchmarks/gpu_check.py: every cell form on every path against the CPU float64
+#    oracle, and layer speed against torch.nn (cuDNN);
+# 3. benchmarks/bench_tasks.py --device cuda: every task's training step (and seq2seq
+#    decoding) against the same model written plainly on torch.nn, both on the GPU;
+# 4. with "ptb": the Penn Treebank small configuration (recipes/ptb_lm) on the GPU, to the
+#    end or to the time left; its data must already be in recipes/ptb_lm/data (the
+#    recipe's setup.sh, run where the corpus package can be installed).
+#
+# From the repository root, with a Python that has torch (PYTHON, default python3) and
+# rnnkit's sources on the path (this script puts src/ first). Each part has a time limit
+# so that the whole run ends inside ~8 minutes; a part that fails is recorded, and the
+# next one runs.
+set -u
+out=${1:?usage: sh benchmarks/gpu_suite.sh OUT [ptb]}
+ptb=${2:-}
+PYTHON=${PYTHON:-python3}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+mkdir -p "$out"
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
+} > "$out/machine.txt" 2>&1
+timeout 150 "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider tests > "$out/pytest_gpu.txt" 2>&1
+echo "pytest -m gpu: exit $?" >> "$out/status.txt"
+timeout 150 "$PYTHON" benchmarks/gpu_check.py --out "$out/gpu_check.json" 2> "$out/gpu_check.log"
+echo "gpu_check: exit $?" >> "$out/status.txt"
+timeout 150 "$PYTHON" benchmarks/bench_tasks.py --device cuda --quick --json \
+    > "$out/bench_tasks.json" 2> "$out/bench_tasks.log"
+echo "bench_tasks --device cuda: exit $?" >> "$out/status.txt"
+if [ "$ptb" = ptb ]; then
+    PYTHON=$PYTHON timeout 240 sh recipes/ptb_lm/run.sh small --device cuda \
+        > "$out/ptb_small.log" 2>&1
+    echo "ptb small: exit $? (124: stopped at its time limit)" >> "$out/status.txt"
+fi
+"$PYTHON" benchmarks/gpu_tables.py "$out" > "$out/tables.md"
+cat "$out/status.txt" "$out/tables.md"

@@ -1,0 +1,88 @@
+"""The tables of one ``benchmarks/gpu_suite.sh`` run, in Markdown, from the files it wrote.
+
+python benchmarks/gpu_tables.py OUT > OUT/tables.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def correctness_table(check: dict) -> list[str]:
+    rows = [
+        "| form | mask | dtype | fused calls | max rel. error | ok |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in check.get("correctness", []):
+        rows.append(
+            f"| {c['form']} | {c['mask']} | {c['dtype']} | {c['fused_calls']} | "
+            f"{c['max_rel_err']:.1e} | {'yes' if c['ok'] else '**no**'} |"
+        )
+    return rows
+
+
+def speed_table(check: dict) -> list[str]:
+    rows = [
+        "| cell | H | B | T | train: torch.nn ms | rnnkit ms | ratio | loop ratio | holes ratio "
+        "| infer: torch.nn ms | rnnkit ms | ratio | loop ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in check.get("speed", []):
+        rows.append(
+            f"| {r['cell']} | {r['H']} | {r['B']} | {r['T']} | {r['train_torch_ms']:.2f} | "
+            f"{r['train_rnnkit_ms']:.2f} | {r['train_torch_over_rnnkit']:.2f} | "
+            f"{r['train_torch_over_loop']:.2f} | {r['train_torch_over_holes']:.2f} | "
+            f"{r['infer_torch_ms']:.2f} | {r['infer_rnnkit_ms']:.2f} | "
+            f"{r['infer_torch_over_rnnkit']:.2f} | {r['infer_torch_over_loop']:.2f} |"
+        )
+    return rows
+
+
+def tasks_table(tasks: dict) -> list[str]:
+    rows = ["| task | rnnkit /s | torch.nn /s | ratio |", "|---|---|---|---|"]
+    for r in tasks.get("rows", []):
+        rows.append(
+            f"| {r['task']} | {r['rnnkit_per_s']:,.0f} {r['unit']} | {r['torch_per_s']:,.0f} | "
+            f"{r['ratio']:.2f} |"
+        )
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0])
+    lines = ["# GPU suite", ""]
+    machine = out / "machine.txt"
+    if machine.exists():
+        lines += ["```", machine.read_text().strip(), "```", ""]
+    check = _read(out / "gpu_check.json")
+    if check is None:
+        lines += ["gpu_check: no result (see gpu_check.log)", ""]
+    else:
+        lines += ["## Layers: correctness", "", *correctness_table(check), ""]
+        lines += ["## Layers: speed (ratio = torch.nn time / rnnkit time)", ""]
+        lines += [*speed_table(check), ""]
+    tasks = _read(out / "bench_tasks.json")
+    if tasks is None:
+        lines += ["bench_tasks: no result (see bench_tasks.log)", ""]
+    else:
+        lines += ["## Whole tasks, training step (ratio = torch.nn time / rnnkit time)", ""]
+        lines += [*tasks_table(tasks), ""]
+    ptb = out / "ptb_small.log"
+    if ptb.exists():
+        tail = ptb.read_text().strip().splitlines()[-6:]
+        lines += ["## PTB small", "", "```", *tail, "```", ""]
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

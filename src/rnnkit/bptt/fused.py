@@ -1,0 +1,269 @@
+"""PyTorch's fused recurrent kernels (cuDNN on a GPU) where they compute rnnkit's function.
+
+``torch.nn.LSTM``'s kernels (``torch._VF.lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``)
+run a whole layer in one call, on a GPU through cuDNN. They compute the same function as
+rnnkit's time loop for one direction of one layer when:
+
+* the cell is an LSTM, a simple cell with ``tanh`` or ``relu``, or a GRU with
+  ``reset="after"`` (cuDNN's form). A GRU with ``update="candidate"`` is run with its z
+  rows negated: since 1 − σ(a) = σ(−a), that is the ``"keep"`` convention of the same
+  function, and autograd carries the gradients back through the negation;
+* every sequence's real steps are a prefix of the time axis (a mask that is lengths, as
+  packed sequences are): rnnkit's held state after a sequence's last step is its final
+  state, so the outputs there are filled with it. A sequence of length 0 keeps its
+  initial state. A mask with holes inside a sequence has no fused equivalent;
+* the backward is full BPTT (a segment of truncated BPTT is one call of full BPTT, its
+  state carried by the caller): the windowed BPTT(τ) is not cuDNN's;
+* the input is not a precomputed input product, and no graph is being traced.
+
+rnnkit keeps one bias per gate, PyTorch two: the fused call gets the bias as its input
+bias and zeros as its recurrent one (the GRU's ``b_hn`` as the recurrent bias of the n
+rows), the same sums. The gradients are the fused kernel's own (cuDNN's backward); the
+explicit BPTT stays the definition, and the tests hold the two equal in float64.
+
+Which path runs (:func:`use_fused`, or ``RNNKIT_GPU_PATH`` in the environment):
+
+* ``"auto"`` (default): the fused kernels for CUDA tensors where the function is theirs;
+  the library's time loop everywhere else (on the CPU the compiled loop is faster than
+  PyTorch's kernels);
+* ``"fused"``: the fused kernels wherever the function is theirs, on any device (for
+  tests and comparisons on a machine without a GPU);
+* ``"loop"``: never — the library's time loop with its explicit BPTT everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from rnnkit.bptt.tracing import tracing
+from rnnkit.cells.gru import GRUKernel
+from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.cells.lstm import LSTMKernel
+from rnnkit.cells.rnn import RNNKernel
+
+__all__ = [
+    "PATHS",
+    "fused_form",
+    "prefix_lengths",
+    "run_fused",
+    "traced_fused_form",
+    "use_fused",
+    "wants_fused",
+]
+
+#: The choices of :func:`use_fused` (and of ``RNNKIT_GPU_PATH``).
+PATHS = ("auto", "fused", "loop")
+
+
+def _from_environment() -> str:
+    value = os.environ.get("RNNKIT_GPU_PATH", "auto").strip().lower() or "auto"
+    # A wrong value must not make `import rnnkit` fail: it is refused where it is used.
+    return value
+
+
+_choice = {"path": _from_environment()}
+
+
+@contextlib.contextmanager
+def use_fused(path: str) -> Iterator[None]:
+    """Run layers on ``path`` (``"auto"``, ``"fused"`` or ``"loop"``; the module docstring
+    says what each means) inside the block.
+
+    >>> with use_fused("loop"):
+    ...     pass
+    """
+    if path not in PATHS:
+        raise ValueError(f"path={path!r}: choose one of {', '.join(PATHS)}")
+    before = _choice["path"]
+    _choice["path"] = path
+    try:
+        yield
+    finally:
+        _choice["path"] = before
+
+
+def _path() -> str:
+    path = _choice["path"]
+    if path not in PATHS:
+        raise ValueError(
+            f"RNNKIT_GPU_PATH={path!r} in the environment: choose one of {', '.join(PATHS)}"
+        )
+    return path
+
+
+def fused_form(kernel: Kernel) -> str | None:
+    """The fused kernel that computes ``kernel``'s step (``"lstm"``, ``"gru"``,
+    ``"rnn_tanh"``, ``"rnn_relu"``), or None where PyTorch has none (a GRU with
+    ``reset="before"``, a simple cell with ``sigmoid``).
+
+    >>> fused_form(GRUKernel("keep", "after")), fused_form(GRUKernel("keep", "before"))
+    ('gru', None)
+    """
+    if isinstance(kernel, LSTMKernel):
+        return "lstm"
+    if isinstance(kernel, GRUKernel):
+        return "gru" if kernel.reset == "after" else None
+    if isinstance(kernel, RNNKernel) and kernel.nonlinearity in ("tanh", "relu"):
+        return "rnn_" + kernel.nonlinearity
+    return None
+
+
+def prefix_lengths(mask: Tensor) -> Tensor | None:
+    """Each column's length if the real steps of every column of ``mask (T, B)`` are a
+    prefix (``True…True False…False``), else None (a hole inside a sequence).
+
+    >>> prefix_lengths(torch.tensor([[1, 1], [1, 0], [0, 0]]).bool()).tolist()
+    [2, 1]
+    >>> prefix_lengths(torch.tensor([[1], [0], [1]]).bool()) is None
+    True
+    """
+    lengths = mask.sum(0)
+    steps = torch.arange(mask.shape[0], device=mask.device)
+    if not bool(torch.equal(steps[:, None] < lengths, mask)):
+        return None
+    return lengths
+
+
+def wants_fused(
+    kernel: Kernel, x: Tensor, mask: Tensor | None, window: int | None, projected: bool
+) -> tuple[str, Tensor | None] | None:
+    """``(form, lengths)`` when the fused kernels should run this layer (the path in
+    force, the device, the function), else None. ``lengths`` is None when every step is
+    real. ``mask (T, B)`` bool or None."""
+    path = _path()
+    if path == "loop" or (path == "auto" and x.device.type != "cuda"):
+        return None
+    if window is not None or projected:
+        return None
+    form = fused_form(kernel)
+    if form is None:
+        return None
+    if mask is None:
+        return form, None
+    lengths = prefix_lengths(mask)
+    if lengths is None:
+        return None
+    if bool((lengths == mask.shape[0]).all()):
+        return form, None
+    return form, lengths
+
+
+def traced_fused_form(
+    kernel: Kernel,
+    mask: Tensor | None,
+    window: int | None,
+    projected: bool,
+    tensors: tuple[Tensor | None, ...] = (),
+) -> str | None:
+    """The fused kernel a traced graph (``torch.compile``, ``torch.export``, ONNX) holds
+    for this layer as one operator, or None (the graph then holds the unrolled steps):
+    no mask (a graph cannot branch on a mask's values), full BPTT, the path not forced
+    to ``"loop"``, and either an export or a graph that computes no gradient of
+    ``tensors``. Why not a compiled training step: AOTAutograd's backward of the CPU's
+    fused LSTM (oneDNN's ``mkldnn_rnn_layer``) fails in torch 2.13 (the inductor and
+    aot_eager backends alike), so a compiled training step keeps the unrolled steps."""
+    if _path() == "loop" or mask is not None or window is not None or projected:
+        return None
+    grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    if grads and not torch.compiler.is_exporting():
+        return None
+    return fused_form(kernel)
+
+
+def _fused_parameters(form: str, w: Weights) -> list[Tensor]:
+    """``[w_ih, w_hh, b_ih, b_hh]`` in PyTorch's form for rnnkit's weights (gate orders are
+    the same: LSTM i, f, g, o; GRU r, z, n)."""
+    w_ih, w_hh, bias = w.weight_ih, w.weight_hh, w.bias
+    b_hh = torch.zeros_like(bias)
+    if form == "gru":
+        H = w_hh.shape[1]
+        assert w.bias_hn is not None  # a GRU with reset="after" always has it
+        b_hh = torch.cat([bias.new_zeros(2 * H), w.bias_hn])
+    return [w_ih, w_hh, bias, b_hh]
+
+
+def _keep_form(kernel: Kernel, w: Weights) -> Weights:
+    """A GRU with ``update="candidate"`` as the same function in the ``"keep"``
+    convention: its z rows negated (1 − σ(a) = σ(−a))."""
+    if not isinstance(kernel, GRUKernel) or kernel.update == "keep":
+        return w
+    H = w.weight_hh.shape[1]
+    sign = w.bias.new_ones(3 * H)
+    sign[H : 2 * H] = -1
+    return Weights(
+        w.weight_ih * sign[:, None], w.weight_hh * sign[:, None], w.bias * sign, w.bias_hn
+    )
+
+
+def _call(
+    form: str,
+    x: Tensor,
+    hx: tuple[Tensor, ...],
+    params: list[Tensor],
+    batch_sizes: Tensor | None,
+    train: bool,
+) -> tuple[Tensor, ...]:
+    """One fused call, unidirectional, one layer, no dropout; ``hx`` each ``(1, B, H)``."""
+    op = getattr(torch._VF, form)
+    h = hx if form == "lstm" else hx[0]
+    # rnnkit's parameters are separate tensors, not one cuDNN buffer: cuDNN copies them
+    # into one per call (a few MB at most) and warns that it does; that copy is the price
+    # of keeping the cells' parameters as they are. (A graph being traced cannot hold the
+    # warning filter; there the warning, if any, is the compiler's to show.)
+    quiet = contextlib.nullcontext() if tracing() else warnings.catch_warnings()
+    with quiet:
+        if not tracing():
+            warnings.filterwarnings("ignore", message=".*contiguous chunk of memory.*")
+        if batch_sizes is None:
+            result = op(x, h, params, True, 1, 0.0, train, False, False)
+        else:
+            result = op(x, batch_sizes, h, params, True, 1, 0.0, train, False)
+    return tuple(result)
+
+
+def run_fused(
+    kernel: Kernel,
+    form: str,
+    x: Tensor,
+    weights: Weights,
+    states0: tuple[Tensor, ...],
+    lengths: Tensor | None,
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """One direction of one layer through PyTorch's fused kernel: the same contract as
+    ``run_recurrence`` (``x (T, B, I)`` with its padding already zeroed, ``states0`` each
+    ``(B, H)``; returns outputs ``(T, B, H)``, held after each sequence's last step, and
+    the final states ``(B, H)``). Gradients by autograd through the fused kernel."""
+    params = _fused_parameters(form, _keep_form(kernel, weights))
+    train = torch.is_grad_enabled()
+    T, B = x.shape[0], x.shape[1]
+    if lengths is None:
+        out, *ends = _call(form, x, tuple(s[None] for s in states0), params, None, train)
+        return out, tuple(e[0] for e in ends)
+    # Packed sequences: rows sorted by length, longest first; rows of length 0 never run.
+    order = torch.argsort(lengths, descending=True, stable=True)
+    sorted_lengths = lengths.index_select(0, order)
+    real = int((sorted_lengths > 0).sum())
+    if real == 0:
+        return states0[0][None].expand(T, B, -1).clone(), tuple(s.clone() for s in states0)
+    rows = order[:real]
+    packed = torch.nn.utils.rnn.pack_padded_sequence(
+        x.index_select(1, rows), sorted_lengths[:real].cpu(), enforce_sorted=True
+    )
+    hx = tuple(s.index_select(0, rows)[None] for s in states0)
+    data, *ends = _call(form, packed.data, hx, params, packed.batch_sizes, train)
+    out_rows, _ = torch.nn.utils.rnn.pad_packed_sequence(
+        torch.nn.utils.rnn.PackedSequence(data, packed.batch_sizes), total_length=T
+    )
+    # Back to the batch's order; rows of length 0 keep their initial states.
+    finals = tuple(s.index_copy(0, rows, e[0]) for s, e in zip(states0, ends, strict=True))
+    outputs = x.new_zeros(T, B, out_rows.shape[-1]).index_copy(1, rows, out_rows)
+    steps = torch.arange(T, device=x.device)
+    real_step = (steps[:, None] < lengths)[..., None]  # (T, B, 1)
+    # rnnkit holds the state after a sequence's last step: its outputs there are h_final.
+    return torch.where(real_step, outputs, finals[0][None]), finals

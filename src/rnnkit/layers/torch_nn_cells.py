@@ -1,0 +1,150 @@
+"""``torch.nn.RNNCell`` / ``LSTMCell`` / ``GRUCell`` with torch's interface, one step of
+rnnkit's cells.
+
+Like the layers of :mod:`rnnkit.layers.torch_nn`, each class *is* torch's (a subclass):
+the same constructor, parameters (``weight_ih``, ``weight_hh``, ``bias_ih``,
+``bias_hh``), ``state_dict`` and initial weights from the same seed; ``forward(input,
+hx=None)`` takes ``(B, I)`` or unbatched ``(I,)`` input and returns ``h'`` (the LSTM:
+``(h', c')``). The step is rnnkit's readable cell step (``rnn_step``, ``lstm_step``,
+``gru_step`` with ``update="keep", reset="after"``) with one bias per gate,
+``b = b_ih + b_hh`` (the GRU's ``b_hn`` kept inside ``r ⊙ (W_hn h + b_hn)``).
+TorchScript compiles torch's class with the same parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rnnkit.cells.gru import gru_step
+from rnnkit.cells.kernel import Weights
+from rnnkit.cells.lstm import lstm_step
+from rnnkit.cells.rnn import rnn_step
+from rnnkit.layers.torch_nn import plain_torch_copy
+from rnnkit.types import LSTMState
+
+__all__ = ["GRUCell", "LSTMCell", "RNNCell"]
+
+
+class _CellDropIn:
+    """What the three cells add to torch's: rnnkit computes ``forward``."""
+
+    _torch_class: type[nn.Module]
+    input_size: int
+    hidden_size: int
+    bias: bool
+    weight_ih: Tensor
+    weight_hh: Tensor
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        """``torch.jit.script`` compiles torch's class with these parameters."""
+        return plain_torch_copy(self, self._torch_class)  # type: ignore[arg-type]
+
+    def _biases(self) -> tuple[Tensor, Tensor]:
+        b_ih, b_hh = getattr(self, "bias_ih", None), getattr(self, "bias_hh", None)
+        if b_ih is None or b_hh is None:  # bias=False: torch registers them as None
+            zeros = self.weight_ih.new_zeros(self.weight_ih.shape[0])
+            return zeros, zeros
+        return b_ih, b_hh
+
+    def _batched(self, input: Tensor, hx: Tensor | None, what: str) -> tuple[Tensor, Tensor, bool]:
+        """``(x (B, I), h (B, H), batched)``, with torch's checks and messages."""
+        name = f"rnnkit.nn.{type(self).__name__}"
+        if input.dim() not in (1, 2):
+            raise ValueError(f"{name}: Expected input to be 1D or 2D, got {input.dim()}D instead")
+        batched = input.dim() == 2
+        x = input if batched else input.unsqueeze(0)
+        if hx is None:
+            h = x.new_zeros(x.shape[0], self.hidden_size)
+        else:
+            if hx.dim() != input.dim():
+                raise RuntimeError(
+                    f"{name}: {what} should be {input.dim()}D for {input.dim()}D input, "
+                    f"got {hx.dim()}D"
+                )
+            h = hx if batched else hx.unsqueeze(0)
+        return x, h, batched
+
+    def _use_torch(self, input: Tensor) -> bool:
+        return torch.jit.is_scripting() or torch.jit.is_tracing() or input.numel() == 0
+
+
+class RNNCell(_CellDropIn, nn.RNNCell):
+    """``torch.nn.RNNCell(input_size, hidden_size, bias=True, nonlinearity="tanh",
+    device=None, dtype=None)``: ``h' = φ(W_ih x + W_hh h + b)``.
+
+    >>> cell = RNNCell(3, 4)
+    >>> cell(torch.zeros(2, 3)).shape, isinstance(cell, torch.nn.RNNCell)
+    (torch.Size([2, 4]), True)
+    """
+
+    _torch_class = nn.RNNCell
+    nonlinearity: str
+
+    def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
+        if self._use_torch(input):
+            return nn.RNNCell.forward(self, input, hx)
+        x, h, batched = self._batched(input, hx, "hx")
+        b_ih, b_hh = self._biases()
+        out = rnn_step(
+            x, h, Weights(self.weight_ih, self.weight_hh, b_ih + b_hh, None), self.nonlinearity
+        )
+        return out if batched else out.squeeze(0)
+
+
+class LSTMCell(_CellDropIn, nn.LSTMCell):
+    """``torch.nn.LSTMCell(input_size, hidden_size, bias=True, device=None, dtype=None)``:
+    ``(h', c') = cell(x, (h, c))``, gates i, f, g, o.
+
+    >>> h, c = LSTMCell(3, 4)(torch.zeros(3))  # unbatched
+    >>> h.shape, c.shape
+    (torch.Size([4]), torch.Size([4]))
+    """
+
+    _torch_class = nn.LSTMCell
+
+    def forward(
+        self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor]:
+        if self._use_torch(input):
+            return nn.LSTMCell.forward(self, input, hx)
+        if hx is not None and (not isinstance(hx, tuple | list) or len(hx) != 2):
+            raise TypeError("rnnkit.nn.LSTMCell: hx must be the pair (h_0, c_0), as for torch")
+        x, h, batched = self._batched(input, None if hx is None else hx[0], "hx[0]")
+        c = torch.zeros_like(h) if hx is None else self._batched(input, hx[1], "hx[1]")[1]
+        b_ih, b_hh = self._biases()
+        w = Weights(self.weight_ih, self.weight_hh, b_ih + b_hh, None)
+        new = lstm_step(x, LSTMState(h, c), w)
+        if batched:
+            return new.h, new.c
+        return new.h.squeeze(0), new.c.squeeze(0)
+
+
+class GRUCell(_CellDropIn, nn.GRUCell):
+    """``torch.nn.GRUCell(input_size, hidden_size, bias=True, device=None, dtype=None)``:
+    rnnkit's GRU step with ``update="keep", reset="after"``, torch's function.
+
+    >>> GRUCell(3, 4)(torch.zeros(2, 3), torch.zeros(2, 4)).shape
+    torch.Size([2, 4])
+    """
+
+    _torch_class = nn.GRUCell
+
+    def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
+        if self._use_torch(input):
+            return nn.GRUCell.forward(self, input, hx)
+        x, h, batched = self._batched(input, hx, "hx")
+        b_ih, b_hh = self._biases()
+        H = self.hidden_size
+        bias = torch.cat([b_ih[: 2 * H] + b_hh[: 2 * H], b_ih[2 * H :]])
+        w = Weights(self.weight_ih, self.weight_hh, bias, b_hh[2 * H :])
+        out = gru_step(x, h, w, "keep", "after")
+        return out if batched else out.squeeze(0)
+
+
+# Pickles name the public classes (rnnkit.nn.LSTMCell, ...).
+_cls: Any
+for _cls in (RNNCell, LSTMCell, GRUCell):
+    _cls.__module__ = "rnnkit.nn"

@@ -1,0 +1,247 @@
+"""PyTorch's fused kernels (cuDNN on a GPU) against the explicit BPTT, and the path choice.
+
+The fused path is forced on the CPU (``use_fused("fused")``): PyTorch's CPU kernels
+compute the same function as cuDNN's, so the conversions (one bias per gate, the GRU's
+update convention, lengths, held states, reversed directions) are checked here without a
+GPU. Oracle: the library's own time loop with its explicit BPTT, in float64.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rnnkit
+from rnnkit.bptt import fused
+from rnnkit.bptt.fused import fused_form, prefix_lengths, use_fused, wants_fused
+from rnnkit.types import LSTMState
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+FORMS = [
+    ("lstm", rnnkit.LSTM, {}),
+    ("gru_keep_after", rnnkit.GRU, {"update": "keep", "reset": "after"}),
+    ("gru_candidate_after", rnnkit.GRU, {"update": "candidate", "reset": "after"}),
+    ("rnn_tanh", rnnkit.RNN, {"nonlinearity": "tanh"}),
+    ("rnn_relu", rnnkit.RNN, {"nonlinearity": "relu"}),
+]
+NOT_FUSED = [
+    ("gru_keep_before", rnnkit.GRU, {"update": "keep", "reset": "before"}),
+    ("gru_candidate_before", rnnkit.GRU, {"update": "candidate", "reset": "before"}),
+    ("rnn_sigmoid", rnnkit.RNN, {"nonlinearity": "sigmoid"}),
+]
+B, T, I, H = 5, 7, 3, 4
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many fused calls ran."""
+    count = {"n": 0}
+    real = fused._call
+
+    def counted(*args, **kwargs):
+        count["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fused, "_call", counted)
+    return count
+
+
+def _layer(cls, kw, dtype, bidirectional=True):
+    torch.manual_seed(3)
+    layer = cls(input_size=I, hidden_size=H, num_layers=2, bidirectional=bidirectional, **kw)
+    return layer.to(dtype)
+
+
+def _initial(cls, dtype, gen):
+    shape = (2, 2, B, H)
+    h = torch.randn(*shape, dtype=dtype, generator=gen)
+    if cls is rnnkit.LSTM:
+        return LSTMState(h, torch.randn(*shape, dtype=dtype, generator=gen))
+    return h
+
+
+def _run(layer, x, state, path, **kwargs):
+    """Outputs, final states and every gradient of a fixed scalar, on ``path``."""
+    layer.zero_grad()
+    x = x.detach().clone().requires_grad_()
+    parts = list(state) if isinstance(state, LSTMState) else [state]
+    parts = [p.detach().clone().requires_grad_() for p in parts]
+    s0 = LSTMState(*parts) if isinstance(state, LSTMState) else parts[0]
+    with use_fused(path):
+        out = layer(x, state=s0, **kwargs)
+    finals = list(out.state) if isinstance(out.state, LSTMState) else [out.state]
+    gen = torch.Generator().manual_seed(11)
+    weights = [torch.randn(t.shape, dtype=t.dtype, generator=gen) for t in [out.outputs, *finals]]
+    loss = sum((t * w).sum() for t, w in zip([out.outputs, *finals], weights, strict=True))
+    loss.backward()
+    grads = [x.grad, *(p.grad for p in parts), *(p.grad for p in layer.parameters())]
+    return [out.outputs.detach(), *(f.detach() for f in finals), *grads]
+
+
+@pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
+@pytest.mark.parametrize(
+    "lengths",
+    [None, [T, 3, 0, 1, T], [T] * B],
+    ids=["no-mask", "lengths-with-0-and-T", "all-full"],
+)
+def test_fused_path_equals_the_explicit_bptt_in_float64(name, cls, kw, lengths, calls):
+    dtype = torch.float64
+    gen = torch.Generator().manual_seed(0)
+    layer = _layer(cls, kw, dtype)
+    x = torch.randn(B, T, I, dtype=dtype, generator=gen)
+    state = _initial(cls, dtype, gen)
+    lens = None if lengths is None else torch.tensor(lengths)
+    expected = _run(layer, x, state, "loop", lengths=lens)
+    assert calls["n"] == 0
+    got = _run(layer, x, state, "fused", lengths=lens)
+    assert calls["n"] == 4  # two layers, two directions: each one fused call
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=0.0)
+
+
+@pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
+def test_fused_path_equals_the_loop_in_float32(name, cls, kw, calls):
+    gen = torch.Generator().manual_seed(1)
+    layer = _layer(cls, kw, torch.float32)
+    x = torch.randn(B, T, I, generator=gen)
+    state = _initial(cls, torch.float32, gen)
+    lens = torch.tensor([T, 2, 5, 0, 6])
+    expected = _run(layer, x, state, "loop", lengths=lens)
+    got = _run(layer, x, state, "fused", lengths=lens)
+    assert calls["n"] == 4
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+def test_nan_in_the_padding_reaches_nothing_on_the_fused_path(calls):
+    layer = _layer(rnnkit.LSTM, {}, torch.float64)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(B, T, I, dtype=torch.float64, generator=gen)
+    state = _initial(rnnkit.LSTM, torch.float64, gen)
+    lens = torch.tensor([T, 3, 0, 1, 4])
+    dirty = x.clone()
+    for b, n in enumerate(lens.tolist()):
+        dirty[b, n:] = float("nan")
+    clean = _run(layer, x, state, "fused", lengths=lens)
+    got = _run(layer, dirty, state, "fused", lengths=lens)
+    assert calls["n"] == 8
+    for c, g in zip(clean, got, strict=True):
+        torch.testing.assert_close(g, c, atol=0.0, rtol=0.0)
+
+
+@pytest.mark.parametrize("name, cls, kw", NOT_FUSED, ids=[f[0] for f in NOT_FUSED])
+def test_forms_the_fused_kernels_lack_run_the_loop_even_when_forced(name, cls, kw, calls):
+    layer = _layer(cls, kw, torch.float64)
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    state = _initial(cls, torch.float64, torch.Generator())
+    expected = _run(layer, x, state, "loop")
+    got = _run(layer, x, state, "fused")
+    assert calls["n"] == 0
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g, e, atol=0.0, rtol=0.0)
+
+
+def test_holes_and_windows_run_the_loop_even_when_forced(calls):
+    layer = _layer(rnnkit.LSTM, {}, torch.float64, bidirectional=False)
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, 2] = False  # a hole inside a sequence: the state is held there
+    state = LSTMState(
+        torch.zeros(2, 1, B, H, dtype=torch.float64), torch.zeros(2, 1, B, H, dtype=torch.float64)
+    )
+    expected = _run(layer, x, state, "loop", mask=mask)
+    got = _run(layer, x, state, "fused", mask=mask)
+    assert calls["n"] == 0  # both layers see the hole
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=0.0)
+
+
+def test_a_window_runs_the_loop_even_when_forced(calls):
+    layer = _layer(rnnkit.GRU, {"update": "keep", "reset": "after"}, torch.float64, False)
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    state = torch.zeros(2, 1, B, H, dtype=torch.float64)
+    expected = _run(layer, x, state, "loop", window=2)
+    got = _run(layer, x, state, "fused", window=2)
+    assert calls["n"] == 0
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g, e, atol=0.0, rtol=0.0)
+
+
+def test_inference_runs_fused_and_equals_the_loop(calls):
+    layer = _layer(rnnkit.GRU, {"update": "candidate", "reset": "after"}, torch.float64)
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    lens = torch.tensor([1, T, 0, 3, 2])
+    with torch.no_grad():
+        with use_fused("loop"):
+            expected = layer(x, lengths=lens)
+        with use_fused("fused"):
+            got = layer(x, lengths=lens)
+    assert calls["n"] == 4
+    torch.testing.assert_close(got.outputs, expected.outputs, atol=1e-12, rtol=0.0)
+    torch.testing.assert_close(got.state, expected.state, atol=1e-12, rtol=0.0)
+
+
+def test_auto_keeps_cpu_tensors_on_the_library_loop(calls):
+    layer = _layer(rnnkit.LSTM, {}, torch.float32)
+    with use_fused("auto"):
+        layer(torch.randn(B, T, I)).outputs.sum().backward()
+    assert calls["n"] == 0
+
+
+def test_the_choice_of_path():
+    mask = torch.ones(T, B, dtype=torch.bool)
+    lstm = rnnkit.LSTMCell(I, H).kernel
+    x = torch.zeros(T, B, I)
+    with use_fused("fused"):
+        assert wants_fused(lstm, x, None, None, False) == ("lstm", None)
+        assert wants_fused(lstm, x, mask, None, False) == ("lstm", None)  # all real
+        assert wants_fused(lstm, x, None, 3, False) is None  # BPTT(3)
+        assert wants_fused(lstm, x, None, None, True) is None  # a projected input
+        mask[4:, 0] = False
+        _, lengths = wants_fused(lstm, x, mask, None, False)
+        assert lengths.tolist() == [4, T, T, T, T]
+        mask[1, 1] = False  # a hole
+        assert wants_fused(lstm, x, mask, None, False) is None
+    with use_fused("loop"):
+        assert wants_fused(lstm, x, None, None, False) is None
+    with use_fused("auto"):
+        assert wants_fused(lstm, x, None, None, False) is None  # the CPU
+    assert fused_form(rnnkit.RNNCell(I, H, nonlinearity="sigmoid").kernel) is None
+    assert fused_form(rnnkit.GRUCell(I, H, update="candidate", reset="after").kernel) == "gru"
+
+
+def test_prefix_lengths():
+    m = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]]).bool()
+    assert prefix_lengths(m).tolist() == [2, 1, 0]
+    m[2, 1] = True  # a real step after a padded one: not a prefix
+    assert prefix_lengths(m) is None
+    assert prefix_lengths(torch.zeros(0, 2, dtype=torch.bool)).tolist() == [0, 0]
+
+
+def test_a_wrong_path_is_refused_in_one_line(monkeypatch):
+    with pytest.raises(ValueError, match="choose one of auto, fused, loop"), use_fused("cudnn"):
+        pass
+    monkeypatch.setitem(fused._choice, "path", "cudnn")
+    with pytest.raises(ValueError, match="RNNKIT_GPU_PATH='cudnn'"):
+        wants_fused(rnnkit.LSTMCell(I, H).kernel, torch.zeros(2, 1, I), None, None, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
+def test_on_cuda_the_default_path_is_cudnn_and_equals_the_cpu_oracle(name, cls, kw, calls):
+    dtype = torch.float64
+    gen = torch.Generator().manual_seed(2)
+    layer = _layer(cls, kw, dtype)
+    x = torch.randn(B, T, I, dtype=dtype, generator=gen)
+    state = _initial(cls, dtype, gen)
+    lens = torch.tensor([T, 3, 0, 1, 6])
+    expected = _run(layer, x, state, "loop", lengths=lens)
+    cuda_state = (
+        LSTMState(*(s.cuda() for s in state)) if isinstance(state, LSTMState) else state.cuda()
+    )
+    got = _run(layer.cuda(), x.cuda(), cuda_state, "auto", lengths=lens.cuda())
+    assert calls["n"] == 4
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g.cpu(), e, atol=1e-10, rtol=0.0)

@@ -1,0 +1,80 @@
+"""``rnnkit.nn.RNNCell/LSTMCell/GRUCell`` against ``torch.nn``'s with the same state dict
+(float64): the new state and every gradient; unbatched input, no bias, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rnnkit import nn as knn
+
+DTYPE = torch.float64
+CELLS = [("RNNCell", {}), ("RNNCell", {"nonlinearity": "relu"}), ("LSTMCell", {}), ("GRUCell", {})]
+
+
+def _pair(name, seed=0, **kw):
+    torch.manual_seed(seed)
+    reference = getattr(torch.nn, name)(3, 5, dtype=DTYPE, **kw)
+    torch.manual_seed(seed)
+    mine = getattr(knn, name)(3, 5, dtype=DTYPE, **kw)
+    for (n, a), (_, b) in zip(reference.named_parameters(), mine.named_parameters(), strict=True):
+        assert torch.equal(a, b), n  # the same seed gives torch's initial weights
+    return reference, mine
+
+
+def _flat(state):
+    return list(state) if isinstance(state, tuple) else [state]
+
+
+@pytest.mark.parametrize("name,options", CELLS, ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_same_step_and_gradients(name, options, bias):
+    reference, mine = _pair(name, bias=bias, **options)
+    assert isinstance(mine, getattr(torch.nn, name))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 3, dtype=DTYPE, generator=g, requires_grad=True)
+    h = torch.randn(4, 5, dtype=DTYPE, generator=g, requires_grad=True)
+    hx = (h, torch.randn(4, 5, dtype=DTYPE, generator=g)) if name == "LSTMCell" else h
+    results = []
+    for module in (reference, mine):
+        out = _flat(module(x, hx))
+        loss = sum((o * (k + 1)).sin().sum() for k, o in enumerate(out))
+        grads = torch.autograd.grad(loss, [x, h, *module.parameters()])
+        results.append([*out, *grads])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,options", CELLS, ids=str)
+def test_unbatched_and_without_a_state(name, options):
+    reference, mine = _pair(name, **options)
+    x = torch.randn(3, dtype=DTYPE)
+    for a, b in zip(_flat(reference(x)), _flat(mine(x)), strict=True):
+        assert b.shape == a.shape == (5,)
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+    empty = torch.zeros(0, 3, dtype=DTYPE)
+    assert [t.shape for t in _flat(mine(empty))] == [t.shape for t in _flat(reference(empty))]
+
+
+def test_errors_name_the_argument():
+    with pytest.raises(ValueError, match=r"rnnkit\.nn\.GRUCell: Expected input to be 1D or 2D"):
+        knn.GRUCell(3, 4)(torch.zeros(2, 2, 3))
+    with pytest.raises(TypeError, match=r"hx must be the pair \(h_0, c_0\)"):
+        knn.LSTMCell(3, 4)(torch.zeros(2, 3), torch.zeros(2, 4))
+    with pytest.raises(RuntimeError, match="hx should be 2D for 2D input"):
+        knn.RNNCell(3, 4)(torch.zeros(2, 3), torch.zeros(4))
+
+
+def test_the_namespace_is_torch_nn_with_the_recurrent_classes_replaced():
+    assert knn.Module is torch.nn.Module and knn.Linear is torch.nn.Linear
+    assert knn.functional is torch.nn.functional and knn.utils.rnn is torch.nn.utils.rnn
+    from rnnkit.nn import Embedding, Parameter
+
+    assert Embedding is torch.nn.Embedding and Parameter is torch.nn.Parameter
+    for name in ("RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell"):
+        ours, theirs = getattr(knn, name), getattr(torch.nn, name)
+        assert ours is not theirs and issubclass(ours, theirs)
+        assert ours.__module__ == "rnnkit.nn"
+    assert {"Module", "LSTM", "quantize_dynamic"} <= set(dir(knn))
+    with pytest.raises(AttributeError, match="has no attribute 'Nonsense'"):
+        knn.Nonsense  # noqa: B018
