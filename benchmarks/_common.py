@@ -19,6 +19,11 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+import rnnkit
+
+# The benchmarks train as the rnnkit command does: with its process settings (rnnkit.tuning).
+rnnkit.tune_process()
+
 __all__ = [
     "fastest_product",
     "interleaved",

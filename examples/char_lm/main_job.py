@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import rnnkit
 from rnnkit.app.cli.train import _write_report
 from rnnkit.app.cli.train_summary import print_summary
 from rnnkit.app.config import TrainConfig
@@ -30,6 +31,8 @@ STEPS = 5000
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # A training program's own choice, as the rnnkit command makes it (rnnkit.tuning).
+    rnnkit.tune_process()
     p.add_argument("--out", default="runs/main", help="run directory")
     p.add_argument("--steps", type=int, default=STEPS, help="optimizer steps (default %(default)s)")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (Adam)")

@@ -5,17 +5,13 @@ behind ``torch.nn``'s interface (a drop-in). ``__version__`` is the package's on
 source (``pyproject.toml`` reads it).
 """
 
-# Before torch loads its OpenMP runtime (which reads its environment once): idle OpenMP
-# threads spin briefly, not for a millisecond, so that they cannot starve a busy machine.
-from rnnkit.threads import configure_wait_policy
+# Importing the library changes nothing outside it. The rnnkit command itself (and only
+# it) tunes its own process, here, before torch loads its OpenMP runtime: rnnkit.tuning.
+from rnnkit.tuning import launched_as_command as _launched_as_command
+from rnnkit.tuning import tune_process
 
-configure_wait_policy()
-
-# A training step's buffers are reused by the next one instead of being handed back to
-# the kernel and faulted in again, page by page (glibc; see rnnkit.heap).
-from rnnkit.heap import keep_freed_memory
-
-keep_freed_memory()
+if _launched_as_command():
+    tune_process()
 
 from rnnkit import nn
 from rnnkit.cells.gru import GRUCell
@@ -61,4 +57,5 @@ __all__ = [
     "nn",
     "sequence_cross_entropy",
     "to_torch",
+    "tune_process",
 ]

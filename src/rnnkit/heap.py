@@ -14,8 +14,9 @@ none in the same loop.
 ``keep_freed_memory`` sets the two thresholds to the values glibc's own rule ends at —
 blocks up to 32 MiB from the heap, and up to 64 MiB of free heap kept — so that the
 buffers of one step are reused by the next. Larger blocks are still mapped and unmapped
-one by one, and the process keeps at most 64 MiB it does not use. ``import rnnkit`` calls
-it, unless the user chose for themselves: any ``MALLOC_*_`` setting or
+one by one, and the process keeps at most 64 MiB it does not use. The ``rnnkit`` command
+calls it, and so does ``rnnkit.tune_process()`` (importing the library does not:
+``rnnkit.tuning``), unless the user chose for themselves: any ``MALLOC_*_`` setting or
 ``glibc.malloc`` tunable, another allocator preloaded (jemalloc, tcmalloc, mimalloc),
 or ``RNNKIT_KEEP_HEAP=0``. Without glibc (macOS, Windows, musl) it does nothing.
 """

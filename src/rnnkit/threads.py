@@ -20,7 +20,8 @@ team spins and takes CPU from the very thread it waits for. Measured on the char
 * ``configure_wait_policy`` shortens how long an idle OpenMP thread spins before it
   sleeps (GNU OpenMP, which torch's CPU build uses: ``GOMP_SPINCOUNT``), unless the user
   set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``. It must run before torch loads its
-  OpenMP runtime: ``import rnnkit`` does it first thing when torch is not imported yet.
+  OpenMP runtime: the ``rnnkit`` command does it first thing (``rnnkit.tuning``);
+  importing the library does not.
 """
 
 from __future__ import annotations

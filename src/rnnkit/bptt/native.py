@@ -37,7 +37,6 @@ beside it, a ``.log`` keeps the compiler command and output of its build.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import platform
@@ -54,6 +53,7 @@ import torch
 from torch import Tensor
 
 from rnnkit import messages
+from rnnkit.data.locks import lock as lock_file
 
 __all__ = ["available", "build", "library", "own_matmul", "supports", "use_native"]
 
@@ -161,7 +161,7 @@ def _load() -> bool:
     cache.mkdir(parents=True, exist_ok=True)
     if not target.exists():
         with open(target.with_suffix(".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one process builds, the others wait
+            lock_file(lock.fileno())  # one process builds, the others wait
             if failed.exists():
                 raise RuntimeError(f"{failed.read_text().strip()} (delete {failed} to retry)")
             if not target.exists():

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import functools
 import os
 import random
@@ -21,6 +19,7 @@ from safetensors.numpy import save_file as save_numpy
 from rnnkit import messages
 from rnnkit.app.config import TrainConfig
 from rnnkit.data.files import atomic_write, fingerprint
+from rnnkit.data.locks import lock as lock_file
 from rnnkit.errors import CheckpointError, ConfigError
 from rnnkit.models.spec import ModelSpec
 from rnnkit.training.baseline_check import RunSettings, behind_baseline
@@ -318,11 +317,7 @@ def lock_run_dir(out: str | Path) -> Iterator[None]:
     path = out / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
-                raise
+        if not lock_file(fd, blocking=False):
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
             raise ConfigError(
                 f"--out {out} is in use by another rnnkit process (pid {holder}); wait for "
