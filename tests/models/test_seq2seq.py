@@ -8,7 +8,7 @@ import torch
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
-from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
+from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED, Vocabulary
 from rnnkit.errors import ConfigError
 from rnnkit.generation.seq2seq_search import beam_search
 from rnnkit.models.seq2seq import STATE_BATCH_DIM, build_seq2seq
@@ -230,7 +230,14 @@ def test_beam_width_one_equals_greedy_and_batching_changes_nothing(attention, wi
     with torch.no_grad():
         state = m.encode(batch.source, batch.source_mask)
         beam = beam_search(
-            m, state, STATE_BATCH_DIM, beam=1, max_length=8, bos_id=BOS_ID, eos_id=EOS_ID
+            m,
+            state,
+            STATE_BATCH_DIM,
+            beam=1,
+            max_length=8,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            forbid=NEVER_GENERATED,
         )
     assert [b[0].ids for b in beam] == greedy
     assert [b[0].logprob for b in beam] == pytest.approx([h[0].logprob for h in hyps], abs=1e-5)
@@ -259,7 +266,15 @@ def test_beam_search_reorders_per_source_parts_only_when_sources_leave(monkeypat
     with torch.no_grad():
         state = m.encode(batch.source, batch.source_mask)
         want = beam_search(
-            m, state, STATE_BATCH_DIM, beam=3, max_length=9, bos_id=BOS_ID, eos_id=EOS_ID, num=2
+            m,
+            state,
+            STATE_BATCH_DIM,
+            beam=3,
+            max_length=9,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            num=2,
+            forbid=NEVER_GENERATED,
         )
     assert len({len(h[0].ids) for h in got}) > 1
     assert got == want

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.data.pairs import PairBatch
-from rnnkit.data.vocab import BOS_ID, EOS_ID
+from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED
 from rnnkit.errors import ConfigError
 from rnnkit.generation.search import GenerationResult, generate_batch
 from rnnkit.generation.seq2seq_search import decode_batch
@@ -486,6 +486,7 @@ class Seq2Seq(nn.Module):
             max_length=max_length,
             bos_id=BOS_ID,
             eos_id=EOS_ID,
+            forbid=NEVER_GENERATED,
             length_penalty=length_penalty,
             num=num,
             per_source=PER_SOURCE,
@@ -517,6 +518,7 @@ class Seq2Seq(nn.Module):
             max_length=max_length,
             eos_id=EOS_ID,
             bos_id=BOS_ID,
+            forbid=NEVER_GENERATED,
             strategy="sample",
             temperature=temperature,
             top_k=top_k,
