@@ -62,6 +62,8 @@ __all__ = [
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "lm": {"layers": 2, "dropout": 0.3},
     "regress": {"lr": 5e-3},
+    # whole sessions: full BPTT runs the time loop at full speed (window:K costs K times)
+    "events": {"bptt": "full"},
 }
 
 
