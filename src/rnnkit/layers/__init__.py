@@ -17,7 +17,7 @@ from rnnkit.layers.interop import convert_gru_update, count_parameters, from_tor
 from rnnkit.layers.linear import Linear, linear
 from rnnkit.layers.masking import flip_sequences, lengths_to_mask, resolve_mask
 from rnnkit.layers.recurrent import Recurrent
-from rnnkit.layers.stacked import Bidirectional, StackedRecurrent, reset_rows
+from rnnkit.layers.stacked import Bidirectional, StackedRecurrent, direction_widths, reset_rows
 from rnnkit.layers.windowed import run_windowed_stack
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "lengths_to_mask",
     "linear",
     "masked_softmax",
+    "direction_widths",
     "reset_rows",
     "resolve_mask",
     "run_windowed_stack",
