@@ -92,3 +92,7 @@ def test_bad_widths_are_clear_errors():
     assert "(4, 2)" in repr(layer)
     with pytest.raises(ValueError, match=r"\(L, D, B, H\) = \(1, 2, 2, 4\)"):
         layer(torch.zeros(2, 3, 3), state=torch.zeros(1, 2, 2, 2))
+    from rnnkit.layers.interop import to_torch
+
+    with pytest.raises(ValueError, match=r"one width; this stack's are \(4, 2\)"):
+        to_torch(layer)
