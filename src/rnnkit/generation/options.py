@@ -133,6 +133,19 @@ def mask_forbidden(log_probs: Tensor, forbid: tuple[int, ...]) -> Tensor:
     return log_probs.index_fill(-1, index, -math.inf)
 
 
+def greedy_choice(scores: Tensor, forbid: tuple[int, ...]) -> Tensor:
+    """``argmax`` of ``scores (B, V)`` over the tokens not in ``forbid`` (those ``< V``):
+    the model's own greedy choice, as greedy search makes it (scheduled sampling feeds it).
+
+    >>> greedy_choice(torch.tensor([[5.0, 1.0, 2.0]]), (0,))
+    tensor([2])
+    """
+    ids = tuple(t for t in forbid if t < scores.shape[-1])
+    if not ids or len(ids) >= scores.shape[-1]:
+        return scores.argmax(dim=-1)
+    return mask_forbidden(scores, ids).argmax(dim=-1)
+
+
 def _check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int | None) -> list[list[int]]:
     out = []
     for i, prompt in enumerate(prompts):

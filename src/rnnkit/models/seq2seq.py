@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED
 from rnnkit.errors import ConfigError
+from rnnkit.generation.options import greedy_choice
 from rnnkit.generation.search import GenerationResult, generate_batch
 from rnnkit.generation.seq2seq_search import decode_batch
 from rnnkit.layers.attention import Attention
@@ -349,7 +350,7 @@ class Seq2Seq(nn.Module):
             token = target_in[:, t]
             if t > 0:
                 assert prev_logits is not None
-                own = prev_logits.argmax(dim=-1)  # (B,)
+                own = greedy_choice(prev_logits, NEVER_GENERATED)  # (B,), as greedy search
                 use_own = _coins(B, generator, target_in.device) < sampling_p
                 token = torch.where(use_own, own, token)
                 ended = ended | (use_own & (own == EOS_ID))
