@@ -167,7 +167,7 @@ class CellSpec:
 
         The reverse direction is built row by row with Python index lists: each row's span
         ``[0, last real step]`` is reversed, the padding after it stays where it is.
-        Returns ``(outputs (B, T, D·H), final states tuple of (L, D, B, H))``.
+        Returns ``(outputs (B, T, Σ H_d), final states tuple of (L, D, B, max H_d))``.
         """
         B, T, _ = x.shape
         L, D = layer.num_layers, layer.num_directions
@@ -185,10 +185,11 @@ class CellSpec:
             outs, fins = [], []
             for d in range(D):
                 cell = cells[l * D + d]
+                H = cell.hidden_size  # directions may differ in width: each its own
                 if state is None:
-                    s0 = tuple(h.new_zeros(B, layer.hidden_size) for _ in range(self.num_states))
+                    s0 = tuple(h.new_zeros(B, H) for _ in range(self.num_states))
                 else:
-                    s0 = tuple(s[l, d] for s in self.unpack(state))
+                    s0 = tuple(s[l, d, :, :H] for s in self.unpack(state))
                 if d == 0:
                     o, f = self.run(cell, h, s0, mt)
                 else:
@@ -202,8 +203,16 @@ class CellSpec:
                 fins.append(f)
             h = torch.cat(outs, dim=-1)
             finals.append(fins)
+        # (L, D, B, max H_d): a narrower direction's units first, zeros after them
+        width = max(c.hidden_size for c in cells)
+
+        def padded(t: Tensor) -> Tensor:
+            return torch.cat([t, t.new_zeros(B, width - t.shape[-1])], dim=-1)
+
         stacked = tuple(
-            torch.stack([torch.stack([finals[l][d][k] for d in range(D)]) for l in range(L)])
+            torch.stack(
+                [torch.stack([padded(finals[l][d][k]) for d in range(D)]) for l in range(L)]
+            )
             for k in range(self.num_states)
         )
         return h.transpose(0, 1), stacked

@@ -57,3 +57,40 @@ def test_bad_input_names_file_and_line(tmp_path, name, content, where, words):
         read_vector_sequences(path)
     assert str(err.value).startswith(f"{path}{where}: ")
     assert words in str(err.value)
+
+
+def test_labelled_sequences_from_json_lines_and_label_folders(tmp_path):
+    (tmp_path / "a.jsonl").write_text(
+        '{"seq": [[1, 2], [3, 4]], "label": "walk"}\n\n{"seq": [[5, 6]], "label": "run"}\n'
+    )
+    seqs = read_vector_sequences(tmp_path / "a.jsonl", labelled=True)
+    assert [s.label for s in seqs] == ["walk", "run"] and [s.line for s in seqs] == [1, 3]
+    assert seqs[0].values.tolist() == [[1, 2], [3, 4]] and seqs[0].target is None
+    for cls, rows in (("sit", "x,y\n0,0\n0,1\n"), ("walk", "1,2\n"), ("walk", "3,4\n5,6\n")):
+        (tmp_path / "csv" / cls).mkdir(parents=True, exist_ok=True)
+        n = len(list((tmp_path / "csv" / cls).iterdir()))
+        (tmp_path / "csv" / cls / f"{n}.csv").write_text(rows)
+    seqs = read_vector_sequences(tmp_path / "csv", labelled=True)
+    assert [(s.label, len(s.values)) for s in seqs] == [("sit", 2), ("walk", 1), ("walk", 2)]
+    assert seqs[0].line == 2  # the first data row, after the header
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ('{"seq": [1, 2]}\n', ['"label" must be a non-empty string']),
+        ('{"seq": [1, 2], "label": 3}\n', ['"label" must be a non-empty string']),
+        ('{"seq": [1, 2], "label": "a", "y": 1}\n', ["unknown keys ['y']"]),
+    ],
+)
+def test_a_labelled_line_needs_its_label(tmp_path, content, words):
+    (tmp_path / "a.jsonl").write_text(content)
+    with pytest.raises(DataError) as err:
+        read_vector_sequences(tmp_path / "a.jsonl", labelled=True)
+    assert "a.jsonl:1" in str(err.value) and all(w in str(err.value) for w in words)
+    (tmp_path / "one.csv").write_text("1,2\n")
+    with pytest.raises(DataError, match="folder named by its label"):
+        read_vector_sequences(tmp_path / "one.csv", labelled=True)
+    with pytest.raises(DataError, match=r"unknown keys \['label'\]"):  # regress: no label
+        (tmp_path / "b.jsonl").write_text('{"seq": [1], "label": "a"}\n')
+        read_vector_sequences(tmp_path / "b.jsonl")

@@ -106,3 +106,33 @@ def test_is_bio_tagset():
     assert not is_bio_tagset(["O"])  # no span type at all
     assert not is_bio_tagset(["B-A", "NOUN"])
     assert not is_bio_tagset(["B-", "O"])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_macro_f1_equals_sklearn_with_and_without_labels(seed):
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    import random
+    import warnings
+
+    rng = random.Random(seed)
+    classes = ["a", "b", "c", "d", "e"]
+    n = rng.randint(1, 12)
+    gold = [rng.choice(classes[:3]) for _ in range(n)]
+    pred = [rng.choice(classes[1:4]) for _ in range(n)]
+    with warnings.catch_warnings():  # sklearn warns of classes with no gold or prediction
+        warnings.simplefilter("ignore")
+        want = sklearn_metrics.f1_score(gold, pred, average="macro")
+        want_all = sklearn_metrics.f1_score(
+            gold, pred, average="macro", labels=classes, zero_division=0.0
+        )
+    assert macro_f1(gold, pred) == pytest.approx(want, abs=1e-12)
+    assert macro_f1(gold, pred, labels=classes) == pytest.approx(want_all, abs=1e-12)
+
+
+def test_task_figures_average_over_the_classes_present():
+    from rnnkit.app.tasks.figures import per_class_figures
+
+    got = per_class_figures(["pos", "pos"], ["pos", "pos"], ["neg", "pos"], "per_class")
+    # accuracy 1 and macro-F1 1: "neg" occurs in neither gold nor predicted labels
+    assert got["macro_f1"] == 1.0
+    assert got["per_class_support"] == {"neg": 0, "pos": 2}  # every trained class listed

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from rnnkit.metrics.sequences import bleu, character_error_rate
+from rnnkit.metrics.sequences import bleu, character_error_rate, characters
 
 sacrebleu = pytest.importorskip("sacrebleu")
 
@@ -51,3 +51,28 @@ def test_character_error_rate_by_hand():
     assert character_error_rate(["same"], ["same"]) == 0.0
     with pytest.raises(ValueError, match="empty references"):
         character_error_rate(["a"], [""])
+
+
+def test_a_special_symbol_is_one_character_of_the_error_rate():
+    # "<unk>" for "a" in "ab": one substitution over two characters (not five insertions)
+    assert characters(["<unk>", "b"], "char") == ["<unk>", "b"]
+    assert character_error_rate([characters(["<unk>", "b"], "char")], ["ab"]) == 0.5
+    # words: "x <unk>" against "x yz": one substitution and one deletion over 4 characters
+    hyp = characters(["x", "<unk>"], "word")
+    assert hyp == ["x", " ", "<unk>"]
+    assert character_error_rate([hyp], [characters(["x", "yz"], "word")]) == pytest.approx(2 / 4)
+
+
+def test_seq2seq_output_metrics_count_unk_as_one_symbol():
+    from rnnkit.app.tasks.seq2seq_decode import output_metrics
+    from rnnkit.data.pairs import Pair
+    from rnnkit.data.vocab import Vocabulary
+
+    chars = Vocabulary(["a", "b"], unit="char")
+    got = output_metrics([["<unk>", "b"], ["a"]], [Pair("s", "ab"), Pair("s", "a")], chars)
+    assert got["character_error_rate"] == pytest.approx(1 / 3)  # hand: (1 + 0) / (2 + 1)
+    words = Vocabulary(["the", "cat"], unit="word")
+    got = output_metrics([["the", "<unk>"]], [Pair("s", "the  dog")], words)
+    # "the <unk>" against "the dog" (one space between words): 3 edits over 7 characters
+    assert got["character_error_rate"] == pytest.approx(3 / 7)
+    assert got["token_error_rate"] == pytest.approx(1 / 2)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
-from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
+from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED, Vocabulary
 from rnnkit.generation.seq2seq_search import beam_search
 from rnnkit.models.decoder_only import build_decoder_only, joint_sequences
 from rnnkit.models.spec import ModelSpec
@@ -95,7 +95,9 @@ def test_beam_one_equals_greedy_and_batching_changes_nothing():
     greedy = [h[0].ids for h in m.decode(b.source, b.source_mask, beam=1, max_length=7)]
     with torch.no_grad():
         state = m.encode_source(b.source, b.source_mask)
-        beam1 = beam_search(m, state, 2, beam=1, max_length=7, bos_id=BOS_ID, eos_id=EOS_ID)
+        beam1 = beam_search(
+            m, state, 2, beam=1, max_length=7, bos_id=BOS_ID, eos_id=EOS_ID, forbid=NEVER_GENERATED
+        )
     assert [h[0].ids for h in beam1] == greedy
     beam3 = [h[0].ids for h in m.decode(b.source, b.source_mask, beam=3, max_length=7)]
     for i, w in enumerate(WORDS):

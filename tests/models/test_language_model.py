@@ -6,6 +6,8 @@ autograd of an explicitly built graph, an untied twin), never with itself.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -391,8 +393,8 @@ def test_tied_head_logits_use_the_embedding_matrix():
 # -- scheduled sampling ------------------------------------------------------------------------
 def free_running_reference(lm, x, y, mask, coins, p):
     """Autograd oracle: the cells' own differentiable step (no explicit BPTT), one token at
-    a time; at step t ≥ 1 a row feeds argmax of its previous logits where ``coins[:, t] <
-    p`` and the step is real."""
+    a time; at step t ≥ 1 a row feeds argmax of its previous logits (``<pad>``, ``<unk>``,
+    ``<s>`` left out) where ``coins[:, t] < p`` and the step is real."""
     cells = lm.encoder.cells()
     B, T = x.shape
     hs = [torch.zeros(B, H, dtype=torch.float64) for _ in cells]
@@ -402,7 +404,8 @@ def free_running_reference(lm, x, y, mask, coins, p):
     for t in range(T):
         token = x[:, t]
         if t > 0:
-            own = prev.detach().argmax(-1)
+            # the greedy choice among the tokens generation may produce (not 0, 1, 2)
+            own = prev.detach().index_fill(-1, torch.tensor([0, 1, 2]), -math.inf).argmax(-1)
             token = torch.where((coins[:, t] < p) & mask[:, t], own, token)
         inp = lm.embedding(token)
         for k, cell in enumerate(cells):
@@ -431,10 +434,15 @@ def test_scheduled_sampling_p0_is_teacher_forcing(kind):
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 @pytest.mark.parametrize("p", [1.0, 0.5])
-def test_scheduled_sampling_equals_autograd_of_the_sampled_graph(kind, p):
+@pytest.mark.parametrize("specials_first", [False, True])
+def test_scheduled_sampling_equals_autograd_of_the_sampled_graph(kind, p, specials_first):
     """Loss and every gradient equal autograd through the cells' plain step functions fed
-    the same choices (the coins drawn from the same seeded generator)."""
+    the same choices (the coins drawn from the same seeded generator); with the specials
+    made the most probable outputs, the fed choice is still never one of them."""
     lm = make_lm(kind, 2)
+    if specials_first:
+        with torch.no_grad():
+            lm.head.bias[:3] += 20.0
     x, y = tokens(3, 9), tokens(3, 9, seed=7)
     out = lm.scheduled_loss(x, y, PADDED, sampling_p=p, generator=torch.Generator().manual_seed(3))
     got = grads(lm, out.loss)

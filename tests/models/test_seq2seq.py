@@ -3,12 +3,14 @@ p = 0 (teacher forcing) and p = 1 (free running), batched greedy / beam decoding
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
-from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
+from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED, Vocabulary
 from rnnkit.errors import ConfigError
 from rnnkit.generation.seq2seq_search import beam_search
 from rnnkit.models.seq2seq import STATE_BATCH_DIM, build_seq2seq
@@ -181,21 +183,26 @@ def _free_running_logits(m, batch, steps):
         for _ in range(steps):
             log_probs, state = m.step(token, state)
             logits.append(log_probs[0])
-            token = log_probs.argmax(-1)
+            # greedy among the tokens generation may produce (not <pad>, <unk>, <s>)
+            token = log_probs.index_fill(-1, torch.tensor(NEVER_GENERATED), -math.inf).argmax(-1)
         rows.append(torch.stack(logits))
     return torch.stack(rows)  # (B, steps, V) log-probabilities
 
 
 @pytest.mark.parametrize("attention", ["none", "additive"])
-def test_scheduled_sampling_with_p_one_equals_free_running(attention):
+@pytest.mark.parametrize("specials_first", [False, True])
+def test_scheduled_sampling_with_p_one_equals_free_running(attention, specials_first):
     m = model(seed=3, attention=attention, context="init").eval()
+    if specials_first:  # the specials the most probable outputs: still never fed
+        with torch.no_grad():
+            m.head.bias[: len(NEVER_GENERATED)] += 20.0
     batch = reverse_batch()
     out = m(batch.source, batch.source_mask, batch.target_in, batch.target_mask, sampling_p=1.0)
     T = batch.target_in.shape[1]
     free = _free_running_logits(m, batch, T)
     ss = torch.log_softmax(out.logits, -1)
     for i in range(len(WORDS)):
-        own = free[i].argmax(-1).tolist()
+        own = free[i].index_fill(-1, torch.tensor(NEVER_GENERATED), -math.inf).argmax(-1).tolist()
         # Free running stops after its own </s>: steps up to and including it must agree.
         stop = own.index(EOS_ID) + 1 if EOS_ID in own else T
         n = min(stop, int(batch.target_mask[i].sum()))
@@ -230,7 +237,14 @@ def test_beam_width_one_equals_greedy_and_batching_changes_nothing(attention, wi
     with torch.no_grad():
         state = m.encode(batch.source, batch.source_mask)
         beam = beam_search(
-            m, state, STATE_BATCH_DIM, beam=1, max_length=8, bos_id=BOS_ID, eos_id=EOS_ID
+            m,
+            state,
+            STATE_BATCH_DIM,
+            beam=1,
+            max_length=8,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            forbid=NEVER_GENERATED,
         )
     assert [b[0].ids for b in beam] == greedy
     assert [b[0].logprob for b in beam] == pytest.approx([h[0].logprob for h in hyps], abs=1e-5)
@@ -259,7 +273,15 @@ def test_beam_search_reorders_per_source_parts_only_when_sources_leave(monkeypat
     with torch.no_grad():
         state = m.encode(batch.source, batch.source_mask)
         want = beam_search(
-            m, state, STATE_BATCH_DIM, beam=3, max_length=9, bos_id=BOS_ID, eos_id=EOS_ID, num=2
+            m,
+            state,
+            STATE_BATCH_DIM,
+            beam=3,
+            max_length=9,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            num=2,
+            forbid=NEVER_GENERATED,
         )
     assert len({len(h[0].ids) for h in got}) > 1
     assert got == want

@@ -13,6 +13,7 @@ from rnnkit.data.text import (
 from rnnkit.data.vocab import (
     BOS_ID,
     EOS_ID,
+    NEVER_GENERATED,
     PAD_ID,
     SPECIALS,
     UNITS,
@@ -24,6 +25,7 @@ from rnnkit.data.vocab import (
 __all__ = [
     "BOS_ID",
     "EOS_ID",
+    "NEVER_GENERATED",
     "PAD_ID",
     "SPECIALS",
     "UNITS",

@@ -1,5 +1,5 @@
-"""Real-valued vector sequences for the ``regress`` task: readers with errors naming the file
-and line.
+"""Real-valued vector sequences for the ``regress`` task and for ``classify --inputs
+vectors``: readers with errors naming the file and line.
 
 Two formats:
 
@@ -12,6 +12,11 @@ Two formats:
   numeric is a header and skipped. A directory holds one sequence per ``*.csv`` file (in
   name order).
 
+Labelled sequences (``labelled=True``, for classification) carry a class instead of a
+target: ``{"seq": [...], "label": "walk"}`` (a non-empty string; no ``"y"``), or, for CSV,
+a directory with one folder per class, ``DIR/walk/*.csv``: the folder's name is the
+label of every sequence in it.
+
 Every value must be a finite number and every step of every sequence must have the same
 width (``D``), else a :class:`~rnnkit.errors.DataError` names the file and line.
 """
@@ -21,7 +26,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +47,7 @@ class VectorSequence:
     target: np.ndarray | None
     path: str
     line: int
+    label: str | None = None
 
 
 def _number(value: Any, path: str, line: int, what: str) -> float:
@@ -53,8 +59,9 @@ def _number(value: Any, path: str, line: int, what: str) -> float:
     return out
 
 
-def parse_vector_line(text: str, path: str, line: int) -> VectorSequence:
-    """One JSON line ``{"seq": [...], "y": ...}`` as a :class:`VectorSequence`."""
+def parse_vector_line(text: str, path: str, line: int, labelled: bool = False) -> VectorSequence:
+    """One JSON line ``{"seq": [...], "y": ...}`` (``labelled``: ``{"seq": [...], "label":
+    "walk"}``) as a :class:`VectorSequence`."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -81,25 +88,32 @@ def parse_vector_line(text: str, path: str, line: int) -> VectorSequence:
             )
         width = len(values)
         rows.append([_number(v, path, line, f"step {t + 1} of seq: a value") for v in values])
-    target = None
-    if "y" in data:
+    target, label = None, None
+    if labelled:
+        label = data.get("label")
+        if not isinstance(label, str) or not label.strip():
+            raise DataError('"label" must be a non-empty string (the class)', path, line)
+    elif "y" in data:
         y = data["y"] if isinstance(data["y"], list) else [data["y"]]
         if not y:
             raise DataError('"y" must be a number or a non-empty list of numbers', path, line)
         target = np.array([_number(v, path, line, '"y": a value') for v in y], dtype=np.float32)
-    unknown = sorted(set(data) - {"seq", "y"})
+    keys = {"seq", "label"} if labelled else {"seq", "y"}
+    unknown = sorted(set(data) - keys)
     if unknown:
-        raise DataError(f"unknown keys {unknown} (expected seq and y)", path, line)
-    return VectorSequence(np.array(rows, dtype=np.float32), target, path, line)
+        raise DataError(
+            f"unknown keys {unknown} (expected {' and '.join(sorted(keys))})", path, line
+        )
+    return VectorSequence(np.array(rows, dtype=np.float32), target, path, line, label)
 
 
-def _read_jsonl(path: Path) -> list[VectorSequence]:
+def _read_jsonl(path: Path, labelled: bool = False) -> list[VectorSequence]:
     out = []
     with open(path, encoding="utf-8") as f:
         try:
             for number, text in enumerate(f, start=1):
                 if text.strip():
-                    out.append(parse_vector_line(text, str(path), number))
+                    out.append(parse_vector_line(text, str(path), number, labelled))
         except UnicodeDecodeError as exc:
             raise DataError(f"not UTF-8 text ({exc.reason})", str(path)) from None
     return out
@@ -150,11 +164,30 @@ def _is_float(text: str) -> bool:
     return True
 
 
-def read_vector_sequences(path: str | Path) -> list[VectorSequence]:
+def _read_labelled_csv(p: Path) -> list[VectorSequence]:
+    """``DIR/LABEL/*.csv``: one folder per class (in name order), one sequence per file."""
+    if not p.is_dir():
+        raise DataError(
+            "a labelled CSV sequence is read from a folder named by its label: give the "
+            "directory that holds LABEL/*.csv",
+            str(p),
+        )
+    seqs = []
+    for folder in sorted(q for q in p.iterdir() if q.is_dir()):
+        seqs += [replace(_read_csv(f), label=folder.name) for f in sorted(folder.glob("*.csv"))]
+    if not seqs:
+        raise DataError("a directory of labelled sequences must hold LABEL/*.csv files", str(p))
+    return seqs
+
+
+def read_vector_sequences(path: str | Path, labelled: bool = False) -> list[VectorSequence]:
     """All sequences of a JSON-lines file, a CSV file (one sequence) or a directory of CSV
-    files; every step of every sequence of the same width ``D``."""
+    files; every step of every sequence of the same width ``D``. ``labelled``: each with
+    its class (see the module doc)."""
     p = Path(path)
-    if p.is_dir():
+    if labelled and (p.is_dir() or p.suffix.lower() == ".csv"):
+        seqs = _read_labelled_csv(p)
+    elif p.is_dir():
         files = sorted(p.glob("*.csv"))
         if not files:
             raise DataError("a directory of sequences must hold *.csv files", str(p))
@@ -162,7 +195,7 @@ def read_vector_sequences(path: str | Path) -> list[VectorSequence]:
     elif p.suffix.lower() == ".csv":
         seqs = [_read_csv(p)]
     else:
-        seqs = _read_jsonl(p)
+        seqs = _read_jsonl(p, labelled)
     if not seqs:
         raise DataError("no sequences", str(p))
     width = seqs[0].values.shape[1]

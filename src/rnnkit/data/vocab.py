@@ -23,6 +23,7 @@ from rnnkit.errors import ConfigError, DataError
 __all__ = [
     "BOS_ID",
     "EOS_ID",
+    "NEVER_GENERATED",
     "PAD_ID",
     "SPECIALS",
     "UNITS",
@@ -36,6 +37,8 @@ _VocabT = TypeVar("_VocabT", bound="Vocabulary")
 
 SPECIALS: tuple[str, ...] = ("<pad>", "<unk>", "<s>", "</s>")
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+#: The specials a model never generates: padding, unknown and start; ``</s>`` only ends.
+NEVER_GENERATED: tuple[int, ...] = (PAD_ID, UNK_ID, BOS_ID)
 UNITS: tuple[str, ...] = ("char", "word")
 
 _FORMAT = "rnnkit.vocab"

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rnnkit.generation.options import GenerationResult, StepModel, _Options
+from rnnkit.generation.options import GenerationResult, StepModel, _Options, mask_forbidden
 from rnnkit.generation.state import Reorder
 
 # Nothing public: searches start at rnnkit.generation.search.
@@ -42,6 +42,7 @@ def _run_beam(
     hyps: list[list[GenerationResult]] = [[] for _ in range(S)]
     for t in range(opt.max_length):
         A, n = len(sources), t + 1  # n: tokens drawn so far, this one included
+        log_probs = mask_forbidden(log_probs, opt.forbid)
         cand = beam_lp.unsqueeze(-1) + log_probs.view(A, K, V).float()  # (A, K, V)
         # 2K candidates leave K live ones even if K of them are eos.
         top_lp, top_idx = cand.view(A, K * V).topk(min(2 * K, K * V), dim=-1)  # (A, C)

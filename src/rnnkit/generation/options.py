@@ -74,6 +74,7 @@ class _Options:
     early_stopping: bool
     num: int
     generator: torch.Generator | None
+    forbid: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_length) or self.max_length < 1:
@@ -96,9 +97,53 @@ class _Options:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 0):
                 raise ValueError(f"{name} must be a non-negative integer or None, got {value!r}")
+        check_forbid(self.forbid, self.eos_id)
 
     def score(self, logprob: float, n: int) -> float:
         return logprob / n**self.length_penalty
+
+
+def check_forbid(forbid: Sequence[int], eos_id: int | None) -> tuple[int, ...]:
+    """``forbid`` as a tuple of token ids, checked: ids ≥ 0, and never ``eos_id`` (the
+    end is a choice the model must be able to make)."""
+    ids = tuple(forbid)
+    for t in ids:
+        if not _is_int(t) or t < 0:
+            raise ValueError(f"forbid holds {t!r}, not a token id")
+    if eos_id is not None and eos_id in ids:
+        raise ValueError(f"forbid holds eos_id {eos_id}: the end of a sequence cannot be forbidden")
+    return ids
+
+
+def mask_forbidden(log_probs: Tensor, forbid: tuple[int, ...]) -> Tensor:
+    """``log_probs (B, V)`` with the ``forbid`` columns set to ``-inf`` (a new tensor when
+    any; the others keep the model's own values, so ``logprob`` stays the model's).
+
+    >>> mask_forbidden(torch.zeros(1, 3), (0, 2))
+    tensor([[-inf, 0., -inf]])
+    """
+    if not forbid:
+        return log_probs
+    V = log_probs.shape[-1]
+    if any(t >= V for t in forbid):
+        raise ValueError(f"forbid holds a token id outside the {V} outputs: {forbid}")
+    if len(forbid) >= V:
+        raise ValueError(f"forbid leaves none of the {V} outputs to choose")
+    index = torch.tensor(forbid, device=log_probs.device)
+    return log_probs.index_fill(-1, index, -math.inf)
+
+
+def greedy_choice(scores: Tensor, forbid: tuple[int, ...]) -> Tensor:
+    """``argmax`` of ``scores (B, V)`` over the tokens not in ``forbid`` (those ``< V``):
+    the model's own greedy choice, as greedy search makes it (scheduled sampling feeds it).
+
+    >>> greedy_choice(torch.tensor([[5.0, 1.0, 2.0]]), (0,))
+    tensor([2])
+    """
+    ids = tuple(t for t in forbid if t < scores.shape[-1])
+    if not ids or len(ids) >= scores.shape[-1]:
+        return scores.argmax(dim=-1)
+    return mask_forbidden(scores, ids).argmax(dim=-1)
 
 
 def _check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int | None) -> list[list[int]]:

@@ -9,7 +9,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rnnkit.generation.options import GenerationResult, StepModel, _check_sampling, _Options
+from rnnkit.generation.options import (
+    GenerationResult,
+    StepModel,
+    _check_sampling,
+    _Options,
+    mask_forbidden,
+)
 from rnnkit.generation.state import Reorder
 
 __all__ = ["filter_log_probs"]
@@ -76,6 +82,7 @@ def _run_sampling(
     lazy = opt.strategy == "greedy" and opt.eos_id is not None
     ended = torch.zeros(B, dtype=torch.bool, device=log_probs.device) if lazy else None
     for t in range(opt.max_length):
+        log_probs = mask_forbidden(log_probs, opt.forbid)  # never drawn, never chosen
         if opt.strategy == "greedy":
             chosen, token = log_probs.max(dim=-1)  # (B',) each: one op for both
         else:

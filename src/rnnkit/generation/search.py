@@ -11,6 +11,9 @@ never re-run.
 
 Decisions, stated once:
 
+* ``forbid`` names tokens never generated (rnnkit's models pass ``<pad>``, ``<unk>``
+  and ``<s>``): they are masked to ``-inf`` before every choice; ``logprob`` of what is
+  drawn stays the model's own (not renormalised over the allowed tokens).
 * ``eos_id`` stops a sequence and is **not** part of ``GenerationResult.ids``;
   ``finished`` says whether it was drawn, and its log-probability **is** counted in
   ``logprob`` (it is part of the sequence's probability).
@@ -45,6 +48,7 @@ from rnnkit.generation.options import (
     _check_prompts,
     _is_int,
     _Options,
+    check_forbid,
 )
 from rnnkit.generation.sampling import _run_sampling, filter_log_probs
 from rnnkit.generation.state import (
@@ -122,6 +126,7 @@ def generate_batch(
     state: Any = None,
     state_batch_dim: DimSpec = 2,
     reorder: Reorder | None = None,
+    forbid: Sequence[int] = (),
 ) -> list[list[GenerationResult]]:
     """Generate for ``S`` sources at once (prompts and/or initial states, e.g. encoders').
 
@@ -152,6 +157,10 @@ def generate_batch(
             state (e.g. ``(2, 0)`` for ``(LSTMState, encoder_outputs)``).
         reorder: ``reorder(state, index)`` selecting rows, instead of ``state_batch_dim``
             (then prompts must share one length).
+        forbid: token ids never generated (e.g. ``<pad>``, ``<unk>``, ``<s>``): their
+            log-probabilities are set to ``-inf`` before every choice, in greedy, sampling
+            (before temperature, top-k and top-p) and beam search alike; ``eos_id`` cannot
+            be forbidden.
 
     Returns:
         ``S`` lists of ``GenerationResult``: samples in draw order, beam hypotheses best
@@ -180,6 +189,7 @@ def generate_batch(
         early_stopping=bool(early_stopping),
         num=num,
         generator=generator,
+        forbid=check_forbid(forbid, eos_id),
     )
     vocab_size = getattr(model, "vocab_size", None)
     vocab = vocab_size if _is_int(vocab_size) else None
@@ -236,6 +246,7 @@ def generate(
     state: Any = None,
     state_batch_dim: DimSpec = 2,
     reorder: Reorder | None = None,
+    forbid: Sequence[int] = (),
 ) -> list[GenerationResult]:
     """Generate ``num`` sequences from one prompt (default ``[bos_id]``).
 
@@ -286,4 +297,5 @@ def generate(
         state=state,
         state_batch_dim=state_batch_dim,
         reorder=reorder,
+        forbid=forbid,
     )[0]

@@ -20,10 +20,12 @@ the batch. With ``beam = 1`` this is exactly greedy search.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from rnnkit.generation.options import check_forbid, mask_forbidden
 from rnnkit.generation.search import GenerationResult, generate_batch, select_state
 
 __all__ = ["beam_search", "decode_batch"]
@@ -42,6 +44,7 @@ def beam_search(
     length_penalty: float = 1.0,
     num: int = 1,
     per_source: tuple[bool, ...] | None = None,
+    forbid: Sequence[int] = (),
 ) -> list[list[GenerationResult]]:
     """Beam search for the ``S`` rows of ``state``, ``S·K`` rows per ``step`` call.
 
@@ -58,6 +61,7 @@ def beam_search(
             of a source (e.g. the encoder states a decoder attends to): those are selected
             only when sources leave the batch, not when beams are reordered (a copy of
             every beam's rows per step saved). None: every part is selected every step.
+        forbid: token ids never generated (masked to ``-inf`` before every choice).
 
     Returns:
         ``S`` lists of at most ``num`` results, best score first.
@@ -78,6 +82,7 @@ def beam_search(
         raise ValueError(f"max_length must be an integer ≥ 1, got {max_length!r}")
     if not 1 <= num <= beam:
         raise ValueError(f"num must be in [1, beam = {beam}], got {num!r}")
+    forbidden = check_forbid(forbid, eos_id)
     K = beam
     sizes: list[int] = []
     _leaves(state, state_batch_dim, sizes)
@@ -97,6 +102,7 @@ def beam_search(
 
     for t in range(max_length):
         log_probs, state = model.step(token, state)
+        log_probs = mask_forbidden(log_probs, forbidden)
         A, n = len(sources), t + 1
         V = log_probs.shape[-1]
         cand = beam_lp.unsqueeze(-1) + log_probs.view(A, K, V).float()  # (A, K, V)
@@ -155,6 +161,7 @@ def decode_batch(
     length_penalty: float = 1.0,
     num: int = 1,
     per_source: tuple[bool, ...] | None = None,
+    forbid: Sequence[int] = (),
 ) -> list[list[GenerationResult]]:
     """Greedy search (``beam = 1``, through ``generate_batch``) or :func:`beam_search`."""
     if beam == 1 and num == 1:
@@ -168,6 +175,7 @@ def decode_batch(
             length_penalty=length_penalty,
             state=state,
             state_batch_dim=state_batch_dim,
+            forbid=forbid,
         )
     return beam_search(
         model,
@@ -180,6 +188,7 @@ def decode_batch(
         length_penalty=length_penalty,
         num=num,
         per_source=per_source,
+        forbid=forbid,
     )
 
 

@@ -17,7 +17,7 @@ from rnnkit.layers.interop import convert_gru_update, count_parameters, from_tor
 from rnnkit.layers.linear import Linear, linear
 from rnnkit.layers.masking import flip_sequences, lengths_to_mask, resolve_mask
 from rnnkit.layers.recurrent import Recurrent
-from rnnkit.layers.stacked import Bidirectional, StackedRecurrent, reset_rows
+from rnnkit.layers.stacked import Bidirectional, StackedRecurrent, direction_widths, reset_rows
 from rnnkit.layers.windowed import run_windowed_stack
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "compiled_scores_library",
     "convert_gru_update",
     "count_parameters",
+    "direction_widths",
     "flip_sequences",
     "from_torch",
     "lengths_to_mask",

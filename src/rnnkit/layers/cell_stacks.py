@@ -3,7 +3,10 @@ cell's own options.
 
 Each takes the stack's arguments (``input_size``, ``hidden_size``, ``num_layers``,
 ``bidirectional``, ``dropout``, ``batch_first``, ``recompute``) and passes the rest to
-every cell it builds; ``RNN`` also takes one nonlinearity per layer. Everything else (the
+every cell it builds; ``RNN`` also takes one nonlinearity per layer. A bidirectional
+stack may give its directions different widths, ``hidden_size=(H_f, H_b)``: outputs
+``[h^f_t; h^b_t]`` of ``H_f + H_b`` features, the state ``(L, 2, B, max(H_f, H_b))``
+with each direction's units first (``rnnkit.layers.stacked.StackedRecurrent``). Everything else (the
 forward pass, states, windows, resets) is ``rnnkit.layers.stacked``'s.
 """
 
@@ -17,7 +20,7 @@ from rnnkit.cells.base import CellBase
 from rnnkit.cells.gru import GRUCell
 from rnnkit.cells.lstm import LSTMCell
 from rnnkit.cells.rnn import RNNCell
-from rnnkit.layers.stacked import StackedRecurrent
+from rnnkit.layers.stacked import StackedRecurrent, direction_widths
 
 __all__ = ["GRU", "LSTM", "RNN"]
 
@@ -32,7 +35,7 @@ class _CellStack(StackedRecurrent):
     def __init__(
         self,
         input_size: int,
-        hidden_size: int,
+        hidden_size: int | tuple[int, int],
         num_layers: int = 1,
         bidirectional: bool = False,
         dropout: float = 0.0,
@@ -41,9 +44,13 @@ class _CellStack(StackedRecurrent):
         **cell_options: object,
     ) -> None:
         cell_class = self.cell_class
+        # StackedRecurrent asks for the cells layer by layer, bottom first (forward
+        # direction, then backward): the k-th cell built is direction k % D.
+        widths = direction_widths(hidden_size, bidirectional)
+        built = itertools.count()
 
         def factory(width: int) -> CellBase:
-            return cell_class(width, hidden_size, **cell_options)
+            return cell_class(width, widths[next(built) % len(widths)], **cell_options)
 
         super().__init__(
             factory,
@@ -67,6 +74,9 @@ class RNN(_CellStack):
     (torch.Size([2, 5, 8]), torch.Size([2, 2, 2, 4]))
     >>> [c.nonlinearity for c in RNN(3, 4, 2, nonlinearity=("tanh", "sigmoid")).cells()]
     ['tanh', 'sigmoid']
+    >>> out = RNN(3, (4, 2), bidirectional=True)(torch.zeros(2, 5, 3))  # widths 4 and 2
+    >>> out.outputs.shape, out.state.shape
+    (torch.Size([2, 5, 6]), torch.Size([1, 2, 2, 4]))
     """
 
     cell_class = RNNCell
@@ -74,7 +84,7 @@ class RNN(_CellStack):
     def __init__(
         self,
         input_size: int,
-        hidden_size: int,
+        hidden_size: int | tuple[int, int],
         num_layers: int = 1,
         bidirectional: bool = False,
         dropout: float = 0.0,
@@ -91,13 +101,15 @@ class RNN(_CellStack):
             )
         # StackedRecurrent asks for the cells layer by layer, bottom first (forward
         # direction, then backward): the k-th cell built belongs to layer k // directions.
-        directions = 2 if bidirectional else 1
+        widths = direction_widths(hidden_size, bidirectional)
+        directions = len(widths)
         built = itertools.count()
 
         def factory(width: int) -> CellBase:
             index = next(built)
             phi = nonlinearity if per_layer is None else per_layer[index // directions]
-            return RNNCell(width, hidden_size, nonlinearity=phi, **cell_options)  # type: ignore[arg-type]
+            H = widths[index % directions]
+            return RNNCell(width, H, nonlinearity=phi, **cell_options)  # type: ignore[arg-type]
 
         StackedRecurrent.__init__(
             self,

@@ -183,6 +183,11 @@ def to_torch(m: nn.Module) -> nn.Module:
                 "to_torch: a torch.nn layer has one cell kind for all layers; this stack mixes "
                 f"{sorted({type(c).__name__ for c in cells})}"
             )
+        if len(set(m.hidden_sizes)) > 1:
+            raise ValueError(
+                "to_torch: a torch.nn layer gives both directions one width; this stack's "
+                f"are {m.hidden_sizes}"
+            )
         phis = {c.nonlinearity for c in cells if isinstance(c, RNNCell)}
         if len(phis) > 1:
             raise ValueError(

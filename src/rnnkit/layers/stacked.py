@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import cast, overload
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rnnkit.bptt.recurrence import takes_projected
@@ -29,7 +30,7 @@ from rnnkit.layers.recurrent import Recurrent
 from rnnkit.layers.windowed import run_windowed_stack
 from rnnkit.types import LSTMState, RecurrentOutput, State
 
-__all__ = ["Bidirectional", "StackedRecurrent", "reset_rows"]
+__all__ = ["Bidirectional", "StackedRecurrent", "direction_widths", "reset_rows"]
 
 
 @overload
@@ -69,16 +70,52 @@ class Bidirectional(nn.Module):
         return torch.cat(outs, dim=-1), finals
 
 
+def _padded(t: Tensor, width: int) -> Tensor:
+    """``t (B, H_d)`` with zero units appended up to ``width`` (directions of different
+    widths share one state tensor)."""
+    return t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1]))
+
+
 def _stack_states(finals: list[list[State]], is_lstm: bool) -> State:
-    """``finals[l][d]`` of ``(B, H)`` → ``(L, D, B, H)`` (or an ``LSTMState`` of them)."""
+    """``finals[l][d]`` of ``(B, H_d)`` → ``(L, D, B, max H_d)`` (or an ``LSTMState`` of
+    them); a narrower direction's units come first, zeros after them."""
     if is_lstm:
         # An LSTM stack's directions all end in an LSTMState, the others in a tensor.
         pairs = cast("list[list[LSTMState]]", finals)
-        h = torch.stack([torch.stack([s.h for s in layer]) for layer in pairs])
-        c = torch.stack([torch.stack([s.c for s in layer]) for layer in pairs])
+        H = max(s.h.shape[-1] for layer in pairs for s in layer)
+        h = torch.stack([torch.stack([_padded(s.h, H) for s in layer]) for layer in pairs])
+        c = torch.stack([torch.stack([_padded(s.c, H) for s in layer]) for layer in pairs])
         return LSTMState(h, c)
     tensors = cast("list[list[Tensor]]", finals)
-    return torch.stack([torch.stack(layer) for layer in tensors])
+    H = max(s.shape[-1] for layer in tensors for s in layer)
+    return torch.stack([torch.stack([_padded(s, H) for s in layer]) for layer in tensors])
+
+
+def direction_widths(hidden_size: int | tuple[int, int], bidirectional: bool) -> tuple[int, ...]:
+    """The width of every direction: ``hidden_size`` for each, or a pair ``(H_f, H_b)``
+    (forward, backward) for a bidirectional layer whose directions differ.
+
+    >>> direction_widths(4, True), direction_widths((64, 32), True), direction_widths(4, False)
+    ((4, 4), (64, 32), (4,))
+    """
+    if isinstance(hidden_size, int) and not isinstance(hidden_size, bool):
+        if hidden_size < 1:
+            raise ValueError(f"hidden_size must be a positive integer, got {hidden_size!r}")
+        return (hidden_size,) * (2 if bidirectional else 1)
+    widths = tuple(hidden_size) if isinstance(hidden_size, (tuple, list)) else ()
+    ok = len(widths) == 2 and all(
+        isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths
+    )
+    if not ok:
+        raise ValueError(
+            f"hidden_size must be a positive integer or a pair (H_f, H_b), got {hidden_size!r}"
+        )
+    if not bidirectional:
+        raise ValueError(
+            f"hidden_size={tuple(widths)} gives each direction its width: it needs "
+            "bidirectional=True"
+        )
+    return widths
 
 
 def _directions(layer: nn.Module) -> list[Recurrent]:
@@ -94,8 +131,14 @@ class StackedRecurrent(nn.Module):
 
     Args:
         cell_factory: ``cell_factory(input_size)`` returns a new cell; called once per
-            layer and direction.
-        input_size: ``I``.  hidden_size: ``H``.
+            layer and direction (bottom layer first, forward direction before backward),
+            each cell as wide as its direction.
+        input_size: ``I``.  hidden_size: ``H``, or for a bidirectional stack a pair
+            ``(H_f, H_b)``: the forward direction ``H_f`` units wide, the backward ``H_b``
+            (the outputs ``[h^f_t; h^b_t]`` are ``H_f + H_b`` wide, :attr:`output_size`,
+            and every layer above reads that width). The state is then
+            ``(L, 2, B, max(H_f, H_b))``: direction ``d``'s units first, zeros after them
+            (an initial state is read the same way, the units past ``H_d`` ignored).
         num_layers: ``L`` ≥ 1.  bidirectional: ``D = 2`` if True.
         dropout: dropout probability on the outputs of every layer but the last.
         batch_first: inputs/outputs are ``(B, T, ·)``; False means ``(T, B, ·)`` and must
@@ -110,7 +153,7 @@ class StackedRecurrent(nn.Module):
         self,
         cell_factory: Callable[[int], CellBase],
         input_size: int,
-        hidden_size: int,
+        hidden_size: int | tuple[int, int],
         num_layers: int = 1,
         bidirectional: bool = False,
         dropout: float = 0.0,
@@ -128,25 +171,42 @@ class StackedRecurrent(nn.Module):
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.input_size = input_size
-        self.hidden_size = hidden_size
-        self.num_layers = num_layers
         self.bidirectional = bool(bidirectional)
+        #: the width of each direction (forward first)
+        self.hidden_sizes: tuple[int, ...] = direction_widths(hidden_size, self.bidirectional)
+        #: the width of the outputs, Σ_d H_d
+        self.output_size = sum(self.hidden_sizes)
+        self.num_layers = num_layers
         self.num_directions = 2 if bidirectional else 1
         self.dropout = float(dropout)
         self.batch_first = batch_first
         layers: list[nn.Module] = []
         for layer_index in range(num_layers):
-            width = input_size if layer_index == 0 else hidden_size * self.num_directions
-            if self.bidirectional:
-                layers.append(
-                    Bidirectional(
-                        Recurrent(cell_factory(width)), Recurrent(cell_factory(width), True)
+            width = input_size if layer_index == 0 else self.output_size
+            directions = []
+            for d, H in enumerate(self.hidden_sizes):
+                cell = cell_factory(width)
+                if cell.hidden_size != H:
+                    raise ValueError(
+                        f"cell_factory built a cell of {cell.hidden_size} units for a direction "
+                        f"of {H}"
                     )
-                )
-            else:
-                layers.append(Recurrent(cell_factory(width)))
+                directions.append(Recurrent(cell, d == 1))
+            layers.append(Bidirectional(*directions) if self.bidirectional else directions[0])
         self.layers = nn.ModuleList(layers)
         self.drop = nn.Dropout(self.dropout)
+
+    @property
+    def hidden_size(self) -> int:
+        """``H``, the width of every direction; a ``ValueError`` for directions of
+        different widths (read :attr:`hidden_sizes`, :attr:`output_size`): what needs one
+        width (a model's bridge, ``torch.nn``) cannot take such a stack."""
+        if len(set(self.hidden_sizes)) > 1:
+            raise ValueError(
+                f"this stack's directions are {self.hidden_sizes} units wide: no single "
+                "hidden_size (see hidden_sizes and output_size)"
+            )
+        return self.hidden_sizes[0]
 
     @property
     def is_lstm(self) -> bool:
@@ -179,7 +239,7 @@ class StackedRecurrent(nn.Module):
         if state is None:
             return None
         B = x.shape[1]
-        L, D, H = self.num_layers, self.num_directions, self.hidden_size
+        L, D, H = self.num_layers, self.num_directions, max(self.hidden_sizes)
         expected = (L, D, B, H)
         if self.is_lstm:
             if not isinstance(state, LSTMState):
@@ -198,9 +258,13 @@ class StackedRecurrent(nn.Module):
                 )
             if t.dtype != x.dtype or t.device != x.device:
                 raise TypeError(f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}")
+        w = self.hidden_sizes  # a narrower direction reads its own first units
         if isinstance(state, LSTMState):  # is_lstm: checked above
-            return [[LSTMState(state.h[l, d], state.c[l, d]) for d in range(D)] for l in range(L)]
-        return [[state[l, d] for d in range(D)] for l in range(L)]
+            return [
+                [LSTMState(state.h[l, d, :, : w[d]], state.c[l, d, :, : w[d]]) for d in range(D)]
+                for l in range(L)
+            ]
+        return [[state[l, d, :, : w[d]] for d in range(D)] for l in range(L)]
 
     def input_table(self, embedding: Tensor) -> Tensor:
         """``E W_ihᵀ`` ``(V, G·H)``: the first layer's input product of every row of an
@@ -247,8 +311,9 @@ class StackedRecurrent(nn.Module):
                 :meth:`takes_projected` says so, with full BPTT and no ``resets``.
 
         Returns:
-            ``RecurrentOutput(outputs (B, T, D·H), state (L, D, B, H))``; the final state
-            of each sequence is its state after its last real step.
+            ``RecurrentOutput(outputs (B, T, D·H), state (L, D, B, H))`` (outputs
+            ``H_f + H_b`` and state ``max(H_f, H_b)`` wide for directions of different
+            widths); the final state of each sequence is its state after its last real step.
         """
         if autocast_devices_on():  # a float16/bfloat16 product upstream: see rnnkit.cells.amp
             dtype = self.cells()[0].weight_ih.dtype
@@ -320,7 +385,7 @@ class StackedRecurrent(nn.Module):
     ) -> tuple[Tensor, list[list[State]]]:
         """The windowed BPTT(τ) of the whole stack: one node (``rnnkit.layers.windowed``)."""
         T, B = xt.shape[0], xt.shape[1]
-        width = self.hidden_size * self.num_directions
+        width = self.output_size
         drops: list[Tensor | None] = [None]
         for _ in range(1, self.num_layers):
             # The multiplier nn.Dropout applies (the same random draws as on the outputs)
@@ -358,8 +423,9 @@ class StackedRecurrent(nn.Module):
         return RecurrentOutput(torch.cat(outs, dim=1 if self.batch_first else 0), current)
 
     def zero_state(self, batch_size: int, like: Tensor) -> State:
-        """The zero state ``(L, D, B, H)`` (an ``LSTMState`` for LSTM) in ``like``'s dtype."""
-        shape = (self.num_layers, self.num_directions, batch_size, self.hidden_size)
+        """The zero state ``(L, D, B, H)`` (an ``LSTMState`` for LSTM) in ``like``'s dtype
+        (``H = max(H_f, H_b)`` for directions of different widths)."""
+        shape = (self.num_layers, self.num_directions, batch_size, max(self.hidden_sizes))
         h = like.new_zeros(shape)
         return LSTMState(h, torch.zeros_like(h)) if self.is_lstm else h
 
@@ -393,9 +459,13 @@ class StackedRecurrent(nn.Module):
         resets = resets if self.batch_first else resets.T
         return resets if bool(resets.any()) else None
 
+    def _widths_repr(self) -> str:
+        w = self.hidden_sizes
+        return str(w[0]) if len(set(w)) == 1 else str(w)
+
     def extra_repr(self) -> str:
         return (
-            f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
+            f"{self.input_size}, {self._widths_repr()}, num_layers={self.num_layers}, "
             f"bidirectional={self.bidirectional}, dropout={self.dropout}"
         )
 

@@ -31,6 +31,7 @@ from rnnkit.metrics.losses import REDUCTIONS, sequence_cross_entropy, training_l
 from rnnkit.metrics.sequences import (
     bleu,
     character_error_rate,
+    characters,
     edit_distance,
     exact_match,
     teacher_forced_accuracy,
@@ -43,6 +44,7 @@ __all__ = [
     "bio_spans",
     "bleu",
     "character_error_rate",
+    "characters",
     "confusion_matrix",
     "detection_metrics",
     "edit_distance",

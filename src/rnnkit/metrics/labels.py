@@ -6,7 +6,9 @@ Conventions (those of scikit-learn and ``conlleval``):
 * precision, recall or F1 with a zero denominator is ``0.0`` (never NaN);
 * per-class and macro figures cover the classes given in ``labels``, by default every
   class that occurs in the gold or the predicted labels; macro-F1 is the unweighted mean
-  of the per-class F1 values;
+  of the per-class F1 values: scikit-learn's ``f1_score(gold, pred, average="macro",
+  labels=labels)``, a class in ``labels`` absent from both counting as F1 0 (the tasks
+  pass no ``labels``: they average over the classes present);
 * the confusion matrix has gold classes as rows and predicted classes as columns;
 * BIO spans follow ``conlleval``: a span starts at ``B-X``, or at ``I-X`` that does not
   continue a span of type ``X`` (an ``I-`` after ``O`` or after another type), and runs
@@ -110,10 +112,14 @@ def per_class_prf(
 def macro_f1(
     gold: Sequence[Hashable], pred: Sequence[Hashable], labels: Iterable[Hashable] | None = None
 ) -> float:
-    """Unweighted mean of the per-class F1 (every class counts the same, however rare).
+    """Unweighted mean of the per-class F1 (every class counts the same, however rare),
+    over ``labels`` (default: the classes present in ``gold`` or ``pred``), as
+    ``sklearn.metrics.f1_score(gold, pred, average="macro", labels=labels)``.
 
     >>> round(macro_f1(["a", "a", "b", "c"], ["a", "b", "b", "b"]), 4)  # (2/3 + 1/2 + 0) / 3
     0.3889
+    >>> macro_f1(["pos", "pos"], ["pos", "pos"]), macro_f1(["pos"], ["pos"], ["neg", "pos"])
+    (1.0, 0.5)
     """
     per = per_class_prf(gold, pred, labels)
     if not per:

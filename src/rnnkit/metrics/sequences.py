@@ -5,8 +5,10 @@
 * **token error rate**: ``Σ edit_distance(hyp, ref) / Σ len(ref)`` over the corpus (edit
   distance = Levenshtein: insertions, deletions, substitutions, each cost 1). It can
   exceed 1 (hypotheses longer than the references).
-* **character error rate**: the same on the rendered strings, character by character
-  (``Σ edit_distance / Σ len(reference)``), whatever the target unit.
+* **character error rate**: the same on the rendered outputs, character by character
+  (``Σ edit_distance / Σ len(reference)``), whatever the target unit; a special symbol
+  such as ``<unk>`` is ONE symbol, not the five characters of its name, and words are
+  separated by one space (:func:`characters`).
 * **BLEU** (Papineni et al. 2002, corpus level, 0–100): the geometric mean of the clipped
   1- to 4-gram precisions times the brevity penalty ``min(1, exp(1 − r/c))``, with
   sacreBLEU's default ``exp`` smoothing of a zero count (the k-th zero precision becomes
@@ -26,9 +28,12 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch import Tensor
 
+from rnnkit.data.vocab import SPECIALS
+
 __all__ = [
     "bleu",
     "character_error_rate",
+    "characters",
     "edit_distance",
     "exact_match",
     "teacher_forced_accuracy",
@@ -82,11 +87,37 @@ def token_error_rate(
     return sum(edit_distance(h, r) for h, r in zip(hyps, refs, strict=True)) / total
 
 
-def character_error_rate(hyps: Sequence[str], refs: Sequence[str]) -> float:
-    """Corpus character error rate of strings (see the module doc).
+def characters(tokens: Sequence[str], unit: str) -> list[str]:
+    """The symbols a character error rate counts in a token sequence: each character of a
+    regular token, a special (``<pad> <unk> <s> </s>``) as one symbol, and one space
+    between words (``unit="word"``).
+
+    >>> characters(["ab", "<unk>", "c"], "word")
+    ['a', 'b', ' ', '<unk>', ' ', 'c']
+    >>> characters(["a", "<unk>"], "char")
+    ['a', '<unk>']
+    """
+    out: list[str] = []
+    for i, token in enumerate(tokens):
+        if unit == "word" and i:
+            out.append(" ")
+        if token in SPECIALS:
+            out.append(token)
+        else:
+            out.extend(token)
+    return out
+
+
+def character_error_rate(
+    hyps: Sequence[Sequence[Hashable]], refs: Sequence[Sequence[Hashable]]
+) -> float:
+    """Corpus character error rate (see the module doc) of strings, or of symbol lists
+    (:func:`characters`, where a special is one symbol).
 
     >>> character_error_rate(["the cat", "a"], ["the bat", "ab"])  # (1 + 1) / (7 + 2)
     0.2222222222222222
+    >>> character_error_rate([characters(["<unk>", "b"], "char")], ["ab"])  # one substitution
+    0.5
     """
     _same_count(hyps, refs)
     return token_error_rate([list(h) for h in hyps], [list(r) for r in refs])

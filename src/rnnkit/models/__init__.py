@@ -8,7 +8,12 @@ modules.
 from rnnkit.generation.seq2seq_search import beam_search, decode_batch
 from rnnkit.models.bow import BOW_C, MAX_FEATURES, BagOfNgrams, fit_logistic
 from rnnkit.models.builders import build_encoder, build_language_model, build_length, build_lm
-from rnnkit.models.classifier import Classifier, FeedForwardHead, build_classifier
+from rnnkit.models.classifier import (
+    Classifier,
+    FeedForwardHead,
+    build_classifier,
+    build_vector_classifier,
+)
 from rnnkit.models.conditional import (
     CONDITIONAL_STATE_DIM,
     ConditionalLM,
@@ -92,6 +97,7 @@ __all__ = [
     "build_lm",
     "build_seq2seq",
     "build_tagger",
+    "build_vector_classifier",
     "class_conditional_lm",
     "count_table_size",
     "decode_batch",

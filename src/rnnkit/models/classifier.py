@@ -3,6 +3,8 @@
 embedding → recurrent stack → pooling (``last`` real state, ``[h^f_L; h^b_1]`` when
 bidirectional; masked ``mean``; masked ``max``) → feed-forward head
 ``z = W_2 tanh(W_1 p + b_1) + b_2`` → softmax, trained end to end with cross-entropy.
+Real-valued sequences (frames ``x_t ∈ R^D``) skip the embedding: the stack reads the
+frames themselves (:func:`build_vector_classifier`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from rnnkit.models.language_model import LossOutput
 from rnnkit.models.pooling import Pooling
 from rnnkit.models.spec import ModelSpec
 
-__all__ = ["Classifier", "FeedForwardHead", "build_classifier"]
+__all__ = ["Classifier", "FeedForwardHead", "build_classifier", "build_vector_classifier"]
 
 
 class FeedForwardHead(nn.Module):
@@ -50,8 +52,9 @@ class Classifier(nn.Module):
     """``Classifier(embedding, encoder, pooling, head)``: parts injected, see module doc.
 
     Args:
-        embedding: ``nn.Embedding(V, E)``.
-        encoder: a stack with ``input_size = E``.
+        embedding: ``nn.Embedding(V, E)``; None for real-valued inputs ``(B, T, D)``,
+            read by the stack as they are.
+        encoder: a stack with ``input_size = E`` (or ``D``).
         pooling: a :class:`~rnnkit.models.pooling.Pooling` whose ``num_directions`` is
             the encoder's.
         head: maps ``(B, D·H)`` to logits ``(B, K)``.
@@ -67,14 +70,14 @@ class Classifier(nn.Module):
 
     def __init__(
         self,
-        embedding: nn.Embedding,
+        embedding: nn.Embedding | None,
         encoder: StackedRecurrent,
         pooling: Pooling,
         head: nn.Module,
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        if encoder.input_size != embedding.embedding_dim:
+        if embedding is not None and encoder.input_size != embedding.embedding_dim:
             raise ValueError(
                 f"encoder input_size {encoder.input_size} != embedding_dim "
                 f"{embedding.embedding_dim}"
@@ -96,18 +99,20 @@ class Classifier(nn.Module):
         return cast(int, self.head.out_features)
 
     def encode(self, inputs: Tensor, mask: Tensor | None = None) -> Tensor:
-        """The pooled sequence vectors ``(B, D·H)`` of ``inputs (B, T)`` token ids."""
+        """The pooled sequence vectors ``(B, D·H)`` of ``inputs (B, T)`` token ids (or
+        ``(B, T, D)`` frames without an embedding)."""
         if mask is None:
-            mask = torch.ones_like(inputs, dtype=torch.bool)
-        out = self.encoder(self.drop(self.embedding(inputs)), mask=mask)
+            mask = torch.ones(inputs.shape[:2], dtype=torch.bool, device=inputs.device)
+        x = inputs if self.embedding is None else self.embedding(inputs)
+        out = self.encoder(self.drop(x), mask=mask)
         return self.pooling(out.outputs, mask, out.state)
 
     def forward(self, inputs: Tensor, mask: Tensor | None = None) -> Tensor:
         """Class logits ``(B, K)``.
 
         Args:
-            inputs: ``(B, T)`` token ids.
-            mask: ``(B, T)`` bool, True at real tokens (every row needs one); None = all.
+            inputs: ``(B, T)`` token ids, or ``(B, T, D)`` frames (no embedding).
+            mask: ``(B, T)`` bool, True at real steps (every row needs one); None = all.
         """
         return self.head(self.drop(self.encode(inputs, mask)))
 
@@ -145,6 +150,25 @@ def build_classifier(spec: ModelSpec, vocab_size: int, num_classes: int) -> Clas
     width = encoder.hidden_size * encoder.num_directions
     return Classifier(
         nn.Embedding(vocab_size, spec.embedding),
+        encoder,
+        Pooling(spec.pooling, encoder.num_directions),
+        FeedForwardHead(width, spec.hidden, num_classes, spec.dropout),
+        dropout=spec.dropout,
+    )
+
+
+def build_vector_classifier(spec: ModelSpec, input_size: int, num_classes: int) -> Classifier:
+    """Frames ``x_t ∈ R^D`` (``D = input_size``) → stack → ``spec.pooling`` → feed-forward
+    head: :func:`build_classifier` without the embedding (``spec.embedding`` unused).
+
+    >>> clf = build_vector_classifier(ModelSpec(hidden=8, pooling="mean"), 3, num_classes=2)
+    >>> clf(torch.zeros(4, 5, 3)).shape
+    torch.Size([4, 2])
+    """
+    encoder = build_encoder(spec, input_size)
+    width = encoder.hidden_size * encoder.num_directions
+    return Classifier(
+        None,
         encoder,
         Pooling(spec.pooling, encoder.num_directions),
         FeedForwardHead(width, spec.hidden, num_classes, spec.dropout),

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from rnnkit.data.vocab import BOS_ID, EOS_ID
+from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED
 from rnnkit.errors import ConfigError
 from rnnkit.generation.search import GenerationResult, generate_batch
 from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
@@ -184,8 +184,10 @@ class ConditionalLM(nn.Module):
         """Generate for each condition from ``<s>`` until ``</s>`` or ``max_length``.
 
         ``options`` are :func:`rnnkit.generation.search.generate_batch`'s (``strategy``,
-        ``temperature``, ``num``, ``generator``, …); greedy by default.
+        ``temperature``, ``num``, ``generator``, …); greedy by default. ``<pad>``,
+        ``<unk>`` and ``<s>`` are never generated unless ``forbid=`` says otherwise.
         """
+        options.setdefault("forbid", NEVER_GENERATED)
         return generate_batch(
             self,
             None,

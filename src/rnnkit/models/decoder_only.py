@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rnnkit.data.pairs import PairBatch
-from rnnkit.data.vocab import BOS_ID, EOS_ID, PAD_ID
+from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED, PAD_ID
 from rnnkit.generation.search import GenerationResult, generate_batch
 from rnnkit.generation.seq2seq_search import decode_batch
 from rnnkit.layers.linear import Linear
@@ -192,6 +192,7 @@ class DecoderOnlyTranslator(nn.Module):
             max_length=max_length,
             bos_id=BOS_ID,
             eos_id=EOS_ID,
+            forbid=NEVER_GENERATED,
             length_penalty=length_penalty,
             num=num,
         )
@@ -216,6 +217,7 @@ class DecoderOnlyTranslator(nn.Module):
             max_length=max_length,
             eos_id=EOS_ID,
             bos_id=BOS_ID,
+            forbid=NEVER_GENERATED,
             strategy="sample",
             temperature=temperature,
             top_k=top_k,

@@ -18,6 +18,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from rnnkit.data.vocab import NEVER_GENERATED
+from rnnkit.generation.options import greedy_choice
 from rnnkit.layers.stacked import StackedRecurrent, reset_rows
 from rnnkit.metrics.losses import training_loss
 from rnnkit.models.length import LengthState, SequenceLength, length_targets
@@ -233,7 +235,8 @@ class LanguageModel(nn.Module):
     ) -> LossOutput:
         """The loss under scheduled sampling (Bengio et al. 2015): at every real step
         ``t ≥ 1`` of every sequence a coin decides, with probability ``sampling_p``, to feed
-        the model's own greedy choice ``argmax ŷ_{t−1}`` (no gradient through the choice)
+        the model's own greedy choice ``argmax ŷ_{t−1}`` over the tokens generation may
+        produce (not ``<pad>``, ``<unk>``, ``<s>``; no gradient through the choice)
         instead of the true token ``inputs[:, t]``. ``sampling_p = 0`` is the teacher-forced
         :meth:`loss` (same value and gradients, one step at a time); ``1`` free running
         from the first token. The steps run one at a time through the stack, carrying the
@@ -256,7 +259,8 @@ class LanguageModel(nn.Module):
         for t in range(T):
             token = inputs[:, t]
             if t > 0 and sampling_p > 0:
-                own = steps[-1].detach().argmax(dim=-1)  # (B,)
+                # the greedy choice among the tokens generation may produce
+                own = greedy_choice(steps[-1].detach(), NEVER_GENERATED)  # (B,)
                 where = generator.device if generator is not None else inputs.device
                 coins = torch.rand(B, generator=generator, device=where).to(inputs.device)
                 token = torch.where((coins < sampling_p) & mask[:, t], own, token)

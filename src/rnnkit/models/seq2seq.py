@@ -44,8 +44,9 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.data.pairs import PairBatch
-from rnnkit.data.vocab import BOS_ID, EOS_ID
+from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED
 from rnnkit.errors import ConfigError
+from rnnkit.generation.options import greedy_choice
 from rnnkit.generation.search import GenerationResult, generate_batch
 from rnnkit.generation.seq2seq_search import decode_batch
 from rnnkit.layers.attention import Attention
@@ -349,7 +350,7 @@ class Seq2Seq(nn.Module):
             token = target_in[:, t]
             if t > 0:
                 assert prev_logits is not None
-                own = prev_logits.argmax(dim=-1)  # (B,)
+                own = greedy_choice(prev_logits, NEVER_GENERATED)  # (B,), as greedy search
                 use_own = _coins(B, generator, target_in.device) < sampling_p
                 token = torch.where(use_own, own, token)
                 ended = ended | (use_own & (own == EOS_ID))
@@ -486,6 +487,7 @@ class Seq2Seq(nn.Module):
             max_length=max_length,
             bos_id=BOS_ID,
             eos_id=EOS_ID,
+            forbid=NEVER_GENERATED,
             length_penalty=length_penalty,
             num=num,
             per_source=PER_SOURCE,
@@ -517,6 +519,7 @@ class Seq2Seq(nn.Module):
             max_length=max_length,
             eos_id=EOS_ID,
             bos_id=BOS_ID,
+            forbid=NEVER_GENERATED,
             strategy="sample",
             temperature=temperature,
             top_k=top_k,

@@ -152,6 +152,30 @@ def test_classify_baselines_against_sklearn(capsys, tmp_path):
     assert metrics["baselines"] == summary["baselines"]
 
 
+def test_classify_macro_f1_is_sklearns_when_validation_holds_one_class(capsys, tmp_path):
+    f1_score = pytest.importorskip("sklearn.metrics").f1_score
+    train_ex = letter_order_examples(40, seed=0)
+    valid_ex = [e for e in letter_order_examples(40, seed=1) if e.label == "ab"]
+    write_labelled(train_ex, tmp_path / "train.tsv")
+    write_labelled(valid_ex, tmp_path / "valid.tsv")
+    run = tmp_path / "run"
+    summary, _, _ = train(capsys, "classify", tmp_path, run, "--steps", "2")
+    gold = [e.label for e in valid_ex]
+    # the majority class of the training data (balanced: the first label) on one-class data
+    majority = summary["baselines"]["majority"]
+    assert majority["accuracy"] == 1.0
+    assert majority["macro_f1"] == f1_score(gold, ["ab"] * len(gold), average="macro") == 1.0
+    (tmp_path / "texts.txt").write_text("".join(e.text + "\n" for e in valid_ex))
+    code, out, err = cli(
+        capsys, "predict", "--checkpoint", str(run), "--input", str(tmp_path / "texts.txt")
+    )
+    assert code == 0, err
+    pred = [json.loads(line)["label"] for line in out.splitlines()]
+    metrics = evaluate(capsys, run, tmp_path / "valid.tsv")
+    assert metrics["macro_f1"] == pytest.approx(f1_score(gold, pred, average="macro"))
+    assert metrics["per_class_support"] == {"ab": len(gold), "ba": 0}
+
+
 # -- seq2seq -----------------------------------------------------------------------------
 
 

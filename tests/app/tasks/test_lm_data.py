@@ -96,3 +96,28 @@ def test_corpus_too_small_to_hold_out_validation(tmp_path):
     cfg = TrainConfig(train=str(tmp_path / "one.txt")).validate()
     with pytest.raises(DataError, match=r"one\.txt: corpus too small.*--valid"):
         prepare_lm_data(cfg)
+
+
+@pytest.mark.parametrize(
+    "options, newline",
+    [
+        ({"bptt": "segment:16"}, True),
+        ({"bptt": "segment:16", "doc_boundary": "eos"}, False),
+        ({"bptt": "segment:16", "doc_boundary": "line"}, False),
+        ({"bptt": "full"}, False),
+        ({"bptt": "window:4"}, False),
+        ({"bptt": "full", "condition": "init"}, False),
+    ],
+)
+def test_the_char_vocabulary_holds_a_newline_only_where_a_sequence_does(tmp_path, options, newline):
+    text = "a\tab ba\nb\tbb a\na\tba\nb\taab\n" * 3
+    (tmp_path / "train.txt").write_text(text, encoding="utf-8")
+    cfg = TrainConfig(train=str(tmp_path / "train.txt"), batch_size=2, valid_fraction=0.3)
+    data = prepare_lm_data(TrainConfig(**{**cfg.to_dict(), **options}).validate())
+    newline_id = data.vocab.stoi.get("\n")
+    assert (newline_id is not None) == newline, data.vocab.itos
+    held = np.concatenate(
+        [*(data.train_seqs or []), *([] if data.train_stream is None else [data.train_stream])]
+    )
+    # what the vocabulary holds is what the training data holds: every regular token occurs
+    assert set(range(4, len(data.vocab))) <= set(held.tolist()), data.vocab.itos

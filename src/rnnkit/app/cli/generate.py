@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if task == "seq2seq":
         outputs = _transduce(args, task_module(task))
     elif task == "lm":
-        from rnnkit.app.tasks.lm import load_lm, prompt_ids, sample_texts
+        from rnnkit.app.tasks.lm import join_prompt, load_lm, prompt_ids, sample_texts
         from rnnkit.app.tasks.run import warn
 
         if args.max_length < 1:
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             )
         except ValueError as exc:  # an out-of-range sampling option, named by generate()
             raise ConfigError(str(exc)) from None
-        outputs = [(args.prompt or "") + text for text in outputs]
+        outputs = [join_prompt(vocab, args.prompt, text) for text in outputs]
     else:
         raise ConfigError(f"generate does not apply to a {task} checkpoint")
     for text in outputs:

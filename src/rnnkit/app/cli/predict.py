@@ -10,7 +10,9 @@ What a line is and what comes out depends on the run's task (each task module's
 ``predictor``):
 
 * ``tag``: whitespace-separated tokens → ``{"tokens", "tags", "unknown"}``;
-* ``classify``: a text → ``{"label", "probabilities": {label: p}, "tokens", "unknown"}``;
+* ``classify``: a text → ``{"label", "probabilities": {label: p}, "tokens", "unknown"}``
+  (``--inputs vectors``: a sequence as JSON, ``{"seq": [...]}`` → ``{"label",
+  "probabilities", "steps"}``);
 * ``seq2seq``: a source → ``{"input", "output", "unknown"}`` (batched, ``--beam``);
 * ``lm``: a text (``label<TAB>text`` for a class-conditional run) → ``{"tokens",
   "logprobs" (nats), "surprise" (bits), "nats", "unknown"}``;

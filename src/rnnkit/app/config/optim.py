@@ -88,8 +88,9 @@ class OptimOptions:
     bptt: str = option(
         "segment:64",
         tasks=("lm", "events"),
-        help="full | segment:K (streams, state carried) | window:K (exact "
-        "windowed BPTT(K): the loss at step t reaches steps t-K..t); default %(default)s",
+        help="full | segment:K (state carried across every K-th step, gradient cut there; "
+        "lm: streams) | window:K (exact windowed BPTT(K): the loss at step t reaches steps "
+        "t-K..t); default %(default)s",
     )
     precision: str = option(
         "fp32",

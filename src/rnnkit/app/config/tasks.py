@@ -79,6 +79,14 @@ class ClassifyOptions:
         tasks=("classify",),
         help="how the encoder states become one vector (default %(default)s)",
     )
+    inputs: str = option(
+        "text",
+        choices=("text", "vectors"),
+        tasks=("classify",),
+        help="text: label<TAB>text lines (default); vectors: real-valued sequences, JSON "
+        'lines {"seq": [[...], ...], "label": "walk"} or a directory LABEL/*.csv (one '
+        "sequence per file, one step per row); the stack reads the frames themselves",
+    )
 
 
 @dataclass(kw_only=True)

@@ -60,6 +60,8 @@ __all__ = [
 # (rnnkit.models.spec.TASK_MODEL_DEFAULTS, so that ModelSpec.for_task builds what train does).
 _TRAINING_TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "regress": {"lr": 5e-3},
+    # whole sessions: full BPTT runs the time loop at full speed (window:K costs K times)
+    "events": {"bptt": "full"},
 }
 
 #: Defaults that differ by task, each chosen by measurement (docs/defaults.md: the data,

@@ -23,6 +23,10 @@ a bag of n-grams — tf-idf unigram and bigram features of the same tokens the m
 and an L2-regularised multinomial logistic regression (:mod:`rnnkit.models.bow`). Word
 order beyond a bigram is what the recurrent model has and they lack. Both are kept in
 ``baseline.safetensors``.
+
+``--inputs vectors`` classifies real-valued sequences instead (JSON lines ``{"seq":
+[[...], ...], "label": "walk"}`` or ``LABEL/*.csv``), with the same metrics and its own
+baselines: :mod:`rnnkit.app.tasks.classify_vectors`.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.classify_vectors import evaluate_vectors, train_vectors, vector_predictor
 from rnnkit.app.tasks.figures import loss_figures, per_class_figures
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.run import (
@@ -56,7 +61,7 @@ from rnnkit.app.tasks.run import (
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.labelled import LabelledExample, LabelSet, read_labelled, split_holdout
 from rnnkit.data.vocab import Vocabulary
-from rnnkit.errors import CheckpointError, DataError
+from rnnkit.errors import CheckpointError, ConfigError, DataError
 from rnnkit.metrics.labels import confusion_matrix, macro_f1
 from rnnkit.models.bow import BagOfNgrams
 from rnnkit.models.classifier import Classifier, build_classifier
@@ -222,7 +227,8 @@ def baseline_metrics(
         out[name] = {
             "kind": kinds[name],
             "accuracy": float((pred == gold).mean()) if len(gold) else None,
-            "macro_f1": macro_f1(gold_names, pred_names, labels.labels) if len(gold) else None,
+            # over the classes present in gold or predicted labels, as for the model
+            "macro_f1": macro_f1(gold_names, pred_names) if len(gold) else None,
         }
     return out
 
@@ -246,6 +252,10 @@ def train_classify(
     cfg: TrainConfig, resume: bool = False, quiet: bool = False, callbacks: Any = None
 ) -> dict[str, Any]:
     """Train a classifier as ``cfg`` says; write the run directory; return the summary."""
+    if cfg.inputs == "vectors":  # real-valued sequences: rnnkit.app.tasks.classify_vectors
+        if cfg.pretrained_vectors is not None:
+            raise ConfigError("--pretrained-vectors needs text inputs (--inputs text)")
+        return train_vectors(cfg, resume, quiet, callbacks)
     out = Path(cfg.out)
     device = choose_device(cfg.device)
     train_examples, valid_examples = _read_split(cfg)
@@ -266,6 +276,7 @@ def train_classify(
     if not bool((valid_enc.labels < K).any()):
         raise DataError("no validation example has a label seen in training", cfg.valid)
     model = build_classifier(model_spec(cfg), len(vocab), K).to(device)
+    assert model.embedding is not None  # token inputs: build_classifier embeds them
     pretrained = None if resume else load_pretrained_vectors(cfg, model.embedding, vocab.itos)
     batches = SequenceBatcher(
         train_enc.inputs, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed
@@ -313,9 +324,17 @@ def train_classify(
 def load_classifier(
     run_dir: str | Path, device: str = "cpu"
 ) -> tuple[TrainConfig, Vocabulary, LabelSet, Classifier]:
-    """Load a trained classifier, its vocabulary and label set (no code is unpickled)."""
+    """Load a trained classifier, its vocabulary and label set (no code is unpickled).
+
+    A run of real-valued sequences (``--inputs vectors``) has no vocabulary: it loads with
+    :func:`~rnnkit.app.tasks.classify_vectors.load_vector_classifier`."""
     run_dir = Path(run_dir)
     cfg, info = load_config(run_dir, task="classify")
+    if cfg.inputs == "vectors":
+        raise CheckpointError(
+            f"{run_dir}: a classifier of real-valued sequences (--inputs vectors): "
+            "load it with rnnkit.app.tasks.classify_vectors.load_vector_classifier"
+        )
     try:
         vocab = Vocabulary.load(run_dir / "vocab.json")
         labels = LabelSet.load(run_dir / "labels.json")
@@ -332,7 +351,10 @@ def load_classifier(
 def evaluate_classify(
     run_dir: str | Path, data_path: str, batch_size: int | None = None
 ) -> dict[str, Any]:
-    """Score a ``label<TAB>text`` file with a trained classifier."""
+    """Score a ``label<TAB>text`` file (or labelled sequences, ``--inputs vectors``) with a
+    trained classifier."""
+    if load_config(run_dir, task="classify")[0].inputs == "vectors":
+        return evaluate_vectors(run_dir, data_path, batch_size)
     cfg, vocab, labels, model = load_classifier(run_dir)
     enc = encode_examples(read_labelled(data_path), vocab, labels, cfg.max_len, data_path)
     device = next(model.parameters()).device
@@ -365,7 +387,10 @@ def predictor(run_dir: str | Path, batch_size: int | None = None, **_: Any) -> A
     """``rnnkit predict`` for a classifier: each input line is one text (the first
     ``--max-len`` tokens are read, as in training); the result is ``{"label": best,
     "probabilities": {label: p, ...}, "tokens": n, "unknown": n}``. A line without tokens
-    is a DataError naming it."""
+    is a DataError naming it. A run of real-valued sequences reads one JSON sequence a
+    line (:func:`~rnnkit.app.tasks.classify_vectors.vector_predictor`)."""
+    if load_config(run_dir, task="classify")[0].inputs == "vectors":
+        return vector_predictor(run_dir, batch_size)
     cfg, vocab, labels, model = load_classifier(run_dir)
     bs = batch_size or cfg.batch_size
 

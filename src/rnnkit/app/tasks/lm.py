@@ -45,7 +45,7 @@ from rnnkit.app.tasks.lm_data import (
     stream_eval_batcher,
     train_batches,
 )
-from rnnkit.app.tasks.lm_text import AnyLM, line_logprobs, prompt_ids, sample_texts
+from rnnkit.app.tasks.lm_text import AnyLM, join_prompt, line_logprobs, prompt_ids, sample_texts
 from rnnkit.app.tasks.run import (
     check_count,
     choose_device,
@@ -77,6 +77,7 @@ __all__ = [
     "LMData",
     "evaluate",
     "evaluate_lm",
+    "join_prompt",
     "line_logprobs",
     "lm_labels",
     "lm_metrics",

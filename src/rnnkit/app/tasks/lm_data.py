@@ -6,7 +6,9 @@ line with ``--doc-boundary eos|line``), batched as B parallel streams in segment
 steps; ``full`` and ``window:K`` keep every non-blank line as its own sequence (cut at
 ``--max-len``), batched as padded ``<s> w… </s>`` sequences. ``--condition`` reads
 ``label<TAB>text`` lines, one sequence and class per line. The n-gram baseline reads the
-same tokens (:func:`ngram_streams`).
+same tokens (:func:`ngram_streams`). The vocabulary holds the tokens the sequences hold:
+the newline character only where a stream carries it (``segment:K`` without
+``--doc-boundary eos|line``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from rnnkit.app.tasks.run import check_labels
 from rnnkit.data.batching import SequenceBatcher, StreamBatcher, lm_pairs
 from rnnkit.data.labelled import LabelledExample, LabelSet, read_labelled, split_holdout
 from rnnkit.data.text import encode_text, read_text
-from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
+from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary, count_tokens
 from rnnkit.errors import DataError
 
 __all__ = ["LMData", "ngram_streams", "prepare_lm_data", "stream_eval_batcher", "train_batches"]
@@ -57,6 +59,16 @@ def _split_text(text: str, fraction: float, path: str) -> tuple[str, str]:
     if not train.strip() or not valid.strip():
         raise DataError("corpus too small to hold out validation text; pass --valid", path)
     return train, valid
+
+
+def _vocabulary(cfg: TrainConfig, text: str, *, newline: bool) -> Vocabulary:
+    """The vocabulary of the training ``text``; ``newline=False`` where no sequence holds
+    the character ``"\n"`` (lines read as separate sequences, or ended by ``</s>``), so
+    that it is no output the model could ever be trained on, or generate."""
+    counts = count_tokens(text, cfg.unit)
+    if not newline:
+        counts.pop("\n", None)
+    return Vocabulary.from_counts(counts, cfg.unit, cfg.min_freq, source=cfg.train)
 
 
 def _sequences(text: str, vocab: Vocabulary, max_len: int) -> list[np.ndarray]:
@@ -106,9 +118,8 @@ def _prepare_conditional(
         valid_path = cfg.train
     if not examples:
         raise DataError("no label<TAB>text line to train on", cfg.train)
-    if vocab is None:
-        text = "\n".join(ex.text for ex in examples)
-        vocab = Vocabulary.from_text(text, unit=cfg.unit, min_freq=cfg.min_freq, source=cfg.train)
+    if vocab is None:  # one sequence a line: "\n" only joins the texts here
+        vocab = _vocabulary(cfg, "\n".join(ex.text for ex in examples), newline=False)
     if labels is None:
         labels = LabelSet.from_data(ex.label for ex in examples)
     elif resume:  # the run's labels.json must still be the training data's labels
@@ -142,9 +153,15 @@ def prepare_lm_data(
         valid_text = read_text(cfg.valid)
     else:
         text, valid_text = _split_text(text, cfg.valid_fraction, cfg.train)
-    if vocab is None:
-        vocab = Vocabulary.from_text(text, unit=cfg.unit, min_freq=cfg.min_freq, source=cfg.train)
     mode, k = parse_bptt(cfg.bptt)
+    if vocab is None:
+        # A stream holds "\n" unless --doc-boundary eos|line writes </s> in its place;
+        # lines read as sequences (full, window) never hold it.
+        if mode == "segment":
+            newline = cfg.doc_boundary not in ("eos", "line")
+            vocab = _vocabulary(cfg, text, newline=newline)
+        else:
+            vocab = _vocabulary(cfg, "\n".join(text.splitlines()), newline=False)
     data = LMData(vocab, mode, k)
     if mode == "segment":
         # eos and line both end every line with </s>; only line resets the state there.

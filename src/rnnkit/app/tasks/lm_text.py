@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from rnnkit.app.config import TrainConfig, parse_bptt
-from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
+from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED, Vocabulary
 from rnnkit.errors import ConfigError
 from rnnkit.models.conditional import CONDITIONAL_STATE_DIM, ConditionalLM
 from rnnkit.models.jordan import JordanLM
@@ -20,7 +20,7 @@ from rnnkit.models.length import LengthState
 #: The kinds of model ``--task lm`` trains (``--wiring``, ``--condition``; ``build_lm``).
 AnyLM = LanguageModel | JordanLM | ConditionalLM
 
-__all__ = ["line_logprobs", "prompt_ids", "sample_texts"]
+__all__ = ["join_prompt", "line_logprobs", "prompt_ids", "sample_texts"]
 
 LN2 = math.log(2)
 
@@ -42,6 +42,26 @@ def prompt_ids(cfg: TrainConfig, vocab: Vocabulary, prompt: str | None) -> tuple
     return ids, unknown
 
 
+def join_prompt(vocab: Vocabulary, prompt: str | None, continuation: str) -> str:
+    """The prompt followed by its generated continuation, joined in the vocabulary's unit.
+
+    Characters join with nothing between them; words with one space, unless the prompt
+    already ends in whitespace or either side is empty (the prompt is kept as written).
+
+    >>> join_prompt(Vocabulary(["on"], unit="word"), "the cat", "on dog")
+    'the cat on dog'
+    >>> join_prompt(Vocabulary(["o"], unit="char"), "the cat", "on dog")
+    'the caton dog'
+    >>> join_prompt(Vocabulary([], unit="word"), "the cat ", "on"), join_prompt(
+    ...     Vocabulary([], unit="word"), None, "on")
+    ('the cat on', 'on')
+    """
+    prompt = prompt or ""
+    if vocab.unit == "char" or not prompt or not continuation or prompt[-1].isspace():
+        return prompt + continuation
+    return prompt + " " + continuation
+
+
 def sample_texts(
     cfg: TrainConfig,
     vocab: Vocabulary,
@@ -58,7 +78,9 @@ def sample_texts(
     seed: int | None = None,
     condition: int | None = None,
 ) -> list[str]:
-    """Generate ``num`` continuations of ``prompt`` as text (the prompt not repeated).
+    """Generate ``num`` continuations of ``prompt`` as text (the prompt not repeated;
+    :func:`join_prompt` joins the two). ``<pad>``, ``<unk>`` and ``<s>`` are never
+    generated; ``</s>`` only ends a text.
 
     ``condition``: the class index a :class:`ConditionalLM` generates for (required for
     one, refused otherwise). With ``--length predict`` and sampling, each sample draws its
@@ -100,6 +122,7 @@ def sample_texts(
         generator=generator,
         state=state,
         state_batch_dim=state_batch_dim,
+        forbid=NEVER_GENERATED,
     )
     return [vocab.decode(r.ids) for row in results for r in row]
 

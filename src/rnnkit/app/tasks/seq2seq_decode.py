@@ -17,6 +17,7 @@ from rnnkit.metrics.losses import sequence_cross_entropy
 from rnnkit.metrics.sequences import (
     bleu,
     character_error_rate,
+    characters,
     exact_match,
     teacher_forced_accuracy,
     token_error_rate,
@@ -119,22 +120,27 @@ def decode_metrics(
     hyp_ids = [ids[: max_length - 1] for ids in hyp_ids]
     hyps = [[target_vocab.itos[i] for i in ids] for ids in hyp_ids]
     rendered = [render_output(target_vocab, ids) for ids in hyp_ids]
-    metrics = output_metrics(hyps, rendered, pairs, target_vocab)
+    metrics = output_metrics(hyps, pairs, target_vocab)
     metrics["beam"] = beam
     return metrics, rendered
 
 
 def output_metrics(
-    hyps: list[list[str]], rendered: list[str], pairs: list[Pair], target_vocab: Vocabulary
+    hyps: list[list[str]], pairs: list[Pair], target_vocab: Vocabulary
 ) -> dict[str, Any]:
     """Exact match, token and character error rates and BLEU of outputs (``hyps``: their
-    tokens, ``rendered``: their text) against the pairs' targets."""
+    tokens) against the pairs' targets. The character error rate reads both sides as
+    :func:`~rnnkit.metrics.sequences.characters`: a special such as ``<unk>`` is one
+    symbol, words are separated by one space."""
     refs = [target_vocab.tokenize(p.target) for p in pairs]
+    unit = target_vocab.unit
     return {
         "exact_match": exact_match(hyps, refs),
         "token_error_rate": token_error_rate(hyps, refs),
-        "character_error_rate": character_error_rate(rendered, [p.target for p in pairs])
-        if any(p.target for p in pairs)
+        "character_error_rate": character_error_rate(
+            [characters(h, unit) for h in hyps], [characters(r, unit) for r in refs]
+        )
+        if any(refs)
         else None,
         "bleu": bleu(hyps, refs),
         "sentences": len(pairs),
@@ -163,19 +169,17 @@ def baseline_metrics(
     """The two transduction baselines scored like the model's decoded outputs: the source
     copied as the output (``copy``), and the target of the nearest training source
     (``nearest_neighbour``)."""
-    joiner = "" if target_vocab.unit == "char" else " "
     copied = [target_vocab.tokenize(p.source) for p in pairs]
     looked_up = [target.tolist() for target in nn.predict(sources)]
     return {
         "copy": {
             "kind": COPY_KIND,
-            **output_metrics(copied, [joiner.join(t) for t in copied], pairs, target_vocab),
+            **output_metrics(copied, pairs, target_vocab),
         },
         "nearest_neighbour": {
             "kind": nearest_kind(nn),
             **output_metrics(
                 [[target_vocab.itos[i] for i in ids] for ids in looked_up],
-                [render_output(target_vocab, ids) for ids in looked_up],
                 pairs,
                 target_vocab,
             ),

@@ -18,9 +18,10 @@ for the target false-positive rate. The run directory holds, besides the usual f
     ngram.safetensors          the n-gram baseline
 
 Each session is one example: inputs ``<s> e_1 … e_n``, targets ``e_1 … e_n </s>``, padded
-and bucketed by length. ``--bptt full`` backpropagates through whole sessions, ``window:K``
-(and ``segment:K``, the command line's default, read the same way here: sessions are never
-concatenated) through the last K steps. Sessions longer than ``--max-len`` are trained in
+and bucketed by length. ``--bptt full`` (the task's default) backpropagates through whole
+sessions, ``window:K`` is the exact windowed BPTT(K) and ``segment:K`` carries the state
+across every K-th step with the gradient cut there (``train.segment_loss``; sessions are
+never concatenated). Sessions longer than ``--max-len`` are trained in
 pieces of that many events (a piece after the first starts from a zero state with the
 previous event as input); scoring always runs whole sessions, carrying the state.
 

@@ -1,6 +1,11 @@
 """Training an ``events`` run: the next-event LM on the normal sessions (pieces of at most
 ``--max-len`` events, or of the history window), the n-gram baseline on the same
 sessions, the calibration, and the thresholds from both models' validation scores.
+
+``--bptt`` is honoured as named: ``full`` backpropagates through each whole piece (the
+task's default), ``window:K`` is the exact windowed BPTT(K) (O(T·K) work), and
+``segment:K`` runs each piece in segments of K steps, the state's value carried across
+a segment boundary and its gradient cut there (:func:`segment_loss`, O(T) work).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from rnnkit.app.config import TrainConfig, parse_bptt
 from rnnkit.app.tasks.events.data import EventsData, EventVocabulary, prepare_events_data
@@ -34,6 +40,7 @@ from rnnkit.app.tasks.run import (
 )
 from rnnkit.data.batching import SequenceBatcher, lm_pairs
 from rnnkit.data.vocab import BOS_ID, EOS_ID
+from rnnkit.errors import ConfigError
 from rnnkit.models.builders import build_language_model
 from rnnkit.models.language_model import LanguageModel, LossOutput
 from rnnkit.models.ngram import NGramModel
@@ -41,7 +48,7 @@ from rnnkit.training.checkpoint import load_model_weights
 from rnnkit.training.loop import Trainer
 from rnnkit.training.options import TrainResult
 
-__all__ = ["init_output_bias", "train"]
+__all__ = ["init_output_bias", "segment_loss", "train"]
 
 
 @guarded_run
@@ -51,6 +58,11 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     Returns the summary (also written to ``summary.json``).
     """
     opts = options(cfg)
+    if parse_bptt(cfg.bptt)[0] == "segment" and cfg.loss_reduction == "sequence":
+        raise ConfigError(
+            "--loss-reduction sequence needs whole sequences: --bptt full or window:K, "
+            f"not {cfg.bptt}"
+        )
     out = Path(cfg.out)
     device = choose_device(cfg.device)
     vocab = _resumed_vocab(cfg, out) if resume else None
@@ -99,15 +111,15 @@ def _fit_model(
         shuffle=True,
         seed=cfg.seed,
     )
-    window = _window(cfg)
+    mode, k = parse_bptt(cfg.bptt)
 
     def step(m: LanguageModel, batch: Any, carry: Any) -> LossOutput:
-        return m.loss(
-            batch.inputs.to(device),
-            batch.targets.to(device),
-            mask=batch.mask.to(device),
-            window=window,
-        )
+        inputs, targets = batch.inputs.to(device), batch.targets.to(device)
+        mask = batch.mask.to(device)
+        if mode == "segment":
+            assert k is not None
+            return segment_loss(m, inputs, targets, mask, k)
+        return m.loss(inputs, targets, mask=mask, window=k if mode == "window" else None)
 
     def evaluate(m: LanguageModel) -> dict[str, Any]:
         return surprise_loss(event_surprises(m, data.valid, cfg.batch_size, opts["window"]))
@@ -205,6 +217,37 @@ def _pieces(seq: np.ndarray, max_len: int) -> list[tuple[np.ndarray, np.ndarray]
     ]
 
 
-def _window(cfg: TrainConfig) -> int | None:
-    mode, k = parse_bptt(cfg.bptt)
-    return None if mode == "full" else k
+def _detached(state: Any) -> Any:
+    """The state's value without its history: what crosses a segment boundary."""
+    if state is None or isinstance(state, torch.Tensor):
+        return None if state is None else state.detach()
+    return type(state)(*(_detached(s) for s in state))
+
+
+def segment_loss(
+    model: LanguageModel, inputs: Tensor, targets: Tensor, mask: Tensor, k: int
+) -> LossOutput:
+    """The loss of a padded batch of sessions under segment truncation (``--bptt
+    segment:K``): the steps run in segments of ``k``, each starting from the state the
+    previous one ended in — its value carried, its gradient cut — so that ``∂L/∂h`` never
+    crosses a segment boundary, while every step still sees the whole session so far.
+
+    One forward over the ``T`` steps in all (O(T), as full BPTT). The loss is the masked
+    token mean over the whole batch, as :meth:`LanguageModel.loss` (token reduction).
+
+    Args:
+        inputs, targets: ``(B, T)`` ids.  mask: ``(B, T)`` bool, True at real steps.
+        k: the segment length ``K ≥ 1``.
+    """
+    total = inputs.new_zeros((), dtype=torch.float32)
+    nats, tokens = 0.0, int(mask.sum())
+    state: Any = None
+    for lo in range(0, inputs.shape[1], k):
+        part = mask[:, lo : lo + k]
+        n = int(part.sum())
+        if n == 0:  # padding only from here on (rows end with their padding)
+            break
+        out = model.loss(inputs[:, lo : lo + k], targets[:, lo : lo + k], part, _detached(state))
+        total = total + out.loss * n  # the segment's token mean back to a sum
+        nats, state = nats + out.nats, out.state
+    return LossOutput(total / max(tokens, 1), nats, tokens)

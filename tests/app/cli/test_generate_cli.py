@@ -1,0 +1,66 @@
+"""``rnnkit generate`` on a language model: the prompt and its continuation joined in the
+run's unit (words with a space, characters with nothing), and no special symbol among
+the generated tokens."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran"]
+TINY = ["--hidden", "8", "--embedding", "8", "--batch-size", "4", "--ngram-order", "2"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    yield
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 6))) for _ in range(40)]
+    path = tmp_path_factory.mktemp("data") / "lm.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _train(corpus: Path, out: Path, unit: str) -> None:
+    from rnnkit.app.cli.main import main
+
+    argv = ["train", "--task", "lm", "--unit", unit, "--bptt", "full", "--train", str(corpus)]
+    assert main([*argv, "--out", str(out), *TINY, "--steps", "4", "--quiet"]) == 0
+
+
+def test_a_word_prompt_is_followed_by_its_continuation_as_words(corpus, tmp_path, run_cli):
+    _train(corpus, tmp_path / "lm", "word")
+    code, out, err = run_cli(
+        "generate", "--checkpoint", str(tmp_path / "lm"), "--prompt", "the cat",
+        "--max-length", "4", "--seed", "3", "--num", "6",
+    )  # fmt: skip
+    assert code == 0, err
+    from rnnkit.app.tasks.lm import load_lm, sample_texts
+
+    cfg, vocab, model = load_lm(tmp_path / "lm")
+    drawn = sample_texts(cfg, vocab, model, "the cat", num=6, max_length=4, seed=3)
+    assert any(drawn)  # some continuation is not empty: there is something to join
+    want = ["the cat" + (" " + d if d else "") for d in drawn]
+    assert out == "".join(f"{t}\n" for t in want)
+    for text in want:  # vocabulary words only: no special, nothing glued
+        assert set(text.split(" ")) <= set(WORDS), text
+
+
+def test_a_char_prompt_is_followed_by_its_continuation_as_characters(corpus, tmp_path, run_cli):
+    _train(corpus, tmp_path / "lm", "char")
+    code, out, err = run_cli(
+        "generate", "--checkpoint", str(tmp_path / "lm"), "--prompt", "the c",
+        "--max-length", "6", "--seed", "3", "--num", "3",
+    )  # fmt: skip
+    assert code == 0, err
+    from rnnkit.app.tasks.lm import load_lm, sample_texts
+
+    cfg, vocab, model = load_lm(tmp_path / "lm")
+    drawn = sample_texts(cfg, vocab, model, "the c", num=3, max_length=6, seed=3)
+    assert out == "".join(f"the c{d}\n" for d in drawn)

@@ -1,0 +1,149 @@
+"""``classify --inputs vectors``: real-valued sequences, one label each, end to end (train,
+evaluate, predict, report), the frame baseline against scikit-learn, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rnnkit.app.cli.main import main
+
+TINY = ["--hidden", "8", "--batch-size", "8", "--quiet", "--no-report"]
+CLASSES = {"walk": 0.6, "run": 1.8, "sit": 0.0}  # the frequency of each activity
+
+
+def activities(n: int, seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        label = list(CLASSES)[i % 3]
+        t = np.arange(int(rng.integers(6, 14)))
+        x = np.stack([np.sin(CLASSES[label] * t + rng.uniform(0, 6)), 0.5 * np.cos(t)], 1)
+        x += 0.2 * rng.standard_normal(x.shape)
+        out.append({"seq": np.round(x, 5).tolist(), "label": label})
+    return out
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("activities")
+    write_jsonl(d / "train.jsonl", activities(60, 0))
+    write_jsonl(d / "valid.jsonl", activities(21, 1))
+    return d
+
+
+@pytest.fixture(scope="module")
+def run(data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "vectors"
+    argv = ["train", "--task", "classify", "--inputs", "vectors", "--train"]
+    code = main([*argv, str(data / "train.jsonl"), "--valid", str(data / "valid.jsonl"),
+                 "--out", str(out), *TINY, "--steps", "8", "--pooling", "mean"])  # fmt: skip
+    assert code == 0
+    return out
+
+
+def test_train_evaluate_and_predict_real_valued_sequences(run, data, capsys):
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["task"] == "classify" and summary["input_size"] == 2
+    assert summary["labels"] == ["run", "sit", "walk"]
+    assert not (run / "vocab.json").exists() and (run / "baseline.safetensors").is_file()
+    code, out, err = cli(
+        capsys, "evaluate", "--checkpoint", str(run), "--data", str(data / "valid.jsonl"), "--json"
+    )
+    assert code == 0, err
+    metrics = json.loads(out)
+    assert metrics["examples"] == 21 and sum(map(sum, metrics["confusion_matrix"])) == 21
+    code, out, err = cli(
+        capsys, "predict", "--checkpoint", str(run), "--input", str(data / "valid.jsonl")
+    )
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    gold = [r["label"] for r in activities(21, 1)]
+    assert [r["steps"] for r in records] == [len(r["seq"]) for r in activities(21, 1)]
+    accuracy = np.mean([r["label"] == g for r, g in zip(records, gold, strict=True)])
+    assert metrics["accuracy"] == pytest.approx(accuracy)  # evaluate and predict agree
+    for r in records:
+        assert sum(r["probabilities"].values()) == pytest.approx(1.0)
+        assert r["label"] == max(r["probabilities"], key=r["probabilities"].get)
+
+
+def test_frame_baselines_against_sklearn(run, data):
+    sklearn = pytest.importorskip("sklearn")
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    del sklearn
+
+    def features(rows):
+        return (
+            np.stack([np.concatenate([np.mean(r["seq"], 0), r["seq"][-1]]) for r in rows])
+            .astype(np.float32)
+            .astype(np.float64)
+        )  # the frames are read as float32
+
+    train, valid = activities(60, 0), activities(21, 1)
+    scaler = StandardScaler().fit(features(train))
+    fitted = LogisticRegression(C=10.0, tol=1e-10, max_iter=10_000)
+    fitted.fit(scaler.transform(features(train)), [r["label"] for r in train])
+    predicted = fitted.predict(scaler.transform(features(valid)))
+    gold = [r["label"] for r in valid]
+    b = json.loads((run / "summary.json").read_text())["baselines"]
+    assert b["mean_last_frame"]["accuracy"] == pytest.approx(
+        np.mean([p == g for p, g in zip(predicted, gold, strict=True)])
+    )
+    assert b["majority"] == {  # balanced classes: the first label in label order
+        "kind": "majority class (run)",
+        "accuracy": pytest.approx(7 / 21),
+        "macro_f1": pytest.approx((2 * (7 / 21) / (1 + 7 / 21)) / 3),
+    }
+
+
+def test_label_folders_of_csv_files(tmp_path, capsys):
+    for split, seed in (("train", 0), ("valid", 1)):
+        for i, row in enumerate(activities(24 if split == "train" else 9, seed)):
+            folder = tmp_path / split / row["label"]
+            folder.mkdir(parents=True, exist_ok=True)
+            lines = "".join(",".join(str(v) for v in step) + "\n" for step in row["seq"])
+            (folder / f"{i:03d}.csv").write_text("x,y\n" + lines, encoding="utf-8")
+    out = tmp_path / "run"
+    code, _, err = cli(
+        capsys, "train", "--task", "classify", "--inputs", "vectors", "--train",
+        str(tmp_path / "train"), "--valid", str(tmp_path / "valid"), "--out", str(out),
+        *TINY, "--steps", "2",
+    )  # fmt: skip
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["labels"] == ["run", "sit", "walk"] and summary["valid"]["examples"] == 9
+
+
+def test_bad_vector_input_is_one_line(data, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"seq": [[1, 2]], "label": "walk"}\n{"seq": [[1, 2]]}\n', encoding="utf-8")
+    code, _, err = cli(
+        capsys, "train", "--task", "classify", "--inputs", "vectors", "--train", str(bad),
+        "--out", str(tmp_path / "run"), *TINY, "--steps", "1",
+    )  # fmt: skip
+    assert code not in (0, None) and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "bad.jsonl:2" in err and '"label"' in err
+    wide = tmp_path / "wide.jsonl"
+    wide.write_text('{"seq": [[1, 2, 3]], "label": "walk"}\n', encoding="utf-8")
+    code, _, err = cli(
+        capsys, "train", "--task", "classify", "--inputs", "vectors", "--train",
+        str(data / "train.jsonl"), "--valid", str(wide), "--out", str(tmp_path / "r2"),
+        *TINY, "--steps", "1",
+    )  # fmt: skip
+    assert code not in (0, None) and "wide.jsonl:1" in err and "3 values" in err
