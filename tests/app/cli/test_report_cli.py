@@ -44,7 +44,7 @@ def test_report_out_option(run_cli, run_dir, tmp_path, monkeypatch):
     import rnnkit.app.report.page as page
 
     # The content is the library's business (tests/app/report); here only where it goes.
-    monkeypatch.setattr(page, "render_report", lambda run: f"<!DOCTYPE html>{run}")
+    monkeypatch.setattr(page, "render_report", lambda run, device: f"<!DOCTYPE html>{run}")
     out_path = tmp_path / "reports" / "run.html"
     code, out, _ = run_cli("report", "--checkpoint", str(run_dir), "--out", str(out_path))
     assert code == 0

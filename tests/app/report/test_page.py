@@ -186,7 +186,7 @@ def test_contribution_bars_match_the_models_backward_pass(rnn_report):
 def test_out_path_directory_and_rewrite(rnn_run, tmp_path, monkeypatch):
     import rnnkit.app.report.page as page
 
-    monkeypatch.setattr(page, "render_report", lambda run_dir: "<!DOCTYPE html>")
+    monkeypatch.setattr(page, "render_report", lambda run_dir, device: "<!DOCTYPE html>")
     out = write_report(rnn_run, tmp_path / "sub" / "r.html")
     assert out == tmp_path / "sub" / "r.html" and out.is_file()
     into = write_report(rnn_run, tmp_path)  # a directory gets report.html inside

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rnnkit.app.cli.device_option import add_device_option
+
 __all__ = ["register", "run"]
 
 
@@ -18,6 +20,7 @@ def register(sub: Any) -> None:
     p.add_argument("--data", required=True, help="data file in the task's format")
     p.add_argument("--batch-size", type=int, help="evaluation batch size")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_device_option(p)
     p.set_defaults(func=run)
 
 
@@ -25,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from rnnkit.app.tasks.registry import task_module, task_of_run
 
     task = task_module(task_of_run(args.checkpoint))
-    metrics = task.evaluate(args.checkpoint, args.data, args.batch_size)
+    metrics = task.evaluate(args.checkpoint, args.data, args.batch_size, args.device)
     if args.json:
         from rnnkit.training.checkpoint import dumps_strict
 

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from rnnkit.app.cli.device_option import add_device_option
 from rnnkit.errors import ConfigError
 
 __all__ = ["register", "run"]
@@ -33,6 +34,7 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (reproducible samples)")
     p.add_argument("--num", type=int, default=1, help="number of samples")
     p.add_argument("--json", action="store_true", help="print one JSON object per sample")
+    add_device_option(p)
     p.set_defaults(func=run)
 
 
@@ -98,6 +100,7 @@ def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
+        device=args.device,
     )
     if unknown:
         warn(f"--input has {unknown} token(s) outside the vocabulary; read as <unk>")
@@ -120,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--max-length must be ≥ 1, got {args.max_length}")
         if args.num < 1:
             raise ConfigError(f"--num must be ≥ 1, got {args.num}")
-        cfg, vocab, model = load_lm(args.checkpoint)
+        cfg, vocab, model = load_lm(args.checkpoint, args.device)
         condition = _condition_index(args.checkpoint, cfg, args.condition)
         _, unknown = prompt_ids(cfg, vocab, args.prompt)
         if unknown:

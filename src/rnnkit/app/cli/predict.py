@@ -40,6 +40,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from rnnkit.app.cli.device_option import add_device_option
 from rnnkit.errors import ConfigError, DataError
 
 __all__ = ["read_batches", "register", "run"]
@@ -79,6 +80,7 @@ def register(sub: Any) -> None:
         metavar="RUN",
         help="events: also judge each event's parameter values with this params run",
     )
+    add_device_option(p)
     p.set_defaults(func=run)
 
 
@@ -161,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
     predict = module.predictor(
         args.checkpoint,
         batch_size=args.batch_size,
+        device=args.device,
         beam=args.beam,
         max_length=args.max_length,
         top=args.top,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rnnkit.app.cli.device_option import add_device_option
+
 __all__ = ["register", "run"]
 
 
@@ -18,12 +20,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--checkpoint", required=True, help="run directory written by train")
     p.add_argument("--out", help="where to write the report (default: DIR/report.html)")
+    add_device_option(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from rnnkit.app.report import write_report
 
-    path = write_report(args.checkpoint, args.out)
+    path = write_report(args.checkpoint, args.out, device=args.device)
     print(f"report: {path}")
     return 0

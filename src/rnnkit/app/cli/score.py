@@ -27,6 +27,7 @@ from typing import Any
 
 from rnnkit.anomaly.scores import SCORES
 from rnnkit.anomaly.thresholds import THRESHOLD_METHODS
+from rnnkit.app.cli.device_option import add_device_option
 from rnnkit.app.cli.score_config import ScoreConfig
 from rnnkit.app.cli.score_modes import run_batch, run_follow, run_params
 from rnnkit.errors import ConfigError
@@ -72,6 +73,7 @@ def register(subparsers: Any) -> None:
         "--top", type=int, default=5, help="list the K most surprising events (default 5)"
     )
     p.add_argument("--batch-size", type=int, default=64, help="sessions per forward pass")
+    add_device_option(p)
     p.add_argument(
         "--score",
         choices=SCORES,
@@ -144,15 +146,15 @@ def run(args: argparse.Namespace) -> int:
     from rnnkit.app.tasks.registry import task_of_run
 
     if task_of_run(config.checkpoint) == "params":
-        return run_params(config)
-    events_run = load_events(config.checkpoint)
+        return run_params(config, args.device)
+    events_run = load_events(config.checkpoint, args.device)
     if config.follow:
         return run_follow(config, events_run)
     params_run = None
     if config.params is not None:
         from rnnkit.app.tasks.params import load_params
 
-        params_run = load_params(config.params)
+        params_run = load_params(config.params, args.device)
     elif config.confidence is not None:
         raise ConfigError("--confidence applies to a params run: give --params RUN")
     return run_batch(config, events_run, params_run)

@@ -159,7 +159,7 @@ def run_batch(config: ScoreConfig, run: Any, params_run: Any = None) -> int:
     return 0
 
 
-def run_params(config: ScoreConfig) -> int:
+def run_params(config: ScoreConfig, device: str = "cpu") -> int:
     """A params run alone: one record per session."""
     from rnnkit.app.tasks.params import load_params, repick_session_score, score_sessions
 
@@ -173,7 +173,7 @@ def run_params(config: ScoreConfig) -> int:
             raise ConfigError(f"{flag} applies to an events checkpoint, not a params run")
     if config.follow or config.source != "sessions":
         raise ConfigError("a params run scores JSON-lines sessions in batch (no --follow, strace)")
-    run = load_params(config.checkpoint)
+    run = load_params(config.checkpoint, device)
     session_score = None
     if config.target_fpr is not None:
         session_score = repick_session_score(

@@ -24,7 +24,7 @@ def attention_sections(run: Run, pairs_shown: int = 3) -> list[tuple[str, str, s
     from rnnkit.data.pairs import encode_pairs, make_pair_batch, read_pairs
     from rnnkit.errors import DataError
 
-    _, source_vocab, target_vocab, model = load_seq2seq(run.path)
+    _, source_vocab, target_vocab, model = load_seq2seq(run.path, run.device)
     pairs = None
     # The first validation pairs; without a validation file, the last training pairs
     # (the ones training held out).

@@ -236,7 +236,7 @@ def lm_sections(run: Run, samples: int = 3) -> list[tuple[str, str, str]]:
     from rnnkit.app.tasks.lm_text import sample_texts
     from rnnkit.models.language_model import LanguageModel
 
-    cfg, vocab, model = load_lm(run.path)
+    cfg, vocab, model = load_lm(run.path, run.device)
     labels = lm_labels(run.path, cfg)
     # A class-conditional model samples once for each of its first classes.
     classes = [None] if labels is None else list(range(min(samples, len(labels))))

@@ -235,7 +235,7 @@ def single_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def render_report(run_dir: str | Path) -> str:
+def render_report(run_dir: str | Path, device: str = "cpu") -> str:
     """The report of a run directory as HTML text (self-contained, no network needed).
 
     Args:
@@ -245,6 +245,7 @@ def render_report(run_dir: str | Path) -> str:
         CheckpointError: no such directory, or no readable ``config.json``.
     """
     run = read_run(run_dir)
+    run.device = device
     parts = [metrics_section(run), training_section(run)]
     with single_thread():
         if run.cfg.task == "lm":
@@ -284,13 +285,15 @@ def render_report(run_dir: str | Path) -> str:
     )
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+def write_report(run_dir: str | Path, out: str | Path | None = None, device: str = "cpu") -> Path:
     """Write the self-contained HTML report of a run; returns its path.
 
     Args:
         run_dir: a directory written by ``rnnkit train``.
         out: where to write (default ``run_dir/report.html``; a directory gets a
             ``report.html`` inside). Written atomically: a reader never sees half a report.
+        device: where the run's model computes the report's figures (``"cpu"``,
+            ``"cuda"``, ``"auto"``).
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as d:
@@ -302,6 +305,6 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     path = Path(run_dir) / REPORT_NAME if out is None else Path(out)
     if path.is_dir():
         path = path / REPORT_NAME
-    text = render_report(run_dir)
+    text = render_report(run_dir, device)
     atomic_write_bytes(path, text.encode("utf-8"))
     return path

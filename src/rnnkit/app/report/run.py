@@ -25,6 +25,7 @@ class Run:
     events: list[dict[str, Any]]
     bad_lines: int = 0
     notes: list[str] = field(default_factory=list)
+    device: str = "cpu"  # where the report's model computes (rnnkit report --device)
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e.get("event") == kind]

@@ -349,16 +349,16 @@ def load_classifier(
 
 
 def evaluate_classify(
-    run_dir: str | Path, data_path: str, batch_size: int | None = None
+    run_dir: str | Path, data_path: str, batch_size: int | None = None, device: str = "cpu"
 ) -> dict[str, Any]:
     """Score a ``label<TAB>text`` file (or labelled sequences, ``--inputs vectors``) with a
     trained classifier."""
     if load_config(run_dir, task="classify")[0].inputs == "vectors":
-        return evaluate_vectors(run_dir, data_path, batch_size)
-    cfg, vocab, labels, model = load_classifier(run_dir)
+        return evaluate_vectors(run_dir, data_path, batch_size, device)
+    cfg, vocab, labels, model = load_classifier(run_dir, device)
     enc = encode_examples(read_labelled(data_path), vocab, labels, cfg.max_len, data_path)
-    device = next(model.parameters()).device
-    metrics = classify_metrics(model, enc, labels, device, batch_size or cfg.batch_size)
+    model_device = next(model.parameters()).device
+    metrics = classify_metrics(model, enc, labels, model_device, batch_size or cfg.batch_size)
     baselines = _load_baselines(Path(run_dir), labels)
     if baselines is not None and bool((enc.labels < len(labels)).any()):
         metrics["baselines"] = baseline_metrics(baselines, enc, labels)
@@ -383,15 +383,17 @@ def predict_labels(model: Classifier, inputs: list[np.ndarray], batch_size: int 
     return np.stack([rows[i] for i in range(len(inputs))]) if inputs else np.zeros((0, 0))
 
 
-def predictor(run_dir: str | Path, batch_size: int | None = None, **_: Any) -> Any:
+def predictor(
+    run_dir: str | Path, batch_size: int | None = None, device: str = "cpu", **_: Any
+) -> Any:
     """``rnnkit predict`` for a classifier: each input line is one text (the first
     ``--max-len`` tokens are read, as in training); the result is ``{"label": best,
     "probabilities": {label: p, ...}, "tokens": n, "unknown": n}``. A line without tokens
     is a DataError naming it. A run of real-valued sequences reads one JSON sequence a
     line (:func:`~rnnkit.app.tasks.classify_vectors.vector_predictor`)."""
     if load_config(run_dir, task="classify")[0].inputs == "vectors":
-        return vector_predictor(run_dir, batch_size)
-    cfg, vocab, labels, model = load_classifier(run_dir)
+        return vector_predictor(run_dir, batch_size, device)
+    cfg, vocab, labels, model = load_classifier(run_dir, device)
     bs = batch_size or cfg.batch_size
 
     def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:

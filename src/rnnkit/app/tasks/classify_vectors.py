@@ -329,10 +329,10 @@ def load_vector_classifier(
 
 
 def evaluate_vectors(
-    run_dir: str | Path, data_path: str, batch_size: int | None = None
+    run_dir: str | Path, data_path: str, batch_size: int | None = None, device: str = "cpu"
 ) -> dict[str, Any]:
     """Score labelled sequences with a trained classifier and its baselines."""
-    cfg, width, labels, model = load_vector_classifier(run_dir)
+    cfg, width, labels, model = load_vector_classifier(run_dir, device)
     enc = encode_vectors(_read(data_path), labels, cfg.max_len, width)
     metrics = vector_metrics(model, enc, labels, batch_size or cfg.batch_size)
     arrays = load_baseline(run_dir)
@@ -343,10 +343,12 @@ def evaluate_vectors(
     return metrics
 
 
-def vector_predictor(run_dir: str | Path, batch_size: int | None = None) -> Any:
+def vector_predictor(
+    run_dir: str | Path, batch_size: int | None = None, device: str = "cpu"
+) -> Any:
     """``rnnkit predict``: each line one sequence ``{"seq": [[...], ...]}`` (a ``"label"``
     is allowed and ignored) → ``{"label", "probabilities": {label: p}, "steps"}``."""
-    cfg, width, labels, model = load_vector_classifier(run_dir)
+    cfg, width, labels, model = load_vector_classifier(run_dir, device)
     bs = batch_size or cfg.batch_size
 
     def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:

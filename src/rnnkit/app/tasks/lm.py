@@ -337,14 +337,14 @@ def load_lm(run_dir: str | Path, device: str = "cpu") -> tuple[TrainConfig, Voca
 
 
 def evaluate_lm(
-    run_dir: str | Path, data_path: str, batch_size: int | None = None
+    run_dir: str | Path, data_path: str, batch_size: int | None = None, device: str = "cpu"
 ) -> dict[str, Any]:
     """Score a text file with a trained model and its n-gram baseline, side by side."""
-    cfg, vocab, model = load_lm(run_dir)
+    cfg, vocab, model = load_lm(run_dir, device)
     eval_cfg = TrainConfig(**{**cfg.to_dict(), "train": data_path, "valid": data_path})
     data = prepare_lm_data(eval_cfg, vocab, lm_labels(run_dir, cfg))
-    device = next(model.parameters()).device
-    metrics = lm_metrics(model, data, device, batch_size or cfg.batch_size)
+    model_device = next(model.parameters()).device
+    metrics = lm_metrics(model, data, model_device, batch_size or cfg.batch_size)
     if data.labels is not None:  # lines of a label the model never saw are not scored
         metrics["unknown_labels"] = sum(data.valid_unknown.values())
         metrics["unknown_label_counts"] = dict(sorted(data.valid_unknown.items()))
@@ -360,10 +360,12 @@ train = train_lm
 evaluate = evaluate_lm
 
 
-def predictor(run_dir: str | Path, batch_size: int | None = None, **_: Any) -> Any:
+def predictor(
+    run_dir: str | Path, batch_size: int | None = None, device: str = "cpu", **_: Any
+) -> Any:
     """``rnnkit predict`` for a language model: each input line is scored by
     :func:`line_logprobs`; for a class-conditional run a line is ``label<TAB>text``."""
-    cfg, vocab, model = load_lm(run_dir)
+    cfg, vocab, model = load_lm(run_dir, device)
     labels = lm_labels(run_dir, cfg)
     bs = batch_size or cfg.batch_size
 

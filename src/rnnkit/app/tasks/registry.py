@@ -37,13 +37,25 @@ class Task(Protocol):
         ...
 
     def evaluate(
-        self, run_dir: str | Path, data_path: str, batch_size: int | None = None
+        self,
+        run_dir: str | Path,
+        data_path: str,
+        batch_size: int | None = None,
+        device: str = "cpu",
     ) -> dict[str, Any]:
-        """The metrics of the run in ``run_dir`` on the file ``data_path``."""
+        """The metrics of the run in ``run_dir`` on the file ``data_path``, its model on
+        ``device`` (``"cpu"``, ``"cuda"``, ``"auto"``)."""
         ...
 
-    def predictor(self, run_dir: str | Path, batch_size: int | None = None, **options: Any) -> Any:
-        """A function answering batches of input lines with the run in ``run_dir``."""
+    def predictor(
+        self,
+        run_dir: str | Path,
+        batch_size: int | None = None,
+        device: str = "cpu",
+        **options: Any,
+    ) -> Any:
+        """A function answering batches of input lines with the run in ``run_dir``, its
+        model on ``device``."""
         ...
 
 

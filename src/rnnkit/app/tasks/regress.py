@@ -290,24 +290,28 @@ def load_regressor(run_dir: str | Path, device: str = "cpu") -> tuple[TrainConfi
     return cfg, info, model
 
 
-def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None) -> dict[str, Any]:
+def evaluate(
+    run_dir: str | Path, data_path: str, batch_size: int | None = None, device: str = "cpu"
+) -> dict[str, Any]:
     """Score sequences (same format as training) with a trained regressor, and the
     persistence baseline beside it."""
-    cfg, info, model = load_regressor(run_dir)
+    cfg, info, model = load_regressor(run_dir, device)
     seqs = _read(data_path)
     _check_width(seqs, info["input_size"], "the run's input width")
     enc = encode_sequences(seqs, cfg.target, cfg.max_len)
-    device = next(model.parameters()).device
-    return regression_metrics(model, enc, device, batch_size or cfg.batch_size)
+    model_device = next(model.parameters()).device
+    return regression_metrics(model, enc, model_device, batch_size or cfg.batch_size)
 
 
-def predictor(run_dir: str | Path, batch_size: int | None = None, **_: Any) -> Any:
+def predictor(
+    run_dir: str | Path, batch_size: int | None = None, device: str = "cpu", **_: Any
+) -> Any:
     """``rnnkit predict`` for a regressor: each input line is a JSON sequence ``{"seq":
     [...]}``; the answer is ``{"prediction": [...]}``: for ``next`` the predicted next
     vector after every step (the last one forecasts the step after the sequence), for
     ``value`` the predicted ``y``; with ``--loss gaussian`` also ``"variance"``."""
-    cfg, info, model = load_regressor(run_dir)
-    device = next(model.parameters()).device
+    cfg, info, model = load_regressor(run_dir, device)
+    model_device = next(model.parameters()).device
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"--batch-size must be ≥ 1, got {batch_size}")
 
@@ -317,7 +321,7 @@ def predictor(run_dir: str | Path, batch_size: int | None = None, **_: Any) -> A
         _check_width(seqs, info["input_size"], "the run's input width")
         answers = []
         for s in seqs:
-            x = torch.from_numpy(s.values[: cfg.max_len]).unsqueeze(0).to(device)
+            x = torch.from_numpy(s.values[: cfg.max_len]).unsqueeze(0).to(model_device)
             out = model(x)
             record: dict[str, Any] = {"prediction": out.mean[0].tolist()}
             if out.log_var is not None:

@@ -243,7 +243,9 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     return finish_summary(cfg, summary)
 
 
-def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None) -> dict[str, Any]:
+def evaluate(
+    run_dir: str | Path, data_path: str, batch_size: int | None = None, device: str = "cpu"
+) -> dict[str, Any]:
     """Score a ``source<TAB>target`` file: teacher-forced loss and accuracy, then decoding
     (beam width of the run's ``--beam``) for exact match and token error rate.
 
@@ -251,17 +253,17 @@ def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None)
     ``target_unknown_tokens``), not fatal: an unknown reference token simply cannot be
     matched.
     """
-    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir)
-    device = next(model.parameters()).device
+    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir, device)
+    model_device = next(model.parameters()).device
     pairs = read_pairs(data_path)
     sources, targets = encode_pairs(pairs, source_vocab, target_vocab, data_path)
     _check_target_lengths(cfg, pairs, targets, data_path)
     bs = batch_size or cfg.batch_size
     if bs < 1:
         raise ConfigError(f"--batch-size must be ≥ 1, got {bs}")
-    metrics = teacher_forced_metrics(model, sources, targets, device, bs)
+    metrics = teacher_forced_metrics(model, sources, targets, model_device, bs)
     decoded, _ = decode_metrics(
-        model, pairs, sources, target_vocab, device, bs, cfg.beam, cfg.max_len + 1
+        model, pairs, sources, target_vocab, model_device, bs, cfg.beam, cfg.max_len + 1
     )
     metrics.update(decoded)
     nearest = _load_nearest(Path(run_dir))
@@ -279,6 +281,7 @@ def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None)
 def predictor(
     run_dir: str | Path,
     batch_size: int | None = None,
+    device: str = "cpu",
     beam: int | None = None,
     max_length: int | None = None,
     **_: Any,
@@ -289,7 +292,7 @@ def predictor(
     (default: the run's ``--max-len``). The result is ``{"input": source, "output": text,
     "unknown": n}`` (``n`` source tokens outside the vocabulary). A line without tokens is
     a DataError naming it."""
-    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir)
+    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir, device)
     beam = cfg.beam if beam is None else beam
     if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
         raise ConfigError(f"--beam must be an integer ≥ 1, got {beam!r}")
@@ -297,7 +300,7 @@ def predictor(
     if limit < 1:
         raise ConfigError(f"--max-length must be ≥ 1, got {limit}")
     bs = batch_size or cfg.batch_size
-    device = next(model.parameters()).device
+    model_device = next(model.parameters()).device
 
     def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
         sources, unknown = [], []
@@ -307,7 +310,7 @@ def predictor(
                 raise DataError("empty source (no tokens to transduce)", path, line)
             sources.append(np.array(ids, dtype=np.int64))
             unknown.append(n_unknown)
-        hyps = decode_ids(model, sources, device, bs, beam, limit + 1)
+        hyps = decode_ids(model, sources, model_device, bs, beam, limit + 1)
         return [
             {"input": text, "output": render_output(target_vocab, h[:limit]), "unknown": u}
             for text, h, u in zip(lines, hyps, unknown, strict=True)

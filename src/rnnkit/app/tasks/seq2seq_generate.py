@@ -18,7 +18,11 @@ __all__ = ["generate_outputs", "transduce"]
 
 
 def transduce(
-    run_dir: str | Path, text: str, beam: int | None = None, max_length: int | None = None
+    run_dir: str | Path,
+    text: str,
+    beam: int | None = None,
+    max_length: int | None = None,
+    device: str = "cpu",
 ) -> str:
     """The model's output for one source ``text`` (``rnnkit generate --input TEXT``).
 
@@ -27,8 +31,9 @@ def transduce(
         text: the source, in the run's ``--source-unit``.
         beam: beam width (default: the run's ``--beam``; 1 = greedy).
         max_length: most output tokens (default: the run's ``--max-len``).
+        device: where the model computes.
     """
-    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir)
+    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir, device)
     ids = source_vocab.encode_array(text, dtype=np.int64)
     if len(ids) == 0:
         raise DataError("--input is empty: nothing to transduce")
@@ -36,8 +41,8 @@ def transduce(
     if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
         raise ConfigError(f"--beam must be an integer ≥ 1, got {beam!r}")
     limit = cfg.max_len if max_length is None else max_length
-    device = next(model.parameters()).device
-    hyp = decode_ids(model, [ids], device, 1, beam, limit + 1)[0]
+    model_device = next(model.parameters()).device
+    hyp = decode_ids(model, [ids], model_device, 1, beam, limit + 1)[0]
     return render_output(target_vocab, hyp[:limit])  # limit + 1 steps leave room for </s> only
 
 
@@ -53,6 +58,7 @@ def generate_outputs(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int = 0,
+    device: str = "cpu",
 ) -> tuple[list[str], int]:
     """Outputs for one source (``rnnkit generate --input TEXT``), and how many of its
     tokens are outside the source vocabulary (read as ``<unk>``).
@@ -61,8 +67,9 @@ def generate_outputs(
     random source seeded with ``seed``); else the ``num`` best hypotheses of beam search
     of width ``max(beam, num)`` (``beam`` default: the run's ``--beam``; width 1 is greedy
     search). ``max_length``: most output tokens (default: the run's ``--max-len``).
+    ``device``: where the model computes.
     """
-    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir)
+    cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir, device)
     ids, unknown = source_vocab.encode_with_unknown(text)
     if not ids:
         raise DataError("--input is empty: nothing to transduce")
@@ -71,10 +78,10 @@ def generate_outputs(
     limit = cfg.max_len if max_length is None else max_length
     if limit < 1:
         raise ConfigError(f"--max-length must be ≥ 1, got {limit}")
-    device = next(model.parameters()).device
-    batch = make_pair_batch([np.array(ids, dtype=np.int64)], None).to(device)
+    model_device = next(model.parameters()).device
+    batch = make_pair_batch([np.array(ids, dtype=np.int64)], None).to(model_device)
     if sample:
-        generator = torch.Generator(device=device)
+        generator = torch.Generator(device=model_device)
         generator.manual_seed(seed)
         try:
             results = model.sample(

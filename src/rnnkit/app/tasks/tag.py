@@ -188,14 +188,14 @@ def load_tagger(run_dir: str | Path, device: str = "cpu") -> tuple[TrainConfig, 
 
 
 def evaluate_tag(
-    run_dir: str | Path, data_path: str, batch_size: int | None = None
+    run_dir: str | Path, data_path: str, batch_size: int | None = None, device: str = "cpu"
 ) -> dict[str, Any]:
     """Score a tagged file (either format) with a trained tagger."""
-    cfg, data, model = load_tagger(run_dir)
+    cfg, data, model = load_tagger(run_dir, device)
     sentences, _ = read_tagged(data_path, cfg.tag_column)
     enc = encode_tagged(sentences, data)
-    device = next(model.parameters()).device
-    metrics = tag_metrics(model, enc, data, device, batch_size or cfg.batch_size, full=True)
+    model_device = next(model.parameters()).device
+    metrics = tag_metrics(model, enc, data, model_device, batch_size or cfg.batch_size, full=True)
     baseline = _load_baseline(Path(run_dir), len(data.tags))
     if baseline is not None:
         metrics["baselines"] = {
@@ -235,11 +235,13 @@ def predict_tags(
     return out
 
 
-def predictor(run_dir: str | Path, batch_size: int | None = None, **_: Any) -> Any:
+def predictor(
+    run_dir: str | Path, batch_size: int | None = None, device: str = "cpu", **_: Any
+) -> Any:
     """``rnnkit predict`` for a tagger: each input line is one sentence, tokens separated by
     whitespace; the result is ``{"tokens": [...], "tags": [...], "unknown": n}`` (``n``
     tokens outside the vocabulary)."""
-    cfg, data, model = load_tagger(run_dir)
+    cfg, data, model = load_tagger(run_dir, device)
     bs = batch_size or cfg.batch_size
 
     def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:

@@ -177,7 +177,9 @@ def score_sessions(
         yield from flush()
 
 
-def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None) -> dict[str, Any]:
+def evaluate(
+    run_dir: str | Path, data_path: str, batch_size: int | None = None, device: str = "cpu"
+) -> dict[str, Any]:
     """Score a labelled (or unlabelled) session file with the model and the baseline.
 
     Returns ``loss_nats``/``tokens``/``perplexity`` over every event (and session end) of the
@@ -186,7 +188,7 @@ def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None)
     each score (``rnn_max``, ``rnn_mean``, ``rnn_count``) and for the n-gram baseline
     (``ngram`` for the run's score, ``ngram_max``…), side by side.
     """
-    run = load_events(run_dir)
+    run = load_events(run_dir, device)
     sessions = read_sessions(data_path)
     bs = batch_size or run.cfg.batch_size
     encoded = [run.vocab.encode_events(s.events) for s in sessions]
@@ -242,6 +244,7 @@ def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None)
 def predictor(
     run_dir: str | Path,
     batch_size: int | None = None,
+    device: str = "cpu",
     top: int = 5,
     params: str | Path | None = None,
     **_: Any,
@@ -253,13 +256,13 @@ def predictor(
     (:func:`rnnkit.app.tasks.params.combine`)."""
     from rnnkit.data.events import parse_session
 
-    run = load_events(run_dir)
+    run = load_events(run_dir, device)
     bs = batch_size or 64
     params_run = None
     if params is not None:
         from rnnkit.app.tasks import params as params_task
 
-        params_run = params_task.load_params(params)
+        params_run = params_task.load_params(params, device)
 
     def score(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
         sessions = [

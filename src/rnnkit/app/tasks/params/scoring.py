@@ -219,10 +219,12 @@ def score_sessions(
             yield rec
 
 
-def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None) -> dict[str, Any]:
+def evaluate(
+    run_dir: str | Path, data_path: str, batch_size: int | None = None, device: str = "cpu"
+) -> dict[str, Any]:
     """Score a session file: counts of vectors checked and flagged; with labels, ``auc``,
     ``precision``, ``recall``, ``f1``, ``fpr`` of the session verdicts."""
-    run = load_params(run_dir)
+    run = load_params(run_dir, device)
     items = read_items(data_path)
     records = score_items(run, items, batch_size or run.cfg.batch_size)
     z = run.limit()
@@ -250,10 +252,12 @@ def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None)
     return metrics
 
 
-def predictor(run_dir: str | Path, batch_size: int | None = None, top: int = 3, **_: Any) -> Any:
+def predictor(
+    run_dir: str | Path, batch_size: int | None = None, device: str = "cpu", top: int = 3, **_: Any
+) -> Any:
     """``rnnkit predict`` for a params run: each input line is a session as JSON with its
     ``"params"``; the answer its record from :func:`score_sessions`."""
-    run = load_params(run_dir)
+    run = load_params(run_dir, device)
     bs = batch_size or 64
 
     def score(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
