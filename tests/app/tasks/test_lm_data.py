@@ -96,3 +96,23 @@ def test_corpus_too_small_to_hold_out_validation(tmp_path):
     cfg = TrainConfig(train=str(tmp_path / "one.txt")).validate()
     with pytest.raises(DataError, match=r"one\.txt: corpus too small.*--valid"):
         prepare_lm_data(cfg)
+
+
+def test_a_corpus_over_max_corpus_bytes_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    # A 2 GB sparse file under the 4 GiB file limit grew to 15 GiB of ids; the corpus has
+    # its own limit (1 GiB), checked from the file's size before a byte is read.
+    sparse = tmp_path / "sparse.txt"
+    with open(sparse, "wb") as f:
+        f.truncate((1 << 30) + 1)
+    cfg = TrainConfig(train=str(sparse), batch_size=4, bptt="segment:16").validate()
+    with pytest.raises(DataError, match=r"file of 1,073,741,825 bytes, over the limit of "
+                       r"1,073,741,824 bytes \(raise it with RNNKIT_MAX_CORPUS_BYTES"):  # fmt: skip
+        prepare_lm_data(cfg)
+    small = tmp_path / "c.txt"
+    small.write_text(corpus(40, 2), encoding="utf-8")
+    monkeypatch.setenv("RNNKIT_MAX_CORPUS_BYTES", str(small.stat().st_size - 1))
+    cfg = TrainConfig(train=str(small), batch_size=4, bptt="segment:16").validate()
+    with pytest.raises(DataError, match="RNNKIT_MAX_CORPUS_BYTES"):
+        prepare_lm_data(cfg)
+    monkeypatch.setenv("RNNKIT_MAX_CORPUS_BYTES", str(small.stat().st_size))
+    assert len(prepare_lm_data(cfg).train_stream) > 0

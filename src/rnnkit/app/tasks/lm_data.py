@@ -21,6 +21,7 @@ from rnnkit.app.config import TrainConfig, parse_bptt
 from rnnkit.app.tasks.run import check_labels
 from rnnkit.data.batching import SequenceBatcher, StreamBatcher, lm_pairs
 from rnnkit.data.labelled import LabelledExample, LabelSet, read_labelled, split_holdout
+from rnnkit.data.limits import MAX_CORPUS_BYTES
 from rnnkit.data.text import encode_text, read_text
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
 from rnnkit.errors import DataError
@@ -137,9 +138,10 @@ def prepare_lm_data(
     with ``resume``, they must be exactly the training data's labels)."""
     if cfg.condition != "none":
         return _prepare_conditional(cfg, vocab, labels, resume)
-    text = read_text(cfg.train)
+    # A corpus is held whole, then as 8-byte ids: bounded by max_corpus_bytes, not 4 GiB.
+    text = read_text(cfg.train, size_limit=MAX_CORPUS_BYTES)
     if cfg.valid:
-        valid_text = read_text(cfg.valid)
+        valid_text = read_text(cfg.valid, size_limit=MAX_CORPUS_BYTES)
     else:
         text, valid_text = _split_text(text, cfg.valid_fraction, cfg.train)
     if vocab is None:
