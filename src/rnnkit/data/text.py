@@ -53,7 +53,7 @@ def _read_bounded(
         raise DataError("is a device, not a data file", path)
     file_limit = size_limit.value()
     if stat.S_ISREG(mode) and os.stat(path).st_size > file_limit:
-        found = f"file of {os.stat(path).st_size:,} bytes"
+        found = f"file of more than {file_limit:,} bytes"
         raise DataError(size_limit.exceeded(found, file_limit), path)
     line_limit = None if max_line_chars is None else MAX_LINE_CHARS.value(max_line_chars)
     chunks: list[bytes] = []
