@@ -34,6 +34,10 @@ from rnnkit.errors import CheckpointError, ConfigError, DataError
 
 __all__ = ["NGramModel", "count_table_size"]
 
+#: The highest order: each order adds a pass and a count table over every position, and
+#: past 10 tokens of context almost every n-gram of real data is seen once.
+MAX_ORDER = 10
+
 _START = 0  # the virtual start symbol; real id i is stored as i + 1
 
 
@@ -76,8 +80,12 @@ class NGramModel:
     def __init__(
         self, order: int = 3, discount: float = 0.75, vocab_size: int | None = None
     ) -> None:
-        if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order < 1:
-            raise ConfigError(f"order must be a positive integer, got {order!r}")
+        if (
+            isinstance(order, bool)
+            or not isinstance(order, (int, np.integer))
+            or not 1 <= order <= MAX_ORDER
+        ):
+            raise ConfigError(f"order must be an integer from 1 to {MAX_ORDER}, got {order!r}")
         if not 0.0 < float(discount) <= 1.0:
             raise ConfigError(f"discount must be in (0, 1], got {discount!r}")
         if vocab_size is not None and (

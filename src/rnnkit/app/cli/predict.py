@@ -43,6 +43,7 @@ from typing import Any, TextIO
 
 from rnnkit.data.limits import MAX_JSON_LINE_BYTES, MAX_LINE_CHARS, Limit
 from rnnkit.errors import ConfigError, DataError
+from rnnkit.generation.options import MAX_BEAM
 
 __all__ = ["read_batches", "register", "run"]
 
@@ -164,9 +165,11 @@ def run(args: argparse.Namespace) -> int:
     for option in ("batch_size", "beam", "max_length", "top"):
         value = getattr(args, option)
         minimum = 0 if option == "top" else 1
+        flag = "--" + option.replace("_", "-")
         if value is not None and value < minimum:
-            flag = "--" + option.replace("_", "-")
             raise ConfigError(f"{flag} must be ≥ {minimum}, got {value}")
+    if args.beam is not None and args.beam > MAX_BEAM:
+        raise ConfigError(f"--beam must be at most {MAX_BEAM}, got {args.beam}")
     module = task_module(task)
     predict = module.predictor(
         args.checkpoint,

@@ -84,6 +84,7 @@ from rnnkit.app.tasks.seq2seq_generate import generate_outputs, transduce
 from rnnkit.data.pairs import PairBatcher, encode_pairs, read_pairs
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.errors import ConfigError, DataError
+from rnnkit.generation.options import MAX_BEAM
 from rnnkit.models.decoder_only import DecoderOnlyTranslator
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.lookup import NearestNeighbour
@@ -291,8 +292,8 @@ def predictor(
     a DataError naming it."""
     cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir)
     beam = cfg.beam if beam is None else beam
-    if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
-        raise ConfigError(f"--beam must be an integer ≥ 1, got {beam!r}")
+    if isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM:
+        raise ConfigError(f"--beam must be an integer from 1 to {MAX_BEAM}, got {beam!r}")
     limit = cfg.max_len if max_length is None else max_length
     if limit < 1:
         raise ConfigError(f"--max-length must be ≥ 1, got {limit}")
