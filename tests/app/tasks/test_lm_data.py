@@ -105,8 +105,8 @@ def test_a_corpus_over_max_corpus_bytes_is_refused_before_it_is_read(tmp_path, m
     with open(sparse, "wb") as f:
         f.truncate((1 << 30) + 1)
     cfg = TrainConfig(train=str(sparse), batch_size=4, bptt="segment:16").validate()
-    with pytest.raises(DataError, match=r"file of more than 1,073,741,824 bytes, over the limit "
-                       r"of 1,073,741,824 bytes \(raise it with RNNKIT_MAX_CORPUS_BYTES"):  # fmt: skip
+    words = r"file of more than 1,073,741,824 bytes, .*RNNKIT_MAX_CORPUS_BYTES"
+    with pytest.raises(DataError, match=words):
         prepare_lm_data(cfg)
     small = tmp_path / "c.txt"
     small.write_text(corpus(40, 2), encoding="utf-8")
