@@ -950,3 +950,18 @@ def test_metrics_csv_beside_metrics_jsonl_across_a_resume(run_cli, data, tmp_pat
     assert csv_matches_jsonl(out)
     rows = (out / "metrics.csv").read_text().splitlines()
     assert [r.split(",")[:2] for r in rows[1:]].count(["valid", "6"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("out", "words"),
+    [
+        ("/dev/null", "--out /dev/null: exists and is a special file"),
+        ("train.txt", "exists and is a regular file, not a directory"),
+        ("train.txt/run", "cannot create the directory (Not a directory)"),
+    ],
+)
+def test_an_out_that_cannot_be_a_directory_is_one_line(run_cli, data, out, words):
+    # /dev/null was refused with the raw "[Errno 17] File exists: '/dev/null'".
+    target = out if out.startswith("/") else str(data / out)
+    code, _, err = run_cli(*train_args(data, Path(target)))
+    assert code == 2 and err.count("\n") == 1 and words in err and "Errno" not in err, err

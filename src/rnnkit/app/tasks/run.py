@@ -314,7 +314,7 @@ def lock_run_dir(out: str | Path) -> Iterator[None]:
         yield
         return
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    _make_out_dir(out)
     path = out / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
@@ -338,6 +338,18 @@ def lock_run_dir(out: str | Path) -> Iterator[None]:
             with contextlib.suppress(OSError):
                 out.rmdir()
         os.close(fd)
+
+
+def _make_out_dir(out: Path) -> None:
+    """Create ``--out``; one line naming it when that is impossible (``/dev/null`` gave the
+    raw ``[Errno 17] File exists``)."""
+    if out.exists() and not out.is_dir():
+        kind = "regular file" if out.is_file() else "special file (a device, FIFO or socket)"
+        raise ConfigError(f"--out {out}: exists and is a {kind}, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create the directory ({exc.strerror})") from None
 
 
 def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
