@@ -965,3 +965,23 @@ def test_an_out_that_cannot_be_a_directory_is_one_line(run_cli, data, out, words
     target = out if out.startswith("/") else str(data / out)
     code, _, err = run_cli(*train_args(data, Path(target)))
     assert code == 2 and err.count("\n") == 1 and words in err and "Errno" not in err, err
+
+
+def test_resuming_a_finished_run_changes_nothing_and_says_so(run_cli, data, tmp_path):
+    # The resumed run rewrote summary.json from its snapshot ("weights of step 192") while
+    # model.safetensors kept the finished run's weights (step 200).
+    out = tmp_path / "run"
+    code, _, err = run_cli(*train_args(data, out, "--no-report"))
+    assert code == 0, err
+    files = ("summary.json", "model.safetensors", "config.json")
+    before = {name: (out / name).read_bytes() for name in files}
+    code, stdout, err = run_cli(*train_args(data, out, "--resume", "--no-report", "--json"))
+    assert code == 0, err
+    assert {name: (out / name).read_bytes() for name in files} == before
+    assert json.loads(stdout) == json.loads(before["summary.json"])
+    loud = [a for a in train_args(data, out, "--resume", "--no-report") if a != "--quiet"]
+    code, _, err = run_cli(*loud)
+    assert code == 0 and "finished at step 6 of 6: nothing to resume" in err, err
+    code, _, err = run_cli(*[a if a != "6" else "8" for a in train_args(data, out, "--resume")])
+    assert code == 0, err
+    assert json.loads((out / "summary.json").read_text())["steps"] == 8  # a larger budget goes on

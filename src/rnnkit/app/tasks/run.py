@@ -21,11 +21,12 @@ from safetensors.numpy import save_file as save_numpy
 from rnnkit import messages
 from rnnkit.app.config import TrainConfig
 from rnnkit.data.files import atomic_write, fingerprint
-from rnnkit.errors import CheckpointError, ConfigError
+from rnnkit.errors import CheckpointError, ConfigError, RunFinished
 from rnnkit.models.spec import ModelSpec
 from rnnkit.training.baseline_check import RunSettings, behind_baseline
 from rnnkit.training.checkpoint import FORMAT_VERSION, atomic_write_json, load_arrays, read_json
 from rnnkit.training.loop import TrainOptions
+from rnnkit.training.run_files import read_summary
 
 __all__ = [
     "BASELINE_FILE",
@@ -365,7 +366,12 @@ def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str,
             prepare_run_dir(cfg.out, resume=resume, overwrite=overwrite)
             if resume:
                 cfg = resume_data(cfg, load_config(cfg.out)[1])
-            return train(cfg, *args, **kwargs)
+            try:
+                return train(cfg, *args, **kwargs)
+            except RunFinished as done:
+                # The run stays exactly as it finished; the caller gets its summary.
+                messages.info(str(done))
+                return read_summary(cfg.out)
 
     return wrapper
 
