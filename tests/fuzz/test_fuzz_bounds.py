@@ -161,3 +161,27 @@ def test_extreme_option_values_answer_or_give_one_line(
         argv += [option, value]
     code, _, err = _run(argv, capsys)
     _one_line(argv, code, err)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        *(["train", "--task", task, "--train", "/dev/zero"]
+          for task in ("lm", "tag", "classify", "seq2seq", "events", "params", "regress")),
+        ["evaluate", "--checkpoint", "{lm}", "--data", "/dev/zero"],
+        ["evaluate", "--checkpoint", "{seq2seq}", "--data", "/dev/zero"],
+        ["predict", "--checkpoint", "{lm}", "--input", "/dev/zero"],
+        ["predict", "--checkpoint", "{seq2seq}", "--input", "/dev/zero"],
+    ],
+)  # fmt: skip
+def test_every_reader_refuses_an_endless_input_at_once(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path, argv
+) -> None:
+    # The regress reader and predict --input read /dev/zero until MemoryError (5-6 GB).
+    argv = [a.format(lm=runs["lm"], seq2seq=runs["seq2seq"]) for a in argv]
+    if argv[0] == "train":
+        argv += ["--out", str(tmp_path / "run"), "--quiet"]
+    code, out, err = _run(argv, capsys)
+    _one_line(argv, code, err)
+    assert code == 2 and "/dev/zero" in err and out == "", err
+    assert any(w in err for w in ("is a device", "line too long", "over the limit")), err

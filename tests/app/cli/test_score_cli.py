@@ -306,10 +306,12 @@ def test_a_non_finite_threshold_is_refused(
 
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "1e999"])
 def test_a_non_finite_number_in_thresholds_json_is_refused(
-    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], constant: str
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], constant: str, monkeypatch
 ) -> None:
     import re
     import shutil
+
+    monkeypatch.setenv("RNNKIT_SKIP_CHECKSUMS", "1")  # the reader's own check, not the manifest
 
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
@@ -368,5 +370,8 @@ def test_a_negative_threshold_of_a_score_that_is_never_negative_is_refused(
     doc["rnn"]["max"] = -0.5
     (copy / "thresholds.json").write_text(json.dumps(doc))
     assert main(["score", "--checkpoint", str(copy), "--data", str(test), "--quiet"]) == 2
+    assert "thresholds.json: does not match its SHA-256" in capsys.readouterr().err
+    assert main(["score", "--checkpoint", str(copy), "--data", str(test), "--quiet",
+                 "--skip-checksums"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "thresholds.json: the rnn threshold of the max score" in err
