@@ -140,7 +140,10 @@ def prepare_lm_data(
         return _prepare_conditional(cfg, vocab, labels, resume)
     # A corpus is held whole, then as 8-byte ids: bounded by max_corpus_bytes, not 4 GiB.
     text = read_text(cfg.train, size_limit=MAX_CORPUS_BYTES)
-    if cfg.valid:
+    same = bool(cfg.valid) and cfg.valid == cfg.train  # evaluate: one file, read once
+    if same:
+        valid_text = text
+    elif cfg.valid:
         valid_text = read_text(cfg.valid, size_limit=MAX_CORPUS_BYTES)
     else:
         text, valid_text = _split_text(text, cfg.valid_fraction, cfg.train)
@@ -152,10 +155,14 @@ def prepare_lm_data(
         # eos and line both end every line with </s>; only line resets the state there.
         eos_lines = cfg.doc_boundary in ("eos", "line")
         data.train_stream = encode_text(text, vocab, eos_per_line=eos_lines, dtype=np.int64)
-        data.valid_stream = encode_text(valid_text, vocab, eos_per_line=eos_lines, dtype=np.int64)
+        data.valid_stream = (
+            data.train_stream
+            if same
+            else encode_text(valid_text, vocab, eos_per_line=eos_lines, dtype=np.int64)
+        )
     else:
         data.train_seqs = _sequences(text, vocab, cfg.max_len)
-        data.valid_seqs = _sequences(valid_text, vocab, cfg.max_len)
+        data.valid_seqs = data.train_seqs if same else _sequences(valid_text, vocab, cfg.max_len)
         if not data.train_seqs:
             raise DataError("no non-blank line to train on", cfg.train)
         if not data.valid_seqs:
