@@ -126,11 +126,12 @@ def check_config(cfg: TrainConfig) -> None:
             raise ConfigError("--bidirectional does not apply to --decoder-only (one causal LM)")
 
 
-def _load_nearest(run_dir: Path) -> NearestNeighbour | None:
+def _load_nearest(run_dir: Path, target_size: int) -> NearestNeighbour | None:
     arrays = load_baseline(run_dir)
     if arrays is None:
         return None
-    return NearestNeighbour.from_state(arrays, where=str(run_dir / BASELINE_FILE))
+    where = str(run_dir / BASELINE_FILE)
+    return NearestNeighbour.from_state(arrays, where=where, target_size=target_size)
 
 
 class _StepClock:
@@ -265,7 +266,7 @@ def evaluate(run_dir: str | Path, data_path: str, batch_size: int | None = None)
         model, pairs, sources, target_vocab, device, bs, cfg.beam, cfg.max_len + 1
     )
     metrics.update(decoded)
-    nearest = _load_nearest(Path(run_dir))
+    nearest = _load_nearest(Path(run_dir), len(target_vocab))
     if nearest is not None:
         metrics["baselines"] = baseline_metrics(nearest, pairs, sources, target_vocab)
     metrics["source_unknown_tokens"] = sum(
