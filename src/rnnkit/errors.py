@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from os import PathLike
 
-__all__ = ["CheckpointError", "ConfigError", "DataError", "RnnkitError", "WriteError"]
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "DataError",
+    "RnnkitError",
+    "RunFinished",
+    "WriteError",
+]
 
 
 class RnnkitError(Exception):
@@ -41,6 +48,15 @@ class ConfigError(RnnkitError, ValueError):
 
 class CheckpointError(RnnkitError):
     """A checkpoint that is missing, incomplete, corrupted or from an incompatible config."""
+
+
+class RunFinished(RnnkitError):
+    """``resume`` of a run whose step budget is already spent: there is nothing to train,
+    and the run's ``summary.json`` and ``model.safetensors`` stay as they are (training
+    again would rewrite the summary from the snapshot while the weights stayed those of
+    the finished run). Not a failure: the command line exits 0."""
+
+    exit_code = 0
 
 
 class WriteError(RnnkitError):

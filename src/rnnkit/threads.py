@@ -118,7 +118,21 @@ def threads_override(value: int | str | None = None) -> int | None:
         raise ValueError(f"{source} must be a positive integer or 'auto', got {value!r}") from None
     if n < 0:
         raise ValueError(f"{source} must be a positive integer or 'auto', got {value!r}")
+    if n > max_threads():  # torch.set_num_threads(10**6) ends in std::bad_alloc
+        raise ValueError(MAX_THREADS_MESSAGE.format(source=source, value=n, cpus=max_threads()))
     return n
+
+
+MAX_THREADS_MESSAGE = (
+    "{source} must be at most {cpus} (the larger of 256 and this machine's CPUs), got {value}"
+)
+
+
+def max_threads() -> int:
+    """The most threads one may ask for: 256, or the machine's CPUs where there are more.
+    More threads than CPUs only wait for each other (a few more may serve a test); a
+    million ended in ``std::bad_alloc`` inside torch."""
+    return max(os.cpu_count() or 1, 256)
 
 
 def cgroup_quota(

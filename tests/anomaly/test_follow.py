@@ -99,3 +99,39 @@ def test_follow_a_file_truncated_and_regrown_within_one_poll(tmp_path: Path) -> 
     got = _lines_until(gen, 6)
     assert got == list(enumerate(new, start=1))
     gen.close()
+
+
+def test_two_rotations_within_one_poll_lose_nothing(tmp_path: Path, caplog) -> None:
+    # The file rotated in between (now events.jsonl.1) was never opened: its sessions
+    # were lost silently.
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b'{"a": 1}\n')
+    gen = follow_lines(str(path), poll=0.001)
+    assert _lines_until(gen, 1) == [(1, b'{"a": 1}')]
+    os.rename(path, tmp_path / "events.jsonl.1")  # first rotation: A → .1
+    path.write_bytes(b'{"b": 1}\n{"b": 2}\n')  # B, written and rotated before we look
+    os.rename(tmp_path / "events.jsonl.1", tmp_path / "events.jsonl.2")  # A → .2
+    os.rename(path, tmp_path / "events.jsonl.1")  # B → .1
+    path.write_bytes(b'{"c": 1}\n')  # C
+    with caplog.at_level("WARNING", logger="rnnkit"):
+        got = _lines_until(gen, 3)
+    assert got == [(1, b'{"b": 1}'), (2, b'{"b": 2}'), (1, b'{"c": 1}')]
+    assert "rotated 2 times since the last read; reading " in caplog.text
+    assert "events.jsonl.1" in caplog.text
+    gen.close()
+
+
+def test_three_rotations_read_the_missed_files_oldest_first(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b'{"a": 1}\n')
+    gen = follow_lines(str(path), poll=0.001)
+    assert len(_lines_until(gen, 1)) == 1
+    for letter in (b"b", b"c", b"d"):  # logrotate: shift .K → .K+1, then the file → .1
+        for k in (3, 2, 1):
+            if (tmp_path / f"events.jsonl.{k}").exists():
+                os.rename(tmp_path / f"events.jsonl.{k}", tmp_path / f"events.jsonl.{k + 1}")
+        os.rename(path, tmp_path / "events.jsonl.1")
+        path.write_bytes(b'{"%s": 1}\n' % letter)
+    got = _lines_until(gen, 3)
+    assert [line for _, line in got] == [b'{"b": 1}', b'{"c": 1}', b'{"d": 1}']
+    gen.close()

@@ -145,3 +145,38 @@ def test_a_really_full_disk_is_one_write_error_and_the_old_file_stays(tiny_disk)
         atomic_write_bytes(path, b"x" * (400 << 10))
     assert path.read_bytes() == b"old weights"
     assert [p.name for p in tiny_disk.iterdir()] == ["model.safetensors"]
+
+
+def test_an_append_that_fails_part_way_leaves_whole_records(tmp_path, monkeypatch):
+    # A full disk left half a record; after space returned, the next record was joined
+    # onto it: one corrupt line, one event lost.
+    from rnnkit.training.run_files import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    append_line(path, '{"event": "valid", "step": 1}')
+    before = path.read_bytes()
+    real_write = os.write
+
+    def disk_full(fd, data):
+        real_write(fd, data[: len(data) // 2])  # part of the line reaches the disk
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", disk_full)
+    with pytest.raises(WriteError, match=r"metrics.jsonl: cannot write: No space left on device"):
+        append_line(path, '{"event": "valid", "step": 2}')
+    assert path.read_bytes() == before  # cut back to the last whole record
+    monkeypatch.setattr(os, "write", real_write)
+    append_line(path, '{"event": "valid", "step": 3}')
+    events, bad = read_metrics(tmp_path)
+    assert [e["step"] for e in events] == [1, 3] and bad == 0
+
+
+def test_an_append_after_a_partial_last_line_starts_a_new_line(tmp_path):
+    # A machine crash in mid-write can still leave a partial line: it stays one bad line.
+    from rnnkit.training.run_files import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"event": "valid", "step": 1}\n{"event": "va')
+    append_line(path, '{"event": "valid", "step": 2}')
+    events, bad = read_metrics(tmp_path)
+    assert [e["step"] for e in events] == [1, 2] and bad == 1

@@ -10,10 +10,10 @@ from rnnkit.errors import DataError
 
 def test_reads_examples_with_line_numbers(tmp_path):
     p = tmp_path / "c.tsv"
-    p.write_text("pos\tgood film\n\n neg \tbad\tvery bad\n", encoding="utf-8")
+    p.write_text("pos\tgood film\n\n neg \tbad, very bad\n", encoding="utf-8")
     assert read_labelled(p) == [
         LabelledExample("pos", "good film", 1),
-        LabelledExample("neg", "bad\tvery bad", 3),  # split at the first tab only
+        LabelledExample("neg", "bad, very bad", 3),
     ]
 
 
@@ -25,6 +25,17 @@ def test_reads_examples_with_line_numbers(tmp_path):
         ("  \tgood", "empty label (expected label<TAB>text)"),
         ("pos\t", "empty text (expected label<TAB>text)"),
         ("pos\t   ", "empty text (expected label<TAB>text)"),
+        # An id<TAB>label<TAB>text file trained on the ids as labels, silently.
+        (
+            "7\tpos\tgood",
+            "3 tab-separated columns, expected 2 (label<TAB>text; a tab inside "
+            "the text: write a space)",
+        ),
+        (
+            "pos\tgood\t\tx",
+            "4 tab-separated columns, expected 2 (label<TAB>text; a tab "
+            "inside the text: write a space)",
+        ),
     ],
 )
 def test_bad_lines_name_file_and_line(tmp_path, bad, message):

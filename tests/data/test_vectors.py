@@ -94,3 +94,57 @@ def test_a_labelled_line_needs_its_label(tmp_path, content, words):
     with pytest.raises(DataError, match=r"unknown keys \['label'\]"):  # regress: no label
         (tmp_path / "b.jsonl").write_text('{"seq": [1], "label": "a"}\n')
         read_vector_sequences(tmp_path / "b.jsonl")
+
+
+def test_an_endless_line_is_refused_after_one_bounded_read(tmp_path, monkeypatch):
+    # /dev/zero read line by line grew to gigabytes, then MemoryError.
+    with pytest.raises(DataError, match=r"^/dev/zero:1: line too long, over the limit of "):
+        read_vector_sequences("/dev/zero")
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"seq": [1]}\n{"seq": [1, 2, 3, 4, 5]}\n', encoding="utf-8")
+    monkeypatch.setenv("RNNKIT_MAX_JSON_LINE_BYTES", "20")
+    with pytest.raises(DataError, match=r":2: line too long.*RNNKIT_MAX_JSON_LINE_BYTES"):
+        read_vector_sequences(path)
+    csv_path = tmp_path / "s.csv"
+    csv_path.write_text("1,2\n" + ",".join(["3"] * 30) + "\n", encoding="utf-8")
+    monkeypatch.setenv("RNNKIT_MAX_LINE_CHARS", "20")
+    with pytest.raises(DataError, match=r":2: line too long.*RNNKIT_MAX_LINE_CHARS"):
+        read_vector_sequences(csv_path)
+    monkeypatch.setenv("RNNKIT_MAX_FILE_BYTES", "30")
+    monkeypatch.setenv("RNNKIT_MAX_JSON_LINE_BYTES", "100")
+    path.write_text('{"seq": [1]}\n' * 3, encoding="utf-8")
+    with pytest.raises(DataError, match=r"file of more than 30 characters"):
+        read_vector_sequences(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "words"),
+    [
+        ("i.jsonl", '{"seq": [[1], [1%s]]}\n' % ("0" * 400), "out of float32's range"),
+        ("y.jsonl", '{"seq": [[1]], "y": -1%s}\n' % ("0" * 400), "out of float32's range"),
+        ("f.jsonl", '{"seq": [[1e300]]}\n', "out of float32's range (±3.4e38): 1e+300"),
+        ("h.jsonl", '{"seq": [[1%s]]}\n' % ("0" * 5000), "an integer with too many digits"),
+        ("x.jsonl", '{"seq": [[1e999]]}\n', "not valid JSON"),
+        ("c.csv", "1\n1%s\n" % ("0" * 400), "not finite"),
+        ("d.csv", "1\n-1e300\n", "out of float32's range"),
+    ],
+)
+def test_extreme_values_are_one_line_errors(tmp_path, name, content, words):
+    # A 400-digit integer raised OverflowError; 1e300 became inf in float32 silently.
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataError) as err:
+        read_vector_sequences(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}:") and words in message and len(message) < 200
+
+
+def test_a_byte_order_mark_is_not_content(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"seq": [1, 2]}\n')
+    (s,) = read_vector_sequences(path)
+    assert s.values.tolist() == [[1.0], [2.0]]
+    csv_path = tmp_path / "s.csv"
+    csv_path.write_bytes(b"\xef\xbb\xbf1,2\n3,4\n")
+    (c,) = read_vector_sequences(csv_path)
+    assert c.values.tolist() == [[1.0, 2.0], [3.0, 4.0]] and c.line == 1

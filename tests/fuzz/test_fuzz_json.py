@@ -157,7 +157,7 @@ def test_config_json_loads_or_names_the_file(tmp_path: Path, data: st.DataObject
         )
     )
     path = write(tmp_path, "config.json", doc)
-    result = outcome(lambda: load_config(tmp_path), names=path)
+    result = outcome(lambda: load_config(tmp_path, verify=False), names=path)  # the parser
     if not isinstance(result, RnnkitError):
         cfg, _ = result
         assert isinstance(cfg, TrainConfig)

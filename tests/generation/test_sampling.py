@@ -102,3 +102,23 @@ def test_sampled_logprob_is_under_the_model_not_the_filtered_distribution() -> N
     g = torch.Generator().manual_seed(3)
     for r in generate(model, [0], max_length=4, num=20, top_k=2, temperature=0.5, generator=g):
         assert r.logprob == pytest.approx(sum(math.log(PROBS[t]) for t in r.ids))
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 5e-324, 1e-300])
+def test_a_temperature_near_zero_is_greedy_not_nan(temperature: float) -> None:
+    # logits / 1e-45 overflowed float32 to inf, and softmax made NaN: multinomial failed.
+    lp = torch.tensor([PROBS, PROBS[::-1]]).log()
+    kept = filter_log_probs(lp, temperature=temperature).exp()
+    assert torch.equal(kept, torch.eye(6)[[0, 5]])
+    (greedy,) = generate(tiny_lm(), [1], max_length=6, eos_id=EOS, strategy="greedy")
+    cold = generate(tiny_lm(), [1], max_length=6, eos_id=EOS, num=2, temperature=temperature,
+                    generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert all(r.ids == greedy.ids for r in cold)
+
+
+def test_the_float64_computation_equals_the_softmax_of_scaled_logits() -> None:
+    lp = torch.randn(3, 7, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for temperature in (0.05, 0.7, 3.0):
+        expected = torch.softmax(lp / temperature, dim=-1).float()
+        got = filter_log_probs(lp.float(), temperature=temperature).exp()
+        assert torch.allclose(got, expected, atol=1e-6)

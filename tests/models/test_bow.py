@@ -110,3 +110,18 @@ def test_state_round_trip_and_tampering():
         BagOfNgrams.from_state(nan)
     with pytest.raises(CheckpointError, match="invalid bag-of-n-grams"):
         BagOfNgrams.from_state({k: v for k, v in state.items() if k != "bow/idf"})
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("bow/idf", 1e200), ("bow/idf", 0.5), ("bow/weight", -1e200),
+                       ("bow/bias", 1e7)],
+)  # fmt: skip
+def test_values_no_fit_can_give_are_refused(key, value):
+    # A garbled idf of 1e200 overflowed to inf in the features: NaN probabilities.
+    texts, labels = _problem(40)
+    state = BagOfNgrams(vocab_size=12, num_classes=3).fit(texts, labels).to_state()
+    assert state["bow/idf"].min() >= 1.0 and state["bow/idf"].max() <= 64.0
+    changed = state[key].copy()
+    changed.reshape(-1)[0] = value
+    with pytest.raises(CheckpointError, match=r"invalid bag-of-n-grams state \(shapes or values"):
+        BagOfNgrams.from_state(dict(state, **{key: changed}))

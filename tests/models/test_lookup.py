@@ -83,3 +83,16 @@ def test_nearest_neighbour_state_and_cap(monkeypatch):
     capped = NearestNeighbour(sources, targets)
     assert capped.searched == 2 and capped.total == 3
     assert NearestNeighbour.from_state(capped.to_state()).total == 3
+
+
+def test_nearest_neighbour_target_ids_past_the_vocabulary_are_refused():
+    # A garbled baseline.safetensors read with --skip-checksums: an IndexError in evaluate.
+    nn = NearestNeighbour([np.array([4, 5])], [np.array([9, 3])])
+    assert NearestNeighbour.from_state(nn.to_state(), target_size=10).predict([[4]])[0].tolist()
+    state = nn.to_state()
+    state["nn/targets"] = np.array([9, 12345])
+    with pytest.raises(CheckpointError, match=r"b\.safetensors: .*target ids out of range"):
+        NearestNeighbour.from_state(state, where="b.safetensors", target_size=10)
+    state["nn/targets"] = np.array([-1, 3])
+    with pytest.raises(CheckpointError, match="target ids out of range"):
+        NearestNeighbour.from_state(state)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rnnkit.errors import ConfigError, DataError
+from rnnkit.errors import CheckpointError, ConfigError, DataError
 from rnnkit.models.ngram import NGramModel, count_table_size
 
 START = None  # the reference's start padding symbol
@@ -188,3 +188,17 @@ def test_fit_and_evaluate_on_character_sized_data():
     lm = NGramModel(order=5).fit(ids[:500_000])
     nats = lm.evaluate(ids[500_000:])
     assert nats == pytest.approx(math.log(3), abs=0.05)  # the next step is uniform over 3
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("counts_2", -(2**62)), ("ctx_total_2", float("nan")), ("ctx_types_3", -1), ("keys_1", -5)],
+)
+def test_a_state_no_fit_can_give_is_refused(key, value):
+    # A garbled ngram.safetensors read with --skip-checksums: NaN log-probabilities.
+    lm = NGramModel(order=3).fit(np.array([0, 1, 2, 1, 0, 2, 1, 1, 0]))
+    state = lm.to_state()
+    changed = state[key].copy()
+    changed[len(changed) // 2] = value
+    with pytest.raises(CheckpointError, match=r"n\.safetensors: invalid n-gram state"):
+        NGramModel.from_state(dict(state, **{key: changed}), where="n.safetensors")

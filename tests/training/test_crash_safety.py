@@ -17,6 +17,7 @@ import torch
 
 from rnnkit.app.tasks.lm import load_lm
 from rnnkit.training.checkpoint import load_snapshot
+from rnnkit.training.manifest import skipping_checksums, verify_run
 
 RNNKIT = [sys.executable, "-m", "rnnkit"]
 
@@ -61,7 +62,8 @@ def _env() -> dict[str, str]:
 def _snapshot_step(out: Path) -> int | None:
     if not (out / "latest.json").exists():
         return None
-    model = load_lm(out)[2]  # config, vocab and best weights load
+    with skipping_checksums():  # a run cut short by SIGKILL has no manifest
+        model = load_lm(out)[2]  # config, vocab and best weights load
     state, _ = load_snapshot(out, model, None)  # checksums verified
     return int(state["step"])
 
@@ -109,7 +111,8 @@ def test_sigkill_at_random_moments_leaves_a_loadable_run(tmp_path):
     # The run directory is whole: metrics are valid JSON lines, weights load.
     for line in (out / "metrics.jsonl").read_text().splitlines():
         json.loads(line)
-    assert all(torch.isfinite(p).all() for p in load_lm(out)[2].parameters())
+    with skipping_checksums():
+        assert all(torch.isfinite(p).all() for p in load_lm(out)[2].parameters())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -134,3 +137,4 @@ def test_sigterm_and_sigint_save_and_exit_cleanly(tmp_path, sig):
     events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     stopped = [e for e in events if e["event"] == "interrupted"]
     assert stopped and _snapshot_step(out) == stopped[-1]["step"]
+    verify_run(out)  # stopped cleanly: every file whole, and vouched for by the manifest

@@ -2,7 +2,11 @@
 
 :func:`follow_lines` yields complete lines in batches as they arrive, survives log
 rotation (by rename or by truncation) and never holds more than one line's worth of an
-overlong line in memory; ``rnnkit score --follow`` parses what it yields with
+overlong line in memory. Several renames between two reads (``app.log`` rotated twice
+within one poll) are caught up by the numbered names of ``logrotate``: the files between
+the one being read (found again as ``app.log.K``) and the new ``app.log`` are
+``app.log.K-1 … app.log.1``, read whole, oldest first, with a warning naming them.
+``rnnkit score --follow`` parses what it yields with
 :func:`~rnnkit.anomaly.stream_format.parse_stream_line`.
 """
 
@@ -14,6 +18,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 
+from rnnkit import messages
 from rnnkit.data.events import MAX_LINE_BYTES
 from rnnkit.data.limits import MAX_JSON_LINE_BYTES
 
@@ -84,7 +89,16 @@ def follow_lines(
                     if not chunk:
                         if buffer.strip() and not skipping:
                             yield [(number + 1, buffer.rstrip(b"\r"))]
+                        missed = _unread_rotations(source, os.fstat(fd))
                         os.close(fd)
+                        fd = -1
+                        if missed:
+                            messages.warning(
+                                f"{source} was rotated {len(missed) + 1} times since the last "
+                                f"read; reading {', '.join(missed)} as well"
+                            )
+                        for name in missed:
+                            yield from (b for b in follow_lines(name, follow=False) if b)
                         fd = os.open(source, os.O_RDONLY)
                         regular = stat.S_ISREG(os.fstat(fd).st_mode)
                         offset, buffer, tail, number, skipping = 0, b"", b"", 0, False
@@ -132,8 +146,31 @@ def follow_lines(
         if buffer.strip() and not skipping:
             yield [(number + 1, buffer.rstrip(b"\r"))]  # a last line without newline
     finally:
-        if owned:
+        if owned and fd >= 0:
             os.close(fd)
+
+
+#: The most numbered rotations (``app.log.1`` …) searched for the file that was being read.
+MAX_ROTATIONS = 20
+
+
+def _unread_rotations(source: str, old: os.stat_result) -> list[str]:
+    """The rotated files between ``old`` (the file being read, now renamed) and the new
+    ``source``, oldest first: when ``old`` is ``source.K`` with ``K > 1``, the files
+    ``source.K-1 … source.1`` were written and rotated between two reads. Empty when
+    ``old`` is ``source.1`` (one rotation) or not found under a numbered name."""
+    names: list[str] = []
+    for k in range(1, MAX_ROTATIONS + 1):
+        name = f"{source}.{k}"
+        try:
+            found = os.stat(name)
+        except OSError:
+            return []
+        if (found.st_ino, found.st_dev) == (old.st_ino, old.st_dev):
+            return names[::-1]
+        if stat.S_ISREG(found.st_mode):
+            names.append(name)
+    return []
 
 
 def _renamed(fd: int, path: str) -> bool:

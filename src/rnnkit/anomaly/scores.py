@@ -48,6 +48,10 @@ from typing import Any
 
 import numpy as np
 
+#: The scores that are never negative (surprises, counts, ``−ln`` of a p-value); ``norm``
+#: is a z-score and may be. A threshold below 0 for these would flag every session.
+NONNEGATIVE_SCORES = ("max", "mean", "count", "end", "combined")
+
 __all__ = [
     "COMBINED_PARTS",
     "RUNNING_SCORES",

@@ -151,17 +151,37 @@ def atomic_write(
 
 def append_line(path: PathLikeStr, line: str) -> None:
     """Append one line to a log file (``metrics.jsonl``): the one file of a run that grows
-    instead of being replaced. A failed write is a :class:`WriteError` naming the file; a
-    line cut short by a full disk is at the end, where readers skip a partial last line.
+    instead of being replaced. The line is appended whole or not at all: a write that
+    fails part way (a full disk) is cut back to the file's previous end before the
+    :class:`WriteError` naming the file, so the next record, once there is space again,
+    starts on a line of its own. A file that ends in a partial line anyway (a crash of the
+    machine in mid-write) gets a newline first: that line stays one bad line, and the
+    next record is not joined onto it.
     """
     path = Path(path)
     check_writable_target(path)
+    data = (line.rstrip("\n") + "\n").encode("utf-8")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(line.rstrip("\n") + "\n")
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
     except OSError as exc:
         raise WriteError(f"{path}: cannot write: {_reason(exc)}") from None
+    try:
+        start = os.fstat(fd).st_size
+        if start and os.pread(fd, 1, start - 1) != b"\n":
+            data = b"\n" + data
+        try:
+            done = 0
+            while done < len(data):  # os.write may write less than asked
+                done += os.write(fd, data[done:])
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)  # back to whole records
+            raise
+    except OSError as exc:
+        raise WriteError(f"{path}: cannot write: {_reason(exc)}") from None
+    finally:
+        os.close(fd)
 
 
 def atomic_write_bytes(path: PathLikeStr, data: bytes) -> None:

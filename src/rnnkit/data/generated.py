@@ -300,8 +300,10 @@ def write_labelled(examples: Iterable[LabelledExample], path: str | Path) -> int
     n = 0
     with open(path, "w", encoding="utf-8") as f:
         for ex in examples:
-            if "\n" in ex.text or "\r" in ex.text:
-                raise DataError(f"example {n}: a label<TAB>text line cannot hold a newline")
+            if "\n" in ex.text or "\r" in ex.text or "\t" in ex.text:
+                raise DataError(
+                    f"example {n}: a label<TAB>text line cannot hold a newline or a second tab"
+                )
             f.write(f"{ex.label}\t{ex.text}\n")
             n += 1
     return n

@@ -1,8 +1,9 @@
 """Labelled examples (``label<TAB>text`` lines) and label sets for classification and tagging.
 
-``read_labelled`` reads one example per non-blank line, split at the FIRST tab (the text
-may hold further tabs); a line without a tab, an empty label or an empty text is a
-``DataError`` naming the file and line. ``LabelSet`` is the fixed, ordered list of
+``read_labelled`` reads one example per non-blank line: exactly one tab between the label
+and the text. A line without a tab, with a second tab (a third column: an ``id<TAB>label
+<TAB>text`` file would otherwise train on ids as labels), an empty label or an empty text
+is a ``DataError`` naming the file and line. ``LabelSet`` is the fixed, ordered list of
 classes (or tags) a model predicts, saved as JSON beside the vocabulary; ``split_holdout``
 holds out a seeded random share of examples for validation (a label-sorted file would
 otherwise lose whole classes to the tail).
@@ -51,8 +52,13 @@ def parse_labelled_line(
 ) -> LabelledExample:
     """Split one ``label<TAB>text`` line; surrounding whitespace of the label is dropped.
 
-    >>> parse_labelled_line("pos\\tgreat film\\tfun")
-    LabelledExample(label='pos', text='great film\\tfun', line=0)
+    >>> parse_labelled_line("pos\\tgreat film")
+    LabelledExample(label='pos', text='great film', line=0)
+    >>> parse_labelled_line("pos\\tgreat film\\tfun", "r.tsv", 3)
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.DataError: r.tsv:3: 3 tab-separated columns, expected 2 (label<TAB>text; \
+a tab inside the text: write a space)
     >>> parse_labelled_line("pos great film", "r.tsv", 7)
     Traceback (most recent call last):
     ...
@@ -61,6 +67,14 @@ def parse_labelled_line(
     label, tab, text = line.partition("\t")
     if not tab:
         raise DataError("line has no tab (expected label<TAB>text)", path, number)
+    if "\t" in text:
+        columns = text.count("\t") + 2
+        raise DataError(
+            f"{columns} tab-separated columns, expected 2 (label<TAB>text; a tab inside the "
+            "text: write a space)",
+            path,
+            number,
+        )
     label = label.strip()
     if not label:
         raise DataError("empty label (expected label<TAB>text)", path, number)

@@ -20,6 +20,9 @@ limit                  default                     applies to
 ``max_json_depth``     100 levels                  nesting of any JSON rnnkit reads
 ``max_file_bytes``     4 GiB                       a training or evaluation data file
                                                    (read in chunks, checked as it comes)
+``max_corpus_bytes``   1 GiB                       a plain-text language-model corpus
+                                                   (held whole, then as 8-byte token ids:
+                                                   about 10 bytes of memory per byte)
 ``max_parameters``     500,000,000 parameters      the recurrent layers of a model to train
                                                    (``rnnkit train --max-parameters N``)
 =====================  ==========================  =====================================
@@ -40,6 +43,7 @@ from typing import Any
 from rnnkit.errors import ConfigError, DataError
 
 __all__ = [
+    "MAX_CORPUS_BYTES",
     "MAX_FILE_BYTES",
     "MAX_JSON_DEPTH",
     "MAX_JSON_LINE_BYTES",
@@ -104,6 +108,7 @@ MAX_SEQ_LEN = Limit("max_seq_len", 1_000_000, "tokens")
 MAX_VOCAB = Limit("max_vocab", 1_000_000, "tokens")
 MAX_JSON_DEPTH = Limit("max_json_depth", 100, "levels")
 MAX_FILE_BYTES = Limit("max_file_bytes", 4 << 30, "bytes")
+MAX_CORPUS_BYTES = Limit("max_corpus_bytes", 1 << 30, "bytes")
 MAX_PARAMETERS = Limit("max_parameters", 500_000_000, "parameters")
 
 

@@ -14,7 +14,7 @@ from os import PathLike
 
 import numpy as np
 
-from rnnkit.data.limits import MAX_FILE_BYTES, MAX_LINE_CHARS
+from rnnkit.data.limits import MAX_FILE_BYTES, MAX_LINE_CHARS, Limit
 from rnnkit.data.vocab import EOS_ID, UNK_ID, Vocabulary, count_tokens
 from rnnkit.errors import DataError
 
@@ -31,12 +31,16 @@ __all__ = [
 PathLikeStr = str | PathLike[str]
 
 
-def _read_bounded(path: PathLikeStr, max_line_chars: int | None) -> bytes:
+def _read_bounded(
+    path: PathLikeStr, max_line_chars: int | None, size_limit: Limit = MAX_FILE_BYTES
+) -> bytes:
     """The bytes of a data file, read in 1 MiB chunks with the limits applied as they come:
     at most :data:`~rnnkit.data.limits.MAX_FILE_BYTES` in all, and, for a line-oriented
     format (``max_line_chars`` given), no line of more than 4 bytes per allowed character
     (UTF-8's widest), so ``--train /dev/zero`` or an endless pipe fails at once, not after
-    gigabytes. A device node is refused outright (a FIFO is fine: ``<(zcat c.gz)``)."""
+    gigabytes. A device node is refused outright (a FIFO is fine: ``<(zcat c.gz)``).
+    ``size_limit``: the limit of the whole file (a regular file over it is refused from
+    its size, before a byte is read)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -47,7 +51,10 @@ def _read_bounded(path: PathLikeStr, max_line_chars: int | None) -> bytes:
         raise DataError("is a directory, not a text file", path)
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         raise DataError("is a device, not a data file", path)
-    file_limit = MAX_FILE_BYTES.value()
+    file_limit = size_limit.value()
+    if stat.S_ISREG(mode) and os.stat(path).st_size > file_limit:
+        found = f"file of more than {file_limit:,} bytes"
+        raise DataError(size_limit.exceeded(found, file_limit), path)
     line_limit = None if max_line_chars is None else MAX_LINE_CHARS.value(max_line_chars)
     chunks: list[bytes] = []
     total, line_bytes, line = 0, 0, 1
@@ -57,7 +64,7 @@ def _read_bounded(path: PathLikeStr, max_line_chars: int | None) -> bytes:
                 total += len(chunk)
                 if total > file_limit:
                     found = f"file of more than {file_limit:,} bytes"
-                    raise DataError(MAX_FILE_BYTES.exceeded(found, file_limit), path)
+                    raise DataError(size_limit.exceeded(found, file_limit), path)
                 if line_limit is not None:
                     # parts[0] goes on with the current line; each later part is a line.
                     parts = chunk.split(b"\n")
@@ -76,7 +83,9 @@ def _read_bounded(path: PathLikeStr, max_line_chars: int | None) -> bytes:
     return b"".join(chunks)
 
 
-def read_text(path: PathLikeStr, *, max_line_chars: int | None = None) -> str:
+def read_text(
+    path: PathLikeStr, *, max_line_chars: int | None = None, size_limit: Limit = MAX_FILE_BYTES
+) -> str:
     """Read a UTF-8 text file strictly.
 
     A leading byte-order mark is dropped and ``"\\r\\n"`` becomes ``"\\n"`` (line numbers are
@@ -86,6 +95,8 @@ def read_text(path: PathLikeStr, *, max_line_chars: int | None = None) -> str:
         path: the file.
         max_line_chars: for a line-oriented format, the longest line; checked while
             reading (a plain-text corpus has no line limit).
+        size_limit: the limit of the whole file (:data:`~rnnkit.data.limits.MAX_FILE_BYTES`;
+            a language-model corpus: :data:`~rnnkit.data.limits.MAX_CORPUS_BYTES`).
 
     Raises:
         DataError: ``file not found``, unreadable, a device, over
@@ -101,7 +112,7 @@ def read_text(path: PathLikeStr, *, max_line_chars: int | None = None) -> str:
     ...
     rnnkit.errors.DataError: ...c.txt:2: invalid UTF-8 at byte offset 7 (byte 0xff)
     """
-    raw = _read_bounded(path, max_line_chars)
+    raw = _read_bounded(path, max_line_chars, size_limit)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -17,23 +17,38 @@ target: ``{"seq": [...], "label": "walk"}`` (a non-empty string; no ``"y"``), or
 a directory with one folder per class, ``DIR/walk/*.csv``: the folder's name is the
 label of every sequence in it.
 
-Every value must be a finite number and every step of every sequence must have the same
-width (``D``), else a :class:`~rnnkit.errors.DataError` names the file and line.
+Every value must be a finite number within float32's range (the model computes in
+float32: ``1e300`` would be ``inf`` there) and every step of every sequence must have the
+same width (``D``), else a :class:`~rnnkit.errors.DataError` names the file and line.
+
+Reads are bounded (:mod:`rnnkit.data.limits`): a JSON line of more than
+``max_json_line_bytes`` (10 MiB), a CSV row of more than ``max_line_chars`` characters, or a
+file of more than ``max_file_bytes`` is refused as it is read, so ``--train /dev/zero``
+fails at once. A leading UTF-8 byte-order mark is dropped, as the other readers do.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
-from rnnkit.data.limits import MAX_SEQ_LEN
+from rnnkit.data.limits import (
+    MAX_FILE_BYTES,
+    MAX_JSON_LINE_BYTES,
+    MAX_LINE_CHARS,
+    MAX_SEQ_LEN,
+    loads_json,
+)
 from rnnkit.errors import DataError
+
+#: The largest finite float32: a value beyond it becomes ``inf`` in the model.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 __all__ = ["VectorSequence", "parse_vector_line", "read_vector_sequences"]
 
@@ -53,19 +68,34 @@ class VectorSequence:
 def _number(value: Any, path: str, line: int, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise DataError(f"{what} is not a number: {value!r}", path, line)
-    out = float(value)
+    too_big = f"{what} is out of float32's range (±3.4e38): {_short(value)}"
+    try:
+        out = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        raise DataError(too_big, path, line) from None
     if not math.isfinite(out):
-        raise DataError(f"{what} is not finite: {value!r}", path, line)
+        raise DataError(f"{what} is not finite: {_short(value)}", path, line)
+    if abs(out) > _FLOAT32_MAX:
+        raise DataError(too_big, path, line)
     return out
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut: a 400-digit integer is not worth 400 characters of message."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def parse_vector_line(text: str, path: str, line: int, labelled: bool = False) -> VectorSequence:
     """One JSON line ``{"seq": [...], "y": ...}`` (``labelled``: ``{"seq": [...], "label":
     "walk"}``) as a :class:`VectorSequence`."""
+    if text.startswith("\ufeff"):
+        text = text[1:]  # a byte-order mark from a Windows editor is not content
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"not valid JSON ({exc.msg})", path, line) from None
+        data = loads_json(text, path, line)
+    except DataError as exc:
+        reason = exc.message.removeprefix("invalid JSON: ")
+        raise DataError(f"not valid JSON ({reason})", path, line) from None
     if not isinstance(data, dict) or "seq" not in data:
         raise DataError('expected an object {"seq": [[...], ...]}', path, line)
     seq = data["seq"]
@@ -107,15 +137,47 @@ def parse_vector_line(text: str, path: str, line: int, labelled: bool = False) -
     return VectorSequence(np.array(rows, dtype=np.float32), target, path, line, label)
 
 
+def _bounded_lines(f: IO[str], path: str, max_chars: int, limit_name: str) -> Iterator[str]:
+    """The lines of a text file, each read in one ``readline`` of at most ``max_chars + 1``
+    characters, and at most ``max_file_bytes`` characters in all: never more than one
+    bounded line in memory (``/dev/zero`` is refused after one read)."""
+    limit = MAX_JSON_LINE_BYTES if limit_name == MAX_JSON_LINE_BYTES.name else MAX_LINE_CHARS
+    file_limit = MAX_FILE_BYTES.value()
+    total, number = 0, 0
+    while True:
+        try:
+            text = f.readline(max_chars + 1)
+        except UnicodeDecodeError as exc:
+            raise DataError(f"not UTF-8 text ({exc.reason})", path, number + 1) from None
+        if not text:
+            return
+        number += 1
+        if len(text) > max_chars:
+            raise DataError(limit.exceeded("line too long", max_chars), path, number)
+        total += len(text)
+        if total > file_limit:
+            found = f"file of more than {file_limit:,} characters"
+            raise DataError(MAX_FILE_BYTES.exceeded(found, file_limit), path)
+        yield text
+
+
+def _open_text(path: Path) -> IO[str]:
+    try:
+        return open(path, encoding="utf-8-sig", newline="")
+    except FileNotFoundError:
+        raise DataError("file not found", str(path)) from None
+    except OSError as exc:
+        raise DataError(f"cannot read: {exc.strerror or exc}", str(path)) from None
+
+
 def _read_jsonl(path: Path, labelled: bool = False) -> list[VectorSequence]:
     out = []
-    with open(path, encoding="utf-8") as f:
-        try:
-            for number, text in enumerate(f, start=1):
-                if text.strip():
-                    out.append(parse_vector_line(text, str(path), number, labelled))
-        except UnicodeDecodeError as exc:
-            raise DataError(f"not UTF-8 text ({exc.reason})", str(path)) from None
+    limit = MAX_JSON_LINE_BYTES.value()
+    with _open_text(path) as f:
+        lines = _bounded_lines(f, str(path), limit, MAX_JSON_LINE_BYTES.name)
+        for number, text in enumerate(lines, start=1):
+            if text.strip():
+                out.append(parse_vector_line(text, str(path), number, labelled))
     return out
 
 
@@ -124,9 +186,11 @@ def _read_csv(path: Path) -> VectorSequence:
     limit = MAX_SEQ_LEN.value()
     first = 0
     width = None
+    line_limit = MAX_LINE_CHARS.value()
     try:
-        with open(path, encoding="utf-8", newline="") as f:
-            for number, fields in enumerate(csv.reader(f), start=1):
+        with _open_text(path) as f:
+            lines = _bounded_lines(f, str(path), line_limit, MAX_LINE_CHARS.name)
+            for number, fields in enumerate(csv.reader(lines), start=1):
                 if not fields or all(not x.strip() for x in fields):
                     continue
                 try:
@@ -138,6 +202,10 @@ def _read_csv(path: Path) -> VectorSequence:
                     raise DataError(f"not a number: {bad!r}", str(path), number) from None
                 if not all(math.isfinite(v) for v in values):
                     raise DataError("a value is not finite", str(path), number)
+                if any(abs(v) > _FLOAT32_MAX for v in values):
+                    raise DataError(
+                        "a value is out of float32's range (±3.4e38)", str(path), number
+                    )
                 if width is not None and len(values) != width:
                     raise DataError(
                         f"row has {len(values)} values, the rows before {width}", str(path), number

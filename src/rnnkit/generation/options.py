@@ -16,6 +16,10 @@ __all__ = ["GenerationResult", "StepModel"]
 
 STRATEGIES = ("sample", "greedy", "beam")
 
+#: The widest beam: beyond a few dozen hypotheses a beam finds nothing a narrower one
+#: misses, and its cost (beam × vocabulary scores a step) grows without a limit.
+MAX_BEAM = 100
+
 
 class StepModel(Protocol):
     """What generation needs of a model (``LanguageModel.step``, a seq2seq decoder...)."""
@@ -84,8 +88,10 @@ class _Options:
                 f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}"
             )
         _check_sampling(self.temperature, self.top_k, self.top_p)
-        if not _is_int(self.beam_size) or self.beam_size < 1:
-            raise ValueError(f"beam_size must be an integer >= 1, got {self.beam_size!r}")
+        if not _is_int(self.beam_size) or not 1 <= self.beam_size <= MAX_BEAM:
+            raise ValueError(
+                f"beam_size must be an integer from 1 to {MAX_BEAM}, got {self.beam_size!r}"
+            )
         alpha = self.length_penalty
         if not (_is_real(alpha) and math.isfinite(alpha)):
             raise ValueError(f"length_penalty must be a finite number, got {alpha!r}")

@@ -50,7 +50,12 @@ def filter_log_probs(
     tensor([[1., 0., 0., 0.]])
     """
     _check_sampling(temperature, top_k, top_p)
-    scores = torch.log_softmax(log_probs.float() / temperature, dim=-1)
+    # In float64 and from the maximum: a temperature of 1e-45 makes float32 logits / T
+    # inf (and inf - inf NaN); (x - max) / T is 0 at the maximum and finite or -inf
+    # elsewhere, so the distribution tends to greedy instead of failing.
+    x = log_probs.double()
+    top = x.amax(dim=-1, keepdim=True)
+    scores = torch.log_softmax((x - top) / temperature, dim=-1).float()
     if top_k is not None and top_k < scores.shape[-1]:
         keep = torch.zeros_like(scores, dtype=torch.bool)
         keep.scatter_(-1, scores.topk(top_k, dim=-1).indices, True)

@@ -194,6 +194,12 @@ class BagOfNgrams:
             and bool(np.all(keys[1:] > keys[:-1]))
             and bool(np.all((keys >= 0) & (keys < (V + 1) * (V + 1))))
             and all(bool(np.isfinite(a).all()) for a in (idf, weight, bias))
+            # idf = ln((1 + N) / (1 + df)) + 1 is in [1, 1 + ln(1 + N)]: 64 is beyond any
+            # corpus; a weight of 1e6 is far beyond what the L2 penalty leaves. Larger
+            # values are a damaged file (they overflowed to inf and NaN probabilities).
+            and bool(np.all((idf >= 1.0 - 1e-9) & (idf <= 64.0)))
+            and bool(np.all(np.abs(weight) <= 1e6))
+            and bool(np.all(np.abs(bias) <= 1e6))
         )
         if not ok:
             raise CheckpointError(f"{at}invalid bag-of-n-grams state (shapes or values)")

@@ -198,7 +198,11 @@ class NearestNeighbour:
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, np.ndarray], where: str | None = None) -> NearestNeighbour:
+    def from_state(
+        cls, state: dict[str, np.ndarray], where: str | None = None, target_size: int | None = None
+    ) -> NearestNeighbour:
+        """The model of :meth:`state`; ``target_size``: the target vocabulary, which every
+        stored target id must be below (a damaged file would index past it)."""
         at = f"{where}: " if where else ""
 
         def unflat(data: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
@@ -222,6 +226,9 @@ class NearestNeighbour:
         targets = unflat(arrays["nn/targets"], arrays["nn/target_offsets"])
         if len(sources) != len(targets) or not sources:
             raise CheckpointError(f"{at}invalid nearest-neighbour state (pair counts)")
+        ids = arrays["nn/targets"]
+        if ids.size and (ids.min() < 0 or (target_size is not None and ids.max() >= target_size)):
+            raise CheckpointError(f"{at}invalid nearest-neighbour state (target ids out of range)")
         model = cls(sources, targets)
         model.total = max(int(arrays["nn/total"].reshape(-1)[0]), len(sources))
         return model

@@ -34,6 +34,10 @@ from rnnkit.errors import CheckpointError, ConfigError, DataError
 
 __all__ = ["NGramModel", "count_table_size"]
 
+#: The highest order: each order adds a pass and a count table over every position, and
+#: past 10 tokens of context almost every n-gram of real data is seen once.
+MAX_ORDER = 10
+
 _START = 0  # the virtual start symbol; real id i is stored as i + 1
 
 
@@ -51,6 +55,31 @@ def _lookup(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
     """Index of each query in the sorted ``keys``, -1 where absent (queries < 0 are absent)."""
     idx = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
     return np.where(keys[idx] == query, idx, -1)
+
+
+def _valid_counts(
+    keys: list[np.ndarray],
+    counts: list[np.ndarray],
+    ctx_total: list[np.ndarray],
+    ctx_types: list[np.ndarray],
+    total: float,
+    types: float,
+) -> bool:
+    """What a fit always gives: sorted unique keys, one count ≥ 0 each, context totals and
+    types ≥ 0 and finite, a positive unigram total."""
+    if not (math.isfinite(total) and total > 0 and math.isfinite(types) and types >= 0):
+        return False
+    for k in range(1, len(keys)):
+        if keys[k].ndim != 1 or keys[k].shape != counts[k].shape:
+            return False
+        if bool(np.any(keys[k][1:] <= keys[k][:-1])) or bool(np.any(counts[k] < 0)):
+            return False
+    for total_k, types_k in zip(ctx_total[2:], ctx_types[2:], strict=True):
+        if not (bool(np.isfinite(total_k).all()) and bool(np.all(total_k >= 0))):
+            return False
+        if bool(np.any(types_k < 0)):
+            return False
+    return True
 
 
 class NGramModel:
@@ -76,8 +105,12 @@ class NGramModel:
     def __init__(
         self, order: int = 3, discount: float = 0.75, vocab_size: int | None = None
     ) -> None:
-        if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order < 1:
-            raise ConfigError(f"order must be a positive integer, got {order!r}")
+        if (
+            isinstance(order, bool)
+            or not isinstance(order, (int, np.integer))
+            or not 1 <= order <= MAX_ORDER
+        ):
+            raise ConfigError(f"order must be an integer from 1 to {MAX_ORDER}, got {order!r}")
         if not 0.0 < float(discount) <= 1.0:
             raise ConfigError(f"discount must be in (0, 1], got {discount!r}")
         if vocab_size is not None and (
@@ -400,6 +433,10 @@ class NGramModel:
         except (KeyError, ValueError, TypeError, IndexError) as exc:
             at = f"{where}: " if where else ""
             raise CheckpointError(f"{at}invalid n-gram state: {exc}") from None
+        if not _valid_counts(keys, counts, ctx_total, ctx_types, float(total), float(types)):
+            # Negative or non-finite counts (a damaged file) gave NaN probabilities.
+            at = f"{where}: " if where else ""
+            raise CheckpointError(f"{at}invalid n-gram state (counts or keys)")
         model._keys, model._counts = keys, counts
         model._ctx_total, model._ctx_types = ctx_total, ctx_types
         model._unigram_total, model._unigram_types = float(total), int(types)

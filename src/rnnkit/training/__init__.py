@@ -9,6 +9,8 @@
 * ``run_log``: ``metrics.jsonl``, ``metrics.csv``, TensorBoard and the ``-v`` lines;
 * ``interrupt``: SIGINT and SIGTERM finish the step in flight and save it;
 * ``checkpoint``, ``run_files``: atomic files of a run and reading them back;
+* ``manifest``: ``manifest.json``, the SHA-256 of every file of a finished run, checked
+  on every read;
 * ``schedules``, ``scheduled_sampling``, ``distributed``, ``progress``, ``tensorboard``,
   ``baseline_check``: as their names say.
 
@@ -57,6 +59,15 @@ from rnnkit.training.distributed import (
 )
 from rnnkit.training.interrupt import TrainingInterrupted
 from rnnkit.training.loop import Trainer
+from rnnkit.training.manifest import (
+    MANIFEST,
+    checksums_skipped,
+    covered_files,
+    skipping_checksums,
+    verify_run,
+    write_manifest,
+    writing_run,
+)
 from rnnkit.training.nonfinite import MAX_SCALER_SKIPS, MAX_SKIPPED_STEPS, TrainingDiverged
 from rnnkit.training.options import TrainOptions, TrainResult
 from rnnkit.training.precision import autocast_setup
@@ -82,6 +93,7 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADLINE",
     "LABELS",
+    "MANIFEST",
     "MAX_SCALER_SKIPS",
     "MAX_SKIPPED_STEPS",
     "METRIC_FIELDS",
@@ -105,7 +117,9 @@ __all__ = [
     "baseline_figures",
     "behind_baseline",
     "build_lr_schedulers",
+    "checksums_skipped",
     "compare",
+    "covered_files",
     "default_eval_every",
     "default_log_every",
     "default_patience",
@@ -128,6 +142,10 @@ __all__ = [
     "scalars",
     "sha256_file",
     "shutdown_distributed",
+    "skipping_checksums",
     "tensors_sha256",
+    "verify_run",
+    "write_manifest",
     "write_metrics_csv",
+    "writing_run",
 ]

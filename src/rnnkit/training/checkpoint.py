@@ -47,6 +47,7 @@ from rnnkit.data.files import (
 )
 from rnnkit.data.limits import loads_json
 from rnnkit.errors import CheckpointError, DataError
+from rnnkit.training.manifest import checksums_skipped
 
 __all__ = [
     "FORMAT_VERSION",
@@ -175,7 +176,13 @@ def _load_tensors(path: Path, checked: bool = False) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: not a valid safetensors file ({exc})") from None
     if checked:
         digest = metadata.get("sha256")
-        # Files written before checksums were recorded have none: nothing to compare.
+        if digest is None and not checksums_skipped():
+            # Every weights file rnnkit writes carries one: removed, or another program's.
+            raise CheckpointError(
+                f"{path}: no SHA-256 in its metadata, so the weights cannot be checked (written "
+                "by another program, or the checksum was removed); pass --skip-checksums "
+                "(RNNKIT_SKIP_CHECKSUMS=1) to load it anyway"
+            )
         if digest is not None and digest != tensors_sha256(tensors):
             raise CheckpointError(f"{path}: checksum mismatch (corrupted or truncated)")
         for name, t in tensors.items():

@@ -42,7 +42,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import torch
 from torch import Tensor, nn
 
-from rnnkit.errors import ConfigError
+from rnnkit.errors import ConfigError, RunFinished
 from rnnkit.models.language_model import LossOutput
 from rnnkit.threads import ThreadGovernor
 from rnnkit.training.budget import cap_text, resolve_budget
@@ -209,8 +209,26 @@ class Trainer(Generic[_M]):
         save_trainer(self)
 
     def resume(self) -> None:
-        """Restore model, optimizer, scheduler, RNG, data position and carried state."""
+        """Restore model, optimizer, scheduler, RNG, data position and carried state.
+
+        Raises:
+            RunFinished: the step budget is already spent and the run finished (its
+                ``summary.json`` and ``model.safetensors`` are there): nothing is changed.
+        """
         resume_trainer(self)
+        out = self.out_dir
+        if (
+            self.total_steps is not None
+            and self.step >= self.total_steps
+            and out is not None
+            and (out / "summary.json").is_file()
+            and (out / "model.safetensors").is_file()
+        ):
+            raise RunFinished(
+                f"{out} finished at step {self.step} of {self.total_steps}: nothing to resume; "
+                "summary.json and model.safetensors are unchanged (raise --steps or --epochs "
+                "to train further)"
+            )
 
     # -- the loop ----------------------------------------------------------------------
     def fit(self) -> TrainResult:

@@ -231,3 +231,42 @@ def test_bad_input_is_one_line_naming_file_and_line(runs, run_cli, tmp_path):
     one_line_error(code, err, "--beam does not apply to a tag checkpoint")
     code, _, err = run_cli("predict", "--checkpoint", str(tmp_path / "none"), "--input", str(path))
     assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("name", "limit"), [("classify", "1,048,576"), ("events", "10,485,760")])
+def test_an_endless_line_is_refused_after_one_bounded_read(runs, run_cli, name, limit):
+    # /dev/zero is one line without end: read whole, it grew to gigabytes.
+    code, out, err = run_cli("predict", "--checkpoint", str(runs[name]), "--input", "/dev/zero")
+    one_line_error(code, err, "/dev/zero:1", "line too long", limit)
+    assert out == ""
+
+
+def test_a_long_line_is_refused_by_the_environment_limit(runs, run_cli, tmp_path, monkeypatch):
+    path = tmp_path / "in.txt"
+    path.write_text("ab\n" + "a" * 11 + "\nab\n", encoding="utf-8")
+    monkeypatch.setenv("RNNKIT_MAX_LINE_CHARS", "10")
+    code, out, err = run_cli("predict", "--checkpoint", str(runs["classify"]), "--input", str(path),
+        "--batch-size", "1",
+    )  # fmt: skip
+    one_line_error(code, err, f"{path}:2", "line too long", "RNNKIT_MAX_LINE_CHARS")
+    assert len(out.splitlines()) == 1
+    path.write_text("ab\n" + "a" * 10 + "\n", encoding="utf-8")  # exactly the limit
+    assert len(predict(run_cli, runs["classify"], path)) == 2
+
+
+def test_regress_input_is_bounded_and_refuses_values_beyond_float32(run_cli, tmp_path):
+    data = tmp_path / "r.jsonl"
+    data.write_text("".join(json.dumps({"seq": [[i], [i + 1], [i + 2]]}) + "\n" for i in range(8)))
+    run = tmp_path / "run"
+    assert main(["train", "--task", "regress", "--train", str(data), "--out", str(run),
+                 "--steps", "2", "--hidden", "8", "--batch-size", "4", "--quiet", "--no-report",
+                 ]) == 0  # fmt: skip
+    code, _, err = run_cli("predict", "--checkpoint", str(run), "--input", "/dev/zero")
+    one_line_error(code, err, "/dev/zero:1", "line too long")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"seq": [[1], [2]]}\n{"seq": [[1], [1%s]]}\n' % ("0" * 400))
+    code, out, err = run_cli("predict", "--checkpoint", str(run), "--input", str(bad),
+        "--batch-size", "1",
+    )  # fmt: skip
+    one_line_error(code, err, f"{bad}:2", "out of float32's range")
+    assert len(out.splitlines()) == 1

@@ -306,10 +306,12 @@ def test_a_non_finite_threshold_is_refused(
 
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "1e999"])
 def test_a_non_finite_number_in_thresholds_json_is_refused(
-    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], constant: str
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], constant: str, monkeypatch
 ) -> None:
     import re
     import shutil
+
+    monkeypatch.setenv("RNNKIT_SKIP_CHECKSUMS", "1")  # the reader's own check, not the manifest
 
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
@@ -347,3 +349,29 @@ def test_a_truncated_array_file_is_one_line(
     code = main(["score", "--checkpoint", str(copy), "--data", str(test), "--target-fpr", "0.1"])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1 and str(path) in err, err
+
+
+def test_a_negative_threshold_of_a_score_that_is_never_negative_is_refused(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every session scored above -1: all anomalous, silently.
+    import shutil
+
+    test = run_dir.parent / "test.jsonl"
+    base = ["score", "--checkpoint", str(run_dir), "--data", str(test), "--quiet"]
+    assert main([*base, "--threshold", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--threshold -1: the max score is never negative" in err
+    assert main([*base, "--threshold", "-1", "--score", "norm"]) == 0  # a z-score may be < 0
+    capsys.readouterr()
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    doc = json.loads((copy / "thresholds.json").read_text())
+    doc["rnn"]["max"] = -0.5
+    (copy / "thresholds.json").write_text(json.dumps(doc))
+    assert main(["score", "--checkpoint", str(copy), "--data", str(test), "--quiet"]) == 2
+    assert "thresholds.json: does not match its SHA-256" in capsys.readouterr().err
+    assert main(["score", "--checkpoint", str(copy), "--data", str(test), "--quiet",
+                 "--skip-checksums"]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "thresholds.json: the rnn threshold of the max score" in err

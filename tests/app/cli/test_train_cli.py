@@ -64,6 +64,11 @@ def train_args(data: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
+def skip_manifest(monkeypatch) -> None:
+    """Read runs without their manifest: what the readers' own checks catch."""
+    monkeypatch.setenv("RNNKIT_SKIP_CHECKSUMS", "1")
+
+
 def assert_one_line_error(code, err, *words):
     assert code not in (0, None), err
     assert "Traceback" not in err
@@ -645,7 +650,7 @@ def test_every_file_of_a_run_is_readable_by_others_under_umask_022(run):
     assert set(modes.values()) == {"0o644"}, modes
 
 
-def test_flipped_bytes_in_the_final_weights_are_refused(run, data, tmp_path, run_cli):
+def test_flipped_bytes_in_the_final_weights_are_refused(run, data, tmp_path, run_cli, monkeypatch):
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     weights = copy / "model.safetensors"
@@ -653,6 +658,9 @@ def test_flipped_bytes_in_the_final_weights_are_refused(run, data, tmp_path, run
     raw[-5] ^= 0x40  # inside the tensor data: the safetensors header still parses
     raw[-9] ^= 0x01
     weights.write_bytes(bytes(raw))
+    code, _, err = run_cli("evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt"))
+    assert_one_line_error(code, err, str(weights), "does not match its SHA-256 in manifest.json")
+    skip_manifest(monkeypatch)  # the weights' own checksum, without the manifest
     code, _, err = run_cli("evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt"))
     assert_one_line_error(code, err, str(weights), "checksum mismatch")
     code, _, err = run_cli("generate", "--checkpoint", str(copy))
@@ -744,11 +752,14 @@ def _edit_config(run_dir: Path, **values) -> None:
     ids=["dropout", "hidden", "seed"],
 )
 def test_a_tampered_config_is_one_line_in_every_command(
-    run, data, tmp_path, run_cli, values, words
+    run, data, tmp_path, run_cli, values, words, monkeypatch
 ):
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     _edit_config(copy, **values)
+    code, _, err = run_cli("generate", "--checkpoint", str(copy))
+    assert_one_line_error(code, err, str(copy / "config.json"), "does not match its SHA-256")
+    skip_manifest(monkeypatch)  # the command line's own rules, without the manifest
     for argv in (
         ["evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt")],
         ["generate", "--checkpoint", str(copy)],
@@ -759,9 +770,10 @@ def test_a_tampered_config_is_one_line_in_every_command(
         assert code == 2
 
 
-def test_tampered_logs_and_baseline_are_one_line(run, data, tmp_path, run_cli):
+def test_tampered_logs_and_baseline_are_one_line(run, data, tmp_path, run_cli, monkeypatch):
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
+    skip_manifest(monkeypatch)  # the readers' own checks
     (copy / "summary.json").write_text("[" * 100_000)
     code, _, err = run_cli("report", "--checkpoint", str(copy))
     assert_one_line_error(code, err, str(copy / "summary.json"), "nested too deeply")
@@ -771,9 +783,10 @@ def test_tampered_logs_and_baseline_are_one_line(run, data, tmp_path, run_cli):
     assert_one_line_error(code, err, str(ngram))
 
 
-def test_nan_weights_are_refused_even_with_a_matching_checksum(run, tmp_path, run_cli):
+def test_nan_weights_are_refused_even_with_a_matching_checksum(run, tmp_path, run_cli, monkeypatch):
     from rnnkit.training.checkpoint import tensors_sha256
 
+    skip_manifest(monkeypatch)  # a forger who rewrote manifest.json too
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     weights = copy / "model.safetensors"
@@ -854,7 +867,7 @@ def test_a_forged_snapshot_is_one_line_on_resume(run, data, tmp_path, run_cli, f
     assert code == 2
 
 
-def test_a_renamed_label_in_labels_json_is_refused_on_resume(tmp_path, run_cli):
+def test_a_renamed_label_in_labels_json_is_refused_on_resume(tmp_path, run_cli, monkeypatch):
     rng = random.Random(0)
     lines = [f"{rng.choice(['pos', 'neg'])}\t{corpus(1, i).strip()}\n" for i in range(60)]
     (tmp_path / "c.tsv").write_text("".join(lines), encoding="utf-8")
@@ -865,6 +878,9 @@ def test_a_renamed_label_in_labels_json_is_refused_on_resume(tmp_path, run_cli):
     assert code == 0, err
     labels = out / "labels.json"
     labels.write_text(labels.read_text().replace('"pos"', '"POS"'))
+    code, _, err = run_cli(*base, "--steps", "4", "--resume")
+    assert_one_line_error(code, err, str(labels), "does not match its SHA-256 in manifest.json")
+    skip_manifest(monkeypatch)
     code, _, err = run_cli(*base, "--steps", "4", "--resume")
     assert_one_line_error(code, err, str(labels), "missing ['pos'], unknown ['POS']")
 
@@ -889,9 +905,10 @@ def test_training_on_dev_zero_fails_at_once(tmp_path, run_cli, task):
     assert_one_line_error(code, err, "/dev/zero: is a device, not a data file")
 
 
-def test_a_fifo_as_config_json_is_refused_not_waited_on(run, data, tmp_path, run_cli):
+def test_a_fifo_as_config_json_is_refused_not_waited_on(run, data, tmp_path, run_cli, monkeypatch):
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
+    skip_manifest(monkeypatch)  # the reader's own refusal
     (copy / "config.json").unlink()
     os.mkfifo(copy / "config.json")  # reading it would block until a writer comes: never
     code, _, err = run_cli("evaluate", "--checkpoint", str(copy), "--data", str(data / "valid.txt"))
@@ -950,3 +967,38 @@ def test_metrics_csv_beside_metrics_jsonl_across_a_resume(run_cli, data, tmp_pat
     assert csv_matches_jsonl(out)
     rows = (out / "metrics.csv").read_text().splitlines()
     assert [r.split(",")[:2] for r in rows[1:]].count(["valid", "6"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("out", "words"),
+    [
+        ("/dev/null", "--out /dev/null: exists and is a special file"),
+        ("train.txt", "exists and is a regular file, not a directory"),
+        ("train.txt/run", "cannot create the directory (Not a directory)"),
+    ],
+)
+def test_an_out_that_cannot_be_a_directory_is_one_line(run_cli, data, out, words):
+    # /dev/null was refused with the raw "[Errno 17] File exists: '/dev/null'".
+    target = out if out.startswith("/") else str(data / out)
+    code, _, err = run_cli(*train_args(data, Path(target)))
+    assert code == 2 and err.count("\n") == 1 and words in err and "Errno" not in err, err
+
+
+def test_resuming_a_finished_run_changes_nothing_and_says_so(run_cli, data, tmp_path):
+    # The resumed run rewrote summary.json from its snapshot ("weights of step 192") while
+    # model.safetensors kept the finished run's weights (step 200).
+    out = tmp_path / "run"
+    code, _, err = run_cli(*train_args(data, out, "--no-report"))
+    assert code == 0, err
+    files = ("summary.json", "model.safetensors", "config.json")
+    before = {name: (out / name).read_bytes() for name in files}
+    code, stdout, err = run_cli(*train_args(data, out, "--resume", "--no-report", "--json"))
+    assert code == 0, err
+    assert {name: (out / name).read_bytes() for name in files} == before
+    assert json.loads(stdout) == json.loads(before["summary.json"])
+    loud = [a for a in train_args(data, out, "--resume", "--no-report") if a != "--quiet"]
+    code, _, err = run_cli(*loud)
+    assert code == 0 and "finished at step 6 of 6: nothing to resume" in err, err
+    code, _, err = run_cli(*[a if a != "6" else "8" for a in train_args(data, out, "--resume")])
+    assert code == 0, err
+    assert json.loads((out / "summary.json").read_text())["steps"] == 8  # a larger budget goes on

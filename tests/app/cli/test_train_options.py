@@ -25,6 +25,7 @@ COMMAND = {
     "print_config",
     "resume",
     "overwrite",
+    "skip_checksums",
     "no_clip",
     "max_parameters",
     "json",

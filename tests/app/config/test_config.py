@@ -319,7 +319,7 @@ def test_for_task_applies_the_task_defaults_under_the_options_given():
 
 
 def test_a_run_directory_with_an_old_config_json_still_loads_evaluates_and_resumes(
-    tmp_path, run_cli
+    tmp_path, run_cli, monkeypatch
 ):
     """A run written before the task options were fields: its ``config.json`` has an
     ``extra`` object and none of those fields; ``rnnkit.load``, ``evaluate`` and
@@ -339,8 +339,14 @@ def test_a_run_directory_with_an_old_config_json_still_loads_evaluates_and_resum
     saved["config"] = {k: v for k, v in saved["config"].items() if k not in new}
     saved["config"]["extra"] = {}
     (run / "config.json").write_text(json.dumps(saved))
-    assert rnnkit.load(run).config.word_dropout == TrainConfig().word_dropout
-    code, out, err = run_cli("evaluate", "--checkpoint", str(run), "--data", str(corpus))
+    (run / "manifest.json").unlink()  # older runs have none: read with --skip-checksums
+    with monkeypatch.context() as env:
+        env.setenv("RNNKIT_SKIP_CHECKSUMS", "1")
+        assert rnnkit.load(run).config.word_dropout == TrainConfig().word_dropout
+    code, out, err = run_cli("evaluate", "--checkpoint", str(run), "--data", str(corpus),
+                             "--skip-checksums")  # fmt: skip
     assert code == 0 and "bits" in out + err, err
-    assert run_cli(*argv, "--steps", "3", "--resume")[0] == 0
+    assert run_cli(*argv, "--steps", "3", "--resume")[0] == 0  # and a resume writes one
     assert json.loads((run / "summary.json").read_text())["steps"] == 3
+    code, out, err = run_cli("evaluate", "--checkpoint", str(run), "--data", str(corpus))
+    assert code == 0, err

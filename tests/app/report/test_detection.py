@@ -93,3 +93,42 @@ def test_without_labelled_anomalies_only_the_normal_histogram(tmp_path: Path) ->
     body = _section(write_report(run).read_text(encoding="utf-8"))
     assert body.count("<img ") == 1
     assert "No labelled anomalous validation sessions" in body
+
+
+def _set(model: str, score: str, value: object):
+    def change(data: bytes) -> bytes:
+        doc = json.loads(data)
+        doc[model][score] = value
+        return json.dumps(doc).encode()
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("file", "change", "words"),
+    [
+        ("valid_scores.safetensors", lambda b: b[: len(b) // 2], "not a valid safetensors file"),
+        ("thresholds.json", _set("rnn", "max", "x"), "not an rnnkit thresholds file"),
+        ("thresholds.json", _set("rnn", "count", -1), "below 0"),
+    ],
+)
+def test_a_damaged_detection_file_is_a_note_not_a_traceback(
+    labelled_run: Path, tmp_path: Path, file, change, words
+) -> None:
+    # A truncated valid_scores.safetensors raised SafetensorError, a string threshold
+    # numpy's _UFuncNoLoopError: the report stopped with a traceback.
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(labelled_run, run)
+    path = run / file
+    path.write_bytes(change(path.read_bytes()))
+    from rnnkit.errors import CheckpointError
+    from rnnkit.training.manifest import skipping_checksums
+
+    with pytest.raises(CheckpointError, match=f"{file}: does not match its SHA-256"):
+        render_report(run)  # the run's manifest notices first
+    with skipping_checksums():  # then the readers' own checks
+        html = render_report(run)
+    assert '<section id="detection">' not in html
+    assert "The detection section is missing" in html and words in html

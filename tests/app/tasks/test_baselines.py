@@ -204,7 +204,7 @@ def test_seq2seq_copy_and_nearest_neighbour_by_hand(capsys, tmp_path):
     assert "baseline nearest_neighbour (nearest training source (edit distance)): " in text
 
 
-def test_baseline_file_is_checked_on_evaluate(capsys, tmp_path):
+def test_baseline_file_is_checked_on_evaluate(capsys, tmp_path, monkeypatch):
     tagged(tmp_path / "train.tsv", _word_tags(8, 0))
     tagged(tmp_path / "valid.tsv", _word_tags(4, 1))
     out = tmp_path / "run"
@@ -214,13 +214,19 @@ def test_baseline_file_is_checked_on_evaluate(capsys, tmp_path):
                        str(tmp_path / "valid.tsv"))  # fmt: skip
     assert code == 2
     (line,) = err.splitlines()
-    assert "baseline.safetensors: not a valid safetensors file" in line
+    assert "baseline.safetensors: does not match its SHA-256 in manifest.json" in line
+    monkeypatch.setenv("RNNKIT_SKIP_CHECKSUMS", "1")  # the reader's own check
+    code, _, err = cli(capsys, "evaluate", "--checkpoint", str(out), "--data",
+                       str(tmp_path / "valid.tsv"))  # fmt: skip
+    (line,) = err.splitlines()
+    assert code == 2 and "baseline.safetensors: not a valid safetensors file" in line
     (out / "baseline.safetensors").unlink()  # a run from before the file: no baselines
     assert "baselines" not in evaluate(capsys, out, tmp_path / "valid.tsv")
 
 
 def test_report_shows_each_baseline_and_says_when_the_model_is_ahead(capsys, tmp_path):
     from rnnkit.app.report import render_report
+    from rnnkit.training.manifest import write_manifest
 
     tagged(tmp_path / "train.tsv", _word_tags(8, 0))
     tagged(tmp_path / "valid.tsv", _word_tags(4, 1))
@@ -232,6 +238,7 @@ def test_report_shows_each_baseline_and_says_when_the_model_is_ahead(capsys, tmp
     # The same run, had the model been right everywhere:
     summary["valid"]["accuracy"], summary["behind_baseline"] = 1.0, None
     (out / "summary.json").write_text(json.dumps(summary))
+    write_manifest(out)
     text = render_report(out)
     assert "behind baseline:" not in text
     assert (

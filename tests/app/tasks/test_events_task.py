@@ -32,6 +32,7 @@ from rnnkit.data.strace import parse_strace
 from rnnkit.data.vocab import EOS_ID
 from rnnkit.errors import CheckpointError, ConfigError, DataError
 from rnnkit.metrics.detection import roc_auc
+from rnnkit.training.manifest import write_manifest
 
 TARGET_FPR = 0.05
 
@@ -192,6 +193,7 @@ def test_bad_input_and_options(tmp_path: Path, trained: tuple[Path, dict]) -> No
     config = json.loads((broken / "config.json").read_text())
     config["config"]["task"] = "lm"
     (broken / "config.json").write_text(json.dumps(config))
+    write_manifest(broken)  # as a forger would: the task check must still catch it
     with pytest.raises(CheckpointError, match="not 'events'"):
         load_events(broken)
 

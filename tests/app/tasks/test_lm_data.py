@@ -121,3 +121,23 @@ def test_the_char_vocabulary_holds_a_newline_only_where_a_sequence_does(tmp_path
     )
     # what the vocabulary holds is what the training data holds: every regular token occurs
     assert set(range(4, len(data.vocab))) <= set(held.tolist()), data.vocab.itos
+
+
+def test_a_corpus_over_max_corpus_bytes_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    # A 2 GB sparse file under the 4 GiB file limit grew to 15 GiB of ids; the corpus has
+    # its own limit (1 GiB), checked from the file's size before a byte is read.
+    sparse = tmp_path / "sparse.txt"
+    with open(sparse, "wb") as f:
+        f.truncate((1 << 30) + 1)
+    cfg = TrainConfig(train=str(sparse), batch_size=4, bptt="segment:16").validate()
+    words = r"file of more than 1,073,741,824 bytes, .*RNNKIT_MAX_CORPUS_BYTES"
+    with pytest.raises(DataError, match=words):
+        prepare_lm_data(cfg)
+    small = tmp_path / "c.txt"
+    small.write_text(corpus(40, 2), encoding="utf-8")
+    monkeypatch.setenv("RNNKIT_MAX_CORPUS_BYTES", str(small.stat().st_size - 1))
+    cfg = TrainConfig(train=str(small), batch_size=4, bptt="segment:16").validate()
+    with pytest.raises(DataError, match="RNNKIT_MAX_CORPUS_BYTES"):
+        prepare_lm_data(cfg)
+    monkeypatch.setenv("RNNKIT_MAX_CORPUS_BYTES", str(small.stat().st_size))
+    assert len(prepare_lm_data(cfg).train_stream) > 0

@@ -15,6 +15,7 @@ from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.lm import evaluate_lm, load_lm, train_lm
 from rnnkit.errors import CheckpointError
 from rnnkit.training.checkpoint import atomic_write_json
+from rnnkit.training.manifest import write_manifest
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "big", "red", "hat"]
 
@@ -147,6 +148,7 @@ def test_load_lm_refuses_a_vocabulary_of_another_size(run, tmp_path):
     config = json.loads((copy / "config.json").read_text())
     config["vocab_size"] += 1
     atomic_write_json(copy / "config.json", config)
+    write_manifest(copy)  # as a forger would: the run's own checks must still catch it
     with pytest.raises(CheckpointError, match=r"vocab\.json: \d+ tokens but config\.json"):
         load_lm(copy)
 
@@ -160,6 +162,7 @@ def test_load_lm_refuses_weights_of_another_width(run, tmp_path):
     config = json.loads((copy / "config.json").read_text())
     config["config"]["hidden"] = 10
     atomic_write_json(copy / "config.json", config)
+    write_manifest(copy)  # as a forger would: the run's own checks must still catch it
     with pytest.raises(CheckpointError, match=r"model\.safetensors.*another configuration"):
         load_lm(copy)
 
@@ -182,6 +185,7 @@ def test_load_lm_refuses_a_bad_config_json(run, tmp_path, edit, words):
     config = json.loads((copy / "config.json").read_text())
     edit(config)
     atomic_write_json(copy / "config.json", config)
+    write_manifest(copy)  # as a forger would: the run's own checks must still catch it
     with pytest.raises(CheckpointError, match=rf"config\.json.*{words}"):
         load_lm(copy)
 

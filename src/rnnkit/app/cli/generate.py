@@ -107,9 +107,21 @@ def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
     return list(outputs)
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """The options every task reads: one line naming the option, before any work."""
+    from rnnkit.generation.options import MAX_BEAM
+
+    if args.beam is not None and not 1 <= args.beam <= MAX_BEAM:
+        # 0 was taken as "no beam" while -2 was refused; 100,000 decoded for minutes.
+        raise ConfigError(f"--beam must be an integer from 1 to {MAX_BEAM}, got {args.beam}")
+    if abs(args.seed) >= 2**63:  # a torch generator takes 64 bits
+        raise ConfigError(f"--seed must be an integer below 2^63 in size, got {args.seed}")
+
+
 def run(args: argparse.Namespace) -> int:
     from rnnkit.app.tasks.registry import task_module, task_of_run
 
+    _check_options(args)
     task = task_of_run(args.checkpoint)
     if args.condition is not None and task != "lm":
         raise ConfigError(f"--condition does not apply to a {task} checkpoint")

@@ -16,6 +16,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 from rnnkit import __version__, messages
 from rnnkit.errors import RnnkitError
@@ -58,9 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # subcommand not built yet
             raise
         module.register(sub)
-    for command in sub.choices.values():
+    for name, command in sub.choices.items():
         add_verbosity_options(command)
+        if name in RUN_READERS:
+            command.add_argument(
+                "--skip-checksums",
+                action="store_true",
+                help="read the run without checking its files against its manifest.json "
+                "(a run cut short, or written by an older rnnkit)",
+            )
     return parser
+
+
+#: The commands that read a trained run: they check its files against its manifest.
+RUN_READERS = ("train", "evaluate", "generate", "predict", "report", "score")
 
 
 def add_verbosity_options(p: argparse.ArgumentParser) -> None:
@@ -136,8 +148,11 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from rnnkit.training.manifest import skipping_checksums
+
     try:
-        code = int(args.func(args) or 0)
+        with skipping_checksums() if getattr(args, "skip_checksums", False) else nullcontext():
+            code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not at exit after the last line
         return code
     except BrokenPipeError:

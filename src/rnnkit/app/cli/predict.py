@@ -24,7 +24,10 @@ What a line is and what comes out depends on the run's task (each task module's
 Input is read line by line and answered in batches of at most ``--batch-size`` lines; a
 batch is cut early whenever no further line is waiting on the input, so a pipe gets each
 answer as soon as its line arrives (streaming). A bad line is a one-line error naming the
-file (``<stdin>``) and line; the answers already printed stand.
+file (``<stdin>``) and line; the answers already printed stand. Every line is read in one
+bounded ``readline``: a line of more than ``max_json_line_bytes`` characters (a JSON line:
+``events``, ``params``, ``regress``) or ``max_line_chars`` (a text line: the other tasks) is
+refused (see :mod:`rnnkit.data.limits`), so ``--input /dev/zero`` fails at once.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from rnnkit.app.cli.device_option import add_device_option
+from rnnkit.data.limits import MAX_JSON_LINE_BYTES, MAX_LINE_CHARS, Limit
 from rnnkit.errors import ConfigError, DataError
+from rnnkit.generation.options import MAX_BEAM
 
 __all__ = ["read_batches", "register", "run"]
 
@@ -105,22 +110,30 @@ def _waiting(stream: TextIO) -> bool:
     return bool(ready)
 
 
+#: Tasks whose input line is a JSON document (bounded as a JSON line, not a text line).
+JSON_TASKS = ("events", "params", "regress")
+
+
 def read_batches(
-    stream: TextIO, name: str, batch_size: int
+    stream: TextIO, name: str, batch_size: int, limit: Limit = MAX_LINE_CHARS
 ) -> Iterator[tuple[list[str], list[tuple[str, int]]]]:
     """``(lines, [(name, line number)])`` batches of at most ``batch_size`` lines, without
-    their line ends; a batch ends early when no further line is waiting (streaming)."""
+    their line ends; a batch ends early when no further line is waiting (streaming). A line
+    of more than ``limit`` characters is a :class:`DataError` (one bounded read each)."""
     lines: list[str] = []
     where: list[tuple[str, int]] = []
     number = 0
+    most = limit.value()
     while True:
         try:
-            text = stream.readline()
+            text = stream.readline(most + 1)
         except UnicodeDecodeError as exc:
             raise DataError(f"not UTF-8 text ({exc.reason})", name, number + 1) from None
         if not text:
             break
         number += 1
+        if len(text.rstrip("\r\n")) > most:
+            raise DataError(limit.exceeded("line too long", most), name, number)
         lines.append(text.rstrip("\r\n"))
         where.append((name, number))
         if len(lines) >= batch_size or not _waiting(stream):
@@ -156,9 +169,11 @@ def run(args: argparse.Namespace) -> int:
     for option in ("batch_size", "beam", "max_length", "top"):
         value = getattr(args, option)
         minimum = 0 if option == "top" else 1
+        flag = "--" + option.replace("_", "-")
         if value is not None and value < minimum:
-            flag = "--" + option.replace("_", "-")
             raise ConfigError(f"{flag} must be ≥ {minimum}, got {value}")
+    if args.beam is not None and args.beam > MAX_BEAM:
+        raise ConfigError(f"--beam must be at most {MAX_BEAM}, got {args.beam}")
     module = task_module(task)
     predict = module.predictor(
         args.checkpoint,
@@ -170,20 +185,21 @@ def run(args: argparse.Namespace) -> int:
         params=getattr(args, "params", None),
     )
     batch_size = args.batch_size or 32
+    limit = MAX_JSON_LINE_BYTES if task in JSON_TASKS else MAX_LINE_CHARS
     if args.input == "-":
         stream: TextIO = sys.stdin
         if hasattr(sys.stdin, "buffer"):  # strict UTF-8 whatever the locale says
             stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="strict")
-        return _answer(predict, stream, "<stdin>", batch_size)
+        return _answer(predict, stream, "<stdin>", batch_size, limit)
     try:
         with open(args.input, encoding="utf-8", errors="strict") as f:
-            return _answer(predict, f, args.input, batch_size)
+            return _answer(predict, f, args.input, batch_size, limit)
     except IsADirectoryError:
         raise DataError("is a directory, not a file of lines", args.input) from None
 
 
-def _answer(predict: Any, stream: TextIO, name: str, batch_size: int) -> int:
-    for lines, where in read_batches(stream, name, batch_size):
+def _answer(predict: Any, stream: TextIO, name: str, batch_size: int, limit: Limit) -> int:
+    for lines, where in read_batches(stream, name, batch_size, limit):
         for record in predict(lines, where):
             _print(record)
         sys.stdout.flush()

@@ -99,6 +99,13 @@ def _thresholds(config: ScoreConfig, run: Any) -> dict[str, dict[str, float]]:
     else:
         limits = {m: dict(run.thresholds[m]) for m in ("rnn", "ngram")}
     if config.threshold is not None:
+        from rnnkit.anomaly.scores import NONNEGATIVE_SCORES
+
+        if config.threshold < 0 and name in NONNEGATIVE_SCORES:
+            raise ConfigError(
+                f"--threshold {config.threshold:g}: the {name} score is never negative, so "
+                "every session would be anomalous; give a threshold ≥ 0"
+            )
         limits["rnn"][name] = config.threshold
     return limits
 

@@ -158,8 +158,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     # --resume: the run's own config holds; options given on the command line may only
     # change how long or where to train. Anything else would be another model.
     from rnnkit.app.tasks.run import load_config
+    from rnnkit.training.manifest import verify_run
 
-    saved, info = load_config(args.out)
+    # A run cut short has no manifest (its snapshot carries its checksums); a finished
+    # one's files must match theirs.
+    verify_run(args.out, missing_ok=True)
+    saved, info = load_config(args.out, verify=False)
     defaults = TrainConfig(train=saved.train, out=saved.out).to_dict()
     merged = saved.to_dict()
 

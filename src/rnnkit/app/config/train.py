@@ -196,6 +196,7 @@ class TrainConfig(
             raise ConfigError(f"--max-time must be > 0 seconds, got {self.max_time}")
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
+        self._check_bounds()
         for name in ("clip_norm", "clip_value"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -213,6 +214,20 @@ class TrainConfig(
             )
         self._check_wirings()
         return self
+
+    def _check_bounds(self) -> None:
+        """Upper bounds of the options whose cost grows without a limit."""
+        from rnnkit.generation.options import MAX_BEAM  # torch: only when validating
+        from rnnkit.models.ngram import MAX_ORDER
+        from rnnkit.threads import MAX_THREADS_MESSAGE, max_threads
+
+        if self.threads is not None and self.threads > max_threads():
+            raise ConfigError(MAX_THREADS_MESSAGE.format(source="--threads", value=self.threads,
+                                                         cpus=max_threads()))  # fmt: skip
+        if self.ngram_order > MAX_ORDER:
+            raise ConfigError(f"--ngram-order must be at most {MAX_ORDER}, got {self.ngram_order}")
+        if self.beam > MAX_BEAM:
+            raise ConfigError(f"--beam must be at most {MAX_BEAM}, got {self.beam}")
 
     def _check_schedule(self) -> None:
         """``--lr-schedule``, ``--warmup``, ``--init-range``."""

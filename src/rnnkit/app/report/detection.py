@@ -22,6 +22,7 @@ from rnnkit.anomaly.scores import SCORES
 from rnnkit.app.report.html import esc, fmt, image, note, section, table
 from rnnkit.app.report.run import Run
 from rnnkit.diagnostics import plots
+from rnnkit.errors import CheckpointError, RnnkitError
 from rnnkit.metrics.detection import detection_metrics, precision_recall_curve, roc_curve
 
 __all__ = ["detection_sections", "params_sections"]
@@ -30,16 +31,27 @@ MODELS = (("rnn", "recurrent"), ("ngram", "n-gram"))
 
 
 def _read(run: Run) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+    """The run's thresholds and validation scores, read and checked as ``rnnkit score``
+    reads them; a file that is not what the run wrote becomes a note on the page (a
+    truncated ``valid_scores.safetensors`` or a string threshold was a traceback)."""
     thresholds_path = run.path / "thresholds.json"
     scores_path = run.path / "valid_scores.safetensors"
     if not thresholds_path.is_file() or not scores_path.is_file():
         return None
-    from safetensors.numpy import load_file
+    from rnnkit.app.tasks.events.thresholds import read_thresholds
+    from rnnkit.training.checkpoint import load_arrays
 
     try:
-        doc = json.loads(thresholds_path.read_text(encoding="utf-8"))
-        arrays = load_file(str(scores_path))
-    except (OSError, ValueError) as exc:
+        doc = read_thresholds(run.path)
+        arrays = load_arrays(scores_path)
+        name = doc["score"]
+        for m, _ in MODELS:
+            for key in (f"{m}/{name}", f"anomalous/{m}/{name}"):
+                if key in arrays and not np.isfinite(np.asarray(arrays[key], float)).all():
+                    raise CheckpointError(f"{scores_path}: {key} holds a value that is not finite")
+        if "anomalous/rnn/" + name in arrays and "rnn/" + name not in arrays:
+            raise CheckpointError(f"{scores_path}: rnn/{name} is missing")
+    except (RnnkitError, OSError, ValueError) as exc:
         run.notes.append(f"The detection section is missing: {exc}")
         return None
     return doc, arrays
@@ -211,17 +223,17 @@ def params_sections(run: Run) -> list[tuple[str, str, str]]:
     scores_path = run.path / "valid_scores.safetensors"
     if not (keys_path.is_file() and thresholds_path.is_file() and scores_path.is_file()):
         return []
-    from safetensors.numpy import load_file
+    from rnnkit.training.checkpoint import load_arrays
 
     try:
         keys = json.loads(keys_path.read_text(encoding="utf-8"))
         doc = json.loads(thresholds_path.read_text(encoding="utf-8"))
-        arrays = load_file(str(scores_path))
+        arrays = load_arrays(scores_path)
         z = float(doc["z"])
         # The session threshold max(z, t); a run from before it had one: z alone.
         t = doc.get("session_score")
         limit = z if t is None else max(z, float(t))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (RnnkitError, OSError, ValueError, KeyError, TypeError) as exc:
         run.notes.append(f"The parameter-value section is missing: {exc}")
         return []
     rows = [

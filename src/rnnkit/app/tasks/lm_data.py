@@ -23,6 +23,7 @@ from rnnkit.app.config import TrainConfig, parse_bptt
 from rnnkit.app.tasks.run import check_labels
 from rnnkit.data.batching import SequenceBatcher, StreamBatcher, lm_pairs
 from rnnkit.data.labelled import LabelledExample, LabelSet, read_labelled, split_holdout
+from rnnkit.data.limits import MAX_CORPUS_BYTES
 from rnnkit.data.text import encode_text, read_text
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary, count_tokens
 from rnnkit.errors import DataError
@@ -148,9 +149,13 @@ def prepare_lm_data(
     with ``resume``, they must be exactly the training data's labels)."""
     if cfg.condition != "none":
         return _prepare_conditional(cfg, vocab, labels, resume)
-    text = read_text(cfg.train)
-    if cfg.valid:
-        valid_text = read_text(cfg.valid)
+    # A corpus is held whole, then as 8-byte ids: bounded by max_corpus_bytes, not 4 GiB.
+    text = read_text(cfg.train, size_limit=MAX_CORPUS_BYTES)
+    same = bool(cfg.valid) and cfg.valid == cfg.train  # evaluate: one file, read once
+    if same:
+        valid_text = text
+    elif cfg.valid:
+        valid_text = read_text(cfg.valid, size_limit=MAX_CORPUS_BYTES)
     else:
         text, valid_text = _split_text(text, cfg.valid_fraction, cfg.train)
     mode, k = parse_bptt(cfg.bptt)
@@ -167,10 +172,14 @@ def prepare_lm_data(
         # eos and line both end every line with </s>; only line resets the state there.
         eos_lines = cfg.doc_boundary in ("eos", "line")
         data.train_stream = encode_text(text, vocab, eos_per_line=eos_lines, dtype=np.int64)
-        data.valid_stream = encode_text(valid_text, vocab, eos_per_line=eos_lines, dtype=np.int64)
+        data.valid_stream = (
+            data.train_stream
+            if same
+            else encode_text(valid_text, vocab, eos_per_line=eos_lines, dtype=np.int64)
+        )
     else:
         data.train_seqs = _sequences(text, vocab, cfg.max_len)
-        data.valid_seqs = _sequences(valid_text, vocab, cfg.max_len)
+        data.valid_seqs = data.train_seqs if same else _sequences(valid_text, vocab, cfg.max_len)
         if not data.train_seqs:
             raise DataError("no non-blank line to train on", cfg.train)
         if not data.valid_seqs:

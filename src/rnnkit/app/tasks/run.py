@@ -20,11 +20,13 @@ from rnnkit import messages
 from rnnkit.app.config import TrainConfig
 from rnnkit.data.files import atomic_write, fingerprint
 from rnnkit.data.locks import lock as lock_file
-from rnnkit.errors import CheckpointError, ConfigError
+from rnnkit.errors import CheckpointError, ConfigError, RunFinished
 from rnnkit.models.spec import ModelSpec
 from rnnkit.training.baseline_check import RunSettings, behind_baseline
 from rnnkit.training.checkpoint import FORMAT_VERSION, atomic_write_json, load_arrays, read_json
 from rnnkit.training.loop import TrainOptions
+from rnnkit.training.manifest import verify_run, writing_run
+from rnnkit.training.run_files import read_summary
 
 __all__ = [
     "BASELINE_FILE",
@@ -183,12 +185,18 @@ def resume_data(cfg: TrainConfig, info: dict[str, Any]) -> TrainConfig:
     return dataclasses.replace(cfg, **changes)
 
 
-def load_config(run_dir: str | Path, task: str | None = None) -> tuple[TrainConfig, dict[str, Any]]:
+def load_config(
+    run_dir: str | Path, task: str | None = None, *, verify: bool = True
+) -> tuple[TrainConfig, dict[str, Any]]:
     """Read ``config.json`` of a run directory; errors name the file. With ``task``, a run
-    of another task is a ``CheckpointError`` too."""
+    of another task is a ``CheckpointError`` too. Every file of the run is checked against
+    its ``manifest.json`` first (:func:`rnnkit.training.manifest.verify_run`; ``verify``
+    False: the caller checked already)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: no such checkpoint directory")
+    if verify:
+        verify_run(run_dir)
     path = run_dir / "config.json"
     data = read_json(path)
     if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
@@ -249,6 +257,7 @@ RUN_FILES = (
     "keys.json",
     "keys",
     "report.html",
+    "manifest.json",
 )
 
 # The files that make a directory a run worth protecting from a new one.
@@ -313,7 +322,7 @@ def lock_run_dir(out: str | Path) -> Iterator[None]:
         yield
         return
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    _make_out_dir(out)
     path = out / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
@@ -335,6 +344,18 @@ def lock_run_dir(out: str | Path) -> Iterator[None]:
         os.close(fd)
 
 
+def _make_out_dir(out: Path) -> None:
+    """Create ``--out``; one line naming it when that is impossible (``/dev/null`` gave the
+    raw ``[Errno 17] File exists``)."""
+    if out.exists() and not out.is_dir():
+        kind = "regular file" if out.is_file() else "special file (a device, FIFO or socket)"
+        raise ConfigError(f"--out {out}: exists and is a {kind}, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create the directory ({exc.strerror})") from None
+
+
 def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
     """Wrap a task's ``train(cfg, resume=False, quiet=False, ...)``: the run directory
     is locked (:func:`lock_run_dir`) for the whole run and checked
@@ -347,8 +368,17 @@ def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str,
         with lock_run_dir(cfg.out):
             prepare_run_dir(cfg.out, resume=resume, overwrite=overwrite)
             if resume:
-                cfg = resume_data(cfg, load_config(cfg.out)[1])
-            return train(cfg, *args, **kwargs)
+                # A run cut short has no manifest: its snapshot carries its checksums.
+                verify_run(cfg.out, missing_ok=True)
+                cfg = resume_data(cfg, load_config(cfg.out, verify=False)[1])
+            # The manifest goes first and is written again last, when the run is whole.
+            with writing_run(cfg.out, main=_is_main_process()):
+                try:
+                    return train(cfg, *args, **kwargs)
+                except RunFinished as done:
+                    # The run stays exactly as it finished; the caller gets its summary.
+                    messages.info(str(done))
+                    return read_summary(cfg.out)
 
     return wrapper
 

@@ -84,6 +84,7 @@ from rnnkit.app.tasks.seq2seq_generate import generate_outputs, transduce
 from rnnkit.data.pairs import PairBatcher, encode_pairs, read_pairs
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.errors import ConfigError, DataError
+from rnnkit.generation.options import MAX_BEAM
 from rnnkit.models.decoder_only import DecoderOnlyTranslator
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.lookup import NearestNeighbour
@@ -125,11 +126,12 @@ def check_config(cfg: TrainConfig) -> None:
             raise ConfigError("--bidirectional does not apply to --decoder-only (one causal LM)")
 
 
-def _load_nearest(run_dir: Path) -> NearestNeighbour | None:
+def _load_nearest(run_dir: Path, target_size: int) -> NearestNeighbour | None:
     arrays = load_baseline(run_dir)
     if arrays is None:
         return None
-    return NearestNeighbour.from_state(arrays, where=str(run_dir / BASELINE_FILE))
+    where = str(run_dir / BASELINE_FILE)
+    return NearestNeighbour.from_state(arrays, where=where, target_size=target_size)
 
 
 class _StepClock:
@@ -266,7 +268,7 @@ def evaluate(
         model, pairs, sources, target_vocab, model_device, bs, cfg.beam, cfg.max_len + 1
     )
     metrics.update(decoded)
-    nearest = _load_nearest(Path(run_dir))
+    nearest = _load_nearest(Path(run_dir), len(target_vocab))
     if nearest is not None:
         metrics["baselines"] = baseline_metrics(nearest, pairs, sources, target_vocab)
     metrics["source_unknown_tokens"] = sum(
@@ -294,8 +296,8 @@ def predictor(
     a DataError naming it."""
     cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir, device)
     beam = cfg.beam if beam is None else beam
-    if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
-        raise ConfigError(f"--beam must be an integer ≥ 1, got {beam!r}")
+    if isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM:
+        raise ConfigError(f"--beam must be an integer from 1 to {MAX_BEAM}, got {beam!r}")
     limit = cfg.max_len if max_length is None else max_length
     if limit < 1:
         raise ConfigError(f"--max-length must be ≥ 1, got {limit}")

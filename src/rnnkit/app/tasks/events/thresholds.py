@@ -13,9 +13,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file as save_numpy
 
-from rnnkit.anomaly.scores import (
-    SCORES,
-)
+from rnnkit.anomaly.scores import NONNEGATIVE_SCORES, SCORES
 from rnnkit.anomaly.thresholds import (
     clopper_pearson,
     pick_threshold,
@@ -116,6 +114,13 @@ def read_thresholds(run_dir: str | Path) -> dict[str, Any]:
         ok = False
     if not ok:
         raise CheckpointError(f"{path}: not an rnnkit thresholds file of version 1 or 2")
+    for m in ("rnn", "ngram"):
+        for s in names:
+            if s in NONNEGATIVE_SCORES and doc[m][s] < 0:
+                raise CheckpointError(
+                    f"{path}: the {m} threshold of the {s} score is {doc[m][s]}, below 0; "
+                    f"that score is never negative, so every session would be anomalous"
+                )
     doc.setdefault("window", None)
     doc.setdefault("method", "quantile")
     return doc

@@ -1,0 +1,267 @@
+"""``manifest.json``: the size and SHA-256 of every file of a finished run, checked on every
+read.
+
+A run writes its files one by one (``config.json``, vocabularies, ``model.safetensors``,
+``summary.json``, and each task's auxiliary files: ``baseline.safetensors``,
+``ngram.safetensors``, ``calibration.safetensors``, ``valid_scores.safetensors``,
+``thresholds.json``, ``keys.json``, the per-key runs under ``keys/``...). When training
+ends, :func:`write_manifest` writes last, atomically, one ``manifest.json`` holding the size
+and SHA-256 of every one of them. :func:`verify_run`, called whenever a run is read
+(``evaluate``, ``predict``, ``generate``, ``score``, ``report``, ``train --resume``),
+recomputes them: a changed, truncated, missing or added file is a
+:class:`~rnnkit.errors.CheckpointError` naming it, and so is a run without a manifest (one
+still training, killed, or written by an older rnnkit; a run stopped by Ctrl-C or SIGTERM
+saved whole files and has one). ``train --resume`` accepts a run without one: its snapshot
+carries its own checksums.
+
+Not covered, by design: ``metrics.jsonl`` (a log that grows; its reader skips and counts a
+bad line) and ``metrics.csv`` derived from it, report pages (``*.html``, rewritten by
+``rnnkit report``), snapshots (``snapshots/``: each holds its own checksums in
+``state.json``), the lock ``.lock`` and hidden temporary files.
+
+The check can be skipped on request only: ``--skip-checksums`` on the command line, the
+environment variable ``RNNKIT_SKIP_CHECKSUMS=1``, or :func:`skipping_checksums` in Python.
+Skipping also admits a ``model.safetensors`` without the checksum of its own metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rnnkit.data.files import atomic_write_bytes, read_run_file, sha256_file
+from rnnkit.data.limits import loads_json
+from rnnkit.errors import CheckpointError, DataError
+from rnnkit.training.interrupt import TrainingInterrupted
+
+__all__ = [
+    "MANIFEST",
+    "checksums_skipped",
+    "covered_files",
+    "skipping_checksums",
+    "verify_run",
+    "write_manifest",
+    "writing_run",
+]
+
+MANIFEST = "manifest.json"
+_FORMAT = "rnnkit.manifest"
+_VERSION = 1
+#: Files and folders a run holds that the manifest leaves out (see the module doc).
+_LEFT_OUT = {MANIFEST, "metrics.jsonl", "metrics.csv", "snapshots"}
+_SKIP_ENV = "RNNKIT_SKIP_CHECKSUMS"
+_SKIP_HINT = "pass --skip-checksums (RNNKIT_SKIP_CHECKSUMS=1) to read it anyway"
+
+_skip_depth = 0  # skipping_checksums() nesting
+_writing: set[Path] = set()  # runs this process is training now: their files change
+_verified: dict[Path, tuple[Any, ...]] = {}  # run -> the stat signature last verified
+
+
+def checksums_skipped() -> bool:
+    """Whether the user asked to skip the checks (``--skip-checksums``,
+    ``RNNKIT_SKIP_CHECKSUMS=1``, :func:`skipping_checksums`)."""
+    value = os.environ.get(_SKIP_ENV, "").strip().lower()
+    return _skip_depth > 0 or value in ("1", "true", "yes")
+
+
+@contextlib.contextmanager
+def skipping_checksums() -> Iterator[None]:
+    """Read runs without checking their manifest (and weights without their checksum)."""
+    global _skip_depth
+    _skip_depth += 1
+    try:
+        yield
+    finally:
+        _skip_depth -= 1
+
+
+def _key(path: Path) -> Path:
+    return Path(os.path.abspath(path))
+
+
+@contextlib.contextmanager
+def writing_run(run_dir: str | os.PathLike[str], main: bool = True) -> Iterator[None]:
+    """While this process trains into ``run_dir``: its manifest is removed first (a run
+    cut short has none, so it never vouches for files that changed since) and reads of the
+    run are not checked; on success a new manifest is written, last (``main``: the
+    process that owns the directory). A run that fails before it changed a file (a
+    ``--resume`` refused) gets its old manifest back."""
+    run = _key(Path(run_dir))
+    old: bytes | None = None
+    if main:
+        with contextlib.suppress(FileNotFoundError):
+            old = (run / MANIFEST).read_bytes()
+            (run / MANIFEST).unlink()
+    _writing.add(run)
+    try:
+        yield
+    except TrainingInterrupted:
+        # Ctrl-C or SIGTERM: the step in flight finished and everything was saved; the
+        # files are whole, so the manifest vouches for them (train --resume goes on).
+        _writing.discard(run)
+        if main:
+            write_manifest(run)
+        raise
+    except BaseException:
+        _writing.discard(run)
+        if old is not None and _unchanged(run, old):
+            atomic_write_bytes(run / MANIFEST, old)
+        raise
+    finally:
+        _writing.discard(run)
+        _verified.pop(run, None)
+    if main:
+        write_manifest(run)
+
+
+def _unchanged(run: Path, manifest: bytes) -> bool:
+    """Whether every file of ``run`` is still what ``manifest`` (its bytes) lists."""
+    try:
+        files = json.loads(manifest)["files"]
+        if sorted(files) != sorted(covered_files(run)):
+            return False
+        return all(
+            (run / n).stat().st_size == e["size"] and sha256_file(run / n) == e["sha256"]
+            for n, e in files.items()
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def covered_files(run_dir: str | os.PathLike[str]) -> list[str]:
+    """The files of ``run_dir`` the manifest covers: every regular file, in every folder,
+    as a ``/``-separated relative path, except those the module doc leaves out."""
+    root = Path(run_dir)
+    out: list[str] = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _LEFT_OUT and not d.startswith("."))
+        for name in sorted(files):
+            if name in _LEFT_OUT or name.startswith(".") or name.endswith(".html"):
+                continue
+            path = Path(folder) / name
+            if path.is_file() and not path.is_symlink():
+                out.append(path.relative_to(root).as_posix())
+    return out
+
+
+def write_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Write ``run_dir/manifest.json`` (atomically) with the size and SHA-256 of every
+    covered file; returns the document."""
+    root = Path(run_dir)
+    files = {}
+    for name in covered_files(root):
+        path = root / name
+        files[name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    doc = {"format": _FORMAT, "version": _VERSION, "files": files}
+    atomic_write_bytes(root / MANIFEST, (json.dumps(doc, indent=1) + "\n").encode())
+    return doc
+
+
+def _read_manifest(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        doc = loads_json(read_run_file(path), path)
+    except DataError as exc:
+        raise CheckpointError(str(exc)) from None
+    files = doc.get("files") if isinstance(doc, dict) else None
+    ok = (
+        isinstance(doc, dict)
+        and doc.get("format") == _FORMAT
+        and doc.get("version") == _VERSION
+        and isinstance(files, dict)
+        and all(
+            isinstance(e, dict)
+            and isinstance(e.get("size"), int)
+            and isinstance(e.get("sha256"), str)
+            and ".." not in Path(name).parts
+            and not Path(name).is_absolute()
+            for name, e in files.items()
+        )
+    )
+    if not ok:
+        raise CheckpointError(f"{path}: not an rnnkit manifest of version {_VERSION}")
+    assert isinstance(files, dict)
+    return files
+
+
+def _signature(root: Path, names: list[str]) -> tuple[Any, ...]:
+    """What changes when a file is rewritten: sizes and modification times (ns)."""
+    out: list[tuple[Any, ...]] = []
+    for name in [MANIFEST, *names]:
+        try:
+            st = (root / name).stat()
+            out.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
+        except OSError:
+            out.append((name, None))
+    return tuple(out)
+
+
+def _enclosing_run(root: Path, levels: int = 3) -> Path | None:
+    """The nearest folder above ``root`` whose manifest lists files under ``root``."""
+    for outer in list(root.parents)[:levels]:
+        if (outer / MANIFEST).is_file():
+            prefix = root.relative_to(outer).as_posix() + "/"
+            try:
+                listed = _read_manifest(outer / MANIFEST)
+            except CheckpointError:
+                return outer  # its own check names the damage
+            if any(name.startswith(prefix) for name in listed):
+                return outer
+    return None
+
+
+def verify_run(run_dir: str | os.PathLike[str], *, missing_ok: bool = False) -> None:
+    """Check every file of a run against its ``manifest.json``.
+
+    Args:
+        run_dir: the run directory.
+        missing_ok: a run without a manifest passes (``--resume`` of a run cut short:
+            its snapshot carries its own checksums).
+
+    Raises:
+        CheckpointError: no manifest (unless ``missing_ok``), a file changed, missing or
+            added since the manifest was written; one line naming the file and how to
+            read the run anyway. Nothing is checked when checks are skipped, or while
+            this process trains into ``run_dir``.
+    """
+    root = _key(Path(run_dir))
+    if checksums_skipped() or not root.is_dir() or {root, *root.parents} & _writing:
+        return
+    path = root / MANIFEST
+    if not path.exists():
+        outer = _enclosing_run(root)
+        if outer is not None:  # a run inside a run (a params run's keys/K): checked whole
+            verify_run(outer)
+            return
+        if missing_ok or not (root / "config.json").exists():
+            return  # not a run at all: its reader names what is missing
+        raise CheckpointError(
+            f"{path}: missing, so the run's files cannot be checked (a run still training "
+            f"or cut short: finish it with train --resume; or written by an older rnnkit); "
+            f"{_SKIP_HINT}"
+        )
+    files = _read_manifest(path)
+    present = covered_files(root)
+    signature = _signature(root, sorted(set(present) | set(files)))
+    if _verified.get(root) == signature:
+        return  # checked already in this process, and nothing changed since
+    for name in present:
+        # Only what a reader reads can be planted: a user's notes.txt is no threat.
+        if name not in files and name.endswith((".json", ".safetensors")):
+            raise CheckpointError(
+                f"{root / name}: not in {MANIFEST} (added after the run was written); "
+                f"remove it, or {_SKIP_HINT}"
+            )
+    for name, entry in files.items():
+        target = root / name
+        if not target.is_file():
+            raise CheckpointError(f"{target}: missing (listed in {MANIFEST}); {_SKIP_HINT}")
+        if target.stat().st_size != entry["size"] or sha256_file(target) != entry["sha256"]:
+            raise CheckpointError(
+                f"{target}: does not match its SHA-256 in {MANIFEST} (changed after the run "
+                f"wrote it: damaged, or edited); {_SKIP_HINT}"
+            )
+    _verified[root] = signature
