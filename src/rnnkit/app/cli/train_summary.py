@@ -103,6 +103,8 @@ def print_summary(summary: dict[str, Any]) -> None:
                 print(f"baseline, {figures.get('kind', name)}: " + ", ".join(shown))
     if summary.get("task") == "events":
         _print_detection(summary)
+    if summary.get("device", "cpu") != "cpu":  # on the CPU, the threads line says so
+        print(f"device: {summary['device']}")
     if summary.get("threads"):
         print(summary["threads"])
     for sample in summary.get("samples", []):

@@ -35,6 +35,7 @@ __all__ = [
     "check_labels",
     "choose_device",
     "data_fingerprints",
+    "device_name",
     "finish_summary",
     "guarded_run",
     "load_baseline",
@@ -105,8 +106,22 @@ def finish_summary(cfg: TrainConfig, summary: dict[str, Any]) -> dict[str, Any]:
     when it is behind: :mod:`rnnkit.training.baseline_check`) and write ``summary.json``.
     Returns the summary."""
     summary["behind_baseline"] = behind_baseline(summary, cfg.task, run_settings(cfg))
+    summary["device"] = device_name(cfg.device)
     atomic_write_json(Path(cfg.out) / "summary.json", summary)
     return summary
+
+
+def device_name(name: str) -> str:
+    """The device ``--device NAME`` trains on, as the summary names it (``cpu``, or
+    ``cuda (the card's name)``).
+
+    >>> device_name("cpu")
+    'cpu'
+    """
+    device = choose_device(name)
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return device.type
 
 
 BASELINE_FILE = "baseline.safetensors"

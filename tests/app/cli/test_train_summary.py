@@ -1,0 +1,60 @@
+"""What ``rnnkit train`` prints at the end names the device a run trained on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rnnkit.app.cli.train_summary import print_summary
+from rnnkit.app.tasks.run import device_name
+
+
+BASE = {"task": "lm", "steps": 3, "elapsed_s": 1.0, "parameters": 10}
+
+
+def test_the_summary_names_a_gpu_and_stays_quiet_on_the_cpu(capsys):
+    print_summary({**BASE, "device": "cuda (NVIDIA H200)", "threads": None})
+    assert "device: cuda (NVIDIA H200)" in capsys.readouterr().out
+    print_summary({**BASE, "device": "cpu", "threads": "threads: 1 of 2 CPUs"})
+    out = capsys.readouterr().out
+    assert "device:" not in out and "threads: 1 of 2 CPUs" in out
+
+
+def test_device_name(monkeypatch):
+    assert device_name("cpu") == "cpu"
+    if not torch.cuda.is_available():
+        assert device_name("auto") == "cpu"
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    assert device_name("cuda").startswith("cuda (")
+
+
+def test_a_trained_run_records_its_device(run_cli, tmp_path):
+    (tmp_path / "t.txt").write_text("abc abd\n" * 20, encoding="utf-8")
+    out = tmp_path / "run"
+    argv = ["train", "--task", "lm", "--train", str(tmp_path / "t.txt"), "--out", str(out)]
+    code, _, err = run_cli(*argv, "--steps", "2", "--hidden", "8", "--no-report", "--quiet")
+    assert code == 0, err
+    assert json.loads((out / "summary.json").read_text())["device"] == "cpu"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_run_on_the_gpu_says_so(run_cli, tmp_path):
+    (tmp_path / "t.txt").write_text("abc abd\n" * 20, encoding="utf-8")
+    argv = [
+        "train",
+        "--task",
+        "lm",
+        "--train",
+        str(tmp_path / "t.txt"),
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    code, out, err = run_cli(
+        *argv, "--steps", "2", "--hidden", "8", "--no-report", "--device", "cuda"
+    )
+    assert code == 0, err
+    assert "device: cuda (" in out
