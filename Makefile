@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck format bench docs clean
+.PHONY: run test test-fast lint typecheck format bench docs clean
 
 # pyproject.toml states ranges; constraints.txt the exact versions every machine runs.
 CONSTRAINTS := -c constraints.txt
@@ -29,6 +29,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The inner loop: everything but the tests marked slow (tests/conftest.py), in ~1.5 min.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not soak"
 
 CSRC := src/rnnkit/csrc/*.cpp src/rnnkit/csrc/*.h
 

@@ -26,6 +26,37 @@ from rnnkit.types import LSTMState
 
 DTYPE = torch.float64
 
+# `make test-fast` leaves these out (`-m "not slow"`); `make test` and CI run them: the
+# command line end to end, the documentation and report pages, packaging, compilation,
+# distributed training, crash and fuzz tests (paths relative to the repository).
+SLOW = (
+    "tests/app/cli/",
+    "tests/app/report/",
+    "tests/app/tasks/test_default_options.py",
+    "tests/docs_exec/",
+    "tests/fuzz/",
+    "tests/recipes/",
+    "tests/training/test_crash_safety.py",
+    "tests/training/test_distributed.py",
+    "tests/bptt/test_tracing.py",
+    "tests/test_docs.py",
+    "tests/test_packaging.py",
+    "tests/test_tuning.py",
+    "tests/test_heap.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        try:
+            where = item.path.relative_to(root).as_posix()
+        except ValueError:
+            continue
+        if where.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+
+
 # One intra-op thread for the whole suite: the tests use tiny tensors, where a second
 # OpenMP thread only adds synchronisation (20-40x slower on a loaded 2-core machine).
 # Speed is measured in benchmarks/, never here.

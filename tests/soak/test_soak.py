@@ -1,9 +1,9 @@
 """Soak test: train and score for a long time; memory must not grow.
 
-Marked ``slow``: ``make test`` / plain ``pytest`` skip it (``-m "not slow"`` in the
+Marked ``soak``: ``make test`` / plain ``pytest`` skip it (``-m "not soak"`` in the
 pytest options). Run it on its own::
 
-    RNNKIT_SOAK_SECONDS=600 nice -n 19 .venv/bin/python -m pytest -m slow tests/soak -s
+    RNNKIT_SOAK_SECONDS=600 nice -n 19 .venv/bin/python -m pytest -m soak tests/soak -s
 
 What runs, in ONE ``Trainer.fit()`` (as a long real run does): a 2-layer LSTM language
 model trained on an event stream with validation and a resumable snapshot (fsync'ed
@@ -47,7 +47,7 @@ from rnnkit.models.builders import build_language_model
 from rnnkit.models.spec import ModelSpec
 from rnnkit.training.loop import Trainer, TrainOptions
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.soak
 
 SECONDS = float(os.environ.get("RNNKIT_SOAK_SECONDS", "180"))
 MAX_SLOPE = float(os.environ.get("RNNKIT_SOAK_MAX_SLOPE", "256"))  # bytes per step
