@@ -93,7 +93,7 @@ def test_an_option_beyond_its_bound_is_one_line(
     elif command == "seq2seq:generate":
         full = ["generate", "--checkpoint", str(runs["seq2seq"]), "--input", "abc"]
     else:
-        full = ["generate", "--checkpoint", str(runs["lm"]), "--max-length", "3"]
+        full = ["generate", "--checkpoint", str(runs["lm"]), "--max-len", "3"]
     if command.startswith("train"):
         full += ["--out", str(tmp_path / "run"), "--steps", "1"]
     code, _, err = _run([*full, *rest], capsys)
@@ -120,7 +120,7 @@ def test_the_thread_bound_is_256_or_the_cpu_count(
 def test_a_temperature_near_zero_generates_what_greedy_does(
     runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    base = ["generate", "--checkpoint", str(runs["lm"]), "--max-length", "12", "--prompt", "a"]
+    base = ["generate", "--checkpoint", str(runs["lm"]), "--max-len", "12", "--prompt", "a"]
     code, greedy, err = _run([*base, "--greedy"], capsys)
     assert code == 0, err
     for temperature in ("1e-45", "5e-324"):
@@ -129,8 +129,8 @@ def test_a_temperature_near_zero_generates_what_greedy_does(
 
 
 GENERATE_OPTIONS = ["--beam", "--seed", "--temperature", "--top-k", "--top-p", "--num",
-                    "--max-length"]  # fmt: skip
-PREDICT_OPTIONS = ["--beam", "--batch-size", "--max-length"]
+                    "--max-len"]  # fmt: skip
+PREDICT_OPTIONS = ["--beam", "--batch-size", "--max-len"]
 
 
 @FUZZ
@@ -153,10 +153,10 @@ def test_extreme_option_values_answer_or_give_one_line(
     else:
         argv = ["generate", "--checkpoint", str(runs["seq2seq"]), "--input", "abc"]
     # The output length is the one size left to the user: kept small unless drawn.
-    if not any(o == "--max-length" for o, _ in options):
-        argv += ["--max-length", "8"]
+    if not any(o == "--max-len" for o, _ in options):
+        argv += ["--max-len", "8"]
     for option, value in options:
-        if option in ("--max-length", "--num", "--batch-size") and value.isdigit():
+        if option in ("--max-len", "--num", "--batch-size") and value.isdigit():
             value = str(min(int(value), 50))  # long, not endless: the bound is the user's
         argv += [option, value]
     code, _, err = _run(argv, capsys)

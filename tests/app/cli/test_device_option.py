@@ -53,7 +53,7 @@ def _commands(runs: dict[str, Path]) -> dict[str, list[str]]:
                      "--json"],
         "predict": ["predict", "--checkpoint", str(runs["lm"]), "--input", str(d / "text.txt")],
         "generate-lm": ["generate", "--checkpoint", str(runs["lm"]), "--prompt", "ab",
-                        "--max-length", "5", "--seed", "3"],
+                        "--max-len", "5", "--seed", "3"],
         "generate-seq2seq": ["generate", "--checkpoint", str(runs["seq2seq"]), "--input", "abc"],
         "score": ["score", "--checkpoint", str(runs["events"]), "--data",
                   str(d / "valid.jsonl")],

@@ -38,7 +38,7 @@ def test_a_word_prompt_is_followed_by_its_continuation_as_words(corpus, tmp_path
     _train(corpus, tmp_path / "lm", "word")
     code, out, err = run_cli(
         "generate", "--checkpoint", str(tmp_path / "lm"), "--prompt", "the cat",
-        "--max-length", "4", "--seed", "3", "--num", "6",
+        "--max-len", "4", "--seed", "3", "--num", "6",
     )  # fmt: skip
     assert code == 0, err
     from rnnkit.app.tasks.lm import load_lm, sample_texts
@@ -56,7 +56,7 @@ def test_a_char_prompt_is_followed_by_its_continuation_as_characters(corpus, tmp
     _train(corpus, tmp_path / "lm", "char")
     code, out, err = run_cli(
         "generate", "--checkpoint", str(tmp_path / "lm"), "--prompt", "the c",
-        "--max-length", "6", "--seed", "3", "--num", "3",
+        "--max-len", "6", "--seed", "3", "--num", "3",
     )  # fmt: skip
     assert code == 0, err
     from rnnkit.app.tasks.lm import load_lm, sample_texts
@@ -64,3 +64,15 @@ def test_a_char_prompt_is_followed_by_its_continuation_as_characters(corpus, tmp
     cfg, vocab, model = load_lm(tmp_path / "lm")
     drawn = sample_texts(cfg, vocab, model, "the c", num=3, max_length=6, seed=3)
     assert out == "".join(f"the c{d}\n" for d in drawn)
+
+
+def test_max_length_is_the_older_spelling_of_max_len(corpus, tmp_path, run_cli):
+    _train(corpus, tmp_path / "lm", "char")
+    argv = ["generate", "--checkpoint", str(tmp_path / "lm"), "--prompt", "the", "--seed", "1"]
+    code, new, err = run_cli(*argv, "--max-len", "5")
+    assert code == 0 and "deprecated" not in err, err
+    code, old, err = run_cli(*argv, "--max-length", "5")
+    assert code == 0 and old == new
+    assert err.strip() == "rnnkit: warning: --max-length is deprecated: write --max-len"
+    code, _, err = run_cli(*argv, "--max-len", "0")
+    assert code == 2 and "--max-len must be ≥ 1" in err

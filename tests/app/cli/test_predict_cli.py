@@ -135,7 +135,7 @@ def test_seq2seq_batched_beam_equals_one_source_at_a_time(runs, run_cli, tmp_pat
     assert [r["input"] for r in got] == sources
     for source, record in zip(sources, got, strict=True):
         assert record["output"] == transduce(runs["seq2seq"], source)  # the run's beam 2
-    greedy = predict(run_cli, runs["seq2seq"], path, "--beam", "1", "--max-length", "3")
+    greedy = predict(run_cli, runs["seq2seq"], path, "--beam", "1", "--max-len", "3")
     for source, record in zip(sources, greedy, strict=True):
         assert record["output"] == transduce(runs["seq2seq"], source, beam=1, max_length=3)
 

@@ -110,10 +110,10 @@ def test_lm_length_trains_evaluates_generates_and_resumes(data, tmp_path, capsys
     text = (data / "valid.txt").read_text()
     assert metrics["tokens"] == len(text) - text.count("\n")
     assert math.isfinite(metrics["loss_nats"]) and "bits_per_char" in metrics
-    texts = generate(run_cli, out, "--num", "3", "--max-length", "20")
+    texts = generate(run_cli, out, "--num", "3", "--max-len", "20")
     assert len(texts) == 3
     if mode == "predict":  # at most --max-len tokens, whatever was drawn
-        assert all(len(t) <= 12 for t in generate(run_cli, out, "--greedy", "--max-length", "30"))
+        assert all(len(t) <= 12 for t in generate(run_cli, out, "--greedy", "--max-len", "30"))
     # --resume keeps the mechanism; changing it is refused.
     code, _, err = train(run_cli, data, out, "--bptt", "full", "--length", mode, "--max-len",
                          "12", "--seed", "1", "--resume", "--steps", "5")  # fmt: skip
@@ -136,7 +136,7 @@ def test_jordan_trains_on_streams_evaluates_and_generates(data, tmp_path, run_cl
     assert isinstance(load_lm(out)[2], JordanLM)
     metrics = evaluate(run_cli, out, data / "valid.txt")
     assert math.isfinite(metrics["perplexity"]) and "ngram" in metrics
-    assert len(generate(run_cli, out, "--num", "2", "--prompt", "the", "--max-length", "10")) == 2
+    assert len(generate(run_cli, out, "--num", "2", "--prompt", "the", "--max-len", "10")) == 2
 
 
 # -- --condition ------------------------------------------------------------------------------
@@ -154,8 +154,8 @@ def test_class_conditional_lm_end_to_end(data, tmp_path, capsys, run_cli):
     assert metrics["unknown_labels"] == 1 and metrics["unknown_label_counts"] == {"odd": 1}
     assert metrics["tokens"] == len("abab") + 1 + len("xy") + 1
     # The label steers generation: each class writes its own letters.
-    pos = generate(run_cli, out, "--condition", "pos", "--greedy", "--max-length", "8")[0]
-    neg = generate(run_cli, out, "--condition", "neg", "--greedy", "--max-length", "8")[0]
+    pos = generate(run_cli, out, "--condition", "pos", "--greedy", "--max-len", "8")[0]
+    neg = generate(run_cli, out, "--condition", "neg", "--greedy", "--max-len", "8")[0]
     assert pos and set(pos) <= set("ab") and neg and set(neg) <= set("xy")
     code, _, err = run_cli("generate", "--checkpoint", str(out), "--condition", "odd")
     one_line_error(code, err, "'odd'", "neg, pos")

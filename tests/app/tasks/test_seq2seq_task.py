@@ -213,7 +213,7 @@ def generate_lines(capsys, trained, *extra) -> tuple[list[str], str]:
 
 def test_generate_samples_as_asked(trained, capsys):
     """--num samples; top-k 1 sampling is greedy search; the same --seed the same samples;
-    --max-length bounds every output; the default stays the run's search."""
+    --max-len bounds every output; the default stays the run's search."""
     greedy = transduce(trained, "abcd", beam=1)
     top1, _ = generate_lines(capsys, trained, "--input", "abcd", "--num", "3", "--top-k", "1")
     assert top1 == [greedy] * 3
@@ -225,13 +225,13 @@ def test_generate_samples_as_asked(trained, capsys):
                           "--temperature", "2.0")  # fmt: skip
     assert len(a) == 5 and a == b and a != c
     short, _ = generate_lines(capsys, trained, "--input", "abcd", "--num", "4", "--seed", "1",
-                              "--max-length", "2")  # fmt: skip
+                              "--max-len", "2")  # fmt: skip
     assert len(short) == 4 and all(len(s) <= 2 for s in short)
     searched, _ = generate_lines(capsys, trained, "--input", "abcd")
     assert searched == [transduce(trained, "abcd")]  # the run's beam 2
     best, _ = generate_lines(capsys, trained, "--input", "abcd", "--num", "2", "--beam", "2")
     assert len(best) == 2 and best[0] == transduce(trained, "abcd", beam=2)
-    cut, _ = generate_lines(capsys, trained, "--input", "abcd", "--greedy", "--max-length", "1")
+    cut, _ = generate_lines(capsys, trained, "--input", "abcd", "--greedy", "--max-len", "1")
     assert cut == [transduce(trained, "abcd", beam=1, max_length=1)]
 
 

@@ -130,7 +130,7 @@ def test_lm_generate_matches_the_generate_command(tmp_path, capsys):
     texts = run.generate("the ", num=2, max_length=12, seed=4)
     capsys.readouterr()
     argv = ["generate", "--checkpoint", str(run_dir), "--prompt", "the ", "--num", "2"]
-    assert main([*argv, "--max-length", "12", "--seed", "4", "--json"]) == 0
+    assert main([*argv, "--max-len", "12", "--seed", "4", "--json"]) == 0
     printed = [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()]
     assert printed == [f"the {t}" for t in texts]
     assert run.generate("the ", max_length=8, seed=4) == run.generate("the ", max_length=8, seed=4)

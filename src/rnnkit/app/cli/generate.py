@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from rnnkit.app.cli.aliases import add_max_len_option, warn_deprecated
 from rnnkit.app.cli.device_option import add_device_option
 from rnnkit.errors import ConfigError
 
@@ -25,7 +26,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--condition", metavar="LABEL", help="the class to generate for (class-conditional lm)"
     )
-    p.add_argument("--max-length", type=int, default=200, help="tokens to generate at most")
+    add_max_len_option(p, "tokens to generate at most (default 200)", default=200)
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature > 0")
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with mass ≥ p")
@@ -66,7 +67,7 @@ SAMPLING = ("temperature", "top_k", "top_p", "seed")
 def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
     """``--input`` through a seq2seq run: the run's search (``--beam`` or the run's beam;
     ``--num N`` best hypotheses), ``--greedy``, or sampling when a sampling option is given
-    (``--num`` samples); at most ``--max-length`` tokens (default: the run's ``--max-len``)."""
+    (``--num`` samples); at most ``--max-len`` tokens (default: the run's ``--max-len``)."""
     from rnnkit.app.tasks.run import warn
 
     if args.input is None:
@@ -121,6 +122,7 @@ def _check_options(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from rnnkit.app.tasks.registry import task_module, task_of_run
 
+    warn_deprecated(args)
     _check_options(args)
     task = task_of_run(args.checkpoint)
     if args.condition is not None and task != "lm":
@@ -132,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         from rnnkit.app.tasks.run import warn
 
         if args.max_length < 1:
-            raise ConfigError(f"--max-length must be ≥ 1, got {args.max_length}")
+            raise ConfigError(f"--max-len must be ≥ 1, got {args.max_length}")
         if args.num < 1:
             raise ConfigError(f"--num must be ≥ 1, got {args.num}")
         cfg, vocab, model = load_lm(args.checkpoint, args.device)

@@ -43,6 +43,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from rnnkit.app.cli.aliases import add_max_len_option, warn_deprecated
 from rnnkit.app.cli.device_option import add_device_option
 from rnnkit.data.limits import MAX_JSON_LINE_BYTES, MAX_LINE_CHARS, Limit
 from rnnkit.errors import ConfigError, DataError
@@ -74,9 +75,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--beam", type=int, help="seq2seq: beam width (default: the run's --beam; 1 = greedy)"
     )
-    p.add_argument(
-        "--max-length", type=int, help="seq2seq: most output tokens (default: the run's --max-len)"
-    )
+    add_max_len_option(p, "seq2seq: most output tokens (default: the run's --max-len)")
     p.add_argument(
         "--top", type=int, default=5, help="events: list the K most surprising events (default 5)"
     )
@@ -154,6 +153,7 @@ def _print(record: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     from rnnkit.app.tasks.registry import task_module, task_of_run
 
+    warn_deprecated(args)
     task = task_of_run(args.checkpoint)
     explicit = getattr(args, "explicit", None)  # set by cli.main
     for option, owner in TASK_ONLY.items():

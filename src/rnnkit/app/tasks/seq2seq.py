@@ -300,7 +300,7 @@ def predictor(
         raise ConfigError(f"--beam must be an integer from 1 to {MAX_BEAM}, got {beam!r}")
     limit = cfg.max_len if max_length is None else max_length
     if limit < 1:
-        raise ConfigError(f"--max-length must be ≥ 1, got {limit}")
+        raise ConfigError(f"--max-len must be ≥ 1, got {limit}")
     bs = batch_size or cfg.batch_size
     model_device = next(model.parameters()).device
 

@@ -77,7 +77,7 @@ def generate_outputs(
         raise ConfigError(f"--num must be an integer ≥ 1, got {num!r}")
     limit = cfg.max_len if max_length is None else max_length
     if limit < 1:
-        raise ConfigError(f"--max-length must be ≥ 1, got {limit}")
+        raise ConfigError(f"--max-len must be ≥ 1, got {limit}")
     model_device = next(model.parameters()).device
     batch = make_pair_batch([np.array(ids, dtype=np.int64)], None).to(model_device)
     if sample:
