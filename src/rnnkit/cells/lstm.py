@@ -37,7 +37,7 @@ from rnnkit.types import LSTMState
 # 512 the large products win (0.91x), at I 512 / H 256 it is a wash (1.03x). With fewer
 # rows a step's products are too thin, or run on fewer threads than one large product:
 # I = H = 128, one thread, B 1: 0.78x, B 2: 0.87x, B 4: 1.03x; two threads, B 4: 0.90x,
-# B 8: 1.035x (benchmarks/README.md, the time loop's step 9).
+# B 8: 1.035x (benchmarks/HISTORY.md, the time loop's step 9).
 INPUT_IN_LOOP_MAX = 512
 _MIN_ROWS_PER_THREAD = 4  # the loop's smallest thread block (steps.h, g_min_block_rows)
 
