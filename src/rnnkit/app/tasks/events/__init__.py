@@ -42,7 +42,13 @@ calibration), ``thresholds`` (picking, writing and reading the thresholds), ``tr
 score, evaluate, predict).
 """
 
-from rnnkit.app.tasks.events.data import EventsData, EventVocabulary, prepare_events_data
+from rnnkit.app.tasks.events.data import (
+    MIN_THRESHOLD_SESSIONS,
+    EventsData,
+    EventVocabulary,
+    prepare_events_data,
+    validation_sessions,
+)
 from rnnkit.app.tasks.events.options import options
 from rnnkit.app.tasks.events.scores import Calibration, read_calibration
 from rnnkit.app.tasks.events.scoring import (
@@ -61,6 +67,7 @@ from rnnkit.app.tasks.events.thresholds import (
 from rnnkit.app.tasks.events.train import init_output_bias, train
 
 __all__ = [
+    "MIN_THRESHOLD_SESSIONS",
     "Calibration",
     "EventVocabulary",
     "EventsData",
@@ -79,4 +86,5 @@ __all__ = [
     "score_sessions",
     "train",
     "validation_fpr",
+    "validation_sessions",
 ]

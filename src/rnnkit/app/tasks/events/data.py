@@ -13,7 +13,32 @@ from rnnkit.data.events import Session, read_sessions
 from rnnkit.data.vocab import SPECIALS, UNK_ID, Vocabulary
 from rnnkit.errors import DataError
 
-__all__ = ["EventVocabulary", "EventsData", "prepare_events_data"]
+__all__ = [
+    "MIN_THRESHOLD_SESSIONS",
+    "EventVocabulary",
+    "EventsData",
+    "prepare_events_data",
+    "validation_sessions",
+]
+
+#: The normal validation sessions a threshold should rest on; fewer, and the threshold is
+#: picked by the tail fit (``write_thresholds``).
+MIN_THRESHOLD_SESSIONS = 30
+#: ... but the held-out share never takes more than this of the normal sessions.
+MAX_VALID_SHARE = 0.3
+
+
+def validation_sessions(n: int, valid_fraction: float) -> int:
+    """How many of ``n`` normal sessions validate (and pick the threshold) when no
+    ``--valid`` file is given: ``--valid-fraction`` of them, but at least
+    ``MIN_THRESHOLD_SESSIONS`` where that leaves ``1 − MAX_VALID_SHARE`` to train on, and
+    at least one, at most ``n − 1``.
+
+    >>> [validation_sessions(n, 0.05) for n in (120, 60, 2000)]
+    [30, 18, 100]
+    """
+    wanted = max(round(n * valid_fraction), min(MIN_THRESHOLD_SESSIONS, int(n * MAX_VALID_SHARE)))
+    return min(n - 1, max(1, wanted))
 
 
 class EventVocabulary(Vocabulary):
@@ -107,7 +132,7 @@ def prepare_events_data(cfg: TrainConfig, vocab: EventVocabulary | None = None) 
             )
         rng = np.random.default_rng(cfg.seed)
         order = rng.permutation(len(normal))
-        n_valid = min(len(normal) - 1, max(1, round(len(normal) * cfg.valid_fraction)))
+        n_valid = validation_sessions(len(normal), cfg.valid_fraction)
         held = set(order[:n_valid].tolist())
         valid = [normal[i] for i in sorted(held)]
         train_sessions = [s for i, s in enumerate(normal) if i not in held]

@@ -19,6 +19,7 @@ from rnnkit.anomaly.thresholds import (
     pick_threshold,
     resolvable_fpr,
 )
+from rnnkit.app.tasks.events.data import MIN_THRESHOLD_SESSIONS
 from rnnkit.data.files import atomic_write
 from rnnkit.errors import CheckpointError, ConfigError
 from rnnkit.training.checkpoint import (
@@ -60,8 +61,18 @@ def write_thresholds(
     anomalous_scores: dict[str, dict[str, np.ndarray]] | None,
 ) -> dict[str, Any]:
     fpr = float(opts["target_fpr"])
-    rnn, rnn_how = _thresholds(valid_scores["rnn"], fpr, opts["threshold"])
-    ngram, ngram_how = _thresholds(valid_scores["ngram"], fpr, opts["threshold"])
+    n_valid = len(valid_scores["rnn"]["max"])
+    method = opts["threshold"]
+    if method == "quantile" and n_valid < MIN_THRESHOLD_SESSIONS:
+        # Too few normal sessions for an empirical quantile to mean much: the tail fit
+        # (which says so and falls back where even it is impossible).
+        method = "gpd"
+    rnn, rnn_how = _thresholds(valid_scores["rnn"], fpr, method)
+    ngram, ngram_how = _thresholds(valid_scores["ngram"], fpr, method)
+    if method != opts["threshold"]:
+        why = f"{n_valid} normal validation sessions, fewer than {MIN_THRESHOLD_SESSIONS}: "
+        rnn_how = {k: why + v for k, v in rnn_how.items()}
+        ngram_how = {k: why + v for k, v in ngram_how.items()}
     doc = {
         "format": THRESHOLDS_FORMAT,
         "version": 2,
@@ -69,8 +80,8 @@ def write_thresholds(
         "top_g": int(opts["top_g"]),
         "window": opts["window"],
         "score": opts["score"],
-        "method": opts["threshold"],
-        "valid_sessions": len(valid_scores["rnn"]["max"]),
+        "method": method,
+        "valid_sessions": n_valid,
         "rnn": rnn,
         "ngram": ngram,
         "how": {"rnn": rnn_how, "ngram": ngram_how},
