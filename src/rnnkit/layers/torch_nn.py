@@ -17,8 +17,12 @@ in torch. torch's GRU is rnnkit's ``update="keep", reset="after"``.
 
 Where rnnkit has no such layer or a tool cannot see through its time loop, torch's own
 ``forward`` computes the same function: a projected LSTM (``proj_size > 0``),
-``dropout=1``, a batch of size 0, and TorchScript (``torch.jit.trace``,
-``torch.jit.script``, the TorchScript ONNX exporter). A pickled model names the public
+``dropout=1``, a batch of size 0, TorchScript (``torch.jit.trace``, ``torch.jit.script``,
+the TorchScript ONNX exporter), and a graph being traced (``torch.compile``,
+``torch.export``, the ONNX exporter): there the drop-in is what torch's layer is, one
+``aten.lstm``/``gru``/``rnn_*`` operator (a compiled program runs it eagerly between its
+graphs, as it runs torch's), so a program compiles and exports as it does with torch's
+layers. A pickled model names the public
 classes (``rnnkit.nn.LSTM``), so ``torch.load(..., weights_only=True)`` with those
 allow-listed loads it. Dropout between layers draws other random masks than torch's (same
 probability). ``docs/torch-nn.md`` lists the differences.
@@ -226,7 +230,7 @@ class _DropIn:
 
     def _torch_computes(self, input: Tensor | PackedSequence) -> bool:
         """Whether torch's own ``forward`` computes this call (module docstring)."""
-        if torch.jit.is_scripting() or torch.jit.is_tracing():
+        if torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling():
             return True
         if self.__dict__.get("_inner") is None:  # proj_size > 0, dropout=1
             return True
