@@ -77,6 +77,10 @@ def _one_line(argv: list[str], code: int, err: str) -> None:
         (["train-lm", "--ngram-order", "1000000"], "--ngram-order must be at most 10"),
         (["train-lm", "--threads", "1000000"], "--threads must be at most "),
         (["train-seq2seq", "--beam", "100000"], "--beam must be at most 100"),
+        (["generate", "--max-len", "1000001"], "--max-len must be at most 1,000,000"),
+        (["generate", "--num", "10001"], "--num must be at most 10,000, got 10,001"),
+        (["seq2seq:generate", "--max-len", str(10**12)], "--max-len must be at most 1,000,000"),
+        (["seq2seq:predict", "--max-len", "2000000"], "--max-len must be at most 1,000,000"),
     ],
 )
 def test_an_option_beyond_its_bound_is_one_line(
@@ -157,7 +161,7 @@ def test_extreme_option_values_answer_or_give_one_line(
         argv += ["--max-len", "8"]
     for option, value in options:
         if option in ("--max-len", "--num", "--batch-size") and value.isdigit():
-            value = str(min(int(value), 50))  # long, not endless: the bound is the user's
+            value = str(min(int(value), 50))  # long, not endless: within the bounds, fast
         argv += [option, value]
     code, _, err = _run(argv, capsys)
     _one_line(argv, code, err)

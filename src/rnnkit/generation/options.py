@@ -19,6 +19,11 @@ STRATEGIES = ("sample", "greedy", "beam")
 #: The widest beam: beyond a few dozen hypotheses a beam finds nothing a narrower one
 #: misses, and its cost (beam × vocabulary scores a step) grows without a limit.
 MAX_BEAM = 100
+#: The most tokens ``rnnkit generate`` writes per output, and the most outputs of one call:
+#: far beyond any use (a book is ~10^6 characters), near enough to keep a typo from
+#: generating for hours.
+MAX_GENERATE_TOKENS = 1_000_000
+MAX_GENERATE_OUTPUTS = 10_000
 
 
 class StepModel(Protocol):

@@ -110,8 +110,14 @@ def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
 
 def _check_options(args: argparse.Namespace) -> None:
     """The options every task reads: one line naming the option, before any work."""
-    from rnnkit.generation.options import MAX_BEAM
+    from rnnkit.generation.options import MAX_BEAM, MAX_GENERATE_OUTPUTS, MAX_GENERATE_TOKENS
 
+    if args.max_length is not None and args.max_length > MAX_GENERATE_TOKENS:
+        raise ConfigError(
+            f"--max-len must be at most {MAX_GENERATE_TOKENS:,}, got {args.max_length:,}"
+        )
+    if args.num > MAX_GENERATE_OUTPUTS:
+        raise ConfigError(f"--num must be at most {MAX_GENERATE_OUTPUTS:,}, got {args.num:,}")
     if args.beam is not None and not 1 <= args.beam <= MAX_BEAM:
         # 0 was taken as "no beam" while -2 was refused; 100,000 decoded for minutes.
         raise ConfigError(f"--beam must be an integer from 1 to {MAX_BEAM}, got {args.beam}")

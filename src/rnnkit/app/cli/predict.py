@@ -47,7 +47,7 @@ from rnnkit.app.cli.aliases import add_max_len_option, warn_deprecated
 from rnnkit.app.cli.device_option import add_device_option
 from rnnkit.data.limits import MAX_JSON_LINE_BYTES, MAX_LINE_CHARS, Limit
 from rnnkit.errors import ConfigError, DataError
-from rnnkit.generation.options import MAX_BEAM
+from rnnkit.generation.options import MAX_BEAM, MAX_GENERATE_TOKENS
 
 __all__ = ["read_batches", "register", "run"]
 
@@ -174,6 +174,10 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} must be ≥ {minimum}, got {value}")
     if args.beam is not None and args.beam > MAX_BEAM:
         raise ConfigError(f"--beam must be at most {MAX_BEAM}, got {args.beam}")
+    if args.max_length is not None and args.max_length > MAX_GENERATE_TOKENS:
+        raise ConfigError(
+            f"--max-len must be at most {MAX_GENERATE_TOKENS:,}, got {args.max_length:,}"
+        )
     module = task_module(task)
     predict = module.predictor(
         args.checkpoint,
