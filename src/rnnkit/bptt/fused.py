@@ -37,6 +37,7 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -131,11 +132,12 @@ def prefix_lengths(mask: Tensor) -> Tensor | None:
 
 
 def wants_fused(
-    kernel: Kernel, x: Tensor, mask: Tensor | None, window: int | None, projected: bool
+    kernel: Kernel, x: Tensor, mask3: Tensor | None, window: int | None, projected: bool
 ) -> tuple[str, Tensor | None] | None:
     """``(form, lengths)`` when the fused kernels should run this layer (the path in
     force, the device, the function), else None. ``lengths`` is None when every step is
-    real. ``mask (T, B)`` bool or None."""
+    real. ``mask3 (T, B, 1)`` bool or None (as ``clean_padding`` gives it). The first
+    test costs nothing on the CPU's hot path: it returns before looking at the mask."""
     path = _path()
     if path == "loop" or (path == "auto" and x.device.type != "cuda"):
         return None
@@ -144,8 +146,9 @@ def wants_fused(
     form = fused_form(kernel)
     if form is None:
         return None
-    if mask is None:
+    if mask3 is None:
         return form, None
+    mask = mask3[..., 0]
     lengths = prefix_lengths(mask)
     if lengths is None:
         return None
@@ -216,15 +219,15 @@ def _call(
     # into one per call (a few MB at most) and warns that it does; that copy is the price
     # of keeping the cells' parameters as they are. (A graph being traced cannot hold the
     # warning filter; there the warning, if any, is the compiler's to show.)
-    quiet = contextlib.nullcontext() if tracing() else warnings.catch_warnings()
-    with quiet:
-        if not tracing():
-            warnings.filterwarnings("ignore", message=".*contiguous chunk of memory.*")
-        if batch_sizes is None:
-            result = op(x, h, params, True, 1, 0.0, train, False, False)
-        else:
-            result = op(x, batch_sizes, h, params, True, 1, 0.0, train, False)
-    return tuple(result)
+    if batch_sizes is None:
+        args: tuple[Any, ...] = (x, h, params, True, 1, 0.0, train, False, False)
+    else:
+        args = (x, batch_sizes, h, params, True, 1, 0.0, train, False)
+    if tracing():
+        return tuple(op(*args))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*contiguous chunk of memory.*")
+        return tuple(op(*args))
 
 
 def run_fused(

@@ -179,21 +179,16 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
 
 def _backward(ctx: Any, grads: list[Tensor | None]) -> tuple[Any, ...]:
     x, w_ih, w_hh, bias, bias_hn, mask, *states0 = ctx.saved_tensors
+    T, B, H = x.shape[0], x.shape[1], w_hh.shape[1]
+    shapes = [(T, B, H), *[(B, H)] * ctx.num_states]  # the outputs'
     full = [
-        torch.zeros_like(o) if g is None else g for g, o in zip(grads, _shapes(ctx), strict=True)
+        w_hh.new_zeros(shape) if g is None else g for g, shape in zip(grads, shapes, strict=True)
     ]
     got = torch.ops.rnnkit.recurrence_backward(
         ctx.kind, x, w_ih, w_hh, bias, bias_hn, states0, mask, ctx.window, full
     )
     d_x, d_ih, d_hh, d_b, d_hn, *d_s0 = got
     return (None, d_x, d_ih, d_hh, d_b, d_hn if ctx.has_hn else None, d_s0, None, None)
-
-
-def _shapes(ctx: Any) -> list[Tensor]:
-    """Zero-size stand-ins shaped like the outputs, for gradients that did not flow."""
-    x, _, w_hh, *_ = ctx.saved_tensors
-    T, B, H = x.shape[0], x.shape[1], w_hh.shape[1]
-    return [w_hh.new_empty(T, B, H), *(w_hh.new_empty(B, H) for _ in range(ctx.num_states))]
 
 
 _recurrence.register_autograd(_backward, setup_context=_setup_context)

@@ -204,7 +204,7 @@ def run_recurrence(
     # autograd node, so the cast is differentiable and the compiled loop is chosen below.
     x, states0 = _like_weights(weights, x, states0)
     x, mask3 = clean_padding(x, mask)
-    fused = wants_fused(kernel, x, None if mask3 is None else mask3[..., 0], window, projected)
+    fused = wants_fused(kernel, x, mask3, window, projected)
     if fused is not None:  # PyTorch's fused kernel (cuDNN) computes this function
         return run_fused(kernel, fused[0], x, weights, states0, fused[1])
     x, mask3, states0, order, packing = _sorted_rows(kernel, x, weights, states0, mask, mask3)
