@@ -29,7 +29,16 @@ import torch
 from rnnkit.layers.torch_nn import GRU, LSTM, RNN, plain_torch_copy
 from rnnkit.layers.torch_nn_cells import GRUCell, LSTMCell, RNNCell
 
-__all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNCell", "quantize_dynamic"]
+__all__ = [
+    "GRU",
+    "LSTM",
+    "RNN",
+    "GRUCell",
+    "LSTMCell",
+    "RNNCell",
+    "quantize_dynamic",
+    "register_quantization",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -58,6 +67,37 @@ class _FromDropIn:
         )
 
 
+def _quantized_twins() -> tuple[dict[Any, Any], dict[Any, _FromDropIn]]:
+    """torch's class → its drop-in, and each drop-in → how torch's quantized module is
+    built from it."""
+    from torch.ao.nn.quantized import dynamic as nnqd
+
+    base = torch.nn
+    twins = {base.LSTM: LSTM, base.GRU: GRU, base.LSTMCell: LSTMCell}
+    twins |= {base.GRUCell: GRUCell, base.RNNCell: RNNCell}
+    quantized = {LSTM: nnqd.LSTM, GRU: nnqd.GRU, LSTMCell: nnqd.LSTMCell}
+    quantized |= {GRUCell: nnqd.GRUCell, RNNCell: nnqd.RNNCell}
+    torch_of = {ours: theirs for theirs, ours in twins.items()}
+    return twins, {c: _FromDropIn(q, torch_of[c]) for c, q in quantized.items()}
+
+
+def register_quantization() -> None:
+    """Let torch's own ``quantize_dynamic`` quantize the drop-ins: adds them to torch's
+    default dynamic-quantization mapping (``torch.ao.quantization.quantization_mappings``),
+    which is process-wide, so rnnkit does it only when asked.
+
+    Afterwards the PyTorch recipe ``torch.ao.quantization.quantize_dynamic(model,
+    {nn.LSTM, nn.Linear}, dtype=torch.qint8)`` with ``nn`` being ``rnnkit.nn`` quantizes
+    the LSTM as it does torch's (the set names the drop-in's class). Without a set
+    (``qconfig_spec=None``) torch picks modules by its own classes only: use
+    :func:`quantize_dynamic` there. Calling it again changes nothing.
+    """
+    from torch.ao.quantization import quantization_mappings
+
+    _, ours = _quantized_twins()
+    quantization_mappings.get_default_dynamic_quant_module_mappings().update(ours)
+
+
 def quantize_dynamic(
     model: torch.nn.Module,
     qconfig_spec: Any = None,
@@ -73,16 +113,10 @@ def quantize_dynamic(
     torch's layers), whether ``qconfig_spec`` names torch's classes or rnnkit's. Same
     arguments as torch's.
     """
-    from torch.ao.nn.quantized import dynamic as nnqd
     from torch.ao.quantization import quantization_mappings
 
     base = torch.nn
-    twins = {base.LSTM: LSTM, base.GRU: GRU, base.LSTMCell: LSTMCell}
-    twins |= {base.GRUCell: GRUCell, base.RNNCell: RNNCell}
-    quantized = {LSTM: nnqd.LSTM, GRU: nnqd.GRU, LSTMCell: nnqd.LSTMCell}
-    quantized |= {GRUCell: nnqd.GRUCell, RNNCell: nnqd.RNNCell}
-    torch_of = {ours: theirs for theirs, ours in twins.items()}
-    ours = {c: _FromDropIn(q, torch_of[c]) for c, q in quantized.items()}
+    twins, ours = _quantized_twins()
     if mapping is None:
         mapping = dict(quantization_mappings.get_default_dynamic_quant_module_mappings())
     mapping = {**mapping, **ours}

@@ -4,6 +4,9 @@ constructor's positional order, initial weights from the same seed, errors."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
@@ -223,6 +226,46 @@ def test_quantize_dynamic_quantizes_the_drop_in_as_torchs():
     assert isinstance(model.rnn, knn.LSTM)  # not in place, as torch's default
     x = torch.randn(5, 2, 8)
     torch.testing.assert_close(quantized.rnn(x)[0], model.rnn(x)[0], rtol=0, atol=0.05)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.ao's own notices
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
+def test_torchs_quantize_dynamic_quantizes_the_drop_in_once_registered(monkeypatch):
+    """The tutorial's own line, torch's function, after the one opt-in call; before it,
+    torch's function leaves the subclass alone (exact-class lookup), which is why the
+    registration exists. Torch's table is replaced by a copy so the test leaks nothing."""
+    from torch.ao.quantization import quantization_mappings as qm
+
+    table = dict(qm.DEFAULT_DYNAMIC_QUANT_MODULE_MAPPINGS)
+    monkeypatch.setattr(qm, "DEFAULT_DYNAMIC_QUANT_MODULE_MAPPINGS", table)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential()
+    model.add_module("rnn", knn.LSTM(8, 16, num_layers=2))
+    model.add_module("cell", knn.GRUCell(8, 4))
+    spec = {knn.LSTM, knn.GRUCell, knn.Linear}
+    before = torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8)
+    assert type(before.rnn) is knn.LSTM
+    knn.register_quantization()
+    knn.register_quantization()  # again: the same table
+    assert len(table) == len(qm.DEFAULT_DYNAMIC_QUANT_MODULE_MAPPINGS)
+    quantized = torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8)
+    assert isinstance(quantized.rnn, torch.ao.nn.quantized.dynamic.LSTM)
+    assert isinstance(quantized.cell, torch.ao.nn.quantized.dynamic.GRUCell)
+    x = torch.randn(5, 2, 8)
+    torch.testing.assert_close(quantized.rnn(x)[0], model.rnn(x)[0], rtol=0, atol=0.05)
+    torch.testing.assert_close(quantized.cell(x[0]), model.cell(x[0]), rtol=0, atol=0.05)
+
+
+def test_importing_rnnkit_nn_registers_nothing_with_torch_quantization():
+    """The registration is opt-in: a fresh interpreter's table has no rnnkit class."""
+    code = (
+        "import rnnkit.nn, rnnkit\n"
+        "from torch.ao.quantization import quantization_mappings as qm\n"
+        "print(sum('rnnkit' in getattr(k, '__module__', '') "
+        "for k in qm.DEFAULT_DYNAMIC_QUANT_MODULE_MAPPINGS))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0"
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # TorchScript's own notice
