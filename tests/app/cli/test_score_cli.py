@@ -120,6 +120,8 @@ def test_follow_a_file_prints_verdicts_and_skips_bad_lines(
     assert by[("b", "input ended")]["closed"] is True
     assert f"{path}:3: invalid JSON" in err and "(line skipped)" in err
     assert "1 end(s) of no open session" in err
+    # the run's (default) combined score needs whole sessions: max streams, said once
+    assert err.count("which needs whole sessions; --follow gives them by max") == 1
 
 
 def test_follow_standard_input(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -359,9 +361,12 @@ def test_a_negative_threshold_of_a_score_that_is_never_negative_is_refused(
 
     test = run_dir.parent / "test.jsonl"
     base = ["score", "--checkpoint", str(run_dir), "--data", str(test), "--quiet"]
-    assert main([*base, "--threshold", "-1"]) == 2
+    assert main([*base, "--threshold", "-1", "--score", "max"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--threshold -1: the max score is never negative" in err
+    assert main([*base, "--threshold", "-1"]) == 2  # the run's own (default) score
+    err = capsys.readouterr().err.strip()
+    assert "--threshold -1: the combined score is never negative" in err
     assert main([*base, "--threshold", "-1", "--score", "norm"]) == 0  # a z-score may be < 0
     capsys.readouterr()
     copy = tmp_path / "run"

@@ -68,11 +68,12 @@ def test_detection_section_shows_curves_histograms_and_verdicts(labelled_run: Pa
     for model, label in (("rnn", "LSTM 1×12"), ("ngram", "3-gram")):
         rows = re.findall(rf"<tr><td>{re.escape(label)}</td>.*?</tr>", body)
         assert len(rows) == len(SCORES)
-        m = summary["detection"][model]["max"]
-        row = next(r for r in rows if "<b>max</b>" in r)
+        name = doc["score"]  # the run's verdict score, in bold (the default: combined)
+        m = summary["detection"][model][name]
+        row = next(r for r in rows if f"<b>{name}</b>" in r)
         cells = re.findall(r'<td class="num">([^<]*)</td>', row)
         assert cells[5:9] == [str(m[k]) for k in ("tp", "fp", "fn", "tn")]
-        assert float(cells[-1]) == pytest.approx(doc[model]["max"], rel=1e-3)
+        assert float(cells[-1]) == pytest.approx(doc[model][name], rel=1e-3)
 
 
 def test_stored_scores_reproduce_the_summary(labelled_run: Path) -> None:

@@ -52,6 +52,7 @@ def _config(tmp: Path, train_path: Path, valid_path: Path | None, **kw) -> Train
         ngram_order=3,
         target_fpr=TARGET_FPR,
         top_g=3,
+        score="max",  # these tests read the max score's verdicts (not the default, combined)
     )
     settings.update(kw)
     return TrainConfig(**settings).validate()

@@ -214,10 +214,19 @@ def run_follow(config: ScoreConfig, run: Any) -> int:
     """``--follow``: event lines as they arrive, a verdict when a session turns anomalous
     or closes."""
     from rnnkit.anomaly.follow import follow_lines
+    from rnnkit.anomaly.scores import RUNNING_SCORES
     from rnnkit.anomaly.stream_format import parse_stream_line
     from rnnkit.anomaly.streaming import StreamScorer
 
     name = config.score or run.thresholds["score"]
+    if config.score is None and name not in RUNNING_SCORES:
+        # the run's own score needs whole sessions: stream by max, said once, not silently
+        _note(
+            f"the run gives verdicts by the {name} score, which needs whole sessions; "
+            f"--follow gives them by max (its threshold from the same run; --score "
+            f"{'/'.join(RUNNING_SCORES)} to choose)"
+        )
+        name = "max"
     if run.thresholds.get("window"):
         # Streaming carries one state per session over all its events: it cannot score
         # with the run's history window, and different scores would be silent.

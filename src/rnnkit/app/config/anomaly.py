@@ -47,10 +47,12 @@ class EventsOptions:
         "the whole session so far)",
     )
     score: str = option(
-        "max",
+        # measured on real and generated sessions (docs/defaults.md): best on most
+        "combined",
         choices=SCORES,
         tasks=("events",),
-        help="the session score giving verdicts (default max); docs/anomaly.md compares them",
+        help="the session score giving verdicts (default combined; streaming with score "
+        "--follow: max unless given); docs/anomaly.md compares them",
     )
     threshold_method: str = option(
         "quantile",

@@ -192,6 +192,7 @@ class TrainedRun:
             cast("LanguageModel", self.model),
             extras["thresholds"],
             extras.get("ngram"),
+            extras.get("calibration"),  # the norm and combined scores are measured against it
         )
         given = [
             s if isinstance(s, Session) else Session(str(i), list(s))
@@ -297,6 +298,6 @@ def load(run_dir: str | Path, device: str = "cpu") -> TrainedRun:
         from rnnkit.app.tasks.events import load_events
 
         run = load_events(run_dir, device)
-        extras = {"thresholds": run.thresholds, "ngram": run.ngram}
+        extras = {"thresholds": run.thresholds, "ngram": run.ngram, "calibration": run.calibration}
         return TrainedRun(run_dir, task, run.cfg, run.model, run.vocab, extras=extras)
     raise ConfigError(f"{run_dir}: runs of task {task!r} cannot be loaded by this version")

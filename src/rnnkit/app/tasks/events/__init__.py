@@ -30,7 +30,7 @@ Options (``rnnkit.app.config.EventsOptions``, ``rnnkit train --target-fpr/--top-
 default), ``window`` (None: each prediction sees the whole session so far; ``h``: only
 the last ``h`` events, from a zero state, as DeepLog's window, and training runs pieces
 of ``h`` events),
-``score`` (one of :data:`rnnkit.anomaly.scores.SCORES`, default ``"max"``) and
+``score`` (one of :data:`rnnkit.anomaly.scores.SCORES`, default ``"combined"``) and
 ``threshold_method`` (``"quantile"`` or ``"gpd"``,
 :func:`rnnkit.anomaly.thresholds.pick_threshold`).
 
