@@ -151,11 +151,6 @@ def _central(tensor: Tensor, objective: Any, eps: float) -> Tensor:
     return grad.view_as(tensor)
 
 
-def _cell_prefixes(layer: StackedRecurrent) -> dict[int, str]:
-    """id(cell) → its dotted name inside ``layer``."""
-    return {id(m): name for name, m in layer.named_modules() if m in layer.cells()}
-
-
 def _truncated_reference(
     layer: StackedRecurrent,
     x: Tensor,

@@ -181,8 +181,6 @@ def test_bad_input_and_options(tmp_path: Path, trained: tuple[Path, dict]) -> No
     ]:
         with pytest.raises(ConfigError, match=message):
             TrainConfig(train="x", task="events", **changes).validate()
-    with pytest.raises(ConfigError, match=r"unknown key extra\.top_k"):  # an old config.json
-        TrainConfig.from_dict({"train": "x", "task": "events", "extra": {"top_k": 3}})
     assert options(TrainConfig(train="x", threshold_method="gpd"))["threshold"] == "gpd"
     # A run without its thresholds, or of another task, is refused naming the file.
     broken = tmp_path / "broken"

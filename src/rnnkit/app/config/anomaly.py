@@ -1,8 +1,5 @@
 """The options of the anomaly-detection tasks: ``events`` (sessions of events scored by
 a next-event model) and ``params`` (the numbers of log lines, one regressor per key).
-
-Run directories written before these were fields kept them in ``config.json``'s
-``extra`` object (:mod:`rnnkit.app.config.legacy` reads them back onto the fields).
 """
 
 from __future__ import annotations
