@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from rnnkit.anomaly import surprise as surprise_module
 from rnnkit.anomaly.scores import COMBINED_PARTS, SCORES, combined_scores
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.events import (
@@ -25,7 +26,6 @@ from rnnkit.app.tasks.events import (
     score_sessions,
     train,
 )
-from rnnkit.app.tasks.events import surprise as surprise_module
 from rnnkit.data.events import Session, write_sessions
 from rnnkit.data.generated_sessions import ANOMALY_KINDS, generate_sessions
 from rnnkit.data.strace import parse_strace

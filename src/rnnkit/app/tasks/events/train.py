@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rnnkit.anomaly.calibration import Calibration, all_scores
+from rnnkit.anomaly.surprise import event_surprises, ngram_surprises, surprise_loss
 from rnnkit.app.config import TrainConfig, parse_bptt
 from rnnkit.app.tasks.events.data import EventsData, EventVocabulary, prepare_events_data
 from rnnkit.app.tasks.events.options import options
-from rnnkit.app.tasks.events.scores import Calibration, all_scores
 from rnnkit.app.tasks.events.summary import Validation, summarise
-from rnnkit.app.tasks.events.surprise import event_surprises, ngram_surprises, surprise_loss
 from rnnkit.app.tasks.events.thresholds import save_arrays, write_thresholds
 from rnnkit.app.tasks.fitting import check_unchanged, make_optimizer
 from rnnkit.app.tasks.run import (

@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file as save_numpy
 
-from rnnkit.anomaly.thresholds import fit_gaussian, normal_quantile
+from rnnkit.anomaly.thresholds import fit_gaussian, normal_quantile, validation_fpr
 from rnnkit.app.config import EventsOptions, ParamsOptions, TrainConfig
-from rnnkit.app.tasks.events.thresholds import validation_fpr
 from rnnkit.app.tasks.params.keys import (
     KEYS_FORMAT,
     MIN_ERROR_STD,
