@@ -68,7 +68,7 @@ def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
     """``--input`` through a seq2seq run: the run's search (``--beam`` or the run's beam;
     ``--num N`` best hypotheses), ``--greedy``, or sampling when a sampling option is given
     (``--num`` samples); at most ``--max-len`` tokens (default: the run's ``--max-len``)."""
-    from rnnkit.app.tasks.run import warn
+    from rnnkit.messages import warning as warn
 
     if args.input is None:
         raise ConfigError("--input is required for a seq2seq checkpoint")
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         outputs = _transduce(args, task_module(task))
     elif task == "lm":
         from rnnkit.app.tasks.lm import join_prompt, load_lm, prompt_ids, sample_texts
-        from rnnkit.app.tasks.run import warn
+        from rnnkit.messages import warning as warn
 
         if args.max_length < 1:
             raise ConfigError(f"--max-len must be ≥ 1, got {args.max_length}")

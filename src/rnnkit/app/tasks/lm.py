@@ -46,18 +46,11 @@ from rnnkit.app.tasks.lm_data import (
     train_batches,
 )
 from rnnkit.app.tasks.lm_text import AnyLM, join_prompt, line_logprobs, prompt_ids, sample_texts
-from rnnkit.app.tasks.run import (
-    check_count,
-    choose_device,
-    finish_summary,
-    guarded_run,
-    load_config,
-    load_pretrained_vectors,
-    model_spec,
-    save_config,
-    seed_everything,
-    train_options,
-)
+from rnnkit.app.tasks.pretrained import load_pretrained_vectors
+from rnnkit.app.tasks.run_config import check_count, load_config, save_config
+from rnnkit.app.tasks.run_dir import guarded_run
+from rnnkit.app.tasks.run_outputs import finish_summary
+from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything, train_options
 from rnnkit.data.batching import SequenceBatcher, lm_pairs
 from rnnkit.data.files import atomic_write
 from rnnkit.data.labelled import LabelSet

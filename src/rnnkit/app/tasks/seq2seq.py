@@ -51,18 +51,9 @@ import numpy as np
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.fitting import check_unchanged, make_optimizer
-from rnnkit.app.tasks.run import (
-    BASELINE_FILE,
-    choose_device,
-    finish_summary,
-    guarded_run,
-    load_baseline,
-    load_config,
-    save_baseline,
-    save_config,
-    seed_everything,
-    train_options,
-)
+from rnnkit.app.tasks.run_config import load_config, save_config
+from rnnkit.app.tasks.run_dir import guarded_run
+from rnnkit.app.tasks.run_outputs import BASELINE_FILE, finish_summary, load_baseline, save_baseline
 from rnnkit.app.tasks.seq2seq_data import (
     Seq2SeqData,
     _check_target_lengths,
@@ -81,6 +72,7 @@ from rnnkit.app.tasks.seq2seq_decode import (
     teacher_forced_metrics,
 )
 from rnnkit.app.tasks.seq2seq_generate import generate_outputs, transduce
+from rnnkit.app.tasks.settings import choose_device, seed_everything, train_options
 from rnnkit.data.pairs import PairBatcher, encode_pairs, read_pairs
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.errors import ConfigError, DataError

@@ -18,12 +18,8 @@ from rnnkit.anomaly.surprise import event_surprises, ngram_surprises, surprise_l
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.events.data import EventVocabulary
 from rnnkit.app.tasks.events.thresholds import read_thresholds
-from rnnkit.app.tasks.run import (
-    check_count,
-    choose_device,
-    load_config,
-    model_spec,
-)
+from rnnkit.app.tasks.run_config import check_count, load_config
+from rnnkit.app.tasks.settings import choose_device, model_spec
 from rnnkit.data.events import Session, read_sessions
 from rnnkit.errors import CheckpointError, ConfigError
 from rnnkit.metrics.detection import detection_metrics

@@ -54,7 +54,7 @@ def summarise(
     parameters: int,
     valid: Validation,
 ) -> dict[str, Any]:
-    """The summary of a run (before :func:`rnnkit.app.tasks.run.finish_summary`)."""
+    """The summary of a run (before :func:`rnnkit.app.tasks.run_outputs.finish_summary`)."""
     thresholds = valid.thresholds
     name = opts["score"]
     summary: dict[str, Any] = {

@@ -28,7 +28,7 @@ from rnnkit.app.tasks.params.keys import (
 from rnnkit.app.tasks.params.options import check_confidence
 from rnnkit.app.tasks.params.thresholds import THRESHOLDS_FORMAT
 from rnnkit.app.tasks.regress import load_regressor
-from rnnkit.app.tasks.run import load_config
+from rnnkit.app.tasks.run_config import load_config
 from rnnkit.data.events import Session, parse_session
 from rnnkit.data.vectors import VectorSequence
 from rnnkit.errors import CheckpointError, ConfigError
