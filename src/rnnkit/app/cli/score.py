@@ -93,7 +93,12 @@ def register(subparsers: Any) -> None:
         "confidence",
         note="with --params: re-picked; the session threshold is never below its bound",
     )
-    g = p.add_argument_group("streaming")
+    _add_streaming_options(p.add_argument_group("streaming"))
+    p.set_defaults(func=run)
+
+
+def _add_streaming_options(g: Any) -> None:
+    """The options of ``--follow``."""
     g.add_argument(
         "--follow",
         action="store_true",
@@ -119,7 +124,6 @@ def register(subparsers: Any) -> None:
         help="stop when no input arrived for this many seconds (default: follow forever)",
     )
     g.add_argument("--poll", type=float, default=0.2, help="seconds between checks for new input")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -86,45 +86,50 @@ def plot_gradient_flow(
     if any(lines):
         ax.legend(fontsize=8, loc="best")
     if jacobian_norms is not None:
-        J = _array(jacobian_norms, "jacobian_norms")
-        J = J[None] if J.ndim == 1 else J
-        if J.ndim != 2:
-            raise ValueError(f"jacobian_norms must be (B, n) or (n,), got shape {J.shape}")
-        lags = np.arange(J.shape[1])
-        right = fig.add_subplot(1, 2, 2)
-        median = _positive(np.median(J, axis=0))
-        right.plot(lags, median, color="tab:blue", lw=1.8, label="measured (median over batch)")
-        if J.shape[0] > 1:
-            right.fill_between(
-                lags,
-                _positive(J.min(0)),
-                _positive(J.max(0)),
-                color="tab:blue",
-                alpha=0.2,
-                lw=0,
-                label="min–max over batch",
-            )
-        drawn = [median]
-        if bound is not None:
-            b = _array(bound, "bound")
-            b = _positive(b.max(0) if b.ndim == 2 else b)
-            if b.shape != lags.shape:
-                raise ValueError(f"bound must have {lags.size} entries per row, got {b.shape}")
-            lam = f", λ = {weight_norm:.3g}" if weight_norm is not None else ""
-            right.plot(lags, b, "k--", lw=1.5, label=r"bound $(\gamma\lambda)^{t-k}$" + lam)
-            drawn.append(b)
-        elif weight_norm is not None:
-            right.plot(
-                [], [], " ", label=rf"$\|W_h\|_2$ = {weight_norm:.3g} (bound: simple cell only)"
-            )
-        _log_axis(right, *drawn)
-        _focus(right, _positive(J))
-        right.set_xlabel(f"steps back t − k (k = {start})")
-        right.set_ylabel(r"$\|\partial h_t/\partial h_k\|_2$ (spectral norm)")
-        right.set_title("Jacobian norm vs the bound", fontsize=10)
-        right.grid(True, alpha=0.3)
-        right.legend(fontsize=8, loc="best")
+        _jacobian_panel(fig, jacobian_norms, bound, start, weight_norm)
     return fig
+
+
+def _jacobian_panel(
+    fig: Figure, jacobian_norms: Any, bound: Any, start: int, weight_norm: float | None
+) -> None:
+    """The right panel of :func:`plot_gradient_flow`: ‖∂h_t/∂h_k‖₂ against the bound."""
+    J = _array(jacobian_norms, "jacobian_norms")
+    J = J[None] if J.ndim == 1 else J
+    if J.ndim != 2:
+        raise ValueError(f"jacobian_norms must be (B, n) or (n,), got shape {J.shape}")
+    lags = np.arange(J.shape[1])
+    right = fig.add_subplot(1, 2, 2)
+    median = _positive(np.median(J, axis=0))
+    right.plot(lags, median, color="tab:blue", lw=1.8, label="measured (median over batch)")
+    if J.shape[0] > 1:
+        right.fill_between(
+            lags,
+            _positive(J.min(0)),
+            _positive(J.max(0)),
+            color="tab:blue",
+            alpha=0.2,
+            lw=0,
+            label="min–max over batch",
+        )
+    drawn = [median]
+    if bound is not None:
+        b = _array(bound, "bound")
+        b = _positive(b.max(0) if b.ndim == 2 else b)
+        if b.shape != lags.shape:
+            raise ValueError(f"bound must have {lags.size} entries per row, got {b.shape}")
+        lam = f", λ = {weight_norm:.3g}" if weight_norm is not None else ""
+        right.plot(lags, b, "k--", lw=1.5, label=r"bound $(\gamma\lambda)^{t-k}$" + lam)
+        drawn.append(b)
+    elif weight_norm is not None:
+        right.plot([], [], " ", label=rf"$\|W_h\|_2$ = {weight_norm:.3g} (bound: simple cell only)")
+    _log_axis(right, *drawn)
+    _focus(right, _positive(J))
+    right.set_xlabel(f"steps back t − k (k = {start})")
+    right.set_ylabel(r"$\|\partial h_t/\partial h_k\|_2$ (spectral norm)")
+    right.set_title("Jacobian norm vs the bound", fontsize=10)
+    right.grid(True, alpha=0.3)
+    right.legend(fontsize=8, loc="best")
 
 
 def projected_contributions(parts: Any) -> tuple[np.ndarray, float]:
