@@ -64,10 +64,11 @@ def worker(contender: str, steps: int, max_seconds: float) -> dict[str, Any]:
         from rnnkit.threads import ThreadGovernor
         from rnnkit.types import LSTMState
 
-        model: nn.Module = build_language_model(ModelSpec(hidden=H, embedding=E), V)
+        lm = build_language_model(ModelSpec(hidden=H, embedding=E), V)
+        model: nn.Module = lm
 
         def loss_fn(x, y, state):
-            out = model.loss(x, y, state=None if state is None else LSTMState(*state))
+            out = lm.loss(x, y, state=None if state is None else LSTMState(*state))
             return out.loss, out.state
 
         if not fixed:

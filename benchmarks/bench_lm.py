@@ -54,7 +54,7 @@ class TorchLM(nn.Module):
 def _trainer(model, batches, loss_fn):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     it = iter(batches)
-    carry = [None]
+    carry: list[tuple[torch.Tensor, ...] | None] = [None]
 
     def step():
         nonlocal it

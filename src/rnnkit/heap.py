@@ -6,10 +6,10 @@ back to the kernel whenever more than its *trim threshold* lies free there; that
 threshold starts at 128 KiB and grows only to twice the largest mapped block freed so
 far (at most 64 MiB). A step that frees more than that in all, in blocks each smaller,
 has its memory returned to the kernel after every step, and the next step takes a page
-fault on each 4 KiB page as it writes it again (the kernel zeroes each page). Measured
-(one thread, LSTM I = H = 128, T 100, one training call, 2026-12-02): 878 faults a step
-and 1.08× the time at B 16, 5,608 faults and 1.23× at B 64; ``torch.nn.LSTM`` took
-none in the same loop.
+fault on each 4 KiB page as it writes it again (the kernel zeroes each page), where
+``torch.nn.LSTM`` takes none: thousands of faults a step and a slower step at a batch of
+64 (the measurement: ``benchmarks/HISTORY.md``, "How the time loop got here", step 11;
+``docs/speed.md``, "Memory kept between steps").
 
 ``keep_freed_memory`` sets the two thresholds to the values glibc's own rule ends at —
 blocks up to 32 MiB from the heap, and up to 64 MiB of free heap kept — so that the

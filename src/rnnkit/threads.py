@@ -3,9 +3,10 @@
 A parallel region is as slow as its slowest thread. On a 2-core machine where another
 program keeps one core busy, a 2-thread training step waits, at every parallel region,
 for the thread that shares its core — and while it waits, the idle thread of an OpenMP
-team spins and takes CPU from the very thread it waits for. Measured on the char-LM
-(LSTM 256, B 32, K 64) with one competing CPU-bound process: 2 threads 5,100 tokens/s,
-1 thread 41,500 (idle: 2 threads 81,000). So:
+team spins and takes CPU from the very thread it waits for: with one competing CPU-bound
+process, two threads train the char-LM far slower than one thread does (the figures:
+``docs/speed.md``, "Threads on a shared machine"; the benchmark: ``benchmarks/README.md``,
+"On a busy machine"). So:
 
 * ``choose_threads`` picks ``n = ⌊free + margin⌋`` threads, clamped to ``[1, usable]``,
   where ``usable = min(|affinity|, cgroup quota)`` and ``free = usable − others``, the

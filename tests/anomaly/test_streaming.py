@@ -15,7 +15,7 @@ from rnnkit.app.tasks.events import (
     EventVocabulary,
     score_sessions,
 )
-from rnnkit.app.tasks.run import model_spec
+from rnnkit.app.tasks.settings import model_spec
 from rnnkit.data.events import Session
 from rnnkit.data.generated_sessions import generate_sessions
 from rnnkit.models.builders import build_language_model

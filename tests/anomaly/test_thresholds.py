@@ -16,8 +16,11 @@ from rnnkit.anomaly.thresholds import (
     fit_gpd_pwm,
     gpd_threshold,
     pick_threshold,
+    pick_thresholds,
     resolvable_fpr,
+    sessions_to_resolve,
     threshold_at_fpr,
+    validation_fpr,
 )
 
 
@@ -193,3 +196,26 @@ def test_threshold_examples_and_errors() -> None:
         threshold_at_fpr(normal, 0.0)
     with pytest.raises(ValueError, match="no normal scores"):
         threshold_at_fpr([], 0.1)
+
+
+@pytest.mark.parametrize("target", [0.01, 0.05, 0.2])
+def test_sessions_to_resolve_is_the_first_count_that_resolves(target: float) -> None:
+    n = sessions_to_resolve(target)
+    assert resolvable_fpr(n) <= target < resolvable_fpr(n - 1)
+
+
+def test_validation_fpr_counts_and_bounds_the_false_positives() -> None:
+    scores = np.array([0.1, 0.4, 0.2, 0.9, 0.4, 0.3])
+    v = validation_fpr(scores, 0.35, 0.05)
+    assert (v["false_positives"], v["sessions"], v["rate"]) == (3, 6, 0.5)  # above, not at
+    assert v["interval95"] == list(clopper_pearson(3, 6))
+    assert v["resolvable"] == resolvable_fpr(6) and v["resolved"] is False
+    many = validation_fpr(np.zeros(1000), 0.5, 0.01)
+    assert many["false_positives"] == 0 and many["resolved"] is True
+
+
+def test_pick_thresholds_picks_each_score_alone() -> None:
+    scores = {"max": np.array([0.1, 0.5, 0.2, 0.9, 0.3]), "count": np.array([0.0, 1, 0, 2, 0])}
+    values, how = pick_thresholds(scores, 0.2)
+    assert values == {name: pick_threshold(s, 0.2)[0] for name, s in scores.items()}
+    assert how == {"max": "empirical quantile", "count": "empirical quantile"}

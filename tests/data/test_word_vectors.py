@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.run import load_pretrained_vectors
+from rnnkit.app.tasks.pretrained import load_pretrained_vectors
 from rnnkit.data.word_vectors import read_word_vectors
 from rnnkit.errors import DataError
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from rnnkit.app.cli.main import SUBCOMMANDS, build_parser, main
 from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.run import save_config
+from rnnkit.app.tasks.run_config import save_config
 
 
 def _actions() -> dict[str, list[argparse.Action]]:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from rnnkit.anomaly.stream_format import StreamItem, parse_stream_line
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.events import EventVocabulary, read_thresholds
-from rnnkit.app.tasks.run import load_config, save_config
+from rnnkit.app.tasks.run_config import load_config, save_config
 from rnnkit.data.events import Session, read_sessions
 from rnnkit.data.labelled import LabelSet
 from rnnkit.data.vocab import Vocabulary

@@ -22,7 +22,7 @@ from test_fuzz_json import _mutated, json_docs, json_values
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.report.page import Run, metrics_section
 from rnnkit.app.tasks.events import read_thresholds
-from rnnkit.app.tasks.run import check_labels
+from rnnkit.app.tasks.run_config import check_labels
 from rnnkit.data.labelled import LabelSet
 from rnnkit.errors import RnnkitError
 from rnnkit.training.checkpoint import load_snapshot, save_snapshot

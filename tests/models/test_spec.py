@@ -2,7 +2,7 @@
 
 The oracle is the command line itself: the configuration ``rnnkit train`` makes of the
 same arguments (and prints with ``--print-config``), turned into a spec the way training
-does (``rnnkit.app.tasks.run.model_spec``).
+does (``rnnkit.app.tasks.settings.model_spec``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def cli_spec(*argv: str) -> ModelSpec:
     """The spec of the model ``rnnkit train --train x ARGV`` would build."""
     from rnnkit.app.cli.main import build_parser, explicit_options
     from rnnkit.app.cli.train import config_from_args
-    from rnnkit.app.tasks.run import model_spec
+    from rnnkit.app.tasks.settings import model_spec
 
     full = ["train", "--train", "x", "--out", "r", *argv]
     args = build_parser().parse_args(full)

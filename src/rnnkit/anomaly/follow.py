@@ -58,6 +58,10 @@ def follow_lines(
     >>> [batch for batch in follow_lines(path, follow=False) if batch]
     [[(1, b'{"a": 1}'), (3, b'{"b": 2}')], [(4, b'{"c": 3}')]]
     """
+    # One loop over one file descriptor, not split further: its state (offset, the last
+    # bytes read, the partial line, the line number, an overlong line being skipped) is
+    # reset together wherever the file is truncated or rotated, and helpers would each
+    # have to take and return all of it.
     if source == "-":
         fd, owned = 0, False
     else:
@@ -124,23 +128,9 @@ def follow_lines(
             offset += len(chunk)
             tail = (tail + chunk)[-64:]
             last_data = clock()
-            buffer += chunk
-            lines = buffer.split(b"\n")
-            buffer = lines.pop()
-            batch = []
-            for raw in lines:
-                number += 1
-                if skipping:
-                    skipping = False
-                    continue
-                if len(raw) > limit:
-                    batch.append((number, OVERLONG))
-                elif raw.strip():
-                    batch.append((number, raw.rstrip(b"\r")))
-            if len(buffer) > limit:
-                number += 1
-                batch.append((number, OVERLONG))
-                buffer, skipping = b"", True
+            batch, buffer, number, skipping = _complete_lines(
+                buffer + chunk, number, skipping, limit
+            )
             if batch:
                 yield batch
         if buffer.strip() and not skipping:
@@ -151,6 +141,38 @@ def follow_lines(
 
 
 #: The most numbered rotations (``app.log.1`` …) searched for the file that was being read.
+def _complete_lines(
+    buffer: bytes, number: int, skipping: bool, limit: int
+) -> tuple[list[tuple[int, bytes]], bytes, int, bool]:
+    """The complete lines of ``buffer`` as ``(line number, bytes)`` (blank lines counted,
+    not given; a line over ``limit`` bytes as :data:`OVERLONG`, and the rest of a line
+    already reported overlong skipped), the partial line left, the last line number and
+    whether the partial line is being skipped.
+
+    >>> _complete_lines(b"a\\n\\nbb\\ncc", 0, False, 5)
+    ([(1, b'a'), (3, b'bb')], b'cc', 3, False)
+    >>> _complete_lines(b"rest\\nx\\n" + b"y" * 9, 4, True, 5)
+    ([(6, b'x'), (7, b'\\x00overlong')], b'', 7, True)
+    """
+    lines = buffer.split(b"\n")
+    buffer = lines.pop()
+    batch = []
+    for raw in lines:
+        number += 1
+        if skipping:
+            skipping = False
+            continue
+        if len(raw) > limit:
+            batch.append((number, OVERLONG))
+        elif raw.strip():
+            batch.append((number, raw.rstrip(b"\r")))
+    if len(buffer) > limit:
+        number += 1
+        batch.append((number, OVERLONG))
+        buffer, skipping = b"", True
+    return batch, buffer, number, skipping
+
+
 MAX_ROTATIONS = 20
 
 

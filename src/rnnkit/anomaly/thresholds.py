@@ -14,7 +14,9 @@ This module adds:
   when ``ξ = 0``): the tail extrapolated past the largest score, to the asked rate.
 - :func:`clopper_pearson`: the exact binomial confidence interval of a rate from
   ``k`` of ``n``: what a validation false-positive count actually shows.
-- :func:`resolvable_fpr`: the smallest false-positive rate ``n`` sessions can show.
+- :func:`resolvable_fpr`: the smallest false-positive rate ``n`` sessions can show;
+  :func:`validation_fpr`: what a validation set shows at a threshold;
+  :func:`sessions_to_resolve`: how many sessions a target rate needs.
 - :func:`fit_gaussian` and :meth:`GaussianFit.interval`: DeepLog's rule for parameter
   values (Du et al., CCS 2017): the prediction errors of normal validation data are
   modelled as a Gaussian ``N(μ, σ²)`` and an error above the upper end of its confidence
@@ -32,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -45,8 +48,11 @@ __all__ = [
     "gpd_threshold",
     "normal_quantile",
     "pick_threshold",
+    "pick_thresholds",
     "resolvable_fpr",
+    "sessions_to_resolve",
     "threshold_at_fpr",
+    "validation_fpr",
 ]
 
 #: ``quantile``: the empirical one; ``gpd``: the generalized Pareto tail fit.
@@ -186,6 +192,18 @@ def pick_threshold(
     return fit.quantile(target_fpr), how
 
 
+def pick_thresholds(
+    scores: dict[str, np.ndarray], target_fpr: float, method: str = "quantile"
+) -> tuple[dict[str, float], dict[str, str]]:
+    """:func:`pick_threshold` for each named score: the thresholds, and how each was found.
+
+    >>> pick_thresholds({"max": np.array([0.1, 0.5, 0.2, 0.9, 0.3])}, 0.2)
+    ({'max': 0.5001}, {'max': 'empirical quantile'})
+    """
+    picked = {name: pick_threshold(values, target_fpr, method) for name, values in scores.items()}
+    return {k: v[0] for k, v in picked.items()}, {k: v[1] for k, v in picked.items()}
+
+
 def _log_comb(n: int) -> np.ndarray:
     """``ln C(n, j)``, ``j = 0 … n`` (log-factorials as cumulative sums of logs)."""
     log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1, dtype=np.float64)))])
@@ -249,6 +267,41 @@ def resolvable_fpr(n: int, confidence: float = 0.95) -> float:
     (0.074, 0.00368)
     """
     return clopper_pearson(0, n, confidence)[1]
+
+
+def validation_fpr(
+    normal_scores: np.ndarray, threshold: float, target_fpr: float
+) -> dict[str, Any]:
+    """What the validation sessions show about the false-positive rate at a threshold:
+    the count above it, its 95 % Clopper–Pearson interval, and the smallest rate these
+    sessions could show (:func:`resolvable_fpr`).
+
+    >>> v = validation_fpr(np.array([0.1, 0.2, 0.3]), 0.25, 0.01)
+    >>> v["false_positives"], v["sessions"], v["resolved"]
+    (1, 3, False)
+    """
+    n = len(normal_scores)
+    k = int(np.sum(np.asarray(normal_scores) > threshold))
+    lo, hi = clopper_pearson(k, n)
+    smallest = resolvable_fpr(n)
+    return {
+        "false_positives": k,
+        "sessions": n,
+        "rate": k / n,
+        "interval95": [lo, hi],
+        "resolvable": smallest,
+        "resolved": bool(smallest <= target_fpr),
+    }
+
+
+def sessions_to_resolve(target_fpr: float, confidence: float = 0.95) -> int:
+    """Fewest clean sessions whose Clopper–Pearson upper end reaches ``target_fpr``:
+    ``⌈ln((1−c)/2) / ln(1−α)⌉``.
+
+    >>> sessions_to_resolve(0.01)
+    368
+    """
+    return math.ceil(math.log((1 - confidence) / 2) / math.log1p(-target_fpr))
 
 
 def normal_quantile(p: float) -> float:

@@ -251,6 +251,41 @@ def _lines_of(source: str | PathLike[str] | Iterable[str]) -> tuple[str | None, 
     return None, source
 
 
+def _read(trace: _Trace, stats: StraceStats, source_name: str, line_iter: Iterable[str]) -> None:
+    """Feed the lines of one strace output to ``trace``, counting what is read and
+    skipped in ``stats`` (a skipped line is named by ``source_name`` and its number)."""
+    # On a terminal, the traced program's output lands inside strace's lines and
+    # splits a call in two: 'write(1, "hi\\n", 3hi' then ')  = 3'. A failed line that
+    # starts a call is held, and retried joined with the next failed line.
+    held: tuple[int, str] | None = None
+    for number, raw in enumerate(line_iter, start=1):
+        if raw is _OVERLONG or len(raw) > MAX_LINE_CHARS:
+            stats.lines += 1
+            stats._skip(source_name, number)
+            continue
+        text = raw.rstrip("\r\n")
+        if not text.strip():
+            continue
+        stats.lines += 1
+        if trace.feed(text):
+            if held is not None:
+                stats._skip(source_name, held[0])
+                held = None
+            continue
+        if held is not None and trace.feed(held[1] + text):
+            held = None
+            continue
+        if held is not None:
+            stats._skip(source_name, held[0])
+            held = None
+        if _starts_call(text):
+            held = (number, text)
+        else:
+            stats._skip(source_name, number)
+    if held is not None:
+        stats._skip(source_name, held[0])
+
+
 def parse_strace(
     source: str | PathLike[str] | Iterable[str],
     *,
@@ -302,44 +337,12 @@ def parse_strace(
     trace = _Trace(ff.group(1) if ff else _ROOT, with_result)
     stats = StraceStats()
 
-    def read(line_iter: Iterable[str]) -> None:
-        # On a terminal, the traced program's output lands inside strace's lines and
-        # splits a call in two: 'write(1, "hi\\n", 3hi' then ')  = 3'. A failed line that
-        # starts a call is held, and retried joined with the next failed line.
-        held: tuple[int, str] | None = None
-        for number, raw in enumerate(line_iter, start=1):
-            if raw is _OVERLONG or len(raw) > MAX_LINE_CHARS:
-                stats.lines += 1
-                stats._skip(source_name, number)
-                continue
-            text = raw.rstrip("\r\n")
-            if not text.strip():
-                continue
-            stats.lines += 1
-            if trace.feed(text):
-                if held is not None:
-                    stats._skip(source_name, held[0])
-                    held = None
-                continue
-            if held is not None and trace.feed(held[1] + text):
-                held = None
-                continue
-            if held is not None:
-                stats._skip(source_name, held[0])
-                held = None
-            if _starts_call(text):
-                held = (number, text)
-            else:
-                stats._skip(source_name, number)
-        if held is not None:
-            stats._skip(source_name, held[0])
-
     if path is not None:
         # errors="replace": a traced program's binary output must not stop the parse.
         with open(path, encoding="utf-8", errors="replace") as fileobj:
-            read(_bounded_lines(fileobj))
+            _read(trace, stats, source_name, _bounded_lines(fileobj))
     else:
-        read(lines)
+        _read(trace, stats, source_name, lines)
 
     if stats.lines == 0:
         raise DataError("no strace output (the input is empty)", path=path)
@@ -352,16 +355,20 @@ def parse_strace(
 
     if not trace.timeline:
         raise DataError("strace output without any system call", path=path)
+    stats.events = len(trace.timeline)
+    return _sessions(trace, per, source_name, label), stats
+
+
+def _sessions(trace: _Trace, per: str, source_name: str, label: int | None) -> list[Session]:
+    """The sessions of a parsed trace: one per process (``per="pid"``), or one of the
+    whole file."""
     if per == "file":
         # One session in the order things happened, processes interleaved.
-        sessions = [Session(source_name, [cell[0] for cell in trace.timeline], label)]
-    else:
-        # A trace of one unknown pid (no -f) is named after the file alone.
-        single = [pid for pid, cells in trace.events.items() if cells] == [_ROOT]
-        sessions = [
-            Session(source_name if single else f"{source_name}:{pid}", [c[0] for c in cells], label)
-            for pid, cells in trace.events.items()
-            if cells
-        ]
-    stats.events = len(trace.timeline)
-    return sessions, stats
+        return [Session(source_name, [cell[0] for cell in trace.timeline], label)]
+    # A trace of one unknown pid (no -f) is named after the file alone.
+    single = [pid for pid, cells in trace.events.items() if cells] == [_ROOT]
+    return [
+        Session(source_name if single else f"{source_name}:{pid}", [c[0] for c in cells], label)
+        for pid, cells in trace.events.items()
+        if cells
+    ]

@@ -151,11 +151,6 @@ def _central(tensor: Tensor, objective: Any, eps: float) -> Tensor:
     return grad.view_as(tensor)
 
 
-def _cell_prefixes(layer: StackedRecurrent) -> dict[int, str]:
-    """id(cell) → its dotted name inside ``layer``."""
-    return {id(m): name for name, m in layer.named_modules() if m in layer.cells()}
-
-
 def _truncated_reference(
     layer: StackedRecurrent,
     x: Tensor,
@@ -268,6 +263,43 @@ def _s0(states0: tuple[Tensor, ...], index: int, k: int) -> Any:
     return LSTMState(*parts) if len(parts) == 2 else parts[0]
 
 
+def _pack(states: tuple[Tensor, ...]) -> Any:
+    """A layer's state from its tensors: ``(h, c)`` of an LSTM, else ``h``."""
+    return LSTMState(*states) if len(states) == 2 else states[0]
+
+
+def _cell_options(cell: str, nonlinearity: str, update: str, reset: str) -> dict[str, Any]:
+    """The options of ``cell``'s layer: ``nonlinearity`` (rnn), ``update``/``reset`` (gru)."""
+    if cell == "rnn":
+        return {"nonlinearity": nonlinearity}
+    if cell == "gru":
+        return {"update": update, "reset": reset}
+    return {}
+
+
+def _full_reference(
+    layer: StackedRecurrent,
+    x: Tensor,
+    mask: Tensor,
+    states0: tuple[Tensor, ...],
+    r_out: Tensor,
+    r_fin: tuple[Tensor, ...],
+    eps: float,
+) -> dict[str, Tensor]:
+    """Central finite differences of the full-BPTT loss: every parameter, the input and
+    each initial state (float64, under ``no_grad``)."""
+    x_var, s_var = x.clone(), tuple(s.clone() for s in states0)
+
+    def objective() -> Tensor:
+        return _loss(layer(x_var, mask=mask, state=_pack(s_var)), r_out, r_fin)
+
+    ref = {n: _central(p.data, objective, eps) for n, p in layer.named_parameters()}
+    ref["input"] = _central(x_var, objective, eps)
+    for k, s in enumerate(s_var):
+        ref[f"state.{k}"] = _central(s, objective, eps)
+    return ref
+
+
 def gradcheck(
     cell: str = "rnn",
     *,
@@ -301,11 +333,7 @@ def gradcheck(
     """
     if cell not in CELLS:
         raise ValueError(f"cell must be one of {CELLS}, got {cell!r}")
-    options: dict[str, Any] = {}
-    if cell == "rnn":
-        options["nonlinearity"] = nonlinearity
-    elif cell == "gru":
-        options.update(update=update, reset=reset)
+    options = _cell_options(cell, nonlinearity, update, reset)
     config = {
         "cell": cell,
         **options,
@@ -335,32 +363,19 @@ def gradcheck(
     r_out = torch.randn(B, T, D * hidden_size, generator=gen, dtype=dt)
     r_fin = tuple(torch.randn(s.shape, generator=gen, dtype=dt) for s in states0)
 
-    def pack(states: tuple[Tensor, ...]) -> Any:
-        return LSTMState(*states) if n_states == 2 else states[0]
-
     # The explicit BPTT: the layer's normal backward.
     x_leaf = x.clone().requires_grad_(True)
     s_leaf = tuple(s.clone().requires_grad_(True) for s in states0)
-    out = layer(x_leaf, mask=mask, state=pack(s_leaf), window=window)
+    out = layer(x_leaf, mask=mask, state=_pack(s_leaf), window=window)
     _loss(out, r_out, r_fin).backward()
     explicit = {name: _grad(p) for name, p in layer.named_parameters()}
     explicit["input"] = _grad(x_leaf)
     for k, s in enumerate(s_leaf):
         explicit[f"state.{k}"] = _grad(s)
-
-    if window is None:
-        x_var, s_var = x.clone(), tuple(s.clone() for s in states0)
-
-        def objective() -> Tensor:
-            return _loss(layer(x_var, mask=mask, state=pack(s_var)), r_out, r_fin)
-
-        with torch.no_grad():
-            ref = {n: _central(p.data, objective, eps) for n, p in layer.named_parameters()}
-            ref["input"] = _central(x_var, objective, eps)
-            for k, s in enumerate(s_var):
-                ref[f"state.{k}"] = _central(s, objective, eps)
-    else:
-        with torch.no_grad():
+    with torch.no_grad():  # the reference: finite differences of the same loss
+        if window is None:
+            ref = _full_reference(layer, x, mask, states0, r_out, r_fin, eps)
+        else:
             ref = _truncated_reference(layer, x, mask, states0, r_out, r_fin, window, eps)
     names = {"state.0": "state.h" if n_states == 2 else "state", "state.1": "state.c"}
     errors = tuple(_rel(explicit[n], ref[n], names.get(n, n)) for n in explicit)

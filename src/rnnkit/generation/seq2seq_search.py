@@ -32,6 +32,30 @@ __all__ = ["beam_search", "decode_batch"]
 
 
 @torch.no_grad()
+def _check_search(beam: int, max_length: int, num: int) -> None:
+    if not isinstance(beam, int) or beam < 1:
+        raise ValueError(f"beam must be an integer ≥ 1, got {beam!r}")
+    if not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length must be an integer ≥ 1, got {max_length!r}")
+    if not 1 <= num <= beam:
+        raise ValueError(f"num must be in [1, beam = {beam}], got {num!r}")
+
+
+def _reorder(
+    state: Any, rows: torch.Tensor, state_batch_dim: Any, per_source: tuple[bool, ...] | None
+) -> Any:
+    """The rows ``rows`` of ``state``; with ``per_source`` (beams reordered within their
+    sources only, no source gone), the parts the same in all beams of a source stand."""
+    if per_source is None:
+        return select_state(state, rows, state_batch_dim)
+    return type(state)(
+        *(
+            part if same else select_state(part, rows, dim)
+            for part, dim, same in zip(state, state_batch_dim, per_source, strict=True)
+        )
+    )
+
+
 def beam_search(
     model: Any,
     state: Any,
@@ -76,12 +100,9 @@ def beam_search(
     >>> [len(h) for h in out], out[0][0].score >= out[0][1].score
     ([2, 2], True)
     """
-    if not isinstance(beam, int) or beam < 1:
-        raise ValueError(f"beam must be an integer ≥ 1, got {beam!r}")
-    if not isinstance(max_length, int) or max_length < 1:
-        raise ValueError(f"max_length must be an integer ≥ 1, got {max_length!r}")
-    if not 1 <= num <= beam:
-        raise ValueError(f"num must be in [1, beam = {beam}], got {num!r}")
+    # One loop over the steps, not split: its tensors (scores, sequences, state, the
+    # sources still searched) shrink together as sources finish.
+    _check_search(beam, max_length, num)
     forbidden = check_forbid(forbid, eos_id)
     K = beam
     sizes: list[int] = []
@@ -135,16 +156,7 @@ def beam_search(
         rows, token = rows[keep_t].view(-1), tok[keep_t].view(-1)  # (A'·K,)
         seqs = torch.cat([seqs[rows], token.view(-1, 1)], dim=1)
         beam_lp = live_lp[keep_t]
-        if per_source is not None and len(keep) == A:
-            # Beams were reordered within their sources only: per-source parts stand.
-            state = type(state)(
-                *(
-                    part if same else select_state(part, rows, dim)
-                    for part, dim, same in zip(state, state_batch_dim, per_source, strict=True)
-                )
-            )
-        else:
-            state = select_state(state, rows, state_batch_dim)
+        state = _reorder(state, rows, state_batch_dim, per_source if len(keep) == A else None)
         sources = [sources[a] for a in keep]
     return [sorted(h, key=lambda r: r.score, reverse=True)[:num] for h in hyps]
 

@@ -2,7 +2,7 @@
 
 The builders (:mod:`rnnkit.models.builders` and the ``build_*`` of each model module)
 take a :class:`ModelSpec`, never the command line's configuration: models sit below the
-application, which translates its options into a spec (``rnnkit.app.tasks.run.model_spec``).
+application, which translates its options into a spec (``rnnkit.app.tasks.settings.model_spec``).
 The field names and defaults are those of the ``rnnkit train`` options of the same name;
 a task may default some of them otherwise (:data:`TASK_MODEL_DEFAULTS`: ``lm`` trains
 two layers with dropout 0.3), so the model ``rnnkit train --task TASK`` builds with no

@@ -608,7 +608,7 @@ def test_training_into_an_existing_run_is_refused_unless_resume_or_overwrite(
 
 HOLD_LOCK = """
 import sys, time
-from rnnkit.app.tasks.run import lock_run_dir
+from rnnkit.app.tasks.run_dir import lock_run_dir
 with lock_run_dir(sys.argv[1]):
     print("locked", flush=True)
     sys.stdin.read()

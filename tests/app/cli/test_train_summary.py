@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rnnkit.app.cli.train_summary import print_summary
-from rnnkit.app.tasks.run import device_name
+from rnnkit.app.tasks.settings import device_name
 
 BASE = {"task": "lm", "steps": 3, "elapsed_s": 1.0, "parameters": 10}
 

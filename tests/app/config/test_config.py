@@ -147,8 +147,6 @@ def test_from_dict_rejects_non_objects(data):
         ("dropout", "0.1"),
         ("dropout", False),
         ("cell", 3),
-        ("extra", []),  # an old run's object of task options
-        ("extra", {"top_g": "3"}),
         ("hidden", None),  # only options that may be unset may be null
         ("bptt", None),
         # Options whose default is None (unset) must still have the right type when set.
@@ -164,52 +162,6 @@ def test_from_dict_rejects_wrong_types(key, value):
     with pytest.raises(ConfigError) as info:
         TrainConfig.from_dict({"train": "x", key: value}, where="run/config.json")
     assert str(info.value).startswith("run/config.json: ") and key in str(info.value)
-
-
-def test_an_old_config_with_extra_loads_onto_the_fields():
-    """Runs written before the anomaly-detection and tagging options were fields kept them
-    in an ``extra`` object, under their old keys (``threshold`` for the method)."""
-    old = {
-        "train": "x",
-        "task": "events",
-        "extra": {"target_fpr": 0.05, "top_g": 3, "window": 4, "score": "mean", "threshold": "gpd"},
-    }
-    cfg = TrainConfig.from_dict(json.loads(json.dumps(old))).validate()
-    assert (cfg.target_fpr, cfg.top_g, cfg.window, cfg.score, cfg.threshold_method) == (
-        0.05,
-        3,
-        4,
-        "mean",
-        "gpd",
-    )
-    assert cfg.confidence == TrainConfig().confidence and "extra" not in cfg.to_dict()
-    params = TrainConfig.from_dict({"train": "x", "task": "params", "extra": {"confidence": 0.9}})
-    assert params.confidence == 0.9
-    tag = TrainConfig.from_dict({"train": "x", "task": "tag", "extra": {"word_dropout": 0.2}})
-    assert tag.word_dropout == 0.2
-    assert TrainConfig.from_dict({"train": "x", "extra": {}}) == TrainConfig(train="x")
-
-
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        ({"top_k": 3}, r"run/config\.json: unknown key extra\.top_k"),
-        ({"threshold": "pot"}, None),  # loads; validate() names it
-    ],
-)
-def test_an_old_extra_is_checked_like_the_fields(extra, message):
-    data = {"train": "x", "task": "events", "extra": extra}
-    if message is not None:
-        with pytest.raises(ConfigError, match=message):
-            TrainConfig.from_dict(data, where="run/config.json")
-        return
-    with pytest.raises(ConfigError, match="--threshold-method must be one of"):
-        TrainConfig.from_dict(data, where="run/config.json").validate()
-
-
-def test_an_option_given_both_ways_is_refused():
-    with pytest.raises(ConfigError, match="top_g is given twice"):
-        TrainConfig.from_dict({"train": "x", "top_g": 3, "extra": {"top_g": 4}})
 
 
 def test_the_concerns_hold_every_field_once_and_in_order():
@@ -316,37 +268,3 @@ def test_for_task_applies_the_task_defaults_under_the_options_given():
     assert getattr(TrainConfig(task=task, train="x"), key) == getattr(TrainConfig(), key)
     other = TrainConfig.for_task(task, train="x", **{key: getattr(TrainConfig(), key)})
     assert getattr(other, key) == getattr(TrainConfig(), key)  # given: kept
-
-
-def test_a_run_directory_with_an_old_config_json_still_loads_evaluates_and_resumes(
-    tmp_path, run_cli, monkeypatch
-):
-    """A run written before the task options were fields: its ``config.json`` has an
-    ``extra`` object and none of those fields; ``rnnkit.load``, ``evaluate`` and
-    ``--resume`` read it as before."""
-    import rnnkit
-    from rnnkit.app.config import EventsOptions, ParamsOptions
-
-    corpus = tmp_path / "train.txt"
-    corpus.write_text("the cat sat on the mat\n" * 40)
-    run = tmp_path / "run"
-    options = ["--hidden", "8", "--embedding", "4", "--batch-size", "4", "--bptt", "segment:8"]
-    argv = ["train", "--train", str(corpus), "--out", str(run), *options, "--no-report", "-q"]
-    assert run_cli(*argv, "--steps", "2")[0] == 0
-    saved = json.loads((run / "config.json").read_text())
-    new = {f.name for f in dataclasses.fields(EventsOptions) + dataclasses.fields(ParamsOptions)}
-    new.add("word_dropout")
-    saved["config"] = {k: v for k, v in saved["config"].items() if k not in new}
-    saved["config"]["extra"] = {}
-    (run / "config.json").write_text(json.dumps(saved))
-    (run / "manifest.json").unlink()  # older runs have none: read with --skip-checksums
-    with monkeypatch.context() as env:
-        env.setenv("RNNKIT_SKIP_CHECKSUMS", "1")
-        assert rnnkit.load(run).config.word_dropout == TrainConfig().word_dropout
-    code, out, err = run_cli("evaluate", "--checkpoint", str(run), "--data", str(corpus),
-                             "--skip-checksums")  # fmt: skip
-    assert code == 0 and "bits" in out + err, err
-    assert run_cli(*argv, "--steps", "3", "--resume")[0] == 0  # and a resume writes one
-    assert json.loads((run / "summary.json").read_text())["steps"] == 3
-    code, out, err = run_cli("evaluate", "--checkpoint", str(run), "--data", str(corpus))
-    assert code == 0, err

@@ -244,7 +244,7 @@ def test_seq2seq_run_gets_attention_heatmaps(tmp_path):
     """A seq2seq run directory (untrained weights, nothing logged yet): the report draws
     one attention map per validation pair and says that no metrics were recorded."""
     seq2seq = pytest.importorskip("rnnkit.app.tasks.seq2seq")
-    from rnnkit.app.tasks.run import save_config
+    from rnnkit.app.tasks.run_config import save_config
     from rnnkit.data.vocab import Vocabulary
     from rnnkit.training.checkpoint import save_model_weights
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from rnnkit.anomaly import surprise as surprise_module
 from rnnkit.anomaly.scores import COMBINED_PARTS, SCORES, combined_scores
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.events import (
@@ -25,7 +26,6 @@ from rnnkit.app.tasks.events import (
     score_sessions,
     train,
 )
-from rnnkit.app.tasks.events import surprise as surprise_module
 from rnnkit.data.events import Session, write_sessions
 from rnnkit.data.generated_sessions import ANOMALY_KINDS, generate_sessions
 from rnnkit.data.strace import parse_strace
@@ -182,8 +182,6 @@ def test_bad_input_and_options(tmp_path: Path, trained: tuple[Path, dict]) -> No
     ]:
         with pytest.raises(ConfigError, match=message):
             TrainConfig(train="x", task="events", **changes).validate()
-    with pytest.raises(ConfigError, match=r"unknown key extra\.top_k"):  # an old config.json
-        TrainConfig.from_dict({"train": "x", "task": "events", "extra": {"top_k": 3}})
     assert options(TrainConfig(train="x", threshold_method="gpd"))["threshold"] == "gpd"
     # A run without its thresholds, or of another task, is refused naming the file.
     broken = tmp_path / "broken"

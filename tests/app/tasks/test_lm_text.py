@@ -19,7 +19,7 @@ def test_samples_never_hold_pad_unk_or_bos():
     import torch
 
     from rnnkit.app.tasks.lm_text import sample_texts
-    from rnnkit.app.tasks.run import model_spec
+    from rnnkit.app.tasks.settings import model_spec
     from rnnkit.models.builders import build_lm
 
     vocab = Vocabulary(["a", "b"], unit="word")

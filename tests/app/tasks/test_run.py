@@ -1,4 +1,5 @@
-"""The glue every task shares (``rnnkit.app.tasks.run``): the loop's options from the config."""
+"""The glue every task shares (``rnnkit.app.tasks.settings``, ``run_dir``): the loop's options
+from the config, the run directory refused and locked."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import dataclasses
 import pytest
 
 from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.run import model_spec, run_settings, train_options
+from rnnkit.app.tasks.settings import model_spec, run_settings, train_options
 from rnnkit.errors import ConfigError
 from rnnkit.models.spec import ModelSpec
 from rnnkit.training.baseline_check import RunSettings
@@ -49,7 +50,7 @@ def test_on_nonfinite_is_validated_naming_the_option() -> None:
 
 
 def test_prepare_run_dir_refuses_an_existing_run_and_overwrite_removes_only_run_files(tmp_path):
-    from rnnkit.app.tasks.run import prepare_run_dir
+    from rnnkit.app.tasks.run_dir import prepare_run_dir
     from rnnkit.errors import CheckpointError
 
     prepare_run_dir(tmp_path / "new")  # a new path: fine, nothing created
@@ -91,7 +92,7 @@ def test_the_python_api_refuses_to_train_over_a_run_too(tmp_path):
 def test_a_held_lock_refuses_a_second_holder_with_the_pid(tmp_path):
     import os
 
-    from rnnkit.app.tasks.run import lock_run_dir
+    from rnnkit.app.tasks.run_dir import lock_run_dir
 
     with (
         lock_run_dir(tmp_path / "r"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rnnkit.app.cli.device_option import add_device_option
+from rnnkit.app.cli.run_options import add_device_option
 
 __all__ = ["register", "run"]
 

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from rnnkit.app.cli.aliases import add_max_len_option, warn_deprecated
-from rnnkit.app.cli.device_option import add_device_option
+from rnnkit.app.cli.run_options import add_device_option, add_run_option
 from rnnkit.errors import ConfigError
 
 __all__ = ["register", "run"]
@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with mass ≥ p")
     p.add_argument("--greedy", action="store_true", help="take the most likely token")
-    p.add_argument("--beam", type=int, help="beam search with this width")
+    add_run_option(p, "beam", default_text="sampling for a language model, the run's for seq2seq")
     p.add_argument("--seed", type=int, default=0, help="random seed (reproducible samples)")
     p.add_argument("--num", type=int, default=1, help="number of samples")
     p.add_argument("--json", action="store_true", help="print one JSON object per sample")
@@ -68,7 +68,7 @@ def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
     """``--input`` through a seq2seq run: the run's search (``--beam`` or the run's beam;
     ``--num N`` best hypotheses), ``--greedy``, or sampling when a sampling option is given
     (``--num`` samples); at most ``--max-len`` tokens (default: the run's ``--max-len``)."""
-    from rnnkit.app.tasks.run import warn
+    from rnnkit.messages import warning as warn
 
     if args.input is None:
         raise ConfigError("--input is required for a seq2seq checkpoint")
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         outputs = _transduce(args, task_module(task))
     elif task == "lm":
         from rnnkit.app.tasks.lm import join_prompt, load_lm, prompt_ids, sample_texts
-        from rnnkit.app.tasks.run import warn
+        from rnnkit.messages import warning as warn
 
         if args.max_length < 1:
             raise ConfigError(f"--max-len must be ≥ 1, got {args.max_length}")

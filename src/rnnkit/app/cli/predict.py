@@ -44,7 +44,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from rnnkit.app.cli.aliases import add_max_len_option, warn_deprecated
-from rnnkit.app.cli.device_option import add_device_option
+from rnnkit.app.cli.run_options import add_device_option, add_run_option
 from rnnkit.data.limits import MAX_JSON_LINE_BYTES, MAX_LINE_CHARS, Limit
 from rnnkit.errors import ConfigError, DataError
 from rnnkit.generation.options import MAX_BEAM, MAX_GENERATE_TOKENS
@@ -72,9 +72,7 @@ def register(sub: Any) -> None:
         type=int,
         help="most lines per forward pass (default: the run's batch size; events 64)",
     )
-    p.add_argument(
-        "--beam", type=int, help="seq2seq: beam width (default: the run's --beam; 1 = greedy)"
-    )
+    add_run_option(p, "beam", note="seq2seq; 1 = greedy")
     add_max_len_option(p, "seq2seq: most output tokens (default: the run's --max-len)")
     p.add_argument(
         "--top", type=int, default=5, help="events: list the K most surprising events (default 5)"

@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rnnkit.anomaly.scores import SCORES
-from rnnkit.anomaly.thresholds import THRESHOLD_METHODS
-from rnnkit.app.cli.device_option import add_device_option
+from rnnkit.app.cli.run_options import add_device_option, add_run_option
 from rnnkit.app.cli.score_config import ScoreConfig
 from rnnkit.app.cli.score_modes import run_batch, run_follow, run_params
 from rnnkit.errors import ConfigError
@@ -74,25 +72,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--batch-size", type=int, default=64, help="sessions per forward pass")
     add_device_option(p)
-    p.add_argument(
-        "--score",
-        choices=SCORES,
-        help="session score giving the verdict: max or mean surprise, count of top-g misses, "
-        "end (surprise of the session's end), norm (surprise against each event's typical "
-        "one) or combined (default: the run's; --follow: max, mean or count)",
+    # As `rnnkit train` declares them (the fields of rnnkit.app.config); left out: the run's.
+    add_run_option(p, "score", note="--follow: max, mean or count")
+    add_run_option(
+        p, "target_fpr", note="given: the thresholds are re-picked from the run's validation scores"
     )
-    p.add_argument(
-        "--target-fpr",
-        type=float,
-        help="re-pick thresholds at this false-positive rate from the run's validation scores "
-        "(a params run as --checkpoint: its session threshold)",
-    )
-    p.add_argument(
-        "--threshold-method",
-        choices=THRESHOLD_METHODS,
-        help="with --target-fpr: the empirical quantile, or a generalized Pareto tail fit "
-        "(gpd) for rates the validation sessions are too few to show",
-    )
+    add_run_option(p, "threshold_method", note="with --target-fpr")
     p.add_argument("--threshold", type=float, help="anomalous when the score is above this")
     p.add_argument(
         "--ngram", action="store_true", help="add the n-gram baseline's scores (batch mode)"
@@ -103,14 +88,17 @@ def register(subparsers: Any) -> None:
         help="also judge each event's parameter values with this params run (rnnkit train "
         "--task params): a session is anomalous when either model says so",
     )
-    p.add_argument(
-        "--confidence",
-        type=float,
-        metavar="C",
-        help="the params run's per-vector confidence interval, re-picked (default: the "
-        "run's); the session threshold is never below its bound",
+    add_run_option(
+        p,
+        "confidence",
+        note="with --params: re-picked; the session threshold is never below its bound",
     )
-    g = p.add_argument_group("streaming")
+    _add_streaming_options(p.add_argument_group("streaming"))
+    p.set_defaults(func=run)
+
+
+def _add_streaming_options(g: Any) -> None:
+    """The options of ``--follow``."""
     g.add_argument(
         "--follow",
         action="store_true",
@@ -136,7 +124,6 @@ def register(subparsers: Any) -> None:
         help="stop when no input arrived for this many seconds (default: follow forever)",
     )
     g.add_argument("--poll", type=float, default=0.2, help="seconds between checks for new input")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
+from rnnkit.app.cli.run_options import check_run_option
 from rnnkit.errors import ConfigError
 
 __all__ = ["ScoreConfig"]
@@ -62,8 +63,7 @@ class ScoreConfig:
         if args.threshold is not None and not math.isfinite(args.threshold):
             # A NaN threshold compares false with every score: detection silently off.
             raise ConfigError(f"--threshold must be a finite number, got {args.threshold}")
-        if args.target_fpr is not None and not 0 < args.target_fpr < 1:
-            raise ConfigError(f"--target-fpr must be in (0, 1), got {args.target_fpr}")
+        check_run_option("target_fpr", args.target_fpr)  # the bounds of `rnnkit train`'s
         for name in ("top", "batch_size", "max_sessions"):
             value = getattr(args, name)
             minimum = 0 if name == "top" else 1
@@ -83,8 +83,7 @@ class ScoreConfig:
             raise ConfigError("--params applies to batch scoring, not --follow")
         if params is not None and args.source != "sessions":
             raise ConfigError("--params reads sessions with parameter values, not --from strace")
-        if confidence is not None and not 0 < confidence < 1:
-            raise ConfigError(f"--confidence must be in (0, 1), got {confidence}")
+        check_run_option("confidence", confidence)
         return cls(
             checkpoint=args.checkpoint,
             data=args.data,

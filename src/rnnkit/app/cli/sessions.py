@@ -144,6 +144,30 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="input files, read in order")
     parser.add_argument("--out", required=True, metavar="PATH", help="JSON-lines file to write")
+    _add_log_options(parser)
+    parser.add_argument(
+        "--no-result",
+        action="store_true",
+        help="(strace) events are bare syscall names, not name:result (openat:ENOENT)",
+    )
+    parser.add_argument(
+        "--per",
+        choices=("pid", "file"),
+        default="pid",
+        help="(strace) one session per traced process (default) or per input file",
+    )
+    parser.add_argument(
+        "--label",
+        type=int,
+        choices=(0, 1),
+        help="label every session 0 (normal) or 1 (anomalous); default unlabelled",
+    )
+    parser.set_defaults(func=run)
+
+
+def _add_log_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``--from log``: where the session id is, the line format, Drain's
+    settings, the parameter values and their times."""
     parser.add_argument(
         "--session-pattern",
         metavar="REGEX",
@@ -203,24 +227,6 @@ def register(subparsers: Any) -> None:
         help="(log) Drain similarity threshold in [0, 1]; higher gives more, finer templates "
         "(default 0.4)",
     )
-    parser.add_argument(
-        "--no-result",
-        action="store_true",
-        help="(strace) events are bare syscall names, not name:result (openat:ENOENT)",
-    )
-    parser.add_argument(
-        "--per",
-        choices=("pid", "file"),
-        default="pid",
-        help="(strace) one session per traced process (default) or per input file",
-    )
-    parser.add_argument(
-        "--label",
-        type=int,
-        choices=(0, 1),
-        help="label every session 0 (normal) or 1 (anomalous); default unlabelled",
-    )
-    parser.set_defaults(func=run)
 
 
 def _count(n: int, noun: str) -> str:

@@ -157,7 +157,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         return cfg.check_applies(None if explicit is None else explicit & CONFIG_FIELDS)
     # --resume: the run's own config holds; options given on the command line may only
     # change how long or where to train. Anything else would be another model.
-    from rnnkit.app.tasks.run import load_config
+    from rnnkit.app.tasks.run_config import load_config
     from rnnkit.training.manifest import verify_run
 
     # A run cut short has no manifest (its snapshot carries its checksums); a finished
@@ -171,7 +171,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         return key in explicit if explicit is not None else values[key] != defaults.get(key)
 
     # --train (and --valid, if given) are the files given now; the task accepts them only
-    # if their content is what the run was trained on (tasks.run.resume_data).
+    # if their content is what the run was trained on (tasks.run_config.resume_data).
     merged["train"] = values["train"]
     if given("valid"):
         merged["valid"] = values["valid"]
@@ -199,7 +199,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def _write_report(out: str) -> str | None:
     """The HTML report of a finished run; a failure to draw it never fails the run."""
-    from rnnkit.app.tasks.run import warn
+    from rnnkit.messages import warning as warn
 
     try:
         from rnnkit.app.report import write_report

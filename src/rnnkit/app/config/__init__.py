@@ -12,8 +12,7 @@
 - ``anomaly``: the options of ``events`` and ``params``;
 - ``train``: :class:`TrainConfig`, all of them (inherited, so flat: ``cfg.hidden``), its
   checks, ``config.json`` in and out, and the tables :data:`TASK_OPTIONS`,
-  :data:`CELL_OPTIONS` and :data:`TASK_DEFAULTS`;
-- ``legacy``: the ``extra`` object of older runs' ``config.json``, read onto the fields.
+  :data:`CELL_OPTIONS` and :data:`TASK_DEFAULTS`.
 
 ``rnnkit train`` builds its options from these fields (``rnnkit.app.cli.train``): each
 help text and choice list is written once, beside its field.

@@ -1,8 +1,5 @@
 """The options of the anomaly-detection tasks: ``events`` (sessions of events scored by
 a next-event model) and ``params`` (the numbers of log lines, one regressor per key).
-
-Run directories written before these were fields kept them in ``config.json``'s
-``extra`` object (:mod:`rnnkit.app.config.legacy` reads them back onto the fields).
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ class EventsOptions:
         rate=True,
         tasks=("events", "params"),
         help="false-positive rate the thresholds aim at on normal validation sessions "
-        "(default 0.01; params too: its session threshold)",
+        "(default %(default)s; params too: its session threshold)",
     )
     top_g: int = option(
         9,  # DeepLog's
@@ -51,16 +48,18 @@ class EventsOptions:
         "combined",
         choices=SCORES,
         tasks=("events",),
-        help="the session score giving verdicts (default combined; streaming with score "
-        "--follow: max unless given); docs/anomaly.md compares them",
+        help="the session score giving verdicts: max or mean surprise, count of top-g misses, "
+        "end (surprise of the session's end), norm (surprise against each event's typical "
+        "one) or combined (default %(default)s; score --follow streams by max unless given); "
+        "docs/anomaly.md compares them",
     )
     threshold_method: str = option(
         "quantile",
         choices=THRESHOLD_METHODS,
         tasks=("events", "params"),
-        help="quantile: the empirical one (default); gpd: a generalized Pareto fit of the "
-        "validation scores' tail, for rates the validation sessions are too few to show "
-        "(params too)",
+        help="quantile: the empirical one; gpd: a generalized Pareto fit of the validation "
+        "scores' tail, for rates the validation sessions are too few to show (default "
+        "%(default)s; params too)",
     )
 
 
@@ -76,5 +75,6 @@ class ParamsOptions:
         rate=True,
         tasks=("params",),
         help="a parameter vector whose prediction error is above the upper end of this "
-        "confidence interval of the key's validation errors is anomalous (default 0.99)",
+        "confidence interval of the key's validation errors is anomalous (default "
+        "%(default)s)",
     )

@@ -57,7 +57,8 @@ class RunOptions:
         "cpu",
         choices=("cpu", "cuda", "auto"),
         resume=True,
-        help="where to train (default %(default)s)",
+        help="where the model computes: cpu, cuda (a GPU), auto (a GPU when there is one) "
+        "(default %(default)s)",
     )
     # None: from RNNKIT_THREADS, else chosen by load
     threads: int | None = option(

@@ -162,7 +162,9 @@ class Seq2seqOptions:
         tasks=("seq2seq",),
         help="one language model over 'source <sep> target'",
     )
-    beam: int = option(1, positive=True, tasks=("seq2seq",), help="beam width for decoding")
+    beam: int = option(
+        1, positive=True, tasks=("seq2seq",), help="beam width for decoding (default %(default)s)"
+    )
 
 
 @dataclass(kw_only=True)

@@ -11,8 +11,8 @@ rules between options, and turns a bad value into a ``ConfigError`` naming the o
 (``--hidden must be ≥ 1, got 0``). ``check_applies()`` refuses an option the task or cell
 does not read (the fields' ``tasks=`` and ``cells=``). The config is saved as
 ``config.json`` in the run directory and read back for evaluation, generation and
-``--resume`` (``from_dict``, which also reads the ``extra`` object of older runs); unknown
-keys and wrong types there are errors, not silently dropped.
+``--resume`` (``from_dict``); unknown keys and wrong types there are errors, not silently
+dropped.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from rnnkit.app.config.fields import (
     option_of,
     value_kinds,
 )
-from rnnkit.app.config.legacy import from_legacy
 from rnnkit.app.config.model import NONLINEARITIES, ModelOptions
 from rnnkit.app.config.optim import OptimOptions, parse_bptt
 from rnnkit.app.config.run import RunOptions
@@ -393,16 +392,11 @@ class TrainConfig(
     def from_dict(cls, data: Any, where: str = "config.json") -> TrainConfig:
         """Rebuild from ``to_dict()``; unknown keys or wrong types are a ``ConfigError``.
 
-        The ``extra`` object of run directories written before the anomaly-detection and
-        tagging options were fields is read back onto those fields
-        (:mod:`rnnkit.app.config.legacy`).
-
-        >>> TrainConfig.from_dict({"train": "x", "extra": {"threshold": "gpd"}}).threshold_method
+        >>> TrainConfig.from_dict({"train": "x", "threshold_method": "gpd"}).threshold_method
         'gpd'
         """
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: expected a JSON object")
-        data, legacy = from_legacy(data, where)
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - fields)
         if unknown:
@@ -420,8 +414,7 @@ class TrainConfig(
                 ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
             if not ok:
                 got = type(value).__name__
-                key = legacy.get(name, name)
-                raise ConfigError(f"{where}: {key} must be {kind.__name__}, got {got}")
+                raise ConfigError(f"{where}: {name} must be {kind.__name__}, got {got}")
         return cls(**data)
 
 

@@ -119,6 +119,36 @@ def detection_sections(run: Run) -> list[tuple[str, str, str]]:
         )
         return [section("detection", "Anomaly detection", body)]
 
+    metrics, curves, panels = _labelled(run, doc, arrays)
+    n_norm = arrays[f"rnn/{name}"].size
+    n_anom = arrays[f"anomalous/rnn/{name}"].size
+    body += (
+        f"<p>Labelled validation sessions: {n_norm} normal, {n_anom} anomalous. Verdicts at "
+        f"each score's own threshold (the run's score, <b>{esc(name)}</b>, in bold).</p>"
+    )
+    body += _metrics_table(run, metrics, name)
+    body += image(
+        plots.plot_detection_curves(curves),
+        "ROC and precision-recall curves",
+        f"ROC and precision–recall curves of the {name} score; the dots are the verdicts at "
+        "the thresholds.",
+    )
+    body += image(
+        plots.plot_score_histograms(panels, score=name),
+        "score histograms, normal against anomalous",
+        "Session scores of normal (blue) and anomalous (red) validation sessions; the "
+        "dashed line is the threshold (above it: anomalous). Counts on a symmetric log scale.",
+    )
+    body += _worst_sessions(run, name)
+    return [section("detection", "Anomaly detection", body)]
+
+
+def _labelled(
+    run: Run, doc: dict[str, Any], arrays: dict[str, np.ndarray]
+) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, dict[str, Any]], list[Any]]:
+    """Per model, the verdict metrics of every score at its threshold on the labelled
+    validation sessions, the curves of the run's score, and its histogram panels."""
+    name = doc["score"]
     metrics: dict[str, dict[str, dict[str, Any]]] = {}
     curves: dict[str, dict[str, Any]] = {}
     panels = []
@@ -134,20 +164,27 @@ def detection_sections(run: Run) -> list[tuple[str, str, str]]:
             metrics[m][score] = detection_metrics(np.r_[normal, anomalous], labels, doc[m][score])
         normal, anomalous = arrays[f"{m}/{name}"], arrays[f"anomalous/{m}/{name}"]
         labels = np.r_[np.zeros(normal.size), np.ones(anomalous.size)]
-        scores = np.r_[normal, anomalous]
-        fpr, tpr, _ = roc_curve(scores, labels)
-        recall, precision, _ = precision_recall_curve(scores, labels)
-        at = metrics[m][name]
-        curves[_model_label(run, m)] = {
-            "fpr": fpr,
-            "tpr": tpr,
-            "recall": recall,
-            "precision": precision,
-            "auc": at["auc"],
-            "point": (at["fpr"], at["recall"], at["precision"]),
-        }
+        curves[_model_label(run, m)] = _curves(np.r_[normal, anomalous], labels, metrics[m][name])
         panels.append((_model_label(run, m), normal, anomalous, float(doc[m][name])))
+    return metrics, curves, panels
 
+
+def _curves(scores: np.ndarray, labels: np.ndarray, at: dict[str, Any]) -> dict[str, Any]:
+    """The ROC and precision–recall curves of ``scores``, with the verdicts ``at`` its
+    threshold as the operating point."""
+    fpr, tpr, _ = roc_curve(scores, labels)
+    recall, precision, _ = precision_recall_curve(scores, labels)
+    return {
+        "fpr": fpr,
+        "tpr": tpr,
+        "recall": recall,
+        "precision": precision,
+        "auc": at["auc"],
+        "point": (at["fpr"], at["recall"], at["precision"]),
+    }
+
+
+def _metrics_table(run: Run, metrics: dict[str, dict[str, dict[str, Any]]], name: str) -> str:
     header = ["detector", "score", "AUC", "precision", "recall", "F1", "FPR"]
     header += ["TP", "FP", "FN", "TN", "threshold"]
     rows = []
@@ -162,43 +199,29 @@ def detection_sections(run: Run) -> list[tuple[str, str, str]]:
                     *(r[k] for k in ("tp", "fp", "fn", "tn", "threshold")),
                 ]
             )
-    n_norm = arrays[f"rnn/{name}"].size
-    n_anom = arrays[f"anomalous/rnn/{name}"].size
-    body += (
-        f"<p>Labelled validation sessions: {n_norm} normal, {n_anom} anomalous. Verdicts at "
-        f"each score's own threshold (the run's score, <b>{esc(name)}</b>, in bold).</p>"
-    )
-    body += _raw_table(rows, header)
-    body += image(
-        plots.plot_detection_curves(curves),
-        "ROC and precision-recall curves",
-        f"ROC and precision–recall curves of the {name} score; the dots are the verdicts at "
-        "the thresholds.",
-    )
-    body += image(
-        plots.plot_score_histograms(panels, score=name),
-        "score histograms, normal against anomalous",
-        "Session scores of normal (blue) and anomalous (red) validation sessions; the "
-        "dashed line is the threshold (above it: anomalous). Counts on a symmetric log scale.",
-    )
+    return _raw_table(rows, header)
+
+
+def _worst_sessions(run: Run, name: str) -> str:
+    """The highest-scoring validation sessions with their most surprising events."""
     worst = run.summary.get("worst_sessions") or []
-    if worst:
-        body += "<h3>The highest-scoring validation sessions</h3>"
-        rows = [
-            [
-                "anomalous" if w["label"] else "normal",
-                fmt(w["score"]),
-                w["events"],
-                "<br>".join(
-                    f"#{t['position']} {esc(t['event'])}: {t['surprise']:.2f} nats"
-                    + (" (miss)" if t.get("miss") else "")
-                    for t in w["top"]
-                ),
-            ]
-            for w in worst
+    if not worst:
+        return ""
+    rows = [
+        [
+            "anomalous" if w["label"] else "normal",
+            fmt(w["score"]),
+            w["events"],
+            "<br>".join(
+                f"#{t['position']} {esc(t['event'])}: {t['surprise']:.2f} nats"
+                + (" (miss)" if t.get("miss") else "")
+                for t in w["top"]
+            ),
         ]
-        body += _raw_table(rows, ["label", f"{name} score", "events", "most surprising events"])
-    return [section("detection", "Anomaly detection", body)]
+        for w in worst
+    ]
+    head = "<h3>The highest-scoring validation sessions</h3>"
+    return head + _raw_table(rows, ["label", f"{name} score", "events", "most surprising events"])
 
 
 def _raw_table(rows: list[list[Any]], header: list[str]) -> str:
@@ -219,23 +242,66 @@ def params_sections(run: Run) -> list[tuple[str, str, str]]:
     validation sessions show of the false-positive rate, the validation vectors' errors
     in standard deviations with the bound, and (with labelled anomalous validation
     sessions) the session scores, ROC and precision–recall curves."""
+    found = _read_params(run)
+    if found is None:
+        return []
+    keys, doc, arrays = found
+    z = float(doc["z"])
+    # The session threshold max(z, t); a run from before it had one: z alone.
+    t = doc.get("session_score")
+    limit = z if t is None else max(z, float(t))
+    body = _keys_body(keys, doc, z, t, limit)
+    fpr = run.summary.get("validation_fpr")
+    if fpr:
+        lo, hi = fpr["interval95"]
+        body += (
+            f"<p>On the validation sessions <b>{fpr['false_positives']} of {fpr['sessions']}"
+            f"</b> normal sessions score above the session threshold: a false-positive rate "
+            f"between <b>{lo:.2%} and {hi:.2%}</b> (95 % Clopper–Pearson; these sessions "
+            "also chose the threshold, so the rate on new sessions is the one to trust). "
+            "The per-vector bound alone would flag "
+            f"<b>{int(np.sum(arrays.get('normal', np.zeros(0)) > z))}</b>: a session of many "
+            "vectors has as many chances to cross it.</p>"
+        )
+    vz = arrays.get("valid_z", np.zeros(0))
+    body += image(
+        plots.plot_score_histograms(
+            [("validation vectors", vz, [], z)],
+            xlabel="prediction error in standard deviations of its key's, (e − μ) / σ",
+            counted="vectors",
+        ),
+        "prediction errors of the validation vectors",
+        "Each validation vector's error in standard deviations of its key's errors, "
+        "(e − μ) / σ; the dashed line is the bound.",
+    )
+    body += _params_detection(arrays.get("normal", np.zeros(0)), arrays.get("anomalous"), limit)
+    return [section("params", "Parameter values", body)]
+
+
+def _read_params(run: Run) -> tuple[dict[str, Any], dict[str, Any], dict[str, np.ndarray]] | None:
+    """``keys.json``, ``thresholds.json`` and the validation scores of a ``params`` run;
+    None (and a note of the report) where they are missing or unreadable."""
     keys_path, thresholds_path = run.path / "keys.json", run.path / "thresholds.json"
     scores_path = run.path / "valid_scores.safetensors"
     if not (keys_path.is_file() and thresholds_path.is_file() and scores_path.is_file()):
-        return []
+        return None
     from rnnkit.training.checkpoint import load_arrays
 
     try:
         keys = json.loads(keys_path.read_text(encoding="utf-8"))
         doc = json.loads(thresholds_path.read_text(encoding="utf-8"))
         arrays = load_arrays(scores_path)
-        z = float(doc["z"])
-        # The session threshold max(z, t); a run from before it had one: z alone.
-        t = doc.get("session_score")
-        limit = z if t is None else max(z, float(t))
+        float(doc["z"])
+        if doc.get("session_score") is not None:
+            float(doc["session_score"])
     except (RnnkitError, OSError, ValueError, KeyError, TypeError) as exc:
         run.notes.append(f"The parameter-value section is missing: {exc}")
-        return []
+        return None
+    return keys, doc, arrays
+
+
+def _keys_body(keys: dict[str, Any], doc: dict[str, Any], z: float, t: Any, limit: float) -> str:
+    """What makes a vector and a session anomalous, and the table of the keys' models."""
     rows = [
         [
             esc(k["key"]),
@@ -270,60 +336,28 @@ def params_sections(run: Run) -> list[tuple[str, str, str]]:
             f"{len(skipped)} key(s) not modelled: "
             + "; ".join(f"{s['key'][:50]} ({s['reason']})" for s in skipped[:8])
         )
-    fpr = run.summary.get("validation_fpr")
-    if fpr:
-        lo, hi = fpr["interval95"]
-        body += (
-            f"<p>On the validation sessions <b>{fpr['false_positives']} of {fpr['sessions']}"
-            f"</b> normal sessions score above the session threshold: a false-positive rate "
-            f"between <b>{lo:.2%} and {hi:.2%}</b> (95 % Clopper–Pearson; these sessions "
-            "also chose the threshold, so the rate on new sessions is the one to trust). "
-            "The per-vector bound alone would flag "
-            f"<b>{int(np.sum(arrays.get('normal', np.zeros(0)) > z))}</b>: a session of many "
-            "vectors has as many chances to cross it.</p>"
-        )
-    vz = arrays.get("valid_z", np.zeros(0))
-    body += image(
-        plots.plot_score_histograms(
-            [("validation vectors", vz, [], z)],
-            xlabel="prediction error in standard deviations of its key's, (e − μ) / σ",
-            counted="vectors",
-        ),
-        "prediction errors of the validation vectors",
-        "Each validation vector's error in standard deviations of its key's errors, "
-        "(e − μ) / σ; the dashed line is the bound.",
+    return body
+
+
+def _params_detection(normal: np.ndarray, anomalous: np.ndarray | None, limit: float) -> str:
+    """With labelled anomalous validation sessions: the curves of the session score and
+    the histograms of normal against anomalous sessions."""
+    if anomalous is None or not anomalous.size or not normal.size:
+        return ""
+    labels = np.r_[np.zeros(normal.size), np.ones(anomalous.size)]
+    scores = np.r_[normal, anomalous]
+    finite = np.where(np.isfinite(scores), scores, -1e9)
+    at = detection_metrics(finite, labels, limit)
+    body = image(
+        plots.plot_detection_curves({"parameter values": _curves(finite, labels, at)}),
+        "ROC and precision-recall curves of the parameter-value model",
+        "Session score: the largest error z of its vectors; the dot is the verdict at "
+        "the session threshold.",
     )
-    normal = arrays.get("normal", np.zeros(0))
-    anomalous = arrays.get("anomalous")
-    if anomalous is not None and anomalous.size and normal.size:
-        labels = np.r_[np.zeros(normal.size), np.ones(anomalous.size)]
-        scores = np.r_[normal, anomalous]
-        finite = np.where(np.isfinite(scores), scores, -1e9)
-        at = detection_metrics(finite, labels, limit)
-        fpr_c, tpr, _ = roc_curve(finite, labels)
-        recall, precision, _ = precision_recall_curve(finite, labels)
-        body += image(
-            plots.plot_detection_curves(
-                {
-                    "parameter values": {
-                        "fpr": fpr_c,
-                        "tpr": tpr,
-                        "recall": recall,
-                        "precision": precision,
-                        "auc": at["auc"],
-                        "point": (at["fpr"], at["recall"], at["precision"]),
-                    }
-                }
-            ),
-            "ROC and precision-recall curves of the parameter-value model",
-            "Session score: the largest error z of its vectors; the dot is the verdict at "
-            "the session threshold.",
-        )
-        panel = ("parameter values", normal[np.isfinite(normal)], anomalous[np.isfinite(anomalous)])
-        body += image(
-            plots.plot_score_histograms([(*panel, limit)], score="largest error z"),
-            "session scores, normal against anomalous",
-            "Session scores of normal (blue) and anomalous (red) validation sessions; the "
-            "dashed line is the session threshold.",
-        )
-    return [section("params", "Parameter values", body)]
+    panel = ("parameter values", normal[np.isfinite(normal)], anomalous[np.isfinite(anomalous)])
+    return body + image(
+        plots.plot_score_histograms([(*panel, limit)], score="largest error z"),
+        "session scores, normal against anomalous",
+        "Session scores of normal (blue) and anomalous (red) validation sessions; the "
+        "dashed line is the session threshold.",
+    )

@@ -72,17 +72,8 @@ def diagnostic_batch(run: Run, vocab: Any, model: Any, rows: int = 8, steps: int
 
 
 def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
-    from rnnkit.cells.rnn import RNNCell
-    from rnnkit.diagnostics import (
-        activation_gain,
-        jacobian_norms,
-        lag_contributions,
-        layer_statistics,
-        rnn_jacobian_bound,
-        spectral_norm,
-        state_gradient_norms,
-        step_contributions,
-    )
+    """The gradient-flow section: the flow figure against its bound, the per-step and
+    per-lag contributions to ∂L/∂W_hh, a table of the figures and the gate saturation."""
     from rnnkit.layers.recurrent import Recurrent
     from rnnkit.metrics.losses import sequence_cross_entropy
 
@@ -94,9 +85,7 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
             "Gradient flow through time",
             note("Gradient-flow pictures are drawn for unidirectional stacks."),
         )
-    cell = first.cell
     inputs, targets = batch[:, :-1], batch[:, 1:]
-    B, T = inputs.shape
     with torch.no_grad():
         x = model.embedding(inputs)  # (B, T, E)
 
@@ -113,7 +102,31 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
     def loss_last(h: Tensor) -> Tensor:
         return sequence_cross_entropy(logits_of(h)[:, -1:], targets[:, -1:])
 
-    g_all = state_gradient_norms(first, x, loss_fn=loss_all(targets)).numpy()
+    body, figures = _flow_figure(run, first, x, loss_all(targets), loss_last, where)
+    contributions, total, reference = _contribution_figures(model, first, x, batch, loss_all)
+    body += contributions
+    body += _figures_table(figures, total, reference)
+    body += _saturation_table(encoder, x)
+    return section("gradients", "Gradient flow through time", body)
+
+
+def _flow_figure(
+    run: Run, first: Any, x: Tensor, loss_all: Any, loss_last: Any, where: str
+) -> tuple[str, dict[str, Any]]:
+    """The figure of ‖∂L/∂h_k‖ and ‖∂h_t/∂h_0‖₂ against the bound (γλ)^(t−k), with its
+    text; and ``{lam, gamma, g_last}`` for the table."""
+    from rnnkit.cells.rnn import RNNCell
+    from rnnkit.diagnostics import (
+        activation_gain,
+        jacobian_norms,
+        rnn_jacobian_bound,
+        spectral_norm,
+        state_gradient_norms,
+    )
+
+    cell = first.cell
+    B, T = x.shape[:2]
+    g_all = state_gradient_norms(first, x, loss_fn=loss_all).numpy()
     g_last = state_gradient_norms(first, x, loss_fn=loss_last).numpy()
     lam = spectral_norm(cell.weight_hh)
     rnn = cell if isinstance(cell, RNNCell) else None  # the bound is for the simple cell
@@ -151,6 +164,20 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
             else "; the (γλ)^(t−k) bound is for the simple cell only."
         ),
     )
+    return body, {"lam": lam, "gamma": gamma, "g_last": g_last}
+
+
+def _contribution_figures(
+    model: Any, first: Any, x: Tensor, batch: Tensor, loss_all: Any
+) -> tuple[str, float, float]:
+    """The per-step and per-lag contributions to ∂L/∂W_hh of the first layer; their sum
+    and the norm of the model's own backward pass, which it must equal."""
+    from rnnkit.diagnostics import lag_contributions, step_contributions
+    from rnnkit.metrics.losses import sequence_cross_entropy
+
+    cell = first.cell
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    B, T = inputs.shape
     steps = step_contributions(first, x, loss_fn=loss_all(targets))
     values, total = plots.projected_contributions(steps.weight_hh)
     model.zero_grad(set_to_none=True)
@@ -160,7 +187,7 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
     assert grad is not None  # the backward just ran through this cell
     reference = float(grad.norm())
     model.zero_grad(set_to_none=True)
-    body += image(
+    body = image(
         plots.plot_contributions(values, total=total),
         "per-step contributions to the gradient of the recurrent weight",
         "Each bar is step k's copy of W_hh: its contribution C_k = ∂L/∂W_hh^(k) "
@@ -176,6 +203,11 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
         f"The same gradient split by how far it travelled (lag t − k, on {Bl} "
         f"windows of {Tl} steps): long lags are what vanish.",
     )
+    return body, total, reference
+
+
+def _figures_table(figures: dict[str, Any], total: float, reference: float) -> str:
+    lam, gamma, g_last = figures["lam"], figures["gamma"], figures["g_last"]
     rows: list[list[Any]] = [
         ["λ = ‖W_hh‖₂ (first layer)", lam],
         ["‖∂L/∂W_hh‖: sum of the bars", total],
@@ -191,16 +223,22 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
             ["γλ", gamma * lam],
             ["bound after 20 steps (γλ)^20", (gamma * lam) ** 20],
         ]
-    body += table(rows)
+    return table(rows)
+
+
+def _saturation_table(encoder: Any, x: Tensor) -> str:
+    from rnnkit.diagnostics import layer_statistics
+
     stats = layer_statistics(encoder, x)
     gates = sorted({g for st in stats.values() for g in st.saturation})
     srows = [
         [name, *(st.saturation.get(g) for g in gates), st.state_norm, st.cell_norm]
         for name, st in stats.items()
     ]
-    body += "<p>Gate saturation (share of values within 0.02 of 0 or 1) and state norms:</p>"
-    body += table(srows, ["layer", *(f"{g} saturated" for g in gates), "mean ‖h_t‖", "mean ‖c_t‖"])
-    return section("gradients", "Gradient flow through time", body)
+    body = "<p>Gate saturation (share of values within 0.02 of 0 or 1) and state norms:</p>"
+    return body + table(
+        srows, ["layer", *(f"{g} saturated" for g in gates), "mean ‖h_t‖", "mean ‖c_t‖"]
+    )
 
 
 def lm_prediction_section(run: Run, vocab: Any, model: Any, snippet: Tensor):

@@ -127,9 +127,25 @@ def _baseline_verdict(run: Run) -> str:
     )
 
 
-def training_section(run: Run) -> tuple[str, str, str]:
+def _gradient_signals(clip_norm: float | None, steps: list[Any], norms: list[float]) -> str:
+    """Vanishing / exploding signals over the logged norms (the training monitor's rule)."""
     from rnnkit.diagnostics import GradientMonitor
 
+    monitor = GradientMonitor(clip_norm=clip_norm, window=max(1, min(20, len(norms) - 1)))
+    for step, norm in zip(steps, norms, strict=True):
+        monitor.record([], pre_clip_norm=norm, step=int(step))
+    if monitor.events:
+        items = "".join(f"<li>{esc(ev.message)}</li>" for ev in monitor.events[:10])
+        return f'<p class="warn">Gradient signals (logged steps):</p><ul>{items}</ul>'
+    if len(norms) > 1:
+        return note(
+            f"No vanishing or exploding signal: the logged gradient norm never moved "
+            f"by a factor of {monitor.factor:g} within {monitor.window} logged points."
+        )
+    return ""
+
+
+def training_section(run: Run) -> tuple[str, str, str]:
     cfg, s = run.cfg, run.summary
     train = [e for e in run.of("train") if "step" in e]
     valid = [e for e in run.of("valid") if "step" in e and "loss_nats" in e]
@@ -166,19 +182,7 @@ def training_section(run: Run) -> tuple[str, str, str]:
     rows.append(["stopped by", stop])
     if run.of("skipped"):
         rows.append(["steps skipped (non-finite loss or gradient)", len(run.of("skipped"))])
-    body = table(rows)
-    # Vanishing / exploding signals over the logged norms (the training monitor's rule).
-    monitor = GradientMonitor(clip_norm=cfg.clip_norm, window=max(1, min(20, len(norms) - 1)))
-    for step, norm in zip(norm_steps, norms, strict=True):
-        monitor.record([], pre_clip_norm=norm, step=int(step))
-    if monitor.events:
-        items = "".join(f"<li>{esc(ev.message)}</li>" for ev in monitor.events[:10])
-        body += f'<p class="warn">Gradient signals (logged steps):</p><ul>{items}</ul>'
-    elif len(norms) > 1:
-        body += note(
-            f"No vanishing or exploding signal: the logged gradient norm never moved "
-            f"by a factor of {monitor.factor:g} within {monitor.window} logged points."
-        )
+    body = table(rows) + _gradient_signals(cfg.clip_norm, norm_steps, norms)
     if run.bad_lines:
         body += note(f"{run.bad_lines} unreadable line(s) of metrics.jsonl were skipped.")
     char = cfg.task == "lm" and cfg.unit == "char"

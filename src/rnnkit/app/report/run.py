@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.run import load_config
+from rnnkit.app.tasks.run_config import load_config
 from rnnkit.training.run_files import read_metrics, read_summary
 
 __all__ = ["Run", "read_run"]

@@ -8,10 +8,13 @@ prompts, samples and per-line scores), ``tag_data`` (a tagger's vocabularies and
 sentences), ``tag_metrics`` (its metrics and the most-frequent-tag baseline),
 ``seq2seq_data`` (a transducer's pairs, vocabularies, model and loading),
 ``seq2seq_decode`` (its decoding, output metrics and baselines) and ``seq2seq_generate``
-(its outputs for ``rnnkit generate --input``). What the tasks share: ``run`` (run
-directories, the random seed, the model specification, the training options),
-``fitting`` (resume checks, the optimizer, running the Trainer, the common summary) and
-``figures`` (loss and per-class figures); ``registry`` finds a task's module;
+(its outputs for ``rnnkit generate --input``). What the tasks share, one job a module:
+``settings`` (the random seed, the device, the model specification, the training
+options), ``run_config`` (``config.json`` and what ``--resume`` checks), ``run_dir`` (the
+run directory refused, locked and guarded), ``run_outputs`` (the baseline's file,
+``summary.json``) and ``pretrained`` (``--pretrained-vectors``), all importable from
+``run`` too; ``fitting`` (resume checks, the optimizer, running the Trainer, the common
+summary) and ``figures`` (loss and per-class figures); ``registry`` finds a task's module;
 ``trained`` reloads a finished run for Python use (``rnnkit.load``).
 """
 

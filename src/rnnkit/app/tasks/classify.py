@@ -44,20 +44,11 @@ from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.classify_vectors import evaluate_vectors, train_vectors, vector_predictor
 from rnnkit.app.tasks.figures import loss_figures, per_class_figures
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
-from rnnkit.app.tasks.run import (
-    BASELINE_FILE,
-    check_labels,
-    choose_device,
-    finish_summary,
-    guarded_run,
-    load_baseline,
-    load_config,
-    load_pretrained_vectors,
-    model_spec,
-    save_baseline,
-    save_config,
-    seed_everything,
-)
+from rnnkit.app.tasks.pretrained import load_pretrained_vectors
+from rnnkit.app.tasks.run_config import check_labels, load_config, save_config
+from rnnkit.app.tasks.run_dir import guarded_run
+from rnnkit.app.tasks.run_outputs import BASELINE_FILE, finish_summary, load_baseline, save_baseline
+from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.labelled import LabelledExample, LabelSet, read_labelled, split_holdout
 from rnnkit.data.vocab import Vocabulary

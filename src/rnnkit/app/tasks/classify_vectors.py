@@ -38,17 +38,9 @@ from torch.nn.utils.rnn import pad_sequence
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.figures import loss_figures, per_class_figures
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
-from rnnkit.app.tasks.run import (
-    check_labels,
-    choose_device,
-    finish_summary,
-    load_baseline,
-    load_config,
-    model_spec,
-    save_baseline,
-    save_config,
-    seed_everything,
-)
+from rnnkit.app.tasks.run_config import check_labels, load_config, save_config
+from rnnkit.app.tasks.run_outputs import finish_summary, load_baseline, save_baseline
+from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.labelled import LabelSet, split_holdout
 from rnnkit.data.vectors import VectorSequence, parse_vector_line, read_vector_sequences

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from rnnkit.app.config import RESUME_CHANGEABLE, TrainConfig
-from rnnkit.app.tasks.run import load_config, train_options
+from rnnkit.app.tasks.run_config import load_config
+from rnnkit.app.tasks.settings import train_options
 from rnnkit.errors import CheckpointError
 from rnnkit.models.language_model import LossOutput
 from rnnkit.training.loop import Trainer, TrainResult
@@ -27,7 +28,7 @@ def check_unchanged(cfg: TrainConfig, saved: TrainConfig, out: Path) -> None:
     ``CheckpointError`` naming the options of ``cfg`` that differ from the run's ``saved``
     configuration otherwise."""
     # ``out`` is where the run is now (it may have been moved since); train/valid are
-    # checked by content (tasks.run.resume_data), so may be renamed.
+    # checked by content (tasks.run_config.resume_data), so may be renamed.
     allowed = RESUME_CHANGEABLE | {"out", "train", "valid"}
     old = saved.to_dict()
     bad = [k for k, v in cfg.to_dict().items() if old.get(k) != v and k not in allowed]

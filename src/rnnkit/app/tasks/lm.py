@@ -46,18 +46,11 @@ from rnnkit.app.tasks.lm_data import (
     train_batches,
 )
 from rnnkit.app.tasks.lm_text import AnyLM, join_prompt, line_logprobs, prompt_ids, sample_texts
-from rnnkit.app.tasks.run import (
-    check_count,
-    choose_device,
-    finish_summary,
-    guarded_run,
-    load_config,
-    load_pretrained_vectors,
-    model_spec,
-    save_config,
-    seed_everything,
-    train_options,
-)
+from rnnkit.app.tasks.pretrained import load_pretrained_vectors
+from rnnkit.app.tasks.run_config import check_count, load_config, save_config
+from rnnkit.app.tasks.run_dir import guarded_run
+from rnnkit.app.tasks.run_outputs import finish_summary
+from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything, train_options
 from rnnkit.data.batching import SequenceBatcher, lm_pairs
 from rnnkit.data.files import atomic_write
 from rnnkit.data.labelled import LabelSet
@@ -69,7 +62,7 @@ from rnnkit.models.jordan import JordanLM
 from rnnkit.models.language_model import LanguageModel, LossOutput
 from rnnkit.models.ngram import NGramModel
 from rnnkit.training.checkpoint import load_arrays, load_model_weights
-from rnnkit.training.distributed import init_distributed
+from rnnkit.training.distributed import DistContext, init_distributed
 from rnnkit.training.loop import Trainer
 from rnnkit.training.scheduled_sampling import parse_schedule
 
@@ -207,12 +200,7 @@ def train_lm(
         check_unchanged(cfg, saved_cfg, out)
         vocab = Vocabulary.load(out / "vocab.json")
         labels = lm_labels(out, cfg)
-    ctx = init_distributed(device.type)
-    if ctx.enabled and cfg.batch_size % ctx.world_size:
-        raise ConfigError(
-            f"--batch-size {cfg.batch_size} is the global batch: it must be divisible by the "
-            f"{ctx.world_size} processes"
-        )
+    ctx = _distributed(cfg, device)
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights
     data = prepare_lm_data(cfg, vocab, labels, resume=resume)
     num_labels = None if data.labels is None else len(data.labels)
@@ -227,13 +215,7 @@ def train_lm(
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
     if not resume and ctx.is_main:
-        data.vocab.save(out / "vocab.json")
-        info: dict[str, Any] = {"vocab_size": len(data.vocab)}
-        if data.labels is not None:
-            data.labels.save(out / "labels.json")
-            info["num_labels"] = len(data.labels)
-        save_config(out, cfg, **info)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+        _write_start(out, cfg, data)
     schedule = parse_schedule(cfg.scheduled_sampling)
     holder: dict[str, Trainer] = {}
     sampling = None
@@ -258,13 +240,7 @@ def train_lm(
     elapsed = time.perf_counter() - started
     if not ctx.is_main:
         return {"task": "lm", "rank": ctx.rank, "steps": result.steps}
-    # The n-gram baseline on the same tokens.
-    ngram = NGramModel(order=cfg.ngram_order, vocab_size=len(data.vocab))
-    train_ng, _ = ngram_streams(data)
-    ngram.fit(train_ng)
-    state = ngram.to_state()
-    atomic_write(out / "ngram.safetensors", write_path=lambda tmp: save_numpy(state, tmp))
-    ngram_metrics = ngram_lm_metrics(ngram, data, cfg.batch_size)
+    ngram_metrics = _fit_ngram(cfg, data, out)
     summary = {
         "task": "lm",
         "steps": result.steps,
@@ -285,6 +261,41 @@ def train_lm(
     if schedule.active:  # the probability of feeding the model's own token, at the end
         summary["scheduled_sampling_p"] = schedule.probability(result.steps)
     return finish_summary(cfg, summary)
+
+
+def _distributed(cfg: TrainConfig, device: torch.device) -> DistContext:
+    """This process's place in a distributed run (one process: not distributed), once
+    ``--batch-size``, the global batch, is checked to split evenly over the processes."""
+    ctx = init_distributed(device.type)
+    if ctx.enabled and cfg.batch_size % ctx.world_size:
+        raise ConfigError(
+            f"--batch-size {cfg.batch_size} is the global batch: it must be divisible by the "
+            f"{ctx.world_size} processes"
+        )
+    return ctx
+
+
+def _write_start(out: Path, cfg: TrainConfig, data: LMData) -> None:
+    """What a new run writes before training: its vocabulary, labels and configuration
+    (and no metrics of an earlier attempt)."""
+    data.vocab.save(out / "vocab.json")
+    info: dict[str, Any] = {"vocab_size": len(data.vocab)}
+    if data.labels is not None:
+        data.labels.save(out / "labels.json")
+        info["num_labels"] = len(data.labels)
+    save_config(out, cfg, **info)
+    (out / "metrics.jsonl").unlink(missing_ok=True)
+
+
+def _fit_ngram(cfg: TrainConfig, data: LMData, out: Path) -> dict[str, Any]:
+    """The n-gram baseline on the same tokens, written to ``ngram.safetensors``; its
+    metrics on the validation tokens."""
+    ngram = NGramModel(order=cfg.ngram_order, vocab_size=len(data.vocab))
+    train_ng, _ = ngram_streams(data)
+    ngram.fit(train_ng)
+    state = ngram.to_state()
+    atomic_write(out / "ngram.safetensors", write_path=lambda tmp: save_numpy(state, tmp))
+    return ngram_lm_metrics(ngram, data, cfg.batch_size)
 
 
 def ngram_lm_metrics(ngram: NGramModel, data: LMData, batch_size: int) -> dict[str, Any]:

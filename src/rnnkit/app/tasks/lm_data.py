@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from rnnkit.app.config import TrainConfig, parse_bptt
-from rnnkit.app.tasks.run import check_labels
+from rnnkit.app.tasks.run_config import check_labels
 from rnnkit.data.batching import SequenceBatcher, StreamBatcher, lm_pairs
 from rnnkit.data.labelled import LabelledExample, LabelSet, read_labelled, split_holdout
 from rnnkit.data.limits import MAX_CORPUS_BYTES

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.run import load_config
+from rnnkit.app.tasks.run_config import load_config
 from rnnkit.errors import ConfigError
 
 __all__ = ["Task", "check_task_options", "task_module", "task_of_run"]
@@ -33,7 +33,7 @@ class Task(Protocol):
         self, cfg: TrainConfig, resume: bool = False, quiet: bool = False, overwrite: bool = False
     ) -> dict[str, Any]:
         """Train ``cfg.task`` as ``cfg`` says; the summary. ``overwrite``: replace a run
-        already in ``cfg.out`` (:func:`rnnkit.app.tasks.run.guarded_run` adds it)."""
+        already in ``cfg.out`` (:func:`rnnkit.app.tasks.run_dir.guarded_run` adds it)."""
         ...
 
     def evaluate(

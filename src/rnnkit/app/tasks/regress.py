@@ -28,15 +28,10 @@ from torch.nn.utils.rnn import pad_sequence
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
-from rnnkit.app.tasks.run import (
-    choose_device,
-    finish_summary,
-    guarded_run,
-    load_config,
-    model_spec,
-    save_config,
-    seed_everything,
-)
+from rnnkit.app.tasks.run_config import load_config, save_config
+from rnnkit.app.tasks.run_dir import guarded_run
+from rnnkit.app.tasks.run_outputs import finish_summary
+from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.labelled import split_holdout
 from rnnkit.data.vectors import VectorSequence, parse_vector_line, read_vector_sequences

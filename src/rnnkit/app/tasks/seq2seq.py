@@ -51,18 +51,9 @@ import numpy as np
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.fitting import check_unchanged, make_optimizer
-from rnnkit.app.tasks.run import (
-    BASELINE_FILE,
-    choose_device,
-    finish_summary,
-    guarded_run,
-    load_baseline,
-    load_config,
-    save_baseline,
-    save_config,
-    seed_everything,
-    train_options,
-)
+from rnnkit.app.tasks.run_config import load_config, save_config
+from rnnkit.app.tasks.run_dir import guarded_run
+from rnnkit.app.tasks.run_outputs import BASELINE_FILE, finish_summary, load_baseline, save_baseline
 from rnnkit.app.tasks.seq2seq_data import (
     Seq2SeqData,
     _check_target_lengths,
@@ -81,6 +72,7 @@ from rnnkit.app.tasks.seq2seq_decode import (
     teacher_forced_metrics,
 )
 from rnnkit.app.tasks.seq2seq_generate import generate_outputs, transduce
+from rnnkit.app.tasks.settings import choose_device, seed_everything, train_options
 from rnnkit.data.pairs import PairBatcher, encode_pairs, read_pairs
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.errors import ConfigError, DataError
@@ -150,6 +142,36 @@ def _check_resume(out: Path, cfg: TrainConfig) -> tuple[Vocabulary, Vocabulary]:
     return Vocabulary.load(out / "source_vocab.json"), Vocabulary.load(out / "vocab.json")
 
 
+def _write_start(out: Path, cfg: TrainConfig, data: Seq2SeqData) -> None:
+    """What a new run writes before training: both vocabularies and its configuration
+    (and no metrics of an earlier attempt)."""
+    data.target_vocab.save(out / "vocab.json")
+    data.source_vocab.save(out / "source_vocab.json")
+    save_config(
+        out,
+        cfg,
+        source_vocab_size=len(data.source_vocab),
+        target_vocab_size=len(data.target_vocab),
+    )
+    (out / "metrics.jsonl").unlink(missing_ok=True)
+
+
+def _decode_valid(cfg: TrainConfig, model: Any, data: Seq2SeqData, device: Any) -> tuple[Any, Any]:
+    """The validation sources decoded with the best weights (``--beam``, at most
+    ``--max-len`` tokens): their metrics and outputs."""
+    load_model_weights(model, Path(cfg.out) / "model.safetensors")
+    return decode_metrics(
+        model,
+        data.valid_pairs,
+        data.valid_src,
+        data.target_vocab,
+        device,
+        cfg.batch_size,
+        cfg.beam,
+        cfg.max_len + 1,
+    )
+
+
 @guarded_run
 def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[str, Any]:
     """Train as ``cfg`` says; write the run directory; return a summary.
@@ -173,15 +195,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     )
     out.mkdir(parents=True, exist_ok=True)
     if not resume:
-        data.target_vocab.save(out / "vocab.json")
-        data.source_vocab.save(out / "source_vocab.json")
-        save_config(
-            out,
-            cfg,
-            source_vocab_size=len(data.source_vocab),
-            target_vocab_size=len(data.target_vocab),
-        )
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+        _write_start(out, cfg, data)
     save_baseline(out, nearest.to_state())
     clock = _StepClock()
 
@@ -206,18 +220,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     started = time.perf_counter()
     result = trainer.fit()
     elapsed = time.perf_counter() - started
-    # Decode the validation sources with the best weights.
-    load_model_weights(model, out / "model.safetensors")
-    decoded, outputs = decode_metrics(
-        model,
-        data.valid_pairs,
-        data.valid_src,
-        data.target_vocab,
-        device,
-        cfg.batch_size,
-        cfg.beam,
-        cfg.max_len + 1,
-    )
+    decoded, outputs = _decode_valid(cfg, model, data, device)
     train_events = [e for e in result.history if e["event"] == "train"]
     summary = {
         "task": "seq2seq",

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.run import check_count, choose_device, load_config, model_spec
+from rnnkit.app.tasks.run_config import check_count, load_config
+from rnnkit.app.tasks.settings import choose_device, model_spec
 from rnnkit.data.pairs import Pair, encode_pairs, read_pairs
 from rnnkit.data.vocab import Vocabulary, count_tokens
 from rnnkit.errors import DataError

@@ -35,13 +35,18 @@ of ``h`` events),
 :func:`rnnkit.anomaly.thresholds.pick_threshold`).
 
 The modules, one job each: ``options`` (the task's options and their checks), ``data``
-(the event vocabulary; reading, splitting and encoding sessions), ``surprise`` (per-event
-surprise and rank under the LM and the n-gram), ``scores`` (session scores and the
-calibration), ``thresholds`` (picking, writing and reading the thresholds), ``train``
-(training the run), ``summary`` (``summary.json``), ``scoring`` (a trained run: load,
-score, evaluate, predict).
+(the event vocabulary; reading, splitting and encoding sessions), ``thresholds``
+(writing, reading and re-picking a run's thresholds), ``train`` (training the run),
+``summary`` (``summary.json``), ``scoring`` (a trained run: load, score, evaluate,
+predict). What they compute with is the library's, in :mod:`rnnkit.anomaly`: the
+per-event surprise and rank under the LM and the n-gram (``surprise``), the session
+scores and their calibration (``scores``, ``calibration``), the thresholds and what the
+validation sessions show of them (``thresholds``).
 """
 
+from rnnkit.anomaly.calibration import Calibration
+from rnnkit.anomaly.surprise import event_surprises, ngram_surprises
+from rnnkit.anomaly.thresholds import validation_fpr
 from rnnkit.app.tasks.events.data import (
     MIN_THRESHOLD_SESSIONS,
     EventsData,
@@ -50,20 +55,15 @@ from rnnkit.app.tasks.events.data import (
     validation_sessions,
 )
 from rnnkit.app.tasks.events.options import options
-from rnnkit.app.tasks.events.scores import Calibration, read_calibration
 from rnnkit.app.tasks.events.scoring import (
     EventsModel,
     evaluate,
     load_events,
     predictor,
+    read_calibration,
     score_sessions,
 )
-from rnnkit.app.tasks.events.surprise import event_surprises, ngram_surprises
-from rnnkit.app.tasks.events.thresholds import (
-    read_thresholds,
-    repick_thresholds,
-    validation_fpr,
-)
+from rnnkit.app.tasks.events.thresholds import read_thresholds, repick_thresholds
 from rnnkit.app.tasks.events.train import init_output_bias, train
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""A trained ``events`` run, loaded (:func:`load_events`), and what is done with it:
+"""A trained ``events`` run, loaded (:func:`load_events`, with its calibration:
+:func:`read_calibration`), and what is done with it:
 verdicts on sessions (:func:`score_sessions`, ``rnnkit score``), metrics on a labelled
 file (:func:`evaluate`) and ``rnnkit predict`` (:func:`predictor`)."""
 
@@ -11,27 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from rnnkit.anomaly.scores import (
-    RUNNING_SCORES,
-    SCORES,
-)
+from rnnkit.anomaly.calibration import Calibration, all_scores, score_row, top_items
+from rnnkit.anomaly.scores import RUNNING_SCORES, SCORES
+from rnnkit.anomaly.surprise import event_surprises, ngram_surprises, surprise_loss
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.events.data import EventVocabulary
-from rnnkit.app.tasks.events.scores import (
-    Calibration,
-    all_scores,
-    read_calibration,
-    score_row,
-    top_items,
-)
-from rnnkit.app.tasks.events.surprise import event_surprises, ngram_surprises, surprise_loss
 from rnnkit.app.tasks.events.thresholds import read_thresholds
-from rnnkit.app.tasks.run import (
-    check_count,
-    choose_device,
-    load_config,
-    model_spec,
-)
+from rnnkit.app.tasks.run_config import check_count, load_config
+from rnnkit.app.tasks.settings import choose_device, model_spec
 from rnnkit.data.events import Session, read_sessions
 from rnnkit.errors import CheckpointError, ConfigError
 from rnnkit.metrics.detection import detection_metrics
@@ -43,7 +31,14 @@ from rnnkit.training.checkpoint import (
     load_model_weights,
 )
 
-__all__ = ["EventsModel", "evaluate", "load_events", "predictor", "score_sessions"]
+__all__ = [
+    "EventsModel",
+    "evaluate",
+    "load_events",
+    "predictor",
+    "read_calibration",
+    "score_sessions",
+]
 
 
 @dataclass
@@ -77,6 +72,18 @@ class EventsModel:
     def surprises(self, seqs: Sequence[np.ndarray], batch_size: int) -> list[Any]:
         """:func:`event_surprises` with the run's window."""
         return event_surprises(self.model, seqs, batch_size, self.thresholds.get("window"))
+
+
+def read_calibration(run_dir: str | Path) -> dict[str, Calibration] | None:
+    """``calibration.safetensors`` of a run per model, or None (a run from before it)."""
+    path = Path(run_dir) / "calibration.safetensors"
+    if not path.is_file():
+        return None
+    arrays = load_arrays(path)
+    try:
+        return {m: Calibration.from_arrays(arrays, m) for m in ("rnn", "ngram")}
+    except (KeyError, ValueError, OSError) as exc:
+        raise CheckpointError(f"{path}: not valid ({exc})") from None
 
 
 def load_events(run_dir: str | Path, device: str = "cpu") -> EventsModel:

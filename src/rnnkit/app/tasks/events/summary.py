@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from rnnkit.anomaly.calibration import top_items
 from rnnkit.anomaly.scores import SCORES
+from rnnkit.anomaly.surprise import surprise_loss
+from rnnkit.anomaly.thresholds import sessions_to_resolve, validation_fpr
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.events.data import EventsData
-from rnnkit.app.tasks.events.scores import top_items
-from rnnkit.app.tasks.events.surprise import surprise_loss
-from rnnkit.app.tasks.events.thresholds import sessions_to_resolve, validation_fpr
 from rnnkit.metrics.detection import detection_metrics
 from rnnkit.training.options import TrainResult
 
@@ -54,7 +54,7 @@ def summarise(
     parameters: int,
     valid: Validation,
 ) -> dict[str, Any]:
-    """The summary of a run (before :func:`rnnkit.app.tasks.run.finish_summary`)."""
+    """The summary of a run (before :func:`rnnkit.app.tasks.run_outputs.finish_summary`)."""
     thresholds = valid.thresholds
     name = opts["score"]
     summary: dict[str, Any] = {

@@ -1,8 +1,9 @@
 """The thresholds of an ``events`` run: picked per model and score at the target
 false-positive rate from the normal validation sessions' scores, written to
 ``thresholds.json`` (and the scores to ``valid_scores.safetensors``, so that they can be
-re-picked at another rate without retraining), read back and checked; and what the
-validation sessions can show about the false-positive rate (Clopper–Pearson)."""
+re-picked at another rate without retraining), read back and checked. What they are
+picked by, and what the validation sessions show about the false-positive rate, is in
+:mod:`rnnkit.anomaly.thresholds`."""
 
 from __future__ import annotations
 
@@ -14,11 +15,7 @@ import numpy as np
 from safetensors.numpy import save_file as save_numpy
 
 from rnnkit.anomaly.scores import NONNEGATIVE_SCORES, SCORES
-from rnnkit.anomaly.thresholds import (
-    clopper_pearson,
-    pick_threshold,
-    resolvable_fpr,
-)
+from rnnkit.anomaly.thresholds import pick_threshold, pick_thresholds
 from rnnkit.app.tasks.events.data import MIN_THRESHOLD_SESSIONS
 from rnnkit.data.files import atomic_write
 from rnnkit.errors import CheckpointError, ConfigError
@@ -33,8 +30,6 @@ __all__ = [
     "read_thresholds",
     "repick_thresholds",
     "save_arrays",
-    "sessions_to_resolve",
-    "validation_fpr",
     "write_thresholds",
 ]
 
@@ -45,13 +40,6 @@ THRESHOLDS_FORMAT = "rnnkit.anomaly.thresholds"
 def save_arrays(arrays: dict[str, np.ndarray], path: Path) -> None:
     """safetensors (numpy) written to a temporary name, then renamed: never half a file."""
     atomic_write(path, write_path=lambda tmp: save_numpy(arrays, tmp))
-
-
-def _thresholds(
-    scores: dict[str, np.ndarray], target_fpr: float, method: str
-) -> tuple[dict[str, float], dict[str, str]]:
-    picked = {name: pick_threshold(values, target_fpr, method) for name, values in scores.items()}
-    return {k: v[0] for k, v in picked.items()}, {k: v[1] for k, v in picked.items()}
 
 
 def write_thresholds(
@@ -67,8 +55,8 @@ def write_thresholds(
         # Too few normal sessions for an empirical quantile to mean much: the tail fit
         # (which says so and falls back where even it is impossible).
         method = "gpd"
-    rnn, rnn_how = _thresholds(valid_scores["rnn"], fpr, method)
-    ngram, ngram_how = _thresholds(valid_scores["ngram"], fpr, method)
+    rnn, rnn_how = pick_thresholds(valid_scores["rnn"], fpr, method)
+    ngram, ngram_how = pick_thresholds(valid_scores["ngram"], fpr, method)
     if method != opts["threshold"]:
         why = f"{n_valid} normal validation sessions, fewer than {MIN_THRESHOLD_SESSIONS}: "
         rnn_how = {k: why + v for k, v in rnn_how.items()}
@@ -161,38 +149,3 @@ def repick_thresholds(
         }
     except (KeyError, ValueError, OSError) as exc:
         raise CheckpointError(f"{path}: not valid ({exc})") from None
-
-
-def validation_fpr(
-    normal_scores: np.ndarray, threshold: float, target_fpr: float
-) -> dict[str, Any]:
-    """What the validation sessions show about the false-positive rate at a threshold:
-    the count above it, its 95 % Clopper–Pearson interval, and the smallest rate these
-    sessions could show (:func:`rnnkit.anomaly.thresholds.resolvable_fpr`).
-
-    >>> v = validation_fpr(np.array([0.1, 0.2, 0.3]), 0.25, 0.01)
-    >>> v["false_positives"], v["sessions"], v["resolved"]
-    (1, 3, False)
-    """
-    n = len(normal_scores)
-    k = int(np.sum(np.asarray(normal_scores) > threshold))
-    lo, hi = clopper_pearson(k, n)
-    smallest = resolvable_fpr(n)
-    return {
-        "false_positives": k,
-        "sessions": n,
-        "rate": k / n,
-        "interval95": [lo, hi],
-        "resolvable": smallest,
-        "resolved": bool(smallest <= target_fpr),
-    }
-
-
-def sessions_to_resolve(target_fpr: float, confidence: float = 0.95) -> int:
-    """Fewest clean sessions whose Clopper–Pearson upper end reaches ``target_fpr``:
-    ``⌈ln((1−c)/2) / ln(1−α)⌉``.
-
-    >>> sessions_to_resolve(0.01)
-    368
-    """
-    return math.ceil(math.log((1 - confidence) / 2) / math.log1p(-target_fpr))

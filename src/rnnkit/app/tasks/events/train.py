@@ -19,28 +19,22 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rnnkit.anomaly.calibration import Calibration, all_scores
+from rnnkit.anomaly.surprise import event_surprises, ngram_surprises, surprise_loss
 from rnnkit.app.config import TrainConfig, parse_bptt
 from rnnkit.app.tasks.events.data import EventsData, EventVocabulary, prepare_events_data
 from rnnkit.app.tasks.events.options import options
-from rnnkit.app.tasks.events.scores import Calibration, all_scores
 from rnnkit.app.tasks.events.summary import Validation, summarise
-from rnnkit.app.tasks.events.surprise import event_surprises, ngram_surprises, surprise_loss
 from rnnkit.app.tasks.events.thresholds import save_arrays, write_thresholds
 from rnnkit.app.tasks.fitting import check_unchanged, make_optimizer
-from rnnkit.app.tasks.run import (
-    choose_device,
-    finish_summary,
-    guarded_run,
-    load_config,
-    model_spec,
-    save_config,
-    seed_everything,
-    train_options,
-    warn,
-)
+from rnnkit.app.tasks.run_config import load_config, save_config
+from rnnkit.app.tasks.run_dir import guarded_run
+from rnnkit.app.tasks.run_outputs import finish_summary
+from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything, train_options
 from rnnkit.data.batching import SequenceBatcher, lm_pairs
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
+from rnnkit.messages import warning as warn
 from rnnkit.models.builders import build_language_model
 from rnnkit.models.language_model import LanguageModel, LossOutput
 from rnnkit.models.ngram import NGramModel

@@ -28,7 +28,7 @@ from rnnkit.app.tasks.params.keys import (
 from rnnkit.app.tasks.params.options import check_confidence
 from rnnkit.app.tasks.params.thresholds import THRESHOLDS_FORMAT
 from rnnkit.app.tasks.regress import load_regressor
-from rnnkit.app.tasks.run import load_config
+from rnnkit.app.tasks.run_config import load_config
 from rnnkit.data.events import Session, parse_session
 from rnnkit.data.vectors import VectorSequence
 from rnnkit.errors import CheckpointError, ConfigError
@@ -102,6 +102,40 @@ def load_params(run_dir: str | Path, device: str = "cpu") -> ParamsModel:
     return ParamsModel(cfg, keys, skipped, confidence, thresholds)
 
 
+def _owners(
+    items: Sequence[tuple[Session, str, int]],
+) -> tuple[dict[str, list[int]], dict[str, list[list[int]]]]:
+    """Per key, which session each of its occurrences belongs to (the same order as
+    ``collect``'s) and the key's positions in that session."""
+    owner: dict[str, list[int]] = {}
+    positions: dict[str, list[list[int]]] = {}
+    for i, (session, _, _) in enumerate(items):
+        seen: dict[str, list[int]] = {}
+        for pos, event in enumerate(session.events):
+            seen.setdefault(event, []).append(pos)
+        for event, where in seen.items():
+            owner.setdefault(event, []).append(i)
+            positions.setdefault(event, []).append(where)
+    return owner, positions
+
+
+def _empty_record(session: Session) -> dict[str, Any]:
+    """A session's record before any of its vectors is judged."""
+    record: dict[str, Any] = {
+        "session": session.session,
+        "vectors": len(session.events),
+        "checked": 0,
+        "unmodelled": 0,
+        "missing": 0,
+        "anomalous_vectors": 0,
+        "_top": [],
+        "_score": -math.inf,
+    }
+    if session.label is not None:
+        record["label"] = session.label
+    return record
+
+
 def score_items(
     run: ParamsModel,
     items: Sequence[tuple[Session, str, int]],
@@ -114,31 +148,8 @@ def score_items(
     z_limit = run.z(confidence)
     limit = run.limit(confidence, session_score)
     occ = collect(items, run.widths)
-    # Which session each key's occurrence belongs to (the same order as collect's).
-    owner: dict[str, list[int]] = {}
-    positions: dict[str, list[list[int]]] = {}
-    for i, (session, _, _) in enumerate(items):
-        seen: dict[str, list[int]] = {}
-        for pos, event in enumerate(session.events):
-            seen.setdefault(event, []).append(pos)
-        for event, where in seen.items():
-            owner.setdefault(event, []).append(i)
-            positions.setdefault(event, []).append(where)
-    records: list[dict[str, Any]] = []
-    for session, _, _ in items:
-        record: dict[str, Any] = {
-            "session": session.session,
-            "vectors": len(session.events),
-            "checked": 0,
-            "unmodelled": 0,
-            "missing": 0,
-            "anomalous_vectors": 0,
-            "_top": [],
-            "_score": -math.inf,
-        }
-        if session.label is not None:
-            record["label"] = session.label
-        records.append(record)
+    owner, positions = _owners(items)
+    records = [_empty_record(session) for session, _, _ in items]
     for event, occurrences in occ.items():
         key = run.by_key.get(event)
         if key is None:

@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file as save_numpy
 
-from rnnkit.anomaly.thresholds import fit_gaussian, normal_quantile
+from rnnkit.anomaly.thresholds import fit_gaussian, normal_quantile, validation_fpr
 from rnnkit.app.config import EventsOptions, ParamsOptions, TrainConfig
-from rnnkit.app.tasks.events.thresholds import validation_fpr
 from rnnkit.app.tasks.params.keys import (
     KEYS_FORMAT,
     MIN_ERROR_STD,
@@ -34,7 +33,8 @@ from rnnkit.app.tasks.params.options import options
 from rnnkit.app.tasks.params.scoring import ParamsModel, score_items
 from rnnkit.app.tasks.params.thresholds import session_threshold, write_thresholds
 from rnnkit.app.tasks.regress import fit_sequences, load_regressor
-from rnnkit.app.tasks.run import guarded_run, save_config
+from rnnkit.app.tasks.run_config import save_config
+from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.data.events import Session
 from rnnkit.data.files import atomic_write
 from rnnkit.data.labelled import split_holdout

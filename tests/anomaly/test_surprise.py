@@ -1,4 +1,4 @@
-"""The n-gram side of the events task's per-event surprise and rank: equal to the
+"""The n-gram side of the per-event surprise and rank: equal to the
 definition from each context's own distribution, however the ranking is blocked."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rnnkit.app.tasks.events import surprise as surprise_module
-from rnnkit.app.tasks.events.surprise import ngram_surprises
+from rnnkit.anomaly import surprise as surprise_module
+from rnnkit.anomaly.surprise import ngram_surprises
 from rnnkit.data.vocab import EOS_ID
 from rnnkit.models.ngram import NGramModel
 

@@ -12,9 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rnnkit.anomaly.scores import (
-    surprise_and_rank,
-)
+from rnnkit.anomaly.scores import surprise_and_rank
 from rnnkit.data.batching import lm_pairs, pad_sequences
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.models.language_model import LanguageModel

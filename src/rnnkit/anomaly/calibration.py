@@ -1,13 +1,22 @@
 """Every session score of a model from its per-event surprises (:mod:`rnnkit.anomaly.scores`),
-the calibration the ``norm`` and ``combined`` scores are measured against
-(``calibration.safetensors``), and a session's most surprising events as a verdict lists
-them."""
+the calibration the ``norm`` and ``combined`` scores are measured against, and a session's
+most surprising events as a verdict lists them.
+
+Per-event surprises come as ``(surprise (n+1,), rank (n+1,))`` per session of ``n`` events
+(position ``n`` is the session's end ``</s>``), as :mod:`rnnkit.anomaly.surprise` gives
+them; a top-g miss is ``rank ≥ g``.
+
+>>> import numpy as np
+>>> per_event = [(np.array([0.5, 2.0, 0.1]), np.array([0, 3, 0]))]
+>>> scores = all_scores(per_event, [np.array([4, 5])], top_g=2, calibration=None)
+>>> score_row(scores, 0)
+{'max': 2.0, 'mean': 0.8666666666666667, 'count': 1, 'end': 0.1}
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,15 +27,11 @@ from rnnkit.anomaly.scores import (
     KeyStats,
     combined_scores,
     session_scores,
+    top_events,
 )
-from rnnkit.anomaly.scores import top_events as _top_events
 from rnnkit.data.vocab import EOS_ID, SPECIALS, UNK_ID
-from rnnkit.errors import CheckpointError
-from rnnkit.training.checkpoint import (
-    load_arrays,
-)
 
-__all__ = ["Calibration", "all_scores", "read_calibration", "score_row", "top_items"]
+__all__ = ["Calibration", "all_scores", "score_row", "top_items"]
 
 
 def _targets(seq: np.ndarray) -> np.ndarray:
@@ -70,12 +75,14 @@ class Calibration:
         return cls(keys, parts)
 
     def arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        """The arrays to store, named ``{prefix}/key_mean``, ``{prefix}/parts/max``, …"""
         out = {f"{prefix}/key_mean": self.keys.mean, f"{prefix}/key_std": self.keys.std}
         out.update({f"{prefix}/parts/{n}": v for n, v in self.parts.items()})
         return out
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], prefix: str) -> Calibration:
+        """Back from :meth:`arrays` (a missing array is a ``KeyError``)."""
         keys = KeyStats(arrays[f"{prefix}/key_mean"], arrays[f"{prefix}/key_std"])
         return cls(keys, {n: arrays[f"{prefix}/parts/{n}"] for n in COMBINED_PARTS})
 
@@ -87,7 +94,7 @@ def all_scores(
     calibration: Calibration | None,
 ) -> dict[str, np.ndarray]:
     """Every session score, ``(n,)`` each; without a calibration (a run from before it was
-    stored) only the :data:`RUNNING_SCORES` and ``end``."""
+    stored) only the :data:`~rnnkit.anomaly.scores.RUNNING_SCORES` and ``end``."""
     keys = None if calibration is None else calibration.keys
     rows = _session_rows(per_event, seqs, top_g, keys)
     names = COMBINED_PARTS if calibration is not None else (*RUNNING_SCORES, "end")
@@ -105,8 +112,11 @@ def score_row(scores: dict[str, np.ndarray], i: int) -> dict[str, float | int]:
 def top_items(
     surprise: np.ndarray, rank: np.ndarray, ids: np.ndarray, events: Sequence[str], k: int, g: int
 ) -> list[dict[str, Any]]:
+    """The ``k`` most surprising events of a session, most surprising first, as a verdict
+    lists them: position, event (``</s>`` for the end), surprise, whether it is a top-``g``
+    miss, and ``unknown`` for an event outside the vocabulary."""
     items = []
-    for position, s in _top_events(surprise, k):
+    for position, s in top_events(surprise, k):
         end = position == len(events)
         item: dict[str, Any] = {
             "position": position,
@@ -118,15 +128,3 @@ def top_items(
             item["unknown"] = True
         items.append(item)
     return items
-
-
-def read_calibration(run_dir: str | Path) -> dict[str, Calibration] | None:
-    """``calibration.safetensors`` of a run per model, or None (a run from before it)."""
-    path = Path(run_dir) / "calibration.safetensors"
-    if not path.is_file():
-        return None
-    arrays = load_arrays(path)
-    try:
-        return {m: Calibration.from_arrays(arrays, m) for m in ("rnn", "ngram")}
-    except (KeyError, ValueError, OSError) as exc:
-        raise CheckpointError(f"{path}: not valid ({exc})") from None

@@ -1,0 +1,142 @@
+"""A run's ``config.json``: written with the fingerprints of its data files, read back and
+checked (``--resume``, ``evaluate``, ``predict``, ``rnnkit.load``), and what a resumed run
+must find as it was (its data files, its labels, its vocabulary's size)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from rnnkit.app.config import TrainConfig
+from rnnkit.data.files import fingerprint
+from rnnkit.errors import CheckpointError, ConfigError
+from rnnkit.training.checkpoint import FORMAT_VERSION, atomic_write_json, read_json
+from rnnkit.training.manifest import verify_run
+
+__all__ = [
+    "check_count",
+    "check_labels",
+    "data_fingerprints",
+    "load_config",
+    "resume_data",
+    "save_config",
+]
+
+
+def save_config(out_dir: Path, cfg: TrainConfig, **info: Any) -> None:
+    """Write ``config.json``: the config, the task's ``info`` (vocabulary size, ...) and
+    the fingerprints of the data files (:func:`data_fingerprints`)."""
+    info.setdefault("data", data_fingerprints(cfg))
+    atomic_write_json(
+        out_dir / "config.json",
+        {"format_version": FORMAT_VERSION, "config": cfg.to_dict(), **info},
+    )
+
+
+def load_config(
+    run_dir: str | Path, task: str | None = None, *, verify: bool = True
+) -> tuple[TrainConfig, dict[str, Any]]:
+    """Read ``config.json`` of a run directory; errors name the file. With ``task``, a run
+    of another task is a ``CheckpointError`` too. Every file of the run is checked against
+    its ``manifest.json`` first (:func:`rnnkit.training.manifest.verify_run`; ``verify``
+    False: the caller checked already)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: no such checkpoint directory")
+    if verify:
+        verify_run(run_dir)
+    path = run_dir / "config.json"
+    data = read_json(path)
+    if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: not an rnnkit checkpoint of format {FORMAT_VERSION}")
+    try:
+        cfg = TrainConfig.from_dict(data.get("config"), where=str(path))
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
+    try:
+        # The command line's own rules: `dropout: 5`, `hidden: -1` or a seed of 2^70
+        # written into config.json are refused as they would be as options.
+        cfg.validate()
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+    if task is not None and cfg.task != task:
+        raise CheckpointError(f"{path}: task is {cfg.task!r}, not {task!r}")
+    return cfg, data
+
+
+def data_fingerprints(cfg: TrainConfig) -> dict[str, Any]:
+    """Absolute path, size and SHA-256 of the training and validation files: what a
+    ``--resume`` checks the data it is given against."""
+    return {
+        key: fingerprint(path) if path and Path(path).is_file() else None
+        for key, path in (("train", cfg.train), ("valid", cfg.valid))
+    }
+
+
+def resume_data(cfg: TrainConfig, info: dict[str, Any]) -> TrainConfig:
+    """The config to resume with: ``--train`` (and ``--valid``) accepted only if their
+    content is what the run was trained on (``info["data"]`` of ``config.json``), so a
+    different file of the same name, or the same name resolved from another directory,
+    never silently continues the run. Without ``--valid``, the run's own validation file
+    is used (by its absolute path), if it is still the same.
+    """
+    saved = info.get("data")
+    if saved is None:  # a run from before fingerprints were recorded: nothing to check
+        return cfg
+    where = Path(cfg.out) / "config.json"
+    try:
+        ok = isinstance(saved, dict) and all(
+            saved.get(k) is None
+            or (
+                isinstance(saved[k]["path"], str)
+                and isinstance(saved[k]["size"], int)
+                and isinstance(saved[k]["sha256"], str)
+            )
+            for k in ("train", "valid")
+        )
+    except (KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise CheckpointError(f"{where}: 'data' is not a valid record of the data files")
+    changes: dict[str, Any] = {}
+    for key in ("train", "valid"):
+        want, given = saved.get(key), getattr(cfg, key)
+        if want is None:
+            if given is not None:
+                raise ConfigError(
+                    f"--{key} {given}: the run was trained without --{key}; resume without it"
+                )
+            continue
+        path = given if given is not None else want["path"]
+        if given is None and not Path(path).is_file():
+            raise CheckpointError(
+                f"--resume: the {key} file of this run, {path}, is gone; give it with --{key}"
+            )
+        got = fingerprint(path)
+        if (got["size"], got["sha256"]) != (want["size"], want["sha256"]):
+            raise ConfigError(
+                f"--{key} {path} is not the data this run was trained on ({want['path']}, "
+                f"{want['size']:,} bytes, sha256 {want['sha256'][:12]}…); resume with that file"
+            )
+        changes[key] = got["path"]
+    return dataclasses.replace(cfg, **changes)
+
+
+def check_labels(run_dir: str | Path, saved: Any, found: Any, data_path: str) -> None:
+    """On resume, ``labels.json`` (``saved``) must hold exactly the labels the training
+    data has (``found``, a ``LabelSet`` built from it, as at training time): a label
+    renamed or removed in the file would silently drop that class's lines."""
+    if list(saved.labels) != list(found.labels):
+        missing = sorted(set(found.labels) - set(saved.labels))
+        extra = sorted(set(saved.labels) - set(found.labels))
+        raise CheckpointError(
+            f"{Path(run_dir) / 'labels.json'}: does not match the labels of {data_path} "
+            f"(missing {missing[:3]}, unknown {extra[:3]}): edited since training?"
+        )
+
+
+def check_count(path: Path, count: int | None, noun: str, info: dict[str, Any], key: str) -> None:
+    """``count`` (what ``path`` holds) must equal ``info[key]`` (what config.json says)."""
+    if info.get(key) != count:
+        raise CheckpointError(f"{path}: {count} {noun} but config.json says {info.get(key)}")

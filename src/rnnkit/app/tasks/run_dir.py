@@ -1,0 +1,180 @@
+"""The run directory: refused when it holds another run (unless ``--resume`` or
+``--overwrite``), locked while one process trains into it, and the wrapper that does both
+around a task's ``train`` (:func:`guarded_run`)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from rnnkit import messages
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.run_config import load_config, resume_data
+from rnnkit.data.locks import lock as lock_file
+from rnnkit.errors import CheckpointError, ConfigError, RunFinished
+from rnnkit.training.manifest import verify_run, writing_run
+from rnnkit.training.run_files import read_summary
+
+__all__ = [
+    "LOCK_NAME",
+    "RUN_FILES",
+    "RUN_SAVED",
+    "guarded_run",
+    "lock_run_dir",
+    "prepare_run_dir",
+]
+
+
+# Everything a training run writes into its directory (``--overwrite`` removes exactly
+# these; other files a user keeps there are left alone).
+RUN_FILES = (
+    "config.json",
+    "vocab.json",
+    "source_vocab.json",
+    "chars.json",
+    "labels.json",
+    "model.safetensors",
+    "latest.json",
+    "snapshots",
+    "metrics.jsonl",
+    "metrics.csv",
+    "summary.json",
+    "ngram.safetensors",
+    "thresholds.json",
+    "valid_scores.safetensors",
+    "baseline.safetensors",
+    "calibration.safetensors",
+    "keys.json",
+    "keys",
+    "report.html",
+    "manifest.json",
+)
+
+
+# The files that make a directory a run worth protecting from a new one.
+RUN_SAVED = ("model.safetensors", "latest.json", "snapshots", "summary.json", "report.html")
+
+
+LOCK_NAME = ".lock"
+
+
+def _is_main_process() -> bool:
+    # Under torchrun every rank runs the same command with the same --out; rank 0 alone
+    # owns the directory (the others never write to it).
+    return os.environ.get("RANK", "0") == "0"
+
+
+def prepare_run_dir(out: str | Path, resume: bool = False, overwrite: bool = False) -> None:
+    """Check that ``out`` may receive this run, before anything is written.
+
+    A new or empty directory is fine. A directory that already holds a run is refused:
+    training again would silently replace its weights and metrics (and, without a new
+    report, leave the old report describing another run). ``resume`` continues it instead;
+    ``overwrite`` removes the old run's files (:data:`RUN_FILES`) first.
+    """
+    out = Path(out)
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+    if resume:
+        if not (out / "config.json").is_file():
+            raise CheckpointError(f"--resume: {out} holds no run to continue (no config.json)")
+        return
+    if not _is_main_process():
+        return
+    found = [name for name in RUN_FILES if (out / name).exists()]
+    # What a finished or resumable run leaves; a run that failed before saving anything
+    # (bad data, divergence at step 2) leaves only its start, which a new run replaces.
+    saved = [name for name in RUN_SAVED if (out / name).exists()]
+    if saved and not overwrite:
+        raise ConfigError(
+            f"--out {out} already holds a run ({', '.join(saved[:3])}); continue it with "
+            "--resume or replace it with --overwrite"
+        )
+    for name in found:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+@contextlib.contextmanager
+def lock_run_dir(out: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on the run directory ``out`` (created if needed) while
+    training or resuming: a second process on the same directory is refused at once,
+    with the pid of the holder, instead of both writing into one run.
+
+    The lock is ``flock`` on ``OUT/.lock``: the kernel releases it when the holder exits,
+    however it exits (a SIGKILL leaves no stale lock). The file itself stays.
+    """
+    out = Path(out)
+    if not _is_main_process():
+        yield
+        return
+    created = not out.exists()
+    _make_out_dir(out)
+    path = out / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        if not lock_file(fd, blocking=False):
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise ConfigError(
+                f"--out {out} is in use by another rnnkit process (pid {holder}); wait for "
+                "it to finish or choose another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        # A run refused before it wrote anything leaves no directory behind.
+        if created and os.listdir(out) == [LOCK_NAME]:
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        os.close(fd)
+
+
+def _make_out_dir(out: Path) -> None:
+    """Create ``--out``; one line naming it when that is impossible (``/dev/null`` gave the
+    raw ``[Errno 17] File exists``)."""
+    if out.exists() and not out.is_dir():
+        kind = "regular file" if out.is_file() else "special file (a device, FIFO or socket)"
+        raise ConfigError(f"--out {out}: exists and is a {kind}, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create the directory ({exc.strerror})") from None
+
+
+def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """Wrap a task's ``train(cfg, resume=False, quiet=False, ...)``: the run directory
+    is locked (:func:`lock_run_dir`) for the whole run and checked
+    (:func:`prepare_run_dir`) before anything is written. Adds the keyword ``overwrite``
+    (default False: a directory holding a run is refused unless ``resume``)."""
+
+    @functools.wraps(train)
+    def wrapper(cfg: TrainConfig, *args: Any, overwrite: bool = False, **kwargs: Any):
+        resume = bool(kwargs.get("resume", args[0] if args else False))
+        with lock_run_dir(cfg.out):
+            prepare_run_dir(cfg.out, resume=resume, overwrite=overwrite)
+            if resume:
+                # A run cut short has no manifest: its snapshot carries its checksums.
+                verify_run(cfg.out, missing_ok=True)
+                cfg = resume_data(cfg, load_config(cfg.out, verify=False)[1])
+            # The manifest goes first and is written again last, when the run is whole.
+            with writing_run(cfg.out, main=_is_main_process()):
+                try:
+                    return train(cfg, *args, **kwargs)
+                except RunFinished as done:
+                    # The run stays exactly as it finished; the caller gets its summary.
+                    messages.info(str(done))
+                    return read_summary(cfg.out)
+
+    return wrapper

@@ -1,0 +1,52 @@
+"""What a run writes beside its model: the fitted baseline (``baseline.safetensors``)
+and the end-of-run ``summary.json``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file as save_numpy
+
+from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.settings import device_name, run_settings
+from rnnkit.data.files import atomic_write
+from rnnkit.training.baseline_check import behind_baseline
+from rnnkit.training.checkpoint import atomic_write_json, load_arrays
+
+__all__ = [
+    "BASELINE_FILE",
+    "finish_summary",
+    "load_baseline",
+    "save_baseline",
+]
+
+
+BASELINE_FILE = "baseline.safetensors"
+
+
+def save_baseline(out: str | Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write the fitted baseline of a run (``baseline.safetensors``: numpy arrays, no
+    pickling), so that ``rnnkit evaluate`` scores it beside the model on new data."""
+    atomic_write(Path(out) / BASELINE_FILE, write_path=lambda tmp: save_numpy(arrays, tmp))
+
+
+def load_baseline(run_dir: str | Path) -> dict[str, np.ndarray] | None:
+    """The arrays of ``baseline.safetensors`` (None for a run that has none: one from
+    before the file existed). A damaged file is a ``CheckpointError`` naming it."""
+    path = Path(run_dir) / BASELINE_FILE
+    if not os.path.lexists(path):
+        return None
+    return load_arrays(path)
+
+
+def finish_summary(cfg: TrainConfig, summary: dict[str, Any]) -> dict[str, Any]:
+    """Add ``behind_baseline`` (the model against its best baseline, one line saying why
+    when it is behind: :mod:`rnnkit.training.baseline_check`) and write ``summary.json``.
+    Returns the summary."""
+    summary["behind_baseline"] = behind_baseline(summary, cfg.task, run_settings(cfg))
+    summary["device"] = device_name(cfg.device)
+    atomic_write_json(Path(cfg.out) / "summary.json", summary)
+    return summary

@@ -1,0 +1,100 @@
+"""What a run's configuration sets up before training: the random seed, the device, the
+model's specification and the training loop's options (the library never reads a
+``TrainConfig``: each of these is the option of its name)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import torch
+
+from rnnkit.app.config import TrainConfig
+from rnnkit.errors import ConfigError
+from rnnkit.models.spec import ModelSpec
+from rnnkit.training.baseline_check import RunSettings
+from rnnkit.training.loop import TrainOptions
+
+__all__ = [
+    "choose_device",
+    "device_name",
+    "model_spec",
+    "run_settings",
+    "seed_everything",
+    "train_options",
+]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def choose_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available here")
+    return torch.device(name)
+
+
+def device_name(name: str) -> str:
+    """The device ``--device NAME`` trains on, as the summary names it (``cpu``, or
+    ``cuda (the card's name)``).
+
+    >>> device_name("cpu")
+    'cpu'
+    """
+    device = choose_device(name)
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return device.type
+
+
+def model_spec(cfg: TrainConfig) -> ModelSpec:
+    """The model part of ``cfg`` for the builders of :mod:`rnnkit.models` (which never see
+    the configuration: each :class:`~rnnkit.models.spec.ModelSpec` field is the option of
+    its name).
+
+    >>> model_spec(TrainConfig(train="x", cell="gru", hidden=8)).hidden
+    8
+    """
+    return ModelSpec(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelSpec)})
+
+
+def run_settings(cfg: TrainConfig) -> RunSettings:
+    """The budget and knobs of ``cfg`` that the behind-the-baseline advice names
+    (:class:`~rnnkit.training.baseline_check.RunSettings`: each field the option of its
+    name)."""
+    return RunSettings(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(RunSettings)})
+
+
+def train_options(cfg: TrainConfig, quiet: bool, units: str = "ppl") -> TrainOptions:
+    """The training loop's options from the command line's config (every task the same).
+
+    >>> train_options(TrainConfig(steps=3), quiet=True).steps
+    3
+    """
+    return TrainOptions(
+        epochs=cfg.epochs,
+        steps=cfg.steps,
+        max_time=cfg.max_time,
+        clip_norm=cfg.clip_norm,
+        clip_value=cfg.clip_value,
+        eval_every=cfg.eval_every,
+        patience=cfg.patience,
+        log_every=cfg.log_every,
+        tensorboard=cfg.tensorboard,
+        on_nonfinite=cfg.on_nonfinite,
+        precision=cfg.precision,
+        threads=cfg.threads,
+        rows=cfg.batch_size,
+        quiet=quiet,
+        units=units,
+        lr_schedule=cfg.effective_lr_schedule(),
+        warmup=cfg.warmup,
+        lr_decay=cfg.lr_decay,
+        init_range=cfg.init_range,
+    )
