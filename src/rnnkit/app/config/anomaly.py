@@ -50,8 +50,7 @@ class EventsOptions:
         tasks=("events",),
         help="the session score giving verdicts: max or mean surprise, count of top-g misses, "
         "end (surprise of the session's end), norm (surprise against each event's typical "
-        "one) or combined (default %(default)s; score --follow streams by max unless given); "
-        "docs/anomaly.md compares them",
+        "one) or combined (default %(default)s); docs/anomaly.md compares them",
     )
     threshold_method: str = option(
         "quantile",
