@@ -136,6 +136,9 @@ def windowed_sweep(
     Returns:
         ``Sweep`` per unit (the gate gradients summed over all lags, the initial states').
     """
+    # One function, not split further: the lag loop, the per-layer pass down the stack at
+    # one lag and the shift to the next lag share the gradient buffers of every layer and
+    # direction, and the order of those three is the algorithm (docstring above).
     first = layers[-1][0].record
     T, B = first.states[0].shape[0] - 1, first.states[0].shape[1]
     like = first.x

@@ -96,6 +96,9 @@ class _AttentionDecoder(torch.autograd.Function):
         v: Tensor | None,
         *states0: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
+        # forward and backward stay one function each: every step reads and writes the
+        # same preallocated (T, ...) buffers of the cell, the attention and its scores, and
+        # splitting a step over helpers would pass a dozen of them each way per call.
         kernel, T = spec.kernel, spec.T
         B, S, D = memory.shape
         H = weight_hh.shape[1]
@@ -170,6 +173,8 @@ class _AttentionDecoder(torch.autograd.Function):
     def backward(
         ctx: Any, d_hidden: Tensor | None, d_contexts: Tensor | None, d_weights: Tensor | None
     ):
+        # (one function, as the forward: the reverse sweep and the weight products that
+        # follow it share the sweep's buffers)
         spec, n = ctx.spec, ctx.num_states
         kernel, T = spec.kernel, spec.T
         saved = list(ctx.saved_tensors)
