@@ -1,0 +1,100 @@
+"""What each regularizer of the recurrent layers costs in a training step.
+
+One training step of a stacked LSTM (``rnnkit.LSTM``, train mode: forward, a loss on
+every output, backward through time) with each regularizer alone, AWD-style combined, and
+none, timed in interleaved rounds (``_common.interleaved``); the ratio to the plain layer
+is the median over rounds of the ratio within a round. On the CPU the layer runs the
+compiled loop where it is built (``--loop pytorch``: the PyTorch loop).
+
+    python benchmarks/bench_regularizers.py [--hidden 256] [--steps 64] [--batch 32] \\
+        [--layers 2] [--threads 1] [--rounds 15] [--loop compiled|pytorch] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import interleaved, machine, median_ratio
+
+import rnnkit
+from rnnkit.bptt import native
+
+OPTIONS: dict[str, dict[str, float]] = {
+    "none": {},
+    "input_dropout 0.3": {"input_dropout": 0.3},
+    "locked_dropout 0.3": {"locked_dropout": 0.3},
+    "output_dropout 0.4": {"output_dropout": 0.4},
+    "weight_drop 0.5": {"weight_drop": 0.5},
+    "recurrent_dropout 0.25": {"recurrent_dropout": 0.25},
+    "zoneout 0.1": {"zoneout": 0.1},
+    "AWD-style (input, locked, output, weight drop)": {
+        "input_dropout": 0.3,
+        "locked_dropout": 0.25,
+        "output_dropout": 0.4,
+        "weight_drop": 0.5,
+    },
+}
+
+
+def step_of(options: dict[str, float], args: argparse.Namespace) -> object:
+    """A closure running one training step of a fresh layer with ``options``."""
+    torch.manual_seed(0)
+    layer = rnnkit.LSTM(args.hidden, args.hidden, num_layers=args.layers, **options)
+    layer.train()
+    x = torch.randn(args.steps, args.batch, args.hidden)
+
+    def step() -> None:
+        layer.zero_grad(set_to_none=True)
+        out = layer(x)[0]
+        out.square().mean().backward()
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--loop", choices=("compiled", "pytorch"), default="compiled")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    with native.use_native(args.loop == "compiled"):
+        fns = {name: step_of(opts, args) for name, opts in OPTIONS.items()}
+        times = interleaved(fns, rounds=args.rounds, block_s=0.3)
+    rows = [
+        {
+            "option": name,
+            "ms_per_step": round(1e3 * sorted(t)[len(t) // 2], 2),
+            "ratio_to_none": round(median_ratio(times, name, "none"), 3),
+        }
+        for name, t in times.items()
+    ]
+    record = {"machine": machine(), "loop": args.loop, "config": vars(args), "rows": rows}
+    if args.json:
+        print(json.dumps(record))
+        return 0
+    m = record["machine"]
+    print(f"{m['cpu']}, torch {m['torch']}, {args.threads} thread(s), {m['date']}, load {m['load_1min']}")
+    print(
+        f"LSTM {args.layers}×{args.hidden}, T={args.steps}, B={args.batch}, "
+        f"{args.loop} loop, {args.rounds} interleaved rounds\n"
+    )
+    print("| option | ms per training step | × the plain layer |\n|---|---:|---:|")
+    for r in rows:
+        print(f"| {r['option']} | {r['ms_per_step']} | {r['ratio_to_none']:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
