@@ -216,11 +216,11 @@ def run(name: str, options: str, work: Path, cap: float) -> dict[str, object]:
         parameters=summary.get("parameters"),
         load_1min=round(os.getloadavg()[0], 2),
     )
-    valid = summary.get("valid") or {}
+    best = summary.get("valid") or {}  # the validation figures of the weights kept
     record["elapsed_s"] = round(float(summary.get("elapsed_s") or 0.0), 1)
-    record["best_step"] = valid.get("step")
-    if valid.get("oov_accuracy") is not None:
-        record["oov_accuracy"] = valid["oov_accuracy"]
+    record["best_step"] = best.get("step")
+    if best.get("oov_accuracy") is not None:
+        record["oov_accuracy"] = best["oov_accuracy"]
     test = train.with_name("test" + train.suffix)
     if test.is_file():
         record["test"] = _evaluate(out, test)
