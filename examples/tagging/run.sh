@@ -29,9 +29,9 @@ run() {  # name data extra-options...
   "$PY" -m rnnkit evaluate --checkpoint "$OUT/$name" --data "$OUT/$data/test.tsv" --json \
     > "$OUT/$name.test.json"
 }
-run words types
+run words types --no-char-rnn  # the tag task adds the character RNN by default
 run chars types --char-rnn
-run bio bio
+run bio bio --no-char-rnn
 
 "$PY" - "$OUT" <<'PY'
 import json, sys
