@@ -56,6 +56,21 @@ def test_the_lm_defaults_differ_from_the_options_own() -> None:
     assert (lm.layers, lm.dropout) == (2, 0.3) == (cli_spec().layers, cli_spec().dropout)
 
 
+def test_the_tag_defaults_are_those_of_docs_defaults() -> None:
+    """``tag`` reads each word's spelling (``--char-rnn``) with dropout 0.5, chosen on
+    the Brown corpus's news section (docs/defaults.md); the options' own defaults are off
+    and 0, and ``--no-char-rnn`` turns the character RNN off and keeps the rest."""
+    assert (ModelSpec().char_rnn, ModelSpec().dropout) == (False, 0.0)
+    tag = ModelSpec.for_task("tag")
+    assert (
+        (tag.char_rnn, tag.dropout)
+        == (True, 0.5)
+        == (cli_spec("--task", "tag").char_rnn, cli_spec("--task", "tag").dropout)
+    )
+    assert cli_spec("--task", "tag", "--no-char-rnn") == dataclasses.replace(tag, char_rnn=False)
+    assert ModelSpec.for_task("tag", char_rnn=False) == cli_spec("--task", "tag", "--no-char-rnn")
+
+
 @pytest.mark.parametrize(
     "fields, argv",
     [

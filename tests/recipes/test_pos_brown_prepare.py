@@ -53,3 +53,28 @@ def test_prepare_writes_token_tab_tag_files_the_tagger_reads(tmp_path):
     ]
     with pytest.raises(ValueError, match="no Brown sample files"):
         prepare.prepare(tmp_path / "data", tmp_path / "out")
+
+
+def test_news_split_is_the_news_section_shuffled_and_cut_80_10_10(tmp_path):
+    import random
+
+    package = tmp_path / "package"
+    package.mkdir()
+    for i in range(1, 6):  # news: 5 samples of 4 sentences each
+        (package / f"ca{i:02d}").write_text(
+            "".join(f"\n\n\tw{i}_{j}/nn-tl ./.\n" for j in range(4)), encoding="utf-8"
+        )
+    (package / "cb01").write_text("\n\n\tNot/at news/nn ./.\n", encoding="utf-8")
+    counts = prepare.prepare_news(package, tmp_path / "news")
+    assert counts == {"train": (5, 16), "valid": (5, 2), "test": (5, 2)}
+    # The oracle: the 20 sentences in sample order, shuffled by random.Random(0).
+    words = [f"w{i}_{j}" for i in range(1, 6) for j in range(4)]
+    random.Random(0).shuffle(words)
+    parts = {}
+    for part in ("train", "valid", "test"):
+        sentences, _ = read_tagged(tmp_path / "news" / f"{part}.tsv")
+        assert all(s.tags == ["nn", "."] for s in sentences)  # markers gone, as in prepare()
+        parts[part] = [s.tokens[0] for s in sentences]
+    assert parts == {"train": words[:16], "valid": words[16:18], "test": words[18:]}
+    with pytest.raises(ValueError, match="no news samples"):
+        prepare.prepare_news(tmp_path / "news", tmp_path / "out")

@@ -5,9 +5,9 @@ take a :class:`ModelSpec`, never the command line's configuration: models sit be
 application, which translates its options into a spec (``rnnkit.app.tasks.settings.model_spec``).
 The field names and defaults are those of the ``rnnkit train`` options of the same name;
 a task may default some of them otherwise (:data:`TASK_MODEL_DEFAULTS`: ``lm`` trains
-two layers with dropout 0.3), so the model ``rnnkit train --task TASK`` builds with no
-model option given is ``ModelSpec.for_task(TASK)``, while ``ModelSpec()`` holds the
-options' own defaults.
+two layers with dropout 0.3, ``tag`` reads each word's characters, with dropout 0.5), so
+the model ``rnnkit train --task TASK`` builds with no model option given is
+``ModelSpec.for_task(TASK)``, while ``ModelSpec()`` holds the options' own defaults.
 
 >>> spec = ModelSpec(cell="rnn", hidden=8, layers=2, nonlinearity="tanh,relu")
 >>> spec.nonlinearities()
@@ -16,6 +16,8 @@ options' own defaults.
 ('tanh', 'tanh', 'tanh')
 >>> ModelSpec().layers, ModelSpec.for_task("lm").layers, ModelSpec.for_task("tag").layers
 (1, 2, 1)
+>>> ModelSpec().char_rnn, ModelSpec.for_task("tag").char_rnn
+(False, True)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = ["TASK_MODEL_DEFAULTS", "ModelSpec", "task_model_defaults"]
 #: :meth:`ModelSpec.for_task` does the same.
 TASK_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "lm": {"layers": 2, "dropout": 0.3},
+    "tag": {"char_rnn": True, "dropout": 0.5},
 }
 
 

@@ -214,6 +214,7 @@ CONFIGS = [
      "--bptt", "full", "--length", "stop", "--max-time", "1e-3", "--lr", "1e-05"],
     ["--task", "lm", "--wiring", "jordan", "--nonlinearity", "relu", "--bptt", "full"],
     ["--task", "tag", "--bidirectional", "--char-rnn", "--tag-column", "xpos", "--seed", "-4"],
+    ["--task", "tag", "--no-char-rnn", "--word-dropout", "0.1"],
     ["--task", "classify", "--pooling", "max", "--unit", "word", "--dropout", "0.25"],
     ["--task", "seq2seq", "--attention", "additive", "--beam", "3", "--max-parameters", "900000"],
     ["--task", "events", "--target-fpr", "0.001", "--window", "5", "--score", "mean"],
@@ -235,9 +236,11 @@ def test_print_config_loads_back_to_the_same_configuration(tmp_path, run_cli, op
     # every option given is in it with its value; options of other tasks are not
     flags = [o[2:] for o in options if o.startswith("--")]
     for flag in flags:
-        assert flag in loaded or flag == "no-clip", flag
+        assert flag in loaded or flag in ("no-clip", "no-char-rnn"), flag
     if "--no-clip" in options:
         assert loaded["no-clip"] is True and "clip-norm" not in loaded
+    if "--no-char-rnn" in options:  # the switch is printed off, its opposite not at all
+        assert loaded["char-rnn"] is False and "no-char-rnn" not in loaded
     task = loaded["task"]
     if task != "classify":
         assert "pooling" not in loaded

@@ -95,3 +95,11 @@ def test_train_uses_the_tasks_own_defaults_unless_given():
     assert config("--task", "tag").lr == 0.002
     help_text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
     assert "learning rate (default 0.002; regress: 0.005)" in " ".join(help_text.split())
+    # a switch a task turns on: its default shown as on, and its opposite offered
+    assert (
+        config("--task", "tag").char_rnn and not config("--task", "tag", "--no-char-rnn").char_rnn
+    )
+    assert "have too (tag: on) [tasks: tag]" in " ".join(help_text.split())
+    assert "--no-char-rnn turn --char-rnn off (on by default for tag)" in " ".join(
+        help_text.split()
+    )

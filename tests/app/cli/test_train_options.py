@@ -27,6 +27,7 @@ COMMAND = {
     "overwrite",
     "skip_checksums",
     "no_clip",
+    "no_char_rnn",
     "max_parameters",
     "json",
     "no_report",
@@ -99,6 +100,9 @@ def test_the_default_configuration_is_the_fields_defaults_but_the_command_lines_
     ("argv", "expected"),
     [
         (["--task", "tag", "--word-dropout", "0.2"], {"word_dropout": 0.2}),
+        (["--task", "tag"], {"char_rnn": True}),  # the tag task's own default
+        (["--task", "tag", "--no-char-rnn"], {"char_rnn": False}),
+        (["--task", "tag", "--char-rnn"], {"char_rnn": True}),
         (["--task", "events", "--threshold-method", "gpd", "--window", "4"],
          {"threshold_method": "gpd", "window": 4}),
         (["--task", "params", "--confidence", "0.9", "--target-fpr", "0.05"],
@@ -117,6 +121,8 @@ def test_task_options_reach_their_fields(argv, expected):
     ("argv", "message"),
     [
         (["--word-dropout", "0.2"], r"--word-dropout does not apply to --task lm \(only to: tag\)"),
+        (["--no-char-rnn"], r"--char-rnn does not apply to --task lm \(only to: tag\)"),
+        (["--task", "tag", "--char-rnn", "--no-char-rnn"], "--char-rnn and --no-char-rnn"),
         (["--task", "params", "--top-g", "3"], "--top-g does not apply to --task params"),
         (["--task", "events", "--target-fpr", "1.5"], r"--target-fpr must be in \(0, 1\)"),
     ],

@@ -3,8 +3,10 @@
 The options of the configuration are not written here: each is built from its field of
 ``TrainConfig`` (``rnnkit.app.config``), whose metadata holds the help text, the choices,
 the metavar and the tasks and cells that read it, one argument group per concern. Only
-the options of the command itself (``--config``, ``--resume``, ``--json``, ...) and
-``--no-clip`` (a switch that unsets ``--clip-norm``) are added by hand.
+the options of the command itself (``--config``, ``--resume``, ``--json``, ...),
+``--no-clip`` (a switch that unsets ``--clip-norm``) and, for a switch that a task turns
+on by default (``--char-rnn`` for ``tag``), its opposite (``--no-char-rnn``) are added by
+hand.
 """
 
 from __future__ import annotations
@@ -39,7 +41,16 @@ __all__ = ["add_config_options", "register", "run"]
 CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 
 
+#: The switches some task turns on by default (:data:`TASK_DEFAULTS`): each has an
+#: opposite, ``--no-NAME``, to turn it off on the command line (``--no-char-rnn``).
+NEGATED = tuple(
+    sorted({name for d in TASK_DEFAULTS.values() for name, value in d.items() if value is True})
+)
+
+
 def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -92,6 +103,14 @@ def add_config_options(p: argparse.ArgumentParser) -> None:
                 )
             if field.name == "clip_norm":
                 group.add_argument("--no-clip", action="store_true", help="do not clip gradients")
+            if field.name in NEGATED:
+                group.add_argument(
+                    "--no" + flag(field.name)[1:],
+                    action="store_true",
+                    help=f"turn {flag(field.name)} off (on by default for "
+                    + ", ".join(t for t, d in TASK_DEFAULTS.items() if d.get(field.name))
+                    + ")",
+                )
 
 
 def register(sub: Any) -> None:
@@ -142,11 +161,20 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     explicit = getattr(args, "explicit", None)  # set by cli.main; None when called directly
     if explicit is not None and "no_clip" in explicit:
         explicit = explicit | {"clip_norm"}
+    switched_off = {name for name in NEGATED if getattr(args, "no_" + name, False)}
+    for name in switched_off:
+        if values[name]:
+            raise ConfigError(f"{flag(name)} and --no{flag(name)[1:]}: give one of them")
+        values[name] = False
+    if explicit is not None:
+        explicit = explicit | {name for name in NEGATED if "no_" + name in explicit}
     if not args.resume:
         global_defaults = TrainConfig()
         for key, value in task_defaults(values["task"], values).items():
             # The task's own default for an option not given (without the parse's record
             # of what was typed: one still at the global default counts as not given).
+            if key in switched_off:
+                continue
             if (
                 key not in explicit
                 if explicit is not None
@@ -264,6 +292,8 @@ def effective_options(
         dest = action.dest
         if dest == "no_clip":
             values[dest] = cfg.clip_norm is None
+        elif dest.startswith("no_") and dest[3:] in NEGATED:
+            continue  # the switch itself is printed, true or false
         elif dest in CONFIG_FIELDS:
             if cfg.applies(dest):
                 values[dest] = getattr(cfg, dest)

@@ -103,7 +103,8 @@ class TagOptions:
     char_rnn: bool = option(
         False,
         tasks=("tag",),
-        help="add a character-level RNN over each word (helps unknown words)",
+        help="add a character-level RNN over each word: features of its spelling, which "
+        "words unseen in training have too",
     )
     word_dropout: float = option(
         0.05,
