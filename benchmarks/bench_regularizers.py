@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,7 +27,7 @@ from _common import interleaved, machine, median_ratio
 import rnnkit
 from rnnkit.bptt import native
 
-OPTIONS: dict[str, dict[str, float]] = {
+OPTIONS: dict[str, dict[str, Any]] = {
     "none": {},
     "input_dropout 0.3": {"input_dropout": 0.3},
     "locked_dropout 0.3": {"locked_dropout": 0.3},
@@ -42,7 +44,7 @@ OPTIONS: dict[str, dict[str, float]] = {
 }
 
 
-def step_of(options: dict[str, float], args: argparse.Namespace) -> object:
+def step_of(options: dict[str, Any], args: argparse.Namespace) -> Callable[[], None]:
     """A closure running one training step of a fresh layer with ``options``."""
     torch.manual_seed(0)
     layer = rnnkit.LSTM(args.hidden, args.hidden, num_layers=args.layers, **options)
@@ -85,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(record))
         return 0
     m = record["machine"]
-    print(f"{m['cpu']}, torch {m['torch']}, {args.threads} thread(s), {m['date']}, load {m['load_1min']}")
+    print(f"{m['cpu']}, torch {m['torch']}, {args.threads} thread(s), {m['date']}, ", end="")
+    print(f"load {m['load_1min']}")
     print(
         f"LSTM {args.layers}×{args.hidden}, T={args.steps}, B={args.batch}, "
         f"{args.loop} loop, {args.rounds} interleaved rounds\n"
