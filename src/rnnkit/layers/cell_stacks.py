@@ -2,12 +2,14 @@
 cell's own options.
 
 Each takes the stack's arguments (``input_size``, ``hidden_size``, ``num_layers``,
-``bidirectional``, ``dropout``, ``batch_first``, ``recompute``) and passes the rest to
-every cell it builds; ``RNN`` also takes one nonlinearity per layer. A bidirectional
-stack may give its directions different widths, ``hidden_size=(H_f, H_b)``: outputs
-``[h^f_t; h^b_t]`` of ``H_f + H_b`` features, the state ``(L, 2, B, max(H_f, H_b))``
-with each direction's units first (``rnnkit.layers.stacked.StackedRecurrent``). Everything else (the
-forward pass, states, windows, resets) is ``rnnkit.layers.stacked``'s.
+``bidirectional``, ``dropout``, ``batch_first``, ``recompute`` and the regularizers
+``input_dropout``, ``locked_dropout``, ``output_dropout``, ``recurrent_dropout``,
+``weight_drop``, ``zoneout``) and passes the rest to every cell it builds; ``RNN`` also
+takes one nonlinearity per layer. A bidirectional stack may give its directions
+different widths, ``hidden_size=(H_f, H_b)``: outputs ``[h^f_t; h^b_t]`` of
+``H_f + H_b`` features, the state ``(L, 2, B, max(H_f, H_b))`` with each direction's
+units first (``rnnkit.layers.stacked.StackedRecurrent``). Everything else (the forward
+pass, states, windows, resets) is ``rnnkit.layers.stacked``'s.
 """
 
 from __future__ import annotations
@@ -23,6 +25,21 @@ from rnnkit.cells.rnn import RNNCell
 from rnnkit.layers.stacked import StackedRecurrent, direction_widths
 
 __all__ = ["GRU", "LSTM", "RNN"]
+
+#: The stack's keyword options among a cell stack's keywords (the rest go to the cells).
+REGULARIZERS = (
+    "input_dropout",
+    "locked_dropout",
+    "output_dropout",
+    "recurrent_dropout",
+    "weight_drop",
+    "zoneout",
+)
+
+
+def _split(options: dict[str, object]) -> dict[str, float]:
+    """Remove the stack's regularizers from ``options`` and return them."""
+    return {k: options.pop(k) for k in REGULARIZERS if k in options}  # type: ignore[misc]
 
 
 class _CellStack(StackedRecurrent):
@@ -44,6 +61,7 @@ class _CellStack(StackedRecurrent):
         **cell_options: object,
     ) -> None:
         cell_class = self.cell_class
+        regularizers = _split(cell_options)
         # StackedRecurrent asks for the cells layer by layer, bottom first (forward
         # direction, then backward): the k-th cell built is direction k % D.
         widths = direction_widths(hidden_size, bidirectional)
@@ -61,6 +79,7 @@ class _CellStack(StackedRecurrent):
             dropout,
             batch_first,
             recompute,
+            **regularizers,
         )
 
 
@@ -93,6 +112,7 @@ class RNN(_CellStack):
         nonlinearity: str | Sequence[str] = "tanh",
         **cell_options: object,
     ) -> None:
+        regularizers = _split(cell_options)
         per_layer = None if isinstance(nonlinearity, str) else list(nonlinearity)
         if per_layer is not None and len(per_layer) != num_layers:
             raise ValueError(
@@ -121,6 +141,7 @@ class RNN(_CellStack):
             dropout,
             batch_first,
             recompute,
+            **regularizers,
         )
 
 

@@ -1,0 +1,154 @@
+"""Recurrent dropout and zoneout in the time loop: outputs and every gradient equal
+autograd of the same masked computation written in plain torch ops (fixed masks, float64),
+on both time loops (where the compiled loop is asked for, the layer runs the PyTorch one)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rnnkit import GRU, LSTM, RNN
+from rnnkit.bptt.forward import _compiled
+from rnnkit.bptt.fused import use_fused, wants_fused
+from rnnkit.bptt.regularized import RegularizedKernel
+from rnnkit.layers.regularization import CellMasks, StackMasks
+
+pytestmark = pytest.mark.usefixtures("time_loop")
+
+T, B, I, H = 5, 3, 2, 4
+KINDS = {
+    "lstm": lambda **kw: LSTM(I, H, batch_first=False, **kw),
+    "gru-keep-after": lambda **kw: GRU(I, H, batch_first=False, update="keep", reset="after", **kw),
+    "gru-cand-before": lambda **kw: GRU(I, H, batch_first=False, **kw),
+    "rnn": lambda **kw: RNN(I, H, batch_first=False, **kw),
+}
+
+
+def reference_step(cell, x, prev, w_hh, rec, lstm):
+    """One step in plain ops; the recurrent products read ``prev[0] ⊙ rec``."""
+    h = prev[0]
+    hm = h if rec is None else h * rec
+    if lstm:
+        a = x @ cell.weight_ih.T + hm @ w_hh.T + cell.bias
+        i, f, g, o = a.chunk(4, dim=1)
+        c = torch.sigmoid(f) * prev[1] + torch.sigmoid(i) * torch.tanh(g)
+        return (torch.sigmoid(o) * torch.tanh(c), c)
+    if cell.gates == 1:
+        return (torch.tanh(x @ cell.weight_ih.T + hm @ w_hh.T + cell.bias),)
+    xp = x @ cell.weight_ih.T + cell.bias
+    r, z = torch.sigmoid(xp[:, : 2 * H] + hm @ w_hh[: 2 * H].T).chunk(2, dim=1)
+    if cell.reset == "after":
+        n = torch.tanh(xp[:, 2 * H :] + r * (hm @ w_hh[2 * H :].T + cell.bias_hn))
+    else:
+        n = torch.tanh(xp[:, 2 * H :] + (r * hm) @ w_hh[2 * H :].T)
+    if cell.update == "keep":
+        return (z * h + (1 - z) * n,)
+    return ((1 - z) * h + z * n,)
+
+
+def reference(layer, x, masks: CellMasks, real, states0):
+    cell = layer.cells()[0]
+    w_hh = cell.weight_hh if masks.weight_hh is None else cell.weight_hh * masks.weight_hh
+    states, outs = states0, []
+    for t in range(x.shape[0]):
+        new = reference_step(cell, x[t], states, w_hh, masks.recurrent, cell.is_lstm)
+        if masks.keep is not None:
+            new = tuple(
+                d[t] * p + (1 - d[t]) * n for d, p, n in zip(masks.keep, states, new, strict=True)
+            )
+        m = real[t][:, None]
+        new = tuple(torch.where(m, n, p) for n, p in zip(new, states, strict=True))
+        outs.append(new[0])
+        states = new
+    return torch.stack(outs), states
+
+
+def draw(layer, p_rec, p_zone, weight_drop, gen, real_valued=False):
+    cell = layer.cells()[0]
+    rec = None
+    if p_rec:
+        rec = (torch.rand(B, H, generator=gen, dtype=torch.float64) > p_rec) / (1 - p_rec)
+    keep = None
+    if p_zone:
+        n = 2 if cell.is_lstm else 1
+        keep = tuple(
+            torch.rand(T, B, H, generator=gen, dtype=torch.float64)
+            if real_valued
+            else (torch.rand(T, B, H, generator=gen, dtype=torch.float64) < p_zone).double()
+            for _ in range(n)
+        )
+    drop_w = None
+    if weight_drop:
+        shape = cell.weight_hh.shape
+        drop_w = (torch.rand(*shape, generator=gen, dtype=torch.float64) > 0.5) * 2.0
+    return CellMasks(drop_w, rec, keep)
+
+
+def compare(kind, masks_of, gen, lengths=(5, 3, 0)):
+    layer = KINDS[kind]().double()
+    masks = masks_of(layer)
+    x = torch.randn(T, B, I, generator=gen, dtype=torch.float64, requires_grad=True)
+    s0 = tuple(
+        torch.randn(B, H, generator=gen, dtype=torch.float64, requires_grad=True)
+        for _ in range(2 if layer.is_lstm else 1)
+    )
+    lengths_t = torch.tensor(lengths)
+    real = torch.arange(T)[:, None] < lengths_t[None, :]
+    state = None
+    if layer.is_lstm:
+        from rnnkit import LSTMState
+
+        state = LSTMState(s0[0][None, None], s0[1][None, None])
+    else:
+        state = s0[0][None, None]
+    stack = StackMasks(None, (None,), None, (masks,))
+    out = layer(x, lengths=lengths_t, state=state, masks=stack)
+    ref_out, ref_fin = reference(layer, x, masks, real, s0)
+    # the padding of the outputs holds the state (the reference's too)
+    torch.testing.assert_close(out.outputs, ref_out)
+    fin = (out.state.h, out.state.c) if layer.is_lstm else (out.state,)
+    for a, b in zip(fin, ref_fin, strict=True):
+        torch.testing.assert_close(a[0, 0], b)
+    g_out = torch.randn(out.outputs.shape, generator=gen, dtype=torch.float64)
+    g_fin = [torch.randn(B, H, generator=gen, dtype=torch.float64) for _ in fin]
+    inputs = [x, *s0, *layer.parameters()]
+    got = torch.autograd.grad(
+        [out.outputs, *(f[0, 0] for f in fin)], inputs, [g_out, *g_fin], allow_unused=True
+    )
+    want = torch.autograd.grad([ref_out, *ref_fin], inputs, [g_out, *g_fin], allow_unused=True)
+    for a, b in zip(got, want, strict=True):
+        if b is None:
+            assert a is None or not a.any()
+        else:
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_recurrent_dropout_equals_autograd_of_the_masked_step(kind, gen):
+    compare(kind, lambda layer: draw(layer, 0.4, 0.0, False, gen), gen)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("real_valued", [False, True])
+def test_zoneout_equals_autograd_of_the_mixed_step(kind, real_valued, gen):
+    compare(kind, lambda layer: draw(layer, 0.0, 0.3, False, gen, real_valued), gen)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_all_in_loop_options_together(kind, gen):
+    compare(kind, lambda layer: draw(layer, 0.3, 0.3, True, gen), gen)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_weight_drop_alone_equals_autograd_in_either_loop(kind, gen):
+    compare(kind, lambda layer: draw(layer, 0.0, 0.0, True, gen), gen, lengths=(5, 5, 5))
+
+
+def test_the_regularized_kernel_has_no_compiled_loop_and_no_fused_form():
+    layer = LSTM(I, H).double()
+    cell = layer.cells()[0]
+    kernel = RegularizedKernel(cell.kernel, torch.ones(B, H, dtype=torch.float64))
+    x = torch.zeros(T, B, I, dtype=torch.float64)
+    assert _compiled(kernel, x, *cell.weights()) is None
+    with use_fused("fused"):
+        assert wants_fused(kernel, x, None, None, False) is None  # type: ignore[arg-type]
