@@ -13,6 +13,7 @@ from rnnkit.bptt.fused import use_fused
 from rnnkit.errors import ConfigError
 from rnnkit.layers.regularization import (
     CellMasks,
+    DropoutEmbedding,
     StackMasks,
     check_probability,
     dropout_mask,
@@ -295,3 +296,25 @@ def test_lstm_state_is_zoned_on_h_and_c(gen):
     out = layer(x, state=s0, masks=keep_all)
     torch.testing.assert_close(out.state.h, s0.h)  # every unit kept at every step
     torch.testing.assert_close(out.state.c, s0.c)
+
+
+def test_dropout_embedding_gradient_is_that_of_the_masked_rows(gen):
+    """Training: the lookup of ``diag(m) E`` with the row mask drawn from the same seed;
+    the gradient reaches only the kept rows, scaled; evaluation: nn.Embedding's."""
+    emb = DropoutEmbedding(12, 3, dropout=0.5).double()
+    ids = torch.randint(0, 12, (4, 6), generator=gen)
+    torch.manual_seed(4)
+    out = emb(ids)
+    torch.manual_seed(4)
+    mask = dropout_mask((12, 1), 0.5, emb.weight)
+    weight = emb.weight.detach().clone().requires_grad_()
+    want = torch.nn.functional.embedding(ids, weight * mask)
+    torch.testing.assert_close(out, want)
+    g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    (got,) = torch.autograd.grad(out, emb.weight, g)
+    (ref,) = torch.autograd.grad(want, weight, g)
+    torch.testing.assert_close(got, ref)
+    emb.eval()
+    plain = torch.nn.Embedding(12, 3).double()
+    plain.load_state_dict(emb.state_dict())
+    assert torch.equal(emb(ids), plain(ids))

@@ -525,3 +525,32 @@ def test_table_input_only_where_it_is_the_same_model_and_faster():
     assert not lm._reads_table(x, *none)
     narrow = build_language_model(ModelSpec(hidden=8, embedding=32), 11)
     assert not narrow._reads_table(x, *none)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_scheduled_sampling_p0_keeps_one_mask_per_sequence(kind):
+    """With every regularizer on, the step-by-step loss at p = 0 draws the same masks as
+    the teacher-forced loss (one per sequence, the embedding's rows once, zoneout's step
+    t at step t): equal losses and gradients from the same seed."""
+    spec = ModelSpec(
+        cell=kind,
+        hidden=6,
+        embedding=5,
+        layers=2,
+        input_dropout=0.3,
+        locked_dropout=0.3,
+        output_dropout=0.3,
+        recurrent_dropout=0.3,
+        weight_drop=0.3,
+        zoneout=0.3,
+        embedding_dropout=0.3,
+    )
+    torch.manual_seed(0)
+    lm = build_language_model(spec, V).double().train()
+    x, y = tokens(3, 9), tokens(3, 9, seed=7)
+    torch.manual_seed(5)
+    got = grads(lm, lm.scheduled_loss(x, y, PADDED, sampling_p=0.0).loss)
+    torch.manual_seed(5)
+    want = grads(lm, lm.loss(x, y, mask=PADDED).loss)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-12)

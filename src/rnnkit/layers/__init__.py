@@ -21,6 +21,7 @@ from rnnkit.layers.masking import flip_sequences, lengths_to_mask, resolve_mask
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.layers.regularization import (
     CellMasks,
+    DropoutEmbedding,
     StackMasks,
     check_probability,
     dropout_mask,
@@ -41,6 +42,7 @@ __all__ = [
     "AttentionOutput",
     "Bidirectional",
     "CellMasks",
+    "DropoutEmbedding",
     "Linear",
     "Recurrent",
     "StackMasks",

@@ -23,12 +23,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from rnnkit.errors import ConfigError
 
 __all__ = [
     "CellMasks",
+    "DropoutEmbedding",
     "StackMasks",
     "check_probability",
     "dropout_mask",
@@ -107,6 +108,41 @@ def embedding_dropout(weight: Tensor, p: float, training: bool) -> Tensor:
     if not training or p == 0.0:
         return weight
     return weight * dropout_mask((weight.shape[0], 1), p, weight)
+
+
+class DropoutEmbedding(nn.Embedding):
+    """``nn.Embedding`` with :func:`embedding_dropout` of probability ``dropout`` in
+    training: whole rows of the matrix dropped for the call, the rest rescaled. The same
+    parameters and state as ``nn.Embedding`` (a checkpoint reads into either).
+
+    >>> emb = DropoutEmbedding(10, 4, dropout=0.5).eval()
+    >>> bool(torch.equal(emb(torch.tensor([3])), emb.weight[3:4]))
+    True
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, dropout: float = 0.0, **kw):
+        super().__init__(num_embeddings, embedding_dim, **kw)
+        self.dropout = check_probability("embedding_dropout", dropout)
+
+    def dropped_weight(self) -> Tensor:
+        """The matrix with this call's rows dropped (``weight`` itself at evaluation): for
+        a loop that looks up one step at a time with one mask for the whole batch."""
+        return embedding_dropout(self.weight, self.dropout, self.training)
+
+    def lookup(self, input: Tensor, weight: Tensor) -> Tensor:
+        """``input``'s rows of ``weight`` (this embedding's or :meth:`dropped_weight`)."""
+        return nn.functional.embedding(
+            input, weight, self.padding_idx, None, self.norm_type, self.scale_grad_by_freq,
+            self.sparse,
+        )  # fmt: skip
+
+    def forward(self, input: Tensor) -> Tensor:
+        if not self.training or self.dropout == 0.0:
+            return super().forward(input)
+        return self.lookup(input, self.dropped_weight())
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", dropout={self.dropout}" if self.dropout else "")
 
 
 def zoneout_keep(T: int, B: int, H: int, p: float, like: Tensor, training: bool) -> Tensor:

@@ -7,7 +7,13 @@ modules.
 
 from rnnkit.generation.seq2seq_search import beam_search, decode_batch
 from rnnkit.models.bow import BOW_C, MAX_FEATURES, BagOfNgrams, fit_logistic
-from rnnkit.models.builders import build_encoder, build_language_model, build_length, build_lm
+from rnnkit.models.builders import (
+    build_embedding,
+    build_encoder,
+    build_language_model,
+    build_length,
+    build_lm,
+)
 from rnnkit.models.classifier import (
     Classifier,
     FeedForwardHead,
@@ -91,6 +97,7 @@ __all__ = [
     "beam_search",
     "build_classifier",
     "build_decoder_only",
+    "build_embedding",
     "build_encoder",
     "build_language_model",
     "build_length",

@@ -1,0 +1,60 @@
+"""The builders hand the spec's regularizers to the stacks that run them (not to a stack
+stepped through its cells) and the embedding dropout to the word embeddings."""
+
+from __future__ import annotations
+
+import torch
+
+from rnnkit.layers.regularization import DropoutEmbedding
+from rnnkit.models import ModelSpec, build_language_model
+from rnnkit.models.builders import build_encoder
+from rnnkit.models.classifier import build_classifier
+from rnnkit.models.seq2seq import build_seq2seq
+from rnnkit.models.tagger import build_tagger
+
+STACK = {
+    "input_dropout": 0.1,
+    "locked_dropout": 0.2,
+    "output_dropout": 0.3,
+    "recurrent_dropout": 0.4,
+    "weight_drop": 0.5,
+    "zoneout": 0.6,
+}
+SPEC = ModelSpec(hidden=8, embedding=4, embedding_dropout=0.25, **STACK)
+
+
+def _stack_options(stack):
+    return {name: getattr(stack, name) for name in STACK}
+
+
+def test_encoder_takes_the_regularizers_or_none():
+    assert _stack_options(build_encoder(SPEC, 3)) == STACK
+    assert set(_stack_options(build_encoder(SPEC, 3, regularize=False)).values()) == {0.0}
+
+
+def test_word_embeddings_drop_rows():
+    lm = build_language_model(SPEC, 10)
+    assert isinstance(lm.embedding, DropoutEmbedding) and lm.embedding.dropout == 0.25
+    assert _stack_options(lm.encoder) == STACK
+    clf = build_classifier(SPEC, 10, 3)
+    assert clf.embedding.dropout == 0.25 and _stack_options(clf.encoder) == STACK
+
+
+def test_seq2seq_regularizes_its_encoder_side_only():
+    m = build_seq2seq(SPEC, 10, 12)
+    assert m.source_embedding.dropout == 0.25 and _stack_options(m.encoder) == STACK
+    assert set(_stack_options(m.decoder).values()) == {0.0}
+    assert not isinstance(m.target_embedding, DropoutEmbedding)
+
+
+def test_tagger_char_encoder_is_plain():
+    t = build_tagger(ModelSpec(hidden=8, embedding=6, char_rnn=True, zoneout=0.5), 20, 5, 30)
+    assert t.encoder.zoneout == 0.5 and t.char_encoder.encoder.zoneout == 0.0
+
+
+def test_a_spec_without_regularizers_builds_the_plain_model():
+    torch.manual_seed(0)
+    plain = build_language_model(ModelSpec(hidden=8, embedding=4), 10)
+    tokens = torch.randint(0, 10, (2, 5))
+    assert plain.encoder.draw_masks(2, 5, plain.embedding.weight) is None
+    assert plain.embedding(tokens).shape == (2, 5, 4)
