@@ -318,3 +318,46 @@ def test_dropout_embedding_gradient_is_that_of_the_masked_rows(gen):
     plain = torch.nn.Embedding(12, 3).double()
     plain.load_state_dict(emb.state_dict())
     assert torch.equal(emb(ids), plain(ids))
+
+
+def test_to_torch_refuses_what_torch_nn_lacks():
+    from rnnkit.layers.interop import to_torch
+
+    with pytest.raises(ValueError, match=r"no zoneout=0\.2"):
+        to_torch(LSTM(I, H, zoneout=0.2).eval())
+    with pytest.raises(ValueError, match=r"no weight_drop=0\.3 in training"):
+        to_torch(LSTM(I, H, weight_drop=0.3))
+    layer = LSTM(I, H, weight_drop=0.3, recurrent_dropout=0.1).eval()
+    x = torch.randn(B, T, I)
+    torch.testing.assert_close(layer(x).outputs, to_torch(layer)(x)[0])
+
+
+@pytest.mark.parametrize("cls", [LSTM, GRU, RNN])
+def test_gradcheck_bidirectional_stack_with_every_regularizer(cls, holey_mask):
+    """Central finite differences in float64 over the input, the initial state and every
+    parameter of a 2-layer bidirectional stack with holes in its mask and all six
+    regularizers at fixed masks (the reverse directions and the locked layer between)."""
+    from torch.func import functional_call
+
+    torch.manual_seed(0)
+    Bn, Tn = holey_mask.shape
+    layer = cls(2, 2, num_layers=2, bidirectional=True, **dict.fromkeys(ALL, 0.3)).double()
+    x = torch.randn(Bn, Tn, 2, dtype=torch.float64, requires_grad=True)
+    masks = layer.draw_masks(Bn, Tn, x)
+    n_s = 2 if cls is LSTM else 1
+    s0 = [torch.randn(2, 2, Bn, 2, dtype=torch.float64, requires_grad=True) for _ in range(n_s)]
+    names = [n for n, _ in layer.named_parameters()]
+    params = [p.detach().clone().requires_grad_() for p in layer.parameters()]
+
+    def f(x, *rest):
+        state = LSTMState(*rest[:n_s]) if cls is LSTM else rest[0]
+        out = functional_call(
+            layer,
+            dict(zip(names, rest[n_s:], strict=True)),
+            (x,),
+            {"mask": holey_mask, "state": state, "masks": masks},
+        )
+        finals = tuple(out.state) if cls is LSTM else (out.state,)
+        return (out.outputs, *finals)
+
+    assert torch.autograd.gradcheck(f, (x, *s0, *params), eps=1e-6, atol=1e-6)
