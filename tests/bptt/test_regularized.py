@@ -1,6 +1,7 @@
 """Recurrent dropout and zoneout in the time loop: outputs and every gradient equal
 autograd of the same masked computation written in plain torch ops (fixed masks, float64),
-on both time loops (where the compiled loop is asked for, the layer runs the PyTorch one)."""
+on both time loops (the LSTM's compiled loop takes the masks; the other cells run the
+PyTorch loop even where the compiled one is asked for)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import pytest
 import torch
 
 from rnnkit import GRU, LSTM, RNN
+from rnnkit.bptt import native
 from rnnkit.bptt.forward import _compiled
 from rnnkit.bptt.fused import use_fused, wants_fused
-from rnnkit.bptt.regularized import RegularizedKernel
+from rnnkit.bptt.regularized import CompiledRegularizedLSTM, regularized
+from rnnkit.cells.lstm import LSTMKernel
 from rnnkit.layers.regularization import CellMasks, StackMasks
 
 pytestmark = pytest.mark.usefixtures("time_loop")
@@ -144,11 +147,60 @@ def test_weight_drop_alone_equals_autograd_in_either_loop(kind, gen):
     compare(kind, lambda layer: draw(layer, 0.0, 0.0, True, gen), gen, lengths=(5, 5, 5))
 
 
-def test_the_regularized_kernel_has_no_compiled_loop_and_no_fused_form():
-    layer = LSTM(I, H).double()
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_only_the_lstm_has_a_compiled_loop_and_none_a_fused_form(kind):
+    layer = KINDS[kind]().double()
     cell = layer.cells()[0]
-    kernel = RegularizedKernel(cell.kernel, torch.ones(B, H, dtype=torch.float64))
+    kernel = regularized(cell.kernel, torch.ones(B, H, dtype=torch.float64), None)
     x = torch.zeros(T, B, I, dtype=torch.float64)
-    assert _compiled(kernel, x, *cell.weights()) is None
+    compiled = _compiled(kernel, x, *cell.weights()) is not None
+    assert compiled == (kind == "lstm" and native.available() and native._enabled)
+    assert isinstance(kernel, CompiledRegularizedLSTM) == (kind == "lstm")
     with use_fused("fused"):
         assert wants_fused(kernel, x, None, None, False) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("batch", [3, 9])
+def test_compiled_lstm_loop_equals_the_pytorch_loop(monkeypatch, dtype, batch, holey_mask):
+    """The compiled LSTM loop with recurrent dropout and zoneout (holes in the mask,
+    batch-first input; 9 rows on one thread take its input product in the loop) gives
+    the PyTorch loop's outputs and gradients, and is the loop that ran."""
+    if not native.available():
+        pytest.skip("the compiled time loop is unavailable on this machine")
+    calls = {"forward": 0, "backward": 0}
+    for name in calls:
+        real = getattr(LSTMKernel, "native_" + name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += kwargs.get("reg") is not None
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(LSTMKernel, "native_" + name, counted)
+    gen = torch.Generator().manual_seed(0)
+    mask = holey_mask.repeat(3, 1)[:batch]
+    Tn = mask.shape[1]
+    torch.manual_seed(1)
+    layer = LSTM(I, H, recurrent_dropout=0.4, zoneout=0.3).to(dtype)
+    x = torch.randn(batch, Tn, I, generator=gen, dtype=dtype)
+    masks = layer.draw_masks(batch, Tn, x)
+    g = torch.randn(batch, Tn, H, generator=gen, dtype=dtype)
+    results = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for compiled in (True, False):
+            xi = x.clone().requires_grad_()
+            with native.use_native(compiled):
+                out = layer(xi, mask=mask, masks=masks)
+                grads = torch.autograd.grad(
+                    [out.outputs, out.state.h], [xi, *layer.parameters()],
+                    [g, torch.ones_like(out.state.h)],
+                )  # fmt: skip
+            results.append([out.outputs, out.state.h, out.state.c, *grads])
+    finally:
+        torch.set_num_threads(before)
+    assert calls == {"forward": 1, "backward": 1}
+    tol = {} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, **tol)

@@ -244,6 +244,8 @@ def _sorted_rows(
     compiled loop runs a mask: ``(x, mask3, states0, order or None, packing or None)``."""
     if mask is None or mask3 is None or _compiled(kernel, x, *weights, *states0) is None:
         return x, mask3, states0, None, None
+    if getattr(kernel, "unsorted", False):  # per-row masks inside (rnnkit.bptt.regularized)
+        return x, mask3, states0, None, None
     # The compiled loop stops computing rows after their last real step when rows are
     # sorted by it (as packed sequences are): sort here, undo the order on the way out,
     # and pack the steps' buffers so that the products skip the finished rows too.

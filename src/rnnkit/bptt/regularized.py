@@ -18,8 +18,10 @@ its ``∂L/∂h_{t-1}`` gains ``d_h ⊙ d_t``; the recurrent product's gradient
 ``∂L/∂W_hh = Σ_t d_gatesᵀ (h_{t-1} ⊙ m)``. For the GRU the update's ``z`` then reads the
 unmasked state: ``∂L/∂a_z`` gains ``±d_h ⊙ (h_{t-1} − h_{t-1} ⊙ m) ⊙ z(1 − z)``.
 
-The kernel has no compiled loop and no fused form, so a layer with these options runs
-the PyTorch time loop (``rnnkit.bptt.forward``), whatever the device and path.
+No fused kernel computes this function: a layer with these options never takes the
+fused path. The LSTM's compiled loop takes the masks as inputs (``rnnkit/csrc/lstm.h``;
+its rows then stay unsorted and unpacked, the masks being per batch row); the other
+cells run the PyTorch time loop (``rnnkit.bptt.forward``). :func:`regularized` picks.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from torch import Tensor
 
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import StepKernel, Weights, scratch
+from rnnkit.cells.lstm import LSTMKernel
 
-__all__ = ["RegularizedKernel"]
+__all__ = ["CompiledRegularizedLSTM", "RegularizedKernel", "regularized"]
 
 
 class RegularizedKernel:
@@ -177,3 +180,44 @@ class RegularizedKernel:
             B, H = m.shape
             h_prev = (h_prev.view(-1, B, H) * m).view(-1, H)
         return self.inner.recurrent_grads(d_xp, d_hp, h_prev, cache, mm)
+
+
+class CompiledRegularizedLSTM(RegularizedKernel):
+    """:class:`RegularizedKernel` of the LSTM with the compiled loop's forward and backward,
+    which take the same masks (``rnnkit/csrc/lstm.h``). ``unsorted``: the time loop keeps
+    the batch's row order and packs no steps (the masks are per batch row)."""
+
+    unsorted = True
+
+    def _reg(self, like: Tensor) -> tuple[Tensor | None, ...]:
+        keep: list[Tensor | None] = [None, None]
+        for j, k in enumerate(self.zoned):
+            keep[k] = self.keep[j].to(like.dtype).contiguous()
+        m = self.recurrent_mask
+        return (None if m is None else m.to(like.dtype).contiguous(), *keep)
+
+    def native_reads_rows(self, x: Tensor, w: Weights) -> bool:
+        return self.inner.native_reads_rows(x, w)  # type: ignore[attr-defined]
+
+    def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
+        inner = self.inner
+        reg = self._reg(states0[0])
+        return inner.native_forward(
+            lib, x, w, T, B, states0, mask, save, offsets, projected, reg=reg
+        )
+
+    def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False):
+        reg = self._reg(record.states[0])
+        return self.inner.native_backward(
+            lib, record, w, mask, d_out, d_states, offsets, need_x, reg=reg
+        )
+
+
+def regularized(
+    inner: StepKernel, recurrent_mask: Tensor | None, keep: tuple[Tensor, ...] | None
+) -> RegularizedKernel:
+    """The kernel of ``inner`` with these masks: the LSTM's runs in the compiled loop where
+    that loop runs, the others in the PyTorch loop."""
+    if isinstance(inner, LSTMKernel):
+        return CompiledRegularizedLSTM(inner, recurrent_mask, keep)
+    return RegularizedKernel(inner, recurrent_mask, keep)

@@ -73,6 +73,27 @@ const T* opt_ptr(const std::optional<Tensor>& t) {
   return t.has_value() ? t->data_ptr<T>() : nullptr;
 }
 
+// Recurrent dropout's mask (B, H) and zoneout's keep factors (T, B, H), each contiguous in
+// the states' dtype, on unsorted and unpacked rows (lstm.h, Regularizers).
+template <typename T>
+Regularizers<T> regularizers_of(const std::optional<Tensor>& m, const std::optional<Tensor>& kh,
+                                const std::optional<Tensor>& kc, const Steps& S, int64_t Tn,
+                                int64_t B, int64_t H, const Tensor& like) {
+  const auto ok = [&](const std::optional<Tensor>& t, const char* name, at::IntArrayRef shape) {
+    if (!t.has_value()) return;
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->sizes() == shape &&
+                    t->scalar_type() == like.scalar_type(),
+                name, " must be contiguous ", shape, " of the states' dtype on the CPU, got ",
+                t->sizes());
+  };
+  ok(m, "rec_mask", {B, H});
+  ok(kh, "keep_h", {Tn, B, H});
+  ok(kc, "keep_c", {Tn, B, H});
+  Regularizers<T> rg{opt_ptr<T>(m), opt_ptr<T>(kh), opt_ptr<T>(kc)};
+  TORCH_CHECK(!rg.any() || !S.packed(), "recurrent dropout and zoneout need unpacked rows");
+  return rg;
+}
+
 template <typename T>
 T* opt_out_ptr(std::optional<Tensor>& t) {
   return t.has_value() ? t->data_ptr<T>() : nullptr;
@@ -140,7 +161,9 @@ std::vector<Tensor> rnn_backward(Tensor hs, Tensor w_hh, std::optional<Tensor> m
 std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor c0,
                                  std::optional<Tensor> mask, bool save,
                                  std::optional<Tensor> offsets, std::optional<Tensor> w_ih,
-                                 bool keep_input, bool batch_first) {
+                                 bool keep_input, bool batch_first,
+                                 std::optional<Tensor> rec_mask, std::optional<Tensor> keep_h,
+                                 std::optional<Tensor> keep_c) {
   check(w_hh, "w_hh", 2);
   const int64_t Tn = steps_of(xp, offsets), B = h0.size(0), H = h0.size(1);
   TORCH_CHECK(w_hh.size(0) == 4 * H && w_hh.size(1) == H, "w_hh must be (4H, H)");
@@ -176,12 +199,13 @@ std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
     if (fused) Wx.emplace(*w_ih, 0, 4 * H, true, S.rows());
     scalar_t* g = apart ? (save ? gates.data_ptr<scalar_t>() : nullptr) : xp.data_ptr<scalar_t>();
     const scalar_t* x = apart ? xp.data_ptr<scalar_t>() : nullptr;
+    const auto rg = regularizers_of<scalar_t>(rec_mask, keep_h, keep_c, S, Tn, B, H, hs);
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       lstm_forward_impl<scalar_t>(g, W, bias.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(),
                                   hs.data_ptr<scalar_t>(), cs.data_ptr<scalar_t>(),
                                   tc.data_ptr<scalar_t>(), save, M, S, Tn, B, H, r0, r1, x,
                                   Wx ? &*Wx : nullptr, I, xp.stride(0), xp.stride(1),
-                                  batch_first ? out.data_ptr<scalar_t>() : nullptr);
+                                  batch_first ? out.data_ptr<scalar_t>() : nullptr, rg);
     });
   });
   if (!save) {  // nothing is kept for backward: only the final c is meaningful
@@ -197,7 +221,8 @@ std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
 std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_hh,
                                   std::optional<Tensor> mask, std::optional<Tensor> d_out,
                                   Tensor d_h, Tensor d_c, std::optional<Tensor> offsets,
-                                  std::optional<Tensor> w_ih) {
+                                  std::optional<Tensor> w_ih, std::optional<Tensor> rec_mask,
+                                  std::optional<Tensor> keep_h, std::optional<Tensor> keep_c) {
   check(cs, "cs", 3);
   check(w_hh, "w_hh", 2);
   check(d_h, "d_h", 2);
@@ -223,13 +248,14 @@ std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_h
     const StepMatrix<scalar_t> W(w_hh, 0, 4 * H, false, S.rows());
     std::optional<StepMatrix<scalar_t>> Wx;
     if (w_ih.has_value()) Wx.emplace(*w_ih, 0, 4 * H, false, S.rows());
+    const auto rg = regularizers_of<scalar_t>(rec_mask, keep_h, keep_c, S, Tn, B, H, cs);
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       lstm_backward_impl<scalar_t>(
           gates.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(), cs.data_ptr<scalar_t>(), W, M, S,
           opt_ptr<scalar_t>(d_out), d_out ? d_out->stride(0) : 0, d_out ? d_out->stride(1) : 0,
           dxp.data_ptr<scalar_t>(), d_h.data_ptr<scalar_t>(), d_c.data_ptr<scalar_t>(),
           d_bias.data_ptr<scalar_t>() + r0 * 4 * H, Tn, B, H, r0, r1, Wx ? &*Wx : nullptr,
-          w_ih.has_value() ? dx.data_ptr<scalar_t>() : nullptr, I);
+          w_ih.has_value() ? dx.data_ptr<scalar_t>() : nullptr, I, rg);
     });
   });
   return {dxp, d_h, d_c, dx, d_bias.sum(0)};
@@ -511,12 +537,13 @@ TORCH_LIBRARY(rnnkit_native, m) {
   m.def(
       "lstm_forward(Tensor(a!) xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor c0, Tensor? mask, "
       "bool save, Tensor? offsets=None, Tensor? w_ih=None, bool keep_input=False, "
-      "bool batch_first=False) -> Tensor[]",
+      "bool batch_first=False, Tensor? rec_mask=None, Tensor? keep_h=None, "
+      "Tensor? keep_c=None) -> Tensor[]",
       &lstm_forward);
   m.def(
       "lstm_backward(Tensor gates, Tensor tanh_c, Tensor cs, Tensor w_hh, Tensor? mask, "
-      "Tensor? d_out, Tensor(a!) d_h, Tensor(b!) d_c, Tensor? offsets=None, Tensor? w_ih=None) "
-      "-> Tensor[]",
+      "Tensor? d_out, Tensor(a!) d_h, Tensor(b!) d_c, Tensor? offsets=None, Tensor? w_ih=None, "
+      "Tensor? rec_mask=None, Tensor? keep_h=None, Tensor? keep_c=None) -> Tensor[]",
       &lstm_backward);
   m.def(
       "gru_forward(Tensor(a!) xp_rz, Tensor(b!) xp_n, Tensor w_hh, Tensor bias, "

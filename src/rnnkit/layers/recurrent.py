@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from rnnkit.bptt.recompute import run_recomputed
 from rnnkit.bptt.recurrence import run_recurrence
-from rnnkit.bptt.regularized import RegularizedKernel
+from rnnkit.bptt.regularized import regularized
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.kernel import Kernel
@@ -56,8 +56,8 @@ class Recurrent(nn.Module):
         ``projected``: ``x (T, B, G·H)`` is the input product ``x W_ihᵀ`` (no bias),
         computed by the caller (``rnnkit.bptt.recurrence.run_recurrence``).
         ``masks``: the regularizers' masks of this direction (``rnnkit.layers.regularization``):
-        the masked ``weight_hh`` goes to the loop; recurrent dropout and zoneout run the
-        PyTorch loop (``rnnkit.bptt.regularized``), not with ``window`` or ``recompute``."""
+        the masked ``weight_hh`` goes to the loop; recurrent dropout and zoneout run in
+        the loop (``rnnkit.bptt.regularized``), not with ``window`` or ``recompute``."""
         check_tracer()
         B = x.shape[1]
         if state is None:
@@ -82,8 +82,8 @@ class Recurrent(nn.Module):
                         "recurrent_dropout and zoneout cannot be combined with a window "
                         "or recompute: use full BPTT and recompute=None"
                     )
-                wrapped = RegularizedKernel(kernel, masks.recurrent, masks.keep)
-                kernel = wrapped  # type: ignore[assignment]  # a step kernel, no native loop
+                wrapped = regularized(kernel, masks.recurrent, masks.keep)
+                kernel = wrapped  # type: ignore[assignment]  # compiled for the LSTM only
         if recompute is not None and not tracing():  # a graph's memory is the compiler's
             if projected:
                 raise ValueError("a projected input cannot be recomputed: recompute=None")
