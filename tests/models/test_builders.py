@@ -20,7 +20,7 @@ STACK = {
     "weight_drop": 0.5,
     "zoneout": 0.6,
 }
-SPEC = ModelSpec(hidden=8, embedding=4, embedding_dropout=0.25, **STACK)
+REGULARIZED = ModelSpec(hidden=8, embedding=4, embedding_dropout=0.25, **STACK)
 
 
 def _stack_options(stack):
@@ -28,20 +28,20 @@ def _stack_options(stack):
 
 
 def test_encoder_takes_the_regularizers_or_none():
-    assert _stack_options(build_encoder(SPEC, 3)) == STACK
-    assert set(_stack_options(build_encoder(SPEC, 3, regularize=False)).values()) == {0.0}
+    assert _stack_options(build_encoder(REGULARIZED, 3)) == STACK
+    assert set(_stack_options(build_encoder(REGULARIZED, 3, regularize=False)).values()) == {0.0}
 
 
 def test_word_embeddings_drop_rows():
-    lm = build_language_model(SPEC, 10)
+    lm = build_language_model(REGULARIZED, 10)
     assert isinstance(lm.embedding, DropoutEmbedding) and lm.embedding.dropout == 0.25
     assert _stack_options(lm.encoder) == STACK
-    clf = build_classifier(SPEC, 10, 3)
+    clf = build_classifier(REGULARIZED, 10, 3)
     assert clf.embedding.dropout == 0.25 and _stack_options(clf.encoder) == STACK
 
 
 def test_seq2seq_regularizes_its_encoder_side_only():
-    m = build_seq2seq(SPEC, 10, 12)
+    m = build_seq2seq(REGULARIZED, 10, 12)
     assert m.source_embedding.dropout == 0.25 and _stack_options(m.encoder) == STACK
     assert set(_stack_options(m.decoder).values()) == {0.0}
     assert not isinstance(m.target_embedding, DropoutEmbedding)
