@@ -361,3 +361,8 @@ def test_gradcheck_bidirectional_stack_with_every_regularizer(cls, holey_mask):
         return (out.outputs, *finals)
 
     assert torch.autograd.gradcheck(f, (x, *s0, *params), eps=1e-6, atol=1e-6)
+
+
+def test_the_repr_names_the_regularizers_in_force():
+    assert "zoneout=0.1" in repr(GRU(I, H, zoneout=0.1))
+    assert "zoneout" not in repr(GRU(I, H)) and "weight_drop" not in repr(GRU(I, H))

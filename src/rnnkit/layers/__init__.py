@@ -20,6 +20,7 @@ from rnnkit.layers.linear import Linear, linear
 from rnnkit.layers.masking import flip_sequences, lengths_to_mask, resolve_mask
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.layers.regularization import (
+    REGULARIZERS,
     CellMasks,
     DropoutEmbedding,
     StackMasks,
@@ -36,6 +37,7 @@ __all__ = [
     "ATTENTION_KINDS",
     "GRU",
     "LSTM",
+    "REGULARIZERS",
     "RNN",
     "Attention",
     "AttentionDecoderOutput",

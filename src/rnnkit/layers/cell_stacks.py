@@ -22,23 +22,15 @@ from rnnkit.cells.base import CellBase
 from rnnkit.cells.gru import GRUCell
 from rnnkit.cells.lstm import LSTMCell
 from rnnkit.cells.rnn import RNNCell
+from rnnkit.layers.regularization import REGULARIZERS
 from rnnkit.layers.stacked import StackedRecurrent, direction_widths
 
 __all__ = ["GRU", "LSTM", "RNN"]
 
-#: The stack's keyword options among a cell stack's keywords (the rest go to the cells).
-REGULARIZERS = (
-    "input_dropout",
-    "locked_dropout",
-    "output_dropout",
-    "recurrent_dropout",
-    "weight_drop",
-    "zoneout",
-)
-
 
 def _split(options: dict[str, object]) -> dict[str, float]:
-    """Remove the stack's regularizers from ``options`` and return them."""
+    """Remove the stack's regularizers (the stack's own keywords, the rest go to the
+    cells) from ``options`` and return them."""
     return {k: options.pop(k) for k in REGULARIZERS if k in options}  # type: ignore[misc]
 
 

@@ -20,14 +20,18 @@ drops whole rows of an embedding matrix (every occurrence of a word in the batch
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from rnnkit.errors import ConfigError
 
+if TYPE_CHECKING:  # the stack's module imports this one
+    from rnnkit.layers.stacked import StackedRecurrent
+
 __all__ = [
+    "REGULARIZERS",
     "CellMasks",
     "DropoutEmbedding",
     "StackMasks",
@@ -37,6 +41,17 @@ __all__ = [
     "locked",
     "steps_of",
 ]
+
+
+#: A stack's regularizer options, in the order of its constructor.
+REGULARIZERS = (
+    "input_dropout",
+    "locked_dropout",
+    "output_dropout",
+    "recurrent_dropout",
+    "weight_drop",
+    "zoneout",
+)
 
 
 def check_probability(name: str, p: object) -> float:
@@ -151,6 +166,33 @@ def zoneout_keep(T: int, B: int, H: int, p: float, like: Tensor, training: bool)
     if training:
         return like.new_empty(T, B, H).bernoulli_(p)
     return like.new_full((1, 1, 1), p).expand(T, B, H)
+
+
+def draw_stack_masks(stack: StackedRecurrent, B: int, T: int, like: Tensor) -> StackMasks | None:
+    """``StackedRecurrent.draw_masks``: the masks of ``stack`` (its regularizers, sizes,
+    cells and training mode) for ``B`` sequences of ``T`` steps; None when none applies."""
+    on = stack.training
+
+    def drop(width: int, p: float) -> Tensor | None:
+        return dropout_mask((B, width), p, like) if on and p else None
+
+    between = (None, *(drop(stack.output_size, stack.locked_dropout) for _ in stack.layers[1:]))
+    cells = tuple(
+        draw_cell_masks(
+            c, B, T, like, on, stack.weight_drop, stack.recurrent_dropout, stack.zoneout
+        )
+        for c in stack.cells()
+    )
+    masks = StackMasks(
+        drop(stack.input_size, stack.input_dropout),
+        between,
+        drop(stack.output_size, stack.output_dropout),
+        cells,
+    )
+    idle = all(c.weight_hh is None and not c.in_loop for c in cells)
+    if idle and masks.input is None and masks.output is None and between[-1] is None:
+        return None
+    return masks
 
 
 def draw_cell_masks(

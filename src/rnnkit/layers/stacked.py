@@ -29,11 +29,11 @@ from rnnkit.errors import ConfigError
 from rnnkit.layers.masking import resolve_mask
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.layers.regularization import (
+    REGULARIZERS,
     CellMasks,
     StackMasks,
     check_probability,
-    draw_cell_masks,
-    dropout_mask,
+    draw_stack_masks,
     locked,
     steps_of,
 )
@@ -439,28 +439,7 @@ class StackedRecurrent(nn.Module):
         ``steps`` steps, in ``like``'s dtype and device: drawn from torch's generator in
         training; at evaluation only zoneout's constant factor ``p``. None when no
         regularizer applies. Pass them to :meth:`forward` to hold them fixed."""
-        B, T, on = batch_size, steps, self.training
-
-        def drop(width: int, p: float) -> Tensor | None:
-            return dropout_mask((B, width), p, like) if on and p else None
-
-        between = (None, *(drop(self.output_size, self.locked_dropout) for _ in self.layers[1:]))
-        cells = tuple(
-            draw_cell_masks(
-                c, B, T, like, on, self.weight_drop, self.recurrent_dropout, self.zoneout
-            )
-            for c in self.cells()
-        )
-        masks = StackMasks(
-            drop(self.input_size, self.input_dropout),
-            between,
-            drop(self.output_size, self.output_dropout),
-            cells,
-        )
-        idle = all(c.weight_hh is None and not c.in_loop for c in cells)
-        if idle and masks.input is None and masks.output is None and between[-1] is None:
-            return None
-        return masks
+        return draw_stack_masks(self, batch_size, steps, like)
 
     def _run_windowed(
         self,
@@ -565,9 +544,12 @@ class StackedRecurrent(nn.Module):
         return str(w[0]) if len(set(w)) == 1 else str(w)
 
     def extra_repr(self) -> str:
+        regularizers = "".join(
+            f", {name}={getattr(self, name)}" for name in REGULARIZERS if getattr(self, name)
+        )
         return (
             f"{self.input_size}, {self._widths_repr()}, num_layers={self.num_layers}, "
-            f"bidirectional={self.bidirectional}, dropout={self.dropout}"
+            f"bidirectional={self.bidirectional}, dropout={self.dropout}{regularizers}"
         )
 
 
