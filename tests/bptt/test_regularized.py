@@ -12,7 +12,8 @@ from rnnkit import GRU, LSTM, RNN
 from rnnkit.bptt import native
 from rnnkit.bptt.forward import _compiled
 from rnnkit.bptt.fused import use_fused, wants_fused
-from rnnkit.bptt.regularized import CompiledRegularizedLSTM, regularized
+from rnnkit.bptt.regularized import CompiledRegularized, regularized
+from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.lstm import LSTMKernel
 from rnnkit.layers.regularization import CellMasks, StackMasks
 
@@ -148,40 +149,43 @@ def test_weight_drop_alone_equals_autograd_in_either_loop(kind, gen):
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_only_the_lstm_has_a_compiled_loop_and_none_a_fused_form(kind):
+def test_lstm_and_gru_have_a_compiled_loop_and_none_a_fused_form(kind):
     layer = KINDS[kind]().double()
     cell = layer.cells()[0]
     kernel = regularized(cell.kernel, torch.ones(B, H, dtype=torch.float64), None)
     x = torch.zeros(T, B, I, dtype=torch.float64)
     compiled = _compiled(kernel, x, *cell.weights()) is not None
-    assert compiled == (kind == "lstm" and native.available() and native._enabled)
-    assert isinstance(kernel, CompiledRegularizedLSTM) == (kind == "lstm")
+    assert compiled == (kind != "rnn" and native.available() and native._enabled)
+    assert isinstance(kernel, CompiledRegularized) == (kind != "rnn")
     with use_fused("fused"):
         assert wants_fused(kernel, x, None, None, False) is None  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("kind", ["lstm", "gru-keep-after", "gru-cand-before"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("batch", [3, 9])
-def test_compiled_lstm_loop_equals_the_pytorch_loop(monkeypatch, dtype, batch, holey_mask):
-    """The compiled LSTM loop with recurrent dropout and zoneout (holes in the mask,
-    batch-first input; 9 rows on one thread take its input product in the loop) gives
-    the PyTorch loop's outputs and gradients, and is the loop that ran."""
+def test_compiled_loop_equals_the_pytorch_loop(monkeypatch, kind, dtype, batch, holey_mask):
+    """The compiled loop with recurrent dropout and zoneout (holes in the mask,
+    batch-first input; an LSTM of 9 rows on one thread takes its input product in the
+    loop) gives the PyTorch loop's outputs and gradients, and is the loop that ran."""
     if not native.available():
         pytest.skip("the compiled time loop is unavailable on this machine")
     calls = {"forward": 0, "backward": 0}
+    kernel_class = LSTMKernel if kind == "lstm" else GRUKernel
     for name in calls:
-        real = getattr(LSTMKernel, "native_" + name)
+        real = getattr(kernel_class, "native_" + name)
 
         def counted(*args, _real=real, _name=name, **kwargs):
             calls[_name] += kwargs.get("reg") is not None
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(LSTMKernel, "native_" + name, counted)
+        monkeypatch.setattr(kernel_class, "native_" + name, counted)
     gen = torch.Generator().manual_seed(0)
     mask = holey_mask.repeat(3, 1)[:batch]
     Tn = mask.shape[1]
     torch.manual_seed(1)
-    layer = LSTM(I, H, recurrent_dropout=0.4, zoneout=0.3).to(dtype)
+    layer = KINDS[kind](recurrent_dropout=0.4, zoneout=0.3).to(dtype)
+    layer.batch_first = True
     x = torch.randn(batch, Tn, I, generator=gen, dtype=dtype)
     masks = layer.draw_masks(batch, Tn, x)
     g = torch.randn(batch, Tn, H, generator=gen, dtype=dtype)
@@ -193,11 +197,12 @@ def test_compiled_lstm_loop_equals_the_pytorch_loop(monkeypatch, dtype, batch, h
             xi = x.clone().requires_grad_()
             with native.use_native(compiled):
                 out = layer(xi, mask=mask, masks=masks)
+                finals = list(out.state) if kind == "lstm" else [out.state]
                 grads = torch.autograd.grad(
-                    [out.outputs, out.state.h], [xi, *layer.parameters()],
-                    [g, torch.ones_like(out.state.h)],
+                    [out.outputs, *finals], [xi, *layer.parameters()],
+                    [g, *(torch.ones_like(f) for f in finals)],
                 )  # fmt: skip
-            results.append([out.outputs, out.state.h, out.state.c, *grads])
+            results.append([out.outputs, *finals, *grads])
     finally:
         torch.set_num_threads(before)
     assert calls == {"forward": 1, "backward": 1}

@@ -19,9 +19,11 @@ its ``∂L/∂h_{t-1}`` gains ``d_h ⊙ d_t``; the recurrent product's gradient
 unmasked state: ``∂L/∂a_z`` gains ``±d_h ⊙ (h_{t-1} − h_{t-1} ⊙ m) ⊙ z(1 − z)``.
 
 No fused kernel computes this function: a layer with these options never takes the
-fused path. The LSTM's compiled loop takes the masks as inputs (``rnnkit/csrc/lstm.h``;
-its rows then stay unsorted and unpacked, the masks being per batch row); the other
-cells run the PyTorch time loop (``rnnkit.bptt.forward``). :func:`regularized` picks.
+fused path. The compiled loops of the LSTM and the GRU take the masks as inputs
+(``rnnkit/csrc/lstm.h``, ``gru.h``; the rows then stay unsorted and unpacked, the masks
+being per batch row); the simple cell runs the PyTorch time loop
+(``rnnkit.bptt.forward``: its compiled backward reads φ' from the stored states, which
+zoneout mixes). :func:`regularized` picks.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import StepKernel, Weights, scratch
 from rnnkit.cells.lstm import LSTMKernel
 
-__all__ = ["CompiledRegularizedLSTM", "RegularizedKernel", "regularized"]
+__all__ = ["CompiledRegularized", "RegularizedKernel", "regularized"]
 
 
 class RegularizedKernel:
@@ -182,15 +184,16 @@ class RegularizedKernel:
         return self.inner.recurrent_grads(d_xp, d_hp, h_prev, cache, mm)
 
 
-class CompiledRegularizedLSTM(RegularizedKernel):
-    """:class:`RegularizedKernel` of the LSTM with the compiled loop's forward and backward,
-    which take the same masks (``rnnkit/csrc/lstm.h``). ``unsorted``: the time loop keeps
-    the batch's row order and packs no steps (the masks are per batch row)."""
+class CompiledRegularized(RegularizedKernel):
+    """:class:`RegularizedKernel` of the LSTM or GRU with the compiled loop's forward and
+    backward, which take the same masks (``rnnkit/csrc/lstm.h``, ``gru.h``). ``unsorted``:
+    the time loop keeps the batch's row order and packs no steps (the masks are per batch
+    row)."""
 
     unsorted = True
 
     def _reg(self, like: Tensor) -> tuple[Tensor | None, ...]:
-        keep: list[Tensor | None] = [None, None]
+        keep: list[Tensor | None] = [None] * self.num_states
         for j, k in enumerate(self.zoned):
             keep[k] = self.keep[j].to(like.dtype).contiguous()
         m = self.recurrent_mask
@@ -216,8 +219,8 @@ class CompiledRegularizedLSTM(RegularizedKernel):
 def regularized(
     inner: StepKernel, recurrent_mask: Tensor | None, keep: tuple[Tensor, ...] | None
 ) -> RegularizedKernel:
-    """The kernel of ``inner`` with these masks: the LSTM's runs in the compiled loop where
-    that loop runs, the others in the PyTorch loop."""
-    if isinstance(inner, LSTMKernel):
-        return CompiledRegularizedLSTM(inner, recurrent_mask, keep)
+    """The kernel of ``inner`` with these masks: the LSTM's and the GRU's run in the
+    compiled loop where that loop runs, the simple cell's in the PyTorch loop."""
+    if isinstance(inner, (LSTMKernel, GRUKernel)):
+        return CompiledRegularized(inner, recurrent_mask, keep)
     return RegularizedKernel(inner, recurrent_mask, keep)

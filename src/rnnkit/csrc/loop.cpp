@@ -263,7 +263,8 @@ std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_h
 
 std::vector<Tensor> gru_forward(Tensor rz, Tensor xn, Tensor w_hh, Tensor bias,
                                 std::optional<Tensor> b_hn, Tensor h0, std::optional<Tensor> mask,
-                                bool save, bool keep, bool after, std::optional<Tensor> offsets) {
+                                bool save, bool keep, bool after, std::optional<Tensor> offsets,
+                                std::optional<Tensor> rec_mask, std::optional<Tensor> keep_h) {
   check(w_hh, "w_hh", 2);
   const int64_t Tn = steps_of(xn, offsets), B = h0.size(0), H = h0.size(1);
   TORCH_CHECK(!after || b_hn.has_value(), "reset='after' needs bias_hn");
@@ -282,10 +283,12 @@ std::vector<Tensor> gru_forward(Tensor rz, Tensor xn, Tensor w_hh, Tensor bias,
     // after: W_hh h in one product; before: W_rz h, then W_nh (r ⊙ h)
     const StepMatrix<scalar_t> W1(w_hh, 0, after ? 3 * H : 2 * H, true, S.rows());
     const StepMatrix<scalar_t> W2(w_hh, 2 * H, after ? 0 : H, true, S.rows());
+    const auto rg = regularizers_of<scalar_t>(rec_mask, keep_h, std::nullopt, S, Tn, B, H, hs);
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(rz.data_ptr<scalar_t>(), xn.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(), W1, W2,
         bias.data_ptr<scalar_t>(), after ? b_hn->data_ptr<scalar_t>() : nullptr,
-        sc.data_ptr<scalar_t>(), hs.data_ptr<scalar_t>(), save, M, S, Tn, B, H, after, r0, r1);
+        sc.data_ptr<scalar_t>(), hs.data_ptr<scalar_t>(), save, M, S, Tn, B, H, after, r0, r1,
+        rg);
     });
   });
   if (!save && !S.packed()) rec = rec.expand({Tn, B, RW});
@@ -294,7 +297,8 @@ std::vector<Tensor> gru_forward(Tensor rz, Tensor xn, Tensor w_hh, Tensor bias,
 
 std::vector<Tensor> gru_backward(Tensor rz, Tensor xn, Tensor rec, Tensor hs, Tensor w_hh,
                                  std::optional<Tensor> mask, std::optional<Tensor> d_out,
-                                 Tensor d_h, bool keep, bool after, std::optional<Tensor> offsets) {
+                                 Tensor d_h, bool keep, bool after, std::optional<Tensor> offsets,
+                                 std::optional<Tensor> rec_mask, std::optional<Tensor> keep_h) {
   check(hs, "hs", 3);
   check(w_hh, "w_hh", 2);
   check(d_h, "d_h", 2);
@@ -312,11 +316,12 @@ std::vector<Tensor> gru_backward(Tensor rz, Tensor xn, Tensor rec, Tensor hs, Te
     auto f = keep ? gru_backward_impl<scalar_t, true> : gru_backward_impl<scalar_t, false>;
     const StepMatrix<scalar_t> W1(w_hh, 0, 2 * H, false, S.rows());  // r, z rows
     const StepMatrix<scalar_t> W2(w_hh, 2 * H, H, false, S.rows());  // n rows
+    const auto rg = regularizers_of<scalar_t>(rec_mask, keep_h, std::nullopt, S, Tn, B, H, hs);
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(rz.data_ptr<scalar_t>(), xn.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(),
         hs.data_ptr<scalar_t>(), W1, W2, M, S, opt_ptr<scalar_t>(d_out), dxp.data_ptr<scalar_t>(),
         dhp.data_ptr<scalar_t>(), drh.data_ptr<scalar_t>(), d_h.data_ptr<scalar_t>(), Tn, B, H,
-        after, r0, r1);
+        after, r0, r1, rg);
     });
   });
   return {dxp, dhp, d_h};
@@ -548,13 +553,13 @@ TORCH_LIBRARY(rnnkit_native, m) {
   m.def(
       "gru_forward(Tensor(a!) xp_rz, Tensor(b!) xp_n, Tensor w_hh, Tensor bias, "
       "Tensor? bias_hn, "
-      "Tensor h0, Tensor? mask, bool save, bool keep, bool after, Tensor? offsets=None) "
-      "-> Tensor[]",
+      "Tensor h0, Tensor? mask, bool save, bool keep, bool after, Tensor? offsets=None, "
+      "Tensor? rec_mask=None, Tensor? keep_h=None) -> Tensor[]",
       &gru_forward);
   m.def(
       "gru_backward(Tensor rz, Tensor n, Tensor rec, Tensor hs, Tensor w_hh, Tensor? mask, "
-      "Tensor? d_out, Tensor(a!) d_h, bool keep, bool after, Tensor? offsets=None) "
-      "-> Tensor[]",
+      "Tensor? d_out, Tensor(a!) d_h, bool keep, bool after, Tensor? offsets=None, "
+      "Tensor? rec_mask=None, Tensor? keep_h=None) -> Tensor[]",
       &gru_backward);
   m.def(
       "lstm_step(Tensor(a!) xp, Tensor rec, Tensor bias, Tensor c_prev, Tensor(b!) h, "

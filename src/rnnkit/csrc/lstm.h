@@ -12,23 +12,6 @@
 
 namespace {
 
-// Recurrent dropout and zoneout (rnnkit/bptt/regularized.py): m (B, H), the mask on h_{t-1}
-// where the recurrent product reads it; kh, kc (T, B, H), zoneout's keep factors of h and c
-// (h_t = d h_{t-1} + (1 − d) h̃_t). Rows are batch rows, unsorted and unpacked. Null: none.
-template <typename T>
-struct Regularizers {
-  const T* m = nullptr;
-  const T* kh = nullptr;
-  const T* kc = nullptr;
-  bool any() const { return m || kh || kc; }
-};
-
-// zoneout of one row: s_new ← s_new + d (s_prev − s_new)
-template <typename T>
-void zone_row(T* __restrict sn, const T* __restrict sp, const T* __restrict d, int64_t H) {
-  for (int64_t j = 0; j < H; ++j) sn[j] += d[j] * (sp[j] - sn[j]);
-}
-
 #ifdef RNNKIT_ACT_AVX2
 // float32 on AVX2: the row's first 8·⌊H/8⌋ units, in two loops — (i, f, g, o, c) and then
 // (tanh c, h) — with the scalar loop's operations (results equal to the bit). Why two:
@@ -240,16 +223,9 @@ void lstm_backward_impl(const T* gates, const T* tc, const T* cs, const StepMatr
       const int64_t kb = (t * B + r0 + b) * H;
       T* dhb = dh + b * H;
       T* dcb = dc + b * H;
-      if (rg.kh)  // d_h̃ = d_h (1 − d); d_h d reaches h_{t-1} directly
-        for (int64_t j = 0; j < H; ++j) {
-          direct[b * H + j] = dhb[j] * rg.kh[kb + j];
-          dhb[j] -= direct[b * H + j];
-        }
-      if (rg.kc)
-        for (int64_t j = 0; j < H; ++j) {
-          dcd[j] = dcb[j] * rg.kc[kb + j];
-          dcb[j] -= dcd[j];
-        }
+      // d_h̃ = d_h (1 − d); d_h d reaches h_{t-1} directly (c the same)
+      if (rg.kh) zone_split(dhb, rg.kh + kb, direct.data() + b * H, H);
+      if (rg.kc) zone_split(dcb, rg.kc + kb, dcd.data(), H);
       const T* gb = g + b * G;
       lstm_bwd_row<T>(gb, gb + H, gb + 2 * H, gb + 3 * H, tct + b * H, cp + b * H, dhb, dcb, d,
                       d + H, d + 2 * H, d + 3 * H, H);
