@@ -209,3 +209,12 @@ def test_compiled_loop_equals_the_pytorch_loop(monkeypatch, kind, dtype, batch, 
     tol = {} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, **tol)
+    # evaluation (nothing kept for a backward): zoneout's expectation in both loops
+    layer.eval()
+    with torch.no_grad():
+        outs = []
+        for compiled in (True, False):
+            with native.use_native(compiled):
+                outs.append(layer(x, mask=mask).outputs)
+    assert calls["forward"] == 2
+    torch.testing.assert_close(outs[0], outs[1], **tol)
