@@ -366,3 +366,16 @@ def test_gradcheck_bidirectional_stack_with_every_regularizer(cls, holey_mask):
 def test_the_repr_names_the_regularizers_in_force():
     assert "zoneout=0.1" in repr(GRU(I, H, zoneout=0.1))
     assert "zoneout" not in repr(GRU(I, H)) and "weight_drop" not in repr(GRU(I, H))
+
+
+def test_given_masks_of_the_wrong_shape_are_one_config_error():
+    layer = LSTM(I, H, num_layers=2, zoneout=0.2)
+    x = torch.zeros(B, T, I)
+    masks = layer.draw_masks(B, T, x)
+    message = r"masks.cells\[0\].keep must have shape \(4, 3, 4\), got \(5, 3, 4\)"
+    with pytest.raises(ConfigError, match=message):
+        layer(x[:, :4], masks=masks)
+    with pytest.raises(ConfigError, match="this stack has 1 and 1"):
+        LSTM(I, H)(x, masks=masks)
+    with pytest.raises(ConfigError, match="masks must be a StackMasks"):
+        layer(x, masks=(None,))

@@ -35,6 +35,7 @@ __all__ = [
     "CellMasks",
     "DropoutEmbedding",
     "StackMasks",
+    "check_masks",
     "check_probability",
     "dropout_mask",
     "embedding_dropout",
@@ -192,6 +193,35 @@ def draw_stack_masks(stack: StackedRecurrent, B: int, T: int, like: Tensor) -> S
     idle = all(c.weight_hh is None and not c.in_loop for c in cells)
     if idle and masks.input is None and masks.output is None and between[-1] is None:
         return None
+    return masks
+
+
+def check_masks(masks: object, stack: StackedRecurrent, B: int, T: int) -> StackMasks:
+    """``masks`` given to ``stack.forward`` for ``B`` sequences of ``T`` steps: a
+    :class:`StackMasks` with one entry per layer and cell and the shapes they act on, or a
+    :class:`ConfigError` naming what differs."""
+    if not isinstance(masks, StackMasks):
+        raise ConfigError(f"masks must be a StackMasks (draw_masks), got {type(masks).__name__}")
+    cells = stack.cells()
+    if len(masks.between) != stack.num_layers or len(masks.cells) != len(cells):
+        raise ConfigError(
+            f"masks are for {len(masks.between)} layers and {len(masks.cells)} cells; this "
+            f"stack has {stack.num_layers} and {len(cells)} (draw_masks)"
+        )
+    width = stack.output_size
+    expected: list[tuple[str, Tensor | None, tuple[int, ...]]] = [
+        ("input", masks.input, (B, stack.input_size)),
+        ("output", masks.output, (B, width)),
+        *((f"between[{k}]", m, (B, width)) for k, m in enumerate(masks.between)),
+    ]
+    for k, (c, cell) in enumerate(zip(masks.cells, cells, strict=True)):
+        H = cell.hidden_size
+        expected += [(f"cells[{k}].weight_hh", c.weight_hh, tuple(cell.weight_hh.shape))]
+        expected += [(f"cells[{k}].recurrent", c.recurrent, (B, H))]
+        expected += [(f"cells[{k}].keep", d, (T, B, H)) for d in (c.keep or ())]
+    for name, t, shape in expected:
+        if t is not None and tuple(t.shape) != shape:
+            raise ConfigError(f"masks.{name} must have shape {shape}, got {tuple(t.shape)}")
     return masks
 
 

@@ -32,6 +32,7 @@ from rnnkit.layers.regularization import (
     REGULARIZERS,
     CellMasks,
     StackMasks,
+    check_masks,
     check_probability,
     draw_stack_masks,
     locked,
@@ -387,6 +388,8 @@ class StackedRecurrent(nn.Module):
         init = self._split_state(state, xt)
         if masks is None:
             masks = self.draw_masks(xt.shape[1], xt.shape[0], xt)
+        else:
+            masks = check_masks(masks, self, xt.shape[1], xt.shape[0])
         if projected and masks is not None and masks.input is not None:
             raise ConfigError("input_dropout needs the input itself, not its product")
         if window is not None and xt.shape[0] > 0 and self._needs_grad(xt, state):
