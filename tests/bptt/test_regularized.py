@@ -15,6 +15,7 @@ from rnnkit.bptt.fused import use_fused, wants_fused
 from rnnkit.bptt.regularized import CompiledRegularized, regularized
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.lstm import LSTMKernel
+from rnnkit.cells.rnn import RNNKernel
 from rnnkit.layers.regularization import CellMasks, StackMasks
 
 pytestmark = pytest.mark.usefixtures("time_loop")
@@ -149,19 +150,19 @@ def test_weight_drop_alone_equals_autograd_in_either_loop(kind, gen):
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_lstm_and_gru_have_a_compiled_loop_and_none_a_fused_form(kind):
+def test_every_cell_has_a_compiled_loop_and_none_a_fused_form(kind):
     layer = KINDS[kind]().double()
     cell = layer.cells()[0]
     kernel = regularized(cell.kernel, torch.ones(B, H, dtype=torch.float64), None)
     x = torch.zeros(T, B, I, dtype=torch.float64)
     compiled = _compiled(kernel, x, *cell.weights()) is not None
-    assert compiled == (kind != "rnn" and native.available() and native._enabled)
-    assert isinstance(kernel, CompiledRegularized) == (kind != "rnn")
+    assert compiled == (native.available() and native._enabled)
+    assert isinstance(kernel, CompiledRegularized)
     with use_fused("fused"):
         assert wants_fused(kernel, x, None, None, False) is None  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru-keep-after", "gru-cand-before"])
+@pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("batch", [3, 9])
 def test_compiled_loop_equals_the_pytorch_loop(monkeypatch, kind, dtype, batch, holey_mask):
@@ -171,7 +172,7 @@ def test_compiled_loop_equals_the_pytorch_loop(monkeypatch, kind, dtype, batch, 
     if not native.available():
         pytest.skip("the compiled time loop is unavailable on this machine")
     calls = {"forward": 0, "backward": 0}
-    kernel_class = LSTMKernel if kind == "lstm" else GRUKernel
+    kernel_class = {"lstm": LSTMKernel, "rnn": RNNKernel}.get(kind, GRUKernel)
     for name in calls:
         real = getattr(kernel_class, "native_" + name)
 
@@ -218,3 +219,28 @@ def test_compiled_loop_equals_the_pytorch_loop(monkeypatch, kind, dtype, batch, 
                 outs.append(layer(x, mask=mask).outputs)
     assert calls["forward"] == 2
     torch.testing.assert_close(outs[0], outs[1], **tol)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("forward_compiled", [True, False])
+def test_either_loops_forward_pairs_with_either_backward(kind, forward_compiled, gen):
+    """The forward of one loop and the backward of the other give the gradients of the
+    masked computation (the record holds the same buffers in both)."""
+    if not native.available():
+        pytest.skip("the compiled time loop is unavailable on this machine")
+    layer = KINDS[kind]().double()
+    masks = draw(layer, 0.4, 0.3, True, gen)
+    x = torch.randn(T, B, I, generator=gen, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([5, 3, 1])
+    real = torch.arange(T)[:, None] < lengths[None, :]
+    stack = StackMasks(None, (None,), None, (masks,))
+    with native.use_native(forward_compiled):
+        out = layer(x, lengths=lengths, masks=stack)
+    g = torch.randn(out.outputs.shape, generator=gen, dtype=torch.float64)
+    with native.use_native(not forward_compiled):
+        got = torch.autograd.grad(out.outputs, [x, *layer.parameters()], g)
+    s0 = tuple(torch.zeros(B, H, dtype=torch.float64) for _ in range(2 if layer.is_lstm else 1))
+    ref, _ = reference(layer, x, masks, real, s0)
+    want = torch.autograd.grad(ref, [x, *layer.parameters()], g)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)

@@ -9,7 +9,7 @@
 * ``windowed``: the exact windowed BPTT(τ), lag by lag, of one direction or a stack;
 * ``record``: what the forward keeps for the backward, and the packing of finished rows;
 * ``regularized``: recurrent dropout and zoneout, a kernel around a cell's kernel whose
-  masks are inputs of the time loop (the compiled LSTM and GRU loops included);
+  masks are inputs of the time loop (the compiled loop included);
 * ``recompute``: the forward pass kept at checkpoints only and recomputed in the backward,
   for sequences too long to keep every step;
 * ``native``: the same loop compiled from ``rnnkit/csrc`` (built on first use), dispatched

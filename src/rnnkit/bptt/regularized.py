@@ -19,11 +19,9 @@ its ``∂L/∂h_{t-1}`` gains ``d_h ⊙ d_t``; the recurrent product's gradient
 unmasked state: ``∂L/∂a_z`` gains ``±d_h ⊙ (h_{t-1} − h_{t-1} ⊙ m) ⊙ z(1 − z)``.
 
 No fused kernel computes this function: a layer with these options never takes the
-fused path. The compiled loops of the LSTM and the GRU take the masks as inputs
-(``rnnkit/csrc/lstm.h``, ``gru.h``; the rows then stay unsorted and unpacked, the masks
-being per batch row); the simple cell runs the PyTorch time loop
-(``rnnkit.bptt.forward``: its compiled backward reads φ' from the stored states, which
-zoneout mixes). :func:`regularized` picks.
+fused path. The compiled loops take the masks as inputs (``rnnkit/csrc/lstm.h``,
+``gru.h``, ``rnn.h``; the rows then stay unsorted and unpacked, the masks being per
+batch row); elsewhere the PyTorch time loop runs (``rnnkit.bptt.forward``).
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ from torch import Tensor
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import StepKernel, Weights, scratch
 from rnnkit.cells.lstm import LSTMKernel
+from rnnkit.cells.rnn import RNNKernel
 
 __all__ = ["CompiledRegularized", "RegularizedKernel", "regularized"]
 
@@ -185,8 +184,8 @@ class RegularizedKernel:
 
 
 class CompiledRegularized(RegularizedKernel):
-    """:class:`RegularizedKernel` of the LSTM or GRU with the compiled loop's forward and
-    backward, which take the same masks (``rnnkit/csrc/lstm.h``, ``gru.h``). ``unsorted``:
+    """:class:`RegularizedKernel` with the compiled loop's forward and backward, which
+    take the same masks (``rnnkit/csrc/lstm.h``, ``gru.h``, ``rnn.h``). ``unsorted``:
     the time loop keeps the batch's row order and packs no steps (the masks are per batch
     row)."""
 
@@ -205,22 +204,35 @@ class CompiledRegularized(RegularizedKernel):
     def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
         inner = self.inner
         reg = self._reg(states0[0])
-        return inner.native_forward(
+        states, cache, outputs = inner.native_forward(
             lib, x, w, T, B, states0, mask, save, offsets, projected, reg=reg
         )
+        if self.zoned and not self._keeps_candidates:
+            # the PyTorch backward's layout (the cell's cache, then h̃): the LSTM's and
+            # GRU's backward never read h̃ (their derivatives come from the gates), so
+            # the states stand in for it, should that backward follow this forward
+            cache = (*cache, *(states[k][1:] for k in self.zoned))
+        return states, cache, outputs
 
     def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False):
         reg = self._reg(record.states[0])
+        if self.zoned and not self._keeps_candidates:
+            record = record._replace(cache=record.cache[: len(record.cache) - len(self.zoned)])
         return self.inner.native_backward(
             lib, record, w, mask, d_out, d_states, offsets, need_x, reg=reg
         )
+
+    @property
+    def _keeps_candidates(self) -> bool:
+        """Whether the compiled forward itself keeps h̃ (the simple cell: its φ')."""
+        return isinstance(self.inner, RNNKernel)
 
 
 def regularized(
     inner: StepKernel, recurrent_mask: Tensor | None, keep: tuple[Tensor, ...] | None
 ) -> RegularizedKernel:
-    """The kernel of ``inner`` with these masks: the LSTM's and the GRU's run in the
-    compiled loop where that loop runs, the simple cell's in the PyTorch loop."""
-    if isinstance(inner, (LSTMKernel, GRUKernel)):
+    """The kernel of ``inner`` with these masks, in the compiled loop where that loop runs
+    (the three cells), else in the PyTorch loop."""
+    if isinstance(inner, (LSTMKernel, GRUKernel, RNNKernel)):
         return CompiledRegularized(inner, recurrent_mask, keep)
     return RegularizedKernel(inner, recurrent_mask, keep)

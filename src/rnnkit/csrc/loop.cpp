@@ -101,7 +101,8 @@ T* opt_out_ptr(std::optional<Tensor>& t) {
 
 std::vector<Tensor> rnn_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
                                 std::optional<Tensor> mask, int64_t act,
-                                std::optional<Tensor> offsets) {
+                                std::optional<Tensor> offsets, std::optional<Tensor> rec_mask,
+                                std::optional<Tensor> keep_h) {
   TORCH_CHECK(act >= 0 && act <= 2, "act must be 0 (tanh), 1 (relu) or 2 (sigmoid)");
   check(w_hh, "w_hh", 2);
   const int64_t Tn = steps_of(xp, offsets), B = h0.size(0), H = h0.size(1);
@@ -111,23 +112,28 @@ std::vector<Tensor> rnn_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
   check(bias, "bias", 1);
   Tensor hs = at::empty({Tn + 1, B, H}, xp.options());
   Tensor sc = at::empty({B, H}, xp.options());
+  // zoneout: the cell's own h̃_t, zero where a step did not run (holes, finished rows)
+  Tensor cand = keep_h.has_value() ? at::zeros({Tn, B, H}, xp.options()) : at::empty({0}, xp.options());
   hs[0].copy_(h0);
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "rnn_forward", [&] {
     auto f = act == 1   ? rnn_forward_impl<scalar_t, 1>
              : act == 2 ? rnn_forward_impl<scalar_t, 2>
                         : rnn_forward_impl<scalar_t, 0>;
     const StepMatrix<scalar_t> W(w_hh, 0, H, true, S.rows());
+    const auto rg = regularizers_of<scalar_t>(rec_mask, keep_h, std::nullopt, S, Tn, B, H, hs);
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(xp.data_ptr<scalar_t>(), W, bias.data_ptr<scalar_t>(), sc.data_ptr<scalar_t>(),
-        hs.data_ptr<scalar_t>(), M, S, Tn, B, H, r0, r1);
+        hs.data_ptr<scalar_t>(), M, S, Tn, B, H, r0, r1, rg,
+        keep_h.has_value() ? cand.data_ptr<scalar_t>() : nullptr);
     });
   });
-  return {hs};
+  return {hs, cand};
 }
 
 std::vector<Tensor> rnn_backward(Tensor hs, Tensor w_hh, std::optional<Tensor> mask,
                                  std::optional<Tensor> d_out, Tensor d_h, int64_t act,
-                                 std::optional<Tensor> offsets) {
+                                 std::optional<Tensor> offsets, std::optional<Tensor> rec_mask,
+                                 std::optional<Tensor> keep_h, std::optional<Tensor> cand) {
   TORCH_CHECK(act >= 0 && act <= 2, "act must be 0 (tanh), 1 (relu) or 2 (sigmoid)");
   check(hs, "hs", 3);
   check(w_hh, "w_hh", 2);
@@ -142,9 +148,13 @@ std::vector<Tensor> rnn_backward(Tensor hs, Tensor w_hh, std::optional<Tensor> m
              : act == 2 ? rnn_backward_impl<scalar_t, 2>
                         : rnn_backward_impl<scalar_t, 0>;
     const StepMatrix<scalar_t> W(w_hh, 0, H, false, S.rows());
+    const auto rg = regularizers_of<scalar_t>(rec_mask, keep_h, std::nullopt, S, Tn, B, H, hs);
+    TORCH_CHECK(!rg.kh || (cand.has_value() && cand->is_contiguous() &&
+                           cand->sizes() == at::IntArrayRef({Tn, B, H})),
+                "zoneout needs the forward's candidates, contiguous (T, B, H)");
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(hs.data_ptr<scalar_t>(), W, M, S, opt_ptr<scalar_t>(d_out), dxp.data_ptr<scalar_t>(),
-        d_h.data_ptr<scalar_t>(), Tn, B, H, r0, r1);
+        d_h.data_ptr<scalar_t>(), Tn, B, H, r0, r1, rg, opt_ptr<scalar_t>(cand));
     });
   });
   return {dxp, d_h};
@@ -533,11 +543,12 @@ TORCH_LIBRARY(rnnkit_native, m) {
   m.def("own_matmul() -> bool", &own_matmul);
   m.def(
       "rnn_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor? mask, int act, "
-      "Tensor? offsets=None) -> Tensor[]",
+      "Tensor? offsets=None, Tensor? rec_mask=None, Tensor? keep_h=None) -> Tensor[]",
       &rnn_forward);
   m.def(
       "rnn_backward(Tensor hs, Tensor w_hh, Tensor? mask, Tensor? d_out, Tensor(a!) d_h, "
-      "int act, Tensor? offsets=None) -> Tensor[]",
+      "int act, Tensor? offsets=None, Tensor? rec_mask=None, Tensor? keep_h=None, "
+      "Tensor? cand=None) -> Tensor[]",
       &rnn_backward);
   m.def(
       "lstm_forward(Tensor(a!) xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor c0, Tensor? mask, "

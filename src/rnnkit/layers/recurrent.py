@@ -83,7 +83,7 @@ class Recurrent(nn.Module):
                         "or recompute: use full BPTT and recompute=None"
                     )
                 wrapped = regularized(kernel, masks.recurrent, masks.keep)
-                kernel = wrapped  # type: ignore[assignment]  # compiled: LSTM, GRU
+                kernel = wrapped  # type: ignore[assignment]  # a step kernel, compiled too
         if recompute is not None and not tracing():  # a graph's memory is the compiler's
             if projected:
                 raise ValueError("a projected input cannot be recomputed: recompute=None")

@@ -174,8 +174,8 @@ class StackedRecurrent(nn.Module):
 
     Every probability is in ``[0, 1)``; the masks are drawn in training only (or given
     to :meth:`forward`, see :meth:`draw_masks`); docs/regularization.md has the
-    equations. With ``recurrent_dropout`` or ``zoneout`` a simple cell runs the PyTorch
-    time loop (an LSTM or GRU the compiled one too: ``rnnkit.bptt.regularized``).
+    equations. ``recurrent_dropout`` and ``zoneout`` run in either time loop, never on
+    PyTorch's fused kernels (``rnnkit.bptt.regularized``).
     """
 
     def __init__(

@@ -84,8 +84,7 @@ class ModelOptions:
         0.0,
         metavar="P",
         tasks=_STACK_TASKS,
-        help="dropout on h_{t-1} in the recurrent product, one mask per sequence (--cell "
-        f"rnn: the PyTorch time loop; {_APPLY})",
+        help=f"dropout on h_{{t-1}} in the recurrent product, one mask per sequence ({_APPLY})",
     )
     weight_drop: float = option(
         0.0,
@@ -98,7 +97,7 @@ class ModelOptions:
         metavar="P",
         tasks=_STACK_TASKS,
         help="each unit keeps its previous state with probability P at each step (the "
-        f"expectation at evaluation; --cell rnn: the PyTorch time loop; {_APPLY})",
+        f"expectation at evaluation; {_APPLY})",
     )
     embedding_dropout: float = option(
         0.0,
