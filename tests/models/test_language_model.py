@@ -554,3 +554,38 @@ def test_scheduled_sampling_p0_keeps_one_mask_per_sequence(kind):
     want = grads(lm, lm.loss(x, y, mask=PADDED).loss)
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-12)
+
+
+def test_table_input_with_weight_drop_and_the_regularizers_that_forbid_it():
+    """Weight drop keeps the table read (the masked W_hh goes to the loop): the same
+    logits and gradients as the product with the same masks; input dropout, recurrent
+    dropout (in training), zoneout and embedding dropout (in training) do not read it."""
+    from rnnkit.bptt.native import available, use_native
+
+    if not available():
+        pytest.skip("no compiled loop here")
+    torch.manual_seed(0)
+    spec = ModelSpec(hidden=8, embedding=64, layers=2, weight_drop=0.5, locked_dropout=0.3)
+    lm = build_language_model(spec, 11).double().train()
+    x = torch.randint(0, 11, (4, 9))
+    assert lm._reads_table(x, None, None, None)
+    masks = lm.encoder.draw_masks(4, 9, lm.embedding.weight)
+    table = lm.encoder.input_table(lm.embedding.weight)
+    xp = torch.nn.functional.embedding(x, table)
+    h = lm.encoder(xp, masks=masks, projected=True).outputs
+    got = torch.autograd.grad(lm.head(h).pow(2).sum(), list(lm.parameters()))
+    with use_native(False):
+        ref = lm.encoder(lm.embedding(x), masks=masks).outputs
+        want = torch.autograd.grad(lm.head(ref).pow(2).sum(), list(lm.parameters()))
+    torch.testing.assert_close(h, ref)
+    for (name, _), a, b in zip(lm.named_parameters(), got, want, strict=True):
+        torch.testing.assert_close(a, b, msg=name)
+    none = (None, None, None)
+    for field in ("input_dropout", "recurrent_dropout", "zoneout", "embedding_dropout"):
+        other = build_language_model(ModelSpec(hidden=8, embedding=64, **{field: 0.2}), 11)
+        assert not other.train()._reads_table(x, *none), field
+    assert (
+        build_language_model(ModelSpec(hidden=8, embedding=64, input_dropout=0.2), 11)
+        .eval()
+        ._reads_table(x, *none)
+    )
