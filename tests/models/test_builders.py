@@ -58,3 +58,14 @@ def test_a_spec_without_regularizers_builds_the_plain_model():
     tokens = torch.randint(0, 10, (2, 5))
     assert plain.encoder.draw_masks(2, 5, plain.embedding.weight) is None
     assert plain.embedding(tokens).shape == (2, 5, 4)
+
+
+def test_layer_norm_builds_layer_normalised_cells():
+    from rnnkit.cells.layer_norm import LayerNormLSTMCell
+
+    lm = build_language_model(ModelSpec(hidden=8, embedding=4, layers=2, layer_norm=True), 10)
+    assert all(isinstance(c, LayerNormLSTMCell) for c in lm.encoder.cells())
+    assert not any(
+        isinstance(c, LayerNormLSTMCell)
+        for c in build_language_model(ModelSpec(hidden=8, embedding=4), 10).encoder.cells()
+    )

@@ -67,8 +67,12 @@ class RegularizedKernel:
         self.keep = tuple(d for d in keep if d is not None)
         self.gates = inner.gates
         self.num_states = inner.num_states
-        # the sweep reads the GRU's layout from the kernel (d_hp separate with "after")
+        # the sweep and the weight gradients read these of the kernel (the GRU's layout,
+        # a layer-normalised cell's input and separate recurrent gradient)
         self.reset = getattr(inner, "reset", None)
+        self.recurrent_grad_width = getattr(inner, "recurrent_grad_width", None)
+        self.reads_projected = getattr(inner, "reads_projected", False)
+        self.backward_reads_bias_hn = getattr(inner, "backward_reads_bias_hn", False)
         self._gru = inner if isinstance(inner, GRUKernel) else None
 
     # -- forward ---------------------------------------------------------------------

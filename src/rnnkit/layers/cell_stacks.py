@@ -20,8 +20,10 @@ from typing import ClassVar
 
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.gru import GRUCell
+from rnnkit.cells.layer_norm import LayerNormLSTMCell
 from rnnkit.cells.lstm import LSTMCell
 from rnnkit.cells.rnn import RNNCell
+from rnnkit.errors import ConfigError
 from rnnkit.layers.regularization import REGULARIZERS
 from rnnkit.layers.stacked import StackedRecurrent, direction_widths
 
@@ -137,8 +139,18 @@ class RNN(_CellStack):
         )
 
 
+def _lstm_cell(input_size: int, hidden_size: int, layer_norm: bool = False, **options) -> CellBase:
+    """An ``LSTMCell``, or with ``layer_norm=True`` a ``LayerNormLSTMCell``."""
+    if not layer_norm:
+        return LSTMCell(input_size, hidden_size, **options)
+    if "forget_bias" in options:
+        raise ConfigError("layer_norm=True takes no forget_bias (the gates are normalised)")
+    return LayerNormLSTMCell(input_size, hidden_size, **options)
+
+
 class LSTM(_CellStack):
     """Stacked (bi)directional LSTM layers; the state is ``LSTMState(h, c)``.
+    ``layer_norm=True`` builds layer-normalised cells (``rnnkit.cells.layer_norm``).
 
     >>> import torch
     >>> out = LSTM(3, 4)(torch.zeros(2, 5, 3), lengths=torch.tensor([5, 2]))
@@ -146,7 +158,7 @@ class LSTM(_CellStack):
     torch.Size([1, 1, 2, 4])
     """
 
-    cell_class = LSTMCell
+    cell_class = staticmethod(_lstm_cell)
 
 
 class GRU(_CellStack):

@@ -123,6 +123,11 @@ def from_torch(m: nn.Module) -> nn.Module:
 
 
 def _check_torch_form(cell: CellBase) -> None:
+    if type(cell) not in (RNNCell, LSTMCell, GRUCell):
+        raise ValueError(
+            f"to_torch: torch.nn has no {type(cell).__name__} (a layer-normalised cell: "
+            "normalisations torch.nn's layers lack)"
+        )
     if isinstance(cell, RNNCell) and cell.nonlinearity not in ("tanh", "relu"):
         raise ValueError(
             f"to_torch: torch.nn.RNN has tanh and relu only; this cell uses "

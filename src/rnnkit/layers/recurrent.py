@@ -6,6 +6,7 @@ so no per-layer transposes are paid.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from rnnkit.bptt.recompute import run_recomputed
@@ -59,6 +60,15 @@ class Recurrent(nn.Module):
         the masked ``weight_hh`` goes to the loop; recurrent dropout and zoneout run in
         the loop (``rnnkit.bptt.regularized``), not with ``window`` or ``recompute``."""
         check_tracer()
+        input_part = getattr(self.cell, "input_part", None)  # a layer-normalised cell
+        if input_part is not None:
+            if window is not None or recompute is not None:
+                raise ConfigError(
+                    f"a {type(self.cell).__name__} runs full BPTT only: no window or recompute"
+                )
+            if mask is not None:  # the padding never reaches ν (it may hold NaN)
+                x = torch.where(mask[..., None], x, 0.0)
+            x = input_part(x)  # ν(x W_xᵀ) γ_x of every step at once, through autograd
         B = x.shape[1]
         if state is None:
             state = self.cell.zero_state(B, x)

@@ -70,7 +70,7 @@ def build_encoder(
     if spec.cell == "rnn":
         return RNN(input_size, spec.hidden, nonlinearity=spec.nonlinearities(), **common, **reg)
     if spec.cell == "lstm":
-        return LSTM(input_size, spec.hidden, **common, **reg)
+        return LSTM(input_size, spec.hidden, layer_norm=spec.layer_norm, **common, **reg)
     return GRU(input_size, spec.hidden, update=spec.update, reset=spec.reset, **common, **reg)
 
 

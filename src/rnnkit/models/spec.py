@@ -65,7 +65,8 @@ class ModelSpec:
     Regularizers (docs/regularization.md): ``input_dropout``, ``locked_dropout``,
     ``output_dropout``, ``recurrent_dropout``, ``weight_drop``, ``zoneout`` of the
     recurrent stack and ``embedding_dropout`` of the word embedding (an encoder–decoder's
-    encoder side only: its decoder steps through its cells).
+    encoder side only: its decoder steps through its cells); ``layer_norm``: layer-
+    normalised LSTM cells.
     """
 
     cell: str = "lstm"
@@ -95,6 +96,7 @@ class ModelSpec:
     weight_drop: float = 0.0
     zoneout: float = 0.0
     embedding_dropout: float = 0.0
+    layer_norm: bool = False
 
     @classmethod
     def for_task(cls, task: str, **fields: Any) -> ModelSpec:

@@ -59,3 +59,16 @@ def test_the_model_spec_carries_them():
     values = {name: 0.1 * (k + 1) for k, name in enumerate(REGULARIZERS)}
     spec = model_spec(cfg(**values))
     assert {name: getattr(spec, name) for name in REGULARIZERS} == values
+
+
+def test_layer_norm_is_an_lstm_option_of_the_tasks_that_run_the_stack():
+    cfg(layer_norm=True).validate().check_applies({"layer_norm"})
+    with pytest.raises(ConfigError, match=r"^--layer-norm does not apply to --cell gru"):
+        cfg(cell="gru", layer_norm=True).check_applies({"layer_norm"})
+    with pytest.raises(ConfigError, match=r"^--layer-norm does not apply to --task seq2seq"):
+        cfg(task="seq2seq", layer_norm=True).check_applies({"layer_norm"})
+    with pytest.raises(ConfigError, match=r"^--layer-norm runs full BPTT"):
+        cfg(layer_norm=True, bptt="window:3").validate()
+    with pytest.raises(ConfigError, match=r"--recompute 4$"):
+        cfg(layer_norm=True, recompute=4).validate()
+    assert model_spec(cfg(layer_norm=True)).layer_norm

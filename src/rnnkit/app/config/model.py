@@ -126,6 +126,13 @@ class ModelOptions:
         cells=("gru",),
         help="GRU reset gate before or after the recurrent matrix (default %(default)s)",
     )
+    layer_norm: bool = option(
+        False,
+        cells=("lstm",),
+        tasks=("lm", "tag", "classify", "events", "regress"),  # seq2seq steps its cells
+        help="layer-normalised LSTM: the input and recurrent products and the cell state "
+        "normalised (the PyTorch time loop; docs/regularization.md)",
+    )
     recompute: int | None = option(
         None,
         metavar="K",

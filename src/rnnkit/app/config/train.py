@@ -233,6 +233,11 @@ class TrainConfig(
                 )
             if self.recompute is not None and name != "weight_drop":
                 raise ConfigError(f"{flag(name)} cannot be combined with --recompute")
+        if self.layer_norm and (parse_bptt(self.bptt)[0] == "window" or self.recompute):
+            raise ConfigError(
+                "--layer-norm runs full BPTT without --recompute: not with --bptt "
+                f"{self.bptt}" + (f" or --recompute {self.recompute}" if self.recompute else "")
+            )
 
     def _check_bounds(self) -> None:
         """Upper bounds of the options whose cost grows without a limit."""

@@ -1,0 +1,220 @@
+"""The layer-normalised LSTM (Ba et al. 2016; the form of haste's ``LayerNormLSTM``): the
+input and recurrent products each normalised over their 4H gate pre-activations, and the
+cell state normalised before its ``tanh``. Gate order i, f, g, o.
+
+    ν(v) = (v − mean(v)) / √(var(v) + ε)              over the last dimension, ε = 1e-5
+    a_t = ν(W_x x_t) ⊙ γ_x + ν(W_h h_{t-1}) ⊙ γ_h + b
+    i, f, o = σ(a_i), σ(a_f), σ(a_o)     g = tanh(a_g)
+    c_t = f ⊙ c_{t-1} + i ⊙ g
+    h_t = o ⊙ tanh(ν(c_t) ⊙ γ_c + β_c)
+
+Backward of ν with ``n = ν(v)``, ``s = 1/√(var(v) + ε)``, for a gradient ``d`` of ``n``:
+``∂L/∂v = s (d − mean(d) − n ⊙ mean(d ⊙ n))``. The input part ``ν(W_x x_t) ⊙ γ_x`` is
+the same for every step: the layer computes it for all steps at once, with autograd, and
+hands it to the time loop as its input (``LayerNormLSTMKernel.reads_projected``); the loop
+runs the rest, with the hand-written backward of :meth:`LayerNormLSTMKernel.step_backward`.
+The compiled loop has no form of it: the PyTorch loop runs it, on every device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from rnnkit.cells.amp import cell_step_in_weights_dtype
+from rnnkit.cells.base import CellBase, check_cell_input
+from rnnkit.cells.kernel import Weights, scratch
+from rnnkit.types import LSTMState
+
+__all__ = ["EPS", "LayerNormLSTMCell", "LayerNormLSTMKernel", "layer_norm_lstm_step", "normalize"]
+
+EPS = 1e-5
+
+
+def normalize(v: Tensor) -> tuple[Tensor, Tensor]:
+    """``(ν(v), 1/√(var(v) + ε))`` over the last dimension (the scale keeps that dim, 1)."""
+    mean = v.mean(-1, keepdim=True)
+    inv = torch.rsqrt(v.var(-1, unbiased=False, keepdim=True) + EPS)
+    return (v - mean) * inv, inv
+
+
+def normalize_backward(d: Tensor, n: Tensor, inv: Tensor) -> Tensor:
+    """∂L/∂v from ``d = ∂L/∂ν(v)``, ``n = ν(v)`` and its scale (module docstring)."""
+    mean_d = d.mean(-1, keepdim=True)
+    mean_dn = (d * n).mean(-1, keepdim=True)
+    return inv * (d - mean_d - n * mean_dn)
+
+
+def layer_norm_lstm_step(xp: Tensor, state: LSTMState, w: Weights) -> LSTMState:
+    """One step in plain differentiable ops (the autograd oracle): ``xp (B, 4H)`` is the
+    normalised input part ``ν(W_x x_t) ⊙ γ_x``; ``w.bias_hn`` holds ``[γ_h; γ_c; β_c]``
+    (``4H + H + H``)."""
+    H = state.h.shape[1]
+    assert w.bias_hn is not None
+    g_h, g_c, b_c = w.bias_hn[: 4 * H], w.bias_hn[4 * H : 5 * H], w.bias_hn[5 * H :]
+    a = xp + normalize(state.h @ w.weight_hh.T)[0] * g_h + w.bias
+    a_i, a_f, a_g, a_o = a.chunk(4, dim=1)
+    i, f, g, o = torch.sigmoid(a_i), torch.sigmoid(a_f), torch.tanh(a_g), torch.sigmoid(a_o)
+    c = f * state.c + i * g
+    h = o * torch.tanh(normalize(c)[0] * g_c + b_c)
+    return LSTMState(h, c)
+
+
+class _Cache(NamedTuple):
+    gates: Tensor  # (·, 4H) activated i, f, g, o (the input buffer, in place)
+    n_q: Tensor  # (·, 4H) ν(W_h h_{t-1})
+    inv_q: Tensor  # (·, 1)
+    n_c: Tensor  # (·, H) ν(c_t)
+    inv_c: Tensor  # (·, 1)
+    tanh_c: Tensor  # (·, H) tanh(ν(c_t) γ_c + β_c)
+
+
+@dataclass(frozen=True)
+class LayerNormLSTMKernel:
+    """The layer-normalised LSTM's step for the PyTorch time loop (module docstring).
+
+    ``reads_projected``: the loop's input is the normalised input part itself (its
+    gradient is the pre-activations'); the sweep's recurrent gradients ``d_hp`` are a
+    buffer of their own, ``6H`` wide (:meth:`recurrent_grad_width`): ∂L/∂(W_h h_{t-1}),
+    which differs from the pre-activations' through ν, then ``∂L/∂ĉ ⊙ ν(c)`` and
+    ``∂L/∂ĉ`` (``ĉ = ν(c) γ_c + β_c``), zero at masked steps like the rest. ``bias_hn`` of
+    the weights carries ``[γ_h; γ_c; β_c]``, whose gradient :meth:`recurrent_grads`
+    returns; the step backward reads it (``backward_reads_bias_hn``).
+    """
+
+    gates: int = 4
+    num_states: int = 2
+    reads_projected: bool = True
+    backward_reads_bias_hn: bool = True
+
+    @staticmethod
+    def recurrent_grad_width(H: int) -> int:
+        return 6 * H
+
+    def step(self, x: Tensor, states: tuple[Tensor, ...], w: Weights) -> tuple[Tensor, ...]:
+        return tuple(layer_norm_lstm_step(x, LSTMState(*states), w))
+
+    def prepare(self, w: Weights) -> Weights:
+        return w
+
+    def project_inputs(self, x: Tensor, w: Weights, T: int, B: int) -> tuple[Tensor, ...]:
+        return ((x + w.bias).view(T, B, x.shape[1]),)  # the input part is given: + b
+
+    def input_weights_t(self, weight: Tensor) -> tuple[Tensor, ...]:
+        raise NotImplementedError("the layer-normalised LSTM reads its input part whole")
+
+    def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
+        like = xps[0]
+        widths = (4 * H, 1, H, 1, H)
+        return (xps[0], *(scratch(T, B, k, like, save) for k in widths))
+
+    def step_into(self, xp, prev, out, cache, prep) -> None:
+        gates, n_q, inv_q, n_c, inv_c, tanh_c = cache
+        H = prev[0].shape[1]
+        g_h, g_c, b_c = prep.bias_hn[: 4 * H], prep.bias_hn[4 * H : 5 * H], prep.bias_hn[5 * H :]
+        n, inv = normalize(prev[0] @ prep.weight_hh.T)
+        n_q.copy_(n)
+        inv_q.copy_(inv)
+        a = gates.addcmul_(n, g_h)  # the input part + b + ν(W_h h) γ_h, in place
+        g = torch.tanh(a[:, 2 * H : 3 * H])
+        a.sigmoid_()
+        a[:, 2 * H : 3 * H] = g
+        i, f, _, o = a.chunk(4, dim=1)
+        torch.mul(f, prev[1], out=out[1])
+        out[1].addcmul_(i, g)
+        n, inv = normalize(out[1])
+        n_c.copy_(n)
+        inv_c.copy_(inv)
+        torch.tanh(n * g_c + b_c, out=tanh_c)
+        torch.mul(o, tanh_c, out=out[0])
+
+    def prepare_backward(self, w: Weights) -> Weights:
+        return w
+
+    def backward_cache(self, cache, states):
+        return cache
+
+    def step_backward(self, d_new, prev, new, cache, d_xp, d_hp, w):
+        d_h, d_c = d_new
+        gates, n_q, inv_q, n_c, inv_c, tanh_c = cache
+        H = d_h.shape[1]
+        g_h, g_c = w.bias_hn[: 4 * H], w.bias_hn[4 * H : 5 * H]
+        i, f, g, o = gates.chunk(4, dim=1)
+        d_q, d_cell = d_hp[:, : 4 * H], d_hp[:, 4 * H :]
+        d_hat = d_h * o * (1 - tanh_c * tanh_c)  # ∂L/∂ĉ, ĉ = ν(c) γ_c + β_c
+        torch.mul(d_hat, n_c, out=d_cell[:, :H])
+        d_cell[:, H:].copy_(d_hat)
+        d_ct = d_c + normalize_backward(d_hat * g_c, n_c, inv_c)
+        d_i, d_f, d_g, d_o = d_xp.chunk(4, dim=1)
+        torch.mul(d_ct, g * i * (1 - i), out=d_i)
+        torch.mul(d_ct * prev[1], f * (1 - f), out=d_f)
+        torch.mul(d_ct * i, 1 - g * g, out=d_g)
+        torch.mul(d_h * tanh_c, o * (1 - o), out=d_o)
+        d_q.copy_(normalize_backward(d_xp * g_h, n_q, inv_q))  # ∂L/∂(W_h h_{t-1})
+        return (d_q @ w.weight_hh, d_ct * f)
+
+    def recurrent_grads(self, d_xp, d_hp, h_prev, cache, mm=torch.mm):
+        n_q, H = cache[1], h_prev.shape[1]
+        d_gains = torch.cat([(d_xp * n_q).sum(0), d_hp[:, 4 * H :].sum(0)])  # γ_h; γ_c, β_c
+        return mm(d_hp[:, : 4 * H].T, h_prev), d_gains
+
+
+class LayerNormLSTMCell(CellBase):
+    """The layer-normalised LSTM cell (module docstring): gates i, f, g, o, ONE bias.
+
+    Args:
+        input_size: ``I``.  hidden_size: ``H``.
+        init: ``"uniform"`` or ``"orthogonal"`` recurrent blocks.
+
+    Parameters: ``weight_ih (4H, I)``, ``weight_hh (4H, H)``, ``bias (4H,)``, the gains
+    ``gamma_ih (4H,)``, ``gamma_hh (4H,)``, ``gamma_c (H,)`` (all 1 at initialisation) and
+    ``beta_c (H,)`` (0). The state is ``LSTMState(h, c)``.
+
+    >>> cell = LayerNormLSTMCell(3, 5)
+    >>> sum(p.numel() for p in cell.parameters())
+    230
+    >>> cell(torch.zeros(2, 3)).c.shape
+    torch.Size([2, 5])
+    """
+
+    gates = 4
+    is_lstm = True
+
+    def __init__(self, input_size: int, hidden_size: int, init: str = "uniform") -> None:
+        super().__init__(input_size, hidden_size, init)
+        H = hidden_size
+        self.gamma_ih = nn.Parameter(torch.empty(4 * H))
+        self.gamma_hh = nn.Parameter(torch.empty(4 * H))
+        self.gamma_c = nn.Parameter(torch.empty(H))
+        self.beta_c = nn.Parameter(torch.empty(H))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        with torch.no_grad():
+            for gain in (self.gamma_ih, self.gamma_hh, self.gamma_c):
+                gain.fill_(1.0)
+            self.beta_c.zero_()
+
+    @property
+    def kernel(self) -> LayerNormLSTMKernel:  # type: ignore[override]
+        return LayerNormLSTMKernel()
+
+    def weights(self) -> Weights:
+        """The loop's weights: ``weight_ih`` only as a size (the loop reads the input part
+        :meth:`input_part` computes), ``bias_hn`` the gains ``[γ_h; γ_c; β_c]``."""
+        gains = torch.cat([self.gamma_hh, self.gamma_c, self.beta_c])
+        return Weights(self.weight_ih.detach(), self.weight_hh, self.bias, gains)
+
+    def input_part(self, x: Tensor) -> Tensor:
+        """``ν(x W_xᵀ) ⊙ γ_x`` for ``x (…, I)`` → ``(…, 4H)``: the loop's input."""
+        return normalize(x @ self.weight_ih.T)[0] * self.gamma_ih
+
+    @cell_step_in_weights_dtype
+    def forward(self, x: Tensor, state: LSTMState | None = None) -> LSTMState:
+        """One step: ``x (B, I)``, ``LSTMState`` or None (zeros) → ``LSTMState(h, c)``."""
+        state = check_cell_input(self, x, state)
+        return layer_norm_lstm_step(self.input_part(x), state, self.weights())
