@@ -3,8 +3,10 @@ stepped through its cells) and the embedding dropout to the word embeddings."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from rnnkit import LSTM
 from rnnkit.layers.regularization import DropoutEmbedding
 from rnnkit.models import ModelSpec, build_language_model
 from rnnkit.models.builders import build_encoder
@@ -69,3 +71,16 @@ def test_layer_norm_builds_layer_normalised_cells():
         isinstance(c, LayerNormLSTMCell)
         for c in build_language_model(ModelSpec(hidden=8, embedding=4), 10).encoder.cells()
     )
+
+
+def test_a_seq2seq_decoder_refuses_what_its_stepped_cells_would_not_do():
+    from rnnkit import GRU
+    from rnnkit.models.seq2seq import Seq2Seq
+
+    emb = DropoutEmbedding(7, 4)
+    for decoder, what in (
+        (GRU(4, 6, zoneout=0.2), "zoneout"),
+        (LSTM(4, 6, layer_norm=True), "layer-normalised cells"),
+    ):
+        with pytest.raises(ValueError, match=f"the decoder steps through its cells, where {what}"):
+            Seq2Seq(emb, GRU(4, 6), torch.nn.Embedding(7, 4), decoder, torch.nn.Linear(6, 7))

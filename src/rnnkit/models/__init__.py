@@ -47,7 +47,7 @@ from rnnkit.models.ngram import NGramModel, count_table_size
 from rnnkit.models.pooling import POOLINGS, Pooling, last_pool, max_pool, mean_pool, state_pool
 from rnnkit.models.regressor import LOSSES, TARGETS, Regressor, RegressorOutput
 from rnnkit.models.seq2seq import ATTENTION_WIRINGS, Seq2Seq, Seq2SeqOutput, build_seq2seq
-from rnnkit.models.seq2seq_decoder import STATE_BATCH_DIM, DecoderState
+from rnnkit.models.seq2seq_decoder import STATE_BATCH_DIM, DecoderState, check_stepped_decoder
 from rnnkit.models.seq2seq_inference import InferenceStep
 from rnnkit.models.spec import TASK_MODEL_DEFAULTS, ModelSpec, task_model_defaults
 from rnnkit.models.tagger import CHAR_EMBEDDING, CHAR_HIDDEN, CharEncoder, Tagger, build_tagger
@@ -105,6 +105,7 @@ __all__ = [
     "build_seq2seq",
     "build_tagger",
     "build_vector_classifier",
+    "check_stepped_decoder",
     "class_conditional_lm",
     "count_table_size",
     "decode_batch",

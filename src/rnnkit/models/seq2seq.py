@@ -66,6 +66,7 @@ from rnnkit.models.seq2seq_decoder import (
     _teacher_forced,
     _top,
     _unstack,
+    check_stepped_decoder,
 )
 from rnnkit.models.seq2seq_inference import InferenceStep
 from rnnkit.models.spec import ModelSpec
@@ -175,6 +176,7 @@ class Seq2Seq(nn.Module):
             )
         if decoder.bidirectional:
             raise ValueError("the decoder must be unidirectional (it generates left to right)")
+        check_stepped_decoder(decoder)
         if encoder.input_size != source_embedding.embedding_dim:
             raise ValueError(
                 f"encoder input_size {encoder.input_size} != source embedding_dim "
