@@ -144,7 +144,7 @@ void gru_forward_impl(T* rz, T* xn, T* rec, const StepMatrix<T>& W1, const StepM
                       const T* bias, const T* bhn, T* sc, T* hs, bool save, const bool* M,
                       const Steps& S, int64_t Tn, int64_t B, int64_t H, bool after, int64_t r0,
                       int64_t r1, const Regularizers<T>& rg = {}) {
-  const int64_t RW = H;        // width of the rec cache: W_nh h + b_hn (after) or r ⊙ h (before)
+  const int64_t RW = H;  // width of the rec cache: W_nh h + b_hn (after) or r ⊙ h (before)
   std::vector<T> hm(rg.m ? (r1 - r0) * H : 0);  // h_{t-1} ⊙ m: what the products read
   T* sc_rz = sc + r0 * 2 * H;  // scratch: h W_rz^T (B, 2H), then (r ⊙ h) W_nh^T (B, H)
   T* sc_n = sc + B * 2 * H + r0 * H;
@@ -281,8 +281,7 @@ void gru_backward_impl(const T* rz, const T* xn, const T* rec, const T* hs, cons
       W2.mm(bt, dx + 2 * H, G, T(0), drh, H);
       for (int64_t b = 0; b < bt; ++b) {
         if (m && !m[b]) continue;
-        gru_before_bwd_row<T>(rzt + b * 2 * H, hq + b * H, drh + b * H, dx + b * G, dq + b * H,
-                              H);
+        gru_before_bwd_row<T>(rzt + b * 2 * H, hq + b * H, drh + b * H, dx + b * G, dq + b * H, H);
       }
       W1.mm(bt, dx, G, T(1), dq, H);  // += d_rz W_rz
     }

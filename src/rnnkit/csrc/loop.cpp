@@ -113,7 +113,8 @@ std::vector<Tensor> rnn_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
   Tensor hs = at::empty({Tn + 1, B, H}, xp.options());
   Tensor sc = at::empty({B, H}, xp.options());
   // zoneout: the cell's own h̃_t, zero where a step did not run (holes, finished rows)
-  Tensor cand = keep_h.has_value() ? at::zeros({Tn, B, H}, xp.options()) : at::empty({0}, xp.options());
+  Tensor cand =
+      keep_h.has_value() ? at::zeros({Tn, B, H}, xp.options()) : at::empty({0}, xp.options());
   hs[0].copy_(h0);
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "rnn_forward", [&] {
     auto f = act == 1   ? rnn_forward_impl<scalar_t, 1>
@@ -171,9 +172,8 @@ std::vector<Tensor> rnn_backward(Tensor hs, Tensor w_hh, std::optional<Tensor> m
 std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor c0,
                                  std::optional<Tensor> mask, bool save,
                                  std::optional<Tensor> offsets, std::optional<Tensor> w_ih,
-                                 bool keep_input, bool batch_first,
-                                 std::optional<Tensor> rec_mask, std::optional<Tensor> keep_h,
-                                 std::optional<Tensor> keep_c) {
+                                 bool keep_input, bool batch_first, std::optional<Tensor> rec_mask,
+                                 std::optional<Tensor> keep_h, std::optional<Tensor> keep_c) {
   check(w_hh, "w_hh", 2);
   const int64_t Tn = steps_of(xp, offsets), B = h0.size(0), H = h0.size(1);
   TORCH_CHECK(w_hh.size(0) == 4 * H && w_hh.size(1) == H, "w_hh must be (4H, H)");
@@ -297,8 +297,7 @@ std::vector<Tensor> gru_forward(Tensor rz, Tensor xn, Tensor w_hh, Tensor bias,
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(rz.data_ptr<scalar_t>(), xn.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(), W1, W2,
         bias.data_ptr<scalar_t>(), after ? b_hn->data_ptr<scalar_t>() : nullptr,
-        sc.data_ptr<scalar_t>(), hs.data_ptr<scalar_t>(), save, M, S, Tn, B, H, after, r0, r1,
-        rg);
+        sc.data_ptr<scalar_t>(), hs.data_ptr<scalar_t>(), save, M, S, Tn, B, H, after, r0, r1, rg);
     });
   });
   if (!save && !S.packed()) rec = rec.expand({Tn, B, RW});
