@@ -20,6 +20,7 @@ from rnnkit.types import LSTMState
         {"cell": "lstm", "zoneout": 0.3},  # its expectation at evaluation: model.step's
         {"cell": "gru", "layers": 2, "recurrent_dropout": 0.3, "weight_drop": 0.5},
         {"cell": "lstm", "layers": 2, "layer_norm": True},  # the cell's step: the loop's
+        {"cell": "gru", "reset": "after", "layer_norm": True},
     ],
 )
 def test_fast_step_is_the_models_step(options: dict) -> None:

@@ -1,21 +1,24 @@
-"""The layer-normalised LSTM: the time loop's hand-written backward against autograd of
-the cell's plain step (float64, holes in the mask, both directions), finite differences
-with the regularizers, the compiled loop never taken, and the refusals."""
+"""The layer-normalised LSTM and GRU: the time loop's hand-written backward against
+autograd of the cell's plain step (float64, holes in the mask, both directions), finite
+differences with the regularizers, the compiled loop never taken, and the refusals."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rnnkit import LSTM, LSTMState
+from rnnkit import GRU, LSTM, LSTMState
 from rnnkit.bptt.forward import _compiled
 from rnnkit.bptt.fused import fused_form
-from rnnkit.cells.layer_norm import LayerNormLSTMCell, normalize
+from rnnkit.cells.layer_norm import LayerNormGRUCell, LayerNormLSTMCell, normalize
 from rnnkit.errors import ConfigError
 
-pytestmark = pytest.mark.usefixtures("time_loop")
-
 DT = torch.float64
+KINDS = {
+    "lstm": lambda *a, **kw: LSTM(*a, layer_norm=True, **kw),
+    "gru-keep": lambda *a, **kw: GRU(*a, layer_norm=True, reset="after", update="keep", **kw),
+    "gru-candidate": lambda *a, **kw: GRU(*a, layer_norm=True, reset="after", **kw),
+}
 
 
 def _reference(cell, x, real, s0):
@@ -24,49 +27,65 @@ def _reference(cell, x, real, s0):
     for t in range(x.shape[0]):
         new = cell(x[t], state)
         m = real[t][:, None]
-        state = LSTMState(torch.where(m, new.h, state.h), torch.where(m, new.c, state.c))
-        outs.append(state.h)
+        if isinstance(new, LSTMState):
+            state = LSTMState(torch.where(m, new.h, state.h), torch.where(m, new.c, state.c))
+        else:
+            state = torch.where(m, new, state)
+        outs.append(state.h if isinstance(state, LSTMState) else state)
     return torch.stack(outs), state
 
 
 def _perturbed(layer, gen):
     with torch.no_grad():  # gains and shifts away from 1 and 0, so that they matter
         for name, p in layer.named_parameters():
-            if "gamma" in name or "beta" in name:
+            if "gamma" in name or "beta" in name or "bias_hn" in name:
                 p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
 
 
-def test_layer_equals_autograd_of_the_plain_step(holey_mask, gen):
+@pytest.mark.usefixtures("time_loop")  # asked for, the compiled loop is not taken
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_layer_equals_autograd_of_the_plain_step(kind, holey_mask, gen):
     B, T = holey_mask.shape
-    layer = LSTM(3, 4, batch_first=False, layer_norm=True).double()
+    layer = KINDS[kind](3, 4, batch_first=False).double()
     _perturbed(layer, gen)
     cell = layer.cells()[0]
+    lstm = kind == "lstm"
     x = torch.randn(T, B, 3, generator=gen, dtype=DT, requires_grad=True)
-    s0 = LSTMState(*(torch.randn(B, 4, generator=gen, dtype=DT, requires_grad=True) for _ in "hc"))
-    out = layer(x, mask=holey_mask.T, state=LSTMState(s0.h[None, None], s0.c[None, None]))
+    parts = [torch.randn(B, 4, generator=gen, dtype=DT, requires_grad=True) for _ in "hc"]
+    s0 = LSTMState(*parts) if lstm else parts[0]
+    state = LSTMState(parts[0][None, None], parts[1][None, None]) if lstm else s0[None, None]
+    out = layer(x, mask=holey_mask.T, state=state)
     ref_out, ref_fin = _reference(cell, x, holey_mask.T, s0)
     real = holey_mask.T[..., None]
     torch.testing.assert_close(torch.where(real, out.outputs, 0), torch.where(real, ref_out, 0))
-    torch.testing.assert_close(out.state.h[0, 0], ref_fin.h)
-    torch.testing.assert_close(out.state.c[0, 0], ref_fin.c)
-    inputs = [x, *s0, *layer.parameters()]
+    fin = [s[0, 0] for s in out.state] if lstm else [out.state[0, 0]]
+    ref = list(ref_fin) if lstm else [ref_fin]
+    for a, b in zip(fin, ref, strict=True):
+        torch.testing.assert_close(a, b)
+    inputs = [x, *(parts if lstm else parts[:1]), *layer.parameters()]
     g = torch.randn(out.outputs.shape, generator=gen, dtype=DT)
-    gc = torch.randn(B, 4, generator=gen, dtype=DT)
-    got = torch.autograd.grad(
-        [torch.where(real, out.outputs, 0), out.state.c[0, 0]], inputs, [g, gc]
-    )
-    want = torch.autograd.grad([torch.where(real, ref_out, 0), ref_fin.c], inputs, [g, gc])
+    gf = [torch.randn(B, 4, generator=gen, dtype=DT) for _ in fin]
+    got = torch.autograd.grad([torch.where(real, out.outputs, 0), *fin], inputs, [g, *gf])
+    want = torch.autograd.grad([torch.where(real, ref_out, 0), *ref], inputs, [g, *gf])
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("options", [{}, {"zoneout": 0.3, "recurrent_dropout": 0.3}])
-def test_gradcheck_bidirectional_stack(options, holey_mask):
+@pytest.mark.parametrize(
+    ("kind", "options"),
+    [
+        ("lstm", {}),
+        ("lstm", {"zoneout": 0.3, "recurrent_dropout": 0.3}),
+        ("gru-keep", {"zoneout": 0.3, "weight_drop": 0.3}),
+        ("gru-candidate", {}),
+    ],
+)
+def test_gradcheck_bidirectional_stack(kind, options, holey_mask):
     from torch.func import functional_call
 
     torch.manual_seed(0)
     B, T = holey_mask.shape
-    layer = LSTM(2, 2, num_layers=2, bidirectional=True, layer_norm=True, **options).double()
+    layer = KINDS[kind](2, 2, num_layers=2, bidirectional=True, **options).double()
     _perturbed(layer, torch.Generator().manual_seed(3))
     x = torch.randn(B, T, 2, dtype=DT, requires_grad=True)
     masks = layer.draw_masks(B, T, x)
@@ -76,14 +95,15 @@ def test_gradcheck_bidirectional_stack(options, holey_mask):
     def f(x, *p):
         kw = {"mask": holey_mask, "masks": masks}
         out = functional_call(layer, dict(zip(names, p, strict=True)), (x,), kw)
-        return out.outputs, *out.state
+        return (out.outputs, *out.state) if kind == "lstm" else (out.outputs, out.state)
 
     assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-6)
 
 
-def test_no_compiled_loop_and_no_fused_form():
-    cell = LayerNormLSTMCell(3, 4).double()
-    x = torch.zeros(5, 2, 16, dtype=DT)
+@pytest.mark.parametrize("cell", [LayerNormLSTMCell(3, 4), LayerNormGRUCell(3, 4)])
+def test_no_compiled_loop_and_no_fused_form(cell):
+    cell = cell.double()
+    x = torch.zeros(5, 2, cell.gates * 4, dtype=DT)
     assert _compiled(cell.kernel, x, *cell.weights()) is None
     assert fused_form(cell.kernel) is None  # type: ignore[arg-type]
 
@@ -117,3 +137,7 @@ def test_refusals():
 
     with pytest.raises(ValueError, match="layer-normalised"):
         to_torch(LSTM(3, 4, layer_norm=True))
+    with pytest.raises(ConfigError, match="needs reset='after'"):
+        GRU(3, 4, layer_norm=True)
+    with pytest.raises(ConfigError, match="no layer-normalised GRU form"):
+        GRU(3, 4, layer_norm=True, reset="after", recurrent_dropout=0.2).double()(x)

@@ -63,10 +63,13 @@ def test_a_spec_without_regularizers_builds_the_plain_model():
 
 
 def test_layer_norm_builds_layer_normalised_cells():
-    from rnnkit.cells.layer_norm import LayerNormLSTMCell
+    from rnnkit.cells.layer_norm import LayerNormGRUCell, LayerNormLSTMCell
 
     lm = build_language_model(ModelSpec(hidden=8, embedding=4, layers=2, layer_norm=True), 10)
     assert all(isinstance(c, LayerNormLSTMCell) for c in lm.encoder.cells())
+    gru = ModelSpec(cell="gru", reset="after", update="keep", hidden=8, layer_norm=True)
+    cells = build_language_model(gru, 10).encoder.cells()
+    assert all(isinstance(c, LayerNormGRUCell) and c.update == "keep" for c in cells)
     assert not any(
         isinstance(c, LayerNormLSTMCell)
         for c in build_language_model(ModelSpec(hidden=8, embedding=4), 10).encoder.cells()

@@ -33,8 +33,10 @@ from torch import Tensor
 
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import StepKernel, Weights, scratch
+from rnnkit.cells.layer_norm import LayerNormGRUKernel
 from rnnkit.cells.lstm import LSTMKernel
 from rnnkit.cells.rnn import RNNKernel
+from rnnkit.errors import ConfigError
 
 __all__ = ["CompiledRegularized", "RegularizedKernel", "regularized"]
 
@@ -237,6 +239,11 @@ def regularized(
 ) -> RegularizedKernel:
     """The kernel of ``inner`` with these masks, in the compiled loop where that loop runs
     (the three cells), else in the PyTorch loop."""
+    if recurrent_mask is not None and isinstance(inner, LayerNormGRUKernel):
+        raise ConfigError(
+            "recurrent_dropout has no layer-normalised GRU form (its update mixes the "
+            "unmasked state): use zoneout or weight_drop"
+        )
     if isinstance(inner, (LSTMKernel, GRUKernel, RNNKernel)):
         return CompiledRegularized(inner, recurrent_mask, keep)
     return RegularizedKernel(inner, recurrent_mask, keep)

@@ -1,7 +1,7 @@
 """Cells: one time step of the simple RNN, the LSTM and the GRU (hand-written backward steps).
 
 ``amp``: a cell steps in its weights' dtype under autocast (mixed precision).
-``layer_norm``: the layer-normalised LSTM (its step and hand-written backward).
+``layer_norm``: the layer-normalised LSTM and GRU (their steps and hand-written backward).
 """
 
 from rnnkit.cells.amp import (
@@ -15,8 +15,11 @@ from rnnkit.cells.gru import GRUCache, GRUCell, GRUKernel, gru_step, gru_step_ba
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights, input_product, scratch
 from rnnkit.cells.layer_norm import (
     EPS,
+    LayerNormGRUCell,
+    LayerNormGRUKernel,
     LayerNormLSTMCell,
     LayerNormLSTMKernel,
+    layer_norm_gru_step,
     layer_norm_lstm_step,
     normalize,
 )
@@ -48,6 +51,8 @@ __all__ = [
     "LSTMCache",
     "LSTMCell",
     "LSTMKernel",
+    "LayerNormGRUCell",
+    "LayerNormGRUKernel",
     "LayerNormLSTMCell",
     "LayerNormLSTMKernel",
     "NativeLSTMStep",
@@ -62,6 +67,7 @@ __all__ = [
     "gru_step",
     "gru_step_backward",
     "input_product",
+    "layer_norm_gru_step",
     "layer_norm_lstm_step",
     "low_precision_to",
     "lstm_step",

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.gru import GRUCell
-from rnnkit.cells.layer_norm import LayerNormLSTMCell
+from rnnkit.cells.layer_norm import LayerNormGRUCell, LayerNormLSTMCell
 from rnnkit.cells.lstm import LSTMCell
 from rnnkit.cells.rnn import RNNCell
 from rnnkit.errors import ConfigError
@@ -161,12 +161,26 @@ class LSTM(_CellStack):
     cell_class = staticmethod(_lstm_cell)
 
 
+def _gru_cell(
+    input_size: int, hidden_size: int, layer_norm: bool = False, reset: str = "before", **options
+) -> CellBase:
+    """A ``GRUCell``, or with ``layer_norm=True`` a ``LayerNormGRUCell`` (reset after)."""
+    if not layer_norm:
+        return GRUCell(input_size, hidden_size, reset=reset, **options)
+    if reset != "after":
+        raise ConfigError(
+            f"layer_norm=True needs reset='after' (the normalised GRU's form), got {reset!r}"
+        )
+    return LayerNormGRUCell(input_size, hidden_size, **options)
+
+
 class GRU(_CellStack):
-    """Stacked (bi)directional GRU layers; ``update``/``reset`` as in ``GRUCell``.
+    """Stacked (bi)directional GRU layers; ``update``/``reset`` as in ``GRUCell``;
+    ``layer_norm=True`` (with ``reset="after"``) builds layer-normalised cells.
 
     >>> import torch
     >>> GRU(3, 4, update="keep", reset="after")(torch.zeros(2, 5, 3)).outputs.shape
     torch.Size([2, 5, 4])
     """
 
-    cell_class = GRUCell
+    cell_class = staticmethod(_gru_cell)

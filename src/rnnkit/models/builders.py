@@ -71,7 +71,15 @@ def build_encoder(
         return RNN(input_size, spec.hidden, nonlinearity=spec.nonlinearities(), **common, **reg)
     if spec.cell == "lstm":
         return LSTM(input_size, spec.hidden, layer_norm=spec.layer_norm, **common, **reg)
-    return GRU(input_size, spec.hidden, update=spec.update, reset=spec.reset, **common, **reg)
+    return GRU(
+        input_size,
+        spec.hidden,
+        update=spec.update,
+        reset=spec.reset,
+        layer_norm=spec.layer_norm,
+        **common,
+        **reg,
+    )
 
 
 def build_embedding(spec: ModelSpec, num_embeddings: int, width: int) -> nn.Embedding:

@@ -63,8 +63,13 @@ def test_the_model_spec_carries_them():
 
 def test_layer_norm_is_an_lstm_option_of_the_tasks_that_run_the_stack():
     cfg(layer_norm=True).validate().check_applies({"layer_norm"})
-    with pytest.raises(ConfigError, match=r"^--layer-norm does not apply to --cell gru"):
-        cfg(cell="gru", layer_norm=True).check_applies({"layer_norm"})
+    with pytest.raises(ConfigError, match=r"^--layer-norm does not apply to --cell rnn"):
+        cfg(cell="rnn", layer_norm=True).check_applies({"layer_norm"})
+    with pytest.raises(ConfigError, match=r"^--layer-norm with --cell gru needs --reset after"):
+        cfg(cell="gru", layer_norm=True).validate()
+    with pytest.raises(ConfigError, match=r"^--recurrent-dropout has no layer-normalised GRU"):
+        cfg(cell="gru", reset="after", layer_norm=True, recurrent_dropout=0.1).validate()
+    cfg(cell="gru", reset="after", layer_norm=True, zoneout=0.1).validate()
     with pytest.raises(ConfigError, match=r"^--layer-norm does not apply to --task seq2seq"):
         cfg(task="seq2seq", layer_norm=True).check_applies({"layer_norm"})
     with pytest.raises(ConfigError, match=r"^--layer-norm runs full BPTT"):

@@ -128,10 +128,11 @@ class ModelOptions:
     )
     layer_norm: bool = option(
         False,
-        cells=("lstm",),
+        cells=("lstm", "gru"),
         tasks=("lm", "tag", "classify", "events", "regress"),  # seq2seq steps its cells
-        help="layer-normalised LSTM: the input and recurrent products and the cell state "
-        "normalised (the PyTorch time loop; docs/regularization.md)",
+        help="layer-normalised cells: the input and recurrent products (and the LSTM's "
+        "cell state) normalised; a GRU needs --reset after (the PyTorch time loop; "
+        "docs/regularization.md)",
     )
     recompute: int | None = option(
         None,

@@ -233,6 +233,14 @@ class TrainConfig(
                 )
             if self.recompute is not None and name != "weight_drop":
                 raise ConfigError(f"{flag(name)} cannot be combined with --recompute")
+        if self.layer_norm and self.cell == "gru":
+            if self.reset != "after":
+                raise ConfigError("--layer-norm with --cell gru needs --reset after")
+            if self.recurrent_dropout:
+                raise ConfigError(
+                    "--recurrent-dropout has no layer-normalised GRU form: use --zoneout or "
+                    "--weight-drop"
+                )
         if self.layer_norm and (parse_bptt(self.bptt)[0] == "window" or self.recompute):
             raise ConfigError(
                 "--layer-norm runs full BPTT without --recompute: not with --bptt "
