@@ -355,7 +355,7 @@ class LayerNormGRUCell(CellBase):
 
     >>> cell = LayerNormGRUCell(3, 5)
     >>> sum(p.numel() for p in cell.parameters())
-    155
+    170
     >>> cell(torch.zeros(2, 3)).shape
     torch.Size([2, 5])
     """
