@@ -17,6 +17,10 @@ from rnnkit.types import LSTMState
         {"cell": "gru", "layers": 2},
         {"cell": "rnn", "tie_weights": True},
         {"cell": "lstm", "hidden": 6, "embedding": 6, "tie_weights": True},
+        {"cell": "lstm", "zoneout": 0.3},  # its expectation at evaluation: model.step's
+        {"cell": "gru", "layers": 2, "recurrent_dropout": 0.3, "weight_drop": 0.5},
+        {"cell": "lstm", "layers": 2, "layer_norm": True},  # the cell's step: the loop's
+        {"cell": "gru", "reset": "after", "layer_norm": True},
     ],
 )
 def test_fast_step_is_the_models_step(options: dict) -> None:

@@ -525,3 +525,67 @@ def test_table_input_only_where_it_is_the_same_model_and_faster():
     assert not lm._reads_table(x, *none)
     narrow = build_language_model(ModelSpec(hidden=8, embedding=32), 11)
     assert not narrow._reads_table(x, *none)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_scheduled_sampling_p0_keeps_one_mask_per_sequence(kind):
+    """With every regularizer on, the step-by-step loss at p = 0 draws the same masks as
+    the teacher-forced loss (one per sequence, the embedding's rows once, zoneout's step
+    t at step t): equal losses and gradients from the same seed."""
+    spec = ModelSpec(
+        cell=kind,
+        hidden=6,
+        embedding=5,
+        layers=2,
+        input_dropout=0.3,
+        locked_dropout=0.3,
+        output_dropout=0.3,
+        recurrent_dropout=0.3,
+        weight_drop=0.3,
+        zoneout=0.3,
+        embedding_dropout=0.3,
+    )
+    torch.manual_seed(0)
+    lm = build_language_model(spec, V).double().train()
+    x, y = tokens(3, 9), tokens(3, 9, seed=7)
+    torch.manual_seed(5)
+    got = grads(lm, lm.scheduled_loss(x, y, PADDED, sampling_p=0.0).loss)
+    torch.manual_seed(5)
+    want = grads(lm, lm.loss(x, y, mask=PADDED).loss)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-12)
+
+
+def test_table_input_with_weight_drop_and_the_regularizers_that_forbid_it():
+    """Weight drop keeps the table read (the masked W_hh goes to the loop): the same
+    logits and gradients as the product with the same masks; input dropout, recurrent
+    dropout (in training), zoneout and embedding dropout (in training) do not read it."""
+    from rnnkit.bptt.native import available, use_native
+
+    if not available():
+        pytest.skip("no compiled loop here")
+    torch.manual_seed(0)
+    spec = ModelSpec(hidden=8, embedding=64, layers=2, weight_drop=0.5, locked_dropout=0.3)
+    lm = build_language_model(spec, 11).double().train()
+    x = torch.randint(0, 11, (4, 9))
+    assert lm._reads_table(x, None, None, None)
+    masks = lm.encoder.draw_masks(4, 9, lm.embedding.weight)
+    table = lm.encoder.input_table(lm.embedding.weight)
+    xp = torch.nn.functional.embedding(x, table)
+    h = lm.encoder(xp, masks=masks, projected=True).outputs
+    got = torch.autograd.grad(lm.head(h).pow(2).sum(), list(lm.parameters()))
+    with use_native(False):
+        ref = lm.encoder(lm.embedding(x), masks=masks).outputs
+        want = torch.autograd.grad(lm.head(ref).pow(2).sum(), list(lm.parameters()))
+    torch.testing.assert_close(h, ref)
+    for (name, _), a, b in zip(lm.named_parameters(), got, want, strict=True):
+        torch.testing.assert_close(a, b, msg=name)
+    none = (None, None, None)
+    for field in ("input_dropout", "recurrent_dropout", "zoneout", "embedding_dropout"):
+        other = build_language_model(ModelSpec(hidden=8, embedding=64, **{field: 0.2}), 11)
+        assert not other.train()._reads_table(x, *none), field
+    assert (
+        build_language_model(ModelSpec(hidden=8, embedding=64, input_dropout=0.2), 11)
+        .eval()
+        ._reads_table(x, *none)
+    )

@@ -8,6 +8,8 @@
   gradients as one product over all steps;
 * ``windowed``: the exact windowed BPTT(τ), lag by lag, of one direction or a stack;
 * ``record``: what the forward keeps for the backward, and the packing of finished rows;
+* ``regularized``: recurrent dropout and zoneout, a kernel around a cell's kernel whose
+  masks are inputs of the time loop (the compiled loop included);
 * ``recompute``: the forward pass kept at checkpoints only and recomputed in the backward,
   for sequences too long to keep every step;
 * ``native``: the same loop compiled from ``rnnkit/csrc`` (built on first use), dispatched
@@ -48,14 +50,17 @@ from rnnkit.bptt.recurrence import (
     run_recurrence,
     takes_projected,
 )
+from rnnkit.bptt.regularized import CompiledRegularized, RegularizedKernel, regularized
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 
 __all__ = [
     "PATHS",
+    "CompiledRegularized",
     "ForwardRecord",
     "Grads",
     "Packing",
+    "RegularizedKernel",
     "Sweep",
     "TracingError",
     "WindowUnit",
@@ -74,6 +79,7 @@ __all__ = [
     "own_matmul",
     "prefix_lengths",
     "recurrence_gradients",
+    "regularized",
     "reorder",
     "run_fused",
     "run_opaque",

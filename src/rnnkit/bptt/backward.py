@@ -76,10 +76,17 @@ def backward_sweep(
     state_steps = [s.unbind(0) for s in states]
     prev_steps = [p.unbind(0) for p in incoming_states(record)]
     G = kernel.gates
-    separate_hp = getattr(kernel, "reset", None) == "after"
+    after = getattr(kernel, "reset", None) == "after"
+    width_of = getattr(kernel, "recurrent_grad_width", None)
+    separate_hp = after or width_of is not None
     d_xp = like.new_empty(T, B, G * H)
-    # reset="after": d_hp holds the n block only (the r, z blocks equal d_xp's)
-    d_hp = like.new_empty(T, B, H) if separate_hp else d_xp
+    # reset="after": d_hp holds the n block only (the r, z blocks equal d_xp's); a kernel
+    # whose recurrent gradients differ from d_xp otherwise says how wide they are
+    d_hp = d_xp
+    if width_of is not None:
+        d_hp = like.new_empty(T, B, width_of(H))
+    elif after:
+        d_hp = like.new_empty(T, B, H)
     mask_steps = mask.unbind(0) if mask is not None else None
     reset_steps = record.reset.unbind(0) if record.reset is not None else None
     wprep = kernel.prepare_backward(w)
@@ -122,7 +129,8 @@ def weight_grads(
     ``need`` flags (x, weight_ih, weight_hh, bias, bias_hn); with ``packing`` the products
     run over the computed rows only and ``∂L/∂x`` is scattered back to ``(T, B, I)``.
     ``projected``: ``x`` was the input product itself (``forward_pass``): ``∂L/∂x`` is
-    ``d_xp`` and ``weight_ih`` gets no gradient here (the caller's product gives it one).
+    ``d_xp`` and ``weight_ih`` gets no gradient here (the caller's product gives it one);
+    the same for a kernel that always reads it so (``reads_projected``).
     """
     T, B, H = (s - k for s, k in zip(record.states[0].shape, (1, 0, 0), strict=True))
     d_xp = sweep.d_xp.reshape(-1, sweep.d_xp.shape[-1])  # (T·B or N, G·H)
@@ -132,7 +140,7 @@ def weight_grads(
     mm = torch.mm if lib is None else lib.matmul
     d_x = None
     if need[0]:
-        if projected:
+        if projected or getattr(kernel, "reads_projected", False):
             d_x = d_xp
         elif sweep.d_x is not None:  # the compiled loop's, step by step
             d_x = sweep.d_x.reshape(-1, sweep.d_x.shape[-1])

@@ -59,7 +59,12 @@ class _Recurrence(torch.autograd.Function):
             ctx.kernel, ctx.mask, ctx.window, ctx.packing = kernel, mask, window, packing
             ctx.projected = projected
             ctx.num_states = len(record.states)
-            ctx.save_for_backward(record.x, weight_ih, weight_hh, *record.states, *record.cache)
+            # a kernel whose step backward reads bias_hn (a layer-normalised cell's gains)
+            ctx.keeps_hn = bool(getattr(kernel, "backward_reads_bias_hn", False))
+            kept = (bias_hn,) if ctx.keeps_hn else ()
+            ctx.save_for_backward(
+                record.x, weight_ih, weight_hh, *record.states, *record.cache, *kept
+            )
         finals = tuple(s[-1].clone() for s in record.states)
         outputs = record.states[0][1:] if record.outputs is None else record.outputs
         return (outputs, *finals)  # outputs (T, B, H), final states (B, H)
@@ -69,9 +74,11 @@ class _Recurrence(torch.autograd.Function):
     def backward(ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None):
         saved = ctx.saved_tensors
         n = ctx.num_states
+        bias_hn = saved[-1] if ctx.keeps_hn else None
+        saved = saved[:-1] if ctx.keeps_hn else saved
         record = ForwardRecord(saved[0], tuple(saved[3 : 3 + n]), tuple(saved[3 + n :]))
         # The backward reads no bias: None stands in for it.
-        w = Weights(saved[1], saved[2], None, None)  # type: ignore[arg-type]
+        w = Weights(saved[1], saved[2], None, bias_hn)  # type: ignore[arg-type]
         packing = ctx.packing
         if packing is not None and ctx.window is not None:
             # BPTT(τ) is the PyTorch sweep, which reads padded buffers. (The forward still
@@ -243,6 +250,8 @@ def _sorted_rows(
     """Rows sorted by their last real step and the steps' buffers packed, where the
     compiled loop runs a mask: ``(x, mask3, states0, order or None, packing or None)``."""
     if mask is None or mask3 is None or _compiled(kernel, x, *weights, *states0) is None:
+        return x, mask3, states0, None, None
+    if getattr(kernel, "unsorted", False):  # per-row masks inside (rnnkit.bptt.regularized)
         return x, mask3, states0, None, None
     # The compiled loop stops computing rows after their last real step when rows are
     # sorted by it (as packed sequences are): sort here, undo the order on the way out,

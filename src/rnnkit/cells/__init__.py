@@ -1,6 +1,7 @@
 """Cells: one time step of the simple RNN, the LSTM and the GRU (hand-written backward steps).
 
 ``amp``: a cell steps in its weights' dtype under autocast (mixed precision).
+``layer_norm``: the layer-normalised LSTM and GRU (their steps and hand-written backward).
 """
 
 from rnnkit.cells.amp import (
@@ -12,6 +13,16 @@ from rnnkit.cells.amp import (
 from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.gru import GRUCache, GRUCell, GRUKernel, gru_step, gru_step_backward
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights, input_product, scratch
+from rnnkit.cells.layer_norm import (
+    EPS,
+    LayerNormGRUCell,
+    LayerNormGRUKernel,
+    LayerNormLSTMCell,
+    LayerNormLSTMKernel,
+    layer_norm_gru_step,
+    layer_norm_lstm_step,
+    normalize,
+)
 from rnnkit.cells.lstm import (
     LSTMCache,
     LSTMCell,
@@ -30,6 +41,7 @@ from rnnkit.cells.rnn import (
 )
 
 __all__ = [
+    "EPS",
     "NONLINEARITIES",
     "CellBase",
     "GRUCache",
@@ -39,6 +51,10 @@ __all__ = [
     "LSTMCache",
     "LSTMCell",
     "LSTMKernel",
+    "LayerNormGRUCell",
+    "LayerNormGRUKernel",
+    "LayerNormLSTMCell",
+    "LayerNormLSTMKernel",
     "NativeLSTMStep",
     "RNNCell",
     "RNNKernel",
@@ -51,9 +67,12 @@ __all__ = [
     "gru_step",
     "gru_step_backward",
     "input_product",
+    "layer_norm_gru_step",
+    "layer_norm_lstm_step",
     "low_precision_to",
     "lstm_step",
     "lstm_step_backward",
+    "normalize",
     "rnn_step",
     "rnn_step_backward",
     "scratch",

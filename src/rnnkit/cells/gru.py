@@ -264,7 +264,12 @@ class GRUKernel:
     def native_reads_rows(self, x, w):
         return False  # its input products run before the loop, over rows of (T·B, I)
 
-    def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
+    def native_forward(
+        self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False, reg=None
+    ):
+        """``reg``: recurrent dropout's mask and zoneout's keep factor of h
+        (``rnnkit.bptt.regularized``), each a contiguous tensor or None; None: none."""
+        reg = {} if reg is None else dict(zip(("rec_mask", "keep_h"), reg, strict=True))
         H = w.weight_hh.shape[1]
         # x W_ih^T; the bias is added in the loop (addmm would first copy it to every row)
         if projected:  # the two blocks as the contiguous buffers the loop writes into
@@ -279,17 +284,20 @@ class GRUKernel:
         hs, rec = lib.gru_forward(
             xp_rz, xp_n, w.weight_hh.contiguous(), w.bias.contiguous(), bias_hn, states0[0],
             mask, save,
-            self.update == "keep", after, offsets,
+            self.update == "keep", after, offsets, **reg,
         )  # fmt: skip
         return (hs,), (xp_rz, xp_n, rec), None
 
-    def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False):
+    def native_backward(
+        self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False, reg=None
+    ):
+        reg = {} if reg is None else dict(zip(("rec_mask", "keep_h"), reg, strict=True))
         rz, n, rec = (c.contiguous() for c in record.cache)
         h_states = record.states[0].contiguous()
         d_out = None if d_out is None else d_out.contiguous()
         d_xp, d_hp, d_h0 = lib.gru_backward(
             rz, n, rec, h_states, w.weight_hh.contiguous(), mask, d_out, d_states[0],
-            self.update == "keep", self.reset == "after", offsets,
+            self.update == "keep", self.reset == "after", offsets, **reg,
         )  # fmt: skip
         return d_xp, d_hp, (d_h0,), None, None
 

@@ -212,7 +212,12 @@ class LSTMKernel:
     def native_reads_rows(self, x, w):
         return input_in_loop(x.shape[-1], w.weight_hh.shape[1], x.shape[1])
 
-    def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
+    def native_forward(
+        self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False, reg=None
+    ):
+        """``reg``: recurrent dropout's mask and zoneout's keep factors of h and c
+        (``rnnkit.bptt.regularized``), each a contiguous tensor or None; None: none."""
+        reg = {} if reg is None else dict(zip(("rec_mask", "keep_h", "keep_c"), reg, strict=True))
         w_hh, bias = w.weight_hh.contiguous(), w.bias.contiguous()
         if not projected and input_in_loop(x.shape[-1], w_hh.shape[1], B):
             # each step's x_t W_ih^T in the loop: no (N, 4H) product before it. x (T, B, I)
@@ -227,7 +232,7 @@ class LSTMKernel:
                 batch_first = False
             hs, cs, tanh_c, gates, out = lib.lstm_forward(
                 xs, w_hh, bias, *states0, mask, save, offsets, w.weight_ih.contiguous(), False,
-                batch_first,
+                batch_first, **reg,
             )  # fmt: skip
             return (hs, cs), (gates, tanh_c), (out.transpose(0, 1) if batch_first else None)
         # x W_ih^T; the bias is added in the loop (addmm would first copy it to every row)
@@ -237,11 +242,14 @@ class LSTMKernel:
         if offsets is None:
             xp = xp.view(T, B, xp.shape[1])
         hs, cs, tanh_c, gates, _ = lib.lstm_forward(
-            xp, w_hh, bias, *states0, mask, save, offsets, None, projected
+            xp, w_hh, bias, *states0, mask, save, offsets, None, projected, **reg
         )
         return (hs, cs), ((gates if projected else xp), tanh_c), None
 
-    def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False):
+    def native_backward(
+        self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False, reg=None
+    ):
+        reg = {} if reg is None else dict(zip(("rec_mask", "keep_h", "keep_c"), reg, strict=True))
         gates, tanh_c = (c.contiguous() for c in record.cache)
         c_states = record.states[1].contiguous()
         # ∂L/∂x step by step where the forward would take its input product in the loop (a
@@ -254,7 +262,7 @@ class LSTMKernel:
             d_out = d_out.contiguous()
         d_xp, d_h0, d_c0, d_x, d_bias = lib.lstm_backward(
             gates, tanh_c, c_states, w.weight_hh.contiguous(), mask, d_out, *d_states, offsets,
-            w_ih,
+            w_ih, **reg,
         )  # fmt: skip
         return d_xp, d_xp, (d_h0, d_c0), (d_x if in_loop else None), d_bias
 

@@ -125,17 +125,28 @@ class RNNKernel:
     def native_reads_rows(self, x, w):
         return False  # its input product runs before the loop, over rows of (T·B, I)
 
-    def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
+    def native_forward(
+        self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False, reg=None
+    ):
+        """``reg``: recurrent dropout's mask and zoneout's keep factor of h
+        (``rnnkit.bptt.regularized``), each a contiguous tensor or None; None: none. With
+        zoneout the cache holds the cell's own ``h̃_t`` (its φ' is the backward's)."""
+        reg = {} if reg is None else dict(zip(("rec_mask", "keep_h"), reg, strict=True))
         # (T·B or N, H); the bias is added in the loop
         xp = x if projected else input_product(x, w.weight_ih)
         if offsets is None:
             xp = xp.view(T, B, xp.shape[1])
         act = ACTIVATION_CODES[self.nonlinearity]
         W, b = w.weight_hh.contiguous(), w.bias.contiguous()
-        (hs,) = lib.rnn_forward(xp, W, b, states0[0], mask, act, offsets)
-        return (hs,), (), None
+        hs, cand = lib.rnn_forward(xp, W, b, states0[0], mask, act, offsets, **reg)
+        return (hs,), ((cand,) if reg.get("keep_h") is not None else ()), None
 
-    def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False):
+    def native_backward(
+        self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False, reg=None
+    ):
+        reg = {} if reg is None else dict(zip(("rec_mask", "keep_h"), reg, strict=True))
+        if reg.get("keep_h") is not None:  # φ' of the cell's own h̃_t, kept by the forward
+            reg["cand"] = record.cache[-1].contiguous()
         act = ACTIVATION_CODES[self.nonlinearity]
         d_xp, d_h0 = lib.rnn_backward(
             record.states[0].contiguous(),
@@ -145,6 +156,7 @@ class RNNKernel:
             d_states[0],
             act,
             offsets,
+            **reg,
         )
         return d_xp, d_xp, (d_h0,), None, None
 

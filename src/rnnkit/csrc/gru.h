@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "activations.h"
 #include "gemm.h"
@@ -142,8 +143,9 @@ template <typename T, bool KEEP>
 void gru_forward_impl(T* rz, T* xn, T* rec, const StepMatrix<T>& W1, const StepMatrix<T>& W2,
                       const T* bias, const T* bhn, T* sc, T* hs, bool save, const bool* M,
                       const Steps& S, int64_t Tn, int64_t B, int64_t H, bool after, int64_t r0,
-                      int64_t r1) {
-  const int64_t RW = H;        // width of the rec cache: W_nh h + b_hn (after) or r ⊙ h (before)
+                      int64_t r1, const Regularizers<T>& rg = {}) {
+  const int64_t RW = H;  // width of the rec cache: W_nh h + b_hn (after) or r ⊙ h (before)
+  std::vector<T> hm(rg.m ? (r1 - r0) * H : 0);  // h_{t-1} ⊙ m: what the products read
   T* sc_rz = sc + r0 * 2 * H;  // scratch: h W_rz^T (B, 2H), then (r ⊙ h) W_nh^T (B, H)
   T* sc_n = sc + B * 2 * H + r0 * H;
   T* sc_all = sc + r0 * 3 * H;  // after: W_hh h (B, 3H)
@@ -152,28 +154,35 @@ void gru_forward_impl(T* rz, T* xn, T* rec, const StepMatrix<T>& W1, const StepM
     T* rzt = rz + (S.row(t) + r0) * 2 * H;
     T* nt = xn + (S.row(t) + r0) * H;
     T* rt = rec + ((save ? S.row(t) : 0) + r0) * RW;
-    const T* hp = hs + (t * B + r0) * H;
+    const T* hp = hs + (t * B + r0) * H;  // h_{t-1}: the update mixes it
     T* hn = hs + ((t + 1) * B + r0) * H;
     const bool* m = M ? M + t * B + r0 : nullptr;
+    const T* hq = hp;  // what the products (and r ⊙ h) read
+    if (rg.m) {
+      for (int64_t k = 0; k < bt * H; ++k) hm[k] = hp[k] * rg.m[r0 * H + k];
+      hq = hm.data();
+    }
     if (after) {
-      W1.mm(bt, hp, H, T(0), sc_all, 3 * H);  // W_hh h
+      W1.mm(bt, hq, H, T(0), sc_all, 3 * H);  // W_hh h
       for (int64_t b = 0; b < bt; ++b) {
         T* rzb = rzt + b * 2 * H;
         const T* sb = sc_all + b * 3 * H;
         gru_after_fwd_row<T, KEEP>(rzb, rzb + H, nt + b * H, sb, sb + H, sb + 2 * H, rt + b * H,
                                    bias, bhn, hp + b * H, hn + b * H, H);
+        if (rg.kh) zone_row(hn + b * H, hp + b * H, rg.kh + (t * B + r0 + b) * H, H);
         if (m && !m[b]) std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
       }
     } else {
-      W1.mm(bt, hp, H, T(0), sc_rz, 2 * H);  // W_rz h
+      W1.mm(bt, hq, H, T(0), sc_rz, 2 * H);  // W_rz h
       for (int64_t b = 0; b < bt; ++b) {
         T* rzb = rzt + b * 2 * H;
-        gru_before_fwd_row_a<T>(rzb, rzb + H, sc_rz + b * 2 * H, bias, hp + b * H, rt + b * H, H);
+        gru_before_fwd_row_a<T>(rzb, rzb + H, sc_rz + b * 2 * H, bias, hq + b * H, rt + b * H, H);
       }
       W2.mm(bt, rt, H, T(0), sc_n, H);  // W_nh (r⊙h)
       for (int64_t b = 0; b < bt; ++b) {
         gru_before_fwd_row_b<T, KEEP>(nt + b * H, sc_n + b * H, bias + 2 * H, rzt + b * 2 * H + H,
                                       hp + b * H, hn + b * H, H);
+        if (rg.kh) zone_row(hn + b * H, hp + b * H, rg.kh + (t * B + r0 + b) * H, H);
         if (m && !m[b]) std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
       }
     }
@@ -220,10 +229,15 @@ template <typename T, bool KEEP>
 void gru_backward_impl(const T* rz, const T* xn, const T* rec, const T* hs, const StepMatrix<T>& W1,
                        const StepMatrix<T>& W2, const bool* M, const Steps& S, const T* dout,
                        T* dxp, T* dhp, T* drh, T* dh, int64_t Tn, int64_t B, int64_t H, bool after,
-                       int64_t r0, int64_t r1) {
+                       int64_t r0, int64_t r1, const Regularizers<T>& rg = {}) {
   const int64_t G = 3 * H;
   dh += r0 * H;
   drh += r0 * H;
+  // recurrent dropout: the products' gradient, of h_{t-1} ⊙ m, apart in dp, and h ⊙ m
+  // itself; zoneout: d_h ⊙ d, which reaches h_{t-1} directly; the rows that ran the step
+  std::vector<T> dp(rg.m ? (r1 - r0) * H : 0), hm(rg.m ? (r1 - r0) * H : 0);
+  std::vector<T> direct(rg.kh ? (r1 - r0) * H : 0);
+  std::vector<char> ran(rg.any() ? r1 - r0 : 0);
   for (int64_t t = Tn - 1; t >= 0; --t) {
     const int64_t bt = block_active(S.act[t], r0, r1);
     const T* rzt = rz + (S.row(t) + r0) * 2 * H;
@@ -234,13 +248,24 @@ void gru_backward_impl(const T* rz, const T* xn, const T* rec, const T* hs, cons
     T* dr = after ? dhp + (S.row(t) + r0) * H : dx;  // after: d_hp is (·, H)
     const bool* m = M ? M + t * B + r0 : nullptr;
     if (dout) add_into(dh, dout + (t * B + r0) * H, (r1 - r0) * H);
+    const T* hq = hp;  // what the products read
+    T* dq = dh;        // where their gradient goes
+    if (rg.m) {
+      for (int64_t k = 0; k < bt * H; ++k) hm[k] = hp[k] * rg.m[r0 * H + k];
+      std::fill(dp.begin(), dp.begin() + bt * H, T(0));
+      hq = hm.data();
+      dq = dp.data();
+    }
     for (int64_t b = 0; b < bt; ++b) {
       T* dxb = dx + b * G;
+      if (rg.any()) ran[b] = 0;
       if (m && !m[b]) {  // a hole: no gate gradient, d_h passes through
         std::memset(dxb, 0, G * sizeof(T));
         if (after) std::memset(dr + b * H, 0, H * sizeof(T));
         continue;
       }
+      if (rg.any()) ran[b] = 1;
+      if (rg.kh) zone_split(dh + b * H, rg.kh + (t * B + r0 + b) * H, direct.data() + b * H, H);
       const T* rzb = rzt + b * 2 * H;
       gru_bwd_row_common<T, KEEP>(rzb + H, nt + b * H, hp + b * H, dh + b * H, dxb + H, dxb + 2 * H,
                                   H);
@@ -249,17 +274,23 @@ void gru_backward_impl(const T* rz, const T* xn, const T* rec, const T* hs, cons
     if (!S.packed()) zero_rows(dx, bt, r1 - r0, G);
     if (after) {
       if (!S.packed()) zero_rows(dr, bt, r1 - r0, H);
-      W1.mm(bt, dx, G, T(1), dh, H);  // += d_rz W_rz
-      W2.mm(bt, dr, H, T(1), dh, H);  // += (d_an ⊙ r) W_nh
-      continue;
+      W1.mm(bt, dx, G, T(1), dq, H);  // += d_rz W_rz
+      W2.mm(bt, dr, H, T(1), dq, H);  // += (d_an ⊙ r) W_nh
+    } else {
+      // reset before: d(r⊙h) = d_an W_nh, then d_r and the path through r⊙h
+      W2.mm(bt, dx + 2 * H, G, T(0), drh, H);
+      for (int64_t b = 0; b < bt; ++b) {
+        if (m && !m[b]) continue;
+        gru_before_bwd_row<T>(rzt + b * 2 * H, hq + b * H, drh + b * H, dx + b * G, dq + b * H, H);
+      }
+      W1.mm(bt, dx, G, T(1), dq, H);  // += d_rz W_rz
     }
-    // reset before: d(r⊙h) = d_an W_nh, then d_r and the path through r⊙h
-    W2.mm(bt, dx + 2 * H, G, T(0), drh, H);
-    for (int64_t b = 0; b < bt; ++b) {
-      if (m && !m[b]) continue;
-      gru_before_bwd_row<T>(rzt + b * 2 * H, hp + b * H, drh + b * H, dx + b * G, dh + b * H, H);
-    }
-    W1.mm(bt, dx, G, T(1), dh, H);  // += d_rz W_rz
+    if (rg.m || rg.kh)
+      for (int64_t b = 0; b < bt; ++b) {
+        if (!ran[b]) continue;
+        if (rg.m) add_masked(dh + b * H, dp.data() + b * H, rg.m + (r0 + b) * H, H);
+        if (rg.kh) add_into(dh + b * H, direct.data() + b * H, H);
+      }
   }
 }
 

@@ -73,6 +73,27 @@ const T* opt_ptr(const std::optional<Tensor>& t) {
   return t.has_value() ? t->data_ptr<T>() : nullptr;
 }
 
+// Recurrent dropout's mask (B, H) and zoneout's keep factors (T, B, H), each contiguous in
+// the states' dtype, on unsorted and unpacked rows (lstm.h, Regularizers).
+template <typename T>
+Regularizers<T> regularizers_of(const std::optional<Tensor>& m, const std::optional<Tensor>& kh,
+                                const std::optional<Tensor>& kc, const Steps& S, int64_t Tn,
+                                int64_t B, int64_t H, const Tensor& like) {
+  const auto ok = [&](const std::optional<Tensor>& t, const char* name, at::IntArrayRef shape) {
+    if (!t.has_value()) return;
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->sizes() == shape &&
+                    t->scalar_type() == like.scalar_type(),
+                name, " must be contiguous ", shape, " of the states' dtype on the CPU, got ",
+                t->sizes());
+  };
+  ok(m, "rec_mask", {B, H});
+  ok(kh, "keep_h", {Tn, B, H});
+  ok(kc, "keep_c", {Tn, B, H});
+  Regularizers<T> rg{opt_ptr<T>(m), opt_ptr<T>(kh), opt_ptr<T>(kc)};
+  TORCH_CHECK(!rg.any() || !S.packed(), "recurrent dropout and zoneout need unpacked rows");
+  return rg;
+}
+
 template <typename T>
 T* opt_out_ptr(std::optional<Tensor>& t) {
   return t.has_value() ? t->data_ptr<T>() : nullptr;
@@ -80,7 +101,8 @@ T* opt_out_ptr(std::optional<Tensor>& t) {
 
 std::vector<Tensor> rnn_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
                                 std::optional<Tensor> mask, int64_t act,
-                                std::optional<Tensor> offsets) {
+                                std::optional<Tensor> offsets, std::optional<Tensor> rec_mask,
+                                std::optional<Tensor> keep_h) {
   TORCH_CHECK(act >= 0 && act <= 2, "act must be 0 (tanh), 1 (relu) or 2 (sigmoid)");
   check(w_hh, "w_hh", 2);
   const int64_t Tn = steps_of(xp, offsets), B = h0.size(0), H = h0.size(1);
@@ -90,23 +112,29 @@ std::vector<Tensor> rnn_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
   check(bias, "bias", 1);
   Tensor hs = at::empty({Tn + 1, B, H}, xp.options());
   Tensor sc = at::empty({B, H}, xp.options());
+  // zoneout: the cell's own h̃_t, zero where a step did not run (holes, finished rows)
+  Tensor cand =
+      keep_h.has_value() ? at::zeros({Tn, B, H}, xp.options()) : at::empty({0}, xp.options());
   hs[0].copy_(h0);
   AT_DISPATCH_FLOATING_TYPES(xp.scalar_type(), "rnn_forward", [&] {
     auto f = act == 1   ? rnn_forward_impl<scalar_t, 1>
              : act == 2 ? rnn_forward_impl<scalar_t, 2>
                         : rnn_forward_impl<scalar_t, 0>;
     const StepMatrix<scalar_t> W(w_hh, 0, H, true, S.rows());
+    const auto rg = regularizers_of<scalar_t>(rec_mask, keep_h, std::nullopt, S, Tn, B, H, hs);
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(xp.data_ptr<scalar_t>(), W, bias.data_ptr<scalar_t>(), sc.data_ptr<scalar_t>(),
-        hs.data_ptr<scalar_t>(), M, S, Tn, B, H, r0, r1);
+        hs.data_ptr<scalar_t>(), M, S, Tn, B, H, r0, r1, rg,
+        keep_h.has_value() ? cand.data_ptr<scalar_t>() : nullptr);
     });
   });
-  return {hs};
+  return {hs, cand};
 }
 
 std::vector<Tensor> rnn_backward(Tensor hs, Tensor w_hh, std::optional<Tensor> mask,
                                  std::optional<Tensor> d_out, Tensor d_h, int64_t act,
-                                 std::optional<Tensor> offsets) {
+                                 std::optional<Tensor> offsets, std::optional<Tensor> rec_mask,
+                                 std::optional<Tensor> keep_h, std::optional<Tensor> cand) {
   TORCH_CHECK(act >= 0 && act <= 2, "act must be 0 (tanh), 1 (relu) or 2 (sigmoid)");
   check(hs, "hs", 3);
   check(w_hh, "w_hh", 2);
@@ -121,9 +149,13 @@ std::vector<Tensor> rnn_backward(Tensor hs, Tensor w_hh, std::optional<Tensor> m
              : act == 2 ? rnn_backward_impl<scalar_t, 2>
                         : rnn_backward_impl<scalar_t, 0>;
     const StepMatrix<scalar_t> W(w_hh, 0, H, false, S.rows());
+    const auto rg = regularizers_of<scalar_t>(rec_mask, keep_h, std::nullopt, S, Tn, B, H, hs);
+    TORCH_CHECK(!rg.kh || (cand.has_value() && cand->is_contiguous() &&
+                           cand->sizes() == at::IntArrayRef({Tn, B, H})),
+                "zoneout needs the forward's candidates, contiguous (T, B, H)");
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(hs.data_ptr<scalar_t>(), W, M, S, opt_ptr<scalar_t>(d_out), dxp.data_ptr<scalar_t>(),
-        d_h.data_ptr<scalar_t>(), Tn, B, H, r0, r1);
+        d_h.data_ptr<scalar_t>(), Tn, B, H, r0, r1, rg, opt_ptr<scalar_t>(cand));
     });
   });
   return {dxp, d_h};
@@ -140,7 +172,8 @@ std::vector<Tensor> rnn_backward(Tensor hs, Tensor w_hh, std::optional<Tensor> m
 std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor c0,
                                  std::optional<Tensor> mask, bool save,
                                  std::optional<Tensor> offsets, std::optional<Tensor> w_ih,
-                                 bool keep_input, bool batch_first) {
+                                 bool keep_input, bool batch_first, std::optional<Tensor> rec_mask,
+                                 std::optional<Tensor> keep_h, std::optional<Tensor> keep_c) {
   check(w_hh, "w_hh", 2);
   const int64_t Tn = steps_of(xp, offsets), B = h0.size(0), H = h0.size(1);
   TORCH_CHECK(w_hh.size(0) == 4 * H && w_hh.size(1) == H, "w_hh must be (4H, H)");
@@ -176,12 +209,13 @@ std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
     if (fused) Wx.emplace(*w_ih, 0, 4 * H, true, S.rows());
     scalar_t* g = apart ? (save ? gates.data_ptr<scalar_t>() : nullptr) : xp.data_ptr<scalar_t>();
     const scalar_t* x = apart ? xp.data_ptr<scalar_t>() : nullptr;
+    const auto rg = regularizers_of<scalar_t>(rec_mask, keep_h, keep_c, S, Tn, B, H, hs);
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       lstm_forward_impl<scalar_t>(g, W, bias.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(),
                                   hs.data_ptr<scalar_t>(), cs.data_ptr<scalar_t>(),
                                   tc.data_ptr<scalar_t>(), save, M, S, Tn, B, H, r0, r1, x,
                                   Wx ? &*Wx : nullptr, I, xp.stride(0), xp.stride(1),
-                                  batch_first ? out.data_ptr<scalar_t>() : nullptr);
+                                  batch_first ? out.data_ptr<scalar_t>() : nullptr, rg);
     });
   });
   if (!save) {  // nothing is kept for backward: only the final c is meaningful
@@ -197,7 +231,8 @@ std::vector<Tensor> lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0,
 std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_hh,
                                   std::optional<Tensor> mask, std::optional<Tensor> d_out,
                                   Tensor d_h, Tensor d_c, std::optional<Tensor> offsets,
-                                  std::optional<Tensor> w_ih) {
+                                  std::optional<Tensor> w_ih, std::optional<Tensor> rec_mask,
+                                  std::optional<Tensor> keep_h, std::optional<Tensor> keep_c) {
   check(cs, "cs", 3);
   check(w_hh, "w_hh", 2);
   check(d_h, "d_h", 2);
@@ -223,13 +258,14 @@ std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_h
     const StepMatrix<scalar_t> W(w_hh, 0, 4 * H, false, S.rows());
     std::optional<StepMatrix<scalar_t>> Wx;
     if (w_ih.has_value()) Wx.emplace(*w_ih, 0, 4 * H, false, S.rows());
+    const auto rg = regularizers_of<scalar_t>(rec_mask, keep_h, keep_c, S, Tn, B, H, cs);
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       lstm_backward_impl<scalar_t>(
           gates.data_ptr<scalar_t>(), tc.data_ptr<scalar_t>(), cs.data_ptr<scalar_t>(), W, M, S,
           opt_ptr<scalar_t>(d_out), d_out ? d_out->stride(0) : 0, d_out ? d_out->stride(1) : 0,
           dxp.data_ptr<scalar_t>(), d_h.data_ptr<scalar_t>(), d_c.data_ptr<scalar_t>(),
           d_bias.data_ptr<scalar_t>() + r0 * 4 * H, Tn, B, H, r0, r1, Wx ? &*Wx : nullptr,
-          w_ih.has_value() ? dx.data_ptr<scalar_t>() : nullptr, I);
+          w_ih.has_value() ? dx.data_ptr<scalar_t>() : nullptr, I, rg);
     });
   });
   return {dxp, d_h, d_c, dx, d_bias.sum(0)};
@@ -237,7 +273,8 @@ std::vector<Tensor> lstm_backward(Tensor gates, Tensor tc, Tensor cs, Tensor w_h
 
 std::vector<Tensor> gru_forward(Tensor rz, Tensor xn, Tensor w_hh, Tensor bias,
                                 std::optional<Tensor> b_hn, Tensor h0, std::optional<Tensor> mask,
-                                bool save, bool keep, bool after, std::optional<Tensor> offsets) {
+                                bool save, bool keep, bool after, std::optional<Tensor> offsets,
+                                std::optional<Tensor> rec_mask, std::optional<Tensor> keep_h) {
   check(w_hh, "w_hh", 2);
   const int64_t Tn = steps_of(xn, offsets), B = h0.size(0), H = h0.size(1);
   TORCH_CHECK(!after || b_hn.has_value(), "reset='after' needs bias_hn");
@@ -256,10 +293,11 @@ std::vector<Tensor> gru_forward(Tensor rz, Tensor xn, Tensor w_hh, Tensor bias,
     // after: W_hh h in one product; before: W_rz h, then W_nh (r ⊙ h)
     const StepMatrix<scalar_t> W1(w_hh, 0, after ? 3 * H : 2 * H, true, S.rows());
     const StepMatrix<scalar_t> W2(w_hh, 2 * H, after ? 0 : H, true, S.rows());
+    const auto rg = regularizers_of<scalar_t>(rec_mask, keep_h, std::nullopt, S, Tn, B, H, hs);
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(rz.data_ptr<scalar_t>(), xn.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(), W1, W2,
         bias.data_ptr<scalar_t>(), after ? b_hn->data_ptr<scalar_t>() : nullptr,
-        sc.data_ptr<scalar_t>(), hs.data_ptr<scalar_t>(), save, M, S, Tn, B, H, after, r0, r1);
+        sc.data_ptr<scalar_t>(), hs.data_ptr<scalar_t>(), save, M, S, Tn, B, H, after, r0, r1, rg);
     });
   });
   if (!save && !S.packed()) rec = rec.expand({Tn, B, RW});
@@ -268,7 +306,8 @@ std::vector<Tensor> gru_forward(Tensor rz, Tensor xn, Tensor w_hh, Tensor bias,
 
 std::vector<Tensor> gru_backward(Tensor rz, Tensor xn, Tensor rec, Tensor hs, Tensor w_hh,
                                  std::optional<Tensor> mask, std::optional<Tensor> d_out,
-                                 Tensor d_h, bool keep, bool after, std::optional<Tensor> offsets) {
+                                 Tensor d_h, bool keep, bool after, std::optional<Tensor> offsets,
+                                 std::optional<Tensor> rec_mask, std::optional<Tensor> keep_h) {
   check(hs, "hs", 3);
   check(w_hh, "w_hh", 2);
   check(d_h, "d_h", 2);
@@ -286,11 +325,12 @@ std::vector<Tensor> gru_backward(Tensor rz, Tensor xn, Tensor rec, Tensor hs, Te
     auto f = keep ? gru_backward_impl<scalar_t, true> : gru_backward_impl<scalar_t, false>;
     const StepMatrix<scalar_t> W1(w_hh, 0, 2 * H, false, S.rows());  // r, z rows
     const StepMatrix<scalar_t> W2(w_hh, 2 * H, H, false, S.rows());  // n rows
+    const auto rg = regularizers_of<scalar_t>(rec_mask, keep_h, std::nullopt, S, Tn, B, H, hs);
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(rz.data_ptr<scalar_t>(), xn.data_ptr<scalar_t>(), rec.data_ptr<scalar_t>(),
         hs.data_ptr<scalar_t>(), W1, W2, M, S, opt_ptr<scalar_t>(d_out), dxp.data_ptr<scalar_t>(),
         dhp.data_ptr<scalar_t>(), drh.data_ptr<scalar_t>(), d_h.data_ptr<scalar_t>(), Tn, B, H,
-        after, r0, r1);
+        after, r0, r1, rg);
     });
   });
   return {dxp, dhp, d_h};
@@ -502,32 +542,34 @@ TORCH_LIBRARY(rnnkit_native, m) {
   m.def("own_matmul() -> bool", &own_matmul);
   m.def(
       "rnn_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor? mask, int act, "
-      "Tensor? offsets=None) -> Tensor[]",
+      "Tensor? offsets=None, Tensor? rec_mask=None, Tensor? keep_h=None) -> Tensor[]",
       &rnn_forward);
   m.def(
       "rnn_backward(Tensor hs, Tensor w_hh, Tensor? mask, Tensor? d_out, Tensor(a!) d_h, "
-      "int act, Tensor? offsets=None) -> Tensor[]",
+      "int act, Tensor? offsets=None, Tensor? rec_mask=None, Tensor? keep_h=None, "
+      "Tensor? cand=None) -> Tensor[]",
       &rnn_backward);
   m.def(
       "lstm_forward(Tensor(a!) xp, Tensor w_hh, Tensor bias, Tensor h0, Tensor c0, Tensor? mask, "
       "bool save, Tensor? offsets=None, Tensor? w_ih=None, bool keep_input=False, "
-      "bool batch_first=False) -> Tensor[]",
+      "bool batch_first=False, Tensor? rec_mask=None, Tensor? keep_h=None, "
+      "Tensor? keep_c=None) -> Tensor[]",
       &lstm_forward);
   m.def(
       "lstm_backward(Tensor gates, Tensor tanh_c, Tensor cs, Tensor w_hh, Tensor? mask, "
-      "Tensor? d_out, Tensor(a!) d_h, Tensor(b!) d_c, Tensor? offsets=None, Tensor? w_ih=None) "
-      "-> Tensor[]",
+      "Tensor? d_out, Tensor(a!) d_h, Tensor(b!) d_c, Tensor? offsets=None, Tensor? w_ih=None, "
+      "Tensor? rec_mask=None, Tensor? keep_h=None, Tensor? keep_c=None) -> Tensor[]",
       &lstm_backward);
   m.def(
       "gru_forward(Tensor(a!) xp_rz, Tensor(b!) xp_n, Tensor w_hh, Tensor bias, "
       "Tensor? bias_hn, "
-      "Tensor h0, Tensor? mask, bool save, bool keep, bool after, Tensor? offsets=None) "
-      "-> Tensor[]",
+      "Tensor h0, Tensor? mask, bool save, bool keep, bool after, Tensor? offsets=None, "
+      "Tensor? rec_mask=None, Tensor? keep_h=None) -> Tensor[]",
       &gru_forward);
   m.def(
       "gru_backward(Tensor rz, Tensor n, Tensor rec, Tensor hs, Tensor w_hh, Tensor? mask, "
-      "Tensor? d_out, Tensor(a!) d_h, bool keep, bool after, Tensor? offsets=None) "
-      "-> Tensor[]",
+      "Tensor? d_out, Tensor(a!) d_h, bool keep, bool after, Tensor? offsets=None, "
+      "Tensor? rec_mask=None, Tensor? keep_h=None) -> Tensor[]",
       &gru_backward);
   m.def(
       "lstm_step(Tensor(a!) xp, Tensor rec, Tensor bias, Tensor c_prev, Tensor(b!) h, "

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "activations.h"
 #include "gemm.h"
@@ -121,9 +122,10 @@ void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* 
                        bool save, const bool* M, const Steps& S, int64_t Tn, int64_t B, int64_t H,
                        int64_t r0, int64_t r1, const T* x = nullptr,
                        const StepMatrix<T>* Wx = nullptr, int64_t I = 0, int64_t xs_t = 0,
-                       int64_t xs_b = 0, T* out = nullptr) {
+                       int64_t xs_b = 0, T* out = nullptr, const Regularizers<T>& rg = {}) {
   const int64_t G = 4 * H;
   rec += r0 * G;
+  std::vector<T> hm(rg.m ? (r1 - r0) * H : 0);  // h_{t-1} ⊙ m, the product's operand
   using Row = void (*)(T*, T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,
                        const T*, const T*, const T*, T*, T*, T*, int64_t);
   const Row row = x ? (save ? lstm_fwd_row<T, true, false> : lstm_fwd_row<T, false, false>)
@@ -132,12 +134,17 @@ void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* 
     const int64_t bt = block_active(S.act[t], r0, r1);
     T* g = xp ? xp + (S.row(t) + r0) * G : nullptr;
     const T* hp = hs + (t * B + r0) * H;
+    const T* hs0 = hp;  // h_{t-1} itself (hp may become h_{t-1} ⊙ m)
     // without save, c ping-pongs between two rows (only the final one is returned)
     const T* cp = cs + ((save ? t : t % 2) * B + r0) * H;
     T* cn = cs + ((save ? t + 1 : (t + 1) % 2) * B + r0) * H;
     T* hn = hs + ((t + 1) * B + r0) * H;
     T* tct = tc + ((save ? S.row(t) : 0) + r0) * H;
     const bool* m = M ? M + t * B + r0 : nullptr;
+    if (rg.m) {
+      for (int64_t k = 0; k < bt * H; ++k) hm[k] = hp[k] * rg.m[r0 * H + k];
+      hp = hm.data();
+    }
     // The recurrent part into a small hot buffer: the projections are read once, below.
     if (Wx) {
       const T* xt = S.packed() ? x + (S.row(t) + r0) * I : x + t * xs_t + r0 * xs_b;
@@ -155,12 +162,15 @@ void lstm_forward_impl(T* xp, const StepMatrix<T>& W, const T* bias, T* rec, T* 
       T* gb = g ? g + b * G : const_cast<T*>(sb);
       row(gb, gb + H, gb + 2 * H, gb + 3 * H, sb, sb + H, sb + 2 * H, sb + 3 * H, bias, bias + H,
           bias + 2 * H, bias + 3 * H, cp + b * H, cn + b * H, hn + b * H, tct + b * H, H);
+      const int64_t kb = (t * B + r0 + b) * H;  // this row's keep factors
+      if (rg.kh) zone_row(hn + b * H, hs0 + b * H, rg.kh + kb, H);
+      if (rg.kc) zone_row(cn + b * H, cp + b * H, rg.kc + kb, H);
       if (m && !m[b]) {  // a hole: hold the state
-        std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
+        std::memcpy(hn + b * H, hs0 + b * H, H * sizeof(T));
         std::memcpy(cn + b * H, cp + b * H, H * sizeof(T));
       }
     }
-    copy_rows(hn, hp, bt, r1 - r0, H);
+    copy_rows(hn, hs0, bt, r1 - r0, H);
     copy_rows(cn, cp, bt, r1 - r0, H);
     if (out)
       for (int64_t b = 0; b < r1 - r0; ++b)
@@ -182,10 +192,14 @@ void lstm_backward_impl(const T* gates, const T* tc, const T* cs, const StepMatr
                         const bool* M, const Steps& S, const T* dout, int64_t ds_t, int64_t ds_b,
                         T* dxp, T* dh, T* dc, T* d_bias, int64_t Tn, int64_t B, int64_t H,
                         int64_t r0, int64_t r1, const StepMatrix<T>* Wx = nullptr, T* dx = nullptr,
-                        int64_t I = 0) {
+                        int64_t I = 0, const Regularizers<T>& rg = {}) {
   const int64_t G = 4 * H;
   dh += r0 * H;
   dc += r0 * H;
+  // zoneout: the part of ∂L/∂h_t that reaches h_{t-1} directly, d_h ⊙ d (added after the
+  // product); which rows ran the cell's step (not holes, not finished)
+  std::vector<T> direct(rg.kh ? (r1 - r0) * H : 0), dcd(rg.kc ? H : 0);
+  std::vector<char> ran(rg.any() ? r1 - r0 : 0);
   for (int64_t t = Tn - 1; t >= 0; --t) {
     const int64_t bt = block_active(S.act[t], r0, r1);
     const T* g = gates + (S.row(t) + r0) * G;
@@ -201,13 +215,22 @@ void lstm_backward_impl(const T* gates, const T* tc, const T* cs, const StepMatr
     }
     for (int64_t b = 0; b < bt; ++b) {
       T* d = dg + b * G;
+      if (rg.any()) ran[b] = 0;
       if (m && !m[b]) {  // a hole: no gate gradient, d_h and d_c pass through
         std::memset(d, 0, G * sizeof(T));
         continue;
       }
+      const int64_t kb = (t * B + r0 + b) * H;
+      T* dhb = dh + b * H;
+      T* dcb = dc + b * H;
+      // d_h̃ = d_h (1 − d); d_h d reaches h_{t-1} directly (c the same)
+      if (rg.kh) zone_split(dhb, rg.kh + kb, direct.data() + b * H, H);
+      if (rg.kc) zone_split(dcb, rg.kc + kb, dcd.data(), H);
       const T* gb = g + b * G;
-      lstm_bwd_row<T>(gb, gb + H, gb + 2 * H, gb + 3 * H, tct + b * H, cp + b * H, dh + b * H,
-                      dc + b * H, d, d + H, d + 2 * H, d + 3 * H, H);
+      lstm_bwd_row<T>(gb, gb + H, gb + 2 * H, gb + 3 * H, tct + b * H, cp + b * H, dhb, dcb, d,
+                      d + H, d + 2 * H, d + 3 * H, H);
+      if (rg.kc) add_into(dcb, dcd.data(), H);
+      if (rg.any()) ran[b] = 1;
       add_into(d_bias, d, G);
     }
     if (!S.packed()) zero_rows(dg, bt, r1 - r0, G);
@@ -217,6 +240,14 @@ void lstm_backward_impl(const T* gates, const T* tc, const T* cs, const StepMatr
       if (!S.packed()) zero_rows(dxt, bt, r1 - r0, I);
     }
     W.mm(bt, dg, G, T(1), dh, H);  // d_h_prev += d_gates W_hh
+    if (rg.m || rg.kh)
+      for (int64_t b = 0; b < bt; ++b) {
+        if (!ran[b]) continue;
+        T* dhb = dh + b * H;
+        if (rg.m)  // the product read h_{t-1} ⊙ m
+          for (int64_t j = 0; j < H; ++j) dhb[j] *= rg.m[(r0 + b) * H + j];
+        if (rg.kh) add_into(dhb, direct.data() + b * H, H);
+      }
   }
 }
 

@@ -125,4 +125,36 @@ void add_into(T* __restrict a, const T* __restrict b, int64_t n) {
   for (int64_t j = 0; j < n; ++j) a[j] += b[j];
 }
 
+// Recurrent dropout and zoneout (rnnkit/bptt/regularized.py): m (B, H), the mask on h_{t-1}
+// where the recurrent product reads it; kh, kc (T, B, H), zoneout's keep factors of h and c
+// (h_t = d h_{t-1} + (1 − d) h̃_t). Rows are batch rows, unsorted and unpacked. Null: none.
+template <typename T>
+struct Regularizers {
+  const T* m = nullptr;
+  const T* kh = nullptr;
+  const T* kc = nullptr;
+  bool any() const { return m || kh || kc; }
+};
+
+// zoneout of one row: s_new ← s_new + d (s_prev − s_new)
+template <typename T>
+void zone_row(T* __restrict sn, const T* __restrict sp, const T* __restrict d, int64_t H) {
+  for (int64_t j = 0; j < H; ++j) sn[j] += d[j] * (sp[j] - sn[j]);
+}
+
+// zoneout's backward of one row: d ← d (1 − k), the part d k kept aside in direct
+template <typename T>
+void zone_split(T* __restrict d, const T* __restrict k, T* __restrict direct, int64_t H) {
+  for (int64_t j = 0; j < H; ++j) {
+    direct[j] = d[j] * k[j];
+    d[j] -= direct[j];
+  }
+}
+
+// the recurrent product's gradient of one row, read through the mask: d += dp ⊙ m
+template <typename T>
+void add_masked(T* __restrict d, const T* __restrict dp, const T* __restrict m, int64_t H) {
+  for (int64_t j = 0; j < H; ++j) d[j] += dp[j] * m[j];
+}
+
 }  // namespace

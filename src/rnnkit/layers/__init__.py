@@ -1,5 +1,7 @@
 """Layers: whole sequences through one cell (masks, directions), stacked and bidirectional
-(``stacked``; ``RNN``, ``LSTM`` and ``GRU`` in ``cell_stacks``).
+(``stacked``; ``RNN``, ``LSTM`` and ``GRU`` in ``cell_stacks``), and the regularizers'
+masks (``regularization``: variational, locked and embedding dropout, weight drop,
+recurrent dropout, zoneout).
 
 Beside them: ``attention`` (dot, general, additive; masked softmax), ``attention_loop``
 (the teacher-forced attention decoder as one autograd node), ``attention_scores``
@@ -17,6 +19,18 @@ from rnnkit.layers.interop import convert_gru_update, count_parameters, from_tor
 from rnnkit.layers.linear import Linear, linear
 from rnnkit.layers.masking import flip_sequences, lengths_to_mask, resolve_mask
 from rnnkit.layers.recurrent import Recurrent
+from rnnkit.layers.regularization import (
+    REGULARIZERS,
+    CellMasks,
+    DropoutEmbedding,
+    StackMasks,
+    check_masks,
+    check_probability,
+    dropout_mask,
+    embedding_dropout,
+    locked,
+    steps_of,
+)
 from rnnkit.layers.stacked import Bidirectional, StackedRecurrent, direction_widths, reset_rows
 from rnnkit.layers.windowed import run_windowed_stack
 
@@ -24,27 +38,37 @@ __all__ = [
     "ATTENTION_KINDS",
     "GRU",
     "LSTM",
+    "REGULARIZERS",
     "RNN",
     "Attention",
     "AttentionDecoderOutput",
     "AttentionOutput",
     "Bidirectional",
+    "CellMasks",
+    "DropoutEmbedding",
     "Linear",
     "Recurrent",
+    "StackMasks",
     "StackedRecurrent",
     "attention_decoder",
+    "check_masks",
+    "check_probability",
     "compiled_scores_library",
     "convert_gru_update",
     "count_parameters",
     "direction_widths",
+    "dropout_mask",
+    "embedding_dropout",
     "flip_sequences",
     "from_torch",
     "lengths_to_mask",
     "linear",
+    "locked",
     "masked_softmax",
     "reset_rows",
     "resolve_mask",
     "run_windowed_stack",
     "sigmoid_scores",
+    "steps_of",
     "to_torch",
 ]

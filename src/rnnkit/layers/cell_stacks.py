@@ -2,12 +2,14 @@
 cell's own options.
 
 Each takes the stack's arguments (``input_size``, ``hidden_size``, ``num_layers``,
-``bidirectional``, ``dropout``, ``batch_first``, ``recompute``) and passes the rest to
-every cell it builds; ``RNN`` also takes one nonlinearity per layer. A bidirectional
-stack may give its directions different widths, ``hidden_size=(H_f, H_b)``: outputs
-``[h^f_t; h^b_t]`` of ``H_f + H_b`` features, the state ``(L, 2, B, max(H_f, H_b))``
-with each direction's units first (``rnnkit.layers.stacked.StackedRecurrent``). Everything else (the
-forward pass, states, windows, resets) is ``rnnkit.layers.stacked``'s.
+``bidirectional``, ``dropout``, ``batch_first``, ``recompute`` and the regularizers
+``input_dropout``, ``locked_dropout``, ``output_dropout``, ``recurrent_dropout``,
+``weight_drop``, ``zoneout``) and passes the rest to every cell it builds; ``RNN`` also
+takes one nonlinearity per layer. A bidirectional stack may give its directions
+different widths, ``hidden_size=(H_f, H_b)``: outputs ``[h^f_t; h^b_t]`` of
+``H_f + H_b`` features, the state ``(L, 2, B, max(H_f, H_b))`` with each direction's
+units first (``rnnkit.layers.stacked.StackedRecurrent``). Everything else (the forward
+pass, states, windows, resets) is ``rnnkit.layers.stacked``'s.
 """
 
 from __future__ import annotations
@@ -18,11 +20,20 @@ from typing import ClassVar
 
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.gru import GRUCell
+from rnnkit.cells.layer_norm import LayerNormGRUCell, LayerNormLSTMCell
 from rnnkit.cells.lstm import LSTMCell
 from rnnkit.cells.rnn import RNNCell
+from rnnkit.errors import ConfigError
+from rnnkit.layers.regularization import REGULARIZERS
 from rnnkit.layers.stacked import StackedRecurrent, direction_widths
 
 __all__ = ["GRU", "LSTM", "RNN"]
+
+
+def _split(options: dict[str, object]) -> dict[str, float]:
+    """Remove the stack's regularizers (the stack's own keywords, the rest go to the
+    cells) from ``options`` and return them."""
+    return {k: options.pop(k) for k in REGULARIZERS if k in options}  # type: ignore[misc]
 
 
 class _CellStack(StackedRecurrent):
@@ -44,6 +55,7 @@ class _CellStack(StackedRecurrent):
         **cell_options: object,
     ) -> None:
         cell_class = self.cell_class
+        regularizers = _split(cell_options)
         # StackedRecurrent asks for the cells layer by layer, bottom first (forward
         # direction, then backward): the k-th cell built is direction k % D.
         widths = direction_widths(hidden_size, bidirectional)
@@ -61,6 +73,7 @@ class _CellStack(StackedRecurrent):
             dropout,
             batch_first,
             recompute,
+            **regularizers,
         )
 
 
@@ -93,6 +106,7 @@ class RNN(_CellStack):
         nonlinearity: str | Sequence[str] = "tanh",
         **cell_options: object,
     ) -> None:
+        regularizers = _split(cell_options)
         per_layer = None if isinstance(nonlinearity, str) else list(nonlinearity)
         if per_layer is not None and len(per_layer) != num_layers:
             raise ValueError(
@@ -121,11 +135,22 @@ class RNN(_CellStack):
             dropout,
             batch_first,
             recompute,
+            **regularizers,
         )
+
+
+def _lstm_cell(input_size: int, hidden_size: int, layer_norm: bool = False, **options) -> CellBase:
+    """An ``LSTMCell``, or with ``layer_norm=True`` a ``LayerNormLSTMCell``."""
+    if not layer_norm:
+        return LSTMCell(input_size, hidden_size, **options)
+    if "forget_bias" in options:
+        raise ConfigError("layer_norm=True takes no forget_bias (the gates are normalised)")
+    return LayerNormLSTMCell(input_size, hidden_size, **options)
 
 
 class LSTM(_CellStack):
     """Stacked (bi)directional LSTM layers; the state is ``LSTMState(h, c)``.
+    ``layer_norm=True`` builds layer-normalised cells (``rnnkit.cells.layer_norm``).
 
     >>> import torch
     >>> out = LSTM(3, 4)(torch.zeros(2, 5, 3), lengths=torch.tensor([5, 2]))
@@ -133,15 +158,29 @@ class LSTM(_CellStack):
     torch.Size([1, 1, 2, 4])
     """
 
-    cell_class = LSTMCell
+    cell_class = staticmethod(_lstm_cell)
+
+
+def _gru_cell(
+    input_size: int, hidden_size: int, layer_norm: bool = False, reset: str = "before", **options
+) -> CellBase:
+    """A ``GRUCell``, or with ``layer_norm=True`` a ``LayerNormGRUCell`` (reset after)."""
+    if not layer_norm:
+        return GRUCell(input_size, hidden_size, reset=reset, **options)
+    if reset != "after":
+        raise ConfigError(
+            f"layer_norm=True needs reset='after' (the normalised GRU's form), got {reset!r}"
+        )
+    return LayerNormGRUCell(input_size, hidden_size, **options)
 
 
 class GRU(_CellStack):
-    """Stacked (bi)directional GRU layers; ``update``/``reset`` as in ``GRUCell``.
+    """Stacked (bi)directional GRU layers; ``update``/``reset`` as in ``GRUCell``;
+    ``layer_norm=True`` (with ``reset="after"``) builds layer-normalised cells.
 
     >>> import torch
     >>> GRU(3, 4, update="keep", reset="after")(torch.zeros(2, 5, 3)).outputs.shape
     torch.Size([2, 5, 4])
     """
 
-    cell_class = GRUCell
+    cell_class = staticmethod(_gru_cell)

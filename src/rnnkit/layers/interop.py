@@ -123,6 +123,11 @@ def from_torch(m: nn.Module) -> nn.Module:
 
 
 def _check_torch_form(cell: CellBase) -> None:
+    if type(cell) not in (RNNCell, LSTMCell, GRUCell):
+        raise ValueError(
+            f"to_torch: torch.nn has no {type(cell).__name__} (a layer-normalised cell: "
+            "normalisations torch.nn's layers lack)"
+        )
     if isinstance(cell, RNNCell) and cell.nonlinearity not in ("tanh", "relu"):
         raise ValueError(
             f"to_torch: torch.nn.RNN has tanh and relu only; this cell uses "
@@ -188,6 +193,7 @@ def to_torch(m: nn.Module) -> nn.Module:
                 "to_torch: a torch.nn layer gives both directions one width; this stack's "
                 f"are {m.hidden_sizes}"
             )
+        _check_regularizers(m)
         phis = {c.nonlinearity for c in cells if isinstance(c, RNNCell)}
         if len(phis) > 1:
             raise ValueError(
@@ -219,6 +225,22 @@ def to_torch(m: nn.Module) -> nn.Module:
             )
         return out.train(m.training)
     raise TypeError(f"to_torch expects an rnnkit cell or layer, got {type(m).__name__}")
+
+
+def _check_regularizers(m: StackedRecurrent) -> None:
+    """torch.nn's layers have none of the stack's regularizers: zoneout changes what the
+    layer computes at evaluation too, the others only in training."""
+    names = ("zoneout",) if not m.training else (
+        "input_dropout", "locked_dropout", "output_dropout", "recurrent_dropout",
+        "weight_drop", "zoneout",
+    )  # fmt: skip
+    used = [f"{n}={getattr(m, n)}" for n in names if getattr(m, n, 0.0)]
+    if used:
+        when = "" if not m.training or used == [f"zoneout={m.zoneout}"] else " in training"
+        raise ValueError(
+            f"to_torch: a torch.nn layer has no {', '.join(used)}{when}; convert the layer "
+            "in eval() for the dropouts, zoneout has no torch.nn form"
+        )
 
 
 def _flip_update(cell: GRUCell) -> GRUCell:

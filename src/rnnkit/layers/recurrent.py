@@ -6,13 +6,18 @@ so no per-layer transposes are paid.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from rnnkit.bptt.recompute import run_recomputed
 from rnnkit.bptt.recurrence import run_recurrence
-from rnnkit.bptt.tracing import check_tracer, tracing
+from rnnkit.bptt.regularized import regularized
+from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
 from rnnkit.cells.base import CellBase
+from rnnkit.cells.kernel import Kernel
+from rnnkit.errors import ConfigError
 from rnnkit.layers.masking import flip_sequences
+from rnnkit.layers.regularization import CellMasks
 from rnnkit.types import LSTMState, State
 
 __all__ = ["Recurrent"]
@@ -43,14 +48,27 @@ class Recurrent(nn.Module):
         window: int | None = None,
         recompute: int | None = None,
         projected: bool = False,
+        masks: CellMasks | None = None,
     ) -> tuple[Tensor, State]:
         """``x (T, B, I)``, ``mask (T, B)`` → ``(outputs (T, B, H), final state)``.
 
         ``recompute=k`` stores only every k-th state and recomputes the rest in the
         backward (``rnnkit.bptt.recompute``); not together with ``window``.
         ``projected``: ``x (T, B, G·H)`` is the input product ``x W_ihᵀ`` (no bias),
-        computed by the caller (``rnnkit.bptt.recurrence.run_recurrence``)."""
+        computed by the caller (``rnnkit.bptt.recurrence.run_recurrence``).
+        ``masks``: the regularizers' masks of this direction (``rnnkit.layers.regularization``):
+        the masked ``weight_hh`` goes to the loop; recurrent dropout and zoneout run in
+        the loop (``rnnkit.bptt.regularized``), not with ``window`` or ``recompute``."""
         check_tracer()
+        input_part = getattr(self.cell, "input_part", None)  # a layer-normalised cell
+        if input_part is not None:
+            if window is not None or recompute is not None:
+                raise ConfigError(
+                    f"a {type(self.cell).__name__} runs full BPTT only: no window or recompute"
+                )
+            if mask is not None:  # the padding never reaches ν (it may hold NaN)
+                x = torch.where(mask[..., None], x, 0.0)
+            x = input_part(x)  # ν(x W_xᵀ) γ_x of every step at once, through autograd
         B = x.shape[1]
         if state is None:
             state = self.cell.zero_state(B, x)
@@ -58,17 +76,33 @@ class Recurrent(nn.Module):
         run_mask = mask
         if self.reverse:
             x, run_mask = flip_sequences(x, mask)
+        weights = self.cell.weights()
+        kernel: Kernel = self.cell.kernel
+        if masks is not None:
+            if masks.weight_hh is not None:  # DropConnect: autograd reaches the raw weight
+                weights = weights._replace(weight_hh=weights.weight_hh * masks.weight_hh)
+            if masks.in_loop:
+                if tracing():
+                    raise TracingError(
+                        "recurrent_dropout and zoneout run the PyTorch loop with per-step "
+                        "masks, which torch.compile/export cannot trace: set them to 0"
+                    )
+                if window is not None or recompute is not None:
+                    raise ConfigError(
+                        "recurrent_dropout and zoneout cannot be combined with a window "
+                        "or recompute: use full BPTT and recompute=None"
+                    )
+                wrapped = regularized(kernel, masks.recurrent, masks.keep)
+                kernel = wrapped  # type: ignore[assignment]  # a step kernel, compiled too
         if recompute is not None and not tracing():  # a graph's memory is the compiler's
             if projected:
                 raise ValueError("a projected input cannot be recomputed: recompute=None")
             if window is not None:
                 raise ValueError("recompute and window cannot be combined: choose one")
-            outputs, finals = run_recomputed(
-                self.cell.kernel, x, self.cell.weights(), states0, run_mask, recompute
-            )
+            outputs, finals = run_recomputed(kernel, x, weights, states0, run_mask, recompute)
         else:
             outputs, finals = run_recurrence(
-                self.cell.kernel, x, self.cell.weights(), states0, run_mask, window, projected
+                kernel, x, weights, states0, run_mask, window, projected
             )
         if self.reverse:
             # Flip back with the ORIGINAL mask: the extent [0, L) is that of the input (a

@@ -25,8 +25,19 @@ from rnnkit.bptt.recurrence import takes_projected
 from rnnkit.bptt.tracing import tracing
 from rnnkit.cells.amp import autocast_devices_on, low_precision_to
 from rnnkit.cells.base import CellBase
+from rnnkit.errors import ConfigError
 from rnnkit.layers.masking import resolve_mask
 from rnnkit.layers.recurrent import Recurrent
+from rnnkit.layers.regularization import (
+    REGULARIZERS,
+    CellMasks,
+    StackMasks,
+    check_masks,
+    check_probability,
+    draw_stack_masks,
+    locked,
+    steps_of,
+)
 from rnnkit.layers.windowed import run_windowed_stack
 from rnnkit.types import LSTMState, RecurrentOutput, State
 
@@ -60,11 +71,14 @@ class Bidirectional(nn.Module):
             raise ValueError("Bidirectional needs a forward layer and a reverse=True layer")
         self.directions = nn.ModuleList([forward_layer, backward_layer])
 
-    def forward(self, x, mask=None, states=None, window=None, recompute=None):
-        """``x (T, B, I)`` → ``(outputs (T, B, 2H), [final_f, final_b])``."""
+    def forward(self, x, mask=None, states=None, window=None, recompute=None, masks=None):
+        """``x (T, B, I)`` → ``(outputs (T, B, 2H), [final_f, final_b])``; ``masks``: one
+        ``CellMasks`` per direction, or None."""
         outs, finals = [], []
         for d, layer in enumerate(self.directions):
-            o, s = layer(x, mask, None if states is None else states[d], window, recompute)
+            state = None if states is None else states[d]
+            cell_masks = None if masks is None else masks[d]
+            o, s = layer(x, mask, state, window, recompute, masks=cell_masks)
             outs.append(o)
             finals.append(s)
         return torch.cat(outs, dim=-1), finals
@@ -147,6 +161,21 @@ class StackedRecurrent(nn.Module):
             state every k steps and recompute the rest during the backward — memory
             ``O(T/k + k)`` per layer instead of ``O(T)`` for about a third more time
             (``rnnkit.bptt.recompute``; k ≈ √T is the usual choice). Settable attribute.
+        input_dropout: variational dropout on the stack's input: one mask per sequence,
+            the same at every step.
+        locked_dropout: dropout on the input of every layer but the first with one mask
+            per sequence (unlike ``dropout``, which draws one per step).
+        output_dropout: the same on the last layer's outputs.
+        recurrent_dropout: one mask per sequence on ``h_{t-1}`` where the recurrent
+            product reads it: ``(h_{t-1} ⊙ m) W_hhᵀ``.
+        weight_drop: DropConnect on every ``weight_hh``, one mask per forward call.
+        zoneout: each unit keeps its previous value (``h``; the LSTM's ``c`` too) with
+            this probability at each step; at evaluation ``h_t = p h_{t-1} + (1 − p) h̃_t``.
+
+    Every probability is in ``[0, 1)``; the masks are drawn in training only (or given
+    to :meth:`forward`, see :meth:`draw_masks`); docs/regularization.md has the
+    equations. ``recurrent_dropout`` and ``zoneout`` run in either time loop, never on
+    PyTorch's fused kernels (``rnnkit.bptt.regularized``).
     """
 
     def __init__(
@@ -159,6 +188,13 @@ class StackedRecurrent(nn.Module):
         dropout: float = 0.0,
         batch_first: bool = True,
         recompute: int | None = None,
+        *,
+        input_dropout: float = 0.0,
+        locked_dropout: float = 0.0,
+        output_dropout: float = 0.0,
+        recurrent_dropout: float = 0.0,
+        weight_drop: float = 0.0,
+        zoneout: float = 0.0,
     ) -> None:
         super().__init__()
         if recompute is not None and (
@@ -170,6 +206,12 @@ class StackedRecurrent(nn.Module):
             raise ValueError(f"num_layers must be a positive integer, got {num_layers!r}")
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.input_dropout = check_probability("input_dropout", input_dropout)
+        self.locked_dropout = check_probability("locked_dropout", locked_dropout)
+        self.output_dropout = check_probability("output_dropout", output_dropout)
+        self.recurrent_dropout = check_probability("recurrent_dropout", recurrent_dropout)
+        self.weight_drop = check_probability("weight_drop", weight_drop)
+        self.zoneout = check_probability("zoneout", zoneout)
         self.input_size = input_size
         self.bidirectional = bool(bidirectional)
         #: the width of each direction (forward first)
@@ -274,9 +316,12 @@ class StackedRecurrent(nn.Module):
 
     def takes_projected(self, like: Tensor) -> bool:
         """Whether ``forward(..., projected=True)`` runs for inputs like ``like``: one
-        direction, no ``recompute``, and the compiled loop for these tensors (CPU
-        float32/float64, not while tracing)."""
+        direction, no ``recompute``, no input dropout, recurrent dropout or zoneout in
+        force, and the compiled loop for these tensors (CPU float32/float64, not while
+        tracing)."""
         if self.bidirectional or self.recompute is not None or autocast_devices_on():
+            return False
+        if self.zoneout or (self.training and (self.input_dropout or self.recurrent_dropout)):
             return False
         layer = _directions(self.layers[0])[0]
         cell = layer.cell
@@ -291,6 +336,7 @@ class StackedRecurrent(nn.Module):
         window: int | None = None,
         resets: Tensor | None = None,
         projected: bool = False,
+        masks: StackMasks | None = None,
     ) -> RecurrentOutput:
         """Run the stack over a batch of sequences.
 
@@ -309,6 +355,8 @@ class StackedRecurrent(nn.Module):
                 ``(B, T, G·H)`` — e.g. ``input_table(E)[tokens]``, which for a vocabulary
                 smaller than the batch's tokens costs far less than the product; where
                 :meth:`takes_projected` says so, with full BPTT and no ``resets``.
+            masks: the regularizers' masks for this call (:meth:`draw_masks`); None: drawn
+                here (in training; at evaluation only zoneout's expectation applies).
 
         Returns:
             ``RecurrentOutput(outputs (B, T, D·H), state (L, D, B, H))`` (outputs
@@ -338,12 +386,18 @@ class StackedRecurrent(nn.Module):
         xt = x.transpose(0, 1) if self.batch_first else x  # (T, B, I)
         mask_t = mask_bt.T if mask_bt is not None else None  # (T, B)
         init = self._split_state(state, xt)
-        if window is not None and xt.shape[0] > 0 and self._needs_grad(xt, state):
-            h, finals = self._run_windowed(xt, mask_t, init, window, resets_bt)
-        elif resets_bt is not None:
-            return self._run_pieces(x, mask_bt, state, window, resets_bt)
+        if masks is None:
+            masks = self.draw_masks(xt.shape[1], xt.shape[0], xt)
         else:
-            h, finals = self._run_layers(xt, mask_t, init, window, projected)
+            masks = check_masks(masks, self, xt.shape[1], xt.shape[0])
+        if projected and masks is not None and masks.input is not None:
+            raise ConfigError("input_dropout needs the input itself, not its product")
+        if window is not None and xt.shape[0] > 0 and self._needs_grad(xt, state):
+            h, finals = self._run_windowed(xt, mask_t, init, window, resets_bt, masks)
+        elif resets_bt is not None:
+            return self._run_pieces(x, mask_bt, state, window, resets_bt, masks)
+        else:
+            h, finals = self._run_layers(xt, mask_t, init, window, projected, masks)
         outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
         return RecurrentOutput(outputs, _stack_states(finals, self.is_lstm))
 
@@ -354,26 +408,41 @@ class StackedRecurrent(nn.Module):
         init: list[list[State]] | None,
         window,
         projected: bool = False,
+        masks: StackMasks | None = None,
     ) -> tuple[Tensor, list[list[State]]]:
         """Layer after layer, one autograd node per direction (``(T, B, ·)`` inside);
         ``projected``: ``xt`` is the first layer's input product."""
         finals: list[list[State]] = []
-        h = xt
+        h = xt if masks is None else locked(xt, masks.input)
+        D = self.num_directions
         for index, layer in enumerate(self.layers):
             if index > 0 and self.dropout > 0:
                 # nn.Dropout draws its mask in the memory order of h: always over (T, B, ·)
                 # (not the batch-first view the compiled loop may hand on), so that the
                 # draws, and a trained model, do not depend on which loop or path ran
                 h = self.drop(h.contiguous() if self.drop.training else h)
+            cell_masks: tuple[CellMasks, ...] | None = None
+            if masks is not None:
+                h = locked(h, masks.between[index])
+                cell_masks = masks.cells[index * D : (index + 1) * D]
             layer_state = None if init is None else init[index]
             if isinstance(layer, Bidirectional):
-                h, fin = layer(h, mask_t, layer_state, window, self.recompute)
+                h, fin = layer(h, mask_t, layer_state, window, self.recompute, cell_masks)
             else:
                 s0 = None if layer_state is None else layer_state[0]
-                h, f = layer(h, mask_t, s0, window, self.recompute, projected and index == 0)
+                first = projected and index == 0
+                one = None if cell_masks is None else cell_masks[0]
+                h, f = layer(h, mask_t, s0, window, self.recompute, first, masks=one)
                 fin = [f]
             finals.append(fin)
-        return h, finals
+        return (h if masks is None else locked(h, masks.output)), finals
+
+    def draw_masks(self, batch_size: int, steps: int, like: Tensor) -> StackMasks | None:
+        """The regularizers' masks of one forward call over ``batch_size`` sequences of
+        ``steps`` steps, in ``like``'s dtype and device: drawn from torch's generator in
+        training; at evaluation only zoneout's constant factor ``p``. None when no
+        regularizer applies. Pass them to :meth:`forward` to hold them fixed."""
+        return draw_stack_masks(self, batch_size, steps, like)
 
     def _run_windowed(
         self,
@@ -382,18 +451,32 @@ class StackedRecurrent(nn.Module):
         init: list[list[State]] | None,
         window: int,
         resets_bt: Tensor | None,
+        masks: StackMasks | None = None,
     ) -> tuple[Tensor, list[list[State]]]:
         """The windowed BPTT(τ) of the whole stack: one node (``rnnkit.layers.windowed``)."""
+        if any(hasattr(c, "input_part") for c in self.cells()):
+            raise ConfigError(f"window={window}: a layer-normalised cell runs full BPTT only")
+        if masks is not None and any(c.weight_hh is not None or c.in_loop for c in masks.cells):
+            raise ConfigError(
+                f"window={window} cannot be combined with weight_drop, recurrent_dropout or "
+                "zoneout: use full BPTT (window=None)"
+            )
         T, B = xt.shape[0], xt.shape[1]
         width = self.output_size
         drops: list[Tensor | None] = [None]
-        for _ in range(1, self.num_layers):
+        for index in range(1, self.num_layers):
             # The multiplier nn.Dropout applies (the same random draws as on the outputs)
             on = self.dropout > 0 and self.training
-            drops.append(self.drop(xt.new_ones(T, B, width)) if on else None)
+            drop = self.drop(xt.new_ones(T, B, width)) if on else None
+            lock = None if masks is None else masks.between[index]
+            if lock is not None:
+                drop = lock.expand(T, B, width) if drop is None else drop * lock
+            drops.append(drop)
         layers = [_directions(layer) for layer in self.layers]
         reset_t = None if resets_bt is None else resets_bt.T
-        return run_windowed_stack(layers, xt, mask_t, init, window, drops, reset_t)
+        x_in = xt if masks is None else locked(xt, masks.input)
+        h, finals = run_windowed_stack(layers, x_in, mask_t, init, window, drops, reset_t)
+        return (h if masks is None else locked(h, masks.output)), finals
 
     def _run_pieces(
         self,
@@ -402,6 +485,7 @@ class StackedRecurrent(nn.Module):
         state: State | None,
         window: int | None,
         resets_bt: Tensor,
+        masks: StackMasks | None = None,
     ) -> RecurrentOutput:
         """Resets without a gradient window: run between the columns where some row
         starts, zeroing those rows' state. Document starts are rare (a few per batch), so
@@ -417,7 +501,8 @@ class StackedRecurrent(nn.Module):
             piece_mask = None
             if mask_bt is not None:
                 piece_mask = mask_bt[:, a:b] if self.batch_first else mask_bt[:, a:b].T
-            out = self(piece, mask=piece_mask, state=current, window=window)
+            steps = None if masks is None else steps_of(masks, a, b)  # zoneout's steps a..b
+            out = self(piece, mask=piece_mask, state=current, window=window, masks=steps)
             outs.append(out.outputs)
             current = out.state
         return RecurrentOutput(torch.cat(outs, dim=1 if self.batch_first else 0), current)
@@ -464,9 +549,12 @@ class StackedRecurrent(nn.Module):
         return str(w[0]) if len(set(w)) == 1 else str(w)
 
     def extra_repr(self) -> str:
+        regularizers = "".join(
+            f", {name}={getattr(self, name)}" for name in REGULARIZERS if getattr(self, name)
+        )
         return (
             f"{self.input_size}, {self._widths_repr()}, num_layers={self.num_layers}, "
-            f"bidirectional={self.bidirectional}, dropout={self.dropout}"
+            f"bidirectional={self.bidirectional}, dropout={self.dropout}{regularizers}"
         )
 
 

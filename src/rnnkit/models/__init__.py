@@ -7,7 +7,13 @@ modules.
 
 from rnnkit.generation.seq2seq_search import beam_search, decode_batch
 from rnnkit.models.bow import BOW_C, MAX_FEATURES, BagOfNgrams, fit_logistic
-from rnnkit.models.builders import build_encoder, build_language_model, build_length, build_lm
+from rnnkit.models.builders import (
+    build_embedding,
+    build_encoder,
+    build_language_model,
+    build_length,
+    build_lm,
+)
 from rnnkit.models.classifier import (
     Classifier,
     FeedForwardHead,
@@ -41,7 +47,7 @@ from rnnkit.models.ngram import NGramModel, count_table_size
 from rnnkit.models.pooling import POOLINGS, Pooling, last_pool, max_pool, mean_pool, state_pool
 from rnnkit.models.regressor import LOSSES, TARGETS, Regressor, RegressorOutput
 from rnnkit.models.seq2seq import ATTENTION_WIRINGS, Seq2Seq, Seq2SeqOutput, build_seq2seq
-from rnnkit.models.seq2seq_decoder import STATE_BATCH_DIM, DecoderState
+from rnnkit.models.seq2seq_decoder import STATE_BATCH_DIM, DecoderState, check_stepped_decoder
 from rnnkit.models.seq2seq_inference import InferenceStep
 from rnnkit.models.spec import TASK_MODEL_DEFAULTS, ModelSpec, task_model_defaults
 from rnnkit.models.tagger import CHAR_EMBEDDING, CHAR_HIDDEN, CharEncoder, Tagger, build_tagger
@@ -91,6 +97,7 @@ __all__ = [
     "beam_search",
     "build_classifier",
     "build_decoder_only",
+    "build_embedding",
     "build_encoder",
     "build_language_model",
     "build_length",
@@ -98,6 +105,7 @@ __all__ = [
     "build_seq2seq",
     "build_tagger",
     "build_vector_classifier",
+    "check_stepped_decoder",
     "class_conditional_lm",
     "count_table_size",
     "decode_batch",

@@ -9,6 +9,7 @@ from torch import nn
 
 from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
 from rnnkit.layers.linear import Linear
+from rnnkit.layers.regularization import DropoutEmbedding
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.models.conditional import ConditionalLM
 from rnnkit.models.heads import TiedHead
@@ -17,7 +18,13 @@ from rnnkit.models.language_model import LanguageModel
 from rnnkit.models.length import SequenceLength
 from rnnkit.models.spec import ModelSpec
 
-__all__ = ["build_encoder", "build_language_model", "build_length", "build_lm"]
+__all__ = [
+    "build_embedding",
+    "build_encoder",
+    "build_language_model",
+    "build_length",
+    "build_lm",
+]
 
 
 class _StackOptions(TypedDict):
@@ -29,19 +36,55 @@ class _StackOptions(TypedDict):
     recompute: int | None
 
 
+class _Regularizers(TypedDict):
+    """The stack's regularizers (docs/regularization.md)."""
+
+    input_dropout: float
+    locked_dropout: float
+    output_dropout: float
+    recurrent_dropout: float
+    weight_drop: float
+    zoneout: float
+
+
 def build_encoder(
-    spec: ModelSpec, input_size: int, bidirectional: bool | None = None
+    spec: ModelSpec, input_size: int, bidirectional: bool | None = None, regularize: bool = True
 ) -> StackedRecurrent:
-    """The recurrent stack the spec asks for (cell, width, depth, directions, dropout)."""
+    """The recurrent stack the spec asks for (cell, width, depth, directions, dropout);
+    ``regularize``: with the spec's regularizers (False: a stack stepped through its
+    cells, where they would not act)."""
     bi = spec.bidirectional if bidirectional is None else bidirectional
     common = _StackOptions(
         num_layers=spec.layers, bidirectional=bi, dropout=spec.dropout, recompute=spec.recompute
     )
+    reg = _Regularizers(
+        input_dropout=spec.input_dropout,
+        locked_dropout=spec.locked_dropout,
+        output_dropout=spec.output_dropout,
+        recurrent_dropout=spec.recurrent_dropout,
+        weight_drop=spec.weight_drop,
+        zoneout=spec.zoneout,
+    )
+    if not regularize:
+        reg = _Regularizers(**dict.fromkeys(reg, 0.0))  # type: ignore[typeddict-item]
     if spec.cell == "rnn":
-        return RNN(input_size, spec.hidden, nonlinearity=spec.nonlinearities(), **common)
+        return RNN(input_size, spec.hidden, nonlinearity=spec.nonlinearities(), **common, **reg)
     if spec.cell == "lstm":
-        return LSTM(input_size, spec.hidden, **common)
-    return GRU(input_size, spec.hidden, update=spec.update, reset=spec.reset, **common)
+        return LSTM(input_size, spec.hidden, layer_norm=spec.layer_norm, **common, **reg)
+    return GRU(
+        input_size,
+        spec.hidden,
+        update=spec.update,
+        reset=spec.reset,
+        layer_norm=spec.layer_norm,
+        **common,
+        **reg,
+    )
+
+
+def build_embedding(spec: ModelSpec, num_embeddings: int, width: int) -> nn.Embedding:
+    """The word embedding, with the spec's ``embedding_dropout``."""
+    return DropoutEmbedding(num_embeddings, width, dropout=spec.embedding_dropout)
 
 
 def build_length(spec: ModelSpec, features_size: int, context_size: int) -> SequenceLength | None:
@@ -60,7 +103,7 @@ def build_language_model(spec: ModelSpec, vocab_size: int) -> LanguageModel:
     >>> lm.vocab_size
     10
     """
-    embedding = nn.Embedding(vocab_size, spec.embedding)
+    embedding = build_embedding(spec, vocab_size, spec.embedding)
     top = spec.hidden
     # The length output reads the initial top state (context_size = H).
     length = build_length(spec, top, top)
@@ -97,7 +140,7 @@ def build_lm(
     if num_labels is None or num_labels < 1:
         raise ValueError(f"--condition {spec.condition} needs num_labels >= 1, got {num_labels}")
     E = C = spec.embedding
-    embedding = nn.Embedding(vocab_size, E)
+    embedding = build_embedding(spec, vocab_size, E)
     width = E + (C if spec.condition != "init" else 0)
     encoder = build_encoder(spec, width, bidirectional=False)
     head: nn.Module = (

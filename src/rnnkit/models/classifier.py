@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rnnkit.layers.stacked import StackedRecurrent
-from rnnkit.models.builders import build_encoder
+from rnnkit.models.builders import build_embedding, build_encoder
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.pooling import Pooling
 from rnnkit.models.spec import ModelSpec
@@ -149,7 +149,7 @@ def build_classifier(spec: ModelSpec, vocab_size: int, num_classes: int) -> Clas
     encoder = build_encoder(spec, spec.embedding)
     width = encoder.hidden_size * encoder.num_directions
     return Classifier(
-        nn.Embedding(vocab_size, spec.embedding),
+        build_embedding(spec, vocab_size, spec.embedding),
         encoder,
         Pooling(spec.pooling, encoder.num_directions),
         FeedForwardHead(width, spec.hidden, num_classes, spec.dropout),

@@ -13,6 +13,7 @@ Without one (the default) the model is exactly the plain ``</s>`` language model
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -20,6 +21,7 @@ from torch import Tensor, nn
 
 from rnnkit.data.vocab import NEVER_GENERATED
 from rnnkit.generation.options import greedy_choice
+from rnnkit.layers.regularization import DropoutEmbedding, steps_of
 from rnnkit.layers.stacked import StackedRecurrent, reset_rows
 from rnnkit.metrics.losses import training_loss
 from rnnkit.models.length import LengthState, SequenceLength, length_targets
@@ -133,6 +135,7 @@ class LanguageModel(nn.Module):
             and emb.embedding_dim >= 64
             and not hooked
             and not (self.training and self.drop.p > 0)
+            and not (self.training and bool(getattr(emb, "dropout", 0.0)))  # DropoutEmbedding
             and emb.max_norm is None
             and not emb.scale_grad_by_freq
             and not emb.sparse
@@ -142,8 +145,8 @@ class LanguageModel(nn.Module):
             and self.encoder.takes_projected(emb.weight)
         )
 
-    def _run(self, x, mask, state, window, resets=None):
-        out = self.encoder(x, mask=mask, state=state, window=window, resets=resets)
+    def _run(self, x, mask, state, window, resets=None, masks=None):
+        out = self.encoder(x, mask=mask, state=state, window=window, resets=resets, masks=masks)
         return out.outputs, out.state
 
     def forward(
@@ -256,6 +259,10 @@ class LanguageModel(nn.Module):
             mask = torch.ones_like(inputs, dtype=torch.bool)
         state: State | None = None
         steps: list[Tensor] = []
+        # the regularizers' masks of the whole sequences (step t's slice at step t) and
+        # one embedding row mask for the batch: as the teacher-forced loss draws them
+        embed = self._one_mask_embedding()
+        masks = self.encoder.draw_masks(B, T, self.embedding.weight)
         for t in range(T):
             token = inputs[:, t]
             if t > 0 and sampling_p > 0:
@@ -264,12 +271,22 @@ class LanguageModel(nn.Module):
                 where = generator.device if generator is not None else inputs.device
                 coins = torch.rand(B, generator=generator, device=where).to(inputs.device)
                 token = torch.where((coins < sampling_p) & mask[:, t], own, token)
-            x = self.drop(self.embedding(token.view(B, 1)))  # (B, 1, E)
-            h, state = self._run(x, mask[:, t : t + 1], state, None)
+            x = self.drop(embed(token.view(B, 1)))  # (B, 1, E)
+            step_masks = None if masks is None else steps_of(masks, t, t + 1)
+            h, state = self._run(x, mask[:, t : t + 1], state, None, masks=step_masks)
             steps.append(self.head(self.drop(h[:, 0])))  # (B, V)
         logits = torch.stack(steps, dim=1)  # (B, T, V)
         loss, nats, tokens = training_loss(logits, targets, mask, self.loss_reduction)
         return LossOutput(loss, nats, tokens, state)
+
+    def _one_mask_embedding(self) -> Callable[[Tensor], Tensor]:
+        """The embedding as a lookup whose dropped rows (``DropoutEmbedding``) are drawn
+        once, here, for every call of a step-by-step loop."""
+        emb = self.embedding
+        if isinstance(emb, DropoutEmbedding) and emb.training and emb.dropout:
+            weight = emb.dropped_weight()
+            return lambda ids: emb.lookup(ids, weight)
+        return emb
 
     def _length_loss(self, inputs, targets, mask, state, window) -> LossOutput:
         assert self.length is not None

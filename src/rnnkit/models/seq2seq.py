@@ -53,7 +53,7 @@ from rnnkit.layers.attention import Attention
 from rnnkit.layers.linear import Linear
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.metrics.losses import training_loss
-from rnnkit.models.builders import build_encoder, build_length
+from rnnkit.models.builders import build_embedding, build_encoder, build_length
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.length import SequenceLength, length_targets
@@ -66,6 +66,7 @@ from rnnkit.models.seq2seq_decoder import (
     _teacher_forced,
     _top,
     _unstack,
+    check_stepped_decoder,
 )
 from rnnkit.models.seq2seq_inference import InferenceStep
 from rnnkit.models.spec import ModelSpec
@@ -175,6 +176,7 @@ class Seq2Seq(nn.Module):
             )
         if decoder.bidirectional:
             raise ValueError("the decoder must be unidirectional (it generates left to right)")
+        check_stepped_decoder(decoder)
         if encoder.input_size != source_embedding.embedding_dim:
             raise ValueError(
                 f"encoder input_size {encoder.input_size} != source embedding_dim "
@@ -548,7 +550,7 @@ def build_seq2seq(spec: ModelSpec, source_vocab_size: int, target_vocab_size: in
             f"--context must be one of {', '.join(CONTEXT_MODES)}, got {spec.context!r}"
         )
     E, H = spec.embedding, spec.hidden
-    source_embedding = nn.Embedding(source_vocab_size, E)
+    source_embedding = build_embedding(spec, source_vocab_size, E)
     target_embedding = nn.Embedding(target_vocab_size, E)
     encoder = build_encoder(spec, E)
     memory = encoder.num_directions * H
@@ -564,7 +566,8 @@ def build_seq2seq(spec: ModelSpec, source_vocab_size: int, target_vocab_size: in
     # --length: the stop output reads the head's input; the length output reads c.
     length = build_length(spec, head_in, memory)
     decoder_in += 0 if length is None else length.input_size
-    decoder = build_encoder(spec, decoder_in, bidirectional=False)
+    # the decoder steps through its cells (attention, decoding): no regularizers there
+    decoder = build_encoder(spec, decoder_in, bidirectional=False, regularize=False)
     head: nn.Module = (
         TiedHead(target_embedding, head_in)
         if spec.tie_weights

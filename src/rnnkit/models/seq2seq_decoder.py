@@ -28,12 +28,16 @@ import torch
 from torch import Tensor
 
 from rnnkit.bptt.tracing import tracing
+from rnnkit.cells.gru import GRUCell
+from rnnkit.cells.lstm import LSTMCell
+from rnnkit.cells.rnn import RNNCell
 from rnnkit.layers.attention import Attention
 from rnnkit.layers.attention_loop import attention_decoder
+from rnnkit.layers.regularization import REGULARIZERS
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.types import LSTMState, State
 
-__all__ = ["STATE_BATCH_DIM", "DecoderState"]
+__all__ = ["STATE_BATCH_DIM", "DecoderState", "check_stepped_decoder"]
 
 
 class DecoderState(NamedTuple):
@@ -206,3 +210,16 @@ def _attention_node(
     )
     features = torch.cat([out.hidden, out.context], dim=-1).transpose(0, 1)  # (B, T, F)
     return features, out.weights.transpose(0, 1)
+
+
+def check_stepped_decoder(decoder: StackedRecurrent) -> None:
+    """The decoder's cells are stepped one by one (attention, decoding): a regularizer of
+    the stack or a layer-normalised cell would act in training and not there."""
+    used = [name for name in REGULARIZERS if getattr(decoder, name, 0.0)]
+    plain = all(type(c) in (RNNCell, LSTMCell, GRUCell) for c in decoder.cells())
+    if used or not plain:
+        what = ", ".join(used) if used else "layer-normalised cells"
+        raise ValueError(
+            f"the decoder steps through its cells, where {what} would not act: give the "
+            "regularizers to the encoder (the decoder's stack none, plain cells)"
+        )

@@ -65,6 +65,11 @@ class ModelSpec:
     models: ``wiring`` (hidden | jordan) and ``condition`` (none | init | input | both);
     classifiers: ``pooling``; taggers: ``char_rnn``; encoder–decoders: ``attention``,
     ``context`` and ``attention_wiring`` (before | after the decoder step).
+    Regularizers (docs/regularization.md): ``input_dropout``, ``locked_dropout``,
+    ``output_dropout``, ``recurrent_dropout``, ``weight_drop``, ``zoneout`` of the
+    recurrent stack and ``embedding_dropout`` of the word embedding (an encoder–decoder's
+    encoder side only: its decoder steps through its cells); ``layer_norm``: layer-
+    normalised LSTM cells.
     """
 
     cell: str = "lstm"
@@ -87,6 +92,14 @@ class ModelSpec:
     attention: str = "dot"
     context: str = "init"
     attention_wiring: str = "before"
+    input_dropout: float = 0.0
+    locked_dropout: float = 0.0
+    output_dropout: float = 0.0
+    recurrent_dropout: float = 0.0
+    weight_drop: float = 0.0
+    zoneout: float = 0.0
+    embedding_dropout: float = 0.0
+    layer_norm: bool = False
 
     @classmethod
     def for_task(cls, task: str, **fields: Any) -> ModelSpec:

@@ -24,7 +24,7 @@ from rnnkit.data.vocab import UNK_ID
 from rnnkit.layers.linear import Linear
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.metrics.losses import training_loss
-from rnnkit.models.builders import build_encoder
+from rnnkit.models.builders import build_embedding, build_encoder
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.pooling import state_pool
 from rnnkit.models.spec import ModelSpec
@@ -231,13 +231,13 @@ def build_tagger(
         )
         char_encoder = CharEncoder(
             nn.Embedding(num_chars, CHAR_EMBEDDING, padding_idx=0),
-            build_encoder(char_spec, CHAR_EMBEDDING, bidirectional=True),
+            build_encoder(char_spec, CHAR_EMBEDDING, bidirectional=True, regularize=False),
         )
         width += char_encoder.output_size
     encoder = build_encoder(spec, width, bidirectional=True)
     head = Linear(encoder.hidden_size * encoder.num_directions, num_tags)
     return Tagger(
-        nn.Embedding(vocab_size, spec.embedding),
+        build_embedding(spec, vocab_size, spec.embedding),
         encoder,
         head,
         char_encoder=char_encoder,

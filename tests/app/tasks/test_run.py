@@ -135,6 +135,14 @@ def test_model_spec_carries_every_model_option() -> None:
         "attention": "additive",
         "context": "both",
         "attention_wiring": "after",
+        "input_dropout": 0.1,
+        "locked_dropout": 0.2,
+        "output_dropout": 0.3,
+        "recurrent_dropout": 0.4,
+        "weight_drop": 0.5,
+        "zoneout": 0.6,
+        "embedding_dropout": 0.7,
+        "layer_norm": True,
     }
     assert set(changed) == {f.name for f in dataclasses.fields(ModelSpec)}
     spec = model_spec(TrainConfig(train="x", **changed))

@@ -21,7 +21,13 @@ help text and choice list is written once, beside its field.
 from rnnkit.app.config.anomaly import EventsOptions, ParamsOptions
 from rnnkit.app.config.data import DOC_BOUNDARIES, UNITS, DataOptions
 from rnnkit.app.config.fields import TASKS, TOKEN_TASKS, Option, option
-from rnnkit.app.config.model import CELLS, NONLINEARITIES, ModelOptions
+from rnnkit.app.config.model import (
+    CELLS,
+    IN_LOOP_REGULARIZERS,
+    NONLINEARITIES,
+    REGULARIZERS,
+    ModelOptions,
+)
 from rnnkit.app.config.optim import PRECISIONS, OptimOptions, parse_bptt
 from rnnkit.app.config.run import RESUME_CHANGEABLE, RunOptions
 from rnnkit.app.config.tasks import (
@@ -50,9 +56,11 @@ __all__ = [
     "CONCERNS",
     "CONDITIONS",
     "DOC_BOUNDARIES",
+    "IN_LOOP_REGULARIZERS",
     "LENGTHS",
     "NONLINEARITIES",
     "PRECISIONS",
+    "REGULARIZERS",
     "RESUME_CHANGEABLE",
     "TASKS",
     "TASK_DEFAULTS",

@@ -7,9 +7,24 @@ from typing import ClassVar
 
 from rnnkit.app.config.fields import TOKEN_TASKS, option
 
-__all__ = ["CELLS", "NONLINEARITIES", "ModelOptions"]
+__all__ = ["CELLS", "IN_LOOP_REGULARIZERS", "NONLINEARITIES", "REGULARIZERS", "ModelOptions"]
 
 CELLS = ("rnn", "lstm", "gru")
+#: The tasks whose models run a recurrent stack built from the model options.
+_STACK_TASKS = ("lm", "tag", "classify", "seq2seq", "events", "regress")
+_APPLY = "seq2seq: the encoder only; docs/regularization.md"
+#: The regularizers of the recurrent stack and the embedding (docs/regularization.md).
+REGULARIZERS = (
+    "input_dropout",
+    "locked_dropout",
+    "output_dropout",
+    "recurrent_dropout",
+    "weight_drop",
+    "zoneout",
+    "embedding_dropout",
+)
+#: Those that act at every step or on the recurrent weights: not with --bptt window:K.
+IN_LOOP_REGULARIZERS = ("recurrent_dropout", "weight_drop", "zoneout")
 NONLINEARITIES = ("tanh", "relu", "sigmoid")
 
 
@@ -47,6 +62,49 @@ class ModelOptions:
         "(one 'word v1 … vd' per line, d = --embedding); says how many words were found",
     )
     dropout: float = option(0.0, help="dropout on embeddings, between layers and before the head")
+    input_dropout: float = option(
+        0.0,
+        metavar="P",
+        tasks=_STACK_TASKS,
+        help=f"dropout on the recurrent stack's input, one mask per sequence ({_APPLY})",
+    )
+    locked_dropout: float = option(
+        0.0,
+        metavar="P",
+        tasks=_STACK_TASKS,
+        help=f"dropout between layers with one mask per sequence ({_APPLY})",
+    )
+    output_dropout: float = option(
+        0.0,
+        metavar="P",
+        tasks=_STACK_TASKS,
+        help=f"dropout on the last layer's outputs, one mask per sequence ({_APPLY})",
+    )
+    recurrent_dropout: float = option(
+        0.0,
+        metavar="P",
+        tasks=_STACK_TASKS,
+        help=f"dropout on h_{{t-1}} in the recurrent product, one mask per sequence ({_APPLY})",
+    )
+    weight_drop: float = option(
+        0.0,
+        metavar="P",
+        tasks=_STACK_TASKS,
+        help=f"DropConnect on the recurrent weights W_hh, one mask per batch ({_APPLY})",
+    )
+    zoneout: float = option(
+        0.0,
+        metavar="P",
+        tasks=_STACK_TASKS,
+        help="each unit keeps its previous state with probability P at each step (the "
+        f"expectation at evaluation; {_APPLY})",
+    )
+    embedding_dropout: float = option(
+        0.0,
+        metavar="P",
+        tasks=TOKEN_TASKS,
+        help=f"drop whole rows of the word embedding for the batch, the rest rescaled ({_APPLY})",
+    )
     # One name, or one per layer ("tanh,sigmoid"): not a choice list, TrainConfig checks it.
     nonlinearity: str = option(
         "tanh",
@@ -67,6 +125,14 @@ class ModelOptions:
         choices=("before", "after"),
         cells=("gru",),
         help="GRU reset gate before or after the recurrent matrix (default %(default)s)",
+    )
+    layer_norm: bool = option(
+        False,
+        cells=("lstm", "gru"),
+        tasks=("lm", "tag", "classify", "events", "regress"),  # seq2seq steps its cells
+        help="layer-normalised cells: the input and recurrent products (and the LSTM's "
+        "cell state) normalised; a GRU needs --reset after (the PyTorch time loop; "
+        "docs/regularization.md)",
     )
     recompute: int | None = option(
         None,

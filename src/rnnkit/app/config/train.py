@@ -33,7 +33,12 @@ from rnnkit.app.config.fields import (
     option_of,
     value_kinds,
 )
-from rnnkit.app.config.model import NONLINEARITIES, ModelOptions
+from rnnkit.app.config.model import (
+    IN_LOOP_REGULARIZERS,
+    NONLINEARITIES,
+    REGULARIZERS,
+    ModelOptions,
+)
 from rnnkit.app.config.optim import OptimOptions, parse_bptt
 from rnnkit.app.config.run import RunOptions
 from rnnkit.app.config.tasks import (
@@ -177,10 +182,11 @@ class TrainConfig(
                 )
         if self.task == "regress" and self.target == "next" and self.bidirectional:
             raise ConfigError("--bidirectional does not apply to --target next (it is causal)")
-        for name in ("dropout", "word_dropout"):
+        for name in ("dropout", "word_dropout", *REGULARIZERS):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ConfigError(f"{flag(name)} must be in [0, 1), got {value}")
+        self._check_regularizers()
         if not 0.0 < self.valid_fraction < 0.5:
             raise ConfigError(f"--valid-fraction must be in (0, 0.5), got {self.valid_fraction}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or abs(self.seed) >= 2**63:
@@ -213,6 +219,32 @@ class TrainConfig(
             )
         self._check_wirings()
         return self
+
+    def _check_regularizers(self) -> None:
+        """The regularizers that act in the loop refuse what their loop cannot do."""
+        for name in IN_LOOP_REGULARIZERS:
+            if not getattr(self, name):
+                continue
+            if parse_bptt(self.bptt)[0] == "window":
+                raise ConfigError(
+                    f"{flag(name)} cannot be combined with --bptt {self.bptt}: use --bptt full "
+                    "or segment:K"
+                )
+            if self.recompute is not None and name != "weight_drop":
+                raise ConfigError(f"{flag(name)} cannot be combined with --recompute")
+        if self.layer_norm and self.cell == "gru":
+            if self.reset != "after":
+                raise ConfigError("--layer-norm with --cell gru needs --reset after")
+            if self.recurrent_dropout:
+                raise ConfigError(
+                    "--recurrent-dropout has no layer-normalised GRU form: use --zoneout or "
+                    "--weight-drop"
+                )
+        if self.layer_norm and (parse_bptt(self.bptt)[0] == "window" or self.recompute):
+            raise ConfigError(
+                "--layer-norm runs full BPTT without --recompute: not with --bptt "
+                f"{self.bptt}" + (f" or --recompute {self.recompute}" if self.recompute else "")
+            )
 
     def _check_bounds(self) -> None:
         """Upper bounds of the options whose cost grows without a limit."""
@@ -377,7 +409,7 @@ class TrainConfig(
             only = ", ".join(tasks)
             return f"{flag(name)} does not apply to --task {self.task} (only to: {only})"
         cells = CELL_OPTIONS.get(name)
-        if self.wiring == "jordan" and name in (*CELL_OPTIONS, "cell"):
+        if self.wiring == "jordan" and name in (*CELL_OPTIONS, "cell", *REGULARIZERS):
             if name == "nonlinearity":  # φ of the Jordan update
                 return None
             return f"{flag(name)} does not apply to --wiring jordan (it has no cell)"
