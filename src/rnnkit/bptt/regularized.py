@@ -27,12 +27,13 @@ batch row); elsewhere the PyTorch time loop runs (``rnnkit.bptt.forward``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import Tensor
 
 from rnnkit.cells.gru import GRUKernel
-from rnnkit.cells.kernel import StepKernel, Weights, scratch
+from rnnkit.cells.kernel import Kernel, StepKernel, Weights, scratch
 from rnnkit.cells.layer_norm import LayerNormGRUKernel
 from rnnkit.cells.lstm import LSTMKernel
 from rnnkit.cells.rnn import RNNKernel
@@ -208,7 +209,7 @@ class CompiledRegularized(RegularizedKernel):
         return self.inner.native_reads_rows(x, w)  # type: ignore[attr-defined]
 
     def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
-        inner = self.inner
+        inner = cast("Kernel", self.inner)  # the compiled loop only runs kernels that have one
         reg = self._reg(states0[0])
         states, cache, outputs = inner.native_forward(
             lib, x, w, T, B, states0, mask, save, offsets, projected, reg=reg
@@ -224,7 +225,7 @@ class CompiledRegularized(RegularizedKernel):
         reg = self._reg(record.states[0])
         if self.zoned and not self._keeps_candidates:
             record = record._replace(cache=record.cache[: len(record.cache) - len(self.zoned)])
-        return self.inner.native_backward(
+        return cast("Kernel", self.inner).native_backward(
             lib, record, w, mask, d_out, d_states, offsets, need_x, reg=reg
         )
 

@@ -173,6 +173,7 @@ class Kernel(StepKernel, Protocol):
         save: bool,
         offsets: Tensor | None = None,
         projected: bool = False,
+        reg: tuple[Tensor | None, ...] | None = None,
     ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], Tensor | None]:
         """The whole forward loop in the compiled library ``lib`` (rnnkit.bptt.native): the
         state buffers ``(T + 1, B, H)``, the cache, the same as ``step_into`` fills, and
@@ -182,7 +183,9 @@ class Kernel(StepKernel, Protocol):
         ``offsets``: packed rows (only the rows still running at each step).
         ``projected``: ``x`` is already the input product ``x W_ihᵀ`` ``(N, G·H)``, without
         the bias — the caller's tensor (possibly a view of it), which the loop must not
-        overwrite."""
+        overwrite.
+        ``reg``: recurrent dropout's mask ``(B, H)`` and zoneout's keep factors, one per
+        state ``(T, B, H)`` (None where off; ``rnnkit.bptt.regularized``)."""
 
     def native_backward(
         self,
@@ -194,6 +197,7 @@ class Kernel(StepKernel, Protocol):
         d_states: tuple[Tensor, ...],
         offsets: Tensor | None = None,
         need_x: bool = False,
+        reg: tuple[Tensor | None, ...] | None = None,
     ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None]:
         """The whole backward loop in ``lib`` (``d_out (T, B, H)`` with any strides):
         ``(d_xp, d_hp, ∂L/∂initial states, d_x, d_bias)``, the first three the same as
