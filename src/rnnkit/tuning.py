@@ -13,8 +13,8 @@ process; a program that uses the library applies them with one call,
   ``GOMP_SPINCOUNT=10000`` in its environment before it starts.
 * **Freed memory is kept for the next training step** (glibc's ``mallopt``;
   :func:`rnnkit.heap.keep_freed_memory`): without it a step's buffers go back to the
-  kernel after every step and are page-faulted in again (LSTM 128, one thread: 1.08× the
-  time at batch 16, 1.23× at batch 64).
+  kernel after every step and are page-faulted in again (docs/speed.md, "Memory kept
+  between steps", has the measured cost).
 
 Each is left alone where the user chose for themselves (``OMP_WAIT_POLICY`` or
 ``GOMP_SPINCOUNT`` set; a ``MALLOC_*_`` variable, a ``glibc.malloc`` tunable, another

@@ -13,10 +13,9 @@ recurrence (the output layer, attention, projections) still run in the autocast 
 Why float32 (``benchmarks/bench_precision.py``; the figures are in docs/reliability.md):
 the state passes T times through the same product, so its rounding compounds. A bfloat16
 loop's outputs are ~4e-3 off and its gradients ~1e-2 (float32: 1e-7 and 3e-7). Its speed
-gain is uneven. On one thread of a 2-core AVX512-BF16 CPU it runs at 0.9× the compiled
-float32 loop at H=128, 1.3× at H=256 and 1.6× at H=512; with two threads there is no gain
-at H=256. A bfloat16 loop would also give up the compiled loop's skipping of finished
-rows.
+gain is uneven: slower than the compiled float32 loop on narrow layers, faster only on
+wide ones and one thread (docs/reliability.md has the measured figures). A bfloat16 loop
+would also give up the compiled loop's skipping of finished rows.
 """
 
 from __future__ import annotations

@@ -31,13 +31,10 @@ from rnnkit.types import LSTMState
 
 # The compiled loop takes the input product step by step (x_t W_ih^T beside h_{t-1} W_hh^T,
 # and d_x_t = d_gates_t W_ih in the backward) where I + H is at most this and every thread
-# gets a block of at least 4 rows. A training step of one layer (T 100), interleaved
-# against the (T·B, 4H) product before the loop: I = H = 128, B 16-64: 1.03-1.05x on one
-# thread, 0.98-1.03x on two; I = H = 256, B 32: 1.075x; inference 1.07-1.09x. At I = H =
-# 512 the large products win (0.91x), at I 512 / H 256 it is a wash (1.03x). With fewer
-# rows a step's products are too thin, or run on fewer threads than one large product:
-# I = H = 128, one thread, B 1: 0.78x, B 2: 0.87x, B 4: 1.03x; two threads, B 4: 0.90x,
-# B 8: 1.035x (benchmarks/HISTORY.md, the time loop's step 9).
+# gets a block of at least 4 rows: there, one step's two products beat the (T·B, 4H)
+# product before the loop (its output stays in cache); wider layers are better served by
+# the large product, and fewer rows leave a step's products too thin. The measurements:
+# benchmarks/HISTORY.md, "How the time loop got here", step 9.
 INPUT_IN_LOOP_MAX = 512
 _MIN_ROWS_PER_THREAD = 4  # the loop's smallest thread block (steps.h, g_min_block_rows)
 
