@@ -10,7 +10,7 @@ import torch
 
 from rnnkit import GRU, LSTM, RNN
 from rnnkit.bptt import native
-from rnnkit.bptt.forward import _compiled
+from rnnkit.bptt.dispatch import compiled_library
 from rnnkit.bptt.fused import use_fused, wants_fused
 from rnnkit.bptt.regularized import CompiledRegularized, regularized
 from rnnkit.cells.gru import GRUKernel
@@ -155,7 +155,7 @@ def test_every_cell_has_a_compiled_loop_and_none_a_fused_form(kind):
     cell = layer.cells()[0]
     kernel = regularized(cell.kernel, torch.ones(B, H, dtype=torch.float64), None)
     x = torch.zeros(T, B, I, dtype=torch.float64)
-    compiled = _compiled(kernel, x, *cell.weights()) is not None
+    compiled = compiled_library(kernel, x, *cell.weights()) is not None
     assert compiled == (native.available() and native._enabled)
     assert isinstance(kernel, CompiledRegularized)
     with use_fused("fused"):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rnnkit import GRU, LSTM, LSTMState
-from rnnkit.bptt.forward import _compiled
+from rnnkit.bptt.dispatch import compiled_library
 from rnnkit.bptt.fused import fused_form
 from rnnkit.cells.layer_norm import LayerNormGRUCell, LayerNormLSTMCell, normalize
 from rnnkit.errors import ConfigError
@@ -104,7 +104,7 @@ def test_gradcheck_bidirectional_stack(kind, options, holey_mask):
 def test_no_compiled_loop_and_no_fused_form(cell):
     cell = cell.double()
     x = torch.zeros(5, 2, cell.gates * 4, dtype=DT)
-    assert _compiled(cell.kernel, x, *cell.weights()) is None
+    assert compiled_library(cell.kernel, x, *cell.weights()) is None
     assert fused_form(cell.kernel) is None  # type: ignore[arg-type]
 
 

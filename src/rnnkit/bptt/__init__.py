@@ -2,6 +2,9 @@
 
 * ``recurrence``: one direction of one layer over time as one autograd node
   (:func:`run_recurrence`), whose backward is the library's explicit BPTT;
+* ``dispatch``: which implementation runs it (a graph's fused operator, the opaque
+  operator or unrolled steps; PyTorch's fused kernels; the compiled or the PyTorch loop),
+  decided in one place;
 * ``forward``: the forward pass over a batch of sequences (one input product, then the
   steps; masks, document resets);
 * ``backward``: the backward sweep from the last step to the first and the weight
@@ -22,6 +25,7 @@
 """
 
 from rnnkit.bptt.backward import backward_sweep, weight_grads
+from rnnkit.bptt.dispatch import Route, compiled_library, python_step_kernel, route
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.fused import (
     PATHS,
@@ -61,6 +65,7 @@ __all__ = [
     "Grads",
     "Packing",
     "RegularizedKernel",
+    "Route",
     "Sweep",
     "TracingError",
     "WindowUnit",
@@ -69,6 +74,7 @@ __all__ = [
     "build",
     "check_tracer",
     "clean_padding",
+    "compiled_library",
     "forward_pass",
     "fused_form",
     "incoming_states",
@@ -78,9 +84,11 @@ __all__ = [
     "make_packing",
     "own_matmul",
     "prefix_lengths",
+    "python_step_kernel",
     "recurrence_gradients",
     "regularized",
     "reorder",
+    "route",
     "run_fused",
     "run_opaque",
     "run_recomputed",

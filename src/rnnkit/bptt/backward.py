@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rnnkit.bptt.forward import _compiled, _mask2
+from rnnkit.bptt.dispatch import compiled_library
+from rnnkit.bptt.forward import _mask2
 from rnnkit.bptt.record import ForwardRecord, Grads, Packing, Sweep, incoming_states
 from rnnkit.bptt.windowed import WindowUnit, windowed_sweep
 from rnnkit.cells.amp import without_autocast
@@ -60,7 +61,7 @@ def backward_sweep(
     T, B, H = states[0].shape[0] - 1, states[0].shape[1], states[0].shape[2]
     n = len(states)
     like = record.x
-    lib = _compiled(kernel, like, w.weight_hh) if record.reset is None else None
+    lib = compiled_library(kernel, like, w.weight_hh) if record.reset is None else None
     if packing is not None and lib is None:
         raise RuntimeError("a Packing needs the compiled loop (rnnkit.bptt.native) and no window")
     if lib is not None:
@@ -136,7 +137,7 @@ def weight_grads(
     d_xp = sweep.d_xp.reshape(-1, sweep.d_xp.shape[-1])  # (T·B or N, G·H)
     # Where the time loop ran compiled, so do these products: the library's own matmul
     # (torch's BLAS may take a path at half the machine's rate, e.g. MKL on AMD CPUs).
-    lib = _compiled(kernel, d_xp, w.weight_hh) if record.reset is None else None
+    lib = compiled_library(kernel, d_xp, w.weight_hh) if record.reset is None else None
     mm = torch.mm if lib is None else lib.matmul
     d_x = None
     if need[0]:

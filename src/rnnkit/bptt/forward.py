@@ -25,9 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rnnkit.bptt import native
+from rnnkit.bptt.dispatch import compiled_library
 from rnnkit.bptt.record import ForwardRecord, Packing
-from rnnkit.bptt.tracing import tracing
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.kernel import Kernel, Weights
 
@@ -86,16 +85,6 @@ def _forward_loop(
     return states, cache
 
 
-def _compiled(kernel: Kernel, *tensors: Tensor | None) -> Any:
-    """The compiled loop (``rnnkit.bptt.native``) if it handles this kernel and these tensors.
-
-    Never while tracing (``torch.compile``/``torch.export``): a graph holds the PyTorch
-    loop, the same function in operations a graph can represent (``rnnkit.bptt.tracing``)."""
-    if not hasattr(kernel, "native_forward") or not native.supports(*tensors) or tracing():
-        return None
-    return native.library()
-
-
 def _mask2(mask: Tensor | None) -> Tensor | None:
     return None if mask is None else mask[..., 0].contiguous()  # (T, B, 1) → (T, B)
 
@@ -130,7 +119,7 @@ def forward_pass(
     (``ForwardRecord.outputs``)."""
     x, states0 = _like_weights(w, x, states0)
     T, B, I = x.shape
-    lib = _compiled(kernel, x, *w, *states0) if reset is None else None
+    lib = compiled_library(kernel, x, *w, *states0) if reset is None else None
     in_place = in_place and lib is not None and packing is None and not projected
     in_place = in_place and kernel.native_reads_rows(x, w)
     # (T·B, I): a view where x is contiguous, else a copy — not made where read in place

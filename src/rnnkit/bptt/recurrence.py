@@ -22,8 +22,16 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt.backward import backward_sweep, weight_grads
-from rnnkit.bptt.forward import _compiled, _like_weights, forward_pass
-from rnnkit.bptt.fused import run_fused, traced_fused_form, wants_fused
+from rnnkit.bptt.dispatch import (
+    FUSED,
+    GRAPH_FUSED,
+    GRAPH_OP,
+    GRAPH_STEPS,
+    compiled_library,
+    route,
+)
+from rnnkit.bptt.forward import _like_weights, forward_pass
+from rnnkit.bptt.fused import run_fused
 from rnnkit.bptt.opaque import run_opaque
 from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_record
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
@@ -102,7 +110,7 @@ def takes_projected(
 ) -> bool:
     """Whether :func:`run_recurrence` can take ``x`` as the input product itself
     (``projected=True``): where the compiled loop runs for these tensors."""
-    return _compiled(kernel, x, *weights, *states0) is not None
+    return compiled_library(kernel, x, *weights, *states0) is not None
 
 
 def clean_padding(x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -189,31 +197,24 @@ def run_recurrence(
             "a projected input needs the compiled loop, no tracing and full BPTT "
             "(check takes_projected first)"
         )
-    if tracing():
-        # A graph holds PyTorch's fused operator as one node where it computes this
-        # function (no mask: a graph cannot look at a mask's values; an export or no
-        # gradient: traced_fused_form says why), else the steps.
-        traced = traced_fused_form(kernel, mask, window, projected, (x, *weights, *states0))
-        if traced is not None:
-            x, states0 = _like_weights(weights, x, states0)
-            return run_fused(kernel, traced, x, weights, states0, None)
-        if not torch.compiler.is_exporting() and (window is None or not torch.is_grad_enabled()):
-            # torch.compile: the library's own loop as one opaque node (rnnkit.bptt.opaque).
-            # (A window is refused below: a stack's BPTT(τ) spans its layers, which a graph
-            # of per-layer nodes cannot express.)
-            x, states0 = _like_weights(weights, x, states0)
-            opaque = run_opaque(kernel, x, weights, states0, mask, window)
-            if opaque is not None:
-                return opaque
-        return _traced_recurrence(kernel, x, weights, states0, mask, window)
     # Under autocast the input (or a state) may come from a float16/bfloat16 product; the
     # recurrence runs in the weights' dtype (module docstring). Cast here, outside the
     # autograd node, so the cast is differentiable and the compiled loop is chosen below.
     x, states0 = _like_weights(weights, x, states0)
-    x, mask3 = clean_padding(x, mask)
-    fused = wants_fused(kernel, x, mask3, window, projected)
-    if fused is not None:  # PyTorch's fused kernel (cuDNN) computes this function
-        return run_fused(kernel, fused[0], x, weights, states0, fused[1])
+    mask3 = None
+    if not tracing():
+        x, mask3 = clean_padding(x, mask)
+    way = route(kernel, x, weights, states0, mask, mask3, window, projected)  # dispatch.py
+    if way.path == GRAPH_FUSED:
+        return run_fused(kernel, way.form, x, weights, states0, None)
+    if way.path == GRAPH_OP:
+        opaque = run_opaque(kernel, x, weights, states0, mask, window)
+        assert opaque is not None  # route chose it for a kernel the operator knows
+        return opaque
+    if way.path == GRAPH_STEPS:  # the graph's own steps (a window with gradients: refused)
+        return _traced_recurrence(kernel, x, weights, states0, mask, window)
+    if way.path == FUSED:  # PyTorch's fused kernel (cuDNN) computes this function
+        return run_fused(kernel, way.form, x, weights, states0, way.lengths)
     x, mask3, states0, order, packing = _sorted_rows(kernel, x, weights, states0, mask, mask3)
     tensors = (x, *weights, *states0)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
@@ -249,7 +250,7 @@ def _sorted_rows(
 ) -> tuple[Tensor, Tensor | None, tuple[Tensor, ...], Tensor | None, Packing | None]:
     """Rows sorted by their last real step and the steps' buffers packed, where the
     compiled loop runs a mask: ``(x, mask3, states0, order or None, packing or None)``."""
-    if mask is None or mask3 is None or _compiled(kernel, x, *weights, *states0) is None:
+    if mask is None or mask3 is None or compiled_library(kernel, x, *weights, *states0) is None:
         return x, mask3, states0, None, None
     if getattr(kernel, "unsorted", False):  # per-row masks inside (rnnkit.bptt.regularized)
         return x, mask3, states0, None, None

@@ -46,9 +46,9 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt import native
+from rnnkit.bptt.dispatch import python_step_kernel
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights
-from rnnkit.cells.lstm import LSTMKernel, NativeLSTMStep
 
 __all__ = ["AttentionDecoderOutput", "attention_decoder"]
 
@@ -341,10 +341,8 @@ def attention_decoder(
     fill = ~source_mask & any_real
     empty_rows = None if bool(any_real.all()) else ~any_real
     additive = attention.kind == "additive"
-    lib = native.library() if native.supports(x, memory, weights.weight_hh) else None
-    step_kernel: StepKernel = kernel
-    if lib is not None and isinstance(kernel, LSTMKernel):
-        step_kernel = NativeLSTMStep(lib)  # the gate math of each step in one call
+    # the gate math of each step in one compiled call where it can (bptt/dispatch.py)
+    step_kernel, lib = python_step_kernel(kernel, x, memory, weights.weight_hh)
     spec = _Spec(step_kernel, additive, fill, empty_rows, T, lib)
     if additive:
         qw, qb, v = attention.query_proj.weight, attention.query_proj.bias, attention.v
