@@ -49,7 +49,7 @@ void gemm_rm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* A, int6
 // the whole call. float32: B is packed once per call into NR-column panels and multiplied
 // by a register-blocked FMA kernel: the products of one step are thin (m = the rows of one
 // thread's block, 4 .. 64), where the BLAS runs well below its large-matrix rate. AVX2:
-// 6 x 16 tiles (~105 GFLOP/s a core against 55-90 for the BLAS on an AVX2 machine).
+// 6 x 16 tiles (well above the BLAS's rate on these thin products: benchmarks/HISTORY.md).
 // AVX-512: 8 x 32 tiles, twice the work per instruction — where the BLAS torch links
 // takes its AVX2 path (MKL on AMD processors), the only way to the machine's rate. K is
 // summed in blocks of 256 (accuracy like the BLAS). float64 (the exact oracle path) and
@@ -235,8 +235,8 @@ struct StepMatrix {
 
   // work: rows the products will see in all (the steps' computed rows). Packing reads and
   // writes all of W once, the cost of several rows' products: a call with only a few rows
-  // (generation: one token, batch 1) is faster on the BLAS without it (207 -> ~30 us/step
-  // for LSTM 256 at batch 1).
+  // (generation: one token, batch 1) is faster on the BLAS without it (benchmarks/HISTORY.md,
+  // "End to end: the char-LM training", generation at batch 1).
   StepMatrix(const Tensor& W, int64_t row0, int64_t rows, bool transpose, int64_t work) {
     const int64_t H = W.size(1);
     w = W.data_ptr<T>() + row0 * H;

@@ -516,9 +516,9 @@ Tensor matmul(Tensor a, Tensor b) {
   if (rows3) b = b.reshape({-1, b.size(2)});
   // A weight gradient d_gatesᵀ x (a the transpose of a row-major matrix, b row-major) on
   // one thread as (xᵀ d_gates)ᵀ: MKL's AVX2 path runs the product with the long dimension
-  // on the left 5-40 % faster (Zen 3, float32: LSTM 128 7 %, an input 32 wide 40 %) and
-  // to the same bits; the transposing copy of the small result costs less. On two threads
-  // it was 0-3 % slower: torch's split of the product stays. float64 keeps torch's
+  // on the left faster and to the same bits; the transposing copy of the small result
+  // costs less. On two threads it was slower: torch's split of the product stays
+  // (benchmarks/HISTORY.md, "the weight gradients turned round"). float64 keeps torch's
   // product as asked: it is the exact path the tests compare against.
   if (a.scalar_type() == at::kFloat && at::get_num_threads() == 1 && !a.is_contiguous() &&
       a.t().is_contiguous() && b.is_contiguous())

@@ -17,7 +17,7 @@ namespace {
 // (tanh c, h) — with the scalar loop's operations (results equal to the bit). Why two:
 // in one loop a unit's chain, gates → c → tanh c → h, is ~150 cycles long and longer
 // than the core's reorder window lets iterations overlap; split, each loop's iterations
-// overlap (8.8 → 6.7 µs a step at H 128, B 16 on one Zen 3 core). o waits for the second
+// overlap (benchmarks/HISTORY.md, "the gate loops written out for AVX2"). o waits for the second
 // loop in go, or, without SAVE (go is then not written), in tc, which is scratch then.
 // Returns the number of units done.
 template <bool SAVE, bool XP>
