@@ -76,18 +76,9 @@ def backward_sweep(
     bcache_steps = [c.unbind(0) for c in kernel.backward_cache(cache, states)]
     state_steps = [s.unbind(0) for s in states]
     prev_steps = [p.unbind(0) for p in incoming_states(record)]
-    G = kernel.gates
-    after = getattr(kernel, "reset", None) == "after"
-    width_of = getattr(kernel, "recurrent_grad_width", None)
-    separate_hp = after or width_of is not None
-    d_xp = like.new_empty(T, B, G * H)
-    # reset="after": d_hp holds the n block only (the r, z blocks equal d_xp's); a kernel
-    # whose recurrent gradients differ from d_xp otherwise says how wide they are
-    d_hp = d_xp
-    if width_of is not None:
-        d_hp = like.new_empty(T, B, width_of(H))
-    elif after:
-        d_hp = like.new_empty(T, B, H)
+    d_xp = like.new_empty(T, B, kernel.gates * H)
+    d_hp = _recurrent_gradients_buffer(kernel, d_xp, H)
+    separate_hp = d_hp is not d_xp
     mask_steps = mask.unbind(0) if mask is not None else None
     reset_steps = record.reset.unbind(0) if record.reset is not None else None
     wprep = kernel.prepare_backward(w)
@@ -113,6 +104,21 @@ def backward_sweep(
             d_prev = tuple(torch.where(reset_steps[t], 0.0, d) for d in d_prev)
         d_state = list(d_prev)
     return Sweep(d_xp, d_hp, tuple(d_state))
+
+
+def _recurrent_gradients_buffer(kernel: Kernel, d_xp: Tensor, H: int) -> Tensor:
+    """Where the sweep writes the gradients of the recurrent pre-activations: ``d_xp``
+    itself where they equal the input side's, else a buffer of their own —
+    ``reset="after"``: the n block only ``(T, B, H)`` (the r, z blocks equal ``d_xp``'s);
+    a kernel whose recurrent gradients differ otherwise says how wide they are
+    (``recurrent_grad_width``)."""
+    T, B = d_xp.shape[0], d_xp.shape[1]
+    width_of = getattr(kernel, "recurrent_grad_width", None)
+    if width_of is not None:
+        return d_xp.new_empty(T, B, width_of(H))
+    if getattr(kernel, "reset", None) == "after":
+        return d_xp.new_empty(T, B, H)
+    return d_xp
 
 
 @without_autocast
