@@ -1,13 +1,13 @@
 """What each regularizer of the recurrent layers costs in a training step.
 
-One training step of a stacked LSTM (``rnnkit.LSTM``, train mode: forward, a loss on
-every output, backward through time) with each regularizer alone, AWD-style combined, and
-none, timed in interleaved rounds (``_common.interleaved``); the ratio to the plain layer
+One training step of a stacked LSTM (``rnnkit.LSTM``; ``--cell gru``: ``rnnkit.GRU`` with
+``reset="after"``; train mode: forward, a loss on every output, backward through time)
+with each regularizer alone, AWD-style combined, and none, timed in interleaved rounds (``_common.interleaved``); the ratio to the plain layer
 is the median over rounds of the ratio within a round. On the CPU the layer runs the
 compiled loop where it is built (``--loop pytorch``: the PyTorch loop).
 
-    python benchmarks/bench_regularizers.py [--hidden 256] [--steps 64] [--batch 32] \\
-        [--layers 2] [--threads 1] [--rounds 15] [--loop compiled|pytorch] [--json]
+    python benchmarks/bench_regularizers.py [--cell lstm|gru] [--hidden 256] [--steps 64] \\
+        [--batch 32] [--layers 2] [--threads 1] [--rounds 15] [--loop compiled|pytorch] [--json]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "weight_drop 0.5": {"weight_drop": 0.5},
     "recurrent_dropout 0.25": {"recurrent_dropout": 0.25},
     "zoneout 0.1": {"zoneout": 0.1},
+    "layer_norm (the PyTorch loop: no compiled form)": {"layer_norm": True},
     "AWD-style (input, locked, output, weight drop)": {
         "input_dropout": 0.3,
         "locked_dropout": 0.25,
@@ -47,7 +48,9 @@ OPTIONS: dict[str, dict[str, Any]] = {
 def step_of(options: dict[str, Any], args: argparse.Namespace) -> Callable[[], None]:
     """A closure running one training step of a fresh layer with ``options``."""
     torch.manual_seed(0)
-    layer = rnnkit.LSTM(args.hidden, args.hidden, num_layers=args.layers, **options)
+    make = rnnkit.LSTM if args.cell == "lstm" else rnnkit.GRU
+    extra = {"reset": "after"} if args.cell == "gru" else {}  # the GRU with a compiled loop
+    layer = make(args.hidden, args.hidden, num_layers=args.layers, **extra, **options)
     layer.train()
     x = torch.randn(args.steps, args.batch, args.hidden)
 
@@ -65,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--cell", choices=("lstm", "gru"), default="lstm")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--loop", choices=("compiled", "pytorch"), default="compiled")
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{m['cpu']}, torch {m['torch']}, {args.threads} thread(s), {m['date']}, ", end="")
     print(f"load {m['load_1min']}")
     print(
-        f"LSTM {args.layers}×{args.hidden}, T={args.steps}, B={args.batch}, "
+        f"{args.cell.upper()} {args.layers}×{args.hidden}, T={args.steps}, B={args.batch}, "
         f"{args.loop} loop, {args.rounds} interleaved rounds\n"
     )
     print("| option | ms per training step | × the plain layer |\n|---|---:|---:|")
