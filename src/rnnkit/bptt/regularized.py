@@ -27,7 +27,7 @@ batch row); elsewhere the PyTorch time loop runs (``rnnkit.bptt.forward``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -89,7 +89,9 @@ class RegularizedKernel:
     def input_weights_t(self, weight: Tensor) -> tuple[Tensor, ...]:
         return self.inner.input_weights_t(weight)
 
-    def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
+    def alloc_cache(
+        self, T: int, B: int, H: int, xps: tuple[Tensor, ...], save: bool
+    ) -> tuple[Tensor, ...]:
         inner = self.inner.alloc_cache(T, B, H, self._inner_xps(xps), save)
         # the cell's own new states h̃_t (c̃_t), before zoneout: its backward reads them
         cands = tuple(scratch(T, B, H, xps[0], save) for _ in self.zoned)
@@ -102,7 +104,14 @@ class RegularizedKernel:
         m = self.recurrent_mask
         return prev if m is None else (prev[0] * m, *prev[1:])
 
-    def step_into(self, xp, prev, out, cache, prep) -> None:
+    def step_into(
+        self,
+        xp: tuple[Tensor, ...],
+        prev: tuple[Tensor, ...],
+        out: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        prep: object,
+    ) -> None:
         z_n = len(self.zoned)
         inner_xp, keep_t = xp[: len(xp) - z_n], xp[len(xp) - z_n :]
         inner_cache, cands = cache[: len(cache) - z_n], cache[len(cache) - z_n :]
@@ -122,7 +131,9 @@ class RegularizedKernel:
     def prepare_backward(self, w: Weights) -> object:
         return self.inner.prepare_backward(w)
 
-    def backward_cache(self, cache, states):
+    def backward_cache(
+        self, cache: tuple[Tensor, ...], states: tuple[Tensor, ...]
+    ) -> tuple[Tensor, ...]:
         z_n = len(self.zoned)
         inner_cache, cands = cache[: len(cache) - z_n], cache[len(cache) - z_n :]
         own = list(states)
@@ -130,7 +141,16 @@ class RegularizedKernel:
             own[k] = torch.cat([states[k][:1], cands[j]])
         return (*self.inner.backward_cache(inner_cache, tuple(own)), *self.keep, *cands)
 
-    def step_backward(self, d_new, prev, new, cache, d_xp, d_hp, w):
+    def step_backward(
+        self,
+        d_new: tuple[Tensor, ...],
+        prev: tuple[Tensor, ...],
+        new: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        d_xp: Tensor,
+        d_hp: Tensor,
+        w: Any,  # what the inner kernel's prepare_backward returns
+    ) -> tuple[Tensor, ...]:
         z_n = len(self.zoned)
         inner_cache = cache[: len(cache) - 2 * z_n]
         keep_t = cache[len(cache) - 2 * z_n : len(cache) - z_n]
@@ -157,7 +177,16 @@ class RegularizedKernel:
             d_prev[k] = d_prev[k] + d_new[k] * keep_t[j]
         return tuple(d_prev)
 
-    def _gru_unmasked_update(self, d_h, prev, prev_m, cache, d_xp, d_prev_m, w) -> Tensor:
+    def _gru_unmasked_update(
+        self,
+        d_h: Tensor,
+        prev: tuple[Tensor, ...],
+        prev_m: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        d_xp: Tensor,
+        d_prev_m: Tensor,
+        w: Weights,
+    ) -> Tensor:
         """∂L/∂h_{t-1} of a GRU step whose products read ``h ⊙ m`` and whose update reads
         ``h``; ``d_prev_m`` is the kernel's gradient as if the step had read ``h ⊙ m``
         everywhere, and ``d_xp``'s z block is corrected in place."""
@@ -208,7 +237,19 @@ class CompiledRegularized(RegularizedKernel):
     def native_reads_rows(self, x: Tensor, w: Weights) -> bool:
         return self.inner.native_reads_rows(x, w)  # type: ignore[attr-defined]
 
-    def native_forward(self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False):
+    def native_forward(
+        self,
+        lib: Any,
+        x: Tensor,
+        w: Weights,
+        T: int,
+        B: int,
+        states0: tuple[Tensor, ...],
+        mask: Tensor | None,
+        save: bool,
+        offsets: Tensor | None = None,
+        projected: bool = False,
+    ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], Tensor | None]:
         inner = cast("Kernel", self.inner)  # the compiled loop only runs kernels that have one
         reg = self._reg(states0[0])
         states, cache, outputs = inner.native_forward(
@@ -221,7 +262,17 @@ class CompiledRegularized(RegularizedKernel):
             cache = (*cache, *(states[k][1:] for k in self.zoned))
         return states, cache, outputs
 
-    def native_backward(self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False):
+    def native_backward(
+        self,
+        lib: Any,
+        record: Any,
+        w: Weights,
+        mask: Tensor | None,
+        d_out: Tensor | None,
+        d_states: tuple[Tensor, ...],
+        offsets: Tensor | None = None,
+        need_x: bool = False,
+    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None]:
         reg = self._reg(record.states[0])
         if self.zoned and not self._keeps_candidates:
             record = record._replace(cache=record.cache[: len(record.cache) - len(self.zoned)])

@@ -25,8 +25,9 @@ Backward of one step with ``d_h`` = ∂L/∂h_t ("keep"; "candidate" swaps z and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, overload
+from typing import Any, Literal, NamedTuple, overload
 
 import torch
 from torch import Tensor, nn
@@ -190,11 +191,20 @@ class GRUKernel:
         H = weight.shape[0] // 3
         return (weight[: 2 * H].T, weight[2 * H :].T)
 
-    def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
+    def alloc_cache(
+        self, T: int, B: int, H: int, xps: tuple[Tensor, ...], save: bool
+    ) -> tuple[Tensor, ...]:
         rec = scratch(T, B, H, xps[0], save)
         return (xps[0], xps[1], rec)
 
-    def step_into(self, xp, prev, out, cache, prep) -> None:
+    def step_into(
+        self,
+        xp: tuple[Tensor, ...],
+        prev: tuple[Tensor, ...],
+        out: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        prep: Any,  # what this kernel's prepare returns
+    ) -> None:
         (h_prev,) = prev
         rz, n, rec = cache  # rz, n are the projection buffers, overwritten in place
         H = h_prev.shape[1]
@@ -215,13 +225,24 @@ class GRUKernel:
     def prepare_backward(self, w: Weights) -> Weights:
         return w
 
-    def backward_cache(self, cache, states):
+    def backward_cache(
+        self, cache: tuple[Tensor, ...], states: tuple[Tensor, ...]
+    ) -> tuple[Tensor, ...]:
         rz, n, rec = cache
         d_rz = rz * (1 - rz)  # σ' for r and z, all steps at once
         d_n = 1 - n * n  # tanh'
         return (rz, n, rec, d_rz, d_n)
 
-    def step_backward(self, d_new, prev, new, cache, d_xp, d_hp, w):
+    def step_backward(
+        self,
+        d_new: tuple[Tensor, ...],
+        prev: tuple[Tensor, ...],
+        new: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        d_xp: Tensor,
+        d_hp: Tensor,
+        w: Any,  # what this kernel's prepare_backward returns
+    ) -> tuple[Tensor, ...]:
         (d_h,) = d_new
         (h_prev,) = prev
         rz, n, rec, d_rz, d_n = cache
@@ -251,7 +272,14 @@ class GRUKernel:
         d_h_prev.addcmul_(d_rh, r)
         return (d_h_prev.addmm_(d_xp[:, : 2 * H], W[: 2 * H]),)
 
-    def recurrent_grads(self, d_xp, d_hp, h_prev, cache, mm=torch.mm):
+    def recurrent_grads(
+        self,
+        d_xp: Tensor,
+        d_hp: Tensor,
+        h_prev: Tensor,
+        cache: tuple[Tensor, ...],
+        mm: Callable[[Tensor, Tensor], Tensor] = torch.mm,
+    ) -> tuple[Tensor, Tensor | None]:
         H = h_prev.shape[1]
         if self.reset == "after":  # d_hp is the n block; r, z are d_xp's
             d_w = torch.cat([mm(d_xp[:, : 2 * H].T, h_prev), mm(d_hp.T, h_prev)], dim=0)
@@ -261,15 +289,26 @@ class GRUKernel:
         return d_w, None
 
     # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
-    def native_reads_rows(self, x, w):
+    def native_reads_rows(self, x: Tensor, w: Weights) -> bool:
         return False  # its input products run before the loop, over rows of (T·B, I)
 
     def native_forward(
-        self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False, reg=None
-    ):
+        self,
+        lib: Any,
+        x: Tensor,
+        w: Weights,
+        T: int,
+        B: int,
+        states0: tuple[Tensor, ...],
+        mask: Tensor | None,
+        save: bool,
+        offsets: Tensor | None = None,
+        projected: bool = False,
+        reg: tuple[Tensor | None, ...] | None = None,
+    ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], Tensor | None]:
         """``reg``: recurrent dropout's mask and zoneout's keep factor of h
         (``rnnkit.bptt.regularized``), each a contiguous tensor or None; None: none."""
-        reg = {} if reg is None else dict(zip(("rec_mask", "keep_h"), reg, strict=True))
+        kw = {} if reg is None else dict(zip(("rec_mask", "keep_h"), reg, strict=True))
         H = w.weight_hh.shape[1]
         # x W_ih^T; the bias is added in the loop (addmm would first copy it to every row)
         if projected:  # the two blocks as the contiguous buffers the loop writes into
@@ -280,24 +319,34 @@ class GRUKernel:
         if offsets is None:
             xp_rz, xp_n = xp_rz.view(T, B, 2 * H), xp_n.view(T, B, H)
         after = self.reset == "after"
-        bias_hn = w.bias_hn.contiguous() if after else None
+        # reset="after" cells always have bias_hn (Weights types it optional for all cells)
+        bias_hn = w.bias_hn.contiguous() if after else None  # type: ignore[union-attr]
         hs, rec = lib.gru_forward(
             xp_rz, xp_n, w.weight_hh.contiguous(), w.bias.contiguous(), bias_hn, states0[0],
             mask, save,
-            self.update == "keep", after, offsets, **reg,
+            self.update == "keep", after, offsets, **kw,
         )  # fmt: skip
         return (hs,), (xp_rz, xp_n, rec), None
 
     def native_backward(
-        self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False, reg=None
-    ):
-        reg = {} if reg is None else dict(zip(("rec_mask", "keep_h"), reg, strict=True))
+        self,
+        lib: Any,
+        record: Any,
+        w: Weights,
+        mask: Tensor | None,
+        d_out: Tensor | None,
+        d_states: tuple[Tensor, ...],
+        offsets: Tensor | None = None,
+        need_x: bool = False,
+        reg: tuple[Tensor | None, ...] | None = None,
+    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None]:
+        kw = {} if reg is None else dict(zip(("rec_mask", "keep_h"), reg, strict=True))
         rz, n, rec = (c.contiguous() for c in record.cache)
         h_states = record.states[0].contiguous()
         d_out = None if d_out is None else d_out.contiguous()
         d_xp, d_hp, d_h0 = lib.gru_backward(
             rz, n, rec, h_states, w.weight_hh.contiguous(), mask, d_out, d_states[0],
-            self.update == "keep", self.reset == "after", offsets, **reg,
+            self.update == "keep", self.reset == "after", offsets, **kw,
         )  # fmt: skip
         return d_xp, d_hp, (d_h0,), None, None
 

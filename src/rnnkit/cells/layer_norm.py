@@ -25,8 +25,9 @@ The compiled loop has no form of it: the PyTorch loop runs it, on every device.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -123,12 +124,21 @@ class LayerNormLSTMKernel:
     def input_weights_t(self, weight: Tensor) -> tuple[Tensor, ...]:
         raise NotImplementedError("the layer-normalised LSTM reads its input part whole")
 
-    def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
+    def alloc_cache(
+        self, T: int, B: int, H: int, xps: tuple[Tensor, ...], save: bool
+    ) -> tuple[Tensor, ...]:
         like = xps[0]
         widths = (4 * H, 1, H, 1, H)
         return (xps[0], *(scratch(T, B, k, like, save) for k in widths))
 
-    def step_into(self, xp, prev, out, cache, prep) -> None:
+    def step_into(
+        self,
+        xp: tuple[Tensor, ...],
+        prev: tuple[Tensor, ...],
+        out: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        prep: Any,  # what this kernel's prepare returns
+    ) -> None:
         gates, n_q, inv_q, n_c, inv_c, tanh_c = cache
         H = prev[0].shape[1]
         g_h, g_c, b_c = prep.bias_hn[: 4 * H], prep.bias_hn[4 * H : 5 * H], prep.bias_hn[5 * H :]
@@ -151,10 +161,21 @@ class LayerNormLSTMKernel:
     def prepare_backward(self, w: Weights) -> Weights:
         return w
 
-    def backward_cache(self, cache, states):
+    def backward_cache(
+        self, cache: tuple[Tensor, ...], states: tuple[Tensor, ...]
+    ) -> tuple[Tensor, ...]:
         return cache
 
-    def step_backward(self, d_new, prev, new, cache, d_xp, d_hp, w):
+    def step_backward(
+        self,
+        d_new: tuple[Tensor, ...],
+        prev: tuple[Tensor, ...],
+        new: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        d_xp: Tensor,
+        d_hp: Tensor,
+        w: Any,  # what this kernel's prepare_backward returns
+    ) -> tuple[Tensor, ...]:
         d_h, d_c = d_new
         gates, n_q, inv_q, n_c, inv_c, tanh_c = cache
         H = d_h.shape[1]
@@ -173,7 +194,14 @@ class LayerNormLSTMKernel:
         d_q.copy_(normalize_backward(d_xp * g_h, n_q, inv_q))  # ∂L/∂(W_h h_{t-1})
         return (d_q @ w.weight_hh, d_ct * f)
 
-    def recurrent_grads(self, d_xp, d_hp, h_prev, cache, mm=torch.mm):
+    def recurrent_grads(
+        self,
+        d_xp: Tensor,
+        d_hp: Tensor,
+        h_prev: Tensor,
+        cache: tuple[Tensor, ...],
+        mm: Callable[[Tensor, Tensor], Tensor] = torch.mm,
+    ) -> tuple[Tensor, Tensor | None]:
         n_q, H = cache[1], h_prev.shape[1]
         d_gains = torch.cat([(d_xp * n_q).sum(0), d_hp[:, 4 * H :].sum(0)])  # γ_h; γ_c, β_c
         return mm(d_hp[:, : 4 * H].T, h_prev), d_gains
@@ -283,11 +311,20 @@ class LayerNormGRUKernel:
     def input_weights_t(self, weight: Tensor) -> tuple[Tensor, ...]:
         raise NotImplementedError("the layer-normalised GRU reads its input part whole")
 
-    def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
+    def alloc_cache(
+        self, T: int, B: int, H: int, xps: tuple[Tensor, ...], save: bool
+    ) -> tuple[Tensor, ...]:
         like = xps[0]
         return (xps[0], *(scratch(T, B, k, like, save) for k in (H, 3 * H, 1)))
 
-    def step_into(self, xp, prev, out, cache, prep) -> None:
+    def step_into(
+        self,
+        xp: tuple[Tensor, ...],
+        prev: tuple[Tensor, ...],
+        out: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        prep: Any,  # what this kernel's prepare returns
+    ) -> None:
         gates, q_n, n_q, inv_q = cache  # gates: p + b on entry, r, z, n on exit
         (h_prev,) = prev
         H = h_prev.shape[1]
@@ -308,10 +345,21 @@ class LayerNormGRUKernel:
     def prepare_backward(self, w: Weights) -> Weights:
         return w
 
-    def backward_cache(self, cache, states):
+    def backward_cache(
+        self, cache: tuple[Tensor, ...], states: tuple[Tensor, ...]
+    ) -> tuple[Tensor, ...]:
         return cache
 
-    def step_backward(self, d_new, prev, new, cache, d_xp, d_hp, w):
+    def step_backward(
+        self,
+        d_new: tuple[Tensor, ...],
+        prev: tuple[Tensor, ...],
+        new: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        d_xp: Tensor,
+        d_hp: Tensor,
+        w: Any,  # what this kernel's prepare_backward returns
+    ) -> tuple[Tensor, ...]:
         (d_h,) = d_new
         (h_prev,) = prev
         gates, q_n, n_q, inv_q = cache
@@ -332,7 +380,14 @@ class LayerNormGRUKernel:
         d_q.copy_(normalize_backward(q_grad * g_h, n_q, inv_q))  # ∂L/∂(W_h h_{t-1})
         return (direct + d_q @ w.weight_hh,)
 
-    def recurrent_grads(self, d_xp, d_hp, h_prev, cache, mm=torch.mm):
+    def recurrent_grads(
+        self,
+        d_xp: Tensor,
+        d_hp: Tensor,
+        h_prev: Tensor,
+        cache: tuple[Tensor, ...],
+        mm: Callable[[Tensor, Tensor], Tensor] = torch.mm,
+    ) -> tuple[Tensor, Tensor | None]:
         n_q, H = cache[2], h_prev.shape[1]
         d_qn = d_hp[:, 3 * H :]
         q_grad = torch.cat([d_xp[:, : 2 * H], d_qn], dim=1)

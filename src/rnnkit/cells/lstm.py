@@ -18,6 +18,7 @@ coming from step t+1 and the output:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, overload
 
@@ -158,11 +159,20 @@ class LSTMKernel:
         scale = self._g_scale(weight.shape[0] // 4, weight)
         return ((weight * scale[:, None]).T,)
 
-    def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
+    def alloc_cache(
+        self, T: int, B: int, H: int, xps: tuple[Tensor, ...], save: bool
+    ) -> tuple[Tensor, ...]:
         # The gates are computed in place in the input projections and kept there.
         return (xps[0], scratch(T, B, H, xps[0], save))
 
-    def step_into(self, xp, prev, out, cache, prep) -> None:
+    def step_into(
+        self,
+        xp: tuple[Tensor, ...],
+        prev: tuple[Tensor, ...],
+        out: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        prep: Any,  # what this kernel's prepare returns
+    ) -> None:
         h, c = out
         gates, tanh_c = cache  # gates is xp[0]: the projection buffer, overwritten
         H = h.shape[1]
@@ -179,7 +189,9 @@ class LSTMKernel:
     def prepare_backward(self, w: Weights) -> Tensor:
         return w.weight_hh
 
-    def backward_cache(self, cache, states):
+    def backward_cache(
+        self, cache: tuple[Tensor, ...], states: tuple[Tensor, ...]
+    ) -> tuple[Tensor, ...]:
         gates, tanh_c = cache
         H = tanh_c.shape[-1]
         deriv = gates * (1 - gates)  # σ' = s(1 − s) for i, f, o   (T, B, 4H)
@@ -188,7 +200,16 @@ class LSTMKernel:
         d_tanh_c = 1 - tanh_c * tanh_c
         return (gates, tanh_c, deriv, d_tanh_c)
 
-    def step_backward(self, d_new, prev, new, cache, d_xp, d_hp, w):
+    def step_backward(
+        self,
+        d_new: tuple[Tensor, ...],
+        prev: tuple[Tensor, ...],
+        new: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        d_xp: Tensor,
+        d_hp: Tensor,
+        w: Any,  # what this kernel's prepare_backward returns
+    ) -> tuple[Tensor, ...]:
         d_h, d_c = d_new
         gates, tanh_c, deriv, d_tanh_c = cache
         i, f, g, o = gates.chunk(4, dim=1)
@@ -202,19 +223,37 @@ class LSTMKernel:
         d_xp.mul_(deriv)  # to pre-activation gradients, all four blocks in one op
         return (d_xp @ w, d_ct.mul_(f))
 
-    def recurrent_grads(self, d_xp, d_hp, h_prev, cache, mm=torch.mm):
+    def recurrent_grads(
+        self,
+        d_xp: Tensor,
+        d_hp: Tensor,
+        h_prev: Tensor,
+        cache: tuple[Tensor, ...],
+        mm: Callable[[Tensor, Tensor], Tensor] = torch.mm,
+    ) -> tuple[Tensor, Tensor | None]:
         return mm(d_hp.T, h_prev), None
 
     # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
-    def native_reads_rows(self, x, w):
+    def native_reads_rows(self, x: Tensor, w: Weights) -> bool:
         return input_in_loop(x.shape[-1], w.weight_hh.shape[1], x.shape[1])
 
     def native_forward(
-        self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False, reg=None
-    ):
+        self,
+        lib: Any,
+        x: Tensor,
+        w: Weights,
+        T: int,
+        B: int,
+        states0: tuple[Tensor, ...],
+        mask: Tensor | None,
+        save: bool,
+        offsets: Tensor | None = None,
+        projected: bool = False,
+        reg: tuple[Tensor | None, ...] | None = None,
+    ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], Tensor | None]:
         """``reg``: recurrent dropout's mask and zoneout's keep factors of h and c
         (``rnnkit.bptt.regularized``), each a contiguous tensor or None; None: none."""
-        reg = {} if reg is None else dict(zip(("rec_mask", "keep_h", "keep_c"), reg, strict=True))
+        kw = {} if reg is None else dict(zip(("rec_mask", "keep_h", "keep_c"), reg, strict=True))
         w_hh, bias = w.weight_hh.contiguous(), w.bias.contiguous()
         if not projected and input_in_loop(x.shape[-1], w_hh.shape[1], B):
             # each step's x_t W_ih^T in the loop: no (N, 4H) product before it. x (T, B, I)
@@ -229,7 +268,7 @@ class LSTMKernel:
                 batch_first = False
             hs, cs, tanh_c, gates, out = lib.lstm_forward(
                 xs, w_hh, bias, *states0, mask, save, offsets, w.weight_ih.contiguous(), False,
-                batch_first, **reg,
+                batch_first, **kw,
             )  # fmt: skip
             return (hs, cs), (gates, tanh_c), (out.transpose(0, 1) if batch_first else None)
         # x W_ih^T; the bias is added in the loop (addmm would first copy it to every row)
@@ -239,14 +278,23 @@ class LSTMKernel:
         if offsets is None:
             xp = xp.view(T, B, xp.shape[1])
         hs, cs, tanh_c, gates, _ = lib.lstm_forward(
-            xp, w_hh, bias, *states0, mask, save, offsets, None, projected, **reg
+            xp, w_hh, bias, *states0, mask, save, offsets, None, projected, **kw
         )
         return (hs, cs), ((gates if projected else xp), tanh_c), None
 
     def native_backward(
-        self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False, reg=None
-    ):
-        reg = {} if reg is None else dict(zip(("rec_mask", "keep_h", "keep_c"), reg, strict=True))
+        self,
+        lib: Any,
+        record: Any,
+        w: Weights,
+        mask: Tensor | None,
+        d_out: Tensor | None,
+        d_states: tuple[Tensor, ...],
+        offsets: Tensor | None = None,
+        need_x: bool = False,
+        reg: tuple[Tensor | None, ...] | None = None,
+    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None]:
+        kw = {} if reg is None else dict(zip(("rec_mask", "keep_h", "keep_c"), reg, strict=True))
         gates, tanh_c = (c.contiguous() for c in record.cache)
         c_states = record.states[1].contiguous()
         # ∂L/∂x step by step where the forward would take its input product in the loop (a
@@ -259,7 +307,7 @@ class LSTMKernel:
             d_out = d_out.contiguous()
         d_xp, d_h0, d_c0, d_x, d_bias = lib.lstm_backward(
             gates, tanh_c, c_states, w.weight_hh.contiguous(), mask, d_out, *d_states, offsets,
-            w_ih, **reg,
+            w_ih, **kw,
         )  # fmt: skip
         return d_xp, d_xp, (d_h0, d_c0), (d_x if in_loop else None), d_bias
 
@@ -292,10 +340,19 @@ class NativeLSTMStep:
     def input_weights_t(self, weight: Tensor) -> tuple[Tensor, ...]:
         return (weight.T,)
 
-    def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
+    def alloc_cache(
+        self, T: int, B: int, H: int, xps: tuple[Tensor, ...], save: bool
+    ) -> tuple[Tensor, ...]:
         return (xps[0], scratch(T, B, H, xps[0], save))
 
-    def step_into(self, xp, prev, out, cache, prep) -> None:
+    def step_into(
+        self,
+        xp: tuple[Tensor, ...],
+        prev: tuple[Tensor, ...],
+        out: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        prep: Any,  # what this kernel's prepare returns
+    ) -> None:
         gates, tanh_c = cache  # gates is xp[0]: the projection buffer, overwritten
         rec = torch.mm(prev[0], prep.weight_hh_t)  # h_{t−1} W_hhᵀ
         self.lib.lstm_step(gates, rec, prep.bias, prev[1], out[0], out[1], tanh_c)
@@ -303,16 +360,34 @@ class NativeLSTMStep:
     def prepare_backward(self, w: Weights) -> Tensor:
         return w.weight_hh
 
-    def backward_cache(self, cache, states):
+    def backward_cache(
+        self, cache: tuple[Tensor, ...], states: tuple[Tensor, ...]
+    ) -> tuple[Tensor, ...]:
         return cache
 
-    def step_backward(self, d_new, prev, new, cache, d_xp, d_hp, w):
+    def step_backward(
+        self,
+        d_new: tuple[Tensor, ...],
+        prev: tuple[Tensor, ...],
+        new: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        d_xp: Tensor,
+        d_hp: Tensor,
+        w: Any,  # what this kernel's prepare_backward returns
+    ) -> tuple[Tensor, ...]:
         d_h, d_c = d_new  # updated in place: d_c becomes ∂L/∂c_{t−1}
         gates, tanh_c = cache
         self.lib.lstm_step_backward(gates, tanh_c, prev[1], d_h, d_c, d_xp)
         return (d_xp @ w, d_c)
 
-    def recurrent_grads(self, d_xp, d_hp, h_prev, cache, mm=torch.mm):
+    def recurrent_grads(
+        self,
+        d_xp: Tensor,
+        d_hp: Tensor,
+        h_prev: Tensor,
+        cache: tuple[Tensor, ...],
+        mm: Callable[[Tensor, Tensor], Tensor] = torch.mm,
+    ) -> tuple[Tensor, Tensor | None]:
         return mm(d_hp.T, h_prev), None
 
 

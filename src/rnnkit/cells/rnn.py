@@ -12,7 +12,9 @@ Backward of one step (min-char-rnn's naming), with ``d_h`` = ∂L/∂h_t:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -93,10 +95,19 @@ class RNNKernel:
     def input_weights_t(self, weight: Tensor) -> tuple[Tensor, ...]:
         return (weight.T,)
 
-    def alloc_cache(self, T, B, H, xps, save) -> tuple[Tensor, ...]:
+    def alloc_cache(
+        self, T: int, B: int, H: int, xps: tuple[Tensor, ...], save: bool
+    ) -> tuple[Tensor, ...]:
         return ()
 
-    def step_into(self, xp, prev, out, cache, prep) -> None:
+    def step_into(
+        self,
+        xp: tuple[Tensor, ...],
+        prev: tuple[Tensor, ...],
+        out: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        prep: Any,  # what this kernel's prepare returns
+    ) -> None:
         a = xp[0].addmm_(prev[0], prep)  # a_t = W_x x_t + b + W_h h_{t-1}, in place
         if self.nonlinearity == "tanh":
             torch.tanh(a, out=out[0])
@@ -108,45 +119,83 @@ class RNNKernel:
     def prepare_backward(self, w: Weights) -> Tensor:
         return w.weight_hh
 
-    def backward_cache(self, cache, states):
+    def backward_cache(
+        self, cache: tuple[Tensor, ...], states: tuple[Tensor, ...]
+    ) -> tuple[Tensor, ...]:
         h = states[0][1:]  # (T, B, H): h_1..h_T
         # φ'(a_t) for all steps at once: 1 − h² (tanh), [h > 0] (relu), h(1 − h) (sigmoid).
         return (derivative(h, self.nonlinearity),)
 
-    def step_backward(self, d_new, prev, new, cache, d_xp, d_hp, w):
+    def step_backward(
+        self,
+        d_new: tuple[Tensor, ...],
+        prev: tuple[Tensor, ...],
+        new: tuple[Tensor, ...],
+        cache: tuple[Tensor, ...],
+        d_xp: Tensor,
+        d_hp: Tensor,
+        w: Any,  # what this kernel's prepare_backward returns
+    ) -> tuple[Tensor, ...]:
         (deriv,) = cache
         torch.mul(d_new[0], deriv, out=d_xp)  # d_a = φ'(a_t) ⊙ d_h
         return (d_xp @ w,)  # ∂L/∂h_{t-1} = W_hᵀ d_a
 
-    def recurrent_grads(self, d_xp, d_hp, h_prev, cache, mm=torch.mm):
+    def recurrent_grads(
+        self,
+        d_xp: Tensor,
+        d_hp: Tensor,
+        h_prev: Tensor,
+        cache: tuple[Tensor, ...],
+        mm: Callable[[Tensor, Tensor], Tensor] = torch.mm,
+    ) -> tuple[Tensor, Tensor | None]:
         return mm(d_hp.T, h_prev), None
 
     # The compiled loop (rnnkit.bptt.native) fills the same buffers as step_into/step_backward.
-    def native_reads_rows(self, x, w):
+    def native_reads_rows(self, x: Tensor, w: Weights) -> bool:
         return False  # its input product runs before the loop, over rows of (T·B, I)
 
     def native_forward(
-        self, lib, x, w, T, B, states0, mask, save, offsets=None, projected=False, reg=None
-    ):
+        self,
+        lib: Any,
+        x: Tensor,
+        w: Weights,
+        T: int,
+        B: int,
+        states0: tuple[Tensor, ...],
+        mask: Tensor | None,
+        save: bool,
+        offsets: Tensor | None = None,
+        projected: bool = False,
+        reg: tuple[Tensor | None, ...] | None = None,
+    ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], Tensor | None]:
         """``reg``: recurrent dropout's mask and zoneout's keep factor of h
         (``rnnkit.bptt.regularized``), each a contiguous tensor or None; None: none. With
         zoneout the cache holds the cell's own ``h̃_t`` (its φ' is the backward's)."""
-        reg = {} if reg is None else dict(zip(("rec_mask", "keep_h"), reg, strict=True))
+        kw = {} if reg is None else dict(zip(("rec_mask", "keep_h"), reg, strict=True))
         # (T·B or N, H); the bias is added in the loop
         xp = x if projected else input_product(x, w.weight_ih)
         if offsets is None:
             xp = xp.view(T, B, xp.shape[1])
         act = ACTIVATION_CODES[self.nonlinearity]
         W, b = w.weight_hh.contiguous(), w.bias.contiguous()
-        hs, cand = lib.rnn_forward(xp, W, b, states0[0], mask, act, offsets, **reg)
-        return (hs,), ((cand,) if reg.get("keep_h") is not None else ()), None
+        hs, cand = lib.rnn_forward(xp, W, b, states0[0], mask, act, offsets, **kw)
+        return (hs,), ((cand,) if kw.get("keep_h") is not None else ()), None
 
     def native_backward(
-        self, lib, record, w, mask, d_out, d_states, offsets=None, need_x=False, reg=None
-    ):
-        reg = {} if reg is None else dict(zip(("rec_mask", "keep_h"), reg, strict=True))
-        if reg.get("keep_h") is not None:  # φ' of the cell's own h̃_t, kept by the forward
-            reg["cand"] = record.cache[-1].contiguous()
+        self,
+        lib: Any,
+        record: Any,
+        w: Weights,
+        mask: Tensor | None,
+        d_out: Tensor | None,
+        d_states: tuple[Tensor, ...],
+        offsets: Tensor | None = None,
+        need_x: bool = False,
+        reg: tuple[Tensor | None, ...] | None = None,
+    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None]:
+        kw = {} if reg is None else dict(zip(("rec_mask", "keep_h"), reg, strict=True))
+        if kw.get("keep_h") is not None:  # φ' of the cell's own h̃_t, kept by the forward
+            kw["cand"] = record.cache[-1].contiguous()
         act = ACTIVATION_CODES[self.nonlinearity]
         d_xp, d_h0 = lib.rnn_backward(
             record.states[0].contiguous(),
@@ -156,7 +205,7 @@ class RNNKernel:
             d_states[0],
             act,
             offsets,
-            **reg,
+            **kw,
         )
         return d_xp, d_xp, (d_h0,), None, None
 
