@@ -72,7 +72,9 @@ class _Segmented(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None):
+    def backward(
+        ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
         x, w_ih, w_hh, bias, bias_hn, *starts = ctx.saved_tensors
         w = Weights(w_ih, w_hh, bias, bias_hn)
         kernel, mask, n = ctx.kernel, ctx.mask, ctx.n

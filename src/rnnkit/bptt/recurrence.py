@@ -15,7 +15,7 @@ step, unrolled, and autograd gives the gradients (the explicit BPTT equals them:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -79,7 +79,9 @@ class _Recurrence(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None):
+    def backward(
+        ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
         saved = ctx.saved_tensors
         n = ctx.num_states
         bias_hn = saved[-1] if ctx.keeps_hn else None
@@ -309,7 +311,9 @@ def recurrence_gradients(
     ctx = _PlainContext(needs)
     _Recurrence.forward(ctx, kernel, mask3, window, True, packing, False, x, *weights, *states0)
     grads = _Recurrence.backward(ctx, d_outputs, *d_finals)[6:]
-    d_x, d_rest, d_s0 = grads[0], list(grads[1:5]), list(grads[5:])
+    # all are asked for (needs) but bias_hn's: only d_rest may hold a None
+    d_x, d_rest = cast(Tensor, grads[0]), list(grads[1:5])
+    d_s0 = cast("list[Tensor]", list(grads[5:]))
     if order is not None:
         inverse = _inverse(order)
         d_x = d_x.index_select(1, inverse)
