@@ -2,9 +2,10 @@
 
 One training step of a stacked LSTM (``rnnkit.LSTM``; ``--cell gru``: ``rnnkit.GRU`` with
 ``reset="after"``; train mode: forward, a loss on every output, backward through time)
-with each regularizer alone, AWD-style combined, and none, timed in interleaved rounds (``_common.interleaved``); the ratio to the plain layer
-is the median over rounds of the ratio within a round. On the CPU the layer runs the
-compiled loop where it is built (``--loop pytorch``: the PyTorch loop).
+with each regularizer alone, AWD-style combined, and none, timed in interleaved rounds
+(``_common.interleaved``); the ratio to the plain layer is the median over rounds of the
+ratio within a round. On the CPU the layer runs the compiled loop where it is built
+(``--loop pytorch``: the PyTorch loop).
 
     python benchmarks/bench_regularizers.py [--cell lstm|gru] [--hidden 256] [--steps 64] \\
         [--batch 32] [--layers 2] [--threads 1] [--rounds 15] [--loop compiled|pytorch] [--json]
@@ -49,7 +50,8 @@ def step_of(options: dict[str, Any], args: argparse.Namespace) -> Callable[[], N
     """A closure running one training step of a fresh layer with ``options``."""
     torch.manual_seed(0)
     make = rnnkit.LSTM if args.cell == "lstm" else rnnkit.GRU
-    extra = {"reset": "after"} if args.cell == "gru" else {}  # the GRU with a compiled loop
+    # the GRU form with a compiled loop
+    extra: dict[str, Any] = {"reset": "after"} if args.cell == "gru" else {}
     layer = make(args.hidden, args.hidden, num_layers=args.layers, **extra, **options)
     layer.train()
     x = torch.randn(args.steps, args.batch, args.hidden)
