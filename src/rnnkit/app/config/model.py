@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from rnnkit.app.config.fields import TOKEN_TASKS, option
+from rnnkit.layers.regularization import REGULARIZERS as STACK_REGULARIZERS
 
 __all__ = ["CELLS", "IN_LOOP_REGULARIZERS", "NONLINEARITIES", "REGULARIZERS", "ModelOptions"]
 
@@ -14,15 +15,7 @@ CELLS = ("rnn", "lstm", "gru")
 _STACK_TASKS = ("lm", "tag", "classify", "seq2seq", "events", "regress")
 _APPLY = "seq2seq: the encoder only; docs/regularization.md"
 #: The regularizers of the recurrent stack and the embedding (docs/regularization.md).
-REGULARIZERS = (
-    "input_dropout",
-    "locked_dropout",
-    "output_dropout",
-    "recurrent_dropout",
-    "weight_drop",
-    "zoneout",
-    "embedding_dropout",
-)
+REGULARIZERS = (*STACK_REGULARIZERS, "embedding_dropout")
 #: Those that act at every step or on the recurrent weights: not with --bptt window:K.
 IN_LOOP_REGULARIZERS = ("recurrent_dropout", "weight_drop", "zoneout")
 NONLINEARITIES = ("tanh", "relu", "sigmoid")
