@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rnnkit.app.config import REGULARIZERS, TrainConfig
-from rnnkit.app.tasks.run import model_spec
+from rnnkit.app.tasks.settings import model_spec
 from rnnkit.errors import ConfigError
 
 

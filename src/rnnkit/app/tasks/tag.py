@@ -36,17 +36,11 @@ import torch
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
-from rnnkit.app.tasks.run import (
-    choose_device,
-    finish_summary,
-    guarded_run,
-    load_config,
-    load_pretrained_vectors,
-    model_spec,
-    save_baseline,
-    save_config,
-    seed_everything,
-)
+from rnnkit.app.tasks.pretrained import load_pretrained_vectors
+from rnnkit.app.tasks.run_config import load_config, save_config
+from rnnkit.app.tasks.run_dir import guarded_run
+from rnnkit.app.tasks.run_outputs import finish_summary, save_baseline
+from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
 from rnnkit.app.tasks.tag_data import (
     MAX_WORD_CHARS,
     EncodedTags,

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from rnnkit.app.tasks.figures import loss_figures, per_class_figures
-from rnnkit.app.tasks.run import BASELINE_FILE, load_baseline
+from rnnkit.app.tasks.run_outputs import BASELINE_FILE, load_baseline
 from rnnkit.app.tasks.tag_data import EncodedTags, TagData, _inputs
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.vocab import UNK_ID
