@@ -277,3 +277,13 @@ def test_seq2seq_run_gets_attention_heatmaps(tmp_path):
     assert "ab cd → dc ba" in attention
     assert "No validation metrics were recorded." in text
     assert len(page.of("img")) == 4  # the (empty) loss curve and three maps
+
+
+def test_a_zoneout_model_says_its_flow_figures_are_the_cells_step(tmp_path):
+    """The gradient-flow diagnostics run the cell's own step; a model with zoneout steps
+    differently at evaluation, and the section says so (and only then)."""
+    run = tiny_run(tmp_path, "zoned", cell="lstm", zoneout=0.3, steps=6, eval_every=3)
+    body = write_report(run).read_text(encoding="utf-8").split('<section id="gradients">')[1]
+    assert "trained with zoneout (p = 0.3)" in body.split("</section>")[0]
+    plain = tiny_run(tmp_path, "plain", cell="lstm", steps=6, eval_every=3)
+    assert "zoneout (p =" not in write_report(plain).read_text(encoding="utf-8")

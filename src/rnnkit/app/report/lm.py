@@ -103,6 +103,18 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
         return sequence_cross_entropy(logits_of(h)[:, -1:], targets[:, -1:])
 
     body, figures = _flow_figure(run, first, x, loss_all(targets), loss_last, where)
+    zoneout = float(getattr(encoder, "zoneout", 0.0) or 0.0)
+    if zoneout:
+        # the diagnostics run the cell's own step; zoneout changes the step at evaluation
+        body = (
+            note(
+                f"This model was trained with zoneout (p = {zoneout:g}): at evaluation each "
+                f"step keeps {zoneout:g} of the previous state, h_t = p h_(t−1) + (1 − p) h̃_t, "
+                "so its step Jacobian is p I + (1 − p) J. The figures below are those of the "
+                "cell's own step (J, p = 0)."
+            )
+            + body
+        )
     contributions, total, reference = _contribution_figures(model, first, x, batch, loss_all)
     body += contributions
     body += _figures_table(figures, total, reference)
