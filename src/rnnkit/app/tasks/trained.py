@@ -15,7 +15,7 @@ with the operation each task is for:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -33,7 +33,6 @@ from rnnkit.data.vocab import Vocabulary
 from rnnkit.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # the kinds of model (and vocabulary) each task's loader builds
-    from rnnkit.app.tasks.events import EventVocabulary
     from rnnkit.models.classifier import Classifier
     from rnnkit.models.conditional import ConditionalLM
     from rnnkit.models.decoder_only import DecoderOnlyTranslator
@@ -68,7 +67,7 @@ class TrainedRun:
             class-conditional ``lm``; otherwise None.
         source_vocab: the source vocabulary (``seq2seq``).
         extras: task-specific parts: ``chars`` (``tag --char-rnn``), ``thresholds`` and
-            ``ngram`` (``events``).
+            ``ngram`` (``events``), and ``events``, the run as the scorer reads it.
     """
 
     run_dir: Path
@@ -185,15 +184,9 @@ class TrainedRun:
     ) -> list[dict[str, Any]]:
         from rnnkit.app.tasks.events import EventsModel, score_sessions
 
-        extras = self.extras or {}
-        run = EventsModel(
-            self.config,
-            cast("EventVocabulary", self.vocab),  # as load() builds an events run
-            cast("LanguageModel", self.model),
-            extras["thresholds"],
-            extras.get("ngram"),
-            extras.get("calibration"),  # the norm and combined scores are measured against it
-        )
+        # the run as load_events read it (thresholds, baseline, calibration), this model
+        loaded = cast("EventsModel", (self.extras or {})["events"])
+        run = replace(loaded, model=cast("LanguageModel", self.model))
         given = [
             s if isinstance(s, Session) else Session(str(i), list(s))
             for i, s in enumerate(sessions)
@@ -298,6 +291,6 @@ def load(run_dir: str | Path, device: str = "cpu") -> TrainedRun:
         from rnnkit.app.tasks.events import load_events
 
         run = load_events(run_dir, device)
-        extras = {"thresholds": run.thresholds, "ngram": run.ngram, "calibration": run.calibration}
+        extras = {"thresholds": run.thresholds, "ngram": run.ngram, "events": run}
         return TrainedRun(run_dir, task, run.cfg, run.model, run.vocab, extras=extras)
     raise ConfigError(f"{run_dir}: runs of task {task!r} cannot be loaded by this version")
