@@ -172,6 +172,8 @@ def zoneout_keep(T: int, B: int, H: int, p: float, like: Tensor, training: bool)
 def draw_stack_masks(stack: StackedRecurrent, B: int, T: int, like: Tensor) -> StackMasks | None:
     """``StackedRecurrent.draw_masks``: the masks of ``stack`` (its regularizers, sizes,
     cells and training mode) for ``B`` sequences of ``T`` steps; None when none applies."""
+    if not any(getattr(stack, name) for name in REGULARIZERS):
+        return None  # the plain stack: nothing to build on every call
     on = stack.training
 
     def drop(width: int, p: float) -> Tensor | None:
