@@ -504,6 +504,34 @@ def test_table_input_equals_the_product(cell, layers):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10, msg=name)
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_table_input_with_recurrent_dropout_and_zoneout_equals_the_product(cell):
+    """In training with recurrent dropout, zoneout and weight drop (masks drawn from the
+    same seed), the table's rows give the same logits and gradients as the product."""
+    from rnnkit.bptt.native import available, use_native
+
+    if not available():
+        pytest.skip("no compiled loop here")
+    torch.manual_seed(0)
+    spec = ModelSpec(
+        cell=cell, hidden=8, embedding=64, recurrent_dropout=0.3, zoneout=0.2, weight_drop=0.2
+    )
+    lm = build_language_model(spec, 11).double().train()
+    x = torch.randint(0, 11, (4, 9))
+    assert lm._reads_table(x, None, None, None)
+    torch.manual_seed(1)
+    out = lm(x)
+    got = torch.autograd.grad(out.logits.pow(2).sum(), list(lm.parameters()))
+    with use_native(False):
+        assert not lm._reads_table(x, None, None, None)
+        torch.manual_seed(1)
+        ref = lm(x)
+        want = torch.autograd.grad(ref.logits.pow(2).sum(), list(lm.parameters()))
+    torch.testing.assert_close(out.logits, ref.logits, atol=1e-13, rtol=1e-11)
+    for (name, _), a, b in zip(lm.named_parameters(), got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10, msg=name)
+
+
 def test_table_input_only_where_it_is_the_same_model_and_faster():
     from rnnkit.bptt.native import available
 
@@ -558,8 +586,9 @@ def test_scheduled_sampling_p0_keeps_one_mask_per_sequence(kind):
 
 def test_table_input_with_weight_drop_and_the_regularizers_that_forbid_it():
     """Weight drop keeps the table read (the masked W_hh goes to the loop): the same
-    logits and gradients as the product with the same masks; input dropout, recurrent
-    dropout (in training), zoneout and embedding dropout (in training) do not read it."""
+    logits and gradients as the product with the same masks; input dropout and embedding
+    dropout (in training) do not read it (recurrent dropout and zoneout do: the test
+    above)."""
     from rnnkit.bptt.native import available, use_native
 
     if not available():
@@ -581,7 +610,7 @@ def test_table_input_with_weight_drop_and_the_regularizers_that_forbid_it():
     for (name, _), a, b in zip(lm.named_parameters(), got, want, strict=True):
         torch.testing.assert_close(a, b, msg=name)
     none = (None, None, None)
-    for field in ("input_dropout", "recurrent_dropout", "zoneout", "embedding_dropout"):
+    for field in ("input_dropout", "embedding_dropout"):
         other = build_language_model(ModelSpec(hidden=8, embedding=64, **{field: 0.2}), 11)
         assert not other.train()._reads_table(x, *none), field
     assert (

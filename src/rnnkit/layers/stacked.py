@@ -316,12 +316,13 @@ class StackedRecurrent(nn.Module):
 
     def takes_projected(self, like: Tensor) -> bool:
         """Whether ``forward(..., projected=True)`` runs for inputs like ``like``: one
-        direction, no ``recompute``, no input dropout, recurrent dropout or zoneout in
-        force, and the compiled loop for these tensors (CPU float32/float64, not while
-        tracing)."""
+        direction, no ``recompute``, no input dropout in force (its mask is on the input
+        itself, not on its product; recurrent dropout and zoneout act inside the loop and
+        take a projected input as they take any), and the compiled loop for these tensors
+        (CPU float32/float64, not while tracing)."""
         if self.bidirectional or self.recompute is not None or autocast_devices_on():
             return False
-        if self.zoneout or (self.training and (self.input_dropout or self.recurrent_dropout)):
+        if self.training and self.input_dropout:
             return False
         layer = _directions(self.layers[0])[0]
         cell = layer.cell
