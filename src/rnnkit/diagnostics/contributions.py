@@ -32,6 +32,7 @@ from torch import Tensor
 from rnnkit.bptt.backward import backward_sweep
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.record import ForwardRecord
+from rnnkit.bptt.regularized import RegularizedKernel
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.layers.masking import flip_sequences, resolve_mask
@@ -100,6 +101,7 @@ class DirectionRun(NamedTuple):
     mask3: Tensor | None  # (T, B, 1) in reading order, None when every step is real
     mask: Tensor | None  # (T, B) original order
     reverse: bool
+    zoneout: float = 0.0  # each step keeps this share of the previous state (evaluation)
 
     def to_original(self, t: Tensor) -> Tensor:
         """A ``(T, B, ·)`` tensor in reading order → original time order (an involution)."""
@@ -143,6 +145,7 @@ def run_direction(
     mask: Tensor | None = None,
     state: State | None = None,
     batch_first: bool = True,
+    zoneout: float = 0.0,
 ) -> DirectionRun:
     """Run one direction forward over ``x`` and keep what the explicit backward needs.
 
@@ -151,7 +154,12 @@ def run_direction(
         x: ``(B, T, I)`` (``(T, B, I)`` with ``batch_first=False``).
         lengths: ``(B,)`` or None.  mask: ``(B, T)`` bool (``(T, B)`` time-major) or None.
         state: initial ``(B, H)`` state (``LSTMState`` for the LSTM), None for zeros.
+        zoneout: ``p`` of a layer built with ``zoneout=p``, run as it runs at evaluation:
+            every real step ``s_t = p s_{t−1} + (1 − p) s̃_t`` (``c`` too), ``s̃_t`` the
+            cell's own step. 0: the cell's step.
     """
+    if not 0.0 <= zoneout < 1.0:
+        raise ValueError(f"zoneout must be in [0, 1), got {zoneout!r}")
     cell, reverse = _split(source)
     if x.dim() != 3 or x.shape[2] != cell.input_size:
         layout = "(B, T, I)" if batch_first else "(T, B, I)"
@@ -182,9 +190,16 @@ def run_direction(
             mask3 = None
     w = detached_weights(cell)
     kernel = cast(Kernel, cell.kernel)
+    if zoneout:
+        # the evaluation's constant keep factor, the same for every step: a sweep over a
+        # part of the record (sub_record) reads the right factor at any index
+        T, H = xt.shape[0], cell.hidden_size
+        keep = xt.new_full((1, 1, 1), zoneout).expand(T, B, H)
+        n = 2 if cell.is_lstm else 1
+        kernel = cast(Kernel, RegularizedKernel(kernel, None, (keep,) * n))
     with torch.no_grad():
         record = forward_pass(kernel, xt.detach(), w, states0, mask3, save=True)
-    return DirectionRun(cell, kernel, w, record, mask3, mask_t, reverse)
+    return DirectionRun(cell, kernel, w, record, mask3, mask_t, reverse, zoneout)
 
 
 def output_gradient(
@@ -259,6 +274,7 @@ def step_contributions(
     state: State | None = None,
     window: int | None = None,
     batch_first: bool = True,
+    zoneout: float = 0.0,
 ) -> Contributions:
     """The contribution of each time step to ∂L/∂W_h, ∂L/∂W_x and ∂L/∂b.
 
@@ -274,6 +290,8 @@ def step_contributions(
         loss_fn: ``loss_fn(outputs (B, T, H)) -> scalar``.
         lengths / mask: which steps are real (as for layers); state: initial state.
         window: None for full BPTT, τ for BPTT(τ).
+        zoneout: ``p`` of a layer built with ``zoneout=p``: its steps as at evaluation
+            (:func:`run_direction`).
 
     Returns:
         ``Contributions(axis="step")`` with ``K = T``.
@@ -284,7 +302,9 @@ def step_contributions(
     >>> c.weight_hh.shape, c.norms()["weight_hh"].shape
     (torch.Size([5, 3, 3]), torch.Size([5]))
     """
-    run = run_direction(source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first)
+    run = run_direction(
+        source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
+    )
     d_out = output_gradient(run, d_outputs, loss_fn, batch_first)
     n = len(run.record.states)
     with torch.no_grad():
@@ -316,6 +336,7 @@ def lag_contributions(
     state: State | None = None,
     window: int | None = None,
     batch_first: bool = True,
+    zoneout: float = 0.0,
 ) -> Contributions:
     """How much of each weight gradient comes from dependencies ``lag = t − k`` long.
 
@@ -332,7 +353,9 @@ def lag_contributions(
     >>> bool(lags.bias[0].abs().sum() > 0), lags.bias.shape
     (True, torch.Size([6, 3]))
     """
-    run = run_direction(source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first)
+    run = run_direction(
+        source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
+    )
     d_out = output_gradient(run, d_outputs, loss_fn, batch_first)
     kernel, record, T = run.kernel, run.record, run.steps
     n = len(record.states)

@@ -61,17 +61,20 @@ METHODS = ("exact", "power")
 
 
 # ---- ∂h_t/∂h_k ------------------------------------------------------------------------
-def _step_function(cell: CellBase, x_t: Tensor) -> Callable[[Tensor], Tensor]:
-    """One step of the cell as a map of the flat state ``s (B, S)`` (``S = 2H`` for LSTM)."""
+def _step_function(cell: CellBase, x_t: Tensor, zoneout: float = 0.0) -> Callable[[Tensor], Tensor]:
+    """One step of the cell as a map of the flat state ``s (B, S)`` (``S = 2H`` for LSTM);
+    with ``zoneout = p``, the step at evaluation ``p s + (1 − p) step(s)``."""
     H = cell.hidden_size
-    if cell.is_lstm:
 
-        def step(s: Tensor) -> Tensor:
+    def step(s: Tensor) -> Tensor:
+        if cell.is_lstm:
             new = cell(x_t, LSTMState(s[:, :H], s[:, H:]))
-            return torch.cat([new.h, new.c], dim=1)
+            out = torch.cat([new.h, new.c], dim=1)
+        else:
+            out = cell(x_t, s)
+        return out if not zoneout else torch.lerp(out, s, zoneout)
 
-        return step
-    return lambda s: cell(x_t, s)
+    return step
 
 
 def _flat_states(run: DirectionRun) -> Tensor:
@@ -91,11 +94,14 @@ def step_jacobians(
     mask: Tensor | None = None,
     state: State | None = None,
     batch_first: bool = True,
+    zoneout: float = 0.0,
 ) -> Tensor:
     """The Jacobian of each step, ``∂s_{t+1}/∂s_t`` per sequence: ``(T, B, S, S)``.
 
     ``s`` is the state (``h``, or ``[h; c]`` for the LSTM, ``S = 2H``); the identity at
-    masked steps. For a reverse direction, in reading order.
+    masked steps. For a reverse direction, in reading order. With ``zoneout = p`` (a layer
+    built with it, as at evaluation) each real step's ``p I + (1 − p) J``, along that
+    run's states.
 
     >>> from rnnkit import RNNCell
     >>> cell = RNNCell(2, 3)
@@ -103,7 +109,9 @@ def step_jacobians(
     >>> J.shape, bool(torch.equal(J[2, 0], torch.eye(3)))
     (torch.Size([4, 1, 3, 3]), True)
     """
-    run = run_direction(source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first)
+    run = run_direction(
+        source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
+    )
     s, xs = _flat_states(run), _step_inputs(run)
     T, B, S = run.steps, s.shape[1], s.shape[2]
     eye = torch.eye(S, dtype=s.dtype, device=s.device)
@@ -111,7 +119,7 @@ def step_jacobians(
     for t in range(T):
         with torch.enable_grad():
             s_prev = s[t].detach().requires_grad_(True)
-            new = _step_function(run.cell, xs[t])(s_prev)  # (B, S)
+            new = _step_function(run.cell, xs[t], run.zoneout)(s_prev)  # (B, S)
             # Rows are independent: the gradient of column i summed over the batch holds
             # row i of every sequence's own Jacobian. (Plain autograd: torch.func's first
             # call costs seconds.)
@@ -140,7 +148,7 @@ class _LinearSteps:
         with torch.enable_grad():
             for t in range(start, run.steps):
                 s_prev = s[t].detach().repeat(copies, 1).requires_grad_(True)
-                new = _step_function(run.cell, xs[t].repeat(copies, 1))(s_prev)
+                new = _step_function(run.cell, xs[t].repeat(copies, 1), run.zoneout)(s_prev)
                 u = torch.zeros_like(new, requires_grad=True)
                 (vjp,) = torch.autograd.grad(new, s_prev, u, create_graph=True)  # Jᵀu, linear
                 self.graphs.append((s_prev, new, u, vjp))
@@ -181,11 +189,12 @@ def jacobian_norms(
     mask: Tensor | None = None,
     state: State | None = None,
     batch_first: bool = True,
+    zoneout: float = 0.0,
 ) -> Tensor:
     """``‖∂h_t/∂h_k‖₂`` for ``k = start`` and every ``t = k … T``, per sequence.
 
     Args:
-        source, x, lengths, mask, state, batch_first: as ``step_contributions``.
+        source, x, lengths, mask, state, batch_first, zoneout: as ``step_contributions``.
         start: ``k``, the state index (0 = initial state ``h_0``).
         method: ``"exact"`` (product of the per-step Jacobians, small ``H``) or
             ``"power"`` (power iteration with vector products, large ``H``).
@@ -214,7 +223,9 @@ def jacobian_norms(
     # Over 80 lines by its docstring (the arguments and the method); the code is 60.
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    run = run_direction(source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first)
+    run = run_direction(
+        source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
+    )
     T, H = run.steps, run.cell.hidden_size
     if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= T:
         raise ValueError(f"start must be an integer in [0, T] = [0, {T}], got {start!r}")
@@ -224,7 +235,13 @@ def jacobian_norms(
     norms = s.new_ones(B, T + 1 - start)
     if method == "exact":
         J = step_jacobians(
-            source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first
+            source,
+            x,
+            lengths=lengths,
+            mask=mask,
+            state=state,
+            batch_first=batch_first,
+            zoneout=zoneout,
         )
         P = torch.eye(S, dtype=s.dtype, device=s.device).expand(B, S, S)
         for j, t in enumerate(range(start, T), start=1):
@@ -308,6 +325,7 @@ def gradient_flow(
     mask: Tensor | None = None,
     state: State | None = None,
     batch_first: bool = True,
+    zoneout: float = 0.0,
 ) -> GradientFlow:
     """``state_gradient_norms``, ``jacobian_norms`` and the bound in one call.
 
@@ -320,7 +338,7 @@ def gradient_flow(
     """
     cell = source.cell if isinstance(source, Recurrent) else source
     kw: dict[str, Any] = {"lengths": lengths, "mask": mask, "state": state}
-    kw["batch_first"] = batch_first
+    kw.update(batch_first=batch_first, zoneout=zoneout)
     grads = state_gradient_norms(source, x, d_outputs, loss_fn=loss_fn, **kw)
     if method is None:
         method = "exact" if cell.hidden_size * (2 if cell.is_lstm else 1) <= 64 else "power"

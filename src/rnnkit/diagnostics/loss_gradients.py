@@ -30,13 +30,15 @@ def state_gradients(
     mask: Tensor | None = None,
     state: State | None = None,
     batch_first: bool = True,
+    zoneout: float = 0.0,
 ) -> tuple[Tensor, ...]:
     """``∂L/∂h_k`` for ``k = 0 … T`` (and ``∂L/∂c_k`` for the LSTM), full BPTT.
 
     The explicit backward sweep is run one step at a time so the gradient of every state
     can be kept: ``∂L/∂h_k`` includes the loss at step k and everything after it.
 
-    Args: as ``step_contributions`` (``source``, ``x``, ``d_outputs`` or ``loss_fn``, …).
+    Args: as ``step_contributions`` (``source``, ``x``, ``d_outputs`` or ``loss_fn``, …,
+    ``zoneout``).
 
     Returns:
         One tensor per state component, ``(B, T + 1, H)`` (time-major ``(T + 1, B, H)``
@@ -49,7 +51,9 @@ def state_gradients(
     >>> g_h.shape, bool(g_h[:, -1].eq(1).all())
     (torch.Size([4, 6, 3]), True)
     """
-    run = run_direction(source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first)
+    run = run_direction(
+        source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
+    )
     d_out = output_gradient(run, d_outputs, loss_fn, batch_first)
     record, T = run.record, run.steps
     grads = [torch.zeros_like(s) for s in record.states]  # (T + 1, B, H) each
@@ -83,6 +87,7 @@ def state_gradient_norms(
     mask: Tensor | None = None,
     state: State | None = None,
     batch_first: bool = True,
+    zoneout: float = 0.0,
 ) -> Tensor:
     """``‖∂L/∂h_k‖`` for ``k = 0 … T``, ``(T + 1,)``: the norm over the whole batch.
 
@@ -103,5 +108,6 @@ def state_gradient_norms(
         mask=mask,
         state=state,
         batch_first=batch_first,
+        zoneout=zoneout,
     )[0]
     return g.norm(dim=(0, 2) if batch_first else (1, 2))

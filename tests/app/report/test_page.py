@@ -279,11 +279,23 @@ def test_seq2seq_run_gets_attention_heatmaps(tmp_path):
     assert len(page.of("img")) == 4  # the (empty) loss curve and three maps
 
 
-def test_a_zoneout_model_says_its_flow_figures_are_the_cells_step(tmp_path):
-    """The gradient-flow diagnostics run the cell's own step; a model with zoneout steps
-    differently at evaluation, and the section says so (and only then)."""
-    run = tiny_run(tmp_path, "zoned", cell="lstm", zoneout=0.3, steps=6, eval_every=3)
+def test_a_zoneout_models_flow_figures_are_its_steps_at_evaluation(tmp_path):
+    """A model with zoneout steps as p I + (1 − p) J at evaluation: the section says so
+    (and only then), and its figures are of those steps — the contributions' sum equals
+    the model's own backward pass (two layers: the one above runs with its zoneout)."""
+    run = tiny_run(tmp_path, "zoned", cell="lstm", zoneout=0.3, layers=2, steps=6, eval_every=3)
     body = write_report(run).read_text(encoding="utf-8").split('<section id="gradients">')[1]
-    assert "trained with zoneout (p = 0.3)" in body.split("</section>")[0]
+    body = body.split("</section>")[0]
+    assert "trained with zoneout (p = 0.3)" in body
+    assert "as the model runs at evaluation" in body
+
+    def figure(label: str) -> float:
+        found = re.search(re.escape(label) + r"</t[hd]>\s*<td[^>]*>([^<]*)</td>", body)
+        assert found is not None, label
+        return float(found.group(1))
+
+    total = figure("‖∂L/∂W_hh‖: sum of the bars")
+    reference = figure("‖∂L/∂W_hh‖: backward pass of the model")
+    assert total == pytest.approx(reference, rel=1e-3)
     plain = tiny_run(tmp_path, "plain", cell="lstm", steps=6, eval_every=3)
     assert "zoneout (p =" not in write_report(plain).read_text(encoding="utf-8")

@@ -89,11 +89,15 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
     with torch.no_grad():
         x = model.embedding(inputs)  # (B, T, E)
 
+    zoneout = float(getattr(encoder, "zoneout", 0.0) or 0.0)
+
     def logits_of(h: Tensor) -> Tensor:
-        """Outputs of the first layer (B, T, H) → logits, through the layers above it."""
+        """Outputs of the first layer (B, T, H) → logits, through the layers above it
+        (with their zoneout as at evaluation: the stack's masks, drawn in eval mode)."""
         z = h.transpose(0, 1)  # (T, B, H)
-        for layer in encoder.layers[1:]:
-            z, _ = layer(z)
+        masks = encoder.draw_masks(z.shape[1], z.shape[0], z) if zoneout else None
+        for index, layer in enumerate(encoder.layers[1:], start=1):
+            z, _ = layer(z, masks=None if masks is None else masks.cells[index])
         return model.head(z.transpose(0, 1))
 
     def loss_all(tgt: Tensor):
@@ -102,20 +106,20 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
     def loss_last(h: Tensor) -> Tensor:
         return sequence_cross_entropy(logits_of(h)[:, -1:], targets[:, -1:])
 
-    body, figures = _flow_figure(run, first, x, loss_all(targets), loss_last, where)
-    zoneout = float(getattr(encoder, "zoneout", 0.0) or 0.0)
+    body, figures = _flow_figure(run, first, x, loss_all(targets), loss_last, where, zoneout)
     if zoneout:
-        # the diagnostics run the cell's own step; zoneout changes the step at evaluation
         body = (
             note(
                 f"This model was trained with zoneout (p = {zoneout:g}): at evaluation each "
                 f"step keeps {zoneout:g} of the previous state, h_t = p h_(t−1) + (1 − p) h̃_t, "
-                "so its step Jacobian is p I + (1 − p) J. The figures below are those of the "
-                "cell's own step (J, p = 0)."
+                "so its step Jacobian is p I + (1 − p) J. The figures below are those of "
+                "these steps, as the model runs at evaluation."
             )
             + body
         )
-    contributions, total, reference = _contribution_figures(model, first, x, batch, loss_all)
+    contributions, total, reference = _contribution_figures(
+        model, first, x, batch, loss_all, zoneout
+    )
     body += contributions
     body += _figures_table(figures, total, reference)
     body += _saturation_table(encoder, x)
@@ -123,7 +127,7 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
 
 
 def _flow_figure(
-    run: Run, first: Any, x: Tensor, loss_all: Any, loss_last: Any, where: str
+    run: Run, first: Any, x: Tensor, loss_all: Any, loss_last: Any, where: str, zoneout: float
 ) -> tuple[str, dict[str, Any]]:
     """The figure of ‖∂L/∂h_k‖ and ‖∂h_t/∂h_0‖₂ against the bound (γλ)^(t−k), with its
     text; and ``{lam, gamma, g_last}`` for the table."""
@@ -138,8 +142,8 @@ def _flow_figure(
 
     cell = first.cell
     B, T = x.shape[:2]
-    g_all = state_gradient_norms(first, x, loss_fn=loss_all).numpy()
-    g_last = state_gradient_norms(first, x, loss_fn=loss_last).numpy()
+    g_all = state_gradient_norms(first, x, loss_fn=loss_all, zoneout=zoneout).numpy()
+    g_last = state_gradient_norms(first, x, loss_fn=loss_last, zoneout=zoneout).numpy()
     lam = spectral_norm(cell.weight_hh)
     rnn = cell if isinstance(cell, RNNCell) else None  # the bound is for the simple cell
     simple = rnn is not None
@@ -153,7 +157,8 @@ def _flow_figure(
     Bj, Tj = min(B, 4), min(T, 32)
     width = cell.hidden_size * (2 if cell.is_lstm else 1)
     method = "exact" if width <= 64 else "power"
-    J = jacobian_norms(first, x[:Bj, :Tj], method=method, iterations=10).numpy()
+    J = jacobian_norms(first, x[:Bj, :Tj], method=method, iterations=10, zoneout=zoneout)
+    J = J.numpy()
     bound = rnn_jacobian_bound(rnn, range(Tj + 1)).numpy() if rnn is not None else None
     body = (
         f"<p>On {B} windows of {T} {esc(run.cfg.unit)}s from {esc(where)}, through the first "
@@ -180,7 +185,7 @@ def _flow_figure(
 
 
 def _contribution_figures(
-    model: Any, first: Any, x: Tensor, batch: Tensor, loss_all: Any
+    model: Any, first: Any, x: Tensor, batch: Tensor, loss_all: Any, zoneout: float
 ) -> tuple[str, float, float]:
     """The per-step and per-lag contributions to ∂L/∂W_hh of the first layer; their sum
     and the norm of the model's own backward pass, which it must equal."""
@@ -190,7 +195,7 @@ def _contribution_figures(
     cell = first.cell
     inputs, targets = batch[:, :-1], batch[:, 1:]
     B, T = inputs.shape
-    steps = step_contributions(first, x, loss_fn=loss_all(targets))
+    steps = step_contributions(first, x, loss_fn=loss_all(targets), zoneout=zoneout)
     values, total = plots.projected_contributions(steps.weight_hh)
     model.zero_grad(set_to_none=True)
     with torch.enable_grad():
@@ -207,7 +212,9 @@ def _contribution_figures(
         "bars add up to ‖G‖ (the dark bar). Red bars pull against the update.",
     )
     Bl, Tl = min(B, 4), min(T, 32)
-    lags = lag_contributions(first, x[:Bl, :Tl], loss_fn=loss_all(targets[:Bl, :Tl]))
+    lags = lag_contributions(
+        first, x[:Bl, :Tl], loss_fn=loss_all(targets[:Bl, :Tl]), zoneout=zoneout
+    )
     lag_values, lag_total = plots.projected_contributions(lags.weight_hh)
     body += image(
         plots.plot_contributions(lag_values, total=lag_total, axis="lag"),
