@@ -157,8 +157,7 @@ def _flow_figure(
     Bj, Tj = min(B, 4), min(T, 32)
     width = cell.hidden_size * (2 if cell.is_lstm else 1)
     method = "exact" if width <= 64 else "power"
-    J = jacobian_norms(first, x[:Bj, :Tj], method=method, iterations=10, zoneout=zoneout)
-    J = J.numpy()
+    J = jacobian_norms(first, x[:Bj, :Tj], method=method, iterations=10, zoneout=zoneout).numpy()
     bound = rnn_jacobian_bound(rnn, range(Tj + 1)).numpy() if rnn is not None else None
     body = (
         f"<p>On {B} windows of {T} {esc(run.cfg.unit)}s from {esc(where)}, through the first "
