@@ -7,7 +7,8 @@ masking, and the explicit BPTT backward.
 ``rnnkit.bptt.windowed``) and ``weight_grads`` (every weight gradient as one product over
 all steps), on the records of ``rnnkit.bptt.record``. Where PyTorch's fused kernels
 (cuDNN on a GPU) compute the same function, they run the layer instead
-(``rnnkit.bptt.fused``: CUDA tensors by default). With the compiled loop, rows are
+(``rnnkit.bptt.fused``: CUDA tensors by default); where they do not, on a GPU, the
+Triton steps (``rnnkit.bptt.gpu_steps``). With the compiled loop, rows are
 sorted by their last real step and packed, so finished rows cost nothing. Under graph
 tracing (``torch.compile``, ``torch.export``) the loop is the kernel's differentiable
 step, unrolled, and autograd gives the gradients (the explicit BPTT equals them: tested).
@@ -27,11 +28,13 @@ from rnnkit.bptt.dispatch import (
     GRAPH_FUSED,
     GRAPH_OP,
     GRAPH_STEPS,
+    STEPS,
     compiled_library,
     route,
 )
 from rnnkit.bptt.forward import _like_weights, forward_pass
 from rnnkit.bptt.fused import run_fused
+from rnnkit.bptt.gpu_steps import run_steps
 from rnnkit.bptt.opaque import run_opaque
 from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_record
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
@@ -217,6 +220,8 @@ def run_recurrence(
         return _traced_recurrence(kernel, x, weights, states0, mask, window)
     if way.path == FUSED:  # PyTorch's fused kernel (cuDNN) computes this function
         return run_fused(kernel, way.form, x, weights, states0, way.lengths)
+    if way.path == STEPS:  # one product and one Triton launch per step (gpu_steps.py)
+        return run_steps(kernel, x, weights, states0, mask3)
     x, mask3, states0, order, packing = _sorted_rows(kernel, x, weights, states0, mask, mask3)
     tensors = (x, *weights, *states0)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
