@@ -151,7 +151,8 @@ def _forward(
     T, B, I = x.shape
     H = w.weight_hh.shape[1]
     x_flat = x.reshape(T * B, I)
-    gates = torch.addmm(w.bias, x_flat, w.weight_ih.T).view(T, B, -1)  # bias included
+    G = w.weight_ih.shape[0]
+    gates = torch.addmm(w.bias, x_flat, w.weight_ih.T).view(T, B, G)  # bias included
     states = tuple(x.new_empty(T + 1, B, H) for _ in states0)
     for buf, s0 in zip(states, states0, strict=True):
         buf[0].copy_(s0)
@@ -324,8 +325,8 @@ def _weight_grads(
     """``(∂L/∂x, ∂L/∂weight_ih, ∂L/∂weight_hh, ∂L/∂bias, ∂L/∂bias_hn)``, each ONE product
     (or sum) over all steps; None where ``need`` says no."""
     T, B, H = d_xp.shape[0], d_xp.shape[1], hs.shape[2]
-    d2 = d_xp.reshape(T * B, -1)
-    d_x = torch.mm(d2, w.weight_ih).view(T, B, -1) if need[0] else None
+    d2 = d_xp.reshape(T * B, d_xp.shape[2])
+    d_x = torch.mm(d2, w.weight_ih).view(T, B, x_flat.shape[1]) if need[0] else None
     d_ih = torch.mm(d2.T, x_flat) if need[1] else None
     d_b = d2.sum(0) if need[3] else None
     d_hh = d_hn = None
@@ -335,7 +336,7 @@ def _weight_grads(
             h_prev = torch.where(L.reset[:T, :, None] != 0, 0.0, h_prev)
         h_prev = h_prev.reshape(T * B, H)
         if d_rec is not None:  # GRU, reset="after": [d_ar, d_az, d_an ⊙ r]
-            q = d_rec.reshape(T * B, -1)
+            q = d_rec.reshape(T * B, 3 * H)
             d_hh, d_hn = torch.mm(q.T, h_prev), q[:, 2 * H :].sum(0)
         elif isinstance(kernel, GRUKernel):  # reset="before": the n rows read r ⊙ h_{t-1}
             assert rec is not None
