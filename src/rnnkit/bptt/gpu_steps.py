@@ -47,7 +47,7 @@ from rnnkit.cells.lstm import LSTMKernel
 from rnnkit.cells.rnn import RNNKernel
 from rnnkit.errors import ConfigError
 
-__all__ = ["available", "handles", "run_steps", "wants_steps"]
+__all__ = ["run_steps", "steps_handle", "triton_available", "wants_steps"]
 
 _ACTIVATIONS = {"tanh": 0, "relu": 1, "sigmoid": 2}
 _DTYPES = (torch.float32, torch.float64)
@@ -55,7 +55,7 @@ _KERNELS = "rnnkit.bptt.triton_kernels"
 _found: dict[str, bool] = {}
 
 
-def available() -> bool:
+def triton_available() -> bool:
     """Whether triton imports (looked up once)."""
     if "triton" not in _found:
         try:
@@ -70,7 +70,7 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def handles(kernel: Kernel, x: Tensor, window: int | None, projected: bool) -> bool:
+def steps_handle(kernel: Kernel, x: Tensor, window: int | None, projected: bool) -> bool:
     """Whether the Triton steps compute this layer's function: an LSTM, GRU or simple
     cell as such (no regularizer or layer norm around it), float32/float64, full BPTT,
     the input itself (not its product). Masks and resets are theirs."""
@@ -82,14 +82,18 @@ def handles(kernel: Kernel, x: Tensor, window: int | None, projected: bool) -> b
 def wants_steps(kernel: Kernel, x: Tensor, window: int | None, projected: bool) -> bool:
     """Whether the Triton steps run this layer (asked after PyTorch's fused kernels said
     no, :func:`rnnkit.bptt.dispatch.route`): ``"auto"`` for CUDA tensors where triton
-    imports; ``"triton"`` wherever :func:`handles` says so. The CPU's first test costs
+    imports; ``"triton"`` wherever :func:`steps_handle` says so. The CPU's first test costs
     nothing on the hot path: it returns before looking at anything else."""
     path = _path()
     if path == "auto":
-        return x.device.type == "cuda" and handles(kernel, x, window, projected) and available()
-    if path != "triton" or not handles(kernel, x, window, projected):
+        return (
+            x.device.type == "cuda"
+            and steps_handle(kernel, x, window, projected)
+            and triton_available()
+        )
+    if path != "triton" or not steps_handle(kernel, x, window, projected):
         return False
-    if not available():
+    if not triton_available():
         raise ConfigError(
             "RNNKIT_GPU_PATH=triton needs triton, an optional dependency: pip install 'rnnkit[gpu]'"
         )
