@@ -220,22 +220,44 @@ def test_bidirectional_stack_with_holes_through_the_public_layer(cls, options, s
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
-def test_stack_resets_on_the_triton_path_equal_the_loop(steps_calls):
+@pytest.mark.parametrize(
+    ("cls", "options"), [(rnnkit.GRU, {"reset": "before"}), (rnnkit.LSTM, {"num_layers": 2})]
+)
+def test_stack_resets_run_inside_one_triton_call_per_layer(cls, options, steps_calls):
     torch.manual_seed(4)
-    layer = rnnkit.GRU(I, H, reset="before").double()
+    layer = cls(I, H, **options).double()
     x = torch.randn(B, T, I, dtype=torch.float64)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, 3:] = False
+    mask[2, 1] = False
     resets = torch.zeros(B, T, dtype=torch.bool)
-    resets[0, 2] = resets[2, 4] = True
+    resets[0, 2] = resets[2, 4] = resets[2, 1] = True  # (2, 1) is a held step
     results = []
     for path in ("triton", "loop"):
         xx = x.clone().requires_grad_(True)
         with use_fused(path), use_native(False):
-            out = layer(xx, resets=resets)
-        grads = torch.autograd.grad(out.outputs.sin().sum(), [xx, *layer.parameters()])
-        results.append([out.outputs, out.state, *grads])
-    assert steps_calls["n"] == 3  # the stack runs the pieces between resets
+            out = layer(xx, mask=mask, resets=resets)
+        finals = tuple(out.state) if isinstance(out.state, LSTMState) else (out.state,)
+        loss = out.outputs.sin().sum() + sum((f * f).sum() for f in finals)
+        grads = torch.autograd.grad(loss, [xx, *layer.parameters()])
+        results.append([out.outputs, *finals, *grads])
+    # one call per layer on the Triton steps; the loop ran the pieces between the resets
+    assert steps_calls["n"] == layer.num_layers
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_resets_inside_one_call_only_on_the_triton_steps():
+    cell = CELLS["lstm"]().double()
+    x, states0, mask, reset = _case("resets", 2, torch.float64)
+    args = (cell.kernel, x, cell.weights())
+    with use_fused("loop"):
+        assert not recurrence.takes_resets(*args, mask, None)
+        with pytest.raises(ValueError, match="takes_resets"):
+            recurrence.run_recurrence(*args, states0, mask, reset=reset)
+    with use_fused("triton"):
+        assert recurrence.takes_resets(*args, mask, None)
+        assert not recurrence.takes_resets(*args, mask, 2)  # a window: the pieces
 
 
 def _route(kernel, x, mask3=None, window=None, projected=False):
