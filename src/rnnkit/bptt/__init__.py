@@ -57,6 +57,7 @@ from rnnkit.bptt.recurrence import (
     recurrence_gradients,
     run_recurrence,
     takes_projected,
+    takes_resets,
 )
 from rnnkit.bptt.regularized import CompiledRegularized, RegularizedKernel, regularized
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
@@ -101,6 +102,7 @@ __all__ = [
     "steps_handle",
     "supports",
     "takes_projected",
+    "takes_resets",
     "traced_fused_form",
     "tracing",
     "triton_available",
