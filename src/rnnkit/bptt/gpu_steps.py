@@ -116,6 +116,15 @@ class _Launch(NamedTuple):
     has_mask: bool
     has_reset: bool
 
+    def options(self) -> dict[str, Any]:
+        # FMA contraction as cuBLAS and cuDNN have it, asked for explicitly: triton 3.9
+        # warns once where it is left to its default
+        return {"BLOCK": self.block, "enable_fp_fusion": True}
+
+    def flags(self) -> dict[str, Any]:
+        """The options, and which of mask and reset the kernels read."""
+        return {"HAS_MASK": self.has_mask, "HAS_RESET": self.has_reset, **self.options()}
+
 
 def _launch(x: Tensor, B: int, H: int, mask: Tensor | None, reset: Tensor | None) -> _Launch:
     n = B * H
@@ -161,7 +170,7 @@ def _forward(
     for buf, s0 in zip(states, states0, strict=True):
         buf[0].copy_(s0)
     L = _launch(x, B, H, mask, reset)
-    flags = {"HAS_MASK": L.has_mask, "HAS_RESET": L.has_reset, "BLOCK": L.block}
+    flags = L.flags()
     hs = states[0]
     h_steps = hs.unbind(0)
     rec = None
@@ -216,7 +225,7 @@ def _gru_forward(
         torch.mm(h_steps[t], w_rz, out=hw)
         L.k.gru_before_gates[L.grid](
             gates, hw, hs, rec, L.reset, t, tc, B, H,
-            HAS_RESET=L.has_reset, BLOCK=L.block,
+            HAS_RESET=L.has_reset, **L.options(),
         )  # fmt: skip
         torch.mm(rec_steps[tc], w_n, out=hn)
         L.k.gru_before_state[L.grid](
@@ -244,7 +253,7 @@ def _backward(
     direct = hs.new_empty(B, H)
     has_dout = d_out is not None
     d_o = d_out.contiguous() if d_out is not None else hs
-    flags = {"HAS_MASK": L.has_mask, "HAS_RESET": L.has_reset, "BLOCK": L.block}
+    flags = L.flags()
     d_steps = d_xp.unbind(0)
     d_rec = None
     with torch.cuda.device(hs.device) if hs.is_cuda else contextlib.nullcontext():
@@ -285,7 +294,7 @@ def _gru_backward(
 ) -> Tensor | None:
     T, B, H = gates.shape[0], hs.shape[1], hs.shape[2]
     direct = hs.new_empty(B, H)
-    flags = {"HAS_MASK": L.has_mask, "HAS_RESET": L.has_reset, "BLOCK": L.block}
+    flags = L.flags()
     keep = kernel.update == "keep"
     d_steps = d_xp.unbind(0)
     if kernel.reset == "after":
@@ -296,7 +305,7 @@ def _gru_backward(
                 gates, hs, L.mask, L.reset, carry[0], d_o, d_xp, direct, t, B, H,
                 KEEP=keep, HAS_DOUT=has_dout, **flags,
             )  # fmt: skip
-            L.k.gru_after_backward[L.grid](gates, rec, d_xp, d_rec, t, B, H, BLOCK=L.block)
+            L.k.gru_after_backward[L.grid](gates, rec, d_xp, d_rec, t, B, H, **L.options())
             torch.addmm(direct, d_rec_steps[t], w_hh, out=carry[0])
         return d_rec
     d_rh = hs.new_empty(B, H)
@@ -309,7 +318,7 @@ def _gru_backward(
         torch.mm(d_steps[t][:, 2 * H :], w_n, out=d_rh)  # ∂L/∂(r ⊙ h_{t-1})
         L.k.gru_before_backward[L.grid](
             gates, hs, L.reset, d_rh, d_xp, direct, t, B, H,
-            HAS_RESET=L.has_reset, BLOCK=L.block,
+            HAS_RESET=L.has_reset, **L.options(),
         )  # fmt: skip
         torch.addmm(direct, d_steps[t][:, : 2 * H], w_rz, out=carry[0])
     return None

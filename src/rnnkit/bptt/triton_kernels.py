@@ -4,7 +4,8 @@ Imported by ``gpu_steps`` on first use only (``import rnnkit`` never imports tri
 Under ``TRITON_INTERPRET=1`` (read when this module is imported) they run on the CPU in
 Triton's interpreter: how the tests hold them to the library's explicit BPTT.
 
-Every kernel runs over the ``B·H`` elements of one step (program ``p`` takes elements
+Every kernel runs over the ``B·H`` elements of one step (the step index ``t`` a runtime
+argument, not specialised, so one compilation serves every step) (program ``p`` takes elements
 ``p·BLOCK …``; element ``e`` is row ``b = e // H``, unit ``j = e mod H``). Buffers are
 contiguous and time-major: ``xp (T, B, G·H)`` the input pre-activations (bias included),
 overwritten in place by the activated gates (the backward's cache); ``hs``/``cs``
@@ -65,12 +66,13 @@ def _incoming(d, reset, t, B, b, ok, d_out, at, HAS_RESET: tl.constexpr, HAS_DOU
     return d
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["t"])
 def lstm_forward(
     xp, hw, hs, cs, mask, reset, t, B, H,
     HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """``c_t = f c_{t-1} + i g``, ``h_t = o tanh(c_t)``; the gates i, f, g, o into ``xp[t]``."""
+    t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
     b = offs // H
@@ -102,7 +104,7 @@ def lstm_forward(
     tl.store(cs + s_at + B * H, tl.where(real, c, cp), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["t"])
 def lstm_backward(
     gates, cs, mask, reset, d_h, d_c, d_out, d_xp, direct, t, B, H,
     HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, HAS_DOUT: tl.constexpr,
@@ -111,6 +113,7 @@ def lstm_backward(
     """∂L/∂ of step t's four pre-activations into ``d_xp[t]``; ``d_c`` becomes ∂L/∂c_{t-1}
     (in place); ``direct`` the part of ∂L/∂h_{t-1} outside ``d_xp[t] W_hh`` (the
     gradient passed through a held step)."""
+    t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
     b = offs // H
@@ -142,12 +145,13 @@ def lstm_backward(
     tl.store(direct + offs, tl.where(real, 0.0, dh), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["t"])
 def rnn_forward(
     xp, hw, hs, mask, reset, t, B, H,
     ACT: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """``h_t = φ(a_t)``, ``a_t = xp[t] + h_{t-1} W_hhᵀ``; φ: 0 tanh, 1 relu, 2 sigmoid."""
+    t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
     b = offs // H
@@ -165,13 +169,14 @@ def rnn_forward(
     tl.store(hs + s_at + B * H, tl.where(real, h, hp), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["t"])
 def rnn_backward(
     hs, mask, reset, d_h, d_out, d_xp, direct, t, B, H,
     ACT: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr,
     HAS_DOUT: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """``d_a = φ'(a_t) ⊙ d_h`` into ``d_xp[t]`` (φ' from ``h_t``)."""
+    t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
     b = offs // H
@@ -190,7 +195,7 @@ def rnn_backward(
     tl.store(direct + offs, tl.where(real, 0.0, dh), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["t", "tc"])
 def gru_after_forward(
     xp, hw, bias_hn, hs, rec, mask, reset, t, tc, B, H,
     KEEP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr,
@@ -198,6 +203,8 @@ def gru_after_forward(
 ):  # fmt: skip
     """``n = tanh(a_n + r ⊙ (W_nh h_{t-1} + b_hn))``; r, z, n into ``xp[t]``, the
     bracket into ``rec[tc]``."""
+    t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
+    tc = tc.to(tl.int64)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
     b = offs // H
@@ -223,13 +230,15 @@ def gru_after_forward(
     tl.store(hs + s_at + B * H, tl.where(real, h, hp), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["t", "tc"])
 def gru_before_gates(
     xp, hw, hs, rec, reset, t, tc, B, H,
     HAS_RESET: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """reset="before", first half: r, z into ``xp[t]``, ``r ⊙ h_{t-1}`` into ``rec[tc]``
     (``hw (B, 2H)`` is ``h_{t-1} W_rzᵀ``)."""
+    t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
+    tc = tc.to(tl.int64)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
     b = offs // H
@@ -247,7 +256,7 @@ def gru_before_gates(
     tl.store(rec + tc * B * H + offs, r * hp, mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["t"])
 def gru_before_state(
     xp, hn, hs, mask, reset, t, B, H,
     KEEP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr,
@@ -255,6 +264,7 @@ def gru_before_state(
 ):  # fmt: skip
     """reset="before", second half: ``n = tanh(a_n + hn)`` (``hn = (r ⊙ h_{t-1}) W_nhᵀ``)
     into ``xp[t]``, and the new state."""
+    t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
     b = offs // H
@@ -270,7 +280,7 @@ def gru_before_state(
     tl.store(hs + s_at + B * H, tl.where(real, h, hp), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["t"])
 def gru_update_backward(
     gates, hs, mask, reset, d_h, d_out, d_xp, direct, t, B, H,
     KEEP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr,
@@ -278,6 +288,7 @@ def gru_update_backward(
 ):  # fmt: skip
     """Both resets: the z and n pre-activation gradients into ``d_xp[t]``, the update's
     direct part of ∂L/∂h_{t-1} into ``direct``."""
+    t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
     b = offs // H
@@ -304,13 +315,14 @@ def gru_update_backward(
     tl.store(direct + offs, tl.where(real, keep, dh), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["t"])
 def gru_after_backward(
     gates, rec, d_xp, d_rec, t, B, H, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """reset="after", after ``gru_update_backward``: ``d_r = d_an ⊙ rec ⊙ σ'`` into
     ``d_xp[t]``; ``d_rec[t]`` the recurrent gradients ``[d_ar, d_az, d_an ⊙ r]`` (the
     n block is ∂L/∂(W_nh h_{t-1} + b_hn)). Masked rows have ``d_an = 0``: all zero."""
+    t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
     b = offs // H
@@ -327,7 +339,7 @@ def gru_after_backward(
     tl.store(q_at + 2 * H, dan * r, mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["t"])
 def gru_before_backward(
     gates, hs, reset, d_rh, d_xp, direct, t, B, H,
     HAS_RESET: tl.constexpr, BLOCK: tl.constexpr,
@@ -335,6 +347,7 @@ def gru_before_backward(
     """reset="before", after ``gru_update_backward`` and ``d_rh = d_an W_nh``
     (∂L/∂(r ⊙ h_{t-1})): ``d_ar = d_rh ⊙ h_{t-1} ⊙ σ'`` into ``d_xp[t]``, and
     ``direct += d_rh ⊙ r``. Masked rows have ``d_an = 0``, so ``d_rh = 0``."""
+    t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
     b = offs // H
