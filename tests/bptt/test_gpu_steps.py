@@ -164,6 +164,9 @@ def test_no_steps_no_work_and_inference_keeps_nothing():
     x, states0, _, _ = _case("plain", 1, torch.float64)
     outputs, (h,) = gpu_steps.run_steps(cell.kernel, x[:0], cell.weights(), states0)
     assert outputs.shape == (0, B, H) and torch.equal(h, states0[0])
+    empty = (states0[0][:0],)  # a batch of no rows
+    outputs, (h,) = gpu_steps.run_steps(cell.kernel, x[:, :0], cell.weights(), empty)
+    assert outputs.shape == (T, 0, H) and h.shape == (0, H)
     with torch.no_grad():
         outputs, (h,) = gpu_steps.run_steps(cell.kernel, x, cell.weights(), states0)
     want = _oracle(cell, x, states0, None, None, torch.zeros(T, B, H), (torch.zeros(B, H),))
@@ -359,9 +362,10 @@ cases = [
     (K.gru_after_forward, {"KEEP": True, "HAS_MASK": True, "HAS_RESET": True}),
     (K.gru_before_gates, {"HAS_RESET": True}),
     (K.gru_before_state, {"KEEP": False, "HAS_MASK": True, "HAS_RESET": True}),
-    (K.gru_update_backward, {"KEEP": True, "HAS_MASK": True, "HAS_RESET": True,
-                             "HAS_DOUT": True}),
-    (K.gru_after_backward, {}),
+    (K.gru_update_backward, {"KEEP": True, "AFTER": True, "HAS_MASK": True,
+                             "HAS_RESET": True, "HAS_DOUT": True}),
+    (K.gru_update_backward, {"KEEP": False, "AFTER": False, "HAS_MASK": True,
+                             "HAS_RESET": True, "HAS_DOUT": False}),
     (K.gru_before_backward, {"HAS_RESET": True}),
 ]
 for act in (0, 1, 2):

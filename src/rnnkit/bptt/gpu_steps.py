@@ -131,14 +131,16 @@ def _launch(x: Tensor, B: int, H: int, mask: Tensor | None, reset: Tensor | None
     block = 16
     while block < min(n, 1024):
         block *= 2
-    grid = ((n + block - 1) // block,)
+    grid = (max(1, (n + block - 1) // block),)  # an empty batch: one program, no element
     k = importlib.import_module(_KERNELS)  # sys.modules after the first call
     m = x if mask is None else mask
     r = x if reset is None else reset
     return _Launch(k, grid, block, m, r, mask is not None, reset is not None)
 
 
-def _flags(mask: Tensor | None, reset: Tensor | None, T: int, B: int, like: Tensor):
+def _as_int8(
+    mask: Tensor | None, reset: Tensor | None, T: int, B: int, like: Tensor
+) -> tuple[Tensor | None, Tensor | None]:
     """The int8 ``(T, B)`` mask and ``(T + 1, B)`` reset the kernels read (None: none)."""
     m = None if mask is None else mask.reshape(T, B).to(torch.int8).contiguous()
     r = None
@@ -302,18 +304,17 @@ def _gru_backward(
         d_rec_steps = d_rec.unbind(0)
         for t in range(T - 1, -1, -1):
             L.k.gru_update_backward[L.grid](
-                gates, hs, L.mask, L.reset, carry[0], d_o, d_xp, direct, t, B, H,
-                KEEP=keep, HAS_DOUT=has_dout, **flags,
+                gates, rec, hs, L.mask, L.reset, carry[0], d_o, d_xp, d_rec, direct, t, B, H,
+                KEEP=keep, AFTER=True, HAS_DOUT=has_dout, **flags,
             )  # fmt: skip
-            L.k.gru_after_backward[L.grid](gates, rec, d_xp, d_rec, t, B, H, **L.options())
             torch.addmm(direct, d_rec_steps[t], w_hh, out=carry[0])
         return d_rec
     d_rh = hs.new_empty(B, H)
     w_rz, w_n = w_hh[: 2 * H], w_hh[2 * H :]
     for t in range(T - 1, -1, -1):
         L.k.gru_update_backward[L.grid](
-            gates, hs, L.mask, L.reset, carry[0], d_o, d_xp, direct, t, B, H,
-            KEEP=keep, HAS_DOUT=has_dout, **flags,
+            gates, rec, hs, L.mask, L.reset, carry[0], d_o, d_xp, d_xp, direct, t, B, H,
+            KEEP=keep, AFTER=False, HAS_DOUT=has_dout, **flags,
         )  # fmt: skip
         torch.mm(d_steps[t][:, 2 * H :], w_n, out=d_rh)  # ∂L/∂(r ⊙ h_{t-1})
         L.k.gru_before_backward[L.grid](
@@ -430,7 +431,7 @@ def run_steps(
         ``(outputs (T, B, H), final states (B, H) each)``, the state held across padding.
     """
     T, B = x.shape[0], x.shape[1]
-    m, r = _flags(mask, reset, T, B, x)
+    m, r = _as_int8(mask, reset, T, B, x)
     tensors = (x, *weights, *states0)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     states = tuple(s.contiguous() for s in states0)

@@ -282,12 +282,15 @@ def gru_before_state(
 
 @triton.jit(do_not_specialize=["t"])
 def gru_update_backward(
-    gates, hs, mask, reset, d_h, d_out, d_xp, direct, t, B, H,
-    KEEP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr,
-    HAS_DOUT: tl.constexpr, BLOCK: tl.constexpr,
+    gates, rec, hs, mask, reset, d_h, d_out, d_xp, d_rec, direct, t, B, H,
+    KEEP: tl.constexpr, AFTER: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_RESET: tl.constexpr, HAS_DOUT: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Both resets: the z and n pre-activation gradients into ``d_xp[t]``, the update's
-    direct part of ∂L/∂h_{t-1} into ``direct``."""
+    """The z and n pre-activation gradients into ``d_xp[t]``, the update's direct part of
+    ∂L/∂h_{t-1} into ``direct``. ``AFTER`` (reset="after"): the whole step, also
+    ``d_r = d_an ⊙ rec ⊙ σ'`` into ``d_xp[t]`` and the recurrent gradients
+    ``[d_ar, d_az, d_an ⊙ r]`` into ``d_rec[t]`` (the n block is ∂L/∂(W_nh h_{t-1} + b_hn));
+    reset="before" finishes in ``gru_before_backward``."""
     t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
@@ -309,34 +312,20 @@ def gru_update_backward(
         dz = dh * (n - hp)
         dn = dh * z
         keep = dh * (1.0 - z)
+    daz = tl.where(real, dz * z * (1.0 - z), 0.0)
+    dan = tl.where(real, dn * (1.0 - n * n), 0.0)
     d_at = d_xp + (t * B + b) * 3 * H + j
-    tl.store(d_at + H, tl.where(real, dz * z * (1.0 - z), 0.0), mask=ok)
-    tl.store(d_at + 2 * H, tl.where(real, dn * (1.0 - n * n), 0.0), mask=ok)
+    tl.store(d_at + H, daz, mask=ok)
+    tl.store(d_at + 2 * H, dan, mask=ok)
     tl.store(direct + offs, tl.where(real, keep, dh), mask=ok)
-
-
-@triton.jit(do_not_specialize=["t"])
-def gru_after_backward(
-    gates, rec, d_xp, d_rec, t, B, H, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """reset="after", after ``gru_update_backward``: ``d_r = d_an ⊙ rec ⊙ σ'`` into
-    ``d_xp[t]``; ``d_rec[t]`` the recurrent gradients ``[d_ar, d_az, d_an ⊙ r]`` (the
-    n block is ∂L/∂(W_nh h_{t-1} + b_hn)). Masked rows have ``d_an = 0``: all zero."""
-    t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < B * H
-    b = offs // H
-    j = offs - b * H
-    g_at = gates + (t * B + b) * 3 * H + j
-    d_at = d_xp + (t * B + b) * 3 * H + j
-    q_at = d_rec + (t * B + b) * 3 * H + j
-    r = tl.load(g_at, mask=ok, other=0.0)
-    dan = tl.load(d_at + 2 * H, mask=ok, other=0.0)
-    dar = dan * tl.load(rec + t * B * H + offs, mask=ok, other=0.0) * r * (1.0 - r)
-    tl.store(d_at, dar, mask=ok)
-    tl.store(q_at, dar, mask=ok)
-    tl.store(q_at + H, tl.load(d_at + H, mask=ok, other=0.0), mask=ok)
-    tl.store(q_at + 2 * H, dan * r, mask=ok)
+    if AFTER:  # masked rows have d_an = 0: all zero
+        r = tl.load(g_at, mask=ok, other=0.0)
+        dar = dan * tl.load(rec + s_at, mask=ok, other=0.0) * r * (1.0 - r)
+        q_at = d_rec + (t * B + b) * 3 * H + j
+        tl.store(d_at, dar, mask=ok)
+        tl.store(q_at, dar, mask=ok)
+        tl.store(q_at + H, daz, mask=ok)
+        tl.store(q_at + 2 * H, dan * r, mask=ok)
 
 
 @triton.jit(do_not_specialize=["t"])
