@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[logs,tensorboard,yaml,test,dev]"
 	# Optional: ONNX export and its check (its test is skipped where these do not install).
 	-$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[onnx,test-onnx]"
+	# Optional: the Triton steps (run on the CPU by their tests in Triton's interpreter).
+	-$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[gpu]"
 	# Optional: the documentation build (its test is skipped where this does not install).
 	-$(BIN)/python -m pip install -q $(CONSTRAINTS) -e ".[docs]"
 	# The C++ time loop now, not at the first training (without a compiler: the PyTorch loop).

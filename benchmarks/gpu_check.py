@@ -10,13 +10,21 @@ Run it where a GPU is lent (one short call; about 2–4 minutes on an H200 incl.
    where the function is theirs; ``fused_calls`` counts them): outputs, final states and
    every gradient (input, parameters, initial state) on the device in float64 against
    the CPU float64 result of the PyTorch loop (the oracle), and in float32 against the
-   same reference (relative to the largest value).
+   same reference (relative to the largest value). On a GPU with triton installed the
+   same rows run again with every layer forced onto the Triton steps
+   (``rnnkit.bptt.gpu_steps``, ``path: triton``; ``steps_calls`` counts their layers);
+   on the default path they run the masks with holes and the forms cuDNN has not.
 2. **Speed.** Training (forward + backward) and inference of rnnkit on the device vs
    ``torch.nn`` (cuDNN) with the same weights (``from_torch``): LSTM and GRU,
    H ∈ {128, 256, 512}, B ∈ {16, 64}, T = 100, medians of rounds, device synchronised
    around every timed block; the default path, the library's own loop forced
    (``train_loop``, ``infer_loop``), and a mask with holes (``train_holes``, which no
-   fused kernel computes) against cuDNN's time without one.
+   fused kernel computes: the Triton steps where triton is installed) against cuDNN's
+   time without one. With triton: the Triton steps forced on the same function as
+   cuDNN's (``train_triton``), and the forms only they compute, at the same sizes
+   against cuDNN's nearest (``train_variant``: a GRU with ``reset="before"`` against
+   cuDNN's GRU; the simple cell with ``sigmoid``, cell ``rnn``, against cuDNN's
+   ``tanh``, B = 64 only).
 
 Exit status 1 if any correctness check fails. ``--device cpu`` runs the same checks on
 the CPU (the compiled loop against the PyTorch loop) — the test suite does that in
@@ -39,12 +47,13 @@ import torch
 
 import rnnkit
 from rnnkit import GRU, LSTM, RNN
-from rnnkit.bptt import fused, native
+from rnnkit.bptt import fused, gpu_steps, native, recurrence
 from rnnkit.types import LSTMState
 
 FORMS = [
     ("rnn_tanh", RNN, {"nonlinearity": "tanh"}),
     ("rnn_relu", RNN, {"nonlinearity": "relu"}),
+    ("rnn_sigmoid", RNN, {"nonlinearity": "sigmoid"}),
     ("lstm", LSTM, {}),
     ("gru_candidate_before", GRU, {"update": "candidate", "reset": "before"}),
     ("gru_candidate_after", GRU, {"update": "candidate", "reset": "after"}),
@@ -83,20 +92,28 @@ def _run(layer, x, mask, state, device, dtype):
 
 
 class _FusedCalls:
-    """Counts the calls of PyTorch's fused kernels inside the block."""
+    """Counts the calls of PyTorch's fused kernels (``n``) and of the Triton steps
+    (``steps``) inside the block."""
 
     def __enter__(self) -> _FusedCalls:
-        self.n, self._real = 0, fused._call
+        self.n, self.steps = 0, 0
+        self._real, self._real_steps = fused._call, recurrence.run_steps
 
         def counted(*args, **kwargs):
             self.n += 1
             return self._real(*args, **kwargs)
 
+        def counted_steps(*args, **kwargs):
+            self.steps += 1
+            return self._real_steps(*args, **kwargs)
+
         fused._call = counted
+        recurrence.run_steps = counted_steps
         return self
 
     def __exit__(self, *exc: object) -> None:
         fused._call = self._real
+        recurrence.run_steps = self._real_steps
 
 
 def correctness(device: str, sizes: tuple[int, int, int, int], path: str = "auto") -> list[dict]:
@@ -128,7 +145,9 @@ def correctness(device: str, sizes: tuple[int, int, int, int], path: str = "auto
                     "form": name,
                     "mask": kind,
                     "dtype": str(dtype)[6:],
+                    "path": path,
                     "fused_calls": calls.n,
+                    "steps_calls": calls.steps,
                     "max_rel_err": err,
                     "ok": err <= tol,
                 }
@@ -160,9 +179,24 @@ def _timed(fn, device: str, rounds: int, block_s: float = 0.2) -> list[float]:
     return out
 
 
+def _with_steps(device: str) -> bool:
+    """Whether the Triton steps can run here (a GPU and triton)."""
+    return device == "cuda" and gpu_steps.triton_available()
+
+
+def _variant(cell: str, H: int, device: str):
+    """The form only the Triton steps compute, nearest to cuDNN's ``cell``, or None."""
+    if cell == "gru":
+        return GRU(H, H, update="keep", reset="before").to(device)
+    if cell == "rnn":
+        return RNN(H, H, nonlinearity="sigmoid").to(device)
+    return None
+
+
 def _speed_row(cell: str, H: int, B: int, T: int, device: str, rounds: int) -> dict:
     torch.manual_seed(0)
-    ref = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[cell](H, H, batch_first=True).to(device)
+    torch_cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[cell]
+    ref = torch_cls(H, H, batch_first=True).to(device)
     ours = rnnkit.from_torch(ref).to(device)
     x = torch.randn(B, T, H, device=device, requires_grad=True)
     d = torch.randn(B, T, H, device=device)
@@ -197,7 +231,27 @@ def _speed_row(cell: str, H: int, B: int, T: int, device: str, rounds: int) -> d
     fns = {"train_torch": train_t, "train_rnnkit": train_r, "train_loop": on_loop(train_r)}
     fns |= {"infer_torch": infer_t, "infer_rnnkit": infer_r, "infer_loop": on_loop(infer_r)}
     fns |= {"train_holes": train_holes}
+    if _with_steps(device):
+
+        def train_triton():
+            with fused.use_fused("triton"):
+                train_r()
+
+        fns["train_triton"] = train_triton
+        variant = _variant(cell, H, device)
+        if variant is not None:
+            params_v = list(variant.parameters())
+
+            def train_variant():
+                torch.autograd.grad(variant(x).outputs, [x, *params_v], d)
+
+            fns["train_variant"] = train_variant
     med = {k: statistics.median(_timed(f, device, rounds)) for k, f in fns.items()}
+    extra = {}
+    if "train_triton" in med:  # the Triton steps on cuDNN's own function
+        extra["train_torch_over_triton"] = med["train_torch"] / med["train_triton"]
+    if "train_variant" in med:  # a form cuDNN has not, against cuDNN's nearest
+        extra["train_torch_over_variant"] = med["train_torch"] / med["train_variant"]
     return {
         "cell": cell,
         "H": H,
@@ -212,14 +266,16 @@ def _speed_row(cell: str, H: int, B: int, T: int, device: str, rounds: int) -> d
         "infer_torch_over_loop": med["infer_torch"] / med["infer_loop"],
         # a mask with holes (no fused equivalent) against cuDNN's time without one
         "train_torch_over_holes": med["train_torch"] / med["train_holes"],
+        **extra,
     }
 
 
 def speed(device: str, hidden: list[int], batch: list[int], T: int, rounds: int) -> list[dict]:
     rows = []
-    for cell in ("lstm", "gru"):
+    for cell in ("lstm", "gru", "rnn"):
         for H in hidden:
-            for B in batch:
+            # the simple cell at the largest batch only: the run's time is bounded
+            for B in batch if cell != "rnn" else batch[-1:]:
                 rows.append(_speed_row(cell, H, B, T, device, rounds))
                 print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
@@ -247,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sizes = (4, 5, 3, 4) if args.quick else (6, 13, 5, 8)
     checks = correctness(args.device, sizes, args.path)
+    if args.path == "auto" and _with_steps(args.device):  # every layer on the Triton steps
+        checks += correctness(args.device, sizes, "triton")
     result: dict[str, object] = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -266,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = [c for c in checks if not c["ok"]]
     for c in failed:
         print(
-            f"gpu_check: {c['form']} {c['mask']} {c['dtype']} off by {c['max_rel_err']:.2e}",
+            f"gpu_check: {c['form']} {c['mask']} {c['dtype']} ({c['path']}) "
+            f"off by {c['max_rel_err']:.2e}",
             file=sys.stderr,
         )
     return 1 if failed else 0

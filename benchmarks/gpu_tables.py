@@ -19,28 +19,36 @@ def _read(path: Path) -> dict | None:
 
 def correctness_table(check: dict) -> list[str]:
     rows = [
-        "| form | mask | dtype | fused calls | max rel. error | ok |",
-        "|---|---|---|---|---|---|",
+        "| form | mask | dtype | path | fused calls | Triton calls | max rel. error | ok |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in check.get("correctness", []):
         rows.append(
-            f"| {c['form']} | {c['mask']} | {c['dtype']} | {c['fused_calls']} | "
+            f"| {c['form']} | {c['mask']} | {c['dtype']} | {c.get('path', 'auto')} | "
+            f"{c['fused_calls']} | {c.get('steps_calls', 0)} | "
             f"{c['max_rel_err']:.1e} | {'yes' if c['ok'] else '**no**'} |"
         )
     return rows
 
 
+def _ratio(row: dict, key: str) -> str:
+    """A ratio the row may lack (no triton where it ran): "–"."""
+    return f"{row[key]:.2f}" if key in row else "–"
+
+
 def speed_table(check: dict) -> list[str]:
     rows = [
         "| cell | H | B | T | train: torch.nn ms | rnnkit ms | ratio | loop ratio | holes ratio "
+        "| Triton ratio | variant ratio "
         "| infer: torch.nn ms | rnnkit ms | ratio | loop ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in check.get("speed", []):
         rows.append(
             f"| {r['cell']} | {r['H']} | {r['B']} | {r['T']} | {r['train_torch_ms']:.2f} | "
             f"{r['train_rnnkit_ms']:.2f} | {r['train_torch_over_rnnkit']:.2f} | "
             f"{r['train_torch_over_loop']:.2f} | {r['train_torch_over_holes']:.2f} | "
+            f"{_ratio(r, 'train_torch_over_triton')} | {_ratio(r, 'train_torch_over_variant')} | "
             f"{r['infer_torch_ms']:.2f} | {r['infer_rnnkit_ms']:.2f} | "
             f"{r['infer_torch_over_rnnkit']:.2f} | {r['infer_torch_over_loop']:.2f} |"
         )

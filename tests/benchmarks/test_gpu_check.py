@@ -35,6 +35,30 @@ def test_cpu_form_of_the_gpu_check(tmp_path: Path, path: str) -> None:
         assert check["fused_calls"] == (4 if fused else 0), check
 
 
+@pytest.mark.slow
+def test_cpu_form_of_the_triton_rows(tmp_path: Path) -> None:
+    """``--path triton``: every layer on the Triton steps, here in Triton's interpreter (a
+    process of its own: the variable is read when the kernels are imported)."""
+    import os
+    import subprocess
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "check.json"
+    argv = ["--device", "cpu", "--quick", "--no-speed", "--path", "triton", "--out", str(out)]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), env.get("PYTHONPATH", "")])
+    run = subprocess.run(
+        [sys.executable, str(root / "benchmarks/gpu_check.py"), *argv], env=env, check=False
+    )
+    result = json.loads(out.read_text())
+    assert run.returncode == 0, result
+    assert len(result["correctness"]) == 2 * 2 * len(gpu_check.FORMS)
+    for check in result["correctness"]:
+        assert check["path"] == "triton" and check["ok"], check
+        assert (check["fused_calls"], check["steps_calls"]) == (0, 4), check
+
+
 def test_without_cuda_it_says_so(capsys) -> None:
     if gpu_check.torch.cuda.is_available():
         pytest.skip("a GPU is present")

@@ -19,6 +19,9 @@
   to where it supports the cell and the options, the Python loop otherwise;
 * ``fused``: PyTorch's fused kernels (cuDNN on a GPU) for the layers whose function is
   theirs, and the choice of path (``use_fused``, ``RNNKIT_GPU_PATH``);
+* ``gpu_steps``: on a GPU, the layers the fused kernels cannot run (holes, resets, the
+  GRU with ``reset="before"``, the ``sigmoid`` cell) as one product and one Triton launch
+  per step (``triton_kernels``, triton imported on first use only);
 * ``opaque``: the time loop as one operator of a compiled graph (``rnnkit::recurrence``,
   ``torch.library.custom_op``), its gradient the explicit BPTT's;
 * ``tracing``: the check that refuses graph tracing of the explicit backward.
@@ -36,6 +39,7 @@ from rnnkit.bptt.fused import (
     use_fused,
     wants_fused,
 )
+from rnnkit.bptt.gpu_steps import run_steps, steps_handle, triton_available, wants_steps
 from rnnkit.bptt.native import available, build, library, own_matmul, supports, use_native
 from rnnkit.bptt.opaque import kernel_from_name, kernel_name, run_opaque
 from rnnkit.bptt.recompute import run_recomputed
@@ -53,6 +57,7 @@ from rnnkit.bptt.recurrence import (
     recurrence_gradients,
     run_recurrence,
     takes_projected,
+    takes_resets,
 )
 from rnnkit.bptt.regularized import CompiledRegularized, RegularizedKernel, regularized
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
@@ -93,14 +98,19 @@ __all__ = [
     "run_opaque",
     "run_recomputed",
     "run_recurrence",
+    "run_steps",
+    "steps_handle",
     "supports",
     "takes_projected",
+    "takes_resets",
     "traced_fused_form",
     "tracing",
+    "triton_available",
     "unpack_record",
     "use_fused",
     "use_native",
     "wants_fused",
+    "wants_steps",
     "weight_grads",
     "windowed_sweep",
 ]

@@ -18,6 +18,11 @@ path                when
 ``fused``           eager, where the fused kernels (cuDNN on a GPU) compute the function
                     (:func:`rnnkit.bptt.fused.wants_fused`: CUDA tensors by default,
                     ``RNNKIT_GPU_PATH`` forces it)
+``triton``          eager, where the fused kernels do not but the Triton steps compute
+                    the function (:func:`rnnkit.bptt.gpu_steps.wants_steps`: CUDA
+                    tensors with triton installed by default, ``RNNKIT_GPU_PATH=triton``
+                    forces it): masks with holes, the GRU with ``reset="before"``, the
+                    ``sigmoid`` cell
 ``loop``            eager, everything else: the library's time loop with its explicit
                     BPTT, compiled (:func:`compiled_library`) or in PyTorch
 ==================  =====================================================================
@@ -37,6 +42,7 @@ from torch import Tensor
 
 from rnnkit.bptt import native
 from rnnkit.bptt.fused import traced_fused_form, wants_fused
+from rnnkit.bptt.gpu_steps import wants_steps
 from rnnkit.bptt.opaque import kernel_name
 from rnnkit.bptt.tracing import tracing
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights
@@ -51,7 +57,7 @@ __all__ = [
 
 # the paths, as Route.path names them
 GRAPH_FUSED, GRAPH_OP, GRAPH_STEPS = "graph-fused", "graph-op", "graph-steps"
-FUSED, LOOP = "fused", "loop"
+FUSED, STEPS, LOOP = "fused", "triton", "loop"
 
 
 class Route(NamedTuple):
@@ -98,6 +104,8 @@ def route(
     fused = wants_fused(kernel, x, mask3, window, projected)
     if fused is not None:
         return Route(FUSED, fused[0], fused[1])
+    if wants_steps(kernel, x, window, projected):
+        return Route(STEPS)
     return Route(LOOP)
 
 

@@ -28,7 +28,11 @@ Which path runs (:func:`use_fused`, or ``RNNKIT_GPU_PATH`` in the environment):
   PyTorch's kernels);
 * ``"fused"``: the fused kernels wherever the function is theirs, on any device (for
   tests and comparisons on a machine without a GPU);
-* ``"loop"``: never — the library's time loop with its explicit BPTT everywhere.
+* ``"loop"``: never — the library's time loop with its explicit BPTT everywhere;
+* ``"triton"``: the Triton steps (:mod:`rnnkit.bptt.gpu_steps`) wherever they compute the
+  function, on any device (the CPU in Triton's interpreter, ``TRITON_INTERPRET=1``); the
+  library's time loop elsewhere. Under ``"auto"`` they run for CUDA tensors where the
+  fused kernels do not compute the function and triton is installed.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ __all__ = [
 ]
 
 #: The choices of :func:`use_fused` (and of ``RNNKIT_GPU_PATH``).
-PATHS = ("auto", "fused", "loop")
+PATHS = ("auto", "fused", "loop", "triton")
 
 
 def _from_environment() -> str:
@@ -73,8 +77,8 @@ _choice = {"path": _from_environment()}
 
 @contextlib.contextmanager
 def use_fused(path: str) -> Iterator[None]:
-    """Run layers on ``path`` (``"auto"``, ``"fused"`` or ``"loop"``; the module docstring
-    says what each means) inside the block.
+    """Run layers on ``path`` (``"auto"``, ``"fused"``, ``"loop"`` or ``"triton"``; the
+    module docstring says what each means) inside the block.
 
     >>> with use_fused("loop"):
     ...     pass
@@ -139,7 +143,7 @@ def wants_fused(
     real. ``mask3 (T, B, 1)`` bool or None (as ``clean_padding`` gives it). The first
     test costs nothing on the CPU's hot path: it returns before looking at the mask."""
     path = _path()
-    if path == "loop" or (path == "auto" and x.device.type != "cuda"):
+    if path not in ("auto", "fused") or (path == "auto" and x.device.type != "cuda"):
         return None
     if window is not None or projected:
         return None

@@ -7,7 +7,8 @@ masking, and the explicit BPTT backward.
 ``rnnkit.bptt.windowed``) and ``weight_grads`` (every weight gradient as one product over
 all steps), on the records of ``rnnkit.bptt.record``. Where PyTorch's fused kernels
 (cuDNN on a GPU) compute the same function, they run the layer instead
-(``rnnkit.bptt.fused``: CUDA tensors by default). With the compiled loop, rows are
+(``rnnkit.bptt.fused``: CUDA tensors by default); where they do not, on a GPU, the
+Triton steps (``rnnkit.bptt.gpu_steps``). With the compiled loop, rows are
 sorted by their last real step and packed, so finished rows cost nothing. Under graph
 tracing (``torch.compile``, ``torch.export``) the loop is the kernel's differentiable
 step, unrolled, and autograd gives the gradients (the explicit BPTT equals them: tested).
@@ -27,17 +28,25 @@ from rnnkit.bptt.dispatch import (
     GRAPH_FUSED,
     GRAPH_OP,
     GRAPH_STEPS,
+    STEPS,
     compiled_library,
     route,
 )
 from rnnkit.bptt.forward import _like_weights, forward_pass
 from rnnkit.bptt.fused import run_fused
+from rnnkit.bptt.gpu_steps import run_steps
 from rnnkit.bptt.opaque import run_opaque
 from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_record
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
 from rnnkit.cells.kernel import Kernel, Weights
 
-__all__ = ["clean_padding", "recurrence_gradients", "run_recurrence", "takes_projected"]
+__all__ = [
+    "clean_padding",
+    "recurrence_gradients",
+    "run_recurrence",
+    "takes_projected",
+    "takes_resets",
+]
 
 
 class _Recurrence(torch.autograd.Function):
@@ -115,6 +124,19 @@ def takes_projected(
     return compiled_library(kernel, x, *weights, *states0) is not None
 
 
+def takes_resets(
+    kernel: Kernel, x: Tensor, weights: Weights, mask: Tensor | None, window: int | None
+) -> bool:
+    """Whether :func:`run_recurrence` takes ``reset`` for this layer: where its route is
+    the Triton steps (``rnnkit.bptt.gpu_steps``), which zero the state inside one call.
+    Elsewhere a caller runs the pieces between resets. ``x (T, B, ·)``, ``mask (T, B)``."""
+    if tracing():
+        return False
+    like = x[:0].to(weights.weight_hh.dtype)  # the route reads the device and the dtype
+    mask3 = None if mask is None or bool(mask.all()) else mask.unsqueeze(-1)
+    return route(kernel, like, weights, (), mask, mask3, window, False).path == STEPS
+
+
 def clean_padding(x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """``x (T, B, I)`` with its padding replaced by 0, and the mask as ``(T, B, 1)`` —
     None when every step is real. Padding may hold anything (NaN, 1e30): it is replaced
@@ -168,6 +190,7 @@ def run_recurrence(
     mask: Tensor | None = None,
     window: int | None = None,
     projected: bool = False,
+    reset: Tensor | None = None,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """Run one direction of one layer over time with the explicit BPTT backward.
 
@@ -181,6 +204,9 @@ def run_recurrence(
         projected: ``x (T, B, G·H)`` is the input product ``x W_ihᵀ`` (no bias) the caller
             computed; ``weight_ih`` then gets no gradient from this node. The compiled
             loop only (:func:`takes_projected`), full BPTT.
+        reset: ``(T, B)`` bool, True where the state entering step t is zero (a new
+            document; no gradient crosses it), or None. Only where :func:`takes_resets`
+            says so (the Triton steps).
 
     Returns:
         ``(outputs (T, B, H), final states)`` — the final states are those after each
@@ -207,6 +233,11 @@ def run_recurrence(
     if not tracing():
         x, mask3 = clean_padding(x, mask)
     way = route(kernel, x, weights, states0, mask, mask3, window, projected)  # dispatch.py
+    if reset is not None and way.path != STEPS:
+        raise ValueError(
+            "resets inside one call run on the Triton steps only (check takes_resets first; "
+            "elsewhere run the pieces between them)"
+        )
     if way.path == GRAPH_FUSED:
         return run_fused(kernel, way.form, x, weights, states0, None)
     if way.path == GRAPH_OP:
@@ -217,6 +248,8 @@ def run_recurrence(
         return _traced_recurrence(kernel, x, weights, states0, mask, window)
     if way.path == FUSED:  # PyTorch's fused kernel (cuDNN) computes this function
         return run_fused(kernel, way.form, x, weights, states0, way.lengths)
+    if way.path == STEPS:  # one product and one Triton launch per step (gpu_steps.py)
+        return run_steps(kernel, x, weights, states0, mask3, reset)
     x, mask3, states0, order, packing = _sorted_rows(kernel, x, weights, states0, mask, mask3)
     tensors = (x, *weights, *states0)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

@@ -49,6 +49,7 @@ class Recurrent(nn.Module):
         recompute: int | None = None,
         projected: bool = False,
         masks: CellMasks | None = None,
+        reset: Tensor | None = None,
     ) -> tuple[Tensor, State]:
         """``x (T, B, I)``, ``mask (T, B)`` → ``(outputs (T, B, H), final state)``.
 
@@ -58,7 +59,9 @@ class Recurrent(nn.Module):
         computed by the caller (``rnnkit.bptt.recurrence.run_recurrence``).
         ``masks``: the regularizers' masks of this direction (``rnnkit.layers.regularization``):
         the masked ``weight_hh`` goes to the loop; recurrent dropout and zoneout run in
-        the loop (``rnnkit.bptt.regularized``), not with ``window`` or ``recompute``."""
+        the loop (``rnnkit.bptt.regularized``), not with ``window`` or ``recompute``.
+        ``reset (T, B)``: the state entering step t zero for those rows, forward direction
+        only, where ``rnnkit.bptt.recurrence.takes_resets`` says so."""
         check_tracer()
         input_part = getattr(self.cell, "input_part", None)  # a layer-normalised cell
         if input_part is not None:
@@ -102,7 +105,7 @@ class Recurrent(nn.Module):
             outputs, finals = run_recomputed(kernel, x, weights, states0, run_mask, recompute)
         else:
             outputs, finals = run_recurrence(
-                kernel, x, weights, states0, run_mask, window, projected
+                kernel, x, weights, states0, run_mask, window, projected, reset
             )
         if self.reverse:
             # Flip back with the ORIGINAL mask: the extent [0, L) is that of the input (a

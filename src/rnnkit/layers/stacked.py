@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rnnkit.bptt.recurrence import takes_projected
+from rnnkit.bptt.recurrence import takes_projected, takes_resets
 from rnnkit.bptt.tracing import tracing
 from rnnkit.cells.amp import autocast_devices_on, low_precision_to
 from rnnkit.cells.base import CellBase
@@ -395,6 +395,8 @@ class StackedRecurrent(nn.Module):
             raise ConfigError("input_dropout needs the input itself, not its product")
         if window is not None and xt.shape[0] > 0 and self._needs_grad(xt, state):
             h, finals = self._run_windowed(xt, mask_t, init, window, resets_bt, masks)
+        elif resets_bt is not None and self._resets_in_one_call(xt, mask_t, window, masks):
+            h, finals = self._run_layers(xt, mask_t, init, window, masks=masks, reset=resets_bt.T)
         elif resets_bt is not None:
             return self._run_pieces(x, mask_bt, state, window, resets_bt, masks)
         else:
@@ -410,9 +412,11 @@ class StackedRecurrent(nn.Module):
         window,
         projected: bool = False,
         masks: StackMasks | None = None,
+        reset: Tensor | None = None,
     ) -> tuple[Tensor, list[list[State]]]:
         """Layer after layer, one autograd node per direction (``(T, B, ·)`` inside);
-        ``projected``: ``xt`` is the first layer's input product."""
+        ``projected``: ``xt`` is the first layer's input product; ``reset (T, B)``: each
+        layer zeroes those rows' state inside its call (:meth:`_resets_in_one_call`)."""
         finals: list[list[State]] = []
         h = xt if masks is None else locked(xt, masks.input)
         D = self.num_directions
@@ -433,7 +437,7 @@ class StackedRecurrent(nn.Module):
                 s0 = None if layer_state is None else layer_state[0]
                 first = projected and index == 0
                 one = None if cell_masks is None else cell_masks[0]
-                h, f = layer(h, mask_t, s0, window, self.recompute, first, masks=one)
+                h, f = layer(h, mask_t, s0, window, self.recompute, first, one, reset)
                 fin = [f]
             finals.append(fin)
         return (h if masks is None else locked(h, masks.output)), finals
@@ -478,6 +482,22 @@ class StackedRecurrent(nn.Module):
         x_in = xt if masks is None else locked(xt, masks.input)
         h, finals = run_windowed_stack(layers, x_in, mask_t, init, window, drops, reset_t)
         return (h if masks is None else locked(h, masks.output)), finals
+
+    def _resets_in_one_call(
+        self, xt: Tensor, mask_t: Tensor | None, window: int | None, masks: StackMasks | None
+    ) -> bool:
+        """Whether every layer takes the resets inside one call (the Triton steps on a GPU,
+        ``rnnkit.bptt.gpu_steps``): no recompute, no regularizer's masks in the loop, and
+        each layer's route the Triton steps. Elsewhere the stack runs the pieces."""
+        if self.recompute is not None or masks is not None:
+            return False
+        for layer in self.layers:
+            cell = _directions(layer)[0].cell
+            if not isinstance(layer, Recurrent) or hasattr(cell, "input_part"):
+                return False
+            if not takes_resets(cell.kernel, xt, cell.weights(), mask_t, window):
+                return False
+        return True
 
     def _run_pieces(
         self,

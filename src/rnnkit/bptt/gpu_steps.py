@@ -1,0 +1,439 @@
+"""Fused GPU steps in Triton, for the functions PyTorch's fused kernels (cuDNN) cannot
+compute: masks with holes, resets inside the loop, the GRU with ``reset="before"``, the
+``sigmoid`` simple cell.
+
+The library's PyTorch time loop issues some ten to twenty small kernels per step; here
+each step is ONE recurrent product (``torch.mm``, cuBLAS on a GPU) and ONE Triton launch
+that does the whole gate math, the hold at a padded step (``h_t = h_{t-1}``, ``c`` too)
+and the reset (the state entering the step zero for some rows: the launch zeroes
+``h_{t-1}``, ``c_{t-1}`` and those rows of the recurrent product, ``0 · W = 0``). A GRU
+with ``reset="before"`` needs the product ``(r ⊙ h_{t-1}) W_nhᵀ`` inside the step: two
+products and two launches. The backward, per step: one launch (the gate derivatives;
+a held step passes its gradient on to the previous state, a reset stops it) and one
+product for ∂L/∂h_{t-1} (two for ``reset="before"``); the weight gradients after the
+loop, each ONE product over all steps, as the explicit BPTT does
+(:mod:`rnnkit.bptt.backward`). The equations are the cells' own (:mod:`rnnkit.cells`);
+the tests hold every output and gradient equal to the explicit BPTT in float64.
+
+Cell forms: LSTM, the four GRU forms, the simple cell with tanh, relu or sigmoid; float32
+and float64; full BPTT (a segment of truncated BPTT is one call from a given state).
+Triton is an optional dependency (``pip install 'rnnkit[gpu]'``), imported on first use:
+``import rnnkit`` never imports it. The kernels are :mod:`rnnkit.bptt.triton_kernels`;
+under ``TRITON_INTERPRET=1`` they run on the CPU in Triton's interpreter.
+
+Which runs (:func:`wants_steps`, the ``"triton"`` path of ``RNNKIT_GPU_PATH`` and
+:func:`rnnkit.bptt.fused.use_fused`): by default (``"auto"``) for CUDA tensors where
+PyTorch's fused kernels do not compute the function and triton imports; ``"triton"``
+forces it wherever it handles the function, on any device (the CPU only in the
+interpreter).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from rnnkit.bptt.fused import _path
+from rnnkit.cells.amp import without_autocast
+from rnnkit.cells.gru import GRUKernel
+from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.cells.lstm import LSTMKernel
+from rnnkit.cells.rnn import RNNKernel
+from rnnkit.errors import ConfigError
+
+__all__ = ["run_steps", "steps_handle", "triton_available", "wants_steps"]
+
+_ACTIVATIONS = {"tanh": 0, "relu": 1, "sigmoid": 2}
+_DTYPES = (torch.float32, torch.float64)
+_KERNELS = "rnnkit.bptt.triton_kernels"
+_found: dict[str, bool] = {}
+
+
+def triton_available() -> bool:
+    """Whether triton imports (looked up once)."""
+    if "triton" not in _found:
+        try:
+            importlib.import_module("triton")
+            _found["triton"] = True
+        except ImportError:
+            _found["triton"] = False
+    return _found["triton"]
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def steps_handle(kernel: Kernel, x: Tensor, window: int | None, projected: bool) -> bool:
+    """Whether the Triton steps compute this layer's function: an LSTM, GRU or simple
+    cell as such (no regularizer or layer norm around it), float32/float64, full BPTT,
+    the input itself (not its product). Masks and resets are theirs."""
+    if window is not None or projected or x.dtype not in _DTYPES:
+        return False
+    return type(kernel) in (LSTMKernel, GRUKernel, RNNKernel)
+
+
+def wants_steps(kernel: Kernel, x: Tensor, window: int | None, projected: bool) -> bool:
+    """Whether the Triton steps run this layer (asked after PyTorch's fused kernels said
+    no, :func:`rnnkit.bptt.dispatch.route`): ``"auto"`` for CUDA tensors where triton
+    imports; ``"triton"`` wherever :func:`steps_handle` says so. The CPU's first test costs
+    nothing on the hot path: it returns before looking at anything else."""
+    path = _path()
+    if path == "auto":
+        return (
+            x.device.type == "cuda"
+            and steps_handle(kernel, x, window, projected)
+            and triton_available()
+        )
+    if path != "triton" or not steps_handle(kernel, x, window, projected):
+        return False
+    if not triton_available():
+        raise ConfigError(
+            "RNNKIT_GPU_PATH=triton needs triton, an optional dependency: pip install 'rnnkit[gpu]'"
+        )
+    if x.device.type == "cpu" and not _interpreted():
+        raise ConfigError(
+            "RNNKIT_GPU_PATH=triton on CPU tensors runs only in Triton's interpreter: "
+            "set TRITON_INTERPRET=1 before the first use, or use a CUDA device"
+        )
+    return True
+
+
+class _Launch(NamedTuple):
+    """What every launch of one call shares: the kernels module, the grid and the flags."""
+
+    k: Any  # rnnkit.bptt.triton_kernels
+    grid: tuple[int]
+    block: int
+    mask: Tensor  # (T, B) int8, or a stand-in when there is none
+    reset: Tensor  # (T + 1, B) int8, or a stand-in
+    has_mask: bool
+    has_reset: bool
+
+    def options(self) -> dict[str, Any]:
+        # FMA contraction as cuBLAS and cuDNN have it, asked for explicitly: triton 3.9
+        # warns once where it is left to its default
+        return {"BLOCK": self.block, "enable_fp_fusion": True}
+
+    def flags(self) -> dict[str, Any]:
+        """The options, and which of mask and reset the kernels read."""
+        return {"HAS_MASK": self.has_mask, "HAS_RESET": self.has_reset, **self.options()}
+
+
+def _launch(x: Tensor, B: int, H: int, mask: Tensor | None, reset: Tensor | None) -> _Launch:
+    n = B * H
+    block = 16
+    while block < min(n, 1024):
+        block *= 2
+    grid = (max(1, (n + block - 1) // block),)  # an empty batch: one program, no element
+    k = importlib.import_module(_KERNELS)  # sys.modules after the first call
+    m = x if mask is None else mask
+    r = x if reset is None else reset
+    return _Launch(k, grid, block, m, r, mask is not None, reset is not None)
+
+
+def _as_int8(
+    mask: Tensor | None, reset: Tensor | None, T: int, B: int, like: Tensor
+) -> tuple[Tensor | None, Tensor | None]:
+    """The int8 ``(T, B)`` mask and ``(T + 1, B)`` reset the kernels read (None: none)."""
+    m = None if mask is None else mask.reshape(T, B).to(torch.int8).contiguous()
+    r = None
+    if reset is not None:
+        r = torch.zeros(T + 1, B, dtype=torch.int8, device=like.device)
+        r[:T] = reset.reshape(T, B).to(torch.int8)
+    return m, r
+
+
+@without_autocast
+def _forward(
+    kernel: Kernel,
+    x: Tensor,
+    w: Weights,
+    states0: tuple[Tensor, ...],
+    mask: Tensor | None,
+    reset: Tensor | None,
+    save: bool,
+) -> tuple[Tensor, tuple[Tensor, ...], Tensor, Tensor | None]:
+    """The steps: ``(x rows (T·B, I), states (T + 1, B, H) each, gates (T, B, G·H),
+    rec (T, B, H) or None)``; ``rec`` is the GRU's bracket (after) or ``r ⊙ h_{t-1}``
+    (before), one step's scratch when nothing is saved."""
+    T, B, I = x.shape
+    H = w.weight_hh.shape[1]
+    x_flat = x.reshape(T * B, I)
+    G = w.weight_ih.shape[0]
+    gates = torch.addmm(w.bias, x_flat, w.weight_ih.T).view(T, B, G)  # bias included
+    states = tuple(x.new_empty(T + 1, B, H) for _ in states0)
+    for buf, s0 in zip(states, states0, strict=True):
+        buf[0].copy_(s0)
+    L = _launch(x, B, H, mask, reset)
+    flags = L.flags()
+    hs = states[0]
+    h_steps = hs.unbind(0)
+    rec = None
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        if isinstance(kernel, LSTMKernel):
+            hw, w_t = x.new_empty(B, 4 * H), w.weight_hh.T
+            for t in range(T):
+                torch.mm(h_steps[t], w_t, out=hw)
+                L.k.lstm_forward[L.grid](
+                    gates, hw, hs, states[1], L.mask, L.reset, t, B, H, **flags
+                )
+        elif isinstance(kernel, RNNKernel):
+            hw, w_t = x.new_empty(B, H), w.weight_hh.T
+            act = _ACTIVATIONS[kernel.nonlinearity]
+            for t in range(T):
+                torch.mm(h_steps[t], w_t, out=hw)
+                L.k.rnn_forward[L.grid](gates, hw, hs, L.mask, L.reset, t, B, H, ACT=act, **flags)
+        else:
+            assert isinstance(kernel, GRUKernel)
+            rec = x.new_empty(T if save else 1, B, H)
+            _gru_forward(kernel, L, gates, hs, rec, w, save, flags)
+    return x_flat, states, gates, rec
+
+
+def _gru_forward(
+    kernel: GRUKernel,
+    L: _Launch,
+    gates: Tensor,
+    hs: Tensor,
+    rec: Tensor,
+    w: Weights,
+    save: bool,
+    flags: dict[str, Any],
+) -> None:
+    T, B, H = gates.shape[0], hs.shape[1], hs.shape[2]
+    keep = kernel.update == "keep"
+    h_steps, rec_steps = hs.unbind(0), rec.unbind(0)
+    if kernel.reset == "after":
+        hw, w_t = hs.new_empty(B, 3 * H), w.weight_hh.T
+        assert w.bias_hn is not None  # a GRU with reset="after" always has it
+        for t in range(T):
+            torch.mm(h_steps[t], w_t, out=hw)
+            L.k.gru_after_forward[L.grid](
+                gates, hw, w.bias_hn, hs, rec, L.mask, L.reset, t, t if save else 0, B, H,
+                KEEP=keep, **flags,
+            )  # fmt: skip
+        return
+    hw, hn = hs.new_empty(B, 2 * H), hs.new_empty(B, H)
+    w_rz, w_n = w.weight_hh[: 2 * H].T, w.weight_hh[2 * H :].T
+    for t in range(T):
+        tc = t if save else 0
+        torch.mm(h_steps[t], w_rz, out=hw)
+        L.k.gru_before_gates[L.grid](
+            gates, hw, hs, rec, L.reset, t, tc, B, H,
+            HAS_RESET=L.has_reset, **L.options(),
+        )  # fmt: skip
+        torch.mm(rec_steps[tc], w_n, out=hn)
+        L.k.gru_before_state[L.grid](
+            gates, hn, hs, L.mask, L.reset, t, B, H, KEEP=keep, **flags
+        )  # fmt: skip
+
+
+@without_autocast
+def _backward(
+    kernel: Kernel,
+    L: _Launch,
+    states: tuple[Tensor, ...],
+    gates: Tensor,
+    rec: Tensor | None,
+    w_hh: Tensor,
+    d_out: Tensor | None,
+    d_finals: tuple[Tensor | None, ...],
+) -> tuple[Tensor, Tensor | None, tuple[Tensor, ...]]:
+    """The sweep from step T down to 1: ``(d_xp (T, B, G·H), d_rec, ∂L/∂states0)``;
+    ``d_rec`` the GRU (after)'s recurrent gradients ``(T, B, 3H)``, else None."""
+    hs = states[0]
+    T, B, H = hs.shape[0] - 1, hs.shape[1], hs.shape[2]
+    d_xp = gates.new_empty(gates.shape)
+    carry = [hs.new_zeros(B, H) if d is None else d.contiguous().clone() for d in d_finals]
+    direct = hs.new_empty(B, H)
+    has_dout = d_out is not None
+    d_o = d_out.contiguous() if d_out is not None else hs
+    flags = L.flags()
+    d_steps = d_xp.unbind(0)
+    d_rec = None
+    with torch.cuda.device(hs.device) if hs.is_cuda else contextlib.nullcontext():
+        if isinstance(kernel, LSTMKernel):
+            for t in range(T - 1, -1, -1):
+                L.k.lstm_backward[L.grid](
+                    gates, states[1], L.mask, L.reset, carry[0], carry[1], d_o, d_xp, direct,
+                    t, B, H, HAS_DOUT=has_dout, **flags,
+                )  # fmt: skip
+                torch.addmm(direct, d_steps[t], w_hh, out=carry[0])
+        elif isinstance(kernel, RNNKernel):
+            act = _ACTIVATIONS[kernel.nonlinearity]
+            for t in range(T - 1, -1, -1):
+                L.k.rnn_backward[L.grid](
+                    hs, L.mask, L.reset, carry[0], d_o, d_xp, direct, t, B, H,
+                    ACT=act, HAS_DOUT=has_dout, **flags,
+                )  # fmt: skip
+                torch.addmm(direct, d_steps[t], w_hh, out=carry[0])
+        else:
+            assert isinstance(kernel, GRUKernel) and rec is not None
+            d_rec = _gru_backward(kernel, L, hs, gates, rec, w_hh, d_o, has_dout, d_xp, carry)
+    if L.has_reset:  # a row reset at step 0 read no initial state
+        carry = [torch.where(L.reset[0, :, None] != 0, 0.0, c) for c in carry]
+    return d_xp, d_rec, tuple(carry)
+
+
+def _gru_backward(
+    kernel: GRUKernel,
+    L: _Launch,
+    hs: Tensor,
+    gates: Tensor,
+    rec: Tensor,
+    w_hh: Tensor,
+    d_o: Tensor,
+    has_dout: bool,
+    d_xp: Tensor,
+    carry: list[Tensor],
+) -> Tensor | None:
+    T, B, H = gates.shape[0], hs.shape[1], hs.shape[2]
+    direct = hs.new_empty(B, H)
+    flags = L.flags()
+    keep = kernel.update == "keep"
+    d_steps = d_xp.unbind(0)
+    if kernel.reset == "after":
+        d_rec = torch.empty_like(d_xp)
+        d_rec_steps = d_rec.unbind(0)
+        for t in range(T - 1, -1, -1):
+            L.k.gru_update_backward[L.grid](
+                gates, rec, hs, L.mask, L.reset, carry[0], d_o, d_xp, d_rec, direct, t, B, H,
+                KEEP=keep, AFTER=True, HAS_DOUT=has_dout, **flags,
+            )  # fmt: skip
+            torch.addmm(direct, d_rec_steps[t], w_hh, out=carry[0])
+        return d_rec
+    d_rh = hs.new_empty(B, H)
+    w_rz, w_n = w_hh[: 2 * H], w_hh[2 * H :]
+    for t in range(T - 1, -1, -1):
+        L.k.gru_update_backward[L.grid](
+            gates, rec, hs, L.mask, L.reset, carry[0], d_o, d_xp, d_xp, direct, t, B, H,
+            KEEP=keep, AFTER=False, HAS_DOUT=has_dout, **flags,
+        )  # fmt: skip
+        torch.mm(d_steps[t][:, 2 * H :], w_n, out=d_rh)  # ∂L/∂(r ⊙ h_{t-1})
+        L.k.gru_before_backward[L.grid](
+            gates, hs, L.reset, d_rh, d_xp, direct, t, B, H,
+            HAS_RESET=L.has_reset, **L.options(),
+        )  # fmt: skip
+        torch.addmm(direct, d_steps[t][:, : 2 * H], w_rz, out=carry[0])
+    return None
+
+
+def _weight_grads(
+    kernel: Kernel,
+    L: _Launch,
+    x_flat: Tensor,
+    hs: Tensor,
+    rec: Tensor | None,
+    d_xp: Tensor,
+    d_rec: Tensor | None,
+    w: Weights,
+    need: tuple[bool, ...],
+) -> tuple[Tensor | None, ...]:
+    """``(∂L/∂x, ∂L/∂weight_ih, ∂L/∂weight_hh, ∂L/∂bias, ∂L/∂bias_hn)``, each ONE product
+    (or sum) over all steps; None where ``need`` says no."""
+    T, B, H = d_xp.shape[0], d_xp.shape[1], hs.shape[2]
+    d2 = d_xp.reshape(T * B, d_xp.shape[2])
+    d_x = torch.mm(d2, w.weight_ih).view(T, B, x_flat.shape[1]) if need[0] else None
+    d_ih = torch.mm(d2.T, x_flat) if need[1] else None
+    d_b = d2.sum(0) if need[3] else None
+    d_hh = d_hn = None
+    if need[2] or need[4]:
+        h_prev = hs[:-1]
+        if L.has_reset:  # what each step read
+            h_prev = torch.where(L.reset[:T, :, None] != 0, 0.0, h_prev)
+        h_prev = h_prev.reshape(T * B, H)
+        if d_rec is not None:  # GRU, reset="after": [d_ar, d_az, d_an ⊙ r]
+            q = d_rec.reshape(T * B, 3 * H)
+            d_hh, d_hn = torch.mm(q.T, h_prev), q[:, 2 * H :].sum(0)
+        elif isinstance(kernel, GRUKernel):  # reset="before": the n rows read r ⊙ h_{t-1}
+            assert rec is not None
+            r_h = rec.reshape(T * B, H)
+            d_hh = torch.cat([torch.mm(d2[:, : 2 * H].T, h_prev), torch.mm(d2[:, 2 * H :].T, r_h)])
+        else:
+            d_hh = torch.mm(d2.T, h_prev)
+    return d_x, d_ih, d_hh if need[2] else None, d_b, d_hn if need[4] else None
+
+
+class _Steps(torch.autograd.Function):
+    """One direction of one layer over the Triton steps; backward: their explicit BPTT."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        kernel: Kernel,
+        mask: Tensor | None,
+        reset: Tensor | None,
+        save: bool,
+        x: Tensor,
+        weight_ih: Tensor,
+        weight_hh: Tensor,
+        bias: Tensor,
+        bias_hn: Tensor | None,
+        *states0: Tensor,
+    ) -> tuple[Tensor, ...]:
+        w = Weights(weight_ih, weight_hh, bias, bias_hn)
+        x_flat, states, gates, rec = _forward(kernel, x, w, states0, mask, reset, save)
+        if save:
+            ctx.kernel, ctx.num_states = kernel, len(states)
+            ctx.has = (mask is not None, reset is not None, rec is not None)
+            kept = [t for t in (mask, reset, rec) if t is not None]
+            ctx.save_for_backward(x_flat, weight_ih, weight_hh, gates, *states, *kept)
+        return (states[0][1:], *(s[-1].clone() for s in states))
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        x_flat, w_ih, w_hh, gates, *rest = ctx.saved_tensors
+        n = ctx.num_states
+        states, rest = tuple(rest[:n]), list(rest[n:])
+        mask = rest.pop(0) if ctx.has[0] else None
+        reset = rest.pop(0) if ctx.has[1] else None
+        rec = rest.pop(0) if ctx.has[2] else None
+        hs = states[0]
+        L = _launch(hs, hs.shape[1], hs.shape[2], mask, reset)
+        d_xp, d_rec, d_s0 = _backward(ctx.kernel, L, states, gates, rec, w_hh, d_out, d_finals)
+        # needs_input_grad: kernel, mask, reset, save, x, w_ih, w_hh, bias, bias_hn, s0...
+        need = ctx.needs_input_grad[4:9]
+        w = Weights(w_ih, w_hh, None, None)  # type: ignore[arg-type]
+        grads = _weight_grads(ctx.kernel, L, x_flat, hs, rec, d_xp, d_rec, w, need)
+        d_init = tuple(d if ctx.needs_input_grad[9 + k] else None for k, d in enumerate(d_s0))
+        return (None, None, None, None, *grads, *d_init)
+
+
+def run_steps(
+    kernel: Kernel,
+    x: Tensor,
+    weights: Weights,
+    states0: tuple[Tensor, ...],
+    mask: Tensor | None = None,
+    reset: Tensor | None = None,
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """One direction of one layer over the Triton steps: the contract of
+    :func:`rnnkit.bptt.recurrence.run_recurrence` (full BPTT), plus resets.
+
+    Args:
+        x: ``(T, B, I)`` in the weights' dtype, its padding already zeroed
+            (``clean_padding``).  states0: each ``(B, H)``.
+        mask: ``(T, B)`` or ``(T, B, 1)`` bool, True at real steps, or None.
+        reset: ``(T, B)`` or ``(T, B, 1)`` bool, True where the state entering step t is
+            zero (a new document), or None.
+
+    Returns:
+        ``(outputs (T, B, H), final states (B, H) each)``, the state held across padding.
+    """
+    T, B = x.shape[0], x.shape[1]
+    m, r = _as_int8(mask, reset, T, B, x)
+    tensors = (x, *weights, *states0)
+    save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    states = tuple(s.contiguous() for s in states0)
+    result = _Steps.apply(kernel, m, r, save, x, *weights, *states)
+    return result[0], tuple(result[1:])

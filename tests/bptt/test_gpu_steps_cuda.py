@@ -1,0 +1,66 @@
+"""The Triton steps compiled and run on a CUDA device, against the CPU oracle (the
+library's PyTorch loop in float64). Skipped where there is no CUDA device or no triton;
+``tests/bptt/test_gpu_steps.py`` holds the same kernels to the oracle everywhere, in
+Triton's interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rnnkit
+from rnnkit.bptt import recurrence
+from rnnkit.bptt.fused import use_fused
+from rnnkit.bptt.native import use_native
+from rnnkit.types import LSTMState
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+B, T, I, H = 5, 9, 3, 8
+FORMS = [
+    ("lstm_holes", rnnkit.LSTM, {}),
+    ("gru_keep_before", rnnkit.GRU, {"update": "keep", "reset": "before"}),
+    ("gru_candidate_after_holes", rnnkit.GRU, {"update": "candidate", "reset": "after"}),
+    ("rnn_sigmoid", rnnkit.RNN, {"nonlinearity": "sigmoid"}),
+]
+
+
+def _run(layer, x, mask, device, dtype):
+    layer = layer.to(device=device, dtype=dtype)
+    x = x.to(device=device, dtype=dtype).requires_grad_(True)
+    out = layer(x, mask=mask.to(device))
+    finals = tuple(out.state) if isinstance(out.state, LSTMState) else (out.state,)
+    loss = out.outputs.sin().sum() + sum((f * f).sum() for f in finals)
+    grads = torch.autograd.grad(loss, [x, *layer.parameters()])
+    return [t.detach().double().cpu() for t in (out.outputs, *finals, *grads)]
+
+
+@pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
+def test_on_cuda_the_default_path_runs_the_triton_steps(name, cls, kw, monkeypatch):
+    pytest.importorskip("triton")
+    count = {"n": 0}
+    real = recurrence.run_steps
+
+    def counted(*args, **kwargs):
+        count["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(recurrence, "run_steps", counted)
+    torch.manual_seed(0)
+    layer = cls(I, H, num_layers=2, bidirectional=True, **kw)
+    mask = torch.rand(B, T) < 0.8  # holes
+    mask[0], mask[1] = True, False  # lengths T and 0
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    with use_fused("loop"), use_native(False):
+        want = _run(layer, x, mask, "cpu", torch.float64)
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-5)):
+        count["n"] = 0
+        with use_fused("auto"):
+            got = _run(layer, x, mask, "cuda", dtype)
+        assert count["n"] == 4  # two layers, two directions
+        for g, w in zip(got, want, strict=True):
+            scale = float(w.abs().max()) or 1.0
+            assert float((g - w).abs().max()) / scale <= tol
