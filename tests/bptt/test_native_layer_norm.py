@@ -42,13 +42,14 @@ def _mask(B: int, T: int) -> torch.Tensor:
 
 
 def _layer(kind: str, dtype: torch.dtype):
+    """The same parameters in either dtype (drawn in float32: float64 holds them exactly)."""
     torch.manual_seed(0)
-    layer = KINDS[kind](I, H, num_layers=2, bidirectional=True).to(dtype)
+    layer = KINDS[kind](I, H, num_layers=2, bidirectional=True)
     with torch.no_grad():  # gains and shifts away from 1 and 0, so that they matter
         for name, p in layer.named_parameters():
             if "gamma" in name or "beta" in name or "bias_hn" in name:
-                p.add_(0.3 * torch.randn(p.shape, dtype=dtype))
-    return layer
+                p.add_(0.3 * torch.randn(p.shape))
+    return layer.to(dtype)
 
 
 def _run(layer, x, mask, s0, compiled: bool):
@@ -68,42 +69,45 @@ def _run(layer, x, mask, s0, compiled: bool):
     return [h.detach(), *(f.detach() for f in finals), *grads, h_ng]
 
 
-def _both(kind: str, dtype: torch.dtype, threads: int, B: int = 11, T: int = 7):
+def _loop(kind: str, dtype: torch.dtype, threads: int, compiled: bool, B: int = 11, T: int = 7):
+    """:func:`_run` of a bidirectional stack over :func:`_mask` on ``threads`` threads, the
+    same data in either dtype."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         layer = _layer(kind, dtype)
         gen = torch.Generator().manual_seed(1)
-        x = torch.randn(B, T, I, generator=gen, dtype=dtype, requires_grad=True)
+        x = torch.randn(B, T, I, generator=gen).to(dtype).requires_grad_()
         n = 2 if kind == "lstm" else 1
-        s0 = [
-            torch.randn(2, 2, B, H, generator=gen, dtype=dtype).requires_grad_() for _ in range(n)
-        ]
-        mask = _mask(B, T)
-        got = _run(layer, x, mask, s0, compiled=True)
-        want = _run(layer, x, mask, s0, compiled=False)
+        s0 = [torch.randn(2, 2, B, H, generator=gen).to(dtype).requires_grad_() for _ in range(n)]
+        return _run(layer, x, _mask(B, T), s0, compiled)
     finally:
         torch.set_num_threads(before)
-    return got, want
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_float64_compiled_equals_the_pytorch_loop(kind, threads) -> None:
-    got, want = _both(kind, torch.float64, threads)
+    got = _loop(kind, torch.float64, threads, compiled=True)
+    want = _loop(kind, torch.float64, threads, compiled=False)
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_float32_compiled_equals_the_pytorch_loop_to_rounding(kind, threads) -> None:
-    """To 1e-5 of each tensor's largest value (measured: at most 1.5e-6): the normalisation
-    divides by a standard deviation, which scales the rounding of the sums up."""
-    got, want = _both(kind, torch.float32, threads)
-    for a, b in zip(got, want, strict=True):
-        assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp_min(1e-6)
+def test_float32_compiled_is_as_near_the_truth_as_the_pytorch_loop(kind, threads) -> None:
+    """In float32 each loop rounds its own way: both are held to the float64 result (the
+    truth, to 1e-12) and the compiled loop's error may be at most 4 times the PyTorch
+    loop's, plus 1e-6 of the tensor's largest value (measured: the compiled loop's error
+    less that is at most 2.1 times the PyTorch loop's, in the gains' gradients)."""
+    truth = _loop(kind, torch.float64, threads, compiled=False)
+    got = _loop(kind, torch.float32, threads, compiled=True)
+    want = _loop(kind, torch.float32, threads, compiled=False)
+    for a, b, t in zip(got, want, truth, strict=True):
+        err_c, err_p = ((v.double() - t).abs().max() for v in (a, b))
+        assert err_c <= 4 * err_p + 1e-6 * t.abs().max()
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

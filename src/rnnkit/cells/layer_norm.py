@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rnnkit.cells.amp import cell_step_in_weights_dtype
@@ -50,6 +51,7 @@ __all__ = [
     "layer_norm_gru_step",
     "layer_norm_lstm_step",
     "normalize",
+    "normalized_input",
 ]
 
 EPS = 1e-5
@@ -60,6 +62,15 @@ def normalize(v: Tensor) -> tuple[Tensor, Tensor]:
     mean = v.mean(-1, keepdim=True)
     inv = torch.rsqrt(v.var(-1, unbiased=False, keepdim=True) + EPS)
     return (v - mean) * inv, inv
+
+
+def normalized_input(x: Tensor, weight_ih: Tensor, gain: Tensor) -> Tensor:
+    """The input part ``ν(x W_xᵀ) ⊙ γ_x`` of every step at once, ``x (…, I)`` →
+    ``(…, G·H)``: ``normalize(x W_xᵀ)[0] * gain`` as torch's fused layer norm, whose
+    forward and backward cost a few passes over the ``(T·B, G·H)`` product (the same
+    function in separate operations costs a dozen)."""
+    v = x @ weight_ih.T
+    return F.layer_norm(v, (v.shape[-1],), gain, None, EPS)
 
 
 def normalize_backward(d: Tensor, n: Tensor, inv: Tensor) -> Tensor:
@@ -224,7 +235,9 @@ class LayerNormLSTMKernel:
     ) -> tuple[Tensor, Tensor | None]:
         n_q, H = cache[1], h_prev.shape[1]
         d_gains = torch.cat([(d_xp * n_q).sum(0), d_hp[:, 4 * H :].sum(0)])  # γ_h; γ_c, β_c
-        return mm(d_hp[:, : 4 * H].T, h_prev), d_gains
+        # torch's product reads the column block where it lies (a BLAS leading dimension);
+        # the library's (mm) would copy it first, which costs more than its kernel saves
+        return torch.mm(d_hp[:, : 4 * H].T, h_prev), d_gains
 
     # The compiled loop (rnnkit/csrc/layer_norm.h) fills the same buffers as step_into and
     # step_backward: the caches above, and d_hp in this kernel's layout.
@@ -324,7 +337,7 @@ class LayerNormLSTMCell(CellBase):
 
     def input_part(self, x: Tensor) -> Tensor:
         """``ν(x W_xᵀ) ⊙ γ_x`` for ``x (…, I)`` → ``(…, 4H)``: the loop's input."""
-        return normalize(x @ self.weight_ih.T)[0] * self.gamma_ih
+        return normalized_input(x, self.weight_ih, self.gamma_ih)
 
     @cell_step_in_weights_dtype
     def forward(self, x: Tensor, state: LSTMState | None = None) -> LSTMState:
@@ -460,7 +473,7 @@ class LayerNormGRUKernel:
         d_qn = d_hp[:, 3 * H :]
         q_grad = torch.cat([d_xp[:, : 2 * H], d_qn], dim=1)
         d_gains = torch.cat([(q_grad * n_q).sum(0), d_qn.sum(0)])  # γ_h; b_hn
-        return mm(d_hp[:, : 3 * H].T, h_prev), d_gains
+        return torch.mm(d_hp[:, : 3 * H].T, h_prev), d_gains  # as the LSTM's
 
     # The compiled loop (rnnkit/csrc/layer_norm.h), as LayerNormLSTMKernel's.
     def native_reads_rows(self, x: Tensor, w: Weights) -> bool:
@@ -562,7 +575,7 @@ class LayerNormGRUCell(CellBase):
 
     def input_part(self, x: Tensor) -> Tensor:
         """``ν(x W_xᵀ) ⊙ γ_x`` for ``x (…, I)`` → ``(…, 3H)``: the loop's input."""
-        return normalize(x @ self.weight_ih.T)[0] * self.gamma_ih
+        return normalized_input(x, self.weight_ih, self.gamma_ih)
 
     @cell_step_in_weights_dtype
     def forward(self, x: Tensor, state: Tensor | None = None) -> Tensor:
