@@ -17,8 +17,10 @@ The GRU (r, z, n; reset after the recurrent product, both update conventions):
 
 Backward of ν with ``n = ν(v)``, ``s = 1/√(var(v) + ε)``, for a gradient ``d`` of ``n``:
 ``∂L/∂v = s (d − mean(d) − n ⊙ mean(d ⊙ n))``. The input part ``ν(W_x x_t) ⊙ γ_x`` is
-the same for every step: the layer computes it for all steps at once, with autograd, and
-hands it to the time loop as its input (``LayerNormLSTMKernel.reads_projected``); the loop
+the same for every step: the layer computes it for all steps at once, with autograd
+(``rnnkit.cells.normalization.normalized_input``: torch's fused layer norm of the input
+product, that product the compiled loop's where the layer runs there), and hands it to
+the time loop as its input (``LayerNormLSTMKernel.reads_projected``); the loop
 runs the rest, with the hand-written backward of :meth:`LayerNormLSTMKernel.step_backward`.
 On the CPU the compiled loop runs it (``rnnkit/csrc/layer_norm.h``: the same caches and
 backward; the kernels' ``native_forward``/``native_backward``), elsewhere the PyTorch
@@ -33,51 +35,23 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rnnkit.cells.amp import cell_step_in_weights_dtype
 from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.gru import UPDATES
 from rnnkit.cells.kernel import Weights, scratch
+from rnnkit.cells.normalization import normalize, normalize_backward, normalized_input
 from rnnkit.types import LSTMState
 
 __all__ = [
-    "EPS",
     "LayerNormGRUCell",
     "LayerNormGRUKernel",
     "LayerNormLSTMCell",
     "LayerNormLSTMKernel",
     "layer_norm_gru_step",
     "layer_norm_lstm_step",
-    "normalize",
-    "normalized_input",
 ]
-
-EPS = 1e-5
-
-
-def normalize(v: Tensor) -> tuple[Tensor, Tensor]:
-    """``(ν(v), 1/√(var(v) + ε))`` over the last dimension (the scale keeps that dim, 1)."""
-    mean = v.mean(-1, keepdim=True)
-    inv = torch.rsqrt(v.var(-1, unbiased=False, keepdim=True) + EPS)
-    return (v - mean) * inv, inv
-
-
-def normalized_input(x: Tensor, weight_ih: Tensor, gain: Tensor) -> Tensor:
-    """The input part ``ν(x W_xᵀ) ⊙ γ_x`` of every step at once, ``x (…, I)`` →
-    ``(…, G·H)``: ``normalize(x W_xᵀ)[0] * gain`` as torch's fused layer norm, whose
-    forward and backward cost a few passes over the ``(T·B, G·H)`` product (the same
-    function in separate operations costs a dozen)."""
-    v = x @ weight_ih.T
-    return F.layer_norm(v, (v.shape[-1],), gain, None, EPS)
-
-
-def normalize_backward(d: Tensor, n: Tensor, inv: Tensor) -> Tensor:
-    """∂L/∂v from ``d = ∂L/∂ν(v)``, ``n = ν(v)`` and its scale (module docstring)."""
-    mean_d = d.mean(-1, keepdim=True)
-    mean_dn = (d * n).mean(-1, keepdim=True)
-    return inv * (d - mean_d - n * mean_dn)
 
 
 def _rows(x: Tensor, T: int, B: int, offsets: Tensor | None) -> Tensor:
@@ -235,9 +209,7 @@ class LayerNormLSTMKernel:
     ) -> tuple[Tensor, Tensor | None]:
         n_q, H = cache[1], h_prev.shape[1]
         d_gains = torch.cat([(d_xp * n_q).sum(0), d_hp[:, 4 * H :].sum(0)])  # γ_h; γ_c, β_c
-        # torch's product reads the column block where it lies (a BLAS leading dimension);
-        # the library's (mm) would copy it first, which costs more than its kernel saves
-        return torch.mm(d_hp[:, : 4 * H].T, h_prev), d_gains
+        return mm(d_hp[:, : 4 * H].T, h_prev), d_gains
 
     # The compiled loop (rnnkit/csrc/layer_norm.h) fills the same buffers as step_into and
     # step_backward: the caches above, and d_hp in this kernel's layout.
@@ -335,9 +307,10 @@ class LayerNormLSTMCell(CellBase):
         gains = torch.cat([self.gamma_hh, self.gamma_c, self.beta_c])
         return Weights(self.weight_ih.detach(), self.weight_hh, self.bias, gains)
 
-    def input_part(self, x: Tensor) -> Tensor:
-        """``ν(x W_xᵀ) ⊙ γ_x`` for ``x (…, I)`` → ``(…, 4H)``: the loop's input."""
-        return normalized_input(x, self.weight_ih, self.gamma_ih)
+    def input_part(self, x: Tensor, mm: Callable[..., Tensor] | None = None) -> Tensor:
+        """``ν(x W_xᵀ) ⊙ γ_x`` for ``x (…, I)`` → ``(…, 4H)``: the loop's input
+        (``mm``: :func:`normalized_input`)."""
+        return normalized_input(x, self.weight_ih, self.gamma_ih, mm)
 
     @cell_step_in_weights_dtype
     def forward(self, x: Tensor, state: LSTMState | None = None) -> LSTMState:
@@ -473,7 +446,7 @@ class LayerNormGRUKernel:
         d_qn = d_hp[:, 3 * H :]
         q_grad = torch.cat([d_xp[:, : 2 * H], d_qn], dim=1)
         d_gains = torch.cat([(q_grad * n_q).sum(0), d_qn.sum(0)])  # γ_h; b_hn
-        return torch.mm(d_hp[:, : 3 * H].T, h_prev), d_gains  # as the LSTM's
+        return mm(d_hp[:, : 3 * H].T, h_prev), d_gains
 
     # The compiled loop (rnnkit/csrc/layer_norm.h), as LayerNormLSTMKernel's.
     def native_reads_rows(self, x: Tensor, w: Weights) -> bool:
@@ -573,9 +546,10 @@ class LayerNormGRUCell(CellBase):
         gains = torch.cat([self.gamma_hh, self.bias_hn])
         return Weights(self.weight_ih.detach(), self.weight_hh, self.bias, gains)
 
-    def input_part(self, x: Tensor) -> Tensor:
-        """``ν(x W_xᵀ) ⊙ γ_x`` for ``x (…, I)`` → ``(…, 3H)``: the loop's input."""
-        return normalized_input(x, self.weight_ih, self.gamma_ih)
+    def input_part(self, x: Tensor, mm: Callable[..., Tensor] | None = None) -> Tensor:
+        """``ν(x W_xᵀ) ⊙ γ_x`` for ``x (…, I)`` → ``(…, 3H)``: the loop's input
+        (``mm``: :func:`normalized_input`)."""
+        return normalized_input(x, self.weight_ih, self.gamma_ih, mm)
 
     @cell_step_in_weights_dtype
     def forward(self, x: Tensor, state: Tensor | None = None) -> Tensor:

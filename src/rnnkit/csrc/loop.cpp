@@ -429,7 +429,8 @@ void sigmoid_scores_backward(Tensor d_s, Tensor sig, Tensor w, Tensor s_sig, Ten
 // the input gradient d_gates W_ih. float32 with AVX-512: the packed kernel, split into
 // blocks of 64 rows over the threads (where torch's BLAS takes its AVX2 path, MKL on AMD
 // processors, this is twice its rate). Elsewhere torch's own product. A and B: each
-// row-major or the transpose of a row-major matrix (a .T view); other strides are copied.
+// row-major or the transpose of a row-major matrix (a .T view; for A, also of a block of its
+// columns); other strides are copied.
 // B may also be (T, B, n), its rows t·B + b: a batch-first input (transposed) is then
 // read in place for d_gatesᵀ x.
 Tensor matmul(Tensor a, Tensor b) {
@@ -442,7 +443,9 @@ Tensor matmul(Tensor a, Tensor b) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(-1);
   if (a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.device().is_cpu() &&
       b.device().is_cpu() && m >= PACK_MIN_ROWS && n > 0 && k > 0) {
-    const bool a_t = !a.is_contiguous() && a.t().is_contiguous();
+    // a transposed row-major matrix, its rows possibly padded (the .T of a block of
+    // columns, such as a layer-normalised cell's ∂L/∂q in its wider buffer): read in place
+    const bool a_t = !a.is_contiguous() && a.stride(0) == 1 && a.stride(1) >= m;
     if (!a_t) a = a.contiguous();
     if (rows3 && b.stride(2) != 1) b = b.contiguous();
     const bool b_t = !rows3 && !b.is_contiguous() && b.t().is_contiguous();
@@ -453,7 +456,7 @@ Tensor matmul(Tensor a, Tensor b) {
               : StepMatrix<float>(b_t ? b.t() : b, 0, b_t ? n : k, b_t, m);
     const float* A = a.data_ptr<float>();
     float* C = c.data_ptr<float>();
-    const int64_t lda = a_t ? m : k;
+    const int64_t lda = a_t ? a.stride(1) : k;
     constexpr int64_t kRows = 64;
     at::parallel_for(0, (m + kRows - 1) / kRows, 1, [&](int64_t q0, int64_t q1) {
       const int64_t r0 = q0 * kRows, r1 = std::min(m, q1 * kRows);
