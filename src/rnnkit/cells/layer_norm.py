@@ -211,8 +211,8 @@ class LayerNormLSTMKernel:
         d_gains = torch.cat([(d_xp * n_q).sum(0), d_hp[:, 4 * H :].sum(0)])  # γ_h; γ_c, β_c
         return mm(d_hp[:, : 4 * H].T, h_prev), d_gains
 
-    # The compiled loop (rnnkit/csrc/layer_norm.h) fills the same buffers as step_into and
-    # step_backward: the caches above, and d_hp in this kernel's layout.
+    # The compiled loop (rnnkit/csrc/layer_norm.h) fills the same caches as step_into; its
+    # backward sums the gains' gradient itself (d_hp then only ∂L/∂(W_h h_{t-1})).
     def native_reads_rows(self, x: Tensor, w: Weights) -> bool:
         return False  # the input part comes as rows of (T·B or N, 4H)
 
@@ -250,14 +250,16 @@ class LayerNormLSTMKernel:
         offsets: Tensor | None = None,
         need_x: bool = False,
         reg: tuple[Tensor | None, ...] | None = None,
-    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None]:
+    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None, Tensor]:
+        """Also the gains' gradient, summed by the loop: its ``d_hp`` is ∂L/∂(W_h h_{t-1})
+        alone (``Kernel.native_backward``)."""
         _no_regularizers(reg)
-        d_xp, d_hp, d_h0, d_c0 = lib.ln_lstm_backward(
+        d_xp, d_q, d_gains, d_h0, d_c0 = lib.ln_lstm_backward(
             [c.contiguous() for c in record.cache], record.states[1].contiguous(),
             w.weight_hh.contiguous(), _gains(w), mask,
             None if d_out is None else d_out.contiguous(), *d_states, offsets,
         )  # fmt: skip
-        return d_xp, d_hp, (d_h0, d_c0), None, None
+        return d_xp, d_q, (d_h0, d_c0), None, None, d_gains
 
 
 class LayerNormLSTMCell(CellBase):
@@ -484,15 +486,15 @@ class LayerNormGRUKernel:
         offsets: Tensor | None = None,
         need_x: bool = False,
         reg: tuple[Tensor | None, ...] | None = None,
-    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None]:
+    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None, Tensor]:
         _no_regularizers(reg)
-        d_xp, d_hp, d_h0 = lib.ln_gru_backward(
+        d_xp, d_q, d_gains, d_h0 = lib.ln_gru_backward(
             [c.contiguous() for c in record.cache], record.states[0].contiguous(),
             w.weight_hh.contiguous(), _gains(w), mask,
             None if d_out is None else d_out.contiguous(), d_states[0],
             self.update == "keep", offsets,
         )  # fmt: skip
-        return d_xp, d_hp, (d_h0,), None, None
+        return d_xp, d_q, (d_h0,), None, None, d_gains
 
 
 class LayerNormGRUCell(CellBase):

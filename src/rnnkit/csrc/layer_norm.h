@@ -108,20 +108,21 @@ void ln_lstm_fwd_row(const T* __restrict xp, const T* __restrict q, const T* __r
 
 // The backward of one row of the LSTM's step: dh, dc the gradients of h_t, c_t on entry;
 // dc becomes that of c_{t-1}, dh is zeroed (d_q W_hh is added by the caller). dxp: the
-// pre-activations' gradient (4H); dhp: ∂L/∂q (4H), ∂L/∂ĉ ⊙ ν(c) (H), ∂L/∂ĉ (H); u: H
-// values of scratch.
+// pre-activations' gradient (4H); dq: ∂L/∂q (4H); dg += the gains' gradient, [γ_h (4H):
+// ∂L/∂a ⊙ ν(q); γ_c (H): ∂L/∂ĉ ⊙ ν(c); β_c (H): ∂L/∂ĉ]; u: H values of scratch.
 template <typename T>
 void ln_lstm_bwd_row(const T* __restrict a, const T* __restrict nq, T invq, const T* __restrict nc,
                      T invc, const T* __restrict tc, const T* __restrict cp,
                      const T* __restrict gains, T* __restrict dh, T* __restrict dc,
-                     T* __restrict dxp, T* __restrict dhp, T* __restrict u, int64_t H) {
+                     T* __restrict dxp, T* __restrict dq, T* __restrict dg, T* __restrict u,
+                     int64_t H) {
   const int64_t G = 4 * H;
   const T* gc = gains + G;
   for (int64_t j = 0; j < H; ++j) {
     const T o = a[3 * H + j];
     const T dhat = dh[j] * o * (T(1) - tc[j] * tc[j]);  // ∂L/∂ĉ
-    dhp[G + j] = dhat * nc[j];
-    dhp[G + H + j] = dhat;
+    dg[G + j] += dhat * nc[j];
+    dg[G + H + j] += dhat;
     u[j] = dhat * gc[j];
     dxp[3 * H + j] = dh[j] * tc[j] * (o * (T(1) - o));
     dh[j] = T(0);
@@ -135,8 +136,11 @@ void ln_lstm_bwd_row(const T* __restrict a, const T* __restrict nq, T invq, cons
     dxp[2 * H + j] = dct * i * (T(1) - g * g);
     dc[j] = dct * f;
   }
-  for (int64_t j = 0; j < G; ++j) dhp[j] = dxp[j] * gains[j];
-  ln_normalize_backward(dhp, nq, invq, G);
+  for (int64_t j = 0; j < G; ++j) {
+    dg[j] += dxp[j] * nq[j];
+    dq[j] = dxp[j] * gains[j];
+  }
+  ln_normalize_backward(dq, nq, invq, G);
 }
 
 // One row of the GRU's step (reset after the product). xp: the input part (3H); q:
@@ -160,25 +164,33 @@ void ln_gru_fwd_row(const T* __restrict xp, const T* __restrict q, const T* __re
 
 // The backward of one row of the GRU's step: dh the gradient of h_t on entry, its direct
 // part (through the update) on exit (d_q W_hh is added by the caller). dxp: the
-// pre-activations' gradient (3H); dhp: ∂L/∂q (3H), ∂L/∂q_n (H).
+// pre-activations' gradient (3H); dq: ∂L/∂q (3H); dg += the gains' gradient, [γ_h (3H):
+// ∂L/∂(ν(q) γ_h) ⊙ ν(q); b_hn (H): ∂L/∂q_n].
 template <typename T, bool KEEP>
 void ln_gru_bwd_row(const T* __restrict a, const T* __restrict qn, const T* __restrict nq, T invq,
                     const T* __restrict hp, const T* __restrict gains, T* __restrict dh,
-                    T* __restrict dxp, T* __restrict dhp, int64_t H) {
+                    T* __restrict dxp, T* __restrict dq, T* __restrict dg, int64_t H) {
   for (int64_t j = 0; j < H; ++j) {
     const T r = a[j], z = a[H + j], n = a[2 * H + j], d = dh[j];
     const T dz = KEEP ? d * (hp[j] - n) : d * (n - hp[j]);
     const T dn = KEEP ? d * (T(1) - z) : d * z;
     const T dan = dn * (T(1) - n * n);
-    dhp[3 * H + j] = dan * r;
+    dq[2 * H + j] = dan * r;  // ∂L/∂q_n, for now
     dxp[j] = dan * qn[j] * (r * (T(1) - r));
     dxp[H + j] = dz * (z * (T(1) - z));
     dxp[2 * H + j] = dan;
     dh[j] = KEEP ? d * z : d * (T(1) - z);
   }
-  for (int64_t j = 0; j < 2 * H; ++j) dhp[j] = dxp[j] * gains[j];
-  for (int64_t j = 2 * H; j < 3 * H; ++j) dhp[j] = dhp[H + j] * gains[j];
-  ln_normalize_backward(dhp, nq, invq, 3 * H);
+  for (int64_t j = 0; j < 2 * H; ++j) {
+    dg[j] += dxp[j] * nq[j];
+    dq[j] = dxp[j] * gains[j];
+  }
+  for (int64_t j = 2 * H; j < 3 * H; ++j) {
+    dg[j] += dq[j] * nq[j];
+    dg[H + j] += dq[j];
+    dq[j] *= gains[j];
+  }
+  ln_normalize_backward(dq, nq, invq, 3 * H);
 }
 
 // The forward loop of one row block. xp: the input part (step buffer of G·H, read only);
@@ -223,13 +235,15 @@ void ln_forward_impl(const T* xp, const StepMatrix<T>& W, const T* bias, const T
 
 // The backward loop of one row block: d_h (and d_c) (B, H) the final states' gradients on
 // entry, the initial states' on exit; d_out (T, B, H) contiguous or null. dxp, dhp: step
-// buffers of G·H and of the recurrent gradients (G == 4: 6H, else 4H), zero at holes and
-// finished rows.
+// buffers of G·H, the pre-activations' gradient and ∂L/∂q (q = h_{t-1} W_hh^T), zero at
+// holes and finished rows. dg: this block's sum of the gains' gradient over its rows, summed
+// while they are in cache (a pass over the step buffers afterwards would read them again).
 template <typename T, int G, bool KEEP>
 void ln_backward_impl(const LnCache<T>& C, const T* hs, const T* cs, const StepMatrix<T>& W,
                       const T* gains, const bool* M, const Steps& S, const T* dout, T* dxp, T* dhp,
-                      T* dh, T* dc, int64_t Tn, int64_t B, int64_t H, int64_t r0, int64_t r1) {
-  const int64_t GH = G * H, RW = G == 4 ? 6 * H : 4 * H;
+                      T* dg, T* dh, T* dc, int64_t Tn, int64_t B, int64_t H, int64_t r0,
+                      int64_t r1) {
+  const int64_t GH = G * H, RW = GH;
   dh += r0 * H;
   if (G == 4) dc += r0 * H;
   std::vector<T> u(H);
@@ -250,11 +264,11 @@ void ln_backward_impl(const LnCache<T>& C, const T* hs, const T* cs, const StepM
       if constexpr (G == 4)
         ln_lstm_bwd_row<T>(C.row(0, k), C.row(1, k), C.row(2, k)[0], C.row(3, k), C.row(4, k)[0],
                            C.row(5, k), cs + (t * B + r0 + b) * H, gains, dh + b * H, dc + b * H,
-                           dx + b * GH, dr + b * RW, u.data(), H);
+                           dx + b * GH, dr + b * RW, dg, u.data(), H);
       else
         ln_gru_bwd_row<T, KEEP>(C.row(0, k), C.row(1, k), C.row(2, k), C.row(3, k)[0],
                                 hs + (t * B + r0 + b) * H, gains, dh + b * H, dx + b * GH,
-                                dr + b * RW, H);
+                                dr + b * RW, dg, H);
     }
     if (!S.packed()) {
       zero_rows(dx, bt, r1 - r0, GH);
@@ -341,8 +355,8 @@ std::vector<Tensor> ln_forward(const Tensor& xp, const Tensor& w_hh, const Tenso
 
 // cache: the forward's caches; states: cs (the LSTM) or hs (the GRU), (T + 1, B, H). d_h
 // (and d_c) (B, H): the final states' gradients, the initial states' on return. Returns
-// d_xp (the pre-activations' gradient) and d_hp (the recurrent gradients, the kernels'
-// layout), then d_h (and d_c).
+// d_xp (the pre-activations' gradient), d_q (∂L/∂q), the gains' gradient (the LSTM's
+// [γ_h; γ_c; β_c], the GRU's [γ_h; b_hn]), then d_h (and d_c).
 std::vector<Tensor> ln_backward(at::TensorList cache, const Tensor& states, const Tensor& w_hh,
                                 const Tensor& gains, const std::optional<Tensor>& mask,
                                 const std::optional<Tensor>& d_out, const Tensor& d_h,
@@ -367,8 +381,9 @@ std::vector<Tensor> ln_backward(at::TensorList cache, const Tensor& states, cons
                 "d_h and d_c must be (B, H) of the states' dtype");
   }
   TORCH_CHECK(d_c.has_value() == (G == 4), "d_c: the LSTM's only");
-  const int64_t RW = G == 4 ? 6 * H : 4 * H;
-  Tensor dxp = step_buffer(S, G * H, states), dhp = step_buffer(S, RW, states);
+  Tensor dxp = step_buffer(S, G * H, states), dhp = step_buffer(S, G * H, states);
+  // each thread block sums its rows' gains gradient into the row of its first batch row
+  Tensor dg = at::zeros({B, gains.size(0)}, states.options());
   AT_DISPATCH_FLOATING_TYPES(states.scalar_type(), "ln_backward", [&] {
     const LnCache<scalar_t> C = ln_cache_of<scalar_t>(caches, widths);
     const StepMatrix<scalar_t> W(w_hh, 0, G * H, false, S.rows());
@@ -380,10 +395,11 @@ std::vector<Tensor> ln_backward(at::TensorList cache, const Tensor& states, cons
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(C, G == 4 ? nullptr : s, G == 4 ? s : nullptr, W, gains.data_ptr<scalar_t>(), M, S,
         opt_ptr<scalar_t>(d_out), dxp.data_ptr<scalar_t>(), dhp.data_ptr<scalar_t>(),
-        d_h.data_ptr<scalar_t>(), dc, Tn, B, H, r0, r1);
+        dg.data_ptr<scalar_t>() + r0 * gains.size(0), d_h.data_ptr<scalar_t>(), dc, Tn, B, H, r0,
+        r1);
     });
   });
-  std::vector<Tensor> out{dxp, dhp, d_h};
+  std::vector<Tensor> out{dxp, dhp, dg.sum(0), d_h};
   if (d_c) out.push_back(*d_c);
   return out;
 }
