@@ -36,7 +36,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "weight_drop 0.5": {"weight_drop": 0.5},
     "recurrent_dropout 0.25": {"recurrent_dropout": 0.25},
     "zoneout 0.1": {"zoneout": 0.1},
-    "layer_norm (the PyTorch loop: no compiled form)": {"layer_norm": True},
+    "layer_norm": {"layer_norm": True},
     "AWD-style (input, locked, output, weight drop)": {
         "input_dropout": 0.3,
         "locked_dropout": 0.25,

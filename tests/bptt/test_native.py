@@ -563,7 +563,7 @@ def test_loop_operators_refuse_a_wrong_input_weight() -> None:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("a_t", [False, True], ids=["a", "a_T"])
+@pytest.mark.parametrize("a_t", [False, True, "block"], ids=["a", "a_T", "a_T_block"])
 @pytest.mark.parametrize("b_t", [False, True], ids=["b", "b_T"])
 @pytest.mark.parametrize(
     ("m", "k", "n"),
@@ -573,12 +573,16 @@ def test_loop_operators_refuse_a_wrong_input_weight() -> None:
 def test_matmul_equals_the_float64_product(threads, a_t, b_t, m, k, n) -> None:
     """The library's product (the weight gradients' ``d_gatesᵀ x``; its own kernel where
     the machine has AVX-512) agrees with the float64 product to 1e-6 of the largest value,
-    for every layout the backward passes (``d_xp.T`` is a transposed view), rows and
+    for every layout the backward passes (``d_xp.T`` is a transposed view, a
+    layer-normalised cell's ``∂L/∂q`` the transpose of a block of columns), rows and
     columns that fill no whole tile or panel, K over several blocks of 256, and on 2
     threads; float64 is torch's own product, to the bit."""
     lib = native.library()
     torch.manual_seed(0)
-    a = torch.randn(k, m).T if a_t else torch.randn(m, k)
+    if a_t == "block":  # rows of the transposed matrix 9 values apart beyond its width
+        a = torch.randn(k, m + 9)[:, :m].T
+    else:
+        a = torch.randn(k, m).T if a_t else torch.randn(m, k)
     b = torch.randn(n, k).T if b_t else torch.randn(k, n)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -1,6 +1,7 @@
 """The layer-normalised LSTM and GRU: the time loop's hand-written backward against
 autograd of the cell's plain step (float64, holes in the mask, both directions), finite
-differences with the regularizers, the compiled loop never taken, and the refusals."""
+differences with the regularizers, and the refusals (the compiled loop against the PyTorch
+loop: tests/bptt/test_native_layer_norm.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ import pytest
 import torch
 
 from rnnkit import GRU, LSTM, LSTMState
-from rnnkit.bptt.dispatch import compiled_library
-from rnnkit.bptt.fused import fused_form
-from rnnkit.cells.layer_norm import LayerNormGRUCell, LayerNormLSTMCell, normalize
+from rnnkit.cells.layer_norm import LayerNormLSTMCell, normalize
 from rnnkit.errors import ConfigError
 
 DT = torch.float64
@@ -42,7 +41,7 @@ def _perturbed(layer, gen):
                 p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
 
 
-@pytest.mark.usefixtures("time_loop")  # asked for, the compiled loop is not taken
+@pytest.mark.usefixtures("time_loop")  # on both loops
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_layer_equals_autograd_of_the_plain_step(kind, holey_mask, gen):
     B, T = holey_mask.shape
@@ -98,14 +97,6 @@ def test_gradcheck_bidirectional_stack(kind, options, holey_mask):
         return (out.outputs, *out.state) if kind == "lstm" else (out.outputs, out.state)
 
     assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("cell", [LayerNormLSTMCell(3, 4), LayerNormGRUCell(3, 4)])
-def test_no_compiled_loop_and_no_fused_form(cell):
-    cell = cell.double()
-    x = torch.zeros(5, 2, cell.gates * 4, dtype=DT)
-    assert compiled_library(cell.kernel, x, *cell.weights()) is None
-    assert fused_form(cell.kernel) is None  # type: ignore[arg-type]
 
 
 def test_the_cell_is_normalised_and_starts_with_unit_gains():

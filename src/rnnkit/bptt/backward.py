@@ -69,10 +69,12 @@ def backward_sweep(
             like.new_zeros(B, H) if d is None else d.contiguous().clone() for d in d_finals
         )
         offsets = None if packing is None else packing.offsets
-        d_xp, d_hp, d0, d_x, d_bias = kernel.native_backward(
+        result = kernel.native_backward(
             lib, record, w, _mask2(mask), d_out, d_states, offsets, need_x
         )
-        return Sweep(d_xp, d_hp, tuple(d0), d_x, d_bias)
+        d_xp, d_hp, d0, d_x, d_bias = result[:5]
+        d_bias_hn = result[5] if len(result) > 5 else None
+        return Sweep(d_xp, d_hp, tuple(d0), d_x, d_bias, d_bias_hn)
     bcache_steps = [c.unbind(0) for c in kernel.backward_cache(cache, states)]
     state_steps = [s.unbind(0) for s in states]
     prev_steps = [p.unbind(0) for p in incoming_states(record)]
@@ -170,7 +172,10 @@ def weight_grads(
         h_prev = incoming_states(record)[0].reshape(T * B, H)
         if packing is not None:
             h_prev = h_prev.index_select(0, packing.rows)
-        flat_cache = tuple(c.reshape(h_prev.shape[0], c.shape[-1]) for c in record.cache)
         d_hp = sweep.d_hp.reshape(h_prev.shape[0], sweep.d_hp.shape[-1])
-        d_w_hh, d_bias_hn = kernel.recurrent_grads(d_xp, d_hp, h_prev, flat_cache, mm)
+        if sweep.d_bias_hn is not None:  # summed by the compiled loop; d_hp: ∂L/∂(W_h h)
+            d_w_hh, d_bias_hn = mm(d_hp.T, h_prev), sweep.d_bias_hn
+        else:
+            flat_cache = tuple(c.reshape(h_prev.shape[0], c.shape[-1]) for c in record.cache)
+            d_w_hh, d_bias_hn = kernel.recurrent_grads(d_xp, d_hp, h_prev, flat_cache, mm)
     return Grads(d_x, d_w_ih, d_w_hh, d_bias, d_bias_hn if need[4] else None)

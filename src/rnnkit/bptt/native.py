@@ -3,7 +3,8 @@
 The pure-PyTorch loop of ``recurrence.py`` pays 3–5 µs of Python and dispatch per eager
 op, a dozen ops per step; at small sizes that is most of the time. This module compiles
 the C++ sources of ``rnnkit/csrc`` (once, on first use, into a per-user cache): one loop
-per cell kind (``rnn.h``, ``lstm.h``, ``gru.h``; entry points in ``loop.cpp``) that does, per
+per cell kind (``rnn.h``, ``lstm.h``, ``gru.h``, ``layer_norm.h`` for the
+layer-normalised LSTM and GRU; entry points in ``loop.cpp``) that does, per
 step, ONE matrix product (float32: W_hh packed once per call and a register-blocked
 kernel, AVX-512 where the CPU has it, else AVX2; float64: the BLAS torch links) and ONE
 fused pass of the gate math over contiguous rows — forward, and the hand-written backward

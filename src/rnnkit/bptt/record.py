@@ -114,6 +114,9 @@ class Sweep(NamedTuple):
     d_states0: tuple[Tensor, ...]
     d_x: Tensor | None = None  # ∂L/∂x (N, I) where the compiled loop computed it
     d_bias: Tensor | None = None  # ∂L/∂bias (G·H,) where the compiled loop summed it
+    # ∂L/∂bias_hn where the compiled loop summed it (a layer-normalised cell's gains); d_hp
+    # is then ∂L/∂(W_h h_{t-1}) alone, (N, G·H)
+    d_bias_hn: Tensor | None = None
 
 
 class Grads(NamedTuple):

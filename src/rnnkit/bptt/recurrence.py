@@ -120,7 +120,10 @@ def takes_projected(
     kernel: Kernel, x: Tensor, weights: Weights, states0: tuple[Tensor, ...] = ()
 ) -> bool:
     """Whether :func:`run_recurrence` can take ``x`` as the input product itself
-    (``projected=True``): where the compiled loop runs for these tensors."""
+    (``projected=True``): where the compiled loop runs for these tensors, for a kernel
+    that reads ``x W_ihᵀ`` (a layer-normalised cell reads its normalised input part)."""
+    if getattr(kernel, "reads_projected", False):
+        return False
     return compiled_library(kernel, x, *weights, *states0) is not None
 
 

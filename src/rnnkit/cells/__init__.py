@@ -1,7 +1,8 @@
 """Cells: one time step of the simple RNN, the LSTM and the GRU (hand-written backward steps).
 
 ``amp``: a cell steps in its weights' dtype under autocast (mixed precision).
-``layer_norm``: the layer-normalised LSTM and GRU (their steps and hand-written backward).
+``layer_norm``: the layer-normalised LSTM and GRU (their steps and hand-written backward);
+``normalization``: their normalisation ν, its backward and their input part.
 """
 
 from rnnkit.cells.amp import (
@@ -14,14 +15,12 @@ from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.gru import GRUCache, GRUCell, GRUKernel, gru_step, gru_step_backward
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights, input_product, scratch
 from rnnkit.cells.layer_norm import (
-    EPS,
     LayerNormGRUCell,
     LayerNormGRUKernel,
     LayerNormLSTMCell,
     LayerNormLSTMKernel,
     layer_norm_gru_step,
     layer_norm_lstm_step,
-    normalize,
 )
 from rnnkit.cells.lstm import (
     LSTMCache,
@@ -31,6 +30,7 @@ from rnnkit.cells.lstm import (
     lstm_step,
     lstm_step_backward,
 )
+from rnnkit.cells.normalization import EPS, normalize, normalize_backward, normalized_input
 from rnnkit.cells.rnn import (
     NONLINEARITIES,
     RNNCell,
@@ -73,6 +73,8 @@ __all__ = [
     "lstm_step",
     "lstm_step_backward",
     "normalize",
+    "normalize_backward",
+    "normalized_input",
     "rnn_step",
     "rnn_step_backward",
     "scratch",

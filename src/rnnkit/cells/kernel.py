@@ -198,11 +198,16 @@ class Kernel(StepKernel, Protocol):
         offsets: Tensor | None = None,
         need_x: bool = False,
         reg: tuple[Tensor | None, ...] | None = None,
-    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None]:
+    ) -> (
+        tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None]
+        | tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None, Tensor]
+    ):
         """The whole backward loop in ``lib`` (``d_out (T, B, H)`` with any strides):
         ``(d_xp, d_hp, ∂L/∂initial states, d_x, d_bias)``, the first three the same as
         the steps of ``step_backward``. ``d_x`` is
         ∂L/∂x ``(N, I)`` where the loop computed it step by step (``need_x`` asks for it; a
         kernel may still return None, and ``weight_grads`` then takes ``d_xp W_ih``);
         ``d_bias`` is ∂L/∂bias, ``d_xp`` summed over its rows, where the loop summed it
-        (None: ``weight_grads`` sums ``d_xp``)."""
+        (None: ``weight_grads`` sums ``d_xp``). A sixth, where given, is ∂L/∂bias_hn summed
+        by the loop (a layer-normalised cell's gains); ``d_hp`` is then ∂L/∂(W_h h_{t-1})
+        alone, ``(N, G·H)``, and ``∂L/∂W_hh = d_hpᵀ h_{t-1}`` (no ``recurrent_grads``)."""

@@ -17,10 +17,15 @@ The GRU (r, z, n; reset after the recurrent product, both update conventions):
 
 Backward of ν with ``n = ν(v)``, ``s = 1/√(var(v) + ε)``, for a gradient ``d`` of ``n``:
 ``∂L/∂v = s (d − mean(d) − n ⊙ mean(d ⊙ n))``. The input part ``ν(W_x x_t) ⊙ γ_x`` is
-the same for every step: the layer computes it for all steps at once, with autograd, and
-hands it to the time loop as its input (``LayerNormLSTMKernel.reads_projected``); the loop
+the same for every step: the layer computes it for all steps at once, with autograd
+(``rnnkit.cells.normalization.normalized_input``: torch's fused layer norm of the input
+product, that product the compiled loop's where the layer runs there), and hands it to
+the time loop as its input (``LayerNormLSTMKernel.reads_projected``); the loop
 runs the rest, with the hand-written backward of :meth:`LayerNormLSTMKernel.step_backward`.
-The compiled loop has no form of it: the PyTorch loop runs it, on every device.
+On the CPU the compiled loop runs it (``rnnkit/csrc/layer_norm.h``: the same caches and
+backward; the kernels' ``native_forward``/``native_backward``), elsewhere the PyTorch
+loop — and with recurrent dropout or zoneout (``rnnkit.bptt.regularized``), on every
+device: the compiled loop takes no masks for these cells.
 """
 
 from __future__ import annotations
@@ -36,34 +41,34 @@ from rnnkit.cells.amp import cell_step_in_weights_dtype
 from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.gru import UPDATES
 from rnnkit.cells.kernel import Weights, scratch
+from rnnkit.cells.normalization import normalize, normalize_backward, normalized_input
 from rnnkit.types import LSTMState
 
 __all__ = [
-    "EPS",
     "LayerNormGRUCell",
     "LayerNormGRUKernel",
     "LayerNormLSTMCell",
     "LayerNormLSTMKernel",
     "layer_norm_gru_step",
     "layer_norm_lstm_step",
-    "normalize",
 ]
 
-EPS = 1e-5
+
+def _rows(x: Tensor, T: int, B: int, offsets: Tensor | None) -> Tensor:
+    """The input part as the compiled loop reads it: ``(T, B, G·H)``, or ``(N, G·H)``
+    packed."""
+    x = x.contiguous()
+    return x if offsets is not None else x.view(T, B, x.shape[-1])
 
 
-def normalize(v: Tensor) -> tuple[Tensor, Tensor]:
-    """``(ν(v), 1/√(var(v) + ε))`` over the last dimension (the scale keeps that dim, 1)."""
-    mean = v.mean(-1, keepdim=True)
-    inv = torch.rsqrt(v.var(-1, unbiased=False, keepdim=True) + EPS)
-    return (v - mean) * inv, inv
+def _gains(w: Weights) -> Tensor:
+    assert w.bias_hn is not None  # a layer-normalised cell's weights always carry the gains
+    return w.bias_hn.contiguous()
 
 
-def normalize_backward(d: Tensor, n: Tensor, inv: Tensor) -> Tensor:
-    """∂L/∂v from ``d = ∂L/∂ν(v)``, ``n = ν(v)`` and its scale (module docstring)."""
-    mean_d = d.mean(-1, keepdim=True)
-    mean_dn = (d * n).mean(-1, keepdim=True)
-    return inv * (d - mean_d - n * mean_dn)
+def _no_regularizers(reg: tuple[Tensor | None, ...] | None) -> None:
+    if reg is not None and any(r is not None for r in reg):
+        raise NotImplementedError("recurrent dropout and zoneout run the PyTorch loop here")
 
 
 def layer_norm_lstm_step(xp: Tensor, state: LSTMState, w: Weights) -> LSTMState:
@@ -206,6 +211,56 @@ class LayerNormLSTMKernel:
         d_gains = torch.cat([(d_xp * n_q).sum(0), d_hp[:, 4 * H :].sum(0)])  # γ_h; γ_c, β_c
         return mm(d_hp[:, : 4 * H].T, h_prev), d_gains
 
+    # The compiled loop (rnnkit/csrc/layer_norm.h) fills the same caches as step_into; its
+    # backward sums the gains' gradient itself (d_hp then only ∂L/∂(W_h h_{t-1})).
+    def native_reads_rows(self, x: Tensor, w: Weights) -> bool:
+        return False  # the input part comes as rows of (T·B or N, 4H)
+
+    def native_forward(
+        self,
+        lib: Any,
+        x: Tensor,
+        w: Weights,
+        T: int,
+        B: int,
+        states0: tuple[Tensor, ...],
+        mask: Tensor | None,
+        save: bool,
+        offsets: Tensor | None = None,
+        projected: bool = False,
+        reg: tuple[Tensor | None, ...] | None = None,
+    ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], Tensor | None]:
+        """``x``: the input part (read, never written); ``reg`` is never given (recurrent
+        dropout and zoneout keep a layer-normalised cell on the PyTorch loop)."""
+        _no_regularizers(reg)
+        hs, cs, *cache = lib.ln_lstm_forward(
+            _rows(x, T, B, offsets), w.weight_hh.contiguous(), w.bias.contiguous(),
+            _gains(w), *states0, mask, save, offsets,
+        )  # fmt: skip
+        return (hs, cs), tuple(cache), None
+
+    def native_backward(
+        self,
+        lib: Any,
+        record: Any,
+        w: Weights,
+        mask: Tensor | None,
+        d_out: Tensor | None,
+        d_states: tuple[Tensor, ...],
+        offsets: Tensor | None = None,
+        need_x: bool = False,
+        reg: tuple[Tensor | None, ...] | None = None,
+    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None, Tensor]:
+        """Also the gains' gradient, summed by the loop: its ``d_hp`` is ∂L/∂(W_h h_{t-1})
+        alone (``Kernel.native_backward``)."""
+        _no_regularizers(reg)
+        d_xp, d_q, d_gains, d_h0, d_c0 = lib.ln_lstm_backward(
+            [c.contiguous() for c in record.cache], record.states[1].contiguous(),
+            w.weight_hh.contiguous(), _gains(w), mask,
+            None if d_out is None else d_out.contiguous(), *d_states, offsets,
+        )  # fmt: skip
+        return d_xp, d_q, (d_h0, d_c0), None, None, d_gains
+
 
 class LayerNormLSTMCell(CellBase):
     """The layer-normalised LSTM cell (module docstring): gates i, f, g, o, ONE bias.
@@ -245,7 +300,7 @@ class LayerNormLSTMCell(CellBase):
             self.beta_c.zero_()
 
     @property
-    def kernel(self) -> LayerNormLSTMKernel:  # type: ignore[override]
+    def kernel(self) -> LayerNormLSTMKernel:
         return LayerNormLSTMKernel()
 
     def weights(self) -> Weights:
@@ -254,9 +309,10 @@ class LayerNormLSTMCell(CellBase):
         gains = torch.cat([self.gamma_hh, self.gamma_c, self.beta_c])
         return Weights(self.weight_ih.detach(), self.weight_hh, self.bias, gains)
 
-    def input_part(self, x: Tensor) -> Tensor:
-        """``ν(x W_xᵀ) ⊙ γ_x`` for ``x (…, I)`` → ``(…, 4H)``: the loop's input."""
-        return normalize(x @ self.weight_ih.T)[0] * self.gamma_ih
+    def input_part(self, x: Tensor, mm: Callable[..., Tensor] | None = None) -> Tensor:
+        """``ν(x W_xᵀ) ⊙ γ_x`` for ``x (…, I)`` → ``(…, 4H)``: the loop's input
+        (``mm``: :func:`normalized_input`)."""
+        return normalized_input(x, self.weight_ih, self.gamma_ih, mm)
 
     @cell_step_in_weights_dtype
     def forward(self, x: Tensor, state: LSTMState | None = None) -> LSTMState:
@@ -394,6 +450,52 @@ class LayerNormGRUKernel:
         d_gains = torch.cat([(q_grad * n_q).sum(0), d_qn.sum(0)])  # γ_h; b_hn
         return mm(d_hp[:, : 3 * H].T, h_prev), d_gains
 
+    # The compiled loop (rnnkit/csrc/layer_norm.h), as LayerNormLSTMKernel's.
+    def native_reads_rows(self, x: Tensor, w: Weights) -> bool:
+        return False  # the input part comes as rows of (T·B or N, 3H)
+
+    def native_forward(
+        self,
+        lib: Any,
+        x: Tensor,
+        w: Weights,
+        T: int,
+        B: int,
+        states0: tuple[Tensor, ...],
+        mask: Tensor | None,
+        save: bool,
+        offsets: Tensor | None = None,
+        projected: bool = False,
+        reg: tuple[Tensor | None, ...] | None = None,
+    ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], Tensor | None]:
+        _no_regularizers(reg)
+        hs, *cache = lib.ln_gru_forward(
+            _rows(x, T, B, offsets), w.weight_hh.contiguous(), w.bias.contiguous(),
+            _gains(w), states0[0], mask, save, self.update == "keep", offsets,
+        )  # fmt: skip
+        return (hs,), tuple(cache), None
+
+    def native_backward(
+        self,
+        lib: Any,
+        record: Any,
+        w: Weights,
+        mask: Tensor | None,
+        d_out: Tensor | None,
+        d_states: tuple[Tensor, ...],
+        offsets: Tensor | None = None,
+        need_x: bool = False,
+        reg: tuple[Tensor | None, ...] | None = None,
+    ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None, Tensor]:
+        _no_regularizers(reg)
+        d_xp, d_q, d_gains, d_h0 = lib.ln_gru_backward(
+            [c.contiguous() for c in record.cache], record.states[0].contiguous(),
+            w.weight_hh.contiguous(), _gains(w), mask,
+            None if d_out is None else d_out.contiguous(), d_states[0],
+            self.update == "keep", offsets,
+        )  # fmt: skip
+        return d_xp, d_q, (d_h0,), None, None, d_gains
+
 
 class LayerNormGRUCell(CellBase):
     """The layer-normalised GRU cell (module docstring): gates r, z, n, the reset gate
@@ -438,7 +540,7 @@ class LayerNormGRUCell(CellBase):
             self.gamma_hh.fill_(1.0)
 
     @property
-    def kernel(self) -> LayerNormGRUKernel:  # type: ignore[override]
+    def kernel(self) -> LayerNormGRUKernel:
         return LayerNormGRUKernel(self.update)
 
     def weights(self) -> Weights:
@@ -446,9 +548,10 @@ class LayerNormGRUCell(CellBase):
         gains = torch.cat([self.gamma_hh, self.bias_hn])
         return Weights(self.weight_ih.detach(), self.weight_hh, self.bias, gains)
 
-    def input_part(self, x: Tensor) -> Tensor:
-        """``ν(x W_xᵀ) ⊙ γ_x`` for ``x (…, I)`` → ``(…, 3H)``: the loop's input."""
-        return normalize(x @ self.weight_ih.T)[0] * self.gamma_ih
+    def input_part(self, x: Tensor, mm: Callable[..., Tensor] | None = None) -> Tensor:
+        """``ν(x W_xᵀ) ⊙ γ_x`` for ``x (…, I)`` → ``(…, 3H)``: the loop's input
+        (``mm``: :func:`normalized_input`)."""
+        return normalized_input(x, self.weight_ih, self.gamma_ih, mm)
 
     @cell_step_in_weights_dtype
     def forward(self, x: Tensor, state: Tensor | None = None) -> Tensor:

@@ -1,7 +1,8 @@
 // The compiled time loop of rnnkit (rnnkit/native.py builds and loads it): the forward and
-// the explicit backward through time of the simple cell, the LSTM and the GRU, one LSTM
-// step for loops that stay in Python, and the fused scores of additive attention
-// (attention.h), registered as the torch operators rnnkit_native::*.
+// the explicit backward through time of the simple cell, the LSTM and the GRU (and of the
+// layer-normalised LSTM and GRU, layer_norm.h), one LSTM step for loops that stay in
+// Python, and the fused scores of additive attention (attention.h), registered as the
+// torch operators rnnkit_native::*.
 //
 // Each fused pass over one row is its own function with __restrict parameters: that is
 // what lets GCC vectorise it (inside the lambdas, with derived pointers, it gives up).
@@ -14,64 +15,15 @@
 #include <vector>
 
 #include "attention.h"
+#include "buffers.h"
 #include "gemm.h"
 #include "gru.h"
+#include "layer_norm.h"
 #include "lstm.h"
 #include "rnn.h"
 #include "steps.h"
 
 namespace {
-
-// Step buffers (xp, caches) are (T, B, width), or (N, width) packed when offsets are given;
-// states are always (T + 1, B, H) and d_out (T, B, H).
-int64_t steps_of(const Tensor& buf, const std::optional<Tensor>& offsets) {
-  return offsets.has_value() ? offsets->size(0) - 1 : buf.size(0);
-}
-
-void check_buf(const Tensor& t, const char* name, const Steps& S, int64_t width) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), name, " must be contiguous on the CPU");
-  TORCH_CHECK(t.numel() == S.rows() * width, name, " has ", t.numel(), " elements, expected ",
-              S.rows() * width);
-}
-
-Tensor step_buffer(const Steps& S, int64_t width, const Tensor& like) {
-  if (S.packed()) return at::empty({S.rows(), width}, like.options());
-  return at::empty({(int64_t)S.act.size(), S.B, width}, like.options());
-}
-
-Tensor scratch(const Steps& S, int64_t width, const Tensor& like) {
-  return at::empty({1, S.B, width}, like.options());  // one step, reused (no save)
-}
-
-const bool* mask_of(const std::optional<Tensor>& mask, int64_t T, int64_t B) {
-  if (!mask.has_value()) return nullptr;
-  check(*mask, "mask", 2);
-  TORCH_CHECK(mask->scalar_type() == at::kBool && mask->size(0) == T && mask->size(1) == B,
-              "mask must be (T, B) bool");
-  return mask->data_ptr<bool>();
-}
-
-// A (T, B, width) tensor whose rows the loop reads in place: any strides but contiguous rows.
-void check_rows(const Tensor& t, const char* name, int64_t T, int64_t B, int64_t width) {
-  TORCH_CHECK(t.device().is_cpu() && t.dim() == 3 && t.size(0) == T && t.size(1) == B &&
-                  t.size(2) == width && (t.stride(2) == 1 || width <= 1 || t.numel() == 0),
-              name, " must be (T, B, ", width, ") = (", T, ", ", B, ", ", width,
-              ") with contiguous rows on the CPU, got ", t.sizes(), " with strides ", t.strides());
-}
-
-// d_out, the outputs' gradient: (T, B, H), contiguous (the loops read its rows in place).
-void check_d_out(const std::optional<Tensor>& d_out, int64_t T, int64_t B, int64_t H) {
-  if (!d_out.has_value()) return;
-  TORCH_CHECK(d_out->device().is_cpu() && d_out->is_contiguous() && d_out->dim() == 3 &&
-                  d_out->size(0) == T && d_out->size(1) == B && d_out->size(2) == H,
-              "d_out must be contiguous (T, B, H) = (", T, ", ", B, ", ", H, ") on the CPU, got ",
-              d_out->sizes());
-}
-
-template <typename T>
-const T* opt_ptr(const std::optional<Tensor>& t) {
-  return t.has_value() ? t->data_ptr<T>() : nullptr;
-}
 
 // Recurrent dropout's mask (B, H) and zoneout's keep factors (T, B, H), each contiguous in
 // the states' dtype, on unsorted and unpacked rows (lstm.h, Regularizers).
@@ -477,7 +429,8 @@ void sigmoid_scores_backward(Tensor d_s, Tensor sig, Tensor w, Tensor s_sig, Ten
 // the input gradient d_gates W_ih. float32 with AVX-512: the packed kernel, split into
 // blocks of 64 rows over the threads (where torch's BLAS takes its AVX2 path, MKL on AMD
 // processors, this is twice its rate). Elsewhere torch's own product. A and B: each
-// row-major or the transpose of a row-major matrix (a .T view); other strides are copied.
+// row-major or the transpose of a row-major matrix (a .T view; for A, also of a block of its
+// columns); other strides are copied.
 // B may also be (T, B, n), its rows t·B + b: a batch-first input (transposed) is then
 // read in place for d_gatesᵀ x.
 Tensor matmul(Tensor a, Tensor b) {
@@ -490,7 +443,9 @@ Tensor matmul(Tensor a, Tensor b) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(-1);
   if (a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.device().is_cpu() &&
       b.device().is_cpu() && m >= PACK_MIN_ROWS && n > 0 && k > 0) {
-    const bool a_t = !a.is_contiguous() && a.t().is_contiguous();
+    // a transposed row-major matrix, its rows possibly padded (the .T of a block of
+    // columns, such as a layer-normalised cell's ∂L/∂q in its wider buffer): read in place
+    const bool a_t = !a.is_contiguous() && a.stride(0) == 1 && a.stride(1) >= m;
     if (!a_t) a = a.contiguous();
     if (rows3 && b.stride(2) != 1) b = b.contiguous();
     const bool b_t = !rows3 && !b.is_contiguous() && b.t().is_contiguous();
@@ -501,7 +456,7 @@ Tensor matmul(Tensor a, Tensor b) {
               : StepMatrix<float>(b_t ? b.t() : b, 0, b_t ? n : k, b_t, m);
     const float* A = a.data_ptr<float>();
     float* C = c.data_ptr<float>();
-    const int64_t lda = a_t ? m : k;
+    const int64_t lda = a_t ? a.stride(1) : k;
     constexpr int64_t kRows = 64;
     at::parallel_for(0, (m + kRows - 1) / kRows, 1, [&](int64_t q0, int64_t q1) {
       const int64_t r0 = q0 * kRows, r1 = std::min(m, q1 * kRows);
@@ -571,6 +526,22 @@ TORCH_LIBRARY(rnnkit_native, m) {
       "Tensor? d_out, Tensor(a!) d_h, bool keep, bool after, Tensor? offsets=None, "
       "Tensor? rec_mask=None, Tensor? keep_h=None) -> Tensor[]",
       &gru_backward);
+  m.def(
+      "ln_lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor gains, Tensor h0, Tensor c0, "
+      "Tensor? mask, bool save, Tensor? offsets=None) -> Tensor[]",
+      &ln_lstm_forward);
+  m.def(
+      "ln_gru_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor gains, Tensor h0, Tensor? mask, "
+      "bool save, bool keep, Tensor? offsets=None) -> Tensor[]",
+      &ln_gru_forward);
+  m.def(
+      "ln_lstm_backward(Tensor[] cache, Tensor cs, Tensor w_hh, Tensor gains, Tensor? mask, "
+      "Tensor? d_out, Tensor(a!) d_h, Tensor(b!) d_c, Tensor? offsets=None) -> Tensor[]",
+      &ln_lstm_backward);
+  m.def(
+      "ln_gru_backward(Tensor[] cache, Tensor hs, Tensor w_hh, Tensor gains, Tensor? mask, "
+      "Tensor? d_out, Tensor(a!) d_h, bool keep, Tensor? offsets=None) -> Tensor[]",
+      &ln_gru_backward);
   m.def(
       "lstm_step(Tensor(a!) xp, Tensor rec, Tensor bias, Tensor c_prev, Tensor(b!) h, "
       "Tensor(c!) c, Tensor(d!) tanh_c) -> ()",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from rnnkit.bptt.dispatch import compiled_library
 from rnnkit.bptt.recompute import run_recomputed
 from rnnkit.bptt.recurrence import run_recurrence
 from rnnkit.bptt.regularized import regularized
@@ -71,7 +72,10 @@ class Recurrent(nn.Module):
                 )
             if mask is not None:  # the padding never reaches ν (it may hold NaN)
                 x = torch.where(mask[..., None], x, 0.0)
-            x = input_part(x)  # ν(x W_xᵀ) γ_x of every step at once, through autograd
+            # ν(x W_xᵀ) γ_x of every step at once, through autograd; its products those of
+            # the compiled loop where the layer runs there
+            lib = compiled_library(self.cell.kernel, x, self.cell.weight_ih)
+            x = input_part(x, None if lib is None else lib.matmul)
         B = x.shape[1]
         if state is None:
             state = self.cell.zero_state(B, x)
