@@ -210,3 +210,27 @@ def test_public_layer_with_fixed_masks_equals_the_loop(cls, options, training, s
     assert steps_calls["n"] == 2 * D
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("cls", "options"), [(rnnkit.LSTM, {}), (rnnkit.GRU, {"reset": "before"})])
+def test_stack_resets_with_regularizers_in_one_triton_call_per_layer(cls, options, steps_calls):
+    """Resets, holes and every regularizer at once: one call per layer on the Triton
+    steps; the loop runs the pieces between the resets."""
+    torch.manual_seed(4)
+    layer = cls(
+        I, H, num_layers=2, recurrent_dropout=0.4, zoneout=0.3, weight_drop=0.2,
+        locked_dropout=0.2, **options,
+    ).double()  # fmt: skip
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, 3:] = False
+    mask[2, 1] = False
+    resets = torch.zeros(B, T, dtype=torch.bool)
+    resets[0, 2] = resets[2, 4] = resets[2, 1] = True  # (2, 1) is a held step
+    masks = layer.draw_masks(B, T, x)
+    got = _layer_results(layer, x, mask, masks, "triton", resets)
+    assert steps_calls["n"] == layer.num_layers
+    want = _layer_results(layer, x, mask, masks, "loop", resets)
+    assert steps_calls["n"] == layer.num_layers
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
