@@ -15,6 +15,14 @@ loop, each ONE product over all steps, as the explicit BPTT does
 (:mod:`rnnkit.bptt.backward`). The equations are the cells' own (:mod:`rnnkit.cells`);
 the tests hold every output and gradient equal to the explicit BPTT in float64.
 
+Recurrent dropout and zoneout (:mod:`rnnkit.bptt.regularized`, their masks constants):
+the product reads ``h_{t-1} ⊙ m``, which the launch before wrote (the GRU's update still
+mixes the unmasked ``h_{t-1}``), and the launch mixes zoneout's
+``h_t = d_t ⊙ h_{t-1} + (1 − d_t) ⊙ h̃_t`` (``c`` too), keeping the cell's own ``c̃``
+(LSTM) or ``h̃`` (simple cell) where its backward reads them. The backward splits
+∂L/∂h_t into the product's part, times ``m``, and the rest; ``∂L/∂W_hh`` is
+``Σ d_gatesᵀ (h_{t-1} ⊙ m)``.
+
 Cell forms: LSTM, the four GRU forms, the simple cell with tanh, relu or sigmoid; float32
 and float64; full BPTT (a segment of truncated BPTT is one call from a given state).
 Triton is an optional dependency (``pip install 'rnnkit[gpu]'``), imported on first use:
