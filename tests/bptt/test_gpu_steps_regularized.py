@@ -144,6 +144,37 @@ def test_zoneout_at_evaluation_on_the_other_cells(name):
     _compare(name, "zoneout_eval", "holes")
 
 
+@pytest.mark.parametrize("name", ["lstm", "gru_candidate_before", "rnn_relu"])
+def test_float32_agrees_with_float64_and_inference_keeps_nothing(name):
+    torch.manual_seed(1)
+    cell = CELLS[name]().double()
+    n = 2 if isinstance(cell, LSTMCell) else 1
+    x, states0, mask, reset = _case("resets", n)
+    rec, keep = _masks("both", n)
+    d_out = torch.ones(T, B, H, dtype=torch.float64)
+    d_finals = tuple(torch.ones(B, H, dtype=torch.float64) for _ in range(n))
+    kernel = RegularizedKernel(cell.kernel, rec, keep)
+    want = _oracle(kernel, cell.weights(), x, states0, mask, reset, d_out, d_finals)
+    with torch.no_grad():  # nothing saved: one step's scratch
+        out, _ = gpu_steps.run_steps(kernel, x, cell.weights(), states0, mask, reset)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, want[0], rtol=0, atol=1e-12)
+    cell = cell.float()
+    got = _steps(  # the masks stay float64: the steps take them in the weights' dtype
+        kernel,
+        cell.weights(),
+        x.float(),
+        tuple(s.float() for s in states0),
+        mask,
+        reset,
+        d_out.float(),
+        tuple(d.float() for d in d_finals),
+    )
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
 def test_the_masks_change_the_function():
     """The comparisons above would not see masks ignored by both sides: the regularized
     steps differ from the plain ones."""
