@@ -24,7 +24,10 @@ Run it where a GPU is lent (one short call; about 2–4 minutes on an H200 incl.
    cuDNN's (``train_triton``), and the forms only they compute, at the same sizes
    against cuDNN's nearest (``train_variant``: a GRU with ``reset="before"`` against
    cuDNN's GRU; the simple cell with ``sigmoid``, cell ``rnn``, against cuDNN's
-   ``tanh``, B = 64 only).
+   ``tanh``, B = 64 only). A layer with ``recurrent_dropout=0.25`` and ``zoneout=0.1``
+   in training (``train_regularized``, fresh masks every call), against cuDNN's time
+   without them: on a GPU it runs where triton is installed (on the Triton steps, which
+   alone compute it there), on the CPU always (the compiled loop).
 
 Exit status 1 if any correctness check fails. ``--device cpu`` runs the same checks on
 the CPU (the compiled loop against the PyTorch loop) — the test suite does that in
@@ -193,6 +196,13 @@ def _variant(cell: str, H: int, device: str):
     return None
 
 
+def _regularized(cell: str, H: int, device: str):
+    """A layer of ``cell`` with recurrent dropout and zoneout, in training: on a GPU the
+    Triton steps run it (no fused kernel computes it)."""
+    cls = {"lstm": LSTM, "gru": GRU, "rnn": RNN}[cell]
+    return cls(H, H, recurrent_dropout=0.25, zoneout=0.1).to(device).train()
+
+
 def _speed_row(cell: str, H: int, B: int, T: int, device: str, rounds: int) -> dict:
     torch.manual_seed(0)
     torch_cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[cell]
@@ -246,12 +256,22 @@ def _speed_row(cell: str, H: int, B: int, T: int, device: str, rounds: int) -> d
                 torch.autograd.grad(variant(x).outputs, [x, *params_v], d)
 
             fns["train_variant"] = train_variant
+    if device != "cuda" or _with_steps(device):  # not the PyTorch loop's time on a GPU
+        regularized = _regularized(cell, H, device)
+        params_g = list(regularized.parameters())
+
+        def train_regularized():
+            torch.autograd.grad(regularized(x).outputs, [x, *params_g], d)
+
+        fns["train_regularized"] = train_regularized
     med = {k: statistics.median(_timed(f, device, rounds)) for k, f in fns.items()}
     extra = {}
     if "train_triton" in med:  # the Triton steps on cuDNN's own function
         extra["train_torch_over_triton"] = med["train_torch"] / med["train_triton"]
     if "train_variant" in med:  # a form cuDNN has not, against cuDNN's nearest
         extra["train_torch_over_variant"] = med["train_torch"] / med["train_variant"]
+    if "train_regularized" in med:  # recurrent dropout and zoneout, against cuDNN without
+        extra["train_torch_over_regularized"] = med["train_torch"] / med["train_regularized"]
     return {
         "cell": cell,
         "H": H,

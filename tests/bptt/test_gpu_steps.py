@@ -35,8 +35,7 @@ from rnnkit.errors import ConfigError
 from rnnkit.types import LSTMState
 
 pytest.importorskip("triton")
-
-KERNELS = "rnnkit.bptt.triton_kernels"
+pytestmark = pytest.mark.usefixtures("triton_interpreter")  # tests/bptt/conftest.py
 T, B, I, H = 5, 3, 2, 4
 
 CELLS = {
@@ -49,21 +48,6 @@ CELLS = {
     "rnn_relu": lambda: RNNCell(I, H, nonlinearity="relu"),
     "rnn_sigmoid": lambda: RNNCell(I, H, nonlinearity="sigmoid"),
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def interpreter():
-    """Triton's interpreter for this module's kernels; nothing of it stays afterwards
-    (triton reads the variable when the kernels are decorated, at their import)."""
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    sys.modules.pop(KERNELS, None)
-    yield
-    sys.modules.pop(KERNELS, None)
-    if before is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = before
 
 
 def _case(kind: str, n: int, dtype: torch.dtype, seed: int = 0):
@@ -282,7 +266,12 @@ def test_route_forced_triton_takes_every_cell_it_handles():
         assert _route(lstm, x, projected=True) == LOOP
         assert _route(lstm, x.half()) == LOOP
         assert _route(LayerNormLSTMCell(I, H).kernel, x) == LOOP
-        assert _route(regularized(lstm, torch.ones(B, H), None), x) == LOOP
+        # recurrent dropout and zoneout around a cell it handles: its; layer norm: not
+        assert _route(regularized(lstm, torch.ones(B, H), None), x) == STEPS
+        keep = (torch.ones(T, B, H),)
+        assert _route(regularized(CELLS["rnn_sigmoid"]().kernel, None, keep), x) == STEPS
+        norm = LayerNormLSTMCell(I, H).kernel
+        assert _route(regularized(norm, torch.ones(B, H), None), x) == LOOP
 
 
 class _CudaLike:
@@ -375,7 +364,9 @@ for act in (0, 1, 2):
 done = []
 for dtype in ("fp32", "fp64"):
     for fn, consts in cases:
-        consts = {**consts, **base}
+        # recurrent dropout and zoneout switched on wherever a kernel has them
+        regs = {k: True for k in ("RMASK", "ZH", "ZC") if k in fn.arg_names}
+        consts = {**consts, **regs, **base}
         sig = {}
         for name in fn.arg_names:
             if name in consts:

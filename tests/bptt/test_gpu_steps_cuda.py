@@ -64,3 +64,64 @@ def test_on_cuda_the_default_path_runs_the_triton_steps(name, cls, kw, monkeypat
         for g, w in zip(got, want, strict=True):
             scale = float(w.abs().max()) or 1.0
             assert float((g - w).abs().max()) / scale <= tol
+
+
+def _moved(masks, device, dtype):
+    """The regularizers' masks (``StackMasks``) on ``device`` in ``dtype``."""
+
+    def to(t):
+        return None if t is None else t.to(device=device, dtype=dtype)
+
+    cells = tuple(
+        c._replace(
+            weight_hh=to(c.weight_hh),
+            recurrent=to(c.recurrent),
+            keep=None if c.keep is None else tuple(to(k) for k in c.keep),
+        )
+        for c in masks.cells
+    )
+    return masks._replace(
+        input=to(masks.input),
+        between=tuple(to(b) for b in masks.between),
+        output=to(masks.output),
+        cells=cells,
+    )
+
+
+@pytest.mark.parametrize("cls, kw", [(rnnkit.LSTM, {}), (rnnkit.GRU, {"reset": "before"})])
+def test_on_cuda_recurrent_dropout_and_zoneout_run_the_triton_steps(cls, kw, monkeypatch):
+    pytest.importorskip("triton")
+    count = {"n": 0}
+    real = recurrence.run_steps
+
+    def counted(*args, **kwargs):
+        count["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(recurrence, "run_steps", counted)
+    torch.manual_seed(0)
+    layer = cls(I, H, num_layers=2, bidirectional=True, recurrent_dropout=0.3, zoneout=0.2, **kw)
+    mask = torch.rand(B, T) < 0.8  # holes
+    mask[0], mask[1] = True, False
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    masks = layer.double().draw_masks(B, T, x)
+
+    def run(device, dtype):
+        layer.to(device=device, dtype=dtype)
+        xx = x.to(device=device, dtype=dtype).requires_grad_(True)
+        out = layer(xx, mask=mask.to(device), masks=_moved(masks, device, dtype))
+        finals = tuple(out.state) if isinstance(out.state, LSTMState) else (out.state,)
+        loss = out.outputs.sin().sum() + sum((f * f).sum() for f in finals)
+        grads = torch.autograd.grad(loss, [xx, *layer.parameters()])
+        return [t.detach().double().cpu() for t in (out.outputs, *finals, *grads)]
+
+    with use_fused("loop"), use_native(False):
+        want = run("cpu", torch.float64)
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-5)):
+        count["n"] = 0
+        with use_fused("auto"):
+            got = run("cuda", dtype)
+        assert count["n"] == 4  # two layers, two directions
+        for g, w in zip(got, want, strict=True):
+            scale = float(w.abs().max()) or 1.0
+            assert float((g - w).abs().max()) / scale <= tol

@@ -22,7 +22,7 @@ path                when
                     the function (:func:`rnnkit.bptt.gpu_steps.wants_steps`: CUDA
                     tensors with triton installed by default, ``RNNKIT_GPU_PATH=triton``
                     forces it): masks with holes, the GRU with ``reset="before"``, the
-                    ``sigmoid`` cell
+                    ``sigmoid`` cell, recurrent dropout and zoneout
 ``loop``            eager, everything else: the library's time loop with its explicit
                     BPTT, compiled (:func:`compiled_library`) or in PyTorch
 ==================  =====================================================================

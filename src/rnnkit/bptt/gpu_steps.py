@@ -15,6 +15,14 @@ loop, each ONE product over all steps, as the explicit BPTT does
 (:mod:`rnnkit.bptt.backward`). The equations are the cells' own (:mod:`rnnkit.cells`);
 the tests hold every output and gradient equal to the explicit BPTT in float64.
 
+Recurrent dropout and zoneout (:mod:`rnnkit.bptt.regularized`, their masks constants):
+the product reads ``h_{t-1} ⊙ m``, which the launch before wrote (the GRU's update still
+mixes the unmasked ``h_{t-1}``), and the launch mixes zoneout's
+``h_t = d_t ⊙ h_{t-1} + (1 − d_t) ⊙ h̃_t`` (``c`` too), keeping the cell's own ``c̃``
+(LSTM) or ``h̃`` (simple cell) where its backward reads them. The backward splits
+∂L/∂h_t into the product's part, times ``m``, and the rest; ``∂L/∂W_hh`` is
+``Σ d_gatesᵀ (h_{t-1} ⊙ m)``.
+
 Cell forms: LSTM, the four GRU forms, the simple cell with tanh, relu or sigmoid; float32
 and float64; full BPTT (a segment of truncated BPTT is one call from a given state).
 Triton is an optional dependency (``pip install 'rnnkit[gpu]'``), imported on first use:
@@ -33,13 +41,14 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt.fused import _path
+from rnnkit.bptt.regularized import RegularizedKernel
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import Kernel, Weights
@@ -72,11 +81,13 @@ def _interpreted() -> bool:
 
 def steps_handle(kernel: Kernel, x: Tensor, window: int | None, projected: bool) -> bool:
     """Whether the Triton steps compute this layer's function: an LSTM, GRU or simple
-    cell as such (no regularizer or layer norm around it), float32/float64, full BPTT,
+    cell (no layer norm), as such or with recurrent dropout and zoneout around it
+    (:class:`~rnnkit.bptt.regularized.RegularizedKernel`), float32/float64, full BPTT,
     the input itself (not its product). Masks and resets are theirs."""
     if window is not None or projected or x.dtype not in _DTYPES:
         return False
-    return type(kernel) in (LSTMKernel, GRUKernel, RNNKernel)
+    inner = kernel.inner if isinstance(kernel, RegularizedKernel) else kernel
+    return type(inner) in (LSTMKernel, GRUKernel, RNNKernel)
 
 
 def wants_steps(kernel: Kernel, x: Tensor, window: int | None, projected: bool) -> bool:
@@ -105,6 +116,17 @@ def wants_steps(kernel: Kernel, x: Tensor, window: int | None, projected: bool) 
     return True
 
 
+class _Reg(NamedTuple):
+    """Recurrent dropout's mask and zoneout's keep factors (:mod:`rnnkit.bptt.regularized`),
+    in the steps' dtype, contiguous, or None; ``cn`` the cell's own new states the backward
+    reads under zoneout (the LSTM's ``c̃``, the simple cell's ``h̃``), ``(T, B, H)``."""
+
+    rm: Tensor | None = None  # (B, H) on h_{t-1} in the recurrent product
+    kh: Tensor | None = None  # (T, B, H) zoneout's keep factor of h
+    kc: Tensor | None = None  # (T, B, H) that of c (the LSTM)
+    cn: Tensor | None = None
+
+
 class _Launch(NamedTuple):
     """What every launch of one call shares: the kernels module, the grid and the flags."""
 
@@ -115,18 +137,32 @@ class _Launch(NamedTuple):
     reset: Tensor  # (T + 1, B) int8, or a stand-in
     has_mask: bool
     has_reset: bool
+    reg: _Reg
 
-    def options(self) -> dict[str, Any]:
-        # FMA contraction as cuBLAS and cuDNN have it, asked for explicitly: triton 3.9
-        # warns once where it is left to its default
-        return {"BLOCK": self.block, "enable_fp_fusion": True}
+    def kw(self, fn: Any, **extra: Any) -> dict[str, Any]:
+        """The keyword arguments ``fn`` takes of the options, the flags, the regularizers'
+        tensors (a stand-in where absent) and ``extra``."""
+        r, like = self.reg, self.mask
+        every = {
+            # FMA contraction as cuBLAS and cuDNN have it, asked for explicitly: triton
+            # 3.9 warns once where it is left to its default
+            "BLOCK": self.block,
+            "enable_fp_fusion": True,
+            "HAS_MASK": self.has_mask,
+            "HAS_RESET": self.has_reset,
+            "RMASK": r.rm is not None,
+            "ZH": r.kh is not None,
+            "ZC": r.kc is not None,
+            **{name: like if t is None else t for name, t in r._asdict().items()},
+            **{name: like if t is None else t for name, t in extra.items()},
+        }
+        names = set(fn.arg_names)
+        return {k: v for k, v in every.items() if k in names or k == "enable_fp_fusion"}
 
-    def flags(self) -> dict[str, Any]:
-        """The options, and which of mask and reset the kernels read."""
-        return {"HAS_MASK": self.has_mask, "HAS_RESET": self.has_reset, **self.options()}
 
-
-def _launch(x: Tensor, B: int, H: int, mask: Tensor | None, reset: Tensor | None) -> _Launch:
+def _launch(
+    x: Tensor, B: int, H: int, mask: Tensor | None, reset: Tensor | None, reg: _Reg
+) -> _Launch:
     n = B * H
     block = 16
     while block < min(n, 1024):
@@ -135,7 +171,7 @@ def _launch(x: Tensor, B: int, H: int, mask: Tensor | None, reset: Tensor | None
     k = importlib.import_module(_KERNELS)  # sys.modules after the first call
     m = x if mask is None else mask
     r = x if reset is None else reset
-    return _Launch(k, grid, block, m, r, mask is not None, reset is not None)
+    return _Launch(k, grid, block, m, r, mask is not None, reset is not None, reg)
 
 
 def _as_int8(
@@ -158,11 +194,12 @@ def _forward(
     states0: tuple[Tensor, ...],
     mask: Tensor | None,
     reset: Tensor | None,
+    reg: _Reg,
     save: bool,
-) -> tuple[Tensor, tuple[Tensor, ...], Tensor, Tensor | None]:
+) -> tuple[Tensor, tuple[Tensor, ...], Tensor, Tensor | None, _Launch]:
     """The steps: ``(x rows (T·B, I), states (T + 1, B, H) each, gates (T, B, G·H),
-    rec (T, B, H) or None)``; ``rec`` is the GRU's bracket (after) or ``r ⊙ h_{t-1}``
-    (before), one step's scratch when nothing is saved."""
+    rec (T, B, H) or None, the launches' settings)``; ``rec`` is the GRU's bracket (after)
+    or ``r ⊙ h_{t-1}`` (before), one step's scratch when nothing is saved."""
     T, B, I = x.shape
     H = w.weight_hh.shape[1]
     x_flat = x.reshape(T * B, I)
@@ -171,30 +208,33 @@ def _forward(
     states = tuple(x.new_empty(T + 1, B, H) for _ in states0)
     for buf, s0 in zip(states, states0, strict=True):
         buf[0].copy_(s0)
-    L = _launch(x, B, H, mask, reset)
-    flags = L.flags()
+    zoned = reg.kc if isinstance(kernel, LSTMKernel) else reg.kh
+    if zoned is not None and not isinstance(kernel, GRUKernel):  # the backward reads h̃/c̃
+        reg = reg._replace(cn=x.new_empty(T, B, H))
+    L = _launch(x, B, H, mask, reset, reg)
     hs = states[0]
-    h_steps = hs.unbind(0)
+    # what each step's product reads: h_{t-1}, or h_{t-1} ⊙ m that the launch before wrote
+    hm = None if reg.rm is None else hs[0] * reg.rm
+    reads = hs.unbind(0) if hm is None else (hm,) * T
     rec = None
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         if isinstance(kernel, LSTMKernel):
             hw, w_t = x.new_empty(B, 4 * H), w.weight_hh.T
+            kw = L.kw(L.k.lstm_forward, hm=hm)
             for t in range(T):
-                torch.mm(h_steps[t], w_t, out=hw)
-                L.k.lstm_forward[L.grid](
-                    gates, hw, hs, states[1], L.mask, L.reset, t, B, H, **flags
-                )
+                torch.mm(reads[t], w_t, out=hw)
+                L.k.lstm_forward[L.grid](gates, hw, hs, states[1], L.mask, L.reset, t, B, H, **kw)
         elif isinstance(kernel, RNNKernel):
             hw, w_t = x.new_empty(B, H), w.weight_hh.T
-            act = _ACTIVATIONS[kernel.nonlinearity]
+            kw = L.kw(L.k.rnn_forward, hm=hm, ACT=_ACTIVATIONS[kernel.nonlinearity])
             for t in range(T):
-                torch.mm(h_steps[t], w_t, out=hw)
-                L.k.rnn_forward[L.grid](gates, hw, hs, L.mask, L.reset, t, B, H, ACT=act, **flags)
+                torch.mm(reads[t], w_t, out=hw)
+                L.k.rnn_forward[L.grid](gates, hw, hs, L.mask, L.reset, t, B, H, **kw)
         else:
             assert isinstance(kernel, GRUKernel)
             rec = x.new_empty(T if save else 1, B, H)
-            _gru_forward(kernel, L, gates, hs, rec, w, save, flags)
-    return x_flat, states, gates, rec
+            _gru_forward(kernel, L, gates, hs, rec, w, save, reads, hm)
+    return x_flat, states, gates, rec, L
 
 
 def _gru_forward(
@@ -205,34 +245,49 @@ def _gru_forward(
     rec: Tensor,
     w: Weights,
     save: bool,
-    flags: dict[str, Any],
+    reads: tuple[Tensor, ...],
+    hm: Tensor | None,
 ) -> None:
     T, B, H = gates.shape[0], hs.shape[1], hs.shape[2]
     keep = kernel.update == "keep"
-    h_steps, rec_steps = hs.unbind(0), rec.unbind(0)
+    rec_steps = rec.unbind(0)
     if kernel.reset == "after":
         hw, w_t = hs.new_empty(B, 3 * H), w.weight_hh.T
         assert w.bias_hn is not None  # a GRU with reset="after" always has it
+        kw = L.kw(L.k.gru_after_forward, hm=hm, KEEP=keep)
         for t in range(T):
-            torch.mm(h_steps[t], w_t, out=hw)
+            torch.mm(reads[t], w_t, out=hw)
             L.k.gru_after_forward[L.grid](
-                gates, hw, w.bias_hn, hs, rec, L.mask, L.reset, t, t if save else 0, B, H,
-                KEEP=keep, **flags,
-            )  # fmt: skip
+                gates, hw, w.bias_hn, hs, rec, L.mask, L.reset, t, t if save else 0, B, H, **kw
+            )
         return
     hw, hn = hs.new_empty(B, 2 * H), hs.new_empty(B, H)
     w_rz, w_n = w.weight_hh[: 2 * H].T, w.weight_hh[2 * H :].T
+    kw_gates = L.kw(L.k.gru_before_gates)
+    kw_state = L.kw(L.k.gru_before_state, hm=hm, KEEP=keep)
     for t in range(T):
         tc = t if save else 0
-        torch.mm(h_steps[t], w_rz, out=hw)
-        L.k.gru_before_gates[L.grid](
-            gates, hw, hs, rec, L.reset, t, tc, B, H,
-            HAS_RESET=L.has_reset, **L.options(),
-        )  # fmt: skip
+        torch.mm(reads[t], w_rz, out=hw)
+        L.k.gru_before_gates[L.grid](gates, hw, hs, rec, L.reset, t, tc, B, H, **kw_gates)
         torch.mm(rec_steps[tc], w_n, out=hn)
-        L.k.gru_before_state[L.grid](
-            gates, hn, hs, L.mask, L.reset, t, B, H, KEEP=keep, **flags
-        )  # fmt: skip
+        L.k.gru_before_state[L.grid](gates, hn, hs, L.mask, L.reset, t, B, H, **kw_state)
+
+
+class _Carry(NamedTuple):
+    """The backward's running gradients: ``d`` = ∂L/∂(h_t, c_t) as step t + 1 passed them;
+    under recurrent dropout ``d[0]`` is the product's part ∂L/∂(h_t ⊙ m) and ``direct``
+    the rest (∂L/∂h_t = d[0] ⊙ m + direct), else ``direct`` is the launch's scratch."""
+
+    d: list[Tensor]
+    direct: Tensor
+
+    def product(self, L: _Launch, d_gates: Tensor, w: Tensor) -> None:
+        """``d[0]`` ← the product's part of ∂L/∂h_{t-1}: ``d_gates W``, plus ``direct``
+        without recurrent dropout."""
+        if L.reg.rm is None:
+            torch.addmm(self.direct, d_gates, w, out=self.d[0])
+        else:
+            torch.mm(d_gates, w, out=self.d[0])
 
 
 @without_autocast
@@ -251,35 +306,40 @@ def _backward(
     hs = states[0]
     T, B, H = hs.shape[0] - 1, hs.shape[1], hs.shape[2]
     d_xp = gates.new_empty(gates.shape)
-    carry = [hs.new_zeros(B, H) if d is None else d.contiguous().clone() for d in d_finals]
-    direct = hs.new_empty(B, H)
+    d = [hs.new_zeros(B, H) if g is None else g.contiguous().clone() for g in d_finals]
+    c = _Carry(d, hs.new_empty(B, H))
+    if L.reg.rm is not None:  # the final state's gradient reached h itself, not h ⊙ m
+        c.direct.copy_(d[0])
+        d[0].zero_()
     has_dout = d_out is not None
     d_o = d_out.contiguous() if d_out is not None else hs
-    flags = L.flags()
     d_steps = d_xp.unbind(0)
     d_rec = None
     with torch.cuda.device(hs.device) if hs.is_cuda else contextlib.nullcontext():
         if isinstance(kernel, LSTMKernel):
+            kw = L.kw(L.k.lstm_backward, HAS_DOUT=has_dout)
             for t in range(T - 1, -1, -1):
                 L.k.lstm_backward[L.grid](
-                    gates, states[1], L.mask, L.reset, carry[0], carry[1], d_o, d_xp, direct,
-                    t, B, H, HAS_DOUT=has_dout, **flags,
+                    gates, states[1], L.mask, L.reset, d[0], d[1], d_o, d_xp, c.direct,
+                    t, B, H, **kw,
                 )  # fmt: skip
-                torch.addmm(direct, d_steps[t], w_hh, out=carry[0])
+                c.product(L, d_steps[t], w_hh)
         elif isinstance(kernel, RNNKernel):
             act = _ACTIVATIONS[kernel.nonlinearity]
+            kw = L.kw(L.k.rnn_backward, ACT=act, HAS_DOUT=has_dout)
             for t in range(T - 1, -1, -1):
                 L.k.rnn_backward[L.grid](
-                    hs, L.mask, L.reset, carry[0], d_o, d_xp, direct, t, B, H,
-                    ACT=act, HAS_DOUT=has_dout, **flags,
+                    hs, L.mask, L.reset, d[0], d_o, d_xp, c.direct, t, B, H, **kw
                 )  # fmt: skip
-                torch.addmm(direct, d_steps[t], w_hh, out=carry[0])
+                c.product(L, d_steps[t], w_hh)
         else:
             assert isinstance(kernel, GRUKernel) and rec is not None
-            d_rec = _gru_backward(kernel, L, hs, gates, rec, w_hh, d_o, has_dout, d_xp, carry)
+            d_rec = _gru_backward(kernel, L, hs, gates, rec, w_hh, d_o, has_dout, d_xp, c)
+    if L.reg.rm is not None:
+        d[0] = torch.addcmul(c.direct, d[0], L.reg.rm)
     if L.has_reset:  # a row reset at step 0 read no initial state
-        carry = [torch.where(L.reset[0, :, None] != 0, 0.0, c) for c in carry]
-    return d_xp, d_rec, tuple(carry)
+        d = [torch.where(L.reset[0, :, None] != 0, 0.0, g) for g in d]
+    return d_xp, d_rec, tuple(d)
 
 
 def _gru_backward(
@@ -292,36 +352,37 @@ def _gru_backward(
     d_o: Tensor,
     has_dout: bool,
     d_xp: Tensor,
-    carry: list[Tensor],
+    c: _Carry,
 ) -> Tensor | None:
     T, B, H = gates.shape[0], hs.shape[1], hs.shape[2]
-    direct = hs.new_empty(B, H)
-    flags = L.flags()
     keep = kernel.update == "keep"
     d_steps = d_xp.unbind(0)
+    update = L.k.gru_update_backward
+    d = c.d
     if kernel.reset == "after":
         d_rec = torch.empty_like(d_xp)
         d_rec_steps = d_rec.unbind(0)
+        kw = L.kw(update, KEEP=keep, AFTER=True, HAS_DOUT=has_dout)
         for t in range(T - 1, -1, -1):
-            L.k.gru_update_backward[L.grid](
-                gates, rec, hs, L.mask, L.reset, carry[0], d_o, d_xp, d_rec, direct, t, B, H,
-                KEEP=keep, AFTER=True, HAS_DOUT=has_dout, **flags,
-            )  # fmt: skip
-            torch.addmm(direct, d_rec_steps[t], w_hh, out=carry[0])
+            update[L.grid](
+                gates, rec, hs, L.mask, L.reset, d[0], d_o, d_xp, d_rec, c.direct, t, B, H, **kw
+            )
+            c.product(L, d_rec_steps[t], w_hh)
         return d_rec
     d_rh = hs.new_empty(B, H)
     w_rz, w_n = w_hh[: 2 * H], w_hh[2 * H :]
+    kw = L.kw(update, KEEP=keep, AFTER=False, HAS_DOUT=has_dout)
+    kw_r = L.kw(L.k.gru_before_backward, d_hm=d[0])
     for t in range(T - 1, -1, -1):
-        L.k.gru_update_backward[L.grid](
-            gates, rec, hs, L.mask, L.reset, carry[0], d_o, d_xp, d_xp, direct, t, B, H,
-            KEEP=keep, AFTER=False, HAS_DOUT=has_dout, **flags,
-        )  # fmt: skip
+        update[L.grid](
+            gates, rec, hs, L.mask, L.reset, d[0], d_o, d_xp, d_xp, c.direct, t, B, H, **kw
+        )
         torch.mm(d_steps[t][:, 2 * H :], w_n, out=d_rh)  # ∂L/∂(r ⊙ h_{t-1})
-        L.k.gru_before_backward[L.grid](
-            gates, hs, L.reset, d_rh, d_xp, direct, t, B, H,
-            HAS_RESET=L.has_reset, **L.options(),
-        )  # fmt: skip
-        torch.addmm(direct, d_steps[t][:, : 2 * H], w_rz, out=carry[0])
+        L.k.gru_before_backward[L.grid](gates, hs, L.reset, d_rh, d_xp, c.direct, t, B, H, **kw_r)
+        if L.reg.rm is None:
+            torch.addmm(c.direct, d_steps[t][:, : 2 * H], w_rz, out=d[0])
+        else:  # d[0] holds d_rh ⊙ r, the n product's part
+            d[0].addmm_(d_steps[t][:, : 2 * H], w_rz)
     return None
 
 
@@ -348,6 +409,8 @@ def _weight_grads(
         h_prev = hs[:-1]
         if L.has_reset:  # what each step read
             h_prev = torch.where(L.reset[:T, :, None] != 0, 0.0, h_prev)
+        if L.reg.rm is not None:  # the products read h_{t-1} ⊙ m
+            h_prev = h_prev * L.reg.rm
         h_prev = h_prev.reshape(T * B, H)
         if d_rec is not None:  # GRU, reset="after": [d_ar, d_az, d_an ⊙ r]
             q = d_rec.reshape(T * B, 3 * H)
@@ -370,6 +433,7 @@ class _Steps(torch.autograd.Function):
         kernel: Kernel,
         mask: Tensor | None,
         reset: Tensor | None,
+        reg: _Reg,
         save: bool,
         x: Tensor,
         weight_ih: Tensor,
@@ -379,11 +443,12 @@ class _Steps(torch.autograd.Function):
         *states0: Tensor,
     ) -> tuple[Tensor, ...]:
         w = Weights(weight_ih, weight_hh, bias, bias_hn)
-        x_flat, states, gates, rec = _forward(kernel, x, w, states0, mask, reset, save)
+        x_flat, states, gates, rec, L = _forward(kernel, x, w, states0, mask, reset, reg, save)
         if save:
             ctx.kernel, ctx.num_states = kernel, len(states)
-            ctx.has = (mask is not None, reset is not None, rec is not None)
-            kept = [t for t in (mask, reset, rec) if t is not None]
+            optional = (mask, reset, rec, *L.reg)
+            ctx.has = tuple(t is not None for t in optional)
+            kept = [t for t in optional if t is not None]
             ctx.save_for_backward(x_flat, weight_ih, weight_hh, gates, *states, *kept)
         return (states[0][1:], *(s[-1].clone() for s in states))
 
@@ -394,19 +459,30 @@ class _Steps(torch.autograd.Function):
     ) -> tuple[Tensor | None, ...]:
         x_flat, w_ih, w_hh, gates, *rest = ctx.saved_tensors
         n = ctx.num_states
-        states, rest = tuple(rest[:n]), list(rest[n:])
-        mask = rest.pop(0) if ctx.has[0] else None
-        reset = rest.pop(0) if ctx.has[1] else None
-        rec = rest.pop(0) if ctx.has[2] else None
+        states, kept = tuple(rest[:n]), iter(rest[n:])
+        mask, reset, rec, *reg = (next(kept) if has else None for has in ctx.has)
         hs = states[0]
-        L = _launch(hs, hs.shape[1], hs.shape[2], mask, reset)
+        L = _launch(hs, hs.shape[1], hs.shape[2], mask, reset, _Reg(*reg))
         d_xp, d_rec, d_s0 = _backward(ctx.kernel, L, states, gates, rec, w_hh, d_out, d_finals)
-        # needs_input_grad: kernel, mask, reset, save, x, w_ih, w_hh, bias, bias_hn, s0...
-        need = ctx.needs_input_grad[4:9]
+        # needs_input_grad: kernel, mask, reset, reg, save, x, w_ih, w_hh, bias, bias_hn, s0...
+        need = ctx.needs_input_grad[5:10]
         w = Weights(w_ih, w_hh, None, None)  # type: ignore[arg-type]
         grads = _weight_grads(ctx.kernel, L, x_flat, hs, rec, d_xp, d_rec, w, need)
-        d_init = tuple(d if ctx.needs_input_grad[9 + k] else None for k, d in enumerate(d_s0))
-        return (None, None, None, None, *grads, *d_init)
+        d_init = tuple(d if ctx.needs_input_grad[10 + k] else None for k, d in enumerate(d_s0))
+        return (None, None, None, None, None, *grads, *d_init)
+
+
+def _regularizers(kernel: Kernel, T: int, B: int, H: int, like: Tensor) -> tuple[Kernel, _Reg]:
+    """The cell's kernel and the regularizers' tensors, in ``like``'s dtype and contiguous
+    (a keep factor expanded from a constant, at evaluation, is written out in full)."""
+    if not isinstance(kernel, RegularizedKernel):
+        return kernel, _Reg()
+    keep: list[Tensor | None] = [None, None]
+    for j, k in enumerate(kernel.zoned):
+        keep[k] = kernel.keep[j].expand(T, B, H).to(like.dtype).contiguous()
+    m = kernel.recurrent_mask
+    rm = None if m is None else m.to(like.dtype).contiguous()
+    return cast("Kernel", kernel.inner), _Reg(rm, keep[0], keep[1])
 
 
 def run_steps(
@@ -421,6 +497,8 @@ def run_steps(
     :func:`rnnkit.bptt.recurrence.run_recurrence` (full BPTT), plus resets.
 
     Args:
+        kernel: a cell's kernel, or a :class:`~rnnkit.bptt.regularized.RegularizedKernel`
+            around one (recurrent dropout's mask and zoneout's keep factors: constants).
         x: ``(T, B, I)`` in the weights' dtype, its padding already zeroed
             (``clean_padding``).  states0: each ``(B, H)``.
         mask: ``(T, B)`` or ``(T, B, 1)`` bool, True at real steps, or None.
@@ -431,9 +509,10 @@ def run_steps(
         ``(outputs (T, B, H), final states (B, H) each)``, the state held across padding.
     """
     T, B = x.shape[0], x.shape[1]
+    kernel, reg = _regularizers(kernel, T, B, states0[0].shape[1], x)
     m, r = _as_int8(mask, reset, T, B, x)
     tensors = (x, *weights, *states0)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     states = tuple(s.contiguous() for s in states0)
-    result = _Steps.apply(kernel, m, r, save, x, *weights, *states)
+    result = _Steps.apply(kernel, m, r, reg, save, x, *weights, *states)
     return result[0], tuple(result[1:])

@@ -21,7 +21,8 @@ unmasked state: ``∂L/∂a_z`` gains ``±d_h ⊙ (h_{t-1} − h_{t-1} ⊙ m) �
 No fused kernel computes this function: a layer with these options never takes the
 fused path. The compiled loops take the masks as inputs (``rnnkit/csrc/lstm.h``,
 ``gru.h``, ``rnn.h``; the rows then stay unsorted and unpacked, the masks being per
-batch row); elsewhere the PyTorch time loop runs (``rnnkit.bptt.forward``).
+batch row), and so do the Triton steps on a GPU (``rnnkit.bptt.gpu_steps``); elsewhere
+the PyTorch time loop runs (``rnnkit.bptt.forward``).
 """
 
 from __future__ import annotations

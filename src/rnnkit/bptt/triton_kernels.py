@@ -19,6 +19,17 @@ recurrent product ``h_{t-1} W_hhᵀ`` of the state as it lay, before any reset.
   zeroes the gradient that step t + 1 passed back through a reset (row ``t + 1``; the last
   row is all 0).
 
+Recurrent dropout and zoneout (:mod:`rnnkit.bptt.regularized`), each a constexpr switch:
+
+* ``RMASK``: ``rm (B, H)`` the recurrent mask ``m``; ``hw`` is then ``(h_{t-1} ⊙ m) W_hhᵀ``,
+  which the forward launch prepares by writing ``h_t ⊙ m`` into ``hm (B, H)`` for the next
+  step's product. The backward's ``d_h`` is then the product's part
+  ``∂L/∂(h_t ⊙ m)``, and ``direct`` the rest (read and rewritten by the launch):
+  ``∂L/∂h_t = d_h ⊙ m + direct``. The GRU's update reads the unmasked ``h_{t-1}``.
+* ``ZH``/``ZC``: zoneout's keep factors ``kh``/``kc (T, B, H)`` of h and c,
+  ``h_t = h̃_t + d_t (h_{t-1} − h̃_t)``; where the backward needs the cell's own new state
+  (the LSTM's ``c̃_t``, the simple cell's ``h̃_t``) the forward keeps it in ``cn (T, B, H)``.
+
 Nonlinearities in exact forms (float64 to the last bits): ``σ(a) = 1 / (1 + e^{−a})``,
 ``tanh(a) = sign(a) (1 − e^{−2|a|}) / (1 + e^{−2|a|})``.
 """
@@ -56,6 +67,44 @@ def _flags(mask, reset, t, B, b, ok, HAS_MASK: tl.constexpr, HAS_RESET: tl.const
 
 
 @triton.jit
+def _carried(d_h, direct, rm, offs, ok, RMASK: tl.constexpr):
+    """∂L/∂h_t as step t + 1 passed it back: ``d_h``, or ``d_h ⊙ m + direct`` (RMASK)."""
+    d = tl.load(d_h + offs, mask=ok, other=0.0)
+    if RMASK:
+        d = d * tl.load(rm + offs, mask=ok, other=0.0) + tl.load(direct + offs, mask=ok, other=0.0)
+    return d
+
+
+@triton.jit
+def _zone(new, prev, keep, at, ok, Z: tl.constexpr):
+    """Zoneout's mix ``new + d (prev − new)`` (Z), else ``new``."""
+    if Z:
+        new += tl.load(keep + at, mask=ok, other=0.0) * (prev - new)
+    return new
+
+
+@triton.jit
+def _split(d, keep, at, ok, Z: tl.constexpr):
+    """Zoneout's backward of a state's gradient ``d``: ``(d (1 − d_t), d d_t)``, the
+    cell's step's share and the previous state's (Z), else ``(d, 0)``."""
+    kept = tl.full(d.shape, 0.0, d.dtype)
+    if Z:
+        k = tl.load(keep + at, mask=ok, other=0.0)
+        kept = d * k
+        d = d * (1.0 - k)
+    return d, kept
+
+
+@triton.jit
+def _store_state(hs, hm, rm, at, offs, ok, real, h, hp, RMASK: tl.constexpr):
+    """``h_t`` (held at a padded step) into ``hs``, and ``h_t ⊙ m`` into ``hm`` (RMASK)."""
+    h = tl.where(real, h, hp)
+    tl.store(hs + at, h, mask=ok)
+    if RMASK:
+        tl.store(hm + offs, h * tl.load(rm + offs, mask=ok, other=0.0), mask=ok)
+
+
+@triton.jit
 def _incoming(d, reset, t, B, b, ok, d_out, at, HAS_RESET: tl.constexpr, HAS_DOUT: tl.constexpr):
     """The gradient of the state after step t: what step t + 1 passed back (zero through
     a reset at t + 1) plus that of the output t."""
@@ -68,10 +117,12 @@ def _incoming(d, reset, t, B, b, ok, d_out, at, HAS_RESET: tl.constexpr, HAS_DOU
 
 @triton.jit(do_not_specialize=["t"])
 def lstm_forward(
-    xp, hw, hs, cs, mask, reset, t, B, H,
-    HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, BLOCK: tl.constexpr,
+    xp, hw, hs, cs, mask, reset, t, B, H, rm, hm, kh, kc, cn,
+    HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, RMASK: tl.constexpr,
+    ZH: tl.constexpr, ZC: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """``c_t = f c_{t-1} + i g``, ``h_t = o tanh(c_t)``; the gates i, f, g, o into ``xp[t]``."""
+    """``c_t = f c_{t-1} + i g``, ``h_t = o tanh(c_t)``; the gates i, f, g, o into ``xp[t]``
+    (zoneout: ``h̃ = o tanh(c̃)`` of the cell's own ``c̃``, kept in ``cn[t]`` under ZC)."""
     t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
@@ -95,20 +146,23 @@ def lstm_forward(
     g = _tanh(ag)
     o = _sigmoid(ao)
     c = f * cp + i * g
-    h = o * _tanh(c)
+    h = _zone(o * _tanh(c), hp, kh, s_at, ok, ZH)
+    if ZC:
+        tl.store(cn + s_at, c, mask=ok)
+    c = _zone(c, cp, kc, s_at, ok, ZC)
     tl.store(g_at, i, mask=ok)
     tl.store(g_at + H, f, mask=ok)
     tl.store(g_at + 2 * H, g, mask=ok)
     tl.store(g_at + 3 * H, o, mask=ok)
-    tl.store(hs + s_at + B * H, tl.where(real, h, hp), mask=ok)
+    _store_state(hs, hm, rm, s_at + B * H, offs, ok, real, h, hp, RMASK)
     tl.store(cs + s_at + B * H, tl.where(real, c, cp), mask=ok)
 
 
 @triton.jit(do_not_specialize=["t"])
 def lstm_backward(
-    gates, cs, mask, reset, d_h, d_c, d_out, d_xp, direct, t, B, H,
+    gates, cs, mask, reset, d_h, d_c, d_out, d_xp, direct, t, B, H, rm, kh, kc, cn,
     HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, HAS_DOUT: tl.constexpr,
-    BLOCK: tl.constexpr,
+    RMASK: tl.constexpr, ZH: tl.constexpr, ZC: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """∂L/∂ of step t's four pre-activations into ``d_xp[t]``; ``d_c`` becomes ∂L/∂c_{t-1}
     (in place); ``direct`` the part of ∂L/∂h_{t-1} outside ``d_xp[t] W_hh`` (the
@@ -119,38 +173,46 @@ def lstm_backward(
     b = offs // H
     j = offs - b * H
     real, zero = _flags(mask, reset, t, B, b, ok, HAS_MASK, HAS_RESET)
-    dh = _incoming(tl.load(d_h + offs, mask=ok, other=0.0), reset, t, B, b, ok, d_out,
-                   t * B * H + offs, HAS_RESET, HAS_DOUT)  # fmt: skip
+    s_at = t * B * H + offs
+    dh = _incoming(_carried(d_h, direct, rm, offs, ok, RMASK), reset, t, B, b, ok, d_out,
+                   s_at, HAS_RESET, HAS_DOUT)  # fmt: skip
     dc = _incoming(tl.load(d_c + offs, mask=ok, other=0.0), reset, t, B, b, ok, d_out,
                    offs, HAS_RESET, False)  # fmt: skip
+    # zoneout: the cell's step gets (1 − d) of each gradient, h_{t-1} (c_{t-1}) the rest
+    dh_cell, dh_keep = _split(dh, kh, s_at, ok, ZH)
+    dc_cell, dc_keep = _split(dc, kc, s_at, ok, ZC)
     g_at = gates + (t * B + b) * 4 * H + j
     i = tl.load(g_at, mask=ok, other=0.0)
     f = tl.load(g_at + H, mask=ok, other=0.0)
     g = tl.load(g_at + 2 * H, mask=ok, other=0.0)
     o = tl.load(g_at + 3 * H, mask=ok, other=0.0)
-    s_at = t * B * H + offs
     cp = tl.where(zero, 0.0, tl.load(cs + s_at, mask=ok, other=0.0))
-    tc = _tanh(tl.load(cs + s_at + B * H, mask=ok, other=0.0))
-    dct = dc + dh * o * (1.0 - tc * tc)
+    if ZC:
+        tc = _tanh(tl.load(cn + s_at, mask=ok, other=0.0))
+    else:
+        tc = _tanh(tl.load(cs + s_at + B * H, mask=ok, other=0.0))
+    dct = dc_cell + dh_cell * o * (1.0 - tc * tc)
     di = tl.where(real, dct * g * i * (1.0 - i), 0.0)
     df = tl.where(real, dct * cp * f * (1.0 - f), 0.0)
     dg = tl.where(real, dct * i * (1.0 - g * g), 0.0)
-    do = tl.where(real, dh * tc * o * (1.0 - o), 0.0)
+    do = tl.where(real, dh_cell * tc * o * (1.0 - o), 0.0)
     d_at = d_xp + (t * B + b) * 4 * H + j
     tl.store(d_at, di, mask=ok)
     tl.store(d_at + H, df, mask=ok)
     tl.store(d_at + 2 * H, dg, mask=ok)
     tl.store(d_at + 3 * H, do, mask=ok)
-    tl.store(d_c + offs, tl.where(real, dct * f, dc), mask=ok)
-    tl.store(direct + offs, tl.where(real, 0.0, dh), mask=ok)
+    tl.store(d_c + offs, tl.where(real, dct * f + dc_keep, dc), mask=ok)
+    tl.store(direct + offs, tl.where(real, dh_keep, dh), mask=ok)
 
 
 @triton.jit(do_not_specialize=["t"])
 def rnn_forward(
-    xp, hw, hs, mask, reset, t, B, H,
-    ACT: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, BLOCK: tl.constexpr,
+    xp, hw, hs, mask, reset, t, B, H, rm, hm, kh, cn,
+    ACT: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr,
+    RMASK: tl.constexpr, ZH: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """``h_t = φ(a_t)``, ``a_t = xp[t] + h_{t-1} W_hhᵀ``; φ: 0 tanh, 1 relu, 2 sigmoid."""
+    """``h_t = φ(a_t)``, ``a_t = xp[t] + h_{t-1} W_hhᵀ``; φ: 0 tanh, 1 relu, 2 sigmoid
+    (zoneout: ``h̃_t = φ(a_t)`` kept in ``cn[t]``)."""
     t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
@@ -166,40 +228,47 @@ def rnn_forward(
         h = tl.where(a > 0, a, 0.0)
     else:
         h = _sigmoid(a)
-    tl.store(hs + s_at + B * H, tl.where(real, h, hp), mask=ok)
+    if ZH:
+        tl.store(cn + s_at, h, mask=ok)
+    h = _zone(h, hp, kh, s_at, ok, ZH)
+    _store_state(hs, hm, rm, s_at + B * H, offs, ok, real, h, hp, RMASK)
 
 
 @triton.jit(do_not_specialize=["t"])
 def rnn_backward(
-    hs, mask, reset, d_h, d_out, d_xp, direct, t, B, H,
+    hs, mask, reset, d_h, d_out, d_xp, direct, t, B, H, rm, kh, cn,
     ACT: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr,
-    HAS_DOUT: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_DOUT: tl.constexpr, RMASK: tl.constexpr, ZH: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """``d_a = φ'(a_t) ⊙ d_h`` into ``d_xp[t]`` (φ' from ``h_t``)."""
+    """``d_a = φ'(a_t) ⊙ d_h`` into ``d_xp[t]`` (φ' from ``h_t``, ``h̃_t`` under ZH)."""
     t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
     b = offs // H
     real, _zero = _flags(mask, reset, t, B, b, ok, HAS_MASK, HAS_RESET)
     s_at = t * B * H + offs
-    dh = _incoming(tl.load(d_h + offs, mask=ok, other=0.0), reset, t, B, b, ok, d_out,
+    dh = _incoming(_carried(d_h, direct, rm, offs, ok, RMASK), reset, t, B, b, ok, d_out,
                    s_at, HAS_RESET, HAS_DOUT)  # fmt: skip
-    h = tl.load(hs + s_at + B * H, mask=ok, other=0.0)
-    if ACT == 0:
-        da = dh * (1.0 - h * h)
-    elif ACT == 1:
-        da = tl.where(h > 0, dh, 0.0)
+    d_cell, d_keep = _split(dh, kh, s_at, ok, ZH)
+    if ZH:
+        h = tl.load(cn + s_at, mask=ok, other=0.0)
     else:
-        da = dh * h * (1.0 - h)
+        h = tl.load(hs + s_at + B * H, mask=ok, other=0.0)
+    if ACT == 0:
+        da = d_cell * (1.0 - h * h)
+    elif ACT == 1:
+        da = tl.where(h > 0, d_cell, 0.0)
+    else:
+        da = d_cell * h * (1.0 - h)
     tl.store(d_xp + s_at, tl.where(real, da, 0.0), mask=ok)
-    tl.store(direct + offs, tl.where(real, 0.0, dh), mask=ok)
+    tl.store(direct + offs, tl.where(real, d_keep, dh), mask=ok)
 
 
 @triton.jit(do_not_specialize=["t", "tc"])
 def gru_after_forward(
-    xp, hw, bias_hn, hs, rec, mask, reset, t, tc, B, H,
+    xp, hw, bias_hn, hs, rec, mask, reset, t, tc, B, H, rm, hm, kh,
     KEEP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr,
-    BLOCK: tl.constexpr,
+    RMASK: tl.constexpr, ZH: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """``n = tanh(a_n + r ⊙ (W_nh h_{t-1} + b_hn))``; r, z, n into ``xp[t]``, the
     bracket into ``rec[tc]``."""
@@ -223,20 +292,21 @@ def gru_after_forward(
     z = _sigmoid(az)
     n = _tanh(tl.load(g_at + 2 * H, mask=ok, other=0.0) + r * bracket)
     h = n + z * (hp - n) if KEEP else hp + z * (n - hp)
+    h = _zone(h, hp, kh, s_at, ok, ZH)
     tl.store(g_at, r, mask=ok)
     tl.store(g_at + H, z, mask=ok)
     tl.store(g_at + 2 * H, n, mask=ok)
     tl.store(rec + tc * B * H + offs, bracket, mask=ok)
-    tl.store(hs + s_at + B * H, tl.where(real, h, hp), mask=ok)
+    _store_state(hs, hm, rm, s_at + B * H, offs, ok, real, h, hp, RMASK)
 
 
 @triton.jit(do_not_specialize=["t", "tc"])
 def gru_before_gates(
-    xp, hw, hs, rec, reset, t, tc, B, H,
-    HAS_RESET: tl.constexpr, BLOCK: tl.constexpr,
+    xp, hw, hs, rec, reset, t, tc, B, H, rm,
+    HAS_RESET: tl.constexpr, RMASK: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """reset="before", first half: r, z into ``xp[t]``, ``r ⊙ h_{t-1}`` into ``rec[tc]``
-    (``hw (B, 2H)`` is ``h_{t-1} W_rzᵀ``)."""
+    (``hw (B, 2H)`` is ``h_{t-1} W_rzᵀ``; RMASK: ``h_{t-1} ⊙ m`` in both)."""
     t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     tc = tc.to(tl.int64)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -247,6 +317,8 @@ def gru_before_gates(
     g_at = xp + (t * B + b) * 3 * H + j
     r_at = hw + b * 2 * H + j
     hp = tl.where(zero, 0.0, tl.load(hs + t * B * H + offs, mask=ok, other=0.0))
+    if RMASK:
+        hp *= tl.load(rm + offs, mask=ok, other=0.0)
     ar = tl.load(g_at, mask=ok, other=0.0) + tl.where(zero, 0.0, tl.load(r_at, mask=ok, other=0.0))
     az = tl.load(g_at + H, mask=ok, other=0.0)
     az += tl.where(zero, 0.0, tl.load(r_at + H, mask=ok, other=0.0))
@@ -258,9 +330,9 @@ def gru_before_gates(
 
 @triton.jit(do_not_specialize=["t"])
 def gru_before_state(
-    xp, hn, hs, mask, reset, t, B, H,
+    xp, hn, hs, mask, reset, t, B, H, rm, hm, kh,
     KEEP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr,
-    BLOCK: tl.constexpr,
+    RMASK: tl.constexpr, ZH: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """reset="before", second half: ``n = tanh(a_n + hn)`` (``hn = (r ⊙ h_{t-1}) W_nhᵀ``)
     into ``xp[t]``, and the new state."""
@@ -276,15 +348,17 @@ def gru_before_state(
     z = tl.load(g_at + H, mask=ok, other=0.0)
     n = _tanh(tl.load(g_at + 2 * H, mask=ok, other=0.0) + tl.load(hn + offs, mask=ok, other=0.0))
     h = n + z * (hp - n) if KEEP else hp + z * (n - hp)
+    h = _zone(h, hp, kh, s_at, ok, ZH)
     tl.store(g_at + 2 * H, n, mask=ok)
-    tl.store(hs + s_at + B * H, tl.where(real, h, hp), mask=ok)
+    _store_state(hs, hm, rm, s_at + B * H, offs, ok, real, h, hp, RMASK)
 
 
 @triton.jit(do_not_specialize=["t"])
 def gru_update_backward(
-    gates, rec, hs, mask, reset, d_h, d_out, d_xp, d_rec, direct, t, B, H,
+    gates, rec, hs, mask, reset, d_h, d_out, d_xp, d_rec, direct, t, B, H, rm, kh,
     KEEP: tl.constexpr, AFTER: tl.constexpr, HAS_MASK: tl.constexpr,
-    HAS_RESET: tl.constexpr, HAS_DOUT: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESET: tl.constexpr, HAS_DOUT: tl.constexpr, RMASK: tl.constexpr,
+    ZH: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """The z and n pre-activation gradients into ``d_xp[t]``, the update's direct part of
     ∂L/∂h_{t-1} into ``direct``. ``AFTER`` (reset="after"): the whole step, also
@@ -298,8 +372,9 @@ def gru_update_backward(
     j = offs - b * H
     real, zero = _flags(mask, reset, t, B, b, ok, HAS_MASK, HAS_RESET)
     s_at = t * B * H + offs
-    dh = _incoming(tl.load(d_h + offs, mask=ok, other=0.0), reset, t, B, b, ok, d_out,
-                   s_at, HAS_RESET, HAS_DOUT)  # fmt: skip
+    d_in = _incoming(_carried(d_h, direct, rm, offs, ok, RMASK), reset, t, B, b, ok, d_out,
+                     s_at, HAS_RESET, HAS_DOUT)  # fmt: skip
+    dh, d_keep = _split(d_in, kh, s_at, ok, ZH)  # the update reads the unmasked h_{t-1}
     hp = tl.where(zero, 0.0, tl.load(hs + s_at, mask=ok, other=0.0))
     g_at = gates + (t * B + b) * 3 * H + j
     z = tl.load(g_at + H, mask=ok, other=0.0)
@@ -317,7 +392,7 @@ def gru_update_backward(
     d_at = d_xp + (t * B + b) * 3 * H + j
     tl.store(d_at + H, daz, mask=ok)
     tl.store(d_at + 2 * H, dan, mask=ok)
-    tl.store(direct + offs, tl.where(real, keep, dh), mask=ok)
+    tl.store(direct + offs, tl.where(real, keep + d_keep, d_in), mask=ok)
     if AFTER:  # masked rows have d_an = 0: all zero
         r = tl.load(g_at, mask=ok, other=0.0)
         dar = dan * tl.load(rec + s_at, mask=ok, other=0.0) * r * (1.0 - r)
@@ -330,12 +405,14 @@ def gru_update_backward(
 
 @triton.jit(do_not_specialize=["t"])
 def gru_before_backward(
-    gates, hs, reset, d_rh, d_xp, direct, t, B, H,
-    HAS_RESET: tl.constexpr, BLOCK: tl.constexpr,
+    gates, hs, reset, d_rh, d_xp, direct, t, B, H, rm, d_hm,
+    HAS_RESET: tl.constexpr, RMASK: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """reset="before", after ``gru_update_backward`` and ``d_rh = d_an W_nh``
     (∂L/∂(r ⊙ h_{t-1})): ``d_ar = d_rh ⊙ h_{t-1} ⊙ σ'`` into ``d_xp[t]``, and
-    ``direct += d_rh ⊙ r``. Masked rows have ``d_an = 0``, so ``d_rh = 0``."""
+    ``direct += d_rh ⊙ r``. Masked rows have ``d_an = 0``, so ``d_rh = 0``. RMASK: the
+    products read ``h_{t-1} ⊙ m``: ``d_ar`` from it, and ``d_rh ⊙ r`` into ``d_hm`` (the
+    product's part of the gradient) instead."""
     t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
@@ -343,7 +420,12 @@ def gru_before_backward(
     j = offs - b * H
     _real, zero = _flags(reset, reset, t, B, b, ok, False, HAS_RESET)
     hp = tl.where(zero, 0.0, tl.load(hs + t * B * H + offs, mask=ok, other=0.0))
+    if RMASK:
+        hp *= tl.load(rm + offs, mask=ok, other=0.0)
     r = tl.load(gates + (t * B + b) * 3 * H + j, mask=ok, other=0.0)
     drh = tl.load(d_rh + offs, mask=ok, other=0.0)
     tl.store(d_xp + (t * B + b) * 3 * H + j, drh * hp * r * (1.0 - r), mask=ok)
-    tl.store(direct + offs, tl.load(direct + offs, mask=ok, other=0.0) + drh * r, mask=ok)
+    if RMASK:
+        tl.store(d_hm + offs, drh * r, mask=ok)
+    else:
+        tl.store(direct + offs, tl.load(direct + offs, mask=ok, other=0.0) + drh * r, mask=ok)

@@ -395,7 +395,7 @@ class StackedRecurrent(nn.Module):
             raise ConfigError("input_dropout needs the input itself, not its product")
         if window is not None and xt.shape[0] > 0 and self._needs_grad(xt, state):
             h, finals = self._run_windowed(xt, mask_t, init, window, resets_bt, masks)
-        elif resets_bt is not None and self._resets_in_one_call(xt, mask_t, window, masks):
+        elif resets_bt is not None and self._resets_in_one_call(xt, mask_t, window):
             h, finals = self._run_layers(xt, mask_t, init, window, masks=masks, reset=resets_bt.T)
         elif resets_bt is not None:
             return self._run_pieces(x, mask_bt, state, window, resets_bt, masks)
@@ -483,13 +483,11 @@ class StackedRecurrent(nn.Module):
         h, finals = run_windowed_stack(layers, x_in, mask_t, init, window, drops, reset_t)
         return (h if masks is None else locked(h, masks.output)), finals
 
-    def _resets_in_one_call(
-        self, xt: Tensor, mask_t: Tensor | None, window: int | None, masks: StackMasks | None
-    ) -> bool:
+    def _resets_in_one_call(self, xt: Tensor, mask_t: Tensor | None, window: int | None) -> bool:
         """Whether every layer takes the resets inside one call (the Triton steps on a GPU,
-        ``rnnkit.bptt.gpu_steps``): no recompute, no regularizer's masks in the loop, and
-        each layer's route the Triton steps. Elsewhere the stack runs the pieces."""
-        if self.recompute is not None or masks is not None:
+        ``rnnkit.bptt.gpu_steps``, which take the regularizers' masks too): no recompute
+        and each layer's route the Triton steps. Elsewhere the stack runs the pieces."""
+        if self.recompute is not None:
             return False
         for layer in self.layers:
             cell = _directions(layer)[0].cell
