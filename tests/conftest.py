@@ -11,6 +11,7 @@ compared with.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -343,3 +344,20 @@ def run_cli(capsys):
         return code, out, err
 
     return run
+
+
+@pytest.fixture(scope="module")
+def triton_interpreter():
+    """Triton's interpreter for one test module's kernels (``rnnkit.bptt.gpu_steps`` on
+    the CPU); nothing of it stays afterwards (triton reads the variable when the kernels
+    are decorated, at their import)."""
+    kernels = "rnnkit.bptt.triton_kernels"
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.modules.pop(kernels, None)
+    yield
+    sys.modules.pop(kernels, None)
+    if before is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = before
