@@ -24,39 +24,80 @@
 
 namespace {
 
-// Sums over a row in 8 partial sums: vectorised without reassociating the compiler's own
-// way, and nearer the exact sum than one running total.
+// Row sums in LN_K partial sums: vectorised without reassociating the compiler's own way
+// (LN_K / 8 independent vector chains for float32, so that the adds' latency does not
+// bind), and nearer the exact sum than one running total.
+constexpr int64_t LN_K = 32;
+
+template <typename T>
+T ln_fold(const T (&acc)[LN_K], T tail) {
+  for (int64_t k = 0; k < LN_K; ++k) tail += acc[k];
+  return tail;
+}
+
 template <typename T>
 T ln_sum(const T* __restrict v, int64_t w) {
-  T acc[8] = {};
+  T acc[LN_K] = {};
   int64_t j = 0;
-  for (; j + 8 <= w; j += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += v[j + k];
+  for (; j + LN_K <= w; j += LN_K)
+    for (int64_t k = 0; k < LN_K; ++k) acc[k] += v[j + k];
   T s = 0;
   for (; j < w; ++j) s += v[j];
-  for (int k = 0; k < 8; ++k) s += acc[k];
-  return s;
+  return ln_fold(acc, s);
 }
 
+// n = v − mean, in the same pass as Σ n²: the centred sum of squares (two passes over v in
+// all with ln_sum, the variance as exact as torch's two-pass one).
 template <typename T>
-T ln_dot(const T* __restrict a, const T* __restrict b, int64_t w) {
-  T acc[8] = {};
+T ln_center(const T* __restrict v, T* __restrict n, T mean, int64_t w) {
+  T acc[LN_K] = {};
   int64_t j = 0;
-  for (; j + 8 <= w; j += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += a[j + k] * b[j + k];
+  for (; j + LN_K <= w; j += LN_K)
+    for (int64_t k = 0; k < LN_K; ++k) {
+      const T d = v[j + k] - mean;
+      n[j + k] = d;
+      acc[k] += d * d;
+    }
   T s = 0;
-  for (; j < w; ++j) s += a[j] * b[j];
-  for (int k = 0; k < 8; ++k) s += acc[k];
-  return s;
+  for (; j < w; ++j) {
+    n[j] = v[j] - mean;
+    s += n[j] * n[j];
+  }
+  return ln_fold(acc, s);
 }
 
-// n = ν(v) over the w entries of a row (ε = 1e-5, the variance over w); returns the scale
-// 1/√(var(v) + ε).
+// n = v − mean(v) over the w entries of a row (ε = 1e-5, the variance over w); returns the
+// scale 1/√(var(v) + ε), by which the caller multiplies n (ν(v) = n · scale) in its next
+// pass over the row.
+template <typename T>
+T ln_centered(const T* __restrict v, T* __restrict n, int64_t w) {
+  const T mean = ln_sum(v, w) / T(w);
+  return T(1) / std::sqrt(ln_center(v, n, mean, w) / T(w) + T(1e-5));
+}
+
+// The means the backward of ν reads, of u and u ⊙ n, in one pass.
+template <typename T>
+void ln_means(const T* __restrict u, const T* __restrict n, int64_t w, T& mu, T& mun) {
+  T a[LN_K] = {}, b[LN_K] = {};
+  int64_t j = 0;
+  for (; j + LN_K <= w; j += LN_K)
+    for (int64_t k = 0; k < LN_K; ++k) {
+      a[k] += u[j + k];
+      b[k] += u[j + k] * n[j + k];
+    }
+  T s = 0, sn = 0;
+  for (; j < w; ++j) {
+    s += u[j];
+    sn += u[j] * n[j];
+  }
+  mu = ln_fold(a, s) / T(w);
+  mun = ln_fold(b, sn) / T(w);
+}
+
+// n = ν(v) over the w entries of a row; returns the scale 1/√(var(v) + ε).
 template <typename T>
 T ln_normalize(const T* __restrict v, T* __restrict n, int64_t w) {
-  const T mean = ln_sum(v, w) / T(w);
-  for (int64_t j = 0; j < w; ++j) n[j] = v[j] - mean;
-  const T inv = T(1) / std::sqrt(ln_dot(n, n, w) / T(w) + T(1e-5));
+  const T inv = ln_centered(v, n, w);
   for (int64_t j = 0; j < w; ++j) n[j] *= inv;
   return inv;
 }
@@ -65,7 +106,8 @@ T ln_normalize(const T* __restrict v, T* __restrict n, int64_t w) {
 // s (u − mean(u) − n ⊙ mean(u ⊙ n)).
 template <typename T>
 void ln_normalize_backward(T* __restrict u, const T* __restrict n, T inv, int64_t w) {
-  const T mu = ln_sum(u, w) / T(w), mun = ln_dot(u, n, w) / T(w);
+  T mu, mun;
+  ln_means(u, n, w, mu, mun);
   for (int64_t j = 0; j < w; ++j) u[j] = inv * (u[j] - mu - n[j] * mun);
 }
 
@@ -89,8 +131,12 @@ void ln_lstm_fwd_row(const T* __restrict xp, const T* __restrict q, const T* __r
                      T* __restrict tc, T* __restrict cn, T* __restrict hn, int64_t H) {
   const int64_t G = 4 * H;
   const T *gc = gains + G, *bc = gains + G + H;
-  invq[0] = ln_normalize(q, nq, G);
-  for (int64_t j = 0; j < G; ++j) a[j] = (xp[j] + bias[j]) + nq[j] * gains[j];
+  const T sq = invq[0] = ln_centered(q, nq, G);
+  for (int64_t j = 0; j < G; ++j) {  // ν(q) in the pass that reads it
+    const T n = nq[j] * sq;
+    nq[j] = n;
+    a[j] = (xp[j] + bias[j]) + n * gains[j];
+  }
   for (int64_t j = 0; j < H; ++j) {
     const T i = sigm(a[j]), f = sigm(a[H + j]), g = tanh_(a[2 * H + j]);
     a[j] = i;
@@ -99,9 +145,11 @@ void ln_lstm_fwd_row(const T* __restrict xp, const T* __restrict q, const T* __r
     a[3 * H + j] = sigm(a[3 * H + j]);
     cn[j] = f * cp[j] + i * g;
   }
-  invc[0] = ln_normalize(cn, nc, H);
+  const T sc = invc[0] = ln_centered(cn, nc, H);
   for (int64_t j = 0; j < H; ++j) {
-    tc[j] = tanh_(nc[j] * gc[j] + bc[j]);
+    const T n = nc[j] * sc;
+    nc[j] = n;
+    tc[j] = tanh_(n * gc[j] + bc[j]);
     hn[j] = a[3 * H + j] * tc[j];
   }
 }
@@ -127,20 +175,37 @@ void ln_lstm_bwd_row(const T* __restrict a, const T* __restrict nq, T invq, cons
     dxp[3 * H + j] = dh[j] * tc[j] * (o * (T(1) - o));
     dh[j] = T(0);
   }
-  ln_normalize_backward(u, nc, invc, H);
-  for (int64_t j = 0; j < H; ++j) {
+  T mu, mun;
+  ln_means(u, nc, H, mu, mun);
+  for (int64_t j = 0; j < H; ++j) {  // ν's backward for ĉ in the pass that reads it
     const T i = a[j], f = a[H + j], g = a[2 * H + j];
-    const T dct = dc[j] + u[j];
+    const T dct = dc[j] + invc * (u[j] - mu - nc[j] * mun);
     dxp[j] = dct * g * (i * (T(1) - i));
     dxp[H + j] = dct * cp[j] * (f * (T(1) - f));
     dxp[2 * H + j] = dct * i * (T(1) - g * g);
     dc[j] = dct * f;
   }
-  for (int64_t j = 0; j < G; ++j) {
+  // dq = ∂L/∂a ⊙ γ_h and the means of ν's backward in one pass, then ν's backward
+  T sa[LN_K] = {}, sb[LN_K] = {};
+  int64_t j = 0;
+  for (; j + LN_K <= G; j += LN_K)
+    for (int64_t k = 0; k < LN_K; ++k) {
+      const T d = dxp[j + k], n = nq[j + k], v = d * gains[j + k];
+      dg[j + k] += d * n;
+      dq[j + k] = v;
+      sa[k] += v;
+      sb[k] += v * n;
+    }
+  T s = 0, sn = 0;
+  for (; j < G; ++j) {
+    const T v = dxp[j] * gains[j];
     dg[j] += dxp[j] * nq[j];
-    dq[j] = dxp[j] * gains[j];
+    dq[j] = v;
+    s += v;
+    sn += v * nq[j];
   }
-  ln_normalize_backward(dq, nq, invq, G);
+  const T mq = ln_fold(sa, s) / T(G), mqn = ln_fold(sb, sn) / T(G);
+  for (j = 0; j < G; ++j) dq[j] = invq * (dq[j] - mq - nq[j] * mqn);
 }
 
 // One row of the GRU's step (reset after the product). xp: the input part (3H); q:
