@@ -212,7 +212,8 @@ class LayerNormLSTMKernel:
         return mm(d_hp[:, : 4 * H].T, h_prev), d_gains
 
     # The compiled loop (rnnkit/csrc/layer_norm.h) fills the same caches as step_into; its
-    # backward sums the gains' gradient itself (d_hp then only ∂L/∂(W_h h_{t-1})).
+    # backward sums the gradients of the gains and the bias itself (d_hp then only
+    # ∂L/∂(W_h h_{t-1})).
     def native_reads_rows(self, x: Tensor, w: Weights) -> bool:
         return False  # the input part comes as rows of (T·B or N, 4H)
 
@@ -251,15 +252,15 @@ class LayerNormLSTMKernel:
         need_x: bool = False,
         reg: tuple[Tensor | None, ...] | None = None,
     ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None, Tensor]:
-        """Also the gains' gradient, summed by the loop: its ``d_hp`` is ∂L/∂(W_h h_{t-1})
-        alone (``Kernel.native_backward``)."""
+        """Also the gradients of the gains and the bias, summed by the loop: its ``d_hp`` is
+        ∂L/∂(W_h h_{t-1}) alone (``Kernel.native_backward``)."""
         _no_regularizers(reg)
-        d_xp, d_q, d_gains, d_h0, d_c0 = lib.ln_lstm_backward(
+        d_xp, d_q, d_gains, d_bias, d_h0, d_c0 = lib.ln_lstm_backward(
             [c.contiguous() for c in record.cache], record.states[1].contiguous(),
             w.weight_hh.contiguous(), _gains(w), mask,
             None if d_out is None else d_out.contiguous(), *d_states, offsets,
         )  # fmt: skip
-        return d_xp, d_q, (d_h0, d_c0), None, None, d_gains
+        return d_xp, d_q, (d_h0, d_c0), None, d_bias, d_gains
 
 
 class LayerNormLSTMCell(CellBase):
@@ -488,13 +489,13 @@ class LayerNormGRUKernel:
         reg: tuple[Tensor | None, ...] | None = None,
     ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None, Tensor]:
         _no_regularizers(reg)
-        d_xp, d_q, d_gains, d_h0 = lib.ln_gru_backward(
+        d_xp, d_q, d_gains, d_bias, d_h0 = lib.ln_gru_backward(
             [c.contiguous() for c in record.cache], record.states[0].contiguous(),
             w.weight_hh.contiguous(), _gains(w), mask,
             None if d_out is None else d_out.contiguous(), d_states[0],
             self.update == "keep", offsets,
         )  # fmt: skip
-        return d_xp, d_q, (d_h0,), None, None, d_gains
+        return d_xp, d_q, (d_h0,), None, d_bias, d_gains
 
 
 class LayerNormGRUCell(CellBase):

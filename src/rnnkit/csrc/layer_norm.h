@@ -111,6 +111,9 @@ void ln_normalize_backward(T* __restrict u, const T* __restrict n, T inv, int64_
   for (int64_t j = 0; j < w; ++j) u[j] = inv * (u[j] - mu - n[j] * mun);
 }
 
+// The gains' entries: the LSTM's [γ_h; γ_c; β_c], the GRU's [γ_h; b_hn].
+constexpr int64_t ln_gains_width(int64_t G, int64_t H) { return G * H + (G == 4 ? 2 : 1) * H; }
+
 // The caches of one call, each a step buffer (or one step's scratch without save). LSTM:
 // the activated gates (4H), ν(q) (4H), its scale (1), ν(c) (H), its scale (1), tanh(ĉ)
 // (H), ĉ = ν(c) γ_c + β_c. GRU: the activated r, z, n (3H), q_n (H), ν(q) (3H), its scale.
@@ -157,13 +160,14 @@ void ln_lstm_fwd_row(const T* __restrict xp, const T* __restrict q, const T* __r
 // The backward of one row of the LSTM's step: dh, dc the gradients of h_t, c_t on entry;
 // dc becomes that of c_{t-1}, dh is zeroed (d_q W_hh is added by the caller). dxp: the
 // pre-activations' gradient (4H); dq: ∂L/∂q (4H); dg += the gains' gradient, [γ_h (4H):
-// ∂L/∂a ⊙ ν(q); γ_c (H): ∂L/∂ĉ ⊙ ν(c); β_c (H): ∂L/∂ĉ]; u: H values of scratch.
+// ∂L/∂a ⊙ ν(q); γ_c (H): ∂L/∂ĉ ⊙ ν(c); β_c (H): ∂L/∂ĉ]; db += ∂L/∂a (the bias's
+// gradient); u: H values of scratch.
 template <typename T>
 void ln_lstm_bwd_row(const T* __restrict a, const T* __restrict nq, T invq, const T* __restrict nc,
                      T invc, const T* __restrict tc, const T* __restrict cp,
                      const T* __restrict gains, T* __restrict dh, T* __restrict dc,
-                     T* __restrict dxp, T* __restrict dq, T* __restrict dg, T* __restrict u,
-                     int64_t H) {
+                     T* __restrict dxp, T* __restrict dq, T* __restrict dg, T* __restrict db,
+                     T* __restrict u, int64_t H) {
   const int64_t G = 4 * H;
   const T* gc = gains + G;
   for (int64_t j = 0; j < H; ++j) {
@@ -192,6 +196,7 @@ void ln_lstm_bwd_row(const T* __restrict a, const T* __restrict nq, T invq, cons
     for (int64_t k = 0; k < LN_K; ++k) {
       const T d = dxp[j + k], n = nq[j + k], v = d * gains[j + k];
       dg[j + k] += d * n;
+      db[j + k] += d;
       dq[j + k] = v;
       sa[k] += v;
       sb[k] += v * n;
@@ -200,6 +205,7 @@ void ln_lstm_bwd_row(const T* __restrict a, const T* __restrict nq, T invq, cons
   for (; j < G; ++j) {
     const T v = dxp[j] * gains[j];
     dg[j] += dxp[j] * nq[j];
+    db[j] += dxp[j];
     dq[j] = v;
     s += v;
     sn += v * nq[j];
@@ -230,11 +236,12 @@ void ln_gru_fwd_row(const T* __restrict xp, const T* __restrict q, const T* __re
 // The backward of one row of the GRU's step: dh the gradient of h_t on entry, its direct
 // part (through the update) on exit (d_q W_hh is added by the caller). dxp: the
 // pre-activations' gradient (3H); dq: ∂L/∂q (3H); dg += the gains' gradient, [γ_h (3H):
-// ∂L/∂(ν(q) γ_h) ⊙ ν(q); b_hn (H): ∂L/∂q_n].
+// ∂L/∂(ν(q) γ_h) ⊙ ν(q); b_hn (H): ∂L/∂q_n]; db += ∂L/∂p (the bias's gradient).
 template <typename T, bool KEEP>
 void ln_gru_bwd_row(const T* __restrict a, const T* __restrict qn, const T* __restrict nq, T invq,
                     const T* __restrict hp, const T* __restrict gains, T* __restrict dh,
-                    T* __restrict dxp, T* __restrict dq, T* __restrict dg, int64_t H) {
+                    T* __restrict dxp, T* __restrict dq, T* __restrict dg, T* __restrict db,
+                    int64_t H) {
   for (int64_t j = 0; j < H; ++j) {
     const T r = a[j], z = a[H + j], n = a[2 * H + j], d = dh[j];
     const T dz = KEEP ? d * (hp[j] - n) : d * (n - hp[j]);
@@ -246,6 +253,7 @@ void ln_gru_bwd_row(const T* __restrict a, const T* __restrict qn, const T* __re
     dxp[2 * H + j] = dan;
     dh[j] = KEEP ? d * z : d * (T(1) - z);
   }
+  for (int64_t j = 0; j < 3 * H; ++j) db[j] += dxp[j];
   for (int64_t j = 0; j < 2 * H; ++j) {
     dg[j] += dxp[j] * nq[j];
     dq[j] = dxp[j] * gains[j];
@@ -301,14 +309,15 @@ void ln_forward_impl(const T* xp, const StepMatrix<T>& W, const T* bias, const T
 // The backward loop of one row block: d_h (and d_c) (B, H) the final states' gradients on
 // entry, the initial states' on exit; d_out (T, B, H) contiguous or null. dxp, dhp: step
 // buffers of G·H, the pre-activations' gradient and ∂L/∂q (q = h_{t-1} W_hh^T), zero at
-// holes and finished rows. dg: this block's sum of the gains' gradient over its rows, summed
-// while they are in cache (a pass over the step buffers afterwards would read them again).
+// holes and finished rows. dg: this block's sum over its rows of the gains' gradient (NG
+// entries: ln_gains_width), then of the bias's (G·H), summed while the rows are in cache (a
+// pass over the step buffers afterwards would read them again).
 template <typename T, int G, bool KEEP>
 void ln_backward_impl(const LnCache<T>& C, const T* hs, const T* cs, const StepMatrix<T>& W,
                       const T* gains, const bool* M, const Steps& S, const T* dout, T* dxp, T* dhp,
                       T* dg, T* dh, T* dc, int64_t Tn, int64_t B, int64_t H, int64_t r0,
                       int64_t r1) {
-  const int64_t GH = G * H, RW = GH;
+  const int64_t GH = G * H, RW = GH, NG = ln_gains_width(G, H);
   dh += r0 * H;
   if (G == 4) dc += r0 * H;
   std::vector<T> u(H);
@@ -329,11 +338,11 @@ void ln_backward_impl(const LnCache<T>& C, const T* hs, const T* cs, const StepM
       if constexpr (G == 4)
         ln_lstm_bwd_row<T>(C.row(0, k), C.row(1, k), C.row(2, k)[0], C.row(3, k), C.row(4, k)[0],
                            C.row(5, k), cs + (t * B + r0 + b) * H, gains, dh + b * H, dc + b * H,
-                           dx + b * GH, dr + b * RW, dg, u.data(), H);
+                           dx + b * GH, dr + b * RW, dg, dg + NG, u.data(), H);
       else
         ln_gru_bwd_row<T, KEEP>(C.row(0, k), C.row(1, k), C.row(2, k), C.row(3, k)[0],
                                 hs + (t * B + r0 + b) * H, gains, dh + b * H, dx + b * GH,
-                                dr + b * RW, dg, H);
+                                dr + b * RW, dg, dg + NG, H);
     }
     if (!S.packed()) {
       zero_rows(dx, bt, r1 - r0, GH);
@@ -355,7 +364,7 @@ void ln_check_weights(const Tensor& w_hh, const Tensor& gains, int64_t G, int64_
                       const Tensor& like) {
   check(w_hh, "w_hh", 2);
   check(gains, "gains", 1);
-  const int64_t ng = G * H + (G == 4 ? 2 : 1) * H;
+  const int64_t ng = ln_gains_width(G, H);
   TORCH_CHECK(w_hh.size(0) == G * H && w_hh.size(1) == H && gains.size(0) == ng, "w_hh must be (",
               G * H, ", ", H, ") and gains (", ng, "), got ", w_hh.sizes(), " and ", gains.sizes());
   for (const Tensor* t : {&w_hh, &gains})
@@ -421,7 +430,7 @@ std::vector<Tensor> ln_forward(const Tensor& xp, const Tensor& w_hh, const Tenso
 // cache: the forward's caches; states: cs (the LSTM) or hs (the GRU), (T + 1, B, H). d_h
 // (and d_c) (B, H): the final states' gradients, the initial states' on return. Returns
 // d_xp (the pre-activations' gradient), d_q (∂L/∂q), the gains' gradient (the LSTM's
-// [γ_h; γ_c; β_c], the GRU's [γ_h; b_hn]), then d_h (and d_c).
+// [γ_h; γ_c; β_c], the GRU's [γ_h; b_hn]), the bias's, then d_h (and d_c).
 std::vector<Tensor> ln_backward(at::TensorList cache, const Tensor& states, const Tensor& w_hh,
                                 const Tensor& gains, const std::optional<Tensor>& mask,
                                 const std::optional<Tensor>& d_out, const Tensor& d_h,
@@ -447,8 +456,10 @@ std::vector<Tensor> ln_backward(at::TensorList cache, const Tensor& states, cons
   }
   TORCH_CHECK(d_c.has_value() == (G == 4), "d_c: the LSTM's only");
   Tensor dxp = step_buffer(S, G * H, states), dhp = step_buffer(S, G * H, states);
-  // each thread block sums its rows' gains gradient into the row of its first batch row
-  Tensor dg = at::zeros({B, gains.size(0)}, states.options());
+  // each thread block sums its rows' gradients of the gains and the bias into the row of
+  // its first batch row
+  const int64_t ng = gains.size(0);
+  Tensor dg = at::zeros({B, ng + G * H}, states.options());
   AT_DISPATCH_FLOATING_TYPES(states.scalar_type(), "ln_backward", [&] {
     const LnCache<scalar_t> C = ln_cache_of<scalar_t>(caches, widths);
     const StepMatrix<scalar_t> W(w_hh, 0, G * H, false, S.rows());
@@ -460,11 +471,12 @@ std::vector<Tensor> ln_backward(at::TensorList cache, const Tensor& states, cons
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(C, G == 4 ? nullptr : s, G == 4 ? s : nullptr, W, gains.data_ptr<scalar_t>(), M, S,
         opt_ptr<scalar_t>(d_out), dxp.data_ptr<scalar_t>(), dhp.data_ptr<scalar_t>(),
-        dg.data_ptr<scalar_t>() + r0 * gains.size(0), d_h.data_ptr<scalar_t>(), dc, Tn, B, H, r0,
+        dg.data_ptr<scalar_t>() + r0 * (ng + G * H), d_h.data_ptr<scalar_t>(), dc, Tn, B, H, r0,
         r1);
     });
   });
-  std::vector<Tensor> out{dxp, dhp, dg.sum(0), d_h};
+  const Tensor sums = dg.sum(0);
+  std::vector<Tensor> out{dxp, dhp, sums.slice(0, 0, ng), sums.slice(0, ng), d_h};
   if (d_c) out.push_back(*d_c);
   return out;
 }
