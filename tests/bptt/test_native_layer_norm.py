@@ -41,10 +41,10 @@ def _mask(B: int, T: int) -> torch.Tensor:
     return mask
 
 
-def _layer(kind: str, dtype: torch.dtype):
+def _layer(kind: str, dtype: torch.dtype, hidden: int = H):
     """The same parameters in either dtype (drawn in float32: float64 holds them exactly)."""
     torch.manual_seed(0)
-    layer = KINDS[kind](I, H, num_layers=2, bidirectional=True)
+    layer = KINDS[kind](I, hidden, num_layers=2, bidirectional=True)
     with torch.no_grad():  # gains and shifts away from 1 and 0, so that they matter
         for name, p in layer.named_parameters():
             if "gamma" in name or "beta" in name or "bias_hn" in name:
@@ -69,17 +69,27 @@ def _run(layer, x, mask, s0, compiled: bool):
     return [h.detach(), *(f.detach() for f in finals), *grads, h_ng]
 
 
-def _loop(kind: str, dtype: torch.dtype, threads: int, compiled: bool, B: int = 11, T: int = 7):
+def _loop(
+    kind: str,
+    dtype: torch.dtype,
+    threads: int,
+    compiled: bool,
+    B: int = 11,
+    T: int = 7,
+    hidden: int = H,
+):
     """:func:`_run` of a bidirectional stack over :func:`_mask` on ``threads`` threads, the
     same data in either dtype."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        layer = _layer(kind, dtype)
+        layer = _layer(kind, dtype, hidden)
         gen = torch.Generator().manual_seed(1)
         x = torch.randn(B, T, I, generator=gen).to(dtype).requires_grad_()
         n = 2 if kind == "lstm" else 1
-        s0 = [torch.randn(2, 2, B, H, generator=gen).to(dtype).requires_grad_() for _ in range(n)]
+        s0 = [
+            torch.randn(2, 2, B, hidden, generator=gen).to(dtype).requires_grad_() for _ in range(n)
+        ]
         return _run(layer, x, _mask(B, T), s0, compiled)
     finally:
         torch.set_num_threads(before)
@@ -91,6 +101,16 @@ def test_float64_compiled_equals_the_pytorch_loop(kind, threads) -> None:
     got = _loop(kind, torch.float64, threads, compiled=True)
     want = _loop(kind, torch.float64, threads, compiled=False)
     assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_float64_compiled_equals_the_pytorch_loop_on_wide_rows(kind) -> None:
+    """Rows wide enough for the compiled loop's blocked row sums (32 entries a block) and a
+    remainder after them: H = 40, so 4H = 160, 3H = 120 and H itself end in a part block."""
+    got = _loop(kind, torch.float64, 1, compiled=True, hidden=40)
+    want = _loop(kind, torch.float64, 1, compiled=False, hidden=40)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
