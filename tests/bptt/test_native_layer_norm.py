@@ -121,7 +121,8 @@ def test_float32_compiled_is_as_near_the_truth_as_the_pytorch_loop(kind, threads
     """In float32 each loop rounds its own way: both are held to the float64 result (the
     truth, to 1e-12) and the compiled loop's error may be at most 4 times the PyTorch
     loop's, plus 1e-6 of the tensor's largest value (measured: the compiled loop's error
-    less that is at most 2.1 times the PyTorch loop's, in the gains' gradients)."""
+    less that is at most 2.5 times the PyTorch loop's, in the gradients of the gains and
+    the bias, which the loop sums row by row)."""
     truth = _loop(kind, torch.float64, threads, compiled=False)
     got = _loop(kind, torch.float32, threads, compiled=True)
     want = _loop(kind, torch.float32, threads, compiled=False)
