@@ -19,7 +19,7 @@ PYTHON=${PYTHON:-$here/../../.venv/bin/python}
 config=${1:-small}
 [ $# -gt 0 ] && shift
 case $config in
-small) model="--hidden 200 --embedding 200 --bptt segment:20 --init-range 0.1"
+small) model="--hidden 200 --embedding 200 --dropout 0 --bptt segment:20 --init-range 0.1"
        schedule="--lr 20 --clip-norm 0.25 --lr-schedule step:4:0.5 --epochs 13" ;;
 medium) model="--hidden 650 --embedding 650 --dropout 0.5 --bptt segment:35 --init-range 0.05"
         schedule="--lr 35 --clip-norm 0.142857 --lr-schedule step:6:0.8 --epochs 39" ;;
@@ -27,10 +27,12 @@ medium) model="--hidden 650 --embedding 650 --dropout 0.5 --bptt segment:35 --in
 esac
 data=$here/data
 out=$here/runs/$config
+# The paper's models have no other dropout than --dropout: the lm task's own defaults of
+# locked and output dropout are turned off.
 # shellcheck disable=SC2086  # $model, $schedule and $replace are lists of options
 "$PYTHON" -m rnnkit train --task lm --unit word --doc-boundary eos \
     --train "$data/ptb.train.txt" --valid "$data/ptb.valid.txt" --out "$out" \
-    --cell lstm --layers 2 $model \
+    --cell lstm --layers 2 $model --locked-dropout 0 --output-dropout 0 \
     --batch-size 20 --optimizer sgd $schedule $replace "$@"
 "$PYTHON" -m rnnkit evaluate --checkpoint "$out" --data "$data/ptb.test.txt" --json \
     > "$out/test.json"
