@@ -14,6 +14,7 @@ import pytest
 
 from rnnkit.app.config.fields import TASKS
 from rnnkit.models import ModelSpec
+from rnnkit.models.spec import task_model_defaults
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -49,11 +50,21 @@ def test_for_task_is_the_spec_train_builds(task: str, run_cli) -> None:
 
 
 def test_the_lm_defaults_differ_from_the_options_own() -> None:
-    """The case that matters: ``lm`` trains two layers with dropout 0.3, the options'
-    own defaults are one layer without dropout (``ModelSpec()``)."""
-    assert (ModelSpec().layers, ModelSpec().dropout) == (1, 0.0)
-    lm = ModelSpec.for_task("lm")
-    assert (lm.layers, lm.dropout) == (2, 0.3) == (cli_spec().layers, cli_spec().dropout)
+    """The case that matters: ``lm`` trains two layers with dropout 0.3, locked dropout
+    0.3 between them and output dropout 0.4; the options' own defaults are one layer
+    without dropout (``ModelSpec()``)."""
+    own = ModelSpec()
+    assert (own.layers, own.dropout, own.locked_dropout, own.output_dropout) == (1, 0, 0, 0)
+    lm, cli = ModelSpec.for_task("lm"), cli_spec()
+    want = (2, 0.3, 0.3, 0.4)
+    assert (lm.layers, lm.dropout, lm.locked_dropout, lm.output_dropout) == want
+    assert (cli.layers, cli.dropout, cli.locked_dropout, cli.output_dropout) == want
+
+
+def test_the_jordan_wiring_takes_no_stack_defaults() -> None:
+    """The Jordan wiring has one layer and no stack: the lm's layers and regularizers do
+    not apply to it (given, they are refused)."""
+    assert task_model_defaults("lm", {"wiring": "jordan"}) == {"dropout": 0.3}
 
 
 def test_the_tag_defaults_are_those_of_docs_defaults() -> None:

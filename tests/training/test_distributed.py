@@ -48,6 +48,10 @@ def _common(corpus: Path, out: Path) -> list[str]:
         "segment:16",
         "--dropout",  # no random masks: one process and two draw them differently
         "0",
+        "--locked-dropout",
+        "0",
+        "--output-dropout",
+        "0",
         "--quiet",
     ]
 

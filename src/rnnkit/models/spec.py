@@ -5,7 +5,8 @@ take a :class:`ModelSpec`, never the command line's configuration: models sit be
 application, which translates its options into a spec (``rnnkit.app.tasks.settings.model_spec``).
 The field names and defaults are those of the ``rnnkit train`` options of the same name;
 a task may default some of them otherwise (:data:`TASK_MODEL_DEFAULTS`: ``lm`` trains
-two layers with dropout 0.3, ``tag`` reads each word's characters, with dropout 0.5), so
+two layers with dropout 0.3, locked dropout 0.3 between them and output dropout 0.4,
+``tag`` reads each word's characters, with dropout 0.5), so
 the model ``rnnkit train --task TASK`` builds with no model option given is
 ``ModelSpec.for_task(TASK)``, while ``ModelSpec()`` holds the options' own defaults.
 
@@ -32,22 +33,24 @@ __all__ = ["TASK_MODEL_DEFAULTS", "ModelSpec", "task_model_defaults"]
 #: given (``rnnkit.app.config.TASK_DEFAULTS`` holds them beside the training ones);
 #: :meth:`ModelSpec.for_task` does the same.
 TASK_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "lm": {"layers": 2, "dropout": 0.3},
+    "lm": {"layers": 2, "dropout": 0.3, "locked_dropout": 0.3, "output_dropout": 0.4},
     "tag": {"char_rnn": True, "dropout": 0.5},
 }
 
 
 def task_model_defaults(task: str, fields: dict[str, Any]) -> dict[str, Any]:
     """The defaults of :data:`TASK_MODEL_DEFAULTS` for ``task`` that apply with these
-    ``fields``: the Jordan wiring has one layer by definition, so an ``lm`` with
-    ``wiring="jordan"`` keeps ``layers=1``.
+    ``fields``: the Jordan wiring has one layer by definition and no recurrent stack to
+    regularize, so an ``lm`` with ``wiring="jordan"`` keeps ``layers=1`` and no locked or
+    output dropout.
 
     >>> task_model_defaults("lm", {"wiring": "jordan"})
     {'dropout': 0.3}
     """
     defaults = dict(TASK_MODEL_DEFAULTS.get(task, {}))
     if fields.get("wiring") == "jordan":
-        defaults.pop("layers", None)
+        for name in ("layers", "locked_dropout", "output_dropout"):
+            defaults.pop(name, None)
     return defaults
 
 
