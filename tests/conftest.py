@@ -351,12 +351,14 @@ def triton_interpreter():
     """Triton's interpreter for one test module's kernels (``rnnkit.bptt.gpu_steps`` on
     the CPU); nothing of it stays afterwards (triton reads the variable when the kernels
     are decorated, at their import)."""
-    kernels = "rnnkit.bptt.triton_kernels"
+    kernels = ("rnnkit.bptt.triton_kernels", "rnnkit.bptt.triton_ln_kernels")
     before = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
-    sys.modules.pop(kernels, None)
+    for name in kernels:
+        sys.modules.pop(name, None)
     yield
-    sys.modules.pop(kernels, None)
+    for name in kernels:
+        sys.modules.pop(name, None)
     if before is None:
         del os.environ["TRITON_INTERPRET"]
     else:

@@ -265,7 +265,8 @@ def test_route_forced_triton_takes_every_cell_it_handles():
         assert _route(lstm, x, window=3) == LOOP  # windowed BPTT(τ): the loop's
         assert _route(lstm, x, projected=True) == LOOP
         assert _route(lstm, x.half()) == LOOP
-        assert _route(LayerNormLSTMCell(I, H).kernel, x) == LOOP
+        assert _route(LayerNormLSTMCell(I, H).kernel, x) == STEPS
+        assert _route(LayerNormLSTMCell(I, H).kernel, x, window=3) == LOOP
         # recurrent dropout and zoneout around a cell it handles: its; layer norm: not
         assert _route(regularized(lstm, torch.ones(B, H), None), x) == STEPS
         keep = (torch.ones(T, B, H),)
@@ -287,7 +288,7 @@ def test_route_auto_takes_the_steps_on_cuda_where_cudnn_cannot(monkeypatch):
         for name in ("gru_keep_before", "gru_candidate_before", "rnn_sigmoid"):
             assert _route(CELLS[name]().kernel, x) == STEPS
         assert _route(CELLS["gru_keep_before"]().kernel, x, window=2) == LOOP
-        assert _route(LayerNormLSTMCell(I, H).kernel, x) == LOOP
+        assert _route(LayerNormLSTMCell(I, H).kernel, x) == STEPS
         # on the CPU the loop runs (the compiled one), whatever the cell
         cpu = torch.zeros(T, B, I)
         assert _route(CELLS["gru_keep_before"]().kernel, cpu) == LOOP

@@ -48,6 +48,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt.fused import _path
+from rnnkit.bptt.gpu_steps_ln import LN_KERNELS, run_ln_steps
 from rnnkit.bptt.regularized import RegularizedKernel
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.gru import GRUKernel
@@ -81,11 +82,14 @@ def _interpreted() -> bool:
 
 def steps_handle(kernel: Kernel, x: Tensor, window: int | None, projected: bool) -> bool:
     """Whether the Triton steps compute this layer's function: an LSTM, GRU or simple
-    cell (no layer norm), as such or with recurrent dropout and zoneout around it
-    (:class:`~rnnkit.bptt.regularized.RegularizedKernel`), float32/float64, full BPTT,
-    the input itself (not its product). Masks and resets are theirs."""
+    cell, as such or with recurrent dropout and zoneout around it
+    (:class:`~rnnkit.bptt.regularized.RegularizedKernel`), or a layer-normalised LSTM or
+    GRU without them (:mod:`rnnkit.bptt.gpu_steps_ln`); float32/float64, full BPTT, the
+    input itself (not its product). Masks and resets are theirs."""
     if window is not None or projected or x.dtype not in _DTYPES:
         return False
+    if type(kernel) in LN_KERNELS:
+        return True
     inner = kernel.inner if isinstance(kernel, RegularizedKernel) else kernel
     return type(inner) in (LSTMKernel, GRUKernel, RNNKernel)
 
@@ -509,6 +513,8 @@ def run_steps(
         ``(outputs (T, B, H), final states (B, H) each)``, the state held across padding.
     """
     T, B = x.shape[0], x.shape[1]
+    if type(kernel) in LN_KERNELS:  # x: the normalised input part
+        return run_ln_steps(kernel, x, weights, states0, *_as_int8(mask, reset, T, B, x))
     kernel, reg = _regularizers(kernel, T, B, states0[0].shape[1], x)
     m, r = _as_int8(mask, reset, T, B, x)
     tensors = (x, *weights, *states0)
