@@ -20,8 +20,9 @@
 * ``fused``: PyTorch's fused kernels (cuDNN on a GPU) for the layers whose function is
   theirs, and the choice of path (``use_fused``, ``RNNKIT_GPU_PATH``);
 * ``gpu_steps``: on a GPU, the layers the fused kernels cannot run (holes, resets, the
-  GRU with ``reset="before"``, the ``sigmoid`` cell) as one product and one Triton launch
-  per step (``triton_kernels``, triton imported on first use only);
+  GRU with ``reset="before"``, the ``sigmoid`` cell, the layer-normalised cells:
+  ``gpu_steps_ln``) as one product and one Triton launch per step (``triton_kernels``,
+  ``triton_ln_kernels``, triton imported on first use only);
 * ``opaque``: the time loop as one operator of a compiled graph (``rnnkit::recurrence``,
   ``torch.library.custom_op``), its gradient the explicit BPTT's;
 * ``tracing``: the check that refuses graph tracing of the explicit backward.
@@ -40,6 +41,7 @@ from rnnkit.bptt.fused import (
     wants_fused,
 )
 from rnnkit.bptt.gpu_steps import run_steps, steps_handle, triton_available, wants_steps
+from rnnkit.bptt.gpu_steps_ln import run_ln_steps
 from rnnkit.bptt.native import available, build, library, own_matmul, supports, use_native
 from rnnkit.bptt.opaque import kernel_from_name, kernel_name, run_opaque
 from rnnkit.bptt.recompute import run_recomputed
@@ -95,6 +97,7 @@ __all__ = [
     "reorder",
     "route",
     "run_fused",
+    "run_ln_steps",
     "run_opaque",
     "run_recomputed",
     "run_recurrence",

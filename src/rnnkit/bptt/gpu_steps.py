@@ -23,7 +23,9 @@ mixes the unmasked ``h_{t-1}``), and the launch mixes zoneout's
 ∂L/∂h_t into the product's part, times ``m``, and the rest; ``∂L/∂W_hh`` is
 ``Σ d_gatesᵀ (h_{t-1} ⊙ m)``.
 
-Cell forms: LSTM, the four GRU forms, the simple cell with tanh, relu or sigmoid; float32
+Cell forms: LSTM, the four GRU forms, the simple cell with tanh, relu or sigmoid, and the
+layer-normalised LSTM and GRU without the regularizers (:mod:`rnnkit.bptt.gpu_steps_ln`,
+kernels in :mod:`rnnkit.bptt.triton_ln_kernels`); float32
 and float64; full BPTT (a segment of truncated BPTT is one call from a given state).
 Triton is an optional dependency (``pip install 'rnnkit[gpu]'``), imported on first use:
 ``import rnnkit`` never imports it. The kernels are :mod:`rnnkit.bptt.triton_kernels`;

@@ -23,7 +23,7 @@ from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.cells.layer_norm import LayerNormGRUKernel, LayerNormLSTMKernel
 
-__all__ = ["LN_KERNELS", "run_ln_steps"]
+__all__ = ["run_ln_steps"]
 
 LN_KERNELS = (LayerNormLSTMKernel, LayerNormGRUKernel)
 _KERNELS = "rnnkit.bptt.triton_ln_kernels"

@@ -23,8 +23,9 @@ product, that product the compiled loop's where the layer runs there), and hands
 the time loop as its input (``LayerNormLSTMKernel.reads_projected``); the loop
 runs the rest, with the hand-written backward of :meth:`LayerNormLSTMKernel.step_backward`.
 On the CPU the compiled loop runs it (``rnnkit/csrc/layer_norm.h``: the same caches and
-backward; the kernels' ``native_forward``/``native_backward``), elsewhere the PyTorch
-loop — and with recurrent dropout or zoneout (``rnnkit.bptt.regularized``), on every
+backward; the kernels' ``native_forward``/``native_backward``), on a GPU the Triton steps
+(``rnnkit.bptt.gpu_steps_ln``), elsewhere the PyTorch loop — and with recurrent dropout
+or zoneout (``rnnkit.bptt.regularized``), on every
 device: the compiled loop takes no masks for these cells.
 """
 
