@@ -25,6 +25,12 @@ FORMS = [
     ("gru_keep_before", rnnkit.GRU, {"update": "keep", "reset": "before"}),
     ("gru_candidate_after_holes", rnnkit.GRU, {"update": "candidate", "reset": "after"}),
     ("rnn_sigmoid", rnnkit.RNN, {"nonlinearity": "sigmoid"}),
+    ("layer_norm_lstm_holes", rnnkit.LSTM, {"layer_norm": True}),
+    (
+        "layer_norm_gru_keep_holes",
+        rnnkit.GRU,
+        {"update": "keep", "reset": "after", "layer_norm": True},
+    ),
 ]
 
 
