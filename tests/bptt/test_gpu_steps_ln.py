@@ -108,6 +108,27 @@ def test_ln_steps_equal_the_explicit_bptt_in_float64(name, kind):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize(("steps", "rows"), [(0, 2), (3, 0)])
+@pytest.mark.parametrize("name", ["lstm", "gru_keep"])
+def test_ln_steps_without_steps_or_rows(name, steps, rows):
+    """No step: the initial states come back, their gradient passes through; no row:
+    empty outputs and gradients, no launch reads anything."""
+    cell = _cell(name)
+    n = 2 if isinstance(cell, LayerNormLSTMCell) else 1
+    x = torch.randn(steps, rows, cell.gates * H, dtype=torch.float64, requires_grad=True)
+    states0 = tuple(torch.randn(rows, H, dtype=torch.float64, requires_grad=True) for _ in range(n))
+    outputs, finals = gpu_steps.run_steps(cell.kernel, x, cell.weights(), states0)
+    assert outputs.shape == (steps, rows, H)
+    d_finals = [torch.randn_like(f) for f in finals]
+    grads = torch.autograd.grad(
+        sum((f * d).sum() for f, d in zip(finals, d_finals, strict=True)), [x, *states0]
+    )
+    assert grads[0].shape == x.shape
+    for f, s0, g, d in zip(finals, states0, grads[1:], d_finals, strict=True):
+        assert torch.equal(f, s0) if steps == 0 else f.shape == s0.shape
+        assert torch.equal(g, d)
+
+
 @pytest.mark.parametrize(
     ("cls", "options"),
     [

@@ -186,7 +186,7 @@ class _LNSteps(torch.autograd.Function):
             h_prev = hs[:-1]
             if reset is not None:  # what each step's product read
                 h_prev = torch.where(reset[:T, :, None] != 0, 0.0, h_prev)
-            d_hh = torch.mm(d_q.reshape(T * B, -1).T, h_prev.reshape(T * B, H))
+            d_hh = torch.mm(d_q.reshape(T * B, d_q.shape[2]).T, h_prev.reshape(T * B, H))
         d_b = d_xp.sum((0, 1)) if need[7] else None
         d_init = tuple(d if need[9 + k] else None for k, d in enumerate(d_s0))
         d_x = d_xp if need[4] else None
