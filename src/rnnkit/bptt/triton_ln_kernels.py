@@ -17,11 +17,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from rnnkit.bptt.triton_kernels import _flags, _incoming, _sigmoid, _tanh
+
 EPS = tl.constexpr(1e-5)  # rnnkit.cells.normalization.EPS
 
 # Triton kernels take pointers and integers; annotations would change their signatures.
-# The helpers are this module's own, and the sums ``tl.reduce`` with one of them rather
-# than ``tl.sum``: Triton's interpreter runs only functions decorated while it was on.
+# The sums are ``tl.reduce`` with this module's own ``_add`` rather than ``tl.sum``:
+# Triton's interpreter runs only functions decorated while it was on (``tl.sum`` is
+# decorated when triton is imported; the gate helpers come with ``triton_kernels``, which
+# is imported, like this module, after the interpreter is switched on).
 
 
 @triton.jit
@@ -32,41 +36,6 @@ def _add(a, b):
 @triton.jit
 def _sum(v):
     return tl.reduce(v, 0, _add)
-
-
-@triton.jit
-def _sigmoid(a):
-    return 1.0 / (1.0 + tl.exp(-a))
-
-
-@triton.jit
-def _tanh(a):
-    e = tl.exp(-2.0 * tl.abs(a))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(a < 0, -t, t)
-
-
-@triton.jit
-def _flags(mask, reset, t, B, b, ok, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr):
-    """(real step, state entering the step zeroed) of each element's row."""
-    real = b >= 0
-    zero = b < 0
-    if HAS_MASK:
-        real = tl.load(mask + t * B + b, mask=ok, other=1) != 0
-    if HAS_RESET:
-        zero = tl.load(reset + t * B + b, mask=ok, other=0) != 0
-    return real, zero
-
-
-@triton.jit
-def _incoming(d, reset, t, B, b, ok, d_out, at, HAS_RESET: tl.constexpr, HAS_DOUT: tl.constexpr):
-    """The gradient of the state after step t: what step t + 1 passed back (zero through
-    a reset at t + 1) plus that of the output t."""
-    if HAS_RESET:
-        d = tl.where(tl.load(reset + (t + 1) * B + b, mask=ok, other=0) != 0, 0.0, d)
-    if HAS_DOUT:
-        d += tl.load(d_out + at, mask=ok, other=0.0)
-    return d
 
 
 @triton.jit
