@@ -34,7 +34,7 @@ from rnnkit.bptt.dispatch import (
 )
 from rnnkit.bptt.forward import _like_weights, forward_pass
 from rnnkit.bptt.fused import run_fused
-from rnnkit.bptt.gpu_steps import run_steps
+from rnnkit.bptt.gpu_steps import run_steps, wants_steps
 from rnnkit.bptt.opaque import run_opaque
 from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_record
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
@@ -136,6 +136,10 @@ def takes_resets(
     if tracing():
         return False
     like = x[:0].to(weights.weight_hh.dtype)  # the route reads the device and the dtype
+    # No Triton steps possible (the CPU by default): say so before reading the mask,
+    # which the full route below would reduce for every layer of every call
+    if not wants_steps(kernel, like, window, False):
+        return False
     mask3 = None if mask is None or bool(mask.all()) else mask.unsqueeze(-1)
     return route(kernel, like, weights, (), mask, mask3, window, False).path == STEPS
 
