@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -35,7 +36,7 @@ from rnnkit.errors import ConfigError
 from rnnkit.types import LSTMState
 
 pytest.importorskip("triton")
-pytestmark = pytest.mark.usefixtures("triton_interpreter")  # tests/bptt/conftest.py
+pytestmark = pytest.mark.usefixtures("triton_interpreter")  # tests/conftest.py
 T, B, I, H = 5, 3, 2, 4
 
 CELLS = {
@@ -276,12 +277,40 @@ def test_route_forced_triton_takes_every_cell_it_handles():
 
 
 class _CudaLike:
-    """What the route reads of a CUDA tensor: its device and dtype."""
+    """What the route reads of a CUDA tensor: its device and dtype (a device object needs
+    no GPU; nothing is allocated on it)."""
 
-    device = SimpleNamespace(type="cuda")
+    device = torch.device("cuda", 0)
     dtype = torch.float32
 
 
+@pytest.fixture
+def kernels_run_on_cuda(monkeypatch):
+    """The Triton kernels' first-use test on cuda:0 answered: they run."""
+    monkeypatch.setitem(gpu_steps._why, "cuda:0", None)
+
+
+class _BrokenLaunch:
+    """A kernel whose launch fails as a GPU without the toolchain's support fails."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            raise RuntimeError("PTXASError: ptxas fatal   : Value 'sm_120a' is not defined")
+
+        return launch
+
+
+@pytest.fixture
+def kernels_cannot_run(monkeypatch):
+    """triton imports, but no kernel builds: the first-use test fails (not looked up yet)."""
+    monkeypatch.setitem(sys.modules, "broken_kernels", SimpleNamespace(probe=_BrokenLaunch()))
+    monkeypatch.setattr(gpu_steps, "_KERNELS", "broken_kernels")
+    monkeypatch.setattr(gpu_steps, "_why", {})
+    monkeypatch.setattr(gpu_steps, "_warned", set())
+    monkeypatch.setitem(gpu_steps._found, "triton", True)
+
+
+@pytest.mark.usefixtures("kernels_run_on_cuda")
 def test_route_auto_takes_the_steps_on_cuda_where_cudnn_cannot(monkeypatch):
     x = _CudaLike()
     with use_fused("auto"):
@@ -299,10 +328,39 @@ def test_route_auto_takes_the_steps_on_cuda_where_cudnn_cannot(monkeypatch):
         assert _route(CELLS["gru_keep_before"]().kernel, x) == LOOP
 
 
+@pytest.mark.usefixtures("kernels_run_on_cuda")
 def test_auto_on_cuda_keeps_cudnn_where_it_computes_the_function():
     x = _CudaLike()
     with use_fused("auto"):
         assert _route(CELLS["lstm"]().kernel, x) == dispatch.FUSED
+
+
+@pytest.mark.usefixtures("kernels_cannot_run")
+def test_auto_falls_back_to_the_loop_with_one_warning_where_triton_cannot_run(monkeypatch):
+    x = _CudaLike()
+    kernel = CELLS["gru_keep_before"]().kernel
+    with use_fused("auto"):
+        # without a GPU the test's allocation fails first; on one, the broken launch
+        why = r"\((AssertionError: Torch not compiled with CUDA|RuntimeError: PTXAS)"
+        with pytest.warns(RuntimeWarning, match="cannot run on cuda:0 " + why):
+            assert _route(kernel, x) == LOOP
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # said once per device
+            assert _route(kernel, x) == LOOP
+    assert gpu_steps._why["cuda:0"] is not None
+
+
+@pytest.mark.usefixtures("kernels_cannot_run")
+def test_forced_path_where_triton_cannot_run_is_one_clear_error(monkeypatch):
+    x = torch.zeros(T, B, I)  # the CPU, in the interpreter as far as the check goes
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with use_fused("triton"), pytest.raises(ConfigError, match="triton cannot run on cpu: "):
+        _route(CELLS["lstm"]().kernel, x)
+
+
+def test_the_first_use_test_passes_where_the_kernels_run():
+    # the interpreter (this module's fixture) runs them on the CPU
+    assert gpu_steps._runs_on(torch.device("cpu")) is None
 
 
 def test_forced_path_without_interpreter_or_triton_is_one_clear_error(monkeypatch):
@@ -357,6 +415,7 @@ cases = [
     (K.gru_update_backward, {"KEEP": False, "AFTER": False, "HAS_MASK": True,
                              "HAS_RESET": True, "HAS_DOUT": False}),
     (K.gru_before_backward, {"HAS_RESET": True}),
+    (K.probe, {}),
 ]
 for act in (0, 1, 2):
     cases.append((K.rnn_forward, {"ACT": act, "HAS_MASK": True, "HAS_RESET": True}))
@@ -367,7 +426,7 @@ for dtype in ("fp32", "fp64"):
     for fn, consts in cases:
         # recurrent dropout and zoneout switched on wherever a kernel has them
         regs = {k: True for k in ("RMASK", "ZH", "ZC") if k in fn.arg_names}
-        consts = {**consts, **regs, **base}
+        consts = {k: v for k, v in {**consts, **regs, **base}.items() if k in fn.arg_names}
         sig = {}
         for name in fn.arg_names:
             if name in consts:
@@ -399,5 +458,5 @@ def test_kernels_compile_for_a_gpu(tmp_path):
         pytest.skip("no ptxas with this triton")
     assert run.returncode == 0, run.stderr[-2000:]
     done = json.loads(run.stdout)
-    assert len(done) == 2 * 14
+    assert len(done) == 2 * 15
     assert all(cubin for _, _, cubin in done), done

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import warnings
 from typing import Any, NamedTuple, cast
 
 import torch
@@ -65,6 +66,8 @@ _ACTIVATIONS = {"tanh": 0, "relu": 1, "sigmoid": 2}
 _DTYPES = (torch.float32, torch.float64)
 _KERNELS = "rnnkit.bptt.triton_kernels"
 _found: dict[str, bool] = {}
+_why: dict[str, str | None] = {}  # _runs_on's answers, by device
+_warned: set[str] = set()  # the devices _warn_once has warned of
 
 
 def triton_available() -> bool:
@@ -76,6 +79,24 @@ def triton_available() -> bool:
         except ImportError:
             _found["triton"] = False
     return _found["triton"]
+
+
+def _runs_on(device: torch.device) -> str | None:
+    """Why Triton's kernels cannot run on ``device``, or None when they can: looked up once
+    per device by compiling and launching a one-element kernel (a GPU without a driver
+    Triton supports, a missing ``ptxas``, an architecture it does not target all fail
+    there, at the first use, rather than inside a layer's call)."""
+    key = str(device)
+    if key not in _why:
+        try:
+            k = importlib.import_module(_KERNELS)
+            out = torch.zeros(1, device=device)
+            k.probe[(1,)](out)
+            _why[key] = None if out.item() == 1.0 else "a test kernel ran but wrote nothing"
+        except Exception as e:  # any failure to build or launch says the same
+            lines = str(e).strip().splitlines() or [""]
+            _why[key] = f"{type(e).__name__}: {lines[0]}"
+    return _why[key]
 
 
 def _interpreted() -> bool:
@@ -99,15 +120,21 @@ def steps_handle(kernel: Kernel, x: Tensor, window: int | None, projected: bool)
 def wants_steps(kernel: Kernel, x: Tensor, window: int | None, projected: bool) -> bool:
     """Whether the Triton steps run this layer (asked after PyTorch's fused kernels said
     no, :func:`rnnkit.bptt.dispatch.route`): ``"auto"`` for CUDA tensors where triton
-    imports; ``"triton"`` wherever :func:`steps_handle` says so. The CPU's first test costs
+    imports and runs on their device (else the loop, with one warning per device);
+    ``"triton"`` wherever :func:`steps_handle` says so. The CPU's first test costs
     nothing on the hot path: it returns before looking at anything else."""
     path = _path()
     if path == "auto":
-        return (
+        if not (
             x.device.type == "cuda"
             and steps_handle(kernel, x, window, projected)
             and triton_available()
-        )
+        ):
+            return False
+        why = _runs_on(x.device)
+        if why is not None:
+            _warn_once(x.device, why)
+        return why is None
     if path != "triton" or not steps_handle(kernel, x, window, projected):
         return False
     if not triton_available():
@@ -119,7 +146,23 @@ def wants_steps(kernel: Kernel, x: Tensor, window: int | None, projected: bool) 
             "RNNKIT_GPU_PATH=triton on CPU tensors runs only in Triton's interpreter: "
             "set TRITON_INTERPRET=1 before the first use, or use a CUDA device"
         )
+    why = _runs_on(x.device)
+    if why is not None:
+        raise ConfigError(f"RNNKIT_GPU_PATH=triton: triton cannot run on {x.device}: {why}")
     return True
+
+
+def _warn_once(device: torch.device, why: str) -> None:
+    """Say once per device that the layers cuDNN cannot compute run the slower loop."""
+    if str(device) not in _warned:
+        _warned.add(str(device))
+        warnings.warn(
+            f"rnnkit: triton is installed but cannot run on {device} ({why}); the layers "
+            "cuDNN cannot compute run the PyTorch loop instead (slower). "
+            "RNNKIT_GPU_PATH=loop silences this",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 class _Reg(NamedTuple):
