@@ -27,6 +27,9 @@ Cell forms: LSTM, the four GRU forms, the simple cell with tanh, relu or sigmoid
 layer-normalised LSTM and GRU without the regularizers (:mod:`rnnkit.bptt.gpu_steps_ln`,
 kernels in :mod:`rnnkit.bptt.triton_ln_kernels`); float32
 and float64; full BPTT (a segment of truncated BPTT is one call from a given state).
+For the windowed BPTT(τ) and the segments' recompute, :func:`forward_record` runs the
+forward of a plain LSTM, GRU or simple cell and writes the PyTorch loop's record (its
+cache layout), whose explicit backward then runs unchanged.
 Triton is an optional dependency (``pip install 'rnnkit[gpu]'``), imported on first use:
 ``import rnnkit`` never imports it. The kernels are :mod:`rnnkit.bptt.triton_kernels`;
 under ``TRITON_INTERPRET=1`` they run on the CPU in Triton's interpreter.
