@@ -27,7 +27,10 @@ Run it where a GPU is lent (one short call; about 2–4 minutes on an H200 incl.
    ``tanh``, B = 64 only). A layer with ``recurrent_dropout=0.25`` and ``zoneout=0.1``
    in training (``train_regularized``, fresh masks every call), against cuDNN's time
    without them: on a GPU it runs where triton is installed (on the Triton steps, which
-   alone compute it there), on the CPU always (the compiled loop).
+   alone compute it there), on the CPU always (the compiled loop). The windowed BPTT(τ)
+   (``train_window``, ``window=20``: the forward on the Triton steps where triton is
+   installed, the backward lag by lag), LSTM and GRU at the largest batch, against
+   cuDNN's full BPTT.
 
 Exit status 1 if any correctness check fails. ``--device cpu`` runs the same checks on
 the CPU (the compiled loop against the PyTorch loop) — the test suite does that in
@@ -52,6 +55,8 @@ import rnnkit
 from rnnkit import GRU, LSTM, RNN
 from rnnkit.bptt import fused, gpu_steps, native, recurrence
 from rnnkit.types import LSTMState
+
+WINDOW = 20  # τ of the speed rows' windowed BPTT(τ)
 
 FORMS = [
     ("rnn_tanh", RNN, {"nonlinearity": "tanh"}),
@@ -203,7 +208,10 @@ def _regularized(cell: str, H: int, device: str):
     return cls(H, H, recurrent_dropout=0.25, zoneout=0.1).to(device).train()
 
 
-def _speed_row(cell: str, H: int, B: int, T: int, device: str, rounds: int) -> dict:
+def _speed_row(
+    cell: str, H: int, B: int, T: int, device: str, rounds: int, window: int | None = None
+) -> dict:
+    """One row of times (``window``: also the windowed BPTT(τ) of the same layer)."""
     torch.manual_seed(0)
     torch_cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[cell]
     ref = torch_cls(H, H, batch_first=True).to(device)
@@ -264,6 +272,12 @@ def _speed_row(cell: str, H: int, B: int, T: int, device: str, rounds: int) -> d
             torch.autograd.grad(regularized(x).outputs, [x, *params_g], d)
 
         fns["train_regularized"] = train_regularized
+    if window is not None:
+
+        def train_window():
+            torch.autograd.grad(ours(x, window=window).outputs, [x, *params_r], d)
+
+        fns["train_window"] = train_window
     med = {k: statistics.median(_timed(f, device, rounds)) for k, f in fns.items()}
     extra = {}
     if "train_triton" in med:  # the Triton steps on cuDNN's own function
@@ -272,6 +286,9 @@ def _speed_row(cell: str, H: int, B: int, T: int, device: str, rounds: int) -> d
         extra["train_torch_over_variant"] = med["train_torch"] / med["train_variant"]
     if "train_regularized" in med:  # recurrent dropout and zoneout, against cuDNN without
         extra["train_torch_over_regularized"] = med["train_torch"] / med["train_regularized"]
+    if window is not None:  # BPTT(τ) on the default path, against cuDNN's full BPTT
+        extra["window"] = window
+        extra["train_torch_over_window"] = med["train_torch"] / med["train_window"]
     return {
         "cell": cell,
         "H": H,
@@ -294,9 +311,12 @@ def speed(device: str, hidden: list[int], batch: list[int], T: int, rounds: int)
     rows = []
     for cell in ("lstm", "gru", "rnn"):
         for H in hidden:
+            largest = batch[-1]
             # the simple cell at the largest batch only: the run's time is bounded
-            for B in batch if cell != "rnn" else batch[-1:]:
-                rows.append(_speed_row(cell, H, B, T, device, rounds))
+            for B in batch if cell != "rnn" else [largest]:
+                # the window at the largest batch only, LSTM and GRU: the time is bounded
+                window = WINDOW if cell != "rnn" and largest == B else None
+                rows.append(_speed_row(cell, H, B, T, device, rounds, window))
                 print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 

@@ -101,4 +101,12 @@ def test_the_suite_script_parses_and_its_tables_read_the_check(tmp_path: Path) -
     assert gpu_tables.speed_table({"speed": [row]})[2].startswith(
         "| lstm | 8 | 2 | 3 | 2.00 | 1.00 | 2.00 | 0.50 | 0.25 |"
     )
+    # the windowed BPTT(τ)'s column: its ratio where the row measured it, else "–"
+    header = [c.strip() for c in gpu_tables.speed_table({})[0].split("|")]
+    at = header.index("window ratio")
+    windowed = {**row, "window": 20, "train_torch_over_window": 0.75}
+    cells = [c.strip() for c in gpu_tables.speed_table({"speed": [row, windowed]})[2].split("|")]
+    assert cells[at] == "–"
+    cells = [c.strip() for c in gpu_tables.speed_table({"speed": [row, windowed]})[3].split("|")]
+    assert cells[at] == "0.75"
     assert gpu_tables.main([str(tmp_path)]) == 0

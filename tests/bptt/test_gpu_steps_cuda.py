@@ -131,3 +131,53 @@ def test_on_cuda_recurrent_dropout_and_zoneout_run_the_triton_steps(cls, kw, mon
         for g, w in zip(got, want, strict=True):
             scale = float(w.abs().max()) or 1.0
             assert float((g - w).abs().max()) / scale <= tol
+
+
+WINDOWED = [
+    ("lstm_bidirectional_holes", rnnkit.LSTM, {"bidirectional": True}, False),
+    ("gru_keep_before_resets", rnnkit.GRU, {"update": "keep", "reset": "before"}, True),
+    ("gru_candidate_after_holes", rnnkit.GRU, {"bidirectional": True, "reset": "after"}, False),
+    ("rnn_sigmoid_resets", rnnkit.RNN, {"nonlinearity": "sigmoid"}, True),
+]
+
+
+@pytest.mark.parametrize("name, cls, kw, resets", WINDOWED, ids=[w[0] for w in WINDOWED])
+def test_on_cuda_a_window_runs_the_triton_forward(name, cls, kw, resets, monkeypatch):
+    pytest.importorskip("triton")
+    from rnnkit.bptt import gpu_steps
+
+    count = {"n": 0}
+    real = gpu_steps._forward
+
+    def counted(*args, **kwargs):
+        count["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gpu_steps, "_forward", counted)
+    torch.manual_seed(0)
+    layer = cls(I, H, num_layers=2, **kw)
+    mask = torch.rand(B, T) < 0.8  # holes
+    mask[0], mask[1] = True, False  # lengths T and 0
+    starts = (torch.rand(B, T) < 0.2) if resets else None
+    x = torch.randn(B, T, I, dtype=torch.float64)
+
+    def run(device, dtype):
+        layer.to(device=device, dtype=dtype)
+        xx = x.to(device=device, dtype=dtype).requires_grad_(True)
+        r = None if starts is None else starts.to(device)
+        out = layer(xx, mask=mask.to(device), window=3, resets=r)
+        finals = tuple(out.state) if isinstance(out.state, LSTMState) else (out.state,)
+        loss = out.outputs.sin().sum() + sum((f * f).sum() for f in finals)
+        grads = torch.autograd.grad(loss, [xx, *layer.parameters()])
+        return [t.detach().double().cpu() for t in (out.outputs, *finals, *grads)]
+
+    with use_fused("loop"), use_native(False):
+        want = run("cpu", torch.float64)
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-5)):
+        count["n"] = 0
+        with use_fused("auto"):
+            got = run("cuda", dtype)
+        assert count["n"] == 2 * (2 if kw.get("bidirectional") else 1)  # one per direction
+        for g, w in zip(got, want, strict=True):
+            scale = float(w.abs().max()) or 1.0
+            assert float((g - w).abs().max()) / scale <= tol

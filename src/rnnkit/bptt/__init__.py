@@ -22,7 +22,8 @@
 * ``gpu_steps``: on a GPU, the layers the fused kernels cannot run (holes, resets, the
   GRU with ``reset="before"``, the ``sigmoid`` cell, the layer-normalised cells:
   ``gpu_steps_ln``) as one product and one Triton launch per step (``triton_kernels``,
-  ``triton_ln_kernels``, triton imported on first use only);
+  ``triton_ln_kernels``, triton imported on first use only), and the forward of the
+  windowed BPTT(τ) and of the segments' recompute there (``forward_record``);
 * ``opaque``: the time loop as one operator of a compiled graph (``rnnkit::recurrence``,
   ``torch.library.custom_op``), its gradient the explicit BPTT's;
 * ``tracing``: the check that refuses graph tracing of the explicit backward.
@@ -40,7 +41,14 @@ from rnnkit.bptt.fused import (
     use_fused,
     wants_fused,
 )
-from rnnkit.bptt.gpu_steps import run_steps, steps_handle, triton_available, wants_steps
+from rnnkit.bptt.gpu_steps import (
+    forward_record,
+    run_steps,
+    steps_handle,
+    steps_record,
+    triton_available,
+    wants_steps,
+)
 from rnnkit.bptt.gpu_steps_ln import run_ln_steps
 from rnnkit.bptt.native import available, build, library, own_matmul, supports, use_native
 from rnnkit.bptt.opaque import kernel_from_name, kernel_name, run_opaque
@@ -83,6 +91,7 @@ __all__ = [
     "clean_padding",
     "compiled_library",
     "forward_pass",
+    "forward_record",
     "fused_form",
     "incoming_states",
     "kernel_from_name",
@@ -103,6 +112,7 @@ __all__ = [
     "run_recurrence",
     "run_steps",
     "steps_handle",
+    "steps_record",
     "supports",
     "takes_projected",
     "takes_resets",

@@ -13,9 +13,12 @@ This module holds the library's only ``for t in range(T)`` of the forward:
   padding may hold NaN or huge values and never leaks (it is replaced by 0 up front).
 
 The compiled loop (``rnnkit.bptt.native``) runs the same steps where it supports the
-kernel and the tensors. Under ``torch.autocast`` (mixed precision) the loop runs with
-autocast off, in its weights' dtype: a float16/bfloat16 input or initial state is cast
-up first (``rnnkit.cells.amp`` says why).
+kernel and the tensors. On a GPU the Triton steps run the forward of a plain LSTM, GRU or
+simple cell (``rnnkit.bptt.gpu_steps.forward_record``: one product and one launch per
+step) and return the same record, so that every reader of it (the windowed BPTT(τ), the
+segments' recompute) runs unchanged. Under ``torch.autocast`` (mixed precision) the loop
+runs with autocast off, in its weights' dtype: a float16/bfloat16 input or initial state
+is cast up first (``rnnkit.cells.amp`` says why).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 from torch import Tensor
 
 from rnnkit.bptt.dispatch import compiled_library
+from rnnkit.bptt.gpu_steps import forward_record, steps_record
 from rnnkit.bptt.record import ForwardRecord, Packing
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.kernel import Kernel, Weights
@@ -116,8 +120,14 @@ def forward_pass(
     ``in_place``: where the compiled loop reads ``x`` as it lies (``native_reads_rows``:
     a batch-first input, transposed, needs no copy), the record keeps ``x (T, B, I)``
     itself rather than ``(T·B, I)`` rows, and the outputs may come in the input's layout
-    (``ForwardRecord.outputs``)."""
+    (``ForwardRecord.outputs``).
+
+    Where :func:`rnnkit.bptt.gpu_steps.steps_record` says so (CUDA tensors with triton by
+    default, ``RNNKIT_GPU_PATH=triton`` on any device), the Triton steps run the forward,
+    masks and resets included, and the record is the PyTorch loop's."""
     x, states0 = _like_weights(w, x, states0)
+    if packing is None and not projected and steps_record(kernel, x):
+        return forward_record(kernel, x, w, states0, mask, reset, save)  # Triton steps
     T, B, I = x.shape
     lib = compiled_library(kernel, x, *w, *states0) if reset is None else None
     in_place = in_place and lib is not None and packing is None and not projected

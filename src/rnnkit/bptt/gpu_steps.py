@@ -27,6 +27,9 @@ Cell forms: LSTM, the four GRU forms, the simple cell with tanh, relu or sigmoid
 layer-normalised LSTM and GRU without the regularizers (:mod:`rnnkit.bptt.gpu_steps_ln`,
 kernels in :mod:`rnnkit.bptt.triton_ln_kernels`); float32
 and float64; full BPTT (a segment of truncated BPTT is one call from a given state).
+For the windowed BPTT(τ) and the segments' recompute, :func:`forward_record` runs the
+forward of a plain LSTM, GRU or simple cell and writes the PyTorch loop's record (its
+cache layout), whose explicit backward then runs unchanged.
 Triton is an optional dependency (``pip install 'rnnkit[gpu]'``), imported on first use:
 ``import rnnkit`` never imports it. The kernels are :mod:`rnnkit.bptt.triton_kernels`;
 under ``TRITON_INTERPRET=1`` they run on the CPU in Triton's interpreter.
@@ -52,15 +55,23 @@ from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt.fused import _path
 from rnnkit.bptt.gpu_steps_ln import LN_KERNELS, run_ln_steps
+from rnnkit.bptt.record import ForwardRecord
 from rnnkit.bptt.regularized import RegularizedKernel
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.gru import GRUKernel
-from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.cells.kernel import Kernel, Weights, scratch
 from rnnkit.cells.lstm import LSTMKernel
 from rnnkit.cells.rnn import RNNKernel
 from rnnkit.errors import ConfigError
 
-__all__ = ["run_steps", "steps_handle", "triton_available", "wants_steps"]
+__all__ = [
+    "forward_record",
+    "run_steps",
+    "steps_handle",
+    "steps_record",
+    "triton_available",
+    "wants_steps",
+]
 
 _ACTIVATIONS = {"tanh": 0, "relu": 1, "sigmoid": 2}
 _DTYPES = (torch.float32, torch.float64)
@@ -284,6 +295,56 @@ def _forward(
             rec = x.new_empty(T if save else 1, B, H)
             _gru_forward(kernel, L, gates, hs, rec, w, save, reads, hm)
     return x_flat, states, gates, rec, L
+
+
+_PLAIN = (LSTMKernel, GRUKernel, RNNKernel)
+
+
+def steps_record(kernel: Kernel, x: Tensor) -> bool:
+    """Whether :func:`forward_record` runs the forward of
+    :func:`rnnkit.bptt.forward.forward_pass` (any window: the record's backward is the
+    caller's): :func:`wants_steps`'s rule for a plain LSTM, GRU or simple cell (no
+    regularizers, no layer normalisation). The CPU's default returns at its first test."""
+    if x.device.type != "cuda" and _path() == "auto":
+        return False
+    return type(kernel) in _PLAIN and wants_steps(kernel, x, None, False)
+
+
+def forward_record(
+    kernel: Kernel,
+    x: Tensor,
+    w: Weights,
+    states0: tuple[Tensor, ...],
+    mask: Tensor | None,
+    reset: Tensor | None,
+    save: bool,
+) -> ForwardRecord:
+    """The Triton steps' forward as the PyTorch loop records it (:func:`steps_record`),
+    for the library's explicit backward (``backward_sweep``, ``windowed_sweep``,
+    ``weight_grads``) read unchanged.
+
+    ``x (T, B, I)``, ``mask``/``reset (T, B, 1)`` bool or None. The record: ``x`` as
+    ``(T·B, I)`` rows, the states ``(T + 1, B, H)`` each as the steps left them (each
+    step's own result, the reset kept in ``record.reset``), and the kernel's own cache
+    layout, converted with whole-tensor operations: the LSTM's ``(activated i, f, g, o
+    (T, B, 4H), tanh c_t (T, B, H))``; the GRU's ``(r, z (T, B, 2H), n (T, B, H), rec)``,
+    ``rec`` the bracket ``W_nh h_{t-1} + b_hn`` (after) or ``r ⊙ h_{t-1}`` (before) as
+    the launches wrote it; none for the simple cell. At a padded step the cache holds
+    that step's values unheld (``tanh`` of the held ``c``), which the backward never
+    reads. Without ``save`` the cache is one step's scratch."""
+    T, B = x.shape[0], x.shape[1]
+    m, r = _as_int8(mask, reset, T, B, x)
+    with torch.no_grad():  # the Triton launches write in place, unseen by autograd
+        x_flat, states, gates, rec, _ = _forward(kernel, x, w, states0, m, r, _Reg(), save)
+        H = states[0].shape[2]
+        cache: tuple[Tensor, ...] = ()
+        if isinstance(kernel, LSTMKernel):
+            tanh_c = torch.tanh(states[1][1:]) if save else scratch(T, B, H, gates, False)
+            cache = (gates, tanh_c)
+        elif isinstance(kernel, GRUKernel):
+            assert rec is not None
+            cache = (gates[..., : 2 * H], gates[..., 2 * H :], rec.expand(T, B, H))
+    return ForwardRecord(x_flat, states, cache, reset)
 
 
 def _gru_forward(

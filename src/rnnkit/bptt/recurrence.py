@@ -8,7 +8,8 @@ masking, and the explicit BPTT backward.
 all steps), on the records of ``rnnkit.bptt.record``. Where PyTorch's fused kernels
 (cuDNN on a GPU) compute the same function, they run the layer instead
 (``rnnkit.bptt.fused``: CUDA tensors by default); where they do not, on a GPU, the
-Triton steps (``rnnkit.bptt.gpu_steps``). With the compiled loop, rows are
+Triton steps (``rnnkit.bptt.gpu_steps``); with a window, there, the Triton steps run the
+forward and the explicit windowed BPTT(τ) the backward. With the compiled loop, rows are
 sorted by their last real step and packed, so finished rows cost nothing. Under graph
 tracing (``torch.compile``, ``torch.export``) the loop is the kernel's differentiable
 step, unrolled, and autograd gives the gradients (the explicit BPTT equals them: tested).
@@ -34,7 +35,7 @@ from rnnkit.bptt.dispatch import (
 )
 from rnnkit.bptt.forward import _like_weights, forward_pass
 from rnnkit.bptt.fused import run_fused
-from rnnkit.bptt.gpu_steps import run_steps, wants_steps
+from rnnkit.bptt.gpu_steps import run_steps, steps_record, wants_steps
 from rnnkit.bptt.opaque import run_opaque
 from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_record
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
@@ -293,6 +294,8 @@ def _sorted_rows(
     """Rows sorted by their last real step and the steps' buffers packed, where the
     compiled loop runs a mask: ``(x, mask3, states0, order or None, packing or None)``."""
     if mask is None or mask3 is None or compiled_library(kernel, x, *weights, *states0) is None:
+        return x, mask3, states0, None, None
+    if steps_record(kernel, x):  # forced Triton steps on the CPU: forward_pass runs them
         return x, mask3, states0, None, None
     if getattr(kernel, "unsorted", False):  # per-row masks inside (rnnkit.bptt.regularized)
         return x, mask3, states0, None, None

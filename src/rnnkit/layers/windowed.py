@@ -9,8 +9,9 @@ states before them. Document starts inside the batch (``reset``) are handled ins
 same loop, so the window also counts across them: a row that does not start there keeps
 its window, a row that does gets no gradient across its start.
 
-The forward is the usual one (the compiled loop where it applies; the PyTorch loop when
-rows reset), layer after layer, the dropout between layers given as multipliers.
+The forward is the usual one (``forward_pass``: on a GPU the Triton steps, on the CPU the
+compiled loop where it applies, the PyTorch loop when rows reset), layer after layer, the
+dropout between layers given as multipliers.
 """
 
 from __future__ import annotations
