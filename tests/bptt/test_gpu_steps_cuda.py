@@ -1,5 +1,6 @@
 """The Triton steps compiled and run on a CUDA device, against the CPU oracle (the
-library's PyTorch loop in float64). Skipped where there is no CUDA device or no triton;
+library's PyTorch loop in float64; for the attention decoder's one-step operators, the
+CPU's compiled step). Skipped where there is no CUDA device or no triton;
 ``tests/bptt/test_gpu_steps.py`` holds the same kernels to the oracle everywhere, in
 Triton's interpreter."""
 
@@ -11,7 +12,10 @@ import torch
 import rnnkit
 from rnnkit.bptt import recurrence
 from rnnkit.bptt.fused import use_fused
+from rnnkit.bptt.gpu_step_lib import TritonStepLib
 from rnnkit.bptt.native import use_native
+from rnnkit.models.seq2seq import build_seq2seq
+from rnnkit.models.spec import ModelSpec
 from rnnkit.types import LSTMState
 
 pytestmark = [
@@ -131,3 +135,51 @@ def test_on_cuda_recurrent_dropout_and_zoneout_run_the_triton_steps(cls, kw, mon
         for g, w in zip(got, want, strict=True):
             scale = float(w.abs().max()) or 1.0
             assert float((g - w).abs().max()) / scale <= tol
+
+
+@pytest.mark.parametrize("kind", ["dot", "bilinear", "additive"])
+def test_on_cuda_the_attention_decoder_runs_the_triton_step(kind, monkeypatch):
+    # the teacher-forced decoder with attention before the step: an LSTM's gate math in
+    # one Triton launch per step (rnnkit.bptt.gpu_step_lib), against the CPU's compiled
+    # step in float64
+    pytest.importorskip("triton")
+    calls = {"n": 0}
+    real = TritonStepLib.lstm_step
+
+    def counted(self, *args):
+        calls["n"] += 1
+        return real(self, *args)
+
+    monkeypatch.setattr(TritonStepLib, "lstm_step", counted)
+    torch.manual_seed(0)
+    shape = ModelSpec(cell="lstm", hidden=8, embedding=4, attention=kind, context="both")
+    model = build_seq2seq(shape, 13, 13)
+    g = torch.Generator().manual_seed(1)
+    source = torch.randint(4, 13, (B, T), generator=g)
+    source_mask = torch.ones(B, T, dtype=torch.bool)
+    source_mask[1, 4:] = False
+    target_in = torch.randint(4, 13, (B, T), generator=g)
+    target_mask = torch.ones(B, T, dtype=torch.bool)
+    target_mask[2, 5:] = False
+    d_logits = torch.randn(B, T, 13, generator=g, dtype=torch.float64)
+
+    def run(device, dtype):
+        m = model.to(device=device, dtype=dtype)
+        batch = (t.to(device) for t in (source, source_mask, target_in, target_mask))
+        out = m(*batch)
+        loss = (out.logits * d_logits.to(device, dtype)).sum() + out.attention.square().sum()
+        grads = torch.autograd.grad(loss, list(m.parameters()))
+        return [t.detach().double().cpu() for t in (out.logits, out.attention, *grads)]
+
+    want = run("cpu", torch.float64)
+    assert calls["n"] == 0
+    # cuDNN runs the encoder: TF32 off, so that float32 is float32
+    with use_fused("auto"), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        # (float32: a whole model's gradient sums, relative to their largest entry)
+        for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-4)):
+            calls["n"] = 0
+            got = run("cuda", dtype)
+            assert calls["n"] == T  # one launch per decoder step
+            for a, w in zip(got, want, strict=True):
+                scale = float(w.abs().max()) or 1.0
+                assert float((a - w).abs().max()) / scale <= tol
