@@ -5,11 +5,17 @@ No GPU here: the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, se
 module only). Oracles: the compiled library's ``lstm_step`` / ``lstm_step_backward`` (their
 semantics are the contract, in-place writes included), :class:`LSTMKernel`'s own step in
 PyTorch through the same step interface, and the teacher-forced attention decoder on the
-default CPU path (the compiled library), every gradient in float64.
+default CPU path (the compiled library), every gradient in float64. One test compiles
+both kernels for a GPU (Triton's compiler, no GPU needed), in a process without the
+interpreter.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -208,3 +214,50 @@ def test_attention_decoder_on_the_triton_step_equals_the_cpu_path(kind, monkeypa
         if w is not None:
             assert float(w.abs().sum()) > 0, name
             torch.testing.assert_close(got[name], w, atol=1e-10, rtol=1e-10, msg=name)
+
+
+# Compiles both kernels for an H200 (sm_90) in float32 and float64, as a GPU would at first
+# use: Triton's own compiler and the ptxas it ships, no GPU needed. The interpreter checks
+# what the kernels compute; this, that a GPU's compiler takes them (types, casts).
+COMPILE = """
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import rnnkit.bptt.triton_step_kernels as K
+
+done = []
+for dtype in ("fp32", "fp64"):
+    for fn, consts in ((K.lstm_step, {}), (K.lstm_step_backward, {"HAS_DOUT": True})):
+        consts = {**consts, "BLOCK": 1024}
+        sig = {}
+        for name in fn.arg_names:
+            if name in consts:
+                sig[name] = "constexpr"
+            else:
+                sig[name] = "i32" if name in ("B", "H") else "*" + dtype
+        where = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+        compiled = triton.compile(
+            ASTSource(fn=fn, signature=sig, constexprs=where),
+            target=GPUTarget("cuda", 90, 32),
+            options={"enable_fp_fusion": True},
+        )
+        done.append([fn.__name__, dtype, "cubin" in compiled.asm])
+print(json.dumps(done))
+"""
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_a_gpu(tmp_path):
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, not found in a cache
+    run = subprocess.run(
+        [sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, check=False
+    )
+    if "ptxas" in run.stderr and run.returncode != 0:
+        pytest.skip("no ptxas with this triton")
+    assert run.returncode == 0, run.stderr[-2000:]
+    done = json.loads(run.stdout)
+    assert len(done) == 2 * 2
+    assert all(cubin for _, _, cubin in done), done
