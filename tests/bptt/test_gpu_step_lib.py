@@ -6,7 +6,7 @@ module only). Oracles: the compiled library's ``lstm_step`` / ``lstm_step_backwa
 semantics are the contract, in-place writes included), :class:`LSTMKernel`'s own step in
 PyTorch through the same step interface, and the teacher-forced attention decoder on the
 default CPU path (the compiled library), every gradient in float64. One test compiles
-both kernels for a GPU (Triton's compiler, no GPU needed), in a process without the
+every kernel for a GPU (Triton's compiler, no GPU needed), in a process without the
 interpreter.
 """
 
@@ -24,10 +24,11 @@ import torch
 from rnnkit.bptt import gpu_steps, native
 from rnnkit.bptt.dispatch import python_step_kernel
 from rnnkit.bptt.fused import use_fused
-from rnnkit.bptt.gpu_step_lib import TritonStepLib
+from rnnkit.bptt.gpu_step_lib import TritonGRUStep, TritonStepLib
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import Weights
 from rnnkit.cells.lstm import LSTMKernel, NativeLSTMStep
+from rnnkit.cells.rnn import RNNKernel
 from rnnkit.errors import ConfigError
 from rnnkit.models.seq2seq import build_seq2seq
 from rnnkit.models.spec import ModelSpec
@@ -122,6 +123,47 @@ def test_native_step_on_triton_equals_the_lstm_kernels_own_step(dtype, B, H):
         torch.testing.assert_close(got[name], v, **TOL[dtype], msg=name)
 
 
+def _gru_step(kernel, w: Weights, x, h0, d_h):
+    """A GRU step forward and backward through the step interface, and the recurrent
+    weight gradients of that step."""
+    B, H = h0.shape
+    xps = kernel.project_inputs(x, w, 1, B)
+    cache = kernel.alloc_cache(1, B, H, xps, True)
+    h = torch.empty_like(h0)
+    cache_t = tuple(t[0] for t in cache)
+    kernel.step_into(tuple(t[0] for t in xps), (h0,), (h,), cache_t, kernel.prepare(w))
+    bcache = tuple(t[0] for t in kernel.backward_cache(cache, (torch.stack([h0, h]),)))
+    d_xp = torch.full((B, 3 * H), float("nan"), dtype=x.dtype)  # every entry written
+    d_hp = torch.full_like(h0, float("nan")) if kernel.reset == "after" else d_xp
+    (d_prev,) = kernel.step_backward(
+        (d_h.clone(),), (h0,), (h,), bcache, d_xp, d_hp, kernel.prepare_backward(w)
+    )
+    d_w, d_bias_hn = kernel.recurrent_grads(d_xp, d_hp, h0, cache_t)
+    out = {"h": h, "rz": cache_t[0], "n": cache_t[1], "rec": cache_t[2], "d_xp": d_xp,
+           "d_hp": d_hp, "d_prev": d_prev, "d_w": d_w}  # fmt: skip
+    return out if d_bias_hn is None else {**out, "d_bias_hn": d_bias_hn}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(("B", "H"), SIZES)
+@pytest.mark.parametrize("update", ["keep", "candidate"])
+@pytest.mark.parametrize("reset", ["after", "before"])
+def test_triton_gru_step_equals_the_gru_kernels_own_step(dtype, B, H, update, reset):
+    g = torch.Generator().manual_seed(4)
+    I = 6
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, dtype=dtype)
+
+    w = Weights(r(3 * H, I), r(3 * H, H), r(3 * H), r(H) if reset == "after" else None)
+    args = (w, r(B, I), r(B, H), r(B, H))
+    want = _gru_step(GRUKernel(update, reset), *args)
+    got = _gru_step(TritonGRUStep(update, reset), *args)
+    assert got.keys() == want.keys()
+    for name, v in want.items():
+        torch.testing.assert_close(got[name], v, **TOL[dtype], msg=name)
+
+
 def test_bad_buffers_are_one_clear_error():
     b = _buffers(2, 3, torch.float64)
     h, c, tc = (torch.empty(2, 3, dtype=torch.float64) for _ in range(3))
@@ -148,7 +190,9 @@ def test_python_step_kernel_chooses_the_triton_step(monkeypatch):
         step, lib = python_step_kernel(lstm, _CudaLike())
         assert isinstance(step, NativeLSTMStep) and isinstance(step.lib, TritonStepLib)
         assert lib is None
-        assert python_step_kernel(gru, _CudaLike()) == (gru, None)  # no one-step contract
+        assert python_step_kernel(gru, _CudaLike()) == (TritonGRUStep("keep", "before"), None)
+        rnn = RNNKernel("tanh")  # one product and one activation: nothing to fuse
+        assert python_step_kernel(rnn, _CudaLike()) == (rnn, None)
         step, lib = python_step_kernel(lstm, cpu)  # the CPU's default is unchanged
         assert not isinstance(getattr(step, "lib", None), TritonStepLib)
         assert (lib is None) == (step is lstm)
@@ -169,12 +213,12 @@ def test_python_step_kernel_chooses_the_triton_step(monkeypatch):
             python_step_kernel(lstm, cpu)
 
 
-def _grads(kind: str, path: str):
-    """Loss and every parameter's gradient of a Seq2Seq with an LSTM decoder, attention
-    before the step, float64, on ``path``."""
+def _grads(kind: str, cell: dict[str, str], path: str):
+    """Loss and every parameter's gradient of a Seq2Seq with ``cell`` as its decoder,
+    attention before the step, float64, on ``path``."""
     torch.manual_seed(0)
     shape = ModelSpec(
-        cell="lstm", hidden=5, embedding=3, attention=kind, context="both", bidirectional=False
+        hidden=5, embedding=3, attention=kind, context="both", bidirectional=False, **cell
     )
     m = build_seq2seq(shape, 9, 9).double()
     g = torch.Generator().manual_seed(1)
@@ -193,21 +237,40 @@ def _grads(kind: str, path: str):
     return loss, dict(zip([n for n, _ in m.named_parameters()], grads, strict=True))
 
 
-@pytest.mark.parametrize("kind", ["dot", "bilinear", "additive"])
-def test_attention_decoder_on_the_triton_step_equals_the_cpu_path(kind, monkeypatch):
-    calls = {"lstm_step": 0, "lstm_step_backward": 0}
-    for name in calls:
-        real = getattr(TritonStepLib, name)
+CASES = [  # each attention kind with the LSTM; each GRU form once
+    ("dot", {"cell": "lstm"}),
+    ("bilinear", {"cell": "lstm"}),
+    ("additive", {"cell": "lstm"}),
+    ("additive", {"cell": "gru", "update": "keep", "reset": "after"}),
+    ("dot", {"cell": "gru", "update": "candidate", "reset": "after"}),
+    ("bilinear", {"cell": "gru", "update": "keep", "reset": "before"}),
+    ("additive", {"cell": "gru", "update": "candidate", "reset": "before"}),
+]
 
-        def spy(self, *args, _real=real, _name=name):
-            calls[_name] += 1
+
+@pytest.mark.parametrize(
+    ("kind", "cell"), CASES, ids=[f"{k}-{'-'.join(c.values())}" for k, c in CASES]
+)
+def test_attention_decoder_on_the_triton_step_equals_the_cpu_path(kind, cell, monkeypatch):
+    calls = {"forward": 0, "backward": 0}
+    spied = (
+        (TritonStepLib, "lstm_step", "forward"),
+        (TritonStepLib, "lstm_step_backward", "backward"),
+        (TritonGRUStep, "step_into", "forward"),
+        (TritonGRUStep, "step_backward", "backward"),
+    )
+    for cls, name, what in spied:
+        real = getattr(cls, name)
+
+        def spy(self, *args, _real=real, _what=what):
+            calls[_what] += 1
             return _real(self, *args)
 
-        monkeypatch.setattr(TritonStepLib, name, spy)
-    want_loss, want = _grads(kind, "auto")  # the CPU's default: the compiled step
-    assert calls == {"lstm_step": 0, "lstm_step_backward": 0}
-    got_loss, got = _grads(kind, "triton")
-    assert calls == {"lstm_step": 4, "lstm_step_backward": 4}  # one of each per step
+        monkeypatch.setattr(cls, name, spy)
+    want_loss, want = _grads(kind, cell, "auto")  # the CPU's default
+    assert calls == {"forward": 0, "backward": 0}
+    got_loss, got = _grads(kind, cell, "triton")
+    assert calls == {"forward": 4, "backward": 4}  # one of each per step
     torch.testing.assert_close(got_loss, want_loss, atol=1e-10, rtol=1e-10)
     for name, w in want.items():
         assert (got[name] is None) == (w is None), name
@@ -216,7 +279,7 @@ def test_attention_decoder_on_the_triton_step_equals_the_cpu_path(kind, monkeypa
             torch.testing.assert_close(got[name], w, atol=1e-10, rtol=1e-10, msg=name)
 
 
-# Compiles both kernels for an H200 (sm_90) in float32 and float64, as a GPU would at first
+# Compiles every kernel for an H200 (sm_90) in float32 and float64, as a GPU would at first
 # use: Triton's own compiler and the ptxas it ships, no GPU needed. The interpreter checks
 # what the kernels compute; this, that a GPU's compiler takes them (types, casts).
 COMPILE = """
@@ -226,9 +289,19 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import rnnkit.bptt.triton_step_kernels as K
 
+CASES = [
+    (K.lstm_step, {}),
+    (K.lstm_step_backward, {"HAS_DOUT": True}),
+    (K.gru_after_step, {"KEEP": True}),
+    (K.gru_before_gates, {}),
+    (K.gru_before_state, {"KEEP": False}),
+    (K.gru_step_backward, {"KEEP": True, "AFTER": True}),
+    (K.gru_step_backward, {"KEEP": False, "AFTER": False}),
+    (K.gru_before_backward, {}),
+]
 done = []
 for dtype in ("fp32", "fp64"):
-    for fn, consts in ((K.lstm_step, {}), (K.lstm_step_backward, {"HAS_DOUT": True})):
+    for fn, consts in CASES:
         consts = {**consts, "BLOCK": 1024}
         sig = {}
         for name in fn.arg_names:
@@ -259,5 +332,5 @@ def test_kernels_compile_for_a_gpu(tmp_path):
         pytest.skip("no ptxas with this triton")
     assert run.returncode == 0, run.stderr[-2000:]
     done = json.loads(run.stdout)
-    assert len(done) == 2 * 2
+    assert len(done) == 2 * 8
     assert all(cubin for _, _, cubin in done), done

@@ -1,6 +1,6 @@
 """The Triton steps compiled and run on a CUDA device, against the CPU oracle (the
 library's PyTorch loop in float64; for the attention decoder's one-step operators, the
-CPU's compiled step). Skipped where there is no CUDA device or no triton;
+CPU's path). Skipped where there is no CUDA device or no triton;
 ``tests/bptt/test_gpu_steps.py`` holds the same kernels to the oracle everywhere, in
 Triton's interpreter."""
 
@@ -12,7 +12,7 @@ import torch
 import rnnkit
 from rnnkit.bptt import recurrence
 from rnnkit.bptt.fused import use_fused
-from rnnkit.bptt.gpu_step_lib import TritonStepLib
+from rnnkit.bptt.gpu_step_lib import TritonGRUStep, TritonStepLib
 from rnnkit.bptt.native import use_native
 from rnnkit.models.seq2seq import build_seq2seq
 from rnnkit.models.spec import ModelSpec
@@ -137,22 +137,33 @@ def test_on_cuda_recurrent_dropout_and_zoneout_run_the_triton_steps(cls, kw, mon
             assert float((g - w).abs().max()) / scale <= tol
 
 
-@pytest.mark.parametrize("kind", ["dot", "bilinear", "additive"])
-def test_on_cuda_the_attention_decoder_runs_the_triton_step(kind, monkeypatch):
-    # the teacher-forced decoder with attention before the step: an LSTM's gate math in
-    # one Triton launch per step (rnnkit.bptt.gpu_step_lib), against the CPU's compiled
-    # step in float64
+DECODERS = [  # each attention kind with the LSTM; the GRU's two reset forms
+    ("dot", {"cell": "lstm"}),
+    ("bilinear", {"cell": "lstm"}),
+    ("additive", {"cell": "lstm"}),
+    ("additive", {"cell": "gru", "update": "keep", "reset": "after"}),
+    ("dot", {"cell": "gru", "update": "candidate", "reset": "before"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "cell"), DECODERS, ids=[f"{k}-{'-'.join(c.values())}" for k, c in DECODERS]
+)
+def test_on_cuda_the_attention_decoder_runs_the_triton_step(kind, cell, monkeypatch):
+    # the teacher-forced decoder with attention before the step: an LSTM's or a GRU's gate
+    # math in Triton launches (rnnkit.bptt.gpu_step_lib), against the CPU path in float64
     pytest.importorskip("triton")
     calls = {"n": 0}
-    real = TritonStepLib.lstm_step
+    for cls, name in ((TritonStepLib, "lstm_step"), (TritonGRUStep, "step_into")):
+        real = getattr(cls, name)
 
-    def counted(self, *args):
-        calls["n"] += 1
-        return real(self, *args)
+        def counted(self, *args, _real=real):
+            calls["n"] += 1
+            return _real(self, *args)
 
-    monkeypatch.setattr(TritonStepLib, "lstm_step", counted)
+        monkeypatch.setattr(cls, name, counted)
     torch.manual_seed(0)
-    shape = ModelSpec(cell="lstm", hidden=8, embedding=4, attention=kind, context="both")
+    shape = ModelSpec(hidden=8, embedding=4, attention=kind, context="both", **cell)
     model = build_seq2seq(shape, 13, 13)
     g = torch.Generator().manual_seed(1)
     source = torch.randint(4, 13, (B, T), generator=g)
@@ -179,7 +190,7 @@ def test_on_cuda_the_attention_decoder_runs_the_triton_step(kind, monkeypatch):
         for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-4)):
             calls["n"] = 0
             got = run("cuda", dtype)
-            assert calls["n"] == T  # one launch per decoder step
+            assert calls["n"] == T  # the Triton step at every decoder step
             for a, w in zip(got, want, strict=True):
                 scale = float(w.abs().max()) or 1.0
                 assert float((a - w).abs().max()) / scale <= tol

@@ -23,8 +23,8 @@
   GRU with ``reset="before"``, the ``sigmoid`` cell, the layer-normalised cells:
   ``gpu_steps_ln``) as one product and one Triton launch per step (``triton_kernels``,
   ``triton_ln_kernels``, triton imported on first use only); ``gpu_step_lib``: the
-  compiled library's one-step LSTM operators in Triton (``triton_step_kernels``), for
-  the loops that stay in Python;
+  compiled library's one-step LSTM operators and a GRU's step in Triton
+  (``triton_step_kernels``), for the loops that stay in Python;
 * ``opaque``: the time loop as one operator of a compiled graph (``rnnkit::recurrence``,
   ``torch.library.custom_op``), its gradient the explicit BPTT's;
 * ``tracing``: the check that refuses graph tracing of the explicit backward.
@@ -42,7 +42,7 @@ from rnnkit.bptt.fused import (
     use_fused,
     wants_fused,
 )
-from rnnkit.bptt.gpu_step_lib import TritonStepLib
+from rnnkit.bptt.gpu_step_lib import TritonGRUStep, TritonStepLib, triton_step
 from rnnkit.bptt.gpu_steps import run_steps, steps_handle, triton_available, wants_steps
 from rnnkit.bptt.gpu_steps_ln import run_ln_steps
 from rnnkit.bptt.native import available, build, library, own_matmul, supports, use_native
@@ -78,6 +78,7 @@ __all__ = [
     "Route",
     "Sweep",
     "TracingError",
+    "TritonGRUStep",
     "TritonStepLib",
     "WindowUnit",
     "available",
@@ -113,6 +114,7 @@ __all__ = [
     "traced_fused_form",
     "tracing",
     "triton_available",
+    "triton_step",
     "unpack_record",
     "use_fused",
     "use_native",

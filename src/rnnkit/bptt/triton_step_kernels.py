@@ -1,9 +1,12 @@
-"""The Triton kernels of :mod:`rnnkit.bptt.gpu_step_lib`: one LSTM step's gate math in
-one launch, for loops that stay in Python (the attention decoder's).
+"""The Triton kernels of :mod:`rnnkit.bptt.gpu_step_lib`: one step's gate math of an LSTM
+or a GRU in one launch (a GRU with ``reset="before"``: two), for loops that stay in Python
+(the attention decoder's), on ``(B, ·)`` buffers of one step instead of whole-sequence
+ones.
 
-The compiled library's one-step operators (``lstm_step``, ``lstm_step_backward`` of
-``src/rnnkit/csrc/loop.cpp``) with their exact semantics, on ``(B, ·)`` buffers of one
-step instead of whole-sequence ones. Imported on first use only (``import rnnkit`` never
+The LSTM's are the compiled library's one-step operators (``lstm_step``,
+``lstm_step_backward`` of ``src/rnnkit/csrc/loop.cpp``) with their exact semantics; the
+GRU's fill the buffers of :class:`rnnkit.cells.gru.GRUKernel`'s step (``rz``, ``n``,
+``rec``; ``d_xp`` in the order r, z, n). Imported on first use only (``import rnnkit`` never
 imports triton); under ``TRITON_INTERPRET=1`` (read when this module is imported) they
 run on the CPU in Triton's interpreter. The gate helpers come from
 :mod:`rnnkit.bptt.triton_kernels`, imported, like this module, after the interpreter is
@@ -11,7 +14,8 @@ switched on.
 
 Program ``p`` takes elements ``p·BLOCK …`` of the ``B·H`` units (element ``e`` is row
 ``b = e // H``, unit ``j = e mod H``); each reads and writes only its own unit of the
-four gate blocks (order i, f, g, o), so a buffer may be read and overwritten in place.
+gate blocks (the LSTM's order i, f, g, o; the GRU's r, z, n), so a buffer may be read and
+overwritten in place.
 """
 
 from __future__ import annotations
@@ -91,3 +95,125 @@ def lstm_step_backward(
     tl.store(d_at + 3 * H, dh * tc * (o * (1.0 - o)), mask=ok)
     tl.store(d_c + offs, dct * f, mask=ok)
     tl.store(d_h + offs, tl.full(dh.shape, 0.0, dh.dtype), mask=ok)
+
+
+@triton.jit
+def _mix(n, hp, z, KEEP: tl.constexpr):
+    """The GRU's new state: ``n + z (h_{t-1} − n)`` (KEEP) or ``h_{t-1} + z (n − h_{t-1})``."""
+    return n + z * (hp - n) if KEEP else hp + z * (n - hp)
+
+
+@triton.jit
+def gru_after_step(rz, n, rec3, bias_hn, h_prev, h, rec, B, H, KEEP: tl.constexpr,
+                   BLOCK: tl.constexpr):  # fmt: skip
+    """A GRU step with ``reset="after"``: ``rz (B, 2H)`` and ``n (B, H)`` the input
+    pre-activations (bias included), ``rec3 (B, 3H)`` the recurrent product
+    ``h_{t-1} W_hhᵀ``; ``r, z = σ(rz + rec3[:2H])`` into ``rz``,
+    ``rec = rec3[2H:] + b_hn``, ``n = tanh(n + r ⊙ rec)`` into ``n``, the new state into
+    ``h``."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < B * H
+    b = (offs // H).to(tl.int64)
+    j = offs - b * H
+    g_at = rz + b * 2 * H + j
+    r_at = rec3 + b * 3 * H + j
+    r = _sigmoid(tl.load(g_at, mask=ok, other=0.0) + tl.load(r_at, mask=ok, other=0.0))
+    z = _sigmoid(tl.load(g_at + H, mask=ok, other=0.0) + tl.load(r_at + H, mask=ok, other=0.0))
+    q = tl.load(r_at + 2 * H, mask=ok, other=0.0) + tl.load(bias_hn + j, mask=ok, other=0.0)
+    c = _tanh(tl.load(n + offs, mask=ok, other=0.0) + r * q)
+    hp = tl.load(h_prev + offs, mask=ok, other=0.0)
+    tl.store(g_at, r, mask=ok)
+    tl.store(g_at + H, z, mask=ok)
+    tl.store(rec + offs, q, mask=ok)
+    tl.store(n + offs, c, mask=ok)
+    tl.store(h + offs, _mix(c, hp, z, KEEP), mask=ok)
+
+
+@triton.jit
+def gru_before_gates(rz, rec2, h_prev, rec, B, H, BLOCK: tl.constexpr):
+    """The gates of a GRU step with ``reset="before"``: ``r, z = σ(rz + rec2)`` into
+    ``rz (B, 2H)`` (``rec2`` the product ``h_{t-1} W_rzᵀ``), ``rec = r ⊙ h_{t-1}`` (the
+    operand of the candidate's product)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < B * H
+    b = (offs // H).to(tl.int64)
+    j = offs - b * H
+    g_at = rz + b * 2 * H + j
+    r_at = rec2 + b * 2 * H + j
+    r = _sigmoid(tl.load(g_at, mask=ok, other=0.0) + tl.load(r_at, mask=ok, other=0.0))
+    z = _sigmoid(tl.load(g_at + H, mask=ok, other=0.0) + tl.load(r_at + H, mask=ok, other=0.0))
+    tl.store(g_at, r, mask=ok)
+    tl.store(g_at + H, z, mask=ok)
+    tl.store(rec + offs, r * tl.load(h_prev + offs, mask=ok, other=0.0), mask=ok)
+
+
+@triton.jit
+def gru_before_state(rz, n, h_prev, h, B, H, KEEP: tl.constexpr, BLOCK: tl.constexpr):
+    """The state of a GRU step with ``reset="before"``: ``n`` holds the candidate's whole
+    pre-activation; ``n = tanh(n)`` in place, the new state into ``h``."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < B * H
+    b = (offs // H).to(tl.int64)
+    j = offs - b * H
+    z = tl.load(rz + b * 2 * H + H + j, mask=ok, other=0.0)
+    c = _tanh(tl.load(n + offs, mask=ok, other=0.0))
+    tl.store(n + offs, c, mask=ok)
+    tl.store(h + offs, _mix(c, tl.load(h_prev + offs, mask=ok, other=0.0), z, KEEP), mask=ok)
+
+
+@triton.jit
+def gru_step_backward(
+    rz, n, rec, h_prev, d_h, d_xp, d_hp, d_prev, B, H,
+    KEEP: tl.constexpr, AFTER: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """The backward of a GRU step's update and candidate (the cache ``rz``, ``n``, ``rec``
+    of the forward; ``d_h`` ∂L/∂h_t): ``d_xp (B, 3H)`` receives ∂L/∂ of the z
+    pre-activation and of the candidate's (``d_an``); ``reset="after"`` (AFTER) the r
+    block ``d_an ⊙ rec ⊙ r(1 − r)`` too and ``d_hp = d_an ⊙ r``; ``d_prev`` the direct
+    part of ∂L/∂h_{t-1} (``d_h z``, or ``d_h (1 − z)``)::
+
+        KEEP:  d_az = d_h (h_{t-1} − n) z(1 − z)   d_an = (d_h − d_h z)(1 − n²)
+        else:  d_az = d_h (n − h_{t-1}) z(1 − z)   d_an = d_h z (1 − n²)
+    """
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < B * H
+    b = (offs // H).to(tl.int64)
+    j = offs - b * H
+    z = tl.load(rz + b * 2 * H + H + j, mask=ok, other=0.0)
+    c = tl.load(n + offs, mask=ok, other=0.0)
+    hp = tl.load(h_prev + offs, mask=ok, other=0.0)
+    dh = tl.load(d_h + offs, mask=ok, other=0.0)
+    d_hz = dh * z
+    if KEEP:
+        d_az = (hp - c) * dh
+        d_an = (dh - d_hz) * (1.0 - c * c)
+        dp = d_hz
+    else:
+        d_az = (c - hp) * dh
+        d_an = d_hz * (1.0 - c * c)
+        dp = dh - d_hz
+    d_at = d_xp + b * 3 * H + j
+    tl.store(d_at + H, d_az * (z * (1.0 - z)), mask=ok)
+    tl.store(d_at + 2 * H, d_an, mask=ok)
+    if AFTER:
+        r = tl.load(rz + b * 2 * H + j, mask=ok, other=0.0)
+        d_ar = d_an * tl.load(rec + offs, mask=ok, other=0.0)
+        tl.store(d_at, d_ar * (r * (1.0 - r)), mask=ok)
+        tl.store(d_hp + offs, d_an * r, mask=ok)
+    tl.store(d_prev + offs, dp, mask=ok)
+
+
+@triton.jit
+def gru_before_backward(rz, h_prev, d_rh, d_xp, d_prev, B, H, BLOCK: tl.constexpr):
+    """The reset gate's part of a ``reset="before"`` step's backward, ``d_rh`` =
+    ∂L/∂(r ⊙ h_{t-1}): ``d_ar = d_rh h_{t-1} r(1 − r)`` into ``d_xp``'s r block,
+    ``d_prev += d_rh r``."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < B * H
+    b = (offs // H).to(tl.int64)
+    j = offs - b * H
+    r = tl.load(rz + b * 2 * H + j, mask=ok, other=0.0)
+    drh = tl.load(d_rh + offs, mask=ok, other=0.0)
+    d_ar = drh * tl.load(h_prev + offs, mask=ok, other=0.0)
+    tl.store(d_xp + b * 3 * H + j, d_ar * (r * (1.0 - r)), mask=ok)
+    tl.store(d_prev + offs, tl.load(d_prev + offs, mask=ok, other=0.0) + drh * r, mask=ok)
