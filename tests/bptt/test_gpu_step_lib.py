@@ -279,6 +279,52 @@ def test_attention_decoder_on_the_triton_step_equals_the_cpu_path(kind, cell, mo
             torch.testing.assert_close(got[name], w, atol=1e-10, rtol=1e-10, msg=name)
 
 
+@pytest.mark.parametrize(
+    ("reset", "wiring"), [("after", "before"), ("before", "after"), ("before", "before")]
+)
+def test_decoding_a_gru_decoder_on_the_triton_step_equals_the_cpu_path(reset, wiring, monkeypatch):
+    # without gradients, each decoder cell's step (two layers) runs on TritonGRUStep where
+    # the Triton steps would run; the same log-probabilities as the cells' own steps
+    calls = {"n": 0}
+    real = TritonGRUStep.step_into
+
+    def spy(self, *args):
+        calls["n"] += 1
+        return real(self, *args)
+
+    monkeypatch.setattr(TritonGRUStep, "step_into", spy)
+    torch.manual_seed(0)
+    shape = ModelSpec(cell="gru", update="keep", reset=reset, hidden=5, embedding=3, layers=2,
+                      attention="additive", attention_wiring=wiring, context="input")  # fmt: skip
+    m = build_seq2seq(shape, 9, 9).double().eval()
+    g = torch.Generator().manual_seed(1)
+    source = torch.randint(4, 9, (3, 4), generator=g)
+    source_mask = torch.ones(3, 4, dtype=torch.bool)
+    source_mask[1, 2:] = False
+    tokens = torch.randint(4, 9, (3, 3), generator=g)
+
+    def steps(path):
+        with use_fused(path), torch.no_grad():
+            state = m.encode(source, source_mask)
+            out = []
+            for t in range(tokens.shape[1]):
+                log_probs, state = m.step(tokens[:, t], state)
+                out.append(log_probs)
+            decoded = m.decode(source, source_mask, max_length=4)
+        return torch.stack(out), [[r.ids for r in rows] for rows in decoded]
+
+    want, want_decoded = steps("auto")  # the CPU: the cells' own steps
+    assert calls["n"] == 0
+    got, got_decoded = steps("triton")
+    assert calls["n"] >= 2 * 3  # two layers, three steps, then the decoding's
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    assert got_decoded == want_decoded
+    with use_fused("triton"):  # with gradients: the cell's own step (autograd)
+        calls["n"] = 0
+        m.step(tokens[:, 0], m.encode(source, source_mask))[0].sum().backward()
+        assert calls["n"] == 0
+
+
 # Compiles every kernel for an H200 (sm_90) in float32 and float64, as a GPU would at first
 # use: Triton's own compiler and the ptxas it ships, no GPU needed. The interpreter checks
 # what the kernels compute; this, that a GPU's compiler takes them (types, casts).

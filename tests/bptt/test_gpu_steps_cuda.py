@@ -194,3 +194,44 @@ def test_on_cuda_the_attention_decoder_runs_the_triton_step(kind, cell, monkeypa
             for a, w in zip(got, want, strict=True):
                 scale = float(w.abs().max()) or 1.0
                 assert float((a - w).abs().max()) / scale <= tol
+
+
+@pytest.mark.parametrize("reset", ["after", "before"])
+def test_on_cuda_decoding_a_gru_decoder_runs_the_triton_step(reset, monkeypatch):
+    # without gradients a GRU decoder's cell steps run on TritonGRUStep: the CPU's
+    # log-probabilities (the cells' own steps) in float64
+    pytest.importorskip("triton")
+    calls = {"n": 0}
+    real = TritonGRUStep.step_into
+
+    def counted(self, *args):
+        calls["n"] += 1
+        return real(self, *args)
+
+    monkeypatch.setattr(TritonGRUStep, "step_into", counted)
+    torch.manual_seed(0)
+    shape = ModelSpec(cell="gru", reset=reset, hidden=8, embedding=4, layers=2,
+                      attention="additive", context="input")  # fmt: skip
+    model = build_seq2seq(shape, 13, 13).double().eval()
+    g = torch.Generator().manual_seed(1)
+    source = torch.randint(4, 13, (B, T), generator=g)
+    source_mask = torch.ones(B, T, dtype=torch.bool)
+    source_mask[1, 4:] = False
+    tokens = torch.randint(4, 13, (B, 4), generator=g)
+
+    def run(device):
+        m = model.to(device)
+        with torch.no_grad():
+            state = m.encode(source.to(device), source_mask.to(device))
+            out = []
+            for t in range(tokens.shape[1]):
+                log_probs, state = m.step(tokens[:, t].to(device), state)
+                out.append(log_probs.cpu())
+        return torch.stack(out)
+
+    want = run("cpu")
+    assert calls["n"] == 0
+    with use_fused("auto"):
+        got = run("cuda")
+    assert calls["n"] == 2 * tokens.shape[1]  # two layers, every step
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
