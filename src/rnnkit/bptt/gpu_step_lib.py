@@ -149,7 +149,8 @@ class TritonGRUStep(GRUKernel):
     def prepare(self, w: Weights) -> Any:  # _GRUPrepared (GRUKernel.prepare: its own)
         H = w.weight_hh.shape[1]
         if self.reset == "after":
-            return _GRUPrepared(w.weight_hh.T, w.weight_hh[2 * H :].T, w.bias_hn)
+            assert w.bias_hn is not None  # a GRU with reset="after" has b_hn
+            return _GRUPrepared(w.weight_hh.T, w.weight_hh[2 * H :].T, w.bias_hn.contiguous())
         return _GRUPrepared(w.weight_hh[: 2 * H].T, w.weight_hh[2 * H :].T, None)
 
     def step_into(
@@ -169,7 +170,7 @@ class TritonGRUStep(GRUKernel):
         keep = self.update == "keep"
         if self.reset == "after":
             rec3 = torch.mm(h_prev, prep.weight_hh_t)  # (B, 3H)
-            k.gru_after_step[grid](rz, n, rec3, prep.bias_hn.contiguous(), h_prev, out[0], rec,
+            k.gru_after_step[grid](rz, n, rec3, prep.bias_hn, h_prev, out[0], rec,
                                    B, H, KEEP=keep, BLOCK=block, enable_fp_fusion=True)  # fmt: skip
             return
         rec2 = torch.mm(h_prev, prep.weight_hh_t)  # (B, 2H)
