@@ -351,7 +351,11 @@ def triton_interpreter():
     """Triton's interpreter for one test module's kernels (``rnnkit.bptt.gpu_steps`` on
     the CPU); nothing of it stays afterwards (triton reads the variable when the kernels
     are decorated, at their import)."""
-    kernels = ("rnnkit.bptt.triton_kernels", "rnnkit.bptt.triton_ln_kernels")
+    kernels = (
+        "rnnkit.bptt.triton_kernels",
+        "rnnkit.bptt.triton_ln_kernels",
+        "rnnkit.bptt.triton_step_kernels",
+    )
     before = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     for name in kernels:

@@ -1,5 +1,6 @@
 """The Triton steps compiled and run on a CUDA device, against the CPU oracle (the
-library's PyTorch loop in float64). Skipped where there is no CUDA device or no triton;
+library's PyTorch loop in float64; for the attention decoder's one-step operators, the
+CPU's path). Skipped where there is no CUDA device or no triton;
 ``tests/bptt/test_gpu_steps.py`` holds the same kernels to the oracle everywhere, in
 Triton's interpreter."""
 
@@ -11,7 +12,10 @@ import torch
 import rnnkit
 from rnnkit.bptt import recurrence
 from rnnkit.bptt.fused import use_fused
+from rnnkit.bptt.gpu_step_lib import TritonGRUStep, TritonStepLib
 from rnnkit.bptt.native import use_native
+from rnnkit.models.seq2seq import build_seq2seq
+from rnnkit.models.spec import ModelSpec
 from rnnkit.types import LSTMState
 
 pytestmark = [
@@ -181,3 +185,103 @@ def test_on_cuda_a_window_runs_the_triton_forward(name, cls, kw, resets, monkeyp
         for g, w in zip(got, want, strict=True):
             scale = float(w.abs().max()) or 1.0
             assert float((g - w).abs().max()) / scale <= tol
+
+
+DECODERS = [  # each attention kind with the LSTM; the GRU's two reset forms
+    ("dot", {"cell": "lstm"}),
+    ("bilinear", {"cell": "lstm"}),
+    ("additive", {"cell": "lstm"}),
+    ("additive", {"cell": "gru", "update": "keep", "reset": "after"}),
+    ("dot", {"cell": "gru", "update": "candidate", "reset": "before"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "cell"), DECODERS, ids=[f"{k}-{'-'.join(c.values())}" for k, c in DECODERS]
+)
+def test_on_cuda_the_attention_decoder_runs_the_triton_step(kind, cell, monkeypatch):
+    # the teacher-forced decoder with attention before the step: an LSTM's or a GRU's gate
+    # math in Triton launches (rnnkit.bptt.gpu_step_lib), against the CPU path in float64
+    pytest.importorskip("triton")
+    calls = {"n": 0}
+    for cls, name in ((TritonStepLib, "lstm_step"), (TritonGRUStep, "step_into")):
+        real = getattr(cls, name)
+
+        def counted(self, *args, _real=real):
+            calls["n"] += 1
+            return _real(self, *args)
+
+        monkeypatch.setattr(cls, name, counted)
+    torch.manual_seed(0)
+    shape = ModelSpec(hidden=8, embedding=4, attention=kind, context="both", **cell)
+    model = build_seq2seq(shape, 13, 13)
+    g = torch.Generator().manual_seed(1)
+    source = torch.randint(4, 13, (B, T), generator=g)
+    source_mask = torch.ones(B, T, dtype=torch.bool)
+    source_mask[1, 4:] = False
+    target_in = torch.randint(4, 13, (B, T), generator=g)
+    target_mask = torch.ones(B, T, dtype=torch.bool)
+    target_mask[2, 5:] = False
+    d_logits = torch.randn(B, T, 13, generator=g, dtype=torch.float64)
+
+    def run(device, dtype):
+        m = model.to(device=device, dtype=dtype)
+        batch = (t.to(device) for t in (source, source_mask, target_in, target_mask))
+        out = m(*batch)
+        loss = (out.logits * d_logits.to(device, dtype)).sum() + out.attention.square().sum()
+        grads = torch.autograd.grad(loss, list(m.parameters()))
+        return [t.detach().double().cpu() for t in (out.logits, out.attention, *grads)]
+
+    want = run("cpu", torch.float64)
+    assert calls["n"] == 0
+    # cuDNN runs the encoder: TF32 off, so that float32 is float32
+    with use_fused("auto"), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        # (float32: a whole model's gradient sums, relative to their largest entry)
+        for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-4)):
+            calls["n"] = 0
+            got = run("cuda", dtype)
+            assert calls["n"] == T  # the Triton step at every decoder step
+            for a, w in zip(got, want, strict=True):
+                scale = float(w.abs().max()) or 1.0
+                assert float((a - w).abs().max()) / scale <= tol
+
+
+@pytest.mark.parametrize("reset", ["after", "before"])
+def test_on_cuda_decoding_a_gru_decoder_runs_the_triton_step(reset, monkeypatch):
+    # without gradients a GRU decoder's cell steps run on TritonGRUStep: the CPU's
+    # log-probabilities (the cells' own steps) in float64
+    pytest.importorskip("triton")
+    calls = {"n": 0}
+    real = TritonGRUStep.step_into
+
+    def counted(self, *args):
+        calls["n"] += 1
+        return real(self, *args)
+
+    monkeypatch.setattr(TritonGRUStep, "step_into", counted)
+    torch.manual_seed(0)
+    shape = ModelSpec(cell="gru", reset=reset, hidden=8, embedding=4, layers=2,
+                      attention="additive", context="input")  # fmt: skip
+    model = build_seq2seq(shape, 13, 13).double().eval()
+    g = torch.Generator().manual_seed(1)
+    source = torch.randint(4, 13, (B, T), generator=g)
+    source_mask = torch.ones(B, T, dtype=torch.bool)
+    source_mask[1, 4:] = False
+    tokens = torch.randint(4, 13, (B, 4), generator=g)
+
+    def run(device):
+        m = model.to(device)
+        with torch.no_grad():
+            state = m.encode(source.to(device), source_mask.to(device))
+            out = []
+            for t in range(tokens.shape[1]):
+                log_probs, state = m.step(tokens[:, t].to(device), state)
+                out.append(log_probs.cpu())
+        return torch.stack(out)
+
+    want = run("cpu")
+    assert calls["n"] == 0
+    with use_fused("auto"):
+        got = run("cuda")
+    assert calls["n"] == 2 * tokens.shape[1]  # two layers, every step
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)

@@ -24,6 +24,8 @@
   ``gpu_steps_ln``) as one product and one Triton launch per step (``triton_kernels``,
   ``triton_ln_kernels``, triton imported on first use only), and the forward of the
   windowed BPTT(τ) and of the segments' recompute there (``forward_record``);
+  ``gpu_step_lib``: the compiled library's one-step LSTM operators and a GRU's step in
+  Triton (``triton_step_kernels``), for the loops that stay in Python;
 * ``opaque``: the time loop as one operator of a compiled graph (``rnnkit::recurrence``,
   ``torch.library.custom_op``), its gradient the explicit BPTT's;
 * ``tracing``: the check that refuses graph tracing of the explicit backward.
@@ -41,6 +43,7 @@ from rnnkit.bptt.fused import (
     use_fused,
     wants_fused,
 )
+from rnnkit.bptt.gpu_step_lib import TritonGRUStep, TritonStepLib, triton_step
 from rnnkit.bptt.gpu_steps import (
     forward_record,
     run_steps,
@@ -83,6 +86,8 @@ __all__ = [
     "Route",
     "Sweep",
     "TracingError",
+    "TritonGRUStep",
+    "TritonStepLib",
     "WindowUnit",
     "available",
     "backward_sweep",
@@ -119,6 +124,7 @@ __all__ = [
     "traced_fused_form",
     "tracing",
     "triton_available",
+    "triton_step",
     "unpack_record",
     "use_fused",
     "use_native",

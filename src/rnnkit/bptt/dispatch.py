@@ -30,18 +30,21 @@ path                when
 Inside the loop, :func:`compiled_library` says whether the compiled library (C++,
 :mod:`rnnkit.bptt.native`) runs the whole forward and backward, and
 :func:`python_step_kernel` which step implementation a loop that stays in Python (the
-attention decoder's) calls each step.
+attention decoder's) calls each step: an LSTM's or a GRU's gate math in Triton launches
+where the Triton steps would run (:mod:`rnnkit.bptt.gpu_step_lib`), else an LSTM's in
+one compiled call per step where the compiled library handles the tensors.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
 
 from rnnkit.bptt import native
 from rnnkit.bptt.fused import traced_fused_form, wants_fused
+from rnnkit.bptt.gpu_step_lib import triton_step
 from rnnkit.bptt.gpu_steps import wants_steps
 from rnnkit.bptt.opaque import kernel_name
 from rnnkit.bptt.tracing import tracing
@@ -122,9 +125,23 @@ def compiled_library(kernel: Kernel, *tensors: Tensor | None) -> Any:
 
 def python_step_kernel(kernel: StepKernel, *tensors: Tensor | None) -> tuple[StepKernel, Any]:
     """The step implementation a loop that stays in Python calls each step, and the
-    compiled library where one is used: an LSTM's gate math in one compiled call per step
-    (:class:`rnnkit.cells.lstm.NativeLSTMStep`) where the library handles the tensors,
-    else the kernel's own step."""
+    compiled library where one is used. Where the layer path would run the Triton steps
+    (:func:`rnnkit.bptt.gpu_steps.wants_steps`: CUDA tensors with triton installed by
+    default, ``RNNKIT_GPU_PATH=triton`` forces it), an LSTM's or a GRU's gate math in
+    Triton launches (:func:`rnnkit.bptt.gpu_step_lib.triton_step`; no library: torch's
+    operations do the rest); else an LSTM's in one compiled call per step
+    (:class:`rnnkit.cells.lstm.NativeLSTMStep`) where the library handles the tensors;
+    else the kernel's own step.
+
+    Args:
+        tensors: the loop's tensors; the first one that is not None stands for the
+            device and dtype (the loop runs in one).
+    """
+    first = next((t for t in tensors if t is not None), None)
+    step = triton_step(kernel)  # not None: an LSTM's or a GRU's kernel, each a full Kernel
+    full = cast(Kernel, kernel)
+    if step is not None and first is not None and wants_steps(full, first, None, False):
+        return step, None
     lib = native.library() if native.supports(*tensors) else None
     if lib is not None and isinstance(kernel, LSTMKernel):
         return NativeLSTMStep(lib), lib

@@ -322,12 +322,14 @@ class NativeLSTMStep:
     """:class:`LSTMKernel`'s step interface on the compiled loop's one-step operators, for
     loops that stay in Python (attention before the step): per step the two products in
     torch and the gate math in one call (``lstm_step`` / ``lstm_step_backward``) instead of
-    some ten eager operations. The same buffers as :class:`LSTMKernel` (the activated gates
-    in place of the input projections, ``tanh c`` beside them); the projections carry no
-    bias (the step adds it) and no scaling of the g rows (the step computes ``tanh``).
+    some ten eager operations (on a GPU the same two operators in Triton, one launch each,
+    :class:`rnnkit.bptt.gpu_step_lib.TritonStepLib`). The same buffers as
+    :class:`LSTMKernel` (the activated gates in place of the input projections, ``tanh c``
+    beside them); the projections carry no bias (the step adds it) and no scaling of the
+    g rows (the step computes ``tanh``).
     """
 
-    lib: Any  # torch.ops.rnnkit_native
+    lib: Any  # torch.ops.rnnkit_native, or on a GPU rnnkit.bptt.gpu_step_lib.TritonStepLib
     gates: int = 4
     num_states: int = 2
 

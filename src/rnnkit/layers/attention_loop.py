@@ -17,7 +17,9 @@ same function with fewer, larger operations:
 * the input projection of the teacher-forced part ``x_t`` (target embeddings, a fixed
   context) for all steps in one product; per step only ``c_t W_cᵀ`` and the cell's
   recurrent product are added (the cell kernel's ``step_into``, as the time loop's
-  PyTorch form runs it);
+  PyTorch form runs it; an LSTM's gate math in one call per step on the compiled
+  library on the CPU, an LSTM's or a GRU's in Triton launches on a GPU:
+  :func:`rnnkit.bptt.dispatch.python_step_kernel`);
 * the softmax and the context product into preallocated step buffers;
 * a hand-written backward, replaying the kernel's ``step_backward`` from ``t = T`` down
   to 1, where the gradient of the previous state gathers three paths: the recurrence,

@@ -17,7 +17,8 @@ the attention of all steps is a few batched products after it. With ``"before"``
 decoder layer it runs as one autograd node with a hand-written backward
 (:mod:`rnnkit.layers.attention_loop`); otherwise (several decoder layers, tracing) a
 cell-level loop of :func:`_decoder_step`, the step that generation and scheduled sampling
-take too.
+take too (a GRU decoder's cell step without gradients, on a GPU, in Triton launches:
+:func:`_cell_step`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ from typing import NamedTuple, cast
 import torch
 from torch import Tensor
 
+from rnnkit.bptt.gpu_step_lib import TritonGRUStep, triton_step
+from rnnkit.bptt.gpu_steps import wants_steps
 from rnnkit.bptt.tracing import tracing
-from rnnkit.cells.gru import GRUCell
+from rnnkit.cells.amp import autocast_devices_on
+from rnnkit.cells.base import CellBase
+from rnnkit.cells.gru import GRUCell, GRUKernel
 from rnnkit.cells.lstm import LSTMCell
 from rnnkit.cells.rnn import RNNCell
 from rnnkit.layers.attention import Attention
@@ -102,6 +107,34 @@ def _top(state: State) -> Tensor:
     return state.h if isinstance(state, LSTMState) else state
 
 
+def _cell_step(cell: CellBase, x: Tensor, h: State) -> State:
+    """One decoder cell's step, ``cell(x, h)``; a GRU's without gradients (decoding)
+    where the Triton steps would run (a GPU, :func:`rnnkit.bptt.gpu_steps.wants_steps`)
+    with its gate math in Triton launches (:class:`rnnkit.bptt.gpu_step_lib.TritonGRUStep`,
+    the same function) instead of some ten eager kernels. An LSTM cell's own step is
+    torch's fused one already, a simple cell's one product and one activation."""
+    if torch.is_grad_enabled() or not isinstance(cell, GRUCell) or not isinstance(h, Tensor):
+        return cell(x, h)
+    kernel = cell.kernel
+    if (
+        type(kernel) is not GRUKernel
+        or x.dtype != cell.weight_hh.dtype
+        or tracing()
+        or torch.jit.is_tracing()
+        or autocast_devices_on()
+        or not wants_steps(kernel, x, None, False)
+    ):
+        return cell(x, h)
+    step = cast(TritonGRUStep, triton_step(kernel))
+    w = cell.weights()
+    # the input pre-activations (B, 2H) and (B, H), the bias included
+    rz, n = (p[0] for p in step.project_inputs(x, w, 1, h.shape[0]))
+    h_new = torch.empty_like(h)
+    cache = (rz, n, torch.empty_like(h))
+    step.step_into((rz, n), (h.contiguous(),), (h_new,), cache, step.prepare(w))
+    return h_new
+
+
 def _decoder_step(
     decoder: StackedRecurrent,
     attention: Attention | None,
@@ -126,7 +159,7 @@ def _decoder_step(
     for l, cell in enumerate(decoder.cells()):
         if l > 0 and decoder.dropout > 0:
             x = decoder.drop(x)
-        s = cell(x, hidden[l])
+        s = _cell_step(cell, x, hidden[l])
         new.append(s)
         x = _top(s)
     if attention is not None and not before:
