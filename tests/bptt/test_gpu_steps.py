@@ -402,7 +402,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import rnnkit.bptt.triton_kernels as K
 
-INTS = {"t", "tc", "B", "H"}
+INTS = {"t", "tc", "B", "H", "kt", "kb"}
 base = {"BLOCK": 1024}
 cases = [
     (K.lstm_forward, {"HAS_MASK": True, "HAS_RESET": True}),

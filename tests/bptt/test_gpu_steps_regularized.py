@@ -265,3 +265,104 @@ def test_stack_resets_with_regularizers_in_one_triton_call_per_layer(cls, option
     assert steps_calls["n"] == layer.num_layers
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.fixture
+def steps_regs(monkeypatch):
+    """The regularizers' tensors (``_Reg``) each call of ``_Steps`` received."""
+    seen = []
+    real = gpu_steps._Steps
+
+    class Spy:
+        @staticmethod
+        def apply(kernel, mask, reset, reg, *rest):
+            seen.append(reg)
+            return real.apply(kernel, mask, reset, reg, *rest)
+
+    monkeypatch.setattr(gpu_steps, "_Steps", Spy)
+    return seen
+
+
+def _stored(t):
+    """How many values a tensor's storage holds."""
+    return t.untyped_storage().nbytes() // t.element_size()
+
+
+def _kept(reg):
+    """The keep factors a call of the steps received."""
+    return [k for k in (reg.kh, reg.kc) if k is not None]
+
+
+def _keep_forms(n):
+    """Zoneout keep factors that broadcast to ``(T, B, H)``, and how many values the steps
+    should store of them: the constant of evaluation, one per row, one per step and unit,
+    and (LSTM) a constant h factor beside a full c factor (stored on the c's axes)."""
+    g = torch.Generator().manual_seed(7)
+    const = torch.full((1, 1, 1), 0.3, dtype=torch.float64).expand(T, B, H)
+    row = torch.rand(1, B, 1, generator=g, dtype=torch.float64).expand(T, B, H)
+    step = torch.rand(T, 1, H, generator=g, dtype=torch.float64).expand(T, B, H)
+    full = torch.rand(T, B, H, generator=g, dtype=torch.float64)
+    forms = {
+        "constant": ((const,) * n, H),
+        "row": ((row,) * n, B * H),
+        "step": ((step,) * n, T * H),
+    }
+    if n == 2:
+        forms["mixed"] = ((const, full), T * B * H)
+    return forms
+
+
+@pytest.mark.parametrize(
+    ("name", "form"),
+    [
+        *((name, form) for name in ("gru_keep_after", "gru_candidate_before", "rnn_tanh")
+          for form in ("constant", "row", "step")),
+        *(("lstm", form) for form in ("constant", "row", "step", "mixed")),
+    ],
+)  # fmt: skip
+def test_broadcast_keep_factors_are_read_in_place(name, form, steps_regs):
+    """A keep factor constant along an axis reaches the kernels as a strided view that
+    stores only the axes it varies on (the constant p of evaluation: H values, not a
+    (T, B, H) tensor), with the results of the same values written out in full."""
+    torch.manual_seed(1)
+    cell = CELLS[name]().double()
+    n = 2 if isinstance(cell, LSTMCell) else 1
+    keep, stored = _keep_forms(n)[form]
+    x, states0, mask, reset = _case("resets", n)
+    g = torch.Generator().manual_seed(5)
+    d_out = torch.randn(T, B, H, dtype=torch.float64, generator=g)
+    d_finals = tuple(torch.randn(B, H, dtype=torch.float64, generator=g) for _ in range(n))
+    w = cell.weights()
+    strided = RegularizedKernel(cell.kernel, None, keep)
+    got = _steps(strided, w, x, states0, mask, reset, d_out, d_finals)
+    kept = _kept(steps_regs[0])
+    assert [tuple(k.shape) for k in kept] == [(T, B, H)] * n
+    assert max(_stored(k) for k in kept) == stored
+    explicit = RegularizedKernel(cell.kernel, None, tuple(k.contiguous() for k in keep))
+    want = _steps(explicit, w, x, states0, mask, reset, d_out, d_finals)
+    assert [_stored(k) for k in _kept(steps_regs[1])] == [T * B * H] * n
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [rnnkit.LSTM, rnnkit.GRU, rnnkit.RNN])
+def test_zoneout_at_evaluation_writes_no_keep_tensor(cls, steps_regs):
+    """The public layer in eval mode with zoneout: the steps receive the constant p as H
+    stored values per state, and give the outputs of training's path fed the same
+    constant as an explicit (T, B, H) keep tensor."""
+    torch.manual_seed(3)
+    layer = cls(I, H, zoneout=0.3).double().eval()
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    with use_fused("triton"), use_native(False), torch.no_grad():
+        out = layer(x)
+    kept = _kept(steps_regs[0])
+    assert len(kept) == (2 if cls is rnnkit.LSTM else 1)
+    assert all(_stored(k) == H and k.shape == (T, B, H) for k in kept)
+    masks = layer.draw_masks(B, T, x)
+    assert masks is not None
+    full = [torch.full((T, B, H), 0.3, dtype=torch.float64) for _ in kept]
+    explicit = masks._replace(cells=tuple(c._replace(keep=tuple(full)) for c in masks.cells))
+    with use_fused("triton"), use_native(False), torch.no_grad():
+        want = layer.train()(x, masks=explicit)
+    assert [_stored(k) for k in _kept(steps_regs[1])] == [T * B * H] * len(kept)
+    torch.testing.assert_close(out.outputs, want.outputs, rtol=0, atol=1e-12)

@@ -178,12 +178,12 @@ def _warn_once(device: torch.device, why: str) -> None:
 
 class _Reg(NamedTuple):
     """Recurrent dropout's mask and zoneout's keep factors (:mod:`rnnkit.bptt.regularized`),
-    in the steps' dtype, contiguous, or None; ``cn`` the cell's own new states the backward
-    reads under zoneout (the LSTM's ``c̃``, the simple cell's ``h̃``), ``(T, B, H)``."""
+    in the steps' dtype, or None; ``cn`` the cell's own new states the backward reads under
+    zoneout (the LSTM's ``c̃``, the simple cell's ``h̃``), ``(T, B, H)``, contiguous."""
 
-    rm: Tensor | None = None  # (B, H) on h_{t-1} in the recurrent product
-    kh: Tensor | None = None  # (T, B, H) zoneout's keep factor of h
-    kc: Tensor | None = None  # (T, B, H) that of c (the LSTM)
+    rm: Tensor | None = None  # (B, H) on h_{t-1} in the recurrent product, contiguous
+    kh: Tensor | None = None  # (T, B, H) zoneout's keep factor of h, strided (keep_views)
+    kc: Tensor | None = None  # (T, B, H) that of c (the LSTM), kh's strides
     cn: Tensor | None = None
 
 
@@ -203,6 +203,7 @@ class _Launch(NamedTuple):
         """The keyword arguments ``fn`` takes of the options, the flags, the regularizers'
         tensors (a stand-in where absent) and ``extra``."""
         r, like = self.reg, self.mask
+        zoned = r.kh if r.kh is not None else r.kc
         every = {
             # FMA contraction as cuBLAS and cuDNN have it, asked for explicitly: triton
             # 3.9 warns once where it is left to its default
@@ -213,6 +214,9 @@ class _Launch(NamedTuple):
             "RMASK": r.rm is not None,
             "ZH": r.kh is not None,
             "ZC": r.kc is not None,
+            # the keep factors' step and row strides (keep_views: shared by kh and kc)
+            "kt": 0 if zoned is None else zoned.stride(0),
+            "kb": 0 if zoned is None else zoned.stride(1),
             **{name: like if t is None else t for name, t in r._asdict().items()},
             **{name: like if t is None else t for name, t in extra.items()},
         }
@@ -583,13 +587,13 @@ class _Steps(torch.autograd.Function):
 
 
 def _regularizers(kernel: Kernel, T: int, B: int, H: int, like: Tensor) -> tuple[Kernel, _Reg]:
-    """The cell's kernel and the regularizers' tensors, in ``like``'s dtype and contiguous
-    (a keep factor expanded from a constant, at evaluation, is written out in full)."""
+    """The cell's kernel and the regularizers' tensors, in ``like``'s dtype: the recurrent
+    mask contiguous, the keep factors strided views (``RegularizedKernel.keep_views``)."""
     if not isinstance(kernel, RegularizedKernel):
         return kernel, _Reg()
     keep: list[Tensor | None] = [None, None]
-    for j, k in enumerate(kernel.zoned):
-        keep[k] = kernel.keep[j].expand(T, B, H).to(like.dtype).contiguous()
+    for k, view in zip(kernel.zoned, kernel.keep_views(T, B, H, like.dtype), strict=True):
+        keep[k] = view
     m = kernel.recurrent_mask
     rm = None if m is None else m.to(like.dtype).contiguous()
     return cast("Kernel", kernel.inner), _Reg(rm, keep[0], keep[1])

@@ -79,6 +79,19 @@ class RegularizedKernel:
         self.backward_reads_bias_hn = getattr(inner, "backward_reads_bias_hn", False)
         self._gru = inner if isinstance(inner, GRUKernel) else None
 
+    def keep_views(self, T: int, B: int, H: int, dtype: torch.dtype) -> tuple[Tensor, ...]:
+        """The keep factors as ``(T, B, H)`` views in ``dtype`` that store only the axes
+        along which some factor varies: unit stride 1, and the same step and row strides
+        for all (0 along an axis where every factor is constant). The constant ``p`` of
+        evaluation (a ``(1, 1, 1)`` value expanded) becomes ``H`` values, never ``T·B·H``;
+        for kernels that read the factors by strides (the Triton steps)."""
+        views = [d.expand(T, B, H) for d in self.keep]
+        # an axis is stored where some factor varies along it (a stride not 0, size > 1)
+        steps = T if T > 1 and any(v.stride(0) != 0 for v in views) else min(T, 1)
+        rows = B if B > 1 and any(v.stride(1) != 0 for v in views) else min(B, 1)
+        stored = [v[:steps, :rows].to(dtype).contiguous() for v in views]
+        return tuple(s.expand(T, B, H) for s in stored)
+
     # -- forward ---------------------------------------------------------------------
     def prepare(self, w: Weights) -> object:
         return self.inner.prepare(w)

@@ -29,6 +29,10 @@ Recurrent dropout and zoneout (:mod:`rnnkit.bptt.regularized`), each a constexpr
 * ``ZH``/``ZC``: zoneout's keep factors ``kh``/``kc (T, B, H)`` of h and c,
   ``h_t = h̃_t + d_t (h_{t-1} − h̃_t)``; where the backward needs the cell's own new state
   (the LSTM's ``c̃_t``, the simple cell's ``h̃_t``) the forward keeps it in ``cn (T, B, H)``.
+  The keep factors are read as strided views: element ``(t, b, j)`` at
+  ``t·kt + b·kb + j`` (``kt``, ``kb`` shared by ``kh`` and ``kc``), a stride 0 along an
+  axis where the factor is constant — at evaluation the constant ``p`` is one stored row
+  of ``H`` values, ``kt = kb = 0``, and no ``(T, B, H)`` tensor is written out.
 
 Nonlinearities in exact forms (float64 to the last bits): ``σ(a) = 1 / (1 + e^{−a})``,
 ``tanh(a) = sign(a) (1 − e^{−2|a|}) / (1 + e^{−2|a|})``.
@@ -117,7 +121,7 @@ def _incoming(d, reset, t, B, b, ok, d_out, at, HAS_RESET: tl.constexpr, HAS_DOU
 
 @triton.jit(do_not_specialize=["t"])
 def lstm_forward(
-    xp, hw, hs, cs, mask, reset, t, B, H, rm, hm, kh, kc, cn,
+    xp, hw, hs, cs, mask, reset, t, B, H, rm, hm, kh, kc, kt, kb, cn,
     HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, RMASK: tl.constexpr,
     ZH: tl.constexpr, ZC: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -132,6 +136,7 @@ def lstm_forward(
     g_at = xp + (t * B + b) * 4 * H + j
     r_at = hw + b * 4 * H + j
     s_at = t * B * H + offs
+    k_at = t * kt + b * kb + j
     hp = tl.where(zero, 0.0, tl.load(hs + s_at, mask=ok, other=0.0))
     cp = tl.where(zero, 0.0, tl.load(cs + s_at, mask=ok, other=0.0))
     ai = tl.load(g_at, mask=ok, other=0.0) + tl.where(zero, 0.0, tl.load(r_at, mask=ok, other=0.0))
@@ -146,10 +151,10 @@ def lstm_forward(
     g = _tanh(ag)
     o = _sigmoid(ao)
     c = f * cp + i * g
-    h = _zone(o * _tanh(c), hp, kh, s_at, ok, ZH)
+    h = _zone(o * _tanh(c), hp, kh, k_at, ok, ZH)
     if ZC:
         tl.store(cn + s_at, c, mask=ok)
-    c = _zone(c, cp, kc, s_at, ok, ZC)
+    c = _zone(c, cp, kc, k_at, ok, ZC)
     tl.store(g_at, i, mask=ok)
     tl.store(g_at + H, f, mask=ok)
     tl.store(g_at + 2 * H, g, mask=ok)
@@ -160,7 +165,7 @@ def lstm_forward(
 
 @triton.jit(do_not_specialize=["t"])
 def lstm_backward(
-    gates, cs, mask, reset, d_h, d_c, d_out, d_xp, direct, t, B, H, rm, kh, kc, cn,
+    gates, cs, mask, reset, d_h, d_c, d_out, d_xp, direct, t, B, H, rm, kh, kc, kt, kb, cn,
     HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, HAS_DOUT: tl.constexpr,
     RMASK: tl.constexpr, ZH: tl.constexpr, ZC: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -174,13 +179,14 @@ def lstm_backward(
     j = offs - b * H
     real, zero = _flags(mask, reset, t, B, b, ok, HAS_MASK, HAS_RESET)
     s_at = t * B * H + offs
+    k_at = t * kt + b * kb + j
     dh = _incoming(_carried(d_h, direct, rm, offs, ok, RMASK), reset, t, B, b, ok, d_out,
                    s_at, HAS_RESET, HAS_DOUT)  # fmt: skip
     dc = _incoming(tl.load(d_c + offs, mask=ok, other=0.0), reset, t, B, b, ok, d_out,
                    offs, HAS_RESET, False)  # fmt: skip
     # zoneout: the cell's step gets (1 − d) of each gradient, h_{t-1} (c_{t-1}) the rest
-    dh_cell, dh_keep = _split(dh, kh, s_at, ok, ZH)
-    dc_cell, dc_keep = _split(dc, kc, s_at, ok, ZC)
+    dh_cell, dh_keep = _split(dh, kh, k_at, ok, ZH)
+    dc_cell, dc_keep = _split(dc, kc, k_at, ok, ZC)
     g_at = gates + (t * B + b) * 4 * H + j
     i = tl.load(g_at, mask=ok, other=0.0)
     f = tl.load(g_at + H, mask=ok, other=0.0)
@@ -207,7 +213,7 @@ def lstm_backward(
 
 @triton.jit(do_not_specialize=["t"])
 def rnn_forward(
-    xp, hw, hs, mask, reset, t, B, H, rm, hm, kh, cn,
+    xp, hw, hs, mask, reset, t, B, H, rm, hm, kh, kt, kb, cn,
     ACT: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr,
     RMASK: tl.constexpr, ZH: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -219,6 +225,8 @@ def rnn_forward(
     b = offs // H
     real, zero = _flags(mask, reset, t, B, b, ok, HAS_MASK, HAS_RESET)
     s_at = t * B * H + offs
+    j = offs - b * H
+    k_at = t * kt + b * kb + j
     hp = tl.where(zero, 0.0, tl.load(hs + s_at, mask=ok, other=0.0))
     a = tl.load(xp + s_at, mask=ok, other=0.0)
     a += tl.where(zero, 0.0, tl.load(hw + offs, mask=ok, other=0.0))
@@ -230,13 +238,13 @@ def rnn_forward(
         h = _sigmoid(a)
     if ZH:
         tl.store(cn + s_at, h, mask=ok)
-    h = _zone(h, hp, kh, s_at, ok, ZH)
+    h = _zone(h, hp, kh, k_at, ok, ZH)
     _store_state(hs, hm, rm, s_at + B * H, offs, ok, real, h, hp, RMASK)
 
 
 @triton.jit(do_not_specialize=["t"])
 def rnn_backward(
-    hs, mask, reset, d_h, d_out, d_xp, direct, t, B, H, rm, kh, cn,
+    hs, mask, reset, d_h, d_out, d_xp, direct, t, B, H, rm, kh, kt, kb, cn,
     ACT: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr,
     HAS_DOUT: tl.constexpr, RMASK: tl.constexpr, ZH: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -247,9 +255,11 @@ def rnn_backward(
     b = offs // H
     real, _zero = _flags(mask, reset, t, B, b, ok, HAS_MASK, HAS_RESET)
     s_at = t * B * H + offs
+    j = offs - b * H
+    k_at = t * kt + b * kb + j
     dh = _incoming(_carried(d_h, direct, rm, offs, ok, RMASK), reset, t, B, b, ok, d_out,
                    s_at, HAS_RESET, HAS_DOUT)  # fmt: skip
-    d_cell, d_keep = _split(dh, kh, s_at, ok, ZH)
+    d_cell, d_keep = _split(dh, kh, k_at, ok, ZH)
     if ZH:
         h = tl.load(cn + s_at, mask=ok, other=0.0)
     else:
@@ -266,7 +276,7 @@ def rnn_backward(
 
 @triton.jit(do_not_specialize=["t", "tc"])
 def gru_after_forward(
-    xp, hw, bias_hn, hs, rec, mask, reset, t, tc, B, H, rm, hm, kh,
+    xp, hw, bias_hn, hs, rec, mask, reset, t, tc, B, H, rm, hm, kh, kt, kb,
     KEEP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr,
     RMASK: tl.constexpr, ZH: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -282,6 +292,7 @@ def gru_after_forward(
     g_at = xp + (t * B + b) * 3 * H + j
     r_at = hw + b * 3 * H + j
     s_at = t * B * H + offs
+    k_at = t * kt + b * kb + j
     hp = tl.where(zero, 0.0, tl.load(hs + s_at, mask=ok, other=0.0))
     ar = tl.load(g_at, mask=ok, other=0.0) + tl.where(zero, 0.0, tl.load(r_at, mask=ok, other=0.0))
     az = tl.load(g_at + H, mask=ok, other=0.0)
@@ -292,7 +303,7 @@ def gru_after_forward(
     z = _sigmoid(az)
     n = _tanh(tl.load(g_at + 2 * H, mask=ok, other=0.0) + r * bracket)
     h = n + z * (hp - n) if KEEP else hp + z * (n - hp)
-    h = _zone(h, hp, kh, s_at, ok, ZH)
+    h = _zone(h, hp, kh, k_at, ok, ZH)
     tl.store(g_at, r, mask=ok)
     tl.store(g_at + H, z, mask=ok)
     tl.store(g_at + 2 * H, n, mask=ok)
@@ -330,7 +341,7 @@ def gru_before_gates(
 
 @triton.jit(do_not_specialize=["t"])
 def gru_before_state(
-    xp, hn, hs, mask, reset, t, B, H, rm, hm, kh,
+    xp, hn, hs, mask, reset, t, B, H, rm, hm, kh, kt, kb,
     KEEP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr,
     RMASK: tl.constexpr, ZH: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -344,18 +355,19 @@ def gru_before_state(
     real, zero = _flags(mask, reset, t, B, b, ok, HAS_MASK, HAS_RESET)
     g_at = xp + (t * B + b) * 3 * H + j
     s_at = t * B * H + offs
+    k_at = t * kt + b * kb + j
     hp = tl.where(zero, 0.0, tl.load(hs + s_at, mask=ok, other=0.0))
     z = tl.load(g_at + H, mask=ok, other=0.0)
     n = _tanh(tl.load(g_at + 2 * H, mask=ok, other=0.0) + tl.load(hn + offs, mask=ok, other=0.0))
     h = n + z * (hp - n) if KEEP else hp + z * (n - hp)
-    h = _zone(h, hp, kh, s_at, ok, ZH)
+    h = _zone(h, hp, kh, k_at, ok, ZH)
     tl.store(g_at + 2 * H, n, mask=ok)
     _store_state(hs, hm, rm, s_at + B * H, offs, ok, real, h, hp, RMASK)
 
 
 @triton.jit(do_not_specialize=["t"])
 def gru_update_backward(
-    gates, rec, hs, mask, reset, d_h, d_out, d_xp, d_rec, direct, t, B, H, rm, kh,
+    gates, rec, hs, mask, reset, d_h, d_out, d_xp, d_rec, direct, t, B, H, rm, kh, kt, kb,
     KEEP: tl.constexpr, AFTER: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_RESET: tl.constexpr, HAS_DOUT: tl.constexpr, RMASK: tl.constexpr,
     ZH: tl.constexpr, BLOCK: tl.constexpr,
@@ -372,9 +384,10 @@ def gru_update_backward(
     j = offs - b * H
     real, zero = _flags(mask, reset, t, B, b, ok, HAS_MASK, HAS_RESET)
     s_at = t * B * H + offs
+    k_at = t * kt + b * kb + j
     d_in = _incoming(_carried(d_h, direct, rm, offs, ok, RMASK), reset, t, B, b, ok, d_out,
                      s_at, HAS_RESET, HAS_DOUT)  # fmt: skip
-    dh, d_keep = _split(d_in, kh, s_at, ok, ZH)  # the update reads the unmasked h_{t-1}
+    dh, d_keep = _split(d_in, kh, k_at, ok, ZH)  # the update reads the unmasked h_{t-1}
     hp = tl.where(zero, 0.0, tl.load(hs + s_at, mask=ok, other=0.0))
     g_at = gates + (t * B + b) * 3 * H + j
     z = tl.load(g_at + H, mask=ok, other=0.0)
