@@ -137,8 +137,11 @@ def test_unidirectional_stack_equals_the_truncated_graph(cell_spec, gen, holey_m
     assert not torch.allclose(got[0], full_grads[0])
 
 
-def test_resets_inside_the_batch_equal_the_truncated_graph(cell_spec, gen, holey_mask):
-    layer, x, s0, g_out, g_fin = make_case(cell_spec, gen, 2)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_resets_inside_the_batch_equal_the_truncated_graph(cell_spec, gen, holey_mask, layers):
+    """One layer included: a layer's call with ``window=`` and ``resets=`` is the windowed
+    stack's node (``run_recurrence`` takes resets without a window only)."""
+    layer, x, s0, g_out, g_fin = make_case(cell_spec, gen, layers)
     resets = torch.zeros(B, T, dtype=torch.bool)
     resets[0, 3] = True  # a document starts inside the batch
     resets[1, 0] = resets[1, 2] = True  # a fresh start, and another inside the real steps

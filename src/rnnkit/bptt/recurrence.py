@@ -132,8 +132,10 @@ def takes_resets(
     kernel: Kernel, x: Tensor, weights: Weights, mask: Tensor | None, window: int | None
 ) -> bool:
     """Whether :func:`run_recurrence` takes ``reset`` for this layer: where its route is
-    the Triton steps (``rnnkit.bptt.gpu_steps``), which zero the state inside one call.
-    Elsewhere a caller runs the pieces between resets. ``x (T, B, ·)``, ``mask (T, B)``."""
+    the Triton steps (``rnnkit.bptt.gpu_steps``), which zero the state inside one call;
+    never with a ``window`` (the layers run a window with resets in their windowed node,
+    ``rnnkit.layers.windowed``). Elsewhere a caller runs the pieces between resets.
+    ``x (T, B, ·)``, ``mask (T, B)``."""
     if tracing():
         return False
     like = x[:0].to(weights.weight_hh.dtype)  # the route reads the device and the dtype
@@ -214,7 +216,9 @@ def run_recurrence(
             loop only (:func:`takes_projected`), full BPTT.
         reset: ``(T, B)`` bool, True where the state entering step t is zero (a new
             document; no gradient crosses it), or None. Only where :func:`takes_resets`
-            says so (the Triton steps).
+            says so (the Triton steps, full BPTT). A window with resets is the layers'
+            windowed node (``rnnkit.layers.windowed``): a layer's call
+            ``layer(x, window=τ, resets=r)`` runs it, a single layer included.
 
     Returns:
         ``(outputs (T, B, H), final states)`` — the final states are those after each
