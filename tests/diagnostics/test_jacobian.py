@@ -8,6 +8,7 @@ import pytest
 import torch
 from jacobian_cases import CELLS, DT, MASK, flat_run, make, zero_state
 
+import rnnkit.diagnostics.jacobian as jacobian_module
 from rnnkit import RNNCell
 from rnnkit.diagnostics import (
     gradient_flow,
@@ -85,6 +86,33 @@ def test_step_jacobians_hold_at_masked_steps() -> None:
         assert torch.equal(J[t, b], eye)
     norms = jacobian_norms(cell, x, mask=MASK)
     assert float(norms[2, 4]) == float(norms[2, 7])  # row 2 ends at position 2: held
+
+
+@pytest.mark.parametrize("method", ["exact", "power"])
+def test_jacobian_norms_run_the_direction_once(method, monkeypatch) -> None:
+    """One forward run per call, whichever method (the exact one reads the step Jacobians
+    of that same run), with the norms of ``step_jacobians``' own run."""
+    cell, x = make("lstm")
+    calls = []
+    real = jacobian_module.run_direction
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jacobian_module, "run_direction", counted)
+    norms = jacobian_norms(cell, x, start=1, mask=MASK, method=method)
+    assert len(calls) == 1
+    J = step_jacobians(cell, x, mask=MASK)  # its own run
+    assert len(calls) == 2
+    P = torch.eye(J.shape[-1], dtype=DT).expand(J.shape[1], -1, -1)
+    H = cell.hidden_size
+    for j, t in enumerate(range(1, J.shape[0]), start=1):
+        P = J[t] @ P
+        want = torch.linalg.matrix_norm(P[:, :H, :H], ord=2)
+        torch.testing.assert_close(
+            norms[:, j], want, rtol=1e-6 if method == "power" else 0, atol=1e-12
+        )
 
 
 def test_power_iteration_large_hidden() -> None:

@@ -112,6 +112,11 @@ def step_jacobians(
     run = run_direction(
         source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
     )
+    return _run_jacobians(run)
+
+
+def _run_jacobians(run: DirectionRun) -> Tensor:
+    """:func:`step_jacobians` of a direction already run (``jacobian_norms`` shares it)."""
     s, xs = _flat_states(run), _step_inputs(run)
     T, B, S = run.steps, s.shape[1], s.shape[2]
     eye = torch.eye(S, dtype=s.dtype, device=s.device)
@@ -234,15 +239,7 @@ def jacobian_norms(
     width = S if full_state else H  # the block measured: h → h, or the whole state
     norms = s.new_ones(B, T + 1 - start)
     if method == "exact":
-        J = step_jacobians(
-            source,
-            x,
-            lengths=lengths,
-            mask=mask,
-            state=state,
-            batch_first=batch_first,
-            zoneout=zoneout,
-        )
+        J = _run_jacobians(run)  # the same run's steps: the direction runs once
         P = torch.eye(S, dtype=s.dtype, device=s.device).expand(B, S, S)
         for j, t in enumerate(range(start, T), start=1):
             P = J[t] @ P
