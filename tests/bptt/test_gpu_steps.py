@@ -425,7 +425,7 @@ done = []
 for dtype in ("fp32", "fp64"):
     for fn, consts in cases:
         # recurrent dropout and zoneout switched on wherever a kernel has them
-        regs = {k: True for k in ("RMASK", "ZH", "ZC") if k in fn.arg_names}
+        regs = {k: True for k in ("RMASK", "ZH", "ZC", "CN") if k in fn.arg_names}
         consts = {k: v for k, v in {**consts, **regs, **base}.items() if k in fn.arg_names}
         sig = {}
         for name in fn.arg_names:

@@ -366,3 +366,34 @@ def test_zoneout_at_evaluation_writes_no_keep_tensor(cls, steps_regs):
         want = layer.train()(x, masks=explicit)
     assert [_stored(k) for k in _kept(steps_regs[1])] == [T * B * H] * len(kept)
     torch.testing.assert_close(out.outputs, want.outputs, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [rnnkit.LSTM, rnnkit.RNN])
+def test_zoneout_keeps_the_cells_own_states_only_for_a_backward(cls, monkeypatch):
+    """``cn`` (the LSTM's c̃, the simple cell's h̃) is what the backward reads: without a
+    gradient no (T, B, H) buffer is written, and the outputs are the PyTorch loop's."""
+    launched = []
+    real = gpu_steps._launch
+
+    def spy(x, B, H_, mask, reset, reg):
+        launched.append(reg.cn)
+        return real(x, B, H_, mask, reset, reg)
+
+    monkeypatch.setattr(gpu_steps, "_launch", spy)
+    torch.manual_seed(4)
+    layer = cls(I, H, zoneout=0.3).double()
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    for mode in (layer.eval, layer.train):
+        mode()
+        torch.manual_seed(5)
+        with use_fused("loop"), use_native(False), torch.no_grad():
+            want = layer(x).outputs
+        launched.clear()
+        torch.manual_seed(5)
+        with use_fused("triton"), use_native(False), torch.no_grad():
+            got = layer(x).outputs
+        assert launched == [None]
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    with use_fused("triton"), use_native(False):
+        layer(x.requires_grad_(True)).outputs.sum().backward()
+    assert [tuple(c.shape) for c in launched[1:]] == [(T, B, H)] * 2  # forward, backward

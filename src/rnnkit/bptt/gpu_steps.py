@@ -214,6 +214,7 @@ class _Launch(NamedTuple):
             "RMASK": r.rm is not None,
             "ZH": r.kh is not None,
             "ZC": r.kc is not None,
+            "CN": r.cn is not None,  # h̃/c̃ kept (zoneout, for a backward)
             # the keep factors' step and row strides (keep_views: shared by kh and kc)
             "kt": 0 if zoned is None else zoned.stride(0),
             "kb": 0 if zoned is None else zoned.stride(1),
@@ -273,8 +274,8 @@ def _forward(
     for buf, s0 in zip(states, states0, strict=True):
         buf[0].copy_(s0)
     zoned = reg.kc if isinstance(kernel, LSTMKernel) else reg.kh
-    if zoned is not None and not isinstance(kernel, GRUKernel):  # the backward reads h̃/c̃
-        reg = reg._replace(cn=x.new_empty(T, B, H))
+    if save and zoned is not None and not isinstance(kernel, GRUKernel):
+        reg = reg._replace(cn=x.new_empty(T, B, H))  # the backward reads h̃/c̃
     L = _launch(x, B, H, mask, reset, reg)
     hs = states[0]
     # what each step's product reads: h_{t-1}, or h_{t-1} ⊙ m that the launch before wrote

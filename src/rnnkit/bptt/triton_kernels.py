@@ -123,10 +123,11 @@ def _incoming(d, reset, t, B, b, ok, d_out, at, HAS_RESET: tl.constexpr, HAS_DOU
 def lstm_forward(
     xp, hw, hs, cs, mask, reset, t, B, H, rm, hm, kh, kc, kt, kb, cn,
     HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, RMASK: tl.constexpr,
-    ZH: tl.constexpr, ZC: tl.constexpr, BLOCK: tl.constexpr,
+    ZH: tl.constexpr, ZC: tl.constexpr, CN: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """``c_t = f c_{t-1} + i g``, ``h_t = o tanh(c_t)``; the gates i, f, g, o into ``xp[t]``
-    (zoneout: ``h̃ = o tanh(c̃)`` of the cell's own ``c̃``, kept in ``cn[t]`` under ZC)."""
+    (zoneout: ``h̃ = o tanh(c̃)`` of the cell's own ``c̃``, kept in ``cn[t]`` under ZC
+    where a backward will read it, CN)."""
     t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
@@ -152,7 +153,7 @@ def lstm_forward(
     o = _sigmoid(ao)
     c = f * cp + i * g
     h = _zone(o * _tanh(c), hp, kh, k_at, ok, ZH)
-    if ZC:
+    if ZC and CN:
         tl.store(cn + s_at, c, mask=ok)
     c = _zone(c, cp, kc, k_at, ok, ZC)
     tl.store(g_at, i, mask=ok)
@@ -215,10 +216,10 @@ def lstm_backward(
 def rnn_forward(
     xp, hw, hs, mask, reset, t, B, H, rm, hm, kh, kt, kb, cn,
     ACT: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr,
-    RMASK: tl.constexpr, ZH: tl.constexpr, BLOCK: tl.constexpr,
+    RMASK: tl.constexpr, ZH: tl.constexpr, CN: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """``h_t = φ(a_t)``, ``a_t = xp[t] + h_{t-1} W_hhᵀ``; φ: 0 tanh, 1 relu, 2 sigmoid
-    (zoneout: ``h̃_t = φ(a_t)`` kept in ``cn[t]``)."""
+    (zoneout: ``h̃_t = φ(a_t)`` kept in ``cn[t]`` where a backward will read it, CN)."""
     t = t.to(tl.int64)  # offsets of T·B·G·H elements may pass 2³¹
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < B * H
@@ -236,7 +237,7 @@ def rnn_forward(
         h = tl.where(a > 0, a, 0.0)
     else:
         h = _sigmoid(a)
-    if ZH:
+    if ZH and CN:
         tl.store(cn + s_at, h, mask=ok)
     h = _zone(h, hp, kh, k_at, ok, ZH)
     _store_state(hs, hm, rm, s_at + B * H, offs, ok, real, h, hp, RMASK)
