@@ -237,6 +237,23 @@ def test_stack_resets_run_inside_one_triton_call_per_layer(cls, options, steps_c
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+def test_a_window_without_a_gradient_takes_the_resets_in_one_call(steps_calls):
+    # the window shapes the gradient only: evaluation with one runs the plain Triton path
+    torch.manual_seed(6)
+    layer = rnnkit.LSTM(I, H, num_layers=2).double()
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    resets = torch.zeros(B, T, dtype=torch.bool)
+    resets[0, 2] = resets[2, 1] = True
+    with torch.no_grad():
+        with use_fused("triton"), use_native(False):
+            got = layer(x, resets=resets, window=2)
+        assert steps_calls["n"] == 2  # one call per layer, not the pieces between resets
+        with use_fused("loop"), use_native(False):
+            want = layer(x, resets=resets)
+    torch.testing.assert_close(got.outputs, want.outputs, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got.state.c, want.state.c, rtol=0, atol=1e-12)
+
+
 def test_resets_inside_one_call_only_on_the_triton_steps():
     cell = CELLS["lstm"]().double()
     x, states0, mask, reset = _case("resets", 2, torch.float64)
