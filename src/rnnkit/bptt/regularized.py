@@ -22,7 +22,7 @@ No fused kernel computes this function: a layer with these options never takes t
 fused path. The compiled loops take the masks as inputs (``rnnkit/csrc/lstm.h``,
 ``gru.h``, ``rnn.h``, and ``layer_norm.h`` for the layer-normalised LSTM and GRU; the rows
 then stay unsorted and unpacked, the masks being per batch row), and so do the Triton
-steps on a GPU (``rnnkit.bptt.gpu_steps``; not the layer-normalised cells'); elsewhere
+steps on a GPU (``rnnkit.bptt.gpu_steps``, ``gpu_steps_ln``); elsewhere
 the PyTorch time loop runs (``rnnkit.bptt.forward``).
 """
 

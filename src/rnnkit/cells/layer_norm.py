@@ -25,8 +25,8 @@ runs the rest, with the hand-written backward of :meth:`LayerNormLSTMKernel.step
 On the CPU the compiled loop runs it (``rnnkit/csrc/layer_norm.h``: the same caches and
 backward; the kernels' ``native_forward``/``native_backward``), on a GPU the Triton steps
 (``rnnkit.bptt.gpu_steps_ln``), elsewhere the PyTorch loop. With recurrent dropout (the
-LSTM's only) or zoneout (``rnnkit.bptt.regularized``) the compiled loop takes their masks
-as inputs; on a GPU such a layer runs the PyTorch loop.
+LSTM's only) or zoneout (``rnnkit.bptt.regularized``) the compiled loop and the Triton
+steps take their masks as inputs.
 """
 
 from __future__ import annotations
