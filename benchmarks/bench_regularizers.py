@@ -2,13 +2,16 @@
 
 One training step of a stacked LSTM (``rnnkit.LSTM``; ``--cell gru``: ``rnnkit.GRU`` with
 ``reset="after"``; train mode: forward, a loss on every output, backward through time)
-with each regularizer alone, AWD-style combined, and none, timed in interleaved rounds
-(``_common.interleaved``); the ratio to the plain layer is the median over rounds of the
-ratio within a round. On the CPU the layer runs the compiled loop where it is built
-(``--loop pytorch``: the PyTorch loop).
+with each regularizer alone, AWD-style combined, layer normalisation alone and with the
+in-loop regularizers, and none, timed in interleaved rounds (``_common.interleaved``);
+the ratio to the plain layer is the median over rounds of the ratio within a round. On
+the CPU the layer runs the compiled loop where it is built (``--loop pytorch``: the
+PyTorch loop). ``--only`` times the named rows (and ``none``); the layer-normalised GRU
+has no ``recurrent_dropout`` row (it refuses that option).
 
     python benchmarks/bench_regularizers.py [--cell lstm|gru] [--hidden 256] [--steps 64] \\
-        [--batch 32] [--layers 2] [--threads 1] [--rounds 15] [--loop compiled|pytorch] [--json]
+        [--batch 32] [--layers 2] [--threads 1] [--rounds 15] [--loop compiled|pytorch] \\
+        [--only ROW ...] [--json]
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "recurrent_dropout 0.25": {"recurrent_dropout": 0.25},
     "zoneout 0.1": {"zoneout": 0.1},
     "layer_norm": {"layer_norm": True},
+    "layer_norm + recurrent_dropout 0.25": {"layer_norm": True, "recurrent_dropout": 0.25},
+    "layer_norm + zoneout 0.1": {"layer_norm": True, "zoneout": 0.1},
     "AWD-style (input, locked, output, weight drop)": {
         "input_dropout": 0.3,
         "locked_dropout": 0.25,
@@ -64,6 +69,12 @@ def step_of(options: dict[str, Any], args: argparse.Namespace) -> Callable[[], N
     return step
 
 
+def applies(options: dict[str, Any], cell: str) -> bool:
+    """Whether a row's options build a layer of this cell (the layer-normalised GRU
+    refuses ``recurrent_dropout``)."""
+    return cell == "lstm" or not (options.get("layer_norm") and "recurrent_dropout" in options)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hidden", type=int, default=256)
@@ -74,11 +85,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--loop", choices=("compiled", "pytorch"), default="compiled")
+    p.add_argument("--only", nargs="+", metavar="ROW", help="time these rows and none")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    unknown = set(args.only or ()) - set(OPTIONS)
+    if unknown:
+        p.error(f"--only: no row named {sorted(unknown)[0]!r} (rows: {', '.join(OPTIONS)})")
     torch.set_num_threads(args.threads)
+    rows_of = {
+        name: opts
+        for name, opts in OPTIONS.items()
+        if applies(opts, args.cell) and (not args.only or name == "none" or name in args.only)
+    }
     with native.use_native(args.loop == "compiled"):
-        fns = {name: step_of(opts, args) for name, opts in OPTIONS.items()}
+        fns = {name: step_of(opts, args) for name, opts in rows_of.items()}
         times = interleaved(fns, rounds=args.rounds, block_s=0.3)
     rows = [
         {

@@ -285,12 +285,13 @@ def test_route_forced_triton_takes_every_cell_it_handles():
         assert _route(lstm, x.half()) == LOOP
         assert _route(LayerNormLSTMCell(I, H).kernel, x) == STEPS
         assert _route(LayerNormLSTMCell(I, H).kernel, x, window=3) == LOOP
-        # recurrent dropout and zoneout around a cell it handles: its; layer norm: not
+        # recurrent dropout and zoneout around a cell it handles (layer-normalised too)
         assert _route(regularized(lstm, torch.ones(B, H), None), x) == STEPS
         keep = (torch.ones(T, B, H),)
         assert _route(regularized(CELLS["rnn_sigmoid"]().kernel, None, keep), x) == STEPS
         norm = LayerNormLSTMCell(I, H).kernel
-        assert _route(regularized(norm, torch.ones(B, H), None), x) == LOOP
+        assert _route(regularized(norm, torch.ones(B, H), None), x) == STEPS
+        assert _route(regularized(norm, torch.ones(B, H), None), x, window=3) == LOOP
 
 
 class _CudaLike:

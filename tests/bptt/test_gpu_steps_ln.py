@@ -188,11 +188,12 @@ from triton.compiler import ASTSource
 import rnnkit.bptt.triton_ln_kernels as K
 
 flags = {"HAS_MASK": True, "HAS_RESET": True, "BLOCK": 256}
+reg = {"RMASK": True, "ZH": True, "ZC": True}  # the regularizers' branches too
 cases = [
-    (K.ln_lstm_forward, flags),
-    (K.ln_lstm_backward, {**flags, "HAS_DOUT": True}),
-    (K.ln_gru_forward, {**flags, "KEEP": True}),
-    (K.ln_gru_backward, {**flags, "HAS_DOUT": False, "KEEP": False}),
+    (K.ln_lstm_forward, {**flags, **reg}),
+    (K.ln_lstm_backward, {**flags, "HAS_DOUT": True, **reg}),
+    (K.ln_gru_forward, {**flags, "KEEP": True, "ZH": True}),
+    (K.ln_gru_backward, {**flags, "HAS_DOUT": False, "KEEP": False, "ZH": True}),
 ]
 done = []
 for dtype in ("fp32", "fp64"):
@@ -201,7 +202,7 @@ for dtype in ("fp32", "fp64"):
         for name in fn.arg_names:
             if name in consts:
                 sig[name] = "constexpr"
-            elif name in ("t", "B", "H"):
+            elif name in ("t", "B", "H", "kt", "kb"):
                 sig[name] = "i32"
             else:
                 sig[name] = "*i8" if name in ("mask", "reset") else "*" + dtype

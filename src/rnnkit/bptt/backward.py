@@ -174,7 +174,10 @@ def weight_grads(
             h_prev = h_prev.index_select(0, packing.rows)
         d_hp = sweep.d_hp.reshape(h_prev.shape[0], sweep.d_hp.shape[-1])
         if sweep.d_bias_hn is not None:  # summed by the compiled loop; d_hp: ∂L/∂(W_h h)
-            d_w_hh, d_bias_hn = mm(d_hp.T, h_prev), sweep.d_bias_hn
+            # the product's operand: h_{t-1} ⊙ m under recurrent dropout (regularized.py)
+            operand = getattr(kernel, "recurrent_operand", None)
+            h_read = h_prev if operand is None else operand(h_prev)
+            d_w_hh, d_bias_hn = mm(d_hp.T, h_read), sweep.d_bias_hn
         else:
             flat_cache = tuple(c.reshape(h_prev.shape[0], c.shape[-1]) for c in record.cache)
             d_w_hh, d_bias_hn = kernel.recurrent_grads(d_xp, d_hp, h_prev, flat_cache, mm)

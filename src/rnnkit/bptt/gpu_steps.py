@@ -24,8 +24,8 @@ mixes the unmasked ``h_{t-1}``), and the launch mixes zoneout's
 ``Σ d_gatesᵀ (h_{t-1} ⊙ m)``.
 
 Cell forms: LSTM, the four GRU forms, the simple cell with tanh, relu or sigmoid, and the
-layer-normalised LSTM and GRU without the regularizers (:mod:`rnnkit.bptt.gpu_steps_ln`,
-kernels in :mod:`rnnkit.bptt.triton_ln_kernels`); float32
+layer-normalised LSTM and GRU, with zoneout and the LSTM with recurrent dropout too
+(:mod:`rnnkit.bptt.gpu_steps_ln`, kernels in :mod:`rnnkit.bptt.triton_ln_kernels`); float32
 and float64; full BPTT (a segment of truncated BPTT is one call from a given state).
 For the windowed BPTT(τ) and the segments' recompute, :func:`forward_record` runs the
 forward of a plain LSTM, GRU or simple cell and writes the PyTorch loop's record (its
@@ -116,16 +116,14 @@ def _interpreted() -> bool:
 
 def steps_handle(kernel: Kernel, x: Tensor, window: int | None, projected: bool) -> bool:
     """Whether the Triton steps compute this layer's function: an LSTM, GRU or simple
-    cell, as such or with recurrent dropout and zoneout around it
-    (:class:`~rnnkit.bptt.regularized.RegularizedKernel`), or a layer-normalised LSTM or
-    GRU without them (:mod:`rnnkit.bptt.gpu_steps_ln`); float32/float64, full BPTT, the
+    cell, or a layer-normalised LSTM or GRU (:mod:`rnnkit.bptt.gpu_steps_ln`), as such or
+    with recurrent dropout and zoneout around it
+    (:class:`~rnnkit.bptt.regularized.RegularizedKernel`); float32/float64, full BPTT, the
     input itself (not its product). Masks and resets are theirs."""
     if window is not None or projected or x.dtype not in _DTYPES:
         return False
-    if type(kernel) in LN_KERNELS:
-        return True
     inner = kernel.inner if isinstance(kernel, RegularizedKernel) else kernel
-    return type(inner) in (LSTMKernel, GRUKernel, RNNKernel)
+    return type(inner) in (LSTMKernel, GRUKernel, RNNKernel, *LN_KERNELS)
 
 
 def wants_steps(kernel: Kernel, x: Tensor, window: int | None, projected: bool) -> bool:
@@ -624,9 +622,10 @@ def run_steps(
         ``(outputs (T, B, H), final states (B, H) each)``, the state held across padding.
     """
     T, B = x.shape[0], x.shape[1]
-    if type(kernel) in LN_KERNELS:  # x: the normalised input part
-        return run_ln_steps(kernel, x, weights, states0, *_as_int8(mask, reset, T, B, x))
     kernel, reg = _regularizers(kernel, T, B, states0[0].shape[1], x)
+    if type(kernel) in LN_KERNELS:  # x: the normalised input part
+        m, r = _as_int8(mask, reset, T, B, x)
+        return run_ln_steps(kernel, x, weights, states0, m, r, (reg.rm, reg.kh, reg.kc))
     m, r = _as_int8(mask, reset, T, B, x)
     tensors = (x, *weights, *states0)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

@@ -20,8 +20,9 @@ unmasked state: ``∂L/∂a_z`` gains ``±d_h ⊙ (h_{t-1} − h_{t-1} ⊙ m) �
 
 No fused kernel computes this function: a layer with these options never takes the
 fused path. The compiled loops take the masks as inputs (``rnnkit/csrc/lstm.h``,
-``gru.h``, ``rnn.h``; the rows then stay unsorted and unpacked, the masks being per
-batch row), and so do the Triton steps on a GPU (``rnnkit.bptt.gpu_steps``); elsewhere
+``gru.h``, ``rnn.h``, and ``layer_norm.h`` for the layer-normalised LSTM and GRU; the rows
+then stay unsorted and unpacked, the masks being per batch row), and so do the Triton
+steps on a GPU (``rnnkit.bptt.gpu_steps``, ``gpu_steps_ln``); elsewhere
 the PyTorch time loop runs (``rnnkit.bptt.forward``).
 """
 
@@ -35,7 +36,7 @@ from torch import Tensor
 
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights, scratch
-from rnnkit.cells.layer_norm import LayerNormGRUKernel
+from rnnkit.cells.layer_norm import LayerNormGRUKernel, LayerNormLSTMKernel
 from rnnkit.cells.lstm import LSTMKernel
 from rnnkit.cells.rnn import RNNKernel
 from rnnkit.errors import ConfigError
@@ -226,16 +227,24 @@ class RegularizedKernel:
         cache: tuple[Tensor, ...],
         mm: Callable[[Tensor, Tensor], Tensor] = torch.mm,
     ) -> tuple[Tensor, Tensor | None]:
+        return self.inner.recurrent_grads(d_xp, d_hp, self.recurrent_operand(h_prev), cache, mm)
+
+    def recurrent_operand(self, h_prev: Tensor) -> Tensor:
+        """What the recurrent product read, for ``h_prev (T·B, H)`` (every step's
+        ``h_{t-1}``, unpacked): ``h_{t-1} ⊙ m`` under recurrent dropout, else ``h_prev``.
+        The weight gradients read it (``∂L/∂W_hh = Σ_t d_qᵀ (h_{t-1} ⊙ m)``)."""
         m = self.recurrent_mask
-        if m is not None:  # the product read h ⊙ m
-            B, H = m.shape
-            h_prev = (h_prev.view(-1, B, H) * m).view(-1, H)
-        return self.inner.recurrent_grads(d_xp, d_hp, h_prev, cache, mm)
+        if m is None:
+            return h_prev
+        B, H = m.shape
+        return (h_prev.view(-1, B, H) * m).view(-1, H)
 
 
 class CompiledRegularized(RegularizedKernel):
     """:class:`RegularizedKernel` with the compiled loop's forward and backward, which
-    take the same masks (``rnnkit/csrc/lstm.h``, ``gru.h``, ``rnn.h``). ``unsorted``:
+    take the same masks (``rnnkit/csrc/lstm.h``, ``gru.h``, ``rnn.h``, ``layer_norm.h``;
+    a layer-normalised cell's backward sums its gains' gradients itself, and the weight
+    gradients read :meth:`recurrent_operand`). ``unsorted``:
     the time loop keeps the batch's row order and packs no steps (the masks are per batch
     row)."""
 
@@ -271,7 +280,8 @@ class CompiledRegularized(RegularizedKernel):
         )
         if self.zoned and not self._keeps_candidates:
             # the PyTorch backward's layout (the cell's cache, then h̃): the LSTM's and
-            # GRU's backward never read h̃ (their derivatives come from the gates), so
+            # GRU's backward (layer-normalised too) never read h̃ (their derivatives come
+            # from the gates and the cached normalisations), so
             # the states stand in for it, should that backward follow this forward
             cache = (*cache, *(states[k][1:] for k in self.zoned))
         return states, cache, outputs
@@ -304,12 +314,14 @@ def regularized(
     inner: StepKernel, recurrent_mask: Tensor | None, keep: tuple[Tensor, ...] | None
 ) -> RegularizedKernel:
     """The kernel of ``inner`` with these masks, in the compiled loop where that loop runs
-    (the three cells), else in the PyTorch loop."""
+    (the three cells and the layer-normalised LSTM and GRU), else in the PyTorch loop."""
     if recurrent_mask is not None and isinstance(inner, LayerNormGRUKernel):
         raise ConfigError(
             "recurrent_dropout has no layer-normalised GRU form (its update mixes the "
             "unmasked state): use zoneout or weight_drop"
         )
-    if isinstance(inner, (LSTMKernel, GRUKernel, RNNKernel)):
+    if isinstance(
+        inner, (LSTMKernel, GRUKernel, RNNKernel, LayerNormLSTMKernel, LayerNormGRUKernel)
+    ):
         return CompiledRegularized(inner, recurrent_mask, keep)
     return RegularizedKernel(inner, recurrent_mask, keep)

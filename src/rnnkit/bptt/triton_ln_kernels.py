@@ -10,6 +10,13 @@ the same meaning), and the caches of :mod:`rnnkit.cells.layer_norm`: ``nq (T, B,
 ``tc (T, B, H)`` tanh(ν(c_t) γ_c + β_c); the GRU's ``qn (T, B, H)`` the normalised
 ``q_n`` plus ``b_hn``. ``gains``: the weights' ``bias_hn`` (``[γ_h; γ_c; β_c]`` or
 ``[γ_h; b_hn]``). Backward of ν: ``∂L/∂v = s (d − mean(d) − n ⊙ mean(d ⊙ n))``.
+
+Recurrent dropout (``RMASK``, the LSTM's only) and zoneout (``ZH``, ``ZC``) as in
+:mod:`rnnkit.bptt.triton_kernels`: ``rm (B, H)``, ``hm (B, H)`` the next step's product
+operand ``h_t ⊙ m`` that the forward launch writes, ``kh``/``kc`` the keep factors read
+at ``t·kt + b·kb + j`` (a stride 0 where a factor does not vary); the backward's ``d_h``
+is then ∂L/∂(h_t ⊙ m) and ``direct`` the rest. The caches stay the cell's step's (its
+backward reads no ``h̃_t`` or ``c̃_t``).
 """
 
 from __future__ import annotations
@@ -17,7 +24,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rnnkit.bptt.triton_kernels import _flags, _incoming, _sigmoid, _tanh
+from rnnkit.bptt.triton_kernels import (
+    _carried,
+    _flags,
+    _incoming,
+    _sigmoid,
+    _split,
+    _store_state,
+    _tanh,
+    _zone,
+)
 
 EPS = tl.constexpr(1e-5)  # rnnkit.cells.normalization.EPS
 
@@ -45,8 +61,9 @@ def _centred(v, ok):
 
 @triton.jit(do_not_specialize=["t"])
 def ln_lstm_forward(
-    gates, hw, hs, cs, nq, iq, nc, ic, tc, gains, mask, reset, t, B, H,
-    HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, BLOCK: tl.constexpr,
+    gates, hw, hs, cs, nq, iq, nc, ic, tc, gains, mask, reset, t, B, H, rm, hm, kh, kc, kt, kb,
+    HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, RMASK: tl.constexpr, ZH: tl.constexpr,
+    ZC: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Step t of row b: ``gates[t]`` holds ``ν(W_x x) γ_x + b`` on entry, the activated
     i, f, g, o on exit; ``h_t``, ``c_t`` into ``hs[t + 1]``, ``cs[t + 1]``."""
@@ -103,16 +120,18 @@ def ln_lstm_forward(
     tl.store(nc + c_at, n_c, mask=ok)
     tl.store(ic + row + j * 0, n_c * 0.0 + inv_c, mask=j == 0)
     tl.store(tc + c_at, th, mask=ok)
-    tl.store(hs + s_at + B * H, tl.where(real, o * th, hp), mask=ok)
+    h = _zone(o * th, hp, kh, t * kt + b * kb + j, ok, ZH)
+    c = _zone(c, cp, kc, t * kt + b * kb + j, ok, ZC)
+    _store_state(hs, hm, rm, s_at + B * H, b * H + j, ok, real, h, hp, RMASK)
     tl.store(cs + s_at + B * H, tl.where(real, c, cp), mask=ok)
 
 
 @triton.jit(do_not_specialize=["t"])
 def ln_lstm_backward(
     gates, cs, nq, iq, nc, ic, tc, gains, mask, reset, d_h, d_c, d_out, d_xp, d_q, d_hat,
-    direct, t, B, H,
+    direct, t, B, H, rm, kh, kc, kt, kb,
     HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, HAS_DOUT: tl.constexpr,
-    BLOCK: tl.constexpr,
+    RMASK: tl.constexpr, ZH: tl.constexpr, ZC: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Step t of row b: the pre-activations' gradients into ``d_xp[t]``, ∂L/∂(W_h h_{t-1})
     into ``d_q[t]``, ∂L/∂ĉ into ``d_hat[t]`` (ĉ = ν(c) γ_c + β_c); ``d_c`` becomes
@@ -126,10 +145,13 @@ def ln_lstm_backward(
     row = t * B + b
     s_at = t * B * H + b * H + j
     o_at = b * H + j
-    dh = _incoming(tl.load(d_h + o_at, mask=ok, other=0.0), reset, t, B, bv, ok, d_out,
+    dh = _incoming(_carried(d_h, direct, rm, o_at, ok, RMASK), reset, t, B, bv, ok, d_out,
                    s_at, HAS_RESET, HAS_DOUT)  # fmt: skip
     dc = _incoming(tl.load(d_c + o_at, mask=ok, other=0.0), reset, t, B, bv, ok, d_out,
                    o_at, HAS_RESET, False)  # fmt: skip
+    # zoneout: the cell's step gets (1 − d) of each gradient, h_{t-1} (c_{t-1}) the rest
+    dh_cell, dh_keep = _split(dh, kh, t * kt + b * kb + j, ok, ZH)
+    dc_cell, dc_keep = _split(dc, kc, t * kt + b * kb + j, ok, ZC)
     g_at = gates + row * 4 * H + j
     i = tl.load(g_at, mask=ok, other=0.0)
     f = tl.load(g_at + H, mask=ok, other=0.0)
@@ -140,14 +162,14 @@ def ln_lstm_backward(
     n_c = tl.load(nc + c_at, mask=ok, other=0.0)
     inv_c = tl.load(ic + row + j * 0, mask=ok, other=0.0)
     cp = tl.where(zero, 0.0, tl.load(cs + s_at, mask=ok, other=0.0))
-    dhat = tl.where(real, dh * o * (1.0 - th * th), 0.0)
+    dhat = tl.where(real, dh_cell * o * (1.0 - th * th), 0.0)
     tl.store(d_hat + c_at, dhat, mask=ok)
     u = dhat * tl.load(gains + 4 * H + j, mask=ok, other=0.0)
-    dct = dc + inv_c * (u - _sum(u) / H - n_c * (_sum(u * n_c) / H))
+    dct = dc_cell + inv_c * (u - _sum(u) / H - n_c * (_sum(u * n_c) / H))
     di = tl.where(real, dct * g * i * (1.0 - i), 0.0)
     df = tl.where(real, dct * cp * f * (1.0 - f), 0.0)
     dg = tl.where(real, dct * i * (1.0 - g * g), 0.0)
-    do = tl.where(real, dh * th * o * (1.0 - o), 0.0)
+    do = tl.where(real, dh_cell * th * o * (1.0 - o), 0.0)
     d_at = d_xp + row * 4 * H + j
     tl.store(d_at, di, mask=ok)
     tl.store(d_at + H, df, mask=ok)
@@ -171,14 +193,15 @@ def ln_lstm_backward(
     tl.store(q_at + H, inv * (vf - mv - nf * mvn), mask=ok)
     tl.store(q_at + 2 * H, inv * (vg - mv - ng * mvn), mask=ok)
     tl.store(q_at + 3 * H, inv * (vo - mv - no * mvn), mask=ok)
-    tl.store(d_c + o_at, tl.where(real, dct * f, dc), mask=ok)
-    tl.store(direct + o_at, tl.where(real, 0.0, dh), mask=ok)
+    tl.store(d_c + o_at, tl.where(real, dct * f + dc_keep, dc), mask=ok)
+    tl.store(direct + o_at, tl.where(real, dh_keep, dh), mask=ok)
 
 
 @triton.jit(do_not_specialize=["t"])
 def ln_gru_forward(
-    gates, hw, hs, nq, iq, qn, gains, mask, reset, t, B, H,
-    HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr,
+    gates, hw, hs, nq, iq, qn, gains, mask, reset, t, B, H, kh, kt, kb,
+    HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, KEEP: tl.constexpr, ZH: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Step t of row b: ``gates[t]`` holds ``ν(W_x x) γ_x + b`` on entry, the activated
     r, z, n on exit; ``h_t`` into ``hs[t + 1]``."""
@@ -219,15 +242,16 @@ def ln_gru_forward(
     s_at = t * B * H + b * H + j
     hp = tl.where(zero, 0.0, tl.load(hs + s_at, mask=ok, other=0.0))
     zk = z if KEEP else 1.0 - z  # keep: h = z h_{t-1} + (1 − z) n; candidate: z ↔ 1 − z
-    h = zk * hp + (1.0 - zk) * n
+    h = _zone(zk * hp + (1.0 - zk) * n, hp, kh, t * kt + b * kb + j, ok, ZH)
     tl.store(hs + s_at + B * H, tl.where(real, h, hp), mask=ok)
 
 
 @triton.jit(do_not_specialize=["t"])
 def ln_gru_backward(
     gates, hs, nq, iq, qn, gains, mask, reset, d_h, d_out, d_xp, d_q, d_qn, direct, t, B, H,
+    kh, kt, kb,
     HAS_MASK: tl.constexpr, HAS_RESET: tl.constexpr, HAS_DOUT: tl.constexpr,
-    KEEP: tl.constexpr, BLOCK: tl.constexpr,
+    KEEP: tl.constexpr, ZH: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Step t of row b: ``d_xp[t]`` the gradients of p (r, z, n), ``d_qn[t]`` ∂L/∂q_n,
     ``d_q[t]`` ∂L/∂(W_h h_{t-1}); ``direct`` the part of ∂L/∂h_{t-1} outside
@@ -248,10 +272,12 @@ def ln_gru_backward(
     z = tl.load(g_at + H, mask=ok, other=0.0)
     n = tl.load(g_at + 2 * H, mask=ok, other=0.0)
     hp = tl.where(zero, 0.0, tl.load(hs + s_at, mask=ok, other=0.0))
+    # zoneout (the kept share 0 without)
+    dh_cell, dh_keep = _split(dh, kh, t * kt + b * kb + j, ok, ZH)
     if KEEP:
-        dz, dn, keep = dh * (hp - n), dh * (1.0 - z), dh * z
+        dz, dn, keep = dh_cell * (hp - n), dh_cell * (1.0 - z), dh_cell * z + dh_keep
     else:
-        dz, dn, keep = dh * (n - hp), dh * z, dh * (1.0 - z)
+        dz, dn, keep = dh_cell * (n - hp), dh_cell * z, dh_cell * (1.0 - z) + dh_keep
     dan = tl.where(real, dn * (1.0 - n * n), 0.0)
     q_n = tl.load(qn + row * H + j, mask=ok, other=0.0)
     dqn = dan * r

@@ -24,9 +24,9 @@ the time loop as its input (``LayerNormLSTMKernel.reads_projected``); the loop
 runs the rest, with the hand-written backward of :meth:`LayerNormLSTMKernel.step_backward`.
 On the CPU the compiled loop runs it (``rnnkit/csrc/layer_norm.h``: the same caches and
 backward; the kernels' ``native_forward``/``native_backward``), on a GPU the Triton steps
-(``rnnkit.bptt.gpu_steps_ln``), elsewhere the PyTorch loop — and with recurrent dropout
-or zoneout (``rnnkit.bptt.regularized``), on every
-device: the compiled loop takes no masks for these cells.
+(``rnnkit.bptt.gpu_steps_ln``), elsewhere the PyTorch loop. With recurrent dropout (the
+LSTM's only) or zoneout (``rnnkit.bptt.regularized``) the compiled loop and the Triton
+steps take their masks as inputs.
 """
 
 from __future__ import annotations
@@ -67,9 +67,10 @@ def _gains(w: Weights) -> Tensor:
     return w.bias_hn.contiguous()
 
 
-def _no_regularizers(reg: tuple[Tensor | None, ...] | None) -> None:
-    if reg is not None and any(r is not None for r in reg):
-        raise NotImplementedError("recurrent dropout and zoneout run the PyTorch loop here")
+def _regularizers(reg: tuple[Tensor | None, ...] | None, n: int) -> tuple[Tensor | None, ...]:
+    """The compiled loop's regularizer inputs: recurrent dropout's mask, then zoneout's keep
+    factor of each of the ``n`` states (``CompiledRegularized``), None where not given."""
+    return tuple(reg) if reg is not None else (None,) * (1 + n)
 
 
 def layer_norm_lstm_step(xp: Tensor, state: LSTMState, w: Weights) -> LSTMState:
@@ -232,12 +233,12 @@ class LayerNormLSTMKernel:
         projected: bool = False,
         reg: tuple[Tensor | None, ...] | None = None,
     ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], Tensor | None]:
-        """``x``: the input part (read, never written); ``reg`` is never given (recurrent
-        dropout and zoneout keep a layer-normalised cell on the PyTorch loop)."""
-        _no_regularizers(reg)
+        """``x``: the input part (read, never written); ``reg``: recurrent dropout's mask and
+        zoneout's keep factors of h and c (``rnnkit.bptt.regularized``), on unsorted and
+        unpacked rows."""
         hs, cs, *cache = lib.ln_lstm_forward(
             _rows(x, T, B, offsets), w.weight_hh.contiguous(), w.bias.contiguous(),
-            _gains(w), *states0, mask, save, offsets,
+            _gains(w), *states0, mask, save, offsets, *_regularizers(reg, 2),
         )  # fmt: skip
         return (hs, cs), tuple(cache), None
 
@@ -254,12 +255,12 @@ class LayerNormLSTMKernel:
         reg: tuple[Tensor | None, ...] | None = None,
     ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None, Tensor]:
         """Also the gradients of the gains and the bias, summed by the loop: its ``d_hp`` is
-        ∂L/∂(W_h h_{t-1}) alone (``Kernel.native_backward``)."""
-        _no_regularizers(reg)
+        ∂L/∂(W_h h_{t-1}) alone (``Kernel.native_backward``); ``reg`` as the forward's."""
         d_xp, d_q, d_gains, d_bias, d_h0, d_c0 = lib.ln_lstm_backward(
             [c.contiguous() for c in record.cache], record.states[1].contiguous(),
             w.weight_hh.contiguous(), _gains(w), mask,
             None if d_out is None else d_out.contiguous(), *d_states, offsets,
+            *_regularizers(reg, 2),
         )  # fmt: skip
         return d_xp, d_q, (d_h0, d_c0), None, d_bias, d_gains
 
@@ -470,10 +471,13 @@ class LayerNormGRUKernel:
         projected: bool = False,
         reg: tuple[Tensor | None, ...] | None = None,
     ) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], Tensor | None]:
-        _no_regularizers(reg)
+        """As :meth:`LayerNormLSTMKernel.native_forward`: zoneout only (no recurrent
+        dropout: ``rnnkit.bptt.regularized.regularized`` refuses it for this cell)."""
+        rec_mask, keep_h = _regularizers(reg, 1)
+        assert rec_mask is None
         hs, *cache = lib.ln_gru_forward(
             _rows(x, T, B, offsets), w.weight_hh.contiguous(), w.bias.contiguous(),
-            _gains(w), states0[0], mask, save, self.update == "keep", offsets,
+            _gains(w), states0[0], mask, save, self.update == "keep", offsets, keep_h,
         )  # fmt: skip
         return (hs,), tuple(cache), None
 
@@ -489,12 +493,13 @@ class LayerNormGRUKernel:
         need_x: bool = False,
         reg: tuple[Tensor | None, ...] | None = None,
     ) -> tuple[Tensor, Tensor, tuple[Tensor, ...], Tensor | None, Tensor | None, Tensor]:
-        _no_regularizers(reg)
+        rec_mask, keep_h = _regularizers(reg, 1)
+        assert rec_mask is None
         d_xp, d_q, d_gains, d_bias, d_h0 = lib.ln_gru_backward(
             [c.contiguous() for c in record.cache], record.states[0].contiguous(),
             w.weight_hh.contiguous(), _gains(w), mask,
             None if d_out is None else d_out.contiguous(), d_states[0],
-            self.update == "keep", offsets,
+            self.update == "keep", offsets, keep_h,
         )  # fmt: skip
         return d_xp, d_q, (d_h0,), None, d_bias, d_gains
 

@@ -62,4 +62,25 @@ const T* opt_ptr(const std::optional<Tensor>& t) {
   return t.has_value() ? t->data_ptr<T>() : nullptr;
 }
 
+// Recurrent dropout's mask (B, H) and zoneout's keep factors (T, B, H), each contiguous in
+// the states' dtype, on unsorted and unpacked rows (steps.h, Regularizers).
+template <typename T>
+Regularizers<T> regularizers_of(const std::optional<Tensor>& m, const std::optional<Tensor>& kh,
+                                const std::optional<Tensor>& kc, const Steps& S, int64_t Tn,
+                                int64_t B, int64_t H, const Tensor& like) {
+  const auto ok = [&](const std::optional<Tensor>& t, const char* name, at::IntArrayRef shape) {
+    if (!t.has_value()) return;
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->sizes() == shape &&
+                    t->scalar_type() == like.scalar_type(),
+                name, " must be contiguous ", shape, " of the states' dtype on the CPU, got ",
+                t->sizes());
+  };
+  ok(m, "rec_mask", {B, H});
+  ok(kh, "keep_h", {Tn, B, H});
+  ok(kc, "keep_c", {Tn, B, H});
+  Regularizers<T> rg{opt_ptr<T>(m), opt_ptr<T>(kh), opt_ptr<T>(kc)};
+  TORCH_CHECK(!rg.any() || !S.packed(), "recurrent dropout and zoneout need unpacked rows");
+  return rg;
+}
+
 }  // namespace

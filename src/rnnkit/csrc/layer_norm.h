@@ -5,6 +5,9 @@
 // the gates and, for the LSTM, the normalisation of c_t. The caches are those of the
 // PyTorch loop's kernels (LayerNormLSTMKernel, LayerNormGRUKernel), so that either loop's
 // forward pairs with either loop's backward, and the gains' gradients are theirs.
+// Recurrent dropout (the LSTM's only) and zoneout as in lstm.h (steps.h, Regularizers): the
+// product reads h_{t-1} ⊙ m, zoneout mixes after the step; the caches stay the cell's step's
+// (its backward reads no h̃_t, c̃_t), so that RegularizedKernel's layout pairs as well.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -268,13 +271,16 @@ void ln_gru_bwd_row(const T* __restrict a, const T* __restrict qn, const T* __re
 
 // The forward loop of one row block. xp: the input part (step buffer of G·H, read only);
 // hs (T + 1, B, H) and, for the LSTM, cs (T + 1, B, H) with the initial states in row 0;
-// rec: B·G·H scratch. A hole (M false) holds the state; finished rows are held.
+// rec: B·G·H scratch. A hole (M false) holds the state; finished rows are held. rg: the
+// regularizers, on unpacked rows (no recurrent mask for the GRU).
 template <typename T, int G, bool KEEP>
 void ln_forward_impl(const T* xp, const StepMatrix<T>& W, const T* bias, const T* gains, T* rec,
                      T* hs, T* cs, const LnCache<T>& C, bool save, const bool* M, const Steps& S,
-                     int64_t Tn, int64_t B, int64_t H, int64_t r0, int64_t r1) {
+                     int64_t Tn, int64_t B, int64_t H, int64_t r0, int64_t r1,
+                     const Regularizers<T>& rg) {
   const int64_t GH = G * H;
   rec += r0 * GH;
+  std::vector<T> hm(rg.m ? (r1 - r0) * H : 0);  // h_{t-1} ⊙ m, the product's operand
   for (int64_t t = 0; t < Tn; ++t) {
     const int64_t bt = block_active(S.act[t], r0, r1);
     const int64_t row = (save ? S.row(t) : 0) + r0;  // this block's first cache row
@@ -284,7 +290,12 @@ void ln_forward_impl(const T* xp, const StepMatrix<T>& W, const T* bias, const T
     const T* cp = G == 4 ? cs + (t * B + r0) * H : nullptr;
     T* cn = G == 4 ? cs + ((t + 1) * B + r0) * H : nullptr;
     const bool* m = M ? M + t * B + r0 : nullptr;
-    W.mm(bt, hp, H, T(0), rec, GH);  // h_{t-1} W_hh^T
+    const T* hq = hp;
+    if (rg.m) {
+      for (int64_t k = 0; k < bt * H; ++k) hm[k] = hp[k] * rg.m[r0 * H + k];
+      hq = hm.data();
+    }
+    W.mm(bt, hq, H, T(0), rec, GH);  // h_{t-1} W_hh^T (of h_{t-1} ⊙ m)
     for (int64_t b = 0; b < bt; ++b) {
       if constexpr (G == 4)
         ln_lstm_fwd_row<T>(x + b * GH, rec + b * GH, bias, gains, cp + b * H, C.row(0, row + b),
@@ -294,6 +305,9 @@ void ln_forward_impl(const T* xp, const StepMatrix<T>& W, const T* bias, const T
         ln_gru_fwd_row<T, KEEP>(x + b * GH, rec + b * GH, bias, gains, hp + b * H,
                                 C.row(0, row + b), C.row(1, row + b), C.row(2, row + b),
                                 C.row(3, row + b), hn + b * H, H);
+      const int64_t kb = (t * B + r0 + b) * H;  // this row's keep factors
+      if (rg.kh) zone_row(hn + b * H, hp + b * H, rg.kh + kb, H);
+      if (G == 4 && rg.kc) zone_row(cn + b * H, cp + b * H, rg.kc + kb, H);
       if (m && !m[b]) {  // a hole: hold the state
         std::memcpy(hn + b * H, hp + b * H, H * sizeof(T));
         if (G == 4) std::memcpy(cn + b * H, cp + b * H, H * sizeof(T));
@@ -311,16 +325,20 @@ void ln_forward_impl(const T* xp, const StepMatrix<T>& W, const T* bias, const T
 // buffers of G·H, the pre-activations' gradient and ∂L/∂q (q = h_{t-1} W_hh^T), zero at
 // holes and finished rows. dg: this block's sum over its rows of the gains' gradient (NG
 // entries: ln_gains_width), then of the bias's (G·H), summed while the rows are in cache (a
-// pass over the step buffers afterwards would read them again).
+// pass over the step buffers afterwards would read them again). rg: as the forward's.
 template <typename T, int G, bool KEEP>
 void ln_backward_impl(const LnCache<T>& C, const T* hs, const T* cs, const StepMatrix<T>& W,
                       const T* gains, const bool* M, const Steps& S, const T* dout, T* dxp, T* dhp,
-                      T* dg, T* dh, T* dc, int64_t Tn, int64_t B, int64_t H, int64_t r0,
-                      int64_t r1) {
+                      T* dg, T* dh, T* dc, int64_t Tn, int64_t B, int64_t H, int64_t r0, int64_t r1,
+                      const Regularizers<T>& rg) {
   const int64_t GH = G * H, RW = GH, NG = ln_gains_width(G, H);
   dh += r0 * H;
   if (G == 4) dc += r0 * H;
   std::vector<T> u(H);
+  // zoneout: the part of ∂L/∂h_t that reaches h_{t-1} directly, d_h ⊙ d (added after the
+  // product); which rows ran the cell's step (not holes, not finished)
+  std::vector<T> direct(rg.kh ? (r1 - r0) * H : 0), dcd(rg.kc ? H : 0);
+  std::vector<char> ran(rg.any() ? r1 - r0 : 0);
   for (int64_t t = Tn - 1; t >= 0; --t) {
     const int64_t bt = block_active(S.act[t], r0, r1);
     const int64_t row = S.row(t) + r0;
@@ -329,12 +347,16 @@ void ln_backward_impl(const LnCache<T>& C, const T* hs, const T* cs, const StepM
     const bool* m = M ? M + t * B + r0 : nullptr;
     if (dout) add_into(dh, dout + (t * B + r0) * H, (r1 - r0) * H);
     for (int64_t b = 0; b < bt; ++b) {
+      if (rg.any()) ran[b] = 0;
       if (m && !m[b]) {  // a hole: no gradient of its pre-activations, d_h (d_c) pass
         std::memset(dx + b * GH, 0, GH * sizeof(T));
         std::memset(dr + b * RW, 0, RW * sizeof(T));
         continue;
       }
-      const int64_t k = row + b;
+      const int64_t k = row + b, kb = (t * B + r0 + b) * H;
+      // d_h̃ = d_h (1 − d); d_h d reaches h_{t-1} directly (c the same)
+      if (rg.kh) zone_split(dh + b * H, rg.kh + kb, direct.data() + b * H, H);
+      if (G == 4 && rg.kc) zone_split(dc + b * H, rg.kc + kb, dcd.data(), H);
       if constexpr (G == 4)
         ln_lstm_bwd_row<T>(C.row(0, k), C.row(1, k), C.row(2, k)[0], C.row(3, k), C.row(4, k)[0],
                            C.row(5, k), cs + (t * B + r0 + b) * H, gains, dh + b * H, dc + b * H,
@@ -343,12 +365,22 @@ void ln_backward_impl(const LnCache<T>& C, const T* hs, const T* cs, const StepM
         ln_gru_bwd_row<T, KEEP>(C.row(0, k), C.row(1, k), C.row(2, k), C.row(3, k)[0],
                                 hs + (t * B + r0 + b) * H, gains, dh + b * H, dx + b * GH,
                                 dr + b * RW, dg, dg + NG, H);
+      if (G == 4 && rg.kc) add_into(dc + b * H, dcd.data(), H);
+      if (rg.any()) ran[b] = 1;
     }
     if (!S.packed()) {
       zero_rows(dx, bt, r1 - r0, GH);
       zero_rows(dr, bt, r1 - r0, RW);
     }
     W.mm(bt, dr, RW, T(1), dh, H);  // d_h_prev += ∂L/∂q W_hh
+    if (rg.m || rg.kh)
+      for (int64_t b = 0; b < bt; ++b) {
+        if (!ran[b]) continue;
+        T* dhb = dh + b * H;
+        if (rg.m)  // the product read h_{t-1} ⊙ m (the LSTM's: dh held only ∂L/∂q W_hh)
+          for (int64_t j = 0; j < H; ++j) dhb[j] *= rg.m[(r0 + b) * H + j];
+        if (rg.kh) add_into(dhb, direct.data() + b * H, H);
+      }
   }
 }
 
@@ -385,10 +417,14 @@ LnCache<T> ln_cache_of(const std::vector<Tensor>& caches, const std::vector<int6
 // xp: the input part (T, B, G·H), or (N, G·H) packed with offsets; read only. states0:
 // h0 (and c0) (B, H). Returns the states (T + 1, B, H), then the caches (ln_cache_widths):
 // without save, one step's scratch (expanded over T where unpacked).
+// rec_mask (the LSTM's only), keep_h, keep_c: the regularizers (steps.h), or none.
 std::vector<Tensor> ln_forward(const Tensor& xp, const Tensor& w_hh, const Tensor& bias,
                                const Tensor& gains, const std::vector<Tensor>& states0,
                                const std::optional<Tensor>& mask, bool save, bool keep,
-                               const std::optional<Tensor>& offsets, int64_t G) {
+                               const std::optional<Tensor>& offsets, int64_t G,
+                               const std::optional<Tensor>& rec_mask,
+                               const std::optional<Tensor>& keep_h,
+                               const std::optional<Tensor>& keep_c) {
   const int64_t Tn = steps_of(xp, offsets), B = states0[0].size(0), H = states0[0].size(1);
   ln_check_weights(w_hh, gains, G, H, xp);
   check(bias, "bias", 1);
@@ -415,9 +451,11 @@ std::vector<Tensor> ln_forward(const Tensor& xp, const Tensor& w_hh, const Tenso
              : keep ? ln_forward_impl<scalar_t, 3, true>
                     : ln_forward_impl<scalar_t, 3, false>;
     scalar_t* cs = G == 4 ? out[1].data_ptr<scalar_t>() : nullptr;
+    const auto rg = regularizers_of<scalar_t>(rec_mask, keep_h, keep_c, S, Tn, B, H, xp);
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(xp.data_ptr<scalar_t>(), W, bias.data_ptr<scalar_t>(), gains.data_ptr<scalar_t>(),
-        rec.data_ptr<scalar_t>(), out[0].data_ptr<scalar_t>(), cs, C, save, M, S, Tn, B, H, r0, r1);
+        rec.data_ptr<scalar_t>(), out[0].data_ptr<scalar_t>(), cs, C, save, M, S, Tn, B, H, r0, r1,
+        rg);
     });
   });
   for (size_t k = 0; k < caches.size(); ++k) {
@@ -435,7 +473,10 @@ std::vector<Tensor> ln_backward(at::TensorList cache, const Tensor& states, cons
                                 const Tensor& gains, const std::optional<Tensor>& mask,
                                 const std::optional<Tensor>& d_out, const Tensor& d_h,
                                 const std::optional<Tensor>& d_c, bool keep,
-                                const std::optional<Tensor>& offsets, int64_t G) {
+                                const std::optional<Tensor>& offsets, int64_t G,
+                                const std::optional<Tensor>& rec_mask,
+                                const std::optional<Tensor>& keep_h,
+                                const std::optional<Tensor>& keep_c) {
   check(states, G == 4 ? "cs" : "hs", 3);
   const int64_t Tn = states.size(0) - 1, B = states.size(1), H = states.size(2);
   ln_check_weights(w_hh, gains, G, H, states);
@@ -468,11 +509,12 @@ std::vector<Tensor> ln_backward(at::TensorList cache, const Tensor& states, cons
                     : ln_backward_impl<scalar_t, 3, false>;
     const scalar_t* s = states.data_ptr<scalar_t>();
     scalar_t* dc = G == 4 ? d_c->data_ptr<scalar_t>() : nullptr;
+    const auto rg = regularizers_of<scalar_t>(rec_mask, keep_h, keep_c, S, Tn, B, H, states);
     over_blocks(B, S, [&](int64_t r0, int64_t r1) {
       f(C, G == 4 ? nullptr : s, G == 4 ? s : nullptr, W, gains.data_ptr<scalar_t>(), M, S,
         opt_ptr<scalar_t>(d_out), dxp.data_ptr<scalar_t>(), dhp.data_ptr<scalar_t>(),
-        dg.data_ptr<scalar_t>() + r0 * (ng + G * H), d_h.data_ptr<scalar_t>(), dc, Tn, B, H, r0,
-        r1);
+        dg.data_ptr<scalar_t>() + r0 * (ng + G * H), d_h.data_ptr<scalar_t>(), dc, Tn, B, H, r0, r1,
+        rg);
     });
   });
   const Tensor sums = dg.sum(0);
@@ -481,29 +523,38 @@ std::vector<Tensor> ln_backward(at::TensorList cache, const Tensor& states, cons
   return out;
 }
 
-// The operators (registered in loop.cpp).
+// The operators (registered in loop.cpp). The GRU takes zoneout only: recurrent dropout
+// has no layer-normalised GRU form (rnnkit/bptt/regularized.py).
 std::vector<Tensor> ln_lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor gains, Tensor h0,
                                     Tensor c0, std::optional<Tensor> mask, bool save,
-                                    std::optional<Tensor> offsets) {
-  return ln_forward(xp, w_hh, bias, gains, {h0, c0}, mask, save, false, offsets, 4);
+                                    std::optional<Tensor> offsets, std::optional<Tensor> rec_mask,
+                                    std::optional<Tensor> keep_h, std::optional<Tensor> keep_c) {
+  return ln_forward(xp, w_hh, bias, gains, {h0, c0}, mask, save, false, offsets, 4, rec_mask,
+                    keep_h, keep_c);
 }
 
 std::vector<Tensor> ln_gru_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor gains, Tensor h0,
                                    std::optional<Tensor> mask, bool save, bool keep,
-                                   std::optional<Tensor> offsets) {
-  return ln_forward(xp, w_hh, bias, gains, {h0}, mask, save, keep, offsets, 3);
+                                   std::optional<Tensor> offsets, std::optional<Tensor> keep_h) {
+  return ln_forward(xp, w_hh, bias, gains, {h0}, mask, save, keep, offsets, 3, std::nullopt, keep_h,
+                    std::nullopt);
 }
 
 std::vector<Tensor> ln_lstm_backward(at::TensorList cache, Tensor cs, Tensor w_hh, Tensor gains,
                                      std::optional<Tensor> mask, std::optional<Tensor> d_out,
-                                     Tensor d_h, Tensor d_c, std::optional<Tensor> offsets) {
-  return ln_backward(cache, cs, w_hh, gains, mask, d_out, d_h, d_c, false, offsets, 4);
+                                     Tensor d_h, Tensor d_c, std::optional<Tensor> offsets,
+                                     std::optional<Tensor> rec_mask, std::optional<Tensor> keep_h,
+                                     std::optional<Tensor> keep_c) {
+  return ln_backward(cache, cs, w_hh, gains, mask, d_out, d_h, d_c, false, offsets, 4, rec_mask,
+                     keep_h, keep_c);
 }
 
 std::vector<Tensor> ln_gru_backward(at::TensorList cache, Tensor hs, Tensor w_hh, Tensor gains,
                                     std::optional<Tensor> mask, std::optional<Tensor> d_out,
-                                    Tensor d_h, bool keep, std::optional<Tensor> offsets) {
-  return ln_backward(cache, hs, w_hh, gains, mask, d_out, d_h, std::nullopt, keep, offsets, 3);
+                                    Tensor d_h, bool keep, std::optional<Tensor> offsets,
+                                    std::optional<Tensor> keep_h) {
+  return ln_backward(cache, hs, w_hh, gains, mask, d_out, d_h, std::nullopt, keep, offsets, 3,
+                     std::nullopt, keep_h, std::nullopt);
 }
 
 }  // namespace

@@ -25,27 +25,6 @@
 
 namespace {
 
-// Recurrent dropout's mask (B, H) and zoneout's keep factors (T, B, H), each contiguous in
-// the states' dtype, on unsorted and unpacked rows (lstm.h, Regularizers).
-template <typename T>
-Regularizers<T> regularizers_of(const std::optional<Tensor>& m, const std::optional<Tensor>& kh,
-                                const std::optional<Tensor>& kc, const Steps& S, int64_t Tn,
-                                int64_t B, int64_t H, const Tensor& like) {
-  const auto ok = [&](const std::optional<Tensor>& t, const char* name, at::IntArrayRef shape) {
-    if (!t.has_value()) return;
-    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->sizes() == shape &&
-                    t->scalar_type() == like.scalar_type(),
-                name, " must be contiguous ", shape, " of the states' dtype on the CPU, got ",
-                t->sizes());
-  };
-  ok(m, "rec_mask", {B, H});
-  ok(kh, "keep_h", {Tn, B, H});
-  ok(kc, "keep_c", {Tn, B, H});
-  Regularizers<T> rg{opt_ptr<T>(m), opt_ptr<T>(kh), opt_ptr<T>(kc)};
-  TORCH_CHECK(!rg.any() || !S.packed(), "recurrent dropout and zoneout need unpacked rows");
-  return rg;
-}
-
 template <typename T>
 T* opt_out_ptr(std::optional<Tensor>& t) {
   return t.has_value() ? t->data_ptr<T>() : nullptr;
@@ -528,19 +507,22 @@ TORCH_LIBRARY(rnnkit_native, m) {
       &gru_backward);
   m.def(
       "ln_lstm_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor gains, Tensor h0, Tensor c0, "
-      "Tensor? mask, bool save, Tensor? offsets=None) -> Tensor[]",
+      "Tensor? mask, bool save, Tensor? offsets=None, Tensor? rec_mask=None, "
+      "Tensor? keep_h=None, Tensor? keep_c=None) -> Tensor[]",
       &ln_lstm_forward);
   m.def(
       "ln_gru_forward(Tensor xp, Tensor w_hh, Tensor bias, Tensor gains, Tensor h0, Tensor? mask, "
-      "bool save, bool keep, Tensor? offsets=None) -> Tensor[]",
+      "bool save, bool keep, Tensor? offsets=None, Tensor? keep_h=None) -> Tensor[]",
       &ln_gru_forward);
   m.def(
       "ln_lstm_backward(Tensor[] cache, Tensor cs, Tensor w_hh, Tensor gains, Tensor? mask, "
-      "Tensor? d_out, Tensor(a!) d_h, Tensor(b!) d_c, Tensor? offsets=None) -> Tensor[]",
+      "Tensor? d_out, Tensor(a!) d_h, Tensor(b!) d_c, Tensor? offsets=None, "
+      "Tensor? rec_mask=None, Tensor? keep_h=None, Tensor? keep_c=None) -> Tensor[]",
       &ln_lstm_backward);
   m.def(
       "ln_gru_backward(Tensor[] cache, Tensor hs, Tensor w_hh, Tensor gains, Tensor? mask, "
-      "Tensor? d_out, Tensor(a!) d_h, bool keep, Tensor? offsets=None) -> Tensor[]",
+      "Tensor? d_out, Tensor(a!) d_h, bool keep, Tensor? offsets=None, "
+      "Tensor? keep_h=None) -> Tensor[]",
       &ln_gru_backward);
   m.def(
       "lstm_step(Tensor(a!) xp, Tensor rec, Tensor bias, Tensor c_prev, Tensor(b!) h, "
