@@ -393,9 +393,10 @@ class StackedRecurrent(nn.Module):
             masks = check_masks(masks, self, xt.shape[1], xt.shape[0])
         if projected and masks is not None and masks.input is not None:
             raise ConfigError("input_dropout needs the input itself, not its product")
-        if window is not None and not self._needs_grad(xt, state):
+        windowed = window is not None and self._needs_grad(xt, state)
+        if window is not None and not windowed and not tracing():
             window = None  # a window shapes the gradient only: without one, the plain paths
-        if window is not None and xt.shape[0] > 0:
+        if windowed and window is not None and xt.shape[0] > 0:
             h, finals = self._run_windowed(xt, mask_t, init, window, resets_bt, masks)
         elif resets_bt is not None and self._resets_in_one_call(xt, mask_t, window):
             h, finals = self._run_layers(xt, mask_t, init, window, masks=masks, reset=resets_bt.T)
