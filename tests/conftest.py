@@ -367,3 +367,69 @@ def triton_interpreter():
         del os.environ["TRITON_INTERPRET"]
     else:
         os.environ["TRITON_INTERPRET"] = before
+
+
+# Compiles Triton kernels for an H200 (sm_90) in float32 and float64, as a GPU would at
+# first use: Triton's own compiler and the ptxas it ships, no GPU needed. The interpreter
+# checks what the kernels compute; this, that a GPU's compiler takes them (types, casts).
+# Every switch a kernel has for the regularizers is on, so that their branches compile.
+_COMPILE = """
+import json, sys
+import importlib
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+K = importlib.import_module(sys.argv[1])
+block = int(sys.argv[2])
+INTS = set(sys.argv[4].split(","))
+ON = {"RMASK": True, "ZH": True, "ZC": True, "CN": True}
+done = []
+for dtype in ("fp32", "fp64"):
+    for fn, consts in eval(sys.argv[3]):
+        given = {**ON, "BLOCK": block, **consts}
+        consts = {k: v for k, v in given.items() if k in fn.arg_names}
+        sig = {}
+        for name in fn.arg_names:
+            if name in consts:
+                sig[name] = "constexpr"
+            elif name in INTS:
+                sig[name] = "i32"
+            else:
+                sig[name] = "*i8" if name in ("mask", "reset") else "*" + dtype
+        where = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+        compiled = triton.compile(
+            ASTSource(fn=fn, signature=sig, constexprs=where),
+            target=GPUTarget("cuda", 90, 32),
+            options={"enable_fp_fusion": True},
+        )
+        done.append([fn.__name__, dtype, "cubin" in compiled.asm])
+print(json.dumps(done))
+"""
+
+
+@pytest.fixture
+def compile_for_sm90(tmp_path):
+    """``compile(module, cases, block, ints)``: compile each ``(K.kernel, constexprs)`` of
+    the Python list ``cases`` (``K`` the module) for sm_90 in a fresh process, the
+    arguments named in ``ints`` as 32-bit integers and the others pointers, and return
+    ``[name, dtype, cubin made]`` per compilation; skipped without triton's NVIDIA backend
+    or its ptxas."""
+    import json
+    import subprocess
+
+    pytest.importorskip("triton.backends.nvidia")
+
+    def compile_cases(
+        module: str, cases: str, block: int = 1024, ints: str = "t,tc,B,H,kt,kb"
+    ) -> list[list[Any]]:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, not found in a cache
+        argv = [sys.executable, "-c", _COMPILE, module, str(block), cases, ints]
+        run = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        if "ptxas" in run.stderr and run.returncode != 0:
+            pytest.skip("no ptxas with this triton")
+        assert run.returncode == 0, run.stderr[-2000:]
+        return json.loads(run.stdout)
+
+    return compile_cases

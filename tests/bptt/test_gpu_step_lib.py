@@ -12,11 +12,6 @@ interpreter.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -326,58 +321,18 @@ def test_decoding_a_gru_decoder_on_the_triton_step_equals_the_cpu_path(reset, wi
         assert calls["n"] == 0
 
 
-# Compiles every kernel for an H200 (sm_90) in float32 and float64, as a GPU would at first
-# use: Triton's own compiler and the ptxas it ships, no GPU needed. The interpreter checks
-# what the kernels compute; this, that a GPU's compiler takes them (types, casts).
-COMPILE = """
-import json
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import rnnkit.bptt.triton_step_kernels as K
-
-CASES = [
-    (K.lstm_step, {}),
-    (K.lstm_step_backward, {"HAS_DOUT": True}),
-    (K.gru_after_step, {"KEEP": True}),
-    (K.gru_before_gates, {}),
-    (K.gru_before_state, {"KEEP": False}),
-    (K.gru_step_backward, {"KEEP": True, "AFTER": True}),
-    (K.gru_step_backward, {"KEEP": False, "AFTER": False}),
-    (K.gru_before_backward, {}),
-]
-done = []
-for dtype in ("fp32", "fp64"):
-    for fn, consts in CASES:
-        consts = {**consts, "BLOCK": 1024}
-        sig = {}
-        for name in fn.arg_names:
-            if name in consts:
-                sig[name] = "constexpr"
-            else:
-                sig[name] = "i32" if name in ("B", "H") else "*" + dtype
-        where = {(fn.arg_names.index(k),): v for k, v in consts.items()}
-        compiled = triton.compile(
-            ASTSource(fn=fn, signature=sig, constexprs=where),
-            target=GPUTarget("cuda", 90, 32),
-            options={"enable_fp_fusion": True},
-        )
-        done.append([fn.__name__, dtype, "cubin" in compiled.asm])
-print(json.dumps(done))
-"""
-
-
 @pytest.mark.slow
-def test_kernels_compile_for_a_gpu(tmp_path):
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, not found in a cache
-    run = subprocess.run(
-        [sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, check=False
-    )
-    if "ptxas" in run.stderr and run.returncode != 0:
-        pytest.skip("no ptxas with this triton")
-    assert run.returncode == 0, run.stderr[-2000:]
-    done = json.loads(run.stdout)
+def test_kernels_compile_for_a_gpu(compile_for_sm90):
+    cases = """[
+        (K.lstm_step, {}),
+        (K.lstm_step_backward, {"HAS_DOUT": True}),
+        (K.gru_after_step, {"KEEP": True}),
+        (K.gru_before_gates, {}),
+        (K.gru_before_state, {"KEEP": False}),
+        (K.gru_step_backward, {"KEEP": True, "AFTER": True}),
+        (K.gru_step_backward, {"KEEP": False, "AFTER": False}),
+        (K.gru_before_backward, {}),
+    ]"""
+    done = compile_for_sm90("rnnkit.bptt.triton_step_kernels", cases)
     assert len(done) == 2 * 8
     assert all(cubin for _, _, cubin in done), done

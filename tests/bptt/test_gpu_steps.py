@@ -10,7 +10,6 @@ GPU (Triton's compiler, no GPU needed), in a process without the interpreter.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -410,71 +409,24 @@ def test_importing_rnnkit_does_not_import_triton():
     assert out.stdout.split() == ["False", "False"]
 
 
-# Compiles every kernel for an H200 (sm_90) in float32 and float64, as a GPU would at
-# first use: Triton's own compiler and the ptxas it ships, no GPU needed. The interpreter
-# checks what the kernels compute; this, that a GPU's compiler takes them (types, casts).
-COMPILE = """
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import rnnkit.bptt.triton_kernels as K
-
-INTS = {"t", "tc", "B", "H", "kt", "kb"}
-base = {"BLOCK": 1024}
-cases = [
-    (K.lstm_forward, {"HAS_MASK": True, "HAS_RESET": True}),
-    (K.lstm_backward, {"HAS_MASK": True, "HAS_RESET": True, "HAS_DOUT": True}),
-    (K.gru_after_forward, {"KEEP": True, "HAS_MASK": True, "HAS_RESET": True}),
-    (K.gru_before_gates, {"HAS_RESET": True}),
-    (K.gru_before_state, {"KEEP": False, "HAS_MASK": True, "HAS_RESET": True}),
-    (K.gru_update_backward, {"KEEP": True, "AFTER": True, "HAS_MASK": True,
-                             "HAS_RESET": True, "HAS_DOUT": True}),
-    (K.gru_update_backward, {"KEEP": False, "AFTER": False, "HAS_MASK": True,
-                             "HAS_RESET": True, "HAS_DOUT": False}),
-    (K.gru_before_backward, {"HAS_RESET": True}),
-    (K.probe, {}),
-]
-for act in (0, 1, 2):
-    cases.append((K.rnn_forward, {"ACT": act, "HAS_MASK": True, "HAS_RESET": True}))
-    cases.append((K.rnn_backward, {"ACT": act, "HAS_MASK": True, "HAS_RESET": True,
-                                   "HAS_DOUT": False}))
-done = []
-for dtype in ("fp32", "fp64"):
-    for fn, consts in cases:
-        # recurrent dropout and zoneout switched on wherever a kernel has them
-        regs = {k: True for k in ("RMASK", "ZH", "ZC", "CN") if k in fn.arg_names}
-        consts = {k: v for k, v in {**consts, **regs, **base}.items() if k in fn.arg_names}
-        sig = {}
-        for name in fn.arg_names:
-            if name in consts:
-                sig[name] = "constexpr"
-            elif name in INTS:
-                sig[name] = "i32"
-            else:
-                sig[name] = "*i8" if name in ("mask", "reset") else "*" + dtype
-        where = {(fn.arg_names.index(k),): v for k, v in consts.items()}
-        compiled = triton.compile(
-            ASTSource(fn=fn, signature=sig, constexprs=where),
-            target=GPUTarget("cuda", 90, 32),
-            options={"enable_fp_fusion": True},
-        )
-        done.append([fn.__name__, dtype, "cubin" in compiled.asm])
-print(json.dumps(done))
-"""
-
-
 @pytest.mark.slow
-def test_kernels_compile_for_a_gpu(tmp_path):
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, not found in a cache
-    run = subprocess.run(
-        [sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, check=False
-    )
-    if "ptxas" in run.stderr and run.returncode != 0:
-        pytest.skip("no ptxas with this triton")
-    assert run.returncode == 0, run.stderr[-2000:]
-    done = json.loads(run.stdout)
+def test_kernels_compile_for_a_gpu(compile_for_sm90):
+    cases = """[
+        (K.lstm_forward, {"HAS_MASK": True, "HAS_RESET": True}),
+        (K.lstm_backward, {"HAS_MASK": True, "HAS_RESET": True, "HAS_DOUT": True}),
+        (K.gru_after_forward, {"KEEP": True, "HAS_MASK": True, "HAS_RESET": True}),
+        (K.gru_before_gates, {"HAS_RESET": True}),
+        (K.gru_before_state, {"KEEP": False, "HAS_MASK": True, "HAS_RESET": True}),
+        (K.gru_update_backward, {"KEEP": True, "AFTER": True, "HAS_MASK": True,
+                                 "HAS_RESET": True, "HAS_DOUT": True}),
+        (K.gru_update_backward, {"KEEP": False, "AFTER": False, "HAS_MASK": True,
+                                 "HAS_RESET": True, "HAS_DOUT": False}),
+        (K.gru_before_backward, {"HAS_RESET": True}),
+        (K.probe, {}),
+    ] + [
+        (fn, {"ACT": act, "HAS_MASK": True, "HAS_RESET": True, "HAS_DOUT": False})
+        for act in (0, 1, 2) for fn in (K.rnn_forward, K.rnn_backward)
+    ]"""
+    done = compile_for_sm90("rnnkit.bptt.triton_kernels", cases)
     assert len(done) == 2 * 15
     assert all(cubin for _, _, cubin in done), done
