@@ -306,7 +306,7 @@ def _speed_row(
 
         fns["train_window"] = train_window
     med = {k: statistics.median(_timed(f, device, rounds)) for k, f in fns.items()}
-    gpu_graphs.clear()  # the row's graphs: their memory back
+    gpu_graphs.clear_cuda_graphs()  # the row's graphs: their memory back
     extra = {}
     if "train_triton" in med:  # the Triton steps on cuDNN's own function
         extra["train_torch_over_triton"] = med["train_torch"] / med["train_triton"]

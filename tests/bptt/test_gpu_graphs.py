@@ -72,11 +72,11 @@ def graphs(monkeypatch):
         made.append(FakeGraph(device))
         return made[-1]
 
-    gpu_graphs.clear()
+    gpu_graphs.clear_cuda_graphs()
     monkeypatch.setattr(gpu_graphs, "_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(gpu_graphs, "_GRAPH", make)
     yield made
-    gpu_graphs.clear()
+    gpu_graphs.clear_cuda_graphs()
 
 
 def _cell(name: str):
@@ -182,7 +182,7 @@ def test_replays_equal_the_eager_loop_and_see_new_inputs_and_weights(graphs, nam
     # one forward and one backward graph, each captured once (warmed up first) and
     # replayed at each of the two calls
     assert [(g.warm_ups, g.replays) for g in graphs] == [(1, 2), (1, 2)]
-    assert gpu_graphs.stats() == {"captures": 2, "replays": 4, "failures": 0}
+    assert gpu_graphs.cuda_graph_stats() == {"captures": 2, "replays": 4, "failures": 0}
 
 
 def test_inference_has_its_own_graph_and_equals_the_eager_loop(graphs):
@@ -213,7 +213,7 @@ def test_a_different_length_captures_anew_and_the_same_reuses(graphs):
                 want, _ = gpu_steps.run_steps(cell.kernel, *args)
             _close([out], [want])
     assert [g.replays for g in graphs] == [2, 2]
-    assert gpu_graphs.stats()["captures"] == 2
+    assert gpu_graphs.cuda_graph_stats()["captures"] == 2
     lengths = [k[-1][0][0][0] for k in gpu_graphs.cached_keys("cpu")]  # gates' T
     assert sorted(lengths) == [T - 2, T]
 
@@ -242,7 +242,7 @@ def test_the_key_holds_what_fixes_the_work_and_the_cache_is_bounded(graphs):
     assert 2 not in sizes and sizes[-2:] == [1, gpu_graphs.CACHE_SIZE + 1]
     # another key with the same inputs is another graph
     gpu_graphs.replayed(("other",), double, [torch.ones(1)])
-    assert gpu_graphs.stats()["captures"] == gpu_graphs.CACHE_SIZE + 2
+    assert gpu_graphs.cuda_graph_stats()["captures"] == gpu_graphs.CACHE_SIZE + 2
 
 
 def test_an_expanded_input_keeps_its_strides_and_copies_only_its_values(graphs):
@@ -270,7 +270,7 @@ def test_a_failing_capture_runs_the_eager_loop_with_one_warning(graphs, monkeypa
     msgs = [str(c.message) for c in caught if issubclass(c.category, RuntimeWarning)]
     assert len(msgs) == 1 and "could not be captured" in msgs[0], msgs
     # forward and backward failed once each, then their keys run eagerly: no new capture
-    assert gpu_graphs.stats() == {"captures": 0, "replays": 0, "failures": 2}
+    assert gpu_graphs.cuda_graph_stats() == {"captures": 0, "replays": 0, "failures": 2}
     assert len(graphs) == 2
 
 
@@ -284,33 +284,33 @@ def test_off_by_default_and_nothing_captured_where_off(graphs, monkeypatch):
         with use_cuda_graphs(True):
             assert not gpu_graphs.wanted(x)
             gpu_steps.run_steps(cell.kernel, x, cell.weights(), states0, mask, reset)
-    assert graphs == [] and gpu_graphs.stats()["captures"] == 0
+    assert graphs == [] and gpu_graphs.cuda_graph_stats()["captures"] == 0
 
 
 def test_the_switch_reads_the_environment_and_refuses_a_wrong_value(monkeypatch):
     for value, on in (("1", True), ("on", True), ("0", False), ("", False), ("off", False)):
         monkeypatch.setenv("RNNKIT_CUDA_GRAPHS", value)
         monkeypatch.setitem(gpu_graphs._choice, "on", gpu_graphs._from_environment())
-        assert gpu_graphs.enabled() is on
+        assert gpu_graphs.cuda_graphs_enabled() is on
         with use_cuda_graphs(not on):
-            assert gpu_graphs.enabled() is not on
-        assert gpu_graphs.enabled() is on
+            assert gpu_graphs.cuda_graphs_enabled() is not on
+        assert gpu_graphs.cuda_graphs_enabled() is on
     monkeypatch.setitem(gpu_graphs._choice, "on", "maybe")
     with pytest.raises(ConfigError, match="RNNKIT_CUDA_GRAPHS='maybe'"):
-        gpu_graphs.enabled()
+        gpu_graphs.cuda_graphs_enabled()
     with pytest.raises(TypeError), use_cuda_graphs(1):  # type: ignore[arg-type]
         pass
 
 
 def test_importing_rnnkit_with_the_switch_on_changes_nothing():
     code = (
-        "import sys, torch; before = torch.get_default_dtype(); import rnnkit; "
-        "from rnnkit.bptt import gpu_graphs; "
-        "print(gpu_graphs.enabled(), 'triton' in sys.modules, gpu_graphs.stats()['captures'])"
+        "import sys, torch, rnnkit; from rnnkit.bptt import gpu_graphs as g; "
+        "print(g.cuda_graphs_enabled(), 'triton' in sys.modules, torch.cuda.is_initialized(), "
+        "g.cuda_graph_stats()['captures'])"
     )
     env = {**os.environ, "RNNKIT_CUDA_GRAPHS": "1"}
     env.pop("TRITON_INTERPRET", None)
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
-    assert out.stdout.split() == ["True", "False", "0"]
+    assert out.stdout.split() == ["True", "False", "False", "0"]

@@ -331,19 +331,19 @@ def test_on_cuda_graphs_of_the_triton_steps_equal_the_eager_steps(name, cls, kw)
             with torch.no_grad():  # an optimiser's step: the graphs must see new weights
                 for p, g in zip(params, grads[1:], strict=True):
                     p.sub_(0.5 * g)
-            captures.append(gpu_graphs.stats()["captures"])
+            captures.append(gpu_graphs.cuda_graph_stats()["captures"])
         return got, captures
 
     for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-5)):
-        gpu_graphs.clear()
+        gpu_graphs.clear_cuda_graphs()
         want, none = two_steps(dtype, False)
         assert none == [0, 0]
         got, captures = two_steps(dtype, True)
-        counts = gpu_graphs.stats()
+        counts = gpu_graphs.cuda_graph_stats()
         assert counts["failures"] == 0, counts
         assert counts["replays"] == 2 * 2 * 2, counts  # 2 steps x (fwd, bwd) x 2 layers
         assert 2 <= captures[0] == captures[1] <= 4, captures
         for g, w in zip(got, want, strict=True):
             scale = float(w.abs().max()) or 1.0
             assert float((g - w).abs().max()) / scale <= tol
-    gpu_graphs.clear()
+    gpu_graphs.clear_cuda_graphs()

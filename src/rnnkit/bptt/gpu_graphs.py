@@ -49,17 +49,7 @@ from torch import Tensor
 
 from rnnkit.errors import ConfigError
 
-__all__ = [
-    "CACHE_SIZE",
-    "cached_keys",
-    "clear",
-    "enabled",
-    "replayed",
-    "signature",
-    "stats",
-    "use_cuda_graphs",
-    "wanted",
-]
+__all__ = ["clear_cuda_graphs", "cuda_graph_stats", "cuda_graphs_enabled", "use_cuda_graphs"]
 
 #: Graphs kept per device (least recently used dropped first).
 CACHE_SIZE = 16
@@ -89,7 +79,7 @@ def use_cuda_graphs(on: bool) -> Iterator[None]:
     (``on=True``) or not (``on=False``), whatever ``RNNKIT_CUDA_GRAPHS`` says.
 
     >>> with use_cuda_graphs(False):
-    ...     enabled()
+    ...     cuda_graphs_enabled()
     False
     """
     if not isinstance(on, bool):
@@ -102,7 +92,7 @@ def use_cuda_graphs(on: bool) -> Iterator[None]:
         _choice["on"] = before
 
 
-def enabled() -> bool:
+def cuda_graphs_enabled() -> bool:
     """Whether the switch is on (``RNNKIT_CUDA_GRAPHS`` or :func:`use_cuda_graphs`)."""
     on = _choice["on"]
     if isinstance(on, bool):
@@ -115,14 +105,14 @@ def enabled() -> bool:
 def wanted(t: Tensor) -> bool:
     """Whether a call on ``t``'s device runs through a graph: the switch on, a CUDA
     tensor, and no capture of the caller's own in progress. Off, the first test returns."""
-    if t.device.type not in _DEVICES or not enabled():
+    if t.device.type not in _DEVICES or not cuda_graphs_enabled():
         return False
     return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def stats() -> dict[str, int]:
-    """Counts since the process started (or :func:`clear`): ``captures``, ``replays``,
-    ``failures`` (captures that failed)."""
+def cuda_graph_stats() -> dict[str, int]:
+    """Counts since the process started (or :func:`clear_cuda_graphs`): ``captures``,
+    ``replays``, ``failures`` (captures that failed)."""
     return dict(_stats)
 
 
@@ -131,7 +121,7 @@ def cached_keys(device: torch.device | str) -> list[tuple[Any, ...]]:
     return list(_cache.get(str(torch.device(device)), {}))
 
 
-def clear() -> None:
+def clear_cuda_graphs() -> None:
     """Drop every graph (their memory returns to PyTorch's allocator) and the counts."""
     _cache.clear()
     _warned.clear()
