@@ -160,7 +160,10 @@ class _CudaGraph:
     :meth:`capture` records ``fn()`` and returns its outputs, which each :meth:`replay`
     rewrites in place."""
 
-    _pools: ClassVar[dict[str, Any]] = {}  # one memory pool per device
+    # per device: one memory pool shared by the graphs, and the stream they capture on
+    # (torch.cuda.graph's default capture stream belongs to the first device it met)
+    _pools: ClassVar[dict[str, Any]] = {}
+    _streams: ClassVar[dict[str, torch.cuda.Stream]] = {}
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -177,10 +180,19 @@ class _CudaGraph:
 
     def capture(self, fn: Callable[[], tuple[Tensor | None, ...]]) -> tuple[Tensor | None, ...]:
         key = str(self.device)
-        if key not in self._pools:
-            self._pools[key] = torch.cuda.graph_pool_handle()
-        with torch.cuda.device(self.device), torch.cuda.graph(self.graph, pool=self._pools[key]):
-            return fn()
+        with torch.cuda.device(self.device):
+            if key not in self._pools:
+                self._pools[key] = torch.cuda.graph_pool_handle()
+                self._streams[key] = torch.cuda.Stream(self.device)
+            # thread_local: another thread's CUDA calls (a DataLoader's pinned memory, say)
+            # do not break this capture
+            with torch.cuda.graph(
+                self.graph,
+                pool=self._pools[key],
+                stream=self._streams[key],
+                capture_error_mode="thread_local",
+            ):
+                return fn()
 
     def replay(self) -> None:
         self.graph.replay()
