@@ -201,6 +201,22 @@ def test_inference_has_its_own_graph_and_equals_the_eager_loop(graphs):
     assert [(g.warm_ups, g.replays) for g in graphs] == [(1, 2)]
 
 
+@pytest.mark.parametrize("name", ["lstm", "gru_keep_after"])
+def test_the_record_of_a_window_equals_the_eager_one(graphs, name):
+    # forward_record (the windowed BPTT's forward on the Triton steps) runs the same loop
+    cell = _cell(name)
+    n = 2 if isinstance(cell, LSTMCell) else 1
+    x, states0, mask, reset = _inputs(n, seed=5)
+    args = (cell.kernel, x, cell.weights(), states0, mask[..., None], reset[..., None], True)
+    with use_cuda_graphs(False):
+        want = gpu_steps.forward_record(*args)
+    with use_cuda_graphs(True):
+        for _ in range(2):
+            got = gpu_steps.forward_record(*args)
+            _close([got.x, *got.states, *got.cache], [want.x, *want.states, *want.cache])
+    assert [(g.warm_ups, g.replays) for g in graphs] == [(1, 2)]
+
+
 def test_a_different_length_captures_anew_and_the_same_reuses(graphs):
     cell = _cell("lstm")
     w = cell.weights()

@@ -31,6 +31,11 @@ nothing is captured. On, for CUDA tensors only:
 * a capture that fails (any exception) makes that key run the eager loop from then on,
   with one ``RuntimeWarning`` per process: a user's training never stops for a graph.
 
+A new key costs a capture (a device synchronisation, PyTorch's cached memory emptied,
+the loop recorded) and the key's buffers, kept while it is cached: graphs pay where the
+shapes repeat (a fixed T and B, as the segments of truncated BPTT have); with many
+distinct lengths, bucket them or leave the graphs off.
+
 Not captured: the layer-normalised steps (:mod:`rnnkit.bptt.gpu_steps_ln`), and a call
 made while some caller is itself capturing a graph (its capture takes the eager loop).
 """
