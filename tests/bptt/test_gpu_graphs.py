@@ -198,6 +198,8 @@ def test_inference_has_its_own_graph_and_equals_the_eager_loop(graphs):
                 _close([out, *finals], [want[0], *want[1]])
     (key,) = gpu_graphs.cached_keys("cpu")
     assert key[:3] == ("forward", "gru_candidate_before", False)  # nothing saved
+    forms = [gpu_graphs.form(_cell(name).kernel) for name in ("lstm", "rnn_sigmoid")]
+    assert forms == ["lstm", "rnn_sigmoid"]
     assert [(g.warm_ups, g.replays) for g in graphs] == [(1, 2)]
 
 

@@ -52,6 +52,9 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch import Tensor
 
+from rnnkit.cells.gru import GRUKernel
+from rnnkit.cells.lstm import LSTMKernel
+from rnnkit.cells.rnn import RNNKernel
 from rnnkit.errors import ConfigError
 
 __all__ = ["clear_cuda_graphs", "cuda_graph_stats", "cuda_graphs_enabled", "use_cuda_graphs"]
@@ -139,6 +142,18 @@ def signature(tensors: Sequence[Tensor | None]) -> tuple[Any, ...]:
     return tuple(
         None if t is None else (tuple(t.shape), t.stride(), t.dtype, str(t.device)) for t in tensors
     )
+
+
+def form(kernel: object) -> str:
+    """The cell form that fixes a loop's kernels (part of a key): ``lstm``,
+    ``gru_<update>_<reset>``, ``rnn_<nonlinearity>``."""
+    if isinstance(kernel, GRUKernel):
+        return f"gru_{kernel.update}_{kernel.reset}"
+    if isinstance(kernel, RNNKernel):
+        return f"rnn_{kernel.nonlinearity}"
+    if isinstance(kernel, LSTMKernel):
+        return "lstm"
+    raise TypeError(f"no Triton steps' loop for {type(kernel).__name__}")
 
 
 def _stored(t: Tensor) -> Tensor:

@@ -277,7 +277,7 @@ def _forward(
     if gpu_graphs.wanted(x):
         inputs = (gates, w.weight_hh, w.bias_hn, mask, reset, reg.rm, reg.kh, reg.kc, *states0)
         run = functools.partial(_loop_tensors, kernel, save)
-        got = gpu_graphs.replayed(("forward", _form(kernel), save), run, inputs)
+        got = gpu_graphs.replayed(("forward", gpu_graphs.form(kernel), save), run, inputs)
         if got is not None:  # clones: later replays cannot overwrite them
             L = _launch(x, B, H, mask, reset, reg._replace(cn=got[2]))
             states = cast("tuple[Tensor, ...]", got[3:])
@@ -286,15 +286,6 @@ def _forward(
     L = _launch(x, B, H, mask, reset, reg)
     states, rec = _loop(kernel, L, gates, w.weight_hh, w.bias_hn, states0, save)
     return x_flat, states, gates, rec, L
-
-
-def _form(kernel: Kernel) -> str:
-    """The cell form that fixes a loop's kernels (part of a CUDA graph's key)."""
-    if isinstance(kernel, GRUKernel):
-        return f"gru_{kernel.update}_{kernel.reset}"
-    if isinstance(kernel, RNNKernel):
-        return f"rnn_{kernel.nonlinearity}"
-    return type(kernel).__name__
 
 
 def _keeping(kernel: Kernel, reg: _Reg, save: bool, like: Tensor) -> _Reg:
@@ -490,7 +481,7 @@ def _backward(
         mask, reset = (L.mask if L.has_mask else None), (L.reset if L.has_reset else None)
         inputs = (gates, rec, w_hh, d_out, mask, reset, *L.reg, *states, *d_finals)
         run = functools.partial(_backward_tensors, kernel, len(states))
-        got = gpu_graphs.replayed(("backward", _form(kernel)), run, inputs)
+        got = gpu_graphs.replayed(("backward", gpu_graphs.form(kernel)), run, inputs)
         if got is not None:
             d_xp, d_rec, *d = got
             assert d_xp is not None
