@@ -30,7 +30,10 @@ Run it where a GPU is lent (one short call; about 2–4 minutes on an H200 incl.
    alone compute it there), on the CPU always (the compiled loop). The windowed BPTT(τ)
    (``train_window``, ``window=20``: the forward on the Triton steps where triton is
    installed, the backward lag by lag), LSTM and GRU at the largest batch, against
-   cuDNN's full BPTT.
+   cuDNN's full BPTT. At the largest batch, with triton, the Triton steps again with each
+   call's step loops replayed from CUDA graphs (``RNNKIT_CUDA_GRAPHS=1``,
+   :mod:`rnnkit.bptt.gpu_graphs`), training and inference (``train_graphs``,
+   ``infer_graphs``, against ``train_triton``, ``infer_triton`` without them and cuDNN).
 
 Exit status 1 if any correctness check fails. ``--device cpu`` runs the same checks on
 the CPU (the compiled loop against the PyTorch loop) — the test suite does that in
@@ -53,7 +56,7 @@ import torch
 
 import rnnkit
 from rnnkit import GRU, LSTM, RNN
-from rnnkit.bptt import fused, gpu_steps, native, recurrence
+from rnnkit.bptt import fused, gpu_graphs, gpu_steps, native, recurrence
 from rnnkit.types import LSTMState
 
 WINDOW = 20  # τ of the speed rows' windowed BPTT(τ)
@@ -209,9 +212,17 @@ def _regularized(cell: str, H: int, device: str):
 
 
 def _speed_row(
-    cell: str, H: int, B: int, T: int, device: str, rounds: int, window: int | None = None
+    cell: str,
+    H: int,
+    B: int,
+    T: int,
+    device: str,
+    rounds: int,
+    window: int | None = None,
+    graphs: bool = False,
 ) -> dict:
-    """One row of times (``window``: also the windowed BPTT(τ) of the same layer)."""
+    """One row of times (``window``: also the windowed BPTT(τ) of the same layer;
+    ``graphs``: also the Triton steps in CUDA graphs, where they run)."""
     torch.manual_seed(0)
     torch_cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[cell]
     ref = torch_cls(H, H, batch_first=True).to(device)
@@ -256,6 +267,22 @@ def _speed_row(
                 train_r()
 
         fns["train_triton"] = train_triton
+        if graphs:  # the same steps, each call's loops replayed from CUDA graphs
+
+            def train_graphs():
+                with gpu_graphs.use_cuda_graphs(True):
+                    train_triton()
+
+            def infer_triton():
+                with fused.use_fused("triton"):
+                    infer_r()
+
+            def infer_graphs():
+                with gpu_graphs.use_cuda_graphs(True):
+                    infer_triton()
+
+            fns |= {"train_graphs": train_graphs, "infer_triton": infer_triton}
+            fns["infer_graphs"] = infer_graphs
         variant = _variant(cell, H, device)
         if variant is not None:
             params_v = list(variant.parameters())
@@ -279,9 +306,15 @@ def _speed_row(
 
         fns["train_window"] = train_window
     med = {k: statistics.median(_timed(f, device, rounds)) for k, f in fns.items()}
+    gpu_graphs.clear_cuda_graphs()  # the row's graphs: their memory back
     extra = {}
     if "train_triton" in med:  # the Triton steps on cuDNN's own function
         extra["train_torch_over_triton"] = med["train_torch"] / med["train_triton"]
+    if "train_graphs" in med:  # the same in CUDA graphs; and what the graphs gain
+        extra["train_torch_over_graphs"] = med["train_torch"] / med["train_graphs"]
+        extra["train_triton_over_graphs"] = med["train_triton"] / med["train_graphs"]
+        extra["infer_torch_over_graphs"] = med["infer_torch"] / med["infer_graphs"]
+        extra["infer_triton_over_graphs"] = med["infer_triton"] / med["infer_graphs"]
     if "train_variant" in med:  # a form cuDNN has not, against cuDNN's nearest
         extra["train_torch_over_variant"] = med["train_torch"] / med["train_variant"]
     if "train_regularized" in med:  # recurrent dropout and zoneout, against cuDNN without
@@ -316,7 +349,9 @@ def speed(device: str, hidden: list[int], batch: list[int], T: int, rounds: int)
             for B in batch if cell != "rnn" else [largest]:
                 # the window at the largest batch only, LSTM and GRU: the time is bounded
                 window = WINDOW if cell != "rnn" and largest == B else None
-                rows.append(_speed_row(cell, H, B, T, device, rounds, window))
+                # CUDA graphs of the Triton steps: the largest batch only, likewise
+                row = _speed_row(cell, H, B, T, device, rounds, window, graphs=largest == B)
+                rows.append(row)
                 print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 

@@ -39,16 +39,17 @@ def _ratio(row: dict, key: str) -> str:
 def speed_table(check: dict) -> list[str]:
     rows = [
         "| cell | H | B | T | train: torch.nn ms | rnnkit ms | ratio | loop ratio | holes ratio "
-        "| Triton ratio | variant ratio | regularized ratio | window ratio "
+        "| Triton ratio | graphs ratio | variant ratio | regularized ratio | window ratio "
         "| infer: torch.nn ms | rnnkit ms | ratio | loop ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in check.get("speed", []):
         rows.append(
             f"| {r['cell']} | {r['H']} | {r['B']} | {r['T']} | {r['train_torch_ms']:.2f} | "
             f"{r['train_rnnkit_ms']:.2f} | {r['train_torch_over_rnnkit']:.2f} | "
             f"{r['train_torch_over_loop']:.2f} | {r['train_torch_over_holes']:.2f} | "
-            f"{_ratio(r, 'train_torch_over_triton')} | {_ratio(r, 'train_torch_over_variant')} | "
+            f"{_ratio(r, 'train_torch_over_triton')} | {_ratio(r, 'train_torch_over_graphs')} | "
+            f"{_ratio(r, 'train_torch_over_variant')} | "
             f"{_ratio(r, 'train_torch_over_regularized')} | "
             f"{_ratio(r, 'train_torch_over_window')} | "
             f"{r['infer_torch_ms']:.2f} | {r['infer_rnnkit_ms']:.2f} | "

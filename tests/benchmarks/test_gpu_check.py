@@ -109,4 +109,10 @@ def test_the_suite_script_parses_and_its_tables_read_the_check(tmp_path: Path) -
     assert cells[at] == "–"
     cells = [c.strip() for c in gpu_tables.speed_table({"speed": [row, windowed]})[3].split("|")]
     assert cells[at] == "0.75"
+    # the Triton steps in CUDA graphs: torch.nn's time over theirs, where measured
+    at = header.index("graphs ratio")
+    graphed = {**row, "train_torch_over_graphs": 1.25}
+    table = gpu_tables.speed_table({"speed": [row, graphed]})
+    assert [[c.strip() for c in line.split("|")][at] for line in table[2:]] == ["–", "1.25"]
+    assert len(table[1].split("|")) == len(table[0].split("|"))
     assert gpu_tables.main([str(tmp_path)]) == 0

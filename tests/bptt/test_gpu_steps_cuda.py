@@ -285,3 +285,65 @@ def test_on_cuda_decoding_a_gru_decoder_runs_the_triton_step(reset, monkeypatch)
         got = run("cuda")
     assert calls["n"] == 2 * tokens.shape[1]  # two layers, every step
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+
+
+GRAPHED = [
+    ("lstm_holes", rnnkit.LSTM, {}),
+    ("gru_keep_before", rnnkit.GRU, {"update": "keep", "reset": "before"}),
+    ("rnn_sigmoid", rnnkit.RNN, {"nonlinearity": "sigmoid"}),
+    ("gru_after_regularized", rnnkit.GRU, {"recurrent_dropout": 0.3, "zoneout": 0.2}),
+    ("lstm_regularized", rnnkit.LSTM, {"recurrent_dropout": 0.3, "zoneout": 0.2}),
+]
+
+
+@pytest.mark.parametrize("name, cls, kw", GRAPHED, ids=[g[0] for g in GRAPHED])
+def test_on_cuda_graphs_of_the_triton_steps_equal_the_eager_steps(name, cls, kw):
+    """``RNNKIT_CUDA_GRAPHS=1`` (``use_cuda_graphs``): two training steps with an update
+    of the weights between, the graphs captured at the first and replayed at both, equal
+    the eager Triton steps (outputs, final states, every gradient). Every call (two
+    layers, forward and backward) replays a graph; the second step
+    captures none (the input size is not part of the key, and the weights are copied in)."""
+    pytest.importorskip("triton")
+    import copy
+
+    from rnnkit.bptt import gpu_graphs
+
+    torch.manual_seed(0)
+    base = cls(I, H, num_layers=2, **kw)  # resets: a unidirectional stack
+    mask = torch.rand(B, T) < 0.8  # holes
+    mask[0], mask[1] = True, False  # lengths T and 0
+    resets = torch.rand(B, T) < 0.2
+    x = torch.randn(B, T, I, dtype=torch.float64)
+
+    def two_steps(dtype, on):
+        layer = copy.deepcopy(base).to(device="cuda", dtype=dtype).train()
+        params = list(layer.parameters())
+        got, captures = [], []
+        for step in range(2):
+            torch.manual_seed(step)  # the same regularizer masks with graphs and without
+            xx = x.to(device="cuda", dtype=dtype).requires_grad_(True)
+            with use_fused("triton"), gpu_graphs.use_cuda_graphs(on):
+                out = layer(xx, mask=mask.cuda(), resets=resets.cuda())
+                finals = tuple(out.state) if isinstance(out.state, LSTMState) else (out.state,)
+                loss = out.outputs.sin().sum() + sum((f * f).sum() for f in finals)
+                grads = torch.autograd.grad(loss, [xx, *params])
+            got += [t.detach().double().cpu() for t in (out.outputs, *finals, *grads)]
+            with torch.no_grad():  # an optimiser's step: the graphs must see new weights
+                for p, g in zip(params, grads[1:], strict=True):
+                    p.sub_(0.5 * g)
+            captures.append(gpu_graphs.cuda_graph_stats()["captures"])
+        return got, captures
+
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-5)):
+        gpu_graphs.clear_cuda_graphs()
+        want, none = two_steps(dtype, False)
+        assert none == [0, 0]
+        got, captures = two_steps(dtype, True)
+        counts = gpu_graphs.cuda_graph_stats()
+        assert counts["failures"] == 0, counts
+        assert counts["replays"] == 2 * 2 * 2, counts  # 2 steps x (fwd, bwd) x 2 layers
+        assert 2 <= captures[0] == captures[1] <= 4, captures
+        for g, w in zip(got, want, strict=True):
+            scale = float(w.abs().max()) or 1.0
+            assert float((g - w).abs().max()) / scale <= tol
+    gpu_graphs.clear_cuda_graphs()

@@ -25,7 +25,9 @@
   ``triton_ln_kernels``, triton imported on first use only), and the forward of the
   windowed BPTT(τ) and of the segments' recompute there (``forward_record``);
   ``gpu_step_lib``: the compiled library's one-step LSTM operators and a GRU's step in
-  Triton (``triton_step_kernels``), for the loops that stay in Python;
+  Triton (``triton_step_kernels``), for the loops that stay in Python; ``gpu_graphs``:
+  opt-in CUDA graphs over the Triton steps' loops (``use_cuda_graphs``,
+  ``RNNKIT_CUDA_GRAPHS=1``);
 * ``opaque``: the time loop as one operator of a compiled graph (``rnnkit::recurrence``,
   ``torch.library.custom_op``), its gradient the explicit BPTT's;
 * ``tracing``: the check that refuses graph tracing of the explicit backward.
@@ -42,6 +44,12 @@ from rnnkit.bptt.fused import (
     traced_fused_form,
     use_fused,
     wants_fused,
+)
+from rnnkit.bptt.gpu_graphs import (
+    clear_cuda_graphs,
+    cuda_graph_stats,
+    cuda_graphs_enabled,
+    use_cuda_graphs,
 )
 from rnnkit.bptt.gpu_step_lib import TritonGRUStep, TritonStepLib, triton_step
 from rnnkit.bptt.gpu_steps import (
@@ -94,7 +102,10 @@ __all__ = [
     "build",
     "check_tracer",
     "clean_padding",
+    "clear_cuda_graphs",
     "compiled_library",
+    "cuda_graph_stats",
+    "cuda_graphs_enabled",
     "forward_pass",
     "forward_record",
     "fused_form",
@@ -126,6 +137,7 @@ __all__ = [
     "triton_available",
     "triton_step",
     "unpack_record",
+    "use_cuda_graphs",
     "use_fused",
     "use_native",
     "wants_fused",

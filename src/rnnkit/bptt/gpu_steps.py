@@ -44,6 +44,7 @@ interpreter).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import warnings
@@ -53,6 +54,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from rnnkit.bptt import gpu_graphs
 from rnnkit.bptt.fused import _path
 from rnnkit.bptt.gpu_steps_ln import LN_KERNELS, run_ln_steps
 from rnnkit.bptt.record import ForwardRecord
@@ -262,42 +264,97 @@ def _forward(
 ) -> tuple[Tensor, tuple[Tensor, ...], Tensor, Tensor | None, _Launch]:
     """The steps: ``(x rows (T·B, I), states (T + 1, B, H) each, gates (T, B, G·H),
     rec (T, B, H) or None, the launches' settings)``; ``rec`` is the GRU's bracket (after)
-    or ``r ⊙ h_{t-1}`` (before), one step's scratch when nothing is saved."""
+    or ``r ⊙ h_{t-1}`` (before), one step's scratch when nothing is saved. The input
+    product is one matrix product; the step loop (:func:`_loop`) runs eagerly, or in a
+    CUDA graph where :mod:`rnnkit.bptt.gpu_graphs` is switched on."""
     T, B, I = x.shape
     H = w.weight_hh.shape[1]
     x_flat = x.reshape(T * B, I)
     G = w.weight_ih.shape[0]
     gates = torch.addmm(w.bias, x_flat, w.weight_ih.T).view(T, B, G)  # bias included
-    states = tuple(x.new_empty(T + 1, B, H) for _ in states0)
-    for buf, s0 in zip(states, states0, strict=True):
-        buf[0].copy_(s0)
+    if gpu_graphs.wanted(x):
+        inputs = (gates, w.weight_hh, w.bias_hn, mask, reset, reg.rm, reg.kh, reg.kc, *states0)
+        run = functools.partial(_loop_tensors, kernel, save)
+        got = gpu_graphs.replayed(("forward", gpu_graphs.form(kernel), save), run, inputs)
+        if got is not None:  # clones: later replays cannot overwrite them
+            L = _launch(x, B, H, mask, reset, reg._replace(cn=got[2]))
+            states = cast("tuple[Tensor, ...]", got[3:])
+            return x_flat, states, cast("Tensor", got[0]), got[1], L
+    reg = _keeping(kernel, reg, save, gates)
+    L = _launch(x, B, H, mask, reset, reg)
+    states, rec = _loop(kernel, L, gates, w.weight_hh, w.bias_hn, states0, save)
+    return x_flat, states, gates, rec, L
+
+
+def _keeping(kernel: Kernel, reg: _Reg, save: bool, like: Tensor) -> _Reg:
+    """``reg`` with the buffer of h̃/c̃ that a backward under zoneout reads, where it does."""
     zoned = reg.kc if isinstance(kernel, LSTMKernel) else reg.kh
     if save and zoned is not None and not isinstance(kernel, GRUKernel):
-        reg = reg._replace(cn=x.new_empty(T, B, H))  # the backward reads h̃/c̃
-    L = _launch(x, B, H, mask, reset, reg)
+        T, B, H = zoned.shape
+        return reg._replace(cn=like.new_empty(T, B, H))
+    return reg
+
+
+def _loop_tensors(
+    kernel: Kernel,
+    save: bool,
+    gates: Tensor,
+    w_hh: Tensor,
+    bias_hn: Tensor | None,
+    mask: Tensor | None,
+    reset: Tensor | None,
+    rm: Tensor | None,
+    kh: Tensor | None,
+    kc: Tensor | None,
+    *states0: Tensor,
+) -> tuple[Tensor | None, ...]:
+    """:func:`_loop` over tensors alone (what a CUDA graph captures): ``(gates activated
+    in place, rec or None, h̃/c̃ kept for the backward or None, *states)``."""
+    reg = _keeping(kernel, _Reg(rm, kh, kc), save, gates)
+    L = _launch(gates, states0[0].shape[0], w_hh.shape[1], mask, reset, reg)
+    states, rec = _loop(kernel, L, gates, w_hh, bias_hn, states0, save)
+    return (gates, rec, reg.cn, *states)
+
+
+def _loop(
+    kernel: Kernel,
+    L: _Launch,
+    gates: Tensor,
+    w_hh: Tensor,
+    bias_hn: Tensor | None,
+    states0: tuple[Tensor, ...],
+    save: bool,
+) -> tuple[tuple[Tensor, ...], Tensor | None]:
+    """The step loop: ``(states (T + 1, B, H) each, rec or None)``, ``gates`` activated
+    in place."""
+    T, B, H = gates.shape[0], states0[0].shape[0], w_hh.shape[1]
+    states = tuple(gates.new_empty(T + 1, B, H) for _ in states0)
+    for buf, s0 in zip(states, states0, strict=True):
+        buf[0].copy_(s0)
+    reg = L.reg
     hs = states[0]
     # what each step's product reads: h_{t-1}, or h_{t-1} ⊙ m that the launch before wrote
     hm = None if reg.rm is None else hs[0] * reg.rm
     reads = hs.unbind(0) if hm is None else (hm,) * T
     rec = None
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+    with torch.cuda.device(gates.device) if gates.is_cuda else contextlib.nullcontext():
         if isinstance(kernel, LSTMKernel):
-            hw, w_t = x.new_empty(B, 4 * H), w.weight_hh.T
+            hw, w_t = gates.new_empty(B, 4 * H), w_hh.T
             kw = L.kw(L.k.lstm_forward, hm=hm)
             for t in range(T):
                 torch.mm(reads[t], w_t, out=hw)
                 L.k.lstm_forward[L.grid](gates, hw, hs, states[1], L.mask, L.reset, t, B, H, **kw)
         elif isinstance(kernel, RNNKernel):
-            hw, w_t = x.new_empty(B, H), w.weight_hh.T
+            hw, w_t = gates.new_empty(B, H), w_hh.T
             kw = L.kw(L.k.rnn_forward, hm=hm, ACT=_ACTIVATIONS[kernel.nonlinearity])
             for t in range(T):
                 torch.mm(reads[t], w_t, out=hw)
                 L.k.rnn_forward[L.grid](gates, hw, hs, L.mask, L.reset, t, B, H, **kw)
         else:
             assert isinstance(kernel, GRUKernel)
-            rec = x.new_empty(T if save else 1, B, H)
-            _gru_forward(kernel, L, gates, hs, rec, w, save, reads, hm)
-    return x_flat, states, gates, rec, L
+            rec = gates.new_empty(T if save else 1, B, H)
+            _gru_forward(kernel, L, gates, hs, rec, w_hh, bias_hn, save, reads, hm)
+    return states, rec
 
 
 _PLAIN = (LSTMKernel, GRUKernel, RNNKernel)
@@ -356,7 +413,8 @@ def _gru_forward(
     gates: Tensor,
     hs: Tensor,
     rec: Tensor,
-    w: Weights,
+    w_hh: Tensor,
+    bias_hn: Tensor | None,
     save: bool,
     reads: tuple[Tensor, ...],
     hm: Tensor | None,
@@ -365,17 +423,17 @@ def _gru_forward(
     keep = kernel.update == "keep"
     rec_steps = rec.unbind(0)
     if kernel.reset == "after":
-        hw, w_t = hs.new_empty(B, 3 * H), w.weight_hh.T
-        assert w.bias_hn is not None  # a GRU with reset="after" always has it
+        hw, w_t = hs.new_empty(B, 3 * H), w_hh.T
+        assert bias_hn is not None  # a GRU with reset="after" always has it
         kw = L.kw(L.k.gru_after_forward, hm=hm, KEEP=keep)
         for t in range(T):
             torch.mm(reads[t], w_t, out=hw)
             L.k.gru_after_forward[L.grid](
-                gates, hw, w.bias_hn, hs, rec, L.mask, L.reset, t, t if save else 0, B, H, **kw
+                gates, hw, bias_hn, hs, rec, L.mask, L.reset, t, t if save else 0, B, H, **kw
             )
         return
     hw, hn = hs.new_empty(B, 2 * H), hs.new_empty(B, H)
-    w_rz, w_n = w.weight_hh[: 2 * H].T, w.weight_hh[2 * H :].T
+    w_rz, w_n = w_hh[: 2 * H].T, w_hh[2 * H :].T
     kw_gates = L.kw(L.k.gru_before_gates)
     kw_state = L.kw(L.k.gru_before_state, hm=hm, KEEP=keep)
     for t in range(T):
@@ -415,7 +473,54 @@ def _backward(
     d_finals: tuple[Tensor | None, ...],
 ) -> tuple[Tensor, Tensor | None, tuple[Tensor, ...]]:
     """The sweep from step T down to 1: ``(d_xp (T, B, G·H), d_rec, ∂L/∂states0)``;
-    ``d_rec`` the GRU (after)'s recurrent gradients ``(T, B, 3H)``, else None."""
+    ``d_rec`` the GRU (after)'s recurrent gradients ``(T, B, 3H)``, else None. Eager, or
+    in a CUDA graph where :mod:`rnnkit.bptt.gpu_graphs` is switched on."""
+    if gpu_graphs.wanted(gates):
+        mask, reset = (L.mask if L.has_mask else None), (L.reset if L.has_reset else None)
+        inputs = (gates, rec, w_hh, d_out, mask, reset, *L.reg, *states, *d_finals)
+        run = functools.partial(_backward_tensors, kernel, len(states))
+        got = gpu_graphs.replayed(("backward", gpu_graphs.form(kernel)), run, inputs)
+        if got is not None:
+            d_xp, d_rec, *d = got
+            assert d_xp is not None
+            return d_xp, d_rec, tuple(cast("list[Tensor]", d))
+    return _sweep(kernel, L, states, gates, rec, w_hh, d_out, d_finals)
+
+
+def _backward_tensors(
+    kernel: Kernel,
+    n: int,
+    gates: Tensor,
+    rec: Tensor | None,
+    w_hh: Tensor,
+    d_out: Tensor | None,
+    mask: Tensor | None,
+    reset: Tensor | None,
+    rm: Tensor | None,
+    kh: Tensor | None,
+    kc: Tensor | None,
+    cn: Tensor | None,
+    *rest: Tensor | None,
+) -> tuple[Tensor | None, ...]:
+    """:func:`_sweep` over tensors alone (what a CUDA graph captures): ``rest`` the ``n``
+    states and the ``n`` final states' gradients; ``(d_xp, d_rec, *∂L/∂states0)``."""
+    states = cast("tuple[Tensor, ...]", rest[:n])
+    hs = states[0]
+    L = _launch(hs, hs.shape[1], hs.shape[2], mask, reset, _Reg(rm, kh, kc, cn))
+    d_xp, d_rec, d = _sweep(kernel, L, states, gates, rec, w_hh, d_out, rest[n:])
+    return (d_xp, d_rec, *d)
+
+
+def _sweep(
+    kernel: Kernel,
+    L: _Launch,
+    states: tuple[Tensor, ...],
+    gates: Tensor,
+    rec: Tensor | None,
+    w_hh: Tensor,
+    d_out: Tensor | None,
+    d_finals: tuple[Tensor | None, ...],
+) -> tuple[Tensor, Tensor | None, tuple[Tensor, ...]]:
     hs = states[0]
     T, B, H = hs.shape[0] - 1, hs.shape[1], hs.shape[2]
     d_xp = gates.new_empty(gates.shape)
