@@ -56,7 +56,7 @@ import torch
 
 import rnnkit
 from rnnkit import GRU, LSTM, RNN
-from rnnkit.bptt import fused, gpu_graphs, gpu_steps, native, recurrence
+from rnnkit.bptt import fused, gpu_graphs, gpu_route, native, recurrence
 from rnnkit.types import LSTMState
 
 WINDOW = 20  # τ of the speed rows' windowed BPTT(τ)
@@ -192,7 +192,7 @@ def _timed(fn, device: str, rounds: int, block_s: float = 0.2) -> list[float]:
 
 def _with_steps(device: str) -> bool:
     """Whether the Triton steps can run here (a GPU and triton)."""
-    return device == "cuda" and gpu_steps.triton_available()
+    return device == "cuda" and gpu_route.triton_available()
 
 
 def _variant(cell: str, H: int, device: str):

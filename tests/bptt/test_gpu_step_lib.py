@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rnnkit.bptt import gpu_steps, native
+from rnnkit.bptt import gpu_route, native
 from rnnkit.bptt.dispatch import python_step_kernel
 from rnnkit.bptt.fused import use_fused
 from rnnkit.bptt.gpu_step_lib import TritonGRUStep, TritonStepLib
@@ -179,7 +179,7 @@ class _CudaLike:
 
 
 def test_python_step_kernel_chooses_the_triton_step(monkeypatch):
-    monkeypatch.setitem(gpu_steps._why, "cuda:0", None)  # the first-use test: they run
+    monkeypatch.setitem(gpu_route._why, "cuda:0", None)  # the first-use test: they run
     lstm, gru = LSTMKernel(), GRUKernel("keep", "before")
     cpu = torch.zeros(2, 3)
     with use_fused("auto"):  # CUDA tensors with triton: the Triton step, no library
@@ -192,9 +192,9 @@ def test_python_step_kernel_chooses_the_triton_step(monkeypatch):
         step, lib = python_step_kernel(lstm, cpu)  # the CPU's default is unchanged
         assert not isinstance(getattr(step, "lib", None), TritonStepLib)
         assert (lib is None) == (step is lstm)
-        monkeypatch.setitem(gpu_steps._found, "triton", False)  # triton not installed
+        monkeypatch.setitem(gpu_route._found, "triton", False)  # triton not installed
         assert python_step_kernel(lstm, _CudaLike()) == (lstm, None)
-    monkeypatch.setitem(gpu_steps._found, "triton", True)
+    monkeypatch.setitem(gpu_route._found, "triton", True)
     with use_fused("loop"):
         assert python_step_kernel(lstm, _CudaLike()) == (lstm, None)
     with use_fused("triton"):  # forced: on the CPU too (in the interpreter)
@@ -204,7 +204,7 @@ def test_python_step_kernel_chooses_the_triton_step(monkeypatch):
         monkeypatch.delenv("TRITON_INTERPRET")
         with pytest.raises(ConfigError, match="TRITON_INTERPRET=1"):
             python_step_kernel(lstm, cpu)
-        monkeypatch.setitem(gpu_steps._found, "triton", False)
+        monkeypatch.setitem(gpu_route._found, "triton", False)
         with pytest.raises(ConfigError, match=r"pip install 'rnnkit\[gpu\]'"):
             python_step_kernel(lstm, cpu)
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import rnnkit
-from rnnkit.bptt import dispatch, fused, gpu_steps, recurrence
+from rnnkit.bptt import dispatch, fused, gpu_route, gpu_steps, recurrence
 from rnnkit.bptt.backward import backward_sweep, weight_grads
 from rnnkit.bptt.dispatch import LOOP, STEPS, route
 from rnnkit.bptt.forward import forward_pass
@@ -304,7 +304,7 @@ class _CudaLike:
 @pytest.fixture
 def kernels_run_on_cuda(monkeypatch):
     """The Triton kernels' first-use test on cuda:0 answered: they run."""
-    monkeypatch.setitem(gpu_steps._why, "cuda:0", None)
+    monkeypatch.setitem(gpu_route._why, "cuda:0", None)
 
 
 class _BrokenLaunch:
@@ -321,10 +321,10 @@ class _BrokenLaunch:
 def kernels_cannot_run(monkeypatch):
     """triton imports, but no kernel builds: the first-use test fails (not looked up yet)."""
     monkeypatch.setitem(sys.modules, "broken_kernels", SimpleNamespace(probe=_BrokenLaunch()))
-    monkeypatch.setattr(gpu_steps, "_KERNELS", "broken_kernels")
-    monkeypatch.setattr(gpu_steps, "_why", {})
-    monkeypatch.setattr(gpu_steps, "_warned", set())
-    monkeypatch.setitem(gpu_steps._found, "triton", True)
+    monkeypatch.setattr(gpu_route, "_PROBE", "broken_kernels")
+    monkeypatch.setattr(gpu_route, "_why", {})
+    monkeypatch.setattr(gpu_route, "_warned", set())
+    monkeypatch.setitem(gpu_route._found, "triton", True)
 
 
 @pytest.mark.usefixtures("kernels_run_on_cuda")
@@ -338,10 +338,10 @@ def test_route_auto_takes_the_steps_on_cuda_where_cudnn_cannot(monkeypatch):
         # on the CPU the loop runs (the compiled one), whatever the cell
         cpu = torch.zeros(T, B, I)
         assert _route(CELLS["gru_keep_before"]().kernel, cpu) == LOOP
-        monkeypatch.setitem(gpu_steps._found, "triton", False)  # triton not installed
+        monkeypatch.setitem(gpu_route._found, "triton", False)  # triton not installed
         assert _route(CELLS["gru_keep_before"]().kernel, x) == LOOP
     with use_fused("loop"):
-        monkeypatch.setitem(gpu_steps._found, "triton", True)
+        monkeypatch.setitem(gpu_route._found, "triton", True)
         assert _route(CELLS["gru_keep_before"]().kernel, x) == LOOP
 
 
@@ -364,7 +364,7 @@ def test_auto_falls_back_to_the_loop_with_one_warning_where_triton_cannot_run(mo
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # said once per device
             assert _route(kernel, x) == LOOP
-    assert gpu_steps._why["cuda:0"] is not None
+    assert gpu_route._why["cuda:0"] is not None
 
 
 @pytest.mark.usefixtures("kernels_cannot_run")
@@ -377,7 +377,7 @@ def test_forced_path_where_triton_cannot_run_is_one_clear_error(monkeypatch):
 
 def test_the_first_use_test_passes_where_the_kernels_run():
     # the interpreter (this module's fixture) runs them on the CPU
-    assert gpu_steps._runs_on(torch.device("cpu")) is None
+    assert gpu_route._runs_on(torch.device("cpu")) is None
 
 
 def test_forced_path_without_interpreter_or_triton_is_one_clear_error(monkeypatch):
@@ -387,7 +387,7 @@ def test_forced_path_without_interpreter_or_triton_is_one_clear_error(monkeypatc
         monkeypatch.delenv("TRITON_INTERPRET")
         with pytest.raises(ConfigError, match="TRITON_INTERPRET=1"):
             _route(kernel, x)
-        monkeypatch.setitem(gpu_steps._found, "triton", False)
+        monkeypatch.setitem(gpu_route._found, "triton", False)
         with pytest.raises(ConfigError, match=r"pip install 'rnnkit\[gpu\]'"):
             _route(kernel, x)
 

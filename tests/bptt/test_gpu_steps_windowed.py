@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import rnnkit
-from rnnkit.bptt import gpu_steps
+from rnnkit.bptt import gpu_route, gpu_steps
 from rnnkit.bptt.backward import backward_sweep, weight_grads
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.fused import use_fused
@@ -218,12 +218,12 @@ def test_steps_record_takes_the_plain_cells_only():
     x = torch.zeros(T, B, I, dtype=DT)
     lstm = LSTMCell(I, H).kernel
     with use_fused("auto"):
-        assert not gpu_steps.steps_record(lstm, x)  # the CPU's default: the loop
+        assert not gpu_route.steps_record(lstm, x)  # the CPU's default: the loop
     with use_fused("loop"):
-        assert not gpu_steps.steps_record(lstm, x)
+        assert not gpu_route.steps_record(lstm, x)
     with use_fused("triton"):
         for make in CELLS.values():
-            assert gpu_steps.steps_record(make().kernel, x)
-        assert not gpu_steps.steps_record(lstm, x.half())
-        assert not gpu_steps.steps_record(LayerNormLSTMCell(I, H).kernel, x)
-        assert not gpu_steps.steps_record(regularized(lstm, torch.ones(B, H), None), x)
+            assert gpu_route.steps_record(make().kernel, x)
+        assert not gpu_route.steps_record(lstm, x.half())
+        assert not gpu_route.steps_record(LayerNormLSTMCell(I, H).kernel, x)
+        assert not gpu_route.steps_record(regularized(lstm, torch.ones(B, H), None), x)

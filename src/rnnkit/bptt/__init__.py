@@ -24,9 +24,11 @@
   ``gpu_steps_ln``) as one product and one Triton launch per step (``triton_kernels``,
   ``triton_ln_kernels``, triton imported on first use only), and the forward of the
   windowed BPTT(τ) and of the segments' recompute there (``forward_record``);
-  ``gpu_step_lib``: the compiled library's one-step LSTM operators and a GRU's step in
-  Triton (``triton_step_kernels``), for the loops that stay in Python; ``gpu_graphs``:
-  opt-in CUDA graphs over the Triton steps' loops (``use_cuda_graphs``,
+  ``gpu_route``: whether they run a layer (``wants_steps``: the functions they compute,
+  triton importable and running on the device, ``RNNKIT_GPU_PATH``); ``gpu_step_lib``:
+  the compiled library's one-step LSTM operators and a GRU's step in Triton
+  (``triton_step_kernels``), for the loops that stay in Python; ``gpu_graphs``: opt-in
+  CUDA graphs over the Triton steps' loops (``use_cuda_graphs``,
   ``RNNKIT_CUDA_GRAPHS=1``);
 * ``opaque``: the time loop as one operator of a compiled graph (``rnnkit::recurrence``,
   ``torch.library.custom_op``), its gradient the explicit BPTT's;
@@ -51,15 +53,9 @@ from rnnkit.bptt.gpu_graphs import (
     cuda_graphs_enabled,
     use_cuda_graphs,
 )
+from rnnkit.bptt.gpu_route import steps_handle, steps_record, triton_available, wants_steps
 from rnnkit.bptt.gpu_step_lib import TritonGRUStep, TritonStepLib, triton_step
-from rnnkit.bptt.gpu_steps import (
-    forward_record,
-    run_steps,
-    steps_handle,
-    steps_record,
-    triton_available,
-    wants_steps,
-)
+from rnnkit.bptt.gpu_steps import forward_record, run_steps
 from rnnkit.bptt.gpu_steps_ln import run_ln_steps
 from rnnkit.bptt.native import available, build, library, own_matmul, supports, use_native
 from rnnkit.bptt.opaque import kernel_from_name, kernel_name, run_opaque

@@ -19,7 +19,7 @@ path                when
                     (:func:`rnnkit.bptt.fused.wants_fused`: CUDA tensors by default,
                     ``RNNKIT_GPU_PATH`` forces it)
 ``triton``          eager, where the fused kernels do not but the Triton steps compute
-                    the function (:func:`rnnkit.bptt.gpu_steps.wants_steps`: CUDA
+                    the function (:func:`rnnkit.bptt.gpu_route.wants_steps`: CUDA
                     tensors with triton installed by default, ``RNNKIT_GPU_PATH=triton``
                     forces it): masks with holes, the GRU with ``reset="before"``, the
                     ``sigmoid`` cell, recurrent dropout and zoneout
@@ -44,8 +44,8 @@ from torch import Tensor
 
 from rnnkit.bptt import native
 from rnnkit.bptt.fused import traced_fused_form, wants_fused
+from rnnkit.bptt.gpu_route import wants_steps
 from rnnkit.bptt.gpu_step_lib import triton_step
-from rnnkit.bptt.gpu_steps import wants_steps
 from rnnkit.bptt.opaque import kernel_name
 from rnnkit.bptt.tracing import tracing
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights
@@ -126,7 +126,7 @@ def compiled_library(kernel: Kernel, *tensors: Tensor | None) -> Any:
 def python_step_kernel(kernel: StepKernel, *tensors: Tensor | None) -> tuple[StepKernel, Any]:
     """The step implementation a loop that stays in Python calls each step, and the
     compiled library where one is used. Where the layer path would run the Triton steps
-    (:func:`rnnkit.bptt.gpu_steps.wants_steps`: CUDA tensors with triton installed by
+    (:func:`rnnkit.bptt.gpu_route.wants_steps`: CUDA tensors with triton installed by
     default, ``RNNKIT_GPU_PATH=triton`` forces it), an LSTM's or a GRU's gate math in
     Triton launches (:func:`rnnkit.bptt.gpu_step_lib.triton_step`; no library: torch's
     operations do the rest); else an LSTM's in one compiled call per step

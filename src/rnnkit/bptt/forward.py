@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 
 from rnnkit.bptt.dispatch import compiled_library
-from rnnkit.bptt.gpu_steps import forward_record, steps_record
+from rnnkit.bptt.gpu_route import steps_record
+from rnnkit.bptt.gpu_steps import forward_record
 from rnnkit.bptt.record import ForwardRecord, Packing
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.kernel import Kernel, Weights
@@ -122,7 +123,7 @@ def forward_pass(
     itself rather than ``(T·B, I)`` rows, and the outputs may come in the input's layout
     (``ForwardRecord.outputs``).
 
-    Where :func:`rnnkit.bptt.gpu_steps.steps_record` says so (CUDA tensors with triton by
+    Where :func:`rnnkit.bptt.gpu_route.steps_record` says so (CUDA tensors with triton by
     default, ``RNNKIT_GPU_PATH=triton`` on any device), the Triton steps run the forward,
     masks and resets included, and the record is the PyTorch loop's."""
     x, states0 = _like_weights(w, x, states0)

@@ -15,7 +15,7 @@ buffers, its interface): one launch per step with ``reset="after"``, two with
 forward and backward. A simple cell's step is already one product and one activation.
 
 :func:`rnnkit.bptt.dispatch.python_step_kernel` chooses it where the layer path would run
-the Triton steps (:func:`rnnkit.bptt.gpu_steps.wants_steps`): CUDA tensors with triton
+the Triton steps (:func:`rnnkit.bptt.gpu_route.wants_steps`): CUDA tensors with triton
 installed by default, ``RNNKIT_GPU_PATH=triton`` on any device (the CPU only in
 Triton's interpreter, ``TRITON_INTERPRET=1``). Triton is imported on first use only.
 """

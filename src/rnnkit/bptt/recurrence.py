@@ -35,7 +35,8 @@ from rnnkit.bptt.dispatch import (
 )
 from rnnkit.bptt.forward import _like_weights, forward_pass
 from rnnkit.bptt.fused import run_fused
-from rnnkit.bptt.gpu_steps import run_steps, steps_record, wants_steps
+from rnnkit.bptt.gpu_route import steps_record, wants_steps
+from rnnkit.bptt.gpu_steps import run_steps
 from rnnkit.bptt.opaque import run_opaque
 from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_record
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing

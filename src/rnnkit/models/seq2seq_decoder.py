@@ -28,8 +28,8 @@ from typing import NamedTuple, cast
 import torch
 from torch import Tensor
 
+from rnnkit.bptt.gpu_route import wants_steps
 from rnnkit.bptt.gpu_step_lib import TritonGRUStep, triton_step
-from rnnkit.bptt.gpu_steps import wants_steps
 from rnnkit.bptt.tracing import tracing
 from rnnkit.cells.amp import autocast_devices_on
 from rnnkit.cells.base import CellBase
@@ -109,7 +109,7 @@ def _top(state: State) -> Tensor:
 
 def _cell_step(cell: CellBase, x: Tensor, h: State) -> State:
     """One decoder cell's step, ``cell(x, h)``; a GRU's without gradients (decoding)
-    where the Triton steps would run (a GPU, :func:`rnnkit.bptt.gpu_steps.wants_steps`)
+    where the Triton steps would run (a GPU, :func:`rnnkit.bptt.gpu_route.wants_steps`)
     with its gate math in Triton launches (:class:`rnnkit.bptt.gpu_step_lib.TritonGRUStep`,
     the same function) instead of some ten eager kernels. An LSTM cell's own step is
     torch's fused one already, a simple cell's one product and one activation."""
