@@ -31,11 +31,11 @@ mkdir -p "$out"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
 } > "$out/machine.txt" 2>&1
-timeout 180 "$PYTHON" -m pytest -v -rf --durations=15 -m gpu -p no:cacheprovider tests > "$out/pytest_gpu.txt" 2>&1
+timeout 220 "$PYTHON" -m pytest -v -rf --durations=15 -m gpu -p no:cacheprovider tests > "$out/pytest_gpu.txt" 2>&1
 echo "pytest -m gpu: exit $?" >> "$out/status.txt"
-timeout 240 "$PYTHON" benchmarks/gpu_check.py --out "$out/gpu_check.json" 2> "$out/gpu_check.log"
+timeout 220 "$PYTHON" benchmarks/gpu_check.py --out "$out/gpu_check.json" 2> "$out/gpu_check.log"
 echo "gpu_check: exit $?" >> "$out/status.txt"
-timeout 120 "$PYTHON" benchmarks/bench_tasks.py --device cuda --quick --json \
+timeout 100 "$PYTHON" benchmarks/bench_tasks.py --device cuda --quick --json \
     > "$out/bench_tasks.json" 2> "$out/bench_tasks.log"
 echo "bench_tasks --device cuda: exit $?" >> "$out/status.txt"
 if [ "$ptb" = ptb ]; then
