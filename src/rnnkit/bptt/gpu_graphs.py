@@ -2,7 +2,7 @@
 opt-in, off by default.
 
 For small layers the Triton steps' time is set by launch overhead, not by the work: a
-call of T steps issues 2T launches forward (one recurrent product and one Triton launch
+call of T steps makes 2T launches forward (one recurrent product and one Triton launch
 per step) and 2T backward, each costing some microseconds of Python and driver time. A
 ``torch.cuda.CUDAGraph`` captures one call's step loop once and replays it as a whole,
 and the gaps between the launches shrink to the GPU's own.
