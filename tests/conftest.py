@@ -433,3 +433,22 @@ def compile_for_sm90(tmp_path):
         return json.loads(run.stdout)
 
     return compile_cases
+
+
+@pytest.fixture
+def count_calls(monkeypatch):
+    """``count(owner, name)``: ``owner.name`` replaced, for this test, by a wrapper that
+    counts its calls; returns the count as ``{"n": calls}``."""
+
+    def count(owner: Any, name: str) -> dict[str, int]:
+        calls = {"n": 0}
+        real = getattr(owner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+        return calls
+
+    return count

@@ -34,16 +34,9 @@ B, T, I, H = 5, 7, 3, 4
 
 
 @pytest.fixture
-def calls(monkeypatch):
+def calls(count_calls):
     """How many fused calls ran."""
-    count = {"n": 0}
-    real = fused._call
-
-    def counted(*args, **kwargs):
-        count["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(fused, "_call", counted)
+    count = count_calls(fused, "_call")
     return count
 
 

@@ -278,17 +278,10 @@ def test_attention_decoder_on_the_triton_step_equals_the_cpu_path(kind, cell, mo
 @pytest.mark.parametrize(
     ("reset", "wiring"), [("after", "before"), ("before", "after"), ("before", "before")]
 )
-def test_decoding_a_gru_decoder_on_the_triton_step_equals_the_cpu_path(reset, wiring, monkeypatch):
+def test_decoding_a_gru_decoder_on_the_triton_step_equals_the_cpu_path(reset, wiring, count_calls):
     # without gradients, each decoder cell's step (two layers) runs on TritonGRUStep where
     # the Triton steps would run; the same log-probabilities as the cells' own steps
-    calls = {"n": 0}
-    real = TritonGRUStep.step_into
-
-    def spy(self, *args):
-        calls["n"] += 1
-        return real(self, *args)
-
-    monkeypatch.setattr(TritonGRUStep, "step_into", spy)
+    calls = count_calls(TritonGRUStep, "step_into")
     torch.manual_seed(0)
     shape = ModelSpec(cell="gru", update="keep", reset=reset, hidden=5, embedding=3, layers=2,
                       attention="additive", attention_wiring=wiring, context="input")  # fmt: skip

@@ -49,16 +49,9 @@ def _run(layer, x, mask, device, dtype):
 
 
 @pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
-def test_on_cuda_the_default_path_runs_the_triton_steps(name, cls, kw, monkeypatch):
+def test_on_cuda_the_default_path_runs_the_triton_steps(name, cls, kw, count_calls):
     pytest.importorskip("triton")
-    count = {"n": 0}
-    real = recurrence.run_steps
-
-    def counted(*args, **kwargs):
-        count["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(recurrence, "run_steps", counted)
+    count = count_calls(recurrence, "run_steps")
     torch.manual_seed(0)
     layer = cls(I, H, num_layers=2, bidirectional=True, **kw)
     mask = torch.rand(B, T) < 0.8  # holes
@@ -99,16 +92,9 @@ def _moved(masks, device, dtype):
 
 
 @pytest.mark.parametrize("cls, kw", [(rnnkit.LSTM, {}), (rnnkit.GRU, {"reset": "before"})])
-def test_on_cuda_recurrent_dropout_and_zoneout_run_the_triton_steps(cls, kw, monkeypatch):
+def test_on_cuda_recurrent_dropout_and_zoneout_run_the_triton_steps(cls, kw, count_calls):
     pytest.importorskip("triton")
-    count = {"n": 0}
-    real = recurrence.run_steps
-
-    def counted(*args, **kwargs):
-        count["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(recurrence, "run_steps", counted)
+    count = count_calls(recurrence, "run_steps")
     torch.manual_seed(0)
     layer = cls(I, H, num_layers=2, bidirectional=True, recurrent_dropout=0.3, zoneout=0.2, **kw)
     mask = torch.rand(B, T) < 0.8  # holes
@@ -146,18 +132,11 @@ WINDOWED = [
 
 
 @pytest.mark.parametrize("name, cls, kw, resets", WINDOWED, ids=[w[0] for w in WINDOWED])
-def test_on_cuda_a_window_runs_the_triton_forward(name, cls, kw, resets, monkeypatch):
+def test_on_cuda_a_window_runs_the_triton_forward(name, cls, kw, resets, count_calls):
     pytest.importorskip("triton")
     from rnnkit.bptt import gpu_steps
 
-    count = {"n": 0}
-    real = gpu_steps._forward
-
-    def counted(*args, **kwargs):
-        count["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(gpu_steps, "_forward", counted)
+    count = count_calls(gpu_steps, "_forward")
     torch.manual_seed(0)
     layer = cls(I, H, num_layers=2, **kw)
     mask = torch.rand(B, T) < 0.8  # holes
@@ -247,18 +226,11 @@ def test_on_cuda_the_attention_decoder_runs_the_triton_step(kind, cell, monkeypa
 
 
 @pytest.mark.parametrize("reset", ["after", "before"])
-def test_on_cuda_decoding_a_gru_decoder_runs_the_triton_step(reset, monkeypatch):
+def test_on_cuda_decoding_a_gru_decoder_runs_the_triton_step(reset, count_calls):
     # without gradients a GRU decoder's cell steps run on TritonGRUStep: the CPU's
     # log-probabilities (the cells' own steps) in float64
     pytest.importorskip("triton")
-    calls = {"n": 0}
-    real = TritonGRUStep.step_into
-
-    def counted(self, *args):
-        calls["n"] += 1
-        return real(self, *args)
-
-    monkeypatch.setattr(TritonGRUStep, "step_into", counted)
+    calls = count_calls(TritonGRUStep, "step_into")
     torch.manual_seed(0)
     shape = ModelSpec(cell="gru", reset=reset, hidden=8, embedding=4, layers=2,
                       attention="additive", context="input")  # fmt: skip

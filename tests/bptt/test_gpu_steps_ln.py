@@ -131,15 +131,8 @@ def test_ln_steps_without_steps_or_rows(name, steps, rows):
         (rnnkit.GRU, {"update": "keep", "reset": "after"}),
     ],
 )
-def test_public_layer_norm_layer_on_the_triton_steps_equals_the_loop(cls, options, monkeypatch):
-    calls = {"n": 0}
-    real = recurrence.run_steps
-
-    def counted(*args, **kwargs):
-        calls["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(recurrence, "run_steps", counted)
+def test_public_layer_norm_layer_on_the_triton_steps_equals_the_loop(cls, options, count_calls):
+    calls = count_calls(recurrence, "run_steps")
     torch.manual_seed(2)
     layer = cls(I, H, layer_norm=True, **options).double()
     with torch.no_grad():

@@ -187,19 +187,12 @@ def test_the_gru_refuses_a_recurrent_mask():
 )
 @pytest.mark.parametrize("training", [True, False])
 def test_public_layer_with_fixed_masks_on_the_triton_steps_equals_the_loop(
-    cls, options, training, monkeypatch
+    cls, options, training, count_calls
 ):
     """The public layer with the same drawn masks (training) or zoneout's expectation
     (evaluation), forced onto the Triton steps, equals the PyTorch loop, and the Triton
     steps ran every layer and direction."""
-    calls = {"n": 0}
-    real = recurrence.run_steps
-
-    def counted(*args, **kwargs):
-        calls["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(recurrence, "run_steps", counted)
+    calls = count_calls(recurrence, "run_steps")
     torch.manual_seed(2)
     layer = cls(I, H, layer_norm=True, **options).double()
     with torch.no_grad():

@@ -189,16 +189,9 @@ def test_the_masks_change_the_function():
 
 
 @pytest.fixture
-def steps_calls(monkeypatch):
+def steps_calls(count_calls):
     """How many layers the Triton steps ran."""
-    count = {"n": 0}
-    real = recurrence.run_steps
-
-    def counted(*args, **kwargs):
-        count["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(recurrence, "run_steps", counted)
+    count = count_calls(recurrence, "run_steps")
     return count
 
 

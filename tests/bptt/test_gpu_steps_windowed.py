@@ -47,16 +47,9 @@ CELLS = {
 
 
 @pytest.fixture
-def launches(monkeypatch):
+def launches(count_calls):
     """How many forwards the Triton steps ran (their driver, ``gpu_steps._forward``)."""
-    count = {"n": 0}
-    real = gpu_steps._forward
-
-    def counted(*args, **kwargs):
-        count["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(gpu_steps, "_forward", counted)
+    count = count_calls(gpu_steps, "_forward")
     return count
 
 

@@ -244,20 +244,8 @@ def test_only_input_dropout_in_training_refuses_a_projected_input():
         assert LSTM(70, 8, **{option: 0.2}).takes_projected(like)
 
 
-def _counted(monkeypatch):
-    count = {"n": 0}
-    real = fused._call
-
-    def counted(*args, **kwargs):
-        count["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(fused, "_call", counted)
-    return count
-
-
-def test_weight_drop_runs_fused_with_the_masked_weight(monkeypatch, gen):
-    count = _counted(monkeypatch)
+def test_weight_drop_runs_fused_with_the_masked_weight(count_calls, gen):
+    count = count_calls(fused, "_call")
     layer = LSTM(I, H, num_layers=2, weight_drop=0.5).double()
     x = torch.randn(B, T, I, generator=gen, dtype=torch.float64, requires_grad=True)
     masks = layer.draw_masks(B, T, x)
@@ -274,10 +262,10 @@ def test_weight_drop_runs_fused_with_the_masked_weight(monkeypatch, gen):
 
 
 @pytest.mark.parametrize("name", ["recurrent_dropout", "zoneout"])
-def test_in_loop_options_refuse_the_fused_path(name, monkeypatch, gen):
+def test_in_loop_options_refuse_the_fused_path(name, count_calls, gen):
     """Forced to the fused path, a layer with these options runs the PyTorch loop (the
     fused kernels do not compute its function) and equals the loop's result."""
-    count = _counted(monkeypatch)
+    count = count_calls(fused, "_call")
     layer = LSTM(I, H, **{name: 0.5}).double()
     x = torch.randn(B, T, I, generator=gen, dtype=torch.float64)
     masks = layer.draw_masks(B, T, x)
