@@ -203,7 +203,13 @@ def test_bidirectional_stack_with_holes_through_the_public_layer(cls, options, s
 
 
 @pytest.mark.parametrize(
-    ("cls", "options"), [(rnnkit.GRU, {"reset": "before"}), (rnnkit.LSTM, {"num_layers": 2})]
+    ("cls", "options"),
+    [
+        (rnnkit.GRU, {"reset": "before"}),
+        (rnnkit.LSTM, {"num_layers": 2}),
+        (rnnkit.LSTM, {"num_layers": 2, "layer_norm": True}),
+        (rnnkit.GRU, {"num_layers": 2, "layer_norm": True, "reset": "after"}),
+    ],
 )
 def test_stack_resets_run_inside_one_triton_call_per_layer(cls, options, steps_calls):
     torch.manual_seed(4)

@@ -494,7 +494,7 @@ class StackedRecurrent(nn.Module):
             return False
         for layer in self.layers:
             cell = _directions(layer)[0].cell
-            if not isinstance(layer, Recurrent) or hasattr(cell, "input_part"):
+            if not isinstance(layer, Recurrent):
                 return False
             if not takes_resets(cell.kernel, xt, cell.weights(), mask_t, window):
                 return False
