@@ -11,6 +11,7 @@ in Triton's interpreter, ``TRITON_INTERPRET=1``), and says in one error why they
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import warnings
@@ -57,7 +58,9 @@ def _runs_on(device: torch.device) -> str | None:
         try:
             k = importlib.import_module(_PROBE)
             out = torch.zeros(1, device=device)
-            k.probe[(1,)](out)
+            # Triton launches on the current device: the probe's own (cuda:1 need not be it)
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+                k.probe[(1,)](out)
             _why[key] = None if out.item() == 1.0 else "a test kernel ran but wrote nothing"
         except Exception as e:  # any failure to build or launch says the same
             lines = str(e).strip().splitlines() or [""]

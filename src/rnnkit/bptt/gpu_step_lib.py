@@ -22,6 +22,7 @@ Triton's interpreter, ``TRITON_INTERPRET=1``). Triton is imported on first use o
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -46,6 +47,12 @@ def _grid(n: int) -> tuple[tuple[int], int]:
     while block < min(n, 1024):
         block *= 2
     return (max(1, (n + block - 1) // block),), block
+
+
+def _on(t: Tensor) -> Any:
+    """The context of ``t``'s CUDA device around a step's launches: Triton launches on the
+    current device, which for tensors on ``cuda:1`` need not be theirs (CPU: none)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 def _check(gates: Tensor, wide: dict[str, Tensor], narrow: dict[str, Tensor]) -> tuple[int, int]:
@@ -93,8 +100,9 @@ class TritonStepLib:
         B, H = _check(xp, {"rec": rec, "bias": bias}, narrow)
         grid, block = _grid(B * H)
         k: Any = importlib.import_module(_KERNELS)  # sys.modules after the first call
-        k.lstm_step[grid](xp, rec, bias, c_prev, h, c, tanh_c, B, H, BLOCK=block,
-                          enable_fp_fusion=True)  # fmt: skip
+        with _on(xp):
+            k.lstm_step[grid](xp, rec, bias, c_prev, h, c, tanh_c, B, H, BLOCK=block,
+                              enable_fp_fusion=True)  # fmt: skip
 
     def lstm_step_backward(
         self, gates: Tensor, tanh_c: Tensor, c_prev: Tensor, d_h: Tensor, d_c: Tensor,
@@ -115,10 +123,11 @@ class TritonStepLib:
         B, H = _check(gates, {"d_gates": d_gates}, narrow)
         grid, block = _grid(B * H)
         k: Any = importlib.import_module(_KERNELS)
-        k.lstm_step_backward[grid](
-            gates, tanh_c, c_prev, d_h, d_c, d_gates, d_h if d_out is None else d_out, B, H,
-            HAS_DOUT=d_out is not None, BLOCK=block, enable_fp_fusion=True,
-        )  # fmt: skip
+        with _on(gates):
+            k.lstm_step_backward[grid](
+                gates, tanh_c, c_prev, d_h, d_c, d_gates, d_h if d_out is None else d_out, B,
+                H, HAS_DOUT=d_out is not None, BLOCK=block, enable_fp_fusion=True,
+            )  # fmt: skip
 
 
 def _contiguous(**tensors: Tensor) -> None:
@@ -168,16 +177,18 @@ class TritonGRUStep(GRUKernel):
         grid, block = _grid(B * H)
         k: Any = importlib.import_module(_KERNELS)
         keep = self.update == "keep"
-        if self.reset == "after":
-            rec3 = torch.mm(h_prev, prep.weight_hh_t)  # (B, 3H)
-            k.gru_after_step[grid](rz, n, rec3, prep.bias_hn, h_prev, out[0], rec,
-                                   B, H, KEEP=keep, BLOCK=block, enable_fp_fusion=True)  # fmt: skip
-            return
-        rec2 = torch.mm(h_prev, prep.weight_hh_t)  # (B, 2H)
-        k.gru_before_gates[grid](rz, rec2, h_prev, rec, B, H, BLOCK=block, enable_fp_fusion=True)
-        n.addmm_(rec, prep.weight_hn_t)  # + (r ⊙ h_{t-1}) W_nhᵀ
-        k.gru_before_state[grid](rz, n, h_prev, out[0], B, H, KEEP=keep, BLOCK=block,
-                                 enable_fp_fusion=True)  # fmt: skip
+        with _on(h_prev):
+            if self.reset == "after":
+                rec3 = torch.mm(h_prev, prep.weight_hh_t)  # (B, 3H)
+                k.gru_after_step[grid](rz, n, rec3, prep.bias_hn, h_prev, out[0], rec, B, H,
+                                       KEEP=keep, BLOCK=block, enable_fp_fusion=True)  # fmt: skip
+                return
+            rec2 = torch.mm(h_prev, prep.weight_hh_t)  # (B, 2H)
+            k.gru_before_gates[grid](rz, rec2, h_prev, rec, B, H, BLOCK=block,
+                                     enable_fp_fusion=True)  # fmt: skip
+            n.addmm_(rec, prep.weight_hn_t)  # + (r ⊙ h_{t-1}) W_nhᵀ
+            k.gru_before_state[grid](rz, n, h_prev, out[0], B, H, KEEP=keep, BLOCK=block,
+                                     enable_fp_fusion=True)  # fmt: skip
 
     def backward_cache(
         self, cache: tuple[Tensor, ...], states: tuple[Tensor, ...]
@@ -204,16 +215,17 @@ class TritonGRUStep(GRUKernel):
         k: Any = importlib.import_module(_KERNELS)
         after = self.reset == "after"
         d_prev = torch.empty_like(d_h)  # the direct part of ∂L/∂h_{t-1}
-        k.gru_step_backward[grid](
-            rz, n, rec, h_prev, d_h, d_xp, d_hp, d_prev, B, H,
-            KEEP=self.update == "keep", AFTER=after, BLOCK=block, enable_fp_fusion=True,
-        )  # fmt: skip
         W = w.weight_hh
-        if after:  # d_hp: the candidate's recurrent gradient d_an ⊙ r
-            return (d_prev.addmm_(d_xp[:, : 2 * H], W[: 2 * H]).addmm_(d_hp, W[2 * H :]),)
-        d_rh = d_xp[:, 2 * H :] @ W[2 * H :]  # ∂L/∂(r ⊙ h_{t-1})
-        k.gru_before_backward[grid](rz, h_prev, d_rh, d_xp, d_prev, B, H, BLOCK=block,
-                                    enable_fp_fusion=True)  # fmt: skip
+        with _on(h_prev):
+            k.gru_step_backward[grid](
+                rz, n, rec, h_prev, d_h, d_xp, d_hp, d_prev, B, H,
+                KEEP=self.update == "keep", AFTER=after, BLOCK=block, enable_fp_fusion=True,
+            )  # fmt: skip
+            if after:  # d_hp: the candidate's recurrent gradient d_an ⊙ r
+                return (d_prev.addmm_(d_xp[:, : 2 * H], W[: 2 * H]).addmm_(d_hp, W[2 * H :]),)
+            d_rh = d_xp[:, 2 * H :] @ W[2 * H :]  # ∂L/∂(r ⊙ h_{t-1})
+            k.gru_before_backward[grid](rz, h_prev, d_rh, d_xp, d_prev, B, H, BLOCK=block,
+                                        enable_fp_fusion=True)  # fmt: skip
         return (d_prev.addmm_(d_xp[:, : 2 * H], W[: 2 * H]),)
 
 
