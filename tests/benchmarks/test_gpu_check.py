@@ -116,3 +116,25 @@ def test_the_suite_script_parses_and_its_tables_read_the_check(tmp_path: Path) -
     assert [[c.strip() for c in line.split("|")][at] for line in table[2:]] == ["–", "1.25"]
     assert len(table[1].split("|")) == len(table[0].split("|"))
     assert gpu_tables.main([str(tmp_path)]) == 0
+
+
+def test_the_suite_collects_every_gpu_test_file_and_no_other() -> None:
+    """The suite runs pytest on the files that hold gpu-marked tests only (collecting all of
+    tests/ imports test-only packages a GPU machine may lack): its selection, run as the
+    script runs it, is every such file."""
+    import re
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    script = (root / "benchmarks/gpu_suite.sh").read_text(encoding="utf-8")
+    line = next(x for x in script.splitlines() if x.startswith("gpu_files=$("))
+    selection = line[len("gpu_files=$(") : -1]
+    run = subprocess.run(["sh", "-c", selection], cwd=root, capture_output=True, text=True)
+    got = set(run.stdout.split())
+    want = {
+        str(p.relative_to(root))
+        for p in (root / "tests").rglob("test_*.py")
+        if re.search(r"\bmark\.gpu\b", p.read_text(encoding="utf-8"))
+    }
+    assert want and got == want
+    assert re.search(r"-m gpu .*\n.*\$gpu_files", script)
