@@ -143,7 +143,10 @@ def correctness(device: str, sizes: tuple[int, int, int, int], path: str = "auto
         with native.use_native(False), fused.use_fused("loop"):  # the oracle
             ref = _run(layer, x, mask, state, "cpu", torch.float64)
         for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-5)):
-            with fused.use_fused(path), _FusedCalls() as calls:
+            # TF32 off, so that float32 is float32: cuDNN's recurrent kernels use TF32 by
+            # default (torch.backends.cudnn.allow_tf32), far outside 2e-5
+            no_tf32 = torch.backends.cudnn.flags(enabled=True, allow_tf32=False)
+            with fused.use_fused(path), _FusedCalls() as calls, no_tf32:
                 got = _run(layer, x, mask, state, device, dtype)
             err = 0.0
             for a, b in zip(got, ref, strict=True):

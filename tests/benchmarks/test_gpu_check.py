@@ -138,3 +138,25 @@ def test_the_suite_collects_every_gpu_test_file_and_no_other() -> None:
     }
     assert want and got == want
     assert re.search(r"-m gpu .*\n.*\$gpu_files", script)
+
+
+def test_the_correctness_rows_run_without_tf32(monkeypatch) -> None:
+    """cuDNN's recurrent kernels use TF32 by default (``torch.backends.cudnn.allow_tf32``),
+    whose error is far outside the float32 rows' 2e-5: the device's runs turn it off."""
+    import torch
+
+    seen: list[tuple[str, bool]] = []
+    real = gpu_check._run
+
+    def recorded(layer, x, mask, state, device, dtype):
+        seen.append((device, torch.backends.cudnn.allow_tf32))
+        return real(layer, x, mask, state, device, dtype)
+
+    monkeypatch.setattr(gpu_check, "_run", recorded)
+    monkeypatch.setattr(gpu_check, "FORMS", gpu_check.FORMS[:1])
+    assert torch.backends.cudnn.allow_tf32  # torch's default, which the check must not keep
+    rows = gpu_check.correctness("cpu", (2, 3, 2, 2))
+    assert all(r["ok"] for r in rows)
+    # the oracle first, then each dtype's run on the device: TF32 off in the latter only
+    assert seen[:3] == [("cpu", True), ("cpu", False), ("cpu", False)]
+    assert torch.backends.cudnn.allow_tf32
