@@ -65,7 +65,11 @@ def _run(layer, x, state, path, **kwargs):
         out = layer(x, state=s0, **kwargs)
     finals = list(out.state) if isinstance(out.state, LSTMState) else [out.state]
     gen = torch.Generator().manual_seed(11)
-    weights = [torch.randn(t.shape, dtype=t.dtype, generator=gen) for t in [out.outputs, *finals]]
+    # drawn on the CPU (a CPU generator), then moved: the CUDA tier's outputs are on a GPU
+    weights = [
+        torch.randn(t.shape, dtype=t.dtype, generator=gen).to(t.device)
+        for t in [out.outputs, *finals]
+    ]
     loss = sum((t * w).sum() for t, w in zip([out.outputs, *finals], weights, strict=True))
     loss.backward()
     grads = [x.grad, *(p.grad for p in parts), *(p.grad for p in layer.parameters())]
