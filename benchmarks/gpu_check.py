@@ -194,8 +194,17 @@ def _timed(fn, device: str, rounds: int, block_s: float = 0.2) -> list[float]:
 
 
 def _with_steps(device: str) -> bool:
-    """Whether the Triton steps can run here (a GPU and triton)."""
-    return device == "cuda" and gpu_route.triton_available()
+    """Whether the Triton steps can run here: a GPU, triton, and triton's first-use probe
+    passing on it (where it fails, forcing the steps would raise, ending the check)."""
+    if device != "cuda" or not gpu_route.triton_available():
+        return False
+    why = gpu_route._runs_on(torch.device("cuda", torch.cuda.current_device()))
+    if why is not None:
+        print(
+            f"gpu_check: the Triton steps cannot run here ({why}): rows without them",
+            file=sys.stderr,
+        )
+    return why is None
 
 
 def _variant(cell: str, H: int, device: str):

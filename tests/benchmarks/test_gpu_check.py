@@ -160,3 +160,19 @@ def test_the_correctness_rows_run_without_tf32(monkeypatch) -> None:
     # the oracle first, then each dtype's run on the device: TF32 off in the latter only
     assert seen[:3] == [("cpu", True), ("cpu", False), ("cpu", False)]
     assert torch.backends.cudnn.allow_tf32
+
+
+def test_the_triton_rows_need_triton_to_run_on_the_gpu(monkeypatch) -> None:
+    """triton installed but failing its first-use probe on the GPU (a driver it does not
+    support, say): the check runs without the Triton rows rather than raising there."""
+    import torch
+
+    from rnnkit.bptt import gpu_route
+
+    monkeypatch.setattr(gpu_route, "triton_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(gpu_route, "_runs_on", lambda device: "RuntimeError: no driver")
+    assert not gpu_check._with_steps("cuda")
+    monkeypatch.setattr(gpu_route, "_runs_on", lambda device: None)
+    assert gpu_check._with_steps("cuda")
+    assert not gpu_check._with_steps("cpu")
