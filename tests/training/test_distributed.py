@@ -99,3 +99,36 @@ def test_single_process_context_is_identity():
     assert not ctx.enabled and ctx.is_main
     assert ctx.rows(t, dim=2) is t and ctx.gather_rows(t, dim=2) is t
     assert ctx.all_sum(1.5, 2) == [1.5, 2]
+
+
+def test_with_cuda_each_process_takes_its_local_gpu_and_nccl_reduces_there(monkeypatch):
+    """Under torchrun with ``--device cuda`` each process sets its device to LOCAL_RANK
+    before joining (NCCL refuses two ranks on one GPU) and the collectives' own tensors
+    live there (NCCL reduces CUDA tensors only). The process group and the GPU are stand-ins
+    here: what is asked of them is recorded."""
+    from rnnkit.training import distributed
+
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(distributed.dist, "is_available", lambda: True)
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    monkeypatch.setattr(
+        distributed.dist,
+        "init_process_group",
+        lambda backend: calls.append(("init", backend)),
+    )
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: 2)
+    ctx = distributed.init_distributed("cuda")
+    assert calls == [("set_device", 1), ("init", "nccl")]
+    assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.device) == (1, 2, 1, "cuda:1")
+    assert distributed.init_distributed("cpu").device == "cpu"
+    seen: list[torch.device] = []
+    monkeypatch.setattr(distributed.dist, "all_reduce", lambda t: seen.append(t.device))
+    # the sum's tensor is made on ctx.device ("meta" stands in for a GPU: no values needed)
+    meta = DistContext(0, 2, 0, "meta")
+    with pytest.raises((NotImplementedError, RuntimeError)):  # .tolist() of meta: after it
+        meta.all_sum(1.0)
+    assert seen == [torch.device("meta")]

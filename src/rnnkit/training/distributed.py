@@ -42,6 +42,8 @@ class DistContext:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    # where the collectives' own tensors live: NCCL reduces CUDA tensors only
+    device: str = "cpu"
 
     @property
     def enabled(self) -> bool:
@@ -74,7 +76,7 @@ class DistContext:
         """Sum numbers over all processes (identity for one process)."""
         if not self.enabled:
             return list(values)
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return t.tolist()
 
@@ -89,10 +91,17 @@ def init_distributed(device_type: str = "cpu") -> DistContext:
         return DistContext()
     if not dist.is_available():
         raise ConfigError("torch.distributed is not available in this torch build")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = "cpu"
+    if device_type == "cuda":
+        # each process its own GPU (LOCAL_RANK): --device cuda then means this one, and
+        # NCCL refuses two ranks on one device
+        torch.cuda.set_device(local_rank)
+        device = f"cuda:{local_rank}"
     if not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
         dist.init_process_group(backend=backend)
-    return DistContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+    return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, device)
 
 
 def shutdown_distributed() -> None:
