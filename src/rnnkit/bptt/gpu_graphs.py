@@ -125,8 +125,12 @@ def cuda_graph_stats() -> dict[str, int]:
 
 
 def cached_keys(device: torch.device | str) -> list[tuple[Any, ...]]:
-    """The keys cached for ``device``, least recently used first."""
-    return list(_cache.get(str(torch.device(device)), {}))
+    """The keys cached for ``device``, least recently used first (``"cuda"``: the current
+    CUDA device, as the cache names devices by their tensors' ``cuda:N``)."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return list(_cache.get(str(d), {}))
 
 
 def clear_cuda_graphs() -> None:
