@@ -100,6 +100,12 @@ def _split(d, keep, at, ok, Z: tl.constexpr):
 
 
 @triton.jit
+def _mix(n, hp, z, KEEP: tl.constexpr):
+    """The GRU's new state: ``n + z (h_{t-1} − n)`` (KEEP) or ``h_{t-1} + z (n − h_{t-1})``."""
+    return n + z * (hp - n) if KEEP else hp + z * (n - hp)
+
+
+@triton.jit
 def _store_state(hs, hm, rm, at, offs, ok, real, h, hp, RMASK: tl.constexpr):
     """``h_t`` (held at a padded step) into ``hs``, and ``h_t ⊙ m`` into ``hm`` (RMASK)."""
     h = tl.where(real, h, hp)
@@ -303,7 +309,7 @@ def gru_after_forward(
     r = _sigmoid(ar)
     z = _sigmoid(az)
     n = _tanh(tl.load(g_at + 2 * H, mask=ok, other=0.0) + r * bracket)
-    h = n + z * (hp - n) if KEEP else hp + z * (n - hp)
+    h = _mix(n, hp, z, KEEP)
     h = _zone(h, hp, kh, k_at, ok, ZH)
     tl.store(g_at, r, mask=ok)
     tl.store(g_at + H, z, mask=ok)
@@ -360,7 +366,7 @@ def gru_before_state(
     hp = tl.where(zero, 0.0, tl.load(hs + s_at, mask=ok, other=0.0))
     z = tl.load(g_at + H, mask=ok, other=0.0)
     n = _tanh(tl.load(g_at + 2 * H, mask=ok, other=0.0) + tl.load(hn + offs, mask=ok, other=0.0))
-    h = n + z * (hp - n) if KEEP else hp + z * (n - hp)
+    h = _mix(n, hp, z, KEEP)
     h = _zone(h, hp, kh, k_at, ok, ZH)
     tl.store(g_at + 2 * H, n, mask=ok)
     _store_state(hs, hm, rm, s_at + B * H, offs, ok, real, h, hp, RMASK)

@@ -8,7 +8,7 @@ The LSTM's are the compiled library's one-step operators (``lstm_step``,
 GRU's fill the buffers of :class:`rnnkit.cells.gru.GRUKernel`'s step (``rz``, ``n``,
 ``rec``; ``d_xp`` in the order r, z, n). Imported on first use only (``import rnnkit`` never
 imports triton); under ``TRITON_INTERPRET=1`` (read when this module is imported) they
-run on the CPU in Triton's interpreter. The gate helpers come from
+run on the CPU in Triton's interpreter. The gate helpers (σ, tanh, the GRU's mix) come from
 :mod:`rnnkit.bptt.triton_kernels`, imported, like this module, after the interpreter is
 switched on.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rnnkit.bptt.triton_kernels import _sigmoid, _tanh
+from rnnkit.bptt.triton_kernels import _mix, _sigmoid, _tanh
 
 # Triton kernels take pointers and integers; annotations would change their signatures.
 
@@ -95,12 +95,6 @@ def lstm_step_backward(
     tl.store(d_at + 3 * H, dh * tc * (o * (1.0 - o)), mask=ok)
     tl.store(d_c + offs, dct * f, mask=ok)
     tl.store(d_h + offs, tl.full(dh.shape, 0.0, dh.dtype), mask=ok)
-
-
-@triton.jit
-def _mix(n, hp, z, KEEP: tl.constexpr):
-    """The GRU's new state: ``n + z (h_{t-1} − n)`` (KEEP) or ``h_{t-1} + z (n − h_{t-1})``."""
-    return n + z * (hp - n) if KEEP else hp + z * (n - hp)
 
 
 @triton.jit
