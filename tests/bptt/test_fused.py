@@ -192,14 +192,14 @@ def test_the_choice_of_path():
     x = torch.zeros(T, B, I)
     with use_fused("fused"):
         assert wants_fused(lstm, x, None, None, False) == ("lstm", None)
-        assert wants_fused(lstm, x, mask[..., None], None, False) == ("lstm", None)  # all real
+        assert wants_fused(lstm, x, mask, None, False) == ("lstm", None)  # all real
         assert wants_fused(lstm, x, None, 3, False) is None  # BPTT(3)
         assert wants_fused(lstm, x, None, None, True) is None  # a projected input
         mask[4:, 0] = False
-        _, lengths = wants_fused(lstm, x, mask[..., None], None, False)
+        _, lengths = wants_fused(lstm, x, mask, None, False)
         assert lengths.tolist() == [4, T, T, T, T]
         mask[1, 1] = False  # a hole
-        assert wants_fused(lstm, x, mask[..., None], None, False) is None
+        assert wants_fused(lstm, x, mask, None, False) is None
     with use_fused("loop"):
         assert wants_fused(lstm, x, None, None, False) is None
     with use_fused("auto"):

@@ -19,6 +19,8 @@
   to where it supports the cell and the options, the Python loop otherwise;
 * ``fused``: PyTorch's fused kernels (cuDNN on a GPU) for the layers whose function is
   theirs, and the choice of path (``use_fused``, ``RNNKIT_GPU_PATH``);
+* ``mask_facts``: what those choices ask of a mask (every step real? lengths?), read on
+  the host once per mask;
 * ``gpu_steps``: on a GPU, the layers the fused kernels cannot run (holes, resets, the
   GRU with ``reset="before"``, the ``sigmoid`` cell, the layer-normalised cells:
   ``gpu_steps_ln``) as one product and one Triton launch per step (``triton_kernels``,
@@ -41,7 +43,6 @@ from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.fused import (
     PATHS,
     fused_form,
-    prefix_lengths,
     run_fused,
     traced_fused_form,
     use_fused,
@@ -57,6 +58,7 @@ from rnnkit.bptt.gpu_route import steps_handle, steps_record, triton_available, 
 from rnnkit.bptt.gpu_step_lib import TritonGRUStep, TritonStepLib, triton_step
 from rnnkit.bptt.gpu_steps import forward_record, run_steps
 from rnnkit.bptt.gpu_steps_ln import run_ln_steps
+from rnnkit.bptt.mask_facts import all_real, prefix_lengths
 from rnnkit.bptt.native import available, build, library, own_matmul, supports, use_native
 from rnnkit.bptt.opaque import kernel_from_name, kernel_name, run_opaque
 from rnnkit.bptt.recompute import run_recomputed
@@ -93,6 +95,7 @@ __all__ = [
     "TritonGRUStep",
     "TritonStepLib",
     "WindowUnit",
+    "all_real",
     "available",
     "backward_sweep",
     "build",

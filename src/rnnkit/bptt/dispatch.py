@@ -104,7 +104,8 @@ def route(
         ):
             return Route(GRAPH_OP)
         return Route(GRAPH_STEPS)
-    fused = wants_fused(kernel, x, mask3, window, projected)
+    # the mask as given (not a view of it): its reading on the host is kept per tensor
+    fused = wants_fused(kernel, x, None if mask3 is None else mask, window, projected)
     if fused is not None:
         return Route(FUSED, fused[0], fused[1])
     if wants_steps(kernel, x, window, projected):

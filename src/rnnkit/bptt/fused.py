@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rnnkit.bptt.mask_facts import prefix_lengths
 from rnnkit.bptt.tracing import tracing
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import Kernel, Weights
@@ -55,7 +56,6 @@ from rnnkit.cells.rnn import RNNKernel
 __all__ = [
     "PATHS",
     "fused_form",
-    "prefix_lengths",
     "run_fused",
     "traced_fused_form",
     "use_fused",
@@ -119,29 +119,16 @@ def fused_form(kernel: Kernel) -> str | None:
     return None
 
 
-def prefix_lengths(mask: Tensor) -> Tensor | None:
-    """Each column's length if the real steps of every column of ``mask (T, B)`` are a
-    prefix (``True…True False…False``), else None (a hole inside a sequence).
-
-    >>> prefix_lengths(torch.tensor([[1, 1], [1, 0], [0, 0]]).bool()).tolist()
-    [2, 1]
-    >>> prefix_lengths(torch.tensor([[1], [0], [1]]).bool()) is None
-    True
-    """
-    lengths = mask.sum(0)
-    steps = torch.arange(mask.shape[0], device=mask.device)
-    if not bool(torch.equal(steps[:, None] < lengths, mask)):
-        return None
-    return lengths
-
-
 def wants_fused(
-    kernel: Kernel, x: Tensor, mask3: Tensor | None, window: int | None, projected: bool
+    kernel: Kernel, x: Tensor, mask: Tensor | None, window: int | None, projected: bool
 ) -> tuple[str, Tensor | None] | None:
     """``(form, lengths)`` when the fused kernels should run this layer (the path in
     force, the device, the function), else None. ``lengths`` is None when every step is
-    real. ``mask3 (T, B, 1)`` bool or None (as ``clean_padding`` gives it). The first
-    test costs nothing on the CPU's hot path: it returns before looking at the mask."""
+    real, else each row's length on the host. ``mask (T, B)`` bool, or None when every
+    step is real. The first test costs nothing on the CPU's hot path: it returns before
+    looking at the mask; the mask is read on the host once per mask
+    (:mod:`rnnkit.bptt.mask_facts`: the layers of a call share the reading), not once per
+    question."""
     path = _path()
     if path not in ("auto", "fused") or (path == "auto" and x.device.type != "cuda"):
         return None
@@ -150,13 +137,12 @@ def wants_fused(
     form = fused_form(kernel)
     if form is None:
         return None
-    if mask3 is None:
+    if mask is None:
         return form, None
-    mask = mask3[..., 0]
     lengths = prefix_lengths(mask)
     if lengths is None:
         return None
-    if bool((lengths == mask.shape[0]).all()):
+    if bool((lengths == mask.shape[0]).all()):  # on the host: no wait for the device
         return form, None
     return form, lengths
 
@@ -245,7 +231,8 @@ def run_fused(
     """One direction of one layer through PyTorch's fused kernel: the same contract as
     ``run_recurrence`` (``x (T, B, I)`` with its padding already zeroed, ``states0`` each
     ``(B, H)``; returns outputs ``(T, B, H)``, held after each sequence's last step, and
-    the final states ``(B, H)``). Gradients by autograd through the fused kernel."""
+    the final states ``(B, H)``; ``lengths (B,)`` int64 on the host, or None: every step
+    real). Gradients by autograd through the fused kernel."""
     params = _fused_parameters(form, _keep_form(kernel, weights))
     train = torch.is_grad_enabled()
     T, B = x.shape[0], x.shape[1]
@@ -253,14 +240,18 @@ def run_fused(
         out, *ends = _call(form, x, tuple(s[None] for s in states0), params, None, train)
         return out, tuple(e[0] for e in ends)
     # Packed sequences: rows sorted by length, longest first; rows of length 0 never run.
+    # The lengths are on the host (packing wants them there): sorting them waits for nothing.
+    lengths = lengths.cpu()
     order = torch.argsort(lengths, descending=True, stable=True)
     sorted_lengths = lengths.index_select(0, order)
     real = int((sorted_lengths > 0).sum())
     if real == 0:
         return states0[0][None].expand(T, B, -1).clone(), tuple(s.clone() for s in states0)
-    rows = order[:real]
+    # (non_blocking: a blocking copy to the GPU would wait for the stream; from pageable
+    # memory the copy is staged at once, so the host tensors may go)
+    rows = order[:real].to(x.device, non_blocking=True)
     packed = torch.nn.utils.rnn.pack_padded_sequence(
-        x.index_select(1, rows), sorted_lengths[:real].cpu(), enforce_sorted=True
+        x.index_select(1, rows), sorted_lengths[:real], enforce_sorted=True
     )
     hx = tuple(s.index_select(0, rows)[None] for s in states0)
     data, *ends = _call(form, packed.data, hx, params, packed.batch_sizes, train)
@@ -271,6 +262,7 @@ def run_fused(
     finals = tuple(s.index_copy(0, rows, e[0]) for s, e in zip(states0, ends, strict=True))
     outputs = x.new_zeros(T, B, out_rows.shape[-1]).index_copy(1, rows, out_rows)
     steps = torch.arange(T, device=x.device)
-    real_step = (steps[:, None] < lengths)[..., None]  # (T, B, 1)
+    on_device = lengths.to(x.device, non_blocking=True)
+    real_step = (steps[:, None] < on_device)[..., None]  # (T, B, 1)
     # rnnkit holds the state after a sequence's last step: its outputs there are h_final.
     return torch.where(real_step, outputs, finals[0][None]), finals

@@ -37,6 +37,7 @@ from rnnkit.bptt.forward import _like_weights, forward_pass
 from rnnkit.bptt.fused import run_fused
 from rnnkit.bptt.gpu_route import steps_record, wants_steps
 from rnnkit.bptt.gpu_steps import run_steps
+from rnnkit.bptt.mask_facts import all_real
 from rnnkit.bptt.opaque import run_opaque
 from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_record
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
@@ -144,7 +145,7 @@ def takes_resets(
     # which the full route below would reduce for every layer of every call
     if not wants_steps(kernel, like, window, False):
         return False
-    mask3 = None if mask is None or bool(mask.all()) else mask.unsqueeze(-1)
+    mask3 = None if mask is None or all_real(mask) else mask.unsqueeze(-1)
     return route(kernel, like, weights, (), mask, mask3, window, False).path == STEPS
 
 
@@ -158,7 +159,7 @@ def clean_padding(x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None
     x = torch.where(mask3, x, 0.0)
     if tracing():  # a graph cannot branch on the data: keep the mask (same result)
         return x, mask3
-    return x, None if bool(mask.all()) else mask3
+    return x, None if all_real(mask) else mask3  # read once per mask (mask_facts)
 
 
 def _traced_recurrence(

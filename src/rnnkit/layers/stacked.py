@@ -562,9 +562,12 @@ class StackedRecurrent(nn.Module):
             raise TypeError(f"resets must be bool, got dtype {resets.dtype}")
         if self.bidirectional:
             raise ValueError("resets need a unidirectional stack (a document start is in time)")
-        resets = resets.to(x.device)
-        resets = resets if self.batch_first else resets.T
-        return resets if bool(resets.any()) else None
+        # asked where the resets are (resets made on the host, as data loaders make
+        # them, are read without waiting for the GPU), then moved
+        if not bool(resets.any()):
+            return None
+        resets = resets.to(x.device, non_blocking=True)
+        return resets if self.batch_first else resets.T
 
     def _widths_repr(self) -> str:
         w = self.hidden_sizes

@@ -1,0 +1,77 @@
+"""What the time loop's choices need to know about a mask, read once on the host.
+
+A layer asks of its mask ``(T, B)`` whether every step is real (no mask at all, then) and,
+on a GPU, whether each sequence's real steps are a prefix and how long each is (the fused
+kernels take lengths on the host). Each question asked of a CUDA mask is a wait for the
+device: asked separately, once per question, direction and layer, they would be a handful
+of waits per layer. Here the mask is copied to the host once, and every answer is computed
+from that copy; the answers are kept for the mask they came from, so the layers of one
+call that share a mask share one copy.
+
+The answers are kept for the last few masks of this thread, each recognised by identity
+and by its version counter (an in-place change to the mask is a new mask), so a result is
+never read for a mask it was not computed from.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["all_real", "prefix_lengths"]
+
+_KEEP = 4  # masks remembered per thread: a stack's mask and its directions' flipped ones
+_local = threading.local()
+
+
+def _facts(mask: Tensor) -> dict[str, Any]:
+    """The answers known for ``mask`` (its host copy under ``"host"``), found or new."""
+    # one copy to the host (one wait for a GPU); a CPU mask is used as it is
+    if mask.is_inference():  # no version counter to recognise it by: not remembered
+        return {"host": mask.detach().to("cpu")}
+    memo: list[tuple[weakref.ref[Tensor], int, dict[str, Any]]] = getattr(_local, "memo", [])
+    version = mask._version
+    for ref, seen, facts in memo:
+        if ref() is mask and seen == version:
+            return facts
+    facts = {"host": mask.detach().to("cpu")}
+    # the mask's older answers (changed since) and masks no longer alive make room
+    alive = [(entry, entry[0]()) for entry in memo]  # (`in` would compare tensors' values)
+    others = [entry for entry, held in alive if held is not None and held is not mask]
+    _local.memo = [(weakref.ref(mask), version, facts), *others[: _KEEP - 1]]
+    return facts
+
+
+def all_real(mask: Tensor) -> bool:
+    """Whether every step of ``mask`` (bool, any shape) is real.
+
+    >>> all_real(torch.tensor([[True, True], [True, False]]))
+    False
+    """
+    facts = _facts(mask)
+    if "all" not in facts:
+        facts["all"] = bool(facts["host"].all())
+    return bool(facts["all"])
+
+
+def prefix_lengths(mask: Tensor) -> Tensor | None:
+    """Each column's length, on the host (int64), if the real steps of every column of
+    ``mask (T, B)`` are a prefix (``True…True False…False``), else None (a hole inside a
+    sequence).
+
+    >>> prefix_lengths(torch.tensor([[1, 1], [1, 0], [0, 0]]).bool()).tolist()
+    [2, 1]
+    >>> prefix_lengths(torch.tensor([[1], [0], [1]]).bool()) is None
+    True
+    """
+    facts = _facts(mask)
+    if "lengths" not in facts:
+        host = facts["host"]
+        lengths = host.sum(0)
+        steps = torch.arange(host.shape[0])
+        facts["lengths"] = lengths if torch.equal(steps[:, None] < lengths, host) else None
+    return facts["lengths"]

@@ -1,0 +1,99 @@
+"""The mask's reading on the host: answers against a column-by-column check, kept per
+mask (one reading for the layers of a call), never read for a changed or another mask."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rnnkit
+from rnnkit.bptt import mask_facts
+from rnnkit.bptt.fused import use_fused
+from rnnkit.bptt.mask_facts import all_real, prefix_lengths
+
+
+def _column_lengths(mask: torch.Tensor) -> list[int] | None:
+    """The oracle: each column's length if its real steps are a prefix, by hand."""
+    out = []
+    for col in mask.T.tolist():
+        n = sum(col)
+        if col != [True] * n + [False] * (len(col) - n):
+            return None
+        out.append(n)
+    return out
+
+
+@pytest.fixture
+def fresh_memo(monkeypatch):
+    """This thread's remembered masks, emptied for the test."""
+    monkeypatch.setattr(mask_facts._local, "memo", [], raising=False)
+    return mask_facts._local
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_answers_equal_a_check_by_hand(seed, fresh_memo):
+    g = torch.Generator().manual_seed(seed)
+    T, B = 5, 4
+    lengths = torch.randint(0, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[:, None] < lengths
+    if seed % 2:
+        mask[int(torch.randint(0, T, (1,), generator=g)), 0] ^= True  # maybe a hole
+    expected = _column_lengths(mask)
+    got = prefix_lengths(mask)
+    assert (got.tolist() if got is not None else None) == expected
+    assert all_real(mask) == bool(mask.all())
+    if got is not None:
+        assert got.device.type == "cpu" and got.dtype == torch.int64
+
+
+def test_a_mask_changed_in_place_is_read_again(fresh_memo):
+    mask = torch.ones(3, 2, dtype=torch.bool)
+    assert all_real(mask) and prefix_lengths(mask).tolist() == [3, 3]
+    mask[1, 0] = False  # a hole: the earlier answers no longer hold
+    assert not all_real(mask) and prefix_lengths(mask) is None
+    mask[1:, 0] = False  # a prefix again
+    assert prefix_lengths(mask).tolist() == [1, 3]
+
+
+def test_another_mask_with_the_same_values_is_its_own(fresh_memo):
+    a = torch.tensor([[True, True], [True, False]])
+    b = a.clone()
+    assert prefix_lengths(a).tolist() == prefix_lengths(b).tolist() == [2, 1]
+    b[0, 1] = False
+    assert prefix_lengths(a).tolist() == [2, 1] and prefix_lengths(b).tolist() == [2, 0]
+    assert len(fresh_memo.memo) == 2
+
+
+def test_inference_tensors_are_read_without_being_kept(fresh_memo):
+    with torch.inference_mode():
+        mask = torch.tensor([[True], [False]])
+        assert prefix_lengths(mask).tolist() == [1] and not all_real(mask)
+    assert fresh_memo.memo == []
+
+
+@pytest.mark.parametrize("bidirectional, masks", [(False, 1), (True, 3)])
+def test_the_layers_of_one_call_read_the_mask_once(monkeypatch, fresh_memo, bidirectional, masks):
+    """A 2-layer stack on the fused path with a lengths mask: the mask is read once for
+    every layer and question (a reversed direction reads its own flipped mask once),
+    and the result equals the explicit loop's."""
+    torch.manual_seed(0)
+    lstm = rnnkit.LSTM(3, 4, num_layers=2, bidirectional=bidirectional).double()
+    x = torch.randn(5, 6, 3, dtype=torch.float64)
+    lengths = torch.tensor([6, 2, 0, 5, 6])
+    readings: list[dict] = []  # every reading returned, held: identity tells them apart
+    real = mask_facts._facts
+
+    def counted(mask):
+        facts = real(mask)
+        if not any(facts is seen for seen in readings):
+            readings.append(facts)
+        return facts
+
+    with use_fused("loop"):
+        expected = lstm(x, lengths=lengths).outputs
+    fresh_memo.memo = []
+    monkeypatch.setattr(mask_facts, "_facts", counted)
+    with use_fused("fused"):
+        got = lstm(x, lengths=lengths).outputs
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert len(readings) == masks
