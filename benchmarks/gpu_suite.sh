@@ -30,6 +30,7 @@ mkdir -p "$out"
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
+    "$PYTHON" -c "import triton; print('triton', triton.__version__)" || true
     # what rnnkit imports (numpy, safetensors, tqdm; matplotlib for reports), the Triton
     # steps (triton) and the tier (pytest): a missing one is named here, not guessed at
     "$PYTHON" -c "import importlib.util as u; m=[n for n in ('numpy','safetensors','tqdm','matplotlib','triton','pytest') if u.find_spec(n) is None]; print('missing:', ' '.join(m) or 'none')"

@@ -398,10 +398,12 @@ for dtype in ("fp32", "fp64"):
             else:
                 sig[name] = "*i8" if name in ("mask", "reset") else "*" + dtype
         where = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+        try:
+            source = ASTSource(fn=fn, signature=sig, constexprs=where)
+        except TypeError:  # triton before 3.3: the constants by name
+            source = ASTSource(fn=fn, signature=sig, constants=consts)
         compiled = triton.compile(
-            ASTSource(fn=fn, signature=sig, constexprs=where),
-            target=GPUTarget("cuda", 90, 32),
-            options={"enable_fp_fusion": True},
+            source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": True}
         )
         done.append([fn.__name__, dtype, "cubin" in compiled.asm])
 print(json.dumps(done))
