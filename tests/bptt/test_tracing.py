@@ -13,7 +13,7 @@ import torch
 
 import rnnkit
 from rnnkit.bptt import native
-from rnnkit.bptt.tracing import TracingError
+from rnnkit.bptt.tracing import TracingError, exporting
 
 ATOL = 1e-5  # float32: the traced PyTorch loop vs the compiled C++ loop
 
@@ -307,3 +307,20 @@ def test_a_compiled_program_runs_the_drop_in_as_torchs_layer():
     grads = torch.autograd.grad(compiled.square().sum(), list(model.parameters()))
     _close([compiled], [eager])
     _close(grads, eager_grads)
+
+
+def test_exporting_is_true_under_export_only():
+    """``exporting()`` inside a graph torch.compile traces is False (torch before 2.13
+    answers ``torch.compiler.is_exporting()`` there with True), inside torch.export True,
+    in eager code False."""
+    seen: list[bool] = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(exporting())
+            return x + 1
+
+    assert not exporting()
+    torch.compile(Probe(), backend="eager", fullgraph=True)(torch.randn(2))
+    torch.export.export(Probe(), (torch.randn(2),))
+    assert seen[0] is False and len(seen) > 1 and all(seen[1:])  # (export may trace twice)

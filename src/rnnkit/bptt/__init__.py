@@ -79,7 +79,7 @@ from rnnkit.bptt.recurrence import (
     takes_resets,
 )
 from rnnkit.bptt.regularized import CompiledRegularized, RegularizedKernel, regularized
-from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
+from rnnkit.bptt.tracing import TracingError, check_tracer, exporting, tracing
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 
 __all__ = [
@@ -105,6 +105,7 @@ __all__ = [
     "compiled_library",
     "cuda_graph_stats",
     "cuda_graphs_enabled",
+    "exporting",
     "forward_pass",
     "forward_record",
     "fused_form",

@@ -47,7 +47,7 @@ from rnnkit.bptt.fused import traced_fused_form, wants_fused
 from rnnkit.bptt.gpu_route import wants_steps
 from rnnkit.bptt.gpu_step_lib import triton_step
 from rnnkit.bptt.opaque import kernel_name
-from rnnkit.bptt.tracing import tracing
+from rnnkit.bptt.tracing import exporting, tracing
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights
 from rnnkit.cells.lstm import LSTMKernel, NativeLSTMStep
 
@@ -98,7 +98,7 @@ def route(
         # torch.compile holds the library's loop as one node; an export needs operators
         # torch knows, and a stack's BPTT(τ) spans layers a per-layer node cannot express
         if (
-            not torch.compiler.is_exporting()
+            not exporting()
             and (window is None or not torch.is_grad_enabled())
             and kernel_name(kernel) is not None
         ):

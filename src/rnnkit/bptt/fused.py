@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from rnnkit.bptt.mask_facts import prefix_lengths
-from rnnkit.bptt.tracing import tracing
+from rnnkit.bptt.tracing import exporting, tracing
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.cells.lstm import LSTMKernel
@@ -164,7 +164,7 @@ def traced_fused_form(
     if _path() == "loop" or mask is not None or window is not None or projected:
         return None
     grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    if grads and not torch.compiler.is_exporting():
+    if grads and not exporting():
         return None
     return fused_form(kernel)
 

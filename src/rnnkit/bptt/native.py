@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -93,6 +94,21 @@ def _first_error(output: str) -> str:
     return " | ".join(output.strip().splitlines()[-3:])
 
 
+def _cpp_extension() -> Any:
+    """``torch.utils.cpp_extension``, imported without its one warning about CUDA's
+    toolkit: a CUDA build of torch on a machine without a GPU logs "No CUDA runtime is
+    found" when the module is first imported, about a toolkit the CPU loop never uses.
+    The logger's level is restored at once."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        logger.setLevel(level)
+    return cpp_extension
+
+
 # The build is one compiler command run here rather than torch.utils.cpp_extension.load:
 # load() needs ninja (not a dependency of rnnkit), builds a Python extension module
 # (Python headers, libtorch_python; the loop only registers torch operators, loaded with
@@ -102,7 +118,7 @@ def _first_error(output: str) -> str:
 def _compile(csrc: Path, out: Path, log: Path) -> None:
     """Compile ``csrc/loop.cpp`` into the shared library ``out``; the command and the
     compiler's output go to ``log``. Raises RuntimeError with the first error."""
-    from torch.utils import cpp_extension
+    cpp_extension = _cpp_extension()
 
     torch_lib = Path(torch.__file__).resolve().parent / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)

@@ -21,7 +21,7 @@ import torch
 
 from rnnkit.errors import RnnkitError
 
-__all__ = ["TracingError", "check_tracer", "tracing"]
+__all__ = ["TracingError", "check_tracer", "exporting", "tracing"]
 
 
 class TracingError(RnnkitError, RuntimeError):
@@ -31,6 +31,24 @@ class TracingError(RnnkitError, RuntimeError):
 def tracing() -> bool:
     """True inside ``torch.compile``, ``torch.export`` and the dynamo ONNX exporter."""
     return bool(torch.compiler.is_compiling())
+
+
+def exporting() -> bool:
+    """True inside ``torch.export`` (and the ONNX exporter built on it), False under
+    ``torch.compile`` and in eager code.
+
+    It reads the flag ``torch.export`` sets rather than asking
+    ``torch.compiler.is_exporting()``: inside a graph that ``torch.compile`` traces, torch
+    before 2.13 answers that question with True (its tracer treats it like
+    ``is_compiling``), which would take every compiled graph for an export.
+
+    >>> exporting()
+    False
+    """
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    if isinstance(flag, bool):
+        return flag
+    return bool(torch.compiler.is_exporting())  # a torch without the flag: its own answer
 
 
 def check_tracer() -> None:

@@ -121,12 +121,13 @@ class BagOfNgrams:
             values = np.concatenate(vals)
         else:
             index, values = np.zeros((2, 0), dtype=np.int64), np.zeros(0)
-        return torch.sparse_coo_tensor(
-            torch.from_numpy(index),
-            torch.from_numpy(values),
-            (len(texts), F),
-            check_invariants=True,
-        ).coalesce()
+        # The invariants checked, said in the block form: torch 2.11 warns about checks
+        # "implicitly disabled" even when the constructor is asked to check
+        with torch.sparse.check_sparse_tensor_invariants(enable=True):
+            X = torch.sparse_coo_tensor(
+                torch.from_numpy(index), torch.from_numpy(values), (len(texts), F)
+            )
+            return X.coalesce()
 
     # -- fit and predict -------------------------------------------------------------------
 
