@@ -18,6 +18,7 @@ from rnnkit import RNNCell
 from rnnkit.bptt.recurrence import run_recurrence
 from rnnkit.cells.kernel import Weights
 from rnnkit.diagnostics.contributions import step_contributions
+from rnnkit.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
 
@@ -146,6 +147,37 @@ def test_gradcheck_run_recurrence(cell_spec, gen):
 
     inputs = (x, *(s.requires_grad_() for s in s0), *params)
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+def test_gradgradcheck_run_recurrence(cell_spec, gen):
+    """A gradient taken with create_graph=True is itself differentiable (gradient
+    penalties, Hessians): second derivatives against finite differences."""
+    Tg, Bg, Ig, Hg = 3, 3, 2, 2
+    cell = cell_spec.cell(Ig, Hg)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 0]], dtype=torch.bool)
+    x = torch.randn(Tg, Bg, Ig, generator=gen, dtype=DT, requires_grad=True)
+    s0 = [torch.randn(Bg, Hg, generator=gen, dtype=DT) for _ in range(cell_spec.num_states)]
+    params = [p.detach().clone().requires_grad_() for p in params_of(cell)]
+    n_s = len(s0)
+
+    def f(x, *rest):
+        states0, ps = tuple(rest[:n_s]), list(rest[n_s:])
+        w = Weights(ps[0], ps[1], ps[2], ps[3] if len(ps) > 3 else None)
+        out, finals = run_recurrence(cell.kernel, x, w, states0, mask)
+        return (out, *finals)
+
+    inputs = (x, *(s.requires_grad_() for s in s0), *params)
+    assert torch.autograd.gradgradcheck(f, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def test_a_window_refuses_a_second_derivative(gen):
+    cell = RNNCell(I, H).double()
+    x = torch.randn(T, B, I, generator=gen, dtype=DT, requires_grad=True)
+    out, _ = run_recurrence(cell.kernel, x, cell.weights(), (torch.zeros(B, H, dtype=DT),), None, 2)
+    with pytest.raises(ConfigError, match=r"window=2 .*cannot be differentiated again"):
+        torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+    (d_x,) = torch.autograd.grad(out.pow(2).sum(), x)  # a first derivative is fine
+    assert d_x.shape == x.shape
 
 
 # ------------------------------------------------------------------------- hold state

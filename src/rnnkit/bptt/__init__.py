@@ -32,7 +32,9 @@
   ``RNNKIT_CUDA_GRAPHS=1``);
 * ``opaque``: the time loop as one operator of a compiled graph (``rnnkit::recurrence``,
   ``torch.library.custom_op``), its gradient the explicit BPTT's;
-* ``tracing``: the check that refuses graph tracing of the explicit backward.
+* ``tracing``: the check that refuses graph tracing of the explicit backward;
+* ``unrolled``: the loop in plain differentiable steps (what a traced graph holds) and the
+  gradients autograd gives through it, for a gradient that is differentiated again.
 """
 
 from rnnkit.bptt.backward import backward_sweep, weight_grads
@@ -78,6 +80,7 @@ from rnnkit.bptt.recurrence import (
 )
 from rnnkit.bptt.regularized import CompiledRegularized, RegularizedKernel, regularized
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
+from rnnkit.bptt.unrolled import differentiable_gradients, unrolled
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 
 __all__ = [
@@ -102,6 +105,7 @@ __all__ = [
     "compiled_library",
     "cuda_graph_stats",
     "cuda_graphs_enabled",
+    "differentiable_gradients",
     "forward_pass",
     "forward_record",
     "fused_form",
@@ -133,6 +137,7 @@ __all__ = [
     "triton_available",
     "triton_step",
     "unpack_record",
+    "unrolled",
     "use_cuda_graphs",
     "use_fused",
     "use_native",
