@@ -18,8 +18,9 @@ in torch. torch's GRU is rnnkit's ``update="keep", reset="after"``.
 Where rnnkit has no such layer or a tool cannot see through its time loop, torch's own
 ``forward`` computes the same function: a projected LSTM (``proj_size > 0``),
 ``dropout=1``, a batch of size 0, TorchScript (``torch.jit.trace``, ``torch.jit.script``,
-the TorchScript ONNX exporter), and a graph being traced (``torch.compile``,
-``torch.export``, the ONNX exporter): there the drop-in is what torch's layer is, one
+the TorchScript ONNX exporter), a graph being traced (``torch.compile``,
+``torch.export``, the ONNX exporter) and a ``torch.func`` transform (``grad``,
+``jacrev``, ``jacfwd``, ``vmap``): there the drop-in is what torch's layer is, one
 ``aten.lstm``/``gru``/``rnn_*`` operator (a compiled program runs it eagerly between its
 graphs, as it runs torch's), so a program compiles and exports as it does with torch's
 layers. A pickled model names the public
@@ -221,7 +222,11 @@ class _DropIn:
             final = self._join(out.state)
         if packed_input is not None:
             outputs = _repack(outputs, packed_input, self.batch_first)
-        elif not batched:
+        elif outputs.requires_grad and outputs._is_view():
+            # a view of the autograd node's state buffer, which its backward reads: a copy,
+            # so that the output can be changed in place (``out += skip``) as torch's can
+            outputs = outputs.clone()
+        if packed_input is None and not batched:
             outputs = outputs.squeeze(0 if self.batch_first else 1)
             final = tuple(f.squeeze(1) for f in final) if isinstance(final, tuple) else final
             if not isinstance(final, tuple):
@@ -231,6 +236,8 @@ class _DropIn:
     def _torch_computes(self, input: Tensor | PackedSequence) -> bool:
         """Whether torch's own ``forward`` computes this call (module docstring)."""
         if torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return True
+        if _in_func_transform():  # torch.func.grad, jacrev, jacfwd, vmap, ...
             return True
         if self.__dict__.get("_inner") is None:  # proj_size > 0, dropout=1
             return True
@@ -246,6 +253,13 @@ class _DropIn:
 
     def _join(self, h: Tensor) -> Tensor:
         return h.reshape(-1, *h.shape[2:])
+
+
+def _in_func_transform() -> bool:
+    """Whether a ``torch.func`` transform (``grad``, ``jacrev``, ``jacfwd``, ``vmap``,
+    ``hessian``, ...) is running: rnnkit's autograd node has no rules for them, torch's
+    operators do (torch's forward then computes the same function)."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
 
 
 def _repack(outputs: Tensor, like: PackedSequence, batch_first: bool) -> PackedSequence:

@@ -1,0 +1,142 @@
+"""Programs ported from ``torch.nn`` to ``rnnkit.nn`` beyond the plain forward/backward:
+second derivatives (gradient penalties, Hessians), ``torch.func`` transforms, outputs
+changed in place, torch's exception types. Each compares with ``torch.nn`` holding the
+same state dict, in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.func import functional_call
+from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
+
+from rnnkit import nn as knn
+
+DTYPE = torch.float64
+MODES = ["RNN", "LSTM", "GRU"]
+
+
+def _pair(mode: str, **kw):
+    torch.manual_seed(0)
+    reference = getattr(torch.nn, mode)(3, 4, dtype=DTYPE, **kw)
+    mine = getattr(knn, mode)(3, 4, dtype=DTYPE, **kw)
+    mine.load_state_dict(reference.state_dict())
+    return reference, mine
+
+
+def _x(T: int = 4, B: int = 2, seed: int = 1) -> torch.Tensor:
+    return torch.randn(T, B, 3, dtype=DTYPE, generator=torch.Generator().manual_seed(seed))
+
+
+def _assert_same(mine, reference) -> None:
+    assert len(mine) == len(reference)
+    for a, b in zip(mine, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def _penalty_grads(module, x, hx, packed: bool):
+    """A WGAN-GP-like step: the input gradient with a graph, its norm added to the loss."""
+    x = x.clone().requires_grad_()
+    hx = tuple(h.clone().requires_grad_() for h in hx)
+    lengths = [4, 2, 3]
+    if packed:  # three sequences of different lengths, not sorted
+        inp = pack_sequence([x[:n, b] for b, n in enumerate(lengths)], enforce_sorted=False)
+    else:
+        inp = x
+    out, state = module(inp, hx if len(hx) == 2 else hx[0])
+    if packed:
+        out = pad_packed_sequence(out)[0]
+    states = state if isinstance(state, tuple) else (state,)
+    loss = out.pow(2).sum() + sum(s.sin().sum() for s in states)
+    (d_x,) = torch.autograd.grad(loss, x, create_graph=True)
+    total = loss + d_x.pow(2).sum()
+    leaves = [x, *hx, *module.parameters()]
+    return torch.autograd.grad(total, leaves)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_a_gradient_penalty_differentiates_the_gradient_as_torch(mode, packed):
+    # before: "trying to differentiate twice a function marked with @once_differentiable"
+    kw = {"num_layers": 2, "bidirectional": True} if packed else {}
+    reference, mine = _pair(mode, **kw)
+    D, L = (2, 2) if packed else (1, 1)
+    g = torch.Generator().manual_seed(2)
+    n = 2 if mode == "LSTM" else 1
+    hx = tuple(torch.randn(L * D, 3, 4, dtype=DTYPE, generator=g) for _ in range(n))
+    x = _x(B=3)
+    _assert_same(_penalty_grads(mine, x, hx, packed), _penalty_grads(reference, x, hx, packed))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_hessian_is_torchs_not_zeros(mode):
+    # before: the explicit BPTT's gradient was a constant of the graph, so
+    # torch.autograd.functional.hessian returned zeros without a word
+    reference, mine = _pair(mode)
+    x = _x(T=3)
+
+    def hessian(module):
+        def loss(w):
+            out, _ = functional_call(module, {"weight_hh_l0": w}, (x,))
+            return out.pow(2).sum()
+
+        w0 = module.weight_hh_l0.detach().clone()
+        return torch.autograd.functional.hessian(loss, w0)
+
+    expected = hessian(reference)
+    assert expected.abs().sum() > 0
+    torch.testing.assert_close(hessian(mine), expected, rtol=1e-9, atol=1e-10)
+
+
+# torch's forward-mode AD loads its decompositions with torch.jit.script on first use
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_func_grad_jacrev_and_jacfwd_give_torchs_results(mode):
+    # before: "an autograd.Function ... must override the setup_context staticmethod"
+    reference, mine = _pair(mode)
+    x = _x(T=3)
+
+    def transforms(module):
+        params = {k: v.detach() for k, v in module.named_parameters()}
+
+        def loss(p):
+            return functional_call(module, p, (x,))[0].pow(2).sum()
+
+        grads = torch.func.grad(loss)(params)
+
+        def outputs(inp):
+            return module(inp)[0]
+
+        jac_rev = torch.func.jacrev(outputs)(x)
+        jac_fwd = torch.func.jacfwd(outputs)(x)
+        return [*(grads[k] for k in sorted(grads)), jac_rev, jac_fwd]
+
+    _assert_same(transforms(mine), transforms(reference))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_vmap_over_inputs_fails_as_torchs_does(mode):
+    reference, mine = _pair(mode)
+    xs = torch.randn(2, 5, 3, dtype=DTYPE)
+    with pytest.raises(RuntimeError, match="Batching rule not implemented") as theirs:
+        torch.func.vmap(lambda x: reference(x)[0])(xs)
+    with pytest.raises(RuntimeError, match="Batching rule not implemented") as ours:
+        torch.func.vmap(lambda x: mine(x)[0])(xs)
+    assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layout", ["time-major", "unbatched"])
+def test_the_output_can_be_changed_in_place_as_torchs(mode, layout):
+    # before: "Output 0 of _Recurrence is a view and is being modified inplace"
+    reference, mine = _pair(mode, num_layers=2)
+    x = _x() if layout == "time-major" else _x()[:, 0]
+
+    def step(module):
+        out, _ = module(x)
+        out += 1.5  # a residual added in place
+        out.mul_(2.0)
+        out.pow(2).sum().backward()
+        return [out.detach(), *(p.grad for p in module.parameters())]
+
+    _assert_same(step(mine), step(reference))
