@@ -140,3 +140,38 @@ def test_the_output_can_be_changed_in_place_as_torchs(mode, layout):
         return [out.detach(), *(p.grad for p in module.parameters())]
 
     _assert_same(step(mine), step(reference))
+
+
+def _hx_of(mode: str, shape: tuple[int, ...], dtype: torch.dtype = DTYPE):
+    h = torch.zeros(*shape, dtype=dtype)
+    return (h, h) if mode in ("LSTM", "LSTMCell") else h
+
+
+LAYER_ERRORS = {  # each call fails in torch; rnnkit raises the same exception type
+    "input size": lambda m, mode: m(torch.zeros(5, 2, 7, dtype=DTYPE)),
+    "packed input size": lambda m, mode: m(pack_sequence([torch.zeros(2, 7, dtype=DTYPE)])),
+    "input dtype": lambda m, mode: m(torch.zeros(5, 2, 3, dtype=torch.float32)),
+    "integer input": lambda m, mode: m(torch.zeros(5, 2, 3, dtype=torch.long)),
+    "hx dtype": lambda m, mode: m(_x(), _hx_of(mode, (1, 2, 4), torch.float32)),
+}
+CELL_ERRORS = {
+    "input size": lambda m, mode: m(torch.zeros(2, 7, dtype=DTYPE)),
+    "hx batch": lambda m, mode: m(torch.zeros(2, 3, dtype=DTYPE), _hx_of(mode, (3, 4))),
+    "hx hidden_size": lambda m, mode: m(torch.zeros(2, 3, dtype=DTYPE), _hx_of(mode, (2, 5))),
+}
+ERROR_CASES = [(m, c) for m in MODES for c in LAYER_ERRORS] + [
+    (m + "Cell", c) for m in MODES for c in CELL_ERRORS
+]
+
+
+@pytest.mark.parametrize("mode,case", ERROR_CASES)
+def test_bad_input_raises_torchs_exception_type_naming_the_layer(mode, case):
+    # before: a ValueError where torch raises RuntimeError (input size), a TypeError where
+    # torch raises ValueError (dtype); the cells' a matrix product's shape message
+    call = (CELL_ERRORS if mode.endswith("Cell") else LAYER_ERRORS)[case]
+    reference, mine = _pair(mode)
+    with pytest.raises(Exception) as theirs:
+        call(reference, mode)
+    with pytest.raises(Exception, match=f"rnnkit.nn.{mode}: ") as ours:
+        call(mine, mode)
+    assert type(ours.value) is type(theirs.value)

@@ -69,6 +69,7 @@ class _DropIn:
     dropout: float
     bidirectional: bool
     proj_size: int
+    weight_ih_l0: Tensor
     mode: str
     nonlinearity: str
     training: bool
@@ -164,7 +165,31 @@ class _DropIn:
                 f"Expected {what} size {expected} (num_layers·num_directions, batch, "
                 f"hidden_size), got {list(hx.shape)}"
             )
+        weight = self.weight_ih_l0
+        if hx.dtype != weight.dtype and not torch.is_autocast_enabled(hx.device.type):
+            raise RuntimeError(  # torch's type: its product of hx and weight_hh fails
+                f"rnnkit.nn.{type(self).__name__}: {what} is {hx.dtype} but the weights are "
+                f"{weight.dtype}; convert {what} ({what}.to({weight.dtype}))"
+            )
         return hx
+
+    def _check_input(self, x: Tensor) -> None:
+        """torch's checks of the input, with torch's exception types: its feature size
+        (``RuntimeError``) and its dtype (``ValueError``; under autocast any floating
+        dtype is cast)."""
+        name = f"rnnkit.nn.{type(self).__name__}"
+        if x.shape[-1] != self.input_size:
+            raise RuntimeError(
+                f"{name}: input.size(-1) must be equal to input_size. Expected "
+                f"{self.input_size}, got {x.shape[-1]}"
+            )
+        weight = self.weight_ih_l0
+        if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise ValueError(
+                f"{name}: input dtype ({x.dtype}) does not match weight dtype "
+                f"({weight.dtype}). Convert input: input.to({weight.dtype}), or convert "
+                f"model: model.to({x.dtype})"
+            )
 
     def forward(self, input: Tensor | PackedSequence, hx: Any = None) -> tuple[Any, Any]:
         """torch's forward: ``(output, h_n)``, or ``(output, (h_n, c_n))`` for the LSTM.
@@ -195,6 +220,7 @@ class _DropIn:
                 )
             batched = input.dim() == 3
             x = input if batched else input.unsqueeze(1 if not self.batch_first else 0)
+        self._check_input(x)
         B = x.shape[0] if self.batch_first else x.shape[1]
         state: Any = None
         if hx is not None:

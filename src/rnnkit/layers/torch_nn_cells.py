@@ -56,15 +56,28 @@ class _CellDropIn:
             raise ValueError(f"{name}: Expected input to be 1D or 2D, got {input.dim()}D instead")
         batched = input.dim() == 2
         x = input if batched else input.unsqueeze(0)
+        if x.shape[1] != self.input_size:
+            raise RuntimeError(
+                f"{name}: input has inconsistent input_size: got {x.shape[1]} expected "
+                f"{self.input_size}"
+            )
         if hx is None:
-            h = x.new_zeros(x.shape[0], self.hidden_size)
-        else:
-            if hx.dim() != input.dim():
-                raise RuntimeError(
-                    f"{name}: {what} should be {input.dim()}D for {input.dim()}D input, "
-                    f"got {hx.dim()}D"
-                )
-            h = hx if batched else hx.unsqueeze(0)
+            return x, x.new_zeros(x.shape[0], self.hidden_size), batched
+        if hx.dim() != input.dim():
+            raise RuntimeError(
+                f"{name}: {what} should be {input.dim()}D for {input.dim()}D input, got {hx.dim()}D"
+            )
+        h = hx if batched else hx.unsqueeze(0)
+        if h.shape[0] != x.shape[0]:
+            raise RuntimeError(
+                f"{name}: Input batch size {x.shape[0]} doesn't match {what} batch size "
+                f"{h.shape[0]}"
+            )
+        if h.shape[1] != self.hidden_size:
+            raise RuntimeError(
+                f"{name}: {what} has inconsistent hidden_size: got {h.shape[1]}, expected "
+                f"{self.hidden_size}"
+            )
         return x, h, batched
 
     def _use_torch(self, input: Tensor) -> bool:
