@@ -114,6 +114,25 @@ def test_torch_func_grad_jacrev_and_jacfwd_give_torchs_results(mode):
     _assert_same(transforms(mine), transforms(reference))
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("mode", MODES)
+def test_forward_mode_ad_gives_torchs_tangents(mode):
+    # before: "You must implement the jvp function ... to use it with forward mode AD"
+    from torch.autograd import forward_ad
+
+    reference, mine = _pair(mode, num_layers=2, bidirectional=True)
+    x = _x()
+    direction = torch.randn_like(x)
+
+    def tangents(module):
+        with forward_ad.dual_level():
+            out, state = module(forward_ad.make_dual(x, direction))
+            states = state if isinstance(state, tuple) else (state,)
+            return [forward_ad.unpack_dual(t).tangent for t in (out, *states)]
+
+    _assert_same(tangents(mine), tangents(reference))
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_vmap_over_inputs_fails_as_torchs_does(mode):
     reference, mine = _pair(mode)

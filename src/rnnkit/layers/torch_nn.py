@@ -19,8 +19,9 @@ Where rnnkit has no such layer or a tool cannot see through its time loop, torch
 ``forward`` computes the same function: a projected LSTM (``proj_size > 0``),
 ``dropout=1``, a batch of size 0, TorchScript (``torch.jit.trace``, ``torch.jit.script``,
 the TorchScript ONNX exporter), a graph being traced (``torch.compile``,
-``torch.export``, the ONNX exporter) and a ``torch.func`` transform (``grad``,
-``jacrev``, ``jacfwd``, ``vmap``): there the drop-in is what torch's layer is, one
+``torch.export``, the ONNX exporter), a ``torch.func`` transform (``grad``,
+``jacrev``, ``jacfwd``, ``vmap``) and forward-mode AD (``torch.autograd.forward_ad``):
+there the drop-in is what torch's layer is, one
 ``aten.lstm``/``gru``/``rnn_*`` operator (a compiled program runs it eagerly between its
 graphs, as it runs torch's), so a program compiles and exports as it does with torch's
 layers. A pickled model names the public
@@ -263,7 +264,7 @@ class _DropIn:
         """Whether torch's own ``forward`` computes this call (module docstring)."""
         if torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling():
             return True
-        if _in_func_transform():  # torch.func.grad, jacrev, jacfwd, vmap, ...
+        if _in_func_transform() or _forward_ad_level() >= 0:
             return True
         if self.__dict__.get("_inner") is None:  # proj_size > 0, dropout=1
             return True
@@ -286,6 +287,14 @@ def _in_func_transform() -> bool:
     ``hessian``, ...) is running: rnnkit's autograd node has no rules for them, torch's
     operators do (torch's forward then computes the same function)."""
     return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def _forward_ad_level() -> int:
+    """The current level of ``torch.autograd.forward_ad.dual_level()`` (-1 outside one):
+    rnnkit's autograd node has no forward-mode rule (``jvp``), torch's operators do."""
+    from torch.autograd import forward_ad
+
+    return int(forward_ad._current_level)
 
 
 def _repack(outputs: Tensor, like: PackedSequence, batch_first: bool) -> PackedSequence:
