@@ -194,3 +194,63 @@ def test_bad_input_raises_torchs_exception_type_naming_the_layer(mode, case):
     with pytest.raises(Exception, match=f"rnnkit.nn.{mode}: ") as ours:
         call(mine, mode)
     assert type(ours.value) is type(theirs.value)
+
+
+def test_threads_may_call_one_layer_at_once_as_torchs():
+    # before: the calls shared one inner stack whose parameters each call swapped in and
+    # out, so a thread could find the meta placeholders ("Tensor on device meta")
+    import threading
+
+    from rnnkit.layers.stacked import StackedRecurrent
+
+    reference, mine = _pair("LSTM", num_layers=2)
+    xs = {"a": _x(seed=1), "b": _x(seed=2)}
+    with torch.no_grad():
+        expected = {k: reference(x)[0] for k, x in xs.items()}
+    b_inside, a_done = threading.Event(), threading.Event()
+    results: dict[str, object] = {}
+
+    def hold(module, args):
+        """The interleaving that broke the shared stack: a inside its call until b is
+        inside its own, then b inside until a has returned."""
+        if isinstance(module, StackedRecurrent):
+            if threading.current_thread().name == "a":
+                b_inside.wait(10)
+            elif threading.current_thread().name == "b":
+                b_inside.set()
+                a_done.wait(10)
+
+    def serve() -> None:
+        name = threading.current_thread().name
+        try:
+            with torch.no_grad():
+                results[name] = mine(xs[name])[0]
+        except Exception as error:  # reported by the main thread
+            results[name] = error
+        finally:
+            if name == "a":
+                a_done.set()
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hold)
+    try:
+        threads = [threading.Thread(target=serve, name=name) for name in ("a", "b")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        handle.remove()
+    for name in ("a", "b"):
+        assert isinstance(results[name], torch.Tensor), f"thread {name}: {results[name]!r}"
+        torch.testing.assert_close(results[name], expected[name], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_options_changed_after_construction_count_as_in_torch(mode):
+    # before: the inner stack kept the constructor's dropout and batch_first
+    reference, mine = _pair(mode, num_layers=2, dropout=0.5)
+    for module in (reference, mine):
+        module.dropout = 0.0  # a common way to switch dropout off for one run
+        module.batch_first = True
+    x = _x().transpose(0, 1)
+    _assert_same(mine(x)[0:1], reference(x)[0:1])

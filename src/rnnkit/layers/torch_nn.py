@@ -32,6 +32,7 @@ probability). ``docs/torch-nn.md`` lists the differences.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -44,6 +45,15 @@ from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.types import LSTMState
 
 __all__ = ["GRU", "LSTM", "RNN", "plain_torch_copy"]
+
+
+class _Stacks(threading.local):
+    """One thread's inner stack of a drop-in, the configuration it was built for and its
+    cells' parameter prefixes (set on first use in each thread)."""
+
+    stack: StackedRecurrent | None = None
+    config: tuple[Any, ...] | None = None
+    prefixes: list[str]
 
 
 def plain_torch_copy(module: nn.Module, torch_class: type[nn.Module]) -> nn.Module:
@@ -74,46 +84,59 @@ class _DropIn:
     mode: str
     nonlinearity: str
     training: bool
-    _inner_prefixes: list[str]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # torch's class, next in the MRO
         self._build_inner()
 
     def _build_inner(self) -> None:
-        """The rnnkit stack that computes; its own parameters are placeholders on the meta
-        device (no memory), replaced at each call by the ones derived from torch's. Held
-        outside the module tree: it adds nothing to ``state_dict()`` or ``parameters()``,
-        and a pickle leaves it out (``__getstate__``)."""
-        inner = None
-        if self.proj_size == 0 and self.dropout < 1:
+        """Room for the rnnkit stacks that compute (:meth:`_stack`), one per thread."""
+        self.__dict__["_inner"] = _Stacks()
+
+    def _config(self) -> tuple[Any, ...]:
+        """What the inner stack is built from, read at each call as torch's ``forward``
+        reads it (``lstm.dropout = 0.0`` after construction counts)."""
+        return (
+            self.mode,
+            self.input_size,
+            self.hidden_size,
+            self.num_layers,
+            self.bidirectional,
+            float(self.dropout),
+            self.batch_first,
+        )
+
+    def _stack(self) -> tuple[StackedRecurrent, list[str]]:
+        """This thread's rnnkit stack for the current configuration, and the prefix of
+        each cell's parameters in it (layers, then directions, as torch orders them).
+
+        Its own parameters are placeholders on the meta device (no memory), replaced for
+        each call by the ones derived from torch's (``functional_call``, which puts them
+        into the stack for the call's duration: hence one stack per thread, so that
+        threads may call one layer at once, as they may torch's). Held outside the
+        module tree: it adds nothing to ``state_dict()`` or ``parameters()``, and a
+        pickle leaves it out (``__getstate__``)."""
+        local: _Stacks = self.__dict__["_inner"]
+        config = self._config()
+        if local.stack is None or local.config != config:
             options: dict[str, Any] = {}
-            if self.mode.startswith("RNN"):
-                options["nonlinearity"] = self.nonlinearity
+            if self.mode.startswith("RNN"):  # torch's forward reads the mode
+                options["nonlinearity"] = "relu" if self.mode == "RNN_RELU" else "tanh"
             elif self.mode == "GRU":
                 options = {"update": "keep", "reset": "after"}
             kind = {"LSTM": cell_stacks.LSTM, "GRU": cell_stacks.GRU}.get(
                 self.mode, cell_stacks.RNN
             )
             with torch.device("meta"):
-                inner = kind(
-                    self.input_size,
-                    self.hidden_size,
-                    self.num_layers,
-                    self.bidirectional,
-                    float(self.dropout),
-                    self.batch_first,
-                    **options,
-                )
-            index = {id(p): n for n, p in inner.named_parameters()}
-            prefixes = [index[id(c.weight_ih)][: -len("weight_ih")] for c in inner.cells()]
-            self.__dict__["_inner_prefixes"] = prefixes
-        self.__dict__["_inner"] = inner
+                stack = kind(*config[1:], **options)
+            index = {id(p): n for n, p in stack.named_parameters()}
+            local.prefixes = [index[id(c.weight_ih)][: -len("weight_ih")] for c in stack.cells()]
+            local.stack, local.config = stack, config
+        return local.stack, local.prefixes
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # type: ignore[misc]  # torch's: no weak references
         state.pop("_inner", None)  # rebuilt on load: a pickle names only public classes
-        state.pop("_inner_prefixes", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -127,12 +150,12 @@ class _DropIn:
 
     # ---- computation -----------------------------------------------------------------
 
-    def _cell_tensors(self) -> dict[str, Tensor]:
+    def _cell_tensors(self, prefixes: list[str]) -> dict[str, Tensor]:
         """The inner stack's parameters from torch's: one bias per gate."""
         H = self.hidden_size
         D = 2 if self.bidirectional else 1
         out: dict[str, Tensor] = {}
-        for index, prefix in enumerate(self._inner_prefixes):
+        for index, prefix in enumerate(prefixes):
             layer, direction = divmod(index, D)
             sfx = f"_l{layer}" + ("_reverse" if direction else "")
             w_ih = getattr(self, "weight_ih" + sfx)
@@ -235,12 +258,12 @@ class _DropIn:
                 if isinstance(hx, tuple | list):
                     raise TypeError(f"{name}: hx must be one tensor (L·D, B, H), as for torch")
                 state = self._split(self._check_hx(hx, B, batched, "hx"))
-        inner: StackedRecurrent = self.__dict__["_inner"]
+        inner, prefixes = self._stack()
         inner.train(self.training)
         if lengths is not None:
             lengths = lengths.to(x.device)
         out = functional_call(
-            inner, self._cell_tensors(), (x,), {"lengths": lengths, "state": state}
+            inner, self._cell_tensors(prefixes), (x,), {"lengths": lengths, "state": state}
         )
         outputs = out.outputs
         if isinstance(out.state, LSTMState):
@@ -266,7 +289,7 @@ class _DropIn:
             return True
         if _in_func_transform() or _forward_ad_level() >= 0:
             return True
-        if self.__dict__.get("_inner") is None:  # proj_size > 0, dropout=1
+        if self.proj_size > 0 or self.dropout >= 1:  # no such rnnkit layer
             return True
         if isinstance(input, PackedSequence):
             return input.data.shape[0] == 0
