@@ -170,6 +170,20 @@ def test_gradgradcheck_run_recurrence(cell_spec, gen):
     assert torch.autograd.gradgradcheck(f, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
+def test_a_batch_of_incoming_gradients_gives_each_ones_gradients(cell_spec, gen, holey_mask):
+    """``is_grads_batched=True`` (vmap over the backward, as a vectorized Jacobian does):
+    each vector's gradients equal the explicit BPTT's for that vector alone."""
+    cell, x, s0, _, _ = make_case(cell_spec, gen)
+    out, _ = run_recurrence(cell.kernel, x, cell.weights(), s0, holey_mask.T)
+    vectors = torch.randn(3, *out.shape, generator=gen, dtype=DT)
+    leaves = [x, *s0, *params_of(cell)]
+    got = torch.autograd.grad(out, leaves, vectors, retain_graph=True, is_grads_batched=True)
+    for k in range(3):
+        want = torch.autograd.grad(out, leaves, vectors[k], retain_graph=True)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a[k], b, **TOL)
+
+
 def test_a_window_refuses_a_second_derivative(gen):
     cell = RNNCell(I, H).double()
     x = torch.randn(T, B, I, generator=gen, dtype=DT, requires_grad=True)

@@ -114,6 +114,18 @@ def test_torch_func_grad_jacrev_and_jacfwd_give_torchs_results(mode):
     _assert_same(transforms(mine), transforms(reference))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_vectorized_jacobian_is_torchs(mode):
+    # before: "Batching rule not implemented for rnnkit_native::lstm_backward"
+    reference, mine = _pair(mode)
+    x = _x(T=3)
+
+    def jacobian(module):
+        return torch.autograd.functional.jacobian(lambda inp: module(inp)[0], x, vectorize=True)
+
+    torch.testing.assert_close(jacobian(mine), jacobian(reference), rtol=1e-9, atol=1e-10)
+
+
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("mode", MODES)
 def test_forward_mode_ad_gives_torchs_tangents(mode):

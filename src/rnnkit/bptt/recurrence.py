@@ -98,7 +98,10 @@ class _Recurrence(torch.autograd.Function):
     def backward(
         ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
     ) -> tuple[Tensor | None, ...]:
-        if torch.is_grad_enabled():  # create_graph=True: the gradient is differentiated
+        # create_graph=True (the gradient is differentiated), or a batch of incoming
+        # gradients under vmap (is_grads_batched=True), which the explicit BPTT's
+        # compiled operators have no rule for: autograd through the plain steps
+        if torch.is_grad_enabled() or _batched(d_out, *d_finals):
             return _Recurrence._differentiable_backward(ctx, d_out, *d_finals)
         return _Recurrence._explicit_backward(ctx, d_out, *d_finals)
 
@@ -162,6 +165,15 @@ class _Recurrence(torch.autograd.Function):
             d if ctx.needs_input_grad[11 + k] else None for k, d in enumerate(sweep.d_states0)
         )
         return (None, None, None, None, None, None, *g, *d_s0)
+
+
+def _batched(*grads: Tensor | None) -> bool:
+    """Whether the incoming gradients are a batch of them under vmap
+    (``torch.autograd.grad(..., is_grads_batched=True)``, a vectorized Jacobian)."""
+    f = torch._C._functorch
+    return any(
+        g is not None and (f.is_legacy_batchedtensor(g) or f.is_batchedtensor(g)) for g in grads
+    )
 
 
 def takes_projected(

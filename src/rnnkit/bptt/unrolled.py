@@ -75,7 +75,7 @@ def differentiable_gradients(
             [o for o, _ in pairs],
             [t for _, t in wanted],
             [g for _, g in pairs],
-            create_graph=True,
+            create_graph=torch.is_grad_enabled(),
             allow_unused=True,
         )
     result: list[Tensor | None] = [None] * len(inputs)
