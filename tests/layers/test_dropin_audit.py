@@ -266,3 +266,28 @@ def test_options_changed_after_construction_count_as_in_torch(mode):
         module.batch_first = True
     x = _x().transpose(0, 1)
     _assert_same(mine(x)[0:1], reference(x)[0:1])
+
+
+@pytest.mark.parametrize("mode", [*MODES, *(m + "Cell" for m in MODES)])
+def test_torch_fx_records_the_layer_as_one_node_as_torchs(mode):
+    # before: FX traced into forward ("input must be a Tensor or a PackedSequence")
+    reference, mine = _pair(mode)
+    cell = mode.endswith("Cell")
+    x = torch.randn(2, 3, dtype=DTYPE) if cell else _x()
+    h = torch.randn(2, 4, dtype=DTYPE) if cell else torch.randn(1, 2, 4, dtype=DTYPE)
+    hx = (h, h.cos()) if mode.startswith("LSTM") else h
+
+    class Model(torch.nn.Module):
+        def __init__(self, rnn: torch.nn.Module) -> None:
+            super().__init__()
+            self.rnn = rnn
+
+        def forward(self, x, hx):
+            out = self.rnn(x, hx)
+            return out[0].tanh()
+
+    graphs = [torch.fx.symbolic_trace(Model(m)) for m in (reference, mine)]
+    nodes = [[(n.op, str(n.target)) for n in g.graph.nodes] for g in graphs]
+    assert nodes[1] == nodes[0]
+    assert ("call_module", "rnn") in nodes[1]
+    torch.testing.assert_close(graphs[1](x, hx), graphs[0](x, hx), rtol=1e-9, atol=1e-10)

@@ -24,7 +24,8 @@ the TorchScript ONNX exporter), a graph being traced (``torch.compile``,
 there the drop-in is what torch's layer is, one
 ``aten.lstm``/``gru``/``rnn_*`` operator (a compiled program runs it eagerly between its
 graphs, as it runs torch's), so a program compiles and exports as it does with torch's
-layers. A pickled model names the public
+layers. ``torch.fx.symbolic_trace`` records one ``call_module`` node, as for torch's
+layers (:func:`fx_leaf_call`). A pickled model names the public
 classes (``rnnkit.nn.LSTM``), so ``torch.load(..., weights_only=True)`` with those
 allow-listed loads it. Dropout between layers draws other random masks than torch's (same
 probability). ``docs/torch-nn.md`` lists the differences.
@@ -44,7 +45,7 @@ from rnnkit.layers import cell_stacks
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.types import LSTMState
 
-__all__ = ["GRU", "LSTM", "RNN", "plain_torch_copy"]
+__all__ = ["GRU", "LSTM", "RNN", "fx_leaf_call", "plain_torch_copy"]
 
 
 class _Stacks(threading.local):
@@ -62,6 +63,20 @@ def plain_torch_copy(module: nn.Module, torch_class: type[nn.Module]) -> nn.Modu
     plain = torch_class.__new__(torch_class)
     plain.__dict__.update({k: v for k, v in module.__dict__.items() if k != "_inner"})
     return plain
+
+
+def fx_leaf_call(module: nn.Module, input: Any, hx: Any) -> Any:
+    """Under ``torch.fx.symbolic_trace``: one ``call_module`` node for the drop-in, as FX
+    records torch's own layers (its tracer keeps the modules of ``torch.nn``'s package
+    whole and would otherwise trace into ``forward``); else None."""
+    hx_parts = hx if isinstance(hx, tuple | list) else (hx,)
+    proxy = next((a for a in (input, *hx_parts) if isinstance(a, torch.fx.Proxy)), None)
+    if proxy is None:
+        return None
+    tracer = proxy.tracer
+    args = (input,) if hx is None else (input, hx)
+    path = tracer.path_of_module(module)  # type: ignore[attr-defined]  # torch.fx.Tracer's
+    return tracer.create_proxy("call_module", path, args, {})
 
 
 class _DropIn:
@@ -227,6 +242,9 @@ class _DropIn:
             ``output`` of the input's kind (``(T, B, D·H)``, ``(T, D·H)`` or packed) and
             the final states ``(L·D, B, H)``, each sequence's after its last real step.
         """
+        traced = fx_leaf_call(self, input, hx)  # type: ignore[arg-type]
+        if traced is not None:
+            return traced
         name = f"rnnkit.nn.{type(self).__name__}"
         if self._torch_computes(input):
             return self._torch_class.forward(self, input, hx)

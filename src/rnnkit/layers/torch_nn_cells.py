@@ -22,7 +22,7 @@ from rnnkit.cells.gru import gru_step
 from rnnkit.cells.kernel import Weights
 from rnnkit.cells.lstm import lstm_step
 from rnnkit.cells.rnn import rnn_step
-from rnnkit.layers.torch_nn import plain_torch_copy
+from rnnkit.layers.torch_nn import fx_leaf_call, plain_torch_copy
 from rnnkit.types import LSTMState
 
 __all__ = ["GRUCell", "LSTMCell", "RNNCell"]
@@ -97,6 +97,9 @@ class RNNCell(_CellDropIn, nn.RNNCell):
     nonlinearity: str
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
+        traced = fx_leaf_call(self, input, hx)
+        if traced is not None:
+            return traced
         if self._use_torch(input):
             return nn.RNNCell.forward(self, input, hx)
         x, h, batched = self._batched(input, hx, "hx")
@@ -121,6 +124,9 @@ class LSTMCell(_CellDropIn, nn.LSTMCell):
     def forward(
         self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, Tensor]:
+        traced = fx_leaf_call(self, input, hx)
+        if traced is not None:
+            return traced
         if self._use_torch(input):
             return nn.LSTMCell.forward(self, input, hx)
         if hx is not None and (not isinstance(hx, tuple | list) or len(hx) != 2):
@@ -146,6 +152,9 @@ class GRUCell(_CellDropIn, nn.GRUCell):
     _torch_class = nn.GRUCell
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
+        traced = fx_leaf_call(self, input, hx)
+        if traced is not None:
+            return traced
         if self._use_torch(input):
             return nn.GRUCell.forward(self, input, hx)
         x, h, batched = self._batched(input, hx, "hx")
