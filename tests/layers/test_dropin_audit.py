@@ -184,6 +184,8 @@ LAYER_ERRORS = {  # each call fails in torch; rnnkit raises the same exception t
     "input dtype": lambda m, mode: m(torch.zeros(5, 2, 3, dtype=torch.float32)),
     "integer input": lambda m, mode: m(torch.zeros(5, 2, 3, dtype=torch.long)),
     "hx dtype": lambda m, mode: m(_x(), _hx_of(mode, (1, 2, 4), torch.float32)),
+    "hx size": lambda m, mode: m(_x(), _hx_of(mode, (1, 3, 4))),
+    "unbatched hx dims": lambda m, mode: m(_x()[:, 0], _hx_of(mode, (1, 1, 4))),
 }
 CELL_ERRORS = {
     "input size": lambda m, mode: m(torch.zeros(2, 7, dtype=DTYPE)),

@@ -188,26 +188,27 @@ class _DropIn:
         return out
 
     def _check_hx(self, hx: Tensor, B: int, batched: bool, what: str) -> Tensor:
+        name = f"rnnkit.nn.{type(self).__name__}"
         D = 2 if self.bidirectional else 1
         expected = (self.num_layers * D, B, self.hidden_size)
         if not isinstance(hx, Tensor):
-            raise TypeError(f"{what} must be a torch.Tensor, got {type(hx).__name__}")
+            raise TypeError(f"{name}: {what} must be a torch.Tensor, got {type(hx).__name__}")
         if not batched:
             if hx.dim() != 2:
                 raise RuntimeError(
-                    f"For unbatched 2-D input, {what} should also be 2-D but got "
+                    f"{name}: For unbatched 2-D input, {what} should also be 2-D but got "
                     f"{hx.dim()}-D tensor"
                 )
             hx = hx.unsqueeze(1)
         if tuple(hx.shape) != expected:
             raise RuntimeError(
-                f"Expected {what} size {expected} (num_layers·num_directions, batch, "
+                f"{name}: Expected {what} size {expected} (num_layers·num_directions, batch, "
                 f"hidden_size), got {list(hx.shape)}"
             )
         weight = self.weight_ih_l0
         if hx.dtype != weight.dtype and not torch.is_autocast_enabled(hx.device.type):
             raise RuntimeError(  # torch's type: its product of hx and weight_hh fails
-                f"rnnkit.nn.{type(self).__name__}: {what} is {hx.dtype} but the weights are "
+                f"{name}: {what} is {hx.dtype} but the weights are "
                 f"{weight.dtype}; convert {what} ({what}.to({weight.dtype}))"
             )
         return hx
