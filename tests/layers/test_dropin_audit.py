@@ -293,3 +293,85 @@ def test_torch_fx_records_the_layer_as_one_node_as_torchs(mode):
     assert nodes[1] == nodes[0]
     assert ("call_module", "rnn") in nodes[1]
     torch.testing.assert_close(graphs[1](x, hx), graphs[0](x, hx), rtol=1e-9, atol=1e-10)
+
+
+def _seq2seq_translation(nn) -> dict[str, list[float]]:
+    """PyTorch's "translation with a sequence to sequence network and attention" tutorial
+    in miniature, written against the namespace ``nn``: a GRU encoder, a GRU decoder with
+    Bahdanau attention called one step at a time with its hidden state, teacher forcing,
+    then greedy decoding (its log-probabilities)."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    V, H, L, SOS = 7, 6, 4, 0
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(V, H)
+            self.gru = nn.GRU(H, H, batch_first=True)
+            self.dropout = nn.Dropout(0.1)
+
+        def forward(self, tokens):
+            return self.gru(self.dropout(self.embedding(tokens)))
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.Wa, self.Ua, self.Va = nn.Linear(H, H), nn.Linear(H, H), nn.Linear(H, 1)
+
+        def forward(self, query, keys):
+            scores = self.Va(torch.tanh(self.Wa(query) + self.Ua(keys))).squeeze(2).unsqueeze(1)
+            return torch.bmm(F.softmax(scores, dim=-1), keys)
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(V, H)
+            self.attention = Attention()
+            self.gru = nn.GRU(2 * H, H, batch_first=True)
+            self.out = nn.Linear(H, V)
+            self.dropout = nn.Dropout(0.1)
+
+        def forward(self, keys, hidden, target=None):
+            step_input = torch.full((keys.size(0), 1), SOS, dtype=torch.long)
+            outputs = []
+            for i in range(L):
+                embedded = self.dropout(self.embedding(step_input))
+                context = self.attention(hidden.permute(1, 0, 2), keys)
+                output, hidden = self.gru(torch.cat((embedded, context), dim=2), hidden)
+                outputs.append(self.out(output))
+                if target is not None:
+                    step_input = target[:, i].unsqueeze(1)
+                else:
+                    step_input = outputs[-1].topk(1)[1].squeeze(-1).detach()
+            return F.log_softmax(torch.cat(outputs, dim=1), dim=-1)
+
+    encoder, decoder = Encoder().double(), Decoder().double()
+    parameters = [*encoder.parameters(), *decoder.parameters()]
+    optimizer = torch.optim.Adam(parameters, lr=0.05)
+    source = torch.randint(1, V, (3, 5))
+    target = torch.randint(1, V, (3, L))
+    losses = []
+    for _ in range(15):
+        optimizer.zero_grad()
+        keys, hidden = encoder(source)
+        log_probs = decoder(keys, hidden, target)
+        loss = F.nll_loss(log_probs.view(-1, V), target.view(-1))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    encoder.eval()
+    decoder.eval()
+    with torch.no_grad():
+        keys, hidden = encoder(source)
+        greedy = decoder(keys, hidden)
+    return {"losses": losses, "greedy": greedy.flatten().tolist()}
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_the_seq2seq_translation_tutorial_runs_the_same():
+    theirs = _seq2seq_translation(torch.nn)
+    ours = _seq2seq_translation(knn)
+    assert ours["losses"] == pytest.approx(theirs["losses"], rel=1e-9)
+    assert ours["greedy"] == pytest.approx(theirs["greedy"], rel=1e-9)
