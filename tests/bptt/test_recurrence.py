@@ -184,6 +184,25 @@ def test_a_batch_of_incoming_gradients_gives_each_ones_gradients(cell_spec, gen,
             torch.testing.assert_close(a[k], b, **TOL)
 
 
+def test_one_tensor_given_as_both_states_is_differentiated_twice_right(cell_spec, gen):
+    """``(h0, h0)``: the gradient with a graph counts each place once (a second
+    derivative against autograd through the cell's plain step loop)."""
+    if cell_spec.num_states < 2:
+        pytest.skip("one state only")
+    cell, x, _, _, _ = make_case(cell_spec, gen)
+    h0 = torch.randn(B, H, generator=gen, dtype=DT, requires_grad=True)
+    results = []
+    for explicit in (True, False):
+        if explicit:
+            out, _ = run_recurrence(cell.kernel, x, cell.weights(), (h0, h0))
+        else:
+            out, _ = cell_spec.run(cell, x, (h0, h0), None)
+        (d_h0,) = torch.autograd.grad(out.pow(2).sum(), h0, create_graph=True)
+        results.append((d_h0, *torch.autograd.grad(d_h0.pow(2).sum(), h0)))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+
+
 def test_a_window_refuses_a_second_derivative(gen):
     cell = RNNCell(I, H).double()
     x = torch.randn(T, B, I, generator=gen, dtype=DT, requires_grad=True)

@@ -63,17 +63,28 @@ def differentiable_gradients(
             "differentiated again (create_graph=True)"
         )
     inputs = (x, *weights, *states0)
+    wanted = [
+        (i, t) for i, t in enumerate(inputs) if needs[i] and t is not None and t.requires_grad
+    ]
     with torch.enable_grad():
-        outputs, finals = unrolled(kernel, x, weights, states0, mask3)
+        # A fresh view of each input to differentiate: one tensor may come twice (an LSTM
+        # given (h0, h0)), and autograd.grad would give each place the sum of both.
+        views = {i: t.view_as(t) for i, t in wanted}
+        w = weights
+        w = Weights(
+            views.get(1, w.weight_ih),
+            views.get(2, w.weight_hh),
+            views.get(3, w.bias),
+            views.get(4, w.bias_hn) if w.bias_hn is not None else None,
+        )
+        s0 = tuple(views.get(5 + k, s) for k, s in enumerate(states0))
+        outputs, finals = unrolled(kernel, views.get(0, x), w, s0, mask3)
         pairs = [
             (o, g) for o, g in zip((outputs, *finals), grads_out, strict=True) if g is not None
         ]
-        wanted = [
-            (i, t) for i, t in enumerate(inputs) if needs[i] and t is not None and t.requires_grad
-        ]
         got = torch.autograd.grad(
             [o for o, _ in pairs],
-            [t for _, t in wanted],
+            list(views.values()),
             [g for _, g in pairs],
             create_graph=torch.is_grad_enabled(),
             allow_unused=True,
