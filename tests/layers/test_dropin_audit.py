@@ -191,6 +191,10 @@ CELL_ERRORS = {
     "input size": lambda m, mode: m(torch.zeros(2, 7, dtype=DTYPE)),
     "hx batch": lambda m, mode: m(torch.zeros(2, 3, dtype=DTYPE), _hx_of(mode, (3, 4))),
     "hx hidden_size": lambda m, mode: m(torch.zeros(2, 3, dtype=DTYPE), _hx_of(mode, (2, 5))),
+    "input dtype": lambda m, mode: m(torch.zeros(2, 3, dtype=torch.float32)),
+    "hx dtype": lambda m, mode: m(
+        torch.zeros(2, 3, dtype=DTYPE), _hx_of(mode, (2, 4), torch.float32)
+    ),
 }
 ERROR_CASES = [(m, c) for m in MODES for c in LAYER_ERRORS] + [
     (m + "Cell", c) for m in MODES for c in CELL_ERRORS

@@ -61,8 +61,10 @@ class _CellDropIn:
                 f"{name}: input has inconsistent input_size: got {x.shape[1]} expected "
                 f"{self.input_size}"
             )
+        self._check_dtype(x, "input")
         if hx is None:
             return x, x.new_zeros(x.shape[0], self.hidden_size), batched
+        self._check_dtype(hx, what)
         if hx.dim() != input.dim():
             raise RuntimeError(
                 f"{name}: {what} should be {input.dim()}D for {input.dim()}D input, got {hx.dim()}D"
@@ -79,6 +81,16 @@ class _CellDropIn:
                 f"{self.hidden_size}"
             )
         return x, h, batched
+
+    def _check_dtype(self, t: Tensor, what: str) -> None:
+        """torch's error (a ``RuntimeError`` from its product) for a dtype other than the
+        weights', outside autocast, in one line naming the cell."""
+        weight = self.weight_ih
+        if t.dtype != weight.dtype and not torch.is_autocast_enabled(t.device.type):
+            raise RuntimeError(
+                f"rnnkit.nn.{type(self).__name__}: {what} is {t.dtype} but the weights are "
+                f"{weight.dtype}; convert {what} ({what}.to({weight.dtype}))"
+            )
 
     def _use_torch(self, input: Tensor) -> bool:
         return torch.jit.is_scripting() or torch.jit.is_tracing() or input.numel() == 0
