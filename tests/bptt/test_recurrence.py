@@ -18,6 +18,7 @@ from rnnkit import RNNCell
 from rnnkit.bptt.recurrence import run_recurrence
 from rnnkit.cells.kernel import Weights
 from rnnkit.diagnostics.contributions import step_contributions
+from rnnkit.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
 
@@ -146,6 +147,70 @@ def test_gradcheck_run_recurrence(cell_spec, gen):
 
     inputs = (x, *(s.requires_grad_() for s in s0), *params)
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+def test_gradgradcheck_run_recurrence(cell_spec, gen):
+    """A gradient taken with create_graph=True is itself differentiable (gradient
+    penalties, Hessians): second derivatives against finite differences."""
+    Tg, Bg, Ig, Hg = 3, 3, 2, 2
+    cell = cell_spec.cell(Ig, Hg)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 0]], dtype=torch.bool)
+    x = torch.randn(Tg, Bg, Ig, generator=gen, dtype=DT, requires_grad=True)
+    s0 = [torch.randn(Bg, Hg, generator=gen, dtype=DT) for _ in range(cell_spec.num_states)]
+    params = [p.detach().clone().requires_grad_() for p in params_of(cell)]
+    n_s = len(s0)
+
+    def f(x, *rest):
+        states0, ps = tuple(rest[:n_s]), list(rest[n_s:])
+        w = Weights(ps[0], ps[1], ps[2], ps[3] if len(ps) > 3 else None)
+        out, finals = run_recurrence(cell.kernel, x, w, states0, mask)
+        return (out, *finals)
+
+    inputs = (x, *(s.requires_grad_() for s in s0), *params)
+    assert torch.autograd.gradgradcheck(f, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def test_a_batch_of_incoming_gradients_gives_each_ones_gradients(cell_spec, gen, holey_mask):
+    """``is_grads_batched=True`` (vmap over the backward, as a vectorized Jacobian does):
+    each vector's gradients equal the explicit BPTT's for that vector alone."""
+    cell, x, s0, _, _ = make_case(cell_spec, gen)
+    out, _ = run_recurrence(cell.kernel, x, cell.weights(), s0, holey_mask.T)
+    vectors = torch.randn(3, *out.shape, generator=gen, dtype=DT)
+    leaves = [x, *s0, *params_of(cell)]
+    got = torch.autograd.grad(out, leaves, vectors, retain_graph=True, is_grads_batched=True)
+    for k in range(3):
+        want = torch.autograd.grad(out, leaves, vectors[k], retain_graph=True)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a[k], b, **TOL)
+
+
+def test_one_tensor_given_as_both_states_is_differentiated_twice_right(cell_spec, gen):
+    """``(h0, h0)``: the gradient with a graph counts each place once (a second
+    derivative against autograd through the cell's plain step loop)."""
+    if cell_spec.num_states < 2:
+        pytest.skip("one state only")
+    cell, x, _, _, _ = make_case(cell_spec, gen)
+    h0 = torch.randn(B, H, generator=gen, dtype=DT, requires_grad=True)
+    results = []
+    for explicit in (True, False):
+        if explicit:
+            out, _ = run_recurrence(cell.kernel, x, cell.weights(), (h0, h0))
+        else:
+            out, _ = cell_spec.run(cell, x, (h0, h0), None)
+        (d_h0,) = torch.autograd.grad(out.pow(2).sum(), h0, create_graph=True)
+        results.append((d_h0, *torch.autograd.grad(d_h0.pow(2).sum(), h0)))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_a_window_refuses_a_second_derivative(gen):
+    cell = RNNCell(I, H).double()
+    x = torch.randn(T, B, I, generator=gen, dtype=DT, requires_grad=True)
+    out, _ = run_recurrence(cell.kernel, x, cell.weights(), (torch.zeros(B, H, dtype=DT),), None, 2)
+    with pytest.raises(ConfigError, match=r"window=2 .*cannot be differentiated again"):
+        torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+    (d_x,) = torch.autograd.grad(out.pow(2).sum(), x)  # a first derivative is fine
+    assert d_x.shape == x.shape
 
 
 # ------------------------------------------------------------------------- hold state

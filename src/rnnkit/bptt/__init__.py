@@ -34,7 +34,9 @@
   ``RNNKIT_CUDA_GRAPHS=1``);
 * ``opaque``: the time loop as one operator of a compiled graph (``rnnkit::recurrence``,
   ``torch.library.custom_op``), its gradient the explicit BPTT's;
-* ``tracing``: the check that refuses graph tracing of the explicit backward.
+* ``tracing``: the check that refuses graph tracing of the explicit backward;
+* ``unrolled``: the loop in plain differentiable steps (what a traced graph holds) and the
+  gradients autograd gives through it, for a gradient that is differentiated again.
 """
 
 from rnnkit.bptt.backward import backward_sweep, weight_grads
@@ -80,6 +82,7 @@ from rnnkit.bptt.recurrence import (
 )
 from rnnkit.bptt.regularized import CompiledRegularized, RegularizedKernel, regularized
 from rnnkit.bptt.tracing import TracingError, check_tracer, exporting, tracing
+from rnnkit.bptt.unrolled import differentiable_gradients, unrolled
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 
 __all__ = [
@@ -105,6 +108,7 @@ __all__ = [
     "compiled_library",
     "cuda_graph_stats",
     "cuda_graphs_enabled",
+    "differentiable_gradients",
     "exporting",
     "forward_pass",
     "forward_record",
@@ -137,6 +141,7 @@ __all__ = [
     "triton_available",
     "triton_step",
     "unpack_record",
+    "unrolled",
     "use_cuda_graphs",
     "use_fused",
     "use_native",

@@ -13,6 +13,8 @@ forward and the explicit windowed BPTT(τ) the backward. With the compiled loop,
 sorted by their last real step and packed, so finished rows cost nothing. Under graph
 tracing (``torch.compile``, ``torch.export``) the loop is the kernel's differentiable
 step, unrolled, and autograd gives the gradients (the explicit BPTT equals them: tested).
+A gradient that is differentiated again (``create_graph=True``) is autograd's through
+those unrolled steps, run again in the backward (``rnnkit.bptt.unrolled``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ from rnnkit.bptt.mask_facts import all_real
 from rnnkit.bptt.opaque import run_opaque
 from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_record
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
+from rnnkit.bptt.unrolled import differentiable_gradients, unrolled
 from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.errors import ConfigError
 
 __all__ = [
     "clean_padding",
@@ -82,19 +86,64 @@ class _Recurrence(torch.autograd.Function):
             # a kernel whose step backward reads bias_hn (a layer-normalised cell's gains)
             ctx.keeps_hn = bool(getattr(kernel, "backward_reads_bias_hn", False))
             kept = (bias_hn,) if ctx.keeps_hn else ()
-            ctx.save_for_backward(
-                record.x, weight_ih, weight_hh, *record.states, *record.cache, *kept
-            )
+            main = (record.x, weight_ih, weight_hh, *record.states, *record.cache, *kept)
+            # the node's own inputs too: a differentiated gradient runs the forward again
+            ctx.num_main, ctx.has_hn = len(main), bias_hn is not None
+            hn = (bias_hn,) if bias_hn is not None else ()
+            ctx.save_for_backward(*main, x, bias, *hn, *states0)
         finals = tuple(s[-1].clone() for s in record.states)
         outputs = record.states[0][1:] if record.outputs is None else record.outputs
         return (outputs, *finals)  # outputs (T, B, H), final states (B, H)
 
     @staticmethod
-    @once_differentiable
     def backward(
         ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
     ) -> tuple[Tensor | None, ...]:
+        # create_graph=True (the gradient is differentiated), or a batch of incoming
+        # gradients under vmap (is_grads_batched=True), which the explicit BPTT's
+        # compiled operators have no rule for: autograd through the plain steps
+        if torch.is_grad_enabled() or _batched(d_out, *d_finals):
+            return _Recurrence._differentiable_backward(ctx, d_out, *d_finals)
+        return _Recurrence._explicit_backward(ctx, d_out, *d_finals)
+
+    @staticmethod
+    def _differentiable_backward(
+        ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        """The gradients with a graph: the forward run again in differentiable steps
+        from the node's inputs (``rnnkit.bptt.unrolled``), differentiated by autograd."""
+        if ctx.window is not None:
+            raise ConfigError(
+                f"window={ctx.window} (truncated BPTT): its gradient cannot be "
+                "differentiated again (create_graph=True); use full BPTT"
+            )
+        if ctx.projected:
+            raise ConfigError(
+                "a projected input's gradient cannot be differentiated again "
+                "(create_graph=True): call the layer on the embedded input"
+            )
         saved = ctx.saved_tensors
+        w_ih, w_hh = saved[1], saved[2]
+        x, bias, *rest = saved[ctx.num_main :]
+        bias_hn = rest.pop(0) if ctx.has_hn else None
+        got = differentiable_gradients(
+            ctx.kernel,
+            x,
+            Weights(w_ih, w_hh, bias, bias_hn),
+            tuple(rest),
+            ctx.mask,
+            (d_out, *d_finals),
+            ctx.needs_input_grad[6:],
+        )
+        return (None, None, None, None, None, None, *got)
+
+    @staticmethod
+    @once_differentiable
+    def _explicit_backward(
+        ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        """The library's explicit BPTT (no graph of its own)."""
+        saved = ctx.saved_tensors[: ctx.num_main]
         n = ctx.num_states
         bias_hn = saved[-1] if ctx.keeps_hn else None
         saved = saved[:-1] if ctx.keeps_hn else saved
@@ -117,6 +166,15 @@ class _Recurrence(torch.autograd.Function):
             d if ctx.needs_input_grad[11 + k] else None for k, d in enumerate(sweep.d_states0)
         )
         return (None, None, None, None, None, None, *g, *d_s0)
+
+
+def _batched(*grads: Tensor | None) -> bool:
+    """Whether the incoming gradients are a batch of them under vmap
+    (``torch.autograd.grad(..., is_grads_batched=True)``, a vectorized Jacobian)."""
+    f = torch._C._functorch
+    return any(
+        g is not None and (f.is_legacy_batchedtensor(g) or f.is_batchedtensor(g)) for g in grads
+    )
 
 
 def takes_projected(
@@ -181,17 +239,7 @@ def _traced_recurrence(
         )
     x, states0 = _like_weights(weights, x, states0)
     x, mask3 = clean_padding(x, mask)
-    step = kernel.step  # type: ignore[attr-defined]
-    states, outputs = states0, []
-    for t in range(x.shape[0]):
-        new = step(x[t], states, weights)
-        if mask3 is not None:
-            new = tuple(torch.where(mask3[t], a, b) for a, b in zip(new, states, strict=True))
-        outputs.append(new[0])
-        states = new
-    if not outputs:
-        return x.new_zeros(0, x.shape[1], states0[0].shape[1]), states0
-    return torch.stack(outputs), tuple(states)
+    return unrolled(kernel, x, weights, states0, mask3)
 
 
 def run_recurrence(
@@ -359,7 +407,7 @@ def recurrence_gradients(
     needs = (False,) * 6 + (True,) * 4 + (weights.bias_hn is not None,) + (True,) * len(states0)
     ctx = _PlainContext(needs)
     _Recurrence.forward(ctx, kernel, mask3, window, True, packing, False, x, *weights, *states0)
-    grads = _Recurrence.backward(ctx, d_outputs, *d_finals)[6:]
+    grads = _Recurrence._explicit_backward(ctx, d_outputs, *d_finals)[6:]
     # all are asked for (needs) but bias_hn's: only d_rest may hold a None
     d_x, d_rest = cast(Tensor, grads[0]), list(grads[1:5])
     d_s0 = cast("list[Tensor]", list(grads[5:]))

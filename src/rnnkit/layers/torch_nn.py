@@ -18,11 +18,14 @@ in torch. torch's GRU is rnnkit's ``update="keep", reset="after"``.
 Where rnnkit has no such layer or a tool cannot see through its time loop, torch's own
 ``forward`` computes the same function: a projected LSTM (``proj_size > 0``),
 ``dropout=1``, a batch of size 0, TorchScript (``torch.jit.trace``, ``torch.jit.script``,
-the TorchScript ONNX exporter), and a graph being traced (``torch.compile``,
-``torch.export``, the ONNX exporter): there the drop-in is what torch's layer is, one
+the TorchScript ONNX exporter), a graph being traced (``torch.compile``,
+``torch.export``, the ONNX exporter), a ``torch.func`` transform (``grad``,
+``jacrev``, ``jacfwd``, ``vmap``) and forward-mode AD (``torch.autograd.forward_ad``):
+there the drop-in is what torch's layer is, one
 ``aten.lstm``/``gru``/``rnn_*`` operator (a compiled program runs it eagerly between its
 graphs, as it runs torch's), so a program compiles and exports as it does with torch's
-layers. A pickled model names the public
+layers. ``torch.fx.symbolic_trace`` records one ``call_module`` node, as for torch's
+layers (:func:`fx_leaf_call`). A pickled model names the public
 classes (``rnnkit.nn.LSTM``), so ``torch.load(..., weights_only=True)`` with those
 allow-listed loads it. Dropout between layers draws other random masks than torch's (same
 probability). ``docs/torch-nn.md`` lists the differences.
@@ -30,6 +33,7 @@ probability). ``docs/torch-nn.md`` lists the differences.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -41,7 +45,16 @@ from rnnkit.layers import cell_stacks
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.types import LSTMState
 
-__all__ = ["GRU", "LSTM", "RNN", "plain_torch_copy"]
+__all__ = ["GRU", "LSTM", "RNN", "fx_leaf_call", "plain_torch_copy"]
+
+
+class _Stacks(threading.local):
+    """One thread's inner stack of a drop-in, the configuration it was built for and its
+    cells' parameter prefixes (set on first use in each thread)."""
+
+    stack: StackedRecurrent | None = None
+    config: tuple[Any, ...] | None = None
+    prefixes: list[str]
 
 
 def plain_torch_copy(module: nn.Module, torch_class: type[nn.Module]) -> nn.Module:
@@ -50,6 +63,20 @@ def plain_torch_copy(module: nn.Module, torch_class: type[nn.Module]) -> nn.Modu
     plain = torch_class.__new__(torch_class)
     plain.__dict__.update({k: v for k, v in module.__dict__.items() if k != "_inner"})
     return plain
+
+
+def fx_leaf_call(module: nn.Module, input: Any, hx: Any) -> Any:
+    """Under ``torch.fx.symbolic_trace``: one ``call_module`` node for the drop-in, as FX
+    records torch's own layers (its tracer keeps the modules of ``torch.nn``'s package
+    whole and would otherwise trace into ``forward``); else None."""
+    hx_parts = hx if isinstance(hx, tuple | list) else (hx,)
+    proxy = next((a for a in (input, *hx_parts) if isinstance(a, torch.fx.Proxy)), None)
+    if proxy is None:
+        return None
+    tracer = proxy.tracer
+    args = (input,) if hx is None else (input, hx)
+    path = tracer.path_of_module(module)  # type: ignore[attr-defined]  # torch.fx.Tracer's
+    return tracer.create_proxy("call_module", path, args, {})
 
 
 class _DropIn:
@@ -68,49 +95,63 @@ class _DropIn:
     dropout: float
     bidirectional: bool
     proj_size: int
+    weight_ih_l0: Tensor
     mode: str
     nonlinearity: str
     training: bool
-    _inner_prefixes: list[str]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # torch's class, next in the MRO
         self._build_inner()
 
     def _build_inner(self) -> None:
-        """The rnnkit stack that computes; its own parameters are placeholders on the meta
-        device (no memory), replaced at each call by the ones derived from torch's. Held
-        outside the module tree: it adds nothing to ``state_dict()`` or ``parameters()``,
-        and a pickle leaves it out (``__getstate__``)."""
-        inner = None
-        if self.proj_size == 0 and self.dropout < 1:
+        """Room for the rnnkit stacks that compute (:meth:`_stack`), one per thread."""
+        self.__dict__["_inner"] = _Stacks()
+
+    def _config(self) -> tuple[Any, ...]:
+        """What the inner stack is built from, read at each call as torch's ``forward``
+        reads it (``lstm.dropout = 0.0`` after construction counts)."""
+        return (
+            self.mode,
+            self.input_size,
+            self.hidden_size,
+            self.num_layers,
+            self.bidirectional,
+            float(self.dropout),
+            self.batch_first,
+        )
+
+    def _stack(self) -> tuple[StackedRecurrent, list[str]]:
+        """This thread's rnnkit stack for the current configuration, and the prefix of
+        each cell's parameters in it (layers, then directions, as torch orders them).
+
+        Its own parameters are placeholders on the meta device (no memory), replaced for
+        each call by the ones derived from torch's (``functional_call``, which puts them
+        into the stack for the call's duration: hence one stack per thread, so that
+        threads may call one layer at once, as they may torch's). Held outside the
+        module tree: it adds nothing to ``state_dict()`` or ``parameters()``, and a
+        pickle leaves it out (``__getstate__``)."""
+        local: _Stacks = self.__dict__["_inner"]
+        config = self._config()
+        if local.stack is None or local.config != config:
             options: dict[str, Any] = {}
-            if self.mode.startswith("RNN"):
-                options["nonlinearity"] = self.nonlinearity
+            if self.mode.startswith("RNN"):  # torch's forward reads the mode
+                options["nonlinearity"] = "relu" if self.mode == "RNN_RELU" else "tanh"
             elif self.mode == "GRU":
                 options = {"update": "keep", "reset": "after"}
             kind = {"LSTM": cell_stacks.LSTM, "GRU": cell_stacks.GRU}.get(
                 self.mode, cell_stacks.RNN
             )
             with torch.device("meta"):
-                inner = kind(
-                    self.input_size,
-                    self.hidden_size,
-                    self.num_layers,
-                    self.bidirectional,
-                    float(self.dropout),
-                    self.batch_first,
-                    **options,
-                )
-            index = {id(p): n for n, p in inner.named_parameters()}
-            prefixes = [index[id(c.weight_ih)][: -len("weight_ih")] for c in inner.cells()]
-            self.__dict__["_inner_prefixes"] = prefixes
-        self.__dict__["_inner"] = inner
+                stack = kind(*config[1:], **options)
+            index = {id(p): n for n, p in stack.named_parameters()}
+            local.prefixes = [index[id(c.weight_ih)][: -len("weight_ih")] for c in stack.cells()]
+            local.stack, local.config = stack, config
+        return local.stack, local.prefixes
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # type: ignore[misc]  # torch's: no weak references
         state.pop("_inner", None)  # rebuilt on load: a pickle names only public classes
-        state.pop("_inner_prefixes", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -124,12 +165,12 @@ class _DropIn:
 
     # ---- computation -----------------------------------------------------------------
 
-    def _cell_tensors(self) -> dict[str, Tensor]:
+    def _cell_tensors(self, prefixes: list[str]) -> dict[str, Tensor]:
         """The inner stack's parameters from torch's: one bias per gate."""
         H = self.hidden_size
         D = 2 if self.bidirectional else 1
         out: dict[str, Tensor] = {}
-        for index, prefix in enumerate(self._inner_prefixes):
+        for index, prefix in enumerate(prefixes):
             layer, direction = divmod(index, D)
             sfx = f"_l{layer}" + ("_reverse" if direction else "")
             w_ih = getattr(self, "weight_ih" + sfx)
@@ -147,23 +188,48 @@ class _DropIn:
         return out
 
     def _check_hx(self, hx: Tensor, B: int, batched: bool, what: str) -> Tensor:
+        name = f"rnnkit.nn.{type(self).__name__}"
         D = 2 if self.bidirectional else 1
         expected = (self.num_layers * D, B, self.hidden_size)
         if not isinstance(hx, Tensor):
-            raise TypeError(f"{what} must be a torch.Tensor, got {type(hx).__name__}")
+            raise TypeError(f"{name}: {what} must be a torch.Tensor, got {type(hx).__name__}")
         if not batched:
             if hx.dim() != 2:
                 raise RuntimeError(
-                    f"For unbatched 2-D input, {what} should also be 2-D but got "
+                    f"{name}: For unbatched 2-D input, {what} should also be 2-D but got "
                     f"{hx.dim()}-D tensor"
                 )
             hx = hx.unsqueeze(1)
         if tuple(hx.shape) != expected:
             raise RuntimeError(
-                f"Expected {what} size {expected} (num_layers·num_directions, batch, "
+                f"{name}: Expected {what} size {expected} (num_layers·num_directions, batch, "
                 f"hidden_size), got {list(hx.shape)}"
             )
+        weight = self.weight_ih_l0
+        if hx.dtype != weight.dtype and not torch.is_autocast_enabled(hx.device.type):
+            raise RuntimeError(  # torch's type: its product of hx and weight_hh fails
+                f"{name}: {what} is {hx.dtype} but the weights are "
+                f"{weight.dtype}; convert {what} ({what}.to({weight.dtype}))"
+            )
         return hx
+
+    def _check_input(self, x: Tensor) -> None:
+        """torch's checks of the input, with torch's exception types: its feature size
+        (``RuntimeError``) and its dtype (``ValueError``; under autocast any floating
+        dtype is cast)."""
+        name = f"rnnkit.nn.{type(self).__name__}"
+        if x.shape[-1] != self.input_size:
+            raise RuntimeError(
+                f"{name}: input.size(-1) must be equal to input_size. Expected "
+                f"{self.input_size}, got {x.shape[-1]}"
+            )
+        weight = self.weight_ih_l0
+        if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise ValueError(
+                f"{name}: input dtype ({x.dtype}) does not match weight dtype "
+                f"({weight.dtype}). Convert input: input.to({weight.dtype}), or convert "
+                f"model: model.to({x.dtype})"
+            )
 
     def forward(self, input: Tensor | PackedSequence, hx: Any = None) -> tuple[Any, Any]:
         """torch's forward: ``(output, h_n)``, or ``(output, (h_n, c_n))`` for the LSTM.
@@ -177,6 +243,9 @@ class _DropIn:
             ``output`` of the input's kind (``(T, B, D·H)``, ``(T, D·H)`` or packed) and
             the final states ``(L·D, B, H)``, each sequence's after its last real step.
         """
+        traced = fx_leaf_call(self, input, hx)  # type: ignore[arg-type]
+        if traced is not None:
+            return traced
         name = f"rnnkit.nn.{type(self).__name__}"
         if self._torch_computes(input):
             return self._torch_class.forward(self, input, hx)
@@ -194,6 +263,7 @@ class _DropIn:
                 )
             batched = input.dim() == 3
             x = input if batched else input.unsqueeze(1 if not self.batch_first else 0)
+        self._check_input(x)
         B = x.shape[0] if self.batch_first else x.shape[1]
         state: Any = None
         if hx is not None:
@@ -207,12 +277,12 @@ class _DropIn:
                 if isinstance(hx, tuple | list):
                     raise TypeError(f"{name}: hx must be one tensor (L·D, B, H), as for torch")
                 state = self._split(self._check_hx(hx, B, batched, "hx"))
-        inner: StackedRecurrent = self.__dict__["_inner"]
+        inner, prefixes = self._stack()
         inner.train(self.training)
         if lengths is not None:
             lengths = lengths.to(x.device)
         out = functional_call(
-            inner, self._cell_tensors(), (x,), {"lengths": lengths, "state": state}
+            inner, self._cell_tensors(prefixes), (x,), {"lengths": lengths, "state": state}
         )
         outputs = out.outputs
         if isinstance(out.state, LSTMState):
@@ -221,7 +291,11 @@ class _DropIn:
             final = self._join(out.state)
         if packed_input is not None:
             outputs = _repack(outputs, packed_input, self.batch_first)
-        elif not batched:
+        elif outputs.requires_grad and outputs._is_view():
+            # a view of the autograd node's state buffer, which its backward reads: a copy,
+            # so that the output can be changed in place (``out += skip``) as torch's can
+            outputs = outputs.clone()
+        if packed_input is None and not batched:
             outputs = outputs.squeeze(0 if self.batch_first else 1)
             final = tuple(f.squeeze(1) for f in final) if isinstance(final, tuple) else final
             if not isinstance(final, tuple):
@@ -232,7 +306,9 @@ class _DropIn:
         """Whether torch's own ``forward`` computes this call (module docstring)."""
         if torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling():
             return True
-        if self.__dict__.get("_inner") is None:  # proj_size > 0, dropout=1
+        if _in_func_transform() or _forward_ad_level() >= 0:
+            return True
+        if self.proj_size > 0 or self.dropout >= 1:  # no such rnnkit layer
             return True
         if isinstance(input, PackedSequence):
             return input.data.shape[0] == 0
@@ -246,6 +322,21 @@ class _DropIn:
 
     def _join(self, h: Tensor) -> Tensor:
         return h.reshape(-1, *h.shape[2:])
+
+
+def _in_func_transform() -> bool:
+    """Whether a ``torch.func`` transform (``grad``, ``jacrev``, ``jacfwd``, ``vmap``,
+    ``hessian``, ...) is running: rnnkit's autograd node has no rules for them, torch's
+    operators do (torch's forward then computes the same function)."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def _forward_ad_level() -> int:
+    """The current level of ``torch.autograd.forward_ad.dual_level()`` (-1 outside one):
+    rnnkit's autograd node has no forward-mode rule (``jvp``), torch's operators do."""
+    from torch.autograd import forward_ad
+
+    return int(forward_ad._current_level)
 
 
 def _repack(outputs: Tensor, like: PackedSequence, batch_first: bool) -> PackedSequence:

@@ -22,7 +22,7 @@ from rnnkit.cells.gru import gru_step
 from rnnkit.cells.kernel import Weights
 from rnnkit.cells.lstm import lstm_step
 from rnnkit.cells.rnn import rnn_step
-from rnnkit.layers.torch_nn import plain_torch_copy
+from rnnkit.layers.torch_nn import fx_leaf_call, plain_torch_copy
 from rnnkit.types import LSTMState
 
 __all__ = ["GRUCell", "LSTMCell", "RNNCell"]
@@ -56,16 +56,41 @@ class _CellDropIn:
             raise ValueError(f"{name}: Expected input to be 1D or 2D, got {input.dim()}D instead")
         batched = input.dim() == 2
         x = input if batched else input.unsqueeze(0)
+        if x.shape[1] != self.input_size:
+            raise RuntimeError(
+                f"{name}: input has inconsistent input_size: got {x.shape[1]} expected "
+                f"{self.input_size}"
+            )
+        self._check_dtype(x, "input")
         if hx is None:
-            h = x.new_zeros(x.shape[0], self.hidden_size)
-        else:
-            if hx.dim() != input.dim():
-                raise RuntimeError(
-                    f"{name}: {what} should be {input.dim()}D for {input.dim()}D input, "
-                    f"got {hx.dim()}D"
-                )
-            h = hx if batched else hx.unsqueeze(0)
+            return x, x.new_zeros(x.shape[0], self.hidden_size), batched
+        self._check_dtype(hx, what)
+        if hx.dim() != input.dim():
+            raise RuntimeError(
+                f"{name}: {what} should be {input.dim()}D for {input.dim()}D input, got {hx.dim()}D"
+            )
+        h = hx if batched else hx.unsqueeze(0)
+        if h.shape[0] != x.shape[0]:
+            raise RuntimeError(
+                f"{name}: Input batch size {x.shape[0]} doesn't match {what} batch size "
+                f"{h.shape[0]}"
+            )
+        if h.shape[1] != self.hidden_size:
+            raise RuntimeError(
+                f"{name}: {what} has inconsistent hidden_size: got {h.shape[1]}, expected "
+                f"{self.hidden_size}"
+            )
         return x, h, batched
+
+    def _check_dtype(self, t: Tensor, what: str) -> None:
+        """torch's error (a ``RuntimeError`` from its product) for a dtype other than the
+        weights', outside autocast, in one line naming the cell."""
+        weight = self.weight_ih
+        if t.dtype != weight.dtype and not torch.is_autocast_enabled(t.device.type):
+            raise RuntimeError(
+                f"rnnkit.nn.{type(self).__name__}: {what} is {t.dtype} but the weights are "
+                f"{weight.dtype}; convert {what} ({what}.to({weight.dtype}))"
+            )
 
     def _use_torch(self, input: Tensor) -> bool:
         return torch.jit.is_scripting() or torch.jit.is_tracing() or input.numel() == 0
@@ -84,6 +109,9 @@ class RNNCell(_CellDropIn, nn.RNNCell):
     nonlinearity: str
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
+        traced = fx_leaf_call(self, input, hx)
+        if traced is not None:
+            return traced
         if self._use_torch(input):
             return nn.RNNCell.forward(self, input, hx)
         x, h, batched = self._batched(input, hx, "hx")
@@ -108,6 +136,9 @@ class LSTMCell(_CellDropIn, nn.LSTMCell):
     def forward(
         self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, Tensor]:
+        traced = fx_leaf_call(self, input, hx)
+        if traced is not None:
+            return traced
         if self._use_torch(input):
             return nn.LSTMCell.forward(self, input, hx)
         if hx is not None and (not isinstance(hx, tuple | list) or len(hx) != 2):
@@ -133,6 +164,9 @@ class GRUCell(_CellDropIn, nn.GRUCell):
     _torch_class = nn.GRUCell
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
+        traced = fx_leaf_call(self, input, hx)
+        if traced is not None:
+            return traced
         if self._use_torch(input):
             return nn.GRUCell.forward(self, input, hx)
         x, h, batched = self._batched(input, hx, "hx")

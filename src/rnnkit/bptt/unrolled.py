@@ -1,0 +1,96 @@
+"""The time loop in plain differentiable operations, and the gradients it gives.
+
+Two readers need the recurrence as ordinary autograd sees it: a graph being traced
+(``torch.compile``, ``torch.export``: ``rnnkit.bptt.recurrence``), and a gradient that is
+itself differentiated — ``torch.autograd.grad(..., create_graph=True)`` for a gradient
+penalty, ``torch.autograd.functional.hessian``, a Hessian-vector product. There the
+explicit BPTT's result would be a constant of the graph; instead the backward runs the
+forward again, step by step, from the node's inputs and lets autograd differentiate it
+(:func:`differentiable_gradients`), so the gradients are functions of the inputs and of
+the incoming gradients, as PyTorch's own recurrent layers give them on the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.errors import ConfigError
+
+__all__ = ["differentiable_gradients", "unrolled"]
+
+
+def unrolled(
+    kernel: Kernel,
+    x: Tensor,
+    weights: Weights,
+    states0: tuple[Tensor, ...],
+    mask3: Tensor | None,
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """``(outputs (T, B, H), final states)`` by the kernel's differentiable step, out of
+    place; where ``mask3 (T, B, 1)`` is False the state is held (selection).
+    ``x (T, B, I)`` with its padding already zero, each state ``(B, H)``."""
+    step = kernel.step  # type: ignore[attr-defined]
+    states, outputs = states0, []
+    for t in range(x.shape[0]):
+        new = step(x[t], states, weights)
+        if mask3 is not None:
+            new = tuple(torch.where(mask3[t], a, b) for a, b in zip(new, states, strict=True))
+        outputs.append(new[0])
+        states = new
+    if not outputs:
+        return x.new_zeros(0, x.shape[1], states0[0].shape[1]), states0
+    return torch.stack(outputs), tuple(states)
+
+
+def differentiable_gradients(
+    kernel: Kernel,
+    x: Tensor,
+    weights: Weights,
+    states0: tuple[Tensor, ...],
+    mask3: Tensor | None,
+    grads_out: tuple[Tensor | None, ...],
+    needs: tuple[bool, ...],
+) -> tuple[Tensor | None, ...]:
+    """The gradients of ``(x, weight_ih, weight_hh, bias, bias_hn, *states0)`` for
+    ``grads_out = (d_outputs, *d_finals)``, with a graph (``create_graph=True``): the
+    forward is run again by :func:`unrolled` and differentiated by autograd. ``needs``:
+    which of the inputs want a gradient (None for the others)."""
+    if not hasattr(kernel, "step"):
+        raise ConfigError(
+            f"{type(kernel).__name__} has no differentiable step: its gradient cannot be "
+            "differentiated again (create_graph=True)"
+        )
+    inputs = (x, *weights, *states0)
+    wanted = [
+        (i, t) for i, t in enumerate(inputs) if needs[i] and t is not None and t.requires_grad
+    ]
+    with torch.enable_grad():
+        # A fresh view of each input to differentiate: one tensor may come twice (an LSTM
+        # given (h0, h0)), and autograd.grad would give each place the sum of both.
+        views = {i: t.view_as(t) for i, t in wanted}
+        w = weights
+        w = Weights(
+            views.get(1, w.weight_ih),
+            views.get(2, w.weight_hh),
+            views.get(3, w.bias),
+            views.get(4, w.bias_hn) if w.bias_hn is not None else None,
+        )
+        s0 = tuple(views.get(5 + k, s) for k, s in enumerate(states0))
+        outputs, finals = unrolled(kernel, views.get(0, x), w, s0, mask3)
+        pairs = [
+            (o, g) for o, g in zip((outputs, *finals), grads_out, strict=True) if g is not None
+        ]
+        got = torch.autograd.grad(
+            [o for o, _ in pairs],
+            list(views.values()),
+            [g for _, g in pairs],
+            create_graph=torch.is_grad_enabled(),
+            allow_unused=True,
+        )
+    result: list[Tensor | None] = [None] * len(inputs)
+    for (i, t), g in zip(wanted, got, strict=True):
+        # an input the outputs do not depend on (T = 0) gets zeros, as the explicit BPTT's
+        result[i] = torch.zeros_like(t) if g is None else g
+    return tuple(result)
