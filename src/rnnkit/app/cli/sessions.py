@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rnnkit.data.events import Session, write_sessions
+from rnnkit.data.files import check_replaceable
 from rnnkit.errors import ConfigError, DataError
 
 __all__ = ["SessionsConfig", "register", "run"]
@@ -104,6 +105,11 @@ class SessionsConfig:
                 raise DataError("no such file", path=path)
             if not os.path.isfile(path):
                 raise DataError("not a regular file", path=path)
+        if not args.out:
+            raise ConfigError("--out is empty: name the JSON-lines file to write")
+        # Checked before any input is read: an existing file other than an earlier output
+        # of this command (a data file named by mistake) is never replaced.
+        check_replaceable(args.out, _is_sessions_file, "a sessions file (JSON lines)")
         return cls(
             source=args.source,
             inputs=tuple(args.inputs),
@@ -293,6 +299,11 @@ def _from_logs(config: SessionsConfig) -> tuple[list[Session], str]:
                 "values null)"
             )
     return sessions, note
+
+
+def _is_sessions_file(head: bytes) -> bool:
+    """The first bytes of a file :func:`write_sessions` wrote (what ``--out`` may replace)."""
+    return head.startswith(b'{"session": ')
 
 
 def run(args: argparse.Namespace) -> int:
