@@ -18,9 +18,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--checkpoint", required=True, help="run directory written by train")
     p.add_argument("--data", required=True, help="data file in the task's format")
-    p.add_argument(
-        "--batch-size", type=int, help="evaluation batch size (default: the run's)"
-    )
+    p.add_argument("--batch-size", type=int, help="evaluation batch size (default: the run's)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_device_option(p)
     p.set_defaults(func=run)
