@@ -270,3 +270,22 @@ def test_regress_input_is_bounded_and_refuses_values_beyond_float32(run_cli, tmp
     )  # fmt: skip
     one_line_error(code, err, f"{bad}:2", "out of float32's range")
     assert len(out.splitlines()) == 1
+
+
+def test_a_missing_or_empty_input_is_one_line_in_rnnkits_words(runs, run_cli, tmp_path):
+    """A missing ``--input`` was Python's ``[Errno 2] No such file or directory: 'x'``; an
+    empty one the same about ``''``."""
+    missing = tmp_path / "absent.txt"
+    code, out, err = run_cli("predict", "--checkpoint", str(runs["lm"]), "--input", str(missing))
+    assert (code, out) == (2, "")
+    assert err == f"rnnkit predict: error: {missing}: file not found\n"
+    code, out, err = run_cli("predict", "--checkpoint", str(runs["lm"]), "--input", "")
+    assert (code, out) == (2, "")
+    assert err == "rnnkit predict: error: --input is empty: name a file, or - for standard input\n"
+    code, _, err = run_cli("predict", "--checkpoint", "", "--input", str(missing))
+    assert err == "rnnkit predict: error: --checkpoint is an empty path: name a run directory\n"
+    code, _, err = run_cli("predict", "--checkpoint", str(tmp_path), "--input", str(missing))
+    assert err == (
+        f"rnnkit predict: error: {tmp_path / 'config.json'}: missing: {tmp_path} is not a run "
+        "directory written by rnnkit train\n"
+    )

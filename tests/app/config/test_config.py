@@ -107,6 +107,9 @@ def test_defaults_validate():
         (dict(reset="never"), "--reset"),
         (dict(doc_boundary="page"), "--doc-boundary"),
         (dict(train=""), "--train is required"),
+        # "" was read as no --valid (a split of --train), or as a file named "".
+        (dict(valid=""), "--valid is empty: name a file, or leave the option out"),
+        (dict(pretrained_vectors=""), "--pretrained-vectors is empty"),
     ],
 )
 def test_validate_names_the_option(changes, option):

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from rnnkit.app.cli.run_options import add_device_option, check_run_option
+from rnnkit.errors import ConfigError
 
 __all__ = ["register", "run"]
 
@@ -29,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
 
     # Before the run is read: 0 meant the run's batch size, -1 a traceback (events).
     check_run_option("batch_size", args.batch_size)
+    if not args.data:
+        raise ConfigError("--data is empty: name a data file")
     task = task_module(task_of_run(args.checkpoint))
     metrics = task.evaluate(args.checkpoint, args.data, args.batch_size, args.device)
     if args.json:

@@ -152,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
     from rnnkit.app.tasks.registry import task_module, task_of_run
 
     warn_deprecated(args)
+    if not args.input:
+        raise ConfigError("--input is empty: name a file, or - for standard input")
     task = task_of_run(args.checkpoint)
     explicit = getattr(args, "explicit", None)  # set by cli.main
     for option, owner in TASK_ONLY.items():

@@ -205,6 +205,9 @@ class TrainConfig(
                 _check_float32(name, getattr(self, name))
         if not self.train:
             raise ConfigError("--train is required")
+        for name in ("valid", "pretrained_vectors"):  # "" was read as not given, or as a file
+            if getattr(self, name) == "":
+                raise ConfigError(f"{flag(name)} is empty: name a file, or leave the option out")
         if self.tensorboard is not None and (
             not isinstance(self.tensorboard, str) or not self.tensorboard
         ):
