@@ -57,3 +57,23 @@ def test_a_run_on_the_gpu_says_so(run_cli, tmp_path):
     )
     assert code == 0, err
     assert "device: cuda (" in out
+
+
+def test_validation_labels_unseen_in_training_are_said(run_cli, capsys, tmp_path):
+    """A validation label the model never saw is left out of the figures; only
+    ``summary.json`` said so, and "validation accuracy 0.0000" read as the whole file's."""
+    lines = [
+        f"{'pos' if i % 2 else 'neg'}\t{'good fun' if i % 2 else 'bad sad'}" for i in range(20)
+    ]
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "valid.tsv").write_text("zzz\tgood fun\nneg\tbad sad\nzzz\tbad\n", encoding="utf-8")
+    argv = ["train", "--task", "classify", "--train", str(tmp_path / "train.tsv")]
+    argv += ["--valid", str(tmp_path / "valid.tsv"), "--out", str(tmp_path / "run")]
+    code, out, err = run_cli(*argv, "--steps", "2", "--hidden", "8", "--no-report", "--quiet")
+    assert code == 0, err
+    assert "validation: 2 label(s) not seen in training, left out of the figures: zzz (2)\n" in out
+    valid = json.loads((tmp_path / "run" / "summary.json").read_text())["valid"]
+    assert valid["unknown_labels"] == 2 and valid["examples"] == 1
+    print_summary({**BASE, "valid": {"accuracy": 0.5, "unknown_labels": 0}})
+    out = capsys.readouterr().out
+    assert "validation accuracy 0.5000" in out and "not seen in training" not in out

@@ -55,6 +55,23 @@ def _print_params(summary: dict[str, Any]) -> None:
         )
 
 
+def _print_unknown_labels(valid: dict[str, Any]) -> None:
+    """Validation labels (classes, tags) the model never saw cannot be scored and are left
+    out of every figure: said here, not only in ``summary.json``, or a validation
+    accuracy over half the file reads as one over all of it."""
+    unknown = valid.get("unknown_labels")
+    if not isinstance(unknown, int) or isinstance(unknown, bool) or unknown < 1:
+        return
+    counts = valid.get("unknown_label_counts")
+    counts = counts if isinstance(counts, dict) else {}
+    named = ", ".join(f"{label} ({n})" for label, n in list(counts.items())[:5])
+    more = ", …" if len(counts) > 5 else ""
+    print(
+        f"validation: {unknown} label(s) not seen in training, left out of the figures"
+        + (f": {named}{more}" if named else "")
+    )
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     if summary.get("task") == "params":
         _print_params(summary)
@@ -85,6 +102,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         ]
         if shown:
             print("validation " + ", ".join(shown))
+        _print_unknown_labels(valid)
     baselines = summary.get("baselines") or {}
     if summary.get("task") == "regress" and valid and isinstance(valid.get("mse"), float):
         base = (baselines.get("persistence") or {}).get("mse")
