@@ -115,7 +115,7 @@ def _prepare_conditional(
     if cfg.valid:
         valid_examples, valid_path = read_labelled(cfg.valid), cfg.valid
     else:
-        examples, valid_examples = split_holdout(examples, cfg.valid_fraction, cfg.seed)
+        examples, valid_examples = split_holdout(examples, cfg.valid_fraction, cfg.seed, cfg.train)
         valid_path = cfg.train
     if not examples:
         raise DataError("no label<TAB>text line to train on", cfg.train)
