@@ -77,3 +77,38 @@ def test_validation_labels_unseen_in_training_are_said(run_cli, capsys, tmp_path
     print_summary({**BASE, "valid": {"accuracy": 0.5, "unknown_labels": 0}})
     out = capsys.readouterr().out
     assert "validation accuracy 0.5000" in out and "not seen in training" not in out
+
+
+def test_a_resumed_run_says_which_steps_the_time_is_for(capsys):
+    """After ``--resume`` the time and rate are this invocation's while the steps are the
+    run's: "trained 600 steps in 1 s" hid that 31 steps took that second."""
+    summary = {**BASE, "steps": 600, "elapsed_s": 1.0, "tokens_per_s": 5000.0}
+    print_summary(summary, resumed_at=569)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == (
+        "trained 600 steps (31 of them now, resumed at step 569) in 1 s (5000 tokens/s), "
+        "10 parameters"
+    )
+    print_summary(summary, resumed_at=600)  # nothing trained now: the run's own line
+    assert capsys.readouterr().out.splitlines()[0].startswith("trained 600 steps in 1 s")
+    print_summary(summary)
+    assert capsys.readouterr().out.splitlines()[0].startswith("trained 600 steps in 1 s")
+
+
+def test_train_resume_passes_the_snapshot_step(run_cli, tmp_path):
+    (tmp_path / "t.txt").write_text("abc abd\n" * 20, encoding="utf-8")
+    argv = [
+        "train",
+        "--task",
+        "lm",
+        "--train",
+        str(tmp_path / "t.txt"),
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    argv += ["--hidden", "8", "--no-report", "--batch-size", "4", "--bptt", "segment:8"]
+    code, _, err = run_cli(*argv, "--steps", "3", "--quiet")
+    assert code == 0, err
+    code, out, err = run_cli(*argv, "--steps", "5", "--resume", "--quiet")
+    assert code == 0, err
+    assert out.startswith("trained 5 steps (2 of them now, resumed at step 3) in ")

@@ -72,15 +72,22 @@ def _print_unknown_labels(valid: dict[str, Any]) -> None:
     )
 
 
-def print_summary(summary: dict[str, Any]) -> None:
+def print_summary(summary: dict[str, Any], resumed_at: int | None = None) -> None:
+    """Print the end of a run; ``resumed_at``: the step a ``--resume`` continued from (the
+    time and rate are this invocation's, the steps the run's)."""
     if summary.get("task") == "params":
         _print_params(summary)
         if summary.get("report"):
             print(f"report: {summary['report']}")
         return
     valid, ngram = summary.get("valid"), summary.get("ngram")
+    steps = summary["steps"]
+    done = f"{steps} steps"
+    if resumed_at is not None and isinstance(steps, int) and steps > resumed_at:
+        # "trained 600 steps in 1 s" read as the whole run's time: 31 of them were.
+        done += f" ({steps - resumed_at} of them now, resumed at step {resumed_at})"
     print(
-        f"trained {summary['steps']} steps in {summary['elapsed_s']:.0f} s "
+        f"trained {done} in {summary['elapsed_s']:.0f} s "
         f"({summary.get('tokens_per_s') or 0:.0f} tokens/s), "
         f"{summary['parameters']:,} parameters"
     )
