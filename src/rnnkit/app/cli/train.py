@@ -273,6 +273,9 @@ def recurrent_parameters(cfg: TrainConfig) -> int:
 def check_size(cfg: TrainConfig, limit: int | None) -> None:
     """Refuse at once a model too large to build in reasonable time and memory
     (``--layers 1000000`` would otherwise spend minutes allocating before failing)."""
+    if limit is not None and (isinstance(limit, bool) or limit < 1):
+        # The limit's own check names the Python keyword (max_parameters), not the option.
+        raise ConfigError(f"--max-parameters must be ≥ 1, got {limit}")
     cap = MAX_PARAMETERS.value(limit)
     count = recurrent_parameters(cfg)
     if count > cap:
