@@ -112,3 +112,13 @@ def test_train_resume_passes_the_snapshot_step(run_cli, tmp_path):
     code, out, err = run_cli(*argv, "--steps", "5", "--resume", "--quiet")
     assert code == 0, err
     assert out.startswith("trained 5 steps (2 of them now, resumed at step 3) in ")
+
+
+def test_a_classifiers_loss_is_said_per_example(capsys):
+    """A classifier predicts once per sequence: its loss is nats per example (the summary
+    said nats/token); a tagger's stays per token."""
+    valid = {"perplexity": 5.0, "loss_nats": 1.609, "tokens": 500}
+    print_summary({**BASE, "valid": {**valid, "examples": 500}})
+    assert "validation perplexity: recurrent 5.000  (nats/example 1.609)" in capsys.readouterr().out
+    print_summary({**BASE, "valid": valid})
+    assert "validation perplexity: recurrent 5.000  (nats/token 1.609)" in capsys.readouterr().out

@@ -100,7 +100,9 @@ def print_summary(summary: dict[str, Any], resumed_at: int | None = None) -> Non
         line = f"validation {label}: recurrent {valid[key]:.3f}"
         if ngram:
             line += f" | {ngram['order']}-gram baseline {ngram.get(key, float('nan')):.3f}"
-        print(line + f"  (nats/token {valid['loss_nats']:.3f})")
+        # A classifier's loss is one prediction per sequence ("examples"), not per token.
+        per = "example" if "examples" in valid else "token"
+        print(line + f"  (nats/{per} {valid['loss_nats']:.3f})")
     if valid:
         shown = [
             f"{k.replace('_', ' ')} {valid[k]:.4f}"
