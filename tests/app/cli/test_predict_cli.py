@@ -289,3 +289,21 @@ def test_a_missing_or_empty_input_is_one_line_in_rnnkits_words(runs, run_cli, tm
         f"rnnkit predict: error: {tmp_path / 'config.json'}: missing: {tmp_path} is not a run "
         "directory written by rnnkit train\n"
     )
+
+
+def test_max_len_out_of_range_is_named_as_typed(runs, run_cli, tmp_path):
+    """``--max-len 0`` was refused as ``--max-length must be ≥ 1``: the older spelling,
+    which the user had not typed; so was ``--max-len`` given to another task."""
+    path = tmp_path / "in.txt"
+    path.write_text("ab\n", encoding="utf-8")
+    code, _, err = run_cli(
+        "predict", "--checkpoint", str(runs["seq2seq"]), "--input", str(path), "--max-len", "0"
+    )
+    assert (code, err) == (2, "rnnkit predict: error: --max-len must be ≥ 1, got 0\n")
+    code, _, err = run_cli(
+        "predict", "--checkpoint", str(runs["classify"]), "--input", str(path), "--max-len", "3"
+    )
+    assert err == (
+        "rnnkit predict: error: --max-len does not apply to a classify checkpoint (only to "
+        "seq2seq)\n"
+    )
