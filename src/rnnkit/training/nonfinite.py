@@ -21,7 +21,7 @@ from torch import Tensor
 
 from rnnkit.errors import RnnkitError
 
-__all__ = ["MAX_SCALER_SKIPS", "MAX_SKIPPED_STEPS", "TrainingDiverged", "update_overflow"]
+__all__ = ["MAX_SCALER_SKIPS", "MAX_SKIPPED_STEPS", "TrainingDiverged"]
 
 # float16 overflow skips in a row before training counts as diverged: each halves the loss
 # scale, so 20 take the default 2^16 down to 2^-4 — gradients that overflow float16 even
