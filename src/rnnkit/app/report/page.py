@@ -312,7 +312,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, device: str
     ...     write_report(d)
     Traceback (most recent call last):
     ...
-    rnnkit.errors.CheckpointError: ...config.json: missing
+    rnnkit.errors.CheckpointError: ...config.json: missing: ... is not a run directory ...
     """
     path = Path(run_dir) / REPORT_NAME if out is None else Path(out)
     if path.is_dir():
