@@ -160,7 +160,7 @@ def test_log_to_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         ),
         (
             ["--from", "log", "{readme}", "--session-pattern", "(x)", "--drain-depth", "2"],
-            "depth must be at least 3, got 2",
+            "--drain-depth must be at least 3, got 2",
         ),
         (
             ["--from", "log", "{trace}", "--session-pattern", "(x)", "--similarity", "2"],
@@ -423,3 +423,24 @@ def test_out_that_holds_other_data_is_never_replaced(
     assert {s.label for s in read_sessions(out)} == {1}
     status, _, stderr = run_sessions(capsys, "--from", "strace", str(trace), "--out", "")
     assert status == 2 and "--out is empty" in stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "least"),
+    [("--drain-depth", "0", 3), ("--drain-depth", "-5", 3), ("--drain-max-children", "0", 2)],
+)
+def test_drain_options_below_their_least_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, least: int
+) -> None:
+    """``--drain-depth 0`` was taken as not given (the default, 4); ``-5`` was refused as
+    ``depth must be at least 3``, Drain's keyword rather than the option."""
+    log = tmp_path / "app.log"
+    log.write_text(LOG)
+    out = tmp_path / "s.jsonl"
+    status, stdout, stderr = run_sessions(
+        capsys, "--from", "log", str(log), "--session-pattern", r"req=(\w+)", "--out", str(out),
+        option, value,
+    )  # fmt: skip
+    assert (status, stdout) == (2, "")
+    assert stderr == f"rnnkit sessions: error: {option} must be at least {least}, got {value}\n"
+    assert not out.exists()
