@@ -75,3 +75,8 @@ def test_split_holdout_is_seeded_and_disjoint():
     assert split_holdout(items, 0.2, seed=4) != (train, held)
     with pytest.raises(DataError, match="too few"):
         split_holdout([1], 0.1)
+    with pytest.raises(DataError) as info:  # the file is named (it was not)
+        split_holdout([1, 2], 0.9, path="train.tsv")
+    assert str(info.value) == (
+        "train.tsv: 2 examples are too few to hold out 90% for validation; pass --valid"
+    )

@@ -158,3 +158,18 @@ def test_char_encode_array_agrees_with_encode_on_any_text(text):
     vocab = Vocabulary.from_text(text[: len(text) // 2])
     assert vocab.encode_array(text).tolist() == vocab.encode(text)
     assert vocab.decode(vocab.encode(text[: len(text) // 2])) == text[: len(text) // 2]
+
+
+def test_a_min_freq_that_keeps_no_token_is_refused_naming_the_file():
+    """``--min-freq`` above every count made every token ``<unk>``: a model trained to
+    predict ``<unk>`` (perplexity 1.25, exit status 0). Now one line with the most frequent
+    token and its count; a ``min_freq`` that keeps one token is fine."""
+    counts = {"the": 380, "cat": 7}
+    with pytest.raises(DataError) as info:
+        Vocabulary.from_counts(counts, unit="word", min_freq=381, source="lm.txt")
+    assert str(info.value) == (
+        "lm.txt: no token is seen at least 381 times (the most frequent, 'the', 380 times): "
+        "every token would be <unk>; lower --min-freq"
+    )
+    assert Vocabulary.from_counts(counts, unit="word", min_freq=380).itos[4:] == ["the"]
+    assert len(Vocabulary.from_counts({}, unit="word", min_freq=5)) == 4  # no text: no claim

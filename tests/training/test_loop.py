@@ -236,6 +236,18 @@ def test_nan_stops_training_naming_the_step_and_keeps_the_last_good_checkpoint(
     assert_same(weights(fresh2.model), weights(trainer.model))
 
 
+def test_an_update_float32_cannot_hold_stops_naming_the_step(tmp_path):
+    """Adam's first update is lr / (1 - β1) = 10·lr: with lr 1e38 it is past float32, which
+    torch refused with a RuntimeError traceback. Now a divergence naming the step and the
+    rate; no snapshot is written."""
+    trainer = make_trainer(tmp_path, steps=3, eval_every=1)
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = 1e38
+    with pytest.raises(TrainingDiverged, match=r"update overflows float32 at step 1 .*1e\+38"):
+        trainer.fit()
+    assert trainer.step == 0 and not (tmp_path / "latest.json").exists()
+
+
 def test_on_nonfinite_skip_skips_the_step(tmp_path):
     step, calls = poisoned(3)
     trainer = make_trainer(tmp_path, step_fn=step, steps=8, on_nonfinite="skip")

@@ -43,6 +43,7 @@ __all__ = [
     "append_line",
     "atomic_write",
     "atomic_write_bytes",
+    "check_replaceable",
     "check_writable_target",
     "fingerprint",
     "read_run_file",
@@ -87,6 +88,36 @@ refusing to replace it
         raise WriteError(f"{path}: cannot write: {exc.strerror or exc}") from None
     if not stat.S_ISREG(mode):
         raise WriteError(f"{path}: is a {_kind(mode)}, not a regular file; refusing to replace it")
+
+
+def check_replaceable(path: PathLikeStr, is_ours: Callable[[bytes], bool], what: str) -> None:
+    """``path`` may be replaced by a command's output: new, empty, or already ``what`` (its
+    first 4 KiB pass ``is_ours``); anything else is a user's file, which an output path
+    given by mistake (``report --out notes.txt``) would destroy.
+
+    >>> import tempfile
+    >>> notes = Path(tempfile.mkdtemp()) / "notes.txt"
+    >>> _ = notes.write_text("my notes")
+    >>> check_replaceable(notes, lambda head: head.startswith(b"<!DOCTYPE"), "a report")
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.WriteError: .../notes.txt: exists and is not a report; refusing to \
+replace it (remove it, or choose another path)
+    """
+    check_writable_target(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise WriteError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if head and not is_ours(head):
+        raise WriteError(
+            f"{path}: exists and is not {what}; refusing to replace it (remove it, or choose "
+            "another path)"
+        )
 
 
 def _umask() -> int:

@@ -100,8 +100,11 @@ def read_labelled(path: PathLikeStr, *, max_line_chars: int | None = None) -> li
     return [parse_labelled_line(line, path, n) for n, line in lines]
 
 
-def split_holdout(items: Sequence[T], fraction: float, seed: int = 0) -> tuple[list[T], list[T]]:
-    """A seeded random ``fraction`` of ``items`` (at least one) for validation.
+def split_holdout(
+    items: Sequence[T], fraction: float, seed: int = 0, path: str | None = None
+) -> tuple[list[T], list[T]]:
+    """A seeded random ``fraction`` of ``items`` (at least one) for validation; ``path``,
+    the file they were read from, is named when they are too few to split.
 
     Returns ``(train, held_out)``, each in the original order.
 
@@ -112,7 +115,9 @@ def split_holdout(items: Sequence[T], fraction: float, seed: int = 0) -> tuple[l
     k = max(1, round(n * fraction))
     if n < 2 or k >= n:
         raise DataError(
-            f"{n} examples are too few to hold out {fraction:.0%} for validation; pass --valid"
+            f"{n} example{'s are' if n != 1 else ' is'} too few to hold out {fraction:.0%} for "
+            "validation; pass --valid",
+            path,
         )
     rng = np.random.default_rng(seed)
     held = np.zeros(n, dtype=bool)

@@ -160,6 +160,11 @@ class Vocabulary:
         >>> v = Vocabulary.from_counts({"a": 5, "b": 1, "c": 5}, min_freq=2)
         >>> v.itos[4:], len(v)
         (['a', 'c'], 6)
+        >>> Vocabulary.from_counts({"a": 5, "b": 1}, min_freq=9, source="x.txt")
+        Traceback (most recent call last):
+        ...
+        rnnkit.errors.DataError: x.txt: no token is seen at least 9 times (the most frequent, \
+'a', 5 times): every token would be <unk>; lower --min-freq
         >>> Vocabulary.from_counts({"a": 5, "b": 1, "c": 5}, max_vocab=2, source="x.txt")
         ... # doctest: +ELLIPSIS
         Traceback (most recent call last):
@@ -172,6 +177,15 @@ class Vocabulary:
         if max_size is not None and max_size < len(SPECIALS):
             raise ConfigError(f"max_size must be >= {len(SPECIALS)} (the specials), got {max_size}")
         kept = [(t, c) for t, c in counts.items() if c >= min_freq and t not in SPECIALS]
+        real = {t: c for t, c in counts.items() if t not in SPECIALS}
+        if not kept and real and min_freq > 1:
+            # Every token would be <unk>: a model that learns nothing, trained without a word.
+            top = max(real.items(), key=lambda tc: (tc[1], tc[0]))
+            raise DataError(
+                f"no token is seen at least {min_freq} times (the most frequent, {top[0]!r}, "
+                f"{top[1]:,} times): every token would be <unk>; lower --min-freq",
+                source,
+            )
         limit = MAX_VOCAB.value(max_vocab)
         if max_size is None and len(kept) > limit:
             found = f"vocabulary of {len(kept):,} distinct tokens (seen at least {min_freq} times)"

@@ -49,7 +49,7 @@ from rnnkit.training.budget import cap_text, resolve_budget
 from rnnkit.training.checkpoint import load_model_weights, save_model_weights
 from rnnkit.training.distributed import DistContext, ShardedBatches, StepModule
 from rnnkit.training.interrupt import TrainingInterrupted, stop_on_signals
-from rnnkit.training.nonfinite import NonFiniteGuard
+from rnnkit.training.nonfinite import NonFiniteGuard, update_overflow
 from rnnkit.training.options import TrainOptions, TrainResult
 from rnnkit.training.precision import autocast, autocast_setup
 from rnnkit.training.progress import Progress
@@ -342,11 +342,12 @@ class Trainer(Generic[_M]):
         if not self._finite(grad_norm, "the gradient norm", where):
             return None
         lr = self.optimizer.param_groups[0]["lr"]  # the rate of this step
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        with update_overflow(where, lr):
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
         self.step += 1

@@ -12,7 +12,8 @@ after a bad step: the loop writes them only after good ones.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -111,3 +112,31 @@ class NonFiniteGuard:
                 "bf16)"
             )
         return True
+
+
+@contextmanager
+def update_overflow(where: tuple[int, int, int], lr: float) -> Iterator[None]:
+    """An optimizer step whose update float32 cannot hold is a :class:`TrainingDiverged`.
+
+    torch refuses such an update with ``RuntimeError: value cannot be converted to type
+    float without overflow`` (Adam's first step is ``lr / (1 - β1)`` = 10·lr: ``--lr 1e38``
+    overflows there; a growing ``--lr-schedule step:E:F`` may get there later). The step is
+    named as the non-finite checks name it, and no snapshot follows.
+
+    >>> with update_overflow((1, 1, 0), 1e38):
+    ...     raise RuntimeError("value cannot be converted to type float without overflow")
+    Traceback (most recent call last):
+    ...
+    rnnkit.training.nonfinite.TrainingDiverged: the update overflows float32 at step 1 \
+(batch 1 of epoch 0; learning rate 1e+38); the last good checkpoint is kept (lower --lr)
+    """
+    try:
+        yield
+    except RuntimeError as exc:
+        if "without overflow" not in str(exc):
+            raise
+        step, batch, epoch = where
+        raise TrainingDiverged(
+            f"the update overflows float32 at step {step} (batch {batch} of epoch {epoch}; "
+            f"learning rate {lr:g}); the last good checkpoint is kept (lower --lr)"
+        ) from None

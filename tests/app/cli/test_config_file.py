@@ -98,7 +98,8 @@ def test_a_flag_of_the_command_line_wins_over_false_in_the_file(tmp_path, run_cl
         # the values' own rules and the per-task table, blamed on the file's key
         ("hidden = 0", "hidden: --hidden must be ≥ 1, got 0"),
         ("dropout = 5", "dropout: --dropout must be in [0, 1), got 5.0"),
-        ("lr = nan", "lr: --lr must be > 0, got nan"),
+        ("lr = nan", "lr: --lr must be > 0 and at most 3.4e+38 (float32's largest: the "
+         "weights are float32), got nan"),
         ('bptt = "segment:x"', "bptt: --bptt segment:K needs an integer K, got 'x'"),
         ("pooling = 'mean'", "pooling: --pooling does not apply to --task lm (only to: "
          "classify)"),
@@ -321,6 +322,16 @@ def test_a_tasks_own_default_is_printed_and_yields_to_the_file(tmp_path, run_cli
 
 
 # -- YAML ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["c.toml", "c.yaml"])
+def test_a_byte_order_mark_is_dropped(tmp_path, run_cli, name):
+    """A file saved by an editor that writes a UTF-8 byte-order mark was refused as
+    ``not valid TOML: Invalid statement (at line 1, column 1)``; it reads as without one."""
+    path = tmp_path / name
+    text = 'task = "tag"\nhidden = 16\n' if name.endswith("toml") else "task: tag\nhidden: 16\n"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert values(printed(run_cli, "--config", str(path)))["hidden"] == 16
+
+
 def test_a_yaml_file_sets_the_same_options_as_toml(tmp_path, run_cli):
     toml_file, yaml_file = tmp_path / "c.toml", tmp_path / "c.yaml"
     toml_file.write_text('task = "tag"\nhidden = 16\nlr = 1.0e-3\nbidirectional = true\n')

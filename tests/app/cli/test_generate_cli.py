@@ -76,3 +76,35 @@ def test_max_length_is_the_older_spelling_of_max_len(corpus, tmp_path, run_cli):
     assert err.strip() == "rnnkit: warning: --max-length is deprecated: write --max-len"
     code, _, err = run_cli(*argv, "--max-len", "0")
     assert code == 2 and "--max-len must be ≥ 1" in err
+
+
+def test_input_is_refused_for_a_language_model(corpus, tmp_path, run_cli):
+    """``--input`` (seq2seq's source) given to a language model was ignored: an unprompted
+    sample and exit status 0. Refused now, as a seq2seq run refuses ``--prompt``."""
+    _train(corpus, tmp_path / "lm", "char")
+    code, out, err = run_cli("generate", "--checkpoint", str(tmp_path / "lm"), "--input", "the")
+    assert (code, out) == (2, "")
+    assert err == (
+        "rnnkit generate: error: --input applies to a seq2seq run; a language model reads "
+        "--prompt\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--temperature", "0", "--temperature must be a finite number > 0, got 0.0"),
+        ("--temperature", "nan", "--temperature must be a finite number > 0, got nan"),
+        ("--top-k", "0", "--top-k must be ≥ 1, got 0"),
+        ("--top-p", "1.5", "--top-p must be in (0, 1], got 1.5"),
+    ],
+)
+def test_sampling_options_out_of_range_name_the_option(
+    corpus, tmp_path, run_cli, option, value, message
+):
+    """The sampler's checks named its parameters (``top_k must be ...``); the message now
+    names the option the user typed, before the run is read."""
+    argv = ["generate", "--checkpoint", str(tmp_path / "absent"), "--prompt", "the"]
+    code, out, err = run_cli(*argv, option, value)
+    assert (code, out) == (2, "")
+    assert err == f"rnnkit generate: error: {message}\n"

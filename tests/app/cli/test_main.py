@@ -103,3 +103,26 @@ def test_train_uses_the_tasks_own_defaults_unless_given():
     assert "--no-char-rnn turn --char-rnn off (on by default for tag)" in " ".join(
         help_text.split()
     )
+
+
+@pytest.mark.parametrize(
+    ("exc", "line"),
+    [
+        (FileNotFoundError(2, "No such file or directory", "in.txt"), "in.txt: file not found"),
+        (IsADirectoryError(21, "Is a directory", "d"), "d: is a directory, not a file"),
+        (PermissionError(13, "Permission denied", "ro/x"), "ro/x: permission denied"),
+        (OSError(28, "No space left on device", "o.jsonl"), "o.jsonl: No space left on device"),
+        (OSError(5, "Input/output error"), "Input/output error"),
+    ],
+)
+def test_an_os_error_is_one_line_naming_its_file(monkeypatch, capsys, exc, line):
+    """An OSError escaping a command printed Python's ``[Errno 2] No such file or
+    directory: 'in.txt'``; it reads as rnnkit's own messages: the file, then what is wrong."""
+    from rnnkit.app.cli import report
+
+    def failing_run(args):
+        raise exc
+
+    monkeypatch.setattr(report, "run", failing_run)
+    assert main(["report", "--checkpoint", "nowhere"]) == 2
+    assert capsys.readouterr().err == f"rnnkit report: error: {line}\n"

@@ -270,3 +270,40 @@ def test_regress_input_is_bounded_and_refuses_values_beyond_float32(run_cli, tmp
     )  # fmt: skip
     one_line_error(code, err, f"{bad}:2", "out of float32's range")
     assert len(out.splitlines()) == 1
+
+
+def test_a_missing_or_empty_input_is_one_line_in_rnnkits_words(runs, run_cli, tmp_path):
+    """A missing ``--input`` was Python's ``[Errno 2] No such file or directory: 'x'``; an
+    empty one the same about ``''``."""
+    missing = tmp_path / "absent.txt"
+    code, out, err = run_cli("predict", "--checkpoint", str(runs["lm"]), "--input", str(missing))
+    assert (code, out) == (2, "")
+    assert err == f"rnnkit predict: error: {missing}: file not found\n"
+    code, out, err = run_cli("predict", "--checkpoint", str(runs["lm"]), "--input", "")
+    assert (code, out) == (2, "")
+    assert err == "rnnkit predict: error: --input is empty: name a file, or - for standard input\n"
+    code, _, err = run_cli("predict", "--checkpoint", "", "--input", str(missing))
+    assert err == "rnnkit predict: error: --checkpoint is an empty path: name a run directory\n"
+    code, _, err = run_cli("predict", "--checkpoint", str(tmp_path), "--input", str(missing))
+    assert err == (
+        f"rnnkit predict: error: {tmp_path / 'config.json'}: missing: {tmp_path} is not a run "
+        "directory written by rnnkit train\n"
+    )
+
+
+def test_max_len_out_of_range_is_named_as_typed(runs, run_cli, tmp_path):
+    """``--max-len 0`` was refused as ``--max-length must be ≥ 1``: the older spelling,
+    which the user had not typed; so was ``--max-len`` given to another task."""
+    path = tmp_path / "in.txt"
+    path.write_text("ab\n", encoding="utf-8")
+    code, _, err = run_cli(
+        "predict", "--checkpoint", str(runs["seq2seq"]), "--input", str(path), "--max-len", "0"
+    )
+    assert (code, err) == (2, "rnnkit predict: error: --max-len must be ≥ 1, got 0\n")
+    code, _, err = run_cli(
+        "predict", "--checkpoint", str(runs["classify"]), "--input", str(path), "--max-len", "3"
+    )
+    assert err == (
+        "rnnkit predict: error: --max-len does not apply to a classify checkpoint (only to "
+        "seq2seq)\n"
+    )

@@ -102,3 +102,26 @@ def test_report_never_replaces_a_device_or_fifo(run_cli, run_dir, tmp_path):
         assert code == 2 and out == "" and err.count("\n") == 1, err
         assert f"{path}: is a {kind}, not a regular file; refusing to replace it" in err
         assert os.lstat(path).st_mode == mode and not stat.S_ISREG(mode)
+
+
+def test_report_never_replaces_a_file_that_is_not_a_report(run_cli, run_dir, tmp_path):
+    """``--out notes.txt`` or ``--out RUN/model.safetensors`` given by mistake: the file was
+    silently replaced by the page. Now refused in one line, the file byte for byte as it was;
+    an earlier report is still replaced, and an empty ``--out`` is refused."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the only copy of my notes\n")
+    weights = run_dir / "model.safetensors"
+    before = weights.read_bytes()
+    for path in (notes, weights):
+        code, out, err = run_cli("report", "--checkpoint", str(run_dir), "--out", str(path))
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert f"{path}: exists and is not a report written by rnnkit; refusing" in err
+    assert notes.read_text() == "the only copy of my notes\n" and weights.read_bytes() == before
+    page = tmp_path / "page.html"
+    for _ in range(2):  # a new path, then the report written there the first time
+        code, _, err = run_cli("report", "--checkpoint", str(run_dir), "--out", str(page))
+        assert code == 0, err
+    code, _, err = run_cli("report", "--checkpoint", str(run_dir), "--out", "")
+    assert code == 2 and err.endswith(
+        "error: --out is empty: name the report's file or directory\n"
+    )

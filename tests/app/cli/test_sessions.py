@@ -160,7 +160,7 @@ def test_log_to_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         ),
         (
             ["--from", "log", "{readme}", "--session-pattern", "(x)", "--drain-depth", "2"],
-            "depth must be at least 3, got 2",
+            "--drain-depth must be at least 3, got 2",
         ),
         (
             ["--from", "log", "{trace}", "--session-pattern", "(x)", "--similarity", "2"],
@@ -239,13 +239,14 @@ def test_user_errors_are_one_line_and_exit_2(
     readme.write_text("just words\n")
     names = {"trace": trace, "missing": tmp_path / "absent.txt", "dir": tmp_path, "readme": readme}
     out = tmp_path / "out.jsonl"
-    out.write_text("previous\n")
+    previous = '{"session": "old", "events": ["x"]}\n'  # an earlier output of the command
+    out.write_text(previous)
     argv = [arg.format(**names) for arg in argv]
     status, stdout, stderr = run_sessions(capsys, *argv, "--out", str(out))
     assert (status, stdout) == (2, "")
     assert stderr.startswith(f"rnnkit sessions: error: {message.format(**names)}")
     assert stderr.count("\n") == 1
-    assert out.read_text() == "previous\n"  # a failed run leaves the old output alone
+    assert out.read_text() == previous  # a failed run leaves the old output alone
 
 
 def test_out_that_is_an_input_is_refused(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -395,3 +396,51 @@ def test_log_params_carry_numbers_and_time_deltas(
         f"rnnkit sessions: error: {log}:1: the time '10:00:00,001' (--time-field Time) is not "
         "--time-format '%H:%M'\n"
     )
+
+
+def test_out_that_holds_other_data_is_never_replaced(
+    tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out`` naming an existing file that is not a sessions file (a corpus, notes) was
+    replaced; now refused before any input is read. An earlier output is replaced."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a corpus\n")
+    status, stdout, stderr = run_sessions(
+        capsys, "--from", "strace", str(trace), "--out", str(corpus)
+    )
+    assert (status, stdout) == (2, "")
+    assert stderr == (
+        f"rnnkit sessions: error: {corpus}: exists and is not a sessions file (JSON lines); "
+        "refusing to replace it (remove it, or choose another path)\n"
+    )
+    assert corpus.read_text() == "a corpus\n"
+    out = tmp_path / "s.jsonl"
+    for label in ("0", "1"):  # written, then replaced by the second run
+        status, _, stderr = run_sessions(
+            capsys, "--from", "strace", str(trace), "--out", str(out), "--label", label
+        )
+        assert (status, stderr) == (0, "")
+    assert {s.label for s in read_sessions(out)} == {1}
+    status, _, stderr = run_sessions(capsys, "--from", "strace", str(trace), "--out", "")
+    assert status == 2 and "--out is empty" in stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "least"),
+    [("--drain-depth", "0", 3), ("--drain-depth", "-5", 3), ("--drain-max-children", "0", 2)],
+)
+def test_drain_options_below_their_least_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, least: int
+) -> None:
+    """``--drain-depth 0`` was taken as not given (the default, 4); ``-5`` was refused as
+    ``depth must be at least 3``, Drain's keyword rather than the option."""
+    log = tmp_path / "app.log"
+    log.write_text(LOG)
+    out = tmp_path / "s.jsonl"
+    status, stdout, stderr = run_sessions(
+        capsys, "--from", "log", str(log), "--session-pattern", r"req=(\w+)", "--out", str(out),
+        option, value,
+    )  # fmt: skip
+    assert (status, stdout) == (2, "")
+    assert stderr == f"rnnkit sessions: error: {option} must be at least {least}, got {value}\n"
+    assert not out.exists()

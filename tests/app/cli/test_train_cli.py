@@ -895,6 +895,9 @@ def test_an_absurd_model_size_is_refused_at_once_with_an_override(data, tmp_path
     assert_one_line_error(code, err, "over the limit of 100")
     code, _, err = run_cli(*train_args(data, out, "--max-parameters", "100000", "--steps", "1"))
     assert code == 0, err
+    for value in ("0", "-5"):  # named as the option (it read "max_parameters must be ...")
+        code, _, err = run_cli(*train_args(data, tmp_path / "z", "--max-parameters", value))
+        assert err == f"rnnkit train: error: --max-parameters must be ≥ 1, got {value}\n"
 
 
 @pytest.mark.parametrize("task", ["lm", "tag", "classify", "seq2seq"])

@@ -57,3 +57,68 @@ def test_a_run_on_the_gpu_says_so(run_cli, tmp_path):
     )
     assert code == 0, err
     assert "device: cuda (" in out
+
+
+def test_validation_labels_unseen_in_training_are_said(run_cli, capsys, tmp_path):
+    """A validation label the model never saw is left out of the figures; only
+    ``summary.json`` said so, and "validation accuracy 0.0000" read as the whole file's."""
+    lines = [
+        f"{'pos' if i % 2 else 'neg'}\t{'good fun' if i % 2 else 'bad sad'}" for i in range(20)
+    ]
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "valid.tsv").write_text("zzz\tgood fun\nneg\tbad sad\nzzz\tbad\n", encoding="utf-8")
+    argv = ["train", "--task", "classify", "--train", str(tmp_path / "train.tsv")]
+    argv += ["--valid", str(tmp_path / "valid.tsv"), "--out", str(tmp_path / "run")]
+    code, out, err = run_cli(*argv, "--steps", "2", "--hidden", "8", "--no-report", "--quiet")
+    assert code == 0, err
+    assert "validation: 2 label(s) not seen in training, left out of the figures: zzz (2)\n" in out
+    valid = json.loads((tmp_path / "run" / "summary.json").read_text())["valid"]
+    assert valid["unknown_labels"] == 2 and valid["examples"] == 1
+    print_summary({**BASE, "valid": {"accuracy": 0.5, "unknown_labels": 0}})
+    out = capsys.readouterr().out
+    assert "validation accuracy 0.5000" in out and "not seen in training" not in out
+
+
+def test_a_resumed_run_says_which_steps_the_time_is_for(capsys):
+    """After ``--resume`` the time and rate are this invocation's while the steps are the
+    run's: "trained 600 steps in 1 s" hid that 31 steps took that second."""
+    summary = {**BASE, "steps": 600, "elapsed_s": 1.0, "tokens_per_s": 5000.0}
+    print_summary(summary, resumed_at=569)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == (
+        "trained 600 steps (31 of them now, resumed at step 569) in 1 s (5000 tokens/s), "
+        "10 parameters"
+    )
+    print_summary(summary, resumed_at=600)  # nothing trained now: the run's own line
+    assert capsys.readouterr().out.splitlines()[0].startswith("trained 600 steps in 1 s")
+    print_summary(summary)
+    assert capsys.readouterr().out.splitlines()[0].startswith("trained 600 steps in 1 s")
+
+
+def test_train_resume_passes_the_snapshot_step(run_cli, tmp_path):
+    (tmp_path / "t.txt").write_text("abc abd\n" * 20, encoding="utf-8")
+    argv = [
+        "train",
+        "--task",
+        "lm",
+        "--train",
+        str(tmp_path / "t.txt"),
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    argv += ["--hidden", "8", "--no-report", "--batch-size", "4", "--bptt", "segment:8"]
+    code, _, err = run_cli(*argv, "--steps", "3", "--quiet")
+    assert code == 0, err
+    code, out, err = run_cli(*argv, "--steps", "5", "--resume", "--quiet")
+    assert code == 0, err
+    assert out.startswith("trained 5 steps (2 of them now, resumed at step 3) in ")
+
+
+def test_a_classifiers_loss_is_said_per_example(capsys):
+    """A classifier predicts once per sequence: its loss is nats per example (the summary
+    said nats/token); a tagger's stays per token."""
+    valid = {"perplexity": 5.0, "loss_nats": 1.609, "tokens": 500}
+    print_summary({**BASE, "valid": {**valid, "examples": 500}})
+    assert "validation perplexity: recurrent 5.000  (nats/example 1.609)" in capsys.readouterr().out
+    print_summary({**BASE, "valid": valid})
+    assert "validation perplexity: recurrent 5.000  (nats/token 1.609)" in capsys.readouterr().out

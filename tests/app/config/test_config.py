@@ -87,6 +87,12 @@ def test_defaults_validate():
         (dict(lr_decay=1.5), "--lr-decay"),
         (dict(clip_norm=0.0), "--clip-norm must be > 0"),
         (dict(clip_value=-1.0), "--clip-value"),
+        # Past float32's range: a torch RuntimeError traceback at the first step.
+        (dict(lr=1e300), "--lr must be > 0 and at most 3.4e+38"),
+        (dict(lr=float("inf")), "--lr must be > 0 and at most 3.4e+38"),
+        (dict(clip_norm=1e300), "--clip-norm must be > 0 and at most 3.4e+38"),
+        (dict(clip_value=float("inf")), "--clip-value must be > 0 and at most 3.4e+38"),
+        (dict(init_range=1e300), "--init-range must be > 0 and at most 3.4e+38"),
         (dict(valid_fraction=0.0), "--valid-fraction"),
         (dict(valid_fraction=0.5), "--valid-fraction"),
         (dict(bptt="window:0"), "--bptt window:K needs K ≥ 1"),
@@ -101,6 +107,9 @@ def test_defaults_validate():
         (dict(reset="never"), "--reset"),
         (dict(doc_boundary="page"), "--doc-boundary"),
         (dict(train=""), "--train is required"),
+        # "" was read as no --valid (a split of --train), or as a file named "".
+        (dict(valid=""), "--valid is empty: name a file, or leave the option out"),
+        (dict(pretrained_vectors=""), "--pretrained-vectors is empty"),
     ],
 )
 def test_validate_names_the_option(changes, option):

@@ -135,6 +135,9 @@ def test_unknown_labels_are_counted_not_fatal(capsys, data, tmp_path):
         ("a\tabc\nb abc\n", ":2: line has no tab (expected label<TAB>text)"),
         ("a\tabc\n\tabc\n", ":2: empty label (expected label<TAB>text)"),
         ("a\tabc\n\n\nb\t \n", ":4: empty text (expected label<TAB>text)"),
+        # Too few to split, or a held-out part without a known label: the file was unnamed.
+        ("a\tabc\n", ": 1 example is too few to hold out 5% for validation; pass --valid"),
+        ("a\tabc\nb\tabd\n", ": no validation example has a label seen in training"),
     ],
 )
 def test_bad_input_is_one_line_naming_file_and_line(capsys, tmp_path, content, message):

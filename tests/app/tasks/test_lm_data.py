@@ -141,3 +141,30 @@ def test_a_corpus_over_max_corpus_bytes_is_refused_before_it_is_read(tmp_path, m
         prepare_lm_data(cfg)
     monkeypatch.setenv("RNNKIT_MAX_CORPUS_BYTES", str(small.stat().st_size))
     assert len(prepare_lm_data(cfg).train_stream) > 0
+
+
+def test_too_few_tokens_for_the_streams_names_the_file_and_the_option(tmp_path):
+    """A training text shorter than ``--batch-size`` + 1 tokens was "token stream too short:
+    12 tokens cannot fill 32 streams", naming neither the file nor the option to change."""
+    (tmp_path / "small.txt").write_text("hello world\n")  # 12 characters
+    cfg = TrainConfig(
+        train=str(tmp_path / "small.txt"), valid=str(tmp_path / "small.txt"), batch_size=32
+    ).validate()
+    with pytest.raises(DataError) as info:
+        train_batches(cfg, prepare_lm_data(cfg))
+    assert str(info.value) == (
+        f"{tmp_path / 'small.txt'}: 12 tokens of training text, too few for --batch-size 32 "
+        "(that many parallel streams need at least 33 tokens); lower --batch-size"
+    )
+    cfg = TrainConfig(
+        train=str(tmp_path / "small.txt"), valid=str(tmp_path / "small.txt"), batch_size=11
+    ).validate()
+    assert len(train_batches(cfg, prepare_lm_data(cfg))) == 1  # 11 streams of 1 step
+
+
+def test_a_validation_text_of_one_token_names_its_file(tmp_path):
+    (tmp_path / "train.txt").write_text(corpus(20))
+    (tmp_path / "one.txt").write_text("a")
+    cfg = TrainConfig(train=str(tmp_path / "train.txt"), valid=str(tmp_path / "one.txt"))
+    with pytest.raises(DataError, match=r"one\.txt: 1 token: too short to score"):
+        prepare_lm_data(cfg.validate())

@@ -85,7 +85,7 @@ def file_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 def read_config_file(path: str) -> dict[str, Any]:
     """The TOML document of ``path`` (YAML when it is named ``*.yaml``/``*.yml``): a regular
-    file of at most ``MAX_CONFIG_BYTES``, UTF-8.
+    file of at most ``MAX_CONFIG_BYTES``, UTF-8 (a leading byte-order mark is dropped).
 
     Raises:
         ConfigError: missing, not a regular file, too large, not UTF-8, not TOML (or not a
@@ -101,7 +101,9 @@ def read_config_file(path: str) -> dict[str, Any]:
             ) from None
         raise ConfigError(f"--config {exc}") from None
     try:
-        text = raw.decode("utf-8")
+        # utf-8-sig: a byte-order mark (Windows editors write one) is dropped, as every data
+        # reader drops it; tomllib refused it ("Invalid statement (at line 1, column 1)").
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     if path.endswith((".yaml", ".yml")):

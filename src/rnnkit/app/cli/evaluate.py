@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rnnkit.app.cli.run_options import add_device_option
+from rnnkit.app.cli.run_options import add_device_option, check_run_option
+from rnnkit.errors import ConfigError
 
 __all__ = ["register", "run"]
 
@@ -18,7 +19,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--checkpoint", required=True, help="run directory written by train")
     p.add_argument("--data", required=True, help="data file in the task's format")
-    p.add_argument("--batch-size", type=int, help="evaluation batch size")
+    p.add_argument("--batch-size", type=int, help="evaluation batch size (default: the run's)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_device_option(p)
     p.set_defaults(func=run)
@@ -27,6 +28,10 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rnnkit.app.tasks.registry import task_module, task_of_run
 
+    # Before the run is read: 0 meant the run's batch size, -1 a traceback (events).
+    check_run_option("batch_size", args.batch_size)
+    if not args.data:
+        raise ConfigError("--data is empty: name a data file")
     task = task_module(task_of_run(args.checkpoint))
     metrics = task.evaluate(args.checkpoint, args.data, args.batch_size, args.device)
     if args.json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 from rnnkit.app.cli.aliases import add_max_len_option, warn_deprecated
@@ -121,6 +122,13 @@ def _check_options(args: argparse.Namespace) -> None:
     if args.beam is not None and not 1 <= args.beam <= MAX_BEAM:
         # 0 was taken as "no beam" while -2 was refused; 100,000 decoded for minutes.
         raise ConfigError(f"--beam must be an integer from 1 to {MAX_BEAM}, got {args.beam}")
+    # The sampler's own checks name its parameters (top_k); the user typed the options.
+    if not (0 < args.temperature < math.inf):
+        raise ConfigError(f"--temperature must be a finite number > 0, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ConfigError(f"--top-k must be ≥ 1, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ConfigError(f"--top-p must be in (0, 1], got {args.top_p}")
     if abs(args.seed) >= 2**63:  # a torch generator takes 64 bits
         raise ConfigError(f"--seed must be an integer below 2^63 in size, got {args.seed}")
 
@@ -139,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
         from rnnkit.app.tasks.lm import join_prompt, load_lm, prompt_ids, sample_texts
         from rnnkit.messages import warning as warn
 
+        if args.input is not None:  # was ignored: an unprompted sample, exit status 0
+            raise ConfigError("--input applies to a seq2seq run; a language model reads --prompt")
         if args.max_length < 1:
             raise ConfigError(f"--max-len must be ≥ 1, got {args.max_length}")
         if args.num < 1:

@@ -160,7 +160,8 @@ def _run(args: argparse.Namespace) -> int:
     except (RnnkitError, OSError) as exc:
         code = getattr(exc, "exit_code", 2)
         kind = "error" if code == 2 else "stopped"
-        print(f"rnnkit {args.command}: {kind}: {exc}", file=sys.stderr)
+        text = _os_error(exc) if isinstance(exc, OSError) else str(exc)
+        print(f"rnnkit {args.command}: {kind}: {text}", file=sys.stderr)
         return code
     except KeyboardInterrupt:
         print(f"rnnkit {args.command}: interrupted", file=sys.stderr)
@@ -176,6 +177,30 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+
+
+#: An OSError's kind in the words of rnnkit's own messages (``PATH: file not found``).
+_OS_REASONS: tuple[tuple[type[OSError], str], ...] = (
+    (FileNotFoundError, "file not found"),
+    (IsADirectoryError, "is a directory, not a file"),
+    (NotADirectoryError, "a part of the path is not a directory"),
+    (PermissionError, "permission denied"),
+)
+
+
+def _os_error(exc: OSError) -> str:
+    """``PATH: reason`` for an OSError that names a file, as every reader of rnnkit says
+    it (Python's own text is ``[Errno 2] No such file or directory: 'x'``).
+
+    >>> _os_error(FileNotFoundError(2, "No such file or directory", "in.txt"))
+    'in.txt: file not found'
+    >>> _os_error(OSError(28, "No space left on device", "out.jsonl"))
+    'out.jsonl: No space left on device'
+    """
+    if exc.filename is None:
+        return exc.strerror or str(exc)
+    reason = next((text for kind, text in _OS_REASONS if isinstance(exc, kind)), None)
+    return f"{exc.filename}: {reason or exc.strerror or exc}"
 
 
 def _out_of_memory(exc: BaseException) -> bool:

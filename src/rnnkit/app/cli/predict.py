@@ -86,6 +86,12 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _flag(option: str) -> str:
+    """The option as it is spelled now: ``max_length`` is ``--max-len`` (``--max-length``,
+    its older spelling, was what the messages named)."""
+    return "--max-len" if option == "max_length" else "--" + option.replace("_", "-")
+
+
 #: Options of one task only, refused for the others (what argv set counts).
 TASK_ONLY = {"beam": "seq2seq", "max_length": "seq2seq", "top": "events", "params": "events"}
 
@@ -152,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
     from rnnkit.app.tasks.registry import task_module, task_of_run
 
     warn_deprecated(args)
+    if not args.input:
+        raise ConfigError("--input is empty: name a file, or - for standard input")
     task = task_of_run(args.checkpoint)
     explicit = getattr(args, "explicit", None)  # set by cli.main
     for option, owner in TASK_ONLY.items():
@@ -162,12 +170,12 @@ def run(args: argparse.Namespace) -> int:
         if option == "top" and task == "params":
             continue  # a params run lists its most unusual vectors
         if given and task != owner:
-            flag = "--" + option.replace("_", "-")
+            flag = _flag(option)
             raise ConfigError(f"{flag} does not apply to a {task} checkpoint (only to {owner})")
     for option in ("batch_size", "beam", "max_length", "top"):
         value = getattr(args, option)
         minimum = 0 if option == "top" else 1
-        flag = "--" + option.replace("_", "-")
+        flag = _flag(option)
         if value is not None and value < minimum:
             raise ConfigError(f"{flag} must be ≥ {minimum}, got {value}")
     if args.beam is not None and args.beam > MAX_BEAM:

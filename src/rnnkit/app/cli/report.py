@@ -19,14 +19,21 @@ def register(sub: Any) -> None:
         "It needs no network access to view.",
     )
     p.add_argument("--checkpoint", required=True, help="run directory written by train")
-    p.add_argument("--out", help="where to write the report (default: DIR/report.html)")
+    p.add_argument(
+        "--out",
+        help="where to write the report (default: DIR/report.html; an existing "
+        "file is replaced only if it is an rnnkit report)",
+    )
     add_device_option(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from rnnkit.app.report import write_report
+    from rnnkit.errors import ConfigError
 
+    if args.out is not None and not args.out:
+        raise ConfigError("--out is empty: name the report's file or directory")
     path = write_report(args.checkpoint, args.out, device=args.device)
     print(f"report: {path}")
     return 0

@@ -54,6 +54,8 @@ class ScoreConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ScoreConfig:
         """Check the options together and build the config."""
+        if not args.data:
+            raise ConfigError("--data is empty: name a file, or - for standard input")
         if args.follow and args.source != "sessions":
             raise ConfigError("--follow reads event lines; --from strace is for whole files")
         if args.follow and args.ngram:

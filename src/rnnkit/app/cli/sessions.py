@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rnnkit.data.events import Session, write_sessions
+from rnnkit.data.files import check_replaceable
 from rnnkit.errors import ConfigError, DataError
 
 __all__ = ["SessionsConfig", "register", "run"]
@@ -69,6 +70,12 @@ class SessionsConfig:
         }
         if args.source == "log" and not (args.session_pattern or log_options["session_field"]):
             raise ConfigError("--from log needs --session-pattern (a regex; its group is the id)")
+        # 0 was taken as "not given" (the default), a negative value named Drain's keyword.
+        for name, least in (("drain_depth", 3), ("drain_max_children", 2)):
+            value = log_options[name]
+            if args.source == "log" and value is not None and value < least:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be at least {least}, got {value}")
         if args.source == "strace":
             # Refused rather than ignored: the user expected them to do something.
             if args.session_pattern is not None:
@@ -104,6 +111,11 @@ class SessionsConfig:
                 raise DataError("no such file", path=path)
             if not os.path.isfile(path):
                 raise DataError("not a regular file", path=path)
+        if not args.out:
+            raise ConfigError("--out is empty: name the JSON-lines file to write")
+        # Checked before any input is read: an existing file other than an earlier output
+        # of this command (a data file named by mistake) is never replaced.
+        check_replaceable(args.out, _is_sessions_file, "a sessions file (JSON lines)")
         return cls(
             source=args.source,
             inputs=tuple(args.inputs),
@@ -116,8 +128,12 @@ class SessionsConfig:
             quiet=args.quiet,
             log_format=log_options["log_format"],
             session_field=log_options["session_field"],
-            drain_depth=log_options["drain_depth"] or 4,
-            drain_max_children=log_options["drain_max_children"] or 100,
+            drain_depth=4 if log_options["drain_depth"] is None else log_options["drain_depth"],
+            drain_max_children=(
+                100
+                if log_options["drain_max_children"] is None
+                else log_options["drain_max_children"]
+            ),
             params=bool(log_options["params"]),
             time_fields=time_fields,
             time_format=log_options["time_format"],
@@ -197,7 +213,7 @@ def _add_log_options(parser: argparse.ArgumentParser) -> None:
         "--drain-max-children",
         type=int,
         metavar="N",
-        help="(log) most children of a node of Drain's prefix tree (default 100)",
+        help="(log) most children of a node of Drain's prefix tree, at least 2 (default 100)",
     )
     parser.add_argument(
         "--params",
@@ -293,6 +309,11 @@ def _from_logs(config: SessionsConfig) -> tuple[list[Session], str]:
                 "values null)"
             )
     return sessions, note
+
+
+def _is_sessions_file(head: bytes) -> bool:
+    """The first bytes of a file :func:`write_sessions` wrote (what ``--out`` may replace)."""
+    return head.startswith(b'{"session": ')
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ from rnnkit.app.config import (
 )
 from rnnkit.app.config.fields import SAME, flag, option_fields, option_of, value_kinds
 from rnnkit.data.limits import MAX_PARAMETERS
-from rnnkit.errors import ConfigError
+from rnnkit.errors import ConfigError, RnnkitError
 
 __all__ = ["add_config_options", "register", "run"]
 
@@ -225,6 +225,18 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return cfg.check_applies(given_now)
 
 
+def _snapshot_step(out: str) -> int | None:
+    """The step of the snapshot ``--resume`` continues from (``latest.json``), or None where
+    it cannot be read (the resume itself then says why)."""
+    from rnnkit.training.checkpoint import read_json
+
+    try:
+        step = read_json(Path(out) / "latest.json").get("step")
+    except (RnnkitError, OSError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def _write_report(out: str) -> str | None:
     """The HTML report of a finished run; a failure to draw it never fails the run."""
     from rnnkit.messages import warning as warn
@@ -261,6 +273,9 @@ def recurrent_parameters(cfg: TrainConfig) -> int:
 def check_size(cfg: TrainConfig, limit: int | None) -> None:
     """Refuse at once a model too large to build in reasonable time and memory
     (``--layers 1000000`` would otherwise spend minutes allocating before failing)."""
+    if limit is not None and (isinstance(limit, bool) or limit < 1):
+        # The limit's own check names the Python keyword (max_parameters), not the option.
+        raise ConfigError(f"--max-parameters must be ≥ 1, got {limit}")
     cap = MAX_PARAMETERS.value(limit)
     count = recurrent_parameters(cfg)
     if count > cap:
@@ -361,6 +376,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--tensorboard {cfg.tensorboard}: exists and is not a directory")
     from rnnkit.app.tasks.registry import task_module  # lazy: keeps `rnnkit --help` fast
 
+    resumed_at = _snapshot_step(cfg.out) if args.resume else None
     try:
         summary = task_module(cfg.task).train(
             cfg, resume=args.resume, quiet=args.quiet, overwrite=getattr(args, "overwrite", False)
@@ -378,7 +394,7 @@ def run(args: argparse.Namespace) -> int:
 
         print(dumps_strict(summary))  # a diverged loss is null, never the non-JSON NaN
     else:
-        print_summary(summary)
+        print_summary(summary, resumed_at=resumed_at)
     behind = summary.get("behind_baseline")
     if behind:  # on stderr, so that --json's stdout stays one JSON object
         sys.stdout.flush()

@@ -55,15 +55,39 @@ def _print_params(summary: dict[str, Any]) -> None:
         )
 
 
-def print_summary(summary: dict[str, Any]) -> None:
+def _print_unknown_labels(valid: dict[str, Any]) -> None:
+    """Validation labels (classes, tags) the model never saw cannot be scored and are left
+    out of every figure: said here, not only in ``summary.json``, or a validation
+    accuracy over half the file reads as one over all of it."""
+    unknown = valid.get("unknown_labels")
+    if not isinstance(unknown, int) or isinstance(unknown, bool) or unknown < 1:
+        return
+    counts = valid.get("unknown_label_counts")
+    counts = counts if isinstance(counts, dict) else {}
+    named = ", ".join(f"{label} ({n})" for label, n in list(counts.items())[:5])
+    more = ", …" if len(counts) > 5 else ""
+    print(
+        f"validation: {unknown} label(s) not seen in training, left out of the figures"
+        + (f": {named}{more}" if named else "")
+    )
+
+
+def print_summary(summary: dict[str, Any], resumed_at: int | None = None) -> None:
+    """Print the end of a run; ``resumed_at``: the step a ``--resume`` continued from (the
+    time and rate are this invocation's, the steps the run's)."""
     if summary.get("task") == "params":
         _print_params(summary)
         if summary.get("report"):
             print(f"report: {summary['report']}")
         return
     valid, ngram = summary.get("valid"), summary.get("ngram")
+    steps = summary["steps"]
+    done = f"{steps} steps"
+    if resumed_at is not None and isinstance(steps, int) and steps > resumed_at:
+        # "trained 600 steps in 1 s" read as the whole run's time: 31 of them were.
+        done += f" ({steps - resumed_at} of them now, resumed at step {resumed_at})"
     print(
-        f"trained {summary['steps']} steps in {summary['elapsed_s']:.0f} s "
+        f"trained {done} in {summary['elapsed_s']:.0f} s "
         f"({summary.get('tokens_per_s') or 0:.0f} tokens/s), "
         f"{summary['parameters']:,} parameters"
     )
@@ -76,7 +100,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         line = f"validation {label}: recurrent {valid[key]:.3f}"
         if ngram:
             line += f" | {ngram['order']}-gram baseline {ngram.get(key, float('nan')):.3f}"
-        print(line + f"  (nats/token {valid['loss_nats']:.3f})")
+        # A classifier's loss is one prediction per sequence ("examples"), not per token.
+        per = "example" if "examples" in valid else "token"
+        print(line + f"  (nats/{per} {valid['loss_nats']:.3f})")
     if valid:
         shown = [
             f"{k.replace('_', ' ')} {valid[k]:.4f}"
@@ -85,6 +111,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         ]
         if shown:
             print("validation " + ", ".join(shown))
+        _print_unknown_labels(valid)
     baselines = summary.get("baselines") or {}
     if summary.get("task") == "regress" and valid and isinstance(valid.get("mse"), float):
         base = (baselines.get("persistence") or {}).get("mse")

@@ -18,7 +18,6 @@ dropped.
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -192,8 +191,7 @@ class TrainConfig(
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or abs(self.seed) >= 2**63:
             # torch.manual_seed takes 64 bits; a larger seed was a ValueError traceback.
             raise ConfigError(f"--seed must be an integer below 2^63 in size, got {self.seed!r}")
-        if not self.lr > 0:
-            raise ConfigError(f"--lr must be > 0, got {self.lr}")
+        _check_float32("lr", self.lr)
         if not 0.0 < self.lr_decay <= 1.0:
             raise ConfigError(f"--lr-decay must be in (0, 1], got {self.lr_decay}")
         self._check_schedule()
@@ -203,11 +201,13 @@ class TrainConfig(
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         self._check_bounds()
         for name in ("clip_norm", "clip_value"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError(f"{flag(name)} must be > 0, got {value}")
+            if getattr(self, name) is not None:
+                _check_float32(name, getattr(self, name))
         if not self.train:
             raise ConfigError("--train is required")
+        for name in ("valid", "pretrained_vectors"):  # "" was read as not given, or as a file
+            if getattr(self, name) == "":
+                raise ConfigError(f"{flag(name)} is empty: name a file, or leave the option out")
         if self.tensorboard is not None and (
             not isinstance(self.tensorboard, str) or not self.tensorboard
         ):
@@ -282,10 +282,8 @@ class TrainConfig(
             )
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ConfigError(f"--warmup must be an integer ≥ 0 (steps), got {self.warmup!r}")
-        if self.init_range is not None and not (
-            self.init_range > 0 and math.isfinite(self.init_range)
-        ):
-            raise ConfigError(f"--init-range must be > 0, got {self.init_range}")
+        if self.init_range is not None:
+            _check_float32("init_range", self.init_range)
 
     def _check_nonlinearity(self) -> None:
         parts = self.nonlinearity.split(",") if isinstance(self.nonlinearity, str) else [None]
@@ -468,3 +466,25 @@ TASK_OPTIONS: dict[str, tuple[str, ...]] = _table("tasks")
 #: Options of one recurrent cell: field name → the cells that read it (each field's
 #: ``cells=``; ``--nonlinearity`` also applies to ``--wiring jordan``, which has no cell).
 CELL_OPTIONS: dict[str, tuple[str, ...]] = _table("cells")
+
+
+#: The largest float32: the weights, their gradients and the optimizer's state are float32.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _check_float32(name: str, value: float) -> None:
+    """``value`` must be a number in (0, FLOAT32_MAX]: a learning rate, clip or init range
+    beyond float32's range cannot be applied to float32 weights (``--lr 1e300`` was a
+    torch ``RuntimeError`` at the first step).
+
+    >>> _check_float32("lr", 1e300)
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.ConfigError: --lr must be > 0 and at most 3.4e+38 (float32's \
+largest: the weights are float32), got 1e+300
+    """
+    if not 0 < value <= FLOAT32_MAX:  # NaN fails too
+        raise ConfigError(
+            f"{flag(name)} must be > 0 and at most {FLOAT32_MAX:.2g} (float32's "
+            f"largest: the weights are float32), got {value:g}"
+        )

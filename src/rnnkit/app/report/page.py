@@ -41,6 +41,7 @@ from rnnkit.app.report.attention import attention_sections
 from rnnkit.app.report.html import CSP, STYLE, esc, fmt, image, note, section, table
 from rnnkit.app.report.lm import lm_sections
 from rnnkit.app.report.run import Run, read_run
+from rnnkit.data.files import check_replaceable
 from rnnkit.diagnostics import plots
 from rnnkit.training.baseline_check import LABELS, compare
 from rnnkit.training.checkpoint import atomic_write_bytes
@@ -289,6 +290,11 @@ def render_report(run_dir: str | Path, device: str = "cpu") -> str:
     )
 
 
+def _is_report(head: bytes) -> bool:
+    """The first bytes of a page :func:`render_report` wrote (what ``--out`` may replace)."""
+    return head.startswith(b"<!DOCTYPE html>") and b"<title>rnnkit report" in head
+
+
 def write_report(run_dir: str | Path, out: str | Path | None = None, device: str = "cpu") -> Path:
     """Write the self-contained HTML report of a run; returns its path.
 
@@ -296,6 +302,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, device: str
         run_dir: a directory written by ``rnnkit train``.
         out: where to write (default ``run_dir/report.html``; a directory gets a
             ``report.html`` inside). Written atomically: a reader never sees half a report.
+            An existing file is replaced only if it is a report written by rnnkit (else a
+            ``WriteError``: a data file given by mistake is never lost).
         device: where the run's model computes the report's figures (``"cpu"``,
             ``"cuda"``, ``"auto"``).
 
@@ -304,11 +312,12 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, device: str
     ...     write_report(d)
     Traceback (most recent call last):
     ...
-    rnnkit.errors.CheckpointError: ...config.json: missing
+    rnnkit.errors.CheckpointError: ...config.json: missing: ... is not a run directory ...
     """
     path = Path(run_dir) / REPORT_NAME if out is None else Path(out)
     if path.is_dir():
         path = path / REPORT_NAME
+    check_replaceable(path, _is_report, "a report written by rnnkit")
     text = render_report(run_dir, device)
     atomic_write_bytes(path, text.encode("utf-8"))
     return path

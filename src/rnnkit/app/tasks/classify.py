@@ -235,7 +235,7 @@ def _read_split(cfg: TrainConfig) -> tuple[list[LabelledExample], list[LabelledE
     examples = read_labelled(cfg.train)
     if cfg.valid:
         return examples, read_labelled(cfg.valid)
-    return split_holdout(examples, cfg.valid_fraction, cfg.seed)
+    return split_holdout(examples, cfg.valid_fraction, cfg.seed, cfg.train)
 
 
 @guarded_run
@@ -265,7 +265,9 @@ def train_classify(
     valid_enc = encode_examples(valid_examples, vocab, labels, cfg.max_len, cfg.valid or cfg.train)
     K = len(labels)
     if not bool((valid_enc.labels < K).any()):
-        raise DataError("no validation example has a label seen in training", cfg.valid)
+        raise DataError(
+            "no validation example has a label seen in training", cfg.valid or cfg.train
+        )
     model = build_classifier(model_spec(cfg), len(vocab), K).to(device)
     assert model.embedding is not None  # token inputs: build_classifier embeds them
     pretrained = None if resume else load_pretrained_vectors(cfg, model.embedding, vocab.itos)

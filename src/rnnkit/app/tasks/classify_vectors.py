@@ -250,7 +250,7 @@ def train_vectors(
     if cfg.valid:
         valid_seqs = _read(cfg.valid)
     else:
-        train_seqs, valid_seqs = split_holdout(train_seqs, cfg.valid_fraction, cfg.seed)
+        train_seqs, valid_seqs = split_holdout(train_seqs, cfg.valid_fraction, cfg.seed, cfg.train)
     found = LabelSet.from_data(s.label or "" for s in train_seqs)
     if resume:
         check_resume(cfg, out)

@@ -115,7 +115,7 @@ def _prepare_conditional(
     if cfg.valid:
         valid_examples, valid_path = read_labelled(cfg.valid), cfg.valid
     else:
-        examples, valid_examples = split_holdout(examples, cfg.valid_fraction, cfg.seed)
+        examples, valid_examples = split_holdout(examples, cfg.valid_fraction, cfg.seed, cfg.train)
         valid_path = cfg.train
     if not examples:
         raise DataError("no label<TAB>text line to train on", cfg.train)
@@ -177,6 +177,12 @@ def prepare_lm_data(
             if same
             else encode_text(valid_text, vocab, eos_per_line=eos_lines, dtype=np.int64)
         )
+        if len(data.valid_stream) < 2:  # was "token stream too short", naming no file
+            raise DataError(
+                f"{len(data.valid_stream)} token: too short to score (each token is predicted "
+                "from those before it: at least 2)",
+                cfg.valid or cfg.train,
+            )
     else:
         data.train_seqs = _sequences(text, vocab, cfg.max_len)
         data.valid_seqs = data.train_seqs if same else _sequences(valid_text, vocab, cfg.max_len)
@@ -199,6 +205,13 @@ def train_batches(cfg: TrainConfig, data: LMData, drop_last: bool = False) -> An
     if data.mode == "segment":
         boundary = EOS_ID if cfg.doc_boundary == "line" else None
         assert data.train_stream is not None and data.k is not None
+        tokens, rows = len(data.train_stream), cfg.batch_size
+        if tokens <= rows:  # each of the B parallel streams needs an input and a target
+            raise DataError(
+                f"{tokens:,} tokens of training text, too few for --batch-size {rows} (that "
+                f"many parallel streams need at least {rows + 1:,} tokens); lower --batch-size",
+                cfg.train,
+            )
         return StreamBatcher(data.train_stream, cfg.batch_size, data.k, boundary_id=boundary)
     assert data.train_seqs is not None
     pairs = [lm_pairs(s, BOS_ID, EOS_ID) for s in data.train_seqs]

@@ -191,7 +191,7 @@ def train(
     if cfg.valid:
         train_seqs, valid_seqs = seqs, _read(cfg.valid)
     else:
-        train_seqs, valid_seqs = split_holdout(seqs, cfg.valid_fraction, cfg.seed)
+        train_seqs, valid_seqs = split_holdout(seqs, cfg.valid_fraction, cfg.seed, cfg.train)
         if not valid_seqs:
             raise DataError("too few sequences to hold some out for validation", cfg.train)
     return fit_sequences(cfg, train_seqs, valid_seqs, resume=resume, quiet=quiet,

@@ -41,12 +41,18 @@ def load_config(
     of another task is a ``CheckpointError`` too. Every file of the run is checked against
     its ``manifest.json`` first (:func:`rnnkit.training.manifest.verify_run`; ``verify``
     False: the caller checked already)."""
+    if not str(run_dir):  # Path("") is ".": the working directory was read as the run
+        raise CheckpointError("--checkpoint is an empty path: name a run directory")
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: no such checkpoint directory")
     if verify:
         verify_run(run_dir)
     path = run_dir / "config.json"
+    if not path.exists() and not path.is_symlink():
+        raise CheckpointError(
+            f"{path}: missing: {run_dir} is not a run directory written by rnnkit train"
+        )
     data = read_json(path)
     if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: not an rnnkit checkpoint of format {FORMAT_VERSION}")

@@ -101,7 +101,9 @@ def train_tag(
     if cfg.valid:
         valid_sentences, _ = read_tagged(cfg.valid, cfg.tag_column)
     else:
-        sentences, valid_sentences = split_holdout(sentences, cfg.valid_fraction, cfg.seed)
+        sentences, valid_sentences = split_holdout(
+            sentences, cfg.valid_fraction, cfg.seed, cfg.train
+        )
     if resume:
         check_resume(cfg, out)
         data = TagData.load(out, cfg.char_rnn)

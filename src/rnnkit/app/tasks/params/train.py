@@ -115,7 +115,7 @@ def _split(cfg: TrainConfig) -> _Split:
         if not valid:
             raise DataError("no normal session to validate on (all are labelled 1)", cfg.valid)
     else:
-        train_items, valid = split_holdout(normal, cfg.valid_fraction, cfg.seed)
+        train_items, valid = split_holdout(normal, cfg.valid_fraction, cfg.seed, cfg.train)
     return _Split(train_items, valid, valid_anomalous, excluded)
 
 
