@@ -228,7 +228,7 @@ def test_bad_input_is_one_line_naming_file_and_line(runs, run_cli, tmp_path):
     code, _, err = run_cli(
         "predict", "--checkpoint", str(runs["tag"]), "--input", str(path), "--beam", "2"
     )
-    one_line_error(code, err, "--beam does not apply to a tag checkpoint")
+    one_line_error(code, err, "--beam does not apply to a checkpoint of --task tag")
     code, _, err = run_cli("predict", "--checkpoint", str(tmp_path / "none"), "--input", str(path))
     assert code == 2 and len(err.strip().splitlines()) == 1
 
@@ -304,6 +304,14 @@ def test_max_len_out_of_range_is_named_as_typed(runs, run_cli, tmp_path):
         "predict", "--checkpoint", str(runs["classify"]), "--input", str(path), "--max-len", "3"
     )
     assert err == (
-        "rnnkit predict: error: --max-len does not apply to a classify checkpoint (only to "
-        "seq2seq)\n"
+        "rnnkit predict: error: --max-len does not apply to a checkpoint of --task classify "
+        "(only to seq2seq)\n"
     )
+
+
+def test_generate_on_a_run_it_does_not_apply_to_is_one_line(runs, run_cli):
+    """generate on an events run (and a classifier's): one line naming the task, in words
+    that read right whatever the task's name."""
+    for task in ("events", "classify"):
+        code, _, err = run_cli("generate", "--checkpoint", str(runs[task]))
+        one_line_error(code, err, f"generate does not apply to a checkpoint of --task {task}")

@@ -63,7 +63,7 @@ def test_classify_predict_matches_evaluate(tmp_path, capsys):
     assert accuracy == pytest.approx(_evaluate(run_dir, tmp_path / "test.tsv", capsys)["accuracy"])
     # One at a time (no padding): the same answers.
     assert [run.predict([e.text])[0] for e in examples[:5]] == predicted[:5]
-    with pytest.raises(ConfigError, match="generate\\(\\) does not apply to a classify run"):
+    with pytest.raises(ConfigError, match=r"generate\(\) does not apply to a run of the classify"):
         run.generate("x")
     with pytest.raises(ConfigError, match="a list of inputs"):
         run.predict("abc")
@@ -135,7 +135,7 @@ def test_lm_generate_matches_the_generate_command(tmp_path, capsys):
     assert printed == [f"the {t}" for t in texts]
     assert run.generate("the ", max_length=8, seed=4) == run.generate("the ", max_length=8, seed=4)
     assert len(run.generate(strategy="greedy", max_length=5)) == 1
-    with pytest.raises(ConfigError, match="predict\\(\\) does not apply to a lm run"):
+    with pytest.raises(ConfigError, match="predict\\(\\) does not apply to a run of the lm task"):
         run.predict(["x"])
     with pytest.raises(ConfigError, match="class-conditional run only"):
         run.generate(condition="a")

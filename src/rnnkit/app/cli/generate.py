@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     _check_options(args)
     task = task_of_run(args.checkpoint)
     if args.condition is not None and task != "lm":
-        raise ConfigError(f"--condition does not apply to a {task} checkpoint")
+        raise ConfigError(f"--condition does not apply to a checkpoint of --task {task}")
     if task == "seq2seq":
         outputs = _transduce(args, task_module(task))
     elif task == "lm":
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(str(exc)) from None
         outputs = [join_prompt(vocab, args.prompt, text) for text in outputs]
     else:
-        raise ConfigError(f"generate does not apply to a {task} checkpoint")
+        raise ConfigError(f"generate does not apply to a checkpoint of --task {task}")
     for text in outputs:
         print(json.dumps({"text": text}) if args.json else text)
     return 0

@@ -171,7 +171,9 @@ def run(args: argparse.Namespace) -> int:
             continue  # a params run lists its most unusual vectors
         if given and task != owner:
             flag = _flag(option)
-            raise ConfigError(f"{flag} does not apply to a {task} checkpoint (only to {owner})")
+            raise ConfigError(
+                f"{flag} does not apply to a checkpoint of --task {task} (only to {owner})"
+            )
     for option in ("batch_size", "beam", "max_length", "top"):
         value = getattr(args, option)
         minimum = 0 if option == "top" else 1

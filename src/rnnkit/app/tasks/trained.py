@@ -85,7 +85,7 @@ class TrainedRun:
 
     def _not_for(self, method: str) -> ConfigError:
         return ConfigError(
-            f"{method}() does not apply to a {self.task} run: use {TASK_USE[self.task]}"
+            f"{method}() does not apply to a run of the {self.task} task: use {TASK_USE[self.task]}"
         )
 
     # ---- predict -------------------------------------------------------------------
