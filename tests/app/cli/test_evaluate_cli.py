@@ -30,3 +30,21 @@ def test_an_empty_data_or_checkpoint_is_named(run_cli, tmp_path):
     )
     code, out, err = run_cli("evaluate", "--checkpoint", "", "--data", "x.txt")
     assert err == "rnnkit evaluate: error: --checkpoint is an empty path: name a run directory\n"
+
+
+def test_the_plain_text_says_none_for_an_empty_table():
+    """An empty table (no unknown labels) printed ``unknown_label_counts:`` and nothing."""
+    from rnnkit.app.cli.evaluate import plain_text
+
+    metrics = {
+        "accuracy": 0.75,
+        "unknown_label_counts": {},
+        "per_class": {"a": 1, "b": 0.5},
+        "baselines": {"majority": {"kind": "majority class", "accuracy": 0.5}},
+    }
+    assert plain_text(metrics).splitlines() == [
+        "accuracy: 0.75",
+        "unknown_label_counts: none",
+        "per_class: a 1, b 0.5",
+        "baseline majority (majority class): accuracy 0.5",
+    ]

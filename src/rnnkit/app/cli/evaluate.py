@@ -8,7 +8,7 @@ from typing import Any
 from rnnkit.app.cli.run_options import add_device_option, check_run_option
 from rnnkit.errors import ConfigError
 
-__all__ = ["register", "run"]
+__all__ = ["plain_text", "register", "run"]
 
 
 def register(sub: Any) -> None:
@@ -39,16 +39,24 @@ def run(args: argparse.Namespace) -> int:
 
         print(dumps_strict(metrics))
         return 0
+    print(plain_text(metrics))
+    return 0
+
+
+def plain_text(metrics: dict[str, Any]) -> str:
+    """The figures one per line, ``name: value``; a table (a dict) on its line as
+    ``key value, ...``, an empty one as ``none``; each baseline on a line of its own."""
+    lines = []
     for key, value in metrics.items():
         if key == "baselines" and isinstance(value, dict):
             for name, figures in value.items():
                 rest = {k: v for k, v in figures.items() if k != "kind"}
-                print(f"baseline {name} ({figures.get('kind', name)}): {_inner(rest)}")
+                lines.append(f"baseline {name} ({figures.get('kind', name)}): {_inner(rest)}")
         elif isinstance(value, dict):
-            print(f"{key}: {_inner(value)}")
+            lines.append(f"{key}: {_inner(value)}")
         else:
-            print(f"{key}: {_value(value)}")
-    return 0
+            lines.append(f"{key}: {_value(value)}")
+    return "\n".join(lines)
 
 
 def _value(value: Any) -> str:
@@ -56,4 +64,4 @@ def _value(value: Any) -> str:
 
 
 def _inner(figures: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {_value(v)}" for k, v in figures.items())
+    return ", ".join(f"{k} {_value(v)}" for k, v in figures.items()) or "none"
