@@ -71,8 +71,12 @@ def test_torch_nn_dropin_exports():
     """The drop-in exports as torch's layer does: the same graph (torch's computation of
     the same function, one aten.lstm node), small, equal to eager."""
     torch.manual_seed(0)
-    lstm = rnnkit.nn.LSTM(3, 4, batch_first=True).eval()
     x = torch.randn(2, 5, 3)
+    try:  # the oracle first: torch 2.9's export refuses its own LSTM (_flat_weights)
+        torch.export.export(torch.nn.LSTM(3, 4, batch_first=True).eval(), (x,))
+    except ValueError as exc:
+        pytest.skip(f"this torch cannot export torch.nn.LSTM either: {str(exc)[:60]}")
+    lstm = rnnkit.nn.LSTM(3, 4, batch_first=True).eval()
     program = torch.export.export(lstm, (x,))
     targets = _targets(program)
     assert targets.count("aten.lstm.input") == 1 and len(program.graph.nodes) < 40
