@@ -243,3 +243,43 @@ def test_a_task_that_trains_in_one_process_is_refused_under_torchrun(tmp_path):
         res.stderr.count("--task classify trains in one process only, and torchrun started 2") == 2
     )
     assert "trained" not in res.stdout and not out.exists()
+
+
+# Two processes whose clocks disagree about --max-time: rank 0 is out of time after its
+# first step, rank 1 never. A short gloo timeout turns a hang into a failure.
+_CLOCKS = """
+import datetime, sys
+import torch, torch.distributed as dist
+from torch import nn
+from rnnkit import LSTM
+from rnnkit.data.batching import StreamBatcher
+from rnnkit.models.language_model import LanguageModel
+from rnnkit.training.distributed import init_distributed
+from rnnkit.training.loop import Trainer, TrainOptions
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
+ctx = init_distributed()
+torch.manual_seed(0)
+model = LanguageModel(nn.Embedding(12, 6), LSTM(6, 8), nn.Linear(8, 12))
+ids = torch.randint(0, 12, (400,)).numpy()
+opts = TrainOptions(quiet=True, steps=40, max_time=1e-9 if ctx.rank == 0 else 600.0)
+step = lambda m, b, c: m.loss(b.inputs, b.targets, state=c, starts=b.starts)
+trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                  StreamBatcher(ids, 4, 5), step, opts, out_dir=sys.argv[1], dist_ctx=ctx)
+result = trainer.fit()
+print(f"rank {ctx.rank}: {result.steps} steps, {result.stopped}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed beside python")
+def test_max_time_stops_every_process_after_the_same_step(tmp_path):
+    script = tmp_path / "clocks.py"
+    script.write_text(_CLOCKS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path / "r")]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    # rank 0 stopped to save while rank 1 went on to the next step: mismatched collectives
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: 1 steps, time budget of" in res.stdout, res.stdout
