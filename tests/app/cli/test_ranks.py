@@ -39,10 +39,15 @@ def test_only_a_rank_other_than_0_of_several_waits(
     assert ranks.is_other_rank() is other
     assert waits == ([ranks.OTHER_RANK_WAIT_S] if other else [])
     assert capsys.readouterr().err == "rnnkit train: error: --steps: must be at least 1\n"
-    # torchrun shows a string "message" as it is, as the failure's "traceback"
-    data = json.loads(error_file.read_text())
-    assert data["message"] == "rnnkit train: error: --steps: must be at least 1"
-    assert isinstance(data["timestamp"], int)
+    # torchrun's own reader of the file: its report shows the line as the "traceback"
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(error_file))
+    assert failure.message["extraInfo"]["py_callstack"] == (
+        "rnnkit train: error: --steps: must be at least 1"
+    )
+    assert failure.timestamp > 0
+    assert json.loads(error_file.read_text())["message"]["message"] == failure.message["message"]
 
 
 def test_an_unwritable_error_file_does_not_hide_the_error(waits, monkeypatch, capsys, tmp_path):

@@ -42,7 +42,8 @@ def say_error(line: str) -> None:
     print(line, file=sys.stderr)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file and os.environ.get("WORLD_SIZE") is not None:
-        # torchrun's format for a message without a traceback; failing to write it
-        # must not hide the error itself
+        # torchrun's format (its report shows "py_callstack": here the line itself, no
+        # traceback); failing to write it must not hide the error itself
+        info = {"py_callstack": line, "timestamp": str(int(time.time()))}
         with contextlib.suppress(OSError), open(error_file, "w", encoding="utf-8") as f:
-            json.dump({"message": line, "timestamp": int(time.time())}, f)
+            json.dump({"message": {"message": line, "extraInfo": info}}, f)
