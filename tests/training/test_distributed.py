@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from rnnkit.app.cli.main import main
-from rnnkit.training.distributed import DistContext
+from rnnkit.training.distributed import DistContext, PeerLost, peer_lost
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
@@ -67,8 +70,10 @@ def test_two_gloo_processes_equal_one_process_and_resume_across_sizes(tmp_path):
     corpus = _corpus(tmp_path)
     two = _torchrun([*_common(corpus, tmp_path / "two"), "--steps", "6"])
     assert two.returncode == 0, two.stderr[-2000:]
-    assert two.stdout.count("trained 6 steps") == 1  # only rank 0 reports
+    assert two.stdout.count("trained 6 steps on 2 processes") == 1  # only rank 0 reports
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["processes"] == 2
     assert main([*_common(corpus, tmp_path / "one"), "--steps", "6"]) == 0
+    assert json.loads((tmp_path / "one" / "summary.json").read_text())["processes"] == 1
     a, b = _weights(tmp_path / "two"), _weights(tmp_path / "one")
     assert a.keys() == b.keys()
     for key in a:
@@ -132,3 +137,149 @@ def test_with_cuda_each_process_takes_its_local_gpu_and_nccl_reduces_there(monke
     with pytest.raises((NotImplementedError, RuntimeError)):  # .tolist() of meta: after it
         meta.all_sum(1.0)
     assert seen == [torch.device("meta")]
+
+
+# gloo's words when the other end of a collective was killed (torch 2.x, CPU)
+_GLOO_RESET = (
+    "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+    "[127.0.0.1]:41603: Connection reset by peer. This is typically caused by a remote "
+    "worker hanging or bugs in the application."
+)
+
+
+def test_a_collective_broken_by_a_lost_process_is_one_line():
+    lost = peer_lost(RuntimeError(_GLOO_RESET), DistContext(0, 2))
+    assert isinstance(lost, PeerLost) and lost.exit_code == 1
+    text = str(lost)
+    assert "\n" not in text and "process 0 of 2" in text and "--resume" in text
+    assert "Read error [127.0.0.1]:41603: Connection reset by peer" in text
+    assert "pair.cc" not in text and "typically" not in text
+    # one process, or an error of another kind: not a lost process (stays what it is)
+    assert peer_lost(RuntimeError(_GLOO_RESET), DistContext()) is None
+    assert (
+        peer_lost(RuntimeError("mat1 and mat2 shapes cannot be multiplied"), DistContext(0, 2))
+        is None
+    )
+    assert peer_lost(ValueError("gloo"), DistContext(0, 2)) is None
+
+
+def _workers(parent: int) -> dict[str, int]:
+    """RANK -> pid of torchrun's worker processes (children of ``parent``)."""
+    found: dict[str, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) != parent:
+            continue
+        for item in environ:
+            if item.startswith(b"RANK="):
+                found[item[5:].decode()] = int(entry.name)
+    return found
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed beside python")
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_a_killed_process_ends_the_run_with_one_line_and_a_resumable_snapshot(tmp_path):
+    corpus = _corpus(tmp_path)
+    run = tmp_path / "run"
+    args = [*_common(corpus, run), "--steps", "100000", "--eval-every", "10"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "-m", "rnnkit", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "latest.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (run / "latest.json").exists(), "no snapshot within 60 s"
+        os.kill(_workers(proc.pid)["1"], signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0
+    # rank 0 says it once, in words (it was a 40-line traceback of loss.backward)
+    said = [ln for ln in err.splitlines() if ln.startswith("rnnkit train: stopped:")]
+    assert len(said) == 1 and "process 0 of 2: another process" in said[0], err[-3000:]
+    assert "[rank0]:" not in err and "RuntimeError" not in err
+    # what the kill left is a run that resumes (here in one process)
+    step = json.loads((run / "latest.json").read_text())["step"]
+    assert main([*_common(corpus, run), "--resume", "--steps", str(step + 2)]) == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == step + 2
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed beside python")
+def test_bad_input_under_torchrun_is_said_once(tmp_path):
+    res = _torchrun(
+        ["train", "--train", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]
+    )
+    assert res.returncode != 0
+    line = f"rnnkit train: error: {tmp_path / 'missing.txt'}: file not found"
+    # once on stderr, and as the root cause of torchrun's own report (its error file)
+    assert res.stderr.count(line) == 2, res.stderr[-3000:]
+    assert f"traceback : {line}" in res.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed beside python")
+def test_a_task_that_trains_in_one_process_is_refused_under_torchrun(tmp_path):
+    data = tmp_path / "train.tsv"
+    data.write_text(
+        "".join(f"{'ab' if i % 2 else 'ba'}\t{'ab' if i % 2 else 'ba'}x\n" for i in range(40))
+    )
+    out = tmp_path / "c"
+    res = _torchrun(
+        ["train", "--task", "classify", "--train", str(data), "--out", str(out), "--steps", "2"]
+    )
+    assert res.returncode != 0
+    # it trained once per process, both writing one run directory (a manifest that no
+    # longer matched its files); now refused before anything is written
+    assert (
+        res.stderr.count("--task classify trains in one process only, and torchrun started 2") == 2
+    )
+    assert "trained" not in res.stdout and not out.exists()
+
+
+# Two processes whose clocks disagree about --max-time: rank 0 is out of time after its
+# first step, rank 1 never. A short gloo timeout turns a hang into a failure.
+_CLOCKS = """
+import datetime, sys
+import torch, torch.distributed as dist
+from torch import nn
+from rnnkit import LSTM
+from rnnkit.data.batching import StreamBatcher
+from rnnkit.models.language_model import LanguageModel
+from rnnkit.training.distributed import init_distributed
+from rnnkit.training.loop import Trainer, TrainOptions
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
+ctx = init_distributed()
+torch.manual_seed(0)
+model = LanguageModel(nn.Embedding(12, 6), LSTM(6, 8), nn.Linear(8, 12))
+ids = torch.randint(0, 12, (400,)).numpy()
+opts = TrainOptions(quiet=True, steps=40, max_time=1e-9 if ctx.rank == 0 else 600.0)
+step = lambda m, b, c: m.loss(b.inputs, b.targets, state=c, starts=b.starts)
+trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                  StreamBatcher(ids, 4, 5), step, opts, out_dir=sys.argv[1], dist_ctx=ctx)
+result = trainer.fit()
+print(f"rank {ctx.rank}: {result.steps} steps, {result.stopped}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed beside python")
+def test_max_time_stops_every_process_after_the_same_step(tmp_path):
+    script = tmp_path / "clocks.py"
+    script.write_text(_CLOCKS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path / "r")]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    # rank 0 stopped to save while rank 1 went on to the next step: mismatched collectives
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: 1 steps, time budget of" in res.stdout, res.stdout

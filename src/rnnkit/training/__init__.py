@@ -52,9 +52,12 @@ from rnnkit.training.checkpoint import (
 )
 from rnnkit.training.distributed import (
     DistContext,
+    PeerLost,
     ShardedBatches,
     StepModule,
     init_distributed,
+    launched_processes,
+    peer_lost,
     shutdown_distributed,
 )
 from rnnkit.training.interrupt import TrainingInterrupted
@@ -99,6 +102,7 @@ __all__ = [
     "METRIC_FIELDS",
     "DistContext",
     "LRSchedule",
+    "PeerLost",
     "Progress",
     "RunSettings",
     "SamplingSchedule",
@@ -126,12 +130,14 @@ __all__ = [
     "describe_event",
     "dumps_strict",
     "init_distributed",
+    "launched_processes",
     "load_arrays",
     "load_model_weights",
     "load_snapshot",
     "metrics_csv",
     "parse_lr_schedule",
     "parse_schedule",
+    "peer_lost",
     "read_json",
     "read_metrics",
     "read_summary",

@@ -12,6 +12,10 @@ torchrun flags (``--nnodes``, ``--rdzv-endpoint``) take it to several machines.
   the global token mean even when processes hold different numbers of tokens.
 * Only rank 0 writes checkpoints, logs and reports; every rank validates on the whole
   validation set, so early stopping and learning-rate decisions agree without messages.
+* A process that dies (killed, out of memory) breaks the others' next collective: gloo
+  and NCCL raise a bare ``RuntimeError`` there, which :func:`peer_lost` turns into one
+  line (:class:`PeerLost`); the run keeps its latest snapshot, resumable with any number
+  of processes.
 """
 
 from __future__ import annotations
@@ -24,13 +28,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rnnkit.errors import ConfigError
+from rnnkit.errors import ConfigError, RnnkitError
 
 __all__ = [
     "DistContext",
+    "PeerLost",
     "ShardedBatches",
     "StepModule",
     "init_distributed",
+    "launched_processes",
+    "peer_lost",
     "shutdown_distributed",
 ]
 
@@ -81,12 +88,49 @@ class DistContext:
         return t.tolist()
 
 
+class PeerLost(RnnkitError):
+    """Another process of a distributed run is gone; this one stops (exit status 1)."""
+
+    exit_code = 1
+
+
+def launched_processes() -> int:
+    """How many processes the launcher (torchrun: ``WORLD_SIZE``) started; 1 without one."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        raise ConfigError(
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} in the environment is not a number"
+        ) from None
+
+
+# What gloo and NCCL say when the other end of a collective has gone away.
+_BACKEND_WORDS = ("gloo", "nccl", "connection reset", "connection closed", "broken pipe")
+
+
+def peer_lost(exc: BaseException, ctx: DistContext) -> PeerLost | None:
+    """The one-line error for ``exc`` when it is a collective failing in a distributed
+    run (another process died); None for anything else, which stays the error it is."""
+    if not ctx.enabled or not isinstance(exc, RuntimeError):
+        return None
+    text = str(exc).strip()
+    if not any(word in text.lower() for word in _BACKEND_WORDS):
+        return None
+    # gloo's text starts with its source position and ends in advice: keep the reason
+    reason = text.splitlines()[0].split("] ", 1)[-1].split(". ", 1)[0][:160]
+    return PeerLost(
+        f"process {ctx.rank} of {ctx.world_size}: another process of this distributed run "
+        f"is gone ({reason}); see torchrun's report for which and why. The run keeps its "
+        "latest snapshot: continue it with --resume (any number of processes)"
+    )
+
+
 def init_distributed(device_type: str = "cpu") -> DistContext:
     """Join the process group torchrun describes in the environment (``WORLD_SIZE``, …).
 
     One process (no ``WORLD_SIZE`` or 1) needs no group and gets the default context.
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launched_processes()
     if world <= 1:
         return DistContext()
     if not dist.is_available():

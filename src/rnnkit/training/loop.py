@@ -432,6 +432,11 @@ class Trainer(Generic[_M]):
         out_of_time = (
             self.max_time is not None and time.perf_counter() - pace.started >= self.max_time
         )
+        if self.max_time is not None and self.dist.enabled:
+            # Each process reads its own clock: the one past the budget would stop (and
+            # wait in the snapshot's collective) while another waited in the next step's,
+            # a hang. One out of time stops them all, after the same step.
+            out_of_time = self.dist.all_sum(float(out_of_time))[0] > 0
         scheduled = self.step % self.eval_every == 0 if self.eval_every else end_of_epoch
         final = self.step == self.total_steps or out_of_time
         if end_of_epoch:

@@ -9,7 +9,7 @@ import inspect
 import pytest
 
 from rnnkit.app.config import TASKS
-from rnnkit.app.tasks.registry import Task, task_module
+from rnnkit.app.tasks.registry import DISTRIBUTED_TASKS, Task, check_processes, task_module
 from rnnkit.errors import ConfigError
 
 
@@ -55,3 +55,20 @@ def test_task_options_are_checked_where_a_task_has_them() -> None:
 def test_an_unknown_task_is_one_clear_error() -> None:
     with pytest.raises(ConfigError, match="--task nope is not available"):
         task_module("nope")
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_under_torchrun_only_the_distributed_tasks_train(task: str, monkeypatch) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    check_processes(task)  # one process: every task
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    check_processes(task)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    if task in DISTRIBUTED_TASKS:
+        check_processes(task)
+    else:
+        with pytest.raises(ConfigError, match=f"--task {task} trains in one process only"):
+            check_processes(task)
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ConfigError, match="WORLD_SIZE='two'"):
+        check_processes(task)

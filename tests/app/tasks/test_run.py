@@ -157,3 +157,39 @@ def test_run_settings_are_the_configs() -> None:
         "steps": 7, "epochs": None, "max_time": 3.5, "lr": 0.1, "hidden": 9, "layers": 3,
         "dropout": 0.5,
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_finished_run_is_reported_by_rank_0_alone(tmp_path, monkeypatch, capsys, rank):
+    """``--resume`` of a finished run under torchrun: every process finds it finished;
+    rank 0 says so and returns the run's summary, the others return their rank (the
+    command line reports nothing for them), instead of each printing it and writing the
+    report."""
+    from rnnkit import messages
+    from rnnkit.app.tasks.run_dir import guarded_run
+    from rnnkit.errors import RunFinished
+    from rnnkit.training.checkpoint import atomic_write_json
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    out = tmp_path / "run"
+
+    @guarded_run
+    def finished(cfg, resume=False, quiet=False):
+        atomic_write_json(out / "summary.json", {"task": "lm", "steps": 12})
+        raise RunFinished(f"{cfg.out} finished at step 12 of 12")
+
+    out.mkdir()
+    before = messages.LOGGER.level
+    messages.set_verbosity(0)  # the default: notes shown
+    try:
+        got = finished(TrainConfig(train="x", out=str(out)))
+    finally:
+        messages.LOGGER.setLevel(before)
+    said = capsys.readouterr().err
+    if rank == "0":
+        assert got == {"task": "lm", "steps": 12}
+        assert said.count("finished at step 12 of 12") == 1
+    else:
+        assert got == {"task": "lm", "rank": 1}
+        assert said == ""

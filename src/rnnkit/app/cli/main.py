@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 
 from rnnkit import __version__, messages
+from rnnkit.app.cli.ranks import say_error
 from rnnkit.errors import RnnkitError
 
 # Subcommand modules, imported lazily so `rnnkit --help` stays fast and one broken
@@ -40,7 +41,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad option as one line naming the option (exit 2)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        say_error(f"{self.prog}: error: {message}")  # under torchrun: once, by rank 0
+        self.exit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,7 +163,7 @@ def _run(args: argparse.Namespace) -> int:
         code = getattr(exc, "exit_code", 2)
         kind = "error" if code == 2 else "stopped"
         text = _os_error(exc) if isinstance(exc, OSError) else str(exc)
-        print(f"rnnkit {args.command}: {kind}: {text}", file=sys.stderr)
+        say_error(f"rnnkit {args.command}: {kind}: {text}")
         return code
     except KeyboardInterrupt:
         print(f"rnnkit {args.command}: interrupted", file=sys.stderr)

@@ -374,8 +374,9 @@ def run(args: argparse.Namespace) -> int:
         require_tensorboard()
         if os.path.exists(cfg.tensorboard) and not os.path.isdir(cfg.tensorboard):
             raise ConfigError(f"--tensorboard {cfg.tensorboard}: exists and is not a directory")
-    from rnnkit.app.tasks.registry import task_module  # lazy: keeps `rnnkit --help` fast
+    from rnnkit.app.tasks.registry import check_processes, task_module  # lazy: fast --help
 
+    check_processes(cfg.task)
     resumed_at = _snapshot_step(cfg.out) if args.resume else None
     try:
         summary = task_module(cfg.task).train(

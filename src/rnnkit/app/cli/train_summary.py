@@ -86,6 +86,9 @@ def print_summary(summary: dict[str, Any], resumed_at: int | None = None) -> Non
     if resumed_at is not None and isinstance(steps, int) and steps > resumed_at:
         # "trained 600 steps in 1 s" read as the whole run's time: 31 of them were.
         done += f" ({steps - resumed_at} of them now, resumed at step {resumed_at})"
+    processes = summary.get("processes", 1)
+    if isinstance(processes, int) and processes > 1:  # torchrun: said once, by rank 0
+        done += f" on {processes} processes"
     print(
         f"trained {done} in {summary['elapsed_s']:.0f} s "
         f"({summary.get('tokens_per_s') or 0:.0f} tokens/s), "

@@ -62,7 +62,7 @@ from rnnkit.models.jordan import JordanLM
 from rnnkit.models.language_model import LanguageModel, LossOutput
 from rnnkit.models.ngram import NGramModel
 from rnnkit.training.checkpoint import load_arrays, load_model_weights
-from rnnkit.training.distributed import DistContext, init_distributed
+from rnnkit.training.distributed import DistContext, init_distributed, peer_lost
 from rnnkit.training.loop import Trainer
 from rnnkit.training.scheduled_sampling import parse_schedule
 
@@ -236,7 +236,13 @@ def train_lm(
     if resume:
         trainer.resume()
     started = time.perf_counter()
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except RuntimeError as exc:
+        lost = peer_lost(exc, ctx)
+        if lost is None:
+            raise
+        raise lost from None
     elapsed = time.perf_counter() - started
     if not ctx.is_main:
         return {"task": "lm", "rank": ctx.rank, "steps": result.steps}
@@ -255,6 +261,7 @@ def train_lm(
         "stopped_early": result.stopped_early,
         "stopped": result.stopped,
         "parameters": sum(p.numel() for p in model.parameters()),
+        "processes": ctx.world_size,
     }
     if pretrained is not None:
         summary["pretrained_vectors"] = pretrained

@@ -14,8 +14,21 @@ from typing import Any, Protocol, cast
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.run_config import load_config
 from rnnkit.errors import ConfigError
+from rnnkit.training.distributed import launched_processes
 
-__all__ = ["Task", "check_task_options", "task_module", "task_of_run"]
+__all__ = [
+    "DISTRIBUTED_TASKS",
+    "Task",
+    "check_processes",
+    "check_task_options",
+    "task_module",
+    "task_of_run",
+]
+
+# The tasks whose training runs data-parallel over torchrun's processes. Any other task
+# launched by torchrun would train once in EVERY process, each writing the same run
+# directory (two summaries, a manifest that no longer matches the files): refused.
+DISTRIBUTED_TASKS = ("lm",)
 
 
 class Task(Protocol):
@@ -68,6 +81,18 @@ def task_module(task: str) -> Task:
             raise ConfigError(f"--task {task} is not available in this version") from None
         raise
     return cast(Task, module)  # structural: tests/app/tasks/test_registry.py checks each
+
+
+def check_processes(task: str) -> None:
+    """A ``ConfigError`` when ``task`` is launched on several processes (torchrun) but
+    trains in one only (not in :data:`DISTRIBUTED_TASKS`)."""
+    processes = launched_processes()
+    if processes > 1 and task not in DISTRIBUTED_TASKS:
+        raise ConfigError(
+            f"--task {task} trains in one process only, and torchrun started {processes}; "
+            f"run it without torchrun (or with --nproc-per-node 1). Distributed training: "
+            f"--task {', '.join(DISTRIBUTED_TASKS)}"
+        )
 
 
 def check_task_options(task: str, cfg: TrainConfig) -> None:

@@ -173,6 +173,9 @@ def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str,
                 try:
                     return train(cfg, *args, **kwargs)
                 except RunFinished as done:
+                    if not _is_main_process():
+                        # torchrun: rank 0 alone says so, and reports (once, not twice)
+                        return {"task": cfg.task, "rank": int(os.environ["RANK"])}
                     # The run stays exactly as it finished; the caller gets its summary.
                     messages.info(str(done))
                     return read_summary(cfg.out)

@@ -1,0 +1,57 @@
+"""Error lines under torchrun: rank 0 says them at once, the others after a wait that
+torchrun's SIGTERM usually cuts short; torchrun's error file gets the same line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rnnkit.app.cli import ranks
+
+
+@pytest.fixture
+def waits(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(ranks.time, "sleep", slept.append)
+    for name in ("RANK", "WORLD_SIZE", "TORCHELASTIC_ERROR_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    return slept
+
+
+def test_one_process_says_it_at_once_and_writes_no_error_file(waits, capsys):
+    ranks.say_error("rnnkit train: error: x")
+    assert capsys.readouterr().err == "rnnkit train: error: x\n"
+    assert waits == [] and not ranks.is_other_rank()
+
+
+@pytest.mark.parametrize(
+    ("rank", "world", "other"), [("0", "2", False), ("1", "2", True), ("1", "1", False)]
+)
+def test_only_a_rank_other_than_0_of_several_waits(
+    waits, monkeypatch, capsys, tmp_path, rank, world, other
+):
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", world)
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    ranks.say_error("rnnkit train: error: --steps: must be at least 1")
+    assert ranks.is_other_rank() is other
+    assert waits == ([ranks.OTHER_RANK_WAIT_S] if other else [])
+    assert capsys.readouterr().err == "rnnkit train: error: --steps: must be at least 1\n"
+    # torchrun's own reader of the file: its report shows the line as the "traceback"
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(error_file))
+    assert failure.message["extraInfo"]["py_callstack"] == (
+        "rnnkit train: error: --steps: must be at least 1"
+    )
+    assert failure.timestamp > 0
+    assert json.loads(error_file.read_text())["message"]["message"] == failure.message["message"]
+
+
+def test_an_unwritable_error_file_does_not_hide_the_error(waits, monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "no" / "such" / "error.json"))
+    ranks.say_error("rnnkit train: error: y")
+    assert capsys.readouterr().err == "rnnkit train: error: y\n"
