@@ -130,6 +130,10 @@ def score_sessions(
         "events", "unknown", "top": [{position, event, surprise, miss[, unknown]}],
         ["label"], ["ngram"]}``.
     """
+    check_batch_size(batch_size, none=None)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        # a negative count sliced the list from its end: all but the last events listed
+        raise ConfigError(f"top_k must be an integer ≥ 0, got {top_k!r}")
     name = score or run.thresholds["score"]
     run.check_score(name)
     limits = thresholds or {m: run.thresholds[m] for m in ("rnn", "ngram")}
