@@ -28,7 +28,7 @@ from rnnkit.metrics.losses import training_loss
 from rnnkit.models.length import LengthState, SequenceLength, length_targets
 from rnnkit.types import LSTMState, State
 
-__all__ = ["LMOutput", "LanguageModel", "LossOutput", "reset_rows"]
+__all__ = ["LMOutput", "LanguageModel", "LossOutput", "check_token_ids", "reset_rows"]
 
 
 class LMOutput(NamedTuple):
@@ -49,12 +49,12 @@ class LossOutput(NamedTuple):
     state: State | None = None
 
 
-def _check_token_ids(inputs: Tensor, vocab_size: int | None, name: str = "inputs") -> None:
+def check_token_ids(inputs: Tensor, vocab_size: int | None, name: str = "inputs") -> None:
     """A ``ValueError``/``TypeError`` naming ``inputs`` unless it is ``(B, T)`` integer
     ids in ``[0, V)`` (torch's embedding said ``index out of range in self``, and a
     float tensor failed inside it). The values are not read under graph tracing.
 
-    >>> _check_token_ids(torch.tensor([[1, 5]]), 5)
+    >>> check_token_ids(torch.tensor([[1, 5]]), 5)
     Traceback (most recent call last):
     ...
     ValueError: inputs must hold token ids in [0, 5) (the vocabulary's size), got 5 at (0, 1)
@@ -212,7 +212,7 @@ class LanguageModel(nn.Module):
         lengths: Tensor | None = None,
     ) -> tuple[Tensor, State]:
         """Top states ``(B, T, H)`` (what the head reads) and the final state."""
-        _check_token_ids(inputs, getattr(self.embedding, "num_embeddings", None))
+        check_token_ids(inputs, getattr(self.embedding, "num_embeddings", None))
         if self._reads_table(inputs, mask, starts, window):
             # The first layer's input product x W_ihᵀ of a token is a row of E W_ihᵀ: read
             # from that (V, G·H) table instead of a (B·T, E) × (E, G·H) product, and the
