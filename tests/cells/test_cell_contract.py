@@ -284,3 +284,14 @@ def test_lstm_cell_fused_step_equals_the_oracle_step_and_its_gradients():
     g_oracle = torch.autograd.grad((oracle.h * w[0]).sum() + (oracle.c * w[1]).sum(), inputs)
     for a, b in zip(g_fused, g_oracle, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "a", True])
+def test_a_forget_bias_that_is_not_a_finite_number_is_named(bad):
+    # NaN made every output NaN; "a" failed in float() without naming the argument.
+    with pytest.raises(ValueError, match=f"^forget_bias must be a finite number, got {bad!r}$"):
+        LSTMCell(3, 4, forget_bias=bad)
+    from rnnkit import LSTM
+
+    with pytest.raises(ValueError, match=r"^forget_bias must be a finite number"):
+        LSTM(3, 4, forget_bias=bad)

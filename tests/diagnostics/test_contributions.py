@@ -239,3 +239,24 @@ def test_rejects_what_is_not_a_cell() -> None:
         step_contributions(RNNCell(3, 4), torch.zeros(1, 2, 5), loss_fn=torch.sum)
     with pytest.raises(TypeError, match="float64"):
         step_contributions(RNNCell(3, 4), torch.zeros(1, 2, 3, dtype=DT), loss_fn=torch.sum)
+
+
+@pytest.mark.parametrize("window", [0, -3, 1.5, True])
+def test_a_window_below_one_is_refused_as_the_layers_refuse_it(window):
+    # 0 gave other contributions than τ = 1 and -3 all zeros, without a word.
+    cell, x = RNNCell(2, 3), torch.randn(2, 4, 2)
+    for diagnose in (step_contributions, lag_contributions):
+        with pytest.raises(
+            ValueError, match=f"window must be a positive integer or None, got {window!r}"
+        ):
+            diagnose(cell, x, loss_fn=lambda h: h.sum(), window=window)
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 2), (0, 4, 2)])
+def test_no_step_or_no_sequence_is_named_not_a_reshape_error(shape):
+    from rnnkit.diagnostics import gradient_flow, state_gradients
+
+    cell, x = LSTMCell(2, 3), torch.randn(*shape)
+    for diagnose in (step_contributions, state_gradients, gradient_flow):
+        with pytest.raises(ValueError, match=f"x holds {shape[0]} sequences of {shape[1]} steps"):
+            diagnose(cell, x, loss_fn=lambda h: h.sum())

@@ -128,3 +128,17 @@ def test_random_mask_has_holes_and_padding_and_leaves_the_global_rng() -> None:
     state = torch.random.get_rng_state()
     gradcheck("rnn", steps=2)
     assert torch.equal(state, torch.random.get_rng_state())
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("steps", 0, "steps must be a positive integer, got 0"),  # was torch's random_ error
+        ("batch_size", 0, "batch_size must be a positive integer, got 0"),  # an IndexError
+        ("eps", 0.0, "eps must be a finite number > 0, got 0.0"),  # ZeroDivisionError
+        ("tol", -1.0, "tol must be a finite number > 0, got -1.0"),  # could never pass
+    ],
+)
+def test_a_bad_option_is_named(option, value, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        gradcheck("rnn", **{option: value})

@@ -142,3 +142,12 @@ def test_gradient_flow_bundle_is_json_ready() -> None:
     lstm, x = make("lstm")
     flow = gradient_flow(lstm, x, loss_fn=lambda h: h.sum(), method="power")
     assert flow.bound is None and json.dumps(flow.to_dict())
+
+
+@pytest.mark.parametrize(("option", "value"), [("iterations", 0), ("iterations", -5), ("block", 0)])
+def test_power_iteration_counts_below_one_are_refused(option, value) -> None:
+    # iterations=0 returned the random start's estimate (0.94 where the norm is 1.07);
+    # block=0 was taken as 1.
+    cell, x = RNNCell(2, 40), torch.randn(2, 6, 2)
+    with pytest.raises(ValueError, match=f"^{option} must be a positive integer, got {value}$"):
+        jacobian_norms(cell, x, method="power", **{option: value})

@@ -272,3 +272,16 @@ def test_resolve_mask_none_and_layouts():
     assert m.shape == (2, 5)
     mt = resolve_mask(x.transpose(0, 1), None, m.T, batch_first=False)
     assert torch.equal(mt, m)
+
+
+def test_lengths_that_are_not_integers_in_a_sequence_are_named():
+    # A state passed where lengths go (the second positional argument), or a string,
+    # was torch's "only one element tensors can be converted" or "invalid data type".
+    from rnnkit import LSTM
+
+    layer, x = LSTM(3, 4), torch.zeros(2, 5, 3)
+    state = layer(x).state
+    for bad in (state, "ab"):
+        with pytest.raises(TypeError, match=r"^lengths must be \(B,\) integers .*, got "):
+            layer(x, bad)
+    assert layer(x, [5, 2]).outputs.shape == (2, 5, 4)  # a list still works

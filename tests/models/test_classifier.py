@@ -89,3 +89,20 @@ def test_builder_and_mismatched_parts():
     assert clf(torch.tensor([[4, 5, 0]]), torch.tensor([[True, True, False]])).shape == (1, 4)
     with pytest.raises(ValueError, match="num_directions"):
         Classifier(nn.Embedding(V, 5), GRU(5, 6), Pooling("last", 2), FeedForwardHead(6, 8, K))
+
+
+def test_labels_and_token_ids_outside_their_ranges_are_named():
+    # torch said "Target 3 is out of bounds." and "index out of range in self".
+    clf = build_classifier(ModelSpec(hidden=4, embedding=3), 9, 3)
+    x = torch.randint(1, 9, (2, 4))
+    with pytest.raises(
+        ValueError, match=r"^labels must lie in \[0, 3\) \(the classes\), got 3 at 1$"
+    ):
+        clf.loss(x, torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match=r"got -1 at 0$"):
+        clf.loss(x, torch.tensor([-1, 0]))
+    with pytest.raises(TypeError, match="labels must hold integer class ids"):
+        clf.loss(x, torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"^inputs must hold token ids in \[0, 9\)"):
+        clf(torch.full((2, 4), 9))
+    assert clf.loss(x, torch.tensor([0, 2])).tokens == 2

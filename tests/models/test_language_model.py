@@ -618,3 +618,22 @@ def test_table_input_with_weight_drop_and_the_regularizers_that_forbid_it():
         .eval()
         ._reads_table(x, *none)
     )
+
+
+@pytest.mark.parametrize(
+    ("ids", "error", "message"),
+    [
+        (torch.tensor([[4, 9]]), ValueError, r"token ids in \[0, 9\) .*, got 9 at \(0, 1\)"),
+        (torch.tensor([[-1, 2]]), ValueError, r"token ids in \[0, 9\) .*, got -1 at \(0, 0\)"),
+        (torch.tensor([[1.0, 2.0]]), TypeError, "integer token ids, got dtype torch.float32"),
+        (torch.tensor([1, 2]), ValueError, r"shape \(B, T\), got \(2,\)"),
+    ],
+)
+def test_token_ids_outside_the_vocabulary_are_named(ids, error, message):
+    # torch's embedding said "index out of range in self" (or failed on the dtype).
+    lm = build_language_model(ModelSpec(hidden=4, embedding=3), 9)
+    with pytest.raises(error, match=f"^inputs must .*{message}"):
+        lm(ids)
+    with pytest.raises(error, match=r"^inputs must"):
+        lm.loss(ids, torch.zeros_like(ids, dtype=torch.long))
+    assert lm(torch.tensor([[0, 8]])).logits.shape == (1, 2, 9)

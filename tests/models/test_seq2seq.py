@@ -309,3 +309,15 @@ def test_beam_search_keeps_going_until_the_top_beam_ends():
     state = torch.tensor([[0.0, 1.0]])
     out = beam_search(Scripted(), state, 0, beam=3, max_length=10, bos_id=BOS_ID, eos_id=EOS_ID)
     assert out[0][0].ids == answer and out[0][0].finished
+
+
+def test_source_and_target_ids_outside_their_vocabularies_are_named():
+    # torch's embedding said "index out of range in self", in forward and in decode.
+    model = build_seq2seq(ModelSpec(hidden=4, embedding=3), 9, 7).eval()
+    src, mask = torch.randint(4, 9, (2, 4)), torch.ones(2, 4, dtype=torch.bool)
+    tgt = torch.randint(4, 7, (2, 3))
+    with pytest.raises(ValueError, match=r"^source must hold token ids in \[0, 9\) .*, got 9"):
+        model.decode(torch.full((2, 4), 9), mask)
+    with pytest.raises(ValueError, match=r"^target_in must hold token ids in \[0, 7\) .*, got 8"):
+        model(src, mask, torch.full((2, 3), 8), torch.ones(2, 3, dtype=torch.bool))
+    assert model(src, mask, tgt, torch.ones(2, 3, dtype=torch.bool)).logits.shape == (2, 3, 7)

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from rnnkit.app.config.fields import TASKS
+from rnnkit.errors import ConfigError
 from rnnkit.models import ModelSpec
 from rnnkit.models.spec import task_model_defaults
 
@@ -95,3 +96,38 @@ def test_the_tag_defaults_are_those_of_docs_defaults() -> None:
 )
 def test_fields_given_win_over_the_task_defaults(fields: dict, argv: list[str]) -> None:
     assert ModelSpec.for_task("lm", **fields) == cli_spec("--task", "lm", *argv)
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "cell",
+        "nonlinearity",
+        "update",
+        "reset",
+        "length",
+        "wiring",
+        "condition",
+        "pooling",
+        "attention",
+    ],
+)
+def test_a_choice_the_builders_do_not_know_is_refused_naming_the_field(field):
+    # cell="bogus" built a GRU; wiring and condition fell back to hidden and none.
+    with pytest.raises(ConfigError, match=f"^ModelSpec: {field} must be one of .*, got 'bogus'$"):
+        ModelSpec(**{field: "bogus"})
+
+
+def test_the_builders_still_take_every_known_choice():
+    from rnnkit.models import build_language_model
+
+    assert ModelSpec(cell="rnn", layers=2, nonlinearity="tanh,relu").nonlinearities() == (
+        "tanh",
+        "relu",
+    )
+    with pytest.raises(ConfigError, match="nonlinearity must be one of"):
+        ModelSpec(cell="rnn", layers=2, nonlinearity="tanh,bogus")
+    lm = build_language_model(ModelSpec(cell="gru", hidden=4, embedding=4, update="keep"), 9)
+    assert lm.encoder.cells()[0].update == "keep"
+    for attention in ("none", "dot", "bilinear", "additive"):
+        assert ModelSpec(attention=attention).attention == attention

@@ -145,3 +145,13 @@ def test_builder_sizes():
     assert t(words, None, torch.tensor([[[4, 0], [5, 6]]])).shape == (1, 2, 3)
     with pytest.raises(ValueError, match="character vocabulary"):
         build_tagger(spec, 10, 3)
+
+
+def test_word_ids_outside_the_vocabulary_are_named():
+    # torch's embedding said "index out of range in self".
+    tagger = build_tagger(ModelSpec(hidden=4, embedding=3), 9, 3)
+    with pytest.raises(
+        ValueError, match=r"^words must hold token ids in \[0, 9\) .*, got 9 at \(1, 2\)$"
+    ):
+        tagger(torch.tensor([[1, 2, 3], [4, 5, 9]]))
+    assert tagger(torch.tensor([[1, 2, 8]])).shape == (1, 3, 3)

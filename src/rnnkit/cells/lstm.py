@@ -18,6 +18,8 @@ coming from step t+1 and the output:
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, overload
@@ -419,7 +421,13 @@ class LSTMCell(CellBase):
         self, input_size: int, hidden_size: int, forget_bias: float = 0.0, init: str = "uniform"
     ) -> None:
         super().__init__(input_size, hidden_size, init)
-        self.forget_bias = float(forget_bias)
+        if (
+            isinstance(forget_bias, bool)
+            or not isinstance(forget_bias, numbers.Real)
+            or not math.isfinite(forget_bias)
+        ):  # NaN gave NaN outputs; a string failed in float() without naming the argument
+            raise ValueError(f"forget_bias must be a finite number, got {forget_bias!r}")
+        self.forget_bias: float = float(forget_bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

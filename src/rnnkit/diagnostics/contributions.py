@@ -166,6 +166,9 @@ def run_direction(
         raise ValueError(
             f"x must have shape {layout} with I = {cell.input_size}, got {tuple(x.shape)}"
         )
+    if x.shape[0] == 0 or x.shape[1] == 0:  # was a reshape error from inside torch
+        B, T = (x.shape[0], x.shape[1]) if batch_first else (x.shape[1], x.shape[0])
+        raise ValueError(f"x holds {B} sequences of {T} steps: give at least one step of one")
     p = cell.weight_ih
     if x.dtype != p.dtype or x.device != p.device:
         raise TypeError(
@@ -302,6 +305,7 @@ def step_contributions(
     >>> c.weight_hh.shape, c.norms()["weight_hh"].shape
     (torch.Size([5, 3, 3]), torch.Size([5]))
     """
+    _check_window(window)
     run = run_direction(
         source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
     )
@@ -313,6 +317,15 @@ def step_contributions(
         )
         parts = per_step(run.kernel, run.record, sweep.d_xp, sweep.d_hp, run.to_original)
     return Contributions("step", *parts)
+
+
+def _check_window(window: object) -> None:
+    """A ``ValueError`` unless ``window`` is None or τ ≥ 1, as the layers take it (0 and
+    negative windows gave other or all-zero contributions without a word)."""
+    if window is not None and (
+        isinstance(window, bool) or not isinstance(window, int) or window < 1
+    ):
+        raise ValueError(f"window must be a positive integer or None, got {window!r}")
 
 
 def sub_record(record: ForwardRecord, start: int, stop: int) -> ForwardRecord:
@@ -353,6 +366,7 @@ def lag_contributions(
     >>> bool(lags.bias[0].abs().sum() > 0), lags.bias.shape
     (True, torch.Size([6, 3]))
     """
+    _check_window(window)
     run = run_direction(
         source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
     )

@@ -333,6 +333,13 @@ def gradcheck(
     """
     if cell not in CELLS:
         raise ValueError(f"cell must be one of {CELLS}, got {cell!r}")
+    for name, count in (("batch_size", batch_size), ("steps", steps)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            # 0 was an error from inside torch's random_ or an IndexError
+            raise ValueError(f"{name} must be a positive integer, got {count!r}")
+    for name, amount in (("tol", tol), ("eps", eps)):
+        if not 0 < amount < math.inf:  # eps=0 divided by zero; tol ≤ 0 never passes
+            raise ValueError(f"{name} must be a finite number > 0, got {amount!r}")
     options = _cell_options(cell, nonlinearity, update, reset)
     config = {
         "cell": cell,

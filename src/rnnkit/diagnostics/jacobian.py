@@ -225,9 +225,13 @@ def jacobian_norms(
     >>> bool((exact <= bound.float() * (1 + 1e-5)).all())
     True
     """
-    # Over 80 lines by its docstring (the arguments and the method); the code is 60.
+    # Over 80 lines by its docstring (the arguments and the method); the code is 65.
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    for name, count in (("iterations", iterations), ("block", block)):
+        # iterations ≤ 0 returned the random start's estimate, below the true norm
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"{name} must be a positive integer, got {count!r}")
     run = run_direction(
         source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
     )

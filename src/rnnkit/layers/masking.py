@@ -39,7 +39,13 @@ def resolve_mask(
         raise ValueError("pass either lengths or mask, not both")
     if lengths is not None:
         if not isinstance(lengths, Tensor):
-            lengths = torch.as_tensor(lengths)
+            try:  # a list, a numpy array; not a state given where lengths go
+                lengths = torch.as_tensor(lengths)
+            except (TypeError, ValueError, RuntimeError):
+                raise TypeError(
+                    "lengths must be (B,) integers (a tensor, list or array), got "
+                    f"{type(lengths).__name__}"
+                ) from None
         if lengths.dtype.is_floating_point or lengths.dtype == torch.bool or lengths.is_complex():
             raise TypeError(f"lengths must hold integers, got dtype {lengths.dtype}")
         if lengths.dim() != 1 or lengths.shape[0] != B:

@@ -29,7 +29,13 @@ from rnnkit.models.conditional import (
 from rnnkit.models.decoder_only import DecoderOnlyTranslator, build_decoder_only, joint_sequences
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.jordan import NONLINEARITIES, JordanLM, jordan_lm
-from rnnkit.models.language_model import LanguageModel, LMOutput, LossOutput, reset_rows
+from rnnkit.models.language_model import (
+    LanguageModel,
+    LMOutput,
+    LossOutput,
+    check_token_ids,
+    reset_rows,
+)
 from rnnkit.models.length import (
     LENGTH_MODES,
     LengthState,
@@ -106,6 +112,7 @@ __all__ = [
     "build_tagger",
     "build_vector_classifier",
     "check_stepped_decoder",
+    "check_token_ids",
     "class_conditional_lm",
     "count_table_size",
     "decode_batch",

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.models.builders import build_embedding, build_encoder
-from rnnkit.models.language_model import LossOutput
+from rnnkit.models.language_model import LossOutput, check_token_ids
 from rnnkit.models.pooling import Pooling
 from rnnkit.models.spec import ModelSpec
 
@@ -103,6 +103,8 @@ class Classifier(nn.Module):
         ``(B, T, D)`` frames without an embedding)."""
         if mask is None:
             mask = torch.ones(inputs.shape[:2], dtype=torch.bool, device=inputs.device)
+        if self.embedding is not None:
+            check_token_ids(inputs, getattr(self.embedding, "num_embeddings", None))
         x = inputs if self.embedding is None else self.embedding(inputs)
         out = self.encoder(self.drop(x), mask=mask)
         return self.pooling(out.outputs, mask, out.state)
@@ -127,7 +129,17 @@ class Classifier(nn.Module):
             raise ValueError(
                 f"labels must have shape (B,) = ({inputs.shape[0]},), got {tuple(labels.shape)}"
             )
-        loss = F.cross_entropy(self(inputs, mask), labels)
+        if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+            raise TypeError(f"labels must hold integer class ids, got dtype {labels.dtype}")
+        logits = self(inputs, mask)
+        K = logits.shape[-1]
+        bad = (labels < 0) | (labels >= K)
+        if bool(bad.any()):  # torch's message: "Target 3 is out of bounds."
+            i = int(torch.nonzero(bad)[0, 0])
+            raise ValueError(
+                f"labels must lie in [0, {K}) (the classes), got {int(labels[i])} at {i}"
+            )
+        loss = F.cross_entropy(logits, labels)
         n = int(labels.shape[0])
         return LossOutput(loss, float(loss.detach()) * n, n)
 

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from rnnkit.bptt.tracing import tracing
 from rnnkit.data.vocab import NEVER_GENERATED
 from rnnkit.generation.options import greedy_choice
 from rnnkit.layers.regularization import DropoutEmbedding, steps_of
@@ -27,7 +28,7 @@ from rnnkit.metrics.losses import training_loss
 from rnnkit.models.length import LengthState, SequenceLength, length_targets
 from rnnkit.types import LSTMState, State
 
-__all__ = ["LMOutput", "LanguageModel", "LossOutput", "reset_rows"]
+__all__ = ["LMOutput", "LanguageModel", "LossOutput", "check_token_ids", "reset_rows"]
 
 
 class LMOutput(NamedTuple):
@@ -46,6 +47,33 @@ class LossOutput(NamedTuple):
     nats: float
     tokens: int
     state: State | None = None
+
+
+def check_token_ids(inputs: Tensor, vocab_size: int | None, name: str = "inputs") -> None:
+    """A ``ValueError``/``TypeError`` naming ``inputs`` unless it is ``(B, T)`` integer
+    ids in ``[0, V)`` (torch's embedding said ``index out of range in self``, and a
+    float tensor failed inside it). The values are not read under graph tracing.
+
+    >>> check_token_ids(torch.tensor([[1, 5]]), 5)
+    Traceback (most recent call last):
+    ...
+    ValueError: inputs must hold token ids in [0, 5) (the vocabulary's size), got 5 at (0, 1)
+    """
+    if not isinstance(inputs, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(inputs).__name__}")
+    if inputs.dtype.is_floating_point or inputs.is_complex() or inputs.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got dtype {inputs.dtype}")
+    if inputs.dim() != 2:
+        raise ValueError(f"{name} must have shape (B, T), got {tuple(inputs.shape)}")
+    if vocab_size is None or inputs.numel() == 0 or tracing():
+        return
+    bad = (inputs < 0) | (inputs >= vocab_size)
+    if bool(bad.any()):
+        where = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise ValueError(
+            f"{name} must hold token ids in [0, {vocab_size}) (the vocabulary's size), "
+            f"got {int(inputs[where])} at {where}"
+        )
 
 
 class LanguageModel(nn.Module):
@@ -184,6 +212,7 @@ class LanguageModel(nn.Module):
         lengths: Tensor | None = None,
     ) -> tuple[Tensor, State]:
         """Top states ``(B, T, H)`` (what the head reads) and the final state."""
+        check_token_ids(inputs, getattr(self.embedding, "num_embeddings", None))
         if self._reads_table(inputs, mask, starts, window):
             # The first layer's input product x W_ihᵀ of a token is a row of E W_ihᵀ: read
             # from that (V, G·H) table instead of a (B·T, E) × (E, G·H) product, and the

@@ -55,7 +55,7 @@ from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.metrics.losses import training_loss
 from rnnkit.models.builders import build_embedding, build_encoder, build_length
 from rnnkit.models.heads import TiedHead
-from rnnkit.models.language_model import LossOutput
+from rnnkit.models.language_model import LossOutput, check_token_ids
 from rnnkit.models.length import SequenceLength, length_targets
 from rnnkit.models.seq2seq_decoder import (
     PER_SOURCE,
@@ -248,6 +248,7 @@ class Seq2Seq(nn.Module):
 
     def _encode(self, source: Tensor, source_mask: Tensor) -> tuple[DecoderState, Tensor]:
         """:meth:`encode`, and the context ``c (B, D·H_e)``."""
+        check_token_ids(source, getattr(self.source_embedding, "num_embeddings", None), "source")
         x = self.drop(self.source_embedding(source))  # (B, S, E_s)
         out = self.encoder(x, mask=source_mask)
         memory = out.outputs  # (B, S, D·H_e)
@@ -335,6 +336,9 @@ class Seq2Seq(nn.Module):
                 (``0.0`` is teacher forcing, ``1.0`` free running).
             generator: random source of the coin tosses (default: torch's global one).
         """
+        check_token_ids(
+            target_in, getattr(self.target_embedding, "num_embeddings", None), "target_in"
+        )
         if self.length is not None:
             return self._length_forward(source, source_mask, target_in, target_mask, sampling_p)
         state = self.encode(source, source_mask)

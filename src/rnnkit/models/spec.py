@@ -26,12 +26,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rnnkit.cells.gru import RESETS, UPDATES
+from rnnkit.cells.rnn import NONLINEARITIES
+from rnnkit.errors import ConfigError
+from rnnkit.layers.attention import ATTENTION_KINDS
+from rnnkit.models.length import LENGTH_MODES
+from rnnkit.models.pooling import POOLINGS
+
 __all__ = ["TASK_MODEL_DEFAULTS", "ModelSpec", "task_model_defaults"]
 
 #: The model defaults that differ by task, each chosen by measurement (docs/defaults.md):
 #: task → {field: value}. ``rnnkit train --task TASK`` applies them to the options not
 #: given (``rnnkit.app.config.TASK_DEFAULTS`` holds them beside the training ones);
 #: :meth:`ModelSpec.for_task` does the same.
+#: The fields that name one of a few choices, and those choices (``nonlinearity``: one,
+#: or one per layer separated by commas).
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "cell": ("rnn", "lstm", "gru"),
+    "nonlinearity": NONLINEARITIES,
+    "update": UPDATES,
+    "reset": RESETS,
+    "length": LENGTH_MODES,
+    "wiring": ("hidden", "jordan"),
+    "condition": ("none", "init", "input", "both"),
+    "pooling": POOLINGS,
+    "attention": ("none", *ATTENTION_KINDS),
+}
+
 TASK_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "lm": {"layers": 2, "dropout": 0.3, "locked_dropout": 0.3, "output_dropout": 0.4},
     "tag": {"char_rnn": True, "dropout": 0.5},
@@ -103,6 +124,20 @@ class ModelSpec:
     zoneout: float = 0.0
     embedding_dropout: float = 0.0
     layer_norm: bool = False
+
+    def __post_init__(self) -> None:
+        # A builder reads a choice by comparing it with its names: another value was
+        # taken silently as one of them (cell="bogus" built a GRU, wiring and condition
+        # fell back to "hidden" and "none"), so every choice is checked here, once.
+        for name, allowed in _CHOICES.items():
+            value = getattr(self, name)
+            parts = (
+                value.split(",") if name == "nonlinearity" and isinstance(value, str) else [value]
+            )
+            if not all(isinstance(p, str) and p in allowed for p in parts):
+                raise ConfigError(
+                    f"ModelSpec: {name} must be one of {', '.join(allowed)}, got {value!r}"
+                )
 
     @classmethod
     def for_task(cls, task: str, **fields: Any) -> ModelSpec:

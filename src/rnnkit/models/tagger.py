@@ -25,7 +25,7 @@ from rnnkit.layers.linear import Linear
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.metrics.losses import training_loss
 from rnnkit.models.builders import build_embedding, build_encoder
-from rnnkit.models.language_model import LossOutput
+from rnnkit.models.language_model import LossOutput, check_token_ids
 from rnnkit.models.pooling import state_pool
 from rnnkit.models.spec import ModelSpec
 
@@ -157,6 +157,7 @@ class Tagger(nn.Module):
         self, words: Tensor, mask: Tensor | None = None, chars: Tensor | None = None
     ) -> Tensor:
         """Tag logits ``(B, T, K)`` for ``words (B, T)`` (see :meth:`features`)."""
+        check_token_ids(words, getattr(self.embedding, "num_embeddings", None), "words")
         if mask is None:
             mask = torch.ones_like(words, dtype=torch.bool)
         x = self.drop(self.features(words, mask, chars))

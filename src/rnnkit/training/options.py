@@ -5,8 +5,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from rnnkit.errors import ConfigError
 
 __all__ = ["TrainOptions", "TrainResult"]
 
@@ -81,6 +84,52 @@ class TrainOptions:
     lr_decay: float = 0.5
     init_range: float | None = None
     restore_best: bool = True
+
+    def __post_init__(self) -> None:
+        _check_options(self)
+
+
+# Counts that must be whole and at least 1 when given (None: the default or no limit).
+_COUNTS = ("epochs", "steps", "eval_every", "patience", "threads", "rows")
+# Amounts above 0, or None (finite but for max_time).
+_AMOUNTS = ("max_time", "clip_norm", "clip_value")
+
+
+def _check_options(options: TrainOptions) -> None:
+    """A ``ConfigError`` naming the first field of ``options`` out of its range.
+
+    ``rnnkit train`` checks its own options first; from Python, ``steps=0`` trained
+    nothing and returned, ``steps=2.5`` trained 3 steps, ``clip_norm=0`` zeroed every
+    gradient and ``-1`` turned it around (an ascent), ``patience=0`` stopped at the
+    first validation and ``max_time=nan`` never stopped. The other fields are checked
+    where they are read (``log_every``, ``init_range``, ``precision``, ``lr_schedule``,
+    ``warmup``, ``on_nonfinite``).
+
+    >>> TrainOptions(steps=0)
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.ConfigError: TrainOptions: steps must be an integer ≥ 1 or None, got 0
+    """
+    for name in _COUNTS:
+        value = getattr(options, name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ConfigError(f"TrainOptions: {name} must be an integer ≥ 1 or None, got {value!r}")
+    for name in _AMOUNTS:
+        value = getattr(options, name)
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not value > 0  # NaN fails too
+            or (value == math.inf and name != "max_time")  # no time limit: inf is fine
+        ):
+            raise ConfigError(f"TrainOptions: {name} must be a number > 0 or None, got {value!r}")
+    decay = options.lr_decay
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
+        raise ConfigError(f"TrainOptions: lr_decay must be in (0, 1], got {decay!r}")
+    if options.units not in ("ppl", "bits"):
+        raise ConfigError(f"TrainOptions: units must be 'ppl' or 'bits', got {options.units!r}")
 
 
 @dataclass

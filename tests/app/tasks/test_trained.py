@@ -147,3 +147,58 @@ def test_load_names_a_missing_run(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(rnnkit.errors.RnnkitError, match=r"empty/config\.json"):
         rnnkit.load(tmp_path / "empty")
+
+
+def test_predict_arguments_are_named_in_one_line(tmp_path):
+    # Each of these was a deep TypeError, a torch message or a silent answer before.
+    write_pairs(tmp_path / "train.tsv", generate_pairs("reverse", 24, seed=0, max_len=4))
+    s2s = rnnkit.load(_train(tmp_path / "s2s", "seq2seq", tmp_path / "train.tsv", "--steps", "2"))
+    assert s2s.predict([]) == []
+    with pytest.raises(ConfigError, match=r"takes no \['bogus'\] \(it takes beam, max_length\)"):
+        s2s.predict(["a b"], bogus=1)
+    for limit in (0, -1):  # 0 answered '', -1 was "max_length ... got 0" from deep inside
+        with pytest.raises(
+            ConfigError, match=f"max_length must be an integer ≥ 1 or None, got {limit}"
+        ):
+            s2s.predict(["a b"], max_length=limit)
+    for size in (None, 1.5):
+        with pytest.raises(ConfigError, match=f"batch_size must be an integer ≥ 1, got {size}"):
+            s2s.predict(["a b"], batch_size=size)
+    assert len(s2s.predict(["a b"], max_length=1)[0].split()) <= 1
+    with pytest.raises(ConfigError, match="--device 'gpu' is not a device"):
+        rnnkit.load(s2s.run_dir, device="gpu")
+
+    write_sessions(tmp_path / "train.jsonl", generate_sessions(24, seed=1))
+    events = _train(tmp_path / "ev", "events", tmp_path / "train.jsonl", "--steps", "2")
+    detector = rnnkit.load(events)
+    session = generate_sessions(1, seed=3)[0].events
+    assert detector.predict([session], top_k=0)[0]["top"] == []
+    assert len(detector.predict([session], top_k=2)[0]["top"]) == 2
+    with pytest.raises(ConfigError, match="top_k must be an integer ≥ 0, got -1"):
+        detector.predict([session], top_k=-1)  # listed all but the last events
+    with pytest.raises(ConfigError, match="top_k must be an integer ≥ 0, got -1"):
+        list(score_sessions(load_events(events), generate_sessions(1, seed=3), top_k=-1))
+    with pytest.raises(ConfigError, match=r"takes no \['bogus'\]"):
+        detector.predict([session], bogus=1)
+    with pytest.raises(ConfigError, match="session 0 is a string"):  # read char by char
+        detector.predict([" ".join(session)])
+
+
+def test_classify_answers_no_inputs_with_no_answers(tmp_path):
+    write_labelled(majority_letter_examples(24, seed=0), tmp_path / "train.tsv")
+    run = rnnkit.load(_train(tmp_path / "run", "classify", tmp_path / "train.tsv", "--steps", "2"))
+    assert run.predict([]) == []  # was "no sequences to batch"
+
+
+def test_generate_names_a_prompt_or_seed_it_cannot_use(tmp_path):
+    (tmp_path / "train.txt").write_text("the cat sat on the mat.\n" * 20, encoding="utf-8")
+    run = rnnkit.load(_train(tmp_path / "run", "lm", tmp_path / "train.txt", "--steps", "2"))
+    with pytest.raises(ConfigError, match="prompt must be a string or None, got list"):
+        run.generate(["the"], max_length=3)  # each word of a character run was <unk>
+    with pytest.raises(ConfigError, match=r"seed must be in \[-2\*\*63, 2\*\*64\)"):
+        run.generate("the", max_length=3, seed=2**64)  # was "Overflow when unpacking long long"
+    with pytest.raises(ConfigError, match=r"seed must be an integer or None, got 1\.5"):
+        run.generate("the", max_length=3, seed=1.5)
+    assert run.generate("the", max_length=3, seed=2**64 - 1) == run.generate(
+        "the", max_length=3, seed=-1
+    )

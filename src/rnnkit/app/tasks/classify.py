@@ -45,7 +45,7 @@ from rnnkit.app.tasks.classify_vectors import evaluate_vectors, train_vectors, v
 from rnnkit.app.tasks.figures import loss_figures, per_class_figures
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.pretrained import load_pretrained_vectors
-from rnnkit.app.tasks.run_config import check_labels, load_config, save_config
+from rnnkit.app.tasks.run_config import check_batch_size, check_labels, load_config, save_config
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import BASELINE_FILE, finish_summary, load_baseline, save_baseline
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
@@ -346,6 +346,7 @@ def evaluate_classify(
 ) -> dict[str, Any]:
     """Score a ``label<TAB>text`` file (or labelled sequences, ``--inputs vectors``) with a
     trained classifier."""
+    check_batch_size(batch_size)
     if load_config(run_dir, task="classify")[0].inputs == "vectors":
         return evaluate_vectors(run_dir, data_path, batch_size, device)
     cfg, vocab, labels, model = load_classifier(run_dir, device)
@@ -384,6 +385,7 @@ def predictor(
     "probabilities": {label: p, ...}, "tokens": n, "unknown": n}``. A line without tokens
     is a DataError naming it. A run of real-valued sequences reads one JSON sequence a
     line (:func:`~rnnkit.app.tasks.classify_vectors.vector_predictor`)."""
+    check_batch_size(batch_size)
     if load_config(run_dir, task="classify")[0].inputs == "vectors":
         return vector_predictor(run_dir, batch_size, device)
     cfg, vocab, labels, model = load_classifier(run_dir, device)

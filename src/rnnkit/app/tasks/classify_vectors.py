@@ -38,7 +38,7 @@ from torch.nn.utils.rnn import pad_sequence
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.figures import loss_figures, per_class_figures
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
-from rnnkit.app.tasks.run_config import check_labels, load_config, save_config
+from rnnkit.app.tasks.run_config import check_batch_size, check_labels, load_config, save_config
 from rnnkit.app.tasks.run_outputs import finish_summary, load_baseline, save_baseline
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
 from rnnkit.data.batching import SequenceBatcher
@@ -324,6 +324,7 @@ def evaluate_vectors(
     run_dir: str | Path, data_path: str, batch_size: int | None = None, device: str = "cpu"
 ) -> dict[str, Any]:
     """Score labelled sequences with a trained classifier and its baselines."""
+    check_batch_size(batch_size)
     cfg, width, labels, model = load_vector_classifier(run_dir, device)
     enc = encode_vectors(_read(data_path), labels, cfg.max_len, width)
     metrics = vector_metrics(model, enc, labels, batch_size or cfg.batch_size)
@@ -340,6 +341,7 @@ def vector_predictor(
 ) -> Any:
     """``rnnkit predict``: each line one sequence ``{"seq": [[...], ...]}`` (a ``"label"``
     is allowed and ignored) → ``{"label", "probabilities": {label: p}, "steps"}``."""
+    check_batch_size(batch_size)
     cfg, width, labels, model = load_vector_classifier(run_dir, device)
     bs = batch_size or cfg.batch_size
 

@@ -47,7 +47,7 @@ from rnnkit.app.tasks.lm_data import (
 )
 from rnnkit.app.tasks.lm_text import AnyLM, join_prompt, line_logprobs, prompt_ids, sample_texts
 from rnnkit.app.tasks.pretrained import load_pretrained_vectors
-from rnnkit.app.tasks.run_config import check_count, load_config, save_config
+from rnnkit.app.tasks.run_config import check_batch_size, check_count, load_config, save_config
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import finish_summary
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything, train_options
@@ -358,6 +358,7 @@ def evaluate_lm(
     run_dir: str | Path, data_path: str, batch_size: int | None = None, device: str = "cpu"
 ) -> dict[str, Any]:
     """Score a text file with a trained model and its n-gram baseline, side by side."""
+    check_batch_size(batch_size)
     cfg, vocab, model = load_lm(run_dir, device)
     eval_cfg = TrainConfig(**{**cfg.to_dict(), "train": data_path, "valid": data_path})
     data = prepare_lm_data(eval_cfg, vocab, lm_labels(run_dir, cfg))
@@ -383,6 +384,7 @@ def predictor(
 ) -> Any:
     """``rnnkit predict`` for a language model: each input line is scored by
     :func:`line_logprobs`; for a class-conditional run a line is ``label<TAB>text``."""
+    check_batch_size(batch_size)
     cfg, vocab, model = load_lm(run_dir, device)
     labels = lm_labels(run_dir, cfg)
     bs = batch_size or cfg.batch_size

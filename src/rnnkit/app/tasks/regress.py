@@ -28,14 +28,14 @@ from torch.nn.utils.rnn import pad_sequence
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
-from rnnkit.app.tasks.run_config import load_config, save_config
+from rnnkit.app.tasks.run_config import check_batch_size, load_config, save_config
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import finish_summary
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.labelled import split_holdout
 from rnnkit.data.vectors import VectorSequence, parse_vector_line, read_vector_sequences
-from rnnkit.errors import CheckpointError, ConfigError, DataError
+from rnnkit.errors import CheckpointError, DataError
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.regressor import Regressor
@@ -290,6 +290,7 @@ def evaluate(
 ) -> dict[str, Any]:
     """Score sequences (same format as training) with a trained regressor, and the
     persistence baseline beside it."""
+    check_batch_size(batch_size)
     cfg, info, model = load_regressor(run_dir, device)
     seqs = _read(data_path)
     _check_width(seqs, info["input_size"], "the run's input width")
@@ -305,10 +306,9 @@ def predictor(
     [...]}``; the answer is ``{"prediction": [...]}``: for ``next`` the predicted next
     vector after every step (the last one forecasts the step after the sequence), for
     ``value`` the predicted ``y``; with ``--loss gaussian`` also ``"variance"``."""
+    check_batch_size(batch_size)
     cfg, info, model = load_regressor(run_dir, device)
     model_device = next(model.parameters()).device
-    if batch_size is not None and batch_size < 1:
-        raise ConfigError(f"--batch-size must be ≥ 1, got {batch_size}")
 
     @torch.no_grad()
     def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ must find as it was (its data files, its labels, its vocabulary's size)."""
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from rnnkit.training.checkpoint import FORMAT_VERSION, atomic_write_json, read_j
 from rnnkit.training.manifest import verify_run
 
 __all__ = [
+    "check_batch_size",
     "check_count",
     "check_labels",
     "data_fingerprints",
@@ -146,3 +148,29 @@ def check_count(path: Path, count: int | None, noun: str, info: dict[str, Any], 
     """``count`` (what ``path`` holds) must equal ``info[key]`` (what config.json says)."""
     if info.get(key) != count:
         raise CheckpointError(f"{path}: {count} {noun} but config.json says {info.get(key)}")
+
+
+def check_batch_size(batch_size: object, *, none: str | None = "the run's") -> None:
+    """A ``ConfigError`` naming ``batch_size`` unless it is an integer ≥ 1, or None where
+    ``none`` says what None means (``evaluate`` and ``predictor``: the run's batch size).
+
+    Checked before the run is read, as the command line checks ``--batch-size``: 0 is
+    not "the run's" (only None is), and a negative or fractional size never reaches a
+    batcher (one took -1 as "no lines", another failed deep inside the scorer).
+
+    >>> check_batch_size(None), check_batch_size(8)
+    (None, None)
+    >>> check_batch_size(0)
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.ConfigError: batch_size must be an integer ≥ 1 or None (the run's), got 0
+    """
+    if batch_size is None and none is not None:
+        return
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, numbers.Integral)
+        or int(batch_size) < 1
+    ):
+        allowed = "an integer ≥ 1" + ("" if none is None else f" or None ({none})")
+        raise ConfigError(f"batch_size must be {allowed}, got {batch_size!r}")

@@ -51,7 +51,7 @@ import numpy as np
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.fitting import check_unchanged, make_optimizer
-from rnnkit.app.tasks.run_config import load_config, save_config
+from rnnkit.app.tasks.run_config import check_batch_size, load_config, save_config
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import BASELINE_FILE, finish_summary, load_baseline, save_baseline
 from rnnkit.app.tasks.seq2seq_data import (
@@ -258,14 +258,13 @@ def evaluate(
     ``target_unknown_tokens``), not fatal: an unknown reference token simply cannot be
     matched.
     """
+    check_batch_size(batch_size)
     cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir, device)
     model_device = next(model.parameters()).device
     pairs = read_pairs(data_path)
     sources, targets = encode_pairs(pairs, source_vocab, target_vocab, data_path)
     _check_target_lengths(cfg, pairs, targets, data_path)
     bs = batch_size or cfg.batch_size
-    if bs < 1:
-        raise ConfigError(f"--batch-size must be ≥ 1, got {bs}")
     metrics = teacher_forced_metrics(model, sources, targets, model_device, bs)
     decoded, _ = decode_metrics(
         model, pairs, sources, target_vocab, model_device, bs, cfg.beam, cfg.max_len + 1
@@ -297,6 +296,7 @@ def predictor(
     (default: the run's ``--max-len``). The result is ``{"input": source, "output": text,
     "unknown": n}`` (``n`` source tokens outside the vocabulary). A line without tokens is
     a DataError naming it."""
+    check_batch_size(batch_size)
     cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir, device)
     beam = cfg.beam if beam is None else beam
     if isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM:

@@ -33,11 +33,27 @@ def seed_everything(seed: int) -> None:
 
 
 def choose_device(name: str) -> torch.device:
+    """The device ``--device`` (``device=`` of ``rnnkit.load``) names; ``auto``: CUDA if
+    there is one. A name torch does not know, or CUDA where there is none, is a
+    ``ConfigError`` naming it (torch's own message lists every backend it was built
+    with, and ``cuda:0`` without CUDA failed only when the weights moved).
+
+    >>> choose_device("cpu")
+    device(type='cpu')
+    >>> choose_device("gpu")
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.ConfigError: --device 'gpu' is not a device: cpu, cuda, cuda:N or auto
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is available here")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"--device {name!r} is not a device: cpu, cuda, cuda:N or auto") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: no CUDA device is available here")
+    return device
 
 
 def device_name(name: str) -> str:

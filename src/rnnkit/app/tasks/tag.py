@@ -37,7 +37,7 @@ import torch
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.pretrained import load_pretrained_vectors
-from rnnkit.app.tasks.run_config import load_config, save_config
+from rnnkit.app.tasks.run_config import check_batch_size, load_config, save_config
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import finish_summary, save_baseline
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
@@ -187,6 +187,7 @@ def evaluate_tag(
     run_dir: str | Path, data_path: str, batch_size: int | None = None, device: str = "cpu"
 ) -> dict[str, Any]:
     """Score a tagged file (either format) with a trained tagger."""
+    check_batch_size(batch_size)
     cfg, data, model = load_tagger(run_dir, device)
     sentences, _ = read_tagged(data_path, cfg.tag_column)
     enc = encode_tagged(sentences, data)
@@ -237,6 +238,7 @@ def predictor(
     """``rnnkit predict`` for a tagger: each input line is one sentence, tokens separated by
     whitespace; the result is ``{"tokens": [...], "tags": [...], "unknown": n}`` (``n``
     tokens outside the vocabulary)."""
+    check_batch_size(batch_size)
     cfg, data, model = load_tagger(run_dir, device)
     bs = batch_size or cfg.batch_size
 

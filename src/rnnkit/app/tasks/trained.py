@@ -25,6 +25,7 @@ from torch import nn
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.registry import task_of_run
+from rnnkit.app.tasks.run_config import check_batch_size
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.events import Session
 from rnnkit.data.labelled import LabelSet
@@ -50,6 +51,9 @@ TASK_USE = {
     "seq2seq": "predict(sources)",
     "events": "predict(sessions)",
 }
+
+# The keyword options of predict() beyond batch_size, per task.
+PREDICT_OPTIONS = {"seq2seq": ("beam", "max_length"), "events": ("top_k", "score", "ngram")}
 
 
 @dataclass
@@ -110,14 +114,20 @@ class TrainedRun:
         """
         if isinstance(inputs, str):
             raise ConfigError("predict() takes a list of inputs, not one string")
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be ≥ 1, got {batch_size}")
+        check_batch_size(batch_size, none=None)
         if self.task in ("lm",):
             raise self._not_for("predict")
-        if options and self.task not in ("seq2seq", "events"):
-            raise ConfigError(f"predict() of a {self.task} run takes no {sorted(options)}")
+        unknown = sorted(set(options) - set(PREDICT_OPTIONS.get(self.task, ())))
+        if unknown:  # named here, not as a TypeError of an inner function
+            takes = ", ".join(PREDICT_OPTIONS.get(self.task, ())) or "no options"
+            raise ConfigError(
+                f"predict() of a {self.task} run takes no {unknown} (it takes {takes})"
+            )
+        inputs = list(inputs)
+        if not inputs:  # nothing to batch: no answers, as for every task
+            return []
         self.model.eval()
-        return getattr(self, f"_predict_{self.task}")(list(inputs), batch_size, **options)
+        return getattr(self, f"_predict_{self.task}")(inputs, batch_size, **options)
 
     def _predict_classify(self, texts: list[str], batch_size: int) -> list[str]:
         assert self.labels is not None
@@ -171,6 +181,8 @@ class TrainedRun:
         if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
             raise ConfigError(f"beam must be an integer ≥ 1, got {beam!r}")
         limit = self.config.max_len if max_length is None else max_length
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(f"max_length must be an integer ≥ 1 or None, got {max_length!r}")
         ids = [self.source_vocab.encode_array(s, dtype=np.int64) for s in sources]
         for i, x in enumerate(ids):
             if len(x) == 0:
@@ -187,6 +199,9 @@ class TrainedRun:
         # the run as load_events read it (thresholds, baseline, calibration), this model
         loaded = cast("EventsModel", (self.extras or {})["events"])
         run = replace(loaded, model=cast("LanguageModel", self.model))
+        for i, s in enumerate(sessions):
+            if isinstance(s, str):  # list(s) would read its characters as events
+                raise ConfigError(f"session {i} is a string: give a list of event names")
         given = [
             s if isinstance(s, Session) else Session(str(i), list(s))
             for i, s in enumerate(sessions)
@@ -221,6 +236,13 @@ class TrainedRun:
 
         if self.task != "lm":
             raise self._not_for("generate")
+        if prompt is not None and not isinstance(prompt, str):
+            # a list was encoded element by element: a word of a character run is <unk>
+            raise ConfigError(f"prompt must be a string or None, got {type(prompt).__name__}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ConfigError(f"seed must be an integer or None, got {seed!r}")
+        if seed is not None and not -(2**63) <= seed < 2**64:  # what torch's generator takes
+            raise ConfigError(f"seed must be in [-2**63, 2**64), got {seed}")
         if num < 1 or max_length < 1:
             raise ConfigError(f"num and max_length must be ≥ 1, got {num} and {max_length}")
         index = None

@@ -18,7 +18,7 @@ from rnnkit.anomaly.surprise import event_surprises, ngram_surprises, surprise_l
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.events.data import EventVocabulary
 from rnnkit.app.tasks.events.thresholds import read_thresholds
-from rnnkit.app.tasks.run_config import check_count, load_config
+from rnnkit.app.tasks.run_config import check_batch_size, check_count, load_config
 from rnnkit.app.tasks.settings import choose_device, model_spec
 from rnnkit.data.events import Session, read_sessions
 from rnnkit.errors import CheckpointError, ConfigError
@@ -130,6 +130,10 @@ def score_sessions(
         "events", "unknown", "top": [{position, event, surprise, miss[, unknown]}],
         ["label"], ["ngram"]}``.
     """
+    check_batch_size(batch_size, none=None)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        # a negative count sliced the list from its end: all but the last events listed
+        raise ConfigError(f"top_k must be an integer ≥ 0, got {top_k!r}")
     name = score or run.thresholds["score"]
     run.check_score(name)
     limits = thresholds or {m: run.thresholds[m] for m in ("rnn", "ngram")}
@@ -195,6 +199,7 @@ def evaluate(
     each score (``rnn_max``, ``rnn_mean``, ``rnn_count``) and for the n-gram baseline
     (``ngram`` for the run's score, ``ngram_max``…), side by side.
     """
+    check_batch_size(batch_size)
     run = load_events(run_dir, device)
     sessions = read_sessions(data_path)
     bs = batch_size or run.cfg.batch_size
@@ -261,6 +266,7 @@ def predictor(
     verdict record from :func:`score_sessions` (the run's score and thresholds). With
     ``params`` (a ``params`` run directory) the parameter values are judged too
     (:func:`rnnkit.app.tasks.params.combine`)."""
+    check_batch_size(batch_size, none="64")
     from rnnkit.data.events import parse_session
 
     run = load_events(run_dir, device)

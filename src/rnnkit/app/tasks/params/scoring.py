@@ -28,7 +28,7 @@ from rnnkit.app.tasks.params.keys import (
 from rnnkit.app.tasks.params.options import check_confidence
 from rnnkit.app.tasks.params.thresholds import THRESHOLDS_FORMAT
 from rnnkit.app.tasks.regress import load_regressor
-from rnnkit.app.tasks.run_config import load_config
+from rnnkit.app.tasks.run_config import check_batch_size, load_config
 from rnnkit.data.events import Session, parse_session
 from rnnkit.data.vectors import VectorSequence
 from rnnkit.errors import CheckpointError, ConfigError
@@ -235,6 +235,7 @@ def evaluate(
 ) -> dict[str, Any]:
     """Score a session file: counts of vectors checked and flagged; with labels, ``auc``,
     ``precision``, ``recall``, ``f1``, ``fpr`` of the session verdicts."""
+    check_batch_size(batch_size)
     run = load_params(run_dir, device)
     items = read_items(data_path)
     records = score_items(run, items, batch_size or run.cfg.batch_size)
@@ -268,6 +269,7 @@ def predictor(
 ) -> Any:
     """``rnnkit predict`` for a params run: each input line is a session as JSON with its
     ``"params"``; the answer its record from :func:`score_sessions`."""
+    check_batch_size(batch_size, none="64")
     run = load_params(run_dir, device)
     bs = batch_size or 64
 

@@ -1,0 +1,65 @@
+"""``check_batch_size``: every task's ``evaluate`` and ``predictor`` refuse a batch size
+below 1 (or not an integer) from Python, naming ``batch_size``, before the run is read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rnnkit.app.cli.main import main
+from rnnkit.app.tasks.registry import task_module
+from rnnkit.app.tasks.run_config import check_batch_size
+from rnnkit.data.events import write_sessions
+from rnnkit.data.generated_sessions import generate_sessions
+from rnnkit.errors import ConfigError
+
+TASKS = ["lm", "classify", "tag", "seq2seq", "events", "params", "regress"]
+BAD = [0, -1, 2.5, True, "4"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    yield
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("value", BAD, ids=repr)
+def test_every_entry_point_refuses_the_size_before_reading_the_run(task, value, tmp_path):
+    # No run at all: the size is what is named, not the missing directory (0 used to
+    # mean the run's batch size, -1 reached the batchers).
+    module = task_module(task)
+    expected = f"batch_size must be an integer ≥ 1 or None .*, got {value!r}"
+    with pytest.raises(ConfigError, match=expected):
+        module.evaluate(tmp_path / "no-run", str(tmp_path / "data"), value)
+    with pytest.raises(ConfigError, match=expected):
+        module.predictor(tmp_path / "no-run", value)
+
+
+def test_none_is_the_default_and_a_positive_integer_passes():
+    assert check_batch_size(None) is None and check_batch_size(1) is None
+    with pytest.raises(ConfigError, match="must be an integer ≥ 1, got None"):
+        check_batch_size(None, none=None)
+
+
+def _train(out: Path, task: str, train: Path, *extra: str) -> Path:
+    tiny = ["--hidden", "8", "--embedding", "8", "--batch-size", "8", "--quiet"]
+    argv = ["train", "--task", task, "--train", str(train), "--out", str(out), *tiny, *extra]
+    assert main(argv) == 0
+    return out
+
+
+def test_a_trained_run_is_scored_only_with_a_valid_size(tmp_path):
+    # On real runs the old readings were silent: an lm predictor of batch size -1
+    # answered no line at all, and an events evaluation of -1 failed inside the scorer.
+    (tmp_path / "lm.txt").write_text("the cat sat on the mat.\n" * 20, encoding="utf-8")
+    lm = _train(tmp_path / "lm", "lm", tmp_path / "lm.txt", "--steps", "3")
+    answer = task_module("lm").predictor(lm, 1)(["the cat"], [("x", 1)])
+    assert len(answer) == 1 and len(answer[0]["logprobs"]) == len(answer[0]["tokens"])
+    with pytest.raises(ConfigError, match=r"batch_size .* got -1"):
+        task_module("lm").predictor(lm, -1)
+    write_sessions(tmp_path / "ev.jsonl", generate_sessions(24, seed=1))
+    events = _train(tmp_path / "ev", "events", tmp_path / "ev.jsonl", "--steps", "3")
+    assert task_module("events").evaluate(events, str(tmp_path / "ev.jsonl"), 5)["sessions"] > 0
+    with pytest.raises(ConfigError, match=r"batch_size .* got -1"):
+        task_module("events").evaluate(events, str(tmp_path / "ev.jsonl"), -1)
