@@ -129,34 +129,13 @@ def test_no_grad_forward_equals_grad_forward(cell_spec, gen, holey_mask):
 # ---------------------------------------------------------------------------- gradcheck
 
 
-def test_gradcheck_run_recurrence(cell_spec, gen):
-    Tg, Bg, Ig, Hg = 4, 3, 2, 3
-    cell = cell_spec.cell(Ig, Hg)
-    kernel = cell.kernel
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0]], dtype=torch.bool)
-    x = torch.randn(Tg, Bg, Ig, generator=gen, dtype=DT, requires_grad=True)
-    s0 = [torch.randn(Bg, Hg, generator=gen, dtype=DT) for _ in range(cell_spec.num_states)]
-    params = [p.detach().clone().requires_grad_() for p in params_of(cell)]
-    n_s = len(s0)
-
-    def f(x, *rest):
-        states0, ps = tuple(rest[:n_s]), list(rest[n_s:])
-        w = Weights(ps[0], ps[1], ps[2], ps[3] if len(ps) > 3 else None)
-        out, finals = run_recurrence(kernel, x, w, states0, mask)
-        return (out, *finals)
-
-    inputs = (x, *(s.requires_grad_() for s in s0), *params)
-    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-6)
-
-
-def test_gradgradcheck_run_recurrence(cell_spec, gen):
-    """A gradient taken with create_graph=True is itself differentiable (gradient
-    penalties, Hessians): second derivatives against finite differences."""
-    Tg, Bg, Ig, Hg = 3, 3, 2, 2
-    cell = cell_spec.cell(Ig, Hg)
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 0]], dtype=torch.bool)
-    x = torch.randn(Tg, Bg, Ig, generator=gen, dtype=DT, requires_grad=True)
-    s0 = [torch.randn(Bg, Hg, generator=gen, dtype=DT) for _ in range(cell_spec.num_states)]
+def _recurrence_of_all_inputs(cell_spec, gen, mask, I, H):
+    """``(f, inputs)``: ``run_recurrence`` of a fresh cell as a function of the input, the
+    initial states and every parameter (float64, all requiring gradients)."""
+    T, B = mask.shape
+    cell = cell_spec.cell(I, H)
+    x = torch.randn(T, B, I, generator=gen, dtype=DT, requires_grad=True)
+    s0 = [torch.randn(B, H, generator=gen, dtype=DT) for _ in range(cell_spec.num_states)]
     params = [p.detach().clone().requires_grad_() for p in params_of(cell)]
     n_s = len(s0)
 
@@ -166,7 +145,20 @@ def test_gradgradcheck_run_recurrence(cell_spec, gen):
         out, finals = run_recurrence(cell.kernel, x, w, states0, mask)
         return (out, *finals)
 
-    inputs = (x, *(s.requires_grad_() for s in s0), *params)
+    return f, (x, *(s.requires_grad_() for s in s0), *params)
+
+
+def test_gradcheck_run_recurrence(cell_spec, gen):
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0]], dtype=torch.bool)
+    f, inputs = _recurrence_of_all_inputs(cell_spec, gen, mask, I=2, H=3)
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+def test_gradgradcheck_run_recurrence(cell_spec, gen):
+    """A gradient taken with create_graph=True is itself differentiable (gradient
+    penalties, Hessians): second derivatives against finite differences."""
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 0]], dtype=torch.bool)
+    f, inputs = _recurrence_of_all_inputs(cell_spec, gen, mask, I=2, H=2)
     assert torch.autograd.gradgradcheck(f, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
 
 

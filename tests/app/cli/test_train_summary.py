@@ -13,6 +13,20 @@ from rnnkit.app.tasks.settings import device_name
 BASE = {"task": "lm", "steps": 3, "elapsed_s": 1.0, "parameters": 10}
 
 
+def _lm_train(tmp_path) -> list[str]:
+    """``train`` of a small lm into ``tmp_path / "r"`` (the corpus written there)."""
+    (tmp_path / "t.txt").write_text("abc abd\n" * 20, encoding="utf-8")
+    return [
+        "train",
+        "--task",
+        "lm",
+        "--train",
+        str(tmp_path / "t.txt"),
+        "--out",
+        str(tmp_path / "r"),
+    ]
+
+
 def test_the_summary_names_a_gpu_and_stays_quiet_on_the_cpu(capsys):
     print_summary({**BASE, "device": "cuda (NVIDIA H200)", "threads": None})
     assert "device: cuda (NVIDIA H200)" in capsys.readouterr().out
@@ -42,16 +56,7 @@ def test_a_trained_run_records_its_device(run_cli, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_run_on_the_gpu_says_so(run_cli, tmp_path):
-    (tmp_path / "t.txt").write_text("abc abd\n" * 20, encoding="utf-8")
-    argv = [
-        "train",
-        "--task",
-        "lm",
-        "--train",
-        str(tmp_path / "t.txt"),
-        "--out",
-        str(tmp_path / "r"),
-    ]
+    argv = _lm_train(tmp_path)
     code, out, err = run_cli(
         *argv, "--steps", "2", "--hidden", "8", "--no-report", "--device", "cuda"
     )
@@ -96,16 +101,7 @@ def test_a_resumed_run_says_which_steps_the_time_is_for(capsys):
 
 
 def test_train_resume_passes_the_snapshot_step(run_cli, tmp_path):
-    (tmp_path / "t.txt").write_text("abc abd\n" * 20, encoding="utf-8")
-    argv = [
-        "train",
-        "--task",
-        "lm",
-        "--train",
-        str(tmp_path / "t.txt"),
-        "--out",
-        str(tmp_path / "r"),
-    ]
+    argv = _lm_train(tmp_path)
     argv += ["--hidden", "8", "--no-report", "--batch-size", "4", "--bptt", "segment:8"]
     code, _, err = run_cli(*argv, "--steps", "3", "--quiet")
     assert code == 0, err
