@@ -205,6 +205,27 @@ def test_a_window_refuses_a_second_derivative(gen):
     assert d_x.shape == x.shape
 
 
+def test_a_projected_input_refuses_a_second_derivative_and_is_not_kept(gen):
+    """The input product given itself (``projected=True``, the compiled loop): the node
+    keeps no reference to it (the record lets it go), and a second derivative is one
+    ConfigError; a first derivative is fine."""
+    from rnnkit.bptt.native import available
+
+    if not available():
+        pytest.skip("no compiled loop here")
+    cell = RNNCell(I, H).double()
+    w = cell.weights()
+    x = torch.randn(T, B, I, generator=gen, dtype=DT)
+    xp = (x @ w.weight_ih.detach().T + w.bias.detach()).requires_grad_()  # (T, B, H)
+    out, _ = run_recurrence(cell.kernel, xp, w, (torch.zeros(B, H, dtype=DT),), None, None, True)
+    saved = out.grad_fn.saved_tensors
+    assert not any(t.data_ptr() == xp.data_ptr() for t in saved if t.numel())
+    with pytest.raises(ConfigError, match=r"projected input's gradient cannot be differentiated"):
+        torch.autograd.grad(out.pow(2).sum(), xp, create_graph=True)
+    (d_xp,) = torch.autograd.grad(out.pow(2).sum(), xp)
+    assert d_xp.shape == xp.shape
+
+
 # ------------------------------------------------------------------------- hold state
 
 

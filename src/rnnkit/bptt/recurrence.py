@@ -88,9 +88,11 @@ class _Recurrence(torch.autograd.Function):
             kept = (bias_hn,) if ctx.keeps_hn else ()
             main = (record.x, weight_ih, weight_hh, *record.states, *record.cache, *kept)
             # the node's own inputs too: a differentiated gradient runs the forward again
+            # (never for a projected input, which the record lets go: it refuses it)
             ctx.num_main, ctx.has_hn = len(main), bias_hn is not None
             hn = (bias_hn,) if bias_hn is not None else ()
-            ctx.save_for_backward(*main, x, bias, *hn, *states0)
+            again = () if projected else (x, bias, *hn, *states0)
+            ctx.save_for_backward(*main, *again)
         finals = tuple(s[-1].clone() for s in record.states)
         outputs = record.states[0][1:] if record.outputs is None else record.outputs
         return (outputs, *finals)  # outputs (T, B, H), final states (B, H)
