@@ -81,7 +81,7 @@ from rnnkit.bptt.recurrence import (
     takes_resets,
 )
 from rnnkit.bptt.regularized import CompiledRegularized, RegularizedKernel, regularized
-from rnnkit.bptt.tracing import TracingError, check_tracer, exporting, tracing
+from rnnkit.bptt.tracing import TracingError, check_tracer, exporting, tracing, transforming
 from rnnkit.bptt.unrolled import differentiable_gradients, unrolled
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 
@@ -138,6 +138,7 @@ __all__ = [
     "takes_resets",
     "traced_fused_form",
     "tracing",
+    "transforming",
     "triton_available",
     "triton_step",
     "unpack_record",

@@ -47,7 +47,7 @@ from rnnkit.bptt.fused import traced_fused_form, wants_fused
 from rnnkit.bptt.gpu_route import wants_steps
 from rnnkit.bptt.gpu_step_lib import triton_step
 from rnnkit.bptt.opaque import kernel_name
-from rnnkit.bptt.tracing import exporting, tracing
+from rnnkit.bptt.tracing import exporting, tracing, transforming
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights
 from rnnkit.cells.lstm import LSTMKernel, NativeLSTMStep
 
@@ -90,6 +90,8 @@ def route(
             real), eager only.
         window: None (full BPTT) or τ.  projected: ``x`` is the input product.
     """
+    if transforming():  # torch.func / forward AD: operations every transform has rules for
+        return Route(GRAPH_STEPS)
     if tracing():
         # a graph cannot look at a mask's values: the traced fused form takes none
         form = traced_fused_form(kernel, mask, window, projected, (x, *weights, *states0))

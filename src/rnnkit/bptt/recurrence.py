@@ -42,7 +42,7 @@ from rnnkit.bptt.gpu_steps import run_steps
 from rnnkit.bptt.mask_facts import all_real
 from rnnkit.bptt.opaque import run_opaque
 from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_record
-from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
+from rnnkit.bptt.tracing import TracingError, check_tracer, tracing, transforming
 from rnnkit.bptt.unrolled import differentiable_gradients, unrolled
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.errors import ConfigError
@@ -235,6 +235,11 @@ def _traced_recurrence(
     steps by selection, gradients by autograd (the explicit BPTT equals them: tested).
     The loop over ``T`` is unrolled into the graph."""
     if window is not None and torch.is_grad_enabled():
+        if transforming():
+            raise TracingError(
+                f"window={window} (truncated BPTT) cannot run under a torch.func transform "
+                "or forward-mode AD, whose derivatives are full BPTT: use window=None there"
+            )
         raise TracingError(
             f"window={window} (truncated BPTT) cannot be traced by torch.compile/export: "
             "train it eagerly (the traced graph's gradients are full BPTT)"

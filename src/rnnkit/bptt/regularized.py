@@ -34,7 +34,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-from rnnkit.cells.gru import GRUKernel
+from rnnkit.cells.gru import GRUKernel, gru_step
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights, scratch
 from rnnkit.cells.layer_norm import LayerNormGRUKernel, LayerNormLSTMKernel
 from rnnkit.cells.lstm import LSTMKernel
@@ -141,6 +141,26 @@ class RegularizedKernel:
         for j, k in enumerate(self.zoned):
             cands[j].copy_(out[k])
             out[k].lerp_(prev[k], keep_t[j])  # d ⊙ prev + (1 − d) ⊙ h̃
+
+    def step_at(
+        self, t: int, x: Tensor, states: tuple[Tensor, ...], w: Weights
+    ) -> tuple[Tensor, ...]:
+        """Step ``t`` in plain differentiable operations (a traced graph, a ``torch.func``
+        transform, a gradient differentiated again): the cell's step reading the masked
+        state (the GRU's update mixing the unmasked ``h_{t-1}``), then zoneout's
+        ``d_t ⊙ s_{t-1} + (1 − d_t) ⊙ s̃_t``. ``x (B, ·)``, each state ``(B, H)``."""
+        prev_m = self._masked(states)
+        if self._gru is not None and self.recurrent_mask is not None:
+            g = self._gru
+            new = (gru_step(x, prev_m[0], w, g.update, g.reset, mix=states[0]),)
+        else:
+            new = tuple(self.inner.step(x, prev_m, w))  # type: ignore[attr-defined]
+        out = list(new)
+        for j, k in enumerate(self.zoned):
+            d = self.keep[j]
+            d_t = d[t] if d.shape[0] > 1 else d[0]  # a constant (evaluation) broadcasts
+            out[k] = d_t * states[k] + (1 - d_t) * new[k]
+        return tuple(out)
 
     # -- backward --------------------------------------------------------------------
     def prepare_backward(self, w: Weights) -> object:

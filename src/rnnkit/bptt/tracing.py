@@ -10,6 +10,12 @@ run-time shortcuts that look at the data (skipping an all-true mask, sorting row
 length for the compiled loop, checking lengths) are left out while tracing: a graph
 cannot depend on them.
 
+The ``torch.func`` transforms (``grad``, ``vmap``, ``jacrev``, ``jacfwd``, ``jvp``,
+``functional_call`` under them: per-example gradients, Hessians, ensembles) and forward-mode
+AD (``torch.autograd.forward_ad``) take the same plain operations: the explicit BPTT's
+autograd node has no rules for them (no ``vmap`` batching, no forward-mode derivative),
+the unrolled steps are ordinary operations that every transform knows.
+
 ``torch.jit.trace`` and the TorchScript-based ONNX exporter (``dynamo=False``) cannot see
 through the recurrence's custom autograd node: they would record its results as
 constants, a graph that ignores its input. They are refused with :class:`TracingError`.
@@ -18,10 +24,11 @@ constants, a graph that ignores its input. They are refused with :class:`Tracing
 from __future__ import annotations
 
 import torch
+from torch.autograd import forward_ad
 
 from rnnkit.errors import RnnkitError
 
-__all__ = ["TracingError", "check_tracer", "exporting", "tracing"]
+__all__ = ["TracingError", "check_tracer", "exporting", "tracing", "transforming"]
 
 
 class TracingError(RnnkitError, RuntimeError):
@@ -29,8 +36,30 @@ class TracingError(RnnkitError, RuntimeError):
 
 
 def tracing() -> bool:
-    """True inside ``torch.compile``, ``torch.export`` and the dynamo ONNX exporter."""
-    return bool(torch.compiler.is_compiling())
+    """True where the recurrence runs as plain differentiable operations: inside
+    ``torch.compile``, ``torch.export`` and the dynamo ONNX exporter, and under a
+    ``torch.func`` transform or forward-mode AD (:func:`transforming`).
+
+    >>> tracing()
+    False
+    """
+    return bool(torch.compiler.is_compiling()) or transforming()
+
+
+def transforming() -> bool:
+    """True under a ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``, ``jvp``, ...)
+    or inside ``torch.autograd.forward_ad.dual_level()``: no custom autograd node can run
+    there, and no value may be read on the host (a batched tensor has none).
+
+    >>> with forward_ad.dual_level():
+    ...     transforming()
+    True
+    """
+    if torch.compiler.is_compiling():
+        return False  # a graph being traced: its own rules (and dynamo answers for functorch)
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return True
+    return int(forward_ad._current_level) >= 0
 
 
 def exporting() -> bool:

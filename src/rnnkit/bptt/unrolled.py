@@ -12,6 +12,9 @@ the incoming gradients, as PyTorch's own recurrent layers give them on the CPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -31,10 +34,10 @@ def unrolled(
     """``(outputs (T, B, H), final states)`` by the kernel's differentiable step, out of
     place; where ``mask3 (T, B, 1)`` is False the state is held (selection).
     ``x (T, B, I)`` with its padding already zero, each state ``(B, H)``."""
-    step = kernel.step  # type: ignore[attr-defined]
+    step = _stepper(kernel)
     states, outputs = states0, []
     for t in range(x.shape[0]):
-        new = step(x[t], states, weights)
+        new = step(t, x[t], states, weights)
         if mask3 is not None:
             new = tuple(torch.where(mask3[t], a, b) for a, b in zip(new, states, strict=True))
         outputs.append(new[0])
@@ -42,6 +45,16 @@ def unrolled(
     if not outputs:
         return x.new_zeros(0, x.shape[1], states0[0].shape[1]), states0
     return torch.stack(outputs), tuple(states)
+
+
+def _stepper(kernel: Kernel) -> Callable[[int, Tensor, tuple[Tensor, ...], Weights], Any]:
+    """``step(t, x_t, states, weights)``: the kernel's own ``step_at`` where its step reads
+    per-step inputs besides ``x_t`` (zoneout's keep factors), else its ``step``."""
+    at = getattr(kernel, "step_at", None)
+    if at is not None:
+        return at  # type: ignore[no-any-return]
+    step = kernel.step  # type: ignore[attr-defined]
+    return lambda t, x, states, w: step(x, states, w)
 
 
 def differentiable_gradients(
@@ -57,7 +70,7 @@ def differentiable_gradients(
     ``grads_out = (d_outputs, *d_finals)``, with a graph (``create_graph=True``): the
     forward is run again by :func:`unrolled` and differentiated by autograd. ``needs``:
     which of the inputs want a gradient (None for the others)."""
-    if not hasattr(kernel, "step"):
+    if not hasattr(kernel, "step") and not hasattr(kernel, "step_at"):
         raise ConfigError(
             f"{type(kernel).__name__} has no differentiable step: its gradient cannot be "
             "differentiated again (create_graph=True)"

@@ -59,6 +59,7 @@ def gru_step(
     reset: str = ...,
     *,
     return_cache: Literal[False] = ...,
+    mix: Tensor | None = ...,
 ) -> Tensor: ...
 @overload
 def gru_step(
@@ -69,6 +70,7 @@ def gru_step(
     reset: str = ...,
     *,
     return_cache: Literal[True],
+    mix: Tensor | None = ...,
 ) -> tuple[Tensor, GRUCache]: ...
 def gru_step(
     x: Tensor,
@@ -78,12 +80,15 @@ def gru_step(
     reset: str = "before",
     *,
     return_cache: bool = False,
+    mix: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, GRUCache]:
     """One GRU step in plain differentiable ops (the autograd oracle).
 
     Args:
         x: ``(B, I)``.  h_prev: ``(B, H)``.
         return_cache: also return the ``GRUCache`` that ``gru_step_backward`` reads.
+        mix: the state the update mixes, ``(B, H)``, where it is not the one the gates
+            read (recurrent dropout masks only the recurrent products); None: ``h_prev``.
     Returns:
         ``h_t (B, H)``, or ``(h_t, cache)``.
     """
@@ -99,7 +104,8 @@ def gru_step(
             raise ValueError('reset="after" needs the weights\' bias_hn (b_hn)')
         rec = h_prev @ W_n.T + w.bias_hn
         n = torch.tanh(xp[:, 2 * H :] + r * rec)
-    h = (1 - z) * h_prev + z * n if update == "candidate" else z * h_prev + (1 - z) * n
+    kept = h_prev if mix is None else mix
+    h = (1 - z) * kept + z * n if update == "candidate" else z * kept + (1 - z) * n
     if return_cache:
         return h, GRUCache(torch.cat([r, z, n], dim=1), rec)
     return h

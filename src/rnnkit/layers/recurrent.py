@@ -13,7 +13,7 @@ from rnnkit.bptt.dispatch import compiled_library
 from rnnkit.bptt.recompute import run_recomputed
 from rnnkit.bptt.recurrence import run_recurrence
 from rnnkit.bptt.regularized import regularized
-from rnnkit.bptt.tracing import TracingError, check_tracer, tracing
+from rnnkit.bptt.tracing import check_tracer, tracing
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.kernel import Kernel
 from rnnkit.errors import ConfigError
@@ -89,11 +89,6 @@ class Recurrent(nn.Module):
             if masks.weight_hh is not None:  # DropConnect: autograd reaches the raw weight
                 weights = weights._replace(weight_hh=weights.weight_hh * masks.weight_hh)
             if masks.in_loop:
-                if tracing():
-                    raise TracingError(
-                        "recurrent_dropout and zoneout run the PyTorch loop with per-step "
-                        "masks, which torch.compile/export cannot trace: set them to 0"
-                    )
                 if window is not None or recompute is not None:
                     raise ConfigError(
                         "recurrent_dropout and zoneout cannot be combined with a window "

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from rnnkit.bptt.tracing import transforming
 from rnnkit.layers import cell_stacks
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.types import LSTMState
@@ -306,7 +307,7 @@ class _DropIn:
         """Whether torch's own ``forward`` computes this call (module docstring)."""
         if torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling():
             return True
-        if _in_func_transform() or _forward_ad_level() >= 0:
+        if transforming():  # torch.func / forward AD: torch's operators have the rules
             return True
         if self.proj_size > 0 or self.dropout >= 1:  # no such rnnkit layer
             return True
@@ -322,21 +323,6 @@ class _DropIn:
 
     def _join(self, h: Tensor) -> Tensor:
         return h.reshape(-1, *h.shape[2:])
-
-
-def _in_func_transform() -> bool:
-    """Whether a ``torch.func`` transform (``grad``, ``jacrev``, ``jacfwd``, ``vmap``,
-    ``hessian``, ...) is running: rnnkit's autograd node has no rules for them, torch's
-    operators do (torch's forward then computes the same function)."""
-    return torch._C._functorch.peek_interpreter_stack() is not None
-
-
-def _forward_ad_level() -> int:
-    """The current level of ``torch.autograd.forward_ad.dual_level()`` (-1 outside one):
-    rnnkit's autograd node has no forward-mode rule (``jvp``), torch's operators do."""
-    from torch.autograd import forward_ad
-
-    return int(forward_ad._current_level)
 
 
 def _repack(outputs: Tensor, like: PackedSequence, batch_first: bool) -> PackedSequence:
