@@ -52,7 +52,7 @@ def _stepper(kernel: Kernel) -> Callable[[int, Tensor, tuple[Tensor, ...], Weigh
     per-step inputs besides ``x_t`` (zoneout's keep factors), else its ``step``."""
     at = getattr(kernel, "step_at", None)
     if at is not None:
-        return at  # type: ignore[no-any-return]
+        return at
     step = kernel.step  # type: ignore[attr-defined]
     return lambda t, x, states, w: step(x, states, w)
 
