@@ -81,7 +81,14 @@ from rnnkit.bptt.recurrence import (
     takes_resets,
 )
 from rnnkit.bptt.regularized import CompiledRegularized, RegularizedKernel, regularized
-from rnnkit.bptt.tracing import TracingError, check_tracer, exporting, tracing, transforming
+from rnnkit.bptt.tracing import (
+    TracingError,
+    check_tracer,
+    exporting,
+    tracing,
+    transforming,
+    vmapping,
+)
 from rnnkit.bptt.unrolled import differentiable_gradients, unrolled
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 
@@ -146,6 +153,7 @@ __all__ = [
     "use_cuda_graphs",
     "use_fused",
     "use_native",
+    "vmapping",
     "wants_fused",
     "wants_steps",
     "weight_grads",

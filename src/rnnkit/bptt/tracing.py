@@ -28,7 +28,7 @@ from torch.autograd import forward_ad
 
 from rnnkit.errors import RnnkitError
 
-__all__ = ["TracingError", "check_tracer", "exporting", "tracing", "transforming"]
+__all__ = ["TracingError", "check_tracer", "exporting", "tracing", "transforming", "vmapping"]
 
 
 class TracingError(RnnkitError, RuntimeError):
@@ -60,6 +60,22 @@ def transforming() -> bool:
     if torch._C._functorch.peek_interpreter_stack() is not None:
         return True
     return int(forward_ad._current_level) >= 0
+
+
+def vmapping() -> bool:
+    """True inside ``torch.func.vmap`` (at any depth of the transforms), where torch's
+    recurrent operators have no batching rule and rnnkit's plain steps do.
+
+    >>> vmapping(), torch.func.vmap(lambda x: torch.tensor(vmapping()) + x)(torch.zeros(1))
+    (False, tensor([1.]))
+    """
+    if not transforming():
+        return False
+    stack = getattr(torch._C._functorch, "get_interpreter_stack", None)
+    if stack is None:  # a torch without it: vmap's rules are torch's
+        return False
+    vmap = torch._C._functorch.TransformType.Vmap
+    return any(i.key() == vmap for i in stack() or ())
 
 
 def exporting() -> bool:

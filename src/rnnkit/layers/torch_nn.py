@@ -33,6 +33,7 @@ probability). ``docs/torch-nn.md`` lists the differences.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -41,7 +42,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from rnnkit.bptt.tracing import transforming
+from rnnkit.bptt.tracing import transforming, vmapping
 from rnnkit.layers import cell_stacks
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.types import LSTMState
@@ -143,7 +144,7 @@ class _DropIn:
             kind = {"LSTM": cell_stacks.LSTM, "GRU": cell_stacks.GRU}.get(
                 self.mode, cell_stacks.RNN
             )
-            with torch.device("meta"):
+            with _outside_transforms(), torch.device("meta"):
                 stack = kind(*config[1:], **options)
             index = {id(p): n for n, p in stack.named_parameters()}
             local.prefixes = [index[id(c.weight_ih)][: -len("weight_ih")] for c in stack.cells()]
@@ -307,8 +308,10 @@ class _DropIn:
         """Whether torch's own ``forward`` computes this call (module docstring)."""
         if torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling():
             return True
-        if transforming():  # torch.func / forward AD: torch's operators have the rules
-            return True
+        if transforming():
+            # torch.func / forward AD: torch's operators have the rules, except vmap's
+            # (no batching rule for aten::lstm): there rnnkit's plain steps run
+            return not vmapping()
         if self.proj_size > 0 or self.dropout >= 1:  # no such rnnkit layer
             return True
         if isinstance(input, PackedSequence):
@@ -323,6 +326,18 @@ class _DropIn:
 
     def _join(self, h: Tensor) -> Tensor:
         return h.reshape(-1, *h.shape[2:])
+
+
+def _outside_transforms() -> contextlib.AbstractContextManager[Any]:
+    """Leave the ``torch.func`` transforms for a while: the inner stack's placeholders are
+    initialised at random (on the meta device, at no cost), which ``vmap`` refuses
+    inside it ("called random operation while in randomness error mode")."""
+    if not transforming():
+        return contextlib.nullcontext()
+    from torch._functorch import pyfunctorch  # torch's own way out (its autograd.Function)
+
+    clear = getattr(pyfunctorch, "temporarily_clear_interpreter_stack", None)
+    return clear() if clear is not None else contextlib.nullcontext()
 
 
 def _repack(outputs: Tensor, like: PackedSequence, batch_first: bool) -> PackedSequence:
