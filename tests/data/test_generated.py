@@ -76,7 +76,8 @@ def test_type_tags_agree_with_tokenize_on_a_real_module():
     for s in sentences:
         for tok, tag in zip(s.tokens, s.tags, strict=True):
             # Python 3.12+ splits f-strings into FSTRING_* parts: string material too.
-            fstring = {getattr(tokenize, n, -1) for n in ("FSTRING_START", "FSTRING_MIDDLE")}
+            parts = ("FSTRING_START", "FSTRING_MIDDLE", "FSTRING_END")
+            fstring = {getattr(tokenize, n, -1) for n in parts}
             assert coarse[tag] in types[tok] or (tag == "STRING" and types[tok] & fstring)
             assert (tag == "KEYWORD") == (coarse[tag] == tokenize.NAME and keyword.iskeyword(tok))
 

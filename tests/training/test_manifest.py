@@ -67,7 +67,7 @@ def test_the_manifest_covers_every_run_file_and_leaves_out_logs_and_snapshots(tm
         (lambda r: (r / MANIFEST).write_text('{"format": "rnnkit.manifest", "version": 1, '
                                              '"files": {"../x": {"size": 1, "sha256": ""}}}'),
          "manifest.json: not an rnnkit manifest"),
-        (lambda r: (r / MANIFEST).write_text("[" * 1000), "nested too deeply"),
+        (lambda r: (r / MANIFEST).write_text("[" * 1000 + "]" * 1000), "nested too deeply"),
     ],
 )  # fmt: skip
 def test_a_changed_missing_or_added_file_is_one_line_naming_it(tmp_path, change, words):
