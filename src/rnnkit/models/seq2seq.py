@@ -57,6 +57,7 @@ from rnnkit.models.builders import build_embedding, build_encoder, build_length
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.language_model import LossOutput, check_token_ids
 from rnnkit.models.length import SequenceLength, length_targets
+from rnnkit.models.pooling import directions_side_by_side
 from rnnkit.models.seq2seq_decoder import (
     PER_SOURCE,
     STATE_BATCH_DIM,
@@ -113,7 +114,7 @@ def _coins(n: int, generator: torch.Generator | None, device: torch.device) -> T
 
 def _directions(t: Tensor) -> Tensor:
     """``(D, B, H)`` → ``(B, D·H)``: ``[h^f; h^b]``."""
-    return t.permute(1, 0, 2).reshape(t.shape[1], -1)
+    return directions_side_by_side(t)
 
 
 class Seq2Seq(nn.Module):
