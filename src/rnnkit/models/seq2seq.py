@@ -167,12 +167,10 @@ class Seq2Seq(nn.Module):
     ) -> None:
         super().__init__()
         if context not in CONTEXT_MODES:
-            raise ConfigError(
-                f"--context must be one of {', '.join(CONTEXT_MODES)}, got {context!r}"
-            )
+            raise ConfigError(f"context must be one of {', '.join(CONTEXT_MODES)}, got {context!r}")
         if attention_wiring not in ATTENTION_WIRINGS:
             raise ConfigError(
-                f"--attention-wiring must be one of {', '.join(ATTENTION_WIRINGS)}, "
+                f"attention_wiring must be one of {', '.join(ATTENTION_WIRINGS)}, "
                 f"got {attention_wiring!r}"
             )
         if decoder.bidirectional:
@@ -550,10 +548,6 @@ def build_seq2seq(spec: ModelSpec, source_vocab_size: int, target_vocab_size: in
     >>> m.vocab_size, m.decoder.input_size
     (12, 12)
     """
-    if spec.context not in CONTEXT_MODES:
-        raise ConfigError(
-            f"--context must be one of {', '.join(CONTEXT_MODES)}, got {spec.context!r}"
-        )
     E, H = spec.embedding, spec.hidden
     source_embedding = build_embedding(spec, source_vocab_size, E)
     target_embedding = nn.Embedding(target_vocab_size, E)

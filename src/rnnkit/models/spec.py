@@ -54,6 +54,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "condition": ("none", "init", "input", "both"),
     "pooling": POOLINGS,
     "attention": ("none", *ATTENTION_KINDS),
+    "context": ("init", "input", "both"),
+    "attention_wiring": ("before", "after"),
 }
 
 TASK_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
