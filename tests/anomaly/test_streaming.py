@@ -157,3 +157,19 @@ def test_idle_sessions_are_closed(run: EventsModel) -> None:
     assert scorer.open_sessions == 1
     out = scorer.close_all()
     assert [(v["session"], v["reason"]) for v in out] == [("new", "input ended")]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_sessions": 0}, "^max_sessions must be ≥ 1, got 0$"),
+        ({"idle_timeout": 0.0}, "^idle_timeout must be > 0 seconds or None, got 0.0$"),
+    ],
+)
+def test_arguments_out_of_range_are_named_as_in_python(run: EventsModel, options, message):
+    # They were named --max-sessions and --idle-timeout, the options of `rnnkit score`
+    # (which checks its own before it makes a scorer: tests/app/cli/test_score_cli.py).
+    from rnnkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        _scorer(run, **options)

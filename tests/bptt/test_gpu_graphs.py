@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 import warnings
 
 import pytest
@@ -332,3 +334,85 @@ def test_importing_rnnkit_with_the_switch_on_changes_nothing():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == ["True", "False", "False", "0"]
+
+
+# ---- threads ---------------------------------------------------------------------------
+
+
+def _slow_double(t):
+    """Reads its input after a pause: where another thread's copy-in could land."""
+    time.sleep(0.002)
+    return (t * 2.0,)
+
+
+def _in_threads(n: int, work) -> list:
+    """``work(i)`` in ``n`` threads started together; their results, or their errors."""
+    barrier = threading.Barrier(n)
+    results: list = [None] * n
+
+    def run(i):
+        barrier.wait()
+        try:
+            results[i] = work(i)
+        except Exception as e:  # shown by the assertion, not lost in the thread
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_threads_on_one_graph_each_get_their_own_outputs(graphs):
+    # Without the lock a thread's copy-in overwrote another's static input between its
+    # copy-in and its replay (that thread got the other's doubles), and two threads
+    # capturing the same key at once made two graphs.
+    def work(i):
+        got = []
+        for k in range(6):
+            out = gpu_graphs.replayed(("test",), _slow_double, [torch.full((3,), 10.0 * i + k)])
+            assert out is not None
+            got.append(out[0].tolist())
+        return got
+
+    results = _in_threads(4, work)
+    for i, got in enumerate(results):
+        assert got == [[2.0 * (10.0 * i + k)] * 3 for k in range(6)], (i, got)
+    assert len(graphs) == 1
+    assert gpu_graphs.cuda_graph_stats() == {"captures": 1, "replays": 24, "failures": 0}
+
+
+def test_threads_capturing_and_evicting_keep_the_cache_bounded_and_right(graphs):
+    def work(i):
+        for n in range(gpu_graphs.CACHE_SIZE + 4):  # each thread: more keys than fit
+            size = 1 + (n * 7 + i) % (gpu_graphs.CACHE_SIZE + 8)
+            out = gpu_graphs.replayed(("test",), _slow_double, [torch.full((size,), float(i))])
+            assert out is not None and torch.equal(out[0], torch.full((size,), 2.0 * i))
+        return True
+
+    assert _in_threads(4, work) == [True] * 4
+    keys = gpu_graphs.cached_keys("cpu")
+    assert len(keys) == gpu_graphs.CACHE_SIZE and len(set(keys)) == len(keys)
+    stats = gpu_graphs.cuda_graph_stats()
+    assert stats["replays"] == 4 * (gpu_graphs.CACHE_SIZE + 4) and stats["failures"] == 0
+    assert stats["captures"] == len(graphs)
+
+
+def test_threads_running_one_layer_match_the_eager_loop(graphs):
+    cell = _cell("gru_candidate_before")
+    w = _leaves(cell.weights())
+    inputs = [_inputs(1, seed=20 + i) for i in range(3)]
+    with use_cuda_graphs(False):
+        want = [_train(cell.kernel, w, inputs[i], 7 + i) for i in range(3)]
+
+    def work(i):
+        return _train(cell.kernel, w, inputs[i], 7 + i)
+
+    with use_cuda_graphs(True):  # the switch is the process's: set once, for all threads
+        results = _in_threads(3, work)
+    for got, expected in zip(results, want, strict=True):
+        assert not isinstance(got, Exception), got
+        _close(got, expected)
+    assert gpu_graphs.cuda_graph_stats()["captures"] == 2  # one forward, one backward

@@ -366,13 +366,13 @@ def test_zoneout_keeps_the_cells_own_states_only_for_a_backward(cls, monkeypatch
     """``cn`` (the LSTM's c̃, the simple cell's h̃) is what the backward reads: without a
     gradient no (T, B, H) buffer is written, and the outputs are the PyTorch loop's."""
     launched = []
-    real = gpu_steps._launch
+    real = gpu_steps.launch
 
     def spy(x, B, H_, mask, reset, reg):
         launched.append(reg.cn)
         return real(x, B, H_, mask, reset, reg)
 
-    monkeypatch.setattr(gpu_steps, "_launch", spy)
+    monkeypatch.setattr(gpu_steps, "launch", spy)
     torch.manual_seed(4)
     layer = cls(I, H, zoneout=0.3).double()
     x = torch.randn(B, T, I, dtype=torch.float64)

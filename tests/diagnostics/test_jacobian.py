@@ -8,6 +8,7 @@ import pytest
 import torch
 from jacobian_cases import CELLS, DT, MASK, flat_run, make, zero_state
 
+import rnnkit.diagnostics.contributions as contributions_module
 import rnnkit.diagnostics.jacobian as jacobian_module
 from rnnkit import RNNCell
 from rnnkit.diagnostics import (
@@ -16,8 +17,10 @@ from rnnkit.diagnostics import (
     real_steps,
     rnn_jacobian_bound,
     spectral_norm,
+    state_gradient_norms,
     step_jacobians,
 )
+from rnnkit.layers.recurrent import Recurrent
 
 
 @pytest.mark.parametrize(
@@ -151,3 +154,29 @@ def test_power_iteration_counts_below_one_are_refused(option, value) -> None:
     cell, x = RNNCell(2, 40), torch.randn(2, 6, 2)
     with pytest.raises(ValueError, match=f"^{option} must be a positive integer, got {value}$"):
         jacobian_norms(cell, x, method="power", **{option: value})
+
+
+@pytest.mark.parametrize(
+    ("name", "method", "reverse", "zoneout"),
+    [
+        ("rnn_tanh", "exact", False, 0.0),
+        ("lstm", "exact", True, 0.0),
+        ("lstm", "power", False, 0.3),
+        ("gru_candidate_before", "power", True, 0.0),
+        ("gru_keep_after", None, False, 0.2),
+    ],
+)
+def test_gradient_flow_runs_the_direction_once(name, method, reverse, zoneout, count_calls):
+    """It ran the recurrence twice (once for the state gradients, once for the Jacobians'
+    norms); one run now, and the numbers of the two separate calls it made, exactly."""
+    cell, x = make(name)
+    source = Recurrent(cell, reverse=reverse)
+    kw = {"mask": MASK, "zoneout": zoneout}
+    runs = count_calls(contributions_module, "forward_pass")  # run_direction's recurrence
+    flow = gradient_flow(source, x, loss_fn=lambda h: (h**2).sum(), start=1, method=method, **kw)
+    assert runs["n"] == 1
+    grads = state_gradient_norms(source, x, loss_fn=lambda h: (h**2).sum(), **kw)
+    norms = jacobian_norms(source, x, start=1, method=method or "exact", **kw)
+    assert runs["n"] == 3  # the old way: a run for each
+    assert torch.equal(flow.state_grad_norms, grads)
+    assert torch.equal(flow.jacobian_norms, norms)

@@ -87,7 +87,7 @@ def test_bilinear_score_is_hd_w_he_with_different_widths():
 def test_dot_with_mismatched_widths_names_both():
     with pytest.raises(ConfigError, match=r"32.*64"):
         Attention("dot", 32, 64)
-    with pytest.raises(ConfigError, match="--attention"):
+    with pytest.raises(ConfigError, match=r"^attention kind must be one of"):
         Attention("cosine", 3, 3)
 
 
@@ -96,3 +96,11 @@ def test_masked_softmax_matches_softmax_over_the_real_prefix():
     w = masked_softmax(scores, MASK)
     torch.testing.assert_close(w[1, :2], torch.softmax(scores[1, :2], -1))
     assert torch.equal(w[2], torch.tensor([1.0, 0, 0, 0, 0]))
+
+
+def test_a_kind_it_does_not_know_names_the_argument():
+    # It said --attention and offered "none", the command line's spelling and choice.
+    with pytest.raises(
+        ConfigError, match=r"^attention kind must be one of dot, bilinear, additive"
+    ):
+        Attention("none", 4, 4)

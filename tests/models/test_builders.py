@@ -87,3 +87,11 @@ def test_a_seq2seq_decoder_refuses_what_its_stepped_cells_would_not_do():
     ):
         with pytest.raises(ValueError, match=f"the decoder steps through its cells, where {what}"):
             Seq2Seq(emb, GRU(4, 6), torch.nn.Embedding(7, 4), decoder, torch.nn.Linear(6, 7))
+
+
+def test_a_conditional_lm_without_labels_names_the_arguments():
+    # It said --condition, the command line's option (which always passes the labels).
+    from rnnkit.models.builders import build_lm
+
+    with pytest.raises(ValueError, match=r"^condition='init' needs num_labels ≥ 1, got None$"):
+        build_lm(ModelSpec(hidden=4, embedding=4, condition="init"), 10)

@@ -142,13 +142,30 @@ def test_attention_wiring_after_needs_attention():
         TrainConfig(
             train="x", task="seq2seq", attention="none", attention_wiring="after"
         ).validate()
-    with pytest.raises(ConfigError, match="--attention-wiring"):
+    with pytest.raises(ConfigError, match=r"^ModelSpec: attention_wiring must be one of"):
         model(attention="dot", attention_wiring="sideways")
 
 
-def test_dot_attention_with_a_bidirectional_encoder_is_a_clear_error():
-    with pytest.raises(ConfigError, match=r"16.*32.*bilinear"):
+def test_dot_attention_with_a_bidirectional_encoder_is_a_clear_error(run_cli):
+    # From Python the message names the spec's values; the command line names its options
+    # (it named them from Python too).
+    with pytest.raises(ConfigError, match=r"^attention 'dot' needs.*16.*32.*'bilinear'"):
         model(bidirectional=True, attention="dot")
+    argv = ["train", "--task", "seq2seq", "--train", "x.tsv", "--out", "r", "--bidirectional"]
+    code, _, err = run_cli(*argv, "--attention", "dot")
+    assert code == 2 and "--attention dot needs equal widths" in err and "--bidirectional" in err
+
+
+def test_a_context_the_model_does_not_know_names_the_argument():
+    # ModelSpec let context="bogus" through to the builder, which said --context
+    with pytest.raises(ConfigError, match=r"^ModelSpec: context must be one of init, input"):
+        model(context="bogus")
+    built = model()
+    with pytest.raises(ConfigError, match=r"^context must be one of init, input, both"):
+        type(built)(
+            built.source_embedding, built.encoder, built.target_embedding,
+            built.decoder, built.head, context="bogus",
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -131,3 +131,13 @@ def test_the_builders_still_take_every_known_choice():
     assert lm.encoder.cells()[0].update == "keep"
     for attention in ("none", "dot", "bilinear", "additive"):
         assert ModelSpec(attention=attention).attention == attention
+
+
+@pytest.mark.parametrize("task", ["bogus", "language", "LM", ""])
+def test_an_unknown_task_is_refused_naming_it_and_the_tasks(task):
+    # It returned the options' own defaults: a misspelt task silently lost its defaults.
+    with pytest.raises(ConfigError) as caught:
+        ModelSpec.for_task(task, hidden=8)
+    message = str(caught.value)
+    assert repr(task) in message and "\n" not in message
+    assert all(name in message for name in TASKS)

@@ -155,3 +155,9 @@ def test_word_ids_outside_the_vocabulary_are_named():
     ):
         tagger(torch.tensor([[1, 2, 3], [4, 5, 9]]))
     assert tagger(torch.tensor([[1, 2, 8]])).shape == (1, 3, 3)
+
+
+def test_char_rnn_without_num_chars_names_the_argument():
+    # It said --char-rnn, the command line's option (which always passes the characters).
+    with pytest.raises(ValueError, match=r"^char_rnn needs num_chars"):
+        build_tagger(ModelSpec(hidden=4, embedding=4, char_rnn=True), 10, 3)

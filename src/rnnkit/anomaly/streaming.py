@@ -111,9 +111,10 @@ class StreamScorer:
                 f"whole session), got {score!r}"
             )
         if max_sessions < 1:
-            raise ConfigError(f"--max-sessions must be ≥ 1, got {max_sessions}")
+            # the arguments' names: `rnnkit score --follow` checks its options before
+            raise ConfigError(f"max_sessions must be ≥ 1, got {max_sessions}")
         if idle_timeout is not None and not idle_timeout > 0:
-            raise ConfigError(f"--idle-timeout must be > 0 seconds, got {idle_timeout}")
+            raise ConfigError(f"idle_timeout must be > 0 seconds or None, got {idle_timeout}")
         model.eval()
         self.model = model
         self.vocab = vocab

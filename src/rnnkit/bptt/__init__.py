@@ -21,7 +21,8 @@
   theirs, and the choice of path (``use_fused``, ``RNNKIT_GPU_PATH``);
 * ``mask_facts``: what those choices ask of a mask (every step real? lengths?), read on
   the host once per mask;
-* ``gpu_steps``: on a GPU, the layers the fused kernels cannot run (holes, resets, the
+* ``gpu_steps`` (their backward in ``gpu_steps_backward``, what their launches share in
+  ``gpu_launch``): on a GPU, the layers the fused kernels cannot run (holes, resets, the
   GRU with ``reset="before"``, the ``sigmoid`` cell, the layer-normalised cells:
   ``gpu_steps_ln``) as one product and one Triton launch per step (``triton_kernels``,
   ``triton_ln_kernels``, triton imported on first use only), and the forward of the

@@ -36,6 +36,11 @@ the loop recorded) and the key's buffers, kept while it is cached: graphs pay wh
 shapes repeat (a fixed T and B, as the segments of truncated BPTT have); with many
 distinct lengths, bucket them or leave the graphs off.
 
+Threads: several may run one layer (a threaded server). Each device's graphs are used
+under one lock, held from the cache's lookup (and a capture, an eviction) through the
+copy-in, the replay and the outputs' clones; on CUDA, each use also waits on the
+device's previous use, which may have been enqueued on another thread's stream.
+
 Not captured: the layer-normalised steps (:mod:`rnnkit.bptt.gpu_steps_ln`), and a call
 made while some caller is itself capturing a graph (its capture takes the eager loop).
 """
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -79,6 +85,46 @@ _stats = {"captures": 0, "replays": 0, "failures": 0}
 _warned: set[str] = set()
 _FAILED = object()  # a key whose capture failed: the eager loop from then on
 _cache: dict[str, OrderedDict[tuple[Any, ...], object]] = {}
+
+
+class _Device:
+    """What orders the uses of one device's graphs (see :func:`replayed`).
+
+    One lock per device, not one per graph: the graphs of a device share one memory pool
+    (:class:`_CudaGraph`), so a graph's replay may write where another graph's outputs
+    lie until they are cloned, and where another graph keeps the buffers that one of its
+    replays writes before reading; two replays of different graphs must not overlap
+    either. Not one cache per thread: each thread would capture (and hold the memory of)
+    its own copy of every graph, and the graphs would still share the pool.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last: torch.cuda.Event | None = None  # the previous use's end (CUDA)
+
+    def after_the_last_use(self, device: torch.device) -> None:
+        """The current stream waits for the previous use, on whatever stream it ran."""
+        if device.type == "cuda" and self.last is not None:
+            torch.cuda.current_stream(device).wait_event(self.last)
+
+    def used(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            self.last = torch.cuda.Event()
+            self.last.record(torch.cuda.current_stream(device))
+
+
+_devices: dict[str, _Device] = {}
+_devices_lock = threading.Lock()  # makes the _Device of a device, and guards _stats
+
+
+def _device(name: str) -> _Device:
+    with _devices_lock:
+        return _devices.setdefault(name, _Device())
+
+
+def _count(name: str) -> None:
+    with _devices_lock:
+        _stats[name] += 1
 
 
 @contextlib.contextmanager
@@ -121,7 +167,8 @@ def wanted(t: Tensor) -> bool:
 def cuda_graph_stats() -> dict[str, int]:
     """Counts since the process started (or :func:`clear_cuda_graphs`): ``captures``,
     ``replays``, ``failures`` (captures that failed)."""
-    return dict(_stats)
+    with _devices_lock:
+        return dict(_stats)
 
 
 def cached_keys(device: torch.device | str) -> list[tuple[Any, ...]]:
@@ -130,14 +177,22 @@ def cached_keys(device: torch.device | str) -> list[tuple[Any, ...]]:
     d = torch.device(device)
     if d.type == "cuda" and d.index is None:
         d = torch.device("cuda", torch.cuda.current_device())
-    return list(_cache.get(str(d), {}))
+    with _device(str(d)).lock:
+        return list(_cache.get(str(d), {}))
 
 
 def clear_cuda_graphs() -> None:
-    """Drop every graph (their memory returns to PyTorch's allocator) and the counts."""
-    _cache.clear()
-    _warned.clear()
-    _stats.update(captures=0, replays=0, failures=0)
+    """Drop every graph (their memory returns to PyTorch's allocator) and the counts;
+    a use in progress in another thread ends first."""
+    with _devices_lock:
+        devices = list(_devices.values())
+    with contextlib.ExitStack() as held:
+        for d in devices:
+            held.enter_context(d.lock)
+        _cache.clear()
+        _warned.clear()
+        with _devices_lock:
+            _stats.update(captures=0, replays=0, failures=0)
 
 
 def signature(tensors: Sequence[Tensor | None]) -> tuple[Any, ...]:
@@ -249,7 +304,7 @@ def _capture(
     entry.copy_in(inputs)  # the warm-up reads real values (no NaN, no garbage index)
     graph.warm_up(lambda: fn(*views))
     outputs = graph.capture(lambda: fn(*views))
-    _stats["captures"] += 1
+    _count("captures")
     return entry._replace(outputs=tuple(outputs))
 
 
@@ -262,7 +317,7 @@ def _warn_failure(form: object, error: BaseException) -> None:
             f"{type(error).__name__}: {lines[0]}); such calls run the eager loop instead. "
             "RNNKIT_CUDA_GRAPHS=0 silences this",
             RuntimeWarning,
-            stacklevel=5,
+            stacklevel=6,  # the caller of the layer: _warn_failure, _entry, replayed, ...
         )
 
 
@@ -278,30 +333,49 @@ def replayed(
     ``fn`` takes the inputs (tensors or None) and returns tensors (or None); it must
     allocate what it returns and read nothing but its arguments: a replay reruns its
     recorded kernels on the static buffers.
+
+    Thread-safe: the device's lock (:class:`_Device`) is held from the lookup to the
+    clones, so another thread's call can neither capture the same key twice, nor evict
+    or refill the static buffers of this one, nor replay in between.
     """
     full = (*key, signature(inputs))
-    device = str(next(t.device for t in inputs if t is not None))
+    where = next(t.device for t in inputs if t is not None)
+    device = _device(str(where))
+    with device.lock:
+        entry = _entry(key, full, str(where), fn, inputs)
+        if entry is None:
+            return None
+        device.after_the_last_use(where)
+        entry.copy_in(inputs)
+        entry.graph.replay()
+        outputs = tuple(None if t is None else t.clone() for t in entry.outputs)
+        device.used(where)
+    _count("replays")
+    return outputs
+
+
+def _entry(
+    key: tuple[Any, ...],
+    full: tuple[Any, ...],
+    device: str,
+    fn: Callable[..., tuple[Tensor | None, ...]],
+    inputs: Sequence[Tensor | None],
+) -> _Entry | None:
+    """The graph cached under ``full`` (captured now at its first call; the least
+    recently used dropped past :data:`CACHE_SIZE`), or None where its capture failed.
+    The device's lock is held."""
     cache = _cache.setdefault(device, OrderedDict())
     entry = cache.get(full)
-    if entry is _FAILED:
+    if entry is not None:
         cache.move_to_end(full)
-        return None
-    if entry is None:
-        try:
-            entry = _capture(fn, inputs)
-        except Exception as e:  # never stop a training for a graph: the eager loop
-            _stats["failures"] += 1
-            _warn_failure(key, e)
-            entry = _FAILED
-        cache[full] = entry
-        while len(cache) > CACHE_SIZE:
-            cache.popitem(last=False)
-        if entry is _FAILED:
-            return None
-    else:
-        cache.move_to_end(full)
-    assert isinstance(entry, _Entry)
-    entry.copy_in(inputs)
-    entry.graph.replay()
-    _stats["replays"] += 1
-    return tuple(None if t is None else t.clone() for t in entry.outputs)
+        return entry if isinstance(entry, _Entry) else None
+    try:
+        entry = _capture(fn, inputs)
+    except Exception as e:  # never stop a training for a graph: the eager loop
+        _count("failures")
+        _warn_failure(key, e)
+        entry = _FAILED
+    cache[full] = entry
+    while len(cache) > CACHE_SIZE:
+        cache.popitem(last=False)
+    return entry if isinstance(entry, _Entry) else None

@@ -37,7 +37,11 @@ from rnnkit.diagnostics.bound import (
     weight_derivative_size,
 )
 from rnnkit.diagnostics.contributions import DirectionRun, LossFn, run_direction
-from rnnkit.diagnostics.loss_gradients import state_gradient_norms, state_gradients
+from rnnkit.diagnostics.loss_gradients import (
+    run_state_gradients,
+    state_gradient_norms,
+    state_gradients,
+)
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.types import LSTMState, State
 
@@ -225,16 +229,37 @@ def jacobian_norms(
     >>> bool((exact <= bound.float() * (1 + 1e-5)).all())
     True
     """
-    # Over 80 lines by its docstring (the arguments and the method); the code is 65.
+    _check_method(method, iterations, block)
+    run = run_direction(
+        source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
+    )
+    return _run_jacobian_norms(
+        run, start, method, full_state, iterations=iterations, tol=tol, block=block, seed=seed
+    )
+
+
+def _check_method(method: str, iterations: int = 100, block: int = 4) -> None:
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     for name, count in (("iterations", iterations), ("block", block)):
         # iterations ≤ 0 returned the random start's estimate, below the true norm
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"{name} must be a positive integer, got {count!r}")
-    run = run_direction(
-        source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
-    )
+
+
+def _run_jacobian_norms(
+    run: DirectionRun,
+    start: int,
+    method: str,
+    full_state: bool = False,
+    *,
+    iterations: int = 100,
+    tol: float = 1e-8,
+    block: int = 4,
+    seed: int = 0,
+) -> Tensor:
+    """:func:`jacobian_norms` of a direction already run (``gradient_flow`` shares the
+    run with the loss's state gradients)."""
     T, H = run.steps, run.cell.hidden_size
     if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= T:
         raise ValueError(f"start must be an integer in [0, T] = [0, {T}], got {start!r}")
@@ -338,12 +363,17 @@ def gradient_flow(
     (torch.Size([7]), torch.Size([4, 7]), torch.Size([4, 7]))
     """
     cell = source.cell if isinstance(source, Recurrent) else source
-    kw: dict[str, Any] = {"lengths": lengths, "mask": mask, "state": state}
-    kw.update(batch_first=batch_first, zoneout=zoneout)
-    grads = state_gradient_norms(source, x, d_outputs, loss_fn=loss_fn, **kw)
     if method is None:
         method = "exact" if cell.hidden_size * (2 if cell.is_lstm else 1) <= 64 else "power"
-    norms = jacobian_norms(source, x, start=start, method=method, **kw)
+    _check_method(method)
+    # One run of the direction for both: the state gradients' sweep and the Jacobians
+    # read the same record (it ran once for each before, the same numbers twice).
+    run = run_direction(
+        source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
+    )
+    g = run_state_gradients(run, d_outputs, loss_fn, batch_first)[0]
+    grads = g.norm(dim=(0, 2) if batch_first else (1, 2))  # as state_gradient_norms
+    norms = _run_jacobian_norms(run, start, method)
     counts = real_steps(source, x, start=start, lengths=lengths, mask=mask, batch_first=batch_first)
     bound = rnn_jacobian_bound(cell, counts) if isinstance(cell, RNNCell) else None
     return GradientFlow(grads, norms, start, spectral_norm(cell.weight_hh), counts, bound)

@@ -13,7 +13,13 @@ from torch import Tensor
 
 from rnnkit.bptt.backward import backward_sweep
 from rnnkit.cells.base import CellBase
-from rnnkit.diagnostics.contributions import LossFn, output_gradient, run_direction, sub_record
+from rnnkit.diagnostics.contributions import (
+    DirectionRun,
+    LossFn,
+    output_gradient,
+    run_direction,
+    sub_record,
+)
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.types import State
 
@@ -54,6 +60,17 @@ def state_gradients(
     run = run_direction(
         source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
     )
+    return run_state_gradients(run, d_outputs, loss_fn, batch_first)
+
+
+def run_state_gradients(
+    run: DirectionRun,
+    d_outputs: Tensor | None,
+    loss_fn: LossFn | None,
+    batch_first: bool = True,
+) -> tuple[Tensor, ...]:
+    """:func:`state_gradients` of a direction already run (``gradient_flow`` shares the
+    run with the Jacobians' norms)."""
     d_out = output_gradient(run, d_outputs, loss_fn, batch_first)
     record, T = run.record, run.steps
     grads = [torch.zeros_like(s) for s in record.states]  # (T + 1, B, H) each

@@ -198,8 +198,10 @@ def generate_batch(
         if bos_id is None:
             raise ValueError("give prompt_ids or bos_id: generation needs a first token")
         rows = _batch_size(state, state_batch_dim) if state is not None else None
-        if not rows:
+        if rows is None:
             raise ValueError("generate_batch needs prompts or an initial state with rows")
+        if rows == 0:  # an empty batch of sources (B = 0): nothing to generate
+            return []
         prompt_list = _check_prompts([[bos_id]], vocab) * rows  # every row: the same one id
     else:
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:

@@ -117,13 +117,15 @@ class Attention(nn.Module):
         super().__init__()
         if kind not in ATTENTION_KINDS:
             raise ConfigError(
-                f"--attention must be one of none, {', '.join(ATTENTION_KINDS)}, got {kind!r}"
+                f"attention kind must be one of {', '.join(ATTENTION_KINDS)}, got {kind!r}"
             )
         if kind == "dot" and query_size != memory_size:
+            # named as in Python (Attention's kind, ModelSpec's attention): `rnnkit train`
+            # refuses --attention dot with --bidirectional before a model is built
             raise ConfigError(
-                f"--attention dot needs equal widths: the decoder state has {query_size} but "
+                f"attention 'dot' needs equal widths: the decoder state has {query_size} but "
                 f"the encoder states have {memory_size} (a bidirectional encoder doubles "
-                "it); use --attention bilinear or additive"
+                "it); use 'bilinear' or 'additive'"
             )
         self.kind = kind
         self.query_size = query_size

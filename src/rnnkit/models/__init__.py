@@ -50,12 +50,20 @@ from rnnkit.models.lookup import (
     levenshtein_many,
 )
 from rnnkit.models.ngram import NGramModel, count_table_size
-from rnnkit.models.pooling import POOLINGS, Pooling, last_pool, max_pool, mean_pool, state_pool
+from rnnkit.models.pooling import (
+    POOLINGS,
+    Pooling,
+    directions_side_by_side,
+    last_pool,
+    max_pool,
+    mean_pool,
+    state_pool,
+)
 from rnnkit.models.regressor import LOSSES, TARGETS, Regressor, RegressorOutput
 from rnnkit.models.seq2seq import ATTENTION_WIRINGS, Seq2Seq, Seq2SeqOutput, build_seq2seq
 from rnnkit.models.seq2seq_decoder import STATE_BATCH_DIM, DecoderState, check_stepped_decoder
 from rnnkit.models.seq2seq_inference import InferenceStep
-from rnnkit.models.spec import TASK_MODEL_DEFAULTS, ModelSpec, task_model_defaults
+from rnnkit.models.spec import TASK_MODEL_DEFAULTS, TASKS, ModelSpec, task_model_defaults
 from rnnkit.models.tagger import CHAR_EMBEDDING, CHAR_HIDDEN, CharEncoder, Tagger, build_tagger
 
 __all__ = [
@@ -72,6 +80,7 @@ __all__ = [
     "POOLINGS",
     "STATE_BATCH_DIM",
     "TARGETS",
+    "TASKS",
     "TASK_MODEL_DEFAULTS",
     "BagOfNgrams",
     "CharEncoder",
@@ -116,6 +125,7 @@ __all__ = [
     "class_conditional_lm",
     "count_table_size",
     "decode_batch",
+    "directions_side_by_side",
     "fit_logistic",
     "joint_sequences",
     "jordan_lm",

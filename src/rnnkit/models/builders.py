@@ -138,7 +138,7 @@ def build_lm(
     if spec.condition == "none":
         return build_language_model(spec, vocab_size)
     if num_labels is None or num_labels < 1:
-        raise ValueError(f"--condition {spec.condition} needs num_labels >= 1, got {num_labels}")
+        raise ValueError(f"condition={spec.condition!r} needs num_labels ≥ 1, got {num_labels}")
     E = C = spec.embedding
     embedding = build_embedding(spec, vocab_size, E)
     width = E + (C if spec.condition != "init" else 0)

@@ -131,6 +131,10 @@ class Classifier(nn.Module):
             )
         if labels.dtype.is_floating_point or labels.dtype == torch.bool:
             raise TypeError(f"labels must hold integer class ids, got dtype {labels.dtype}")
+        if labels.shape[0] == 0:  # the mean over no example is NaN: refused, as the LM's
+            raise ValueError(
+                "an empty batch (B = 0) has no loss: the mean over examples is undefined"
+            )
         logits = self(inputs, mask)
         K = logits.shape[-1]
         bad = (labels < 0) | (labels >= K)

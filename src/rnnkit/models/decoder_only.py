@@ -82,7 +82,8 @@ def joint_sequences(
     T = target_in.shape[1]
     n_src = source_mask.sum(1)  # (B,)
     n_tgt = target_mask.sum(1)
-    N = int((1 + n_src + n_tgt).max())
+    # the longest row (an empty batch, B = 0, has none: one column, the <s> of no row)
+    N = int((1 + n_src + n_tgt).max()) if B else 1
     inputs = source.new_full((B, N + 1), PAD_ID)  # one spare column catches padding writes
     inputs[:, 0] = BOS_ID
     width = min(S, N)  # a source padded wider than any row needs is cut to fit

@@ -21,7 +21,15 @@ from torch import Tensor, nn
 
 from rnnkit.types import LSTMState, State
 
-__all__ = ["POOLINGS", "Pooling", "last_pool", "max_pool", "mean_pool", "state_pool"]
+__all__ = [
+    "POOLINGS",
+    "Pooling",
+    "directions_side_by_side",
+    "last_pool",
+    "max_pool",
+    "mean_pool",
+    "state_pool",
+]
 
 POOLINGS: tuple[str, ...] = ("last", "mean", "max")
 
@@ -127,8 +135,20 @@ def state_pool(state: State) -> Tensor:
     tensor([[0., 1., 2., 3.]])
     """
     h = state.h if isinstance(state, LSTMState) else state
-    top = h[-1]  # (D, B, H)
-    return top.permute(1, 0, 2).reshape(top.shape[1], -1)  # (B, D·H)
+    return directions_side_by_side(h[-1])
+
+
+def directions_side_by_side(top: Tensor) -> Tensor:
+    """``(D, B, H)`` → ``(B, D·H)``: ``[h^f; h^b]`` of each row.
+
+    The width is given, not inferred: ``reshape(B, -1)`` of an empty batch (``B = 0``)
+    is ambiguous and fails, while the result is simply ``(0, D·H)``.
+
+    >>> directions_side_by_side(torch.zeros(2, 0, 3)).shape
+    torch.Size([0, 6])
+    """
+    D, B, H = top.shape
+    return top.permute(1, 0, 2).reshape(B, D * H)
 
 
 class Pooling(nn.Module):

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.models.language_model import LossOutput
+from rnnkit.models.pooling import directions_side_by_side
 
 __all__ = ["LOSSES", "TARGETS", "Regressor", "RegressorOutput"]
 
@@ -82,7 +83,7 @@ class Regressor(nn.Module):
         else:
             h = out.state.h if hasattr(out.state, "h") else out.state  # (L, D, B, H)
             top = h[-1]  # (dirs, B, H): forward = after the last real step, backward = first
-            features = top.permute(1, 0, 2).reshape(top.shape[1], -1)  # (B, dirs·H)
+            features = directions_side_by_side(top)  # (B, dirs·H)
         z = self.head(self.drop(features))
         if self.loss_kind == "gaussian":
             mean, log_var = z.split(self.output_size, dim=-1)

@@ -57,6 +57,7 @@ from rnnkit.models.builders import build_embedding, build_encoder, build_length
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.language_model import LossOutput, check_token_ids
 from rnnkit.models.length import SequenceLength, length_targets
+from rnnkit.models.pooling import directions_side_by_side
 from rnnkit.models.seq2seq_decoder import (
     PER_SOURCE,
     STATE_BATCH_DIM,
@@ -113,7 +114,7 @@ def _coins(n: int, generator: torch.Generator | None, device: torch.device) -> T
 
 def _directions(t: Tensor) -> Tensor:
     """``(D, B, H)`` → ``(B, D·H)``: ``[h^f; h^b]``."""
-    return t.permute(1, 0, 2).reshape(t.shape[1], -1)
+    return directions_side_by_side(t)
 
 
 class Seq2Seq(nn.Module):
@@ -166,12 +167,10 @@ class Seq2Seq(nn.Module):
     ) -> None:
         super().__init__()
         if context not in CONTEXT_MODES:
-            raise ConfigError(
-                f"--context must be one of {', '.join(CONTEXT_MODES)}, got {context!r}"
-            )
+            raise ConfigError(f"context must be one of {', '.join(CONTEXT_MODES)}, got {context!r}")
         if attention_wiring not in ATTENTION_WIRINGS:
             raise ConfigError(
-                f"--attention-wiring must be one of {', '.join(ATTENTION_WIRINGS)}, "
+                f"attention_wiring must be one of {', '.join(ATTENTION_WIRINGS)}, "
                 f"got {attention_wiring!r}"
             )
         if decoder.bidirectional:
@@ -549,10 +548,6 @@ def build_seq2seq(spec: ModelSpec, source_vocab_size: int, target_vocab_size: in
     >>> m.vocab_size, m.decoder.input_size
     (12, 12)
     """
-    if spec.context not in CONTEXT_MODES:
-        raise ConfigError(
-            f"--context must be one of {', '.join(CONTEXT_MODES)}, got {spec.context!r}"
-        )
     E, H = spec.embedding, spec.hidden
     source_embedding = build_embedding(spec, source_vocab_size, E)
     target_embedding = nn.Embedding(target_vocab_size, E)

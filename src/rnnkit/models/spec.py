@@ -33,7 +33,10 @@ from rnnkit.layers.attention import ATTENTION_KINDS
 from rnnkit.models.length import LENGTH_MODES
 from rnnkit.models.pooling import POOLINGS
 
-__all__ = ["TASK_MODEL_DEFAULTS", "ModelSpec", "task_model_defaults"]
+__all__ = ["TASKS", "TASK_MODEL_DEFAULTS", "ModelSpec", "task_model_defaults"]
+
+#: Every task of ``rnnkit train --task`` (the command line's choices are these).
+TASKS = ("lm", "tag", "classify", "seq2seq", "events", "regress", "params")
 
 #: The model defaults that differ by task, each chosen by measurement (docs/defaults.md):
 #: task → {field: value}. ``rnnkit train --task TASK`` applies them to the options not
@@ -51,6 +54,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "condition": ("none", "init", "input", "both"),
     "pooling": POOLINGS,
     "attention": ("none", *ATTENTION_KINDS),
+    "context": ("init", "input", "both"),
+    "attention_wiring": ("before", "after"),
 }
 
 TASK_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -149,7 +154,17 @@ class ModelSpec:
         (128, 2, 0.3)
         >>> ModelSpec.for_task("lm", dropout=0.0).dropout  # a field given wins
         0.0
+        >>> ModelSpec.for_task("language")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        rnnkit.errors.ConfigError: ModelSpec.for_task: task must be one of lm, ..., got 'language'
         """
+        # An unknown task has no defaults of its own: without this check a misspelt task
+        # ("language", "classifier") gave the options' defaults, silently.
+        if task not in TASKS:
+            raise ConfigError(
+                f"ModelSpec.for_task: task must be one of {', '.join(TASKS)}, got {task!r}"
+            )
         return cls(**{**task_model_defaults(task, fields), **fields})
 
     def nonlinearities(self) -> tuple[str, ...]:

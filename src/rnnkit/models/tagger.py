@@ -222,7 +222,7 @@ def build_tagger(
     width = spec.embedding
     if spec.char_rnn:
         if num_chars is None:
-            raise ValueError("--char-rnn needs the size of the character vocabulary")
+            raise ValueError("char_rnn needs num_chars, the size of the character vocabulary")
         char_spec = replace(
             spec,
             hidden=CHAR_HIDDEN,

@@ -5,6 +5,7 @@ scorer) on tiny runs trained here."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from rnnkit.data.labelled import read_labelled
 from rnnkit.data.pairs import read_pairs
 from rnnkit.data.tagged import read_tagged
 from rnnkit.errors import ConfigError
+from rnnkit.training.manifest import write_manifest
 
 TINY = ["--hidden", "8", "--embedding", "8", "--batch-size", "8", "--quiet"]
 
@@ -165,8 +167,8 @@ def test_predict_arguments_are_named_in_one_line(tmp_path):
         with pytest.raises(ConfigError, match=f"batch_size must be an integer ≥ 1, got {size}"):
             s2s.predict(["a b"], batch_size=size)
     assert len(s2s.predict(["a b"], max_length=1)[0].split()) <= 1
-    with pytest.raises(ConfigError, match="--device 'gpu' is not a device"):
-        rnnkit.load(s2s.run_dir, device="gpu")
+    with pytest.raises(ConfigError, match=r"^device='gpu' is not a device"):
+        rnnkit.load(s2s.run_dir, device="gpu")  # the argument's name, not --device
 
     write_sessions(tmp_path / "train.jsonl", generate_sessions(24, seed=1))
     events = _train(tmp_path / "ev", "events", tmp_path / "train.jsonl", "--steps", "2")
@@ -202,3 +204,25 @@ def test_generate_names_a_prompt_or_seed_it_cannot_use(tmp_path):
     assert run.generate("the", max_length=3, seed=2**64 - 1) == run.generate(
         "the", max_length=3, seed=-1
     )
+
+
+def test_events_score_is_named_as_given_in_python_and_on_the_command_line(tmp_path, capsys):
+    # score= of predict() was refused as "--score ...", the command line's spelling
+    write_sessions(tmp_path / "train.jsonl", generate_sessions(24, seed=1))
+    events = _train(tmp_path / "ev", "events", tmp_path / "train.jsonl", "--steps", "2")
+    session = generate_sessions(1, seed=3)[0].events
+    with pytest.raises(ConfigError, match=r"^score must be one of max, .*, got 'median'$"):
+        rnnkit.load(events).predict([session], score="median")
+    # A run from before the calibration gives the running scores only.
+    old = tmp_path / "old"
+    shutil.copytree(events, old)
+    (old / "calibration.safetensors").unlink()
+    write_manifest(old)
+    with pytest.raises(ConfigError, match=r"^score='norm' needs calibration\.safetensors"):
+        rnnkit.load(old).predict([session], score="norm")
+    write_sessions(tmp_path / "one.jsonl", generate_sessions(1, seed=3))
+    capsys.readouterr()
+    argv = ["score", "--checkpoint", str(old), "--data", str(tmp_path / "one.jsonl")]
+    assert main([*argv, "--score", "norm"]) == 2
+    err = capsys.readouterr().err
+    assert "--score norm needs calibration.safetensors" in err and "score=" not in err

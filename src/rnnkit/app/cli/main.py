@@ -149,10 +149,22 @@ def _main(argv: Sequence[str] | None) -> int:
         messages.LOGGER.setLevel(before)  # main() called in-process leaves the level as it was
 
 
+def _check_device(args: argparse.Namespace) -> None:
+    """``--device`` of a command that loads a run, checked here to name the option: the
+    loaders are also the Python API's, whose message names their ``device=`` argument.
+    (``train`` checks its configuration's ``--device`` itself, when it trains.)"""
+    device = getattr(args, "device", None)
+    if args.command != "train" and isinstance(device, str):
+        from rnnkit.app.tasks.settings import choose_device
+
+        choose_device(device, "--device")
+
+
 def _run(args: argparse.Namespace) -> int:
     from rnnkit.training.manifest import skipping_checksums
 
     try:
+        _check_device(args)
         with skipping_checksums() if getattr(args, "skip_checksums", False) else nullcontext():
             code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not at exit after the last line

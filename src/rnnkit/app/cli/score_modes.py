@@ -117,6 +117,8 @@ def run_batch(config: ScoreConfig, run: Any, params_run: Any = None) -> int:
 
     from rnnkit.app.tasks.events import score_sessions
 
+    if config.score is not None:  # named as the option here (score_sessions: score=)
+        run.check_score(config.score, "--score")
     limits = _thresholds(config, run)
     count = anomalous = unknown = by_params = 0
     empty = True

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rnnkit.errors import ConfigError
+from rnnkit.models.spec import TASKS as MODEL_TASKS
 
 __all__ = [
     "TASKS",
@@ -39,8 +40,8 @@ __all__ = [
     "value_kinds",
 ]
 
-#: Every task of ``rnnkit train --task``.
-TASKS = ("lm", "tag", "classify", "seq2seq", "events", "regress", "params")
+#: Every task of ``rnnkit train --task`` (the models' list: ``ModelSpec.for_task`` checks it).
+TASKS = MODEL_TASKS
 #: The tasks that read tokens (``regress`` and ``params`` read vectors of numbers).
 TOKEN_TASKS = ("lm", "tag", "classify", "seq2seq", "events")
 

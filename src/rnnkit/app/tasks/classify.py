@@ -248,7 +248,7 @@ def train_classify(
             raise ConfigError("--pretrained-vectors needs text inputs (--inputs text)")
         return train_vectors(cfg, resume, quiet, callbacks)
     out = Path(cfg.out)
-    device = choose_device(cfg.device)
+    device = choose_device(cfg.device, "--device")
     train_examples, valid_examples = _read_split(cfg)
     if resume:
         check_resume(cfg, out)

@@ -245,7 +245,7 @@ def train_vectors(
 ) -> dict[str, Any]:
     """Train the classifier of real-valued sequences; write the run; return the summary."""
     out = Path(cfg.out)
-    device = choose_device(cfg.device)
+    device = choose_device(cfg.device, "--device")
     train_seqs = _read(cfg.train)
     if cfg.valid:
         valid_seqs = _read(cfg.valid)

@@ -193,7 +193,7 @@ def train_lm(
     continues from its latest snapshot exactly.
     """
     out = Path(cfg.out)
-    device = choose_device(cfg.device)
+    device = choose_device(cfg.device, "--device")
     vocab, labels = None, None
     if resume:
         saved_cfg, _ = load_config(out)

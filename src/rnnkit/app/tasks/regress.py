@@ -212,7 +212,7 @@ def fit_sequences(
     caller holds the run directory; :func:`train` for files, the ``params`` task for one
     model per log key). ``info`` goes into ``config.json`` beside the sizes."""
     out = Path(cfg.out)
-    device = choose_device(cfg.device)
+    device = choose_device(cfg.device, "--device")
     target = cfg.target
     D = train_seqs[0].values.shape[1]
     _check_width(train_seqs, D, "the first sequence's width")

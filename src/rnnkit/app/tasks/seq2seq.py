@@ -116,6 +116,13 @@ def check_config(cfg: TrainConfig) -> None:
             )
         if cfg.bidirectional:
             raise ConfigError("--bidirectional does not apply to --decoder-only (one causal LM)")
+    elif cfg.bidirectional and cfg.attention == "dot":
+        # the model would refuse it too, but naming its Python arguments
+        raise ConfigError(
+            "--attention dot needs equal widths, and --bidirectional doubles the encoder "
+            "states' (2 × --hidden against the decoder's --hidden); use --attention "
+            "bilinear or additive"
+        )
 
 
 def _load_nearest(run_dir: Path, target_size: int) -> NearestNeighbour | None:
@@ -182,7 +189,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     check_config(cfg)
     schedule = parse_schedule(cfg.scheduled_sampling)
     out = Path(cfg.out)
-    device = choose_device(cfg.device)
+    device = choose_device(cfg.device, "--device")
     vocabs = _check_resume(out, cfg) if resume else None
     seed_everything(cfg.seed)
     data = prepare_data(cfg, vocabs)

@@ -32,27 +32,33 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def choose_device(name: str) -> torch.device:
+def choose_device(name: str, argument: str = "device") -> torch.device:
     """The device ``--device`` (``device=`` of ``rnnkit.load``) names; ``auto``: CUDA if
     there is one. A name torch does not know, or CUDA where there is none, is a
     ``ConfigError`` naming it (torch's own message lists every backend it was built
-    with, and ``cuda:0`` without CUDA failed only when the weights moved).
+    with, and ``cuda:0`` without CUDA failed only when the weights moved) and the
+    ``argument`` it came in: the Python one (``device``, the default) or the option
+    (``--device``: a training configuration's, and the command line's).
 
     >>> choose_device("cpu")
     device(type='cpu')
     >>> choose_device("gpu")
     Traceback (most recent call last):
     ...
-    rnnkit.errors.ConfigError: --device 'gpu' is not a device: cpu, cuda, cuda:N or auto
+    rnnkit.errors.ConfigError: device='gpu' is not a device: cpu, cuda, cuda:N or auto
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # as the user wrote it: `--device cuda` on the command line, `device='cuda'` in Python
+    option = argument.startswith("--")
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
-        raise ConfigError(f"--device {name!r} is not a device: cpu, cuda, cuda:N or auto") from None
+        given = f"{argument} {name!r}" if option else f"{argument}={name!r}"
+        raise ConfigError(f"{given} is not a device: cpu, cuda, cuda:N or auto") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name}: no CUDA device is available here")
+        given = f"{argument} {name}" if option else f"{argument}={name!r}"
+        raise ConfigError(f"{given}: no CUDA device is available here")
     return device
 
 
@@ -63,7 +69,7 @@ def device_name(name: str) -> str:
     >>> device_name("cpu")
     'cpu'
     """
-    device = choose_device(name)
+    device = choose_device(name, "--device")
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
     return device.type

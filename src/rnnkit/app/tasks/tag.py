@@ -96,7 +96,7 @@ def train_tag(
 ) -> dict[str, Any]:
     """Train a tagger as ``cfg`` says; write the run directory; return the summary."""
     out = Path(cfg.out)
-    device = choose_device(cfg.device)
+    device = choose_device(cfg.device, "--device")
     sentences, _ = read_tagged(cfg.train, cfg.tag_column)
     if cfg.valid:
         valid_sentences, _ = read_tagged(cfg.valid, cfg.tag_column)

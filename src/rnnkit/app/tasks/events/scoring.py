@@ -59,13 +59,16 @@ class EventsModel:
         complete = self.calibration is not None and self.thresholds["version"] >= 2
         return SCORES if complete else RUNNING_SCORES
 
-    def check_score(self, name: str) -> None:
-        """ConfigError unless this run can give the score ``name``."""
+    def check_score(self, name: str, argument: str = "score") -> None:
+        """ConfigError unless this run can give the score ``name``, naming ``argument``:
+        the Python argument (``score``, the default) or the command line's option
+        (``--score``), whichever the user gave: ``score='norm'`` or ``--score norm``."""
         if name not in SCORES:
-            raise ConfigError(f"--score must be one of {', '.join(SCORES)}, got {name!r}")
+            raise ConfigError(f"{argument} must be one of {', '.join(SCORES)}, got {name!r}")
         if name not in self.scores:
+            given = f"{argument} {name}" if argument.startswith("--") else f"{argument}={name!r}"
             raise ConfigError(
-                f"--score {name} needs calibration.safetensors, which this run predates "
+                f"{given} needs calibration.safetensors, which this run predates "
                 f"(retrain it; scores here: {', '.join(self.scores)})"
             )
 

@@ -58,7 +58,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
             f"not {cfg.bptt}"
         )
     out = Path(cfg.out)
-    device = choose_device(cfg.device)
+    device = choose_device(cfg.device, "--device")
     vocab = _resumed_vocab(cfg, out) if resume else None
     seed_everything(cfg.seed)
     data = prepare_events_data(cfg, vocab)
