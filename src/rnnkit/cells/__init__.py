@@ -1,6 +1,7 @@
 """Cells: one time step of the simple RNN, the LSTM and the GRU (hand-written backward steps).
 
-``amp``: a cell steps in its weights' dtype under autocast (mixed precision).
+``amp``: a cell steps in its weights' dtype under autocast (mixed precision); float16 and
+bfloat16 layers compute in float32 on the CPU.
 ``layer_norm``: the layer-normalised LSTM and GRU (their steps and hand-written backward);
 ``normalization``: their normalisation ν, its backward and their input part.
 """
@@ -8,6 +9,7 @@
 from rnnkit.cells.amp import (
     autocast_devices_on,
     cell_step_in_weights_dtype,
+    float32_on_cpu,
     low_precision_to,
     without_autocast,
 )
@@ -64,6 +66,7 @@ __all__ = [
     "autocast_devices_on",
     "cell_step_in_weights_dtype",
     "check_cell_input",
+    "float32_on_cpu",
     "gru_step",
     "gru_step_backward",
     "input_product",

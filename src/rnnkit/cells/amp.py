@@ -16,6 +16,12 @@ loop's outputs are ~4e-3 off and its gradients ~1e-2 (float32: 1e-7 and 3e-7). I
 gain is uneven: slower than the compiled float32 loop on narrow layers, faster only on
 wide ones and one thread (docs/reliability.md has the measured figures). A bfloat16 loop
 would also give up the compiled loop's skipping of finished rows.
+
+A model whose weights are themselves float16/bfloat16 (``model.to(torch.bfloat16)``,
+``.half()``) computes its recurrence on the CPU in float32 too
+(:func:`float32_on_cpu`): the layer casts its weights, input and state up once per call
+and its outputs and final state back, so the compiled loop runs, and the results carry
+one rounding to the weights' dtype instead of T compounded ones.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from rnnkit.types import LSTMState
 __all__ = [
     "autocast_devices_on",
     "cell_step_in_weights_dtype",
+    "float32_on_cpu",
     "low_precision_to",
     "without_autocast",
 ]
@@ -111,3 +118,15 @@ def cell_step_in_weights_dtype(forward: _F) -> _F:
             return forward(self, x, state)
 
     return run  # type: ignore[return-value]
+
+
+def float32_on_cpu(weight: Tensor) -> bool:
+    """Whether a time loop over weights like ``weight`` computes in float32: float16 or
+    bfloat16 weights on the CPU (module docstring). Elsewhere (float32, float64, a GPU,
+    whose fused kernels and Triton steps take the low precision themselves) the loop
+    computes in the weights' dtype.
+
+    >>> float32_on_cpu(torch.ones(1, dtype=torch.bfloat16)), float32_on_cpu(torch.ones(1))
+    (True, False)
+    """
+    return weight.device.type == "cpu" and weight.dtype in (torch.float16, torch.bfloat16)

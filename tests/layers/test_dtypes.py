@@ -1,0 +1,127 @@
+"""Layers and drop-ins whose weights are bfloat16, float16 or float64, on the CPU.
+
+Oracles: ``torch.nn`` with copied weights in the same dtype (values and gradients to the
+dtype's rounding), and, for float16/bfloat16, the same layer in float32 from the rounded
+weights (rnnkit computes a float16/bfloat16 recurrence in float32 on the CPU and rounds
+its results once: equal to the bit).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from rnnkit import nn as knn
+from rnnkit.cells.amp import float32_on_cpu
+from rnnkit.layers import GRU, LSTM, RNN
+from rnnkit.types import LSTMState
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+LOW = [torch.bfloat16, torch.float16]
+# the dtype's rounding: its machine epsilon (float64: the loop's sums over a few terms)
+EPS = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float64: 1e-13}
+T, B, I, H = 6, 3, 5, 4
+
+
+def _pair(mode: str, dtype: torch.dtype, **kw) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """torch.nn's layer and the drop-in with the same weights, in ``dtype``."""
+    torch.manual_seed(0)
+    reference = getattr(torch.nn, mode)(I, H, **kw).to(dtype)
+    mine = getattr(knn, mode)(I, H, **kw).to(dtype)
+    mine.load_state_dict(reference.state_dict())
+    return reference, mine
+
+
+def _run(module: torch.nn.Module, x: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """Output, final h and every gradient of ``sum(output · weights)`` (float64)."""
+    for p in module.parameters():
+        p.grad = None
+    x = x.detach().clone().requires_grad_()
+    out, final = module(x)
+    h = final[0] if isinstance(final, tuple) else final
+    g = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view(out.shape)
+    (out * g.to(out.dtype)).sum().backward()
+    grads = {n: p.grad.double() for n, p in module.named_parameters()}
+    grads["x"] = x.grad.double()
+    return out.detach().double(), h.detach().double(), grads
+
+
+@pytest.mark.parametrize("dtype", [*LOW, torch.float64], ids=str)
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+def test_drop_ins_agree_with_torch_in_each_dtype(mode: str, dtype: torch.dtype) -> None:
+    reference, mine = _pair(mode, dtype, num_layers=2, bidirectional=True)
+    x = torch.randn(T, B, I, generator=torch.Generator().manual_seed(1)).to(dtype)
+    out_t, h_t, grads_t = _run(reference, x)
+    out_m, h_m, grads_m = _run(mine, x)
+    mine.zero_grad()
+    assert mine(x)[0].dtype == dtype
+    assert all(p.grad is None or p.grad.dtype == dtype for p in mine.parameters())
+    # each side carries the dtype's rounding (torch's compounded over the steps): a few eps
+    tol = 8 * EPS[dtype]
+    torch.testing.assert_close(out_m, out_t, atol=tol, rtol=0)
+    torch.testing.assert_close(h_m, h_t, atol=tol, rtol=0)
+    for name, g in grads_t.items():
+        scale = max(float(g.abs().max()), 1.0)
+        torch.testing.assert_close(grads_m[name], g, atol=tol * scale, rtol=0, msg=name)
+
+
+def _own(kind: type, dtype: torch.dtype, **kw) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return kind(I, H, **kw).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=str)
+@pytest.mark.parametrize("kind", [RNN, LSTM, GRU], ids=lambda k: k.__name__)
+def test_low_precision_layer_is_its_float32_computation_rounded_once(
+    kind: type, dtype: torch.dtype
+) -> None:
+    """float16/bfloat16 weights on the CPU: the loop runs in float32 (the compiled loop
+    where it is built) and the outputs, the final state and every gradient are rounded
+    once to the weights' dtype. The loop in bfloat16 itself rounds at every step."""
+    low = _own(kind, dtype, num_layers=1)  # one cell: each gradient is one rounding
+    high = _own(kind, torch.float32, num_layers=1)
+    high.load_state_dict({k: v.float() for k, v in low.state_dict().items()})
+    x = torch.randn(B, T, I, generator=torch.Generator().manual_seed(2)).to(dtype)
+    lengths = torch.tensor([T, 2, T - 1])
+    results = []
+    for layer, xx in ((low, x), (high, x.float())):
+        xx = xx.clone().requires_grad_()
+        out = layer(xx, lengths=lengths)
+        state = out.state
+        h = state.h if isinstance(state, LSTMState) else state
+        out.outputs.sum().backward()
+        grads = [p.grad for p in layer.parameters()]
+        results.append((out.outputs, h, xx.grad, grads))
+    (out_l, h_l, dx_l, g_l), (out_h, h_h, dx_h, g_h) = results
+    assert out_l.dtype == h_l.dtype == dx_l.dtype == dtype
+    assert torch.equal(out_l, out_h.to(dtype))
+    assert torch.equal(h_l, h_h.to(dtype))
+    assert torch.equal(dx_l, dx_h.to(dtype))
+    for gl, gh in zip(g_l, g_h, strict=True):
+        assert gl.dtype == dtype and torch.equal(gl, gh.to(dtype))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"layer_norm": True}, {"recurrent_dropout": 0.3, "zoneout": 0.2}, {"weight_drop": 0.3}],
+    ids=["layer_norm", "recurrent_dropout_zoneout", "weight_drop"],
+)
+def test_low_precision_layer_with_options_runs_in_float32(options: dict) -> None:
+    """The cell kinds and regularizers whose masks enter the loop: cast with it."""
+    layer = _own(LSTM, torch.bfloat16, **options).train()
+    x = torch.randn(B, T, I, dtype=torch.bfloat16, requires_grad=True)
+    out = layer(x)
+    out.outputs.float().square().sum().backward()
+    assert out.outputs.dtype == out.state.h.dtype == torch.bfloat16
+    assert x.grad is not None and bool(x.grad.isfinite().all())
+    assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in layer.parameters())
+
+
+def test_float32_on_cpu_names_the_low_precision_dtypes() -> None:
+    assert float32_on_cpu(torch.ones(1, dtype=torch.bfloat16))
+    assert float32_on_cpu(torch.ones(1, dtype=torch.float16))
+    assert not float32_on_cpu(torch.ones(1, dtype=torch.float32))
+    assert not float32_on_cpu(torch.ones(1, dtype=torch.float64))
+    assert not float32_on_cpu(torch.ones(1, dtype=torch.bfloat16, device="meta"))
