@@ -125,3 +125,27 @@ def test_float32_on_cpu_names_the_low_precision_dtypes() -> None:
     assert not float32_on_cpu(torch.ones(1, dtype=torch.float32))
     assert not float32_on_cpu(torch.ones(1, dtype=torch.float64))
     assert not float32_on_cpu(torch.ones(1, dtype=torch.bfloat16, device="meta"))
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=str)
+def test_low_precision_windowed_stack_is_its_float32_computation_rounded_once(
+    dtype: torch.dtype,
+) -> None:
+    """``window=τ`` runs the whole stack in one node: in float32 too, rounded once."""
+    low = _own(LSTM, dtype, num_layers=2)
+    high = _own(LSTM, torch.float32, num_layers=2)
+    high.load_state_dict({k: v.float() for k, v in low.state_dict().items()})
+    x = torch.randn(B, T, I, generator=torch.Generator().manual_seed(3)).to(dtype)
+    results = []
+    for layer, xx in ((low, x), (high, x.float())):
+        xx = xx.clone().requires_grad_()
+        out = layer(xx, window=2)
+        out.outputs.sum().backward()
+        results.append((out.outputs, out.state.c, xx.grad, [p.grad for p in layer.parameters()]))
+    (out_l, c_l, dx_l, g_l), (out_h, c_h, dx_h, g_h) = results
+    assert out_l.dtype == c_l.dtype == dx_l.dtype == dtype
+    assert torch.equal(out_l, out_h.to(dtype))
+    assert torch.equal(c_l, c_h.to(dtype))
+    assert torch.equal(dx_l, dx_h.to(dtype))
+    for gl, gh in zip(g_l, g_h, strict=True):
+        assert gl.dtype == dtype and torch.equal(gl, gh.to(dtype))
