@@ -149,3 +149,86 @@ def test_low_precision_windowed_stack_is_its_float32_computation_rounded_once(
     assert torch.equal(dx_l, dx_h.to(dtype))
     for gl, gh in zip(g_l, g_h, strict=True):
         assert gl.dtype == dtype and torch.equal(gl, gh.to(dtype))
+
+
+def _error_of(fn) -> BaseException:
+    with pytest.raises(Exception) as caught:  # the type is what is compared
+        fn()
+    return caught.value
+
+
+MISMATCHES = [
+    (torch.float64, torch.float32),
+    (torch.bfloat16, torch.float32),
+    (torch.float32, torch.float16),
+]
+
+
+@pytest.mark.parametrize(("weights", "inputs"), MISMATCHES, ids=str)
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+def test_drop_ins_refuse_another_input_dtype_as_torch_does(
+    mode: str, weights: torch.dtype, inputs: torch.dtype
+) -> None:
+    """The input, or the initial state, in another dtype than the weights: torch's
+    exception type, one line naming the drop-in."""
+    reference, mine = _pair(mode, weights)
+    x = torch.randn(T, B, I, dtype=inputs)
+    theirs, ours = _error_of(lambda: reference(x)), _error_of(lambda: mine(x))
+    assert type(ours) is type(theirs)
+    assert str(ours).startswith(f"rnnkit.nn.{mode}: input dtype ({inputs})")
+    assert "\n" not in str(ours)
+    h = torch.zeros(1, B, H, dtype=inputs)
+    hx = (h, h) if mode == "LSTM" else h
+    xw = x.to(weights)
+    theirs, ours = _error_of(lambda: reference(xw, hx)), _error_of(lambda: mine(xw, hx))
+    assert type(ours) is type(theirs)
+    assert str(ours).startswith(f"rnnkit.nn.{mode}: hx")
+    assert "\n" not in str(ours)
+
+
+@pytest.mark.parametrize(("weights", "inputs"), MISMATCHES, ids=str)
+@pytest.mark.parametrize("kind", [RNN, LSTM, GRU], ids=lambda k: k.__name__)
+def test_layers_name_themselves_when_the_input_dtype_differs(
+    kind: type, weights: torch.dtype, inputs: torch.dtype
+) -> None:
+    layer = _own(kind, weights)
+    x = torch.randn(B, T, I, dtype=inputs)
+    name = kind.__name__
+    with pytest.raises(TypeError, match=rf"^{name}: x is {inputs} on cpu but the parameters"):
+        layer(x)
+    z = torch.zeros(1, 1, B, H, dtype=inputs)
+    state = LSTMState(z, z) if kind is LSTM else z
+    part = "state.h" if kind is LSTM else "state"
+    with pytest.raises(TypeError, match=rf"^{name}: {part} is {inputs} on cpu, x is {weights}"):
+        layer(x.to(weights), state=state)
+    cell = layer.cells()[0]
+    with pytest.raises(TypeError, match=rf"^{type(cell).__name__}: x is {inputs} on cpu"):
+        cell(torch.randn(B, I, dtype=inputs))
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+def test_built_under_a_float64_default_they_compute_in_float64(mode: str) -> None:
+    """``torch.set_default_dtype(torch.float64)`` before building: the drop-ins, rnnkit's
+    own layers and cells are float64 and agree with torch's layer built the same way."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        reference = getattr(torch.nn, mode)(I, H)
+        mine = getattr(knn, mode)(I, H)
+        own = {"RNN": RNN, "LSTM": LSTM, "GRU": GRU}[mode](I, H)
+        cell = getattr(knn, mode + "Cell")(I, H)
+        x = torch.randn(T, B, I)
+    finally:
+        torch.set_default_dtype(before)
+    for module in (mine, own, cell):
+        assert {p.dtype for p in module.parameters()} == {torch.float64}
+    mine.load_state_dict(reference.state_dict())
+    out_t, h_t, grads_t = _run(reference, x)
+    out_m, h_m, grads_m = _run(mine, x)
+    assert out_m.dtype == torch.float64
+    torch.testing.assert_close(out_m, out_t, atol=1e-12, rtol=0)
+    torch.testing.assert_close(h_m, h_t, atol=1e-12, rtol=0)
+    for name, g in grads_t.items():
+        torch.testing.assert_close(grads_m[name], g, atol=1e-12, rtol=0, msg=name)
+    assert own(x.transpose(0, 1)).outputs.dtype == torch.float64
