@@ -232,3 +232,46 @@ def test_built_under_a_float64_default_they_compute_in_float64(mode: str) -> Non
     for name, g in grads_t.items():
         torch.testing.assert_close(grads_m[name], g, atol=1e-12, rtol=0, msg=name)
     assert own(x.transpose(0, 1)).outputs.dtype == torch.float64
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+def test_under_autocast_a_float32_input_meets_bfloat16_weights(mode: str) -> None:
+    """Under autocast a float32 input is cast to float16/bfloat16 weights (autocast
+    casts it so for torch's layers): the result is the layer's on the rounded input, in
+    the weights' dtype, for the drop-in, rnnkit's own layer and its cell; outside
+    autocast the same call is the dtype error."""
+    _, mine = _pair(mode, torch.bfloat16)
+    own = _own({"RNN": RNN, "LSTM": LSTM, "GRU": GRU}[mode], torch.bfloat16)
+    x = torch.randn(T, B, I)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got_mine = mine(x)[0]
+        got_own = own(x.transpose(0, 1)).outputs
+        got_cell = own.cells()[0](x[0])
+    assert torch.equal(got_mine, mine(x.bfloat16())[0])
+    assert torch.equal(got_own, own(x.transpose(0, 1).bfloat16()).outputs)
+    cell_out = own.cells()[0](x[0].bfloat16())
+    first = got_cell[0] if isinstance(got_cell, tuple) else got_cell
+    assert torch.equal(first, cell_out[0] if isinstance(cell_out, tuple) else cell_out)
+    with pytest.raises(ValueError, match=rf"^rnnkit\.nn\.{mode}: input dtype"):
+        mine(x)
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+def test_under_autocast_float64_beside_float32_fails_as_torch_does(mode: str) -> None:
+    """autocast casts float32 only: a float64 input or state beside float32 weights
+    fails in torch's product (a ``RuntimeError``); the drop-in says so in one line."""
+    reference, mine = _pair(mode, torch.float32)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        theirs, ours = _error_of(lambda: reference(x)), _error_of(lambda: mine(x))
+    assert type(ours) is type(theirs) is RuntimeError
+    assert str(ours).startswith(f"rnnkit.nn.{mode}: input dtype (torch.float64)")
+    h = torch.zeros(1, B, H, dtype=torch.float64)
+    hx = (h, h) if mode == "LSTM" else h
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = _error_of(lambda: mine(x.float(), hx))
+    assert type(ours) is RuntimeError and str(ours).startswith(f"rnnkit.nn.{mode}: hx")
+    cell = getattr(knn, mode + "Cell")(I, H)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = _error_of(lambda: cell(x[0]))
+    assert type(ours) is RuntimeError and str(ours).startswith(f"rnnkit.nn.{mode}Cell: input")

@@ -8,6 +8,7 @@ bfloat16 layers compute in float32 on the CPU.
 
 from rnnkit.cells.amp import (
     autocast_devices_on,
+    autocast_reconciles,
     cell_step_in_weights_dtype,
     float32_on_cpu,
     low_precision_to,
@@ -64,6 +65,7 @@ __all__ = [
     "Weights",
     "activate",
     "autocast_devices_on",
+    "autocast_reconciles",
     "cell_step_in_weights_dtype",
     "check_cell_input",
     "float32_on_cpu",
