@@ -7,7 +7,9 @@ For each dtype, each layer (``rnnkit.nn.LSTM``/``GRU``, the drop-ins, and
 interleaved rounds: ``torch.nn``'s layer, rnnkit's, and rnnkit's with the time loop in
 the weights' own dtype (``float32_on_cpu`` switched off: the PyTorch loop, as before
 float16/bfloat16 weights computed in float32 on the CPU). Ratio = rnnkit time / torch
-time (> 1: rnnkit is slower), the median over rounds of the ratio within a round.
+time (> 1: rnnkit is slower), the median over rounds of the ratio within a round. Then,
+for float16/bfloat16, one training step of an encoder–decoder with additive attention
+(no ``torch.nn`` equivalent: against the same model in float32).
 
     python benchmarks/bench_dtypes.py [--rounds 7] [--seq 40] [--batch 16] [--hidden 128]
         [--dtypes bf16,fp16,fp64] [--cpu-time] [--json]
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -31,22 +34,49 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved, machine, median_ratio
 
+import rnnkit.layers.attention_loop as attention_loop
 import rnnkit.layers.recurrent as recurrent
 from rnnkit import nn as rnnkit_nn
 from rnnkit.layers import from_torch
+from rnnkit.models import ModelSpec
+from rnnkit.models.seq2seq import build_seq2seq
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 
 
 @contextlib.contextmanager
 def loop_in_weights_dtype() -> Iterator[None]:
-    """The time loop in the weights' own dtype (the behaviour before float32_on_cpu)."""
+    """The time loops (the layers' and the attention decoder's) in the weights' own dtype
+    (the behaviour before float32_on_cpu)."""
     before = recurrent.float32_on_cpu
-    recurrent.float32_on_cpu = lambda weight: False
+    recurrent.float32_on_cpu = attention_loop.float32_on_cpu = lambda weight: False
     try:
         yield
     finally:
-        recurrent.float32_on_cpu = before
+        recurrent.float32_on_cpu = attention_loop.float32_on_cpu = before
+
+
+def seq2seq_contenders(dtype: torch.dtype, B: int, H: int) -> dict[str, Callable[[], Any]]:
+    """An encoder–decoder with additive attention (LSTM, S = T = 30, vocabularies of 50)
+    trained one step: in float32, in ``dtype``, and in ``dtype`` with the loops in it."""
+    torch.manual_seed(0)
+    base = build_seq2seq(ModelSpec(hidden=H, embedding=32, attention="additive"), 50, 50)
+    source, target = torch.randint(3, 50, (B, 30)), torch.randint(3, 50, (B, 30))
+    mask = torch.ones_like(source, dtype=torch.bool)
+
+    def step(model: torch.nn.Module) -> Callable[[], Any]:
+        def run() -> Any:
+            model(source, mask, target, mask).logits.float().sum().backward()
+
+        return run
+
+    low = step(copy.deepcopy(base).to(dtype))
+
+    def before() -> Any:
+        with loop_in_weights_dtype():
+            return low()
+
+    return {"fp32": step(base), "rnnkit": low, "before": before}
 
 
 def _call(module: torch.nn.Module, x: Tensor, train: bool, own: bool) -> Callable[[], Any]:
@@ -120,6 +150,28 @@ def main(argv: list[str] | None = None) -> int:
                         f"  before/rnnkit {row['before_over_rnnkit']:5.2f}",
                         flush=True,
                     )
+    for name in args.dtypes.split(","):
+        if DTYPES[name] == torch.float64:
+            continue
+        times = interleaved(
+            seq2seq_contenders(DTYPES[name], args.batch, args.hidden), args.rounds, 0.1, clock=clock
+        )
+        row = {
+            "dtype": name,
+            "layer": "seq2seq",
+            "mode": "train",
+            "fp32_ms": 1e3 * sorted(times["fp32"])[len(times["fp32"]) // 2],
+            "rnnkit_over_fp32": median_ratio(times, "rnnkit", "fp32"),
+            "before_over_fp32": median_ratio(times, "before", "fp32"),
+        }
+        rows.append(row)
+        if not args.json:
+            print(
+                f"{name:5s} seq2seq      train fp32  {row['fp32_ms']:7.2f} ms"
+                f"  rnnkit/fp32  {row['rnnkit_over_fp32']:5.2f}"
+                f"  before/fp32  {row['before_over_fp32']:5.2f}",
+                flush=True,
+            )
     if args.json:
         print(json.dumps({"machine": machine(), "rows": rows}))
     return 0
