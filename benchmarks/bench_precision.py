@@ -20,6 +20,7 @@ import copy
 import json
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved, machine, median
+from bench_dtypes import loop_in_weights_dtype
 
 from rnnkit.bptt import native
 from rnnkit.cells.lstm import LSTMCell
@@ -60,7 +62,10 @@ def recurrence(hidden: int, rounds: int) -> dict[str, dict[str, float]]:
         def run():
             for p in layer.parameters():
                 p.grad = None
-            with native.use_native(compiled):
+            # bf16 on the PyTorch loop in bfloat16 itself (a bfloat16 layer on the CPU
+            # otherwise computes in float32)
+            low = loop_in_weights_dtype() if dtype == torch.bfloat16 else nullcontext()
+            with native.use_native(compiled), low:
                 out, _ = layer(x)
                 out.backward(g)
             return out
@@ -108,7 +113,7 @@ def language_model(rounds: int, block: int) -> dict[str, dict[str, Any]]:
             torch.optim.Adam(model.parameters(), lr=3e-3),
             StreamBatcher(ids, 32, 64),
             lambda m, b, c: m.loss(b.inputs, b.targets, state=c),
-            TrainOptions(steps=0, clip_norm=5.0, quiet=True, precision=precision),
+            TrainOptions(steps=1, clip_norm=5.0, quiet=True, precision=precision),
         )
     rates: dict[str, list[float]] = {p: [] for p in trainers}
     order = list(trainers)

@@ -301,16 +301,19 @@ def test_lstm_forward_keeps_the_callers_projections(threads, save) -> None:
 )
 @pytest.mark.parametrize("H", [13, 16])
 @pytest.mark.parametrize("grad", [True, False], ids=["train", "no_grad"])
-def test_gates_saturate_and_carry_nan_like_the_pytorch_loop(cls, options, I, H, grad) -> None:
-    """The float32 gate loops (8 units at a time where the build has AVX2, the scalar loop
-    for the rest of a row: H = 13 is 8 + 5) at their edges: pre-activations of ±1e4 and ±inf
-    (one infinite input a step) saturate the gates to the values torch's sigmoid and tanh
-    give, and a NaN input poisons its own sequence from its step on and no other — as on
-    the PyTorch loop."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_gates_saturate_and_carry_nan_like_the_pytorch_loop(
+    cls, options, I, H, grad, dtype
+) -> None:
+    """The gate loops (float32: 8 units at a time where the build has AVX2, the scalar
+    loop for the rest of a row: H = 13 is 8 + 5; float64: the library's own exp and tanh,
+    vectorised) at their edges: pre-activations of ±1e4 and ±inf (one infinite input a
+    step) saturate the gates to the values torch's sigmoid and tanh give, and a NaN input
+    poisons its own sequence from its step on and no other — as on the PyTorch loop."""
     torch.manual_seed(5)
-    layer = cls(I, H, **options)
+    layer = cls(I, H, **options).to(dtype)
     T, B = 6, 3
-    x = torch.randn(B, T, I)
+    x = torch.randn(B, T, I, dtype=dtype)
     x[0, 1:] *= 1e4
     x[0, 3, 0], x[0, 4, 1] = float("inf"), -float("inf")  # one a step: ±inf, no inf - inf
     x[1, 2, 7] = float("nan")
@@ -323,7 +326,8 @@ def test_gates_saturate_and_carry_nan_like_the_pytorch_loop(cls, options, I, H, 
     nan = torch.zeros(B, T, H, dtype=torch.bool)
     nan[1, 2:] = True
     assert torch.equal(ours.isnan(), nan) and torch.equal(ref.isnan(), nan)
-    torch.testing.assert_close(ours[~nan], ref[~nan], rtol=0, atol=1e-6)
+    atol = 1e-6 if dtype == torch.float32 else 1e-14
+    torch.testing.assert_close(ours[~nan], ref[~nan], rtol=0, atol=atol)
 
 
 def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -660,3 +664,23 @@ def test_own_matmul_says_whether_the_build_has_its_own_kernel() -> None:
     assert native.own_matmul() == ("-march=x86-64-v4" in native._flags())
     with native.use_native(False):
         assert native.own_matmul() is False
+
+
+@pytest.mark.parametrize("nonlinearity", ["tanh", "sigmoid"])
+def test_float64_activations_are_within_two_ulp_of_torch(nonlinearity: str) -> None:
+    """The compiled loop's own float64 tanh and sigmoid (vectorised, not the C library's):
+    a cell whose step is the activation of its input alone (W_ih = I, W_hh = 0, no bias)
+    over a dense grid of [-40, 40], against torch's functions."""
+    H = 16
+    layer = RNN(H, H, nonlinearity=nonlinearity).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.zero_()
+        layer.cells()[0].weight_ih.copy_(torch.eye(H, dtype=torch.float64))
+    grid = torch.linspace(-40, 40, 64 * H + 1, dtype=torch.float64)[: 64 * H]
+    x = grid.view(64, 1, H)  # (B, T = 1, I)
+    with native.use_native(True):
+        ours = layer(x).outputs.view(-1)
+    ref = torch.tanh(grid) if nonlinearity == "tanh" else torch.sigmoid(grid)
+    ulp = torch.finfo(torch.float64).eps * ref.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    assert bool(((ours - ref).abs() <= 2 * ulp).all()), float(((ours - ref).abs() / ulp).max())

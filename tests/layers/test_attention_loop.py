@@ -178,3 +178,67 @@ def test_float32_weight_gradients_agree_with_float64_at_product_sizes(kind):
     for (name, _), a, b in zip(m32.named_parameters(), *grads, strict=True):
         scale = b.abs().max().item()
         torch.testing.assert_close(a.double(), b, atol=1e-5 * scale, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_low_precision_node_is_its_float32_computation_rounded_once(dtype):
+    """float16/bfloat16 weights on the CPU: the node runs in float32 and rounds its
+    outputs and every gradient once to the weights' dtype."""
+    m = _model(SimpleNamespace(kind="lstm", options={}), "additive", "init").to(dtype)
+    source, source_mask, target_in, _ = _batch(True)
+    with torch.no_grad():
+        state = m.encode(source, source_mask)
+        emb = m.target_embedding(target_in).transpose(0, 1)
+    cell = m.decoder.cells()[0]
+    E, D = emb.shape[-1], m.memory_size
+    leaves = {
+        "weight_hh": cell.weight_hh,
+        "v": m.attention.v,
+        "emb": emb,
+        "memory": state.memory,
+        "keys": state.keys,
+    }
+    results = []
+    for up in (False, True):
+        t = {
+            k: (v.detach().float() if up else v.detach()).requires_grad_()
+            for k, v in leaves.items()
+        }
+        w = cell.weights()
+        w = w._replace(weight_hh=t["weight_hh"])
+        attention = SimpleNamespace(
+            kind="additive",
+            query_proj=SimpleNamespace(
+                weight=m.attention.query_proj.weight.detach(),
+                bias=m.attention.query_proj.bias.detach(),
+            ),
+            v=t["v"],
+        )
+        if up:
+            w = type(w)(*(None if p is None else p.detach().float() for p in w))._replace(
+                weight_hh=t["weight_hh"]
+            )
+            attention.query_proj.weight = attention.query_proj.weight.float()
+            attention.query_proj.bias = attention.query_proj.bias.float()
+        out = attention_decoder(
+            cell.kernel,
+            t["emb"],
+            w.weight_ih[:, :E],
+            w.weight_ih[:, E : E + D],
+            w,
+            attention,
+            t["keys"],
+            t["memory"],
+            source_mask,
+            tuple(s[0, 0].detach().to(w.weight_hh.dtype) for s in state.hidden),
+        )
+        # incoming gradients that the low dtype holds exactly: the same for both
+        ramps = [torch.linspace(-1, 1, o.numel()).view(o.shape).to(dtype) for o in out]
+        loss = sum((o * r.to(o.dtype)).float().sum() for o, r in zip(out, ramps, strict=True))
+        grads = torch.autograd.grad(loss, list(t.values()))
+        results.append((out, grads))
+    (low, g_low), (high, g_high) = results
+    for a, b in zip(low, high, strict=True):
+        assert a.dtype == dtype and torch.equal(a, b.to(dtype))
+    for a, b in zip(g_low, g_high, strict=True):
+        assert a.dtype == dtype and torch.equal(a, b.to(dtype))

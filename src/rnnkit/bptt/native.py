@@ -26,11 +26,13 @@ after t (``run_recurrence`` sorts rows by their last real step, like packed sequ
 may pack the step buffers to those rows: ``recurrence.Packing``); a hole inside that range
 still holds the state by selection, as in the PyTorch loop.
 
-Availability: CPU tensors, float32 and float64, when a C++ compiler is present (``$CXX``,
-else ``c++``; the cache is ``$RNNKIT_CACHE``, else ``~/.cache/rnnkit``). If the build or
-the load fails, one warning line is logged and ``recurrence.py`` uses its PyTorch loop,
-which stays the oracle (``RNNKIT_NATIVE=0`` or ``use_native(False)`` selects it
-explicitly); a failed build is remembered in the cache and not retried by later processes.
+Availability: CPU tensors, float32 and float64 (a layer with float16/bfloat16 weights
+computes in float32 on the CPU and so runs here too: ``rnnkit.cells.amp``), when a C++
+compiler is present (``$CXX``, else ``c++``; the cache is ``$RNNKIT_CACHE``, else
+``~/.cache/rnnkit``). If the build or the load fails, one warning line is logged and
+``recurrence.py`` uses its PyTorch loop, which stays the oracle (``RNNKIT_NATIVE=0`` or
+``use_native(False)`` selects it explicitly); a failed build is remembered in the cache
+and not retried by later processes.
 The library is named by a hash of the sources, the compiler flags and the torch version;
 beside it, a ``.log`` keeps the compiler command and output of its build.
 """

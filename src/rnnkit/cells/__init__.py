@@ -1,13 +1,16 @@
 """Cells: one time step of the simple RNN, the LSTM and the GRU (hand-written backward steps).
 
-``amp``: a cell steps in its weights' dtype under autocast (mixed precision).
+``amp``: a cell steps in its weights' dtype under autocast (mixed precision); float16 and
+bfloat16 layers compute in float32 on the CPU.
 ``layer_norm``: the layer-normalised LSTM and GRU (their steps and hand-written backward);
 ``normalization``: their normalisation ν, its backward and their input part.
 """
 
 from rnnkit.cells.amp import (
     autocast_devices_on,
+    autocast_reconciles,
     cell_step_in_weights_dtype,
+    float32_on_cpu,
     low_precision_to,
     without_autocast,
 )
@@ -62,8 +65,10 @@ __all__ = [
     "Weights",
     "activate",
     "autocast_devices_on",
+    "autocast_reconciles",
     "cell_step_in_weights_dtype",
     "check_cell_input",
+    "float32_on_cpu",
     "gru_step",
     "gru_step_backward",
     "input_product",

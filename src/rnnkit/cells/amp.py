@@ -7,7 +7,8 @@ the time loop's buffers, its compiled loop (float32/float64 only) and its hand-w
 backward would meet tensors they were not written for. Instead the time loop
 (``recurrence.py``) and the single-step cells run with autocast switched OFF, in the
 dtype of their weights (float32 for a float32 model): a float16/bfloat16 input or state
-coming from an autocast product upstream is cast up first. The products around the
+coming from an autocast product upstream is cast up first (and a float32 one down to
+float16/bfloat16 weights, as autocast casts it for torch's layers). The products around the
 recurrence (the output layer, attention, projections) still run in the autocast dtype.
 
 Why float32 (``benchmarks/bench_precision.py``; the figures are in docs/reliability.md):
@@ -16,6 +17,12 @@ loop's outputs are ~4e-3 off and its gradients ~1e-2 (float32: 1e-7 and 3e-7). I
 gain is uneven: slower than the compiled float32 loop on narrow layers, faster only on
 wide ones and one thread (docs/reliability.md has the measured figures). A bfloat16 loop
 would also give up the compiled loop's skipping of finished rows.
+
+A model whose weights are themselves float16/bfloat16 (``model.to(torch.bfloat16)``,
+``.half()``) computes its recurrence on the CPU in float32 too
+(:func:`float32_on_cpu`): the layer casts its weights, input and state up once per call
+and its outputs and final state back, so the compiled loop runs, and the results carry
+one rounding to the weights' dtype instead of T compounded ones.
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ from rnnkit.types import LSTMState
 
 __all__ = [
     "autocast_devices_on",
+    "autocast_reconciles",
     "cell_step_in_weights_dtype",
+    "float32_on_cpu",
     "low_precision_to",
     "without_autocast",
 ]
@@ -76,29 +85,54 @@ def without_autocast(fn: _F) -> _F:
     return run  # type: ignore[return-value]
 
 
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def autocast_reconciles(got: torch.dtype, weights: torch.dtype) -> bool:
+    """Whether, under autocast, a tensor of dtype ``got`` is cast to weights of dtype
+    ``weights``: a float16/bfloat16 one (an autocast product) to any floating weights, and
+    a float32 one to float16/bfloat16 weights (autocast casts float32 down, as torch's
+    layers do there). A float64 tensor or float64 weights beside float32 are not: there
+    torch's layers fail too.
+
+    >>> autocast_reconciles(torch.float32, torch.bfloat16)
+    True
+    >>> autocast_reconciles(torch.float64, torch.float32)
+    False
+    """
+    if got == weights:
+        return True
+    return got in _LOW or (got == torch.float32 and weights in _LOW)
+
+
 def low_precision_to(value: Any, dtype: torch.dtype) -> Any:
-    """``value`` (a tensor, an ``LSTMState`` or None) with float16/bfloat16 tensors cast to
-    ``dtype``; anything else is returned as it is.
+    """``value`` (a tensor, an ``LSTMState`` or None) with the tensors that autocast
+    reconciles with weights of ``dtype`` (:func:`autocast_reconciles`: float16/bfloat16
+    ones, and float32 ones for float16/bfloat16 weights) cast to ``dtype``; anything else
+    is returned as it is.
 
     >>> low_precision_to(torch.ones(1, dtype=torch.bfloat16), torch.float32).dtype
     torch.float32
+    >>> low_precision_to(torch.ones(1), torch.bfloat16).dtype
+    torch.bfloat16
     """
     if isinstance(value, LSTMState):
         return LSTMState(low_precision_to(value.h, dtype), low_precision_to(value.c, dtype))
     if (
         isinstance(value, Tensor)
-        and value.dtype in (torch.float16, torch.bfloat16)
+        and value.is_floating_point()
         and value.dtype != dtype
+        and autocast_reconciles(value.dtype, dtype)
     ):
         return value.to(dtype)
     return value
 
 
 def cell_step_in_weights_dtype(forward: _F) -> _F:
-    """Decorator for a cell's ``forward(x, state)``: under autocast, cast a
-    float16/bfloat16 ``x`` and state to the weights' dtype and run the step with autocast
-    off — the same arithmetic as the time loop. Outside autocast nothing changes (a dtype
-    mismatch stays the cell's ``TypeError``)."""
+    """Decorator for a cell's ``forward(x, state)``: under autocast, cast ``x`` and state
+    to the weights' dtype where autocast casts them (:func:`low_precision_to`) and run
+    the step with autocast off — the same arithmetic as the time loop. Outside autocast
+    nothing changes (a dtype mismatch stays the cell's ``TypeError``)."""
 
     @functools.wraps(forward)
     def run(self: Any, x: Any, state: Any = None) -> Any:
@@ -111,3 +145,15 @@ def cell_step_in_weights_dtype(forward: _F) -> _F:
             return forward(self, x, state)
 
     return run  # type: ignore[return-value]
+
+
+def float32_on_cpu(weight: Tensor) -> bool:
+    """Whether a time loop over weights like ``weight`` computes in float32: float16 or
+    bfloat16 weights on the CPU (module docstring). Elsewhere (float32, float64, a GPU,
+    whose fused kernels and Triton steps take the low precision themselves) the loop
+    computes in the weights' dtype.
+
+    >>> float32_on_cpu(torch.ones(1, dtype=torch.bfloat16)), float32_on_cpu(torch.ones(1))
+    (True, False)
+    """
+    return weight.device.type == "cpu" and weight.dtype in (torch.float16, torch.bfloat16)

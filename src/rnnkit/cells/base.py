@@ -103,8 +103,8 @@ def check_cell_input(cell: CellBase, x: Tensor, state: S | None) -> S:
     w = cell.weight_ih
     if x.dtype != w.dtype or x.device != w.device:
         raise TypeError(
-            f"x is {x.dtype} on {x.device} but the cell's parameters are {w.dtype} on "
-            f"{w.device}; convert one of them (e.g. cell.to(x))"
+            f"{type(cell).__name__}: x is {x.dtype} on {x.device} but the cell's parameters "
+            f"are {w.dtype} on {w.device}; convert one of them (e.g. cell.to(x))"
         )
     B, H = x.shape[0], cell.hidden_size
     if state is None:
@@ -122,5 +122,8 @@ def check_cell_input(cell: CellBase, x: Tensor, state: S | None) -> S:
         if tuple(t.shape) != (B, H):
             raise ValueError(f"{name} must have shape (B, H) = {(B, H)}, got {tuple(t.shape)}")
         if t.dtype != x.dtype or t.device != x.device:
-            raise TypeError(f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}")
+            raise TypeError(
+                f"{type(cell).__name__}: {name} is {t.dtype} on {t.device}, x is {x.dtype} "
+                f"on {x.device}; convert {name} ({name}.to(x))"
+            )
     return state

@@ -37,6 +37,8 @@ same function with fewer, larger operations:
 Padded target steps are computed like real ones (their inputs are padding embeddings),
 exactly as the step-by-step loop does; the loss masks them. Tested equal to autograd
 through the step-by-step decoder in float64 (outputs, attention weights, every gradient).
+A decoder of float16/bfloat16 weights on the CPU runs the node in float32 and rounds its
+outputs once to the weights' dtype (``rnnkit.cells.amp.float32_on_cpu``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt import native
 from rnnkit.bptt.dispatch import python_step_kernel
-from rnnkit.cells.amp import without_autocast
+from rnnkit.cells.amp import float32_on_cpu, without_autocast
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights
 
 __all__ = ["AttentionDecoderOutput", "attention_decoder"]
@@ -334,6 +336,13 @@ def attention_decoder(
     dtype = weights.weight_hh.dtype  # under autocast: the loop runs in the weights' dtype
     x, keys, memory = (t.to(dtype) for t in (x, keys, memory))
     states0 = tuple(s.to(dtype) for s in states0)
+    low = dtype if float32_on_cpu(weights.weight_hh) else None
+    if low is not None:  # float16/bfloat16 on the CPU: in float32, rounded once at the end
+        x, keys, memory, weight_x, weight_c = (
+            t.float() for t in (x, keys, memory, weight_x, weight_c)
+        )
+        states0 = tuple(s.float() for s in states0)
+        weights = Weights(*(None if w is None else w.float() for w in weights))  # type: ignore[arg-type]
     T, B = x.shape[0], x.shape[1]
     S = memory.shape[1]
     if source_mask is None:
@@ -348,6 +357,8 @@ def attention_decoder(
     spec = _Spec(step_kernel, additive, fill, empty_rows, T, lib)
     if additive:
         qw, qb, v = attention.query_proj.weight, attention.query_proj.bias, attention.v
+        if low is not None:
+            qw, qb, v = (None if t is None else t.float() for t in (qw, qb, v))
     else:
         qw = qb = v = None
     hidden, context, alpha = _AttentionDecoder.apply(
@@ -365,4 +376,6 @@ def attention_decoder(
         v,
         *states0,
     )
+    if low is not None:
+        hidden, context, alpha = hidden.to(low), context.to(low), alpha.to(low)
     return AttentionDecoderOutput(hidden, context, alpha)

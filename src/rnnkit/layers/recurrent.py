@@ -14,14 +14,36 @@ from rnnkit.bptt.recompute import run_recomputed
 from rnnkit.bptt.recurrence import run_recurrence
 from rnnkit.bptt.regularized import regularized
 from rnnkit.bptt.tracing import check_tracer, tracing
+from rnnkit.cells.amp import float32_on_cpu
 from rnnkit.cells.base import CellBase
-from rnnkit.cells.kernel import Kernel
+from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.errors import ConfigError
 from rnnkit.layers.masking import flip_sequences
 from rnnkit.layers.regularization import CellMasks
 from rnnkit.types import LSTMState, State
 
 __all__ = ["Recurrent"]
+
+
+def _float32(
+    x: Tensor, states0: tuple[Tensor, ...], weights: Weights, masks: CellMasks | None
+) -> tuple[Tensor, tuple[Tensor, ...], Weights, CellMasks | None]:
+    """The loop's tensors cast to float32 (differentiable casts: the gradients reach the
+    float16/bfloat16 parameters in their own dtype), for a call on float16/bfloat16
+    weights on the CPU (``rnnkit.cells.amp.float32_on_cpu``). ``x (T, B, I)``."""
+
+    def up(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.float()
+
+    if masks is not None:
+        keep = None if masks.keep is None else tuple(k.float() for k in masks.keep)
+        masks = CellMasks(up(masks.weight_hh), up(masks.recurrent), keep)
+    return (
+        x.float(),
+        tuple(s.float() for s in states0),
+        Weights(*(up(w) for w in weights)),  # type: ignore[arg-type]
+        masks,
+    )
 
 
 class Recurrent(nn.Module):
@@ -84,6 +106,9 @@ class Recurrent(nn.Module):
         if self.reverse:
             x, run_mask = flip_sequences(x, mask)
         weights = self.cell.weights()
+        low = weights.weight_hh.dtype if float32_on_cpu(weights.weight_hh) else None
+        if low is not None:  # float16/bfloat16 on the CPU: the loop computes in float32
+            x, states0, weights, masks = _float32(x, states0, weights, masks)
         kernel: Kernel = self.cell.kernel
         if masks is not None:
             if masks.weight_hh is not None:  # DropConnect: autograd reaches the raw weight
@@ -106,6 +131,8 @@ class Recurrent(nn.Module):
             outputs, finals = run_recurrence(
                 kernel, x, weights, states0, run_mask, window, projected, reset
             )
+        if low is not None:  # one rounding to the weights' dtype, as torch's layer returns
+            outputs, finals = outputs.to(low), tuple(f.to(low) for f in finals)
         if self.reverse:
             # Flip back with the ORIGINAL mask: the extent [0, L) is that of the input (a
             # leading hole makes the flipped mask's extent shorter).

@@ -273,8 +273,8 @@ class StackedRecurrent(nn.Module):
         p = self.cells()[0].weight_ih
         if x.dtype != p.dtype or x.device != p.device:
             raise TypeError(
-                f"x is {x.dtype} on {x.device} but the parameters are {p.dtype} on "
-                f"{p.device}; convert one of them (e.g. layer.to(x))"
+                f"{type(self).__name__}: x is {x.dtype} on {x.device} but the parameters "
+                f"are {p.dtype} on {p.device}; convert one of them (e.g. layer.to(x))"
             )
 
     def _split_state(self, state: State | None, x: Tensor) -> list[list[State]] | None:
@@ -299,7 +299,8 @@ class StackedRecurrent(nn.Module):
                     f"{name} must have shape (L, D, B, H) = {expected}, got {tuple(t.shape)}"
                 )
             if t.dtype != x.dtype or t.device != x.device:
-                raise TypeError(f"{name} is {t.dtype} on {t.device}, x is {x.dtype} on {x.device}")
+                where = f"{type(self).__name__}: {name} is {t.dtype} on {t.device}"
+                raise TypeError(f"{where}, x is {x.dtype} on {x.device}; convert {name}")
         w = self.hidden_sizes  # a narrower direction reads its own first units
         if isinstance(state, LSTMState):  # is_lstm: checked above
             return [

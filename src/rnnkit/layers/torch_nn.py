@@ -43,6 +43,7 @@ from torch.func import functional_call
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from rnnkit.bptt.tracing import transforming, vmapping
+from rnnkit.cells.amp import autocast_reconciles
 from rnnkit.layers import cell_stacks
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.types import LSTMState
@@ -208,7 +209,7 @@ class _DropIn:
                 f"hidden_size), got {list(hx.shape)}"
             )
         weight = self.weight_ih_l0
-        if hx.dtype != weight.dtype and not torch.is_autocast_enabled(hx.device.type):
+        if not _dtype_accepted(hx, weight):
             raise RuntimeError(  # torch's type: its product of hx and weight_hh fails
                 f"{name}: {what} is {hx.dtype} but the weights are "
                 f"{weight.dtype}; convert {what} ({what}.to({weight.dtype}))"
@@ -217,8 +218,9 @@ class _DropIn:
 
     def _check_input(self, x: Tensor) -> None:
         """torch's checks of the input, with torch's exception types: its feature size
-        (``RuntimeError``) and its dtype (``ValueError``; under autocast any floating
-        dtype is cast)."""
+        (``RuntimeError``) and its dtype (``ValueError``; under autocast the dtypes that
+        autocast casts are accepted, ``rnnkit.cells.amp.autocast_reconciles``, and the
+        others are the ``RuntimeError`` of torch's product)."""
         name = f"rnnkit.nn.{type(self).__name__}"
         if x.shape[-1] != self.input_size:
             raise RuntimeError(
@@ -226,8 +228,9 @@ class _DropIn:
                 f"{self.input_size}, got {x.shape[-1]}"
             )
         weight = self.weight_ih_l0
-        if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise ValueError(
+        if not _dtype_accepted(x, weight):
+            error = RuntimeError if torch.is_autocast_enabled(x.device.type) else ValueError
+            raise error(
                 f"{name}: input dtype ({x.dtype}) does not match weight dtype "
                 f"({weight.dtype}). Convert input: input.to({weight.dtype}), or convert "
                 f"model: model.to({x.dtype})"
@@ -326,6 +329,14 @@ class _DropIn:
 
     def _join(self, h: Tensor) -> Tensor:
         return h.reshape(-1, *h.shape[2:])
+
+
+def _dtype_accepted(t: Tensor, weight: Tensor) -> bool:
+    """Whether ``t`` may meet ``weight`` in a drop-in: the same dtype, or under autocast
+    one that autocast casts (``rnnkit.cells.amp.autocast_reconciles``)."""
+    if t.dtype == weight.dtype:
+        return True
+    return torch.is_autocast_enabled(t.device.type) and autocast_reconciles(t.dtype, weight.dtype)
 
 
 def _outside_transforms() -> contextlib.AbstractContextManager[Any]:

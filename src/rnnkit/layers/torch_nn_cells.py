@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from rnnkit.cells.amp import autocast_reconciles
 from rnnkit.cells.gru import gru_step
 from rnnkit.cells.kernel import Weights
 from rnnkit.cells.lstm import lstm_step
@@ -84,9 +85,13 @@ class _CellDropIn:
 
     def _check_dtype(self, t: Tensor, what: str) -> None:
         """torch's error (a ``RuntimeError`` from its product) for a dtype other than the
-        weights', outside autocast, in one line naming the cell."""
+        weights' (under autocast: one that autocast does not cast,
+        ``rnnkit.cells.amp.autocast_reconciles``), in one line naming the cell."""
         weight = self.weight_ih
-        if t.dtype != weight.dtype and not torch.is_autocast_enabled(t.device.type):
+        autocast = torch.is_autocast_enabled(t.device.type)
+        if t.dtype != weight.dtype and not (
+            autocast and autocast_reconciles(t.dtype, weight.dtype)
+        ):
             raise RuntimeError(
                 f"rnnkit.nn.{type(self).__name__}: {what} is {t.dtype} but the weights are "
                 f"{weight.dtype}; convert {what} ({what}.to({weight.dtype}))"

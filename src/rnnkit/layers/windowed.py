@@ -11,7 +11,9 @@ its window, a row that does gets no gradient across its start.
 
 The forward is the usual one (``forward_pass``: on a GPU the Triton steps, on the CPU the
 compiled loop where it applies, the PyTorch loop when rows reset), layer after layer, the
-dropout between layers given as multipliers.
+dropout between layers given as multipliers. A stack of float16/bfloat16 weights on the
+CPU runs in float32, its outputs and final states rounded once to the weights' dtype
+(``rnnkit.cells.amp.float32_on_cpu``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from rnnkit.bptt.backward import weight_grads
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.record import ForwardRecord
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
+from rnnkit.cells.amp import float32_on_cpu
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.layers.masking import flip_sequences
 from rnnkit.layers.recurrent import Recurrent
@@ -215,6 +218,12 @@ def run_windowed_stack(
         for d, c in enumerate(layer):
             state = c.zero_state(B, x) if init is None else init[index][d]
             tensors += list(state) if isinstance(state, LSTMState) else [state]
+    # float16/bfloat16 weights on the CPU: the whole stack in float32, rounded once
+    low = x.dtype if float32_on_cpu(cells[0][0].weight_hh) else None
+    if low is not None:
+        x = x.float()
+        tensors = [None if t is None else t.float() for t in tensors]
+        drops = [None if d is None else d.float() for d in drops]
     plan = _Plan(
         kernels=[[c.kernel for c in layer] for layer in cells],
         reverse=[[r.reverse for r in layer] for layer in layers],
@@ -228,6 +237,8 @@ def run_windowed_stack(
     )
     result = _WindowedStack.apply(plan, x, *tensors)
     outputs, flat = result[0], result[1:]
+    if low is not None:
+        outputs, flat = outputs.to(low), tuple(f.to(low) for f in flat)
     s = plan.num_states
     finals: list[list[State]] = []
     u = 0
