@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
@@ -24,6 +25,31 @@ __all__ = ["LineFields", "compile_log_format", "parse_log_time", "parse_number"]
 
 
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+#: seconds with a fraction (``.`` or ``,``) of any number of digits
+_FRACTION = re.compile(r"(\d\d:\d\d:\d\d)[.,](\d+)")
+
+
+def _iso_for_python310(text: str) -> str:
+    """``text`` in the one ISO 8601 form that Python 3.10's ``datetime.fromisoformat``
+    reads (it reads only what ``isoformat`` writes; 3.11 reads most of ISO 8601): a
+    trailing ``Z`` as ``+00:00``, a fraction of seconds as 6 digits (more are cut, as 3.11
+    cuts them).
+
+    >>> _iso_for_python310("2026-12-01T10:00:01.25Z")
+    '2026-12-01T10:00:01.250000+00:00'
+    """
+    if text[-1:] in ("Z", "z"):
+        text = text[:-1] + "+00:00"
+    return _FRACTION.sub(lambda m: f"{m[1]}.{(m[2] + '000000')[:6]}", text, count=1)
+
+
+def _from_iso(text: str) -> datetime:
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        if sys.version_info >= (3, 11):
+            raise
+        return datetime.fromisoformat(_iso_for_python310(text))
 
 
 def parse_number(text: str) -> float | None:
@@ -58,7 +84,7 @@ def parse_log_time(text: str, time_format: str | None = None) -> float:
         moment = datetime.strptime(text, time_format)
     else:
         try:
-            moment = datetime.fromisoformat(text)
+            moment = _from_iso(text)
         except ValueError:
             value = parse_number(text)
             if value is None:
