@@ -3,6 +3,7 @@ the time read from header fields; bad formats, lines and times named."""
 
 from __future__ import annotations
 
+import re
 import sys
 from datetime import datetime, timedelta, timezone
 
@@ -67,6 +68,12 @@ def test_blank_and_unfitting_lines() -> None:
     with pytest.raises(DataError) as info:
         fields.split("a stack trace line", "app.log", 4)
     assert str(info.value) == (
+        f"app.log:4: the line does not match log_format='{FORMAT}' (starts 'a stack trace line')"
+    )
+    cli = LineFields(r"req=(\w+)", log_format=FORMAT, option_names=True)
+    with pytest.raises(DataError) as info:
+        cli.split("a stack trace line", "app.log", 4)
+    assert str(info.value) == (
         f"app.log:4: the line does not match --log-format '{FORMAT}' (starts 'a stack trace line')"
     )
 
@@ -82,30 +89,44 @@ def test_time_from_header_fields() -> None:
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("options", "python", "command_line"),
     [
-        ({}, "give --session-pattern or --session-field"),
-        ({"session_pattern": "a", "session_field": "Pid"}, "one of them"),
-        ({"session_field": "Pid"}, "--session-field names a field of --log-format"),
-        ({"session_field": "Content", "log_format": FORMAT}, "not a header field"),
-        ({"session_pattern": "(", "log_format": FORMAT}, "not a valid regex"),
-        ({"session_pattern": "a", "time_fields": ("Date",)}, "apply with --params only"),
-        ({"session_pattern": "a", "params": True, "time_format": "%H"}, "needs --time-field"),
-        ({"session_pattern": "a", "params": True, "time_fields": ("Date",)}, "give both"),
-        (
-            {
-                "session_pattern": "a",
-                "params": True,
-                "time_fields": ("Nope",),
-                "log_format": FORMAT,
-            },
-            "--time-field Nope is not a header field",
-        ),
+        ({}, "give session_pattern or session_field (one of them)",
+         "give --session-pattern or --session-field (one of them)"),
+        ({"session_pattern": "a", "session_field": "Pid"}, "give session_pattern or",
+         "give --session-pattern or"),
+        ({"session_field": "Pid"}, "session_field names a field of log_format: give both",
+         "--session-field names a field of --log-format: give both"),
+        ({"session_field": "Content", "log_format": FORMAT},
+         "session_field='Content' is not a header field of log_format (fields: ",
+         "--session-field Content is not a header field of --log-format (fields: "),
+        ({"session_pattern": "(", "log_format": FORMAT},
+         "session_pattern='(' is not a valid regex", "--session-pattern '(' is not a valid regex"),
+        ({"session_pattern": "a", "time_fields": ("Date",)},
+         "time_fields and time_format apply with params only (params=True)",
+         "--time-field and --time-format apply with --params only"),
+        ({"session_pattern": "a", "params": True, "time_format": "%H"},
+         "time_format needs time_fields (the fields it reads)",
+         "--time-format needs --time-field (the fields it reads)"),
+        ({"session_pattern": "a", "params": True, "time_fields": ("Date",)},
+         "time_fields names fields of log_format: give both",
+         "--time-field names fields of --log-format: give both"),
+        ({"session_pattern": "a", "params": True, "time_fields": ("Nope",), "log_format": FORMAT},
+         "time_fields Nope is not a header field of log_format",
+         "--time-field Nope is not a header field of --log-format"),
+        ({"session_pattern": "a", "log_format": "<Date> <Date> <Content>"},
+         "log_format names the field <Date> twice", "--log-format names the field <Date> twice"),
+        ({"session_pattern": "a", "log_format": "<Date>"},
+         "log_format='<Date>' has no <Content> field", "--log-format '<Date>' has no <Content>"),
     ],
-)
-def test_bad_options_name_themselves(options: dict, message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+)  # fmt: skip
+def test_bad_options_are_named_as_given(options: dict, python: str, command_line: str) -> None:
+    """From Python the arguments (``log_format``); the command line's options where it
+    made them (``rnnkit sessions``: ``option_names=True``)."""
+    with pytest.raises(ConfigError, match=f"^{re.escape(python)}"):
         LineFields(**options)
+    with pytest.raises(ConfigError, match=f"^{re.escape(command_line)}"):
+        LineFields(**options, option_names=True)
 
 
 @pytest.mark.parametrize(

@@ -165,8 +165,11 @@ def test_no_line_with_a_session_names_the_file(tmp_path: Path) -> None:
 )
 def test_bad_session_pattern_is_a_config_error(pattern: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
-        LogSessionizer(pattern)
+        LogSessionizer(pattern, option_names=True)  # as `rnnkit sessions` makes it
     assert str(info.value).startswith(message)
+    with pytest.raises(ConfigError) as info:
+        LogSessionizer(pattern)  # from Python: the argument
+    assert str(info.value).startswith(f"session_pattern={pattern!r} is not a valid regex: ")
 
 
 def test_bad_options_are_config_errors() -> None:
@@ -213,7 +216,7 @@ def test_header_fields_never_reach_templates_and_bad_lines_are_located(tmp_path:
     with pytest.raises(DataError) as info:
         sessions_from_logs(path, r"blk_\d+", log_format=fmt)
     assert str(info.value) == (
-        f"{path}:5: the line does not match --log-format '{fmt}' (starts 'a stack trace line')"
+        f"{path}:5: the line does not match log_format='{fmt}' (starts 'a stack trace line')"
     )
     # A session field that is empty on every line that fits.
     with pytest.raises(DataError, match="the field <Level> is empty on every line"):

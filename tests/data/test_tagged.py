@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from rnnkit.app.cli.main import main
 from rnnkit.data.tagged import (
     CONLLU_COLUMNS,
     TaggedSentence,
@@ -65,11 +66,19 @@ def test_conllu_column_by_name(tmp_path, column, expected):
     assert read_tagged(p, column) == (read_conllu(p, column), "conllu")
 
 
-def test_conllu_unknown_column_is_a_config_error(tmp_path):
+def test_conllu_unknown_column_is_a_config_error(tmp_path, capsys):
+    """From Python the readers name their ``column`` argument; ``rnnkit train --task tag``
+    checks ``--tag-column`` first and names it."""
     p = write(tmp_path, CONLLU)
-    with pytest.raises(ConfigError, match=r"--tag-column must be one of form, lemma, upos"):
-        read_conllu(p, "pos")
+    for read in (read_conllu, read_tagged):
+        with pytest.raises(ConfigError, match=r"^column must be one of form, lemma, upos"):
+            read(p, "pos")
     assert len(CONLLU_COLUMNS) == 10
+    argv = ["train", "--task", "tag", "--train", str(p), "--out", str(tmp_path / "run")]
+    assert main([*argv, "--tag-column", "pos", "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rnnkit train: error: --tag-column must be one of form, lemma, upos")
+    assert len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize(

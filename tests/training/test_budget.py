@@ -53,5 +53,5 @@ def test_no_budget_trains_until_validation_stops_improving_up_to_the_cap():
 
 @pytest.mark.parametrize("bad", [0, -1, True])
 def test_log_every_must_be_a_positive_integer(bad):
-    with pytest.raises(ConfigError, match="--log-every must be an integer"):
+    with pytest.raises(ConfigError, match=r"^TrainOptions: log_every must be an integer"):
         resolve_budget(TrainOptions(log_every=bad), 10, validates=True)

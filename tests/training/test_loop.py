@@ -446,7 +446,7 @@ def test_a_run_of_unknown_length_records_about_twenty_times_per_epoch(tmp_path):
 
 @pytest.mark.parametrize("bad", [0, -3])
 def test_log_every_below_one_is_refused(bad):
-    with pytest.raises(ConfigError, match="--log-every must be an integer ≥ 1"):
+    with pytest.raises(ConfigError, match=r"^TrainOptions: log_every must be an integer ≥ 1"):
         make_trainer(log_every=bad, steps=3)
 
 

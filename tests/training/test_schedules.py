@@ -178,7 +178,7 @@ def test_init_range_draws_every_parameter_uniformly_in_the_range():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("linear", "--lr-schedule must be one of"),
+        ("linear", r"^lr_schedule must be one of"),
         ("step", "needs an epoch E and a factor F"),
         ("step:4", "needs an epoch E and a factor F"),
         ("step:x:0.5", "integer epoch E"),

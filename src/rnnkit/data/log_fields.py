@@ -24,6 +24,30 @@ from rnnkit.errors import ConfigError, DataError
 __all__ = ["LineFields", "compile_log_format", "parse_log_time", "parse_number"]
 
 
+# The command line's options for LineFields' arguments (`option_names=True`).
+_OPTIONS = {
+    "log_format": "--log-format",
+    "session_pattern": "--session-pattern",
+    "session_field": "--session-field",
+    "params": "--params",
+    "time_fields": "--time-field",
+    "time_format": "--time-format",
+}
+
+
+def _naming(option_names: bool) -> dict[str, str]:
+    """How errors name the arguments: themselves, or the command line's options."""
+    return dict(_OPTIONS) if option_names else {name: name for name in _OPTIONS}
+
+
+def _given(name: str, value: str, quote: bool = True) -> str:
+    """``--log-format '<Content>'`` for an option (unquoted: ``--session-field Pid``),
+    ``log_format='<Content>'`` in Python."""
+    if not name.startswith("--"):
+        return f"{name}={value!r}"
+    return f"{name} '{value}'" if quote else f"{name} {value}"
+
+
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 #: seconds with a fraction (``.`` or ``,``) of any number of digits
 _FRACTION = re.compile(r"(\d\d:\d\d:\d\d)[.,](\d+)")
@@ -95,11 +119,12 @@ def parse_log_time(text: str, time_format: str | None = None) -> float:
     return moment.timestamp()
 
 
-def compile_log_format(log_format: str) -> re.Pattern[str]:
+def compile_log_format(log_format: str, argument: str = "log_format") -> re.Pattern[str]:
     """A loghub-style header format as a regex with one named group per field.
 
     ``<Name>`` is a field (a lazy ``.*?``; ``<Content>``, required, takes the rest of the
-    line); any run of spaces matches any run of whitespace; other text is literal.
+    line); any run of spaces matches any run of whitespace; other text is literal. A bad
+    format is a ``ConfigError`` naming ``argument`` (or the option ``--log-format``).
 
     >>> rx = compile_log_format("<Date> <Time> <Level> [<Component>] <Content>")
     >>> rx.match("2026-12-01 10:00:01 WARN  [disk] quota: 91% used").groupdict()
@@ -113,27 +138,30 @@ def compile_log_format(log_format: str) -> re.Pattern[str]:
         if len(part) > 2 and part[0] == "<" and part[-1] == ">":
             name = part[1:-1]
             if not name.isidentifier():
-                raise ConfigError(f"--log-format field <{name}> is not a name (letters, _)")
+                raise ConfigError(f"{argument} field <{name}> is not a name (letters, _)")
             if name in names:
-                raise ConfigError(f"--log-format names the field <{name}> twice")
+                raise ConfigError(f"{argument} names the field <{name}> twice")
             names.append(name)
             regex += "(?P<Content>.*)" if name == "Content" else f"(?P<{name}>.*?)"
         else:
             regex += r"\s+".join(re.escape(word) for word in re.split(" +", part))
     if "Content" not in names:
         raise ConfigError(
-            f"--log-format '{log_format}' has no <Content> field (the message to mine)"
+            f"{_given(argument, log_format)} has no <Content> field (the message to mine)"
         )
     return re.compile(f"^{regex}$")
 
 
-def _compile_session_pattern(pattern: str | re.Pattern[str]) -> tuple[re.Pattern[str], int | str]:
+def _compile_session_pattern(
+    pattern: str | re.Pattern[str], argument: str
+) -> tuple[re.Pattern[str], int | str]:
     """The pattern and which group is the id: ``session``, else the first, else the whole
     match (``blk_-?\\d+``)."""
     try:
         compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
     except re.error as exc:
-        raise ConfigError(f"--session-pattern '{pattern}' is not a valid regex: {exc}") from None
+        given = _given(argument, str(pattern))
+        raise ConfigError(f"{given} is not a valid regex: {exc}") from None
     if "session" in compiled.groupindex:
         return compiled, "session"
     return compiled, 1 if compiled.groups >= 1 else 0
@@ -145,6 +173,8 @@ class LineFields:
     Args:
         session_pattern, log_format, session_field, params, time_fields, time_format:
             as :class:`rnnkit.data.logs.LogSessionizer` takes them.
+        option_names: errors name the command line's options (``--log-format``), not
+            these arguments (``log_format``, the default).
 
     Raises:
         ConfigError: a bad pattern, format or field, or time options without ``params``.
@@ -163,39 +193,47 @@ class LineFields:
         params: bool = False,
         time_fields: Sequence[str] | None = None,
         time_format: str | None = None,
+        option_names: bool = False,
     ) -> None:
+        n = self.names = _naming(option_names)
+        fmt, field, times = n["log_format"], n["session_field"], n["time_fields"]
         self.log_format = log_format
-        self.format = None if log_format is None else compile_log_format(log_format)
+        self.format = None if log_format is None else compile_log_format(log_format, fmt)
         if (session_pattern is None) == (session_field is None):
-            raise ConfigError("give --session-pattern or --session-field (one of them)")
+            raise ConfigError(f"give {n['session_pattern']} or {field} (one of them)")
         self.session_field = session_field
         self.pattern: re.Pattern[str] | None = None
         if session_field is not None:
             if self.format is None:
-                raise ConfigError("--session-field names a field of --log-format: give both")
+                raise ConfigError(f"{field} names a field of {fmt}: give both")
             if session_field not in self.format.groupindex or session_field == "Content":
                 fields = [f for f in self.format.groupindex if f != "Content"]
                 raise ConfigError(
-                    f"--session-field {session_field} is not a header field of --log-format "
+                    f"{_given(field, session_field, quote=False)} is not a header field of {fmt} "
                     f"(fields: {', '.join(fields) or 'none'})"
                 )
         else:
             assert session_pattern is not None
-            self.pattern, self._group = _compile_session_pattern(session_pattern)
+            self.pattern, self._group = _compile_session_pattern(
+                session_pattern, n["session_pattern"]
+            )
         self.time_fields = tuple(time_fields or ())
         self.time_format = time_format
         if (self.time_fields or time_format is not None) and not params:
-            raise ConfigError("--time-field and --time-format apply with --params only")
+            raise ConfigError(
+                f"{times} and {n['time_format']} apply with {n['params']} only"
+                + ("" if option_names else " (params=True)")
+            )
         if time_format is not None and not self.time_fields:
-            raise ConfigError("--time-format needs --time-field (the fields it reads)")
+            raise ConfigError(f"{n['time_format']} needs {times} (the fields it reads)")
         if self.time_fields:
             if self.format is None:
-                raise ConfigError("--time-field names fields of --log-format: give both")
+                raise ConfigError(f"{times} names fields of {fmt}: give both")
             for name in self.time_fields:
                 if name not in self.format.groupindex or name == "Content":
                     fields = [f for f in self.format.groupindex if f != "Content"]
                     raise ConfigError(
-                        f"--time-field {name} is not a header field of --log-format "
+                        f"{times} {name} is not a header field of {fmt} "
                         f"(fields: {', '.join(fields) or 'none'})"
                     )
 
@@ -210,9 +248,9 @@ class LineFields:
             if header is None:
                 if not line.strip():
                     return None, "", None
+                fmt = _given(self.names["log_format"], str(self.log_format))
                 raise DataError(
-                    f"the line does not match --log-format '{self.log_format}'"
-                    f" (starts {line[:60]!r})",
+                    f"the line does not match {fmt} (starts {line[:60]!r})",
                     source or "<lines>",
                     number,
                 )
@@ -242,13 +280,14 @@ class LineFields:
         try:
             return parse_log_time(text, self.time_format)
         except ValueError:
+            n = self.names
             how = (
-                f"--time-format '{self.time_format}'"
+                _given(n["time_format"], self.time_format)
                 if self.time_format
-                else ("ISO 8601 or a number of seconds (else give --time-format)")
+                else f"ISO 8601 or a number of seconds (else give {n['time_format']})"
             )
             raise DataError(
-                f"the time {text!r} (--time-field {','.join(self.time_fields)}) is not {how}",
+                f"the time {text!r} ({n['time_fields']} {','.join(self.time_fields)}) is not {how}",
                 source or "<lines>",
                 number,
             ) from None

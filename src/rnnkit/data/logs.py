@@ -121,6 +121,8 @@ class LogSessionizer:
             line's time (joined by a space, e.g. ``("Date", "Time")``): the seconds since
             the session's previous line become each vector's first value.
         time_format: ``strptime`` format of that time (default: ISO 8601 or seconds).
+        option_names: errors name the command line's options (``--log-format``), not
+            these arguments (``log_format``, the default).
 
     Raises:
         ConfigError: a bad pattern, format, field, threshold, depth or max_children;
@@ -154,6 +156,7 @@ class LogSessionizer:
         params: bool = False,
         time_fields: Sequence[str] | None = None,
         time_format: str | None = None,
+        option_names: bool = False,
     ) -> None:
         # The line options are checked first, then Drain's.
         self.fields = LineFields(
@@ -163,6 +166,7 @@ class LogSessionizer:
             params=params,
             time_fields=time_fields,
             time_format=time_format,
+            option_names=option_names,
         )
         self.log_format = log_format
         self.format = self.fields.format

@@ -30,6 +30,7 @@ from rnnkit.errors import ConfigError, DataError
 __all__ = [
     "CONLLU_COLUMNS",
     "TaggedSentence",
+    "check_tag_column",
     "detect_tagged_format",
     "parse_conllu",
     "parse_token_tags",
@@ -104,11 +105,21 @@ def _lines(text: str) -> Iterator[tuple[int, str]]:
     return enumerate(text.split("\n"), start=1)
 
 
-def _column_index(column: str) -> int:
+def check_tag_column(column: str, argument: str = "column") -> int:
+    """The index of the CoNLL-U tag column ``column``; any other name is a ``ConfigError``
+    naming ``argument``: the readers' Python argument (the default) or ``rnnkit``'s
+    ``--tag-column``, which the ``tag`` task checks first.
+
+    >>> check_tag_column("xpos"), check_tag_column("upos", "--tag-column")
+    (4, 3)
+    """
     if column not in CONLLU_COLUMNS or column == "id":
         options = ", ".join(c for c in CONLLU_COLUMNS if c != "id")
-        raise ConfigError(f"--tag-column must be one of {options}, got {column!r}")
+        raise ConfigError(f"{argument} must be one of {options}, got {column!r}")
     return CONLLU_COLUMNS.index(column)
+
+
+_column_index = check_tag_column
 
 
 def parse_conllu(

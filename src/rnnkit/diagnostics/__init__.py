@@ -7,7 +7,8 @@ nothing here prints, logs or warns.
   BPTT sweep — the shares add up to the total gradient.
 * ``jacobian``: ‖∂h_t/∂h_k‖₂ (exact or power iteration) and ``gradient_flow``, everything
   a report draws at once; ``loss_gradients``: ‖∂L/∂h_k‖ for every state; ``bound``: the
-  bound (γλ)^{t−k} and the real steps it counts (docs/math.md, "Gradient flow").
+  bound (γλ)^{t−k} and the real steps it counts (docs/math.md, "Gradient flow");
+  ``recorded``: ``RecordedRun``, one run of a direction that answers several of these.
 * ``gradcheck``: the explicit BPTT against central finite differences (float64).
 * ``monitor``: gradient-norm history, clipping, vanishing/exploding signals, gate
   saturation and state norms during training.
@@ -47,6 +48,7 @@ from rnnkit.diagnostics.monitor import (
     gate_saturation,
     layer_statistics,
 )
+from rnnkit.diagnostics.recorded import RecordedRun
 
 __all__ = [
     "Contributions",
@@ -57,6 +59,7 @@ __all__ = [
     "GradientFlow",
     "GradientMonitor",
     "LayerStats",
+    "RecordedRun",
     "StepRecord",
     "activation_gain",
     "gate_saturation",

@@ -309,6 +309,18 @@ def step_contributions(
     run = run_direction(
         source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
     )
+    return run_step_contributions(run, d_outputs, loss_fn, window, batch_first)
+
+
+def run_step_contributions(
+    run: DirectionRun,
+    d_outputs: Tensor | None,
+    loss_fn: LossFn | None,
+    window: int | None = None,
+    batch_first: bool = True,
+) -> Contributions:
+    """:func:`step_contributions` of a direction already run (``RecordedRun`` asks one
+    run several questions)."""
     d_out = output_gradient(run, d_outputs, loss_fn, batch_first)
     n = len(run.record.states)
     with torch.no_grad():
@@ -370,6 +382,17 @@ def lag_contributions(
     run = run_direction(
         source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
     )
+    return run_lag_contributions(run, d_outputs, loss_fn, window, batch_first)
+
+
+def run_lag_contributions(
+    run: DirectionRun,
+    d_outputs: Tensor | None,
+    loss_fn: LossFn | None,
+    window: int | None = None,
+    batch_first: bool = True,
+) -> Contributions:
+    """:func:`lag_contributions` of a direction already run."""
     d_out = output_gradient(run, d_outputs, loss_fn, batch_first)
     kernel, record, T = run.kernel, run.record, run.steps
     n = len(record.states)

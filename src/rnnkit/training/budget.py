@@ -153,7 +153,8 @@ def resolve_budget(opts: BudgetOptions, steps_per_epoch: int, validates: bool) -
     if log_every is None:
         log_every = default_log_every(total_steps if known else None, steps_per_epoch)
     elif isinstance(log_every, bool) or log_every < 1:
-        raise ConfigError(f"--log-every must be an integer ≥ 1, got {log_every!r}")
+        # (TrainOptions refuses it when made; the command line checks --log-every first)
+        raise ConfigError(f"log_every must be an integer ≥ 1, got {log_every!r}")
     return Budget(total_steps, max_time, eval_every, patience, log_every, until_converged)
 
 

@@ -158,7 +158,8 @@ class Trainer(Generic[_M]):
         self.until_converged = budget.until_converged
         if options.init_range is not None:
             if not options.init_range > 0:
-                raise ConfigError(f"--init-range must be > 0, got {options.init_range}")
+                name = options.argument("init_range")
+                raise ConfigError(f"{name} must be > 0, got {options.init_range}")
             for p in model.parameters():
                 nn.init.uniform_(p, -options.init_range, options.init_range)
         if options.lr_schedule is not None:
@@ -168,13 +169,18 @@ class Trainer(Generic[_M]):
             per_epoch = math.ceil(len(self.batches) / self.eval_every) if self.eval_every else 1
             scheduler, plateau = build_lr_schedulers(
                 optimizer,
-                parse_lr_schedule(options.lr_schedule),
+                parse_lr_schedule(options.lr_schedule, options.argument("lr_schedule")),
                 steps_per_epoch=len(self.batches),
                 total_steps=self.total_steps if known else None,
                 warmup=options.warmup,
                 decay=options.lr_decay,
                 # decay when a whole epoch's validations bring no improvement
                 plateau_patience=per_epoch - 1,
+                names={
+                    "schedule": options.argument("lr_schedule"),
+                    "warmup": options.argument("warmup"),
+                    "total_steps": f"{options.argument('steps')} or {options.argument('epochs')}",
+                },
             )
         self.scheduler = scheduler
         self.plateau = plateau
@@ -191,7 +197,9 @@ class Trainer(Generic[_M]):
         self._window_nats = 0.0  # since the last training record
         self._window_tokens = 0
         self._device = next(model.parameters()).device
-        self._amp_dtype, self.scaler = autocast_setup(options.precision, self._device)
+        self._amp_dtype, self.scaler = autocast_setup(
+            options.precision, self._device, options.argument("precision")
+        )
         self.guard = NonFiniteGuard(options.on_nonfinite, self._log)
 
     @property

@@ -62,6 +62,8 @@ class TrainOptions:
             the model's own initialisation).
         restore_best: at the end of ``fit()``, load the best-on-validation weights into
             the model (those of ``model.safetensors``).
+        command_line: made from ``rnnkit train``'s options: errors name those options
+            (``--warmup``), not these fields (``warmup``, the default).
     """
 
     epochs: int | None = 1
@@ -84,15 +86,38 @@ class TrainOptions:
     lr_decay: float = 0.5
     init_range: float | None = None
     restore_best: bool = True
+    command_line: bool = False
 
     def __post_init__(self) -> None:
         _check_options(self)
 
+    def argument(self, name: str) -> str:
+        """How an error names the field ``name``: as the user gave it, the command line's
+        option or the Python argument.
+
+        >>> cli = TrainOptions(command_line=True)
+        >>> TrainOptions().argument("log_every"), cli.argument("log_every")
+        ('log_every', '--log-every')
+        """
+        return "--" + name.replace("_", "-") if self.command_line else name
+
+
+def given(argument: str, value: Any) -> str:
+    """``argument`` and ``value`` as the user wrote them: ``--precision bf16`` for an
+    option, ``precision='bf16'`` for a Python argument.
+
+    >>> given("--precision", "bf16"), given("precision", "bf16")
+    ('--precision bf16', "precision='bf16'")
+    """
+    return f"{argument} {value}" if argument.startswith("--") else f"{argument}={value!r}"
+
 
 # Counts that must be whole and at least 1 when given (None: the default or no limit).
-_COUNTS = ("epochs", "steps", "eval_every", "patience", "threads", "rows")
+_COUNTS = ("epochs", "steps", "eval_every", "patience", "log_every", "threads", "rows")
 # Amounts above 0, or None (finite but for max_time).
-_AMOUNTS = ("max_time", "clip_norm", "clip_value")
+_AMOUNTS = ("max_time", "clip_norm", "clip_value", "init_range")
+#: ``precision``'s values (``rnnkit.training.precision``).
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def _check_options(options: TrainOptions) -> None:
@@ -101,21 +126,25 @@ def _check_options(options: TrainOptions) -> None:
     ``rnnkit train`` checks its own options first; from Python, ``steps=0`` trained
     nothing and returned, ``steps=2.5`` trained 3 steps, ``clip_norm=0`` zeroed every
     gradient and ``-1`` turned it around (an ascent), ``patience=0`` stopped at the
-    first validation and ``max_time=nan`` never stopped. The other fields are checked
-    where they are read (``log_every``, ``init_range``, ``precision``, ``lr_schedule``,
-    ``warmup``, ``on_nonfinite``).
+    first validation and ``max_time=nan`` never stopped. What depends on the run (the
+    warm-up against its length, the device's autocast) is checked by the ``Trainer``,
+    ``on_nonfinite`` where it is read.
 
     >>> TrainOptions(steps=0)
     Traceback (most recent call last):
     ...
     rnnkit.errors.ConfigError: TrainOptions: steps must be an integer ≥ 1 or None, got 0
     """
+    # the fields' names from Python; the options' when the command line made them
+    where = "" if options.command_line else "TrainOptions: "
     for name in _COUNTS:
         value = getattr(options, name)
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
-            raise ConfigError(f"TrainOptions: {name} must be an integer ≥ 1 or None, got {value!r}")
+            raise ConfigError(
+                f"{where}{options.argument(name)} must be an integer ≥ 1 or None, got {value!r}"
+            )
     for name in _AMOUNTS:
         value = getattr(options, name)
         if value is not None and (
@@ -124,12 +153,28 @@ def _check_options(options: TrainOptions) -> None:
             or not value > 0  # NaN fails too
             or (value == math.inf and name != "max_time")  # no time limit: inf is fine
         ):
-            raise ConfigError(f"TrainOptions: {name} must be a number > 0 or None, got {value!r}")
+            raise ConfigError(
+                f"{where}{options.argument(name)} must be a number > 0 or None, got {value!r}"
+            )
     decay = options.lr_decay
     if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
-        raise ConfigError(f"TrainOptions: lr_decay must be in (0, 1], got {decay!r}")
+        raise ConfigError(f"{where}{options.argument('lr_decay')} must be in (0, 1], got {decay!r}")
     if options.units not in ("ppl", "bits"):
-        raise ConfigError(f"TrainOptions: units must be 'ppl' or 'bits', got {options.units!r}")
+        raise ConfigError(f"{where}units must be 'ppl' or 'bits', got {options.units!r}")
+    if options.precision not in PRECISIONS:
+        raise ConfigError(
+            f"{where}{options.argument('precision')} must be one of {', '.join(PRECISIONS)}, "
+            f"got {options.precision!r}"
+        )
+    warmup = options.warmup
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ConfigError(
+            f"{where}{options.argument('warmup')} must be an integer ≥ 0 (steps), got {warmup!r}"
+        )
+    if options.lr_schedule is not None:
+        from rnnkit.training.schedules import parse_lr_schedule
+
+        parse_lr_schedule(options.lr_schedule, where + options.argument("lr_schedule"))
 
 
 @dataclass

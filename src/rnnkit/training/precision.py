@@ -15,38 +15,42 @@ from typing import Any
 import torch
 
 from rnnkit.errors import ConfigError
+from rnnkit.training.options import PRECISIONS, given
 
 __all__ = ["autocast_setup"]
 
-_AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+_AMP_DTYPES = dict(zip(PRECISIONS, (None, torch.bfloat16, torch.float16), strict=True))
 
 
 def autocast_setup(
-    precision: str, device: torch.device
+    precision: str, device: torch.device, argument: str = "precision"
 ) -> tuple[torch.dtype | None, torch.amp.GradScaler | None]:
     """``(autocast dtype or None, GradScaler or None)`` for ``precision`` on ``device``.
 
     fp32: no autocast. bf16: autocast, no scaler (bfloat16 has float32's exponent range).
     fp16: autocast and a ``GradScaler`` for the device. A precision the device's autocast
-    does not support is a ``ConfigError`` naming ``--precision``.
+    does not support is a ``ConfigError`` naming ``argument``: ``TrainOptions``' field
+    (the default) or the command line's ``--precision``.
 
     >>> autocast_setup("bf16", torch.device("cpu"))
     (torch.bfloat16, None)
     """
     if precision not in _AMP_DTYPES:
-        raise ConfigError(f"--precision must be one of {', '.join(_AMP_DTYPES)}, got {precision!r}")
+        raise ConfigError(f"{argument} must be one of {', '.join(_AMP_DTYPES)}, got {precision!r}")
     dtype = _AMP_DTYPES[precision]
     if dtype is None:
         return None, None
     kind = device.type
     unsupported = ConfigError(
-        f"--precision {precision}: torch {torch.__version__} has no {precision} autocast on "
-        f"{kind} (use --precision fp32)"
+        f"{given(argument, precision)}: torch {torch.__version__} has no {precision} autocast "
+        f"on {kind} (use {given(argument, 'fp32')})"
     )
     if not torch.amp.is_autocast_available(kind):
         raise unsupported
     if kind == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise ConfigError("--precision bf16: this GPU has no bfloat16 (use --precision fp16)")
+        raise ConfigError(
+            f"{given(argument, 'bf16')}: this GPU has no bfloat16 (use {given(argument, 'fp16')})"
+        )
     # torch says "not supported" by a warning and runs without autocast: make that an error.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -19,6 +19,7 @@ scheduler here is stepped once per optimizer step; its state is part of a snapsh
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from torch.optim.lr_scheduler import (
 )
 
 from rnnkit.errors import ConfigError
+from rnnkit.training.options import given
 
 __all__ = ["SCHEDULES", "LRSchedule", "build_lr_schedulers", "parse_lr_schedule"]
 
@@ -55,32 +57,40 @@ class LRSchedule:
         return self.factor ** max(0, epoch - self.after_epoch)
 
 
-def parse_lr_schedule(spec: str) -> LRSchedule:
+def parse_lr_schedule(spec: str, argument: str = "lr_schedule") -> LRSchedule:
     """``constant`` | ``plateau`` | ``cosine`` | ``step:E:F`` (E ≥ 1 an integer, F > 0).
+
+    An error names ``argument``: ``TrainOptions``' field (the default) or the command
+    line's ``--lr-schedule``.
 
     >>> parse_lr_schedule("step:4:0.5")
     LRSchedule(kind='step', after_epoch=4, factor=0.5)
+    >>> parse_lr_schedule("linear")
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.ConfigError: lr_schedule must be one of constant, plateau, step:E:F, \
+cosine, got 'linear'
     """
     if spec in ("constant", "plateau", "cosine"):
         return LRSchedule(spec)
-    kind, _, rest = spec.partition(":")
+    kind, _, rest = spec.partition(":") if isinstance(spec, str) else (None, "", "")
     if kind != "step":
-        raise ConfigError(f"--lr-schedule must be one of {', '.join(SCHEDULES)}, got {spec!r}")
+        raise ConfigError(f"{argument} must be one of {', '.join(SCHEDULES)}, got {spec!r}")
     e, sep, f = rest.partition(":")
     if not sep:
-        raise ConfigError(f"--lr-schedule step:E:F needs an epoch E and a factor F, got {spec!r}")
+        raise ConfigError(f"{argument} step:E:F needs an epoch E and a factor F, got {spec!r}")
     try:
         after = int(e)
     except ValueError:
-        raise ConfigError(f"--lr-schedule step:E:F needs an integer epoch E, got {e!r}") from None
+        raise ConfigError(f"{argument} step:E:F needs an integer epoch E, got {e!r}") from None
     try:
         factor = float(f)
     except ValueError:
-        raise ConfigError(f"--lr-schedule step:E:F needs a number F, got {f!r}") from None
+        raise ConfigError(f"{argument} step:E:F needs a number F, got {f!r}") from None
     if after < 1:
-        raise ConfigError(f"--lr-schedule step:E:F needs E ≥ 1, got {after}")
+        raise ConfigError(f"{argument} step:E:F needs E ≥ 1, got {after}")
     if not (factor > 0 and math.isfinite(factor)):
-        raise ConfigError(f"--lr-schedule step:E:F needs a factor F > 0, got {f}")
+        raise ConfigError(f"{argument} step:E:F needs a factor F > 0, got {f}")
     return LRSchedule("step", after, factor)
 
 
@@ -93,17 +103,24 @@ def build_lr_schedulers(
     warmup: int = 0,
     decay: float = 0.5,
     plateau_patience: int = 0,
+    names: Mapping[str, str] | None = None,
 ) -> tuple[Any, ReduceLROnPlateau | None]:
     """``(per-step scheduler or None, ReduceLROnPlateau or None)`` for ``schedule``.
 
     ``total_steps`` is the run's length when known (None: a time budget or training until
     validation stops improving). A step schedule whose decay never happens within it,
-    or a cosine without it, is a ``ConfigError`` naming ``--lr-schedule``.
+    a cosine without it, or a warm-up not shorter than it is a ``ConfigError`` naming
+    ``schedule``, ``total_steps`` or ``warmup``, or what ``names`` maps them to (the
+    ``Trainer``: ``TrainOptions``' fields or the command line's options).
     """
+    name = {"schedule": "schedule", "warmup": "warmup", "total_steps": "total_steps"}
+    name.update(names or {})
     if warmup < 0:
-        raise ConfigError(f"--warmup must be ≥ 0 steps, got {warmup}")
+        raise ConfigError(f"{name['warmup']} must be ≥ 0 steps, got {warmup}")
     if total_steps is not None and warmup >= total_steps > 0:
-        raise ConfigError(f"--warmup {warmup} is not shorter than the run ({total_steps} steps)")
+        raise ConfigError(
+            f"{given(name['warmup'], warmup)} is not shorter than the run ({total_steps} steps)"
+        )
     plateau = None
     main: Any = None
     if schedule.kind == "plateau":
@@ -112,10 +129,10 @@ def build_lr_schedulers(
         assert schedule.after_epoch is not None
         if total_steps is not None and schedule.after_epoch * steps_per_epoch >= total_steps:
             epochs = total_steps / steps_per_epoch
+            spec = f"step:{schedule.after_epoch}:{schedule.factor:g}"
             raise ConfigError(
-                f"--lr-schedule step:{schedule.after_epoch}:{schedule.factor:g} never decays: "
-                f"the run ends after {epochs:g} epochs ({total_steps} steps of "
-                f"{steps_per_epoch} per epoch)"
+                f"{given(name['schedule'], spec)} never decays: the run ends after "
+                f"{epochs:g} epochs ({total_steps} steps of {steps_per_epoch} per epoch)"
             )
 
         # LambdaLR counts the steps after the warm-up: add them back, so that the decay
@@ -127,7 +144,8 @@ def build_lr_schedulers(
     elif schedule.kind == "cosine":
         if total_steps is None:
             raise ConfigError(
-                "--lr-schedule cosine needs the run's length: give --steps or --epochs"
+                f"{given(name['schedule'], 'cosine')} needs the run's length: give "
+                f"{name['total_steps']}"
             )
         main = CosineAnnealingLR(optimizer, T_max=max(total_steps - warmup, 1))
     if warmup == 0:

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from rnnkit.errors import CheckpointError, RnnkitError
 from rnnkit.training.checkpoint import load_snapshot, save_model_weights, save_snapshot
+from rnnkit.training.options import given
 from rnnkit.types import LSTMState
 
 if TYPE_CHECKING:
@@ -129,9 +130,11 @@ def resume_trainer(trainer: Trainer) -> None:
 def _restore(trainer: Trainer, state: dict[str, Any], extra: dict[str, Tensor]) -> None:
     saved_precision = state.get("precision", "fp32")  # snapshots before --precision
     if saved_precision != trainer.options.precision:
+        options = trainer.options  # named as the user gave them: --precision or precision=
+        now = options.precision if options.command_line else repr(options.precision)
         raise CheckpointError(
-            f"{trainer.out_dir}: the snapshot was trained with --precision {saved_precision}, "
-            f"not {trainer.options.precision}"
+            f"{trainer.out_dir}: the snapshot was trained with "
+            f"{given(options.argument('precision'), saved_precision)}, not {now}"
         )
     trainer.step = int(state["step"])
     trainer.batches.load_state_dict(state["batches"])

@@ -380,3 +380,24 @@ def test_a_negative_threshold_of_a_score_that_is_never_negative_is_refused(
                  "--skip-checksums"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "thresholds.json: the rnn threshold of the max score" in err
+
+
+@pytest.mark.parametrize("rate", [1.5, 0.0, True, "0.1"])
+def test_target_fpr_is_named_as_given(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], rate: object
+) -> None:
+    """The functions that re-pick thresholds name their ``target_fpr`` argument (an events
+    run's, and a params run's session score); ``rnnkit score`` checks its ``--target-fpr``
+    first and names that. (``True`` passed as 1.0, the string failed inside numpy.)"""
+    from rnnkit.app.tasks.events import repick_thresholds
+    from rnnkit.app.tasks.params import repick_session_score
+    from rnnkit.errors import ConfigError
+
+    for repick in (repick_thresholds, repick_session_score):
+        with pytest.raises(ConfigError, match=rf"^target_fpr must be in \(0, 1\), got {rate!r}$"):
+            repick(run_dir, rate)  # type: ignore[arg-type]
+    if isinstance(rate, float):
+        argv = ["score", "--checkpoint", str(run_dir), "--data", "x", "--target-fpr", str(rate)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"rnnkit score: error: --target-fpr must be in (0, 1), got {rate}", err

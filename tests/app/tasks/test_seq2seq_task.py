@@ -4,6 +4,7 @@ on tiny generated data; decoder-only and scheduled sampling runs; bad input as o
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -245,3 +246,39 @@ def test_generate_warns_about_input_outside_the_vocabulary(trained, capsys):
     code, _, err = run(capsys, "generate", "--checkpoint", str(trained), "--input", "ab",
                        "--top-p", "1.5")  # fmt: skip
     assert code == 2 and "top_p" in err.replace("-", "_") and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("python", "message", "cli", "option"),
+    [
+        ({"beam": 0}, "beam must be an integer from 1 to 100 or None, got 0", ["--beam", "0"],
+         "--beam must be an integer from 1 to 100, got 0"),
+        ({"beam": 101}, "beam must be an integer from 1 to 100 or None, got 101",
+         ["--beam", "101"], "--beam must be an integer from 1 to 100, got 101"),
+        ({"max_length": 0}, "max_length must be an integer ≥ 1 or None, got 0",
+         ["--max-len", "0"], "--max-len must be ≥ 1, got 0"),
+        ({"num": 0}, "num must be an integer ≥ 1, got 0", ["--num", "0"],
+         "--num must be ≥ 1, got 0"),
+    ],
+)  # fmt: skip
+def test_search_options_are_named_as_given(trained, capsys, python, message, cli, option):
+    """From Python the functions behind ``generate --input`` and ``predict`` (and
+    ``rnnkit.load(run).predict``) name their arguments; the command line its options.
+    ``beam=-3`` and ``beam=0`` searched greedily, ``--num 0`` said ``--num`` to Python."""
+    import rnnkit
+    from rnnkit.app.tasks.seq2seq import generate_outputs, predictor
+    from rnnkit.errors import ConfigError
+
+    pattern = f"^{re.escape(message)}$"
+    with pytest.raises(ConfigError, match=pattern):
+        generate_outputs(trained, "abcd", **python)
+    searched = {k: v for k, v in python.items() if k != "num"}
+    if searched:  # transduce, the predictor and a loaded run search: no num
+        with pytest.raises(ConfigError, match=pattern):
+            transduce(trained, "abcd", **searched)
+        with pytest.raises(ConfigError, match=pattern):
+            predictor(trained, **searched)
+        with pytest.raises(ConfigError, match=pattern):
+            rnnkit.load(trained).predict(["abcd"], **searched)
+    code, _, err = run(capsys, "generate", "--checkpoint", str(trained), "--input", "abcd", *cli)
+    assert code == 2 and err.strip() == f"rnnkit generate: error: {option}", err

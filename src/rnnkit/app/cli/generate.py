@@ -117,6 +117,11 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ConfigError(
             f"--max-len must be at most {MAX_GENERATE_TOKENS:,}, got {args.max_length:,}"
         )
+    # both tasks: the seq2seq functions name their Python arguments (num, max_length)
+    if args.max_length is not None and args.max_length < 1:
+        raise ConfigError(f"--max-len must be ≥ 1, got {args.max_length}")
+    if args.num < 1:
+        raise ConfigError(f"--num must be ≥ 1, got {args.num}")
     if args.num > MAX_GENERATE_OUTPUTS:
         raise ConfigError(f"--num must be at most {MAX_GENERATE_OUTPUTS:,}, got {args.num:,}")
     if args.beam is not None and not 1 <= args.beam <= MAX_BEAM:
@@ -149,10 +154,6 @@ def run(args: argparse.Namespace) -> int:
 
         if args.input is not None:  # was ignored: an unprompted sample, exit status 0
             raise ConfigError("--input applies to a seq2seq run; a language model reads --prompt")
-        if args.max_length < 1:
-            raise ConfigError(f"--max-len must be ≥ 1, got {args.max_length}")
-        if args.num < 1:
-            raise ConfigError(f"--num must be ≥ 1, got {args.num}")
         cfg, vocab, model = load_lm(args.checkpoint, args.device)
         condition = _condition_index(args.checkpoint, cfg, args.condition)
         _, unknown = prompt_ids(cfg, vocab, args.prompt)

@@ -284,6 +284,7 @@ def _from_logs(config: SessionsConfig) -> tuple[list[Session], str]:
         params=config.params,
         time_fields=config.time_fields,
         time_format=config.time_format,
+        option_names=True,  # its errors name --log-format, not log_format
     )
     for path in config.inputs:
         sessionizer.add_file(path)

@@ -264,7 +264,7 @@ class TrainConfig(
         """``--lr-schedule``, ``--warmup``, ``--init-range``."""
         from rnnkit.training.schedules import parse_lr_schedule  # torch: only when training
 
-        schedule = parse_lr_schedule(self.effective_lr_schedule())
+        schedule = parse_lr_schedule(self.effective_lr_schedule(), "--lr-schedule")
         if (
             schedule.kind == "step"
             and self.steps is None

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from rnnkit.app.report.html import esc, image, note, section, table
 from rnnkit.app.report.run import Run
-from rnnkit.diagnostics import plots
+from rnnkit.diagnostics import RecordedRun, plots
 
 __all__ = ["lm_sections"]
 
@@ -106,7 +106,13 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
     def loss_last(h: Tensor) -> Tensor:
         return sequence_cross_entropy(logits_of(h)[:, -1:], targets[:, -1:])
 
-    body, figures = _flow_figure(run, first, x, loss_all(targets), loss_last, where, zoneout)
+    # One run of the first layer over the windows answers the state gradients of both
+    # losses and the per-step contributions; one over their first 4 × 32 steps, the
+    # Jacobians and the per-lag contributions (each asked for its own run before: 5).
+    Bs, Ts = min(x.shape[0], 4), min(x.shape[1], 32)
+    recorded = RecordedRun(first, x, zoneout=zoneout)
+    short = RecordedRun(first, x[:Bs, :Ts], zoneout=zoneout)
+    body, figures = _flow_figure(run, first, recorded, short, loss_all(targets), loss_last, where)
     if zoneout:
         body = (
             note(
@@ -118,7 +124,7 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
             + body
         )
     contributions, total, reference = _contribution_figures(
-        model, first, x, batch, loss_all, zoneout
+        model, first, recorded, short, batch, loss_all
     )
     body += contributions
     body += _figures_table(figures, total, reference)
@@ -127,23 +133,24 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
 
 
 def _flow_figure(
-    run: Run, first: Any, x: Tensor, loss_all: Any, loss_last: Any, where: str, zoneout: float
+    run: Run,
+    first: Any,
+    recorded: RecordedRun,
+    short: RecordedRun,
+    loss_all: Any,
+    loss_last: Any,
+    where: str,
 ) -> tuple[str, dict[str, Any]]:
-    """The figure of ‖∂L/∂h_k‖ and ‖∂h_t/∂h_0‖₂ against the bound (γλ)^(t−k), with its
-    text; and ``{lam, gamma, g_last}`` for the table."""
+    """The figure of ‖∂L/∂h_k‖ (on ``recorded``, the windows) and ‖∂h_t/∂h_0‖₂ (on
+    ``short``, their first steps) against the bound (γλ)^(t−k), with its text; and
+    ``{lam, gamma, g_last}`` for the table."""
     from rnnkit.cells.rnn import RNNCell
-    from rnnkit.diagnostics import (
-        activation_gain,
-        jacobian_norms,
-        rnn_jacobian_bound,
-        spectral_norm,
-        state_gradient_norms,
-    )
+    from rnnkit.diagnostics import activation_gain, rnn_jacobian_bound, spectral_norm
 
     cell = first.cell
-    B, T = x.shape[:2]
-    g_all = state_gradient_norms(first, x, loss_fn=loss_all, zoneout=zoneout).numpy()
-    g_last = state_gradient_norms(first, x, loss_fn=loss_last, zoneout=zoneout).numpy()
+    B, T = recorded.shape
+    g_all = recorded.state_gradient_norms(loss_fn=loss_all).numpy()
+    g_last = recorded.state_gradient_norms(loss_fn=loss_last).numpy()
     lam = spectral_norm(cell.weight_hh)
     rnn = cell if isinstance(cell, RNNCell) else None  # the bound is for the simple cell
     simple = rnn is not None
@@ -154,10 +161,10 @@ def _flow_figure(
     }
     # ‖∂ℓ_T/∂h_k‖ ≤ ‖∂ℓ_T/∂h_T‖ (γλ)^{T−k}: the bound on the last step's gradient.
     last_bound = g_last[-1] * (gamma * lam) ** np.arange(T, -1, -1.0) if gamma is not None else None
-    Bj, Tj = min(B, 4), min(T, 32)
+    Bj, Tj = short.shape
     width = cell.hidden_size * (2 if cell.is_lstm else 1)
     method = "exact" if width <= 64 else "power"
-    J = jacobian_norms(first, x[:Bj, :Tj], method=method, iterations=10, zoneout=zoneout).numpy()
+    J = short.jacobian_norms(method=method, iterations=10).numpy()
     bound = rnn_jacobian_bound(rnn, range(Tj + 1)).numpy() if rnn is not None else None
     body = (
         f"<p>On {B} windows of {T} {esc(run.cfg.unit)}s from {esc(where)}, through the first "
@@ -184,17 +191,16 @@ def _flow_figure(
 
 
 def _contribution_figures(
-    model: Any, first: Any, x: Tensor, batch: Tensor, loss_all: Any, zoneout: float
+    model: Any, first: Any, recorded: RecordedRun, short: RecordedRun, batch: Tensor, loss_all: Any
 ) -> tuple[str, float, float]:
-    """The per-step and per-lag contributions to ∂L/∂W_hh of the first layer; their sum
-    and the norm of the model's own backward pass, which it must equal."""
-    from rnnkit.diagnostics import lag_contributions, step_contributions
+    """The per-step (on ``recorded``) and per-lag (on ``short``) contributions to
+    ∂L/∂W_hh of the first layer; their sum and the norm of the model's own backward
+    pass, which it must equal."""
     from rnnkit.metrics.losses import sequence_cross_entropy
 
     cell = first.cell
     inputs, targets = batch[:, :-1], batch[:, 1:]
-    B, T = inputs.shape
-    steps = step_contributions(first, x, loss_fn=loss_all(targets), zoneout=zoneout)
+    steps = recorded.step_contributions(loss_fn=loss_all(targets))
     values, total = plots.projected_contributions(steps.weight_hh)
     model.zero_grad(set_to_none=True)
     with torch.enable_grad():
@@ -210,10 +216,8 @@ def _contribution_figures(
         "projected on the direction of the total gradient G = Σ_k C_k, so the "
         "bars add up to ‖G‖ (the dark bar). Red bars pull against the update.",
     )
-    Bl, Tl = min(B, 4), min(T, 32)
-    lags = lag_contributions(
-        first, x[:Bl, :Tl], loss_fn=loss_all(targets[:Bl, :Tl]), zoneout=zoneout
-    )
+    Bl, Tl = short.shape
+    lags = short.lag_contributions(loss_fn=loss_all(targets[:Bl, :Tl]))
     lag_values, lag_total = plots.projected_contributions(lags.weight_hh)
     body += image(
         plots.plot_contributions(lag_values, total=lag_total, axis="lag"),

@@ -71,12 +71,11 @@ from rnnkit.app.tasks.seq2seq_decode import (
     render_output,
     teacher_forced_metrics,
 )
-from rnnkit.app.tasks.seq2seq_generate import generate_outputs, transduce
+from rnnkit.app.tasks.seq2seq_generate import generate_outputs, search_options, transduce
 from rnnkit.app.tasks.settings import choose_device, seed_everything, train_options
 from rnnkit.data.pairs import PairBatcher, encode_pairs, read_pairs
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.errors import ConfigError, DataError
-from rnnkit.generation.options import MAX_BEAM
 from rnnkit.models.decoder_only import DecoderOnlyTranslator
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.lookup import NearestNeighbour
@@ -305,12 +304,8 @@ def predictor(
     a DataError naming it."""
     check_batch_size(batch_size)
     cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir, device)
-    beam = cfg.beam if beam is None else beam
-    if isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM:
-        raise ConfigError(f"--beam must be an integer from 1 to {MAX_BEAM}, got {beam!r}")
-    limit = cfg.max_len if max_length is None else max_length
-    if limit < 1:
-        raise ConfigError(f"--max-len must be ≥ 1, got {limit}")
+    # named as the Python arguments: `rnnkit predict` checks --beam and --max-len first
+    beam, limit = search_options(beam, max_length, cfg.beam, cfg.max_len)
     bs = batch_size or cfg.batch_size
     model_device = next(model.parameters()).device
 

@@ -13,8 +13,29 @@ from rnnkit.app.tasks.seq2seq_data import load_seq2seq
 from rnnkit.app.tasks.seq2seq_decode import decode_ids, render_output
 from rnnkit.data.pairs import make_pair_batch
 from rnnkit.errors import ConfigError, DataError
+from rnnkit.generation.options import MAX_BEAM
 
 __all__ = ["generate_outputs", "transduce"]
+
+
+def search_options(
+    beam: int | None, max_length: int | None, default_beam: int, default_max: int
+) -> tuple[int, int]:
+    """``(beam, max_length)``, the run's where None; either out of range is a
+    ``ConfigError`` naming the Python argument (``rnnkit generate`` and ``rnnkit predict``
+    check their ``--beam`` and ``--max-len`` first, naming those)."""
+    if beam is not None and (
+        isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM
+    ):
+        raise ConfigError(f"beam must be an integer from 1 to {MAX_BEAM} or None, got {beam!r}")
+    if max_length is not None and (
+        isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
+    ):
+        raise ConfigError(f"max_length must be an integer ≥ 1 or None, got {max_length!r}")
+    return (
+        default_beam if beam is None else beam,
+        default_max if max_length is None else max_length,
+    )
 
 
 def transduce(
@@ -37,10 +58,7 @@ def transduce(
     ids = source_vocab.encode_array(text, dtype=np.int64)
     if len(ids) == 0:
         raise DataError("--input is empty: nothing to transduce")
-    beam = cfg.beam if beam is None else beam
-    if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
-        raise ConfigError(f"--beam must be an integer ≥ 1, got {beam!r}")
-    limit = cfg.max_len if max_length is None else max_length
+    beam, limit = search_options(beam, max_length, cfg.beam, cfg.max_len)
     model_device = next(model.parameters()).device
     hyp = decode_ids(model, [ids], model_device, 1, beam, limit + 1)[0]
     return render_output(target_vocab, hyp[:limit])  # limit + 1 steps leave room for </s> only
@@ -74,10 +92,9 @@ def generate_outputs(
     if not ids:
         raise DataError("--input is empty: nothing to transduce")
     if isinstance(num, bool) or not isinstance(num, int) or num < 1:
-        raise ConfigError(f"--num must be an integer ≥ 1, got {num!r}")
-    limit = cfg.max_len if max_length is None else max_length
-    if limit < 1:
-        raise ConfigError(f"--max-len must be ≥ 1, got {limit}")
+        # the Python argument: `rnnkit generate` checks --num first
+        raise ConfigError(f"num must be an integer ≥ 1, got {num!r}")
+    beam, limit = search_options(beam, max_length, cfg.beam, cfg.max_len)
     model_device = next(model.parameters()).device
     batch = make_pair_batch([np.array(ids, dtype=np.int64)], None).to(model_device)
     if sample:
@@ -97,11 +114,8 @@ def generate_outputs(
         except ValueError as exc:  # an out-of-range sampling option, named by generation
             raise ConfigError(str(exc)) from None
     else:
-        width = max(cfg.beam if beam is None else beam, num)
-        if width < 1:
-            raise ConfigError(f"--beam must be ≥ 1, got {width}")
         results = model.decode(
-            batch.source, batch.source_mask, beam=width, max_length=limit + 1, num=num
+            batch.source, batch.source_mask, beam=max(beam, num), max_length=limit + 1, num=num
         )[0]
     # limit + 1 steps leave room for </s>: an output that did not end is cut at limit
     return [render_output(target_vocab, r.ids[:limit]) for r in results], unknown

@@ -119,4 +119,5 @@ def train_options(cfg: TrainConfig, quiet: bool, units: str = "ppl") -> TrainOpt
         warmup=cfg.warmup,
         lr_decay=cfg.lr_decay,
         init_range=cfg.init_range,
+        command_line=True,  # errors name the options (--warmup), not the fields
     )

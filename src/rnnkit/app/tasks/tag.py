@@ -58,7 +58,7 @@ from rnnkit.app.tasks.tag_metrics import (
 )
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.labelled import split_holdout
-from rnnkit.data.tagged import TaggedSentence, read_tagged
+from rnnkit.data.tagged import TaggedSentence, check_tag_column, read_tagged
 from rnnkit.errors import CheckpointError, DataError
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.tagger import Tagger, build_tagger
@@ -97,6 +97,7 @@ def train_tag(
     """Train a tagger as ``cfg`` says; write the run directory; return the summary."""
     out = Path(cfg.out)
     device = choose_device(cfg.device, "--device")
+    check_tag_column(cfg.tag_column, "--tag-column")  # the readers name their column=
     sentences, _ = read_tagged(cfg.train, cfg.tag_column)
     if cfg.valid:
         valid_sentences, _ = read_tagged(cfg.valid, cfg.tag_column)

@@ -174,15 +174,12 @@ class TrainedRun:
         max_length: int | None = None,
     ) -> list[str]:
         from rnnkit.app.tasks.seq2seq_decode import decode_ids, render_output
+        from rnnkit.app.tasks.seq2seq_generate import search_options
 
         assert self.source_vocab is not None
         model = cast("Seq2Seq | DecoderOnlyTranslator", self.model)  # (as load() builds it)
-        beam = self.config.beam if beam is None else beam
-        if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
-            raise ConfigError(f"beam must be an integer ≥ 1, got {beam!r}")
-        limit = self.config.max_len if max_length is None else max_length
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ConfigError(f"max_length must be an integer ≥ 1 or None, got {max_length!r}")
+        # as transduce and the predictor check them (a beam of 10**6 decoded for minutes)
+        beam, limit = search_options(beam, max_length, self.config.beam, self.config.max_len)
         ids = [self.source_vocab.encode_array(s, dtype=np.int64) for s in sources]
         for i, x in enumerate(ids):
             if len(x) == 0:

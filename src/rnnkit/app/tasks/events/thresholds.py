@@ -134,8 +134,13 @@ def repick_thresholds(
 ) -> dict[str, dict[str, float]]:
     """Thresholds at another false-positive rate (and method), from the stored validation
     scores."""
-    if not 0 < target_fpr < 1:
-        raise ConfigError(f"--target-fpr must be in (0, 1), got {target_fpr}")
+    if (
+        isinstance(target_fpr, bool)
+        or not isinstance(target_fpr, (int, float))
+        or not 0 < target_fpr < 1
+    ):
+        # the Python argument: `rnnkit score` checks --target-fpr before reading the run
+        raise ConfigError(f"target_fpr must be in (0, 1), got {target_fpr!r}")
     path = Path(run_dir) / "valid_scores.safetensors"
     arrays = load_arrays(path)
     try:

@@ -38,8 +38,9 @@ def check_confidence(c: Any) -> float:
     return float(c)
 
 
-def check_target_fpr(f: Any) -> float:
-    """``f`` if it is a rate in (0, 1), else a ConfigError."""
+def check_target_fpr(f: Any, argument: str = "target_fpr") -> float:
+    """``f`` if it is a rate in (0, 1), else a ConfigError naming ``argument`` (the
+    Python argument; ``rnnkit score`` checks its ``--target-fpr`` first)."""
     if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1:
-        raise ConfigError(f"--target-fpr must be in (0, 1), got {f!r}")
+        raise ConfigError(f"{argument} must be in (0, 1), got {f!r}")
     return float(f)
