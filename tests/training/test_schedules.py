@@ -40,8 +40,9 @@ def make_trainer(out=None, optimizer="sgd", lr=1.0, seed=0, **options):
     def step(m, batch, carry):
         return m.loss(batch.inputs, batch.targets, state=carry)
 
+    scheduler = options.pop("scheduler", None)
     opts = TrainOptions(**{"quiet": True, "clip_norm": 1.0, "log_every": 1, **options})
-    return Trainer(model, opt, batches, step, opts, out_dir=out)
+    return Trainer(model, opt, batches, step, opts, out_dir=out, scheduler=scheduler)
 
 
 def trainer_rates(trainer):
@@ -115,6 +116,22 @@ def test_constant_with_warmup_ramps_then_holds():
     trainer = make_trainer(steps=8, lr=0.4, optimizer="adam", lr_schedule="constant", warmup=3)
     trainer.fit()
     assert trainer_rates(trainer) == pytest.approx([0.1, 0.2, 0.3] + [0.4] * 5, rel=1e-12)
+
+
+def test_a_warmup_without_a_schedule_ramps_to_the_constant_rate():
+    # before: TrainOptions(warmup=3) without lr_schedule was ignored (the rate was 0.4 from
+    # the first step)
+    trainer = make_trainer(steps=8, lr=0.4, optimizer="adam", warmup=3)
+    trainer.fit()
+    assert trainer_rates(trainer) == pytest.approx([0.1, 0.2, 0.3] + [0.4] * 5, rel=1e-12)
+
+
+def test_a_warmup_beside_ones_own_scheduler_is_refused():
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    mine = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)
+    with pytest.raises(ValueError, match=r"options\.warmup or scheduler/plateau"):
+        make_trainer(warmup=2, scheduler=mine)
 
 
 def test_constant_keeps_the_rate():

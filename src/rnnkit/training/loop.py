@@ -162,14 +162,17 @@ class Trainer(Generic[_M]):
                 raise ConfigError(f"{name} must be > 0, got {options.init_range}")
             for p in model.parameters():
                 nn.init.uniform_(p, -options.init_range, options.init_range)
-        if options.lr_schedule is not None:
+        # a warm-up without a schedule warms up to the constant rate (it was ignored)
+        spec = options.lr_schedule or ("constant" if options.warmup else None)
+        if spec is not None:
             if scheduler is not None or plateau is not None:
-                raise ValueError("pass either options.lr_schedule or scheduler/plateau, not both")
+                what = "lr_schedule" if options.lr_schedule is not None else "warmup"
+                raise ValueError(f"pass either options.{what} or scheduler/plateau, not both")
             known = options.steps is not None or options.epochs is not None
             per_epoch = math.ceil(len(self.batches) / self.eval_every) if self.eval_every else 1
             scheduler, plateau = build_lr_schedulers(
                 optimizer,
-                parse_lr_schedule(options.lr_schedule, options.argument("lr_schedule")),
+                parse_lr_schedule(spec, options.argument("lr_schedule")),
                 steps_per_epoch=len(self.batches),
                 total_steps=self.total_steps if known else None,
                 warmup=options.warmup,

@@ -56,7 +56,8 @@ class TrainOptions:
         lr_schedule: ``"constant"``, ``"plateau"``, ``"step:E:F"`` or ``"cosine"``
             (``rnnkit.training.schedules``), built here; None: the ``scheduler`` and
             ``plateau`` given to the ``Trainer``, if any.
-        warmup: steps of linear learning-rate warm-up (with ``lr_schedule``).
+        warmup: steps of linear learning-rate warm-up, before ``lr_schedule`` (without
+            one: up to the constant rate ``lr``).
         lr_decay: the ``plateau`` schedule's factor.
         init_range: re-initialise every parameter uniformly in ``[−R, R]`` (None: keep
             the model's own initialisation).
