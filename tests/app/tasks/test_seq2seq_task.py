@@ -282,3 +282,19 @@ def test_search_options_are_named_as_given(trained, capsys, python, message, cli
             rnnkit.load(trained).predict(["abcd"], **searched)
     code, _, err = run(capsys, "generate", "--checkpoint", str(trained), "--input", "abcd", *cli)
     assert code == 2 and err.strip() == f"rnnkit generate: error: {option}", err
+
+
+def test_an_empty_source_is_named_as_given(trained, capsys):
+    """From Python ``transduce`` and ``generate_outputs`` name their argument ``text`` (they
+    said ``--input``, an option a Python caller never gave); ``rnnkit generate`` ``--input``."""
+    from rnnkit.app.tasks.seq2seq import generate_outputs
+    from rnnkit.errors import DataError
+
+    message = "^text is empty \\(no tokens\\): nothing to transduce$"
+    with pytest.raises(DataError, match=message):
+        transduce(trained, "")
+    with pytest.raises(DataError, match=message):
+        generate_outputs(trained, "", num=2)
+    code, _, err = run(capsys, "generate", "--checkpoint", str(trained), "--input", "")
+    expected = "rnnkit generate: error: --input is empty (no tokens): nothing to transduce"
+    assert code != 0 and err.strip() == expected, err

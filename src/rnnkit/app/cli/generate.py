@@ -9,7 +9,7 @@ from typing import Any
 
 from rnnkit.app.cli.aliases import add_max_len_option, warn_deprecated
 from rnnkit.app.cli.run_options import add_device_option, add_run_option
-from rnnkit.errors import ConfigError
+from rnnkit.errors import ConfigError, DataError
 
 __all__ = ["register", "run"]
 
@@ -69,6 +69,7 @@ def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
     """``--input`` through a seq2seq run: the run's search (``--beam`` or the run's beam;
     ``--num N`` best hypotheses), ``--greedy``, or sampling when a sampling option is given
     (``--num`` samples); at most ``--max-len`` tokens (default: the run's ``--max-len``)."""
+    from rnnkit.app.tasks.seq2seq_generate import EmptySource
     from rnnkit.messages import warning as warn
 
     if args.input is None:
@@ -91,19 +92,22 @@ def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
         )
     if args.greedy and args.num > 1:
         raise ConfigError("--greedy gives one output; --num N with --beam N lists the N best")
-    outputs, unknown = module.generate_outputs(
-        args.checkpoint,
-        args.input,
-        sample=sample,
-        num=args.num,
-        beam=1 if args.greedy else args.beam,
-        max_length=args.max_length if given("max_length") else None,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        device=args.device,
-    )
+    try:
+        outputs, unknown = module.generate_outputs(
+            args.checkpoint,
+            args.input,
+            sample=sample,
+            num=args.num,
+            beam=1 if args.greedy else args.beam,
+            max_length=args.max_length if given("max_length") else None,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            device=args.device,
+        )
+    except EmptySource:  # its message names the Python argument (text)
+        raise DataError("--input is empty (no tokens): nothing to transduce") from None
     if unknown:
         warn(f"--input has {unknown} token(s) outside the vocabulary; read as <unk>")
     return list(outputs)

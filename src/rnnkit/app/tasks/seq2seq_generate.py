@@ -18,6 +18,16 @@ from rnnkit.generation.options import MAX_BEAM
 __all__ = ["generate_outputs", "transduce"]
 
 
+class EmptySource(DataError):
+    """A source ``text`` with no tokens (empty, or only spaces for a word-unit run).
+
+    Its message names the Python argument ``text``; ``rnnkit generate`` reports its own
+    ``--input`` instead."""
+
+    def __init__(self) -> None:
+        super().__init__("text is empty (no tokens): nothing to transduce")
+
+
 def search_options(
     beam: int | None, max_length: int | None, default_beam: int, default_max: int
 ) -> tuple[int, int]:
@@ -57,7 +67,7 @@ def transduce(
     cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir, device)
     ids = source_vocab.encode_array(text, dtype=np.int64)
     if len(ids) == 0:
-        raise DataError("--input is empty: nothing to transduce")
+        raise EmptySource()
     beam, limit = search_options(beam, max_length, cfg.beam, cfg.max_len)
     model_device = next(model.parameters()).device
     hyp = decode_ids(model, [ids], model_device, 1, beam, limit + 1)[0]
@@ -90,7 +100,7 @@ def generate_outputs(
     cfg, source_vocab, target_vocab, model = load_seq2seq(run_dir, device)
     ids, unknown = source_vocab.encode_with_unknown(text)
     if not ids:
-        raise DataError("--input is empty: nothing to transduce")
+        raise EmptySource()
     if isinstance(num, bool) or not isinstance(num, int) or num < 1:
         # the Python argument: `rnnkit generate` checks --num first
         raise ConfigError(f"num must be an integer ≥ 1, got {num!r}")
