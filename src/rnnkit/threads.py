@@ -104,11 +104,12 @@ def choose_threads(budget: CpuBudget, rows: int | None = None, min_rows: int = M
     return max(n, 1)
 
 
-def threads_override(value: int | str | None = None) -> int | None:
-    """The fixed thread count asked for: ``value`` (``--threads``), else ``RNNKIT_THREADS``;
-    None (or ``"auto"``/``0``) chooses automatically. Raises ValueError naming the setting.
+def threads_override(value: int | str | None = None, name: str = "--threads") -> int | None:
+    """The fixed thread count asked for: ``value`` (the setting ``name``: ``--threads``,
+    or ``threads`` from Python), else ``RNNKIT_THREADS``; None (or ``"auto"``/``0``)
+    chooses automatically. Raises ValueError naming the setting.
     """
-    source = "--threads"
+    source = name
     if value is None:
         value, source = os.environ.get("RNNKIT_THREADS"), "RNNKIT_THREADS"
     if value is None or str(value).strip().lower() in ("", "auto", "0"):
@@ -256,13 +257,19 @@ class ThreadGovernor:
     ``start()`` picks the count (fixed by ``threads``/``RNNKIT_THREADS``, else from the
     budget), ``tick()`` (once a step) looks again every ``recheck_s`` seconds in automatic
     mode, ``stop()`` restores the count found at ``start()``. ``note`` is one line saying
-    what was chosen and why, for the run's summary.
+    what was chosen and why, for the run's summary. ``name`` is how errors and the note
+    name ``threads``: ``rnnkit train``'s ``--threads`` or the Python argument.
     """
 
     def __init__(
-        self, threads: int | None = None, rows: int | None = None, recheck_s: float = RECHECK_S
+        self,
+        threads: int | None = None,
+        rows: int | None = None,
+        recheck_s: float = RECHECK_S,
+        name: str = "threads",
     ) -> None:
-        self.fixed = threads_override(threads)
+        self.name = name
+        self.fixed = threads_override(threads, name)
         self.rows = rows
         self.recheck_s = recheck_s
         self.threads = 0
@@ -278,17 +285,18 @@ class ThreadGovernor:
         self._before = torch.get_num_threads()
         if self.fixed is not None:
             self._set(self.fixed)
-            self.note = f"threads: {self.fixed} (fixed by --threads/RNNKIT_THREADS)"
+            self.note = f"threads: {self.fixed} (fixed by {self.name}/RNNKIT_THREADS)"
             return self
         age = time.perf_counter() - _IMPORT_SAMPLER.started
         self._sampler = _IMPORT_SAMPLER if age <= STALE_S else LoadSampler()
         budget = read_budget(sampler=self._sampler)
         self._set(choose_threads(budget, self.rows))
         quota = f", cgroup quota {budget.quota:g}" if budget.quota is not None else ""
+        fix = f"{self.name} N" if self.name.startswith("--") else f"{self.name}=N"
         self.note = (
             f"threads: {self.threads} of {budget.affinity} CPUs{quota} "
             f"(others busy on {budget.others:.1f}; re-checked every {self.recheck_s:g} s; "
-            "--threads N to fix)"
+            f"{fix} to fix)"
         )
         self._next = time.perf_counter() + self.recheck_s
         return self

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 
@@ -15,9 +16,10 @@ import rnnkit.training.precision as precision_module
 from rnnkit import LSTM
 from rnnkit.app.cli.main import main as cli_main
 from rnnkit.data.batching import StreamBatcher
-from rnnkit.errors import CheckpointError, ConfigError
+from rnnkit.errors import CheckpointError, ConfigError, RunFinished
 from rnnkit.models.language_model import LanguageModel
 from rnnkit.training.loop import Trainer, TrainOptions
+from rnnkit.training.nonfinite import TrainingDiverged
 
 V, E, H = 10, 5, 6
 PER_EPOCH = 4  # StreamBatcher(110 ids, batch 3, segments of 9) -> 4 batches per epoch
@@ -28,7 +30,7 @@ def _one_thread(single_thread):
     yield
 
 
-def make_trainer(out=None, **options):
+def make_trainer(out=None, step_fn=None, dist_ctx=None, **options):
     torch.manual_seed(0)
     model = LanguageModel(nn.Embedding(V, E), LSTM(E, H), nn.Linear(H, V))
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
@@ -38,7 +40,8 @@ def make_trainer(out=None, **options):
     def step(m, batch, carry):
         return m.loss(batch.inputs, batch.targets, state=carry)
 
-    return Trainer(model, opt, batches, step, TrainOptions(quiet=True, **options), out_dir=out)
+    opts = TrainOptions(quiet=True, **options)
+    return Trainer(model, opt, batches, step_fn or step, opts, out_dir=out, dist_ctx=dist_ctx)
 
 
 def train_cli(tmp_path, capsys, *extra: str) -> str:
@@ -172,3 +175,116 @@ def test_resuming_in_another_precision_names_it_as_given(tmp_path):
     cli_made = make_trainer(tmp_path, steps=4, command_line=True)
     with pytest.raises(CheckpointError, match=r"trained with --precision bf16, not fp32$"):
         cli_made.resume()
+
+
+def cli_run(tmp_path, capsys, *extra: str) -> tuple[int, str]:
+    """``rnnkit train`` on 20 tiny lines (no report): its exit status and stderr."""
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "t.txt").write_text("abc\n" * 20)
+    tiny = ["--hidden", "8", "--embedding", "8", "--batch-size", "4", "--ngram-order", "2"]
+    args = ["train", "--train", str(tmp_path / "t.txt"), "--out", str(tmp_path / "o"), *tiny]
+    code = cli_main([*args, "--no-report", *extra])
+    return code, capsys.readouterr().err.strip()
+
+
+def test_the_divergence_advice_names_the_options_as_given(tmp_path, capsys):
+    """The advice after a non-finite loss or an update float32 cannot hold said ``--lr``
+    and ``--clip-norm`` to Python callers: from Python the rate is the optimizer's and
+    ``clip_norm`` the field."""
+
+    def nan_loss(m, batch, carry):
+        out = m.loss(batch.inputs, batch.targets, state=carry)
+        return out._replace(loss=out.loss * math.nan)
+
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"^the training loss is nan at step 1 .*\(lower the optimizer's lr or set "
+        r"clip_norm\)$",
+    ):
+        make_trainer(steps=2, step_fn=nan_loss).fit()
+    overflowing = make_trainer(steps=2)
+    for group in overflowing.optimizer.param_groups:
+        group["lr"] = 1e39  # SGD's update lr·g: a rate past float32
+    with pytest.raises(
+        TrainingDiverged, match=r"^the update overflows float32 .*\(lower the optimizer's lr\)$"
+    ):
+        overflowing.fit()
+    # Adam's first update (10·lr) makes the weights ~1e38: the next loss is inf
+    code, err = cli_run(tmp_path / "inf", capsys, "--steps", "6", "--lr", "1e37", "--quiet")
+    assert code != 0 and re.search(
+        r"error: the training loss is inf at step 2 .*\(lower --lr or set --clip-norm\)$", err
+    ), err
+    code, err = cli_run(tmp_path / "overflow", capsys, "--steps", "2", "--lr", "1e38", "--quiet")
+    assert code != 0 and re.search(r"error: the update overflows float32 .*\(lower --lr\)$", err)
+
+
+def test_a_finished_run_names_steps_and_epochs_as_given(tmp_path, capsys):
+    """``resume()`` of a finished run said ``raise --steps or --epochs`` from Python."""
+    run = tmp_path / "py"
+    make_trainer(run, steps=2).fit()
+    (run / "summary.json").write_text("{}")  # what the run directory of a finished run holds
+    with pytest.raises(RunFinished, match=r"\(raise steps or epochs to train further\)$"):
+        make_trainer(run, steps=2).resume()
+    cli = tmp_path / "cli"
+    assert cli_run(cli, capsys, "--steps", "2", "--quiet")[0] == 0
+    code, err = cli_run(cli, capsys, "--steps", "2", "--resume")
+    assert code == 0 and "unchanged (raise --steps or --epochs to train further)\n" in err, err
+
+
+def test_a_tensorboard_directory_that_cannot_be_made_is_named_as_given(tmp_path, capsys):
+    """(``rnnkit train`` refuses a ``--tensorboard`` that is a file first, and a missing
+    package: tests/training/test_tensorboard.py.)"""
+    pytest.importorskip("tensorboard")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    below = blocker / "below"
+    with pytest.raises(ConfigError, match=rf"^tensorboard={re.escape(repr(str(below)))}: cannot"):
+        make_trainer(steps=1, tensorboard=str(below)).fit()
+    code, err = cli_run(tmp_path, capsys, "--steps", "1", "--quiet", "--tensorboard", str(below))
+    assert code == 2 and err.startswith(f"rnnkit train: error: --tensorboard {below}: cannot"), err
+
+
+def test_too_many_threads_are_named_as_given(tmp_path, capsys, monkeypatch):
+    """``threads`` above the machine's limit said ``--threads`` to Python callers; the
+    command line checks ``--threads`` itself, and ``RNNKIT_THREADS`` is named as such."""
+    from rnnkit.threads import max_threads
+
+    many = max_threads() + 1
+    with pytest.raises(ConfigError, match=rf"^threads must be at most \d+ .*got {many}$"):
+        make_trainer(steps=1, threads=many).fit()
+    trainer = make_trainer(steps=1, threads=1)
+    trainer.fit()
+    assert trainer.history  # trained
+    code, err = cli_run(tmp_path, capsys, "--steps", "1", "--quiet", "--threads", str(many))
+    assert code == 2 and re.search(rf"error: --threads must be at most \d+ .*got {many}$", err)
+    monkeypatch.setenv("RNNKIT_THREADS", str(many))
+    with pytest.raises(ConfigError, match=r"^RNNKIT_THREADS must be at most "):
+        make_trainer(steps=1).fit()
+
+
+def test_the_note_of_the_thread_count_names_the_setting_as_given():
+    from rnnkit.threads import ThreadGovernor
+
+    python = ThreadGovernor(1).start()
+    python.stop()
+    assert python.note == "threads: 1 (fixed by threads/RNNKIT_THREADS)"
+    cli = ThreadGovernor(1, name="--threads").start()
+    cli.stop()
+    assert cli.note == "threads: 1 (fixed by --threads/RNNKIT_THREADS)"
+    automatic = ThreadGovernor(None, recheck_s=60.0)
+    automatic.fixed = None  # whatever RNNKIT_THREADS says: choose
+    assert automatic.start().note.endswith("; threads=N to fix)")
+    automatic.stop()
+
+
+def test_a_batch_that_cannot_be_split_over_the_processes_is_named_as_given():
+    """Only a Python caller's batches get there (``rnnkit train`` checks ``--batch-size``
+    against the processes first); they are not ``rnnkit train``'s option."""
+    from rnnkit.training.distributed import DistContext, ShardedBatches
+
+    batches = StreamBatcher(np.arange(110) % V, 3, 9)  # 3 rows over 2 processes
+    two = DistContext(rank=0, world_size=2)
+    with pytest.raises(ConfigError, match=r"; give batches of a number of rows divisible by"):
+        next(iter(ShardedBatches(batches, two)))
+    with pytest.raises(ConfigError, match=r"; choose --batch-size divisible by their number$"):
+        next(iter(ShardedBatches(batches, two, "--batch-size")))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 
 import numpy as np
@@ -259,11 +260,22 @@ def test_a_scaler_skipped_step_is_not_a_divergence(tmp_path):
         make_trainer(precision="bf16", steps=8, step_fn=step).fit()
 
 
-def test_overflow_every_step_is_a_divergence_naming_the_step(tmp_path):
+@pytest.mark.parametrize(
+    ("command_line", "advice"),
+    [
+        (False, "lower the optimizer's lr, set clip_norm or use precision='bf16'"),
+        (True, "lower --lr, set --clip-norm or use --precision bf16"),  # as rnnkit train makes
+    ],
+)
+def test_overflow_every_step_is_a_divergence_naming_the_step(tmp_path, command_line, advice):
+    """The advice names the options as the user gave them (it said ``--lr`` to Python)."""
     step, calls = inf_grad_at(None)
-    trainer = make_trainer(tmp_path, precision="fp16", steps=50, step_fn=step, eval_every=1)
+    trainer = make_trainer(
+        tmp_path, precision="fp16", steps=50, step_fn=step, eval_every=1, command_line=command_line
+    )
     with pytest.raises(
-        TrainingDiverged, match=rf"{MAX_SCALER_SKIPS} steps in a row, up to step 1\b"
+        TrainingDiverged,
+        match=rf"{MAX_SCALER_SKIPS} steps in a row, up to step 1\b.*\({re.escape(advice)}\)$",
     ):
         trainer.fit()
     assert len(calls) == MAX_SCALER_SKIPS and trainer.step == 0

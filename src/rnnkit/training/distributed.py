@@ -154,27 +154,34 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
-def _shard(value: Any, ctx: DistContext) -> Any:
+def _shard(value: Any, ctx: DistContext, option: str | None = None) -> Any:
     if isinstance(value, Tensor) and value.dim() >= 1:
         if value.shape[0] % ctx.world_size:
+            # a Python caller made the batches: there is no option to name
+            remedy = f"choose {option}" if option else "give batches of a number of rows"
             raise ConfigError(
                 f"a batch of {value.shape[0]} rows cannot be split evenly over "
-                f"{ctx.world_size} processes; choose --batch-size divisible by their number"
+                f"{ctx.world_size} processes; {remedy} divisible by their number"
             )
         return ctx.rows(value, dim=0)
     return value
 
 
 class ShardedBatches:
-    """This process's rows of every batch of a resumable batcher (position is global)."""
+    """This process's rows of every batch of a resumable batcher (position is global).
 
-    def __init__(self, batches: Any, ctx: DistContext) -> None:
+    ``option``: the command line's option that sets the rows (``--batch-size``), for a
+    batch that cannot be split evenly; None (from Python): the batches are named.
+    """
+
+    def __init__(self, batches: Any, ctx: DistContext, option: str | None = None) -> None:
         self.inner = batches
         self.ctx = ctx
+        self.option = option
 
     def __iter__(self):
         for batch in self.inner:
-            fields = {k: _shard(v, self.ctx) for k, v in batch._asdict().items()}
+            fields = {k: _shard(v, self.ctx, self.option) for k, v in batch._asdict().items()}
             yield type(batch)(**fields)
 
     def __len__(self) -> int:

@@ -140,7 +140,10 @@ class Trainer(Generic[_M]):
         self.model = model
         self.optimizer = optimizer
         self.dist = dist_ctx or DistContext()
-        self.batches = ShardedBatches(batches, self.dist) if self.dist.enabled else batches
+        if self.dist.enabled:  # rnnkit train's batches have --batch-size rows
+            rows = options.argument("batch_size") if options.command_line else None
+            batches = ShardedBatches(batches, self.dist, rows)
+        self.batches = batches
         self.step_fn = step_fn
         self.ddp: nn.Module | None = None
         if self.dist.enabled:
@@ -203,7 +206,7 @@ class Trainer(Generic[_M]):
         self._amp_dtype, self.scaler = autocast_setup(
             options.precision, self._device, options.argument("precision")
         )
-        self.guard = NonFiniteGuard(options.on_nonfinite, self._log)
+        self.guard = NonFiniteGuard(options.on_nonfinite, self._log, options.argument)
 
     @property
     def scaler_skips(self) -> int:
@@ -237,7 +240,8 @@ class Trainer(Generic[_M]):
         ):
             raise RunFinished(
                 f"{out} finished at step {self.step} of {self.total_steps}: nothing to resume; "
-                "summary.json and model.safetensors are unchanged (raise --steps or --epochs "
+                "summary.json and model.safetensors are unchanged (raise "
+                f"{self.options.argument('steps')} or {self.options.argument('epochs')} "
                 "to train further)"
             )
 
@@ -262,7 +266,7 @@ class Trainer(Generic[_M]):
             stack.enter_context(stop_on_signals(stop_signal))
             stack.callback(bar.close)
             if opts.tensorboard is not None and self.dist.is_main:
-                self.run_log.open_tensorboard(opts.tensorboard)
+                self.run_log.open_tensorboard(opts.tensorboard, opts.argument("tensorboard"))
                 stack.callback(self.run_log.close_tensorboard)
             if governor is not None:
                 governor.start()
@@ -311,7 +315,9 @@ class Trainer(Generic[_M]):
         if self._device.type != "cpu":
             return None
         try:
-            return ThreadGovernor(self.options.threads, rows=self.options.rows)
+            return ThreadGovernor(
+                self.options.threads, rows=self.options.rows, name=self.options.argument("threads")
+            )
         except ValueError as exc:  # a bad RNNKIT_THREADS / --threads: one line
             raise ConfigError(str(exc)) from None
 
@@ -353,7 +359,7 @@ class Trainer(Generic[_M]):
         if not self._finite(grad_norm, "the gradient norm", where):
             return None
         lr = self.optimizer.param_groups[0]["lr"]  # the rate of this step
-        with update_overflow(where, lr):
+        with update_overflow(where, lr, self.options.argument):
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from rnnkit.errors import RnnkitError
+from rnnkit.training.options import given
 
 __all__ = ["MAX_SCALER_SKIPS", "MAX_SKIPPED_STEPS", "TrainingDiverged"]
 
@@ -37,12 +38,45 @@ class TrainingDiverged(RnnkitError):
     """A NaN or infinite loss/gradient; the last good checkpoint is left intact."""
 
 
+def _python_name(name: str) -> str:
+    return name
+
+
+def lower_lr(argument: Callable[[str], str]) -> str:
+    """The advice to lower the learning rate: ``--lr`` is ``rnnkit train``'s option; from
+    Python the rate is the optimizer's (``TrainOptions`` has no ``lr``).
+
+    >>> lower_lr(lambda name: "--" + name), lower_lr(_python_name)
+    ('lower --lr', "lower the optimizer's lr")
+    """
+    lr = argument("lr")
+    return f"lower {lr}" if lr.startswith("--") else "lower the optimizer's lr"
+
+
+def advice(argument: Callable[[str], str], bf16: bool = False) -> str:
+    """What to change after a divergence, named as the user gave the run's options
+    (``argument``: :meth:`~rnnkit.training.options.TrainOptions.argument`).
+
+    >>> advice(lambda name: "--" + name.replace("_", "-"), bf16=True)
+    'lower --lr, set --clip-norm or use --precision bf16'
+    >>> advice(_python_name, bf16=True)
+    "lower the optimizer's lr, set clip_norm or use precision='bf16'"
+    """
+    remedies = [lower_lr(argument), f"set {argument('clip_norm')}"]
+    if bf16:
+        remedies.append("use " + given(argument("precision"), "bf16"))
+    return ", ".join(remedies[:-1]) + " or " + remedies[-1]
+
+
 class NonFiniteGuard:
     """The checks of one training run and their counts in a row.
 
     Args:
         on_nonfinite: ``"stop"`` or ``"skip"``.
         log: where a ``skipped`` or ``scaler_skip`` event goes (the run's log).
+        argument: how the advice of an error names an option (the run's
+            :meth:`~rnnkit.training.options.TrainOptions.argument`; default: the Python
+            arguments).
 
     ``where`` below is ``(step, batch, epoch)``: the step in flight (1-based), the batch's
     position in its epoch, the epoch.
@@ -53,9 +87,15 @@ class NonFiniteGuard:
     False
     """
 
-    def __init__(self, on_nonfinite: str, log: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self,
+        on_nonfinite: str,
+        log: Callable[[dict[str, Any]], None],
+        argument: Callable[[str], str] = _python_name,
+    ) -> None:
         self.on_nonfinite = on_nonfinite
         self.log = log
+        self.argument = argument
         self.skip_streak = 0  # non-finite steps skipped in a row (on_nonfinite="skip")
         self.scaler_skips = 0  # steps the GradScaler skipped (float16 overflow)
         self.scaler_streak = 0  # ... of them in a row, up to now
@@ -76,7 +116,7 @@ class NonFiniteGuard:
             if self.skip_streak < MAX_SKIPPED_STEPS:
                 return False
             message = f"{self.skip_streak} steps in a row were skipped; the last: {message}"
-        raise TrainingDiverged(message + " (lower --lr or set --clip-norm)")
+        raise TrainingDiverged(f"{message} ({advice(self.argument)})")
 
     def good_step(self) -> None:
         """An optimizer step was taken: the count of skipped steps in a row starts over."""
@@ -108,22 +148,24 @@ class NonFiniteGuard:
             raise TrainingDiverged(
                 f"the gradients overflowed float16 {self.scaler_streak} steps in a row, up to "
                 f"step {step} (batch {batch} of epoch {epoch}; loss scale now {scale:g}); the "
-                "last good checkpoint is kept (lower --lr, set --clip-norm or use --precision "
-                "bf16)"
+                f"last good checkpoint is kept ({advice(self.argument, bf16=True)})"
             )
         return True
 
 
 @contextmanager
-def update_overflow(where: tuple[int, int, int], lr: float) -> Iterator[None]:
+def update_overflow(
+    where: tuple[int, int, int], lr: float, argument: Callable[[str], str] = _python_name
+) -> Iterator[None]:
     """An optimizer step whose update float32 cannot hold is a :class:`TrainingDiverged`.
 
     torch refuses such an update with ``RuntimeError: value cannot be converted to type
     float without overflow`` (Adam's first step is ``lr / (1 - β1)`` = 10·lr: ``--lr 1e38``
     overflows there; a growing ``--lr-schedule step:E:F`` may get there later). The step is
-    named as the non-finite checks name it, and no snapshot follows.
+    named as the non-finite checks name it, and no snapshot follows; ``argument`` names
+    the options as :class:`NonFiniteGuard`'s does.
 
-    >>> with update_overflow((1, 1, 0), 1e38):
+    >>> with update_overflow((1, 1, 0), 1e38, lambda name: "--" + name):
     ...     raise RuntimeError("value cannot be converted to type float without overflow")
     Traceback (most recent call last):
     ...
@@ -138,5 +180,5 @@ def update_overflow(where: tuple[int, int, int], lr: float) -> Iterator[None]:
         step, batch, epoch = where
         raise TrainingDiverged(
             f"the update overflows float32 at step {step} (batch {batch} of epoch {epoch}; "
-            f"learning rate {lr:g}); the last good checkpoint is kept (lower --lr)"
+            f"learning rate {lr:g}); the last good checkpoint is kept ({lower_lr(argument)})"
         ) from None

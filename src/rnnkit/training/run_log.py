@@ -110,13 +110,14 @@ class RunLog:
         for cb in self.callbacks:
             cb(event)
 
-    def open_tensorboard(self, log_dir: str) -> None:
-        """Also write the events as TensorBoard scalars into ``log_dir`` (rank 0)."""
+    def open_tensorboard(self, log_dir: str, name: str = "tensorboard") -> None:
+        """Also write the events as TensorBoard scalars into ``log_dir`` (rank 0); ``name``
+        is how an error names the setting (``tensorboard`` or ``--tensorboard``)."""
         if not self.is_main:
             return
         from rnnkit.training.tensorboard import TensorBoardWriter
 
-        self._tensorboard = TensorBoardWriter(log_dir)
+        self._tensorboard = TensorBoardWriter(log_dir, name)
 
     def close_tensorboard(self) -> None:
         if self._tensorboard is not None:

@@ -23,24 +23,26 @@ import os
 from typing import Any
 
 from rnnkit.errors import ConfigError
+from rnnkit.training.options import given
 
 __all__ = ["TensorBoardWriter", "require_tensorboard", "scalars"]
 
 MISSING = (
-    "--tensorboard needs the tensorboard package: pip install 'rnnkit[tensorboard]' "
+    "{what} needs the tensorboard package: pip install 'rnnkit[tensorboard]' "
     "(or pip install tensorboard)"
 )
 _TRAIN = ("loss_nats", "grad_norm", "lr", "tokens_per_s", "loss_scale")
 _NOT_FIGURES = ("event", "step", "epoch", "best", "lr")
 
 
-def require_tensorboard() -> Any:
+def require_tensorboard(what: str = "TensorBoard logging") -> Any:
     """``torch.utils.tensorboard.SummaryWriter``; a ``ConfigError`` naming the extra when
-    the ``tensorboard`` package is missing."""
+    the ``tensorboard`` package is missing: ``{what} needs the tensorboard package``
+    (``rnnkit train`` says ``--tensorboard``)."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # torch raises ImportError naming tensorboard when it is absent
-        raise ConfigError(MISSING) from None
+        raise ConfigError(MISSING.format(what=what)) from None
     return SummaryWriter
 
 
@@ -69,19 +71,21 @@ def scalars(event: dict[str, Any]) -> dict[str, float]:
 class TensorBoardWriter:
     """Writes each event given to it (``writer(event)``) as scalars under ``log_dir``.
 
+    ``name``: how errors name the setting, the Python argument (``tensorboard='runs'``,
+    the default) or ``rnnkit train``'s option (``--tensorboard runs``).
+
     Raises:
         ConfigError: the ``tensorboard`` package is missing, or ``log_dir`` cannot be a
             directory (an existing file, no permission), named.
     """
 
-    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
-        summary_writer = require_tensorboard()
+    def __init__(self, log_dir: str | os.PathLike[str], name: str = "tensorboard") -> None:
+        setting = given(name, str(log_dir))
+        summary_writer = require_tensorboard(setting)
         try:
             self.writer = summary_writer(log_dir=str(log_dir))
         except OSError as exc:
-            raise ConfigError(
-                f"--tensorboard {log_dir}: cannot write there ({exc.strerror or exc})"
-            ) from None
+            raise ConfigError(f"{setting}: cannot write there ({exc.strerror or exc})") from None
 
     def __call__(self, event: dict[str, Any]) -> None:
         step = event.get("step")

@@ -371,7 +371,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.tensorboard is not None:  # a missing package is said before anything is trained
         from rnnkit.training.tensorboard import require_tensorboard
 
-        require_tensorboard()
+        require_tensorboard("--tensorboard")
         if os.path.exists(cfg.tensorboard) and not os.path.isdir(cfg.tensorboard):
             raise ConfigError(f"--tensorboard {cfg.tensorboard}: exists and is not a directory")
     from rnnkit.app.tasks.registry import check_processes, task_module  # lazy: fast --help
