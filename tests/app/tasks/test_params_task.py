@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -325,3 +326,36 @@ def test_target_rate_and_method_from_the_command_line_and_a_config_file(
     normal = load_file(str(out / "valid_scores.safetensors"))["normal"]
     assert doc["session_how"].startswith("generalized Pareto tail")
     assert doc["session_score"] == pytest.approx(gpd_threshold(normal, 0.1).quantile(0.1))
+
+
+@pytest.mark.parametrize("bad", [1.5, 0, True])
+def test_a_confidence_out_of_range_is_named_as_given(
+    data: Path, runs: tuple[Path, Path], run_cli, tmp_path: Path, monkeypatch, bad
+) -> None:
+    """``score_sessions(confidence=...)`` said nothing of 1.5 but a quantile's ``p`` and
+    took 0 for the run's own; ``check_confidence`` said ``--confidence`` to Python and of
+    ``thresholds.json``. Each names the Python argument, the command line its option."""
+    from shutil import copytree
+
+    from rnnkit.app.tasks.params import score_sessions
+    from rnnkit.errors import CheckpointError, ConfigError
+
+    params, events = runs
+    run = load_params(params)
+    sessions = read_sessions(data / "test.jsonl")[:2]
+    items = [(s, "test.jsonl", i + 1) for i, s in enumerate(sessions)]
+    with pytest.raises(ConfigError, match=rf"^confidence must be in \(0, 1\), got {bad!r}$"):
+        list(score_sessions(run, items, confidence=bad))
+    code, _, err = run_cli("score", "--checkpoint", str(events), "--params", str(params),
+                           "--data", str(data / "test.jsonl"), "--confidence", "1.5")  # fmt: skip
+    assert code == 2 and err.strip().endswith("--confidence must be in (0, 1), got 1.5"), err
+    # a run whose thresholds.json holds one: its field is named, from Python and the CLI
+    copy = copytree(params, tmp_path / "params")
+    doc = json.loads((copy / "thresholds.json").read_text())
+    (copy / "thresholds.json").write_text(json.dumps({**doc, "confidence": 1.5}))
+    monkeypatch.setenv("RNNKIT_SKIP_CHECKSUMS", "1")  # edited after the run wrote it
+    message = r"thresholds\.json: confidence must be in \(0, 1\), got 1\.5$"
+    with pytest.raises(CheckpointError, match=message):
+        load_params(copy)
+    code, _, err = run_cli("score", "--checkpoint", str(copy), "--data", str(data / "test.jsonl"))
+    assert code != 0 and re.search(message, err.strip()), err

@@ -31,10 +31,18 @@ def options(cfg: TrainConfig) -> dict[str, Any]:
     }
 
 
-def check_confidence(c: Any) -> float:
-    """``c`` if it is a confidence in (0, 1), else a ConfigError."""
+def check_confidence(c: Any, argument: str = "confidence") -> float:
+    """``c`` if it is a confidence in (0, 1), else a ConfigError naming ``argument`` (the
+    Python argument, or the field of ``thresholds.json``; ``rnnkit score`` and ``rnnkit
+    train`` check their ``--confidence`` first).
+
+    >>> check_confidence(1.5)
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.ConfigError: confidence must be in (0, 1), got 1.5
+    """
     if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < 1:
-        raise ConfigError(f"--confidence must be in (0, 1), got {c!r}")
+        raise ConfigError(f"{argument} must be in (0, 1), got {c!r}")
     return float(c)
 
 

@@ -60,8 +60,11 @@ class ParamsModel:
         self.widths = {k.key: k.width for k in self.keys}
 
     def z(self, confidence: float | None = None) -> float:
-        """The per-vector bound (in error standard deviations) at a confidence."""
-        return normal_quantile((1 + (confidence or self.confidence)) / 2)
+        """The per-vector bound (in error standard deviations) at a confidence (None: the
+        run's); one outside (0, 1) is a ``ConfigError`` naming ``confidence`` (0 was taken
+        for the run's, 1.5 failed inside the quantile)."""
+        c = self.confidence if confidence is None else check_confidence(confidence)
+        return normal_quantile((1 + c) / 2)
 
     def limit(self, confidence: float | None = None, session_score: float | None = None) -> float:
         """The session threshold ``max(z, t)``: ``t`` the run's validated session score
