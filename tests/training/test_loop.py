@@ -248,6 +248,27 @@ def test_an_update_float32_cannot_hold_stops_naming_the_step(tmp_path):
     assert trainer.step == 0 and not (tmp_path / "latest.json").exists()
 
 
+@pytest.mark.parametrize("on_nonfinite", ["stop", "skip"])
+def test_a_non_finite_validation_loss_stops_as_a_divergence(tmp_path, on_nonfinite):
+    """Finite training losses can leave weights whose validation loss is NaN (a rate far
+    too large): the run went on, reported NaN and picked those weights as its best."""
+    seen = []
+
+    def nan_after_the_first(model):
+        seen.append(1)
+        return {"loss_nats": 1.0 if len(seen) == 1 else math.nan, "tokens": 5}
+
+    trainer = make_trainer(
+        tmp_path, steps=6, eval_every=2, evaluate_fn=nan_after_the_first,
+        on_nonfinite=on_nonfinite,
+    )  # fmt: skip
+    with pytest.raises(
+        TrainingDiverged, match=r"^the validation loss is nan after step 4: training diverged"
+    ):
+        trainer.fit()
+    assert trainer.best is not None and trainer.best["step"] == 2  # not the NaN weights
+
+
 def test_on_nonfinite_skip_skips_the_step(tmp_path):
     step, calls = poisoned(3)
     trainer = make_trainer(tmp_path, step_fn=step, steps=8, on_nonfinite="skip")

@@ -209,13 +209,22 @@ def test_the_divergence_advice_names_the_options_as_given(tmp_path, capsys):
         TrainingDiverged, match=r"^the update overflows float32 .*\(lower the optimizer's lr\)$"
     ):
         overflowing.fit()
-    # Adam's first update (10·lr) makes the weights ~1e38: the next loss is inf
-    code, err = cli_run(tmp_path / "inf", capsys, "--steps", "6", "--lr", "1e37", "--quiet")
+    # Adam's first update (10·lr) makes the weights ~1e38: the next loss is inf (no
+    # validation before it: that would find the weights' NaN first)
+    code, err = cli_run(
+        tmp_path / "inf", capsys, "--steps", "6", "--lr", "1e37", "--eval-every", "6", "--quiet"
+    )
     assert code != 0 and re.search(
         r"error: the training loss is inf at step 2 .*\(lower --lr or set --clip-norm\)$", err
     ), err
     code, err = cli_run(tmp_path / "overflow", capsys, "--steps", "2", "--lr", "1e38", "--quiet")
     assert code != 0 and re.search(r"error: the update overflows float32 .*\(lower --lr\)$", err)
+    # SGD at 1e30: finite training losses, weights whose validation loss is NaN (the run
+    # exited 0 reporting "validation bits/char: recurrent nan")
+    code, err = cli_run(tmp_path / "nan", capsys, "--steps", "3", "--lr", "1e30", "--quiet")
+    assert code != 0 and re.search(
+        r"error: the validation loss is nan after step 1: training diverged \(lower --lr", err
+    ), err
 
 
 def test_a_finished_run_names_steps_and_epochs_as_given(tmp_path, capsys):

@@ -49,7 +49,7 @@ from rnnkit.training.budget import cap_text, resolve_budget
 from rnnkit.training.checkpoint import load_model_weights, save_model_weights
 from rnnkit.training.distributed import DistContext, ShardedBatches, StepModule
 from rnnkit.training.interrupt import TrainingInterrupted, stop_on_signals
-from rnnkit.training.nonfinite import NonFiniteGuard, update_overflow
+from rnnkit.training.nonfinite import NonFiniteGuard, TrainingDiverged, advice, update_overflow
 from rnnkit.training.options import TrainOptions, TrainResult
 from rnnkit.training.precision import autocast, autocast_setup
 from rnnkit.training.progress import Progress
@@ -511,6 +511,13 @@ class Trainer(Generic[_M]):
         metrics = self.evaluate_fn(self.model)
         self.model.train()
         loss = float(metrics["loss_nats"])
+        if not math.isfinite(loss) and metrics.get("tokens", 1) != 0:
+            # finite training losses can still leave weights that overflow (a rate far too
+            # large): the run must not go on, nor pick such weights as its best
+            raise TrainingDiverged(
+                f"the validation loss is {loss} after step {self.step}: training diverged "
+                f"({advice(self.guard.argument)})"
+            )
         event = {"event": "valid", "step": self.step, "epoch": self.batches.epoch, **metrics}
         improved = self.best is None or loss < float(self.best["loss_nats"])
         if improved:
