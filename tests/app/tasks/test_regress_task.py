@@ -143,3 +143,35 @@ def test_bad_input_is_one_line(data, tmp_path, run_cli, content, extra, words):
     for word in words:
         assert word in err
     assert not (out / "model.safetensors").exists()
+
+
+def test_evaluate_of_huge_values_is_a_figure_or_one_line(trained, data, tmp_path, run_cli):
+    """Values near float32's range: a squared error beyond 3.4e38 was ``inf`` (``mse: inf``,
+    ``null`` in JSON, exit 0). The mse is now the float64 figure of the model's errors; a
+    Gaussian loss that cannot be scored is one line naming the file and line."""
+    seqs = [np.array([[0.1, 1e30], [0.2, -1e30], [0.3, 0.5]]), sinusoids(1, 5)[0]]
+    write_jsonl(tmp_path / "huge.jsonl", seqs)
+    code, out, err = run_cli("evaluate", "--checkpoint", str(trained), "--data",
+                             str(tmp_path / "huge.jsonl"), "--json")  # fmt: skip
+    assert code == 0, err
+    got = json.loads(out)
+    _, _, model = load_regressor(trained)
+    errors = []
+    with torch.no_grad():
+        for s in seqs:
+            x = torch.tensor(s, dtype=torch.float32)
+            pred = model(x[None, :-1]).mean[0].double().numpy()
+            errors.append((pred - x[1:].double().numpy()).ravel())
+    err64 = np.concatenate(errors)
+    assert np.isfinite(err64).all()
+    assert got["mse"] == pytest.approx(float(np.mean(err64**2)), rel=1e-6)
+    assert got["loss"] == pytest.approx(got["mse"], rel=1e-12)
+    as_read = [s.astype(np.float32).astype(np.float64) for s in seqs]
+    base = np.concatenate([(s[:-1] - s[1:]).ravel() for s in as_read])  # x_t for x_{t+1}
+    assert got["baseline_mse"] == pytest.approx(float(np.mean(base**2)), rel=1e-6)
+    code, _, err = train(run_cli, data, tmp_path / "g", "--loss", "gaussian", "--steps", "2")
+    assert code == 0, err
+    code, out, err = run_cli("evaluate", "--checkpoint", str(tmp_path / "g"), "--data",
+                             str(tmp_path / "huge.jsonl"))  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "huge.jsonl:1" in err and "not finite" in err and "1e+30" in err

@@ -144,16 +144,18 @@ def regression_metrics(
             if y.dim() == 3
             else torch.ones_like(y, dtype=torch.bool)
         )
-        err = (mean - y)[keep]
+        # float64: the square of an error beyond 1.8e19 overflows float32 (inf, not a figure)
+        err = (mean - y)[keep].double()
         sq += float((err * err).sum())
         ab += float(err.abs().sum())
         count += int(keep.sum())
     model.train(was_training)
     base = torch.cat(
-        [(p - t).reshape(-1) for p, t in zip(enc.persistence, enc.targets, strict=True)]
+        [(p - t).reshape(-1).double() for p, t in zip(enc.persistence, enc.targets, strict=True)]
     )
     mse = sq / max(count, 1)
-    loss = total / max(count, 1)
+    # for mse the loss is the mse: taken from the float64 sum, not the model's float32 one
+    loss = total / max(count, 1) if model.loss_kind == "gaussian" else mse
     # The negative log-likelihood per value in nats: the Gaussian's own, or for mse that of
     # a unit-variance Gaussian, ½ (mse + ln 2π) (the trainer keeps the lowest).
     nats = loss if model.loss_kind == "gaussian" else 0.5 * (mse + math.log(2 * math.pi))
@@ -296,7 +298,25 @@ def evaluate(
     _check_width(seqs, info["input_size"], "the run's input width")
     enc = encode_sequences(seqs, cfg.target, cfg.max_len)
     model_device = next(model.parameters()).device
-    return regression_metrics(model, enc, model_device, batch_size or cfg.batch_size)
+    metrics = regression_metrics(model, enc, model_device, batch_size or cfg.batch_size)
+    _check_finite(metrics, seqs)
+    return metrics
+
+
+def _check_finite(metrics: dict[str, Any], seqs: list[VectorSequence]) -> None:
+    """A figure that overflowed (the Gaussian NLL of errors near float32's range) is one
+    error naming the sequence of the largest value, not ``inf`` printed as a result."""
+    bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    if not bad:
+        return
+    worst = max(seqs, key=lambda s: float(np.abs(s.values).max(initial=0.0)))
+    top = float(np.abs(worst.values).max(initial=0.0))
+    raise DataError(
+        f"the {bad[0]} is not finite: values reach {top:.3g}, beyond what float32 "
+        "arithmetic can score; rescale the data",
+        worst.path,
+        worst.line,
+    )
 
 
 def predictor(
