@@ -359,3 +359,34 @@ def test_a_confidence_out_of_range_is_named_as_given(
         load_params(copy)
     code, _, err = run_cli("score", "--checkpoint", str(copy), "--data", str(data / "test.jsonl"))
     assert code != 0 and re.search(message, err.strip()), err
+
+
+def _strict(text: str) -> dict:
+    def refuse(name: str) -> None:
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_value_beyond_float32_makes_the_session_anomalous(data, runs, tmp_path, run_cli):
+    """A normal session whose first read took 1e300: normalised, beyond float32 (inf), and
+    the model's state after it NaN. The NaN errors compared false with the bound and max()
+    dropped them, so the session was "normal" (and predict printed ``Infinity``)."""
+    params, _ = runs
+    normal = read_sessions(data / "test.jsonl")[0]
+    read = next(i for i, e in enumerate(normal.events) if "read chunk" in e)
+    later = [i for i, e in enumerate(normal.events) if i > read and e == normal.events[read]]
+    assert later  # the key's state carries the value on to these
+    for bad in ([1e300, 1e300], [1e300, -1e300]):
+        rows = [list(p) for p in normal.params]
+        rows[read] = bad
+        line = {"session": "huge", "events": normal.events, "params": rows}
+        (tmp_path / "huge.jsonl").write_text(json.dumps(line) + "\n", encoding="utf-8")
+        code, out, err = run_cli("predict", "--checkpoint", str(params), "--input",
+                                 str(tmp_path / "huge.jsonl"), "--top", "10")  # fmt: skip
+        assert code == 0 and err == "", err
+        record = _strict(out)
+        assert record["verdict"] == "anomalous", record
+        flagged = {t["position"] for t in record["top"] if t["anomalous"]}
+        assert read in flagged and record["anomalous_vectors"] >= 1
+        assert record["score"] is None  # infinite: null in strict JSON

@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
-import math
 import os
 import select
 import stat
@@ -146,12 +144,12 @@ def read_batches(
         yield lines, where
 
 
-def _json_default(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
 def _print(record: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(record, ensure_ascii=False, default=_json_default) + "\n")
+    # strict JSON: a non-finite float is null (``json.dumps`` writes ``Infinity``/``NaN``,
+    # which a strict reader refuses; its ``default`` is never asked about a float)
+    from rnnkit.training.checkpoint import dumps_strict
+
+    sys.stdout.write(dumps_strict(record, ensure_ascii=False) + "\n")
 
 
 def run(args: argparse.Namespace) -> int:

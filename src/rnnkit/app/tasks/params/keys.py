@@ -134,7 +134,8 @@ class KeyModel:
         vectors (NaN = missing: filled with the training mean, i.e. 0)."""
         x = (vectors[:, self.dims] - self.mean) / self.scale
         missing = np.isnan(x)
-        return np.where(missing, 0.0, x).astype(np.float32), int(missing.sum())
+        with np.errstate(over="ignore"):  # beyond float32: inf, which scoring flags
+            return np.where(missing, 0.0, x).astype(np.float32), int(missing.sum())
 
 
 def as_matrix(rows: Sequence[Sequence[float | None]]) -> np.ndarray:

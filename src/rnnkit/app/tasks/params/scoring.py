@@ -170,6 +170,10 @@ def score_items(
         bound = key.bound(z_limit)
         for n, i in enumerate(owner[event]):
             rec = records[i]
+            # A vector the model cannot score (a value beyond float32 once normalised is
+            # inf, and the state after it NaN) is anomalous: a NaN error compares false
+            # with every bound, and max() drops it, so the session was "normal".
+            errors[n] = np.where(np.isfinite(errors[n]), errors[n], np.inf)
             zs = (errors[n] - key.error.mean) / key.error.std
             rec["checked"] += len(zs)
             rec["anomalous_vectors"] += int((errors[n] > bound).sum())
