@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -401,3 +402,27 @@ def test_target_fpr_is_named_as_given(
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert err == f"rnnkit score: error: --target-fpr must be in (0, 1), got {rate}", err
+
+
+def test_a_nan_validation_score_is_refused_when_thresholds_are_repicked(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A NaN among the stored validation scores (read under --skip-checksums) made the
+    # re-picked threshold nan ("0 anomalous (combined score above nan)", exit 0) or moved it.
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    path = copy / "valid_scores.safetensors"
+    arrays = load_file(str(path))
+    name = json.loads((copy / "thresholds.json").read_text())["score"]
+    arrays[f"rnn/{name}"][0] = np.nan
+    save_file(arrays, str(path))
+    test = run_dir.parent / "test.jsonl"
+    code = main(["score", "--checkpoint", str(copy), "--data", str(test), "--target-fpr", "0.1",
+                 "--skip-checksums"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"{path}: rnn/{name} holds a value that is not finite" in err

@@ -143,6 +143,10 @@ def repick_thresholds(
         raise ConfigError(f"target_fpr must be in (0, 1), got {target_fpr!r}")
     path = Path(run_dir) / "valid_scores.safetensors"
     arrays = load_arrays(path)
+    for key, values in arrays.items():
+        # a NaN score sorts nowhere: the threshold became nan and every session "normal"
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            raise CheckpointError(f"{path}: {key} holds a value that is not finite")
     try:
         return {
             m: {
