@@ -22,3 +22,27 @@ def test_dims_are_the_numbers_of_every_training_vector() -> None:
     assert x.tolist() == [[0.0, 1.0], [0.0, 0.0]] and missing == 1
     assert fit_key("k", 3, collect([(Session("b", ["k"], None, [rows[0]]), "f", 1)])["k"],
                     "d")[1] == "1 training vector(s), fewer than 10"  # fmt: skip
+
+
+def test_statistics_of_values_whose_squares_overflow_are_finite() -> None:
+    """One duration of 1e300 among ordinary ones: its square overflows float64, so the
+    standard deviation was inf, the key's scale was written as null and the run's
+    ``keys.json`` refused by every later command ("key 'k' is not valid")."""
+    import json
+    import statistics
+
+    from rnnkit.app.tasks.params.keys import KeyModel
+    from rnnkit.training.checkpoint import dumps_strict
+
+    column = [1e300] + [float(v) for v in range(11)] + [-3e299]
+    rows = [[v, 2.0] for v in column]
+    key, why = fit_key("k", 2, collect([(Session("a", ["k"] * 13, None, rows), "f", 1)])["k"], "d")
+    assert why == "" and key is not None
+    # statistics computes with exact fractions: no overflow in its squares
+    assert key.mean[0] == pytest.approx(statistics.fmean(column), rel=1e-12)
+    assert key.scale[0] == pytest.approx(statistics.pstdev(column), rel=1e-12)
+    assert key.mean[1] == 2.0 and key.scale[1] == 2.0
+    back = KeyModel.from_json(json.loads(dumps_strict(key.to_json())))
+    assert np.array_equal(back.scale, key.scale)
+    x, _ = key.normalise(np.array([[1e300, 2.0]]))
+    assert np.isfinite(x).all()

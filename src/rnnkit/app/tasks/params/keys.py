@@ -212,12 +212,30 @@ def fit_key(
     dims = [d for d in range(width) if not np.isnan(matrix[:, d]).any()]
     if not dims:
         return None, "no value that is a number in every training vector"
-    mean = matrix[:, dims].mean(axis=0)
-    std = matrix[:, dims].std(axis=0)
+    mean, std = _mean_std(matrix[:, dims])
     constant = std <= 1e-12 * np.maximum(np.abs(mean), 1.0)
     scale = np.where(constant, np.maximum(np.abs(mean), 1.0), std)
     placeholder = GaussianFit(0.0, 1.0, 0)
     return KeyModel(key, width, dims, mean, scale, placeholder, directory, n), ""
+
+
+def _mean_std(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per column of ``(n, D)`` values, the mean and standard deviation; where they overflow
+    (squares of values beyond 1e154: ``s`` was inf, and the run's ``keys.json``
+    unreadable), taken in units of the column's largest magnitude ``b``:
+    ``m = b · mean(x / b)``, ``s = b · std(x / b)``.
+
+    >>> _mean_std(np.array([[1e300], [-1e300]]))
+    (array([0.]), array([1.e+300]))
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean, std = values.mean(axis=0), values.std(axis=0)
+    if np.isfinite(mean).all() and np.isfinite(std).all():
+        return mean, std
+    big = np.abs(values).max(axis=0)
+    big = np.where(big > 0, big, 1.0)
+    unit = values / big
+    return unit.mean(axis=0) * big, unit.std(axis=0) * big
 
 
 @torch.no_grad()
