@@ -58,3 +58,14 @@ def test_an_overflow_is_the_scalers_skip_until_too_many_in_a_row():
     scaler.unscale_(optimizer)
     with pytest.raises(TrainingDiverged, match=f"overflowed float16 {MAX_SCALER_SKIPS} steps"):
         guard.scaler_skipped(scaler, optimizer, [param], (99, 1, 0))
+
+
+def test_before_any_update_the_learning_rate_is_not_blamed():
+    """A non-finite loss at the first step comes from the data or the starting weights:
+    no update has happened (a regress value of 1e30 said "lower --lr")."""
+    guard = NonFiniteGuard("stop", lambda event: None, lambda name: "--" + name)
+    with pytest.raises(TrainingDiverged, match=r"step 1 .*\(before any update, so not the lea"):
+        guard.check(math.inf, "the training loss", (1, 1, 0))
+    guard.good_step()
+    with pytest.raises(TrainingDiverged, match=r"step 2 .*\(lower --lr or set --clip_norm\)$"):
+        guard.check(math.inf, "the training loss", (2, 2, 0))

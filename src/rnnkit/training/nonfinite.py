@@ -97,6 +97,7 @@ class NonFiniteGuard:
         self.log = log
         self.argument = argument
         self.skip_streak = 0  # non-finite steps skipped in a row (on_nonfinite="skip")
+        self.updated = False  # an optimizer step was taken in this run (this process)
         self.scaler_skips = 0  # steps the GradScaler skipped (float16 overflow)
         self.scaler_streak = 0  # ... of them in a row, up to now
 
@@ -116,11 +117,23 @@ class NonFiniteGuard:
             if self.skip_streak < MAX_SKIPPED_STEPS:
                 return False
             message = f"{self.skip_streak} steps in a row were skipped; the last: {message}"
-        raise TrainingDiverged(f"{message} ({advice(self.argument)})")
+        raise TrainingDiverged(f"{message} ({self._remedy()})")
+
+    def _remedy(self) -> str:
+        """Before the first update the weights are those the run started from: a lower
+        rate cannot help (a regress value of 1e30, whose squared error is inf, said
+        "lower --lr")."""
+        if self.updated:
+            return advice(self.argument)
+        return (
+            "before any update, so not the learning rate: values in the data too large for "
+            "float32, or the weights the run started from"
+        )
 
     def good_step(self) -> None:
         """An optimizer step was taken: the count of skipped steps in a row starts over."""
         self.skip_streak = 0
+        self.updated = True
 
     def scaler_skipped(
         self,

@@ -175,3 +175,14 @@ def test_evaluate_of_huge_values_is_a_figure_or_one_line(trained, data, tmp_path
                              str(tmp_path / "huge.jsonl"))  # fmt: skip
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "huge.jsonl:1" in err and "not finite" in err and "1e+30" in err
+
+
+def test_training_on_values_whose_loss_overflows_does_not_blame_the_rate(data, tmp_path, run_cli):
+    seqs = [np.array([[0.1, 1e30], [0.2, -1e30], [0.3, 0.5]])] * 4
+    write_jsonl(tmp_path / "huge.jsonl", seqs)
+    code, _, err = run_cli("train", "--task", "regress", "--train", str(tmp_path / "huge.jsonl"),
+                           "--valid", str(data / "valid.jsonl"), "--out", str(tmp_path / "r"),
+                           *TINY, "--steps", "2")  # fmt: skip
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert "the training loss is inf at step 1" in err and "before any update" in err
+    assert "--lr" not in err
