@@ -217,7 +217,9 @@ def test_nan_stops_training_naming_the_step_and_keeps_the_last_good_checkpoint(
 ):
     step, _ = poisoned(5, what)
     trainer = make_trainer(tmp_path, step_fn=step, steps=10, eval_every=2)
-    with pytest.raises(TrainingDiverged, match=rf"{words} is nan at step 5\b"):
+    with pytest.raises(
+        TrainingDiverged, match=rf"{words} is nan at step 5\b.*; the last good checkpoint is kept"
+    ):
         trainer.fit()
     assert trainer.step == 4
     pointer = json.loads((tmp_path / "latest.json").read_text())
@@ -236,6 +238,16 @@ def test_nan_stops_training_naming_the_step_and_keeps_the_last_good_checkpoint(
     assert_same(weights(fresh2.model), weights(trainer.model))
 
 
+@pytest.mark.parametrize("out", [True, False], ids=["fresh run", "no output directory"])
+def test_a_divergence_before_any_checkpoint_does_not_claim_one(tmp_path, out):
+    # before: "the last good checkpoint is kept" where no checkpoint had been written
+    step, _ = poisoned(3)
+    trainer = make_trainer(tmp_path if out else None, step_fn=step, steps=10, eval_every=5)
+    with pytest.raises(TrainingDiverged, match=r"at step 3 .*; no checkpoint was written \("):
+        trainer.fit()
+    assert not (tmp_path / "latest.json").exists()
+
+
 def test_an_update_float32_cannot_hold_stops_naming_the_step(tmp_path):
     """Adam's first update is lr / (1 - β1) = 10·lr: with lr 1e38 it is past float32, which
     torch refused with a RuntimeError traceback. Now a divergence naming the step and the
@@ -243,7 +255,10 @@ def test_an_update_float32_cannot_hold_stops_naming_the_step(tmp_path):
     trainer = make_trainer(tmp_path, steps=3, eval_every=1)
     for group in trainer.optimizer.param_groups:
         group["lr"] = 1e38
-    with pytest.raises(TrainingDiverged, match=r"update overflows float32 at step 1 .*1e\+38"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"update overflows float32 at step 1 .*1e\+38\); no checkpoint was written",
+    ):
         trainer.fit()
     assert trainer.step == 0 and not (tmp_path / "latest.json").exists()
 

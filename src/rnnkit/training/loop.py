@@ -221,6 +221,7 @@ class Trainer(Generic[_M]):
         """Write a resumable snapshot of the current step (rank 0 writes; with several
         processes every rank must call this: the carried state is gathered first)."""
         save_trainer(self)
+        self.guard.saved = self.guard.saved or self.out_dir is not None
 
     def resume(self) -> None:
         """Restore model, optimizer, scheduler, RNG, data position and carried state.
@@ -230,6 +231,7 @@ class Trainer(Generic[_M]):
                 ``summary.json`` and ``model.safetensors`` are there): nothing is changed.
         """
         resume_trainer(self)
+        self.guard.saved = True  # the snapshot it resumed from
         out = self.out_dir
         if (
             self.total_steps is not None
@@ -359,7 +361,7 @@ class Trainer(Generic[_M]):
         if not self._finite(grad_norm, "the gradient norm", where):
             return None
         lr = self.optimizer.param_groups[0]["lr"]  # the rate of this step
-        with update_overflow(where, lr, self.options.argument):
+        with update_overflow(where, lr, self.options.argument, self.guard.saved):
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()

@@ -83,7 +83,7 @@ class NonFiniteGuard:
 
     >>> guard = NonFiniteGuard("skip", log=lambda event: print(event["reason"]))
     >>> guard.check(float("nan"), "the training loss", (3, 2, 1))
-    the training loss is nan at step 3 (batch 2 of epoch 1); the last good checkpoint is kept
+    the training loss is nan at step 3 (batch 2 of epoch 1); no checkpoint was written
     False
     """
 
@@ -98,6 +98,7 @@ class NonFiniteGuard:
         self.argument = argument
         self.skip_streak = 0  # non-finite steps skipped in a row (on_nonfinite="skip")
         self.updated = False  # an optimizer step was taken in this run (this process)
+        self.saved = False  # a checkpoint of this run exists (written, or resumed from)
         self.scaler_skips = 0  # steps the GradScaler skipped (float16 overflow)
         self.scaler_streak = 0  # ... of them in a row, up to now
 
@@ -107,10 +108,7 @@ class NonFiniteGuard:
         if math.isfinite(value):
             return True
         step, batch, epoch = where
-        message = (
-            f"{what} is {value} at step {step} (batch {batch} of epoch {epoch}); the last "
-            "good checkpoint is kept"
-        )
+        message = f"{what} is {value} at step {step} (batch {batch} of epoch {epoch}); {self.kept}"
         if self.on_nonfinite == "skip":
             self.log({"event": "skipped", "step": step, "reason": message})
             self.skip_streak += 1
@@ -118,6 +116,11 @@ class NonFiniteGuard:
                 return False
             message = f"{self.skip_streak} steps in a row were skipped; the last: {message}"
         raise TrainingDiverged(f"{message} ({self._remedy()})")
+
+    @property
+    def kept(self) -> str:
+        """What the run keeps after a divergence: its last good checkpoint, if it has one."""
+        return kept_checkpoint(self.saved)
 
     def _remedy(self) -> str:
         """Before the first update the weights are those the run started from: a lower
@@ -160,15 +163,25 @@ class NonFiniteGuard:
         if self.scaler_streak >= MAX_SCALER_SKIPS:
             raise TrainingDiverged(
                 f"the gradients overflowed float16 {self.scaler_streak} steps in a row, up to "
-                f"step {step} (batch {batch} of epoch {epoch}; loss scale now {scale:g}); the "
-                f"last good checkpoint is kept ({advice(self.argument, bf16=True)})"
+                f"step {step} (batch {batch} of epoch {epoch}; loss scale now {scale:g}); "
+                f"{self.kept} ({advice(self.argument, bf16=True)})"
             )
         return True
 
 
+def kept_checkpoint(saved: bool) -> str:
+    """The end of a divergence's message: no snapshot is ever written after a bad step, so
+    the last good one is kept — where the run has one (a fresh run failing before its first
+    snapshot, or a run without an output directory, has none)."""
+    return "the last good checkpoint is kept" if saved else "no checkpoint was written"
+
+
 @contextmanager
 def update_overflow(
-    where: tuple[int, int, int], lr: float, argument: Callable[[str], str] = _python_name
+    where: tuple[int, int, int],
+    lr: float,
+    argument: Callable[[str], str] = _python_name,
+    saved: bool = True,
 ) -> Iterator[None]:
     """An optimizer step whose update float32 cannot hold is a :class:`TrainingDiverged`.
 
@@ -176,7 +189,8 @@ def update_overflow(
     float without overflow`` (Adam's first step is ``lr / (1 - β1)`` = 10·lr: ``--lr 1e38``
     overflows there; a growing ``--lr-schedule step:E:F`` may get there later). The step is
     named as the non-finite checks name it, and no snapshot follows; ``argument`` names
-    the options as :class:`NonFiniteGuard`'s does.
+    the options as :class:`NonFiniteGuard`'s does, ``saved``: whether the run has a
+    checkpoint.
 
     >>> with update_overflow((1, 1, 0), 1e38, lambda name: "--" + name):
     ...     raise RuntimeError("value cannot be converted to type float without overflow")
@@ -193,5 +207,5 @@ def update_overflow(
         step, batch, epoch = where
         raise TrainingDiverged(
             f"the update overflows float32 at step {step} (batch {batch} of epoch {epoch}; "
-            f"learning rate {lr:g}); the last good checkpoint is kept ({lower_lr(argument)})"
+            f"learning rate {lr:g}); {kept_checkpoint(saved)} ({lower_lr(argument)})"
         ) from None
