@@ -90,9 +90,9 @@ def route(
             real), eager only.
         window: None (full BPTT) or τ.  projected: ``x`` is the input product.
     """
-    if transforming():  # torch.func / forward AD: operations every transform has rules for
-        return Route(GRAPH_STEPS)
     if tracing():
+        if transforming():  # torch.func / forward AD: operations every transform knows
+            return Route(GRAPH_STEPS)
         # a graph cannot look at a mask's values: the traced fused form takes none
         form = traced_fused_form(kernel, mask, window, projected, (x, *weights, *states0))
         if form is not None:

@@ -43,7 +43,7 @@ def tracing() -> bool:
     >>> tracing()
     False
     """
-    return bool(torch.compiler.is_compiling()) or transforming()
+    return bool(torch.compiler.is_compiling()) or _eager_transform()
 
 
 def transforming() -> bool:
@@ -57,6 +57,11 @@ def transforming() -> bool:
     """
     if torch.compiler.is_compiling():
         return False  # a graph being traced: its own rules (and dynamo answers for functorch)
+    return _eager_transform()
+
+
+def _eager_transform() -> bool:
+    """A ``torch.func`` interpreter or a forward-AD level is active (eager code only)."""
     if torch._C._functorch.peek_interpreter_stack() is not None:
         return True
     return int(forward_ad._current_level) >= 0

@@ -41,6 +41,7 @@ __all__ = [
     "autocast_devices_on",
     "autocast_reconciles",
     "cell_step_in_weights_dtype",
+    "float32",
     "float32_on_cpu",
     "low_precision_to",
     "without_autocast",
@@ -156,4 +157,14 @@ def float32_on_cpu(weight: Tensor) -> bool:
     >>> float32_on_cpu(torch.ones(1, dtype=torch.bfloat16)), float32_on_cpu(torch.ones(1))
     (True, False)
     """
-    return weight.device.type == "cpu" and weight.dtype in (torch.float16, torch.bfloat16)
+    return weight.device.type == "cpu" and weight.dtype in _LOW
+
+
+def float32(t: Tensor | None) -> Tensor | None:
+    """``t`` cast to float32 (a differentiable cast), None kept: the tensors of a call that
+    :func:`float32_on_cpu` runs in float32.
+
+    >>> float32(torch.ones(1, dtype=torch.bfloat16)).dtype, float32(None)
+    (torch.float32, None)
+    """
+    return None if t is None else t.float()

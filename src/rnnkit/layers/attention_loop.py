@@ -51,7 +51,7 @@ from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt import native
 from rnnkit.bptt.dispatch import python_step_kernel
-from rnnkit.cells.amp import float32_on_cpu, without_autocast
+from rnnkit.cells.amp import float32, float32_on_cpu, without_autocast
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights
 
 __all__ = ["AttentionDecoderOutput", "attention_decoder"]
@@ -342,7 +342,7 @@ def attention_decoder(
             t.float() for t in (x, keys, memory, weight_x, weight_c)
         )
         states0 = tuple(s.float() for s in states0)
-        weights = Weights(*(None if w is None else w.float() for w in weights))  # type: ignore[arg-type]
+        weights = Weights(*(float32(w) for w in weights))  # type: ignore[arg-type]
     T, B = x.shape[0], x.shape[1]
     S = memory.shape[1]
     if source_mask is None:
@@ -358,7 +358,7 @@ def attention_decoder(
     if additive:
         qw, qb, v = attention.query_proj.weight, attention.query_proj.bias, attention.v
         if low is not None:
-            qw, qb, v = (None if t is None else t.float() for t in (qw, qb, v))
+            qw, qb, v = (float32(t) for t in (qw, qb, v))
     else:
         qw = qb = v = None
     hidden, context, alpha = _AttentionDecoder.apply(

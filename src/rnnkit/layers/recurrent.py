@@ -14,7 +14,7 @@ from rnnkit.bptt.recompute import run_recomputed
 from rnnkit.bptt.recurrence import run_recurrence
 from rnnkit.bptt.regularized import regularized
 from rnnkit.bptt.tracing import check_tracer, tracing
-from rnnkit.cells.amp import float32_on_cpu
+from rnnkit.cells.amp import float32, float32_on_cpu
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.errors import ConfigError
@@ -31,17 +31,13 @@ def _float32(
     """The loop's tensors cast to float32 (differentiable casts: the gradients reach the
     float16/bfloat16 parameters in their own dtype), for a call on float16/bfloat16
     weights on the CPU (``rnnkit.cells.amp.float32_on_cpu``). ``x (T, B, I)``."""
-
-    def up(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.float()
-
     if masks is not None:
         keep = None if masks.keep is None else tuple(k.float() for k in masks.keep)
-        masks = CellMasks(up(masks.weight_hh), up(masks.recurrent), keep)
+        masks = CellMasks(float32(masks.weight_hh), float32(masks.recurrent), keep)
     return (
         x.float(),
         tuple(s.float() for s in states0),
-        Weights(*(up(w) for w in weights)),  # type: ignore[arg-type]
+        Weights(*(float32(w) for w in weights)),  # type: ignore[arg-type]
         masks,
     )
 

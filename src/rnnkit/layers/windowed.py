@@ -28,7 +28,7 @@ from rnnkit.bptt.backward import weight_grads
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.record import ForwardRecord
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
-from rnnkit.cells.amp import float32_on_cpu
+from rnnkit.cells.amp import float32, float32_on_cpu
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.layers.masking import flip_sequences
 from rnnkit.layers.recurrent import Recurrent
@@ -222,8 +222,8 @@ def run_windowed_stack(
     low = x.dtype if float32_on_cpu(cells[0][0].weight_hh) else None
     if low is not None:
         x = x.float()
-        tensors = [None if t is None else t.float() for t in tensors]
-        drops = [None if d is None else d.float() for d in drops]
+        tensors = [float32(t) for t in tensors]
+        drops = [float32(d) for d in drops]
     plan = _Plan(
         kernels=[[c.kernel for c in layer] for layer in cells],
         reverse=[[r.reverse for r in layer] for layer in layers],
