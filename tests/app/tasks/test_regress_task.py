@@ -186,3 +186,17 @@ def test_training_on_values_whose_loss_overflows_does_not_blame_the_rate(data, t
     assert code != 0 and len(err.strip().splitlines()) == 1, err
     assert "the training loss is inf at step 1" in err and "before any update" in err
     assert "--lr" not in err
+
+
+def test_a_validation_value_the_gaussian_loss_cannot_score_names_the_data(data, tmp_path, run_cli):
+    """A validation value of 1e20: its squared error overflows the float32 Gaussian NLL, so
+    the validation loss was inf and training stopped advising a lower --lr; the same
+    weights score the training data, so the validation data is named, with the value."""
+    seqs = sinusoids(10, 1)
+    seqs[2][1, 0] = -1e20
+    write_jsonl(tmp_path / "valid.jsonl", seqs)
+    code, _, err = train(run_cli, data, tmp_path / "r", "--loss", "gaussian", "--steps", "2",
+                         valid=str(tmp_path / "valid.jsonl"))  # fmt: skip
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{tmp_path / 'valid.jsonl'}:3: the validation loss is inf" in err
+    assert "-1e+20 at step 2 of this sequence" in err and "--lr" not in err
