@@ -8,7 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.func import functional_call
-from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import (
+    PackedSequence,
+    pack_padded_sequence,
+    pack_sequence,
+    pad_packed_sequence,
+)
 
 from rnnkit import nn as knn
 
@@ -166,6 +171,54 @@ def test_vmap_runs_where_torch_has_no_batching_rule(mode):
         reference(x)[0].pow(2).sum().backward()
         want = [p.grad for p in reference.parameters()]
         _assert_same([per_example[k][i] for k in params], want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_packed_sequence_under_vmap_and_grad_equals_torchs_layer_in_a_loop(mode):
+    # torch has no batching rule for its packed operator under vmap, and under grad it
+    # reads the data's memory: "Cannot access data pointer of Tensor that doesn't have
+    # storage" (the drop-in ran it, and torch's pad_packed_sequence, and failed the same)
+    reference, mine = _pair(mode, num_layers=2, bidirectional=True)
+    g = torch.Generator().manual_seed(3)
+    xs = torch.randn(3, 4, 3, 3, dtype=DTYPE, generator=g)  # 3 examples of (T, B, I)
+    lengths = [2, 4, 3]  # not sorted: the packs carry sorted and unsorted indices
+    packs = [pack_padded_sequence(x, lengths, enforce_sorted=False) for x in xs]
+    like = packs[0]
+    data = torch.stack([p.data for p in packs])
+
+    def packed(d):
+        return PackedSequence(d, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
+
+    def outputs(module, d):
+        out, state = module(packed(d))
+        return out.data, *(state if isinstance(state, tuple) else (state,))
+
+    with pytest.raises(RuntimeError, match="Batching rule not implemented"):
+        torch.func.vmap(lambda d: outputs(reference, d))(data)
+    got = torch.func.vmap(lambda d: outputs(mine, d))(data)
+    for i, p in enumerate(packs):
+        _assert_same([g[i] for g in got], outputs(reference, p.data))
+
+    def loss(module, params, d):
+        out, state = functional_call(module, params, (packed(d),))
+        states = state if isinstance(state, tuple) else (state,)
+        return out.data.pow(2).sum() + sum(s.sin().sum() for s in states)
+
+    def torch_grads(d):
+        reference.zero_grad()
+        loss(reference, dict(reference.named_parameters()), d).backward()
+        return [p.grad for p in reference.parameters()]
+
+    params = {k: v.detach() for k, v in mine.named_parameters()}
+    with pytest.raises(RuntimeError, match="Cannot access data pointer"):
+        torch.func.grad(lambda p, d: loss(reference, p, d))(params, like.data)
+    one = torch.func.grad(lambda p, d: loss(mine, p, d))(params, like.data)
+    _assert_same([one[k] for k in params], torch_grads(like.data))
+    per_example = torch.func.vmap(
+        torch.func.grad(lambda p, d: loss(mine, p, d)), in_dims=(None, 0)
+    )(params, data)
+    for i, p in enumerate(packs):
+        _assert_same([per_example[k][i] for k in params], torch_grads(p.data))
 
 
 def test_a_model_ensemble_runs_under_vmap_with_stacked_states():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rnnkit import GRU, LSTM
-from rnnkit.models.regressor import Regressor
+from rnnkit.models.regressor import LOG_VAR_MAX, Regressor
 
 DT = torch.float64
 
@@ -60,3 +60,24 @@ def test_value_target_reads_the_state_after_the_last_real_step(bidirectional):
 def test_next_value_prediction_refuses_a_bidirectional_encoder():
     with pytest.raises(ValueError, match="causal"):
         Regressor(LSTM(2, 4, bidirectional=True), 2, "next")
+
+
+def test_a_gaussian_log_variance_beyond_float32_is_clamped():
+    """A head whose ln σ² is 100 somewhere: exp overflowed float32 (a variance of inf, the
+    likelihood inf). It is clamped to LOG_VAR_MAX, whose exp float32 holds; the loss is
+    the full likelihood at that variance, and its gradient at the clamped entries is 0."""
+    torch.manual_seed(0)
+    m = Regressor(GRU(2, 5), 2, "next", "gaussian")  # float32, as trained
+    with torch.no_grad():
+        m.head.bias[2] = 100.0  # the first dimension's ln σ²
+    x, y = torch.randn(2, 3, 2), torch.randn(2, 3, 2)
+    out = m(x)
+    assert (out.log_var[..., 0] == LOG_VAR_MAX).all() and (out.log_var[..., 1] < 10).all()
+    assert torch.isfinite(out.log_var.exp()).all()
+    assert math.exp(LOG_VAR_MAX) < torch.finfo(torch.float32).max < math.exp(LOG_VAR_MAX + 1)
+    lv, mu = out.log_var.double(), out.mean.double()
+    want = 0.5 * (math.log(2 * math.pi) + lv + (y.double() - mu) ** 2 / lv.exp())
+    loss = m.loss(x, y).loss
+    torch.testing.assert_close(loss.double(), want.mean(), rtol=1e-5, atol=1e-6)
+    loss.backward()
+    assert torch.isfinite(m.head.bias.grad).all() and m.head.bias.grad[2] == 0

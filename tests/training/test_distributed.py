@@ -226,6 +226,42 @@ def test_bad_input_under_torchrun_is_said_once(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+_ONE_RANK_FAILS = """
+import os, sys
+from rnnkit.app.cli.main import main
+
+good, bad, run = sys.argv[1:4]
+corpus = bad if os.environ["RANK"] == "1" else good  # bad data of one process alone
+sys.exit(main(["train", "--train", corpus, "--out", run, "--hidden", "8", "--embedding", "8",
+               "--batch-size", "8", "--steps", "500", "--quiet", "--no-report"]))
+"""
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed beside python")
+def test_an_error_of_one_process_alone_is_the_root_cause_said(tmp_path):
+    """Rank 1 fails on its own data; rank 0, in the weights' shape check of
+    DistributedDataParallel, gets gloo's "Connection closed by peer". Rank 0 printed that
+    as a 30-line traceback and exited at once; torchrun then ended rank 1 within its wait,
+    so rank 1's error was never seen (torchrun's root cause: "To enable traceback see")."""
+    script = tmp_path / "one_rank_fails.py"
+    script.write_text(_ONE_RANK_FAILS)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"abc\n\xff\xfe\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(script),
+           str(_corpus(tmp_path)), str(bad), str(tmp_path / "r")]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    assert res.returncode != 0
+    err = res.stderr
+    line = f"rnnkit train: error: {bad}:2: invalid UTF-8 at byte offset 4 (byte 0xff)"
+    # said by rank 1 once, and torchrun's report names it as the root cause
+    assert err.count(line) == 2, err[-3000:]
+    assert f"traceback : {line}" in err.split("Root Cause")[1]
+    stopped = [ln for ln in err.splitlines() if ln.startswith("rnnkit train: stopped:")]
+    assert len(stopped) == 1 and "process 0 of 2: another process" in stopped[0], err[-3000:]
+    assert "[rank0]:" not in err and "RuntimeError" not in err
+
+
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed beside python")
 def test_a_task_that_trains_in_one_process_is_refused_under_torchrun(tmp_path):
     data = tmp_path / "train.tsv"

@@ -69,3 +69,22 @@ def test_before_any_update_the_learning_rate_is_not_blamed():
     guard.good_step()
     with pytest.raises(TrainingDiverged, match=r"step 2 .*\(lower --lr or set --clip_norm\)$"):
         guard.check(math.inf, "the training loss", (2, 2, 0))
+
+
+def test_the_advice_lowers_a_clip_norm_that_is_set():
+    """With clipping on, "set --clip-norm" was advised all the same (the command line's
+    default is 5.0): the advice is to lower it, naming its value as the user gave it."""
+    for argument, clip_norm, expected in [
+        (
+            lambda name: "--" + name.replace("_", "-"),
+            5.0,
+            "lower --lr or lower --clip-norm (now 5)",
+        ),
+        (lambda name: name, 0.5, "lower the optimizer's lr or lower clip_norm (now 0.5)"),
+        (lambda name: "--" + name.replace("_", "-"), None, "lower --lr or set --clip-norm"),
+    ]:
+        guard = NonFiniteGuard("stop", lambda event: None, argument, clip_norm)
+        guard.good_step()
+        with pytest.raises(TrainingDiverged) as caught:
+            guard.check(math.nan, "the gradient norm", (2, 2, 0))
+        assert str(caught.value).endswith(f"({expected})")

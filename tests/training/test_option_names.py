@@ -217,9 +217,15 @@ def test_the_divergence_advice_names_the_options_as_given(tmp_path, capsys):
     code, err = cli_run(
         tmp_path / "inf", capsys, "--steps", "6", "--lr", "1e37", "--eval-every", "6", "--quiet"
     )
+    # clipping is on (the command line's default, 5): lower it, not "set" it
     assert code != 0 and re.search(
-        r"error: the training loss is inf at step 2 .*\(lower --lr or set --clip-norm\)$", err
+        r"error: the training loss is inf at step 2 .*\(lower --lr or lower --clip-norm "
+        r"\(now 5\)\)$",
+        err,
     ), err
+    code, err = cli_run(tmp_path / "noclip", capsys, "--steps", "6", "--lr", "1e37",
+                        "--eval-every", "6", "--quiet", "--no-clip")  # fmt: skip
+    assert code != 0 and re.search(r"\(lower --lr or set --clip-norm\)$", err), err
     code, err = cli_run(tmp_path / "overflow", capsys, "--steps", "2", "--lr", "1e38", "--quiet")
     assert code != 0 and re.search(r"error: the update overflows float32 .*\(lower --lr\)$", err)
     # SGD at 1e30: finite training losses, weights whose validation loss is NaN (the run

@@ -263,8 +263,8 @@ def test_a_scaler_skipped_step_is_not_a_divergence(tmp_path):
 @pytest.mark.parametrize(
     ("command_line", "advice"),
     [
-        (False, "lower the optimizer's lr, set clip_norm or use precision='bf16'"),
-        (True, "lower --lr, set --clip-norm or use --precision bf16"),  # as rnnkit train makes
+        (False, "lower the optimizer's lr, lower clip_norm (now 1) or use precision='bf16'"),
+        (True, "lower --lr, lower --clip-norm (now 1) or use --precision bf16"),  # as train's
     ],
 )
 def test_overflow_every_step_is_a_divergence_naming_the_step(tmp_path, command_line, advice):

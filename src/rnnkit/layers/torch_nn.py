@@ -40,11 +40,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence
 
 from rnnkit.bptt.tracing import transforming, vmapping
 from rnnkit.cells.amp import autocast_reconciles
 from rnnkit.layers import cell_stacks
+from rnnkit.layers.packing import pack_like, unpack
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.types import LSTMState
 
@@ -257,7 +258,7 @@ class _DropIn:
         packed_input = input if isinstance(input, PackedSequence) else None
         lengths = None
         if packed_input is not None:
-            x, lengths = pad_packed_sequence(packed_input, batch_first=self.batch_first)
+            x, lengths = unpack(packed_input, batch_first=self.batch_first)
             batched = True
         else:
             if not isinstance(input, Tensor):
@@ -295,7 +296,7 @@ class _DropIn:
         else:
             final = self._join(out.state)
         if packed_input is not None:
-            outputs = _repack(outputs, packed_input, self.batch_first)
+            outputs = pack_like(outputs, packed_input, self.batch_first)
         elif outputs.requires_grad and outputs._is_view():
             # a view of the autograd node's state buffer, which its backward reads: a copy,
             # so that the output can be changed in place (``out += skip``) as torch's can
@@ -313,7 +314,11 @@ class _DropIn:
             return True
         if transforming():
             # torch.func / forward AD: torch's operators have the rules, except vmap's
-            # (no batching rule for aten::lstm): there rnnkit's plain steps run
+            # (no batching rule for aten::lstm) and, for a PackedSequence, grad's (its
+            # packed operator reads the data's memory: "Cannot access data pointer of
+            # Tensor that doesn't have storage"): there rnnkit's plain steps run
+            if isinstance(input, PackedSequence):
+                return input.data.shape[0] == 0
             return not vmapping()
         if self.proj_size > 0 or self.dropout >= 1:  # no such rnnkit layer
             return True
@@ -349,27 +354,6 @@ def _outside_transforms() -> contextlib.AbstractContextManager[Any]:
 
     clear = getattr(pyfunctorch, "temporarily_clear_interpreter_stack", None)
     return clear() if clear is not None else contextlib.nullcontext()
-
-
-def _repack(outputs: Tensor, like: PackedSequence, batch_first: bool) -> PackedSequence:
-    """Padded outputs as a PackedSequence laid out exactly like the input ``like``."""
-    lengths = _lengths_of(like)
-    order = like.sorted_indices
-    if order is not None:
-        outputs = outputs.index_select(0 if batch_first else 1, order.to(outputs.device))
-        lengths = lengths[order.cpu()]
-    data = pack_padded_sequence(outputs, lengths, batch_first=batch_first).data
-    return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
-
-
-def _lengths_of(packed: PackedSequence) -> Tensor:
-    """Each sequence's length, in the original batch order."""
-    sizes = packed.batch_sizes  # (T,), how many sequences are still running at each step
-    B = int(sizes[0])
-    sorted_lengths = (sizes.unsqueeze(0) > torch.arange(B).unsqueeze(1)).sum(1)  # (B,)
-    if packed.unsorted_indices is None:
-        return sorted_lengths
-    return sorted_lengths[packed.unsorted_indices.cpu()]
 
 
 class RNN(_DropIn, nn.RNN):

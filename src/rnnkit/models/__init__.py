@@ -59,7 +59,7 @@ from rnnkit.models.pooling import (
     mean_pool,
     state_pool,
 )
-from rnnkit.models.regressor import LOSSES, TARGETS, Regressor, RegressorOutput
+from rnnkit.models.regressor import LOG_VAR_MAX, LOSSES, TARGETS, Regressor, RegressorOutput
 from rnnkit.models.seq2seq import ATTENTION_WIRINGS, Seq2Seq, Seq2SeqOutput, build_seq2seq
 from rnnkit.models.seq2seq_decoder import STATE_BATCH_DIM, DecoderState, check_stepped_decoder
 from rnnkit.models.seq2seq_inference import InferenceStep
@@ -73,6 +73,7 @@ __all__ = [
     "CHAR_HIDDEN",
     "CONDITIONAL_STATE_DIM",
     "LENGTH_MODES",
+    "LOG_VAR_MAX",
     "LOSSES",
     "MAX_FEATURES",
     "MAX_NEIGHBOURS",

@@ -10,7 +10,10 @@ Two losses, the Gaussian case of the same maximum-likelihood framework as the so
   (the negative log-likelihood of a unit-variance Gaussian, up to constants);
 * ``"gaussian"``: the head also outputs ``log σ²`` per dimension and the loss is the full
   Gaussian negative log-likelihood ``½ (ln 2π + ln σ² + (y − μ)² / σ²)`` per element
-  (``torch.nn.functional.gaussian_nll_loss`` with ``full=True``).
+  (``torch.nn.functional.gaussian_nll_loss`` with ``full=True``). The head's ``ln σ²``
+  is clamped to at most ``LOG_VAR_MAX`` = 88: ``exp`` of more overflows float32
+  (``ln 3.4e38`` ≈ 88.7), and a trained model could reach it on inputs unlike its
+  training data (a variance of ``inf``, written as ``null`` by ``predict``).
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.pooling import directions_side_by_side
 
-__all__ = ["LOSSES", "TARGETS", "Regressor", "RegressorOutput"]
+__all__ = ["LOG_VAR_MAX", "LOSSES", "TARGETS", "Regressor", "RegressorOutput"]
 
 LOSSES = ("mse", "gaussian")
 TARGETS = ("next", "value")
+#: The largest ``ln σ²`` of a ``"gaussian"`` head: ``exp(88)`` ≈ 1.7e38 is float32's; one
+#: more and the variance (and the likelihood's ``ln σ²``) would be ``inf``.
+LOG_VAR_MAX = 88.0
 
 
 class RegressorOutput(NamedTuple):
@@ -87,7 +93,8 @@ class Regressor(nn.Module):
         z = self.head(self.drop(features))
         if self.loss_kind == "gaussian":
             mean, log_var = z.split(self.output_size, dim=-1)
-            return RegressorOutput(mean, log_var)
+            # beyond LOG_VAR_MAX, exp overflows float32: a saturation, whose gradient is 0
+            return RegressorOutput(mean, log_var.clamp(max=LOG_VAR_MAX))
         return RegressorOutput(z, None)
 
     def loss(self, x: Tensor, y: Tensor, mask: Tensor | None = None) -> LossOutput:

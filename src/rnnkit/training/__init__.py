@@ -58,6 +58,7 @@ from rnnkit.training.distributed import (
     init_distributed,
     launched_processes,
     peer_lost,
+    peer_lost_said,
     shutdown_distributed,
 )
 from rnnkit.training.interrupt import TrainingInterrupted
@@ -138,6 +139,7 @@ __all__ = [
     "parse_lr_schedule",
     "parse_schedule",
     "peer_lost",
+    "peer_lost_said",
     "read_json",
     "read_metrics",
     "read_summary",

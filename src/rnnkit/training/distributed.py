@@ -21,6 +21,8 @@ torchrun flags (``--nnodes``, ``--rdzv-endpoint``) take it to several machines.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -38,6 +40,7 @@ __all__ = [
     "init_distributed",
     "launched_processes",
     "peer_lost",
+    "peer_lost_said",
     "shutdown_distributed",
 ]
 
@@ -89,9 +92,14 @@ class DistContext:
 
 
 class PeerLost(RnnkitError):
-    """Another process of a distributed run is gone; this one stops (exit status 1)."""
+    """Another process of a distributed run is gone; this one stops (exit status 1).
+
+    ``after_peer``: the error is the consequence of another process's failure, which that
+    process says itself (the command line leaves it the time to: ``rnnkit.app.cli.ranks``).
+    """
 
     exit_code = 1
+    after_peer = True
 
 
 def launched_processes() -> int:
@@ -123,6 +131,29 @@ def peer_lost(exc: BaseException, ctx: DistContext) -> PeerLost | None:
         f"is gone ({reason}); see torchrun's report for which and why. The run keeps its "
         "latest snapshot: continue it with --resume (any number of processes)"
     )
+
+
+@contextmanager
+def peer_lost_said(ctx: DistContext) -> Iterator[None]:
+    """Within it, a collective broken by a process gone is :class:`PeerLost` (one line)
+    instead of the backend's ``RuntimeError``; any other error stays what it is.
+
+    >>> with peer_lost_said(DistContext(0, 2)):
+    ...     raise RuntimeError("Connection closed by peer [127.0.0.1]:38789")
+    Traceback (most recent call last):
+    ...
+    rnnkit.training.distributed.PeerLost: process 0 of 2: another process of this \
+distributed run is gone (Connection closed by peer [127.0.0.1]:38789); see torchrun's \
+report for which and why. The run keeps its latest snapshot: continue it with --resume \
+(any number of processes)
+    """
+    try:
+        yield
+    except RuntimeError as exc:
+        lost = peer_lost(exc, ctx)
+        if lost is None:
+            raise
+        raise lost from None
 
 
 def init_distributed(device_type: str = "cpu") -> DistContext:

@@ -49,7 +49,7 @@ from rnnkit.training.budget import cap_text, resolve_budget
 from rnnkit.training.checkpoint import load_model_weights, save_model_weights
 from rnnkit.training.distributed import DistContext, ShardedBatches, StepModule
 from rnnkit.training.interrupt import TrainingInterrupted, stop_on_signals
-from rnnkit.training.nonfinite import NonFiniteGuard, TrainingDiverged, advice, update_overflow
+from rnnkit.training.nonfinite import NonFiniteGuard, TrainingDiverged, update_overflow
 from rnnkit.training.options import TrainOptions, TrainResult
 from rnnkit.training.precision import autocast, autocast_setup
 from rnnkit.training.progress import Progress
@@ -206,7 +206,9 @@ class Trainer(Generic[_M]):
         self._amp_dtype, self.scaler = autocast_setup(
             options.precision, self._device, options.argument("precision")
         )
-        self.guard = NonFiniteGuard(options.on_nonfinite, self._log, options.argument)
+        self.guard = NonFiniteGuard(
+            options.on_nonfinite, self._log, options.argument, options.clip_norm
+        )
 
     @property
     def scaler_skips(self) -> int:
@@ -518,7 +520,7 @@ class Trainer(Generic[_M]):
             # large): the run must not go on, nor pick such weights as its best
             raise TrainingDiverged(
                 f"the validation loss is {loss} after step {self.step}: training diverged "
-                f"({advice(self.guard.argument)})"
+                f"({self.guard.advice()})"
             )
         event = {"event": "valid", "step": self.step, "epoch": self.batches.epoch, **metrics}
         improved = self.best is None or loss < float(self.best["loss_nats"])

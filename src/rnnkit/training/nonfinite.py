@@ -53,16 +53,29 @@ def lower_lr(argument: Callable[[str], str]) -> str:
     return f"lower {lr}" if lr.startswith("--") else "lower the optimizer's lr"
 
 
-def advice(argument: Callable[[str], str], bf16: bool = False) -> str:
+def advice(
+    argument: Callable[[str], str], bf16: bool = False, clip_norm: float | None = None
+) -> str:
     """What to change after a divergence, named as the user gave the run's options
-    (``argument``: :meth:`~rnnkit.training.options.TrainOptions.argument`).
+    (``argument``: :meth:`~rnnkit.training.options.TrainOptions.argument`). With
+    clipping on (``clip_norm``, the run's threshold), the advice is to lower it, naming
+    its value: "set --clip-norm" was advised even when it was set (the command line's
+    default is 5).
 
     >>> advice(lambda name: "--" + name.replace("_", "-"), bf16=True)
     'lower --lr, set --clip-norm or use --precision bf16'
     >>> advice(_python_name, bf16=True)
     "lower the optimizer's lr, set clip_norm or use precision='bf16'"
+    >>> advice(lambda name: "--" + name.replace("_", "-"), clip_norm=5.0)
+    'lower --lr or lower --clip-norm (now 5)'
+    >>> advice(_python_name, clip_norm=0.25)
+    "lower the optimizer's lr or lower clip_norm (now 0.25)"
     """
-    remedies = [lower_lr(argument), f"set {argument('clip_norm')}"]
+    clip = argument("clip_norm")
+    remedies = [
+        lower_lr(argument),
+        f"set {clip}" if clip_norm is None else f"lower {clip} (now {clip_norm:g})",
+    ]
     if bf16:
         remedies.append("use " + given(argument("precision"), "bf16"))
     return ", ".join(remedies[:-1]) + " or " + remedies[-1]
@@ -77,6 +90,8 @@ class NonFiniteGuard:
         argument: how the advice of an error names an option (the run's
             :meth:`~rnnkit.training.options.TrainOptions.argument`; default: the Python
             arguments).
+        clip_norm: the run's gradient-norm threshold (None: no clipping), which the
+            advice names.
 
     ``where`` below is ``(step, batch, epoch)``: the step in flight (1-based), the batch's
     position in its epoch, the epoch.
@@ -92,10 +107,12 @@ class NonFiniteGuard:
         on_nonfinite: str,
         log: Callable[[dict[str, Any]], None],
         argument: Callable[[str], str] = _python_name,
+        clip_norm: float | None = None,
     ) -> None:
         self.on_nonfinite = on_nonfinite
         self.log = log
         self.argument = argument
+        self.clip_norm = clip_norm
         self.skip_streak = 0  # non-finite steps skipped in a row (on_nonfinite="skip")
         self.updated = False  # an optimizer step was taken in this run (this process)
         self.saved = False  # a checkpoint of this run exists (written, or resumed from)
@@ -122,12 +139,16 @@ class NonFiniteGuard:
         """What the run keeps after a divergence: its last good checkpoint, if it has one."""
         return kept_checkpoint(self.saved)
 
+    def advice(self, bf16: bool = False) -> str:
+        """What to change after a divergence of this run (:func:`advice`)."""
+        return advice(self.argument, bf16, self.clip_norm)
+
     def _remedy(self) -> str:
         """Before the first update the weights are those the run started from: a lower
         rate cannot help (a regress value of 1e30, whose squared error is inf, said
         "lower --lr")."""
         if self.updated:
-            return advice(self.argument)
+            return self.advice()
         return (
             "before any update, so not the learning rate: values in the data too large for "
             "float32, or the weights the run started from"
@@ -164,7 +185,7 @@ class NonFiniteGuard:
             raise TrainingDiverged(
                 f"the gradients overflowed float16 {self.scaler_streak} steps in a row, up to "
                 f"step {step} (batch {batch} of epoch {epoch}; loss scale now {scale:g}); "
-                f"{self.kept} ({advice(self.argument, bf16=True)})"
+                f"{self.kept} ({self.advice(bf16=True)})"
             )
         return True
 

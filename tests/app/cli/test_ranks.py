@@ -55,3 +55,43 @@ def test_an_unwritable_error_file_does_not_hide_the_error(waits, monkeypatch, ca
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "no" / "such" / "error.json"))
     ranks.say_error("rnnkit train: error: y")
     assert capsys.readouterr().err == "rnnkit train: error: y\n"
+
+
+def test_the_error_file_has_the_time_of_the_failure_not_of_the_end_of_the_wait(
+    monkeypatch, capsys, tmp_path
+):
+    """torchrun's root cause is the failure of the earliest time: a process that waited
+    5 s before writing would lose to a process stopped by its failure meanwhile."""
+    clock = [1000.0]
+    monkeypatch.setattr(ranks.time, "time", lambda: clock[0])
+    monkeypatch.setattr(ranks.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "e1.json"))
+    ranks.say_error("rnnkit train: error: bad.txt:2: invalid UTF-8")
+    stamp = json.loads((tmp_path / "e1.json").read_text())["message"]["extraInfo"]["timestamp"]
+    assert stamp == "1000" and clock[0] == 1000 + ranks.OTHER_RANK_WAIT_S
+
+
+def test_a_process_stopped_by_another_says_it_at_once_and_leaves_the_root_cause(
+    monkeypatch, capsys, tmp_path
+):
+    """A PeerLost: the line at once; the error file (with the time it is written) only
+    after a wait longer than the failing process's, which torchrun usually cuts short."""
+    clock = [1000.0]
+    said_before_wait: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        said_before_wait.append(capsys.readouterr().err)
+        clock[0] += seconds
+
+    monkeypatch.setattr(ranks.time, "time", lambda: clock[0])
+    monkeypatch.setattr(ranks.time, "sleep", sleep)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "e0.json"))
+    ranks.say_error("rnnkit train: stopped: process 0 of 2: another process ...", True)
+    assert said_before_wait == ["rnnkit train: stopped: process 0 of 2: another process ...\n"]
+    assert ranks.AFTER_PEER_WAIT_S > ranks.OTHER_RANK_WAIT_S
+    stamp = json.loads((tmp_path / "e0.json").read_text())["message"]["extraInfo"]["timestamp"]
+    assert int(stamp) == 1000 + ranks.AFTER_PEER_WAIT_S

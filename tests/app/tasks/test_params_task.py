@@ -390,3 +390,20 @@ def test_a_value_beyond_float32_makes_the_session_anomalous(data, runs, tmp_path
         flagged = {t["position"] for t in record["top"] if t["anomalous"]}
         assert read in flagged and record["anomalous_vectors"] >= 1
         assert record["score"] is None  # infinite: null in strict JSON
+
+
+def test_a_validation_value_beyond_float32_names_the_validation_data(data, tmp_path, run_cli):
+    """A validation session whose read took 1e300: normalised it is beyond float32, so the
+    validation loss was NaN and training stopped with "training diverged (lower --lr or
+    set --clip-norm)"; the validation data is at fault, and is named."""
+    sessions = read_sessions(data / "valid.jsonl")
+    bad = sessions[3]
+    read = next(i for i, e in enumerate(bad.events) if "read chunk" in e)
+    bad.params[read] = [bad.params[read][0], 1e300]
+    valid = write(tmp_path / "valid.jsonl", sessions)
+    code, _, err = run_cli("train", "--task", "params", "--train", str(data / "train.jsonl"),
+                           "--valid", str(valid), "--out", str(tmp_path / "r"), "--epochs", "1",
+                           *TINY)  # fmt: skip
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{valid}:4: validation value 1e+300 (occurrence 1 of the event " in err
+    assert "read chunk" in err and "value 1)" in err and "--lr" not in err

@@ -5,6 +5,7 @@ model run on each sequence alone, CSV input, and bad input as one line."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,8 @@ import torch
 from rnnkit.app.cli.main import main
 from rnnkit.app.tasks.regress import load_regressor
 from rnnkit.data.vectors import read_vector_sequences
+from rnnkit.models.regressor import LOG_VAR_MAX
+from rnnkit.training.checkpoint import save_model_weights
 
 TINY = ["--cell", "gru", "--hidden", "8", "--batch-size", "8", "--quiet", "--no-report"]
 
@@ -186,3 +189,36 @@ def test_training_on_values_whose_loss_overflows_does_not_blame_the_rate(data, t
     assert code != 0 and len(err.strip().splitlines()) == 1, err
     assert "the training loss is inf at step 1" in err and "before any update" in err
     assert "--lr" not in err
+
+
+def test_a_validation_value_the_gaussian_loss_cannot_score_names_the_data(data, tmp_path, run_cli):
+    """A validation value of 1e20: its squared error overflows the float32 Gaussian NLL, so
+    the validation loss was inf and training stopped advising a lower --lr; the same
+    weights score the training data, so the validation data is named, with the value."""
+    seqs = sinusoids(10, 1)
+    seqs[2][1, 0] = -1e20
+    write_jsonl(tmp_path / "valid.jsonl", seqs)
+    code, _, err = train(run_cli, data, tmp_path / "r", "--loss", "gaussian", "--steps", "2",
+                         valid=str(tmp_path / "valid.jsonl"))  # fmt: skip
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{tmp_path / 'valid.jsonl'}:3: the validation loss is inf" in err
+    assert "-1e+20 at step 2 of this sequence" in err and "--lr" not in err
+
+
+def test_predict_of_a_variance_beyond_float32_is_a_number(data, tmp_path, run_cli):
+    """A trained Gaussian regressor's ln σ² can pass 88.7 on an input unlike its training
+    data (found on 1e8-scale data, --lr 1, 8 steps): exp overflowed float32 and predict
+    wrote the variance as null. Here the head's bias puts it at 200 everywhere."""
+    run = tmp_path / "g"
+    code, _, err = train(run_cli, data, run, "--loss", "gaussian", "--steps", "2")
+    assert code == 0, err
+    _, _, model = load_regressor(run)
+    with torch.no_grad():
+        model.head.bias[2:] = 200.0
+    save_model_weights(model, run / "model.safetensors")
+    write_jsonl(tmp_path / "in.jsonl", sinusoids(1, 5))
+    code, out, err = run_cli("predict", "--checkpoint", str(run), "--input",
+                             str(tmp_path / "in.jsonl"), "--skip-checksums")  # fmt: skip
+    assert code == 0, err
+    variance = np.array(json.loads(out)["variance"], dtype=np.float64)  # null: nan
+    np.testing.assert_allclose(variance, np.float32(math.exp(LOG_VAR_MAX)), rtol=1e-6)

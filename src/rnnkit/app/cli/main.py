@@ -175,7 +175,8 @@ def _run(args: argparse.Namespace) -> int:
         code = getattr(exc, "exit_code", 2)
         kind = "error" if code == 2 else "stopped"
         text = _os_error(exc) if isinstance(exc, OSError) else str(exc)
-        say_error(f"rnnkit {args.command}: {kind}: {text}")
+        # another process's failure reaching this one: that one says the cause
+        say_error(f"rnnkit {args.command}: {kind}: {text}", getattr(exc, "after_peer", False))
         return code
     except KeyboardInterrupt:
         print(f"rnnkit {args.command}: interrupted", file=sys.stderr)

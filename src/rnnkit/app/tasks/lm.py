@@ -62,7 +62,7 @@ from rnnkit.models.jordan import JordanLM
 from rnnkit.models.language_model import LanguageModel, LossOutput
 from rnnkit.models.ngram import NGramModel
 from rnnkit.training.checkpoint import load_arrays, load_model_weights
-from rnnkit.training.distributed import DistContext, init_distributed, peer_lost
+from rnnkit.training.distributed import DistContext, init_distributed, peer_lost_said
 from rnnkit.training.loop import Trainer
 from rnnkit.training.scheduled_sampling import parse_schedule
 
@@ -221,28 +221,26 @@ def train_lm(
     sampling = None
     if schedule.active:
         sampling = (schedule, lambda: holder["trainer"].step if holder else 0)
-    trainer = Trainer(
-        model,
-        optimizer,
-        batches,
-        _step_fn(data, device, sampling),
-        train_options(cfg, quiet, "bits" if cfg.unit == "char" else "ppl"),
-        evaluate_fn=lambda m: lm_metrics(m, data, device, cfg.batch_size),
-        out_dir=out,
-        callbacks=callbacks,
-        dist_ctx=ctx,
-    )
-    holder["trainer"] = trainer
-    if resume:
-        trainer.resume()
-    started = time.perf_counter()
-    try:
+    # From the Trainer's first collective on (DistributedDataParallel's check of the
+    # weights' shapes), a process gone (one that failed on its own: bad data of its own)
+    # breaks this one's collective: said in one line, not gloo's traceback
+    with peer_lost_said(ctx):
+        trainer = Trainer(
+            model,
+            optimizer,
+            batches,
+            _step_fn(data, device, sampling),
+            train_options(cfg, quiet, "bits" if cfg.unit == "char" else "ppl"),
+            evaluate_fn=lambda m: lm_metrics(m, data, device, cfg.batch_size),
+            out_dir=out,
+            callbacks=callbacks,
+            dist_ctx=ctx,
+        )
+        holder["trainer"] = trainer
+        if resume:
+            trainer.resume()
+        started = time.perf_counter()
         result = trainer.fit()
-    except RuntimeError as exc:
-        lost = peer_lost(exc, ctx)
-        if lost is None:
-            raise
-        raise lost from None
     elapsed = time.perf_counter() - started
     if not ctx.is_main:
         return {"task": "lm", "rank": ctx.rank, "steps": result.steps}

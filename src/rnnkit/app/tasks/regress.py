@@ -250,7 +250,7 @@ def fit_sequences(
         model,
         batches,
         step,
-        lambda m: regression_metrics(m, valid_enc, device, cfg.batch_size),
+        lambda m: _valid_metrics(m, valid_enc, valid_seqs, train_enc, device, cfg.batch_size),
         resume,
         quiet,
         callbacks,
@@ -301,6 +301,39 @@ def evaluate(
     metrics = regression_metrics(model, enc, model_device, batch_size or cfg.batch_size)
     _check_finite(metrics, seqs)
     return metrics
+
+
+def _valid_metrics(
+    model: Regressor,
+    valid_enc: Encoded,
+    valid_seqs: list[VectorSequence],
+    train_enc: Encoded,
+    device: torch.device,
+    batch_size: int,
+) -> dict[str, Any]:
+    """The validation metrics; a non-finite validation loss whose weights give the
+    training data a finite one is the validation data's fault (the Gaussian NLL of a
+    value of 1e20 overflows float32), one :class:`DataError` naming the sequence of its
+    largest value, not a divergence that advises a lower rate. When the training data's
+    loss is not finite either, the weights went bad: the trainer says so."""
+    metrics = regression_metrics(model, valid_enc, device, batch_size)
+    loss = float(metrics["loss_nats"])
+    if math.isfinite(loss) or not valid_seqs:
+        return metrics
+    if not math.isfinite(
+        float(regression_metrics(model, train_enc, device, batch_size)["loss_nats"])
+    ):
+        return metrics
+    worst = max(valid_seqs, key=lambda s: float(np.abs(s.values).max(initial=0.0)))
+    step, dim = np.unravel_index(int(np.abs(worst.values).argmax()), worst.values.shape)
+    raise DataError(
+        f"the validation loss is {loss} while the same weights give the training data a "
+        f"finite one: the validation data is at fault (its largest value, "
+        f"{float(worst.values[step, dim]):.3g} at step {step + 1} of this sequence, is "
+        "beyond what float32 arithmetic can score; rescale the data)",
+        worst.path,
+        worst.line,
+    )
 
 
 def _check_finite(metrics: dict[str, Any], seqs: list[VectorSequence]) -> None:

@@ -200,6 +200,37 @@ def key_sequences(key: KeyModel, occ: Occurrences) -> list[VectorSequence]:
     return seqs
 
 
+def check_validation_values(key: KeyModel, occ: Occurrences) -> None:
+    """A validation value that, normalised with the training statistics, is beyond
+    float32's range is one :class:`DataError` naming its session's file:line, the event
+    and the value. Without this check it became ``inf`` in the model, the validation loss
+    NaN, and training stopped with advice about the learning rate.
+
+    >>> key = KeyModel("k", 1, [0], np.zeros(1), np.ones(1), GaussianFit(0.0, 1.0, 0), "d", 9)
+    >>> check_validation_values(key, Occurrences([[[1.0], [1e300]]], [("v.jsonl", 4)]))
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.DataError: v.jsonl:4: validation value 1e+300 (occurrence 2 of the event \
+'k' in this session, value 0) is beyond float32's range once normalised with the training \
+statistics (mean 0, scale 1): validation sessions are normal ones; remove or rescale it
+    """
+    for rows, (path, line) in zip(occ.rows, occ.where, strict=True):
+        raw = as_matrix(rows)[:, key.dims]
+        with np.errstate(over="ignore", invalid="ignore"):
+            x = ((raw - key.mean) / key.scale).astype(np.float32)
+        bad = np.argwhere(np.isinf(x))
+        if len(bad):
+            i, d = (int(v) for v in bad[0])
+            raise DataError(
+                f"validation value {raw[i, d]:g} (occurrence {i + 1} of the event {key.key!r} "
+                f"in this session, value {key.dims[d]}) is beyond float32's range once "
+                f"normalised with the training statistics (mean {key.mean[d]:.3g}, scale "
+                f"{key.scale[d]:.3g}): validation sessions are normal ones; remove or rescale it",
+                path,
+                line,
+            )
+
+
 def fit_key(
     key: str, width: int, train_occ: Occurrences, directory: str
 ) -> tuple[KeyModel | None, str]:

@@ -23,6 +23,7 @@ from rnnkit.app.tasks.params.keys import (
     MIN_VALID_VECTORS,
     KeyModel,
     Occurrences,
+    check_validation_values,
     collect,
     fit_key,
     key_sequences,
@@ -150,6 +151,7 @@ def _fit_keys(
         sub = dataclasses.replace(
             cfg, task="regress", out=str(out / directory), target="next", loss="mse", **unset
         )
+        check_validation_values(model_key, occ_valid)
         train_seqs = key_sequences(model_key, train_occ[key])
         valid_seqs = key_sequences(model_key, occ_valid)
         summary = fit_sequences(sub, train_seqs, valid_seqs, quiet=True, data=None, key=key)
