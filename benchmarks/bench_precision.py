@@ -131,7 +131,7 @@ def language_model(rounds: int, block: int) -> dict[str, dict[str, Any]]:
         with torch.no_grad():
             for batch in valid:
                 out = t.model.loss(batch.inputs, batch.targets)
-                nats, tokens = nats + out.nats, tokens + out.tokens
+                nats, tokens = nats + float(out.nats), tokens + int(out.tokens)
         result[precision] = {
             "tokens_per_s": median(rates[precision]),
             "steps": t.step,

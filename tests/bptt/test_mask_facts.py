@@ -97,3 +97,42 @@ def test_the_layers_of_one_call_read_the_mask_once(monkeypatch, fresh_memo, bidi
         got = lstm(x, lengths=lengths).outputs
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     assert len(readings) == masks
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_flipped_mask_is_answered_from_its_source_s_one_host_copy(seed, fresh_memo, monkeypatch):
+    from rnnkit.layers.masking import flip_sequences
+
+    g = torch.Generator().manual_seed(seed)
+    T, B = 6, 5
+    lengths = torch.randint(0, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[:, None] < lengths
+    if seed % 2:
+        mask[int(torch.randint(0, T, (1,), generator=g)), 1] ^= True  # a hole or a gap
+    copies = []
+    real_to = torch.Tensor.to
+
+    def counted_to(self, *args, **kwargs):
+        if args[:1] == ("cpu",):
+            copies.append(self)
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", counted_to)
+    _, flipped = flip_sequences(torch.zeros(T, B), mask)
+    got = prefix_lengths(flipped)  # the source copied once, the flip derived on the host
+    expected = _column_lengths(flipped)
+    assert (got is None) == (expected is None)
+    if expected is not None:
+        assert got.tolist() == expected
+    assert all_real(flipped) == bool(flipped.all())
+    assert [c.data_ptr() == mask.data_ptr() for c in copies] == [True]  # (detached)
+
+
+def test_a_flipped_mask_whose_source_changed_since_is_read_itself(fresh_memo):
+    from rnnkit.layers.masking import flip_sequences
+
+    mask = torch.tensor([[True, True], [True, False], [False, False]])
+    _, flipped = flip_sequences(torch.zeros(3, 2), mask)
+    mask[2, 0] = True  # the source changed after the flip: its copy no longer describes it
+    assert prefix_lengths(flipped).tolist() == [2, 1]  # the flip's own values
+    assert prefix_lengths(mask).tolist() == [3, 1]

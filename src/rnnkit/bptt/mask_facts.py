@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["all_real", "prefix_lengths"]
+__all__ = ["all_real", "derive", "prefix_lengths"]
 
 _KEEP = 4  # masks remembered per thread: a stack's mask and its directions' flipped ones
 _local = threading.local()
@@ -37,13 +38,39 @@ def _facts(mask: Tensor) -> dict[str, Any]:
     version = mask._version
     for ref, seen, facts in memo:
         if ref() is mask and seen == version:
+            if "host" not in facts:  # derived from another mask's host copy (derive())
+                facts["host"] = _derived_host(mask, facts.pop("from"))
             return facts
     facts = {"host": mask.detach().to("cpu")}
+    _remember(mask, version, facts)
+    return facts
+
+
+def _remember(mask: Tensor, version: int, facts: dict[str, Any]) -> None:
     # the mask's older answers (changed since) and masks no longer alive make room
+    memo = getattr(_local, "memo", [])
     alive = [(entry, entry[0]()) for entry in memo]  # (`in` would compare tensors' values)
     others = [entry for entry, held in alive if held is not None and held is not mask]
     _local.memo = [(weakref.ref(mask), version, facts), *others[: _KEEP - 1]]
-    return facts
+
+
+def derive(mask: Tensor, source: Tensor, transform: Callable[[Tensor], Tensor]) -> None:
+    """Declare ``mask = transform(source)`` (e.g. the flipped mask of a layer's reverse
+    direction), so that ``mask``'s answers come from ``source``'s host copy, transformed
+    on the host: one wait for both. Not for inference tensors (no version counter)."""
+    if mask.is_inference() or source.is_inference():
+        return
+    _remember(mask, mask._version, {"from": (weakref.ref(source), source._version, transform)})
+
+
+def _derived_host(mask: Tensor, origin: tuple[Any, int, Callable[[Tensor], Tensor]]) -> Tensor:
+    """The host copy of a derived mask: its source's, transformed, if the source is
+    alive and unchanged since; else a copy of its own."""
+    ref, version, transform = origin
+    source = ref()
+    if source is None or source._version != version:
+        return mask.detach().to("cpu")
+    return transform(_facts(source)["host"])
 
 
 def all_real(mask: Tensor) -> bool:

@@ -11,6 +11,7 @@ from typing import overload
 import torch
 from torch import Tensor
 
+from rnnkit.bptt.mask_facts import derive
 from rnnkit.bptt.tracing import tracing
 
 __all__ = ["flip_sequences", "lengths_to_mask", "resolve_mask"]
@@ -82,6 +83,20 @@ def resolve_mask(
     return None
 
 
+def _flip_index(mask: Tensor) -> Tensor:
+    """``(T, B)`` the step each step of the flipped sequences reads."""
+    T = mask.shape[0]
+    steps = torch.arange(T, device=mask.device)
+    extent = torch.where(mask, steps[:, None] + 1, 0).amax(0)  # (B,) last real step + 1
+    return torch.where(
+        steps[:, None] < extent[None, :], extent[None, :] - 1 - steps[:, None], steps[:, None]
+    )
+
+
+def _flip_mask(mask: Tensor) -> Tensor:
+    return mask.gather(0, _flip_index(mask))
+
+
 @overload
 def flip_sequences(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]: ...
 @overload
@@ -103,11 +118,9 @@ def flip_sequences(x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | Non
     T = x.shape[0]
     if mask is None:
         return x.flip(0), None
-    steps = torch.arange(T, device=x.device)
-    extent = torch.where(mask, steps[:, None] + 1, 0).amax(0)  # (B,) last real step + 1
-    idx = torch.where(
-        steps[:, None] < extent[None, :], extent[None, :] - 1 - steps[:, None], steps[:, None]
-    )  # (T, B)
+    idx = _flip_index(mask)  # (T, B)
     flipped_mask = mask.gather(0, idx)
+    if not tracing():  # its answers (prefix? lengths?) from the mask's one host copy
+        derive(flipped_mask, mask, _flip_mask)
     gather_idx = idx.view(T, -1, *([1] * (x.dim() - 2))).expand_as(x)
     return x.gather(0, gather_idx), flipped_mask

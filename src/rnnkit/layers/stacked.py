@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import cast, overload
+from typing import NamedTuple, cast, overload
 
 import torch
 import torch.nn.functional as F
@@ -138,6 +138,14 @@ def _directions(layer: nn.Module) -> list[Recurrent]:
     # nn.ModuleList types its items as Module only.
     dirs = layer.directions if isinstance(layer, Bidirectional) else [layer]
     return [cast(Recurrent, d) for d in dirs]
+
+
+class _Resets(NamedTuple):
+    """Checked resets: ``bt (B, T)`` bool on the input's device, and the columns where
+    some row resets, found where the caller made them (on the host, without a wait)."""
+
+    bt: Tensor
+    columns: list[int]
 
 
 class StackedRecurrent(nn.Module):
@@ -384,7 +392,8 @@ class StackedRecurrent(nn.Module):
                 "windowed BPTT keeps every step; set layer.recompute = None"
             )
         mask_bt = resolve_mask(x, lengths, mask, batch_first=self.batch_first)
-        resets_bt = self._check_resets(resets, x)
+        resets_found = self._check_resets(resets, x)
+        resets_bt = None if resets_found is None else resets_found.bt
         xt = x.transpose(0, 1) if self.batch_first else x  # (T, B, I)
         mask_t = mask_bt.T if mask_bt is not None else None  # (T, B)
         init = self._split_state(state, xt)
@@ -402,7 +411,8 @@ class StackedRecurrent(nn.Module):
         elif resets_bt is not None and self._resets_in_one_call(xt, mask_t, window):
             h, finals = self._run_layers(xt, mask_t, init, window, masks=masks, reset=resets_bt.T)
         elif resets_bt is not None:
-            return self._run_pieces(x, mask_bt, state, window, resets_bt, masks)
+            assert resets_found is not None
+            return self._run_pieces(x, mask_bt, state, window, resets_found, masks)
         else:
             h, finals = self._run_layers(xt, mask_t, init, window, projected, masks)
         outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
@@ -507,14 +517,14 @@ class StackedRecurrent(nn.Module):
         mask_bt: Tensor | None,
         state: State | None,
         window: int | None,
-        resets_bt: Tensor,
+        resets: _Resets,
         masks: StackMasks | None = None,
     ) -> RecurrentOutput:
         """Resets without a gradient window: run between the columns where some row
         starts, zeroing those rows' state. Document starts are rare (a few per batch), so
         this is a few calls of the time loop, each exact."""
+        resets_bt, cols = resets.bt, resets.columns
         B, T = resets_bt.shape
-        cols = torch.nonzero(resets_bt.any(0)).view(-1).tolist()
         outs = []
         # Some row resets (the caller checked), so there is at least one piece.
         current = self.zero_state(B, x) if state is None else state
@@ -546,8 +556,9 @@ class StackedRecurrent(nn.Module):
             tensors += list(state) if isinstance(state, LSTMState) else [state]
         return any(t.requires_grad for t in tensors)
 
-    def _check_resets(self, resets: Tensor | None, x: Tensor) -> Tensor | None:
-        """``resets`` as ``(B, T)`` bool, or None when it resets nothing."""
+    def _check_resets(self, resets: Tensor | None, x: Tensor) -> _Resets | None:
+        """``resets`` as ``(B, T)`` bool on ``x``'s device with the columns where some row
+        resets, or None when it resets nothing."""
         if resets is None:
             return None
         if not isinstance(resets, Tensor):
@@ -565,10 +576,11 @@ class StackedRecurrent(nn.Module):
             raise ValueError("resets need a unidirectional stack (a document start is in time)")
         # asked where the resets are (resets made on the host, as data loaders make
         # them, are read without waiting for the GPU), then moved
-        if not bool(resets.any()):
+        columns = torch.nonzero(resets.any(0 if self.batch_first else 1)).view(-1).tolist()
+        if not columns:
             return None
-        resets = resets.to(x.device, non_blocking=True)
-        return resets if self.batch_first else resets.T
+        moved = resets.to(x.device, non_blocking=True)
+        return _Resets(moved if self.batch_first else moved.T, columns)
 
     def _widths_repr(self) -> str:
         w = self.hidden_sizes

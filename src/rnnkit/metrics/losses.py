@@ -6,6 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rnnkit.bptt.tracing import tracing
+from rnnkit.metrics.deferred import Deferred, active, count_of, figure_of
+
 __all__ = ["REDUCTIONS", "sequence_cross_entropy", "training_loss"]
 
 REDUCTIONS = ("token", "sequence", "sum")
@@ -47,11 +50,14 @@ def sequence_cross_entropy(
     elif tuple(mask.shape) != (B, T):
         raise ValueError(f"mask must have shape (B, T) = {(B, T)}, got {tuple(mask.shape)}")
     mask = mask.to(device=logits.device, dtype=torch.bool)
+    deferred = active()
+    if deferred is not None and not tracing():
+        return _deferred_cross_entropy(logits, targets, mask, reduction, deferred)
     if not bool(mask.any()):
-        raise ValueError("sequence_cross_entropy: the mask has no valid position (mean undefined)")
+        raise ValueError(_NO_POSITION)
     valid_targets = targets[mask]
     if bool(((valid_targets < 0) | (valid_targets >= V)).any()):
-        raise ValueError(f"targets at valid positions must lie in [0, {V}), the number of classes")
+        raise ValueError(_target_range(V))
     # Select the valid positions first: padding never becomes a target and never yields
     # NaN × 0 in the sum.
     per_token = F.cross_entropy(logits[mask], valid_targets, reduction="none")  # (N,)
@@ -66,18 +72,55 @@ def sequence_cross_entropy(
     return (sums[has] / counts[has]).mean()
 
 
+_NO_POSITION = "sequence_cross_entropy: the mask has no valid position (mean undefined)"
+
+
+def _target_range(V: int) -> str:
+    return f"targets at valid positions must lie in [0, {V}), the number of classes"
+
+
+def _deferred_cross_entropy(
+    logits: Tensor, targets: Tensor, mask: Tensor, reduction: str, deferred: Deferred
+) -> Tensor:
+    """:func:`sequence_cross_entropy` without a host read (see :mod:`rnnkit.metrics.deferred`):
+    every position is computed and the padded ones zeroed, the checks left as flags.
+
+    The padded positions' logits are replaced by zeros BEFORE the cross-entropy: a NaN
+    there (padding of real-valued inputs) would otherwise reach the gradient as NaN × 0.
+    An out-of-range target is clamped for the computation (a GPU kernel would stop the
+    process on it) and refused when the step's figures are read."""
+    B, T, V = logits.shape
+    bad = ((targets < 0) | (targets >= V)) & mask
+    deferred.check(bad.any(), lambda: ValueError(_target_range(V)))
+    deferred.check(~mask.any(), lambda: ValueError(_NO_POSITION))
+    safe = torch.where(mask.unsqueeze(-1), logits, logits.new_zeros(()))
+    per_token = F.cross_entropy(
+        safe.reshape(B * T, V), targets.clamp(0, V - 1).reshape(B * T), reduction="none"
+    ).view(B, T)
+    per_token = torch.where(mask, per_token, per_token.new_zeros(()))
+    if reduction == "sum":
+        return per_token.sum()
+    if reduction == "token":
+        return per_token.sum() / mask.sum()
+    counts = mask.sum(1)  # (B,)
+    has = counts > 0
+    means = per_token.sum(1) / counts.clamp(min=1)
+    return torch.where(has, means, means.new_zeros(())).sum() / has.sum()
+
+
 def training_loss(
     logits: Tensor, targets: Tensor, mask: Tensor | None, reduction: str = "token"
-) -> tuple[Tensor, float, int]:
+) -> tuple[Tensor, float | Tensor, int | Tensor]:
     """``(loss, nats, tokens)``: the loss to backpropagate under ``reduction`` (``"token"``
     or ``"sequence"``, see :func:`sequence_cross_entropy`), and the detached sum of the
     per-token losses with their count, so that figures over batches stay exact per token
-    whatever the reduction."""
+    whatever the reduction. Numbers, or 0-dim tensors inside
+    :func:`rnnkit.metrics.deferred.deferring` (read with the step's other figures)."""
     if mask is None:
         mask = torch.ones(targets.shape, dtype=torch.bool, device=logits.device)
     loss = sequence_cross_entropy(logits, targets, mask, reduction=reduction)
-    tokens = int(mask.sum())
+    tokens = count_of(mask.sum())
     if reduction == "token":
-        return loss, float(loss.detach()) * tokens, tokens
+        return loss, figure_of(loss.detach().double() * tokens), tokens
     total = sequence_cross_entropy(logits.detach(), targets, mask, reduction="sum")
-    return loss, float(total), tokens
+    return loss, figure_of(total), tokens

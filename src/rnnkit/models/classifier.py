@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rnnkit.layers.stacked import StackedRecurrent
+from rnnkit.metrics.deferred import active, figure_of
 from rnnkit.models.builders import build_embedding, build_encoder
 from rnnkit.models.language_model import LossOutput, check_token_ids
 from rnnkit.models.pooling import Pooling
@@ -104,7 +105,7 @@ class Classifier(nn.Module):
         if mask is None:
             mask = torch.ones(inputs.shape[:2], dtype=torch.bool, device=inputs.device)
         if self.embedding is not None:
-            check_token_ids(inputs, getattr(self.embedding, "num_embeddings", None))
+            inputs = check_token_ids(inputs, getattr(self.embedding, "num_embeddings", None))
         x = inputs if self.embedding is None else self.embedding(inputs)
         out = self.encoder(self.drop(x), mask=mask)
         return self.pooling(out.outputs, mask, out.state)
@@ -138,14 +139,15 @@ class Classifier(nn.Module):
         logits = self(inputs, mask)
         K = logits.shape[-1]
         bad = (labels < 0) | (labels >= K)
-        if bool(bad.any()):  # torch's message: "Target 3 is out of bounds."
-            i = int(torch.nonzero(bad)[0, 0])
-            raise ValueError(
-                f"labels must lie in [0, {K}) (the classes), got {int(labels[i])} at {i}"
-            )
+        deferred = active()
+        if deferred is not None:  # read with the step's figures; a GPU kernel stops on it
+            deferred.check(bad.any(), lambda: _label_error(labels, bad, K))
+            labels = labels.clamp(0, K - 1)
+        elif bool(bad.any()):  # torch's message: "Target 3 is out of bounds."
+            raise _label_error(labels, bad, K)
         loss = F.cross_entropy(logits, labels)
         n = int(labels.shape[0])
-        return LossOutput(loss, float(loss.detach()) * n, n)
+        return LossOutput(loss, figure_of(loss.detach().double() * n), n)
 
     @torch.no_grad()
     def predict(self, inputs: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -189,4 +191,11 @@ def build_vector_classifier(spec: ModelSpec, input_size: int, num_classes: int) 
         Pooling(spec.pooling, encoder.num_directions),
         FeedForwardHead(width, spec.hidden, num_classes, spec.dropout),
         dropout=spec.dropout,
+    )
+
+
+def _label_error(labels: Tensor, bad: Tensor, classes: int) -> ValueError:
+    i = int(torch.nonzero(bad)[0, 0])
+    return ValueError(
+        f"labels must lie in [0, {classes}) (the classes), got {int(labels[i])} at {i}"
     )

@@ -24,6 +24,7 @@ from rnnkit.data.vocab import NEVER_GENERATED
 from rnnkit.generation.options import greedy_choice
 from rnnkit.layers.regularization import DropoutEmbedding, steps_of
 from rnnkit.layers.stacked import StackedRecurrent, reset_rows
+from rnnkit.metrics.deferred import active
 from rnnkit.metrics.losses import training_loss
 from rnnkit.models.length import LengthState, SequenceLength, length_targets
 from rnnkit.types import LSTMState, State
@@ -40,19 +41,25 @@ class LossOutput(NamedTuple):
     """A training loss with what aggregation needs.
 
     ``loss`` is the masked token mean (what is backpropagated); ``nats`` the detached sum
-    of per-token losses and ``tokens`` their number, so epoch means are exact.
+    of per-token losses and ``tokens`` their number, so epoch means are exact. Both are
+    Python numbers, except inside :func:`rnnkit.metrics.deferred.deferring` (a training
+    step of the ``Trainer``), where they are 0-dim tensors read with the step's figures.
     """
 
     loss: Tensor
-    nats: float
-    tokens: int
+    nats: float | Tensor
+    tokens: int | Tensor
     state: State | None = None
 
 
-def check_token_ids(inputs: Tensor, vocab_size: int | None, name: str = "inputs") -> None:
-    """A ``ValueError``/``TypeError`` naming ``inputs`` unless it is ``(B, T)`` integer
-    ids in ``[0, V)`` (torch's embedding said ``index out of range in self``, and a
-    float tensor failed inside it). The values are not read under graph tracing.
+def check_token_ids(inputs: Tensor, vocab_size: int | None, name: str = "inputs") -> Tensor:
+    """``inputs`` unless it is not ``(B, T)`` integer ids in ``[0, V)``: then a
+    ``ValueError``/``TypeError`` naming ``inputs`` (torch's embedding said ``index out of
+    range in self``, a float tensor failed inside it, and on a GPU an id out of range stops
+    the process). The values are not read under graph tracing. Inside
+    :func:`rnnkit.metrics.deferred.deferring` the range check is read with the step's
+    other figures, and the ids returned clamped into range meanwhile (the caller looks up
+    what this returns).
 
     >>> check_token_ids(torch.tensor([[1, 5]]), 5)
     Traceback (most recent call last):
@@ -66,14 +73,23 @@ def check_token_ids(inputs: Tensor, vocab_size: int | None, name: str = "inputs"
     if inputs.dim() != 2:
         raise ValueError(f"{name} must have shape (B, T), got {tuple(inputs.shape)}")
     if vocab_size is None or inputs.numel() == 0 or tracing():
-        return
+        return inputs
     bad = (inputs < 0) | (inputs >= vocab_size)
+    deferred = active()
+    if deferred is not None:
+        deferred.check(bad.any(), lambda: _id_error(inputs, bad, vocab_size, name))
+        return inputs.clamp(0, vocab_size - 1)
     if bool(bad.any()):
-        where = tuple(int(i) for i in torch.nonzero(bad)[0])
-        raise ValueError(
-            f"{name} must hold token ids in [0, {vocab_size}) (the vocabulary's size), "
-            f"got {int(inputs[where])} at {where}"
-        )
+        raise _id_error(inputs, bad, vocab_size, name)
+    return inputs
+
+
+def _id_error(inputs: Tensor, bad: Tensor, vocab_size: int, name: str) -> ValueError:
+    where = tuple(int(i) for i in torch.nonzero(bad)[0])
+    return ValueError(
+        f"{name} must hold token ids in [0, {vocab_size}) (the vocabulary's size), "
+        f"got {int(inputs[where])} at {where}"
+    )
 
 
 class LanguageModel(nn.Module):
@@ -212,7 +228,7 @@ class LanguageModel(nn.Module):
         lengths: Tensor | None = None,
     ) -> tuple[Tensor, State]:
         """Top states ``(B, T, H)`` (what the head reads) and the final state."""
-        check_token_ids(inputs, getattr(self.embedding, "num_embeddings", None))
+        inputs = check_token_ids(inputs, getattr(self.embedding, "num_embeddings", None))
         if self._reads_table(inputs, mask, starts, window):
             # The first layer's input product x W_ihᵀ of a token is a row of E W_ihᵀ: read
             # from that (V, G·H) table instead of a (B·T, E) × (E, G·H) product, and the

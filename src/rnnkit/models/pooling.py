@@ -11,7 +11,8 @@
 Padding never takes part: the pooled values are selected with ``torch.where`` (never by
 multiplying with the mask, since ``0 × inf`` and ``0 × NaN`` are NaN), so whatever the
 padded positions hold — huge values, ``inf``, ``NaN`` — cannot change the result or its
-gradient. A sequence without any valid step has no pooled value: a ``ValueError``.
+gradient. A sequence without any valid step has no pooled value: a ``ValueError`` (inside
+a training step, read with the step's figures: :mod:`rnnkit.metrics.deferred`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from rnnkit.metrics.deferred import active
 from rnnkit.types import LSTMState, State
 
 __all__ = [
@@ -42,10 +44,17 @@ def _check(outputs: Tensor, mask: Tensor) -> Tensor:
         raise ValueError(f"mask must have shape (B, T) = {(B, T)}, got {tuple(mask.shape)}")
     mask = mask.to(device=outputs.device, dtype=torch.bool)
     empty = ~mask.any(1)
-    if bool(empty.any()):
-        row = int(torch.nonzero(empty)[0, 0])
-        raise ValueError(f"sequence {row} has no valid step: nothing to pool")
+    deferred = active()
+    if deferred is not None:  # read with the training step's figures
+        deferred.check(empty.any(), lambda: _empty_error(empty))
+    elif bool(empty.any()):
+        raise _empty_error(empty)
     return mask
+
+
+def _empty_error(empty: Tensor) -> ValueError:
+    row = int(torch.nonzero(empty)[0, 0])
+    return ValueError(f"sequence {row} has no valid step: nothing to pool")
 
 
 def mean_pool(outputs: Tensor, mask: Tensor) -> Tensor:

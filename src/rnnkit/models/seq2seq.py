@@ -247,7 +247,9 @@ class Seq2Seq(nn.Module):
 
     def _encode(self, source: Tensor, source_mask: Tensor) -> tuple[DecoderState, Tensor]:
         """:meth:`encode`, and the context ``c (B, D·H_e)``."""
-        check_token_ids(source, getattr(self.source_embedding, "num_embeddings", None), "source")
+        source = check_token_ids(
+            source, getattr(self.source_embedding, "num_embeddings", None), "source"
+        )
         x = self.drop(self.source_embedding(source))  # (B, S, E_s)
         out = self.encoder(x, mask=source_mask)
         memory = out.outputs  # (B, S, D·H_e)
@@ -335,7 +337,7 @@ class Seq2Seq(nn.Module):
                 (``0.0`` is teacher forcing, ``1.0`` free running).
             generator: random source of the coin tosses (default: torch's global one).
         """
-        check_token_ids(
+        target_in = check_token_ids(
             target_in, getattr(self.target_embedding, "num_embeddings", None), "target_in"
         )
         if self.length is not None:

@@ -157,7 +157,7 @@ class Tagger(nn.Module):
         self, words: Tensor, mask: Tensor | None = None, chars: Tensor | None = None
     ) -> Tensor:
         """Tag logits ``(B, T, K)`` for ``words (B, T)`` (see :meth:`features`)."""
-        check_token_ids(words, getattr(self.embedding, "num_embeddings", None), "words")
+        words = check_token_ids(words, getattr(self.embedding, "num_embeddings", None), "words")
         if mask is None:
             mask = torch.ones_like(words, dtype=torch.bool)
         x = self.drop(self.features(words, mask, chars))

@@ -34,7 +34,7 @@ import contextlib
 import math
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.errors import ConfigError, RunFinished
+from rnnkit.metrics.deferred import Deferred, deferring
 from rnnkit.models.language_model import LossOutput
 from rnnkit.threads import ThreadGovernor
 from rnnkit.training.budget import cap_text, resolve_budget
@@ -329,26 +330,54 @@ class Trainer(Generic[_M]):
         """One optimizer step on ``batch``: forward and loss under autocast, backward
         (scaled for float16), clipping, the finiteness checks, the update. None when the
         step was skipped (a non-finite value with ``on_nonfinite="skip"``, or a float16
-        overflow the GradScaler handles)."""
+        overflow the GradScaler handles).
+
+        The step's figures (loss, token count, the models' input checks, the gradient
+        norm) are read from the device once, after the backward
+        (:mod:`rnnkit.metrics.deferred`); a multi-process or float16 step reads the loss's
+        before the backward too (the global token count weighs the loss; the scaler's
+        overflow check must not see a non-finite loss)."""
         where = (self.step + 1, batch_index, self.batches.epoch)
         self.optimizer.zero_grad(set_to_none=True)
-        with autocast(self._device, self._amp_dtype):  # forward and loss only (torch's AMP)
-            if self.ddp is not None:
-                out = self.ddp(batch, self.carry)
-            else:
-                out = self.step_fn(self.model, batch, self.carry)
-        loss = out.loss
+        with deferring() as deferred:
+            with autocast(self._device, self._amp_dtype):  # forward and loss only (torch's AMP)
+                if self.ddp is not None:
+                    out = self.ddp(batch, self.carry)
+                else:
+                    out = self.step_fn(self.model, batch, self.carry)
+            if self.dist.enabled or self.scaler is not None:
+                return self._careful_step(out, deferred, signalled, where)
+            out.loss.backward()
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            norm = self._clip(params)
+            loss_sum, nats, tokens, grad_norm = deferred.read(
+                out.loss.detach(), out.nats, out.tokens, norm
+            )
+        if not self._finite(loss_sum + nats, "the training loss", where):
+            return None
+        if not self._finite(grad_norm, "the gradient norm", where):
+            return None
+        self._clipped(grad_norm)
+        return self._update(out, _Taken(nats, int(tokens), grad_norm, 0.0, signalled), where)
+
+    def _careful_step(
+        self, out: LossOutput, deferred: Deferred, signalled: bool, where: tuple[int, int, int]
+    ) -> _Taken | None:
+        """:meth:`_train_step` across processes or with the float16 GradScaler: the loss's
+        figures read before the backward."""
+        local = deferred.read(out.loss.detach(), out.nats, out.tokens)
         # Global figures (sums over processes): every rank sees the same values, so every
         # rank takes the same decision (stop, skip) and none deadlocks.
         nats, tokens, stopping, loss_sum = self.dist.all_sum(
-            out.nats, out.tokens, float(signalled), float(loss.detach())
+            local[1], local[2], float(signalled), local[0]
         )
         if not self._finite(loss_sum + nats, "the training loss", where):
             return None
+        loss = out.loss
         if self.dist.enabled:
             # DDP averages gradients over W processes: weigh each process's token mean by
             # its share of the global tokens -> gradient of the global mean.
-            loss = loss * (out.tokens * self.dist.world_size / max(tokens, 1))
+            loss = loss * (local[2] * self.dist.world_size / max(tokens, 1))
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
@@ -359,9 +388,14 @@ class Trainer(Generic[_M]):
                 return None
         else:
             loss.backward()
-        grad_norm = self._clip([p for p in params if p.grad is not None])
+        grad_norm = float(self._clip([p for p in params if p.grad is not None]))
         if not self._finite(grad_norm, "the gradient norm", where):
             return None
+        self._clipped(grad_norm)
+        return self._update(out, _Taken(nats, int(tokens), grad_norm, 0.0, bool(stopping)), where)
+
+    def _update(self, out: LossOutput, taken: _Taken, where: tuple[int, int, int]) -> _Taken:
+        """The optimizer's (and scheduler's) step after the checks passed."""
         lr = self.optimizer.param_groups[0]["lr"]  # the rate of this step
         with update_overflow(where, lr, self.options.argument, self.guard.saved):
             if self.scaler is not None:
@@ -374,7 +408,7 @@ class Trainer(Generic[_M]):
         self.step += 1
         self.guard.good_step()
         self.carry = _detach(out.state)
-        return _Taken(nats, int(tokens), grad_norm, lr, bool(stopping))
+        return taken._replace(lr=lr)
 
     def _finite(self, value: float, what: str, where: tuple[int, int, int]) -> bool:
         """The guard's check; a skipped step drops its gradients and the carried state."""
@@ -384,19 +418,21 @@ class Trainer(Generic[_M]):
         self.carry = None
         return False
 
-    def _clip(self, params: list[Tensor]) -> float:
-        """Clip by value and by global norm (as asked); the norm before clipping."""
+    def _clip(self, params: Sequence[Tensor]) -> Tensor:
+        """Clip by value and by global norm (as asked); the norm before clipping, on the
+        device (reading it would wait for the backward)."""
         opts = self.options
         if opts.clip_value is not None:
             torch.nn.utils.clip_grad_value_(params, opts.clip_value)
         max_norm = opts.clip_norm if opts.clip_norm is not None else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        if math.isfinite(grad_norm):
-            clipped = opts.clip_norm is not None and grad_norm > opts.clip_norm
-            self.clipped += int(clipped)
-            if self.grad_hook is not None:
-                self.grad_hook(self.model, grad_norm, clipped)
-        return grad_norm
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def _clipped(self, grad_norm: float) -> None:
+        """Count a clipped step and tell the gradient hook (a finite norm)."""
+        clipped = self.options.clip_norm is not None and grad_norm > self.options.clip_norm
+        self.clipped += int(clipped)
+        if self.grad_hook is not None:
+            self.grad_hook(self.model, grad_norm, clipped)
 
     def _count(self, taken: _Taken, pace: _Pace) -> None:
         self._window_nats += taken.nats

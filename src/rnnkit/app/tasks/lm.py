@@ -56,6 +56,7 @@ from rnnkit.data.files import atomic_write
 from rnnkit.data.labelled import LabelSet
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
 from rnnkit.errors import CheckpointError, ConfigError, DataError
+from rnnkit.metrics.deferred import deferring
 from rnnkit.models.builders import build_lm
 from rnnkit.models.conditional import ConditionalLM
 from rnnkit.models.jordan import JordanLM
@@ -126,26 +127,30 @@ def lm_metrics(model: AnyLM, data: LMData, device: torch.device, batch_size: int
     for characters, bits per character)."""
     was_training = model.training
     model.eval()
-    nats, tokens = 0.0, 0
-    if data.mode == "segment":
-        assert data.valid_stream is not None and data.k is not None
-        batcher = stream_eval_batcher(data.valid_stream, batch_size, data.k)
-        state = None
-        for batch in batcher:
-            out = _batch_loss(model, batch, device, stream=True, state=state)
-            nats, tokens, state = nats + out.nats, tokens + out.tokens, out.state
-    else:
-        assert data.valid_seqs is not None
-        pairs = [lm_pairs(s, BOS_ID, EOS_ID) for s in data.valid_seqs]
-        lines = SequenceBatcher(
-            [p[0] for p in pairs], [p[1] for p in pairs], batch_size=batch_size, shuffle=False
-        )
-        classes = _classes(data.valid_labels)
-        for batch in lines:
-            out = _batch_loss(model, batch, device, stream=False, classes=classes)
-            nats, tokens = nats + out.nats, tokens + out.tokens
+    nats: float | Tensor = 0.0
+    tokens: int | Tensor = 0
+    # the sums stay on the device: one read for the whole validation, not one per batch
+    with deferring() as deferred:
+        if data.mode == "segment":
+            assert data.valid_stream is not None and data.k is not None
+            batcher = stream_eval_batcher(data.valid_stream, batch_size, data.k)
+            state = None
+            for batch in batcher:
+                out = _batch_loss(model, batch, device, stream=True, state=state)
+                nats, tokens, state = nats + out.nats, tokens + out.tokens, out.state
+        else:
+            assert data.valid_seqs is not None
+            pairs = [lm_pairs(s, BOS_ID, EOS_ID) for s in data.valid_seqs]
+            lines = SequenceBatcher(
+                [p[0] for p in pairs], [p[1] for p in pairs], batch_size=batch_size, shuffle=False
+            )
+            classes = _classes(data.valid_labels)
+            for batch in lines:
+                out = _batch_loss(model, batch, device, stream=False, classes=classes)
+                nats, tokens = nats + out.nats, tokens + out.tokens
+        total, count = deferred.read(nats, tokens)
     model.train(was_training)
-    return _metrics(nats / max(tokens, 1), tokens, data.vocab.unit)
+    return _metrics(total / max(count, 1), int(count), data.vocab.unit)
 
 
 def _metrics(loss: float, tokens: int, unit: str) -> dict[str, Any]:
@@ -171,8 +176,8 @@ def _step_fn(data: LMData, device: torch.device, sampling: Any = None):
     if data.mode == "segment":
 
         def step(model: AnyLM, batch: Any, carry: Any) -> LossOutput:
-            starts = batch.starts.to(device)
-            return _batch_loss(model, batch, device, stream=True, state=carry, starts=starts)
+            # the starts stay on the host: the stack finds them without waiting for the GPU
+            return _batch_loss(model, batch, device, stream=True, state=carry, starts=batch.starts)
     else:
         window = data.k if data.mode == "window" else None
         classes = _classes(data.train_labels)

@@ -137,7 +137,7 @@ def regression_metrics(
     for batch in _batches(enc, batch_size, shuffle=False):
         x, y, mask = _batch(enc, batch, device)
         out = model.loss(x, y, mask)
-        total += out.nats
+        total += float(out.nats)
         mean = model(x, mask).mean
         keep = (
             mask.unsqueeze(-1).expand_as(y)

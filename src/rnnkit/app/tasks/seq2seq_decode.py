@@ -61,7 +61,7 @@ def teacher_forced_metrics(
             # The exact sequence NLL (token terms plus the stop / length terms) over the
             # token steps, as in training; </s> is no token: its step is not scored.
             mask = with_length.token_mask(batch)
-            nats += with_length.loss(batch).nats
+            nats += float(with_length.loss(batch).nats)
         hits, counted = teacher_forced_accuracy(logits, batch.target_out, mask)
         correct, tokens = correct + hits, tokens + counted
     model.train(was_training)

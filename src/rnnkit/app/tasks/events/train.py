@@ -234,7 +234,8 @@ def segment_loss(
         k: the segment length ``K ≥ 1``.
     """
     total = inputs.new_zeros((), dtype=torch.float32)
-    nats, tokens = 0.0, int(mask.sum())
+    nats: float | Tensor = 0.0
+    tokens = int(mask.sum())
     state: Any = None
     for lo in range(0, inputs.shape[1], k):
         part = mask[:, lo : lo + k]

@@ -1,0 +1,105 @@
+"""Figures and checks of a training step read from the device once, not one by one.
+
+On a GPU every host read of a device value (``float(t)``, ``bool(t.any())``, ``t[mask]``)
+waits for all the work queued before it: the processor then idles while Python queues the
+next kernels, and the GPU idles while Python waits. A training step that reads its loss,
+its token count, its input checks and its gradient norm one after another pays that
+round trip for each. Inside :func:`deferring` the losses and input checks of rnnkit's
+models leave their figures (``LossOutput.nats``, ``.tokens``) as 0-dimensional tensors
+and their checks as flags on the device; :meth:`Deferred.read` then fetches every flag
+and figure in one transfer and raises the first failed check's error, with the same
+message it would have raised at once. The Trainer runs each step so: one host read per
+step, as in a plain PyTorch loop that prints ``loss.item()``.
+
+Outside :func:`deferring` (every call from user code), nothing changes: checks raise at
+once and figures are Python numbers.
+
+>>> import torch
+>>> with deferring() as deferred:
+...     deferred.check(torch.tensor(False), lambda: ValueError("never raised"))
+...     deferred.read(torch.tensor(2.5), 3)
+[2.5, 3.0]
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+
+import torch
+from torch import Tensor
+
+__all__ = ["Deferred", "active", "count_of", "deferring", "figure_of"]
+
+
+class Deferred:
+    """The pending checks of one step: ``(flag, error)`` pairs, a flag a bool tensor that
+    is True when the check failed, ``error()`` the exception to raise then (built only on
+    failure, so it may read the device to name the offending value)."""
+
+    def __init__(self) -> None:
+        self._checks: list[tuple[Tensor, Callable[[], Exception]]] = []
+
+    def check(self, failed: Tensor, error: Callable[[], Exception]) -> None:
+        """Record a check whose verdict ``failed`` (a 0-dim bool tensor) stays on the
+        device until :meth:`read`."""
+        self._checks.append((failed.detach().reshape(()), error))
+
+    def read(self, *values: Tensor | float) -> list[float]:
+        """One host read: every pending check (the first failed one raises its error,
+        in the order recorded) and ``values`` (0-dim tensors or numbers), returned as
+        floats in order. The checks are cleared."""
+        checks, self._checks = self._checks, []
+        tensors = [flag for flag, _ in checks] + [v for v in values if isinstance(v, Tensor)]
+        read = iter(_fetch(tensors))
+        for _, error in checks:
+            if next(read):
+                raise error()
+        return [next(read) if isinstance(v, Tensor) else float(v) for v in values]
+
+
+def _fetch(tensors: list[Tensor]) -> list[float]:
+    """The values of 0-dim tensors, one transfer per device (float64 holds every count
+    and bool exactly, and a float32 figure unchanged)."""
+    out: list[float] = [0.0] * len(tensors)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    for indices in by_device.values():
+        stacked = torch.stack([tensors[i].detach().reshape(()).double() for i in indices])
+        for i, v in zip(indices, stacked.tolist(), strict=True):
+            out[i] = v
+    return out
+
+
+_active: ContextVar[Deferred | None] = ContextVar("rnnkit_deferred", default=None)
+
+
+@contextlib.contextmanager
+def deferring() -> Iterator[Deferred]:
+    """Within the block (this thread or task only), rnnkit's losses and input checks
+    defer their host reads to the returned :class:`Deferred`. Checks left unread at the
+    end of the block are read then, so that no failed check is lost."""
+    deferred = Deferred()
+    token = _active.set(deferred)
+    try:
+        yield deferred
+    finally:
+        _active.reset(token)
+    deferred.read()  # only when the block ended normally
+
+
+def active() -> Deferred | None:
+    """The :class:`Deferred` of the enclosing :func:`deferring` block, or None."""
+    return _active.get()
+
+
+def figure_of(x: Tensor) -> float | Tensor:
+    """A detached figure: a 0-dim tensor while deferring, else a Python float."""
+    return x.detach() if _active.get() is not None else float(x.detach())
+
+
+def count_of(x: Tensor) -> int | Tensor:
+    """A count: a 0-dim tensor while deferring, else a Python int."""
+    return x.detach() if _active.get() is not None else int(x.detach())
