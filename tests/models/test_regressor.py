@@ -81,3 +81,29 @@ def test_a_gaussian_log_variance_beyond_float32_is_clamped():
     torch.testing.assert_close(loss.double(), want.mean(), rtol=1e-5, atol=1e-6)
     loss.backward()
     assert torch.isfinite(m.head.bias.grad).all() and m.head.bias.grad[2] == 0
+
+
+@pytest.mark.parametrize("loss", ["mse", "gaussian"])
+@pytest.mark.parametrize("target", ["next", "value"])
+def test_the_loss_inside_a_training_step_equals_the_loss_read_at_once(loss, target):
+    """Inside ``deferring`` (the Trainer's step) the loss is computed over every element
+    with the padded ones neutralised, and its figures stay on the device: the same loss,
+    gradients, summed error and count; NaN targets at padded steps reach neither."""
+    from rnnkit.metrics.deferred import deferring
+
+    m = make(target, loss)
+    x = torch.randn(3, 4, 2, dtype=DT)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    y = torch.randn(3, 4, 2, dtype=DT) if target == "next" else torch.randn(3, 3, dtype=DT)
+    if target == "next":
+        y[~mask] = float("nan")
+    eager = m.loss(x, y, mask)
+    grads = torch.autograd.grad(eager.loss, list(m.parameters()))
+    with deferring() as deferred:
+        late = m.loss(x, y, mask)
+        nats, tokens = deferred.read(late.nats, late.tokens)
+    torch.testing.assert_close(late.loss, eager.loss, rtol=1e-12, atol=1e-14)
+    assert nats == pytest.approx(eager.nats, rel=1e-12) and tokens == eager.tokens
+    for g, want in zip(torch.autograd.grad(late.loss, list(m.parameters())), grads, strict=True):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, want, rtol=1e-10, atol=1e-12)

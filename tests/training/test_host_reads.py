@@ -120,3 +120,34 @@ def test_an_encoder_decoder_with_attention_reads_its_source_mask_once_and_once_m
            "--attention", "additive", "--bidirectional")  # fmt: skip
     expected = {STEP_READ: 1, MASK_COPY: 1, EMPTY_SOURCES: 1}
     assert counted and all(step == expected for step in counted), counted
+
+
+@pytest.mark.parametrize("loss", ["mse", "gaussian"])
+def test_a_regressor_reads_its_figures_once_and_its_mask_once(
+    run_cli, tmp_path: Path, counted, loss: str
+) -> None:
+    import json
+    import math
+
+    rows = []
+    for i in range(40):
+        t = [0.3 * i + 0.4 * k for k in range(3 + i % 7)]
+        seq = [[math.sin(v), math.cos(v)] for v in t]
+        rows.append(json.dumps({"seq": seq, "y": [seq[0][0]]}))
+    data = _lines(tmp_path / "r.jsonl", rows)
+    _train(run_cli, tmp_path, "--task", "regress", "--train", data, "--valid", data,
+           "--loss", loss)  # fmt: skip
+    assert counted and all(step == {STEP_READ: 1, MASK_COPY: 1} for step in counted), counted
+
+
+def test_an_events_model_reads_its_figures_once_and_its_mask_once(
+    run_cli, tmp_path: Path, counted
+) -> None:
+    from rnnkit.data.events import write_sessions
+    from rnnkit.data.generated_sessions import generate_sessions
+
+    write_sessions(tmp_path / "e.jsonl", generate_sessions(40, seed=0))
+    write_sessions(tmp_path / "v.jsonl", generate_sessions(30, seed=1, prefix="v"))
+    _train(run_cli, tmp_path, "--task", "events", "--train", str(tmp_path / "e.jsonl"),
+           "--valid", str(tmp_path / "v.jsonl"))  # fmt: skip
+    assert counted and all(step == {STEP_READ: 1, MASK_COPY: 1} for step in counted), counted

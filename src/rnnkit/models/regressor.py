@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rnnkit.layers.stacked import StackedRecurrent
+from rnnkit.metrics.deferred import active, count_of, figure_of
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.pooling import directions_side_by_side
 
@@ -110,6 +111,8 @@ class Regressor(nn.Module):
             keep = mask.unsqueeze(-1).expand_as(y)
         else:
             keep = torch.ones_like(y, dtype=torch.bool)
+        if active() is not None:  # a training step: no host read (rnnkit.metrics.deferred)
+            return self._deferred_loss(out, y, keep)
         mean, target = out.mean[keep], y[keep]
         if self.loss_kind == "gaussian":
             assert out.log_var is not None
@@ -119,3 +122,19 @@ class Regressor(nn.Module):
             total = F.mse_loss(mean, target, reduction="sum")
         count = int(keep.sum())
         return LossOutput(total / max(count, 1), float(total.detach()), count, None)
+
+    def _deferred_loss(self, out: RegressorOutput, y: Tensor, keep: Tensor) -> LossOutput:
+        """:meth:`loss` over every element, those not kept replaced by neutral values
+        before the loss (a NaN target of a padded step must not reach the sum or its
+        gradient) and zeroed after it; the count left on the device."""
+        mean = torch.where(keep, out.mean, 0.0)
+        target = torch.where(keep, y, 0.0)
+        if self.loss_kind == "gaussian":
+            assert out.log_var is not None
+            var = torch.where(keep, out.log_var, 0.0).exp()
+            each = F.gaussian_nll_loss(mean, target, var, full=True, reduction="none")
+        else:
+            each = F.mse_loss(mean, target, reduction="none")
+        total = torch.where(keep, each, 0.0).sum()
+        count = keep.sum()
+        return LossOutput(total / count.clamp(min=1), figure_of(total), count_of(count), None)
