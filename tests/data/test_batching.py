@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from rnnkit.data import batching, streams
 from rnnkit.data.batching import SequenceBatcher, lm_pairs, pad_sequences
@@ -131,3 +132,27 @@ def test_sequence_drop_last_and_bad_inputs():
 def test_stream_names_still_import_from_batching():
     assert batching.StreamBatcher is streams.StreamBatcher
     assert batching.StreamBatch is streams.StreamBatch
+
+
+def test_to_device_on_the_cpu_is_the_tensor_itself():
+    from rnnkit.data.batching import to_device
+
+    t = torch.arange(6).view(2, 3)
+    assert to_device(t, "cpu") is t
+    assert to_device(t, torch.device("cpu")) is t
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_to_device_to_a_gpu_copies_without_waiting_and_the_values_arrive():
+    from rnnkit.data.batching import to_device
+
+    t = torch.arange(10_000).view(100, 100)
+    torch.cuda.set_sync_debug_mode("error")  # a synchronizing copy would raise here
+    try:
+        on_gpu = to_device(t, "cuda")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    t.zero_()  # the source may change at once: the copy came from a pinned copy of it
+    assert on_gpu.device.type == "cuda" and not t.is_pinned()
+    assert torch.equal(on_gpu.cpu(), torch.arange(10_000).view(100, 100))

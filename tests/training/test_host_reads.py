@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import collections
 import random
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from host_reads import HostReads
 
 import rnnkit.training.loop as loop_module
@@ -151,3 +153,34 @@ def test_an_events_model_reads_its_figures_once_and_its_mask_once(
     _train(run_cli, tmp_path, "--task", "events", "--train", str(tmp_path / "e.jsonl"),
            "--valid", str(tmp_path / "v.jsonl"))  # fmt: skip
     assert counted and all(step == {STEP_READ: 1, MASK_COPY: 1} for step in counted), counted
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_language_model_step_waits_for_the_device_once(
+    run_cli, tmp_path: Path, monkeypatch
+) -> None:
+    """What the count above stands for, checked where it matters: torch's own detection
+    of synchronizing CUDA calls (``torch.cuda.set_sync_debug_mode``) inside each step,
+    batches copied to the device included (from pinned memory: no wait)."""
+    waits: list[list[str]] = []
+    original = loop_module.Trainer._train_step
+
+    def step(self, *args, **kwargs):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                waits.append([str(w.message) for w in caught if "synchroniz" in str(w.message)])
+
+    monkeypatch.setattr(loop_module.Trainer, "_train_step", step)
+    rng = random.Random(0)
+    text = _lines(tmp_path / "t.txt", [" ".join(_words(rng, 12)) for _ in range(300)])
+    code, _, err = run_cli("train", "--task", "lm", "--train", text, "--out",
+                           str(tmp_path / "run"), "--steps", "3", "--quiet", "--hidden", "8",
+                           "--device", "cuda")  # fmt: skip
+    assert code == 0, err
+    assert len(waits) == 3 and all(len(w) == 1 for w in waits), waits

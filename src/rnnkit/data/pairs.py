@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rnnkit.data.batching import SequenceBatcher, pad_sequences
+from rnnkit.data.batching import SequenceBatcher, pad_sequences, to_device
 from rnnkit.data.text import read_numbered_lines
 from rnnkit.data.vocab import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 from rnnkit.errors import DataError
@@ -139,8 +139,8 @@ class PairBatch(NamedTuple):
     indices: Tensor
 
     def to(self, device: torch.device | str) -> PairBatch:
-        """The same batch on ``device``."""
-        return PairBatch(*(t.to(device) for t in self))
+        """The same batch on ``device`` (to a GPU without waiting: :func:`to_device`)."""
+        return PairBatch(*(to_device(t, device) for t in self))
 
 
 def make_pair_batch(

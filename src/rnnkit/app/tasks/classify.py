@@ -49,7 +49,7 @@ from rnnkit.app.tasks.run_config import check_batch_size, check_labels, load_con
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import BASELINE_FILE, finish_summary, load_baseline, save_baseline
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
-from rnnkit.data.batching import SequenceBatcher
+from rnnkit.data.batching import SequenceBatcher, to_device
 from rnnkit.data.labelled import LabelledExample, LabelSet, read_labelled, split_holdout
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.errors import CheckpointError, ConfigError, DataError
@@ -131,8 +131,8 @@ def classify_metrics(
     predicted = np.zeros(len(enc.inputs), dtype=np.int64)
     nats = 0.0
     for batch in SequenceBatcher(enc.inputs, batch_size=batch_size, shuffle=False):
-        logits = model(batch.inputs.to(device), batch.mask.to(device))  # (B, K)
-        gold = torch.from_numpy(enc.labels[batch.indices.numpy()]).to(device)
+        logits = model(to_device(batch.inputs, device), to_device(batch.mask, device))  # (B, K)
+        gold = to_device(torch.from_numpy(enc.labels[batch.indices.numpy()]), device)
         known = gold < K
         if bool(known.any()):
             nats += float(F.cross_entropy(logits[known], gold[known], reduction="sum"))
@@ -278,9 +278,9 @@ def train_classify(
 
     def step(model: Classifier, batch: Any, carry: Any) -> LossOutput:
         return model.loss(
-            batch.inputs.to(device),
-            train_labels[batch.indices].to(device),
-            batch.mask.to(device),
+            to_device(batch.inputs, device),
+            to_device(train_labels[batch.indices], device),
+            to_device(batch.mask, device),
         )
 
     out.mkdir(parents=True, exist_ok=True)
@@ -371,7 +371,9 @@ def predict_labels(model: Classifier, inputs: list[np.ndarray], batch_size: int 
     device = next(model.parameters()).device
     rows: dict[int, np.ndarray] = {}
     for batch in SequenceBatcher(inputs, batch_size=batch_size, shuffle=False):
-        probs = F.softmax(model(batch.inputs.to(device), batch.mask.to(device)), dim=-1)
+        probs = F.softmax(
+            model(to_device(batch.inputs, device), to_device(batch.mask, device)), dim=-1
+        )
         for i, p in zip(batch.indices.tolist(), probs.double().cpu().numpy(), strict=True):
             rows[i] = p
     return np.stack([rows[i] for i in range(len(inputs))]) if inputs else np.zeros((0, 0))

@@ -41,7 +41,7 @@ from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.run_config import check_batch_size, check_labels, load_config, save_config
 from rnnkit.app.tasks.run_outputs import finish_summary, load_baseline, save_baseline
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
-from rnnkit.data.batching import SequenceBatcher
+from rnnkit.data.batching import SequenceBatcher, to_device
 from rnnkit.data.labelled import LabelSet, split_holdout
 from rnnkit.data.vectors import VectorSequence, parse_vector_line, read_vector_sequences
 from rnnkit.errors import CheckpointError, DataError
@@ -102,7 +102,7 @@ def _batches(inputs: list[Tensor], batch_size: int, shuffle: bool, seed: int = 0
 def _frames(inputs: list[Tensor], batch: Any, device: torch.device) -> tuple[Tensor, Tensor]:
     """The padded frames ``(B, T, D)`` of a batch and its mask ``(B, T)``."""
     x = pad_sequence([inputs[i] for i in batch.indices.tolist()], batch_first=True)
-    return x.to(device), batch.mask.to(device)
+    return to_device(x, device), to_device(batch.mask, device)
 
 
 @torch.no_grad()
@@ -270,7 +270,7 @@ def train_vectors(
 
     def step(model: Classifier, batch: Any, carry: Any) -> LossOutput:
         x, mask = _frames(train_enc.inputs, batch, device)
-        return model.loss(x, targets[batch.indices].to(device), mask)
+        return model.loss(x, to_device(targets[batch.indices], device), mask)
 
     out.mkdir(parents=True, exist_ok=True)
     if not resume:

@@ -51,7 +51,7 @@ from rnnkit.app.tasks.run_config import check_batch_size, check_count, load_conf
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import finish_summary
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything, train_options
-from rnnkit.data.batching import SequenceBatcher, lm_pairs
+from rnnkit.data.batching import SequenceBatcher, lm_pairs, to_device
 from rnnkit.data.files import atomic_write
 from rnnkit.data.labelled import LabelSet
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
@@ -103,18 +103,18 @@ def _batch_loss(
     ``stream``: a segment of parallel streams carrying ``state`` (reset at ``starts``);
     else padded whole sequences (``classes``: the class of every sequence, ``--condition``).
     """
-    inputs, targets = batch.inputs.to(device), batch.targets.to(device)
+    inputs, targets = to_device(batch.inputs, device), to_device(batch.targets, device)
     if isinstance(model, JordanLM):
         # Its only memory is the previous token, i.e. the input itself: no state to carry,
         # nothing to truncate, every step computed at once.
-        return model.loss(inputs, targets, mask=None if stream else batch.mask.to(device))
+        return model.loss(inputs, targets, mask=None if stream else to_device(batch.mask, device))
     if isinstance(model, ConditionalLM):
         assert classes is not None and not stream  # --condition reads whole lines
-        mask = batch.mask.to(device)
-        return model.loss(classes[batch.indices].to(device), inputs, targets, mask=mask)
+        mask = to_device(batch.mask, device)
+        return model.loss(to_device(classes[batch.indices], device), inputs, targets, mask=mask)
     if stream:
         return model.loss(inputs, targets, state=state, starts=starts)
-    return model.loss(inputs, targets, mask=batch.mask.to(device), window=window)
+    return model.loss(inputs, targets, mask=to_device(batch.mask, device), window=window)
 
 
 def _classes(labels: np.ndarray | None) -> Tensor | None:
@@ -169,8 +169,10 @@ def _step_fn(data: LMData, device: torch.device, sampling: Any = None):
         # --scheduled-sampling needs the hidden wiring without --condition: a LanguageModel.
         def sampled(model: LanguageModel, batch: Any, carry: Any) -> LossOutput:
             p = schedule.probability(steps_done())
-            inputs, targets = batch.inputs.to(device), batch.targets.to(device)
-            return model.scheduled_loss(inputs, targets, batch.mask.to(device), sampling_p=p)
+            inputs, targets = to_device(batch.inputs, device), to_device(batch.targets, device)
+            return model.scheduled_loss(
+                inputs, targets, to_device(batch.mask, device), sampling_p=p
+            )
 
         return sampled
     if data.mode == "segment":

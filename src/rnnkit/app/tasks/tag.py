@@ -56,7 +56,7 @@ from rnnkit.app.tasks.tag_metrics import (
     fit_baseline,
     tag_metrics,
 )
-from rnnkit.data.batching import SequenceBatcher
+from rnnkit.data.batching import SequenceBatcher, to_device
 from rnnkit.data.labelled import split_holdout
 from rnnkit.data.tagged import TaggedSentence, check_tag_column, read_tagged
 from rnnkit.errors import CheckpointError, DataError
@@ -131,7 +131,7 @@ def train_tag(
 
     def step(model: Tagger, batch: Any, carry: Any) -> LossOutput:
         words, mask, chars = _inputs(train_enc, batch, device)
-        return model.loss(words, batch.targets.to(device), mask, chars)
+        return model.loss(words, to_device(batch.targets, device), mask, chars)
 
     out.mkdir(parents=True, exist_ok=True)
     if not resume:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from rnnkit.app.config import TrainConfig
+from rnnkit.data.batching import to_device
 from rnnkit.data.labelled import LabelSet
 from rnnkit.data.tagged import TaggedSentence
 from rnnkit.data.vocab import PAD_ID, UNK_ID, Vocabulary
@@ -135,8 +136,8 @@ def _char_batch(enc: EncodedTags, indices: Tensor, T: int) -> Tensor:
 def _inputs(
     enc: EncodedTags, batch: Any, device: torch.device
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    words, mask = batch.inputs.to(device), batch.mask.to(device)
+    words, mask = to_device(batch.inputs, device), to_device(batch.mask, device)
     chars = None
     if enc.chars is not None:
-        chars = _char_batch(enc, batch.indices, words.shape[1]).to(device)
+        chars = to_device(_char_batch(enc, batch.indices, words.shape[1]), device)
     return words, mask, chars

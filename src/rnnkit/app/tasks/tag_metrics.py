@@ -14,7 +14,7 @@ import torch
 from rnnkit.app.tasks.figures import loss_figures, per_class_figures
 from rnnkit.app.tasks.run_outputs import BASELINE_FILE, load_baseline
 from rnnkit.app.tasks.tag_data import EncodedTags, TagData, _inputs
-from rnnkit.data.batching import SequenceBatcher
+from rnnkit.data.batching import SequenceBatcher, to_device
 from rnnkit.data.vocab import UNK_ID
 from rnnkit.metrics.labels import is_bio_tagset, span_prf
 from rnnkit.models.lookup import MostFrequentTag
@@ -41,13 +41,13 @@ def tag_metrics(
     predicted: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(enc.words)
     for batch in batcher:
         words, mask, chars = _inputs(enc, batch, device)
-        tags = batch.targets.to(device)
-        known = mask & (tags < K)
+        tags = to_device(batch.targets, device)
+        in_tagset = mask & (tags < K)
         logits = model(words, mask, chars)  # (B, T, K)
-        if bool(known.any()):
-            logp = torch.log_softmax(logits[known], dim=-1)
-            nats -= float(logp.gather(1, tags[known].unsqueeze(1)).sum())
-            scored += int(known.sum())
+        if bool(in_tagset.any()):
+            logp = torch.log_softmax(logits[in_tagset], dim=-1)
+            nats -= float(logp.gather(1, tags[in_tagset].unsqueeze(1)).sum())
+            scored += int(in_tagset.sum())
         pred = logits.argmax(-1).cpu().numpy()
         for row, i in enumerate(batch.indices.tolist()):
             predicted[i] = pred[row, : len(enc.words[i])]

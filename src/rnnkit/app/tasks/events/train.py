@@ -31,7 +31,7 @@ from rnnkit.app.tasks.run_config import load_config, save_config
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import finish_summary
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything, train_options
-from rnnkit.data.batching import SequenceBatcher, lm_pairs
+from rnnkit.data.batching import SequenceBatcher, lm_pairs, to_device
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
 from rnnkit.messages import warning as warn
@@ -108,8 +108,8 @@ def _fit_model(
     mode, k = parse_bptt(cfg.bptt)
 
     def step(m: LanguageModel, batch: Any, carry: Any) -> LossOutput:
-        inputs, targets = batch.inputs.to(device), batch.targets.to(device)
-        mask = batch.mask.to(device)
+        inputs, targets = to_device(batch.inputs, device), to_device(batch.targets, device)
+        mask = to_device(batch.mask, device)
         if mode == "segment":
             assert k is not None
             return segment_loss(m, inputs, targets, mask, k)

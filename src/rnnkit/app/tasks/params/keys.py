@@ -18,6 +18,7 @@ from torch.nn.utils.rnn import pad_sequence
 from rnnkit.anomaly.thresholds import (
     GaussianFit,
 )
+from rnnkit.data.batching import to_device
 from rnnkit.data.events import Session, iter_sessions
 from rnnkit.data.vectors import VectorSequence
 from rnnkit.errors import DataError
@@ -283,7 +284,7 @@ def vector_errors(
     for lo in range(0, len(order), batch_size):
         idx = order[lo : lo + batch_size]
         xs = [torch.from_numpy(seqs[i].values) for i in idx]
-        x = pad_sequence(xs, batch_first=True).to(device)
+        x = to_device(pad_sequence(xs, batch_first=True), device)
         lengths = torch.tensor([len(v) for v in xs], device=device)
         mask = torch.arange(x.shape[1], device=device)[None, :] < lengths[:, None]
         mean = model(x, mask).mean.double().cpu().numpy()  # (B, T, D)
