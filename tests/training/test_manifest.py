@@ -114,6 +114,19 @@ def test_writing_a_run_removes_its_manifest_until_it_is_whole(tmp_path):
     assert "summary.json" in json.loads((run / MANIFEST).read_text())["files"]
 
 
+def test_a_run_that_diverged_keeps_a_manifest_over_its_kept_checkpoint(tmp_path):
+    """The divergence says the last good checkpoint is kept: evaluate and predict must
+    read it without --skip-checksums (there was no manifest, so they refused it)."""
+    from rnnkit.training.nonfinite import TrainingDiverged
+
+    run = _run(tmp_path)
+    with pytest.raises(TrainingDiverged), writing_run(run):
+        (run / "config.json").write_text('{"a": 3}\n')  # written before the bad step
+        raise TrainingDiverged("the training loss is nan at step 7; the last good ...")
+    verify_run(run)
+    assert "config.json" in json.loads((run / MANIFEST).read_text())["files"]
+
+
 def test_weights_without_their_checksum_do_not_load_silently(tmp_path):
     # All tensors set to 0.5 and the sha256 metadata removed: evaluate ran, rc 0.
     model = torch.nn.Linear(3, 2)

@@ -37,6 +37,7 @@ from rnnkit.data.files import atomic_write_bytes, read_run_file, sha256_file
 from rnnkit.data.limits import loads_json
 from rnnkit.errors import CheckpointError, DataError
 from rnnkit.training.interrupt import TrainingInterrupted
+from rnnkit.training.nonfinite import TrainingDiverged
 
 __all__ = [
     "MANIFEST",
@@ -88,8 +89,9 @@ def writing_run(run_dir: str | os.PathLike[str], main: bool = True) -> Iterator[
     """While this process trains into ``run_dir``: its manifest is removed first (a run
     cut short has none, so it never vouches for files that changed since) and reads of the
     run are not checked; on success a new manifest is written, last (``main``: the
-    process that owns the directory). A run that fails before it changed a file (a
-    ``--resume`` refused) gets its old manifest back."""
+    process that owns the directory), as after an interruption or a divergence (the
+    files are whole then). A run that fails before it changed a file (a ``--resume``
+    refused) gets its old manifest back."""
     run = _key(Path(run_dir))
     old: bytes | None = None
     if main:
@@ -99,9 +101,11 @@ def writing_run(run_dir: str | os.PathLike[str], main: bool = True) -> Iterator[
     _writing.add(run)
     try:
         yield
-    except TrainingInterrupted:
-        # Ctrl-C or SIGTERM: the step in flight finished and everything was saved; the
-        # files are whole, so the manifest vouches for them (train --resume goes on).
+    except (TrainingInterrupted, TrainingDiverged):
+        # Ctrl-C or SIGTERM: the step in flight finished and everything was saved. A
+        # divergence: no file was written after the bad step, the last good checkpoint
+        # is kept. Either way the files are whole, so the manifest vouches for them
+        # (evaluate and predict read the kept weights, train --resume goes on).
         _writing.discard(run)
         if main:
             write_manifest(run)
