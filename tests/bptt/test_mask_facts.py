@@ -71,32 +71,33 @@ def test_inference_tensors_are_read_without_being_kept(fresh_memo):
     assert fresh_memo.memo == []
 
 
-@pytest.mark.parametrize("bidirectional, masks", [(False, 1), (True, 3)])
+@pytest.mark.parametrize("bidirectional, masks", [(False, 1), (True, 1)])
 def test_the_layers_of_one_call_read_the_mask_once(monkeypatch, fresh_memo, bidirectional, masks):
-    """A 2-layer stack on the fused path with a lengths mask: the mask is read once for
-    every layer and question (a reversed direction reads its own flipped mask once),
-    and the result equals the explicit loop's."""
+    """A 2-layer stack on the fused path with a lengths mask: the mask is copied to the
+    host once for every layer, direction and question (a reversed direction's flipped
+    mask is answered from the same copy, transformed on the host; the layers' transposed
+    view of it from the same view of the copy), and the result equals the explicit
+    loop's."""
     torch.manual_seed(0)
     lstm = rnnkit.LSTM(3, 4, num_layers=2, bidirectional=bidirectional).double()
     x = torch.randn(5, 6, 3, dtype=torch.float64)
     lengths = torch.tensor([6, 2, 0, 5, 6])
-    readings: list[dict] = []  # every reading returned, held: identity tells them apart
-    real = mask_facts._facts
+    copies = []
+    real_to = torch.Tensor.to
 
-    def counted(mask):
-        facts = real(mask)
-        if not any(facts is seen for seen in readings):
-            readings.append(facts)
-        return facts
+    def counted_to(self, *args, **kwargs):
+        if args[:1] == ("cpu",):
+            copies.append(self)
+        return real_to(self, *args, **kwargs)
 
     with use_fused("loop"):
         expected = lstm(x, lengths=lengths).outputs
     fresh_memo.memo = []
-    monkeypatch.setattr(mask_facts, "_facts", counted)
+    monkeypatch.setattr(torch.Tensor, "to", counted_to)
     with use_fused("fused"):
         got = lstm(x, lengths=lengths).outputs
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
-    assert len(readings) == masks
+    assert len(copies) == masks
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -136,3 +137,42 @@ def test_a_flipped_mask_whose_source_changed_since_is_read_itself(fresh_memo):
     mask[2, 0] = True  # the source changed after the flip: its copy no longer describes it
     assert prefix_lengths(flipped).tolist() == [2, 1]  # the flip's own values
     assert prefix_lengths(mask).tolist() == [3, 1]
+
+
+def test_views_of_a_mask_are_answered_from_its_one_host_copy(fresh_memo, monkeypatch):
+    """Scheduled sampling asks of every step's column, segments of every segment: each a
+    view of one mask, answered from the same view of its host copy (one wait, not T)."""
+    T = 7
+    base = torch.arange(T)[:, None] < torch.tensor([7, 3, 0, 5])  # (T, B) lengths
+    copies = []
+    real_to = torch.Tensor.to
+
+    def counted_to(self, *args, **kwargs):
+        if args[:1] == ("cpu",):
+            copies.append(self)
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", counted_to)
+    for t in range(T):  # each step's column, in the (B, T) layout a task holds
+        column = base.T[:, t : t + 1].T  # a view: (1, B)
+        assert prefix_lengths(column).tolist() == base[t].int().tolist()
+        assert all_real(column) == bool(base[t].all())
+    for lo in range(0, T, 3):  # segments
+        part = base[lo : lo + 3]
+        expected = _column_lengths(part)
+        got = prefix_lengths(part)
+        assert (got is None) == (expected is None)
+        if got is not None:
+            assert got.tolist() == expected
+    assert len(copies) == 1  # the base, once
+    base[0, 0] = False  # a change to the base is a change to its views: read again
+    assert prefix_lengths(base[:2]) is None
+    assert len(copies) == 2
+
+
+def test_host_mask_is_the_shared_copy(fresh_memo):
+    mask = torch.tensor([[True, True], [True, False]])
+    host = mask_facts.host_mask(mask)
+    assert torch.equal(host, mask)
+    assert prefix_lengths(mask).tolist() == [2, 1]
+    assert mask_facts.host_mask(mask) is host

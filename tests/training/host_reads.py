@@ -98,6 +98,8 @@ class HostReads(TorchFunctionMode):
         elif marked or moved:
             if self._reads(name, args) and marked:
                 self._note()
+            if moved and not marked and out is args[0]:  # a host tensor's move: on the CPU
+                out = out.clone()  # the tensor itself; on a GPU a copy apart from it
             self._mark(out)
         return out
 

@@ -65,6 +65,18 @@ def _words(rng: random.Random, n: int) -> list[str]:
     return [rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(n)]
 
 
+def test_scheduled_sampling_reads_its_figures_once_and_its_mask_once(
+    run_cli, tmp_path: Path, counted
+) -> None:
+    """One step at a time through the stack, each with its column of the mask: the
+    columns are views of one mask, answered from one host copy (it was one per step)."""
+    rng = random.Random(4)
+    text = _lines(tmp_path / "t.txt", [" ".join(_words(rng, rng.randint(1, 5))) for _ in range(80)])
+    _train(run_cli, tmp_path, "--task", "lm", "--train", text, "--bptt", "full",
+           "--scheduled-sampling", "linear:5")  # fmt: skip
+    assert counted and all(step == {STEP_READ: 1, MASK_COPY: 1} for step in counted), counted
+
+
 def test_the_character_language_model_reads_the_device_once_per_step(
     run_cli, tmp_path: Path, counted
 ) -> None:
@@ -142,8 +154,9 @@ def test_a_regressor_reads_its_figures_once_and_its_mask_once(
     assert counted and all(step == {STEP_READ: 1, MASK_COPY: 1} for step in counted), counted
 
 
+@pytest.mark.parametrize("bptt", ["full", "segment:3"])
 def test_an_events_model_reads_its_figures_once_and_its_mask_once(
-    run_cli, tmp_path: Path, counted
+    run_cli, tmp_path: Path, counted, bptt: str
 ) -> None:
     from rnnkit.data.events import write_sessions
     from rnnkit.data.generated_sessions import generate_sessions
@@ -151,7 +164,7 @@ def test_an_events_model_reads_its_figures_once_and_its_mask_once(
     write_sessions(tmp_path / "e.jsonl", generate_sessions(40, seed=0))
     write_sessions(tmp_path / "v.jsonl", generate_sessions(30, seed=1, prefix="v"))
     _train(run_cli, tmp_path, "--task", "events", "--train", str(tmp_path / "e.jsonl"),
-           "--valid", str(tmp_path / "v.jsonl"))  # fmt: skip
+           "--valid", str(tmp_path / "v.jsonl"), "--bptt", bptt)  # fmt: skip
     assert counted and all(step == {STEP_READ: 1, MASK_COPY: 1} for step in counted), counted
 
 

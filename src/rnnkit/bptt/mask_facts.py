@@ -10,7 +10,10 @@ call that share a mask share one copy.
 
 The answers are kept for the last few masks of this thread, each recognised by identity
 and by its version counter (an in-place change to the mask is a new mask), so a result is
-never read for a mask it was not computed from.
+never read for a mask it was not computed from. A view of a mask (a slice of its steps, as
+scheduled sampling and segments take, or its transpose) is answered from the same view of
+its base's host copy, and a derived mask (a reverse direction's flipped one) from its
+source's, transformed on the host: one wait per mask, whatever is asked of its parts.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["all_real", "derive", "prefix_lengths"]
+__all__ = ["all_real", "derive", "host_mask", "prefix_lengths"]
 
 _KEEP = 4  # masks remembered per thread: a stack's mask and its directions' flipped ones
 _local = threading.local()
@@ -36,14 +39,30 @@ def _facts(mask: Tensor) -> dict[str, Any]:
         return {"host": mask.detach().to("cpu")}
     memo: list[tuple[weakref.ref[Tensor], int, dict[str, Any]]] = getattr(_local, "memo", [])
     version = mask._version
-    for ref, seen, facts in memo:
+    for i, (ref, seen, facts) in enumerate(memo):
         if ref() is mask and seen == version:
             if "host" not in facts:  # derived from another mask's host copy (derive())
                 facts["host"] = _derived_host(mask, facts.pop("from"))
+            _local.memo = [memo[i], *memo[:i], *memo[i + 1 :]]  # the latest asked first
             return facts
-    facts = {"host": mask.detach().to("cpu")}
+    facts = {"host": _view_of_base(mask)}
     _remember(mask, version, facts)
     return facts
+
+
+def _view_of_base(mask: Tensor) -> Tensor:
+    """The host copy of ``mask``: where it is a view (a slice of the steps, the
+    transposed layout), the same view of its base's host copy, so that the slices of one
+    mask (one per step or segment) are one wait, not one each; else a copy of its own."""
+    base = mask._base
+    if base is not None and not base.is_inference():
+        host = _facts(base)["host"]
+        if (
+            host.stride() == base.stride()
+        ):  # the same layout: the view's elements at the same offsets
+            offset = mask.storage_offset() - base.storage_offset() + host.storage_offset()
+            return host.as_strided(mask.shape, mask.stride(), offset)
+    return mask.detach().to("cpu")
 
 
 def _remember(mask: Tensor, version: int, facts: dict[str, Any]) -> None:
@@ -71,6 +90,16 @@ def _derived_host(mask: Tensor, origin: tuple[Any, int, Callable[[Tensor], Tenso
     if source is None or source._version != version:
         return mask.detach().to("cpu")
     return transform(_facts(source)["host"])
+
+
+def host_mask(mask: Tensor) -> Tensor:
+    """``mask`` on the host, read once and shared with the time loop's questions about it
+    (and its views): counting its steps there waits for nothing more.
+
+    >>> host_mask(torch.tensor([[True, False]])).sum().item()
+    1
+    """
+    return _facts(mask)["host"]
 
 
 def all_real(mask: Tensor) -> bool:

@@ -31,6 +31,7 @@ from rnnkit.app.tasks.run_config import load_config, save_config
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import finish_summary
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything, train_options
+from rnnkit.bptt.mask_facts import host_mask
 from rnnkit.data.batching import SequenceBatcher, lm_pairs, to_device
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
@@ -235,11 +236,12 @@ def segment_loss(
     """
     total = inputs.new_zeros((), dtype=torch.float32)
     nats: float | Tensor = 0.0
-    tokens = int(mask.sum())
+    counted = host_mask(mask)  # the segments' token counts, without a wait per segment
+    tokens = int(counted.sum())
     state: Any = None
     for lo in range(0, inputs.shape[1], k):
         part = mask[:, lo : lo + k]
-        n = int(part.sum())
+        n = int(counted[:, lo : lo + k].sum())
         if n == 0:  # padding only from here on (rows end with their padding)
             break
         out = model.loss(inputs[:, lo : lo + k], targets[:, lo : lo + k], part, _detached(state))
