@@ -13,7 +13,9 @@ same tokens. The paths:
   the Triton steps elsewhere, no compiled loop — emulated on CPU tensors (``_on_a_gpu``).
 
 Each case also checks which path each layer took (docs/architecture.md, "Which path
-runs a layer"), so that a model cannot pass by silently running the CPU's loop.
+runs a layer"), so that a model cannot pass by silently running the CPU's loop. Last,
+``rnnkit train`` and a command that reads the run (generate, evaluate, score, predict)
+run a few tasks end to end on the ``gpu`` emulation, to the CPU's training loss.
 """
 
 from __future__ import annotations
@@ -347,3 +349,61 @@ def test_greedy_beam_and_sampling_decode_as_on_the_cpu(name, path):
     assert [ids for ids, _ in got] == [ids for ids, _ in want]
     for (_, a), (_, b) in zip(got, want, strict=True):
         assert a == pytest.approx(b, abs=1e-10)
+
+
+# ------------------------------------------------------------- the command end to end
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from rnnkit.data.events import write_sessions
+    from rnnkit.data.generated import previous_word_sentences, write_token_tags
+    from rnnkit.data.generated_pairs import generate_pairs, write_pairs
+    from rnnkit.data.generated_sessions import generate_sessions
+
+    d = tmp_path_factory.mktemp("forced_paths")
+    (d / "text.txt").write_text("abc abd\nbca cab\n" * 20, encoding="utf-8")
+    write_token_tags(previous_word_sentences(30, seed=0, noise=0.1), d / "tags.tsv")
+    write_pairs(d / "pairs.tsv", generate_pairs("reverse", 24, seed=0, max_len=4))
+    write_sessions(d / "sessions.jsonl", generate_sessions(30, anomalies=0, seed=1))
+    write_sessions(d / "valid.jsonl", generate_sessions(12, anomalies=2, seed=2))
+    return d
+
+
+TINY = ["--hidden", "6", "--embedding", "4", "--batch-size", "4", "--steps", "2", "--seed", "0"]
+TINY += ["--quiet", "--no-report", "--json"]
+COMMANDS = {  # train's options, then a command on the run: (command, its options)
+    "lm": (["--task", "lm", "--train", "text.txt"],
+           ("generate", ["--prompt", "ab", "--beam", "2"])),
+    # the character encoder under mixed precision: the fused kernels' bfloat16 outputs
+    # failed in the tagger's float32 buffer
+    "tag-bf16": (["--task", "tag", "--train", "tags.tsv", "--precision", "bf16"],
+                 ("evaluate", ["--data", "tags.tsv"])),
+    "events": (["--task", "events", "--train", "sessions.jsonl", "--valid", "valid.jsonl"],
+               ("score", ["--data", "valid.jsonl"])),
+    "seq2seq-additive": (["--task", "seq2seq", "--train", "pairs.tsv", "--attention", "additive",
+                          "--bidirectional"], ("generate", ["--input", "abc", "--beam", "3"])),
+    "seq2seq-gru-dot-after": (["--task", "seq2seq", "--train", "pairs.tsv", "--cell", "gru",
+                               "--attention", "dot", "--attention-wiring", "after"],
+                              ("predict", ["--input", "pairs.tsv", "--max-len", "5"])),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_the_command_trains_and_reads_its_run_on_a_gpu_emulation(name, data, run_cli, tmp_path):
+    import json
+
+    train, (command, options) = COMMANDS[name]
+    train = [str(data / a) if (data / a).is_file() else a for a in train]
+    options = [str(data / a) if (data / a).is_file() else a for a in options]
+    losses = []
+    for path in (None, "gpu"):
+        run = tmp_path / str(path)
+        with contextlib.nullcontext() if path is None else _path(path):
+            code, out, err = run_cli("train", *train, "--out", str(run), *TINY)
+            assert code == 0, err[-2000:]
+            losses.append(json.loads(out.strip().splitlines()[-1])["train_loss_nats"])
+            code, out, err = run_cli(command, "--checkpoint", str(run), *options)
+            assert code == 0 and out.strip(), err[-2000:]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
