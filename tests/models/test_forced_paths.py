@@ -38,6 +38,7 @@ from rnnkit.generation.search import generate
 from rnnkit.models import ModelSpec
 from rnnkit.models.builders import build_encoder, build_lm
 from rnnkit.models.classifier import build_classifier
+from rnnkit.models.decoder_only import build_decoder_only
 from rnnkit.models.regressor import Regressor
 from rnnkit.models.seq2seq import build_seq2seq
 from rnnkit.models.tagger import build_tagger
@@ -143,14 +144,28 @@ def _classifier(spec: ModelSpec):
     return lambda: build_classifier(spec, V, 3), loss
 
 
-def _seq2seq(spec: ModelSpec):
+def _scheduled_lm(spec: ModelSpec):
+    """Scheduled sampling: the steps one at a time through the stack."""
+
+    def loss(m, g):
+        x, y, coins = _ids(g, 3, 6), _ids(g, 3, 6), torch.Generator().manual_seed(2)
+        return m.scheduled_loss(x, y, _lengths(3, 6, [6, 4, 5]), 0.5, coins).loss
+
+    return lambda: build_lm(spec, V), loss
+
+
+def _seq2seq(spec: ModelSpec, sampling_p: float | None = None, decoder_only: bool = False):
     sources = [np.array([4, 5, 6, 7]), np.array([5, 6]), np.array([8, 4, 5])]
     targets = [np.array([6, 5, 4]), np.array([7]), np.array([5, 8, 6, 4])]
 
     def loss(m, g):
-        return m.loss(make_pair_batch(sources, targets)).loss
+        batch = make_pair_batch(sources, targets)
+        if sampling_p is None:
+            return m.loss(batch).loss
+        return m.loss(batch, sampling_p, torch.Generator().manual_seed(2)).loss
 
-    return lambda: build_seq2seq(spec, V, V), loss
+    build = build_decoder_only if decoder_only else build_seq2seq
+    return lambda: build(spec, V, V), loss
 
 
 def _regressor(spec: ModelSpec, target: str = "next", kind: str = "mse"):
@@ -192,6 +207,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[..., torch.Tensor]]] = 
     "lm-weight-drop": _lm(_spec(weight_drop=0.3, input_dropout=0.2, embedding_dropout=0.2)),
     "lm-length": _lm(_spec(length="predict", max_len=8)),
     "lm-conditional": _lm(_spec(condition="both")),
+    "lm-scheduled-sampling": _scheduled_lm(_spec(layers=2, dropout=0.2)),
     # tag, classify, regress (and params, a regressor per key)
     "tag-char-rnn": _tagger(ModelSpec.for_task("tag", **SMALL)),
     "tag-gru": _tagger(_spec(**GRU_BEFORE, layers=2, dropout=0.3)),
@@ -205,6 +221,13 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[..., torch.Tensor]]] = 
     "seq2seq-none": _seq2seq(_spec(attention="none", bidirectional=True)),
     "seq2seq-rnn-additive": _seq2seq(_spec(cell="rnn", attention="additive")),
     "seq2seq-length": _seq2seq(_spec(attention="dot", length="predict", max_len=6)),
+    "seq2seq-scheduled-sampling": _seq2seq(
+        _spec(attention="additive", bidirectional=True), sampling_p=0.5
+    ),
+    "seq2seq-gru-scheduled-sampling": _seq2seq(
+        _spec(**GRU_BEFORE, attention="dot", attention_wiring="after"), sampling_p=0.5
+    ),
+    "seq2seq-decoder-only": _seq2seq(_spec(**GRU_BEFORE, layers=2), decoder_only=True),
     "seq2seq-encoder-regularized": _seq2seq(
         _spec(attention="additive", recurrent_dropout=0.2, zoneout=0.2, input_dropout=0.2)
     ),
