@@ -442,7 +442,9 @@ def _decoding_models(V: int, E: int, H: int):
         torch.manual_seed(0)
         model = _rnnkit_seq2seq(V, E, H)
         opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-        gen = torch.Generator().manual_seed(1)
+        # on the device the data is made on (main's `with device:`): a CPU generator
+        # drawing CUDA tensors is refused by torch
+        gen = torch.Generator(device=torch.get_default_device()).manual_seed(1)
         for _ in range(steps):
             src, src_mask, tgt_in, tgt_out, tgt_mask = _pairs(gen, V, 64, reverse=True)
             rows = torch.arange(src.shape[0])

@@ -48,6 +48,7 @@ from torch import Tensor
 
 from rnnkit.bptt.mask_facts import prefix_lengths
 from rnnkit.bptt.tracing import exporting, tracing
+from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.cells.lstm import LSTMKernel
@@ -220,6 +221,7 @@ def _call(
         return tuple(op(*args))
 
 
+@without_autocast
 def run_fused(
     kernel: Kernel,
     form: str,
@@ -232,7 +234,13 @@ def run_fused(
     ``run_recurrence`` (``x (T, B, I)`` with its padding already zeroed, ``states0`` each
     ``(B, H)``; returns outputs ``(T, B, H)``, held after each sequence's last step, and
     the final states ``(B, H)``; ``lengths (B,)`` int64 on the host, or None: every step
-    real). Gradients by autograd through the fused kernel."""
+    real). Gradients by autograd through the fused kernel.
+
+    Under ``torch.autocast`` the call runs with autocast off, in the weights' dtype, as the
+    library's loop does (:mod:`rnnkit.cells.amp`): autocast would otherwise cast the fused
+    kernel itself (cuDNN's ``_cudnn_rnn`` on a GPU, oneDNN's ``mkldnn_rnn_layer`` on the
+    CPU) to float16/bfloat16, so that the state's rounding compounded over the steps and
+    the outputs came back in the low precision."""
     params = _fused_parameters(form, _keep_form(kernel, weights))
     train = torch.is_grad_enabled()
     T, B = x.shape[0], x.shape[1]
