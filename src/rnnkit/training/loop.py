@@ -334,9 +334,9 @@ class Trainer(Generic[_M]):
 
         The step's figures (loss, token count, the models' input checks, the gradient
         norm) are read from the device once, after the backward
-        (:mod:`rnnkit.metrics.deferred`); a multi-process or float16 step reads the loss's
-        before the backward too (the global token count weighs the loss; the scaler's
-        overflow check must not see a non-finite loss)."""
+        (:mod:`rnnkit.metrics.deferred`); a multi-process or float16 step reads the
+        loss's figures before the backward too (the global token count weighs the loss;
+        the scaler's overflow check must not see a non-finite loss)."""
         where = (self.step + 1, batch_index, self.batches.epoch)
         self.optimizer.zero_grad(set_to_none=True)
         with deferring() as deferred:
