@@ -123,3 +123,25 @@ def test_token_ids_out_of_range_are_clamped_meanwhile_and_refused_at_the_read() 
         assert _message(d.read) == eager
     good = torch.tensor([[1, 2]])
     assert check_token_ids(good, 5) is good
+
+
+@pytest.mark.parametrize("reduction", ["token", "sequence", "sum"])
+def test_without_a_mask_the_deferred_loss_is_the_eager_one_and_counts_on_the_host(
+    reduction: str,
+) -> None:
+    logits, targets, _ = _batch(3)
+    logits = torch.nan_to_num(logits)  # every position real here
+    targets = targets.clamp(min=0)
+    eager, nats, tokens = training_loss(logits, targets, None, reduction)
+    with deferring() as d:
+        late, late_nats, late_tokens = training_loss(logits, targets, None, reduction)
+        assert late_tokens == 15 and isinstance(late_tokens, int)  # the shape's: no read
+        (read_nats,) = d.read(late_nats)
+    torch.testing.assert_close(late, eager, rtol=1e-14, atol=0)
+    assert read_nats == pytest.approx(nats, rel=1e-14) and tokens == 15
+    bad = targets.clone()
+    bad[2, 4] = 7
+    message = _message(lambda: sequence_cross_entropy(logits, bad, None))
+    with deferring() as d:
+        sequence_cross_entropy(logits, bad, None)
+        assert _message(d.read) == message

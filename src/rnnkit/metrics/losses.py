@@ -45,14 +45,16 @@ def sequence_cross_entropy(
         raise ValueError(f"targets must have shape (B, T) = {(B, T)}, got {tuple(targets.shape)}")
     if targets.dtype.is_floating_point or targets.dtype == torch.bool:
         raise TypeError(f"targets must hold integer class ids, got dtype {targets.dtype}")
-    if mask is None:
-        mask = torch.ones(B, T, dtype=torch.bool, device=logits.device)
-    elif tuple(mask.shape) != (B, T):
+    if mask is not None and tuple(mask.shape) != (B, T):
         raise ValueError(f"mask must have shape (B, T) = {(B, T)}, got {tuple(mask.shape)}")
-    mask = mask.to(device=logits.device, dtype=torch.bool)
     deferred = active()
     if deferred is not None and not tracing():
+        if mask is not None:
+            mask = mask.to(device=logits.device, dtype=torch.bool)
         return _deferred_cross_entropy(logits, targets, mask, reduction, deferred)
+    if mask is None:
+        mask = torch.ones(B, T, dtype=torch.bool, device=logits.device)
+    mask = mask.to(device=logits.device, dtype=torch.bool)
     if not bool(mask.any()):
         raise ValueError(_NO_POSITION)
     valid_targets = targets[mask]
@@ -80,7 +82,7 @@ def _target_range(V: int) -> str:
 
 
 def _deferred_cross_entropy(
-    logits: Tensor, targets: Tensor, mask: Tensor, reduction: str, deferred: Deferred
+    logits: Tensor, targets: Tensor, mask: Tensor | None, reduction: str, deferred: Deferred
 ) -> Tensor:
     """:func:`sequence_cross_entropy` without a host read (see :mod:`rnnkit.metrics.deferred`):
     every position is computed and the padded ones zeroed, the checks left as flags.
@@ -88,15 +90,24 @@ def _deferred_cross_entropy(
     The padded positions' logits are replaced by zeros BEFORE the cross-entropy: a NaN
     there (padding of real-valued inputs) would otherwise reach the gradient as NaN × 0.
     An out-of-range target is clamped for the computation (a GPU kernel would stop the
-    process on it) and refused when the step's figures are read."""
+    process on it) and refused when the step's figures are read. Without a mask (every
+    position real, as in stream segments) nothing is replaced or zeroed."""
     B, T, V = logits.shape
-    bad = ((targets < 0) | (targets >= V)) & mask
-    deferred.check(bad.any(), lambda: ValueError(_target_range(V)))
+    bad = (targets < 0) | (targets >= V)
+    deferred.check(
+        (bad if mask is None else bad & mask).any(), lambda: ValueError(_target_range(V))
+    )
+    safe_targets = targets.clamp(0, V - 1).reshape(B * T)
+    if mask is None:
+        if B * T == 0:
+            raise ValueError(_NO_POSITION)
+        per_token = F.cross_entropy(logits.reshape(B * T, V), safe_targets, reduction="none")
+        if reduction == "sum":
+            return per_token.sum()
+        return per_token.mean()  # every row has T ≥ 1 real steps: the sequence mean too
     deferred.check(~mask.any(), lambda: ValueError(_NO_POSITION))
     safe = torch.where(mask.unsqueeze(-1), logits, logits.new_zeros(()))
-    per_token = F.cross_entropy(
-        safe.reshape(B * T, V), targets.clamp(0, V - 1).reshape(B * T), reduction="none"
-    ).view(B, T)
+    per_token = F.cross_entropy(safe.reshape(B * T, V), safe_targets, reduction="none").view(B, T)
     per_token = torch.where(mask, per_token, per_token.new_zeros(()))
     if reduction == "sum":
         return per_token.sum()
@@ -116,10 +127,9 @@ def training_loss(
     per-token losses with their count, so that figures over batches stay exact per token
     whatever the reduction. Numbers, or 0-dim tensors inside
     :func:`rnnkit.metrics.deferred.deferring` (read with the step's other figures)."""
-    if mask is None:
-        mask = torch.ones(targets.shape, dtype=torch.bool, device=logits.device)
     loss = sequence_cross_entropy(logits, targets, mask, reduction=reduction)
-    tokens = count_of(mask.sum())
+    # every position real: the count is the shape's, known on the host
+    tokens = targets.numel() if mask is None else count_of(mask.sum())
     if reduction == "token":
         return loss, figure_of(loss.detach().double() * tokens), tokens
     total = sequence_cross_entropy(logits.detach(), targets, mask, reduction="sum")
