@@ -107,7 +107,7 @@ class HostReads(TorchFunctionMode):
     def _reads(name: str, args: tuple) -> bool:
         if name in _READS:
             return True
-        if name == "__getitem__" and len(args) > 1:
+        if name in ("__getitem__", "__setitem__") and len(args) > 1:
             index = args[1] if isinstance(args[1], tuple) else (args[1],)
             return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
         return False

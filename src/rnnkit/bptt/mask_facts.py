@@ -28,7 +28,7 @@ from torch import Tensor
 
 __all__ = ["all_real", "derive", "host_mask", "prefix_lengths"]
 
-_KEEP = 4  # masks remembered per thread: a stack's mask and its directions' flipped ones
+_KEEP = 8  # masks remembered per thread: a model's masks, their views and flipped ones
 _local = threading.local()
 
 

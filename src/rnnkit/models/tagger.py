@@ -20,6 +20,8 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
+from rnnkit.bptt.mask_facts import host_mask
+from rnnkit.data.batching import to_device
 from rnnkit.data.vocab import UNK_ID
 from rnnkit.layers.linear import Linear
 from rnnkit.layers.stacked import StackedRecurrent
@@ -145,13 +147,16 @@ class Tagger(nn.Module):
                 f"chars must have shape (B, T, C) with (B, T) = {tuple(words.shape)}, "
                 f"got {tuple(chars.shape)}"
             )
-        # Encode the real words only (padding positions get zeros, never read).
-        word_chars = chars[mask]  # (N, C)
-        width = int((word_chars != 0).sum(1).max()) if word_chars.numel() else 1
-        encoded = self.char_encoder(word_chars[:, : max(width, 1)])  # (N, D·H_c)
-        c = x.new_zeros(*words.shape, encoded.shape[-1])  # (B, T, D·H_c)
-        c[mask] = encoded
-        return torch.cat([x, c], dim=-1)
+        # Encode the real words only (padding positions get zeros, never read). Which
+        # they are is read from the mask's host copy, the one the word encoder's layers
+        # use too (rnnkit.bptt.mask_facts): selecting them waits for nothing more.
+        B, T, C = chars.shape
+        real = torch.nonzero(host_mask(mask).reshape(B * T)).view(-1)  # (N,) on the host
+        rows = to_device(real, chars.device)
+        word_chars = chars.reshape(B * T, C).index_select(0, rows)  # (N, C)
+        encoded = self.char_encoder(word_chars)  # (N, D·H_c); trailing padding is held
+        c = x.new_zeros(B * T, encoded.shape[-1]).index_copy(0, rows, encoded.to(x.dtype))
+        return torch.cat([x, c.view(B, T, encoded.shape[-1])], dim=-1)
 
     def forward(
         self, words: Tensor, mask: Tensor | None = None, chars: Tensor | None = None
