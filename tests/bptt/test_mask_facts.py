@@ -24,6 +24,26 @@ def _column_lengths(mask: torch.Tensor) -> list[int] | None:
 
 
 @pytest.fixture
+def host_copies(monkeypatch):
+    """``host_copies()`` starts counting the tensors copied to the host with
+    ``.to("cpu")`` (mask_facts' one read of a mask) and returns the list they go into."""
+
+    def start() -> list[torch.Tensor]:
+        copies: list[torch.Tensor] = []
+        real_to = torch.Tensor.to
+
+        def counted_to(self, *args, **kwargs):
+            if args[:1] == ("cpu",):
+                copies.append(self)
+            return real_to(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "to", counted_to)
+        return copies
+
+    return start
+
+
+@pytest.fixture
 def fresh_memo(monkeypatch):
     """This thread's remembered masks, emptied for the test."""
     monkeypatch.setattr(mask_facts._local, "memo", [], raising=False)
@@ -72,7 +92,7 @@ def test_inference_tensors_are_read_without_being_kept(fresh_memo):
 
 
 @pytest.mark.parametrize("bidirectional, masks", [(False, 1), (True, 1)])
-def test_the_layers_of_one_call_read_the_mask_once(monkeypatch, fresh_memo, bidirectional, masks):
+def test_the_layers_of_one_call_read_the_mask_once(host_copies, fresh_memo, bidirectional, masks):
     """A 2-layer stack on the fused path with a lengths mask: the mask is copied to the
     host once for every layer, direction and question (a reversed direction's flipped
     mask is answered from the same copy, transformed on the host; the layers' transposed
@@ -82,18 +102,10 @@ def test_the_layers_of_one_call_read_the_mask_once(monkeypatch, fresh_memo, bidi
     lstm = rnnkit.LSTM(3, 4, num_layers=2, bidirectional=bidirectional).double()
     x = torch.randn(5, 6, 3, dtype=torch.float64)
     lengths = torch.tensor([6, 2, 0, 5, 6])
-    copies = []
-    real_to = torch.Tensor.to
-
-    def counted_to(self, *args, **kwargs):
-        if args[:1] == ("cpu",):
-            copies.append(self)
-        return real_to(self, *args, **kwargs)
-
     with use_fused("loop"):
         expected = lstm(x, lengths=lengths).outputs
     fresh_memo.memo = []
-    monkeypatch.setattr(torch.Tensor, "to", counted_to)
+    copies = host_copies()
     with use_fused("fused"):
         got = lstm(x, lengths=lengths).outputs
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
@@ -101,7 +113,7 @@ def test_the_layers_of_one_call_read_the_mask_once(monkeypatch, fresh_memo, bidi
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_a_flipped_mask_is_answered_from_its_source_s_one_host_copy(seed, fresh_memo, monkeypatch):
+def test_a_flipped_mask_is_answered_from_its_source_s_one_host_copy(seed, fresh_memo, host_copies):
     from rnnkit.layers.masking import flip_sequences
 
     g = torch.Generator().manual_seed(seed)
@@ -110,15 +122,7 @@ def test_a_flipped_mask_is_answered_from_its_source_s_one_host_copy(seed, fresh_
     mask = torch.arange(T)[:, None] < lengths
     if seed % 2:
         mask[int(torch.randint(0, T, (1,), generator=g)), 1] ^= True  # a hole or a gap
-    copies = []
-    real_to = torch.Tensor.to
-
-    def counted_to(self, *args, **kwargs):
-        if args[:1] == ("cpu",):
-            copies.append(self)
-        return real_to(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.Tensor, "to", counted_to)
+    copies = host_copies()
     _, flipped = flip_sequences(torch.zeros(T, B), mask)
     got = prefix_lengths(flipped)  # the source copied once, the flip derived on the host
     expected = _column_lengths(flipped)
@@ -139,20 +143,12 @@ def test_a_flipped_mask_whose_source_changed_since_is_read_itself(fresh_memo):
     assert prefix_lengths(mask).tolist() == [3, 1]
 
 
-def test_views_of_a_mask_are_answered_from_its_one_host_copy(fresh_memo, monkeypatch):
+def test_views_of_a_mask_are_answered_from_its_one_host_copy(fresh_memo, host_copies):
     """Scheduled sampling asks of every step's column, segments of every segment: each a
     view of one mask, answered from the same view of its host copy (one wait, not T)."""
     T = 7
     base = torch.arange(T)[:, None] < torch.tensor([7, 3, 0, 5])  # (T, B) lengths
-    copies = []
-    real_to = torch.Tensor.to
-
-    def counted_to(self, *args, **kwargs):
-        if args[:1] == ("cpu",):
-            copies.append(self)
-        return real_to(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.Tensor, "to", counted_to)
+    copies = host_copies()
     for t in range(T):  # each step's column, in the (B, T) layout a task holds
         column = base.T[:, t : t + 1].T  # a view: (1, B)
         assert prefix_lengths(column).tolist() == base[t].int().tolist()
