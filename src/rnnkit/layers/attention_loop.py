@@ -51,6 +51,7 @@ from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt import native
 from rnnkit.bptt.dispatch import python_step_kernel
+from rnnkit.bptt.mask_facts import host_mask
 from rnnkit.cells.amp import float32, float32_on_cpu, without_autocast
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights
 
@@ -350,7 +351,8 @@ def attention_decoder(
     source_mask = source_mask.to(device=memory.device, dtype=torch.bool)
     any_real = source_mask.any(dim=1, keepdim=True)  # (B, 1)
     fill = ~source_mask & any_real
-    empty_rows = None if bool(any_real.all()) else ~any_real
+    # asked of the mask's host copy, the one the encoder's layers read: no wait
+    empty_rows = None if bool(host_mask(source_mask).any(1).all()) else ~any_real
     additive = attention.kind == "additive"
     # the gate math of each step in one compiled call where it can (bptt/dispatch.py)
     step_kernel, lib = python_step_kernel(kernel, x, memory, weights.weight_hh)
