@@ -1,18 +1,23 @@
-"""A training step reads the device once (after the backward), as a plain PyTorch loop
-that prints ``loss.item()`` does; every other host read waits for the GPU.
+"""A training step reads the device once for its figures (after the backward), as a
+plain PyTorch loop that prints ``loss.item()`` does, and once per padding mask; every
+other host read would wait for the GPU.
 
 Counted on the CPU with :class:`host_reads.HostReads` (what would live on the device is
 marked, reads of it counted by call site), the layers forced onto the path a GPU takes
-for them (PyTorch's fused kernels: cuDNN there). Before the deferred figures a step of
-the character language model read the device 10 times: the token-id check, the
-document starts, six reads in the loss and the Trainer's two.
+for them (PyTorch's fused kernels: cuDNN there); and, on a GPU, with torch's own
+detection of synchronizing calls. Before the deferred figures a step of the character
+language model read the device 10 times: the token-id check, the document starts, six
+reads in the loss and the Trainer's two; a scheduled-sampling step once per time step.
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import math
 import random
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,8 @@ from host_reads import HostReads
 
 import rnnkit.training.loop as loop_module
 from rnnkit.bptt.fused import use_fused
+from rnnkit.data.events import write_sessions
+from rnnkit.data.generated_sessions import generate_sessions
 
 # The one read of the step's figures; the host copy of a padding mask, read once per
 # mask to choose cuDNN's lengths (rnnkit.bptt.mask_facts: a reverse direction's flipped
@@ -28,22 +35,7 @@ from rnnkit.bptt.fused import use_fused
 # check for sources without a real step are all answered from that copy).
 STEP_READ = "metrics/deferred.py"
 MASK_COPY = "bptt/mask_facts.py"
-
-
-@pytest.fixture
-def counted(monkeypatch):
-    """Host reads per call of ``Trainer._train_step``, by file."""
-    per_step: list[collections.Counter[str]] = []
-    original = loop_module.Trainer._train_step
-
-    def step(self, *args, **kwargs):
-        with HostReads(self.model) as reads:
-            taken = original(self, *args, **kwargs)
-        per_step.append(collections.Counter(s.split(":")[0] for s in reads.sites.elements()))
-        return taken
-
-    monkeypatch.setattr(loop_module.Trainer, "_train_step", step)
-    return per_step
+WORDS = ["alpha", "beta", "gamma", "delta"]
 
 
 def _lines(path: Path, lines: list[str]) -> str:
@@ -51,140 +43,146 @@ def _lines(path: Path, lines: list[str]) -> str:
     return str(path)
 
 
-def _train(run_cli, tmp_path: Path, *argv: str) -> None:
-    with use_fused("fused"):
-        code, _, err = run_cli(
-            "train", *argv, "--out", str(tmp_path / "run"), "--steps", "3", "--quiet",
-            "--hidden", "8", "--threads", "1",
-        )  # fmt: skip
-    assert code == 0, err
-
-
 def _words(rng: random.Random, n: int) -> list[str]:
-    return [rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(n)]
+    return [rng.choice(WORDS) for _ in range(n)]
 
 
-def test_scheduled_sampling_reads_its_figures_once_and_its_mask_once(
-    run_cli, tmp_path: Path, counted
-) -> None:
-    """One step at a time through the stack, each with its column of the mask: the
-    columns are views of one mask, answered from one host copy (it was one per step)."""
-    rng = random.Random(4)
-    text = _lines(tmp_path / "t.txt", [" ".join(_words(rng, rng.randint(1, 5))) for _ in range(80)])
-    _train(run_cli, tmp_path, "--task", "lm", "--train", text, "--bptt", "full",
-           "--scheduled-sampling", "linear:5")  # fmt: skip
-    assert counted and all(step == {STEP_READ: 1, MASK_COPY: 1} for step in counted), counted
-
-
-def test_the_character_language_model_reads_the_device_once_per_step(
-    run_cli, tmp_path: Path, counted
-) -> None:
+def _text(tmp: Path, longest: int = 12) -> list[str]:
     rng = random.Random(0)
-    text = _lines(tmp_path / "t.txt", [" ".join(_words(rng, 12)) for _ in range(300)])
-    _train(run_cli, tmp_path, "--task", "lm", "--train", text)  # stream segments, starts
-    assert len(counted) == 3
-    assert all(step == {STEP_READ: 1} for step in counted), counted
+    lines = [" ".join(_words(rng, rng.randint(1, longest))) for _ in range(200)]
+    return ["--train", _lines(tmp / "t.txt", lines)]
 
 
-def test_a_classifier_reads_its_figures_once_and_its_mask_once(
-    run_cli, tmp_path: Path, counted
-) -> None:
+def _labelled(tmp: Path) -> list[str]:
     rng = random.Random(1)
     rows = [f"{rng.choice('ab')}\t{' '.join(_words(rng, rng.randint(1, 9)))}" for _ in range(200)]
-    data = _lines(tmp_path / "c.tsv", rows)
-    _train(run_cli, tmp_path, "--task", "classify", "--train", data, "--valid", data)
-    assert counted and all(step == {STEP_READ: 1, MASK_COPY: 1} for step in counted), counted
+    data = _lines(tmp / "c.tsv", rows)
+    return ["--train", data, "--valid", data]
 
 
-@pytest.mark.parametrize("chars", [False, True])
-def test_a_tagger_reads_its_figures_once_and_each_mask_once(
-    run_cli, tmp_path: Path, counted, chars: bool
-) -> None:
+def _tagged(tmp: Path) -> list[str]:
     rng = random.Random(2)
     lines: list[str] = []
     for _ in range(100):
         lines += [f"{w}\t{w[0].upper()}" for w in _words(rng, rng.randint(1, 7))] + [""]
-    data = _lines(tmp_path / "t.tsv", lines)
-    flag = "--char-rnn" if chars else "--no-char-rnn"
-    _train(run_cli, tmp_path, "--task", "tag", "--train", data, "--valid", data, flag)
-    # the character RNN: its own mask (the real words are picked on the word mask's copy)
-    expected = {STEP_READ: 1, MASK_COPY: 2 if chars else 1}
-    assert counted and all(step == expected for step in counted), counted
+    data = _lines(tmp / "t.tsv", lines)
+    return ["--train", data, "--valid", data]
 
 
-def test_an_encoder_decoder_with_attention_reads_its_figures_once_and_its_source_once(
-    run_cli, tmp_path: Path, counted
-) -> None:
+def _pairs(tmp: Path) -> list[str]:
     rng = random.Random(3)
     rows = []
     for _ in range(200):
         w = _words(rng, rng.randint(1, 4))
         rows.append(f"{' '.join(w)}\t{' '.join(reversed(w))}")
-    data = _lines(tmp_path / "p.tsv", rows)
-    _train(run_cli, tmp_path, "--task", "seq2seq", "--train", data, "--valid", data,
-           "--attention", "additive", "--bidirectional")  # fmt: skip
-    expected = {STEP_READ: 1, MASK_COPY: 1}  # the source's (empty sources asked of it)
-    assert counted and all(step == expected for step in counted), counted
+    data = _lines(tmp / "p.tsv", rows)
+    return ["--train", data, "--valid", data]
 
 
-@pytest.mark.parametrize("loss", ["mse", "gaussian"])
-def test_a_regressor_reads_its_figures_once_and_its_mask_once(
-    run_cli, tmp_path: Path, counted, loss: str
-) -> None:
-    import json
-    import math
-
+def _sequences(tmp: Path) -> list[str]:
     rows = []
     for i in range(40):
-        t = [0.3 * i + 0.4 * k for k in range(3 + i % 7)]
-        seq = [[math.sin(v), math.cos(v)] for v in t]
+        seq = [[math.sin(0.3 * i + 0.4 * k), math.cos(0.3 * i + 0.4 * k)] for k in range(3 + i % 7)]
         rows.append(json.dumps({"seq": seq, "y": [seq[0][0]]}))
-    data = _lines(tmp_path / "r.jsonl", rows)
-    _train(run_cli, tmp_path, "--task", "regress", "--train", data, "--valid", data,
-           "--loss", loss)  # fmt: skip
-    assert counted and all(step == {STEP_READ: 1, MASK_COPY: 1} for step in counted), counted
+    data = _lines(tmp / "r.jsonl", rows)
+    return ["--train", data, "--valid", data]
 
 
-@pytest.mark.parametrize("bptt", ["full", "segment:3"])
-def test_an_events_model_reads_its_figures_once_and_its_mask_once(
-    run_cli, tmp_path: Path, counted, bptt: str
+def _sessions(tmp: Path) -> list[str]:
+    write_sessions(tmp / "e.jsonl", generate_sessions(40, seed=0))
+    write_sessions(tmp / "v.jsonl", generate_sessions(30, seed=1, prefix="v"))
+    return ["--train", str(tmp / "e.jsonl"), "--valid", str(tmp / "v.jsonl")]
+
+
+# case: (data, options, mask copies per step)
+CASES: dict[str, tuple[Callable[[Path], list[str]], list[str], int]] = {
+    # stream segments with document starts (the starts found on the host): no mask
+    "lm": (_text, ["--task", "lm"], 0),
+    # one step at a time, each with its column of the mask: views of one mask
+    "lm-scheduled-sampling": (
+        lambda tmp: _text(tmp, 5),
+        ["--task", "lm", "--bptt", "full", "--scheduled-sampling", "linear:5"],
+        1,
+    ),
+    "classify": (_labelled, ["--task", "classify"], 1),
+    "tag": (_tagged, ["--task", "tag", "--no-char-rnn"], 1),
+    # the character RNN's own mask; its words picked on the word mask's copy
+    "tag-chars": (_tagged, ["--task", "tag", "--char-rnn"], 2),
+    "seq2seq-attention": (
+        _pairs,
+        ["--task", "seq2seq", "--attention", "additive", "--bidirectional"],
+        1,
+    ),
+    "regress": (_sequences, ["--task", "regress"], 1),
+    "regress-gaussian": (_sequences, ["--task", "regress", "--loss", "gaussian"], 1),
+    "events": (_sessions, ["--task", "events"], 1),
+    "events-segments": (_sessions, ["--task", "events", "--bptt", "segment:3"], 1),
+}
+
+
+def _train(run_cli, tmp_path: Path, case: str, *device: str) -> None:
+    data, options, _ = CASES[case]
+    code, _, err = run_cli(
+        "train", *data(tmp_path), *options, "--out", str(tmp_path / "run"), "--steps", "3",
+        "--quiet", "--hidden", "8", "--threads", "1", *device,
+    )  # fmt: skip
+    assert code == 0, err
+
+
+def _per_step(monkeypatch, wrap: Callable[..., collections.Counter[str]]) -> list:
+    """Each ``Trainer._train_step`` run under ``wrap(run)``, its count kept."""
+    per_step: list[collections.Counter[str]] = []
+    original = loop_module.Trainer._train_step
+
+    def step(self, *args, **kwargs):
+        taken: list = []
+        per_step.append(wrap(self, lambda: taken.append(original(self, *args, **kwargs))))
+        return taken[0]
+
+    monkeypatch.setattr(loop_module.Trainer, "_train_step", step)
+    return per_step
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_step_reads_its_figures_once_and_each_mask_once(
+    run_cli, tmp_path: Path, monkeypatch, case: str
 ) -> None:
-    from rnnkit.data.events import write_sessions
-    from rnnkit.data.generated_sessions import generate_sessions
+    def counted(trainer, run) -> collections.Counter[str]:
+        with HostReads(trainer.model) as reads:
+            run()
+        return collections.Counter(s.split(":")[0] for s in reads.sites.elements())
 
-    write_sessions(tmp_path / "e.jsonl", generate_sessions(40, seed=0))
-    write_sessions(tmp_path / "v.jsonl", generate_sessions(30, seed=1, prefix="v"))
-    _train(run_cli, tmp_path, "--task", "events", "--train", str(tmp_path / "e.jsonl"),
-           "--valid", str(tmp_path / "v.jsonl"), "--bptt", bptt)  # fmt: skip
-    assert counted and all(step == {STEP_READ: 1, MASK_COPY: 1} for step in counted), counted
+    per_step = _per_step(monkeypatch, counted)
+    with use_fused("fused"):
+        _train(run_cli, tmp_path, case)
+    masks = CASES[case][2]
+    expected = collections.Counter({STEP_READ: 1, **({MASK_COPY: masks} if masks else {})})
+    assert len(per_step) == 3 and all(step == expected for step in per_step), per_step
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_cuda_a_language_model_step_waits_for_the_device_once(
-    run_cli, tmp_path: Path, monkeypatch
+@pytest.mark.parametrize("case", list(CASES))
+def test_on_cuda_a_step_waits_for_the_device_as_often_as_counted(
+    run_cli, tmp_path: Path, monkeypatch, case: str
 ) -> None:
     """What the count above stands for, checked where it matters: torch's own detection
     of synchronizing CUDA calls (``torch.cuda.set_sync_debug_mode``) inside each step,
     batches copied to the device included (from pinned memory: no wait)."""
-    waits: list[list[str]] = []
-    original = loop_module.Trainer._train_step
 
-    def step(self, *args, **kwargs):
+    def waits(trainer, run) -> collections.Counter[str]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                return original(self, *args, **kwargs)
+                run()
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-                waits.append([str(w.message) for w in caught if "synchroniz" in str(w.message)])
+        messages = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+        return collections.Counter(messages)
 
-    monkeypatch.setattr(loop_module.Trainer, "_train_step", step)
-    rng = random.Random(0)
-    text = _lines(tmp_path / "t.txt", [" ".join(_words(rng, 12)) for _ in range(300)])
-    code, _, err = run_cli("train", "--task", "lm", "--train", text, "--out",
-                           str(tmp_path / "run"), "--steps", "3", "--quiet", "--hidden", "8",
-                           "--device", "cuda")  # fmt: skip
-    assert code == 0, err
-    assert len(waits) == 3 and all(len(w) == 1 for w in waits), waits
+    per_step = _per_step(monkeypatch, waits)
+    _train(run_cli, tmp_path, case, "--device", "cuda")
+    expected = 1 + CASES[case][2]
+    assert len(per_step) == 3, per_step
+    assert all(sum(step.values()) == expected for step in per_step), per_step
