@@ -172,3 +172,21 @@ def test_host_mask_is_the_shared_copy(fresh_memo):
     assert torch.equal(host, mask)
     assert prefix_lengths(mask).tolist() == [2, 1]
     assert mask_facts.host_mask(mask) is host
+
+
+def test_a_mask_moved_with_its_host_copy_is_never_read_back(fresh_memo, host_copies, monkeypatch):
+    """A task's mask, made on the host: its copy on the device (a clone stands in for it
+    here) is answered from the host tensor, and so are its views and flipped forms."""
+    from rnnkit.layers.masking import flip_sequences
+
+    monkeypatch.setattr(mask_facts, "to_device", lambda t, device: t.clone())
+    host = torch.arange(5)[None, :] < torch.tensor([[5], [2], [0]])  # (B, T) lengths
+    copies = host_copies()
+    moved = mask_facts.move_mask(host, "cuda")
+    assert moved is not host and torch.equal(moved, host)
+    mask_t = moved.T  # the layers' (T, B) view, held while they run
+    assert prefix_lengths(mask_t).tolist() == [5, 2, 0]
+    assert prefix_lengths(mask_t[:, :2]).tolist() == [5, 2]
+    _, flipped = flip_sequences(torch.zeros(5, 3), mask_t)
+    assert prefix_lengths(flipped).tolist() == [5, 2, 0]
+    assert copies == []

@@ -1,6 +1,6 @@
-"""A training step reads the device once for its figures (after the backward), as a
-plain PyTorch loop that prints ``loss.item()`` does, and once per padding mask; every
-other host read would wait for the GPU.
+"""A training step reads the device once, for its figures after the backward, as a plain
+PyTorch loop that prints ``loss.item()`` does; every other host read would wait for the
+GPU.
 
 Counted on the CPU with :class:`host_reads.HostReads` (what would live on the device is
 marked, reads of it counted by call site), the layers forced onto the path a GPU takes
@@ -29,10 +29,8 @@ from rnnkit.bptt.fused import use_fused
 from rnnkit.data.events import write_sessions
 from rnnkit.data.generated_sessions import generate_sessions
 
-# The one read of the step's figures; the host copy of a padding mask, read once per
-# mask to choose cuDNN's lengths (rnnkit.bptt.mask_facts: a reverse direction's flipped
-# mask, the mask's views, a tagger's choice of real words and the attention decoder's
-# check for sources without a real step are all answered from that copy).
+# The one read of the step's figures; the host copy of a mask made on the device, read
+# once per mask (rnnkit.bptt.mask_facts: cuDNN takes lengths on the host).
 STEP_READ = "metrics/deferred.py"
 MASK_COPY = "bptt/mask_facts.py"
 WORDS = ["alpha", "beta", "gamma", "delta"]
@@ -94,29 +92,30 @@ def _sessions(tmp: Path) -> list[str]:
     return ["--train", str(tmp / "e.jsonl"), "--valid", str(tmp / "v.jsonl")]
 
 
-# case: (data, options, mask copies per step)
+# case: (data, options, masks copied to the host per step). A task's masks are made on
+# the host and moved with their host copies kept (rnnkit.bptt.mask_facts.move_mask): the
+# time loop asks them there, and of their views (a step's column under scheduled
+# sampling, a segment) and flipped forms; a tagger picks its real words on that copy.
 CASES: dict[str, tuple[Callable[[Path], list[str]], list[str], int]] = {
-    # stream segments with document starts (the starts found on the host): no mask
-    "lm": (_text, ["--task", "lm"], 0),
-    # one step at a time, each with its column of the mask: views of one mask
+    "lm": (_text, ["--task", "lm"], 0),  # stream segments; document starts on the host
     "lm-scheduled-sampling": (
         lambda tmp: _text(tmp, 5),
         ["--task", "lm", "--bptt", "full", "--scheduled-sampling", "linear:5"],
-        1,
+        0,
     ),
-    "classify": (_labelled, ["--task", "classify"], 1),
-    "tag": (_tagged, ["--task", "tag", "--no-char-rnn"], 1),
-    # the character RNN's own mask; its words picked on the word mask's copy
-    "tag-chars": (_tagged, ["--task", "tag", "--char-rnn"], 2),
+    "classify": (_labelled, ["--task", "classify"], 0),
+    "tag": (_tagged, ["--task", "tag", "--no-char-rnn"], 0),
+    # the character RNN's mask, made from the characters on the device, is copied once
+    "tag-chars": (_tagged, ["--task", "tag", "--char-rnn"], 1),
     "seq2seq-attention": (
         _pairs,
         ["--task", "seq2seq", "--attention", "additive", "--bidirectional"],
-        1,
+        0,
     ),
-    "regress": (_sequences, ["--task", "regress"], 1),
-    "regress-gaussian": (_sequences, ["--task", "regress", "--loss", "gaussian"], 1),
-    "events": (_sessions, ["--task", "events"], 1),
-    "events-segments": (_sessions, ["--task", "events", "--bptt", "segment:3"], 1),
+    "regress": (_sequences, ["--task", "regress"], 0),
+    "regress-gaussian": (_sequences, ["--task", "regress", "--loss", "gaussian"], 0),
+    "events": (_sessions, ["--task", "events"], 0),
+    "events-segments": (_sessions, ["--task", "events", "--bptt", "segment:3"], 0),
 }
 
 

@@ -61,7 +61,7 @@ from rnnkit.bptt.gpu_route import steps_handle, steps_record, triton_available, 
 from rnnkit.bptt.gpu_step_lib import TritonGRUStep, TritonStepLib, triton_step
 from rnnkit.bptt.gpu_steps import forward_record, run_steps
 from rnnkit.bptt.gpu_steps_ln import run_ln_steps
-from rnnkit.bptt.mask_facts import all_real, derive, host_mask, prefix_lengths
+from rnnkit.bptt.mask_facts import all_real, derive, host_mask, move_mask, prefix_lengths
 from rnnkit.bptt.native import available, build, library, own_matmul, supports, use_native
 from rnnkit.bptt.opaque import kernel_from_name, kernel_name, run_opaque
 from rnnkit.bptt.recompute import run_recomputed
@@ -128,6 +128,7 @@ __all__ = [
     "kernel_name",
     "library",
     "make_packing",
+    "move_mask",
     "own_matmul",
     "prefix_lengths",
     "python_step_kernel",

@@ -13,7 +13,8 @@ and by its version counter (an in-place change to the mask is a new mask), so a 
 never read for a mask it was not computed from. A view of a mask (a slice of its steps, as
 scheduled sampling and segments take, or its transpose) is answered from the same view of
 its base's host copy, and a derived mask (a reverse direction's flipped one) from its
-source's, transformed on the host: one wait per mask, whatever is asked of its parts.
+source's, transformed on the host: one wait per mask, whatever is asked of its parts. A
+mask a task made on the host and moved with :func:`move_mask` is not waited for at all.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["all_real", "derive", "host_mask", "prefix_lengths"]
+from rnnkit.data.batching import to_device
+
+__all__ = ["all_real", "derive", "host_mask", "move_mask", "prefix_lengths"]
 
 _KEEP = 8  # masks remembered per thread: a model's masks, their views and flipped ones
 _local = threading.local()
@@ -90,6 +93,22 @@ def _derived_host(mask: Tensor, origin: tuple[Any, int, Callable[[Tensor], Tenso
     if source is None or source._version != version:
         return mask.detach().to("cpu")
     return transform(_facts(source)["host"])
+
+
+def move_mask(mask: Tensor, device: torch.device | str) -> Tensor:
+    """``mask``, made on the host, moved to ``device`` (without a wait,
+    :func:`rnnkit.data.batching.to_device`), with ``mask`` kept as the moved one's host
+    copy: what the time loop asks of it (and of its views and flipped forms) then reads
+    nothing from the device. ``mask`` must not change afterwards (a batch's does not).
+
+    >>> m = torch.tensor([[True, False]])
+    >>> move_mask(m, "cpu") is m
+    True
+    """
+    moved = to_device(mask, device)
+    if moved is not mask and mask.device.type == "cpu" and not moved.is_inference():
+        _remember(moved, moved._version, {"host": mask})
+    return moved
 
 
 def host_mask(mask: Tensor) -> Tensor:

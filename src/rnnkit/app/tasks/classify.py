@@ -49,6 +49,7 @@ from rnnkit.app.tasks.run_config import check_batch_size, check_labels, load_con
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import BASELINE_FILE, finish_summary, load_baseline, save_baseline
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
+from rnnkit.bptt.mask_facts import move_mask
 from rnnkit.data.batching import SequenceBatcher, to_device
 from rnnkit.data.labelled import LabelledExample, LabelSet, read_labelled, split_holdout
 from rnnkit.data.vocab import Vocabulary
@@ -131,7 +132,7 @@ def classify_metrics(
     predicted = np.zeros(len(enc.inputs), dtype=np.int64)
     nats = 0.0
     for batch in SequenceBatcher(enc.inputs, batch_size=batch_size, shuffle=False):
-        logits = model(to_device(batch.inputs, device), to_device(batch.mask, device))  # (B, K)
+        logits = model(to_device(batch.inputs, device), move_mask(batch.mask, device))  # (B, K)
         gold = to_device(torch.from_numpy(enc.labels[batch.indices.numpy()]), device)
         known = gold < K
         if bool(known.any()):
@@ -280,7 +281,7 @@ def train_classify(
         return model.loss(
             to_device(batch.inputs, device),
             to_device(train_labels[batch.indices], device),
-            to_device(batch.mask, device),
+            move_mask(batch.mask, device),
         )
 
     out.mkdir(parents=True, exist_ok=True)
@@ -372,7 +373,7 @@ def predict_labels(model: Classifier, inputs: list[np.ndarray], batch_size: int 
     rows: dict[int, np.ndarray] = {}
     for batch in SequenceBatcher(inputs, batch_size=batch_size, shuffle=False):
         probs = F.softmax(
-            model(to_device(batch.inputs, device), to_device(batch.mask, device)), dim=-1
+            model(to_device(batch.inputs, device), move_mask(batch.mask, device)), dim=-1
         )
         for i, p in zip(batch.indices.tolist(), probs.double().cpu().numpy(), strict=True):
             rows[i] = p

@@ -41,6 +41,7 @@ from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.run_config import check_batch_size, check_labels, load_config, save_config
 from rnnkit.app.tasks.run_outputs import finish_summary, load_baseline, save_baseline
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
+from rnnkit.bptt.mask_facts import move_mask
 from rnnkit.data.batching import SequenceBatcher, to_device
 from rnnkit.data.labelled import LabelSet, split_holdout
 from rnnkit.data.vectors import VectorSequence, parse_vector_line, read_vector_sequences
@@ -102,7 +103,7 @@ def _batches(inputs: list[Tensor], batch_size: int, shuffle: bool, seed: int = 0
 def _frames(inputs: list[Tensor], batch: Any, device: torch.device) -> tuple[Tensor, Tensor]:
     """The padded frames ``(B, T, D)`` of a batch and its mask ``(B, T)``."""
     x = pad_sequence([inputs[i] for i in batch.indices.tolist()], batch_first=True)
-    return to_device(x, device), to_device(batch.mask, device)
+    return to_device(x, device), move_mask(batch.mask, device)
 
 
 @torch.no_grad()

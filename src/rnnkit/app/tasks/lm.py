@@ -51,6 +51,7 @@ from rnnkit.app.tasks.run_config import check_batch_size, check_count, load_conf
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import finish_summary
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything, train_options
+from rnnkit.bptt.mask_facts import move_mask
 from rnnkit.data.batching import SequenceBatcher, lm_pairs, to_device
 from rnnkit.data.files import atomic_write
 from rnnkit.data.labelled import LabelSet
@@ -107,14 +108,14 @@ def _batch_loss(
     if isinstance(model, JordanLM):
         # Its only memory is the previous token, i.e. the input itself: no state to carry,
         # nothing to truncate, every step computed at once.
-        return model.loss(inputs, targets, mask=None if stream else to_device(batch.mask, device))
+        return model.loss(inputs, targets, mask=None if stream else move_mask(batch.mask, device))
     if isinstance(model, ConditionalLM):
         assert classes is not None and not stream  # --condition reads whole lines
-        mask = to_device(batch.mask, device)
+        mask = move_mask(batch.mask, device)
         return model.loss(to_device(classes[batch.indices], device), inputs, targets, mask=mask)
     if stream:
         return model.loss(inputs, targets, state=state, starts=starts)
-    return model.loss(inputs, targets, mask=to_device(batch.mask, device), window=window)
+    return model.loss(inputs, targets, mask=move_mask(batch.mask, device), window=window)
 
 
 def _classes(labels: np.ndarray | None) -> Tensor | None:
@@ -171,7 +172,7 @@ def _step_fn(data: LMData, device: torch.device, sampling: Any = None):
             p = schedule.probability(steps_done())
             inputs, targets = to_device(batch.inputs, device), to_device(batch.targets, device)
             return model.scheduled_loss(
-                inputs, targets, to_device(batch.mask, device), sampling_p=p
+                inputs, targets, move_mask(batch.mask, device), sampling_p=p
             )
 
         return sampled

@@ -32,6 +32,7 @@ from rnnkit.app.tasks.run_config import check_batch_size, load_config, save_conf
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import finish_summary
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
+from rnnkit.bptt.mask_facts import move_mask
 from rnnkit.data.batching import SequenceBatcher, to_device
 from rnnkit.data.labelled import split_holdout
 from rnnkit.data.vectors import VectorSequence, parse_vector_line, read_vector_sequences
@@ -118,7 +119,7 @@ def _batches(enc: Encoded, batch_size: int, shuffle: bool, seed: int = 0) -> Seq
 def _batch(enc: Encoded, batch: Any, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     idx = batch.indices.tolist()
     x = to_device(pad_sequence([enc.inputs[i] for i in idx], batch_first=True), device)
-    mask = to_device(batch.mask, device)
+    mask = move_mask(batch.mask, device)
     parts = [enc.targets[i] for i in idx]
     y = pad_sequence(parts, batch_first=True) if parts[0].dim() == 2 else torch.stack(parts)
     return x, to_device(y, device), mask

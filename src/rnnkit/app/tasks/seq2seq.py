@@ -57,6 +57,7 @@ from rnnkit.app.tasks.run_outputs import BASELINE_FILE, finish_summary, load_bas
 from rnnkit.app.tasks.seq2seq_data import (
     Seq2SeqData,
     _check_target_lengths,
+    batch_to,
     build_model,
     load_seq2seq,
     prepare_data,
@@ -207,7 +208,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
 
     def step_fn(m: Seq2Seq | DecoderOnlyTranslator, batch: Any, carry: Any) -> LossOutput:
         p = schedule.probability(clock.step) if schedule.active else None
-        return m.loss(batch.to(device), sampling_p=p)
+        return m.loss(batch_to(batch, device), sampling_p=p)
 
     trainer = Trainer(
         model,

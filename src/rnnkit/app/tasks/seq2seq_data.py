@@ -11,11 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.run_config import check_count, load_config
 from rnnkit.app.tasks.settings import choose_device, model_spec
-from rnnkit.data.pairs import Pair, encode_pairs, read_pairs
+from rnnkit.bptt.mask_facts import move_mask
+from rnnkit.data.batching import to_device
+from rnnkit.data.pairs import Pair, PairBatch, encode_pairs, read_pairs
 from rnnkit.data.vocab import Vocabulary, count_tokens
 from rnnkit.errors import DataError
 from rnnkit.models.decoder_only import DecoderOnlyTranslator, build_decoder_only
@@ -137,3 +140,11 @@ def load_seq2seq(
     load_model_weights(model, run_dir / "model.safetensors")
     model.eval()
     return cfg, source_vocab, target_vocab, model
+
+
+def batch_to(batch: PairBatch, device: torch.device) -> PairBatch:
+    """``batch`` on ``device``, its masks with their host copies kept (the time loop asks
+    them there: no wait, :func:`rnnkit.bptt.mask_facts.move_mask`)."""
+    return PairBatch(
+        *(move_mask(t, device) if t.dtype == torch.bool else to_device(t, device) for t in batch)
+    )

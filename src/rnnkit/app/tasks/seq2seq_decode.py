@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rnnkit.app.tasks.seq2seq_data import batch_to
 from rnnkit.data.pairs import Pair, PairBatcher, make_pair_batch
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.metrics.losses import sequence_cross_entropy
@@ -52,7 +53,7 @@ def teacher_forced_metrics(
     # The model with a length mechanism (decoder-only models have none), or None.
     with_length = model if isinstance(model, Seq2Seq) and model.length is not None else None
     for batch in PairBatcher(sources, targets, batch_size=batch_size, shuffle=False):
-        batch = batch.to(device)
+        batch = batch_to(batch, device)
         logits = model.target_logits(batch)  # (B, T, V_t)
         if with_length is None:
             mask = batch.target_mask
@@ -90,7 +91,7 @@ def decode_ids(
     out: list[list[int]] = [[] for _ in sources]
     for lo in range(0, len(order), batch_size):
         idx = order[lo : lo + batch_size]
-        batch = make_pair_batch([sources[i] for i in idx], None).to(device)
+        batch = batch_to(make_pair_batch([sources[i] for i in idx], None), device)
         results = model.decode(batch.source, batch.source_mask, beam=beam, max_length=max_length)
         for i, hyps in zip(idx.tolist(), results, strict=True):
             out[i] = hyps[0].ids

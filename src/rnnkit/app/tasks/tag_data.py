@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from rnnkit.app.config import TrainConfig
+from rnnkit.bptt.mask_facts import move_mask
 from rnnkit.data.batching import to_device
 from rnnkit.data.labelled import LabelSet
 from rnnkit.data.tagged import TaggedSentence
@@ -136,7 +137,7 @@ def _char_batch(enc: EncodedTags, indices: Tensor, T: int) -> Tensor:
 def _inputs(
     enc: EncodedTags, batch: Any, device: torch.device
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    words, mask = to_device(batch.inputs, device), to_device(batch.mask, device)
+    words, mask = to_device(batch.inputs, device), move_mask(batch.mask, device)
     chars = None
     if enc.chars is not None:
         chars = to_device(_char_batch(enc, batch.indices, words.shape[1]), device)

@@ -31,7 +31,7 @@ from rnnkit.app.tasks.run_config import load_config, save_config
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import finish_summary
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything, train_options
-from rnnkit.bptt.mask_facts import host_mask
+from rnnkit.bptt.mask_facts import host_mask, move_mask
 from rnnkit.data.batching import SequenceBatcher, lm_pairs, to_device
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.errors import ConfigError
@@ -110,7 +110,7 @@ def _fit_model(
 
     def step(m: LanguageModel, batch: Any, carry: Any) -> LossOutput:
         inputs, targets = to_device(batch.inputs, device), to_device(batch.targets, device)
-        mask = to_device(batch.mask, device)
+        mask = move_mask(batch.mask, device)
         if mode == "segment":
             assert k is not None
             return segment_loss(m, inputs, targets, mask, k)
