@@ -1,7 +1,9 @@
 """End to end, every task: rnnkit's model against the same model written plainly on torch.nn.
 
 One training step = forward, masked loss, backward, global-norm clipping at 5, Adam step,
-on random token ids of realistic shapes (speed does not depend on the values). The
+on random token ids of realistic shapes (speed does not depend on the values). rnnkit's
+step runs as ``rnnkit train`` runs it: the models' checks and figures deferred and read
+once with the gradient norm (on a GPU, one wait for the device). The
 torch.nn models are written the way a user would write them:
 
 * ``lm``: ``nn.Embedding`` → ``nn.LSTM`` → ``nn.Linear``, state carried (detached);
@@ -66,6 +68,7 @@ from _common import interleaved, machine, median_ratio
 
 from rnnkit import to_torch
 from rnnkit.data.vocab import BOS_ID, EOS_ID
+from rnnkit.metrics.deferred import deferring
 from rnnkit.models.builders import build_language_model
 from rnnkit.models.classifier import build_classifier
 from rnnkit.models.seq2seq import build_seq2seq
@@ -94,6 +97,25 @@ def _trainer(model: nn.Module, loss_fn: Callable[[int], torch.Tensor]) -> Step:
         opt.zero_grad(set_to_none=True)
         loss_fn(count[0]).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        opt.step()
+        count[0] += 1
+
+    return step
+
+
+def _rnnkit_trainer(model: nn.Module, loss_fn: Callable[[int], torch.Tensor]) -> Step:
+    """:func:`_trainer` as ``rnnkit train``'s Trainer runs a step: the models' checks and
+    figures deferred (``rnnkit.metrics.deferred``), read once with the gradient norm."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    count = [0]
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with deferring() as deferred:
+            loss = loss_fn(count[0])
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            deferred.read(loss.detach(), norm)
         opt.step()
         count[0] += 1
 
@@ -155,7 +177,7 @@ def task_lm(gen: torch.Generator) -> tuple[dict[str, Step], int]:
         carry["torch"] = (hn.detach(), cn.detach())
         return nn.functional.cross_entropy(tlm.head(h).flatten(0, 1), y.flatten())
 
-    return {"rnnkit": _trainer(lm, rk_loss), "torch.nn": _trainer(tlm, t_loss)}, B * K
+    return {"rnnkit": _rnnkit_trainer(lm, rk_loss), "torch.nn": _trainer(tlm, t_loss)}, B * K
 
 
 def task_tag(gen: torch.Generator) -> tuple[dict[str, Step], int]:
@@ -192,7 +214,7 @@ def task_tag(gen: torch.Generator) -> tuple[dict[str, Step], int]:
         h, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
         return _masked_ce(tt.head(h), tags, mask)
 
-    return {"rnnkit": _trainer(tagger, rk_loss), "torch.nn": _trainer(tt, t_loss)}, tokens
+    return {"rnnkit": _rnnkit_trainer(tagger, rk_loss), "torch.nn": _trainer(tt, t_loss)}, tokens
 
 
 def task_classify(gen: torch.Generator) -> tuple[dict[str, Step], int]:
@@ -227,7 +249,7 @@ def task_classify(gen: torch.Generator) -> tuple[dict[str, Step], int]:
         _, (hn, _) = tc.lstm(packed)
         return nn.functional.cross_entropy(tc.head(hn[-1]), labels)
 
-    return {"rnnkit": _trainer(clf, rk_loss), "torch.nn": _trainer(tc, t_loss)}, tokens
+    return {"rnnkit": _rnnkit_trainer(clf, rk_loss), "torch.nn": _trainer(tc, t_loss)}, tokens
 
 
 def task_events(gen: torch.Generator) -> tuple[dict[str, Step], int]:
@@ -259,7 +281,7 @@ def task_events(gen: torch.Generator) -> tuple[dict[str, Step], int]:
         h, _ = te.lstm(te.embedding(x))
         return _masked_ce(te.head(h), y, mask)
 
-    return {"rnnkit": _trainer(lm, rk_loss), "torch.nn": _trainer(te, t_loss)}, tokens
+    return {"rnnkit": _rnnkit_trainer(lm, rk_loss), "torch.nn": _trainer(te, t_loss)}, tokens
 
 
 class TorchSeq2Seq(nn.Module):
@@ -487,7 +509,7 @@ def task_seq2seq(gen: torch.Generator, wiring: str = "before") -> tuple[dict[str
     def t_loss(i: int) -> torch.Tensor:
         return ref.loss(*batches[i % 8])
 
-    fns = {"rnnkit": _trainer(model, rk_loss), "torch.nn": _trainer(ref, t_loss)}
+    fns = {"rnnkit": _rnnkit_trainer(model, rk_loss), "torch.nn": _trainer(ref, t_loss)}
     if wiring == "after":  # and the torch.nn cell loop of the default wiring, for scale
         loop = TorchSeq2Seq(V, E, H)
         fns["torch.nn cell loop"] = _trainer(loop, lambda i: loop.loss(*batches[i % 8]))

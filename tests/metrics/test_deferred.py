@@ -6,9 +6,32 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rnnkit.metrics.deferred import Deferred, active, count_of, deferring, figure_of
+from rnnkit.metrics import deferred as deferred_module
+from rnnkit.metrics.deferred import Deferred, active, active_for, count_of, deferring, figure_of
 from rnnkit.metrics.losses import sequence_cross_entropy, training_loss
 from rnnkit.models.language_model import check_token_ids
+
+
+@pytest.fixture(autouse=True)
+def as_on_a_gpu(monkeypatch):
+    """The deferred computations run where a read waits (a GPU): these CPU tensors are
+    treated so, as on a device."""
+    monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)
+
+
+def test_on_the_cpu_checks_and_losses_compute_as_ever_only_figures_wait(monkeypatch) -> None:
+    monkeypatch.setattr(deferred_module, "waits", lambda tensor: tensor.device.type != "cpu")
+    logits, targets, mask = _batch(4)
+    bad = targets.clone()
+    bad[0, 0] = 9
+    with deferring() as d:
+        assert active_for(logits) is None and active() is d
+        with pytest.raises(ValueError, match="targets at valid positions"):
+            sequence_cross_entropy(logits, bad, mask)  # at once, as outside
+        with pytest.raises(ValueError, match="got 9 at"):
+            check_token_ids(bad.clamp(min=0), 7, "inputs")
+        _, nats, tokens = training_loss(logits, targets, mask)
+        assert isinstance(nats, torch.Tensor) and isinstance(tokens, torch.Tensor)
 
 
 def test_read_returns_the_values_in_order_and_clears_the_checks() -> None:

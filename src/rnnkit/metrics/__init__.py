@@ -11,7 +11,15 @@
   (precision, recall, F1, false-positive rate) of anomaly detection.
 """
 
-from rnnkit.metrics.deferred import Deferred, active, count_of, deferring, figure_of
+from rnnkit.metrics.deferred import (
+    Deferred,
+    active,
+    active_for,
+    count_of,
+    deferring,
+    figure_of,
+    waits,
+)
 from rnnkit.metrics.detection import (
     detection_metrics,
     precision_recall_curve,
@@ -45,6 +53,7 @@ __all__ = [
     "Deferred",
     "accuracy",
     "active",
+    "active_for",
     "bio_spans",
     "bleu",
     "character_error_rate",
@@ -69,4 +78,5 @@ __all__ = [
     "teacher_forced_accuracy",
     "token_error_rate",
     "training_loss",
+    "waits",
 ]

@@ -12,7 +12,8 @@ message it would have raised at once. The Trainer runs each step so: one host re
 step, as in a plain PyTorch loop that prints ``loss.item()``.
 
 Outside :func:`deferring` (every call from user code), nothing changes: checks raise at
-once and figures are Python numbers.
+once and figures are Python numbers. On the CPU, where a read costs nothing, the checks
+and losses compute as they always did (:func:`active_for`); only the figures wait.
 
 >>> import torch
 >>> with deferring() as deferred:
@@ -30,7 +31,7 @@ from contextvars import ContextVar
 import torch
 from torch import Tensor
 
-__all__ = ["Deferred", "active", "count_of", "deferring", "figure_of"]
+__all__ = ["Deferred", "active", "active_for", "count_of", "deferring", "figure_of", "waits"]
 
 
 class Deferred:
@@ -93,6 +94,20 @@ def deferring() -> Iterator[Deferred]:
 def active() -> Deferred | None:
     """The :class:`Deferred` of the enclosing :func:`deferring` block, or None."""
     return _active.get()
+
+
+def waits(tensor: Tensor) -> bool:
+    """Whether reading ``tensor`` on the host waits for a device (a GPU's queue); on the
+    CPU a read costs nothing."""
+    return tensor.device.type not in ("cpu", "meta")
+
+
+def active_for(tensor: Tensor) -> Deferred | None:
+    """The enclosing :class:`Deferred` where a check or loss on ``tensor`` should leave
+    its reads to it: inside :func:`deferring`, and where a read :func:`waits`. On the CPU
+    the direct computation (reading as it goes) is the faster one, so it is kept there."""
+    deferred = _active.get()
+    return deferred if deferred is not None and waits(tensor) else None
 
 
 def figure_of(x: Tensor) -> float | Tensor:

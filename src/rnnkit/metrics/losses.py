@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rnnkit.bptt.tracing import tracing
-from rnnkit.metrics.deferred import Deferred, active, count_of, figure_of
+from rnnkit.metrics.deferred import Deferred, active_for, count_of, figure_of
 
 __all__ = ["REDUCTIONS", "sequence_cross_entropy", "training_loss"]
 
@@ -47,7 +47,7 @@ def sequence_cross_entropy(
         raise TypeError(f"targets must hold integer class ids, got dtype {targets.dtype}")
     if mask is not None and tuple(mask.shape) != (B, T):
         raise ValueError(f"mask must have shape (B, T) = {(B, T)}, got {tuple(mask.shape)}")
-    deferred = active()
+    deferred = active_for(logits)
     if deferred is not None and not tracing():
         if mask is not None:
             mask = mask.to(device=logits.device, dtype=torch.bool)

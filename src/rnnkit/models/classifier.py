@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rnnkit.layers.stacked import StackedRecurrent
-from rnnkit.metrics.deferred import active, figure_of
+from rnnkit.metrics.deferred import active_for, figure_of
 from rnnkit.models.builders import build_embedding, build_encoder
 from rnnkit.models.language_model import LossOutput, check_token_ids
 from rnnkit.models.pooling import Pooling
@@ -139,7 +139,7 @@ class Classifier(nn.Module):
         logits = self(inputs, mask)
         K = logits.shape[-1]
         bad = (labels < 0) | (labels >= K)
-        deferred = active()
+        deferred = active_for(labels)
         if deferred is not None:  # read with the step's figures; a GPU kernel stops on it
             deferred.check(bad.any(), lambda: _label_error(labels, bad, K))
             labels = labels.clamp(0, K - 1)

@@ -24,7 +24,7 @@ from rnnkit.data.vocab import NEVER_GENERATED
 from rnnkit.generation.options import greedy_choice
 from rnnkit.layers.regularization import DropoutEmbedding, steps_of
 from rnnkit.layers.stacked import StackedRecurrent, reset_rows
-from rnnkit.metrics.deferred import active
+from rnnkit.metrics.deferred import active_for
 from rnnkit.metrics.losses import training_loss
 from rnnkit.models.length import LengthState, SequenceLength, length_targets
 from rnnkit.types import LSTMState, State
@@ -75,7 +75,7 @@ def check_token_ids(inputs: Tensor, vocab_size: int | None, name: str = "inputs"
     if vocab_size is None or inputs.numel() == 0 or tracing():
         return inputs
     bad = (inputs < 0) | (inputs >= vocab_size)
-    deferred = active()
+    deferred = active_for(inputs)
     if deferred is not None:
         deferred.check(bad.any(), lambda: _id_error(inputs, bad, vocab_size, name))
         return inputs.clamp(0, vocab_size - 1)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from rnnkit.metrics.deferred import active
+from rnnkit.metrics.deferred import active_for
 from rnnkit.types import LSTMState, State
 
 __all__ = [
@@ -44,7 +44,7 @@ def _check(outputs: Tensor, mask: Tensor) -> Tensor:
         raise ValueError(f"mask must have shape (B, T) = {(B, T)}, got {tuple(mask.shape)}")
     mask = mask.to(device=outputs.device, dtype=torch.bool)
     empty = ~mask.any(1)
-    deferred = active()
+    deferred = active_for(mask)
     if deferred is not None:  # read with the training step's figures
         deferred.check(empty.any(), lambda: _empty_error(empty))
     elif bool(empty.any()):

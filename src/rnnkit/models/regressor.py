@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rnnkit.layers.stacked import StackedRecurrent
-from rnnkit.metrics.deferred import active, count_of, figure_of
+from rnnkit.metrics.deferred import active_for, count_of, figure_of
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.pooling import directions_side_by_side
 
@@ -111,7 +111,7 @@ class Regressor(nn.Module):
             keep = mask.unsqueeze(-1).expand_as(y)
         else:
             keep = torch.ones_like(y, dtype=torch.bool)
-        if active() is not None:  # a training step: no host read (rnnkit.metrics.deferred)
+        if active_for(x) is not None:  # a training step on a GPU: no host read
             return self._deferred_loss(out, y, keep)
         mean, target = out.mean[keep], y[keep]
         if self.loss_kind == "gaussian":
