@@ -133,7 +133,9 @@ def wants_fused(
     path = _path()
     if path not in ("auto", "fused") or (path == "auto" and x.device.type != "cuda"):
         return None
-    if window is not None or projected:
+    # T = 0: PyTorch's kernels refuse an empty sequence ("Expected sequence length to be
+    # larger than 0"), and there is nothing to fuse: the loop returns the initial state
+    if window is not None or projected or x.shape[0] == 0:
         return None
     form = fused_form(kernel)
     if form is None:
