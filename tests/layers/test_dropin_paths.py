@@ -348,20 +348,20 @@ def test_a_projected_lstm_is_torchs_own_on_each_path(routes, path):
 PROGRAMS = Path(__file__).parent / "programs"
 
 
-def _word_language_model(swapped: bool, rnn_type: str, path: Path):
-    """``programs/word_language_model.py`` as written (``torch.nn``) or with its import
-    line swapped for ``rnnkit.nn``."""
+def _program(name: str, swapped: bool, *args):
+    """``programs/<name>.py`` run as written (``torch.nn``) or with its import line swapped
+    for ``rnnkit.nn``."""
     import sys
     import types
 
-    source = (PROGRAMS / "word_language_model.py").read_text()
+    source = (PROGRAMS / f"{name}.py").read_text()
     if swapped:
         source = source.replace("from torch import nn\n", "from rnnkit import nn\n")
-    module = types.ModuleType(f"program_word_language_model_paths_{int(swapped)}")
+    module = types.ModuleType(f"program_{name}_paths_{int(swapped)}")
     sys.modules[module.__name__] = module  # the pickled model names its class's module
     try:
-        exec(compile(source, str(PROGRAMS / "word_language_model.py"), "exec"), module.__dict__)
-        return module.main(rnn_type, path, steps=3)
+        exec(compile(source, str(PROGRAMS / f"{name}.py"), "exec"), module.__dict__)
+        return module.main(*args)
     finally:
         del sys.modules[module.__name__]
 
@@ -372,12 +372,24 @@ def _word_language_model(swapped: bool, rnn_type: str, path: Path):
 def test_the_word_language_model_program_runs_the_same_on_each_path(
     routes, tmp_path, path, rnn_type
 ):
-    theirs = _word_language_model(False, rnn_type, tmp_path / "torch.pt")
+    theirs = _program("word_language_model", False, rnn_type, tmp_path / "torch.pt", 3)
     with use_fused(path):
-        ours = _word_language_model(True, rnn_type, tmp_path / "rnnkit.pt")
+        ours = _program("word_language_model", True, rnn_type, tmp_path / "rnnkit.pt", 3)
     assert ours["losses"] == pytest.approx(theirs["losses"], rel=1e-9, abs=1e-12)
     assert ours["ppl"] == pytest.approx(theirs["ppl"], rel=1e-9)
     assert ours["words"] == theirs["words"]
+    assert {p for p, _ in routes} == {path}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", PATHS)
+def test_the_bilstm_crf_program_runs_the_same_on_each_path(routes, path):
+    theirs = _program("bilstm_crf", False)
+    with use_fused(path):
+        ours = _program("bilstm_crf", True)
+    assert ours["losses"] == pytest.approx(theirs["losses"], rel=1e-5)
+    assert ours["score"] == pytest.approx(theirs["score"], rel=1e-5)
+    assert ours["path"] == theirs["path"]
     assert {p for p, _ in routes} == {path}
 
 
