@@ -343,6 +343,73 @@ def test_a_projected_lstm_is_torchs_own_on_each_path(routes, path):
     assert not routes
 
 
+# ---------------------------------------------------------------- what a GPU runs
+
+
+@pytest.fixture
+def on_a_gpu(monkeypatch):
+    """``auto`` as it runs CUDA tensors, on CPU tensors (as ``tests/models/
+    test_forced_paths.py`` emulates it): the fused kernels where they compute the layer,
+    the Triton steps elsewhere, no compiled loop."""
+    from rnnkit.bptt import fused, gpu_route
+    from rnnkit.bptt.native import use_native
+
+    monkeypatch.setattr(fused, "_path", lambda: "fused")
+    monkeypatch.setattr(gpu_route, "_path", lambda: "triton")
+    with use_native(False):
+        yield
+
+
+@pytest.mark.usefixtures("on_a_gpu")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", ["time-major", "packed-bidirectional-2-layers-hx"])
+def test_on_a_gpu_every_drop_in_layer_runs_the_fused_kernels(routes, mode, case):
+    """docs/torch-nn.md: on a GPU a drop-in runs PyTorch's fused kernels (cuDNN), whose
+    function every drop-in layer is, packed sequences of unsorted lengths included."""
+    options = CASES[case]
+    layer = {k: v for k, v in options.items() if k not in ("packed", "hx", "unbatched")}
+    reference, mine = _pair(mode, **layer)
+    _assert_close(_values_and_grads(mine, options), _values_and_grads(reference, options))
+    assert set(routes) == {("fused", "float64")}
+
+
+@pytest.mark.usefixtures("on_a_gpu")
+@pytest.mark.parametrize("mode", MODES)
+def test_on_a_gpu_an_empty_sequence_returns_the_initial_state(routes, mode):
+    # T = 0 is not the fused kernels' (they refuse it): the Triton steps return h_0
+    _, mine = _pair(mode)
+    n = 2 if mode == "LSTM" else 1
+    g = torch.Generator().manual_seed(6)
+    hx = tuple(torch.randn(1, 3, 4, dtype=DTYPE, generator=g) for _ in range(n))
+    out, state = mine(torch.zeros(0, 3, 3, dtype=DTYPE), hx if n == 2 else hx[0])
+    assert out.shape == (0, 3, 4)
+    _assert_close(_states(state), list(hx), tol=0.0)
+    assert set(routes) == {("triton", "float64")}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mode", [*MODES], ids=[m + "Cell" for m in MODES])
+def test_the_cells_run_their_own_step_on_each_path(routes, path, mode):
+    """``RNNCell``, ``LSTMCell``, ``GRUCell``: one readable step of rnnkit's cells, the
+    same on every path (no layer route), torch's values and gradients."""
+    torch.manual_seed(0)
+    reference = getattr(torch.nn, mode + "Cell")(3, 4, dtype=DTYPE)
+    mine = getattr(knn, mode + "Cell")(3, 4, dtype=DTYPE)
+    mine.load_state_dict(reference.state_dict())
+    x = torch.randn(3, 3, dtype=DTYPE, generator=torch.Generator().manual_seed(12))
+
+    def run(module):
+        new = _states(module(x))
+        loss = sum(s.sin().sum() for s in new)
+        return [*new, *torch.autograd.grad(loss, list(module.parameters()))]
+
+    expected = run(reference)
+    with use_fused(path):
+        got = run(mine)
+    _assert_close(got, expected)
+    assert not routes
+
+
 # ---------------------------------------------------------------- whole programs
 
 PROGRAMS = Path(__file__).parent / "programs"
