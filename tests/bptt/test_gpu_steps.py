@@ -293,12 +293,11 @@ def test_route_forced_triton_takes_every_cell_it_handles():
 
 
 class _CudaLike:
-    """What the route reads of a CUDA tensor: its device, dtype and shape (a device object
-    needs no GPU; nothing is allocated on it)."""
+    """What the route reads of a CUDA tensor: its device and dtype (a device object needs
+    no GPU; nothing is allocated on it)."""
 
     device = torch.device("cuda", 0)
     dtype = torch.float32
-    shape = torch.Size((T, B, I))
 
 
 @pytest.fixture

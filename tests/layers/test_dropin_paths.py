@@ -376,7 +376,7 @@ def test_on_a_gpu_every_drop_in_layer_runs_the_fused_kernels(routes, mode, case)
 @pytest.mark.usefixtures("on_a_gpu")
 @pytest.mark.parametrize("mode", MODES)
 def test_on_a_gpu_an_empty_sequence_returns_the_initial_state(routes, mode):
-    # T = 0 is not the fused kernels' (they refuse it): the Triton steps return h_0
+    # T = 0: the fused kernels refuse it; the fused path returns h_0 without calling them
     _, mine = _pair(mode)
     n = 2 if mode == "LSTM" else 1
     g = torch.Generator().manual_seed(6)
@@ -384,7 +384,7 @@ def test_on_a_gpu_an_empty_sequence_returns_the_initial_state(routes, mode):
     out, state = mine(torch.zeros(0, 3, 3, dtype=DTYPE), hx if n == 2 else hx[0])
     assert out.shape == (0, 3, 4)
     _assert_close(_states(state), list(hx), tol=0.0)
-    assert set(routes) == {("triton", "float64")}
+    assert set(routes) == {("fused", "float64")}
 
 
 @pytest.mark.parametrize("path", PATHS)
