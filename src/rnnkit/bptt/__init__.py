@@ -90,7 +90,7 @@ from rnnkit.bptt.tracing import (
     transforming,
     vmapping,
 )
-from rnnkit.bptt.unrolled import differentiable_gradients, unrolled
+from rnnkit.bptt.unrolled import batched_gradients, differentiable_gradients, unrolled
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 
 __all__ = [
@@ -109,6 +109,7 @@ __all__ = [
     "all_real",
     "available",
     "backward_sweep",
+    "batched_gradients",
     "build",
     "check_tracer",
     "clean_padding",

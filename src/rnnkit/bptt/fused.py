@@ -234,16 +234,21 @@ def run_fused(
     ``run_recurrence`` (``x (T, B, I)`` with its padding already zeroed, ``states0`` each
     ``(B, H)``; returns outputs ``(T, B, H)``, held after each sequence's last step, and
     the final states ``(B, H)``; ``lengths (B,)`` int64 on the host, or None: every step
-    real). Gradients by autograd through the fused kernel.
+    real). Gradients by autograd through the fused kernel. ``T = 0`` returns empty
+    outputs and the initial states without a call.
 
     Under ``torch.autocast`` the call runs with autocast off, in the weights' dtype, as the
     library's loop does (:mod:`rnnkit.cells.amp`): autocast would otherwise cast the fused
     kernel itself (cuDNN's ``_cudnn_rnn`` on a GPU, oneDNN's ``mkldnn_rnn_layer`` on the
     CPU) to float16/bfloat16, so that the state's rounding compounded over the steps and
     the outputs came back in the low precision."""
+    T, B = x.shape[0], x.shape[1]
+    if T == 0:  # PyTorch's kernels refuse it ("Expected sequence length to be larger
+        # than 0"): no step runs, the initial states come back, as from the library's loop
+        H = weights.weight_hh.shape[1]
+        return x.new_zeros(0, B, H), tuple(s.clone() for s in states0)
     params = _fused_parameters(form, _keep_form(kernel, weights))
     train = torch.is_grad_enabled()
-    T, B = x.shape[0], x.shape[1]
     if lengths is None:
         out, *ends = _call(form, x, tuple(s[None] for s in states0), params, None, train)
         return out, tuple(e[0] for e in ends)

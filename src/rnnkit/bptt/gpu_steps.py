@@ -59,11 +59,13 @@ from rnnkit.bptt.gpu_steps_backward import steps_backward, steps_weight_grads
 from rnnkit.bptt.gpu_steps_ln import LN_KERNELS, run_ln_steps
 from rnnkit.bptt.record import ForwardRecord
 from rnnkit.bptt.regularized import RegularizedKernel
+from rnnkit.bptt.unrolled import batched_gradients, differentiable_gradients
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import Kernel, Weights, scratch
 from rnnkit.cells.lstm import LSTMKernel
 from rnnkit.cells.rnn import RNNKernel
+from rnnkit.errors import ConfigError
 
 __all__ = ["forward_record", "run_steps"]
 
@@ -266,34 +268,82 @@ class _Steps(torch.autograd.Function):
         bias_hn: Tensor | None,
         *states0: Tensor,
     ) -> tuple[Tensor, ...]:
+        # ``kernel``: the layer's own (a RegularizedKernel around a cell's, whose
+        # regularizers' tensors are ``reg``); the launches compute with the cell's
+        inner = cast("Kernel", kernel.inner) if isinstance(kernel, RegularizedKernel) else kernel
         w = Weights(weight_ih, weight_hh, bias, bias_hn)
-        x_flat, states, gates, rec, L = _forward(kernel, x, w, states0, mask, reset, reg, save)
+        x_flat, states, gates, rec, L = _forward(inner, x, w, states0, mask, reset, reg, save)
         if save:
-            ctx.kernel, ctx.num_states = kernel, len(states)
+            ctx.kernel, ctx.layer_kernel, ctx.num_states = inner, kernel, len(states)
             optional = (mask, reset, rec, *L.reg)
             ctx.has = tuple(t is not None for t in optional)
             kept = [t for t in optional if t is not None]
-            ctx.save_for_backward(x_flat, weight_ih, weight_hh, gates, *states, *kept)
+            main = (x_flat, weight_ih, weight_hh, gates, *states, *kept)
+            # the node's own inputs too: a differentiated gradient runs the forward again
+            ctx.num_main, ctx.has_hn = len(main), bias_hn is not None
+            again = (x, bias, *(() if bias_hn is None else (bias_hn,)), *states0)
+            ctx.save_for_backward(*main, *again)
         return (states[0][1:], *(s[-1].clone() for s in states))
 
     @staticmethod
-    @once_differentiable
     def backward(
         ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
     ) -> tuple[Tensor | None, ...]:
-        x_flat, w_ih, w_hh, gates, *rest = ctx.saved_tensors
-        n = ctx.num_states
-        states, kept = tuple(rest[:n]), iter(rest[n:])
-        mask, reset, rec, *reg = (next(kept) if has else None for has in ctx.has)
-        hs = states[0]
-        L = launch(hs, hs.shape[1], hs.shape[2], mask, reset, Reg(*reg))
-        d_xp, d_rec, d_s0 = steps_backward(ctx.kernel, L, states, gates, rec, w_hh, d_out, d_finals)
-        # needs_input_grad: kernel, mask, reset, reg, save, x, w_ih, w_hh, bias, bias_hn, s0...
-        need = ctx.needs_input_grad[5:10]
-        w = Weights(w_ih, w_hh, None, None)  # type: ignore[arg-type]
-        grads = steps_weight_grads(ctx.kernel, L, x_flat, hs, rec, d_xp, d_rec, w, need)
-        d_init = tuple(d if ctx.needs_input_grad[10 + k] else None for k, d in enumerate(d_s0))
-        return (None, None, None, None, None, *grads, *d_init)
+        # create_graph=True (a gradient penalty, a Hessian) or a batch of incoming
+        # gradients under vmap (is_grads_batched=True): the Triton launches have neither
+        # a derivative nor a batching rule, so autograd through the plain steps
+        if torch.is_grad_enabled() or batched_gradients(d_out, *d_finals):
+            return _steps_differentiable_backward(ctx, d_out, *d_finals)
+        return _steps_explicit_backward(ctx, d_out, *d_finals)
+
+
+def _steps_differentiable_backward(
+    ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
+) -> tuple[Tensor | None, ...]:
+    """The gradients with a graph: the forward run again in the layer kernel's
+    differentiable steps from the node's inputs (``rnnkit.bptt.unrolled``)."""
+    saved = ctx.saved_tensors
+    mask, reset = (saved[4 + ctx.num_states] if ctx.has[0] else None), ctx.has[1]
+    if reset:
+        raise ConfigError(
+            "resets inside one call: their gradient cannot be differentiated again "
+            "(create_graph=True); run the pieces between the resets"
+        )
+    w_ih, w_hh = saved[1], saved[2]
+    x, bias, *rest = saved[ctx.num_main :]
+    bias_hn = rest.pop(0) if ctx.has_hn else None
+    T, B = x.shape[0], x.shape[1]
+    mask3 = None if mask is None else (mask != 0).reshape(T, B, 1)
+    got = differentiable_gradients(
+        ctx.layer_kernel,
+        x,
+        Weights(w_ih, w_hh, bias, bias_hn),
+        tuple(rest),
+        mask3,
+        (d_out, *d_finals),
+        ctx.needs_input_grad[5:],
+    )
+    return (None, None, None, None, None, *got)
+
+
+@once_differentiable
+def _steps_explicit_backward(
+    ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
+) -> tuple[Tensor | None, ...]:
+    """The Triton steps' explicit BPTT (no graph of its own)."""
+    x_flat, w_ih, w_hh, gates, *rest = ctx.saved_tensors[: ctx.num_main]
+    n = ctx.num_states
+    states, kept = tuple(rest[:n]), iter(rest[n:])
+    mask, reset, rec, *reg = (next(kept) if has else None for has in ctx.has)
+    hs = states[0]
+    L = launch(hs, hs.shape[1], hs.shape[2], mask, reset, Reg(*reg))
+    d_xp, d_rec, d_s0 = steps_backward(ctx.kernel, L, states, gates, rec, w_hh, d_out, d_finals)
+    # needs_input_grad: kernel, mask, reset, reg, save, x, w_ih, w_hh, bias, bias_hn, s0...
+    need = ctx.needs_input_grad[5:10]
+    w = Weights(w_ih, w_hh, None, None)  # type: ignore[arg-type]
+    grads = steps_weight_grads(ctx.kernel, L, x_flat, hs, rec, d_xp, d_rec, w, need)
+    d_init = tuple(d if ctx.needs_input_grad[10 + k] else None for k, d in enumerate(d_s0))
+    return (None, None, None, None, None, *grads, *d_init)
 
 
 def _regularizers(kernel: Kernel, T: int, B: int, H: int, like: Tensor) -> tuple[Kernel, Reg]:
@@ -333,10 +383,10 @@ def run_steps(
         ``(outputs (T, B, H), final states (B, H) each)``, the state held across padding.
     """
     T, B = x.shape[0], x.shape[1]
-    kernel, reg = _regularizers(kernel, T, B, states0[0].shape[1], x)
-    if type(kernel) in LN_KERNELS:  # x: the normalised input part
+    inner, reg = _regularizers(kernel, T, B, states0[0].shape[1], x)
+    if type(inner) in LN_KERNELS:  # x: the normalised input part
         m, r = as_int8(mask, reset, T, B, x)
-        return run_ln_steps(kernel, x, weights, states0, m, r, (reg.rm, reg.kh, reg.kc))
+        return run_ln_steps(inner, x, weights, states0, m, r, (reg.rm, reg.kh, reg.kc), kernel)
     m, r = as_int8(mask, reset, T, B, x)
     tensors = (x, *weights, *states0)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

@@ -22,9 +22,11 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from rnnkit.bptt.unrolled import batched_gradients, differentiable_gradients
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.cells.layer_norm import LayerNormGRUKernel, LayerNormLSTMKernel
+from rnnkit.errors import ConfigError
 
 __all__ = ["run_ln_steps"]
 
@@ -183,7 +185,7 @@ class _LNSteps(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx: Any,
-        kernel: Kernel,
+        kernels: tuple[Kernel, Kernel],
         mask: Tensor | None,
         reset: Tensor | None,
         reg: tuple[Tensor | None, ...],
@@ -195,48 +197,91 @@ class _LNSteps(torch.autograd.Function):
         bias_hn: Tensor,
         *states0: Tensor,
     ) -> tuple[Tensor, ...]:
+        kernel, layer_kernel = kernels  # the cell's, and the layer's with its regularizers
         w = Weights(weight_ih, weight_hh, bias, bias_hn)
         states, cache, _ = _forward(kernel, x, w, states0, mask, reset, reg)
         if save:
-            ctx.kernel, ctx.n = kernel, len(states)
+            ctx.kernel, ctx.layer_kernel, ctx.n = kernel, layer_kernel, len(states)
             optional = (mask, reset, *reg)
             ctx.has = tuple(t is not None for t in optional)
             kept = [t for t in optional if t is not None]
-            ctx.save_for_backward(weight_hh, bias_hn, *states, *cache, *kept)
+            main = (weight_hh, bias_hn, *states, *cache, *kept)
+            # the node's own inputs too: a differentiated gradient runs the forward again
+            ctx.num_main = len(main)
+            ctx.save_for_backward(*main, x, weight_ih, bias, *states0)
         return (states[0][1:], *(s[-1].clone() for s in states))
 
     @staticmethod
-    @once_differentiable
     def backward(
         ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
     ) -> tuple[Tensor | None, ...]:
-        w_hh, gains, *rest = ctx.saved_tensors
-        n, nc = ctx.n, 6 if ctx.n == 2 else 4
-        states, cache = tuple(rest[:n]), tuple(rest[n : n + nc])
-        kept = iter(rest[n + nc :])
-        mask, reset, *reg = (next(kept) if has else None for has in ctx.has)
-        hs = states[0]
-        F = _Flags(hs, mask, reset, tuple(reg))
-        d_xp, d_q, d_gains, d_s0 = _backward(
-            ctx.kernel, F, states, cache, w_hh, gains.contiguous(), d_out, d_finals
+        # create_graph=True or a batch of incoming gradients under vmap: the launches have
+        # neither a derivative nor a batching rule, so autograd through the plain steps
+        if torch.is_grad_enabled() or batched_gradients(d_out, *d_finals):
+            return _ln_steps_differentiable_backward(ctx, d_out, *d_finals)
+        return _ln_steps_explicit_backward(ctx, d_out, *d_finals)
+
+
+def _ln_steps_differentiable_backward(
+    ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
+) -> tuple[Tensor | None, ...]:
+    """The gradients with a graph: the forward run again in the layer kernel's
+    differentiable steps from the node's inputs (``rnnkit.bptt.unrolled``)."""
+    saved = ctx.saved_tensors
+    if ctx.has[1]:
+        raise ConfigError(
+            "resets inside one call: their gradient cannot be differentiated again "
+            "(create_graph=True); run the pieces between the resets"
         )
-        T, B, H = d_xp.shape[0], d_xp.shape[1], hs.shape[2]
-        # needs_input_grad: kernel, mask, reset, reg, save, x, w_ih, w_hh, bias, bias_hn,
-        # s0...
-        need = ctx.needs_input_grad[5:]
-        d_hh = None
-        if need[2]:
-            h_prev = hs[:-1]
-            if reset is not None:  # what each step's product read
-                h_prev = torch.where(reset[:T, :, None] != 0, 0.0, h_prev)
-            if F.rm is not None:  # the products read h_{t-1} ⊙ m
-                h_prev = h_prev * F.rm
-            d_hh = torch.mm(d_q.reshape(T * B, d_q.shape[2]).T, h_prev.reshape(T * B, H))
-        d_b = d_xp.sum((0, 1)) if need[3] else None
-        d_init = tuple(d if need[5 + k] else None for k, d in enumerate(d_s0))
-        d_x = d_xp if need[0] else None
-        return (None, None, None, None, None, d_x, None, d_hh, d_b,
-                d_gains if need[4] else None, *d_init)  # fmt: skip
+    w_hh, gains = saved[0], saved[1]
+    mask = saved[ctx.num_main - sum(ctx.has)] if ctx.has[0] else None
+    x, w_ih, bias, *states0 = saved[ctx.num_main :]
+    T, B = x.shape[0], x.shape[1]
+    mask3 = None if mask is None else (mask != 0).reshape(T, B, 1)
+    got = differentiable_gradients(
+        ctx.layer_kernel,
+        x,
+        Weights(w_ih, w_hh, bias, gains),
+        tuple(states0),
+        mask3,
+        (d_out, *d_finals),
+        ctx.needs_input_grad[5:],
+    )
+    return (None, None, None, None, None, *got)
+
+
+@once_differentiable
+def _ln_steps_explicit_backward(
+    ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
+) -> tuple[Tensor | None, ...]:
+    """The Triton steps' explicit BPTT (no graph of its own)."""
+    w_hh, gains, *rest = ctx.saved_tensors[: ctx.num_main]
+    n, nc = ctx.n, 6 if ctx.n == 2 else 4
+    states, cache = tuple(rest[:n]), tuple(rest[n : n + nc])
+    kept = iter(rest[n + nc :])
+    mask, reset, *reg = (next(kept) if has else None for has in ctx.has)
+    hs = states[0]
+    F = _Flags(hs, mask, reset, tuple(reg))
+    d_xp, d_q, d_gains, d_s0 = _backward(
+        ctx.kernel, F, states, cache, w_hh, gains.contiguous(), d_out, d_finals
+    )
+    T, B, H = d_xp.shape[0], d_xp.shape[1], hs.shape[2]
+    # needs_input_grad: kernel, mask, reset, reg, save, x, w_ih, w_hh, bias, bias_hn,
+    # s0...
+    need = ctx.needs_input_grad[5:]
+    d_hh = None
+    if need[2]:
+        h_prev = hs[:-1]
+        if reset is not None:  # what each step's product read
+            h_prev = torch.where(reset[:T, :, None] != 0, 0.0, h_prev)
+        if F.rm is not None:  # the products read h_{t-1} ⊙ m
+            h_prev = h_prev * F.rm
+        d_hh = torch.mm(d_q.reshape(T * B, d_q.shape[2]).T, h_prev.reshape(T * B, H))
+    d_b = d_xp.sum((0, 1)) if need[3] else None
+    d_init = tuple(d if need[5 + k] else None for k, d in enumerate(d_s0))
+    d_x = d_xp if need[0] else None
+    return (None, None, None, None, None, d_x, None, d_hh, d_b,
+            d_gains if need[4] else None, *d_init)  # fmt: skip
 
 
 def run_ln_steps(
@@ -247,16 +292,20 @@ def run_ln_steps(
     mask: Tensor | None,
     reset: Tensor | None,
     reg: tuple[Tensor | None, ...] = (None, None, None),
+    layer_kernel: Kernel | None = None,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:
     """:func:`rnnkit.bptt.gpu_steps.run_steps` for a layer-normalised cell: ``x (T, B, G·H)``
     the normalised input part; ``mask (T, B)`` and ``reset (T + 1, B)`` int8 or None;
     ``reg``: recurrent dropout's mask ``(B, H)`` (the LSTM's only) and zoneout's keep
     factors of h and c, ``(T, B, H)`` views sharing their strides
-    (``RegularizedKernel.keep_views``), in ``x``'s dtype, or None each."""
+    (``RegularizedKernel.keep_views``), in ``x``'s dtype, or None each; ``layer_kernel``:
+    the :class:`~rnnkit.bptt.regularized.RegularizedKernel` those come from, whose plain
+    steps a gradient differentiated again runs (None: ``kernel``, no regularizers)."""
     if reg[0] is not None and not isinstance(kernel, LayerNormLSTMKernel):
         raise ValueError("recurrent dropout has no layer-normalised GRU form")
     tensors = (x, *weights, *states0)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     states = tuple(s.contiguous() for s in states0)
-    result = _LNSteps.apply(kernel, mask, reset, reg, save, x.contiguous(), *weights, *states)
+    kernels = (kernel, kernel if layer_kernel is None else layer_kernel)
+    result = _LNSteps.apply(kernels, mask, reset, reg, save, x.contiguous(), *weights, *states)
     return result[0], tuple(result[1:])

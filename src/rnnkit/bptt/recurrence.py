@@ -43,7 +43,7 @@ from rnnkit.bptt.mask_facts import all_real
 from rnnkit.bptt.opaque import run_opaque
 from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_record
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing, transforming
-from rnnkit.bptt.unrolled import differentiable_gradients, unrolled
+from rnnkit.bptt.unrolled import batched_gradients, differentiable_gradients, unrolled
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.errors import ConfigError
 
@@ -104,7 +104,7 @@ class _Recurrence(torch.autograd.Function):
         # create_graph=True (the gradient is differentiated), or a batch of incoming
         # gradients under vmap (is_grads_batched=True), which the explicit BPTT's
         # compiled operators have no rule for: autograd through the plain steps
-        if torch.is_grad_enabled() or _batched(d_out, *d_finals):
+        if torch.is_grad_enabled() or batched_gradients(d_out, *d_finals):
             return _Recurrence._differentiable_backward(ctx, d_out, *d_finals)
         return _Recurrence._explicit_backward(ctx, d_out, *d_finals)
 
@@ -168,15 +168,6 @@ class _Recurrence(torch.autograd.Function):
             d if ctx.needs_input_grad[11 + k] else None for k, d in enumerate(sweep.d_states0)
         )
         return (None, None, None, None, None, None, *g, *d_s0)
-
-
-def _batched(*grads: Tensor | None) -> bool:
-    """Whether the incoming gradients are a batch of them under vmap
-    (``torch.autograd.grad(..., is_grads_batched=True)``, a vectorized Jacobian)."""
-    f = torch._C._functorch
-    return any(
-        g is not None and (f.is_legacy_batchedtensor(g) or f.is_batchedtensor(g)) for g in grads
-    )
 
 
 def takes_projected(
