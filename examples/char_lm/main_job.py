@@ -23,9 +23,8 @@ from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.lm import load_lm, sample_texts, train_lm
 from rnnkit.data.corpus import stdlib_corpus
 
-# Steps, not seconds: measured to pass the 5-gram with a margin, and few enough to finish
-# in about six minutes on a quiet 2-core machine and ten beside one busy process (README,
-# "The main job").
+# Steps, not seconds: measured to pass the 5-gram with a margin, and few enough for `make
+# run` to finish in minutes (the figures and times: examples/char_lm/README.md).
 STEPS = 5000
 
 

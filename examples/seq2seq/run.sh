@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Encoder–decoder with attention on date conversion ("2024-03-05" → "5 March 2024"),
 # then string reversal with attention, without attention, and decoder-only.
-# Figures this script reached are in README.md beside it. About 10 minutes on 2 cores.
+# Figures this script reached are in README.md beside it. About 3 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RNNKIT=${RNNKIT:-.venv/bin/rnnkit}

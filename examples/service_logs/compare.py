@@ -11,10 +11,10 @@ injector's), shuffles the normal ones with the seed and writes 60 % to ``train.j
 
 ``table`` reads what ``run.sh`` wrote (``eval_events.json``, ``eval_params.json``,
 ``scores.jsonl``) and prints the AUC, precision, recall, F1 and false-positive rate of the
-recurrent key model (the default ``max`` score), its own 5-gram, the parameter-value model
-(its session threshold, the default, and DeepLog's rule: any vector outside its key's 0.99
-interval), and the models joined (anomalous when either says so), then the sessions
-flagged per kind.
+recurrent key model (its ``max`` score, as ``run.sh`` trains it), its own 5-gram, the
+parameter-value model (its session threshold, the default, and DeepLog's rule: any vector
+outside its key's 0.99 interval), and the models joined (anomalous when either says so),
+then the sessions flagged per kind.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def table(out: Path) -> None:
     records = [json.loads(line) for line in (out / "scores.jsonl").read_text().splitlines()]
     labels = [r["label"] for r in records]
     verdicts = {
-        "LSTM (max, default)": [r["keys_verdict"] == "anomalous" for r in records],
+        "LSTM (max)": [r["keys_verdict"] == "anomalous" for r in records],
         "5-gram (max)": [r["ngram"]["verdict"] == "anomalous" for r in records],
         "parameter values": [r["params"]["verdict"] == "anomalous" for r in records],
         "LSTM or parameter values": [r["verdict"] == "anomalous" for r in records],
@@ -80,7 +80,7 @@ def table(out: Path) -> None:
         r["keys_verdict"] == "anomalous" or a for r, a in zip(records, any_vector, strict=True)
     ]
     aucs = {
-        "LSTM (max, default)": ev["rnn_max"].get("auc"),
+        "LSTM (max)": ev["rnn_max"].get("auc"),
         "5-gram (max)": ev["ngram_max"].get("auc"),
         "parameter values": pa.get("auc"),
         "parameter values, any vector": pa.get("auc"),  # the same scores, another bound

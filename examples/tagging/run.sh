@@ -2,7 +2,7 @@
 # Sequence labelling on real text that ships with Python: every token of the standard
 # library's sources tagged with its type and role, answers computed by `tokenize`.
 # Trains a word-only tagger, the same with a character RNN per word, and a BIO span
-# tagger; scores each on held-out files; prints one table. A few minutes on 2 CPU cores.
+# tagger; scores each on held-out files; prints one table. About a minute on 2 CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}

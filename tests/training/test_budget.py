@@ -51,6 +51,14 @@ def test_no_budget_trains_until_validation_stops_improving_up_to_the_cap():
     assert cap_text(b.total_steps, 978) == f"100 epochs (97,800 steps) or {CAP_SECONDS:.0f} s"
 
 
+def test_the_cap_of_tiny_data_shows_its_epochs_to_one_decimal():
+    # 7 steps an epoch: the 5,000-step floor is 714.2857... epochs, shown as people read it.
+    b = resolve_budget(TrainOptions(epochs=None), 7, validates=True)
+    assert b.total_steps == CAP_MIN_STEPS == 5000
+    assert cap_text(b.total_steps, 7) == f"714.3 epochs (5,000 steps) or {CAP_SECONDS:.0f} s"
+    assert cap_text(5000, 1).startswith("5000 epochs (5,000 steps)")
+
+
 @pytest.mark.parametrize("bad", [0, -1, True])
 def test_log_every_must_be_a_positive_integer(bad):
     with pytest.raises(ConfigError, match=r"^TrainOptions: log_every must be an integer"):

@@ -163,6 +163,9 @@ def cap_text(total_steps: int, steps_per_epoch: int) -> str:
 
     >>> cap_text(5000, 10)
     '500 epochs (5,000 steps) or 3600 s'
+    >>> cap_text(5000, 7)  # the 5,000-step floor of tiny data: epochs to one decimal
+    '714.3 epochs (5,000 steps) or 3600 s'
     """
     epochs = total_steps / max(steps_per_epoch, 1)
-    return f"{epochs:g} epochs ({total_steps:,} steps) or {CAP_SECONDS:.0f} s"
+    # At most 5,000 epochs (the step floor over one-step epochs): 4 digits show them all.
+    return f"{epochs:.4g} epochs ({total_steps:,} steps) or {CAP_SECONDS:.0f} s"
