@@ -13,6 +13,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from rnnkit.bptt.unrolled import differentiable_gradients
+from rnnkit.cells.kernel import Weights
+from rnnkit.errors import ConfigError
+
 # Nothing public: the Triton steps start at rnnkit.bptt.gpu_steps.run_steps.
 __all__: list[str] = []
 
@@ -94,3 +98,29 @@ def as_int8(
         r = torch.zeros(T + 1, B, dtype=torch.int8, device=like.device)
         r[:T] = reset.reshape(T, B).to(torch.int8)
     return m, r
+
+
+def rerun_gradients(
+    ctx: Any,
+    x: Tensor,
+    weights: Weights,
+    states0: tuple[Tensor, ...],
+    mask: Tensor | None,
+    reset: bool,
+    grads: tuple[Tensor | None, ...],
+) -> tuple[Tensor | None, ...]:
+    """A Triton steps node's backward with a graph (``create_graph=True``, batched
+    gradients): the forward run again in the layer kernel's differentiable steps from the
+    node's inputs (``rnnkit.bptt.unrolled``); the node's five leading inputs get None.
+    Resets inside the call are refused (their pieces are not rerun here)."""
+    if reset:
+        raise ConfigError(
+            "resets inside one call: their gradient cannot be differentiated again "
+            "(create_graph=True); run the pieces between the resets"
+        )
+    T, B = x.shape[0], x.shape[1]
+    mask3 = None if mask is None else (mask != 0).reshape(T, B, 1)
+    got = differentiable_gradients(
+        ctx.layer_kernel, x, weights, states0, mask3, grads, ctx.needs_input_grad[5:]
+    )
+    return (None, None, None, None, None, *got)

@@ -54,18 +54,17 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt import gpu_graphs
-from rnnkit.bptt.gpu_launch import ACTIVATIONS, Launch, Reg, as_int8, launch
+from rnnkit.bptt.gpu_launch import ACTIVATIONS, Launch, Reg, as_int8, launch, rerun_gradients
 from rnnkit.bptt.gpu_steps_backward import steps_backward, steps_weight_grads
 from rnnkit.bptt.gpu_steps_ln import LN_KERNELS, run_ln_steps
 from rnnkit.bptt.record import ForwardRecord
 from rnnkit.bptt.regularized import RegularizedKernel
-from rnnkit.bptt.unrolled import batched_gradients, differentiable_gradients
+from rnnkit.bptt.unrolled import batched_gradients
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import Kernel, Weights, scratch
 from rnnkit.cells.lstm import LSTMKernel
 from rnnkit.cells.rnn import RNNKernel
-from rnnkit.errors import ConfigError
 
 __all__ = ["forward_record", "run_steps"]
 
@@ -303,27 +302,12 @@ def _steps_differentiable_backward(
     """The gradients with a graph: the forward run again in the layer kernel's
     differentiable steps from the node's inputs (``rnnkit.bptt.unrolled``)."""
     saved = ctx.saved_tensors
-    mask, reset = (saved[4 + ctx.num_states] if ctx.has[0] else None), ctx.has[1]
-    if reset:
-        raise ConfigError(
-            "resets inside one call: their gradient cannot be differentiated again "
-            "(create_graph=True); run the pieces between the resets"
-        )
+    mask = saved[4 + ctx.num_states] if ctx.has[0] else None
     w_ih, w_hh = saved[1], saved[2]
     x, bias, *rest = saved[ctx.num_main :]
     bias_hn = rest.pop(0) if ctx.has_hn else None
-    T, B = x.shape[0], x.shape[1]
-    mask3 = None if mask is None else (mask != 0).reshape(T, B, 1)
-    got = differentiable_gradients(
-        ctx.layer_kernel,
-        x,
-        Weights(w_ih, w_hh, bias, bias_hn),
-        tuple(rest),
-        mask3,
-        (d_out, *d_finals),
-        ctx.needs_input_grad[5:],
-    )
-    return (None, None, None, None, None, *got)
+    weights = Weights(w_ih, w_hh, bias, bias_hn)
+    return rerun_gradients(ctx, x, weights, tuple(rest), mask, ctx.has[1], (d_out, *d_finals))
 
 
 @once_differentiable

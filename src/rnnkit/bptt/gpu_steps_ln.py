@@ -22,11 +22,11 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from rnnkit.bptt.unrolled import batched_gradients, differentiable_gradients
+from rnnkit.bptt.gpu_launch import rerun_gradients
+from rnnkit.bptt.unrolled import batched_gradients
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.cells.layer_norm import LayerNormGRUKernel, LayerNormLSTMKernel
-from rnnkit.errors import ConfigError
 
 __all__ = ["run_ln_steps"]
 
@@ -228,26 +228,12 @@ def _ln_steps_differentiable_backward(
     """The gradients with a graph: the forward run again in the layer kernel's
     differentiable steps from the node's inputs (``rnnkit.bptt.unrolled``)."""
     saved = ctx.saved_tensors
-    if ctx.has[1]:
-        raise ConfigError(
-            "resets inside one call: their gradient cannot be differentiated again "
-            "(create_graph=True); run the pieces between the resets"
-        )
     w_hh, gains = saved[0], saved[1]
     mask = saved[ctx.num_main - sum(ctx.has)] if ctx.has[0] else None
     x, w_ih, bias, *states0 = saved[ctx.num_main :]
-    T, B = x.shape[0], x.shape[1]
-    mask3 = None if mask is None else (mask != 0).reshape(T, B, 1)
-    got = differentiable_gradients(
-        ctx.layer_kernel,
-        x,
-        Weights(w_ih, w_hh, bias, gains),
-        tuple(states0),
-        mask3,
-        (d_out, *d_finals),
-        ctx.needs_input_grad[5:],
-    )
-    return (None, None, None, None, None, *got)
+    weights = Weights(w_ih, w_hh, bias, gains)
+    grads = (d_out, *d_finals)
+    return rerun_gradients(ctx, x, weights, tuple(states0), mask, ctx.has[1], grads)
 
 
 @once_differentiable
