@@ -96,7 +96,8 @@ def _sessions(tmp: Path) -> list[str]:
 # case: (data, options, masks copied to the host per step). A task's masks are made on
 # the host and moved with their host copies kept (rnnkit.bptt.mask_facts.move_mask): the
 # time loop asks them there, and of their views (a step's column under scheduled
-# sampling, a segment) and flipped forms; a tagger picks its real words on that copy.
+# sampling, a segment) and flipped forms; a tagger picks its real words on that copy and
+# makes its character mask from its characters' host copy.
 CASES: dict[str, tuple[Callable[[Path], list[str]], list[str], int]] = {
     "lm": (_text, ["--task", "lm"], 0),  # stream segments; document starts on the host
     "lm-scheduled-sampling": (
@@ -106,8 +107,8 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], list[str], int]] = {
     ),
     "classify": (_labelled, ["--task", "classify"], 0),
     "tag": (_tagged, ["--task", "tag", "--no-char-rnn"], 0),
-    # the character RNN's mask, made from the characters on the device, is copied once
-    "tag-chars": (_tagged, ["--task", "tag", "--char-rnn"], 1),
+    # the character RNN's mask is made from the characters' host copy too
+    "tag-chars": (_tagged, ["--task", "tag", "--char-rnn"], 0),
     "seq2seq-attention": (
         _pairs,
         ["--task", "seq2seq", "--attention", "additive", "--bidirectional"],

@@ -31,7 +31,7 @@ from rnnkit.data.batching import to_device
 
 __all__ = ["all_real", "derive", "host_mask", "move_mask", "prefix_lengths"]
 
-_KEEP = 8  # masks remembered per thread: a model's masks, their views and flipped ones
+_KEEP = 16  # masks remembered per thread: a model's masks, their views and flipped ones
 _local = threading.local()
 
 
@@ -100,6 +100,7 @@ def move_mask(mask: Tensor, device: torch.device | str) -> Tensor:
     :func:`rnnkit.data.batching.to_device`), with ``mask`` kept as the moved one's host
     copy: what the time loop asks of it (and of its views and flipped forms) then reads
     nothing from the device. ``mask`` must not change afterwards (a batch's does not).
+    The same for a tensor masks are made from (a tagger's characters: :func:`derive`).
 
     >>> m = torch.tensor([[True, False]])
     >>> move_mask(m, "cpu") is m

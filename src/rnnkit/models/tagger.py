@@ -20,7 +20,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from rnnkit.bptt.mask_facts import host_mask
+from rnnkit.bptt.mask_facts import derive, host_mask
 from rnnkit.data.batching import to_device
 from rnnkit.data.vocab import UNK_ID
 from rnnkit.layers.linear import Linear
@@ -71,6 +71,7 @@ class CharEncoder(nn.Module):
         Every word needs at least one character.
         """
         char_mask = chars != pad_id  # (N, C)
+        derive(char_mask, chars, lambda host: host != pad_id)  # asked on the host copy
         out = self.encoder(self.embedding(chars), mask=char_mask)
         return state_pool(out.state)  # (N, D·H_c)
 
@@ -154,6 +155,7 @@ class Tagger(nn.Module):
         real = torch.nonzero(host_mask(mask).reshape(B * T)).view(-1)  # (N,) on the host
         rows = to_device(real, chars.device)
         word_chars = chars.reshape(B * T, C).index_select(0, rows)  # (N, C)
+        derive(word_chars, chars, lambda host: host.reshape(B * T, C).index_select(0, real))
         encoded = self.char_encoder(word_chars)  # (N, D·H_c); trailing padding is held
         c = x.new_zeros(B * T, encoded.shape[-1]).index_copy(0, rows, encoded.to(x.dtype))
         return torch.cat([x, c.view(B, T, encoded.shape[-1])], dim=-1)

@@ -140,5 +140,6 @@ def _inputs(
     words, mask = to_device(batch.inputs, device), move_mask(batch.mask, device)
     chars = None
     if enc.chars is not None:
-        chars = to_device(_char_batch(enc, batch.indices, words.shape[1]), device)
+        # with its host copy kept: the character RNN's mask is made from it there
+        chars = move_mask(_char_batch(enc, batch.indices, words.shape[1]), device)
     return words, mask, chars
