@@ -30,10 +30,8 @@ from rnnkit.data.events import write_sessions
 from rnnkit.data.generated_sessions import generate_sessions
 from rnnkit.metrics import deferred as deferred_module
 
-# The one read of the step's figures; the host copy of a mask made on the device, read
-# once per mask (rnnkit.bptt.mask_facts: cuDNN takes lengths on the host).
+# The one read of the step's figures.
 STEP_READ = "metrics/deferred.py"
-MASK_COPY = "bptt/mask_facts.py"
 WORDS = ["alpha", "beta", "gamma", "delta"]
 
 
@@ -93,36 +91,34 @@ def _sessions(tmp: Path) -> list[str]:
     return ["--train", str(tmp / "e.jsonl"), "--valid", str(tmp / "v.jsonl")]
 
 
-# case: (data, options, masks copied to the host per step). A task's masks are made on
+# case: (data, options). No mask is copied to the host in a step: a task's masks are made on
 # the host and moved with their host copies kept (rnnkit.bptt.mask_facts.move_mask): the
 # time loop asks them there, and of their views (a step's column under scheduled
 # sampling, a segment) and flipped forms; a tagger picks its real words on that copy and
 # makes its character mask from its characters' host copy.
-CASES: dict[str, tuple[Callable[[Path], list[str]], list[str], int]] = {
-    "lm": (_text, ["--task", "lm"], 0),  # stream segments; document starts on the host
+CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
+    "lm": (_text, ["--task", "lm"]),  # stream segments; document starts on the host
     "lm-scheduled-sampling": (
         lambda tmp: _text(tmp, 5),
         ["--task", "lm", "--bptt", "full", "--scheduled-sampling", "linear:5"],
-        0,
     ),
-    "classify": (_labelled, ["--task", "classify"], 0),
-    "tag": (_tagged, ["--task", "tag", "--no-char-rnn"], 0),
+    "classify": (_labelled, ["--task", "classify"]),
+    "tag": (_tagged, ["--task", "tag", "--no-char-rnn"]),
     # the character RNN's mask is made from the characters' host copy too
-    "tag-chars": (_tagged, ["--task", "tag", "--char-rnn"], 0),
+    "tag-chars": (_tagged, ["--task", "tag", "--char-rnn"]),
     "seq2seq-attention": (
         _pairs,
         ["--task", "seq2seq", "--attention", "additive", "--bidirectional"],
-        0,
     ),
-    "regress": (_sequences, ["--task", "regress"], 0),
-    "regress-gaussian": (_sequences, ["--task", "regress", "--loss", "gaussian"], 0),
-    "events": (_sessions, ["--task", "events"], 0),
-    "events-segments": (_sessions, ["--task", "events", "--bptt", "segment:3"], 0),
+    "regress": (_sequences, ["--task", "regress"]),
+    "regress-gaussian": (_sequences, ["--task", "regress", "--loss", "gaussian"]),
+    "events": (_sessions, ["--task", "events"]),
+    "events-segments": (_sessions, ["--task", "events", "--bptt", "segment:3"]),
 }
 
 
 def _train(run_cli, tmp_path: Path, case: str, *device: str) -> None:
-    data, options, _ = CASES[case]
+    data, options = CASES[case]
     code, _, err = run_cli(
         "train", *data(tmp_path), *options, "--out", str(tmp_path / "run"), "--steps", "3",
         "--quiet", "--hidden", "8", "--threads", "1", *device,
@@ -157,8 +153,7 @@ def test_a_step_reads_its_figures_once_and_each_mask_once(
     monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
     with use_fused("fused"):
         _train(run_cli, tmp_path, case)
-    masks = CASES[case][2]
-    expected = collections.Counter({STEP_READ: 1, **({MASK_COPY: masks} if masks else {})})
+    expected = collections.Counter({STEP_READ: 1})
     assert len(per_step) == 3 and all(step == expected for step in per_step), per_step
 
 
@@ -185,6 +180,5 @@ def test_on_cuda_a_step_waits_for_the_device_as_often_as_counted(
 
     per_step = _per_step(monkeypatch, waits)
     _train(run_cli, tmp_path, case, "--device", "cuda")
-    expected = 1 + CASES[case][2]
     assert len(per_step) == 3, per_step
-    assert all(sum(step.values()) == expected for step in per_step), per_step
+    assert all(sum(step.values()) == 1 for step in per_step), per_step
