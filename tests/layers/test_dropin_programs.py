@@ -4,7 +4,8 @@ swapped, and the two runs agree (losses, perplexity, sampled words, CRF scores a
 Viterbi paths; saving and loading the whole model under ``weights_only=True``; LBFGS
 over hand-unrolled cells and their free-running predictions; packed batches of names and
 their predicted classes; an attention encoder-decoder's losses, random teacher-forcing
-choices and greedy translations).
+choices and greedy translations; a forecaster trained with dropout between layers over
+packed series, its best state dict saved and loaded into a fresh model).
 
 Tolerances follow the dtype: a float64 program agrees to ~1e-9 relative (rnnkit and
 torch sum the same products in other orders), a float32 one to ~1e-5."""
@@ -96,3 +97,18 @@ def test_seq2seq_attention(dtype, rel):
     assert ours["exact"] == theirs["exact"]
     assert ours["scores"] == pytest.approx(theirs["scores"], rel=rel)
     assert ours["attentions"] == pytest.approx(theirs["attentions"], rel=rel, abs=rel)
+
+
+@pytest.mark.usefixtures("single_thread")
+@pytest.mark.parametrize(("dtype", "rel"), [(torch.float32, 1e-5), (torch.float64, 1e-9)])
+def test_series_forecaster(tmp_path, dtype, rel):
+    """Dropout between layers over packed series in training draws torch's masks, so the
+    trained weights, the loader's later shuffles and every later random number agree."""
+    theirs = _run("series_forecaster", False, tmp_path / "torch.pt", dtype)
+    ours = _run("series_forecaster", True, tmp_path / "rnnkit.pt", dtype)
+    assert ours["orders"] == theirs["orders"]  # each epoch's shuffle
+    assert ours["losses"] == pytest.approx(theirs["losses"], rel=rel)
+    assert ours["valid_losses"] == pytest.approx(theirs["valid_losses"], rel=rel)
+    assert ours["test_loss"] == pytest.approx(theirs["test_loss"], rel=rel)
+    assert ours["predictions"] == pytest.approx(theirs["predictions"], rel=rel, abs=rel)
+    assert ours["next_random"] == theirs["next_random"]
