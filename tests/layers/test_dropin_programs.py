@@ -5,7 +5,8 @@ Viterbi paths; saving and loading the whole model under ``weights_only=True``; L
 over hand-unrolled cells and their free-running predictions; packed batches of names and
 their predicted classes; an attention encoder-decoder's losses, random teacher-forcing
 choices and greedy translations; a forecaster trained with dropout between layers over
-packed series, its best state dict saved and loaded into a fresh model).
+packed series, its best state dict saved and loaded into a fresh model; a CRNN
+over a convolution's non-contiguous columns with a CTC loss and greedy CTC decoding).
 
 Tolerances follow the dtype: a float64 program agrees to ~1e-9 relative (rnnkit and
 torch sum the same products in other orders), a float32 one to ~1e-5."""
@@ -112,3 +113,22 @@ def test_series_forecaster(tmp_path, dtype, rel):
     assert ours["test_loss"] == pytest.approx(theirs["test_loss"], rel=rel)
     assert ours["predictions"] == pytest.approx(theirs["predictions"], rel=rel, abs=rel)
     assert ours["next_random"] == theirs["next_random"]
+
+
+@pytest.mark.usefixtures("single_thread")
+@pytest.mark.parametrize(
+    ("dtype", "epochs", "rel"),
+    # float32 over 40 steps: after ~100 steps of Adam the two runs' rounding, amplified by
+    # training, reaches ~1e-5 (not a difference of function: float64 agrees to ~1e-13)
+    [(torch.float32, 40, 1e-5), (torch.float64, 150, 1e-9)],
+)
+def test_crnn_ctc(dtype, epochs, rel):
+    theirs = _run("crnn_ctc", False, dtype, epochs)
+    ours = _run("crnn_ctc", True, dtype, epochs)
+    assert ours["losses"] == pytest.approx(theirs["losses"], rel=rel)
+    # log-probabilities: an absolute error on a log is a relative one on the probability
+    assert ours["log_probs"] == pytest.approx(theirs["log_probs"], rel=0, abs=rel)
+    assert ours["decoded"] == theirs["decoded"]
+    assert ours["correct"] == theirs["correct"]
+    if epochs == 150:
+        assert ours["correct"] > 0  # trained far enough to read some lines
