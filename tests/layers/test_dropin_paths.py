@@ -236,8 +236,9 @@ def test_training_with_a_torch_optimizer_follows_torchs_on_each_path(routes, pat
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("mode", MODES)
 def test_dropout_draws_the_loops_masks_and_eval_is_torchs(routes, path, mode):
-    """Dropout between layers draws rnnkit's masks (not torch's): on each path the same
-    masks as the CPU's loop from the same seed; in eval mode, torch's values."""
+    """Dropout between layers draws on each path the same masks as the CPU's loop from
+    the same seed (which are torch's CPU masks: tests/layers/test_torch_nn.py); in eval
+    mode, torch's values."""
     reference, mine = _pair(mode, num_layers=2, dropout=0.5)
     x = torch.randn(5, 3, 3, dtype=DTYPE, generator=torch.Generator().manual_seed(5))
     runs = []

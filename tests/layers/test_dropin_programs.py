@@ -1,13 +1,22 @@
 """Programs written for ``torch.nn`` run unchanged with ``from rnnkit import nn``: each
 program of ``tests/layers/programs`` runs as written and again with only its import line
 swapped, and the two runs agree (losses, perplexity, sampled words, CRF scores and
-Viterbi paths; saving and loading the whole model under ``weights_only=True``)."""
+Viterbi paths; saving and loading the whole model under ``weights_only=True``; LBFGS
+over hand-unrolled cells and their free-running predictions; packed batches of names and
+their predicted classes; an attention encoder-decoder's losses, random teacher-forcing
+choices and greedy translations; a forecaster trained with dropout between layers over
+packed series, its best state dict saved and loaded into a fresh model; a CRNN
+over a convolution's non-contiguous columns with a CTC loss and greedy CTC decoding).
+
+Tolerances follow the dtype: a float64 program agrees to ~1e-9 relative (rnnkit and
+torch sum the same products in other orders), a float32 one to ~1e-5."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
 PROGRAMS = Path(__file__).parent / "programs"
 TORCH_IMPORT = "from torch import nn\n"
@@ -52,3 +61,74 @@ def test_bilstm_crf():
     assert ours["losses"] == pytest.approx(theirs["losses"], rel=1e-5)
     assert ours["score"] == pytest.approx(theirs["score"], rel=1e-5)
     assert ours["path"] == theirs["path"]
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_sine_wave_lstm_cells_with_lbfgs():
+    theirs = _run("sine_wave_lstm_cells", False)
+    ours = _run("sine_wave_lstm_cells", True)
+    assert len(ours["losses"]) == len(theirs["losses"]) > 3  # LBFGS's closure calls
+    assert ours["losses"] == pytest.approx(theirs["losses"], rel=1e-9)
+    assert ours["test_losses"] == pytest.approx(theirs["test_losses"], rel=1e-9)
+    for mine, reference in zip(ours["predictions"], theirs["predictions"], strict=True):
+        assert mine == pytest.approx(reference, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.usefixtures("single_thread")
+@pytest.mark.parametrize(("dtype", "rel"), [(torch.float32, 1e-5), (torch.float64, 1e-9)])
+def test_name_classifier_packed(dtype, rel):
+    theirs = _run("name_classifier_packed", False, dtype)
+    ours = _run("name_classifier_packed", True, dtype)
+    assert min(len(n) for n in ours["names"]) == 1  # a length-1 name in the batch
+    assert ours["losses"] == pytest.approx(theirs["losses"], rel=rel)
+    assert ours["probabilities"] == pytest.approx(theirs["probabilities"], rel=rel, abs=rel)
+    assert ours["predicted"] == theirs["predicted"]
+    assert ours["accuracy"] == theirs["accuracy"]
+
+
+@pytest.mark.usefixtures("single_thread")
+@pytest.mark.parametrize(("dtype", "rel"), [(torch.float32, 1e-5), (torch.float64, 1e-9)])
+def test_seq2seq_attention(dtype, rel):
+    theirs = _run("seq2seq_attention", False, dtype)
+    ours = _run("seq2seq_attention", True, dtype)
+    assert True in theirs["forced"] and False in theirs["forced"]  # both ways trained
+    assert ours["forced"] == theirs["forced"]  # the same random draws in between
+    assert ours["losses"] == pytest.approx(theirs["losses"], rel=rel)
+    assert ours["tokens"] == theirs["tokens"]
+    assert ours["exact"] == theirs["exact"]
+    assert ours["scores"] == pytest.approx(theirs["scores"], rel=rel)
+    assert ours["attentions"] == pytest.approx(theirs["attentions"], rel=rel, abs=rel)
+
+
+@pytest.mark.usefixtures("single_thread")
+@pytest.mark.parametrize(("dtype", "rel"), [(torch.float32, 1e-5), (torch.float64, 1e-9)])
+def test_series_forecaster(tmp_path, dtype, rel):
+    """Dropout between layers over packed series in training draws torch's masks, so the
+    trained weights, the loader's later shuffles and every later random number agree."""
+    theirs = _run("series_forecaster", False, tmp_path / "torch.pt", dtype)
+    ours = _run("series_forecaster", True, tmp_path / "rnnkit.pt", dtype)
+    assert ours["orders"] == theirs["orders"]  # each epoch's shuffle
+    assert ours["losses"] == pytest.approx(theirs["losses"], rel=rel)
+    assert ours["valid_losses"] == pytest.approx(theirs["valid_losses"], rel=rel)
+    assert ours["test_loss"] == pytest.approx(theirs["test_loss"], rel=rel)
+    assert ours["predictions"] == pytest.approx(theirs["predictions"], rel=rel, abs=rel)
+    assert ours["next_random"] == theirs["next_random"]
+
+
+@pytest.mark.usefixtures("single_thread")
+@pytest.mark.parametrize(
+    ("dtype", "epochs", "rel"),
+    # float32 over 40 steps: after ~100 steps of Adam the two runs' rounding, amplified by
+    # training, reaches ~1e-5 (not a difference of function: float64 agrees to ~1e-13)
+    [(torch.float32, 40, 1e-5), (torch.float64, 150, 1e-9)],
+)
+def test_crnn_ctc(dtype, epochs, rel):
+    theirs = _run("crnn_ctc", False, dtype, epochs)
+    ours = _run("crnn_ctc", True, dtype, epochs)
+    assert ours["losses"] == pytest.approx(theirs["losses"], rel=rel)
+    # log-probabilities: an absolute error on a log is a relative one on the probability
+    assert ours["log_probs"] == pytest.approx(theirs["log_probs"], rel=0, abs=rel)
+    assert ours["decoded"] == theirs["decoded"]
+    assert ours["correct"] == theirs["correct"]
+    if epochs == 150:
+        assert ours["correct"] > 0  # trained far enough to read some lines

@@ -154,6 +154,34 @@ def test_eval_mode_dropout_is_identity_as_in_torch():
     torch.testing.assert_close(mine(x)[0], reference(x)[0], rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_training_dropout_draws_torchs_masks(mode, packed, batch_first):
+    """Dropout between layers in training: torch's masks (the same draws from torch's
+    generator), so outputs, states and gradients are torch's, and the generator is left
+    where torch's layer leaves it. Before, a packed input drew a padded tensor's masks:
+    other values and, after the call, other random numbers."""
+    kw = dict(num_layers=3, dropout=0.5, bidirectional=True, batch_first=batch_first)
+    reference, mine = _pair(mode, **kw)
+    x = torch.randn(3, 6, 3, dtype=DTYPE)
+    x = (x if batch_first else x.transpose(0, 1)).requires_grad_(True)
+    lengths = torch.tensor([4, 6, 1])
+    runs = []
+    for module in (reference, mine):
+        torch.manual_seed(11)
+        inp = x
+        if packed:
+            inp = pack_padded_sequence(x, lengths, batch_first=batch_first, enforce_sorted=False)
+        out, state = module(inp)
+        out = out.data if packed else out
+        loss = out.pow(2).sum() + sum(s.sin().sum() for s in _flat(state))
+        grads = torch.autograd.grad(loss, [x, *module.parameters()])
+        runs.append([out, *_flat(state), *grads, torch.rand(4, dtype=DTYPE)])
+    for got, expected in zip(runs[1], runs[0], strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-9)
+
+
 def test_errors_are_clear():
     with pytest.raises(ValueError, match="Unknown nonlinearity"):
         knn.RNN(3, 4, nonlinearity="sigmoid")

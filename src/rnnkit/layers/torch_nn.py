@@ -27,8 +27,9 @@ graphs, as it runs torch's), so a program compiles and exports as it does with t
 layers. ``torch.fx.symbolic_trace`` records one ``call_module`` node, as for torch's
 layers (:func:`fx_leaf_call`). A pickled model names the public
 classes (``rnnkit.nn.LSTM``), so ``torch.load(..., weights_only=True)`` with those
-allow-listed loads it. Dropout between layers draws other random masks than torch's (same
-probability). ``docs/torch-nn.md`` lists the differences.
+allow-listed loads it. Dropout between layers draws torch's masks on the CPU (the same
+draws from torch's generator, padded or packed: :class:`_RowsDropout`).
+``docs/torch-nn.md`` lists the differences.
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ class _DropIn:
             )
             with _outside_transforms(), torch.device("meta"):
                 stack = kind(*config[1:], **options)
+                stack.drop = _RowsDropout(stack.dropout)
             index = {id(p): n for n, p in stack.named_parameters()}
             local.prefixes = [index[id(c.weight_ih)][: -len("weight_ih")] for c in stack.cells()]
             local.stack, local.config = stack, config
@@ -287,9 +289,14 @@ class _DropIn:
         inner.train(self.training)
         if lengths is not None:
             lengths = lengths.to(x.device)
-        out = functional_call(
-            inner, self._cell_tensors(prefixes), (x,), {"lengths": lengths, "state": state}
-        )
+        drop: _RowsDropout = inner.drop  # type: ignore[assignment]  # set in _stack
+        drop.packed = packed_input
+        try:
+            out = functional_call(
+                inner, self._cell_tensors(prefixes), (x,), {"lengths": lengths, "state": state}
+            )
+        finally:
+            drop.packed = None
         outputs = out.outputs
         if isinstance(out.state, LSTMState):
             final: Any = (self._join(out.state.h), self._join(out.state.c))
@@ -334,6 +341,28 @@ class _DropIn:
 
     def _join(self, h: Tensor) -> Tensor:
         return h.reshape(-1, *h.shape[2:])
+
+
+class _RowsDropout(nn.Dropout):
+    """The dropout between a drop-in's layers, drawing torch's masks.
+
+    torch drops out what one layer hands the next: for a ``PackedSequence`` its rows
+    ``(N, D·H)``, for a padded input the whole ``(T, B, D·H)``. The same draws from
+    torch's generator in the same order give the same masks, and leave the generator
+    where torch's layer leaves it, so a seeded program's later random numbers (other
+    dropouts, a sampler's shuffle) stay torch's too. ``packed`` is the call's packed
+    input (set for the call's duration; the inner stacks are one per thread)."""
+
+    packed: PackedSequence | None = None
+
+    def forward(self, h: Tensor) -> Tensor:
+        """``h (T, B, D·H)``, time-major in the original batch order → the same, dropped out."""
+        like = self.packed
+        if like is None or not self.training or self.p == 0:
+            return super().forward(h)
+        rows = super().forward(pack_like(h, like).data)  # (N, D·H), torch's packed order
+        dropped = PackedSequence(rows, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
+        return unpack(dropped)[0]
 
 
 def _dtype_accepted(t: Tensor, weight: Tensor) -> bool:
