@@ -111,6 +111,22 @@ def test_fused_path_equals_the_loop_in_float32(name, cls, kw, calls):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
+@pytest.mark.parametrize("steps, lengths", [(0, None), (T, [0] * B)], ids=["T=0", "all-empty"])
+def test_where_no_step_runs_every_gradient_is_the_loops_zeros(name, cls, kw, steps, lengths):
+    # No fused call runs; the gradients must still be there (zeros), as the loop's are,
+    # so that an optimizer or a gradient-norm clip sees every parameter.
+    gen = torch.Generator().manual_seed(2)
+    layer = _layer(cls, kw, torch.float64)
+    x = torch.randn(B, steps, I, dtype=torch.float64, generator=gen)
+    state = _initial(cls, torch.float64, gen)
+    lens = None if lengths is None else torch.tensor(lengths)
+    expected = _run(layer, x, state, "loop", lengths=lens)
+    got = _run(layer, x, state, "fused", lengths=lens)
+    for e, g in zip(expected, got, strict=True):  # (the held states' sums: rounding)
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=0.0)
+
+
 def test_nan_in_the_padding_reaches_nothing_on_the_fused_path(calls):
     layer = _layer(rnnkit.LSTM, {}, torch.float64)
     gen = torch.Generator().manual_seed(5)

@@ -221,6 +221,13 @@ def _call(
         return tuple(op(*args))
 
 
+def _no_step(x: Tensor, params: list[Tensor]) -> Tensor:
+    """An exact ``0`` that depends on ``x`` and every parameter without reading a value
+    (a sum over none of their elements): where no step runs, the loop's gradients are
+    zeros, not missing, so an optimizer or a gradient-norm clip sees every parameter."""
+    return sum((t.reshape(-1)[:0].sum() for t in (x, *params)), x.new_zeros(()))
+
+
 @without_autocast
 def run_fused(
     kernel: Kernel,
@@ -235,7 +242,7 @@ def run_fused(
     ``(B, H)``; returns outputs ``(T, B, H)``, held after each sequence's last step, and
     the final states ``(B, H)``; ``lengths (B,)`` int64 on the host, or None: every step
     real). Gradients by autograd through the fused kernel. ``T = 0`` returns empty
-    outputs and the initial states without a call.
+    outputs and the initial states without a call (with zero gradients, as the loop gives).
 
     Under ``torch.autocast`` the call runs with autocast off, in the weights' dtype, as the
     library's loop does (:mod:`rnnkit.cells.amp`): autocast would otherwise cast the fused
@@ -243,11 +250,12 @@ def run_fused(
     CPU) to float16/bfloat16, so that the state's rounding compounded over the steps and
     the outputs came back in the low precision."""
     T, B = x.shape[0], x.shape[1]
+    params = _fused_parameters(form, _keep_form(kernel, weights))
     if T == 0:  # PyTorch's kernels refuse it ("Expected sequence length to be larger
         # than 0"): no step runs, the initial states come back, as from the library's loop
         H = weights.weight_hh.shape[1]
-        return x.new_zeros(0, B, H), tuple(s.clone() for s in states0)
-    params = _fused_parameters(form, _keep_form(kernel, weights))
+        none = _no_step(x, params)
+        return x.new_zeros(0, B, H) + none, tuple(s + none for s in states0)
     train = torch.is_grad_enabled()
     if lengths is None:
         out, *ends = _call(form, x, tuple(s[None] for s in states0), params, None, train)
@@ -259,7 +267,9 @@ def run_fused(
     sorted_lengths = lengths.index_select(0, order)
     real = int((sorted_lengths > 0).sum())
     if real == 0:
-        return states0[0][None].expand(T, B, -1).clone(), tuple(s.clone() for s in states0)
+        none = _no_step(x, params)
+        finals = tuple(s + none for s in states0)
+        return finals[0][None].expand(T, B, -1).clone(), finals
     # (non_blocking: a blocking copy to the GPU would wait for the stream; from pageable
     # memory the copy is staged at once, so the host tensors may go)
     rows = order[:real].to(x.device, non_blocking=True)
