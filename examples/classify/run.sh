@@ -2,7 +2,7 @@
 # Sequence classification on real text that ships with Python: which standard-library
 # package (asyncio, email, multiprocessing, unittest, xml) does a source line come from?
 # Character-level bidirectional LSTM, max pooling, feed-forward head; scored on lines of
-# held-out files. About two minutes on 2 CPU cores.
+# held-out files; trained until validation stops improving. About 1.5 minutes on 2 CPU cores.
 #   POOLINGS="max mean last" examples/classify/run.sh   # compare the poolings
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,7 +19,7 @@ for pooling in $POOLINGS; do
   "$PY" -m rnnkit train --task classify --train "$OUT/data/train.tsv" \
     --valid "$OUT/data/valid.tsv" --out "$OUT/$pooling" --unit char --max-len 80 \
     --hidden 64 --embedding 32 --bidirectional --pooling "$pooling" --dropout 0.3 \
-    --epochs 6 --batch-size 32 --seed 0 --quiet --overwrite  # a rerun replaces the run
+    --batch-size 32 --seed 0 --quiet --overwrite  # until validation stops improving; a rerun replaces the run
   "$PY" -m rnnkit evaluate --checkpoint "$OUT/$pooling" --data "$OUT/data/test.tsv" --json \
     > "$OUT/$pooling.test.json"
 done
