@@ -245,3 +245,66 @@ def test_report_shows_each_baseline_and_says_when_the_model_is_ahead(capsys, tmp
         "The recurrent model is not behind its best baseline on validation accuracy: 1 vs 1 "
         "for the most frequent tag per word." in text
     )
+
+
+# -- the likely cause, read from the run's course -----------------------------------------
+
+
+def _random_walks(path: Path, n: int, seed: int) -> Path:
+    """Random walks of 20 steps: persistence (the last value) is the best forecast of the
+    next one, so any model trained on them ends behind it."""
+    rng = np.random.default_rng(seed)
+    rows = [{"seq": np.cumsum(rng.normal(size=20)).round(4).tolist()} for _ in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _course_run(capsys, tmp_path: Path, *options: str) -> tuple[dict, str, list[dict]]:
+    code, _, err = cli(
+        capsys, "train", "--task", "regress", "--train", str(_random_walks(tmp_path / "t.jsonl",
+        2, 0)), "--valid", str(_random_walks(tmp_path / "v.jsonl", 20, 1)), "--out",
+        str(tmp_path / "run"), "--batch-size", "1", "--seed", "0", "--threads", "1",
+        "--quiet", "--no-report", *options,
+    )  # fmt: skip
+    assert code == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    log = (tmp_path / "run" / "metrics.jsonl").read_text()
+    events = [json.loads(line) for line in log.splitlines()]
+    return summary, err, events
+
+
+def test_a_large_model_on_two_sequences_is_said_to_overfit(capsys, tmp_path):
+    summary, err, events = _course_run(
+        capsys, tmp_path, "--hidden", "64", "--lr", "0.01", "--epochs", "60"
+    )
+    behind, course = summary["behind_baseline"], summary["trajectory"]
+    assert behind["baseline_kind"].startswith("persistence")
+    assert behind["model"] > behind["baseline"]
+    assert behind["still_improving"] is False
+    # the course is the run's own: its training records and validations
+    train = [(e["step"], e["loss_nats"]) for e in events if e["event"] == "train"]
+    valid = {e["step"]: e["loss"] for e in events if e["event"] == "valid"}
+    assert course["best_step"] == summary["valid"]["step"] == min(valid, key=valid.__getitem__)
+    assert course["train_loss_end"] == pytest.approx(np.mean([v for _, v in train[-5:]]))
+    assert course["valid_loss_best"] == pytest.approx(min(valid.values()))
+    assert course["valid_loss_last"] == pytest.approx(valid[max(valid)])
+    assert course["train_loss_end"] < 0.95 * course["train_loss_at_best"]
+    assert behind["cause"] == (
+        f"validation stopped improving at step {course['best_step']} of {summary['steps']}; "
+        f"the training loss fell from {course['train_loss_at_best']:.3g} to "
+        f"{course['train_loss_end']:.3g} after the best step while validation rose from "
+        f"{course['valid_loss_best']:.3g} to {course['valid_loss_last']:.3g}: overfitting"
+    )
+    assert err.strip() == f"rnnkit: {behind['line']}"
+
+
+def test_a_small_model_at_a_small_rate_is_not_said_to_overfit(capsys, tmp_path):
+    summary, err, _ = _course_run(
+        capsys, tmp_path, "--hidden", "4", "--lr", "0.0003", "--epochs", "20"
+    )
+    behind = summary["behind_baseline"]
+    assert behind["model"] > behind["baseline"]
+    assert "overfitting" not in behind["line"]
+    assert behind["still_improving"] is True
+    assert behind["cause"] == "validation was still improving when the budget (--epochs 20) ended"
+    assert err.strip() == f"rnnkit: {behind['line']}"
