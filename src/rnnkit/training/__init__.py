@@ -86,7 +86,7 @@ from rnnkit.training.run_files import (
     read_summary,
     write_metrics_csv,
 )
-from rnnkit.training.run_log import describe_event
+from rnnkit.training.run_log import COUNTED, counted, describe_event
 from rnnkit.training.scheduled_sampling import SamplingSchedule, parse_schedule
 from rnnkit.training.schedules import LRSchedule, build_lr_schedulers, parse_lr_schedule
 from rnnkit.training.tensorboard import TensorBoardWriter, require_tensorboard, scalars
@@ -96,6 +96,7 @@ __all__ = [
     "CAP_EPOCHS",
     "CAP_MIN_STEPS",
     "CAP_SECONDS",
+    "COUNTED",
     "CSV_FIRST_COLUMNS",
     "FORMAT_VERSION",
     "HEADLINE",
@@ -128,6 +129,7 @@ __all__ = [
     "build_lr_schedulers",
     "checksums_skipped",
     "compare",
+    "counted",
     "covered_files",
     "default_eval_every",
     "default_log_every",
