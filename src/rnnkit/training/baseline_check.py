@@ -178,7 +178,8 @@ def _underfit_advice(settings: RunSettings) -> str:
 
 def _course(summary: dict[str, Any]) -> tuple[float, float, float, float] | None:
     """``(train at best, train at end, valid at best, valid at last)`` of
-    ``summary["trajectory"]`` (None where the run's events could not tell)."""
+    ``summary["trajectory"]`` (None where the run's events could not tell, and for a
+    negative loss — a Gaussian log-likelihood — whose shares of itself mean nothing)."""
     course = summary.get("trajectory")
     if not isinstance(course, dict):
         return None
@@ -193,8 +194,9 @@ def _course(summary: dict[str, Any]) -> tuple[float, float, float, float] | None
 def _gap(
     summary: dict[str, Any], train_loss: float, valid_loss: float, baseline_kind: str | None
 ) -> str | None:
-    """Why a training loss ``train_loss`` is far below the validation loss: under
-    :data:`OVERFIT_RATIO` of it, or under the baseline's own validation loss (None: not)."""
+    """Whether a training loss ``train_loss`` is far below the validation loss: ``"ratio"``
+    when under :data:`OVERFIT_RATIO` of it, the sentence saying so when under the
+    baseline's own validation loss, None when neither."""
     if valid_loss > 0 and train_loss < OVERFIT_RATIO * valid_loss:
         return "ratio"
     base_loss = None if baseline_kind is None else _baseline_loss(summary, baseline_kind)
