@@ -231,6 +231,21 @@ def test_a_fall_just_past_the_threshold_is_overfitting_and_one_short_of_it_is_no
     )
 
 
+def test_a_fall_within_the_noise_of_the_records_is_not_overfitting():
+    # 10 % lower, but the records scatter so that the change has a standard error of 0.06:
+    # under two of them, the noise could have made it
+    noisy = _behind_words(100, 200, {**_course(1.0, 0.9, 1.2, 1.25), "train_loss_change_se": 0.06})
+    assert behind_baseline(noisy, "classify", RunSettings())["cause"].endswith(
+        "the training loss stayed near 1 after the best step (0.9 at the end) while "
+        "validation rose from 1.2 to 1.25: the model underfits"
+    )
+    noisy["trajectory"]["train_loss_change_se"] = 0.04  # 0.1 is 2.5 standard errors
+    assert behind_baseline(noisy, "classify", RunSettings())["cause"].endswith(": overfitting")
+    # a rise within the noise is no instability either
+    noisy["trajectory"].update(train_loss_end=1.1, train_loss_change_se=0.06)
+    assert "underfits" in behind_baseline(noisy, "classify", RunSettings())["cause"]
+
+
 def test_a_flat_training_loss_near_the_validation_loss_is_underfitting():
     s = _behind_words(120, 400, _course(1.31, 1.30, 1.29, 1.2904))
     r = behind_baseline(s, "classify", RunSettings(epochs=None, hidden=32, lr=0.002, layers=1))

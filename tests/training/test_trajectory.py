@@ -45,6 +45,9 @@ def test_the_course_of_a_run_that_overfits():
         "last_valid_step": 200,
         "train_loss_at_best": pytest.approx(float(train_loss[near].mean())),
         "train_loss_end": pytest.approx(float(train_loss[-5:].mean())),
+        "train_loss_change_se": pytest.approx(
+            math.sqrt(train_loss[near].var(ddof=1) / 5 + train_loss[-5:].var(ddof=1) / 5)
+        ),
         "valid_loss_best": pytest.approx(1.42),
         "valid_loss_last": pytest.approx(1.42 + 120 / 500),
         "train_records": 50,
@@ -66,6 +69,9 @@ def test_non_finite_and_malformed_records_are_left_out():
     events += [{"event": "train", "step": "4", "loss_nats": 0.1}, {"event": "train", "step": 5}]
     t = trajectory(events, 3)
     assert t["train_records"] == 2 and t["train_loss_end"] == pytest.approx(1.5)
+    # both means read the same two records, 2 and 1: variance ½ each
+    assert t["train_loss_change_se"] == pytest.approx(math.sqrt(0.5 / 2 + 0.5 / 2))
+    assert trajectory(_events({1: 2.0}, {1: 1.5}), 1)["train_loss_change_se"] is None
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,9 @@ the run itself:
   loss at the best step and at the end, the validation loss at the best and at the last
   validation), in this order:
 
-  - the training loss fell clearly (by :data:`CLEAR_CHANGE` of its value or more) while
-    validation stayed or rose: overfitting — more ``--dropout``, a smaller ``--hidden``,
+  - the training loss fell clearly (by :data:`CLEAR_CHANGE` of its value and
+    :data:`CLEAR_SE` standard errors of the change, or more) while validation stayed or
+    rose: overfitting — more ``--dropout``, a smaller ``--hidden``,
     more data;
   - the training loss at the end under :data:`OVERFIT_RATIO` of the validation loss, or
     below the baseline's own validation loss (the model fits its training data better
@@ -39,7 +40,7 @@ baseline can be compared), printed by ``rnnkit train`` on stderr and shown in th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["HEADLINE", "LABELS", "RunSettings", "baseline_figures", "behind_baseline", "compare"]
 
@@ -67,10 +68,12 @@ LABELS = {
 # the model fits the training data much better than the rest — overfitting.
 OVERFIT_RATIO = 0.5
 
-# A smoothed training loss that moved by this share of its value at the best step moved
-# clearly (fell: the model went on fitting its training data while validation did not
-# follow; rose: the optimisation went astray); less is a plateau.
+# A smoothed training loss that moved by this share of its value at the best step, and
+# by CLEAR_SE standard errors of the change (the records' own noise), moved clearly
+# (fell: the model went on fitting its training data while validation did not follow;
+# rose: the optimisation went astray); less is a plateau.
 CLEAR_CHANGE = 0.05
+CLEAR_SE = 2.0
 
 
 @dataclass(frozen=True)
@@ -176,10 +179,29 @@ def _underfit_advice(settings: RunSettings) -> str:
     )
 
 
-def _course(summary: dict[str, Any]) -> tuple[float, float, float, float] | None:
-    """``(train at best, train at end, valid at best, valid at last)`` of
-    ``summary["trajectory"]`` (None where the run's events could not tell, and for a
-    negative loss — a Gaussian log-likelihood — whose shares of itself mean nothing)."""
+class _Course(NamedTuple):
+    """The figures of ``summary["trajectory"]`` the diagnosis reads."""
+
+    train_best: float
+    train_end: float
+    valid_best: float
+    valid_last: float
+    change_se: float  # 0 where unknown: the share rule alone
+
+    def moved(self) -> int:
+        """-1: the training loss fell clearly after the best step, +1: rose clearly, 0:
+        neither (by :data:`CLEAR_CHANGE` of its value and :data:`CLEAR_SE` standard
+        errors)."""
+        change = self.train_end - self.train_best
+        if abs(change) < max(CLEAR_CHANGE * self.train_best, CLEAR_SE * self.change_se):
+            return 0
+        return -1 if change < 0 else 1
+
+
+def _course(summary: dict[str, Any]) -> _Course | None:
+    """The figures of ``summary["trajectory"]`` (None where the run's events could not
+    tell, and for a negative loss — a Gaussian log-likelihood — whose shares of itself
+    mean nothing)."""
     course = summary.get("trajectory")
     if not isinstance(course, dict):
         return None
@@ -187,8 +209,10 @@ def _course(summary: dict[str, Any]) -> tuple[float, float, float, float] | None
     figures = [f for k in keys if (f := _number(course.get(k))) is not None and f >= 0]
     if len(figures) != len(keys):
         return None
+    se = _number(course.get("train_loss_change_se"))
     train_best, train_end, valid_best, valid_last = figures
-    return train_best, train_end, valid_best, valid_last
+    known = se if se is not None and se >= 0 else 0.0
+    return _Course(train_best, train_end, valid_best, valid_last, known)
 
 
 def _gap(
@@ -213,11 +237,12 @@ def _from_course(
     summary: dict[str, Any],
     settings: RunSettings,
     baseline_kind: str | None,
-    course: tuple[float, float, float, float],
+    course: _Course,
 ) -> tuple[str, str]:
     """``(cause, advice)`` of a run whose validation stopped improving, read from its
     course after the best step."""
-    train_best, train_end, valid_best, valid_last = course
+    train_best, train_end, valid_best, valid_last = course[:4]
+    moved = course.moved()
     best, steps = (summary.get("valid") or {}).get("step"), summary.get("steps")
     peak = f"validation stopped improving at step {best} of {steps}"
     valid = (
@@ -225,7 +250,7 @@ def _from_course(
         if f"{valid_last:.3g}" != f"{valid_best:.3g}"
         else f"validation stayed at {valid_best:.3g}"
     )
-    if train_end <= (1 - CLEAR_CHANGE) * train_best:
+    if moved < 0:
         return (
             f"{peak}; the training loss fell from {train_best:.3g} to {train_end:.3g} after "
             f"the best step while {valid}: overfitting",
@@ -240,7 +265,7 @@ def _from_course(
         )
     if gap is not None:
         return f"{peak}; {gap}", _overfit_advice(settings)
-    if train_end >= (1 + CLEAR_CHANGE) * train_best:
+    if moved > 0:
         return (
             f"{peak}; the training loss rose from {train_best:.3g} to {train_end:.3g} after "
             f"the best step while {valid}: the optimisation is unstable",

@@ -10,13 +10,16 @@ both alike.
 
 :func:`trajectory` returns ``summary["trajectory"]``::
 
-    best_step           the step of the best validation (the weights kept)
-    last_valid_step     the step of the last validation
-    train_loss_at_best  the smoothed training loss at the best step
-    train_loss_end      the smoothed training loss at the end of the run
-    valid_loss_best     the validation loss at the best step
-    valid_loss_last     the validation loss at the last validation
-    train_records       how many training records the figures were read from
+    best_step             the step of the best validation (the weights kept)
+    last_valid_step       the step of the last validation
+    train_loss_at_best    the smoothed training loss at the best step
+    train_loss_end        the smoothed training loss at the end of the run
+    train_loss_change_se  the standard error of ``train_loss_end - train_loss_at_best``
+                          from the spread of the records of each mean (None with
+                          fewer than two records): how far noise alone moves it
+    valid_loss_best       the validation loss at the best step
+    valid_loss_last       the validation loss at the last validation
+    train_records         how many training records the figures were read from
 
 Losses are in the unit of the task's training loss: nats a token (``loss_nats``), or for
 ``regress`` the loss per predicted value (``loss``: the mean squared error, or the
@@ -26,6 +29,7 @@ Gaussian negative log-likelihood in nats).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 from typing import Any
 
@@ -42,6 +46,14 @@ def _figure(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _nearest(records: list[tuple[int, float]], step: int | None) -> list[float]:
+    """The losses of the :data:`SMOOTH_RECORDS` records nearest ``step`` (None: the last)."""
+    if step is None:
+        return [loss for _, loss in records[-SMOOTH_RECORDS:]]
+    # nearest first; between two as near, the earlier (sorted() is stable)
+    return [loss for _, loss in sorted(records, key=lambda r: abs(r[0] - step))][:SMOOTH_RECORDS]
+
+
 def smoothed_loss(records: list[tuple[int, float]], step: int | None = None) -> float | None:
     """The mean of the :data:`SMOOTH_RECORDS` records ``(step, loss)`` (in step order)
     nearest ``step`` (None: the last ones); None without records.
@@ -50,14 +62,16 @@ def smoothed_loss(records: list[tuple[int, float]], step: int | None = None) -> 
     >>> smoothed_loss(r, 30), smoothed_loss(r)
     (2.2, 1.2)
     """
-    if not records:
+    chosen = _nearest(records, step)
+    return sum(chosen) / len(chosen) if chosen else None
+
+
+def _change_se(a: list[float], b: list[float]) -> float | None:
+    """The standard error of ``mean(b) - mean(a)`` from the spread of each window's
+    records (None with fewer than two in either)."""
+    if len(a) < 2 or len(b) < 2:
         return None
-    if step is None:
-        chosen = records[-SMOOTH_RECORDS:]
-    else:
-        # nearest first; between two as near, the earlier (sorted() is stable)
-        chosen = sorted(records, key=lambda r: abs(r[0] - step))[:SMOOTH_RECORDS]
-    return sum(loss for _, loss in chosen) / len(chosen)
+    return math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
 
 
 def trajectory(
@@ -102,6 +116,7 @@ def trajectory(
         "last_valid_step": valid[-1][0],
         "train_loss_at_best": smoothed_loss(records, best_step),
         "train_loss_end": smoothed_loss(records),
+        "train_loss_change_se": _change_se(_nearest(records, best_step), _nearest(records, None)),
         "valid_loss_best": at_best[-1],
         "valid_loss_last": valid[-1][1],
         "train_records": len(records),

@@ -85,12 +85,16 @@ def test_every_task_writes_the_course_of_its_run(data, run_cli, tmp_path, name):
     best = summary["valid"]["step"]
     assert len(train) == 6 and sorted(valid) == [2, 4, 6]
     course = summary["trajectory"]
+    # six records, one a step: the five nearest the best step, and the last five
+    at_best, end = np.array(train[:5] if best < 4 else train[1:]), np.array(train[1:])
     assert course == {
         "best_step": best,
         "last_valid_step": 6,
-        # six records, one a step: the five nearest the best step, and the last five
-        "train_loss_at_best": pytest.approx(np.mean(train[:5] if best < 4 else train[1:])),
-        "train_loss_end": pytest.approx(np.mean(train[1:])),
+        "train_loss_at_best": pytest.approx(at_best.mean()),
+        "train_loss_end": pytest.approx(end.mean()),
+        "train_loss_change_se": pytest.approx(
+            np.sqrt(at_best.var(ddof=1) / 5 + end.var(ddof=1) / 5)
+        ),
         "valid_loss_best": pytest.approx(valid[best]),
         "valid_loss_last": pytest.approx(valid[6]),
         "train_records": 6,
