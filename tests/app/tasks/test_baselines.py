@@ -250,21 +250,30 @@ def test_report_shows_each_baseline_and_says_when_the_model_is_ahead(capsys, tmp
 # -- the likely cause, read from the run's course -----------------------------------------
 
 
-def _random_walks(path: Path, n: int, seed: int) -> Path:
-    """Random walks of 20 steps: persistence (the last value) is the best forecast of the
-    next one, so any model trained on them ends behind it."""
+def _random_walks(path: Path, n: int, seed: int, spread: float = 0.0) -> Path:
+    """Random walks of 20 steps, from a start uniform in ``±spread``: persistence (the last
+    value) is the best forecast of the next one, so any model trained on them ends behind
+    it."""
     rng = np.random.default_rng(seed)
-    rows = [{"seq": np.cumsum(rng.normal(size=20)).round(4).tolist()} for _ in range(n)]
+    rows = [
+        {"seq": (rng.uniform(-spread, spread) + np.cumsum(rng.normal(size=20))).round(4).tolist()}
+        for _ in range(n)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
-def _course_run(capsys, tmp_path: Path, *options: str) -> tuple[dict, str, list[dict]]:
+def _course_run(
+    capsys, tmp_path: Path, *options: str, walks: tuple[int, int, float] = (2, 1, 0.0)
+) -> tuple[dict, str, list[dict]]:
+    """A regress run on ``walks``: (training walks, batch size, spread of their starts)."""
+    n, batch, spread = walks
+    train_file = _random_walks(tmp_path / "t.jsonl", n, 0 if spread == 0 else 3, spread)
+    valid_file = _random_walks(tmp_path / "v.jsonl", 20, 1 if spread == 0 else 4, spread)
     code, _, err = cli(
-        capsys, "train", "--task", "regress", "--train", str(_random_walks(tmp_path / "t.jsonl",
-        2, 0)), "--valid", str(_random_walks(tmp_path / "v.jsonl", 20, 1)), "--out",
-        str(tmp_path / "run"), "--batch-size", "1", "--seed", "0", "--threads", "1",
-        "--quiet", "--no-report", *options,
+        capsys, "train", "--task", "regress", "--train", str(train_file), "--valid",
+        str(valid_file), "--out", str(tmp_path / "run"), "--batch-size", str(batch),
+        "--seed", "0", "--threads", "1", "--quiet", "--no-report", *options,
     )  # fmt: skip
     assert code == 0, err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -308,3 +317,16 @@ def test_a_small_model_at_a_small_rate_is_not_said_to_overfit(capsys, tmp_path):
     assert behind["still_improving"] is True
     assert behind["cause"] == "validation was still improving when the budget (--epochs 20) ended"
     assert err.strip() == f"rnnkit: {behind['line']}"
+
+
+def test_a_model_too_small_for_its_data_is_said_to_underfit(capsys, tmp_path):
+    # walks starting anywhere in ±30: two tanh units cannot carry the last value over
+    # that range, so the model stays far behind persistence on training data as well
+    summary, err, _ = _course_run(
+        capsys, tmp_path, "--hidden", "2", "--lr", "0.1", "--epochs", "30", walks=(40, 4, 30.0)
+    )
+    behind, course = summary["behind_baseline"], summary["trajectory"]
+    assert behind["model"] > 10 * behind["baseline"] and behind["still_improving"] is False
+    assert course["train_loss_end"] > 0.5 * course["valid_loss_best"]
+    assert behind["cause"].endswith("the model underfits") and "overfitting" not in err
+    assert behind["advice"].startswith("a larger --hidden (now 2)")
