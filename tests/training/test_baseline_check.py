@@ -170,3 +170,150 @@ def test_cause_a_model_that_fits_better_than_its_baseline_but_does_not_generalis
     s["train_loss_nats"] = 1.7
     r = behind_baseline(s, "lm", RunSettings(epochs=None, hidden=128, layers=2))
     assert r["cause"].endswith("(training loss 1.7): the model underfits")
+
+
+def _course(train_best: float, train_end: float, valid_best: float, valid_last: float) -> dict:
+    return {
+        "train_loss_at_best": train_best,
+        "train_loss_end": train_end,
+        "valid_loss_best": valid_best,
+        "valid_loss_last": valid_last,
+    }
+
+
+def _behind_words(best: int, steps: int, course: dict | None, **valid) -> dict:
+    """A word classifier behind its bag of n-grams whose validation peaked at ``best``."""
+    s = {
+        "task": "classify",
+        "steps": steps,
+        "stopped": f"no improvement for 20 validations (best at step {best})",
+        "train_loss_nats": 0.846,
+        "valid": {"step": best, "accuracy": 0.3219, "loss_nats": 1.564, **valid},
+        "baselines": {"bag_of_ngrams": {"kind": "bag of n-grams", "accuracy": 0.4117}},
+    }
+    if course is not None:
+        s["trajectory"] = {"best_step": best, "last_valid_step": steps, **course}
+    return s
+
+
+def test_a_training_loss_that_went_on_falling_after_the_best_step_is_overfitting():
+    # The word classifier on the stdlib lines (--dropout 0.3 --bidirectional --pooling max):
+    # training loss 0.846 at the end against 1.564 on validation is not under half of it,
+    # which alone read as underfitting; its course says otherwise: smoothed, the training
+    # loss fell from 1.119 to 0.837 after step 1056 while validation rose to 1.980.
+    s = _behind_words(1056, 1696, _course(1.119, 0.837, 1.564, 1.980))
+    r = behind_baseline(s, "classify", RunSettings(epochs=None, hidden=256, dropout=0.3))
+    assert r["still_improving"] is False and r["best_step"] == 1056
+    assert r["cause"] == (
+        "validation stopped improving at step 1056 of 1696; the training loss fell from 1.12 "
+        "to 0.837 after the best step while validation rose from 1.56 to 1.98: overfitting"
+    )
+    assert r["advice"] == (
+        "more --dropout (now 0.3), a smaller --hidden (now 256) or more training data"
+    )
+    assert "underfit" not in r["line"]
+    # the same summary without its course: the final figures alone (summaries of old runs)
+    del s["trajectory"]
+    r = behind_baseline(s, "classify", RunSettings(epochs=None))
+    assert r["cause"].endswith("(training loss 0.846): the model underfits")
+
+
+def test_a_fall_just_past_the_threshold_is_overfitting_and_one_short_of_it_is_not():
+    over = _behind_words(100, 200, _course(1.0, 0.95, 1.2, 1.25))  # fell by 5 %
+    assert behind_baseline(over, "classify", RunSettings())["cause"].endswith(
+        "the training loss fell from 1 to 0.95 after the best step while validation rose "
+        "from 1.2 to 1.25: overfitting"
+    )
+    flat = _behind_words(100, 200, _course(1.0, 0.96, 1.2, 1.25))  # fell by 4 %
+    assert behind_baseline(flat, "classify", RunSettings())["cause"].endswith(
+        "the training loss stayed near 1 after the best step (0.96 at the end) while "
+        "validation rose from 1.2 to 1.25: the model underfits"
+    )
+
+
+def test_a_fall_within_the_noise_of_the_records_is_not_overfitting():
+    # 10 % lower, but the records scatter so that the change has a standard error of 0.06:
+    # under two of them, the noise could have made it
+    noisy = _behind_words(100, 200, {**_course(1.0, 0.9, 1.2, 1.25), "train_loss_change_se": 0.06})
+    assert behind_baseline(noisy, "classify", RunSettings())["cause"].endswith(
+        "the training loss stayed near 1 after the best step (0.9 at the end) while "
+        "validation rose from 1.2 to 1.25: the model underfits"
+    )
+    noisy["trajectory"]["train_loss_change_se"] = 0.04  # 0.1 is 2.5 standard errors
+    assert behind_baseline(noisy, "classify", RunSettings())["cause"].endswith(": overfitting")
+    # a rise within the noise is no instability either
+    noisy["trajectory"].update(train_loss_end=1.1, train_loss_change_se=0.06)
+    assert "underfits" in behind_baseline(noisy, "classify", RunSettings())["cause"]
+
+
+def test_a_flat_training_loss_near_the_validation_loss_is_underfitting():
+    s = _behind_words(120, 400, _course(1.31, 1.30, 1.29, 1.2904))
+    r = behind_baseline(s, "classify", RunSettings(epochs=None, hidden=32, lr=0.002, layers=1))
+    assert r["cause"] == (
+        "validation stopped improving at step 120 of 400; the training loss stayed near 1.31 "
+        "after the best step (1.3 at the end) while validation stayed at 1.29: the model "
+        "underfits"
+    )
+    assert r["advice"] == (
+        "a larger --hidden (now 32), another --lr (now 0.002; try a third and three times "
+        "it) or --layers 2"
+    )
+
+
+def test_a_flat_training_loss_far_under_the_validation_loss_is_overfitting():
+    # the model fit its training data before validation peaked: flat, but far below
+    s = _behind_words(300, 400, _course(0.2, 0.2, 1.0, 1.1))
+    r = behind_baseline(s, "classify", RunSettings(hidden=512, dropout=0.1))
+    assert r["cause"] == (
+        "validation stopped improving at step 300 of 400; the training loss (0.2 at the "
+        "end) is under half the validation loss (1): overfitting"
+    )
+    assert r["advice"].startswith("more --dropout (now 0.1), a smaller --hidden (now 512)")
+
+
+def test_a_flat_training_loss_under_the_baselines_validation_loss_is_overfitting():
+    s = {
+        "task": "lm",
+        "steps": 1310,
+        "train_loss_nats": 1.3,
+        "valid": {"step": 1210, "loss_nats": 1.81, "bits_per_char": 2.61, "tokens": 500},
+        "ngram": {"order": 5, "loss_nats": 1.62, "bits_per_char": 2.33, "tokens": 500},
+        "trajectory": _course(1.26, 1.25, 1.81, 1.83),
+    }
+    r = behind_baseline(s, "lm", RunSettings(epochs=None))
+    assert r["cause"] == (
+        "validation stopped improving at step 1210 of 1310; the training loss (1.25) is "
+        "below the 5-gram's validation loss (1.62) but the model's validation loss is "
+        "1.81: it does not generalise from this data (overfitting)"
+    )
+
+
+def test_a_training_loss_that_rose_after_the_best_step_asks_for_a_smaller_rate():
+    s = _behind_words(50, 400, _course(1.0, 1.3, 1.2, 1.6))
+    r = behind_baseline(s, "classify", RunSettings(lr=0.03))
+    assert r["cause"].endswith(
+        "the training loss rose from 1 to 1.3 after the best step while validation rose "
+        "from 1.2 to 1.6: the optimisation is unstable"
+    )
+    assert r["advice"] == "a smaller --lr (now 0.03; try a third of it)"
+
+
+def test_the_still_improving_branch_is_kept_whatever_the_course():
+    s = _behind_words(1696, 1696, _course(1.2, 0.5, 1.5, 1.5))
+    r = behind_baseline(s, "classify", RunSettings(epochs=None, steps=1696))
+    assert r["still_improving"] is True
+    assert r["cause"] == "validation was still improving when the budget (--steps 1696) ended"
+
+
+@pytest.mark.parametrize(
+    "course",
+    [None, "x", {"train_loss_at_best": 1.1}, _course(1.1, "0.8", 1.5, 1.9), _course(1.1, -1, 1, 2)],
+)
+def test_an_incomplete_course_falls_back_to_the_final_figures(course):
+    s = _behind_words(1056, 1696, None)
+    s["trajectory"] = course
+    r = behind_baseline(s, "classify", RunSettings())
+    assert r["cause"] == (
+        "validation stopped improving at step 1056 of 1696 (training loss 0.846): the model "
+        "underfits"
+    )

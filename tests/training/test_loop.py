@@ -505,3 +505,25 @@ def test_verbose_prints_one_line_per_record(tmp_path, capsys):
     # without -v: nothing (the progress bar is off: quiet)
     make_trainer(out=tmp_path / "b", log_every=3, steps=6).fit()
     assert capsys.readouterr().err == ""
+
+
+def test_the_rate_is_named_by_what_the_loss_counts(tmp_path, capsys, monkeypatch):
+    """A classifier's loss counts examples: its bar and -v lines say so, not tokens."""
+    import functools
+
+    from rnnkit import messages
+    from rnnkit.training.progress import Progress
+
+    # a plain progress line at every step (not every 30 s)
+    monkeypatch.setattr("rnnkit.training.loop.Progress", functools.partial(Progress, interval=0))
+    messages.set_verbosity(1)
+    try:
+        make_trainer(out=tmp_path / "a", steps=2, quiet=False, counts="examples").fit()
+        examples = capsys.readouterr().err
+        make_trainer(out=tmp_path / "b", steps=2, quiet=False).fit()
+        tokens = capsys.readouterr().err
+    finally:
+        messages.set_verbosity(0)
+    assert "ex_s=" in examples and "examples/s" in examples
+    assert "tok_s" not in examples and "tokens/s" not in examples
+    assert "tok_s=" in tokens and "tokens/s" in tokens and "examples" not in tokens

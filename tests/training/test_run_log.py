@@ -28,3 +28,25 @@ def test_other_processes_keep_the_history_only(tmp_path):
     log.write({"event": "valid", "step": 1, "loss_nats": 0.5})
     log.write_csv()
     assert list(tmp_path.iterdir()) == [] and seen == [] and len(log.history) == 1
+
+
+def test_verbose_lines_name_what_the_rate_counts(tmp_path, caplog):
+    from rnnkit import messages
+    from rnnkit.training.run_log import counted
+
+    assert [counted(t) for t in ("lm", "tag", "seq2seq", "events", "classify", "regress")] == [
+        "tokens", "tokens", "tokens", "tokens", "examples", "values",
+    ]  # fmt: skip
+    event = {"event": "train", "step": 2, "epoch": 0, "loss_nats": 0.7, "tokens_per_s": 96.0}
+    messages.set_verbosity(1)
+    try:
+        with caplog.at_level("DEBUG", logger="rnnkit"):
+            RunLog(tmp_path, True, [], counts="examples").write(event, total_steps=4)
+            RunLog(None, True, []).write(event, total_steps=4)
+    finally:
+        messages.set_verbosity(0)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "step 2/4 (epoch 0): loss 0.7000 nats, 96 examples/s",
+        "step 2/4 (epoch 0): loss 0.7000 nats, 96 tokens/s",
+    ]

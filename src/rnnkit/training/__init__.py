@@ -12,7 +12,9 @@
 * ``manifest``: ``manifest.json``, the SHA-256 of every file of a finished run, checked
   on every read;
 * ``schedules``, ``scheduled_sampling``, ``distributed``, ``progress``, ``tensorboard``,
-  ``baseline_check``: as their names say.
+  ``baseline_check``: as their names say;
+* ``trajectory``: the course of a run (smoothed training loss at the best step and at
+  the end), which tells overfitting from underfitting.
 
 The ``SCHEDULES`` of ``scheduled_sampling`` and ``schedules`` differ in meaning and stay in
 their modules.
@@ -84,15 +86,17 @@ from rnnkit.training.run_files import (
     read_summary,
     write_metrics_csv,
 )
-from rnnkit.training.run_log import describe_event
+from rnnkit.training.run_log import COUNTED, counted, describe_event
 from rnnkit.training.scheduled_sampling import SamplingSchedule, parse_schedule
 from rnnkit.training.schedules import LRSchedule, build_lr_schedulers, parse_lr_schedule
 from rnnkit.training.tensorboard import TensorBoardWriter, require_tensorboard, scalars
+from rnnkit.training.trajectory import SMOOTH_RECORDS, smoothed_loss, trajectory
 
 __all__ = [
     "CAP_EPOCHS",
     "CAP_MIN_STEPS",
     "CAP_SECONDS",
+    "COUNTED",
     "CSV_FIRST_COLUMNS",
     "FORMAT_VERSION",
     "HEADLINE",
@@ -101,6 +105,7 @@ __all__ = [
     "MAX_SCALER_SKIPS",
     "MAX_SKIPPED_STEPS",
     "METRIC_FIELDS",
+    "SMOOTH_RECORDS",
     "DistContext",
     "LRSchedule",
     "PeerLost",
@@ -124,6 +129,7 @@ __all__ = [
     "build_lr_schedulers",
     "checksums_skipped",
     "compare",
+    "counted",
     "covered_files",
     "default_eval_every",
     "default_log_every",
@@ -151,7 +157,9 @@ __all__ = [
     "sha256_file",
     "shutdown_distributed",
     "skipping_checksums",
+    "smoothed_loss",
     "tensors_sha256",
+    "trajectory",
     "verify_run",
     "write_manifest",
     "write_metrics_csv",

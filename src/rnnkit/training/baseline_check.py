@@ -10,13 +10,28 @@ the run itself:
 * validation still improving when training ended (the best validation was the last):
   the run was too short — a budget option (``--steps``, ``--epochs``, ``--max-time``)
   ended it, or the default mode's cap did;
-* validation stopped improving while the training loss is far below the validation loss
-  (under half of it), or below the baseline's own validation loss (the model fits its
-  training data better than the baseline fits the validation data, yet ends behind on
-  validation: it does not generalise from this data): overfitting — more ``--dropout``,
-  a smaller ``--hidden``, more data;
-* validation stopped improving and the training loss is not much lower: underfitting —
-  a larger ``--hidden``, another ``--lr``, more ``--layers``.
+* validation stopped improving, read from the run's course after the best step
+  (``summary["trajectory"]``, :mod:`rnnkit.training.trajectory`: the smoothed training
+  loss at the best step and at the end, the validation loss at the best and at the last
+  validation), in this order:
+
+  - the training loss fell clearly (by :data:`CLEAR_CHANGE` of its value and
+    :data:`CLEAR_SE` standard errors of the change, or more) while validation stayed or
+    rose: overfitting — more ``--dropout``, a smaller ``--hidden``,
+    more data;
+  - the training loss at the end under :data:`OVERFIT_RATIO` of the validation loss, or
+    below the baseline's own validation loss (the model fits its training data better
+    than the baseline fits the validation data, yet ends behind on validation: it does
+    not generalise from this data): overfitting, the same advice;
+  - the training loss rose clearly: the optimisation is unstable — a smaller ``--lr``;
+  - the training loss flat as well (the model learns no more, from either): underfitting
+    — a larger ``--hidden``, another ``--lr``, more ``--layers``.
+
+  The sentence names the figures (``the training loss fell from 1.12 to 0.837 after the
+  best step while validation rose from 1.56 to 1.98: overfitting``). A summary without
+  the course (the best validation came before a ``--resume``, whose events are not in
+  memory) is judged by the final training loss against the validation loss alone: under
+  half of it, or under the baseline's, overfitting; otherwise underfitting.
 
 The result is ``summary["behind_baseline"]`` (None when the model is not behind, or no
 baseline can be compared), printed by ``rnnkit train`` on stderr and shown in the report.
@@ -25,7 +40,7 @@ baseline can be compared), printed by ``rnnkit train`` on stderr and shown in th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["HEADLINE", "LABELS", "RunSettings", "baseline_figures", "behind_baseline", "compare"]
 
@@ -52,6 +67,13 @@ LABELS = {
 # The training loss under half the validation loss, once validation stopped improving:
 # the model fits the training data much better than the rest — overfitting.
 OVERFIT_RATIO = 0.5
+
+# A smoothed training loss that moved by this share of its value at the best step, and
+# by CLEAR_SE standard errors of the change (the records' own noise), moved clearly
+# (fell: the model went on fitting its training data while validation did not follow;
+# rose: the optimisation went astray); less is a plateau.
+CLEAR_CHANGE = 0.05
+CLEAR_SE = 2.0
 
 
 @dataclass(frozen=True)
@@ -123,71 +145,169 @@ def _baseline_loss(summary: dict[str, Any], kind: str) -> float | None:
     return None
 
 
+def _still_improving(summary: dict[str, Any], settings: RunSettings) -> tuple[str, str] | None:
+    """``(cause, advice)`` when the best validation was the last (None otherwise)."""
+    steps, best = summary.get("steps"), (summary.get("valid") or {}).get("step")
+    if not (isinstance(best, int) and isinstance(steps, int) and best >= steps):
+        return None
+    budget = _budget(settings)
+    if budget:
+        flags = " / ".join(b.split()[0] for b in budget)
+        return (
+            f"validation was still improving when the budget ({', '.join(budget)}) ended",
+            f"train longer: leave out {flags} (training then runs until validation "
+            f"stops improving) or raise it",
+        )
+    stopped = summary.get("stopped") or ""
+    return (
+        f"validation was still improving when training stopped ({stopped or 'the cap'})",
+        f"a larger --lr (now {settings.lr:g}) or a longer run (--epochs beyond the cap)",
+    )
+
+
+def _overfit_advice(settings: RunSettings) -> str:
+    return (
+        f"more --dropout (now {settings.dropout:g}), a smaller --hidden "
+        f"(now {settings.hidden}) or more training data"
+    )
+
+
+def _underfit_advice(settings: RunSettings) -> str:
+    return (
+        f"a larger --hidden (now {settings.hidden}), another --lr (now {settings.lr:g}; "
+        f"try a third and three times it) or --layers {settings.layers + 1}"
+    )
+
+
+class _Course(NamedTuple):
+    """The figures of ``summary["trajectory"]`` the diagnosis reads."""
+
+    train_best: float
+    train_end: float
+    valid_best: float
+    valid_last: float
+    change_se: float  # 0 where unknown: the share rule alone
+
+    def moved(self) -> int:
+        """-1: the training loss fell clearly after the best step, +1: rose clearly, 0:
+        neither (by :data:`CLEAR_CHANGE` of its value and :data:`CLEAR_SE` standard
+        errors)."""
+        change = self.train_end - self.train_best
+        if abs(change) < max(CLEAR_CHANGE * self.train_best, CLEAR_SE * self.change_se):
+            return 0
+        return -1 if change < 0 else 1
+
+
+def _course(summary: dict[str, Any]) -> _Course | None:
+    """The figures of ``summary["trajectory"]`` (None where the run's events could not
+    tell, and for a negative loss — a Gaussian log-likelihood — whose shares of itself
+    mean nothing)."""
+    course = summary.get("trajectory")
+    if not isinstance(course, dict):
+        return None
+    keys = ("train_loss_at_best", "train_loss_end", "valid_loss_best", "valid_loss_last")
+    figures = [f for k in keys if (f := _number(course.get(k))) is not None and f >= 0]
+    if len(figures) != len(keys):
+        return None
+    se = _number(course.get("train_loss_change_se"))
+    train_best, train_end, valid_best, valid_last = figures
+    known = se if se is not None and se >= 0 else 0.0
+    return _Course(train_best, train_end, valid_best, valid_last, known)
+
+
+def _gap(
+    summary: dict[str, Any], train_loss: float, valid_loss: float, baseline_kind: str | None
+) -> str | None:
+    """Whether a training loss ``train_loss`` is far below the validation loss: ``"ratio"``
+    when under :data:`OVERFIT_RATIO` of it, the sentence saying so when under the
+    baseline's own validation loss, None when neither."""
+    if valid_loss > 0 and train_loss < OVERFIT_RATIO * valid_loss:
+        return "ratio"
+    base_loss = None if baseline_kind is None else _baseline_loss(summary, baseline_kind)
+    if base_loss is not None and train_loss < base_loss < valid_loss:
+        return (
+            f"the training loss ({train_loss:.3g}) is below the {baseline_kind}'s "
+            f"validation loss ({base_loss:.3g}) but the model's validation loss is "
+            f"{valid_loss:.3g}: it does not generalise from this data (overfitting)"
+        )
+    return None
+
+
+def _from_course(
+    summary: dict[str, Any],
+    settings: RunSettings,
+    baseline_kind: str | None,
+    course: _Course,
+) -> tuple[str, str]:
+    """``(cause, advice)`` of a run whose validation stopped improving, read from its
+    course after the best step."""
+    train_best, train_end, valid_best, valid_last = course[:4]
+    moved = course.moved()
+    best, steps = (summary.get("valid") or {}).get("step"), summary.get("steps")
+    peak = f"validation stopped improving at step {best} of {steps}"
+    valid = (
+        f"validation rose from {valid_best:.3g} to {valid_last:.3g}"
+        if f"{valid_last:.3g}" != f"{valid_best:.3g}"
+        else f"validation stayed at {valid_best:.3g}"
+    )
+    if moved < 0:
+        return (
+            f"{peak}; the training loss fell from {train_best:.3g} to {train_end:.3g} after "
+            f"the best step while {valid}: overfitting",
+            _overfit_advice(settings),
+        )
+    gap = _gap(summary, train_end, valid_best, baseline_kind)
+    if gap == "ratio":
+        return (
+            f"{peak}; the training loss ({train_end:.3g} at the end) is under half the "
+            f"validation loss ({valid_best:.3g}): overfitting",
+            _overfit_advice(settings),
+        )
+    if gap is not None:
+        return f"{peak}; {gap}", _overfit_advice(settings)
+    if moved > 0:
+        return (
+            f"{peak}; the training loss rose from {train_best:.3g} to {train_end:.3g} after "
+            f"the best step while {valid}: the optimisation is unstable",
+            f"a smaller --lr (now {settings.lr:g}; try a third of it)",
+        )
+    return (
+        f"{peak}; the training loss stayed near {train_best:.3g} after the best step "
+        f"({train_end:.3g} at the end) while {valid}: the model underfits",
+        _underfit_advice(settings),
+    )
+
+
 def _diagnose(
     summary: dict[str, Any], settings: RunSettings, baseline_kind: str | None = None
 ) -> tuple[bool, str, str]:
     """``(still improving, likely cause, what to try)`` of a run that ended behind its
     baseline ``baseline_kind``."""
+    still = _still_improving(summary, settings)
+    if still is not None:
+        return True, *still
+    course = _course(summary)
+    if course is not None:
+        return False, *_from_course(summary, settings, baseline_kind, course)
+    # Without the run's course (a summary without ``trajectory``): the final training
+    # loss against the validation loss.
     valid = summary.get("valid") or {}
-    steps = summary.get("steps")
-    best = valid.get("step")
-    still = isinstance(best, int) and isinstance(steps, int) and best >= steps
-    stopped = summary.get("stopped") or ""
-    if still:
-        budget = _budget(settings)
-        if budget:
-            flags = " / ".join(b.split()[0] for b in budget)
-            return (
-                True,
-                f"validation was still improving when the budget ({', '.join(budget)}) ended",
-                f"train longer: leave out {flags} (training then runs until validation "
-                f"stops improving) or raise it",
-            )
-        return (
-            True,
-            f"validation was still improving when training stopped ({stopped or 'the cap'})",
-            f"a larger --lr (now {settings.lr:g}) or a longer run (--epochs beyond the cap)",
-        )
     loss_key = "loss" if summary.get("task") == "regress" else "loss_nats"
     train_loss, valid_loss = _number(summary.get("train_loss_nats")), _number(valid.get(loss_key))
-    peak = f"validation stopped improving at step {best} of {steps}"
-    overfit_advice = (
-        f"more --dropout (now {settings.dropout:g}), a smaller --hidden "
-        f"(now {settings.hidden}) or more training data"
-    )
-    if (
-        train_loss is not None
-        and valid_loss is not None
-        and valid_loss > 0
-        and train_loss < OVERFIT_RATIO * valid_loss
-    ):
-        return (
-            False,
-            f"{peak} while the training loss went on falling ({train_loss:.3g} vs "
-            f"{valid_loss:.3g} on validation): overfitting",
-            overfit_advice,
-        )
-    base_loss = None if baseline_kind is None else _baseline_loss(summary, baseline_kind)
-    if (
-        train_loss is not None
-        and valid_loss is not None
-        and base_loss is not None
-        and train_loss < base_loss < valid_loss
-    ):
-        return (
-            False,
-            f"{peak}; the training loss ({train_loss:.3g}) is below the {baseline_kind}'s "
-            f"validation loss ({base_loss:.3g}) but the model's validation loss is "
-            f"{valid_loss:.3g}: it does not generalise from this data (overfitting)",
-            overfit_advice,
-        )
+    peak = f"validation stopped improving at step {valid.get('step')} of {summary.get('steps')}"
+    if train_loss is not None and valid_loss is not None:
+        gap = _gap(summary, train_loss, valid_loss, baseline_kind)
+        if gap == "ratio":
+            return (
+                False,
+                f"{peak} while the training loss went on falling ({train_loss:.3g} vs "
+                f"{valid_loss:.3g} on validation): overfitting",
+                _overfit_advice(settings),
+            )
+        if gap is not None:
+            return False, f"{peak}; {gap}", _overfit_advice(settings)
     shown = f" (training loss {train_loss:.3g})" if train_loss is not None else ""
-    return (
-        False,
-        f"{peak}{shown}: the model underfits",
-        f"a larger --hidden (now {settings.hidden}), another --lr (now {settings.lr:g}; "
-        f"try a third and three times it) or --layers {settings.layers + 1}",
-    )
+    return False, f"{peak}{shown}: the model underfits", _underfit_advice(settings)
 
 
 def compare(summary: dict[str, Any], task: str | None = None) -> dict[str, Any] | None:

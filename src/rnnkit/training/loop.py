@@ -72,6 +72,10 @@ def _detach(state: Any) -> Any:
     return type(state)(*(_detach(s) for s in state))
 
 
+# The progress bar's name for the rate, by what the loss counts (TrainOptions.counts).
+_RATE_KEYS = {"tokens": "tok_s", "examples": "ex_s", "values": "values_s"}
+
+
 class _Taken(NamedTuple):
     """One optimizer step that was taken: its global figures (sums over processes)."""
 
@@ -192,7 +196,7 @@ class Trainer(Generic[_M]):
         self.scheduler = scheduler
         self.plateau = plateau
         self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.run_log = RunLog(self.out_dir, self.dist.is_main, callbacks or [])
+        self.run_log = RunLog(self.out_dir, self.dist.is_main, callbacks or [], options.counts)
         self.history = self.run_log.history  # the most recent events (metrics.jsonl: all)
         self.grad_hook = grad_hook
         self.step = 0
@@ -444,6 +448,7 @@ class Trainer(Generic[_M]):
         """The progress bar after a step: loss, bits or perplexity, rate, patience."""
         loss = pace.last_train_loss
         assert loss is not None
+        rate = _RATE_KEYS.get(self.options.counts, "tok_s")
         shown = (
             {"bits": f"{loss / math.log(2):.3f}"}
             if self.options.units == "bits"
@@ -459,7 +464,7 @@ class Trainer(Generic[_M]):
             loss=f"{loss:.3f}",
             **shown,
             lr=f"{taken.lr:.3g}",
-            tok_s=f"{pace.rate(time.perf_counter()):.0f}",
+            **{rate: f"{pace.rate(time.perf_counter()):.0f}"},
             **waiting,
         )
 

@@ -53,6 +53,9 @@ class TrainOptions:
         rows: batch rows, which bound the thread count (each thread gets >= 8 rows).
         quiet: no progress bar.
         units: what the progress bar shows besides nats: ``"bits"`` or ``"ppl"``.
+        counts: what the loss's count (``LossOutput.tokens``) counts — ``"tokens"``,
+            ``"examples"`` (a classifier), ``"values"`` (a regressor): the unit of the
+            rate the progress bar and the ``-v`` lines show (``examples/s``).
         lr_schedule: ``"constant"``, ``"plateau"``, ``"step:E:F"`` or ``"cosine"``
             (``rnnkit.training.schedules``), built here; None: the ``scheduler`` and
             ``plateau`` given to the ``Trainer``, if any.
@@ -82,6 +85,7 @@ class TrainOptions:
     rows: int | None = None
     quiet: bool = False
     units: str = "ppl"
+    counts: str = "tokens"
     lr_schedule: str | None = None
     warmup: int = 0
     lr_decay: float = 0.5

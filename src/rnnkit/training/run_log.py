@@ -19,7 +19,7 @@ from rnnkit.errors import CheckpointError
 from rnnkit.training.checkpoint import append_jsonl
 from rnnkit.training.run_files import write_metrics_csv
 
-__all__ = ["describe_event"]
+__all__ = ["COUNTED", "counted", "describe_event"]
 
 HISTORY_EVENTS = 10_000  # logged events kept in memory (TrainResult.history)
 # metrics.csv is rewritten from metrics.jsonl at a snapshot at most this often (and when
@@ -28,12 +28,33 @@ HISTORY_EVENTS = 10_000  # logged events kept in memory (TrainResult.history)
 CSV_EVERY_S = 30.0
 
 
-def describe_event(event: dict[str, Any], total_steps: int | None = None) -> str:
-    """One event of ``metrics.jsonl`` as a line for people (what ``-v`` prints).
+#: What a task's training loss counts (``LossOutput.tokens``, so ``tokens_per_s``) where
+#: that is not tokens: a classifier scores one prediction per example, a regressor one
+#: per predicted value (each of the ``K`` outputs, at every step for ``--target next``).
+COUNTED = {"classify": "examples", "regress": "values"}
+
+
+def counted(task: Any) -> str:
+    """What the training loss of ``task`` counts: the unit of its rate (``tokens_per_s``).
+
+    >>> counted("lm"), counted("classify"), counted("regress"), counted(None)
+    ('tokens', 'examples', 'values', 'tokens')
+    """
+    return COUNTED.get(task, "tokens") if isinstance(task, str) else "tokens"
+
+
+def describe_event(
+    event: dict[str, Any], total_steps: int | None = None, counts: str = "tokens"
+) -> str:
+    """One event of ``metrics.jsonl`` as a line for people (what ``-v`` prints); ``counts``
+    is what the rate ``tokens_per_s`` counts (:func:`counted`).
 
     >>> describe_event({"event": "train", "step": 50, "epoch": 1, "loss_nats": 1.23456,
     ...                 "lr": 0.002, "grad_norm": 0.5, "tokens_per_s": 40960.0}, 200)
     'step 50/200 (epoch 1): loss 1.2346 nats, lr 0.002, grad norm 0.5, 40,960 tokens/s'
+    >>> describe_event({"event": "train", "step": 5, "epoch": 1, "loss_nats": 0.5,
+    ...                 "tokens_per_s": 812.4}, counts="examples")
+    'step 5 (epoch 1): loss 0.5000 nats, 812 examples/s'
     >>> describe_event({"event": "valid", "step": 50, "epoch": 1, "loss_nats": 1.1,
     ...                 "accuracy": 0.75, "best": True, "lr": 0.002})
     'validation at step 50: loss_nats 1.1, accuracy 0.75 (best so far)'
@@ -50,7 +71,7 @@ def describe_event(event: dict[str, Any], total_steps: int | None = None) -> str
             if isinstance(event.get(key), (int, float)):
                 parts.append(f"{label} {event[key]:{form}}")
         if isinstance(event.get("tokens_per_s"), (int, float)):
-            parts.append(f"{event['tokens_per_s']:,.0f} tokens/s")
+            parts.append(f"{event['tokens_per_s']:,.0f} {counts}/s")
         return f"step {step}{of} (epoch {event.get('epoch')}): " + ", ".join(parts)
     if kind == "valid":
         shown = [
@@ -73,6 +94,7 @@ class RunLog:
         out_dir: the run directory (None: no files).
         is_main: this process writes the files (rank 0 of a distributed run).
         callbacks: called as ``cb(event)`` for every event (on rank 0).
+        counts: what the rate of a training record counts (:func:`counted`), for ``-v``.
 
     >>> log = RunLog(None, True, [print])
     >>> log.write({"event": "early_stop", "step": 7})
@@ -86,8 +108,10 @@ class RunLog:
         out_dir: Path | None,
         is_main: bool,
         callbacks: list[Callable[[dict[str, Any]], None]],
+        counts: str = "tokens",
     ) -> None:
         self.out_dir = out_dir
+        self.counts = counts
         self.is_main = is_main
         self.callbacks = callbacks
         # The most recent events only: a run of millions of steps must not grow memory
@@ -104,7 +128,7 @@ class RunLog:
         if self.out_dir is not None:
             append_jsonl(self.out_dir / "metrics.jsonl", event)
         if messages.LOGGER.isEnabledFor(logging.DEBUG):  # -v: the record as one line
-            messages.debug(describe_event(event, total_steps))
+            messages.debug(describe_event(event, total_steps, self.counts))
         if self._tensorboard is not None:
             self._tensorboard(event)
         for cb in self.callbacks:

@@ -118,3 +118,31 @@ def test_a_classifiers_loss_is_said_per_example(capsys):
     assert "validation perplexity: recurrent 5.000  (nats/example 1.609)" in capsys.readouterr().out
     print_summary({**BASE, "valid": valid})
     assert "validation perplexity: recurrent 5.000  (nats/token 1.609)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("task", "unit"), [("lm", "tokens"), ("classify", "examples"), ("regress", "values")]
+)
+def test_the_rate_is_named_by_what_the_loss_counts(capsys, task, unit):
+    print_summary({**BASE, "task": task, "tokens_per_s": 4423.0})
+    assert (
+        capsys.readouterr().out.splitlines()[0]
+        == f"trained 3 steps in 1 s (4423 {unit}/s), 10 parameters"
+    )
+
+
+def test_a_classifier_trains_at_examples_per_second(run_cli, tmp_path):
+    lines = [
+        f"{'pos' if i % 2 else 'neg'}\t{'good fun' if i % 2 else 'bad sad'}" for i in range(20)
+    ]
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    argv = ["train", "--task", "classify", "--train", str(tmp_path / "train.tsv")]
+    argv += ["--out", str(tmp_path / "run"), "--steps", "2", "--hidden", "8", "--batch-size", "4"]
+    code, out, err = run_cli(*argv, "--no-report", "--quiet")
+    assert code == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    rate = summary["tokens_per_s"]
+    assert out.splitlines()[0].endswith(
+        f"({rate:.0f} examples/s), {summary['parameters']:,} parameters"
+    )
+    assert "tokens/s" not in out

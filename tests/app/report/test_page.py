@@ -21,6 +21,7 @@ from PIL import Image
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.report import REPORT_NAME, render_report, write_report
+from rnnkit.app.report.html import fmt
 from rnnkit.app.tasks.lm import train_lm
 from rnnkit.errors import CheckpointError
 from rnnkit.training.manifest import skipping_checksums, write_manifest
@@ -299,3 +300,24 @@ def test_a_zoneout_models_flow_figures_are_its_steps_at_evaluation(tmp_path):
     assert total == pytest.approx(reference, rel=1e-3)
     plain = tiny_run(tmp_path, "plain", cell="lstm", steps=6, eval_every=3)
     assert "zoneout (p =" not in write_report(plain).read_text(encoding="utf-8")
+
+
+def test_the_training_rate_is_named_by_what_the_loss_counts(rnn_report, run_cli, tmp_path):
+    """A classifier's loss counts examples (one prediction per line): its rate and loss are
+    per example; a language model's per token."""
+    _, text = rnn_report
+    assert "training tokens per second" in text and "(nats per token)" in text
+    lines = [
+        f"{'pos' if i % 2 else 'neg'}\t{'good fun' if i % 2 else 'bad sad'}" for i in range(20)
+    ]
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    argv = ["train", "--task", "classify", "--train", str(tmp_path / "train.tsv"), "--out"]
+    code, _, err = run_cli(*argv, str(tmp_path / "run"), "--steps", "2", "--hidden", "8", "-q")
+    assert code == 0, err
+    code, _, err = run_cli("report", "--checkpoint", str(tmp_path / "run"))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    page = (tmp_path / "run" / REPORT_NAME).read_text(encoding="utf-8")
+    rate = fmt(summary["tokens_per_s"])
+    assert f"<th>training examples per second</th><td class=num>{rate}</td>" in page
+    assert "final training loss (nats per example)" in page and "tokens per second" not in page

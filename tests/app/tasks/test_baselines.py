@@ -245,3 +245,88 @@ def test_report_shows_each_baseline_and_says_when_the_model_is_ahead(capsys, tmp
         "The recurrent model is not behind its best baseline on validation accuracy: 1 vs 1 "
         "for the most frequent tag per word." in text
     )
+
+
+# -- the likely cause, read from the run's course -----------------------------------------
+
+
+def _random_walks(path: Path, n: int, seed: int, spread: float = 0.0) -> Path:
+    """Random walks of 20 steps, from a start uniform in ``±spread``: persistence (the last
+    value) is the best forecast of the next one, so any model trained on them ends behind
+    it."""
+    rng = np.random.default_rng(seed)
+    rows = [
+        {"seq": (rng.uniform(-spread, spread) + np.cumsum(rng.normal(size=20))).round(4).tolist()}
+        for _ in range(n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _course_run(
+    capsys, tmp_path: Path, *options: str, walks: tuple[int, int, float] = (2, 1, 0.0)
+) -> tuple[dict, str, list[dict]]:
+    """A regress run on ``walks``: (training walks, batch size, spread of their starts)."""
+    n, batch, spread = walks
+    train_file = _random_walks(tmp_path / "t.jsonl", n, 0 if spread == 0 else 3, spread)
+    valid_file = _random_walks(tmp_path / "v.jsonl", 20, 1 if spread == 0 else 4, spread)
+    code, _, err = cli(
+        capsys, "train", "--task", "regress", "--train", str(train_file), "--valid",
+        str(valid_file), "--out", str(tmp_path / "run"), "--batch-size", str(batch),
+        "--seed", "0", "--threads", "1", "--quiet", "--no-report", *options,
+    )  # fmt: skip
+    assert code == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    log = (tmp_path / "run" / "metrics.jsonl").read_text()
+    events = [json.loads(line) for line in log.splitlines()]
+    return summary, err, events
+
+
+def test_a_large_model_on_two_sequences_is_said_to_overfit(capsys, tmp_path):
+    summary, err, events = _course_run(
+        capsys, tmp_path, "--hidden", "64", "--lr", "0.01", "--epochs", "60"
+    )
+    behind, course = summary["behind_baseline"], summary["trajectory"]
+    assert behind["baseline_kind"].startswith("persistence")
+    assert behind["model"] > behind["baseline"]
+    assert behind["still_improving"] is False
+    # the course is the run's own: its training records and validations
+    train = [(e["step"], e["loss_nats"]) for e in events if e["event"] == "train"]
+    valid = {e["step"]: e["loss"] for e in events if e["event"] == "valid"}
+    assert course["best_step"] == summary["valid"]["step"] == min(valid, key=valid.__getitem__)
+    assert course["train_loss_end"] == pytest.approx(np.mean([v for _, v in train[-5:]]))
+    assert course["valid_loss_best"] == pytest.approx(min(valid.values()))
+    assert course["valid_loss_last"] == pytest.approx(valid[max(valid)])
+    assert course["train_loss_end"] < 0.95 * course["train_loss_at_best"]
+    assert behind["cause"] == (
+        f"validation stopped improving at step {course['best_step']} of {summary['steps']}; "
+        f"the training loss fell from {course['train_loss_at_best']:.3g} to "
+        f"{course['train_loss_end']:.3g} after the best step while validation rose from "
+        f"{course['valid_loss_best']:.3g} to {course['valid_loss_last']:.3g}: overfitting"
+    )
+    assert err.strip() == f"rnnkit: {behind['line']}"
+
+
+def test_a_small_model_at_a_small_rate_is_not_said_to_overfit(capsys, tmp_path):
+    summary, err, _ = _course_run(
+        capsys, tmp_path, "--hidden", "4", "--lr", "0.0003", "--epochs", "20"
+    )
+    behind = summary["behind_baseline"]
+    assert behind["model"] > behind["baseline"]
+    assert "overfitting" not in behind["line"]
+    assert behind["still_improving"] is True
+    assert behind["cause"] == "validation was still improving when the budget (--epochs 20) ended"
+    assert err.strip() == f"rnnkit: {behind['line']}"
+
+
+def test_a_model_too_small_for_its_data_is_said_to_underfit(capsys, tmp_path):
+    # walks starting anywhere in ±30: two tanh units cannot carry the last value over
+    # that range, so the model stays far behind persistence on training data as well
+    summary, err, _ = _course_run(
+        capsys, tmp_path, "--hidden", "2", "--lr", "0.1", "--epochs", "30", walks=(40, 4, 30.0)
+    )
+    behind, course = summary["behind_baseline"], summary["trajectory"]
+    assert behind["model"] > 10 * behind["baseline"] and behind["still_improving"] is False
+    assert course["train_loss_end"] > 0.5 * course["valid_loss_best"]
+    assert behind["cause"].endswith("the model underfits") and "overfitting" not in err
+    assert behind["advice"].startswith("a larger --hidden (now 2)")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rnnkit.training.run_log import counted
+
 __all__ = ["SHOWN_METRICS", "print_summary"]
 
 
@@ -91,7 +93,7 @@ def print_summary(summary: dict[str, Any], resumed_at: int | None = None) -> Non
         done += f" on {processes} processes"
     print(
         f"trained {done} in {summary['elapsed_s']:.0f} s "
-        f"({summary.get('tokens_per_s') or 0:.0f} tokens/s), "
+        f"({summary.get('tokens_per_s') or 0:.0f} {counted(summary.get('task'))}/s), "
         f"{summary['parameters']:,} parameters"
     )
     if summary.get("stopped"):

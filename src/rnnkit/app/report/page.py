@@ -45,6 +45,7 @@ from rnnkit.data.files import check_replaceable
 from rnnkit.diagnostics import plots
 from rnnkit.training.baseline_check import LABELS, compare
 from rnnkit.training.checkpoint import atomic_write_bytes
+from rnnkit.training.run_log import counted
 
 __all__ = ["REPORT_NAME", "render_report", "write_report"]
 
@@ -155,13 +156,16 @@ def training_section(run: Run) -> tuple[str, str, str]:
     norms = [float(e["grad_norm"]) for e in logged]
     steps = s.get("steps", train[-1]["step"] if train else None)
     clipped = s.get("clipped_steps", train[-1].get("clipped_total") if train else None)
+    # what the loss counts: a classifier's examples, a regressor's values (mse or nats)
+    counts = counted(s.get("task", cfg.task))
+    per = "per value" if counts == "values" else f"nats per {counts.removesuffix('s')}"
     rows: list[list[Any]] = [
         ["optimizer steps", steps],
         ["epochs completed", s.get("epoch")],
         ["training time (s)", s.get("elapsed_s")],
-        ["training tokens per second", s.get("tokens_per_s")],
+        [f"training {counts} per second", s.get("tokens_per_s")],
         ["parameters", s.get("parameters")],
-        ["final training loss (nats per token)", s.get("train_loss_nats")],
+        [f"final training loss ({per})", s.get("train_loss_nats")],
         ["gradient clipping threshold κ", cfg.clip_norm if cfg.clip_norm is not None else "off"],
     ]
     if isinstance(clipped, int) and isinstance(steps, int) and steps > 0:

@@ -312,7 +312,7 @@ def train_classify(
         **({"pretrained_vectors": pretrained} if pretrained else {}),
         baselines=baseline_metrics(baselines, valid_enc, labels),
     )
-    return finish_summary(cfg, summary)
+    return finish_summary(cfg, summary, result.history)
 
 
 def load_classifier(

@@ -4,6 +4,7 @@ and the end-of-run ``summary.json``."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from rnnkit.app.tasks.settings import device_name, run_settings
 from rnnkit.data.files import atomic_write
 from rnnkit.training.baseline_check import behind_baseline
 from rnnkit.training.checkpoint import atomic_write_json, load_arrays
+from rnnkit.training.trajectory import trajectory
 
 __all__ = [
     "BASELINE_FILE",
@@ -42,10 +44,16 @@ def load_baseline(run_dir: str | Path) -> dict[str, np.ndarray] | None:
     return load_arrays(path)
 
 
-def finish_summary(cfg: TrainConfig, summary: dict[str, Any]) -> dict[str, Any]:
-    """Add ``behind_baseline`` (the model against its best baseline, one line saying why
-    when it is behind: :mod:`rnnkit.training.baseline_check`) and write ``summary.json``.
-    Returns the summary."""
+def finish_summary(
+    cfg: TrainConfig, summary: dict[str, Any], history: Iterable[dict[str, Any]]
+) -> dict[str, Any]:
+    """Add ``trajectory`` (the course of the run, read from its events ``history``:
+    :mod:`rnnkit.training.trajectory`), ``behind_baseline`` (the model against its best
+    baseline, one line saying why when it is behind:
+    :mod:`rnnkit.training.baseline_check`) and write ``summary.json``. Returns the summary."""
+    # regress trains on its ``loss`` (mse or Gaussian NLL); its ``loss_nats`` differs for mse
+    loss_key = "loss" if cfg.task == "regress" else "loss_nats"
+    summary["trajectory"] = trajectory(history, (summary.get("valid") or {}).get("step"), loss_key)
     summary["behind_baseline"] = behind_baseline(summary, cfg.task, run_settings(cfg))
     summary["device"] = device_name(cfg.device)
     atomic_write_json(Path(cfg.out) / "summary.json", summary)

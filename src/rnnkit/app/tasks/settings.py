@@ -15,6 +15,7 @@ from rnnkit.errors import ConfigError
 from rnnkit.models.spec import ModelSpec
 from rnnkit.training.baseline_check import RunSettings
 from rnnkit.training.loop import TrainOptions
+from rnnkit.training.run_log import counted
 
 __all__ = [
     "choose_device",
@@ -115,6 +116,7 @@ def train_options(cfg: TrainConfig, quiet: bool, units: str = "ppl") -> TrainOpt
         rows=cfg.batch_size,
         quiet=quiet,
         units=units,
+        counts=counted(cfg.task),
         lr_schedule=cfg.effective_lr_schedule(),
         warmup=cfg.warmup,
         lr_decay=cfg.lr_decay,

@@ -71,7 +71,8 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     save_arrays(ngram.to_state(), out / "ngram.safetensors")
     valid = _validate(cfg, opts, data, model, ngram)
     parameters = sum(p.numel() for p in model.parameters())
-    return finish_summary(cfg, summarise(cfg, opts, data, result, elapsed, parameters, valid))
+    summary = summarise(cfg, opts, data, result, elapsed, parameters, valid)
+    return finish_summary(cfg, summary, result.history)
 
 
 def _resumed_vocab(cfg: TrainConfig, out: Path) -> EventVocabulary:

@@ -1,0 +1,101 @@
+"""What every task writes at the end of a run: ``summary.json`` with the run's course
+(``trajectory``) that the "behind baseline" diagnosis reads, checked against the run's
+own ``metrics.jsonl`` for each task."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rnnkit.data.events import write_sessions
+from rnnkit.data.generated import (
+    letter_order_examples,
+    previous_word_sentences,
+    write_labelled,
+    write_token_tags,
+)
+from rnnkit.data.generated_pairs import generate_pairs, write_pairs
+from rnnkit.data.generated_sessions import generate_sessions
+
+TINY = ["--hidden", "8", "--batch-size", "8", "--steps", "6", "--eval-every", "2"]
+TINY += ["--seed", "0", "--quiet", "--no-report", "--threads", "1"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(single_thread):
+    yield
+
+
+def _sequences(path: Path, n: int, seed: int, labelled: bool = False) -> Path:
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        t = float(torch.rand(1, generator=gen)) * 6 + 0.4 * torch.arange(8)
+        seq = torch.stack([t.sin(), t.cos()], 1).tolist()
+        label = {"label": "up" if seq[1][0] > seq[0][0] else "down"} if labelled else {}
+        rows.append(json.dumps({"seq": seq, **label}))
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("course")
+    (d / "text.txt").write_text("abc abd\nbca cab\n" * 40, encoding="utf-8")
+    write_token_tags(previous_word_sentences(60, seed=0, noise=0.1), d / "tags.tsv")
+    write_labelled(letter_order_examples(80, seed=0, noise=0.1), d / "labels.tsv")
+    write_pairs(d / "pairs.tsv", generate_pairs("reverse", 48, seed=0, max_len=5))
+    write_sessions(d / "sessions.jsonl", generate_sessions(60, anomalies=0, seed=1))
+    write_sessions(d / "valid.jsonl", generate_sessions(30, anomalies=3, seed=2))
+    _sequences(d / "seq.jsonl", 40, 0)
+    _sequences(d / "seq-valid.jsonl", 10, 1)
+    _sequences(d / "labelled.jsonl", 40, 2, labelled=True)
+    return d
+
+
+def _cases(d: Path) -> dict[str, list[str]]:
+    return {
+        "lm": ["--task", "lm", "--train", str(d / "text.txt")],
+        "tag": ["--task", "tag", "--train", str(d / "tags.tsv")],
+        "classify": ["--task", "classify", "--train", str(d / "labels.tsv")],
+        "seq2seq": ["--task", "seq2seq", "--train", str(d / "pairs.tsv")],
+        "events": ["--task", "events", "--train", str(d / "sessions.jsonl"), "--valid",
+                   str(d / "valid.jsonl")],
+        "regress": ["--task", "regress", "--train", str(d / "seq.jsonl"), "--valid",
+                    str(d / "seq-valid.jsonl")],
+        "classify-vectors": ["--task", "classify", "--inputs", "vectors", "--train",
+                             str(d / "labelled.jsonl")],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(_cases(Path("."))))
+def test_every_task_writes_the_course_of_its_run(data, run_cli, tmp_path, name):
+    out = tmp_path / "run"
+    code, _, err = run_cli("train", *_cases(data)[name], "--out", str(out), *TINY)
+    assert code == 0, err[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [e["loss_nats"] for e in events if e["event"] == "train"]
+    key = "loss" if name == "regress" else "loss_nats"
+    valid = {e["step"]: e[key] for e in events if e["event"] == "valid"}
+    best = summary["valid"]["step"]
+    assert len(train) == 6 and sorted(valid) == [2, 4, 6]
+    course = summary["trajectory"]
+    # six records, one a step: the five nearest the best step, and the last five
+    at_best, end = np.array(train[:5] if best < 4 else train[1:]), np.array(train[1:])
+    assert course == {
+        "best_step": best,
+        "last_valid_step": 6,
+        "train_loss_at_best": pytest.approx(at_best.mean()),
+        "train_loss_end": pytest.approx(end.mean()),
+        "train_loss_change_se": pytest.approx(
+            np.sqrt(at_best.var(ddof=1) / 5 + end.var(ddof=1) / 5)
+        ),
+        "valid_loss_best": pytest.approx(valid[best]),
+        "valid_loss_last": pytest.approx(valid[6]),
+        "train_records": 6,
+    }

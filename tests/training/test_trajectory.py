@@ -1,0 +1,88 @@
+"""The course of a run read from its events: smoothed training losses (means of the
+nearest training records, computed by hand and by numpy here) and the validation losses
+at the best and the last validation; None where the events cannot tell."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from rnnkit.training.trajectory import SMOOTH_RECORDS, smoothed_loss, trajectory
+
+
+def _events(train: dict[int, float], valid: dict[int, float], key: str = "loss_nats") -> list:
+    events = [{"event": "train", "step": s, "loss_nats": v} for s, v in train.items()]
+    events += [{"event": "valid", "step": s, key: v, "best": False} for s, v in valid.items()]
+    return sorted(events, key=lambda e: e["step"])
+
+
+def test_smoothed_losses_are_means_of_the_nearest_records():
+    assert SMOOTH_RECORDS == 5
+    records = [(s, float(s)) for s in range(10, 130, 10)]  # loss = step: 10 … 120
+    # nearest 60: 60, then 50 and 70, then 40 and 80
+    assert smoothed_loss(records, 60) == pytest.approx(60.0)
+    # at the start: 10, 20, 30, 40, 50
+    assert smoothed_loss(records, 1) == pytest.approx(30.0)
+    # the end: the last five
+    assert smoothed_loss(records) == pytest.approx(np.mean([80, 90, 100, 110, 120]))
+    assert smoothed_loss(records[:2]) == pytest.approx(15.0)
+    assert smoothed_loss([]) is None and smoothed_loss([], 5) is None
+
+
+def test_the_course_of_a_run_that_overfits():
+    rng = np.random.default_rng(0)
+    steps = np.arange(4, 204, 4)
+    train_loss = 2.0 * np.exp(-steps / 80) + 0.1 * rng.random(len(steps))
+    valid = {s: 1.5 - s / 1000 if s <= 80 else 1.42 + (s - 80) / 500 for s in range(20, 220, 20)}
+    events = _events(dict(zip(steps.tolist(), train_loss.tolist(), strict=True)), valid)
+    events.append({"event": "early_stop", "step": 200})
+    t = trajectory(events, 80)
+    near = np.argsort(np.abs(steps - 80), kind="stable")[:5]
+    assert t == {
+        "best_step": 80,
+        "last_valid_step": 200,
+        "train_loss_at_best": pytest.approx(float(train_loss[near].mean())),
+        "train_loss_end": pytest.approx(float(train_loss[-5:].mean())),
+        "train_loss_change_se": pytest.approx(
+            math.sqrt(train_loss[near].var(ddof=1) / 5 + train_loss[-5:].var(ddof=1) / 5)
+        ),
+        "valid_loss_best": pytest.approx(1.42),
+        "valid_loss_last": pytest.approx(1.42 + 120 / 500),
+        "train_records": 50,
+    }
+    assert sorted(steps[near].tolist()) == [72, 76, 80, 84, 88]
+
+
+def test_regress_reads_its_own_validation_loss():
+    events = _events({1: 3.0, 2: 2.0}, {2: 0.5}, key="loss")
+    for e in events:
+        if e["event"] == "valid":
+            e["loss_nats"] = 1.17  # ½ (mse + ln 2π): not the training loss's unit
+    assert trajectory(events, 2, "loss")["valid_loss_best"] == 0.5
+    assert trajectory(events, 2)["valid_loss_best"] == 1.17
+
+
+def test_non_finite_and_malformed_records_are_left_out():
+    events = _events({1: 2.0, 2: math.nan, 3: 1.0}, {3: 1.5})
+    events += [{"event": "train", "step": "4", "loss_nats": 0.1}, {"event": "train", "step": 5}]
+    t = trajectory(events, 3)
+    assert t["train_records"] == 2 and t["train_loss_end"] == pytest.approx(1.5)
+    # both means read the same two records, 2 and 1: variance ½ each
+    assert t["train_loss_change_se"] == pytest.approx(math.sqrt(0.5 / 2 + 0.5 / 2))
+    assert trajectory(_events({1: 2.0}, {1: 1.5}), 1)["train_loss_change_se"] is None
+
+
+@pytest.mark.parametrize(
+    ("events", "best"),
+    [
+        (_events({1: 1.0}, {1: 1.0}), None),  # no best validation
+        (_events({1: 1.0}, {1: 1.0}), True),
+        (_events({}, {1: 1.0}), 1),  # no training record
+        # a resumed run whose best (step 1) came before the events in memory
+        (_events({5: 1.0, 6: 0.9}, {6: 1.2}), 1),
+    ],
+)
+def test_none_where_the_events_cannot_tell(events, best):
+    assert trajectory(events, best) is None
