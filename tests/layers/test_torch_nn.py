@@ -396,3 +396,26 @@ def test_parametrized_weights_are_evaluated_as_torch_evaluates_them(mode, packed
         mine.named_parameters(), reference.named_parameters(), strict=True
     ):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-9, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+def test_a_layer_with_a_parametrized_weight_deep_copies_as_torchs(mode):
+    """``copy.deepcopy`` (``AveragedModel``, a kept best model) of a layer with
+    ``weight_norm`` on ``weight_hh_l0``: torch's parametrized class copies the module's
+    ``__dict__`` as it is, which failed on the drop-in's per-thread room ("cannot
+    pickle '_Stacks' object")."""
+    import copy
+
+    from torch.nn.utils.parametrizations import weight_norm
+
+    reference, mine = _pair(mode, num_layers=2)
+    x = torch.randn(4, 2, 3, dtype=DTYPE)
+    for module in (reference, mine):
+        weight_norm(module, "weight_hh_l0")
+    copies = [copy.deepcopy(module) for module in (reference, mine)]
+    for module in (*copies, mine):
+        with torch.no_grad():
+            module.parametrizations.weight_hh_l0.original0.mul_(1.5)  # the copies' own
+    torch.testing.assert_close(copies[1](x)[0], copies[0](x)[0], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(mine(x)[0], copies[1](x)[0], rtol=1e-9, atol=1e-12)
+    assert type(copies[1]).__mro__[1] is knn.__dict__[mode]  # torch's parametrized class

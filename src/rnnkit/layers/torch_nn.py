@@ -62,6 +62,12 @@ class _Stacks(threading.local):
     config: tuple[Any, ...] | None = None
     prefixes: list[str]
 
+    def __reduce__(self) -> tuple[type[_Stacks], tuple[()]]:
+        """A copy (``copy.deepcopy`` of a drop-in whose weights carry a parametrization,
+        which copies its ``__dict__`` as it is) gets a room of its own, empty: a
+        ``threading.local`` itself cannot be copied or pickled."""
+        return (_Stacks, ())
+
 
 def plain_torch_copy(module: nn.Module, torch_class: type[nn.Module]) -> nn.Module:
     """The same module as an instance of ``torch_class`` (torch's own class), sharing its
