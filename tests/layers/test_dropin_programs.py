@@ -132,3 +132,36 @@ def test_crnn_ctc(dtype, epochs, rel):
     assert ours["correct"] == theirs["correct"]
     if epochs == 150:
         assert ours["correct"] > 0  # trained far enough to read some lines
+
+
+@pytest.mark.usefixtures("single_thread")
+@pytest.mark.parametrize(
+    ("dtype", "use_reentrant", "schedule", "rel"),
+    [
+        (torch.float32, False, "onecycle", 1e-5),
+        (torch.float64, False, "onecycle", 1e-9),
+        (torch.float64, True, "lambda", 1e-9),
+    ],
+)
+def test_memory_and_optimizer_idioms(dtype, use_reentrant, schedule, rel):
+    """Checkpointing replays the dropout masks between the LSTM's layers, weight_norm and
+    spectral_norm run as often as on torch's layers, and the moving average (a deep copy
+    of the parametrized model) averages and reloads the same weights."""
+    args = (dtype, use_reentrant, schedule)
+    theirs = _run("memory_optimizer_idioms", False, *args)
+    ours = _run("memory_optimizer_idioms", True, *args)
+    assert ours["groups"] == theirs["groups"] and min(theirs["groups"]) > 0
+    assert ours["rates"] == theirs["rates"]
+    assert ours["losses"] == pytest.approx(theirs["losses"], rel=rel)
+    assert ours["vector_sums"] == pytest.approx(theirs["vector_sums"], rel=rel)
+    # AdamW normalises each gradient: a weight whose gradient is ~0 moves by what
+    # rounding leaves of it, so the weights are compared to an absolute tolerance too
+    assert ours["final_vector"] == pytest.approx(theirs["final_vector"], rel=rel, abs=rel)
+    assert ours["test_loss"] == pytest.approx(theirs["test_loss"], rel=rel)
+    assert ours["averaged"] == pytest.approx(theirs["averaged"], rel=rel, abs=rel)
+    for run in (ours, theirs):  # the average's state dict predicts as the average does
+        assert run["reloaded"] == pytest.approx(run["averaged"], rel=1e-12, abs=1e-12)
+        assert run["n_averaged"] == len(run["losses"])
+    assert ours["state_keys"] == theirs["state_keys"]
+    assert any("parametrizations.weight_hh_l0.original" in k for k in ours["state_keys"])
+    assert ours["next_random"] == theirs["next_random"]
