@@ -53,7 +53,7 @@ def generate(model, prompt, length, sample=False, generator=None):
     return "".join(chars)
 
 
-def main(dtype=torch.float32, quantize=True, steps=15):
+def main(dtype=torch.float32, quantize=True, backend="inductor", steps=15):
     torch.manual_seed(3)
     text = "abc defg hab cde fgh " * 6
     data = encode(text)
@@ -84,7 +84,7 @@ def main(dtype=torch.float32, quantize=True, steps=15):
     with torch.no_grad():
         eager_other, _ = model(other)
         traced_other, _ = traced(other)
-        compiled_other, _ = torch.compile(model)(other)
+        compiled_other, _ = torch.compile(model, backend=backend)(other)
 
     result = {}
     if quantize:  # torch's quantized LSTM computes in float32 only
