@@ -184,6 +184,12 @@ def _run_recording(name: str, swapped: bool, *args):
     return result, sorted(said)
 
 
+def _compile_backend() -> str:
+    """torch.compile's default backend generates C++: without a compiler, graph capture
+    only."""
+    return "inductor" if shutil.which("c++") or shutil.which("g++") else "aot_eager"
+
+
 def _same_inference(ours, theirs, rel):
     assert ours["loss"] == pytest.approx(theirs["loss"], rel=rel)
     assert ours["batch_loss"] == pytest.approx(theirs["batch_loss"], rel=rel)
@@ -198,8 +204,7 @@ def _same_inference(ours, theirs, rel):
 def test_inference_idioms(dtype, rel):
     """inference_mode with the state carried, a traced and a compiled model: the same
     results, and no warning that torch's layers do not give."""
-    # torch.compile's default backend generates C++: without a compiler, graph capture only
-    backend = "inductor" if shutil.which("c++") or shutil.which("g++") else "aot_eager"
+    backend = _compile_backend()
     theirs, their_warnings = _run_recording("inference_idioms", False, dtype, False, backend)
     ours, our_warnings = _run_recording("inference_idioms", True, dtype, False, backend)
     _same_inference(ours, theirs, rel)
@@ -222,8 +227,9 @@ def test_inference_idioms_with_torchs_quantize_dynamic(monkeypatch):
 
     from rnnkit import nn as knn
 
-    theirs, their_warnings = _run_recording("inference_idioms", False)
-    unregistered, _ = _run_recording("inference_idioms", True)
+    args = (torch.float32, True, _compile_backend())
+    theirs, their_warnings = _run_recording("inference_idioms", False, *args)
+    unregistered, _ = _run_recording("inference_idioms", True, *args)
     _same_inference(unregistered, theirs, 1e-5)
     assert [t.rsplit(".", 1)[1] for t in theirs["quantized_types"]] == [
         "Embedding",
@@ -239,7 +245,7 @@ def test_inference_idioms_with_torchs_quantize_dynamic(monkeypatch):
     table = dict(qm.DEFAULT_DYNAMIC_QUANT_MODULE_MAPPINGS)
     monkeypatch.setattr(qm, "DEFAULT_DYNAMIC_QUANT_MODULE_MAPPINGS", table)
     knn.register_quantization()
-    ours, our_warnings = _run_recording("inference_idioms", True)
+    ours, our_warnings = _run_recording("inference_idioms", True, *args)
     _same_inference(ours, theirs, 1e-5)
     assert ours["quantized_types"] == theirs["quantized_types"]
     assert ours["quantized"] == pytest.approx(theirs["quantized"], rel=1e-5, abs=1e-5)
