@@ -39,6 +39,7 @@ SLOW = (
     "tests/recipes/",
     "tests/training/test_crash_safety.py",
     "tests/training/test_distributed.py",
+    "tests/layers/test_dropin_distributed.py",
     "tests/bptt/test_tracing.py",
     "tests/test_docs.py",
     "tests/test_packaging.py",

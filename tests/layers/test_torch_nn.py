@@ -344,3 +344,78 @@ def test_a_pickled_whole_model_loads_with_weights_only_and_the_public_classes(tm
     refused = pytest.raises(Exception, match=r"rnnkit\.nn\.LSTM")  # only what is allowed
     with refused, torch.serialization.safe_globals(allowed[:3]):
         torch.load(tmp_path / "model.pt", weights_only=True)
+
+
+class _DropConnect(torch.nn.Module):
+    """A weight parametrization that draws a dropout mask at each evaluation (the
+    DropConnect of AWD-LSTM's weight drop), counting its evaluations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return torch.nn.functional.dropout(weight, 0.5, self.training)
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_parametrized_weights_are_evaluated_as_torch_evaluates_them(mode, packed):
+    """A parametrization runs as often per call as in torch's forward (which evaluates
+    the weights twice: once to see whether they changed, once to use them), and its
+    last value is the one used: the same dropout masks, the same generator afterwards,
+    and spectral_norm's power iteration as far along. Before, the drop-in read each
+    weight once more for every check (input, hx) and once for the computation."""
+    from torch.nn.utils import parametrize
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    reference, mine = _pair(mode, num_layers=2, bidirectional=True)
+    runs = []
+    for module in (reference, mine):
+        parametrize.register_parametrization(module, "weight_hh_l0", _DropConnect())
+        parametrize.register_parametrization(module, "weight_ih_l0", _DropConnect())
+        torch.manual_seed(5)
+        spectral_norm(module, "weight_hh_l1_reverse")
+        x = torch.randn(4, 3, 3, dtype=DTYPE, generator=torch.Generator().manual_seed(3))
+        inp = pack_padded_sequence(x, [4, 2, 3], enforce_sorted=False) if packed else x
+        outputs = [module(inp, _hx(mode, 2, 2, 3))[0] for _ in range(3)]
+        if packed:
+            outputs = [pad_packed_sequence(out)[0] for out in outputs]
+        sum(out.sum() for out in outputs).backward()
+        calls = [module.parametrizations[n][0].calls for n in ("weight_hh_l0", "weight_ih_l0")]
+        runs.append((outputs, calls, module.state_dict(), torch.rand(2), module))
+    (outputs, calls, state, after, reference), (o_mine, c_mine, s_mine, a_mine, mine) = runs
+    assert c_mine == calls
+    assert torch.equal(a_mine, after)  # the generator is where torch's layer leaves it
+    for a, b in zip(o_mine, outputs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    for key in state:  # spectral_norm's vectors u, v among them
+        torch.testing.assert_close(s_mine[key], state[key], rtol=1e-9, atol=1e-12, msg=key)
+    for (name, a), (_, b) in zip(
+        mine.named_parameters(), reference.named_parameters(), strict=True
+    ):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-9, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+def test_a_layer_with_a_parametrized_weight_deep_copies_as_torchs(mode):
+    """``copy.deepcopy`` (``AveragedModel``, a kept best model) of a layer with
+    ``weight_norm`` on ``weight_hh_l0``: torch's parametrized class copies the module's
+    ``__dict__`` as it is, which failed on the drop-in's per-thread room ("cannot
+    pickle '_Stacks' object")."""
+    import copy
+
+    from torch.nn.utils.parametrizations import weight_norm
+
+    reference, mine = _pair(mode, num_layers=2)
+    x = torch.randn(4, 2, 3, dtype=DTYPE)
+    for module in (reference, mine):
+        weight_norm(module, "weight_hh_l0")
+    copies = [copy.deepcopy(module) for module in (reference, mine)]
+    for module in (*copies, mine):
+        with torch.no_grad():
+            module.parametrizations.weight_hh_l0.original0.mul_(1.5)  # the copies' own
+    torch.testing.assert_close(copies[1](x)[0], copies[0](x)[0], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(mine(x)[0], copies[1](x)[0], rtol=1e-9, atol=1e-12)
+    assert type(copies[1]).__mro__[1] is knn.__dict__[mode]  # torch's parametrized class

@@ -78,3 +78,43 @@ def test_the_namespace_is_torch_nn_with_the_recurrent_classes_replaced():
     assert {"Module", "LSTM", "quantize_dynamic"} <= set(dir(knn))
     with pytest.raises(AttributeError, match="has no attribute 'Nonsense'"):
         knn.Nonsense  # noqa: B018
+
+
+class _DropConnect(torch.nn.Module):
+    """A weight parametrization drawing a dropout mask at each evaluation, counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, weight):
+        self.calls += 1
+        return torch.nn.functional.dropout(weight, 0.5, self.training)
+
+
+@pytest.mark.parametrize("name,options", CELLS, ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_parametrized_weights_are_evaluated_once_per_step_as_torchs(name, options, bias):
+    """torch's step reads each weight once; the drop-in read ``weight_ih`` again for
+    each dtype check (input, hx), so a weight-dropping parametrization drew other masks
+    and left the generator elsewhere."""
+    from torch.nn.utils import parametrize
+
+    reference, mine = _pair(name, bias=bias, **options)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 3, dtype=DTYPE, generator=g)
+    h = torch.randn(4, 5, dtype=DTYPE, generator=g)
+    hx = (h, torch.randn(4, 5, dtype=DTYPE, generator=g)) if name == "LSTMCell" else h
+    runs = []
+    for module in (reference, mine):
+        for weight in ("weight_ih", "weight_hh"):
+            parametrize.register_parametrization(module, weight, _DropConnect())
+        torch.manual_seed(2)
+        out = [*_flat(module(x, hx)), *_flat(module(x))]
+        calls = [module.parametrizations[w][0].calls for w in ("weight_ih", "weight_hh")]
+        runs.append((out, calls, torch.rand(2)))
+    (out, calls, after), (o_mine, c_mine, a_mine) = runs
+    assert c_mine == calls
+    assert torch.equal(a_mine, after)
+    for a, b in zip(o_mine, out, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,6 +61,12 @@ class _Stacks(threading.local):
     stack: StackedRecurrent | None = None
     config: tuple[Any, ...] | None = None
     prefixes: list[str]
+
+    def __reduce__(self) -> tuple[type[_Stacks], tuple[()]]:
+        """A copy (``copy.deepcopy`` of a drop-in whose weights carry a parametrization,
+        which copies its ``__dict__`` as it is) gets a room of its own, empty: a
+        ``threading.local`` itself cannot be copied or pickled."""
+        return (_Stacks, ())
 
 
 def plain_torch_copy(module: nn.Module, torch_class: type[nn.Module]) -> nn.Module:
@@ -100,8 +107,10 @@ class _DropIn:
     dropout: float
     bidirectional: bool
     proj_size: int
-    weight_ih_l0: Tensor
     mode: str
+    _flat_weights_names: list[str]
+    _flat_weights: list[Tensor | None]
+    _update_flat_weights: Callable[[], None]
     nonlinearity: str
     training: bool
 
@@ -171,19 +180,31 @@ class _DropIn:
 
     # ---- computation -----------------------------------------------------------------
 
-    def _cell_tensors(self, prefixes: list[str]) -> dict[str, Tensor]:
-        """The inner stack's parameters from torch's: one bias per gate."""
+    def _weights(self) -> dict[str, Tensor]:
+        """The weights by name, read as torch's ``forward`` reads them: refreshed
+        (``_update_flat_weights``) and then taken from ``_flat_weights``. A
+        parametrization (``weight_norm``, ``spectral_norm``, a weight-dropping one)
+        thus runs as many times per call as with torch's layer, which evaluates it once
+        to see whether the weights changed and again to take them, and the values used
+        are the last ones: the same random draws, the same power iteration."""
+        self._update_flat_weights()
+        pairs = zip(self._flat_weights_names, self._flat_weights, strict=True)
+        return {name: w for name, w in pairs if w is not None}
+
+    def _cell_tensors(self, prefixes: list[str], weights: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The inner stack's parameters from torch's (``weights``, :meth:`_weights`): one
+        bias per gate."""
         H = self.hidden_size
         D = 2 if self.bidirectional else 1
         out: dict[str, Tensor] = {}
         for index, prefix in enumerate(prefixes):
             layer, direction = divmod(index, D)
             sfx = f"_l{layer}" + ("_reverse" if direction else "")
-            w_ih = getattr(self, "weight_ih" + sfx)
+            w_ih = weights["weight_ih" + sfx]
             out[prefix + "weight_ih"] = w_ih
-            out[prefix + "weight_hh"] = getattr(self, "weight_hh" + sfx)
+            out[prefix + "weight_hh"] = weights["weight_hh" + sfx]
             if self.bias:
-                b_ih, b_hh = getattr(self, "bias_ih" + sfx), getattr(self, "bias_hh" + sfx)
+                b_ih, b_hh = weights["bias_ih" + sfx], weights["bias_hh" + sfx]
             else:
                 b_ih = b_hh = w_ih.new_zeros(w_ih.shape[0])
             if self.mode == "GRU":
@@ -193,7 +214,7 @@ class _DropIn:
                 out[prefix + "bias"] = b_ih + b_hh
         return out
 
-    def _check_hx(self, hx: Tensor, B: int, batched: bool, what: str) -> Tensor:
+    def _check_hx(self, hx: Tensor, B: int, batched: bool, what: str, weight: Tensor) -> Tensor:
         name = f"rnnkit.nn.{type(self).__name__}"
         D = 2 if self.bidirectional else 1
         expected = (self.num_layers * D, B, self.hidden_size)
@@ -211,7 +232,6 @@ class _DropIn:
                 f"{name}: Expected {what} size {expected} (num_layers·num_directions, batch, "
                 f"hidden_size), got {list(hx.shape)}"
             )
-        weight = self.weight_ih_l0
         if not _dtype_accepted(hx, weight):
             raise RuntimeError(  # torch's type: its product of hx and weight_hh fails
                 f"{name}: {what} is {hx.dtype} but the weights are "
@@ -219,7 +239,7 @@ class _DropIn:
             )
         return hx
 
-    def _check_input(self, x: Tensor) -> None:
+    def _check_input(self, x: Tensor, weight: Tensor) -> None:
         """torch's checks of the input, with torch's exception types: its feature size
         (``RuntimeError``) and its dtype (``ValueError``; under autocast the dtypes that
         autocast casts are accepted, ``rnnkit.cells.amp.autocast_reconciles``, and the
@@ -230,7 +250,6 @@ class _DropIn:
                 f"{name}: input.size(-1) must be equal to input_size. Expected "
                 f"{self.input_size}, got {x.shape[-1]}"
             )
-        weight = self.weight_ih_l0
         if not _dtype_accepted(x, weight):
             error = RuntimeError if torch.is_autocast_enabled(x.device.type) else ValueError
             raise error(
@@ -271,20 +290,22 @@ class _DropIn:
                 )
             batched = input.dim() == 3
             x = input if batched else input.unsqueeze(1 if not self.batch_first else 0)
-        self._check_input(x)
+        weights = self._weights()
+        w_ih = weights["weight_ih_l0"]  # what torch's checks compare with
+        self._check_input(x, w_ih)
         B = x.shape[0] if self.batch_first else x.shape[1]
         state: Any = None
         if hx is not None:
             if self.mode == "LSTM":
                 if not isinstance(hx, tuple | list) or len(hx) != 2:
                     raise TypeError(f"{name}: hx must be the pair (h_0, c_0), as for torch")
-                h0 = self._check_hx(hx[0], B, batched, "hx[0]")
-                c0 = self._check_hx(hx[1], B, batched, "hx[1]")
+                h0 = self._check_hx(hx[0], B, batched, "hx[0]", w_ih)
+                c0 = self._check_hx(hx[1], B, batched, "hx[1]", w_ih)
                 state = LSTMState(self._split(h0), self._split(c0))
             else:
                 if isinstance(hx, tuple | list):
                     raise TypeError(f"{name}: hx must be one tensor (L·D, B, H), as for torch")
-                state = self._split(self._check_hx(hx, B, batched, "hx"))
+                state = self._split(self._check_hx(hx, B, batched, "hx", w_ih))
         inner, prefixes = self._stack()
         inner.train(self.training)
         if lengths is not None:
@@ -293,7 +314,10 @@ class _DropIn:
         drop.packed = packed_input
         try:
             out = functional_call(
-                inner, self._cell_tensors(prefixes), (x,), {"lengths": lengths, "state": state}
+                inner,
+                self._cell_tensors(prefixes, weights),
+                (x,),
+                {"lengths": lengths, "state": state},
             )
         finally:
             drop.packed = None

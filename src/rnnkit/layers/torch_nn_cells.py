@@ -43,14 +43,20 @@ class _CellDropIn:
         """``torch.jit.script`` compiles torch's class with these parameters."""
         return plain_torch_copy(self, self._torch_class)  # type: ignore[arg-type]
 
-    def _biases(self) -> tuple[Tensor, Tensor]:
+    def _weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(w_ih, w_hh, b_ih, b_hh)``, each read once, in the order torch's step reads
+        them: a parametrization (``weight_norm``, a weight-dropping one) runs once per
+        step as with torch's cell, drawing the same random numbers. Zero biases for
+        ``bias=False`` (torch registers them as None)."""
+        w_ih, w_hh = self.weight_ih, self.weight_hh
         b_ih, b_hh = getattr(self, "bias_ih", None), getattr(self, "bias_hh", None)
-        if b_ih is None or b_hh is None:  # bias=False: torch registers them as None
-            zeros = self.weight_ih.new_zeros(self.weight_ih.shape[0])
-            return zeros, zeros
-        return b_ih, b_hh
+        if b_ih is None or b_hh is None:
+            b_ih = b_hh = w_ih.new_zeros(w_ih.shape[0])
+        return w_ih, w_hh, b_ih, b_hh
 
-    def _batched(self, input: Tensor, hx: Tensor | None, what: str) -> tuple[Tensor, Tensor, bool]:
+    def _batched(
+        self, input: Tensor, hx: Tensor | None, what: str, weight: Tensor
+    ) -> tuple[Tensor, Tensor, bool]:
         """``(x (B, I), h (B, H), batched)``, with torch's checks and messages."""
         name = f"rnnkit.nn.{type(self).__name__}"
         if input.dim() not in (1, 2):
@@ -62,10 +68,10 @@ class _CellDropIn:
                 f"{name}: input has inconsistent input_size: got {x.shape[1]} expected "
                 f"{self.input_size}"
             )
-        self._check_dtype(x, "input")
+        self._check_dtype(x, "input", weight)
         if hx is None:
             return x, x.new_zeros(x.shape[0], self.hidden_size), batched
-        self._check_dtype(hx, what)
+        self._check_dtype(hx, what, weight)
         if hx.dim() != input.dim():
             raise RuntimeError(
                 f"{name}: {what} should be {input.dim()}D for {input.dim()}D input, got {hx.dim()}D"
@@ -83,11 +89,10 @@ class _CellDropIn:
             )
         return x, h, batched
 
-    def _check_dtype(self, t: Tensor, what: str) -> None:
+    def _check_dtype(self, t: Tensor, what: str, weight: Tensor) -> None:
         """torch's error (a ``RuntimeError`` from its product) for a dtype other than the
         weights' (under autocast: one that autocast does not cast,
         ``rnnkit.cells.amp.autocast_reconciles``), in one line naming the cell."""
-        weight = self.weight_ih
         autocast = torch.is_autocast_enabled(t.device.type)
         if t.dtype != weight.dtype and not (
             autocast and autocast_reconciles(t.dtype, weight.dtype)
@@ -119,11 +124,9 @@ class RNNCell(_CellDropIn, nn.RNNCell):
             return traced
         if self._use_torch(input):
             return nn.RNNCell.forward(self, input, hx)
-        x, h, batched = self._batched(input, hx, "hx")
-        b_ih, b_hh = self._biases()
-        out = rnn_step(
-            x, h, Weights(self.weight_ih, self.weight_hh, b_ih + b_hh, None), self.nonlinearity
-        )
+        w_ih, w_hh, b_ih, b_hh = self._weights()
+        x, h, batched = self._batched(input, hx, "hx", w_ih)
+        out = rnn_step(x, h, Weights(w_ih, w_hh, b_ih + b_hh, None), self.nonlinearity)
         return out if batched else out.squeeze(0)
 
 
@@ -148,10 +151,10 @@ class LSTMCell(_CellDropIn, nn.LSTMCell):
             return nn.LSTMCell.forward(self, input, hx)
         if hx is not None and (not isinstance(hx, tuple | list) or len(hx) != 2):
             raise TypeError("rnnkit.nn.LSTMCell: hx must be the pair (h_0, c_0), as for torch")
-        x, h, batched = self._batched(input, None if hx is None else hx[0], "hx[0]")
-        c = torch.zeros_like(h) if hx is None else self._batched(input, hx[1], "hx[1]")[1]
-        b_ih, b_hh = self._biases()
-        w = Weights(self.weight_ih, self.weight_hh, b_ih + b_hh, None)
+        w_ih, w_hh, b_ih, b_hh = self._weights()
+        x, h, batched = self._batched(input, None if hx is None else hx[0], "hx[0]", w_ih)
+        c = torch.zeros_like(h) if hx is None else self._batched(input, hx[1], "hx[1]", w_ih)[1]
+        w = Weights(w_ih, w_hh, b_ih + b_hh, None)
         new = lstm_step(x, LSTMState(h, c), w)
         if batched:
             return new.h, new.c
@@ -174,11 +177,11 @@ class GRUCell(_CellDropIn, nn.GRUCell):
             return traced
         if self._use_torch(input):
             return nn.GRUCell.forward(self, input, hx)
-        x, h, batched = self._batched(input, hx, "hx")
-        b_ih, b_hh = self._biases()
+        w_ih, w_hh, b_ih, b_hh = self._weights()
+        x, h, batched = self._batched(input, hx, "hx", w_ih)
         H = self.hidden_size
         bias = torch.cat([b_ih[: 2 * H] + b_hh[: 2 * H], b_ih[2 * H :]])
-        w = Weights(self.weight_ih, self.weight_hh, bias, b_hh[2 * H :])
+        w = Weights(w_ih, w_hh, bias, b_hh[2 * H :])
         out = gru_step(x, h, w, "keep", "after")
         return out if batched else out.squeeze(0)
 
