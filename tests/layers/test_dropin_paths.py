@@ -6,7 +6,8 @@ the programs written for ``torch.nn`` do the same: the layer options (``batch_fi
 bidirectional, stacked, packed sequences of unsorted lengths, ``h0``/``c0``), training
 with a torch optimizer, dropout, a model moved to another dtype, ``torch.autocast``,
 second derivatives and a vectorized Jacobian, under ``use_fused("fused")`` (PyTorch's
-fused kernels, cuDNN's functions) and ``use_fused("triton")`` (the Triton steps, in
+fused kernels, cuDNN's functions: a drop-in layer's call is then torch's own ``forward``,
+the whole stack in one fused call) and ``use_fused("triton")`` (the Triton steps, in
 Triton's interpreter). Every layer call is checked to have run on the forced path
 (docs/architecture.md, "Which path runs a layer"), so that a case cannot pass by silently
 running the CPU's loop.
@@ -25,6 +26,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from rnnkit import nn as knn
 from rnnkit.bptt import recurrence
 from rnnkit.bptt.fused import use_fused
+from rnnkit.layers import torch_nn
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.usefixtures("triton_interpreter", "single_thread")  # conftest.py
@@ -37,17 +39,32 @@ LENGTHS = [5, 2, 4]  # unsorted: packed with enforce_sorted=False
 
 @pytest.fixture
 def routes(monkeypatch) -> Counter[tuple[str, str]]:
-    """``(path, dtype)`` of every layer call's route."""
+    """``(path, dtype)`` of every route: rnnkit's, one per layer and direction, and a
+    drop-in layer's whole call given to torch's own ``forward`` on the fused path
+    (``"fused"``, one per call)."""
     seen: Counter[tuple[str, str]] = Counter()
-    real = recurrence.route
+    real, whole = recurrence.route, torch_nn._fused_computes
 
     def route(kernel, x, *args, **kwargs):
         way = real(kernel, x, *args, **kwargs)
         seen[(way.path, str(x.dtype).removeprefix("torch."))] += 1
         return way
 
+    def torchs_forward(x):
+        taken = whole(x)
+        if taken:
+            seen[("fused", str(x.dtype).removeprefix("torch."))] += 1
+        return taken
+
     monkeypatch.setattr(recurrence, "route", route)
+    monkeypatch.setattr(torch_nn, "_fused_computes", torchs_forward)
     return seen
+
+
+def _calls(path: str, layers: int, directions: int = 1) -> int:
+    """Routes of one drop-in layer call on ``path``: torch's ``forward`` once on the fused
+    path, else one per layer and direction."""
+    return 1 if path == "fused" else layers * directions
 
 
 def _pair(mode: str, dtype: torch.dtype = DTYPE, **kw):
@@ -124,7 +141,7 @@ def test_outputs_states_and_gradients_are_torchs_on_each_path(routes, path, mode
     with use_fused(path):
         got = _values_and_grads(mine, options)
     _assert_close(got, expected)
-    calls = mine.num_layers * (2 if mine.bidirectional else 1)
+    calls = _calls(path, mine.num_layers, 2 if mine.bidirectional else 1)
     assert routes == {(path, "float64"): calls}
 
 
@@ -230,7 +247,7 @@ def test_training_with_a_torch_optimizer_follows_torchs_on_each_path(routes, pat
             losses.append(loss.detach())
         runs.append([torch.stack(losses), *module.parameters()])
     _assert_close([t.detach() for t in runs[1]], [t.detach() for t in runs[0]])
-    assert routes == {(path, "float64"): 3 * 4}
+    assert routes == {(path, "float64"): 3 * _calls(path, 2, 2)}
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -257,7 +274,7 @@ def test_dropout_draws_the_loops_masks_and_eval_is_torchs(routes, path, mode):
     _assert_close(
         [out, *_states(state)], [t.detach() for t in [reference(x)[0], *_states(reference(x)[1])]]
     )
-    assert routes[(path, "float64")] == 4
+    assert routes[(path, "float64")] == 2 * _calls(path, 2)
 
 
 # ---------------------------------------------------------------- shapes and dtypes
@@ -289,7 +306,7 @@ def test_a_model_moved_to_float64_is_torchs_after_flatten_parameters(routes, pat
     with use_fused(path):
         got = _values_and_grads(mine, options)
     _assert_close(got, expected)
-    assert routes == {(path, "float64"): 2}
+    assert routes == {(path, "float64"): _calls(path, 2)}
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -391,8 +408,9 @@ def test_on_a_gpu_an_empty_sequence_returns_the_initial_state(routes, mode):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("mode", [*MODES], ids=[m + "Cell" for m in MODES])
 def test_the_cells_run_their_own_step_on_each_path(routes, path, mode):
-    """``RNNCell``, ``LSTMCell``, ``GRUCell``: one readable step of rnnkit's cells, the
-    same on every path (no layer route), torch's values and gradients."""
+    """``RNNCell``, ``LSTMCell``, ``GRUCell``: torch's values and gradients on every path
+    (no layer route: rnnkit's readable step, or on the fused path torch's own fused
+    step)."""
     torch.manual_seed(0)
     reference = getattr(torch.nn, mode + "Cell")(3, 4, dtype=DTYPE)
     mine = getattr(knn, mode + "Cell")(3, 4, dtype=DTYPE)

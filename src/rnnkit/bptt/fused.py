@@ -57,6 +57,7 @@ from rnnkit.cells.rnn import RNNKernel
 __all__ = [
     "PATHS",
     "fused_form",
+    "fused_path_on",
     "run_fused",
     "traced_fused_form",
     "use_fused",
@@ -103,6 +104,17 @@ def _path() -> str:
     return path
 
 
+def fused_path_on(device: torch.device) -> bool:
+    """Whether the path in force runs PyTorch's fused kernels on ``device`` where they
+    compute the function: ``"fused"`` anywhere, ``"auto"`` on a GPU.
+
+    >>> fused_path_on(torch.device("cpu"))
+    False
+    """
+    path = _path()
+    return path == "fused" or (path == "auto" and device.type == "cuda")
+
+
 def fused_form(kernel: Kernel) -> str | None:
     """The fused kernel that computes ``kernel``'s step (``"lstm"``, ``"gru"``,
     ``"rnn_tanh"``, ``"rnn_relu"``), or None where PyTorch has none (a GRU with
@@ -130,10 +142,7 @@ def wants_fused(
     looking at the mask; the mask is read on the host once per mask
     (:mod:`rnnkit.bptt.mask_facts`: the layers of a call share the reading), not once per
     question."""
-    path = _path()
-    if path not in ("auto", "fused") or (path == "auto" and x.device.type != "cuda"):
-        return None
-    if window is not None or projected:
+    if not fused_path_on(x.device) or window is not None or projected:
         return None
     form = fused_form(kernel)
     if form is None:

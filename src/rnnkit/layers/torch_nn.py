@@ -20,7 +20,8 @@ Where rnnkit has no such layer or a tool cannot see through its time loop, torch
 ``dropout=1``, a batch of size 0, TorchScript (``torch.jit.trace``, ``torch.jit.script``,
 the TorchScript ONNX exporter), a graph being traced (``torch.compile``,
 ``torch.export``, the ONNX exporter), a ``torch.func`` transform (``grad``,
-``jacrev``, ``jacfwd``, ``vmap``) and forward-mode AD (``torch.autograd.forward_ad``):
+``jacrev``, ``jacfwd``, ``vmap``) and forward-mode AD (``torch.autograd.forward_ad``),
+and wherever rnnkit would run PyTorch's fused kernels (a GPU: :func:`_fused_computes`):
 there the drop-in is what torch's layer is, one
 ``aten.lstm``/``gru``/``rnn_*`` operator (a compiled program runs it eagerly between its
 graphs, as it runs torch's), so a program compiles and exports as it does with torch's
@@ -44,8 +45,9 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn.utils.rnn import PackedSequence
 
+from rnnkit.bptt.fused import fused_path_on
 from rnnkit.bptt.tracing import transforming, vmapping
-from rnnkit.cells.amp import autocast_reconciles
+from rnnkit.cells.amp import autocast_devices_on, autocast_reconciles
 from rnnkit.layers import cell_stacks
 from rnnkit.layers.packing import pack_like, unpack
 from rnnkit.layers.stacked import StackedRecurrent
@@ -354,9 +356,14 @@ class _DropIn:
         if self.proj_size > 0 or self.dropout >= 1:  # no such rnnkit layer
             return True
         if isinstance(input, PackedSequence):
-            return input.data.shape[0] == 0
+            return input.data.shape[0] == 0 or _fused_computes(input.data)
+        if not isinstance(input, Tensor):
+            return False
         batch_axis = 0 if self.batch_first else 1
-        return isinstance(input, Tensor) and input.dim() == 3 and input.shape[batch_axis] == 0
+        if input.dim() == 3 and input.shape[batch_axis] == 0:
+            return True
+        time_axis = 1 if self.batch_first and input.dim() == 3 else 0
+        return input.dim() in (2, 3) and input.shape[time_axis] > 0 and _fused_computes(input)
 
     def _split(self, h: Tensor) -> Tensor:
         """``(L·D, B, H)`` → ``(L, D, B, H)`` (torch orders layers, then directions)."""
@@ -387,6 +394,22 @@ class _RowsDropout(nn.Dropout):
         rows = super().forward(pack_like(h, like).data)  # (N, D·H), torch's packed order
         dropped = PackedSequence(rows, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
         return unpack(dropped)[0]
+
+
+def _fused_computes(x: Tensor) -> bool:
+    """Whether torch's own ``forward`` computes a drop-in's call on ``x`` because rnnkit
+    would run it on PyTorch's fused kernels anyway (cuDNN on a GPU: the path in force,
+    :func:`rnnkit.bptt.fused.fused_path_on`). They compute every drop-in's function (an
+    LSTM, a GRU in torch's form, a ``tanh`` or ``relu`` cell; the lengths of a packed
+    sequence), and torch's ``forward`` is that computation whole: one call for the
+    stack, on torch's flat weights, with torch's dropout between layers, and nothing of
+    rnnkit's around it. Not where rnnkit computes otherwise than torch: under autocast
+    (rnnkit in the weights' dtype, torch in the low precision) and for float16 or
+    bfloat16 on the CPU (rnnkit in float32, rounded once); an empty time axis is the
+    caller's to exclude (torch's kernels refuse it, rnnkit returns the initial state)."""
+    if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
+        return False
+    return fused_path_on(x.device) and not autocast_devices_on()
 
 
 def _dtype_accepted(t: Tensor, weight: Tensor) -> bool:

@@ -23,7 +23,7 @@ from rnnkit.cells.gru import gru_step
 from rnnkit.cells.kernel import Weights
 from rnnkit.cells.lstm import lstm_step
 from rnnkit.cells.rnn import rnn_step
-from rnnkit.layers.torch_nn import fx_leaf_call, plain_torch_copy
+from rnnkit.layers.torch_nn import _fused_computes, fx_leaf_call, plain_torch_copy
 from rnnkit.types import LSTMState
 
 __all__ = ["GRUCell", "LSTMCell", "RNNCell"]
@@ -103,7 +103,13 @@ class _CellDropIn:
             )
 
     def _use_torch(self, input: Tensor) -> bool:
-        return torch.jit.is_scripting() or torch.jit.is_tracing() or input.numel() == 0
+        """Whether torch's own ``forward`` computes this step: while scripting or
+        tracing, for an empty input, and where rnnkit's layers would run PyTorch's fused
+        kernels (a GPU by default: ``torch_nn._fused_computes``), whose step torch's
+        cell computes with one fused kernel."""
+        if torch.jit.is_scripting() or torch.jit.is_tracing() or input.numel() == 0:
+            return True
+        return isinstance(input, Tensor) and _fused_computes(input)
 
 
 class RNNCell(_CellDropIn, nn.RNNCell):
