@@ -58,6 +58,7 @@ __all__ = [
     "PATHS",
     "fused_form",
     "fused_path_on",
+    "path_in_force",
     "run_fused",
     "traced_fused_form",
     "use_fused",
@@ -102,6 +103,17 @@ def _path() -> str:
             f"RNNKIT_GPU_PATH={path!r} in the environment: choose one of {', '.join(PATHS)}"
         )
     return path
+
+
+def path_in_force() -> str:
+    """The path chosen now: :func:`use_fused`'s, else ``RNNKIT_GPU_PATH``'s, else
+    ``"auto"``.
+
+    >>> with use_fused("loop"):
+    ...     path_in_force()
+    'loop'
+    """
+    return _path()
 
 
 def fused_path_on(device: torch.device) -> bool:

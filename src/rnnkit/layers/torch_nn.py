@@ -37,15 +37,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 from torch.nn.utils.rnn import PackedSequence
 
-from rnnkit.bptt.fused import fused_path_on
+from rnnkit.bptt.fused import fused_path_on, path_in_force
 from rnnkit.bptt.tracing import transforming, vmapping
 from rnnkit.cells.amp import autocast_devices_on, autocast_reconciles
 from rnnkit.layers import cell_stacks
@@ -57,12 +56,14 @@ __all__ = ["GRU", "LSTM", "RNN", "fx_leaf_call", "plain_torch_copy"]
 
 
 class _Stacks(threading.local):
-    """One thread's inner stack of a drop-in, the configuration it was built for and its
-    cells' parameter prefixes (set on first use in each thread)."""
+    """One thread's inner stack of a drop-in, the configuration it was built for, its
+    cells (layers, then directions, as torch orders them) and the training mode it was
+    last set to (set on first use in each thread)."""
 
     stack: StackedRecurrent | None = None
     config: tuple[Any, ...] | None = None
-    prefixes: list[str]
+    cells: list[nn.Module]
+    training: bool | None = None
 
     def __reduce__(self) -> tuple[type[_Stacks], tuple[()]]:
         """A copy (``copy.deepcopy`` of a drop-in whose weights carry a parametrization,
@@ -137,13 +138,13 @@ class _DropIn:
             self.batch_first,
         )
 
-    def _stack(self) -> tuple[StackedRecurrent, list[str]]:
-        """This thread's rnnkit stack for the current configuration, and the prefix of
-        each cell's parameters in it (layers, then directions, as torch orders them).
+    def _stack(self) -> tuple[StackedRecurrent, list[nn.Module]]:
+        """This thread's rnnkit stack for the current configuration, in the drop-in's
+        training mode, and its cells (layers, then directions, as torch orders them).
 
         Its own parameters are placeholders on the meta device (no memory), replaced for
-        each call by the ones derived from torch's (``functional_call``, which puts them
-        into the stack for the call's duration: hence one stack per thread, so that
+        each call by the ones derived from torch's (:func:`_swapped`, which puts them
+        into the cells for the call's duration: hence one stack per thread, so that
         threads may call one layer at once, as they may torch's). Held outside the
         module tree: it adds nothing to ``state_dict()`` or ``parameters()``, and a
         pickle leaves it out (``__getstate__``)."""
@@ -161,10 +162,12 @@ class _DropIn:
             with _outside_transforms(), torch.device("meta"):
                 stack = kind(*config[1:], **options)
                 stack.drop = _RowsDropout(stack.dropout)
-            index = {id(p): n for n, p in stack.named_parameters()}
-            local.prefixes = [index[id(c.weight_ih)][: -len("weight_ih")] for c in stack.cells()]
-            local.stack, local.config = stack, config
-        return local.stack, local.prefixes
+            local.cells = list(stack.cells())
+            local.stack, local.config, local.training = stack, config, None
+        if local.training is not self.training:  # train() walks every submodule: once
+            local.stack.train(self.training)
+            local.training = self.training
+        return local.stack, local.cells
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # type: ignore[misc]  # torch's: no weak references
@@ -193,27 +196,27 @@ class _DropIn:
         pairs = zip(self._flat_weights_names, self._flat_weights, strict=True)
         return {name: w for name, w in pairs if w is not None}
 
-    def _cell_tensors(self, prefixes: list[str], weights: dict[str, Tensor]) -> dict[str, Tensor]:
-        """The inner stack's parameters from torch's (``weights``, :meth:`_weights`): one
-        bias per gate."""
+    def _cell_tensors(self, cells: int, weights: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+        """Each inner cell's parameters from torch's (``weights``, :meth:`_weights`), by
+        name: one bias per gate."""
         H = self.hidden_size
         D = 2 if self.bidirectional else 1
-        out: dict[str, Tensor] = {}
-        for index, prefix in enumerate(prefixes):
+        out: list[dict[str, Tensor]] = []
+        for index in range(cells):
             layer, direction = divmod(index, D)
             sfx = f"_l{layer}" + ("_reverse" if direction else "")
             w_ih = weights["weight_ih" + sfx]
-            out[prefix + "weight_ih"] = w_ih
-            out[prefix + "weight_hh"] = weights["weight_hh" + sfx]
+            cell = {"weight_ih": w_ih, "weight_hh": weights["weight_hh" + sfx]}
             if self.bias:
                 b_ih, b_hh = weights["bias_ih" + sfx], weights["bias_hh" + sfx]
             else:
                 b_ih = b_hh = w_ih.new_zeros(w_ih.shape[0])
             if self.mode == "GRU":
-                out[prefix + "bias"] = torch.cat([b_ih[: 2 * H] + b_hh[: 2 * H], b_ih[2 * H :]])
-                out[prefix + "bias_hn"] = b_hh[2 * H :]
+                cell["bias"] = torch.cat([b_ih[: 2 * H] + b_hh[: 2 * H], b_ih[2 * H :]])
+                cell["bias_hn"] = b_hh[2 * H :]
             else:
-                out[prefix + "bias"] = b_ih + b_hh
+                cell["bias"] = b_ih + b_hh
+            out.append(cell)
         return out
 
     def _check_hx(self, hx: Tensor, B: int, batched: bool, what: str, weight: Tensor) -> Tensor:
@@ -308,19 +311,14 @@ class _DropIn:
                 if isinstance(hx, tuple | list):
                     raise TypeError(f"{name}: hx must be one tensor (L·D, B, H), as for torch")
                 state = self._split(self._check_hx(hx, B, batched, "hx", w_ih))
-        inner, prefixes = self._stack()
-        inner.train(self.training)
+        inner, cells = self._stack()
         if lengths is not None:
             lengths = lengths.to(x.device)
         drop: _RowsDropout = inner.drop  # type: ignore[assignment]  # set in _stack
         drop.packed = packed_input
         try:
-            out = functional_call(
-                inner,
-                self._cell_tensors(prefixes, weights),
-                (x,),
-                {"lengths": lengths, "state": state},
-            )
+            with _swapped(cells, self._cell_tensors(len(cells), weights)):
+                out = inner(x, lengths=lengths, state=state)
         finally:
             drop.packed = None
         outputs = out.outputs
@@ -363,7 +361,9 @@ class _DropIn:
         if input.dim() == 3 and input.shape[batch_axis] == 0:
             return True
         time_axis = 1 if self.batch_first and input.dim() == 3 else 0
-        return input.dim() in (2, 3) and input.shape[time_axis] > 0 and _fused_computes(input)
+        if input.dim() not in (2, 3) or input.shape[time_axis] == 0:
+            return False
+        return _fused_computes(input) or (input.shape[time_axis] == 1 and _one_step(input))
 
     def _split(self, h: Tensor) -> Tensor:
         """``(L·D, B, H)`` → ``(L, D, B, H)`` (torch orders layers, then directions)."""
@@ -396,6 +396,25 @@ class _RowsDropout(nn.Dropout):
         return unpack(dropped)[0]
 
 
+@contextlib.contextmanager
+def _swapped(cells: list[nn.Module], tensors: list[dict[str, Tensor]]) -> Iterator[None]:
+    """The cells hold ``tensors`` as their parameters inside the block, their own
+    placeholders again after it (an error included). What ``torch.func.functional_call``
+    does for a whole module, for the few names known here: a parameter slot takes any
+    tensor, so autograd reaches the drop-in's own parameters through the call."""
+    saved: list[tuple[dict[str, Any], str, Any]] = []
+    try:
+        for cell, named in zip(cells, tensors, strict=True):
+            slots = cell._parameters
+            for name, tensor in named.items():
+                saved.append((slots, name, slots[name]))
+                slots[name] = tensor
+        yield
+    finally:
+        for slots, name, placeholder in reversed(saved):
+            slots[name] = placeholder
+
+
 def _fused_computes(x: Tensor) -> bool:
     """Whether torch's own ``forward`` computes a drop-in's call on ``x`` because rnnkit
     would run it on PyTorch's fused kernels anyway (cuDNN on a GPU: the path in force,
@@ -410,6 +429,21 @@ def _fused_computes(x: Tensor) -> bool:
     if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
         return False
     return fused_path_on(x.device) and not autocast_devices_on()
+
+
+def _one_step(x: Tensor) -> bool:
+    """Whether torch's own ``forward`` computes a drop-in's call of one time step on the
+    CPU (a decoder calling its layer step by step): there is no time loop for rnnkit to
+    run, only its fixed cost per call, several times the step's own at small sizes
+    (``benchmarks/README.md``); torch's kernel computes the same function. Under the
+    default path only (``"loop"`` and ``"triton"`` force rnnkit's), in float32 or
+    float64, not under autocast (see :func:`_fused_computes`)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.float64)
+        and path_in_force() == "auto"
+        and not autocast_devices_on()
+    )
 
 
 def _dtype_accepted(t: Tensor, weight: Tensor) -> bool:
