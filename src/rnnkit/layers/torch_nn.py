@@ -405,7 +405,7 @@ def _swapped(cells: list[nn.Module], tensors: list[dict[str, Tensor]]) -> Iterat
     saved: list[tuple[dict[str, Any], str, Any]] = []
     try:
         for cell, named in zip(cells, tensors, strict=True):
-            slots = cell._parameters
+            slots: dict[str, Any] = cell._parameters  # a slot takes a plain tensor too
             for name, tensor in named.items():
                 saved.append((slots, name, slots[name]))
                 slots[name] = tensor
