@@ -90,7 +90,7 @@ from rnnkit.training.run_log import COUNTED, counted, describe_event
 from rnnkit.training.scheduled_sampling import SamplingSchedule, parse_schedule
 from rnnkit.training.schedules import LRSchedule, build_lr_schedulers, parse_lr_schedule
 from rnnkit.training.tensorboard import TensorBoardWriter, require_tensorboard, scalars
-from rnnkit.training.trajectory import SMOOTH_RECORDS, smoothed_loss, trajectory
+from rnnkit.training.trajectory import SMOOTH_RECORDS, run_events, smoothed_loss, trajectory
 
 __all__ = [
     "CAP_EPOCHS",
@@ -150,6 +150,7 @@ __all__ = [
     "read_metrics",
     "read_summary",
     "require_tensorboard",
+    "run_events",
     "save_model_weights",
     "save_snapshot",
     "save_tensors",

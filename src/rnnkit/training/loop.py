@@ -266,6 +266,7 @@ class Trainer(Generic[_M]):
             disable=opts.quiet or not self.dist.is_main,
         )
         pace = _Pace()
+        first_step = self.step
         stopped, stopped_early = "", False
         stop_signal: list[int] = []
         governor = self._thread_governor()
@@ -313,6 +314,7 @@ class Trainer(Generic[_M]):
             train_seconds=time.perf_counter() - pace.started - pace.eval_seconds,
             threads=governor.note if governor is not None else "",
             stopped=stopped,
+            first_step=first_step,
         )
 
     def _batches(self) -> Iterator[Any]:

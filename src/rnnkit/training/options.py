@@ -195,3 +195,4 @@ class TrainResult:
     train_seconds: float = 0.0  # wall time of those steps, validation excluded
     threads: str = ""  # one line: the CPU threads used and why (rnnkit.threads)
     stopped: str = ""  # why training ended, one line ("no improvement for 20 validations")
+    first_step: int = 0  # the step this call of fit() began from (resumed: the snapshot's)
