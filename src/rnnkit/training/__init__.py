@@ -77,7 +77,7 @@ from rnnkit.training.manifest import (
 from rnnkit.training.nonfinite import MAX_SCALER_SKIPS, MAX_SKIPPED_STEPS, TrainingDiverged
 from rnnkit.training.options import TrainOptions, TrainResult
 from rnnkit.training.precision import autocast_setup
-from rnnkit.training.progress import Progress
+from rnnkit.training.progress import RATE_KEYS, Progress, postfix
 from rnnkit.training.run_files import (
     CSV_FIRST_COLUMNS,
     METRIC_FIELDS,
@@ -105,6 +105,7 @@ __all__ = [
     "MAX_SCALER_SKIPS",
     "MAX_SKIPPED_STEPS",
     "METRIC_FIELDS",
+    "RATE_KEYS",
     "SMOOTH_RECORDS",
     "DistContext",
     "LRSchedule",
@@ -146,6 +147,7 @@ __all__ = [
     "parse_schedule",
     "peer_lost",
     "peer_lost_said",
+    "postfix",
     "read_json",
     "read_metrics",
     "read_summary",
