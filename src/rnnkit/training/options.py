@@ -52,7 +52,8 @@ class TrainOptions:
             previous count is restored when ``fit`` returns.
         rows: batch rows, which bound the thread count (each thread gets >= 8 rows).
         quiet: no progress bar.
-        units: what the progress bar shows besides nats: ``"bits"`` or ``"ppl"``.
+        units: what the progress bar shows besides the loss where it is nats per token
+            (``counts="tokens"``): ``"bits"`` or ``"ppl"``.
         counts: what the loss's count (``LossOutput.tokens``) counts — ``"tokens"``,
             ``"examples"`` (a classifier), ``"values"`` (a regressor): the unit of the
             rate the progress bar and the ``-v`` lines show (``examples/s``).

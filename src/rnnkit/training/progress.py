@@ -36,17 +36,25 @@ def postfix(
     units: str = "ppl",
     no_gain: str | None = None,
 ) -> dict[str, str]:
-    """What the bar shows after a step: the training loss since the last record (nats),
-    its bits (``units="bits"``: ``loss / ln 2``) or perplexity (``exp(loss)``), the
-    learning rate of the step, the rate named by what the loss counts
-    (:data:`RATE_KEYS`), and ``no_gain`` (validations without improvement out of the
-    patience) when given.
+    """What the bar shows after a step: the training loss since the last record, its
+    bits (``units="bits"``: ``loss / ln 2``) or perplexity (``exp(loss)``) where the loss
+    is a cross-entropy per token (``counts="tokens"``), the learning rate of the step, the
+    rate named by what the loss counts (:data:`RATE_KEYS`), and ``no_gain`` (validations
+    without improvement out of the patience) when given.
+
+    A classifier's loss (``counts="examples"``) is nats per example and a regressor's
+    (``"values"``) the loss per predicted value (the mean squared error, or a Gaussian
+    negative log-likelihood): their bar shows the loss alone, as the summary does.
 
     >>> postfix(1.0, 0.002, 40960.4)
     {'loss': '1.000', 'ppl': '2.72', 'lr': '0.002', 'tok_s': '40960'}
+    >>> postfix(0.6931, 0.002, 812.4, counts="examples")
+    {'loss': '0.693', 'lr': '0.002', 'ex_s': '812'}
     """
     shown = (
-        {"bits": f"{loss / math.log(2):.3f}"}
+        {}
+        if counts != "tokens"  # exp of nats per example, or of an mse: no perplexity
+        else {"bits": f"{loss / math.log(2):.3f}"}
         if units == "bits"
         else {"ppl": f"{math.exp(min(loss, 50)):.2f}"}
     )
