@@ -527,3 +527,36 @@ def test_the_rate_is_named_by_what_the_loss_counts(tmp_path, capsys, monkeypatch
     assert "ex_s=" in examples and "examples/s" in examples
     assert "tok_s" not in examples and "tokens/s" not in examples
     assert "tok_s=" in tokens and "tokens/s" in tokens and "examples" not in tokens
+
+
+@pytest.mark.parametrize(
+    ("counts", "units", "shown"),
+    [
+        ("tokens", "ppl", "ppl"),  # a word-level language model, a tagger, seq2seq, events
+        ("tokens", "bits", "bits"),  # a character-level language model
+        ("examples", "ppl", None),  # a classifier: nats per example
+        ("values", "ppl", None),  # a regressor: the loss per predicted value
+    ],
+)
+def test_the_bar_shows_perplexity_or_bits_only_for_a_loss_per_token(
+    tmp_path, capsys, monkeypatch, counts, units, shown
+):
+    import functools
+
+    from rnnkit.training.progress import Progress
+
+    # a plain progress line at every step (not every 30 s)
+    monkeypatch.setattr("rnnkit.training.loop.Progress", functools.partial(Progress, interval=0))
+    trainer = make_trainer(out=tmp_path, steps=3, quiet=False, counts=counts, units=units)
+    result = trainer.fit()
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("train: ")][-1]
+    # "train: 100% 3/3 [00:00<00:00, 193.11step/s, loss=2.432, ppl=11.38, lr=0.01, ...]"
+    fields = dict(f.split("=") for f in line.split("[")[-1].rstrip("]").split(", ") if "=" in f)
+    # one training record a step: the bar's loss is the last record's
+    loss = [e for e in result.history if e["event"] == "train"][-1]["loss_nats"]
+    assert fields["loss"] == f"{loss:.3f}"
+    assert ("ppl" in fields) == (shown == "ppl") and ("bits" in fields) == (shown == "bits")
+    if shown == "ppl":
+        assert float(fields["ppl"]) == pytest.approx(math.exp(loss), abs=0.006)
+    if shown == "bits":
+        assert float(fields["bits"]) == pytest.approx(loss / math.log(2), abs=6e-4)

@@ -4,8 +4,11 @@ when the output is not a terminal."""
 from __future__ import annotations
 
 import io
+import math
 
-from rnnkit.training.progress import Progress
+import pytest
+
+from rnnkit.training.progress import RATE_KEYS, Progress, postfix
 
 
 class Terminal(io.StringIO):
@@ -80,3 +83,29 @@ def test_not_a_terminal_a_time_budget_in_whole_seconds():
     line = bar.line(1055.2852751320024)
     assert line.startswith("train: 32% 1055/3300 s [17:35<")
     assert "step=5" in line and "loss=0.2" in line and "s/s" not in line
+
+
+def test_the_postfix_shows_loss_bits_or_perplexity_rate_and_patience():
+    # by hand: e^1.5 = 4.4817, 1.5 / ln 2 = 2.1640 bits
+    assert list(postfix(1.5, 3e-4, 1234.6).items()) == [
+        ("loss", "1.500"),
+        ("ppl", "4.48"),
+        ("lr", "0.0003"),
+        ("tok_s", "1235"),
+    ]
+    bits = postfix(1.5, 0.002, 10.0, units="bits", no_gain="3/20")
+    assert list(bits.items()) == [
+        ("loss", "1.500"),
+        ("bits", "2.164"),
+        ("lr", "0.002"),
+        ("tok_s", "10"),
+        ("no_gain", "3/20"),
+    ]
+    assert float(postfix(1.5, 1.0, 1.0)["ppl"]) == pytest.approx(math.exp(1.5), abs=0.005)
+    # a diverging loss shows a large perplexity, never an overflow
+    assert float(postfix(1e6, 1.0, 1.0)["ppl"]) == pytest.approx(math.exp(50))
+
+
+@pytest.mark.parametrize("counts", list(RATE_KEYS))
+def test_the_rate_is_named_by_what_the_loss_counts(counts):
+    assert RATE_KEYS[counts] in postfix(1.0, 0.1, 5.0, counts=counts)

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from rnnkit.training.trajectory import SMOOTH_RECORDS, smoothed_loss, trajectory
+from rnnkit.training.trajectory import SMOOTH_RECORDS, run_events, smoothed_loss, trajectory
 
 
 def _events(train: dict[int, float], valid: dict[int, float], key: str = "loss_nats") -> list:
@@ -86,3 +86,25 @@ def test_non_finite_and_malformed_records_are_left_out():
 )
 def test_none_where_the_events_cannot_tell(events, best):
     assert trajectory(events, best) is None
+
+
+def _steps(events: list) -> list:
+    return [(e["event"], e["step"]) for e in events]
+
+
+def test_a_resumed_runs_events_drop_what_crashed_attempts_logged_past_their_snapshot():
+    # attempt 1 logged steps 2..8 and crashed after its snapshot at 4; attempt 2 resumed
+    # at 4, logged 6..10 and crashed after its snapshot at 8; this attempt resumed at 8
+    first = _events({2: 3.0, 4: 2.5, 6: 2.4, 8: 2.3}, {4: 2.6, 8: 2.4})
+    second = _events({6: 2.2, 8: 2.1, 10: 2.0}, {8: 2.2})
+    history = _events({10: 1.9, 12: 1.8}, {12: 2.3})
+    events = run_events(first + second + [{"event": "train", "step": None}], history, 8)
+    # by hand: attempt 1 up to step 4, attempt 2 up to step 8, then the history
+    assert events == first[:3] + second[:3] + history
+    done = [("train", 2), ("train", 4), ("valid", 4), ("train", 6), ("train", 8), ("valid", 8)]
+    assert _steps(events)[:6] == done
+    t = trajectory(events, 8)
+    assert t["valid_loss_best"] == 2.2 and t["train_records"] == 6
+    assert t["train_loss_at_best"] == pytest.approx(np.mean([2.1, 2.2, 1.9, 2.5, 1.8]))
+    # no resume: the events in memory are the run's
+    assert run_events([], history, 0) == history

@@ -77,7 +77,7 @@ from rnnkit.training.manifest import (
 from rnnkit.training.nonfinite import MAX_SCALER_SKIPS, MAX_SKIPPED_STEPS, TrainingDiverged
 from rnnkit.training.options import TrainOptions, TrainResult
 from rnnkit.training.precision import autocast_setup
-from rnnkit.training.progress import Progress
+from rnnkit.training.progress import RATE_KEYS, Progress, postfix
 from rnnkit.training.run_files import (
     CSV_FIRST_COLUMNS,
     METRIC_FIELDS,
@@ -90,7 +90,7 @@ from rnnkit.training.run_log import COUNTED, counted, describe_event
 from rnnkit.training.scheduled_sampling import SamplingSchedule, parse_schedule
 from rnnkit.training.schedules import LRSchedule, build_lr_schedulers, parse_lr_schedule
 from rnnkit.training.tensorboard import TensorBoardWriter, require_tensorboard, scalars
-from rnnkit.training.trajectory import SMOOTH_RECORDS, smoothed_loss, trajectory
+from rnnkit.training.trajectory import SMOOTH_RECORDS, run_events, smoothed_loss, trajectory
 
 __all__ = [
     "CAP_EPOCHS",
@@ -105,6 +105,7 @@ __all__ = [
     "MAX_SCALER_SKIPS",
     "MAX_SKIPPED_STEPS",
     "METRIC_FIELDS",
+    "RATE_KEYS",
     "SMOOTH_RECORDS",
     "DistContext",
     "LRSchedule",
@@ -146,10 +147,12 @@ __all__ = [
     "parse_schedule",
     "peer_lost",
     "peer_lost_said",
+    "postfix",
     "read_json",
     "read_metrics",
     "read_summary",
     "require_tensorboard",
+    "run_events",
     "save_model_weights",
     "save_snapshot",
     "save_tensors",

@@ -53,7 +53,7 @@ from rnnkit.training.interrupt import TrainingInterrupted, stop_on_signals
 from rnnkit.training.nonfinite import NonFiniteGuard, TrainingDiverged, update_overflow
 from rnnkit.training.options import TrainOptions, TrainResult
 from rnnkit.training.precision import autocast, autocast_setup
-from rnnkit.training.progress import Progress
+from rnnkit.training.progress import Progress, postfix
 from rnnkit.training.run_log import RunLog
 from rnnkit.training.schedules import build_lr_schedulers, parse_lr_schedule
 from rnnkit.training.snapshots import resume_trainer, save_trainer
@@ -70,10 +70,6 @@ def _detach(state: Any) -> Any:
     if isinstance(state, Tensor):
         return state.detach()
     return type(state)(*(_detach(s) for s in state))
-
-
-# The progress bar's name for the rate, by what the loss counts (TrainOptions.counts).
-_RATE_KEYS = {"tokens": "tok_s", "examples": "ex_s", "values": "values_s"}
 
 
 class _Taken(NamedTuple):
@@ -266,6 +262,7 @@ class Trainer(Generic[_M]):
             disable=opts.quiet or not self.dist.is_main,
         )
         pace = _Pace()
+        first_step = self.step
         stopped, stopped_early = "", False
         stop_signal: list[int] = []
         governor = self._thread_governor()
@@ -313,6 +310,7 @@ class Trainer(Generic[_M]):
             train_seconds=time.perf_counter() - pace.started - pace.eval_seconds,
             threads=governor.note if governor is not None else "",
             stopped=stopped,
+            first_step=first_step,
         )
 
     def _batches(self) -> Iterator[Any]:
@@ -445,28 +443,19 @@ class Trainer(Generic[_M]):
         pace.last_train_loss = self._window_nats / max(self._window_tokens, 1)
 
     def _show(self, bar: Progress, taken: _Taken, pace: _Pace) -> None:
-        """The progress bar after a step: loss, bits or perplexity, rate, patience."""
+        """The progress bar after a step (:func:`~rnnkit.training.progress.postfix`)."""
         loss = pace.last_train_loss
         assert loss is not None
-        rate = _RATE_KEYS.get(self.options.counts, "tok_s")
-        shown = (
-            {"bits": f"{loss / math.log(2):.3f}"}
-            if self.options.units == "bits"
-            else {"ppl": f"{math.exp(min(loss, 50)):.2f}"}
+        waiting = self.until_converged and self.patience is not None
+        shown = postfix(
+            loss,
+            taken.lr,
+            pace.rate(time.perf_counter()),
+            self.options.counts,
+            self.options.units,
+            no_gain=f"{self.bad_evals}/{self.patience}" if waiting else None,
         )
-        waiting = (
-            {"no_gain": f"{self.bad_evals}/{self.patience}"}
-            if self.until_converged and self.patience is not None
-            else {}
-        )
-        bar.update(
-            self.step,
-            loss=f"{loss:.3f}",
-            **shown,
-            lr=f"{taken.lr:.3g}",
-            **{rate: f"{pace.rate(time.perf_counter()):.0f}"},
-            **waiting,
-        )
+        bar.update(self.step, **shown)
 
     def _record(self, taken: _Taken, pace: _Pace) -> None:
         """A training record: the loss since the last one, the gradient norm, the rate."""

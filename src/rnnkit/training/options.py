@@ -52,7 +52,8 @@ class TrainOptions:
             previous count is restored when ``fit`` returns.
         rows: batch rows, which bound the thread count (each thread gets >= 8 rows).
         quiet: no progress bar.
-        units: what the progress bar shows besides nats: ``"bits"`` or ``"ppl"``.
+        units: what the progress bar shows besides the loss where it is nats per token
+            (``counts="tokens"``): ``"bits"`` or ``"ppl"``.
         counts: what the loss's count (``LossOutput.tokens``) counts — ``"tokens"``,
             ``"examples"`` (a classifier), ``"values"`` (a regressor): the unit of the
             rate the progress bar and the ``-v`` lines show (``examples/s``).
@@ -195,3 +196,4 @@ class TrainResult:
     train_seconds: float = 0.0  # wall time of those steps, validation excluded
     threads: str = ""  # one line: the CPU threads used and why (rnnkit.threads)
     stopped: str = ""  # why training ended, one line ("no improvement for 20 validations")
+    first_step: int = 0  # the step this call of fit() began from (resumed: the snapshot's)

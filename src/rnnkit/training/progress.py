@@ -6,21 +6,65 @@ improving, a plain step counter (no total, so no invented ETA) with the validati
 without improvement in the postfix. On a terminal it is tqdm's bar; when stderr is a file
 or a pipe (a log), tqdm would write one carriage-return-separated line per refresh, so
 instead the same text (``tqdm.format_meter``) is written as an ordinary line every
-``interval`` seconds.
+``interval`` seconds. What the bar shows after each step is :func:`postfix`.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import IO, Any
 
 from tqdm import tqdm
 
-__all__ = ["Progress"]
+__all__ = ["RATE_KEYS", "Progress", "postfix"]
 
 # A time budget's bar counts seconds: "42/270 s [00:42<03:48, step=1200, ...]".
 TIME_FORMAT = "{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]"
+
+
+#: The bar's name for the rate, by what the loss counts (``TrainOptions.counts``).
+RATE_KEYS = {"tokens": "tok_s", "examples": "ex_s", "values": "values_s"}
+
+
+def postfix(
+    loss: float,
+    lr: float,
+    rate: float,
+    counts: str = "tokens",
+    units: str = "ppl",
+    no_gain: str | None = None,
+) -> dict[str, str]:
+    """What the bar shows after a step: the training loss since the last record, its
+    bits (``units="bits"``: ``loss / ln 2``) or perplexity (``exp(loss)``) where the loss
+    is a cross-entropy per token (``counts="tokens"``), the learning rate of the step, the
+    rate named by what the loss counts (:data:`RATE_KEYS`), and ``no_gain`` (validations
+    without improvement out of the patience) when given.
+
+    A classifier's loss (``counts="examples"``) is nats per example and a regressor's
+    (``"values"``) the loss per predicted value (the mean squared error, or a Gaussian
+    negative log-likelihood): their bar shows the loss alone, as the summary does.
+
+    >>> postfix(1.0, 0.002, 40960.4)
+    {'loss': '1.000', 'ppl': '2.72', 'lr': '0.002', 'tok_s': '40960'}
+    >>> postfix(0.6931, 0.002, 812.4, counts="examples")
+    {'loss': '0.693', 'lr': '0.002', 'ex_s': '812'}
+    """
+    shown = (
+        {}
+        if counts != "tokens"  # exp of nats per example, or of an mse: no perplexity
+        else {"bits": f"{loss / math.log(2):.3f}"}
+        if units == "bits"
+        else {"ppl": f"{math.exp(min(loss, 50)):.2f}"}
+    )
+    return {
+        "loss": f"{loss:.3f}",
+        **shown,
+        "lr": f"{lr:.3g}",
+        RATE_KEYS.get(counts, "tok_s"): f"{rate:.0f}",
+        **({"no_gain": no_gain} if no_gain is not None else {}),
+    }
 
 
 class Progress:

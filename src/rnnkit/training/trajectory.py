@@ -21,6 +21,9 @@ both alike.
     valid_loss_last       the validation loss at the last validation
     train_records         how many training records the figures were read from
 
+A resumed run's course is read from the whole run's events (:func:`run_events`): those
+``metrics.jsonl`` logged before the resume, then those of the resumed training.
+
 Losses are in the unit of the task's training loss: nats a token (``loss_nats``), or for
 ``regress`` the loss per predicted value (``loss``: the mean squared error, or the
 Gaussian negative log-likelihood in nats).
@@ -33,7 +36,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["SMOOTH_RECORDS", "smoothed_loss", "trajectory"]
+__all__ = ["SMOOTH_RECORDS", "run_events", "smoothed_loss", "trajectory"]
 
 #: Training records averaged into one smoothed training loss.
 SMOOTH_RECORDS = 5
@@ -74,6 +77,39 @@ def _change_se(a: list[float], b: list[float]) -> float | None:
     return math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
 
 
+def _step(event: dict[str, Any]) -> int | None:
+    step = event.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def run_events(
+    logged: Iterable[dict[str, Any]], history: Iterable[dict[str, Any]], resumed_at: int
+) -> list[dict[str, Any]]:
+    """The events of a whole run resumed from its snapshot at step ``resumed_at``: the
+    events ``logged`` (``metrics.jsonl``, every attempt) up to that step, then ``history``
+    (the events since the resume).
+
+    An attempt cut by a crash may have logged steps past its last snapshot, which the
+    next attempt trained again: an event at an earlier step than the event before it
+    starts a new attempt, and the events of the attempt before from that step on are
+    dropped; so are logged events past ``resumed_at`` (this attempt's are ``history``).
+
+    >>> logged = [{"event": "train", "step": s} for s in (2, 4, 6, 4, 6, 8)]
+    >>> [e["step"] for e in run_events(logged, [{"event": "train", "step": 8}], 6)]
+    [2, 4, 6, 8]
+    """
+    kept: list[dict[str, Any]] = []
+    for event in logged:
+        step = _step(event)
+        if step is None or step > resumed_at:
+            continue
+        if kept and step < kept[-1]["step"]:  # a resumed attempt begins here
+            while kept and kept[-1]["step"] >= step:
+                kept.pop()
+        kept.append(event)
+    return kept + list(history)
+
+
 def trajectory(
     history: Iterable[dict[str, Any]], best_step: Any, loss_key: str = "loss_nats"
 ) -> dict[str, Any] | None:
@@ -83,7 +119,7 @@ def trajectory(
 
     None when the events cannot tell: no best step, no training record, or the best
     validation not among the events (a resumed run whose best came before the resume:
-    the events in memory are those since).
+    the events in memory are those since: :func:`run_events` gives the whole run's).
 
     >>> events = [{"event": "train", "step": s, "loss_nats": 2.0 - s / 10} for s in (1, 2, 3)]
     >>> events += [{"event": "valid", "step": 2, "loss_nats": 1.9},

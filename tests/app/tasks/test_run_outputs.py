@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from rnnkit.app.tasks.run_outputs import _whole_run
 from rnnkit.data.events import write_sessions
 from rnnkit.data.generated import (
     letter_order_examples,
@@ -20,6 +21,8 @@ from rnnkit.data.generated import (
 )
 from rnnkit.data.generated_pairs import generate_pairs, write_pairs
 from rnnkit.data.generated_sessions import generate_sessions
+from rnnkit.training.options import TrainResult
+from rnnkit.training.trajectory import trajectory
 
 TINY = ["--hidden", "8", "--batch-size", "8", "--steps", "6", "--eval-every", "2"]
 TINY += ["--seed", "0", "--quiet", "--no-report", "--threads", "1"]
@@ -99,3 +102,38 @@ def test_every_task_writes_the_course_of_its_run(data, run_cli, tmp_path, name):
         "valid_loss_last": pytest.approx(valid[6]),
         "train_records": 6,
     }
+
+
+def test_a_resumed_run_reads_its_course_from_the_whole_run(data, run_cli, tmp_path):
+    """The best validation came before the resume: the events in memory since then do
+    not hold it, metrics.jsonl does (a line cut by a crash and the steps a crashed attempt
+    logged past its snapshot are left out)."""
+    out = tmp_path / "run"
+    args = [*_cases(data)["lm"], "--out", str(out), *TINY, "--lr", "1.0"]
+    assert run_cli("train", *args, "--steps", "4")[0] == 0
+    log = out / "metrics.jsonl"
+    before = [json.loads(line) for line in log.read_text().splitlines()]
+    with log.open("a") as f:  # a crashed attempt: steps past the snapshot, a cut line
+        f.write(json.dumps({"event": "train", "step": 5, "loss_nats": 99.0}) + "\n")
+        f.write(json.dumps({"event": "valid", "step": 6, "loss_nats": 0.5}) + '\n{"event":')
+    stale = len(log.read_text().splitlines())
+    code, _, err = run_cli("train", *args, "--steps", "6", "--resume")
+    assert code == 0, err[-2000:]
+    after = [json.loads(line) for line in log.read_text().splitlines()[stale:]]
+    summary = json.loads((out / "summary.json").read_text())
+    best = summary["valid"]["step"]
+    assert best == 4 and [e["step"] for e in after if e["event"] == "valid"] == [6]
+    course = summary["trajectory"]
+    assert course == trajectory(before + after, best)
+    assert course["train_records"] == 6 and course["last_valid_step"] == 6
+
+
+def test_an_unreadable_log_leaves_the_events_in_memory(tmp_path, capsys):
+    history = [{"event": "train", "step": 5, "loss_nats": 1.0}]
+    result = TrainResult(steps=5, epochs_done=1, train_loss_nats=1.0, best_valid=None)
+    result.history, result.first_step = history, 4
+    (tmp_path / "metrics.jsonl").mkdir()  # not a regular file: read_metrics refuses it
+    assert _whole_run(tmp_path, result) == history
+    assert "metrics.jsonl" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").rmdir()  # no log at all: nothing before the resume
+    assert _whole_run(tmp_path, result) == history

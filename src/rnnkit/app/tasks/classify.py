@@ -312,7 +312,7 @@ def train_classify(
         **({"pretrained_vectors": pretrained} if pretrained else {}),
         baselines=baseline_metrics(baselines, valid_enc, labels),
     )
-    return finish_summary(cfg, summary, result.history)
+    return finish_summary(cfg, summary, result)
 
 
 def load_classifier(

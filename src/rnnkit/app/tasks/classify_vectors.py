@@ -299,7 +299,7 @@ def train_vectors(
         input_size=width,
         baselines=frame_baseline_metrics(baselines, valid_enc, labels),
     )
-    return finish_summary(cfg, summary, result.history)
+    return finish_summary(cfg, summary, result)
 
 
 def load_vector_classifier(

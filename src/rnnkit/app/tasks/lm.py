@@ -273,7 +273,7 @@ def train_lm(
         summary["pretrained_vectors"] = pretrained
     if schedule.active:  # the probability of feeding the model's own token, at the end
         summary["scheduled_sampling_p"] = schedule.probability(result.steps)
-    return finish_summary(cfg, summary, result.history)
+    return finish_summary(cfg, summary, result)
 
 
 def _distributed(cfg: TrainConfig, device: torch.device) -> DistContext:

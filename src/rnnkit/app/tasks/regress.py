@@ -272,7 +272,7 @@ def fit_sequences(
             }
         },
     )
-    return finish_summary(cfg, summary, result.history)
+    return finish_summary(cfg, summary, result)
 
 
 def load_regressor(run_dir: str | Path, device: str = "cpu") -> tuple[TrainConfig, dict, Regressor]:

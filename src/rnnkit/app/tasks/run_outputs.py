@@ -4,19 +4,22 @@ and the end-of-run ``summary.json``."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from safetensors.numpy import save_file as save_numpy
 
+from rnnkit import messages
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.settings import device_name, run_settings
 from rnnkit.data.files import atomic_write
+from rnnkit.errors import CheckpointError
 from rnnkit.training.baseline_check import behind_baseline
 from rnnkit.training.checkpoint import atomic_write_json, load_arrays
-from rnnkit.training.trajectory import trajectory
+from rnnkit.training.options import TrainResult
+from rnnkit.training.run_files import read_metrics
+from rnnkit.training.trajectory import run_events, trajectory
 
 __all__ = [
     "BASELINE_FILE",
@@ -45,16 +48,31 @@ def load_baseline(run_dir: str | Path) -> dict[str, np.ndarray] | None:
 
 
 def finish_summary(
-    cfg: TrainConfig, summary: dict[str, Any], history: Iterable[dict[str, Any]]
+    cfg: TrainConfig, summary: dict[str, Any], result: TrainResult
 ) -> dict[str, Any]:
-    """Add ``trajectory`` (the course of the run, read from its events ``history``:
+    """Add ``trajectory`` (the course of the run, read from its events:
     :mod:`rnnkit.training.trajectory`), ``behind_baseline`` (the model against its best
     baseline, one line saying why when it is behind:
     :mod:`rnnkit.training.baseline_check`) and write ``summary.json``. Returns the summary."""
     # regress trains on its ``loss`` (mse or Gaussian NLL); its ``loss_nats`` differs for mse
     loss_key = "loss" if cfg.task == "regress" else "loss_nats"
-    summary["trajectory"] = trajectory(history, (summary.get("valid") or {}).get("step"), loss_key)
+    events = _whole_run(Path(cfg.out), result)
+    summary["trajectory"] = trajectory(events, (summary.get("valid") or {}).get("step"), loss_key)
     summary["behind_baseline"] = behind_baseline(summary, cfg.task, run_settings(cfg))
     summary["device"] = device_name(cfg.device)
     atomic_write_json(Path(cfg.out) / "summary.json", summary)
     return summary
+
+
+def _whole_run(out: Path, result: TrainResult) -> list[dict[str, Any]]:
+    """The events of the whole run: those in memory, and for a resumed run those that
+    ``metrics.jsonl`` logged before the resume (its unreadable lines skipped; a log that
+    cannot be read at all leaves the events in memory, with a warning)."""
+    if result.first_step == 0:
+        return result.history
+    try:
+        logged, _ = read_metrics(out)
+    except CheckpointError as exc:
+        messages.warning(f"the course of the run before the resume is left out: {exc}")
+        return result.history
+    return run_events(logged, result.history, result.first_step)

@@ -252,7 +252,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         "stopped": result.stopped,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
-    return finish_summary(cfg, summary, result.history)
+    return finish_summary(cfg, summary, result)
 
 
 def evaluate(

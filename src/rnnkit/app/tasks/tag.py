@@ -160,7 +160,7 @@ def train_tag(
         **({"pretrained_vectors": pretrained} if pretrained else {}),
         baselines={"most_frequent_tag": baseline_metrics(baseline, valid_enc, K)},
     )
-    return finish_summary(cfg, summary, result.history)
+    return finish_summary(cfg, summary, result)
 
 
 def load_tagger(run_dir: str | Path, device: str = "cpu") -> tuple[TrainConfig, TagData, Tagger]:

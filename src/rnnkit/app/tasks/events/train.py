@@ -72,7 +72,7 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     valid = _validate(cfg, opts, data, model, ngram)
     parameters = sum(p.numel() for p in model.parameters())
     summary = summarise(cfg, opts, data, result, elapsed, parameters, valid)
-    return finish_summary(cfg, summary, result.history)
+    return finish_summary(cfg, summary, result)
 
 
 def _resumed_vocab(cfg: TrainConfig, out: Path) -> EventVocabulary:
