@@ -1,14 +1,16 @@
 """A decoder that calls its recurrent layer one step at a time, as the translation
 tutorials write one: ``torch.nn`` against ``rnnkit.nn`` (the import swapped), side by side.
 
-Per step: an embedding, one call of ``nn.GRU`` / ``nn.LSTM`` on a single time step with
-the state carried, a linear output layer and the argmax (greedy decoding, no gradient);
+Per step: an embedding, one call of ``nn.GRU`` / ``nn.LSTM`` on a single time step (or of
+``nn.GRUCell`` / ``nn.LSTMCell``) with the state carried, a linear output layer and the
+argmax (greedy decoding, no gradient);
 and a teacher-forced training step over the same ``STEPS`` calls (the summed loss's
 backward). Three contenders in interleaved rounds (``_common.interleaved``): torch's
 layer; rnnkit's drop-in as it runs by default (a single step on the CPU is handed to
-torch's ``forward``); and rnnkit's drop-in with its own time loop forced
-(``use_fused("loop")``), which is how every step ran before. Times are per decoding or
-training step; ratios are medians of in-round ratios (> 1: slower than ``torch.nn``).
+torch's ``forward``, as is a cell's step); and rnnkit's drop-in with its own time loop
+and cell step forced (``use_fused("loop")``), which is how every step ran before. Times
+are per decoding or training step; ratios are medians of in-round ratios (> 1: slower
+than ``torch.nn``).
 
     python benchmarks/bench_dropin_steps.py [--rounds 9] [--cpu-time] [--json]
 """
@@ -38,10 +40,15 @@ class Decoder(torch.nn.Module):
     def __init__(self, nn: Any, kind: str, hidden: int) -> None:
         super().__init__()
         self.embed = torch.nn.Embedding(VOCAB, hidden)
-        self.rnn = getattr(nn, kind)(hidden, hidden, batch_first=True)
+        options = {} if kind.endswith("Cell") else {"batch_first": True}
+        self.rnn = getattr(nn, kind)(hidden, hidden, **options)
         self.out = torch.nn.Linear(hidden, VOCAB)
+        self.kind = kind
 
     def step(self, token: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
+        if self.kind.endswith("Cell"):  # (B, H) in, h' (LSTMCell: (h', c')) out
+            state = self.rnn(self.embed(token), state)
+            return self.out(state[0] if isinstance(state, tuple) else state), state
         output, state = self.rnn(self.embed(token)[:, None], state)  # (B, 1, H)
         return self.out(output[:, 0]), state
 
@@ -122,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     clock = "thread" if args.cpu_time else "wall"
     rows = [
         row
-        for kind in ("GRU", "LSTM")
+        for kind in ("GRU", "LSTM", "GRUCell", "LSTMCell")
         for hidden, batch in ((128, 1), (256, 16))
         for row in measure(kind, hidden, batch, args.rounds, clock)
     ]

@@ -419,3 +419,34 @@ def test_a_layer_with_a_parametrized_weight_deep_copies_as_torchs(mode):
     torch.testing.assert_close(copies[1](x)[0], copies[0](x)[0], rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(mine(x)[0], copies[1](x)[0], rtol=1e-9, atol=1e-12)
     assert type(copies[1]).__mro__[1] is knn.__dict__[mode]  # torch's parametrized class
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+def test_a_single_step_on_the_cpu_is_torchs_forward_and_bad_input_names_the_layer(
+    mode, monkeypatch
+):
+    # A decoder calling its layer step by step: rnnkit's loop cost several times torch's
+    # step there (benchmarks/README.md), so one step is torch's forward; longer calls, or
+    # the loop path forced, run rnnkit's route (one per layer).
+    from rnnkit.bptt import recurrence
+    from rnnkit.bptt.fused import use_fused
+
+    routes = []
+    real = recurrence.route
+    monkeypatch.setattr(recurrence, "route", lambda *a, **k: routes.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    theirs = getattr(torch.nn, mode)(3, 4, num_layers=2, batch_first=True)
+    mine = getattr(knn, mode)(3, 4, num_layers=2, batch_first=True)
+    mine.load_state_dict(theirs.state_dict())
+    x = torch.randn(2, 1, 3)
+    got, want = mine(x), theirs(x)
+    torch.testing.assert_close(got, want, rtol=0.0, atol=0.0)
+    assert routes == []
+    with use_fused("loop"):
+        looped = mine(x)
+    assert len(routes) == 2
+    torch.testing.assert_close(looped, want, rtol=1e-5, atol=1e-6)
+    mine(torch.randn(2, 3, 3))
+    assert len(routes) == 4
+    with pytest.raises(RuntimeError, match=f"rnnkit.nn.{mode}: input.size"):
+        mine(torch.zeros(2, 1, 7))

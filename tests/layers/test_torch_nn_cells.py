@@ -118,3 +118,25 @@ def test_parametrized_weights_are_evaluated_once_per_step_as_torchs(name, option
     assert torch.equal(a_mine, after)
     for a, b in zip(o_mine, out, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["RNNCell", "LSTMCell", "GRUCell"])
+def test_on_the_cpu_a_cell_is_torchs_step_unless_the_loop_is_forced(name, monkeypatch):
+    # rnnkit's step of separate operations took 1.0-2.8x torch's fused step
+    # (benchmarks/README.md): torch's forward computes it; use_fused("loop") runs rnnkit's.
+    from rnnkit.bptt.fused import use_fused
+    from rnnkit.layers import torch_nn_cells
+
+    step = {"RNNCell": "rnn_step", "LSTMCell": "lstm_step", "GRUCell": "gru_step"}[name]
+    calls = []
+    real = getattr(torch_nn_cells, step)
+    monkeypatch.setattr(torch_nn_cells, step, lambda *a, **k: calls.append(1) or real(*a, **k))
+    theirs, mine = _pair(name)
+    x = torch.randn(2, theirs.input_size, dtype=theirs.weight_ih.dtype)
+    torch.testing.assert_close(_flat(mine(x)), _flat(theirs(x)), rtol=0.0, atol=0.0)
+    assert calls == []
+    with use_fused("loop"):
+        torch.testing.assert_close(_flat(mine(x)), _flat(theirs(x)), rtol=1e-9, atol=1e-12)
+    assert calls == [1]
+    with pytest.raises(RuntimeError, match=f"rnnkit.nn.{name}: "):
+        mine(torch.zeros(2, theirs.input_size + 1, dtype=x.dtype))

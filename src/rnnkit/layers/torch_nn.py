@@ -281,6 +281,11 @@ class _DropIn:
         name = f"rnnkit.nn.{type(self).__name__}"
         if self._torch_computes(input):
             return self._torch_class.forward(self, input, hx)
+        if self._handed_over(input):
+            try:
+                return self._torch_class.forward(self, input, hx)
+            except (RuntimeError, ValueError, TypeError):
+                pass  # bad input: rnnkit's checks below say what, naming the layer
         packed_input = input if isinstance(input, PackedSequence) else None
         lengths = None
         if packed_input is not None:
@@ -354,14 +359,21 @@ class _DropIn:
         if self.proj_size > 0 or self.dropout >= 1:  # no such rnnkit layer
             return True
         if isinstance(input, PackedSequence):
-            return input.data.shape[0] == 0 or _fused_computes(input.data)
-        if not isinstance(input, Tensor):
-            return False
+            return input.data.shape[0] == 0
         batch_axis = 0 if self.batch_first else 1
-        if input.dim() == 3 and input.shape[batch_axis] == 0:
-            return True
+        return isinstance(input, Tensor) and input.dim() == 3 and input.shape[batch_axis] == 0
+
+    def _handed_over(self, input: Tensor | PackedSequence) -> bool:
+        """Whether this call, which rnnkit could compute, is torch's ``forward`` for speed:
+        where rnnkit would run PyTorch's fused kernels (:func:`_fused_computes`) and, on
+        the CPU, a call of one time step (:func:`_one_step`). The same function either
+        way; an error of torch's there is left to rnnkit's checks to say."""
+        if isinstance(input, PackedSequence):
+            return _fused_computes(input.data)
+        if not isinstance(input, Tensor) or input.dim() not in (2, 3):
+            return False
         time_axis = 1 if self.batch_first and input.dim() == 3 else 0
-        if input.dim() not in (2, 3) or input.shape[time_axis] == 0:
+        if input.shape[time_axis] == 0:
             return False
         return _fused_computes(input) or (input.shape[time_axis] == 1 and _one_step(input))
 

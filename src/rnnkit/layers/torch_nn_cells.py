@@ -23,7 +23,7 @@ from rnnkit.cells.gru import gru_step
 from rnnkit.cells.kernel import Weights
 from rnnkit.cells.lstm import lstm_step
 from rnnkit.cells.rnn import rnn_step
-from rnnkit.layers.torch_nn import _fused_computes, fx_leaf_call, plain_torch_copy
+from rnnkit.layers.torch_nn import _fused_computes, _one_step, fx_leaf_call, plain_torch_copy
 from rnnkit.types import LSTMState
 
 __all__ = ["GRUCell", "LSTMCell", "RNNCell"]
@@ -103,13 +103,29 @@ class _CellDropIn:
             )
 
     def _use_torch(self, input: Tensor) -> bool:
-        """Whether torch's own ``forward`` computes this step: while scripting or
-        tracing, for an empty input, and where rnnkit's layers would run PyTorch's fused
-        kernels (a GPU by default: ``torch_nn._fused_computes``), whose step torch's
-        cell computes with one fused kernel."""
-        if torch.jit.is_scripting() or torch.jit.is_tracing() or input.numel() == 0:
-            return True
-        return isinstance(input, Tensor) and _fused_computes(input)
+        """Whether torch's own ``forward`` must compute this step: while scripting or
+        tracing, and for an empty input."""
+        return torch.jit.is_scripting() or torch.jit.is_tracing() or input.numel() == 0
+
+    def _handed_over(self, input: Tensor) -> bool:
+        """Whether torch's own ``forward`` computes this step for speed: where rnnkit's
+        layers would run PyTorch's fused kernels (a GPU by default:
+        ``torch_nn._fused_computes``), and on the CPU as a drop-in layer's single step
+        does (``torch_nn._one_step``: float32 or float64, the default path, no
+        autocast): torch's fused step computes the same function, and rnnkit's step of
+        separate operations took 1.0–2.8× its time (``benchmarks/README.md``).
+        ``use_fused("loop")`` runs rnnkit's step."""
+        return isinstance(input, Tensor) and (_fused_computes(input) or _one_step(input))
+
+    def _torchs(self, input: Tensor, hx: Any) -> Any:
+        """torch's ``forward`` of the step where :meth:`_handed_over`, else None (also
+        where torch refuses the input: rnnkit's checks then say what, naming the cell)."""
+        if not self._handed_over(input):
+            return None
+        try:
+            return self._torch_class.forward(self, input, hx)
+        except (RuntimeError, ValueError, TypeError):
+            return None
 
 
 class RNNCell(_CellDropIn, nn.RNNCell):
@@ -130,6 +146,8 @@ class RNNCell(_CellDropIn, nn.RNNCell):
             return traced
         if self._use_torch(input):
             return nn.RNNCell.forward(self, input, hx)
+        if (handed := self._torchs(input, hx)) is not None:
+            return handed
         w_ih, w_hh, b_ih, b_hh = self._weights()
         x, h, batched = self._batched(input, hx, "hx", w_ih)
         out = rnn_step(x, h, Weights(w_ih, w_hh, b_ih + b_hh, None), self.nonlinearity)
@@ -155,6 +173,8 @@ class LSTMCell(_CellDropIn, nn.LSTMCell):
             return traced
         if self._use_torch(input):
             return nn.LSTMCell.forward(self, input, hx)
+        if (handed := self._torchs(input, hx)) is not None:
+            return handed
         if hx is not None and (not isinstance(hx, tuple | list) or len(hx) != 2):
             raise TypeError("rnnkit.nn.LSTMCell: hx must be the pair (h_0, c_0), as for torch")
         w_ih, w_hh, b_ih, b_hh = self._weights()
@@ -183,6 +203,8 @@ class GRUCell(_CellDropIn, nn.GRUCell):
             return traced
         if self._use_torch(input):
             return nn.GRUCell.forward(self, input, hx)
+        if (handed := self._torchs(input, hx)) is not None:
+            return handed
         w_ih, w_hh, b_ih, b_hh = self._weights()
         x, h, batched = self._batched(input, hx, "hx", w_ih)
         H = self.hidden_size
