@@ -13,21 +13,10 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from pathlib import Path
 
 import pytest
 import torch
-
-from rnnkit.data.events import write_sessions
-from rnnkit.data.generated import (
-    letter_order_examples,
-    previous_word_sentences,
-    write_labelled,
-    write_token_tags,
-)
-from rnnkit.data.generated_pairs import generate_pairs, write_pairs
-from rnnkit.data.generated_sessions import generate_sessions
 
 TINY = ["--hidden", "16", "--batch-size", "8", "--steps", "4", "--seed", "0", "--quiet"]
 TINY += ["--no-report", "--json"]
@@ -40,43 +29,10 @@ def _one_thread(single_thread):
     yield
 
 
-def _params_sessions(path: Path, n: int, seed: int) -> Path:
-    """Sessions ``open (size) → reads (latency) → close`` with their parameter values."""
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        reads = rng.randint(2, 4)
-        events = ["open", *["read"] * reads, "close"]
-        params = [[rng.gauss(1000, 100)], *[[rng.gauss(10, 1)] for _ in range(reads)], []]
-        rows.append(json.dumps({"session": f"s{seed}-{i}", "events": events, "params": params}))
-    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return path
-
-
-def _regress_sequences(path: Path, n: int, seed: int) -> Path:
-    gen = torch.Generator().manual_seed(seed)
-    rows = []
-    for _ in range(n):
-        t = float(torch.rand(1, generator=gen)) * 6 + 0.4 * torch.arange(8)
-        rows.append(json.dumps({"seq": torch.stack([t.sin(), t.cos()], 1).tolist()}))
-    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return path
-
-
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("tasks_on_cuda")
-    (d / "text.txt").write_text("abc abd\nbca cab\n" * 40, encoding="utf-8")
-    write_token_tags(previous_word_sentences(60, seed=0, noise=0.1), d / "tags.tsv")
-    write_labelled(letter_order_examples(80, seed=0, noise=0.1), d / "labels.tsv")
-    write_pairs(d / "pairs.tsv", generate_pairs("reverse", 48, seed=0, max_len=5))
-    write_sessions(d / "sessions.jsonl", generate_sessions(60, anomalies=0, seed=1))
-    write_sessions(d / "valid.jsonl", generate_sessions(30, anomalies=3, seed=2))
-    _params_sessions(d / "params.jsonl", 40, 0)
-    _params_sessions(d / "params-valid.jsonl", 20, 1)
-    _regress_sequences(d / "seq.jsonl", 40, 0)
-    _regress_sequences(d / "seq-valid.jsonl", 10, 1)
-    return d
+def data(task_data: Path) -> Path:
+    """Every task's files (tests/app/conftest.py)."""
+    return task_data
 
 
 def _cases(d: Path) -> dict[str, list[str]]:

@@ -9,18 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from rnnkit.app.tasks.run_outputs import _whole_run
-from rnnkit.data.events import write_sessions
-from rnnkit.data.generated import (
-    letter_order_examples,
-    previous_word_sentences,
-    write_labelled,
-    write_token_tags,
-)
-from rnnkit.data.generated_pairs import generate_pairs, write_pairs
-from rnnkit.data.generated_sessions import generate_sessions
 from rnnkit.training.options import TrainResult
 from rnnkit.training.trajectory import trajectory
 
@@ -33,31 +23,10 @@ def _one_thread(single_thread):
     yield
 
 
-def _sequences(path: Path, n: int, seed: int, labelled: bool = False) -> Path:
-    gen = torch.Generator().manual_seed(seed)
-    rows = []
-    for _ in range(n):
-        t = float(torch.rand(1, generator=gen)) * 6 + 0.4 * torch.arange(8)
-        seq = torch.stack([t.sin(), t.cos()], 1).tolist()
-        label = {"label": "up" if seq[1][0] > seq[0][0] else "down"} if labelled else {}
-        rows.append(json.dumps({"seq": seq, **label}))
-    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return path
-
-
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("course")
-    (d / "text.txt").write_text("abc abd\nbca cab\n" * 40, encoding="utf-8")
-    write_token_tags(previous_word_sentences(60, seed=0, noise=0.1), d / "tags.tsv")
-    write_labelled(letter_order_examples(80, seed=0, noise=0.1), d / "labels.tsv")
-    write_pairs(d / "pairs.tsv", generate_pairs("reverse", 48, seed=0, max_len=5))
-    write_sessions(d / "sessions.jsonl", generate_sessions(60, anomalies=0, seed=1))
-    write_sessions(d / "valid.jsonl", generate_sessions(30, anomalies=3, seed=2))
-    _sequences(d / "seq.jsonl", 40, 0)
-    _sequences(d / "seq-valid.jsonl", 10, 1)
-    _sequences(d / "labelled.jsonl", 40, 2, labelled=True)
-    return d
+def data(task_data: Path) -> Path:
+    """Every task's files (tests/app/conftest.py)."""
+    return task_data
 
 
 def _cases(d: Path) -> dict[str, list[str]]:
