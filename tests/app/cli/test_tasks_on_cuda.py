@@ -29,12 +29,6 @@ def _one_thread(single_thread):
     yield
 
 
-@pytest.fixture(scope="module")
-def data(task_data: Path) -> Path:
-    """Every task's files (tests/app/conftest.py)."""
-    return task_data
-
-
 def _cases(d: Path) -> dict[str, list[str]]:
     events = ["--train", str(d / "sessions.jsonl"), "--valid", str(d / "valid.jsonl"), *EMB]
     pairs = ["--task", "seq2seq", "--train", str(d / "pairs.tsv"), *EMB]
@@ -84,16 +78,16 @@ def _train(run_cli, argv: list[str], out: Path, device: str) -> float:
 
 
 @pytest.mark.parametrize("name", list(_cases(Path("."))))
-def test_the_cases_train_on_the_cpu(data, run_cli, tmp_path, name):
+def test_the_cases_train_on_the_cpu(task_data, run_cli, tmp_path, name):
     """The tier's data and options are valid: each case trains here, on the CPU."""
-    _train(run_cli, _cases(data)[name], tmp_path / name, "cpu")
+    _train(run_cli, _cases(task_data)[name], tmp_path / name, "cpu")
 
 
 @pytest.mark.gpu
 @NEEDS_GPU
 @pytest.mark.parametrize("name", list(_cases(Path("."))))
-def test_every_task_trains_on_cuda_as_on_the_cpu(data, run_cli, tmp_path, name):
-    argv = _cases(data)[name]
+def test_every_task_trains_on_cuda_as_on_the_cpu(task_data, run_cli, tmp_path, name):
+    argv = _cases(task_data)[name]
     # TF32 off, so that float32 is float32: cuDNN's recurrent kernels use TF32 by default
     # (torch.backends.cudnn.allow_tf32; cuBLAS's matmuls do not), whose 10-bit mantissa
     # over a few steps can move the loss by more than the tolerance
@@ -106,8 +100,8 @@ def test_every_task_trains_on_cuda_as_on_the_cpu(data, run_cli, tmp_path, name):
 @pytest.mark.gpu
 @NEEDS_GPU
 @pytest.mark.parametrize("decode", [["--greedy"], ["--beam", "3"], ["--seed", "1"]])
-def test_an_attention_model_decodes_on_cuda(data, run_cli, tmp_path, decode):
-    argv = _cases(data)["seq2seq-additive-before"]
+def test_an_attention_model_decodes_on_cuda(task_data, run_cli, tmp_path, decode):
+    argv = _cases(task_data)["seq2seq-additive-before"]
     _train(run_cli, argv, tmp_path / "run", "cuda")
     code, out, err = run_cli("generate", "--checkpoint", str(tmp_path / "run"), "--input",
                              "abc", "--device", "cuda", *decode)  # fmt: skip

@@ -23,12 +23,6 @@ def _one_thread(single_thread):
     yield
 
 
-@pytest.fixture(scope="module")
-def data(task_data: Path) -> Path:
-    """Every task's files (tests/app/conftest.py)."""
-    return task_data
-
-
 def _cases(d: Path) -> dict[str, list[str]]:
     return {
         "lm": ["--task", "lm", "--train", str(d / "text.txt")],
@@ -45,9 +39,9 @@ def _cases(d: Path) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("name", list(_cases(Path("."))))
-def test_every_task_writes_the_course_of_its_run(data, run_cli, tmp_path, name):
+def test_every_task_writes_the_course_of_its_run(task_data, run_cli, tmp_path, name):
     out = tmp_path / "run"
-    code, _, err = run_cli("train", *_cases(data)[name], "--out", str(out), *TINY)
+    code, _, err = run_cli("train", *_cases(task_data)[name], "--out", str(out), *TINY)
     assert code == 0, err[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -73,12 +67,12 @@ def test_every_task_writes_the_course_of_its_run(data, run_cli, tmp_path, name):
     }
 
 
-def test_a_resumed_run_reads_its_course_from_the_whole_run(data, run_cli, tmp_path):
+def test_a_resumed_run_reads_its_course_from_the_whole_run(task_data, run_cli, tmp_path):
     """The best validation came before the resume: the events in memory since then do
     not hold it, metrics.jsonl does (a line cut by a crash and the steps a crashed attempt
     logged past its snapshot are left out)."""
     out = tmp_path / "run"
-    args = [*_cases(data)["lm"], "--out", str(out), *TINY, "--lr", "1.0"]
+    args = [*_cases(task_data)["lm"], "--out", str(out), *TINY, "--lr", "1.0"]
     assert run_cli("train", *args, "--steps", "4")[0] == 0
     log = out / "metrics.jsonl"
     before = [json.loads(line) for line in log.read_text().splitlines()]
