@@ -232,9 +232,11 @@ def _speed_row(
     rounds: int,
     window: int | None = None,
     graphs: bool = False,
+    dropin: bool = False,
 ) -> dict:
     """One row of times (``window``: also the windowed BPTT(τ) of the same layer;
-    ``graphs``: also the Triton steps in CUDA graphs, where they run)."""
+    ``graphs``: also the Triton steps in CUDA graphs, where they run; ``dropin``: also
+    the drop-in ``rnnkit.nn`` layer with torch's weights)."""
     torch.manual_seed(0)
     torch_cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[cell]
     ref = torch_cls(H, H, batch_first=True).to(device)
@@ -272,6 +274,19 @@ def _speed_row(
     fns = {"train_torch": train_t, "train_rnnkit": train_r, "train_loop": on_loop(train_r)}
     fns |= {"infer_torch": infer_t, "infer_rnnkit": infer_r, "infer_loop": on_loop(infer_r)}
     fns |= {"train_holes": train_holes}
+    if dropin:  # rnnkit.nn: on a GPU its call is torch's own forward (cuDNN, whole)
+        mine = getattr(rnnkit.nn, torch_cls.__name__)(H, H, batch_first=True).to(device)
+        mine.load_state_dict(ref.state_dict())
+        params_d = list(mine.parameters())
+
+        def train_dropin():
+            torch.autograd.grad(mine(x)[0], [x, *params_d], d)
+
+        def infer_dropin():
+            with torch.no_grad():
+                mine(x)
+
+        fns |= {"train_dropin": train_dropin, "infer_dropin": infer_dropin}
     if _with_steps(device):
 
         def train_triton():
@@ -327,6 +342,9 @@ def _speed_row(
         extra["train_triton_over_graphs"] = med["train_triton"] / med["train_graphs"]
         extra["infer_torch_over_graphs"] = med["infer_torch"] / med["infer_graphs"]
         extra["infer_triton_over_graphs"] = med["infer_triton"] / med["infer_graphs"]
+    if "train_dropin" in med:  # the drop-in against torch's own layer
+        extra["train_torch_over_dropin"] = med["train_torch"] / med["train_dropin"]
+        extra["infer_torch_over_dropin"] = med["infer_torch"] / med["infer_dropin"]
     if "train_variant" in med:  # a form cuDNN has not, against cuDNN's nearest
         extra["train_torch_over_variant"] = med["train_torch"] / med["train_variant"]
     if "train_regularized" in med:  # recurrent dropout and zoneout, against cuDNN without
@@ -362,7 +380,10 @@ def speed(device: str, hidden: list[int], batch: list[int], T: int, rounds: int)
                 # the window at the largest batch only, LSTM and GRU: the time is bounded
                 window = WINDOW if cell != "rnn" and largest == B else None
                 # CUDA graphs of the Triton steps: the largest batch only, likewise
-                row = _speed_row(cell, H, B, T, device, rounds, window, graphs=largest == B)
+                # graphs and the drop-in: the largest batch only, likewise
+                row = _speed_row(
+                    cell, H, B, T, device, rounds, window, graphs=largest == B, dropin=largest == B
+                )
                 rows.append(row)
                 print(json.dumps(rows[-1]), file=sys.stderr)
     return rows

@@ -40,8 +40,9 @@ def speed_table(check: dict) -> list[str]:
     rows = [
         "| cell | H | B | T | train: torch.nn ms | rnnkit ms | ratio | loop ratio | holes ratio "
         "| Triton ratio | graphs ratio | variant ratio | regularized ratio | window ratio "
-        "| infer: torch.nn ms | rnnkit ms | ratio | loop ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| drop-in ratio | infer: torch.nn ms | rnnkit ms | ratio | loop ratio "
+        "| drop-in ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in check.get("speed", []):
         rows.append(
@@ -52,8 +53,10 @@ def speed_table(check: dict) -> list[str]:
             f"{_ratio(r, 'train_torch_over_variant')} | "
             f"{_ratio(r, 'train_torch_over_regularized')} | "
             f"{_ratio(r, 'train_torch_over_window')} | "
+            f"{_ratio(r, 'train_torch_over_dropin')} | "
             f"{r['infer_torch_ms']:.2f} | {r['infer_rnnkit_ms']:.2f} | "
-            f"{r['infer_torch_over_rnnkit']:.2f} | {r['infer_torch_over_loop']:.2f} |"
+            f"{r['infer_torch_over_rnnkit']:.2f} | {r['infer_torch_over_loop']:.2f} | "
+            f"{_ratio(r, 'infer_torch_over_dropin')} |"
         )
     return rows
 

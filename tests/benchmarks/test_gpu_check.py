@@ -115,6 +115,13 @@ def test_the_suite_script_parses_and_its_tables_read_the_check(tmp_path: Path) -
     table = gpu_tables.speed_table({"speed": [row, graphed]})
     assert [[c.strip() for c in line.split("|")][at] for line in table[2:]] == ["–", "1.25"]
     assert len(table[1].split("|")) == len(table[0].split("|"))
+    # the drop-in (rnnkit.nn) against torch's layer, training and inference, where measured
+    dropin = {**row, "train_torch_over_dropin": 0.98, "infer_torch_over_dropin": 1.02}
+    table = gpu_tables.speed_table({"speed": [row, dropin]})
+    at = [i for i, c in enumerate(header) if c == "drop-in ratio"]
+    assert len(at) == 2
+    assert [[c.strip() for c in table[3].split("|")][i] for i in at] == ["0.98", "1.02"]
+    assert [[c.strip() for c in table[2].split("|")][i] for i in at] == ["–", "–"]
     assert gpu_tables.main([str(tmp_path)]) == 0
 
 
@@ -176,3 +183,21 @@ def test_the_triton_rows_need_triton_to_run_on_the_gpu(monkeypatch) -> None:
     monkeypatch.setattr(gpu_route, "_runs_on", lambda device: None)
     assert gpu_check._with_steps("cuda")
     assert not gpu_check._with_steps("cpu")
+
+
+def test_a_speed_row_runs_every_contender_on_the_cpu(monkeypatch) -> None:
+    """The speed rows run only where a GPU is lent: each contender of one row (the window,
+    the CUDA-graph and the drop-in columns included) is run here once, untimed, so that
+    none can rot between GPU runs."""
+    ran: list[str] = []
+
+    def once(fn, device, rounds, block_s=0.2):
+        ran.append(fn.__name__)
+        fn()
+        return [1e-3]
+
+    monkeypatch.setattr(gpu_check, "_timed", once)
+    row = gpu_check._speed_row("lstm", 4, 2, 3, "cpu", 1, window=2, graphs=True, dropin=True)
+    assert {"train_dropin", "infer_dropin", "train_window", "train_holes"} <= set(ran)
+    assert row["train_torch_over_dropin"] == row["infer_torch_over_dropin"] == 1.0
+    assert row["train_torch_over_window"] == 1.0
