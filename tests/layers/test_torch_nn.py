@@ -450,3 +450,17 @@ def test_a_single_step_on_the_cpu_is_torchs_forward_and_bad_input_names_the_laye
     assert len(routes) == 4
     with pytest.raises(RuntimeError, match=f"rnnkit.nn.{mode}: input.size"):
         mine(torch.zeros(2, 1, 7))
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+def test_a_single_step_under_vmap_is_torchs_layer_example_by_example(mode):
+    # under vmap torch's recurrent operators have no batching rule: a one-step call is
+    # not handed to torch's forward there, rnnkit's steps run
+    torch.manual_seed(0)
+    theirs = getattr(torch.nn, mode)(3, 4, batch_first=True)
+    mine = getattr(knn, mode)(3, 4, batch_first=True)
+    mine.load_state_dict(theirs.state_dict())
+    x = torch.randn(5, 2, 1, 3)
+    got = torch.func.vmap(lambda xi: mine(xi)[0])(x)
+    want = torch.stack([theirs(xi)[0] for xi in x])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

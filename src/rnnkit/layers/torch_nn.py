@@ -367,7 +367,11 @@ class _DropIn:
         """Whether this call, which rnnkit could compute, is torch's ``forward`` for speed:
         where rnnkit would run PyTorch's fused kernels (:func:`_fused_computes`) and, on
         the CPU, a call of one time step (:func:`_one_step`). The same function either
-        way; an error of torch's there is left to rnnkit's checks to say."""
+        way; an error of torch's there is left to rnnkit's checks to say. Not under a
+        ``torch.func`` transform (:meth:`_torch_computes` decides there: under ``vmap``
+        torch's operators have no batching rule)."""
+        if transforming():
+            return False
         if isinstance(input, PackedSequence):
             return _fused_computes(input.data)
         if not isinstance(input, Tensor) or input.dim() not in (2, 3):

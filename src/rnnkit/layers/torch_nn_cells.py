@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from rnnkit.bptt.tracing import transforming
 from rnnkit.cells.amp import autocast_reconciles
 from rnnkit.cells.gru import gru_step
 from rnnkit.cells.kernel import Weights
@@ -114,7 +115,11 @@ class _CellDropIn:
         does (``torch_nn._one_step``: float32 or float64, the default path, no
         autocast): torch's fused step computes the same function, and rnnkit's step of
         separate operations took 1.0–2.8× its time (``benchmarks/README.md``).
-        ``use_fused("loop")`` runs rnnkit's step."""
+        ``use_fused("loop")`` runs rnnkit's step. Not under a ``torch.func`` transform:
+        under ``vmap`` torch's fused steps have no batching rule (``aten::gru_cell``:
+        torch's slow fallback and its warning; ``aten::lstm_cell``: an error)."""
+        if transforming():
+            return False
         return isinstance(input, Tensor) and (_fused_computes(input) or _one_step(input))
 
     def _torchs(self, input: Tensor, hx: Any) -> Any:
