@@ -422,34 +422,84 @@ def test_a_layer_with_a_parametrized_weight_deep_copies_as_torchs(mode):
 
 
 @pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
-def test_a_single_step_on_the_cpu_is_torchs_forward_and_bad_input_names_the_layer(
+def test_a_single_step_on_the_cpu_is_torchs_cell_operators_and_bad_input_names_the_layer(
     mode, monkeypatch
 ):
     # A decoder calling its layer step by step: rnnkit's loop cost several times torch's
-    # step there (benchmarks/README.md), so one step is torch's forward; longer calls, or
-    # the loop path forced, run rnnkit's route (one per layer).
+    # step there, and torch's own LSTM forward (oneDNN) more still (benchmarks/README.md),
+    # so one step is torch's fused cell operators, one per layer and direction; longer
+    # calls, or the loop path forced, run rnnkit's route (one per layer).
     from rnnkit.bptt import recurrence
     from rnnkit.bptt.fused import use_fused
+    from rnnkit.layers import torch_nn
 
-    routes = []
+    routes, steps = [], []
     real = recurrence.route
     monkeypatch.setattr(recurrence, "route", lambda *a, **k: routes.append(1) or real(*a, **k))
+    for key, op in list(torch_nn._CELL_OPS.items()):
+        counted = lambda *a, op=op, **k: steps.append(1) or op(*a, **k)  # noqa: E731
+        monkeypatch.setitem(torch_nn._CELL_OPS, key, counted)
     torch.manual_seed(0)
     theirs = getattr(torch.nn, mode)(3, 4, num_layers=2, batch_first=True)
     mine = getattr(knn, mode)(3, 4, num_layers=2, batch_first=True)
     mine.load_state_dict(theirs.state_dict())
     x = torch.randn(2, 1, 3)
     got, want = mine(x), theirs(x)
-    torch.testing.assert_close(got, want, rtol=0.0, atol=0.0)
-    assert routes == []
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)  # oneDNN's rounding or not
+    assert routes == [] and len(steps) == 2
     with use_fused("loop"):
         looped = mine(x)
     assert len(routes) == 2
     torch.testing.assert_close(looped, want, rtol=1e-5, atol=1e-6)
     mine(torch.randn(2, 3, 3))
-    assert len(routes) == 4
+    assert len(routes) == 4 and len(steps) == 2
     with pytest.raises(RuntimeError, match=f"rnnkit.nn.{mode}: input.size"):
         mine(torch.zeros(2, 1, 7))
+    with pytest.raises(RuntimeError, match=f"rnnkit.nn.{mode}: Expected hx"):
+        mine(x, (torch.zeros(4, 2, 4),) * 2 if mode == "LSTM" else torch.zeros(4, 2, 4))
+
+
+@pytest.mark.parametrize("mode", ["RNN_RELU", "LSTM", "GRU"])
+@pytest.mark.parametrize(
+    "options, shape",
+    [
+        ({"batch_first": True}, (3, 1, 5)),
+        ({"bidirectional": True, "dropout": 0.5}, (1, 3, 5)),  # time-major, dropout drawn
+        ({"bias": False, "bidirectional": True}, (1, 5)),  # unbatched
+    ],
+    ids=["batch-first", "bidirectional-dropout", "unbatched-no-bias"],
+)
+def test_a_single_step_equals_torchs_layer_in_float64_gradients_too(mode, options, shape):
+    # torch's float64 layer (no oneDNN) is the oracle: outputs, final states and every
+    # gradient (the input's, the initial state's, the weights'), with the same dropout
+    # masks drawn from the same seed
+    torch.manual_seed(0)
+    extra = {"nonlinearity": "relu"} if mode == "RNN_RELU" else {}
+    kind = "RNN" if mode.startswith("RNN") else mode
+    theirs = getattr(torch.nn, kind)(5, 4, num_layers=3, **options, **extra).double()
+    mine = getattr(knn, kind)(5, 4, num_layers=3, **options, **extra).double()
+    mine.load_state_dict(theirs.state_dict())
+    D = 2 if options.get("bidirectional") else 1
+    batched = len(shape) == 3
+    hx_shape = (3 * D, shape[0] if options.get("batch_first") else shape[1], 4)
+    hx_shape = hx_shape if batched else (3 * D, 4)
+    x0 = torch.randn(*shape, dtype=torch.float64)
+    hx0 = [torch.randn(*hx_shape, dtype=torch.float64) for _ in range(2 if kind == "LSTM" else 1)]
+
+    def run(module):
+        module.zero_grad()
+        x = x0.clone().requires_grad_()
+        hx = [h.clone().requires_grad_() for h in hx0]
+        torch.manual_seed(7)
+        out, final = module(x, tuple(hx) if kind == "LSTM" else hx[0])
+        finals = list(final) if kind == "LSTM" else [final]
+        loss = sum((t * (i + 1.5)).sin().sum() for i, t in enumerate([out, *finals]))
+        loss.backward()
+        grads = [x.grad, *(h.grad for h in hx), *(p.grad for p in module.parameters())]
+        return [out.detach(), *(f.detach() for f in finals), *grads]
+
+    for want, got in zip(run(theirs), run(mine), strict=True):
+        torch.testing.assert_close(got, want, rtol=0.0, atol=1e-12)
 
 
 @pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])

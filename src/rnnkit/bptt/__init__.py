@@ -45,10 +45,12 @@ from rnnkit.bptt.dispatch import Route, compiled_library, python_step_kernel, ro
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.fused import (
     PATHS,
+    cell_step,
     fused_form,
     fused_path_on,
     path_in_force,
     run_fused,
+    step_in_one_call,
     traced_fused_form,
     use_fused,
     wants_fused,
@@ -113,6 +115,7 @@ __all__ = [
     "backward_sweep",
     "batched_gradients",
     "build",
+    "cell_step",
     "check_tracer",
     "clean_padding",
     "clear_cuda_graphs",
@@ -147,6 +150,7 @@ __all__ = [
     "run_recomputed",
     "run_recurrence",
     "run_steps",
+    "step_in_one_call",
     "steps_handle",
     "steps_record",
     "supports",

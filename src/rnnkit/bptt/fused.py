@@ -47,8 +47,8 @@ import torch
 from torch import Tensor
 
 from rnnkit.bptt.mask_facts import prefix_lengths
-from rnnkit.bptt.tracing import exporting, tracing
-from rnnkit.cells.amp import without_autocast
+from rnnkit.bptt.tracing import exporting, tracing, transforming
+from rnnkit.cells.amp import autocast_devices_on, without_autocast
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.cells.lstm import LSTMKernel
@@ -56,10 +56,12 @@ from rnnkit.cells.rnn import RNNKernel
 
 __all__ = [
     "PATHS",
+    "cell_step",
     "fused_form",
     "fused_path_on",
     "path_in_force",
     "run_fused",
+    "step_in_one_call",
     "traced_fused_form",
     "use_fused",
     "wants_fused",
@@ -167,6 +169,53 @@ def wants_fused(
     if bool((lengths == mask.shape[0]).all()):  # on the host: no wait for the device
         return form, None
     return form, lengths
+
+
+def step_in_one_call(x: Tensor) -> bool:
+    """Whether a call of one time step on ``x`` runs as PyTorch's fused cell operators
+    (:func:`cell_step`) where they compute the function: under the default path
+    (``"auto"``; ``"fused"``, ``"loop"`` and ``"triton"`` keep their own), in float32 or
+    float64 on the CPU or any floating dtype on a GPU, eager (not traced, not under a
+    ``torch.func`` transform) and not under autocast. A decoder calls its layer one token
+    at a time: there is no time loop to run, only the loop's fixed cost per call, several
+    times the step's own at small sizes; and the whole-layer kernels are slower still for
+    one step (on the CPU oneDNN's LSTM prepares its weights at every call: 1 ms for one
+    step of a 256-unit LSTM, against 40 µs for the cell operator).
+
+    >>> step_in_one_call(torch.zeros(1, 2, 3)), step_in_one_call(torch.zeros(1, 2, 3).half())
+    (True, False)
+    """
+    if _path() != "auto" or tracing() or transforming() or autocast_devices_on():
+        return False
+    return x.device.type == "cuda" or x.dtype in (torch.float32, torch.float64)
+
+
+def cell_step(
+    kernel: Kernel, form: str, x: Tensor, weights: Weights, states0: tuple[Tensor, ...]
+) -> tuple[Tensor, ...]:
+    """One step of ``kernel`` (whose :func:`fused_form` is ``form``) through PyTorch's
+    fused cell operator (``torch.lstm_cell``, ``gru_cell``, ``rnn_tanh_cell``,
+    ``rnn_relu_cell``): ``x (B, I)``, ``states0`` each ``(B, H)`` → the new states, each
+    ``(B, H)`` (``(h', c')`` or ``(h',)``). The conversions are :func:`run_fused`'s (one
+    bias per gate, the GRU's update convention); gradients by autograd.
+
+    >>> from rnnkit.cells.lstm import LSTMCell
+    >>> cell = LSTMCell(3, 2)
+    >>> h, c = cell_step(cell.kernel, "lstm", torch.ones(1, 3), cell.weights(),
+    ...                  (torch.zeros(1, 2), torch.zeros(1, 2)))
+    >>> torch.allclose(h, cell(torch.ones(1, 3)).h)
+    True
+    """
+    w = _keep_form(kernel, weights)
+    if form == "lstm":
+        h, c = torch.lstm_cell(x, states0, w.weight_ih, w.weight_hh, w.bias, None)
+        return h, c
+    if form == "gru":
+        assert w.bias_hn is not None  # a GRU with reset="after" always has it
+        b_hh = torch.cat([w.bias.new_zeros(2 * w.bias_hn.shape[0]), w.bias_hn])
+        return (torch.gru_cell(x, states0[0], w.weight_ih, w.weight_hh, w.bias, b_hh),)
+    op = torch.rnn_tanh_cell if form == "rnn_tanh" else torch.rnn_relu_cell
+    return (op(x, states0[0], w.weight_ih, w.weight_hh, w.bias, None),)
 
 
 def traced_fused_form(

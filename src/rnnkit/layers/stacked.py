@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rnnkit.bptt.fused import cell_step, fused_form, step_in_one_call
 from rnnkit.bptt.recurrence import takes_projected, takes_resets
 from rnnkit.bptt.tracing import tracing
 from rnnkit.cells.amp import autocast_devices_on, low_precision_to
@@ -93,16 +94,22 @@ def _padded(t: Tensor, width: int) -> Tensor:
 def _stack_states(finals: list[list[State]], is_lstm: bool) -> State:
     """``finals[l][d]`` of ``(B, H_d)`` → ``(L, D, B, max H_d)`` (or an ``LSTMState`` of
     them); a narrower direction's units come first, zeros after them."""
+    L, D = len(finals), len(finals[0])
     if is_lstm:
         # An LSTM stack's directions all end in an LSTMState, the others in a tensor.
         pairs = cast("list[list[LSTMState]]", finals)
-        H = max(s.h.shape[-1] for layer in pairs for s in layer)
-        h = torch.stack([torch.stack([_padded(s.h, H) for s in layer]) for layer in pairs])
-        c = torch.stack([torch.stack([_padded(s.c, H) for s in layer]) for layer in pairs])
-        return LSTMState(h, c)
-    tensors = cast("list[list[Tensor]]", finals)
-    H = max(s.shape[-1] for layer in tensors for s in layer)
-    return torch.stack([torch.stack([_padded(s, H) for s in layer]) for layer in tensors])
+        return LSTMState(
+            _stacked([s.h for layer in pairs for s in layer], L, D),
+            _stacked([s.c for layer in pairs for s in layer], L, D),
+        )
+    return _stacked([s for layer in cast("list[list[Tensor]]", finals) for s in layer], L, D)
+
+
+def _stacked(flat: list[Tensor], L: int, D: int) -> Tensor:
+    """``L·D`` tensors ``(B, H_d)`` (layer-major) → ``(L, D, B, max H_d)``, one stack."""
+    H = max(t.shape[-1] for t in flat)
+    stacked = torch.stack([_padded(t, H) for t in flat])
+    return stacked.view(L, D, *stacked.shape[1:])
 
 
 def direction_widths(hidden_size: int | tuple[int, int], bidirectional: bool) -> tuple[int, ...]:
@@ -260,7 +267,11 @@ class StackedRecurrent(nn.Module):
 
     @property
     def is_lstm(self) -> bool:
-        return self.cells()[0].is_lstm
+        return self._first_cell().is_lstm
+
+    def _first_cell(self) -> CellBase:
+        """The first layer's (forward) cell, without listing them all."""
+        return _directions(self.layers[0])[0].cell
 
     def cells(self) -> list[CellBase]:
         """All cells, ordered by layer then direction."""
@@ -270,15 +281,15 @@ class StackedRecurrent(nn.Module):
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         layout = "(B, T, I)" if self.batch_first else "(T, B, I)"
+        p = self._first_cell().weight_ih
         # a projected input is the first layer's input product: G·H wide
-        width = self.cells()[0].weight_ih.shape[0] if projected else self.input_size
+        width = p.shape[0] if projected else self.input_size
         if x.dim() != 3:
             raise ValueError(
                 f"x must have 3 dimensions {layout} with I = {width}, got shape {tuple(x.shape)}"
             )
         if x.shape[2] != width:
             raise ValueError(f"x must have shape {layout} with I = {width}, got {tuple(x.shape)}")
-        p = self.cells()[0].weight_ih
         if x.dtype != p.dtype or x.device != p.device:
             raise TypeError(
                 f"{type(self).__name__}: x is {x.dtype} on {x.device} but the parameters "
@@ -309,19 +320,28 @@ class StackedRecurrent(nn.Module):
             if t.dtype != x.dtype or t.device != x.device:
                 where = f"{type(self).__name__}: {name} is {t.dtype} on {t.device}"
                 raise TypeError(f"{where}, x is {x.dtype} on {x.device}; convert {name}")
-        w = self.hidden_sizes  # a narrower direction reads its own first units
         if isinstance(state, LSTMState):  # is_lstm: checked above
+            hs, cs = self._per_direction(state.h), self._per_direction(state.c)
             return [
-                [LSTMState(state.h[l, d, :, : w[d]], state.c[l, d, :, : w[d]]) for d in range(D)]
-                for l in range(L)
+                [LSTMState(h, c) for h, c in zip(*lc, strict=True)]
+                for lc in zip(hs, cs, strict=True)
             ]
-        return [[state[l, d, :, : w[d]] for d in range(D)] for l in range(L)]
+        return cast("list[list[State]]", self._per_direction(state))
+
+    def _per_direction(self, t: Tensor) -> list[list[Tensor]]:
+        """``t (L, D, B, H)`` → ``[l][d]`` views ``(B, H_d)``: a narrower direction reads
+        its own first units."""
+        L, D, w = self.num_layers, self.num_directions, self.hidden_sizes
+        flat = t.view(L * D, *t.shape[2:]).unbind(0)  # one operator for all the views
+        if len(set(w)) > 1:
+            flat = tuple(f[:, : w[i % D]] for i, f in enumerate(flat))
+        return [list(flat[l * D : (l + 1) * D]) for l in range(L)]
 
     def input_table(self, embedding: Tensor) -> Tensor:
         """``E W_ihᵀ`` ``(V, G·H)``: the first layer's input product of every row of an
         embedding ``E (V, I)`` (no bias), for ``forward(..., projected=True)`` with
         ``x = table[tokens]``. Differentiable: the gradients reach ``E`` and ``W_ih``."""
-        return embedding @ self.cells()[0].weight_ih.T
+        return embedding @ self._first_cell().weight_ih.T
 
     def takes_projected(self, like: Tensor) -> bool:
         """Whether ``forward(..., projected=True)`` runs for inputs like ``like``: one
@@ -374,7 +394,7 @@ class StackedRecurrent(nn.Module):
             widths); the final state of each sequence is its state after its last real step.
         """
         if autocast_devices_on():  # a float16/bfloat16 product upstream: see rnnkit.cells.amp
-            dtype = self.cells()[0].weight_ih.dtype
+            dtype = self._first_cell().weight_ih.dtype
             x, state = low_precision_to(x, dtype), low_precision_to(state, dtype)
         self._check_input(x, projected)
         if projected and (window is not None or resets is not None or not self.takes_projected(x)):
@@ -413,6 +433,8 @@ class StackedRecurrent(nn.Module):
         elif resets_bt is not None:
             assert resets_found is not None
             return self._run_pieces(x, mask_bt, state, window, resets_found, masks)
+        elif self._steps_in_one_call(xt, window, projected, masks):
+            h, finals = self._one_step(xt, mask_t, init)
         else:
             h, finals = self._run_layers(xt, mask_t, init, window, projected, masks)
         outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
@@ -455,6 +477,53 @@ class StackedRecurrent(nn.Module):
                 fin = [f]
             finals.append(fin)
         return (h if masks is None else locked(h, masks.output)), finals
+
+    def _steps_in_one_call(
+        self, xt: Tensor, window: int | None, projected: bool, masks: StackMasks | None
+    ) -> bool:
+        """Whether this call is one time step that runs as PyTorch's fused cell operators,
+        one call per layer and direction (:meth:`_one_step`): a single step ``xt (1, B, I)``
+        on the default path (:func:`rnnkit.bptt.fused.step_in_one_call`), every cell one
+        whose function they compute (:func:`rnnkit.bptt.fused.fused_form`), no regularizer
+        acting in or around the layers but dropout between them, no window or recompute."""
+        if xt.shape[0] != 1 or window is not None or projected or masks is not None:
+            return False
+        if self.recompute is not None or not step_in_one_call(xt):
+            return False
+        return all(fused_form(c.kernel) is not None for c in self.cells())
+
+    def _one_step(
+        self, xt: Tensor, mask_t: Tensor | None, init: list[list[State]] | None
+    ) -> tuple[Tensor, list[list[State]]]:
+        """One time step of every layer and direction, ``xt (1, B, I)`` → ``(h (1, B, D·H),
+        finals)``, each cell's step one fused operator (:func:`rnnkit.bptt.fused.cell_step`).
+        The same function as the time loop: a row whose step is padding (``mask_t (1, B)``
+        False) keeps its state, and its input is zeroed first (the padding may hold NaN,
+        which would reach the weights' gradients through a product by zero); the dropout
+        between layers is the same module drawing over the same ``B·D·H`` values."""
+        keep = None if mask_t is None else mask_t[0, :, None]  # (B, 1)
+        h = xt[0]  # (B, I)
+        finals: list[list[State]] = []
+        for index, layer in enumerate(self.layers):
+            if index > 0 and self.dropout > 0:
+                h = self.drop(h)
+            if keep is not None:
+                h = torch.where(keep, h, 0.0)
+            outs, fin = [], []
+            for d, direction in enumerate(_directions(layer)):
+                cell = direction.cell
+                s0 = cell.zero_state(h.shape[0], h) if init is None else init[index][d]
+                states0 = tuple(s0) if isinstance(s0, LSTMState) else (s0,)
+                form = fused_form(cell.kernel)
+                assert form is not None  # _steps_in_one_call checked every cell
+                new = cell_step(cell.kernel, form, h, cell.weights(), states0)
+                if keep is not None:
+                    new = tuple(torch.where(keep, n, s) for n, s in zip(new, states0, strict=True))
+                outs.append(new[0])
+                fin.append(LSTMState(*new) if cell.is_lstm else new[0])
+            h = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+            finals.append(fin)
+        return h[None], finals
 
     def draw_masks(self, batch_size: int, steps: int, like: Tensor) -> StackMasks | None:
         """The regularizers' masks of one forward call over ``batch_size`` sequences of

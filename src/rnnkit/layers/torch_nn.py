@@ -304,18 +304,50 @@ class _DropIn:
         w_ih = weights["weight_ih_l0"]  # what torch's checks compare with
         self._check_input(x, w_ih)
         B = x.shape[0] if self.batch_first else x.shape[1]
-        state: Any = None
+        h0: tuple[Tensor, ...] | None = None  # (L·D, B, H) each
         if hx is not None:
             if self.mode == "LSTM":
                 if not isinstance(hx, tuple | list) or len(hx) != 2:
                     raise TypeError(f"{name}: hx must be the pair (h_0, c_0), as for torch")
-                h0 = self._check_hx(hx[0], B, batched, "hx[0]", w_ih)
-                c0 = self._check_hx(hx[1], B, batched, "hx[1]", w_ih)
-                state = LSTMState(self._split(h0), self._split(c0))
+                h0 = (
+                    self._check_hx(hx[0], B, batched, "hx[0]", w_ih),
+                    self._check_hx(hx[1], B, batched, "hx[1]", w_ih),
+                )
             else:
                 if isinstance(hx, tuple | list):
                     raise TypeError(f"{name}: hx must be one tensor (L·D, B, H), as for torch")
-                state = self._split(self._check_hx(hx, B, batched, "hx", w_ih))
+                h0 = (self._check_hx(hx, B, batched, "hx", w_ih),)
+        if packed_input is None and self._one_step_in_cells(x):
+            outputs, final = self._cell_steps(x, h0, weights)
+        else:
+            outputs, final = self._through_stack(x, lengths, h0, weights, packed_input)
+        if packed_input is not None:
+            return pack_like(outputs, packed_input, self.batch_first), final
+        if outputs.requires_grad and outputs._is_view():
+            # a view of the autograd node's state buffer, which its backward reads: a copy,
+            # so that the output can be changed in place (``out += skip``) as torch's can
+            outputs = outputs.clone()
+        if not batched:
+            outputs = outputs.squeeze(0 if self.batch_first else 1)
+            final = tuple(f.squeeze(1) for f in final) if isinstance(final, tuple) else final
+            if not isinstance(final, tuple):
+                final = final.squeeze(1)
+        return outputs, final
+
+    def _through_stack(
+        self,
+        x: Tensor,
+        lengths: Tensor | None,
+        h0: tuple[Tensor, ...] | None,
+        weights: dict[str, Tensor],
+        packed_input: PackedSequence | None,
+    ) -> tuple[Tensor, Any]:
+        """The call on rnnkit's stack: ``x (B, T, I)`` (``(T, B, I)``) → ``(output, h_n)``
+        in torch's layout, ``h_n (L·D, B, H)`` (the LSTM's pair)."""
+        state: Any = None
+        if h0 is not None:
+            parts = [self._split(h) for h in h0]
+            state = LSTMState(*parts) if self.mode == "LSTM" else parts[0]
         inner, cells = self._stack()
         if lengths is not None:
             lengths = lengths.to(x.device)
@@ -326,23 +358,64 @@ class _DropIn:
                 out = inner(x, lengths=lengths, state=state)
         finally:
             drop.packed = None
-        outputs = out.outputs
         if isinstance(out.state, LSTMState):
-            final: Any = (self._join(out.state.h), self._join(out.state.c))
-        else:
-            final = self._join(out.state)
-        if packed_input is not None:
-            outputs = pack_like(outputs, packed_input, self.batch_first)
-        elif outputs.requires_grad and outputs._is_view():
-            # a view of the autograd node's state buffer, which its backward reads: a copy,
-            # so that the output can be changed in place (``out += skip``) as torch's can
-            outputs = outputs.clone()
-        if packed_input is None and not batched:
-            outputs = outputs.squeeze(0 if self.batch_first else 1)
-            final = tuple(f.squeeze(1) for f in final) if isinstance(final, tuple) else final
-            if not isinstance(final, tuple):
-                final = final.squeeze(1)
-        return outputs, final
+            return out.outputs, (self._join(out.state.h), self._join(out.state.c))
+        return out.outputs, self._join(out.state)
+
+    def _one_step_in_cells(self, x: Tensor) -> bool:
+        """Whether this call of one time step (``x`` 3-D) runs as torch's fused cell
+        operators on torch's weights (:meth:`_cell_steps`): on the CPU under the default
+        path (:func:`_one_step`), not under a ``torch.func`` transform."""
+        time_axis = 1 if self.batch_first else 0
+        return x.shape[time_axis] == 1 and _one_step(x) and not transforming()
+
+    def _cell_steps(
+        self, x: Tensor, h0: tuple[Tensor, ...] | None, weights: dict[str, Tensor]
+    ) -> tuple[Tensor, Any]:
+        """One time step of every layer and direction, each torch's fused cell operator
+        (``torch.lstm_cell``, ``gru_cell``, ``rnn_tanh_cell``, ``rnn_relu_cell``) on
+        torch's own weights: ``x (B, 1, I)`` (``(1, B, I)``), ``h0`` each ``(L·D, B, H)``
+        or None (zeros) → ``(output, h_n)`` as torch's ``forward`` returns them. The same
+        function as torch's layer (a reverse direction over one step is a step), with its
+        dropout between layers drawn as torch draws it (``B·D·H`` values in the order of
+        the layer's output). Why not torch's ``forward``: on the CPU an LSTM's runs
+        oneDNN, which prepares its weights at every call, many times a step's cost (1 ms
+        against 40 µs for one step of a 256-unit layer); a GRU's or a simple cell's
+        ``forward`` costs more around the same step than these operators."""
+        D = 2 if self.bidirectional else 1
+        step = x[:, 0] if self.batch_first else x[0]  # (B, I)
+        lstm = self.mode == "LSTM"
+        if h0 is None:
+            zeros = step.new_zeros(self.num_layers * D, step.shape[0], self.hidden_size)
+            h0 = (zeros, zeros) if lstm else (zeros,)
+        op = _CELL_OPS[self.mode]
+        hs: list[Tensor] = []
+        cs: list[Tensor] = []
+        h = step
+        for layer in range(self.num_layers):
+            if layer > 0 and self.dropout > 0 and self.training:
+                h = nn.functional.dropout(h, self.dropout, True)
+            outs = []
+            for d in range(D):
+                sfx = f"_l{layer}" + ("_reverse" if d else "")
+                w = (
+                    weights["weight_ih" + sfx],
+                    weights["weight_hh" + sfx],
+                    weights.get("bias_ih" + sfx),
+                    weights.get("bias_hh" + sfx),
+                )
+                k = layer * D + d
+                if lstm:
+                    h_k, c_k = op(h, (h0[0][k], h0[1][k]), *w)
+                    cs.append(c_k)
+                else:
+                    h_k = op(h, h0[0][k], *w)
+                hs.append(h_k)
+                outs.append(h_k)
+            h = outs[0] if D == 1 else torch.cat(outs, dim=-1)
+        output = h.unsqueeze(1 if self.batch_first else 0)
+        h_n = torch.stack(hs)
+        return output, ((h_n, torch.stack(cs)) if lstm else h_n)
 
     def _torch_computes(self, input: Tensor | PackedSequence) -> bool:
         """Whether torch's own ``forward`` computes this call (module docstring)."""
@@ -365,9 +438,10 @@ class _DropIn:
 
     def _handed_over(self, input: Tensor | PackedSequence) -> bool:
         """Whether this call, which rnnkit could compute, is torch's ``forward`` for speed:
-        where rnnkit would run PyTorch's fused kernels (:func:`_fused_computes`) and, on
-        the CPU, a call of one time step (:func:`_one_step`). The same function either
-        way; an error of torch's there is left to rnnkit's checks to say. Not under a
+        where rnnkit would run PyTorch's fused kernels (:func:`_fused_computes`). The
+        same function either way; an error of torch's there is left to rnnkit's checks
+        to say. (A call of one time step on the CPU runs torch's cell operators instead,
+        :meth:`_cell_steps`.) Not under a
         ``torch.func`` transform (:meth:`_torch_computes` decides there: under ``vmap``
         torch's operators have no batching rule)."""
         if transforming():
@@ -379,7 +453,7 @@ class _DropIn:
         time_axis = 1 if self.batch_first and input.dim() == 3 else 0
         if input.shape[time_axis] == 0:
             return False
-        return _fused_computes(input) or (input.shape[time_axis] == 1 and _one_step(input))
+        return _fused_computes(input)
 
     def _split(self, h: Tensor) -> Tensor:
         """``(L·D, B, H)`` → ``(L, D, B, H)`` (torch orders layers, then directions)."""
@@ -448,11 +522,12 @@ def _fused_computes(x: Tensor) -> bool:
 
 
 def _one_step(x: Tensor) -> bool:
-    """Whether torch's own ``forward`` computes a drop-in's call of one time step on the
-    CPU (a decoder calling its layer step by step): there is no time loop for rnnkit to
-    run, only its fixed cost per call, several times the step's own at small sizes
-    (``benchmarks/README.md``); torch's kernel computes the same function. Under the
-    default path only (``"loop"`` and ``"triton"`` force rnnkit's), in float32 or
+    """Whether a drop-in's call of one time step on the CPU (a decoder calling its layer
+    step by step) runs torch's fused step operators (a layer's
+    :meth:`_DropIn._cell_steps`, a cell's torch ``forward``): there is no time loop for
+    rnnkit to run, only its fixed cost per call, several times the step's own at small
+    sizes (``benchmarks/README.md``); torch's operators compute the same function. Under
+    the default path only (``"loop"`` and ``"triton"`` force rnnkit's), in float32 or
     float64, not under autocast (see :func:`_fused_computes`)."""
     return (
         x.device.type == "cpu"
@@ -460,6 +535,15 @@ def _one_step(x: Tensor) -> bool:
         and path_in_force() == "auto"
         and not autocast_devices_on()
     )
+
+
+#: torch's fused operator of one step of each drop-in's cell (torch's ``mode``)
+_CELL_OPS: dict[str, Callable[..., Any]] = {
+    "LSTM": torch.lstm_cell,
+    "GRU": torch.gru_cell,
+    "RNN_TANH": torch.rnn_tanh_cell,
+    "RNN_RELU": torch.rnn_relu_cell,
+}
 
 
 def _dtype_accepted(t: Tensor, weight: Tensor) -> bool:
