@@ -315,6 +315,7 @@ class Trainer(Generic[_M]):
             threads=governor.note if governor is not None else "",
             stopped=stopped,
             first_step=first_step,
+            events_logged=self.run_log.written,
         )
 
     def _batches(self) -> Iterator[Any]:

@@ -197,3 +197,6 @@ class TrainResult:
     threads: str = ""  # one line: the CPU threads used and why (rnnkit.threads)
     stopped: str = ""  # why training ended, one line ("no improvement for 20 validations")
     first_step: int = 0  # the step this call of fit() began from (resumed: the snapshot's)
+    # Events the trainer logged, those beyond ``history`` too (the last lines of its
+    # metrics.jsonl); 0: not counted, ``history`` is taken as complete.
+    events_logged: int = 0
