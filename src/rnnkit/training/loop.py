@@ -11,8 +11,10 @@ loop owns everything else, so every task trains the same way (minGPT's trainer):
 * a non-finite loss or gradient stops training (or skips the step, if asked) naming the
   step, and no snapshot is ever written after a bad step (:mod:`rnnkit.training.nonfinite`);
 * validation every epoch or every N steps, best-on-validation weights in
-  ``model.safetensors`` (and, at the end, in the model itself), early stopping,
-  learning-rate schedules (``rnnkit.training.schedules``), ``init_range`` initialisation;
+  ``model.safetensors`` (and, at the end, in the model itself), early stopping (after
+  ``patience`` validations without a gain of ``min_gain``:
+  :func:`~rnnkit.training.budget.gained`), learning-rate schedules
+  (``rnnkit.training.schedules``), ``init_range`` initialisation;
 * with no budget (``epochs`` and ``steps`` and ``max_time`` all None), training runs until
   validation stops improving, up to a cap (:mod:`rnnkit.training.budget`);
 * resumable snapshots (optimizer, scheduler, RNG, data position, carried state), so N
@@ -46,12 +48,12 @@ from rnnkit.errors import ConfigError, RunFinished
 from rnnkit.metrics.deferred import Deferred, deferring
 from rnnkit.models.language_model import LossOutput
 from rnnkit.threads import ThreadGovernor
-from rnnkit.training.budget import cap_text, resolve_budget
+from rnnkit.training.budget import cap_text, gained, resolve_budget
 from rnnkit.training.checkpoint import load_model_weights, save_model_weights
 from rnnkit.training.distributed import DistContext, ShardedBatches, StepModule
 from rnnkit.training.interrupt import TrainingInterrupted, stop_on_signals
 from rnnkit.training.nonfinite import NonFiniteGuard, TrainingDiverged, update_overflow
-from rnnkit.training.options import TrainOptions, TrainResult
+from rnnkit.training.options import TrainOptions, TrainResult, given
 from rnnkit.training.precision import autocast, autocast_setup
 from rnnkit.training.progress import Progress, postfix
 from rnnkit.training.run_log import RunLog
@@ -202,7 +204,10 @@ class Trainer(Generic[_M]):
         self.carry: Any = None
         self.best: dict[str, Any] | None = None
         self._best_weights: dict[str, Tensor] | None = None  # in memory, since this fit()
-        self.bad_evals = 0
+        # The validation loss of the last gain (None: none yet), which the patience counts
+        # from; it moves only at a gain, the best (the lowest loss) at any fall.
+        self.gain_loss: float | None = None
+        self.bad_evals = 0  # validations since that gain
         self.clipped = 0
         self._window_nats = 0.0  # since the last training record
         self._window_tokens = 0
@@ -521,12 +526,8 @@ class Trainer(Generic[_M]):
                 stop = self._evaluate()
             pace.eval_seconds += time.perf_counter() - eval_started
             if stop:
-                assert self.best is not None
                 self._log({"event": "early_stop", "step": self.step})
-                return (
-                    f"no improvement for {self.bad_evals} validations "
-                    f"(best at step {self.best['step']})"
-                ), True
+                return self._early_stop_text(), True
         if out_of_time:
             self._log({"event": "time_limit", "step": self.step})
             if self.until_converged:
@@ -543,6 +544,16 @@ class Trainer(Generic[_M]):
             )
         return "", False
 
+    def _early_stop_text(self) -> str:
+        """Why early stopping ended the run: ``no improvement for 3 validations (best at
+        step 4)``; when a smaller fall made a later best, the threshold it missed."""
+        assert self.best is not None
+        what = "no improvement"
+        if float(self.best["loss_nats"]) != self.gain_loss:  # smaller falls since the gain
+            opts = self.options
+            what = f"no gain above {given(opts.argument('min_gain'), opts.min_gain)}"
+        return f"{what} for {self.bad_evals} validations (best at step {self.best['step']})"
+
     def _budget_done(self) -> str:
         """Why training ended when it ran its whole budget."""
         if self.until_converged:
@@ -554,7 +565,9 @@ class Trainer(Generic[_M]):
 
     # -- validation --------------------------------------------------------------------
     def _evaluate(self) -> bool:
-        """Validate, keep the best weights; return True when training should stop."""
+        """Validate, keep the best weights (the lowest loss); return True when training
+        should stop: ``patience`` validations in a row without a gain (a loss below the
+        last gain's by more than ``min_gain`` of it, :func:`~rnnkit.training.budget.gained`)."""
         if self.evaluate_fn is None:
             return False
         self.model.eval()
@@ -572,13 +585,15 @@ class Trainer(Generic[_M]):
         improved = self.best is None or loss < float(self.best["loss_nats"])
         if improved:
             self.best = {"step": self.step, **metrics}
-            self.bad_evals = 0
             if self.options.restore_best:
                 self._best_weights = {
                     k: v.detach().clone() for k, v in self.model.state_dict().items()
                 }
             if self.out_dir is not None and self.dist.is_main:
                 save_model_weights(self.model, self.out_dir / "model.safetensors")
+        if gained(loss, self.gain_loss, self.options.min_gain):  # a gain is an improvement
+            self.gain_loss = loss
+            self.bad_evals = 0
         else:
             self.bad_evals += 1
         event["best"] = improved
