@@ -116,6 +116,21 @@ def test_cause_a_budget_ended_while_validation_improved():
     assert "leave out --steps / --max-time" in r["advice"]
 
 
+def test_cause_early_stopping_by_falls_too_small_to_count():
+    # Every validation was a new best, but none by --min-gain: early stopping, not a budget.
+    stopped = "no gain above --min-gain 0.01 for 3 validations (best at step 100)"
+    s = _behind_tag({"step": 100, "accuracy": 0.5}, stopped=stopped, stopped_early=True)
+    r = behind_baseline(s, "tag", RunSettings(steps=500, lr=0.002, patience=3, min_gain=0.01))
+    assert r["still_improving"] is True
+    assert r["cause"] == (
+        f"validation was still improving, too slowly to count, when training stopped ({stopped})"
+    )
+    assert r["advice"] == (
+        "a larger --lr (now 0.002), or a smaller --min-gain (now 0.01) or a larger --patience "
+        "(now 3) to train on through slow gains"
+    )
+
+
 def test_cause_the_default_modes_cap():
     s = _behind_tag({"step": 100, "accuracy": 0.5}, stopped="cap reached: 100 epochs")
     r = behind_baseline(s, "tag", RunSettings(epochs=None, lr=0.002))

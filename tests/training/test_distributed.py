@@ -282,7 +282,9 @@ def test_a_task_that_trains_in_one_process_is_refused_under_torchrun(tmp_path):
 
 
 # Two processes whose clocks disagree about --max-time: rank 0 is out of time after its
-# first step, rank 1 never. A short gloo timeout turns a hang into a failure.
+# first step, rank 1 never. A short gloo timeout turns a hang into a failure. Then both
+# with a budget that does not run out: the reductions the loop makes (DDP's gradient
+# buckets are reduced in C++, not through dist.all_reduce) are counted, one a step.
 _CLOCKS = """
 import datetime, sys
 import torch, torch.distributed as dist
@@ -295,15 +297,23 @@ from rnnkit.training.loop import Trainer, TrainOptions
 
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
 ctx = init_distributed()
-torch.manual_seed(0)
-model = LanguageModel(nn.Embedding(12, 6), LSTM(6, 8), nn.Linear(8, 12))
-ids = torch.randint(0, 12, (400,)).numpy()
-opts = TrainOptions(quiet=True, steps=40, max_time=1e-9 if ctx.rank == 0 else 600.0)
+reductions = []
+all_reduce = dist.all_reduce
+dist.all_reduce = lambda *a, **k: reductions.append(1) or all_reduce(*a, **k)
 step = lambda m, b, c: m.loss(b.inputs, b.targets, state=c, starts=b.starts)
-trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                  StreamBatcher(ids, 4, 5), step, opts, out_dir=sys.argv[1], dist_ctx=ctx)
-result = trainer.fit()
-print(f"rank {ctx.rank}: {result.steps} steps, {result.stopped}", flush=True)
+for name, max_time, steps in (("clocks", 1e-9 if ctx.rank == 0 else 600.0, 40),
+                              ("budget", 600.0, 5)):
+    torch.manual_seed(0)
+    model = LanguageModel(nn.Embedding(12, 6), LSTM(6, 8), nn.Linear(8, 12))
+    ids = torch.randint(0, 12, (400,)).numpy()
+    opts = TrainOptions(quiet=True, steps=steps, max_time=max_time)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                      StreamBatcher(ids, 4, 5), step, opts, out_dir=sys.argv[1] + name,
+                      dist_ctx=ctx)
+    reductions.clear()
+    result = trainer.fit()
+    print(f"{name} rank {ctx.rank}: {result.steps} steps, {len(reductions)} reductions, "
+          f"{result.stopped}", flush=True)
 dist.destroy_process_group()
 """
 
@@ -318,4 +328,8 @@ def test_max_time_stops_every_process_after_the_same_step(tmp_path):
     # rank 0 stopped to save while rank 1 went on to the next step: mismatched collectives
     assert res.returncode == 0, res.stderr[-3000:]
     for rank in (0, 1):
-        assert f"rank {rank}: 1 steps, time budget of" in res.stdout, res.stdout
+        assert f"clocks rank {rank}: 1 steps, 1 reductions, time budget of" in res.stdout, (
+            res.stdout
+        )
+        # the time flag rides in the step's reduction of loss and tokens: one a step
+        assert f"budget rank {rank}: 5 steps, 5 reductions, 5 steps done" in res.stdout

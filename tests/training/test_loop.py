@@ -363,6 +363,76 @@ def test_early_stopping_after_patience_validations(tmp_path):
     assert all(math.isfinite(e["loss_nats"]) for e in events if e["event"] == "train")
 
 
+# min_gain 0.25 (relative): each value a power-of-two fraction, so every threshold is exact.
+# Gains (ref r, a gain below r - r/4): 2.0 (first: r = 2, below 1.5 next), 1.25 (< 1.5:
+# r = 1.25, below 0.9375 next; 1.5 itself, equal, was none), 0.875 (< 0.9375; 0.9375 was
+# none: r = 0.875, below 0.65625 next). Each validation (every 2 steps) is a new lowest
+# loss, so the best weights move at every one; the patience of 3 counts from the last gain.
+MIN_GAIN_LOSSES = [2.0, 1.75, 1.5, 1.25, 1.0, 0.9375, 0.875, 0.8125, 0.75, 0.6875, 0.0]
+#                  s2   s4    s6   s8    s10  s12     s14    s16     s18   s20
+
+
+def test_min_gain_decides_the_patience_and_the_best_is_still_the_lowest_loss(tmp_path):
+    trainer = make_trainer(
+        tmp_path, evaluate_fn=_worsening(MIN_GAIN_LOSSES), steps=22, eval_every=2,
+        patience=3, min_gain=0.25,
+    )  # fmt: skip
+    result = trainer.fit()
+    # 3 validations after the gain at step 14 (0.8125, 0.75, 0.6875): stopped at step 20
+    assert result.stopped_early and result.steps == 20
+    assert result.stopped == "no gain above min_gain=0.25 for 3 validations (best at step 20)"
+    assert result.best_valid == {"step": 20, "loss_nats": 0.6875}
+    valids = [e for e in result.history if e["event"] == "valid"]
+    assert [e["best"] for e in valids] == [True] * 10
+    # the oracle of the weights kept: the same run stopped at step 20
+    at_best = make_trainer(steps=20)
+    at_best.fit()
+    saved = make_trainer(seed=3).model
+    load_model_weights(saved, tmp_path / "model.safetensors")
+    assert_same(weights(saved), weights(at_best.model))
+    # The other side of the threshold: with min_gain 0 every fall is a gain, so it never
+    # stops early; at 0.1 every fall is a gain (1.75 < 1.8, 1.5 < 1.575, ...) but 0.9375
+    # (>= 0.9), 0.8125 (>= 0.7875) and 0.6875 (>= 0.675), none 3 in a row: it runs its 22.
+    for gain in (0.0, 0.1):
+        other = make_trainer(
+            evaluate_fn=_worsening(MIN_GAIN_LOSSES), steps=22, eval_every=2, patience=3,
+            min_gain=gain,
+        )  # fmt: skip
+        assert other.fit().stopped == "22 steps done"
+
+
+def test_min_gain_stops_a_run_whose_loss_creeps_down():
+    # A fall of 1e-9 nats a validation: a gain for min_gain 0 (the run goes to its end),
+    # none for the default 1e-4 (stopped after the patience of 3: at step 8).
+    creeping = [2.0 - k * 1e-9 for k in range(10)]
+    assert make_trainer(
+        evaluate_fn=_worsening(creeping), steps=20, eval_every=2, patience=3, min_gain=0.0
+    ).fit().stopped == "20 steps done"  # fmt: skip
+    trainer = make_trainer(evaluate_fn=_worsening(creeping), steps=20, eval_every=2, patience=3)
+    assert trainer.options.min_gain == 1e-4
+    result = trainer.fit()
+    assert result.steps == 8 and result.best_valid["step"] == 8
+    assert result.stopped == "no gain above min_gain=0.0001 for 3 validations (best at step 8)"
+
+
+def test_a_resumed_run_keeps_the_last_gain_and_the_count_since(tmp_path):
+    # Snapshot at step 10: the last gain 1.25 (step 8), one validation since (1.0, the
+    # best). Resumed, it stops at step 20 as the straight run did; counting from the best
+    # (1.0: a gain below 0.75) it would stop at step 14.
+    options = dict(eval_every=2, patience=3, min_gain=0.25)
+    first = make_trainer(tmp_path, evaluate_fn=_worsening(MIN_GAIN_LOSSES[:5]), steps=10,
+                         **options)  # fmt: skip
+    first.fit()
+    assert (first.gain_loss, first.bad_evals, first.best["loss_nats"]) == (1.25, 1, 1.0)
+    resumed = make_trainer(tmp_path, evaluate_fn=_worsening(MIN_GAIN_LOSSES[5:]), steps=22,
+                           **options)  # fmt: skip
+    resumed.resume()
+    assert (resumed.gain_loss, resumed.bad_evals) == (1.25, 1)
+    result = resumed.fit()
+    assert result.steps == 20 and result.best_valid["step"] == 20
+    assert result.stopped == "no gain above min_gain=0.25 for 3 validations (best at step 20)"
+
+
 # -- restoring the best weights; training until validation stops improving --------------------
 def _worsening(losses):
     it = iter(losses)

@@ -91,6 +91,13 @@ def train_cli(tmp_path, capsys, *extra: str) -> str:
             "--lr-schedule step:E:F needs E ≥ 1, got 0",
         ),
         (
+            {"min_gain": 1.0},
+            "TrainOptions: min_gain must be a number in [0, 1) (a fraction of the validation "
+            "loss), got 1.0",
+            ["--min-gain", "1"],
+            "--min-gain must be in [0, 1) (a fraction of the validation loss), got 1.0",
+        ),
+        (
             {"precision": "fp8"},
             "TrainOptions: precision must be one of fp32, bf16, fp16, got 'fp8'",
             ["--precision", "fp8"],

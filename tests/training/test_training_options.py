@@ -23,6 +23,10 @@ BAD = [
     ("eval_every", 0),
     ("patience", 0),
     ("patience", -1),
+    ("min_gain", -0.1),
+    ("min_gain", 1.0),
+    ("min_gain", math.nan),
+    ("min_gain", "0.1"),
     ("threads", 0),
     ("rows", 0),
     ("max_time", 0),
@@ -52,6 +56,7 @@ def test_every_value_in_range_is_taken():
         steps=1,
         eval_every=1,
         patience=1,
+        min_gain=0.0,
         threads=1,
         rows=1,
         max_time=math.inf,  # no time limit

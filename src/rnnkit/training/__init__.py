@@ -32,9 +32,11 @@ from rnnkit.training.budget import (
     CAP_EPOCHS,
     CAP_MIN_STEPS,
     CAP_SECONDS,
+    MIN_GAIN,
     default_eval_every,
     default_log_every,
     default_patience,
+    gained,
 )
 from rnnkit.training.checkpoint import (
     FORMAT_VERSION,
@@ -105,6 +107,7 @@ __all__ = [
     "MAX_SCALER_SKIPS",
     "MAX_SKIPPED_STEPS",
     "METRIC_FIELDS",
+    "MIN_GAIN",
     "RATE_KEYS",
     "SMOOTH_RECORDS",
     "DistContext",
@@ -137,6 +140,7 @@ __all__ = [
     "default_patience",
     "describe_event",
     "dumps_strict",
+    "gained",
     "init_distributed",
     "launched_processes",
     "load_arrays",

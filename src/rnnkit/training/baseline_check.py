@@ -9,7 +9,8 @@ the run itself:
 
 * validation still improving when training ended (the best validation was the last):
   the run was too short — a budget option (``--steps``, ``--epochs``, ``--max-time``)
-  ended it, or the default mode's cap did;
+  ended it, or the default mode's cap did; or it improved too slowly: falls each short of
+  ``--min-gain`` made early stopping end it;
 * validation stopped improving, read from the run's course after the best step
   (``summary["trajectory"]``, :mod:`rnnkit.training.trajectory`: the smoothed training
   loss at the best step and at the end, the validation loss at the best and at the last
@@ -80,7 +81,8 @@ CLEAR_SE = 2.0
 class RunSettings:
     """The options of a run that the advice names: its budget (``steps``, ``epochs``,
     ``max_time``; None: not given) and the knobs to turn (``lr``, ``hidden``, ``layers``,
-    ``dropout``). Each field is the train option of its name, with its default."""
+    ``dropout``, ``patience``, ``min_gain``). Each field is the train option of its name,
+    with its default."""
 
     steps: int | None = None
     epochs: int | None = 1
@@ -89,6 +91,8 @@ class RunSettings:
     hidden: int = 256
     layers: int = 1
     dropout: float = 0.0
+    patience: int | None = None
+    min_gain: float = 1e-4
 
 
 def _number(value: Any) -> float | None:
@@ -150,6 +154,16 @@ def _still_improving(summary: dict[str, Any], settings: RunSettings) -> tuple[st
     steps, best = summary.get("steps"), (summary.get("valid") or {}).get("step")
     if not (isinstance(best, int) and isinstance(steps, int) and best >= steps):
         return None
+    stopped = summary.get("stopped") or ""
+    if summary.get("stopped_early") is True:
+        # each validation a new best, yet early stopping: the falls were below --min-gain
+        patience = f" or a larger --patience (now {settings.patience})" if settings.patience else ""
+        return (
+            f"validation was still improving, too slowly to count, when training stopped "
+            f"({stopped or 'early stopping'})",
+            f"a larger --lr (now {settings.lr:g}), or a smaller --min-gain (now "
+            f"{settings.min_gain:g}){patience} to train on through slow gains",
+        )
     budget = _budget(settings)
     if budget:
         flags = " / ".join(b.split()[0] for b in budget)
@@ -158,7 +172,6 @@ def _still_improving(summary: dict[str, Any], settings: RunSettings) -> tuple[st
             f"train longer: leave out {flags} (training then runs until validation "
             f"stops improving) or raise it",
         )
-    stopped = summary.get("stopped") or ""
     return (
         f"validation was still improving when training stopped ({stopped or 'the cap'})",
         f"a larger --lr (now {settings.lr:g}) or a longer run (--epochs beyond the cap)",

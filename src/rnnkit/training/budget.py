@@ -6,7 +6,9 @@ A run has a step budget (``steps``, or ``epochs`` × steps per epoch), a time bu
 about ``VALIDATIONS_PER_EPOCH`` times per epoch, stopping after :func:`default_patience`
 validations without improvement, and at the latest after ``CAP_EPOCHS`` epochs (at least
 ``CAP_MIN_STEPS`` steps) or ``CAP_SECONDS`` seconds. Training records come every
-:func:`default_log_every` steps unless ``log_every`` says otherwise.
+:func:`default_log_every` steps unless ``log_every`` says otherwise. What counts as an
+improvement for the patience is :func:`gained`'s: a fall of the validation loss by more
+than ``min_gain`` (``MIN_GAIN``) of it.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ __all__ = [
     "CAP_EPOCHS",
     "CAP_MIN_STEPS",
     "CAP_SECONDS",
+    "MIN_GAIN",
     "default_eval_every",
     "default_log_every",
     "default_patience",
+    "gained",
 ]
 
 # Training with no budget: validate about this often per epoch (early stopping needs
@@ -42,6 +46,37 @@ CAP_SECONDS = 3600.0
 MAX_LOG_EVERY = 50
 RECORDS_PER_RUN = 50
 RECORDS_PER_EPOCH = 20
+
+
+#: The default of ``min_gain``: torch's ``ReduceLROnPlateau`` threshold (relative).
+MIN_GAIN = 1e-4
+
+
+def gained(loss: float, reference: float | None, min_gain: float) -> bool:
+    """Whether the validation loss ``loss`` is a gain for the patience: below the loss of
+    the last validation that was one (``reference``; None: this is the first) by more
+    than ``min_gain`` of its size, ``loss < r − min_gain·|r|``.
+
+    A chain of smaller falls adds up: ``reference`` moves only at a gain, so the patience
+    runs out once the loss has not fallen by that fraction over ``patience`` validations
+    (Keras' ``EarlyStopping(min_delta)`` and torch's ``ReduceLROnPlateau(threshold)`` keep
+    their best so too). The best weights are the lowest loss's whatever this says.
+
+    Relative, not absolute, because the loss every task validates (``loss_nats``; never
+    an accuracy) has no common scale: nats per token of a character or word model (about
+    1 and 5), per example of a classifier (near 0.1 when it is good), per value of a
+    regressor, a Gaussian negative log-likelihood whose size follows the units of the
+    data (``½(mse + ln 2π)`` with ``--loss mse``). One absolute threshold would be
+    negligible for some and out of reach for others; a fraction means the same for all.
+    ``|r|`` rather than torch's ``r·(1 − min_gain)``: a Gaussian likelihood's loss can be
+    negative, and there torch's rule takes a slightly worse loss for a gain.
+
+    >>> gained(1.9999, 2.0, 1e-4), gained(1.9997, 2.0, 1e-4), gained(1.9999, 2.0, 0.0)
+    (False, True, True)
+    >>> gained(-2.0001, -2.0, 1e-4), gained(-2.001, -2.0, 1e-4), gained(5.0, None, 1e-4)
+    (False, True, True)
+    """
+    return reference is None or loss < reference - min_gain * abs(reference)
 
 
 def default_eval_every(steps_per_epoch: int) -> int:

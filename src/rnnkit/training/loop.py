@@ -11,8 +11,10 @@ loop owns everything else, so every task trains the same way (minGPT's trainer):
 * a non-finite loss or gradient stops training (or skips the step, if asked) naming the
   step, and no snapshot is ever written after a bad step (:mod:`rnnkit.training.nonfinite`);
 * validation every epoch or every N steps, best-on-validation weights in
-  ``model.safetensors`` (and, at the end, in the model itself), early stopping,
-  learning-rate schedules (``rnnkit.training.schedules``), ``init_range`` initialisation;
+  ``model.safetensors`` (and, at the end, in the model itself), early stopping (after
+  ``patience`` validations without a gain of ``min_gain``:
+  :func:`~rnnkit.training.budget.gained`), learning-rate schedules
+  (``rnnkit.training.schedules``), ``init_range`` initialisation;
 * with no budget (``epochs`` and ``steps`` and ``max_time`` all None), training runs until
   validation stops improving, up to a cap (:mod:`rnnkit.training.budget`);
 * resumable snapshots (optimizer, scheduler, RNG, data position, carried state), so N
@@ -46,12 +48,12 @@ from rnnkit.errors import ConfigError, RunFinished
 from rnnkit.metrics.deferred import Deferred, deferring
 from rnnkit.models.language_model import LossOutput
 from rnnkit.threads import ThreadGovernor
-from rnnkit.training.budget import cap_text, resolve_budget
+from rnnkit.training.budget import cap_text, gained, resolve_budget
 from rnnkit.training.checkpoint import load_model_weights, save_model_weights
 from rnnkit.training.distributed import DistContext, ShardedBatches, StepModule
 from rnnkit.training.interrupt import TrainingInterrupted, stop_on_signals
 from rnnkit.training.nonfinite import NonFiniteGuard, TrainingDiverged, update_overflow
-from rnnkit.training.options import TrainOptions, TrainResult
+from rnnkit.training.options import TrainOptions, TrainResult, given
 from rnnkit.training.precision import autocast, autocast_setup
 from rnnkit.training.progress import Progress, postfix
 from rnnkit.training.run_log import RunLog
@@ -80,6 +82,9 @@ class _Taken(NamedTuple):
     grad_norm: float
     lr: float  # the learning rate of this step
     stopping: bool  # a signal reached some process: all stop after this step
+    # Some process's time budget ran out (agreed in the step's own reduction, so that all
+    # stop after the same step); None: one process, which reads its clock after the step.
+    time_up: bool | None = None
 
 
 @dataclass
@@ -199,7 +204,10 @@ class Trainer(Generic[_M]):
         self.carry: Any = None
         self.best: dict[str, Any] | None = None
         self._best_weights: dict[str, Tensor] | None = None  # in memory, since this fit()
-        self.bad_evals = 0
+        # The validation loss of the last gain (None: none yet), which the patience counts
+        # from; it moves only at a gain, the best (the lowest loss) at any fall.
+        self.gain_loss: float | None = None
+        self.bad_evals = 0  # validations since that gain
         self.clipped = 0
         self._window_nats = 0.0  # since the last training record
         self._window_tokens = 0
@@ -266,6 +274,7 @@ class Trainer(Generic[_M]):
         stopped, stopped_early = "", False
         stop_signal: list[int] = []
         governor = self._thread_governor()
+        deadline = pace.started + self.max_time if self.max_time is not None else None
         with contextlib.ExitStack() as stack:
             # Last out: metrics.csv holds every event, however fit() ends.
             stack.push(self.run_log.csv_on_exit)
@@ -283,7 +292,7 @@ class Trainer(Generic[_M]):
                 batch_index = self.batches.position
                 if governor is not None:
                     governor.tick()
-                taken = self._train_step(batch, batch_index, bool(stop_signal))
+                taken = self._train_step(batch, batch_index, bool(stop_signal), deadline)
                 if taken is None:
                     continue
                 self._count(taken, pace)
@@ -291,7 +300,7 @@ class Trainer(Generic[_M]):
                     self._show(bar, taken, pace)
                 if self.step % self.log_every == 0 or self.step == self.total_steps:
                     self._record(taken, pace)
-                stopped, stopped_early = self._after_step(pace, taken.stopping, stop_signal)
+                stopped, stopped_early = self._after_step(pace, taken, stop_signal)
                 if stopped:
                     break
         if not stopped:
@@ -311,6 +320,7 @@ class Trainer(Generic[_M]):
             threads=governor.note if governor is not None else "",
             stopped=stopped,
             first_step=first_step,
+            events_logged=self.run_log.written,
         )
 
     def _batches(self) -> Iterator[Any]:
@@ -328,7 +338,9 @@ class Trainer(Generic[_M]):
         except ValueError as exc:  # a bad RNNKIT_THREADS / --threads: one line
             raise ConfigError(str(exc)) from None
 
-    def _train_step(self, batch: Any, batch_index: int, signalled: bool) -> _Taken | None:
+    def _train_step(
+        self, batch: Any, batch_index: int, signalled: bool, deadline: float | None = None
+    ) -> _Taken | None:
         """One optimizer step on ``batch``: forward and loss under autocast, backward
         (scaled for float16), clipping, the finiteness checks, the update. None when the
         step was skipped (a non-finite value with ``on_nonfinite="skip"``, or a float16
@@ -338,7 +350,8 @@ class Trainer(Generic[_M]):
         norm) are read from the device once, after the backward
         (:mod:`rnnkit.metrics.deferred`); a multi-process or float16 step reads the
         loss's figures before the backward too (the global token count weighs the loss;
-        the scaler's overflow check must not see a non-finite loss)."""
+        the scaler's overflow check must not see a non-finite loss). ``deadline``: the
+        ``time.perf_counter()`` at which the time budget runs out (None: no budget)."""
         where = (self.step + 1, batch_index, self.batches.epoch)
         self.optimizer.zero_grad(set_to_none=True)
         with deferring() as deferred:
@@ -348,7 +361,7 @@ class Trainer(Generic[_M]):
                 else:
                     out = self.step_fn(self.model, batch, self.carry)
             if self.dist.enabled or self.scaler is not None:
-                return self._careful_step(out, deferred, signalled, where)
+                return self._careful_step(out, deferred, signalled, deadline, where)
             out.loss.backward()
             params = [p for p in self.model.parameters() if p.grad is not None]
             norm = self._clip(params)
@@ -363,15 +376,24 @@ class Trainer(Generic[_M]):
         return self._update(out, _Taken(nats, int(tokens), grad_norm, 0.0, signalled), where)
 
     def _careful_step(
-        self, out: LossOutput, deferred: Deferred, signalled: bool, where: tuple[int, int, int]
+        self,
+        out: LossOutput,
+        deferred: Deferred,
+        signalled: bool,
+        deadline: float | None,
+        where: tuple[int, int, int],
     ) -> _Taken | None:
         """:meth:`_train_step` across processes or with the float16 GradScaler: the loss's
         figures read before the backward."""
         local = deferred.read(out.loss.detach(), out.nats, out.tokens)
+        # Each process reads its own clock: one past the budget alone would stop (and wait
+        # in the snapshot's collective) while another waited in the next step's, a hang.
+        late = deadline is not None and time.perf_counter() >= deadline
         # Global figures (sums over processes): every rank sees the same values, so every
-        # rank takes the same decision (stop, skip) and none deadlocks.
-        nats, tokens, stopping, loss_sum = self.dist.all_sum(
-            local[1], local[2], float(signalled), local[0]
+        # rank takes the same decision (stop, skip, out of time) and none deadlocks. One
+        # reduction a step carries them all.
+        nats, tokens, stopping, time_up, loss_sum = self.dist.all_sum(
+            local[1], local[2], float(signalled), float(late), local[0]
         )
         if not self._finite(loss_sum + nats, "the training loss", where):
             return None
@@ -394,7 +416,9 @@ class Trainer(Generic[_M]):
         if not self._finite(grad_norm, "the gradient norm", where):
             return None
         self._clipped(grad_norm)
-        return self._update(out, _Taken(nats, int(tokens), grad_norm, 0.0, bool(stopping)), where)
+        agreed = bool(time_up) if self.dist.enabled else None
+        taken = _Taken(nats, int(tokens), grad_norm, 0.0, bool(stopping), agreed)
+        return self._update(out, taken, where)
 
     def _update(self, out: LossOutput, taken: _Taken, where: tuple[int, int, int]) -> _Taken:
         """The optimizer's (and scheduler's) step after the checks passed."""
@@ -476,18 +500,15 @@ class Trainer(Generic[_M]):
         self._window_nats, self._window_tokens = 0.0, 0
         pace.window_start, pace.window_tokens_start = now, pace.tokens_seen
 
-    def _after_step(self, pace: _Pace, stopping: bool, stop_signal: list[int]) -> tuple[str, bool]:
+    def _after_step(self, pace: _Pace, taken: _Taken, stop_signal: list[int]) -> tuple[str, bool]:
         """Validation, snapshot and the stopping rules after a step: ``(why training
         stops now, or "" to go on; whether that is early stopping)``."""
         end_of_epoch = self.batches.position == len(self.batches)
-        out_of_time = (
-            self.max_time is not None and time.perf_counter() - pace.started >= self.max_time
-        )
-        if self.max_time is not None and self.dist.enabled:
-            # Each process reads its own clock: the one past the budget would stop (and
-            # wait in the snapshot's collective) while another waited in the next step's,
-            # a hang. One out of time stops them all, after the same step.
-            out_of_time = self.dist.all_sum(float(out_of_time))[0] > 0
+        out_of_time = taken.time_up
+        if out_of_time is None:  # one process: its own clock, after the step
+            out_of_time = (
+                self.max_time is not None and time.perf_counter() - pace.started >= self.max_time
+            )
         scheduled = self.step % self.eval_every == 0 if self.eval_every else end_of_epoch
         final = self.step == self.total_steps or out_of_time
         if end_of_epoch:
@@ -505,18 +526,14 @@ class Trainer(Generic[_M]):
                 stop = self._evaluate()
             pace.eval_seconds += time.perf_counter() - eval_started
             if stop:
-                assert self.best is not None
                 self._log({"event": "early_stop", "step": self.step})
-                return (
-                    f"no improvement for {self.bad_evals} validations "
-                    f"(best at step {self.best['step']})"
-                ), True
+                return self._early_stop_text(), True
         if out_of_time:
             self._log({"event": "time_limit", "step": self.step})
             if self.until_converged:
                 return f"cap reached: {self.max_time:.0f} s of training", False
             return f"time budget of {self.max_time:g} s reached", False
-        if stopping:  # a signal reached some process: all save and stop together
+        if taken.stopping:  # a signal reached some process: all save and stop together
             if not (scheduled or final):
                 self.save()
             self._log({"event": "interrupted", "step": self.step})
@@ -526,6 +543,16 @@ class Trainer(Generic[_M]):
                 "(continue with --resume)"
             )
         return "", False
+
+    def _early_stop_text(self) -> str:
+        """Why early stopping ended the run: ``no improvement for 3 validations (best at
+        step 4)``; when a smaller fall made a later best, the threshold it missed."""
+        assert self.best is not None
+        what = "no improvement"
+        if float(self.best["loss_nats"]) != self.gain_loss:  # smaller falls since the gain
+            opts = self.options
+            what = f"no gain above {given(opts.argument('min_gain'), opts.min_gain)}"
+        return f"{what} for {self.bad_evals} validations (best at step {self.best['step']})"
 
     def _budget_done(self) -> str:
         """Why training ended when it ran its whole budget."""
@@ -538,7 +565,9 @@ class Trainer(Generic[_M]):
 
     # -- validation --------------------------------------------------------------------
     def _evaluate(self) -> bool:
-        """Validate, keep the best weights; return True when training should stop."""
+        """Validate, keep the best weights (the lowest loss); return True when training
+        should stop: ``patience`` validations in a row without a gain (a loss below the
+        last gain's by more than ``min_gain`` of it, :func:`~rnnkit.training.budget.gained`)."""
         if self.evaluate_fn is None:
             return False
         self.model.eval()
@@ -556,13 +585,15 @@ class Trainer(Generic[_M]):
         improved = self.best is None or loss < float(self.best["loss_nats"])
         if improved:
             self.best = {"step": self.step, **metrics}
-            self.bad_evals = 0
             if self.options.restore_best:
                 self._best_weights = {
                     k: v.detach().clone() for k, v in self.model.state_dict().items()
                 }
             if self.out_dir is not None and self.dist.is_main:
                 save_model_weights(self.model, self.out_dir / "model.safetensors")
+        if gained(loss, self.gain_loss, self.options.min_gain):  # a gain is an improvement
+            self.gain_loss = loss
+            self.bad_evals = 0
         else:
             self.bad_evals += 1
         event["best"] = improved

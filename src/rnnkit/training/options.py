@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rnnkit.errors import ConfigError
+from rnnkit.training.budget import MIN_GAIN
 
 __all__ = ["TrainOptions", "TrainResult"]
 
@@ -38,6 +39,10 @@ class TrainOptions:
         patience: stop after this many validations without improvement (None: never, or
             :func:`~rnnkit.training.budget.default_patience` when training until validation
             stops improving).
+        min_gain: what counts as an improvement for ``patience``: a validation loss below
+            that of the last improvement by more than this fraction of it (0: any fall;
+            :func:`~rnnkit.training.budget.gained`, which says why relative). It decides
+            the patience only: the best weights kept are the lowest loss's.
         log_every: write a training record to the metrics log (and, with ``-v``, a line to
             stderr) every N steps, and at the last step (None:
             :func:`~rnnkit.training.budget.default_log_every`).
@@ -78,6 +83,7 @@ class TrainOptions:
     clip_value: float | None = None
     eval_every: int | None = None
     patience: int | None = None
+    min_gain: float = MIN_GAIN
     log_every: int | None = None
     tensorboard: str | None = None
     on_nonfinite: str = "stop"
@@ -162,6 +168,12 @@ def _check_options(options: TrainOptions) -> None:
             raise ConfigError(
                 f"{where}{options.argument(name)} must be a number > 0 or None, got {value!r}"
             )
+    gain = options.min_gain
+    if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0 <= gain < 1:
+        raise ConfigError(
+            f"{where}{options.argument('min_gain')} must be a number in [0, 1) (a fraction of "
+            f"the validation loss), got {gain!r}"
+        )
     decay = options.lr_decay
     if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
         raise ConfigError(f"{where}{options.argument('lr_decay')} must be in (0, 1], got {decay!r}")
@@ -197,3 +209,6 @@ class TrainResult:
     threads: str = ""  # one line: the CPU threads used and why (rnnkit.threads)
     stopped: str = ""  # why training ended, one line ("no improvement for 20 validations")
     first_step: int = 0  # the step this call of fit() began from (resumed: the snapshot's)
+    # Events the trainer logged, those beyond ``history`` too (the last lines of its
+    # metrics.jsonl); 0: not counted, ``history`` is taken as complete.
+    events_logged: int = 0

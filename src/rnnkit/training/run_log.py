@@ -117,12 +117,16 @@ class RunLog:
         # The most recent events only: a run of millions of steps must not grow memory
         # per step (the soak test); metrics.jsonl keeps every event.
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_EVENTS)
+        # every event recorded, those the history dropped too: with a run directory, the
+        # last ``written`` lines of metrics.jsonl are this log's
+        self.written = 0
         self._csv_written = time.perf_counter()  # metrics.csv: at most every CSV_EVERY_S
         self._tensorboard: Any = None  # a TensorBoardWriter while fit() runs, if asked
 
     def write(self, event: dict[str, Any], total_steps: int | None = None) -> None:
         """Record ``event`` (``total_steps``: the budget the ``-v`` line shows)."""
         self.history.append(event)
+        self.written += 1
         if not self.is_main:
             return  # only rank 0 writes logs
         if self.out_dir is not None:

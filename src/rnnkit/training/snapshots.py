@@ -2,10 +2,10 @@
 and how a run continues from it.
 
 A snapshot (written by :func:`~rnnkit.training.checkpoint.save_snapshot`, atomically)
-holds the model, the optimizer, the learning-rate schedules, the best validation so far
-and the validations since, the clipping and float16-overflow counts, the GradScaler, the
-torch RNG, the data position and the carried recurrent state, so that N steps, a resume
-and M steps train exactly as N + M steps would.
+holds the model, the optimizer, the learning-rate schedules, the best validation so far,
+the loss of the last gain and the validations since, the clipping and float16-overflow
+counts, the GradScaler, the torch RNG, the data position and the carried recurrent state,
+so that N steps, a resume and M steps train exactly as N + M steps would.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def _state(trainer: Trainer) -> dict[str, Any]:
         "plateau": trainer.plateau.state_dict() if trainer.plateau is not None else None,
         "best": trainer.best,
         "bad_evals": trainer.bad_evals,
+        "gain_loss": trainer.gain_loss,
         "clipped": trainer.clipped,
         "precision": trainer.options.precision,
         "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
@@ -144,6 +145,9 @@ def _restore(trainer: Trainer, state: dict[str, Any], extra: dict[str, Tensor]) 
         trainer.plateau.load_state_dict(state["plateau"])
     trainer.best = state.get("best")
     trainer.bad_evals = int(state.get("bad_evals", 0))
+    # a snapshot from before min_gain: every improvement was a gain, the last the best
+    gain_loss = state.get("gain_loss", (trainer.best or {}).get("loss_nats"))
+    trainer.gain_loss = float(gain_loss) if gain_loss is not None else None
     trainer.clipped = int(state.get("clipped", 0))
     if trainer.scaler is not None and state.get("scaler"):
         trainer.scaler.load_state_dict(state["scaler"])

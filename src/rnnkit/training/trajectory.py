@@ -22,7 +22,9 @@ both alike.
     train_records         how many training records the figures were read from
 
 A resumed run's course is read from the whole run's events (:func:`run_events`): those
-``metrics.jsonl`` logged before the resume, then those of the resumed training.
+``metrics.jsonl`` logged before the resume, then those of the resumed training; so is a
+run's that logged more events than the memory keeps (``HISTORY_EVENTS``): then its own
+are read from ``metrics.jsonl`` too (``rnnkit.app.tasks.run_outputs``).
 
 Losses are in the unit of the task's training loss: nats a token (``loss_nats``), or for
 ``regress`` the loss per predicted value (``loss``: the mean squared error, or the

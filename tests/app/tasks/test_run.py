@@ -12,6 +12,7 @@ from rnnkit.app.tasks.settings import model_spec, run_settings, train_options
 from rnnkit.errors import ConfigError
 from rnnkit.models.spec import ModelSpec
 from rnnkit.training.baseline_check import RunSettings
+from rnnkit.training.options import TrainOptions
 
 
 def test_every_loop_option_comes_from_the_config() -> None:
@@ -24,6 +25,7 @@ def test_every_loop_option_comes_from_the_config() -> None:
         clip_value=2.0,
         eval_every=4,
         patience=2,
+        min_gain=0.01,
         on_nonfinite="skip",
         precision="bf16",
     ).validate()
@@ -37,11 +39,14 @@ def test_every_loop_option_comes_from_the_config() -> None:
         "clip_value",
         "eval_every",
         "patience",
+        "min_gain",
         "on_nonfinite",
         "precision",
     ):
         assert got[name] == getattr(cfg, name), name
     assert opts.quiet is True and opts.units == "bits"
+    # the command line's default is the loop's (torch's ReduceLROnPlateau threshold)
+    assert TrainConfig().min_gain == TrainOptions().min_gain == 1e-4
 
 
 def test_on_nonfinite_is_validated_naming_the_option() -> None:
@@ -152,10 +157,10 @@ def test_model_spec_carries_every_model_option() -> None:
 def test_run_settings_are_the_configs() -> None:
     assert run_settings(TrainConfig(train="x")) == RunSettings()
     cfg = TrainConfig(train="x", steps=7, epochs=None, max_time=3.5, lr=0.1, hidden=9,
-                      layers=3, dropout=0.5)  # fmt: skip
+                      layers=3, dropout=0.5, patience=4, min_gain=0.01)  # fmt: skip
     assert dataclasses.asdict(run_settings(cfg)) == {
         "steps": 7, "epochs": None, "max_time": 3.5, "lr": 0.1, "hidden": 9, "layers": 3,
-        "dropout": 0.5,
+        "dropout": 0.5, "patience": 4, "min_gain": 0.01,
     }  # fmt: skip
 
 

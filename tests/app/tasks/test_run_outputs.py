@@ -100,3 +100,56 @@ def test_an_unreadable_log_leaves_the_events_in_memory(tmp_path, capsys):
     assert "metrics.jsonl" in capsys.readouterr().err
     (tmp_path / "metrics.jsonl").rmdir()  # no log at all: nothing before the resume
     assert _whole_run(tmp_path, result) == history
+
+
+def test_a_run_longer_than_the_memory_reads_its_course_from_the_log(
+    task_data, run_cli, tmp_path, monkeypatch
+):
+    """The memory keeps the last HISTORY_EVENTS events only (patched to 3 of the run's 9:
+    the validation at step 6, and the last two records): the course is read from
+    metrics.jsonl, and equals the one computed from every event."""
+    monkeypatch.setattr("rnnkit.training.run_log.HISTORY_EVENTS", 3)
+    out = tmp_path / "run"
+    code, _, err = run_cli("train", *_cases(task_data)["lm"], "--out", str(out), *TINY)
+    assert code == 0, err[-2000:]
+    assert "left out" not in err
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(events) == 9  # 6 training records, 3 validations
+    summary = json.loads((out / "summary.json").read_text())
+    course = summary["trajectory"]
+    assert course == trajectory(events, summary["valid"]["step"])
+    assert course["train_records"] == 6 and course["last_valid_step"] == 6
+
+
+def _event(kind: str, step: int, loss: float = 1.0) -> dict:
+    return {"event": kind, "step": step, "loss_nats": loss}
+
+
+def _write_log(run: Path, events: list[dict]) -> None:
+    (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def test_a_resumed_run_longer_than_the_memory_reads_both_attempts_from_the_log(tmp_path):
+    # First attempt: steps 1-4 and a snapshot at 4, then a crash after logging step 5.
+    # The resumed attempt (from step 4) logged steps 5-8; the memory kept its last 2.
+    first = [_event("train", s, 3.0 - s / 10) for s in range(1, 5)]
+    first += [_event("valid", 4, 2.9), _event("train", 5, 9.9)]
+    resumed = [_event("train", s, 2.0 - s / 10) for s in range(5, 9)] + [_event("valid", 8)]
+    _write_log(tmp_path, first + resumed)
+    result = TrainResult(steps=8, epochs_done=1, train_loss_nats=1.2, best_valid=None)
+    result.history, result.first_step, result.events_logged = resumed[-2:], 4, len(resumed)
+    # the first attempt up to its snapshot (its step 5 was trained again), then the second
+    assert _whole_run(tmp_path, result) == first[:5] + resumed
+    assert trajectory(_whole_run(tmp_path, result), 4)["train_records"] == 8
+
+
+def test_a_log_that_does_not_end_with_the_events_in_memory_leaves_them(tmp_path, capsys):
+    events = [_event("train", s) for s in range(1, 5)]
+    result = TrainResult(steps=4, epochs_done=1, train_loss_nats=1.0, best_valid=None)
+    result.history, result.events_logged = events[-2:], 4
+    _write_log(tmp_path, [*events[:2], _event("train", 9)])  # 3 lines, not 4
+    assert _whole_run(tmp_path, result) == events[-2:]
+    assert "does not end with this run's events" in capsys.readouterr().err
+    _write_log(tmp_path, [*events[:3], _event("train", 9)])  # 4, not ending as the memory
+    assert _whole_run(tmp_path, result) == events[-2:]
+    assert "course of the run before its last 2 events is left out" in capsys.readouterr().err

@@ -52,6 +52,15 @@ class RunOptions:
         resume=True,
         help="early stop after N validations without gain",
     )
+    # TrainOptions.min_gain's default (rnnkit.training.budget.MIN_GAIN: torch's threshold)
+    min_gain: float = option(
+        1e-4,
+        metavar="F",
+        resume=True,
+        help="what counts as a gain for --patience: a validation loss below that of the "
+        "last gain by more than this fraction of it; 0: any fall (default %(default)s). "
+        "The best weights are the lowest loss's whatever it is",
+    )
     seed: int = option(0, help="random seed")
     device: str = option(
         "cpu",

@@ -195,6 +195,11 @@ class TrainConfig(
         if not 0.0 < self.lr_decay <= 1.0:
             raise ConfigError(f"--lr-decay must be in (0, 1], got {self.lr_decay}")
         self._check_schedule()
+        if not 0 <= self.min_gain < 1:  # NaN fails too
+            raise ConfigError(
+                f"--min-gain must be in [0, 1) (a fraction of the validation loss), "
+                f"got {self.min_gain}"
+            )
         if self.max_time is not None and not self.max_time > 0:
             raise ConfigError(f"--max-time must be > 0 seconds, got {self.max_time}")
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):

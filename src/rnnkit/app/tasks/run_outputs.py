@@ -65,14 +65,37 @@ def finish_summary(
 
 
 def _whole_run(out: Path, result: TrainResult) -> list[dict[str, Any]]:
-    """The events of the whole run: those in memory, and for a resumed run those that
-    ``metrics.jsonl`` logged before the resume (its unreadable lines skipped; a log that
-    cannot be read at all leaves the events in memory, with a warning)."""
-    if result.first_step == 0:
-        return result.history
+    """The events of the whole run: those in memory when they are all of them; else,
+    from ``metrics.jsonl``, those logged before a resume (its unreadable lines skipped)
+    and, when the memory kept only the latest events (``HISTORY_EVENTS`` of a long run),
+    this attempt's own: its log's last ``result.events_logged`` lines. A log that cannot
+    be read, or whose last lines are not the events in memory, leaves the events in
+    memory, with a warning."""
+    history = result.history
+    dropped = result.events_logged > len(history)  # the memory's window begins later
+    if result.first_step == 0 and not dropped:
+        return history
+    left_out = "the course of the run before " + (
+        f"its last {len(history):,} events" if dropped else "the resume"
+    )
     try:
         logged, _ = read_metrics(out)
     except CheckpointError as exc:
-        messages.warning(f"the course of the run before the resume is left out: {exc}")
-        return result.history
-    return run_events(logged, result.history, result.first_step)
+        messages.warning(f"{left_out} is left out: {exc}")
+        return history
+    if dropped:
+        # this attempt's events are the log's last lines, ending with those in memory
+        n = result.events_logged
+        mine = logged[-n:] if n <= len(logged) else []
+        if len(mine) != n or _marks(mine[n - len(history) :]) != _marks(history):
+            log = out / "metrics.jsonl"
+            messages.warning(f"{left_out} is left out: {log} does not end with this run's events")
+            return history
+        logged, history = logged[:-n], mine
+    return run_events(logged, history, result.first_step)
+
+
+def _marks(events: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
+    """What tells events apart (their kind and step): the log's copy of an event read
+    back is equal to the one in memory but for what JSON cannot hold (a tuple, a NaN)."""
+    return [(e.get("event"), e.get("step")) for e in events]

@@ -108,6 +108,7 @@ def train_options(cfg: TrainConfig, quiet: bool, units: str = "ppl") -> TrainOpt
         clip_value=cfg.clip_value,
         eval_every=cfg.eval_every,
         patience=cfg.patience,
+        min_gain=cfg.min_gain,
         log_every=cfg.log_every,
         tensorboard=cfg.tensorboard,
         on_nonfinite=cfg.on_nonfinite,
