@@ -1,0 +1,137 @@
+"""Operations per decoding step: rnnkit's greedy and beam decoding against the plain loop.
+
+On a GPU a decoding step of a small model is bound by kernel launches (one per ATen
+operation) and by the host syncs (reads of device values, copies of host data to the
+device: each waits for the device). Counted on the CPU with ``tests/generation/op_counts.py``
+at the sizes of ``bench_tasks.py``'s ``seq2seq-greedy`` / ``seq2seq-beam`` (512 sources in
+batches of 64, V 40, E 64, H 128, max length 32, K 5, the model after 300 training steps
+on string reversal): per step (a ``step`` call; encoding and setup left out), the
+operations inside the model's step and in the search around it, by kind (products; gate,
+attention and output math; the choice of tokens; bookkeeping), and host syncs.
+
+Contenders: ``rnnkit`` (``Seq2Seq.decode``: the inference step, on the CPU), ``rnnkit
+general`` (the model's general ``step``: what decoding runs on a GPU) and ``torch.nn`` (the
+plain ``nn.LSTMCell`` loop of ``bench_tasks.py``).
+
+    python benchmarks/bench_decode_ops.py            # the table
+    python benchmarks/bench_decode_ops.py --names    # and the op names of each
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests" / "generation"))
+import bench_tasks  # noqa: E402
+from op_counts import OpCounts, kind  # noqa: E402
+
+from rnnkit.models.seq2seq import Seq2Seq  # noqa: E402
+from rnnkit.models.seq2seq_inference import InferenceStep  # noqa: E402
+
+
+def _count(runs: list[Callable[[], object]], *owners: object) -> dict[str, object]:
+    """Per-step figures over several decodings (each counted from its first step)."""
+    names: collections.Counter[str] = collections.Counter()
+    syncs: collections.Counter[str] = collections.Counter()
+    steps = in_step = 0
+    for run in runs:
+        with OpCounts(*owners) as counts:
+            run()
+        names += counts.by_name()
+        syncs += counts.sync_names()
+        steps += counts.steps
+        in_step += counts.in_step
+    total = sum(names.values())
+    kinds: collections.Counter[str] = collections.Counter()
+    for name, n in names.items():
+        kinds[kind(name)] += n
+    return {
+        "steps": steps,
+        "ops": total / steps,
+        "model": in_step / steps,
+        "search": (total - in_step) / steps,
+        "kinds": {k: kinds[k] / steps for k in ("product", "math", "choice", "bookkeeping")},
+        "syncs": sum(syncs.values()) / steps,
+        "names": {k: v / steps for k, v in names.most_common()},
+        "sync_names": {k: v / steps for k, v in syncs.most_common()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--names", action="store_true", help="the op names of each contender")
+    p.add_argument(
+        "--decode-train",
+        type=int,
+        default=bench_tasks.DECODE_TRAIN["steps"],
+        help="training steps of the model before counting (as bench_tasks.py)",
+    )
+    args = p.parse_args(argv)
+    bench_tasks.DECODE_TRAIN["steps"] = args.decode_train
+    torch.manual_seed(0)
+    V, E, H, B, N, K, max_length = 40, 64, 128, 64, 512, 5, 32
+    model, ref = bench_tasks._decoding_models(V, E, H)
+    gen = torch.Generator().manual_seed(0)
+    batches = [bench_tasks._pairs(gen, V, B)[:2] for _ in range(N // B)]
+    print(
+        "| search | contender | steps | ops / step | in the step | search | products | "
+        "math | choice | bookkeeping | host syncs / step |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    tables = []
+    for search, beam in (("greedy", 1), ("beam 5", K)):
+        contenders: dict[str, tuple[list[Callable[[], object]], tuple[object, ...]]] = {
+            "rnnkit": (
+                [partial(model.decode, s, m, beam=beam, max_length=max_length) for s, m in batches],
+                (InferenceStep, Seq2Seq),
+            ),
+            "rnnkit general": (
+                [bench_tasks._general(model, [b], beam, max_length) for b in batches],
+                (Seq2Seq,),
+            ),
+            "torch.nn": (
+                [
+                    partial(ref.greedy, s, m, max_length)
+                    if beam == 1
+                    else partial(ref.beam, s, m, K, max_length)
+                    for s, m in batches
+                ],
+                (ref,),
+            ),
+        }
+        for name, (runs, owners) in contenders.items():
+            with torch.no_grad():
+                r = _count(runs, *owners)
+            tables.append((search, name, r))
+            k = r["kinds"]
+            assert isinstance(k, dict)
+            print(
+                f"| {search} | {name} | {r['steps']} | {r['ops']:.1f} | {r['model']:.1f} | "
+                f"{r['search']:.1f} | {k['product']:.1f} | {k['math']:.1f} | {k['choice']:.1f} | "
+                f"{k['bookkeeping']:.1f} | {r['syncs']:.2f} |",
+                flush=True,
+            )
+    if args.names:
+        for search, name, r in tables:
+            names = r["names"]
+            syncs = r["sync_names"]
+            assert isinstance(names, dict) and isinstance(syncs, dict)
+            print(f"\n{search}, {name}:")
+            for op, n in names.items():
+                print(f"  {n:7.2f}  {op}  ({kind(op)})")
+            for op, n in syncs.items():
+                print(f"  {n:7.2f}  sync: {op}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
