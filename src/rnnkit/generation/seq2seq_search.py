@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from rnnkit.generation.beam import _choose, _ended, _Hypotheses, _Links, _live
 from rnnkit.generation.options import check_forbid, forbid_index
 from rnnkit.generation.search import GenerationResult, generate_batch, select_state
 
@@ -120,13 +121,10 @@ def beam_search(
     beam_lp[:, 0] = 0.0  # one live beam per source at first; the others are placeholders
     beam_lp = beam_lp.view(S * K, 1)  # (A·K, 1): a column added to each beam's log-probs
     sources = list(range(S))  # active position -> source
-    hyps: list[list[GenerationResult]] = [[] for _ in range(S)]
+    hyps = _Hypotheses(S, lambda lp, n: lp / n**length_penalty)
     history: list[_Links] = []  # per step: what each next beam continues
     forbid_ids: torch.Tensor | None = None
     base: torch.Tensor | None = None  # (A, 1) the first row of each source, a·K
-
-    def add(source: int, ids: list[int], lp: float, finished: bool, n: int) -> None:
-        hyps[source].append(GenerationResult(ids, lp, finished, lp / n**length_penalty))
 
     for t in range(max_length):
         log_probs, state = model.step(token, state)
@@ -138,38 +136,19 @@ def beam_search(
             log_probs = log_probs.index_fill(-1, forbid_ids, -math.inf)
         if base is None or base.shape[0] != A:
             base = (torch.arange(A, device=device) * K).view(-1, 1)
-        cand = (beam_lp + log_probs.float()).view(A, K * V)  # (A, K·V)
-        top_lp, top_idx = cand.topk(min(2 * K, K * V), dim=-1)  # (A, C)
-        # live beams: the best K candidates that are not </s>, finite (NaN and +inf fall
-        # to -inf as well)
-        is_eos = top_idx.remainder(V) == eos_id
-        inf = -math.inf
-        live = top_lp.masked_fill(is_eos, inf).nan_to_num_(nan=inf, posinf=inf, neginf=inf)
-        live_lp, pick = live.topk(K, dim=-1)  # (A, K)
-        chosen = top_idx.gather(1, pick)
-        rows = chosen.div(V, rounding_mode="floor").add_(base)  # (A, K) parent rows
-        tok = chosen.remainder_(V)  # (A, K)
-        # one copy to the host: (A, 5K) with the first K candidates' log-probs and ids, the
-        # live beams' log-probs, parent rows and tokens
-        host = torch.cat(
-            [top_lp[:, :K].double(), top_idx[:, :K], live_lp.double(), rows, tok], dim=1
-        ).tolist()
+        host, rows, tok, live_lp = _choose(log_probs, beam_lp, base, K, eos_id)
         links = _Links(K, history[-1] if history else None, host)
         keep: list[int] = []
         last = t == max_length - 1
         for a, (s, row) in enumerate(zip(sources, host, strict=True)):
             top_ended = False
-            for c in range(K):  # an </s> among the best K candidates ends a hypothesis
-                idx = int(row[K + c])
-                if idx % V == eos_id and math.isfinite(row[c]):
-                    top_ended = top_ended or c == 0
-                    add(s, links.parent_ids(a * K + idx // V), row[c], True, n)
+            for c, parent, lp in _ended(row, K, V, eos_id):
+                top_ended = top_ended or c == 0
+                hyps.add(s, links, a * K + parent, None, lp, True, n)
             if last:
-                for b in range(K):
-                    if math.isfinite(row[2 * K + b]):
-                        ids = [*links.parent_ids(int(row[3 * K + b])), int(row[4 * K + b])]
-                        add(s, ids, row[2 * K + b], False, n)
-            elif math.isfinite(row[2 * K]) and not (top_ended and len(hyps[s]) >= num):
+                for parent_row, token_id, lp in _live(row, K):
+                    hyps.add(s, links, parent_row, token_id, lp, False, n)
+            elif math.isfinite(row[2 * K]) and not (top_ended and len(hyps.scored[s]) >= num):
                 keep.append(a)
         if last or not keep:
             break
@@ -181,7 +160,7 @@ def beam_search(
         rows, token, beam_lp = rows.view(-1), tok.view(-1), live_lp.view(-1, 1)  # (A'·K, ·)
         state = _reorder(state, rows, state_batch_dim, per_source if len(keep) == A else None)
         sources = [sources[a] for a in keep]
-    return [sorted(h, key=lambda r: r.score, reverse=True)[:num] for h in hyps]
+    return hyps.best(num)
 
 
 def decode_batch(
@@ -225,36 +204,6 @@ def decode_batch(
         per_source=per_source,
         forbid=forbid,
     )
-
-
-class _Links:
-    """One step's choices, read to the host: for each beam of the next step, its parent
-    beam (a row of this step) and the token it adds; the token sequences follow from the
-    links of all steps.
-
-    ``host``: per active source, the row of ``beam_search``'s copy (the live beams' parent
-    rows at ``3K + b``, their tokens at ``4K + b``); ``keep``: the sources that go on (the
-    next step's row ``a·K + b`` is the live beam ``b`` of source ``keep[a]``).
-    """
-
-    __slots__ = ("K", "before", "host", "keep")
-
-    def __init__(self, K: int, before: _Links | None, host: list[list[float]]) -> None:
-        self.K, self.before, self.host = K, before, host
-        self.keep: list[int] = []
-
-    def parent_ids(self, row: int) -> list[int]:
-        """The tokens drawn so far by beam ``row`` of this step (this step's input)."""
-        ids: list[int] = []
-        links = self.before
-        while links is not None:
-            a, b = divmod(row, links.K)
-            line = links.host[links.keep[a]]
-            ids.append(int(line[4 * links.K + b]))
-            row = int(line[3 * links.K + b])
-            links = links.before
-        ids.reverse()
-        return ids
 
 
 def _leaves(state: Any, dim: Any, sizes: list[int]) -> None:
