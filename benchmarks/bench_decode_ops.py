@@ -10,8 +10,11 @@ operations inside the model's step and in the search around it, by kind (product
 attention and output math; the choice of tokens; bookkeeping), and host syncs.
 
 Contenders: ``rnnkit`` (``Seq2Seq.decode``: the inference step, on the CPU), ``rnnkit
-general`` (the model's general ``step``: what decoding runs on a GPU) and ``torch.nn`` (the
-plain ``nn.LSTMCell`` loop of ``bench_tasks.py``).
+general`` (the model's general ``step`` with the compiled library off: what decoding runs
+on a GPU) and ``torch.nn`` (the plain ``nn.LSTMCell`` loop of ``bench_tasks.py``; on the
+CPU both of the last two compute the LSTM cell in torch's dozen operations, on a GPU in
+its fused kernel). ``kernels`` leaves out the views (``view``, ``t``, ``select``...: no
+launch on a GPU) and the host reads.
 
     python benchmarks/bench_decode_ops.py            # the table
     python benchmarks/bench_decode_ops.py --names    # and the op names of each
@@ -34,17 +37,18 @@ sys.path.insert(0, str(HERE.parent / "tests" / "generation"))
 import bench_tasks  # noqa: E402
 from op_counts import OpCounts, kind  # noqa: E402
 
+from rnnkit.bptt.native import use_native  # noqa: E402
 from rnnkit.models.seq2seq import Seq2Seq  # noqa: E402
 from rnnkit.models.seq2seq_inference import InferenceStep  # noqa: E402
 
 
-def _count(runs: list[Callable[[], object]], *owners: object) -> dict[str, object]:
+def _count(runs: list[Callable[[], object]], native: bool, *owners: object) -> dict[str, object]:
     """Per-step figures over several decodings (each counted from its first step)."""
     names: collections.Counter[str] = collections.Counter()
     syncs: collections.Counter[str] = collections.Counter()
     steps = in_step = 0
     for run in runs:
-        with OpCounts(*owners) as counts:
+        with use_native(native), OpCounts(*owners) as counts:
             run()
         names += counts.by_name()
         syncs += counts.sync_names()
@@ -54,9 +58,11 @@ def _count(runs: list[Callable[[], object]], *owners: object) -> dict[str, objec
     kinds: collections.Counter[str] = collections.Counter()
     for name, n in names.items():
         kinds[kind(name)] += n
+    launches = sum(n for name, n in names.items() if _launches(name))
     return {
         "steps": steps,
         "ops": total / steps,
+        "kernels": launches / steps,
         "model": in_step / steps,
         "search": (total - in_step) / steps,
         "kinds": {k: kinds[k] / steps for k in ("product", "math", "choice", "bookkeeping")},
@@ -64,6 +70,34 @@ def _count(runs: list[Callable[[], object]], *owners: object) -> dict[str, objec
         "names": {k: v / steps for k, v in names.most_common()},
         "sync_names": {k: v / steps for k, v in syncs.most_common()},
     }
+
+
+# Operations that launch nothing on a GPU: views, and the host reads (counted apart).
+NO_LAUNCH = frozenset(
+    {
+        "view",
+        "_unsafe_view",
+        "t",
+        "select",
+        "slice",
+        "unsqueeze",
+        "squeeze",
+        "permute",
+        "transpose",
+        "expand",
+        "unsafe_split",
+        "split",
+        "unbind",
+        "alias",
+        "_local_scalar_dense",
+        "lift_fresh",
+        "scalar_tensor",
+    }
+)
+
+
+def _launches(name: str) -> bool:
+    return name.split("[")[0].rsplit(".", 1)[-1] not in NO_LAUNCH
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,19 +118,21 @@ def main(argv: list[str] | None = None) -> int:
     batches = [bench_tasks._pairs(gen, V, B)[:2] for _ in range(N // B)]
     print(
         "| search | contender | steps | ops / step | in the step | search | products | "
-        "math | choice | bookkeeping | host syncs / step |"
+        "math | choice | bookkeeping | kernels / step | host syncs / step |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     tables = []
     for search, beam in (("greedy", 1), ("beam 5", K)):
-        contenders: dict[str, tuple[list[Callable[[], object]], tuple[object, ...]]] = {
+        contenders: dict[str, tuple[list[Callable[[], object]], bool, tuple[object, ...]]] = {
             "rnnkit": (
                 [partial(model.decode, s, m, beam=beam, max_length=max_length) for s, m in batches],
+                True,
                 (InferenceStep, Seq2Seq),
             ),
             "rnnkit general": (
-                [bench_tasks._general(model, [b], beam, max_length) for b in batches],
-                (Seq2Seq,),
+                [partial(model.decode, s, m, beam=beam, max_length=max_length) for s, m in batches],
+                False,
+                (InferenceStep, Seq2Seq),
             ),
             "torch.nn": (
                 [
@@ -105,19 +141,20 @@ def main(argv: list[str] | None = None) -> int:
                     else partial(ref.beam, s, m, K, max_length)
                     for s, m in batches
                 ],
+                True,
                 (ref,),
             ),
         }
-        for name, (runs, owners) in contenders.items():
+        for name, (runs, native, owners) in contenders.items():
             with torch.no_grad():
-                r = _count(runs, *owners)
+                r = _count(runs, native, *owners)
             tables.append((search, name, r))
             k = r["kinds"]
             assert isinstance(k, dict)
             print(
                 f"| {search} | {name} | {r['steps']} | {r['ops']:.1f} | {r['model']:.1f} | "
                 f"{r['search']:.1f} | {k['product']:.1f} | {k['math']:.1f} | {k['choice']:.1f} | "
-                f"{k['bookkeeping']:.1f} | {r['syncs']:.2f} |",
+                f"{k['bookkeeping']:.1f} | {r['kernels']:.1f} | {r['syncs']:.2f} |",
                 flush=True,
             )
     if args.names:
