@@ -13,8 +13,8 @@ Contenders: ``rnnkit`` (``Seq2Seq.decode``: the inference step, on the CPU), ``r
 general`` (the model's general ``step`` with the compiled library off: what decoding runs
 on a GPU) and ``torch.nn`` (the plain ``nn.LSTMCell`` loop of ``bench_tasks.py``; on the
 CPU both of the last two compute the LSTM cell in torch's dozen operations, on a GPU in
-its fused kernel). ``kernels`` leaves out the views (``view``, ``t``, ``select``...: no
-launch on a GPU) and the host reads.
+its fused kernel). ``kernels`` leaves out the views (``view``, ``t``, ``select``...) and
+allocations (``empty``), which launch nothing on a GPU, and the host reads.
 
     python benchmarks/bench_decode_ops.py            # the table
     python benchmarks/bench_decode_ops.py --names    # and the op names of each
@@ -72,9 +72,13 @@ def _count(runs: list[Callable[[], object]], native: bool, *owners: object) -> d
     }
 
 
-# Operations that launch nothing on a GPU: views, and the host reads (counted apart).
+# Operations that launch nothing on a GPU: views, allocations, and the host reads
+# (counted apart).
 NO_LAUNCH = frozenset(
     {
+        "empty",
+        "new_empty",
+        "empty_like",
         "view",
         "_unsafe_view",
         "t",
