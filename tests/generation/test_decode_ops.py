@@ -34,13 +34,13 @@ MAX_LENGTH = 8
 # syncs from the first step on, operations inside the model's steps)
 BOUNDS = {
     ("running", True, 1): (8, 158, 10, 109),
-    ("running", True, 3): (8, 292, 9, 109),
+    ("running", True, 3): (8, 289, 9, 109),
     ("running", False, 1): (8, 433, 10, 384),
-    ("running", False, 3): (8, 567, 9, 384),
+    ("running", False, 3): (8, 564, 9, 384),
     ("ending", True, 1): (8, 174, 11, 114),
-    ("ending", True, 3): (8, 307, 10, 114),
+    ("ending", True, 3): (8, 302, 10, 114),
     ("ending", False, 1): (8, 444, 11, 384),
-    ("ending", False, 3): (8, 577, 10, 384),
+    ("ending", False, 3): (8, 572, 10, 384),
 }
 
 

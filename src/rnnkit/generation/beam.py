@@ -46,13 +46,14 @@ def _run_beam(
     history: list[_Links] = []  # per step: what each next beam continues
     forbid = forbid_index(opt.forbid, V, device)  # to the device once, not every step
     eos = -1 if opt.eos_id is None else opt.eos_id
-    base: Tensor | None = None  # (A, 1) the first row of each source, a·K
+    first_rows = (torch.arange(S, device=device) * K).view(-1, 1)  # a·K of source a
+    base = first_rows  # (A, 1) those of the active sources
     for t in range(opt.max_length):
         A, n = len(sources), t + 1  # n: tokens drawn so far, this one included
         if forbid is not None:
             log_probs = log_probs.index_fill(-1, forbid, -math.inf)
-        if base is None or base.shape[0] != A:
-            base = (torch.arange(A, device=device) * K).view(-1, 1)
+        if base.shape[0] != A:  # sources left: a view, no kernel
+            base = first_rows[:A]
         host, rows, token, live_lp = _choose(log_probs, beam_lp, base, K, eos)
         links = _Links(K, history[-1] if history else None, host)
         last = t == opt.max_length - 1

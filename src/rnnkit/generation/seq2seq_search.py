@@ -124,7 +124,8 @@ def beam_search(
     hyps = _Hypotheses(S, lambda lp, n: lp / n**length_penalty)
     history: list[_Links] = []  # per step: what each next beam continues
     forbid_ids: torch.Tensor | None = None
-    base: torch.Tensor | None = None  # (A, 1) the first row of each source, a·K
+    first_rows = (torch.arange(S, device=device) * K).view(-1, 1)  # a·K of source a
+    base = first_rows  # (A, 1) those of the active sources
 
     for t in range(max_length):
         log_probs, state = model.step(token, state)
@@ -134,8 +135,8 @@ def beam_search(
             forbid_ids = forbid_index(forbidden, V, log_probs.device)
         if forbid_ids is not None:
             log_probs = log_probs.index_fill(-1, forbid_ids, -math.inf)
-        if base is None or base.shape[0] != A:
-            base = (torch.arange(A, device=device) * K).view(-1, 1)
+        if base.shape[0] != A:  # sources left: a view, no kernel
+            base = first_rows[:A]
         host, rows, tok, live_lp = _choose(log_probs, beam_lp, base, K, eos_id)
         links = _Links(K, history[-1] if history else None, host)
         keep: list[int] = []
