@@ -522,6 +522,32 @@ def test_sigmoid_scores_forward_and_backward(dtype, keep) -> None:
     torch.testing.assert_close(acc, acc0 + d_sig, **tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("keep", [True, False])
+def test_sigmoid_scores_fill_padding_as_a_masked_fill(dtype, keep) -> None:
+    """``padding`` (B, S) or (B, 1, S): −∞ there, the very scores of the pass elsewhere (a
+    decoding step's masked fill, in the same pass); σ kept at every position."""
+    lib = native.library()
+    B, S, A = 3, 5, 19
+    g = torch.Generator().manual_seed(2)
+    keys = torch.randn(B, S, A, generator=g, dtype=dtype)
+    query = torch.randn(B, A, generator=g, dtype=dtype)
+    v = torch.randn(A, generator=g, dtype=dtype)
+    padding = torch.rand(B, S, generator=g) < 0.4
+    plain = torch.empty(B, S, dtype=dtype)
+    sig_plain = torch.empty(B, S, A, dtype=dtype)
+    lib.sigmoid_scores(keys, query, v, plain, sig_plain, key_scale=2.0)
+    for shape in ((B, S), (B, 1, S)):
+        scores = torch.empty(B, S, dtype=dtype)
+        sig = torch.empty(B, S, A, dtype=dtype) if keep else None
+        lib.sigmoid_scores(keys, query, v, scores, sig, key_scale=2.0, padding=padding.view(shape))
+        assert torch.equal(scores, plain.masked_fill(padding, float("-inf")))
+        if sig is not None:
+            assert torch.equal(sig, sig_plain)
+    with pytest.raises(RuntimeError, match="padding must be"):
+        lib.sigmoid_scores(keys, query, v, plain, None, padding=padding.float())
+
+
 def test_one_step_operators_refuse_wrong_shapes() -> None:
     lib = native.library()
     with pytest.raises(RuntimeError, match="query must be"):

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "activations.h"
@@ -43,10 +44,11 @@ T dot_row(const T* __restrict v, const T* __restrict sig, int64_t A) {
 
 // keys (B, S, A), query (B, Q, A), v (A) → scores (B, Q, S) of σ(ks · k + q); σ into
 // sig (B, Q, S, A) if not null (ks: the keys' scale, so that callers need not scale them). Q
-// queries per row: one per decoder step (1 while decoding or inside a step loop).
+// queries per row: one per decoder step (1 while decoding or inside a step loop). padding
+// (B, S), if not null: −∞ where true (the masked fill a decoding step needs, in the same pass).
 template <typename T>
 void sigmoid_scores_impl(const T* keys, T ks, const T* query, const T* v, T* scores, T* sig,
-                         int64_t B, int64_t Q, int64_t S, int64_t A) {
+                         const bool* padding, int64_t B, int64_t Q, int64_t S, int64_t A) {
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, Q * S * A));
   at::parallel_for(0, B, grain, [&](int64_t b0, int64_t b1) {
     std::vector<T> row(sig == nullptr ? A : 0);  // σ of one position when sig is not kept
@@ -55,9 +57,14 @@ void sigmoid_scores_impl(const T* keys, T ks, const T* query, const T* v, T* sco
         const T* q = query + (b * Q + t) * A;
         for (int64_t j = 0; j < S; ++j) {
           const int64_t r = (b * Q + t) * S + j;
+          const bool pad = padding != nullptr && padding[b * S + j];
+          if (pad && sig == nullptr) {
+            scores[r] = -std::numeric_limits<T>::infinity();
+            continue;
+          }
           T* out = sig != nullptr ? sig + r * A : row.data();
           sigmoid_row(keys + (b * S + j) * A, ks, q, out, A);
-          scores[r] = dot_row(v, out, A);
+          scores[r] = pad ? -std::numeric_limits<T>::infinity() : dot_row(v, out, A);
         }
       }
     }

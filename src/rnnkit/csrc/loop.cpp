@@ -347,7 +347,7 @@ void check_same(const Tensor& t, const Tensor& like, const char* name) {
 // The query may be (B, A) or (B, Q, A), the other tensors following: scores (B, [Q,] S),
 // sig (B, [Q,] S, A).
 void sigmoid_scores(Tensor keys, Tensor query, Tensor v, Tensor scores, std::optional<Tensor> sig,
-                    double key_scale) {
+                    double key_scale, std::optional<Tensor> padding) {
   check(keys, "keys", 3);
   check(v, "v", 1);
   const int64_t B = keys.size(0), S = keys.size(1), A = keys.size(2);
@@ -366,11 +366,17 @@ void sigmoid_scores(Tensor keys, Tensor query, Tensor v, Tensor scores, std::opt
     TORCH_CHECK(sig->numel() == B * Q * S * A && sig->size(-1) == A,
                 "sig must be (B, S, A) or (B, Q, S, A)");
   }
+  if (padding.has_value()) {
+    TORCH_CHECK(padding->scalar_type() == at::kBool && padding->is_contiguous() &&
+                    padding->numel() == B * S && padding->size(0) == B && padding->size(-1) == S,
+                "padding must be a contiguous bool (B, S) or (B, 1, S)");
+  }
+  const bool* pad = padding.has_value() ? padding->data_ptr<bool>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES(keys.scalar_type(), "sigmoid_scores", [&] {
     sigmoid_scores_impl<scalar_t>(keys.data_ptr<scalar_t>(), static_cast<scalar_t>(key_scale),
                                   query.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
-                                  scores.data_ptr<scalar_t>(), opt_out_ptr<scalar_t>(sig), B, Q, S,
-                                  A);
+                                  scores.data_ptr<scalar_t>(), opt_out_ptr<scalar_t>(sig), pad, B,
+                                  Q, S, A);
   });
 }
 
@@ -534,7 +540,7 @@ TORCH_LIBRARY(rnnkit_native, m) {
       &lstm_step_backward);
   m.def(
       "sigmoid_scores(Tensor keys, Tensor query, Tensor v, Tensor(a!) scores, "
-      "Tensor(b!)? sig=None, float key_scale=1.0) -> ()",
+      "Tensor(b!)? sig=None, float key_scale=1.0, Tensor? padding=None) -> ()",
       &sigmoid_scores);
   m.def(
       "sigmoid_scores_backward(Tensor d_s, Tensor sig, Tensor w, Tensor(a!) s_sig, "

@@ -126,21 +126,34 @@ def check_forbid(forbid: Sequence[int], eos_id: int | None) -> tuple[int, ...]:
     return ids
 
 
-def mask_forbidden(log_probs: Tensor, forbid: tuple[int, ...]) -> Tensor:
+def forbid_index(forbid: tuple[int, ...], V: int, device: torch.device) -> Tensor | None:
+    """The ``forbid`` ids as a long tensor on ``device`` (None when there are none), checked
+    against ``V`` outputs: a search makes it once and fills those columns at every step
+    (:func:`mask_forbidden` makes it at every call, a copy to the device each time)."""
+    if not forbid:
+        return None
+    if any(t >= V for t in forbid):
+        raise ValueError(f"forbid holds a token id outside the {V} outputs: {forbid}")
+    if len(forbid) >= V:
+        raise ValueError(f"forbid leaves none of the {V} outputs to choose")
+    return torch.tensor(forbid, device=device)
+
+
+def mask_forbidden(
+    log_probs: Tensor, forbid: tuple[int, ...], index: Tensor | None = None
+) -> Tensor:
     """``log_probs (B, V)`` with the ``forbid`` columns set to ``-inf`` (a new tensor when
     any; the others keep the model's own values, so ``logprob`` stays the model's).
+    ``index``: those ids from :func:`forbid_index`, made once by a search.
 
     >>> mask_forbidden(torch.zeros(1, 3), (0, 2))
     tensor([[-inf, 0., -inf]])
     """
     if not forbid:
         return log_probs
-    V = log_probs.shape[-1]
-    if any(t >= V for t in forbid):
-        raise ValueError(f"forbid holds a token id outside the {V} outputs: {forbid}")
-    if len(forbid) >= V:
-        raise ValueError(f"forbid leaves none of the {V} outputs to choose")
-    index = torch.tensor(forbid, device=log_probs.device)
+    if index is None:
+        index = forbid_index(forbid, log_probs.shape[-1], log_probs.device)
+        assert index is not None
     return log_probs.index_fill(-1, index, -math.inf)
 
 

@@ -14,7 +14,7 @@ from rnnkit.generation.options import (
     StepModel,
     _check_sampling,
     _Options,
-    mask_forbidden,
+    forbid_index,
 )
 from rnnkit.generation.state import Reorder
 
@@ -86,8 +86,11 @@ def _run_sampling(
     drawn: list[tuple[Tensor, Tensor, Tensor]] = []  # (origin, token, log-prob) per step
     lazy = opt.strategy == "greedy" and opt.eos_id is not None
     ended = torch.zeros(B, dtype=torch.bool, device=log_probs.device) if lazy else None
+    # never drawn, never chosen; the ids copied to the device once, not at every step
+    forbid = forbid_index(opt.forbid, log_probs.shape[-1], log_probs.device)
     for t in range(opt.max_length):
-        log_probs = mask_forbidden(log_probs, opt.forbid)  # never drawn, never chosen
+        if forbid is not None:
+            log_probs = log_probs.index_fill(-1, forbid, -math.inf)
         if opt.strategy == "greedy":
             chosen, token = log_probs.max(dim=-1)  # (B',) each: one op for both
         else:
@@ -119,12 +122,21 @@ def _run_sampling(
                 ended = ended[keep]
         log_probs, state = model.step(token, state)
     # The bookkeeping once at the end, in the order drawn (the same float sums); a row's
-    # draws after its </s> (greedy keeps ended rows for a while) are not its output.
+    # draws after its </s> (greedy keeps ended rows for a while) are not its output. The
+    # draws of all steps are read in two copies to the host, not three per step (each
+    # waits for the device).
+    sizes = [len(d[1]) for d in drawn]
+    flat_ids = torch.cat([t for d in drawn for t in d[:2]]).tolist()
+    flat_lps = torch.cat([d[2] for d in drawn]).tolist()
     ids: list[list[int]] = [[] for _ in range(B)]
     logprob = [0.0] * B
     finished = [False] * B
-    for rows_drawn, tokens, lps in drawn:
-        for r, k, lp in zip(rows_drawn.tolist(), tokens.tolist(), lps.tolist(), strict=True):
+    at = 0
+    for n in sizes:
+        rows_drawn, tokens = flat_ids[2 * at : 2 * at + n], flat_ids[2 * at + n : 2 * at + 2 * n]
+        lps = flat_lps[at : at + n]
+        at += n
+        for r, k, lp in zip(rows_drawn, tokens, lps, strict=True):
             if finished[r]:
                 continue
             logprob[r] += lp

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from rnnkit.generation.options import check_forbid, mask_forbidden
+from rnnkit.generation.beam import _choose, _ended, _Hypotheses, _Links, _live
+from rnnkit.generation.options import check_forbid, forbid_index
 from rnnkit.generation.search import GenerationResult, generate_batch, select_state
 
 __all__ = ["beam_search", "decode_batch"]
@@ -100,8 +101,12 @@ def beam_search(
     >>> [len(h) for h in out], out[0][0].score >= out[0][1].score
     ([2, 2], True)
     """
-    # One loop over the steps, not split: its tensors (scores, sequences, state, the
-    # sources still searched) shrink together as sources finish.
+    # One loop over the steps, not split: its tensors (scores, state, the sources still
+    # searched) shrink together as sources finish. A step's decisions are read to the host
+    # in one copy (the first K candidates, the live beams chosen and their parents); the
+    # sequences are kept there as links to the parent beam, followed back when a
+    # hypothesis is written out, instead of a device tensor of sequences reordered at
+    # every step and read one hypothesis at a time (each read waits for the device).
     _check_search(beam, max_length, num)
     forbidden = check_forbid(forbid, eos_id)
     K = beam
@@ -114,51 +119,49 @@ def beam_search(
     token = torch.full((S * K,), bos_id, dtype=torch.long, device=device)
     beam_lp = torch.full((S, K), -math.inf, device=device)
     beam_lp[:, 0] = 0.0  # one live beam per source at first; the others are placeholders
-    seqs = torch.zeros(S * K, 0, dtype=torch.long, device=device)  # (A·K, t)
+    beam_lp = beam_lp.view(S * K, 1)  # (A·K, 1): a column added to each beam's log-probs
     sources = list(range(S))  # active position -> source
-    hyps: list[list[GenerationResult]] = [[] for _ in range(S)]
-
-    def add(source: int, ids: list[int], lp: float, finished: bool, n: int) -> None:
-        hyps[source].append(GenerationResult(ids, lp, finished, lp / n**length_penalty))
+    hyps = _Hypotheses(S, lambda lp, n: lp / n**length_penalty)
+    history: list[_Links] = []  # per step: what each next beam continues
+    forbid_ids: torch.Tensor | None = None
+    first_rows = (torch.arange(S, device=device) * K).view(-1, 1)  # a·K of source a
+    base = first_rows  # (A, 1) those of the active sources
 
     for t in range(max_length):
         log_probs, state = model.step(token, state)
-        log_probs = mask_forbidden(log_probs, forbidden)
         A, n = len(sources), t + 1
         V = log_probs.shape[-1]
-        cand = beam_lp.unsqueeze(-1) + log_probs.view(A, K, V).float()  # (A, K, V)
-        top_lp, top_idx = cand.view(A, K * V).topk(min(2 * K, K * V), dim=-1)  # (A, C)
-        parent, tok = top_idx // V, top_idx % V
-        finite = torch.isfinite(top_lp)
-        is_eos = tok == eos_id
-        closes = is_eos & finite
-        closes[:, K:] = False  # only an </s> among the best K candidates ends a hypothesis
-        for a, c in closes.nonzero().tolist():
-            add(sources[a], seqs[a * K + int(parent[a, c])].tolist(), float(top_lp[a, c]), True, n)
-        live_lp, pick = top_lp.masked_fill(is_eos | ~finite, -math.inf).topk(K, dim=-1)
-        rows = (torch.arange(A, device=device) * K).view(-1, 1) + parent.gather(1, pick)
-        tok = tok.gather(1, pick)  # (A, K)
-        if t == max_length - 1:
-            for a, b in live_lp.isfinite().nonzero().tolist():
-                ids = [*seqs[int(rows[a, b])].tolist(), int(tok[a, b])]
-                add(sources[a], ids, float(live_lp[a, b]), False, n)
+        if t == 0:
+            forbid_ids = forbid_index(forbidden, V, log_probs.device)
+        if forbid_ids is not None:
+            log_probs = log_probs.index_fill(-1, forbid_ids, -math.inf)
+        if base.shape[0] != A:  # sources left: a view, no kernel
+            base = first_rows[:A]
+        host, rows, tok, live_lp = _choose(log_probs, beam_lp, base, K, eos_id)
+        links = _Links(K, history[-1] if history else None, host)
+        keep: list[int] = []
+        last = t == max_length - 1
+        for a, (s, row) in enumerate(zip(sources, host, strict=True)):
+            top_ended = False
+            for c, parent, lp in _ended(row, K, V, eos_id):
+                top_ended = top_ended or c == 0
+                hyps.add(s, links, a * K + parent, None, lp, True, n)
+            if last:
+                for parent_row, token_id, lp in _live(row, K):
+                    hyps.add(s, links, parent_row, token_id, lp, False, n)
+            elif math.isfinite(row[2 * K]) and not (top_ended and len(hyps.scored[s]) >= num):
+                keep.append(a)
+        if last or not keep:
             break
-        top_ended = (is_eos[:, 0] & finite[:, 0]).tolist()
-        any_live = live_lp[:, 0].isfinite().tolist()
-        keep = [
-            a
-            for a, s in enumerate(sources)
-            if any_live[a] and not (top_ended[a] and len(hyps[s]) >= num)
-        ]
-        if not keep:
-            break
-        keep_t = torch.tensor(keep, device=device)
-        rows, token = rows[keep_t].view(-1), tok[keep_t].view(-1)  # (A'·K,)
-        seqs = torch.cat([seqs[rows], token.view(-1, 1)], dim=1)
-        beam_lp = live_lp[keep_t]
+        links.keep = keep
+        history.append(links)
+        if len(keep) < A:
+            keep_t = torch.tensor(keep, device=device)
+            rows, tok, live_lp = rows[keep_t], tok[keep_t], live_lp[keep_t]
+        rows, token, beam_lp = rows.view(-1), tok.view(-1), live_lp.view(-1, 1)  # (A'·K, ·)
         state = _reorder(state, rows, state_batch_dim, per_source if len(keep) == A else None)
         sources = [sources[a] for a in keep]
-    return [sorted(h, key=lambda r: r.score, reverse=True)[:num] for h in hyps]
+    return hyps.best(num)
 
 
 def decode_batch(

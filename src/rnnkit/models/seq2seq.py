@@ -454,15 +454,18 @@ class Seq2Seq(nn.Module):
             return batch.target_mask
         return length_targets(batch.target_out, batch.target_mask, EOS_ID).token_mask
 
-    def _decoding(self, state: DecoderState) -> tuple[Seq2Seq | InferenceStep, DecoderState]:
-        """What decoding steps with, and its first state: the same step in fewer
-        operations (:class:`~rnnkit.models.seq2seq_inference.InferenceStep`) where it
-        applies, else :meth:`step`."""
+    def _decoding(
+        self, state: DecoderState
+    ) -> tuple[Seq2Seq | InferenceStep, DecoderState, DecoderState]:
+        """What decoding steps with, its first state and that state's batch dimensions:
+        the same step in fewer operations
+        (:class:`~rnnkit.models.seq2seq_inference.InferenceStep`) where it applies, else
+        :meth:`step`."""
         fast = InferenceStep.build(self)
         prepared = None if fast is None else fast.prepare(state)
         if fast is None or prepared is None:
-            return self, state
-        return fast, prepared
+            return self, state, STATE_BATCH_DIM
+        return fast, prepared, fast.state_batch_dim
 
     @torch.no_grad()
     def decode(
@@ -485,11 +488,11 @@ class Seq2Seq(nn.Module):
         Returns:
             ``B`` lists of :class:`~rnnkit.generation.search.GenerationResult`, best first.
         """
-        stepper, state = self._decoding(self.encode(source, source_mask))
+        stepper, state, dims = self._decoding(self.encode(source, source_mask))
         return decode_batch(
             stepper,
             state,
-            STATE_BATCH_DIM,
+            dims,
             beam=beam,
             max_length=max_length,
             bos_id=BOS_ID,
@@ -519,7 +522,7 @@ class Seq2Seq(nn.Module):
         Returns:
             ``B`` lists of ``num`` results, in draw order.
         """
-        stepper, state = self._decoding(self.encode(source, source_mask))
+        stepper, state, dims = self._decoding(self.encode(source, source_mask))
         return generate_batch(
             stepper,
             None,
@@ -534,7 +537,7 @@ class Seq2Seq(nn.Module):
             num=num,
             generator=generator,
             state=state,
-            state_batch_dim=STATE_BATCH_DIM,
+            state_batch_dim=dims,
         )
 
 

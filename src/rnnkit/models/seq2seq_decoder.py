@@ -77,29 +77,32 @@ PER_SOURCE = tuple(
 
 
 def _stack(states: list[State]) -> State:
-    """Per-layer ``(B, H)`` states → ``(L, 1, B, H)`` (one layer: a view, no copy)."""
+    """Per-layer ``(B, H)`` states → ``(L, 1, B, H)`` (one layer: a view, no copy; one
+    operation, not an unsqueeze per dimension: a decoding step pays for each)."""
     # The layers of one decoder: all LSTMState, or all tensors.
     if isinstance(states[0], LSTMState):
         pairs = cast("list[LSTMState]", states)
         if len(pairs) == 1:
-            return LSTMState(pairs[0].h[None, None], pairs[0].c[None, None])
+            h, c = pairs[0]
+            return LSTMState(h.view(1, 1, *h.shape), c.view(1, 1, *c.shape))
         return LSTMState(
             torch.stack([s.h for s in pairs]).unsqueeze(1),
             torch.stack([s.c for s in pairs]).unsqueeze(1),
         )
     tensors = cast("list[Tensor]", states)
     if len(tensors) == 1:
-        return tensors[0][None, None]
+        return tensors[0].view(1, 1, *tensors[0].shape)
     return torch.stack(tensors).unsqueeze(1)
 
 
 def _unstack(state: State) -> list[State]:
+    """``(L, 1, B, H)`` → per-layer ``(B, H)`` states (one layer: one view each)."""
     if isinstance(state, LSTMState):
         if state.h.shape[0] == 1:
-            return [LSTMState(state.h[0, 0], state.c[0, 0])]
+            return [LSTMState(state.h.view(state.h.shape[2:]), state.c.view(state.c.shape[2:]))]
         return [LSTMState(h[0], c[0]) for h, c in zip(state.h, state.c, strict=True)]
     if state.shape[0] == 1:
-        return [state[0, 0]]
+        return [state.view(state.shape[2:])]
     return [s[0] for s in state]
 
 

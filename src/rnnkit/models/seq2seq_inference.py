@@ -17,9 +17,15 @@ half as many operations, by rearranging what does not change the value:
 * dot and bilinear attention read the keys transposed (once per decoding), so that a
   step's scores are a row vector times a matrix, several times faster in torch than the
   batched matrix times a column;
-* padding positions are excluded by one in-place fill of ``−∞`` with the mask inverted
-  once (a source with no real position at all keeps the general step, whose weights
-  are all zero there);
+* padding positions are excluded by a fill of ``−∞`` with the mask inverted once (for
+  additive attention inside ``sigmoid_scores``'s pass; a source with no real position
+  at all keeps the general step, whose weights are all zero there);
+* the state holds each layer's ``(B, H)`` tensors (batch dimension 0 everywhere,
+  :attr:`InferenceStep.state_batch_dim`), not the ``(L, 1, B, H)`` stack that a step
+  would take apart and put together again in views;
+* the scores and the context are written into buffers kept per batch size, shaped
+  ``(B, 1, S)`` and ``(B, 1, D)`` for the batched products, so that no view is taken
+  at a step;
 * each decoder layer's gates in one call of the compiled library (``lstm_step``), after
   one product for the input and one for the recurrence;
 * weights are transposed once, not at every step.
@@ -35,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -97,6 +103,7 @@ class InferenceStep:
             self.query_weight_t = (2 * proj.weight).t().contiguous()  # (d_q, A)
             self.query_bias = 2 * proj.bias
             self.v = 2 * att.v
+        self._by_rows: dict[int, _Buffers] = {}
 
     @classmethod
     def build(cls, model: Seq2Seq) -> InferenceStep | None:
@@ -115,36 +122,76 @@ class InferenceStep:
         lib = native.library()
         return None if lib is None else cls(model, lib)
 
+    #: The batch dimension of every part of this step's state (for the search's row
+    #: selection): 0, the hidden state included (``hidden``: one ``LSTMState`` of
+    #: ``(B, H)`` tensors per layer).
+    state_batch_dim = DecoderState._make((0,) * len(DecoderState._fields))
+
     def prepare(self, state: DecoderState) -> DecoderState | None:
-        """The encoder's :class:`DecoderState` in this step's form (keys scaled, mask
-        inverted), or None where a source has no real position (the general step then)."""
+        """The encoder's :class:`DecoderState` in this step's form (each layer's ``(B, H)``
+        state, keys scaled, mask inverted and ``(B, 1, S)``), or None where a source has
+        no real position (the general step then)."""
         mask = state.source_mask
-        if self.attention is None:
-            return state
-        if mask is not None and not bool(mask.any(dim=-1).all()):
+        if self.attention is not None and mask is not None and not bool(mask.any(dim=-1).all()):
             return None
+        hidden = state.hidden
+        assert isinstance(hidden, LSTMState)
+        layers = tuple(LSTMState(h[0], c[0]) for h, c in zip(hidden.h, hidden.c, strict=True))
+        if self.attention is None:
+            return _with_layers(state, layers)
         assert state.keys is not None
         # additive: 2k (the factor of tanh a = 2σ(2a) − 1); dot, bilinear: Kᵀ (B, A, S), so
         # that a step's scores are a row times a matrix (torch's batched matrix-times-column
         # product is several times slower)
         keys = 2 * state.keys if self.additive else state.keys.transpose(1, 2).contiguous()
-        return state._replace(keys=keys, source_mask=None if mask is None else ~mask)
+        padding = None if mask is None else (~mask).unsqueeze(1).contiguous()  # (B, 1, S)
+        return _with_layers(state._replace(keys=keys, source_mask=padding), layers)
 
-    def _attend(self, query: Tensor, state: DecoderState) -> Tensor:
-        """The context ``(B, d_e)`` for ``query (B, d_q)``."""
+    def hidden_state(self, state: DecoderState) -> LSTMState:
+        """The decoder state of this step's ``state`` as :class:`DecoderState` holds it,
+        ``(L, 1, B, H)`` (its ``hidden`` is one ``(B, H)`` pair per layer)."""
+        layers = _layers(state)
+        return LSTMState(
+            torch.stack([s.h for s in layers]).unsqueeze(1),
+            torch.stack([s.c for s in layers]).unsqueeze(1),
+        )
+
+    def _buffers(self, B: int, like: Tensor, memory: Tensor | None) -> _Buffers:
+        """This batch size's work buffers (made at its first step: rows leave the batch
+        at a few sizes only)."""
+        buffers = self._by_rows.get(B)
+        if buffers is None:
+            S, D = (0, 0) if memory is None else memory.shape[1:]
+            scores = like.new_empty(B, 1, S)
+            context = like.new_empty(B, 1, D)
+            buffers = _Buffers(
+                like.new_empty(B, self.hidden),
+                scores,
+                scores.view(B, S),
+                context,
+                context.view(B, D),
+            )
+            self._by_rows[B] = buffers
+        return buffers
+
+    def _attend(self, query: Tensor, state: DecoderState, buffers: _Buffers) -> Tensor:
+        """The context ``(B, d_e)`` for ``query (B, d_q)`` (in ``buffers.context``)."""
         keys, memory, padding = state.keys, state.memory, state.source_mask
         assert keys is not None and memory is not None
         if self.additive:
             q = torch.addmm(self.query_bias, query, self.query_weight_t)  # 2 (W_q q + b)
-            scores = keys.new_empty(keys.shape[:2])  # (B, S)
-            # vᵀσ(k_j + q) for every j in one pass (the compiled loop's sigmoid)
-            self.lib.sigmoid_scores(keys.contiguous(), q, self.v, scores)
+            # vᵀσ(k_j + q) for every j in one pass (the compiled loop's sigmoid), −∞ at padding
+            self.lib.sigmoid_scores(
+                keys.contiguous(), q, self.v, buffers.scores_2d, padding=padding
+            )
+            scores = buffers.scores  # (B, 1, S)
         else:  # dot, bilinear: keys are (the memory or W_s h^e) transposed
-            scores = torch.bmm(query.unsqueeze(1), keys).squeeze(1)
-        if padding is not None:
-            scores.masked_fill_(padding, float("-inf"))
+            scores = torch.bmm(query.unsqueeze(1), keys)  # (B, 1, S)
+            if padding is not None:
+                scores.masked_fill_(padding, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
-        return torch.bmm(weights.unsqueeze(1), memory).squeeze(1)
+        torch.bmm(weights, memory, out=buffers.context)  # (B, 1, d_e)
+        return buffers.context_2d
 
     @property
     def vocab_size(self) -> int:
@@ -152,13 +199,13 @@ class InferenceStep:
 
     def step(self, token: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState]:
         """One step for the search: ``token (B,)`` → ``(log-probabilities (B, V_t), state)``."""
-        hidden = state.hidden
-        assert isinstance(hidden, LSTMState)
-        L, B, H = hidden.h.shape[0], token.shape[0], self.hidden
+        layers = _layers(state)
+        B, H = token.shape[0], self.hidden
+        buffers = self._buffers(B, self.table, state.memory)
         ctx = None
         parts: list[Tensor] = []
         if self.before:
-            ctx = self._attend(hidden.h[L - 1, 0], state)
+            ctx = self._attend(layers[-1].h, state, buffers)
             parts.append(ctx)
         if state.context is not None:
             parts.append(state.context)
@@ -168,28 +215,45 @@ class InferenceStep:
         if parts:
             rest = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
             xp = torch.addmm(xp, rest, self.rest_t)
-        hs: list[Tensor] = []
-        cs: list[Tensor] = []
-        for l in range(L):
+        new: list[LSTMState] = []
+        for l, (h_prev, c_prev) in enumerate(layers):
             if l > 0:  # the layer below's new state is this layer's input
-                xp = torch.mm(hs[-1], self.upper_ih_t[l - 1])
+                xp = torch.mm(new[-1].h, self.upper_ih_t[l - 1])
             # The recurrent product here, the gate math in one call (the whole-loop
-            # lstm_forward would repack W_hh for this one step).
-            rec = torch.mm(hidden.h[l, 0], self.weight_hh_t[l])  # (B, 4H)
-            h, c, tanh_c = (xp.new_empty(B, H) for _ in range(3))
-            self.lib.lstm_step(xp, rec, self.bias[l], hidden.c[l, 0].contiguous(), h, c, tanh_c)
-            hs.append(h)
-            cs.append(c)
-        x = hs[-1]
+            # lstm_forward would repack W_hh for this one step); tanh(c), which only a
+            # backward reads, into a buffer.
+            rec = torch.mm(h_prev, self.weight_hh_t[l])  # (B, 4H)
+            h, c = xp.new_empty(B, H), xp.new_empty(B, H)
+            self.lib.lstm_step(xp, rec, self.bias[l], c_prev.contiguous(), h, c, buffers.tanh_c)
+            new.append(LSTMState(h, c))
+        x = new[-1].h
         if self.attention is not None and not self.before:
-            ctx = self._attend(x, state)
+            ctx = self._attend(x, state, buffers)
         features = x if ctx is None else torch.cat([x, ctx], dim=1)
         log_probs = torch.log_softmax(self.head(features), dim=-1)
-        if L == 1:
-            new = LSTMState(hs[0].view(1, 1, B, H), cs[0].view(1, 1, B, H))
-        else:
-            new = LSTMState(torch.stack(hs).unsqueeze(1), torch.stack(cs).unsqueeze(1))
-        return log_probs, state._replace(hidden=new)
+        return log_probs, _with_layers(state, tuple(new))
+
+
+def _layers(state: DecoderState) -> tuple[LSTMState, ...]:
+    """The hidden part of this step's state: one ``(B, H)`` pair per layer."""
+    assert isinstance(state.hidden, tuple) and not isinstance(state.hidden, LSTMState)
+    return cast("tuple[LSTMState, ...]", state.hidden)
+
+
+def _with_layers(state: DecoderState, layers: tuple[LSTMState, ...]) -> DecoderState:
+    """``state`` holding ``layers`` as its hidden part (a form only this step reads)."""
+    return state._replace(hidden=cast(Any, layers))
+
+
+class _Buffers(NamedTuple):
+    """A step's work buffers for one batch size: ``tanh_c (B, H)``, the attention scores
+    ``(B, 1, S)`` and context ``(B, 1, D)`` with their ``(B, ·)`` views."""
+
+    tanh_c: Tensor
+    scores: Tensor
+    scores_2d: Tensor
+    context: Tensor
+    context_2d: Tensor
 
 
 def _embedding_table(model: Seq2Seq) -> Tensor:
