@@ -309,7 +309,7 @@ def run_fused_stack(
     form: str,
     x: Tensor,
     weights: list[Weights],
-    states0: list[tuple[Tensor, ...]],
+    hx: tuple[Tensor, ...],
     lengths: Tensor | None,
     bidirectional: bool,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:
@@ -317,9 +317,10 @@ def run_fused_stack(
     (cuDNN on a GPU runs the layers of one call as a wavefront; the host makes one call,
     not one per layer and direction with the reversals and concatenations between them).
 
-    ``kernels``, ``weights`` and ``states0`` (each ``(B, H)``) are the cells' in torch's
-    order (layer-major, forward then reverse), every kernel one whose
-    :func:`fused_form` is ``form``; ``x (T, B, I)``, ``T ≥ 1``, its padding zeroed;
+    ``kernels`` and ``weights`` are the cells' in torch's order (layer-major, forward
+    then reverse), every kernel one whose :func:`fused_form` is ``form``; ``hx`` the
+    initial states in that order, each ``(L·D, B, H)`` (``(h, c)`` or ``(h,)``);
+    ``x (T, B, I)``, ``T ≥ 1``;
     ``lengths (B,)`` on the host or None (every step real), not all 0. No dropout between
     the layers (the caller's condition: cuDNN's dropout draws its own masks, whose state
     a checkpoint cannot hold). Returns ``(outputs (T, B, D·H), finals)``, the outputs
@@ -334,7 +335,6 @@ def run_fused_stack(
         for kernel, w in zip(kernels, weights, strict=True)
         for p in _fused_parameters(form, _keep_form(kernel, w))
     ]
-    hx = tuple(torch.stack(parts) for parts in zip(*states0, strict=True))  # (L·D, B, H)
     train = torch.is_grad_enabled()
     if lengths is None:
         out, *ends = _call(form, x, hx, params, None, train, L, bidirectional)

@@ -580,13 +580,16 @@ class StackedRecurrent(nn.Module):
         ``state (L, D, B, H)`` or None → ``(h (T, B, D·H), final state (L, D, B, H))``."""
         cells = self.cells()
         L, D, B, H = self.num_layers, self.num_directions, xt.shape[1], self.hidden_sizes[0]
+        hx: tuple[Tensor, ...]
         if state is None:
-            state = self.zero_state(B, xt)
-        parts = tuple(state) if isinstance(state, LSTMState) else (state,)
-        states0 = list(zip(*(p.reshape(L * D, B, H).unbind(0) for p in parts), strict=True))
+            zeros = xt.new_zeros(L * D, B, H)
+            hx = (zeros, zeros) if self.is_lstm else (zeros,)
+        else:
+            parts = tuple(state) if isinstance(state, LSTMState) else (state,)
+            hx = tuple(p.reshape(L * D, B, H) for p in parts)  # torch's order: a view
         kernels = [c.kernel for c in cells]
         weights = [c.weights() for c in cells]
-        h, ends = run_fused_stack(kernels, form, xt, weights, states0, lengths, self.bidirectional)
+        h, ends = run_fused_stack(kernels, form, xt, weights, hx, lengths, self.bidirectional)
         finals = tuple(e.view(L, D, B, H) for e in ends)
         return h, (LSTMState(*finals) if self.is_lstm else finals[0])
 
