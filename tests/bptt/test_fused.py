@@ -261,10 +261,15 @@ def test_a_wrong_path_is_refused_in_one_line(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
-def test_on_cuda_the_default_path_is_cudnn_and_equals_the_cpu_oracle(name, cls, kw, calls):
+@pytest.mark.parametrize("widths, fused_calls", [(H, 1), ((H, H - 1), 4)], ids=WAY_IDS)
+def test_on_cuda_the_default_path_is_cudnn_and_equals_the_cpu_oracle(
+    name, cls, kw, widths, fused_calls, calls
+):
+    # the whole stack in one call; directions of different widths, one call each
     dtype = torch.float64
     gen = torch.Generator().manual_seed(2)
-    layer = _layer(cls, kw, dtype)
+    torch.manual_seed(3)
+    layer = cls(I, widths, num_layers=2, bidirectional=True, **kw).to(dtype)
     x = torch.randn(B, T, I, dtype=dtype, generator=gen)
     state = _initial(cls, dtype, gen)
     lens = torch.tensor([T, 3, 0, 1, 6])
@@ -273,7 +278,7 @@ def test_on_cuda_the_default_path_is_cudnn_and_equals_the_cpu_oracle(name, cls, 
         LSTMState(*(s.cuda() for s in state)) if isinstance(state, LSTMState) else state.cuda()
     )
     got = _run(layer.cuda(), x.cuda(), cuda_state, "auto", lengths=lens.cuda())
-    assert calls["n"] == 1
+    assert calls["n"] == fused_calls
     for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g.cpu(), e, atol=1e-10, rtol=0.0)
 
