@@ -40,9 +40,16 @@ def calls(count_calls):
     return count
 
 
-def _layer(cls, kw, dtype, bidirectional=True):
+def _layer(cls, kw, dtype, bidirectional=True, dropout=0.0):
     torch.manual_seed(3)
-    layer = cls(input_size=I, hidden_size=H, num_layers=2, bidirectional=bidirectional, **kw)
+    layer = cls(
+        input_size=I,
+        hidden_size=H,
+        num_layers=2,
+        bidirectional=bidirectional,
+        dropout=dropout,
+        **kw,
+    )
     return layer.to(dtype)
 
 
@@ -58,9 +65,10 @@ def _run(layer, x, state, path, **kwargs):
     """Outputs, final states and every gradient of a fixed scalar, on ``path``."""
     layer.zero_grad()
     x = x.detach().clone().requires_grad_()
-    parts = list(state) if isinstance(state, LSTMState) else [state]
+    parts = [] if state is None else list(state) if isinstance(state, LSTMState) else [state]
     parts = [p.detach().clone().requires_grad_() for p in parts]
-    s0 = LSTMState(*parts) if isinstance(state, LSTMState) else parts[0]
+    s0 = LSTMState(*parts) if isinstance(state, LSTMState) else parts[0] if parts else None
+    torch.manual_seed(5)  # the dropout between layers draws the same masks on each path
     with use_fused(path):
         out = layer(x, state=s0, **kwargs)
     finals = list(out.state) if isinstance(out.state, LSTMState) else [out.state]
@@ -76,37 +84,47 @@ def _run(layer, x, state, path, **kwargs):
     return [out.outputs.detach(), *(f.detach() for f in finals), *grads]
 
 
+# With no dropout drawn between the layers the whole stack is one fused call; with it,
+# each layer and direction is one (the dropout between them is rnnkit's module).
+WAYS = [(0.0, 1), (0.5, 4)]
+WAY_IDS = ["whole-stack", "per-layer"]
+
+
 @pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
 @pytest.mark.parametrize(
     "lengths",
     [None, [T, 3, 0, 1, T], [T] * B],
     ids=["no-mask", "lengths-with-0-and-T", "all-full"],
 )
-def test_fused_path_equals_the_explicit_bptt_in_float64(name, cls, kw, lengths, calls):
+@pytest.mark.parametrize("dropout, fused_calls", WAYS, ids=WAY_IDS)
+def test_fused_path_equals_the_explicit_bptt_in_float64(
+    name, cls, kw, lengths, dropout, fused_calls, calls
+):
     dtype = torch.float64
     gen = torch.Generator().manual_seed(0)
-    layer = _layer(cls, kw, dtype)
+    layer = _layer(cls, kw, dtype, dropout=dropout)
     x = torch.randn(B, T, I, dtype=dtype, generator=gen)
     state = _initial(cls, dtype, gen)
     lens = None if lengths is None else torch.tensor(lengths)
     expected = _run(layer, x, state, "loop", lengths=lens)
     assert calls["n"] == 0
     got = _run(layer, x, state, "fused", lengths=lens)
-    assert calls["n"] == 4  # two layers, two directions: each one fused call
+    assert calls["n"] == fused_calls
     for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g, e, atol=1e-12, rtol=0.0)
 
 
 @pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
-def test_fused_path_equals_the_loop_in_float32(name, cls, kw, calls):
+@pytest.mark.parametrize("dropout, fused_calls", WAYS, ids=WAY_IDS)
+def test_fused_path_equals_the_loop_in_float32(name, cls, kw, dropout, fused_calls, calls):
     gen = torch.Generator().manual_seed(1)
-    layer = _layer(cls, kw, torch.float32)
+    layer = _layer(cls, kw, torch.float32, dropout=dropout)
     x = torch.randn(B, T, I, generator=gen)
     state = _initial(cls, torch.float32, gen)
     lens = torch.tensor([T, 2, 5, 0, 6])
     expected = _run(layer, x, state, "loop", lengths=lens)
     got = _run(layer, x, state, "fused", lengths=lens)
-    assert calls["n"] == 4
+    assert calls["n"] == fused_calls
     for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
@@ -138,7 +156,7 @@ def test_nan_in_the_padding_reaches_nothing_on_the_fused_path(calls):
         dirty[b, n:] = float("nan")
     clean = _run(layer, x, state, "fused", lengths=lens)
     got = _run(layer, dirty, state, "fused", lengths=lens)
-    assert calls["n"] == 8
+    assert calls["n"] == 2  # each call the whole stack in one
     for c, g in zip(clean, got, strict=True):
         torch.testing.assert_close(g, c, atol=0.0, rtol=0.0)
 
@@ -190,7 +208,7 @@ def test_inference_runs_fused_and_equals_the_loop(calls):
             expected = layer(x, lengths=lens)
         with use_fused("fused"):
             got = layer(x, lengths=lens)
-    assert calls["n"] == 4
+    assert calls["n"] == 1
     torch.testing.assert_close(got.outputs, expected.outputs, atol=1e-12, rtol=0.0)
     torch.testing.assert_close(got.state, expected.state, atol=1e-12, rtol=0.0)
 
@@ -243,10 +261,15 @@ def test_a_wrong_path_is_refused_in_one_line(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
-def test_on_cuda_the_default_path_is_cudnn_and_equals_the_cpu_oracle(name, cls, kw, calls):
+@pytest.mark.parametrize("widths, fused_calls", [(H, 1), ((H, H - 1), 4)], ids=WAY_IDS)
+def test_on_cuda_the_default_path_is_cudnn_and_equals_the_cpu_oracle(
+    name, cls, kw, widths, fused_calls, calls
+):
+    # the whole stack in one call; directions of different widths, one call each
     dtype = torch.float64
     gen = torch.Generator().manual_seed(2)
-    layer = _layer(cls, kw, dtype)
+    torch.manual_seed(3)
+    layer = cls(I, widths, num_layers=2, bidirectional=True, **kw).to(dtype)
     x = torch.randn(B, T, I, dtype=dtype, generator=gen)
     state = _initial(cls, dtype, gen)
     lens = torch.tensor([T, 3, 0, 1, 6])
@@ -255,6 +278,33 @@ def test_on_cuda_the_default_path_is_cudnn_and_equals_the_cpu_oracle(name, cls, 
         LSTMState(*(s.cuda() for s in state)) if isinstance(state, LSTMState) else state.cuda()
     )
     got = _run(layer.cuda(), x.cuda(), cuda_state, "auto", lengths=lens.cuda())
-    assert calls["n"] == 4
+    assert calls["n"] == fused_calls
     for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g.cpu(), e, atol=1e-10, rtol=0.0)
+
+
+@pytest.mark.parametrize(
+    "make, train, fused_calls",
+    [
+        (lambda: _layer(rnnkit.LSTM, {}, torch.float64, dropout=0.5), False, 1),  # evaluation
+        (lambda: _layer(rnnkit.LSTM, {}, torch.float64, dropout=0.5), True, 4),  # drawn
+        (lambda: _layer(rnnkit.GRU, {"reset": "after"}, torch.float64, False), True, 1),
+        (lambda: _layer(rnnkit.LSTM, {"locked_dropout": 0.3}, torch.float64), True, 4),
+        (
+            lambda: rnnkit.LSTM(I, (H, H - 1), num_layers=2, bidirectional=True).double(),
+            True,
+            4,  # directions of different widths
+        ),
+        (lambda: _layer(rnnkit.LSTM, {"recompute": 2}, torch.float64), True, 0),  # the loop's
+    ],
+    ids=["eval", "dropout-drawn", "one-way", "locked-dropout", "widths", "recompute"],
+)
+def test_what_runs_the_whole_stack_in_one_call(make, train, fused_calls, calls):
+    layer = make().train(train)
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    lens = torch.tensor([T, 3, 1, 2, T])
+    expected = _run(layer, x, None, "loop", lengths=lens)
+    got = _run(layer, x, None, "fused", lengths=lens)
+    assert calls["n"] == fused_calls
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=0.0)

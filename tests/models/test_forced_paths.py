@@ -35,6 +35,7 @@ from rnnkit.bptt.fused import use_fused
 from rnnkit.bptt.native import use_native
 from rnnkit.data.pairs import make_pair_batch
 from rnnkit.generation.search import generate
+from rnnkit.layers import stacked
 from rnnkit.models import ModelSpec
 from rnnkit.models.builders import build_encoder, build_lm
 from rnnkit.models.classifier import build_classifier
@@ -90,8 +91,15 @@ def routes(monkeypatch) -> Counter[tuple[str, str, bool]]:
             seen[(type(kernel).__name__, "record", False)] += 1
         return used
 
+    def whole_stack(kernels, *args, **kwargs):  # a stack in one fused call: each layer's
+        for kernel in kernels:
+            seen[(type(kernel).__name__, "fused", True)] += 1
+        return real_stack(kernels, *args, **kwargs)
+
+    real_stack = stacked.run_fused_stack
     monkeypatch.setattr(recurrence, "route", route)
     monkeypatch.setattr(forward, "steps_record", record)
+    monkeypatch.setattr(stacked, "run_fused_stack", whole_stack)
     return seen
 
 

@@ -61,6 +61,7 @@ __all__ = [
     "fused_path_on",
     "path_in_force",
     "run_fused",
+    "run_fused_stack",
     "step_in_one_call",
     "traced_fused_form",
     "use_fused",
@@ -272,18 +273,22 @@ def _call(
     params: list[Tensor],
     batch_sizes: Tensor | None,
     train: bool,
+    num_layers: int = 1,
+    bidirectional: bool = False,
 ) -> tuple[Tensor, ...]:
-    """One fused call, unidirectional, one layer, no dropout; ``hx`` each ``(1, B, H)``."""
+    """One fused call, no dropout; ``hx`` each ``(L·D, B, H)``; ``params`` four a layer
+    and direction, layer-major."""
     op = getattr(torch._VF, form)
     h = hx if form == "lstm" else hx[0]
+    L, two = num_layers, bidirectional
     # rnnkit's parameters are separate tensors, not one cuDNN buffer: cuDNN copies them
     # into one per call (a few MB at most) and warns that it does; that copy is the price
     # of keeping the cells' parameters as they are. (A graph being traced cannot hold the
     # warning filter; there the warning, if any, is the compiler's to show.)
     if batch_sizes is None:
-        args: tuple[Any, ...] = (x, h, params, True, 1, 0.0, train, False, False)
+        args: tuple[Any, ...] = (x, h, params, True, L, 0.0, train, two, False)
     else:
-        args = (x, batch_sizes, h, params, True, 1, 0.0, train, False)
+        args = (x, batch_sizes, h, params, True, L, 0.0, train, two)
     if tracing():
         return tuple(op(*args))
     with warnings.catch_warnings():
@@ -296,6 +301,66 @@ def _no_step(x: Tensor, params: list[Tensor]) -> Tensor:
     (a sum over none of their elements): where no step runs, the loop's gradients are
     zeros, not missing, so an optimizer or a gradient-norm clip sees every parameter."""
     return sum((t.reshape(-1)[:0].sum() for t in (x, *params)), x.new_zeros(()))
+
+
+@without_autocast
+def run_fused_stack(
+    kernels: list[Kernel],
+    form: str,
+    x: Tensor,
+    weights: list[Weights],
+    hx: tuple[Tensor, ...],
+    lengths: Tensor | None,
+    bidirectional: bool,
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """A whole stack, its layers and directions, in ONE call of PyTorch's fused kernel
+    (cuDNN on a GPU runs the layers of one call as a wavefront; the host makes one call,
+    not one per layer and direction with the reversals and concatenations between them).
+
+    ``kernels`` and ``weights`` are the cells' in torch's order (layer-major, forward
+    then reverse), every kernel one whose :func:`fused_form` is ``form``; ``hx`` the
+    initial states in that order, each ``(L·D, B, H)`` (``(h, c)`` or ``(h,)``);
+    ``x (T, B, I)``, ``T ≥ 1``;
+    ``lengths (B,)`` on the host or None (every step real), not all 0. No dropout between
+    the layers (the caller's condition: cuDNN's dropout draws its own masks, whose state
+    a checkpoint cannot hold). Returns ``(outputs (T, B, D·H), finals)``, the outputs
+    held after each sequence's last step as :func:`run_fused`'s (each direction's final
+    state), ``finals`` the final states ``(L·D, B, H)`` (``(h, c)`` or ``(h,)``).
+    """
+    T, B = x.shape[0], x.shape[1]
+    D = 2 if bidirectional else 1
+    L = len(kernels) // D
+    params = [
+        p
+        for kernel, w in zip(kernels, weights, strict=True)
+        for p in _fused_parameters(form, _keep_form(kernel, w))
+    ]
+    train = torch.is_grad_enabled()
+    if lengths is None:
+        out, *ends = _call(form, x, hx, params, None, train, L, bidirectional)
+        return out, tuple(ends)
+    lengths = lengths.cpu()
+    order = torch.argsort(lengths, descending=True, stable=True)
+    sorted_lengths = lengths.index_select(0, order)
+    real = int((sorted_lengths > 0).sum())
+    rows = order[:real].to(x.device, non_blocking=True)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(
+        x.index_select(1, rows), sorted_lengths[:real], enforce_sorted=True
+    )
+    hx_rows = tuple(h.index_select(1, rows) for h in hx)
+    sizes = packed.batch_sizes
+    data, *ends = _call(form, packed.data, hx_rows, params, sizes, train, L, bidirectional)
+    out_rows, _ = torch.nn.utils.rnn.pad_packed_sequence(
+        torch.nn.utils.rnn.PackedSequence(data, packed.batch_sizes), total_length=T
+    )
+    # Back to the batch's order; rows of length 0 keep their initial states.
+    finals = tuple(h.index_copy(1, rows, e) for h, e in zip(hx, ends, strict=True))
+    outputs = x.new_zeros(T, B, out_rows.shape[-1]).index_copy(1, rows, out_rows)
+    steps = torch.arange(T, device=x.device)
+    real_step = (steps[:, None] < lengths.to(x.device, non_blocking=True))[..., None]
+    # each direction of the top layer holds its final state after a sequence's last step
+    held = torch.cat(finals[0][(L - 1) * D :].unbind(0), dim=-1)  # (B, D·H)
+    return torch.where(real_step, outputs, held[None]), finals
 
 
 @without_autocast

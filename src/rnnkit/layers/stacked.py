@@ -9,6 +9,10 @@ returns ``RecurrentOutput(outputs, state)`` whatever the flags.
 With ``window=τ`` the stack trains with the windowed BPTT(τ) of the whole stack, one
 autograd node over all layers (``rnnkit.layers.windowed``); ``resets`` zero the state of
 some rows inside the batch (document starts): between resets the layers run as usual.
+Where PyTorch's fused kernels run the layers (cuDNN on a GPU) and nothing acts between
+them, the whole stack is one fused call (:meth:`StackedRecurrent._fused_whole`); a call
+of one time step is one fused cell operator per layer and direction
+(:meth:`StackedRecurrent._one_step`).
 """
 
 from __future__ import annotations
@@ -21,10 +25,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rnnkit.bptt.fused import cell_step, fused_form, step_in_one_call
+from rnnkit.bptt.fused import (
+    cell_step,
+    fused_form,
+    run_fused_stack,
+    step_in_one_call,
+    wants_fused,
+)
 from rnnkit.bptt.recurrence import takes_projected, takes_resets
 from rnnkit.bptt.tracing import tracing
-from rnnkit.cells.amp import autocast_devices_on, low_precision_to
+from rnnkit.cells.amp import autocast_devices_on, float32_on_cpu, low_precision_to
 from rnnkit.cells.base import CellBase
 from rnnkit.errors import ConfigError
 from rnnkit.layers.masking import resolve_mask
@@ -436,6 +446,11 @@ class StackedRecurrent(nn.Module):
         elif self._steps_in_one_call(xt, window, projected, masks):
             h, finals = self._one_step(xt, mask_t, init)
         else:
+            whole = self._fused_whole(xt, mask_t, window, projected, masks)
+            if whole is not None:
+                h, stacked_state = self._run_whole(xt, state, *whole)
+                outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
+                return RecurrentOutput(outputs, stacked_state)
             h, finals = self._run_layers(xt, mask_t, init, window, projected, masks)
         outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
         return RecurrentOutput(outputs, _stack_states(finals, self.is_lstm))
@@ -524,6 +539,59 @@ class StackedRecurrent(nn.Module):
             h = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
             finals.append(fin)
         return h[None], finals
+
+    def _fused_whole(
+        self,
+        xt: Tensor,
+        mask_t: Tensor | None,
+        window: int | None,
+        projected: bool,
+        masks: StackMasks | None,
+    ) -> tuple[str, Tensor | None] | None:
+        """``(form, lengths)`` when the whole stack runs in one call of PyTorch's fused
+        kernel (:func:`rnnkit.bptt.fused.run_fused_stack`), else None: where each layer
+        would run the fused kernels (:func:`rnnkit.bptt.fused.wants_fused`: cuDNN on a
+        GPU), every cell of one form and width, and nothing between or inside the layers
+        that cuDNN would do otherwise: no regularizer, no recompute, no dropout drawn
+        between the layers (cuDNN's would draw its own masks, from a state a checkpoint
+        cannot hold: a resumed run would differ), at least one real step."""
+        if masks is not None or self.recompute is not None or xt.shape[0] == 0:
+            return None
+        if self.training and self.dropout > 0 and self.num_layers > 1:
+            return None
+        if tracing() or autocast_devices_on() or len(set(self.hidden_sizes)) > 1:
+            return None
+        first = self._first_cell()
+        wanted = wants_fused(first.kernel, xt, mask_t, window, projected)
+        if wanted is None or float32_on_cpu(first.weight_hh):
+            return None
+        cells = self.cells()
+        if any(hasattr(c, "input_part") or fused_form(c.kernel) != wanted[0] for c in cells):
+            return None
+        lengths = wanted[1]
+        if lengths is not None and not bool((lengths > 0).any()):  # on the host
+            return None  # no step runs: the layers' path gives the loop's zero gradients
+        return wanted
+
+    def _run_whole(
+        self, xt: Tensor, state: State | None, form: str, lengths: Tensor | None
+    ) -> tuple[Tensor, State]:
+        """The stack in one fused call (:meth:`_fused_whole` said so): ``xt (T, B, I)``,
+        ``state (L, D, B, H)`` or None → ``(h (T, B, D·H), final state (L, D, B, H))``."""
+        cells = self.cells()
+        L, D, B, H = self.num_layers, self.num_directions, xt.shape[1], self.hidden_sizes[0]
+        hx: tuple[Tensor, ...]
+        if state is None:
+            zeros = xt.new_zeros(L * D, B, H)
+            hx = (zeros, zeros) if self.is_lstm else (zeros,)
+        else:
+            parts = tuple(state) if isinstance(state, LSTMState) else (state,)
+            hx = tuple(p.reshape(L * D, B, H) for p in parts)  # torch's order: a view
+        kernels = [c.kernel for c in cells]
+        weights = [c.weights() for c in cells]
+        h, ends = run_fused_stack(kernels, form, xt, weights, hx, lengths, self.bidirectional)
+        finals = tuple(e.view(L, D, B, H) for e in ends)
+        return h, (LSTMState(*finals) if self.is_lstm else finals[0])
 
     def draw_masks(self, batch_size: int, steps: int, like: Tensor) -> StackMasks | None:
         """The regularizers' masks of one forward call over ``batch_size`` sequences of
