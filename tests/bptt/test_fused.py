@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import rnnkit
+from path_runs import outputs_and_grads as _run
 from rnnkit.bptt import fused
 from rnnkit.bptt.fused import fused_form, prefix_lengths, use_fused, wants_fused
 from rnnkit.types import LSTMState
@@ -59,29 +60,6 @@ def _initial(cls, dtype, gen):
     if cls is rnnkit.LSTM:
         return LSTMState(h, torch.randn(*shape, dtype=dtype, generator=gen))
     return h
-
-
-def _run(layer, x, state, path, **kwargs):
-    """Outputs, final states and every gradient of a fixed scalar, on ``path``."""
-    layer.zero_grad()
-    x = x.detach().clone().requires_grad_()
-    parts = [] if state is None else list(state) if isinstance(state, LSTMState) else [state]
-    parts = [p.detach().clone().requires_grad_() for p in parts]
-    s0 = LSTMState(*parts) if isinstance(state, LSTMState) else parts[0] if parts else None
-    torch.manual_seed(5)  # the dropout between layers draws the same masks on each path
-    with use_fused(path):
-        out = layer(x, state=s0, **kwargs)
-    finals = list(out.state) if isinstance(out.state, LSTMState) else [out.state]
-    gen = torch.Generator().manual_seed(11)
-    # drawn on the CPU (a CPU generator), then moved: the CUDA tier's outputs are on a GPU
-    weights = [
-        torch.randn(t.shape, dtype=t.dtype, generator=gen).to(t.device)
-        for t in [out.outputs, *finals]
-    ]
-    loss = sum((t * w).sum() for t, w in zip([out.outputs, *finals], weights, strict=True))
-    loss.backward()
-    grads = [x.grad, *(p.grad for p in parts), *(p.grad for p in layer.parameters())]
-    return [out.outputs.detach(), *(f.detach() for f in finals), *grads]
 
 
 # With no dropout drawn between the layers the whole stack is one fused call; with it,

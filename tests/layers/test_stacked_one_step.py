@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import rnnkit
+from path_runs import outputs_and_grads as _run
 from rnnkit.bptt.fused import cell_step, step_in_one_call, use_fused
 from rnnkit.layers import stacked
 from rnnkit.types import LSTMState
@@ -40,30 +41,6 @@ def _state(layer, gen, dtype=torch.float64):
     L, D = layer.num_layers, layer.num_directions
     h = torch.randn(L, D, B, H, dtype=dtype, generator=gen)
     return LSTMState(h, torch.randn(L, D, B, H, dtype=dtype, generator=gen)) if layer.is_lstm else h
-
-
-def _run(layer, x, state, path, seed=None, **kwargs):
-    """Outputs, final states and every gradient of a fixed scalar, on ``path``."""
-    layer.zero_grad()
-    x = x.detach().clone().requires_grad_()
-    parts = [] if state is None else list(state) if isinstance(state, LSTMState) else [state]
-    parts = [p.detach().clone().requires_grad_() for p in parts]
-    s0 = None if state is None else LSTMState(*parts) if layer.is_lstm else parts[0]
-    if seed is not None:
-        torch.manual_seed(seed)
-    with use_fused(path):
-        out = layer(x, state=s0, **kwargs)
-    finals = list(out.state) if isinstance(out.state, LSTMState) else [out.state]
-    gen = torch.Generator().manual_seed(11)
-    # drawn on the CPU (a CPU generator), then moved: the CUDA test's outputs are on a GPU
-    weights = [
-        torch.randn(t.shape, dtype=t.dtype, generator=gen).to(t.device)
-        for t in [out.outputs, *finals]
-    ]
-    loss = sum((t * w).sum() for t, w in zip([out.outputs, *finals], weights, strict=True))
-    loss.backward()
-    grads = [x.grad, *(p.grad for p in parts), *(p.grad for p in layer.parameters())]
-    return [out.outputs.detach(), *(f.detach() for f in finals), *grads]
 
 
 def _same(expected, got, tol=1e-12):
