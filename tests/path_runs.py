@@ -1,5 +1,6 @@
 """One call of a stack on a forced path, for comparing the paths: its outputs, final
-states and every gradient of a fixed scalar (the stack modules' tests of the fused path
+states and every gradient of a fixed scalar, and the forms the fused kernels compute
+(the stack modules' tests of the fused path
 and of the single step share it; importable from any test: this directory is on the path
 for the root conftest)."""
 
@@ -7,8 +8,18 @@ from __future__ import annotations
 
 import torch
 
+import rnnkit
 from rnnkit.bptt.fused import use_fused
 from rnnkit.types import LSTMState
+
+#: The forms PyTorch's fused kernels compute: (test id, layer class, its options).
+FORMS = [
+    ("lstm", rnnkit.LSTM, {}),
+    ("gru_keep_after", rnnkit.GRU, {"update": "keep", "reset": "after"}),
+    ("gru_candidate_after", rnnkit.GRU, {"update": "candidate", "reset": "after"}),
+    ("rnn_tanh", rnnkit.RNN, {"nonlinearity": "tanh"}),
+    ("rnn_relu", rnnkit.RNN, {"nonlinearity": "relu"}),
+]
 
 
 def outputs_and_grads(layer, x, state, path: str, seed: int = 5, **kwargs) -> list[torch.Tensor]:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import rnnkit
+from path_runs import FORMS
 from path_runs import outputs_and_grads as _run
 from rnnkit.bptt import fused
 from rnnkit.bptt.fused import fused_form, prefix_lengths, use_fused, wants_fused
@@ -19,13 +20,6 @@ from rnnkit.types import LSTMState
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-FORMS = [
-    ("lstm", rnnkit.LSTM, {}),
-    ("gru_keep_after", rnnkit.GRU, {"update": "keep", "reset": "after"}),
-    ("gru_candidate_after", rnnkit.GRU, {"update": "candidate", "reset": "after"}),
-    ("rnn_tanh", rnnkit.RNN, {"nonlinearity": "tanh"}),
-    ("rnn_relu", rnnkit.RNN, {"nonlinearity": "relu"}),
-]
 NOT_FUSED = [
     ("gru_keep_before", rnnkit.GRU, {"update": "keep", "reset": "before"}),
     ("gru_candidate_before", rnnkit.GRU, {"update": "candidate", "reset": "before"}),

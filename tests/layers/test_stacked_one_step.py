@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import rnnkit
+from path_runs import FORMS
 from path_runs import outputs_and_grads as _run
 from rnnkit.bptt.fused import cell_step, step_in_one_call, use_fused
 from rnnkit.layers import stacked
@@ -16,13 +17,6 @@ from rnnkit.types import LSTMState
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-FORMS = [
-    ("lstm", rnnkit.LSTM, {}),
-    ("gru_keep_after", rnnkit.GRU, {"update": "keep", "reset": "after"}),
-    ("gru_candidate_after", rnnkit.GRU, {"update": "candidate", "reset": "after"}),
-    ("rnn_tanh", rnnkit.RNN, {"nonlinearity": "tanh"}),
-    ("rnn_relu", rnnkit.RNN, {"nonlinearity": "relu"}),
-]
 B, I, H = 5, 3, 4
 
 
