@@ -1,8 +1,7 @@
-"""One call of a stack on a forced path, for comparing the paths: its outputs, final
-states and every gradient of a fixed scalar, and the forms the fused kernels compute
-(the stack modules' tests of the fused path
-and of the single step share it; importable from any test: this directory is on the path
-for the root conftest)."""
+"""What the tests of the fused path and of a stack's single step share: one call of a
+stack on a forced path (its outputs, final states and every gradient of a fixed scalar),
+and the forms the fused kernels compute. Importable from any test: this directory is on
+the path for the root conftest."""
 
 from __future__ import annotations
 
