@@ -65,7 +65,11 @@ from rnnkit.training.distributed import (
     peer_lost_said,
     shutdown_distributed,
 )
-from rnnkit.training.interrupt import TrainingInterrupted
+from rnnkit.training.interrupt import (
+    TrainingInterrupted,
+    hold_sigterm_until_said,
+    release_sigterm,
+)
 from rnnkit.training.loop import Trainer
 from rnnkit.training.manifest import (
     MANIFEST,
@@ -141,6 +145,7 @@ __all__ = [
     "describe_event",
     "dumps_strict",
     "gained",
+    "hold_sigterm_until_said",
     "init_distributed",
     "launched_processes",
     "load_arrays",
@@ -155,6 +160,7 @@ __all__ = [
     "read_json",
     "read_metrics",
     "read_summary",
+    "release_sigterm",
     "require_tensorboard",
     "run_events",
     "save_model_weights",

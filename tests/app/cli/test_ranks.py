@@ -95,3 +95,36 @@ def test_a_process_stopped_by_another_says_it_at_once_and_leaves_the_root_cause(
     assert ranks.AFTER_PEER_WAIT_S > ranks.OTHER_RANK_WAIT_S
     stamp = json.loads((tmp_path / "e0.json").read_text())["message"]["extraInfo"]["timestamp"]
     assert int(stamp) == 1000 + ranks.AFTER_PEER_WAIT_S
+
+
+@pytest.mark.parametrize(
+    ("rank", "after_peer", "order"),
+    [
+        ("0", False, ["said", "error file", "release"]),
+        ("0", True, ["said", "release", "wait", "error file"]),
+        ("1", True, ["said", "release", "wait", "error file"]),
+        # rank 0 says it: torchrun's SIGTERM must be able to end this one in its wait
+        ("1", False, ["release", "wait", "said", "error file"]),
+    ],
+)
+def test_a_sigterm_held_since_training_failed_is_released_once_the_line_is_said(
+    monkeypatch, capsys, tmp_path, rank, after_peer, order
+):
+    """Not before the line (it would end the process unsaid, the race of a process
+    stopped by another's death), nor after a wait torchrun's SIGTERM should cut short."""
+    events: list[str] = []
+
+    def note(event: str) -> None:
+        if capsys.readouterr().err:
+            events.append("said")
+        events.append(event)
+
+    error_file = tmp_path / "e.json"
+    monkeypatch.setattr(ranks.time, "sleep", lambda s: note("wait"))
+    monkeypatch.setattr(ranks, "release_sigterm", lambda: note("release"))
+    monkeypatch.setattr(ranks, "_error_file", lambda line, stamp: note("error file"))
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    ranks.say_error("rnnkit train: stopped: ...", after_peer)
+    assert events == order

@@ -161,6 +161,16 @@ def _check_device(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from rnnkit.training.interrupt import hold_sigterm_until_said
+
+    # Training ended by an error: a SIGTERM (torchrun's, after another process died)
+    # waits until the error's line below is said, instead of killing before it.
+    with hold_sigterm_until_said():
+        return _said(args)
+
+
+def _said(args: argparse.Namespace) -> int:
+    """Run the command; its error as one line (:func:`~rnnkit.app.cli.ranks.say_error`)."""
     from rnnkit.training.manifest import skipping_checksums
 
     try:

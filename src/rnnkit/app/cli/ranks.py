@@ -19,6 +19,12 @@ failing process's wait, before it writes torchrun's error file and exits: meanwh
 failing process prints its own error, torchrun ends the waiting one, and its report names
 the failing process's line as the root cause. (Before, rank 0 exited at once with gloo's
 traceback, torchrun ended the failing process in its wait, and its error was never seen.)
+
+torchrun's SIGTERM can come before the line is said: a process stopped by another's
+death gets it within a tenth of a second. Training ended by an error holds SIGTERM
+(:func:`~rnnkit.training.interrupt.hold_sigterm_until_said`, opened by the command line)
+until :func:`say_error` has said the line, or, in a process other than rank 0, until it
+starts its wait: a SIGTERM come meanwhile then ends the process, as it would have.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import json
 import os
 import sys
 import time
+
+from rnnkit.training.interrupt import release_sigterm
 
 __all__ = ["AFTER_PEER_WAIT_S", "OTHER_RANK_WAIT_S", "is_other_rank", "say_error"]
 
@@ -56,19 +64,26 @@ def say_error(line: str, after_peer: bool = False) -> None:
     process other than rank 0 (where torchrun's SIGTERM usually ends it first), and write
     it to torchrun's error file. ``after_peer``: the error is another process's failure
     reaching this one (module docstring): said at once, the error file after
-    :data:`AFTER_PEER_WAIT_S`."""
+    :data:`AFTER_PEER_WAIT_S`. A SIGTERM held since training ended by the error
+    (:func:`~rnnkit.training.interrupt.release_sigterm`) ends the process once the line
+    is said, or, in a process other than rank 0, as its wait begins."""
     failed_at = int(time.time())
     if after_peer:
         print(line, file=sys.stderr, flush=True)
+        release_sigterm()  # said: torchrun's SIGTERM, come meanwhile, ends the process now
         if _launched():
             time.sleep(AFTER_PEER_WAIT_S)
         _error_file(line, int(time.time()))
         return
-    if is_other_rank():
+    other = is_other_rank()
+    if other:
         sys.stderr.flush()
+        release_sigterm()  # rank 0 says it: torchrun's SIGTERM ends this one silently
         time.sleep(OTHER_RANK_WAIT_S)
-    print(line, file=sys.stderr)
+    print(line, file=sys.stderr, flush=True)
     _error_file(line, failed_at)
+    if not other:
+        release_sigterm()
 
 
 def _error_file(line: str, timestamp: int) -> None:
