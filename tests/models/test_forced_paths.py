@@ -35,7 +35,7 @@ from rnnkit.bptt.fused import use_fused
 from rnnkit.bptt.native import use_native
 from rnnkit.data.pairs import make_pair_batch
 from rnnkit.generation.search import generate
-from rnnkit.layers import stacked
+from rnnkit.layers import fused_stack
 from rnnkit.models import ModelSpec
 from rnnkit.models.builders import build_encoder, build_lm
 from rnnkit.models.classifier import build_classifier
@@ -96,10 +96,10 @@ def routes(monkeypatch) -> Counter[tuple[str, str, bool]]:
             seen[(type(kernel).__name__, "fused", True)] += 1
         return real_stack(kernels, *args, **kwargs)
 
-    real_stack = stacked.run_fused_stack
+    real_stack = fused_stack.run_fused_stack
     monkeypatch.setattr(recurrence, "route", route)
     monkeypatch.setattr(forward, "steps_record", record)
-    monkeypatch.setattr(stacked, "run_fused_stack", whole_stack)
+    monkeypatch.setattr(fused_stack, "run_fused_stack", whole_stack)
     return seen
 
 

@@ -1,5 +1,6 @@
 """Layers: whole sequences through one cell (masks, directions), stacked and bidirectional
-(``stacked``; ``RNN``, ``LSTM`` and ``GRU`` in ``cell_stacks``), and the regularizers'
+(``stacked``; ``RNN``, ``LSTM`` and ``GRU`` in ``cell_stacks``; a stack's single step and
+its whole call on PyTorch's fused operators in ``fused_stack``), and the regularizers'
 masks (``regularization``: variational, locked and embedding dropout, weight drop,
 recurrent dropout, zoneout).
 

@@ -10,9 +10,8 @@ With ``window=τ`` the stack trains with the windowed BPTT(τ) of the whole stac
 autograd node over all layers (``rnnkit.layers.windowed``); ``resets`` zero the state of
 some rows inside the batch (document starts): between resets the layers run as usual.
 Where PyTorch's fused kernels run the layers (cuDNN on a GPU) and nothing acts between
-them, the whole stack is one fused call (:meth:`StackedRecurrent._fused_whole`); a call
-of one time step is one fused cell operator per layer and direction
-(:meth:`StackedRecurrent._one_step`).
+them, the whole stack is one fused call; a call of one time step is one fused cell
+operator per layer and direction (``rnnkit.layers.fused_stack``).
 """
 
 from __future__ import annotations
@@ -25,18 +24,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rnnkit.bptt.fused import (
-    cell_step,
-    fused_form,
-    run_fused_stack,
-    step_in_one_call,
-    wants_fused,
-)
 from rnnkit.bptt.recurrence import takes_projected, takes_resets
 from rnnkit.bptt.tracing import tracing
-from rnnkit.cells.amp import autocast_devices_on, float32_on_cpu, low_precision_to
+from rnnkit.cells.amp import autocast_devices_on, low_precision_to
 from rnnkit.cells.base import CellBase
 from rnnkit.errors import ConfigError
+from rnnkit.layers.fused_stack import (
+    one_step,
+    one_step_applies,
+    run_whole_stack,
+    whole_stack_form,
+)
 from rnnkit.layers.masking import resolve_mask
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.layers.regularization import (
@@ -443,12 +441,12 @@ class StackedRecurrent(nn.Module):
         elif resets_bt is not None:
             assert resets_found is not None
             return self._run_pieces(x, mask_bt, state, window, resets_found, masks)
-        elif self._steps_in_one_call(xt, window, projected, masks):
-            h, finals = self._one_step(xt, mask_t, init)
+        elif one_step_applies(self, xt, window, projected, masks):
+            h, finals = one_step(self, xt, mask_t, init)
         else:
-            whole = self._fused_whole(xt, mask_t, window, projected, masks)
+            whole = whole_stack_form(self, xt, mask_t, window, projected, masks)
             if whole is not None:
-                h, stacked_state = self._run_whole(xt, state, *whole)
+                h, stacked_state = run_whole_stack(self, xt, state, *whole)
                 outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
                 return RecurrentOutput(outputs, stacked_state)
             h, finals = self._run_layers(xt, mask_t, init, window, projected, masks)
@@ -492,106 +490,6 @@ class StackedRecurrent(nn.Module):
                 fin = [f]
             finals.append(fin)
         return (h if masks is None else locked(h, masks.output)), finals
-
-    def _steps_in_one_call(
-        self, xt: Tensor, window: int | None, projected: bool, masks: StackMasks | None
-    ) -> bool:
-        """Whether this call is one time step that runs as PyTorch's fused cell operators,
-        one call per layer and direction (:meth:`_one_step`): a single step ``xt (1, B, I)``
-        on the default path (:func:`rnnkit.bptt.fused.step_in_one_call`), every cell one
-        whose function they compute (:func:`rnnkit.bptt.fused.fused_form`), no regularizer
-        acting in or around the layers but dropout between them, no window or recompute."""
-        if xt.shape[0] != 1 or window is not None or projected or masks is not None:
-            return False
-        if self.recompute is not None or not step_in_one_call(xt):
-            return False
-        return all(fused_form(c.kernel) is not None for c in self.cells())
-
-    def _one_step(
-        self, xt: Tensor, mask_t: Tensor | None, init: list[list[State]] | None
-    ) -> tuple[Tensor, list[list[State]]]:
-        """One time step of every layer and direction, ``xt (1, B, I)`` → ``(h (1, B, D·H),
-        finals)``, each cell's step one fused operator (:func:`rnnkit.bptt.fused.cell_step`).
-        The same function as the time loop: a row whose step is padding (``mask_t (1, B)``
-        False) keeps its state, and its input is zeroed first (the padding may hold NaN,
-        which would reach the weights' gradients through a product by zero); the dropout
-        between layers is the same module drawing over the same ``B·D·H`` values."""
-        keep = None if mask_t is None else mask_t[0, :, None]  # (B, 1)
-        h = xt[0]  # (B, I)
-        finals: list[list[State]] = []
-        for index, layer in enumerate(self.layers):
-            if index > 0 and self.dropout > 0:
-                h = self.drop(h)
-            if keep is not None:
-                h = torch.where(keep, h, 0.0)
-            outs, fin = [], []
-            for d, direction in enumerate(_directions(layer)):
-                cell = direction.cell
-                s0 = cell.zero_state(h.shape[0], h) if init is None else init[index][d]
-                states0 = tuple(s0) if isinstance(s0, LSTMState) else (s0,)
-                form = fused_form(cell.kernel)
-                assert form is not None  # _steps_in_one_call checked every cell
-                new = cell_step(cell.kernel, form, h, cell.weights(), states0)
-                if keep is not None:
-                    new = tuple(torch.where(keep, n, s) for n, s in zip(new, states0, strict=True))
-                outs.append(new[0])
-                fin.append(LSTMState(*new) if cell.is_lstm else new[0])
-            h = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
-            finals.append(fin)
-        return h[None], finals
-
-    def _fused_whole(
-        self,
-        xt: Tensor,
-        mask_t: Tensor | None,
-        window: int | None,
-        projected: bool,
-        masks: StackMasks | None,
-    ) -> tuple[str, Tensor | None] | None:
-        """``(form, lengths)`` when the whole stack runs in one call of PyTorch's fused
-        kernel (:func:`rnnkit.bptt.fused.run_fused_stack`), else None: where each layer
-        would run the fused kernels (:func:`rnnkit.bptt.fused.wants_fused`: cuDNN on a
-        GPU), every cell of one form and width, and nothing between or inside the layers
-        that cuDNN would do otherwise: no regularizer, no recompute, no dropout drawn
-        between the layers (cuDNN's would draw its own masks, from a state a checkpoint
-        cannot hold: a resumed run would differ), at least one real step."""
-        if masks is not None or self.recompute is not None or xt.shape[0] == 0:
-            return None
-        if self.training and self.dropout > 0 and self.num_layers > 1:
-            return None
-        if tracing() or autocast_devices_on() or len(set(self.hidden_sizes)) > 1:
-            return None
-        first = self._first_cell()
-        wanted = wants_fused(first.kernel, xt, mask_t, window, projected)
-        if wanted is None or float32_on_cpu(first.weight_hh):
-            return None
-        cells = self.cells()
-        if any(hasattr(c, "input_part") or fused_form(c.kernel) != wanted[0] for c in cells):
-            return None
-        lengths = wanted[1]
-        if lengths is not None and not bool((lengths > 0).any()):  # on the host
-            return None  # no step runs: the layers' path gives the loop's zero gradients
-        return wanted
-
-    def _run_whole(
-        self, xt: Tensor, state: State | None, form: str, lengths: Tensor | None
-    ) -> tuple[Tensor, State]:
-        """The stack in one fused call (:meth:`_fused_whole` said so): ``xt (T, B, I)``,
-        ``state (L, D, B, H)`` or None → ``(h (T, B, D·H), final state (L, D, B, H))``."""
-        cells = self.cells()
-        L, D, B, H = self.num_layers, self.num_directions, xt.shape[1], self.hidden_sizes[0]
-        hx: tuple[Tensor, ...]
-        if state is None:
-            zeros = xt.new_zeros(L * D, B, H)
-            hx = (zeros, zeros) if self.is_lstm else (zeros,)
-        else:
-            parts = tuple(state) if isinstance(state, LSTMState) else (state,)
-            hx = tuple(p.reshape(L * D, B, H) for p in parts)  # torch's order: a view
-        kernels = [c.kernel for c in cells]
-        weights = [c.weights() for c in cells]
-        h, ends = run_fused_stack(kernels, form, xt, weights, hx, lengths, self.bidirectional)
-        finals = tuple(e.view(L, D, B, H) for e in ends)
-        return h, (LSTMState(*finals) if self.is_lstm else finals[0])
 
     def draw_masks(self, batch_size: int, steps: int, like: Tensor) -> StackMasks | None:
         """The regularizers' masks of one forward call over ``batch_size`` sequences of

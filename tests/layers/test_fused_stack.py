@@ -1,5 +1,5 @@
 """A stack's call of one time step as PyTorch's fused cell operators, one per layer and
-direction (``StackedRecurrent._one_step``), against the library's time loop with its
+direction (``rnnkit.layers.fused_stack.one_step``), against the library's time loop with its
 explicit BPTT (``use_fused("loop")``, the definition) in float64: outputs, final states and
 every gradient; which calls take it and which keep the loop."""
 
@@ -12,7 +12,7 @@ import rnnkit
 from path_runs import FORMS
 from path_runs import outputs_and_grads as _run
 from rnnkit.bptt.fused import cell_step, step_in_one_call, use_fused
-from rnnkit.layers import stacked
+from rnnkit.layers import fused_stack
 from rnnkit.types import LSTMState
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -23,7 +23,7 @@ B, I, H = 5, 3, 4
 @pytest.fixture
 def steps(count_calls):
     """How many cells stepped through the fused cell operators."""
-    return count_calls(stacked, "cell_step")
+    return count_calls(fused_stack, "cell_step")
 
 
 def _layer(cls, kw, dtype=torch.float64, **more):

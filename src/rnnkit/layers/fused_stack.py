@@ -1,0 +1,152 @@
+"""A stack's calls that PyTorch's fused operators run whole, around the layer-by-layer
+route of :class:`~rnnkit.layers.stacked.StackedRecurrent`:
+
+* a call of ONE time step: one fused cell operator per layer and direction
+  (``torch.lstm_cell``, ``gru_cell``, ``rnn_tanh_cell``, ``rnn_relu_cell``,
+  :func:`rnnkit.bptt.fused.cell_step`) under the default path, on the CPU and on a GPU: a
+  decoder's or a generator's step has no time loop to run, only the loop's fixed cost;
+* where the fused kernels run the layers (cuDNN on a GPU) and nothing acts between or
+  inside them, the whole stack, every layer and both directions, in ONE call of the
+  fused kernel (:func:`rnnkit.bptt.fused.run_fused_stack`), as ``torch.nn``'s layers do.
+
+Each is the same function as the layers' route (the tests hold both to the explicit
+BPTT in float64); each ``*_applies``/``*_form`` function says when it runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from rnnkit.bptt.fused import (
+    cell_step,
+    fused_form,
+    run_fused_stack,
+    step_in_one_call,
+    wants_fused,
+)
+from rnnkit.bptt.tracing import tracing
+from rnnkit.cells.amp import autocast_devices_on, float32_on_cpu
+from rnnkit.layers.regularization import StackMasks
+from rnnkit.types import LSTMState, State
+
+if TYPE_CHECKING:  # the stack calls these: no import of it at run time
+    from rnnkit.layers.stacked import StackedRecurrent
+
+# Nothing public: the stack's own routes (StackedRecurrent.forward calls them).
+__all__: list[str] = []
+
+
+def one_step_applies(
+    stack: StackedRecurrent,
+    xt: Tensor,
+    window: int | None,
+    projected: bool,
+    masks: StackMasks | None,
+) -> bool:
+    """Whether this call is one time step that runs as PyTorch's fused cell operators,
+    one call per layer and direction (:func:`one_step`): a single step ``xt (1, B, I)``
+    on the default path (:func:`rnnkit.bptt.fused.step_in_one_call`), every cell one
+    whose function they compute (:func:`rnnkit.bptt.fused.fused_form`), no regularizer
+    acting in or around the layers but dropout between them, no window or recompute."""
+    if xt.shape[0] != 1 or window is not None or projected or masks is not None:
+        return False
+    if stack.recompute is not None or not step_in_one_call(xt):
+        return False
+    return all(fused_form(c.kernel) is not None for c in stack.cells())
+
+
+def one_step(
+    stack: StackedRecurrent, xt: Tensor, mask_t: Tensor | None, init: list[list[State]] | None
+) -> tuple[Tensor, list[list[State]]]:
+    """One time step of every layer and direction, ``xt (1, B, I)`` → ``(h (1, B, D·H),
+    finals[l][d])``, each cell's step one fused operator (:func:`rnnkit.bptt.fused.cell_step`).
+    The same function as the time loop: a row whose step is padding (``mask_t (1, B)``
+    False) keeps its state, and its input is zeroed first (the padding may hold NaN,
+    which would reach the weights' gradients through a product by zero); the dropout
+    between layers is the stack's module drawing over the same ``B·D·H`` values.
+    ``init[l][d]``: the initial states, or None (zeros)."""
+    keep = None if mask_t is None else mask_t[0, :, None]  # (B, 1)
+    cells, D = stack.cells(), stack.num_directions
+    h = xt[0]  # (B, I)
+    finals: list[list[State]] = []
+    for index in range(stack.num_layers):
+        if index > 0 and stack.dropout > 0:
+            h = stack.drop(h)
+        if keep is not None:
+            h = torch.where(keep, h, 0.0)
+        outs, fin = [], []
+        for d, cell in enumerate(cells[index * D : (index + 1) * D]):
+            s0 = cell.zero_state(h.shape[0], h) if init is None else init[index][d]
+            states0 = tuple(s0) if isinstance(s0, LSTMState) else (s0,)
+            form = fused_form(cell.kernel)
+            assert form is not None  # one_step_applies checked every cell
+            new = cell_step(cell.kernel, form, h, cell.weights(), states0)
+            if keep is not None:
+                new = tuple(torch.where(keep, n, s) for n, s in zip(new, states0, strict=True))
+            outs.append(new[0])
+            fin.append(LSTMState(*new) if cell.is_lstm else new[0])
+        h = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        finals.append(fin)
+    return h[None], finals
+
+
+def whole_stack_form(
+    stack: StackedRecurrent,
+    xt: Tensor,
+    mask_t: Tensor | None,
+    window: int | None,
+    projected: bool,
+    masks: StackMasks | None,
+) -> tuple[str, Tensor | None] | None:
+    """``(form, lengths)`` when the whole stack runs in one call of PyTorch's fused
+    kernel (:func:`run_whole_stack`), else None: where each layer would run the fused
+    kernels (:func:`rnnkit.bptt.fused.wants_fused`: cuDNN on a GPU), every cell of one
+    form and width, and nothing between or inside the layers that cuDNN would do
+    otherwise: no regularizer, no recompute, no dropout drawn between the layers
+    (cuDNN's would draw its own masks, from a state a checkpoint cannot hold: a resumed
+    run would differ), at least one real step. ``lengths (B,)`` on the host, or None
+    (every step real)."""
+    if masks is not None or stack.recompute is not None or xt.shape[0] == 0:
+        return None
+    if stack.training and stack.dropout > 0 and stack.num_layers > 1:
+        return None
+    if tracing() or autocast_devices_on() or len(set(stack.hidden_sizes)) > 1:
+        return None
+    cells = stack.cells()
+    wanted = wants_fused(cells[0].kernel, xt, mask_t, window, projected)
+    if wanted is None or float32_on_cpu(cells[0].weight_hh):
+        return None
+    if any(hasattr(c, "input_part") or fused_form(c.kernel) != wanted[0] for c in cells):
+        return None
+    lengths = wanted[1]
+    if lengths is not None and not bool((lengths > 0).any()):  # on the host
+        return None  # no step runs: the layers' path gives the loop's zero gradients
+    return wanted
+
+
+def run_whole_stack(
+    stack: StackedRecurrent,
+    xt: Tensor,
+    state: State | None,
+    form: str,
+    lengths: Tensor | None,
+) -> tuple[Tensor, State]:
+    """The stack in one fused call (:func:`whole_stack_form` said so): ``xt (T, B, I)``,
+    ``state (L, D, B, H)`` or None (zeros) → ``(h (T, B, D·H), final state (L, D, B, H))``."""
+    cells = stack.cells()
+    L, D, B, H = stack.num_layers, stack.num_directions, xt.shape[1], stack.hidden_sizes[0]
+    hx: tuple[Tensor, ...]
+    if state is None:
+        zeros = xt.new_zeros(L * D, B, H)
+        hx = (zeros, zeros) if stack.is_lstm else (zeros,)
+    else:
+        parts = tuple(state) if isinstance(state, LSTMState) else (state,)
+        hx = tuple(p.reshape(L * D, B, H) for p in parts)  # torch's order: a view
+    kernels = [c.kernel for c in cells]
+    weights = [c.weights() for c in cells]
+    h, ends = run_fused_stack(kernels, form, xt, weights, hx, lengths, stack.bidirectional)
+    finals = tuple(e.view(L, D, B, H) for e in ends)
+    return h, (LSTMState(*finals) if stack.is_lstm else finals[0])
