@@ -34,6 +34,11 @@ Run it where a GPU is lent (one short call; about 2–4 minutes on an H200 incl.
    call's step loops replayed from CUDA graphs (``RNNKIT_CUDA_GRAPHS=1``,
    :mod:`rnnkit.bptt.gpu_graphs`), training and inference (``train_graphs``,
    ``infer_graphs``, against ``train_triton``, ``infer_triton`` without them and cuDNN).
+3. **Single steps.** A 2-layer LSTM and GRU (H 256, B 1 and 16) called on one time step
+   at a time, the state carried, no gradient (a decoder, ``rnnkit generate``): rnnkit's
+   stack on its default path (one fused cell operator per layer), forced onto the fused
+   kernels (one cuDNN call per step), and the drop-in ``rnnkit.nn`` layer, each against
+   ``torch.nn``'s layer (``steps``).
 
 Exit status 1 if any correctness check fails. ``--device cpu`` runs the same checks on
 the CPU (the compiled loop against the PyTorch loop) — the test suite does that in
@@ -389,6 +394,70 @@ def speed(device: str, hidden: list[int], batch: list[int], T: int, rounds: int)
     return rows
 
 
+#: Steps of one decoding-like call sequence in the single-step rows.
+STEPS = 20
+
+
+def _step_row(cell: str, L: int, H: int, B: int, device: str, rounds: int) -> dict:
+    """A layer called on one time step at a time, the state carried (a decoder or a
+    generator, no gradient), ``STEPS`` calls: ``torch.nn``'s layer (cuDNN) against
+    rnnkit's stack on its default path (one fused cell operator per layer), the same
+    stack forced onto the fused kernels (one cuDNN call per step for the whole stack) and
+    the drop-in ``rnnkit.nn`` layer. Ratios: torch.nn's time over each."""
+    torch.manual_seed(0)
+    torch_cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[cell]
+    ref = torch_cls(H, H, num_layers=L, batch_first=True).to(device)
+    ours = rnnkit.from_torch(ref).to(device)
+    mine = getattr(rnnkit.nn, torch_cls.__name__)(H, H, num_layers=L, batch_first=True)
+    mine = mine.to(device)
+    mine.load_state_dict(ref.state_dict())
+    xs = torch.randn(STEPS, B, 1, H, device=device)
+
+    def torch_steps():
+        with torch.no_grad():
+            state = None
+            for x in xs:
+                state = ref(x, state)[1]
+
+    def rnnkit_steps():
+        with torch.no_grad():
+            state = None
+            for x in xs:
+                state = ours(x, state=state).state
+
+    def fused_steps():
+        with fused.use_fused("fused"):
+            rnnkit_steps()
+
+    def dropin_steps():
+        with torch.no_grad():
+            state = None
+            for x in xs:
+                state = mine(x, state)[1]
+
+    fns = {"torch": torch_steps, "rnnkit": rnnkit_steps, "fused": fused_steps}
+    fns["dropin"] = dropin_steps
+    med = {k: statistics.median(_timed(fn, device, rounds)) for k, fn in fns.items()}
+    return {
+        "cell": cell,
+        "L": L,
+        "H": H,
+        "B": B,
+        "step_torch_us": med["torch"] / STEPS * 1e6,
+        **{f"step_torch_over_{k}": med["torch"] / med[k] for k in ("rnnkit", "fused", "dropin")},
+    }
+
+
+def step_speed(device: str, sizes: list[tuple[int, int, int]], rounds: int) -> list[dict]:
+    """:func:`_step_row` for the LSTM and the GRU at each ``(L, H, B)``."""
+    rows = []
+    for cell in ("lstm", "gru"):
+        for L, H, B in sizes:
+            rows.append(_step_row(cell, L, H, B, device, rounds))
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
@@ -423,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
         hidden, batch = ([16], [4]) if args.quick else ([128, 256, 512], [16, 64])
         T = 10 if args.quick else 100
         result["speed"] = speed(args.device, hidden, batch, T, 2 if args.quick else args.rounds)
+        step_sizes = [(2, 16, 1)] if args.quick else [(2, 256, 1), (2, 256, 16)]
+        # three rounds: ~10 s in all, inside the check's share of the suite's time
+        result["steps"] = step_speed(args.device, step_sizes, 2 if args.quick else 3)
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -61,6 +61,21 @@ def speed_table(check: dict) -> list[str]:
     return rows
 
 
+def steps_table(check: dict) -> list[str]:
+    """The single-step rows: torch.nn's time a step, and its time over each of rnnkit's."""
+    rows = [
+        "| cell | L | H | B | torch.nn µs/step | rnnkit ratio | fused ratio | drop-in ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in check.get("steps", []):
+        rows.append(
+            f"| {r['cell']} | {r['L']} | {r['H']} | {r['B']} | {r['step_torch_us']:.0f} | "
+            f"{r['step_torch_over_rnnkit']:.2f} | {r['step_torch_over_fused']:.2f} | "
+            f"{r['step_torch_over_dropin']:.2f} |"
+        )
+    return rows
+
+
 def tasks_table(tasks: dict) -> list[str]:
     rows = ["| task | rnnkit /s | torch.nn /s | ratio |", "|---|---|---|---|"]
     for r in tasks.get("rows", []):
@@ -84,6 +99,8 @@ def main(argv: list[str]) -> int:
         lines += ["## Layers: correctness", "", *correctness_table(check), ""]
         lines += ["## Layers: speed (ratio = torch.nn time / rnnkit time)", ""]
         lines += [*speed_table(check), ""]
+        lines += ["## Single steps, no gradient (ratio = torch.nn time / rnnkit time)", ""]
+        lines += [*steps_table(check), ""]
     tasks = _read(out / "bench_tasks.json")
     if tasks is None:
         lines += ["bench_tasks: no result (see bench_tasks.log)", ""]

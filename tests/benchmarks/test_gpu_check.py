@@ -202,3 +202,25 @@ def test_a_speed_row_runs_every_contender_on_the_cpu(monkeypatch) -> None:
     assert {"train_dropin", "infer_dropin", "train_window", "train_holes"} <= set(ran)
     assert row["train_torch_over_dropin"] == row["infer_torch_over_dropin"] == 1.0
     assert row["train_torch_over_window"] == 1.0
+
+
+def test_a_step_row_runs_every_contender_on_the_cpu(monkeypatch) -> None:
+    """The single-step rows run only where a GPU is lent: each contender runs here once,
+    untimed, and the table reads the row."""
+    import gpu_tables
+
+    ran: list[str] = []
+
+    def once(fn, device, rounds, block_s=0.2):
+        ran.append(fn.__name__)
+        fn()
+        return [1e-3]
+
+    monkeypatch.setattr(gpu_check, "_timed", once)
+    row = gpu_check._step_row("gru", 2, 4, 3, "cpu", 1)
+    assert ran == ["torch_steps", "rnnkit_steps", "fused_steps", "dropin_steps"]
+    assert row["step_torch_us"] == pytest.approx(1e3 / gpu_check.STEPS)
+    assert row["step_torch_over_rnnkit"] == row["step_torch_over_dropin"] == 1.0
+    table = gpu_tables.steps_table({"steps": [row]})
+    assert table[2] == "| gru | 2 | 4 | 3 | 50 | 1.00 | 1.00 | 1.00 |"
+    assert len(table[1].split("|")) == len(table[0].split("|"))
