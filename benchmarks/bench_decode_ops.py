@@ -34,6 +34,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "generation"))
+sys.path.insert(0, str(HERE.parent / "tests"))  # op_counts reads host_syncs there
 import bench_tasks  # noqa: E402
 from op_counts import OpCounts, kind  # noqa: E402
 

@@ -186,10 +186,9 @@ def test_the_triton_rows_need_triton_to_run_on_the_gpu(monkeypatch) -> None:
     assert not gpu_check._with_steps("cpu")
 
 
-def test_a_speed_row_runs_every_contender_on_the_cpu(monkeypatch) -> None:
-    """The speed rows run only where a GPU is lent: each contender of one row (the window,
-    the CUDA-graph and the drop-in columns included) is run here once, untimed, so that
-    none can rot between GPU runs."""
+def _untimed(monkeypatch) -> list[str]:
+    """``gpu_check._timed`` replaced by one untimed call of each contender (1 ms each);
+    returns the list the contenders' names are appended to."""
     ran: list[str] = []
 
     def once(fn, device, rounds, block_s=0.2):
@@ -198,6 +197,14 @@ def test_a_speed_row_runs_every_contender_on_the_cpu(monkeypatch) -> None:
         return [1e-3]
 
     monkeypatch.setattr(gpu_check, "_timed", once)
+    return ran
+
+
+def test_a_speed_row_runs_every_contender_on_the_cpu(monkeypatch) -> None:
+    """The speed rows run only where a GPU is lent: each contender of one row (the window,
+    the CUDA-graph and the drop-in columns included) is run here once, untimed, so that
+    none can rot between GPU runs."""
+    ran = _untimed(monkeypatch)
     row = gpu_check._speed_row("lstm", 4, 2, 3, "cpu", 1, window=2, graphs=True, dropin=True)
     assert {"train_dropin", "infer_dropin", "train_window", "train_holes"} <= set(ran)
     assert row["train_torch_over_dropin"] == row["infer_torch_over_dropin"] == 1.0
@@ -209,14 +216,7 @@ def test_a_step_row_runs_every_contender_on_the_cpu(monkeypatch) -> None:
     untimed, and the table reads the row."""
     import gpu_tables
 
-    ran: list[str] = []
-
-    def once(fn, device, rounds, block_s=0.2):
-        ran.append(fn.__name__)
-        fn()
-        return [1e-3]
-
-    monkeypatch.setattr(gpu_check, "_timed", once)
+    ran = _untimed(monkeypatch)
     row = gpu_check._step_row("gru", 2, 4, 3, "cpu", 1)
     assert ran == ["torch_steps", "rnnkit_steps", "fused_steps", "dropin_steps"]
     assert row["step_torch_us"] == pytest.approx(1e3 / gpu_check.STEPS)

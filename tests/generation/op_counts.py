@@ -26,24 +26,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# Functions and tensor methods that read device values on the host (one sync each), and
-# the ones that copy host data to the device (a sync too: the copy waits for the stream).
-READS = frozenset(
-    {
-        "item",
-        "tolist",
-        "numpy",
-        "__bool__",
-        "__float__",
-        "__int__",
-        "__index__",
-        "__format__",
-        "nonzero",
-        "argwhere",
-        "masked_select",
-        "unique",
-    }
-)
+from host_syncs import READS
+
+# The functions and tensor methods that read device values on the host (one sync each:
+# host_syncs.READS), and the ones that copy host data to the device (a sync too: the copy
+# waits for the stream).
 UPLOADS = frozenset({"tensor", "as_tensor"})
 
 # The kinds of ATen operation, for the tables: the products, the gate, attention and

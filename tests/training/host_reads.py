@@ -20,21 +20,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-# Tensor methods and functions that read values on the host.
-_READS = {
-    "item",
-    "tolist",
-    "numpy",
-    "__bool__",
-    "__float__",
-    "__int__",
-    "__index__",
-    "__format__",
-    "nonzero",
-    "argwhere",
-    "masked_select",
-    "unique",
-}
+from host_syncs import READS
 
 
 def _names_cpu(args: tuple, kwargs: dict) -> bool:
@@ -105,7 +91,7 @@ class HostReads(TorchFunctionMode):
 
     @staticmethod
     def _reads(name: str, args: tuple) -> bool:
-        if name in _READS:
+        if name in READS:
             return True
         if name in ("__getitem__", "__setitem__") and len(args) > 1:
             index = args[1] if isinstance(args[1], tuple) else (args[1],)
