@@ -23,6 +23,7 @@ from torch import Tensor
 from rnnkit.bptt.fused import (
     cell_step,
     fused_form,
+    fused_path_on,
     run_fused_stack,
     step_in_one_call,
     wants_fused,
@@ -113,7 +114,10 @@ def whole_stack_form(
         return None
     if stack.training and stack.dropout > 0 and stack.num_layers > 1:
         return None
-    if tracing() or autocast_devices_on() or len(set(stack.hidden_sizes)) > 1:
+    # the path's own test first: on the CPU's default path it answers at once
+    if not fused_path_on(xt.device) or tracing() or autocast_devices_on():
+        return None
+    if len(set(stack.hidden_sizes)) > 1:
         return None
     cells = stack.cells()
     wanted = wants_fused(cells[0].kernel, xt, mask_t, window, projected)
