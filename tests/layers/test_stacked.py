@@ -407,3 +407,45 @@ def test_dropout_between_layers_draws_the_same_masks_on_either_loop():
     for other in runs[1:]:
         for a, b in zip(runs[0], other, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_kept_cells_follow_a_replaced_layer_and_a_copy():
+    """A stack keeps its list of cells between calls; a layer replaced in ``layers`` is
+    listed again, and a copy (``copy.deepcopy``, ``torch.save``/``load``) lists its own."""
+    import copy
+    import io
+
+    from rnnkit.cells.lstm import LSTMCell
+    from rnnkit.layers.recurrent import Recurrent
+
+    torch.manual_seed(0)
+    stack = LSTM(3, 4, num_layers=2, batch_first=False)
+    x = torch.randn(5, 2, 3)
+    before = stack(x).outputs
+    new_cell = LSTMCell(4, 4)
+    stack.layers[1] = Recurrent(new_cell)
+    assert stack.cells()[1] is new_cell
+    assert stack.cells() == [m for m in stack.modules() if isinstance(m, LSTMCell)]
+    after = stack(x).outputs
+    assert not torch.equal(before, after)
+    # the oracle: the two layers run one after the other by hand
+    h1, _ = run_recurrence(
+        stack.cells()[0].kernel,
+        x,
+        stack.cells()[0].weights(),
+        (torch.zeros(2, 4), torch.zeros(2, 4)),
+    )
+    h2, _ = run_recurrence(
+        new_cell.kernel, h1, new_cell.weights(), (torch.zeros(2, 4), torch.zeros(2, 4))
+    )
+    torch.testing.assert_close(after, h2)
+    buffer = io.BytesIO()
+    torch.save(stack, buffer)
+    buffer.seek(0)
+    for twin in (copy.deepcopy(stack), torch.load(buffer, weights_only=False)):
+        own = [m for m in twin.modules() if isinstance(m, LSTMCell)]
+        assert twin.cells() == own and not set(map(id, own)) & set(map(id, stack.cells()))
+        with torch.no_grad():
+            own[0].weight_hh.add_(1.0)  # the copy runs its own weights
+        assert not torch.equal(twin(x).outputs, after)
+        torch.testing.assert_close(stack(x).outputs, after)

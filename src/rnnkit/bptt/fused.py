@@ -241,29 +241,38 @@ def traced_fused_form(
     return fused_form(kernel)
 
 
-def _fused_parameters(form: str, w: Weights) -> list[Tensor]:
+def _fused_parameters(form: str, w: Weights, zero: Tensor | None = None) -> list[Tensor]:
     """``[w_ih, w_hh, b_ih, b_hh]`` in PyTorch's form for rnnkit's weights (gate orders are
-    the same: LSTM i, f, g, o; GRU r, z, n)."""
+    the same: LSTM i, f, g, o; GRU r, z, n). ``zero``: zeros as wide as the bias, read
+    only (the cells of a stack share them), else new ones."""
     w_ih, w_hh, bias = w.weight_ih, w.weight_hh, w.bias
-    b_hh = torch.zeros_like(bias)
+    b_hh = torch.zeros_like(bias) if zero is None else zero
     if form == "gru":
         H = w_hh.shape[1]
         assert w.bias_hn is not None  # a GRU with reset="after" always has it
-        b_hh = torch.cat([bias.new_zeros(2 * H), w.bias_hn])
+        b_hh = torch.cat([b_hh[: 2 * H], w.bias_hn])
     return [w_ih, w_hh, bias, b_hh]
 
 
-def _keep_form(kernel: Kernel, w: Weights) -> Weights:
+def _keep_form(kernel: Kernel, w: Weights, sign: Tensor | None = None) -> Weights:
     """A GRU with ``update="candidate"`` as the same function in the ``"keep"``
-    convention: its z rows negated (1 − σ(a) = σ(−a))."""
+    convention: its z rows negated (1 − σ(a) = σ(−a)). ``sign``: :func:`_z_sign` for
+    these weights (the cells of a stack share it), else made here."""
     if not isinstance(kernel, GRUKernel) or kernel.update == "keep":
         return w
-    H = w.weight_hh.shape[1]
-    sign = w.bias.new_ones(3 * H)
-    sign[H : 2 * H] = -1
+    if sign is None:
+        sign = _z_sign(w.bias)
     return Weights(
         w.weight_ih * sign[:, None], w.weight_hh * sign[:, None], w.bias * sign, w.bias_hn
     )
+
+
+def _z_sign(bias: Tensor) -> Tensor:
+    """``(3H,)``: −1 on a GRU's z rows, 1 elsewhere, like ``bias``."""
+    H = bias.shape[0] // 3
+    sign = bias.new_ones(3 * H)
+    sign[H : 2 * H] = -1
+    return sign
 
 
 def _call(
@@ -289,7 +298,7 @@ def _call(
         args: tuple[Any, ...] = (x, h, params, True, L, 0.0, train, two, False)
     else:
         args = (x, batch_sizes, h, params, True, L, 0.0, train, two)
-    if tracing():
+    if tracing() or x.device.type == "cpu":  # the warning is cuDNN's (and MIOpen's) only
         return tuple(op(*args))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*contiguous chunk of memory.*")
@@ -330,10 +339,13 @@ def run_fused_stack(
     T, B = x.shape[0], x.shape[1]
     D = 2 if bidirectional else 1
     L = len(kernels) // D
+    # made once for the stack's cells, all of one width: two kernels fewer a cell on a GPU
+    zero = torch.zeros_like(weights[0].bias)
+    sign = _z_sign(zero) if form == "gru" else None
     params = [
         p
         for kernel, w in zip(kernels, weights, strict=True)
-        for p in _fused_parameters(form, _keep_form(kernel, w))
+        for p in _fused_parameters(form, _keep_form(kernel, w, sign), zero)
     ]
     train = torch.is_grad_enabled()
     if lengths is None:

@@ -52,6 +52,9 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _AUTOCAST_DEVICES = tuple(
     d for d in ("cpu", "cuda", "xpu", "mps") if torch.amp.is_autocast_available(d)
 )
+# One look at the thread's dispatch keys: whether autocast is on for any device (a layer
+# asks at every call; asking each device costs ten times more).
+_any_autocast: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 
 
 def autocast_devices_on() -> list[str]:
@@ -61,6 +64,8 @@ def autocast_devices_on() -> list[str]:
     ...     autocast_devices_on()
     ['cpu']
     """
+    if not _any_autocast():
+        return []
     return [d for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
 
 

@@ -15,6 +15,7 @@ BPTT in float64); each ``*_applies``/``*_form`` function says when it runs.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -56,7 +57,7 @@ def one_step_applies(
         return False
     if stack.recompute is not None or not step_in_one_call(xt):
         return False
-    return all(fused_form(c.kernel) is not None for c in stack.cells())
+    return all(fused_form(c.kernel) is not None for c in stack._cell_tuple())
 
 
 def one_step(
@@ -70,7 +71,7 @@ def one_step(
     between layers is the stack's module drawing over the same ``B·D·H`` values.
     ``init[l][d]``: the initial states, or None (zeros)."""
     keep = None if mask_t is None else mask_t[0, :, None]  # (B, 1)
-    cells, D = stack.cells(), stack.num_directions
+    cells, D = stack._cell_tuple(), stack.num_directions
     h = xt[0]  # (B, I)
     finals: list[list[State]] = []
     for index in range(stack.num_layers):
@@ -117,18 +118,35 @@ def whole_stack_form(
     # the path's own test first: on the CPU's default path it answers at once
     if not fused_path_on(xt.device) or tracing() or autocast_devices_on():
         return None
-    if len(set(stack.hidden_sizes)) > 1:
-        return None
-    cells = stack.cells()
+    cells = stack._cell_tuple()
     wanted = wants_fused(cells[0].kernel, xt, mask_t, window, projected)
     if wanted is None or float32_on_cpu(cells[0].weight_hh):
         return None
-    if any(hasattr(c, "input_part") or fused_form(c.kernel) != wanted[0] for c in cells):
+    if _one_form(stack, cells) != wanted[0]:
         return None
     lengths = wanted[1]
     if lengths is not None and not bool((lengths > 0).any()):  # on the host
         return None  # no step runs: the layers' path gives the loop's zero gradients
     return wanted
+
+
+# Each stack's cells and the one fused form they share (None: none shared, or widths that
+# differ, or a layer-normalised cell): a property of the cells, asked at every call.
+_FORMS: weakref.WeakKeyDictionary[StackedRecurrent, tuple[tuple, str | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _one_form(stack: StackedRecurrent, cells: tuple) -> str | None:
+    """The fused form every cell of ``stack`` computes, all of one width, or None."""
+    kept = _FORMS.get(stack)
+    if kept is None or kept[0] is not cells:
+        forms = {fused_form(c.kernel) for c in cells}
+        one = len(set(stack.hidden_sizes)) == 1 and len(forms) == 1
+        one = one and not any(hasattr(type(c), "input_part") for c in cells)
+        kept = (cells, forms.pop() if one else None)
+        _FORMS[stack] = kept
+    return kept[1]
 
 
 def run_whole_stack(
@@ -140,12 +158,13 @@ def run_whole_stack(
 ) -> tuple[Tensor, State]:
     """The stack in one fused call (:func:`whole_stack_form` said so): ``xt (T, B, I)``,
     ``state (L, D, B, H)`` or None (zeros) → ``(h (T, B, D·H), final state (L, D, B, H))``."""
-    cells = stack.cells()
+    cells = stack._cell_tuple()
+    is_lstm = cells[0].is_lstm
     L, D, B, H = stack.num_layers, stack.num_directions, xt.shape[1], stack.hidden_sizes[0]
     hx: tuple[Tensor, ...]
     if state is None:
         zeros = xt.new_zeros(L * D, B, H)
-        hx = (zeros, zeros) if stack.is_lstm else (zeros,)
+        hx = (zeros, zeros) if is_lstm else (zeros,)
     else:
         parts = tuple(state) if isinstance(state, LSTMState) else (state,)
         hx = tuple(p.reshape(L * D, B, H) for p in parts)  # torch's order: a view
@@ -153,4 +172,4 @@ def run_whole_stack(
     weights = [c.weights() for c in cells]
     h, ends = run_fused_stack(kernels, form, xt, weights, hx, lengths, stack.bidirectional)
     finals = tuple(e.view(L, D, B, H) for e in ends)
-    return h, (LSTMState(*finals) if stack.is_lstm else finals[0])
+    return h, (LSTMState(*finals) if is_lstm else finals[0])

@@ -82,7 +82,9 @@ class Recurrent(nn.Module):
         ``reset (T, B)``: the state entering step t zero for those rows, forward direction
         only, where ``rnnkit.bptt.recurrence.takes_resets`` says so."""
         check_tracer()
-        input_part = getattr(self.cell, "input_part", None)  # a layer-normalised cell
+        # a layer-normalised cell's method (looked up on its class: a Module's failed
+        # attribute lookup costs an exception, at every call of every other cell)
+        input_part = getattr(type(self.cell), "input_part", None)
         if input_part is not None:
             if window is not None or recompute is not None:
                 raise ConfigError(
@@ -93,7 +95,7 @@ class Recurrent(nn.Module):
             # ν(x W_xᵀ) γ_x of every step at once, through autograd; its products those of
             # the compiled loop where the layer runs there
             lib = compiled_library(self.cell.kernel, x, self.cell.weight_ih)
-            x = input_part(x, None if lib is None else lib.matmul)
+            x = input_part(self.cell, x, None if lib is None else lib.matmul)
         B = x.shape[1]
         if state is None:
             state = self.cell.zero_state(B, x)

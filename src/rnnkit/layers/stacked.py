@@ -260,6 +260,7 @@ class StackedRecurrent(nn.Module):
             layers.append(Bidirectional(*directions) if self.bidirectional else directions[0])
         self.layers = nn.ModuleList(layers)
         self.drop = nn.Dropout(self.dropout)
+        self._cell_tuple()  # kept from now on (a traced forward finds it, mutates nothing)
 
     @property
     def hidden_size(self) -> int:
@@ -278,12 +279,24 @@ class StackedRecurrent(nn.Module):
         return self._first_cell().is_lstm
 
     def _first_cell(self) -> CellBase:
-        """The first layer's (forward) cell, without listing them all."""
-        return _directions(self.layers[0])[0].cell
+        """The first layer's (forward) cell."""
+        return self._cell_tuple()[0]
 
     def cells(self) -> list[CellBase]:
         """All cells, ordered by layer then direction."""
-        return [d.cell for layer in self.layers for d in _directions(layer)]
+        return list(self._cell_tuple())
+
+    def _cell_tuple(self) -> tuple[CellBase, ...]:
+        """:meth:`cells`, kept between calls: a call asks for them several times, and
+        walking the layers' modules costs more than the rest of a small call's checks.
+        Listed again when a layer of :attr:`layers` is replaced."""
+        layers = tuple(self.layers._modules.values())
+        kept = self.__dict__.get("_cells_kept")
+        if kept is None or kept[0] != layers:  # Modules compare by identity
+            cells = tuple(d.cell for layer in layers for d in _directions(cast(nn.Module, layer)))
+            kept = (layers, cells)
+            self.__dict__["_cells_kept"] = kept
+        return kept[1]
 
     def _check_input(self, x: Tensor, projected: bool = False) -> None:
         if not isinstance(x, Tensor):
