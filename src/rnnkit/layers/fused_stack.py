@@ -5,9 +5,10 @@ route of :class:`~rnnkit.layers.stacked.StackedRecurrent`:
   (``torch.lstm_cell``, ``gru_cell``, ``rnn_tanh_cell``, ``rnn_relu_cell``,
   :func:`rnnkit.bptt.fused.cell_step`) under the default path, on the CPU and on a GPU: a
   decoder's or a generator's step has no time loop to run, only the loop's fixed cost;
-* where the fused kernels run the layers (cuDNN on a GPU) and nothing acts between or
-  inside them, the whole stack, every layer and both directions, in ONE call of the
-  fused kernel (:func:`rnnkit.bptt.fused.run_fused_stack`), as ``torch.nn``'s layers do.
+* where the fused kernels run the layers (cuDNN on a GPU) and nothing acts inside them,
+  the whole stack, every layer and both directions, in ONE call of the fused kernel
+  (:func:`rnnkit.bptt.fused.run_fused_stack`), as ``torch.nn``'s layers do; with dropout
+  drawn between the layers, one call per layer, both directions in it.
 
 Each is the same function as the layers' route (the tests hold both to the explicit
 BPTT in float64); each ``*_applies``/``*_form`` function says when it runs.
@@ -103,17 +104,13 @@ def whole_stack_form(
     projected: bool,
     masks: StackMasks | None,
 ) -> tuple[str, Tensor | None] | None:
-    """``(form, lengths)`` when the whole stack runs in one call of PyTorch's fused
-    kernel (:func:`run_whole_stack`), else None: where each layer would run the fused
-    kernels (:func:`rnnkit.bptt.fused.wants_fused`: cuDNN on a GPU), every cell of one
-    form and width, and nothing between or inside the layers that cuDNN would do
-    otherwise: no regularizer, no recompute, no dropout drawn between the layers
-    (cuDNN's would draw its own masks, from a state a checkpoint cannot hold: a resumed
-    run would differ), at least one real step. ``lengths (B,)`` on the host, or None
-    (every step real)."""
+    """``(form, lengths)`` when the stack runs as PyTorch's fused kernel over whole
+    layers, both directions of a layer in one call (:func:`run_whole_stack`), else None:
+    where each layer would run the fused kernels (:func:`rnnkit.bptt.fused.wants_fused`:
+    cuDNN on a GPU), every cell of one form and width, and nothing inside the layers
+    that cuDNN would do otherwise: no regularizer, no recompute, at least one real step.
+    ``lengths (B,)`` on the host, or None (every step real)."""
     if masks is not None or stack.recompute is not None or xt.shape[0] == 0:
-        return None
-    if stack.training and stack.dropout > 0 and stack.num_layers > 1:
         return None
     # the path's own test first: on the CPU's default path it answers at once
     if not fused_path_on(xt.device) or tracing() or autocast_devices_on():
@@ -156,8 +153,12 @@ def run_whole_stack(
     form: str,
     lengths: Tensor | None,
 ) -> tuple[Tensor, State]:
-    """The stack in one fused call (:func:`whole_stack_form` said so): ``xt (T, B, I)``,
-    ``state (L, D, B, H)`` or None (zeros) → ``(h (T, B, D·H), final state (L, D, B, H))``."""
+    """The stack through PyTorch's fused kernel (:func:`whole_stack_form` said so):
+    ``xt (T, B, I)``, ``state (L, D, B, H)`` or None (zeros) → ``(h (T, B, D·H), final
+    state (L, D, B, H))``. ONE call for every layer and direction, as ``torch.nn``'s
+    layers make; where dropout is drawn between the layers, one call per layer (both
+    directions), the stack's own dropout between them: cuDNN's dropout would draw its
+    masks from a state a checkpoint cannot hold, so a resumed run would differ."""
     cells = stack._cell_tuple()
     is_lstm = cells[0].is_lstm
     L, D, B, H = stack.num_layers, stack.num_directions, xt.shape[1], stack.hidden_sizes[0]
@@ -170,6 +171,19 @@ def run_whole_stack(
         hx = tuple(p.reshape(L * D, B, H) for p in parts)  # torch's order: a view
     kernels = [c.kernel for c in cells]
     weights = [c.weights() for c in cells]
-    h, ends = run_fused_stack(kernels, form, xt, weights, hx, lengths, stack.bidirectional)
+    bi = stack.bidirectional
+    if not (stack.training and stack.dropout > 0 and L > 1):
+        h, ends = run_fused_stack(kernels, form, xt, weights, hx, lengths, bi)
+    else:
+        h, layer_ends = xt, []
+        for index in range(L):
+            if index > 0:  # over (T, B, D·H), as the layers' route draws it
+                h = stack.drop(h.contiguous())
+            rows = slice(index * D, (index + 1) * D)
+            h, e = run_fused_stack(
+                kernels[rows], form, h, weights[rows], tuple(s[rows] for s in hx), lengths, bi
+            )
+            layer_ends.append(e)
+        ends = tuple(torch.cat(part) for part in zip(*layer_ends, strict=True))
     finals = tuple(e.view(L, D, B, H) for e in ends)
     return h, (LSTMState(*finals) if is_lstm else finals[0])
