@@ -261,7 +261,23 @@ def test_on_cuda_the_default_path_is_cudnn_and_equals_the_cpu_oracle(
         (lambda: _layer(rnnkit.LSTM, {}, torch.float64, dropout=0.5), False, 1),  # evaluation
         (lambda: _layer(rnnkit.LSTM, {}, torch.float64, dropout=0.5), True, 2),  # drawn
         (lambda: _layer(rnnkit.GRU, {"reset": "after"}, torch.float64, False), True, 1),
-        (lambda: _layer(rnnkit.LSTM, {"locked_dropout": 0.3}, torch.float64), True, 4),
+        (lambda: _layer(rnnkit.LSTM, {"locked_dropout": 0.3}, torch.float64), True, 2),
+        (
+            lambda: _layer(
+                rnnkit.GRU,
+                {"reset": "after", "input_dropout": 0.2, "output_dropout": 0.4},
+                torch.float64,
+            ),
+            True,
+            1,  # around the stack, not between its layers
+        ),
+        (
+            lambda: _layer(rnnkit.LSTM, {"locked_dropout": 0.3}, torch.float64, dropout=0.2),
+            True,
+            2,
+        ),
+        (lambda: _layer(rnnkit.LSTM, {"weight_drop": 0.3}, torch.float64), True, 4),
+        (lambda: _layer(rnnkit.LSTM, {"zoneout": 0.3}, torch.float64), False, 0),  # the loop's
         (
             lambda: rnnkit.LSTM(I, (H, H - 1), num_layers=2, bidirectional=True).double(),
             True,
@@ -269,7 +285,18 @@ def test_on_cuda_the_default_path_is_cudnn_and_equals_the_cpu_oracle(
         ),
         (lambda: _layer(rnnkit.LSTM, {"recompute": 2}, torch.float64), True, 0),  # the loop's
     ],
-    ids=["eval", "dropout-drawn", "one-way", "locked-dropout", "widths", "recompute"],
+    ids=[
+        "eval",
+        "dropout-drawn",
+        "one-way",
+        "locked-dropout",
+        "input-output-dropout",
+        "locked-and-dropout",
+        "weight-drop",
+        "zoneout-eval",
+        "widths",
+        "recompute",
+    ],
 )
 def test_what_runs_the_stack_in_whole_layers(make, train, fused_calls, calls):
     layer = make().train(train)

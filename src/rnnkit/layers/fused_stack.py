@@ -32,7 +32,7 @@ from rnnkit.bptt.fused import (
 )
 from rnnkit.bptt.tracing import tracing
 from rnnkit.cells.amp import autocast_devices_on, float32_on_cpu
-from rnnkit.layers.regularization import StackMasks
+from rnnkit.layers.regularization import StackMasks, locked
 from rnnkit.types import LSTMState, State
 
 if TYPE_CHECKING:  # the stack calls these: no import of it at run time
@@ -108,9 +108,13 @@ def whole_stack_form(
     layers, both directions of a layer in one call (:func:`run_whole_stack`), else None:
     where each layer would run the fused kernels (:func:`rnnkit.bptt.fused.wants_fused`:
     cuDNN on a GPU), every cell of one form and width, and nothing inside the layers
-    that cuDNN would do otherwise: no regularizer, no recompute, at least one real step.
-    ``lengths (B,)`` on the host, or None (every step real)."""
-    if masks is not None or stack.recompute is not None or xt.shape[0] == 0:
+    that cuDNN would do otherwise: no recompute, no regularizer acting in the time loop
+    or on its weights (locked dropout acts between the layers: it is the stack's, as
+    the dropout), at least one real step. ``lengths (B,)`` on the host, or None (every
+    step real)."""
+    if stack.recompute is not None or xt.shape[0] == 0:
+        return None
+    if masks is not None and any(c.weight_hh is not None or c.in_loop for c in masks.cells):
         return None
     # the path's own test first: on the CPU's default path it answers at once
     if not fused_path_on(xt.device) or tracing() or autocast_devices_on():
@@ -152,13 +156,16 @@ def run_whole_stack(
     state: State | None,
     form: str,
     lengths: Tensor | None,
+    masks: StackMasks | None = None,
 ) -> tuple[Tensor, State]:
     """The stack through PyTorch's fused kernel (:func:`whole_stack_form` said so):
     ``xt (T, B, I)``, ``state (L, D, B, H)`` or None (zeros) → ``(h (T, B, D·H), final
     state (L, D, B, H))``. ONE call for every layer and direction, as ``torch.nn``'s
-    layers make; where dropout is drawn between the layers, one call per layer (both
-    directions), the stack's own dropout between them: cuDNN's dropout would draw its
-    masks from a state a checkpoint cannot hold, so a resumed run would differ."""
+    layers make; where dropout is drawn between the layers, or a locked dropout mask
+    acts there (``masks``: only the stack's input, between and output masks act), one
+    call per layer (both directions), the stack's own masks between them: cuDNN's
+    dropout would draw its masks from a state a checkpoint cannot hold, so a resumed
+    run would differ. The masks act where the layers' route applies them."""
     cells = stack._cell_tuple()
     is_lstm = cells[0].is_lstm
     L, D, B, H = stack.num_layers, stack.num_directions, xt.shape[1], stack.hidden_sizes[0]
@@ -172,13 +179,17 @@ def run_whole_stack(
     kernels = [c.kernel for c in cells]
     weights = [c.weights() for c in cells]
     bi = stack.bidirectional
-    if not (stack.training and stack.dropout > 0 and L > 1):
-        h, ends = run_fused_stack(kernels, form, xt, weights, hx, lengths, bi)
+    between = (None,) * L if masks is None else masks.between
+    drawn = stack.training and stack.dropout > 0
+    x = xt if masks is None else locked(xt, masks.input)
+    if L == 1 or not (drawn or any(m is not None for m in between)):
+        h, ends = run_fused_stack(kernels, form, x, weights, hx, lengths, bi)
     else:
-        h, layer_ends = xt, []
+        h, layer_ends = x, []
         for index in range(L):
-            if index > 0:  # over (T, B, D·H), as the layers' route draws it
+            if index > 0 and drawn:  # over (T, B, D·H), as the layers' route draws it
                 h = stack.drop(h.contiguous())
+            h = locked(h, between[index])
             rows = slice(index * D, (index + 1) * D)
             h, e = run_fused_stack(
                 kernels[rows], form, h, weights[rows], tuple(s[rows] for s in hx), lengths, bi
@@ -186,4 +197,5 @@ def run_whole_stack(
             layer_ends.append(e)
         ends = tuple(torch.cat(part) for part in zip(*layer_ends, strict=True))
     finals = tuple(e.view(L, D, B, H) for e in ends)
+    h = h if masks is None else locked(h, masks.output)
     return h, (LSTMState(*finals) if is_lstm else finals[0])

@@ -459,7 +459,7 @@ class StackedRecurrent(nn.Module):
         else:
             whole = whole_stack_form(self, xt, mask_t, window, projected, masks)
             if whole is not None:
-                h, stacked_state = run_whole_stack(self, xt, state, *whole)
+                h, stacked_state = run_whole_stack(self, xt, state, *whole, masks)
                 outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
                 return RecurrentOutput(outputs, stacked_state)
             h, finals = self._run_layers(xt, mask_t, init, window, projected, masks)
