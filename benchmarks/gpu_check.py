@@ -39,6 +39,10 @@ Run it where a GPU is lent (one short call; about 2–4 minutes on an H200 incl.
    stack on its default path (one fused cell operator per layer), forced onto the fused
    kernels (one cuDNN call per step), and the drop-in ``rnnkit.nn`` layer, each against
    ``torch.nn``'s layer (``steps``).
+4. **Stacks.** A 2-layer LSTM and GRU, one-way and bidirectional, without and with
+   dropout 0.3 between the layers (H 256, B 64, T 100), in training: rnnkit's library
+   stack on its default path against ``torch.nn``'s with the same weights, and how many
+   fused calls rnnkit's forward makes (``stacks``).
 
 Exit status 1 if any correctness check fails. ``--device cpu`` runs the same checks on
 the CPU (the compiled loop against the PyTorch loop) — the test suite does that in
@@ -458,6 +462,71 @@ def step_speed(device: str, sizes: list[tuple[int, int, int]], rounds: int) -> l
     return rows
 
 
+def _stack_row(
+    cell: str, bidirectional: bool, dropout: float, H: int, B: int, T: int, device: str, rounds: int
+) -> dict:
+    """A 2-layer stack in training (forward and backward), as a task's model trains it:
+    ``torch.nn``'s layer (cuDNN: one call, its own dropout between the layers) against
+    rnnkit's library stack with the same weights on its default path (one fused call for
+    the stack without dropout; with it, one call per layer, both directions in it,
+    rnnkit's dropout between them). ``calls``: the fused calls of rnnkit's forward.
+    Ratio: torch.nn's time over rnnkit's."""
+    torch.manual_seed(0)
+    torch_cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[cell]
+    ref = torch_cls(
+        H, H, num_layers=2, bidirectional=bidirectional, dropout=dropout, batch_first=True
+    )
+    ref = ref.to(device).train()
+    ours = rnnkit.from_torch(ref).to(device).train()
+    x = torch.randn(B, T, H, device=device, requires_grad=True)
+
+    def torch_train():
+        ref(x)[0].sum().backward()
+
+    def rnnkit_train():
+        ours(x).outputs.sum().backward()
+
+    calls = 0
+    call = fused._call
+
+    def counted(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        return call(*args, **kwargs)
+
+    fused._call = counted
+    try:
+        with torch.no_grad():
+            ours(x)
+    finally:
+        fused._call = call
+    med = {
+        k: statistics.median(_timed(fn, device, rounds))
+        for k, fn in {"torch": torch_train, "rnnkit": rnnkit_train}.items()
+    }
+    return {
+        "cell": cell,
+        "bidirectional": bidirectional,
+        "dropout": dropout,
+        "H": H,
+        "B": B,
+        "T": T,
+        "calls": calls,
+        "stack_torch_ms": med["torch"] * 1e3,
+        "stack_torch_over_rnnkit": med["torch"] / med["rnnkit"],
+    }
+
+
+def stack_speed(device: str, H: int, B: int, T: int, rounds: int) -> list[dict]:
+    """:func:`_stack_row` for the LSTM and the GRU, one-way and bidirectional, without
+    and with dropout between the layers."""
+    rows = []
+    for cell, bi, p in itertools.product(("lstm", "gru"), (False, True), (0.0, 0.3)):
+        rows.append(_stack_row(cell, bi, p, H, B, T, device, rounds))
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
@@ -495,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         step_sizes = [(2, 16, 1)] if args.quick else [(2, 256, 1), (2, 256, 16)]
         # three rounds: ~10 s in all, inside the check's share of the suite's time
         result["steps"] = step_speed(args.device, step_sizes, 2 if args.quick else 3)
+        stack_size = (16, 4, 5) if args.quick else (256, 64, 100)
+        result["stacks"] = stack_speed(args.device, *stack_size, 2 if args.quick else 3)
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -76,6 +76,21 @@ def steps_table(check: dict) -> list[str]:
     return rows
 
 
+def stacks_table(check: dict) -> list[str]:
+    """The stack rows: torch.nn's training time, its time over rnnkit's, rnnkit's calls."""
+    rows = [
+        "| cell | directions | dropout | H | B | T | torch.nn ms | ratio | rnnkit's fused calls |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in check.get("stacks", []):
+        rows.append(
+            f"| {r['cell']} | {2 if r['bidirectional'] else 1} | {r['dropout']} | {r['H']} | "
+            f"{r['B']} | {r['T']} | {r['stack_torch_ms']:.2f} | "
+            f"{r['stack_torch_over_rnnkit']:.2f} | {r['calls']} |"
+        )
+    return rows
+
+
 def tasks_table(tasks: dict) -> list[str]:
     rows = ["| task | rnnkit /s | torch.nn /s | ratio |", "|---|---|---|---|"]
     for r in tasks.get("rows", []):
@@ -101,6 +116,8 @@ def main(argv: list[str]) -> int:
         lines += [*speed_table(check), ""]
         lines += ["## Single steps, no gradient (ratio = torch.nn time / rnnkit time)", ""]
         lines += [*steps_table(check), ""]
+        lines += ["## Stacks of 2 layers, training (ratio = torch.nn time / rnnkit time)", ""]
+        lines += [*stacks_table(check), ""]
     tasks = _read(out / "bench_tasks.json")
     if tasks is None:
         lines += ["bench_tasks: no result (see bench_tasks.log)", ""]

@@ -224,3 +224,24 @@ def test_a_step_row_runs_every_contender_on_the_cpu(monkeypatch) -> None:
     table = gpu_tables.steps_table({"steps": [row]})
     assert table[2] == "| gru | 2 | 4 | 3 | 50 | 1.00 | 1.00 | 1.00 |"
     assert len(table[1].split("|")) == len(table[0].split("|"))
+
+
+def test_a_stack_row_runs_both_contenders_and_counts_the_calls(monkeypatch) -> None:
+    """The stack rows run only where a GPU is lent: here each contender runs once,
+    untimed, on the fused path forced (PyTorch's CPU kernels in cuDNN's place), and the
+    calls counted are the route's: one for the stack, one a layer with dropout drawn."""
+    import gpu_tables
+
+    from rnnkit.bptt.fused import use_fused
+
+    ran = _untimed(monkeypatch)
+    with use_fused("fused"):
+        rows = [
+            gpu_check._stack_row("gru", bi, p, 4, 3, 5, "cpu", 1)
+            for bi, p in ((False, 0.0), (True, 0.3))
+        ]
+    assert ran == ["torch_train", "rnnkit_train"] * 2
+    assert [r["calls"] for r in rows] == [1, 2]
+    table = gpu_tables.stacks_table({"stacks": rows})
+    assert table[3] == "| gru | 2 | 0.3 | 4 | 3 | 5 | 1.00 | 1.00 | 2 |"
+    assert len(table[1].split("|")) == len(table[0].split("|"))
