@@ -78,14 +78,14 @@ def check_token_ids(inputs: Tensor, vocab_size: int | None, name: str = "inputs"
         raise ValueError(f"{name} must have shape (B, T), got {tuple(inputs.shape)}")
     if vocab_size is None or inputs.numel() == 0 or tracing():
         return inputs
-    if inputs.numel() <= _FEW_IDS and inputs.device.type == "cpu":
+    deferred = active_for(inputs)
+    if deferred is None and inputs.numel() <= _FEW_IDS and inputs.device.type == "cpu":
         # A generation step's few ids: read once on the host (the range test in Python)
         # instead of four tensor operations and a read of their answer.
         ids = inputs.reshape(-1).tolist()
         if min(ids) >= 0 and max(ids) < vocab_size:
             return inputs
     bad = (inputs < 0) | (inputs >= vocab_size)
-    deferred = active_for(inputs)
     if deferred is not None:
         deferred.check(bad.any(), lambda: _id_error(inputs, bad, vocab_size, name))
         return inputs.clamp(0, vocab_size - 1)
