@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from op_counts import OpCounts
 from step_models import (
     EOS,
     TableModel,
@@ -15,8 +16,10 @@ from step_models import (
 from torch import Tensor
 
 from rnnkit.generation.options import GenerationResult
-from rnnkit.generation.sampling import filter_log_probs
+from rnnkit.generation.sampling import _draw, filter_log_probs
 from rnnkit.generation.search import generate
+from rnnkit.models.language_model import LanguageModel
+from rnnkit.types import LSTMState
 
 PROBS = [0.3, 0.25, 0.2, 0.1, 0.08, 0.07]
 
@@ -122,3 +125,148 @@ def test_the_float64_computation_equals_the_softmax_of_scaled_logits() -> None:
         expected = torch.softmax(lp / temperature, dim=-1).float()
         got = filter_log_probs(lp.float(), temperature=temperature).exp()
         assert torch.allclose(got, expected, atol=1e-6)
+
+
+def random_log_probs(seed: int, rows: int, V: int) -> Tensor:
+    """Float32 log-probabilities of every scale, a quarter of the columns at ``-inf``
+    (forbidden tokens) in every other draw."""
+    g = torch.Generator().manual_seed(seed)
+    scale = 10.0 ** float(torch.randint(-3, 3, (), generator=g))
+    lp = torch.log_softmax(torch.randn(rows, V, generator=g) * scale, dim=-1)
+    if seed % 2:
+        lp[:, torch.randint(0, V, (max(1, V // 4),), generator=g)] = -math.inf
+        lp[:, 0] = 0.5  # at least one column stays finite
+    return lp
+
+
+def test_at_temperature_one_the_filter_is_the_shifted_formula_to_the_last_bit() -> None:
+    # At T = 1 the shift by the maximum is left to log_softmax, which makes it itself.
+    for seed in range(300):
+        lp = random_log_probs(seed, 1 + seed % 4, 1 + (seed * 37) % 300)
+        x = lp.double()
+        oracle = torch.log_softmax(x - x.amax(dim=-1, keepdim=True), dim=-1).float()
+        assert torch.equal(filter_log_probs(lp), oracle), seed
+
+
+def test_the_draw_is_multinomials_own() -> None:
+    # The same index as torch.multinomial(probs, 1) from the same generator state, and
+    # the generator left in the same state: the same samples, draw after draw.
+    for seed in range(200):
+        probs = filter_log_probs(random_log_probs(seed, 1 + seed % 5, 2 + seed % 150)).exp()
+        ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        for _ in range(3):
+            index, _ = _draw(probs, ours)
+            assert torch.equal(index, torch.multinomial(probs, 1, generator=theirs)), seed
+        assert torch.equal(ours.get_state(), theirs.get_state())
+
+
+def plain_sampling(
+    model: LanguageModel,
+    prompt: int,
+    *,
+    num: int,
+    max_length: int,
+    eos_id: int | None,
+    forbid: tuple[int, ...],
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int,
+) -> list[tuple[list[int], float]]:
+    """The sampling loop written plainly, as it was before its bookkeeping was cut: the
+    forbidden columns filled, the float64 distribution from the maximum, top-k and top-p
+    spelled out, ``torch.multinomial``; a row leaves the batch when it draws ``eos_id``."""
+    g = torch.Generator().manual_seed(seed)
+    log_probs, state = model.step(torch.tensor([prompt]), None)  # primed once, then copied
+    log_probs = log_probs.expand(num, -1)
+    state = LSTMState(*(s.index_select(2, torch.zeros(num, dtype=torch.long)) for s in state))
+    rows = list(range(num))  # batch row -> output row
+    ids: list[list[int]] = [[] for _ in range(num)]
+    logprob = [0.0] * num
+    for t in range(max_length):
+        lp = log_probs.clone()
+        lp[:, list(forbid)] = -math.inf
+        x = lp.double()
+        scores = torch.log_softmax((x - x.amax(-1, keepdim=True)) / temperature, -1).float()
+        if top_k is not None:
+            kth = scores.topk(top_k, dim=-1).indices
+            keep = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, kth, True)
+            scores = torch.log_softmax(scores.masked_fill(~keep, -math.inf), -1)
+        if top_p is not None:
+            probs, order = scores.exp().sort(dim=-1, descending=True)
+            drop = (probs.cumsum(-1) - probs) >= top_p
+            drop[:, 0] = False
+            drop = torch.zeros_like(drop).scatter(-1, order, drop)
+            scores = torch.log_softmax(scores.masked_fill(drop, -math.inf), -1)
+        token = torch.multinomial(scores.exp(), 1, generator=g).view(-1)
+        live = []
+        for b, (r, k) in enumerate(zip(rows, token.tolist(), strict=True)):
+            logprob[r] += float(log_probs[b, k])
+            if k == eos_id:
+                continue
+            ids[r].append(k)
+            live.append(b)
+        if t == max_length - 1 or not live:
+            break
+        keep_rows = torch.tensor(live)
+        rows = [rows[b] for b in live]
+        state = LSTMState(*(s.index_select(2, keep_rows) for s in state))
+        log_probs, state = model.step(token[keep_rows], state)
+    return list(zip(ids, logprob, strict=True))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"temperature": 0.6},
+        {"temperature": 1.7, "top_k": 3},
+        {"top_p": 0.8},
+        {"forbid": (1, 2), "eos_id": EOS},
+        {"forbid": (2,), "temperature": 0.8, "top_k": 4, "top_p": 0.9, "eos_id": EOS},
+    ],
+)
+@pytest.mark.parametrize("num", [1, 5])
+def test_samples_are_those_of_the_plain_multinomial_loop(options, num: int) -> None:
+    # The same tokens and the same log-probabilities, to the last bit, as the loop that
+    # samples with torch.multinomial from the distribution computed step by step.
+    lm = tiny_lm(seed=2)
+    with torch.no_grad():
+        lm.head.weight.div_(4.0)  # flat distributions: many possible samples
+    full = {"eos_id": None, "forbid": (), "temperature": 1.0, "top_k": None, "top_p": None}
+    full.update(options)
+    for seed in range(4):
+        g = torch.Generator().manual_seed(seed)
+        got = generate(lm, [4], max_length=12, num=num, generator=g, **full)
+        want = plain_sampling(lm, 4, num=num, max_length=12, seed=seed, **full)
+        assert [(r.ids, r.logprob) for r in got] == want, seed
+        assert all(r.finished == (len(r.ids) < 12) for r in got if options.get("eos_id") is None)
+
+
+def test_a_distribution_holding_nan_is_named() -> None:
+    # multinomial refused it inside torch; the draw reads the NaN with the tokens
+    table = torch.full((4, 4), 1 / 3)
+    table[:, 3] = 0.0  # token 3 is never drawn: only a prompt reaches its row
+    table[3, 1] = math.nan
+    chain = TableModel(table)
+    message = "^the model's log-probabilities hold NaN at generated token 1: nothing can"
+    with pytest.raises(ValueError, match=message):
+        generate(chain, [3], max_length=3, generator=torch.Generator().manual_seed(0))
+    fine = generate(chain, [0], max_length=3, num=2, generator=torch.Generator().manual_seed(0))
+    assert all(len(r.ids) == 3 for r in fine)
+
+
+# ATen operations per sampling step outside the model's step, without eos: the float64
+# copy with the forbidden columns (add), log_softmax, the float32 copy, exp, the draw
+# (empty_like, exponential_, div, max), the model's log-probability of it (gather), views.
+# It was 16.5: the fill, amax, sub, div, and an end test (ne, sum, a read) with no end.
+SAMPLING_OPS = 13
+
+
+def test_a_sampling_step_dispatches_no_more_than_pinned() -> None:
+    lm = tiny_lm()
+    forbid = (1, 2)
+    with OpCounts(LanguageModel) as counts:
+        generate(lm, [4], max_length=20, num=3, forbid=forbid, eos_id=None,
+                 generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert counts.per_step() - counts.model_per_step() <= SAMPLING_OPS, counts.by_name()

@@ -329,6 +329,82 @@ def test_step_by_step_generation_matches_the_forward():
         torch.testing.assert_close(step_logp, logp[:, t], rtol=0, atol=1e-12)
 
 
+def _parts(state):
+    return tuple(state) if isinstance(state, LSTMState) else (state,)
+
+
+STEP_MODELS = {
+    "lstm-L2": lambda: make_lm("lstm", 2, torch.float32).eval(),
+    "gru-dropout": lambda: make_lm("gru", 1, torch.float32, dropout=0.3).eval(),
+    # embeddings 64 wide: a batch of more ids than the vocabulary reads the input table
+    "table": lambda: build_language_model(ModelSpec(hidden=16, embedding=64), V).eval(),
+    "training": lambda: make_lm("lstm", 2, torch.float32, dropout=0.3).train(),
+}
+
+
+@pytest.mark.parametrize("name", list(STEP_MODELS))
+@pytest.mark.parametrize("batch", [1, 3, 40])
+def test_a_step_is_the_forward_of_one_token_to_the_last_bit(name, batch):
+    # The step leaves out the forward's wrapping (the module call, LMOutput, the head
+    # on (B, 1, H)); its log-probabilities and state are the forward's, in float32, and
+    # in training its dropout draws the forward's masks from the same seed.
+    lm = STEP_MODELS[name]()
+    state = None
+    for t in range(4):
+        token = tokens(batch, 1, seed=t).view(-1)
+        torch.manual_seed(t)
+        with torch.no_grad():
+            want = lm(token.view(-1, 1), state=state)
+        torch.manual_seed(t)
+        log_probs, new = lm.step(token, state)
+        assert torch.equal(log_probs, torch.log_softmax(want.logits[:, 0], dim=-1)), t
+        assert all(map(torch.equal, _parts(new), _parts(want.state))), t
+        state = new
+
+
+def test_a_step_runs_without_gradients_and_leaves_the_mode_as_it_was():
+    lm = make_lm("lstm", 1, torch.float32)
+    log_probs, state = lm.step(torch.tensor([1, 2]))
+    assert not log_probs.requires_grad and not state.h.requires_grad
+    assert torch.is_grad_enabled()
+
+
+def test_a_hook_on_the_dropout_sees_a_step_call_it():
+    # The step skips the dropout module where it does nothing, unless a hook would see it.
+    lm = make_lm("lstm", 1, torch.float32).eval()
+    seen = []
+    lm.drop.register_forward_hook(lambda module, args, out: seen.append(tuple(out.shape)))
+    lm.step(torch.tensor([1, 2]))
+    assert seen == [(2, 1, E), (2, H)]
+
+
+@pytest.mark.parametrize("rows", [1, 64, 65, 300])
+def test_the_id_check_names_the_first_bad_id_read_on_the_host_or_not(rows):
+    # Up to 64 ids on the CPU are read on the host, more by tensor operations: the same
+    # answer either way, on contiguous ids and on a transposed view.
+    from rnnkit.models.language_model import check_token_ids
+
+    ids = torch.arange(2 * rows).view(2, rows).T % 9  # (rows, 2), not contiguous
+    assert check_token_ids(ids, 9) is ids
+    for bad in (9, -1, 1000):
+        wrong = ids.clone()
+        wrong[rows // 2, 1] = bad
+        message = rf"token ids in \[0, 9\) .*, got {bad} at \({rows // 2}, 1\)$"
+        with pytest.raises(ValueError, match=message):
+            check_token_ids(wrong, 9)
+        with pytest.raises(ValueError, match=message):
+            check_token_ids(wrong.T.contiguous().T, 9)
+
+
+def test_a_step_names_a_token_outside_the_vocabulary():
+    lm = make_lm("gru", 1, torch.float32)
+    message = rf"^inputs must hold token ids in \[0, {V}\) .*, got {V} at \(1, 0\)$"
+    with pytest.raises(ValueError, match=message):
+        lm.step(torch.tensor([3, V]))
+    with pytest.raises(TypeError, match="integer token ids"):
+        lm.step(torch.tensor([1.0]))
+
+
 def test_rejects_bidirectional_encoder_and_width_mismatch():
     with pytest.raises(ValueError, match="unidirectional"):
         LanguageModel(nn.Embedding(V, E), LSTM(E, H, bidirectional=True), nn.Linear(2 * H, V))

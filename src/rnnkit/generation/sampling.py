@@ -50,12 +50,20 @@ def filter_log_probs(
     tensor([[1., 0., 0., 0.]])
     """
     _check_sampling(temperature, top_k, top_p)
+    return _filtered(log_probs.double(), temperature, top_k, top_p)
+
+
+def _filtered(x: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
+    """:func:`filter_log_probs` of ``x (B, V)`` in float64, options already checked."""
     # In float64 and from the maximum: a temperature of 1e-45 makes float32 logits / T
     # inf (and inf - inf NaN); (x - max) / T is 0 at the maximum and finite or -inf
-    # elsewhere, so the distribution tends to greedy instead of failing.
-    x = log_probs.double()
-    top = x.amax(dim=-1, keepdim=True)
-    scores = torch.log_softmax((x - top) / temperature, dim=-1).float()
+    # elsewhere, so the distribution tends to greedy instead of failing. At T = 1 the
+    # shift is log_softmax's own: it subtracts the maximum first and computes
+    # (x - max) - log Σ exp(x - max), the same values to the last bit (tested) in two
+    # operations fewer.
+    if temperature != 1.0:
+        x = (x - x.amax(dim=-1, keepdim=True)) / temperature
+    scores = torch.log_softmax(x, dim=-1).float()
     if top_k is not None and top_k < scores.shape[-1]:
         keep = torch.zeros_like(scores, dtype=torch.bool)
         keep.scatter_(-1, scores.topk(top_k, dim=-1).indices, True)
@@ -68,6 +76,40 @@ def filter_log_probs(
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = torch.log_softmax(scores.masked_fill(drop, -math.inf), dim=-1)
     return scores
+
+
+def _draw(probs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """One token per row of ``probs (B, V)``: ``(index (B, 1), race (B, 1))``.
+
+    The exponential race ``index = argmax_v p_v / q_v``, ``q_v ~ Exp(1)`` independent (the
+    index is distributed as ``p``): ``torch.multinomial(probs, 1)``'s own draw, the same
+    exponentials from the same generator and the same index (tested), in four operations
+    where ``multinomial`` adds eight that check ``probs`` and two reads of the host at
+    every step. ``race``, the winning ``p / q``, is NaN where the row held NaN: the
+    search reads it with the draws and reports it (:func:`_check_races`).
+    """
+    q = torch.empty_like(probs).exponential_(generator=generator)
+    race, index = torch.div(probs, q, out=q).max(dim=-1, keepdim=True)
+    return index, race
+
+
+def _check_races(races: list[float], sizes: list[int]) -> None:
+    """A clear error where a step's distribution held NaN (``races``: :func:`_draw`'s, the
+    ``sizes[t]`` rows of step ``t`` after one another)."""
+    at = 0
+    for t, n in enumerate(sizes):
+        if any(math.isnan(v) for v in races[at : at + n]):
+            raise ValueError(
+                f"the model's log-probabilities hold NaN at generated token {t + 1}: "
+                "nothing can be sampled from them"
+            )
+        at += n
+
+
+def _forbid_bias(forbid: Tensor, like: Tensor) -> Tensor:
+    """``(V,)`` float64 on ``like``'s device: ``-inf`` at the ``forbid`` ids, 0 elsewhere."""
+    zeros = torch.zeros(like.shape[-1], dtype=torch.float64, device=like.device)
+    return zeros.index_fill_(0, forbid, -math.inf)
 
 
 def _run_sampling(
@@ -84,34 +126,46 @@ def _run_sampling(
     B = log_probs.shape[0]
     origin = torch.arange(B, device=log_probs.device)  # active row -> output row
     drawn: list[tuple[Tensor, Tensor, Tensor]] = []  # (origin, token, log-prob) per step
+    races: list[Tensor] = []  # sampling: the winning p / q of every row, per step (_draw)
     lazy = opt.strategy == "greedy" and opt.eos_id is not None
     ended = torch.zeros(B, dtype=torch.bool, device=log_probs.device) if lazy else None
     # never drawn, never chosen; the ids copied to the device once, not at every step
     forbid = forbid_index(opt.forbid, log_probs.shape[-1], log_probs.device)
+    sample = opt.strategy != "greedy"
+    # Sampling: the forbidden tokens are a float64 row of 0 and -inf added to the
+    # log-probabilities, one operation that is also their exact float64 copy (x + 0 = x),
+    # where the sampler read them (float64, then the fill) in two.
+    bias = None if forbid is None or not sample else _forbid_bias(forbid, log_probs)
+    # Draw where the generator lives (a CPU seed reproduces on any device).
+    gen = opt.generator
+    draw_on = None if gen is None or gen.device == log_probs.device else gen.device
     for t in range(opt.max_length):
-        if forbid is not None:
-            log_probs = log_probs.index_fill(-1, forbid, -math.inf)
-        if opt.strategy == "greedy":
+        if not sample:
+            if forbid is not None:
+                log_probs = log_probs.index_fill(-1, forbid, -math.inf)
             chosen, token = log_probs.max(dim=-1)  # (B',) each: one op for both
         else:
-            probs = filter_log_probs(
-                log_probs, temperature=opt.temperature, top_k=opt.top_k, top_p=opt.top_p
-            ).exp()
-            if opt.generator is not None and opt.generator.device != probs.device:
-                # Draw where the generator lives (a CPU seed reproduces on any device).
-                probs = probs.to(opt.generator.device)
-            token = torch.multinomial(probs, 1, generator=opt.generator).view(-1)  # (B',)
-            token = token.to(log_probs.device)
-            chosen = log_probs.gather(1, token.view(-1, 1)).view(-1)
+            x = log_probs.double() if bias is None else log_probs + bias  # (B', V) float64
+            probs = _filtered(x, opt.temperature, opt.top_k, opt.top_p).exp()
+            if draw_on is not None:
+                probs = probs.to(draw_on)
+            drawn_t, race = _draw(probs, gen)  # (B', 1) each
+            if draw_on is not None:
+                drawn_t, race = drawn_t.to(log_probs.device), race.to(log_probs.device)
+            races.append(race.view(-1))
+            chosen, token = log_probs.gather(1, drawn_t).view(-1), drawn_t.view(-1)
         drawn.append((origin, token, chosen))
         if t == opt.max_length - 1:
             break
+        if opt.eos_id is None:  # only the length limit ends a row: nothing to read
+            log_probs, state = model.step(token, state)
+            continue
         rows = token.shape[0]
         if ended is not None:  # greedy: rows stay until a quarter of them has ended
             ended |= token == opt.eos_id
             alive = rows - int(ended.sum())
         else:
-            live = token != (-1 if opt.eos_id is None else opt.eos_id)
+            live = token != opt.eos_id
             alive = int(live.sum())
         if alive == 0:
             break
@@ -127,7 +181,9 @@ def _run_sampling(
     # waits for the device).
     sizes = [len(d[1]) for d in drawn]
     flat_ids = torch.cat([t for d in drawn for t in d[:2]]).tolist()
-    flat_lps = torch.cat([d[2] for d in drawn]).tolist()
+    flat_lps = torch.cat([d[2] for d in drawn] + races).tolist()  # the races read with them
+    if races:
+        _check_races(flat_lps[len(flat_lps) // 2 :], sizes)
     ids: list[list[int]] = [[] for _ in range(B)]
     logprob = [0.0] * B
     finished = [False] * B

@@ -14,7 +14,7 @@ Without one (the default) the model is exactly the plain ``</s>`` language model
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -52,6 +52,10 @@ class LossOutput(NamedTuple):
     state: State | None = None
 
 
+#: Up to this many ids on the CPU, :func:`check_token_ids` reads them on the host.
+_FEW_IDS = 64
+
+
 def check_token_ids(inputs: Tensor, vocab_size: int | None, name: str = "inputs") -> Tensor:
     """``inputs`` unless it is not ``(B, T)`` integer ids in ``[0, V)``: then a
     ``ValueError``/``TypeError`` naming ``inputs`` (torch's embedding said ``index out of
@@ -74,8 +78,14 @@ def check_token_ids(inputs: Tensor, vocab_size: int | None, name: str = "inputs"
         raise ValueError(f"{name} must have shape (B, T), got {tuple(inputs.shape)}")
     if vocab_size is None or inputs.numel() == 0 or tracing():
         return inputs
-    bad = (inputs < 0) | (inputs >= vocab_size)
     deferred = active_for(inputs)
+    if deferred is None and inputs.numel() <= _FEW_IDS and inputs.device.type == "cpu":
+        # A generation step's few ids: read once on the host (the range test in Python)
+        # instead of four tensor operations and a read of their answer.
+        ids = inputs.reshape(-1).tolist()
+        if min(ids) >= 0 and max(ids) < vocab_size:
+            return inputs
+    bad = (inputs < 0) | (inputs >= vocab_size)
     if deferred is not None:
         deferred.check(bad.any(), lambda: _id_error(inputs, bad, vocab_size, name))
         return inputs.clamp(0, vocab_size - 1)
@@ -89,6 +99,18 @@ def _id_error(inputs: Tensor, bad: Tensor, vocab_size: int, name: str) -> ValueE
     return ValueError(
         f"{name} must hold token ids in [0, {vocab_size}) (the vocabulary's size), "
         f"got {int(inputs[where])} at {where}"
+    )
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether a forward hook would see ``module`` called (its own or a global one)."""
+    # torch keeps the global module hooks in private dicts: read them defensively
+    torch_module = nn.modules.module
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or getattr(torch_module, "_global_forward_hooks", None)
+        or getattr(torch_module, "_global_forward_pre_hooks", None)
     )
 
 
@@ -165,19 +187,11 @@ class LanguageModel(nn.Module):
         against 64).
         """
         emb = self.embedding
-        # torch keeps the global module hooks in private dicts: read them defensively
-        module = nn.modules.module
-        hooked = bool(
-            emb._forward_hooks
-            or emb._forward_pre_hooks
-            or getattr(module, "_global_forward_hooks", None)
-            or getattr(module, "_global_forward_pre_hooks", None)
-        )
         return (
             mask is None
             and emb.num_embeddings < inputs.numel()
             and emb.embedding_dim >= 64
-            and not hooked
+            and not _hooked(emb)
             and not (self.training and self.drop.p > 0)
             and not (self.training and bool(getattr(emb, "dropout", 0.0)))  # DropoutEmbedding
             and emb.max_norm is None
@@ -188,6 +202,14 @@ class LanguageModel(nn.Module):
             and starts is None
             and self.encoder.takes_projected(emb.weight)
         )
+
+    def _dropped(self, x: Tensor) -> Tensor:
+        """``self.drop(x)``, or ``x`` itself where the dropout does nothing (evaluation or
+        ``p = 0``, no hook): the module's call costs more than a generation step's head."""
+        drop = self.drop
+        if (drop.training and drop.p > 0) or _hooked(drop):
+            return drop(x)
+        return x
 
     def _run(self, x, mask, state, window, resets=None, masks=None):
         out = self.encoder(x, mask=mask, state=state, window=window, resets=resets, masks=masks)
@@ -229,6 +251,18 @@ class LanguageModel(nn.Module):
     ) -> tuple[Tensor, State]:
         """Top states ``(B, T, H)`` (what the head reads) and the final state."""
         inputs = check_token_ids(inputs, getattr(self.embedding, "num_embeddings", None))
+        return self._features(inputs, mask, state, starts, window, lengths)
+
+    def _features(
+        self,
+        inputs: Tensor,
+        mask: Tensor | None,
+        state: State | None,
+        starts: Tensor | None = None,
+        window: int | None = None,
+        lengths: Tensor | None = None,
+    ) -> tuple[Tensor, State]:
+        """:meth:`features` of ids already checked."""
         if self._reads_table(inputs, mask, starts, window):
             # The first layer's input product x W_ihᵀ of a token is a row of E W_ihᵀ: read
             # from that (V, G·H) table instead of a (B·T, E) × (E, G·H) product, and the
@@ -241,7 +275,7 @@ class LanguageModel(nn.Module):
             xp = nn.functional.embedding(inputs.T, table, padding_idx=pad).transpose(0, 1)
             out = self.encoder(xp, mask=mask, state=state, projected=True)
             return out.outputs, out.state
-        x = self.drop(self.embedding(inputs))  # (B, T, E)
+        x = self._dropped(self.embedding(inputs))  # (B, T, E)
         if self.length is not None and self.length.input_size:
             if lengths is None:
                 raise ValueError("length='predict' needs lengths (B,) in training")
@@ -354,18 +388,33 @@ class LanguageModel(nn.Module):
         # A LengthState of ints (``_make`` takes values of any type).
         return 2 if self.length is None else LengthState._make((2, 0))
 
-    @torch.no_grad()
     def step(
         self, token: Tensor, state: State | LengthState | None = None
     ) -> tuple[Tensor, State | LengthState]:
-        """One generation step: ``token (B,)`` → ``(log-probabilities (B, V), state)``.
+        """One generation step: ``token (B,)`` → ``(log-probabilities (B, V), state)``,
+        without gradients.
 
         With a length mechanism the state is a :class:`~rnnkit.models.length.LengthState`
         (None at the first step: zero state, and ``T`` chosen greedily under ``"predict"``).
         """
+        if torch.is_grad_enabled():  # the searches call it where gradients are off already
+            with torch.no_grad():
+                return self._step(token, state)
+        return self._step(token, state)
+
+    def _step(
+        self, token: Tensor, state: State | LengthState | None
+    ) -> tuple[Tensor, State | LengthState]:
+        """:meth:`step` where gradients are off."""
         if self.length is None:
-            out = self(token.view(-1, 1), state=state)
-            return torch.log_softmax(out.logits[:, 0], dim=-1), out.state
+            # forward's function for one token, without its wrapping: the head reads the
+            # (B, H) rows directly (the same product as on (B, 1, H))
+            vocab = getattr(self.embedding, "num_embeddings", None)
+            ids = check_token_ids(token.view(-1, 1), vocab)
+            # a LengthState here is refused by the encoder, as the forward refuses it
+            h, state = self._features(ids, None, cast("State | None", state))
+            logits = self.head(self._dropped(h[:, 0]))
+            return torch.log_softmax(logits, dim=-1), state
         if state is None:
             B, like = token.shape[0], self.embedding.weight
             extra = self.length.start(B, self._initial_top(None, B, like))
