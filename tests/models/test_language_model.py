@@ -378,6 +378,29 @@ def test_a_hook_on_the_dropout_sees_a_step_call_it():
     assert seen == [(2, 1, E), (2, H)]
 
 
+def test_a_step_goes_through_a_hooked_or_subclassed_forward():
+    # The step computes forward's function without calling it, unless a hook on the model
+    # or a subclass's own forward should see the call.
+    lm = make_lm("lstm", 1, torch.float32).eval()
+    seen = []
+    handle = lm.register_forward_hook(lambda module, args, out: seen.append(out.logits.shape))
+    hooked, _ = lm.step(torch.tensor([1, 2]))
+    handle.remove()
+    assert seen == [(2, 1, lm.head.out_features)]
+    plain, _ = lm.step(torch.tensor([1, 2]))
+    assert torch.equal(hooked, plain)
+
+    class Louder(type(lm)):
+        def forward(self, inputs, mask=None, state=None, **kw):
+            out = super().forward(inputs, mask, state, **kw)
+            return out._replace(logits=2 * out.logits)
+
+    logits = lm(torch.tensor([[1], [2]])).logits[:, 0]
+    lm.__class__ = Louder
+    louder, _ = lm.step(torch.tensor([1, 2]))
+    assert torch.equal(louder, torch.log_softmax(2 * logits, dim=-1))
+
+
 @pytest.mark.parametrize("rows", [1, 64, 65, 300])
 def test_the_id_check_names_the_first_bad_id_read_on_the_host_or_not(rows):
     # Up to 64 ids on the CPU are read on the host, more by tensor operations: the same
