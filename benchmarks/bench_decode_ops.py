@@ -21,6 +21,8 @@ reads; ``GPU kernels`` counts each cell's gate math as the one fused kernel a GP
 
     python benchmarks/bench_decode_ops.py            # the table
     python benchmarks/bench_decode_ops.py --names    # and the op names of each
+    python benchmarks/bench_decode_ops.py --time     # and the CPU time (one thread)
+    python benchmarks/bench_decode_ops.py --cell gru # a GRU decoder (untrained; no torch.nn)
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import argparse
 import collections
 import contextlib
 import sys
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -44,9 +47,10 @@ import bench_tasks  # noqa: E402
 from op_counts import OpCounts, kind, launches  # noqa: E402
 
 from rnnkit.bptt.native import use_native  # noqa: E402
-from rnnkit.models.seq2seq import Seq2Seq  # noqa: E402
+from rnnkit.models.seq2seq import Seq2Seq, build_seq2seq  # noqa: E402
 from rnnkit.models.seq2seq_inference import InferenceStep  # noqa: E402
 from rnnkit.models.seq2seq_torch_step import TorchInferenceStep  # noqa: E402
+from rnnkit.models.spec import ModelSpec  # noqa: E402
 
 
 def _general_only() -> contextlib.AbstractContextManager[object]:
@@ -102,6 +106,19 @@ def _fused_on_gpu(names: collections.Counter[str]) -> float:
     return sum(names.get(marker, 0) * saved for marker, saved in FUSED_SAVED.items())
 
 
+def _seconds(runs: list[Callable[[], object]], native: bool, general: bool, repeats: int) -> float:
+    """The fastest of ``repeats`` passes over ``runs`` (seconds), uncounted."""
+    best = float("inf")
+    for _ in range(repeats):
+        forced = _general_only() if general else contextlib.nullcontext()
+        with use_native(native), forced, torch.no_grad():
+            start = time.perf_counter()
+            for run in runs:
+                run()
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--names", action="store_true", help="the op names of each contender")
@@ -111,18 +128,40 @@ def main(argv: list[str] | None = None) -> int:
         default=bench_tasks.DECODE_TRAIN["steps"],
         help="training steps of the model before counting (as bench_tasks.py)",
     )
+    p.add_argument(
+        "--time",
+        action="store_true",
+        help="also each contender's CPU time per decoding of all sources (one thread)",
+    )
+    p.add_argument("--repeats", type=int, default=5, help="timed passes (the fastest counts)")
+    p.add_argument(
+        "--cell",
+        choices=("lstm", "gru", "rnn"),
+        default="lstm",
+        help="the decoder's cell: gru or rnn build an untrained model of the same sizes "
+        "(no torch.nn contender)",
+    )
     args = p.parse_args(argv)
     bench_tasks.DECODE_TRAIN["steps"] = args.decode_train
+    if args.time:
+        torch.set_num_threads(1)
     torch.manual_seed(0)
     V, E, H, B, N, K, max_length = 40, 64, 128, 64, 512, 5, 32
-    model, ref = bench_tasks._decoding_models(V, E, H)
+    ref = None
+    if args.cell == "lstm":
+        model, ref = bench_tasks._decoding_models(V, E, H)
+    else:
+        spec = ModelSpec(hidden=H, embedding=E, attention="additive", cell=args.cell)
+        model = build_seq2seq(spec, V, V).eval()
     gen = torch.Generator().manual_seed(0)
     batches = [bench_tasks._pairs(gen, V, B)[:2] for _ in range(N // B)]
+    timed = " ms / decoding |" if args.time else ""
     print(
         "| search | contender | steps | ops / step | in the step | search | products | "
         "math | choice | bookkeeping | kernels / step | GPU kernels / step | host syncs / step |"
+        + timed
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.time else ""))
     tables = []
     for search, beam in (("greedy", 1), ("beam 5", K)):
         decodings: list[Callable[[], object]] = [
@@ -133,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             "rnnkit": (decodings, True, False, steppers),
             "rnnkit torch": (decodings, False, False, steppers),
             "rnnkit general": (decodings, False, True, steppers),
-            "torch.nn": (
+        }
+        if ref is not None:
+            contenders["torch.nn"] = (
                 [
                     partial(ref.greedy, s, m, max_length)
                     if beam == 1
@@ -143,19 +184,21 @@ def main(argv: list[str] | None = None) -> int:
                 True,
                 False,
                 (ref,),
-            ),
-        }
+            )
         for name, (runs, native, general, owners) in contenders.items():
             with torch.no_grad():
                 r = _count(runs, native, general, *owners)
             tables.append((search, name, r))
             k = r["kinds"]
             assert isinstance(k, dict)
+            ms = ""
+            if args.time:
+                ms = f" {1000 * _seconds(runs, native, general, args.repeats):.0f} |"
             print(
                 f"| {search} | {name} | {r['steps']} | {r['ops']:.1f} | {r['model']:.1f} | "
                 f"{r['search']:.1f} | {k['product']:.1f} | {k['math']:.1f} | {k['choice']:.1f} | "
                 f"{k['bookkeeping']:.1f} | {r['kernels']:.1f} | {r['gpu kernels']:.1f} | "
-                f"{r['syncs']:.2f} |",
+                f"{r['syncs']:.2f} |{ms}",
                 flush=True,
             )
     if args.names:
