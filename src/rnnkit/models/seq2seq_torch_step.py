@@ -42,6 +42,11 @@ The values equal the general step's to float rounding (tested in float64); the g
 step stays the definition and runs wherever this one does not apply
 (:meth:`TorchInferenceStep.build` returns None): a length mechanism, training mode or
 gradients, autocast or tracing, weights or states of different dtypes or devices.
+Decoding (:meth:`rnnkit.models.seq2seq.Seq2Seq.decode`, ``sample``) takes this step where
+the compiled library's (:mod:`rnnkit.models.seq2seq_inference`: an LSTM decoder on the
+CPU) does not run: on a GPU, with ``use_native(False)``, for a GRU or simple-RNN decoder
+on the CPU (where it is faster than the general step too), for a source without any
+real position.
 """
 
 from __future__ import annotations
