@@ -9,25 +9,33 @@ on string reversal): per step (a ``step`` call; encoding and setup left out), th
 operations inside the model's step and in the search around it, by kind (products; gate,
 attention and output math; the choice of tokens; bookkeeping), and host syncs.
 
-Contenders: ``rnnkit`` (``Seq2Seq.decode``: the inference step, on the CPU), ``rnnkit
-general`` (the model's general ``step`` with the compiled library off: what decoding runs
-on a GPU) and ``torch.nn`` (the plain ``nn.LSTMCell`` loop of ``bench_tasks.py``; on the
-CPU both of the last two compute the LSTM cell in torch's dozen operations, on a GPU in
-its fused kernel). ``kernels`` leaves out the views (``view``, ``t``, ``select``...) and
-allocations (``empty``), which launch nothing on a GPU, and the host reads.
+Contenders: ``rnnkit`` (``Seq2Seq.decode``: the compiled library's inference step, on the
+CPU), ``rnnkit torch`` (with the compiled library off: the inference step of torch
+operations, ``TorchInferenceStep``, what decoding runs on a GPU), ``rnnkit general`` (the
+model's general ``step``, what a GPU ran before) and ``torch.nn`` (the plain
+``nn.LSTMCell`` loop of ``bench_tasks.py``). On the CPU the last three compute the LSTM
+cell's gate math in elementwise operations (torch's ten, ``TorchInferenceStep``'s eight),
+on a GPU in torch's one fused kernel. ``kernels`` leaves out the views (``view``, ``t``,
+``select``...) and allocations (``empty``), which launch nothing on a GPU, and the host
+reads; ``GPU kernels`` counts each cell's gate math as the one fused kernel a GPU runs.
 
     python benchmarks/bench_decode_ops.py            # the table
     python benchmarks/bench_decode_ops.py --names    # and the op names of each
+    python benchmarks/bench_decode_ops.py --time     # and the CPU time (one thread)
+    python benchmarks/bench_decode_ops.py --cell gru # a GRU decoder (untrained; no torch.nn)
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import sys
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -36,20 +44,30 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "generation"))
 sys.path.insert(0, str(HERE.parent / "tests"))  # op_counts reads host_syncs there
 import bench_tasks  # noqa: E402
-from op_counts import OpCounts, kind  # noqa: E402
+from op_counts import OpCounts, kind, launches  # noqa: E402
 
 from rnnkit.bptt.native import use_native  # noqa: E402
-from rnnkit.models.seq2seq import Seq2Seq  # noqa: E402
+from rnnkit.models.seq2seq import Seq2Seq, build_seq2seq  # noqa: E402
 from rnnkit.models.seq2seq_inference import InferenceStep  # noqa: E402
+from rnnkit.models.seq2seq_torch_step import TorchInferenceStep  # noqa: E402
+from rnnkit.models.spec import ModelSpec  # noqa: E402
 
 
-def _count(runs: list[Callable[[], object]], native: bool, *owners: object) -> dict[str, object]:
+def _general_only() -> contextlib.AbstractContextManager[object]:
+    """The model's general step forced: neither inference step applies."""
+    return mock.patch.object(TorchInferenceStep, "build", classmethod(lambda cls, m: None))
+
+
+def _count(
+    runs: list[Callable[[], object]], native: bool, general: bool, *owners: object
+) -> dict[str, object]:
     """Per-step figures over several decodings (each counted from its first step)."""
     names: collections.Counter[str] = collections.Counter()
     syncs: collections.Counter[str] = collections.Counter()
     steps = in_step = 0
     for run in runs:
-        with use_native(native), OpCounts(*owners) as counts:
+        forced = _general_only() if general else contextlib.nullcontext()
+        with use_native(native), forced, OpCounts(*owners) as counts:
             run()
         names += counts.by_name()
         syncs += counts.sync_names()
@@ -59,11 +77,12 @@ def _count(runs: list[Callable[[], object]], native: bool, *owners: object) -> d
     kinds: collections.Counter[str] = collections.Counter()
     for name, n in names.items():
         kinds[kind(name)] += n
-    launches = sum(n for name, n in names.items() if _launches(name))
+    kernels = sum(n for name, n in names.items() if launches(name))
     return {
         "steps": steps,
         "ops": total / steps,
-        "kernels": launches / steps,
+        "kernels": kernels / steps,
+        "gpu kernels": (kernels - _fused_on_gpu(names)) / steps,
         "model": in_step / steps,
         "search": (total - in_step) / steps,
         "kinds": {k: kinds[k] / steps for k in ("product", "math", "choice", "bookkeeping")},
@@ -73,36 +92,31 @@ def _count(runs: list[Callable[[], object]], native: bool, *owners: object) -> d
     }
 
 
-# Operations that launch nothing on a GPU: views, allocations, and the host reads
-# (counted apart).
-NO_LAUNCH = frozenset(
-    {
-        "empty",
-        "new_empty",
-        "empty_like",
-        "view",
-        "_unsafe_view",
-        "t",
-        "select",
-        "slice",
-        "unsqueeze",
-        "squeeze",
-        "permute",
-        "transpose",
-        "expand",
-        "unsafe_split",
-        "split",
-        "unbind",
-        "alias",
-        "_local_scalar_dense",
-        "lift_fresh",
-        "scalar_tensor",
-    }
-)
+#: Per LSTM cell step on the CPU, the elementwise operations that a GPU runs as torch's
+#: one fused kernel (``_thnn_fused_lstm_cell``), less that one: torch's ``lstm_cell``
+#: (``add_``, three ``sigmoid_``, ``tanh_``, three ``mul``, ``add_``, ``tanh``: 9 saved)
+#: and ``TorchInferenceStep``'s (``add``, two ``sigmoid``, two ``tanh``, two ``mul``,
+#: ``addcmul``: 7 saved). One ``unsafe_split`` marks a torch cell step, one ``addcmul``
+#: the inference step's.
+FUSED_SAVED = {"aten.unsafe_split": 9, "aten.addcmul": 7}
 
 
-def _launches(name: str) -> bool:
-    return name.split("[")[0].rsplit(".", 1)[-1] not in NO_LAUNCH
+def _fused_on_gpu(names: collections.Counter[str]) -> float:
+    """The kernels that the CPU's LSTM gate math counts beyond a GPU's one per cell."""
+    return sum(names.get(marker, 0) * saved for marker, saved in FUSED_SAVED.items())
+
+
+def _seconds(runs: list[Callable[[], object]], native: bool, general: bool, repeats: int) -> float:
+    """The fastest of ``repeats`` passes over ``runs`` (seconds), uncounted."""
+    best = float("inf")
+    for _ in range(repeats):
+        forced = _general_only() if general else contextlib.nullcontext()
+        with use_native(native), forced, torch.no_grad():
+            start = time.perf_counter()
+            for run in runs:
+                run()
+            best = min(best, time.perf_counter() - start)
+    return best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,32 +128,53 @@ def main(argv: list[str] | None = None) -> int:
         default=bench_tasks.DECODE_TRAIN["steps"],
         help="training steps of the model before counting (as bench_tasks.py)",
     )
+    p.add_argument(
+        "--time",
+        action="store_true",
+        help="also each contender's CPU time per decoding of all sources (one thread)",
+    )
+    p.add_argument("--repeats", type=int, default=5, help="timed passes (the fastest counts)")
+    p.add_argument(
+        "--cell",
+        choices=("lstm", "gru", "rnn"),
+        default="lstm",
+        help="the decoder's cell: gru or rnn build an untrained model of the same sizes "
+        "(no torch.nn contender)",
+    )
     args = p.parse_args(argv)
     bench_tasks.DECODE_TRAIN["steps"] = args.decode_train
+    if args.time:
+        torch.set_num_threads(1)
     torch.manual_seed(0)
     V, E, H, B, N, K, max_length = 40, 64, 128, 64, 512, 5, 32
-    model, ref = bench_tasks._decoding_models(V, E, H)
+    ref = None
+    if args.cell == "lstm":
+        model, ref = bench_tasks._decoding_models(V, E, H)
+    else:
+        spec = ModelSpec(hidden=H, embedding=E, attention="additive", cell=args.cell)
+        model = build_seq2seq(spec, V, V).eval()
     gen = torch.Generator().manual_seed(0)
     batches = [bench_tasks._pairs(gen, V, B)[:2] for _ in range(N // B)]
+    timed = " ms / decoding |" if args.time else ""
     print(
         "| search | contender | steps | ops / step | in the step | search | products | "
-        "math | choice | bookkeeping | kernels / step | host syncs / step |"
+        "math | choice | bookkeeping | kernels / step | GPU kernels / step | host syncs / step |"
+        + timed
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.time else ""))
     tables = []
     for search, beam in (("greedy", 1), ("beam 5", K)):
-        contenders: dict[str, tuple[list[Callable[[], object]], bool, tuple[object, ...]]] = {
-            "rnnkit": (
-                [partial(model.decode, s, m, beam=beam, max_length=max_length) for s, m in batches],
-                True,
-                (InferenceStep, Seq2Seq),
-            ),
-            "rnnkit general": (
-                [partial(model.decode, s, m, beam=beam, max_length=max_length) for s, m in batches],
-                False,
-                (InferenceStep, Seq2Seq),
-            ),
-            "torch.nn": (
+        decodings: list[Callable[[], object]] = [
+            partial(model.decode, s, m, beam=beam, max_length=max_length) for s, m in batches
+        ]
+        steppers: tuple[object, ...] = (InferenceStep, TorchInferenceStep, Seq2Seq)
+        contenders: dict[str, tuple[list[Callable[[], object]], bool, bool, tuple[object, ...]]] = {
+            "rnnkit": (decodings, True, False, steppers),
+            "rnnkit torch": (decodings, False, False, steppers),
+            "rnnkit general": (decodings, False, True, steppers),
+        }
+        if ref is not None:
+            contenders["torch.nn"] = (
                 [
                     partial(ref.greedy, s, m, max_length)
                     if beam == 1
@@ -147,19 +182,23 @@ def main(argv: list[str] | None = None) -> int:
                     for s, m in batches
                 ],
                 True,
+                False,
                 (ref,),
-            ),
-        }
-        for name, (runs, native, owners) in contenders.items():
+            )
+        for name, (runs, native, general, owners) in contenders.items():
             with torch.no_grad():
-                r = _count(runs, native, *owners)
+                r = _count(runs, native, general, *owners)
             tables.append((search, name, r))
             k = r["kinds"]
             assert isinstance(k, dict)
+            ms = ""
+            if args.time:
+                ms = f" {1000 * _seconds(runs, native, general, args.repeats):.0f} |"
             print(
                 f"| {search} | {name} | {r['steps']} | {r['ops']:.1f} | {r['model']:.1f} | "
                 f"{r['search']:.1f} | {k['product']:.1f} | {k['math']:.1f} | {k['choice']:.1f} | "
-                f"{k['bookkeeping']:.1f} | {r['kernels']:.1f} | {r['syncs']:.2f} |",
+                f"{k['bookkeeping']:.1f} | {r['kernels']:.1f} | {r['gpu kernels']:.1f} | "
+                f"{r['syncs']:.2f} |{ms}",
                 flush=True,
             )
     if args.names:

@@ -49,6 +49,8 @@ MATH = frozenset(
         "sigmoid_scores",
         "_thnn_fused_lstm_cell",
         "_thnn_fused_gru_cell",
+        "addcmul",
+        "lerp",
         "embedding",
         "mul",
         "add",
@@ -58,6 +60,40 @@ MATH = frozenset(
     }
 )
 CHOICE = frozenset({"max", "argmax", "topk", "multinomial"})
+
+
+# Operations that launch nothing on a GPU: views, allocations, and the host reads
+# (counted apart).
+NO_LAUNCH = frozenset(
+    {
+        "empty",
+        "new_empty",
+        "empty_like",
+        "view",
+        "_unsafe_view",
+        "t",
+        "select",
+        "slice",
+        "unsqueeze",
+        "squeeze",
+        "permute",
+        "transpose",
+        "expand",
+        "unsafe_split",
+        "split",
+        "unbind",
+        "alias",
+        "_local_scalar_dense",
+        "lift_fresh",
+        "scalar_tensor",
+    }
+)
+
+
+def launches(name: str) -> bool:
+    """Whether the op ``name`` (``"aten.addmm"``, ``"aten.add[int]"``) launches a kernel on
+    a GPU: every operation but the views, allocations and host reads."""
+    return name.split("[")[0].rsplit(".", 1)[-1] not in NO_LAUNCH
 
 
 def kind(name: str) -> str:
@@ -188,6 +224,11 @@ class OpCounts:
     def by_name(self) -> collections.Counter[str]:
         """Op name → count from the first step on."""
         return collections.Counter(self._from_first_step())
+
+    def kernels_per_step(self) -> float:
+        """Operations that launch a kernel on a GPU (:func:`launches`) per step, from the
+        first step on."""
+        return sum(n for name, n in self.by_name().items() if launches(name)) / self.steps
 
     def by_kind(self) -> dict[str, float]:
         """Per step: products, math, choice, bookkeeping (see :func:`kind`)."""

@@ -4,11 +4,13 @@ On a GPU, decoding a small model is bound by kernel launches (one per ATen opera
 by host syncs (each read of device values, each copy of host data to the device, waits
 for the device), neither of which a CPU test can time; :class:`op_counts.OpCounts`
 counts both. The bounds are the counts of greedy and beam search (``K = 3``) at a small
-size, with the inference step (the compiled library's, on the CPU) and with the model's
-general step (the one a GPU runs), on a model whose rows all run to the length limit and
-on one whose rows and sources mostly end at the first step (rows and sources then leave
-the batch). An operation or a host read added to a step fails here; when a change
-removes some, lower the bounds to the new counts.
+size, with the compiled library's inference step (the CPU's), with the inference step of
+torch operations (the compiled library off: a GPU's) and with the model's general step,
+on a model whose rows all run to the length limit and on one whose rows and sources
+mostly end at the first step (rows and sources then leave the batch). An operation or a
+host read added to a step fails here; when a change removes some, lower the bounds to
+the new counts. And a greedy step of torch operations launches no more kernels than the
+plain ``nn.LSTMCell`` loop of the same model.
 
 Before these bounds a step read the host once per ended hypothesis, per source and per
 drawn token list, and copied the forbidden ids to the device at every step.
@@ -17,31 +19,52 @@ drawn token list, and copied the forbidden ids to the device at every step.
 from __future__ import annotations
 
 import collections
+import contextlib
+from unittest import mock
 
 import pytest
 import torch
 from op_counts import OpCounts, kind
+from torch import nn
 
 from rnnkit.bptt.native import use_native
-from rnnkit.data.vocab import EOS_ID
+from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED
+from rnnkit.layers.interop import to_torch
 from rnnkit.models.seq2seq import Seq2Seq, build_seq2seq
 from rnnkit.models.seq2seq_inference import InferenceStep
+from rnnkit.models.seq2seq_torch_step import TorchInferenceStep
 from rnnkit.models.spec import ModelSpec
 
 MAX_LENGTH = 8
+STEPPERS = (InferenceStep, TorchInferenceStep, Seq2Seq)
 
-# (scenario, inference step, beam) → (steps, operations from the first step on, host
-# syncs from the first step on, operations inside the model's steps)
+# (scenario, step, beam) → (steps, operations from the first step on, host syncs from the
+# first step on, operations inside the model's steps)
 BOUNDS = {
-    ("running", True, 1): (8, 158, 10, 109),
-    ("running", True, 3): (8, 289, 9, 109),
-    ("running", False, 1): (8, 433, 10, 384),
-    ("running", False, 3): (8, 564, 9, 384),
-    ("ending", True, 1): (8, 174, 11, 114),
-    ("ending", True, 3): (8, 302, 10, 114),
-    ("ending", False, 1): (8, 444, 11, 384),
-    ("ending", False, 3): (8, 572, 10, 384),
+    ("running", "compiled", 1): (8, 158, 10, 109),
+    ("running", "compiled", 3): (8, 289, 9, 109),
+    ("running", "torch", 1): (8, 297, 10, 248),
+    ("running", "torch", 3): (8, 435, 9, 248),
+    ("running", "general", 1): (8, 433, 10, 384),
+    ("running", "general", 3): (8, 564, 9, 384),
+    ("ending", "compiled", 1): (8, 174, 11, 114),
+    ("ending", "compiled", 3): (8, 302, 10, 114),
+    ("ending", "torch", 1): (8, 309, 11, 248),
+    ("ending", "torch", 3): (8, 443, 10, 248),
+    ("ending", "general", 1): (8, 444, 11, 384),
+    ("ending", "general", 3): (8, 572, 10, 384),
 }
+
+
+def stepping(step: str) -> contextlib.ExitStack:
+    """The block decodes with ``step``: "compiled" (the CPU's default), "torch" (the
+    compiled library off) or "general" (neither inference step)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(use_native(step == "compiled"))
+    if step == "general":
+        none = classmethod(lambda cls, m: None)
+        stack.enter_context(mock.patch.object(TorchInferenceStep, "build", none))
+    return stack
 
 
 def model(ending: bool) -> Seq2Seq:
@@ -62,20 +85,88 @@ def sources() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("beam", [1, 3])
-@pytest.mark.parametrize("fast", [True, False], ids=["inference-step", "general-step"])
+@pytest.mark.parametrize("step", ["compiled", "torch", "general"])
 @pytest.mark.parametrize("scenario", ["running", "ending"])
-def test_decoding_steps_dispatch_no_more_than_pinned(scenario, fast, beam):
+def test_decoding_steps_dispatch_no_more_than_pinned(scenario, step, beam):
     m = model(scenario == "ending")
     src, mask = sources()
-    with use_native(fast), OpCounts(InferenceStep, Seq2Seq) as counts:
+    with stepping(step), OpCounts(*STEPPERS) as counts:
         out = m.decode(src, mask, beam=beam, max_length=MAX_LENGTH)
-    steps, ops, syncs, in_step = BOUNDS[(scenario, fast, beam)]
+    steps, ops, syncs, in_step = BOUNDS[(scenario, step, beam)]
     lengths = [len(h[0].ids) for h in out]
     assert (max(lengths), min(lengths)) == ((8, 8) if scenario == "running" else (8, 0))
     assert counts.steps == steps
-    assert counts.in_step <= in_step
+    assert counts.in_step <= in_step, counts.by_name()
     assert len(counts.log) - counts.starts[0] <= ops, counts.by_name()
     assert sum(counts.sync_names().values()) <= syncs, counts.sync_names()
+
+
+class _CellLoop(nn.Module):
+    """Greedy decoding as a plain ``nn.LSTMCell`` loop with additive attention before the
+    step (``benchmarks/bench_tasks.py``'s ``seq2seq-greedy`` contender), ``model``'s
+    weights copied; its encoder is ``model``'s (its operations come before the first
+    step, uncounted)."""
+
+    def __init__(self, model: Seq2Seq) -> None:
+        super().__init__()
+        self.model = model
+        att = model.attention
+        assert att is not None
+        self.query_proj, self.v = att.query_proj, att.v
+        self.cell = to_torch(model.decoder.cells()[0])
+        self.embedding = model.target_embedding
+        self.head = nn.Linear(model.head.in_features, model.head.out_features)
+        self.head.load_state_dict(model.head.state_dict())
+
+    def step(self, emb, hc, memory, keys, src_mask):
+        scores = torch.tanh(keys + self.query_proj(hc[0]).unsqueeze(1)) @ self.v
+        weights = torch.softmax(scores.masked_fill(~src_mask, float("-inf")), dim=-1)
+        ctx = torch.bmm(weights.unsqueeze(1), memory).squeeze(1)
+        h, c = self.cell(torch.cat([emb, ctx], dim=-1), hc)
+        return torch.cat([h, ctx], dim=-1), (h, c)
+
+    @torch.no_grad()
+    def greedy(self, src, src_mask, max_length: int) -> torch.Tensor:
+        state = self.model.encode(src, src_mask)
+        hc = (state.hidden.h[0, 0], state.hidden.c[0, 0])
+        token = torch.full((src.shape[0],), BOS_ID, dtype=torch.long)
+        done = torch.zeros(src.shape[0], dtype=torch.bool)
+        out = []
+        for _ in range(max_length):
+            f, hc = self.step(self.embedding(token), hc, state.memory, state.keys, src_mask)
+            token = self.head(f).argmax(-1)
+            out.append(token)
+            done |= token == EOS_ID
+            if bool(done.all()):
+                break
+        return torch.stack(out, dim=1)
+
+
+def test_a_greedy_step_of_torch_operations_launches_no_more_than_the_cell_loop():
+    """At the sizes of ``bench_tasks.py``'s ``seq2seq-greedy`` (V 40, E 64, H 128, rows of
+    64), every row running to the length limit in both: kernels per step, the search's
+    included (the plain loop's search is an ``argmax`` and its stop test)."""
+    torch.manual_seed(0)
+    spec = ModelSpec(hidden=128, embedding=64, attention="additive")
+    m = build_seq2seq(spec, 40, 40).eval()
+    with torch.no_grad():
+        m.head.bias[EOS_ID] -= 100.0  # no row ends: both run every step
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, 40, (64, 12), generator=g)
+    mask = torch.arange(12)[None] < torch.randint(4, 13, (64, 1), generator=g)
+    loop = _CellLoop(m)
+    with stepping("torch"), OpCounts(*STEPPERS) as ours:
+        out = m.decode(src, mask, max_length=MAX_LENGTH)
+    with OpCounts(loop) as theirs:
+        ids = loop.greedy(src, mask, MAX_LENGTH)
+    assert ours.steps == theirs.steps == MAX_LENGTH
+    # the same decoding (the plain loop draws forbidden ids never: they are unlikely here)
+    assert not set(ids.view(-1).tolist()) & set(NEVER_GENERATED)
+    assert [h[0].ids for h in out] == ids.tolist()
+    assert ours.kernels_per_step() <= theirs.kernels_per_step() - 1, (
+        ours.by_name(),
+        theirs.by_name(),
+    )
 
 
 def test_a_step_reads_the_host_at_most_once():

@@ -16,6 +16,7 @@ from rnnkit.generation.seq2seq_search import beam_search
 from rnnkit.models.seq2seq import STATE_BATCH_DIM, build_seq2seq
 from rnnkit.models.seq2seq_decoder import _unstack
 from rnnkit.models.seq2seq_inference import InferenceStep
+from rnnkit.models.seq2seq_torch_step import TorchInferenceStep
 from rnnkit.models.spec import ModelSpec
 from rnnkit.types import LSTMState
 
@@ -275,9 +276,10 @@ def test_beam_width_one_equals_greedy_and_batching_changes_nothing(attention, wi
 def test_beam_search_reorders_per_source_parts_only_when_sources_leave(monkeypatch):
     # Seq2Seq.decode tells beam search that the encoder side of the state is the same in
     # all beams of a source: the hypotheses equal those of selecting every part each step.
-    # Both with the general step, for bit equality (the inference step's rounding differs;
-    # it is compared in test_seq2seq_inference).
+    # Both with the general step, for bit equality (the inference steps' rounding differs;
+    # they are compared in test_seq2seq_inference and test_seq2seq_torch_step).
     monkeypatch.setattr(InferenceStep, "build", classmethod(lambda cls, m: None))
+    monkeypatch.setattr(TorchInferenceStep, "build", classmethod(lambda cls, m: None))
     m = model(seed=7, attention="additive", context="both", cell="lstm")
     batch = reverse_batch()
     opt = torch.optim.Adam(m.parameters(), lr=0.02)

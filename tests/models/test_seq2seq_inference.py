@@ -1,6 +1,6 @@
 """The decoding step in fewer operations against the general step (the definition):
 equal log-probabilities and states in float64 over the model's options, the same
-decodings, and the general step wherever the fast one does not apply."""
+decodings, and another step wherever the fast one does not apply."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
 from rnnkit.data.vocab import BOS_ID, Vocabulary
 from rnnkit.models.seq2seq import build_seq2seq
 from rnnkit.models.seq2seq_inference import InferenceStep
+from rnnkit.models.seq2seq_torch_step import TorchInferenceStep
 from rnnkit.models.spec import ModelSpec
 
 pytestmark = pytest.mark.skipif(not available(), reason="needs the compiled time loop")
@@ -81,6 +82,7 @@ def test_step_equals_the_general_step_in_float64(options):
 
 def general_only(monkeypatch):
     monkeypatch.setattr(InferenceStep, "build", classmethod(lambda cls, m: None))
+    monkeypatch.setattr(TorchInferenceStep, "build", classmethod(lambda cls, m: None))
 
 
 @pytest.mark.parametrize("beam", [1, 3])
@@ -123,20 +125,23 @@ def test_the_general_step_where_the_fast_one_does_not_apply():
     assert InferenceStep.build(model()) is None  # gradients recorded
 
 
-def test_a_source_without_real_positions_takes_the_general_step(monkeypatch):
+def test_a_source_without_real_positions_takes_the_torch_step(monkeypatch):
     m = model(attention="additive")
     b = batch()
     mask = b.source_mask.clone()
     mask[2] = False  # a row with nothing to attend to: its attention weights are all zero
-    fast_used = []
-    real = InferenceStep.step
-    monkeypatch.setattr(
-        InferenceStep, "step", lambda self, t, s: fast_used.append(1) or real(self, t, s)
-    )
+    used: list[str] = []
+    for cls in (InferenceStep, TorchInferenceStep):
+        real = cls.step
+        monkeypatch.setattr(
+            cls,
+            "step",
+            lambda self, t, s, real=real: used.append(type(self).__name__) or real(self, t, s),
+        )
     with torch.no_grad():
         assert InferenceStep.build(m).prepare(m.encode(b.source, mask)) is None
     out = m.decode(b.source, mask, beam=2, max_length=6)
-    assert not fast_used and len(out) == len(WORDS)
+    assert set(used) == {"TorchInferenceStep"} and len(out) == len(WORDS)
     assert all(torch.isfinite(torch.tensor(h[0].logprob)) for h in out)
 
 

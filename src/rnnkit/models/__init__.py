@@ -63,6 +63,7 @@ from rnnkit.models.regressor import LOG_VAR_MAX, LOSSES, TARGETS, Regressor, Reg
 from rnnkit.models.seq2seq import ATTENTION_WIRINGS, Seq2Seq, Seq2SeqOutput, build_seq2seq
 from rnnkit.models.seq2seq_decoder import STATE_BATCH_DIM, DecoderState, check_stepped_decoder
 from rnnkit.models.seq2seq_inference import InferenceStep
+from rnnkit.models.seq2seq_torch_step import TorchInferenceStep
 from rnnkit.models.spec import TASK_MODEL_DEFAULTS, TASKS, ModelSpec, task_model_defaults
 from rnnkit.models.tagger import CHAR_EMBEDDING, CHAR_HIDDEN, CharEncoder, Tagger, build_tagger
 
@@ -110,6 +111,7 @@ __all__ = [
     "SequenceLength",
     "Tagger",
     "TiedHead",
+    "TorchInferenceStep",
     "beam_search",
     "build_classifier",
     "build_decoder_only",

@@ -70,6 +70,7 @@ from rnnkit.models.seq2seq_decoder import (
     check_stepped_decoder,
 )
 from rnnkit.models.seq2seq_inference import InferenceStep
+from rnnkit.models.seq2seq_torch_step import TorchInferenceStep
 from rnnkit.models.spec import ModelSpec
 from rnnkit.types import LSTMState, State
 
@@ -456,16 +457,22 @@ class Seq2Seq(nn.Module):
 
     def _decoding(
         self, state: DecoderState
-    ) -> tuple[Seq2Seq | InferenceStep, DecoderState, DecoderState]:
+    ) -> tuple[Seq2Seq | InferenceStep | TorchInferenceStep, DecoderState, DecoderState]:
         """What decoding steps with, its first state and that state's batch dimensions:
-        the same step in fewer operations
-        (:class:`~rnnkit.models.seq2seq_inference.InferenceStep`) where it applies, else
-        :meth:`step`."""
+        the same step in fewer operations where one applies — the compiled library's
+        (:class:`~rnnkit.models.seq2seq_inference.InferenceStep`: an LSTM decoder on the
+        CPU), else torch's (:class:`~rnnkit.models.seq2seq_torch_step.TorchInferenceStep`:
+        on a GPU, with ``use_native(False)``, other decoders on the CPU, where it is faster
+        than the general step too) — else :meth:`step`."""
         fast = InferenceStep.build(self)
         prepared = None if fast is None else fast.prepare(state)
-        if fast is None or prepared is None:
+        if fast is not None and prepared is not None:
+            return fast, prepared, fast.state_batch_dim
+        step = TorchInferenceStep.build(self)
+        prepared = None if step is None else step.prepare(state)
+        if step is None or prepared is None:
             return self, state, STATE_BATCH_DIM
-        return fast, prepared, fast.state_batch_dim
+        return step, prepared, step.state_batch_dim
 
     @torch.no_grad()
     def decode(

@@ -31,10 +31,12 @@ half as many operations, by rearranging what does not change the value:
 * weights are transposed once, not at every step.
 
 The values equal the general step's to float rounding (tested in float64 and float32);
-the general step stays the definition and runs wherever this one does not apply
-(:meth:`InferenceStep.build` returns None): a GRU or simple-RNN decoder, a length
+the general step stays the definition. Where this one does not apply
+(:meth:`InferenceStep.build` returns None: a GRU or simple-RNN decoder, a length
 mechanism, training mode or gradients, autocast, or where the compiled loop does not run
-(not CPU float32/float64, ``use_native(False)``, no compiler).
+— not CPU float32/float64, ``use_native(False)``, no compiler) decoding takes the step of
+torch operations (:mod:`rnnkit.models.seq2seq_torch_step`) where that one applies, else
+the general step.
 """
 
 from __future__ import annotations
