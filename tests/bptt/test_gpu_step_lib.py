@@ -25,6 +25,7 @@ from rnnkit.cells.lstm import LSTMKernel, NativeLSTMStep
 from rnnkit.cells.rnn import RNNKernel
 from rnnkit.errors import ConfigError
 from rnnkit.models.seq2seq import build_seq2seq
+from rnnkit.models.seq2seq_torch_step import TorchInferenceStep
 from rnnkit.models.spec import ModelSpec
 
 pytest.importorskip("triton")
@@ -278,9 +279,14 @@ def test_attention_decoder_on_the_triton_step_equals_the_cpu_path(kind, cell, mo
 @pytest.mark.parametrize(
     ("reset", "wiring"), [("after", "before"), ("before", "after"), ("before", "before")]
 )
-def test_decoding_a_gru_decoder_on_the_triton_step_equals_the_cpu_path(reset, wiring, count_calls):
+def test_decoding_a_gru_decoder_on_the_triton_step_equals_the_cpu_path(
+    reset, wiring, count_calls, monkeypatch
+):
     # without gradients, each decoder cell's step (two layers) runs on TritonGRUStep where
-    # the Triton steps would run; the same log-probabilities as the cells' own steps
+    # the Triton steps would run; the same log-probabilities as the cells' own steps. The
+    # decoding takes the model's general step here (decoding's own step of torch
+    # operations, which a GPU takes instead, is held to it in test_seq2seq_torch_step)
+    monkeypatch.setattr(TorchInferenceStep, "build", classmethod(lambda cls, m: None))
     calls = count_calls(TritonGRUStep, "step_into")
     torch.manual_seed(0)
     shape = ModelSpec(cell="gru", update="keep", reset=reset, hidden=5, embedding=3, layers=2,
@@ -305,7 +311,7 @@ def test_decoding_a_gru_decoder_on_the_triton_step_equals_the_cpu_path(reset, wi
     want, want_decoded = steps("auto")  # the CPU: the cells' own steps
     assert calls["n"] == 0
     got, got_decoded = steps("triton")
-    assert calls["n"] >= 2 * 3  # two layers, three steps, then the decoding's
+    assert calls["n"] > 2 * 3  # two layers, three steps, then the decoding's
     torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
     assert got_decoded == want_decoded
     with use_fused("triton"):  # with gradients: the cell's own step (autograd)
