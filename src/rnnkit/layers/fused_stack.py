@@ -17,7 +17,7 @@ BPTT in float64); each ``*_applies``/``*_form`` function says when it runs.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -58,7 +58,7 @@ def one_step_applies(
         return False
     if stack.recompute is not None or not step_in_one_call(xt):
         return False
-    return all(fused_form(c.kernel) is not None for c in stack._cell_tuple())
+    return _forms(stack, stack._cell_tuple()).each is not None
 
 
 def one_step(
@@ -73,6 +73,8 @@ def one_step(
     ``init[l][d]``: the initial states, or None (zeros)."""
     keep = None if mask_t is None else mask_t[0, :, None]  # (B, 1)
     cells, D = stack._cell_tuple(), stack.num_directions
+    forms = _forms(stack, cells).each
+    assert forms is not None  # one_step_applies checked every cell
     h = xt[0]  # (B, I)
     finals: list[list[State]] = []
     for index in range(stack.num_layers):
@@ -81,11 +83,10 @@ def one_step(
         if keep is not None:
             h = torch.where(keep, h, 0.0)
         outs, fin = [], []
-        for d, cell in enumerate(cells[index * D : (index + 1) * D]):
+        for d in range(D):
+            cell, form = cells[index * D + d], forms[index * D + d]
             s0 = cell.zero_state(h.shape[0], h) if init is None else init[index][d]
             states0 = tuple(s0) if isinstance(s0, LSTMState) else (s0,)
-            form = fused_form(cell.kernel)
-            assert form is not None  # one_step_applies checked every cell
             new = cell_step(cell.kernel, form, h, cell.weights(), states0)
             if keep is not None:
                 new = tuple(torch.where(keep, n, s) for n, s in zip(new, states0, strict=True))
@@ -131,23 +132,34 @@ def whole_stack_form(
     return wanted
 
 
-# Each stack's cells and the one fused form they share (None: none shared, or widths that
-# differ, or a layer-normalised cell): a property of the cells, asked at every call.
-_FORMS: weakref.WeakKeyDictionary[StackedRecurrent, tuple[tuple, str | None]] = (
-    weakref.WeakKeyDictionary()
-)
+class _Forms(NamedTuple):
+    """The fused forms of a stack's cells (:func:`rnnkit.bptt.fused.fused_form`)."""
+
+    cells: tuple  # the cells they were read from
+    each: tuple[str, ...] | None  # every cell's form, in the cells' order; None: one has none
+    one: str | None  # the form of every cell, all of one width and none layer-normalised
+
+
+# Each stack's fused forms: properties of its cells, asked at every call.
+_FORMS: weakref.WeakKeyDictionary[StackedRecurrent, _Forms] = weakref.WeakKeyDictionary()
+
+
+def _forms(stack: StackedRecurrent, cells: tuple) -> _Forms:
+    """``stack``'s :class:`_Forms`, read again when its cells are not ``cells``."""
+    kept = _FORMS.get(stack)
+    if kept is None or kept.cells is not cells:
+        each = tuple(fused_form(c.kernel) for c in cells)
+        one = len(set(stack.hidden_sizes)) == 1 and len(set(each)) == 1
+        one = one and not any(hasattr(type(c), "input_part") for c in cells)
+        known = None if None in each else cast("tuple[str, ...]", each)
+        kept = _Forms(cells, known, each[0] if one else None)
+        _FORMS[stack] = kept
+    return kept
 
 
 def _one_form(stack: StackedRecurrent, cells: tuple) -> str | None:
     """The fused form every cell of ``stack`` computes, all of one width, or None."""
-    kept = _FORMS.get(stack)
-    if kept is None or kept[0] is not cells:
-        forms = {fused_form(c.kernel) for c in cells}
-        one = len(set(stack.hidden_sizes)) == 1 and len(forms) == 1
-        one = one and not any(hasattr(type(c), "input_part") for c in cells)
-        kept = (cells, forms.pop() if one else None)
-        _FORMS[stack] = kept
-    return kept[1]
+    return _forms(stack, cells).one
 
 
 def run_whole_stack(
