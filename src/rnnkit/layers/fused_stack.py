@@ -62,39 +62,53 @@ def one_step_applies(
 
 
 def one_step(
-    stack: StackedRecurrent, xt: Tensor, mask_t: Tensor | None, init: list[list[State]] | None
-) -> tuple[Tensor, list[list[State]]]:
+    stack: StackedRecurrent, xt: Tensor, mask_t: Tensor | None, state: State | None
+) -> tuple[Tensor, list[list[Tensor]]]:
     """One time step of every layer and direction, ``xt (1, B, I)`` → ``(h (1, B, D·H),
-    finals[l][d])``, each cell's step one fused operator (:func:`rnnkit.bptt.fused.cell_step`).
-    The same function as the time loop: a row whose step is padding (``mask_t (1, B)``
-    False) keeps its state, and its input is zeroed first (the padding may hold NaN,
-    which would reach the weights' gradients through a product by zero); the dropout
-    between layers is the stack's module drawing over the same ``B·D·H`` values.
-    ``init[l][d]``: the initial states, or None (zeros)."""
+    ends)``, each cell's step one fused operator (:func:`rnnkit.bptt.fused.cell_step`);
+    ``state (L, D, B, H)`` checked (an ``LSTMState`` of them), or None (zeros); ``ends``
+    the new states per part (``[h's, c's]`` or ``[h's]``), each ``L·D`` tensors
+    ``(B, H_d)`` in the cells' order, for the caller to stack. The same function as the
+    time loop: a row whose step is padding (``mask_t (1, B)`` False) keeps its state, and
+    its input is zeroed first (the padding may hold NaN, which would reach the weights'
+    gradients through a product by zero); the dropout between layers is the stack's
+    module drawing over the same ``B·D·H`` values."""
     keep = None if mask_t is None else mask_t[0, :, None]  # (B, 1)
-    cells, D = stack._cell_tuple(), stack.num_directions
+    cells, L, D = stack._cell_tuple(), stack.num_layers, stack.num_directions
     forms = _forms(stack, cells).each
     assert forms is not None  # one_step_applies checked every cell
+    # the initial states as L·D views (B, H_d) per part, in the cells' order
+    starts: list[tuple[Tensor, ...]] | None = None
+    if state is not None:
+        parts = tuple(state) if isinstance(state, LSTMState) else (state,)
+        widths, B = stack.hidden_sizes, xt.shape[1]
+        starts = [p.view(L * D, B, p.shape[-1]).unbind(0) for p in parts]
+        if len(set(widths)) > 1:  # a narrower direction reads its own first units
+            starts = [tuple(v[:, : widths[i % D]] for i, v in enumerate(s)) for s in starts]
+    ends: list[list[Tensor]] = [[], []] if cells[0].is_lstm else [[]]
     h = xt[0]  # (B, I)
-    finals: list[list[State]] = []
-    for index in range(stack.num_layers):
+    for index in range(L):
         if index > 0 and stack.dropout > 0:
             h = stack.drop(h)
         if keep is not None:
             h = torch.where(keep, h, 0.0)
-        outs, fin = [], []
+        outs = []
         for d in range(D):
-            cell, form = cells[index * D + d], forms[index * D + d]
-            s0 = cell.zero_state(h.shape[0], h) if init is None else init[index][d]
-            states0 = tuple(s0) if isinstance(s0, LSTMState) else (s0,)
-            new = cell_step(cell.kernel, form, h, cell.weights(), states0)
+            i = index * D + d
+            cell = cells[i]
+            if starts is None:
+                s0 = cell.zero_state(h.shape[0], h)
+                states0 = tuple(s0) if isinstance(s0, LSTMState) else (s0,)
+            else:
+                states0 = tuple(s[i] for s in starts)
+            new = cell_step(cell.kernel, forms[i], h, cell.weights(), states0)
             if keep is not None:
                 new = tuple(torch.where(keep, n, s) for n, s in zip(new, states0, strict=True))
+            for end, n in zip(ends, new, strict=True):
+                end.append(n)
             outs.append(new[0])
-            fin.append(LSTMState(*new) if cell.is_lstm else new[0])
         h = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
-        finals.append(fin)
-    return h[None], finals
+    return h[None], ends
 
 
 def whole_stack_form(

@@ -317,9 +317,11 @@ class StackedRecurrent(nn.Module):
                 f"are {p.dtype} on {p.device}; convert one of them (e.g. layer.to(x))"
             )
 
-    def _split_state(self, state: State | None, x: Tensor) -> list[list[State]] | None:
+    def _check_state(self, state: State | None, x: Tensor) -> None:
+        """A ``TypeError``/``ValueError`` naming what is wrong with an initial state for
+        ``x (T, B, I)``: its type, shape ``(L, D, B, H)``, dtype or device."""
         if state is None:
-            return None
+            return
         B = x.shape[1]
         L, D, H = self.num_layers, self.num_directions, max(self.hidden_sizes)
         expected = (L, D, B, H)
@@ -341,7 +343,13 @@ class StackedRecurrent(nn.Module):
             if t.dtype != x.dtype or t.device != x.device:
                 where = f"{type(self).__name__}: {name} is {t.dtype} on {t.device}"
                 raise TypeError(f"{where}, x is {x.dtype} on {x.device}; convert {name}")
-        if isinstance(state, LSTMState):  # is_lstm: checked above
+
+    def _split_state(self, state: State | None) -> list[list[State]] | None:
+        """A checked initial state (:meth:`_check_state`) as ``[l][d]`` views per layer
+        and direction, each ``(B, H_d)`` (an ``LSTMState`` of them), or None."""
+        if state is None:
+            return None
+        if isinstance(state, LSTMState):  # is_lstm: checked
             hs, cs = self._per_direction(state.h), self._per_direction(state.c)
             return [
                 [LSTMState(h, c) for h, c in zip(*lc, strict=True)]
@@ -437,7 +445,7 @@ class StackedRecurrent(nn.Module):
         resets_bt = None if resets_found is None else resets_found.bt
         xt = x.transpose(0, 1) if self.batch_first else x  # (T, B, I)
         mask_t = mask_bt.T if mask_bt is not None else None  # (T, B)
-        init = self._split_state(state, xt)
+        self._check_state(state, xt)
         if masks is None:
             masks = self.draw_masks(xt.shape[1], xt.shape[0], xt)
         else:
@@ -448,20 +456,28 @@ class StackedRecurrent(nn.Module):
         if window is not None and not windowed and not tracing():
             window = None  # a window shapes the gradient only: without one, the plain paths
         if windowed and window is not None and xt.shape[0] > 0:
+            init = self._split_state(state)
             h, finals = self._run_windowed(xt, mask_t, init, window, resets_bt, masks)
         elif resets_bt is not None and self._resets_in_one_call(xt, mask_t, window):
+            init = self._split_state(state)
             h, finals = self._run_layers(xt, mask_t, init, window, masks=masks, reset=resets_bt.T)
         elif resets_bt is not None:
             assert resets_found is not None
             return self._run_pieces(x, mask_bt, state, window, resets_found, masks)
         elif one_step_applies(self, xt, window, projected, masks):
-            h, finals = one_step(self, xt, mask_t, init)
+            h, ends = one_step(self, xt, mask_t, state)
+            L, D = self.num_layers, self.num_directions
+            stacked_parts = [_stacked(part, L, D) for part in ends]
+            outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
+            final = LSTMState(*stacked_parts) if len(ends) == 2 else stacked_parts[0]
+            return RecurrentOutput(outputs, final)
         else:
             whole = whole_stack_form(self, xt, mask_t, window, projected, masks)
             if whole is not None:
                 h, stacked_state = run_whole_stack(self, xt, state, *whole, masks)
                 outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
                 return RecurrentOutput(outputs, stacked_state)
+            init = self._split_state(state)
             h, finals = self._run_layers(xt, mask_t, init, window, projected, masks)
         outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
         return RecurrentOutput(outputs, _stack_states(finals, self.is_lstm))
