@@ -155,7 +155,7 @@ def test_overlong_line_is_refused_without_reading_it_whole(
 def test_invalid_utf8_is_reported_with_line(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     path.write_bytes(b'{"session": "a", "events": ["x"]}\n{"session": "\xff", "events": ["x"]}\n')
-    assert read_error(path) == f"{path}:2: not valid UTF-8 (byte 14 of the line)"
+    assert read_error(path) == f"{path}:2: invalid UTF-8 at byte 14 of the line (byte 0xff)"
 
 
 def test_byte_order_mark_is_ignored(tmp_path: Path) -> None:

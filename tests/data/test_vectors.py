@@ -113,7 +113,7 @@ def test_an_endless_line_is_refused_after_one_bounded_read(tmp_path, monkeypatch
     monkeypatch.setenv("RNNKIT_MAX_FILE_BYTES", "30")
     monkeypatch.setenv("RNNKIT_MAX_JSON_LINE_BYTES", "100")
     path.write_text('{"seq": [1]}\n' * 3, encoding="utf-8")
-    with pytest.raises(DataError, match=r"file of more than 30 characters"):
+    with pytest.raises(DataError, match=r"file of more than 30 bytes"):
         read_vector_sequences(path)
 
 

@@ -220,7 +220,7 @@ def test_bad_input_is_one_line_naming_file_and_line(runs, run_cli, tmp_path):
     bad = tmp_path / "bad.bin"
     bad.write_bytes(b"ab\n\xff\xfe\n")
     code, _, err = run_cli("predict", "--checkpoint", str(runs["classify"]), "--input", str(bad))
-    one_line_error(code, err, "not UTF-8")
+    one_line_error(code, err, f"{bad}:2: invalid UTF-8 at byte 1 of the line (byte 0xff)")
     session = tmp_path / "s.jsonl"
     session.write_text('{"session": "a", "events": ["x"]}\n{"session": 3}\n', encoding="utf-8")
     code, _, err = run_cli("predict", "--checkpoint", str(runs["events"]), "--input", str(session))
