@@ -38,6 +38,7 @@ def test_read_text_drops_bom_and_normalizes_crlf(tmp_path):
         (b"\xe2\x82\xacfine\n\xe2\x82", 2, 1, "0xe2"),  # truncated at the end of the file
         (b"\xef\xbb\xbfab\xff\n", 1, 6, "0xff"),  # the byte-order mark counts: the file's bytes
         (b"a\r\nbc\r\n\xe2\x82x", 3, 1, "0xe2"),  # CRLF: lines as the \n count them
+        (b"the cat sat\n" * 1500 + b"ab\xff\n", 1501, 3, "0xff"),  # after 16 KB of good lines
     ],
 )
 def test_invalid_utf8_names_file_line_and_byte(tmp_path, data, line, column, byte):

@@ -144,6 +144,7 @@ def test_an_option_of_the_command_line_is_not_blamed_on_the_file(data, tmp_path,
         (b"unit = '\xff'\n", "{path}:1: invalid UTF-8 at byte 9 of the line (byte 0xff)\n"),
         # the byte-order mark is counted: the file's own bytes
         (b"\xef\xbb\xbfa = 1\nunit = '\xff'\n", "{path}:2: invalid UTF-8 at byte 9 of the line"),
+        (b"# a comment\r\n" * 1500 + b"u = '\xff'\r\n", "{path}:1501: invalid UTF-8 at byte 6 "),
         (b"x = " + b"[" * 100_000, "not valid TOML: "),
         (None, "--config {path}: file not found"),
         ("fifo", "--config {path}: is a FIFO, not a regular file"),
