@@ -10,8 +10,9 @@ raise it without a code change::
 limit                  default                     applies to
 =====================  ==========================  =====================================
 ``max_line_chars``     1,048,576 characters        a line of a CoNLL-U, ``token<TAB>tag``,
-                                                   ``label<TAB>text`` or
-                                                   ``source<TAB>target`` file (an error);
+                                                   ``label<TAB>text``,
+                                                   ``source<TAB>target`` or word-vectors
+                                                   file (an error);
                                                    strace and log lines (skipped, counted)
 ``max_json_line_bytes`` 10 MiB                     a line of an events JSON-lines file or
                                                    of the streaming input (one session)
