@@ -127,8 +127,9 @@ def text_lines(
     too_long = limit.exceeded("line too long", most)
     total = 0
     for number, raw in enumerate(split_lines(stream, max_bytes), start=1):
-        end = _end_length(raw)
-        if len(raw) - end > max_bytes:
+        # The line end is looked at only for a line that may be too long: the common line
+        # is within the limit with its end, and is checked by its length alone.
+        if len(raw) > max_bytes and len(raw) - _end_length(raw) > max_bytes:
             raise DataError(too_long, path, number)
         total += len(raw)
         if file_limit is not None and total > file_limit:
@@ -137,6 +138,6 @@ def text_lines(
         text = decode_utf8(raw, path, number)
         if number == 1 and text.startswith("\ufeff"):
             text = text[1:]  # a byte-order mark from a Windows editor is not content
-        if chars and len(text) - end > most:
+        if chars and len(text) > most and len(text) - _end_length(raw) > most:
             raise DataError(too_long, path, number)
         yield number, text
