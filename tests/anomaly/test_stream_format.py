@@ -38,7 +38,8 @@ def test_bad_lines_name_file_and_line(line: str, message: str) -> None:
 
 
 def test_bad_bytes_are_data_errors() -> None:
-    with pytest.raises(DataError, match="UTF-8"):
+    with pytest.raises(DataError) as info:
         parse_stream_line(b'{"session": "\xff"}', "f", 1)
+    assert str(info.value) == "f:1: invalid UTF-8 at byte 14 of the line (byte 0xff)"
     with pytest.raises(DataError, match="line too long, over the limit"):
         parse_stream_line(OVERLONG, "f", 2)

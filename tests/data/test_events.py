@@ -152,10 +152,21 @@ def test_overlong_line_is_refused_without_reading_it_whole(
     )
 
 
-def test_invalid_utf8_is_reported_with_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("head", "end", "line"),
+    [
+        (b"", b"\n", 2),
+        (b"", b"\r\n", 1502),  # 1,500 lines (over 8 KB) before the bad one
+        (b"\xef\xbb\xbf", b"\r\n", 1502),  # the mark is dropped, and line 1 still counts
+    ],
+)
+def test_invalid_utf8_is_reported_with_line(tmp_path: Path, head, end, line) -> None:
     path = tmp_path / "s.jsonl"
-    path.write_bytes(b'{"session": "a", "events": ["x"]}\n{"session": "\xff", "events": ["x"]}\n')
-    assert read_error(path) == f"{path}:2: not valid UTF-8 (byte 14 of the line)"
+    good = [b'{"session": "s%d", "events": ["x"]}' % i for i in range(line - 1)]
+    path.write_bytes(head + end.join([*good, b'{"session": "\xff", "events": ["x"]}', b""]))
+    assert read_error(path) == f"{path}:{line}: invalid UTF-8 at byte 14 of the line (byte 0xff)"
+    path.write_bytes(head + end.join([*good, b""]))
+    assert len(read_sessions(path)) == line - 1
 
 
 def test_byte_order_mark_is_ignored(tmp_path: Path) -> None:

@@ -151,7 +151,9 @@ def test_wrong_length_and_empty_files(tmp_path):
 def test_invalid_utf8_names_the_byte(tmp_path):
     p = tmp_path / "b.tsv"
     p.write_bytes(b"ok\tX\n\xff\tY\n")
-    with pytest.raises(DataError, match=r"b.tsv:2: invalid UTF-8 at byte offset 5"):
+    with pytest.raises(
+        DataError, match=r"b.tsv:2: invalid UTF-8 at byte 1 of the line \(byte 0xff\)$"
+    ):
         read_tagged(p)
 
 

@@ -31,22 +31,24 @@ def test_read_text_drops_bom_and_normalizes_crlf(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("data", "offset", "line", "byte"),
+    ("data", "line", "column", "byte"),
     [
-        (b"abc\n\xc3\x28x", 4, 2, "0xc3"),  # a lead byte followed by a non-continuation
-        (b"ok\nok\n\n\xffz", 7, 4, "0xff"),  # a byte that never starts a character
-        (b"\xe2\x82\xacfine\n\xe2\x82", 8, 2, "0xe2"),  # truncated at the end of the file
+        (b"abc\nd\xc3\x28x", 2, 2, "0xc3"),  # a lead byte followed by a non-continuation
+        (b"ok\nok\n\nzz\xffz", 4, 3, "0xff"),  # a byte that never starts a character
+        (b"\xe2\x82\xacfine\n\xe2\x82", 2, 1, "0xe2"),  # truncated at the end of the file
+        (b"\xef\xbb\xbfab\xff\n", 1, 6, "0xff"),  # the byte-order mark counts: the file's bytes
+        (b"a\r\nbc\r\n\xe2\x82x", 3, 1, "0xe2"),  # CRLF: lines as the \n count them
+        (b"the cat sat\n" * 1500 + b"ab\xff\n", 1501, 3, "0xff"),  # after 16 KB of good lines
     ],
 )
-def test_invalid_utf8_names_file_byte_offset_and_line(tmp_path, data, offset, line, byte):
+def test_invalid_utf8_names_file_line_and_byte(tmp_path, data, line, column, byte):
     path = tmp_path / "bad.txt"
     path.write_bytes(data)
     with pytest.raises(DataError) as info:
         read_text(path)
     err = info.value
     assert (err.path, err.line) == (str(path), line)
-    assert f"invalid UTF-8 at byte offset {offset} (byte {byte})" in err.message
-    assert str(err).startswith(f"{path}:{line}: ")
+    assert str(err) == f"{path}:{line}: invalid UTF-8 at byte {column} of the line (byte {byte})"
 
 
 def test_missing_empty_and_blank_files(tmp_path):
@@ -121,9 +123,12 @@ def test_any_bytes_either_decode_exactly_or_fail_at_the_first_bad_byte(data):
         try:
             expected = data.decode("utf-8")
         except UnicodeDecodeError as exc:
-            with pytest.raises(DataError, match=f"byte offset {exc.start} ") as info:
+            before = data[: exc.start].split(b"\n")  # the lines before, then the bad line's start
+            with pytest.raises(
+                DataError, match=f" at byte {len(before[-1]) + 1} of the line "
+            ) as info:
                 read_text(path)
-            assert info.value.line == data[: exc.start].count(b"\n") + 1
+            assert info.value.line == len(before)
             return
         expected = expected.removeprefix("\ufeff").replace("\r\n", "\n")
         if not expected.strip():

@@ -113,7 +113,7 @@ def test_an_endless_line_is_refused_after_one_bounded_read(tmp_path, monkeypatch
     monkeypatch.setenv("RNNKIT_MAX_FILE_BYTES", "30")
     monkeypatch.setenv("RNNKIT_MAX_JSON_LINE_BYTES", "100")
     path.write_text('{"seq": [1]}\n' * 3, encoding="utf-8")
-    with pytest.raises(DataError, match=r"file of more than 30 characters"):
+    with pytest.raises(DataError, match=r"file of more than 30 bytes"):
         read_vector_sequences(path)
 
 
@@ -148,3 +148,39 @@ def test_a_byte_order_mark_is_not_content(tmp_path):
     csv_path.write_bytes(b"\xef\xbb\xbf1,2\n3,4\n")
     (c,) = read_vector_sequences(csv_path)
     assert c.values.tolist() == [[1.0, 2.0], [3.0, 4.0]] and c.line == 1
+
+
+GOOD_JSON = b'{"seq": [[1, 2], [3, 4]], "y": 1}'
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "where"),
+    [
+        # 1,500 good lines (over 8 KB) before the bad one: a text stream said line 1,446
+        ("late.jsonl", (GOOD_JSON + b"\n") * 1500 + b'{"\xff": 1}\n', 1501),
+        ("crlf.jsonl", (GOOD_JSON + b"\r\n") * 1500 + b'{"\xff": 1}\r\n', 1501),
+        ("late.csv", b"x,y\n" + b"1,2\n" * 1500 + b"3,\xff\n", 1502),
+        ("cr.csv", b"1,2\r" * 1500 + b"3,\xff\r", 1501),  # a lone \r ends a row
+        ("bom.csv", b"\xef\xbb\xbf1,2\n" + b"1,2\r\n" * 1500 + b"3,\xff\r\n", 1502),
+    ],
+)
+def test_invalid_utf8_names_its_own_line(tmp_path, name, data, where):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(DataError) as err:
+        read_vector_sequences(path)
+    assert str(err.value) == f"{path}:{where}: invalid UTF-8 at byte 3 of the line (byte 0xff)"
+
+
+def test_bom_crlf_and_a_character_across_a_chunk_are_read(tmp_path):
+    path = tmp_path / "ok.jsonl"
+    line = b'{"seq": [1], "label": "walk"}\r\n'
+    head = b"\xef\xbb\xbf" + line * 250
+    last = '{"seq": [2], "label": "café"}\r\n'.encode()
+    head += b" " * (8191 - len(head) - last.index("é".encode()))  # the last line's indent
+    data = head + last
+    # "é" straddles byte 8,192, where a text stream's decoder cuts its chunks.
+    assert data.index("é".encode()) == 8191
+    path.write_bytes(data)
+    seqs = read_vector_sequences(path, labelled=True)
+    assert [s.label for s in seqs] == ["walk"] * 250 + ["café"] and seqs[-1].line == 251

@@ -136,9 +136,12 @@ def test_missing_or_non_utf8_vocab_file(tmp_path):
         Vocabulary.load(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
     bad.write_bytes(b'{"unit":\n "\xff"}')
-    with pytest.raises(DataError, match="byte offset 11") as info:
+    with pytest.raises(DataError) as info:
         Vocabulary.load(bad)
-    assert info.value.line == 2
+    assert str(info.value) == f"{bad}:2: invalid UTF-8 at byte 3 of the line (byte 0xff)"
+    bad.write_bytes(b'{"unit":\r\n' + b"  \r\n" * 5000 + b' "\xff"}')  # 20 KB before it
+    with pytest.raises(DataError, match=r":5002: invalid UTF-8 at byte 3 of the line \("):
+        Vocabulary.load(bad)
 
 
 @settings(max_examples=80, deadline=None)

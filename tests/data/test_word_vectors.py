@@ -52,3 +52,21 @@ def test_vectors_found_are_copied_and_counted(tmp_path, capsys):
     torch.testing.assert_close(emb.weight[3], torch.tensor([1.0, 2.0]))
     torch.testing.assert_close(emb.weight[[0, 2]], before[[0, 2]])  # not found: unchanged
     assert "2 of 4 vocabulary words found" in capsys.readouterr().err
+
+
+def test_invalid_utf8_names_its_own_line(tmp_path):
+    # 1,500 good lines (over 8 KB) first: a text stream reported a bad byte lines early,
+    # here without a line at all
+    path = tmp_path / "v.txt"
+    path.write_bytes(b"1501 3\r\n" + b"cat 1 2 3\r\n" * 1500 + b"d\xffg 1 2 3\r\n")
+    with pytest.raises(DataError) as err:
+        read_word_vectors(path, 3)
+    assert str(err.value) == f"{path}:1502: invalid UTF-8 at byte 2 of the line (byte 0xff)"
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_word(tmp_path):
+    path = tmp_path / "v.txt"
+    path.write_bytes("\ufeffcafé 1 2\r\nthe 3 4\r\n".encode())
+    assert sorted(read_word_vectors(path, 2)) == ["café", "the"]
+    path.write_bytes("\ufeff2 2\ncafé 1 2\n".encode())  # and the word2vec header is skipped
+    assert list(read_word_vectors(path, 2)) == ["café"]

@@ -305,7 +305,7 @@ def test_an_error_of_one_process_alone_is_the_root_cause_said(tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert res.returncode != 0
     err = res.stderr
-    line = f"rnnkit train: error: {bad}:2: invalid UTF-8 at byte offset 4 (byte 0xff)"
+    line = f"rnnkit train: error: {bad}:2: invalid UTF-8 at byte 1 of the line (byte 0xff)"
     # said by rank 1 once, and torchrun's report names it as the root cause
     assert err.count(line) == 2, err[-3000:]
     assert f"traceback : {line}" in err.split("Root Cause")[1]

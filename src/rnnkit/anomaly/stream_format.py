@@ -21,6 +21,7 @@ from typing import NamedTuple
 from rnnkit.anomaly.follow import OVERLONG
 from rnnkit.data.events import MAX_LINE_BYTES
 from rnnkit.data.limits import MAX_JSON_LINE_BYTES, loads_json
+from rnnkit.data.utf8 import decode_utf8
 from rnnkit.errors import DataError
 
 __all__ = ["StreamItem", "parse_stream_line"]
@@ -59,10 +60,7 @@ def parse_stream_line(
         if text is OVERLONG:
             limit = MAX_JSON_LINE_BYTES.value(default=MAX_LINE_BYTES)
             raise fail(MAX_JSON_LINE_BYTES.exceeded("line too long", limit))
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise fail(f"not valid UTF-8 (byte {exc.start + 1} of the line)") from None
+        text = decode_utf8(text, path, line)
     # Deep nesting and 5,000-digit integers are DataErrors naming path:line here too.
     record = loads_json(text, path, line)
     if not isinstance(record, dict):

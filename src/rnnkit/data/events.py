@@ -38,6 +38,7 @@ from typing import IO, Any
 
 from rnnkit.data.files import atomic_write_bytes
 from rnnkit.data.limits import MAX_JSON_LINE_BYTES, MAX_SEQ_LEN, loads_json
+from rnnkit.data.utf8 import decode_utf8
 from rnnkit.errors import DataError
 
 __all__ = [
@@ -261,12 +262,7 @@ def _read_line(
         message = MAX_JSON_LINE_BYTES.exceeded("line too long", limit)
         raise DataError(message, path=path, line=line)
     if isinstance(raw, bytes):
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DataError(
-                f"not valid UTF-8 (byte {exc.start + 1} of the line)", path=path, line=line
-            ) from None
+        return decode_utf8(raw, path, line)
     return raw
 
 

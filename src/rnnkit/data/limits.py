@@ -10,8 +10,9 @@ raise it without a code change::
 limit                  default                     applies to
 =====================  ==========================  =====================================
 ``max_line_chars``     1,048,576 characters        a line of a CoNLL-U, ``token<TAB>tag``,
-                                                   ``label<TAB>text`` or
-                                                   ``source<TAB>target`` file (an error);
+                                                   ``label<TAB>text``,
+                                                   ``source<TAB>target`` or word-vectors
+                                                   file (an error);
                                                    strace and log lines (skipped, counted)
 ``max_json_line_bytes`` 10 MiB                     a line of an events JSON-lines file or
                                                    of the streaming input (one session)
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from os import PathLike
 from typing import Any
 
+from rnnkit.data.utf8 import decode_utf8
 from rnnkit.errors import ConfigError, DataError
 
 __all__ = [
@@ -164,10 +166,8 @@ def loads_json(
     limit = MAX_JSON_DEPTH.value(max_depth)
     too_deep = MAX_JSON_DEPTH.exceeded("JSON nested too deeply", limit)
     if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DataError(f"invalid UTF-8 at byte offset {exc.start}", path, line) from None
+        # line None: a whole file, whose line of the bad byte is counted from the bytes.
+        text = decode_utf8(text, path, line)
     # Strict JSON: NaN, Infinity and 1e999 are not numbers JSON allows (a NaN threshold
     # would switch detection off); every file rnnkit writes is strict JSON too.
     options.setdefault("parse_constant", _not_json_number)

@@ -1,8 +1,8 @@
 """Plain-text corpora: read UTF-8 strictly, split lines, and encode whole files to id arrays.
 
 Every problem with a file (missing, unreadable, not UTF-8, empty) is a ``DataError`` naming
-the file; invalid UTF-8 also names the byte offset and line of the first bad byte, which is
-what a user needs to find it (``head -c`` / a hex editor).
+the file; invalid UTF-8 also names the line of the first bad byte and the byte in that line,
+which is what a user needs to find it (``sed -n LINEp`` / a hex editor).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from os import PathLike
 import numpy as np
 
 from rnnkit.data.limits import MAX_FILE_BYTES, MAX_LINE_CHARS, Limit
+from rnnkit.data.utf8 import decode_utf8
 from rnnkit.data.vocab import EOS_ID, UNK_ID, Vocabulary, count_tokens
 from rnnkit.errors import DataError
 
@@ -100,8 +101,9 @@ def read_text(
 
     Raises:
         DataError: ``file not found``, unreadable, a device, over
-            :data:`~rnnkit.data.limits.MAX_FILE_BYTES`, invalid UTF-8 (with the byte offset
-            of the first bad byte and its 1-based line), or empty / whitespace-only.
+            :data:`~rnnkit.data.limits.MAX_FILE_BYTES`, invalid UTF-8 (the line and the byte
+            in it of the first bad byte: :mod:`rnnkit.data.utf8`), or empty /
+            whitespace-only.
 
     >>> import tempfile, pathlib
     >>> with tempfile.TemporaryDirectory() as d:
@@ -110,16 +112,10 @@ def read_text(
     ...     read_text(p)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    rnnkit.errors.DataError: ...c.txt:2: invalid UTF-8 at byte offset 7 (byte 0xff)
+    rnnkit.errors.DataError: ...c.txt:2: invalid UTF-8 at byte 5 of the line (byte 0xff)
     """
     raw = _read_bounded(path, max_line_chars, size_limit)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        offset = exc.start
-        line = raw.count(b"\n", 0, offset) + 1
-        message = f"invalid UTF-8 at byte offset {offset} (byte 0x{raw[offset]:02x})"
-        raise DataError(message, path, line) from None
+    text = decode_utf8(raw, path)
     del raw  # the bytes are dead weight from here on; a 100 MB corpus would hold them twice
     if text.startswith("\ufeff"):
         text = text[1:]

@@ -43,8 +43,10 @@ from rnnkit.data.limits import (
     MAX_JSON_LINE_BYTES,
     MAX_LINE_CHARS,
     MAX_SEQ_LEN,
+    Limit,
     loads_json,
 )
+from rnnkit.data.lines import open_binary, text_lines
 from rnnkit.errors import DataError
 
 #: The largest finite float32: a value beyond it becomes ``inf`` in the model.
@@ -137,45 +139,16 @@ def parse_vector_line(text: str, path: str, line: int, labelled: bool = False) -
     return VectorSequence(np.array(rows, dtype=np.float32), target, path, line, label)
 
 
-def _bounded_lines(f: IO[str], path: str, max_chars: int, limit_name: str) -> Iterator[str]:
-    """The lines of a text file, each read in one ``readline`` of at most ``max_chars + 1``
-    characters, and at most ``max_file_bytes`` characters in all: never more than one
-    bounded line in memory (``/dev/zero`` is refused after one read)."""
-    limit = MAX_JSON_LINE_BYTES if limit_name == MAX_JSON_LINE_BYTES.name else MAX_LINE_CHARS
-    file_limit = MAX_FILE_BYTES.value()
-    total, number = 0, 0
-    while True:
-        try:
-            text = f.readline(max_chars + 1)
-        except UnicodeDecodeError as exc:
-            raise DataError(f"not UTF-8 text ({exc.reason})", path, number + 1) from None
-        if not text:
-            return
-        number += 1
-        if len(text) > max_chars:
-            raise DataError(limit.exceeded("line too long", max_chars), path, number)
-        total += len(text)
-        if total > file_limit:
-            found = f"file of more than {file_limit:,} characters"
-            raise DataError(MAX_FILE_BYTES.exceeded(found, file_limit), path)
-        yield text
-
-
-def _open_text(path: Path) -> IO[str]:
-    try:
-        return open(path, encoding="utf-8-sig", newline="")
-    except FileNotFoundError:
-        raise DataError("file not found", str(path)) from None
-    except OSError as exc:
-        raise DataError(f"cannot read: {exc.strerror or exc}", str(path)) from None
+def _lines(f: IO[bytes], path: Path, limit: Limit) -> Iterator[tuple[int, str]]:
+    """The numbered lines of a file, decoded one by one (invalid UTF-8 names its own line)
+    and bounded as they are read (``/dev/zero`` is refused after one read)."""
+    return text_lines(f, str(path), limit, file_limit=MAX_FILE_BYTES.value())
 
 
 def _read_jsonl(path: Path, labelled: bool = False) -> list[VectorSequence]:
     out = []
-    limit = MAX_JSON_LINE_BYTES.value()
-    with _open_text(path) as f:
-        lines = _bounded_lines(f, str(path), limit, MAX_JSON_LINE_BYTES.name)
-        for number, text in enumerate(lines, start=1):
+    with open_binary(path) as f:
+        for number, text in _lines(f, path, MAX_JSON_LINE_BYTES):
             if text.strip():
                 out.append(parse_vector_line(text, str(path), number, labelled))
     return out
@@ -186,10 +159,9 @@ def _read_csv(path: Path) -> VectorSequence:
     limit = MAX_SEQ_LEN.value()
     first = 0
     width = None
-    line_limit = MAX_LINE_CHARS.value()
     try:
-        with _open_text(path) as f:
-            lines = _bounded_lines(f, str(path), line_limit, MAX_LINE_CHARS.name)
+        with open_binary(path) as f:
+            lines = (text for _, text in _lines(f, path, MAX_LINE_CHARS))
             for number, fields in enumerate(csv.reader(lines), start=1):
                 if not fields or all(not x.strip() for x in fields):
                     continue
@@ -215,8 +187,6 @@ def _read_csv(path: Path) -> VectorSequence:
                 rows.append(values)
                 if len(rows) > limit:
                     raise DataError(MAX_SEQ_LEN.exceeded(f"{len(rows)} rows", limit), path, number)
-    except UnicodeDecodeError as exc:
-        raise DataError(f"not UTF-8 text ({exc.reason})", str(path)) from None
     except csv.Error as exc:
         raise DataError(f"not CSV ({exc})", str(path)) from None
     if not rows:

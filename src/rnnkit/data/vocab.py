@@ -18,6 +18,7 @@ import numpy as np
 
 from rnnkit.data.files import atomic_write_bytes, read_run_file
 from rnnkit.data.limits import MAX_VOCAB, loads_json
+from rnnkit.data.utf8 import decode_utf8
 from rnnkit.errors import ConfigError, DataError
 
 __all__ = [
@@ -399,10 +400,4 @@ class Vocabulary:
         Raises:
             DataError: file missing, unreadable, not UTF-8, or not a valid vocabulary.
         """
-        raw = read_run_file(path)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = raw.count(b"\n", 0, exc.start) + 1
-            raise DataError(f"invalid UTF-8 at byte offset {exc.start}", path, line) from None
-        return cls.from_json(text, path)
+        return cls.from_json(decode_utf8(read_run_file(path), path), path)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rnnkit.data.limits import MAX_LINE_CHARS
+from rnnkit.data.lines import open_binary, text_lines
 from rnnkit.errors import DataError
 
 __all__ = ["read_word_vectors"]
@@ -32,35 +34,32 @@ def read_word_vectors(
     (all words when ``wanted`` is None)."""
     keep = None if wanted is None else set(wanted)
     out: dict[str, np.ndarray] = {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
-                parts = line.rstrip("\n").rstrip("\r").split(" ")
-                parts = [p for p in parts if p != ""]
-                if not parts:
-                    continue
-                if number == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
-                    continue  # word2vec's "N d" header
-                word, values = parts[0], parts[1:]
-                if len(values) != dim:
-                    raise DataError(
-                        f"the vector of {word!r} has {len(values)} numbers, the embedding "
-                        f"is {dim} wide (--embedding)",
-                        str(path),
-                        number,
-                    )
-                if (keep is not None and word not in keep) or word in out:
-                    continue
-                try:
-                    vector = [float(v) for v in values]
-                except ValueError:
-                    bad = next(v for v in values if not _is_float(v))
-                    raise DataError(f"not a number: {bad!r}", str(path), number) from None
-                if not all(math.isfinite(v) for v in vector):
-                    raise DataError(f"the vector of {word!r} is not finite", str(path), number)
-                out[word] = np.array(vector, dtype=np.float32)
-    except UnicodeDecodeError as exc:
-        raise DataError(f"not UTF-8 text ({exc.reason})", str(path)) from None
+    with open_binary(path) as f:
+        for number, line in text_lines(f, str(path), MAX_LINE_CHARS):
+            parts = line.rstrip("\r\n").split(" ")
+            parts = [p for p in parts if p != ""]
+            if not parts:
+                continue
+            if number == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
+                continue  # word2vec's "N d" header
+            word, values = parts[0], parts[1:]
+            if len(values) != dim:
+                raise DataError(
+                    f"the vector of {word!r} has {len(values)} numbers, the embedding "
+                    f"is {dim} wide (--embedding)",
+                    str(path),
+                    number,
+                )
+            if (keep is not None and word not in keep) or word in out:
+                continue
+            try:
+                vector = [float(v) for v in values]
+            except ValueError:
+                bad = next(v for v in values if not _is_float(v))
+                raise DataError(f"not a number: {bad!r}", str(path), number) from None
+            if not all(math.isfinite(v) for v in vector):
+                raise DataError(f"the vector of {word!r} is not finite", str(path), number)
+            out[word] = np.array(vector, dtype=np.float32)
     return out
 
 

@@ -4,6 +4,7 @@ JSON line per input line, streaming from a pipe, and bad input as one line."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -220,7 +221,7 @@ def test_bad_input_is_one_line_naming_file_and_line(runs, run_cli, tmp_path):
     bad = tmp_path / "bad.bin"
     bad.write_bytes(b"ab\n\xff\xfe\n")
     code, _, err = run_cli("predict", "--checkpoint", str(runs["classify"]), "--input", str(bad))
-    one_line_error(code, err, "not UTF-8")
+    one_line_error(code, err, f"{bad}:2: invalid UTF-8 at byte 1 of the line (byte 0xff)")
     session = tmp_path / "s.jsonl"
     session.write_text('{"session": "a", "events": ["x"]}\n{"session": 3}\n', encoding="utf-8")
     code, _, err = run_cli("predict", "--checkpoint", str(runs["events"]), "--input", str(session))
@@ -231,6 +232,29 @@ def test_bad_input_is_one_line_naming_file_and_line(runs, run_cli, tmp_path):
     one_line_error(code, err, "--beam does not apply to a checkpoint of --task tag")
     code, _, err = run_cli("predict", "--checkpoint", str(tmp_path / "none"), "--input", str(path))
     assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_invalid_utf8_after_8_kb_names_its_own_line(runs, run_cli, tmp_path, monkeypatch, source):
+    # A text stream decoded 8 KB ahead: the bad byte of line 1,501 was reported at 1,261.
+    data = "\ufeffaab\r\n".encode() + b"ab\r\n" * 1499 + b"ba\xffb\r\n" + b"ab\r\n"
+    path = tmp_path / "in.txt"
+    path.write_bytes(data)
+    if source == "stdin":
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    name = str(path) if source == "file" else "<stdin>"
+    code, out, err = run_cli(
+        "predict", "--checkpoint", str(runs["classify"]), "--input", name if source == "file"
+        else "-", "--batch-size", "500",
+    )  # fmt: skip
+    one_line_error(code, err, f"{name}:1501: invalid UTF-8 at byte 3 of the line (byte 0xff)")
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert len(answers) == 1500  # the three batches before the bad line's stand
+    # the byte-order mark is not part of the first text, and CRLF is a line end
+    clean = tmp_path / "clean.txt"
+    clean.write_text("aab\nab\n", encoding="utf-8")
+    assert answers[:2] == predict(run_cli, runs["classify"], clean)
+    assert answers[0]["tokens"] == 3 and answers[0]["unknown"] == 0
 
 
 @pytest.mark.parametrize(("name", "limit"), [("classify", "1,048,576"), ("events", "10,485,760")])

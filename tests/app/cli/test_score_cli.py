@@ -3,8 +3,10 @@ end to end through the command line, and its answers to bad input."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -171,6 +173,34 @@ def test_bad_data_is_one_clear_line(
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and err.startswith("rnnkit score: error: ")
     assert message in err or __import__("re").search(message, err), err
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_invalid_utf8_after_8_kb_names_its_own_line(
+    run_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    follow: bool,
+) -> None:
+    # 300 lines (over 8 KB) before the bad one: standard input in batch, a file followed
+    good = b"".join(b'{"session": "s%d", "events": ["x"]}\r\n' % i for i in range(300))
+    data = good + b'{"session": "\xff", "events": ["x"]}\r\n'
+    if follow:
+        path = tmp_path / "stream.jsonl"
+        path.write_bytes(data + b'{"session": "z", "event": "x", "end": true}\n')
+        argv = ["--data", str(path), "--follow", "--until-idle", "0.3", "--poll", "0.05"]
+    else:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+        argv = ["--data", "-"]
+    code = main(["score", "--checkpoint", str(run_dir), "--quiet", *argv])
+    err = capsys.readouterr().err
+    where = f"{path}:301" if follow else "<stdin>:301"
+    line = f"{where}: invalid UTF-8 at byte 14 of the line (byte 0xff)"
+    if follow:  # a bad line of a stream is skipped, never fatal
+        assert code == 0 and f"{line} (line skipped)" in err, err
+    else:
+        assert code == 2 and err == f"rnnkit score: error: {line}\n"
 
 
 def test_strace_input_is_scored_with_unknown_events(

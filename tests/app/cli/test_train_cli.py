@@ -263,7 +263,7 @@ BAD_TRAIN = {
     ),
     "invalid-utf8": (
         lambda d: ["--train", str(write(d / "u.txt", b"hello\nwor\xffld\n" * 3))],
-        ["u.txt:2", "invalid UTF-8 at byte offset 9", "0xff"],
+        ["u.txt:2: invalid UTF-8 at byte 4 of the line (byte 0xff)"],
     ),
     "missing-valid": (
         lambda d: ["--train", str(d / "train.txt"), "--valid", str(d / "v.txt")],
@@ -391,7 +391,7 @@ def test_evaluate_refuses_a_pickle_in_place_of_the_weights(run, data, tmp_path, 
     [
         ("no-checkpoint", ["no such checkpoint directory"]),
         ("missing-data", ["missing.txt", "file not found"]),
-        ("invalid-utf8", ["bad.txt:1", "invalid UTF-8 at byte offset 3"]),
+        ("invalid-utf8", ["bad.txt:1: invalid UTF-8 at byte 4 of the line (byte 0xc3)"]),
     ],
 )
 def test_bad_evaluate_input_is_one_line(run, tmp_path, run_cli, case, words):

@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rnnkit.data.files import read_run_file
+from rnnkit.data.utf8 import decode_utf8
 from rnnkit.errors import ConfigError, DataError
 
 if sys.version_info >= (3, 11):
@@ -101,11 +102,13 @@ def read_config_file(path: str) -> dict[str, Any]:
             ) from None
         raise ConfigError(f"--config {exc}") from None
     try:
-        # utf-8-sig: a byte-order mark (Windows editors write one) is dropped, as every data
-        # reader drops it; tomllib refused it ("Invalid statement (at line 1, column 1)").
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        text = decode_utf8(raw, path)
+    except DataError as exc:
+        raise ConfigError(str(exc)) from None
+    # A byte-order mark (Windows editors write one) is dropped, as every data reader drops
+    # it; tomllib refused it ("Invalid statement (at line 1, column 1)"). Dropped after
+    # decoding, so the bytes an error counts are the file's (utf-8-sig counted after it).
+    text = text.removeprefix("\ufeff")
     if path.endswith((".yaml", ".yml")):
         return _yaml_document(path, text)
     try:

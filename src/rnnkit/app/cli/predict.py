@@ -24,10 +24,11 @@ What a line is and what comes out depends on the run's task (each task module's
 Input is read line by line and answered in batches of at most ``--batch-size`` lines; a
 batch is cut early whenever no further line is waiting on the input, so a pipe gets each
 answer as soon as its line arrives (streaming). A bad line is a one-line error naming the
-file (``<stdin>``) and line; the answers already printed stand. Every line is read in one
-bounded ``readline``: a line of more than ``max_json_line_bytes`` characters (a JSON line:
-``events``, ``params``, ``regress``) or ``max_line_chars`` (a text line: the other tasks) is
-refused (see :mod:`rnnkit.data.limits`), so ``--input /dev/zero`` fails at once.
+file (``<stdin>``) and line (invalid UTF-8 too: each line is decoded alone); the answers
+already printed stand. Every line is read in one bounded ``readline``: a line of more than
+``max_json_line_bytes`` bytes (a JSON line: ``events``, ``params``, ``regress``) or
+``max_line_chars`` characters (a text line: the other tasks) is refused (see
+:mod:`rnnkit.data.limits`), so ``--input /dev/zero`` fails at once.
 """
 
 from __future__ import annotations
@@ -39,11 +40,12 @@ import select
 import stat
 import sys
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import IO, Any
 
 from rnnkit.app.cli.aliases import add_max_len_option, warn_deprecated
 from rnnkit.app.cli.run_options import add_device_option, add_run_option
 from rnnkit.data.limits import MAX_JSON_LINE_BYTES, MAX_LINE_CHARS, Limit
+from rnnkit.data.lines import text_lines
 from rnnkit.errors import ConfigError, DataError
 from rnnkit.generation.options import MAX_BEAM, MAX_GENERATE_TOKENS
 
@@ -94,7 +96,7 @@ def _flag(option: str) -> str:
 TASK_ONLY = {"beam": "seq2seq", "max_length": "seq2seq", "top": "events", "params": "events"}
 
 
-def _waiting(stream: TextIO) -> bool:
+def _waiting(stream: IO[bytes]) -> bool:
     """Whether another line can be read at once: always for a regular file (or a stream
     without a descriptor), else when the descriptor is readable (a line still in the
     stream's own buffer may end a batch early: only the batch is smaller)."""
@@ -116,25 +118,15 @@ JSON_TASKS = ("events", "params", "regress")
 
 
 def read_batches(
-    stream: TextIO, name: str, batch_size: int, limit: Limit = MAX_LINE_CHARS
+    stream: IO[bytes], name: str, batch_size: int, limit: Limit = MAX_LINE_CHARS
 ) -> Iterator[tuple[list[str], list[tuple[str, int]]]]:
     """``(lines, [(name, line number)])`` batches of at most ``batch_size`` lines, without
-    their line ends; a batch ends early when no further line is waiting (streaming). A line
-    of more than ``limit`` characters is a :class:`DataError` (one bounded read each)."""
+    their line ends; a batch ends early when no further line is waiting (streaming). Each
+    line is read in one bounded read and decoded alone (:func:`~rnnkit.data.lines.text_lines`):
+    a line over ``limit`` or not UTF-8 is a :class:`DataError` naming its own line."""
     lines: list[str] = []
     where: list[tuple[str, int]] = []
-    number = 0
-    most = limit.value()
-    while True:
-        try:
-            text = stream.readline(most + 1)
-        except UnicodeDecodeError as exc:
-            raise DataError(f"not UTF-8 text ({exc.reason})", name, number + 1) from None
-        if not text:
-            break
-        number += 1
-        if len(text.rstrip("\r\n")) > most:
-            raise DataError(limit.exceeded("line too long", most), name, number)
+    for number, text in text_lines(stream, name, limit):
         lines.append(text.rstrip("\r\n"))
         where.append((name, number))
         if len(lines) >= batch_size or not _waiting(stream):
@@ -197,18 +189,19 @@ def run(args: argparse.Namespace) -> int:
     batch_size = args.batch_size or 32
     limit = MAX_JSON_LINE_BYTES if task in JSON_TASKS else MAX_LINE_CHARS
     if args.input == "-":
-        stream: TextIO = sys.stdin
-        if hasattr(sys.stdin, "buffer"):  # strict UTF-8 whatever the locale says
-            stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="strict")
+        # The bytes, decoded line by line as strict UTF-8 whatever the locale says.
+        stream: IO[bytes] | None = getattr(sys.stdin, "buffer", None)
+        if stream is None:  # a text stream put in place by a program (io.StringIO): in memory
+            stream = io.BytesIO(sys.stdin.read().encode("utf-8"))
         return _answer(predict, stream, "<stdin>", batch_size, limit)
     try:
-        with open(args.input, encoding="utf-8", errors="strict") as f:
+        with open(args.input, "rb") as f:
             return _answer(predict, f, args.input, batch_size, limit)
     except IsADirectoryError:
         raise DataError("is a directory, not a file of lines", args.input) from None
 
 
-def _answer(predict: Any, stream: TextIO, name: str, batch_size: int, limit: Limit) -> int:
+def _answer(predict: Any, stream: IO[bytes], name: str, batch_size: int, limit: Limit) -> int:
     for lines, where in read_batches(stream, name, batch_size, limit):
         for record in predict(lines, where):
             _print(record)
