@@ -135,3 +135,16 @@ def test_three_rotations_read_the_missed_files_oldest_first(tmp_path: Path) -> N
     got = _lines_until(gen, 3)
     assert [line for _, line in got] == [b'{"b": 1}', b'{"c": 1}', b'{"d": 1}']
     gen.close()
+
+
+def test_a_byte_order_mark_at_the_start_is_not_part_of_the_first_line(tmp_path: Path) -> None:
+    # Windows tools write one; the other readers drop it too. Only the file's start: a
+    # mark inside the file is content (and a rewritten file starts again at its line 1).
+    bom = b"\xef\xbb\xbf"
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(bom + b'{"n": 1}\n' + bom + b'{"n": 2}\n')
+    lines = [line for batch in follow_lines(str(path), follow=False) for line in batch]
+    assert lines == [(1, b'{"n": 1}'), (2, bom + b'{"n": 2}')]
+    path.write_bytes(bom + b'{"n": 3}')  # one line, no newline
+    lines = [line for batch in follow_lines(str(path), follow=False) for line in batch]
+    assert lines == [(1, b'{"n": 3}')]

@@ -92,7 +92,7 @@ def follow_lines(
                     chunk = os.read(fd, read_size)
                     if not chunk:
                         if buffer.strip() and not skipping:
-                            yield [(number + 1, buffer.rstrip(b"\r"))]
+                            yield [(number + 1, _last_line(buffer, number))]
                         missed = _unread_rotations(source, os.fstat(fd))
                         os.close(fd)
                         fd = -1
@@ -134,7 +134,7 @@ def follow_lines(
             if batch:
                 yield batch
         if buffer.strip() and not skipping:
-            yield [(number + 1, buffer.rstrip(b"\r"))]  # a last line without newline
+            yield [(number + 1, _last_line(buffer, number))]  # a last line without newline
     finally:
         if owned and fd >= 0:
             os.close(fd)
@@ -159,6 +159,8 @@ def _complete_lines(
     batch = []
     for raw in lines:
         number += 1
+        if number == 1:
+            raw = _without_bom(raw)
         if skipping:
             skipping = False
             continue
@@ -174,6 +176,25 @@ def _complete_lines(
 
 
 MAX_ROTATIONS = 20
+
+#: UTF-8's byte-order mark, which Windows editors and tools write at a file's start.
+_BOM = b"\xef\xbb\xbf"
+
+
+def _last_line(buffer: bytes, number: int) -> bytes:
+    """The partial line left at the end of a file, as a line (``number`` lines before it)."""
+    line = buffer.rstrip(b"\r")
+    return _without_bom(line) if number == 0 else line
+
+
+def _without_bom(first: bytes) -> bytes:
+    """A file's first line without a leading byte-order mark (not content: the other
+    readers drop it too).
+
+    >>> _without_bom(b"\xef\xbb\xbf{}"), _without_bom(b"{}")
+    (b'{}', b'{}')
+    """
+    return first[len(_BOM) :] if first.startswith(_BOM) else first
 
 
 def _unread_rotations(source: str, old: os.stat_result) -> list[str]:
