@@ -191,7 +191,7 @@ def _without_bom(first: bytes) -> bytes:
     """A file's first line without a leading byte-order mark (not content: the other
     readers drop it too).
 
-    >>> _without_bom(b"\xef\xbb\xbf{}"), _without_bom(b"{}")
+    >>> _without_bom(b"\\xef\\xbb\\xbf{}"), _without_bom(b"{}")
     (b'{}', b'{}')
     """
     return first[len(_BOM) :] if first.startswith(_BOM) else first
