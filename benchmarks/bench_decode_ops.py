@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "generation"))
 sys.path.insert(0, str(HERE.parent / "tests"))  # op_counts reads host_syncs there
 import bench_tasks  # noqa: E402
-from op_counts import OpCounts, kind, launches  # noqa: E402
+from op_counts import OpCounts, fused_on_gpu, kind, launches  # noqa: E402
 
 from rnnkit.bptt.native import use_native  # noqa: E402
 from rnnkit.models.seq2seq import Seq2Seq, build_seq2seq  # noqa: E402
@@ -82,7 +82,7 @@ def _count(
         "steps": steps,
         "ops": total / steps,
         "kernels": kernels / steps,
-        "gpu kernels": (kernels - _fused_on_gpu(names)) / steps,
+        "gpu kernels": (kernels - fused_on_gpu(names)) / steps,
         "model": in_step / steps,
         "search": (total - in_step) / steps,
         "kinds": {k: kinds[k] / steps for k in ("product", "math", "choice", "bookkeeping")},
@@ -90,20 +90,6 @@ def _count(
         "names": {k: v / steps for k, v in names.most_common()},
         "sync_names": {k: v / steps for k, v in syncs.most_common()},
     }
-
-
-#: Per LSTM cell step on the CPU, the elementwise operations that a GPU runs as torch's
-#: one fused kernel (``_thnn_fused_lstm_cell``), less that one: torch's ``lstm_cell``
-#: (``add_``, three ``sigmoid_``, ``tanh_``, three ``mul``, ``add_``, ``tanh``: 9 saved)
-#: and ``TorchInferenceStep``'s (``add``, two ``sigmoid``, two ``tanh``, two ``mul``,
-#: ``addcmul``: 7 saved). One ``unsafe_split`` marks a torch cell step, one ``addcmul``
-#: the inference step's.
-FUSED_SAVED = {"aten.unsafe_split": 9, "aten.addcmul": 7}
-
-
-def _fused_on_gpu(names: collections.Counter[str]) -> float:
-    """The kernels that the CPU's LSTM gate math counts beyond a GPU's one per cell."""
-    return sum(names.get(marker, 0) * saved for marker, saved in FUSED_SAVED.items())
 
 
 def _seconds(runs: list[Callable[[], object]], native: bool, general: bool, repeats: int) -> float:

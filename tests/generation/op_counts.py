@@ -90,6 +90,21 @@ NO_LAUNCH = frozenset(
 )
 
 
+#: Per LSTM cell step on the CPU, the elementwise operations that a GPU runs as torch's
+#: one fused kernel (``_thnn_fused_lstm_cell``), less that one: torch's ``lstm_cell``
+#: (``add_``, three ``sigmoid_``, ``tanh_``, three ``mul``, ``add_``, ``tanh``: 9 saved)
+#: and ``TorchInferenceStep``'s (``add``, two ``sigmoid``, two ``tanh``, two ``mul``,
+#: ``addcmul``: 7 saved). One ``unsafe_split`` marks a torch cell step, one ``addcmul``
+#: the inference step's.
+FUSED_SAVED = {"aten.unsafe_split": 9, "aten.addcmul": 7}
+
+
+def fused_on_gpu(names: collections.Counter[str]) -> int:
+    """The kernels that the CPU's LSTM gate math counts beyond a GPU's one per cell, of
+    the operations ``names`` (name → count)."""
+    return sum(names.get(marker, 0) * saved for marker, saved in FUSED_SAVED.items())
+
+
 def launches(name: str) -> bool:
     """Whether the op ``name`` (``"aten.addmm"``, ``"aten.add[int]"``) launches a kernel on
     a GPU: every operation but the views, allocations and host reads."""
@@ -229,6 +244,11 @@ class OpCounts:
         """Operations that launch a kernel on a GPU (:func:`launches`) per step, from the
         first step on."""
         return sum(n for name, n in self.by_name().items() if launches(name)) / self.steps
+
+    def gpu_kernels_per_step(self) -> float:
+        """:meth:`kernels_per_step` with each LSTM cell's gate math as the one fused kernel
+        a GPU runs (:data:`FUSED_SAVED`)."""
+        return self.kernels_per_step() - fused_on_gpu(self.by_name()) / self.steps
 
     def by_kind(self) -> dict[str, float]:
         """Per step: products, math, choice, bookkeeping (see :func:`kind`)."""

@@ -124,11 +124,16 @@ def _run_sampling(
     costs less than one per step; what the kept rows draw after their end is not recorded.
     """
     B = log_probs.shape[0]
-    origin = torch.arange(B, device=log_probs.device)  # active row -> output row
-    drawn: list[tuple[Tensor, Tensor, Tensor]] = []  # (origin, token, log-prob) per step
+    tokens: list[Tensor] = []  # per step: the token of every row in the batch then
+    chosen_lps: list[Tensor] = []  # per step: their log-probabilities
+    # (step, rows kept after it): which output row each row of a step is, followed on the
+    # host at the end (no device tensor of output rows selected at every selection)
+    kept: list[tuple[int, Tensor]] = []
     races: list[Tensor] = []  # sampling: the winning p / q of every row, per step (_draw)
     lazy = opt.strategy == "greedy" and opt.eos_id is not None
-    ended = torch.zeros(B, dtype=torch.bool, device=log_probs.device) if lazy else None
+    # greedy: the rows not ended since the last selection (None: none drawn since; every
+    # row kept then is live, so the next step's test is the whole of it)
+    live: Tensor | None = None
     # never drawn, never chosen; the ids copied to the device once, not at every step
     forbid = forbid_index(opt.forbid, log_probs.shape[-1], log_probs.device)
     sample = opt.strategy != "greedy"
@@ -154,45 +159,46 @@ def _run_sampling(
                 drawn_t, race = drawn_t.to(log_probs.device), race.to(log_probs.device)
             races.append(race.view(-1))
             chosen, token = log_probs.gather(1, drawn_t).view(-1), drawn_t.view(-1)
-        drawn.append((origin, token, chosen))
+        tokens.append(token)
+        chosen_lps.append(chosen)
         if t == opt.max_length - 1:
             break
         if opt.eos_id is None:  # only the length limit ends a row: nothing to read
             log_probs, state = model.step(token, state)
             continue
         rows = token.shape[0]
-        if ended is not None:  # greedy: rows stay until a quarter of them has ended
-            ended |= token == opt.eos_id
-            alive = rows - int(ended.sum())
-        else:
-            live = token != opt.eos_id
-            alive = int(live.sum())
+        going = token != opt.eos_id
+        # greedy: rows stay until a quarter of them has ended
+        live = going if live is None or not lazy else live.bitwise_and_(going)
+        alive = int(live.sum())  # the step's one read of the host
         if alive == 0:
             break
-        if alive < rows and (ended is None or 4 * alive <= 3 * rows):
-            keep = (live if ended is None else ~ended).nonzero().view(-1)
-            state, token, origin = reorder(state, keep), token[keep], origin[keep]
-            if ended is not None:
-                ended = ended[keep]
+        if alive < rows and (not lazy or 4 * alive <= 3 * rows):
+            # the count is known: the rows' indices without a second read of the host
+            keep = torch.nonzero_static(live, size=alive).view(-1)
+            state, token = reorder(state, keep), token.index_select(0, keep)
+            kept.append((t, keep))
+            live = None
         log_probs, state = model.step(token, state)
     # The bookkeeping once at the end, in the order drawn (the same float sums); a row's
     # draws after its </s> (greedy keeps ended rows for a while) are not its output. The
     # draws of all steps are read in two copies to the host, not three per step (each
     # waits for the device).
-    sizes = [len(d[1]) for d in drawn]
-    flat_ids = torch.cat([t for d in drawn for t in d[:2]]).tolist()
-    flat_lps = torch.cat([d[2] for d in drawn] + races).tolist()  # the races read with them
+    sizes = [len(d) for d in tokens]
+    flat_ids = torch.cat(tokens + [k for _, k in kept]).tolist()
+    flat_lps = torch.cat(chosen_lps + races).tolist()  # the races read with them
     if races:
         _check_races(flat_lps[len(flat_lps) // 2 :], sizes)
     ids: list[list[int]] = [[] for _ in range(B)]
     logprob = [0.0] * B
     finished = [False] * B
-    at = 0
-    for n in sizes:
-        rows_drawn, tokens = flat_ids[2 * at : 2 * at + n], flat_ids[2 * at + n : 2 * at + 2 * n]
-        lps = flat_lps[at : at + n]
+    origin = list(range(B))  # the output row of each row of the batch
+    at, kept_at, selections = 0, sum(sizes), iter(kept)
+    selection = next(selections, None)
+    for t, n in enumerate(sizes):
+        drawn, lps = flat_ids[at : at + n], flat_lps[at : at + n]
         at += n
-        for r, k, lp in zip(rows_drawn, tokens, lps, strict=True):
+        for r, k, lp in zip(origin, drawn, lps, strict=True):
             if finished[r]:
                 continue
             logprob[r] += lp
@@ -200,6 +206,11 @@ def _run_sampling(
                 finished[r] = True
             else:
                 ids[r].append(k)
+        if selection is not None and selection[0] == t:
+            m = len(selection[1])
+            origin = [origin[i] for i in flat_ids[kept_at : kept_at + m]]
+            kept_at += m
+            selection = next(selections, None)
     return [
         GenerationResult(i, lp, f, opt.score(lp, len(i) + f))
         for i, lp, f in zip(ids, logprob, finished, strict=True)
