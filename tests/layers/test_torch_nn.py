@@ -602,3 +602,33 @@ def test_a_single_step_reads_a_weight_kept_outside_parameters_as_torch_does(mode
     h = _hx(mode, 1, 1, 2)
     for a, b in zip(_flat(reference(x, h)[1]), _flat(mine(x, h)[1]), strict=True):
         torch.testing.assert_close(b, a, rtol=0.0, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # TorchScript's own notice
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # torch's LSTM's own checks
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_a_traced_or_compiled_single_step_is_torchs_forward_as_before(mode):
+    # the quick single step stands aside while a graph is traced: torch.jit.trace and
+    # torch.compile record torch's own layer (one aten.lstm/gru node), as for torch.nn
+    theirs, mine = _pair(mode, batch_first=True)
+    x = torch.randn(2, 1, 3, dtype=DTYPE)
+
+    def kinds(graph):
+        return sorted({n.kind() for n in graph.nodes() if n.kind().startswith("aten::")})
+
+    traced = [torch.jit.trace(m, (x,), check_trace=False) for m in (theirs, mine)]
+    assert kinds(traced[1].graph) == kinds(traced[0].graph)
+    assert f"aten::{mode.lower()}" in kinds(traced[1].graph)
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    torch._dynamo.reset()
+    got = torch.compile(mine, backend=backend)(x)
+    # dynamo leaves torch's layer whole (it runs eagerly between the graphs, as torch.nn's
+    # does): no cell operator of the quick step in a graph
+    assert not any("cell" in target for graph in graphs for target in graph)
+    torch.testing.assert_close(got, theirs(x), rtol=0.0, atol=1e-12)

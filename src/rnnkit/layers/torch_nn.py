@@ -415,7 +415,9 @@ class _DropIn:
             return None
         p = self._parameters
         names = self._flat_weights_names
-        per = 4 if self.bias else 2  # each cell's names in torch's order (no projection)
+        per = len(names) // (self.num_layers * (2 if self.bidirectional else 1))
+        if per not in (2, 4):  # each cell's names in torch's order: no projection
+            return None
         out: list[tuple[Tensor, Tensor, Any, Any]] = []
         try:
             for i in range(0, len(names), per):
@@ -622,8 +624,10 @@ def _plain_cpu_step(x: Any) -> TypeGuard[Tensor]:
     at every step, and each look costs ~0.1 µs against a ~30 µs step): ``x`` a plain
     CPU tensor (not a subclass, not an FX proxy) in float32 or float64, no
     ``torch.func`` transform or forward-AD level (``rnnkit.bptt.tracing.transforming``'s
-    two looks), no autocast, the default path. Where it says True, torch's fused step
-    computes the call; where it says False, the drop-in's full checks decide."""
+    two looks), no autocast, the default path, no graph being traced (``torch.compile``,
+    ``torch.jit.trace``: there the drop-ins' checked path decides, as it always has).
+    Where it says True, torch's fused step computes the call; where it says False, the
+    drop-in's full checks decide."""
     return (
         type(x) is Tensor
         and x.is_cpu
@@ -632,6 +636,8 @@ def _plain_cpu_step(x: Any) -> TypeGuard[Tensor]:
         and forward_ad._current_level < 0
         and not autocast_devices_on()
         and path_in_force() == "auto"
+        and not torch.compiler.is_compiling()
+        and not torch._C._is_tracing()
     )
 
 
