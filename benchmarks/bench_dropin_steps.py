@@ -7,7 +7,7 @@ argmax (greedy decoding, no gradient);
 and a teacher-forced training step over the same ``STEPS`` calls (the summed loss's
 backward). Three contenders in interleaved rounds (``_common.interleaved``): torch's
 layer; rnnkit's drop-in as it runs by default (a layer's single step on the CPU is
-torch's fused cell operators on torch's weights, a cell's step torch's ``forward``); and
+torch's fused cell operators on torch's weights, a cell's step torch's fused step); and
 rnnkit's drop-in with its own time loop and cell step forced (``use_fused("loop")``),
 which is how every step ran before. Times
 are per decoding or training step; ratios are medians of in-round ratios (> 1: slower

@@ -514,3 +514,121 @@ def test_a_single_step_under_vmap_is_torchs_layer_example_by_example(mode):
     got = torch.func.vmap(lambda xi: mine(xi)[0])(x)
     want = torch.stack([theirs(xi)[0] for xi in x])
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize(
+    "options",
+    [{"batch_first": True}, {"num_layers": 2, "bidirectional": True}, {"bias": False}],
+    ids=["batch-first", "two-layers-bidirectional", "no-bias"],
+)
+def test_a_single_steps_quick_path_is_the_checked_paths_bits(mode, dtype, options, monkeypatch):
+    # the common single step reads the weights from _parameters and skips the checks;
+    # the checked path (a subclass takes it: its weights could be properties) refreshes
+    # torch's _flat_weights and checks everything: the same operators on the same
+    # tensors, so the same bits, gradients included, with and without an initial state
+    from rnnkit.layers import torch_nn
+
+    checked = []
+    real = torch_nn._DropIn._weights
+    monkeypatch.setattr(torch_nn._DropIn, "_weights", lambda s: checked.append(1) or real(s))
+
+    class Sub(getattr(knn, mode)):
+        pass
+
+    torch.manual_seed(0)
+    mine = getattr(knn, mode)(3, 5, dtype=dtype, **options)
+    sub = Sub(3, 5, dtype=dtype, **options)
+    sub.load_state_dict(mine.state_dict())
+    L, D = options.get("num_layers", 1), 2 if options.get("bidirectional") else 1
+    g = torch.Generator().manual_seed(1)
+    x0 = torch.randn(
+        *((2, 1) if options.get("batch_first") else (1, 2)), 3, dtype=dtype, generator=g
+    )
+    h0 = [torch.randn(L * D, 2, 5, dtype=dtype, generator=g) for _ in range(1 + (mode == "LSTM"))]
+    for given in (True, False):
+        results = []
+        for module in (mine, sub):
+            x = x0.clone().requires_grad_()
+            hs = [h.clone().requires_grad_() for h in h0] if given else []
+            hx = (tuple(hs) if mode == "LSTM" else hs[0]) if given else None
+            out, final = module(x, hx)
+            finals = _flat(final)
+            loss = sum((t * (i + 1.5)).sin().sum() for i, t in enumerate([out, *finals]))
+            grads = torch.autograd.grad(loss, [x, *hs, *module.parameters()])
+            results.append([out.detach(), *(f.detach() for f in finals), *grads])
+        for a, b in zip(*results, strict=True):
+            assert a.dtype == b.dtype == dtype and torch.equal(a, b)
+    assert len(checked) == 2  # the subclass's calls only
+
+
+SINGLE_STEP_ERRORS = {  # each call of one time step fails in torch; rnnkit names the layer
+    "input size": lambda m, h: m(torch.zeros(2, 1, 7, dtype=DTYPE)),
+    "input dtype": lambda m, h: m(torch.zeros(2, 1, 3, dtype=torch.float32)),
+    "hx size": lambda m, h: m(torch.zeros(2, 1, 3, dtype=DTYPE), h(1, 3, 5)),
+    "hx dtype": lambda m, h: m(torch.zeros(2, 1, 3, dtype=DTYPE), h(1, 2, 5, dtype=torch.float32)),
+}
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+@pytest.mark.parametrize("case", list(SINGLE_STEP_ERRORS))
+def test_a_single_step_with_bad_input_raises_torchs_exception_type_naming_the_layer(mode, case):
+    def h(*shape, dtype=DTYPE):
+        t = torch.zeros(*shape, dtype=dtype)
+        return (t, t) if mode == "LSTM" else t
+
+    reference, mine = _pair(mode, batch_first=True)
+    with pytest.raises(Exception) as theirs:
+        SINGLE_STEP_ERRORS[case](reference, h)
+    with pytest.raises(Exception, match=f"rnnkit.nn.{mode}: ") as ours:
+        SINGLE_STEP_ERRORS[case](mine, h)
+    assert type(ours.value) is type(theirs.value)
+    state = h(1, 2, 5)
+    with pytest.raises(TypeError, match=f"rnnkit.nn.{mode}: hx must be"):
+        mine(torch.zeros(2, 1, 3, dtype=DTYPE), state[0] if mode == "LSTM" else (state,))
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+def test_a_single_step_reads_a_weight_kept_outside_parameters_as_torch_does(mode):
+    # a weight-dropping wrapper (or torch.nn.utils.weight_norm's hook) moves a weight out
+    # of _parameters and sets it as a plain attribute: one step computes with it, as
+    # torch's layer does
+    reference, mine = _pair(mode, batch_first=True)
+    for module in (reference, mine):
+        raw = module._parameters.pop("weight_hh_l0")
+        module.weight_hh_l0 = raw.detach() * 0.5
+    x = torch.randn(2, 1, 3, dtype=DTYPE)
+    h = _hx(mode, 1, 1, 2)
+    for a, b in zip(_flat(reference(x, h)[1]), _flat(mine(x, h)[1]), strict=True):
+        torch.testing.assert_close(b, a, rtol=0.0, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # TorchScript's own notice
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # torch's LSTM's own checks
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_a_traced_or_compiled_single_step_is_torchs_forward_as_before(mode):
+    # the quick single step stands aside while a graph is traced: torch.jit.trace and
+    # torch.compile record torch's own layer (one aten.lstm/gru node), as for torch.nn
+    theirs, mine = _pair(mode, batch_first=True)
+    x = torch.randn(2, 1, 3, dtype=DTYPE)
+
+    def kinds(graph):
+        return sorted({n.kind() for n in graph.nodes() if n.kind().startswith("aten::")})
+
+    traced = [torch.jit.trace(m, (x,), check_trace=False) for m in (theirs, mine)]
+    assert kinds(traced[1].graph) == kinds(traced[0].graph)
+    assert f"aten::{mode.lower()}" in kinds(traced[1].graph)
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    torch._dynamo.reset()
+    got = torch.compile(mine, backend=backend)(x)
+    # dynamo leaves torch's layer whole (it runs eagerly between the graphs, as torch.nn's
+    # does): no cell operator of the quick step in a graph
+    assert not any("cell" in target for graph in graphs for target in graph)
+    torch.testing.assert_close(got, theirs(x), rtol=0.0, atol=1e-12)

@@ -156,3 +156,66 @@ def test_a_cell_under_vmap_is_torchs_cell_example_by_example(name):
     got = torch.func.vmap(lambda xi: first(mine(xi)))(x)
     want = torch.stack([first(theirs(xi)) for xi in x])
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,options", CELLS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(4, 3), (3,)], ids=["batched", "unbatched"])
+def test_the_common_step_is_torchs_step_bit_for_bit(name, options, dtype, bias, shape):
+    # the common case (a plain float32/float64 CPU tensor, default path) calls torch's
+    # fused operator on the weights in _parameters: the same bits as torch's cell, the
+    # new state and every gradient, with and without an initial state
+    torch.manual_seed(0)
+    reference = getattr(torch.nn, name)(3, 5, bias=bias, dtype=dtype, **options)
+    mine = getattr(knn, name)(3, 5, bias=bias, dtype=dtype, **options)
+    mine.load_state_dict(reference.state_dict())
+    g = torch.Generator().manual_seed(1)
+    x0 = torch.randn(*shape, dtype=dtype, generator=g)
+    h_shape = (*shape[:-1], 5)
+    h0 = [torch.randn(*h_shape, dtype=dtype, generator=g) for _ in range(1 + (name == "LSTMCell"))]
+    for given in (True, False):
+        results = []
+        for module in (reference, mine):
+            x = x0.clone().requires_grad_()
+            hs = [h.clone().requires_grad_() for h in h0]
+            hx = (tuple(hs) if name == "LSTMCell" else hs[0]) if given else None
+            out = _flat(module(x, hx))
+            loss = sum((o * (k + 1)).sin().sum() for k, o in enumerate(out))
+            wrt = [x, *(hs if given else []), *module.parameters()]
+            results.append([*(o.detach() for o in out), *torch.autograd.grad(loss, wrt)])
+        for a, b in zip(*results, strict=True):
+            assert b.dtype == a.dtype and torch.equal(b, a)
+
+
+@pytest.mark.parametrize("name,options", CELLS, ids=str)
+def test_a_weight_kept_outside_parameters_is_read_as_torch_reads_it(name, options):
+    # a weight-dropping wrapper (or torch.nn.utils.weight_norm's hook) moves a weight out
+    # of _parameters and sets it as a plain attribute: the common step must not read a
+    # stale or missing entry, it computes what torch's cell computes from the attribute
+    reference, mine = _pair(name, **options)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 3, dtype=DTYPE, generator=g)
+    for module in (reference, mine):
+        raw = module._parameters.pop("weight_hh")
+        module.weight_hh = raw.detach() * 0.5
+    for a, b in zip(_flat(reference(x)), _flat(mine(x)), strict=True):
+        assert torch.equal(b, a)
+
+
+@pytest.mark.parametrize("name", ["RNNCell", "LSTMCell", "GRUCell"])
+def test_where_torch_refuses_the_common_step_rnnkits_checks_speak_once(name, monkeypatch):
+    # torch's operator refuses a state of the wrong size; rnnkit's checks then name the
+    # cell, without running torch's forward a second time
+    calls = []
+    torch_class = getattr(torch.nn, name)
+    real = torch_class.forward
+    monkeypatch.setattr(torch_class, "forward", lambda *a: calls.append(1) or real(*a))
+    _, mine = _pair(name)
+    h = torch.zeros(2, 6, dtype=DTYPE)
+    with pytest.raises(RuntimeError, match=f"rnnkit.nn.{name}: hx.* inconsistent hidden_size"):
+        mine(torch.zeros(2, 3, dtype=DTYPE), (h, h) if name == "LSTMCell" else h)
+    assert calls == []  # the batched common step calls torch's operator, not its forward
+    with pytest.raises(ValueError, match=f"rnnkit.nn.{name}: Expected input to be 1D or 2D"):
+        mine(torch.zeros(1, 2, 3, dtype=DTYPE))
+    assert calls == [1]

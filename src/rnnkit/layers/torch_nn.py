@@ -38,10 +38,11 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import Tensor, nn
+from torch.autograd import forward_ad
 from torch.nn.utils.rnn import PackedSequence
 
 from rnnkit.bptt.fused import fused_path_on, path_in_force
@@ -113,6 +114,7 @@ class _DropIn:
     mode: str
     _flat_weights_names: list[str]
     _flat_weights: list[Tensor | None]
+    _parameters: dict[str, Any]
     _update_flat_weights: Callable[[], None]
     nonlinearity: str
     training: bool
@@ -275,6 +277,8 @@ class _DropIn:
             ``output`` of the input's kind (``(T, B, D·H)``, ``(T, D·H)`` or packed) and
             the final states ``(L·D, B, H)``, each sequence's after its last real step.
         """
+        if _plain_cpu_step(input) and (plain := self._plain_step(input, hx)) is not None:
+            return plain
         traced = fx_leaf_call(self, input, hx)  # type: ignore[arg-type]
         if traced is not None:
             return traced
@@ -318,7 +322,7 @@ class _DropIn:
                     raise TypeError(f"{name}: hx must be one tensor (L·D, B, H), as for torch")
                 h0 = (self._check_hx(hx, B, batched, "hx", w_ih),)
         if packed_input is None and self._one_step_in_cells(x):
-            outputs, final = self._cell_steps(x, h0, weights)
+            outputs, final = self._cell_steps(x, h0, self._weights_by_cell(weights))
         else:
             outputs, final = self._through_stack(x, lengths, h0, weights, packed_input)
         if packed_input is not None:
@@ -369,13 +373,90 @@ class _DropIn:
         time_axis = 1 if self.batch_first else 0
         return x.shape[time_axis] == 1 and _one_step(x) and not transforming()
 
+    def _plain_step(self, input: Tensor, hx: Any) -> tuple[Tensor, Any] | None:
+        """The common single step (``forward``'s first look, after ``_plain_cpu_step``):
+        ``input (B, 1, I)`` (``(1, B, I)``), ``hx`` None or of the right shape and
+        dtype, torch's own class (no parametrization, :meth:`_parameters_by_cell`),
+        ``B > 0``, no projection → :meth:`_cell_steps` on the weights in
+        ``_parameters``, the same operators on the same tensors as the checked path,
+        with none of its looks. None for anything else: the checked path decides (and
+        says what is wrong)."""
+        if input.dim() != 3 or self.proj_size > 0 or self.dropout >= 1:
+            return None
+        time_axis, batch_axis = (1, 0) if self.batch_first else (0, 1)
+        B = input.shape[batch_axis]
+        if input.shape[time_axis] != 1 or B == 0 or input.shape[2] != self.input_size:
+            return None
+        weights = self._parameters_by_cell()
+        if weights is None or weights[0][0].dtype != input.dtype:
+            return None
+        h0: tuple[Tensor, ...] | None = None
+        if hx is not None:
+            h0 = tuple(hx) if self.mode == "LSTM" and type(hx) in (tuple, list) else (hx,)
+            shape = (len(weights), B, self.hidden_size)
+            if len(h0) != (2 if self.mode == "LSTM" else 1) or not all(
+                type(h) is Tensor and h.shape == shape and h.dtype == input.dtype for h in h0
+            ):
+                return None
+        outputs, final = self._cell_steps(input, h0, weights)
+        if outputs.requires_grad and outputs._is_view():
+            outputs = outputs.clone()  # as forward's: the output may be changed in place
+        return outputs, final
+
+    def _parameters_by_cell(self) -> list[tuple[Tensor, Tensor, Any, Any]] | None:
+        """Each cell's ``(w_ih, w_hh, b_ih, b_hh)`` (layers, then directions; biases
+        None without ``bias``) straight from ``_parameters``: what torch's ``forward``
+        reads after refreshing ``_flat_weights`` (which looks at every weight through
+        ``nn.Module.__getattr__``, ~1 µs each). None where attributes could find
+        something else: a subclass (a parametrization makes one, whose properties
+        compute the weights) or a weight missing there (moved out by
+        ``torch.nn.utils.weight_norm``'s hook or a weight-dropping wrapper)."""
+        if type(self) not in _DROPIN_CLASSES:
+            return None
+        p = self._parameters
+        names = self._flat_weights_names
+        per = len(names) // (self.num_layers * (2 if self.bidirectional else 1))
+        if per not in (2, 4):  # each cell's names in torch's order: no projection
+            return None
+        out: list[tuple[Tensor, Tensor, Any, Any]] = []
+        try:
+            for i in range(0, len(names), per):
+                w = [p[n] for n in names[i : i + per]]
+                out.append((w[0], w[1], w[2], w[3]) if per == 4 else (w[0], w[1], None, None))
+        except KeyError:
+            return None
+        return out
+
+    def _weights_by_cell(self, weights: dict[str, Tensor]) -> list[tuple[Tensor, Tensor, Any, Any]]:
+        """:meth:`_weights`' tensors as :meth:`_cell_steps` takes them: each cell's
+        ``(w_ih, w_hh, b_ih, b_hh)``, layers then directions (biases None without
+        ``bias``)."""
+        D = 2 if self.bidirectional else 1
+        out = []
+        for k in range(self.num_layers * D):
+            layer, direction = divmod(k, D)
+            sfx = f"_l{layer}" + ("_reverse" if direction else "")
+            out.append(
+                (
+                    weights["weight_ih" + sfx],
+                    weights["weight_hh" + sfx],
+                    weights.get("bias_ih" + sfx),
+                    weights.get("bias_hh" + sfx),
+                )
+            )
+        return out
+
     def _cell_steps(
-        self, x: Tensor, h0: tuple[Tensor, ...] | None, weights: dict[str, Tensor]
+        self,
+        x: Tensor,
+        h0: tuple[Tensor, ...] | None,
+        weights: list[tuple[Tensor, Tensor, Any, Any]],
     ) -> tuple[Tensor, Any]:
         """One time step of every layer and direction, each torch's fused cell operator
         (``torch.lstm_cell``, ``gru_cell``, ``rnn_tanh_cell``, ``rnn_relu_cell``) on
-        torch's own weights: ``x (B, 1, I)`` (``(1, B, I)``), ``h0`` each ``(L·D, B, H)``
-        or None (zeros) → ``(output, h_n)`` as torch's ``forward`` returns them. The same
+        torch's own weights (``weights``: each cell's, layers then directions): ``x (B,
+        1, I)`` (``(1, B, I)``), ``h0`` each ``(L·D, B, H)`` or None (zeros) →
+        ``(output, h_n)`` as torch's ``forward`` returns them. The same
         function as torch's layer (a reverse direction over one step is a step), with its
         dropout between layers drawn as torch draws it (``B·D·H`` values in the order of
         the layer's output). Why not torch's ``forward``: on the CPU an LSTM's runs
@@ -383,11 +464,15 @@ class _DropIn:
         against 40 µs for one step of a 256-unit layer); a GRU's or a simple cell's
         ``forward`` costs more around the same step than these operators."""
         D = 2 if self.bidirectional else 1
-        step = x[:, 0] if self.batch_first else x[0]  # (B, I)
+        step = x.select(1 if self.batch_first else 0, 0)  # (B, I)
         lstm = self.mode == "LSTM"
+        # each cell's initial state(s) (B, H), by one unbind each (indexing costs ~1 µs)
+        starts: list[tuple[Tensor, ...]]
         if h0 is None:
-            zeros = step.new_zeros(self.num_layers * D, step.shape[0], self.hidden_size)
-            h0 = (zeros, zeros) if lstm else (zeros,)
+            zeros = step.new_zeros(step.shape[0], self.hidden_size)
+            starts = [(zeros, zeros) if lstm else (zeros,)] * len(weights)
+        else:
+            starts = list(zip(*(h.unbind(0) for h in h0), strict=True))
         op = _CELL_OPS[self.mode]
         hs: list[Tensor] = []
         cs: list[Tensor] = []
@@ -397,19 +482,12 @@ class _DropIn:
                 h = nn.functional.dropout(h, self.dropout, True)
             outs = []
             for d in range(D):
-                sfx = f"_l{layer}" + ("_reverse" if d else "")
-                w = (
-                    weights["weight_ih" + sfx],
-                    weights["weight_hh" + sfx],
-                    weights.get("bias_ih" + sfx),
-                    weights.get("bias_hh" + sfx),
-                )
                 k = layer * D + d
                 if lstm:
-                    h_k, c_k = op(h, (h0[0][k], h0[1][k]), *w)
+                    h_k, c_k = op(h, starts[k], *weights[k])
                     cs.append(c_k)
                 else:
-                    h_k = op(h, h0[0][k], *w)
+                    h_k = op(h, starts[k][0], *weights[k])
                 hs.append(h_k)
                 outs.append(h_k)
             h = outs[0] if D == 1 else torch.cat(outs, dim=-1)
@@ -537,6 +615,32 @@ def _one_step(x: Tensor) -> bool:
     )
 
 
+_CPU_STEP_DTYPES = (torch.float32, torch.float64)
+_interpreter = torch._C._functorch.peek_interpreter_stack
+
+
+def _plain_cpu_step(x: Any) -> TypeGuard[Tensor]:
+    """The common case of :func:`_one_step`, in as few looks as possible (a decoder asks
+    at every step, and each look costs ~0.1 µs against a ~30 µs step): ``x`` a plain
+    CPU tensor (not a subclass, not an FX proxy) in float32 or float64, no
+    ``torch.func`` transform or forward-AD level (``rnnkit.bptt.tracing.transforming``'s
+    two looks), no autocast, the default path, no graph being traced (``torch.compile``,
+    ``torch.jit.trace``: there the drop-ins' checked path decides, as it always has).
+    Where it says True, torch's fused step computes the call; where it says False, the
+    drop-in's full checks decide."""
+    return (
+        type(x) is Tensor
+        and x.is_cpu
+        and x.dtype in _CPU_STEP_DTYPES
+        and _interpreter() is None
+        and forward_ad._current_level < 0
+        and not autocast_devices_on()
+        and path_in_force() == "auto"
+        and not torch.compiler.is_compiling()
+        and not torch._C._is_tracing()
+    )
+
+
 #: torch's fused operator of one step of each drop-in's cell (torch's ``mode``)
 _CELL_OPS: dict[str, Callable[..., Any]] = {
     "LSTM": torch.lstm_cell,
@@ -606,6 +710,9 @@ class GRU(_DropIn, nn.GRU):
 
     _torch_class = nn.GRU
 
+
+#: the drop-in layers themselves (not a subclass: :meth:`_DropIn._parameters_by_cell`)
+_DROPIN_CLASSES = frozenset((RNN, LSTM, GRU))
 
 # Pickles (torch.save of a whole model) name the public classes, which is what a user
 # allow-lists for torch.load(..., weights_only=True).

@@ -24,7 +24,13 @@ from rnnkit.cells.gru import gru_step
 from rnnkit.cells.kernel import Weights
 from rnnkit.cells.lstm import lstm_step
 from rnnkit.cells.rnn import rnn_step
-from rnnkit.layers.torch_nn import _fused_computes, _one_step, fx_leaf_call, plain_torch_copy
+from rnnkit.layers.torch_nn import (
+    _fused_computes,
+    _one_step,
+    _plain_cpu_step,
+    fx_leaf_call,
+    plain_torch_copy,
+)
 from rnnkit.types import LSTMState
 
 __all__ = ["GRUCell", "LSTMCell", "RNNCell"]
@@ -103,6 +109,43 @@ class _CellDropIn:
                 f"{weight.dtype}; convert {what} ({what}.to({weight.dtype}))"
             )
 
+    def _call(self, input: Tensor, hx: Any) -> Any:
+        """The drop-in's ``forward``. The common case first, in as few looks as possible
+        (a decoder calls its cell at every step): a plain float32/float64 CPU input and
+        state, the default path, no autocast, no transform (``_plain_cpu_step``), where
+        torch's fused operator computes the step on torch's own weights
+        (:meth:`_fused_step`, else torch's ``forward``); should torch refuse the input,
+        rnnkit's checks say what, naming the cell. Otherwise: FX tracing records one
+        node (:func:`fx_leaf_call`), scripting, tracing and an empty input are torch's
+        ``forward`` (:meth:`_use_torch`), then :meth:`_torchs`, else rnnkit's step."""
+        if _plain_cpu_step(input) and _plain_state(hx):
+            try:
+                fused = self._fused_step(input, hx)
+                return self._torch_class.forward(self, input, hx) if fused is None else fused
+            except (RuntimeError, ValueError, TypeError):
+                if self._use_torch(input):  # there torch's forward is the whole answer
+                    raise
+                return self._own_step(input, hx)
+        traced = fx_leaf_call(self, input, hx)  # type: ignore[arg-type]
+        if traced is not None:
+            return traced
+        if self._use_torch(input):
+            return self._torch_class.forward(self, input, hx)
+        if (handed := self._torchs(input, hx)) is not None:
+            return handed
+        return self._own_step(input, hx)
+
+    def _fused_step(self, input: Tensor, hx: Any) -> Any:
+        """torch's fused operator of the step on batched input ``(B, I)`` and state (or
+        None: zeros), called as torch's ``forward`` calls it, with the weights taken
+        from ``_parameters`` (:func:`_parameters_of`); None where the call is not that
+        (unbatched, a parametrized or wrapped weight): torch's ``forward`` then."""
+        raise NotImplementedError
+
+    def _own_step(self, input: Tensor, hx: Any) -> Any:
+        """rnnkit's step, after its checks (each class's)."""
+        raise NotImplementedError
+
     def _use_torch(self, input: Tensor) -> bool:
         """Whether torch's own ``forward`` must compute this step: while scripting or
         tracing, and for an empty input."""
@@ -146,13 +189,20 @@ class RNNCell(_CellDropIn, nn.RNNCell):
     nonlinearity: str
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
-        traced = fx_leaf_call(self, input, hx)
-        if traced is not None:
-            return traced
-        if self._use_torch(input):
-            return nn.RNNCell.forward(self, input, hx)
-        if (handed := self._torchs(input, hx)) is not None:
-            return handed
+        return self._call(input, hx)
+
+    def _fused_step(self, input: Tensor, hx: Tensor | None) -> Tensor | None:
+        weights = _parameters_of(self, RNNCell)
+        op = _RNN_CELL_OPS.get(self.nonlinearity)
+        if weights is None or op is None or input.dim() != 2:
+            return None
+        if hx is None:
+            hx = input.new_zeros(input.shape[0], self.hidden_size)
+        elif hx.dim() != 2:
+            return None
+        return op(input, hx, *weights)
+
+    def _own_step(self, input: Tensor, hx: Tensor | None) -> Tensor:
         w_ih, w_hh, b_ih, b_hh = self._weights()
         x, h, batched = self._batched(input, hx, "hx", w_ih)
         out = rnn_step(x, h, Weights(w_ih, w_hh, b_ih + b_hh, None), self.nonlinearity)
@@ -173,13 +223,22 @@ class LSTMCell(_CellDropIn, nn.LSTMCell):
     def forward(
         self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, Tensor]:
-        traced = fx_leaf_call(self, input, hx)
-        if traced is not None:
-            return traced
-        if self._use_torch(input):
-            return nn.LSTMCell.forward(self, input, hx)
-        if (handed := self._torchs(input, hx)) is not None:
-            return handed
+        return self._call(input, hx)
+
+    def _fused_step(
+        self, input: Tensor, hx: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor] | None:
+        weights = _parameters_of(self, LSTMCell)
+        if weights is None or input.dim() != 2:
+            return None
+        if hx is None:
+            zeros = input.new_zeros(input.shape[0], self.hidden_size)
+            hx = (zeros, zeros)
+        elif len(hx) != 2 or hx[0].dim() != 2 or hx[1].dim() != 2:
+            return None
+        return torch.lstm_cell(input, hx, *weights)
+
+    def _own_step(self, input: Tensor, hx: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
         if hx is not None and (not isinstance(hx, tuple | list) or len(hx) != 2):
             raise TypeError("rnnkit.nn.LSTMCell: hx must be the pair (h_0, c_0), as for torch")
         w_ih, w_hh, b_ih, b_hh = self._weights()
@@ -203,13 +262,19 @@ class GRUCell(_CellDropIn, nn.GRUCell):
     _torch_class = nn.GRUCell
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
-        traced = fx_leaf_call(self, input, hx)
-        if traced is not None:
-            return traced
-        if self._use_torch(input):
-            return nn.GRUCell.forward(self, input, hx)
-        if (handed := self._torchs(input, hx)) is not None:
-            return handed
+        return self._call(input, hx)
+
+    def _fused_step(self, input: Tensor, hx: Tensor | None) -> Tensor | None:
+        weights = _parameters_of(self, GRUCell)
+        if weights is None or input.dim() != 2:
+            return None
+        if hx is None:
+            hx = input.new_zeros(input.shape[0], self.hidden_size)
+        elif hx.dim() != 2:
+            return None
+        return torch.gru_cell(input, hx, *weights)
+
+    def _own_step(self, input: Tensor, hx: Tensor | None) -> Tensor:
         w_ih, w_hh, b_ih, b_hh = self._weights()
         x, h, batched = self._batched(input, hx, "hx", w_ih)
         H = self.hidden_size
@@ -217,6 +282,35 @@ class GRUCell(_CellDropIn, nn.GRUCell):
         w = Weights(w_ih, w_hh, bias, b_hh[2 * H :])
         out = gru_step(x, h, w, "keep", "after")
         return out if batched else out.squeeze(0)
+
+
+def _plain_state(hx: Any) -> bool:
+    """Whether a cell's ``hx`` is None, a plain tensor or a tuple of them (no FX proxy,
+    which :func:`fx_leaf_call` must see): with a plain input, the common case."""
+    if hx is None or type(hx) is Tensor:
+        return True
+    return type(hx) is tuple and all(type(t) is Tensor for t in hx)
+
+
+def _parameters_of(cell: nn.Module, cls: type) -> tuple[Any, Any, Any, Any] | None:
+    """``(weight_ih, weight_hh, bias_ih, bias_hh)`` (biases None without ``bias``) as
+    torch's ``forward`` reads them, straight from ``_parameters`` (reading them as
+    attributes goes through ``nn.Module.__getattr__``, ~0.9 µs each); None where
+    attributes would find something else: a subclass of ``cls`` (a parametrization
+    makes one, whose properties compute the weights) or a weight missing there (moved
+    out by ``torch.nn.utils.weight_norm``'s hook or a weight-dropping wrapper, which
+    set it as a plain attribute)."""
+    if type(cell) is not cls:
+        return None
+    p = cell._parameters
+    try:
+        return p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"]
+    except KeyError:
+        return None
+
+
+#: torch's fused step of a simple cell, by its nonlinearity
+_RNN_CELL_OPS = {"tanh": torch.rnn_tanh_cell, "relu": torch.rnn_relu_cell}
 
 
 # Pickles name the public classes (rnnkit.nn.LSTMCell, ...).
