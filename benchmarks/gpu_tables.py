@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -17,18 +18,26 @@ def _read(path: Path) -> dict | None:
         return None
 
 
+def _table(columns: list[str], rows: Iterable[list[object]]) -> list[str]:
+    """A Markdown table: its header of ``columns``, the separator, a line per row."""
+
+    def line(cells: list[object]) -> str:
+        return "| " + " | ".join(str(c) for c in cells) + " |"
+
+    return [line(list(columns)), "|" + "---|" * len(columns), *(line(r) for r in rows)]
+
+
 def correctness_table(check: dict) -> list[str]:
-    rows = [
-        "| form | mask | dtype | path | fused calls | Triton calls | max rel. error | ok |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for c in check.get("correctness", []):
-        rows.append(
-            f"| {c['form']} | {c['mask']} | {c['dtype']} | {c.get('path', 'auto')} | "
-            f"{c['fused_calls']} | {c.get('steps_calls', 0)} | "
-            f"{c['max_rel_err']:.1e} | {'yes' if c['ok'] else '**no**'} |"
-        )
-    return rows
+    columns = ["form", "mask", "dtype", "path", "fused calls", "Triton calls"]
+    columns += ["max rel. error", "ok"]
+    return _table(
+        columns,
+        (
+            [c["form"], c["mask"], c["dtype"], c.get("path", "auto"), c["fused_calls"],
+             c.get("steps_calls", 0), f"{c['max_rel_err']:.1e}", "yes" if c["ok"] else "**no**"]
+            for c in check.get("correctness", [])
+        ),
+    )  # fmt: skip
 
 
 def _ratio(row: dict, key: str) -> str:
@@ -37,68 +46,61 @@ def _ratio(row: dict, key: str) -> str:
 
 
 def speed_table(check: dict) -> list[str]:
-    rows = [
-        "| cell | H | B | T | train: torch.nn ms | rnnkit ms | ratio | loop ratio | holes ratio "
-        "| Triton ratio | graphs ratio | variant ratio | regularized ratio | window ratio "
-        "| drop-in ratio | infer: torch.nn ms | rnnkit ms | ratio | loop ratio "
-        "| drop-in ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in check.get("speed", []):
-        rows.append(
-            f"| {r['cell']} | {r['H']} | {r['B']} | {r['T']} | {r['train_torch_ms']:.2f} | "
-            f"{r['train_rnnkit_ms']:.2f} | {r['train_torch_over_rnnkit']:.2f} | "
-            f"{r['train_torch_over_loop']:.2f} | {r['train_torch_over_holes']:.2f} | "
-            f"{_ratio(r, 'train_torch_over_triton')} | {_ratio(r, 'train_torch_over_graphs')} | "
-            f"{_ratio(r, 'train_torch_over_variant')} | "
-            f"{_ratio(r, 'train_torch_over_regularized')} | "
-            f"{_ratio(r, 'train_torch_over_window')} | "
-            f"{_ratio(r, 'train_torch_over_dropin')} | "
-            f"{r['infer_torch_ms']:.2f} | {r['infer_rnnkit_ms']:.2f} | "
-            f"{r['infer_torch_over_rnnkit']:.2f} | {r['infer_torch_over_loop']:.2f} | "
-            f"{_ratio(r, 'infer_torch_over_dropin')} |"
-        )
-    return rows
+    optional = ["triton", "graphs", "variant", "regularized", "window", "dropin"]
+    columns = ["cell", "H", "B", "T", "train: torch.nn ms", "rnnkit ms", "ratio", "loop ratio"]
+    columns += ["holes ratio", "Triton ratio", "graphs ratio", "variant ratio"]
+    columns += ["regularized ratio", "window ratio", "drop-in ratio", "infer: torch.nn ms"]
+    columns += ["rnnkit ms", "ratio", "loop ratio", "drop-in ratio"]
+    return _table(
+        columns,
+        (
+            [r["cell"], r["H"], r["B"], r["T"], f"{r['train_torch_ms']:.2f}",
+             f"{r['train_rnnkit_ms']:.2f}", f"{r['train_torch_over_rnnkit']:.2f}",
+             f"{r['train_torch_over_loop']:.2f}", f"{r['train_torch_over_holes']:.2f}",
+             *(_ratio(r, f"train_torch_over_{k}") for k in optional),
+             f"{r['infer_torch_ms']:.2f}", f"{r['infer_rnnkit_ms']:.2f}",
+             f"{r['infer_torch_over_rnnkit']:.2f}", f"{r['infer_torch_over_loop']:.2f}",
+             _ratio(r, "infer_torch_over_dropin")]
+            for r in check.get("speed", [])
+        ),
+    )  # fmt: skip
 
 
 def steps_table(check: dict) -> list[str]:
     """The single-step rows: torch.nn's time a step, and its time over each of rnnkit's."""
-    rows = [
-        "| cell | L | H | B | torch.nn µs/step | rnnkit ratio | fused ratio | drop-in ratio |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in check.get("steps", []):
-        rows.append(
-            f"| {r['cell']} | {r['L']} | {r['H']} | {r['B']} | {r['step_torch_us']:.0f} | "
-            f"{r['step_torch_over_rnnkit']:.2f} | {r['step_torch_over_fused']:.2f} | "
-            f"{r['step_torch_over_dropin']:.2f} |"
-        )
-    return rows
+    columns = ["cell", "L", "H", "B", "torch.nn µs/step", "rnnkit ratio", "fused ratio"]
+    return _table(
+        [*columns, "drop-in ratio"],
+        (
+            [r["cell"], r["L"], r["H"], r["B"], f"{r['step_torch_us']:.0f}",
+             *(f"{r[f'step_torch_over_{k}']:.2f}" for k in ("rnnkit", "fused", "dropin"))]
+            for r in check.get("steps", [])
+        ),
+    )  # fmt: skip
 
 
 def stacks_table(check: dict) -> list[str]:
     """The stack rows: torch.nn's training time, its time over rnnkit's, rnnkit's calls."""
-    rows = [
-        "| cell | directions | dropout | H | B | T | torch.nn ms | ratio | rnnkit's fused calls |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in check.get("stacks", []):
-        rows.append(
-            f"| {r['cell']} | {2 if r['bidirectional'] else 1} | {r['dropout']} | {r['H']} | "
-            f"{r['B']} | {r['T']} | {r['stack_torch_ms']:.2f} | "
-            f"{r['stack_torch_over_rnnkit']:.2f} | {r['calls']} |"
-        )
-    return rows
+    columns = ["cell", "directions", "dropout", "H", "B", "T", "torch.nn ms", "ratio"]
+    return _table(
+        [*columns, "rnnkit's fused calls"],
+        (
+            [r["cell"], 2 if r["bidirectional"] else 1, r["dropout"], r["H"], r["B"], r["T"],
+             f"{r['stack_torch_ms']:.2f}", f"{r['stack_torch_over_rnnkit']:.2f}", r["calls"]]
+            for r in check.get("stacks", [])
+        ),
+    )  # fmt: skip
 
 
 def tasks_table(tasks: dict) -> list[str]:
-    rows = ["| task | rnnkit /s | torch.nn /s | ratio |", "|---|---|---|---|"]
-    for r in tasks.get("rows", []):
-        rows.append(
-            f"| {r['task']} | {r['rnnkit_per_s']:,.0f} {r['unit']} | {r['torch_per_s']:,.0f} | "
-            f"{r['ratio']:.2f} |"
-        )
-    return rows
+    return _table(
+        ["task", "rnnkit /s", "torch.nn /s", "ratio"],
+        (
+            [r["task"], f"{r['rnnkit_per_s']:,.0f} {r['unit']}", f"{r['torch_per_s']:,.0f}",
+             f"{r['ratio']:.2f}"]
+            for r in tasks.get("rows", [])
+        ),
+    )  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
