@@ -138,7 +138,7 @@ def whole_stack_form(
     wanted = wants_fused(cells[0].kernel, xt, mask_t, window, projected)
     if wanted is None or float32_on_cpu(cells[0].weight_hh):
         return None
-    if _one_form(stack, cells) != wanted[0]:
+    if _forms(stack, cells).one != wanted[0]:
         return None
     lengths = wanted[1]
     if lengths is not None and not bool((lengths > 0).any()):  # on the host
@@ -169,11 +169,6 @@ def _forms(stack: StackedRecurrent, cells: tuple) -> _Forms:
         kept = _Forms(cells, known, each[0] if one else None)
         _FORMS[stack] = kept
     return kept
-
-
-def _one_form(stack: StackedRecurrent, cells: tuple) -> str | None:
-    """The fused form every cell of ``stack`` computes, all of one width, or None."""
-    return _forms(stack, cells).one
 
 
 def run_whole_stack(

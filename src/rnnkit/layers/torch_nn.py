@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeGuard
 
 import torch
@@ -321,8 +321,11 @@ class _DropIn:
                 if isinstance(hx, tuple | list):
                     raise TypeError(f"{name}: hx must be one tensor (L·D, B, H), as for torch")
                 h0 = (self._check_hx(hx, B, batched, "hx", w_ih),)
+        cells = None
         if packed_input is None and self._one_step_in_cells(x):
-            outputs, final = self._cell_steps(x, h0, self._weights_by_cell(weights))
+            cells = self._by_cell(weights)
+        if cells is not None:
+            outputs, final = self._cell_steps(x, h0, cells)
         else:
             outputs, final = self._through_stack(x, lengths, h0, weights, packed_input)
         if packed_input is not None:
@@ -404,8 +407,7 @@ class _DropIn:
         return outputs, final
 
     def _parameters_by_cell(self) -> list[tuple[Tensor, Tensor, Any, Any]] | None:
-        """Each cell's ``(w_ih, w_hh, b_ih, b_hh)`` (layers, then directions; biases
-        None without ``bias``) straight from ``_parameters``: what torch's ``forward``
+        """:meth:`_by_cell` straight from ``_parameters``: what torch's ``forward``
         reads after refreshing ``_flat_weights`` (which looks at every weight through
         ``nn.Module.__getattr__``, ~1 µs each). None where attributes could find
         something else: a subclass (a parametrization makes one, whose properties
@@ -413,38 +415,25 @@ class _DropIn:
         ``torch.nn.utils.weight_norm``'s hook or a weight-dropping wrapper)."""
         if type(self) not in _DROPIN_CLASSES:
             return None
-        p = self._parameters
+        return self._by_cell(self._parameters)
+
+    def _by_cell(self, weights: Mapping[str, Any]) -> list[tuple[Tensor, Tensor, Any, Any]] | None:
+        """Each cell's ``(w_ih, w_hh, b_ih, b_hh)`` (layers, then directions; biases
+        None without ``bias``), as :meth:`_cell_steps` takes them, from ``weights`` by
+        torch's names; None where a name is missing or a cell has not two or four (a
+        projection)."""
         names = self._flat_weights_names
         per = len(names) // (self.num_layers * (2 if self.bidirectional else 1))
-        if per not in (2, 4):  # each cell's names in torch's order: no projection
+        if per not in (2, 4):
             return None
-        out: list[tuple[Tensor, Tensor, Any, Any]] = []
         try:
-            for i in range(0, len(names), per):
-                w = [p[n] for n in names[i : i + per]]
-                out.append((w[0], w[1], w[2], w[3]) if per == 4 else (w[0], w[1], None, None))
+            w = [weights[n] for n in names]
         except KeyError:
             return None
-        return out
-
-    def _weights_by_cell(self, weights: dict[str, Tensor]) -> list[tuple[Tensor, Tensor, Any, Any]]:
-        """:meth:`_weights`' tensors as :meth:`_cell_steps` takes them: each cell's
-        ``(w_ih, w_hh, b_ih, b_hh)``, layers then directions (biases None without
-        ``bias``)."""
-        D = 2 if self.bidirectional else 1
-        out = []
-        for k in range(self.num_layers * D):
-            layer, direction = divmod(k, D)
-            sfx = f"_l{layer}" + ("_reverse" if direction else "")
-            out.append(
-                (
-                    weights["weight_ih" + sfx],
-                    weights["weight_hh" + sfx],
-                    weights.get("bias_ih" + sfx),
-                    weights.get("bias_hh" + sfx),
-                )
-            )
-        return out
+        return [
+            (w[i], w[i + 1], w[i + 2], w[i + 3]) if per == 4 else (w[i], w[i + 1], None, None)
+            for i in range(0, len(w), per)
+        ]
 
     def _cell_steps(
         self,
