@@ -15,6 +15,7 @@ import torch
 from rnnkit.bptt.native import available, use_native
 from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED, Vocabulary
+from rnnkit.models import seq2seq_torch_step as torch_step
 from rnnkit.models.seq2seq import Seq2Seq, build_seq2seq
 from rnnkit.models.seq2seq_inference import InferenceStep
 from rnnkit.models.seq2seq_torch_step import TorchInferenceStep
@@ -266,6 +267,40 @@ def test_the_embedding_table_follows_weight_updates(monkeypatch):
     assert [h[0].ids for h in fast] == [h[0].ids for h in general]
     for f, g in zip(fast, general, strict=True):
         assert f[0].logprob == pytest.approx(g[0].logprob, abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(cell="lstm", attention="additive", context="both", layers=2),
+        dict(cell="gru", update="candidate", attention="dot", attention_wiring="after"),
+        dict(cell="rnn", attention="none", context="input"),
+    ],
+    ids=_ids,
+)
+def test_past_the_table_bound_each_step_multiplies_the_embedding(options, monkeypatch):
+    """A vocabulary or layer too large for the embedding table: no table is made (nor one
+    kept from before), and the step still equals the general step."""
+    m = model(**options)
+    b = batch()
+    with use_native(False):
+        m.decode(b.source, b.source_mask, max_length=4)  # keeps a table: under the bound
+    assert "_torch_inference_table" in m.__dict__
+    monkeypatch.setattr(torch_step, "TABLE_MAX_ELEMENTS", 0)
+    source, mask = sources_ending_early()
+    with torch.no_grad():
+        state = m.encode(source, mask)
+        step = TorchInferenceStep.build(m)
+        assert step is not None and step.table is None
+        assert "_torch_inference_table" not in m.__dict__
+        fast_state = step.prepare(state)
+        assert fast_state is not None
+        token = torch.full((len(WORDS),), BOS_ID)
+        for _ in range(4):
+            lp_general, state = m.step(token, state)
+            lp_fast, fast_state = step.step(token, fast_state)
+            torch.testing.assert_close(lp_fast, lp_general, rtol=0, atol=1e-12)
+            token = lp_general.argmax(dim=-1)
 
 
 @pytest.mark.gpu

@@ -9,7 +9,10 @@ rearranging what does not change the value:
 
 * the first layer's input product of the embedding is a table read by row,
   ``T = E W_ih[:, :E]ᵀ + b`` ``(V_t, G)`` (one ``index_select`` a step, kept on the model
-  between decodings while the weights are unchanged);
+  between decodings while the weights are unchanged), where the table holds at most
+  :data:`TABLE_MAX_ELEMENTS` numbers; a larger vocabulary or layer reads the embedding's
+  rows and multiplies them at each step (one product more a step, no ``V_t × G`` copy
+  of the weights: 32,000 words and a 1,024-wide LSTM would make it 512 MiB);
 * every product of a layer's new state is ONE product: ``h^l_i`` is multiplied at once by
   the layer above's input weights (this step's input gates there) and by its own
   recurrent weights (the next step's recurrent gates, carried in the state); the top
@@ -67,7 +70,11 @@ from rnnkit.types import LSTMState
 if TYPE_CHECKING:
     from rnnkit.models.seq2seq import Seq2Seq
 
-__all__ = ["TorchInferenceStep"]
+__all__ = ["TABLE_MAX_ELEMENTS", "TorchInferenceStep"]
+
+#: The most numbers of the first layer's embedding table ``(V_t, G)``: 2²⁴, 64 MiB in
+#: float32. Past it each step multiplies the embedding's rows instead (module docstring).
+TABLE_MAX_ELEMENTS = 1 << 24
 
 
 class _Cell(NamedTuple):
@@ -149,7 +156,11 @@ class TorchInferenceStep:
         self.cells = cells
         E = model.target_embedding.embedding_dim
         first = weights[0]
-        self.table = _embedding_table(model, first)  # (V_t, G_0), the bias in it
+        # (V_t, G_0) with the bias in it, or None: the embedding's rows multiplied a step
+        self.table = _embedding_table(model, first)
+        self.embedding = model.target_embedding.weight  # (V_t, E)
+        self.embedded_t = first.weight_ih[:, :E].t()  # (E, G_0)
+        self.first_bias = first.bias_ih
         att = model.attention
         self.attention = att
         self.before = att is not None and model.attention_wiring == "before"
@@ -244,7 +255,7 @@ class TorchInferenceStep:
     def prepare(self, state: DecoderState) -> DecoderState | None:
         """The encoder's :class:`DecoderState` in this step's form (module docstring), or
         None where its tensors are not of the weights' dtype and device."""
-        like = self.table
+        like = self.embedding
         tensors = [t for t in state if isinstance(t, Tensor) and t.is_floating_point()]
         hidden = state.hidden
         tensors += list(hidden) if isinstance(hidden, LSTMState) else [hidden]
@@ -332,7 +343,11 @@ class TorchInferenceStep:
         if self.before:
             ctx = self._attend(self._query(carried[top], _top(layers[top])), state)
         # the first layer's input gates: the table's row, the context's products
-        gates = torch.index_select(self.table, 0, token)  # (B, G_0)
+        if self.table is not None:
+            gates = torch.index_select(self.table, 0, token)  # (B, G_0)
+        else:
+            rows = torch.index_select(self.embedding, 0, token)  # (B, E)
+            gates = torch.addmm(self.first_bias, rows, self.embedded_t)
         if ctx is not None:
             assert self.attended_t is not None
             gates = torch.addmm(gates, ctx, self.attended_t)
@@ -411,11 +426,15 @@ def _layers(state: DecoderState) -> tuple[Any, ...]:
     return cast("tuple[tuple[Any, ...], Any]", state.hidden)[0]
 
 
-def _embedding_table(model: Seq2Seq, first: _Weights) -> Tensor:
+def _embedding_table(model: Seq2Seq, first: _Weights) -> Tensor | None:
     """``E W_ih[:, :E]ᵀ + b`` ``(V_t, G)`` of the decoder's first layer, kept on the model
     between decodings while the weights it reads are the same tensors, unchanged (their
-    version counters count in-place updates: an optimizer step, ``load_state_dict``)."""
+    version counters count in-place updates: an optimizer step, ``load_state_dict``);
+    None where it would hold more than :data:`TABLE_MAX_ELEMENTS` numbers."""
     embedding = model.target_embedding.weight
+    if embedding.shape[0] * first.weight_ih.shape[0] > TABLE_MAX_ELEMENTS:
+        model.__dict__.pop("_torch_inference_table", None)  # none kept from a larger bound
+        return None
     cell = model.decoder.cells()[0]
     read = [embedding, *(p for p in cell.parameters())]
     key = tuple((id(t), t._version, t.data_ptr()) for t in read)
