@@ -70,7 +70,7 @@ from rnnkit.types import LSTMState
 if TYPE_CHECKING:
     from rnnkit.models.seq2seq import Seq2Seq
 
-__all__ = ["TABLE_MAX_ELEMENTS", "TorchInferenceStep"]
+__all__ = ["TorchInferenceStep"]
 
 #: The most numbers of the first layer's embedding table ``(V_t, G)``: 2²⁴, 64 MiB in
 #: float32. Past it each step multiplies the embedding's rows instead (module docstring).
