@@ -156,7 +156,7 @@ def test_bad_vector_input_is_one_line(data, tmp_path, capsys):
         ('{"seq": [[' + "9" * 5000 + ', 1]], "label": "walk"}', "an integer with too many digits"),
     ],
 )
-def test_predict_on_hostile_json_is_one_line(run, tmp_path, capsys, line, message):
+def test_predict_on_deep_or_huge_integer_json_is_one_line(run, tmp_path, capsys, line, message):
     # predict peeks at each line for a "label" before reading it: json.loads raised
     # RecursionError and ValueError there, past the reader's own checks.
     bad = tmp_path / "bad.jsonl"
