@@ -89,6 +89,22 @@ def test_calibration_round_trips_through_its_arrays() -> None:
         Calibration.from_arrays(cal.arrays("rnn"), "ngram")
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_calibration_that_is_not_finite_or_of_another_vocabulary_is_refused(bad) -> None:
+    # A NaN key mean made every norm and combined score NaN: every verdict "normal".
+    seqs, per_event = _sessions(4, 12)
+    arrays = Calibration.fit(per_event, seqs, V, top_g=2).arrays("rnn")
+    assert Calibration.from_arrays(arrays, "rnn", V).keys.mean.shape == (V,)
+    for name in arrays:
+        damaged = dict(arrays)
+        damaged[name] = arrays[name].copy()
+        damaged[name][0] = bad
+        with pytest.raises(ValueError, match=f"^{name} holds values that are not finite"):
+            Calibration.from_arrays(damaged, "rnn")
+    with pytest.raises(ValueError, match=f"rnn/key_mean has {V} events, the vocabulary {V + 1}"):
+        Calibration.from_arrays(arrays, "rnn", V + 1)
+
+
 def test_top_items_name_the_end_and_unknown_events() -> None:
     surprise = np.array([0.2, 3.0, 1.0, 2.0])  # three events and the end
     rank = np.array([0, 4, 1, 0])

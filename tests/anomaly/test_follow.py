@@ -7,8 +7,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from rnnkit.anomaly.follow import OVERLONG, follow_lines
 from rnnkit.data.events import MAX_LINE_BYTES
+from rnnkit.errors import DataError
 
 
 def test_follow_a_growing_file(tmp_path: Path) -> None:
@@ -148,3 +151,14 @@ def test_a_byte_order_mark_at_the_start_is_not_part_of_the_first_line(tmp_path: 
     path.write_bytes(bom + b'{"n": 3}')  # one line, no newline
     lines = [line for batch in follow_lines(str(path), follow=False) for line in batch]
     assert lines == [(1, b'{"n": 3}')]
+
+
+@pytest.mark.parametrize(("make", "words"), [("dir", "is a directory"), (None, "file not found")])
+def test_a_directory_or_a_missing_file_is_one_line_naming_it(tmp_path: Path, make, words) -> None:
+    # A directory opened (os.open takes one), then the first read said only "Is a directory".
+    path = tmp_path / "events.jsonl"
+    if make == "dir":
+        path.mkdir()
+    with pytest.raises(DataError) as info:
+        next(follow_lines(str(path), until_idle=0.1))
+    assert str(info.value) == f"{path}: {words}" + (", not a data file" if make else "")

@@ -169,6 +169,56 @@ def test_invalid_utf8_is_reported_with_line(tmp_path: Path, head, end, line) -> 
     assert len(read_sessions(path)) == line - 1
 
 
+@pytest.mark.parametrize(
+    ("head", "end", "newline"),
+    [(b"", b"\n", None), (b"", b"\r\n", None), (b"\xef\xbb\xbf", b"\r", ""), (b"", b"\n", "")],
+)
+def test_invalid_utf8_in_a_text_stream_names_the_same_line(
+    tmp_path: Path, head: bytes, end: bytes, newline: str | None
+) -> None:
+    # The oracle: the binary reader's error. A text stream decodes 8 KB ahead; its own
+    # UnicodeDecodeError escaped, raw, while line ~1,446 of 1,502 was being read.
+    path = tmp_path / "s.jsonl"
+    good = [b'{"session": "s%d", "events": ["x"]}' % i for i in range(1501)]
+    path.write_bytes(head + end.join([*good, b'{"session": "\xff", "events": ["x"]}', b""]))
+    expected = f"{path}:1502: invalid UTF-8 at byte 14 of the line (byte 0xff)"
+    if end != b"\r":  # the binary reader ends JSON lines at \n only; a text stream at \r too
+        assert read_error(path) == expected
+    with open(path, encoding="utf-8", newline=newline) as text:
+        with pytest.raises(DataError) as info:
+            list(iter_sessions(text))
+        assert str(info.value) == expected
+        # the bytes were read again from the buffer, which is put back where it was
+        assert text.buffer.tell() == path.stat().st_size
+
+
+def test_invalid_utf8_in_a_text_stream_counts_from_where_it_was_handed_in(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.jsonl"
+    # the bad byte beyond the first 8 KB: the caller's own readline decodes only those
+    lines = b'{"session": "a", "events": ["x"]}\n' * 300
+    path.write_bytes(b"# a header line\n" + lines + b"\xc3(\n")
+    with open(path, encoding="utf-8") as text:
+        text.readline()  # the caller's own header
+        with pytest.raises(DataError, match=r"s\.jsonl:301: invalid UTF-8 at byte 1 of the line"):
+            list(iter_sessions(text, unique=False))
+
+
+def test_invalid_utf8_in_a_text_pipe_names_the_line_being_read() -> None:
+    # A pipe cannot be read again: the error says what is true, the line being read
+    # (the bad byte is on it or a later one) and the byte.
+    read_end, write_end = os.pipe()
+    with open(write_end, "wb") as sink:
+        sink.write(b'{"session": "a", "events": ["x"]}\n' + b"\xff\n")
+    with open(read_end, encoding="utf-8") as text, pytest.raises(DataError) as info:
+        list(iter_sessions(text, "live"))
+    assert str(info.value) == (
+        "live:1: invalid UTF-8 (byte 0xff) on this line or a later one (a text stream "
+        "decodes ahead; open the file in binary mode for the exact line)"
+    )
+
+
 def test_byte_order_mark_is_ignored(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     path.write_bytes(b'\xef\xbb\xbf{"session": "a", "events": ["x"]}\n')

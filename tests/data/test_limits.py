@@ -152,6 +152,16 @@ def test_json_depth_limit_is_exact() -> None:
     assert loads_json(json.dumps(["[" * 500])) == ["[" * 500]
 
 
+def test_a_repeated_key_is_refused_at_any_depth() -> None:
+    # The oracle: json.loads, which keeps the last value in silence.
+    for text, key in [('{"a": 1, "a": 2}', "a"), ('[{"b": {"c": 1, "c": 1}}]', "c")]:
+        assert json.loads(text) is not None
+        assert _error(lambda t=text: loads_json(t, "f.json", 2)) == (
+            f"f.json:2: invalid JSON: key {key!r} appears twice"
+        )
+    assert loads_json('{"a": {"a": 1}, "b": [{"a": 2}]}') == {"a": {"a": 1}, "b": [{"a": 2}]}
+
+
 @pytest.mark.parametrize("depth", [101, 5_000, 100_000])
 def test_deep_json_files_are_one_line_errors(tmp_path: Path, depth: int) -> None:
     path = tmp_path / "vocab.json"

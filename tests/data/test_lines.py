@@ -10,7 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rnnkit.data.limits import MAX_JSON_LINE_BYTES, MAX_LINE_CHARS
-from rnnkit.data.lines import split_lines, text_lines
+from rnnkit.data.lines import (
+    invalid_utf8_in_text_stream,
+    split_lines,
+    text_lines,
+    text_stream_start,
+)
 from rnnkit.errors import DataError
 
 PIECES = [b"a", b"bc", b"\n", b"\r", b"\r\n", "é€𝄞\ufeff".encode(), "€".encode(), "\ufeff".encode()]
@@ -95,3 +100,36 @@ def test_a_file_over_its_limit_is_refused_as_it_is_read():
     with pytest.raises(DataError, match=r"^f: file of more than 10 bytes"):
         list(text_lines(io.BytesIO(b"abcd\n" * 3), "f", MAX_LINE_CHARS, file_limit=10))
     assert len(list(text_lines(io.BytesIO(b"abcd\n" * 2), "f", MAX_LINE_CHARS, file_limit=10))) == 2
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.sampled_from([*PIECES, b"x" * 3000]), max_size=30),
+    st.sampled_from([b"\xff", b"\xc3(", b"\xe2\x82"]),
+    st.lists(st.sampled_from(PIECES), max_size=5),
+)
+def test_a_text_streams_decoding_error_is_the_binary_readers(before, bad, after):
+    # The oracle: text_lines on the same bytes. The text stream raises lines (up to 8 KB)
+    # before the bad one; its bytes are read again from its buffer.
+    raw = b"".join(before) + bad + b"".join(after)
+    with pytest.raises(DataError) as expected:
+        list(text_lines(io.BytesIO(raw), "in.txt", MAX_LINE_CHARS))
+    text = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8", newline="")
+    start = text_stream_start(text)
+    line = 1
+    with pytest.raises(UnicodeDecodeError) as info:
+        while text.readline():
+            line += 1
+    got = invalid_utf8_in_text_stream(text, info.value, "in.txt", line, start, 2**20)
+    assert str(got) == str(expected.value)
+    assert line <= got.line  # type: ignore[operator]
+
+
+def test_a_binary_stream_or_a_pipe_has_no_start_to_read_again_from():
+    assert text_stream_start(io.BytesIO(b"x")) is None
+    assert text_stream_start(io.StringIO("x")) is None  # no bytes under it
+    text = io.TextIOWrapper(io.BytesIO(b"ab\ncd\n"), encoding="utf-8")
+    text.readline()
+    assert text_stream_start(text) == 3
+    next(text)
+    assert text_stream_start(text) is None  # tell() is disabled by next()

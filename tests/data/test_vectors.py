@@ -48,6 +48,14 @@ def test_csv_file_is_one_sequence_and_a_directory_many(tmp_path):
         ("m.jsonl", '{"sequence": [[1]]}\n', ":1", '{"seq"'),
         ("t.jsonl", '{"seq": [[1]]\n', ":1", "not valid JSON"),
         ("b.jsonl", '{"seq": [[true]]}\n', ":1", "not a number"),
+        # json.loads kept the last "seq" in silence: a broken writer, not a guess to make
+        (
+            "r.jsonl",
+            '{"seq": [[1]]}\n{"seq": [[1]], "seq": [[2]]}\n',
+            ":2",
+            "key 'seq' appears twice",
+        ),
+        ("y.jsonl", '{"seq": [[1]], "y": 1, "y": 2}\n', ":1", "key 'y' appears twice"),
     ],
 )
 def test_bad_input_names_file_and_line(tmp_path, name, content, where, words):

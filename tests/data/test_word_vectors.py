@@ -29,6 +29,11 @@ def test_glove_and_word2vec_text(tmp_path):
         ("a 1 2 3\nb 1 2\n", ":2", "has 2 numbers, the embedding is 3 wide"),
         ("a 1 2 x\n", ":1", "not a number: 'x'"),
         ("a 1 2 inf\n", ":1", "not finite"),
+        # finite as a Python float, inf in the float32 embedding: the loss was NaN at step 1
+        ("a 1 2 1e39\n", ":1", "the vector of 'a' is out of float32's range (±3.4e38)"),
+        ("a 1 2 -3.5e38\n", ":1", "out of float32's range"),
+        ("", "", "holds no word vectors"),
+        ("2 3\n\n  \n", "", "holds no word vectors"),
     ],
 )
 def test_bad_vector_files_name_file_and_line(tmp_path, content, where, words):
@@ -52,6 +57,13 @@ def test_vectors_found_are_copied_and_counted(tmp_path, capsys):
     torch.testing.assert_close(emb.weight[3], torch.tensor([1.0, 2.0]))
     torch.testing.assert_close(emb.weight[[0, 2]], before[[0, 2]])  # not found: unchanged
     assert "2 of 4 vocabulary words found" in capsys.readouterr().err
+    # none found: a warning (shown under --quiet), the embedding as it was
+    emb = torch.nn.Embedding(2, 2)
+    before = emb.weight.detach().clone()
+    info = load_pretrained_vectors(cfg, emb, ["<pad>", "cow"])
+    assert info is not None and info["found"] == 0
+    assert "warning: pretrained vectors: 0 of 2 vocabulary words found" in capsys.readouterr().err
+    torch.testing.assert_close(emb.weight, before)
 
 
 def test_invalid_utf8_names_its_own_line(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from rnnkit import GRU, LSTM
@@ -255,6 +255,38 @@ def test_weights_of_another_config_are_refused(tmp_path, other, words):
         load_model_weights(model, path)
     assert str(path) in str(info.value) and words in str(info.value)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
+def test_weights_of_another_kind_are_refused_not_converted(tmp_path, monkeypatch, dtype):
+    # copy_ would load integer weights truncated (0.37 -> 0), in silence; the checksum in
+    # the metadata is skipped here, as with --skip-checksums, so only this check is left.
+    monkeypatch.setenv("RNNKIT_SKIP_CHECKSUMS", "1")
+    path = tmp_path / "model.safetensors"
+    tensors = {k: v.contiguous() for k, v in make_lm().state_dict().items()}
+    name = sorted(tensors)[0]
+    tensors[name] = (tensors[name] * 3).to(dtype)
+    save_file(tensors, str(path))
+    model = make_lm(seed=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    kind = str(dtype).removeprefix("torch.")
+    with pytest.raises(CheckpointError) as info:
+        load_model_weights(model, path)
+    assert str(info.value) == (
+        f"{path}: {name} is {kind} in the checkpoint but float32 in the model (not weights "
+        "rnnkit wrote)"
+    )
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_weights_of_another_float_width_load_as_the_models(tmp_path, monkeypatch):
+    monkeypatch.setenv("RNNKIT_SKIP_CHECKSUMS", "1")
+    path = tmp_path / "model.safetensors"
+    source = make_lm()
+    save_file({k: v.double().contiguous() for k, v in source.state_dict().items()}, str(path))
+    model = make_lm(seed=1)
+    load_model_weights(model, path)
+    assert same_weights(model, source)
 
 
 def test_snapshot_of_another_config_is_refused(run_dir):

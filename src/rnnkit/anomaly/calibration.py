@@ -81,9 +81,24 @@ class Calibration:
         return out
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], prefix: str) -> Calibration:
-        """Back from :meth:`arrays` (a missing array is a ``KeyError``)."""
+    def from_arrays(
+        cls, arrays: dict[str, np.ndarray], prefix: str, vocab_size: int | None = None
+    ) -> Calibration:
+        """Back from :meth:`arrays`: a missing array is a ``KeyError``; a non-finite value
+        (a NaN mean made every ``norm`` and ``combined`` score NaN, every verdict
+        "normal"), or key statistics of another vocabulary than ``vocab_size`` (when
+        given), a ``ValueError`` naming the array."""
+        names = [f"{prefix}/key_mean", f"{prefix}/key_std"]
+        names += [f"{prefix}/parts/{n}" for n in COMBINED_PARTS]
+        for name in names:
+            values = np.asarray(arrays[name])
+            if values.dtype.kind not in "fiu" or not np.isfinite(values).all():
+                raise ValueError(f"{name} holds values that are not finite numbers")
         keys = KeyStats(arrays[f"{prefix}/key_mean"], arrays[f"{prefix}/key_std"])
+        if vocab_size is not None and len(keys.mean) != vocab_size:
+            raise ValueError(
+                f"{prefix}/key_mean has {len(keys.mean)} events, the vocabulary {vocab_size}"
+            )
         return cls(keys, {n: arrays[f"{prefix}/parts/{n}"] for n in COMBINED_PARTS})
 
 

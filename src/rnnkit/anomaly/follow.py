@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from rnnkit import messages
 from rnnkit.data.events import MAX_LINE_BYTES
 from rnnkit.data.limits import MAX_JSON_LINE_BYTES
+from rnnkit.errors import DataError
 
 __all__ = ["OVERLONG", "follow_lines"]
 
@@ -65,7 +66,7 @@ def follow_lines(
     if source == "-":
         fd, owned = 0, False
     else:
-        fd, owned = os.open(source, os.O_RDONLY), True
+        fd, owned = _open(source), True
     try:
         limit = MAX_JSON_LINE_BYTES.value(default=MAX_LINE_BYTES)
         regular = stat.S_ISREG(os.fstat(fd).st_mode)
@@ -103,7 +104,7 @@ def follow_lines(
                             )
                         for name in missed:
                             yield from (b for b in follow_lines(name, follow=False) if b)
-                        fd = os.open(source, os.O_RDONLY)
+                        fd = _open(source)
                         regular = stat.S_ISREG(os.fstat(fd).st_mode)
                         offset, buffer, tail, number, skipping = 0, b"", b"", 0, False
                         continue
@@ -141,6 +142,22 @@ def follow_lines(
 
 
 #: The most numbered rotations (``app.log.1`` …) searched for the file that was being read.
+def _open(source: str) -> int:
+    """A file descriptor on ``source`` to read; a :class:`DataError` naming it where it
+    cannot be read, or is a directory (``open`` takes one; the first read failed with a
+    bare ``Is a directory``)."""
+    try:
+        fd = os.open(source, os.O_RDONLY)
+    except FileNotFoundError:
+        raise DataError("file not found", source) from None
+    except OSError as exc:
+        raise DataError(f"cannot read: {exc.strerror or exc}", source) from None
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataError("is a directory, not a data file", source)
+    return fd
+
+
 def _complete_lines(
     buffer: bytes, number: int, skipping: bool, limit: int
 ) -> tuple[list[tuple[int, bytes]], bytes, int, bool]:

@@ -38,6 +38,7 @@ from typing import IO, Any
 
 from rnnkit.data.files import atomic_write_bytes
 from rnnkit.data.limits import MAX_JSON_LINE_BYTES, MAX_SEQ_LEN, loads_json
+from rnnkit.data.lines import invalid_utf8_in_text_stream, text_stream_start
 from rnnkit.data.utf8 import decode_utf8
 from rnnkit.errors import DataError
 
@@ -250,11 +251,17 @@ def _parse_params(
 
 
 def _read_line(
-    fileobj: IO[Any], path: str | PathLike[str] | None, line: int, limit: int
+    fileobj: IO[Any], path: str | PathLike[str] | None, line: int, limit: int, start: int | None
 ) -> str | None:
-    """The next line as text, None at end of file; refuses lines over ``limit`` bytes."""
+    """The next line as text, None at end of file; refuses lines over ``limit`` bytes.
+
+    ``start``: :func:`~rnnkit.data.lines.text_stream_start` of a text stream, so that its
+    decoding error can name the exact line."""
     # Never more than limit + 1 in memory: a 5 GB line costs one bounded read.
-    raw: str | bytes = fileobj.readline(limit + 1)
+    try:
+        raw: str | bytes = fileobj.readline(limit + 1)
+    except UnicodeDecodeError as exc:  # a text stream: it decodes ahead of this line
+        raise invalid_utf8_in_text_stream(fileobj, exc, path, line, start, 4 * limit) from None
     if not raw:
         return None
     # On a text stream the limit counts characters (up to 4 bytes each): still bounded.
@@ -279,7 +286,9 @@ def iter_sessions(
     Reads one line at a time, so it serves growing files and pipes (``--follow``).
 
     Args:
-        fileobj: a binary or text file object (binary is decoded as UTF-8).
+        fileobj: a binary or text file object (binary is decoded as UTF-8). Invalid UTF-8
+            in a text stream (``open(path)``) is the same error naming the exact line
+            where the stream's ``buffer`` can be read again, else the line being read.
         path: file name for error messages (default: ``fileobj.name`` when it has one).
         unique: refuse a session id seen earlier in the stream.
         max_line_bytes: longest line (default :data:`MAX_LINE_BYTES`, or the environment
@@ -301,10 +310,11 @@ def iter_sessions(
         path = name if isinstance(name, str) else None
     limit = MAX_JSON_LINE_BYTES.value(max_line_bytes, default=MAX_LINE_BYTES)
     seen: dict[str, int] = {}
+    start = text_stream_start(fileobj)
     line = 0
     while True:
         line += 1
-        text = _read_line(fileobj, path, line, limit)
+        text = _read_line(fileobj, path, line, limit, start)
         if text is None:
             return
         if line == 1 and text.startswith("\ufeff"):

@@ -128,6 +128,23 @@ def _depth_over(value: Any, limit: int) -> bool:
     return False
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are all different: ``json.loads`` keeps the last of two values
+    in silence (``{"seq": A, "seq": B}`` is B); no file of rnnkit repeats a key."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateKey(key)
+        obj[key] = value
+    return obj
+
+
 def _not_json_number(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
@@ -151,12 +168,17 @@ def loads_json(
 
     Python's decoder raises ``RecursionError`` on deep nesting (``[`` x 100,000) and a
     bare ``ValueError`` on an integer of over 4,300 digits; both become a ``DataError``,
-    and so does nesting deeper than ``max_depth`` (:data:`MAX_JSON_DEPTH`), which no file
-    of rnnkit needs. ``options`` go to ``json.loads`` (``object_pairs_hook``...); an
+    and so do nesting deeper than ``max_depth`` (:data:`MAX_JSON_DEPTH`), which no file
+    of rnnkit needs, and an object that repeats a key (``json.loads`` keeps the last value
+    in silence). ``options`` go to ``json.loads`` (``object_pairs_hook``...); an
     exception raised by a hook passes through.
 
     >>> loads_json('{"a": [1, 2]}')
     {'a': [1, 2]}
+    >>> loads_json('{"y": 1, "y": 2}', "r.jsonl", 3)
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.DataError: r.jsonl:3: invalid JSON: key 'y' appears twice
     >>> loads_json("[" * 100_000, "x.json")
     Traceback (most recent call last):
     ...
@@ -172,12 +194,15 @@ def loads_json(
     # would switch detection off); every file rnnkit writes is strict JSON too.
     options.setdefault("parse_constant", _not_json_number)
     options.setdefault("parse_float", _finite_float)
+    options.setdefault("object_pairs_hook", _unique_keys)
     try:
         value = json.loads(text, **options)
     except json.JSONDecodeError as exc:
         # A line of a JSON-lines file is named by the caller; in a whole file, by the error.
         at = line if line is not None else exc.lineno
         raise DataError(f"invalid JSON: {exc.msg} (column {exc.colno})", path, at) from None
+    except _DuplicateKey as exc:
+        raise DataError(f"invalid JSON: key {exc.key!r} appears twice", path, line) from None
     except RecursionError:
         raise DataError(too_deep, path, line) from None
     except ValueError as exc:

@@ -9,21 +9,33 @@ a character is never split (a line end is an ASCII byte, never part of a multi-b
 character), whatever the chunks the stream was read in. It works on a pipe the same way,
 one line as soon as it has arrived.
 
+A text stream a library user hands in cannot be read that way; its decoding error is
+turned into the same exact error after the fact (:func:`text_stream_start`,
+:func:`invalid_utf8_in_text_stream`): the bytes it read are read again from its
+``buffer``.
+
 Lines end as universal newlines end them (``\\n``, ``\\r\\n``, a lone ``\\r``), as
 ``open(..., newline="")`` splits them, the form the :mod:`csv` module reads.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from os import PathLike
-from typing import IO
+from typing import IO, Any
 
 from rnnkit.data.limits import MAX_FILE_BYTES, Limit
-from rnnkit.data.utf8 import decode_utf8
+from rnnkit.data.utf8 import decode_utf8, invalid_utf8
 from rnnkit.errors import DataError
 
-__all__ = ["open_binary", "split_lines", "text_lines"]
+__all__ = [
+    "invalid_utf8_in_text_stream",
+    "open_binary",
+    "split_lines",
+    "text_lines",
+    "text_stream_start",
+]
 
 _CR, _LF = 0x0D, 0x0A
 
@@ -141,3 +153,94 @@ def text_lines(
         if chars and len(text) > most and len(text) - _end_length(raw) > most:
             raise DataError(too_long, path, number)
         yield number, text
+
+
+def text_stream_start(stream: IO[Any]) -> int | None:
+    """The byte offset a text stream (``open(path)``) will read its next line from, or None
+    where that is not known: a binary stream, a pipe, a position after ``next(stream)``.
+
+    A text stream's :meth:`~io.TextIOBase.tell` is an opaque cookie; below ``2**64`` it is
+    the plain byte offset with the decoder in its initial state (the high bits hold the
+    decoder's pending bytes and flags), the only case the bytes can be read again from.
+    """
+    if not isinstance(stream, io.TextIOBase) or getattr(stream, "buffer", None) is None:
+        return None
+    try:
+        cookie = stream.tell()
+    except (OSError, ValueError):  # a pipe; telling disabled by next(); a closed stream
+        return None
+    return cookie if 0 <= cookie < 2**64 else None
+
+
+def invalid_utf8_in_text_stream(
+    stream: IO[Any],
+    exc: UnicodeDecodeError,
+    path: str | PathLike[str] | None,
+    line: int,
+    start: int | None,
+    max_bytes: int,
+) -> DataError:
+    """The error for a text stream's ``UnicodeDecodeError`` raised while reading ``line``.
+
+    The stream decodes in chunks of 8 KB ahead of the line it returns, so the bad byte is
+    on ``line`` or a later one. Where the stream's bytes can be read again (its ``buffer``
+    seeks, and ``start`` is :func:`text_stream_start` before the first line), they are,
+    line by line as :func:`text_lines` reads them: the error is then the exact one of a
+    binary stream (``path:N: invalid UTF-8 at byte B of the line (byte 0x..)``), and the
+    buffer is put back where it was. Otherwise the error says what is known: the line
+    being read and the byte.
+
+    Args:
+        stream: the text stream that raised ``exc``.
+        exc: its decoding error.
+        path, line: the file and the (1-based) line being read when it was raised.
+        start: the byte offset of line 1 in ``stream.buffer``, or None.
+        max_bytes: the longest line to read again, in bytes.
+
+    >>> raw = b'ok\\n' * 5000 + b'\\xff\\n'
+    >>> text = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8")
+    >>> start = text_stream_start(text)
+    >>> try:
+    ...     while text.readline():
+    ...         pass
+    ... except UnicodeDecodeError as exc:
+    ...     print(invalid_utf8_in_text_stream(text, exc, "in.txt", 2731, start, 100))
+    in.txt:5001: invalid UTF-8 at byte 1 of the line (byte 0xff)
+    """
+    exact = None if start is None else _reread(stream, start, path, max_bytes)
+    if exact is not None:
+        return exact
+    byte = exc.object[exc.start] if isinstance(exc.object, bytes) else None
+    value = "" if byte is None else f" (byte 0x{byte:02x})"
+    return DataError(
+        f"invalid UTF-8{value} on this line or a later one (a text stream decodes ahead; "
+        "open the file in binary mode for the exact line)",
+        path,
+        line,
+    )
+
+
+def _reread(
+    stream: IO[Any], start: int, path: str | PathLike[str] | None, max_bytes: int
+) -> DataError | None:
+    """The exact error of the first undecodable line of ``stream.buffer`` from ``start``;
+    None where the buffer cannot be read again, or reads valid now (the file changed)."""
+    buffer = getattr(stream, "buffer", None)
+    try:
+        if buffer is None or not buffer.seekable():
+            return None
+        here = buffer.tell()
+        try:
+            buffer.seek(start)
+            for number, raw in enumerate(split_lines(buffer, max_bytes), start=1):
+                if len(raw) - _end_length(raw) > max_bytes:
+                    return None  # cut by the bound: the lines after it would be miscounted
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    return invalid_utf8(raw, exc.start, path, number)
+        finally:
+            buffer.seek(here)
+    except (OSError, ValueError):
+        return None
+    return None

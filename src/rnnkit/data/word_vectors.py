@@ -6,10 +6,11 @@ One word per line followed by its ``d`` numbers, separated by spaces::
     , 0.013441 0.23682 -0.16899 …
 
 word2vec's text files start with a header line ``N d`` (two integers), which is skipped.
-Every vector must have ``dim`` numbers (the model's ``--embedding``), all finite, else a
-:class:`~rnnkit.errors.DataError` names the file and line. Only the words asked for are
-kept, so a large file streams through in constant memory. The first occurrence of a word
-wins.
+Every vector must have ``dim`` numbers (the model's ``--embedding``), all finite and
+within float32's range (the embedding is float32: ``1e39`` would be ``inf`` there), else a
+:class:`~rnnkit.errors.DataError` names the file and line; a file without any vector
+(empty, blank lines only) is refused too. Only the words asked for are kept, so a large
+file streams through in constant memory. The first occurrence of a word wins.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from rnnkit.errors import DataError
 
 __all__ = ["read_word_vectors"]
 
+#: The largest finite float32: a value beyond it becomes ``inf`` in the embedding.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 
 def read_word_vectors(
     path: str | Path, dim: int, wanted: Iterable[str] | None = None
@@ -34,6 +38,7 @@ def read_word_vectors(
     (all words when ``wanted`` is None)."""
     keep = None if wanted is None else set(wanted)
     out: dict[str, np.ndarray] = {}
+    vectors = 0
     with open_binary(path) as f:
         for number, line in text_lines(f, str(path), MAX_LINE_CHARS):
             parts = line.rstrip("\r\n").split(" ")
@@ -42,6 +47,7 @@ def read_word_vectors(
                 continue
             if number == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
                 continue  # word2vec's "N d" header
+            vectors += 1
             word, values = parts[0], parts[1:]
             if len(values) != dim:
                 raise DataError(
@@ -59,7 +65,15 @@ def read_word_vectors(
                 raise DataError(f"not a number: {bad!r}", str(path), number) from None
             if not all(math.isfinite(v) for v in vector):
                 raise DataError(f"the vector of {word!r} is not finite", str(path), number)
+            if any(abs(v) > _FLOAT32_MAX for v in vector):
+                raise DataError(
+                    f"the vector of {word!r} is out of float32's range (±3.4e38)",
+                    str(path),
+                    number,
+                )
             out[word] = np.array(vector, dtype=np.float32)
+    if not vectors:
+        raise DataError("holds no word vectors", str(path))
     return out
 
 

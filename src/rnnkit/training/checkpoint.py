@@ -206,8 +206,9 @@ def load_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
 
 
 def load_model_weights(module: nn.Module, path: str | os.PathLike[str]) -> None:
-    """Load safetensors weights into ``module``; mismatched names or shapes are a
-    ``CheckpointError`` naming the file (a checkpoint of another configuration)."""
+    """Load safetensors weights into ``module``; mismatched names or shapes, or a tensor
+    of another kind (integers for a float weight), are a ``CheckpointError`` naming the
+    file (a checkpoint of another configuration, or not rnnkit's)."""
     path = Path(path)
     tensors = _load_tensors(path, checked=True)
     own = module.state_dict()
@@ -224,6 +225,14 @@ def load_model_weights(module: nn.Module, path: str | os.PathLike[str]) -> None:
             raise CheckpointError(
                 f"{path}: {name} has shape {tuple(tensors[source].shape)} in the checkpoint "
                 f"but {tuple(t.shape)} in the model (checkpoint of another configuration)"
+            )
+        saved = tensors[source].dtype
+        # copy_ converts any dtype: integer (or boolean) weights would load truncated, in
+        # silence. Another float width is a value of the same kind (a float64 export).
+        if saved != t.dtype and not (saved.is_floating_point and t.dtype.is_floating_point):
+            raise CheckpointError(
+                f"{path}: {name} is {str(saved).removeprefix('torch.')} in the checkpoint but "
+                f"{str(t.dtype).removeprefix('torch.')} in the model (not weights rnnkit wrote)"
             )
     unexpected = set(tensors) - set(own)
     if missing or unexpected:

@@ -146,6 +146,7 @@ def test_an_option_of_the_command_line_is_not_blamed_on_the_file(data, tmp_path,
         (b"\xef\xbb\xbfa = 1\nunit = '\xff'\n", "{path}:2: invalid UTF-8 at byte 9 of the line"),
         (b"# a comment\r\n" * 1500 + b"u = '\xff'\r\n", "{path}:1501: invalid UTF-8 at byte 6 "),
         (b"x = " + b"[" * 100_000, "not valid TOML: "),
+        (b"hidden = " + b"9" * 5000 + b"\n", "not valid TOML: an integer with too many digits"),
         (None, "--config {path}: file not found"),
         ("fifo", "--config {path}: is a FIFO, not a regular file"),
         ("dir", "--config {path}: is a directory, not a regular file"),
@@ -350,6 +351,7 @@ def test_a_yaml_file_sets_the_same_options_as_toml(tmp_path, run_cli):
         ("hidden: [1, 2\n", "not valid YAML"),
         ("- hidden\n- 16\n", "a YAML configuration is a mapping of option names"),
         ("lr: 1e-3\n", "lr"),  # YAML 1.1 reads 1e-3 as a string: refused like any wrong type
+        ("hidden: " + "9" * 5000 + "\n", "not valid YAML: an integer with too many digits"),
     ],
 )
 def test_a_bad_yaml_file_is_one_line(tmp_path, run_cli, text, message):

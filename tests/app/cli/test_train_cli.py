@@ -606,6 +606,30 @@ def test_training_into_an_existing_run_is_refused_unless_resume_or_overwrite(
     assert json.loads((copy / "summary.json").read_text())["steps"] == 2
 
 
+def test_a_new_run_that_fails_before_it_saved_leaves_the_old_run_as_it_was(
+    run, data, tmp_path, run_cli
+):
+    # --overwrite removed the old run first: a typo in --train, or a bad byte found deep
+    # in it, then lost the old run and trained nothing.
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    before = digest_tree(copy)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ab ba\n" * 5000 + b"\xff\n")
+    for train in (tmp_path / "typo.txt", bad):
+        extra = ["--overwrite", "--no-report", "--train", str(train)]
+        code, _, err = run_cli(*train_args(data, copy, *extra))
+        assert_one_line_error(code, err, str(train))
+        assert digest_tree(copy) == before
+        assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in run.iterdir())
+    # An input that is a file of the run is refused, before anything is moved.
+    code, _, err = run_cli(
+        *train_args(data, copy, "--overwrite", "--valid", str(copy / "vocab.json"))
+    )
+    assert_one_line_error(code, err, f"--valid {copy / 'vocab.json'}: is the run's vocab.json")
+    assert digest_tree(copy) == before
+
+
 HOLD_LOCK = """
 import sys, time
 from rnnkit.app.tasks.run_dir import lock_run_dir

@@ -147,3 +147,20 @@ def test_bad_vector_input_is_one_line(data, tmp_path, capsys):
         *TINY, "--steps", "1",
     )  # fmt: skip
     assert code not in (0, None) and "wide.jsonl:1" in err and "3 values" in err
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("[" * 100_000, "JSON nested too deeply"),
+        ('{"seq": [[' + "9" * 5000 + ', 1]], "label": "walk"}', "an integer with too many digits"),
+    ],
+)
+def test_predict_on_deep_or_huge_integer_json_is_one_line(run, tmp_path, capsys, line, message):
+    # predict peeks at each line for a "label" before reading it: json.loads raised
+    # RecursionError and ValueError there, past the reader's own checks.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"seq": [[1, 2]]}\n' + line + "\n", encoding="utf-8")
+    code, _, err = cli(capsys, "predict", "--checkpoint", str(run), "--input", str(bad))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{bad}:2: not valid JSON ({message}" in err

@@ -300,6 +300,28 @@ def test_report_shows_each_key_and_the_errors(runs: tuple[Path, Path]) -> None:
     assert section[: section.index("</section>")].count("<img") == 1  # no labelled anomalies
 
 
+@pytest.mark.parametrize("content", [b"[" * 100_000, b'{"z": ' + b"9" * 5000 + b"}", b"\xff"])
+def test_a_damaged_params_file_in_the_report_is_a_note(
+    runs: tuple[Path, Path], tmp_path: Path, content: bytes
+) -> None:
+    # keys.json nested 100,000 deep: json.loads' RecursionError stopped the report.
+    import shutil
+
+    from rnnkit.app.report import render_report
+    from rnnkit.training.manifest import skipping_checksums
+
+    params = tmp_path / "run"
+    shutil.copytree(runs[0], params)
+    for name in ("keys.json", "thresholds.json"):
+        shutil.copy(runs[0] / name, params / name)
+        (params / name).write_bytes(content)
+        with skipping_checksums():
+            html = render_report(params)
+        assert '<section id="params">' not in html
+        assert f"The parameter-value section is missing: {params / name}" in html
+        shutil.copy(runs[0] / name, params / name)
+
+
 def test_target_rate_and_method_from_the_command_line_and_a_config_file(
     data: Path, run_cli, tmp_path: Path
 ) -> None:

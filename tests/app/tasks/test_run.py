@@ -81,6 +81,72 @@ def test_prepare_run_dir_refuses_an_existing_run_and_overwrite_removes_only_run_
     assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
 
 
+def _old_run(out):
+    (out / "snapshots" / "step-1").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "snapshots/step-1/state.json", "mine.txt"):
+        (out / name).write_text(f"old {name}")
+    return {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()}
+
+
+def _files(out):
+    return {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()}
+
+
+def test_replacing_run_keeps_the_old_run_until_the_new_one_saved(tmp_path):
+    from rnnkit.app.tasks.run_dir import replacing_run
+
+    out = tmp_path / "run"
+    old = _old_run(out)
+    # The new run fails before it saved anything: what it wrote goes, the old run is back.
+    with pytest.raises(KeyError), replacing_run(out, overwrite=True):
+        # the old run is aside, in a folder the manifest and a new run leave alone
+        (aside,) = [p for p in out.iterdir() if p.name.startswith(".replaced-")]
+        assert _files(aside) == {k: v for k, v in old.items() if k != "mine.txt"}
+        assert sorted(p.name for p in out.iterdir() if p != aside) == ["mine.txt"]
+        (out / "config.json").write_text("new")
+        (out / "metrics.jsonl").write_text("new")
+        raise KeyError("bad data")
+    assert _files(out) == old
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "mine.txt",
+        "model.safetensors",
+        "snapshots",
+    ]
+    # It fails after it saved: the new run stays, the old one is gone.
+    with pytest.raises(KeyboardInterrupt), replacing_run(out, overwrite=True):
+        (out / "model.safetensors").write_text("new")
+        raise KeyboardInterrupt
+    assert _files(out) == {"model.safetensors": "new", "mine.txt": "old mine.txt"}
+    _old_run(out)
+    with replacing_run(out, overwrite=True):
+        (out / "model.safetensors").write_text("new")
+    assert _files(out) == {"model.safetensors": "new", "mine.txt": "old mine.txt"}
+
+
+def test_an_input_that_is_a_file_of_the_run_replaced_is_refused(tmp_path):
+    from rnnkit.app.tasks.run_dir import prepare_run_dir, replacing_run
+
+    out = tmp_path / "run"
+    old = _old_run(out)
+    state = out / "snapshots" / "step-1" / "state.json"
+    for inputs, words in [
+        ({"--train": str(out / "config.json")}, "--train .*config.json: is the run's config.json"),
+        ({"--valid": str(state)}, "--valid .*state.json: is the run's snapshots in --out"),
+    ]:
+        with pytest.raises(ConfigError, match=words):
+            prepare_run_dir(out, overwrite=True, inputs=inputs)
+        with (
+            pytest.raises(ConfigError, match=words),
+            replacing_run(out, overwrite=True, inputs=inputs),
+        ):
+            pass
+        assert _files(out) == old
+    # a file of the user's in the directory is no run file: read, and kept
+    prepare_run_dir(out, overwrite=True, inputs={"--train": str(out / "mine.txt"), "--valid": None})
+    assert _files(out) == {"mine.txt": "old mine.txt"}
+
+
 def test_the_python_api_refuses_to_train_over_a_run_too(tmp_path):
     from rnnkit.app.tasks.lm import train_lm
 

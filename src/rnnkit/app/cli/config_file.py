@@ -117,6 +117,8 @@ def read_config_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:  # arrays nested thousands deep: no traceback
         raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
+    except ValueError as exc:  # int() past sys.get_int_max_str_digits(): 5,000 digits
+        raise ConfigError(f"{path}: not valid TOML: {_value_error(exc)}") from None
 
 
 def _yaml_document(path: str, text: str) -> dict[str, Any]:
@@ -133,11 +135,19 @@ def _yaml_document(path: str, text: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:
         raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {_value_error(exc)}") from None
     if document is None:
         return {}
     if not isinstance(document, dict) or not all(isinstance(k, str) for k in document):
         raise ConfigError(f"{path}: a YAML configuration is a mapping of option names")
     return document
+
+
+def _value_error(exc: ValueError) -> str:
+    """The words for a parser's bare ``ValueError``: Python's ``int()`` refuses a literal
+    of over 4,300 digits (``sys.get_int_max_str_digits``), inside tomllib and PyYAML."""
+    return "an integer with too many digits" if "digits" in str(exc) else str(exc)
 
 
 def _kind(value: Any) -> str:

@@ -13,7 +13,6 @@ with the threshold drawn, and the most surprising events of the highest-scoring 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -21,6 +20,8 @@ import numpy as np
 from rnnkit.anomaly.scores import SCORES
 from rnnkit.app.report.html import esc, fmt, image, note, section, table
 from rnnkit.app.report.run import Run
+from rnnkit.data.files import read_run_file
+from rnnkit.data.limits import loads_json
 from rnnkit.diagnostics import plots
 from rnnkit.errors import CheckpointError, RnnkitError
 from rnnkit.metrics.detection import detection_metrics, precision_recall_curve, roc_curve
@@ -288,8 +289,9 @@ def _read_params(run: Run) -> tuple[dict[str, Any], dict[str, Any], dict[str, np
     from rnnkit.training.checkpoint import load_arrays
 
     try:
-        keys = json.loads(keys_path.read_text(encoding="utf-8"))
-        doc = json.loads(thresholds_path.read_text(encoding="utf-8"))
+        # loads_json: a file nested thousands deep is a DataError, not a RecursionError
+        keys = loads_json(read_run_file(keys_path), keys_path)
+        doc = loads_json(read_run_file(thresholds_path), thresholds_path)
         arrays = load_arrays(scores_path)
         float(doc["z"])
         if doc.get("session_score") is not None:

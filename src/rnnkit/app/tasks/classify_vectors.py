@@ -23,7 +23,6 @@ Run directory: ``config.json`` (with ``input_size`` and ``num_labels``), ``label
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
 from rnnkit.bptt.mask_facts import move_mask
 from rnnkit.data.batching import SequenceBatcher, to_device
 from rnnkit.data.labelled import LabelSet, split_holdout
+from rnnkit.data.limits import loads_json
 from rnnkit.data.vectors import VectorSequence, parse_vector_line, read_vector_sequences
 from rnnkit.errors import CheckpointError, DataError
 from rnnkit.metrics.labels import confusion_matrix, macro_f1
@@ -350,8 +350,9 @@ def vector_predictor(
         inputs = []
         for text, (path, line) in zip(lines, where, strict=True):
             try:
-                labelled = "label" in json.loads(text)
-            except (json.JSONDecodeError, TypeError):
+                # loads_json: deep nesting and 5,000-digit integers are a DataError too
+                labelled = "label" in loads_json(text, path, line)
+            except (DataError, TypeError):
                 labelled = False  # parse_vector_line names what is wrong
             seq = parse_vector_line(text, path, line, labelled=labelled)
             if seq.values.shape[1] != width:

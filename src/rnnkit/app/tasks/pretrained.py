@@ -34,8 +34,12 @@ def load_pretrained_vectors(
             if vector is not None:
                 embedding.weight[index] = torch.from_numpy(vector).to(embedding.weight)
                 found += 1
-    messages.info(
+    said = (
         f"pretrained vectors: {found} of {len(tokens)} vocabulary words found in "
         f"{cfg.pretrained_vectors}"
     )
+    if found:
+        messages.info(said)
+    else:  # another tokenization (words for a character model), or another language
+        messages.warning(f"{said}: the embedding keeps its initialisation")
     return {"file": cfg.pretrained_vectors, "found": found, "vocabulary": len(tokens)}

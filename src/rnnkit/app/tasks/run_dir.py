@@ -8,7 +8,8 @@ import contextlib
 import functools
 import os
 import shutil
-from collections.abc import Callable, Iterator
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "guarded_run",
     "lock_run_dir",
     "prepare_run_dir",
+    "replacing_run",
 ]
 
 
@@ -69,15 +71,69 @@ def _is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def prepare_run_dir(out: str | Path, resume: bool = False, overwrite: bool = False) -> None:
+def prepare_run_dir(
+    out: str | Path,
+    resume: bool = False,
+    overwrite: bool = False,
+    inputs: Mapping[str, str | None] | None = None,
+) -> None:
     """Check that ``out`` may receive this run, before anything is written.
 
     A new or empty directory is fine. A directory that already holds a run is refused:
     training again would silently replace its weights and metrics (and, without a new
     report, leave the old report describing another run). ``resume`` continues it instead;
     ``overwrite`` removes the old run's files (:data:`RUN_FILES`) first.
+    :func:`replacing_run` does the same, and keeps the old files until the new run has
+    saved something.
+
+    Args:
+        inputs: the files the new run reads, by option (``{"--train": path}``): one of
+            the files to be removed is refused, not removed (a ``--train`` among them
+            would be gone before it is read).
     """
+    for name in _old_run_files(Path(out), resume, overwrite, inputs):
+        _remove(Path(out) / name)
+
+
+@contextlib.contextmanager
+def replacing_run(
+    out: str | Path,
+    resume: bool = False,
+    overwrite: bool = False,
+    inputs: Mapping[str, str | None] | None = None,
+) -> Iterator[None]:
+    """:func:`prepare_run_dir` around a run, the old run's files moved aside instead of
+    removed: a new run that fails before it saved anything (a typo in ``--train``, bad
+    data, an interrupt at the first step) leaves the old run as it was; once it has saved
+    (weights, a snapshot) the old files are removed. The aside directory is
+    ``OUT/.replaced-*``: a process killed meanwhile leaves the old run there."""
     out = Path(out)
+    found = _old_run_files(out, resume, overwrite, inputs)
+    if not found:
+        yield
+        return
+    aside = Path(tempfile.mkdtemp(prefix=".replaced-", dir=out))
+    for name in found:
+        os.replace(out / name, aside / name)  # the same directory: a rename, atomic
+    try:
+        yield
+    except BaseException:
+        if not any((out / name).exists() for name in RUN_SAVED):
+            for name in RUN_FILES:  # what the failed run left (config.json, its log)
+                if (out / name).exists() or (out / name).is_symlink():
+                    _remove(out / name)
+            for name in found:
+                os.replace(aside / name, out / name)
+        raise
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _old_run_files(
+    out: Path, resume: bool, overwrite: bool, inputs: Mapping[str, str | None] | None
+) -> list[str]:
+    """The names of :data:`RUN_FILES` in ``out`` a new run replaces, checked (see
+    :func:`prepare_run_dir`); empty for ``resume``."""
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
     if out.exists() and not out.is_dir():
@@ -85,10 +141,10 @@ def prepare_run_dir(out: str | Path, resume: bool = False, overwrite: bool = Fal
     if resume:
         if not (out / "config.json").is_file():
             raise CheckpointError(f"--resume: {out} holds no run to continue (no config.json)")
-        return
+        return []
     if not _is_main_process():
-        return
-    found = [name for name in RUN_FILES if (out / name).exists()]
+        return []
+    found = [name for name in RUN_FILES if (out / name).exists() or (out / name).is_symlink()]
     # What a finished or resumable run leaves; a run that failed before saving anything
     # (bad data, divergence at step 2) leaves only its start, which a new run replaces.
     saved = [name for name in RUN_SAVED if (out / name).exists()]
@@ -97,12 +153,25 @@ def prepare_run_dir(out: str | Path, resume: bool = False, overwrite: bool = Fal
             f"--out {out} already holds a run ({', '.join(saved[:3])}); continue it with "
             "--resume or replace it with --overwrite"
         )
-    for name in found:
-        path = out / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+    for option, value in (inputs or {}).items():
+        if not value:
+            continue
+        path = Path(value).resolve()
+        for name in found:
+            old = (out / name).resolve()
+            if path == old or old in path.parents:
+                raise ConfigError(
+                    f"{option} {value}: is the run's {name} in --out {out}, which the new "
+                    "run replaces; copy it out of the run directory first"
+                )
+    return found
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 @contextlib.contextmanager
@@ -156,14 +225,21 @@ def _make_out_dir(out: Path) -> None:
 def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
     """Wrap a task's ``train(cfg, resume=False, quiet=False, ...)``: the run directory
     is locked (:func:`lock_run_dir`) for the whole run and checked
-    (:func:`prepare_run_dir`) before anything is written. Adds the keyword ``overwrite``
+    (:func:`replacing_run`) before anything is written. Adds the keyword ``overwrite``
     (default False: a directory holding a run is refused unless ``resume``)."""
 
     @functools.wraps(train)
     def wrapper(cfg: TrainConfig, *args: Any, overwrite: bool = False, **kwargs: Any):
         resume = bool(kwargs.get("resume", args[0] if args else False))
-        with lock_run_dir(cfg.out):
-            prepare_run_dir(cfg.out, resume=resume, overwrite=overwrite)
+        inputs = {
+            "--train": cfg.train,
+            "--valid": cfg.valid,
+            "--pretrained-vectors": cfg.pretrained_vectors,
+        }
+        with (
+            lock_run_dir(cfg.out),
+            replacing_run(cfg.out, resume=resume, overwrite=overwrite, inputs=inputs),
+        ):
             if resume:
                 # A run cut short has no manifest: its snapshot carries its checksums.
                 verify_run(cfg.out, missing_ok=True)

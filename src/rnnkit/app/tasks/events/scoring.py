@@ -77,14 +77,17 @@ class EventsModel:
         return event_surprises(self.model, seqs, batch_size, self.thresholds.get("window"))
 
 
-def read_calibration(run_dir: str | Path) -> dict[str, Calibration] | None:
-    """``calibration.safetensors`` of a run per model, or None (a run from before it)."""
+def read_calibration(
+    run_dir: str | Path, vocab_size: int | None = None
+) -> dict[str, Calibration] | None:
+    """``calibration.safetensors`` of a run per model, or None (a run from before it);
+    ``vocab_size``: the run's vocabulary, which the per-event statistics must cover."""
     path = Path(run_dir) / "calibration.safetensors"
     if not path.is_file():
         return None
     arrays = load_arrays(path)
     try:
-        return {m: Calibration.from_arrays(arrays, m) for m in ("rnn", "ngram")}
+        return {m: Calibration.from_arrays(arrays, m, vocab_size) for m in ("rnn", "ngram")}
     except (KeyError, ValueError, OSError) as exc:
         raise CheckpointError(f"{path}: not valid ({exc})") from None
 
@@ -103,7 +106,8 @@ def load_events(run_dir: str | Path, device: str = "cpu") -> EventsModel:
     ngram_path = run_dir / "ngram.safetensors"
     if ngram_path.is_file():
         ngram = NGramModel.from_state(load_arrays(ngram_path), where=str(ngram_path))
-    return EventsModel(cfg, vocab, model, thresholds, ngram, read_calibration(run_dir))
+    calibration = read_calibration(run_dir, len(vocab))
+    return EventsModel(cfg, vocab, model, thresholds, ngram, calibration)
 
 
 def score_sessions(
