@@ -124,6 +124,33 @@ def test_replacing_run_keeps_the_old_run_until_the_new_one_saved(tmp_path):
     assert _files(out) == {"model.safetensors": "new", "mine.txt": "old mine.txt"}
 
 
+def test_an_old_run_left_aside_by_a_killed_run_is_settled_by_the_next(tmp_path):
+    """A process killed while its old run waited aside (SIGKILL: no cleanup ran): the
+    next run in the directory puts the old run back where the killed one saved nothing,
+    and removes it where the killed one had saved."""
+    from rnnkit.app.tasks.run_dir import replacing_run
+
+    out = tmp_path / "run"
+    old = _old_run(out)
+    aside = out / ".replaced-k1"
+    aside.mkdir()
+    for name in ("config.json", "model.safetensors", "snapshots"):
+        (out / name).rename(aside / name)
+    (out / "config.json").write_text("the killed run's start")
+    with pytest.raises(ConfigError, match="already holds a run"), replacing_run(out):
+        pass  # the old run is back: a new run without --overwrite is refused
+    assert _files(out) == old
+    assert not aside.exists()
+    # killed after it saved: the new run stays, the old one is gone
+    aside.mkdir()
+    (out / "model.safetensors").rename(aside / "model.safetensors")
+    (out / "model.safetensors").write_text("new")
+    with replacing_run(out, resume=True):
+        pass
+    assert not aside.exists()
+    assert _files(out)["model.safetensors"] == "new"
+
+
 def test_an_input_that_is_a_file_of_the_run_replaced_is_refused(tmp_path):
     from rnnkit.app.tasks.run_dir import prepare_run_dir, replacing_run
 

@@ -104,29 +104,45 @@ def replacing_run(
 ) -> Iterator[None]:
     """:func:`prepare_run_dir` around a run, the old run's files moved aside instead of
     removed: a new run that fails before it saved anything (a typo in ``--train``, bad
-    data, an interrupt at the first step) leaves the old run as it was; once it has saved
-    (weights, a snapshot) the old files are removed. The aside directory is
-    ``OUT/.replaced-*``: a process killed meanwhile leaves the old run there."""
+    data, an interrupt at the first step) leaves the old run as it was; when the run ends
+    having saved (weights, a snapshot), the old files are removed. The aside directory is
+    ``OUT/.replaced-*``: a process killed meanwhile leaves the old run there, and the next
+    run in ``OUT`` (the caller holds its lock) settles it first: put back where the killed
+    run had saved nothing, else removed."""
     out = Path(out)
+    if _is_main_process() and out.is_dir():
+        for left in sorted(out.glob(f"{_ASIDE}*")):
+            if left.is_dir() and not left.is_symlink():
+                _settle(out, left)
     found = _old_run_files(out, resume, overwrite, inputs)
     if not found:
         yield
         return
-    aside = Path(tempfile.mkdtemp(prefix=".replaced-", dir=out))
+    aside = Path(tempfile.mkdtemp(prefix=_ASIDE, dir=out))
     for name in found:
         os.replace(out / name, aside / name)  # the same directory: a rename, atomic
     try:
         yield
     except BaseException:
-        if not any((out / name).exists() for name in RUN_SAVED):
-            for name in RUN_FILES:  # what the failed run left (config.json, its log)
-                if (out / name).exists() or (out / name).is_symlink():
-                    _remove(out / name)
-            for name in found:
-                os.replace(aside / name, out / name)
+        _settle(out, aside)
         raise
     finally:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+_ASIDE = ".replaced-"  # the prefix of the directory an old run waits in (replacing_run)
+
+
+def _settle(out: Path, aside: Path) -> None:
+    """The old run in ``aside`` back into ``out`` where the new run saved nothing (its
+    start removed first: ``config.json``, its log); ``aside`` removed either way."""
+    if not any((out / name).exists() for name in RUN_SAVED):
+        for name in RUN_FILES:
+            if (out / name).exists() or (out / name).is_symlink():
+                _remove(out / name)
+        for old in aside.iterdir():
+            os.replace(old, out / old.name)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _old_run_files(
