@@ -455,3 +455,24 @@ def test_a_subclass_drawing_its_own_masks_is_asked(quick, steps):
         expected = _fresh_copy(layer, zoneout=0.25)(x)
     assert quick["n"] == 0 and steps["n"] == 0
     _equal(got, expected)
+
+
+def test_a_copied_or_reloaded_stack_steps_with_its_own_cells(quick, tmp_path):
+    import copy
+
+    gen = torch.Generator().manual_seed(20)
+    layer = _layer(rnnkit.LSTM, {}, num_layers=2).eval()
+    x = torch.randn(B, 1, I, dtype=torch.float64, generator=gen)
+    with torch.no_grad():
+        before = layer(x)  # its plan kept
+        twin = copy.deepcopy(layer)
+        torch.save(layer, tmp_path / "stack.pt")
+        loaded = torch.load(tmp_path / "stack.pt", weights_only=False)
+        for p in twin.parameters():
+            p.mul_(0.5)
+        for p in loaded.parameters():
+            p.mul_(0.25)
+        _equal(layer(x), before)  # the copies' weights are theirs alone
+        _equal(twin(x), _fresh_copy(twin)(x))
+        _equal(loaded(x), _fresh_copy(loaded)(x))
+    assert quick["n"] == 2 + 2 + 2
