@@ -176,3 +176,303 @@ def test_on_cuda_one_step_is_the_cell_operators_and_equals_the_cpu_oracle(name, 
     got = _run(layer.cuda(), x.cuda(), on_gpu, "auto", lengths=lengths.cuda())
     assert steps["n"] == 4
     _same(expected, [g.cpu() for g in got], tol=1e-10)
+
+
+# --- the stack's quick single step (fused_stack.quick_step) --------------------------------
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    """How many calls the stack's quick single step answered (not None)."""
+    from rnnkit.layers import stacked
+
+    calls = {"n": 0}
+    real = stacked.quick_step
+
+    def counted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls["n"] += out is not None
+        return out
+
+    monkeypatch.setattr(stacked, "quick_step", counted)
+    return calls
+
+
+def _plain_and_checked(layer, x, state):
+    """The call as a generator makes it (the quick step) and the same call through the
+    stack's checked route (lengths given, all 1: ``one_step`` with its mask, whose
+    selections keep every value as it is)."""
+    quick_out = layer(x, state=state)
+    ones = torch.ones(x.shape[0 if layer.batch_first else 1], dtype=torch.long)
+    checked = layer(x, state=state, lengths=ones)
+    return quick_out, checked
+
+
+def _equal(a, b):
+    assert torch.equal(a.outputs, b.outputs)
+    parts_a = list(a.state) if isinstance(a.state, LSTMState) else [a.state]
+    parts_b = list(b.state) if isinstance(b.state, LSTMState) else [b.state]
+    assert len(parts_a) == len(parts_b)
+    for p, q in zip(parts_a, parts_b, strict=True):
+        assert p.shape == q.shape
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["one-way", "bidirectional"])
+@pytest.mark.parametrize("batch_first", [True, False], ids=["batch-first", "time-major"])
+def test_the_quick_step_is_the_checked_route_to_the_bit(
+    name, cls, kw, bidirectional, batch_first, dtype, quick, steps
+):
+    gen = torch.Generator().manual_seed(7)
+    layer = _layer(cls, kw, dtype, num_layers=2, bidirectional=bidirectional)
+    layer.batch_first = batch_first
+    x = torch.randn((B, 1, I) if batch_first else (1, B, I), dtype=dtype, generator=gen)
+    for state in (None, _state(layer, gen, dtype)):
+        with torch.no_grad():
+            got, checked = _plain_and_checked(layer, x, state)
+        _equal(got, checked)
+    assert quick["n"] == 2  # the calls without lengths, and only they
+    assert steps["n"] == 4 * 2 * layer.num_directions
+
+
+@pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
+def test_the_quick_step_has_the_explicit_bptts_gradients(name, cls, kw, quick):
+    gen = torch.Generator().manual_seed(8)
+    layer = _layer(cls, kw, num_layers=2)
+    x = torch.randn(B, 1, I, dtype=torch.float64, generator=gen)
+    state = _state(layer, gen)
+    expected = _run(layer, x, state, "loop")
+    got = _run(layer, x, state, "auto")
+    assert quick["n"] == 1
+    _same(expected, got)
+
+
+def _fresh_copy(layer, **more):
+    """A stack built anew with ``layer``'s weights (and dtype): what no kept plan knows."""
+    fresh = _layer(rnnkit.LSTM, {}, num_layers=2, **more)
+    fresh.load_state_dict(layer.state_dict())
+    return fresh.to(next(layer.parameters()).dtype).train(layer.training)
+
+
+def test_a_replaced_parameter_is_read_at_the_next_step(quick):
+    gen = torch.Generator().manual_seed(9)
+    layer = _layer(rnnkit.LSTM, {}, num_layers=2).eval()
+    x = torch.randn(B, 1, I, dtype=torch.float64, generator=gen)
+    cell = layer.cells()[1]
+    new = torch.randn(cell.weight_hh.shape, dtype=torch.float64, generator=gen)
+    with torch.no_grad():
+        first = layer(x).state
+        cell.weight_hh = torch.nn.Parameter(new)
+        got = layer(x, state=first)
+        expected = _fresh_copy(layer)(x, state=first)
+    assert quick["n"] == 3
+    assert torch.equal(layer.cells()[1].weight_hh, new)
+    _equal(got, expected)
+
+
+def test_weights_changed_in_place_are_read_at_the_next_step(quick):
+    gen = torch.Generator().manual_seed(10)
+    layer = _layer(rnnkit.LSTM, {}, num_layers=2).eval()
+    x = torch.randn(B, 1, I, dtype=torch.float64, generator=gen)
+    with torch.no_grad():
+        first = layer(x).state
+        for p in layer.parameters():  # as an optimizer's step does
+            p.add_(torch.randn(p.shape, dtype=p.dtype, generator=gen))
+        got = layer(x, state=first)
+        expected = _fresh_copy(layer)(x, state=first)
+    assert quick["n"] == 3
+    _equal(got, expected)
+
+
+def test_a_stack_moved_to_float32_steps_in_float32(quick):
+    gen = torch.Generator().manual_seed(11)
+    layer = _layer(rnnkit.LSTM, {}, num_layers=2).eval()
+    x = torch.randn(B, 1, I, dtype=torch.float64, generator=gen)
+    with torch.no_grad():
+        first = layer(x).state
+        layer.float()
+        first = LSTMState(*(s.float() for s in first))
+        got = layer(x.float(), state=first)
+        expected = _fresh_copy(layer)(x.float(), state=first)
+    assert got.outputs.dtype == torch.float32
+    assert quick["n"] == 3
+    _equal(got, expected)
+    with pytest.raises(TypeError, match=r"x is torch\.float64 on cpu but the parameters"):
+        layer(x)  # the stack's own check, as before: the quick step stands aside
+
+
+def test_training_mode_is_read_at_every_step(quick):
+    # dropout between the layers: at evaluation none, after .train() the module's draws
+    gen = torch.Generator().manual_seed(12)
+    layer = _layer(rnnkit.LSTM, {}, num_layers=2, dropout=0.5).eval()
+    x = torch.randn(B, 1, I, dtype=torch.float64, generator=gen)
+    with torch.no_grad():
+        first = layer(x).state
+        layer.train()
+        torch.manual_seed(3)
+        got = layer(x, state=first)
+        fresh = _fresh_copy(layer, dropout=0.5)
+        torch.manual_seed(3)
+        expected = fresh(x, state=first)
+        torch.manual_seed(3)
+        with use_fused("loop"):
+            looped = layer(x, state=first)
+    assert quick["n"] == 3
+    _equal(got, expected)
+    torch.testing.assert_close(got.outputs, looped.outputs, atol=1e-12, rtol=0.0)
+    assert not torch.equal(got.outputs, layer.eval()(x, state=first).outputs)
+
+
+def test_a_replaced_layer_is_read_at_the_next_step(quick):
+    gen = torch.Generator().manual_seed(13)
+    layer = _layer(rnnkit.LSTM, {}, num_layers=2).eval()
+    x = torch.randn(B, 1, I, dtype=torch.float64, generator=gen)
+    other = _layer(rnnkit.GRU, {"reset": "after"}, num_layers=2).eval()
+    with torch.no_grad():
+        layer(x)
+        layer.layers[1] = other.layers[1]  # a GRU on top: now no LSTM stack's plan
+        with pytest.raises(TypeError, match="LSTMState"):
+            layer(x, state=torch.zeros(2, 1, B, H, dtype=torch.float64))
+        assert quick["n"] == 1
+        torch.manual_seed(99)  # other weights than the layer replaced
+        layer.layers[1] = rnnkit.LSTM(I, H, num_layers=2).double().layers[1]
+        got = layer(x)
+        expected = _fresh_copy(layer)(x)
+    assert quick["n"] == 3
+    _equal(got, expected)
+
+
+def test_a_parametrization_added_between_steps_is_computed(quick):
+    from torch.nn.utils import parametrize
+
+    class Double(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    gen = torch.Generator().manual_seed(14)
+    layer = _layer(rnnkit.LSTM, {}, num_layers=2).eval()
+    x = torch.randn(B, 1, I, dtype=torch.float64, generator=gen)
+    cell = layer.cells()[0]
+    with torch.no_grad():
+        first = layer(x).state
+        expected_layer = _fresh_copy(layer)
+        expected_layer.cells()[0].weight_ih.mul_(2)
+        parametrize.register_parametrization(cell, "weight_ih", Double())
+        got = layer(x, state=first)
+        expected = expected_layer(x, state=first)
+    assert quick["n"] == 3
+    _equal(got, expected)
+
+
+def test_a_regularizer_set_between_steps_takes_the_stacks_route(quick, steps):
+    gen = torch.Generator().manual_seed(15)
+    layer = _layer(rnnkit.LSTM, {}, num_layers=2).eval()
+    x = torch.randn(B, 1, I, dtype=torch.float64, generator=gen)
+    with torch.no_grad():
+        first = layer(x).state
+        layer.zoneout = 0.25  # at evaluation the mix with the previous state
+        got = layer(x, state=first)
+        expected = _fresh_copy(layer, zoneout=0.25)(x, state=first)
+    assert quick["n"] == 1 and steps["n"] == 2
+    _equal(got, expected)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_masks_are_drawn_once_as_the_stack_draws_them(train, quick):
+    # locked and output dropout: at evaluation no mask, so the quick step; in training the
+    # stack draws its masks once (the generator where the loop's path leaves it)
+    gen = torch.Generator().manual_seed(16)
+    layer = _layer(rnnkit.LSTM, {}, num_layers=2, locked_dropout=0.3, output_dropout=0.4)
+    layer.train(train)
+    x = torch.randn(B, 1, I, dtype=torch.float64, generator=gen)
+    state = _state(layer, gen)
+    expected = _run(layer, x, state, "loop")
+    after_loop = torch.get_rng_state()
+    got = _run(layer, x, state, "auto")
+    assert torch.equal(torch.get_rng_state(), after_loop)
+    assert quick["n"] == (0 if train else 1)
+    _same(expected, got)
+
+
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [
+        (lambda s: s.h, TypeError, "must be LSTMState"),
+        (lambda s: LSTMState(s.h[:1], s.c), ValueError, r"state.h must have shape \(L, D, B, H\)"),
+        (lambda s: LSTMState(s.h, s.c[:, :, :2]), ValueError, "state.c must have shape"),
+        (lambda s: LSTMState(s.h.float(), s.c), TypeError, "state.h is torch.float32"),
+        (lambda s: (s.h, s.c), TypeError, "must be LSTMState"),
+    ],
+    ids=["tensor", "layers", "batch", "dtype", "tuple"],
+)
+def test_a_bad_state_gets_the_stacks_own_error(bad, error, message, quick):
+    gen = torch.Generator().manual_seed(17)
+    layer = _layer(rnnkit.LSTM, {}, num_layers=2).eval()
+    x = torch.randn(B, 1, I, dtype=torch.float64, generator=gen)
+    state = _state(layer, gen)
+    with pytest.raises(error, match=message):
+        layer(x, state=bad(state))
+    assert quick["n"] == 0
+
+
+def test_hooks_and_a_subclass_forward_see_the_quick_step(quick):
+    class Shifted(rnnkit.LSTM):
+        def forward(self, x, **kw):
+            out = super().forward(x, **kw)
+            return out._replace(outputs=out.outputs + 1)
+
+    torch.manual_seed(18)
+    layer = Shifted(I, H, num_layers=2).double().eval()
+    x = torch.randn(B, 1, I, dtype=torch.float64)
+    seen = []
+    layer.register_forward_hook(lambda m, a, out: seen.append(out.outputs))
+    with torch.no_grad():
+        out = layer(x)
+        plain = _fresh_copy(layer)(x)
+    assert quick["n"] == 2
+    assert torch.equal(out.outputs, plain.outputs + 1)
+    assert len(seen) == 1 and torch.equal(seen[0], out.outputs)
+
+
+def test_a_subclass_drawing_its_own_masks_is_asked(quick, steps):
+    # masks drawn by a subclass (here zoneout's evaluation mix, without the option set)
+    # decide the route, as they did: the quick step does not run past them
+    class Zoned(rnnkit.LSTM):
+        def draw_masks(self, batch_size, steps, like):
+            self.zoneout = 0.25
+            try:
+                return super().draw_masks(batch_size, steps, like)
+            finally:
+                self.zoneout = 0.0
+
+    torch.manual_seed(19)
+    layer = Zoned(I, H, num_layers=2).double().eval()
+    x = torch.randn(B, 1, I, dtype=torch.float64)
+    with torch.no_grad():
+        got = layer(x)
+        expected = _fresh_copy(layer, zoneout=0.25)(x)
+    assert quick["n"] == 0 and steps["n"] == 0
+    _equal(got, expected)
+
+
+def test_a_copied_or_reloaded_stack_steps_with_its_own_cells(quick, tmp_path):
+    import copy
+
+    gen = torch.Generator().manual_seed(20)
+    layer = _layer(rnnkit.LSTM, {}, num_layers=2).eval()
+    x = torch.randn(B, 1, I, dtype=torch.float64, generator=gen)
+    with torch.no_grad():
+        before = layer(x)  # its plan kept
+        twin = copy.deepcopy(layer)
+        torch.save(layer, tmp_path / "stack.pt")
+        loaded = torch.load(tmp_path / "stack.pt", weights_only=False)
+        for p in twin.parameters():
+            p.mul_(0.5)
+        for p in loaded.parameters():
+            p.mul_(0.25)
+        _equal(layer(x), before)  # the copies' weights are theirs alone
+        _equal(twin(x), _fresh_copy(twin)(x))
+        _equal(loaded(x), _fresh_copy(loaded)(x))
+    assert quick["n"] == 2 + 2 + 2

@@ -30,6 +30,7 @@ from rnnkit.layers.regularization import (
     dropout_mask,
     embedding_dropout,
     locked,
+    regularizing,
     steps_of,
 )
 from rnnkit.layers.stacked import Bidirectional, StackedRecurrent, direction_widths, reset_rows
@@ -66,6 +67,7 @@ __all__ = [
     "linear",
     "locked",
     "masked_softmax",
+    "regularizing",
     "reset_rows",
     "resolve_mask",
     "run_windowed_stack",

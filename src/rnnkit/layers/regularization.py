@@ -20,6 +20,7 @@ drops whole rows of an embedding matrix (every occurrence of a word in the batch
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -40,6 +41,7 @@ __all__ = [
     "dropout_mask",
     "embedding_dropout",
     "locked",
+    "regularizing",
     "steps_of",
 ]
 
@@ -169,10 +171,18 @@ def zoneout_keep(T: int, B: int, H: int, p: float, like: Tensor, training: bool)
     return like.new_full((1, 1, 1), p).expand(T, B, H)
 
 
+_probabilities = operator.attrgetter(*REGULARIZERS)
+
+
+def regularizing(stack: StackedRecurrent) -> bool:
+    """Whether any of ``stack``'s regularizers is set (a probability above 0)."""
+    return any(_probabilities(stack))
+
+
 def draw_stack_masks(stack: StackedRecurrent, B: int, T: int, like: Tensor) -> StackMasks | None:
     """``StackedRecurrent.draw_masks``: the masks of ``stack`` (its regularizers, sizes,
     cells and training mode) for ``B`` sequences of ``T`` steps; None when none applies."""
-    if not any(getattr(stack, name) for name in REGULARIZERS):
+    if not regularizing(stack):
         return None  # the plain stack: nothing to build on every call
     on = stack.training
 
