@@ -344,6 +344,27 @@ def test_a_replaced_layer_is_read_at_the_next_step(quick):
     _equal(got, expected)
 
 
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["one-way", "bidirectional"])
+def test_a_cell_replaced_inside_a_layer_is_read_at_the_next_call(quick, bidirectional):
+    """``stack.layers[l].cell = ...`` (or a direction's): every route reads the new cell,
+    the single step as the whole sequence."""
+    gen = torch.Generator().manual_seed(17)
+    layer = _layer(rnnkit.LSTM, {}, num_layers=2, bidirectional=bidirectional).eval()
+    x = torch.randn(B, 1, I, dtype=torch.float64, generator=gen)
+    xs = torch.randn(B, 6, I, dtype=torch.float64, generator=gen)
+    with torch.no_grad():
+        layer(x)
+        top = layer.layers[1]
+        where = top.directions[1] if bidirectional else top
+        torch.manual_seed(98)  # other weights than the cell replaced
+        where.cell = type(where.cell)(where.cell.input_size, H).double()
+        for inp in (x, xs):
+            got = layer(inp)
+            expected = _fresh_copy(layer, bidirectional=bidirectional)(inp)
+            _equal(got, expected)
+    assert quick["n"] == 3  # the steps of the stack and of its fresh copy
+
+
 def test_a_parametrization_added_between_steps_is_computed(quick):
     from torch.nn.utils import parametrize
 

@@ -290,15 +290,24 @@ class StackedRecurrent(nn.Module):
     def _cell_tuple(self) -> tuple[CellBase, ...]:
         """:meth:`cells`, kept between calls: a call asks for them several times, and
         walking the layers' modules costs more than the rest of a small call's checks.
-        Listed again when a layer of :attr:`layers` is replaced."""
+        The same tuple while every cell is the same module (what is kept per stack, such
+        as the single step's plan, is keyed on it); a new one when a layer, a direction or
+        a cell was replaced (``stack.layers[0].cell = ...``)."""
         # (from _modules directly: self.layers goes through nn.Module.__getattr__, ~0.7 µs)
-        layers = tuple(cast(nn.Module, self._modules["layers"])._modules.values())
+        cells = tuple(
+            cast(CellBase, cast(nn.Module, d)._modules["cell"])
+            for layer in cast(nn.Module, self._modules["layers"])._modules.values()
+            for d in (
+                cast(nn.Module, layer._modules["directions"])._modules.values()
+                if isinstance(layer, Bidirectional)
+                else (cast(nn.Module, layer),)
+            )
+        )
         kept = self.__dict__.get("_cells_kept")
-        if kept is None or kept[0] != layers:  # Modules compare by identity
-            cells = tuple(d.cell for layer in layers for d in _directions(cast(nn.Module, layer)))
-            kept = (layers, cells)
+        if kept is None or kept != cells:  # Modules compare by identity
+            kept = cells
             self.__dict__["_cells_kept"] = kept
-        return kept[1]
+        return kept
 
     def _check_input(self, x: Tensor, projected: bool = False) -> None:
         if not isinstance(x, Tensor):
