@@ -42,10 +42,9 @@ from typing import Any, TypeGuard
 
 import torch
 from torch import Tensor, nn
-from torch.autograd import forward_ad
 from torch.nn.utils.rnn import PackedSequence
 
-from rnnkit.bptt.fused import fused_path_on, path_in_force
+from rnnkit.bptt.fused import fused_path_on, path_in_force, plain_step_call
 from rnnkit.bptt.tracing import transforming, vmapping
 from rnnkit.cells.amp import autocast_devices_on, autocast_reconciles
 from rnnkit.layers import cell_stacks
@@ -604,10 +603,6 @@ def _one_step(x: Tensor) -> bool:
     )
 
 
-_CPU_STEP_DTYPES = (torch.float32, torch.float64)
-_interpreter = torch._C._functorch.peek_interpreter_stack
-
-
 def _plain_cpu_step(x: Any) -> TypeGuard[Tensor]:
     """The common case of :func:`_one_step`, in as few looks as possible (a decoder asks
     at every step, and each look costs ~0.1 µs against a ~30 µs step): ``x`` a plain
@@ -616,18 +611,8 @@ def _plain_cpu_step(x: Any) -> TypeGuard[Tensor]:
     two looks), no autocast, the default path, no graph being traced (``torch.compile``,
     ``torch.jit.trace``: there the drop-ins' checked path decides, as it always has).
     Where it says True, torch's fused step computes the call; where it says False, the
-    drop-in's full checks decide."""
-    return (
-        type(x) is Tensor
-        and x.is_cpu
-        and x.dtype in _CPU_STEP_DTYPES
-        and _interpreter() is None
-        and forward_ad._current_level < 0
-        and not autocast_devices_on()
-        and path_in_force() == "auto"
-        and not torch.compiler.is_compiling()
-        and not torch._C._is_tracing()
-    )
+    drop-in's full checks decide. (The library stacks' look, on the CPU only.)"""
+    return type(x) is Tensor and x.is_cpu and plain_step_call(x)
 
 
 #: torch's fused operator of one step of each drop-in's cell (torch's ``mode``)
