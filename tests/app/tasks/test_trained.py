@@ -290,3 +290,12 @@ def test_generate_bounds_num_and_max_length_as_the_command_does(tmp_path):
     with pytest.raises(ConfigError, match=r"^max_length must be an integer ≥ 1, got 2.5$"):
         run.generate("the", max_length=2.5)
     assert len(run.generate("the", num=2, max_length=2, seed=0)) == 2
+
+
+@pytest.mark.parametrize("run_dir", [None, 5])
+def test_load_names_a_run_dir_that_is_no_path(run_dir):
+    # pathlib's "expected str, bytes or os.PathLike object" named no argument
+    with pytest.raises(
+        ConfigError, match=f"^run_dir must be a path, got {type(run_dir).__name__}$"
+    ):
+        rnnkit.load(run_dir)

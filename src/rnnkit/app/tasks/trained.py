@@ -17,6 +17,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -352,6 +353,8 @@ def load(run_dir: str | Path, device: str = "cpu") -> TrainedRun:
     Raises:
         CheckpointError: a missing or inconsistent file, named.
     """
+    if not isinstance(run_dir, (str, PathLike)):  # pathlib's own TypeError named no argument
+        raise ConfigError(f"run_dir must be a path, got {type(run_dir).__name__}")
     run_dir = Path(run_dir)
     task = task_of_run(run_dir)
     model: nn.Module  # of the task's own kind
