@@ -176,3 +176,15 @@ def test_a_min_freq_that_keeps_no_token_is_refused_naming_the_file():
     )
     assert Vocabulary.from_counts(counts, unit="word", min_freq=380).itos[4:] == ["the"]
     assert len(Vocabulary.from_counts({}, unit="word", min_freq=5)) == 4  # no text: no claim
+
+
+@pytest.mark.parametrize(
+    ("ids", "dtype"), [([4.0, 5.5], "float64"), (["4"], "<U1"), ([4, None], "object")]
+)
+def test_decode_refuses_ids_that_are_not_integers(ids, dtype):
+    # int() took 5.5 as id 5 (a wrong token) and "4" as 4; None failed inside int()
+    v = Vocabulary(["a", "b"], unit="word")
+    with pytest.raises(DataError, match=f"^token ids must be integers, got dtype {dtype}$"):
+        v.decode(ids)
+    assert v.decode(np.array([4, 5], dtype=np.uint8)) == "a b" == v.decode([4, 5])
+    assert v.decode([]) == ""

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rnnkit import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
+from rnnkit.errors import ConfigError
 from rnnkit.layers import cell_stacks, stacked
 
 pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
@@ -60,3 +61,13 @@ def test_names_still_import_from_stacked():
     assert stacked.LSTM is LSTM and stacked.RNN is RNN
     with pytest.raises(AttributeError, match="no attribute 'Transformer'"):
         stacked.Transformer  # noqa: B018
+
+
+@pytest.mark.parametrize("kind", [LSTM, GRU])
+@pytest.mark.parametrize("flag", ["no", 1, None])
+def test_layer_norm_takes_a_bool_only(kind, flag):
+    # "no" is truthy: it built layer-normalised cells without a word
+    with pytest.raises(ConfigError, match=f"^layer_norm must be True or False, got {flag!r}$"):
+        kind(3, 4, layer_norm=flag, reset="after") if kind is GRU else kind(3, 4, layer_norm=flag)
+    plain = kind(3, 4, layer_norm=False)
+    assert type(plain.cells()[0]) is (GRUCell if kind is GRU else LSTMCell)

@@ -80,3 +80,35 @@ def _auc_by_pairs(scores: list[float], labels: list[int]) -> float:
     neg = [s for s, y in zip(scores, labels, strict=True) if not y]
     wins = sum((p > n) + 0.5 * (p == n) for p, n in itertools.product(pos, neg))
     return wins / (len(pos) * len(neg))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        # of two lengths, numpy broadcast them: one label stood for every verdict
+        (lambda: precision_recall_f1([True, False], [1]), r"shapes \(2,\) and \(1,\)"),
+        (lambda: roc_auc([0.1, 0.2, 0.3], [0, 1]), r"shapes \(3,\) and \(2,\)"),
+        (lambda: detection_metrics([0.1, 0.2], [[0, 1]], 0.5), r"shapes \(2,\) and \(1, 2\)"),
+        # a label of 2 was counted as anomalous
+        (
+            lambda: roc_auc([0.1, 0.2], [0, 2]),
+            r"^labels must be 0 \(normal\) or 1 .*labels\[1\] = 2$",
+        ),
+        # a NaN score sorted anywhere: AUC 1.0, a NaN threshold on the curves
+        (lambda: roc_auc([0.1, float("nan")], [0, 1]), r"^scores\[1\] is NaN"),
+        (lambda: roc_curve([float("nan"), 0.1], [0, 1]), r"^scores\[0\] is NaN"),
+        (lambda: precision_recall_curve([0.1, float("nan")], [0, 1]), r"^scores\[1\] is NaN"),
+        # no session at all was an IndexError from inside the cumulative counts
+        (lambda: roc_curve([], []), "needs both normal and anomalous sessions"),
+        (lambda: precision_recall_curve([], []), "needs anomalous sessions"),
+    ],
+)
+def test_hostile_scores_and_labels_are_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_infinite_scores_still_rank():
+    # +inf is a score (a probability of zero); only NaN has no place in the order
+    assert roc_auc([0.1, float("inf")], [0, 1]) == 1.0
+    assert precision_recall_f1(np.array([], dtype=bool), np.array([], dtype=int))["tp"] == 0

@@ -3,14 +3,18 @@ stepped through its cells) and the embedding dropout to the word embeddings."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from rnnkit import LSTM
+from rnnkit.errors import ConfigError
 from rnnkit.layers.regularization import DropoutEmbedding
 from rnnkit.models import ModelSpec, build_language_model
-from rnnkit.models.builders import build_encoder
+from rnnkit.models.builders import build_encoder, build_lm
 from rnnkit.models.classifier import build_classifier
+from rnnkit.models.decoder_only import build_decoder_only
 from rnnkit.models.seq2seq import build_seq2seq
 from rnnkit.models.tagger import build_tagger
 
@@ -95,3 +99,20 @@ def test_a_conditional_lm_without_labels_names_the_arguments():
 
     with pytest.raises(ValueError, match=r"^condition='init' needs num_labels ≥ 1, got None$"):
         build_lm(ModelSpec(hidden=4, embedding=4, condition="init"), 10)
+
+
+@pytest.mark.parametrize("size", [0, -1, 2.5, True])
+def test_a_vocabulary_size_below_one_is_named_by_each_builder(size):
+    # 0 built an embedding of no row in silence; -1 was torch's "negative dimension"
+    spec = ModelSpec(hidden=8, embedding=4)
+    message = r"must be an integer ≥ 1 \(the vocabulary's size\), got " + re.escape(repr(size))
+    with pytest.raises(ConfigError, match="^vocab_size " + message):
+        build_language_model(spec, size)
+    with pytest.raises(ConfigError, match="^vocab_size " + message):
+        build_classifier(spec, size, 3)
+    with pytest.raises(ConfigError, match="^vocab_size " + message):
+        build_lm(ModelSpec(hidden=8, wiring="jordan"), size)
+    with pytest.raises(ConfigError, match="^target_vocab_size " + message):
+        build_seq2seq(spec, 5, size)
+    with pytest.raises(ConfigError, match="^source_vocab_size " + message):
+        build_decoder_only(spec, size, 5)

@@ -736,3 +736,15 @@ def test_token_ids_outside_the_vocabulary_are_named(ids, error, message):
     with pytest.raises(error, match=r"^inputs must"):
         lm.loss(ids, torch.zeros_like(ids, dtype=torch.long))
     assert lm(torch.tensor([[0, 8]])).logits.shape == (1, 2, 9)
+
+
+def test_lengths_without_a_length_mechanism_is_refused_not_ignored():
+    # lengths=(B,) reads like padding; it was ignored and the padded steps read as
+    # tokens, so the result differed from the masked one without a word
+    torch.manual_seed(0)
+    lm = build_language_model(ModelSpec(cell="gru", hidden=8, embedding=4), 11)
+    ids = torch.randint(0, 11, (2, 5))
+    with pytest.raises(ValueError, match=r"^lengths is read by a model with a length mechanism"):
+        lm(ids, lengths=torch.tensor([5, 3]))
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    assert lm(ids, mask=mask).logits.shape == (2, 5, 11)

@@ -323,8 +323,12 @@ class Vocabulary:
         """
         itos = self.itos
         size = len(itos)
+        array = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids)
+        if array.size and array.dtype.kind not in "iu":
+            # int() took 1.5 as id 1 (<unk>, dropped: ''), "ab" failed inside int()
+            raise DataError(f"token ids must be integers, got dtype {array.dtype}")
         tokens = []
-        for raw in np.asarray(ids).reshape(-1).tolist():
+        for raw in array.reshape(-1).tolist():
             i = int(raw)
             if not 0 <= i < size:
                 raise DataError(f"token id {i} out of range for a vocabulary of {size}")

@@ -139,8 +139,16 @@ class RNN(_CellStack):
         )
 
 
+def _check_flag(layer_norm: object) -> None:
+    """``layer_norm`` must be a bool: ``"no"`` or ``"false"`` is truthy, and built the
+    layer-normalised cells in silence."""
+    if not isinstance(layer_norm, bool):
+        raise ConfigError(f"layer_norm must be True or False, got {layer_norm!r}")
+
+
 def _lstm_cell(input_size: int, hidden_size: int, layer_norm: bool = False, **options) -> CellBase:
     """An ``LSTMCell``, or with ``layer_norm=True`` a ``LayerNormLSTMCell``."""
+    _check_flag(layer_norm)
     if not layer_norm:
         return LSTMCell(input_size, hidden_size, **options)
     if "forget_bias" in options:
@@ -165,6 +173,7 @@ def _gru_cell(
     input_size: int, hidden_size: int, layer_norm: bool = False, reset: str = "before", **options
 ) -> CellBase:
     """A ``GRUCell``, or with ``layer_norm=True`` a ``LayerNormGRUCell`` (reset after)."""
+    _check_flag(layer_norm)
     if not layer_norm:
         return GRUCell(input_size, hidden_size, reset=reset, **options)
     if reset != "after":

@@ -19,6 +19,30 @@ __all__ = [
 ]
 
 
+def _checked(
+    scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray, what: str = "scores"
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(scores as float64, labels as bool)``, both ``(n,)`` of one length, or a
+    ``ValueError`` naming what is wrong. Lists of two lengths were broadcast (verdicts
+    counted twice), a label of 2 counted as anomalous, a NaN score sorted anywhere."""
+    s = np.asarray(scores, dtype=np.float64)
+    raw = np.asarray(labels)
+    if s.ndim != 1 or raw.ndim != 1 or s.shape != raw.shape:
+        raise ValueError(
+            f"{what} and labels must be (n,) arrays of one length, got shapes "
+            f"{s.shape} and {raw.shape}"
+        )
+    if raw.size and not np.isin(raw, (0, 1)).all():
+        bad = int(np.flatnonzero(~np.isin(raw, (0, 1)))[0])
+        raise ValueError(
+            f"labels must be 0 (normal) or 1 (anomalous), got labels[{bad}] = {raw[bad].item()!r}"
+        )
+    if what == "scores" and np.isnan(s).any():
+        bad = int(np.flatnonzero(np.isnan(s))[0])
+        raise ValueError(f"scores[{bad}] is NaN: a NaN score has no rank")
+    return s, raw.astype(bool)
+
+
 def roc_auc(scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray) -> float:
     """Area under the ROC curve: the probability that a random anomalous session scores
     above a random normal one, ties counting one half (Mann–Whitney U over mid-ranks).
@@ -32,8 +56,7 @@ def roc_auc(scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.nda
     >>> roc_auc([1, 1, 1], [0, 1, 1])
     0.5
     """
-    s = np.asarray(scores, dtype=np.float64)
-    y = np.asarray(labels).astype(bool)
+    s, y = _checked(scores, labels)
     n_pos, n_neg = int(y.sum()), int((~y).sum())
     if n_pos == 0 or n_neg == 0:
         raise ValueError("ROC-AUC needs both normal and anomalous sessions")
@@ -54,10 +77,10 @@ def _cumulative_counts(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
     """``(thresholds, tp, fp, n_pos, n_neg)``: for each distinct score ``t``, highest first,
     the true and false positives when every session scoring ``≥ t`` is flagged."""
-    s = np.asarray(scores, dtype=np.float64)
-    y = np.asarray(labels).astype(bool)
-    if s.shape != y.shape or s.ndim != 1:
-        raise ValueError("scores and labels must be (n,) arrays of one length")
+    s, y = _checked(scores, labels)
+    if not s.size:  # no point: the callers name what a curve needs
+        none = np.zeros(0, dtype=np.int64)
+        return s, none, none, 0, 0
     order = np.argsort(-s, kind="mergesort")
     s, y = s[order], y[order]
     last = np.r_[s[1:] != s[:-1], True]  # the last of each run of equal scores
@@ -109,8 +132,8 @@ def precision_recall_f1(
     >>> precision_recall_f1([True, True, False, False], [1, 0, 1, 0])
     {'precision': 0.5, 'recall': 0.5, 'f1': 0.5, 'fpr': 0.5, 'tp': 1, 'fp': 1, 'fn': 1, 'tn': 1}
     """
-    p = np.asarray(predicted).astype(bool)
-    y = np.asarray(labels).astype(bool)
+    verdicts, y = _checked(np.asarray(predicted, dtype=bool), labels, what="predicted")
+    p = verdicts.astype(bool)
     tp, fp = int(np.sum(p & y)), int(np.sum(p & ~y))
     fn, tn = int(np.sum(~p & y)), int(np.sum(~p & ~y))
     precision = tp / (tp + fp) if tp + fp else 0.0
@@ -138,8 +161,7 @@ def detection_metrics(
     >>> m["auc"], m["precision"], m["recall"]
     (0.75, 0.5, 0.5)
     """
-    s = np.asarray(scores, dtype=np.float64)
-    y = np.asarray(labels).astype(bool)
+    s, y = _checked(scores, labels)
     out: dict[str, float | int] = {}
     if y.any() and not y.all():
         out["auc"] = roc_auc(s, y)

@@ -13,6 +13,7 @@ from rnnkit.models.builders import (
     build_language_model,
     build_length,
     build_lm,
+    check_vocab_size,
 )
 from rnnkit.models.classifier import (
     Classifier,
@@ -125,6 +126,7 @@ __all__ = [
     "build_vector_classifier",
     "check_stepped_decoder",
     "check_token_ids",
+    "check_vocab_size",
     "class_conditional_lm",
     "count_table_size",
     "decode_batch",

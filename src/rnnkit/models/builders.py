@@ -3,10 +3,12 @@ their parts)."""
 
 from __future__ import annotations
 
+import numbers
 from typing import TypedDict
 
 from torch import nn
 
+from rnnkit.errors import ConfigError
 from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
 from rnnkit.layers.linear import Linear
 from rnnkit.layers.regularization import DropoutEmbedding
@@ -24,6 +26,7 @@ __all__ = [
     "build_language_model",
     "build_length",
     "build_lm",
+    "check_vocab_size",
 ]
 
 
@@ -82,8 +85,20 @@ def build_encoder(
     )
 
 
-def build_embedding(spec: ModelSpec, num_embeddings: int, width: int) -> nn.Embedding:
-    """The word embedding, with the spec's ``embedding_dropout``."""
+def check_vocab_size(value: object, name: str = "vocab_size") -> None:
+    """A ``ConfigError`` naming ``name`` unless ``value`` is an integer ≥ 1 (torch's
+    embedding built 0 rows in silence, and -1 was "Trying to create tensor with negative
+    dimension")."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
+        raise ConfigError(f"{name} must be an integer ≥ 1 (the vocabulary's size), got {value!r}")
+
+
+def build_embedding(
+    spec: ModelSpec, num_embeddings: int, width: int, name: str = "vocab_size"
+) -> nn.Embedding:
+    """The word embedding, with the spec's ``embedding_dropout``; ``name``: the builder's
+    argument that ``num_embeddings`` is, for the message of a size below 1."""
+    check_vocab_size(num_embeddings, name)
     return DropoutEmbedding(num_embeddings, width, dropout=spec.embedding_dropout)
 
 
@@ -128,6 +143,7 @@ def build_lm(
     >>> type(build_lm(spec, 10)).__name__
     'JordanLM'
     """
+    check_vocab_size(vocab_size)
     if spec.wiring == "jordan":
         return JordanLM(
             nn.Embedding(vocab_size, spec.hidden),

@@ -27,7 +27,7 @@ from rnnkit.generation.search import GenerationResult, generate_batch
 from rnnkit.generation.seq2seq_search import decode_batch
 from rnnkit.layers.linear import Linear
 from rnnkit.metrics.losses import training_loss
-from rnnkit.models.builders import build_embedding, build_encoder
+from rnnkit.models.builders import build_embedding, build_encoder, check_vocab_size
 from rnnkit.models.language_model import LanguageModel, LossOutput
 from rnnkit.models.spec import ModelSpec
 from rnnkit.types import State
@@ -239,6 +239,8 @@ def build_decoder_only(
     >>> m.vocab_size, m.lm.vocab_size
     (7, 13)
     """
+    check_vocab_size(source_vocab_size, "source_vocab_size")
+    check_vocab_size(target_vocab_size, "target_vocab_size")
     embedding = build_embedding(spec, source_vocab_size + target_vocab_size, spec.embedding)
     encoder = build_encoder(spec, spec.embedding, bidirectional=False)
     head: nn.Module = (

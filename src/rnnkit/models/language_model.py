@@ -251,6 +251,13 @@ class LanguageModel(nn.Module):
     ) -> tuple[Tensor, State]:
         """Top states ``(B, T, H)`` (what the head reads) and the final state."""
         inputs = check_token_ids(inputs, getattr(self.embedding, "num_embeddings", None))
+        if lengths is not None and self.length is None:
+            # read only by a length mechanism: taken for padding, it was ignored in silence
+            # and the padded steps were read as tokens
+            raise ValueError(
+                "lengths is read by a model with a length mechanism only (this one has none); "
+                "mark padding with mask (B, T)"
+            )
         return self._features(inputs, mask, state, starts, window, lengths)
 
     def _features(

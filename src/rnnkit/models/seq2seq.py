@@ -53,7 +53,7 @@ from rnnkit.layers.attention import Attention
 from rnnkit.layers.linear import Linear
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.metrics.losses import training_loss
-from rnnkit.models.builders import build_embedding, build_encoder, build_length
+from rnnkit.models.builders import build_embedding, build_encoder, build_length, check_vocab_size
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.language_model import LossOutput, check_token_ids
 from rnnkit.models.length import SequenceLength, length_targets
@@ -561,7 +561,8 @@ def build_seq2seq(spec: ModelSpec, source_vocab_size: int, target_vocab_size: in
     (12, 12)
     """
     E, H = spec.embedding, spec.hidden
-    source_embedding = build_embedding(spec, source_vocab_size, E)
+    source_embedding = build_embedding(spec, source_vocab_size, E, "source_vocab_size")
+    check_vocab_size(target_vocab_size, "target_vocab_size")
     target_embedding = nn.Embedding(target_vocab_size, E)
     encoder = build_encoder(spec, E)
     memory = encoder.num_directions * H

@@ -226,3 +226,76 @@ def test_events_score_is_named_as_given_in_python_and_on_the_command_line(tmp_pa
     assert main([*argv, "--score", "norm"]) == 2
     err = capsys.readouterr().err
     assert "--score norm needs calibration.safetensors" in err and "score=" not in err
+
+
+def test_inputs_that_are_not_texts_are_named_by_position(tmp_path):
+    # None, a number, a token None: each was a TypeError from inside the vocabulary or
+    # the tokenizer ("object of type 'int' has no len()", "expected string or bytes-like")
+    write_labelled(majority_letter_examples(24, seed=0), tmp_path / "train.tsv")
+    clf = rnnkit.load(_train(tmp_path / "cls", "classify", tmp_path / "train.tsv", "--steps", "2"))
+    with pytest.raises(ConfigError, match=r"^predict\(\) takes a list of inputs, got NoneType$"):
+        clf.predict(None)
+    with pytest.raises(ConfigError, match=r"^input 1 is int, expected a string$"):
+        clf.predict(["abc", 5])
+    write_pairs(tmp_path / "pairs.tsv", generate_pairs("reverse", 24, seed=0, max_len=4))
+    s2s = rnnkit.load(_train(tmp_path / "s2s", "seq2seq", tmp_path / "pairs.tsv", "--steps", "2"))
+    with pytest.raises(ConfigError, match=r"^source 0 is NoneType, expected a string$"):
+        s2s.predict([None])
+    # as rnnkit predict bounds --max-len: a larger limit decoded without an end
+    with pytest.raises(
+        ConfigError, match=r"^max_length must be at most 1,000,000, got 1,000,000,000,000$"
+    ):
+        s2s.predict(["a b"], max_length=10**12)
+    source = stdlib_files(["json"])[1].read_text(encoding="utf-8")
+    write_token_tags(python_token_sentences(source, max_tokens=12)[:24], tmp_path / "tag.tsv")
+    tagger = rnnkit.load(_train(tmp_path / "tag", "tag", tmp_path / "tag.tsv", "--steps", "2"))
+    with pytest.raises(ConfigError, match=r"^sentence 0 is int: give a list of tokens"):
+        tagger.predict([5])
+    with pytest.raises(ConfigError, match=r"^sentence 1: token 1 is NoneType, expected a string$"):
+        tagger.predict([["a"], ["a", None]])
+    with pytest.raises(ConfigError, match=r"^sentence 0: token 0 is an empty string$"):
+        tagger.predict([["", "b"]])  # was tagged as if it were a word
+
+
+def test_events_sessions_follow_the_files_rules(tmp_path):
+    # None, a number or "" among the events was scored as the unknown symbol, and an
+    # empty session got a verdict: answers about events that were never given
+    write_sessions(tmp_path / "train.jsonl", generate_sessions(24, seed=1))
+    detector = rnnkit.load(
+        _train(tmp_path / "ev", "events", tmp_path / "train.jsonl", "--steps", "2")
+    )
+    session = generate_sessions(1, seed=3)[0].events
+    assert len(detector.predict([session])) == 1
+    with pytest.raises(
+        ConfigError, match=r"^session 0: events\[1\] is NoneType, expected a string$"
+    ):
+        detector.predict([[session[0], None]])
+    with pytest.raises(ConfigError, match=r"^session 1: events\[0\] is an empty string$"):
+        detector.predict([session, [""]])
+    with pytest.raises(rnnkit.errors.DataError, match=r"^session 0 has no events$"):
+        detector.predict([[]])
+    with pytest.raises(ConfigError, match=r"^session 0 is int: give a list of event names$"):
+        detector.predict([7])
+
+
+def test_generate_bounds_num_and_max_length_as_the_command_does(tmp_path):
+    (tmp_path / "train.txt").write_text("the cat sat on the mat.\n" * 20, encoding="utf-8")
+    run = rnnkit.load(_train(tmp_path / "run", "lm", tmp_path / "train.txt", "--steps", "2"))
+    with pytest.raises(ConfigError, match=r"^num must be an integer ≥ 1, got None$"):
+        run.generate("the", num=None)  # was "'<' not supported between ..."
+    with pytest.raises(ConfigError, match=r"^num must be at most 10,000, got 1,000,000,000,000$"):
+        run.generate("the", num=10**12, max_length=2)  # was the allocator's RuntimeError
+    with pytest.raises(ConfigError, match=r"^max_length must be at most 1,000,000, got"):
+        run.generate("the", max_length=10**7)
+    with pytest.raises(ConfigError, match=r"^max_length must be an integer ≥ 1, got 2.5$"):
+        run.generate("the", max_length=2.5)
+    assert len(run.generate("the", num=2, max_length=2, seed=0)) == 2
+
+
+@pytest.mark.parametrize("run_dir", [None, 5])
+def test_load_names_a_run_dir_that_is_no_path(run_dir):
+    # pathlib's "expected str, bytes or os.PathLike object" named no argument
+    with pytest.raises(
+        ConfigError, match=f"^run_dir must be a path, got {type(run_dir).__name__}$"
+    ):
+        rnnkit.load(run_dir)

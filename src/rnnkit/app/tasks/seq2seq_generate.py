@@ -13,7 +13,7 @@ from rnnkit.app.tasks.seq2seq_data import load_seq2seq
 from rnnkit.app.tasks.seq2seq_decode import decode_ids, render_output
 from rnnkit.data.pairs import make_pair_batch
 from rnnkit.errors import ConfigError, DataError
-from rnnkit.generation.options import MAX_BEAM
+from rnnkit.generation.options import MAX_BEAM, MAX_GENERATE_TOKENS
 
 __all__ = ["generate_outputs", "transduce"]
 
@@ -42,6 +42,8 @@ def search_options(
         isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
     ):
         raise ConfigError(f"max_length must be an integer ≥ 1 or None, got {max_length!r}")
+    if max_length is not None and max_length > MAX_GENERATE_TOKENS:  # as --max-len
+        raise ConfigError(f"max_length must be at most {MAX_GENERATE_TOKENS:,}, got {max_length:,}")
     return (
         default_beam if beam is None else beam,
         default_max if max_length is None else max_length,

@@ -14,8 +14,10 @@ with the operation each task is for:
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -32,6 +34,7 @@ from rnnkit.data.labelled import LabelSet
 from rnnkit.data.tagged import TaggedSentence
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.errors import ConfigError, DataError
+from rnnkit.generation.options import MAX_GENERATE_OUTPUTS, MAX_GENERATE_TOKENS
 
 if TYPE_CHECKING:  # the kinds of model (and vocabulary) each task's loader builds
     from rnnkit.models.classifier import Classifier
@@ -123,7 +126,12 @@ class TrainedRun:
             raise ConfigError(
                 f"predict() of a {self.task} run takes no {unknown} (it takes {takes})"
             )
-        inputs = list(inputs)
+        try:
+            inputs = list(inputs)
+        except TypeError:  # None, a number: "'NoneType' object is not iterable" said no more
+            raise ConfigError(
+                f"predict() takes a list of inputs, got {type(inputs).__name__}"
+            ) from None
         if not inputs:  # nothing to batch: no answers, as for every task
             return []
         self.model.eval()
@@ -132,6 +140,7 @@ class TrainedRun:
     def _predict_classify(self, texts: list[str], batch_size: int) -> list[str]:
         assert self.labels is not None
         model = cast("Classifier", self.model)  # load() gives each task its own model kind
+        _check_texts(texts, "input")
         ids = []
         for i, text in enumerate(texts):
             x = self.vocab.encode_array(text, dtype=np.int64)[: self.config.max_len]
@@ -150,10 +159,7 @@ class TrainedRun:
 
         assert self.labels is not None
         model = cast("Tagger", self.model)  # load() gives each task its own model kind
-        tokenized = [s.split() if isinstance(s, str) else list(s) for s in sentences]
-        for i, tokens in enumerate(tokenized):
-            if not tokens:
-                raise DataError(f"sentence {i} has no tokens")
+        tokenized = [_tokens(s, i) for i, s in enumerate(sentences)]
         data = TagData(self.vocab, self.labels, (self.extras or {}).get("chars"))
         # No gold tags: every position gets the "unknown tag" id, which is never read.
         enc = encode_tagged([TaggedSentence(t, [""] * len(t)) for t in tokenized], data)
@@ -177,6 +183,7 @@ class TrainedRun:
         from rnnkit.app.tasks.seq2seq_generate import search_options
 
         assert self.source_vocab is not None
+        _check_texts(sources, "source")
         model = cast("Seq2Seq | DecoderOnlyTranslator", self.model)  # (as load() builds it)
         # as transduce and the predictor check them (a beam of 10**6 decoded for minutes)
         beam, limit = search_options(beam, max_length, self.config.beam, self.config.max_len)
@@ -196,13 +203,12 @@ class TrainedRun:
         # the run as load_events read it (thresholds, baseline, calibration), this model
         loaded = cast("EventsModel", (self.extras or {})["events"])
         run = replace(loaded, model=cast("LanguageModel", self.model))
-        for i, s in enumerate(sessions):
-            if isinstance(s, str):  # list(s) would read its characters as events
-                raise ConfigError(f"session {i} is a string: give a list of event names")
         given = [
-            s if isinstance(s, Session) else Session(str(i), list(s))
+            s if isinstance(s, Session) else Session(str(i), _events(s, i))
             for i, s in enumerate(sessions)
         ]
+        for i, s in enumerate(given):
+            _check_events(s.events, i)
         return list(score_sessions(run, given, batch_size=batch_size, **options))
 
     # ---- generate ------------------------------------------------------------------
@@ -240,8 +246,10 @@ class TrainedRun:
             raise ConfigError(f"seed must be an integer or None, got {seed!r}")
         if seed is not None and not -(2**63) <= seed < 2**64:  # what torch's generator takes
             raise ConfigError(f"seed must be in [-2**63, 2**64), got {seed}")
-        if num < 1 or max_length < 1:
-            raise ConfigError(f"num and max_length must be ≥ 1, got {num} and {max_length}")
+        # as rnnkit generate bounds --num and --max-len: None was a TypeError from a
+        # comparison, and num=10**12 asked the allocator for terabytes
+        _check_count("num", num, MAX_GENERATE_OUTPUTS)
+        _check_count("max_length", max_length, MAX_GENERATE_TOKENS)
         index = None
         if self.labels is not None:
             known = ", ".join(self.labels.labels)
@@ -271,6 +279,70 @@ class TrainedRun:
             raise ConfigError(str(exc)) from None
 
 
+def _check_count(name: str, value: object, most: int) -> None:
+    """A ``ConfigError`` naming ``name`` unless ``value`` is an integer in ``[1, most]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
+        raise ConfigError(f"{name} must be an integer ≥ 1, got {value!r}")
+    if int(value) > most:
+        raise ConfigError(f"{name} must be at most {most:,}, got {int(value):,}")
+
+
+def _check_texts(texts: list[Any], what: str) -> None:
+    """A ``ConfigError`` naming the first of ``texts`` that is not a string (``None`` or a
+    number failed inside the vocabulary with "object of type 'int' has no len()")."""
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ConfigError(f"{what} {i} is {type(text).__name__}, expected a string")
+
+
+def _tokens(sentence: object, i: int) -> list[str]:
+    """A tagger's sentence as its tokens: a string split on whitespace, or a list of
+    non-empty strings (the tagged files' rule: a token is never empty)."""
+    if isinstance(sentence, str):
+        tokens = sentence.split()
+    elif isinstance(sentence, Sequence):
+        tokens = list(sentence)
+    else:
+        raise ConfigError(
+            f"sentence {i} is {type(sentence).__name__}: give a list of tokens or a string"
+        )
+    if not tokens:
+        raise DataError(f"sentence {i} has no tokens")
+    for j, token in enumerate(tokens):
+        if not isinstance(token, str):
+            raise ConfigError(
+                f"sentence {i}: token {j} is {type(token).__name__}, expected a string"
+            )
+        if not token:
+            raise ConfigError(f"sentence {i}: token {j} is an empty string")
+    return tokens
+
+
+def _events(session: object, i: int) -> list[str]:
+    """A session given as its events: a list, never one string (whose characters would
+    be read as events) nor a non-sequence."""
+    if isinstance(session, str):
+        raise ConfigError(f"session {i} is a string: give a list of event names")
+    if not isinstance(session, Sequence):
+        raise ConfigError(f"session {i} is {type(session).__name__}: give a list of event names")
+    return list(session)
+
+
+def _check_events(events: list[Any], i: int) -> None:
+    """The events files' rules (``rnnkit.data.events``) for a session given in Python: at
+    least one event, each a non-empty string. ``None``, a number or ``""`` was scored as
+    the unknown symbol, a verdict on events that were never given."""
+    if not events:
+        raise DataError(f"session {i} has no events")
+    for j, event in enumerate(events):
+        if not isinstance(event, str):
+            raise ConfigError(
+                f"session {i}: events[{j}] is {type(event).__name__}, expected a string"
+            )
+        if not event:
+            raise ConfigError(f"session {i}: events[{j}] is an empty string")
+
+
 def load(run_dir: str | Path, device: str = "cpu") -> TrainedRun:
     """Load the run directory ``rnnkit train`` wrote, whatever its task.
 
@@ -281,6 +353,8 @@ def load(run_dir: str | Path, device: str = "cpu") -> TrainedRun:
     Raises:
         CheckpointError: a missing or inconsistent file, named.
     """
+    if not isinstance(run_dir, (str, PathLike)):  # pathlib's own TypeError named no argument
+        raise ConfigError(f"run_dir must be a path, got {type(run_dir).__name__}")
     run_dir = Path(run_dir)
     task = task_of_run(run_dir)
     model: nn.Module  # of the task's own kind
