@@ -449,3 +449,13 @@ def test_the_kept_cells_follow_a_replaced_layer_and_a_copy():
             own[0].weight_hh.add_(1.0)  # the copy runs its own weights
         assert not torch.equal(twin(x).outputs, after)
         torch.testing.assert_close(stack(x).outputs, after)
+
+
+@pytest.mark.parametrize("name", ["bidirectional", "batch_first"])
+@pytest.mark.parametrize("flag", ["no", 1, None])
+def test_the_switches_take_a_bool_only(name, flag):
+    # "no" is truthy: bidirectional="no" built a bidirectional stack without a word
+    from rnnkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^{name} must be True or False, got {flag!r}$"):
+        LSTM(3, 4, **{name: flag})

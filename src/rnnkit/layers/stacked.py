@@ -121,6 +121,14 @@ def _stacked(flat: list[Tensor], L: int, D: int) -> Tensor:
     return stacked.view(L, D, *stacked.shape[1:])
 
 
+def _flag(name: str, value: object) -> bool:
+    """A switch given as ``True`` or ``False``; anything else is refused, where its truth
+    would decide in silence (``bidirectional="no"`` is truthy)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def direction_widths(hidden_size: int | tuple[int, int], bidirectional: bool) -> tuple[int, ...]:
     """The width of every direction: ``hidden_size`` for each, or a pair ``(H_f, H_b)``
     (forward, backward) for a bidirectional layer whose directions differ.
@@ -237,7 +245,9 @@ class StackedRecurrent(nn.Module):
         self.weight_drop = check_probability("weight_drop", weight_drop)
         self.zoneout = check_probability("zoneout", zoneout)
         self.input_size = input_size
-        self.bidirectional = bool(bidirectional)
+        bidirectional = _flag("bidirectional", bidirectional)
+        batch_first = _flag("batch_first", batch_first)
+        self.bidirectional = bidirectional
         #: the width of each direction (forward first)
         self.hidden_sizes: tuple[int, ...] = direction_widths(hidden_size, self.bidirectional)
         #: the width of the outputs, Σ_d H_d

@@ -128,15 +128,16 @@ class _DropIn:
 
     def _config(self) -> tuple[Any, ...]:
         """What the inner stack is built from, read at each call as torch's ``forward``
-        reads it (``lstm.dropout = 0.0`` after construction counts)."""
+        reads it (``lstm.dropout = 0.0`` after construction counts; a switch by its
+        truth, as torch reads ``bidirectional="yes"``)."""
         return (
             self.mode,
             self.input_size,
             self.hidden_size,
             self.num_layers,
-            self.bidirectional,
+            bool(self.bidirectional),
             float(self.dropout),
-            self.batch_first,
+            bool(self.batch_first),
         )
 
     def _stack(self) -> tuple[StackedRecurrent, list[nn.Module]]:
