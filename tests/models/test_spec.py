@@ -8,6 +8,7 @@ does (``rnnkit.app.tasks.settings.model_spec``).
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 
 import pytest
@@ -116,6 +117,26 @@ def test_a_choice_the_builders_do_not_know_is_refused_naming_the_field(field):
     # cell="bogus" built a GRU; wiring and condition fell back to hidden and none.
     with pytest.raises(ConfigError, match=f"^ModelSpec: {field} must be one of .*, got 'bogus'$"):
         ModelSpec(**{field: "bogus"})
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        (dict(hidden=0), "hidden must be an integer ≥ 1, got 0"),
+        (dict(layers=-1), "layers must be an integer ≥ 1, got -1"),
+        (dict(embedding=2.5), "embedding must be an integer ≥ 1, got 2.5"),
+        (dict(max_len=True), "max_len must be an integer ≥ 1, got True"),
+        (dict(recompute=0), "recompute must be an integer ≥ 1 or None, got 0"),
+        (dict(dropout=1.0), "dropout must be a probability in [0, 1), got 1.0"),
+        (dict(zoneout=-0.1), "zoneout must be a probability in [0, 1), got -0.1"),
+        (dict(bidirectional="yes"), "bidirectional must be True or False, got 'yes'"),
+        (dict(layer_norm=1), "layer_norm must be True or False, got 1"),
+    ],
+)
+def test_a_size_probability_or_switch_out_of_range_is_refused_naming_the_field(fields, words):
+    # hidden=0 failed at build time naming the layer's hidden_size; "yes" was truthy
+    with pytest.raises(ConfigError, match="^ModelSpec: " + re.escape(words) + "$"):
+        ModelSpec(**fields)
 
 
 def test_the_builders_still_take_every_known_choice():

@@ -30,6 +30,7 @@ from rnnkit.cells.gru import RESETS, UPDATES
 from rnnkit.cells.rnn import NONLINEARITIES
 from rnnkit.errors import ConfigError
 from rnnkit.layers.attention import ATTENTION_KINDS
+from rnnkit.layers.regularization import check_probability
 from rnnkit.models.length import LENGTH_MODES
 from rnnkit.models.pooling import POOLINGS
 
@@ -57,6 +58,19 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "context": ("init", "input", "both"),
     "attention_wiring": ("before", "after"),
 }
+#: The sizes (integers ≥ 1), the probabilities (in [0, 1)) and the switches (bools).
+_SIZES = ("hidden", "layers", "embedding", "max_len")
+_PROBABILITIES = (
+    "dropout",
+    "input_dropout",
+    "locked_dropout",
+    "output_dropout",
+    "recurrent_dropout",
+    "weight_drop",
+    "zoneout",
+    "embedding_dropout",
+)
+_SWITCHES = ("bidirectional", "tie_weights", "char_rnn", "layer_norm")
 
 TASK_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "lm": {"layers": 2, "dropout": 0.3, "locked_dropout": 0.3, "output_dropout": 0.4},
@@ -142,6 +156,26 @@ class ModelSpec:
             if not all(isinstance(p, str) and p in allowed for p in parts):
                 raise ConfigError(
                     f"ModelSpec: {name} must be one of {', '.join(allowed)}, got {value!r}"
+                )
+        # The numbers too: hidden=0 failed at build time naming the layer's hidden_size,
+        # and bidirectional="no" (truthy) built a bidirectional model.
+        for name in _SIZES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"ModelSpec: {name} must be an integer ≥ 1, got {value!r}")
+        recompute = self.recompute
+        if recompute is not None and (
+            isinstance(recompute, bool) or not isinstance(recompute, int) or recompute < 1
+        ):
+            raise ConfigError(
+                f"ModelSpec: recompute must be an integer ≥ 1 or None, got {recompute!r}"
+            )
+        for name in _PROBABILITIES:
+            check_probability(f"ModelSpec: {name}", getattr(self, name))
+        for name in _SWITCHES:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"ModelSpec: {name} must be True or False, got {getattr(self, name)!r}"
                 )
 
     @classmethod
