@@ -97,6 +97,21 @@ def test_the_environment_skips_and_a_cut_short_run_may_resume(tmp_path, monkeypa
     verify_run(run)
 
 
+def test_a_run_whose_replacement_was_killed_says_where_the_old_run_waits(tmp_path):
+    """``train --overwrite`` moves the old run aside until the new one saved; killed in
+    between, the directory holds the new run's start and the old run aside: a reader
+    says so, and how to get it back, instead of pointing to --resume."""
+    run = tmp_path / "run"
+    (run / ".replaced-k1").mkdir(parents=True)
+    (run / ".replaced-k1" / "model.safetensors").write_bytes(b"old")
+    (run / "config.json").write_text('{"a": 1}\n')
+    with pytest.raises(CheckpointError) as info:
+        verify_run(run)
+    message = str(info.value)
+    assert "was being replaced when its process ended" in message and "\n" not in message
+    assert str(run / ".replaced-k1") in message and "--resume" not in message
+
+
 def test_writing_a_run_removes_its_manifest_until_it_is_whole(tmp_path):
     run = _run(tmp_path)
     with pytest.raises(RuntimeError), writing_run(run):

@@ -50,6 +50,9 @@ __all__ = [
 ]
 
 MANIFEST = "manifest.json"
+#: The start of the name of the directory in which a run waits while ``train
+#: --overwrite`` replaces it (``rnnkit.app.tasks.run_dir``).
+REPLACED_PREFIX = ".replaced-"
 _FORMAT = "rnnkit.manifest"
 _VERSION = 1
 #: Files and folders a run holds that the manifest leaves out (see the module doc).
@@ -242,6 +245,13 @@ def verify_run(run_dir: str | os.PathLike[str], *, missing_ok: bool = False) -> 
             return
         if missing_ok or not (root / "config.json").exists():
             return  # not a run at all: its reader names what is missing
+        aside = sorted(p.name for p in root.glob(f"{REPLACED_PREFIX}*") if p.is_dir())
+        if aside:  # a `train --overwrite` killed before its new run saved
+            raise CheckpointError(
+                f"{path}: missing: the run in {root} was being replaced when its process "
+                f"ended, and the earlier run waits in {root / aside[0]}; the next rnnkit "
+                "train with this --out puts it back (or train --overwrite again)"
+            )
         raise CheckpointError(
             f"{path}: missing, so the run's files cannot be checked (a run still training "
             f"or cut short: finish it with train --resume; or written by an older rnnkit); "

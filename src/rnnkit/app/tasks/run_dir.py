@@ -18,7 +18,7 @@ from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.run_config import load_config, resume_data
 from rnnkit.data.locks import lock as lock_file
 from rnnkit.errors import CheckpointError, ConfigError, RunFinished
-from rnnkit.training.manifest import verify_run, writing_run
+from rnnkit.training.manifest import REPLACED_PREFIX, verify_run, writing_run
 from rnnkit.training.run_files import read_summary
 
 __all__ = [
@@ -130,7 +130,7 @@ def replacing_run(
         shutil.rmtree(aside, ignore_errors=True)
 
 
-_ASIDE = ".replaced-"  # the prefix of the directory an old run waits in (replacing_run)
+_ASIDE = REPLACED_PREFIX  # the directory an old run waits in (replacing_run)
 
 
 def _settle(out: Path, aside: Path) -> None:
