@@ -97,7 +97,10 @@ def test_write_then_read_round_trips(tmp_path: Path) -> None:
             "session 'a': 'label' must be 0 or 1, got \"1\"",
         ),
         ('{"session": "a", "events": ["x"], "lable": 1}', "unknown key 'lable' (expected session"),
-        ('{"session": "a", "session": "b", "events": ["x"]}', "key 'session' appears twice"),
+        (
+            '{"session": "a", "session": "b", "events": ["x"]}',
+            "invalid JSON: key 'session' appears twice",
+        ),
     ],
 )
 def test_bad_line_is_reported_with_file_and_line(tmp_path: Path, line: str, message: str) -> None:

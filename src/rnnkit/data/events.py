@@ -102,23 +102,6 @@ class Session:
         return json.dumps(record, ensure_ascii=False)
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            # json.loads would keep the last value silently; two labels on one line is
-            # a broken writer, not something to guess about.
-            raise _DuplicateKeyError(key)
-        obj[key] = value
-    return obj
-
-
-class _DuplicateKeyError(Exception):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
 def _type_name(value: object) -> str:
     return {
         type(None): "null",
@@ -159,12 +142,9 @@ def parse_session(
     def fail(message: str) -> DataError:
         return DataError(message, path=path, line=line)
 
-    try:
-        # loads_json turns deep nesting ("[[[[...") and 5,000-digit integers into
-        # DataError naming path:line.
-        record = loads_json(text, path, line, object_pairs_hook=_no_duplicate_keys)
-    except _DuplicateKeyError as exc:
-        raise fail(f"key {exc.key!r} appears twice") from None
+    # loads_json turns deep nesting ("[[[[..."), 5,000-digit integers and a key given
+    # twice (two labels on one line: a broken writer) into DataError naming path:line.
+    record = loads_json(text, path, line)
     if not isinstance(record, dict):
         raise fail(f"expected a JSON object, got {_type_name(record)}")
     unknown = [key for key in record if key not in _KEYS]

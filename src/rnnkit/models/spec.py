@@ -30,7 +30,7 @@ from rnnkit.cells.gru import RESETS, UPDATES
 from rnnkit.cells.rnn import NONLINEARITIES
 from rnnkit.errors import ConfigError
 from rnnkit.layers.attention import ATTENTION_KINDS
-from rnnkit.layers.regularization import check_probability
+from rnnkit.layers.regularization import REGULARIZERS, check_probability
 from rnnkit.models.length import LENGTH_MODES
 from rnnkit.models.pooling import POOLINGS
 
@@ -60,16 +60,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 #: The sizes (integers ≥ 1), the probabilities (in [0, 1)) and the switches (bools).
 _SIZES = ("hidden", "layers", "embedding", "max_len")
-_PROBABILITIES = (
-    "dropout",
-    "input_dropout",
-    "locked_dropout",
-    "output_dropout",
-    "recurrent_dropout",
-    "weight_drop",
-    "zoneout",
-    "embedding_dropout",
-)
+_PROBABILITIES = ("dropout", *REGULARIZERS, "embedding_dropout")
 _SWITCHES = ("bidirectional", "tie_weights", "char_rnn", "layer_norm")
 
 TASK_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
