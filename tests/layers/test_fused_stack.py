@@ -497,3 +497,45 @@ def test_a_copied_or_reloaded_stack_steps_with_its_own_cells(quick, tmp_path):
         _equal(twin(x), _fresh_copy(twin)(x))
         _equal(loaded(x), _fresh_copy(loaded)(x))
     assert quick["n"] == 2 + 2 + 2
+
+
+@pytest.mark.parametrize("update", ["keep", "candidate"])
+def test_a_grus_step_keeps_its_converted_weights_only_while_they_hold(update):
+    """Without gradients a GRU's step keeps its weights in torch's form between steps
+    (a generator's tokens); an in-place update, a dtype move or gradients make them
+    afresh, each step equal to the cell's own step."""
+    from rnnkit.bptt import fused
+
+    torch.manual_seed(21)
+    cell = rnnkit.GRU(I, H, reset="after", update=update).double().cells()[0]
+    gen = torch.Generator().manual_seed(22)
+    x = torch.randn(B, I, dtype=torch.float64, generator=gen)
+    h = torch.randn(B, H, dtype=torch.float64, generator=gen)
+
+    def step(x, h):
+        return cell_step(cell.kernel, "gru", x, cell.weights(), (h,))[0]
+
+    def oracle(x, h):
+        with use_fused("loop"):
+            return cell(x, h)
+
+    with torch.no_grad():
+        first = step(x, h)
+        kept = fused._gru_kept[cell.weight_hh][1]
+        assert torch.equal(step(x, h), first) and fused._gru_kept[cell.weight_hh][1] is kept
+        _same([oracle(x, h)], [first])
+        cell.weight_hh.mul_(0.5)  # in place, as an optimizer's step
+        cell.bias_hn.add_(1.0)
+        _same([oracle(x, h)], [step(x, h)])
+        assert fused._gru_kept[cell.weight_hh][1] is not kept
+    cell.float()  # the same Parameters, other storage
+    with torch.no_grad():
+        _same([oracle(x.float(), h.float())], [step(x.float(), h.float())], tol=1e-6)
+    cell.double()
+    got = step(x, h)  # gradients: made afresh, autograd through the conversion
+    torch.autograd.backward(got, torch.ones_like(got))
+    grads = [p.grad.clone() for p in cell.parameters()]
+    cell.zero_grad()
+    expected = oracle(x, h)
+    torch.autograd.backward(expected, torch.ones_like(expected))
+    _same([p.grad for p in cell.parameters()], grads)

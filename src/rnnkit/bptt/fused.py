@@ -41,11 +41,12 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 from torch.autograd import forward_ad
+from torch.utils.weak import WeakIdKeyDictionary
 
 from rnnkit.bptt.mask_facts import prefix_lengths
 from rnnkit.bptt.tracing import exporting, tracing, transforming
@@ -236,16 +237,46 @@ def cell_step(
     >>> torch.allclose(h, cell(torch.ones(1, 3)).h)
     True
     """
-    w = _keep_form(kernel, weights)
     if form == "lstm":
+        w = weights
         h, c = torch.lstm_cell(x, states0, w.weight_ih, w.weight_hh, w.bias, None)
         return h, c
     if form == "gru":
-        assert w.bias_hn is not None  # a GRU with reset="after" always has it
-        b_hh = torch.cat([w.bias.new_zeros(2 * w.bias_hn.shape[0]), w.bias_hn])
-        return (torch.gru_cell(x, states0[0], w.weight_ih, w.weight_hh, w.bias, b_hh),)
+        w_ih, w_hh, b_ih, b_hh = _gru_step_parameters(kernel, weights)
+        return (torch.gru_cell(x, states0[0], w_ih, w_hh, b_ih, b_hh),)
+    w = weights
     op = torch.rnn_tanh_cell if form == "rnn_tanh" else torch.rnn_relu_cell
     return (op(x, states0[0], w.weight_ih, w.weight_hh, w.bias, None),)
+
+
+# A GRU's weights in torch's form for its single steps, by its recurrent weight: what
+# they were made from (identity, version counter, storage of each tensor) and them.
+_gru_kept: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _gru_step_parameters(kernel: Kernel, w: Weights) -> list[Tensor]:
+    """``[w_ih, w_hh, b_ih, b_hh]`` of a GRU with ``reset="after"`` in torch's form
+    (:func:`_fused_parameters` of :func:`_keep_form`). Made afresh where gradients flow
+    (autograd must see the conversion) or a graph is traced; else kept between steps
+    while the weights are the same tensors, unchanged: a generator's step would
+    otherwise make them again at every token (the z rows negated for
+    ``update="candidate"``, the recurrent bias assembled: on a GPU some seven kernels a
+    cell and step)."""
+    parts = (w.weight_ih, w.weight_hh, w.bias, w.bias_hn)
+    # (an inference-mode tensor has no version counter: nothing to key on)
+    if (
+        torch.is_grad_enabled()
+        or tracing()
+        or any(t.is_inference() for t in parts if t is not None)
+    ):
+        return _fused_parameters("gru", _keep_form(kernel, w))
+    key = tuple(None if t is None else (id(t), t._version, t.data_ptr()) for t in parts)
+    kept = _gru_kept.get(w.weight_hh)
+    if kept is not None and kept[0] == key:
+        return cast("list[Tensor]", kept[1])
+    params = _fused_parameters("gru", _keep_form(kernel, w))
+    _gru_kept[w.weight_hh] = (key, params)
+    return params
 
 
 def traced_fused_form(
