@@ -176,7 +176,9 @@ _probabilities = operator.attrgetter(*REGULARIZERS)
 
 def regularizing(stack: StackedRecurrent) -> bool:
     """Whether any of ``stack``'s regularizers is set (a probability above 0)."""
-    return any(_probabilities(stack))
+    if torch.compiler.is_compiling():  # dynamo cannot trace an attrgetter's call
+        return any(getattr(stack, name) for name in REGULARIZERS)
+    return any(_probabilities(stack))  # one C call where it runs at every step
 
 
 def draw_stack_masks(stack: StackedRecurrent, B: int, T: int, like: Tensor) -> StackMasks | None:
