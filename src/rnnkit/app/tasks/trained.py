@@ -308,13 +308,7 @@ def _tokens(sentence: object, i: int) -> list[str]:
         )
     if not tokens:
         raise DataError(f"sentence {i} has no tokens")
-    for j, token in enumerate(tokens):
-        if not isinstance(token, str):
-            raise ConfigError(
-                f"sentence {i}: token {j} is {type(token).__name__}, expected a string"
-            )
-        if not token:
-            raise ConfigError(f"sentence {i}: token {j} is an empty string")
+    _check_names(tokens, f"sentence {i}", "token {}")
     return tokens
 
 
@@ -334,13 +328,18 @@ def _check_events(events: list[Any], i: int) -> None:
     the unknown symbol, a verdict on events that were never given."""
     if not events:
         raise DataError(f"session {i} has no events")
-    for j, event in enumerate(events):
-        if not isinstance(event, str):
-            raise ConfigError(
-                f"session {i}: events[{j}] is {type(event).__name__}, expected a string"
-            )
-        if not event:
-            raise ConfigError(f"session {i}: events[{j}] is an empty string")
+    _check_names(events, f"session {i}", "events[{}]")
+
+
+def _check_names(names: list[Any], where: str, name: str) -> None:
+    """Each of ``names`` a non-empty string, else a ``ConfigError`` naming ``where`` and
+    the item (``name`` formatted with its index)."""
+    for j, item in enumerate(names):
+        if not isinstance(item, str):
+            found = type(item).__name__
+            raise ConfigError(f"{where}: {name.format(j)} is {found}, expected a string")
+        if not item:
+            raise ConfigError(f"{where}: {name.format(j)} is an empty string")
 
 
 def load(run_dir: str | Path, device: str = "cpu") -> TrainedRun:
