@@ -528,6 +528,10 @@ def test_a_grus_step_keeps_its_converted_weights_only_while_they_hold(update):
         cell.bias_hn.add_(1.0)
         _same([oracle(x, h)], [step(x, h)])
         assert fused._gru_kept[cell.weight_hh][1] is not kept
+        other = "keep" if update == "candidate" else "candidate"
+        cell.update = other  # the convention, a plain attribute: the z rows' sign
+        _same([oracle(x, h)], [step(x, h)])
+        cell.update = update
     cell.float()  # the same Parameters, other storage
     with torch.no_grad():
         _same([oracle(x.float(), h.float())], [step(x.float(), h.float())], tol=1e-6)

@@ -258,10 +258,10 @@ def _gru_step_parameters(kernel: Kernel, w: Weights) -> list[Tensor]:
     """``[w_ih, w_hh, b_ih, b_hh]`` of a GRU with ``reset="after"`` in torch's form
     (:func:`_fused_parameters` of :func:`_keep_form`). Made afresh where gradients flow
     (autograd must see the conversion) or a graph is traced; else kept between steps
-    while the weights are the same tensors, unchanged: a generator's step would
-    otherwise make them again at every token (the z rows negated for
-    ``update="candidate"``, the recurrent bias assembled: on a GPU some seven kernels a
-    cell and step)."""
+    while the weights are the same tensors, unchanged, under the same update convention:
+    a generator's step would otherwise make them again at every token (the z rows
+    negated for ``update="candidate"``, the recurrent bias assembled: on a GPU some seven
+    kernels a cell and step)."""
     parts = (w.weight_ih, w.weight_hh, w.bias, w.bias_hn)
     # (an inference-mode tensor has no version counter: nothing to key on)
     if (
@@ -270,7 +270,9 @@ def _gru_step_parameters(kernel: Kernel, w: Weights) -> list[Tensor]:
         or any(t.is_inference() for t in parts if t is not None)
     ):
         return _fused_parameters("gru", _keep_form(kernel, w))
-    key = tuple(None if t is None else (id(t), t._version, t.data_ptr()) for t in parts)
+    # (a cell's `update` is a plain attribute, and it decides the z rows' sign)
+    update = kernel.update if isinstance(kernel, GRUKernel) else None
+    key = (update, *(None if t is None else (id(t), t._version, t.data_ptr()) for t in parts))
     kept = _gru_kept.get(w.weight_hh)
     if kept is not None and kept[0] == key:
         return cast("list[Tensor]", kept[1])
