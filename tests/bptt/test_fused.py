@@ -185,6 +185,63 @@ def test_inference_runs_fused_and_equals_the_loop(calls):
     torch.testing.assert_close(got.state, expected.state, atol=1e-12, rtol=0.0)
 
 
+@pytest.mark.parametrize("update", ["keep", "candidate"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["one-way", "bidirectional"])
+@pytest.mark.parametrize("lengths", [None, [1, T, 0, 3, 2]], ids=["no-mask", "lengths"])
+def test_a_grus_fused_calls_keep_its_converted_weights_while_they_hold(
+    update, bidirectional, lengths, calls
+):
+    """Without gradients a GRU's weights in torch's form are made once and kept between
+    calls (an evaluation's batches); an in-place update makes them afresh. Every call
+    equals the library's loop."""
+    kw = {"update": update, "reset": "after"}
+    layer = _layer(rnnkit.GRU, kw, torch.float64, bidirectional=bidirectional).eval()
+    cells = layer.cells()
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(B, T, I, dtype=torch.float64, generator=gen)
+    lens = None if lengths is None else torch.tensor(lengths)
+
+    def check():
+        with use_fused("loop"):
+            expected = layer(x, lengths=lens)
+        with use_fused("fused"):
+            got = layer(x, lengths=lens)
+        torch.testing.assert_close(got.outputs, expected.outputs, atol=1e-12, rtol=0.0)
+        torch.testing.assert_close(got.state, expected.state, atol=1e-12, rtol=0.0)
+        return [fused._gru_kept[c.weight_hh][1] for c in cells]
+
+    with torch.no_grad():
+        kept = check()
+        again = check()
+        assert all(a is k for a, k in zip(again, kept, strict=True))
+        cells[-1].weight_hh.mul_(0.5)  # in place, as an optimizer's step
+        after = check()
+        assert after[-1] is not kept[-1]
+        assert all(a is k for a, k in zip(after[:-1], kept[:-1], strict=True))
+    assert calls["n"] == 3
+
+
+@pytest.mark.parametrize("update", ["keep", "candidate"])
+def test_a_grus_kept_weights_do_not_outlive_it(update):
+    """The weights kept in torch's form are keyed weakly on the cell's recurrent weight,
+    and hold no reference to it (in the ``keep`` convention torch's form IS the cell's
+    own weights): a model deleted after evaluating or generating is freed."""
+    import gc
+    import weakref
+
+    layer = _layer(rnnkit.GRU, {"update": update, "reset": "after"}, torch.float64).eval()
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    with torch.no_grad(), use_fused("fused"):
+        layer(x)
+        layer(x[:, :1])  # a single step too
+    cell = layer.cells()[0]
+    assert cell.weight_hh in fused._gru_kept
+    gone = weakref.ref(cell.weight_hh)
+    del layer, cell
+    gc.collect()
+    assert gone() is None
+
+
 def test_auto_keeps_cpu_tensors_on_the_library_loop(calls):
     layer = _layer(rnnkit.LSTM, {}, torch.float32)
     with use_fused("auto"):

@@ -41,7 +41,7 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -242,26 +242,28 @@ def cell_step(
         h, c = torch.lstm_cell(x, states0, w.weight_ih, w.weight_hh, w.bias, None)
         return h, c
     if form == "gru":
-        w_ih, w_hh, b_ih, b_hh = _gru_step_parameters(kernel, weights)
+        w_ih, w_hh, b_ih, b_hh = _gru_parameters(kernel, weights)
         return (torch.gru_cell(x, states0[0], w_ih, w_hh, b_ih, b_hh),)
     w = weights
     op = torch.rnn_tanh_cell if form == "rnn_tanh" else torch.rnn_relu_cell
     return (op(x, states0[0], w.weight_ih, w.weight_hh, w.bias, None),)
 
 
-# A GRU's weights in torch's form for its single steps, by its recurrent weight: what
-# they were made from (identity, version counter, storage of each tensor) and them.
+# A GRU's weights in torch's form for its steps and fused calls, by its recurrent weight:
+# what they were made from (identity, version counter, storage of each tensor) and those
+# of them that are new tensors (None where one is the cell's own weight: a value must not
+# hold its key, or the dictionary would keep the cell's weights alive after the cell).
 _gru_kept: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-def _gru_step_parameters(kernel: Kernel, w: Weights) -> list[Tensor]:
+def _gru_parameters(kernel: Kernel, w: Weights) -> list[Tensor]:
     """``[w_ih, w_hh, b_ih, b_hh]`` of a GRU with ``reset="after"`` in torch's form
     (:func:`_fused_parameters` of :func:`_keep_form`). Made afresh where gradients flow
-    (autograd must see the conversion) or a graph is traced; else kept between steps
+    (autograd must see the conversion) or a graph is traced; else kept between calls
     while the weights are the same tensors, unchanged, under the same update convention:
-    a generator's step would otherwise make them again at every token (the z rows
-    negated for ``update="candidate"``, the recurrent bias assembled: on a GPU some seven
-    kernels a cell and step)."""
+    a generator's step would otherwise make them again at every token, and an evaluation
+    at every batch (the z rows negated for ``update="candidate"``, the recurrent bias
+    assembled: on a GPU some seven kernels a cell)."""
     parts = (w.weight_ih, w.weight_hh, w.bias, w.bias_hn)
     # (an inference-mode tensor has no version counter: nothing to key on)
     if (
@@ -273,12 +275,14 @@ def _gru_step_parameters(kernel: Kernel, w: Weights) -> list[Tensor]:
     # (a cell's `update` is a plain attribute, and it decides the z rows' sign)
     update = kernel.update if isinstance(kernel, GRUKernel) else None
     key = (update, *(None if t is None else (id(t), t._version, t.data_ptr()) for t in parts))
+    own = (w.weight_ih, w.weight_hh, w.bias)  # torch's w_ih, w_hh, b_ih in "keep"
     kept = _gru_kept.get(w.weight_hh)
-    if kept is not None and kept[0] == key:
-        return cast("list[Tensor]", kept[1])
-    params = _fused_parameters("gru", _keep_form(kernel, w))
-    _gru_kept[w.weight_hh] = (key, params)
-    return params
+    if kept is None or kept[0] != key:
+        params = _fused_parameters("gru", _keep_form(kernel, w))
+        made = [None if i < len(own) and p is own[i] else p for i, p in enumerate(params)]
+        kept = (key, made)
+        _gru_kept[w.weight_hh] = kept
+    return [own[i] if p is None else p for i, p in enumerate(kept[1])]
 
 
 def traced_fused_form(
@@ -402,13 +406,16 @@ def run_fused_stack(
     D = 2 if bidirectional else 1
     L = len(kernels) // D
     # made once for the stack's cells, all of one width: two kernels fewer a cell on a GPU
-    zero = torch.zeros_like(weights[0].bias)
-    sign = _z_sign(zero) if form == "gru" else None
-    params = [
-        p
-        for kernel, w in zip(kernels, weights, strict=True)
-        for p in _fused_parameters(form, _keep_form(kernel, w, sign), zero)
-    ]
+    if form == "gru" and not torch.is_grad_enabled():  # kept between calls
+        params = [p for k, w in zip(kernels, weights, strict=True) for p in _gru_parameters(k, w)]
+    else:
+        zero = torch.zeros_like(weights[0].bias)
+        sign = _z_sign(zero) if form == "gru" else None
+        params = [
+            p
+            for kernel, w in zip(kernels, weights, strict=True)
+            for p in _fused_parameters(form, _keep_form(kernel, w, sign), zero)
+        ]
     train = torch.is_grad_enabled()
     if lengths is None:
         out, *ends = _call(form, x, hx, params, None, train, L, bidirectional)
@@ -459,7 +466,10 @@ def run_fused(
     CPU) to float16/bfloat16, so that the state's rounding compounded over the steps and
     the outputs came back in the low precision."""
     T, B = x.shape[0], x.shape[1]
-    params = _fused_parameters(form, _keep_form(kernel, weights))
+    if form == "gru":
+        params = _gru_parameters(kernel, weights)
+    else:
+        params = _fused_parameters(form, _keep_form(kernel, weights))
     if T == 0:  # PyTorch's kernels refuse it ("Expected sequence length to be larger
         # than 0"): no step runs, the initial states come back, as from the library's loop
         H = weights.weight_hh.shape[1]
