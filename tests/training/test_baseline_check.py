@@ -332,3 +332,58 @@ def test_an_incomplete_course_falls_back_to_the_final_figures(course):
         "validation stopped improving at step 1056 of 1696 (training loss 0.846): the model "
         "underfits"
     )
+
+
+def _ended_by_time(after: int, every: int | None, **extra) -> dict:
+    """A character model behind its 5-gram: validations every ``every`` steps improved up
+    to step 950, then a 90-second budget ended the run at step 984 (its closing
+    validation slightly worse); ``after`` validations came after the best."""
+    course = {**_course(1.369, 1.368, 1.616, 1.631), "train_loss_change_se": 0.02}
+    course.update(best_step=950, last_valid_step=984, valids_after_best=after, valid_every=every)
+    return {
+        "task": "lm",
+        "steps": 984,
+        "stopped": "time budget of 90 s reached",
+        "train_loss_nats": 1.37,
+        "valid": {"step": 950, "bits_per_char": 2.332, "loss_nats": 1.616, "tokens": 43136},
+        "ngram": {"order": 5, "bits_per_char": 2.163, "loss_nats": 1.499, "tokens": 43136},
+        "trajectory": course,
+        **extra,
+    }
+
+
+def test_a_closing_validation_sooner_than_the_regular_ones_cannot_tell_a_stop():
+    # The run's only validation after its best came 34 steps on, against every 190 before:
+    # validation had improved at every regular check, so the budget cut a run still
+    # improving (not "overfitting", which the training loss under the 5-gram's would say).
+    r = behind_baseline(_ended_by_time(1, 190), "lm", RunSettings(epochs=None, max_time=90.0))
+    assert r["still_improving"] is True and r["best_step"] == 950
+    assert r["cause"] == (
+        "validation was still improving when the budget (--max-time 90) ended (its best at "
+        "step 950; the one validation after it, 34 steps later at the end, came too soon to "
+        "tell it had stopped)"
+    )
+    assert r["advice"].startswith("train longer: leave out --max-time")
+    # the default mode's cap, the same
+    s = _ended_by_time(1, 190, stopped="cap reached: 100 epochs")
+    r = behind_baseline(s, "lm", RunSettings(epochs=None))
+    assert r["still_improving"] is True
+    assert r["cause"].startswith("validation was still improving when training stopped (cap")
+
+
+@pytest.mark.parametrize(
+    "after, every",
+    [(1, 34), (1, 20), (2, 190), (1, None)],
+    ids=["a-regular-gap", "a-longer-gap", "two-after", "no-usual-gap"],
+)
+def test_a_validation_after_the_best_at_a_regular_gap_or_more_is_a_stop(after, every):
+    r = behind_baseline(_ended_by_time(after, every), "lm", RunSettings(max_time=90.0))
+    assert r["still_improving"] is False
+    assert r["cause"].startswith("validation stopped improving at step 950 of 984; ")
+    assert "overfitting" in r["cause"]
+
+
+def test_early_stopping_is_a_stop_whatever_the_gap():
+    s = _ended_by_time(1, 190, stopped="no improvement for 1 validation", stopped_early=True)
+    r = behind_baseline(s, "lm", RunSettings(patience=1))
+    assert r["still_improving"] is False

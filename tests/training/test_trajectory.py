@@ -50,6 +50,8 @@ def test_the_course_of_a_run_that_overfits():
         ),
         "valid_loss_best": pytest.approx(1.42),
         "valid_loss_last": pytest.approx(1.42 + 120 / 500),
+        "valids_after_best": 6,  # at steps 100, 120, ..., 200
+        "valid_every": 20,
         "train_records": 50,
     }
     assert sorted(steps[near].tolist()) == [72, 76, 80, 84, 88]
@@ -108,3 +110,18 @@ def test_a_resumed_runs_events_drop_what_crashed_attempts_logged_past_their_snap
     assert t["train_loss_at_best"] == pytest.approx(np.mean([2.1, 2.2, 1.9, 2.5, 1.8]))
     # no resume: the events in memory are the run's
     assert run_events([], history, 0) == history
+
+
+def test_the_usual_gap_between_validations_leaves_out_the_runs_closing_one():
+    # every 190 steps, then a budget ended the run at step 984: a closing validation
+    valid = {190: 2.17, 380: 1.89, 570: 1.75, 760: 1.67, 950: 1.62, 984: 1.63}
+    t = trajectory(_events({s: 1.4 for s in range(50, 1000, 50)}, valid), 950)
+    assert t["valid_every"] == 190 and t["valids_after_best"] == 1
+    assert t["last_valid_step"] == 984
+    # fewer than three validations: no usual gap to read
+    t = trajectory(_events({1: 2.0, 2: 1.5}, {1: 1.9, 2: 1.8}), 2)
+    assert t["valid_every"] is None and t["valids_after_best"] == 0
+    # uneven gaps (an epoch's end between regular validations): the median
+    valid = {100: 3.0, 200: 2.9, 250: 2.8, 350: 2.7, 450: 2.6, 460: 2.65}
+    t = trajectory(_events({s: 2.0 for s in range(50, 500, 50)}, valid), 450)
+    assert t["valid_every"] == 100

@@ -7,10 +7,13 @@ with the best of them on the task's headline metric (:data:`HEADLINE`) and, when
 model is worse, says so in one line with the likely cause and what to try, read from
 the run itself:
 
-* validation still improving when training ended (the best validation was the last):
-  the run was too short — a budget option (``--steps``, ``--epochs``, ``--max-time``)
-  ended it, or the default mode's cap did; or it improved too slowly: falls each short of
-  ``--min-gain`` made early stopping end it;
+* validation still improving when training ended (the best validation was the last, or
+  the only one after it is the run's closing validation, sooner after the best than
+  validations came before: a budget that ended the run between two regular validations
+  leaves one noisy figure, not a trend): the run was too short — a budget option
+  (``--steps``, ``--epochs``, ``--max-time``) ended it, or the default mode's cap did;
+  or it improved too slowly: falls each short of ``--min-gain`` made early stopping end
+  it;
 * validation stopped improving, read from the run's course after the best step
   (``summary["trajectory"]``, :mod:`rnnkit.training.trajectory`: the smoothed training
   loss at the best step and at the end, the validation loss at the best and at the last
@@ -41,7 +44,7 @@ baseline can be compared), printed by ``rnnkit train`` on stderr and shown in th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 __all__ = ["HEADLINE", "LABELS", "RunSettings", "baseline_figures", "behind_baseline", "compare"]
 
@@ -149,12 +152,42 @@ def _baseline_loss(summary: dict[str, Any], kind: str) -> float | None:
     return None
 
 
+def _too_soon_to_tell(summary: dict[str, Any]) -> int | None:
+    """The steps from the best validation to the run's last, where that last is the only
+    validation after the best and came sooner after it than validations came before
+    (``valid_every`` of ``summary["trajectory"]``): a budget ended the run between two
+    regular validations, and its closing one, a few steps on, cannot show that
+    validation stopped improving (one noisy figure against a trend). None otherwise."""
+    course = summary.get("trajectory")
+    if not isinstance(course, dict):
+        return None
+    keys = ("best_step", "last_valid_step", "valids_after_best", "valid_every")
+    figures = [course.get(k) for k in keys]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in figures):
+        return None
+    best, last, after, every = cast("list[int]", figures)
+    return last - best if after == 1 and last - best < every else None
+
+
 def _still_improving(summary: dict[str, Any], settings: RunSettings) -> tuple[str, str] | None:
-    """``(cause, advice)`` when the best validation was the last (None otherwise)."""
+    """``(cause, advice)`` when the best validation was the last, or the one after it came
+    too soon to tell (:func:`_too_soon_to_tell`); None otherwise."""
     steps, best = summary.get("steps"), (summary.get("valid") or {}).get("step")
-    if not (isinstance(best, int) and isinstance(steps, int) and best >= steps):
+    if not (isinstance(best, int) and isinstance(steps, int)):
         return None
     stopped = summary.get("stopped") or ""
+    soon = None
+    if best < steps:
+        soon = None if summary.get("stopped_early") is True else _too_soon_to_tell(summary)
+        if soon is None:
+            return None
+    # (where the run's closing validation came too soon after the best to tell)
+    after = (
+        ""
+        if soon is None
+        else f" (its best at step {best}; the one validation after it, {soon} steps later "
+        f"at the end, came too soon to tell it had stopped)"
+    )
     if summary.get("stopped_early") is True:
         # each validation a new best, yet early stopping: the falls were below --min-gain
         patience = f" or a larger --patience (now {settings.patience})" if settings.patience else ""
@@ -168,12 +201,12 @@ def _still_improving(summary: dict[str, Any], settings: RunSettings) -> tuple[st
     if budget:
         flags = " / ".join(b.split()[0] for b in budget)
         return (
-            f"validation was still improving when the budget ({', '.join(budget)}) ended",
+            f"validation was still improving when the budget ({', '.join(budget)}) ended{after}",
             f"train longer: leave out {flags} (training then runs until validation "
             f"stops improving) or raise it",
         )
     return (
-        f"validation was still improving when training stopped ({stopped or 'the cap'})",
+        f"validation was still improving when training stopped ({stopped or 'the cap'}){after}",
         f"a larger --lr (now {settings.lr:g}) or a longer run (--epochs beyond the cap)",
     )
 

@@ -19,6 +19,10 @@ both alike.
                           fewer than two records): how far noise alone moves it
     valid_loss_best       the validation loss at the best step
     valid_loss_last       the validation loss at the last validation
+    valids_after_best     how many validations came after the best one
+    valid_every           the usual number of steps between two validations: the median
+                          gap between those before the last (the run's last may come at
+                          any step: a budget ends it); None with fewer than three
     train_records         how many training records the figures were read from
 
 A resumed run's course is read from the whole run's events (:func:`run_events`): those
@@ -33,6 +37,7 @@ Gaussian negative log-likelihood in nats).
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Iterable
@@ -149,6 +154,8 @@ def trajectory(
     at_best = [loss for step, loss in valid if step == best_step]
     if not records or not at_best:
         return None
+    before_last = [step for step, _ in valid[:-1]]
+    gaps = [b - a for a, b in itertools.pairwise(before_last)]
     return {
         "best_step": best_step,
         "last_valid_step": valid[-1][0],
@@ -157,5 +164,7 @@ def trajectory(
         "train_loss_change_se": _change_se(_nearest(records, best_step), _nearest(records, None)),
         "valid_loss_best": at_best[-1],
         "valid_loss_last": valid[-1][1],
+        "valids_after_best": sum(step > best_step for step, _ in valid),
+        "valid_every": int(statistics.median_low(gaps)) if gaps else None,
         "train_records": len(records),
     }
