@@ -32,6 +32,7 @@ from rnnkit.errors import ConfigError
 from rnnkit.training.manifest import write_manifest
 
 TINY = ["--hidden", "8", "--embedding", "8", "--batch-size", "8", "--quiet"]
+VECTORS = TINY[:2] + TINY[4:]  # real-valued steps: no embedding
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -39,8 +40,8 @@ def _one_thread(single_thread):
     yield
 
 
-def _train(out: Path, task: str, train: Path, *extra: str) -> Path:
-    argv = ["train", "--task", task, "--train", str(train), "--out", str(out), *TINY, *extra]
+def _train(out: Path, task: str, train: Path, *extra: str, tiny: list[str] = TINY) -> Path:
+    argv = ["train", "--task", task, "--train", str(train), "--out", str(out), *tiny, *extra]
     assert main(argv) == 0
     return out
 
@@ -137,10 +138,128 @@ def test_lm_generate_matches_the_generate_command(tmp_path, capsys):
     assert printed == [f"the {t}" for t in texts]
     assert run.generate("the ", max_length=8, seed=4) == run.generate("the ", max_length=8, seed=4)
     assert len(run.generate(strategy="greedy", max_length=5)) == 1
-    with pytest.raises(ConfigError, match="predict\\(\\) does not apply to a run of the lm task"):
-        run.predict(["x"])
     with pytest.raises(ConfigError, match="class-conditional run only"):
         run.generate(condition="a")
+
+
+def _predicted(run_dir: Path, lines: list[str], tmp_path: Path, capsys) -> list[dict]:
+    """What ``rnnkit predict`` prints for ``lines``, one record each."""
+    path = tmp_path / "inputs.txt"
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(run_dir), "--input", str(path)]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_lm_predict_scores_texts_as_the_predict_command(tmp_path, capsys):
+    text = "the cat sat on the mat. the dog sat on the log.\n" * 20
+    (tmp_path / "train.txt").write_text(text, encoding="utf-8")
+    run_dir = _train(tmp_path / "run", "lm", tmp_path / "train.txt", "--steps", "5")
+    run = rnnkit.load(run_dir)
+    texts = ["the cat", "a dog on the log", "zebra"]  # z, b, r: unknown characters
+    mine = run.predict(texts, batch_size=8)  # the run's batch size, as the command reads
+    assert mine == _predicted(run_dir, texts, tmp_path, capsys)
+    assert [m["unknown"] for m in mine] == [0, 0, 3]
+    two = run.predict(texts, batch_size=2)  # other batches: the same to rounding
+    assert [t["logprobs"] for t in two] == [pytest.approx(m["logprobs"]) for m in mine]
+    assert sum(mine[0]["logprobs"]) == pytest.approx(-mine[0]["nats"])
+    with pytest.raises(ConfigError, match="class-conditional run only"):
+        run.predict(["x"], condition="a")
+    with pytest.raises(ConfigError, match="input 1 is int, expected a string"):
+        run.predict(["x", 5])
+
+
+def test_a_class_conditional_lm_scores_each_text_under_its_class(tmp_path, capsys):
+    lines = ["pos\tabab abba", "neg\txyxy yxxy"] * 30
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run_dir = _train(
+        tmp_path / "run",
+        "lm",
+        tmp_path / "train.tsv",
+        "--steps",
+        "5",
+        "--condition",
+        "both",
+        "--bptt",
+        "full",
+    )
+    run = rnnkit.load(run_dir)
+    texts = ["abba", "xyyx"]
+    printed = _predicted(run_dir, [f"pos\t{texts[0]}", f"neg\t{texts[1]}"], tmp_path, capsys)
+    assert run.predict(texts, condition=["pos", "neg"]) == printed
+    assert run.predict(texts, condition="pos")[0] == printed[0]
+    for wrong in (None, "odd", ["pos"], [1, 2]):
+        with pytest.raises(ConfigError, match="condition"):
+            run.predict(texts, condition=wrong)
+
+
+def test_regress_predict_answers_as_the_predict_command(task_data, tmp_path, capsys):
+    run_dir = _train(
+        tmp_path / "run", "regress", task_data / "seq.jsonl", "--steps", "4", tiny=VECTORS
+    )
+    run = rnnkit.load(run_dir)
+    assert run.task == "regress" and run.vocab is None and run.extras["input_size"] == 2
+    lines = (task_data / "seq-valid.jsonl").read_text().splitlines()[:4]
+    seqs = [json.loads(line)["seq"] for line in lines]
+    printed = _predicted(run_dir, lines, tmp_path, capsys)
+    mine = run.predict(seqs)
+    assert mine == printed
+    # an array and a tensor are the same sequence
+    import numpy as np
+    import torch
+
+    assert run.predict([np.array(seqs[0])]) == mine[:1]
+    assert run.predict([torch.tensor(seqs[0], dtype=torch.float64)]) == mine[:1]
+    for bad, says in [
+        ([[1.0, 2.0, 3.0]], "3 values a step, the run's 2"),
+        ([[1.0, float("nan")]], "not finite"),
+        ([[1.0, 1e39]], "float32's range"),
+        ([], "has no steps"),
+        ([[1.0, 2.0], [3.0]], "is not \\(T, D\\) numbers"),
+        ("abc", "is str"),
+        ([[[1.0, 2.0]]], "3 dimensions"),
+    ]:
+        with pytest.raises(rnnkit.errors.RnnkitError, match=says):
+            run.predict([seqs[0], bad])
+
+
+def test_a_vector_classifier_labels_sequences_as_the_predict_command(task_data, tmp_path, capsys):
+    run_dir = _train(
+        tmp_path / "run", "classify", task_data / "labelled.jsonl", "--inputs", "vectors",
+        "--steps", "6", tiny=VECTORS,
+    )  # fmt: skip
+    run = rnnkit.load(run_dir)
+    assert run.vocab is None and run.labels.labels == ["down", "up"]
+    lines = (task_data / "labelled.jsonl").read_text().splitlines()[:6]
+    printed = _predicted(run_dir, lines, tmp_path, capsys)
+    seqs = [json.loads(line)["seq"] for line in lines]
+    assert run.predict(seqs, batch_size=4) == [p["label"] for p in printed]
+    with pytest.raises(rnnkit.errors.DataError, match="sequence 0 has 1 values a step"):
+        run.predict([[0.5, 0.25]])  # (T,): one value a step
+
+
+def test_params_predict_gives_the_scorers_verdicts(task_data, tmp_path, capsys):
+    from rnnkit.data.events import parse_session
+
+    run_dir = _train(
+        tmp_path / "run", "params", task_data / "params.jsonl",
+        "--valid", str(task_data / "params-valid.jsonl"), "--steps", "4", tiny=VECTORS,
+    )  # fmt: skip
+    run = rnnkit.load(run_dir)
+    assert run.task == "params" and len(run.model) >= 1
+    lines = (task_data / "params-valid.jsonl").read_text().splitlines()[:5]
+    printed = _predicted(run_dir, lines, tmp_path, capsys)
+    as_dicts = run.predict([json.loads(line) for line in lines], batch_size=2)
+    sessions = run.predict([parse_session(line) for line in lines])
+    for mine in (as_dicts, sessions):
+        assert [m["verdict"] for m in mine] == [p["verdict"] for p in printed]
+        assert [m["score"] for m in mine] == pytest.approx([p["score"] for p in printed])
+    with pytest.raises(ConfigError, match="session 1 is list"):
+        run.predict([json.loads(lines[0]), ["open", "close"]])
+    with pytest.raises(rnnkit.errors.DataError, match="session 0 has no params"):
+        run.predict([rnnkit.data.events.Session("a", ["open"])])
+    with pytest.raises(ConfigError, match=r"takes no \['beam'\]"):
+        run.predict([json.loads(lines[0])], beam=2)
 
 
 def test_load_names_a_missing_run(tmp_path):

@@ -58,6 +58,7 @@ __all__ = [
     "VectorExamples",
     "encode_vectors",
     "evaluate_vectors",
+    "label_sequences",
     "load_vector_classifier",
     "train_vectors",
     "vector_predictor",
@@ -359,16 +360,30 @@ def vector_predictor(
                 raise DataError(
                     f"frames have {seq.values.shape[1]} values, the run's {width}", path, line
                 )
-            inputs.append(torch.from_numpy(seq.values[: cfg.max_len]))
-        probs = _probabilities(model, inputs, bs) if inputs else np.zeros((0, len(labels)))
-        names = labels.labels
-        return [
-            {
-                "label": names[int(p.argmax())],
-                "probabilities": {n: float(v) for n, v in zip(names, p, strict=True)},
-                "steps": len(x),
-            }
-            for p, x in zip(probs, inputs, strict=True)
-        ]
+            inputs.append(seq.values)
+        return label_sequences(cfg, labels, model, inputs, bs)
 
     return run
+
+
+def label_sequences(
+    cfg: TrainConfig,
+    labels: LabelSet,
+    model: Classifier,
+    sequences: list[np.ndarray],
+    batch_size: int,
+) -> list[dict[str, Any]]:
+    """The answers of ``rnnkit predict`` for sequences ``(T, D)`` float32 of the run's
+    width (the first ``cfg.max_len`` steps read): ``{"label", "probabilities": {label:
+    p}, "steps"}``."""
+    inputs = [torch.from_numpy(values[: cfg.max_len]) for values in sequences]
+    probs = _probabilities(model, inputs, batch_size) if inputs else np.zeros((0, len(labels)))
+    names = labels.labels
+    return [
+        {
+            "label": names[int(p.argmax())],
+            "probabilities": {n: float(v) for n, v in zip(names, p, strict=True)},
+            "steps": len(x),
+        }
+        for p, x in zip(probs, inputs, strict=True)
+    ]

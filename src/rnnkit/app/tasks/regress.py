@@ -50,6 +50,7 @@ __all__ = [
     "evaluate",
     "fit_sequences",
     "load_regressor",
+    "predict_sequences",
     "predictor",
     "regression_metrics",
     "train",
@@ -362,20 +363,30 @@ def predictor(
     ``value`` the predicted ``y``; with ``--loss gaussian`` also ``"variance"``."""
     check_batch_size(batch_size)
     cfg, info, model = load_regressor(run_dir, device)
-    model_device = next(model.parameters()).device
 
-    @torch.no_grad()
     def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
         seqs = [parse_vector_line(t, p, n) for t, (p, n) in zip(lines, where, strict=True)]
         _check_width(seqs, info["input_size"], "the run's input width")
-        answers = []
-        for s in seqs:
-            x = torch.from_numpy(s.values[: cfg.max_len]).unsqueeze(0).to(model_device)
-            out = model(x)
-            record: dict[str, Any] = {"prediction": out.mean[0].tolist()}
-            if out.log_var is not None:
-                record["variance"] = out.log_var[0].exp().tolist()
-            answers.append(record)
-        return answers
+        return predict_sequences(cfg, model, [s.values for s in seqs])
 
     return run
+
+
+@torch.no_grad()
+def predict_sequences(
+    cfg: TrainConfig, model: Regressor, sequences: list[np.ndarray]
+) -> list[dict[str, Any]]:
+    """The answers of ``rnnkit predict`` for sequences ``(T, D)`` float32 of the run's
+    width (the first ``cfg.max_len`` steps read): ``{"prediction": [...]}``, with
+    ``"variance"`` for ``--loss gaussian``."""
+    model.eval()
+    device = next(model.parameters()).device
+    answers = []
+    for values in sequences:
+        x = torch.from_numpy(values[: cfg.max_len]).unsqueeze(0).to(device)
+        out = model(x)
+        record: dict[str, Any] = {"prediction": out.mean[0].tolist()}
+        if out.log_var is not None:
+            record["variance"] = out.log_var[0].exp().tolist()
+        answers.append(record)
+    return answers

@@ -1,12 +1,14 @@
 """A trained run directory as one Python object: ``rnnkit.load(run_dir)``.
 
-Any task's run (``lm``, ``tag``, ``classify``, ``seq2seq``, ``events``) loads the same way
-(``config.json`` says which; nothing is unpickled) into a :class:`TrainedRun` holding the
-model (in ``eval()`` mode), its vocabularies and labels and the training configuration,
-with the operation each task is for:
+Any task's run (``lm``, ``tag``, ``classify``, ``seq2seq``, ``events``, ``regress``,
+``params``) loads the same way (``config.json`` says which; nothing is unpickled) into a
+:class:`TrainedRun` holding the model (in ``eval()`` mode), its vocabularies and labels
+and the training configuration, with the operation each task is for:
 
-* ``predict(inputs)`` — a label per text (``classify``), a tag per token (``tag``), the
-  output text per source (``seq2seq``), an anomaly verdict per session (``events``);
+* ``predict(inputs)`` — a label per text or real-valued sequence (``classify``), a tag
+  per token (``tag``), the output text per source (``seq2seq``), an anomaly verdict per
+  session (``events``, ``params``), the predicted values per sequence (``regress``), each
+  token's log-probability per text (``lm``): what ``rnnkit predict`` answers;
 * ``generate(prompt)`` — text continuations (``lm``).
 
 ``rnnkit.load`` is :func:`load`; examples are in ``docs/python-api.md``.
@@ -14,6 +16,7 @@ with the operation each task is for:
 
 from __future__ import annotations
 
+import json
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -27,7 +30,7 @@ from torch import nn
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.registry import task_of_run
-from rnnkit.app.tasks.run_config import check_batch_size
+from rnnkit.app.tasks.run_config import check_batch_size, load_config
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.events import Session
 from rnnkit.data.labelled import LabelSet
@@ -42,6 +45,7 @@ if TYPE_CHECKING:  # the kinds of model (and vocabulary) each task's loader buil
     from rnnkit.models.decoder_only import DecoderOnlyTranslator
     from rnnkit.models.jordan import JordanLM
     from rnnkit.models.language_model import LanguageModel
+    from rnnkit.models.regressor import Regressor
     from rnnkit.models.seq2seq import Seq2Seq
     from rnnkit.models.tagger import Tagger
 
@@ -53,10 +57,17 @@ TASK_USE = {
     "classify": "predict(texts)",
     "seq2seq": "predict(sources)",
     "events": "predict(sessions)",
+    "regress": "predict(sequences)",
+    "params": "predict(sessions)",
 }
 
 # The keyword options of predict() beyond batch_size, per task.
-PREDICT_OPTIONS = {"seq2seq": ("beam", "max_length"), "events": ("top_k", "score", "ngram")}
+PREDICT_OPTIONS = {
+    "lm": ("condition",),
+    "seq2seq": ("beam", "max_length"),
+    "events": ("top_k", "score", "ngram"),
+    "params": ("top_k", "confidence", "session_score"),
+}
 
 
 @dataclass
@@ -65,23 +76,28 @@ class TrainedRun:
 
     Attributes:
         run_dir: where it was loaded from.
-        task: ``"lm"``, ``"tag"``, ``"classify"``, ``"seq2seq"`` or ``"events"``.
+        task: ``"lm"``, ``"tag"``, ``"classify"``, ``"seq2seq"``, ``"events"``,
+            ``"regress"`` or ``"params"``.
         config: the run's training configuration (``config.json``).
-        model: the ``torch.nn.Module`` (weights of ``model.safetensors``).
+        model: the ``torch.nn.Module`` (weights of ``model.safetensors``; for ``params``
+            a ``ModuleList`` of the keys' regressors, in the order of ``keys.json``).
         vocab: the input vocabulary (the target one for ``seq2seq``; event names for
-            ``events``; words for ``tag``).
+            ``events``; words for ``tag``); None for real-valued sequences
+            (``regress``, ``params``, ``classify --inputs vectors``).
         labels: the classes (``classify``), the tag set (``tag``), the conditions of a
             class-conditional ``lm``; otherwise None.
         source_vocab: the source vocabulary (``seq2seq``).
         extras: task-specific parts: ``chars`` (``tag --char-rnn``), ``thresholds`` and
-            ``ngram`` (``events``), and ``events``, the run as the scorer reads it.
+            ``ngram`` (``events``), and ``events``, the run as the scorer reads it;
+            ``input_size`` (the values a step of real-valued sequences holds);
+            ``params``, the run as the scorer reads it.
     """
 
     run_dir: Path
     task: str
     config: TrainConfig
     model: nn.Module
-    vocab: Vocabulary
+    vocab: Vocabulary | None
     labels: LabelSet | None = None
     source_vocab: Vocabulary | None = None
     extras: dict[str, Any] | None = None
@@ -102,24 +118,34 @@ class TrainedRun:
         """The model's answer for each input, in order.
 
         Args:
-            inputs: ``classify``: texts; ``tag``: sentences, each a list of tokens (or a
-                string, split on whitespace); ``seq2seq``: source texts; ``events``:
-                sessions, each a list of event names (or a :class:`Session`).
+            inputs: ``classify``: texts (a run of ``--inputs vectors``: sequences, each
+                ``(T, D)`` numbers: an array, a tensor or nested lists; ``(T,)`` for
+                ``D = 1``); ``tag``: sentences, each a list of tokens (or a string, split
+                on whitespace); ``seq2seq``: source texts; ``events``: sessions, each a
+                list of event names (or a :class:`Session`); ``lm``: texts; ``regress``:
+                sequences, as a vector classifier's; ``params``: sessions, each a
+                :class:`Session` with its ``params`` (or a dict, read as a line of a
+                sessions file: ``{"session", "events", "params"}``).
             batch_size: inputs per forward pass.
             options: ``seq2seq``: ``beam`` (default the run's) and ``max_length``;
                 ``events``: those of :func:`rnnkit.app.tasks.events.score_sessions`
-                (``top_k``, ``score``, ``ngram``).
+                (``top_k``, ``score``, ``ngram``); ``lm``: ``condition``, the class of a
+                class-conditional run (one for every text, or a list of one per text);
+                ``params``: ``top_k``, ``confidence`` and ``session_score``
+                (:func:`rnnkit.app.tasks.params.scoring.score_sessions`).
 
         Returns:
-            ``classify``: a label per text; ``tag``: a list of tags per sentence;
-            ``seq2seq``: an output text per source; ``events``: a verdict dict per session
-            (``score``, ``verdict``, ``threshold``, ``top``, ...).
+            ``classify``: a label per input; ``tag``: a list of tags per sentence;
+            ``seq2seq``: an output text per source; ``events`` and ``params``: a verdict
+            dict per session (``score``, ``verdict``, ``threshold``, ``top``, ...);
+            ``lm``: a dict per text (``tokens``, ``logprobs`` in nats, ``surprise`` in
+            bits, ``nats`` the total, ``unknown``); ``regress``: a dict per sequence
+            (``prediction``; with ``--loss gaussian`` also ``variance``). The answers of
+            ``rnnkit predict``, but a classifier's, which is the label alone.
         """
         if isinstance(inputs, str):
             raise ConfigError("predict() takes a list of inputs, not one string")
         check_batch_size(batch_size, none=None)
-        if self.task in ("lm",):
-            raise self._not_for("predict")
         unknown = sorted(set(options) - set(PREDICT_OPTIONS.get(self.task, ())))
         if unknown:  # named here, not as a TypeError of an inner function
             takes = ", ".join(PREDICT_OPTIONS.get(self.task, ())) or "no options"
@@ -137,9 +163,15 @@ class TrainedRun:
         self.model.eval()
         return getattr(self, f"_predict_{self.task}")(inputs, batch_size, **options)
 
-    def _predict_classify(self, texts: list[str], batch_size: int) -> list[str]:
+    def _predict_classify(self, texts: list[Any], batch_size: int) -> list[str]:
         assert self.labels is not None
         model = cast("Classifier", self.model)  # load() gives each task its own model kind
+        if self.vocab is None:  # --inputs vectors
+            from rnnkit.app.tasks.classify_vectors import label_sequences
+
+            seqs = self._sequences(texts)
+            answers = label_sequences(self.config, self.labels, model, seqs, batch_size)
+            return [a["label"] for a in answers]
         _check_texts(texts, "input")
         ids = []
         for i, text in enumerate(texts):
@@ -160,6 +192,7 @@ class TrainedRun:
         assert self.labels is not None
         model = cast("Tagger", self.model)  # load() gives each task its own model kind
         tokenized = [_tokens(s, i) for i, s in enumerate(sentences)]
+        assert self.vocab is not None  # a tagger's words
         data = TagData(self.vocab, self.labels, (self.extras or {}).get("chars"))
         # No gold tags: every position gets the "unknown tag" id, which is never read.
         enc = encode_tagged([TaggedSentence(t, [""] * len(t)) for t in tokenized], data)
@@ -182,7 +215,7 @@ class TrainedRun:
         from rnnkit.app.tasks.seq2seq_decode import decode_ids, render_output
         from rnnkit.app.tasks.seq2seq_generate import search_options
 
-        assert self.source_vocab is not None
+        assert self.source_vocab is not None and self.vocab is not None
         _check_texts(sources, "source")
         model = cast("Seq2Seq | DecoderOnlyTranslator", self.model)  # (as load() builds it)
         # as transduce and the predictor check them (a beam of 10**6 decoded for minutes)
@@ -210,6 +243,67 @@ class TrainedRun:
         for i, s in enumerate(given):
             _check_events(s.events, i)
         return list(score_sessions(run, given, batch_size=batch_size, **options))
+
+    def _predict_lm(
+        self, texts: list[Any], batch_size: int, condition: str | Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
+        from rnnkit.app.tasks.lm_text import line_logprobs
+
+        assert self.vocab is not None
+        _check_texts(texts, "input")
+        conditions = self._conditions(condition, len(texts))
+        model = cast("LanguageModel | JordanLM | ConditionalLM", self.model)  # as load() built
+        out: list[dict[str, Any]] = []
+        for lo in range(0, len(texts), batch_size):
+            part = None if conditions is None else conditions[lo : lo + batch_size]
+            out.extend(
+                line_logprobs(self.config, self.vocab, model, texts[lo : lo + batch_size], part)
+            )
+        if conditions is not None and self.labels is not None:
+            for record, index in zip(out, conditions, strict=True):
+                record["label"] = self.labels.labels[index]
+        return out
+
+    def _conditions(self, condition: str | Sequence[str] | None, n: int) -> list[int] | None:
+        """The class index of each of ``n`` texts of a class-conditional run (None for
+        another run): ``condition`` one class for all, or a list of one per text."""
+        if self.labels is None:
+            if condition is not None:
+                raise ConfigError("condition= applies to a class-conditional run only")
+            return None
+        known = ", ".join(self.labels.labels)
+        names = [condition] * n if condition is None or isinstance(condition, str) else condition
+        if not isinstance(names, Sequence) or len(names) != n:
+            raise ConfigError(f"condition= must be one class or a list of {n} (one per text)")
+        out = []
+        for name in names:
+            index = self.labels.get(name) if isinstance(name, str) else None
+            if index is None:
+                raise ConfigError(f"this run is class-conditional: give condition= one of {known}")
+            out.append(index)
+        return out
+
+    def _predict_regress(self, sequences: list[Any], batch_size: int) -> list[dict[str, Any]]:
+        from rnnkit.app.tasks.regress import predict_sequences
+
+        model = cast("Regressor", self.model)  # as load() built it
+        return predict_sequences(self.config, model, self._sequences(sequences))
+
+    def _predict_params(
+        self, sessions: list[Any], batch_size: int, **options: Any
+    ) -> list[dict[str, Any]]:
+        from rnnkit.app.tasks.params.scoring import ParamsModel, score_sessions
+
+        run = cast("ParamsModel", (self.extras or {})["params"])
+        items = [(_params_session(s, i), f"session {i}", i + 1) for i, s in enumerate(sessions)]
+        return list(score_sessions(run, items, batch_size=batch_size, **options))
+
+    def _sequences(self, sequences: list[Any]) -> list[np.ndarray]:
+        """Real-valued sequences as the run reads them: each ``(T, D)`` float32 of the
+        run's width, checked as the sequence files are (numbers, finite, in float32's
+        range, at least one step)."""
+        width = (self.extras or {})["input_size"]
+        return [_vector_sequence(s, i, width) for i, s in enumerate(sequences)]
 
     # ---- generate ------------------------------------------------------------------
 
@@ -239,6 +333,7 @@ class TrainedRun:
 
         if self.task != "lm":
             raise self._not_for("generate")
+        assert self.vocab is not None  # a language model's
         if prompt is not None and not isinstance(prompt, str):
             # a list was encoded element by element: a word of a character run is <unk>
             raise ConfigError(f"prompt must be a string or None, got {type(prompt).__name__}")
@@ -285,6 +380,57 @@ def _check_count(name: str, value: object, most: int) -> None:
         raise ConfigError(f"{name} must be an integer ≥ 1, got {value!r}")
     if int(value) > most:
         raise ConfigError(f"{name} must be at most {most:,}, got {int(value):,}")
+
+
+def _vector_sequence(seq: object, i: int, width: int) -> np.ndarray:
+    """One real-valued sequence given in Python as ``(T, D)`` float32: ``D`` the run's
+    ``width`` (``(T,)`` reads as ``D = 1``), at least one step, every value a finite
+    number within float32's range (what a sequence file's line must hold)."""
+    if isinstance(seq, (str, bytes)) or seq is None:
+        raise ConfigError(f"sequence {i} is {type(seq).__name__}: give (T, D) numbers")
+    if isinstance(seq, torch.Tensor):
+        seq = seq.detach().cpu().numpy()
+    try:
+        values = np.asarray(seq, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):  # ragged rows, text among the numbers
+        raise ConfigError(
+            f"sequence {i} is not (T, D) numbers: every step must hold {width} numbers"
+        ) from None
+    if values.ndim == 1:
+        values = values[:, None]
+    if values.ndim != 2:
+        raise ConfigError(f"sequence {i} has {values.ndim} dimensions, expected (T, D)")
+    if values.shape[0] == 0:
+        raise DataError(f"sequence {i} has no steps")
+    if values.shape[1] != width:
+        raise DataError(f"sequence {i} has {values.shape[1]} values a step, the run's {width}")
+    if not np.isfinite(values).all():
+        raise DataError(f"sequence {i} holds a value that is not finite (NaN or infinity)")
+    if np.abs(values).max() > np.finfo(np.float32).max:
+        raise DataError(f"sequence {i} holds a value out of float32's range (±3.4e38)")
+    return values.astype(np.float32)
+
+
+def _params_session(session: object, i: int) -> Session:
+    """A params run's session given in Python: a :class:`Session`, or a dict read as a
+    line of a sessions file (the same checks, ``session i`` where a file names its line)."""
+    from rnnkit.data.events import parse_session
+
+    if isinstance(session, Session):
+        if session.params is None:
+            raise DataError(f"session {i} has no params (the values of its events)")
+        _check_events(session.events, i)
+        return session
+    if not isinstance(session, dict):
+        raise ConfigError(
+            f"session {i} is {type(session).__name__}: give a Session or a dict "
+            '{"session", "events", "params"}'
+        )
+    try:
+        text = json.dumps(session, allow_nan=False)
+    except (TypeError, ValueError) as exc:  # a NaN, an object json cannot write
+        raise DataError(f"session {i}: {exc}") from None
+    return parse_session(text, f"session {i}", None)
 
 
 def _check_texts(texts: list[Any], what: str) -> None:
@@ -357,6 +503,7 @@ def load(run_dir: str | Path, device: str = "cpu") -> TrainedRun:
     run_dir = Path(run_dir)
     task = task_of_run(run_dir)
     model: nn.Module  # of the task's own kind
+    extras: dict[str, Any]
     if task == "lm":
         from rnnkit.app.tasks.lm import lm_labels, load_lm
 
@@ -365,6 +512,13 @@ def load(run_dir: str | Path, device: str = "cpu") -> TrainedRun:
     if task == "classify":
         from rnnkit.app.tasks.classify import load_classifier
 
+        # (the file checks are the loader's, next: not twice)
+        if load_config(run_dir, task="classify", verify=False)[0].inputs == "vectors":
+            from rnnkit.app.tasks.classify_vectors import load_vector_classifier
+
+            cfg, width, labels, model = load_vector_classifier(run_dir, device)
+            extras = {"input_size": width}  # no vocabulary: frames of this width
+            return TrainedRun(run_dir, task, cfg, model, None, labels, extras=extras)
         cfg, vocab, labels, model = load_classifier(run_dir, device)
         return TrainedRun(run_dir, task, cfg, model, vocab, labels)
     if task == "tag":
@@ -385,4 +539,16 @@ def load(run_dir: str | Path, device: str = "cpu") -> TrainedRun:
         run = load_events(run_dir, device)
         extras = {"thresholds": run.thresholds, "ngram": run.ngram, "events": run}
         return TrainedRun(run_dir, task, run.cfg, run.model, run.vocab, extras=extras)
+    if task == "regress":
+        from rnnkit.app.tasks.regress import load_regressor
+
+        cfg, info, model = load_regressor(run_dir, device)
+        extras = {"input_size": info["input_size"], "output_size": info["output_size"]}
+        return TrainedRun(run_dir, task, cfg, model, None, extras=extras)
+    if task == "params":
+        from rnnkit.app.tasks.params.scoring import load_params
+
+        params = load_params(run_dir, device)
+        models = nn.ModuleList([cast("nn.Module", key.model) for key in params.keys])
+        return TrainedRun(run_dir, task, params.cfg, models, None, extras={"params": params})
     raise ConfigError(f"{run_dir}: runs of task {task!r} cannot be loaded by this version")
