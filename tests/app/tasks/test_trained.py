@@ -258,6 +258,9 @@ def test_params_predict_gives_the_scorers_verdicts(task_data, tmp_path, capsys):
         run.predict([json.loads(lines[0]), ["open", "close"]])
     with pytest.raises(rnnkit.errors.DataError, match="session 0 has no params"):
         run.predict([rnnkit.data.events.Session("a", ["open"])])
+    short = rnnkit.data.events.Session("a", ["open", "close"], params=[[1.0]])
+    with pytest.raises(rnnkit.errors.DataError, match="'params' has 1 entries for 2 events"):
+        run.predict([short])  # a Session is checked as a file's line is
     with pytest.raises(ConfigError, match=r"takes no \['beam'\]"):
         run.predict([json.loads(lines[0])], beam=2)
 

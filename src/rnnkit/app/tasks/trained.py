@@ -419,8 +419,13 @@ def _params_session(session: object, i: int) -> Session:
     if isinstance(session, Session):
         if session.params is None:
             raise DataError(f"session {i} has no params (the values of its events)")
-        _check_events(session.events, i)
-        return session
+        # its line, checked as a file's would be (events and params of one length, ...)
+        session = {
+            "session": session.session,
+            "events": session.events,
+            "params": session.params,
+            **({} if session.label is None else {"label": session.label}),
+        }
     if not isinstance(session, dict):
         raise ConfigError(
             f"session {i} is {type(session).__name__}: give a Session or a dict "
