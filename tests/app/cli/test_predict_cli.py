@@ -234,6 +234,31 @@ def test_bad_input_is_one_line_naming_file_and_line(runs, run_cli, tmp_path):
     assert code == 2 and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "name, good, bad, key",
+    [
+        ("classify", "aab", "", "label"),
+        ("seq2seq", "abc", "", "output"),
+        ("events", '{"session": "a", "events": ["x"]}', '{"session": 3}', "verdict"),
+    ],
+)
+def test_the_lines_before_a_bad_one_are_answered_in_its_batch_too(
+    runs, run_cli, tmp_path, name, good, bad, key
+):
+    # One batch holds every line: the bad fifth line failed the batch, and the four
+    # answers before it were lost with it.
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join([good] * 4 + [bad] + [good] * 2) + "\n", encoding="utf-8")
+    code, out, err = run_cli("predict", "--checkpoint", str(runs[name]), "--input", str(path))
+    one_line_error(code, err, f"{path}:5")
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert len(answers) == 4
+    alone = tmp_path / "good.txt"
+    alone.write_text(f"{good}\n", encoding="utf-8")
+    # (the same answer: to rounding, as batches of other sizes give)
+    assert answers[0][key] == predict(run_cli, runs[name], alone)[0][key]
+
+
 @pytest.mark.parametrize("source", ["file", "stdin"])
 def test_invalid_utf8_after_8_kb_names_its_own_line(runs, run_cli, tmp_path, monkeypatch, source):
     # A text stream decoded 8 KB ahead: the bad byte of line 1,501 was reported at 1,261.

@@ -175,6 +175,20 @@ def test_bad_data_is_one_clear_line(
     assert message in err or __import__("re").search(message, err), err
 
 
+def test_the_sessions_before_a_bad_line_are_scored_first(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One batch of 64 held the four good sessions and the bad fifth line: their verdicts
+    # were lost with it.
+    lines = (run_dir.parent / "test.jsonl").read_text().splitlines()[:6]
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join([*lines[:4], '{"session": 3}', *lines[4:]]) + "\n")
+    code = main(["score", "--checkpoint", str(run_dir), "--data", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 2 and f"{path}:5" in err and len(err.strip().splitlines()) == 1, err
+    assert [r["session"] for r in _lines(out)] == [f"t{i}" for i in range(4)]
+
+
 @pytest.mark.parametrize("follow", [False, True])
 def test_invalid_utf8_after_8_kb_names_its_own_line(
     run_dir: Path,

@@ -24,11 +24,12 @@ What a line is and what comes out depends on the run's task (each task module's
 Input is read line by line and answered in batches of at most ``--batch-size`` lines; a
 batch is cut early whenever no further line is waiting on the input, so a pipe gets each
 answer as soon as its line arrives (streaming). A bad line is a one-line error naming the
-file (``<stdin>``) and line (invalid UTF-8 too: each line is decoded alone); the answers
-already printed stand. Every line is read in one bounded ``readline``: a line of more than
-``max_json_line_bytes`` bytes (a JSON line: ``events``, ``params``, ``regress``) or
-``max_line_chars`` characters (a text line: the other tasks) is refused (see
-:mod:`rnnkit.data.limits`), so ``--input /dev/zero`` fails at once.
+file (``<stdin>``) and line (invalid UTF-8 too: each line is decoded alone), after the
+answers of every line before it, in its batch too. Every line is read in one bounded
+``readline``: a line of more than ``max_json_line_bytes`` bytes (a JSON line:
+``events``, ``params``, ``regress``) or ``max_line_chars`` characters (a text line: the
+other tasks) is refused (see :mod:`rnnkit.data.limits`), so ``--input /dev/zero`` fails
+at once.
 """
 
 from __future__ import annotations
@@ -203,7 +204,22 @@ def run(args: argparse.Namespace) -> int:
 
 def _answer(predict: Any, stream: IO[bytes], name: str, batch_size: int, limit: Limit) -> int:
     for lines, where in read_batches(stream, name, batch_size, limit):
-        for record in predict(lines, where):
-            _print(record)
+        _answer_batch(predict, lines, where)
         sys.stdout.flush()
     return 0
+
+
+def _answer_batch(predict: Any, lines: list[str], where: list[tuple[str, int]]) -> None:
+    """Print the answers of one batch. A bad line fails the whole batch (it is answered
+    in one pass), so the lines before it are answered again without it and printed
+    first: the output holds every answer up to the line the error names."""
+    try:
+        records = list(predict(lines, where))
+    except DataError as exc:
+        place = (exc.path, exc.line)
+        if place in where and where.index(place) > 0:
+            k = where.index(place)
+            _answer_batch(predict, lines[:k], where[:k])  # (an earlier bad line raises)
+        raise
+    for record in records:
+        _print(record)

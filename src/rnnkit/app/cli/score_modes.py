@@ -123,13 +123,17 @@ def run_batch(config: ScoreConfig, run: Any, params_run: Any = None) -> int:
     count = anomalous = unknown = by_params = 0
     empty = True
     pending: deque[tuple[Any, str, int]] = deque()
+    failed: list[DataError] = []
 
     def tap() -> Iterator[Any]:
         # The sessions pass to the key model one by one; the params model gets each
         # again, with its file and line, when its verdict comes out (in order).
-        for item in _items(config):
-            pending.append(item)
-            yield item[0]
+        try:
+            for item in _items(config):
+                pending.append(item)
+                yield item[0]
+        except DataError as exc:  # the sessions before the bad line are scored first
+            failed.append(exc)
 
     records = score_sessions(
         run,
@@ -156,6 +160,8 @@ def run_batch(config: ScoreConfig, run: Any, params_run: Any = None) -> int:
         anomalous += record["verdict"] == "anomalous"
         unknown += record["unknown"]
         _print(record)
+    if failed:
+        raise failed[0]
     if empty:
         raise DataError("no sessions (the input is empty)", config.data)
     if not config.quiet:
