@@ -242,6 +242,33 @@ def test_a_grus_kept_weights_do_not_outlive_it(update):
     assert gone() is None
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_grus_weights_made_inside_a_cuda_graph_capture_are_not_kept():
+    """Inside a capture the conversion is recorded, not run: what it made holds values
+    only after a replay, so an eager call after the capture must not read it."""
+    kw = {"update": "candidate", "reset": "after"}
+    layer = _layer(rnnkit.GRU, kw, torch.float32).cuda().eval()
+    x = torch.randn(B, T, I, device="cuda")
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            layer(x)  # the warm-up torch asks for before a capture: the weights kept
+        torch.cuda.current_stream().wait_stream(side)
+        for cell in layer.cells():
+            cell.weight_hh.mul_(1.0)  # a new version: the kept weights are stale
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = layer(x)
+        eager = layer(x)
+        with use_fused("loop"):
+            expected = layer(x)
+        graph.replay()
+    torch.testing.assert_close(eager.outputs, expected.outputs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(captured.outputs, expected.outputs, atol=1e-5, rtol=1e-5)
+
+
 def test_auto_keeps_cpu_tensors_on_the_library_loop(calls):
     layer = _layer(rnnkit.LSTM, {}, torch.float32)
     with use_fused("auto"):

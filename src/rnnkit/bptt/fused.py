@@ -265,11 +265,14 @@ def _gru_parameters(kernel: Kernel, w: Weights) -> list[Tensor]:
     at every batch (the z rows negated for ``update="candidate"``, the recurrent bias
     assembled: on a GPU some seven kernels a cell)."""
     parts = (w.weight_ih, w.weight_hh, w.bias, w.bias_hn)
-    # (an inference-mode tensor has no version counter: nothing to key on)
+    # (an inference-mode tensor has no version counter: nothing to key on; inside a CUDA
+    # graph's capture the conversion's kernels are recorded, not run: what it made holds
+    # values only once the graph replays, so it is neither kept nor taken from the keep)
     if (
         torch.is_grad_enabled()
         or tracing()
         or any(t.is_inference() for t in parts if t is not None)
+        or (w.weight_hh.is_cuda and torch.cuda.is_current_stream_capturing())
     ):
         return _fused_parameters("gru", _keep_form(kernel, w))
     # (a cell's `update` is a plain attribute, and it decides the z rows' sign)
