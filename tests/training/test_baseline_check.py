@@ -387,3 +387,26 @@ def test_early_stopping_is_a_stop_whatever_the_gap():
     s = _ended_by_time(1, 190, stopped="no improvement for 1 validation", stopped_early=True)
     r = behind_baseline(s, "lm", RunSettings(patience=1))
     assert r["still_improving"] is False
+
+
+def test_a_validation_loss_that_rose_clearly_over_a_flat_training_loss_is_overfitting():
+    # A classifier of source lines by language (python, c, perl) with the default options:
+    # the training loss fell 19 % after the best step, within the noise of its records,
+    # while validation rose 48 % (0.151 to 0.223): it was called underfitting.
+    course = {**_course(0.118, 0.0956, 0.151, 0.223), "train_loss_change_se": 0.0125}
+    s = _behind_words(828, 1288, course)
+    r = behind_baseline(s, "classify", RunSettings(epochs=None, hidden=256, dropout=0.0))
+    assert r["cause"] == (
+        "validation stopped improving at step 828 of 1288; validation rose from 0.151 to "
+        "0.223 after the best step while the training loss did not rise (0.118, then "
+        "0.0956 at the end): overfitting"
+    )
+    assert r["advice"].startswith("more --dropout (now 0), a smaller --hidden (now 256)")
+    # just under a tenth above its best: within what the other signs decide
+    s["trajectory"]["valid_loss_last"] = 0.166
+    assert behind_baseline(s, "classify", RunSettings())["cause"].endswith("underfits")
+    s["trajectory"]["valid_loss_last"] = 0.167  # 10.6 % above
+    assert behind_baseline(s, "classify", RunSettings())["cause"].endswith(": overfitting")
+    # a training loss that rose clearly too: the optimisation, not the fit
+    s["trajectory"].update(train_loss_end=0.2, valid_loss_last=0.223)
+    assert behind_baseline(s, "classify", RunSettings())["cause"].endswith("unstable")

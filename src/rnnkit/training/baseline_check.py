@@ -28,8 +28,13 @@ the run itself:
     than the baseline fits the validation data, yet ends behind on validation: it does
     not generalise from this data): overfitting, the same advice;
   - the training loss rose clearly: the optimisation is unstable — a smaller ``--lr``;
-  - the training loss flat as well (the model learns no more, from either): underfitting
-    — a larger ``--hidden``, another ``--lr``, more ``--layers``.
+  - the validation loss rose by :data:`VALID_RISE` of its best or more while the training
+    loss did not rise (the model grew ever surer of its training data and wronger on new
+    data: a classifier's validation loss climbs so long before its accuracy moves):
+    overfitting, the same advice;
+  - the training loss flat as well, and validation with it (the model learns no more,
+    from either): underfitting — a larger ``--hidden``, another ``--lr``, more
+    ``--layers``.
 
   The sentence names the figures (``the training loss fell from 1.12 to 0.837 after the
   best step while validation rose from 1.56 to 1.98: overfitting``). A summary without
@@ -78,6 +83,11 @@ OVERFIT_RATIO = 0.5
 # rose: the optimisation went astray); less is a plateau.
 CLEAR_CHANGE = 0.05
 CLEAR_SE = 2.0
+
+# A validation loss this share above its best at the last validation rose clearly: it is
+# measured on the whole validation set at every validation, so without the training
+# records' noise.
+VALID_RISE = 0.10
 
 
 @dataclass(frozen=True)
@@ -316,6 +326,12 @@ def _from_course(
             f"{peak}; the training loss rose from {train_best:.3g} to {train_end:.3g} after "
             f"the best step while {valid}: the optimisation is unstable",
             f"a smaller --lr (now {settings.lr:g}; try a third of it)",
+        )
+    if valid_last >= (1 + VALID_RISE) * valid_best:
+        return (
+            f"{peak}; {valid} after the best step while the training loss did not rise "
+            f"({train_best:.3g}, then {train_end:.3g} at the end): overfitting",
+            _overfit_advice(settings),
         )
     return (
         f"{peak}; the training loss stayed near {train_best:.3g} after the best step "
