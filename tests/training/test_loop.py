@@ -550,6 +550,26 @@ def test_a_run_of_unknown_length_records_about_twenty_times_per_epoch(tmp_path):
     assert trainer.log_every == 1
 
 
+def test_the_logged_rate_leaves_out_the_time_of_validations(tmp_path):
+    # A small data set validated at every step: the rate of each training record counted
+    # the validations in its window and showed a fraction of the training's speed.
+    import time
+
+    def slow(model):
+        time.sleep(0.3)
+        return {"loss_nats": 1.0}
+
+    trainer = make_trainer(tmp_path, evaluate_fn=slow, steps=6, eval_every=1, log_every=2)
+    result = trainer.fit()
+    overall = result.tokens / result.train_seconds  # the run's rate: training time only
+    events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rates = [e["tokens_per_s"] for e in events if e["event"] == "train"]
+    assert len(rates) == 3
+    # each window held two validations (0.6 s) and two tiny steps: counted in, its rate
+    # would be under a tenth of the run's
+    assert all(rate > overall / 3 for rate in rates), (rates, overall)
+
+
 @pytest.mark.parametrize("bad", [0, -3])
 def test_log_every_below_one_is_refused(bad):
     with pytest.raises(ConfigError, match=r"^TrainOptions: log_every must be an integer ≥ 1"):
