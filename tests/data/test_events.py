@@ -108,6 +108,19 @@ def test_bad_line_is_reported_with_file_and_line(tmp_path: Path, line: str, mess
     assert read_error(path).startswith(f"{path}:2: {message}")
 
 
+@pytest.mark.parametrize("line", ["open read close", "s1,open,read", '["open", "read"]', "42"])
+def test_a_line_of_another_format_is_told_what_a_session_line_is(tmp_path: Path, line: str):
+    # "invalid JSON: Expecting value (column 1)" alone did not say what the file should hold
+    error = read_error(write_lines(tmp_path, line))
+    assert error.endswith(
+        'each line is one session, a JSON object such as {"session": "s1", "events": '
+        '["open", "read"]} (rnnkit sessions writes them from strace output or log files)'
+    )
+    # a broken object is told what is broken, no more
+    broken = read_error(write_lines(tmp_path, '{"session": "a", "events": ["x"]'))
+    assert broken.endswith("Expecting ',' delimiter (column 33)")
+
+
 def test_duplicate_session_id_names_both_lines(tmp_path: Path) -> None:
     path = write_lines(
         tmp_path,

@@ -58,6 +58,12 @@ MAX_LINE_BYTES = 10 * 1024 * 1024
 
 _KEYS = ("session", "events", "label", "params")
 
+# Said where a line is not a JSON object at all (plain text, CSV, a list): what one is.
+_FORMAT_HINT = (
+    'each line is one session, a JSON object such as {"session": "s1", "events": ["open", '
+    '"read"]} (rnnkit sessions writes them from strace output or log files)'
+)
+
 
 @dataclass
 class Session:
@@ -144,9 +150,14 @@ def parse_session(
 
     # loads_json turns deep nesting ("[[[[..."), 5,000-digit integers and a key given
     # twice (two labels on one line: a broken writer) into DataError naming path:line.
-    record = loads_json(text, path, line)
+    try:
+        record = loads_json(text, path, line)
+    except DataError as exc:
+        if text.lstrip("\ufeff \t").startswith("{"):  # a broken object: the error says it
+            raise
+        raise fail(f"{exc.message}; {_FORMAT_HINT}") from None  # another format altogether
     if not isinstance(record, dict):
-        raise fail(f"expected a JSON object, got {_type_name(record)}")
+        raise fail(f"expected a JSON object, got {_type_name(record)}; {_FORMAT_HINT}")
     unknown = [key for key in record if key not in _KEYS]
     if unknown:
         raise fail(f"unknown key {unknown[0]!r} (expected session, events, label, params)")
