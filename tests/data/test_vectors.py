@@ -56,6 +56,9 @@ def test_csv_file_is_one_sequence_and_a_directory_many(tmp_path):
             "key 'seq' appears twice",
         ),
         ("y.jsonl", '{"seq": [[1]], "y": 1, "y": 2}\n', ":1", "key 'y' appears twice"),
+        # another format altogether (numbers a line, a JSON list): what a line must hold
+        ("p.txt", "1 2 3\n", ":1", "Extra data (column 3)); each line is one sequence, a JSON"),
+        ("l.txt", "[1, 2]\n", ":1", 'expected one sequence, a JSON object such as {"seq"'),
     ],
 )
 def test_bad_input_names_file_and_line(tmp_path, name, content, where, words):

@@ -52,6 +52,12 @@ from rnnkit.errors import DataError
 #: The largest finite float32: a value beyond it becomes ``inf`` in the model.
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
+# Said where a line is not a sequence's JSON object at all: what the file must hold.
+_FORMAT_HINT = (
+    'each line is one sequence, a JSON object such as {"seq": [[0.5, 1.0], [0.7, 0.9]]} '
+    "(one list of values a step; a .csv file holds one sequence, one step a row)"
+)
+
 __all__ = ["VectorSequence", "parse_vector_line", "read_vector_sequences"]
 
 
@@ -97,9 +103,11 @@ def parse_vector_line(text: str, path: str, line: int, labelled: bool = False) -
         data = loads_json(text, path, line)
     except DataError as exc:
         reason = exc.message.removeprefix("invalid JSON: ")
-        raise DataError(f"not valid JSON ({reason})", path, line) from None
+        # a line that is no JSON object at all (numbers, CSV): say what the file holds
+        hint = "" if text.lstrip(" \t").startswith("{") else f"; {_FORMAT_HINT}"
+        raise DataError(f"not valid JSON ({reason}){hint}", path, line) from None
     if not isinstance(data, dict) or "seq" not in data:
-        raise DataError('expected an object {"seq": [[...], ...]}', path, line)
+        raise DataError(f"expected {_FORMAT_HINT.removeprefix('each line is ')}", path, line)
     seq = data["seq"]
     if not isinstance(seq, list) or not seq:
         raise DataError('"seq" must be a non-empty list of steps', path, line)
