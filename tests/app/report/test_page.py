@@ -321,3 +321,25 @@ def test_the_training_rate_is_named_by_what_the_loss_counts(rnn_report, run_cli,
     rate = fmt(summary["tokens_per_s"])
     assert f"<th>training examples per second</th><td class=num>{rate}</td>" in page
     assert "final training loss (nats per example)" in page and "tokens per second" not in page
+    # the metrics are per example too, each count once
+    assert "<th>loss (nats per example)</th>" in page and "nats per token" not in page
+    assert "<th>examples</th>" in page and "scored" not in page
+    # the configuration holds what a classifier reads, not the other tasks' options
+    config = page.split('<section id="config">')[1]
+    assert "<th>pooling</th>" in config and "<th>hidden</th>" in config
+    for other in ("attention", "beam", "bptt", "tie_weights", "target_fpr", "reset"):
+        assert f"<th>{other}</th>" not in config, other
+
+
+def test_gradient_signals_read_a_trend_not_one_batchs_norm():
+    from rnnkit.app.report.page import _gradient_signals
+
+    # a healthy classifier's logged norms: a tenfold move from batch to batch, no trend
+    noisy = [2.15, 0.095, 1.2, 0.3, 0.11, 1.19, 0.6, 0.097, 0.97, 0.5] * 6
+    steps = list(range(12, 12 * len(noisy) + 1, 12))
+    assert "No vanishing or exploding signal" in _gradient_signals(5.0, steps, noisy)
+    # norms that decay a hundredfold, and norms that grow so: signals, named
+    fading = [1.0 * 0.85**i for i in range(60)]
+    assert "vanishing gradients" in _gradient_signals(5.0, steps, fading)
+    growing = [0.01 * 1.15**i for i in range(60)]
+    assert "exploding gradients" in _gradient_signals(5.0, steps, growing)

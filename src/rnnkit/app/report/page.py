@@ -62,7 +62,18 @@ METRIC_NAMES = {
 }
 
 
+def _metric_names(counts: str) -> dict[str, str]:
+    """:data:`METRIC_NAMES` in the unit the task's loss counts (``counted``): a classifier's
+    loss is nats per example, its "tokens" the examples scored."""
+    if counts == "tokens":
+        return METRIC_NAMES
+    one = counts.removesuffix("s")
+    return {**METRIC_NAMES, "loss_nats": f"loss (nats per {one})", "tokens": f"{counts} scored"}
+
+
 def metrics_section(run: Run) -> tuple[str, str, str]:
+    counts = counted(run.summary.get("task", run.cfg.task))
+    names = _metric_names(counts)
     evaluations = run.of("valid")
     last = evaluations[-1] if evaluations else {}
     # The saved weights are the best evaluation: the summary says which, else the log.
@@ -81,12 +92,14 @@ def metrics_section(run: Run) -> tuple[str, str, str]:
     baselines = run.summary.get("baselines") or {}
     for name, figures in baselines.items():
         columns.append((f"baseline: {figures.get('kind', name)}", figures))
-    keys = [k for k in METRIC_NAMES if any(k in c for _, c in columns)]
+    keys = [k for k in names if any(k in c for _, c in columns)]
+    if counts != "tokens" and any(counts in c for _, c in columns):
+        keys.remove("tokens")  # the same count, under its own name below
     keys += sorted(
         k
         for _, c in columns
         for k, v in c.items()
-        if k not in METRIC_NAMES
+        if k not in names
         and k not in ("step", "epoch", "best", "event", "order")
         and isinstance(v, (int, float))
         and not isinstance(v, bool)
@@ -94,7 +107,7 @@ def metrics_section(run: Run) -> tuple[str, str, str]:
     keys = list(dict.fromkeys(keys))
     if not columns:
         return section("metrics", "Metrics", note("No validation metrics were recorded."))
-    rows = [[METRIC_NAMES.get(k, k), *(c.get(k) for _, c in columns)] for k in keys]
+    rows = [[names.get(k, k), *(c.get(k) for _, c in columns)] for k in keys]
     body = table(rows, ["metric", *(name for name, _ in columns)])
     if valid and ngram and "loss_nats" in valid and "loss_nats" in ngram:
         diff = ngram["loss_nats"] - valid["loss_nats"]
@@ -129,20 +142,35 @@ def _baseline_verdict(run: Run) -> str:
     )
 
 
+#: Logged gradient norms whose median is read for the signals: one step's norm moves
+#: tenfold from batch to batch where a few easy examples make a batch (a classifier's).
+SIGNAL_MEDIAN = 5
+
+
 def _gradient_signals(clip_norm: float | None, steps: list[Any], norms: list[float]) -> str:
-    """Vanishing / exploding signals over the logged norms (the training monitor's rule)."""
+    """Vanishing / exploding signals over the logged norms (the training monitor's rule),
+    read on the running median of :data:`SIGNAL_MEDIAN` logged norms: a trend, not one
+    batch's norm (a healthy classifier's logged norms moved between 0.095 and 2.15 and
+    drew ten alarms)."""
     from rnnkit.diagnostics import GradientMonitor
 
+    medians = [
+        float(np.median(norms[max(0, i + 1 - SIGNAL_MEDIAN) : i + 1])) for i in range(len(norms))
+    ]
     monitor = GradientMonitor(clip_norm=clip_norm, window=max(1, min(20, len(norms) - 1)))
-    for step, norm in zip(steps, norms, strict=True):
+    for step, norm in zip(steps, medians, strict=True):
         monitor.record([], pre_clip_norm=norm, step=int(step))
     if monitor.events:
         items = "".join(f"<li>{esc(ev.message)}</li>" for ev in monitor.events[:10])
-        return f'<p class="warn">Gradient signals (logged steps):</p><ul>{items}</ul>'
+        return (
+            f'<p class="warn">Gradient signals (the median of {SIGNAL_MEDIAN} consecutive '
+            f"logged norms):</p><ul>{items}</ul>"
+        )
     if len(norms) > 1:
         return note(
-            f"No vanishing or exploding signal: the logged gradient norm never moved "
-            f"by a factor of {monitor.factor:g} within {monitor.window} logged points."
+            f"No vanishing or exploding signal: the median of {SIGNAL_MEDIAN} consecutive "
+            f"logged gradient norms never moved by a factor of {monitor.factor:g} within "
+            f"{monitor.window} logged points."
         )
     return ""
 
@@ -203,8 +231,8 @@ def training_section(run: Run) -> tuple[str, str, str]:
     body += image(
         fig,
         "training and validation loss against the step",
-        "Training loss (mean since the previous logged step) and validation loss in "
-        "nats per token"
+        "Training loss (mean since the previous logged step) and validation loss"
+        + (" per value" if counts == "values" else f" in {per}")
         + (", right axis in bits per character" if char else "")
         + ("; dashed: the n-gram baseline's validation loss." if baseline else "."),
     )
@@ -222,7 +250,13 @@ def training_section(run: Run) -> tuple[str, str, str]:
 
 
 def config_section(run: Run) -> tuple[str, str, str]:
-    rows = [[key, json.dumps(value)] for key, value in sorted(run.cfg.to_dict().items())]
+    # the options this task and cell read, as `rnnkit train --print-config` lists them (a
+    # classifier's page listed the attention, the beam and the BPTT of other tasks)
+    rows = [
+        [key, json.dumps(value)]
+        for key, value in sorted(run.cfg.to_dict().items())
+        if run.cfg.applies(key)
+    ]
     extra = [
         [k, json.dumps(v)]
         for k, v in sorted(run.info.items())
