@@ -343,3 +343,13 @@ def test_gradient_signals_read_a_trend_not_one_batchs_norm():
     assert "vanishing gradients" in _gradient_signals(5.0, steps, fading)
     growing = [0.01 * 1.15**i for i in range(60)]
     assert "exploding gradients" in _gradient_signals(5.0, steps, growing)
+
+
+def test_the_metrics_are_named_by_what_the_loss_counts():
+    from rnnkit.app.report.page import _metric_names
+
+    assert _metric_names("tokens")["loss_nats"] == "loss (nats per token)"
+    assert _metric_names("examples")["loss_nats"] == "loss (nats per example)"
+    # a regressor's nats are a Gaussian's negative log-likelihood, beside its own loss
+    assert _metric_names("values")["loss_nats"] == "Gaussian NLL (nats per value)"
+    assert _metric_names("values")["tokens"] == "values scored"

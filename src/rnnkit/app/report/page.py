@@ -68,7 +68,10 @@ def _metric_names(counts: str) -> dict[str, str]:
     if counts == "tokens":
         return METRIC_NAMES
     one = counts.removesuffix("s")
-    return {**METRIC_NAMES, "loss_nats": f"loss (nats per {one})", "tokens": f"{counts} scored"}
+    # a regressor's figure in nats is a Gaussian's negative log-likelihood (of unit
+    # variance for --loss mse: ½(mse + ln 2π)), beside its own loss
+    nats = "Gaussian NLL (nats per value)" if counts == "values" else f"loss (nats per {one})"
+    return {**METRIC_NAMES, "loss_nats": nats, "tokens": f"{counts} scored"}
 
 
 def metrics_section(run: Run) -> tuple[str, str, str]:
