@@ -410,3 +410,44 @@ def test_a_validation_loss_that_rose_clearly_over_a_flat_training_loss_is_overfi
     # a training loss that rose clearly too: the optimisation, not the fit
     s["trajectory"].update(train_loss_end=0.2, valid_loss_last=0.223)
     assert behind_baseline(s, "classify", RunSettings())["cause"].endswith("unstable")
+
+
+def _events_behind(unknown: int, **extra) -> dict:
+    """An events model behind its 5-gram on sessions of dpkg.log (one a package): 48 of
+    the 286 validation events were templates no training session held."""
+    return {
+        "task": "events",
+        "steps": 442,
+        "stopped": "no improvement for 50 validations (best at step 342)",
+        "train_loss_nats": 0.668,
+        "valid": {"step": 342, "loss_nats": 2.668, "tokens": 286},
+        "ngram": {"order": 5, "loss_nats": 2.006, "tokens": 286},
+        "unknown_valid_events": unknown,
+        "trajectory": {**_course(0.70, 0.633, 2.668, 2.729), "train_loss_change_se": 0.01},
+        **extra,
+    }
+
+
+def test_validation_events_unknown_to_the_vocabulary_are_the_cause_said():
+    r = behind_baseline(_events_behind(48), "events", RunSettings(epochs=None))
+    assert r["still_improving"] is False
+    assert r["cause"] == (
+        "48 of the 286 validation events (16.8 %) are unknown to the vocabulary (never seen "
+        "in training); with --min-freq 1 no training event was the unknown symbol, so the "
+        "model learnt to give it almost no probability, where the 5-gram keeps some for the "
+        "unseen"
+    )
+    assert r["advice"].startswith("--min-freq 2 (the events seen once in training")
+    # a language model's tokens, the same
+    s = {**_events_behind(0), "task": "lm", "unknown_valid_tokens": 10}
+    del s["unknown_valid_events"]
+    r = behind_baseline(s, "lm", RunSettings(epochs=None))
+    assert r["cause"].startswith("10 of the 286 validation tokens (3.5 %) are unknown")
+    # under 1 % of them, or a vocabulary that made rare training tokens unknown already:
+    # the run's course decides
+    for summary, settings in [
+        (_events_behind(2), RunSettings()),
+        (_events_behind(48), RunSettings(min_freq=2)),
+    ]:
+        cause = behind_baseline(summary, "events", settings)["cause"]
+        assert "unknown to the vocabulary" not in cause and "overfitting" in cause

@@ -7,6 +7,14 @@ with the best of them on the task's headline metric (:data:`HEADLINE`) and, when
 model is worse, says so in one line with the likely cause and what to try, read from
 the run itself:
 
+* validation tokens unknown to the vocabulary, :data:`UNKNOWN_SHARE` of them or more, in
+  a run whose vocabulary holds every training token (``--min-freq 1``: ``lm``,
+  ``events``; the summary's ``unknown_valid_tokens`` or ``unknown_valid_events``): no
+  training token was the unknown symbol, so the model learnt to give it almost no
+  probability, where the n-gram's smoothing keeps some for the unseen — the more it
+  trains, the worse its validation loss (a rise that reads as overfitting) —
+  ``--min-freq 2``;
+
 * validation still improving when training ended (the best validation was the last, or
   the only one after it is the run's closing validation, sooner after the best than
   validations came before: a budget that ended the run between two regular validations
@@ -89,6 +97,10 @@ CLEAR_SE = 2.0
 # records' noise.
 VALID_RISE = 0.10
 
+# Validation tokens unknown to a vocabulary of every training token: from this share on,
+# their loss decides the comparison with an n-gram (each costs some ten nats or more).
+UNKNOWN_SHARE = 0.01
+
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -106,6 +118,7 @@ class RunSettings:
     dropout: float = 0.0
     patience: int | None = None
     min_gain: float = 1e-4
+    min_freq: int = 1
 
 
 def _number(value: Any) -> float | None:
@@ -177,6 +190,32 @@ def _too_soon_to_tell(summary: dict[str, Any]) -> int | None:
         return None
     best, last, after, every = cast("list[int]", figures)
     return last - best if after == 1 and last - best < every else None
+
+
+def _unknown_tokens(
+    summary: dict[str, Any], settings: RunSettings, baseline_kind: str | None
+) -> tuple[str, str] | None:
+    """``(cause, advice)`` where :data:`UNKNOWN_SHARE` or more of the validation tokens are
+    unknown to a vocabulary of every training token (``--min-freq 1``); None otherwise."""
+    if settings.min_freq != 1:
+        return None
+    what = "events" if "unknown_valid_events" in summary else "tokens"
+    unknown = summary.get(f"unknown_valid_{what}")
+    scored = (summary.get("valid") or {}).get("tokens")
+    if not (isinstance(unknown, int) and isinstance(scored, int) and scored > 0):
+        return None
+    if unknown < UNKNOWN_SHARE * scored:
+        return None
+    one = what.removesuffix("s")
+    against = f"the {baseline_kind}" if baseline_kind else "the baseline"
+    return (
+        f"{unknown:,} of the {scored:,} validation {what} ({100 * unknown / scored:.1f} %) "
+        f"are unknown to the vocabulary (never seen in training); with --min-freq 1 no "
+        f"training {one} was the unknown symbol, so the model learnt to give it almost no "
+        f"probability, where {against} keeps some for the unseen",
+        f"--min-freq 2 (the {what} seen once in training become the unknown symbol, "
+        f"which the model then learns to expect)",
+    )
 
 
 def _still_improving(summary: dict[str, Any], settings: RunSettings) -> tuple[str, str] | None:
@@ -345,6 +384,9 @@ def _diagnose(
 ) -> tuple[bool, str, str]:
     """``(still improving, likely cause, what to try)`` of a run that ended behind its
     baseline ``baseline_kind``."""
+    unknown = _unknown_tokens(summary, settings, baseline_kind)
+    if unknown is not None:  # whatever the course: more of it makes the loss no better
+        return False, *unknown
     still = _still_improving(summary, settings)
     if still is not None:
         return True, *still

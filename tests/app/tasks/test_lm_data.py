@@ -168,3 +168,15 @@ def test_a_validation_text_of_one_token_names_its_file(tmp_path):
     cfg = TrainConfig(train=str(tmp_path / "train.txt"), valid=str(tmp_path / "one.txt"))
     with pytest.raises(DataError, match=r"one\.txt: 1 token: too short to score"):
         prepare_lm_data(cfg.validate())
+
+
+@pytest.mark.parametrize("bptt", ["segment:4", "full"])
+def test_the_unknown_validation_tokens_are_counted(tmp_path, bptt):
+    (tmp_path / "train.txt").write_text("the cat sat\n" * 20, encoding="utf-8")
+    # x, y, z and q were never in training: five unknown characters in all
+    (tmp_path / "valid.txt").write_text("the xyz\nzq cat\n", encoding="utf-8")
+    cfg = TrainConfig(
+        train=str(tmp_path / "train.txt"), valid=str(tmp_path / "valid.txt"), bptt=bptt
+    ).validate()
+    data = prepare_lm_data(cfg)
+    assert data.unknown_valid_tokens() == 5

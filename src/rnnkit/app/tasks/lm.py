@@ -263,6 +263,7 @@ def train_lm(
         "tokens_per_s": result.tokens / max(result.train_seconds, 1e-9),
         "valid": result.best_valid,
         "ngram": ngram_metrics,
+        "unknown_valid_tokens": data.unknown_valid_tokens(),
         "clipped_steps": result.clipped_steps,
         "stopped_early": result.stopped_early,
         "stopped": result.stopped,

@@ -25,7 +25,7 @@ from rnnkit.data.batching import SequenceBatcher, StreamBatcher, lm_pairs
 from rnnkit.data.labelled import LabelledExample, LabelSet, read_labelled, split_holdout
 from rnnkit.data.limits import MAX_CORPUS_BYTES
 from rnnkit.data.text import encode_text, read_text
-from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary, count_tokens
+from rnnkit.data.vocab import BOS_ID, EOS_ID, UNK_ID, Vocabulary, count_tokens
 from rnnkit.errors import DataError
 
 __all__ = ["LMData", "ngram_streams", "prepare_lm_data", "stream_eval_batcher", "train_batches"]
@@ -48,6 +48,13 @@ class LMData:
     train_labels: np.ndarray | None = None
     valid_labels: np.ndarray | None = None
     valid_unknown: Counter[str] = field(default_factory=Counter)  # unseen label → lines
+
+    def unknown_valid_tokens(self) -> int:
+        """How many validation tokens scored are the unknown symbol: tokens the training
+        data never held (or held too rarely for ``--min-freq``)."""
+        if self.valid_stream is not None:
+            return int((self.valid_stream[1:] == UNK_ID).sum())  # the first is no target
+        return sum(int((s == UNK_ID).sum()) for s in self.valid_seqs or [])
 
 
 def _split_text(text: str, fraction: float, path: str) -> tuple[str, str]:
