@@ -250,10 +250,10 @@ def test_model_spec_carries_every_model_option() -> None:
 def test_run_settings_are_the_configs() -> None:
     assert run_settings(TrainConfig(train="x")) == RunSettings()
     cfg = TrainConfig(train="x", steps=7, epochs=None, max_time=3.5, lr=0.1, hidden=9,
-                      layers=3, dropout=0.5, patience=4, min_gain=0.01)  # fmt: skip
+                      layers=3, dropout=0.5, patience=4, min_gain=0.01, min_freq=3)  # fmt: skip
     assert dataclasses.asdict(run_settings(cfg)) == {
         "steps": 7, "epochs": None, "max_time": 3.5, "lr": 0.1, "hidden": 9, "layers": 3,
-        "dropout": 0.5, "patience": 4, "min_gain": 0.01,
+        "dropout": 0.5, "patience": 4, "min_gain": 0.01, "min_freq": 3,
     }  # fmt: skip
 
 
