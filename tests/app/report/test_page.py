@@ -353,3 +353,15 @@ def test_the_metrics_are_named_by_what_the_loss_counts():
     # a regressor's nats are a Gaussian's negative log-likelihood, beside its own loss
     assert _metric_names("values")["loss_nats"] == "Gaussian NLL (nats per value)"
     assert _metric_names("values")["tokens"] == "values scored"
+
+
+def test_a_regressors_report_shows_its_baseline_once(task_data, run_cli, tmp_path):
+    argv = ["train", "--task", "regress", "--train", str(task_data / "seq.jsonl"), "--valid"]
+    argv += [str(task_data / "seq-valid.jsonl"), "--out", str(tmp_path / "run"), "--steps", "4"]
+    code, _, err = run_cli(*argv, "--hidden", "8", "-q")
+    assert code == 0, err
+    page = write_report(tmp_path / "run").read_text(encoding="utf-8")
+    metrics = page.split('<section id="metrics">')[1].split("</section>")[0]
+    assert "<th>mse</th>" in metrics and "persistence" in metrics
+    assert "baseline_mse" not in metrics  # the persistence column holds it
+    assert "<th>Gaussian NLL (nats per value)</th>" in metrics

@@ -104,6 +104,8 @@ def metrics_section(run: Run) -> tuple[str, str, str]:
         for k, v in c.items()
         if k not in names
         and k not in ("step", "epoch", "best", "event", "order")
+        # a baseline's figure the model's evaluation carries: its own column shows it
+        and not (k.startswith("baseline_") and (baselines or ngram))
         and isinstance(v, (int, float))
         and not isinstance(v, bool)
     )
