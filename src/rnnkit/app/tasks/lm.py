@@ -413,10 +413,7 @@ def predictor(
                     )
                 conditions.append(index)
                 texts.append(rest)
-        out: list[dict[str, Any]] = []
-        for lo in range(0, len(texts), bs):
-            part = None if conditions is None else conditions[lo : lo + bs]
-            out.extend(line_logprobs(cfg, vocab, model, texts[lo : lo + bs], part))
+        out = line_logprobs(cfg, vocab, model, texts, conditions, batch_size=bs)
         if conditions is not None:
             for record, text in zip(out, lines, strict=True):
                 record["label"] = text.partition("\t")[0]

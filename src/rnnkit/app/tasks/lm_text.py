@@ -156,8 +156,10 @@ def line_logprobs(
     model: AnyLM,
     lines: list[str],
     conditions: list[int] | None = None,
+    batch_size: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Per-token log-probabilities (nats) and surprise (bits, ``−log₂ p``) of every line.
+    """Per-token log-probabilities (nats) and surprise (bits, ``−log₂ p``) of every line,
+    ``batch_size`` lines at a time (None: all at once).
 
     Each line is read from the model's start of a line (:func:`_line_ends`) and scored
     token by token through the model's ``step`` (the generation interface, so every
@@ -169,6 +171,18 @@ def line_logprobs(
     "nats": total, "unknown": n}`` (``tokens`` as the vocabulary reads the line, ``"</s>"``
     or ``"\\n"`` for the end).
     """
+    if batch_size is not None and len(lines) > batch_size:
+        return [
+            record
+            for lo in range(0, len(lines), batch_size)
+            for record in line_logprobs(
+                cfg,
+                vocab,
+                model,
+                lines[lo : lo + batch_size],
+                None if conditions is None else conditions[lo : lo + batch_size],
+            )
+        ]
     length = model.length if isinstance(model, LanguageModel) else None
     if length is not None and length.mode == "predict":
         raise ConfigError(

@@ -253,12 +253,7 @@ class TrainedRun:
         _check_texts(texts, "input")
         conditions = self._conditions(condition, len(texts))
         model = cast("LanguageModel | JordanLM | ConditionalLM", self.model)  # as load() built
-        out: list[dict[str, Any]] = []
-        for lo in range(0, len(texts), batch_size):
-            part = None if conditions is None else conditions[lo : lo + batch_size]
-            out.extend(
-                line_logprobs(self.config, self.vocab, model, texts[lo : lo + batch_size], part)
-            )
+        out = line_logprobs(self.config, self.vocab, model, texts, conditions, batch_size)
         if conditions is not None and self.labels is not None:
             for record, index in zip(out, conditions, strict=True):
                 record["label"] = self.labels.labels[index]
