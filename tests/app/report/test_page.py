@@ -7,6 +7,7 @@ Real run directories come from ``train_lm`` on a tiny generated corpus (a few se
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import random
@@ -343,6 +344,36 @@ def test_gradient_signals_read_a_trend_not_one_batchs_norm():
     assert "vanishing gradients" in _gradient_signals(5.0, steps, fading)
     growing = [0.01 * 1.15**i for i in range(60)]
     assert "exploding gradients" in _gradient_signals(5.0, steps, growing)
+
+
+def test_gradient_signals_of_a_converging_model_are_not_alarms():
+    from rnnkit.app.report.page import _gradient_signals
+
+    steps = list(range(10, 10 * 60 + 1, 10))
+    fading = [1.0 * 0.85**i for i in range(60)]  # the norm falls ~17,000-fold
+    # ... while the loss falls as much: a cross-entropy near its minimum (convergence)
+    converging = [2.0 * 0.85**i for i in range(60)]
+    page = _gradient_signals(None, steps, fading, converging)
+    assert "vanishing gradients" not in page and "No vanishing or exploding signal" in page
+    assert "fall(s) that the training loss matched (convergence)" in page
+    # ... while the loss stays where it was: the gradient vanished, said
+    stuck = [2.0 - 0.001 * i for i in range(60)]
+    assert "vanishing gradients" in _gradient_signals(None, steps, fading, stuck)
+    # a loss at or below zero (a Gaussian likelihood's) says nothing of the gradient's scale
+    negative = [-0.5 - 0.01 * i for i in range(60)]
+    assert "vanishing gradients" in _gradient_signals(None, steps, fading, negative)
+
+    # converged, then norms tenfold up from a small floor, below the first steps' scale
+    floor = [1.0] * 20 + [0.01] * 20 + [0.2] * 20
+    losses = [2.0] * 20 + [0.005] * 20 + [0.02] * 20
+    page = _gradient_signals(None, steps, floor, losses)
+    assert "exploding gradients" not in page
+    assert "1 rise(s) that stayed below the norms of the first 20 logged steps (1)" in page
+    # ... and up past it: exploding, said (the fall before it matched by the loss)
+    surge = [1.0] * 20 + [0.01] * 20 + [50.0] * 20
+    page = html.unescape(_gradient_signals(None, steps, surge, losses))
+    assert "step 430: gradient norm rose to 50 from 0.01" in page  # the median, 2 late
+    assert "Not counted, a converging model's moves: 1 fall(s)" in page
 
 
 def test_the_metrics_are_named_by_what_the_loss_counts():

@@ -152,24 +152,77 @@ def _baseline_verdict(run: Run) -> str:
 SIGNAL_MEDIAN = 5
 
 
-def _gradient_signals(clip_norm: float | None, steps: list[Any], norms: list[float]) -> str:
+def _running_median(values: list[float]) -> list[float]:
+    """The median of each value and the :data:`SIGNAL_MEDIAN` − 1 before it."""
+    return [
+        float(np.median(values[max(0, i + 1 - SIGNAL_MEDIAN) : i + 1])) for i in range(len(values))
+    ]
+
+
+def _gradient_signals(
+    clip_norm: float | None,
+    steps: list[Any],
+    norms: list[float],
+    losses: list[float] | None = None,
+) -> str:
     """Vanishing / exploding signals over the logged norms (the training monitor's rule),
     read on the running median of :data:`SIGNAL_MEDIAN` logged norms: a trend, not one
     batch's norm (a healthy classifier's logged norms moved between 0.095 and 2.15 and
-    drew ten alarms)."""
+    drew ten alarms).
+
+    Two moves of a model near its minimum are not counted (each was a false alarm on a
+    healthy run whose training loss went to ~0.003): a fall of the norm that the training
+    loss ``losses`` (the same logged steps, running medians) matches, ``(n_ref / n) /
+    (ℓ_ref / ℓ) < factor`` — a cross-entropy's gradient shrinks with its loss, so that is
+    convergence; and a rise that stays at or below the largest norm of the first
+    ``window`` logged steps — the untrained model's scale, which an exploding gradient
+    passes.
+    """
     from rnnkit.diagnostics import GradientMonitor
 
-    medians = [
-        float(np.median(norms[max(0, i + 1 - SIGNAL_MEDIAN) : i + 1])) for i in range(len(norms))
-    ]
+    medians = _running_median(norms)
     monitor = GradientMonitor(clip_norm=clip_norm, window=max(1, min(20, len(norms) - 1)))
     for step, norm in zip(steps, medians, strict=True):
         monitor.record([], pre_clip_norm=norm, step=int(step))
-    if monitor.events:
-        items = "".join(f"<li>{esc(ev.message)}</li>" for ev in monitor.events[:10])
+    loss_medians = _running_median(losses) if losses and len(losses) == len(norms) else None
+    start_scale = max(medians[: monitor.window], default=0.0)
+    at = {int(step): i for i, step in enumerate(steps)}
+    kept, converging, below_start = [], 0, 0
+    for ev in monitor.events:
+        i = at[ev.step]
+        if ev.kind == "vanishing" and loss_medians is not None:
+            window = range(max(0, i - monitor.window), i)
+            ref = max(window, key=lambda k: medians[k])  # where the reference norm was
+            if loss_medians[ref] > 0 and loss_medians[i] > 0 and medians[i] > 0:
+                fall = (medians[ref] / medians[i]) / (loss_medians[ref] / loss_medians[i])
+                if fall < monitor.factor:
+                    converging += 1
+                    continue
+        if ev.kind == "exploding" and ev.grad_norm is not None and ev.grad_norm <= start_scale:
+            below_start += 1
+            continue
+        kept.append(ev)
+    left_out = []
+    if converging:
+        left_out.append(f"{converging} fall(s) that the training loss matched (convergence)")
+    if below_start:
+        left_out.append(
+            f"{below_start} rise(s) that stayed below the norms of the first "
+            f"{monitor.window} logged steps ({start_scale:.3g})"
+        )
+    aside = " and ".join(left_out)
+    if kept:
+        items = "".join(f"<li>{esc(ev.message)}</li>" for ev in kept[:10])
         return (
             f'<p class="warn">Gradient signals (the median of {SIGNAL_MEDIAN} consecutive '
             f"logged norms):</p><ul>{items}</ul>"
+            + (note(f"Not counted, a converging model's moves: {aside}.") if aside else "")
+        )
+    if aside:
+        return note(
+            f"No vanishing or exploding signal: the median of {SIGNAL_MEDIAN} consecutive "
+            f"logged gradient norms moved by a factor of {monitor.factor:g} within "
+            f"{monitor.window} logged points only as a converging model's does: {aside}."
         )
     if len(norms) > 1:
         return note(
@@ -187,6 +240,9 @@ def training_section(run: Run) -> tuple[str, str, str]:
     logged = [e for e in train if isinstance(e.get("grad_norm"), (int, float))]
     norm_steps = [e["step"] for e in logged]
     norms = [float(e["grad_norm"]) for e in logged]
+    # the training loss at the same steps, when every one has it (the signals read it)
+    losses = [float(v) for e in logged if isinstance(v := e.get("loss_nats"), (int, float))]
+    norm_losses = losses if len(losses) == len(logged) else None
     steps = s.get("steps", train[-1]["step"] if train else None)
     clipped = s.get("clipped_steps", train[-1].get("clipped_total") if train else None)
     # what the loss counts: a classifier's examples, a regressor's values (mse or nats)
@@ -220,7 +276,7 @@ def training_section(run: Run) -> tuple[str, str, str]:
     rows.append(["stopped by", stop])
     if run.of("skipped"):
         rows.append(["steps skipped (non-finite loss or gradient)", len(run.of("skipped"))])
-    body = table(rows) + _gradient_signals(cfg.clip_norm, norm_steps, norms)
+    body = table(rows) + _gradient_signals(cfg.clip_norm, norm_steps, norms, norm_losses)
     if run.bad_lines:
         body += note(f"{run.bad_lines} unreadable line(s) of metrics.jsonl were skipped.")
     char = cfg.task == "lm" and cfg.unit == "char"
