@@ -182,6 +182,24 @@ def test_zero_length_rows_keep_initial_state(cell_spec, gen):
         assert torch.equal(res.outputs[0, t], torch.cat([top[0, 0], top[1, 0]]))
 
 
+def test_an_empty_time_axis_with_lengths_or_a_mask_returns_the_initial_state(cell_spec, gen):
+    # a bidirectional layer flips each sequence within its extent: with no step there is
+    # no last real step to find (this was an IndexError from inside the flip)
+    layer = cell_spec.layer(I, H, 2, True)
+    x = torch.randn(B, 0, I, generator=gen, dtype=DT, requires_grad=True)
+    s0 = tuple(s.requires_grad_() for s in random_state(cell_spec, 2, 2, gen))
+    for given in (
+        {"lengths": torch.zeros(B, dtype=torch.long)},
+        {"mask": torch.ones(B, 0, dtype=torch.bool)},
+    ):
+        res = layer(x, state=cell_spec.pack(s0), **given)
+        assert res.outputs.shape == (B, 0, 2 * H)
+        for a, s in zip(cell_spec.unpack(res.state), s0, strict=True):
+            assert torch.equal(a, s)
+        grads = torch.autograd.grad(sum(a.sum() for a in cell_spec.unpack(res.state)), s0)
+        assert all(torch.equal(g, torch.ones_like(g)) for g in grads)
+
+
 def test_holes_hold_the_state_in_the_layer(cell_spec, gen, holey_mask):
     layer = cell_spec.layer(I, H, 1, False)
     x = torch.randn(B, T, I, generator=gen, dtype=DT)

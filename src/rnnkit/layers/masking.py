@@ -116,8 +116,8 @@ def flip_sequences(x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | Non
     [2.0, 1.0, 0.0, 3.0]
     """
     T = x.shape[0]
-    if mask is None:
-        return x.flip(0), None
+    if mask is None or T == 0:  # no step: nothing to reverse (and no last real step)
+        return x.flip(0), mask
     idx = _flip_index(mask)  # (T, B)
     flipped_mask = mask.gather(0, idx)
     if not tracing():  # its answers (prefix? lengths?) from the mask's one host copy
