@@ -157,16 +157,18 @@ def test_eval_mode_dropout_is_identity_as_in_torch():
 @pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("batch_first", [False, True])
-def test_training_dropout_draws_torchs_masks(mode, packed, batch_first):
+@pytest.mark.parametrize("steps", [6, 1])
+def test_training_dropout_draws_torchs_masks(mode, packed, batch_first, steps):
     """Dropout between layers in training: torch's masks (the same draws from torch's
     generator), so outputs, states and gradients are torch's, and the generator is left
     where torch's layer leaves it. Before, a packed input drew a padded tensor's masks:
-    other values and, after the call, other random numbers."""
+    other values and, after the call, other random numbers; and a packed input of one
+    step (the single-step route) failed inside the dropout."""
     kw = dict(num_layers=3, dropout=0.5, bidirectional=True, batch_first=batch_first)
     reference, mine = _pair(mode, **kw)
-    x = torch.randn(3, 6, 3, dtype=DTYPE)
+    x = torch.randn(3, steps, 3, dtype=DTYPE)
     x = (x if batch_first else x.transpose(0, 1)).requires_grad_(True)
-    lengths = torch.tensor([4, 6, 1])
+    lengths = torch.tensor([4, 6, 1]).clamp(max=steps)
     runs = []
     for module in (reference, mine):
         torch.manual_seed(11)

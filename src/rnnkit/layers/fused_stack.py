@@ -232,7 +232,9 @@ def _steps(
     ends: list[list[Tensor]] = [[], []] if cells[0].is_lstm else [[]]
     for index in range(L):
         if index > 0 and stack.dropout > 0:
-            h = stack.drop(h)
+            # the stack's dropout takes (T, B, D·H), as between the loop's layers (a
+            # drop-in's draws over a packed input's rows read the time axis)
+            h = stack.drop(h[None])[0]
         if keep is not None:
             h = torch.where(keep, h, 0.0)
         outs = []
