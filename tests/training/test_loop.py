@@ -178,14 +178,19 @@ def test_resume_into_a_differently_shaped_batcher_is_refused(tmp_path):
         other.resume()
 
 
-def test_resume_is_exact_with_sgd_and_plateau_decay(tmp_path):
+@pytest.mark.parametrize("split", [8, 3], ids=["after-a-validation", "before-any"])
+def test_resume_is_exact_with_sgd_and_plateau_decay(tmp_path, split):
+    """Before its first validation the plateau's best is inf, which the snapshot's strict
+    JSON writes as null: resumed, it is inf again (it was None: a TypeError at the next
+    validation)."""
+
     def flat(model):
         return {"loss_nats": 1.0}  # never improves: the plateau decays at every validation
 
     common = dict(mode="stream", optimizer="sgd", plateau=True, evaluate_fn=flat, eval_every=5)
     straight = make_trainer(tmp_path / "a", steps=14, **common)
     straight.fit()
-    make_trainer(tmp_path / "b", steps=8, **common).fit()
+    make_trainer(tmp_path / "b", steps=split, **common).fit()
     resumed = make_trainer(tmp_path / "b", steps=14, **common)
     resumed.resume()
     resumed.fit()

@@ -10,6 +10,7 @@ so that N steps, a resume and M steps train exactly as N + M steps would.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -128,6 +129,19 @@ def resume_trainer(trainer: Trainer) -> None:
         ) from None
 
 
+def _load_plateau(plateau: torch.optim.lr_scheduler.ReduceLROnPlateau, saved: Any) -> None:
+    """The plateau schedule's state back. Its worst value (``mode_worse``), and its best
+    one until a first validation, are ±inf, which the snapshot's strict JSON writes as
+    null: they are the schedule's worst value again (without it, a run snapshotted before
+    its first validation failed at the next one after a resume)."""
+    plateau.load_state_dict(saved)
+    worse = math.inf if plateau.mode == "min" else -math.inf
+    if plateau.mode_worse is None:
+        plateau.mode_worse = worse
+    if plateau.best is None:
+        plateau.best = worse
+
+
 def _restore(trainer: Trainer, state: dict[str, Any], extra: dict[str, Tensor]) -> None:
     saved_precision = state.get("precision", "fp32")  # snapshots before --precision
     if saved_precision != trainer.options.precision:
@@ -142,7 +156,7 @@ def _restore(trainer: Trainer, state: dict[str, Any], extra: dict[str, Tensor]) 
     if trainer.scheduler is not None and state.get("scheduler") is not None:
         trainer.scheduler.load_state_dict(state["scheduler"])
     if trainer.plateau is not None and state.get("plateau") is not None:
-        trainer.plateau.load_state_dict(state["plateau"])
+        _load_plateau(trainer.plateau, state["plateau"])
     trainer.best = state.get("best")
     trainer.bad_evals = int(state.get("bad_evals", 0))
     # a snapshot from before min_gain: every improvement was a gain, the last the best
