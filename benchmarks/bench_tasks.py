@@ -68,7 +68,7 @@ from _common import interleaved, machine, median_ratio
 
 from rnnkit import to_torch
 from rnnkit.data.vocab import BOS_ID, EOS_ID
-from rnnkit.metrics.deferred import deferring
+from rnnkit.deferred import deferring
 from rnnkit.models.builders import build_language_model
 from rnnkit.models.classifier import build_classifier
 from rnnkit.models.seq2seq import build_seq2seq
@@ -105,7 +105,7 @@ def _trainer(model: nn.Module, loss_fn: Callable[[int], torch.Tensor]) -> Step:
 
 def _rnnkit_trainer(model: nn.Module, loss_fn: Callable[[int], torch.Tensor]) -> Step:
     """:func:`_trainer` as ``rnnkit train``'s Trainer runs a step: the models' checks and
-    figures deferred (``rnnkit.metrics.deferred``), read once with the gradient norm."""
+    figures deferred (``rnnkit.deferred``), read once with the gradient norm."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     count = [0]
 

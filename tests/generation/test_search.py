@@ -193,3 +193,62 @@ def test_bad_prompts() -> None:
     filter_lp = torch.zeros(1, 3)
     with pytest.raises(ValueError, match="top_k"):
         filter_log_probs(filter_lp, top_k=-2)
+
+
+# ----------------------------------------------------------------------- device reads
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "sample", "beam"])
+def test_on_a_device_whose_reads_wait_the_steps_read_no_token_check(monkeypatch, strategy):
+    """Where a host read waits for the device (a GPU; emulated here), a search reads the
+    model's check of each step's token ids (rnnkit's language model checks their range)
+    once at the end, not inside every step: the ids it draws are in range by
+    construction. The same results as with the CPU's direct checks; a bad id given to the
+    model is still refused."""
+    from torch.overrides import TorchFunctionMode
+
+    from host_syncs import READS
+    from rnnkit import deferred
+    from rnnkit.models import LanguageModel, ModelSpec, build_lm
+
+    inside = {"step": False, "steps": 0, "reads": 0}
+
+    class Reads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if inside["step"] and getattr(func, "__name__", "") in READS:
+                inside["reads"] += 1
+            return func(*args, **(kwargs or {}))
+
+    step = LanguageModel.step
+
+    def counted(self, *args, **kwargs):
+        inside["step"], inside["steps"] = True, inside["steps"] + 1
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            inside["step"] = False
+
+    torch.manual_seed(0)
+    model = build_lm(ModelSpec(hidden=8, embedding=4), 7).eval()
+    with torch.no_grad():  # the end (EOS) never drawn: every sequence runs to max_length
+        model.head.bias[EOS] = -50.0
+    monkeypatch.setattr(LanguageModel, "step", counted)
+
+    def search() -> list:
+        generator = torch.Generator().manual_seed(1)
+        return generate_batch(
+            model, [[4], [5, 6]], max_length=12, eos_id=EOS, strategy=strategy,
+            beam_size=2, num=2 if strategy != "beam" else 1, generator=generator,
+        )  # fmt: skip
+
+    with Reads():
+        direct = search()
+    assert inside["reads"] == inside["steps"] > 10  # on the CPU: the check reads the ids
+    monkeypatch.setattr(deferred, "waits", lambda tensor: True)
+    inside.update(steps=0, reads=0)
+    with Reads():
+        emulated = search()
+    assert [[r.ids for r in row] for row in emulated] == [[r.ids for r in row] for row in direct]
+    assert inside["steps"] > 10 and inside["reads"] == 0
+    with pytest.raises(ValueError, match="token ids in"), deferred.deferring():
+        model.step(torch.tensor([7 + 7]))

@@ -89,8 +89,8 @@ def test_the_loss_inside_a_training_step_equals_the_loss_read_at_once(loss, targ
     """Inside ``deferring`` (the Trainer's step) the loss is computed over every element
     with the padded ones neutralised, and its figures stay on the device: the same loss,
     gradients, summed error and count; NaN targets at padded steps reach neither."""
-    from rnnkit.metrics import deferred as deferred_module
-    from rnnkit.metrics.deferred import deferring
+    from rnnkit import deferred as deferred_module
+    from rnnkit.deferred import deferring
 
     monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
     m = make(target, loss)

@@ -25,13 +25,13 @@ import torch
 from host_reads import HostReads
 
 import rnnkit.training.loop as loop_module
+from rnnkit import deferred as deferred_module
 from rnnkit.bptt.fused import use_fused
 from rnnkit.data.events import write_sessions
 from rnnkit.data.generated_sessions import generate_sessions
-from rnnkit.metrics import deferred as deferred_module
 
 # The one read of the step's figures.
-STEP_READ = "metrics/deferred.py"
+STEP_READ = "deferred.py"
 WORDS = ["alpha", "beta", "gamma", "delta"]
 
 

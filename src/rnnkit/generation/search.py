@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rnnkit.deferred import deferring
 from rnnkit.generation.beam import _run_beam
 from rnnkit.generation.options import (
     GenerationResult,
@@ -217,7 +218,11 @@ def generate_batch(
         return reorder(s, index) if reorder is not None else select_state(s, index, state_batch_dim)
 
     device = _device(model, state)
-    with torch.no_grad():
+    # deferring(): on a GPU a model's check of each step's token ids (rnnkit's models
+    # check that they are in range) is read once at the end, not at every step (each read
+    # waits for the device); the ids the search draws are in range by construction, and
+    # the prompts were checked above. On the CPU nothing changes.
+    with torch.no_grad(), deferring():
         log_probs, state = _prime(
             model, prompt_list, state, state_batch_dim, device, uniform_only=reorder is not None
         )

@@ -6,20 +6,10 @@
   BIO spans, for tagging and classification;
 * ``sequences``: edit distance, token and character error rates, exact match and BLEU,
   for transduction;
-* ``deferred``: a training step's figures and input checks read from the device once;
 * ``detection``: ROC-AUC, the ROC and precision–recall curves, and the verdict metrics
   (precision, recall, F1, false-positive rate) of anomaly detection.
 """
 
-from rnnkit.metrics.deferred import (
-    Deferred,
-    active,
-    active_for,
-    count_of,
-    deferring,
-    figure_of,
-    waits,
-)
 from rnnkit.metrics.detection import (
     detection_metrics,
     precision_recall_curve,
@@ -50,21 +40,15 @@ from rnnkit.metrics.sequences import (
 
 __all__ = [
     "REDUCTIONS",
-    "Deferred",
     "accuracy",
-    "active",
-    "active_for",
     "bio_spans",
     "bleu",
     "character_error_rate",
     "characters",
     "confusion_matrix",
-    "count_of",
-    "deferring",
     "detection_metrics",
     "edit_distance",
     "exact_match",
-    "figure_of",
     "is_bio_tagset",
     "macro_f1",
     "per_class_prf",
@@ -78,5 +62,4 @@ __all__ = [
     "teacher_forced_accuracy",
     "token_error_rate",
     "training_loss",
-    "waits",
 ]

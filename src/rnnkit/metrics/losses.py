@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rnnkit.bptt.tracing import tracing
-from rnnkit.metrics.deferred import Deferred, active_for, count_of, figure_of
+from rnnkit.deferred import Deferred, active_for, count_of, figure_of
 
 __all__ = ["REDUCTIONS", "sequence_cross_entropy", "training_loss"]
 
@@ -84,7 +84,7 @@ def _target_range(V: int) -> str:
 def _deferred_cross_entropy(
     logits: Tensor, targets: Tensor, mask: Tensor | None, reduction: str, deferred: Deferred
 ) -> Tensor:
-    """:func:`sequence_cross_entropy` without a host read (see :mod:`rnnkit.metrics.deferred`):
+    """:func:`sequence_cross_entropy` without a host read (see :mod:`rnnkit.deferred`):
     every position is computed and the padded ones zeroed, the checks left as flags.
 
     The padded positions' logits are replaced by zeros BEFORE the cross-entropy: a NaN
@@ -126,7 +126,7 @@ def training_loss(
     or ``"sequence"``, see :func:`sequence_cross_entropy`), and the detached sum of the
     per-token losses with their count, so that figures over batches stay exact per token
     whatever the reduction. Numbers, or 0-dim tensors inside
-    :func:`rnnkit.metrics.deferred.deferring` (read with the step's other figures)."""
+    :func:`rnnkit.deferred.deferring` (read with the step's other figures)."""
     loss = sequence_cross_entropy(logits, targets, mask, reduction=reduction)
     # every position real: the count is the shape's, known on the host
     tokens = targets.numel() if mask is None else count_of(mask.sum())

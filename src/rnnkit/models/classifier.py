@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rnnkit.deferred import active_for, figure_of
 from rnnkit.layers.stacked import StackedRecurrent
-from rnnkit.metrics.deferred import active_for, figure_of
 from rnnkit.models.builders import build_embedding, build_encoder
 from rnnkit.models.language_model import LossOutput, check_token_ids
 from rnnkit.models.pooling import Pooling

@@ -21,10 +21,10 @@ from torch import Tensor, nn
 
 from rnnkit.bptt.tracing import tracing
 from rnnkit.data.vocab import NEVER_GENERATED
+from rnnkit.deferred import active_for
 from rnnkit.generation.options import greedy_choice
 from rnnkit.layers.regularization import DropoutEmbedding, steps_of
 from rnnkit.layers.stacked import StackedRecurrent, reset_rows
-from rnnkit.metrics.deferred import active_for
 from rnnkit.metrics.losses import training_loss
 from rnnkit.models.length import LengthState, SequenceLength, length_targets
 from rnnkit.types import LSTMState, State
@@ -42,7 +42,7 @@ class LossOutput(NamedTuple):
 
     ``loss`` is the masked token mean (what is backpropagated); ``nats`` the detached sum
     of per-token losses and ``tokens`` their number, so epoch means are exact. Both are
-    Python numbers, except inside :func:`rnnkit.metrics.deferred.deferring` (a training
+    Python numbers, except inside :func:`rnnkit.deferred.deferring` (a training
     step of the ``Trainer``), where they are 0-dim tensors read with the step's figures.
     """
 
@@ -61,7 +61,7 @@ def check_token_ids(inputs: Tensor, vocab_size: int | None, name: str = "inputs"
     ``ValueError``/``TypeError`` naming ``inputs`` (torch's embedding said ``index out of
     range in self``, a float tensor failed inside it, and on a GPU an id out of range stops
     the process). The values are not read under graph tracing. Inside
-    :func:`rnnkit.metrics.deferred.deferring` the range check is read with the step's
+    :func:`rnnkit.deferred.deferring` the range check is read with the step's
     other figures, and the ids returned clamped into range meanwhile (the caller looks up
     what this returns).
 

@@ -12,7 +12,7 @@ Padding never takes part: the pooled values are selected with ``torch.where`` (n
 multiplying with the mask, since ``0 × inf`` and ``0 × NaN`` are NaN), so whatever the
 padded positions hold — huge values, ``inf``, ``NaN`` — cannot change the result or its
 gradient. A sequence without any valid step has no pooled value: a ``ValueError`` (inside
-a training step, read with the step's figures: :mod:`rnnkit.metrics.deferred`).
+a training step, read with the step's figures: :mod:`rnnkit.deferred`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from rnnkit.metrics.deferred import active_for
+from rnnkit.deferred import active_for
 from rnnkit.types import LSTMState, State
 
 __all__ = [

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rnnkit.deferred import active_for, count_of, figure_of
 from rnnkit.layers.stacked import StackedRecurrent
-from rnnkit.metrics.deferred import active_for, count_of, figure_of
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.pooling import directions_side_by_side
 

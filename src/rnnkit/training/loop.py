@@ -44,8 +44,8 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import torch
 from torch import Tensor, nn
 
+from rnnkit.deferred import Deferred, deferring
 from rnnkit.errors import ConfigError, RunFinished
-from rnnkit.metrics.deferred import Deferred, deferring
 from rnnkit.models.language_model import LossOutput
 from rnnkit.threads import ThreadGovernor
 from rnnkit.training.budget import cap_text, gained, resolve_budget
@@ -357,7 +357,7 @@ class Trainer(Generic[_M]):
 
         The step's figures (loss, token count, the models' input checks, the gradient
         norm) are read from the device once, after the backward
-        (:mod:`rnnkit.metrics.deferred`); a multi-process or float16 step reads the
+        (:mod:`rnnkit.deferred`); a multi-process or float16 step reads the
         loss's figures before the backward too (the global token count weighs the loss;
         the scaler's overflow check must not see a non-finite loss). ``deadline``: the
         ``time.perf_counter()`` at which the time budget runs out (None: no budget)."""

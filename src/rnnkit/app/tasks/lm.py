@@ -56,8 +56,8 @@ from rnnkit.data.batching import SequenceBatcher, lm_pairs, to_device
 from rnnkit.data.files import atomic_write
 from rnnkit.data.labelled import LabelSet
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
+from rnnkit.deferred import deferring
 from rnnkit.errors import CheckpointError, ConfigError, DataError
-from rnnkit.metrics.deferred import deferring
 from rnnkit.models.builders import build_lm
 from rnnkit.models.conditional import ConditionalLM
 from rnnkit.models.jordan import JordanLM

@@ -12,7 +12,6 @@ import torch
 from rnnkit.app.config import TrainConfig, parse_bptt
 from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED, Vocabulary
 from rnnkit.errors import ConfigError
-from rnnkit.metrics.deferred import deferring
 from rnnkit.models.conditional import CONDITIONAL_STATE_DIM, ConditionalLM
 from rnnkit.models.jordan import JordanLM
 from rnnkit.models.language_model import LanguageModel
@@ -109,26 +108,22 @@ def sample_texts(
         h0 = torch.zeros(num, cfg.hidden, device=device)
         lengths = length.start(num, h0, sample=True, generator=generator)
         state, prompts, copies = LengthState(None, lengths), [ids] * num, 1
-    # On a GPU the model's check of each step's token ids (in range) is read once at the
-    # end, not at every step (each read waits for the device; the ids the search draws
-    # are in range by construction). On the CPU nothing changes.
-    with deferring():
-        results = generate_batch(
-            model,
-            prompts,
-            max_length=max_length,
-            eos_id=EOS_ID,
-            strategy=strategy,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            beam_size=beam_size,
-            num=copies,
-            generator=generator,
-            state=state,
-            state_batch_dim=state_batch_dim,
-            forbid=NEVER_GENERATED,
-        )
+    results = generate_batch(
+        model,
+        prompts,
+        max_length=max_length,
+        eos_id=EOS_ID,
+        strategy=strategy,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        beam_size=beam_size,
+        num=copies,
+        generator=generator,
+        state=state,
+        state_batch_dim=state_batch_dim,
+        forbid=NEVER_GENERATED,
+    )
     return [vocab.decode(r.ids) for row in results for r in row]
 
 

@@ -1,4 +1,5 @@
-"""Figures and checks of a training step read from the device once, not one by one.
+"""Figures and checks of a training step (or a search) read from the device once, not one
+by one.
 
 On a GPU every host read of a device value (``float(t)``, ``bool(t.any())``, ``t[mask]``)
 waits for all the work queued before it: the processor then idles while Python queues the
@@ -9,9 +10,12 @@ models leave their figures (``LossOutput.nats``, ``.tokens``) as 0-dimensional t
 and their checks as flags on the device; :meth:`Deferred.read` then fetches every flag
 and figure in one transfer and raises the first failed check's error, with the same
 message it would have raised at once. The Trainer runs each step so: one host read per
-step, as in a plain PyTorch loop that prints ``loss.item()``.
+step, as in a plain PyTorch loop that prints ``loss.item()``. So does a search of
+:mod:`rnnkit.generation` (``generate``, ``generate_batch``): the language model checks the
+ids of every step, which the search drew in range, and they are read once at its end.
 
-Outside :func:`deferring` (every call from user code), nothing changes: checks raise at
+It sits below the models, the losses and generation, which all read it. Outside
+:func:`deferring` (every other call from user code), nothing changes: checks raise at
 once and figures are Python numbers. On the CPU, where a read costs nothing, the checks
 and losses compute as they always did (:func:`active_for`); only the figures wait.
 

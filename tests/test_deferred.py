@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rnnkit.metrics import deferred as deferred_module
-from rnnkit.metrics.deferred import Deferred, active, active_for, count_of, deferring, figure_of
+from rnnkit import deferred as deferred_module
+from rnnkit.deferred import Deferred, active, active_for, count_of, deferring, figure_of
 from rnnkit.metrics.losses import sequence_cross_entropy, training_loss
 from rnnkit.models.language_model import check_token_ids
 
