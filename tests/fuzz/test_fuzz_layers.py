@@ -108,6 +108,19 @@ def _leaves(state: Any) -> list[torch.Tensor]:
     return [*state] if isinstance(state, tuple) else [] if state is None else [state]
 
 
+def _with_gradients(
+    values: list[torch.Tensor], wrt: list[torch.Tensor], seed: int
+) -> list[torch.Tensor]:
+    """``values`` and the gradients of a random projection of them (seeded: the same on
+    every path) with respect to ``wrt`` (zeros where one does not reach it)."""
+    weights = torch.Generator().manual_seed(seed + 2)
+    loss = sum((v * torch.randn(v.shape, generator=weights, dtype=v.dtype)).sum() for v in values)
+    grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+    return [v.detach() for v in values] + [
+        torch.zeros_like(w) if d is None else d for w, d in zip(wrt, grads, strict=True)
+    ]
+
+
 def _run_layer(case: dict[str, Any], path: str, compiled: bool) -> list[torch.Tensor]:
     """Outputs, final states and the gradients of a random projection of them."""
     torch.manual_seed(case["seed"])
@@ -150,13 +163,7 @@ def _run_layer(case: dict[str, Any], path: str, compiled: bool) -> list[torch.Te
     with use_fused(path), use_native(compiled):
         out = layer(x, state=state, **given)
     values = [out.outputs, *_leaves(out.state)]
-    weights = torch.Generator().manual_seed(case["seed"] + 2)
-    loss = sum((v * torch.randn(v.shape, generator=weights, dtype=dtype)).sum() for v in values)
-    wrt = [x, *_leaves(state), *layer.parameters()]
-    grads = torch.autograd.grad(loss, wrt, allow_unused=True)
-    return [v.detach() for v in values] + [
-        torch.zeros_like(w) if d is None else d for w, d in zip(wrt, grads, strict=True)
-    ]
+    return _with_gradients(values, [x, *_leaves(state), *layer.parameters()], case["seed"])
 
 
 def _assert_same(got: list[torch.Tensor], expected: list[torch.Tensor], tol: float, what: str):
@@ -265,13 +272,7 @@ def _run_dropin(module: torch.nn.Module, case: dict[str, Any]) -> list[torch.Ten
         torch.manual_seed(case["seed"] + 1)  # dropout's draws
         out, state = module(given, hx)
         values = [out.data if isinstance(out, PackedSequence) else out, *_leaves(state)]
-    weights = torch.Generator().manual_seed(case["seed"] + 2)
-    loss = sum((v * torch.randn(v.shape, generator=weights, dtype=dtype)).sum() for v in values)
-    wrt = [x, *_leaves(hx), *module.parameters()]
-    grads = torch.autograd.grad(loss, wrt, allow_unused=True)
-    return [v.detach() for v in values] + [
-        torch.zeros_like(w) if d is None else d for w, d in zip(wrt, grads, strict=True)
-    ]
+    return _with_gradients(values, [x, *_leaves(hx), *module.parameters()], case["seed"])
 
 
 @FUZZ
