@@ -76,6 +76,10 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         "seq2seq": ["--task", "seq2seq", "--train", str(d / "pairs.tsv"), "--beam", "2"],
         "lm": ["--task", "lm", "--train", str(d / "text.txt"), "--bptt", "full"],
         "lm_stream": ["--task", "lm", "--train", str(d / "text.txt"), "--bptt", "segment:8"],
+        "lm_words": [
+            "--task", "lm", "--train", str(d / "text.txt"), "--unit", "word",
+            "--bptt", "segment:4", "--batch-size", "4",
+        ],
         "events": [
             "--task", "events", "--train", str(d / "sessions.jsonl"),
             "--valid", str(d / "sessions_valid.jsonl"), "--bptt", "full",
@@ -165,6 +169,25 @@ def test_lm_logprobs_equal_the_teacher_forced_forward_pass(runs, run_cli, tmp_pa
         assert record["nats"] == pytest.approx(float(-want.sum()), abs=1e-5)
         assert len(record["tokens"]) == len(targets)
     assert got[2]["unknown"] == 2  # "z" was never seen
+
+
+def test_a_blank_line_of_a_word_stream_is_answered_with_no_token(runs, run_cli, tmp_path):
+    """A word model read as a stream (no line-end token) finds no token in a blank line:
+    its answer is empty, and the lines around it are scored as alone (a blank line in
+    the batch was an IndexError)."""
+    texts = ["abc abd", "", "   ", "cab"]
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    got = predict(run_cli, runs["lm_words"], path, "--batch-size", "4")
+    for blank in got[1:3]:
+        assert blank["tokens"] == blank["logprobs"] == blank["surprise"] == []
+        assert blank["nats"] == 0
+    alone = tmp_path / "alone.txt"
+    for text, record in zip(texts[::3], got[::3], strict=True):
+        alone.write_text(text + "\n", encoding="utf-8")
+        (want,) = predict(run_cli, runs["lm_words"], alone)
+        assert record["tokens"] == want["tokens"] == text.split()
+        assert record["logprobs"] == pytest.approx(want["logprobs"], abs=1e-6)
 
 
 def test_events_answers_are_the_score_records(runs, capsys, run_cli):

@@ -210,7 +210,8 @@ def line_logprobs(
         # Rows already scored feed their last token again; their outputs are not read.
         token = torch.tensor([inp[min(t, len(inp) - 1)] for inp, _ in rows], device=device)
         log_probs, state = model.step(token, state)
-        want = torch.tensor([tg[min(t, len(tg) - 1)] for _, tg in rows], device=device)
+        # (a line of no token, blank under --unit word without a line end, reads any id)
+        want = torch.tensor([tg[min(t, len(tg) - 1)] if tg else 0 for _, tg in rows], device=device)
         got[:, t] = log_probs.gather(1, want.view(-1, 1)).squeeze(1).double().cpu()
     for i, (_, targets) in enumerate(rows):
         lp = got[i, : len(targets)].tolist()
