@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from rnnkit import GRUCell, LSTMCell, RNNCell
+from rnnkit import LSTM, GRUCell, LSTMCell, RNNCell
 from rnnkit.cells.gru import gru_step
 from rnnkit.cells.kernel import Weights
 from rnnkit.cells.lstm import lstm_step
@@ -239,6 +239,12 @@ def test_rejects_what_is_not_a_cell() -> None:
         step_contributions(RNNCell(3, 4), torch.zeros(1, 2, 5), loss_fn=torch.sum)
     with pytest.raises(TypeError, match="float64"):
         step_contributions(RNNCell(3, 4), torch.zeros(1, 2, 3, dtype=DT), loss_fn=torch.sum)
+    # a layer-normalised cell: its weight shares would pass by the normalisation (this
+    # was an error from inside the compiled loop, "xp has ... elements")
+    normed = LSTM(3, 4, layer_norm=True)
+    for source in (normed.layers[0].cell, normed.layers[0]):
+        with pytest.raises(ValueError, match="without layer normalisation, got a LayerNorm"):
+            step_contributions(source, torch.zeros(1, 2, 3), loss_fn=torch.sum)
 
 
 @pytest.mark.parametrize("window", [0, -3, 1.5, True])

@@ -161,6 +161,14 @@ def run_direction(
     if not 0.0 <= zoneout < 1.0:
         raise ValueError(f"zoneout must be in [0, 1), got {zoneout!r}")
     cell, reverse = _split(source)
+    if hasattr(type(cell), "input_part"):
+        # its loop reads ν(x W_xᵀ) γ_x, and ∂L/∂W_x passes through the normalisation: the
+        # per-step weight shares here (d_xp ⊗ x) would be wrong (was an error from inside
+        # the compiled loop, "xp has … elements")
+        raise ValueError(
+            f"the gradient-flow diagnostics take cells without layer normalisation, got a "
+            f"{type(cell).__name__}"
+        )
     if x.dim() != 3 or x.shape[2] != cell.input_size:
         layout = "(B, T, I)" if batch_first else "(T, B, I)"
         raise ValueError(

@@ -303,6 +303,18 @@ def test_a_zoneout_models_flow_figures_are_its_steps_at_evaluation(tmp_path):
     assert "zoneout (p =" not in write_report(plain).read_text(encoding="utf-8")
 
 
+def test_a_layer_normalised_models_report_says_the_flow_pictures_do_not_apply(tmp_path):
+    """The gradient-flow diagnostics refuse a layer-normalised cell (their weight shares
+    would pass by the normalisation): the section says so and the rest of the page is
+    written (the report of every `--layer-norm` run failed inside the compiled loop)."""
+    run = tiny_run(tmp_path, "normed", cell="lstm", layer_norm=True, steps=4, eval_every=2)
+    page = html.unescape(write_report(run).read_text(encoding="utf-8"))
+    body = page.split('<section id="gradients">')[1].split("</section>")[0]
+    assert "drawn for cells without layer normalisation" in body
+    assert "LayerNormLSTMCell" in body
+    assert '<section id="metrics">' in page
+
+
 def test_the_training_rate_is_named_by_what_the_loss_counts(rnn_report, run_cli, tmp_path):
     """A classifier's loss counts examples (one prediction per line): its rate and loss are
     per example; a language model's per token."""
