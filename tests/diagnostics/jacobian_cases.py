@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from rnnkit import GRUCell, LSTMCell, RNNCell
+from rnnkit.cells.layer_norm import LayerNormGRUCell, LayerNormLSTMCell
 from rnnkit.types import LSTMState
 
 DT = torch.float64
@@ -17,6 +18,8 @@ CELLS = {
     "lstm": lambda: LSTMCell(3, 4),
     "gru_candidate_before": lambda: GRUCell(3, 4),
     "gru_keep_after": lambda: GRUCell(3, 4, update="keep", reset="after"),
+    "ln_lstm": lambda: LayerNormLSTMCell(3, 4),
+    "ln_gru": lambda: LayerNormGRUCell(3, 4),
 }
 
 

@@ -13,7 +13,7 @@ from rnnkit.types import LSTMState
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
-@pytest.mark.parametrize("name", ["rnn_tanh", "lstm", "gru_keep_after"])
+@pytest.mark.parametrize("name", ["rnn_tanh", "lstm", "gru_keep_after", "ln_lstm", "ln_gru"])
 def test_state_gradients_equal_autograd(name: str, reverse: bool) -> None:
     cell, x = make(name, seed=4)
     B, T = MASK.shape

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit import GRU, LSTM, GRUCell, LSTMCell, RNNCell
+from rnnkit.cells.layer_norm import LayerNormGRUCell, LayerNormLSTMCell
 from rnnkit.diagnostics import (
     GradientMonitor,
     LayerStats,
@@ -22,6 +23,11 @@ DT = torch.float64
 MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 0, 1, 1, 0], [1, 1, 0, 0, 0]]).bool()
 
 
+def ln(v: Tensor) -> Tensor:
+    """ν(v), the layer-normalised cells' normalisation (ε = 1e-5), in torch's operator."""
+    return nn.functional.layer_norm(v, (v.shape[-1],), eps=1e-5)
+
+
 def recomputed_gates(cell, x: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """Gate activations from the plain equations, by a masked Python loop; ``(N, H)``."""
     H = cell.hidden_size
@@ -32,7 +38,23 @@ def recomputed_gates(cell, x: Tensor, mask: Tensor) -> dict[str, Tensor]:
     for t in range(T):
         m = mask[:, t : t + 1]
         a_x = x[:, t] @ cell.weight_ih.T + cell.bias
-        if isinstance(cell, LSTMCell):
+        if isinstance(cell, LayerNormLSTMCell):
+            a = ln(x[:, t] @ cell.weight_ih.T) * cell.gamma_ih + cell.bias
+            a = a + ln(h @ cell.weight_hh.T) * cell.gamma_hh
+            i, f, g, o = a.chunk(4, dim=1)
+            i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+            c_new = f * c + i * g
+            h_new = o * (ln(c_new) * cell.gamma_c + cell.beta_c).tanh()
+            gates = {"i": i, "f": f, "g": g, "o": o}
+            c = torch.where(m, c_new, c)
+        elif isinstance(cell, LayerNormGRUCell):
+            p = ln(x[:, t] @ cell.weight_ih.T) * cell.gamma_ih + cell.bias
+            q = ln(h @ cell.weight_hh.T) * cell.gamma_hh
+            r, z = (p[:, : 2 * H] + q[:, : 2 * H]).sigmoid().chunk(2, dim=1)
+            n = (p[:, 2 * H :] + r * (q[:, 2 * H :] + cell.bias_hn)).tanh()
+            h_new = (1 - z) * h + z * n if cell.update == "candidate" else z * h + (1 - z) * n
+            gates = {"r": r, "z": z, "n": n}
+        elif isinstance(cell, LSTMCell):
             a = a_x + h @ cell.weight_hh.T
             i, f, g, o = a.chunk(4, dim=1)
             i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
@@ -67,8 +89,10 @@ def recomputed_gates(cell, x: Tensor, mask: Tensor) -> dict[str, Tensor]:
         lambda: GRUCell(3, 5, update="keep", reset="after"),
         lambda: RNNCell(3, 5),
         lambda: RNNCell(3, 5, nonlinearity="relu"),
+        lambda: LayerNormLSTMCell(3, 5),
+        lambda: LayerNormGRUCell(3, 5, update="keep"),
     ],
-    ids=["lstm", "gru_before", "gru_after", "rnn_tanh", "rnn_relu"],
+    ids=["lstm", "gru_before", "gru_after", "rnn_tanh", "rnn_relu", "ln_lstm", "ln_gru"],
 )
 def test_saturation_reads_the_gates_from_the_cache(make) -> None:
     torch.manual_seed(0)

@@ -21,7 +21,14 @@ from torch import Tensor
 
 from rnnkit.bptt.dispatch import compiled_library
 from rnnkit.bptt.forward import _mask2
-from rnnkit.bptt.record import ForwardRecord, Grads, Packing, Sweep, incoming_states
+from rnnkit.bptt.record import (
+    ForwardRecord,
+    Grads,
+    Packing,
+    Sweep,
+    incoming_states,
+    recurrent_grad_width,
+)
 from rnnkit.bptt.windowed import WindowUnit, windowed_sweep
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.kernel import Kernel, Weights
@@ -110,17 +117,10 @@ def backward_sweep(
 
 def _recurrent_gradients_buffer(kernel: Kernel, d_xp: Tensor, H: int) -> Tensor:
     """Where the sweep writes the gradients of the recurrent pre-activations: ``d_xp``
-    itself where they equal the input side's, else a buffer of their own —
-    ``reset="after"``: the n block only ``(T, B, H)`` (the r, z blocks equal ``d_xp``'s);
-    a kernel whose recurrent gradients differ otherwise says how wide they are
-    (``recurrent_grad_width``)."""
-    T, B = d_xp.shape[0], d_xp.shape[1]
-    width_of = getattr(kernel, "recurrent_grad_width", None)
-    if width_of is not None:
-        return d_xp.new_empty(T, B, width_of(H))
-    if getattr(kernel, "reset", None) == "after":
-        return d_xp.new_empty(T, B, H)
-    return d_xp
+    itself where they equal the input side's, else a buffer of their own
+    (:func:`rnnkit.bptt.record.recurrent_grad_width`)."""
+    width = recurrent_grad_width(kernel, H)
+    return d_xp if width is None else d_xp.new_empty(d_xp.shape[0], d_xp.shape[1], width)
 
 
 @without_autocast

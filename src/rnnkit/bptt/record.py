@@ -43,6 +43,18 @@ class ForwardRecord(NamedTuple):
     outputs: Tensor | None = None
 
 
+def recurrent_grad_width(kernel: object, H: int) -> int | None:
+    """How wide a sweep's gradients of the recurrent pre-activations are, where they
+    differ from the input side's (``d_hp`` a buffer of its own), else None (``d_hp`` is
+    ``d_xp``): a GRU with ``reset="after"``, the n block only (``H``; its r, z blocks equal
+    ``d_xp``'s); a kernel that says it (``recurrent_grad_width``: the layer-normalised
+    cells)."""
+    width_of = getattr(kernel, "recurrent_grad_width", None)
+    if width_of is not None:
+        return int(width_of(H))
+    return H if getattr(kernel, "reset", None) == "after" else None
+
+
 def incoming_states(record: ForwardRecord) -> tuple[Tensor, ...]:
     """The state each step starts from, ``(T, B, H)`` each: ``states[:-1]``, with zeros
     where the record resets a row (what the step actually read)."""

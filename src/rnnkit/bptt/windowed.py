@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from rnnkit.bptt.record import ForwardRecord, Sweep, incoming_states
+from rnnkit.bptt.record import ForwardRecord, Sweep, incoming_states, recurrent_grad_width
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.kernel import Kernel, Weights
 
@@ -56,8 +56,10 @@ class _Steps:
         self.new = tuple(s[1:] for s in record.states)
         self.mask, self.reset = unit.mask, record.reset
         self.wprep = kernel.prepare_backward(unit.weights)
-        self.separate = getattr(kernel, "reset", None) == "after"
-        self.width = kernel.gates * record.states[0].shape[2]
+        H = record.states[0].shape[2]
+        self.width = kernel.gates * H
+        self.hp_width = recurrent_grad_width(kernel, H)  # None: d_hp is d_xp
+        self.separate = self.hp_width is not None
 
     def __call__(self, d_new: list[Tensor]) -> tuple[Tensor, Tensor, list[Tensor]]:
         """``d_new`` each ``(n, B, H)`` → ``(d_xp (n, B, G·H), d_hp, d_prev (n, B, H))``."""
@@ -69,7 +71,7 @@ class _Steps:
 
         like = d_new[0]
         g_xp = like.new_empty(rows, self.width)
-        g_hp = like.new_empty(rows, H) if self.separate else g_xp
+        g_hp = g_xp if self.hp_width is None else like.new_empty(rows, self.hp_width)
         d_state = tuple(flat(d) for d in d_new)
         d_prev = self.kernel.step_backward(
             d_state,
@@ -156,12 +158,12 @@ def windowed_sweep(
         for layer in layers
     ]
     acc_xp, acc_hp = [], []
-    for layer, layer_steps in zip(layers, steps, strict=True):
+    for layer_steps in steps:
         acc_xp.append([like.new_zeros(T, B, st.width) for st in layer_steps])
         acc_hp.append(
             [
-                like.new_zeros(T, B, u.record.states[0].shape[2]) if st.separate else xp
-                for u, st, xp in zip(layer, layer_steps, acc_xp[-1], strict=True)
+                xp if st.hp_width is None else like.new_zeros(T, B, st.hp_width)
+                for st, xp in zip(layer_steps, acc_xp[-1], strict=True)
             ]
         )
     if d_out is not None:

@@ -285,6 +285,8 @@ class LayerNormLSTMCell(CellBase):
 
     gates = 4
     is_lstm = True
+    #: the parameters the loop's ``Weights.bias_hn`` carries, in order (:meth:`weights`)
+    loop_gains = ("gamma_hh", "gamma_c", "beta_c")
 
     def __init__(self, input_size: int, hidden_size: int, init: str = "uniform") -> None:
         super().__init__(input_size, hidden_size, init)
@@ -309,7 +311,7 @@ class LayerNormLSTMCell(CellBase):
     def weights(self) -> Weights:
         """The loop's weights: ``weight_ih`` only as a size (the loop reads the input part
         :meth:`input_part` computes), ``bias_hn`` the gains ``[γ_h; γ_c; β_c]``."""
-        gains = torch.cat([self.gamma_hh, self.gamma_c, self.beta_c])
+        gains = torch.cat([getattr(self, name) for name in self.loop_gains])
         return Weights(self.weight_ih.detach(), self.weight_hh, self.bias, gains)
 
     def input_part(self, x: Tensor, mm: Callable[..., Tensor] | None = None) -> Tensor:
@@ -526,6 +528,8 @@ class LayerNormGRUCell(CellBase):
 
     gates = 3
     reset = "after"
+    #: the parameters the loop's ``Weights.bias_hn`` carries, in order (:meth:`weights`)
+    loop_gains = ("gamma_hh", "bias_hn")
 
     def __init__(
         self, input_size: int, hidden_size: int, update: str = "candidate", init: str = "uniform"
@@ -552,7 +556,7 @@ class LayerNormGRUCell(CellBase):
 
     def weights(self) -> Weights:
         """As :meth:`LayerNormLSTMCell.weights`; ``bias_hn`` carries ``[γ_h; b_hn]``."""
-        gains = torch.cat([self.gamma_hh, self.bias_hn])
+        gains = torch.cat([getattr(self, name) for name in self.loop_gains])
         return Weights(self.weight_ih.detach(), self.weight_hh, self.bias, gains)
 
     def input_part(self, x: Tensor, mm: Callable[..., Tensor] | None = None) -> Tensor:

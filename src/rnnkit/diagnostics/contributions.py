@@ -13,6 +13,16 @@ where ``δ_k`` is ``Sweep.d_xp[k]`` (``d_hp`` for the recurrent matrix). The lib
 computes the same sums as one matrix product over all steps (``weight_grads``); here they
 are kept apart so that they can be shown, and their sum is the total gradient.
 
+A layer-normalised cell (``rnnkit.cells.layer_norm``) reads ``ν(W_x x_k) ⊙ γ_x`` where a
+plain cell reads ``W_x x_k``, so its input weights' shares pass through the normalisation
+(``n_k = ν(v_k)``, ``v_k = W_x x_k``, ``s_k`` its scale):
+
+    ∂L/∂v_k = s_k (δ_k γ_x − mean(δ_k γ_x) − n_k ⊙ mean(δ_k γ_x ⊙ n_k))
+    ∂L/∂W_x^(k) = (∂L/∂v_k)ᵀ x_k      ∂L/∂γ_x^(k) = Σ_rows δ_k ⊙ n_k
+
+and its other gains (``γ_h``, ``γ_c``, ``β_c`` / ``b_hn``) have per-step shares of their
+own, read off the kernel's ``recurrent_grads`` like ``W_h``'s.
+
 By time lag: the loss at step ``t`` reaches the copy at step ``k ≤ t`` through the path
 ``h_k → … → h_t``, ``t − k`` transitions long. Sweeping each step's loss separately
 (O(T²) steps, fine for diagnostics) splits the gradient by ``lag = t − k``; lag 0 is the
@@ -35,13 +45,18 @@ from rnnkit.bptt.record import ForwardRecord
 from rnnkit.bptt.regularized import RegularizedKernel
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.cells.normalization import normalize, normalize_backward
 from rnnkit.layers.masking import flip_sequences, resolve_mask
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.types import LSTMState, State
 
 __all__ = ["Contributions", "lag_contributions", "step_contributions"]
 
-PARAMETERS = ("weight_ih", "weight_hh", "bias", "bias_hn")
+# the cells' parameter names (a layer-normalised cell's gains last)
+PARAMETERS = (
+    *("weight_ih", "weight_hh", "bias", "bias_hn"),
+    *("gamma_ih", "gamma_hh", "gamma_c", "beta_c"),
+)
 LossFn = Callable[[Tensor], Tensor]
 
 
@@ -53,9 +68,14 @@ class Contributions:
     of the weights gets the contribution) or ``"lag"`` (``t − k``, the length of the
     dependency). Summing over the axis gives the total gradient, ``total()``.
 
+    Each field is named after the cell's parameter and has its shape after ``K``: the
+    gradient of ``cell.<name>`` is ``total()[name]``.
+
     Attributes:
         weight_ih: ``(K, G·H, I)``.  weight_hh: ``(K, G·H, H)``.  bias: ``(K, G·H)``.
         bias_hn: ``(K, H)`` for the GRU with ``reset="after"``, else None.
+        gamma_ih, gamma_hh: ``(K, G·H)``, the gains of a layer-normalised cell, else None.
+        gamma_c, beta_c: ``(K, H)``, the layer-normalised LSTM's cell-state gain and shift.
     """
 
     axis: str
@@ -63,6 +83,10 @@ class Contributions:
     weight_hh: Tensor
     bias: Tensor
     bias_hn: Tensor | None = None
+    gamma_ih: Tensor | None = None
+    gamma_hh: Tensor | None = None
+    gamma_c: Tensor | None = None
+    beta_c: Tensor | None = None
 
     def parameters(self) -> dict[str, Tensor]:
         """The contribution tensors by parameter name (``bias_hn`` only where present)."""
@@ -91,7 +115,9 @@ class DirectionRun(NamedTuple):
 
     Everything is time-major and in READING order (reversed within each sequence's extent
     for a reverse direction); ``mask`` (``(T, B)``, original order) and ``reverse`` say how
-    to map back with ``to_original``.
+    to map back with ``to_original``. ``inputs`` is what the cell reads at each step;
+    ``record.x`` what the time loop reads: the same rows, except for a layer-normalised
+    cell, whose loop reads its input part ``ν(x W_xᵀ) γ_x``.
     """
 
     cell: CellBase
@@ -101,6 +127,7 @@ class DirectionRun(NamedTuple):
     mask3: Tensor | None  # (T, B, 1) in reading order, None when every step is real
     mask: Tensor | None  # (T, B) original order
     reverse: bool
+    inputs: Tensor  # (T, B, I) in reading order, zero at masked steps
     zoneout: float = 0.0  # each step keeps this share of the previous state (evaluation)
 
     def to_original(self, t: Tensor) -> Tensor:
@@ -128,6 +155,24 @@ def _split(source: CellBase | Recurrent) -> tuple[CellBase, bool]:
         f"expected a cell (RNNCell, LSTMCell, GRUCell) or one direction of a layer "
         f"(Recurrent), got {type(source).__name__}"
     )
+
+
+def layer_normalised(cell: CellBase) -> bool:
+    """Whether the cell's loop reads its input part (``input_part``) rather than ``x``."""
+    return hasattr(type(cell), "input_part")
+
+
+class _PyTorchLoop:
+    """A kernel without its compiled loop (``native_*``), so that the forward and the sweeps
+    run the PyTorch loop: everything else is the kernel's."""
+
+    def __init__(self, inner: Kernel) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("native_"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
 
 
 def detached_weights(cell: CellBase) -> Weights:
@@ -161,14 +206,6 @@ def run_direction(
     if not 0.0 <= zoneout < 1.0:
         raise ValueError(f"zoneout must be in [0, 1), got {zoneout!r}")
     cell, reverse = _split(source)
-    if hasattr(type(cell), "input_part"):
-        # its loop reads ν(x W_xᵀ) γ_x, and ∂L/∂W_x passes through the normalisation: the
-        # per-step weight shares here (d_xp ⊗ x) would be wrong (was an error from inside
-        # the compiled loop, "xp has … elements")
-        raise ValueError(
-            f"the gradient-flow diagnostics take cells without layer normalisation, got a "
-            f"{type(cell).__name__}"
-        )
     if x.dim() != 3 or x.shape[2] != cell.input_size:
         layout = "(B, T, I)" if batch_first else "(T, B, I)"
         raise ValueError(
@@ -201,6 +238,13 @@ def run_direction(
             mask3 = None
     w = detached_weights(cell)
     kernel = cast(Kernel, cell.kernel)
+    inputs = xt.detach()
+    if layer_normalised(cell):
+        # the loop reads the input part; the PyTorch loop's sweep, whose recurrent
+        # gradients are per step (the compiled loop sums the gains' inside)
+        with torch.no_grad():
+            xt = cast(Any, cell).input_part(inputs)
+        kernel = cast(Kernel, _PyTorchLoop(kernel))
     if zoneout:
         # the evaluation's constant keep factor, the same for every step: a sweep over a
         # part of the record (sub_record) reads the right factor at any index
@@ -210,7 +254,7 @@ def run_direction(
         kernel = cast(Kernel, RegularizedKernel(kernel, None, (keep,) * n))
     with torch.no_grad():
         record = forward_pass(kernel, xt.detach(), w, states0, mask3, save=True)
-    return DirectionRun(cell, kernel, w, record, mask3, mask_t, reverse, zoneout)
+    return DirectionRun(cell, kernel, w, record, mask3, mask_t, reverse, inputs, zoneout)
 
 
 def output_gradient(
@@ -245,33 +289,63 @@ def output_gradient(
 
 
 def per_step(
-    kernel: Kernel,
+    run: DirectionRun,
     record: ForwardRecord,
+    x: Tensor,
     d_xp: Tensor,
     d_hp: Tensor,
     to_original: Callable[[Tensor], Tensor] | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """Contributions of each step of ``record`` (``(n, ·)`` each) for the sweep ``d_xp``.
+) -> dict[str, Tensor]:
+    """Contributions of each step of ``record`` (``(n, ·)`` each, by parameter name) for
+    the sweep ``d_xp``; ``x (n, B, I)`` the cell's inputs of those steps.
 
     ``to_original`` reorders time-major tensors first (a reverse direction's rows)."""
-    n, B = d_xp.shape[0], d_xp.shape[1]
-    x = record.x.view(n, B, -1)  # (n, B, I)
+    cell, kernel = run.cell, run.kernel
     h_prev = record.states[0][:-1]  # (n, B, H)
     cache = record.cache
     if to_original is not None:
         d_xp, d_hp, x, h_prev = (to_original(t) for t in (d_xp, d_hp, x, h_prev))
         cache = tuple(to_original(c) for c in cache)
-    d_w_ih = torch.einsum("kbg,kbi->kgi", d_xp, x)  # (n, G·H, I)
-    d_bias = d_xp.sum(1)  # (n, G·H)
+    out: dict[str, Tensor] = {}
+    if layer_normalised(cell):  # through ν (module docstring)
+        gain = cast(Tensor, cell.gamma_ih).detach()
+        n_x, inv = normalize(x @ run.weights.weight_ih.T)  # (n, B, G·H), (n, B, 1)
+        d_v = normalize_backward(d_xp * gain, n_x, inv)
+        out["weight_ih"] = torch.einsum("kbg,kbi->kgi", d_v, x)
+        out["gamma_ih"] = (d_xp * n_x).sum(1)
+    else:
+        out["weight_ih"] = torch.einsum("kbg,kbi->kgi", d_xp, x)  # (n, G·H, I)
+    out["bias"] = d_xp.sum(1)  # (n, G·H)
     hh: list[Tensor] = []
     hn: list[Tensor] = []
-    for k in range(n):  # the kernel knows what multiplies W_hh (e.g. r ⊙ h for the GRU)
+    for k in range(d_xp.shape[0]):  # the kernel knows what multiplies W_hh (r ⊙ h: GRU)
         g_hh, g_hn = kernel.recurrent_grads(d_xp[k], d_hp[k], h_prev[k], tuple(c[k] for c in cache))
         hh.append(g_hh)
         if g_hn is not None:
             hn.append(g_hn)
-    d_bias_hn = torch.stack(hn) if hn else None
-    return d_w_ih, torch.stack(hh), d_bias, d_bias_hn
+    out["weight_hh"] = torch.stack(hh)
+    if hn:
+        extra = torch.stack(hn)  # b_hn, or a layer-normalised cell's gains in loop order
+        names = getattr(cell, "loop_gains", ("bias_hn",))
+        sizes = [getattr(cell, name).numel() for name in names]
+        out.update(zip(names, extra.split(sizes, dim=1), strict=True))
+    return out
+
+
+def _shapes(run: DirectionRun) -> dict[str, torch.Size]:
+    """The shape of each parameter :func:`per_step` gives a share of, by name."""
+    cell, w = run.cell, run.weights
+    shapes = {"weight_ih": w.weight_ih.shape, "weight_hh": w.weight_hh.shape, "bias": w.bias.shape}
+    if layer_normalised(cell):
+        shapes["gamma_ih"] = cast(Tensor, cell.gamma_ih).shape
+    if w.bias_hn is not None:
+        for name in getattr(cell, "loop_gains", ("bias_hn",)):
+            shapes[name] = getattr(cell, name).shape
+    return shapes
+
+
+def _contributions(axis: str, parts: dict[str, Tensor]) -> Contributions:
+    return Contributions(axis, **parts)
 
 
 def step_contributions(
@@ -335,8 +409,8 @@ def run_step_contributions(
         sweep = backward_sweep(
             run.kernel, run.record, run.weights, run.mask3, d_out, (None,) * n, window
         )
-        parts = per_step(run.kernel, run.record, sweep.d_xp, sweep.d_hp, run.to_original)
-    return Contributions("step", *parts)
+        parts = per_step(run, run.record, run.inputs, sweep.d_xp, sweep.d_hp, run.to_original)
+    return _contributions("step", parts)
 
 
 def _check_window(window: object) -> None:
@@ -404,12 +478,9 @@ def run_lag_contributions(
     d_out = output_gradient(run, d_outputs, loss_fn, batch_first)
     kernel, record, T = run.kernel, run.record, run.steps
     n = len(record.states)
-    like = record.x
-    G, H, I = kernel.gates, record.states[0].shape[2], record.x.shape[1]
-    w_ih = like.new_zeros(T, G * H, I)
-    w_hh = like.new_zeros(T, G * H, H)
-    bias = like.new_zeros(T, G * H)
-    bias_hn = like.new_zeros(T, H) if run.weights.bias_hn is not None else None
+    like = run.inputs
+    # by parameter: (T, *its shape), filled lag by lag
+    acc = {name: like.new_zeros(T, *shape) for name, shape in _shapes(run).items()}
     with torch.no_grad():
         for t in range(T):
             if not bool(d_out[t].any()):
@@ -420,11 +491,8 @@ def run_lag_contributions(
             d_sub[-1] = d_out[t]
             mask3 = None if run.mask3 is None else run.mask3[start : t + 1]
             sweep = backward_sweep(kernel, sub, run.weights, mask3, d_sub, (None,) * n)
-            parts = per_step(kernel, sub, sweep.d_xp, sweep.d_hp)
+            parts = per_step(run, sub, run.inputs[start : t + 1], sweep.d_xp, sweep.d_hp)
             m = t + 1 - start  # lags 0 .. m − 1, step k = t − lag
-            w_ih[:m] += parts[0].flip(0)
-            w_hh[:m] += parts[1].flip(0)
-            bias[:m] += parts[2].flip(0)
-            if bias_hn is not None and parts[3] is not None:
-                bias_hn[:m] += parts[3].flip(0)
-    return Contributions("lag", w_ih, w_hh, bias, bias_hn)
+            for name, part in parts.items():
+                acc[name][:m] += part.flip(0)
+    return _contributions("lag", acc)

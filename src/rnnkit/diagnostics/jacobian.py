@@ -85,11 +85,6 @@ def _flat_states(run: DirectionRun) -> Tensor:
     return torch.cat(run.record.states, dim=-1)  # (T + 1, B, S)
 
 
-def _step_inputs(run: DirectionRun) -> Tensor:
-    T, B = run.steps, run.record.states[0].shape[1]
-    return run.record.x.view(T, B, -1)
-
-
 def step_jacobians(
     source: CellBase | Recurrent,
     x: Tensor,
@@ -121,7 +116,7 @@ def step_jacobians(
 
 def _run_jacobians(run: DirectionRun) -> Tensor:
     """:func:`step_jacobians` of a direction already run (``jacobian_norms`` shares it)."""
-    s, xs = _flat_states(run), _step_inputs(run)
+    s, xs = _flat_states(run), run.inputs
     T, B, S = run.steps, s.shape[1], s.shape[2]
     eye = torch.eye(S, dtype=s.dtype, device=s.device)
     out = s.new_empty(T, B, S, S)
@@ -151,7 +146,7 @@ class _LinearSteps:
     """
 
     def __init__(self, run: DirectionRun, start: int, copies: int = 1) -> None:
-        s, xs = _flat_states(run), _step_inputs(run)
+        s, xs = _flat_states(run), run.inputs
         self.mask3 = None if run.mask3 is None else run.mask3.repeat(1, copies, 1)
         self.graphs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
         with torch.enable_grad():

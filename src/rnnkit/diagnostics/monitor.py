@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.cells.base import CellBase
-from rnnkit.diagnostics.contributions import DirectionRun, run_direction
+from rnnkit.diagnostics.contributions import DirectionRun, layer_normalised, run_direction
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.layers.stacked import Bidirectional, StackedRecurrent
 from rnnkit.types import State
@@ -74,8 +74,11 @@ def _saturation(run: DirectionRun, threshold: float) -> dict[str, float]:
         i, f, g, o = gates.chunk(4, dim=-1)
         parts = {"i": (i, logistic), "f": (f, logistic), "g": (g, tanh_form), "o": (o, logistic)}
     elif cell.gates == 3:
-        r, z = expect(record.cache[0], 2 * H, "gates r, z").chunk(2, dim=-1)
-        n = expect(record.cache[1], H, "candidate n")
+        if layer_normalised(cell):  # its first cache holds r, z and n
+            r, z, n = expect(record.cache[0], 3 * H, "gates r, z, n").chunk(3, dim=-1)
+        else:
+            r, z = expect(record.cache[0], 2 * H, "gates r, z").chunk(2, dim=-1)
+            n = expect(record.cache[1], H, "candidate n")
         parts = {"r": (r, logistic), "z": (z, logistic), "n": (n, tanh_form)}
     else:
         h = record.states[0][1:]

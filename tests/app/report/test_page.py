@@ -303,15 +303,26 @@ def test_a_zoneout_models_flow_figures_are_its_steps_at_evaluation(tmp_path):
     assert "zoneout (p =" not in write_report(plain).read_text(encoding="utf-8")
 
 
-def test_a_layer_normalised_models_report_says_the_flow_pictures_do_not_apply(tmp_path):
-    """The gradient-flow diagnostics refuse a layer-normalised cell (their weight shares
-    would pass by the normalisation): the section says so and the rest of the page is
-    written (the report of every `--layer-norm` run failed inside the compiled loop)."""
+def test_a_layer_normalised_models_report_draws_the_flow_pictures(tmp_path):
+    """A `--layer-norm` model's report has its gradient-flow section (its report failed
+    inside the compiled loop, then said the pictures did not apply): the per-step bars add
+    up to the model's own backward pass, as for any cell, and the saturation table has
+    the gates."""
     run = tiny_run(tmp_path, "normed", cell="lstm", layer_norm=True, steps=4, eval_every=2)
     page = html.unescape(write_report(run).read_text(encoding="utf-8"))
     body = page.split('<section id="gradients">')[1].split("</section>")[0]
-    assert "drawn for cells without layer normalisation" in body
-    assert "LayerNormLSTMCell" in body
+    assert "layer normalisation" not in body
+    assert "<img" in body or "<svg" in body
+
+    def figure(label: str) -> float:
+        found = re.search(re.escape(label) + r"</t[hd]>\s*<td[^>]*>([^<]*)</td>", body)
+        assert found is not None, label
+        return float(found.group(1))
+
+    total = figure("‖∂L/∂W_hh‖: sum of the bars")
+    reference = figure("‖∂L/∂W_hh‖: backward pass of the model")
+    assert total == pytest.approx(reference, rel=1e-3)
+    assert "Gate saturation" in body
     assert '<section id="metrics">' in page
 
 

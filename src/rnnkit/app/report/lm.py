@@ -85,15 +85,6 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
             "Gradient flow through time",
             note("Gradient-flow pictures are drawn for unidirectional stacks."),
         )
-    if hasattr(type(first.cell), "input_part"):  # rnnkit.diagnostics refuses it
-        return section(
-            "gradients",
-            "Gradient flow through time",
-            note(
-                "Gradient-flow pictures are drawn for cells without layer normalisation "
-                f"(this model's first layer: {type(first.cell).__name__})."
-            ),
-        )
     inputs, targets = batch[:, :-1], batch[:, 1:]
     with torch.no_grad():
         x = model.embedding(inputs)  # (B, T, E)
