@@ -126,3 +126,24 @@ def test_an_os_error_is_one_line_naming_its_file(monkeypatch, capsys, exc, line)
     monkeypatch.setattr(report, "run", failing_run)
     assert main(["report", "--checkpoint", "nowhere"]) == 2
     assert capsys.readouterr().err == f"rnnkit report: error: {line}\n"
+
+
+def test_an_unknown_option_is_named_by_its_commands_parser(capsys):
+    """`rnnkit score ... --json` said `rnnkit: error: ...`, as if `rnnkit` itself had
+    refused it; the line now names the command, as a missing or invalid option's does."""
+    for name, sub in _subparsers().items():
+        argv = [name]
+        for action in sub._actions:
+            if action.required:  # given, so that the unknown option is what is wrong
+                value = next(iter(action.choices)) if action.choices else "x"
+                argv += [action.option_strings[0], value] if action.option_strings else [value]
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, "--no-such-option", "1"])
+        assert exc.value.code == 2, name
+        err = capsys.readouterr().err.strip()
+        assert err == f"rnnkit {name}: error: unrecognized arguments: --no-such-option 1", name
+    with pytest.raises(SystemExit):
+        main(["--no-such-option"])
+    assert (
+        capsys.readouterr().err.strip() == "rnnkit: error: unrecognized arguments: --no-such-option"
+    )

@@ -98,6 +98,14 @@ def add_verbosity_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The commands' parsers by name."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def explicit_options(argv: Sequence[str] | None) -> set[str]:
     """The destinations ``argv`` sets itself (not by default): a second parse in which
     every default is suppressed. ``--resume`` needs it: an option given with its default
@@ -132,7 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # named by the command's parser ("rnnkit score: error: ..."), not rnnkit's
+        owner = _commands(parser).get(args.command, parser)
+        owner.error(f"unrecognized arguments: {' '.join(extras)}")
     if args.command is None:
         # No command is a usage error (status 2, like any other), shown with the list.
         parser.print_help(sys.stderr)
