@@ -119,3 +119,17 @@ def test_tail_pvalues_and_tippett_combination_by_hand() -> None:
     assert log_tail_pvalues([0.0, 0.0], [3.0])[0] == pytest.approx(-math.log(3) - 3)
     with pytest.raises(ValueError, match="calibration"):
         tail_pvalues([], [1.0])
+
+
+@pytest.mark.parametrize("at", [5.0, 2.0, 0.0])
+def test_a_copy_of_a_calibration_score_ties_with_it_whatever_the_rounding(at: float) -> None:
+    """The same session scored in another batch differs by float rounding (~1e-7
+    relative); on either side of the calibration score it still ties with it. At the
+    largest score it landed on 2/5 or on the tail's 1/5: a combined score moved by ln 2."""
+    cal = [0.0, 2.0, 2.0, 5.0]
+    want = log_tail_pvalues(cal, [at])[0]
+    for x in (at * (1 + 3e-7) + 1e-9, at * (1 - 3e-7) - 1e-9):
+        assert log_tail_pvalues(cal, [x])[0] == pytest.approx(want, abs=1e-6)
+    # ... while a real difference is still one: past the tolerance the count (or the tail)
+    # moves
+    assert log_tail_pvalues(cal, [at + 0.01])[0] < want - 0.1

@@ -76,6 +76,10 @@ SCORES: tuple[str, ...] = (*COMBINED_PARTS, "combined")
 #: an event the model always predicts (σ ≈ 0) would otherwise turn a tenth of a nat into
 #: a huge z.
 MIN_STD = 0.1
+#: Relative distance within which a score ties with a calibration score
+#: (:func:`log_tail_pvalues`): float rounding, not a difference; the threshold's margin
+#: (``rnnkit.anomaly.thresholds.threshold_at_fpr``).
+TIE_TOLERANCE = 1e-4
 
 
 def surprise_and_rank(log_probs: Any, targets: Any) -> tuple[Any, Any]:
@@ -209,6 +213,10 @@ def log_tail_pvalues(calibration: Any, scores: Any) -> np.ndarray:
     maximum-likelihood scale); when they have no spread, ``β`` is the standard deviation
     of all calibration scores, or 1.
 
+    ``c ≥ x`` is counted with a tolerance, ``c ≥ x − 10⁻⁴ max(1, |x|)``
+    (:data:`TIE_TOLERANCE`, the threshold's margin): a copy of a calibration session
+    scored again, in another batch or streamed, ties with it whatever the float rounding.
+
     >>> np.exp(log_tail_pvalues([1.0, 2.0, 2.0, 5.0], [0.5, 2.0, 5.0, 7.0])).round(4).tolist()
     [1.0, 0.8, 0.4, 0.0736]
     """
@@ -217,14 +225,18 @@ def log_tail_pvalues(calibration: Any, scores: Any) -> np.ndarray:
     if n == 0:
         raise ValueError("tail p-values need calibration scores")
     x = np.asarray(scores, dtype=np.float64)
-    above = n - np.searchsorted(cal, x, side="left")  # #{c >= x}
+    # A score within float rounding of a calibration score ties with it: the same session
+    # scored in another batch, or streamed, differs by ~1e-7 relative, and on the step of
+    # the count (at the largest: 2/(N+1) against 1/(N+1)) that moved it by ln 2
+    tol = TIE_TOLERANCE * np.maximum(1.0, np.abs(x))
+    above = n - np.searchsorted(cal, x - tol, side="left")  # #{c >= x}, ties as above
     log_p = np.log((1.0 + above) / (n + 1.0))
     m = min(max(10, math.ceil(n / 10)), n - 1)
     excess = cal[cal > cal[n - 1 - m]] - cal[n - 1 - m] if m > 0 else cal[:0]
     beta = float(excess.mean()) if excess.size else 0.0
     if not beta > 0:
         beta = float(cal.std()) if cal.std() > 0 else 1.0
-    beyond = x > cal[-1]
+    beyond = x > cal[-1] + tol
     log_p[beyond] = -math.log(n + 1.0) - (x[beyond] - cal[-1]) / beta
     return log_p
 
