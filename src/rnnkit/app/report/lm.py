@@ -12,33 +12,29 @@ the next-symbol distribution and the hidden states along the text.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from rnnkit.app.report.html import esc, image, note, section, table
-from rnnkit.app.report.run import Run
-from rnnkit.diagnostics import RecordedRun, plots
+from rnnkit.app.report.html import esc, image, note, section
+from rnnkit.app.report.run import Run, data_files
+from rnnkit.diagnostics import plots
 
 __all__ = ["lm_sections"]
 
 
 def read_sample_text(run: Run, limit: int = 1 << 18) -> tuple[str, str] | None:
     """``(text, where)`` from the run's validation (else training) file, if readable."""
-    for name in (run.cfg.valid, run.cfg.train):
-        if not name:
+    for candidate in data_files(run):
+        try:
+            with open(candidate, encoding="utf-8", errors="replace") as f:
+                text = f.read(limit)
+        except OSError:
             continue
-        for candidate in (Path(name), run.path / name):
-            try:
-                with open(candidate, encoding="utf-8", errors="replace") as f:
-                    text = f.read(limit)
-            except OSError:
-                continue
-            if text.strip():
-                return text, str(candidate)
+        if text.strip():
+            return text, str(candidate)
     return None
 
 
@@ -72,194 +68,33 @@ def diagnostic_batch(run: Run, vocab: Any, model: Any, rows: int = 8, steps: int
 
 
 def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
-    """The gradient-flow section: the flow figure against its bound, the per-step and
-    per-lag contributions to ∂L/∂W_hh, a table of the figures and the gate saturation."""
-    from rnnkit.layers.recurrent import Recurrent
+    """The gradient-flow section (:mod:`rnnkit.app.report.flow`) on windows of text: the
+    mean of every step's loss, and the last step's alone."""
+    from rnnkit.app.report.flow import FlowBatch, flow_section
     from rnnkit.metrics.losses import sequence_cross_entropy
 
-    encoder = model.encoder
-    first = encoder.layers[0]
-    if not isinstance(first, Recurrent):
-        return section(
-            "gradients",
-            "Gradient flow through time",
-            note("Gradient-flow pictures are drawn for unidirectional stacks."),
-        )
     inputs, targets = batch[:, :-1], batch[:, 1:]
     with torch.no_grad():
         x = model.embedding(inputs)  # (B, T, E)
 
-    zoneout = float(getattr(encoder, "zoneout", 0.0) or 0.0)
+    def loss(top: Tensor, rows: int, steps: int) -> Tensor:
+        return sequence_cross_entropy(model.head(top), targets[:rows, :steps])
 
-    def logits_of(h: Tensor) -> Tensor:
-        """Outputs of the first layer (B, T, H) → logits, through the layers above it
-        (with their zoneout as at evaluation: the stack's masks, drawn in eval mode)."""
-        z = h.transpose(0, 1)  # (T, B, H)
-        masks = encoder.draw_masks(z.shape[1], z.shape[0], z) if zoneout else None
-        for index, layer in enumerate(encoder.layers[1:], start=1):
-            z, _ = layer(z, masks=None if masks is None else masks.cells[index])
-        return model.head(z.transpose(0, 1))
+    def last_loss(top: Tensor, rows: int, steps: int) -> Tensor:
+        return sequence_cross_entropy(model.head(top)[:, -1:], targets[:rows, steps - 1 : steps])
 
-    def loss_all(tgt: Tensor):
-        return lambda h: sequence_cross_entropy(logits_of(h), tgt)
-
-    def loss_last(h: Tensor) -> Tensor:
-        return sequence_cross_entropy(logits_of(h)[:, -1:], targets[:, -1:])
-
-    # One run of the first layer over the windows answers the state gradients of both
-    # losses and the per-step contributions; one over their first 4 × 32 steps, the
-    # Jacobians and the per-lag contributions (each asked for its own run before: 5).
-    Bs, Ts = min(x.shape[0], 4), min(x.shape[1], 32)
-    recorded = RecordedRun(first, x, zoneout=zoneout)
-    short = RecordedRun(first, x[:Bs, :Ts], zoneout=zoneout)
-    body, figures = _flow_figure(run, first, recorded, short, loss_all(targets), loss_last, where)
-    if zoneout:
-        body = (
-            note(
-                f"This model was trained with zoneout (p = {zoneout:g}): at evaluation each "
-                f"step keeps {zoneout:g} of the previous state, h_t = p h_(t−1) + (1 − p) h̃_t, "
-                "so its step Jacobian is p I + (1 − p) J. The figures below are those of "
-                "these steps, as the model runs at evaluation."
-            )
-            + body
+    B, T = inputs.shape
+    return flow_section(
+        FlowBatch(
+            model,
+            x,
+            None,
+            loss,
+            lambda: sequence_cross_entropy(model(inputs).logits, targets),
+            f"{B} windows of {T} {run.cfg.unit}s from {where}",
+            last_loss=last_loss,
+            short_steps=32,
         )
-    contributions, total, reference = _contribution_figures(
-        model, first, recorded, short, batch, loss_all
-    )
-    body += contributions
-    body += _figures_table(figures, total, reference)
-    body += _saturation_table(encoder, x)
-    return section("gradients", "Gradient flow through time", body)
-
-
-def _flow_figure(
-    run: Run,
-    first: Any,
-    recorded: RecordedRun,
-    short: RecordedRun,
-    loss_all: Any,
-    loss_last: Any,
-    where: str,
-) -> tuple[str, dict[str, Any]]:
-    """The figure of ‖∂L/∂h_k‖ (on ``recorded``, the windows) and ‖∂h_t/∂h_0‖₂ (on
-    ``short``, their first steps) against the bound (γλ)^(t−k), with its text; and
-    ``{lam, gamma, g_last}`` for the table."""
-    from rnnkit.cells.rnn import RNNCell
-    from rnnkit.diagnostics import activation_gain, rnn_jacobian_bound, spectral_norm
-
-    cell = first.cell
-    B, T = recorded.shape
-    g_all = recorded.state_gradient_norms(loss_fn=loss_all).numpy()
-    g_last = recorded.state_gradient_norms(loss_fn=loss_last).numpy()
-    lam = spectral_norm(cell.weight_hh)
-    rnn = cell if isinstance(cell, RNNCell) else None  # the bound is for the simple cell
-    simple = rnn is not None
-    gamma = activation_gain(rnn.nonlinearity) if rnn is not None else None
-    lines = {
-        r"$L$ = mean of $\ell_t$ over all steps": g_all,
-        r"$\ell_T$ only (the last step's loss)": g_last,
-    }
-    # ‖∂ℓ_T/∂h_k‖ ≤ ‖∂ℓ_T/∂h_T‖ (γλ)^{T−k}: the bound on the last step's gradient.
-    last_bound = g_last[-1] * (gamma * lam) ** np.arange(T, -1, -1.0) if gamma is not None else None
-    Bj, Tj = short.shape
-    width = cell.hidden_size * (2 if cell.is_lstm else 1)
-    method = "exact" if width <= 64 else "power"
-    J = short.jacobian_norms(method=method, iterations=10).numpy()
-    bound = rnn_jacobian_bound(rnn, range(Tj + 1)).numpy() if rnn is not None else None
-    body = (
-        f"<p>On {B} windows of {T} {esc(run.cfg.unit)}s from {esc(where)}, through the first "
-        f"layer ({esc(type(cell).__name__)}, H = {cell.hidden_size}). "
-        "∂h_t/∂h_k = Π diag(φ′(a_j)) W_h, so ‖∂h_t/∂h_k‖₂ ≤ (γλ)^(t−k) with λ = ‖W_h‖₂ "
-        "and γ = 1 for tanh, ¼ for the logistic (the bound is for the simple cell).</p>"
-    )
-    flow = plots.plot_gradient_flow(lines, J, bound, weight_norm=lam, state_grad_bound=last_bound)
-    body += image(
-        flow,
-        "gradient norm through time and Jacobian norms against the bound",
-        "Left: ‖∂L/∂h_k‖ for every state of the first layer (log scale)"
-        + (", dashed: its bound ‖∂ℓ_T/∂h_T‖ (γλ)^(T−k) for the last step's loss" if simple else "")
-        + ". Right: "
-        f"‖∂h_t/∂h_0‖₂ over the first {Tj} steps of {Bj} windows "
-        f"({'exact' if method == 'exact' else 'power-iteration estimate'})"
-        + (
-            ", dashed: the bound (γλ)^(t−k)."
-            if simple
-            else "; the (γλ)^(t−k) bound is for the simple cell only."
-        ),
-    )
-    return body, {"lam": lam, "gamma": gamma, "g_last": g_last}
-
-
-def _contribution_figures(
-    model: Any, first: Any, recorded: RecordedRun, short: RecordedRun, batch: Tensor, loss_all: Any
-) -> tuple[str, float, float]:
-    """The per-step (on ``recorded``) and per-lag (on ``short``) contributions to
-    ∂L/∂W_hh of the first layer; their sum and the norm of the model's own backward
-    pass, which it must equal."""
-    from rnnkit.metrics.losses import sequence_cross_entropy
-
-    cell = first.cell
-    inputs, targets = batch[:, :-1], batch[:, 1:]
-    steps = recorded.step_contributions(loss_fn=loss_all(targets))
-    values, total = plots.projected_contributions(steps.weight_hh)
-    model.zero_grad(set_to_none=True)
-    with torch.enable_grad():
-        sequence_cross_entropy(model(inputs).logits, targets).backward()
-    grad = cell.weight_hh.grad
-    assert grad is not None  # the backward just ran through this cell
-    reference = float(grad.norm())
-    model.zero_grad(set_to_none=True)
-    body = image(
-        plots.plot_contributions(values, total=total),
-        "per-step contributions to the gradient of the recurrent weight",
-        "Each bar is step k's copy of W_hh: its contribution C_k = ∂L/∂W_hh^(k) "
-        "projected on the direction of the total gradient G = Σ_k C_k, so the "
-        "bars add up to ‖G‖ (the dark bar). Red bars pull against the update.",
-    )
-    Bl, Tl = short.shape
-    lags = short.lag_contributions(loss_fn=loss_all(targets[:Bl, :Tl]))
-    lag_values, lag_total = plots.projected_contributions(lags.weight_hh)
-    body += image(
-        plots.plot_contributions(lag_values, total=lag_total, axis="lag"),
-        "contributions to the gradient of the recurrent weight by time lag",
-        f"The same gradient split by how far it travelled (lag t − k, on {Bl} "
-        f"windows of {Tl} steps): long lags are what vanish.",
-    )
-    return body, total, reference
-
-
-def _figures_table(figures: dict[str, Any], total: float, reference: float) -> str:
-    lam, gamma, g_last = figures["lam"], figures["gamma"], figures["g_last"]
-    rows: list[list[Any]] = [
-        ["λ = ‖W_hh‖₂ (first layer)", lam],
-        ["‖∂L/∂W_hh‖: sum of the bars", total],
-        ["‖∂L/∂W_hh‖: backward pass of the model", reference],
-        [
-            "‖∂ℓ_T/∂h_0‖ / ‖∂ℓ_T/∂h_T‖ (how much of the last loss reaches the start)",
-            float(g_last[0] / g_last[-1]) if g_last[-1] > 0 else None,
-        ],
-    ]
-    if gamma is not None:
-        rows += [
-            ["γ (activation)", gamma],
-            ["γλ", gamma * lam],
-            ["bound after 20 steps (γλ)^20", (gamma * lam) ** 20],
-        ]
-    return table(rows)
-
-
-def _saturation_table(encoder: Any, x: Tensor) -> str:
-    from rnnkit.diagnostics import layer_statistics
-
-    stats = layer_statistics(encoder, x)
-    gates = sorted({g for st in stats.values() for g in st.saturation})
-    srows = [
-        [name, *(st.saturation.get(g) for g in gates), st.state_norm, st.cell_norm]
-        for name, st in stats.items()
-    ]
-    body = "<p>Gate saturation (share of values within 0.02 of 0 or 1) and state norms:</p>"
-    return body + table(
-        srows, ["layer", *(f"{g} saturated" for g in gates), "mean ‖h_t‖", "mean ‖c_t‖"]
     )
 
 

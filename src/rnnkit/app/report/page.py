@@ -13,13 +13,15 @@ and clipping, vanishing/exploding signals), samples, gradient flow through time
 (‖∂L/∂h_k‖, ‖∂h_t/∂h_k‖₂ against the bound (γλ)^{t−k}, per-step and per-lag
 contributions to ∂L/∂W_hh, gate saturation), what the model predicts (next-symbol
 distribution and hidden states along a text), attention (seq2seq), anomaly detection
-(events and params) and the configuration. Model pictures are drawn for language models
-and attention maps for seq2seq runs with attention; other tasks get the numbers and
-curves.
+(events and params) and the configuration. The gradient flow is drawn for language
+models, classifiers, taggers and regressors, the attention maps for seq2seq runs with
+attention.
 
 This module assembles the page and writes the sections every run has (metrics,
 training, configuration); a task's own sections are in :mod:`rnnkit.app.report.lm`,
-:mod:`rnnkit.app.report.attention` and :mod:`rnnkit.app.report.detection`, the HTML
+:mod:`rnnkit.app.report.sequences` (classify, tag, regress; the gradient-flow section
+itself in :mod:`rnnkit.app.report.flow`), :mod:`rnnkit.app.report.attention` and
+:mod:`rnnkit.app.report.detection`, the HTML
 pieces in :mod:`rnnkit.app.report.html` and the reading of the run directory in
 :mod:`rnnkit.app.report.run`. Nothing is printed.
 """
@@ -41,6 +43,7 @@ from rnnkit.app.report.attention import attention_sections
 from rnnkit.app.report.html import CSP, STYLE, esc, fmt, image, note, section, table
 from rnnkit.app.report.lm import lm_sections
 from rnnkit.app.report.run import Run, read_run
+from rnnkit.app.report.sequences import SEQUENCE_TASKS, sequence_sections
 from rnnkit.data.files import check_replaceable
 from rnnkit.diagnostics import plots
 from rnnkit.training.baseline_check import LABELS, compare
@@ -360,6 +363,8 @@ def render_report(run_dir: str | Path, device: str = "cpu") -> str:
             from rnnkit.app.report.detection import detection_sections
 
             parts += detection_sections(run)
+        elif run.cfg.task in SEQUENCE_TASKS:
+            parts += sequence_sections(run)
         elif run.cfg.task == "params":
             from rnnkit.app.report.detection import params_sections
 

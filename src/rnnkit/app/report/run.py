@@ -11,7 +11,7 @@ from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.run_config import load_config
 from rnnkit.training.run_files import read_metrics, read_summary
 
-__all__ = ["Run", "read_run"]
+__all__ = ["Run", "data_files", "read_run"]
 
 
 @dataclass
@@ -40,3 +40,17 @@ def read_run(run_dir: str | Path) -> Run:
     summary = read_summary(path)
     events, bad = read_metrics(path)
     return Run(path, cfg, info, summary, events, bad)
+
+
+def data_files(run: Run) -> list[Path]:
+    """The run's validation file, then its training file, where they can be found (as
+    given, or in the run directory)."""
+    found = []
+    for name in (run.cfg.valid, run.cfg.train):
+        if not name:
+            continue
+        for candidate in (Path(name), run.path / name):
+            if candidate.exists():
+                found.append(candidate)
+                break
+    return found

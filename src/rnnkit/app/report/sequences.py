@@ -1,0 +1,206 @@
+"""The report's gradient-flow section of the tasks whose model reads whole sequences:
+``classify`` (text or real-valued frames), ``tag`` and ``regress``.
+
+The section (:mod:`rnnkit.app.report.flow`) runs on a few sequences of the run's own
+validation file (else its training file), taken evenly through the file and cut to their
+first ``max_steps`` steps; each task's loss is its model's own (``model.loss``), read
+from the stack's outputs through :func:`~rnnkit.app.report.flow.replaying`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
+
+from rnnkit.app.report.flow import FlowBatch, flow_section, replaying
+from rnnkit.app.report.html import note, section
+from rnnkit.app.report.run import Run, data_files
+from rnnkit.errors import DataError
+
+__all__ = ["SEQUENCE_TASKS", "sequence_sections"]
+
+SEQUENCE_TASKS = ("classify", "tag", "regress")
+
+
+def evenly(n: int, rows: int) -> list[int]:
+    """``rows`` indices spread evenly over ``0 … n − 1`` (all of them when ``n ≤ rows``)."""
+    return sorted({int(i) for i in np.linspace(0, n - 1, min(rows, n))}) if n else []
+
+
+def padded(parts: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """``(B, T, …)`` of the parts, zero-padded, and the mask ``(B, T)`` of their steps."""
+    lengths = torch.tensor([len(p) for p in parts])
+    mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
+    return pad_sequence(list(parts), batch_first=True), mask
+
+
+def sequence_sections(run: Run, rows: int = 8, max_steps: int = 64) -> list[tuple[str, str, str]]:
+    """The gradient-flow section of a ``classify``, ``tag`` or ``regress`` run."""
+    builders: dict[str, Callable[[Run, Path, int, int], FlowBatch | None]] = {
+        "classify": _classify,
+        "tag": _tag,
+        "regress": _regress,
+    }
+    build = builders[run.cfg.task]
+    for path in data_files(run):
+        try:
+            fb = build(run, path, rows, max_steps)
+        except (DataError, OSError, ValueError):
+            continue  # not readable as this run's data: the next file
+        if fb is not None:
+            return [flow_section(fb)]
+    return [section("gradients", "Gradient flow through time", note("No sequences to read."))]
+
+
+def _own_loss(model: Any, mask: Tensor, call: Callable[[int, int], Tensor]):
+    """The :data:`~rnnkit.app.report.flow.TopLoss` of a model whose loss reads its stack
+    as ``encoder(x, mask=mask)``: ``call(rows, steps)`` runs the model's own loss."""
+
+    def loss(top: Tensor, rows: int, steps: int) -> Tensor:
+        with replaying(model, top, mask[:rows, :steps]):
+            return call(rows, steps)
+
+    return loss
+
+
+def _classify(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
+    if run.cfg.inputs == "vectors":
+        return _classify_vectors(run, path, rows, max_steps)
+    from rnnkit.app.tasks.classify import encode_examples, load_classifier
+    from rnnkit.data.labelled import read_labelled
+
+    cfg, vocab, labels, model = load_classifier(run.path, run.device)
+    examples = [e for e in read_labelled(path) if labels.get(e.label) is not None]
+    chosen = [examples[i] for i in evenly(len(examples), rows)]
+    if not chosen:
+        return None
+    enc = encode_examples(chosen, vocab, labels, min(cfg.max_len, max_steps), str(path))
+    ids, mask = padded([torch.from_numpy(a) for a in enc.inputs])
+    device = next(model.parameters()).device
+    ids, mask, y = ids.to(device), mask.to(device), torch.from_numpy(enc.labels).to(device)
+    assert model.embedding is not None  # a classifier of text embeds its tokens
+    with torch.no_grad():
+        x = model.embedding(ids)
+
+    def call(r: int, s: int) -> Tensor:
+        return model.loss(ids[:r, :s], y[:r], mask[:r, :s]).loss
+
+    return FlowBatch(
+        model,
+        x,
+        mask,
+        _own_loss(model, mask, call),
+        lambda: call(*ids.shape),
+        f"{len(chosen)} texts from {path} (up to {ids.shape[1]} {cfg.unit}s)",
+    )
+
+
+def _classify_vectors(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
+    from rnnkit.app.tasks.classify_vectors import encode_vectors, load_vector_classifier
+    from rnnkit.data.vectors import read_vector_sequences
+
+    cfg, width, labels, model = load_vector_classifier(run.path, run.device)
+    seqs = [
+        s
+        for s in read_vector_sequences(path, labelled=True)
+        if labels.get(s.label or "") is not None
+    ]
+    chosen = [seqs[i] for i in evenly(len(seqs), rows)]
+    if not chosen:
+        return None
+    enc = encode_vectors(chosen, labels, min(cfg.max_len, max_steps), width)
+    device = next(model.parameters()).device
+    frames, mask = padded(enc.inputs)
+    x, mask, y = frames.to(device), mask.to(device), torch.from_numpy(enc.labels).to(device)
+
+    def call(r: int, s: int) -> Tensor:
+        return model.loss(x[:r, :s], y[:r], mask[:r, :s]).loss
+
+    return FlowBatch(
+        model,
+        x,
+        mask,
+        _own_loss(model, mask, call),
+        lambda: call(*mask.shape),
+        f"{len(chosen)} sequences from {path} (up to {x.shape[1]} steps)",
+    )
+
+
+def _tag(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
+    from rnnkit.app.tasks.tag import load_tagger
+    from rnnkit.app.tasks.tag_data import encode_tagged
+    from rnnkit.data.tagged import read_tagged
+
+    cfg, data, model = load_tagger(run.path, run.device)
+    sentences, _ = read_tagged(path, cfg.tag_column)
+    chosen = [sentences[i] for i in evenly(len(sentences), rows)]
+    if not chosen:
+        return None
+    enc = encode_tagged(
+        [s._replace(tokens=s.tokens[:max_steps], tags=s.tags[:max_steps]) for s in chosen], data
+    )
+    words, mask = padded([torch.from_numpy(w) for w in enc.words])
+    tags = padded([torch.from_numpy(t) for t in enc.tags])[0]
+    known = mask & (tags < len(data.tags))  # a tag the model does not know is no target
+    chars = None
+    if enc.chars is not None:  # (B, T, C): each word's characters, 0-padded
+        C = max(a.shape[1] for a in enc.chars)
+        chars = torch.zeros(*words.shape, C, dtype=torch.int64)
+        for row, a in enumerate(enc.chars):
+            chars[row, : a.shape[0], : a.shape[1]] = torch.from_numpy(a)
+    device = next(model.parameters()).device
+    words, mask, tags, known = (t.to(device) for t in (words, mask, tags, known))
+    chars = None if chars is None else chars.to(device)
+    with torch.no_grad():
+        x = model.features(words, mask, chars)
+
+    def call(r: int, s: int) -> Tensor:
+        c = None if chars is None else chars[:r, :s]
+        return model.loss(words[:r, :s], tags[:r, :s], mask[:r, :s], c, known[:r, :s]).loss
+
+    return FlowBatch(
+        model,
+        x,
+        mask,
+        _own_loss(model, mask, call),
+        lambda: call(*mask.shape),
+        f"{len(chosen)} sentences from {path} (up to {words.shape[1]} words)",
+    )
+
+
+def _regress(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
+    from rnnkit.app.tasks.regress import encode_sequences, load_regressor
+    from rnnkit.data.vectors import read_vector_sequences
+
+    cfg, _, model = load_regressor(run.path, run.device)
+    seqs = read_vector_sequences(path)
+    chosen = [seqs[i] for i in evenly(len(seqs), rows)]
+    enc = encode_sequences(chosen, cfg.target, min(cfg.max_len, max_steps))
+    if not enc.inputs:
+        return None
+    enc_rows = evenly(len(enc), rows)  # a next-value target cuts sequences into pieces
+    frames, mask = padded([enc.inputs[i] for i in enc_rows])
+    parts = [enc.targets[i] for i in enc_rows]
+    y = padded(parts)[0] if cfg.target == "next" else torch.stack(parts)
+    device = next(model.parameters()).device
+    x, mask, y = frames.to(device), mask.to(device), y.to(device)
+
+    def call(r: int, s: int) -> Tensor:
+        target = y[:r, :s] if cfg.target == "next" else y[:r]
+        return model.loss(x[:r, :s], target, mask[:r, :s]).loss
+
+    return FlowBatch(
+        model,
+        x,
+        mask,
+        _own_loss(model, mask, call),
+        lambda: call(*mask.shape),
+        f"{len(enc_rows)} sequences from {path} (up to {x.shape[1]} steps)",
+        short_steps=32 if cfg.target == "next" else None,
+    )

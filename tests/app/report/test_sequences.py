@@ -1,0 +1,82 @@
+"""The gradient-flow section of classifiers, taggers and regressors: drawn on the run's
+own sequences, its bars adding up to the model's own backward pass."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from rnnkit.app.report.page import render_report
+
+TINY = ["--steps", "3", "--hidden", "8", "--no-report", "-q", "--seed", "1"]
+
+
+def _value_sequences(path: Path, n: int) -> Path:
+    """Sequences of 3–7 two-value frames with a two-value target ``y`` (their mean)."""
+    gen = torch.Generator().manual_seed(n)
+    rows = []
+    for i in range(n):
+        seq = torch.randn(3 + i % 5, 2, generator=gen)
+        rows.append(json.dumps({"seq": seq.tolist(), "y": seq.mean(0).tolist()}))
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+CASES = {
+    # two bidirectional layers with zoneout: the backward half and the upper layer's masks
+    "classify": lambda d: ["--task", "classify", "--train", str(d / "labels.tsv"),
+                           "--bidirectional", "--layers", "2", "--pooling", "last",
+                           "--cell", "gru", "--zoneout", "0.2"],
+    "classify-vectors": lambda d: ["--task", "classify", "--inputs", "vectors", "--train",
+                                   str(d / "labelled.jsonl"), "--pooling", "mean"],
+    "tag": lambda d: ["--task", "tag", "--train", str(d / "tags.tsv"), "--bidirectional",
+                      "--char-rnn"],
+    "regress-next": lambda d: ["--task", "regress", "--train", str(d / "seq.jsonl"),
+                               "--valid", str(d / "seq-valid.jsonl"), "--cell", "rnn"],
+    "regress-value": lambda d: ["--task", "regress", "--target", "value", "--train",
+                                str(_value_sequences(d / "value.jsonl", 30)), "--bidirectional",
+                                "--layer-norm"],
+}  # fmt: skip
+
+
+def _figure(body: str, label: str) -> float:
+    found = re.search(re.escape(label) + r"</t[hd]>\s*<td[^>]*>([^<]*)</td>", body)
+    assert found is not None, label
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_section_is_drawn_and_its_bars_are_the_models_backward_pass(
+    case, task_data, run_cli, tmp_path
+):
+    out = tmp_path / "run"
+    code, _, err = run_cli("train", *CASES[case](task_data), "--out", str(out), *TINY)
+    assert code == 0, err
+    page = html.unescape(render_report(out))
+    body = page.split('<section id="gradients">')[1].split("</section>")[0]
+    assert body.count("<img") == 3  # the flow, the per-step and the per-lag bars
+    assert re.search(r"On \d+ (texts|sequences|sentences) from \S+", body)
+    total = _figure(body, "‖∂L/∂W_hh‖: sum of the bars")
+    assert total > 0
+    assert total == pytest.approx(_figure(body, "‖∂L/∂W_hh‖: backward pass of the model"), rel=2e-3)
+    assert "Gate saturation" in body
+    if "--bidirectional" in CASES[case](task_data):
+        assert "the first layer's forward direction" in body
+
+
+def test_without_a_readable_file_the_section_says_so(task_data, run_cli, tmp_path):
+    data = tmp_path / "labels.tsv"
+    data.write_bytes((task_data / "labels.tsv").read_bytes())
+    out = tmp_path / "run"
+    code, _, err = run_cli(
+        "train", "--task", "classify", "--train", str(data), "--out", str(out), *TINY
+    )
+    assert code == 0, err
+    data.unlink()
+    body = render_report(out).split('<section id="gradients">')[1].split("</section>")[0]
+    assert "No sequences to read." in body
