@@ -41,6 +41,8 @@ CASES = {
     "regress-value": lambda d: ["--task", "regress", "--target", "value", "--train",
                                 str(_value_sequences(d / "value.jsonl", 30)), "--bidirectional",
                                 "--layer-norm"],
+    "events": lambda d: ["--task", "events", "--train", str(d / "sessions.jsonl"), "--valid",
+                         str(d / "valid.jsonl"), "--layers", "2"],
 }  # fmt: skip
 
 
@@ -60,7 +62,7 @@ def test_the_section_is_drawn_and_its_bars_are_the_models_backward_pass(
     page = html.unescape(render_report(out))
     body = page.split('<section id="gradients">')[1].split("</section>")[0]
     assert body.count("<img") == 3  # the flow, the per-step and the per-lag bars
-    assert re.search(r"On \d+ (texts|sequences|sentences) from \S+", body)
+    assert re.search(r"On \d+ (texts|sequences|sentences|normal sessions) from \S+", body)
     total = _figure(body, "‖∂L/∂W_hh‖: sum of the bars")
     assert total > 0
     assert total == pytest.approx(_figure(body, "‖∂L/∂W_hh‖: backward pass of the model"), rel=2e-3)
@@ -80,3 +82,14 @@ def test_without_a_readable_file_the_section_says_so(task_data, run_cli, tmp_pat
     data.unlink()
     body = render_report(out).split('<section id="gradients">')[1].split("</section>")[0]
     assert "No sequences to read." in body
+
+
+def test_an_events_model_with_a_window_is_named_not_drawn(task_data, run_cli, tmp_path):
+    """A `--window` model reads the last H events only: the flow over whole sessions is
+    not its function, and the section says so."""
+    out = tmp_path / "run"
+    argv = ["--task", "events", "--train", str(task_data / "sessions.jsonl"), "--window", "4"]
+    code, _, err = run_cli("train", *argv, "--out", str(out), *TINY)
+    assert code == 0, err
+    body = render_report(out).split('<section id="gradients">')[1].split("</section>")[0]
+    assert "reads the last 4 events" in body and "<img" not in body

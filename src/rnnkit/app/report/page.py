@@ -14,12 +14,12 @@ and clipping, vanishing/exploding signals), samples, gradient flow through time
 contributions to ∂L/∂W_hh, gate saturation), what the model predicts (next-symbol
 distribution and hidden states along a text), attention (seq2seq), anomaly detection
 (events and params) and the configuration. The gradient flow is drawn for language
-models, classifiers, taggers and regressors, the attention maps for seq2seq runs with
-attention.
+models, classifiers, taggers, regressors and event models, the attention maps for
+seq2seq runs with attention.
 
 This module assembles the page and writes the sections every run has (metrics,
 training, configuration); a task's own sections are in :mod:`rnnkit.app.report.lm`,
-:mod:`rnnkit.app.report.sequences` (classify, tag, regress; the gradient-flow section
+:mod:`rnnkit.app.report.sequences` (classify, tag, regress, events; the gradient-flow section
 itself in :mod:`rnnkit.app.report.flow`), :mod:`rnnkit.app.report.attention` and
 :mod:`rnnkit.app.report.detection`, the HTML
 pieces in :mod:`rnnkit.app.report.html` and the reading of the run directory in
@@ -363,12 +363,12 @@ def render_report(run_dir: str | Path, device: str = "cpu") -> str:
             from rnnkit.app.report.detection import detection_sections
 
             parts += detection_sections(run)
-        elif run.cfg.task in SEQUENCE_TASKS:
-            parts += sequence_sections(run)
         elif run.cfg.task == "params":
             from rnnkit.app.report.detection import params_sections
 
             parts += params_sections(run)
+        if run.cfg.task in SEQUENCE_TASKS:
+            parts += sequence_sections(run)
     parts.append(config_section(run))
     nav = " ".join(f'<a href="#{a}">{esc(t)}</a>' for a, t, _ in parts)
     cfg = run.cfg

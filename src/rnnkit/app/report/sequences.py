@@ -1,5 +1,6 @@
 """The report's gradient-flow section of the tasks whose model reads whole sequences:
-``classify`` (text or real-valued frames), ``tag`` and ``regress``.
+``classify`` (text or real-valued frames), ``tag``, ``regress`` and ``events`` (its
+sessions, as the event language model reads them).
 
 The section (:mod:`rnnkit.app.report.flow`) runs on a few sequences of the run's own
 validation file (else its training file), taken evenly through the file and cut to their
@@ -25,7 +26,7 @@ from rnnkit.errors import DataError
 
 __all__ = ["SEQUENCE_TASKS", "sequence_sections"]
 
-SEQUENCE_TASKS = ("classify", "tag", "regress")
+SEQUENCE_TASKS = ("classify", "tag", "regress", "events")
 
 
 def evenly(n: int, rows: int) -> list[int]:
@@ -41,17 +42,24 @@ def padded(parts: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
 
 
 def sequence_sections(run: Run, rows: int = 8, max_steps: int = 64) -> list[tuple[str, str, str]]:
-    """The gradient-flow section of a ``classify``, ``tag`` or ``regress`` run."""
+    """The gradient-flow section of a ``classify``, ``tag``, ``regress`` or ``events`` run."""
+    if run.cfg.task == "events" and run.cfg.window:
+        text = (
+            "Gradient-flow pictures are drawn for an events model that reads whole "
+            f"sessions (this one reads the last {run.cfg.window} events: --window)."
+        )
+        return [section("gradients", "Gradient flow through time", note(text))]
     builders: dict[str, Callable[[Run, Path, int, int], FlowBatch | None]] = {
         "classify": _classify,
         "tag": _tag,
         "regress": _regress,
+        "events": _events,
     }
     build = builders[run.cfg.task]
     for path in data_files(run):
         try:
             fb = build(run, path, rows, max_steps)
-        except (DataError, OSError, ValueError):
+        except (DataError, OSError):
             continue  # not readable as this run's data: the next file
         if fb is not None:
             return [flow_section(fb)]
@@ -203,4 +211,39 @@ def _regress(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | Non
         lambda: call(*mask.shape),
         f"{len(enc_rows)} sequences from {path} (up to {x.shape[1]} steps)",
         short_steps=32 if cfg.target == "next" else None,
+    )
+
+
+def _events(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
+    from rnnkit.app.tasks.events.scoring import load_events
+    from rnnkit.data.batching import lm_pairs, pad_sequences
+    from rnnkit.data.events import read_sessions
+    from rnnkit.data.vocab import BOS_ID, EOS_ID
+    from rnnkit.metrics.losses import sequence_cross_entropy
+
+    loaded = load_events(run.path, run.device)
+    model, vocab = loaded.model, loaded.vocab
+    sessions = [s for s in read_sessions(path) if s.label != 1 and s.events]
+    chosen = [sessions[i] for i in evenly(len(sessions), rows)]
+    if not chosen:
+        return None
+    pairs = [lm_pairs(vocab.encode_events(s.events)[0], BOS_ID, EOS_ID) for s in chosen]
+    inputs, mask = pad_sequences([p[0][:max_steps] for p in pairs])  # (B, T)
+    targets, _ = pad_sequences([p[1][:max_steps] for p in pairs])
+    device = next(model.parameters()).device
+    inputs, targets, mask = inputs.to(device), targets.to(device), mask.to(device)
+    with torch.no_grad():
+        x = model.embedding(inputs)
+
+    def loss(top: Tensor, r: int, s: int) -> Tensor:
+        return sequence_cross_entropy(model.head(top), targets[:r, :s], mask[:r, :s])
+
+    return FlowBatch(
+        model,
+        x,
+        mask,
+        loss,
+        lambda: sequence_cross_entropy(model(inputs, mask=mask).logits, targets, mask),
+        f"{len(chosen)} normal sessions from {path} (up to {inputs.shape[1]} events)",
+        short_steps=32,
     )
