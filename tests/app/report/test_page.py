@@ -70,6 +70,19 @@ def tiny_run(root: Path, name: str, **options) -> Path:
     return root / name
 
 
+def assert_bars_add_up_to_the_backward_pass(body: str) -> None:
+    """The gradient section's table: the sum of the per-step bars is the norm of the
+    model's own ∂L/∂W_hh (to the table's 4 digits)."""
+
+    def figure(label: str) -> float:
+        found = re.search(re.escape(label) + r"</t[hd]>\s*<td[^>]*>([^<]*)</td>", body)
+        assert found is not None, label
+        return float(found.group(1))
+
+    total = figure("‖∂L/∂W_hh‖: sum of the bars")
+    assert total == pytest.approx(figure("‖∂L/∂W_hh‖: backward pass of the model"), rel=1e-3)
+
+
 class Page(HTMLParser):
     """Every tag with its attributes, and the text of ``<style>`` and ``<script>``."""
 
@@ -290,15 +303,7 @@ def test_a_zoneout_models_flow_figures_are_its_steps_at_evaluation(tmp_path):
     body = body.split("</section>")[0]
     assert "trained with zoneout (p = 0.3)" in body
     assert "as the model runs at evaluation" in body
-
-    def figure(label: str) -> float:
-        found = re.search(re.escape(label) + r"</t[hd]>\s*<td[^>]*>([^<]*)</td>", body)
-        assert found is not None, label
-        return float(found.group(1))
-
-    total = figure("‖∂L/∂W_hh‖: sum of the bars")
-    reference = figure("‖∂L/∂W_hh‖: backward pass of the model")
-    assert total == pytest.approx(reference, rel=1e-3)
+    assert_bars_add_up_to_the_backward_pass(body)
     plain = tiny_run(tmp_path, "plain", cell="lstm", steps=6, eval_every=3)
     assert "zoneout (p =" not in write_report(plain).read_text(encoding="utf-8")
 
@@ -313,15 +318,7 @@ def test_a_layer_normalised_models_report_draws_the_flow_pictures(tmp_path):
     body = page.split('<section id="gradients">')[1].split("</section>")[0]
     assert "layer normalisation" not in body
     assert "<img" in body or "<svg" in body
-
-    def figure(label: str) -> float:
-        found = re.search(re.escape(label) + r"</t[hd]>\s*<td[^>]*>([^<]*)</td>", body)
-        assert found is not None, label
-        return float(found.group(1))
-
-    total = figure("‖∂L/∂W_hh‖: sum of the bars")
-    reference = figure("‖∂L/∂W_hh‖: backward pass of the model")
-    assert total == pytest.approx(reference, rel=1e-3)
+    assert_bars_add_up_to_the_backward_pass(body)
     assert "Gate saturation" in body
     assert '<section id="metrics">' in page
 

@@ -66,15 +66,24 @@ def sequence_sections(run: Run, rows: int = 8, max_steps: int = 64) -> list[tupl
     return [section("gradients", "Gradient flow through time", note("No sequences to read."))]
 
 
-def _own_loss(model: Any, mask: Tensor, call: Callable[[int, int], Tensor]):
-    """The :data:`~rnnkit.app.report.flow.TopLoss` of a model whose loss reads its stack
-    as ``encoder(x, mask=mask)``: ``call(rows, steps)`` runs the model's own loss."""
+def _own(
+    model: Any,
+    x: Tensor,
+    mask: Tensor,
+    call: Callable[[int, int], Tensor],
+    what: str,
+    short_steps: int | None = None,
+) -> FlowBatch:
+    """The batch of a model whose loss reads its stack as ``encoder(x, mask=mask)``:
+    ``call(rows, steps)`` runs the model's own loss, which reads the stack's outputs
+    through :func:`~rnnkit.app.report.flow.replaying`."""
 
     def loss(top: Tensor, rows: int, steps: int) -> Tensor:
         with replaying(model, top, mask[:rows, :steps]):
             return call(rows, steps)
 
-    return loss
+    B, T = mask.shape
+    return FlowBatch(model, x, mask, loss, lambda: call(B, T), what, short_steps=short_steps)
 
 
 def _classify(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
@@ -99,13 +108,8 @@ def _classify(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | No
     def call(r: int, s: int) -> Tensor:
         return model.loss(ids[:r, :s], y[:r], mask[:r, :s]).loss
 
-    return FlowBatch(
-        model,
-        x,
-        mask,
-        _own_loss(model, mask, call),
-        lambda: call(*ids.shape),
-        f"{len(chosen)} texts from {path} (up to {ids.shape[1]} {cfg.unit}s)",
+    return _own(
+        model, x, mask, call, f"{len(chosen)} texts from {path} (up to {ids.shape[1]} {cfg.unit}s)"
     )
 
 
@@ -130,13 +134,8 @@ def _classify_vectors(run: Run, path: Path, rows: int, max_steps: int) -> FlowBa
     def call(r: int, s: int) -> Tensor:
         return model.loss(x[:r, :s], y[:r], mask[:r, :s]).loss
 
-    return FlowBatch(
-        model,
-        x,
-        mask,
-        _own_loss(model, mask, call),
-        lambda: call(*mask.shape),
-        f"{len(chosen)} sequences from {path} (up to {x.shape[1]} steps)",
+    return _own(
+        model, x, mask, call, f"{len(chosen)} sequences from {path} (up to {x.shape[1]} steps)"
     )
 
 
@@ -172,13 +171,8 @@ def _tag(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
         c = None if chars is None else chars[:r, :s]
         return model.loss(words[:r, :s], tags[:r, :s], mask[:r, :s], c, known[:r, :s]).loss
 
-    return FlowBatch(
-        model,
-        x,
-        mask,
-        _own_loss(model, mask, call),
-        lambda: call(*mask.shape),
-        f"{len(chosen)} sentences from {path} (up to {words.shape[1]} words)",
+    return _own(
+        model, x, mask, call, f"{len(chosen)} sentences from {path} (up to {words.shape[1]} words)"
     )
 
 
@@ -203,26 +197,24 @@ def _regress(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | Non
         target = y[:r, :s] if cfg.target == "next" else y[:r]
         return model.loss(x[:r, :s], target, mask[:r, :s]).loss
 
-    return FlowBatch(
+    return _own(
         model,
         x,
         mask,
-        _own_loss(model, mask, call),
-        lambda: call(*mask.shape),
+        call,
         f"{len(enc_rows)} sequences from {path} (up to {x.shape[1]} steps)",
         short_steps=32 if cfg.target == "next" else None,
     )
 
 
 def _events(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
-    from rnnkit.app.tasks.events.scoring import load_events
+    from rnnkit.app.tasks.events.scoring import load_event_model
     from rnnkit.data.batching import lm_pairs, pad_sequences
     from rnnkit.data.events import read_sessions
     from rnnkit.data.vocab import BOS_ID, EOS_ID
     from rnnkit.metrics.losses import sequence_cross_entropy
 
-    loaded = load_events(run.path, run.device)
-    model, vocab = loaded.model, loaded.vocab
+    _, vocab, model = load_event_model(run.path, run.device)
     sessions = [s for s in read_sessions(path) if s.label != 1 and s.events]
     chosen = [sessions[i] for i in evenly(len(sessions), rows)]
     if not chosen:

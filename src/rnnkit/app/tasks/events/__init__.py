@@ -58,6 +58,7 @@ from rnnkit.app.tasks.events.options import options
 from rnnkit.app.tasks.events.scoring import (
     EventsModel,
     evaluate,
+    load_event_model,
     load_events,
     predictor,
     read_calibration,
@@ -75,6 +76,7 @@ __all__ = [
     "evaluate",
     "event_surprises",
     "init_output_bias",
+    "load_event_model",
     "load_events",
     "ngram_surprises",
     "options",

@@ -34,6 +34,7 @@ from rnnkit.training.checkpoint import (
 __all__ = [
     "EventsModel",
     "evaluate",
+    "load_event_model",
     "load_events",
     "predictor",
     "read_calibration",
@@ -92,16 +93,26 @@ def read_calibration(
         raise CheckpointError(f"{path}: not valid ({exc})") from None
 
 
-def load_events(run_dir: str | Path, device: str = "cpu") -> EventsModel:
-    """Load an ``events`` run directory (no code is unpickled); errors name the file."""
+def load_event_model(
+    run_dir: str | Path, device: str = "cpu"
+) -> tuple[TrainConfig, EventVocabulary, LanguageModel]:
+    """The configuration, vocabulary and model (in ``eval()`` mode) of an ``events`` run,
+    without its thresholds and calibration; errors name the file."""
     run_dir = Path(run_dir)
     cfg, info = load_config(run_dir, task="events")
     vocab = EventVocabulary.load(run_dir / "vocab.json")
     check_count(run_dir / "vocab.json", len(vocab), "events", info, "vocab_size")
-    thresholds = read_thresholds(run_dir)
     model = build_language_model(model_spec(cfg), len(vocab)).to(choose_device(device))
     load_model_weights(model, run_dir / "model.safetensors")
     model.eval()
+    return cfg, vocab, model
+
+
+def load_events(run_dir: str | Path, device: str = "cpu") -> EventsModel:
+    """Load an ``events`` run directory (no code is unpickled); errors name the file."""
+    run_dir = Path(run_dir)
+    cfg, vocab, model = load_event_model(run_dir, device)
+    thresholds = read_thresholds(run_dir)
     ngram = None
     ngram_path = run_dir / "ngram.safetensors"
     if ngram_path.is_file():
