@@ -3,7 +3,7 @@
 Code, docstrings, ``--help`` texts, the HTML report, tests and documentation explain
 themselves or cite ``docs/`` and the literature; none of them may send the reader to a
 file beside the checkout or to an entry of a project tracker, which a user of the package
-does not have.
+does not have. And the whole suite can be collected at once.
 """
 
 from __future__ import annotations
@@ -171,3 +171,13 @@ def test_section_references_name_real_sections() -> None:
             if not page.is_file() or slug(match.group(2)) not in anchors(page):
                 problems.append(f"{path.relative_to(ROOT)}: {match.group(0)}")
     assert not problems, "\n".join(problems)
+
+
+def test_test_files_have_names_of_their_own() -> None:
+    """The test folders are not packages, so pytest imports each test file under its
+    base name: two files of one name stop the whole collection ("import file
+    mismatch"), which a run of either folder alone never shows."""
+    seen: dict[str, Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        other = seen.setdefault(path.name, path)
+        assert other == path, f"{path.relative_to(ROOT)} and {other.relative_to(ROOT)}"
