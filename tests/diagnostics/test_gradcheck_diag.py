@@ -39,6 +39,40 @@ def test_every_cell_variant_passes(cell: str, options: dict) -> None:
     assert ("layers.0.cell.bias_hn" in names) == (options.get("reset") == "after")
 
 
+@pytest.mark.parametrize(
+    ("cell", "options"), [("lstm", {}), ("gru", {"reset": "after", "update": "keep"})]
+)
+def test_the_layer_normalised_cells_pass_with_every_gain(cell: str, options: dict) -> None:
+    """Two bidirectional layers: the upper layer's input part reads both directions."""
+    result = gradcheck(
+        cell, layer_norm=True, num_layers=2, bidirectional=True, steps=3, hidden_size=3, **options
+    )
+    assert result.passed, result.to_dict()
+    names = {e.name for e in result.errors}
+    gains = ("gamma_ih", "gamma_hh", *(("gamma_c", "beta_c") if cell == "lstm" else ("bias_hn",)))
+    for layer in (0, 1):
+        for gain in gains:
+            assert f"layers.{layer}.directions.1.cell.{gain}" in names
+
+
+def test_a_corrupted_layer_norm_gain_gradient_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check sees a 1 % error in one gain's gradient (γ_c of the PyTorch loop)."""
+    from rnnkit.bptt import native
+    from rnnkit.cells.layer_norm import LayerNormLSTMKernel
+
+    real = LayerNormLSTMKernel.recurrent_grads
+
+    def off(self, d_xp, d_hp, h_prev, cache, mm=torch.mm):
+        g_hh, gains = real(self, d_xp, d_hp, h_prev, cache, mm)
+        H = h_prev.shape[1]
+        return g_hh, torch.cat([gains[: 4 * H], 1.01 * gains[4 * H : 5 * H], gains[5 * H :]])
+
+    monkeypatch.setattr(LayerNormLSTMKernel, "recurrent_grads", off)
+    with native.use_native(False):
+        result = gradcheck("lstm", layer_norm=True)
+    assert not result.passed and result.worst.name == "layers.0.cell.gamma_c"
+
+
 def test_stacked_bidirectional_and_windowed() -> None:
     full = gradcheck("rnn", num_layers=2, bidirectional=True, steps=3, hidden_size=3)
     assert full.passed and len(full.errors) == 4 * 3 + 2
@@ -142,3 +176,9 @@ def test_random_mask_has_holes_and_padding_and_leaves_the_global_rng() -> None:
 def test_a_bad_option_is_named(option, value, message):
     with pytest.raises(ValueError, match=f"^{message}$"):
         gradcheck("rnn", **{option: value})
+
+
+@pytest.mark.parametrize(("cell", "window"), [("rnn", None), ("lstm", 2)])
+def test_layer_norm_takes_the_lstm_or_gru_and_full_bptt(cell, window):
+    with pytest.raises(ValueError, match=r"^layer_norm takes cell 'lstm' or 'gru' and full BPTT"):
+        gradcheck(cell, layer_norm=True, window=window)

@@ -268,13 +268,17 @@ def _pack(states: tuple[Tensor, ...]) -> Any:
     return LSTMState(*states) if len(states) == 2 else states[0]
 
 
-def _cell_options(cell: str, nonlinearity: str, update: str, reset: str) -> dict[str, Any]:
-    """The options of ``cell``'s layer: ``nonlinearity`` (rnn), ``update``/``reset`` (gru)."""
+def _cell_options(
+    cell: str, nonlinearity: str, update: str, reset: str, layer_norm: bool = False
+) -> dict[str, Any]:
+    """The options of ``cell``'s layer: ``nonlinearity`` (rnn), ``update``/``reset`` (gru),
+    ``layer_norm`` (lstm, gru: only where given)."""
+    normed = {"layer_norm": True} if layer_norm else {}
     if cell == "rnn":
         return {"nonlinearity": nonlinearity}
     if cell == "gru":
-        return {"update": update, "reset": reset}
-    return {}
+        return {"update": update, "reset": reset, **normed}
+    return normed
 
 
 def _full_reference(
@@ -312,6 +316,7 @@ def gradcheck(
     nonlinearity: str = "tanh",
     update: str = "candidate",
     reset: str = "before",
+    layer_norm: bool = False,
     window: int | None = None,
     seed: int = 0,
     tol: float = 1e-6,
@@ -321,7 +326,8 @@ def gradcheck(
 
     Args:
         cell: ``"rnn"``, ``"lstm"`` or ``"gru"``; ``nonlinearity`` (rnn), ``update`` and
-            ``reset`` (gru) as for the cells.
+            ``reset`` (gru) as for the cells; ``layer_norm`` the layer-normalised LSTM or
+            GRU (``reset="after"``; full BPTT only, as the layers run it).
         hidden_size, input_size, batch_size, steps, num_layers, bidirectional: the layer
             and the batch.  window: None (full BPTT) or τ for BPTT(τ).
         seed: weights, data, mask and loss weights (the global RNG is left alone).
@@ -340,7 +346,13 @@ def gradcheck(
     for name, amount in (("tol", tol), ("eps", eps)):
         if not 0 < amount < math.inf:  # eps=0 divided by zero; tol ≤ 0 never passes
             raise ValueError(f"{name} must be a finite number > 0, got {amount!r}")
-    options = _cell_options(cell, nonlinearity, update, reset)
+    if layer_norm and (cell == "rnn" or window is not None):
+        # as the layers refuse them, in one line here rather than from inside the layer
+        raise ValueError(
+            "layer_norm takes cell 'lstm' or 'gru' and full BPTT (window=None), got "
+            f"cell {cell!r}, window {window!r}"
+        )
+    options = _cell_options(cell, nonlinearity, update, reset, layer_norm)
     config = {
         "cell": cell,
         **options,

@@ -20,6 +20,8 @@ VARIANTS = [
     ["--cell", "gru", "--update", "keep", "--reset", "after"],
     ["--cell", "gru", "--update", "keep", "--reset", "before"],
     ["--cell", "gru", "--update", "candidate", "--reset", "after"],
+    ["--cell", "lstm", "--layer-norm"],
+    ["--cell", "gru", "--reset", "after", "--layer-norm"],
 ]
 
 
@@ -115,6 +117,9 @@ def test_a_corrupted_gru_backward_exits_1(
         (["--cell", "gru", "--nonlinearity", "relu"], "--nonlinearity applies to --cell rnn"),
         (["--cell", "rnn", "--hidden", "0"], "--hidden must be a positive integer, got 0"),
         (["--cell", "rnn", "--window", "0"], "--window must be a positive integer, got 0"),
+        (["--cell", "rnn", "--layer-norm"], "--layer-norm applies to --cell lstm or gru"),
+        (["--cell", "gru", "--layer-norm"], "--layer-norm with --cell gru needs --reset after"),
+        (["--cell", "lstm", "--layer-norm", "--window", "2"], "--layer-norm runs full BPTT only"),
         (["--cell", "rnn", "--tol", "-1"], "--tol must be a positive finite number, got -1.0"),
         # Found by tests/fuzz: each was a traceback (RuntimeError, ValueError) or a hang.
         (["--cell", "lstm", "--hidden", "100000"], "over the limit of 1,000,000 (minutes"),

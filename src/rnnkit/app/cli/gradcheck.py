@@ -44,6 +44,7 @@ class GradcheckConfig:
     nonlinearity: str = "tanh"
     update: str = "candidate"
     reset: str = "before"
+    layer_norm: bool = False
     window: int | None = None
     seed: int = 0
     tol: float = 1e-6
@@ -65,6 +66,13 @@ class GradcheckConfig:
                 )
         if args.window is not None and args.window < 1:
             raise ConfigError(f"--window must be a positive integer, got {args.window}")
+        if args.layer_norm:
+            if args.cell == "rnn":
+                raise ConfigError("--layer-norm applies to --cell lstm or gru")
+            if args.cell == "gru" and args.reset != "after":
+                raise ConfigError("--layer-norm with --cell gru needs --reset after")
+            if args.window is not None:
+                raise ConfigError("--layer-norm runs full BPTT only: leave out --window")
         for option in ("tol", "eps"):
             value = getattr(args, option)
             # inf would print as a non-JSON "Infinity" and check nothing.
@@ -94,6 +102,7 @@ class GradcheckConfig:
             nonlinearity=args.nonlinearity or "tanh",
             update=args.update or "candidate",
             reset=args.reset or "before",
+            layer_norm=args.layer_norm,
             # A window as long as the longest path (the batch's steps, in each layer when a
             # reverse direction lets a path turn) is full BPTT; a larger one changes nothing
             # (and an astronomically large one would overflow torch's integer index).
@@ -166,6 +175,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="(gru) r multiplies h before or after W_nh (default before)",
     )
     parser.add_argument(
+        "--layer-norm",
+        action="store_true",
+        help="(lstm, gru with --reset after) the layer-normalised cell; full BPTT only",
+    )
+    parser.add_argument(
         "--window",
         type=int,
         metavar="TAU",
@@ -217,6 +231,8 @@ def _describe(config: GradcheckConfig) -> str:
         parts.append(config.nonlinearity)
     if config.cell == "gru":
         parts.append(f"update={config.update} reset={config.reset}")
+    if config.layer_norm:
+        parts.append("layer-normalised")
     parts.append(f"H={config.hidden_size} I={config.input_size}")
     parts.append(f"B={config.batch_size} T={config.steps}")
     parts.append(f"{config.num_layers} layer{'s' if config.num_layers > 1 else ''}")
