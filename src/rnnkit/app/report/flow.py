@@ -24,6 +24,9 @@ from torch import Tensor, nn
 
 from rnnkit.app.report.html import esc, image, note, section, table
 from rnnkit.diagnostics import RecordedRun, plots
+from rnnkit.layers.recurrent import Recurrent
+from rnnkit.layers.stacked import Bidirectional
+from rnnkit.models.pooling import last_pool
 from rnnkit.types import LSTMState, RecurrentOutput
 
 __all__ = ["FlowBatch", "flow_section", "replaying"]
@@ -73,8 +76,6 @@ def replaying(model: Any, outputs: Tensor, mask: Tensor | None) -> Iterator[None
     is zeros. So a model's own loss is a function of ``outputs``."""
     encoder = model.encoder
     D, H = encoder.num_directions, encoder.hidden_size
-    from rnnkit.models.pooling import last_pool
-
     B, T = outputs.shape[0], outputs.shape[1]
     real = mask if mask is not None else outputs.new_ones(B, T, dtype=torch.bool)
     h = last_pool(outputs, real, D).view(B, D, H).transpose(0, 1).unsqueeze(0)  # (1, D, B, H)
@@ -98,8 +99,6 @@ class _Replay(nn.Module):
 
 def _layer_masks(encoder: Any, masks: Any) -> list[Any]:
     """The cell masks of each layer as its ``forward`` takes them (one per direction)."""
-    from rnnkit.layers.recurrent import Recurrent
-
     if masks is None:
         return [None] * len(encoder.layers)
     out, k = [], 0
@@ -113,9 +112,6 @@ def _layer_masks(encoder: Any, masks: Any) -> list[Any]:
 def flow_section(fb: FlowBatch) -> tuple[str, str, str]:
     """The section: the flow figure against its bound, the per-step and per-lag
     contributions to ∂L/∂W_hh, a table of the figures and the gate saturation."""
-    from rnnkit.layers.recurrent import Recurrent
-    from rnnkit.layers.stacked import Bidirectional
-
     encoder = fb.model.encoder
     first = encoder.layers[0]
     direction: Recurrent

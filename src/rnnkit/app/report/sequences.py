@@ -10,6 +10,7 @@ from the stack's outputs through :func:`~rnnkit.app.report.flow.replaying`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from rnnkit.errors import DataError
 __all__ = ["SEQUENCE_TASKS", "sequence_sections"]
 
 SEQUENCE_TASKS = ("classify", "tag", "regress", "events")
+#: the sessions of an events file the batch is chosen from (the first ones)
+MAX_SESSIONS = 10_000
 
 
 def evenly(n: int, rows: int) -> list[int]:
@@ -210,12 +213,14 @@ def _regress(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | Non
 def _events(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
     from rnnkit.app.tasks.events.scoring import load_event_model
     from rnnkit.data.batching import lm_pairs, pad_sequences
-    from rnnkit.data.events import read_sessions
+    from rnnkit.data.events import iter_sessions
     from rnnkit.data.vocab import BOS_ID, EOS_ID
     from rnnkit.metrics.losses import sequence_cross_entropy
 
     _, vocab, model = load_event_model(run.path, run.device)
-    sessions = [s for s in read_sessions(path) if s.label != 1 and s.events]
+    with open(path, "rb") as f:  # a log's sessions may be millions: the first ones do
+        first = itertools.islice(iter_sessions(f, path), MAX_SESSIONS)
+        sessions = [s for _, s in first if s.label != 1 and s.events]
     chosen = [sessions[i] for i in evenly(len(sessions), rows)]
     if not chosen:
         return None
