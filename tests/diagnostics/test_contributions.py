@@ -261,3 +261,49 @@ def test_no_step_or_no_sequence_is_named_not_a_reshape_error(shape):
     for diagnose in (step_contributions, state_gradients, gradient_flow):
         with pytest.raises(ValueError, match=f"x holds {shape[0]} sequences of {shape[1]} steps"):
             diagnose(cell, x, loss_fn=lambda h: h.sum())
+
+
+@pytest.mark.parametrize("window", [None, 2])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("variant", ["rnn_tanh", "lstm", "gru_keep_after", "ln_lstm"])
+def test_a_loss_of_the_final_state_too(variant: str, reverse: bool, window) -> None:
+    """``reads_final``: the loss reads the direction's final state as well (a classifier
+    of the last state, a decoder started from it). The contributions add up to the
+    layer's own backward of that loss (BPTT(τ) with a window), lag by lag as step by step,
+    and the initial state's gradient is the layer's."""
+    from rnnkit.diagnostics import state_gradients
+
+    if window is not None and variant == "ln_lstm":
+        pytest.skip("a layer-normalised layer runs full BPTT only")
+    cell, x, R, state = make(variant, seed=7)
+    mask = MASK.clone()
+    mask[2, 0] = True  # the layer needs each row to start with a real step
+    gen = torch.Generator().manual_seed(3)
+    Rf = [torch.randn(3, 4, generator=gen, dtype=DT) for _ in range(2 if cell.is_lstm else 1)]
+
+    def loss(h: Tensor, final) -> Tensor:
+        parts = tuple(final) if cell.is_lstm else (final,)
+        return loss_fn_for(R)(h) + sum((r * p).sum() for r, p in zip(Rf, parts, strict=True))
+
+    source = Recurrent(cell, reverse=reverse)
+    kw = {"mask": mask, "state": state, "window": window, "reads_final": True}
+    steps = step_contributions(source, x, loss_fn=loss, **kw)
+    lags = lag_contributions(source, x, loss_fn=loss, **kw)
+    s0 = tuple(s.clone().requires_grad_(True) for s in (state if cell.is_lstm else (state,)))
+    out, final = source(
+        x.transpose(0, 1), mask.T, LSTMState(*s0) if cell.is_lstm else s0[0], window
+    )
+    loss(out.transpose(0, 1), final).backward()
+    for name, total in steps.total().items():
+        torch.testing.assert_close(total, getattr(cell, name).grad, rtol=0, atol=1e-10)
+        torch.testing.assert_close(lags.total()[name], total, rtol=0, atol=1e-10)
+    if window is None:
+        grads = state_gradients(source, x, loss_fn=loss, mask=mask, state=state, reads_final=True)
+        for g, s in zip(grads, s0, strict=True):
+            torch.testing.assert_close(g[:, 0], s.grad, rtol=0, atol=1e-10)
+
+
+def test_reads_final_takes_a_loss_function() -> None:
+    cell, x, R, _ = make("rnn_tanh")
+    with pytest.raises(ValueError, match="reads_final=True takes loss_fn"):
+        step_contributions(cell, x, R, reads_final=True)

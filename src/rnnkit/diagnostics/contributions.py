@@ -57,7 +57,8 @@ PARAMETERS = (
     *("weight_ih", "weight_hh", "bias", "bias_hn"),
     *("gamma_ih", "gamma_hh", "gamma_c", "beta_c"),
 )
-LossFn = Callable[[Tensor], Tensor]
+#: ``loss_fn(outputs)``, or ``loss_fn(outputs, final)`` with ``reads_final``
+LossFn = Callable[..., Tensor]
 
 
 @dataclass(frozen=True)
@@ -262,30 +263,46 @@ def output_gradient(
     d_outputs: Tensor | None,
     loss_fn: LossFn | None,
     batch_first: bool = True,
-) -> Tensor:
-    """∂L/∂outputs ``(T, B, H)`` in READING order, from ``d_outputs`` or ``loss_fn``.
+    reads_final: bool = False,
+) -> tuple[Tensor, tuple[Tensor | None, ...]]:
+    """∂L/∂outputs ``(T, B, H)`` in READING order, from ``d_outputs`` or ``loss_fn``; and
+    ∂L/∂(final state), one per state (None where the loss does not read it).
 
     ``loss_fn`` receives the outputs ``(B, T, H)`` (time-major if not ``batch_first``) in
-    original time order and returns a scalar.
+    original time order and returns a scalar; with ``reads_final`` it receives the
+    direction's final state too, ``loss_fn(outputs, final)``: ``(B, H)`` (an
+    ``LSTMState`` for the LSTM), each sequence's state after its last real step (a
+    reverse direction's after position 0), as the layer returns it.
     """
+    n = len(run.record.states)
     if (d_outputs is None) == (loss_fn is None):
         raise ValueError("give exactly one of d_outputs and loss_fn")
+    if reads_final and loss_fn is None:
+        raise ValueError("reads_final=True takes loss_fn (the loss of the outputs and state)")
+    d_finals: tuple[Tensor | None, ...] = (None,) * n
     if loss_fn is not None:
         outputs = run.outputs.transpose(0, 1) if batch_first else run.outputs
         outputs = outputs.detach().requires_grad_(True)
+        # held through the padding: the last row of the record is each sequence's final
+        finals = [s[-1].detach().requires_grad_(True) for s in run.record.states]
         with torch.enable_grad():
-            loss = loss_fn(outputs)
+            if reads_final:
+                loss = loss_fn(outputs, LSTMState(*finals) if n == 2 else finals[0])
+            else:
+                loss = loss_fn(outputs)
             if not isinstance(loss, Tensor) or loss.numel() != 1:
                 raise ValueError("loss_fn must return a scalar tensor")
-            (d_outputs,) = torch.autograd.grad(loss, outputs, allow_unused=True)
-        if d_outputs is None:
-            d_outputs = torch.zeros_like(outputs)
+            wrt = [outputs, *finals] if reads_final else [outputs]
+            grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+        d_outputs = grads[0] if grads[0] is not None else torch.zeros_like(outputs)
+        if reads_final:
+            d_finals = tuple(None if g is None else g.detach() for g in grads[1:])
     assert d_outputs is not None
     d_t = d_outputs.transpose(0, 1) if batch_first else d_outputs  # (T, B, H)
     expected = tuple(run.record.states[0][1:].shape)
     if tuple(d_t.shape) != expected:
         raise ValueError(f"d_outputs must match the outputs {expected}, got {tuple(d_t.shape)}")
-    return run.to_original(d_t.detach())  # original → reading order (an involution)
+    return run.to_original(d_t.detach()), d_finals  # original → reading order (an involution)
 
 
 def per_step(
@@ -360,6 +377,7 @@ def step_contributions(
     window: int | None = None,
     batch_first: bool = True,
     zoneout: float = 0.0,
+    reads_final: bool = False,
 ) -> Contributions:
     """The contribution of each time step to ∂L/∂W_h, ∂L/∂W_x and ∂L/∂b.
 
@@ -377,6 +395,9 @@ def step_contributions(
         window: None for full BPTT, τ for BPTT(τ).
         zoneout: ``p`` of a layer built with ``zoneout=p``: its steps as at evaluation
             (:func:`run_direction`).
+        reads_final: ``loss_fn(outputs, final)`` also reads the direction's final state
+            (a classifier of the last state, a decoder started from it:
+            :func:`output_gradient`).
 
     Returns:
         ``Contributions(axis="step")`` with ``K = T``.
@@ -391,7 +412,7 @@ def step_contributions(
     run = run_direction(
         source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
     )
-    return run_step_contributions(run, d_outputs, loss_fn, window, batch_first)
+    return run_step_contributions(run, d_outputs, loss_fn, window, batch_first, reads_final)
 
 
 def run_step_contributions(
@@ -400,14 +421,14 @@ def run_step_contributions(
     loss_fn: LossFn | None,
     window: int | None = None,
     batch_first: bool = True,
+    reads_final: bool = False,
 ) -> Contributions:
     """:func:`step_contributions` of a direction already run (``RecordedRun`` asks one
     run several questions)."""
-    d_out = output_gradient(run, d_outputs, loss_fn, batch_first)
-    n = len(run.record.states)
+    d_out, d_finals = output_gradient(run, d_outputs, loss_fn, batch_first, reads_final)
     with torch.no_grad():
         sweep = backward_sweep(
-            run.kernel, run.record, run.weights, run.mask3, d_out, (None,) * n, window
+            run.kernel, run.record, run.weights, run.mask3, d_out, d_finals, window
         )
         parts = per_step(run, run.record, run.inputs, sweep.d_xp, sweep.d_hp, run.to_original)
     return _contributions("step", parts)
@@ -444,6 +465,7 @@ def lag_contributions(
     window: int | None = None,
     batch_first: bool = True,
     zoneout: float = 0.0,
+    reads_final: bool = False,
 ) -> Contributions:
     """How much of each weight gradient comes from dependencies ``lag = t − k`` long.
 
@@ -464,7 +486,7 @@ def lag_contributions(
     run = run_direction(
         source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
     )
-    return run_lag_contributions(run, d_outputs, loss_fn, window, batch_first)
+    return run_lag_contributions(run, d_outputs, loss_fn, window, batch_first, reads_final)
 
 
 def run_lag_contributions(
@@ -473,24 +495,28 @@ def run_lag_contributions(
     loss_fn: LossFn | None,
     window: int | None = None,
     batch_first: bool = True,
+    reads_final: bool = False,
 ) -> Contributions:
     """:func:`lag_contributions` of a direction already run."""
-    d_out = output_gradient(run, d_outputs, loss_fn, batch_first)
+    d_out, d_finals = output_gradient(run, d_outputs, loss_fn, batch_first, reads_final)
     kernel, record, T = run.kernel, run.record, run.steps
     n = len(record.states)
     like = run.inputs
     # by parameter: (T, *its shape), filled lag by lag
     acc = {name: like.new_zeros(T, *shape) for name, shape in _shapes(run).items()}
+    none: tuple[Tensor | None, ...] = (None,) * n
     with torch.no_grad():
         for t in range(T):
-            if not bool(d_out[t].any()):
+            # the final state is read after the last step: a loss at step T − 1 of its own
+            at_end = d_finals if t == T - 1 else none
+            if not bool(d_out[t].any()) and all(d is None for d in at_end):
                 continue
             start = 0 if window is None else max(0, t - window)  # steps t − τ … t
             sub = sub_record(record, start, t + 1)
             d_sub = torch.zeros_like(d_out[start : t + 1])
             d_sub[-1] = d_out[t]
             mask3 = None if run.mask3 is None else run.mask3[start : t + 1]
-            sweep = backward_sweep(kernel, sub, run.weights, mask3, d_sub, (None,) * n)
+            sweep = backward_sweep(kernel, sub, run.weights, mask3, d_sub, at_end)
             parts = per_step(run, sub, run.inputs[start : t + 1], sweep.d_xp, sweep.d_hp)
             m = t + 1 - start  # lags 0 .. m − 1, step k = t − lag
             for name, part in parts.items():

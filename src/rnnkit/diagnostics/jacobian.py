@@ -347,10 +347,13 @@ def gradient_flow(
     state: State | None = None,
     batch_first: bool = True,
     zoneout: float = 0.0,
+    reads_final: bool = False,
 ) -> GradientFlow:
     """``state_gradient_norms``, ``jacobian_norms`` and the bound in one call.
 
-    ``method`` None picks ``"exact"`` up to a state width of 64, else ``"power"``.
+    ``method`` None picks ``"exact"`` up to a state width of 64, else ``"power"``;
+    ``reads_final``: ``loss_fn(outputs, final)`` reads the final state too, as in
+    ``step_contributions``.
 
     >>> from rnnkit import RNNCell
     >>> flow = gradient_flow(RNNCell(2, 3), torch.randn(4, 6, 2), loss_fn=lambda h: h.sum())
@@ -366,7 +369,7 @@ def gradient_flow(
     run = run_direction(
         source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
     )
-    g = run_state_gradients(run, d_outputs, loss_fn, batch_first)[0]
+    g = run_state_gradients(run, d_outputs, loss_fn, batch_first, reads_final)[0]
     grads = g.norm(dim=(0, 2) if batch_first else (1, 2))  # as state_gradient_norms
     norms = _run_jacobian_norms(run, start, method)
     counts = real_steps(source, x, start=start, lengths=lengths, mask=mask, batch_first=batch_first)

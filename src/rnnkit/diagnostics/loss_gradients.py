@@ -37,6 +37,7 @@ def state_gradients(
     state: State | None = None,
     batch_first: bool = True,
     zoneout: float = 0.0,
+    reads_final: bool = False,
 ) -> tuple[Tensor, ...]:
     """``∂L/∂h_k`` for ``k = 0 … T`` (and ``∂L/∂c_k`` for the LSTM), full BPTT.
 
@@ -44,7 +45,7 @@ def state_gradients(
     can be kept: ``∂L/∂h_k`` includes the loss at step k and everything after it.
 
     Args: as ``step_contributions`` (``source``, ``x``, ``d_outputs`` or ``loss_fn``, …,
-    ``zoneout``).
+    ``zoneout``, ``reads_final``).
 
     Returns:
         One tensor per state component, ``(B, T + 1, H)`` (time-major ``(T + 1, B, H)``
@@ -60,7 +61,7 @@ def state_gradients(
     run = run_direction(
         source, x, lengths=lengths, mask=mask, state=state, batch_first=batch_first, zoneout=zoneout
     )
-    return run_state_gradients(run, d_outputs, loss_fn, batch_first)
+    return run_state_gradients(run, d_outputs, loss_fn, batch_first, reads_final)
 
 
 def run_state_gradients(
@@ -68,13 +69,18 @@ def run_state_gradients(
     d_outputs: Tensor | None,
     loss_fn: LossFn | None,
     batch_first: bool = True,
+    reads_final: bool = False,
 ) -> tuple[Tensor, ...]:
     """:func:`state_gradients` of a direction already run (``gradient_flow`` shares the
     run with the Jacobians' norms)."""
-    d_out = output_gradient(run, d_outputs, loss_fn, batch_first)
+    d_out, d_finals = output_gradient(run, d_outputs, loss_fn, batch_first, reads_final)
     record, T = run.record, run.steps
     grads = [torch.zeros_like(s) for s in record.states]  # (T + 1, B, H) each
-    d = [torch.zeros_like(s[0]) for s in record.states]
+    # the final state's gradient enters after the last step (and passes the padding)
+    d = [
+        torch.zeros_like(s[0]) if f is None else f.clone()
+        for s, f in zip(record.states, d_finals, strict=True)
+    ]
     with torch.no_grad():
         for t in range(T - 1, -1, -1):
             d[0] = d[0] + d_out[t]
@@ -105,6 +111,7 @@ def state_gradient_norms(
     state: State | None = None,
     batch_first: bool = True,
     zoneout: float = 0.0,
+    reads_final: bool = False,
 ) -> Tensor:
     """``‖∂L/∂h_k‖`` for ``k = 0 … T``, ``(T + 1,)``: the norm over the whole batch.
 
@@ -126,5 +133,6 @@ def state_gradient_norms(
         state=state,
         batch_first=batch_first,
         zoneout=zoneout,
+        reads_final=reads_final,
     )[0]
     return g.norm(dim=(0, 2) if batch_first else (1, 2))

@@ -71,10 +71,14 @@ class RecordedRun:
         )
 
     def state_gradient_norms(
-        self, d_outputs: Tensor | None = None, *, loss_fn: LossFn | None = None
+        self,
+        d_outputs: Tensor | None = None,
+        *,
+        loss_fn: LossFn | None = None,
+        reads_final: bool = False,
     ) -> Tensor:
         """``‖∂L/∂h_k‖`` for ``k = 0 … T``, ``(T + 1,)``, as ``state_gradient_norms``."""
-        g = run_state_gradients(self.run, d_outputs, loss_fn, self.batch_first)[0]
+        g = run_state_gradients(self.run, d_outputs, loss_fn, self.batch_first, reads_final)[0]
         return g.norm(dim=(0, 2) if self.batch_first else (1, 2))
 
     def step_contributions(
@@ -83,10 +87,13 @@ class RecordedRun:
         *,
         loss_fn: LossFn | None = None,
         window: int | None = None,
+        reads_final: bool = False,
     ) -> Contributions:
         """Each step's share of the weight gradients, as ``step_contributions``."""
         _check_window(window)
-        return run_step_contributions(self.run, d_outputs, loss_fn, window, self.batch_first)
+        return run_step_contributions(
+            self.run, d_outputs, loss_fn, window, self.batch_first, reads_final
+        )
 
     def lag_contributions(
         self,
@@ -94,10 +101,13 @@ class RecordedRun:
         *,
         loss_fn: LossFn | None = None,
         window: int | None = None,
+        reads_final: bool = False,
     ) -> Contributions:
         """Each time lag's share of the weight gradients, as ``lag_contributions``."""
         _check_window(window)
-        return run_lag_contributions(self.run, d_outputs, loss_fn, window, self.batch_first)
+        return run_lag_contributions(
+            self.run, d_outputs, loss_fn, window, self.batch_first, reads_final
+        )
 
     def jacobian_norms(
         self,
