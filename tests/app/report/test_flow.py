@@ -11,9 +11,8 @@ from rnnkit.app.report.flow import replaying
 @pytest.mark.parametrize("pooling", ["last", "mean", "max"])
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_a_models_own_loss_through_the_stand_in_is_its_loss(pooling, cell):
-    """The stand-in hands the model the stack's outputs and, as the final state, the top
-    layer's h read off them: the model's loss is the same (a padded batch, two
-    bidirectional layers)."""
+    """The stand-in hands the model what its stack returned: the model's loss is the
+    same (a padded batch, two bidirectional layers)."""
     from rnnkit.models import ModelSpec
     from rnnkit.models.classifier import build_classifier
 
@@ -27,8 +26,8 @@ def test_a_models_own_loss_through_the_stand_in_is_its_loss(pooling, cell):
     labels = torch.tensor([0, 2, 1, 1])
     want = model.loss(ids, labels, mask).loss
     with torch.no_grad():
-        outputs = model.encoder(model.embedding(ids), mask=mask).outputs
-    with replaying(model, outputs, mask):
+        out = model.encoder(model.embedding(ids), mask=mask)
+    with replaying(model, out):
         got = model.loss(ids, labels, mask).loss
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
     assert type(model.encoder).__name__ != "_Replay"  # given back after the block

@@ -291,7 +291,10 @@ def test_seq2seq_run_gets_attention_heatmaps(tmp_path):
     assert attention.count("<img ") == 3
     assert "ab cd → dc ba" in attention
     assert "No validation metrics were recorded." in text
-    assert len(page.of("img")) == 4  # the (empty) loss curve and three maps
+    # the (empty) loss curve, three maps and the encoder's gradient flow (three figures)
+    assert len(page.of("img")) == 7
+    gradients = text.split('<section id="gradients">')[1].split("</section>")[0]
+    assert gradients.count("<img ") == 3 and "On 4 pairs from" in gradients
 
 
 def test_a_zoneout_models_flow_figures_are_its_steps_at_evaluation(tmp_path):

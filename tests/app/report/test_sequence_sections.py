@@ -43,6 +43,12 @@ CASES = {
                                 "--layer-norm"],
     "events": lambda d: ["--task", "events", "--train", str(d / "sessions.jsonl"), "--valid",
                          str(d / "valid.jsonl"), "--layers", "2"],
+    # the decoder starts from every encoder layer's final (h, c) and attends to the top
+    "seq2seq": lambda d: ["--task", "seq2seq", "--train", str(d / "pairs.tsv"), "--attention",
+                          "additive", "--bidirectional", "--layers", "2"],
+    # no attention: the final state is all that reaches the decoder
+    "seq2seq-no-attention": lambda d: ["--task", "seq2seq", "--train", str(d / "pairs.tsv"),
+                                       "--attention", "none", "--cell", "gru"],
 }  # fmt: skip
 
 
@@ -62,7 +68,7 @@ def test_the_section_is_drawn_and_its_bars_are_the_models_backward_pass(
     page = html.unescape(render_report(out))
     body = page.split('<section id="gradients">')[1].split("</section>")[0]
     assert body.count("<img") == 3  # the flow, the per-step and the per-lag bars
-    assert re.search(r"On \d+ (texts|sequences|sentences|normal sessions) from \S+", body)
+    assert re.search(r"On \d+ (texts|sequences|sentences|normal sessions|pairs) from \S+", body)
     total = _figure(body, "‖∂L/∂W_hh‖: sum of the bars")
     assert total > 0
     assert total == pytest.approx(_figure(body, "‖∂L/∂W_hh‖: backward pass of the model"), rel=2e-3)
@@ -93,3 +99,12 @@ def test_an_events_model_with_a_window_is_named_not_drawn(task_data, run_cli, tm
     assert code == 0, err
     body = render_report(out).split('<section id="gradients">')[1].split("</section>")[0]
     assert "reads the last 4 events" in body and "<img" not in body
+
+
+def test_a_decoder_only_translator_is_named_not_drawn(task_data, run_cli, tmp_path):
+    out = tmp_path / "run"
+    argv = ["--task", "seq2seq", "--train", str(task_data / "pairs.tsv"), "--decoder-only"]
+    code, _, err = run_cli("train", *argv, "--out", str(out), *TINY)
+    assert code == 0, err
+    body = render_report(out).split('<section id="gradients">')[1].split("</section>")[0]
+    assert "--decoder-only" in body and "<img" not in body

@@ -26,14 +26,14 @@ from rnnkit.app.report.html import esc, image, note, section, table
 from rnnkit.diagnostics import RecordedRun, plots
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.layers.stacked import Bidirectional
-from rnnkit.models.pooling import last_pool
 from rnnkit.types import LSTMState, RecurrentOutput
 
 __all__ = ["FlowBatch", "flow_section", "replaying"]
 
 #: ``loss(top, rows, steps)``: the model's loss on the batch's first ``rows`` rows and
-#: ``steps`` steps from the stack's top outputs ``top (rows, steps, D·H)``
-TopLoss = Callable[[Tensor, int, int], Tensor]
+#: ``steps`` steps from what the stack returns, ``top`` (a ``RecurrentOutput``: the top
+#: outputs ``(rows, steps, D·H)`` and every layer's final state)
+TopLoss = Callable[[RecurrentOutput, int, int], Tensor]
 #: the steps over which ‖∂h_t/∂h_0‖₂ is drawn (its power method costs O(T²) products)
 JACOBIAN_STEPS = 32
 
@@ -68,20 +68,11 @@ class FlowBatch:
 
 
 @contextmanager
-def replaying(model: Any, outputs: Tensor, mask: Tensor | None) -> Iterator[None]:
-    """Inside the block ``model.encoder(...)`` returns ``outputs (B, T, D·H)`` as the
-    stack's top outputs, and as its final state the top layer's ``h`` read off them (at
-    each row's last real step, the backward half at step 0: the state itself, with
-    rnnkit's held padding); an LSTM's ``c``, read by none of the models that use this,
-    is zeros. So a model's own loss is a function of ``outputs``."""
+def replaying(model: Any, out: RecurrentOutput) -> Iterator[None]:
+    """Inside the block ``model.encoder(...)`` returns ``out``, the stack's outputs and
+    final state computed elsewhere: a model's own loss becomes a function of them."""
     encoder = model.encoder
-    D, H = encoder.num_directions, encoder.hidden_size
-    B, T = outputs.shape[0], outputs.shape[1]
-    real = mask if mask is not None else outputs.new_ones(B, T, dtype=torch.bool)
-    h = last_pool(outputs, real, D).view(B, D, H).transpose(0, 1).unsqueeze(0)  # (1, D, B, H)
-    lstm = isinstance(encoder.zero_state(1, outputs), LSTMState)
-    stand_in = _Replay(RecurrentOutput(outputs, LSTMState(h, torch.zeros_like(h)) if lstm else h))
-    model.encoder = stand_in
+    model.encoder = _Replay(out)
     try:
         yield
     finally:
@@ -132,20 +123,25 @@ def flow_section(fb: FlowBatch) -> tuple[str, str, str]:
     # zoneout's constant keep factors, as the model runs at evaluation (drawn in eval mode)
     layer_masks = _layer_masks(encoder, encoder.draw_masks(B, T, x) if zoneout else None)
 
-    def top_of(h: Tensor, rows: int, steps: int) -> Tensor:
-        """The drawn direction's outputs ``(rows, steps, H)`` → the stack's top outputs."""
+    def top_of(h: Tensor, final: Any, rows: int, steps: int) -> RecurrentOutput:
+        """The drawn direction's outputs ``(rows, steps, H)`` and final state → what the
+        stack returns: its top outputs and every layer's final state."""
         z = h.transpose(0, 1)  # (steps, rows, H)
         m = None if mask is None else mask[:rows, :steps].T
+        finals = [[final]]
         if direction is not first:  # the backward half, as the layer computes it
             with torch.no_grad():
-                both, _ = first(xt[:steps, :rows], m, masks=_part(layer_masks[0], rows, steps))
+                masks = _part(layer_masks[0], rows, steps)
+                both, (_, back) = first(xt[:steps, :rows], m, masks=masks)
             z = torch.cat([z, both[..., direction.cell.hidden_size :]], dim=-1)
+            finals[0].append(back)
         for layer, cells in zip(encoder.layers[1:], layer_masks[1:], strict=True):
-            z, _ = layer(z, m, masks=_part(cells, rows, steps))
-        return z.transpose(0, 1)
+            z, last = layer(z, m, masks=_part(cells, rows, steps))
+            finals.append(list(last) if isinstance(layer, Bidirectional) else [last])
+        return RecurrentOutput(z.transpose(0, 1), _stacked(finals))
 
-    def loss_of(loss: TopLoss, rows: int, steps: int) -> Callable[[Tensor], Tensor]:
-        return lambda h: loss(top_of(h, rows, steps), rows, steps)
+    def loss_of(loss: TopLoss, rows: int, steps: int) -> Callable[[Tensor, Any], Tensor]:
+        return lambda h, final: loss(top_of(h, final, rows, steps), rows, steps)
 
     # One run of the direction over the batch answers the state gradients and the per-step
     # contributions; one over its first 4 rows (and short_steps), the lags; the Jacobians
@@ -160,10 +156,11 @@ def flow_section(fb: FlowBatch) -> tuple[str, str, str]:
     short = first_part(Ts)
     jacobians = short if Tj == Ts else first_part(Tj)
     what = r"mean of $\ell_t$ over all steps" if fb.last_loss is not None else "the model's loss"
-    lines = {f"$L$ = {what}": recorded.state_gradient_norms(loss_fn=loss_of(fb.loss, B, T)).numpy()}
+    norms = recorded.state_gradient_norms(loss_fn=loss_of(fb.loss, B, T), reads_final=True)
+    lines = {f"$L$ = {what}": norms.numpy()}
     if fb.last_loss is not None:
         lines[r"$\ell_T$ only (the last step's loss)"] = recorded.state_gradient_norms(
-            loss_fn=loss_of(fb.last_loss, B, T)
+            loss_fn=loss_of(fb.last_loss, B, T), reads_final=True
         ).numpy()
     names = f"{type(direction.cell).__name__}, H = {direction.cell.hidden_size}"
     through = f"the first layer ({names})"
@@ -180,14 +177,24 @@ def flow_section(fb: FlowBatch) -> tuple[str, str, str]:
             )
             + body
         )
-    steps = recorded.step_contributions(loss_fn=loss_of(fb.loss, B, T))
-    lags = short.lag_contributions(loss_fn=loss_of(fb.loss, Bs, Ts))
+    steps = recorded.step_contributions(loss_fn=loss_of(fb.loss, B, T), reads_final=True)
+    lags = short.lag_contributions(loss_fn=loss_of(fb.loss, Bs, Ts), reads_final=True)
     contributions, total = _contribution_figures(steps, lags, short.shape)
     reference = _reference_norm(fb, direction.cell)
     body += contributions
     body += _figures_table(figures, total, reference)
     body += _saturation_table(encoder, x, mask)
     return section("gradients", "Gradient flow through time", body)
+
+
+def _stacked(finals: list[list[Any]]) -> Any:
+    """Final states by layer and direction (each ``(B, H)`` or an ``LSTMState``) → the
+    stack's ``(L, D, B, H)`` (an ``LSTMState`` of two)."""
+    if isinstance(finals[0][0], LSTMState):
+        h = torch.stack([torch.stack([d.h for d in layer]) for layer in finals])
+        c = torch.stack([torch.stack([d.c for d in layer]) for layer in finals])
+        return LSTMState(h, c)
+    return torch.stack([torch.stack(list(layer)) for layer in finals])
 
 
 def _part(masks: Any, rows: int, steps: int) -> Any:

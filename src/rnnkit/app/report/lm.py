@@ -77,11 +77,12 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
     with torch.no_grad():
         x = model.embedding(inputs)  # (B, T, E)
 
-    def loss(top: Tensor, rows: int, steps: int) -> Tensor:
-        return sequence_cross_entropy(model.head(top), targets[:rows, :steps])
+    def loss(top: Any, rows: int, steps: int) -> Tensor:
+        return sequence_cross_entropy(model.head(top.outputs), targets[:rows, :steps])
 
-    def last_loss(top: Tensor, rows: int, steps: int) -> Tensor:
-        return sequence_cross_entropy(model.head(top)[:, -1:], targets[:rows, steps - 1 : steps])
+    def last_loss(top: Any, rows: int, steps: int) -> Tensor:
+        logits = model.head(top.outputs)[:, -1:]
+        return sequence_cross_entropy(logits, targets[:rows, steps - 1 : steps])
 
     B, T = inputs.shape
     return flow_section(

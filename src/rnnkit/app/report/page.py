@@ -14,14 +14,14 @@ and clipping, vanishing/exploding signals), samples, gradient flow through time
 contributions to ∂L/∂W_hh, gate saturation), what the model predicts (next-symbol
 distribution and hidden states along a text), attention (seq2seq), anomaly detection
 (events and params) and the configuration. The gradient flow is drawn for language
-models, classifiers, taggers, regressors and event models, the attention maps for
-seq2seq runs with attention.
+models, classifiers, taggers, regressors, event models and encoder–decoders, the
+attention maps for seq2seq runs with attention.
 
 This module assembles the page and writes the sections every run has (metrics,
 training, configuration); a task's own sections are in :mod:`rnnkit.app.report.lm`,
-:mod:`rnnkit.app.report.sequences` (classify, tag, regress, events; the gradient-flow section
-itself in :mod:`rnnkit.app.report.flow`), :mod:`rnnkit.app.report.attention` and
-:mod:`rnnkit.app.report.detection`, the HTML
+:mod:`rnnkit.app.report.sequences` (classify, tag, regress, events, seq2seq; the
+gradient-flow section itself in :mod:`rnnkit.app.report.flow`),
+:mod:`rnnkit.app.report.attention` and :mod:`rnnkit.app.report.detection`, the HTML
 pieces in :mod:`rnnkit.app.report.html` and the reading of the run directory in
 :mod:`rnnkit.app.report.run`. Nothing is printed.
 """

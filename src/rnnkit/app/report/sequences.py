@@ -1,6 +1,7 @@
 """The report's gradient-flow section of the tasks whose model reads whole sequences:
-``classify`` (text or real-valued frames), ``tag``, ``regress`` and ``events`` (its
-sessions, as the event language model reads them).
+``classify`` (text or real-valued frames), ``tag``, ``regress``, ``events`` (its
+sessions, as the event language model reads them) and ``seq2seq`` (its encoder, with the
+decoder's loss: through the attention and the state the decoder starts from).
 
 The section (:mod:`rnnkit.app.report.flow`) runs on a few sequences of the run's own
 validation file (else its training file), taken evenly through the file and cut to their
@@ -24,10 +25,11 @@ from rnnkit.app.report.flow import FlowBatch, flow_section, replaying
 from rnnkit.app.report.html import note, section
 from rnnkit.app.report.run import Run, data_files
 from rnnkit.errors import DataError
+from rnnkit.types import RecurrentOutput
 
 __all__ = ["SEQUENCE_TASKS", "sequence_sections"]
 
-SEQUENCE_TASKS = ("classify", "tag", "regress", "events")
+SEQUENCE_TASKS = ("classify", "tag", "regress", "events", "seq2seq")
 #: the sessions of an events file the batch is chosen from (the first ones)
 MAX_SESSIONS = 10_000
 
@@ -45,7 +47,12 @@ def padded(parts: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
 
 
 def sequence_sections(run: Run, rows: int = 8, max_steps: int = 64) -> list[tuple[str, str, str]]:
-    """The gradient-flow section of a ``classify``, ``tag``, ``regress`` or ``events`` run."""
+    """The gradient-flow section of a run of one of :data:`SEQUENCE_TASKS`."""
+    if run.cfg.task == "seq2seq" and run.cfg.decoder_only:
+        text = (
+            "Gradient-flow pictures are drawn for an encoder (this model has none: --decoder-only)."
+        )
+        return [section("gradients", "Gradient flow through time", note(text))]
     if run.cfg.task == "events" and run.cfg.window:
         text = (
             "Gradient-flow pictures are drawn for an events model that reads whole "
@@ -57,6 +64,7 @@ def sequence_sections(run: Run, rows: int = 8, max_steps: int = 64) -> list[tupl
         "tag": _tag,
         "regress": _regress,
         "events": _events,
+        "seq2seq": _seq2seq,
     }
     build = builders[run.cfg.task]
     for path in data_files(run):
@@ -81,8 +89,8 @@ def _own(
     ``call(rows, steps)`` runs the model's own loss, which reads the stack's outputs
     through :func:`~rnnkit.app.report.flow.replaying`."""
 
-    def loss(top: Tensor, rows: int, steps: int) -> Tensor:
-        with replaying(model, top, mask[:rows, :steps]):
+    def loss(top: RecurrentOutput, rows: int, steps: int) -> Tensor:
+        with replaying(model, top):
             return call(rows, steps)
 
     B, T = mask.shape
@@ -232,8 +240,8 @@ def _events(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None
     with torch.no_grad():
         x = model.embedding(inputs)
 
-    def loss(top: Tensor, r: int, s: int) -> Tensor:
-        return sequence_cross_entropy(model.head(top), targets[:r, :s], mask[:r, :s])
+    def loss(top: RecurrentOutput, r: int, s: int) -> Tensor:
+        return sequence_cross_entropy(model.head(top.outputs), targets[:r, :s], mask[:r, :s])
 
     return FlowBatch(
         model,
@@ -244,3 +252,31 @@ def _events(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None
         f"{len(chosen)} normal sessions from {path} (up to {inputs.shape[1]} events)",
         short_steps=32,
     )
+
+
+def _seq2seq(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
+    from rnnkit.app.tasks.seq2seq_data import load_seq2seq
+    from rnnkit.data.pairs import PairBatch, encode_pairs, make_pair_batch, read_pairs
+    from rnnkit.models.seq2seq import Seq2Seq
+
+    _, source_vocab, target_vocab, model = load_seq2seq(run.path, run.device)
+    pairs = read_pairs(path)
+    chosen = [pairs[i] for i in evenly(len(pairs), rows)]
+    if not chosen:
+        return None
+    sources, targets = encode_pairs(chosen, source_vocab, target_vocab, path)
+    batch = make_pair_batch([a[:max_steps] for a in sources], targets)
+    device = next(model.parameters()).device
+    batch = PairBatch(*(t.to(device) for t in batch))
+    assert isinstance(model, Seq2Seq)  # a decoder-only model is named before
+    with torch.no_grad():
+        x = model.source_embedding(batch.source)
+
+    def call(r: int, s: int) -> Tensor:
+        part = PairBatch(
+            batch.source[:r, :s], batch.source_mask[:r, :s], *(t[:r] for t in batch[2:])
+        )
+        return model.loss(part).loss
+
+    what = f"{len(chosen)} pairs from {path} (sources up to {x.shape[1]} tokens)"
+    return _own(model, x, batch.source_mask, call, what)
