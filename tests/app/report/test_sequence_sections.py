@@ -77,6 +77,23 @@ def test_the_section_is_drawn_and_its_bars_are_the_models_backward_pass(
         assert "the first layer's forward direction" in body
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", ["classify", "tag", "seq2seq", "regress-value"])
+def test_on_the_gpu_the_bars_are_the_models_backward_pass_there(case, task_data, run_cli, tmp_path):
+    """`rnnkit report --device cuda`: the section's diagnostics and the model's own
+    backward both on the GPU (TF32 off: float32 is float32)."""
+    out = tmp_path / "run"
+    code, _, err = run_cli("train", *CASES[case](task_data), "--out", str(out), *TINY)
+    assert code == 0, err
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        page = html.unescape(render_report(out, device="cuda"))
+    body = page.split('<section id="gradients">')[1].split("</section>")[0]
+    total = _figure(body, "‖∂L/∂W_hh‖: sum of the bars")
+    assert total > 0
+    assert total == pytest.approx(_figure(body, "‖∂L/∂W_hh‖: backward pass of the model"), rel=2e-3)
+
+
 def test_without_a_readable_file_the_section_says_so(task_data, run_cli, tmp_path):
     data = tmp_path / "labels.tsv"
     data.write_bytes((task_data / "labels.tsv").read_bytes())
