@@ -5,8 +5,8 @@ decoder's loss: through the attention and the state the decoder starts from).
 
 The section (:mod:`rnnkit.app.report.flow`) runs on a few sequences of the run's own
 validation file (else its training file), taken evenly through the file and cut to their
-first ``max_steps`` steps; each task's loss is its model's own (``model.loss``), read
-from the stack's outputs through :func:`~rnnkit.app.report.flow.replaying`.
+first ``max_steps`` steps; each task's loss is its model's own (``model.loss``), reading
+what the stack returns through :func:`~rnnkit.app.report.flow.replaying`.
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def _own(
     short_steps: int | None = None,
 ) -> FlowBatch:
     """The batch of a model whose loss reads its stack as ``encoder(x, mask=mask)``:
-    ``call(rows, steps)`` runs the model's own loss, which reads the stack's outputs
-    through :func:`~rnnkit.app.report.flow.replaying`."""
+    ``call(rows, steps)`` runs the model's own loss, which reads what the stack returns
+    (outputs and final states) through :func:`~rnnkit.app.report.flow.replaying`."""
 
     def loss(top: RecurrentOutput, rows: int, steps: int) -> Tensor:
         with replaying(model, top):
