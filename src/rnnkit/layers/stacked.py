@@ -100,7 +100,7 @@ def _padded(t: Tensor, width: int) -> Tensor:
     return t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1]))
 
 
-def _stack_states(finals: list[list[State]], is_lstm: bool) -> State:
+def stack_states(finals: list[list[State]], is_lstm: bool) -> State:
     """``finals[l][d]`` of ``(B, H_d)`` → ``(L, D, B, max H_d)`` (or an ``LSTMState`` of
     them); a narrower direction's units come first, zeros after them."""
     L, D = len(finals), len(finals[0])
@@ -509,7 +509,7 @@ class StackedRecurrent(nn.Module):
             init = self._split_state(state)
             h, finals = self._run_layers(xt, mask_t, init, window, projected, masks)
         outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
-        return RecurrentOutput(outputs, _stack_states(finals, self.is_lstm))
+        return RecurrentOutput(outputs, stack_states(finals, self.is_lstm))
 
     def _run_layers(
         self,

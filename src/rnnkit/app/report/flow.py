@@ -25,8 +25,8 @@ from torch import Tensor, nn
 from rnnkit.app.report.html import esc, image, note, section, table
 from rnnkit.diagnostics import RecordedRun, plots
 from rnnkit.layers.recurrent import Recurrent
-from rnnkit.layers.stacked import Bidirectional
-from rnnkit.types import LSTMState, RecurrentOutput
+from rnnkit.layers.stacked import Bidirectional, stack_states
+from rnnkit.types import RecurrentOutput
 
 __all__ = ["FlowBatch", "flow_section", "replaying"]
 
@@ -89,15 +89,15 @@ class _Replay(nn.Module):
 
 
 def _layer_masks(encoder: Any, masks: Any) -> list[Any]:
-    """The cell masks of each layer as its ``forward`` takes them (one per direction)."""
+    """The cell masks of each layer as its ``forward`` takes them: a bidirectional layer's
+    ``D`` of them, a layer of one direction its one (the stack's own split)."""
     if masks is None:
         return [None] * len(encoder.layers)
-    out, k = [], 0
-    for layer in encoder.layers:
-        n = 1 if isinstance(layer, Recurrent) else len(layer.directions)
-        out.append(masks.cells[k] if n == 1 else list(masks.cells[k : k + n]))
-        k += n
-    return out
+    D = encoder.num_directions
+    return [
+        masks.cells[i * D] if D == 1 else list(masks.cells[i * D : (i + 1) * D])
+        for i in range(len(encoder.layers))
+    ]
 
 
 def flow_section(fb: FlowBatch) -> tuple[str, str, str]:
@@ -138,7 +138,7 @@ def flow_section(fb: FlowBatch) -> tuple[str, str, str]:
         for layer, cells in zip(encoder.layers[1:], layer_masks[1:], strict=True):
             z, last = layer(z, m, masks=_part(cells, rows, steps))
             finals.append(list(last) if isinstance(layer, Bidirectional) else [last])
-        return RecurrentOutput(z.transpose(0, 1), _stacked(finals))
+        return RecurrentOutput(z.transpose(0, 1), stack_states(finals, direction.cell.is_lstm))
 
     def loss_of(loss: TopLoss, rows: int, steps: int) -> Callable[[Tensor, Any], Tensor]:
         return lambda h, final: loss(top_of(h, final, rows, steps), rows, steps)
@@ -185,16 +185,6 @@ def flow_section(fb: FlowBatch) -> tuple[str, str, str]:
     body += _figures_table(figures, total, reference)
     body += _saturation_table(encoder, x, mask)
     return section("gradients", "Gradient flow through time", body)
-
-
-def _stacked(finals: list[list[Any]]) -> Any:
-    """Final states by layer and direction (each ``(B, H)`` or an ``LSTMState``) → the
-    stack's ``(L, D, B, H)`` (an ``LSTMState`` of two)."""
-    if isinstance(finals[0][0], LSTMState):
-        h = torch.stack([torch.stack([d.h for d in layer]) for layer in finals])
-        c = torch.stack([torch.stack([d.c for d in layer]) for layer in finals])
-        return LSTMState(h, c)
-    return torch.stack([torch.stack(list(layer)) for layer in finals])
 
 
 def _part(masks: Any, rows: int, steps: int) -> Any:

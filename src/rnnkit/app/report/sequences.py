@@ -24,6 +24,7 @@ from torch.nn.utils.rnn import pad_sequence
 from rnnkit.app.report.flow import FlowBatch, flow_section, replaying
 from rnnkit.app.report.html import note, section
 from rnnkit.app.report.run import Run, data_files
+from rnnkit.data.batching import pad_sequences
 from rnnkit.errors import DataError
 from rnnkit.types import RecurrentOutput
 
@@ -109,7 +110,7 @@ def _classify(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | No
     if not chosen:
         return None
     enc = encode_examples(chosen, vocab, labels, min(cfg.max_len, max_steps), str(path))
-    ids, mask = padded([torch.from_numpy(a) for a in enc.inputs])
+    ids, mask = pad_sequences(enc.inputs)
     device = next(model.parameters()).device
     ids, mask, y = ids.to(device), mask.to(device), torch.from_numpy(enc.labels).to(device)
     assert model.embedding is not None  # a classifier of text embeds its tokens
@@ -152,7 +153,7 @@ def _classify_vectors(run: Run, path: Path, rows: int, max_steps: int) -> FlowBa
 
 def _tag(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
     from rnnkit.app.tasks.tag import load_tagger
-    from rnnkit.app.tasks.tag_data import encode_tagged
+    from rnnkit.app.tasks.tag_data import char_batch, encode_tagged
     from rnnkit.data.tagged import read_tagged
 
     cfg, data, model = load_tagger(run.path, run.device)
@@ -163,15 +164,11 @@ def _tag(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
     enc = encode_tagged(
         [s._replace(tokens=s.tokens[:max_steps], tags=s.tags[:max_steps]) for s in chosen], data
     )
-    words, mask = padded([torch.from_numpy(w) for w in enc.words])
-    tags = padded([torch.from_numpy(t) for t in enc.tags])[0]
+    words, mask = pad_sequences(enc.words)
+    tags = pad_sequences(enc.tags)[0]
     known = mask & (tags < len(data.tags))  # a tag the model does not know is no target
-    chars = None
-    if enc.chars is not None:  # (B, T, C): each word's characters, 0-padded
-        C = max(a.shape[1] for a in enc.chars)
-        chars = torch.zeros(*words.shape, C, dtype=torch.int64)
-        for row, a in enumerate(enc.chars):
-            chars[row, : a.shape[0], : a.shape[1]] = torch.from_numpy(a)
+    every = torch.arange(len(chosen))
+    chars = None if enc.chars is None else char_batch(enc, every, words.shape[1])
     device = next(model.parameters()).device
     words, mask, tags, known = (t.to(device) for t in (words, mask, tags, known))
     chars = None if chars is None else chars.to(device)
@@ -220,7 +217,7 @@ def _regress(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | Non
 
 def _events(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
     from rnnkit.app.tasks.events.scoring import load_event_model
-    from rnnkit.data.batching import lm_pairs, pad_sequences
+    from rnnkit.data.batching import lm_pairs
     from rnnkit.data.events import iter_sessions
     from rnnkit.data.vocab import BOS_ID, EOS_ID
     from rnnkit.metrics.losses import sequence_cross_entropy

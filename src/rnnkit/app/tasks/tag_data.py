@@ -124,7 +124,9 @@ def encode_tagged(
     return EncodedTags(sentences, words, tags, oov, chars if data.chars is not None else None)
 
 
-def _char_batch(enc: EncodedTags, indices: Tensor, T: int) -> Tensor:
+def char_batch(enc: EncodedTags, indices: Tensor, T: int) -> Tensor:
+    """The characters ``(B, T, C)`` of the sentences ``indices`` (0-padded), ``T`` words
+    wide."""
     assert enc.chars is not None
     arrays = [enc.chars[i] for i in indices.tolist()]
     width = max(a.shape[1] for a in arrays)
@@ -141,5 +143,5 @@ def _inputs(
     chars = None
     if enc.chars is not None:
         # with its host copy kept: the character RNN's mask is made from it there
-        chars = move_mask(_char_batch(enc, batch.indices, words.shape[1]), device)
+        chars = move_mask(char_batch(enc, batch.indices, words.shape[1]), device)
     return words, mask, chars
