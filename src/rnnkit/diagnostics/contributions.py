@@ -361,10 +361,6 @@ def _shapes(run: DirectionRun) -> dict[str, torch.Size]:
     return shapes
 
 
-def _contributions(axis: str, parts: dict[str, Tensor]) -> Contributions:
-    return Contributions(axis, **parts)
-
-
 def step_contributions(
     source: CellBase | Recurrent,
     x: Tensor,
@@ -431,7 +427,7 @@ def run_step_contributions(
             run.kernel, run.record, run.weights, run.mask3, d_out, d_finals, window
         )
         parts = per_step(run, run.record, run.inputs, sweep.d_xp, sweep.d_hp, run.to_original)
-    return _contributions("step", parts)
+    return Contributions("step", **parts)
 
 
 def _check_window(window: object) -> None:
@@ -521,4 +517,4 @@ def run_lag_contributions(
             m = t + 1 - start  # lags 0 .. m − 1, step k = t − lag
             for name, part in parts.items():
                 acc[name][:m] += part.flip(0)
-    return _contributions("lag", acc)
+    return Contributions("lag", **acc)
