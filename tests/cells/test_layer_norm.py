@@ -1,7 +1,7 @@
 """The layer-normalised LSTM and GRU: the time loop's hand-written backward against
 autograd of the cell's plain step (float64, holes in the mask, both directions), finite
-differences with the regularizers, and the refusals (the compiled loop against the PyTorch
-loop: tests/bptt/test_native_layer_norm.py)."""
+differences with the regularizers, recompute, and the refusals (the compiled loop against
+the PyTorch loop: tests/bptt/test_native_layer_norm.py)."""
 
 from __future__ import annotations
 
@@ -114,14 +114,34 @@ def test_the_cell_is_normalised_and_starts_with_unit_gains():
     torch.testing.assert_close(cell(x).h, before.h, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.usefixtures("time_loop")
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_recompute_and_a_whole_window_are_full_bptt(kind, gen):
+    """``recompute=k`` re-runs the loop on the stored input part: the same gradients;
+    a window that covers every path is full BPTT (the window itself: tests/layers/
+    test_windowed.py)."""
+    layer = KINDS[kind](3, 4, 2, bidirectional=True).double()
+    _perturbed(layer, gen)
+    x = torch.randn(3, 7, 3, generator=gen, dtype=DT, requires_grad=True)
+    lengths = torch.tensor([7, 3, 0])
+
+    def grads(**kw):
+        out = layer(x, lengths=lengths, **kw)
+        final = out.state.h if isinstance(out.state, LSTMState) else out.state
+        loss = (out.outputs**2).sum() + final.sum()
+        return [out.outputs, *torch.autograd.grad(loss, [x, *layer.parameters()])]
+
+    want = grads()
+    got_window = grads(window=2 * 6 + 1)
+    layer.recompute = 3
+    got_recompute = grads()
+    for got in (got_window, got_recompute):
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 def test_refusals():
-    layer = LSTM(3, 4, layer_norm=True).double()
     x = torch.randn(2, 5, 3, dtype=DT, requires_grad=True)
-    with pytest.raises(ConfigError, match="full BPTT only"):
-        layer(x, window=2)
-    layer.recompute = 2
-    with pytest.raises(ConfigError, match="full BPTT only"):
-        layer(x)
     with pytest.raises(ConfigError, match="no forget_bias"):
         LSTM(3, 4, layer_norm=True, forget_bias=1.0)
     from rnnkit.layers.interop import to_torch

@@ -21,6 +21,7 @@ training with dropout (an error inside the dropout).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -87,7 +88,7 @@ def layer_cases(draw: st.DrawFn) -> dict[str, Any]:
     }
     if T > 1:
         extra = draw(st.sampled_from(["none", "none", "window", "recompute", "resets"]))
-        if extra == "window" and "layer_norm" not in options:
+        if extra == "window":
             case["window"] = draw(st.integers(1, T))
         elif extra == "recompute":
             case["recompute"] = draw(st.integers(1, T))
@@ -182,7 +183,7 @@ def test_every_path_computes_the_loops_function(case):
     with time_limit():
         try:
             expected = _run_layer(case, "loop", compiled=False)
-        except ConfigError:  # a documented refusal (a window over layer norm, ...)
+        except ConfigError:  # a documented refusal (zoneout with resets, ...)
             return
         paths = [("auto", True), ("fused", False), ("triton", False)]
         if case["resets"] and case["train"] and case["regularizers"].get("dropout"):
@@ -282,7 +283,11 @@ def test_a_dropin_computes_torchs_function_on_every_path(case):
         args = (case["input"], case["hidden"])
         kwargs = {"bias": case["bias"], **case["options"]}
         reference = getattr(torch.nn, case["mode"])(*args, **kwargs)
-        expected = _run_dropin(reference, case)
+        with warnings.catch_warnings():
+            # torch's LSTM with proj_size in float32 on the CPU warns, once a process, that
+            # oneDNN has no projections: a UserWarning, an error under the suite's filter
+            warnings.filterwarnings("ignore", "LSTM with projections is not supported")
+            expected = _run_dropin(reference, case)
         for path in ("auto", "fused", "loop", "triton"):
             mine = getattr(knn, case["mode"])(*args, **kwargs)
             mine.load_state_dict(reference.state_dict())

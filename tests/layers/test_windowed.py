@@ -13,8 +13,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
+from tests.conftest import CellSpec
 from torch import Tensor
 from torch.autograd.function import BackwardCFunction
 
@@ -332,3 +335,73 @@ def test_one_autograd_node_for_the_whole_stack(cell_spec, gen):
     with torch.no_grad():  # nothing to truncate: the ordinary forward, the same values
         plain = layer(x, state=cell_spec.pack(s0), window=2).outputs
     torch.testing.assert_close(plain, out.detach(), rtol=0, atol=1e-14)
+
+
+# ------------------------------------------------------------------ layer-normalised cells
+
+
+@dataclass(frozen=True)
+class LayerNormSpec(CellSpec):
+    """A layer-normalised cell: built with ``layer_norm=True``, gains and ``β_c`` moved off
+    their initial values; the oracle's step is the cell's own (autograd through ν)."""
+
+    def layer(self, I, H, num_layers=1, bidirectional=False, seed=0, dtype=DT, **extra):
+        layer = super().layer(I, H, num_layers, bidirectional, seed, dtype, layer_norm=True)
+        with torch.no_grad():
+            for name, p in layer.named_parameters():
+                if "gamma" in name or "beta" in name:
+                    p.add_(0.3 * torch.randn(p.shape, dtype=p.dtype))
+        return layer
+
+    def step(self, cell, x, states):
+        return self.unpack(cell(x, self.pack(states)))
+
+
+LN_SPECS = [
+    LayerNormSpec("ln_lstm", "lstm"),
+    LayerNormSpec("ln_gru_keep", "gru", {"update": "keep", "reset": "after"}),
+    LayerNormSpec("ln_gru_candidate", "gru", {"update": "candidate", "reset": "after"}),
+]
+
+
+@pytest.fixture(params=LN_SPECS, ids=lambda s: s.name)
+def ln_spec(request) -> CellSpec:
+    return request.param
+
+
+@pytest.mark.parametrize(("layers", "tau"), [(1, 2), (3, 2)])
+def test_a_layer_normalised_stack_equals_the_truncated_graph(ln_spec, gen, holey_mask, layers, tau):
+    """The input part ``ν(x W_xᵀ) ⊙ γ_x`` of the layer above is passed down at the same
+    lag: every weight, gain, input and initial state as autograd of the truncated graph."""
+    layer, x, s0, g_out, g_fin = make_case(ln_spec, gen, layers)
+    out, got = windowed_grads(ln_spec, layer, x, s0, g_out, g_fin, holey_mask, tau)
+    ref = truncated_graph_loss(ln_spec, layer, x, s0, holey_mask, tau, g_out, g_fin)
+    assert_all_close(got, grads(ref, layer, x, s0))
+    full = layer(x, mask=holey_mask, state=ln_spec.pack(s0))
+    torch.testing.assert_close(out.outputs, full.outputs, rtol=0, atol=1e-12)
+
+
+def test_a_layer_normalised_stack_with_resets_and_dropout(ln_spec, gen, holey_mask):
+    layer, x, s0, g_out, g_fin = make_case(ln_spec, gen, 2)
+    resets = torch.zeros(B, T, dtype=torch.bool)
+    resets[0, 3] = resets[2, 1] = True
+    _, got = windowed_grads(ln_spec, layer, x, s0, g_out, g_fin, holey_mask, 2, resets)
+    ref = truncated_graph_loss(ln_spec, layer, x, s0, holey_mask, 2, g_out, g_fin, resets)
+    assert_all_close(got, grads(ref, layer, x, s0))
+    layer.dropout = layer.drop.p = 0.4  # a window as long as the sequence: full BPTT of it
+    torch.manual_seed(7)
+    full = layer(x, state=ln_spec.pack(s0))
+    want = grads(loss_of(full.outputs, ln_spec.unpack(full.state), g_out, g_fin), layer, x, s0)
+    torch.manual_seed(7)
+    _, got = windowed_grads(ln_spec, layer, x, s0, g_out, g_fin, None, T)
+    assert_all_close(got, want)
+
+
+@pytest.mark.parametrize("tau", [2, 2 * (T - 1) + 1])
+def test_a_layer_normalised_bidirectional_stack_equals_the_budget_graph(
+    ln_spec, gen, holey_mask, tau
+):
+    layer, x, s0, g_out, g_fin = make_case(ln_spec, gen, 2, bidirectional=True)
+    _, got = windowed_grads(ln_spec, layer, x, s0, g_out, g_fin, holey_mask, tau)
+    ref = budget_graph_loss(ln_spec, layer, x, s0, holey_mask, tau, g_out, g_fin)
+    assert_all_close(got, grads(ref, layer, x, s0))

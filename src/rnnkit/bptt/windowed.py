@@ -9,7 +9,7 @@ window then counts the steps of a path through every layer it crosses).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -28,6 +28,11 @@ class WindowUnit(NamedTuple):
     ``order`` maps time steps between the order of the layer's input and this direction's
     reading order, ``reading[t, b] = input[order[t, b], b]``; it is an involution (the same
     index maps back), None when the two orders agree.
+
+    ``input_grad`` maps the gradient of the loop's input at steps ``0 … n−1``,
+    ``(n, B, G·H)``, to the gradient of the unit's input there, in reading order; None
+    for ``g ↦ g W_ih`` (a layer-normalised cell's loop reads ``ν(x W_xᵀ) ⊙ γ_x``:
+    ``rnnkit.layers.windowed``).
     """
 
     kernel: Kernel
@@ -35,6 +40,7 @@ class WindowUnit(NamedTuple):
     weights: Weights
     mask: Tensor | None  # (T, B, 1) bool in reading order, or None (every step real)
     order: Tensor | None = None  # (T, B) int64
+    input_grad: Callable[[Tensor], Tensor] | None = None
 
 
 def reorder(t: Tensor, order: Tensor | None) -> Tensor:
@@ -199,7 +205,9 @@ def windowed_sweep(
                 if steps[index][d].separate:
                     acc_hp[index][d][:n] += g_hp
                 if index > 0:  # the same paths go on in the layer below, at the same lag
-                    g_in = reorder(g_xp @ u.weights.weight_ih, u.order)
+                    back = u.input_grad
+                    g_in = g_xp @ u.weights.weight_ih if back is None else back(g_xp)
+                    g_in = reorder(g_in, u.order)
                     below = g_in if below is None else below + g_in
                 if j < window:  # a path of j < τ steps at step 1 goes on to h_0
                     for d0_part, dp in zip(d0[index][d], d_prev, strict=True):

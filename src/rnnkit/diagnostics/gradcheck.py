@@ -228,6 +228,9 @@ def _budget_forward(
                 m = reading if rev else mask_t
                 inp = h.gather(0, order[..., None].expand_as(h)) if rev else h
                 inp = torch.where(m[..., None], inp, 0.0)
+                input_part = getattr(type(direction.cell), "input_part", None)
+                if input_part is not None:  # a layer-normalised cell's loop reads ν(x W_xᵀ)γ_x
+                    inp = input_part(direction.cell, inp)
                 prev = []
                 for j, fixed in enumerate(frozen[u]):
                     before = fixed[:-1].clone()  # (T, B, H): the state before each step
@@ -327,7 +330,7 @@ def gradcheck(
     Args:
         cell: ``"rnn"``, ``"lstm"`` or ``"gru"``; ``nonlinearity`` (rnn), ``update`` and
             ``reset`` (gru) as for the cells; ``layer_norm`` the layer-normalised LSTM or
-            GRU (``reset="after"``; full BPTT only, as the layers run it).
+            GRU (``reset="after"``).
         hidden_size, input_size, batch_size, steps, num_layers, bidirectional: the layer
             and the batch.  window: None (full BPTT) or τ for BPTT(τ).
         seed: weights, data, mask and loss weights (the global RNG is left alone).
@@ -346,12 +349,8 @@ def gradcheck(
     for name, amount in (("tol", tol), ("eps", eps)):
         if not 0 < amount < math.inf:  # eps=0 divided by zero; tol ≤ 0 never passes
             raise ValueError(f"{name} must be a finite number > 0, got {amount!r}")
-    if layer_norm and (cell == "rnn" or window is not None):
-        # as the layers refuse them, in one line here rather than from inside the layer
-        raise ValueError(
-            "layer_norm takes cell 'lstm' or 'gru' and full BPTT (window=None), got "
-            f"cell {cell!r}, window {window!r}"
-        )
+    if layer_norm and cell == "rnn":
+        raise ValueError("layer_norm takes cell 'lstm' or 'gru', got 'rnn'")
     options = _cell_options(cell, nonlinearity, update, reset, layer_norm)
     config = {
         "cell": cell,

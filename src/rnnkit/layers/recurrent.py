@@ -86,10 +86,6 @@ class Recurrent(nn.Module):
         # attribute lookup costs an exception, at every call of every other cell)
         input_part = getattr(type(self.cell), "input_part", None)
         if input_part is not None:
-            if window is not None or recompute is not None:
-                raise ConfigError(
-                    f"a {type(self.cell).__name__} runs full BPTT only: no window or recompute"
-                )
             if mask is not None:  # the padding never reaches ν (it may hold NaN)
                 x = torch.where(mask[..., None], x, 0.0)
             # ν(x W_xᵀ) γ_x of every step at once, through autograd; its products those of

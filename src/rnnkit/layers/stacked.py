@@ -566,8 +566,6 @@ class StackedRecurrent(nn.Module):
         masks: StackMasks | None = None,
     ) -> tuple[Tensor, list[list[State]]]:
         """The windowed BPTT(τ) of the whole stack: one node (``rnnkit.layers.windowed``)."""
-        if any(hasattr(c, "input_part") for c in self.cells()):
-            raise ConfigError(f"window={window}: a layer-normalised cell runs full BPTT only")
         if masks is not None and any(c.weight_hh is not None or c.in_loop for c in masks.cells):
             raise ConfigError(
                 f"window={window} cannot be combined with weight_drop, recurrent_dropout or "

@@ -11,14 +11,17 @@ its window, a row that does gets no gradient across its start.
 
 The forward is the usual one (``forward_pass``: on a GPU the Triton steps, on the CPU the
 compiled loop where it applies, the PyTorch loop when rows reset), layer after layer, the
-dropout between layers given as multipliers. A stack of float16/bfloat16 weights on the
-CPU runs in float32, its outputs and final states rounded once to the weights' dtype
-(``rnnkit.cells.amp.float32_on_cpu``).
+dropout between layers given as multipliers. A layer-normalised cell's loop reads its
+input part ``ν(x W_xᵀ) ⊙ γ_x``, computed here for every step at once; the sweep passes a
+gradient ``g`` of that part down as ``ν'(g ⊙ γ_x) W_x`` (``normalize_backward``), at the
+same lag, since the part is a function of the same step's input only. A stack of
+float16/bfloat16 weights on the CPU runs in float32, its outputs and final states
+rounded once to the weights' dtype (``rnnkit.cells.amp.float32_on_cpu``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -30,6 +33,7 @@ from rnnkit.bptt.record import ForwardRecord
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 from rnnkit.cells.amp import float32, float32_on_cpu
 from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.cells.normalization import normalize, normalize_backward
 from rnnkit.layers.masking import flip_sequences
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.types import LSTMState, State
@@ -49,6 +53,7 @@ class _Plan(NamedTuple):
     order: Tensor | None  # (T, B) input order ↔ reverse reading order (an involution)
     reset: Tensor | None  # (T, B, 1) state entering the step zeroed (forward only)
     drops: list[Tensor | None]  # [layer] dropout multiplier on the layer's input
+    normed: list[bool]  # [unit] a layer-normalised cell (its input gain is a node input)
 
 
 def _unit_count(plan: _Plan) -> int:
@@ -57,8 +62,9 @@ def _unit_count(plan: _Plan) -> int:
 
 def _unit_inputs(
     plan: _Plan, tensors: tuple[Tensor | None, ...]
-) -> tuple[list[Weights], list[tuple[Tensor, ...]]]:
-    """The node's inputs after ``x``, split per unit: its weights and initial states."""
+) -> tuple[list[Weights], list[tuple[Tensor, ...]], list[Tensor | None]]:
+    """The node's inputs after ``x``, split per unit: its weights, initial states and
+    input gain ``γ_x`` (None but for a layer-normalised cell)."""
     units, s = _unit_count(plan), plan.num_states
     weights, states0 = [], []
     for u in range(units):
@@ -69,7 +75,22 @@ def _unit_inputs(
         states = tensors[4 * units + s * u : 4 * units + s * (u + 1)]
         states0.append(tuple(t for t in states if t is not None))
         assert len(states0[-1]) == s
-    return weights, states0
+    gains = list(tensors[(4 + s) * units :])
+    assert len(gains) == units
+    return weights, states0, gains
+
+
+def _normed_input_grad(
+    n: Tensor, inv: Tensor, gain: Tensor, weight_ih: Tensor
+) -> Callable[[Tensor], Tensor]:
+    """``WindowUnit.input_grad`` of a layer-normalised unit: ``g (k, B, G·H)`` of the input
+    part at steps ``0 … k−1`` → ``∂L/∂x = ν'(g ⊙ γ_x) W_x`` there."""
+
+    def back(g: Tensor) -> Tensor:
+        k = g.shape[0]
+        return normalize_backward(g * gain, n[:k], inv[:k]) @ weight_ih
+
+    return back
 
 
 class _WindowedStack(torch.autograd.Function):
@@ -79,8 +100,9 @@ class _WindowedStack(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, plan: _Plan, x: Tensor, *tensors: Tensor | None) -> tuple[Tensor, ...]:
-        weights, states0 = _unit_inputs(plan, tensors)
+        weights, states0, gains = _unit_inputs(plan, tensors)
         records: list[ForwardRecord] = []
+        normed: list[Tensor] = []  # per layer-normalised unit: its input, ν, the scale
         h = x
         u = 0
         for index, layer in enumerate(plan.kernels):
@@ -92,9 +114,15 @@ class _WindowedStack(torch.autograd.Function):
             outs = []
             for d, kernel in enumerate(layer):
                 rev = plan.reverse[index][d]
+                unit_in = reorder(h, plan.order) if rev else h
+                gain = gains[u]
+                if gain is not None:  # the loop reads the input part ν(x W_xᵀ) ⊙ γ_x
+                    n, inv = normalize(unit_in @ weights[u].weight_ih.T)
+                    normed += [unit_in, n, inv]
+                    unit_in = n * gain
                 rec = forward_pass(
                     kernel,
-                    reorder(h, plan.order) if rev else h,
+                    unit_in,
                     weights[u],
                     states0[u],
                     plan.reading if rev else plan.mask,
@@ -107,11 +135,11 @@ class _WindowedStack(torch.autograd.Function):
                 u += 1
             h = torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
         ctx.plan = plan
-        saved: list[Tensor] = []
+        saved: list[Tensor | None] = []
         for w, rec in zip(weights, records, strict=True):
-            saved += [rec.x, w.weight_ih, w.weight_hh, *rec.states, *rec.cache]
+            saved += [rec.x, w.weight_ih, w.weight_hh, w.bias_hn, *rec.states, *rec.cache]
         ctx.cache_sizes = [len(rec.cache) for rec in records]
-        ctx.save_for_backward(*saved)
+        ctx.save_for_backward(*saved, *normed, *(g for g in gains if g is not None))
         finals = [f[-1].clone() for rec in records for f in rec.states]
         return (h, *finals)
 
@@ -120,6 +148,11 @@ class _WindowedStack(torch.autograd.Function):
         plan: _Plan = ctx.plan
         s = plan.num_states
         saved = ctx.saved_tensors
+        n_normed = sum(plan.normed)
+        # after the units' records: (input, ν, scale) of each normalised unit, its gain
+        normed_at = len(saved) - 4 * n_normed
+        gain_at = len(saved) - n_normed
+        norms: list[tuple[Tensor, ...] | None] = []
         units: list[list[WindowUnit]] = []
         finals: list[list[tuple[Tensor | None, ...]]] = []
         pos = u = 0
@@ -128,21 +161,30 @@ class _WindowedStack(torch.autograd.Function):
             finals.append([])
             for d, kernel in enumerate(layer):
                 n_cache = ctx.cache_sizes[u]
-                x_flat, w_ih, w_hh = saved[pos : pos + 3]
-                states = tuple(saved[pos + 3 : pos + 3 + s])
-                cache = tuple(saved[pos + 3 + s : pos + 3 + s + n_cache])
-                pos += 3 + s + n_cache
+                x_flat, w_ih, w_hh, bias_hn = saved[pos : pos + 4]
+                states = tuple(saved[pos + 4 : pos + 4 + s])
+                cache = tuple(saved[pos + 4 + s : pos + 4 + s + n_cache])
+                pos += 4 + s + n_cache
+                back = None
+                norms.append(None)
+                if plan.normed[u]:
+                    unit_in, n, inv = saved[normed_at : normed_at + 3]
+                    gain = saved[gain_at]
+                    normed_at, gain_at = normed_at + 3, gain_at + 1
+                    norms[-1] = (unit_in, n, inv, gain, w_ih)
+                    back = _normed_input_grad(n, inv, gain, w_ih)
                 rev = plan.reverse[index][d]
                 record = ForwardRecord(x_flat, states, cache, None if rev else plan.reset)
                 units[-1].append(
                     WindowUnit(
                         kernel,
                         record,
-                        # The backward reads weight_ih and weight_hh only; the biases
-                        # are not saved.
-                        Weights(w_ih, w_hh, None, None),  # type: ignore[arg-type]
+                        # The backward reads the weights and bias_hn (a layer-normalised
+                        # cell's gains: backward_reads_bias_hn), never the bias: not saved.
+                        Weights(w_ih, w_hh, None, bias_hn),  # type: ignore[arg-type]
                         plan.reading if rev else plan.mask,
                         plan.order if rev else None,
+                        back,
                     )
                 )
                 finals[-1].append(tuple(d_finals[s * u : s * (u + 1)]))
@@ -153,19 +195,36 @@ class _WindowedStack(torch.autograd.Function):
         d_x = None
         d_weights: list[Tensor | None] = []
         d_states0: list[Tensor | None] = []
+        d_gains: list[Tensor | None] = []
         u = 0
         for index, (layer_units, layer_sweeps) in enumerate(zip(units, sweeps, strict=True)):
             for unit, sweep in zip(layer_units, layer_sweeps, strict=True):
                 flags = (index == 0 and need[1], *need[2 + 4 * u : 6 + 4 * u])
+                norm = norms[u]
+                if norm is not None:  # the input part's products are the node's own
+                    flags = (False, False, *flags[2:])
                 g = weight_grads(unit.kernel, unit.record, sweep, unit.weights, flags)
-                if g.x is not None:
-                    gx = reorder(g.x, unit.order)
+                gx, d_w_ih, d_gain = g.x, g.weight_ih, None
+                if norm is not None:
+                    unit_in, n, inv, gain, w_ih = norm
+                    d_part = sweep.d_xp  # ∂L/∂(ν(x W_xᵀ) ⊙ γ_x), (T, B, G·H)
+                    d_v = normalize_backward(d_part * gain, n, inv)
+                    if index == 0 and need[1]:
+                        gx = d_v @ w_ih
+                    if need[2 + 4 * u]:
+                        rows = d_v.reshape(-1, d_v.shape[-1])
+                        d_w_ih = rows.T @ unit_in.reshape(rows.shape[0], -1)
+                    if need[2 + (4 + s) * n_units + u]:
+                        d_gain = (d_part * n).sum((0, 1))
+                if gx is not None:
+                    gx = reorder(gx, unit.order)
                     d_x = gx if d_x is None else d_x + gx
-                d_weights += [g.weight_ih, g.weight_hh, g.bias, g.bias_hn]
+                d_weights += [d_w_ih, g.weight_hh, g.bias, g.bias_hn]
                 for k, d0 in enumerate(sweep.d_states0):
                     d_states0.append(d0 if need[2 + 4 * n_units + s * u + k] else None)
+                d_gains.append(d_gain)
                 u += 1
-        return (None, d_x, *d_weights, *d_states0)
+        return (None, d_x, *d_weights, *d_states0, *d_gains)
 
 
 def _reverse_order(mask: Tensor | None, T: int, B: int, like: Tensor) -> Tensor:
@@ -211,13 +270,20 @@ def run_windowed_stack(
     if reset is not None and has_reverse:
         raise ValueError("resets need a unidirectional stack")
     tensors: list[Tensor | None] = []
-    for layer in cells:
-        for c in layer:
-            tensors += list(c.weights())
+    # a layer-normalised cell (its class has input_part): the node computes the input part
+    normed = [getattr(type(c), "input_part", None) is not None for layer in cells for c in layer]
+    units = [c for layer in cells for c in layer]
+    for c, norm in zip(units, normed, strict=True):
+        w = c.weights()
+        # its weights() hold weight_ih detached (its loop reads the input part): the real one
+        tensors += [c.weight_ih if norm else w.weight_ih, *w[1:]]
     for index, layer in enumerate(cells):
         for d, c in enumerate(layer):
             state = c.zero_state(B, x) if init is None else init[index][d]
             tensors += list(state) if isinstance(state, LSTMState) else [state]
+    tensors += [
+        c.get_parameter("gamma_ih") if norm else None for c, norm in zip(units, normed, strict=True)
+    ]
     # float16/bfloat16 weights on the CPU: the whole stack in float32, rounded once
     low = x.dtype if float32_on_cpu(cells[0][0].weight_hh) else None
     if low is not None:
@@ -234,6 +300,7 @@ def run_windowed_stack(
         order=order,
         reset=None if reset is None else reset.unsqueeze(-1),
         drops=list(drops),
+        normed=normed,
     )
     result = _WindowedStack.apply(plan, x, *tensors)
     outputs, flat = result[0], result[1:]

@@ -245,11 +245,6 @@ class TrainConfig(
                     "--recurrent-dropout has no layer-normalised GRU form: use --zoneout or "
                     "--weight-drop"
                 )
-        if self.layer_norm and (parse_bptt(self.bptt)[0] == "window" or self.recompute):
-            raise ConfigError(
-                "--layer-norm runs full BPTT without --recompute: not with --bptt "
-                f"{self.bptt}" + (f" or --recompute {self.recompute}" if self.recompute else "")
-            )
 
     def _check_bounds(self) -> None:
         """Upper bounds of the options whose cost grows without a limit."""
