@@ -29,12 +29,16 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	$(BIN)/python examples/char_lm/main_job.py
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q
+# The suite runs on every core (pytest-xdist: one process each, every test alone in one of
+# them); `make test WORKERS=0` runs it in this one process, in file order.
+WORKERS ?= auto
 
-# The inner loop: everything but the tests marked slow (tests/conftest.py), in ~1.5 min.
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(WORKERS)
+
+# The inner loop: everything but the tests marked slow (tests/conftest.py), in ~2.5 min.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not soak"
+	$(BIN)/python -m pytest -q -n $(WORKERS) -m "not slow and not soak"
 
 CSRC := src/rnnkit/csrc/*.cpp src/rnnkit/csrc/*.h
 
