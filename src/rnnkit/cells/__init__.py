@@ -8,6 +8,7 @@ bfloat16 layers compute in float32 on the CPU.
 
 from rnnkit.cells.amp import (
     autocast_devices_on,
+    autocast_off,
     autocast_reconciles,
     cell_step_in_weights_dtype,
     float32,
@@ -66,6 +67,7 @@ __all__ = [
     "Weights",
     "activate",
     "autocast_devices_on",
+    "autocast_off",
     "autocast_reconciles",
     "cell_step_in_weights_dtype",
     "check_cell_input",

@@ -39,6 +39,7 @@ from rnnkit.types import LSTMState
 
 __all__ = [
     "autocast_devices_on",
+    "autocast_off",
     "autocast_reconciles",
     "cell_step_in_weights_dtype",
     "float32",
@@ -70,7 +71,8 @@ def autocast_devices_on() -> list[str]:
 
 
 @contextlib.contextmanager
-def _autocast_off(devices: list[str]):
+def autocast_off(devices: list[str]):
+    """Switch autocast off on ``devices`` (:func:`autocast_devices_on`) for the block."""
     with contextlib.ExitStack() as stack:
         for d in devices:
             stack.enter_context(torch.autocast(d, enabled=False))
@@ -85,7 +87,7 @@ def without_autocast(fn: _F) -> _F:
         on = autocast_devices_on()
         if not on:
             return fn(*args, **kwargs)
-        with _autocast_off(on):
+        with autocast_off(on):
             return fn(*args, **kwargs)
 
     return run  # type: ignore[return-value]
@@ -147,7 +149,7 @@ def cell_step_in_weights_dtype(forward: _F) -> _F:
             return forward(self, x, state)
         dtype = self.weight_ih.dtype
         x, state = low_precision_to(x, dtype), low_precision_to(state, dtype)
-        with _autocast_off(on):
+        with autocast_off(on):
             return forward(self, x, state)
 
     return run  # type: ignore[return-value]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from rnnkit.cells.amp import autocast_devices_on
+from rnnkit.cells.amp import autocast_devices_on, autocast_off, low_precision_to
 from rnnkit.cells.kernel import input_product
 
 __all__ = ["EPS", "normalize", "normalize_backward", "normalized_input"]
@@ -57,8 +57,18 @@ def normalized_input(
     forward and backward cost a few passes over the ``(T·B, G·H)`` product (the same
     function in separate operations costs a dozen). ``mm``: the compiled library's product
     (``rnnkit.bptt.native``), where the layer's loop runs compiled: the input product then
-    runs as the time loop's own (:class:`_InputProduct`; not under autocast)."""
-    if mm is None or autocast_devices_on():
+    runs as the time loop's own (:class:`_InputProduct`).
+
+    Under ``torch.autocast`` the part is computed as the recurrence is
+    (:mod:`rnnkit.cells.amp`): with autocast off, in the weights' dtype, a float16/bfloat16
+    ``x`` cast up first. ν divides by the spread of the product's row, so the rounding of
+    a bfloat16 product would come out amplified (a 2-layer LSTM's gradients were up to
+    87 % off, against 0 in float32)."""
+    on = autocast_devices_on()
+    if on:
+        with autocast_off(on):
+            return normalized_input(low_precision_to(x, weight_ih.dtype), weight_ih, gain, mm)
+    if mm is None:
         v = x @ weight_ih.T
     else:
         rows = _InputProduct.apply(x.reshape(-1, x.shape[-1]), weight_ih, mm)

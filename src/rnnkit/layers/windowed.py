@@ -31,7 +31,7 @@ from rnnkit.bptt.backward import weight_grads
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.record import ForwardRecord
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
-from rnnkit.cells.amp import float32, float32_on_cpu
+from rnnkit.cells.amp import float32, float32_on_cpu, low_precision_to, without_autocast
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.cells.normalization import normalize, normalize_backward
 from rnnkit.layers.masking import flip_sequences
@@ -99,6 +99,7 @@ class _WindowedStack(torch.autograd.Function):
     outputs ``(T, B, D·H)`` and every unit's final states."""
 
     @staticmethod
+    @without_autocast  # as the loop: the input parts' products in the weights' dtype too
     def forward(ctx: Any, plan: _Plan, x: Tensor, *tensors: Tensor | None) -> tuple[Tensor, ...]:
         weights, states0, gains = _unit_inputs(plan, tensors)
         records: list[ForwardRecord] = []
@@ -117,6 +118,7 @@ class _WindowedStack(torch.autograd.Function):
                 unit_in = reorder(h, plan.order) if rev else h
                 gain = gains[u]
                 if gain is not None:  # the loop reads the input part ν(x W_xᵀ) ⊙ γ_x
+                    unit_in = low_precision_to(unit_in, gain.dtype)  # an autocast product
                     n, inv = normalize(unit_in @ weights[u].weight_ih.T)
                     normed += [unit_in, n, inv]
                     unit_in = n * gain
@@ -144,6 +146,7 @@ class _WindowedStack(torch.autograd.Function):
         return (h, *finals)
 
     @staticmethod
+    @without_autocast
     def backward(ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None):
         plan: _Plan = ctx.plan
         s = plan.num_states
