@@ -166,6 +166,46 @@ def test_on_cuda_a_window_runs_the_triton_forward(name, cls, kw, resets, count_c
             assert float((g - w).abs().max()) / scale <= tol
 
 
+@pytest.mark.parametrize(
+    "cls, kw, resets",
+    [
+        (rnnkit.LSTM, {"bidirectional": True}, False),
+        (rnnkit.GRU, {"update": "keep", "reset": "after"}, True),
+    ],
+)
+def test_on_cuda_a_layer_normalised_window_equals_the_cpu(cls, kw, resets):
+    """The windowed stack's node computes the input parts itself; its forward runs the
+    loop where the Triton steps' record has no layer-normalised form."""
+    torch.manual_seed(0)
+    layer = cls(I, H, num_layers=2, layer_norm=True, **kw)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if "gamma" in name or "beta" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    mask = torch.rand(B, T) < 0.8
+    mask[0], mask[1] = True, False
+    starts = (torch.rand(B, T) < 0.2) if resets else None
+    x = torch.randn(B, T, I, dtype=torch.float64)
+
+    def run(device, dtype):
+        layer.to(device=device, dtype=dtype)
+        xx = x.to(device=device, dtype=dtype).requires_grad_(True)
+        r = None if starts is None else starts.to(device)
+        out = layer(xx, mask=mask.to(device), window=3, resets=r)
+        finals = tuple(out.state) if isinstance(out.state, LSTMState) else (out.state,)
+        loss = out.outputs.sin().sum() + sum((f * f).sum() for f in finals)
+        grads = torch.autograd.grad(loss, [xx, *layer.parameters()])
+        return [t.detach().double().cpu() for t in (out.outputs, *finals, *grads)]
+
+    with use_fused("loop"), use_native(False):
+        want = run("cpu", torch.float64)
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-4)):
+        got = run("cuda", dtype)
+        for g, w in zip(got, want, strict=True):
+            scale = float(w.abs().max()) or 1.0
+            assert float((g - w).abs().max()) / scale <= tol
+
+
 DECODERS = [  # each attention kind with the LSTM; the GRU's two reset forms
     ("dot", {"cell": "lstm"}),
     ("bilinear", {"cell": "lstm"}),
