@@ -365,7 +365,7 @@ class StackedRecurrent(nn.Module):
                 where = f"{type(self).__name__}: {name} is {t.dtype} on {t.device}"
                 raise TypeError(f"{where}, x is {x.dtype} on {x.device}; convert {name}")
 
-    def _split_state(self, state: State | None) -> list[list[State]] | None:
+    def split_state(self, state: State | None) -> list[list[State]] | None:
         """A checked initial state (:meth:`_check_state`) as ``[l][d]`` views per layer
         and direction, each ``(B, H_d)`` (an ``LSTMState`` of them), or None."""
         if state is None:
@@ -485,10 +485,10 @@ class StackedRecurrent(nn.Module):
         if window is not None and not windowed and not tracing():
             window = None  # a window shapes the gradient only: without one, the plain paths
         if windowed and window is not None and xt.shape[0] > 0:
-            init = self._split_state(state)
+            init = self.split_state(state)
             h, finals = self._run_windowed(xt, mask_t, init, window, resets_bt, masks)
         elif resets_bt is not None and self._resets_in_one_call(xt, mask_t, window):
-            init = self._split_state(state)
+            init = self.split_state(state)
             h, finals = self._run_layers(xt, mask_t, init, window, masks=masks, reset=resets_bt.T)
         elif resets_bt is not None:
             assert resets_found is not None
@@ -506,7 +506,7 @@ class StackedRecurrent(nn.Module):
                 h, stacked_state = run_whole_stack(self, xt, state, *whole, masks)
                 outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
                 return RecurrentOutput(outputs, stacked_state)
-            init = self._split_state(state)
+            init = self.split_state(state)
             h, finals = self._run_layers(xt, mask_t, init, window, projected, masks)
         outputs = h.transpose(0, 1).contiguous() if self.batch_first else h
         return RecurrentOutput(outputs, stack_states(finals, self.is_lstm))

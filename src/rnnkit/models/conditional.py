@@ -138,7 +138,9 @@ class ConditionalLM(nn.Module):
             h0 = torch.tanh(self.bridge(c)).view(B, L, H).transpose(0, 1).unsqueeze(1)
         return LSTMState(h0, torch.zeros_like(h0)) if self.encoder.is_lstm else h0
 
-    def _inputs(self, tokens: Tensor, c: Tensor) -> Tensor:
+    def encoder_inputs(self, tokens: Tensor, c: Tensor) -> Tensor:
+        """What the stack reads: ``tokens (B, T)`` embedded (with dropout in training),
+        and ``c (B, C)`` beside every step unless the context is ``"init"``."""
         x = self.drop(self.embedding(tokens))  # (B, T, E)
         if self.context_mode == "init":
             return x
@@ -153,7 +155,7 @@ class ConditionalLM(nn.Module):
             inputs: ``(B, T)`` ``<s> y_1 … y_{T−1}``.  mask: ``(B, T)`` bool or None.
         """
         c = self.context_vector(condition)  # (B, C)
-        out = self.encoder(self._inputs(inputs, c), mask=mask, state=self.initial_state(c))
+        out = self.encoder(self.encoder_inputs(inputs, c), mask=mask, state=self.initial_state(c))
         return LMOutput(self.head(self.drop(out.outputs)), out.state)
 
     def loss(
@@ -172,7 +174,7 @@ class ConditionalLM(nn.Module):
     @torch.no_grad()
     def step(self, token: Tensor, state: ConditionalState) -> tuple[Tensor, ConditionalState]:
         """One generation step: ``token (B,)`` → ``(log-probabilities (B, V), state)``."""
-        x = self._inputs(token.view(-1, 1), state.context)  # (B, 1, ·)
+        x = self.encoder_inputs(token.view(-1, 1), state.context)  # (B, 1, ·)
         out = self.encoder(x, state=state.hidden)
         log_probs = torch.log_softmax(self.head(self.drop(out.outputs[:, 0])), dim=-1)
         return log_probs, state._replace(hidden=out.state)

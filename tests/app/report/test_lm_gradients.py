@@ -80,3 +80,37 @@ def test_gradient_section_runs_the_first_layer_twice_with_the_same_figures(
     old_lags = lag_contributions(first, x[:Bs, :Ts], loss_fn=loss(targets[:Bs, :Ts]))
     assert torch.equal(lags_hh, old_lags.weight_hh)
     assert runs["n"] == 3 + 5  # the separate calls, as the section made them: a run each
+
+
+@pytest.mark.parametrize("condition", ["init", "input", "both"])
+def test_a_class_conditional_models_bars_are_its_backward_pass(
+    condition, task_data, run_cli, tmp_path
+):
+    """``--condition``: the stack starts from the class's initial state (init, both) and
+    reads the class beside every token (input, both); the bars add up to the model's own
+    backward pass only with the initial state given (3.5 % off without it, init)."""
+    import html
+    import re
+
+    from rnnkit.app.report.page import render_report
+
+    out = tmp_path / "run"
+    code, _, err = run_cli(
+        "train", "--task", "lm", "--condition", condition, "--bptt", "full",
+        "--train", str(task_data / "labels.tsv"), "--layers", "2", "--cell", "lstm",
+        "--steps", "3", "--hidden", "8", "--no-report", "-q", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, err
+    body = html.unescape(render_report(out)).split('<section id="gradients">')[1]
+    body = body.split("</section>")[0]
+    assert body.count("<img") == 3
+    assert re.search(r"On \d+ lines of labels\.tsv, each with its class", body)
+
+    def figure(label: str) -> float:
+        found = re.search(re.escape(label) + r"</t[hd]>\s*<td[^>]*>([^<]*)</td>", body)
+        assert found is not None, label
+        return float(found.group(1))
+
+    total = figure("‖∂L/∂W_hh‖: sum of the bars")
+    assert total > 0
+    assert total == pytest.approx(figure("‖∂L/∂W_hh‖: backward pass of the model"), rel=2e-3)

@@ -26,7 +26,7 @@ from rnnkit.app.report.html import esc, image, note, section, table
 from rnnkit.diagnostics import RecordedRun, plots
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.layers.stacked import Bidirectional, stack_states
-from rnnkit.types import RecurrentOutput
+from rnnkit.types import LSTMState, RecurrentOutput, State
 
 __all__ = ["FlowBatch", "flow_section", "replaying"]
 
@@ -55,6 +55,8 @@ class FlowBatch:
         short_steps: the steps of the short run (the lags) where the loss may be cut
             there (a sum over steps); None: every step (a loss that reads the whole
             sequence, as a classifier's).
+        state: the stack's initial state ``(L, D, B, H)`` (an ``LSTMState`` of them) as
+            the model starts it (a class-conditional language model's); None: zeros.
     """
 
     model: Any  # an nn.Module with an ``encoder`` (a StackedRecurrent)
@@ -65,6 +67,7 @@ class FlowBatch:
     what: str
     last_loss: TopLoss | None = None
     short_steps: int | None = None
+    state: State | None = None
 
 
 @contextmanager
@@ -72,7 +75,7 @@ def replaying(model: Any, out: RecurrentOutput) -> Iterator[None]:
     """Inside the block ``model.encoder(...)`` returns ``out``, the stack's outputs and
     final state computed elsewhere: a model's own loss becomes a function of them."""
     encoder = model.encoder
-    model.encoder = _Replay(out)
+    model.encoder = _Replay(out, encoder)
     try:
         yield
     finally:
@@ -80,12 +83,22 @@ def replaying(model: Any, out: RecurrentOutput) -> Iterator[None]:
 
 
 class _Replay(nn.Module):
-    def __init__(self, out: RecurrentOutput) -> None:
+    """Returns ``out`` when called; any other attribute is the stack's own (its sizes,
+    ``is_lstm``: what a model reads of its stack besides calling it)."""
+
+    def __init__(self, out: RecurrentOutput, stack: nn.Module) -> None:
         super().__init__()
         self.out = out
+        object.__setattr__(self, "stack", stack)  # not a submodule: no parameters here
 
     def forward(self, *args: Any, **kwargs: Any) -> RecurrentOutput:
         return self.out
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.stack, name)
 
 
 def _layer_masks(encoder: Any, masks: Any) -> list[Any]:
@@ -122,6 +135,16 @@ def flow_section(fb: FlowBatch) -> tuple[str, str, str]:
     xt = x.transpose(0, 1)  # (T, B, I)
     # zoneout's constant keep factors, as the model runs at evaluation (drawn in eval mode)
     layer_masks = _layer_masks(encoder, encoder.draw_masks(B, T, x) if zoneout else None)
+    # every layer's and direction's initial state [l][d], (B, H) each, or None (zeros)
+    init = encoder.split_state(fb.state)
+
+    def start(index: int, rows: int) -> Any:
+        """Layer ``index``'s initial state(s) for the first ``rows`` rows, as it takes
+        them (a bidirectional layer: one a direction)."""
+        if init is None:
+            return None
+        parts = [_rows(s, rows) for s in init[index]]
+        return parts if isinstance(encoder.layers[index], Bidirectional) else parts[0]
 
     def top_of(h: Tensor, final: Any, rows: int, steps: int) -> RecurrentOutput:
         """The drawn direction's outputs ``(rows, steps, H)`` and final state → what the
@@ -132,11 +155,13 @@ def flow_section(fb: FlowBatch) -> tuple[str, str, str]:
         if direction is not first:  # the backward half, as the layer computes it
             with torch.no_grad():
                 masks = _part(layer_masks[0], rows, steps)
-                both, (_, back) = first(xt[:steps, :rows], m, masks=masks)
+                both, (_, back) = first(xt[:steps, :rows], m, start(0, rows), masks=masks)
             z = torch.cat([z, both[..., direction.cell.hidden_size :]], dim=-1)
             finals[0].append(back)
-        for layer, cells in zip(encoder.layers[1:], layer_masks[1:], strict=True):
-            z, last = layer(z, m, masks=_part(cells, rows, steps))
+        for index, (layer, cells) in enumerate(
+            zip(encoder.layers[1:], layer_masks[1:], strict=True), start=1
+        ):
+            z, last = layer(z, m, start(index, rows), masks=_part(cells, rows, steps))
             finals.append(list(last) if isinstance(layer, Bidirectional) else [last])
         return RecurrentOutput(z.transpose(0, 1), stack_states(finals, direction.cell.is_lstm))
 
@@ -147,11 +172,13 @@ def flow_section(fb: FlowBatch) -> tuple[str, str, str]:
     # contributions; one over its first 4 rows (and short_steps), the lags; the Jacobians
     # (which need no loss) over at most 32 steps of those, the same run where it is one.
     Bs, Ts, Tj = min(B, 4), min(T, fb.short_steps or T), min(T, JACOBIAN_STEPS)
-    recorded = RecordedRun(direction, x, mask=mask, zoneout=zoneout)
+    s0 = None if init is None else init[0][0]  # the drawn direction's initial state
+    recorded = RecordedRun(direction, x, mask=mask, state=s0, zoneout=zoneout)
 
     def first_part(steps: int) -> RecordedRun:
         part = None if mask is None else mask[:Bs, :steps]
-        return RecordedRun(direction, x[:Bs, :steps], mask=part, zoneout=zoneout)
+        own = None if s0 is None else _rows(s0, Bs)
+        return RecordedRun(direction, x[:Bs, :steps], mask=part, state=own, zoneout=zoneout)
 
     short = first_part(Ts)
     jacobians = short if Tj == Ts else first_part(Tj)
@@ -185,6 +212,13 @@ def flow_section(fb: FlowBatch) -> tuple[str, str, str]:
     body += _figures_table(figures, total, reference)
     body += _saturation_table(encoder, x, mask)
     return section("gradients", "Gradient flow through time", body)
+
+
+def _rows(state: State, rows: int) -> State:
+    """An initial state ``(B, H)`` (an ``LSTMState`` of them) of the first ``rows`` rows."""
+    if isinstance(state, LSTMState):
+        return LSTMState(state.h[:rows], state.c[:rows])
+    return state[:rows]
 
 
 def _part(masks: Any, rows: int, steps: int) -> Any:

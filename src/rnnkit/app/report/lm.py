@@ -7,11 +7,14 @@ embedding, stack and head directly, on a small batch of the run's own validation
 (or training text, or — when neither file can be read — text the model generates):
 ‖∂L/∂h_k‖ and ‖∂h_t/∂h_k‖₂ of the first layer against the bound (γλ)^{t−k}, per-step and
 per-lag contributions to ∂L/∂W_hh beside the model's own backward pass, gate saturation,
-the next-symbol distribution and the hidden states along the text.
+the next-symbol distribution and the hidden states along the text. A class-conditional
+model's gradient flow is drawn on lines of its labelled data instead
+(:func:`conditional_gradient_section`), without the prediction pictures.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -99,6 +102,64 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
     )
 
 
+def _labelled_lines(run: Run, labels: Any, rows: int) -> tuple[Path, list[Any]] | None:
+    """``rows`` lines of a known class spread evenly through the run's validation file
+    (else its training file), and the file; None when neither can be read."""
+    from rnnkit.app.report.sequences import evenly
+    from rnnkit.data.labelled import read_labelled
+    from rnnkit.errors import DataError
+
+    for path in data_files(run):
+        try:
+            examples = [e for e in read_labelled(path) if labels.get(e.label) is not None]
+        except (DataError, OSError):
+            continue  # not readable as this run's data: the next file
+        if examples:
+            return path, [examples[i] for i in evenly(len(examples), rows)]
+    return None
+
+
+def conditional_gradient_section(
+    run: Run, vocab: Any, labels: Any, model: Any, rows: int = 8, max_steps: int = 64
+) -> tuple[str, str, str]:
+    """The gradient-flow section of a class-conditional model (``--condition``): on
+    ``rows`` lines of the run's own data (:func:`_labelled_lines`), each with its class,
+    ``<s> y_1 …`` cut to ``max_steps`` steps; the stack starts from the class's initial
+    state, as the model runs it, and the loss is the model's."""
+    from rnnkit.app.report.flow import FlowBatch, flow_section, replaying
+    from rnnkit.data.batching import lm_pairs, pad_sequences
+    from rnnkit.data.vocab import BOS_ID, EOS_ID
+
+    found = _labelled_lines(run, labels, rows)
+    if found is None:
+        return section("gradients", "Gradient flow through time", note("No text to read."))
+    path, chosen = found
+    pairs = [
+        lm_pairs(vocab.encode_array(e.text, dtype=np.int64)[: max_steps - 1], BOS_ID, EOS_ID)
+        for e in chosen
+    ]
+    device = next(model.parameters()).device
+    inputs, mask = (t.to(device) for t in pad_sequences([p[0] for p in pairs]))
+    targets = pad_sequences([p[1] for p in pairs])[0].to(device)
+    classes = torch.tensor([labels.get(e.label) for e in chosen], device=device)
+    with torch.no_grad():
+        c = model.context_vector(classes)
+        x, state = model.encoder_inputs(inputs, c), model.initial_state(c)
+
+    def call(r: int, s: int) -> Tensor:
+        return model.loss(classes[:r], inputs[:r, :s], targets[:r, :s], mask[:r, :s]).loss
+
+    def loss(top: Any, r: int, s: int) -> Tensor:
+        with replaying(model, top):
+            return call(r, s)
+
+    B, T = inputs.shape
+    what = f"{B} lines of {path.name}, each with its class (up to {T} {run.cfg.unit}s)"
+    return flow_section(
+        FlowBatch(model, x, mask, loss, lambda: call(B, T), what, short_steps=32, state=state)
+    )
+
+
 def lm_prediction_section(run: Run, vocab: Any, model: Any, snippet: Tensor):
     if snippet is None or snippet.numel() < 2:
         return section("predictions", "What the model predicts", note("No text to read."))
@@ -130,6 +191,7 @@ def lm_sections(run: Run, samples: int = 3) -> list[tuple[str, str, str]]:
     """Samples, gradient flow and predictions of a language-model run."""
     from rnnkit.app.tasks.lm import lm_labels, load_lm
     from rnnkit.app.tasks.lm_text import sample_texts
+    from rnnkit.models.conditional import ConditionalLM
     from rnnkit.models.language_model import LanguageModel
 
     cfg, vocab, model = load_lm(run.path, run.device)
@@ -158,6 +220,10 @@ def lm_sections(run: Run, samples: int = 3) -> list[tuple[str, str, str]]:
             f"<p>Sampled at temperature 0.8 (seed {cfg.seed}), no prompt:</p>" + body,
         )
     ]
+    if isinstance(model, ConditionalLM):
+        assert labels is not None  # a class-conditional run has its labels.json
+        out.append(conditional_gradient_section(run, vocab, labels, model))
+        return out
     # The pictures below read a LanguageModel's embedding → stack → head directly.
     if not isinstance(model, LanguageModel) or (model.length and model.length.input_size):
         out.append(
@@ -166,7 +232,7 @@ def lm_sections(run: Run, samples: int = 3) -> list[tuple[str, str, str]]:
                 "Gradient flow through time",
                 note(
                     "Gradient-flow and prediction pictures are drawn for the hidden-to-hidden "
-                    "LM (not --wiring jordan, --condition or --length predict)."
+                    "LM (not --wiring jordan or --length predict)."
                 ),
             )
         )
