@@ -282,15 +282,22 @@ class LanguageModel(nn.Module):
             xp = nn.functional.embedding(inputs.T, table, padding_idx=pad).transpose(0, 1)
             out = self.encoder(xp, mask=mask, state=state, projected=True)
             return out.outputs, out.state
+        x = self.encoder_inputs(inputs, lengths)
+        # Document starts: the encoder zeroes those rows' state (its ``resets``).
+        h, state = self._run(x, mask, state, window, starts)
+        return h, state
+
+    def encoder_inputs(self, inputs: Tensor, lengths: Tensor | None = None) -> Tensor:
+        """What the stack reads, ``(B, T, E)``: the embedded ids ``inputs (B, T)`` (their
+        dropout in training), and with ``length="predict"`` the steps remaining of each
+        row's ``lengths (B,)`` beside them (``(B, T, E + R)``)."""
         x = self._dropped(self.embedding(inputs))  # (B, T, E)
         if self.length is not None and self.length.input_size:
             if lengths is None:
                 raise ValueError("length='predict' needs lengths (B,) in training")
             remaining = self.length.remaining_steps(lengths, inputs.shape[1])  # (B, T)
             x = torch.cat([x, self.length.remaining_inputs(remaining)], dim=-1)  # (B, T, E+R)
-        # Document starts: the encoder zeroes those rows' state (its ``resets``).
-        h, state = self._run(x, mask, state, window, starts)
-        return h, state
+        return x
 
     def loss(
         self,

@@ -82,13 +82,24 @@ def test_gradient_section_runs_the_first_layer_twice_with_the_same_figures(
     assert runs["n"] == 3 + 5  # the separate calls, as the section made them: a run each
 
 
-@pytest.mark.parametrize("condition", ["init", "input", "both"])
-def test_a_class_conditional_models_bars_are_its_backward_pass(
-    condition, task_data, run_cli, tmp_path
+RUNS = {
+    # the class's initial state (init, both) and the class beside every token (input, both)
+    **{
+        f"condition-{c}": lambda d, c=c: ["--condition", c, "--train", str(d / "labels.tsv")]
+        for c in ("init", "input", "both")
+    },
+    # the steps left beside every token; the loss reads each whole line's </s>
+    "length-predict": lambda d: ["--length", "predict", "--train", str(d / "text.txt")],
+}
+
+
+@pytest.mark.parametrize("case", list(RUNS))
+def test_a_conditional_or_length_models_bars_are_its_backward_pass(
+    case, task_data, run_cli, tmp_path
 ):
-    """``--condition``: the stack starts from the class's initial state (init, both) and
-    reads the class beside every token (input, both); the bars add up to the model's own
-    backward pass only with the initial state given (3.5 % off without it, init)."""
+    """Models whose stack reads more than the tokens: the section gives it what the model
+    does, and the bars add up to the model's own backward pass (without the initial state
+    the `init` and `both` cases are 3.5 % off; without the steps left, `length-predict`)."""
     import html
     import re
 
@@ -96,15 +107,14 @@ def test_a_class_conditional_models_bars_are_its_backward_pass(
 
     out = tmp_path / "run"
     code, _, err = run_cli(
-        "train", "--task", "lm", "--condition", condition, "--bptt", "full",
-        "--train", str(task_data / "labels.tsv"), "--layers", "2", "--cell", "lstm",
-        "--steps", "3", "--hidden", "8", "--no-report", "-q", "--out", str(out),
+        "train", "--task", "lm", *RUNS[case](task_data), "--bptt", "full", "--layers", "2",
+        "--cell", "lstm", "--steps", "3", "--hidden", "8", "--no-report", "-q", "--out", str(out),
     )  # fmt: skip
     assert code == 0, err
     body = html.unescape(render_report(out)).split('<section id="gradients">')[1]
     body = body.split("</section>")[0]
     assert body.count("<img") == 3
-    assert re.search(r"On \d+ lines of labels\.tsv, each with its class", body)
+    assert re.search(r"On \d+ lines of (labels\.tsv, each with its class|text\.txt, whole)", body)
 
     def figure(label: str) -> float:
         found = re.search(re.escape(label) + r"</t[hd]>\s*<td[^>]*>([^<]*)</td>", body)

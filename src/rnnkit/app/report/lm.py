@@ -9,7 +9,8 @@ embedding, stack and head directly, on a small batch of the run's own validation
 per-lag contributions to ∂L/∂W_hh beside the model's own backward pass, gate saturation,
 the next-symbol distribution and the hidden states along the text. A class-conditional
 model's gradient flow is drawn on lines of its labelled data instead
-(:func:`conditional_gradient_section`), without the prediction pictures.
+(:func:`conditional_gradient_section`), and a ``--length predict`` model's on whole lines
+(:func:`length_gradient_section`), both without the prediction pictures.
 """
 
 from __future__ import annotations
@@ -160,6 +161,45 @@ def conditional_gradient_section(
     )
 
 
+def length_gradient_section(
+    run: Run, vocab: Any, model: Any, rows: int = 8, max_steps: int = 64
+) -> tuple[str, str, str]:
+    """The gradient-flow section of a model with ``--length predict``, whose stack reads
+    the steps left beside every token: on ``rows`` non-blank lines spread evenly through
+    the start of the run's text, each a whole sequence ``y_1 … y_m </s>`` (``m`` at most
+    ``max_steps − 1``), with the model's length loss."""
+    from rnnkit.app.report.flow import FlowBatch, flow_section, replaying
+    from rnnkit.app.report.sequences import evenly
+    from rnnkit.data.batching import lm_pairs, pad_sequences
+    from rnnkit.data.vocab import BOS_ID, EOS_ID
+    from rnnkit.models.length import length_targets
+
+    found = read_sample_text(run)
+    lines = [] if found is None else [line for line in found[0].splitlines() if line.strip()]
+    seqs = [vocab.encode_array(line, dtype=np.int64)[: max_steps - 1] for line in lines]
+    seqs = [ids for ids in seqs if len(ids)]  # a length mechanism models m ≥ 1 tokens
+    if found is None or not seqs:
+        return section("gradients", "Gradient flow through time", note("No text to read."))
+    pairs = [lm_pairs(seqs[i], BOS_ID, EOS_ID) for i in evenly(len(seqs), rows)]
+    device = next(model.parameters()).device
+    inputs, mask = (t.to(device) for t in pad_sequences([p[0] for p in pairs]))
+    targets = pad_sequences([p[1] for p in pairs])[0].to(device)
+    with torch.no_grad():
+        x = model.encoder_inputs(inputs, length_targets(targets, mask).lengths)
+
+    def call(r: int, s: int) -> Tensor:
+        # whole rows: the length loss reads each row's </s>, so every step is kept
+        return model.loss(inputs[:r], targets[:r], mask[:r]).loss
+
+    def loss(top: Any, r: int, s: int) -> Tensor:
+        with replaying(model, top):
+            return call(r, s)
+
+    B, T = inputs.shape
+    what = f"{B} lines of {Path(found[1]).name}, whole (up to {T} {run.cfg.unit}s)"
+    return flow_section(FlowBatch(model, x, mask, loss, lambda: call(B, T), what))
+
+
 def lm_prediction_section(run: Run, vocab: Any, model: Any, snippet: Tensor):
     if snippet is None or snippet.numel() < 2:
         return section("predictions", "What the model predicts", note("No text to read."))
@@ -225,17 +265,21 @@ def lm_sections(run: Run, samples: int = 3) -> list[tuple[str, str, str]]:
         out.append(conditional_gradient_section(run, vocab, labels, model))
         return out
     # The pictures below read a LanguageModel's embedding → stack → head directly.
-    if not isinstance(model, LanguageModel) or (model.length and model.length.input_size):
+    if not isinstance(model, LanguageModel):
         out.append(
             section(
                 "gradients",
                 "Gradient flow through time",
                 note(
-                    "Gradient-flow and prediction pictures are drawn for the hidden-to-hidden "
-                    "LM (not --wiring jordan or --length predict)."
+                    "Gradient-flow and prediction pictures are drawn for a model with a "
+                    "hidden-to-hidden stack (not --wiring jordan, whose only memory is the "
+                    "previous output)."
                 ),
             )
         )
+        return out
+    if model.length and model.length.input_size:  # its stack reads the steps left too
+        out.append(length_gradient_section(run, vocab, model))
         return out
     batch, snippet, where = diagnostic_batch(run, vocab, model)
     if batch is None:
