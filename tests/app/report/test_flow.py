@@ -31,3 +31,20 @@ def test_a_models_own_loss_through_the_stand_in_is_its_loss(pooling, cell):
         got = model.loss(ids, labels, mask).loss
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
     assert type(model.encoder).__name__ != "_Replay"  # given back after the block
+
+
+def test_the_stand_in_answers_for_the_stacks_sizes_and_holds_no_parameters():
+    """A model may read its stack's sizes besides calling it (a class-conditional LM's
+    initial state reads ``num_layers`` and ``hidden_size``)."""
+    from rnnkit.models.conditional import class_conditional_lm
+
+    model = class_conditional_lm(9, 2, 4, 5, context="both", cell="lstm", num_layers=2)
+    outside = [n for n, _ in model.named_parameters() if not n.startswith("encoder.")]
+    with torch.no_grad():
+        out = model.encoder(torch.zeros(1, 3, 8))
+    with replaying(model, out):
+        assert (model.encoder.num_layers, model.encoder.hidden_size) == (2, 5)
+        assert model.encoder.is_lstm
+        assert [n for n, _ in model.named_parameters()] == outside
+        with pytest.raises(AttributeError):
+            _ = model.encoder.no_such_attribute

@@ -98,7 +98,10 @@ class _Replay(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self.stack, name)
+            stack = self.__dict__.get("stack")  # absent while nn.Module sets itself up
+            if stack is None:
+                raise
+            return getattr(stack, name)
 
 
 def _layer_masks(encoder: Any, masks: Any) -> list[Any]:
