@@ -405,3 +405,21 @@ def test_a_layer_normalised_bidirectional_stack_equals_the_budget_graph(
     _, got = windowed_grads(ln_spec, layer, x, s0, g_out, g_fin, holey_mask, tau)
     ref = budget_graph_loss(ln_spec, layer, x, s0, holey_mask, tau, g_out, g_fin)
     assert_all_close(got, grads(ref, layer, x, s0))
+
+
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_a_window_refuses_a_gradient_with_a_graph_or_batched_in_one_line(layer_norm):
+    """The lag sweep has no graph of itself: create_graph=True and is_grads_batched=True
+    are a ConfigError naming the window (they were a RuntimeError from inside torch)."""
+    from rnnkit import LSTM
+    from rnnkit.errors import ConfigError
+
+    layer = LSTM(3, 4, 2, layer_norm=layer_norm).double()
+    x = torch.randn(2, 5, 3, dtype=DT, requires_grad=True)
+    message = r"^window=2 \(truncated BPTT\): its gradient cannot be differentiated again"
+    with pytest.raises(ConfigError, match=message):
+        torch.autograd.grad(layer(x, window=2).outputs.sum(), x, create_graph=True)
+    out = layer(x, window=2).outputs
+    batch = torch.ones(3, *out.shape, dtype=DT)
+    with pytest.raises(ConfigError, match=message):
+        torch.autograd.grad(out, x, batch, is_grads_batched=True)

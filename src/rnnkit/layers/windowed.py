@@ -30,10 +30,12 @@ from torch import Tensor
 from rnnkit.bptt.backward import weight_grads
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.record import ForwardRecord
+from rnnkit.bptt.unrolled import batched_gradients
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 from rnnkit.cells.amp import float32, float32_on_cpu, low_precision_to, without_autocast
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.cells.normalization import normalize, normalize_backward
+from rnnkit.errors import ConfigError
 from rnnkit.layers.masking import flip_sequences
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.types import LSTMState, State
@@ -149,6 +151,13 @@ class _WindowedStack(torch.autograd.Function):
     @without_autocast
     def backward(ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None):
         plan: _Plan = ctx.plan
+        if torch.is_grad_enabled() or batched_gradients(d_out, *d_finals):
+            # the lag sweep writes into buffers: no graph of it (full BPTT has one)
+            raise ConfigError(
+                f"window={plan.window} (truncated BPTT): its gradient cannot be differentiated "
+                "again (create_graph=True) or taken for a batch of incoming gradients "
+                "(is_grads_batched=True); use full BPTT"
+            )
         s = plan.num_states
         saved = ctx.saved_tensors
         n_normed = sum(plan.normed)
