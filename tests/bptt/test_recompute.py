@@ -72,6 +72,34 @@ def test_gradcheck_through_segments(cell_spec, holey_mask) -> None:
     assert torch.autograd.gradcheck(f, (x, *params, *s0))
 
 
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_second_derivatives_and_batched_gradients_equal_the_default_path(
+    cell_spec, holey_mask, layer_norm
+) -> None:
+    """``create_graph=True`` and ``is_grads_batched=True`` (they were a RuntimeError): the
+    node's inputs run again in differentiable steps, as on the default path; a gradient
+    penalty's gradient and a batch of vector–Jacobian products equal the default path's."""
+    if layer_norm and (cell_spec.kind == "rnn" or cell_spec.options.get("reset") == "before"):
+        pytest.skip("no layer-normalised form")
+    B, T, I, H = holey_mask.shape[0], holey_mask.shape[1], 3, 4
+    extra = {"layer_norm": True} if layer_norm else {}
+    layer = cell_spec.layer(I, H, num_layers=2, **extra)
+    x = torch.randn(B, T, I, dtype=DT, generator=torch.Generator().manual_seed(2))
+    x.requires_grad_(True)
+    vectors = torch.randn(3, B, T, H, dtype=DT, generator=torch.Generator().manual_seed(3))
+    results = []
+    for recompute in (None, 3):
+        layer.recompute = recompute
+        out = layer(x, mask=holey_mask).outputs
+        (d_x,) = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+        penalty = torch.autograd.grad(d_x.pow(2).sum(), [x, *layer.parameters()])
+        out = layer(x, mask=holey_mask).outputs
+        (batched,) = torch.autograd.grad(out, x, vectors, is_grads_batched=True)
+        results.append([d_x, *penalty, batched])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
 def _saved_bytes(layer, x, params) -> int:
     """Bytes the autograd graph stores for the backward, parameters not counted."""
     own = {p.data_ptr() for p in params}

@@ -27,6 +27,7 @@ from torch.autograd.function import once_differentiable
 from rnnkit.bptt.backward import backward_sweep, weight_grads
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.recurrence import clean_padding, run_recurrence
+from rnnkit.bptt.unrolled import batched_gradients, differentiable_gradients
 from rnnkit.cells.kernel import Kernel, Weights
 
 __all__ = ["run_recomputed"]
@@ -71,10 +72,32 @@ class _Segmented(torch.autograd.Function):
         return (outputs, *finals)
 
     @staticmethod
-    @once_differentiable
     def backward(
         ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
     ) -> tuple[Tensor | None, ...]:
+        if torch.is_grad_enabled() or batched_gradients(d_out, *d_finals):
+            # create_graph=True or a batch of incoming gradients under vmap: as the
+            # default path (recurrence.py), the forward run again in differentiable steps
+            # from the node's inputs (all of it at once: no memory is saved then)
+            x, w_ih, w_hh, bias, bias_hn, *starts = ctx.saved_tensors
+            got = differentiable_gradients(
+                ctx.kernel,
+                x,
+                Weights(w_ih, w_hh, bias, bias_hn),
+                tuple(starts[: ctx.n]),
+                ctx.mask,
+                (d_out, *d_finals),
+                ctx.needs_input_grad[3:],
+            )
+            return (None, None, None, *got)
+        return _Segmented.explicit_backward(ctx, d_out, *d_finals)
+
+    @staticmethod
+    @once_differentiable
+    def explicit_backward(
+        ctx: Any, d_out: Tensor | None, *d_finals: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        """Segment by segment from the last: recomputed, then swept (module docstring)."""
         x, w_ih, w_hh, bias, bias_hn, *starts = ctx.saved_tensors
         w = Weights(w_ih, w_hh, bias, bias_hn)
         kernel, mask, n = ctx.kernel, ctx.mask, ctx.n

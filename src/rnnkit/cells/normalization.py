@@ -11,7 +11,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from rnnkit.cells.amp import autocast_devices_on, autocast_off, low_precision_to
 from rnnkit.cells.kernel import input_product
@@ -40,13 +39,21 @@ class _InputProduct(torch.autograd.Function):
         return input_product(x, weight)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, d: Tensor) -> tuple[Tensor | None, ...]:
         x, weight = ctx.saved_tensors
+        # A gradient with a graph (create_graph=True) or a batch of them under vmap: torch's
+        # own product, which autograd and vmap see through (the library's has no rules)
+        mm = torch.mm if torch.is_grad_enabled() or _batched(d) else ctx.mm
         d = d.contiguous()
-        d_x = ctx.mm(d, weight) if ctx.needs_input_grad[0] else None
-        d_w = ctx.mm(d.T, x) if ctx.needs_input_grad[1] else None
+        d_x = mm(d, weight) if ctx.needs_input_grad[0] else None
+        d_w = mm(d.T, x) if ctx.needs_input_grad[1] else None
         return d_x, d_w, None
+
+
+def _batched(t: Tensor) -> bool:
+    """Whether ``t`` is a batch of gradients under vmap (``is_grads_batched=True``)."""
+    f = torch._C._functorch
+    return bool(f.is_legacy_batchedtensor(t) or f.is_batchedtensor(t))
 
 
 def normalized_input(
