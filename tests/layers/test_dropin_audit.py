@@ -463,3 +463,31 @@ def test_the_seq2seq_translation_tutorial_runs_the_same():
     ours = _seq2seq_translation(knn)
     assert ours["losses"] == pytest.approx(theirs["losses"], rel=1e-9)
     assert ours["greedy"] == pytest.approx(theirs["greedy"], rel=1e-9)
+
+
+def test_a_projected_lstm_where_neither_torch_nor_rnnkit_can_run_it_is_one_error():
+    """proj_size under vmap, or packed under a torch.func transform: torch's kernel has no
+    rule there and rnnkit has no projected layer. It was a shape error from rnnkit's steps
+    run without the projection; now one line that names the layer and what to do."""
+    from rnnkit.bptt.tracing import TracingError
+
+    reference, mine = _pair("LSTM", proj_size=2)
+    x = torch.randn(4, 3, 3, dtype=DTYPE)  # (T, B, I)
+    packed = pack_padded_sequence(x, [4, 2, 3], enforce_sorted=False)
+    params = {k: v.detach() for k, v in mine.named_parameters()}
+
+    def loss(p):
+        return functional_call(mine, p, (packed,))[0].data.sum()
+
+    with pytest.raises(
+        TracingError,
+        match=r"^rnnkit\.nn\.LSTM: a projected LSTM \(proj_size=2\) "
+        r"cannot run under a torch\.func transform on a PackedSequence.*padded",
+    ):
+        torch.func.grad(loss)(params)
+    with pytest.raises(TracingError, match=r"cannot run under vmap.*whole batch instead$"):
+        torch.func.vmap(lambda xi: mine(xi[:, None])[0])(x)
+    # the padded tensor under grad is torch's own computation, as torch's layer gives it
+    padded = torch.func.grad(lambda p: functional_call(mine, p, (x,))[0].sum())(params)
+    reference(x)[0].sum().backward()
+    _assert_same([padded[k] for k in params], [p.grad for p in reference.parameters()])

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from rnnkit.bptt.fused import fused_path_on, path_in_force, plain_step_call
-from rnnkit.bptt.tracing import transforming, vmapping
+from rnnkit.bptt.tracing import TracingError, transforming, vmapping
 from rnnkit.cells.amp import autocast_devices_on, autocast_reconciles
 from rnnkit.layers import cell_stacks
 from rnnkit.layers.packing import pack_like, unpack
@@ -493,9 +493,21 @@ class _DropIn:
             # (no batching rule for aten::lstm) and, for a PackedSequence, grad's (its
             # packed operator reads the data's memory: "Cannot access data pointer of
             # Tensor that doesn't have storage"): there rnnkit's plain steps run
-            if isinstance(input, PackedSequence):
-                return input.data.shape[0] == 0
-            return not vmapping()
+            packed = isinstance(input, PackedSequence)
+            if packed and input.data.shape[0] == 0:
+                return True
+            if self.proj_size > 0 and (packed or vmapping()):
+                where, instead = (
+                    ("vmap", "call the layer on the whole batch instead")
+                    if vmapping()
+                    else ("a torch.func transform on a PackedSequence", "pass the padded tensor")
+                )
+                raise TracingError(
+                    f"rnnkit.nn.{type(self).__name__}: a projected LSTM (proj_size="
+                    f"{self.proj_size}) cannot run under {where}: torch's kernel has no rule "
+                    f"there and rnnkit has no projected layer; {instead}"
+                )
+            return not packed and not vmapping()
         if self.proj_size > 0 or self.dropout >= 1:  # no such rnnkit layer
             return True
         if isinstance(input, PackedSequence):
