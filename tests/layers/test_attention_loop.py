@@ -99,6 +99,38 @@ def test_node_equals_autograd_through_the_step_loop(cell_spec, kind, context, em
             assert torch.isfinite(a).all(), name
 
 
+@pytest.mark.parametrize("kind", ["dot", "additive"])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_gradient_penalty_and_batched_gradients_equal_the_step_loops(cell_spec, kind, compiled):
+    """create_graph=True and is_grads_batched=True (a RuntimeError before: the node's
+    backward had no graph): the node runs its steps again in differentiable operations;
+    the penalty's gradient and a batch of vector–Jacobian products equal autograd's
+    through the step loop."""
+    m = _model(cell_spec, kind, "init")
+    source, source_mask, target_in, target_mask = _batch(True)
+    with use_native(compiled):
+        node = m(source, source_mask, target_in, target_mask).logits
+    loop = m.head(_step_loop(m, source, source_mask, target_in)[0])
+    params = [p for p in m.parameters() if p.requires_grad]
+    vectors = torch.randn(
+        3, *loop.shape, generator=torch.Generator().manual_seed(4), dtype=loop.dtype
+    )
+
+    def penalty_and_batched(logits):
+        first = torch.autograd.grad(
+            logits.pow(2).sum(), params, create_graph=True, allow_unused=True
+        )
+        penalty = sum(g.pow(2).sum() for g in first if g is not None)
+        second = torch.autograd.grad(penalty, params, retain_graph=True, allow_unused=True)
+        batched = torch.autograd.grad(logits, params[:4], vectors, is_grads_batched=True)
+        return [*second, *batched]
+
+    for a, b in zip(penalty_and_batched(node), penalty_and_batched(loop), strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
 @pytest.mark.parametrize("compiled", [True, False])
 def test_only_the_logits_may_carry_a_loss(compiled):
     # Gradients of the hidden states and contexts only (the attention weights unused),

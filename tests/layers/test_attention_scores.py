@@ -53,6 +53,17 @@ def test_gradcheck_in_float64() -> None:
     assert torch.autograd.gradcheck(lambda *t: sigmoid_scores(lib, *t), (q2, keys, v))
 
 
+def test_gradgradcheck_in_float64() -> None:
+    """Differentiated twice (create_graph=True: a gradient penalty): the torch expression
+    of the same function, since the library's backward has no graph."""
+    g = torch.Generator().manual_seed(2)
+    q2 = torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    keys = torch.randn(2, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    lib = compiled_scores_library(q2, keys, v)
+    assert torch.autograd.gradgradcheck(lambda *t: sigmoid_scores(lib, *t), (q2, keys, v))
+
+
 def test_attention_uses_it_only_where_the_library_runs() -> None:
     torch.manual_seed(0)
     att = Attention("additive", query_size=6, memory_size=5).double()

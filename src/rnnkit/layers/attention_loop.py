@@ -52,6 +52,7 @@ from torch.autograd.function import once_differentiable
 from rnnkit.bptt import native
 from rnnkit.bptt.dispatch import python_step_kernel
 from rnnkit.bptt.mask_facts import host_mask
+from rnnkit.bptt.unrolled import batched_gradients
 from rnnkit.cells.amp import float32, float32_on_cpu, without_autocast
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights
 
@@ -81,6 +82,7 @@ class _Spec(NamedTuple):
     empty_rows: Tensor | None  # (B, 1) bool: rows without any real position (weights 0)
     T: int
     lib: Any  # the compiled loop's operators (fused additive scores), or None: torch ops
+    base: Any  # the cell's own kernel: its differentiable ``step`` (:func:`_replay`)
 
 
 class _AttentionDecoder(torch.autograd.Function):
@@ -170,19 +172,68 @@ class _AttentionDecoder(torch.autograd.Function):
         saved += [*states, *cache]
         if spec.additive:
             saved += [w_q, v_a, hidden]
-        ctx.save_for_backward(*saved)
+        # the inputs the differentiable backward reads besides those above (at the end)
+        extra = [bias, bias_hn, query_weight, query_bias, v, *states0]
+        ctx.num_extra = len(extra)
+        ctx.save_for_backward(*saved, *extra)
         return states[0][1:], contexts, weights
 
     @staticmethod
-    @once_differentiable
     def backward(
         ctx: Any, d_hidden: Tensor | None, d_contexts: Tensor | None, d_weights: Tensor | None
     ):
+        grads = (d_hidden, d_contexts, d_weights)
+        if torch.is_grad_enabled() or batched_gradients(*grads):
+            return _AttentionDecoder.differentiable_backward(ctx, *grads)
+        return _AttentionDecoder.explicit_backward(ctx, *grads)
+
+    @staticmethod
+    def differentiable_backward(
+        ctx: Any, d_hidden: Tensor | None, d_contexts: Tensor | None, d_weights: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        """create_graph=True or a batch of gradients under vmap: the steps run again in
+        differentiable operations from the node's inputs (:func:`_replay`), and
+        autograd differentiates them (the explicit backward has no graph of its own)."""
+        saved = ctx.saved_tensors
+        x, weight_x, weight_c, weight_hh, keys, memory = saved[:6]
+        bias, bias_hn, query_weight, query_bias, v, *states0 = saved[len(saved) - ctx.num_extra :]
+        inputs = (x, weight_x, weight_c, weight_hh, bias, bias_hn, keys, memory)
+        inputs += (query_weight, query_bias, v, *states0)
+        need = ctx.needs_input_grad[1:]
+        wanted = [i for i, t in enumerate(inputs) if need[i] and t is not None and t.requires_grad]
+        with torch.enable_grad():
+            views = {i: inputs[i].view_as(inputs[i]) for i in wanted}
+            args = [views.get(i, t) for i, t in enumerate(inputs)]
+            outs = _replay(ctx.spec, *args)
+            pairs = [
+                (o, g)
+                for o, g in zip(outs, (d_hidden, d_contexts, d_weights), strict=True)
+                if g is not None
+            ]
+            got = torch.autograd.grad(
+                [o for o, _ in pairs],
+                list(views.values()),
+                [g for _, g in pairs],
+                create_graph=True,
+                allow_unused=True,
+            )
+        result: list[Tensor | None] = [None] * len(inputs)
+        for i, g in zip(wanted, got, strict=True):
+            result[i] = g
+        return (None, *result)
+
+    @staticmethod
+    @once_differentiable
+    def explicit_backward(
+        ctx: Any, d_hidden: Tensor | None, d_contexts: Tensor | None, d_weights: Tensor | None
+    ):
+        """The hand-written reverse sweep (module docstring)."""
         # (one function, as the forward: the reverse sweep and the weight products that
         # follow it share the sweep's buffers)
         spec, n = ctx.spec, ctx.num_states
         kernel, T = spec.kernel, spec.T
-        saved = list(ctx.saved_tensors)
+        saved = list(ctx.saved_tensors)  # read once (torch.utils.checkpoint unpacks once)
+        del saved[len(saved) - ctx.num_extra :]
         x, weight_x, weight_c, weight_hh, keys, memory, contexts, weights = saved[:8]
         states = tuple(saved[8 : 8 + n])
         rest = saved[8 + n :]
@@ -305,6 +356,48 @@ class _AttentionDecoder(torch.autograd.Function):
         )
 
 
+def _replay(
+    spec: _Spec,
+    x: Tensor,
+    weight_x: Tensor,
+    weight_c: Tensor,
+    weight_hh: Tensor,
+    bias: Tensor,
+    bias_hn: Tensor | None,
+    keys: Tensor,
+    memory: Tensor,
+    query_weight: Tensor | None,
+    query_bias: Tensor | None,
+    v: Tensor | None,
+    *states0: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The node's function in plain differentiable operations, step by step: the cell's
+    own ``step`` on ``[x_t; c_t]`` (``W_ih = [W_x | W_c]``), the same scores, softmax and
+    contexts (``vᵀ tanh(W_q h + b_q + k_j)`` for additive attention)."""
+    T, B = spec.T, memory.shape[0]
+    xs = x.view(T, B, x.shape[-1])
+    w = Weights(torch.cat([weight_x, weight_c], dim=1), weight_hh, bias, bias_hn)
+    states = tuple(states0)
+    hs, cs, alphas = [], [], []
+    for t in range(T):
+        h_prev = states[0]
+        if spec.additive:
+            assert query_weight is not None and query_bias is not None and v is not None
+            q = h_prev @ query_weight.T + query_bias  # (B, A)
+            scores = torch.tanh(q.unsqueeze(1) + keys) @ v  # (B, S)
+        else:
+            scores = torch.bmm(h_prev.unsqueeze(1), keys.transpose(1, 2)).squeeze(1)
+        alpha = torch.softmax(scores.masked_fill(spec.fill, float("-inf")), -1)
+        if spec.empty_rows is not None:
+            alpha = alpha.masked_fill(spec.empty_rows, 0.0)
+        c = torch.bmm(alpha.unsqueeze(1), memory).squeeze(1)
+        states = spec.base.step(torch.cat([xs[t], c], dim=-1), states, w)
+        hs.append(states[0])
+        cs.append(c)
+        alphas.append(alpha)
+    return torch.stack(hs), torch.stack(cs), torch.stack(alphas)
+
+
 @without_autocast
 def attention_decoder(
     kernel: Kernel,
@@ -356,7 +449,7 @@ def attention_decoder(
     additive = attention.kind == "additive"
     # the gate math of each step in one compiled call where it can (bptt/dispatch.py)
     step_kernel, lib = python_step_kernel(kernel, x, memory, weights.weight_hh)
-    spec = _Spec(step_kernel, additive, fill, empty_rows, T, lib)
+    spec = _Spec(step_kernel, additive, fill, empty_rows, T, lib, kernel)
     if additive:
         qw, qb, v = attention.query_proj.weight, attention.query_proj.bias, attention.v
         if low is not None:

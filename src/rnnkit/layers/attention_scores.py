@@ -29,6 +29,7 @@ from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt import native
 from rnnkit.bptt.tracing import tracing
+from rnnkit.bptt.unrolled import batched_gradients
 
 __all__ = ["compiled_scores_library", "sigmoid_scores"]
 
@@ -53,13 +54,38 @@ class _SigmoidScores(torch.autograd.Function):
         lib.sigmoid_scores(keys.contiguous(), q2.contiguous(), 2 * v, scores, sig, key_scale=2.0)
         scores.sub_(v.sum())
         ctx.lib = lib
-        ctx.save_for_backward(sig, v)
+        ctx.save_for_backward(sig, v, q2, keys)
         return scores
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, d_scores: Tensor) -> tuple[Tensor | None, ...]:
-        sig, v = ctx.saved_tensors
+        if torch.is_grad_enabled() or batched_gradients(d_scores):
+            # create_graph=True or a batch of gradients under vmap: torch's expression of
+            # the same function, differentiated by autograd (the library's has no graph)
+            _, v, q2, keys = ctx.saved_tensors
+            inputs = (q2, keys, v)
+            wanted = [
+                i for i, t in enumerate(inputs) if ctx.needs_input_grad[1 + i] and t.requires_grad
+            ]
+            with torch.enable_grad():
+                views = [t.view_as(t) for t in inputs]
+                got = torch.autograd.grad(
+                    _torch_scores(*views),
+                    [views[i] for i in wanted],
+                    d_scores,
+                    create_graph=True,
+                )
+            grads: list[Tensor | None] = [None, None, None]
+            for i, g in zip(wanted, got, strict=True):
+                grads[i] = g
+            return (None, *grads)
+        return _SigmoidScores.explicit_backward(ctx, d_scores)
+
+    @staticmethod
+    @once_differentiable
+    def explicit_backward(ctx: Any, d_scores: Tensor) -> tuple[Tensor | None, ...]:
+        """The one pass of the compiled library (module docstring)."""
+        sig, v = ctx.saved_tensors[:2]
         B, S, A = sig.shape[0], sig.shape[-2], sig.shape[-1]
         d_s = d_scores.contiguous()
         s_sig = sig.new_empty(*sig.shape[:-2], A)  # Σ_j d_s σ
@@ -72,6 +98,15 @@ class _SigmoidScores(torch.autograd.Function):
         if ctx.needs_input_grad[3]:
             d_v = s_sig.reshape(-1, A).sum(0).mul_(2).sub_(d_s.sum())
         return None, d_q2 if ctx.needs_input_grad[1] else None, d_keys, d_v
+
+
+def _torch_scores(q2: Tensor, keys: Tensor, v: Tensor) -> Tensor:
+    """``2 vᵀ σ(q2_t + 2 k_j) − Σ v`` in torch's operators (differentiable twice)."""
+    if q2.dim() == 3:  # (B, T, A) queries against (B, S, A) keys: (B, T, S, A)
+        sig = torch.sigmoid(q2.unsqueeze(2) + 2 * keys.unsqueeze(1))
+    else:
+        sig = torch.sigmoid(q2.unsqueeze(1) + 2 * keys)
+    return 2 * (sig @ v) - v.sum()
 
 
 def sigmoid_scores(lib: Any, q2: Tensor, keys: Tensor, v: Tensor) -> Tensor:
