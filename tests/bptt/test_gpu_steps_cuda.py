@@ -123,6 +123,19 @@ def test_on_cuda_recurrent_dropout_and_zoneout_run_the_triton_steps(cls, kw, cou
             assert float((g - w).abs().max()) / scale <= tol
 
 
+def _windowed_results(layer, x, mask, starts, device, dtype):
+    """Outputs, final states and every gradient of ``layer(x, window=3)`` on ``device``
+    in ``dtype``, as float64 on the CPU."""
+    layer.to(device=device, dtype=dtype)
+    xx = x.to(device=device, dtype=dtype).requires_grad_(True)
+    r = None if starts is None else starts.to(device)
+    out = layer(xx, mask=mask.to(device), window=3, resets=r)
+    finals = tuple(out.state) if isinstance(out.state, LSTMState) else (out.state,)
+    loss = out.outputs.sin().sum() + sum((f * f).sum() for f in finals)
+    grads = torch.autograd.grad(loss, [xx, *layer.parameters()])
+    return [t.detach().double().cpu() for t in (out.outputs, *finals, *grads)]
+
+
 WINDOWED = [
     ("lstm_bidirectional_holes", rnnkit.LSTM, {"bidirectional": True}, False),
     ("gru_keep_before_resets", rnnkit.GRU, {"update": "keep", "reset": "before"}, True),
@@ -143,23 +156,12 @@ def test_on_cuda_a_window_runs_the_triton_forward(name, cls, kw, resets, count_c
     mask[0], mask[1] = True, False  # lengths T and 0
     starts = (torch.rand(B, T) < 0.2) if resets else None
     x = torch.randn(B, T, I, dtype=torch.float64)
-
-    def run(device, dtype):
-        layer.to(device=device, dtype=dtype)
-        xx = x.to(device=device, dtype=dtype).requires_grad_(True)
-        r = None if starts is None else starts.to(device)
-        out = layer(xx, mask=mask.to(device), window=3, resets=r)
-        finals = tuple(out.state) if isinstance(out.state, LSTMState) else (out.state,)
-        loss = out.outputs.sin().sum() + sum((f * f).sum() for f in finals)
-        grads = torch.autograd.grad(loss, [xx, *layer.parameters()])
-        return [t.detach().double().cpu() for t in (out.outputs, *finals, *grads)]
-
     with use_fused("loop"), use_native(False):
-        want = run("cpu", torch.float64)
+        want = _windowed_results(layer, x, mask, starts, "cpu", torch.float64)
     for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-5)):
         count["n"] = 0
         with use_fused("auto"):
-            got = run("cuda", dtype)
+            got = _windowed_results(layer, x, mask, starts, "cuda", dtype)
         assert count["n"] == 2 * (2 if kw.get("bidirectional") else 1)  # one per direction
         for g, w in zip(got, want, strict=True):
             scale = float(w.abs().max()) or 1.0
@@ -186,21 +188,10 @@ def test_on_cuda_a_layer_normalised_window_equals_the_cpu(cls, kw, resets):
     mask[0], mask[1] = True, False
     starts = (torch.rand(B, T) < 0.2) if resets else None
     x = torch.randn(B, T, I, dtype=torch.float64)
-
-    def run(device, dtype):
-        layer.to(device=device, dtype=dtype)
-        xx = x.to(device=device, dtype=dtype).requires_grad_(True)
-        r = None if starts is None else starts.to(device)
-        out = layer(xx, mask=mask.to(device), window=3, resets=r)
-        finals = tuple(out.state) if isinstance(out.state, LSTMState) else (out.state,)
-        loss = out.outputs.sin().sum() + sum((f * f).sum() for f in finals)
-        grads = torch.autograd.grad(loss, [xx, *layer.parameters()])
-        return [t.detach().double().cpu() for t in (out.outputs, *finals, *grads)]
-
     with use_fused("loop"), use_native(False):
-        want = run("cpu", torch.float64)
+        want = _windowed_results(layer, x, mask, starts, "cpu", torch.float64)
     for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-4)):
-        got = run("cuda", dtype)
+        got = _windowed_results(layer, x, mask, starts, "cuda", dtype)
         for g, w in zip(got, want, strict=True):
             scale = float(w.abs().max()) or 1.0
             assert float((g - w).abs().max()) / scale <= tol

@@ -44,23 +44,15 @@ def test_scores_and_gradients_equal_the_definition(dtype, queries) -> None:
         torch.testing.assert_close(a, b, **tol)
 
 
-def test_gradcheck_in_float64() -> None:
+def test_gradcheck_and_gradgradcheck_in_float64() -> None:
+    """Differentiated twice too (create_graph=True: a gradient penalty): the torch
+    expression of the same function, since the library's backward has no graph."""
     g = torch.Generator().manual_seed(1)
     q2 = torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
     keys = torch.randn(2, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
     v = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
     lib = compiled_scores_library(q2, keys, v)
     assert torch.autograd.gradcheck(lambda *t: sigmoid_scores(lib, *t), (q2, keys, v))
-
-
-def test_gradgradcheck_in_float64() -> None:
-    """Differentiated twice (create_graph=True: a gradient penalty): the torch expression
-    of the same function, since the library's backward has no graph."""
-    g = torch.Generator().manual_seed(2)
-    q2 = torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    keys = torch.randn(2, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    v = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
-    lib = compiled_scores_library(q2, keys, v)
     assert torch.autograd.gradgradcheck(lambda *t: sigmoid_scores(lib, *t), (q2, keys, v))
 
 
