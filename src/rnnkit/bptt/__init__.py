@@ -96,7 +96,7 @@ from rnnkit.bptt.tracing import (
     transforming,
     vmapping,
 )
-from rnnkit.bptt.unrolled import batched_gradients, differentiable_gradients, unrolled
+from rnnkit.bptt.unrolled import differentiable_gradients, unrolled
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 
 __all__ = [
@@ -115,7 +115,6 @@ __all__ = [
     "all_real",
     "available",
     "backward_sweep",
-    "batched_gradients",
     "build",
     "cell_step",
     "check_tracer",

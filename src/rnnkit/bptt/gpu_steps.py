@@ -59,10 +59,9 @@ from rnnkit.bptt.gpu_steps_backward import steps_backward, steps_weight_grads
 from rnnkit.bptt.gpu_steps_ln import LN_KERNELS, run_ln_steps
 from rnnkit.bptt.record import ForwardRecord
 from rnnkit.bptt.regularized import RegularizedKernel
-from rnnkit.bptt.unrolled import batched_gradients
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.gru import GRUKernel
-from rnnkit.cells.kernel import Kernel, Weights, scratch
+from rnnkit.cells.kernel import Kernel, Weights, batched_gradients, scratch
 from rnnkit.cells.lstm import LSTMKernel
 from rnnkit.cells.rnn import RNNKernel
 

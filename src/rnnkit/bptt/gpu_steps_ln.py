@@ -23,9 +23,8 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt.gpu_launch import rerun_gradients
-from rnnkit.bptt.unrolled import batched_gradients
 from rnnkit.cells.amp import without_autocast
-from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.cells.kernel import Kernel, Weights, batched_gradients
 from rnnkit.cells.layer_norm import LayerNormGRUKernel, LayerNormLSTMKernel
 
 __all__ = ["run_ln_steps"]

@@ -27,8 +27,8 @@ from torch.autograd.function import once_differentiable
 from rnnkit.bptt.backward import backward_sweep, weight_grads
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.recurrence import clean_padding, run_recurrence
-from rnnkit.bptt.unrolled import batched_gradients, differentiable_gradients
-from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.bptt.unrolled import differentiable_gradients
+from rnnkit.cells.kernel import Kernel, Weights, batched_gradients
 
 __all__ = ["run_recomputed"]
 

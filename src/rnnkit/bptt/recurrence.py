@@ -43,8 +43,8 @@ from rnnkit.bptt.mask_facts import all_real
 from rnnkit.bptt.opaque import run_opaque
 from rnnkit.bptt.record import ForwardRecord, Packing, make_packing, unpack_record
 from rnnkit.bptt.tracing import TracingError, check_tracer, tracing, transforming
-from rnnkit.bptt.unrolled import batched_gradients, differentiable_gradients, unrolled
-from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.bptt.unrolled import differentiable_gradients, unrolled
+from rnnkit.cells.kernel import Kernel, Weights, batched_gradients
 from rnnkit.errors import ConfigError
 
 __all__ = [

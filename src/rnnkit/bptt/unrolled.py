@@ -21,7 +21,7 @@ from torch import Tensor
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.errors import ConfigError
 
-__all__ = ["batched_gradients", "differentiable_gradients", "unrolled"]
+__all__ = ["differentiable_gradients", "unrolled"]
 
 
 def unrolled(
@@ -107,13 +107,3 @@ def differentiable_gradients(
         # an input the outputs do not depend on (T = 0) gets zeros, as the explicit BPTT's
         result[i] = torch.zeros_like(t) if g is None else g
     return tuple(result)
-
-
-def batched_gradients(*grads: Tensor | None) -> bool:
-    """Whether the incoming gradients of a backward are a batch of them under vmap
-    (``torch.autograd.grad(..., is_grads_batched=True)``, a vectorized Jacobian), which
-    an explicit backward's own operators have no rule for."""
-    f = torch._C._functorch
-    return any(
-        g is not None and (f.is_legacy_batchedtensor(g) or f.is_batchedtensor(g)) for g in grads
-    )

@@ -18,7 +18,14 @@ from rnnkit.cells.amp import (
 )
 from rnnkit.cells.base import CellBase, check_cell_input
 from rnnkit.cells.gru import GRUCache, GRUCell, GRUKernel, gru_step, gru_step_backward
-from rnnkit.cells.kernel import Kernel, StepKernel, Weights, input_product, scratch
+from rnnkit.cells.kernel import (
+    Kernel,
+    StepKernel,
+    Weights,
+    batched_gradients,
+    input_product,
+    scratch,
+)
 from rnnkit.cells.layer_norm import (
     LayerNormGRUCell,
     LayerNormGRUKernel,
@@ -69,6 +76,7 @@ __all__ = [
     "autocast_devices_on",
     "autocast_off",
     "autocast_reconciles",
+    "batched_gradients",
     "cell_step_in_weights_dtype",
     "check_cell_input",
     "float32",

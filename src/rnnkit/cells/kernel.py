@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-__all__ = ["Kernel", "StepKernel", "Weights", "input_product", "scratch"]
+__all__ = ["Kernel", "StepKernel", "Weights", "batched_gradients", "input_product", "scratch"]
 
 # oneDNN's matmul beats the BLAS by 5-30 % on this product for float32 on 2 cores here (the
 # projections of all steps: T·B rows), but costs more per call on small ones.
@@ -211,3 +211,13 @@ class Kernel(StepKernel, Protocol):
         (None: ``weight_grads`` sums ``d_xp``). A sixth, where given, is ∂L/∂bias_hn summed
         by the loop (a layer-normalised cell's gains); ``d_hp`` is then ∂L/∂(W_h h_{t-1})
         alone, ``(N, G·H)``, and ``∂L/∂W_hh = d_hpᵀ h_{t-1}`` (no ``recurrent_grads``)."""
+
+
+def batched_gradients(*grads: Tensor | None) -> bool:
+    """Whether the incoming gradients of a backward are a batch of them under vmap
+    (``torch.autograd.grad(..., is_grads_batched=True)``, a vectorized Jacobian), which
+    an explicit backward's own operators have no rule for."""
+    f = torch._C._functorch
+    return any(
+        g is not None and (f.is_legacy_batchedtensor(g) or f.is_batchedtensor(g)) for g in grads
+    )

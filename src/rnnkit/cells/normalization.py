@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rnnkit.cells.amp import autocast_devices_on, autocast_off, low_precision_to
-from rnnkit.cells.kernel import input_product
+from rnnkit.cells.kernel import batched_gradients, input_product
 
 __all__ = ["EPS", "normalize", "normalize_backward", "normalized_input"]
 
@@ -43,17 +43,11 @@ class _InputProduct(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         # A gradient with a graph (create_graph=True) or a batch of them under vmap: torch's
         # own product, which autograd and vmap see through (the library's has no rules)
-        mm = torch.mm if torch.is_grad_enabled() or _batched(d) else ctx.mm
+        mm = torch.mm if torch.is_grad_enabled() or batched_gradients(d) else ctx.mm
         d = d.contiguous()
         d_x = mm(d, weight) if ctx.needs_input_grad[0] else None
         d_w = mm(d.T, x) if ctx.needs_input_grad[1] else None
         return d_x, d_w, None
-
-
-def _batched(t: Tensor) -> bool:
-    """Whether ``t`` is a batch of gradients under vmap (``is_grads_batched=True``)."""
-    f = torch._C._functorch
-    return bool(f.is_legacy_batchedtensor(t) or f.is_batchedtensor(t))
 
 
 def normalized_input(

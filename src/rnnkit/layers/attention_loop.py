@@ -52,9 +52,8 @@ from torch.autograd.function import once_differentiable
 from rnnkit.bptt import native
 from rnnkit.bptt.dispatch import python_step_kernel
 from rnnkit.bptt.mask_facts import host_mask
-from rnnkit.bptt.unrolled import batched_gradients
 from rnnkit.cells.amp import float32, float32_on_cpu, without_autocast
-from rnnkit.cells.kernel import Kernel, StepKernel, Weights
+from rnnkit.cells.kernel import Kernel, StepKernel, Weights, batched_gradients
 
 __all__ = ["AttentionDecoderOutput", "attention_decoder"]
 

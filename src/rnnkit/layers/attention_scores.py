@@ -29,7 +29,7 @@ from torch.autograd.function import once_differentiable
 
 from rnnkit.bptt import native
 from rnnkit.bptt.tracing import tracing
-from rnnkit.bptt.unrolled import batched_gradients
+from rnnkit.cells.kernel import batched_gradients
 
 __all__ = ["compiled_scores_library", "sigmoid_scores"]
 

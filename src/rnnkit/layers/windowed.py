@@ -30,10 +30,9 @@ from torch import Tensor
 from rnnkit.bptt.backward import weight_grads
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.record import ForwardRecord
-from rnnkit.bptt.unrolled import batched_gradients
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 from rnnkit.cells.amp import float32, float32_on_cpu, low_precision_to, without_autocast
-from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.cells.kernel import Kernel, Weights, batched_gradients
 from rnnkit.cells.normalization import normalize, normalize_backward
 from rnnkit.errors import ConfigError
 from rnnkit.layers.masking import flip_sequences
