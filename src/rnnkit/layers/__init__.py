@@ -14,7 +14,7 @@ behind ``torch.nn``'s interface, public as :mod:`rnnkit.nn`).
 
 from rnnkit.layers.attention import ATTENTION_KINDS, Attention, AttentionOutput, masked_softmax
 from rnnkit.layers.attention_loop import AttentionDecoderOutput, attention_decoder
-from rnnkit.layers.attention_scores import compiled_scores_library, sigmoid_scores
+from rnnkit.layers.attention_scores import compiled_scores_library, sigmoid_scores, torch_scores
 from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
 from rnnkit.layers.interop import convert_gru_update, count_parameters, from_torch, to_torch
 from rnnkit.layers.linear import Linear, linear
@@ -74,4 +74,5 @@ __all__ = [
     "sigmoid_scores",
     "steps_of",
     "to_torch",
+    "torch_scores",
 ]

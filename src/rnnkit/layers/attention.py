@@ -26,7 +26,11 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.errors import ConfigError
-from rnnkit.layers.attention_scores import compiled_scores_library, sigmoid_scores
+from rnnkit.layers.attention_scores import (
+    compiled_scores_library,
+    sigmoid_scores,
+    torch_scores,
+)
 
 __all__ = ["ATTENTION_KINDS", "Attention", "AttentionOutput", "masked_softmax"]
 
@@ -192,14 +196,11 @@ class Attention(nn.Module):
         q2 = torch.addmm(proj.bias, flat, proj.weight.T, beta=2, alpha=2)  # 2 (W_q q + b)
         A = q2.shape[-1]
         lib = compiled_scores_library(q2, keys, self.v)
+        if query.dim() == 3:  # (B·T, A) rows back to (B, T, A); a decoding step's are (B, A)
+            q2 = q2.view(*query.shape[:-1], A)
         if lib is not None:  # one pass forward, one backward (attention_scores.py)
-            return sigmoid_scores(lib, q2.view(*query.shape[:-1], A), keys, self.v)
-        if query.dim() == 2:
-            q2, k = q2.unsqueeze(1), keys  # (B, 1, A), (B, S, A)
-        else:
-            q2, k = q2.view(*query.shape[:2], 1, A), keys.unsqueeze(1)  # (B, T, 1, A), (B, 1, S, A)
-        sig = torch.sigmoid(torch.add(q2, k, alpha=2))  # σ(2a): (B, [T,] S, A)
-        return (sig @ self.v).mul(2).sub(self.v.sum())
+            return sigmoid_scores(lib, q2, keys, self.v)
+        return torch_scores(q2, keys, self.v)
 
     def scores_all(self, queries: Tensor, keys: Tensor) -> Tensor:
         """Raw scores ``(B, T, S)`` of ``T`` queries per row, ``queries (B, T, d_q)``:

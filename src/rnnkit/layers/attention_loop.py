@@ -54,6 +54,7 @@ from rnnkit.bptt.dispatch import python_step_kernel
 from rnnkit.bptt.mask_facts import host_mask
 from rnnkit.cells.amp import float32, float32_on_cpu, without_autocast
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights, batched_gradients
+from rnnkit.layers.attention_scores import torch_scores
 
 __all__ = ["AttentionDecoderOutput", "attention_decoder"]
 
@@ -382,8 +383,8 @@ def _replay(
         h_prev = states[0]
         if spec.additive:
             assert query_weight is not None and query_bias is not None and v is not None
-            q = h_prev @ query_weight.T + query_bias  # (B, A)
-            scores = torch.tanh(q.unsqueeze(1) + keys) @ v  # (B, S)
+            q2 = torch.addmm(query_bias, h_prev, query_weight.T, beta=2, alpha=2)
+            scores = torch_scores(q2, keys, v)  # vᵀ tanh(W_q h + b_q + k_j): (B, S)
         else:
             scores = torch.bmm(h_prev.unsqueeze(1), keys.transpose(1, 2)).squeeze(1)
         alpha = torch.softmax(scores.masked_fill(spec.fill, float("-inf")), -1)

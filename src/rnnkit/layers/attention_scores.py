@@ -31,7 +31,7 @@ from rnnkit.bptt import native
 from rnnkit.bptt.tracing import tracing
 from rnnkit.cells.kernel import batched_gradients
 
-__all__ = ["compiled_scores_library", "sigmoid_scores"]
+__all__ = ["compiled_scores_library", "sigmoid_scores", "torch_scores"]
 
 
 def compiled_scores_library(*tensors: Tensor) -> Any:
@@ -70,7 +70,7 @@ class _SigmoidScores(torch.autograd.Function):
             with torch.enable_grad():
                 views = [t.view_as(t) for t in inputs]
                 got = torch.autograd.grad(
-                    _torch_scores(*views),
+                    torch_scores(*views),
                     [views[i] for i in wanted],
                     d_scores,
                     create_graph=True,
@@ -100,13 +100,16 @@ class _SigmoidScores(torch.autograd.Function):
         return None, d_q2 if ctx.needs_input_grad[1] else None, d_keys, d_v
 
 
-def _torch_scores(q2: Tensor, keys: Tensor, v: Tensor) -> Tensor:
-    """``2 vᵀ σ(q2_t + 2 k_j) − Σ v`` in torch's operators (differentiable twice)."""
-    if q2.dim() == 3:  # (B, T, A) queries against (B, S, A) keys: (B, T, S, A)
-        sig = torch.sigmoid(q2.unsqueeze(2) + 2 * keys.unsqueeze(1))
+def torch_scores(q2: Tensor, keys: Tensor, v: Tensor) -> Tensor:
+    """:func:`sigmoid_scores` in torch's operators (where the library does not run, and
+    for a gradient with a graph): ``q2 (B, A)`` or ``(B, T, A)`` → ``(B, S)`` or
+    ``(B, T, S)``."""
+    if q2.dim() == 2:
+        q2, k = q2.unsqueeze(1), keys  # (B, 1, A), (B, S, A)
     else:
-        sig = torch.sigmoid(q2.unsqueeze(1) + 2 * keys)
-    return 2 * (sig @ v) - v.sum()
+        q2, k = q2.unsqueeze(2), keys.unsqueeze(1)  # (B, T, 1, A), (B, 1, S, A)
+    sig = torch.sigmoid(torch.add(q2, k, alpha=2))  # σ(2a): (B, [T,] S, A)
+    return (sig @ v).mul(2).sub(v.sum())
 
 
 def sigmoid_scores(lib: Any, q2: Tensor, keys: Tensor, v: Tensor) -> Tensor:
