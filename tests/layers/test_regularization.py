@@ -189,11 +189,23 @@ def test_check_probability_accepts_the_range():
 
 
 @pytest.mark.parametrize("name", ["recurrent_dropout", "zoneout", "weight_drop"])
-def test_in_loop_options_refuse_a_window(name, gen):
-    layer = LSTM(I, H, **{name: 0.2}).double()
+def test_one_layer_under_a_window_is_the_stacks_windowed_node(name, gen):
+    """The layer alone (``Recurrent``, the one-unit sweep) and the stack's windowed node
+    take the same masks under a window: the same outputs and gradients."""
+    layer = LSTM(I, H, **{name: 0.3}).double()
     x = torch.randn(B, T, I, generator=gen, dtype=torch.float64, requires_grad=True)
-    with pytest.raises(ConfigError, match="window"):
-        layer(x, window=2)
+    masks = layer.draw_masks(B, T, x)
+    out = layer(x, window=2, masks=masks).outputs
+    alone, _ = layer.layers[0](x.transpose(0, 1), window=2, masks=masks.cells[0])
+    g = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+    params = [x, *layer.parameters()]
+    torch.testing.assert_close(alone.transpose(0, 1), out, rtol=0, atol=1e-14)
+    for a, b in zip(
+        torch.autograd.grad(out, params, g),
+        torch.autograd.grad(alone.transpose(0, 1), params, g),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
 
 
 @pytest.mark.parametrize("name", ["recurrent_dropout", "zoneout"])

@@ -67,9 +67,21 @@ def assert_all_close(got, want) -> None:
 # ---------------------------------------------------------- unidirectional: the truncated graph
 
 
-def clip_run(spec, layer, x, s0, mask, resets, frozen, lo, hi):
-    """The stack over steps ``lo … hi`` (time-major, plain steps) from the states before
-    ``lo``: the detached ``frozen`` ones, or the live initial state when ``live``."""
+def run_step(spec, cell, x1, state, mask1, step=None):
+    """One step ``x1 (1, B, I)`` with the cell's plain step, or ``step(x, state)`` (held
+    where ``mask1 (1, B)`` is False): ``(output (1, B, H), new state)``."""
+    if step is None:
+        return spec.run(cell, x1, state, mask1)
+    new = tuple(
+        torch.where(mask1[0][:, None], a, b) for a, b in zip(step(x1[0], state), state, strict=True)
+    )
+    return new[0][None], new
+
+
+def clip_run(spec, layer, x, s0, mask, resets, frozen, lo, hi, step_at=None):
+    """The stack over steps ``lo … hi`` (time-major, plain steps, or ``step_at(layer,
+    t)``'s) from the states before ``lo``: the detached ``frozen`` ones, or the live
+    initial state when ``frozen`` is None."""
     h = x[lo : hi + 1]
     finals = []
     for index, cell in enumerate(layer.cells()):
@@ -79,18 +91,20 @@ def clip_run(spec, layer, x, s0, mask, resets, frozen, lo, hi):
             if resets is not None:  # a document starts: the zero state
                 r = resets[t][:, None]
                 state = tuple(torch.where(r, 0.0, s) for s in state)
-            out, state = spec.run(cell, h[t - lo : t - lo + 1], state, mask[t : t + 1])
+            step = None if step_at is None else step_at(index, t)
+            out, state = run_step(spec, cell, h[t - lo : t - lo + 1], state, mask[t : t + 1], step)
             outs.append(out)
         h = torch.cat(outs)
         finals.append(state)
     return h, finals
 
 
-def truncated_graph_loss(spec, layer, x, s0, mask, tau, g_out, g_fin, resets=None):
+def truncated_graph_loss(spec, layer, x, s0, mask, tau, g_out, g_fin, resets=None, step_at=None):
     """Σ_t ⟨g_out_t, top output at t⟩ + ⟨g_fin, final states⟩ where the output at step t
     (0-based) is recomputed, in every layer, over steps ``t − τ … t`` from the DETACHED
     states before step t − τ (the live initial state when t < τ); the final states are a
-    loss at the last step."""
+    loss at the last step. ``step_at(layer, t)``: that step's function, if not the
+    cell's plain step."""
     xt, mask_t = x.transpose(0, 1), mask.T
     resets_t = None if resets is None else resets.T
     with torch.no_grad():  # the incoming state of every step of every layer
@@ -103,14 +117,16 @@ def truncated_graph_loss(spec, layer, x, s0, mask, tau, g_out, g_fin, resets=Non
                 frozen[index][t] = state
                 if resets_t is not None:
                     state = tuple(torch.where(resets_t[t][:, None], 0.0, s) for s in state)
-                out, state = spec.run(cell, h[t : t + 1], state, mask_t[t : t + 1])
+                step = None if step_at is None else step_at(index, t)
+                out, state = run_step(spec, cell, h[t : t + 1], state, mask_t[t : t + 1], step)
                 outs.append(out)
             h = torch.cat(outs)
     loss = x.new_zeros(())
     for t in range(T):
         lo = t - tau
+        frozen_before = None if lo < 0 else frozen
         out, finals = clip_run(
-            spec, layer, xt, s0, mask_t, resets_t, None if lo < 0 else frozen, max(lo, 0), t
+            spec, layer, xt, s0, mask_t, resets_t, frozen_before, max(lo, 0), t, step_at
         )
         loss = loss + (out[-1] * g_out[:, t]).sum()
         if t == T - 1:
@@ -320,6 +336,91 @@ def test_dropout_between_layers_is_the_same_draw_and_scales_the_gradient(gen):
     assert_all_close(got, want)
 
 
+class _Dropped(torch.nn.Module):
+    """``W ↦ W ⊙ M``: the oracle's recurrent weight, the one the window must read."""
+
+    def __init__(self, mask: Tensor) -> None:
+        super().__init__()
+        self.mask = mask
+
+    def forward(self, w: Tensor) -> Tensor:
+        return w * self.mask
+
+
+def regularized_case(spec, gen, holey_mask, layers, tau, options) -> None:
+    """The regularizers acting on the recurrence (``options``: weight_drop,
+    recurrent_dropout, zoneout; masks drawn once and passed): the windowed stack's
+    gradients equal autograd of the truncated graph of a copy whose ``W_hh`` is
+    parametrized as ``W_hh ⊙ M`` (its raw weight gets the gradient through the product)
+    and whose steps are the regularized steps in plain operations
+    (``RegularizedKernel.step_at``: the masked state, zoneout's mix)."""
+    import copy
+
+    from torch.nn.utils import parametrize
+
+    from rnnkit.bptt.regularized import regularized
+
+    layer, x, s0, g_out, g_fin = make_case(spec, gen, layers)
+    for name, p in options.items():
+        setattr(layer, name, p)
+    torch.manual_seed(3)
+    masks = layer.draw_masks(B, T, x)
+    out = layer(x, mask=holey_mask, state=spec.pack(s0), window=tau, masks=masks)
+    got = grads(loss_of(out.outputs, spec.unpack(out.state), g_out, g_fin), layer, x, s0)
+    oracle = copy.deepcopy(layer)
+    for name in options:
+        setattr(oracle, name, 0.0)
+    kernels = []
+    for cell, m in zip(oracle.cells(), masks.cells, strict=True):
+        if m.weight_hh is not None:
+            parametrize.register_parametrization(cell, "weight_hh", _Dropped(m.weight_hh))
+        kernels.append(regularized(cell.kernel, m.recurrent, m.keep) if m.in_loop else None)
+    cells = list(oracle.cells())
+
+    def step_at(index, t):
+        kernel, cell = kernels[index], cells[index]
+        if kernel is None:
+            return None
+        return lambda x_t, state: kernel.step_at(t, x_t, state, cell.weights())
+
+    ref = truncated_graph_loss(spec, oracle, x, s0, holey_mask, tau, g_out, g_fin, step_at=step_at)
+    params = dict(oracle.named_parameters())
+    raw = [
+        params[n.replace("weight_hh", "parametrizations.weight_hh.original")]
+        if n.endswith("weight_hh") and "weight_drop" in options
+        else params[n]
+        for n, _ in layer.named_parameters()
+    ]
+    want = torch.autograd.grad(ref, [x, *s0, *raw], allow_unused=True)
+    assert_all_close(got, want)
+    plain = layer(x, mask=holey_mask, state=spec.pack(s0), masks=masks)  # full BPTT's values
+    torch.testing.assert_close(out.outputs, plain.outputs, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("layers", "tau"), [(1, 2), (2, 3)])
+def test_weight_drop_in_a_window_equals_the_truncated_graph_of_the_dropped_weight(
+    cell_spec, gen, holey_mask, layers, tau
+):
+    regularized_case(cell_spec, gen, holey_mask, layers, tau, {"weight_drop": 0.4})
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"recurrent_dropout": 0.4},
+        {"zoneout": 0.3},
+        {"recurrent_dropout": 0.3, "zoneout": 0.2, "weight_drop": 0.2},
+    ],
+    ids=["recurrent_dropout", "zoneout", "all three"],
+)
+def test_regularizers_in_the_step_under_a_window_equal_the_truncated_graph(
+    cell_spec, gen, holey_mask, options
+):
+    """Recurrent dropout's mask (one per row: tiled over the lag's batched steps) and
+    zoneout's per-step keep factors in the windowed sweep, two layers, τ 2."""
+    regularized_case(cell_spec, gen, holey_mask, 2, 2, options)
+
+
 def test_one_autograd_node_for_the_whole_stack(cell_spec, gen):
     layer, x, s0, _, _ = make_case(cell_spec, gen, 3)
     out = layer(x, state=cell_spec.pack(s0), window=2).outputs
@@ -395,6 +496,10 @@ def test_a_layer_normalised_stack_with_resets_and_dropout(ln_spec, gen, holey_ma
     torch.manual_seed(7)
     _, got = windowed_grads(ln_spec, layer, x, s0, g_out, g_fin, None, T)
     assert_all_close(got, want)
+
+
+def test_weight_drop_in_a_window_of_a_layer_normalised_stack(ln_spec, gen, holey_mask):
+    regularized_case(ln_spec, gen, holey_mask, 2, 2, {"weight_drop": 0.4})
 
 
 @pytest.mark.parametrize("tau", [2, 2 * (T - 1) + 1])

@@ -28,6 +28,7 @@ the PyTorch time loop runs (``rnnkit.bptt.forward``).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -92,6 +93,17 @@ class RegularizedKernel:
         rows = B if B > 1 and any(v.stride(1) != 0 for v in views) else min(B, 1)
         stored = [v[:steps, :rows].to(dtype).contiguous() for v in views]
         return tuple(s.expand(T, B, H) for s in stored)
+
+    def for_rows(self, n: int) -> RegularizedKernel:
+        """This kernel for ``n`` steps' rows batched as ``n·B`` (the windowed BPTT's
+        backward of all steps at one lag): the recurrent mask tiled ``n`` times. The keep
+        factors come per row from the cache."""
+        m = self.recurrent_mask
+        if m is None or n == 1:
+            return self
+        tiled = copy.copy(self)
+        tiled.recurrent_mask = m.repeat(n, 1)
+        return tiled
 
     # -- forward ---------------------------------------------------------------------
     def prepare(self, w: Weights) -> object:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from rnnkit.bptt.record import ForwardRecord, Sweep, incoming_states, recurrent_grad_width
+from rnnkit.bptt.regularized import RegularizedKernel
 from rnnkit.cells.amp import without_autocast
 from rnnkit.cells.kernel import Kernel, Weights
 
@@ -79,7 +80,10 @@ class _Steps:
         g_xp = like.new_empty(rows, self.width)
         g_hp = g_xp if self.hp_width is None else like.new_empty(rows, self.hp_width)
         d_state = tuple(flat(d) for d in d_new)
-        d_prev = self.kernel.step_backward(
+        kernel: Kernel | RegularizedKernel = self.kernel
+        if isinstance(kernel, RegularizedKernel):  # its recurrent mask, one per row
+            kernel = kernel.for_rows(n)
+        d_prev = kernel.step_backward(
             d_state,
             tuple(flat(p) for p in self.prev),
             tuple(flat(s) for s in self.new),

@@ -78,7 +78,7 @@ class Recurrent(nn.Module):
         computed by the caller (``rnnkit.bptt.recurrence.run_recurrence``).
         ``masks``: the regularizers' masks of this direction (``rnnkit.layers.regularization``):
         the masked ``weight_hh`` goes to the loop; recurrent dropout and zoneout run in
-        the loop (``rnnkit.bptt.regularized``), not with ``window`` or ``recompute``.
+        the loop (``rnnkit.bptt.regularized``), under a ``window`` too; not with ``recompute``.
         ``reset (T, B)``: the state entering step t zero for those rows, forward direction
         only, where ``rnnkit.bptt.recurrence.takes_resets`` says so."""
         check_tracer()
@@ -108,10 +108,10 @@ class Recurrent(nn.Module):
             if masks.weight_hh is not None:  # DropConnect: autograd reaches the raw weight
                 weights = weights._replace(weight_hh=weights.weight_hh * masks.weight_hh)
             if masks.in_loop:
-                if window is not None or recompute is not None:
+                if recompute is not None:
                     raise ConfigError(
-                        "recurrent_dropout and zoneout cannot be combined with a window "
-                        "or recompute: use full BPTT and recompute=None"
+                        "recurrent_dropout and zoneout cannot be combined with recompute: "
+                        "set recompute=None"
                     )
                 wrapped = regularized(kernel, masks.recurrent, masks.keep)
                 kernel = wrapped  # type: ignore[assignment]  # a step kernel, compiled too

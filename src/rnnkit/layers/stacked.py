@@ -566,11 +566,6 @@ class StackedRecurrent(nn.Module):
         masks: StackMasks | None = None,
     ) -> tuple[Tensor, list[list[State]]]:
         """The windowed BPTT(τ) of the whole stack: one node (``rnnkit.layers.windowed``)."""
-        if masks is not None and any(c.weight_hh is not None or c.in_loop for c in masks.cells):
-            raise ConfigError(
-                f"window={window} cannot be combined with weight_drop, recurrent_dropout or "
-                "zoneout: use full BPTT (window=None)"
-            )
         T, B = xt.shape[0], xt.shape[1]
         width = self.output_size
         drops: list[Tensor | None] = [None]
@@ -585,7 +580,8 @@ class StackedRecurrent(nn.Module):
         layers = [_directions(layer) for layer in self.layers]
         reset_t = None if resets_bt is None else resets_bt.T
         x_in = xt if masks is None else locked(xt, masks.input)
-        h, finals = run_windowed_stack(layers, x_in, mask_t, init, window, drops, reset_t)
+        cells = None if masks is None else masks.cells  # weight drop, recurrent dropout, zoneout
+        h, finals = run_windowed_stack(layers, x_in, mask_t, init, window, drops, reset_t, cells)
         return (h if masks is None else locked(h, masks.output)), finals
 
     def _resets_in_one_call(self, xt: Tensor, mask_t: Tensor | None, window: int | None) -> bool:

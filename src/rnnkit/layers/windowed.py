@@ -30,6 +30,7 @@ from torch import Tensor
 from rnnkit.bptt.backward import weight_grads
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.record import ForwardRecord
+from rnnkit.bptt.regularized import regularized
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 from rnnkit.cells.amp import float32, float32_on_cpu, low_precision_to, without_autocast
 from rnnkit.cells.kernel import Kernel, Weights, batched_gradients
@@ -37,6 +38,7 @@ from rnnkit.cells.normalization import normalize, normalize_backward
 from rnnkit.errors import ConfigError
 from rnnkit.layers.masking import flip_sequences
 from rnnkit.layers.recurrent import Recurrent
+from rnnkit.layers.regularization import CellMasks
 from rnnkit.types import LSTMState, State
 
 __all__ = ["run_windowed_stack"]
@@ -252,6 +254,7 @@ def run_windowed_stack(
     window: int,
     drops: Sequence[Tensor | None],
     reset: Tensor | None = None,
+    cell_masks: Sequence[CellMasks] | None = None,
 ) -> tuple[Tensor, list[list[State]]]:
     """Run a stack with the windowed BPTT(τ) of the whole stack (module docstring).
 
@@ -264,6 +267,11 @@ def run_windowed_stack(
             ``l`` (None where there is none; always for layer 0).
         reset: ``(T, B)`` bool, True where the state entering the step is zeroed (every
             layer; unidirectional stacks only), or None.
+        cell_masks: per direction of every layer, bottom first, its regularizers' masks
+            (``StackMasks.cells``), or None: weight_drop's ``M (G·H, H)`` on ``W_hh``
+            (the node reads ``W_hh ⊙ M``; the gradient reaches ``W_hh`` through that
+            product), recurrent dropout's and zoneout's in the step
+            (``rnnkit.bptt.regularized``, forward and backward).
 
     Returns:
         ``(top outputs (T, B, D·H), final states [layer][direction])``.
@@ -284,8 +292,15 @@ def run_windowed_stack(
     # a layer-normalised cell (its class has input_part): the node computes the input part
     normed = [getattr(type(c), "input_part", None) is not None for layer in cells for c in layer]
     units = [c for layer in cells for c in layer]
-    for c, norm in zip(units, normed, strict=True):
+    masks: list[CellMasks | None] = [None] * len(units)
+    if cell_masks is not None:
+        masks = list(cell_masks)
+    if len(masks) != len(units):
+        raise ValueError(f"cell_masks needs one entry per direction ({len(units)})")
+    for c, norm, m in zip(units, normed, masks, strict=True):
         w = c.weights()
+        if m is not None and m.weight_hh is not None:
+            w = w._replace(weight_hh=w.weight_hh * m.weight_hh)
         # its weights() hold weight_ih detached (its loop reads the input part): the real one
         tensors += [c.weight_ih if norm else w.weight_ih, *w[1:]]
     for index, layer in enumerate(cells):
@@ -301,8 +316,21 @@ def run_windowed_stack(
         x = x.float()
         tensors = [float32(t) for t in tensors]
         drops = [float32(d) for d in drops]
+    kernels: list[list[Any]] = []
+    unit_masks = iter(masks)
+    for layer in cells:
+        kernels.append([])
+        for c in layer:
+            m = next(unit_masks)
+            if m is not None and m.in_loop:  # recurrent dropout, zoneout: in the step
+                if low is not None:
+                    keep = None if m.keep is None else tuple(k.float() for k in m.keep)
+                    m = m._replace(recurrent=float32(m.recurrent), keep=keep)
+                kernels[-1].append(regularized(c.kernel, m.recurrent, m.keep))
+            else:
+                kernels[-1].append(c.kernel)
     plan = _Plan(
-        kernels=[[c.kernel for c in layer] for layer in cells],
+        kernels=kernels,
         reverse=[[r.reverse for r in layer] for layer in layers],
         num_states=2 if is_lstm else 1,
         window=window,

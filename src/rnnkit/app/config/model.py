@@ -16,7 +16,8 @@ _STACK_TASKS = ("lm", "tag", "classify", "seq2seq", "events", "regress")
 _APPLY = "seq2seq: the encoder only; docs/regularization.md"
 #: The regularizers of the recurrent stack and the embedding (docs/regularization.md).
 REGULARIZERS = (*STACK_REGULARIZERS, "embedding_dropout")
-#: Those that act at every step or on the recurrent weights: not with --bptt window:K.
+#: Those that act at every step or on the recurrent weights (recurrent dropout and
+#: zoneout: not with --recompute).
 IN_LOOP_REGULARIZERS = ("recurrent_dropout", "weight_drop", "zoneout")
 NONLINEARITIES = ("tanh", "relu", "sigmoid")
 

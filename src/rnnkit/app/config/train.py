@@ -228,14 +228,7 @@ class TrainConfig(
     def _check_regularizers(self) -> None:
         """The regularizers that act in the loop refuse what their loop cannot do."""
         for name in IN_LOOP_REGULARIZERS:
-            if not getattr(self, name):
-                continue
-            if parse_bptt(self.bptt)[0] == "window":
-                raise ConfigError(
-                    f"{flag(name)} cannot be combined with --bptt {self.bptt}: use --bptt full "
-                    "or segment:K"
-                )
-            if self.recompute is not None and name != "weight_drop":
+            if getattr(self, name) and self.recompute is not None and name != "weight_drop":
                 raise ConfigError(f"{flag(name)} cannot be combined with --recompute")
         if self.layer_norm and self.cell == "gru":
             if self.reset != "after":
