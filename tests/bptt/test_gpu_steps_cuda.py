@@ -197,6 +197,49 @@ def test_on_cuda_a_layer_normalised_window_equals_the_cpu(cls, kw, resets):
             assert float((g - w).abs().max()) / scale <= tol
 
 
+def _moved(masks, device, dtype):
+    """The regularizers' masks (nested named tuples of tensors) on ``device`` in ``dtype``."""
+    if isinstance(masks, torch.Tensor):
+        return masks.to(device=device, dtype=dtype)
+    if isinstance(masks, tuple):
+        parts = [_moved(m, device, dtype) for m in masks]
+        return type(masks)(*parts) if hasattr(masks, "_fields") else tuple(parts)
+    return masks
+
+
+@pytest.mark.parametrize(("window", "recompute"), [(3, None), (None, 4)])
+@pytest.mark.parametrize("cls, kw", [(rnnkit.LSTM, {}), (rnnkit.GRU, {"reset": "before"})])
+def test_on_cuda_the_regularizers_under_a_window_or_recompute_equal_the_cpu(
+    cls, kw, window, recompute
+):
+    """Recurrent dropout, zoneout and weight drop under a window or recompute, the masks
+    drawn once on the CPU and moved: the CPU's float64 results."""
+    torch.manual_seed(0)
+    layer = cls(I, H, num_layers=2, recurrent_dropout=0.3, zoneout=0.2, weight_drop=0.2, **kw)
+    layer = layer.double()
+    layer.recompute = recompute
+    mask = torch.rand(B, T) < 0.8
+    mask[0], mask[1] = True, False
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    masks = layer.draw_masks(B, T, x)
+
+    def results(device, dtype):
+        layer.to(device=device, dtype=dtype)
+        xx = x.to(device=device, dtype=dtype).requires_grad_(True)
+        out = layer(xx, mask=mask.to(device), window=window, masks=_moved(masks, device, dtype))
+        finals = tuple(out.state) if isinstance(out.state, LSTMState) else (out.state,)
+        loss = out.outputs.sin().sum() + sum((f * f).sum() for f in finals)
+        grads = torch.autograd.grad(loss, [xx, *layer.parameters()])
+        return [t.detach().double().cpu() for t in (out.outputs, *finals, *grads)]
+
+    want = results("cpu", torch.float64)
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-5)):
+        got = results("cuda", dtype)
+        for g, w in zip(got, want, strict=True):
+            scale = float(w.abs().max()) or 1.0
+            assert float((g - w).abs().max()) / scale <= tol
+
+
 DECODERS = [  # each attention kind with the LSTM; the GRU's two reset forms
     ("dot", {"cell": "lstm"}),
     ("bilinear", {"cell": "lstm"}),

@@ -222,18 +222,22 @@ def test_steps_record_takes_the_plain_cells_only():
         assert not gpu_route.steps_record(regularized(lstm, torch.ones(B, H), None), x)
 
 
+@pytest.mark.parametrize(("window", "recompute"), [(2, None), (None, 2)])
 @pytest.mark.parametrize(("cls", "options"), [(rnnkit.LSTM, {}), (rnnkit.GRU, {"reset": "before"})])
-def test_a_regularized_stack_under_a_window_on_the_gpu_route(cls, options):
-    """Recurrent dropout, zoneout and weight drop under a window where a GPU would run:
-    the masks drawn from the same seed, the same results as the CPU's path."""
+def test_a_regularized_stack_under_a_window_or_recompute_on_the_gpu_route(
+    cls, options, window, recompute
+):
+    """Recurrent dropout, zoneout and weight drop under a window or recompute where a GPU
+    would run: the masks drawn from the same seed, the same results as the CPU's path."""
     torch.manual_seed(8)
     layer = cls(
         I, H, num_layers=2, recurrent_dropout=0.3, zoneout=0.2, weight_drop=0.2, **options
     ).double()
+    layer.recompute = recompute
     mask = _holes().T.contiguous()
     x = torch.randn(B, T, I, dtype=DT)
     results = []
     for path in ("auto", "triton"):
         torch.manual_seed(9)
-        results.append(_stack_results(layer, x, mask, None, None, 2, path))
+        results.append(_stack_results(layer, x, mask, None, None, window, path))
     _close(*results)

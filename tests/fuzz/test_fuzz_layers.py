@@ -98,9 +98,6 @@ def layer_cases(draw: st.DrawFn) -> dict[str, Any]:
     if case["train"]:
         for name in draw(st.sets(st.sampled_from(REGULARIZERS), max_size=3)):
             regularizers[name] = draw(st.sampled_from([0.1, 0.5]))
-        if case["recompute"]:  # documented as not combined
-            for name in ("recurrent_dropout", "zoneout"):
-                regularizers.pop(name, None)
     case["regularizers"] = regularizers
     return case
 

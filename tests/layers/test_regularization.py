@@ -208,12 +208,35 @@ def test_one_layer_under_a_window_is_the_stacks_windowed_node(name, gen):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
 
 
-@pytest.mark.parametrize("name", ["recurrent_dropout", "zoneout"])
-def test_in_loop_options_refuse_recompute(name, gen):
-    layer = LSTM(I, H, recompute=2, **{name: 0.2}).double()
+@pytest.mark.parametrize(
+    ("cls", "options"),
+    [(LSTM, {}), (GRU, {"reset": "before"}), (RNN, {}), (LSTM, {"layer_norm": True})],
+    ids=["lstm", "gru-before", "rnn", "ln-lstm"],
+)
+@pytest.mark.parametrize("name", ["recurrent_dropout", "zoneout", "all"])
+def test_in_loop_options_under_recompute_equal_full_bptt(cls, options, name, gen):
+    """Segments of 2 over 5 steps (the last one short), each recomputed with its own
+    steps' zoneout factors and the rows' recurrent mask: the outputs, states and gradients
+    of full BPTT with the same masks (two layers, both directions, a hole)."""
+    chosen = {"recurrent_dropout": 0.3, "zoneout": 0.2, "weight_drop": 0.2}
+    if name != "all":
+        chosen = {name: chosen[name]}
+    layer = cls(I, H, num_layers=2, bidirectional=True, **chosen, **options).double()
     x = torch.randn(B, T, I, generator=gen, dtype=torch.float64, requires_grad=True)
-    with pytest.raises(ConfigError, match="recompute"):
-        layer(x)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, 2] = mask[2, 3:] = False
+    masks = layer.draw_masks(B, T, x)
+    results = []
+    for segment in (None, 2):
+        layer.recompute = segment
+        out = layer(x, mask=mask, masks=masks)
+        g = torch.randn(
+            out.outputs.shape, generator=torch.Generator().manual_seed(1), dtype=x.dtype
+        )
+        loss = (out.outputs * g).sum() + (out.state[0] ** 2).sum()
+        results.append([out.outputs, *torch.autograd.grad(loss, [x, *layer.parameters()])])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 def test_locked_dropout_in_the_windowed_stack_is_the_same_multiplier(gen):

@@ -27,6 +27,7 @@ from torch.autograd.function import once_differentiable
 from rnnkit.bptt.backward import backward_sweep, weight_grads
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.recurrence import clean_padding, run_recurrence
+from rnnkit.bptt.regularized import RegularizedKernel
 from rnnkit.bptt.unrolled import differentiable_gradients
 from rnnkit.cells.kernel import Kernel, Weights, batched_gradients
 
@@ -35,6 +36,13 @@ __all__ = ["run_recomputed"]
 
 def _segments(T: int, k: int) -> list[tuple[int, int]]:
     return [(t0, min(T, t0 + k)) for t0 in range(0, T, k)]
+
+
+def _segment_kernel(kernel: Kernel, t0: int, t1: int) -> Kernel:
+    """The kernel of steps ``t0 … t1 − 1``: zoneout's keep factors of those steps."""
+    if isinstance(kernel, RegularizedKernel):
+        return kernel.for_steps(t0, t1)  # type: ignore[return-value]  # a step kernel
+    return kernel
 
 
 class _Segmented(torch.autograd.Function):
@@ -63,7 +71,8 @@ class _Segmented(torch.autograd.Function):
         for t0, t1 in _segments(T, segment):
             starts.extend(states)
             seg_mask = None if mask is None else mask[t0:t1]
-            record = forward_pass(kernel, x[t0:t1], w, states, seg_mask, save=False)
+            seg_kernel = _segment_kernel(kernel, t0, t1)
+            record = forward_pass(seg_kernel, x[t0:t1], w, states, seg_mask, save=False)
             outputs[t0:t1] = record.states[0][1:]
             states = tuple(s[-1].clone() for s in record.states)
         ctx.kernel, ctx.mask, ctx.segment, ctx.n = kernel, mask, segment, len(states0)
@@ -113,10 +122,13 @@ class _Segmented(torch.autograd.Function):
             t0, t1 = segments[index]
             seg_mask = None if mask is None else mask[t0:t1]
             s0 = tuple(starts[index * n : (index + 1) * n])
-            record = forward_pass(kernel, x[t0:t1], w, s0, seg_mask, save=True)
+            seg_kernel = _segment_kernel(kernel, t0, t1)
+            record = forward_pass(seg_kernel, x[t0:t1], w, s0, seg_mask, save=True)
             seg_out = None if d_out is None else d_out[t0:t1]
-            sweep = backward_sweep(kernel, record, w, seg_mask, seg_out, d_state, need_x=need[0])
-            g = weight_grads(kernel, record, sweep, w, need)
+            sweep = backward_sweep(
+                seg_kernel, record, w, seg_mask, seg_out, d_state, need_x=need[0]
+            )
+            g = weight_grads(seg_kernel, record, sweep, w, need)
             if d_x is not None and g.x is not None:
                 d_x[t0:t1] = g.x
             for k, part in enumerate(g[1:]):

@@ -105,6 +105,16 @@ class RegularizedKernel:
         tiled.recurrent_mask = m.repeat(n, 1)
         return tiled
 
+    def for_steps(self, a: int, b: int) -> RegularizedKernel:
+        """This kernel for steps ``a … b − 1`` run on their own (a segment of
+        ``recompute``): zoneout's keep factors of those steps (a factor constant in time,
+        one step long, as it is). The recurrent mask is per row: the same."""
+        if not self.keep:
+            return self
+        cut = copy.copy(self)
+        cut.keep = tuple(d[a:b] if d.shape[0] > 1 else d for d in self.keep)
+        return cut
+
     # -- forward ---------------------------------------------------------------------
     def prepare(self, w: Weights) -> object:
         return self.inner.prepare(w)

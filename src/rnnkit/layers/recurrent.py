@@ -17,7 +17,6 @@ from rnnkit.bptt.tracing import check_tracer, tracing
 from rnnkit.cells.amp import float32, float32_on_cpu
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.kernel import Kernel, Weights
-from rnnkit.errors import ConfigError
 from rnnkit.layers.masking import flip_sequences
 from rnnkit.layers.regularization import CellMasks
 from rnnkit.types import LSTMState, State
@@ -78,7 +77,7 @@ class Recurrent(nn.Module):
         computed by the caller (``rnnkit.bptt.recurrence.run_recurrence``).
         ``masks``: the regularizers' masks of this direction (``rnnkit.layers.regularization``):
         the masked ``weight_hh`` goes to the loop; recurrent dropout and zoneout run in
-        the loop (``rnnkit.bptt.regularized``), under a ``window`` too; not with ``recompute``.
+        the loop (``rnnkit.bptt.regularized``), under a ``window`` or ``recompute`` too.
         ``reset (T, B)``: the state entering step t zero for those rows, forward direction
         only, where ``rnnkit.bptt.recurrence.takes_resets`` says so."""
         check_tracer()
@@ -108,11 +107,6 @@ class Recurrent(nn.Module):
             if masks.weight_hh is not None:  # DropConnect: autograd reaches the raw weight
                 weights = weights._replace(weight_hh=weights.weight_hh * masks.weight_hh)
             if masks.in_loop:
-                if recompute is not None:
-                    raise ConfigError(
-                        "recurrent_dropout and zoneout cannot be combined with recompute: "
-                        "set recompute=None"
-                    )
                 wrapped = regularized(kernel, masks.recurrent, masks.keep)
                 kernel = wrapped  # type: ignore[assignment]  # a step kernel, compiled too
         if recompute is not None and not tracing():  # a graph's memory is the compiler's

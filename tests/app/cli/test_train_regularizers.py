@@ -66,22 +66,26 @@ def test_regularized_run_is_recorded_reproducible_and_evaluates(data, tmp_path, 
 
 
 def test_an_option_that_cannot_apply_is_one_line(data, tmp_path, capsys):
-    code = _train(data, tmp_path / "w", "--recompute", "4")
+    code = _train(data, tmp_path / "w", "--layer-norm", "--cell", "gru")
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    assert (
-        err.strip()
-        .splitlines()[-1]
-        .endswith("--recurrent-dropout cannot be combined with --recompute")
-    )
+    last = err.strip().splitlines()[-1]
+    assert last.endswith("--layer-norm with --cell gru needs --reset after")
     assert not (tmp_path / "w").exists()
 
 
-def test_every_regularizer_trains_with_a_bptt_window(data, tmp_path, capsys):
-    """A windowed run takes them all (the window changes only the backward) and evaluates."""
-    assert _train(data, tmp_path / "w", "--bptt", "window:4") in (0, None)
+@pytest.mark.parametrize(
+    ("extra", "key", "value"),
+    [(("--bptt", "window:4"), "bptt", "window:4"), (("--recompute", "4"), "recompute", 4)],
+)
+def test_every_regularizer_trains_with_a_window_or_recompute(
+    data, tmp_path, capsys, extra, key, value
+):
+    """A windowed or recomputed run takes them all (both change only the backward) and
+    evaluates."""
+    assert _train(data, tmp_path / "w", *extra) in (0, None)
     config = json.loads((tmp_path / "w" / "config.json").read_text())["config"]
-    assert config["bptt"] == "window:4"
+    assert config[key] == value
     assert {k: config[k] for k in OPTIONS} == OPTIONS
     capsys.readouterr()
     code = main(["evaluate", "--checkpoint", str(tmp_path / "w"), "--data",

@@ -28,14 +28,9 @@ def test_in_loop_options_take_a_bptt_window(name):
     cfg(**{name: 0.1}, bptt="segment:8").validate()
 
 
-@pytest.mark.parametrize("name", ["recurrent_dropout", "zoneout"])
-def test_step_options_refuse_recompute(name):
-    with pytest.raises(ConfigError, match="cannot be combined with --recompute"):
-        cfg(**{name: 0.1}, recompute=4).validate()
-
-
-def test_weight_drop_takes_recompute():
-    cfg(weight_drop=0.1, recompute=4).validate()
+@pytest.mark.parametrize("name", ["recurrent_dropout", "weight_drop", "zoneout"])
+def test_in_loop_options_take_recompute(name):
+    cfg(**{name: 0.1}, recompute=4).validate()
 
 
 @pytest.mark.parametrize("name", REGULARIZERS)

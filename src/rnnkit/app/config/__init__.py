@@ -23,7 +23,6 @@ from rnnkit.app.config.data import DOC_BOUNDARIES, UNITS, DataOptions
 from rnnkit.app.config.fields import TASKS, TOKEN_TASKS, Option, option
 from rnnkit.app.config.model import (
     CELLS,
-    IN_LOOP_REGULARIZERS,
     NONLINEARITIES,
     REGULARIZERS,
     ModelOptions,
@@ -56,7 +55,6 @@ __all__ = [
     "CONCERNS",
     "CONDITIONS",
     "DOC_BOUNDARIES",
-    "IN_LOOP_REGULARIZERS",
     "LENGTHS",
     "NONLINEARITIES",
     "PRECISIONS",

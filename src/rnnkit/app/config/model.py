@@ -8,7 +8,7 @@ from typing import ClassVar
 from rnnkit.app.config.fields import TOKEN_TASKS, option
 from rnnkit.layers.regularization import REGULARIZERS as STACK_REGULARIZERS
 
-__all__ = ["CELLS", "IN_LOOP_REGULARIZERS", "NONLINEARITIES", "REGULARIZERS", "ModelOptions"]
+__all__ = ["CELLS", "NONLINEARITIES", "REGULARIZERS", "ModelOptions"]
 
 CELLS = ("rnn", "lstm", "gru")
 #: The tasks whose models run a recurrent stack built from the model options.
@@ -16,9 +16,6 @@ _STACK_TASKS = ("lm", "tag", "classify", "seq2seq", "events", "regress")
 _APPLY = "seq2seq: the encoder only; docs/regularization.md"
 #: The regularizers of the recurrent stack and the embedding (docs/regularization.md).
 REGULARIZERS = (*STACK_REGULARIZERS, "embedding_dropout")
-#: Those that act at every step or on the recurrent weights (recurrent dropout and
-#: zoneout: not with --recompute).
-IN_LOOP_REGULARIZERS = ("recurrent_dropout", "weight_drop", "zoneout")
 NONLINEARITIES = ("tanh", "relu", "sigmoid")
 
 

@@ -33,7 +33,6 @@ from rnnkit.app.config.fields import (
     value_kinds,
 )
 from rnnkit.app.config.model import (
-    IN_LOOP_REGULARIZERS,
     NONLINEARITIES,
     REGULARIZERS,
     ModelOptions,
@@ -226,10 +225,7 @@ class TrainConfig(
         return self
 
     def _check_regularizers(self) -> None:
-        """The regularizers that act in the loop refuse what their loop cannot do."""
-        for name in IN_LOOP_REGULARIZERS:
-            if getattr(self, name) and self.recompute is not None and name != "weight_drop":
-                raise ConfigError(f"{flag(name)} cannot be combined with --recompute")
+        """The regularizers that have no form in a layer-normalised GRU."""
         if self.layer_norm and self.cell == "gru":
             if self.reset != "after":
                 raise ConfigError("--layer-norm with --cell gru needs --reset after")
