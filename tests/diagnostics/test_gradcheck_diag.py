@@ -149,6 +149,58 @@ def test_a_corrupted_lstm_cell_gradient_fails(monkeypatch: pytest.MonkeyPatch) -
     assert not result.passed and result.max_rel_error > 1e-5
 
 
+ALL_REGULARIZERS = {"recurrent_dropout": 0.3, "zoneout": 0.2, "weight_drop": 0.2}
+
+
+@pytest.mark.parametrize(
+    ("cell", "options"),
+    [
+        ("lstm", {}),
+        ("gru", {"reset": "before"}),
+        ("gru", {"update": "keep", "reset": "after"}),
+        ("rnn", {"nonlinearity": "sigmoid"}),
+        ("lstm", {"layer_norm": True}),
+        ("gru", {"reset": "after", "layer_norm": True, "recurrent_dropout": 0.0}),
+    ],
+)
+@pytest.mark.parametrize(
+    "backward",
+    [{}, {"window": 3, "bidirectional": True}, {"window": 2}, {"recompute": 2}],
+    ids=["full", "window-bidirectional", "window", "recompute"],
+)
+def test_the_regularizers_pass_on_every_backward(cell, options, backward) -> None:
+    """Recurrent dropout, zoneout and weight drop, their masks held: full BPTT, BPTT(τ)
+    (whose reference runs the regularized steps in the budget graph) and recompute."""
+    given = {**ALL_REGULARIZERS, **options}
+    result = gradcheck(cell, num_layers=2, steps=5, **given, **backward)
+    assert result.passed and result.max_rel_error < 1e-7, result.worst
+    drawn = {k: v for k, v in given.items() if k in ALL_REGULARIZERS and v}
+    assert {k: result.config[k] for k in drawn} == drawn
+
+
+def test_the_masks_are_part_of_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A regularized step's backward that loses 2 % of ``∂L/∂s_{t−1}`` under a window is
+    found: the reference runs the regularized steps, with the same masks."""
+    from rnnkit.bptt.regularized import RegularizedKernel
+
+    real = RegularizedKernel.step_backward
+
+    def unzoned(self, d_new, prev, new, cache, d_xp, d_hp, w):
+        d_prev = real(self, d_new, prev, new, cache, d_xp, d_hp, w)
+        return tuple(0.98 * d for d in d_prev)
+
+    monkeypatch.setattr(RegularizedKernel, "step_backward", unzoned)
+    result = gradcheck("gru", zoneout=0.3, window=2, steps=5)
+    assert not result.passed and result.max_rel_error > 1e-4
+
+
+def test_regularizer_refusals_are_named() -> None:
+    with pytest.raises(ValueError, match=r"^recurrent_dropout has no layer-normalised GRU form$"):
+        gradcheck("gru", reset="after", layer_norm=True, recurrent_dropout=0.2)
+    with pytest.raises(ValueError, match=r"^window and recompute cannot be combined"):
+        gradcheck("lstm", window=2, recompute=2)
+
+
 def test_result_is_json_ready_and_tolerance_applies() -> None:
     result = gradcheck("gru", steps=3, tol=1e-300)
     assert isinstance(result, GradcheckResult) and not result.passed  # nothing is that exact

@@ -17,6 +17,12 @@ lasts). The outputs and final states of ``L`` are those with budget τ, so every
 the loss to a parameter, input or initial state crosses at most τ steps, counted in every
 layer and direction; central differences of that loss give the reference.
 
+With the regularizers of the recurrence (``recurrent_dropout``, ``zoneout``,
+``weight_drop``) the masks are drawn once from the seed, in training mode, and held fixed:
+the explicit backward and every evaluation of the loss use the same masks, so the loss
+is a smooth function of the parameters and the check compares the same function. With
+``recompute=k`` the explicit backward is the segmented one.
+
 The error of one tensor is ``max|g − g_fd| / max(max|g_fd|, max|g|)`` (0 when both are
 0); the check passes when every tensor's error is at most ``tol``.
 """
@@ -31,9 +37,12 @@ import torch
 from torch import Tensor
 
 from rnnkit.bptt.forward import forward_pass
-from rnnkit.diagnostics.contributions import detached_weights, run_direction
+from rnnkit.bptt.regularized import regularized
+from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.diagnostics.contributions import detached_weights
 from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
 from rnnkit.layers.masking import flip_sequences
+from rnnkit.layers.regularization import CellMasks, StackMasks
 from rnnkit.layers.stacked import Bidirectional, StackedRecurrent
 from rnnkit.types import LSTMState
 
@@ -151,6 +160,45 @@ def _central(tensor: Tensor, objective: Any, eps: float) -> Tensor:
     return grad.view_as(tensor)
 
 
+def _unit_step(cell: Any, unit: CellMasks | None, rows: int = 1) -> tuple[Kernel, Weights]:
+    """The kernel and detached weights a direction's loop runs with its regularizers'
+    masks: ``W_hh ⊙ M`` (weight drop), recurrent dropout and zoneout in the step.
+    ``rows``: the steps are run as ONE step of ``rows·B`` rows (the budget forward): the
+    recurrent mask tiled, the keep factors of the steps laid out as those rows."""
+    w = detached_weights(cell)
+    kernel = cell.kernel
+    if unit is None:
+        return kernel, w
+    if unit.weight_hh is not None:
+        w = w._replace(weight_hh=w.weight_hh * unit.weight_hh)
+    if unit.in_loop:
+        recurrent, keep = unit.recurrent, unit.keep
+        if rows > 1:
+            recurrent = None if recurrent is None else recurrent.repeat(rows, 1)
+            if keep is not None:  # each (T, B, H): step t's factors are rows t·B … t·B + B − 1
+                keep = tuple(k.reshape(1, -1, k.shape[-1]) for k in keep)
+        kernel = regularized(kernel, recurrent, keep)
+    return kernel, w
+
+
+def _reading_run(
+    direction: Any, xt: Tensor, mask_t: Tensor, state0: tuple[Tensor, ...], unit: CellMasks | None
+) -> tuple[tuple[Tensor, ...], Tensor]:
+    """One direction over ``xt (T, B, I)``: its states ``(T + 1, B, H)`` in reading order
+    and its outputs ``(T, B, H)`` in the input's order."""
+    cell = direction.cell
+    inp, run_mask = flip_sequences(xt, mask_t) if direction.reverse else (xt, mask_t)
+    assert run_mask is not None
+    inp = torch.where(run_mask[..., None], inp, 0.0)
+    input_part = getattr(type(cell), "input_part", None)
+    if input_part is not None:  # a layer-normalised cell's loop reads ν(x W_xᵀ)γ_x
+        inp = input_part(cell, inp)
+    kernel, w = _unit_step(cell, unit)
+    record = forward_pass(kernel, inp, w, state0, run_mask[..., None], save=True)
+    h = record.states[0][1:]
+    return record.states, flip_sequences(h, mask_t)[0] if direction.reverse else h
+
+
 def _truncated_reference(
     layer: StackedRecurrent,
     x: Tensor,
@@ -160,24 +208,32 @@ def _truncated_reference(
     r_fin: tuple[Tensor, ...],
     window: int,
     eps: float,
+    masks: StackMasks | None = None,
 ) -> dict[str, Tensor]:
     """Finite-difference gradients of the BPTT(τ) graph of the whole stack (module doc)."""
     L = layer.num_layers
     dirs = [_directions(layer, index) for index in range(L)]
+    units: list[CellMasks | None] = (
+        [None] * sum(len(d) for d in dirs) if masks is None else list(masks.cells)
+    )
     frozen: list[tuple[Tensor, ...]] = []  # unperturbed states (T + 1, B, H), reading order
-    below = x
+    below = x.transpose(0, 1)
+    mask_t = mask.T
+    u = 0
     for index in range(L):
         outs = []
         for k, d in enumerate(dirs[index]):
-            run = run_direction(d, below, mask=mask, state=_s0(states0, index, k))
-            frozen.append(run.record.states)
-            outs.append(run.outputs)
-        below = torch.cat(outs, dim=-1).transpose(0, 1)
+            parts = tuple(s[index, k] for s in states0)
+            states, out = _reading_run(d, below, mask_t, parts, units[u])
+            frozen.append(states)
+            outs.append(out)
+            u += 1
+        below = torch.cat(outs, dim=-1)
     x_var = x.clone(memory_format=torch.contiguous_format)
     s_var = tuple(s.clone(memory_format=torch.contiguous_format) for s in states0)
 
     def objective() -> Tensor:
-        out, finals = _budget_forward(dirs, x_var, mask, s_var, frozen, window)
+        out, finals = _budget_forward(dirs, x_var, mask, s_var, frozen, window, units)
         total = (out * r_out).sum()
         u = 0
         for index in range(L):
@@ -202,6 +258,7 @@ def _budget_forward(
     states0: tuple[Tensor, ...],
     frozen: list[tuple[Tensor, ...]],
     window: int,
+    units: list[CellMasks | None] | None = None,
 ) -> tuple[Tensor, list[tuple[Tensor, ...]]]:
     """The stack's outputs ``(B, T, D·H)`` and final states with budget τ (module doc).
 
@@ -239,10 +296,12 @@ def _budget_forward(
                         if previous:
                             before[1:] = previous[u][j][:-1]
                     prev.append(before.reshape(T * B, -1))
+                unit = None if units is None else units[u]
+                kernel, w = _unit_step(direction.cell, unit, rows=T)
                 rec = forward_pass(
-                    direction.cell.kernel,
+                    kernel,
                     inp.reshape(1, T * B, -1),
-                    detached_weights(direction.cell),
+                    w,
                     tuple(prev),
                     m.reshape(1, T * B, 1),
                     save=False,
@@ -292,13 +351,14 @@ def _full_reference(
     r_out: Tensor,
     r_fin: tuple[Tensor, ...],
     eps: float,
+    masks: StackMasks | None = None,
 ) -> dict[str, Tensor]:
     """Central finite differences of the full-BPTT loss: every parameter, the input and
-    each initial state (float64, under ``no_grad``)."""
+    each initial state (float64, under ``no_grad``), the regularizers' ``masks`` held."""
     x_var, s_var = x.clone(), tuple(s.clone() for s in states0)
 
     def objective() -> Tensor:
-        return _loss(layer(x_var, mask=mask, state=_pack(s_var)), r_out, r_fin)
+        return _loss(layer(x_var, mask=mask, state=_pack(s_var), masks=masks), r_out, r_fin)
 
     ref = {n: _central(p.data, objective, eps) for n, p in layer.named_parameters()}
     ref["input"] = _central(x_var, objective, eps)
@@ -321,6 +381,10 @@ def gradcheck(
     reset: str = "before",
     layer_norm: bool = False,
     window: int | None = None,
+    recurrent_dropout: float = 0.0,
+    zoneout: float = 0.0,
+    weight_drop: float = 0.0,
+    recompute: int | None = None,
     seed: int = 0,
     tol: float = 1e-6,
     eps: float = 1e-6,
@@ -333,6 +397,10 @@ def gradcheck(
             GRU (``reset="after"``).
         hidden_size, input_size, batch_size, steps, num_layers, bidirectional: the layer
             and the batch.  window: None (full BPTT) or τ for BPTT(τ).
+        recurrent_dropout, zoneout, weight_drop: the regularizers of the recurrence, their
+            masks drawn once from ``seed`` and held (module docstring).
+        recompute: None, or the segment length of the recomputing backward (not with
+            ``window``).
         seed: weights, data, mask and loss weights (the global RNG is left alone).
         tol: the largest relative error that passes.  eps: the finite-difference step.
 
@@ -351,7 +419,13 @@ def gradcheck(
             raise ValueError(f"{name} must be a finite number > 0, got {amount!r}")
     if layer_norm and cell == "rnn":
         raise ValueError("layer_norm takes cell 'lstm' or 'gru', got 'rnn'")
+    if layer_norm and cell == "gru" and recurrent_dropout:
+        raise ValueError("recurrent_dropout has no layer-normalised GRU form")
+    if window is not None and recompute is not None:
+        raise ValueError("window and recompute cannot be combined: choose one")
     options = _cell_options(cell, nonlinearity, update, reset, layer_norm)
+    drops = {"recurrent_dropout": recurrent_dropout, "zoneout": zoneout, "weight_drop": weight_drop}
+    chosen = {k: v for k, v in drops.items() if v}  # in config only where given
     config = {
         "cell": cell,
         **options,
@@ -362,6 +436,8 @@ def gradcheck(
         "num_layers": num_layers,
         "bidirectional": bidirectional,
         "window": window,
+        **chosen,
+        **({} if recompute is None else {"recompute": recompute}),
         "seed": seed,
         "eps": eps,
     }
@@ -369,7 +445,15 @@ def gradcheck(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         cls = {"rnn": RNN, "lstm": LSTM, "gru": GRU}[cell]
-        layer = cls(input_size, hidden_size, num_layers, bidirectional, **options).double()
+        layer = cls(
+            input_size,
+            hidden_size,
+            num_layers,
+            bidirectional,
+            recompute=recompute,
+            **options,
+            **chosen,
+        ).double()
     dt = torch.float64
     B, T, D = batch_size, steps, 2 if bidirectional else 1
     mask = random_mask(B, T, gen)
@@ -380,11 +464,16 @@ def gradcheck(
     )
     r_out = torch.randn(B, T, D * hidden_size, generator=gen, dtype=dt)
     r_fin = tuple(torch.randn(s.shape, generator=gen, dtype=dt) for s in states0)
+    masks = None
+    if chosen:  # drawn once, in training, from the seed; then held
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + 1)
+            masks = layer.draw_masks(B, T, x)
 
     # The explicit BPTT: the layer's normal backward.
     x_leaf = x.clone().requires_grad_(True)
     s_leaf = tuple(s.clone().requires_grad_(True) for s in states0)
-    out = layer(x_leaf, mask=mask, state=_pack(s_leaf), window=window)
+    out = layer(x_leaf, mask=mask, state=_pack(s_leaf), window=window, masks=masks)
     _loss(out, r_out, r_fin).backward()
     explicit = {name: _grad(p) for name, p in layer.named_parameters()}
     explicit["input"] = _grad(x_leaf)
@@ -392,9 +481,9 @@ def gradcheck(
         explicit[f"state.{k}"] = _grad(s)
     with torch.no_grad():  # the reference: finite differences of the same loss
         if window is None:
-            ref = _full_reference(layer, x, mask, states0, r_out, r_fin, eps)
+            ref = _full_reference(layer, x, mask, states0, r_out, r_fin, eps, masks)
         else:
-            ref = _truncated_reference(layer, x, mask, states0, r_out, r_fin, window, eps)
+            ref = _truncated_reference(layer, x, mask, states0, r_out, r_fin, window, eps, masks)
     names = {"state.0": "state.h" if n_states == 2 else "state", "state.1": "state.c"}
     errors = tuple(_rel(explicit[n], ref[n], names.get(n, n)) for n in explicit)
     return GradcheckResult(config, errors, tol)

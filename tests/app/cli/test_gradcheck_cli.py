@@ -69,6 +69,25 @@ def test_options_reach_the_check(capsys: pytest.CaptureFixture[str]) -> None:
     assert "layers.1.directions.1.cell.weight_hh" in names and {"state.h", "state.c"} <= names
 
 
+def test_the_regularizers_and_recompute_reach_the_check(capsys: pytest.CaptureFixture[str]):
+    status, out, _ = run_gradcheck(
+        capsys,
+        *("--cell", "lstm", "--layers", "2", "--steps", "4", "--recompute", "2"),
+        *("--recurrent-dropout", "0.3", "--zoneout", "0.2", "--weight-drop", "0.1", "--json"),
+    )
+    assert status == 0
+    data = json.loads(out)
+    assert data["passed"] is True
+    config = data["config"]
+    assert (config["recompute"], config["recurrent_dropout"]) == (2, 0.3)
+    assert (config["zoneout"], config["weight_drop"]) == (0.2, 0.1)
+    status, out, _ = run_gradcheck(capsys, "--cell", "gru", "--zoneout", "0.2", "--window", "2")
+    assert status == 0
+    assert out.splitlines()[0].endswith(
+        "BPTT(2), zoneout 0.2; central differences, eps 1e-06, float64"
+    )
+
+
 def test_a_corrupted_backward_exits_1(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -126,6 +145,14 @@ def test_a_corrupted_gru_backward_exits_1(
         (["--cell", "lstm", "--eps", "inf"], "--eps must be a positive finite number, got inf"),
         (["--cell", "lstm", "--tol", "inf"], "--tol must be a positive finite number, got inf"),
         (["--cell", "lstm", "--seed", str(10**20)], "--seed must be below 2^63 in size"),
+        (["--cell", "lstm", "--zoneout", "1"], "--zoneout must be in [0, 1), got 1.0"),
+        (["--cell", "lstm", "--weight-drop", "nan"], "--weight-drop must be in [0, 1), got nan"),
+        (["--cell", "rnn", "--recompute", "0"], "--recompute must be a positive integer, got 0"),
+        (["--cell", "rnn", "--window", "2", "--recompute", "2"], "--window cannot be combined"),
+        (
+            ["--cell", "gru", "--reset", "after", "--layer-norm", "--recurrent-dropout", "0.1"],
+            "--recurrent-dropout has no layer-normalised GRU form",
+        ),
     ],
 )
 def test_bad_options_are_one_line_errors(

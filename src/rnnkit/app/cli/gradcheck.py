@@ -4,6 +4,7 @@
 
     rnnkit gradcheck --cell lstm --layers 2 --bidirectional
     rnnkit gradcheck --cell gru --update keep --reset after --window 3 --json
+    rnnkit gradcheck --cell lstm --layers 2 --zoneout 0.2 --recurrent-dropout 0.3 --recompute 2
 
 Prints one line per parameter (and the input and the initial state) with its relative
 error, then the worst; ``--json`` prints one JSON object instead. Exit status 0 when the
@@ -46,6 +47,10 @@ class GradcheckConfig:
     reset: str = "before"
     layer_norm: bool = False
     window: int | None = None
+    recurrent_dropout: float = 0.0
+    zoneout: float = 0.0
+    weight_drop: float = 0.0
+    recompute: int | None = None
     seed: int = 0
     tol: float = 1e-6
     eps: float = 1e-6
@@ -66,6 +71,20 @@ class GradcheckConfig:
                 )
         if args.window is not None and args.window < 1:
             raise ConfigError(f"--window must be a positive integer, got {args.window}")
+        if args.recompute is not None and args.recompute < 1:
+            raise ConfigError(f"--recompute must be a positive integer, got {args.recompute}")
+        if args.window is not None and args.recompute is not None:
+            raise ConfigError("--window cannot be combined with --recompute: choose one")
+        for option in ("recurrent_dropout", "zoneout", "weight_drop"):
+            value = getattr(args, option)
+            if not 0 <= value < 1:  # NaN fails too
+                name = "--" + option.replace("_", "-")
+                raise ConfigError(f"{name} must be in [0, 1), got {value}")
+        if args.layer_norm and args.cell == "gru" and args.recurrent_dropout:
+            raise ConfigError(
+                "--recurrent-dropout has no layer-normalised GRU form: use --zoneout or "
+                "--weight-drop"
+            )
         if args.layer_norm:
             if args.cell == "rnn":
                 raise ConfigError("--layer-norm applies to --cell lstm or gru")
@@ -107,6 +126,10 @@ class GradcheckConfig:
             window=None
             if args.window is None
             else min(args.window, args.steps * (args.layers if args.bidirectional else 1)),
+            recurrent_dropout=args.recurrent_dropout,
+            zoneout=args.zoneout,
+            weight_drop=args.weight_drop,
+            recompute=args.recompute,
             seed=args.seed,
             tol=args.tol,
             eps=args.eps,
@@ -185,6 +208,24 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "t-TAU..t of every layer) against differences of the same truncated graph "
         "(default: full BPTT)",
     )
+    for option, what in (
+        ("--recurrent-dropout", "recurrent dropout on h_{t-1} in the recurrent product"),
+        ("--zoneout", "zoneout of the state (and the LSTM's c)"),
+        ("--weight-drop", "DropConnect on W_hh"),
+    ):
+        parser.add_argument(
+            option,
+            type=float,
+            default=0.0,
+            metavar="P",
+            help=f"{what}, its masks drawn once from --seed and held (default 0)",
+        )
+    parser.add_argument(
+        "--recompute",
+        type=int,
+        metavar="K",
+        help="check the backward that recomputes K-step segments (default: keep every step)",
+    )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of weights, data, mask and loss (default 0)"
     )
@@ -236,6 +277,11 @@ def _describe(config: GradcheckConfig) -> str:
     parts.append(f"{config.num_layers} layer{'s' if config.num_layers > 1 else ''}")
     parts.append("bidirectional" if config.bidirectional else "unidirectional")
     parts.append("full BPTT" if config.window is None else f"BPTT({config.window})")
+    if config.recompute is not None:
+        parts.append(f"recomputed in segments of {config.recompute}")
+    for name in ("recurrent_dropout", "zoneout", "weight_drop"):
+        if getattr(config, name):
+            parts.append(f"{name.replace('_', ' ')} {getattr(config, name):g}")
     return ", ".join(parts)
 
 
