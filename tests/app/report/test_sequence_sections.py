@@ -1,5 +1,6 @@
-"""The gradient-flow section of classifiers, taggers and regressors: drawn on the run's
-own sequences, its bars adding up to the model's own backward pass."""
+"""The gradient-flow section of classifiers, taggers, regressors, event models, translators
+and parameter-value models: drawn on the run's own sequences, its bars adding up to the
+model's own backward pass."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ CASES = {
     # no attention: the final state is all that reaches the decoder
     "seq2seq-no-attention": lambda d: ["--task", "seq2seq", "--train", str(d / "pairs.tsv"),
                                        "--attention", "none", "--cell", "gru"],
+    # one regressor per key: the key with the most vectors in the validation file
+    "params": lambda d: ["--task", "params", "--train", str(d / "params.jsonl"), "--valid",
+                         str(d / "params-valid.jsonl")],
 }  # fmt: skip
 
 
@@ -75,6 +79,8 @@ def test_the_section_is_drawn_and_its_bars_are_the_models_backward_pass(
     assert "Gate saturation" in body
     if "--bidirectional" in CASES[case](task_data):
         assert "the first layer's forward direction" in body
+    if case == "params":
+        assert re.search(r"params-valid.jsonl, the key '[^']+' \(\d+ vectors\)", body)
 
 
 @pytest.mark.gpu

@@ -1,7 +1,8 @@
 """The report's gradient-flow section of the tasks whose model reads whole sequences:
 ``classify`` (text or real-valued frames), ``tag``, ``regress``, ``events`` (its
-sessions, as the event language model reads them) and ``seq2seq`` (its encoder, with the
-decoder's loss: through the attention and the state the decoder starts from).
+sessions, as the event language model reads them), ``seq2seq`` (its encoder, with the
+decoder's loss: through the attention and the state the decoder starts from) and
+``params`` (the model of the key with the most vectors, on that key's normalised vectors).
 
 The section (:mod:`rnnkit.app.report.flow`) runs on a few sequences of the run's own
 validation file (else its training file), taken evenly through the file and cut to their
@@ -30,7 +31,7 @@ from rnnkit.types import RecurrentOutput
 
 __all__ = ["SEQUENCE_TASKS", "sequence_sections"]
 
-SEQUENCE_TASKS = ("classify", "tag", "regress", "events", "seq2seq")
+SEQUENCE_TASKS = ("classify", "tag", "regress", "events", "seq2seq", "params")
 #: the sessions of an events file the batch is chosen from (the first ones)
 MAX_SESSIONS = 10_000
 
@@ -66,6 +67,7 @@ def sequence_sections(run: Run, rows: int = 8, max_steps: int = 64) -> list[tupl
         "regress": _regress,
         "events": _events,
         "seq2seq": _seq2seq,
+        "params": _params,
     }
     build = builders[run.cfg.task]
     for path in data_files(run):
@@ -185,11 +187,20 @@ def _tag(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
 
 
 def _regress(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
-    from rnnkit.app.tasks.regress import encode_sequences, load_regressor
+    from rnnkit.app.tasks.regress import load_regressor
     from rnnkit.data.vectors import read_vector_sequences
 
     cfg, _, model = load_regressor(run.path, run.device)
-    seqs = read_vector_sequences(path)
+    return _regression_batch(cfg, model, read_vector_sequences(path), rows, max_steps, str(path))
+
+
+def _regression_batch(
+    cfg: Any, model: Any, seqs: Sequence[Any], rows: int, max_steps: int, source: str
+) -> FlowBatch | None:
+    """The batch of a ``regress`` model on ``rows`` of the sequences ``seqs``, taken evenly
+    (``source``: where they come from, for the caption)."""
+    from rnnkit.app.tasks.regress import encode_sequences
+
     chosen = [seqs[i] for i in evenly(len(seqs), rows)]
     enc = encode_sequences(chosen, cfg.target, min(cfg.max_len, max_steps))
     if not enc.inputs:
@@ -210,9 +221,32 @@ def _regress(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | Non
         x,
         mask,
         call,
-        f"{len(enc_rows)} sequences from {path} (up to {x.shape[1]} steps)",
+        f"{len(enc_rows)} sequences from {source} (up to {x.shape[1]} steps)",
         short_steps=32 if cfg.target == "next" else None,
     )
+
+
+def _params(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
+    """The model of the key with the most vectors in the file's first sessions (each key
+    has its own small ``regress`` model over its normalised vectors)."""
+    from rnnkit.app.tasks.params.keys import collect, key_sequences
+    from rnnkit.app.tasks.params.scoring import load_params
+    from rnnkit.app.tasks.regress import load_regressor
+    from rnnkit.data.events import iter_sessions
+
+    params = load_params(run.path, run.device)
+    with open(path, "rb") as f:  # the first sessions of a long log do
+        first = itertools.islice(iter_sessions(f, path), MAX_SESSIONS)
+        items = [(s, str(path), line) for line, s in first if s.label != 1]
+    found = collect(items, params.widths)
+    counts = {k.key: found[k.key].count() for k in params.keys if k.key in found}
+    if not counts:
+        return None
+    key = params.by_key[max(counts, key=lambda k: counts[k])]
+    cfg, _, model = load_regressor(run.path / key.directory, run.device)
+    seqs = key_sequences(key, found[key.key])
+    source = f"{path}, the key {key.key!r} ({counts[key.key]} vectors)"
+    return _regression_batch(cfg, model, seqs, rows, max_steps, source)
 
 
 def _events(run: Run, path: Path, rows: int, max_steps: int) -> FlowBatch | None:
