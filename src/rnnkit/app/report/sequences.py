@@ -26,7 +26,7 @@ from rnnkit.app.report.flow import FlowBatch, flow_section, replaying
 from rnnkit.app.report.html import note, section
 from rnnkit.app.report.run import Run, data_files
 from rnnkit.data.batching import pad_sequences
-from rnnkit.errors import DataError
+from rnnkit.errors import CheckpointError, DataError
 from rnnkit.types import RecurrentOutput
 
 __all__ = ["SEQUENCE_TASKS", "sequence_sections"]
@@ -75,6 +75,9 @@ def sequence_sections(run: Run, rows: int = 8, max_steps: int = 64) -> list[tupl
             fb = build(run, path, rows, max_steps)
         except (DataError, OSError):
             continue  # not readable as this run's data: the next file
+        except CheckpointError as exc:  # the run's own files (a damaged params run's keys)
+            text = f"Gradient-flow pictures need the run's model: {exc}"
+            return [section("gradients", "Gradient flow through time", note(text))]
         if fb is not None:
             return [flow_section(fb)]
     return [section("gradients", "Gradient flow through time", note("No sequences to read."))]
