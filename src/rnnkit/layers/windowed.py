@@ -14,9 +14,12 @@ compiled loop where it applies, the PyTorch loop when rows reset), layer after l
 dropout between layers given as multipliers. A layer-normalised cell's loop reads its
 input part ``ν(x W_xᵀ) ⊙ γ_x``, computed here for every step at once; the sweep passes a
 gradient ``g`` of that part down as ``ν'(g ⊙ γ_x) W_x`` (``normalize_backward``), at the
-same lag, since the part is a function of the same step's input only. A stack of
-float16/bfloat16 weights on the CPU runs in float32, its outputs and final states
-rounded once to the weights' dtype (``rnnkit.cells.amp.float32_on_cpu``).
+same lag, since the part is a function of the same step's input only. The regularizers
+of the recurrence act as in the plain loop: weight drop's ``W_hh ⊙ M`` is the node's
+weight, recurrent dropout and zoneout run in each unit's step (``regularized``), forward
+and in the lag sweep. A stack of float16/bfloat16 weights on the CPU runs in float32,
+its outputs and final states rounded once to the weights' dtype
+(``rnnkit.cells.amp.float32_on_cpu``).
 """
 
 from __future__ import annotations
