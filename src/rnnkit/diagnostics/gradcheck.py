@@ -194,6 +194,8 @@ def _reading_run(
     if input_part is not None:  # a layer-normalised cell's loop reads ν(x W_xᵀ)γ_x
         inp = input_part(cell, inp)
     kernel, w = _unit_step(cell, unit)
+    # save=True: the record then holds every step's states (the compiled loop keeps the
+    # LSTM's c of each step only for a backward)
     record = forward_pass(kernel, inp, w, state0, run_mask[..., None], save=True)
     h = record.states[0][1:]
     return record.states, flip_sequences(h, mask_t)[0] if direction.reverse else h
