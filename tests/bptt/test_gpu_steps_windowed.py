@@ -241,3 +241,26 @@ def test_a_regularized_stack_under_a_window_or_recompute_on_the_gpu_route(
         torch.manual_seed(9)
         results.append(_stack_results(layer, x, mask, None, None, window, path))
     _close(*results)
+
+
+@pytest.mark.parametrize("cls", [rnnkit.LSTM, rnnkit.GRU])
+def test_resets_in_one_call_draw_the_pieces_dropout(cls, launches):
+    """Dropout between layers with rows reset inside the batch: the Triton steps run each
+    layer in one call, the CPU's path the pieces between the reset columns; the one call
+    draws its masks as the pieces do (piece by piece, layer by layer), so both give the
+    same outputs and gradients for the same seed."""
+    torch.manual_seed(4)
+    layer = cls(I, H, num_layers=3, dropout=0.4).double()
+    mask = _holes().T.contiguous()
+    x = torch.randn(B, T, I, dtype=DT)
+    resets = torch.zeros(B, T, dtype=torch.bool)
+    resets[0, 2] = resets[2, 3] = True  # pieces 0–1, 2, 3–4
+    results = []
+    for path in ("auto", "triton"):
+        torch.manual_seed(9)
+        results.append(_stack_results(layer, x, mask, None, resets, None, path))
+    assert launches["n"] == 3  # the one call of each layer
+    _close(*results)
+    torch.manual_seed(10)  # another draw: other masks, so the check above is not vacuous
+    other = _stack_results(layer, x, mask, None, resets, None, "auto")
+    assert not torch.allclose(other[0], results[0][0])

@@ -488,8 +488,12 @@ class StackedRecurrent(nn.Module):
             init = self.split_state(state)
             h, finals = self._run_windowed(xt, mask_t, init, window, resets_bt, masks)
         elif resets_bt is not None and self._resets_in_one_call(xt, mask_t, window):
+            assert resets_found is not None
             init = self.split_state(state)
-            h, finals = self._run_layers(xt, mask_t, init, window, masks=masks, reset=resets_bt.T)
+            drops = self._piece_drops(xt, resets_found.columns)
+            h, finals = self._run_layers(
+                xt, mask_t, init, window, masks=masks, reset=resets_bt.T, drops=drops
+            )
         elif resets_bt is not None:
             assert resets_found is not None
             return self._run_pieces(x, mask_bt, state, window, resets_found, masks)
@@ -520,15 +524,21 @@ class StackedRecurrent(nn.Module):
         projected: bool = False,
         masks: StackMasks | None = None,
         reset: Tensor | None = None,
+        drops: list[Tensor | None] | None = None,
     ) -> tuple[Tensor, list[list[State]]]:
         """Layer after layer, one autograd node per direction (``(T, B, ·)`` inside);
         ``projected``: ``xt`` is the first layer's input product; ``reset (T, B)``: each
-        layer zeroes those rows' state inside its call (:meth:`_resets_in_one_call`)."""
+        layer zeroes those rows' state inside its call (:meth:`_resets_in_one_call`);
+        ``drops``: the dropout multiplier of each layer's input, drawn before
+        (:meth:`_piece_drops`), else drawn here."""
         finals: list[list[State]] = []
         h = xt if masks is None else locked(xt, masks.input)
         D = self.num_directions
         for index, layer in enumerate(self.layers):
-            if index > 0 and self.dropout > 0:
+            given = None if drops is None else drops[index]
+            if given is not None:
+                h = h * given
+            elif index > 0 and self.dropout > 0:
                 # nn.Dropout draws its mask in the memory order of h: always over (T, B, ·)
                 # (not the batch-first view the compiled loop may hand on), so that the
                 # draws, and a trained model, do not depend on which loop or path ran
@@ -583,6 +593,21 @@ class StackedRecurrent(nn.Module):
         cells = None if masks is None else masks.cells  # weight drop, recurrent dropout, zoneout
         h, finals = run_windowed_stack(layers, x_in, mask_t, init, window, drops, reset_t, cells)
         return (h if masks is None else locked(h, masks.output)), finals
+
+    def _piece_drops(self, xt: Tensor, columns: list[int]) -> list[Tensor | None] | None:
+        """The dropout multipliers between the layers of a call that resets rows inside
+        the loop, drawn as the pieces between the reset columns draw them
+        (:meth:`_run_pieces`: each piece, each layer in turn, over its steps), so that
+        either path gives the same masks for the same random state. None outside
+        training or without dropout between layers."""
+        if not (self.drop.training and self.dropout > 0 and self.num_layers > 1):
+            return None
+        T, B, width = xt.shape[0], xt.shape[1], self.output_size
+        parts: list[list[Tensor]] = [[] for _ in range(self.num_layers)]
+        for a, b in itertools.pairwise(sorted({0, *columns, T})):
+            for index in range(1, self.num_layers):
+                parts[index].append(self.drop(xt.new_ones(b - a, B, width)))
+        return [None, *(torch.cat(p) for p in parts[1:])]
 
     def _resets_in_one_call(self, xt: Tensor, mask_t: Tensor | None, window: int | None) -> bool:
         """Whether every layer takes the resets inside one call (the Triton steps on a GPU,
