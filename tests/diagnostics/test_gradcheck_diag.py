@@ -178,6 +178,38 @@ def test_the_regularizers_pass_on_every_backward(cell, options, backward) -> Non
     assert {k: result.config[k] for k in drawn} == drawn
 
 
+@pytest.mark.parametrize(
+    "backward",
+    [{}, {"window": 2}, {"window": 1, "num_layers": 3}, {"recompute": 2}],
+    ids=["full", "window", "window-3-layers", "recompute"],
+)
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn"])
+def test_document_starts_pass_on_every_backward(cell, backward) -> None:
+    """``resets=True``: the state entering a start is zero on both sides (the budget
+    graph's levels too), with zoneout and weight drop held."""
+    result = gradcheck(
+        cell, resets=True, steps=6, batch_size=4, zoneout=0.2, weight_drop=0.2, **backward
+    )
+    assert result.passed and result.max_rel_error < 1e-7, result.worst
+    assert result.config["resets"] is True
+
+
+def test_a_budget_graph_without_the_starts_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window's reference must reset too: a sweep that let the gradient cross the
+    starts (resets ignored in the backward's record) fails against it."""
+    from rnnkit.bptt import windowed
+
+    real = windowed._Steps.__init__
+
+    def crossing(self, unit):
+        real(self, unit)
+        self.reset = None  # the backward no longer stops at a start
+
+    monkeypatch.setattr(windowed._Steps, "__init__", crossing)
+    result = gradcheck("gru", resets=True, steps=6, batch_size=4, window=3, num_layers=2)
+    assert not result.passed and result.max_rel_error > 1e-3
+
+
 def test_the_masks_are_part_of_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """A regularized step's backward that loses 2 % of ``∂L/∂s_{t−1}`` under a window is
     found: the reference runs the regularized steps, with the same masks."""
@@ -199,6 +231,8 @@ def test_regularizer_refusals_are_named() -> None:
         gradcheck("gru", reset="after", layer_norm=True, recurrent_dropout=0.2)
     with pytest.raises(ValueError, match=r"^window and recompute cannot be combined"):
         gradcheck("lstm", window=2, recompute=2)
+    with pytest.raises(ValueError, match=r"^resets need a unidirectional stack"):
+        gradcheck("lstm", resets=True, bidirectional=True)
 
 
 def test_result_is_json_ready_and_tolerance_applies() -> None:

@@ -21,7 +21,9 @@ With the regularizers of the recurrence (``recurrent_dropout``, ``zoneout``,
 ``weight_drop``) the masks are drawn once from the seed, in training mode, and held fixed:
 the explicit backward and every evaluation of the loss use the same masks, so the loss
 is a smooth function of the parameters and the check compares the same function. With
-``recompute=k`` the explicit backward is the segmented one.
+``recompute=k`` the explicit backward is the segmented one. With ``resets=True`` (a
+unidirectional stack) rows start documents at random steps: the state entering such a
+step is zero in every layer, on both sides, and under a window in the budget graph too.
 
 The error of one tensor is ``max|g − g_fd| / max(max|g_fd|, max|g|)`` (0 when both are
 0); the check passes when every tensor's error is at most ``tol``.
@@ -182,10 +184,16 @@ def _unit_step(cell: Any, unit: CellMasks | None, rows: int = 1) -> tuple[Kernel
 
 
 def _reading_run(
-    direction: Any, xt: Tensor, mask_t: Tensor, state0: tuple[Tensor, ...], unit: CellMasks | None
+    direction: Any,
+    xt: Tensor,
+    mask_t: Tensor,
+    state0: tuple[Tensor, ...],
+    unit: CellMasks | None,
+    reset_t: Tensor | None = None,
 ) -> tuple[tuple[Tensor, ...], Tensor]:
     """One direction over ``xt (T, B, I)``: its states ``(T + 1, B, H)`` in reading order
-    and its outputs ``(T, B, H)`` in the input's order."""
+    and its outputs ``(T, B, H)`` in the input's order (``reset_t (T, B)``: the state
+    entering those steps zero; a forward direction)."""
     cell = direction.cell
     inp, run_mask = flip_sequences(xt, mask_t) if direction.reverse else (xt, mask_t)
     assert run_mask is not None
@@ -196,7 +204,8 @@ def _reading_run(
     kernel, w = _unit_step(cell, unit)
     # save=True: the record then holds every step's states (the compiled loop keeps the
     # LSTM's c of each step only for a backward)
-    record = forward_pass(kernel, inp, w, state0, run_mask[..., None], save=True)
+    reset = None if reset_t is None else reset_t[..., None]
+    record = forward_pass(kernel, inp, w, state0, run_mask[..., None], save=True, reset=reset)
     h = record.states[0][1:]
     return record.states, flip_sequences(h, mask_t)[0] if direction.reverse else h
 
@@ -211,8 +220,10 @@ def _truncated_reference(
     window: int,
     eps: float,
     masks: StackMasks | None = None,
+    resets: Tensor | None = None,
 ) -> dict[str, Tensor]:
-    """Finite-difference gradients of the BPTT(τ) graph of the whole stack (module doc)."""
+    """Finite-difference gradients of the BPTT(τ) graph of the whole stack (module doc);
+    ``resets (B, T)``: document starts (a unidirectional stack)."""
     L = layer.num_layers
     dirs = [_directions(layer, index) for index in range(L)]
     units: list[CellMasks | None] = (
@@ -221,12 +232,13 @@ def _truncated_reference(
     frozen: list[tuple[Tensor, ...]] = []  # unperturbed states (T + 1, B, H), reading order
     below = x.transpose(0, 1)
     mask_t = mask.T
+    reset_t = None if resets is None else resets.T
     u = 0
     for index in range(L):
         outs = []
         for k, d in enumerate(dirs[index]):
             parts = tuple(s[index, k] for s in states0)
-            states, out = _reading_run(d, below, mask_t, parts, units[u])
+            states, out = _reading_run(d, below, mask_t, parts, units[u], reset_t)
             frozen.append(states)
             outs.append(out)
             u += 1
@@ -235,7 +247,7 @@ def _truncated_reference(
     s_var = tuple(s.clone(memory_format=torch.contiguous_format) for s in states0)
 
     def objective() -> Tensor:
-        out, finals = _budget_forward(dirs, x_var, mask, s_var, frozen, window, units)
+        out, finals = _budget_forward(dirs, x_var, mask, s_var, frozen, window, units, reset_t)
         total = (out * r_out).sum()
         u = 0
         for index in range(L):
@@ -261,6 +273,7 @@ def _budget_forward(
     frozen: list[tuple[Tensor, ...]],
     window: int,
     units: list[CellMasks | None] | None = None,
+    reset_t: Tensor | None = None,
 ) -> tuple[Tensor, list[tuple[Tensor, ...]]]:
     """The stack's outputs ``(B, T, D·H)`` and final states with budget τ (module doc).
 
@@ -307,6 +320,8 @@ def _budget_forward(
                     tuple(prev),
                     m.reshape(1, T * B, 1),
                     save=False,
+                    # a document start: the state entering the step is zero at any budget
+                    reset=None if reset_t is None else reset_t.reshape(1, T * B, 1),
                 )
                 new = tuple(s[1].view(T, B, -1) for s in rec.states)
                 current.append(new)
@@ -354,13 +369,15 @@ def _full_reference(
     r_fin: tuple[Tensor, ...],
     eps: float,
     masks: StackMasks | None = None,
+    resets: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Central finite differences of the full-BPTT loss: every parameter, the input and
     each initial state (float64, under ``no_grad``), the regularizers' ``masks`` held."""
     x_var, s_var = x.clone(), tuple(s.clone() for s in states0)
 
     def objective() -> Tensor:
-        return _loss(layer(x_var, mask=mask, state=_pack(s_var), masks=masks), r_out, r_fin)
+        out = layer(x_var, mask=mask, state=_pack(s_var), masks=masks, resets=resets)
+        return _loss(out, r_out, r_fin)
 
     ref = {n: _central(p.data, objective, eps) for n, p in layer.named_parameters()}
     ref["input"] = _central(x_var, objective, eps)
@@ -387,6 +404,7 @@ def gradcheck(
     zoneout: float = 0.0,
     weight_drop: float = 0.0,
     recompute: int | None = None,
+    resets: bool = False,
     seed: int = 0,
     tol: float = 1e-6,
     eps: float = 1e-6,
@@ -403,6 +421,8 @@ def gradcheck(
             masks drawn once from ``seed`` and held (module docstring).
         recompute: None, or the segment length of the recomputing backward (not with
             ``window``).
+        resets: rows start documents at random steps (drawn from ``seed``; not with
+            ``bidirectional``).
         seed: weights, data, mask and loss weights (the global RNG is left alone).
         tol: the largest relative error that passes.  eps: the finite-difference step.
 
@@ -425,6 +445,8 @@ def gradcheck(
         raise ValueError("recurrent_dropout has no layer-normalised GRU form")
     if window is not None and recompute is not None:
         raise ValueError("window and recompute cannot be combined: choose one")
+    if resets and bidirectional:
+        raise ValueError("resets need a unidirectional stack (a document start is in time)")
     options = _cell_options(cell, nonlinearity, update, reset, layer_norm)
     drops = {"recurrent_dropout": recurrent_dropout, "zoneout": zoneout, "weight_drop": weight_drop}
     chosen = {k: v for k, v in drops.items() if v}  # in config only where given
@@ -440,6 +462,7 @@ def gradcheck(
         "window": window,
         **chosen,
         **({} if recompute is None else {"recompute": recompute}),
+        **({"resets": True} if resets else {}),
         "seed": seed,
         "eps": eps,
     }
@@ -466,6 +489,9 @@ def gradcheck(
     )
     r_out = torch.randn(B, T, D * hidden_size, generator=gen, dtype=dt)
     r_fin = tuple(torch.randn(s.shape, generator=gen, dtype=dt) for s in states0)
+    starts = None
+    if resets:  # after the other draws: a check without resets keeps its data
+        starts = torch.rand(B, T, generator=gen) < 0.25
     masks = None
     if chosen:  # drawn once, in training, from the seed; then held
         with torch.random.fork_rng(devices=[]):
@@ -475,7 +501,7 @@ def gradcheck(
     # The explicit BPTT: the layer's normal backward.
     x_leaf = x.clone().requires_grad_(True)
     s_leaf = tuple(s.clone().requires_grad_(True) for s in states0)
-    out = layer(x_leaf, mask=mask, state=_pack(s_leaf), window=window, masks=masks)
+    out = layer(x_leaf, mask=mask, state=_pack(s_leaf), window=window, masks=masks, resets=starts)
     _loss(out, r_out, r_fin).backward()
     explicit = {name: _grad(p) for name, p in layer.named_parameters()}
     explicit["input"] = _grad(x_leaf)
@@ -483,9 +509,11 @@ def gradcheck(
         explicit[f"state.{k}"] = _grad(s)
     with torch.no_grad():  # the reference: finite differences of the same loss
         if window is None:
-            ref = _full_reference(layer, x, mask, states0, r_out, r_fin, eps, masks)
+            ref = _full_reference(layer, x, mask, states0, r_out, r_fin, eps, masks, starts)
         else:
-            ref = _truncated_reference(layer, x, mask, states0, r_out, r_fin, window, eps, masks)
+            ref = _truncated_reference(
+                layer, x, mask, states0, r_out, r_fin, window, eps, masks, starts
+            )
     names = {"state.0": "state.h" if n_states == 2 else "state", "state.1": "state.c"}
     errors = tuple(_rel(explicit[n], ref[n], names.get(n, n)) for n in explicit)
     return GradcheckResult(config, errors, tol)

@@ -86,6 +86,10 @@ def test_the_regularizers_and_recompute_reach_the_check(capsys: pytest.CaptureFi
     assert out.splitlines()[0].endswith(
         "BPTT(2), zoneout 0.2; central differences, eps 1e-06, float64"
     )
+    status, out, _ = run_gradcheck(capsys, "--cell", "rnn", "--resets", "--window", "2", "--json")
+    assert status == 0
+    data = json.loads(out)
+    assert data["passed"] is True and data["config"]["resets"] is True
 
 
 def test_a_corrupted_backward_exits_1(
@@ -149,6 +153,7 @@ def test_a_corrupted_gru_backward_exits_1(
         (["--cell", "lstm", "--weight-drop", "nan"], "--weight-drop must be in [0, 1), got nan"),
         (["--cell", "rnn", "--recompute", "0"], "--recompute must be a positive integer, got 0"),
         (["--cell", "rnn", "--window", "2", "--recompute", "2"], "--window cannot be combined"),
+        (["--cell", "rnn", "--resets", "--bidirectional"], "--resets needs a unidirectional"),
         (
             ["--cell", "gru", "--reset", "after", "--layer-norm", "--recurrent-dropout", "0.1"],
             "--recurrent-dropout has no layer-normalised GRU form",

@@ -51,6 +51,7 @@ class GradcheckConfig:
     zoneout: float = 0.0
     weight_drop: float = 0.0
     recompute: int | None = None
+    resets: bool = False
     seed: int = 0
     tol: float = 1e-6
     eps: float = 1e-6
@@ -80,6 +81,8 @@ class GradcheckConfig:
             if not 0 <= value < 1:  # NaN fails too
                 name = "--" + option.replace("_", "-")
                 raise ConfigError(f"{name} must be in [0, 1), got {value}")
+        if args.resets and args.bidirectional:
+            raise ConfigError("--resets needs a unidirectional stack (leave out --bidirectional)")
         if args.layer_norm and args.cell == "gru" and args.recurrent_dropout:
             raise ConfigError(
                 "--recurrent-dropout has no layer-normalised GRU form: use --zoneout or "
@@ -130,6 +133,7 @@ class GradcheckConfig:
             zoneout=args.zoneout,
             weight_drop=args.weight_drop,
             recompute=args.recompute,
+            resets=args.resets,
             seed=args.seed,
             tol=args.tol,
             eps=args.eps,
@@ -227,6 +231,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="check the backward that recomputes K-step segments (default: keep every step)",
     )
     parser.add_argument(
+        "--resets",
+        action="store_true",
+        help="rows start documents at random steps of the batch: the state entering such a "
+        "step is zero (unidirectional)",
+    )
+    parser.add_argument(
         "--seed", type=int, default=0, help="seed of weights, data, mask and loss (default 0)"
     )
     parser.add_argument(
@@ -279,6 +289,8 @@ def _describe(config: GradcheckConfig) -> str:
     parts.append("full BPTT" if config.window is None else f"BPTT({config.window})")
     if config.recompute is not None:
         parts.append(f"recomputed in segments of {config.recompute}")
+    if config.resets:
+        parts.append("document starts inside the batch")
     for name in ("recurrent_dropout", "zoneout", "weight_drop"):
         if getattr(config, name):
             parts.append(f"{name.replace('_', ' ')} {getattr(config, name):g}")
