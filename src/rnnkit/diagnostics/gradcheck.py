@@ -39,12 +39,11 @@ import torch
 from torch import Tensor
 
 from rnnkit.bptt.forward import forward_pass
-from rnnkit.bptt.regularized import regularized
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.diagnostics.contributions import detached_weights
 from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
 from rnnkit.layers.masking import flip_sequences
-from rnnkit.layers.regularization import CellMasks, StackMasks
+from rnnkit.layers.regularization import CellMasks, StackMasks, masked_loop
 from rnnkit.layers.stacked import Bidirectional, StackedRecurrent
 from rnnkit.types import LSTMState
 
@@ -164,23 +163,17 @@ def _central(tensor: Tensor, objective: Any, eps: float) -> Tensor:
 
 def _unit_step(cell: Any, unit: CellMasks | None, rows: int = 1) -> tuple[Kernel, Weights]:
     """The kernel and detached weights a direction's loop runs with its regularizers'
-    masks: ``W_hh ⊙ M`` (weight drop), recurrent dropout and zoneout in the step.
-    ``rows``: the steps are run as ONE step of ``rows·B`` rows (the budget forward): the
-    recurrent mask tiled, the keep factors of the steps laid out as those rows."""
-    w = detached_weights(cell)
-    kernel = cell.kernel
-    if unit is None:
-        return kernel, w
-    if unit.weight_hh is not None:
-        w = w._replace(weight_hh=w.weight_hh * unit.weight_hh)
-    if unit.in_loop:
-        recurrent, keep = unit.recurrent, unit.keep
-        if rows > 1:
-            recurrent = None if recurrent is None else recurrent.repeat(rows, 1)
-            if keep is not None:  # each (T, B, H): step t's factors are rows t·B … t·B + B − 1
-                keep = tuple(k.reshape(1, -1, k.shape[-1]) for k in keep)
-        kernel = regularized(kernel, recurrent, keep)
-    return kernel, w
+    masks (``masked_loop``). ``rows``: the steps are run as ONE step of ``rows·B`` rows
+    (the budget forward): the recurrent mask tiled, the keep factors of the steps laid
+    out as those rows."""
+    if unit is not None and rows > 1:
+        recurrent = None if unit.recurrent is None else unit.recurrent.repeat(rows, 1)
+        # each (T, B, H): step t's factors are rows t·B … t·B + B − 1
+        keep = (
+            None if unit.keep is None else tuple(k.reshape(1, -1, k.shape[-1]) for k in unit.keep)
+        )
+        unit = unit._replace(recurrent=recurrent, keep=keep)
+    return masked_loop(cell.kernel, detached_weights(cell), unit)
 
 
 def _reading_run(

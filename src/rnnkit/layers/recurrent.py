@@ -12,13 +12,12 @@ from torch import Tensor, nn
 from rnnkit.bptt.dispatch import compiled_library
 from rnnkit.bptt.recompute import run_recomputed
 from rnnkit.bptt.recurrence import run_recurrence
-from rnnkit.bptt.regularized import regularized
 from rnnkit.bptt.tracing import check_tracer, tracing
 from rnnkit.cells.amp import float32, float32_on_cpu
 from rnnkit.cells.base import CellBase
-from rnnkit.cells.kernel import Kernel, Weights
+from rnnkit.cells.kernel import Weights
 from rnnkit.layers.masking import flip_sequences
-from rnnkit.layers.regularization import CellMasks
+from rnnkit.layers.regularization import CellMasks, float32_masks, masked_loop
 from rnnkit.types import LSTMState, State
 
 __all__ = ["Recurrent"]
@@ -30,14 +29,11 @@ def _float32(
     """The loop's tensors cast to float32 (differentiable casts: the gradients reach the
     float16/bfloat16 parameters in their own dtype), for a call on float16/bfloat16
     weights on the CPU (``rnnkit.cells.amp.float32_on_cpu``). ``x (T, B, I)``."""
-    if masks is not None:
-        keep = None if masks.keep is None else tuple(k.float() for k in masks.keep)
-        masks = CellMasks(float32(masks.weight_hh), float32(masks.recurrent), keep)
     return (
         x.float(),
         tuple(s.float() for s in states0),
         Weights(*(float32(w) for w in weights)),  # type: ignore[arg-type]
-        masks,
+        float32_masks(masks),
     )
 
 
@@ -102,13 +98,7 @@ class Recurrent(nn.Module):
         low = weights.weight_hh.dtype if float32_on_cpu(weights.weight_hh) else None
         if low is not None:  # float16/bfloat16 on the CPU: the loop computes in float32
             x, states0, weights, masks = _float32(x, states0, weights, masks)
-        kernel: Kernel = self.cell.kernel
-        if masks is not None:
-            if masks.weight_hh is not None:  # DropConnect: autograd reaches the raw weight
-                weights = weights._replace(weight_hh=weights.weight_hh * masks.weight_hh)
-            if masks.in_loop:
-                wrapped = regularized(kernel, masks.recurrent, masks.keep)
-                kernel = wrapped  # type: ignore[assignment]  # a step kernel, compiled too
+        kernel, weights = masked_loop(self.cell.kernel, weights, masks)
         if recompute is not None and not tracing():  # a graph's memory is the compiler's
             if projected:
                 raise ValueError("a projected input cannot be recomputed: recompute=None")

@@ -26,6 +26,9 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from rnnkit.bptt.regularized import regularized
+from rnnkit.cells.amp import float32
+from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.errors import ConfigError
 
 if TYPE_CHECKING:  # the stack's module imports this one
@@ -40,7 +43,9 @@ __all__ = [
     "check_probability",
     "dropout_mask",
     "embedding_dropout",
+    "float32_masks",
     "locked",
+    "masked_loop",
     "regularizing",
     "steps_of",
 ]
@@ -103,6 +108,31 @@ class StackMasks(NamedTuple):
     between: tuple[Tensor | None, ...]  # per layer: (B, D·H) on its input; [0] is None
     output: Tensor | None  # (B, D·H)
     cells: tuple[CellMasks, ...]  # per cell, layer by layer, forward direction first
+
+
+def masked_loop(
+    kernel: Kernel, weights: Weights, masks: CellMasks | None
+) -> tuple[Kernel, Weights]:
+    """The kernel and weights one direction's time loop runs with its regularizers'
+    masks: ``W_hh ⊙ M`` (weight drop; autograd reaches the raw weight through the
+    product), recurrent dropout and zoneout in the step (``rnnkit.bptt.regularized``,
+    the compiled loop's form where there is one)."""
+    if masks is None:
+        return kernel, weights
+    if masks.weight_hh is not None:
+        weights = weights._replace(weight_hh=weights.weight_hh * masks.weight_hh)
+    if masks.in_loop:
+        kernel = regularized(kernel, masks.recurrent, masks.keep)  # type: ignore[assignment]
+    return kernel, weights
+
+
+def float32_masks(masks: CellMasks | None) -> CellMasks | None:
+    """``masks`` in float32, for a loop of float16/bfloat16 weights on the CPU, which
+    computes in float32 (``rnnkit.cells.amp.float32_on_cpu``)."""
+    if masks is None:
+        return None
+    keep = None if masks.keep is None else tuple(k.float() for k in masks.keep)
+    return CellMasks(float32(masks.weight_hh), float32(masks.recurrent), keep)
 
 
 def steps_of(masks: StackMasks, a: int, b: int) -> StackMasks:

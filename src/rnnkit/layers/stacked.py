@@ -578,11 +578,12 @@ class StackedRecurrent(nn.Module):
         """The windowed BPTT(τ) of the whole stack: one node (``rnnkit.layers.windowed``)."""
         T, B = xt.shape[0], xt.shape[1]
         width = self.output_size
+        # the multipliers nn.Dropout applies (the same random draws as on the outputs),
+        # drawn as one piece: the whole call
+        drawn = self._piece_drops(xt, [])
         drops: list[Tensor | None] = [None]
         for index in range(1, self.num_layers):
-            # The multiplier nn.Dropout applies (the same random draws as on the outputs)
-            on = self.dropout > 0 and self.training
-            drop = self.drop(xt.new_ones(T, B, width)) if on else None
+            drop = None if drawn is None else drawn[index]
             lock = None if masks is None else masks.between[index]
             if lock is not None:
                 drop = lock.expand(T, B, width) if drop is None else drop * lock

@@ -33,7 +33,6 @@ from torch import Tensor
 from rnnkit.bptt.backward import weight_grads
 from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.record import ForwardRecord
-from rnnkit.bptt.regularized import regularized
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 from rnnkit.cells.amp import float32, float32_on_cpu, low_precision_to, without_autocast
 from rnnkit.cells.kernel import Kernel, Weights, batched_gradients
@@ -41,7 +40,7 @@ from rnnkit.cells.normalization import normalize, normalize_backward
 from rnnkit.errors import ConfigError
 from rnnkit.layers.masking import flip_sequences
 from rnnkit.layers.recurrent import Recurrent
-from rnnkit.layers.regularization import CellMasks
+from rnnkit.layers.regularization import CellMasks, float32_masks, masked_loop
 from rnnkit.types import LSTMState, State
 
 __all__ = ["run_windowed_stack"]
@@ -300,10 +299,14 @@ def run_windowed_stack(
         masks = list(cell_masks)
     if len(masks) != len(units):
         raise ValueError(f"cell_masks needs one entry per direction ({len(units)})")
+    # float16/bfloat16 weights on the CPU: the whole stack in float32, rounded once
+    low = x.dtype if float32_on_cpu(cells[0][0].weight_hh) else None
+    if low is not None:  # (and W_hh ⊙ M in float32, as one layer's loop takes it)
+        masks = [float32_masks(m) for m in masks]
+    flat_kernels: list[Kernel] = []
     for c, norm, m in zip(units, normed, masks, strict=True):
-        w = c.weights()
-        if m is not None and m.weight_hh is not None:
-            w = w._replace(weight_hh=w.weight_hh * m.weight_hh)
+        kernel, w = masked_loop(c.kernel, c.weights(), m)
+        flat_kernels.append(kernel)
         # its weights() hold weight_ih detached (its loop reads the input part): the real one
         tensors += [c.weight_ih if norm else w.weight_ih, *w[1:]]
     for index, layer in enumerate(cells):
@@ -313,25 +316,12 @@ def run_windowed_stack(
     tensors += [
         c.get_parameter("gamma_ih") if norm else None for c, norm in zip(units, normed, strict=True)
     ]
-    # float16/bfloat16 weights on the CPU: the whole stack in float32, rounded once
-    low = x.dtype if float32_on_cpu(cells[0][0].weight_hh) else None
     if low is not None:
         x = x.float()
         tensors = [float32(t) for t in tensors]
         drops = [float32(d) for d in drops]
-    kernels: list[list[Any]] = []
-    unit_masks = iter(masks)
-    for layer in cells:
-        kernels.append([])
-        for c in layer:
-            m = next(unit_masks)
-            if m is not None and m.in_loop:  # recurrent dropout, zoneout: in the step
-                if low is not None:
-                    keep = None if m.keep is None else tuple(k.float() for k in m.keep)
-                    m = m._replace(recurrent=float32(m.recurrent), keep=keep)
-                kernels[-1].append(regularized(c.kernel, m.recurrent, m.keep))
-            else:
-                kernels[-1].append(c.kernel)
+    unit_kernels = iter(flat_kernels)
+    kernels = [[next(unit_kernels) for _ in layer] for layer in cells]
     plan = _Plan(
         kernels=kernels,
         reverse=[[r.reverse for r in layer] for layer in layers],
