@@ -87,12 +87,13 @@ def layer_cases(draw: st.DrawFn) -> dict[str, Any]:
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
     if T > 1:
-        extra = draw(st.sampled_from(["none", "none", "window", "recompute", "resets"]))
-        if extra == "window":
+        extras = ["none", "none", "window", "recompute", "resets", "window+resets"]
+        extra = draw(st.sampled_from(extras))
+        if extra.startswith("window"):
             case["window"] = draw(st.integers(1, T))
         elif extra == "recompute":
             case["recompute"] = draw(st.integers(1, T))
-        elif extra == "resets" and not bidirectional:
+        if extra.endswith("resets") and not bidirectional:
             case["resets"] = True
     regularizers: dict[str, float] = {}
     if case["train"]:

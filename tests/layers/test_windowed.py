@@ -336,6 +336,31 @@ def test_dropout_between_layers_is_the_same_draw_and_scales_the_gradient(gen):
     assert_all_close(got, want)
 
 
+@pytest.mark.parametrize("spec_index", [3, 4], ids=["lstm", "gru"])
+def test_dropout_with_resets_is_the_draw_of_the_pieces(gen, holey_mask, spec_index):
+    """With document starts inside the batch, the paths without a window draw the
+    dropout between layers piece by piece (between the start columns); the windowed
+    stack draws the same masks: the same seed gives the same outputs with any window,
+    and a window as long as the sequence is the full BPTT of those pieces."""
+    from tests.conftest import ALL_SPECS
+
+    spec = ALL_SPECS[spec_index]
+    layer, x, s0, g_out, g_fin = make_case(spec, gen, 3)
+    layer.dropout = layer.drop.p = 0.4
+    resets = torch.zeros(B, T, dtype=torch.bool)
+    resets[0, 3] = resets[2, 1] = resets[1, 4] = True
+    torch.manual_seed(7)
+    pieces = layer(x, mask=holey_mask, state=spec.pack(s0), resets=resets)
+    want = grads(loss_of(pieces.outputs, spec.unpack(pieces.state), g_out, g_fin), layer, x, s0)
+    torch.manual_seed(7)
+    out, got = windowed_grads(spec, layer, x, s0, g_out, g_fin, holey_mask, T, resets)
+    torch.testing.assert_close(out.outputs, pieces.outputs, **TOL)
+    assert_all_close(got, want)
+    torch.manual_seed(7)
+    short = layer(x, mask=holey_mask, state=spec.pack(s0), window=2, resets=resets)
+    torch.testing.assert_close(short.outputs, pieces.outputs, **TOL)
+
+
 class _Dropped(torch.nn.Module):
     """``W ↦ W ⊙ M``: the oracle's recurrent weight, the one the window must read."""
 

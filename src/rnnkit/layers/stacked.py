@@ -486,7 +486,8 @@ class StackedRecurrent(nn.Module):
             window = None  # a window shapes the gradient only: without one, the plain paths
         if windowed and window is not None and xt.shape[0] > 0:
             init = self.split_state(state)
-            h, finals = self._run_windowed(xt, mask_t, init, window, resets_bt, masks)
+            columns = [] if resets_found is None else resets_found.columns
+            h, finals = self._run_windowed(xt, mask_t, init, window, resets_bt, columns, masks)
         elif resets_bt is not None and self._resets_in_one_call(xt, mask_t, window):
             assert resets_found is not None
             init = self.split_state(state)
@@ -573,14 +574,17 @@ class StackedRecurrent(nn.Module):
         init: list[list[State]] | None,
         window: int,
         resets_bt: Tensor | None,
+        columns: list[int],
         masks: StackMasks | None = None,
     ) -> tuple[Tensor, list[list[State]]]:
-        """The windowed BPTT(τ) of the whole stack: one node (``rnnkit.layers.windowed``)."""
+        """The windowed BPTT(τ) of the whole stack: one node (``rnnkit.layers.windowed``);
+        ``columns``: the steps where some row starts a document (``resets_bt``)."""
         T, B = xt.shape[0], xt.shape[1]
         width = self.output_size
         # the multipliers nn.Dropout applies (the same random draws as on the outputs),
-        # drawn as one piece: the whole call
-        drawn = self._piece_drops(xt, [])
+        # drawn piece by piece between the reset columns as the paths without a window
+        # draw them: the same seed gives the same forward with or without the window
+        drawn = self._piece_drops(xt, columns)
         drops: list[Tensor | None] = [None]
         for index in range(1, self.num_layers):
             drop = None if drawn is None else drawn[index]
