@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -333,9 +334,9 @@ class TorchSeq2Seq(nn.Module):
     @torch.no_grad()
     def greedy(self, src, src_mask, max_length: int) -> torch.Tensor:
         memory, keys, hc = self.encode(src, src_mask)
-        B = src.shape[0]
-        token = torch.full((B,), BOS_ID, dtype=torch.long)
-        done = torch.zeros(B, dtype=torch.bool)
+        B, dev = src.shape[0], src.device  # called outside main's `with device:`
+        token = torch.full((B,), BOS_ID, dtype=torch.long, device=dev)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
         out = []
         for _ in range(max_length):
             f, hc = self.step(self.tgt_emb(token), hc, memory, keys, src_mask)
@@ -352,17 +353,17 @@ class TorchSeq2Seq(nn.Module):
         is done when its best candidate is ``</s>`` or no live beam is left (the rule of
         ``rnnkit.generation.seq2seq_search``); score = log p / n."""
         memory, keys, hc = self.encode(src, src_mask)
-        B = src.shape[0]
-        expand = torch.arange(B).repeat_interleave(K)
+        B, dev = src.shape[0], src.device  # called outside main's `with device:`
+        expand = torch.arange(B, device=dev).repeat_interleave(K)
         memory, keys, src_mask = memory[expand], keys[expand], src_mask[expand]
         hc = (hc[0][expand], hc[1][expand])
-        token = torch.full((B * K,), BOS_ID, dtype=torch.long)
-        beam_lp = torch.full((B, K), float("-inf"))
+        token = torch.full((B * K,), BOS_ID, dtype=torch.long, device=dev)
+        beam_lp = torch.full((B, K), float("-inf"), device=dev)
         beam_lp[:, 0] = 0.0
-        seqs = torch.zeros(B * K, 0, dtype=torch.long)
-        done = torch.zeros(B, dtype=torch.bool)
+        seqs = torch.zeros(B * K, 0, dtype=torch.long, device=dev)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
         best: list[tuple[float, list[int]]] = [(float("-inf"), [])] * B
-        base = (torch.arange(B) * K).view(-1, 1)
+        base = (torch.arange(B, device=dev) * K).view(-1, 1)
         for t in range(max_length):
             f, hc = self.step(self.tgt_emb(token), hc, memory, keys, src_mask)
             log_probs = torch.log_softmax(self.head(f), dim=-1)
@@ -599,6 +600,12 @@ def main(argv: list[str] | None = None) -> int:
         "synchronised after every step of either)",
     )
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="also write the JSON result here, rewritten after every task (a run stopped at "
+        "a time limit keeps the tasks it finished)",
+    )
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -621,43 +628,46 @@ def main(argv: list[str] | None = None) -> int:
         "seq2seq-beam": task_seq2seq_beam,
     }
     info = machine()
-    rows = []
-    for name in args.tasks.split(","):
+    rows: list[dict] = []
+    clock_name = "thread CPU time" if args.cpu_time else "wall clock"
+
+    def document() -> dict:
+        return {"machine": info, "rounds": args.rounds, "clock": clock_name, "rows": rows}
+
+    def saved() -> None:
+        if args.out:  # whole: written aside, then renamed
+            part = args.out.with_name(args.out.name + ".part")
+            part.write_text(json.dumps(document()))
+            part.replace(args.out)
+
+    names = args.tasks.split(",")
+    for name in names:
         if name not in builders:
             p.error(f"--tasks: unknown task {name!r} (known: {', '.join(TASKS)})")
-        torch.manual_seed(0)
-        with device:  # models and data on the device (tensors made without one go there)
-            fns, units = builders[name](torch.Generator(device=device).manual_seed(0))
-        fns = {k: _synchronised(f, device) for k, f in fns.items()}
-        clock = "thread" if args.cpu_time else "wall"
-        times = interleaved(fns, rounds=args.rounds, block_s=args.block, clock=clock)
-        rk = sorted(times["rnnkit"])[len(times["rnnkit"]) // 2]
-        tn = sorted(times["torch.nn"])[len(times["torch.nn"]) // 2]
-        row = {
-            "task": name,
-            "unit": "sentences" if name in ("seq2seq-greedy", "seq2seq-beam") else "tokens",
-            "rnnkit_per_s": units / rk,
-            "torch_per_s": units / tn,
-            "ratio": median_ratio(times, "torch.nn", "rnnkit"),
-        }
-        others = [k for k in times if k not in ("rnnkit", "torch.nn")]
-        for other in others:  # a further reference: its time over rnnkit's
-            row[f"ratio_{other.replace(' ', '_')}"] = median_ratio(times, other, "rnnkit")
+    for name in names:
+        try:
+            row = _task_row(name, builders[name], device, args)
+        except Exception as exc:  # one task's failure is recorded; the others still run
+            traceback.print_exc()
+            row = {"task": name, "error": f"{type(exc).__name__}: {exc}"}
         rows.append(row)
-        if not args.json:
-            extra = "".join(
-                f"   {k} {units / sorted(times[k])[len(times[k]) // 2]:,.0f}, ratio "
-                f"{median_ratio(times, k, 'rnnkit'):.2f}"
-                for k in others
-            )
-            print(
-                f"{name:<15} rnnkit {row['rnnkit_per_s']:>10,.0f} {row['unit']}/s   "
-                f"torch.nn {row['torch_per_s']:>10,.0f}   ratio {row['ratio']:.2f}{extra}",
-                flush=True,
-            )
+        saved()
+        if args.json:
+            continue
+        if "error" in row:
+            print(f"{name:<15} failed: {row['error']}", flush=True)
+            continue
+        extra = "".join(
+            f"   {k} {v:,.0f}, ratio {row['ratio_' + k.replace(' ', '_')]:.2f}"
+            for k, v in row.get("others_per_s", {}).items()
+        )
+        print(
+            f"{name:<15} rnnkit {row['rnnkit_per_s']:>10,.0f} {row['unit']}/s   "
+            f"torch.nn {row['torch_per_s']:>10,.0f}   ratio {row['ratio']:.2f}{extra}",
+            flush=True,
+        )
     if args.json:
-        clock = "thread CPU time" if args.cpu_time else "wall clock"
-        print(json.dumps({"machine": info, "rounds": args.rounds, "clock": clock, "rows": rows}))
+        print(json.dumps(document()))
     else:
         print(
             f"({info['cpu']}, {info['cores']} cores, {info['torch_threads']} threads, torch "
@@ -665,7 +675,36 @@ def main(argv: list[str] | None = None) -> int:
             f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}"
             f"{', CPU time of the thread' if args.cpu_time else ''})"
         )
-    return 0
+    return 1 if any("error" in r for r in rows) else 0
+
+
+def _task_row(name: str, build: Callable, device: torch.device, args: argparse.Namespace) -> dict:
+    """One task's contenders built on ``device`` and timed in interleaved rounds: its
+    units a second on each side, the ratio, and any further reference's
+    (``others_per_s``, ``ratio_<name>``)."""
+    torch.manual_seed(0)
+    with device:  # models and data on the device (tensors made without one go there)
+        fns, units = build(torch.Generator(device=device).manual_seed(0))
+    fns = {k: _synchronised(f, device) for k, f in fns.items()}
+    clock = "thread" if args.cpu_time else "wall"
+    times = interleaved(fns, rounds=args.rounds, block_s=args.block, clock=clock)
+
+    def per_s(key: str) -> float:
+        return units / sorted(times[key])[len(times[key]) // 2]
+
+    row: dict = {
+        "task": name,
+        "unit": "sentences" if name in ("seq2seq-greedy", "seq2seq-beam") else "tokens",
+        "rnnkit_per_s": per_s("rnnkit"),
+        "torch_per_s": per_s("torch.nn"),
+        "ratio": median_ratio(times, "torch.nn", "rnnkit"),
+    }
+    others = [k for k in times if k not in ("rnnkit", "torch.nn")]
+    if others:
+        row["others_per_s"] = {k: per_s(k) for k in others}
+    for other in others:  # a further reference: its time over rnnkit's
+        row[f"ratio_{other.replace(' ', '_')}"] = median_ratio(times, other, "rnnkit")
+    return row
 
 
 if __name__ == "__main__":

@@ -1,8 +1,13 @@
 """The prepared GPU check: CUDA results against the CPU reference, and speed vs cuDNN.
 
-Run it where a GPU is lent (one short call; about 2–4 minutes on an H200 incl. start-up):
+Run it where a GPU is lent (``benchmarks/gpu_suite.sh`` runs it with shorter timed blocks,
+``--rounds 3 --block 0.1``, inside its share of one device call):
 
     python benchmarks/gpu_check.py --out $OUT/gpu_check.json
+
+The result file is rewritten after the correctness rows and after every speed row, so a
+run stopped at a time limit keeps what it measured (each row is also printed to stderr as
+one JSON line).
 
 1. **Correctness.** For every cell form (RNN tanh/relu, LSTM, the four GRU forms), a
    2-layer bidirectional stack with a mask that has holes, an empty row and NaN in the
@@ -59,6 +64,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -183,7 +189,16 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _timed(fn, device: str, rounds: int, block_s: float = 0.2) -> list[float]:
+#: Seconds of each timed block (``--block``): the suite's call shortens it.
+BLOCK_S = 0.2
+
+#: Called after each row and section with the result so far (main's ``--out`` writer):
+#: a run stopped at its time limit keeps what it measured.
+Saver = Callable[[], None]
+
+
+def _timed(fn, device: str, rounds: int, block_s: float | None = None) -> list[float]:
+    block_s = BLOCK_S if block_s is None else block_s
     fn()
     fn()
     _sync(device)
@@ -379,8 +394,17 @@ def _speed_row(
     }
 
 
-def speed(device: str, hidden: list[int], batch: list[int], T: int, rounds: int) -> list[dict]:
-    rows = []
+def speed(
+    device: str,
+    hidden: list[int],
+    batch: list[int],
+    T: int,
+    rounds: int,
+    rows: list[dict] | None = None,
+    saved: Saver | None = None,
+) -> list[dict]:
+    """The speed rows, appended to ``rows`` one by one (``saved`` after each)."""
+    rows = [] if rows is None else rows
     for cell in ("lstm", "gru", "rnn"):
         for H in hidden:
             largest = batch[-1]
@@ -395,6 +419,8 @@ def speed(device: str, hidden: list[int], batch: list[int], T: int, rounds: int)
                 )
                 rows.append(row)
                 print(json.dumps(rows[-1]), file=sys.stderr)
+                if saved is not None:
+                    saved()
     return rows
 
 
@@ -452,12 +478,21 @@ def _step_row(cell: str, L: int, H: int, B: int, device: str, rounds: int) -> di
     }
 
 
-def step_speed(device: str, sizes: list[tuple[int, int, int]], rounds: int) -> list[dict]:
-    """:func:`_step_row` for the LSTM and the GRU at each ``(L, H, B)``."""
-    rows = []
+def step_speed(
+    device: str,
+    sizes: list[tuple[int, int, int]],
+    rounds: int,
+    rows: list[dict] | None = None,
+    saved: Saver | None = None,
+) -> list[dict]:
+    """:func:`_step_row` for the LSTM and the GRU at each ``(L, H, B)``, appended to
+    ``rows`` (``saved`` after each)."""
+    rows = [] if rows is None else rows
     for cell in ("lstm", "gru"):
         for L, H, B in sizes:
             rows.append(_step_row(cell, L, H, B, device, rounds))
+            if saved is not None:
+                saved()
             print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 
@@ -517,22 +552,36 @@ def _stack_row(
     }
 
 
-def stack_speed(device: str, H: int, B: int, T: int, rounds: int) -> list[dict]:
+def stack_speed(
+    device: str,
+    H: int,
+    B: int,
+    T: int,
+    rounds: int,
+    rows: list[dict] | None = None,
+    saved: Saver | None = None,
+) -> list[dict]:
     """:func:`_stack_row` for the LSTM and the GRU, one-way and bidirectional, without
-    and with dropout between the layers."""
-    rows = []
+    and with dropout between the layers, appended to ``rows`` (``saved`` after each)."""
+    rows = [] if rows is None else rows
     for cell, bi, p in itertools.product(("lstm", "gru"), (False, True), (0.0, 0.3)):
         rows.append(_stack_row(cell, bi, p, H, B, T, device, rounds))
+        if saved is not None:
+            saved()
         print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
+    global BLOCK_S
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one speed row")
     p.add_argument("--no-speed", action="store_true")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "--block", type=float, default=BLOCK_S, help="seconds of each timed block (default 0.2)"
+    )
     p.add_argument(
         "--path",
         choices=fused.PATHS,
@@ -542,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, help="write the JSON result here (else stdout)")
     args = p.parse_args(argv)
+    BLOCK_S = args.block
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
             "gpu_check: no CUDA device here (use --device cpu for the CPU check)", file=sys.stderr
@@ -557,21 +607,34 @@ def main(argv: list[str] | None = None) -> int:
         "cudnn": torch.backends.cudnn.version() if args.device == "cuda" else None,
         "correctness": checks,
     }
+
+    def saved() -> None:
+        """The result so far into ``--out`` (whole: written aside, then renamed), so that
+        a run stopped at its time limit keeps every row it finished."""
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            part = args.out.with_name(args.out.name + ".part")
+            part.write_text(json.dumps(result, indent=1))
+            part.replace(args.out)
+
+    saved()
     if not args.no_speed:
-        hidden, batch = ([16], [4]) if args.quick else ([128, 256, 512], [16, 64])
-        T = 10 if args.quick else 100
-        result["speed"] = speed(args.device, hidden, batch, T, 2 if args.quick else args.rounds)
+        # the short sections first: a run stopped in the long speed grid keeps them
+        steps: list[dict] = []
+        stacks: list[dict] = []
+        rows: list[dict] = []
+        result.update(steps=steps, stacks=stacks, speed=rows)
         step_sizes = [(2, 16, 1)] if args.quick else [(2, 256, 1), (2, 256, 16)]
         # three rounds: ~10 s in all, inside the check's share of the suite's time
-        result["steps"] = step_speed(args.device, step_sizes, 2 if args.quick else 3)
+        step_speed(args.device, step_sizes, 2 if args.quick else 3, steps, saved)
         stack_size = (16, 4, 5) if args.quick else (256, 64, 100)
-        result["stacks"] = stack_speed(args.device, *stack_size, 2 if args.quick else 3)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    else:
-        print(text)
+        stack_speed(args.device, *stack_size, 2 if args.quick else 3, stacks, saved)
+        hidden, batch = ([16], [4]) if args.quick else ([128, 256, 512], [16, 64])
+        T = 10 if args.quick else 100
+        rounds = 2 if args.quick else args.rounds
+        speed(args.device, hidden, batch, T, rounds, rows, saved)
+    if not args.out:
+        print(json.dumps(result, indent=1))
     failed = [c for c in checks if not c["ok"]]
     for c in failed:
         print(

@@ -93,9 +93,11 @@ def stacks_table(check: dict) -> list[str]:
 
 
 def tasks_table(tasks: dict) -> list[str]:
+    """A row a task; a task that failed says so in its row (its error in the log)."""
     return _table(
         ["task", "rnnkit /s", "torch.nn /s", "ratio"],
         (
+            [r["task"], "failed", "–", "–"] if "error" in r else
             [r["task"], f"{r['rnnkit_per_s']:,.0f} {r['unit']}", f"{r['torch_per_s']:,.0f}",
              f"{r['ratio']:.2f}"]
             for r in tasks.get("rows", [])

@@ -44,4 +44,7 @@ def outputs_and_grads(layer, x, state, path: str, seed: int = 5, **kwargs) -> li
     loss = sum((t * w).sum() for t, w in zip([out.outputs, *finals], weights, strict=True))
     loss.backward()
     grads = [x.grad, *(p.grad for p in parts), *(p.grad for p in layer.parameters())]
+    # copies: a later `layer.cuda()` moves each parameter's .grad in place (Module._apply),
+    # which would carry the caller's CPU results to the GPU with it
+    grads = [None if g is None else g.clone() for g in grads]
     return [out.outputs.detach(), *(f.detach() for f in finals), *grads]

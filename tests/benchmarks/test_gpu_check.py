@@ -245,3 +245,27 @@ def test_a_stack_row_runs_both_contenders_and_counts_the_calls(monkeypatch) -> N
     table = gpu_tables.stacks_table({"stacks": rows})
     assert table[3] == "| gru | 2 | 0.3 | 4 | 3 | 5 | 1.00 | 1.00 | 2 |"
     assert len(table[1].split("|")) == len(table[0].split("|"))
+
+
+def test_a_run_stopped_in_the_speed_grid_keeps_its_finished_rows(tmp_path, monkeypatch) -> None:
+    """The suite stops the check at its time limit: the result file holds the correctness
+    rows, the short sections and every speed row finished before the stop."""
+    _untimed(monkeypatch)
+    real = gpu_check._speed_row
+    calls: list[tuple] = []
+
+    def stopped_at_the_second(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as the suite's `timeout` stops the process
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gpu_check, "_speed_row", stopped_at_the_second)
+    out = tmp_path / "check.json"
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(["--device", "cpu", "--quick", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert len(result["correctness"]) == 2 * 2 * len(gpu_check.FORMS)
+    assert len(result["steps"]) == 2 and len(result["stacks"]) == 8
+    assert [(r["cell"], r["H"]) for r in result["speed"]] == [("lstm", 16)]
+    assert not list(tmp_path.glob("*.part"))

@@ -314,6 +314,18 @@ def test_a_wrong_path_is_refused_in_one_line(monkeypatch):
         wants_fused(rnnkit.LSTMCell(I, H).kernel, torch.zeros(2, 1, I), None, None, False)
 
 
+def test_the_reference_results_outlive_a_move_of_the_layer():
+    """The CUDA tier runs the layer on the CPU, then moves it (``layer.cuda()``, which moves
+    each ``.grad`` in place) and runs it again: the CPU results stay as they were (here
+    ``.float()`` converts the same way)."""
+    layer = _layer(rnnkit.LSTM, {}, torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(B, T, I, dtype=torch.float64, generator=gen)
+    expected = _run(layer, x, _initial(rnnkit.LSTM, torch.float64, gen), "loop")
+    layer.float()
+    assert all(e.dtype == torch.float64 for e in expected if e is not None)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])

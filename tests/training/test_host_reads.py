@@ -178,6 +178,10 @@ def test_on_cuda_a_step_waits_for_the_device_as_often_as_counted(
         messages = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
         return collections.Counter(messages)
 
+    from rnnkit.bptt import gpu_route
+
+    if gpu_route.triton_available():  # its first-use probe reads one value back, once
+        gpu_route._runs_on(torch.device("cuda", torch.cuda.current_device()))
     per_step = _per_step(monkeypatch, waits)
     _train(run_cli, tmp_path, case, "--device", "cuda")
     assert len(per_step) == 3, per_step

@@ -83,14 +83,20 @@ def test_the_section_is_drawn_and_its_bars_are_the_models_backward_pass(
         assert re.search(r"params-valid.jsonl, the key '[^']+' \(\d+ vectors\)", body)
 
 
+# every case, and a language model (its own sections: samples, predictions)
+ON_THE_GPU = {**CASES, "lm": lambda d: ["--task", "lm", "--train", str(d / "text.txt")]}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("case", ["classify", "tag", "seq2seq", "regress-value"])
+@pytest.mark.parametrize("case", list(ON_THE_GPU))
 def test_on_the_gpu_the_bars_are_the_models_backward_pass_there(case, task_data, run_cli, tmp_path):
-    """`rnnkit report --device cuda`: the section's diagnostics and the model's own
-    backward both on the GPU (TF32 off: float32 is float32)."""
+    """`rnnkit report --device cuda`: the whole page (the attention pictures and the
+    language model's predictions too, made from ids read on the host), the section's
+    diagnostics and the model's own backward both on the GPU (TF32 off: float32 is
+    float32)."""
     out = tmp_path / "run"
-    code, _, err = run_cli("train", *CASES[case](task_data), "--out", str(out), *TINY)
+    code, _, err = run_cli("train", *ON_THE_GPU[case](task_data), "--out", str(out), *TINY)
     assert code == 0, err
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         page = html.unescape(render_report(out, device="cuda"))

@@ -237,14 +237,15 @@ def _snapshot_step(out: str) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def _write_report(out: str) -> str | None:
-    """The HTML report of a finished run; a failure to draw it never fails the run."""
+def _write_report(out: str, device: str = "cpu") -> str | None:
+    """The HTML report of a finished run, its figures computed on the device it trained
+    on; a failure to draw it never fails the run."""
     from rnnkit.messages import warning as warn
 
     try:
         from rnnkit.app.report import write_report
 
-        return str(write_report(out))
+        return str(write_report(out, device=device))
     except Exception as exc:  # the trained model is saved: say what failed, do not fail
         warn(
             f"the report could not be written ({exc.__class__.__name__}: {exc}); "
@@ -389,7 +390,7 @@ def run(args: argparse.Namespace) -> int:
     if summary.get("rank", 0) != 0:
         return 0  # under torchrun only rank 0 reports
     if not args.no_report:
-        summary["report"] = _write_report(cfg.out)
+        summary["report"] = _write_report(cfg.out, cfg.device)
     if args.json:
         from rnnkit.training.checkpoint import dumps_strict
 

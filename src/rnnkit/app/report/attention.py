@@ -41,15 +41,17 @@ def attention_sections(run: Run, pairs_shown: int = 3) -> list[tuple[str, str, s
             break
     if not pairs:
         return [section("attention", title, note("No readable source<TAB>target pairs."))]
-    batch = make_pair_batch(src, tgt)
+    batch = make_pair_batch(src, tgt)  # on the host: its ids label the pictures
+    device = next(model.parameters()).device
     with torch.no_grad():
-        out = model(batch.source, batch.source_mask, batch.target_in, batch.target_mask)
+        given = (batch.source, batch.source_mask, batch.target_in, batch.target_mask)
+        out = model(*(t.to(device) for t in given))
     if out.attention is None:
         return [section("attention", title, note("The model returned no attention weights."))]
     body = ""
     for i, pair in enumerate(pairs):
         S, M = len(src[i]), len(tgt[i]) + 1  # outputs y_1 … y_m </s>
-        weights = out.attention[i, :M, :S].double().numpy()
+        weights = out.attention[i, :M, :S].double().cpu().numpy()
         labels = [target_vocab.itos[j] for j in batch.target_out[i, :M].tolist()]
         fig = plots.plot_attention(
             weights,

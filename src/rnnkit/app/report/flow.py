@@ -187,11 +187,13 @@ def flow_section(fb: FlowBatch) -> tuple[str, str, str]:
     jacobians = short if Tj == Ts else first_part(Tj)
     what = r"mean of $\ell_t$ over all steps" if fb.last_loss is not None else "the model's loss"
     norms = recorded.state_gradient_norms(loss_fn=loss_of(fb.loss, B, T), reads_final=True)
-    lines = {f"$L$ = {what}": norms.numpy()}
+    lines = {f"$L$ = {what}": norms.cpu().numpy()}
     if fb.last_loss is not None:
-        lines[r"$\ell_T$ only (the last step's loss)"] = recorded.state_gradient_norms(
-            loss_fn=loss_of(fb.last_loss, B, T), reads_final=True
-        ).numpy()
+        lines[r"$\ell_T$ only (the last step's loss)"] = (
+            recorded.state_gradient_norms(loss_fn=loss_of(fb.last_loss, B, T), reads_final=True)
+            .cpu()
+            .numpy()
+        )
     names = f"{type(direction.cell).__name__}, H = {direction.cell.hidden_size}"
     through = f"the first layer ({names})"
     if direction is not first:
@@ -267,8 +269,8 @@ def _flow_figure(
     Bj, Tj = short.shape
     width = cell.hidden_size * (2 if cell.is_lstm else 1)
     method = "exact" if width <= 64 else "power"
-    J = short.jacobian_norms(method=method, iterations=10).numpy()
-    bound = rnn_jacobian_bound(rnn, range(Tj + 1)).numpy() if rnn is not None else None
+    J = short.jacobian_norms(method=method, iterations=10).cpu().numpy()
+    bound = rnn_jacobian_bound(rnn, range(Tj + 1)).cpu().numpy() if rnn is not None else None
     body = (
         f"<p>On {esc(what)}, through {esc(through)}. "
         "∂h_t/∂h_k = Π diag(φ′(a_j)) W_h, so ‖∂h_t/∂h_k‖₂ ≤ (γλ)^(t−k) with λ = ‖W_h‖₂ "

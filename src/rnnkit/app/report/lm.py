@@ -77,6 +77,7 @@ def lm_gradient_section(run: Run, model: Any, batch: Tensor, where: str):
     from rnnkit.app.report.flow import FlowBatch, flow_section
     from rnnkit.metrics.losses import sequence_cross_entropy
 
+    batch = batch.to(next(model.parameters()).device)  # made on the host
     inputs, targets = batch[:, :-1], batch[:, 1:]
     with torch.no_grad():
         x = model.embedding(inputs)  # (B, T, E)
@@ -203,10 +204,11 @@ def length_gradient_section(
 def lm_prediction_section(run: Run, vocab: Any, model: Any, snippet: Tensor):
     if snippet is None or snippet.numel() < 2:
         return section("predictions", "What the model predicts", note("No text to read."))
-    ids = snippet[None, :-1]  # (1, T)
+    ids = snippet[None, :-1]  # (1, T), on the host: its ids label the pictures
+    on = ids.to(next(model.parameters()).device)
     with torch.no_grad():
-        probs = torch.softmax(model(ids).logits[0].double(), dim=-1).numpy()  # (T, V)
-        states = model.encoder(model.embedding(ids)).outputs[0].numpy()  # (T, D·H)
+        probs = torch.softmax(model(on).logits[0].double(), dim=-1).cpu().numpy()  # (T, V)
+        states = model.encoder(model.embedding(on)).outputs[0].cpu().numpy()  # (T, D·H)
     context = [vocab.itos[i] for i in ids[0].tolist()]
     targets = snippet[1:].tolist()
     text = vocab.decode(snippet.tolist(), skip_specials=False)
