@@ -4,9 +4,11 @@ Each task trains a few steps with ``--device cuda`` and with ``--device cpu`` fr
 seed, without dropout (the two devices draw different masks): the run must finish, its
 training loss be finite and equal the CPU's to float32 rounding over a few steps. The
 encoder–decoder runs every attention kind and wiring, and decodes on the GPU greedily, by
-beam search and by sampling. ``_cases`` and ``_train`` also run on the CPU alone
-(``test_the_cases_train_on_the_cpu``) so that the tier's own data and options stay valid
-on a machine without a GPU.
+beam search and by sampling. A run of each task trained on the CPU answers every command
+that loads it (``evaluate``, ``predict``, ``generate``, ``score``, ``report``) with
+``--device cuda``, its figures the CPU's. ``_cases`` and ``_answers`` also run on the CPU
+alone (``test_the_cases_train_on_the_cpu``, ``test_the_commands_answer_on_the_cpu``) so
+that the tier's own data and options stay valid on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -106,3 +108,126 @@ def test_an_attention_model_decodes_on_cuda(task_data, run_cli, tmp_path, decode
     code, out, err = run_cli("generate", "--checkpoint", str(tmp_path / "run"), "--input",
                              "abc", "--device", "cuda", *decode)  # fmt: skip
     assert code == 0 and out.strip(), err[-2000:]
+
+
+def _answers(d: Path, run: Path) -> dict[str, dict[str, list[str]]]:
+    """The commands that load a trained run, for each case of :func:`_trained`: the
+    figures of ``evaluate`` and ``score`` compare across devices, the others must answer."""
+    lines = d / "lines.txt"
+    if not lines.exists():
+        lines.write_text("abc abd\nbca\n", encoding="utf-8")
+    sources = d / "sources.txt"
+    if not sources.exists():
+        sources.write_text("abc\nba\n", encoding="utf-8")
+    report = ["report", "--out", str(run.parent / f"{run.name}.html")]
+    return {
+        "lm": {
+            "evaluate": ["evaluate", "--data", str(d / "text.txt"), "--json"],
+            "predict": ["predict", "--input", str(lines)],
+            "generate": ["generate", "--prompt", "ab", "--max-len", "5", "--greedy"],
+            "report": report,
+        },
+        "tag": {
+            "evaluate": ["evaluate", "--data", str(d / "tags.tsv"), "--json"],
+            "predict": ["predict", "--input", str(lines)],
+            "report": report,
+        },
+        "classify": {
+            "evaluate": ["evaluate", "--data", str(d / "labels.tsv"), "--json"],
+            "predict": ["predict", "--input", str(lines)],
+            "report": report,
+        },
+        "events": {
+            "evaluate": ["evaluate", "--data", str(d / "valid.jsonl"), "--json"],
+            "score": ["score", "--data", str(d / "valid.jsonl")],
+            "predict": ["predict", "--input", str(d / "valid.jsonl"), "--top", "3"],
+            "report": report,
+        },
+        "params": {
+            "evaluate": ["evaluate", "--data", str(d / "params-valid.jsonl"), "--json"],
+            "score": ["score", "--data", str(d / "params-valid.jsonl")],
+            "report": report,
+        },
+        "regress": {
+            "evaluate": ["evaluate", "--data", str(d / "seq-valid.jsonl"), "--json"],
+            "predict": ["predict", "--input", str(d / "seq-valid.jsonl")],
+            "report": report,
+        },
+        "seq2seq-additive-before": {
+            "evaluate": ["evaluate", "--data", str(d / "pairs.tsv"), "--json"],
+            "predict": ["predict", "--input", str(sources)],
+            "generate": ["generate", "--input", "abc", "--beam", "3"],
+            "report": report,
+        },
+    }
+
+
+def _numbers(text: str) -> list[float]:
+    """Every number of the JSON lines of ``text``."""
+    found: list[float] = []
+
+    def walk(v: object) -> None:
+        if isinstance(v, bool):
+            return
+        if isinstance(v, int | float):
+            found.append(float(v))
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    for line in text.splitlines():
+        if line.startswith("{"):
+            walk(json.loads(line))
+    return found
+
+
+def _answer(run_cli, argv: list[str], run: Path, device: str) -> str:
+    code, out, err = run_cli(*argv[:1], "--checkpoint", str(run), *argv[1:], "--device", device)
+    assert code == 0, f"{argv[0]} on {device}: {err[-2000:]}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def _trained(task_data, tmp_path_factory) -> dict[str, Path]:
+    """Each case of :func:`_answers` trained here, on the CPU (a few steps)."""
+    from rnnkit.app.cli.main import main
+
+    root = tmp_path_factory.mktemp("trained")
+    runs = {}
+    for name in _answers(task_data, root / "x"):
+        runs[name] = root / name
+        argv = [*_cases(task_data)[name], "--out", str(runs[name]), *TINY]
+        assert main(["train", *argv, "--device", "cpu"]) == 0, name
+    return runs
+
+
+@pytest.mark.parametrize(
+    "name, command", [(n, c) for n, cs in _answers(Path("."), Path("x")).items() for c in cs]
+)
+def test_the_commands_answer_on_the_cpu(task_data, run_cli, _trained, name, command):
+    """The tier's commands are valid: each answers here, on the CPU."""
+    argv = _answers(task_data, _trained[name])[name][command]
+    _answer(run_cli, argv, _trained[name], "cpu")
+
+
+@pytest.mark.gpu
+@NEEDS_GPU
+@pytest.mark.parametrize(
+    "name, command", [(n, c) for n, cs in _answers(Path("."), Path("x")).items() for c in cs]
+)
+def test_every_command_answers_on_cuda_as_on_the_cpu(task_data, run_cli, _trained, name, command):
+    """A run trained on the CPU, loaded onto the GPU by each command of its task: it
+    answers, and the figures of ``evaluate`` and ``score`` are the CPU's to float32
+    rounding (TF32 off)."""
+    run = _trained[name]
+    argv = _answers(task_data, run)[name][command]
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        on_gpu = _answer(run_cli, argv, run, "cuda")
+    on_cpu = _answer(run_cli, argv, run, "cpu")
+    if command in ("evaluate", "score"):
+        assert _numbers(on_gpu) == pytest.approx(_numbers(on_cpu), rel=1e-4, abs=1e-5)
+    else:
+        assert len(on_gpu.splitlines()) == len(on_cpu.splitlines())
