@@ -111,14 +111,10 @@ def test_an_attention_model_decodes_on_cuda(task_data, run_cli, tmp_path, decode
 
 
 def _answers(d: Path, run: Path) -> dict[str, dict[str, list[str]]]:
-    """The commands that load a trained run, for each case of :func:`_trained`: the
-    figures of ``evaluate`` and ``score`` compare across devices, the others must answer."""
-    lines = d / "lines.txt"
-    if not lines.exists():
-        lines.write_text("abc abd\nbca\n", encoding="utf-8")
-    sources = d / "sources.txt"
-    if not sources.exists():
-        sources.write_text("abc\nba\n", encoding="utf-8")
+    """The commands that load a trained run, for each case of :func:`_trained` (whose
+    fixture writes ``lines.txt`` and ``sources.txt`` into ``d``): the figures of
+    ``evaluate`` and ``score`` compare across devices, the others must answer."""
+    lines, sources = d / "lines.txt", d / "sources.txt"
     report = ["report", "--out", str(run.parent / f"{run.name}.html")]
     return {
         "lm": {
@@ -196,6 +192,8 @@ def _trained(task_data, tmp_path_factory) -> dict[str, Path]:
     from rnnkit.app.cli.main import main
 
     root = tmp_path_factory.mktemp("trained")
+    (task_data / "lines.txt").write_text("abc abd\nbca\n", encoding="utf-8")
+    (task_data / "sources.txt").write_text("abc\nba\n", encoding="utf-8")
     runs = {}
     for name in _answers(task_data, root / "x"):
         runs[name] = root / name
