@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from rnnkit.anomaly.scores import surprise_and_rank
+from rnnkit.bptt.mask_facts import move_mask
 from rnnkit.data.batching import lm_pairs, pad_sequences
 from rnnkit.data.vocab import BOS_ID, EOS_ID
 from rnnkit.models.language_model import LanguageModel
@@ -58,7 +59,7 @@ def _windowed_surprises(
     for lo in range(0, len(xs), step):
         hi = lo + step
         inputs = torch.from_numpy(xs[lo:hi]).to(device)
-        mask = torch.from_numpy(mask_all[lo:hi]).to(device)
+        mask = move_mask(torch.from_numpy(mask_all[lo:hi]), device)  # its host copy kept
         logits = model(inputs, mask=mask).logits[:, -1].float()  # (rows, V)
         s, r = surprise_and_rank(
             torch.log_softmax(logits, -1), torch.from_numpy(ys[lo:hi]).to(device)
@@ -110,7 +111,8 @@ def event_surprises(
         pairs = [lm_pairs(seqs[i], BOS_ID, EOS_ID) for i in idx]
         inputs, mask = pad_sequences([p[0] for p in pairs])  # (B, T)
         targets, _ = pad_sequences([p[1] for p in pairs])
-        inputs, targets, mask = inputs.to(device), targets.to(device), mask.to(device)
+        inputs, targets = inputs.to(device), targets.to(device)
+        mask = move_mask(mask, device)  # its host copy kept: the stack reads it there
         state = None
         surprise_parts, rank_parts = [], []
         for lo in range(0, inputs.shape[1], SCORE_CHUNK):

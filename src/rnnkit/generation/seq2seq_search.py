@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from rnnkit.deferred import deferring
 from rnnkit.generation.beam import _choose, _ended, _Hypotheses, _Links, _live
 from rnnkit.generation.options import check_forbid, forbid_index
 from rnnkit.generation.search import GenerationResult, generate_batch, select_state
@@ -192,19 +193,23 @@ def decode_batch(
             state_batch_dim=state_batch_dim,
             forbid=forbid,
         )
-    return beam_search(
-        model,
-        state,
-        state_batch_dim,
-        beam=beam,
-        max_length=max_length,
-        bos_id=bos_id,
-        eos_id=eos_id,
-        length_penalty=length_penalty,
-        num=num,
-        per_source=per_source,
-        forbid=forbid,
-    )
+    # deferring(): on a GPU a model's check of each step's token ids (a decoder-only
+    # model's language model checks them) is read once at the end, as in generate_batch;
+    # the ids the search draws are in range by construction
+    with deferring():
+        return beam_search(
+            model,
+            state,
+            state_batch_dim,
+            beam=beam,
+            max_length=max_length,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            length_penalty=length_penalty,
+            num=num,
+            per_source=per_source,
+            forbid=forbid,
+        )
 
 
 def _leaves(state: Any, dim: Any, sizes: list[int]) -> None:

@@ -37,3 +37,44 @@ def test_samples_never_hold_pad_unk_or_bos():
             for text in texts:
                 assert len(text.split()) == 5, (bptt, strategy, texts)
                 assert set(text.split()) <= {"a", "b"}, (bptt, strategy, texts)
+
+
+def test_line_scores_are_the_models_and_read_the_device_once_whatever_the_length(monkeypatch):
+    """``predict``'s per-token log-probabilities equal each line's own forward pass, and
+    on a GPU (reads counted on the CPU, as the device would see them) scoring lines of 4
+    or 40 tokens reads the device the same few times: the ids go over once, the scores
+    come back once, the model's id checks are read once."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from rnnkit import deferred as deferred_module
+    from rnnkit.app.tasks.lm_text import line_logprobs
+    from rnnkit.app.tasks.settings import model_spec
+    from rnnkit.models.builders import build_lm
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "training"))
+    from host_reads import HostReads
+
+    vocab = Vocabulary(list("abc "), unit="char")
+    cfg = TrainConfig(train="x", hidden=8, embedding=4, bptt="full")
+    torch.manual_seed(0)
+    model = build_lm(model_spec(cfg), len(vocab)).eval()
+    lines = ["abc", "ca b", ""]
+    got = line_logprobs(cfg, vocab, model, lines)
+    for line, record in zip(lines, got, strict=True):
+        ids = [BOS_ID, *vocab.encode(line)]
+        targets = torch.tensor([*ids[1:], EOS_ID])
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0]
+        want = torch.log_softmax(logits.double(), -1).gather(1, targets.view(-1, 1)).view(-1)
+        got_lp = torch.tensor(record["logprobs"], dtype=torch.float64)
+        torch.testing.assert_close(got_lp, want, rtol=0, atol=1e-6)
+    monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
+    reads = []
+    for n in (4, 40):
+        with HostReads(model) as counted:
+            line_logprobs(cfg, vocab, model, ["ab c" * (n // 4), "c"])
+        reads.append(counted.count)
+    assert reads[0] == reads[1] <= 2, reads  # before: 5 and 41 (one a token)

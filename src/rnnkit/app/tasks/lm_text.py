@@ -11,6 +11,7 @@ import torch
 
 from rnnkit.app.config import TrainConfig, parse_bptt
 from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED, Vocabulary
+from rnnkit.deferred import deferring
 from rnnkit.errors import ConfigError
 from rnnkit.models.conditional import CONDITIONAL_STATE_DIM, ConditionalLM
 from rnnkit.models.jordan import JordanLM
@@ -205,14 +206,23 @@ def line_logprobs(
         state = model.start(torch.tensor(conditions, device=device))
     elif conditions is not None:
         raise ValueError("classes given for a model that is not class-conditional")
-    got = torch.zeros(len(rows), T, dtype=torch.float64)
-    for t in range(T):
-        # Rows already scored feed their last token again; their outputs are not read.
-        token = torch.tensor([inp[min(t, len(inp) - 1)] for inp, _ in rows], device=device)
-        log_probs, state = model.step(token, state)
-        # (a line of no token, blank under --unit word without a line end, reads any id)
-        want = torch.tensor([tg[min(t, len(tg) - 1)] if tg else 0 for _, tg in rows], device=device)
-        got[:, t] = log_probs.gather(1, want.view(-1, 1)).squeeze(1).double().cpu()
+    # Every step's ids made on the host and moved once: rows already scored feed their
+    # last token again (their outputs are not read); a line of no token (blank under
+    # --unit word without a line end) reads any id.
+    inputs = torch.tensor([[inp[min(t, len(inp) - 1)] for inp, _ in rows] for t in range(T)])
+    wants = torch.tensor(
+        [[tg[min(t, len(tg) - 1)] if tg else 0 for _, tg in rows] for t in range(T)]
+    )  # (T, n): a step's ids are one contiguous row
+    inputs, wants = inputs.to(device), wants.to(device)
+    got = torch.zeros(T, len(rows), dtype=torch.float64, device=device)
+    # deferring(): on a GPU the model's check of each step's ids (checked above, by the
+    # vocabulary) is read once at the end, and the log-probabilities stay on the device
+    # until then: no wait for the device at every token
+    with deferring():
+        for t in range(T):
+            log_probs, state = model.step(inputs[t], state)
+            got[t] = log_probs.gather(1, wants[t].view(-1, 1)).squeeze(1).double()
+    got = got.T.cpu()
     for i, (_, targets) in enumerate(rows):
         lp = got[i, : len(targets)].tolist()
         results[i]["logprobs"] = lp

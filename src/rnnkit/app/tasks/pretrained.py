@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from rnnkit import messages
@@ -27,13 +28,13 @@ def load_pretrained_vectors(
 
     dim = embedding.embedding_dim
     vectors = read_word_vectors(cfg.pretrained_vectors, dim, tokens)
-    found = 0
-    with torch.no_grad():
-        for index, token in enumerate(tokens):
-            vector = vectors.get(token)
-            if vector is not None:
-                embedding.weight[index] = torch.from_numpy(vector).to(embedding.weight)
-                found += 1
+    rows = [i for i, token in enumerate(tokens) if vectors.get(token) is not None]
+    found = len(rows)
+    if rows:  # gathered on the host, one copy to the embedding's device
+        table = torch.from_numpy(np.stack([vectors[tokens[i]] for i in rows]))
+        with torch.no_grad():
+            index = torch.tensor(rows, device=embedding.weight.device)
+            embedding.weight[index] = table.to(embedding.weight)
     said = (
         f"pretrained vectors: {found} of {len(tokens)} vocabulary words found in "
         f"{cfg.pretrained_vectors}"

@@ -182,8 +182,8 @@ class TrainedRun:
         out: list[str] = [""] * len(ids)
         for batch in SequenceBatcher(ids, batch_size=batch_size, shuffle=False):
             best = model.predict(batch.inputs.to(self.device), batch.mask.to(self.device))
-            for row, i in enumerate(batch.indices.tolist()):
-                out[i] = self.labels.labels[int(best[row])]
+            for row, i in zip(best.tolist(), batch.indices.tolist(), strict=True):  # one read
+                out[i] = self.labels.labels[row]
         return out
 
     def _predict_tag(self, sentences: list[Any], batch_size: int) -> list[list[str]]:
