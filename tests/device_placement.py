@@ -46,6 +46,8 @@ _HOST_ARGUMENTS = {
     "_pack_padded_sequence", "pack_padded_sequence", "_pad_packed_sequence",
     "pad_packed_sequence", "lstm", "gru", "rnn_tanh", "rnn_relu",
 }  # fmt: skip
+# a copy between devices, attribute access, Module.to's check before it converts
+_NOT_COMPUTING = {"copy_", "__get__", "__set__", "_has_compatible_shallow_copy_type"}
 _LIKE = {"zeros_like", "ones_like", "full_like", "empty_like", "rand_like", "randn_like"}
 _NEW = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor"}
 
@@ -93,15 +95,18 @@ class _Generator(_TorchGenerator):
 
 class DevicePlacement(TorchFunctionMode):
     """``with DevicePlacement() as placed: ...``; ``placed.violations`` counts each kind of
-    mix by the rnnkit lines that made it."""
+    mix by the rnnkit lines that made it. ``parameters``: every parameter counts as on the
+    device (a command's model is loaded there); False: only those moved there (a program
+    that keeps a CPU reference model beside the device's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, parameters: bool = True) -> None:
         super().__init__()
+        self._parameters = parameters
         self._marked: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
         self.violations: collections.Counter[str] = collections.Counter()
 
     def on_device(self, t: Any) -> bool:
-        return isinstance(t, nn.Parameter) or (
+        return (self._parameters and isinstance(t, nn.Parameter)) or (
             isinstance(t, torch.Tensor) and self._marked.get(id(t)) is t
         )
 
@@ -110,10 +115,10 @@ class DevicePlacement(TorchFunctionMode):
             self._marked[id(t)] = t
 
     def _record(self, kind: str, name: str) -> None:
-        frames = [
-            f"{f.filename.split('/src/')[-1]}:{f.lineno}"
+        frames = [  # rnnkit's own lines, and the benchmarks'
+            f"{f.filename.split('/src/')[-1].split('/work/main/')[-1]}:{f.lineno}"
             for f in traceback.extract_stack()[:-2]
-            if "/src/rnnkit/" in f.filename
+            if "/src/rnnkit/" in f.filename or "/benchmarks/" in f.filename
         ]
         self.violations[f"{kind} ({name}) at {' <- '.join(reversed(frames[-3:]))}"] += 1
 
@@ -131,12 +136,21 @@ class DevicePlacement(TorchFunctionMode):
             return DEVICE if self.on_device(args[0]) else func(*args, **kwargs)
         if name in ("to", "cpu"):
             return self._moved(func, name, args, kwargs)
+        if name == "__set__" and getattr(getattr(func, "__self__", None), "__name__", "") == (
+            "data"
+        ):  # `p.data = t` (Module.to converts its parameters so): p goes where t is
+            if self.on_device(args[1]):
+                self._mark(args[0])
+            else:
+                self._marked.pop(id(args[0]), None)
+            return func(*args, **kwargs)
         if name in ("numpy", "__array__"):
             if self.on_device(args[0]):
                 self._record(".numpy() of a tensor on the device", name)
             return func(*args, **kwargs)
         if name in _FACTORIES:
-            on = bool(_on_device(kwargs.get("device")))
+            # no device given: torch's default (``with device:`` blocks set it)
+            on = bool(_on_device(kwargs.get("device") or torch.get_default_device()))
             self._check_generator(name, kwargs, on)
             out = func(*args, **kwargs)
             if on:
@@ -161,7 +175,7 @@ class DevicePlacement(TorchFunctionMode):
             written = isinstance(value, torch.Tensor) and value.dim() > 0 and index
             if written and self.on_device(value) != self.on_device(args[0]):
                 self._record("an indexed write across devices", name)
-        elif device and host and name not in ("copy_", "__get__", "__set__", *_HOST_ARGUMENTS):
+        elif device and host and name not in _NOT_COMPUTING and name not in _HOST_ARGUMENTS:
             self._record("host and device tensors in one operation", name)
         if "generator" in kwargs and inputs:
             self._check_generator(name, kwargs, self.on_device(inputs[0]))

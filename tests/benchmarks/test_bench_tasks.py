@@ -54,3 +54,25 @@ def test_the_file_holds_the_tasks_finished_before_a_stop(tmp_path, monkeypatch) 
     with pytest.raises(KeyboardInterrupt):
         bench_tasks.main(["--tasks", "lm,tag", "--json", "--out", str(out)])
     assert [r["task"] for r in json.loads(out.read_text())["rows"]] == ["lm"]
+
+
+def test_every_contender_keeps_its_tensors_on_the_device(monkeypatch, capsys) -> None:
+    """``--device cuda`` runs where no test can: on a stand-in device
+    (``tests/device_placement.py``) every task's contenders, the hand-written torch.nn
+    decoders included, run once with nothing made on the host meeting the device (their
+    greedy and beam searches made their tensors on the host, which failed on a GPU)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from device_placement import DEVICE, DevicePlacement
+
+    def once(fns, **kw):
+        for fn in fns.values():
+            fn()
+        return {k: [1e-3] for k in fns}
+
+    monkeypatch.setattr(bench_tasks, "interleaved", once)
+    monkeypatch.setattr(bench_tasks, "DECODE_TRAIN", {**bench_tasks.DECODE_TRAIN})
+    with DevicePlacement() as placed:
+        assert bench_tasks.main(["--device", str(DEVICE), "--json", "--decode-train", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["task"] for r in rows] == list(bench_tasks.TASKS)
+    assert not placed.violations, dict(placed.violations)

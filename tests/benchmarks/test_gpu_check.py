@@ -269,3 +269,20 @@ def test_a_run_stopped_in_the_speed_grid_keeps_its_finished_rows(tmp_path, monke
     assert len(result["steps"]) == 2 and len(result["stacks"]) == 8
     assert [(r["cell"], r["H"]) for r in result["speed"]] == [("lstm", 16)]
     assert not list(tmp_path.glob("*.part"))
+
+
+def test_the_check_keeps_its_tensors_where_it_says(tmp_path, monkeypatch) -> None:
+    """Every row of the check run once on a stand-in device (``tests/device_placement.py``;
+    the CPU reference layers stay on the host): nothing made on the host meets the
+    device, and nothing on the device is read as numpy."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from device_placement import DEVICE, DevicePlacement
+
+    _untimed(monkeypatch)
+    out = tmp_path / "check.json"
+    with DevicePlacement(parameters=False) as placed:
+        status = gpu_check.main(["--device", str(DEVICE), "--quick", "--out", str(out)])
+    assert status == 0
+    result = json.loads(out.read_text())
+    assert len(result["speed"]) == 3 and len(result["stacks"]) == 8
+    assert not placed.violations, dict(placed.violations)
