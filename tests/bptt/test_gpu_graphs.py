@@ -205,6 +205,24 @@ def test_inference_has_its_own_graph_and_equals_the_eager_loop(graphs):
     assert [(g.warm_ups, g.replays) for g in graphs] == [(1, 2)]
 
 
+def test_inference_mode_and_no_grad_each_have_their_own_graph(graphs):
+    """A graph captured under torch.inference_mode holds inference tensors as its static
+    inputs, which no call outside inference mode may refill (torch refuses the copy): the
+    same call under no_grad afterwards captures its own, and both equal the eager loop."""
+    cell = _cell("lstm")
+    x, states0, mask, reset = _inputs(2, seed=5)
+    w = cell.weights()
+    with torch.no_grad(), use_cuda_graphs(False):
+        want = gpu_steps.run_steps(cell.kernel, x, w, states0, mask, reset)
+    with use_cuda_graphs(True):
+        for mode in (torch.inference_mode, torch.no_grad, torch.inference_mode):
+            with mode():
+                out, finals = gpu_steps.run_steps(cell.kernel, x, w, states0, mask, reset)
+            _close([out, *finals], [want[0], *want[1]])
+    modes = sorted(key[-2] for key in gpu_graphs.cached_keys("cpu"))
+    assert modes == [False, True] and [g.replays for g in graphs] == [2, 1]
+
+
 @pytest.mark.parametrize("name", ["lstm", "gru_keep_after"])
 def test_the_record_of_a_window_equals_the_eager_one(graphs, name):
     # forward_record (the windowed BPTT's forward on the Triton steps) runs the same loop

@@ -371,6 +371,24 @@ def test_auto_falls_back_to_the_loop_with_one_warning_where_triton_cannot_run(mo
 
 
 @pytest.mark.usefixtures("kernels_cannot_run")
+def test_inside_the_callers_own_graph_capture_the_first_use_test_waits(monkeypatch):
+    """The first-use test reads a value back, which would break a capture of the caller's
+    own CUDA graph: inside one, that call runs the loop, with no warning, and nothing is
+    kept; the test runs at the first call outside it."""
+    x = _CudaLike()
+    kernel = CELLS["gru_keep_before"]().kernel
+    monkeypatch.setattr(gpu_route, "_capturing", lambda device: True)
+    with use_fused("auto"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _route(kernel, x) == LOOP
+    assert "cuda:0" not in gpu_route._why
+    monkeypatch.setattr(gpu_route, "_capturing", lambda device: False)
+    with use_fused("auto"), pytest.warns(RuntimeWarning, match="cannot run on cuda:0"):
+        assert _route(kernel, x) == LOOP
+    assert gpu_route._why["cuda:0"] is not None
+
+
+@pytest.mark.usefixtures("kernels_cannot_run")
 def test_forced_path_where_triton_cannot_run_is_one_clear_error(monkeypatch):
     x = torch.zeros(T, B, I)  # the CPU, in the interpreter as far as the check goes
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -158,10 +158,14 @@ def cuda_graphs_enabled() -> bool:
 
 def wanted(t: Tensor) -> bool:
     """Whether a call on ``t``'s device runs through a graph: the switch on, a CUDA
-    tensor, and no capture of the caller's own in progress. Off, the first test returns."""
+    tensor, and no capture of the caller's own in progress on that device. Off, the first
+    test returns."""
     if t.device.type not in _DEVICES or not cuda_graphs_enabled():
         return False
-    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+    if not t.is_cuda:
+        return True
+    with torch.cuda.device(t.device):  # the tensor's device, not the current one
+        return not torch.cuda.is_current_stream_capturing()
 
 
 def cuda_graph_stats() -> dict[str, int]:
@@ -338,7 +342,9 @@ def replayed(
     clones, so another thread's call can neither capture the same key twice, nor evict
     or refill the static buffers of this one, nor replay in between.
     """
-    full = (*key, signature(inputs))
+    # under torch.inference_mode the static buffers are inference tensors, which no later
+    # call outside it may refill: each mode its own graph
+    full = (*key, torch.is_inference_mode_enabled(), signature(inputs))
     where = next(t.device for t in inputs if t is not None)
     device = _device(str(where))
     with device.lock:

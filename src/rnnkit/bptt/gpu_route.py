@@ -48,12 +48,20 @@ def triton_available() -> bool:
     return _found["triton"]
 
 
+#: Why the probe did not run now (not kept: the next call outside the capture probes).
+CAPTURING = "a CUDA graph is being captured on it: call the layer once before capturing"
+
+
 def _runs_on(device: torch.device) -> str | None:
     """Why Triton's kernels cannot run on ``device``, or None when they can: looked up once
     per device by compiling and launching a one-element kernel (a GPU without a driver
     Triton supports, a missing ``ptxas``, an architecture it does not target all fail
-    there, at the first use, rather than inside a layer's call)."""
+    there, at the first use, rather than inside a layer's call). Not inside a capture of
+    the caller's own CUDA graph, where the probe's read would break the capture:
+    :data:`CAPTURING` then, and the probe waits for a call outside it."""
     key = str(device)
+    if key not in _why and device.type == "cuda" and _capturing(device):
+        return CAPTURING
     if key not in _why:
         try:
             k = importlib.import_module(_PROBE)
@@ -99,7 +107,7 @@ def wants_steps(kernel: Kernel, x: Tensor, window: int | None, projected: bool) 
         ):
             return False
         why = _runs_on(x.device)
-        if why is not None:
+        if why is not None and why != CAPTURING:  # a capture: this call only, no warning
             _warn_once(x.device, why)
         return why is None
     if path != "triton" or not steps_handle(kernel, x, window, projected):
@@ -117,6 +125,16 @@ def wants_steps(kernel: Kernel, x: Tensor, window: int | None, projected: bool) 
     if why is not None:
         raise ConfigError(f"RNNKIT_GPU_PATH=triton: triton cannot run on {x.device}: {why}")
     return True
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether ``device``'s current stream is capturing (False where CUDA cannot answer:
+    the probe then says why)."""
+    try:
+        with torch.cuda.device(device):
+            return torch.cuda.is_current_stream_capturing()
+    except (AssertionError, RuntimeError):  # a CPU build of torch, no driver
+        return False
 
 
 def _warn_once(device: torch.device, why: str) -> None:

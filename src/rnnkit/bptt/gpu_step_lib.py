@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from rnnkit.bptt.gpu_launch import BLOCK_MAX
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import StepKernel, Weights
 from rnnkit.cells.lstm import LSTMKernel, NativeLSTMStep
@@ -44,7 +45,7 @@ def _grid(n: int) -> tuple[tuple[int], int]:
     """The launch grid and block over ``n`` elements (an empty batch: one program, no
     element)."""
     block = 16
-    while block < min(n, 1024):
+    while block < min(n, BLOCK_MAX):  # as the layers' steps (rnnkit.bptt.gpu_launch)
         block *= 2
     return (max(1, (n + block - 1) // block),), block
 

@@ -58,6 +58,8 @@ class _Flags:
         zoned = kh if kh is not None else kc
         self.kw: dict[str, Any] = {
             "BLOCK": block,
+            # a row of 1024 or more in one program: 8 warps (4 spilled registers there)
+            "num_warps": 8 if block >= 1024 else 4,
             "HAS_MASK": mask is not None,
             "HAS_RESET": reset is not None,
             "enable_fp_fusion": True,
