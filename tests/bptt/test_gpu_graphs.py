@@ -256,7 +256,9 @@ def test_a_different_length_captures_anew_and_the_same_reuses(graphs):
     assert sorted(lengths) == [T - 2, T]
 
 
-def test_the_key_holds_what_fixes_the_work_and_the_cache_is_bounded(graphs):
+def test_the_key_holds_what_fixes_the_work_and_the_cache_is_bounded(graphs, monkeypatch):
+    waits: list[str] = []  # a graph is dropped only once its device's last use has ended
+    monkeypatch.setattr(gpu_graphs._Device, "idle", lambda self: waits.append("idle"))
     a = torch.zeros(2, 3, dtype=F64)
     key = gpu_graphs.signature([a, None, a.T, torch.zeros(1, 1).expand(4, 2)])
     assert key == (
@@ -274,7 +276,9 @@ def test_the_key_holds_what_fixes_the_work_and_the_cache_is_bounded(graphs):
     # the least recently used goes first: size 1 was used again, so size 2 is dropped
     got = gpu_graphs.replayed(("test",), double, [torch.full((1,), 3.0)])
     assert got is not None and torch.equal(got[0], torch.tensor([6.0]))
+    assert waits == []
     gpu_graphs.replayed(("test",), double, [torch.ones(gpu_graphs.CACHE_SIZE + 1)])
+    assert waits == ["idle"]
     sizes = [k[-1][0][0][0] for k in gpu_graphs.cached_keys("cpu")]
     assert len(sizes) == gpu_graphs.CACHE_SIZE
     assert 2 not in sizes and sizes[-2:] == [1, gpu_graphs.CACHE_SIZE + 1]

@@ -112,6 +112,12 @@ class _Device:
             self.last = torch.cuda.Event()
             self.last.record(torch.cuda.current_stream(device))
 
+    def idle(self) -> None:
+        """The host waits for the previous use to end: a graph dropped now cannot free
+        buffers that a replay on another thread's stream is still using."""
+        if self.last is not None:
+            self.last.synchronize()
+
 
 _devices: dict[str, _Device] = {}
 _devices_lock = threading.Lock()  # makes the _Device of a device, and guards _stats
@@ -193,6 +199,7 @@ def clear_cuda_graphs() -> None:
     with contextlib.ExitStack() as held:
         for d in devices:
             held.enter_context(d.lock)
+            d.idle()
         _cache.clear()
         _warned.clear()
         with _devices_lock:
@@ -383,5 +390,6 @@ def _entry(
         entry = _FAILED
     cache[full] = entry
     while len(cache) > CACHE_SIZE:
+        _device(device).idle()  # (rare: a 17th shape) no replay still reads what goes
         cache.popitem(last=False)
     return entry if isinstance(entry, _Entry) else None
