@@ -1,11 +1,10 @@
 """``--device`` of ``evaluate``, ``predict``, ``generate``, ``score`` and ``report``: the
 model loads where it is asked; ``auto`` is the CPU where there is no GPU and gives the
-default's results; ``cuda`` without a GPU is one line naming the option; on a GPU, a run
-trained on the CPU evaluates there to the same figures within float32 rounding."""
+default's results; ``cuda`` without a GPU is one line naming the option. On a GPU, every
+command of every task against the CPU's figures: ``tests/app/cli/test_tasks_on_cuda.py``."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -83,39 +82,3 @@ def test_auto_on_a_machine_without_a_gpu_is_the_default(runs, run_cli, command):
 def test_a_wrong_device_is_refused_by_the_parser(runs, run_cli):
     code, _, err = run_cli(*_commands(runs)["evaluate"], "--device", "tpu")
     assert code == 2 and "invalid choice: 'tpu'" in err
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("command", ["evaluate", "predict", "score"])
-def test_a_cpu_run_evaluates_on_the_gpu_to_the_same_figures(runs, run_cli, command):
-    argv = _commands(runs)[command]
-    code, cpu, err = run_cli(*argv)
-    assert code == 0, err
-    # TF32 off, so that float32 is float32: cuDNN's recurrent kernels use TF32 by default
-    # (torch.backends.cudnn.allow_tf32), outside the tolerance below
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        code, gpu, err = run_cli(*argv, "--device", "cuda")
-    assert code == 0, err
-
-    def numbers(text: str) -> list[float]:
-        found: list[float] = []
-
-        def walk(v: object) -> None:
-            if isinstance(v, bool):
-                return
-            if isinstance(v, int | float):
-                found.append(float(v))
-            elif isinstance(v, dict):
-                for x in v.values():
-                    walk(x)
-            elif isinstance(v, list):
-                for x in v:
-                    walk(x)
-
-        for line in text.splitlines():
-            if line.startswith("{"):
-                walk(json.loads(line))
-        return found
-
-    assert numbers(gpu) == pytest.approx(numbers(cpu), rel=1e-4, abs=1e-5)
