@@ -403,3 +403,50 @@ def test_what_runs_the_stack_in_whole_layers(make, train, fused_calls, calls):
     assert calls["n"] == fused_calls
     for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g, e, atol=1e-12, rtol=0.0)
+
+
+@pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
+@pytest.mark.parametrize("lengths", [None, [T, 3, 0, 1, 6]], ids=["full", "lengths"])
+def test_a_state_that_is_not_contiguous_reaches_the_kernel_contiguous(
+    name, cls, kw, lengths, monkeypatch
+):
+    """cuDNN refuses an initial state that is not contiguous (the CPU kernels take any): a
+    state sliced out of a wider batch reaches the fused kernel contiguous, with the loop's
+    result. The kernel is wrapped here with cuDNN's own check."""
+    form = {rnnkit.LSTM: "lstm", rnnkit.GRU: "gru"}.get(cls)
+    seen: list[bool] = []
+
+    def checked(op):
+        def run(*args):
+            h = args[2] if len(args) == 9 and isinstance(args[1], torch.Tensor) else args[1]
+            states = h if isinstance(h, (list, tuple)) else [h]
+            seen.append(all(s.is_contiguous() for s in states))
+            return op(*args)
+
+        return run
+
+    for op_name in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
+        if form is None or op_name == form:
+            monkeypatch.setattr(torch._VF, op_name, checked(getattr(torch._VF, op_name)))
+    gen = torch.Generator().manual_seed(4)
+    layer = _layer(cls, kw, torch.float64)
+    x = torch.randn(B, T, I, dtype=torch.float64, generator=gen)
+    wide = _initial(cls, torch.float64, torch.Generator().manual_seed(5))
+    parts = list(wide) if isinstance(wide, LSTMState) else [wide]
+    sliced = [torch.cat([p, p], dim=2)[:, :, ::2] for p in parts]  # every other row: strided
+    assert not sliced[0].is_contiguous()
+    state = LSTMState(*sliced) if isinstance(wide, LSTMState) else sliced[0]
+    lens = None if lengths is None else torch.tensor(lengths)
+    with torch.no_grad():  # the state itself, not a copy, goes in
+        with use_fused("loop"):
+            want = layer(x, state=state, lengths=lens)
+        with use_fused("fused"):
+            got = layer(x, state=state, lengths=lens)
+    assert seen and all(seen)
+    torch.testing.assert_close(got.outputs, want.outputs, atol=1e-12, rtol=0.0)
+    for g, w in zip(_leaves(got.state), _leaves(want.state), strict=True):
+        torch.testing.assert_close(g, w, atol=1e-12, rtol=0.0)
+
+
+def _leaves(state):
+    return list(state) if isinstance(state, LSTMState) else [state]

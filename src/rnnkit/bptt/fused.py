@@ -357,6 +357,9 @@ def _call(
     """One fused call, no dropout; ``hx`` each ``(L·D, B, H)``; ``params`` four a layer
     and direction, layer-major."""
     op = getattr(torch._VF, form)
+    # cuDNN refuses an initial state that is not contiguous ("rnn: hx is not contiguous");
+    # the CPU kernels take any, so a state a caller sliced or permuted failed on a GPU only
+    hx = tuple(t.contiguous() for t in hx)
     h = hx if form == "lstm" else hx[0]
     L, two = num_layers, bidirectional
     # rnnkit's parameters are separate tensors, not one cuDNN buffer: cuDNN copies them
