@@ -162,6 +162,41 @@ def test_cell_step_is_the_cells_step(name, cls, kw):
     _same(list(expected), list(got))
 
 
+def test_an_lstm_step_gives_torchs_cell_both_biases(monkeypatch):
+    """On a GPU torch's fused LSTM cell (``_thnn_fused_lstm_cell``) refuses an input bias
+    without a hidden one, where the CPU's adds what it gets: the stack's single step and
+    the cell's forward, with torch's cell wrapped in that rule, give the loop's values
+    (one bias per gate: the hidden one a kept zero, created once)."""
+    from rnnkit.cells import lstm as lstm_module
+
+    given: list[tuple[bool, bool]] = []
+    real = torch.lstm_cell
+
+    def as_on_a_gpu(x, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+        given.append((b_ih is not None, b_hh is not None))
+        assert (b_ih is None) == (b_hh is None), "the CUDA kernel refuses one bias alone"
+        return real(x, hx, w_ih, w_hh, b_ih, b_hh)
+
+    monkeypatch.setattr(torch, "lstm_cell", as_on_a_gpu)
+    gen = torch.Generator().manual_seed(5)
+    layer = _layer(rnnkit.LSTM, {}, num_layers=2)
+    x = torch.randn(B, 1, I, dtype=torch.float64, generator=gen)
+    with torch.no_grad():
+        got = [layer(x) for _ in range(2)]
+        cell = layer.cells()[0]
+        stepped = cell(x[:, 0])
+        with use_fused("loop"):
+            want = layer(x)
+        zeros = torch.zeros(B, H, dtype=torch.float64)
+        want_cell = lstm_module.lstm_step(x[:, 0], LSTMState(zeros, zeros), cell.weights())
+    assert given and set(given) == {(True, True)}
+    for out in got:
+        torch.testing.assert_close(out.outputs, want.outputs, atol=1e-12, rtol=0.0)
+    torch.testing.assert_close(stepped.h, want_cell.h, atol=1e-12, rtol=0.0)
+    zero = lstm_module._zero_bias[cell.bias]  # one zero kept per bias, not one a step
+    assert not zero.any() and zero.shape == cell.bias.shape
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])

@@ -53,7 +53,7 @@ from rnnkit.bptt.tracing import exporting, tracing, transforming
 from rnnkit.cells.amp import autocast_devices_on, without_autocast
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import Kernel, Weights
-from rnnkit.cells.lstm import LSTMKernel
+from rnnkit.cells.lstm import LSTMKernel, fused_lstm_cell
 from rnnkit.cells.rnn import RNNKernel
 
 __all__ = [
@@ -239,7 +239,8 @@ def cell_step(
     """
     if form == "lstm":
         w = weights
-        h, c = torch.lstm_cell(x, states0, w.weight_ih, w.weight_hh, w.bias, None)
+        h0, c0 = states0
+        h, c = fused_lstm_cell(x, (h0, c0), w.weight_ih, w.weight_hh, w.bias)
         return h, c
     if form == "gru":
         w_ih, w_hh, b_ih, b_hh = _gru_parameters(kernel, weights)

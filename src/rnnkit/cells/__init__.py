@@ -39,6 +39,7 @@ from rnnkit.cells.lstm import (
     LSTMCell,
     LSTMKernel,
     NativeLSTMStep,
+    fused_lstm_cell,
     lstm_step,
     lstm_step_backward,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "check_cell_input",
     "float32",
     "float32_on_cpu",
+    "fused_lstm_cell",
     "gru_step",
     "gru_step_backward",
     "input_product",

@@ -26,6 +26,7 @@ from typing import Any, Literal, NamedTuple, overload
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 from rnnkit.cells.amp import cell_step_in_weights_dtype
 from rnnkit.cells.base import CellBase, check_cell_input
@@ -55,9 +56,39 @@ __all__ = [
     "LSTMCell",
     "LSTMKernel",
     "NativeLSTMStep",
+    "fused_lstm_cell",
     "lstm_step",
     "lstm_step_backward",
 ]
+
+# A zero hidden bias for each bias given to torch's fused cell (see fused_lstm_cell),
+# kept while that bias lives: no allocation (no kernel on a GPU) per step
+_zero_bias: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def fused_lstm_cell(
+    x: Tensor, state: tuple[Tensor, Tensor], w_ih: Tensor, w_hh: Tensor, bias: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """One LSTM step, one bias per gate, in torch's fused cell operator: ``x (B, I)``,
+    ``state (h, c)`` each ``(B, H)`` → ``(h', c')``.
+
+    torch's cell takes two biases (``b_ih``, ``b_hh``). On the CPU it adds what it is
+    given; on a GPU its fused kernel (``_thnn_fused_lstm_cell``) refuses an input bias
+    without a hidden one. So the bias goes in as ``b_ih`` beside a zero ``b_hh`` (the
+    same values: ``+ 0`` is exact) on every device.
+    """
+    if bias is None:
+        return torch.lstm_cell(x, state, w_ih, w_hh, None, None)
+    zero = _zero_bias.get(bias)
+    if zero is None or (zero.shape, zero.dtype, zero.device) != (
+        bias.shape,
+        bias.dtype,
+        bias.device,
+    ):
+        # a normal tensor even under inference_mode: later calls may save it for backward
+        with torch.inference_mode(False):
+            zero = _zero_bias[bias] = torch.zeros_like(bias, requires_grad=False)
+    return torch.lstm_cell(x, state, w_ih, w_hh, bias, zero)
 
 
 class LSTMCache(NamedTuple):
@@ -450,5 +481,5 @@ class LSTMCell(CellBase):
         # The same step as ``lstm_step`` (the oracle, same gate order and bias), in torch's
         # one fused op: a per-step loop (decoders, generation) pays ~10 eager ops of
         # Python dispatch less per step. Tested equal to ``lstm_step`` in float64.
-        h, c = torch.lstm_cell(x, (state.h, state.c), self.weight_ih, self.weight_hh, self.bias)
+        h, c = fused_lstm_cell(x, (state.h, state.c), self.weight_ih, self.weight_hh, self.bias)
         return LSTMState(h, c)
