@@ -177,3 +177,14 @@ def test_bad_arguments_are_named():
         ConditionalLM(lm.embedding, lm.encoder, lm.head, torch.nn.Embedding(K, 3), E, "input")(
             torch.tensor([0]), torch.tensor([[BOS_ID]])
         )
+
+
+def test_ids_out_of_the_vocabulary_are_one_error_naming_them():
+    """As a LanguageModel's: on a GPU the embedding lookup would otherwise stop the
+    process with a device-side assert (and on the CPU raise an IndexError from inside)."""
+    lm = class_conditional_lm(6, 2, 4, 5)
+    with pytest.raises(ValueError, match=r"token ids in \[0, 6\).*got 9 at \(1, 1\)"):
+        lm(torch.tensor([0, 1]), torch.tensor([[1, 2], [3, 9]]))
+    state = lm.start(torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"token ids in \[0, 6\).*got 7"):
+        lm.step(torch.tensor([7]), state)

@@ -32,7 +32,7 @@ from rnnkit.generation.search import GenerationResult, generate_batch
 from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.metrics.losses import training_loss
-from rnnkit.models.language_model import LMOutput, LossOutput
+from rnnkit.models.language_model import LMOutput, LossOutput, check_token_ids
 from rnnkit.types import LSTMState, State
 
 __all__ = [
@@ -140,7 +140,10 @@ class ConditionalLM(nn.Module):
 
     def encoder_inputs(self, tokens: Tensor, c: Tensor) -> Tensor:
         """What the stack reads: ``tokens (B, T)`` embedded (with dropout in training),
-        and ``c (B, C)`` beside every step unless the context is ``"init"``."""
+        and ``c (B, C)`` beside every step unless the context is ``"init"``. Ids out of
+        the vocabulary are one error naming them, as :class:`LanguageModel`'s (on a GPU the
+        lookup itself would stop the process with a device-side assert)."""
+        tokens = check_token_ids(tokens, getattr(self.embedding, "num_embeddings", None))
         x = self.drop(self.embedding(tokens))  # (B, T, E)
         if self.context_mode == "init":
             return x
