@@ -79,6 +79,8 @@ def fused_lstm_cell(
     """
     if bias is None:
         return torch.lstm_cell(x, state, w_ih, w_hh, None, None)
+    if torch.compiler.is_compiling():  # a traced graph makes its own (no cache to trace)
+        return torch.lstm_cell(x, state, w_ih, w_hh, bias, torch.zeros_like(bias))
     zero = _zero_bias.get(bias)
     if zero is None or (zero.shape, zero.dtype, zero.device) != (
         bias.shape,
