@@ -42,20 +42,21 @@ MAX_LENGTH = 8
 STEPPERS = (InferenceStep, TorchInferenceStep, Seq2Seq)
 
 # (scenario, step, beam) → (steps, operations from the first step on, host syncs from the
-# first step on, operations inside the model's steps)
+# first step on, operations inside the model's steps). The general step's LSTM cell makes
+# its zero hidden bias once, at the first step (rnnkit.cells.fused_lstm_cell): one more.
 BOUNDS = {
     ("running", "compiled", 1): (8, 155, 10, 109),
     ("running", "compiled", 3): (8, 289, 9, 109),
     ("running", "torch", 1): (8, 294, 10, 248),
     ("running", "torch", 3): (8, 435, 9, 248),
-    ("running", "general", 1): (8, 430, 10, 384),
-    ("running", "general", 3): (8, 564, 9, 384),
+    ("running", "general", 1): (8, 431, 10, 385),
+    ("running", "general", 3): (8, 565, 9, 385),
     ("ending", "compiled", 1): (8, 167, 10, 114),
     ("ending", "compiled", 3): (8, 302, 10, 114),
     ("ending", "torch", 1): (8, 302, 10, 248),
     ("ending", "torch", 3): (8, 443, 10, 248),
-    ("ending", "general", 1): (8, 437, 10, 384),
-    ("ending", "general", 3): (8, 572, 10, 384),
+    ("ending", "general", 1): (8, 438, 10, 385),
+    ("ending", "general", 3): (8, 573, 10, 385),
 }
 
 
