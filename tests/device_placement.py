@@ -27,6 +27,7 @@ import sys
 import traceback
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from torch.overrides import TorchFunctionMode
 
 #: The stand-in for the GPU: the host under another name.
 DEVICE = torch.device("cpu", 0)
+_ROOT = str(Path(__file__).resolve().parents[1]) + "/"  # the checkout, cut from file names
 
 _FACTORIES = {
     "zeros", "ones", "full", "empty", "arange", "tensor", "as_tensor", "rand", "randn",
@@ -116,7 +118,7 @@ class DevicePlacement(TorchFunctionMode):
 
     def _record(self, kind: str, name: str) -> None:
         frames = [  # rnnkit's own lines, and the benchmarks'
-            f"{f.filename.split('/src/')[-1].split('/work/main/')[-1]}:{f.lineno}"
+            f"{f.filename.split('/src/')[-1].removeprefix(_ROOT)}:{f.lineno}"
             for f in traceback.extract_stack()[:-2]
             if "/src/rnnkit/" in f.filename or "/benchmarks/" in f.filename
         ]
