@@ -162,16 +162,24 @@ def cuda_graphs_enabled() -> bool:
     raise ConfigError(f"RNNKIT_CUDA_GRAPHS={on!r} in the environment: choose 1 (on) or 0 (off)")
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether ``device``'s current stream is capturing a CUDA graph (asked of that
+    device, not the current one; False where CUDA cannot answer: a CPU build, no
+    driver)."""
+    try:
+        with torch.cuda.device(device):
+            return torch.cuda.is_current_stream_capturing()
+    except (AssertionError, RuntimeError):
+        return False
+
+
 def wanted(t: Tensor) -> bool:
     """Whether a call on ``t``'s device runs through a graph: the switch on, a CUDA
     tensor, and no capture of the caller's own in progress on that device. Off, the first
     test returns."""
     if t.device.type not in _DEVICES or not cuda_graphs_enabled():
         return False
-    if not t.is_cuda:
-        return True
-    with torch.cuda.device(t.device):  # the tensor's device, not the current one
-        return not torch.cuda.is_current_stream_capturing()
+    return not (t.is_cuda and capturing(t.device))
 
 
 def cuda_graph_stats() -> dict[str, int]:

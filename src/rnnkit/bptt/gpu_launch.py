@@ -78,17 +78,22 @@ class Launch(NamedTuple):
 BLOCK_MAX = 256
 
 
-def launch(
-    x: Tensor, B: int, H: int, mask: Tensor | None, reset: Tensor | None, reg: Reg
-) -> Launch:
-    n = B * H
-    # at most 256 elements a program: B·H = 32,768 (B 64, H 512) is then 128 programs, one
-    # for most of an H100's 132 multiprocessors (1024 left ~100 idle, and an LSTM's
-    # float64 backward spilled registers at 1024 with 4 warps)
+def grid_and_block(n: int) -> tuple[tuple[int], int]:
+    """The launch grid and block of an element-wise kernel over ``n`` elements (an empty
+    batch: one program, no element). At most :data:`BLOCK_MAX` elements a program:
+    B·H = 32,768 (B 64, H 512) is then 128 programs, one for most of an H100's 132
+    multiprocessors (1024 left ~100 idle, and an LSTM's float64 backward spilled
+    registers at 1024 with 4 warps)."""
     block = 16
     while block < min(n, BLOCK_MAX):
         block *= 2
-    grid = (max(1, (n + block - 1) // block),)  # an empty batch: one program, no element
+    return (max(1, (n + block - 1) // block),), block
+
+
+def launch(
+    x: Tensor, B: int, H: int, mask: Tensor | None, reset: Tensor | None, reg: Reg
+) -> Launch:
+    grid, block = grid_and_block(B * H)
     k = importlib.import_module(_KERNELS)  # sys.modules after the first call
     m = x if mask is None else mask
     r = x if reset is None else reset

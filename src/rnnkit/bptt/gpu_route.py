@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from rnnkit.bptt.fused import _path
+from rnnkit.bptt.gpu_graphs import capturing as _capturing
 from rnnkit.bptt.gpu_steps_ln import LN_KERNELS
 from rnnkit.bptt.regularized import RegularizedKernel
 from rnnkit.cells.gru import GRUKernel
@@ -125,16 +126,6 @@ def wants_steps(kernel: Kernel, x: Tensor, window: int | None, projected: bool) 
     if why is not None:
         raise ConfigError(f"RNNKIT_GPU_PATH=triton: triton cannot run on {x.device}: {why}")
     return True
-
-
-def _capturing(device: torch.device) -> bool:
-    """Whether ``device``'s current stream is capturing (False where CUDA cannot answer:
-    the probe then says why)."""
-    try:
-        with torch.cuda.device(device):
-            return torch.cuda.is_current_stream_capturing()
-    except (AssertionError, RuntimeError):  # a CPU build of torch, no driver
-        return False
 
 
 def _warn_once(device: torch.device, why: str) -> None:

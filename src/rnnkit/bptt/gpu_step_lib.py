@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from rnnkit.bptt.gpu_launch import BLOCK_MAX
+from rnnkit.bptt.gpu_launch import grid_and_block
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import StepKernel, Weights
 from rnnkit.cells.lstm import LSTMKernel, NativeLSTMStep
@@ -39,15 +39,6 @@ __all__ = ["TritonGRUStep", "TritonStepLib", "triton_step"]
 
 _KERNELS = "rnnkit.bptt.triton_step_kernels"
 _DTYPES = (torch.float32, torch.float64)
-
-
-def _grid(n: int) -> tuple[tuple[int], int]:
-    """The launch grid and block over ``n`` elements (an empty batch: one program, no
-    element)."""
-    block = 16
-    while block < min(n, BLOCK_MAX):  # as the layers' steps (rnnkit.bptt.gpu_launch)
-        block *= 2
-    return (max(1, (n + block - 1) // block),), block
 
 
 def _on(t: Tensor) -> Any:
@@ -99,7 +90,7 @@ class TritonStepLib:
         """
         narrow = {"c_prev": c_prev, "h": h, "c": c, "tanh_c": tanh_c}
         B, H = _check(xp, {"rec": rec, "bias": bias}, narrow)
-        grid, block = _grid(B * H)
+        grid, block = grid_and_block(B * H)
         k: Any = importlib.import_module(_KERNELS)  # sys.modules after the first call
         with _on(xp):
             k.lstm_step[grid](xp, rec, bias, c_prev, h, c, tanh_c, B, H, BLOCK=block,
@@ -122,7 +113,7 @@ class TritonStepLib:
         if d_out is not None:
             narrow["d_out"] = d_out
         B, H = _check(gates, {"d_gates": d_gates}, narrow)
-        grid, block = _grid(B * H)
+        grid, block = grid_and_block(B * H)
         k: Any = importlib.import_module(_KERNELS)
         with _on(gates):
             k.lstm_step_backward[grid](
@@ -175,7 +166,7 @@ class TritonGRUStep(GRUKernel):
         rz, n, rec = cache  # rz, n are the projection buffers, overwritten in place
         _contiguous(rz=rz, n=n, rec=rec, h_prev=h_prev, h=out[0])
         B, H = h_prev.shape
-        grid, block = _grid(B * H)
+        grid, block = grid_and_block(B * H)
         k: Any = importlib.import_module(_KERNELS)
         keep = self.update == "keep"
         with _on(h_prev):
@@ -212,7 +203,7 @@ class TritonGRUStep(GRUKernel):
         d_h = d_h.contiguous()
         _contiguous(rz=rz, n=n, rec=rec, h_prev=h_prev, d_xp=d_xp, d_hp=d_hp)
         B, H = h_prev.shape
-        grid, block = _grid(B * H)
+        grid, block = grid_and_block(B * H)
         k: Any = importlib.import_module(_KERNELS)
         after = self.reset == "after"
         d_prev = torch.empty_like(d_h)  # the direct part of ∂L/∂h_{t-1}
