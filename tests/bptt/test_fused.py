@@ -450,3 +450,188 @@ def test_a_state_that_is_not_contiguous_reaches_the_kernel_contiguous(
 
 def _leaves(state):
     return list(state) if isinstance(state, LSTMState) else [state]
+
+
+# Second derivatives. cuDNN's backward cannot be differentiated again; on the CPU torch's
+# fused kernels can. The stand-in below gives the CPU kernel cuDNN's limit (its backward
+# marked once differentiable), so the way around it is tested here without a GPU.
+
+
+class _Refused(torch.autograd.Function):
+    """A value whose own gradient is refused, as cuDNN's backward's is."""
+
+    @staticmethod
+    def forward(ctx, value, *inputs):
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("Double backwards is not supported for CuDNN RNNs")
+
+
+def _cudnn_like(op):
+    """``op`` (``torch._VF.lstm`` ...) whose backward, like cuDNN's, cannot itself be
+    differentiated (its results, taken with a graph, refuse their own backward); counts
+    its backwards in ``run.backwards``."""
+
+    def run(*args):
+        flat, spec = torch.utils._pytree.tree_flatten(args)
+        at = [
+            i for i, a in enumerate(flat) if isinstance(a, torch.Tensor) and a.is_floating_point()
+        ]
+
+        class Once(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *tensors):
+                leaves = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
+                values = list(flat)
+                for i, leaf in zip(at, leaves, strict=True):
+                    values[i] = leaf
+                with torch.enable_grad():
+                    outputs = op(*torch.utils._pytree.tree_unflatten(values, spec))
+                ctx.inner = (leaves, outputs)
+                ctx.save_for_backward(*tensors)
+                return tuple(o.detach() for o in outputs)
+
+            @staticmethod
+            def backward(ctx, *grads):
+                run.backwards += 1
+                leaves, outputs = ctx.inner
+                inputs = [t for t in ctx.saved_tensors if t.requires_grad]
+                need = [leaf for leaf in leaves if leaf.requires_grad]
+                with torch.no_grad():
+                    got = torch.autograd.grad(outputs, need, grads, allow_unused=True)
+                got = iter(_Refused.apply(g, *inputs) if g is not None else None for g in got)
+                return tuple(next(got) if leaf.requires_grad else None for leaf in leaves)
+
+        return Once.apply(*(flat[i] for i in at))
+
+    run.backwards = 0
+    return run
+
+
+@pytest.fixture
+def cudnn_like(monkeypatch):
+    """The CPU's fused kernels with cuDNN's limit, and the CPU treated as such a device;
+    returns the stand-ins by form."""
+    ops = {}
+    for form in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
+        ops[form] = _cudnn_like(getattr(torch._VF, form))
+        monkeypatch.setattr(torch._VF, form, ops[form])
+    monkeypatch.setattr(fused, "_ONCE_DIFFERENTIABLE_ON", frozenset({"cpu", "cuda"}))
+    return ops
+
+
+def _penalty_grads(layer, x, state, path, lengths=None):
+    """The parameters' gradients of a gradient penalty, ‖∂L/∂x‖² + ‖∂L/∂h0‖², with ``L``
+    a fixed weighting of the outputs: a second derivative through the layer."""
+    layer.zero_grad()
+    x = x.detach().clone().requires_grad_()
+    parts = list(state) if isinstance(state, LSTMState) else [state]
+    parts = [p.detach().clone().requires_grad_() for p in parts]
+    s0 = LSTMState(*parts) if isinstance(state, LSTMState) else parts[0]
+    torch.manual_seed(5)
+    with use_fused(path):
+        out = layer(x, state=s0, lengths=lengths)
+        w = torch.randn(
+            out.outputs.shape, dtype=x.dtype, generator=torch.Generator().manual_seed(7)
+        ).to(x.device)
+        loss = (out.outputs * w).sum() + sum(f.sum() for f in _leaves(out.state))
+        gx, *gs = torch.autograd.grad(loss, [x, *parts], create_graph=True)
+        penalty = (gx**2).sum() + sum((g**2).sum() for g in gs)
+        penalty.backward()
+    return [p.grad.clone() for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
+@pytest.mark.parametrize("lengths", [None, [T, 3, 0, 1, 6]], ids=["full", "lengths"])
+@pytest.mark.parametrize("dropout, fused_calls", WAYS, ids=WAY_IDS)
+def test_a_gradient_through_cudnns_kernel_can_be_differentiated_again(
+    name, cls, kw, lengths, dropout, fused_calls, calls, cudnn_like, monkeypatch
+):
+    gen = torch.Generator().manual_seed(8)
+    layer = _layer(cls, kw, torch.float64, dropout=dropout)
+    x = torch.randn(B, T, I, dtype=torch.float64, generator=gen)
+    state = _initial(cls, torch.float64, gen)
+    lens = None if lengths is None else torch.tensor(lengths)
+    want = _penalty_grads(layer, x, state, "loop", lens)
+    assert calls["n"] == 0
+    got = _penalty_grads(layer, x, state, "fused", lens)
+    assert calls["n"] == fused_calls
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10)
+    # the stand-in has cuDNN's limit: taken as it comes, its gradient cannot be differentiated
+    monkeypatch.setattr(fused, "_ONCE_DIFFERENTIABLE_ON", frozenset())
+    with pytest.raises(RuntimeError, match="Double backwards is not supported"):
+        _penalty_grads(layer, x, state, "fused", lens)
+
+
+@pytest.mark.parametrize("name, cls, kw", FORMS[:2], ids=[f[0] for f in FORMS[:2]])
+def test_a_first_gradient_is_the_fused_kernels_own_and_a_retained_graph_gives_it_again(
+    name, cls, kw, cudnn_like, count_calls
+):
+    form = "lstm" if cls is rnnkit.LSTM else "gru"
+    decomposed = count_calls(fused._Call, "decomposed")
+    gen = torch.Generator().manual_seed(9)
+    layer = _layer(cls, kw, torch.float64)
+    x = torch.randn(B, T, I, dtype=torch.float64, generator=gen, requires_grad=True)
+    lens = torch.tensor([T, 3, 0, 1, 6])
+
+    def loss_on(path):
+        with use_fused(path):
+            out = layer(x, lengths=lens)
+        weights = torch.Generator().manual_seed(11)
+        parts = [out.outputs, *_leaves(out.state)]
+        return sum(
+            (p * torch.randn(p.shape, dtype=p.dtype, generator=weights)).sum() for p in parts
+        )
+
+    want = torch.autograd.grad(loss_on("loop"), [x, *layer.parameters()])
+    loss = loss_on("fused")
+    first = torch.autograd.grad(loss, [x, *layer.parameters()], retain_graph=True)
+    assert cudnn_like[form].backwards == 1 and decomposed["n"] == 0
+    again = torch.autograd.grad(loss, [x, *layer.parameters()])
+    assert cudnn_like[form].backwards == 1 and decomposed["n"] == 1  # the kernel's graph is gone
+    for f, a, w in zip(first, again, want, strict=True):
+        torch.testing.assert_close(f, w, atol=1e-12, rtol=0.0)
+        torch.testing.assert_close(a, w, atol=1e-12, rtol=0.0)
+
+
+def test_a_layer_under_activation_checkpointing_differentiates_again(cudnn_like):
+    """``torch.utils.checkpoint`` (without reentry) recomputes the forward in the backward;
+    the kept kernel graph and the recomputation must not disturb it."""
+    gen = torch.Generator().manual_seed(10)
+    layer = _layer(rnnkit.LSTM, {}, torch.float64)
+    x = torch.randn(B, T, I, dtype=torch.float64, generator=gen)
+    grads = {}
+    for path in ("loop", "fused"):
+        layer.zero_grad()
+        xi = x.clone().requires_grad_()
+        with use_fused(path):
+            out = torch.utils.checkpoint.checkpoint(
+                lambda v: layer(v).outputs, xi, use_reentrant=False
+            )
+            (gx,) = torch.autograd.grad(out.square().sum(), xi, create_graph=True)
+            gx.square().sum().backward()
+        grads[path] = [p.grad.clone() for p in layer.parameters()]
+    for g, w in zip(grads["fused"], grads["loop"], strict=True):
+        torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
+def test_on_cuda_a_gradient_penalty_through_cudnn_equals_the_cpu_oracle(name, cls, kw, calls):
+    gen = torch.Generator().manual_seed(8)
+    layer = _layer(cls, kw, torch.float64)
+    x = torch.randn(B, T, I, dtype=torch.float64, generator=gen)
+    state = _initial(cls, torch.float64, gen)
+    lens = torch.tensor([T, 3, 0, 1, 6])
+    want = _penalty_grads(layer, x, state, "loop", lens)
+    cuda_state = (
+        LSTMState(*(s.cuda() for s in state)) if isinstance(state, LSTMState) else state.cuda()
+    )
+    got = _penalty_grads(layer.cuda(), x.cuda(), cuda_state, "auto", lens)
+    assert calls["n"] == 1
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu(), w, atol=1e-10, rtol=1e-10)

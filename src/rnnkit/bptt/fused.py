@@ -19,7 +19,9 @@ rnnkit's time loop for one direction of one layer when:
 rnnkit keeps one bias per gate, PyTorch two: the fused call gets the bias as its input
 bias and zeros as its recurrent one (the GRU's ``b_hn`` as the recurrent bias of the n
 rows), the same sums. The gradients are the fused kernel's own (cuDNN's backward); the
-explicit BPTT stays the definition, and the tests hold the two equal in float64.
+explicit BPTT stays the definition, and the tests hold the two equal in float64. Where
+that backward cannot itself be differentiated (cuDNN's), a gradient taken with a graph
+runs the call again in PyTorch's decomposition (:class:`_TwiceDifferentiable`).
 
 Which path runs (:func:`use_fused`, or ``RNNKIT_GPU_PATH`` in the environment):
 
@@ -357,25 +359,129 @@ def _call(
 ) -> tuple[Tensor, ...]:
     """One fused call, no dropout; ``hx`` each ``(L·D, B, H)``; ``params`` four a layer
     and direction, layer-major."""
-    op = getattr(torch._VF, form)
     # cuDNN refuses an initial state that is not contiguous ("rnn: hx is not contiguous");
     # the CPU kernels take any, so a state a caller sliced or permuted failed on a GPU only
     hx = tuple(t.contiguous() for t in hx)
-    h = hx if form == "lstm" else hx[0]
-    L, two = num_layers, bidirectional
-    # rnnkit's parameters are separate tensors, not one cuDNN buffer: cuDNN copies them
-    # into one per call (a few MB at most) and warns that it does; that copy is the price
-    # of keeping the cells' parameters as they are. (A graph being traced cannot hold the
-    # warning filter; there the warning, if any, is the compiler's to show.)
-    if batch_sizes is None:
-        args: tuple[Any, ...] = (x, h, params, True, L, 0.0, train, two, False)
-    else:
-        args = (x, batch_sizes, h, params, True, L, 0.0, train, two)
-    if tracing() or x.device.type == "cpu":  # the warning is cuDNN's (and MIOpen's) only
-        return tuple(op(*args))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*contiguous chunk of memory.*")
-        return tuple(op(*args))
+    call = _Call(form, batch_sizes, num_layers, train, bidirectional, len(hx))
+    tensors = (x, *hx, *params)
+    if (
+        x.device.type in _ONCE_DIFFERENTIABLE_ON
+        and torch.is_grad_enabled()
+        and not tracing()
+        and any(t.requires_grad for t in tensors)
+    ):
+        return _TwiceDifferentiable.apply(call, *tensors)
+    return call.fused(tensors)
+
+
+#: Devices whose fused kernel's backward cannot itself be differentiated: cuDNN's
+#: ("Double backwards is not supported for CuDNN RNNs"; MIOpen's the same).
+_ONCE_DIFFERENTIABLE_ON = frozenset({"cuda"})
+
+
+class _Call:
+    """The arguments of one fused call besides its tensors ``(x, *hx, *params)``."""
+
+    def __init__(
+        self,
+        form: str,
+        batch_sizes: Tensor | None,
+        num_layers: int,
+        train: bool,
+        bidirectional: bool,
+        n_states: int,
+    ) -> None:
+        self.form, self.batch_sizes, self.num_layers = form, batch_sizes, num_layers
+        self.train, self.bidirectional, self.n_states = train, bidirectional, n_states
+
+    def _args(self, tensors: tuple[Tensor, ...]) -> tuple[Any, ...]:
+        x, hx, params = tensors[0], tensors[1 : 1 + self.n_states], tensors[1 + self.n_states :]
+        h = hx if self.form == "lstm" else hx[0]
+        L, two, train = self.num_layers, self.bidirectional, self.train
+        if self.batch_sizes is None:
+            return (x, h, list(params), True, L, 0.0, train, two, False)
+        return (x, self.batch_sizes, h, list(params), True, L, 0.0, train, two)
+
+    def fused(self, tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """The call through PyTorch's fused kernel (cuDNN on a GPU)."""
+        op = getattr(torch._VF, self.form)
+        args = self._args(tensors)
+        # rnnkit's parameters are separate tensors, not one cuDNN buffer: cuDNN copies them
+        # into one per call (a few MB at most) and warns that it does; that copy is the
+        # price of keeping the cells' parameters as they are. (A graph being traced cannot
+        # hold the warning filter; there the warning, if any, is the compiler's to show.)
+        if tracing() or tensors[0].device.type == "cpu":  # the warning is cuDNN's only
+            return tuple(op(*args))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*contiguous chunk of memory.*")
+            return tuple(op(*args))
+
+    def decomposed(self, tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """The same call in PyTorch's own decomposition of it: the cell's operations step
+        by step (``torch._decomp``, what ``torch.export`` lowers these kernels to), whose
+        backward autograd can differentiate again. Slower than the fused kernel."""
+        from torch._decomp import decomposition_table
+
+        overload = "input" if self.batch_sizes is None else "data"
+        decomposition = decomposition_table[getattr(getattr(torch.ops.aten, self.form), overload)]
+        return tuple(decomposition(*self._args(tensors)))
+
+
+class _TwiceDifferentiable(torch.autograd.Function):
+    """A fused call whose gradient can be differentiated again.
+
+    cuDNN's backward cannot be ("Double backwards is not supported for CuDNN RNNs", as
+    for ``torch.nn.LSTM``), so a gradient penalty or a Hessian-vector product through a
+    GPU layer would fail. Here the forward is the fused kernel's, and so is the first
+    backward without a graph (a training step's, at cuDNN's speed); a backward with a
+    graph (``create_graph=True``), or another through a retained graph, runs the call
+    again in PyTorch's decomposition from the saved inputs and differentiates that: the
+    same function, the gradients functions of the inputs."""
+
+    @staticmethod
+    def forward(ctx: Any, call: _Call, *tensors: Tensor) -> tuple[Tensor, ...]:
+        ctx.call = call
+        ctx.save_for_backward(*tensors)
+        # the fused kernel's own graph, kept for the first backward
+        leaves = tuple(t.detach().requires_grad_(t.requires_grad) for t in tensors)
+        with torch.enable_grad():
+            outputs = call.fused(leaves)
+        ctx.inner = (leaves, outputs)
+        ctx.set_materialize_grads(False)
+        return tuple(o.detach() for o in outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        inner, ctx.inner = ctx.inner, None  # its buffers go after this backward
+        graph = torch.is_grad_enabled()  # create_graph=True
+        needs = ctx.needs_input_grad[1:]
+        tensors = ctx.saved_tensors
+        wanted = [i for i, need in enumerate(needs) if need]
+        result: list[Tensor | None] = [None] * (1 + len(tensors))
+        if not wanted or all(g is None for g in grads):
+            return tuple(result)
+        with torch.enable_grad():
+            if inner is not None and not graph:
+                leaves, outputs = inner
+                sources = [leaves[i] for i in wanted]
+            else:
+                inner = None
+                # a fresh view of each input: one tensor may come twice (an LSTM given
+                # (h0, h0)), and autograd.grad would give each place the sum of both
+                views = {i: tensors[i].view_as(tensors[i]) for i in wanted}
+                sources = list(views.values())
+                outputs = ctx.call.decomposed(tuple(views.get(i, t) for i, t in enumerate(tensors)))
+            pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None]
+            got = torch.autograd.grad(
+                [o for o, _ in pairs],
+                sources,
+                [g for _, g in pairs],
+                create_graph=graph,
+                allow_unused=True,
+            )
+        for i, g in zip(wanted, got, strict=True):
+            result[1 + i] = torch.zeros_like(tensors[i]) if g is None else g
+        return tuple(result)
 
 
 def _no_step(x: Tensor, params: list[Tensor]) -> Tensor:
