@@ -364,14 +364,10 @@ def _call(
     hx = tuple(t.contiguous() for t in hx)
     call = _Call(form, batch_sizes, num_layers, train, bidirectional, len(hx))
     tensors = (x, *hx, *params)
-    if (
-        x.device.type in _ONCE_DIFFERENTIABLE_ON
-        and torch.is_grad_enabled()
-        and not tracing()
-        and any(t.requires_grad for t in tensors)
-    ):
-        return _TwiceDifferentiable.apply(call, *tensors)
-    return call.fused(tensors)
+    outputs = call.fused(tensors)
+    if x.device.type in _ONCE_DIFFERENTIABLE_ON and outputs[0].requires_grad and not tracing():
+        return _TwiceDifferentiable.apply(call, len(outputs), *outputs, *tensors)
+    return outputs
 
 
 #: Devices whose fused kernel's backward cannot itself be differentiated: cuDNN's
@@ -428,59 +424,49 @@ class _Call:
 
 
 class _TwiceDifferentiable(torch.autograd.Function):
-    """A fused call whose gradient can be differentiated again.
+    """The fused call's outputs, passed through, with a gradient that can be
+    differentiated again.
 
     cuDNN's backward cannot be ("Double backwards is not supported for CuDNN RNNs", as
     for ``torch.nn.LSTM``), so a gradient penalty or a Hessian-vector product through a
-    GPU layer would fail. Here the forward is the fused kernel's, and so is the first
-    backward without a graph (a training step's, at cuDNN's speed); a backward with a
-    graph (``create_graph=True``), or another through a retained graph, runs the call
-    again in PyTorch's decomposition from the saved inputs and differentiates that: the
-    same function, the gradients functions of the inputs."""
+    GPU layer would fail. This node takes the fused call's outputs and its inputs. A
+    backward without a graph hands the incoming gradients to the fused kernel's own node
+    (cuDNN's backward: a training step pays one Python call here); a backward with a
+    graph (``create_graph=True``) instead runs the call again in PyTorch's decomposition
+    from the saved inputs and differentiates that: the same function, its gradients
+    functions of the inputs."""
 
     @staticmethod
-    def forward(ctx: Any, call: _Call, *tensors: Tensor) -> tuple[Tensor, ...]:
-        ctx.call = call
-        ctx.save_for_backward(*tensors)
-        # the fused kernel's own graph, kept for the first backward
-        leaves = tuple(t.detach().requires_grad_(t.requires_grad) for t in tensors)
-        with torch.enable_grad():
-            outputs = call.fused(leaves)
-        ctx.inner = (leaves, outputs)
+    def forward(ctx: Any, call: _Call, n_outputs: int, *tensors: Tensor) -> tuple[Tensor, ...]:
+        ctx.call, ctx.n_outputs = call, n_outputs
+        ctx.save_for_backward(*tensors[n_outputs:])
         ctx.set_materialize_grads(False)
-        return tuple(o.detach() for o in outputs)
+        return tuple(o.detach() for o in tensors[:n_outputs])
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
-        inner, ctx.inner = ctx.inner, None  # its buffers go after this backward
-        graph = torch.is_grad_enabled()  # create_graph=True
-        needs = ctx.needs_input_grad[1:]
-        tensors = ctx.saved_tensors
-        wanted = [i for i, need in enumerate(needs) if need]
-        result: list[Tensor | None] = [None] * (1 + len(tensors))
+        n = ctx.n_outputs
+        if not torch.is_grad_enabled():  # no graph: the fused kernel's own backward
+            return (None, None, *grads, *(None for _ in ctx.needs_input_grad[2 + n :]))
+        inputs = ctx.saved_tensors
+        wanted = [i for i, need in enumerate(ctx.needs_input_grad[2 + n :]) if need]
+        result: list[Tensor | None] = [None] * (2 + n + len(inputs))
         if not wanted or all(g is None for g in grads):
             return tuple(result)
-        with torch.enable_grad():
-            if inner is not None and not graph:
-                leaves, outputs = inner
-                sources = [leaves[i] for i in wanted]
-            else:
-                inner = None
-                # a fresh view of each input: one tensor may come twice (an LSTM given
-                # (h0, h0)), and autograd.grad would give each place the sum of both
-                views = {i: tensors[i].view_as(tensors[i]) for i in wanted}
-                sources = list(views.values())
-                outputs = ctx.call.decomposed(tuple(views.get(i, t) for i, t in enumerate(tensors)))
-            pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None]
-            got = torch.autograd.grad(
-                [o for o, _ in pairs],
-                sources,
-                [g for _, g in pairs],
-                create_graph=graph,
-                allow_unused=True,
-            )
+        # a fresh view of each input: one tensor may come twice (an LSTM given (h0, h0)),
+        # and autograd.grad would give each place the sum of both
+        views = {i: inputs[i].view_as(inputs[i]) for i in wanted}
+        outputs = ctx.call.decomposed(tuple(views.get(i, t) for i, t in enumerate(inputs)))
+        pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None]
+        got = torch.autograd.grad(
+            [o for o, _ in pairs],
+            list(views.values()),
+            [g for _, g in pairs],
+            create_graph=True,
+            allow_unused=True,
+        )
         for i, g in zip(wanted, got, strict=True):
-            result[1 + i] = torch.zeros_like(tensors[i]) if g is None else g
+            result[2 + n + i] = torch.zeros_like(inputs[i]) if g is None else g
         return tuple(result)
 
 
