@@ -17,6 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from rnnkit.app.cli.main import main
+from rnnkit.errors import ConfigError
+from rnnkit.training import distributed
 from rnnkit.training.distributed import DistContext, PeerLost, peer_lost
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -112,13 +114,13 @@ def test_with_cuda_each_process_takes_its_local_gpu_and_nccl_reduces_there(monke
     before joining (NCCL refuses two ranks on one GPU) and the collectives' own tensors
     live there (NCCL reduces CUDA tensors only). The process group and the GPU are stand-ins
     here: what is asked of them is recorded."""
-    from rnnkit.training import distributed
 
     calls: list[tuple[str, object]] = []
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr(distributed.dist, "is_available", lambda: True)
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
     monkeypatch.setattr(
         distributed.dist,
@@ -385,3 +387,34 @@ def test_max_time_stops_every_process_after_the_same_step(tmp_path):
         )
         # the time flag rides in the step's reduction of loss and tokens: one a step
         assert f"budget rank {rank}: 5 steps, 5 reductions, 5 steps done" in res.stdout
+
+
+# NCCL errors on a GPU: only a peer's death is PeerLost; a local NCCL failure that hits
+# every rank alike (shared memory, invalid usage) stays the error it is.
+NCCL_CTX = DistContext(0, 2)
+# torch's ProcessGroupNCCL texts (ncclGetErrorString + getNcclErrorDetailStr)
+SHM = (
+    "NCCL error in: ProcessGroupNCCL.cpp:2042, unhandled system error (run with "
+    "NCCL_DEBUG=INFO for details), NCCL version 2.21.5\\nncclSystemError: System call "
+    "(e.g. socket, malloc) or external library call failed or device error."
+)
+REMOTE = (
+    "NCCL error in: ProcessGroupNCCL.cpp:2042, remote process exited or there was a "
+    "network error, NCCL version 2.21.5\\nncclRemoteError: A call failed possibly due to "
+    "a network error or a remote process exiting prematurely."
+)
+
+
+def test_only_a_peers_death_is_peer_lost():
+    assert peer_lost(RuntimeError(SHM), NCCL_CTX) is None
+    assert isinstance(peer_lost(RuntimeError(REMOTE), NCCL_CTX), PeerLost)
+
+
+def test_more_processes_than_gpus_is_one_line(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(distributed.dist, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: pytest.fail("set_device(1)"))
+    with pytest.raises(ConfigError, match="LOCAL_RANK=1"):
+        distributed.init_distributed("cuda")

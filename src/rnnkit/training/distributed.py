@@ -112,8 +112,17 @@ def launched_processes() -> int:
         ) from None
 
 
-# What gloo and NCCL say when the other end of a collective has gone away.
-_BACKEND_WORDS = ("gloo", "nccl", "connection reset", "connection closed", "broken pipe")
+# What gloo and NCCL say when the other end of a collective has gone away. Not any NCCL
+# error: "unhandled system error" (/dev/shm too small in a container) or "invalid usage"
+# fail in EVERY process alike, and each would blame another process for it.
+_BACKEND_WORDS = (
+    "gloo",
+    "connection reset",
+    "connection closed",
+    "broken pipe",
+    "remote process exited",  # ncclRemoteError
+    "watchdog caught collective operation timeout",  # ProcessGroupNCCL's watchdog
+)
 
 
 def peer_lost(exc: BaseException, ctx: DistContext) -> PeerLost | None:
@@ -171,6 +180,12 @@ def init_distributed(device_type: str = "cpu") -> DistContext:
     if device_type == "cuda":
         # each process its own GPU (LOCAL_RANK): --device cuda then means this one, and
         # NCCL refuses two ranks on one device
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"LOCAL_RANK={local_rank} but this machine shows "
+                f"{torch.cuda.device_count()} GPU(s) to the process: start at most one "
+                "process per GPU (--nproc-per-node), or --device cpu"
+            )
         torch.cuda.set_device(local_rank)
         device = f"cuda:{local_rank}"
     if not dist.is_initialized():

@@ -78,7 +78,7 @@ def save_trainer(trainer: Trainer) -> None:
         carry = {k: dist.gather_rows(v, dim=2) for k, v in carry.items()}
     if not dist.is_main:
         return
-    extra = {**_rng_states(), **carry}
+    extra = {**_rng_states(trainer._device), **carry}
     save_snapshot(out_dir, trainer.step, trainer.model, trainer.optimizer, _state(trainer), extra)
     if trainer.evaluate_fn is None:  # no validation: the latest weights are the ones to use
         save_model_weights(trainer.model, out_dir / "model.safetensors")
@@ -86,17 +86,21 @@ def save_trainer(trainer: Trainer) -> None:
         trainer.run_log.write_csv()
 
 
-def _rng_states() -> dict[str, Tensor]:
+def _rng_states(device: torch.device | None = None) -> dict[str, Tensor]:
     """The random generators a training step draws from: the CPU's, and each CUDA
     device's where CUDA is in use (dropout on a GPU draws from the device's generator, so
-    an exact resume needs it too)."""
+    an exact resume needs it too). ``device``: the one this process trains on; its own
+    generator is kept apart (``rng/cuda_own``): under torchrun only rank 0 writes, and
+    in rank 0's process the other ranks' GPUs' generators were never drawn from."""
     states = {"rng/torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["rng/cuda"] = torch.stack(torch.cuda.get_rng_state_all())  # (devices, n)
+        if device is not None and device.type == "cuda":
+            states["rng/cuda_own"] = torch.cuda.get_rng_state(device)
     return states
 
 
-def _restore_rng(extra: dict[str, Tensor]) -> None:
+def _restore_rng(extra: dict[str, Tensor], device: torch.device | None = None) -> None:
     if "rng/torch" in extra:
         torch.set_rng_state(extra["rng/torch"])
     if "rng/cuda" in extra and torch.cuda.is_available():
@@ -104,6 +108,12 @@ def _restore_rng(extra: dict[str, Tensor]) -> None:
         # still resumes; exactly so where the devices match).
         saved = list(extra["rng/cuda"])[: torch.cuda.device_count()]
         torch.cuda.set_rng_state_all(saved)
+        # The generator the writing process trained with goes to the device THIS process
+        # trains on (rank r: cuda:r). Every rank seeds alike and draws the same shapes,
+        # so rank 0's is every rank's. (Snapshots before this key: rank 0 was cuda:0.)
+        if device is not None and device.type == "cuda":
+            own = extra.get("rng/cuda_own", extra["rng/cuda"][0])
+            torch.cuda.set_rng_state(own, device)
 
 
 def resume_trainer(trainer: Trainer) -> None:
@@ -167,7 +177,7 @@ def _restore(trainer: Trainer, state: dict[str, Any], extra: dict[str, Tensor]) 
         trainer.scaler.load_state_dict(state["scaler"])
     trainer.guard.scaler_skips = int(state.get("scaler_skips", 0))
     trainer.guard.scaler_streak = int(state.get("scaler_streak", 0))
-    _restore_rng(extra)
+    _restore_rng(extra, trainer._device)
     dist = trainer.dist
     if dist.enabled:  # this process's rows of the global carried state
         extra = {
