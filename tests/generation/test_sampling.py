@@ -61,6 +61,59 @@ def test_filter_keeps_the_smallest_set_reaching_p_wherever_the_tokens_sit() -> N
     assert set(torch.nonzero(both).view(-1).tolist()) == {1, 3, 4, 5}
 
 
+def _nucleus_by_hand(p_row: list[float], top_p: float) -> int:
+    """The oracle: how many of the most probable tokens the nucleus holds, from exact
+    sums (each float an integer multiple of 2⁻¹⁴⁹, summed as Python integers)."""
+    scale = 2**149
+    limit = top_p * scale  # exact: a double times a power of two
+    total, n = 0, 0
+    for x in sorted(p_row, reverse=True):
+        if n and total >= limit:
+            break
+        num, den = x.as_integer_ratio()
+        total += num * (scale // den)
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["cumsum", "fixed-point"])
+def test_the_nucleus_is_the_exact_sums(refused: bool, monkeypatch) -> None:
+    # 50,000 tokens: float32 sums of their probabilities are off by more than the tail
+    # tokens' own probabilities (on this draw, at 0.99, one row of 32 ended a token off).
+    # Where torch refuses a floating-point cumsum (a GPU under
+    # torch.use_deterministic_algorithms(True)) the sums are integers.
+    from rnnkit.generation import sampling
+
+    gen = torch.Generator().manual_seed(0)
+    lp = torch.log_softmax(3 * torch.randn(32, 50_000, generator=gen), dim=-1)
+    if refused:
+        monkeypatch.setattr(sampling, "_cumsum_refused", lambda t: True)
+        real = torch.Tensor.cumsum
+
+        def integer_only(t, *args, **kwargs):
+            assert not t.is_floating_point(), "a floating-point cumsum"
+            return real(t, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "cumsum", integer_only)
+    probs = torch.log_softmax(lp.double(), -1).float().exp()  # what the filter sums
+    for top_p in (0.9, 0.99):
+        kept = (filter_log_probs(lp, top_p=top_p).exp() > 0).sum(-1).tolist()
+        want = [_nucleus_by_hand(probs[r].double().tolist(), top_p) for r in range(32)]
+        assert kept == want, top_p
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_top_p_samples_under_deterministic_algorithms() -> None:
+    lp = torch.log_softmax(torch.randn(4, 100, generator=torch.Generator().manual_seed(1)), -1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        got = filter_log_probs(lp.cuda(), top_p=0.7)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    torch.testing.assert_close(got.cpu(), filter_log_probs(lp, top_p=0.7), rtol=0, atol=1e-6)
+
+
 def test_temperature_shapes_the_distribution() -> None:
     lp = torch.tensor([PROBS]).log()
     assert torch.allclose(filter_log_probs(lp, temperature=1.0).exp(), torch.tensor([PROBS]))

@@ -70,12 +70,33 @@ def _filtered(x: Tensor, temperature: float, top_k: int | None, top_p: float | N
         scores = torch.log_softmax(scores.masked_fill(~keep, -math.inf), dim=-1)
     if top_p is not None and top_p < 1.0:
         probs, order = scores.exp().sort(dim=-1, descending=True)  # (B, V)
-        mass_before = probs.cumsum(-1) - probs
+        mass_before = _mass_before(probs)
         drop_sorted = mass_before >= top_p
         drop_sorted[..., 0] = False  # the most probable token always stays
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = torch.log_softmax(scores.masked_fill(drop, -math.inf), dim=-1)
     return scores
+
+
+def _cumsum_refused(t: Tensor) -> bool:
+    """Whether torch refuses a floating-point ``cumsum`` of ``t``: on a GPU under
+    ``torch.use_deterministic_algorithms(True)`` (it has no deterministic kernel there)."""
+    return t.is_cuda and torch.are_deterministic_algorithms_enabled()
+
+
+def _mass_before(probs: Tensor) -> Tensor:
+    """``(B, V)`` float64: the sum of each row's probabilities before each of its tokens
+    (sorted by probability, descending). Summed in float64: in float32 the rounding over
+    thousands of tokens (~1e-5) exceeds the tail tokens' own probabilities, and the
+    nucleus would end a token early or late. Where torch refuses the floating-point
+    ``cumsum``, in fixed point (multiples of 2⁻⁵²) instead: a sum of integers is exact in
+    any order of adding, and differs from the float64 sum by far less than a float32
+    probability's last bit."""
+    if not _cumsum_refused(probs):
+        p = probs.double()
+        return p.cumsum(-1) - p
+    fixed = torch.round(probs.double() * 2.0**52).long()
+    return (fixed.cumsum(-1) - fixed).double() * 2.0**-52
 
 
 def _draw(probs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
