@@ -110,6 +110,34 @@ def test_an_attention_model_decodes_on_cuda(task_data, run_cli, tmp_path, decode
     assert code == 0 and out.strip(), err[-2000:]
 
 
+@pytest.mark.gpu
+@NEEDS_GPU
+@pytest.mark.parametrize("path", ["auto", "loop", "triton"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_training_on_cuda_under_deterministic_algorithms(
+    task_data, run_cli, tmp_path, monkeypatch, path, precision
+):
+    """A user's ``torch.use_deterministic_algorithms(True)``: torch raises for the
+    operations that have no deterministic CUDA kernel; none of rnnkit's training may be
+    one (dropout on, every GPU path, truncated and full BPTT), nor top-p sampling."""
+    from rnnkit.bptt.fused import use_fused
+
+    if path == "triton":
+        pytest.importorskip("triton")
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # torch.nn needs it as well
+    argv = [*_cases(task_data)["lm"], "--dropout", "0.3", "--precision", precision]
+    sample = ["--prompt", "ab", "--max-len", "5", "--top-p", "0.9", "--device", "cuda"]
+    torch.use_deterministic_algorithms(True)
+    try:
+        with use_fused(path):
+            for bptt in ("segment:16", "full"):
+                _train(run_cli, [*argv, "--bptt", bptt], tmp_path / bptt[:3], "cuda")
+            code, out, err = run_cli("generate", "--checkpoint", str(tmp_path / "seg"), *sample)
+        assert code == 0 and out.strip(), err[-2000:]
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def _answers(d: Path, run: Path) -> dict[str, dict[str, list[str]]]:
     """The commands that load a trained run, for each case of :func:`_trained` (whose
     fixture writes ``lines.txt`` and ``sources.txt`` into ``d``): the figures of
