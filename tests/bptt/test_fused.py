@@ -8,6 +8,8 @@ GPU. Oracle: the library's own time loop with its explicit BPTT, in float64.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -644,3 +646,29 @@ def test_on_cuda_a_gradient_penalty_through_cudnn_equals_the_cpu_oracle(name, cl
     assert calls["n"] == 1
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g.cpu(), w, atol=1e-10, rtol=1e-10)
+
+
+# The fused call off the CPU does not reset Python's record of warnings shown.
+
+
+def _user_code_warns():
+    warnings.warn("shown once per place (the default action)", UserWarning, stacklevel=1)
+
+
+def test_a_fused_call_off_the_cpu_keeps_warnings_shown_once():
+    # a meta tensor takes the branch a CUDA tensor takes (device type not "cpu")
+    x = torch.zeros(4, 2, 3, device="meta")
+    h = torch.zeros(1, 2, 5, device="meta")
+    params = [torch.zeros(20, 3, device="meta"), torch.zeros(20, 5, device="meta")]
+    params += [torch.zeros(20, device="meta"), torch.zeros(20, device="meta")]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        # first calls: torch's lazy imports add filters of their own (sympy's), and the
+        # patched call puts its one filter in front once
+        for _ in range(2):
+            fused._call("lstm", x, (h, h), params, None, False)
+        for _ in range(4):
+            _user_code_warns()
+            fused._call("lstm", x, (h, h), params, None, False)
+    shown = [w for w in seen if "shown once per place" in str(w.message)]
+    assert len(shown) == 1

@@ -13,6 +13,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import rnnkit
 from rnnkit import nn as knn
+from rnnkit.bptt.fused import use_fused
 
 DTYPE = torch.float64
 MODES = [("RNN", {}), ("RNN", {"nonlinearity": "relu"}), ("LSTM", {}), ("GRU", {})]
@@ -634,3 +635,54 @@ def test_a_traced_or_compiled_single_step_is_torchs_forward_as_before(mode):
     # does): no cell operator of the quick step in a graph
     assert not any("cell" in target for graph in graphs for target in graph)
     torch.testing.assert_close(got, theirs(x), rtol=0.0, atol=1e-12)
+
+
+# torch's forward failing for the device's reasons (out of memory, a CUDA error) is not
+# computed again by rnnkit: "fused" hands the call to torch's forward on the CPU, as
+# "auto" does on a GPU.
+
+
+def _oom(*args, **kwargs):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+# ---- 01: torch's forward failing for the device's reasons is not swallowed ----------
+
+
+@pytest.mark.parametrize("name", ["LSTM", "GRU", "RNN"])
+def test_device_failure_in_torchs_forward_is_not_computed_again(monkeypatch, name):
+    # "fused" hands the call to torch's forward on the CPU, as "auto" does on a GPU
+    monkeypatch.setattr(getattr(torch.nn, name), "forward", _oom)
+    layer = getattr(knn, name)(3, 4, num_layers=2)
+    with use_fused("fused"), pytest.raises(torch.OutOfMemoryError):
+        layer(torch.randn(5, 2, 3))
+
+
+def test_a_bad_input_still_gets_rnnkits_message():
+    layer = knn.LSTM(3, 4)
+    with use_fused("fused"), pytest.raises(RuntimeError, match=r"rnnkit\.nn\.LSTM: input\.size"):
+        layer(torch.randn(5, 2, 7))
+
+
+# A state or input on another device: torch's RuntimeError, naming the layer.
+
+
+@pytest.mark.parametrize("path", ["auto", "fused"])
+@pytest.mark.parametrize("name", ["LSTM", "GRU"])
+def test_devices_that_differ_are_torchs_runtime_error_naming_the_layer(path, name):
+    # "meta" stands for the other device (cuda:0 vs cpu on a GPU machine)
+    layer = getattr(knn, name)(3, 4)
+    x = torch.randn(5, 2, 3)
+    h = torch.zeros(1, 2, 4, device="meta")
+    hx = (h, torch.zeros(1, 2, 4)) if name == "LSTM" else h
+    what = r"hx\[0\]" if name == "LSTM" else "hx"
+    with use_fused(path), pytest.raises(RuntimeError, match=rf"rnnkit\.nn\.{name}: .*{what}"):
+        layer(x, hx)
+    on_meta = getattr(knn, name)(3, 4).to("meta")
+    with (
+        use_fused(path),
+        pytest.raises(
+            RuntimeError, match=rf"rnnkit\.nn\.{name}: Input and parameter tensors are not"
+        ),
+    ):
+        on_meta(x)

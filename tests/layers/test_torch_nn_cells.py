@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rnnkit import nn as knn
+from rnnkit.bptt.fused import use_fused
 
 DTYPE = torch.float64
 CELLS = [("RNNCell", {}), ("RNNCell", {"nonlinearity": "relu"}), ("LSTMCell", {}), ("GRUCell", {})]
@@ -219,3 +220,18 @@ def test_where_torch_refuses_the_common_step_rnnkits_checks_speak_once(name, mon
     with pytest.raises(ValueError, match=f"rnnkit.nn.{name}: Expected input to be 1D or 2D"):
         mine(torch.zeros(1, 2, 3, dtype=DTYPE))
     assert calls == [1]
+
+
+def _oom(*args, **kwargs):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+@pytest.mark.parametrize("name", ["LSTMCell", "GRUCell", "RNNCell"])
+@pytest.mark.parametrize("path", ["auto", "fused"])
+def test_device_failure_in_a_cells_torch_forward_is_not_computed_again(monkeypatch, name, path):
+    cls = getattr(torch.nn, name)
+    monkeypatch.setattr(cls, "forward", _oom)
+    cell = getattr(knn, name)(3, 4)
+    # the fast path's fused operators too: unbatched input takes torch's forward there
+    with use_fused(path), pytest.raises(torch.OutOfMemoryError):
+        cell(torch.randn(3))

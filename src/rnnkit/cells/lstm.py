@@ -66,6 +66,11 @@ __all__ = [
 _zero_bias: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
+def _capturing(t: Tensor) -> bool:
+    """Whether a CUDA graph is being captured on the current stream, for a CUDA ``t``."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def fused_lstm_cell(
     x: Tensor, state: tuple[Tensor, Tensor], w_ih: Tensor, w_hh: Tensor, bias: Tensor | None
 ) -> tuple[Tensor, Tensor]:
@@ -87,6 +92,11 @@ def fused_lstm_cell(
         bias.dtype,
         bias.device,
     ):
+        if _capturing(bias):
+            # inside a CUDA graph's capture a new tensor's zeros are recorded, not written
+            # (they exist once the graph replays): made for this call, not kept for eager
+            # calls after the capture (as rnnkit.bptt.fused._gru_parameters does)
+            return torch.lstm_cell(x, state, w_ih, w_hh, bias, torch.zeros_like(bias))
         # a normal tensor even under inference_mode: later calls may save it for backward
         with torch.inference_mode(False):
             zero = _zero_bias[bias] = torch.zeros_like(bias, requires_grad=False)

@@ -239,6 +239,12 @@ class _DropIn:
                 f"{name}: Expected {what} size {expected} (num_layers·num_directions, batch, "
                 f"hidden_size), got {list(hx.shape)}"
             )
+        if hx.device != weight.device:
+            raise RuntimeError(  # torch's type and words (its kernels' device check)
+                f"{name}: Input and hidden tensors are not at the same device, found input "
+                f"tensor at {weight.device} and hidden tensor at {hx.device}; move {what} "
+                f"({what}.to({str(weight.device)!r}))"
+            )
         if not _dtype_accepted(hx, weight):
             raise RuntimeError(  # torch's type: its product of hx and weight_hh fails
                 f"{name}: {what} is {hx.dtype} but the weights are "
@@ -264,6 +270,13 @@ class _DropIn:
                 f"({weight.dtype}). Convert input: input.to({weight.dtype}), or convert "
                 f"model: model.to({x.dtype})"
             )
+        # after torch's dtype check (its Python check_input), before its kernels'
+        if x.device != weight.device:
+            raise RuntimeError(  # torch's type and words (its kernels' device check)
+                f"{name}: Input and parameter tensors are not at the same device, found input "
+                f"tensor at {x.device} and parameter tensor at {weight.device}; move the input "
+                f"(input.to({str(weight.device)!r})) or the model (model.to({str(x.device)!r}))"
+            )
 
     def forward(self, input: Tensor | PackedSequence, hx: Any = None) -> tuple[Any, Any]:
         """torch's forward: ``(output, h_n)``, or ``(output, (h_n, c_n))`` for the LSTM.
@@ -288,6 +301,8 @@ class _DropIn:
         if self._handed_over(input):
             try:
                 return self._torch_class.forward(self, input, hx)
+            except _DEVICE_FAILURES:
+                raise  # the device's failure (out of memory, a CUDA error), not the input's
             except (RuntimeError, ValueError, TypeError):
                 pass  # bad input: rnnkit's checks below say what, naming the layer
         packed_input = input if isinstance(input, PackedSequence) else None
@@ -582,6 +597,16 @@ def _swapped(cells: list[nn.Module], tensors: list[dict[str, Tensor]]) -> Iterat
     finally:
         for slots, name, placeholder in reversed(saved):
             slots[name] = placeholder
+
+
+#: What a call handed to torch's ``forward`` raises that says nothing of its input, so
+#: that rnnkit must not compute the call again: the device ran out of memory, or a CUDA
+#: error (often an earlier kernel's, reported asynchronously). Both subclass RuntimeError.
+_DEVICE_FAILURES: tuple[type[BaseException], ...] = tuple(
+    e
+    for e in (getattr(torch, "OutOfMemoryError", None), getattr(torch, "AcceleratorError", None))
+    if e is not None
+)
 
 
 def _fused_computes(x: Tensor) -> bool:

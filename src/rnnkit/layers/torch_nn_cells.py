@@ -25,6 +25,7 @@ from rnnkit.cells.kernel import Weights
 from rnnkit.cells.lstm import lstm_step
 from rnnkit.cells.rnn import rnn_step
 from rnnkit.layers.torch_nn import (
+    _DEVICE_FAILURES,
     _fused_computes,
     _one_step,
     _plain_cpu_step,
@@ -122,6 +123,8 @@ class _CellDropIn:
             try:
                 fused = self._fused_step(input, hx)
                 return self._torch_class.forward(self, input, hx) if fused is None else fused
+            except _DEVICE_FAILURES:
+                raise
             except (RuntimeError, ValueError, TypeError):
                 if self._use_torch(input):  # there torch's forward is the whole answer
                     raise
@@ -172,6 +175,8 @@ class _CellDropIn:
             return None
         try:
             return self._torch_class.forward(self, input, hx)
+        except _DEVICE_FAILURES:
+            raise  # out of memory or a CUDA error: not the input's fault, not to be rerun
         except (RuntimeError, ValueError, TypeError):
             return None
 
