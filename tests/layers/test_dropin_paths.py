@@ -26,7 +26,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from rnnkit import nn as knn
 from rnnkit.bptt import recurrence
 from rnnkit.bptt.fused import use_fused
-from rnnkit.layers import torch_nn
+from rnnkit.layers import stacked, torch_nn
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.usefixtures("triton_interpreter", "single_thread")  # conftest.py
@@ -40,10 +40,16 @@ LENGTHS = [5, 2, 4]  # unsorted: packed with enforce_sorted=False
 @pytest.fixture
 def routes(monkeypatch) -> Counter[tuple[str, str]]:
     """``(path, dtype)`` of every route: rnnkit's, one per layer and direction, and a
-    drop-in layer's whole call given to torch's own ``forward`` on the fused path
-    (``"fused"``, one per call)."""
+    drop-in layer's whole call given to torch's own ``forward`` on the fused path, or
+    (under autocast) run as rnnkit's whole stack in one fused call (``"fused"``, one per
+    call)."""
     seen: Counter[tuple[str, str]] = Counter()
     real, whole = recurrence.route, torch_nn._fused_computes
+    real_stack = stacked.run_whole_stack
+
+    def run_whole_stack(stack, xt, *args, **kwargs):
+        seen[("fused", str(xt.dtype).removeprefix("torch."))] += 1
+        return real_stack(stack, xt, *args, **kwargs)
 
     def route(kernel, x, *args, **kwargs):
         way = real(kernel, x, *args, **kwargs)
@@ -58,6 +64,7 @@ def routes(monkeypatch) -> Counter[tuple[str, str]]:
 
     monkeypatch.setattr(recurrence, "route", route)
     monkeypatch.setattr(torch_nn, "_fused_computes", torchs_forward)
+    monkeypatch.setattr(stacked, "run_whole_stack", run_whole_stack)
     return seen
 
 

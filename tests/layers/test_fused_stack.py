@@ -578,3 +578,23 @@ def test_a_grus_step_keeps_its_converted_weights_only_while_they_hold(update):
     expected = oracle(x, h)
     torch.autograd.backward(expected, torch.ones_like(expected))
     _same([p.grad for p in cell.parameters()], grads)
+
+
+@pytest.mark.parametrize("name, cls, kw", FORMS, ids=[f[0] for f in FORMS])
+def test_under_autocast_the_whole_stack_is_one_fused_call(name, cls, kw, count_calls):
+    # mixed-precision training on a GPU: the stack in one cuDNN call in the weights'
+    # dtype, as without autocast (not one call per layer and direction)
+    from rnnkit.bptt import fused
+
+    calls = count_calls(fused, "_call")
+    gen = torch.Generator().manual_seed(6)
+    layer = _layer(cls, kw, num_layers=2, bidirectional=True)
+    x = torch.randn(B, 7, I, dtype=torch.float64, generator=gen)
+    lens = torch.tensor([7, 3, 1, 2, 7])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = _run(layer, x, None, "loop", lengths=lens)
+        assert calls["n"] == 0
+        got = _run(layer, x, None, "fused", lengths=lens)
+    assert calls["n"] == 1
+    assert got[0].dtype == torch.float64
+    _same(expected, got)

@@ -34,7 +34,7 @@ from rnnkit.bptt.fused import (
     wants_fused,
 )
 from rnnkit.bptt.tracing import tracing
-from rnnkit.cells.amp import autocast_devices_on, float32_on_cpu
+from rnnkit.cells.amp import float32_on_cpu
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.gru import GRUCell
 from rnnkit.cells.kernel import Kernel, Weights
@@ -279,8 +279,10 @@ def whole_stack_form(
         return None
     if masks is not None and any(c.weight_hh is not None or c.in_loop for c in masks.cells):
         return None
-    # the path's own test first: on the CPU's default path it answers at once
-    if not fused_path_on(xt.device) or tracing() or autocast_devices_on():
+    # the path's own test first: on the CPU's default path it answers at once. (Under
+    # autocast too: the stack's input and state are in the weights' dtype by now, and
+    # run_fused_stack calls the kernel with autocast off, as each layer's call would.)
+    if not fused_path_on(xt.device) or tracing():
         return None
     cells = stack._cell_tuple()
     wanted = wants_fused(cells[0].kernel, xt, mask_t, window, projected)
