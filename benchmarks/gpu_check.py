@@ -295,7 +295,18 @@ def _speed_row(
 
         return run
 
+    def without_second_order_node():
+        # the default path without the node that makes cuDNN's gradient differentiable
+        # again (rnnkit.bptt.fused._TwiceDifferentiable): what that node costs a call
+        saved = fused._ONCE_DIFFERENTIABLE_ON
+        fused._ONCE_DIFFERENTIABLE_ON = frozenset()
+        try:
+            train_r()
+        finally:
+            fused._ONCE_DIFFERENTIABLE_ON = saved
+
     fns = {"train_torch": train_t, "train_rnnkit": train_r, "train_loop": on_loop(train_r)}
+    fns["train_no_node"] = without_second_order_node
     fns |= {"infer_torch": infer_t, "infer_rnnkit": infer_r, "infer_loop": on_loop(infer_r)}
     fns |= {"train_holes": train_holes}
     if dropin:  # rnnkit.nn: on a GPU its call is torch's own forward (cuDNN, whole)
@@ -359,6 +370,8 @@ def _speed_row(
     med = {k: statistics.median(_timed(f, device, rounds)) for k, f in fns.items()}
     gpu_graphs.clear_cuda_graphs()  # the row's graphs: their memory back
     extra = {}
+    # > 1: the second-derivative node's share of a training call (1.03: 3 %)
+    extra["train_node_cost"] = med["train_rnnkit"] / med["train_no_node"]
     if "train_triton" in med:  # the Triton steps on cuDNN's own function
         extra["train_torch_over_triton"] = med["train_torch"] / med["train_triton"]
     if "train_graphs" in med:  # the same in CUDA graphs; and what the graphs gain

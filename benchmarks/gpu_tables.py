@@ -49,7 +49,8 @@ def speed_table(check: dict) -> list[str]:
     optional = ["triton", "graphs", "variant", "regularized", "window", "dropin"]
     columns = ["cell", "H", "B", "T", "train: torch.nn ms", "rnnkit ms", "ratio", "loop ratio"]
     columns += ["holes ratio", "Triton ratio", "graphs ratio", "variant ratio"]
-    columns += ["regularized ratio", "window ratio", "drop-in ratio", "infer: torch.nn ms"]
+    columns += ["regularized ratio", "window ratio", "drop-in ratio", "2nd-order node cost"]
+    columns += ["infer: torch.nn ms"]
     columns += ["rnnkit ms", "ratio", "loop ratio", "drop-in ratio"]
     return _table(
         columns,
@@ -58,7 +59,8 @@ def speed_table(check: dict) -> list[str]:
              f"{r['train_rnnkit_ms']:.2f}", f"{r['train_torch_over_rnnkit']:.2f}",
              f"{r['train_torch_over_loop']:.2f}", f"{r['train_torch_over_holes']:.2f}",
              *(_ratio(r, f"train_torch_over_{k}") for k in optional),
-             f"{r['infer_torch_ms']:.2f}", f"{r['infer_rnnkit_ms']:.2f}",
+             _ratio(r, "train_node_cost"), f"{r['infer_torch_ms']:.2f}",
+             f"{r['infer_rnnkit_ms']:.2f}",
              f"{r['infer_torch_over_rnnkit']:.2f}", f"{r['infer_torch_over_loop']:.2f}",
              _ratio(r, "infer_torch_over_dropin")]
             for r in check.get("speed", [])

@@ -123,6 +123,11 @@ def test_the_suite_script_parses_and_its_tables_read_the_check(tmp_path: Path) -
     assert len(at) == 2
     assert [[c.strip() for c in table[3].split("|")][i] for i in at] == ["0.98", "1.02"]
     assert [[c.strip() for c in table[2].split("|")][i] for i in at] == ["–", "–"]
+    # what the second-derivative node costs a training call, where measured
+    at = header.index("2nd-order node cost")
+    costed = {**row, "train_node_cost": 1.03}
+    table = gpu_tables.speed_table({"speed": [row, costed]})
+    assert [[c.strip() for c in line.split("|")][at] for line in table[2:]] == ["–", "1.03"]
     assert gpu_tables.main([str(tmp_path)]) == 0
 
 
@@ -207,7 +212,9 @@ def test_a_speed_row_runs_every_contender_on_the_cpu(monkeypatch) -> None:
     ran = _untimed(monkeypatch)
     row = gpu_check._speed_row("lstm", 4, 2, 3, "cpu", 1, window=2, graphs=True, dropin=True)
     assert {"train_dropin", "infer_dropin", "train_window", "train_holes"} <= set(ran)
+    assert "without_second_order_node" in ran
     assert row["train_torch_over_dropin"] == row["infer_torch_over_dropin"] == 1.0
+    assert row["train_node_cost"] == 1.0
     assert row["train_torch_over_window"] == 1.0
 
 
