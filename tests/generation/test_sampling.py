@@ -79,7 +79,8 @@ def _nucleus_by_hand(p_row: list[float], top_p: float) -> int:
 @pytest.mark.parametrize("refused", [False, True], ids=["cumsum", "fixed-point"])
 def test_the_nucleus_is_the_exact_sums(refused: bool, monkeypatch) -> None:
     # 50,000 tokens: float32 sums of their probabilities are off by more than the tail
-    # tokens' own probabilities (on this draw, at 0.99, one row of 32 ended a token off).
+    # tokens' own probabilities (on this draw, at 0.99, float32 probabilities summed in
+    # float32 ended one row of 32 a token off).
     # Where torch refuses a floating-point cumsum (a GPU under
     # torch.use_deterministic_algorithms(True)) the sums are integers.
     from rnnkit.generation import sampling
@@ -95,7 +96,7 @@ def test_the_nucleus_is_the_exact_sums(refused: bool, monkeypatch) -> None:
             return real(t, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, "cumsum", integer_only)
-    probs = torch.log_softmax(lp.double(), -1).float().exp()  # what the filter sums
+    probs = torch.log_softmax(lp.double(), -1).exp()  # what the filter sums
     for top_p in (0.9, 0.99):
         kept = (filter_log_probs(lp, top_p=top_p).exp() > 0).sum(-1).tolist()
         want = [_nucleus_by_hand(probs[r].double().tolist(), top_p) for r in range(32)]

@@ -63,13 +63,17 @@ def _filtered(x: Tensor, temperature: float, top_k: int | None, top_p: float | N
     # operations fewer.
     if temperature != 1.0:
         x = (x - x.amax(dim=-1, keepdim=True)) / temperature
-    scores = torch.log_softmax(x, dim=-1).float()
+    exact = torch.log_softmax(x, dim=-1)  # float64: the nucleus is measured in it
+    scores = exact.float()
+    nucleus = top_p is not None and top_p < 1.0
     if top_k is not None and top_k < scores.shape[-1]:
         keep = torch.zeros_like(scores, dtype=torch.bool)
         keep.scatter_(-1, scores.topk(top_k, dim=-1).indices, True)
         scores = torch.log_softmax(scores.masked_fill(~keep, -math.inf), dim=-1)
-    if top_p is not None and top_p < 1.0:
-        probs, order = scores.exp().sort(dim=-1, descending=True)  # (B, V)
+        if nucleus:
+            exact = torch.log_softmax(exact.masked_fill(~keep, -math.inf), dim=-1)
+    if nucleus:
+        probs, order = exact.exp().sort(dim=-1, descending=True)  # (B, V)
         mass_before = _mass_before(probs)
         drop_sorted = mass_before >= top_p
         drop_sorted[..., 0] = False  # the most probable token always stays
@@ -85,17 +89,16 @@ def _cumsum_refused(t: Tensor) -> bool:
 
 
 def _mass_before(probs: Tensor) -> Tensor:
-    """``(B, V)`` float64: the sum of each row's probabilities before each of its tokens
-    (sorted by probability, descending). Summed in float64: in float32 the rounding over
-    thousands of tokens (~1e-5) exceeds the tail tokens' own probabilities, and the
-    nucleus would end a token early or late. Where torch refuses the floating-point
-    ``cumsum``, in fixed point (multiples of 2⁻⁵²) instead: a sum of integers is exact in
-    any order of adding, and differs from the float64 sum by far less than a float32
-    probability's last bit."""
+    """``(B, V)`` float64: the sum of each row's probabilities ``probs (B, V)`` (float64,
+    sorted descending) before each of its tokens. In float64 (the probabilities too): in
+    float32 the rounding over thousands of tokens (~1e-5) exceeds the tail tokens' own
+    probabilities, and the nucleus would end a token early or late. Where torch refuses
+    the floating-point ``cumsum``, in fixed point (multiples of 2⁻⁵²) instead: a sum of
+    integers is exact in any order of adding, and differs from the float64 sum by far
+    less than a float32 probability's last bit."""
     if not _cumsum_refused(probs):
-        p = probs.double()
-        return p.cumsum(-1) - p
-    fixed = torch.round(probs.double() * 2.0**52).long()
+        return probs.cumsum(-1) - probs
+    fixed = torch.round(probs * 2.0**52).long()
     return (fixed.cumsum(-1) - fixed).double() * 2.0**-52
 
 

@@ -109,8 +109,9 @@ def _restore_rng(extra: dict[str, Tensor], device: torch.device | None = None) -
         saved = list(extra["rng/cuda"])[: torch.cuda.device_count()]
         torch.cuda.set_rng_state_all(saved)
         # The generator the writing process trained with goes to the device THIS process
-        # trains on (rank r: cuda:r). Every rank seeds alike and draws the same shapes,
-        # so rank 0's is every rank's. (Snapshots before this key: rank 0 was cuda:0.)
+        # trains on (rank r: cuda:r). Every rank sets the same seed and draws the same
+        # shapes, so rank 0's is every rank's. (Snapshots before this key: rank 0 was
+        # cuda:0.)
         if device is not None and device.type == "cuda":
             own = extra.get("rng/cuda_own", extra["rng/cuda"][0])
             torch.cuda.set_rng_state(own, device)
