@@ -455,3 +455,53 @@ def test_fp16_on_cuda_trains_with_the_cuda_grad_scaler_and_resumes_exactly(tmp_p
     # The same kernels in the same order on the same GPU: bitwise, as on CPU (cuBLAS is
     # deterministic for a fixed configuration without atomics in these products).
     assert_same(weights(resumed.model), weights(straight.model))
+
+
+def test_fp16_skip_of_an_overflowing_gradient_norm_leaves_the_scaler_ready():
+    """``on_nonfinite="skip"``: finite gradients whose norm overflows float32 (each 1e30:
+    the sum of squares is inf) are a skipped step. The scaler had unscaled them already,
+    so it must be ready for the next step's ``unscale_`` (it raised "unscale_() has
+    already been called on this optimizer since the last update()"), its scale kept."""
+    calls = []
+
+    def step(model, batch, carry):
+        calls.append(1)
+        out = stream_step(model, batch, carry)
+        if len(calls) == 3:
+            handle = None
+
+            def huge(grad):
+                handle.remove()
+                return torch.full_like(grad, 1e30)  # finite: no scaler overflow
+
+            handle = model.head.weight.register_hook(huge)
+        return out
+
+    trainer = make_trainer(precision="fp16", steps=6, step_fn=step, on_nonfinite="skip")
+    result = trainer.fit()
+    assert result.steps == 6 and len(calls) == 7
+    skipped = [e for e in result.history if e["event"] == "skipped"]
+    assert len(skipped) == 1 and "gradient norm is inf" in skipped[0]["reason"]
+    assert trainer.scaler_skips == 0 and trainer.scaler.get_scale() == 2.0**16
+
+
+def test_bf16_on_a_gpu_that_only_emulates_it_is_a_config_error(monkeypatch):
+    """A GPU below compute capability 8.0 (T4, V100) has no bfloat16 arithmetic, yet
+    ``torch.cuda.is_bf16_supported()`` says True there (``including_emulation=True``, its
+    default: a bfloat16 tensor can be made) — and asks the current device, not the one
+    trained on. ``--precision bf16`` there is the documented ConfigError, asked of the
+    training device (emulated here: a CPU build, a sm_75 card as cuda:1)."""
+    asked = []
+
+    def properties(device=None):
+        asked.append(device)
+        return type("Props", (), {"major": 7, "minor": 5, "name": "Tesla T4"})()
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda device: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    with pytest.raises(ConfigError, match=r"this GPU has no bfloat16 \(use .*fp16"):
+        autocast_setup("bf16", torch.device("cuda", 1))
+    assert asked and all(torch.device("cuda", 1) == torch.device(d) for d in asked)

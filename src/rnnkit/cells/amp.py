@@ -157,9 +157,10 @@ def cell_step_in_weights_dtype(forward: _F) -> _F:
 
 def float32_on_cpu(weight: Tensor) -> bool:
     """Whether a time loop over weights like ``weight`` computes in float32: float16 or
-    bfloat16 weights on the CPU (module docstring). Elsewhere (float32, float64, a GPU,
-    whose fused kernels and Triton steps take the low precision themselves) the loop
-    computes in the weights' dtype.
+    bfloat16 weights on the CPU (module docstring). Elsewhere (float32, float64, a GPU)
+    the layer computes in the weights' dtype, its state rounded at every step: on a GPU
+    cuDNN takes float16 (bfloat16 runs torch's own kernels), and the Triton steps take
+    neither (float32/float64), so the layers they would run take the PyTorch loop.
 
     >>> float32_on_cpu(torch.ones(1, dtype=torch.bfloat16)), float32_on_cpu(torch.ones(1))
     (True, False)

@@ -422,6 +422,10 @@ class Trainer(Generic[_M]):
         else:
             loss.backward()
         grad_norm = float(self._clip([p for p in params if p.grad is not None]))
+        if not math.isfinite(grad_norm) and self.scaler is not None:
+            # finite gradients whose norm overflows float32: the scaler unscaled them and
+            # saw no inf; end its iteration (scale kept) so that the next unscale_ runs
+            self.scaler.update(self.scaler.get_scale())
         if not self._finite(grad_norm, "the gradient norm", where):
             return None
         self._clipped(grad_norm)

@@ -47,7 +47,7 @@ def autocast_setup(
     )
     if not torch.amp.is_autocast_available(kind):
         raise unsupported
-    if kind == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+    if kind == "cuda" and dtype == torch.bfloat16 and not _computes_bf16(device):
         raise ConfigError(
             f"{given(argument, 'bf16')}: this GPU has no bfloat16 (use {given(argument, 'fp16')})"
         )
@@ -60,6 +60,18 @@ def autocast_setup(
         raise unsupported
     scaler = torch.amp.GradScaler(kind) if dtype == torch.float16 else None
     return dtype, scaler
+
+
+def _computes_bf16(device: torch.device) -> bool:
+    """Whether the GPU ``device`` has bfloat16 arithmetic: compute capability 8.0 on (or
+    ROCm). ``torch.cuda.is_bf16_supported()`` is not that question: it asks the current
+    device, and by default (``including_emulation=True``) says True wherever a bfloat16
+    tensor can be made, so a T4 or V100 passed and trained in emulated bfloat16."""
+    if not torch.cuda.is_available():
+        return False
+    if torch.version.hip:
+        return True
+    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def autocast(
