@@ -65,17 +65,17 @@ def _filtered(x: Tensor, temperature: float, top_k: int | None, top_p: float | N
         x = (x - x.amax(dim=-1, keepdim=True)) / temperature
     exact = torch.log_softmax(x, dim=-1)  # float64: the nucleus is measured in it
     scores = exact.float()
-    nucleus = top_p is not None and top_p < 1.0
+    nucleus = top_p if top_p is not None and top_p < 1.0 else None  # its mass
     if top_k is not None and top_k < scores.shape[-1]:
         keep = torch.zeros_like(scores, dtype=torch.bool)
         keep.scatter_(-1, scores.topk(top_k, dim=-1).indices, True)
         scores = torch.log_softmax(scores.masked_fill(~keep, -math.inf), dim=-1)
-        if nucleus:
+        if nucleus is not None:
             exact = torch.log_softmax(exact.masked_fill(~keep, -math.inf), dim=-1)
-    if nucleus:
+    if nucleus is not None:
         probs, order = exact.exp().sort(dim=-1, descending=True)  # (B, V)
         mass_before = _mass_before(probs)
-        drop_sorted = mass_before >= top_p
+        drop_sorted = mass_before >= nucleus
         drop_sorted[..., 0] = False  # the most probable token always stays
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = torch.log_softmax(scores.masked_fill(drop, -math.inf), dim=-1)
