@@ -35,7 +35,16 @@ from contextvars import ContextVar
 import torch
 from torch import Tensor
 
-__all__ = ["Deferred", "active", "active_for", "count_of", "deferring", "figure_of", "waits"]
+__all__ = [
+    "Deferred",
+    "active",
+    "active_for",
+    "count_of",
+    "deferring",
+    "figure_of",
+    "read_values",
+    "waits",
+]
 
 
 class Deferred:
@@ -57,15 +66,15 @@ class Deferred:
         floats in order. The checks are cleared."""
         checks, self._checks = self._checks, []
         tensors = [flag for flag, _ in checks] + [v for v in values if isinstance(v, Tensor)]
-        read = iter(_fetch(tensors))
+        read = iter(read_values(tensors))
         for _, error in checks:
             if next(read):
                 raise error()
         return [next(read) if isinstance(v, Tensor) else float(v) for v in values]
 
 
-def _fetch(tensors: list[Tensor]) -> list[float]:
-    """The values of 0-dim tensors, one transfer per device (float64 holds every count
+def read_values(tensors: list[Tensor]) -> list[float]:
+    """The values of 0-dim tensors as floats, one transfer per device (float64 holds every count
     and bool exactly, and a float32 figure unchanged)."""
     out: list[float] = [0.0] * len(tensors)
     by_device: dict[torch.device, list[int]] = {}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,9 @@ from rnnkit.diagnostics import (
     layer_statistics,
 )
 from rnnkit.layers.recurrent import Recurrent
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+from host_reads import HostReads
 
 DT = torch.float64
 MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 0, 1, 1, 0], [1, 1, 0, 0, 0]]).bool()
@@ -238,3 +243,21 @@ def test_arguments_are_checked() -> None:
         GradientMonitor(window=0)
     with pytest.raises(ValueError, match="factor"):
         GradientMonitor(factor=1.0)
+
+
+# GradientMonitor.record (a Trainer's grad_hook, every step) reads the gradients' figures
+# in one transfer, not one per parameter (on a GPU each read waits).
+
+
+def test_a_monitor_step_reads_the_device_once() -> None:
+    torch.manual_seed(0)
+    model = LSTM(3, 4, num_layers=2)  # 8 parameters
+    model(torch.randn(5, 2, 3)).outputs.sum().backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    expected = GradientMonitor(clip_norm=0.1).record(model, pre_clip_norm=float(norm))
+    monitor = GradientMonitor(clip_norm=0.1)
+    with HostReads(model) as reads:
+        rec = monitor.record(model, pre_clip_norm=norm)
+    assert reads.count == 1, dict(reads.sites)
+    assert rec.grad_norm == expected.grad_norm and rec.clipped is True
+    assert rec.group_norms == expected.group_norms

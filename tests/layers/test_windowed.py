@@ -13,13 +13,25 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
 from tests.conftest import CellSpec
-from torch import Tensor
+from torch import Tensor, nn
 from torch.autograd.function import BackwardCFunction
+
+from rnnkit import LSTM
+from rnnkit import deferred as deferred_module
+from rnnkit.bptt.fused import use_fused
+from rnnkit.bptt.mask_facts import move_mask
+from rnnkit.data.batching import to_device
+from rnnkit.models.language_model import LanguageModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+from host_reads import HostReads
 
 pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
 
@@ -553,3 +565,40 @@ def test_a_window_refuses_a_gradient_with_a_graph_or_batched_in_one_line(layer_n
     batch = torch.ones(3, *out.shape, dtype=DT)
     with pytest.raises(ConfigError, match=message):
         torch.autograd.grad(out, x, batch, is_grads_batched=True)
+
+
+# A windowed step reads the device once: "is every step real" from the mask's host copy.
+
+
+HERE = torch.device("cpu")  # HostReads marks what is moved to a torch.device
+
+
+def _reads(model, monkeypatch, run) -> tuple[dict[str, int], list[float]]:
+    monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
+    with use_fused("fused"), HostReads(model) as reads, deferred_module.deferring() as d:
+        out = run()
+        out.loss.backward()
+        figures = d.read(out.nats, out.tokens)
+    return dict(reads.sites), figures
+
+
+def test_a_windowed_step_reads_the_device_once(monkeypatch) -> None:
+    torch.manual_seed(0)
+    lm = LanguageModel(nn.Embedding(7, 4), LSTM(4, 8), nn.Linear(8, 7))
+    inputs = torch.tensor([[2, 4, 5, 6, 4], [2, 5, 0, 0, 0]])
+    targets = torch.tensor([[4, 5, 6, 4, 3], [5, 3, 0, 0, 0]])
+    mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
+    expected = lm.loss(inputs, targets, mask=mask, window=2)
+
+    def run():
+        x, y = to_device(inputs, HERE), to_device(targets, HERE)
+        return lm.loss(x, y, mask=move_mask(mask, HERE), window=2)
+
+    sites, (nats, tokens) = _reads(lm, monkeypatch, run)
+    assert _one_read(sites), sites
+    assert tokens == expected.tokens and abs(nats - expected.nats) < 1e-5
+
+
+def _one_read(sites) -> bool:
+    """One read of the device in all: the step's own, in ``rnnkit.deferred``."""
+    return sum(sites.values()) == 1 and all(s.startswith("deferred.py:") for s in sites)

@@ -3,14 +3,24 @@ causality, overfitting, batched decoding equal to one source at a time."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
+from rnnkit import deferred as deferred_module
+from rnnkit.app.tasks.seq2seq_data import batch_to
+from rnnkit.bptt.fused import use_fused
 from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED, Vocabulary
 from rnnkit.generation.seq2seq_search import beam_search
 from rnnkit.models.decoder_only import build_decoder_only, joint_sequences
 from rnnkit.models.spec import ModelSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+from host_reads import HostReads
 
 SRC = Vocabulary(list("abcde"))
 TGT = Vocabulary(list("edcba"))  # other ids for the same letters: the sides are separate
@@ -118,3 +128,36 @@ def test_tied_weights_use_the_target_rows_of_the_embedding():
     grad = m.lm.embedding.weight.grad
     assert grad[len(SRC) :].abs().sum() > 0
     assert m.lm.head.embedding is m.lm.embedding
+
+
+# A decoder-only step reads the device once (the step's figures): its joint rows from the
+# masks' host copies, not the longest row's length read from the device.
+
+
+HERE = torch.device("cpu")  # HostReads marks what is moved to a torch.device
+
+
+def _reads(model, monkeypatch, run) -> tuple[dict[str, int], list[float]]:
+    monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
+    with use_fused("fused"), HostReads(model) as reads, deferred_module.deferring() as d:
+        out = run()
+        out.loss.backward()
+        figures = d.read(out.nats, out.tokens)
+    return dict(reads.sites), figures
+
+
+def test_a_decoder_only_step_reads_the_device_once(monkeypatch) -> None:
+    torch.manual_seed(0)
+    model = build_decoder_only(ModelSpec(hidden=8, embedding=4), 9, 7)
+    batch = make_pair_batch(
+        [np.array([4, 5, 6]), np.array([7])], [np.array([4]), np.array([5, 6, 4])]
+    )
+    expected = model.loss(batch)
+    sites, (nats, tokens) = _reads(model, monkeypatch, lambda: model.loss(batch_to(batch, HERE)))
+    assert _one_read(sites), sites
+    assert tokens == expected.tokens and abs(nats - expected.nats) < 1e-5
+
+
+def _one_read(sites) -> bool:
+    """One read of the device in all: the step's own, in ``rnnkit.deferred``."""
+    return sum(sites.values()) == 1 and all(s.startswith("deferred.py:") for s in sites)

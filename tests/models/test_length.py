@@ -5,12 +5,18 @@ generation stops where it should, and both mechanisms learn lengths on tiny task
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from rnnkit import GRU, LSTM
+from rnnkit import deferred as deferred_module
+from rnnkit.bptt.fused import use_fused
+from rnnkit.bptt.mask_facts import move_mask
+from rnnkit.data.batching import to_device
 from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
 from rnnkit.errors import ConfigError
@@ -19,6 +25,9 @@ from rnnkit.layers.attention import Attention
 from rnnkit.models.language_model import LanguageModel
 from rnnkit.models.length import LengthState, SequenceLength, length_targets
 from rnnkit.models.seq2seq import STATE_BATCH_DIM, Seq2Seq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+from host_reads import HostReads
 
 V, E, H, R, MAX = 7, 4, 8, 3, 6
 A, B_ = 4, 5  # ids of "a" and "b"
@@ -319,3 +328,69 @@ def test_bad_arguments_are_named():
     model = seq2seq_with("stop")
     with pytest.raises(ConfigError, match="scheduled sampling"):
         model.loss(count_batch(["ab"]), sampling_p=0.5)
+
+
+# A length mechanism's training loss inside rnnkit.deferred.deferring reads nothing from
+# the device (on a GPU each read of a flag, a count or a boolean-mask selection waits).
+
+
+V, E, H, MAX = 7, 4, 8, 6
+
+
+def _lm(mode: str) -> LanguageModel:
+    torch.manual_seed(0)
+    length = SequenceLength(mode, H, context_size=H, max_length=MAX, remaining_size=3)
+    encoder = LSTM(E + length.input_size, H)
+    return LanguageModel(nn.Embedding(V, E), encoder, nn.Linear(H, V), length=length)
+
+
+def _batch(seqs):
+    T = max(len(s) for s in seqs) + 1
+    inputs = torch.zeros(len(seqs), T, dtype=torch.long)
+    targets, mask = torch.zeros_like(inputs), torch.zeros_like(inputs, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        inputs[i, : len(s) + 1] = torch.tensor([BOS_ID, *s])
+        targets[i, : len(s) + 1] = torch.tensor([*s, EOS_ID])
+        mask[i, : len(s) + 1] = True
+    return inputs, targets, mask
+
+
+@pytest.mark.parametrize("mode", ["stop", "predict"])
+def test_a_length_loss_leaves_its_reads_to_the_step(monkeypatch, mode: str) -> None:
+    lm = _lm(mode)
+    inputs, targets, mask = _batch([[4, 5, 4], [5], [6, 6]])
+    with use_fused("fused"):
+        direct = lm.loss(inputs, targets, mask=mask)
+    direct.loss.backward()
+    grads = [p.grad.clone() for p in lm.parameters()]
+    lm.zero_grad()
+
+    monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
+    # the layers on the path a GPU takes (PyTorch's fused kernels), as tests/training's
+    with use_fused("fused"), HostReads(lm) as reads, deferred_module.deferring() as deferred:
+        # moved as a task moves a batch (HostReads marks them as on the device)
+        here = torch.device("cpu")
+        x, y, m = to_device(inputs, here), to_device(targets, here), move_mask(mask, here)
+        out = lm.loss(x, y, mask=m)
+        out.loss.backward()
+        nats, tokens = deferred.read(out.nats, out.tokens)
+    assert _one_read(reads.sites), dict(reads.sites)
+    assert tokens == direct.tokens and nats == pytest.approx(direct.nats, rel=1e-6)
+    assert float(out.loss.detach()) == pytest.approx(float(direct.loss.detach()), rel=1e-6)
+    for p, g in zip(lm.parameters(), grads, strict=True):
+        torch.testing.assert_close(p.grad, g)
+
+
+def test_a_deferred_length_check_still_raises_its_error(monkeypatch) -> None:
+    lm = _lm("stop")
+    inputs, targets, mask = _batch([[4, 5]])
+    targets[0, 2] = 4  # no </s> at the end of the row
+    monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)
+    with pytest.raises(ValueError, match="row 0"), deferred_module.deferring() as deferred:
+        out = lm.loss(inputs, targets, mask=mask)
+        deferred.read(out.nats)
+
+
+def _one_read(sites) -> bool:
+    """One read of the device in all: the step's own, in ``rnnkit.deferred``."""
+    return sum(sites.values()) == 1 and all(s.startswith("deferred.py:") for s in sites)

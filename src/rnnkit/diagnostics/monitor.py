@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.cells.base import CellBase
+from rnnkit.deferred import read_values
 from rnnkit.diagnostics.contributions import DirectionRun, layer_normalised, run_direction
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.layers.stacked import Bidirectional, StackedRecurrent
@@ -298,13 +299,21 @@ class GradientMonitor:
     ) -> StepRecord:
         """Record one step from the parameters' current ``.grad``; returns the record."""
         groups: dict[str, float] = {}
+        keys: list[str] = []
+        squares: list[Tensor] = []
         for name, p in self._named(parameters):
             if p.grad is None:
                 continue
-            key = self.group_of(name) if self.group_of is not None else name
-            groups[key] = groups.get(key, 0.0) + float(p.grad.detach().double().pow(2).sum())
+            keys.append(self.group_of(name) if self.group_of is not None else name)
+            squares.append(p.grad.detach().double().pow(2).sum())
+        # every sum (and a norm given as a tensor) read in one transfer per device: on a
+        # GPU a read per parameter waited for the device once each, at every step
+        given = [pre_clip_norm] if isinstance(pre_clip_norm, Tensor) else []
+        values = read_values([*squares, *given])
+        for key, v in zip(keys, values, strict=False):
+            groups[key] = groups.get(key, 0.0) + v
         current = math.sqrt(sum(groups.values()))
-        norm = current if pre_clip_norm is None else float(pre_clip_norm)
+        norm = values[-1] if given else current if pre_clip_norm is None else float(pre_clip_norm)
         if clipped is None and self.clip_norm is not None and math.isfinite(norm):
             clipped = norm > self.clip_norm
         scale = norm / current if clipped and current > 0 and math.isfinite(norm) else 1.0

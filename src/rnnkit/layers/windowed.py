@@ -32,6 +32,7 @@ from torch import Tensor
 
 from rnnkit.bptt.backward import weight_grads
 from rnnkit.bptt.forward import forward_pass
+from rnnkit.bptt.mask_facts import all_real
 from rnnkit.bptt.record import ForwardRecord
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 from rnnkit.cells.amp import float32, float32_on_cpu, low_precision_to, without_autocast
@@ -284,7 +285,8 @@ def run_windowed_stack(
     has_reverse = any(r.reverse for layer in layers for r in layer)
     order = _reverse_order(mask, T, B, x) if has_reverse else None
     mask3 = reading = None
-    if mask is not None and not bool(mask.all()):
+    # (asked of the mask's host copy: a task's batch mask is read without a wait)
+    if mask is not None and not all_real(mask):
         mask3 = mask.unsqueeze(-1)
         if has_reverse:
             reading = flip_sequences(mask, mask)[1].unsqueeze(-1)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rnnkit.bptt.mask_facts import host_mask, move_mask
 from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED, PAD_ID
 from rnnkit.generation.search import GenerationResult, generate_batch
@@ -81,9 +82,12 @@ def joint_sequences(
     B, S = source.shape
     T = target_in.shape[1]
     n_src = source_mask.sum(1)  # (B,)
-    n_tgt = target_mask.sum(1)
+    # Each row's joint length from the masks' host copies (rnnkit.bptt.mask_facts: a
+    # batch's masks moved with move_mask are read without waiting for the device); the
+    # joint mask is made there too and moved with its host copy, for the layers to ask.
+    joint = 1 + host_mask(source_mask).sum(1) + host_mask(target_mask).sum(1)  # (B,) host
     # the longest row (an empty batch, B = 0, has none: one column, the <s> of no row)
-    N = int((1 + n_src + n_tgt).max()) if B else 1
+    N = int(joint.max()) if B else 1
     inputs = source.new_full((B, N + 1), PAD_ID)  # one spare column catches padding writes
     inputs[:, 0] = BOS_ID
     width = min(S, N)  # a source padded wider than any row needs is cut to fit
@@ -93,7 +97,7 @@ def joint_sequences(
     write_at = torch.where(target_mask, positions, N)
     inputs.scatter_(1, write_at, torch.where(target_mask, target_in + source_vocab_size, PAD_ID))
     inputs = inputs[:, :N]
-    mask = torch.arange(N, device=source.device) < (1 + n_src + n_tgt).unsqueeze(1)
+    mask = move_mask(torch.arange(N) < joint.unsqueeze(1), source.device)
     return inputs, mask, torch.where(target_mask, positions, 0)
 
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from rnnkit.bptt.tracing import tracing
 from rnnkit.data.vocab import NEVER_GENERATED
-from rnnkit.deferred import active_for
+from rnnkit.deferred import active_for, figure_of
 from rnnkit.generation.options import greedy_choice
 from rnnkit.layers.regularization import DropoutEmbedding, steps_of
 from rnnkit.layers.stacked import StackedRecurrent, reset_rows
@@ -387,7 +387,7 @@ class LanguageModel(nn.Module):
         h, final = self.features(inputs, mask, state, None, window, lt.lengths)
         context = self._initial_top(state, inputs.shape[0], h)
         nats, tokens = self.length.loss(self.head(self.drop(h)), targets, h, context, lt)
-        return LossOutput(nats / tokens, float(nats.detach()), tokens, final)
+        return LossOutput(nats / tokens, figure_of(nats), tokens, final)
 
     def _initial_top(self, state: State | None, batch_size: int, like: Tensor) -> Tensor:
         """``h_0`` of the top layer ``(B, H)``: what the length output reads."""

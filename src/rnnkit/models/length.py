@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rnnkit.data.vocab import EOS_ID
+from rnnkit.deferred import active_for, count_of
 from rnnkit.errors import ConfigError
 
 __all__ = [
@@ -96,14 +97,27 @@ def length_targets(targets: Tensor, mask: Tensor | None, eos_id: int = EOS_ID) -
     token_mask = mask & ~is_eos
     lengths = token_mask.sum(1)  # (B,)
     first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), -1)
-    if bool((first_eos != lengths).any()):
-        bad = int(torch.nonzero(first_eos != lengths)[0])
-        raise ValueError(
+    misplaced = first_eos != lengths
+
+    def misplaced_error() -> ValueError:
+        bad = int(torch.nonzero(misplaced)[0])
+        return ValueError(
             f"row {bad}: a length mechanism needs every row to be y_1 … y_m </s> with m ≥ 1 "
             "real tokens (one </s>, right after them)"
         )
-    if bool((lengths == 0).any()):
-        raise ValueError("a length mechanism cannot model an empty sequence (m = 0)")
+
+    def empty_error() -> ValueError:
+        return ValueError("a length mechanism cannot model an empty sequence (m = 0)")
+
+    deferred = active_for(targets)  # on a GPU inside deferring(): read with the step's figures
+    if deferred is not None:
+        deferred.check(misplaced.any(), misplaced_error)
+        deferred.check((lengths == 0).any(), empty_error)
+    else:
+        if bool(misplaced.any()):
+            raise misplaced_error()
+        if bool((lengths == 0).any()):
+            raise empty_error()
     steps = torch.arange(targets.shape[1], device=targets.device)
     last = steps.view(1, -1) == (lengths - 1).view(-1, 1)  # (B, T)
     return LengthTargets(token_mask, lengths, last)
@@ -111,7 +125,9 @@ def length_targets(targets: Tensor, mask: Tensor | None, eos_id: int = EOS_ID) -
 
 def _mask_eos(logits: Tensor, eos_id: int) -> Tensor:
     """Logits with ``</s>`` removed from the softmax (it is not a token under a mechanism)."""
-    return logits.index_fill(-1, torch.tensor([eos_id], device=logits.device), float("-inf"))
+    # the index made on the device (torch.tensor(..., device=cuda) is a copy that waits)
+    index = torch.full((1,), eos_id, dtype=torch.long, device=logits.device)
+    return logits.index_fill(-1, index, float("-inf"))
 
 
 class SequenceLength(nn.Module):
@@ -183,11 +199,22 @@ class SequenceLength(nn.Module):
         return self.remaining(remaining.clamp(0, self.max_length - 1))
 
     def check_lengths(self, lengths: Tensor) -> None:
-        if self.max_length is not None and bool((lengths > self.max_length).any()):
-            raise ValueError(
+        if self.max_length is None:
+            return
+        too_long = (lengths > self.max_length).any()
+        max_length = self.max_length
+
+        def error() -> ValueError:
+            return ValueError(
                 f"a sequence of {int(lengths.max())} tokens exceeds max_length = "
-                f"{self.max_length} of length='predict'"
+                f"{max_length} of length='predict'"
             )
+
+        deferred = active_for(lengths)
+        if deferred is not None:
+            deferred.check(too_long, error)
+        elif bool(too_long):
+            raise error()
 
     def loss(
         self,
@@ -196,17 +223,21 @@ class SequenceLength(nn.Module):
         features: Tensor,
         context: Tensor | None,
         lt: LengthTargets,
-    ) -> tuple[Tensor, int]:
+    ) -> tuple[Tensor, int | Tensor]:
         """Token cross-entropy without ``</s>`` plus the mechanism's term.
 
         Returns ``(nats, tokens)``: the summed negative log-likelihood of the batch and the
-        number of token steps (the training loss is ``nats / tokens``).
+        number of token steps (the training loss is ``nats / tokens``); ``tokens`` a
+        0-dim tensor inside :func:`rnnkit.deferred.deferring` (read with the step's
+        figures), else an int.
 
         Args:
             logits: ``(B, T, V)``.  targets: ``(B, T)``.  features: ``(B, T, F)`` what the
             head read.  context: ``(B, C)`` (predict) or None.  lt: :func:`length_targets`.
         """
         m = lt.token_mask
+        if active_for(logits) is not None:
+            return self._deferred_loss(logits, targets, features, context, lt)
         log_probs = torch.log_softmax(_mask_eos(logits[m], self.eos_id), dim=-1)  # (N, V)
         nats = -log_probs.gather(1, targets[m].view(-1, 1)).sum()
         if self.stop is not None:
@@ -220,6 +251,45 @@ class SequenceLength(nn.Module):
             self.check_lengths(lt.lengths)
             nats = nats + F.cross_entropy(self.length(context), lt.lengths - 1, reduction="sum")
         return nats, int(m.sum())
+
+    def _deferred_loss(
+        self,
+        logits: Tensor,
+        targets: Tensor,
+        features: Tensor,
+        context: Tensor | None,
+        lt: LengthTargets,
+    ) -> tuple[Tensor, int | Tensor]:
+        """:meth:`loss` without a host read (:mod:`rnnkit.deferred`): every step computed,
+        those that are no token step replaced by zeros before and after (no boolean-mask
+        selection, whose size is a read); the checks are flags, the indices clamped (a GPU
+        kernel would stop the process on one out of range), refused when they are read."""
+        m = lt.token_mask  # (B, T)
+        V = logits.shape[-1]
+        deferred = active_for(logits)
+        assert deferred is not None
+        bad = m & ((targets < 0) | (targets >= V))
+        deferred.check(
+            bad.any(), lambda: ValueError(f"token targets must lie in [0, {V}), the vocabulary")
+        )
+        safe = torch.where(m.unsqueeze(-1), logits, logits.new_zeros(()))
+        log_probs = torch.log_softmax(_mask_eos(safe, self.eos_id), dim=-1)  # (B, T, V)
+        picked = log_probs.gather(-1, targets.clamp(0, V - 1).unsqueeze(-1)).squeeze(-1)
+        nats = -torch.where(m, picked, picked.new_zeros(())).sum()
+        if self.stop is not None:
+            stop_logits = self.stop(features).squeeze(-1)  # (B, T)
+            stop_logits = torch.where(m, stop_logits, stop_logits.new_zeros(()))
+            bce = F.binary_cross_entropy_with_logits(
+                stop_logits, lt.last.to(stop_logits.dtype), reduction="none"
+            )
+            nats = nats + torch.where(m, bce, bce.new_zeros(())).sum()
+        else:
+            assert self.length is not None and context is not None
+            assert self.max_length is not None
+            self.check_lengths(lt.lengths)
+            classes = (lt.lengths - 1).clamp(0, self.max_length - 1)
+            nats = nats + F.cross_entropy(self.length(context), classes, reduction="sum")
+        return nats, count_of(m.sum())
 
     # --------------------------------------------------------------- generation
     def start(

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 from rnnkit.data.pairs import PairBatch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED
+from rnnkit.deferred import figure_of
 from rnnkit.errors import ConfigError
 from rnnkit.generation.options import greedy_choice
 from rnnkit.generation.search import GenerationResult, generate_batch
@@ -430,7 +431,7 @@ class Seq2Seq(nn.Module):
             total, count = self.length.loss(
                 out.logits, batch.target_out, out.features, out.context, lt
             )
-            return LossOutput(total / count, float(total.detach()), count, None)
+            return LossOutput(total / count, figure_of(total), count, None)
         loss, nats, tokens = training_loss(
             out.logits, batch.target_out, out.mask, self.loss_reduction
         )
