@@ -5,7 +5,7 @@ For each dtype, each layer (``rnnkit.nn.LSTM``/``GRU``, the drop-ins, and
 (training = forward + backward of ``out.sum()``, inference = forward under
 ``torch.no_grad()``), three contenders with the same weights in the same dtype, timed in
 interleaved rounds: ``torch.nn``'s layer, rnnkit's, and rnnkit's with the time loop in
-the weights' own dtype (``float32_on_cpu`` switched off: the PyTorch loop, as before
+the weights' own dtype (``computes_in_float32`` switched off: the PyTorch loop, as before
 float16/bfloat16 weights computed in float32 on the CPU). Ratio = rnnkit time / torch
 time (> 1: rnnkit is slower), the median over rounds of the ratio within a round. Then,
 for float16/bfloat16, one training step of an encoder–decoder with additive attention
@@ -47,13 +47,17 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 @contextlib.contextmanager
 def loop_in_weights_dtype() -> Iterator[None]:
     """The time loops (the layers' and the attention decoder's) in the weights' own dtype
-    (the behaviour before float32_on_cpu)."""
-    before = recurrent.float32_on_cpu
-    recurrent.float32_on_cpu = attention_loop.float32_on_cpu = lambda weight: False
+    (the behaviour before computes_in_float32)."""
+    before = recurrent.computes_in_float32
+
+    def never(weight: torch.Tensor, fused: bool = False) -> bool:
+        return False
+
+    recurrent.computes_in_float32 = attention_loop.computes_in_float32 = never
     try:
         yield
     finally:
-        recurrent.float32_on_cpu = attention_loop.float32_on_cpu = before
+        recurrent.computes_in_float32 = attention_loop.computes_in_float32 = before
 
 
 def seq2seq_contenders(dtype: torch.dtype, B: int, H: int) -> dict[str, Callable[[], Any]]:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from rnnkit import nn as knn
-from rnnkit.cells.amp import float32_on_cpu
+from rnnkit.cells.amp import computes_in_float32
 from rnnkit.layers import GRU, LSTM, RNN
 from rnnkit.types import LSTMState
 
@@ -119,12 +119,15 @@ def test_low_precision_layer_with_options_runs_in_float32(options: dict) -> None
     assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in layer.parameters())
 
 
-def test_float32_on_cpu_names_the_low_precision_dtypes() -> None:
-    assert float32_on_cpu(torch.ones(1, dtype=torch.bfloat16))
-    assert float32_on_cpu(torch.ones(1, dtype=torch.float16))
-    assert not float32_on_cpu(torch.ones(1, dtype=torch.float32))
-    assert not float32_on_cpu(torch.ones(1, dtype=torch.float64))
-    assert not float32_on_cpu(torch.ones(1, dtype=torch.bfloat16, device="meta"))
+def test_computes_in_float32_names_the_low_precision_dtypes_and_where() -> None:
+    bf16, f16 = torch.ones(1, dtype=torch.bfloat16), torch.ones(1, dtype=torch.float16)
+    assert computes_in_float32(bf16) and computes_in_float32(f16)
+    assert computes_in_float32(f16, fused=True)  # the CPU: always
+    assert not computes_in_float32(torch.ones(1, dtype=torch.float32))
+    assert not computes_in_float32(torch.ones(1, dtype=torch.float64))
+    # another device ("meta" stands for a GPU): cuDNN keeps float16, not bfloat16
+    assert not computes_in_float32(f16.to("meta"), fused=True)
+    assert computes_in_float32(f16.to("meta")) and computes_in_float32(bf16.to("meta"), True)
 
 
 @pytest.mark.parametrize("dtype", LOW, ids=str)
@@ -275,3 +278,37 @@ def test_under_autocast_float64_beside_float32_fails_as_torch_does(mode: str) ->
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ours = _error_of(lambda: cell(x[0]))
     assert type(ours) is RuntimeError and str(ours).startswith(f"rnnkit.nn.{mode}Cell: input")
+
+
+@pytest.mark.parametrize(
+    "dtype, path, computed",
+    [
+        (torch.float16, "auto", torch.float32),  # the Triton steps' dtypes, not the loop's
+        (torch.float16, "fused", torch.float16),  # cuDNN keeps float16
+        (torch.bfloat16, "fused", torch.float32),  # cuDNN takes no bfloat16
+    ],
+)
+def test_off_the_cpu_low_precision_weights_compute_where_a_kernel_takes_them(
+    dtype, path, computed, monkeypatch
+) -> None:
+    # "meta" stands for a GPU (a device other than the CPU): what dtype the time loop gets
+    from rnnkit.bptt import fused
+    from rnnkit.layers import recurrent
+
+    seen = []
+
+    def spy(owner, name, at):
+        real = getattr(owner, name)
+
+        def run(*args, **kwargs):
+            seen.append(args[at].dtype)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, run)
+
+    spy(recurrent, "run_recurrence", 1)  # (kernel, x, ...): the time loop's input
+    spy(fused, "_call", 1)  # (form, x, ...): the fused kernel's (cuDNN's on a GPU)
+    layer = LSTM(3, 4).to("meta", dtype)
+    with fused.use_fused(path):
+        out = layer(torch.zeros(2, 5, 3, device="meta", dtype=dtype))
+    assert seen and set(seen) == {computed} and out.outputs.dtype == dtype

@@ -19,10 +19,11 @@ wide ones and one thread (docs/reliability.md has the measured figures). A bfloa
 would also give up the compiled loop's skipping of finished rows.
 
 A model whose weights are themselves float16/bfloat16 (``model.to(torch.bfloat16)``,
-``.half()``) computes its recurrence on the CPU in float32 too
-(:func:`float32_on_cpu`): the layer casts its weights, input and state up once per call
-and its outputs and final state back, so the compiled loop runs, and the results carry
-one rounding to the weights' dtype instead of T compounded ones.
+``.half()``) computes its recurrence in float32 too (:func:`computes_in_float32`: on the
+CPU always, on a GPU wherever cuDNN does not take the weights' dtype): the layer casts
+its weights, input and state up once per call and its outputs and final state back, so
+the compiled loop (the Triton steps on a GPU) runs, and the results carry one rounding
+to the weights' dtype instead of T compounded ones.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ __all__ = [
     "autocast_off",
     "autocast_reconciles",
     "cell_step_in_weights_dtype",
+    "computes_in_float32",
     "float32",
-    "float32_on_cpu",
     "low_precision_to",
     "without_autocast",
 ]
@@ -155,22 +156,29 @@ def cell_step_in_weights_dtype(forward: _F) -> _F:
     return run  # type: ignore[return-value]
 
 
-def float32_on_cpu(weight: Tensor) -> bool:
-    """Whether a time loop over weights like ``weight`` computes in float32: float16 or
-    bfloat16 weights on the CPU (module docstring). Elsewhere (float32, float64, a GPU)
-    the layer computes in the weights' dtype, its state rounded at every step: on a GPU
-    cuDNN takes float16 (bfloat16 runs torch's own kernels), and the Triton steps take
-    neither (float32/float64), so the layers they would run take the PyTorch loop.
+def computes_in_float32(weight: Tensor, fused: bool = False) -> bool:
+    """Whether a time loop over float16/bfloat16 weights like ``weight`` computes in
+    float32 (module docstring: weights, input and state cast up once per call, the
+    outputs rounded once to the weights' dtype). On the CPU always: its kernels are
+    float32 and float64. On a GPU wherever no kernel takes the weights' own dtype: the
+    Triton steps take float32 and float64 only (a float16 layer would fall to the PyTorch
+    loop, its state rounded at every step), and cuDNN takes float16, not bfloat16.
+    ``fused``: the layer would run PyTorch's fused kernel (cuDNN), which keeps float16.
 
-    >>> float32_on_cpu(torch.ones(1, dtype=torch.bfloat16)), float32_on_cpu(torch.ones(1))
+    >>> bf16, f16 = torch.ones(1, dtype=torch.bfloat16), torch.ones(1, dtype=torch.float16)
+    >>> computes_in_float32(bf16), computes_in_float32(torch.ones(1))
     (True, False)
+    >>> computes_in_float32(f16.to("meta"), fused=True), computes_in_float32(f16.to("meta"))
+    (False, True)
     """
-    return weight.device.type == "cpu" and weight.dtype in _LOW
+    if weight.dtype not in _LOW:
+        return False
+    return weight.device.type == "cpu" or weight.dtype == torch.bfloat16 or not fused
 
 
 def float32(t: Tensor | None) -> Tensor | None:
     """``t`` cast to float32 (a differentiable cast), None kept: the tensors of a call that
-    :func:`float32_on_cpu` runs in float32.
+    :func:`computes_in_float32` runs in float32.
 
     >>> float32(torch.ones(1, dtype=torch.bfloat16)).dtype, float32(None)
     (torch.float32, None)

@@ -38,7 +38,7 @@ Padded target steps are computed like real ones (their inputs are padding embedd
 exactly as the step-by-step loop does; the loss masks them. Tested equal to autograd
 through the step-by-step decoder in float64 (outputs, attention weights, every gradient).
 A decoder of float16/bfloat16 weights on the CPU runs the node in float32 and rounds its
-outputs once to the weights' dtype (``rnnkit.cells.amp.float32_on_cpu``).
+outputs once to the weights' dtype (``rnnkit.cells.amp.computes_in_float32``).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from torch.autograd.function import once_differentiable
 from rnnkit.bptt import native
 from rnnkit.bptt.dispatch import python_step_kernel
 from rnnkit.bptt.mask_facts import host_mask
-from rnnkit.cells.amp import float32, float32_on_cpu, without_autocast
+from rnnkit.cells.amp import computes_in_float32, float32, without_autocast
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights, batched_gradients
 from rnnkit.layers.attention_scores import torch_scores
 
@@ -430,7 +430,7 @@ def attention_decoder(
     dtype = weights.weight_hh.dtype  # under autocast: the loop runs in the weights' dtype
     x, keys, memory = (t.to(dtype) for t in (x, keys, memory))
     states0 = tuple(s.to(dtype) for s in states0)
-    low = dtype if float32_on_cpu(weights.weight_hh) else None
+    low = dtype if computes_in_float32(weights.weight_hh) else None
     if low is not None:  # float16/bfloat16 on the CPU: in float32, rounded once at the end
         x, keys, memory, weight_x, weight_c = (
             t.float() for t in (x, keys, memory, weight_x, weight_c)

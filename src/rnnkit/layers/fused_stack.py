@@ -34,7 +34,7 @@ from rnnkit.bptt.fused import (
     wants_fused,
 )
 from rnnkit.bptt.tracing import tracing
-from rnnkit.cells.amp import float32_on_cpu
+from rnnkit.cells.amp import computes_in_float32
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.gru import GRUCell
 from rnnkit.cells.kernel import Kernel, Weights
@@ -286,7 +286,7 @@ def whole_stack_form(
         return None
     cells = stack._cell_tuple()
     wanted = wants_fused(cells[0].kernel, xt, mask_t, window, projected)
-    if wanted is None or float32_on_cpu(cells[0].weight_hh):
+    if wanted is None or computes_in_float32(cells[0].weight_hh, fused=True):
         return None
     if _plan(stack).one != wanted[0]:
         return None

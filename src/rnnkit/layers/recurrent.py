@@ -10,10 +10,11 @@ import torch
 from torch import Tensor, nn
 
 from rnnkit.bptt.dispatch import compiled_library
+from rnnkit.bptt.fused import wants_fused
 from rnnkit.bptt.recompute import run_recomputed
 from rnnkit.bptt.recurrence import run_recurrence
 from rnnkit.bptt.tracing import check_tracer, tracing
-from rnnkit.cells.amp import float32, float32_on_cpu
+from rnnkit.cells.amp import computes_in_float32, float32
 from rnnkit.cells.base import CellBase
 from rnnkit.cells.kernel import Weights
 from rnnkit.layers.masking import flip_sequences
@@ -28,7 +29,7 @@ def _float32(
 ) -> tuple[Tensor, tuple[Tensor, ...], Weights, CellMasks | None]:
     """The loop's tensors cast to float32 (differentiable casts: the gradients reach the
     float16/bfloat16 parameters in their own dtype), for a call on float16/bfloat16
-    weights on the CPU (``rnnkit.cells.amp.float32_on_cpu``). ``x (T, B, I)``."""
+    weights (``rnnkit.cells.amp.computes_in_float32``). ``x (T, B, I)``."""
     return (
         x.float(),
         tuple(s.float() for s in states0),
@@ -95,8 +96,15 @@ class Recurrent(nn.Module):
         if self.reverse:
             x, run_mask = flip_sequences(x, mask)
         weights = self.cell.weights()
-        low = weights.weight_hh.dtype if float32_on_cpu(weights.weight_hh) else None
-        if low is not None:  # float16/bfloat16 on the CPU: the loop computes in float32
+        w_hh = weights.weight_hh
+        # float16 on a GPU stays float16 where cuDNN runs the layer (asked only then)
+        fused = (
+            w_hh.dtype == torch.float16
+            and w_hh.device.type != "cpu"
+            and wants_fused(self.cell.kernel, x, run_mask, window, projected) is not None
+        )
+        low = w_hh.dtype if computes_in_float32(w_hh, fused) else None
+        if low is not None:  # float16/bfloat16 weights: the loop computes in float32
             x, states0, weights, masks = _float32(x, states0, weights, masks)
         kernel, weights = masked_loop(self.cell.kernel, weights, masks)
         if recompute is not None and not tracing():  # a graph's memory is the compiler's

@@ -128,7 +128,7 @@ def masked_loop(
 
 def float32_masks(masks: CellMasks | None) -> CellMasks | None:
     """``masks`` in float32, for a loop of float16/bfloat16 weights on the CPU, which
-    computes in float32 (``rnnkit.cells.amp.float32_on_cpu``)."""
+    computes in float32 (``rnnkit.cells.amp.computes_in_float32``)."""
     if masks is None:
         return None
     keep = None if masks.keep is None else tuple(k.float() for k in masks.keep)

@@ -19,7 +19,7 @@ of the recurrence act as in the plain loop: weight drop's ``W_hh ⊙ M`` is the 
 weight, recurrent dropout and zoneout run in each unit's step (``regularized``), forward
 and in the lag sweep. A stack of float16/bfloat16 weights on the CPU runs in float32,
 its outputs and final states rounded once to the weights' dtype
-(``rnnkit.cells.amp.float32_on_cpu``).
+(``rnnkit.cells.amp.computes_in_float32``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from rnnkit.bptt.forward import forward_pass
 from rnnkit.bptt.mask_facts import all_real
 from rnnkit.bptt.record import ForwardRecord
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
-from rnnkit.cells.amp import float32, float32_on_cpu, low_precision_to, without_autocast
+from rnnkit.cells.amp import computes_in_float32, float32, low_precision_to, without_autocast
 from rnnkit.cells.kernel import Kernel, Weights, batched_gradients
 from rnnkit.cells.normalization import normalize, normalize_backward
 from rnnkit.errors import ConfigError
@@ -302,7 +302,7 @@ def run_windowed_stack(
     if len(masks) != len(units):
         raise ValueError(f"cell_masks needs one entry per direction ({len(units)})")
     # float16/bfloat16 weights on the CPU: the whole stack in float32, rounded once
-    low = x.dtype if float32_on_cpu(cells[0][0].weight_hh) else None
+    low = x.dtype if computes_in_float32(cells[0][0].weight_hh) else None
     if low is not None:  # (and W_hh ⊙ M in float32, as one layer's loop takes it)
         masks = [float32_masks(m) for m in masks]
     flat_kernels: list[Kernel] = []
