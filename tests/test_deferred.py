@@ -41,6 +41,23 @@ def test_read_returns_the_values_in_order_and_clears_the_checks() -> None:
     assert d.read() == []
 
 
+def test_fetch_returns_host_copies_of_any_shape_and_dtype_and_clears_the_checks() -> None:
+    d = Deferred()
+    d.check(torch.tensor(False), lambda: ValueError("no"))
+    ids = torch.tensor([[3, 1], [2, 7]])
+    values = [torch.tensor(2.5, dtype=torch.float64), ids, torch.tensor([True, False]),
+              torch.zeros(0, 3), torch.tensor([1.25], dtype=torch.float16)]  # fmt: skip
+    got = d.fetch(*values)
+    for want, host in zip(values, got, strict=True):
+        assert host.dtype == want.dtype and host.shape == want.shape and host.equal(want)
+    ids[0, 0] = 9  # a copy, not the tensor itself
+    assert got[1][0, 0] == 3
+    d.check(torch.tensor(True), lambda: ValueError("failed"))
+    with pytest.raises(ValueError, match="failed"):
+        d.fetch(torch.tensor(1.0))
+    assert d.fetch() == []
+
+
 def test_the_first_failed_check_in_recorded_order_raises_its_own_error() -> None:
     d = Deferred()
     d.check(torch.tensor(False), lambda: ValueError("first, passed"))

@@ -13,6 +13,9 @@ message it would have raised at once. The Trainer runs each step so: one host re
 step, as in a plain PyTorch loop that prints ``loss.item()``. So does a search of
 :mod:`rnnkit.generation` (``generate``, ``generate_batch``): the language model checks the
 ids of every step, which the search drew in range, and they are read once at its end.
+So do the validation metrics of the lm, classify (text), tag, regress and seq2seq tasks, once
+per evaluation: their sums and every batch's predictions come back together
+(:meth:`Deferred.fetch`).
 
 It sits below the models, the losses and generation, which all read it. Outside
 :func:`deferring` (every other call from user code), nothing changes: checks raise at
@@ -42,6 +45,7 @@ __all__ = [
     "count_of",
     "deferring",
     "figure_of",
+    "read_tensors",
     "read_values",
     "waits",
 ]
@@ -72,6 +76,17 @@ class Deferred:
                 raise error()
         return [next(read) if isinstance(v, Tensor) else float(v) for v in values]
 
+    def fetch(self, *tensors: Tensor) -> list[Tensor]:
+        """One host read, as :meth:`read`, of the pending checks and ``tensors`` of any
+        shape and dtype (an evaluation's predictions beside its sums), returned as host
+        copies of the same shapes and dtypes, in order. The checks are cleared."""
+        checks, self._checks = self._checks, []
+        host = read_tensors([flag for flag, _ in checks] + list(tensors))
+        for (_, error), flag in zip(checks, host, strict=False):
+            if bool(flag):
+                raise error()
+        return host[len(checks) :]
+
 
 def read_values(tensors: list[Tensor]) -> list[float]:
     """The values of 0-dim tensors as floats, one transfer per device (float64 holds every count
@@ -84,6 +99,29 @@ def read_values(tensors: list[Tensor]) -> list[float]:
         stacked = torch.stack([tensors[i].detach().reshape(()).double() for i in indices])
         for i, v in zip(indices, stacked.tolist(), strict=True):
             out[i] = v
+    return out
+
+
+def read_tensors(tensors: list[Tensor]) -> list[Tensor]:
+    """Host copies of ``tensors`` (any shapes and dtypes, values unchanged), one transfer
+    per device: their bytes side by side in one buffer.
+
+    >>> [t.tolist() for t in read_tensors([torch.tensor(True), torch.tensor([2.5, 3.0])])]
+    [True, [2.5, 3.0]]
+    """
+    out: list[Tensor] = [torch.empty(0)] * len(tensors)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    for indices in by_device.values():
+        parts = [tensors[i].detach().contiguous().reshape(-1).view(torch.uint8) for i in indices]
+        host = (torch.cat(parts) if len(parts) > 1 else parts[0]).cpu()
+        start = 0
+        for i, part in zip(indices, parts, strict=True):
+            end = start + part.numel()
+            # cloned: a view of the buffer at an odd offset cannot be read as a wider dtype
+            out[i] = host[start:end].clone().view(tensors[i].dtype).reshape(tensors[i].shape)
+            start = end
     return out
 
 

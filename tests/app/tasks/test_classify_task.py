@@ -211,3 +211,91 @@ def test_majority_baseline_breaks_ties_by_label_order():
     assert majority([2, 1, 2, 1, 0]) == 1  # 1 and 2 twice each: 1 comes first
     assert majority([1, 2, 2, 1, 2]) == 2
     assert majority([2, 2, 0, 0, 1, 1]) == 0
+
+
+def _examples(n: int) -> list[LabelledExample]:
+    """``n`` texts of 1-6 letters of "abcd", labelled x, y, z or w (w: never trained)."""
+    import numpy as np
+
+    rng = np.random.default_rng(n)
+    letters = list("abcd")
+    return [
+        LabelledExample(
+            "xyzw"[int(rng.integers(4))], "".join(rng.choice(letters, int(rng.integers(1, 7)))), i
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_validation_reads_the_device_once_and_scores_each_example_as_alone(monkeypatch, pooling):
+    """``classify_metrics`` equals the model on every example alone, and on a GPU (reads
+    counted on the CPU, as the device would see them) reads the device once whatever the
+    number of batches: the summed loss and all predictions with the model's checks (before:
+    up to seven reads a batch, the loss, its guard, two masked selections, the predictions
+    and the model's two checks)."""
+    import sys
+
+    import torch.nn.functional as F
+
+    from rnnkit import deferred as deferred_module
+    from rnnkit.app.config import TrainConfig
+    from rnnkit.app.tasks.classify import classify_metrics, encode_examples
+    from rnnkit.app.tasks.settings import model_spec
+    from rnnkit.bptt.fused import use_fused
+    from rnnkit.data.labelled import LabelSet
+    from rnnkit.data.vocab import Vocabulary
+    from rnnkit.models.classifier import build_classifier
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "training"))
+    from host_reads import HostReads
+
+    vocab, labels = Vocabulary(list("abcd"), unit="char"), LabelSet(["x", "y", "z"])
+    cfg = TrainConfig(train="x", hidden=8, embedding=4, pooling=pooling)
+    torch.manual_seed(0)
+    model = build_classifier(model_spec(cfg), len(vocab), len(labels)).train()
+    cpu = torch.device("cpu")
+
+    def score(n: int) -> dict:
+        enc = encode_examples(_examples(n), vocab, labels, max_len=8)
+        return classify_metrics(model, enc, labels, cpu, batch_size=3)
+
+    enc = encode_examples(_examples(10), vocab, labels, max_len=8)
+    nats, gold, pred = 0.0, [], []
+    with torch.no_grad():
+        for x, y in zip(enc.inputs, enc.labels.tolist(), strict=True):
+            logits = model.eval()(torch.from_numpy(x)[None])  # (1, K)
+            if y < len(labels):
+                nats += float(F.cross_entropy(logits.double(), torch.tensor([y])))
+                gold.append(labels.labels[y])
+                pred.append(labels.labels[int(logits.argmax())])
+    model.train()
+    n = len(gold)
+    eager = score(10)
+    monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
+    reads = []
+    for size in (10, 20):  # 4 and 7 batches
+        with use_fused("fused"), HostReads(model) as counted:
+            got = score(size)
+        reads.append(dict(counted.sites))
+        if size == 10:
+            for m in (eager, got):
+                assert m["tokens"] == m["examples"] == n < 10  # unknown labels left out
+                assert m["unknown_labels"] == 10 - n
+                assert m["loss_nats"] == pytest.approx(nats / n, rel=1e-5)
+                assert m["accuracy"] == sum(g == p for g, p in zip(gold, pred, strict=True)) / n
+                assert m["confusion_matrix"] == confusion_matrix(gold, pred, labels.labels)
+    assert model.training  # put back as it was
+    for sites in reads:
+        assert sum(sites.values()) == 1 and all(s.startswith("deferred.py:") for s in sites), sites
+
+    bad = encode_examples(_examples(4), vocab, labels, max_len=8)
+    bad.inputs[1] = bad.inputs[1].copy()
+    bad.inputs[1][0] = len(vocab)  # outside the vocabulary
+    errors = []
+    for on_a_gpu in (True, False):  # the same error on the GPU's path and the CPU's
+        monkeypatch.setattr(deferred_module, "waits", lambda tensor, gpu=on_a_gpu: gpu)
+        with pytest.raises(ValueError, match="inputs must hold token ids") as error:
+            classify_metrics(model, bad, labels, cpu, batch_size=3)
+        errors.append(str(error.value))
+    assert errors[0] == errors[1], errors

@@ -222,3 +222,72 @@ def test_predict_of_a_variance_beyond_float32_is_a_number(data, tmp_path, run_cl
     assert code == 0, err
     variance = np.array(json.loads(out)["variance"], dtype=np.float64)  # null: nan
     np.testing.assert_allclose(variance, np.float32(math.exp(LOG_VAR_MAX)), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("target", "loss"), [("next", "mse"), ("next", "gaussian"), ("value", "gaussian")]
+)
+def test_metrics_read_the_device_once_and_score_each_sequence_as_alone(monkeypatch, target, loss):
+    """``regression_metrics`` equals the model on every piece alone, and on a GPU (reads
+    counted on the CPU, as the device would see them) reads the device once whatever the
+    number of batches: the three float64 sums with the model's checks, the count being
+    the batch masks' on the host (before: eight reads a batch, nine for the Gaussian)."""
+    import sys
+
+    import torch.nn.functional as F
+
+    from rnnkit import deferred as deferred_module
+    from rnnkit.app.config import TrainConfig
+    from rnnkit.app.tasks.regress import build_regressor, encode_sequences, regression_metrics
+    from rnnkit.bptt.fused import use_fused
+    from rnnkit.data.vectors import VectorSequence
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "training"))
+    from host_reads import HostReads
+
+    def sequences(n: int) -> list[VectorSequence]:
+        rng = np.random.default_rng(n)
+        return [
+            VectorSequence(
+                rng.normal(size=(int(rng.integers(2, 8)), 2)).astype(np.float32),
+                rng.normal(size=3).astype(np.float32) if target == "value" else None,
+                "f",
+                i,
+            )
+            for i in range(n)
+        ]
+
+    cfg = TrainConfig(train="x", hidden=8, target=target, loss=loss)
+    torch.manual_seed(0)
+    model = build_regressor(cfg, 2, 2 if target == "next" else 3).eval()
+    cpu = torch.device("cpu")
+    enc = encode_sequences(sequences(9), target, max_len=4)
+    nll, sq, ab, count = 0.0, 0.0, 0.0, 0
+    with torch.no_grad():
+        for x, y in zip(enc.inputs, enc.targets, strict=True):
+            out = model(x[None])
+            err = (out.mean[0] - y).double()
+            sq += float((err * err).sum())
+            ab += float(err.abs().sum())
+            count += y.numel()
+            if loss == "gaussian":
+                assert out.log_var is not None
+                var = out.log_var[0].double().exp()
+                each = F.gaussian_nll_loss(out.mean[0].double(), y.double(), var, full=True)
+                nll += float(each) * y.numel()  # the mean over the piece's values
+    eager = regression_metrics(model, enc, cpu, 4)
+    monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
+    reads = []
+    for n in (9, 18):
+        with use_fused("fused"), HostReads(model) as counted:
+            got = regression_metrics(model, encode_sequences(sequences(n), target, 4), cpu, 4)
+        reads.append(dict(counted.sites))
+        if n == 9:
+            for m in (eager, got):
+                assert m["elements"] == count
+                assert m["mse"] == pytest.approx(sq / count, rel=1e-5)
+                assert m["mae"] == pytest.approx(ab / count, rel=1e-5)
+                want = nll / count if loss == "gaussian" else sq / count
+                assert m["loss"] == pytest.approx(want, rel=1e-5)
+    for sites in reads:
+        assert sum(sites.values()) == 1 and all(s.startswith("deferred.py:") for s in sites), sites

@@ -100,3 +100,74 @@ def test_most_frequent_tag_baseline_by_hand() -> None:
         "oov_accuracy": 1.0,
         "oov_tokens": 1,
     }
+
+
+def _sentences(n: int) -> list[TaggedSentence]:
+    """``n`` sentences of 1-5 words (some never seen: ``<unk>``), BIO-tagged, with B-Y a tag
+    the model never saw."""
+    rng = torch.Generator().manual_seed(n)
+    words, tags = ["the", "dog", "cat", "runs", "zz"], ["B-X", "I-X", "O", "B-Y"]
+    out = []
+    for i in range(n):
+        k = int(torch.randint(1, 6, (), generator=rng))
+        w = torch.randint(len(words), (k,), generator=rng).tolist()
+        t = torch.randint(len(tags), (k,), generator=rng).tolist()
+        out.append(TaggedSentence([words[j] for j in w], [tags[j] for j in t], i))
+    return out
+
+
+def test_tag_metrics_read_the_device_once_and_score_each_sentence_as_alone(monkeypatch) -> None:
+    """A tagger with a character RNN: the figures equal the model on every sentence alone,
+    and on a GPU (reads counted on the CPU, as the device would see them) the device is
+    read once whatever the number of batches: the summed loss and all predicted tags with
+    the model's checks (before: seven reads a batch)."""
+    import sys
+    from pathlib import Path
+
+    from rnnkit import deferred as deferred_module
+    from rnnkit.app.config import TrainConfig
+    from rnnkit.app.tasks.settings import model_spec
+    from rnnkit.app.tasks.tag_data import char_batch
+    from rnnkit.bptt.fused import use_fused
+    from rnnkit.models.tagger import build_tagger
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "training"))
+    from host_reads import HostReads
+
+    cfg = TrainConfig(train="x", hidden=8, embedding=4, char_rnn=True)
+    seen = [TaggedSentence(["the", "dog", "cat", "runs"], ["B-X", "I-X", "O", "B-X"], 0)]
+    data = TagData.from_sentences(seen, cfg)
+    assert data.chars is not None
+    K = len(data.tags)
+    torch.manual_seed(0)
+    model = build_tagger(model_spec(cfg), len(data.vocab), K, len(data.chars)).eval()
+    cpu = torch.device("cpu")
+    enc = encode_tagged(_sentences(9), data)
+    total, right, scored, oov_right, n_oov = 0.0, 0, 0, 0, 0
+    with torch.no_grad():
+        for i, (w, g, oov) in enumerate(zip(enc.words, enc.tags, enc.oov, strict=True)):
+            words = torch.from_numpy(w)[None]
+            chars = char_batch(enc, torch.tensor([i]), len(w))
+            logp = torch.log_softmax(model(words, words != 0, chars)[0].double(), -1)
+            for t, (gold, unk) in enumerate(zip(g.tolist(), oov.tolist(), strict=True)):
+                if gold < K:
+                    hit = int(logp[t].argmax()) == gold
+                    total, right, scored = total - float(logp[t, gold]), right + hit, scored + 1
+                    oov_right, n_oov = oov_right + (hit and unk), n_oov + unk
+    eager = tag_metrics(model, enc, data, cpu, 4)
+    monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
+    reads = []
+    for n in (9, 18):  # 3 and 5 batches
+        with use_fused("fused"), HostReads(model) as counted:
+            got = tag_metrics(model, encode_tagged(_sentences(n), data), data, cpu, 4)
+        reads.append(dict(counted.sites))
+        if n == 9:
+            for m in (eager, got):
+                assert m["tokens"] == scored and m["unknown_labels"] > 0
+                assert m["loss_nats"] == pytest.approx(total / scored, rel=1e-5)
+                assert m["accuracy"] == right / scored
+                assert (m["oov_tokens"], m["oov_accuracy"]) == (n_oov, oov_right / n_oov)
+            assert got["span_f1"] == eager["span_f1"]
+            assert got["per_tag_f1"] == eager["per_tag_f1"]
+    for sites in reads:
+        assert sum(sites.values()) == 1 and all(s.startswith("deferred.py:") for s in sites), sites

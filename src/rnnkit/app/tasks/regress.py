@@ -36,6 +36,7 @@ from rnnkit.bptt.mask_facts import move_mask
 from rnnkit.data.batching import SequenceBatcher, to_device
 from rnnkit.data.labelled import split_holdout
 from rnnkit.data.vectors import VectorSequence, parse_vector_line, read_vector_sequences
+from rnnkit.deferred import deferring
 from rnnkit.errors import CheckpointError, DataError
 from rnnkit.models.builders import build_encoder
 from rnnkit.models.language_model import LossOutput
@@ -135,29 +136,32 @@ def regression_metrics(
     ``elements``, and the persistence baseline's ``mse`` beside them."""
     was_training = model.training
     model.eval()
-    total, sq, ab, count = 0.0, 0.0, 0.0, 0
-    for batch in _batches(enc, batch_size, shuffle=False):
-        x, y, mask = _batch(enc, batch, device)
-        out = model.loss(x, y, mask)
-        total += float(out.nats)
-        mean = model(x, mask).mean
-        keep = (
-            mask.unsqueeze(-1).expand_as(y)
-            if y.dim() == 3
-            else torch.ones_like(y, dtype=torch.bool)
-        )
-        # float64: the square of an error beyond 1.8e19 overflows float32 (inf, not a figure)
-        err = (mean - y)[keep].double()
-        sq += float((err * err).sum())
-        ab += float(err.abs().sum())
-        count += int(keep.sum())
+    # float64 sums on the device, read once for the whole evaluation (with the model's
+    # checks); the count is the batch masks', known on the host
+    total, sq, ab = (torch.zeros((), dtype=torch.float64, device=device) for _ in range(3))
+    count = 0
+    with deferring() as deferred:
+        for batch in _batches(enc, batch_size, shuffle=False):
+            x, y, mask = _batch(enc, batch, device)
+            out = model.loss(x, y, mask)
+            total = total + out.nats
+            # float64: the square of an error beyond 1.8e19 overflows float32 (inf, not a figure)
+            err = (model(x, mask).mean - y).double()
+            if y.dim() == 3:  # next: the real steps only
+                err = torch.where(mask.unsqueeze(-1), err, 0.0)
+                count += int(batch.mask.sum()) * y.shape[-1]
+            else:
+                count += y.numel()
+            sq = sq + (err * err).sum()
+            ab = ab + err.abs().sum()
+        summed, squares, errors = deferred.read(total, sq, ab)
     model.train(was_training)
     base = torch.cat(
         [(p - t).reshape(-1).double() for p, t in zip(enc.persistence, enc.targets, strict=True)]
     )
-    mse = sq / max(count, 1)
+    mse = squares / max(count, 1)
     # for mse the loss is the mse: taken from the float64 sum, not the model's float32 one
-    loss = total / max(count, 1) if model.loss_kind == "gaussian" else mse
+    loss = summed / max(count, 1) if model.loss_kind == "gaussian" else mse
     # The negative log-likelihood per value in nats: the Gaussian's own, or for mse that of
     # a unit-variance Gaussian, ½ (mse + ln 2π) (the trainer keeps the lowest).
     nats = loss if model.loss_kind == "gaussian" else 0.5 * (mse + math.log(2 * math.pi))
@@ -166,7 +170,7 @@ def regression_metrics(
         "loss_nats": nats,
         "mse": mse,
         "rmse": mse**0.5,
-        "mae": ab / max(count, 1),
+        "mae": errors / max(count, 1),
         "elements": count,
         "baseline_mse": float((base * base).mean()) if len(base) else None,
     }

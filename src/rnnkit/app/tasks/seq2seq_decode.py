@@ -14,13 +14,13 @@ import torch
 from rnnkit.app.tasks.seq2seq_data import batch_to
 from rnnkit.data.pairs import Pair, PairBatcher, make_pair_batch
 from rnnkit.data.vocab import Vocabulary
+from rnnkit.deferred import deferring
 from rnnkit.metrics.losses import sequence_cross_entropy
 from rnnkit.metrics.sequences import (
     bleu,
     character_error_rate,
     characters,
     exact_match,
-    teacher_forced_accuracy,
     token_error_rate,
 )
 from rnnkit.models.decoder_only import DecoderOnlyTranslator
@@ -46,32 +46,43 @@ def teacher_forced_metrics(
     device: torch.device,
     batch_size: int,
 ) -> dict[str, Any]:
-    """Loss (nats per target token), perplexity and token accuracy under teacher forcing."""
+    """Loss (nats per target token), perplexity and token accuracy under teacher forcing.
+
+    The sums stay on the device: one host read for the whole evaluation (with the model's
+    checks), not one per batch."""
     was_training = model.training
     model.eval()
-    nats, tokens, correct = 0.0, 0, 0
+    # float64, as the Python sum of each batch's float32 figure it replaces
+    summed = torch.zeros((), dtype=torch.float64, device=device)
+    hits = torch.zeros((), dtype=torch.int64, device=device)
+    counted = torch.zeros((), dtype=torch.int64, device=device)
     # The model with a length mechanism (decoder-only models have none), or None.
     with_length = model if isinstance(model, Seq2Seq) and model.length is not None else None
-    for batch in PairBatcher(sources, targets, batch_size=batch_size, shuffle=False):
-        batch = batch_to(batch, device)
-        logits = model.target_logits(batch)  # (B, T, V_t)
-        if with_length is None:
-            mask = batch.target_mask
-            nats += float(sequence_cross_entropy(logits, batch.target_out, mask, reduction="sum"))
-        else:
-            # The exact sequence NLL (token terms plus the stop / length terms) over the
-            # token steps, as in training; </s> is no token: its step is not scored.
-            mask = with_length.token_mask(batch)
-            nats += float(with_length.loss(batch).nats)
-        hits, counted = teacher_forced_accuracy(logits, batch.target_out, mask)
-        correct, tokens = correct + hits, tokens + counted
+    with deferring() as deferred:
+        for batch in PairBatcher(sources, targets, batch_size=batch_size, shuffle=False):
+            batch = batch_to(batch, device)
+            logits = model.target_logits(batch)  # (B, T, V_t)
+            if with_length is None:
+                mask = batch.target_mask
+                summed = summed + sequence_cross_entropy(
+                    logits, batch.target_out, mask, reduction="sum"
+                )
+            else:
+                # The exact sequence NLL (token terms plus the stop / length terms) over the
+                # token steps, as in training; </s> is no token: its step is not scored.
+                mask = with_length.token_mask(batch)
+                summed = summed + with_length.loss(batch).nats
+            right = torch.eq(logits.argmax(dim=-1), batch.target_out) & mask
+            hits, counted = hits + right.sum(), counted + mask.sum()
+        total, correct, count = deferred.read(summed, hits, counted)
     model.train(was_training)
-    loss = nats / max(tokens, 1)
+    tokens = int(count)
+    loss = total / max(tokens, 1)
     return {
         "loss_nats": loss,
         "tokens": tokens,
         "perplexity": math.exp(min(loss, 700)),
-        "token_accuracy": correct / max(tokens, 1),
+        "token_accuracy": int(correct) / max(tokens, 1),
     }
 
 
