@@ -24,14 +24,12 @@ from torch import Tensor, nn
 from torch.autograd.function import BackwardCFunction
 
 from rnnkit import LSTM
-from rnnkit import deferred as deferred_module
-from rnnkit.bptt.fused import use_fused
 from rnnkit.bptt.mask_facts import move_mask
 from rnnkit.data.batching import to_device
 from rnnkit.models.language_model import LanguageModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from host_reads import HostReads
+from host_reads import step_reads
 
 pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
 
@@ -573,15 +571,6 @@ def test_a_window_refuses_a_gradient_with_a_graph_or_batched_in_one_line(layer_n
 HERE = torch.device("cpu")  # HostReads marks what is moved to a torch.device
 
 
-def _reads(model, monkeypatch, run) -> tuple[dict[str, int], list[float]]:
-    monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
-    with use_fused("fused"), HostReads(model) as reads, deferred_module.deferring() as d:
-        out = run()
-        out.loss.backward()
-        figures = d.read(out.nats, out.tokens)
-    return dict(reads.sites), figures
-
-
 def test_a_windowed_step_reads_the_device_once(monkeypatch) -> None:
     torch.manual_seed(0)
     lm = LanguageModel(nn.Embedding(7, 4), LSTM(4, 8), nn.Linear(8, 7))
@@ -594,7 +583,7 @@ def test_a_windowed_step_reads_the_device_once(monkeypatch) -> None:
         x, y = to_device(inputs, HERE), to_device(targets, HERE)
         return lm.loss(x, y, mask=move_mask(mask, HERE), window=2)
 
-    sites, (nats, tokens) = _reads(lm, monkeypatch, run)
+    sites, (nats, tokens) = step_reads(lm, monkeypatch, run)
     assert _one_read(sites), sites
     assert tokens == expected.tokens and abs(nats - expected.nats) < 1e-5
 

@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rnnkit import deferred as deferred_module
 from rnnkit.app.tasks.seq2seq_data import batch_to
-from rnnkit.bptt.fused import use_fused
 from rnnkit.data.pairs import Pair, encode_pairs, make_pair_batch
 from rnnkit.data.vocab import BOS_ID, EOS_ID, NEVER_GENERATED, Vocabulary
 from rnnkit.generation.seq2seq_search import beam_search
@@ -20,7 +18,7 @@ from rnnkit.models.decoder_only import build_decoder_only, joint_sequences
 from rnnkit.models.spec import ModelSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from host_reads import HostReads
+from host_reads import step_reads
 
 SRC = Vocabulary(list("abcde"))
 TGT = Vocabulary(list("edcba"))  # other ids for the same letters: the sides are separate
@@ -137,15 +135,6 @@ def test_tied_weights_use_the_target_rows_of_the_embedding():
 HERE = torch.device("cpu")  # HostReads marks what is moved to a torch.device
 
 
-def _reads(model, monkeypatch, run) -> tuple[dict[str, int], list[float]]:
-    monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
-    with use_fused("fused"), HostReads(model) as reads, deferred_module.deferring() as d:
-        out = run()
-        out.loss.backward()
-        figures = d.read(out.nats, out.tokens)
-    return dict(reads.sites), figures
-
-
 def test_a_decoder_only_step_reads_the_device_once(monkeypatch) -> None:
     torch.manual_seed(0)
     model = build_decoder_only(ModelSpec(hidden=8, embedding=4), 9, 7)
@@ -153,7 +142,9 @@ def test_a_decoder_only_step_reads_the_device_once(monkeypatch) -> None:
         [np.array([4, 5, 6]), np.array([7])], [np.array([4]), np.array([5, 6, 4])]
     )
     expected = model.loss(batch)
-    sites, (nats, tokens) = _reads(model, monkeypatch, lambda: model.loss(batch_to(batch, HERE)))
+    sites, (nats, tokens) = step_reads(
+        model, monkeypatch, lambda: model.loss(batch_to(batch, HERE))
+    )
     assert _one_read(sites), sites
     assert tokens == expected.tokens and abs(nats - expected.nats) < 1e-5
 

@@ -110,3 +110,19 @@ class HostReads(TorchFunctionMode):
             else "?"
         )
         self.sites[where] += 1
+
+
+def step_reads(model: torch.nn.Module, monkeypatch: Any, run: Any) -> tuple[dict[str, int], list]:
+    """The reads of one training step: ``run()`` (a ``LossOutput``) and its backward inside
+    ``rnnkit.deferred.deferring``, the reads taking a GPU's paths (``deferred.waits``
+    patched) and the fused path forced; returns the read sites and the step's figures
+    (nats, tokens) read at its end."""
+    from rnnkit import deferred
+    from rnnkit.bptt.fused import use_fused
+
+    monkeypatch.setattr(deferred, "waits", lambda tensor: True)  # as on a GPU
+    with use_fused("fused"), HostReads(model) as reads, deferred.deferring() as d:
+        out = run()
+        out.loss.backward()
+        figures = d.read(out.nats, out.tokens)
+    return dict(reads.sites), figures

@@ -96,7 +96,7 @@ from rnnkit.bptt.tracing import (
     transforming,
     vmapping,
 )
-from rnnkit.bptt.unrolled import differentiable_gradients, unrolled
+from rnnkit.bptt.unrolled import differentiable_gradients, replayed_gradients, unrolled
 from rnnkit.bptt.windowed import WindowUnit, reorder, windowed_sweep
 
 __all__ = [
@@ -145,6 +145,7 @@ __all__ = [
     "recurrence_gradients",
     "regularized",
     "reorder",
+    "replayed_gradients",
     "route",
     "run_fused",
     "run_fused_stack",

@@ -53,6 +53,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from rnnkit.bptt.mask_facts import prefix_lengths
 from rnnkit.bptt.tracing import exporting, tracing, transforming
+from rnnkit.bptt.unrolled import replayed_gradients
 from rnnkit.cells.amp import autocast_devices_on, without_autocast
 from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import Kernel, Weights
@@ -478,18 +479,7 @@ class _TwiceDifferentiable(torch.autograd.Function):
         result: list[Tensor | None] = [None] * (2 + n + len(inputs))
         if not wanted or all(g is None for g in grads):
             return tuple(result)
-        # a fresh view of each input: one tensor may come twice (an LSTM given (h0, h0)),
-        # and autograd.grad would give each place the sum of both
-        views = {i: inputs[i].view_as(inputs[i]) for i in wanted}
-        outputs = ctx.call.decomposed(tuple(views.get(i, t) for i, t in enumerate(inputs)))
-        pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g is not None]
-        got = torch.autograd.grad(
-            [o for o, _ in pairs],
-            list(views.values()),
-            [g for _, g in pairs],
-            create_graph=True,
-            allow_unused=True,
-        )
+        got = replayed_gradients(ctx.call.decomposed, inputs, wanted, grads)
         for i, g in zip(wanted, got, strict=True):
             result[2 + n + i] = torch.zeros_like(inputs[i]) if g is None else g
         return tuple(result)

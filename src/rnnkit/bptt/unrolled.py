@@ -12,7 +12,7 @@ the incoming gradients, as PyTorch's own recurrent layers give them on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ from torch import Tensor
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.errors import ConfigError
 
-__all__ = ["differentiable_gradients", "unrolled"]
+__all__ = ["differentiable_gradients", "replayed_gradients", "unrolled"]
 
 
 def unrolled(
@@ -75,35 +75,48 @@ def differentiable_gradients(
             f"{type(kernel).__name__} has no differentiable step: its gradient cannot be "
             "differentiated again (create_graph=True)"
         )
-    inputs = (x, *weights, *states0)
-    wanted = [
-        (i, t) for i, t in enumerate(inputs) if needs[i] and t is not None and t.requires_grad
-    ]
+    inputs: tuple[Any, ...] = (x, *weights, *states0)
+    wanted = [i for i, t in enumerate(inputs) if needs[i] and t is not None and t.requires_grad]
+
+    def replay(a: tuple[Any, ...]) -> tuple[Tensor, ...]:
+        outputs, finals = unrolled(kernel, a[0], Weights(*a[1:5]), a[5:], mask3)
+        return (outputs, *finals)
+
+    got = replayed_gradients(replay, inputs, wanted, grads_out)
+    result: list[Tensor | None] = [None] * len(inputs)
+    for i, g in zip(wanted, got, strict=True):
+        # an input the outputs do not depend on (T = 0) gets zeros, as the explicit BPTT's
+        result[i] = torch.zeros_like(inputs[i]) if g is None else g
+    return tuple(result)
+
+
+def replayed_gradients(
+    replay: Callable[[tuple[Any, ...]], Sequence[Tensor]],
+    inputs: Sequence[Any],
+    wanted: Sequence[int],
+    grads_out: Sequence[Tensor | None],
+    create_graph: bool = True,
+) -> list[Tensor | None]:
+    """The gradients of ``inputs[i]`` for each ``i`` of ``wanted`` (None for one the
+    outputs do not depend on) given ``grads_out``, one per output of ``replay(inputs)``
+    (None: that output unused): the computation run again by ``replay`` and
+    differentiated by autograd, with a graph (``create_graph``: the gradients are then
+    functions of the inputs and of ``grads_out``, as a caller differentiating them needs,
+    and a batch of incoming gradients under ``vmap`` takes this way too). A node whose own
+    backward is no graph (the explicit BPTT, a fused kernel's, a decoder's sweep) answers
+    a gradient with a graph so."""
     with torch.enable_grad():
         # A fresh view of each input to differentiate: one tensor may come twice (an LSTM
         # given (h0, h0)), and autograd.grad would give each place the sum of both.
-        views = {i: t.view_as(t) for i, t in wanted}
-        w = weights
-        w = Weights(
-            views.get(1, w.weight_ih),
-            views.get(2, w.weight_hh),
-            views.get(3, w.bias),
-            views.get(4, w.bias_hn) if w.bias_hn is not None else None,
+        views = {i: inputs[i].view_as(inputs[i]) for i in wanted}
+        outputs = replay(tuple(views.get(i, t) for i, t in enumerate(inputs)))
+        pairs = [(o, g) for o, g in zip(outputs, grads_out, strict=True) if g is not None]
+        return list(
+            torch.autograd.grad(
+                [o for o, _ in pairs],
+                list(views.values()),
+                [g for _, g in pairs],
+                create_graph=create_graph,
+                allow_unused=True,
+            )
         )
-        s0 = tuple(views.get(5 + k, s) for k, s in enumerate(states0))
-        outputs, finals = unrolled(kernel, views.get(0, x), w, s0, mask3)
-        pairs = [
-            (o, g) for o, g in zip((outputs, *finals), grads_out, strict=True) if g is not None
-        ]
-        got = torch.autograd.grad(
-            [o for o, _ in pairs],
-            list(views.values()),
-            [g for _, g in pairs],
-            create_graph=torch.is_grad_enabled(),
-            allow_unused=True,
-        )
-    result: list[Tensor | None] = [None] * len(inputs)
-    for (i, t), g in zip(wanted, got, strict=True):
-        # an input the outputs do not depend on (T = 0) gets zeros, as the explicit BPTT's
-        result[i] = torch.zeros_like(t) if g is None else g
-    return tuple(result)

@@ -52,6 +52,7 @@ from torch.autograd.function import once_differentiable
 from rnnkit.bptt import native
 from rnnkit.bptt.dispatch import python_step_kernel
 from rnnkit.bptt.mask_facts import host_mask
+from rnnkit.bptt.unrolled import replayed_gradients
 from rnnkit.cells.amp import computes_in_float32, float32, without_autocast
 from rnnkit.cells.kernel import Kernel, StepKernel, Weights, batched_gradients
 from rnnkit.layers.attention_scores import torch_scores
@@ -201,22 +202,9 @@ class _AttentionDecoder(torch.autograd.Function):
         inputs += (query_weight, query_bias, v, *states0)
         need = ctx.needs_input_grad[1:]
         wanted = [i for i, t in enumerate(inputs) if need[i] and t is not None and t.requires_grad]
-        with torch.enable_grad():
-            views = {i: inputs[i].view_as(inputs[i]) for i in wanted}
-            args = [views.get(i, t) for i, t in enumerate(inputs)]
-            outs = _replay(ctx.spec, *args)
-            pairs = [
-                (o, g)
-                for o, g in zip(outs, (d_hidden, d_contexts, d_weights), strict=True)
-                if g is not None
-            ]
-            got = torch.autograd.grad(
-                [o for o, _ in pairs],
-                list(views.values()),
-                [g for _, g in pairs],
-                create_graph=True,
-                allow_unused=True,
-            )
+        got = replayed_gradients(
+            lambda args: _replay(ctx.spec, *args), inputs, wanted, (d_hidden, d_contexts, d_weights)
+        )
         result: list[Tensor | None] = [None] * len(inputs)
         for i, g in zip(wanted, got, strict=True):
             result[i] = g
