@@ -337,28 +337,10 @@ def test_bad_arguments_are_named():
 V, E, H, MAX = 7, 4, 8, 6
 
 
-def _lm(mode: str) -> LanguageModel:
-    torch.manual_seed(0)
-    length = SequenceLength(mode, H, context_size=H, max_length=MAX, remaining_size=3)
-    encoder = LSTM(E + length.input_size, H)
-    return LanguageModel(nn.Embedding(V, E), encoder, nn.Linear(H, V), length=length)
-
-
-def _batch(seqs):
-    T = max(len(s) for s in seqs) + 1
-    inputs = torch.zeros(len(seqs), T, dtype=torch.long)
-    targets, mask = torch.zeros_like(inputs), torch.zeros_like(inputs, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        inputs[i, : len(s) + 1] = torch.tensor([BOS_ID, *s])
-        targets[i, : len(s) + 1] = torch.tensor([*s, EOS_ID])
-        mask[i, : len(s) + 1] = True
-    return inputs, targets, mask
-
-
 @pytest.mark.parametrize("mode", ["stop", "predict"])
 def test_a_length_loss_leaves_its_reads_to_the_step(monkeypatch, mode: str) -> None:
-    lm = _lm(mode)
-    inputs, targets, mask = _batch([[4, 5, 4], [5], [6, 6]])
+    lm = lm_with(mode, cell=LSTM)
+    inputs, targets, mask = sentences([[4, 5, 4], [5], [6, 6]])
     with use_fused("fused"):
         direct = lm.loss(inputs, targets, mask=mask)
     direct.loss.backward()
@@ -382,8 +364,8 @@ def test_a_length_loss_leaves_its_reads_to_the_step(monkeypatch, mode: str) -> N
 
 
 def test_a_deferred_length_check_still_raises_its_error(monkeypatch) -> None:
-    lm = _lm("stop")
-    inputs, targets, mask = _batch([[4, 5]])
+    lm = lm_with("stop", cell=LSTM)
+    inputs, targets, mask = sentences([[4, 5]])
     targets[0, 2] = 4  # no </s> at the end of the row
     monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)
     with pytest.raises(ValueError, match="row 0"), deferred_module.deferring() as deferred:
