@@ -505,3 +505,24 @@ def test_bf16_on_a_gpu_that_only_emulates_it_is_a_config_error(monkeypatch):
     with pytest.raises(ConfigError, match=r"this GPU has no bfloat16 \(use .*fp16"):
         autocast_setup("bf16", torch.device("cuda", 1))
     assert asked and all(torch.device("cuda", 1) == torch.device(d) for d in asked)
+
+
+@pytest.mark.parametrize("clip_value", [None, 0.5], ids=["norm-only", "clip-value"])
+def test_an_fp16_step_asks_the_gradients_peak_only_where_the_norm_cannot_say(clip_value):
+    """On a GPU every read of the device waits for it. An inf gradient makes the norm
+    inf, so a finite norm (the common step) also says the scaler saw no overflow: the
+    gradients' peak is read only where clipping by value could turn an inf finite."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from host_reads import HostReads
+
+    trainer = make_trainer(precision="fp16", steps=3, clip_value=clip_value)
+    with HostReads(trainer.model) as reads:
+        result = trainer.fit()
+    assert result.steps == 3
+    peak_reads = sum(
+        n for site, n in reads.sites.items() if site.startswith("training/nonfinite.py")
+    )
+    assert peak_reads == (0 if clip_value is None else 3), dict(reads.sites)

@@ -412,20 +412,32 @@ class Trainer(Generic[_M]):
             # its share of the global tokens -> gradient of the global mean.
             loss = loss * (local[2] * self.dist.world_size / max(tokens, 1))
         params = [p for p in self.model.parameters() if p.requires_grad]
+        # The scaler's overflow (inf/NaN in the unscaled gradients) is asked of their
+        # peak only where the norm cannot say it: clipping by value turns an inf finite.
+        # Elsewhere an inf gradient makes the norm inf, so a finite norm (the common
+        # step) answers both questions in one read of the device.
+        peak_first = self.scaler is not None and self.options.clip_value is not None
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             # Clipping, the finite check and the hook see the true gradients.
             self.scaler.unscale_(self.optimizer)
-            if self.guard.scaler_skipped(self.scaler, self.optimizer, params, where):
+            if peak_first and self.guard.scaler_skipped(self.scaler, self.optimizer, params, where):
                 self.carry = _detach(out.state)  # the forward was fine: carry on
                 return None
         else:
             loss.backward()
         grad_norm = float(self._clip([p for p in params if p.grad is not None]))
-        if not math.isfinite(grad_norm) and self.scaler is not None:
+        if self.scaler is not None and not math.isfinite(grad_norm):
+            if not peak_first and self.guard.scaler_skipped(
+                self.scaler, self.optimizer, params, where
+            ):
+                self.carry = _detach(out.state)
+                return None
             # finite gradients whose norm overflows float32: the scaler unscaled them and
             # saw no inf; end its iteration (scale kept) so that the next unscale_ runs
             self.scaler.update(self.scaler.get_scale())
+        elif self.scaler is not None:
+            self.guard.scaler_streak = 0  # no overflow: the scaler's streak starts over
         if not self._finite(grad_norm, "the gradient norm", where):
             return None
         self._clipped(grad_norm)
