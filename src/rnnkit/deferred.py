@@ -70,11 +70,10 @@ class Deferred:
         floats in order. The checks are cleared."""
         checks, self._checks = self._checks, []
         tensors = [flag for flag, _ in checks] + [v for v in values if isinstance(v, Tensor)]
-        read = iter(read_values(tensors))
-        for _, error in checks:
-            if next(read):
-                raise error()
-        return [next(read) if isinstance(v, Tensor) else float(v) for v in values]
+        read = read_values(tensors)
+        _raise_first_failed(checks, read)
+        rest = iter(read[len(checks) :])
+        return [next(rest) if isinstance(v, Tensor) else float(v) for v in values]
 
     def fetch(self, *tensors: Tensor) -> list[Tensor]:
         """One host read, as :meth:`read`, of the pending checks and ``tensors`` of any
@@ -82,20 +81,31 @@ class Deferred:
         copies of the same shapes and dtypes, in order. The checks are cleared."""
         checks, self._checks = self._checks, []
         host = read_tensors([flag for flag, _ in checks] + list(tensors))
-        for (_, error), flag in zip(checks, host, strict=False):
-            if bool(flag):
-                raise error()
+        _raise_first_failed(checks, host)
         return host[len(checks) :]
+
+
+def _raise_first_failed(checks: list[tuple[Tensor, Callable[[], Exception]]], read: list) -> None:
+    """Raise the error of the first check whose flag (``read``'s first values, in the
+    order of ``checks``) says it failed."""
+    for (_, error), flag in zip(checks, read, strict=False):
+        if bool(flag):
+            raise error()
+
+
+def _by_device(tensors: list[Tensor]) -> list[list[int]]:
+    """The indices of ``tensors``, grouped by device (one transfer each)."""
+    groups: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(t.device, []).append(i)
+    return list(groups.values())
 
 
 def read_values(tensors: list[Tensor]) -> list[float]:
     """The values of 0-dim tensors as floats, one transfer per device (float64 holds every count
     and bool exactly, and a float32 figure unchanged)."""
     out: list[float] = [0.0] * len(tensors)
-    by_device: dict[torch.device, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_device.setdefault(t.device, []).append(i)
-    for indices in by_device.values():
+    for indices in _by_device(tensors):
         stacked = torch.stack([tensors[i].detach().reshape(()).double() for i in indices])
         for i, v in zip(indices, stacked.tolist(), strict=True):
             out[i] = v
@@ -110,10 +120,7 @@ def read_tensors(tensors: list[Tensor]) -> list[Tensor]:
     [True, [2.5, 3.0]]
     """
     out: list[Tensor] = [torch.empty(0)] * len(tensors)
-    by_device: dict[torch.device, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_device.setdefault(t.device, []).append(i)
-    for indices in by_device.values():
+    for indices in _by_device(tensors):
         parts = [tensors[i].detach().contiguous().reshape(-1).view(torch.uint8) for i in indices]
         host = (torch.cat(parts) if len(parts) > 1 else parts[0]).cpu()
         start = 0

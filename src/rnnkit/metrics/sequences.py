@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from rnnkit.data.vocab import SPECIALS
+from rnnkit.deferred import count_of
 
 __all__ = [
     "bleu",
@@ -163,8 +164,11 @@ def bleu(
     return 100.0 * math.exp(brevity + log_precision / max_order)
 
 
-def teacher_forced_accuracy(logits: Tensor, targets: Tensor, mask: Tensor) -> tuple[int, int]:
-    """``(correct, counted)`` argmax predictions at the real positions of a batch.
+def teacher_forced_accuracy(
+    logits: Tensor, targets: Tensor, mask: Tensor
+) -> tuple[int | Tensor, int | Tensor]:
+    """``(correct, counted)`` argmax predictions at the real positions of a batch (0-dim
+    tensors inside :func:`rnnkit.deferred.deferring`, read with its figures).
 
     Args:
         logits: ``(B, T, V)``.  targets: ``(B, T)``.  mask: ``(B, T)`` bool.
@@ -174,7 +178,7 @@ def teacher_forced_accuracy(logits: Tensor, targets: Tensor, mask: Tensor) -> tu
     (1, 2)
     """
     hits = torch.eq(logits.argmax(dim=-1), targets) & mask
-    return int(hits.sum()), int(mask.sum())
+    return count_of(hits.sum()), count_of(mask.sum())
 
 
 def _same_count(hyps: Sequence[object], refs: Sequence[object]) -> None:

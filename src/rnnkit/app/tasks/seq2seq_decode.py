@@ -21,6 +21,7 @@ from rnnkit.metrics.sequences import (
     character_error_rate,
     characters,
     exact_match,
+    teacher_forced_accuracy,
     token_error_rate,
 )
 from rnnkit.models.decoder_only import DecoderOnlyTranslator
@@ -72,8 +73,8 @@ def teacher_forced_metrics(
                 # token steps, as in training; </s> is no token: its step is not scored.
                 mask = with_length.token_mask(batch)
                 summed = summed + with_length.loss(batch).nats
-            right = torch.eq(logits.argmax(dim=-1), batch.target_out) & mask
-            hits, counted = hits + right.sum(), counted + mask.sum()
+            right, real = teacher_forced_accuracy(logits, batch.target_out, mask)
+            hits, counted = hits + right, counted + real
         total, correct, count = deferred.read(summed, hits, counted)
     model.train(was_training)
     tokens = int(count)
