@@ -109,3 +109,15 @@ def test_the_loss_inside_a_training_step_equals_the_loss_read_at_once(loss, targ
     for g, want in zip(torch.autograd.grad(late.loss, list(m.parameters())), grads, strict=True):
         assert torch.isfinite(g).all()
         torch.testing.assert_close(g, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("target", "loss"), [("next", "mse"), ("value", "gaussian")])
+def test_loss_of_an_output_equals_the_loss(target, loss):
+    """``loss_of`` scores an output already computed as ``loss`` scores the inputs."""
+    m = make(target, loss)
+    x = torch.randn(3, 4, 2, dtype=DT)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    y = torch.randn(3, 4, 2, dtype=DT) if target == "next" else torch.randn(3, 3, dtype=DT)
+    got, want = m.loss_of(m(x, mask), y, mask), m.loss(x, y, mask)
+    torch.testing.assert_close(got.loss, want.loss, rtol=0, atol=0)
+    assert (got.nats, got.tokens) == (want.nats, want.tokens)

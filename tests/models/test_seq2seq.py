@@ -340,3 +340,17 @@ def test_source_and_target_ids_outside_their_vocabularies_are_named():
     with pytest.raises(ValueError, match=r"^target_in must hold token ids in \[0, 7\) .*, got 8"):
         model(src, mask, torch.full((2, 3), 8), torch.ones(2, 3, dtype=torch.bool))
     assert model(src, mask, tgt, torch.ones(2, 3, dtype=torch.bool)).logits.shape == (2, 3, 7)
+
+
+@pytest.mark.parametrize("length", ["eos", "stop", "predict"])
+def test_scored_is_the_loss_and_the_target_logits_of_one_pass(length):
+    """``scored`` returns what ``loss`` and ``target_logits`` return, running the model once."""
+    m = model(length=length, max_len=8, attention="additive").eval()
+    batch = reverse_batch()
+    runs = []
+    m.register_forward_hook(lambda *_: runs.append(1))
+    loss, logits = m.scored(batch)
+    assert len(runs) == 1
+    torch.testing.assert_close(loss.loss, m.loss(batch).loss, rtol=0, atol=0)
+    torch.testing.assert_close(logits, m.target_logits(batch), rtol=0, atol=0)
+    assert loss.tokens == m.loss(batch).tokens

@@ -106,12 +106,16 @@ class Regressor(nn.Module):
             x: ``(B, T, D)``.  y: ``(B, T, K)`` (next: ``x`` shifted by one) or ``(B, K)``.
             mask: ``(B, T)`` bool: the steps that are real (and, for next, have a target).
         """
-        out = self(x, mask)
+        return self.loss_of(self(x, mask), y, mask)
+
+    def loss_of(self, out: RegressorOutput, y: Tensor, mask: Tensor | None = None) -> LossOutput:
+        """:meth:`loss` of an output this model already computed for ``x`` and ``mask``
+        (an evaluation that needs the predictions too runs the model once, not twice)."""
         if self.target == "next" and mask is not None:
             keep = mask.unsqueeze(-1).expand_as(y)
         else:
             keep = torch.ones_like(y, dtype=torch.bool)
-        if active_for(x) is not None:  # a training step on a GPU: no host read
+        if active_for(out.mean) is not None:  # a training step on a GPU: no host read
             return self._deferred_loss(out, y, keep)
         mean, target = out.mean[keep], y[keep]
         if self.loss_kind == "gaussian":

@@ -425,6 +425,10 @@ class Seq2Seq(nn.Module):
             sampling_p=sampling_p,
             generator=generator,
         )
+        return self._loss_of(out, batch)
+
+    def _loss_of(self, out: Seq2SeqOutput, batch: PairBatch) -> LossOutput:
+        """:meth:`loss` of a forward pass already run on ``batch``."""
         if self.length is not None:
             assert out.features is not None
             lt = length_targets(batch.target_out, out.mask, EOS_ID)
@@ -436,6 +440,13 @@ class Seq2Seq(nn.Module):
             out.logits, batch.target_out, out.mask, self.loss_reduction
         )
         return LossOutput(loss, nats, tokens, None)
+
+    def scored(self, batch: PairBatch) -> tuple[LossOutput, Tensor]:
+        """:meth:`loss` and :meth:`target_logits` of ``batch`` from one teacher-forced pass
+        (an evaluation that reports both runs the model once)."""
+        out = self(batch.source, batch.source_mask, batch.target_in, batch.target_mask)
+        logits = out.logits if self.length is None else self.length.token_logits(out.logits)
+        return self._loss_of(out, batch), logits
 
     def target_logits(self, batch: PairBatch) -> Tensor:
         """Teacher-forced logits ``(B, T, V_t)`` aligned with ``batch.target_out``.

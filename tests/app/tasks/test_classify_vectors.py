@@ -164,3 +164,60 @@ def test_predict_on_deep_or_huge_integer_json_is_one_line(run, tmp_path, capsys,
     code, _, err = cli(capsys, "predict", "--checkpoint", str(run), "--input", str(bad))
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"{bad}:2: not valid JSON ({message}" in err
+
+
+def test_metrics_read_the_device_once_and_score_each_sequence_as_alone(monkeypatch):
+    """``vector_metrics`` equals the model on every sequence alone, and on a GPU (reads
+    counted on the CPU, as the device would see them) reads the device once whatever the
+    number of batches: every batch's probabilities together, with the model's checks
+    (before: one read a batch)."""
+    import sys
+
+    import torch
+    import torch.nn.functional as F
+
+    from rnnkit import deferred as deferred_module
+    from rnnkit.app.tasks.classify_vectors import encode_vectors, vector_metrics
+    from rnnkit.bptt.fused import use_fused
+    from rnnkit.data.labelled import LabelSet
+    from rnnkit.data.vectors import parse_vector_line
+    from rnnkit.models.classifier import build_vector_classifier
+    from rnnkit.models.spec import ModelSpec
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "training"))
+    from host_reads import HostReads
+
+    labels = LabelSet(["walk", "run"])  # "sit" is a label the model does not know
+
+    def encoded(n: int):
+        rows = [json.dumps(r) for r in activities(n, n)]
+        seqs = [parse_vector_line(r, "f", i + 1, labelled=True) for i, r in enumerate(rows)]
+        return encode_vectors(seqs, labels, max_len=8)
+
+    torch.manual_seed(0)
+    model = build_vector_classifier(ModelSpec(hidden=8, pooling="mean"), 2, 2).train()
+    enc = encoded(10)
+    nats, right, n = 0.0, 0, 0
+    with torch.no_grad():
+        for x, y in zip(enc.inputs, enc.labels.tolist(), strict=True):
+            logits = model.eval()(x[None]).double()  # (1, K)
+            if y < len(labels):
+                nats += float(F.cross_entropy(logits, torch.tensor([y])))
+                right += int(int(logits.argmax()) == y)
+                n += 1
+    model.train()
+    eager = vector_metrics(model, enc, labels, batch_size=3)
+    monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
+    reads = []
+    for size in (10, 20):  # 4 and 7 batches
+        with use_fused("fused"), HostReads(model) as counted:
+            got = vector_metrics(model, encoded(size), labels, batch_size=3)
+        reads.append(dict(counted.sites))
+        if size == 10:
+            for m in (eager, got):
+                assert m["examples"] == n < 10  # the unknown labels left out
+                assert m["loss_nats"] == pytest.approx(nats / n, rel=1e-5)
+                assert m["accuracy"] == right / n
+    assert model.training  # put back as it was
+    for sites in reads:
+        assert sum(sites.values()) == 1 and all(s.startswith("deferred.py:") for s in sites), sites

@@ -231,7 +231,8 @@ def test_metrics_read_the_device_once_and_score_each_sequence_as_alone(monkeypat
     """``regression_metrics`` equals the model on every piece alone, and on a GPU (reads
     counted on the CPU, as the device would see them) reads the device once whatever the
     number of batches: the three float64 sums with the model's checks, the count being
-    the batch masks' on the host (before: eight reads a batch, nine for the Gaussian)."""
+    the batch masks' on the host (before: eight reads a batch, nine for the Gaussian).
+    The model runs once a batch (before: twice, once for the loss, once for the errors)."""
     import sys
 
     import torch.nn.functional as F
@@ -275,7 +276,11 @@ def test_metrics_read_the_device_once_and_score_each_sequence_as_alone(monkeypat
                 var = out.log_var[0].double().exp()
                 each = F.gaussian_nll_loss(out.mean[0].double(), y.double(), var, full=True)
                 nll += float(each) * y.numel()  # the mean over the piece's values
+    runs = []
+    hook = model.encoder.register_forward_hook(lambda *_: runs.append(1))
     eager = regression_metrics(model, enc, cpu, 4)
+    hook.remove()
+    assert len(runs) == 3  # the model runs once a batch: its loss and errors from one pass
     monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
     reads = []
     for n in (9, 18):

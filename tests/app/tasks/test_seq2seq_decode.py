@@ -44,7 +44,8 @@ def test_teacher_forced_metrics_read_the_device_once_and_score_each_pair_as_alon
     (reads counted on the CPU, as the device would see them) the device is read once
     whatever the number of batches: the float64 loss sum and the two counts with the
     model's checks (before: eight or nine reads a batch, sixteen or seventeen with a
-    length mechanism)."""
+    length mechanism). The model runs once a batch (before: twice with a length mechanism,
+    once for the loss, once for the logits)."""
     cfg = TrainConfig(
         train="x",
         task="seq2seq",
@@ -74,7 +75,12 @@ def test_teacher_forced_metrics_read_the_device_once_and_score_each_pair_as_alon
             hits += int(((logits.argmax(-1) == batch.target_out) & mask).sum())
             tokens += int(mask.sum())
         model.train()
+    runs = []
+    hook = model.register_forward_hook(lambda *_: runs.append(1))
     eager = teacher_forced_metrics(model, sources, targets, cpu, batch_size=4)
+    hook.remove()
+    if isinstance(model, Seq2Seq):  # one teacher-forced pass a batch, loss and logits from it
+        assert len(runs) == 3
     monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
     reads = []
     for n in (9, 18):  # 3 and 5 batches

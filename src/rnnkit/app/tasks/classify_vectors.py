@@ -45,6 +45,7 @@ from rnnkit.data.batching import SequenceBatcher, to_device
 from rnnkit.data.labelled import LabelSet, split_holdout
 from rnnkit.data.limits import loads_json
 from rnnkit.data.vectors import VectorSequence, parse_vector_line, read_vector_sequences
+from rnnkit.deferred import deferring
 from rnnkit.errors import CheckpointError, DataError
 from rnnkit.metrics.labels import confusion_matrix, macro_f1
 from rnnkit.models.bow import BOW_C, fit_logistic
@@ -109,14 +110,22 @@ def _frames(inputs: list[Tensor], batch: Any, device: torch.device) -> tuple[Ten
 
 @torch.no_grad()
 def _probabilities(model: Classifier, inputs: list[Tensor], batch_size: int) -> np.ndarray:
-    """Class probabilities ``(N, K)`` of every sequence."""
+    """Class probabilities ``(N, K)`` of every sequence, read from the device once (with
+    the model's checks), not once a batch."""
     model.eval()
+    if not inputs:
+        return np.zeros((0, model.num_classes))
     device = next(model.parameters()).device
-    rows: dict[int, np.ndarray] = {}
-    for batch in _batches(inputs, batch_size, shuffle=False):
-        probs = F.softmax(model(*_frames(inputs, batch, device)), dim=-1).double().cpu().numpy()
-        rows.update(zip(batch.indices.tolist(), probs, strict=True))
-    return np.stack([rows[i] for i in range(len(inputs))])
+    parts: list[Tensor] = []
+    order: list[np.ndarray] = []
+    with deferring() as deferred:
+        for batch in _batches(inputs, batch_size, shuffle=False):
+            parts.append(F.softmax(model(*_frames(inputs, batch, device)), dim=-1).double())
+            order.append(batch.indices.numpy())
+        (probs,) = deferred.fetch(torch.cat(parts))
+    out = np.empty((len(inputs), probs.shape[1]), dtype=np.float64)
+    out[np.concatenate(order)] = probs.numpy()
+    return out
 
 
 def vector_metrics(
@@ -377,7 +386,7 @@ def label_sequences(
     width (the first ``cfg.max_len`` steps read): ``{"label", "probabilities": {label:
     p}, "steps"}``."""
     inputs = [torch.from_numpy(values[: cfg.max_len]) for values in sequences]
-    probs = _probabilities(model, inputs, batch_size) if inputs else np.zeros((0, len(labels)))
+    probs = _probabilities(model, inputs, batch_size)
     names = labels.labels
     return [
         {

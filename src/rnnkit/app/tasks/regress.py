@@ -143,10 +143,10 @@ def regression_metrics(
     with deferring() as deferred:
         for batch in _batches(enc, batch_size, shuffle=False):
             x, y, mask = _batch(enc, batch, device)
-            out = model.loss(x, y, mask)
-            total = total + out.nats
+            out = model(x, mask)
+            total = total + model.loss_of(out, y, mask).nats
             # float64: the square of an error beyond 1.8e19 overflows float32 (inf, not a figure)
-            err = (model(x, mask).mean - y).double()
+            err = (out.mean - y).double()
             if y.dim() == 3:  # next: the real steps only
                 err = torch.where(mask.unsqueeze(-1), err, 0.0)
                 count += int(batch.mask.sum()) * y.shape[-1]

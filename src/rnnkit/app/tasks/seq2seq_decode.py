@@ -62,8 +62,8 @@ def teacher_forced_metrics(
     with deferring() as deferred:
         for batch in PairBatcher(sources, targets, batch_size=batch_size, shuffle=False):
             batch = batch_to(batch, device)
-            logits = model.target_logits(batch)  # (B, T, V_t)
             if with_length is None:
+                logits = model.target_logits(batch)  # (B, T, V_t)
                 mask = batch.target_mask
                 summed = summed + sequence_cross_entropy(
                     logits, batch.target_out, mask, reduction="sum"
@@ -71,8 +71,9 @@ def teacher_forced_metrics(
             else:
                 # The exact sequence NLL (token terms plus the stop / length terms) over the
                 # token steps, as in training; </s> is no token: its step is not scored.
+                scored, logits = with_length.scored(batch)
                 mask = with_length.token_mask(batch)
-                summed = summed + with_length.loss(batch).nats
+                summed = summed + scored.nats
             right, real = teacher_forced_accuracy(logits, batch.target_out, mask)
             hits, counted = hits + right, counted + real
         total, correct, count = deferred.read(summed, hits, counted)
