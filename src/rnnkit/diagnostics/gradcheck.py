@@ -281,6 +281,13 @@ def _budget_forward(
     lowest = max(0, window - (T - 1) * len(dirs))
     xt = x.transpose(0, 1)  # (T, B, I)
     h = xt
+    # what every level shares: each direction's kernel and weights (the same at every
+    # budget), and the first layer's inputs (the stack's, the same at every budget)
+    steps = [
+        _unit_step(d.cell, None if units is None else units[u], rows=T)
+        for u, d in enumerate(d for layer_dirs in dirs for d in layer_dirs)
+    ]
+    first: dict[int, Tensor] = {}
     previous: list[tuple[Tensor, ...]] = []
     for budget in range(lowest, window + 1):
         current: list[tuple[Tensor, ...]] = []
@@ -291,24 +298,28 @@ def _budget_forward(
             for k, direction in enumerate(layer_dirs):
                 rev = direction.reverse
                 m = reading if rev else mask_t
-                inp = h.gather(0, order[..., None].expand_as(h)) if rev else h
-                inp = torch.where(m[..., None], inp, 0.0)
-                input_part = getattr(type(direction.cell), "input_part", None)
-                if input_part is not None:  # a layer-normalised cell's loop reads ν(x W_xᵀ)γ_x
-                    inp = input_part(direction.cell, inp)
+                inp = first.get(k) if index == 0 else None
+                if inp is None:
+                    inp = h.gather(0, order[..., None].expand_as(h)) if rev else h
+                    inp = torch.where(m[..., None], inp, 0.0)
+                    input_part = getattr(type(direction.cell), "input_part", None)
+                    if input_part is not None:  # a layer-normalised loop reads ν(x W_xᵀ)γ_x
+                        inp = input_part(direction.cell, inp)
+                    inp = inp.reshape(1, T * B, -1)
+                    if index == 0:
+                        first[k] = inp
                 prev = []
                 for j, fixed in enumerate(frozen[u]):
-                    before = fixed[:-1].clone()  # (T, B, H): the state before each step
+                    # (T, B, H): the state before each step; with budget 0 the fixed one
+                    before = fixed[:-1]
                     if budget >= 1:
-                        before[0] = states0[j][index, k]
-                        if previous:
-                            before[1:] = previous[u][j][:-1]
+                        later = previous[u][j][:-1] if previous else fixed[1:-1]
+                        before = torch.cat([states0[j][index, k][None], later])
                     prev.append(before.reshape(T * B, -1))
-                unit = None if units is None else units[u]
-                kernel, w = _unit_step(direction.cell, unit, rows=T)
+                kernel, w = steps[u]
                 rec = forward_pass(
                     kernel,
-                    inp.reshape(1, T * B, -1),
+                    inp,
                     w,
                     tuple(prev),
                     m.reshape(1, T * B, 1),
