@@ -197,6 +197,99 @@ def test_resume_is_exact_with_sgd_and_plateau_decay(tmp_path, split):
     assert_same(weights(resumed.model), weights(straight.model))
 
 
+# -- when snapshots are taken -----------------------------------------------------------------
+def _snapshot_steps(monkeypatch) -> list[int]:
+    """The steps at which the trainer writes a snapshot, recorded as it goes."""
+    from rnnkit.training import loop
+
+    steps: list[int] = []
+    real = loop.save_trainer
+
+    def recording(trainer):
+        steps.append(trainer.step)
+        real(trainer)
+
+    monkeypatch.setattr(loop, "save_trainer", recording)
+    return steps
+
+
+@pytest.mark.parametrize(
+    ("every", "expected"),
+    [(math.inf, [1, 2, 5, 7]), (0, [1, 2, 3, 4, 5, 6, 7]), (1e-12, [1, 2, 3, 4, 5, 6, 7])],
+    ids=["no-clock", "zero", "clock-always-due"],
+)
+def test_a_snapshot_at_the_first_validation_each_new_best_and_the_end(
+    tmp_path, monkeypatch, every, expected
+):
+    """Between those, at most every ``snapshot_every`` seconds: with no clock (inf) only
+    the first validation (step 1), the new bests (2, 5) and the end (7)."""
+    steps = _snapshot_steps(monkeypatch)
+    losses = [3.0, 2.0, 2.5, 2.6, 1.0, 1.1, 1.2]
+    trainer = make_trainer(
+        tmp_path, evaluate_fn=_worsening(losses), steps=7, eval_every=1, snapshot_every=every
+    )
+    trainer.fit()
+    assert steps == expected
+    assert json.loads((tmp_path / "latest.json").read_text())["step"] == 7
+
+
+def test_early_stopping_takes_a_snapshot_where_it_stops(tmp_path, monkeypatch):
+    steps = _snapshot_steps(monkeypatch)
+    losses = [3.0, 2.0, 2.5, 2.4, 2.1]  # best at step 2; patience 3 stops at step 5
+    make_trainer(
+        tmp_path, evaluate_fn=_worsening(losses), steps=50, eval_every=1, patience=3,
+        snapshot_every=math.inf,
+    ).fit()  # fmt: skip
+    assert steps == [1, 2, 5]
+
+
+class _Killed(BaseException):
+    """The process dies inside a step (as by SIGKILL: nothing is saved)."""
+
+
+def test_a_run_killed_between_snapshots_resumes_from_the_last_and_ends_as_the_straight_run(
+    tmp_path, monkeypatch
+):
+    """Killed in step 7 with its last snapshot at step 2 (the last new best; the clock
+    never due), the run resumes at step 2, trains steps 3-6 again, and ends with the
+    weights, best and files of the run that was never killed."""
+    losses = [3.0, 2.0, 2.5, 2.6, 2.7, 2.8, 2.9, 1.5]  # new bests at steps 1, 2 and 8
+    options = dict(steps=8, eval_every=1, snapshot_every=math.inf)
+    straight = make_trainer(tmp_path / "a", evaluate_fn=_worsening(losses), **options)
+    straight.fit()
+
+    calls = []
+
+    def dies_in_step_7(model, batch, carry):
+        calls.append(1)
+        if len(calls) == 7:
+            raise _Killed
+        return stream_step(model, batch, carry)
+
+    killed = make_trainer(
+        tmp_path / "b", evaluate_fn=_worsening(losses), step_fn=dies_in_step_7, **options
+    )
+    with pytest.raises(_Killed):
+        killed.fit()
+    assert json.loads((tmp_path / "b" / "latest.json").read_text())["step"] == 2
+    resumed = make_trainer(tmp_path / "b", evaluate_fn=_worsening(losses[2:]), seed=9, **options)
+    resumed.resume()
+    assert resumed.step == 2
+    result = resumed.fit()
+    assert result.best_valid == {"step": 8, "loss_nats": 1.5}
+    assert_same(weights(resumed.model), weights(straight.model))
+    for run in ("a", "b"):
+        saved = make_trainer(seed=5).model
+        load_model_weights(saved, tmp_path / run / "model.safetensors")
+        assert_same(weights(saved), weights(straight.model))
+
+
+def test_snapshot_every_must_be_seconds_at_least_zero():
+    for bad in (-1.0, math.nan, True, "30"):
+        with pytest.raises(ConfigError, match="snapshot_every must be a number of seconds ≥ 0"):
+            TrainOptions(snapshot_every=bad)
+
+
 # -- non-finite losses ------------------------------------------------------------------------
 def poisoned(at, what="loss"):
     """A step function whose ``at``-th call (1-based) yields a NaN loss or NaN gradient."""
@@ -221,7 +314,7 @@ def test_nan_stops_training_naming_the_step_and_keeps_the_last_good_checkpoint(
     tmp_path, what, words
 ):
     step, _ = poisoned(5, what)
-    trainer = make_trainer(tmp_path, step_fn=step, steps=10, eval_every=2)
+    trainer = make_trainer(tmp_path, step_fn=step, steps=10, eval_every=2, snapshot_every=0)
     with pytest.raises(
         TrainingDiverged, match=rf"{words} is nan at step 5\b.*; the last good checkpoint is kept"
     ):

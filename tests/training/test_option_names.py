@@ -98,6 +98,12 @@ def train_cli(tmp_path, capsys, *extra: str) -> str:
             "--min-gain must be in [0, 1) (a fraction of the validation loss), got 1.0",
         ),
         (
+            {"snapshot_every": -1.0},
+            "TrainOptions: snapshot_every must be a number of seconds ≥ 0, got -1.0",
+            ["--snapshot-every", "-1"],
+            "--snapshot-every must be ≥ 0 seconds, got -1.0",
+        ),
+        (
             {"precision": "fp8"},
             "TrainOptions: precision must be one of fp32, bf16, fp16, got 'fp8'",
             ["--precision", "fp8"],

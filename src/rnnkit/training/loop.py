@@ -85,6 +85,9 @@ class _Taken(NamedTuple):
     # Some process's time budget ran out (agreed in the step's own reduction, so that all
     # stop after the same step); None: one process, which reads its clock after the step.
     time_up: bool | None = None
+    # Some process's clock says a snapshot is due (``snapshot_every``), agreed the same
+    # way so that every process saves at the same validation; None: one process.
+    snapshot_due: bool | None = None
 
 
 @dataclass
@@ -217,6 +220,8 @@ class Trainer(Generic[_M]):
         # from; it moves only at a gain, the best (the lowest loss) at any fall.
         self.gain_loss: float | None = None
         self.bad_evals = 0  # validations since that gain
+        self._improved = False  # the last validation found a new best
+        self._saved_at: float | None = None  # when the last snapshot was written
         self.clipped = 0
         self._window_nats = 0.0  # since the last training record
         self._window_tokens = 0
@@ -241,7 +246,20 @@ class Trainer(Generic[_M]):
         """Write a resumable snapshot of the current step (rank 0 writes; with several
         processes every rank must call this: the carried state is gathered first)."""
         save_trainer(self)
+        self._saved_at = time.perf_counter()
         self.guard.saved = self.guard.saved or self.out_dir is not None
+
+    def _clock_due(self) -> bool:
+        """This process's clock: no snapshot yet, or ``snapshot_every`` seconds since it."""
+        return (
+            self._saved_at is None
+            or time.perf_counter() - self._saved_at >= self.options.snapshot_every
+        )
+
+    def _snapshot_due(self, taken: _Taken) -> bool:
+        """Whether a validation without a new best takes a snapshot: as every process
+        agreed in the step's reduction, or (one process) as its clock says now."""
+        return taken.snapshot_due if taken.snapshot_due is not None else self._clock_due()
 
     def resume(self) -> None:
         """Restore model, optimizer, scheduler, RNG, data position and carried state.
@@ -401,8 +419,8 @@ class Trainer(Generic[_M]):
         # Global figures (sums over processes): every rank sees the same values, so every
         # rank takes the same decision (stop, skip, out of time) and none deadlocks. One
         # reduction a step carries them all.
-        nats, tokens, stopping, time_up, loss_sum = self.dist.all_sum(
-            local[1], local[2], float(signalled), float(late), local[0]
+        nats, tokens, stopping, time_up, loss_sum, due = self.dist.all_sum(
+            local[1], local[2], float(signalled), float(late), local[0], float(self._clock_due())
         )
         if not self._finite(loss_sum + nats, "the training loss", where):
             return None
@@ -441,8 +459,8 @@ class Trainer(Generic[_M]):
         if not self._finite(grad_norm, "the gradient norm", where):
             return None
         self._clipped(grad_norm)
-        agreed = bool(time_up) if self.dist.enabled else None
-        taken = _Taken(nats, int(tokens), grad_norm, 0.0, bool(stopping), agreed)
+        agreed = (bool(time_up), bool(due)) if self.dist.enabled else (None, None)
+        taken = _Taken(nats, int(tokens), grad_norm, 0.0, bool(stopping), *agreed)
         return self._update(out, taken, where)
 
     def _update(self, out: LossOutput, taken: _Taken, where: tuple[int, int, int]) -> _Taken:
@@ -538,16 +556,25 @@ class Trainer(Generic[_M]):
         final = self.step == self.total_steps or out_of_time
         if end_of_epoch:
             self.carry = None  # streams restart at the beginning
+        saved = False
         if scheduled or final:
             eval_started = time.perf_counter()
             if scheduled:
                 stop = self._evaluate()
-                self.save()
+                # A snapshot where the run ends or stops, where the best weights changed
+                # (model.safetensors and the snapshot then agree on the best), and else
+                # at most every snapshot_every seconds: on small data a validation comes
+                # every step, and a snapshot at each cost a third of the run. A resume
+                # from an earlier snapshot repeats the same steps, so it ends the same.
+                if stop or final or taken.stopping or self._improved or self._snapshot_due(taken):
+                    self.save()
+                    saved = True
             else:
                 # A validation only because this call of fit() ends here must not change
                 # what a resumed run continues from (plateau, patience), so the snapshot
                 # is taken first: N + resume + M steps = N + M steps.
                 self.save()
+                saved = True
                 stop = self._evaluate()
             pace.eval_seconds += time.perf_counter() - eval_started
             if stop:
@@ -559,7 +586,7 @@ class Trainer(Generic[_M]):
                 return f"cap reached: {self.max_time:.0f} s of training", False
             return f"time budget of {self.max_time:g} s reached", False
         if taken.stopping:  # a signal reached some process: all save and stop together
-            if not (scheduled or final):
+            if not saved:
                 self.save()
             self._log({"event": "interrupted", "step": self.step})
             name = signal.Signals(stop_signal[0]).name if stop_signal else "a signal"
@@ -593,6 +620,7 @@ class Trainer(Generic[_M]):
         """Validate, keep the best weights (the lowest loss); return True when training
         should stop: ``patience`` validations in a row without a gain (a loss below the
         last gain's by more than ``min_gain`` of it, :func:`~rnnkit.training.budget.gained`)."""
+        self._improved = False
         if self.evaluate_fn is None:
             return False
         self.model.eval()
@@ -608,6 +636,7 @@ class Trainer(Generic[_M]):
             )
         event = {"event": "valid", "step": self.step, "epoch": self.batches.epoch, **metrics}
         improved = self.best is None or loss < float(self.best["loss_nats"])
+        self._improved = improved
         if improved:
             self.best = {"step": self.step, **metrics}
             if self.options.restore_best:

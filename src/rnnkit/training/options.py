@@ -46,6 +46,11 @@ class TrainOptions:
         log_every: write a training record to the metrics log (and, with ``-v``, a line to
             stderr) every N steps, and at the last step (None:
             :func:`~rnnkit.training.budget.default_log_every`).
+        snapshot_every: seconds at least between two resumable snapshots at validations
+            that find no new best (0: a snapshot at every validation). A snapshot is
+            always taken where the best weights change, where training ends or stops,
+            and at the first validation; a run killed in between resumes from the last
+            one and repeats the steps since, which give the same run.
         tensorboard: also write the records as TensorBoard scalars into this directory
             (``rnnkit.training.tensorboard``; needs the ``tensorboard`` package).
         on_nonfinite: ``"stop"`` (default) or ``"skip"`` the step.
@@ -85,6 +90,7 @@ class TrainOptions:
     patience: int | None = None
     min_gain: float = MIN_GAIN
     log_every: int | None = None
+    snapshot_every: float = 30.0
     tensorboard: str | None = None
     on_nonfinite: str = "stop"
     precision: str = "fp32"
@@ -168,6 +174,12 @@ def _check_options(options: TrainOptions) -> None:
             raise ConfigError(
                 f"{where}{options.argument(name)} must be a number > 0 or None, got {value!r}"
             )
+    every = options.snapshot_every
+    if isinstance(every, bool) or not isinstance(every, (int, float)) or not every >= 0:
+        raise ConfigError(
+            f"{where}{options.argument('snapshot_every')} must be a number of seconds ≥ 0, "
+            f"got {every!r}"
+        )
     gain = options.min_gain
     if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0 <= gain < 1:
         raise ConfigError(

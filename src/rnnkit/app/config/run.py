@@ -85,6 +85,14 @@ class RunOptions:
         "default: every ⌊steps/50⌋ steps, 1 to 50, when the run's length is known "
         "(--steps, --epochs), else every ⌈S/20⌉ for S steps per epoch, 1 to 50",
     )
+    snapshot_every: float = option(
+        30.0,
+        metavar="SECONDS",
+        resume=True,
+        help="seconds at least between two resumable snapshots at validations that find "
+        "no new best; 0: at every validation (default %(default)s). A new best, the end "
+        "of training and Ctrl-C always take one",
+    )
     tensorboard: str | None = option(
         None,
         metavar="DIR",

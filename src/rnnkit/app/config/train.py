@@ -201,6 +201,8 @@ class TrainConfig(
             )
         if self.max_time is not None and not self.max_time > 0:
             raise ConfigError(f"--max-time must be > 0 seconds, got {self.max_time}")
+        if not self.snapshot_every >= 0:  # NaN fails too
+            raise ConfigError(f"--snapshot-every must be ≥ 0 seconds, got {self.snapshot_every}")
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         self._check_bounds()

@@ -110,6 +110,7 @@ def train_options(cfg: TrainConfig, quiet: bool, units: str = "ppl") -> TrainOpt
         patience=cfg.patience,
         min_gain=cfg.min_gain,
         log_every=cfg.log_every,
+        snapshot_every=cfg.snapshot_every,
         tensorboard=cfg.tensorboard,
         on_nonfinite=cfg.on_nonfinite,
         precision=cfg.precision,
