@@ -165,12 +165,20 @@ ALL_REGULARIZERS = {"recurrent_dropout": 0.3, "zoneout": 0.2, "weight_drop": 0.2
 )
 @pytest.mark.parametrize(
     "backward",
-    [{}, {"window": 3, "bidirectional": True}, {"window": 2}, {"recompute": 2}],
+    [
+        {},
+        {"window": 3, "bidirectional": True, "input_size": 2, "hidden_size": 3},
+        {"window": 2},
+        {"recompute": 2},
+    ],
     ids=["full", "window-bidirectional", "window", "recompute"],
 )
 def test_the_regularizers_pass_on_every_backward(cell, options, backward) -> None:
     """Recurrent dropout, zoneout and weight drop, their masks held: full BPTT, BPTT(τ)
-    (whose reference runs the regularized steps in the budget graph) and recompute."""
+    (whose reference runs the regularized steps in the budget graph) and recompute. The
+    bidirectional window, whose reference is the dearest (every level of the budget
+    graph, every direction, for each of its finite differences), on narrower layers:
+    inputs 2, hidden 3 (no two of the weight blocks square)."""
     given = {**ALL_REGULARIZERS, **options}
     result = gradcheck(cell, num_layers=2, steps=5, **given, **backward)
     assert result.passed and result.max_rel_error < 1e-7, result.worst

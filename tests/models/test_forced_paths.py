@@ -21,6 +21,7 @@ run a few tasks end to end on the ``gpu`` emulation, to the CPU's training loss.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -272,6 +273,13 @@ def _one_step(case, path: str | None, dtype=torch.float64, autocast: bool = Fals
     return loss.detach(), dict(zip(names, grads, strict=True))
 
 
+@functools.cache
+def _cpu_step(name: str, dtype=torch.float64, autocast: bool = False):
+    """:func:`_one_step` of ``CASES[name]`` on the CPU's default path: the reference each
+    forced path is held to, computed once per case (the tests only read it)."""
+    return _one_step(CASES[name], None, dtype, autocast)
+
+
 def _expected_paths(seen: Counter[tuple[str, str, bool]], path: str) -> None:
     """Each layer on the path docs/architecture.md names for it (every mask here is
     lengths, which the fused kernels take): ``fused``, the fused kernels for their forms
@@ -295,7 +303,7 @@ def _expected_paths(seen: Counter[tuple[str, str, bool]], path: str) -> None:
     "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in CASES]
 )
 def test_one_training_step_equals_the_cpu_path(name, path, routes):
-    want_loss, want = _one_step(CASES[name], None)
+    want_loss, want = _cpu_step(name)
     routes.clear()
     got_loss, got = _one_step(CASES[name], path)
     assert routes or path == "fused", "no layer ran on the path"
@@ -326,7 +334,7 @@ def test_under_autocast_the_recurrence_stays_float32_on_every_path(name, path):
     # --precision bf16|fp16: the fused kernels ran in bfloat16 under autocast (oneDNN's
     # layer on the CPU, cuDNN's on a GPU), the loss ~1e-4 off the CPU path's, and the
     # tagger's character encoder returned bfloat16 rows that its float32 buffer refused
-    want_loss, want = _one_step(CASES[name], None, torch.float32, autocast=True)
+    want_loss, want = _cpu_step(name, torch.float32, autocast=True)
     got_loss, got = _one_step(CASES[name], path, torch.float32, autocast=True)
     torch.testing.assert_close(got_loss, want_loss, atol=1e-6, rtol=1e-6)
     # float32 rounding, relative to the model's largest gradient entry

@@ -284,6 +284,27 @@ def test_a_run_killed_between_snapshots_resumes_from_the_last_and_ends_as_the_st
         assert_same(weights(saved), weights(straight.model))
 
 
+def test_processes_take_a_snapshot_where_any_one_wants_it():
+    """Saving is collective: a process whose clock or validation loss says no saves too
+    when another says yes (its all-reduce is faked here: the other process's flag)."""
+    import time
+
+    from rnnkit.training.distributed import DistContext
+
+    @dataclasses.dataclass(frozen=True)
+    class TwoProcesses(DistContext):
+        other: float = 0.0  # the other process's flag
+
+        def all_sum(self, *values: float) -> list[float]:
+            return [v + self.other for v in values]
+
+    trainer = make_trainer(snapshot_every=math.inf)
+    trainer._saved_at = time.perf_counter()  # a snapshot was just written
+    for other, anyway, wanted in [(0.0, False, False), (1.0, False, True), (0.0, True, True)]:
+        trainer.dist = TwoProcesses(world_size=2, other=other)
+        assert trainer._snapshot_wanted(anyway) is wanted, (other, anyway)
+
+
 def test_snapshot_every_must_be_seconds_at_least_zero():
     for bad in (-1.0, math.nan, True, "30"):
         with pytest.raises(ConfigError, match="snapshot_every must be a number of seconds ≥ 0"):

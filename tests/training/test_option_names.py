@@ -101,7 +101,7 @@ def train_cli(tmp_path, capsys, *extra: str) -> str:
             {"snapshot_every": -1.0},
             "TrainOptions: snapshot_every must be a number of seconds ≥ 0, got -1.0",
             ["--snapshot-every", "-1"],
-            "--snapshot-every must be ≥ 0 seconds, got -1.0",
+            "--snapshot-every must be a number of seconds ≥ 0, got -1.0",
         ),
         (
             {"precision": "fp8"},
@@ -319,3 +319,10 @@ def test_a_batch_that_cannot_be_split_over_the_processes_is_named_as_given():
         next(iter(ShardedBatches(batches, two)))
     with pytest.raises(ConfigError, match=r"; choose --batch-size divisible by their number$"):
         next(iter(ShardedBatches(batches, two, "--batch-size")))
+
+
+def test_snapshot_every_on_the_command_line_is_finite(tmp_path, capsys):
+    """``inf`` (no clock) is a Python value only: config.json, strict JSON, cannot hold
+    it, and the run could not be read back."""
+    err = train_cli(tmp_path, capsys, "--snapshot-every", "inf")
+    assert "--snapshot-every must be a number of seconds ≥ 0, got inf" in err

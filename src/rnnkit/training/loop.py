@@ -85,9 +85,6 @@ class _Taken(NamedTuple):
     # Some process's time budget ran out (agreed in the step's own reduction, so that all
     # stop after the same step); None: one process, which reads its clock after the step.
     time_up: bool | None = None
-    # Some process's clock says a snapshot is due (``snapshot_every``), agreed the same
-    # way so that every process saves at the same validation; None: one process.
-    snapshot_due: bool | None = None
 
 
 @dataclass
@@ -249,17 +246,20 @@ class Trainer(Generic[_M]):
         self._saved_at = time.perf_counter()
         self.guard.saved = self.guard.saved or self.out_dir is not None
 
-    def _clock_due(self) -> bool:
-        """This process's clock: no snapshot yet, or ``snapshot_every`` seconds since it."""
-        return (
-            self._saved_at is None
+    def _snapshot_wanted(self, anyway: bool) -> bool:
+        """Whether this validation takes a snapshot: ``anyway`` (the run ends or stops, a
+        new best), the first, or ``snapshot_every`` seconds since the last. With several
+        processes, where any one wants it: saving is collective (the carried state is
+        gathered), so all must decide alike, and their clocks and validation losses
+        may differ in the last bit."""
+        wanted = (
+            anyway
+            or self._saved_at is None
             or time.perf_counter() - self._saved_at >= self.options.snapshot_every
         )
-
-    def _snapshot_due(self, taken: _Taken) -> bool:
-        """Whether a validation without a new best takes a snapshot: as every process
-        agreed in the step's reduction, or (one process) as its clock says now."""
-        return taken.snapshot_due if taken.snapshot_due is not None else self._clock_due()
+        if self.dist.enabled:
+            wanted = self.dist.all_sum(float(wanted))[0] > 0
+        return wanted
 
     def resume(self) -> None:
         """Restore model, optimizer, scheduler, RNG, data position and carried state.
@@ -419,8 +419,8 @@ class Trainer(Generic[_M]):
         # Global figures (sums over processes): every rank sees the same values, so every
         # rank takes the same decision (stop, skip, out of time) and none deadlocks. One
         # reduction a step carries them all.
-        nats, tokens, stopping, time_up, loss_sum, due = self.dist.all_sum(
-            local[1], local[2], float(signalled), float(late), local[0], float(self._clock_due())
+        nats, tokens, stopping, time_up, loss_sum = self.dist.all_sum(
+            local[1], local[2], float(signalled), float(late), local[0]
         )
         if not self._finite(loss_sum + nats, "the training loss", where):
             return None
@@ -459,8 +459,8 @@ class Trainer(Generic[_M]):
         if not self._finite(grad_norm, "the gradient norm", where):
             return None
         self._clipped(grad_norm)
-        agreed = (bool(time_up), bool(due)) if self.dist.enabled else (None, None)
-        taken = _Taken(nats, int(tokens), grad_norm, 0.0, bool(stopping), *agreed)
+        agreed = bool(time_up) if self.dist.enabled else None
+        taken = _Taken(nats, int(tokens), grad_norm, 0.0, bool(stopping), agreed)
         return self._update(out, taken, where)
 
     def _update(self, out: LossOutput, taken: _Taken, where: tuple[int, int, int]) -> _Taken:
@@ -566,7 +566,7 @@ class Trainer(Generic[_M]):
                 # at most every snapshot_every seconds: on small data a validation comes
                 # every step, and a snapshot at each cost a third of the run. A resume
                 # from an earlier snapshot repeats the same steps, so it ends the same.
-                if stop or final or taken.stopping or self._improved or self._snapshot_due(taken):
+                if self._snapshot_wanted(stop or final or taken.stopping or self._improved):
                     self.save()
                     saved = True
             else:

@@ -18,6 +18,7 @@ dropped.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -201,8 +202,10 @@ class TrainConfig(
             )
         if self.max_time is not None and not self.max_time > 0:
             raise ConfigError(f"--max-time must be > 0 seconds, got {self.max_time}")
-        if not self.snapshot_every >= 0:  # NaN fails too
-            raise ConfigError(f"--snapshot-every must be ≥ 0 seconds, got {self.snapshot_every}")
+        if not 0 <= self.snapshot_every < math.inf:  # NaN fails too; config.json holds no inf
+            raise ConfigError(
+                f"--snapshot-every must be a number of seconds ≥ 0, got {self.snapshot_every}"
+            )
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         self._check_bounds()

@@ -10,8 +10,12 @@ from typing import Any
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.run_config import load_config
 from rnnkit.training.run_files import read_metrics, read_summary
+from rnnkit.training.trajectory import run_events
 
 __all__ = ["Run", "data_files", "read_run"]
+
+#: No step is past it: :func:`run_events` keeps every attempt's events up to the last.
+_NO_STEP_LIMIT = 2**62
 
 
 @dataclass
@@ -39,6 +43,9 @@ def read_run(run_dir: str | Path) -> Run:
     # a bad log line (cut by a crash, wrong types) is counted and shown, never fatal.
     summary = read_summary(path)
     events, bad = read_metrics(path)
+    # An attempt killed past its last snapshot logged steps that the resumed attempt
+    # trained again: the run's course is the later attempt's (no step drawn twice).
+    events = run_events(events, [], resumed_at=_NO_STEP_LIMIT)
     return Run(path, cfg, info, summary, events, bad)
 
 
