@@ -1,4 +1,4 @@
-"""What the report reads of a run directory (rnnkit.app.report.run)."""
+"""What the report reads of a run directory (rnnkit.app.report.run: read_run)."""
 
 from __future__ import annotations
 
