@@ -17,8 +17,10 @@ loop owns everything else, so every task trains the same way (minGPT's trainer):
   (``rnnkit.training.schedules``), ``init_range`` initialisation;
 * with no budget (``epochs`` and ``steps`` and ``max_time`` all None), training runs until
   validation stops improving, up to a cap (:mod:`rnnkit.training.budget`);
-* resumable snapshots (optimizer, scheduler, RNG, data position, carried state), so N
-  steps + resume + M steps equals N + M steps (:mod:`rnnkit.training.snapshots`);
+* resumable snapshots (optimizer, scheduler, RNG, data position, carried state) at the
+  first validation, each new best, the end, and otherwise at most every
+  ``snapshot_every`` seconds, so N steps + resume + M steps equals N + M steps, whichever
+  snapshot the resume starts from (:mod:`rnnkit.training.snapshots`);
 * every event into ``metrics.jsonl`` and ``metrics.csv`` (:mod:`rnnkit.training.run_log`);
 * SIGINT or SIGTERM finish the step in flight and save it
   (:mod:`rnnkit.training.interrupt`);
