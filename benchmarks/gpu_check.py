@@ -142,12 +142,15 @@ class _FusedCalls:
         recurrence.run_steps = self._real_steps
 
 
-def correctness(device: str, sizes: tuple[int, int, int, int], path: str = "auto") -> list[dict]:
-    """Every form, with a mask of holes and a mask of lengths, on ``path`` (which says
-    whether PyTorch's fused kernels may run) against the CPU float64 PyTorch loop."""
+def correctness(
+    device: str, sizes: tuple[int, int, int, int], path: str = "auto", forms: list | None = None
+) -> list[dict]:
+    """Every form (or those of ``forms``), with a mask of holes and a mask of lengths, on
+    ``path`` (which says whether PyTorch's fused kernels may run) against the CPU float64
+    PyTorch loop."""
     B, T, I, H = sizes
     rows = []
-    for (name, cls, options), kind in itertools.product(FORMS, ("holes", "lengths")):
+    for (name, cls, options), kind in itertools.product(forms or FORMS, ("holes", "lengths")):
         torch.manual_seed(0)
         layer = cls(I, H, num_layers=2, bidirectional=True, **options)
         mask = _mask(B, T, kind)
@@ -602,8 +605,21 @@ def main(argv: list[str] | None = None) -> int:
         help="which path the correctness check runs (fused: PyTorch's kernels wherever the "
         "function is theirs, also on the CPU)",
     )
+    p.add_argument(
+        "--forms",
+        help="the correctness check's forms, comma-separated (default: all of "
+        + ", ".join(name for name, _, _ in FORMS)
+        + ")",
+    )
     p.add_argument("--out", type=Path, help="write the JSON result here (else stdout)")
     args = p.parse_args(argv)
+    forms = FORMS
+    if args.forms:
+        names = args.forms.split(",")
+        known = {name for name, _, _ in FORMS}
+        if unknown := [n for n in names if n not in known]:
+            p.error(f"--forms: no form {', '.join(unknown)} (the forms: {', '.join(known)})")
+        forms = [f for f in FORMS if f[0] in names]
     BLOCK_S = args.block
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
@@ -611,9 +627,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     sizes = (4, 5, 3, 4) if args.quick else (6, 13, 5, 8)
-    checks = correctness(args.device, sizes, args.path)
+    checks = correctness(args.device, sizes, args.path, forms)
     if args.path == "auto" and _with_steps(args.device):  # every layer on the Triton steps
-        checks += correctness(args.device, sizes, "triton")
+        checks += correctness(args.device, sizes, "triton", forms)
     result: dict[str, object] = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "torch": torch.__version__,

@@ -39,14 +39,18 @@ def test_cpu_form_of_the_gpu_check(tmp_path: Path, path: str) -> None:
 @pytest.mark.slow
 def test_cpu_form_of_the_triton_rows(tmp_path: Path) -> None:
     """``--path triton``: every layer on the Triton steps, here in Triton's interpreter (a
-    process of its own: the variable is read when the kernels are imported)."""
+    process of its own: the variable is read when the kernels are imported), for two
+    forms (``--forms``: the Triton steps' own tests hold every form to the explicit
+    BPTT; this one checks the script's path through them)."""
     import os
     import subprocess
 
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "check.json"
-    argv = ["--device", "cpu", "--quick", "--no-speed", "--path", "triton", "--out", str(out)]
+    forms = ["lstm", "gru_keep_before"]
+    argv = ["--device", "cpu", "--quick", "--no-speed", "--path", "triton", "--out", str(out),
+            "--forms", ",".join(forms)]  # fmt: skip
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), env.get("PYTHONPATH", "")])
     run = subprocess.run(
@@ -54,10 +58,17 @@ def test_cpu_form_of_the_triton_rows(tmp_path: Path) -> None:
     )
     result = json.loads(out.read_text())
     assert run.returncode == 0, result
-    assert len(result["correctness"]) == 2 * 2 * len(gpu_check.FORMS)
+    assert len(result["correctness"]) == 2 * 2 * len(forms)
+    assert {check["form"] for check in result["correctness"]} == set(forms)
     for check in result["correctness"]:
         assert check["path"] == "triton" and check["ok"], check
         assert (check["fused_calls"], check["steps_calls"]) == (0, 4), check
+
+
+def test_an_unknown_form_is_named(capsys) -> None:
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--device", "cpu", "--forms", "lstm,gru_sideways"])
+    assert "--forms: no form gru_sideways" in capsys.readouterr().err
 
 
 def test_without_cuda_it_says_so(capsys) -> None:
