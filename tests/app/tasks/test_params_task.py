@@ -431,3 +431,63 @@ def test_a_validation_value_beyond_float32_names_the_validation_data(data, tmp_p
     assert code == 2 and err.count("\n") == 1, err
     assert f"{valid}:4: validation value 1e+300 (occurrence 1 of the event " in err
     assert "read chunk" in err and "value 1)" in err and "--lr" not in err
+
+
+def test_the_errors_of_the_threshold_are_computed_on_the_training_device(
+    data, tmp_path, run_cli, monkeypatch
+):
+    """Each key's error Gaussian and the session threshold come from the validation
+    errors of the model reloaded after training: on the device it trained on (it was
+    the CPU's after ``--device cuda``, while scoring computes the errors on the GPU)."""
+    import importlib
+
+    # the module (the package's `train` is the function of the same name)
+    params_train = importlib.import_module("rnnkit.app.tasks.params.train")
+
+    devices = []
+    real = params_train.load_regressor
+
+    def spy(run_dir, device="cpu"):
+        devices.append(device)
+        return real(run_dir, device)
+
+    monkeypatch.setattr(params_train, "load_regressor", spy)
+    code, _, err = run_cli("train", "--task", "params", "--train", str(data / "train.jsonl"),
+                           "--valid", str(data / "valid.jsonl"), "--out", str(tmp_path / "r"),
+                           "--epochs", "1", "--device", "auto", *TINY)  # fmt: skip
+    assert code == 0, err
+    assert devices and set(devices) == {"auto"}, devices
+
+
+def test_score_with_params_judges_the_sessions_a_batch_at_a_time(
+    data: Path, runs: tuple[Path, Path], run_cli, monkeypatch
+) -> None:
+    """``score --params``: each session's parameter verdict is the params run's own
+    (``score`` of that run alone, in the same batches: float32 sums depend on them),
+    judged ``--batch-size`` sessions at a time (before: one session at a time, each
+    key's regressor run once per session)."""
+    import importlib
+
+    params, events = runs
+    scoring = importlib.import_module("rnnkit.app.tasks.params.scoring")
+    batches = []
+    real = scoring.score_items
+
+    def counted(run, items, *args, **kwargs):
+        batches.append(len(items))
+        return real(run, items, *args, **kwargs)
+
+    test = str(data / "test.jsonl")
+    code, out, err = run_cli("score", "--checkpoint", str(params), "--data", test, "--top", "1",
+                             "--batch-size", "5")  # fmt: skip
+    assert code == 0, err
+    alone = [json.loads(line) for line in out.splitlines()]
+    monkeypatch.setattr(scoring, "score_items", counted)
+    code, out, err = run_cli("score", "--checkpoint", str(events), "--params", str(params),
+                             "--data", test, "--top", "1", "--batch-size", "5")  # fmt: skip
+    assert code == 0, err
+    both = [json.loads(line) for line in out.splitlines()]
+    assert batches == [5, 5, 5, 5, 4]  # 24 sessions
+    assert [r["session"] for r in both] == [r["session"] for r in alone]
+    for r, own in zip(both, alone, strict=True):
+        assert r["params"] == {k: v for k, v in own.items() if k not in ("session", "label")}

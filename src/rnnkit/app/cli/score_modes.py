@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rnnkit import messages
@@ -113,8 +114,6 @@ def _thresholds(config: ScoreConfig, run: Any) -> dict[str, dict[str, float]]:
 def run_batch(config: ScoreConfig, run: Any, params_run: Any = None) -> int:
     """Whole sessions with an ``events`` run (and ``params_run`` beside it, if given):
     one record per session, in input order."""
-    from collections import deque
-
     from rnnkit.app.tasks.events import score_sessions
 
     if config.score is not None:  # named as the option here (score_sessions: score=)
@@ -144,19 +143,13 @@ def run_batch(config: ScoreConfig, run: Any, params_run: Any = None) -> int:
         thresholds=limits,
         ngram=config.ngram,
     )
+    if params_run is not None:
+        records = _with_params(records, pending, params_run, config)
     for record in records:
         empty = False
         count += 1
         if params_run is not None:
-            from rnnkit.app.tasks.params import combine
-            from rnnkit.app.tasks.params import score_sessions as score_params
-
-            item = pending.popleft()
-            (params_record,) = score_params(
-                params_run, [item], top_k=config.top, confidence=config.confidence
-            )
-            by_params += params_record["verdict"] == "anomalous"
-            record = combine(record, params_record)
+            by_params += record["params"]["verdict"] == "anomalous"
         anomalous += record["verdict"] == "anomalous"
         unknown += record["unknown"]
         _print(record)
@@ -172,6 +165,41 @@ def run_batch(config: ScoreConfig, run: Any, params_run: Any = None) -> int:
             f"{limits['rnn'][name]:.4g}); {unknown} event(s) never seen in training (<unk>)"
         )
     return 0
+
+
+def _with_params(
+    records: Iterable[dict[str, Any]],
+    pending: deque[tuple[Any, str, int]],
+    params_run: Any,
+    config: ScoreConfig,
+) -> Iterator[dict[str, Any]]:
+    """The key model's ``records`` with the parameter model's verdict of each session
+    beside it (``combine``), in order: the sessions of ``pending`` (the key model's, as
+    it read them) judged ``--batch-size`` at a time, not one by one — each key's
+    regressor then runs once a batch (on a GPU one tiny forward and one read per session
+    and key, before)."""
+    from rnnkit.app.tasks.params import combine
+    from rnnkit.app.tasks.params import score_sessions as score_params
+
+    def judged(chunk: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        items = [pending.popleft() for _ in chunk]
+        verdicts = score_params(
+            params_run,
+            items,
+            batch_size=config.batch_size,
+            top_k=config.top,
+            confidence=config.confidence,
+        )
+        yield from map(combine, chunk, verdicts)
+
+    chunk: list[dict[str, Any]] = []
+    for record in records:
+        chunk.append(record)
+        if len(chunk) >= config.batch_size:
+            yield from judged(chunk)
+            chunk = []
+    if chunk:
+        yield from judged(chunk)
 
 
 def run_params(config: ScoreConfig, device: str = "cpu") -> int:

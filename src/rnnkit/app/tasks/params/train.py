@@ -156,7 +156,9 @@ def _fit_keys(
         valid_seqs = key_sequences(model_key, occ_valid)
         summary = fit_sequences(sub, train_seqs, valid_seqs, quiet=True, data=None, key=key)
         parameters += int(summary["parameters"])
-        _, _, model = load_regressor(out / directory)  # the weights best on validation
+        # the weights best on validation, on the training's device: the error Gaussian
+        # and the threshold are those of the errors scoring will compute there
+        _, _, model = load_regressor(out / directory, cfg.device)
         errors, _ = vector_errors(model, valid_seqs, cfg.batch_size)
         model_key.error = fit_gaussian(np.concatenate(errors), MIN_ERROR_STD)
         model_key.model = model
