@@ -54,3 +54,42 @@ def test_ngram_ranks_in_small_blocks_equal_one_block(monkeypatch: pytest.MonkeyP
     for (s1, r1), (s2, r2) in zip(whole, blocked, strict=True):
         np.testing.assert_array_equal(s1, s2)
         np.testing.assert_array_equal(r1, r2)
+
+
+@pytest.mark.parametrize("window", [None, 2], ids=["whole", "window"])
+def test_the_device_is_read_once_a_call(monkeypatch: pytest.MonkeyPatch, window) -> None:
+    """On a GPU (reads counted on the CPU, as the device would see them) each forward
+    call's surprises and ranks are read once, with the model's checks (before: three
+    reads a chunk of a batch), and the figures are those read as they go."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from rnnkit import deferred as deferred_module
+    from rnnkit.anomaly.surprise import event_surprises
+    from rnnkit.bptt.fused import use_fused
+    from rnnkit.bptt.native import use_native
+    from rnnkit.models import ModelSpec, build_language_model
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+    from host_reads import HostReads
+
+    torch.manual_seed(0)
+    lm = build_language_model(ModelSpec(hidden=6, embedding=4), 9)
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(4, 9, size=int(rng.integers(1, 6))) for _ in range(5)]
+    # the paths a GPU takes (no compiled CPU loop: it reads the mask on the host)
+    with use_fused("fused"), use_native(False):
+        eager = event_surprises(lm, seqs, batch_size=2, window=window)
+    monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
+    with use_fused("fused"), use_native(False), HostReads(lm) as counted:
+        got = event_surprises(lm, seqs, batch_size=2, window=window)
+    # whole sessions: 3 batches of 2; windows: 8 × 2 = 16 rows a call, 1 row per event
+    # and end (the sessions' n + 1 rows: 5 sessions)
+    calls = 3 if window is None else -(-sum(len(s) + 1 for s in seqs) // 16)
+    assert sum(counted.sites.values()) == calls, dict(counted.sites)
+    assert all(site.startswith("deferred.py:") for site in counted.sites), dict(counted.sites)
+    for (s, r), (s0, r0) in zip(got, eager, strict=True):
+        np.testing.assert_array_equal(s, s0)
+        np.testing.assert_array_equal(r, r0)

@@ -14,8 +14,9 @@ import torch
 
 from rnnkit.anomaly.scores import surprise_and_rank
 from rnnkit.bptt.mask_facts import move_mask
-from rnnkit.data.batching import lm_pairs, pad_sequences
+from rnnkit.data.batching import lm_pairs, pad_sequences, to_device
 from rnnkit.data.vocab import BOS_ID, EOS_ID
+from rnnkit.deferred import deferring
 from rnnkit.models.language_model import LanguageModel
 from rnnkit.models.ngram import NGramModel
 
@@ -58,14 +59,17 @@ def _windowed_surprises(
     step = max(1, batch_size * 8)
     for lo in range(0, len(xs), step):
         hi = lo + step
-        inputs = torch.from_numpy(xs[lo:hi]).to(device)
+        # the inputs moved before the forward (a move after it waits for it), the
+        # figures read once a call with the model's checks (on a GPU each read waits)
+        inputs = to_device(torch.from_numpy(xs[lo:hi]), device)
+        targets = to_device(torch.from_numpy(ys[lo:hi]), device)
         mask = move_mask(torch.from_numpy(mask_all[lo:hi]), device)  # its host copy kept
-        logits = model(inputs, mask=mask).logits[:, -1].float()  # (rows, V)
-        s, r = surprise_and_rank(
-            torch.log_softmax(logits, -1), torch.from_numpy(ys[lo:hi]).to(device)
-        )
-        surprise[lo:hi] = s.double().cpu().numpy()
-        rank[lo:hi] = r.cpu().numpy()
+        with deferring() as deferred:
+            logits = model(inputs, mask=mask).logits[:, -1].float()  # (rows, V)
+            s, r = surprise_and_rank(torch.log_softmax(logits, -1), targets)
+            s_host, r_host = deferred.fetch(s.double(), r)
+        surprise[lo:hi] = s_host.numpy()
+        rank[lo:hi] = r_host.numpy()
     bounds = np.cumsum([0] + [len(y) for y in rows_y])
     return [(surprise[a:b].copy(), rank[a:b].copy()) for a, b in itertools.pairwise(bounds)]
 
@@ -111,20 +115,23 @@ def event_surprises(
         pairs = [lm_pairs(seqs[i], BOS_ID, EOS_ID) for i in idx]
         inputs, mask = pad_sequences([p[0] for p in pairs])  # (B, T)
         targets, _ = pad_sequences([p[1] for p in pairs])
-        inputs, targets = inputs.to(device), targets.to(device)
+        inputs, targets = to_device(inputs, device), to_device(targets, device)
         mask = move_mask(mask, device)  # its host copy kept: the stack reads it there
         state = None
         surprise_parts, rank_parts = [], []
-        for lo in range(0, inputs.shape[1], SCORE_CHUNK):
-            hi = lo + SCORE_CHUNK
-            res = model(inputs[:, lo:hi], mask=mask[:, lo:hi], state=state)
-            state = res.state
-            log_probs = torch.log_softmax(res.logits.float(), dim=-1)  # (B, t, V)
-            s, r = surprise_and_rank(log_probs, targets[:, lo:hi])
-            surprise_parts.append(s.double().cpu())
-            rank_parts.append(r.cpu())
-        surprise = torch.cat(surprise_parts, 1).numpy()
-        rank = torch.cat(rank_parts, 1).numpy()
+        # every chunk's figures, and the model's checks, read once a batch (on a GPU each
+        # read waits for the device)
+        with deferring() as deferred:
+            for lo in range(0, inputs.shape[1], SCORE_CHUNK):
+                hi = lo + SCORE_CHUNK
+                res = model(inputs[:, lo:hi], mask=mask[:, lo:hi], state=state)
+                state = res.state
+                log_probs = torch.log_softmax(res.logits.float(), dim=-1)  # (B, t, V)
+                s, r = surprise_and_rank(log_probs, targets[:, lo:hi])
+                surprise_parts.append(s.double())
+                rank_parts.append(r)
+            s_all, r_all = deferred.fetch(torch.cat(surprise_parts, 1), torch.cat(rank_parts, 1))
+        surprise, rank = s_all.numpy(), r_all.numpy()
         for row, i in enumerate(idx):
             n = len(seqs[i]) + 1
             out[i] = (surprise[row, :n].copy(), rank[row, :n].astype(np.int64))
