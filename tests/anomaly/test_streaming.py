@@ -173,3 +173,35 @@ def test_arguments_out_of_range_are_named_as_in_python(run: EventsModel, options
 
     with pytest.raises(ConfigError, match=message):
         _scorer(run, **options)
+
+
+def test_one_batched_step_reads_the_device_once(run: EventsModel, monkeypatch) -> None:
+    """On a GPU (reads counted on the CPU, as the device would see them) a batched step
+    of ``feed`` moves its ids in one copy and reads its surprises and ranks once, with
+    the model's checks (before: three waits a step), with the same verdicts."""
+    import sys
+    from pathlib import Path
+
+    from rnnkit import deferred as deferred_module
+    from rnnkit.bptt.fused import use_fused
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+    from host_reads import HostReads
+
+    sessions = generate_sessions(6, anomalies=2, seed=5)
+    items = _interleave(sessions, seed=1)
+    with use_fused("fused"):
+        want = _scorer(run).feed(items)
+    monkeypatch.setattr(deferred_module, "waits", lambda tensor: True)  # as on a GPU
+    scorer = _scorer(run)
+    with use_fused("fused"), HostReads(run.model) as counted:
+        got = [v for item in items for v in scorer.feed([item])]  # one step per item
+    # a step per item, and one more for each session's end (its own step after the last
+    # event's: one step per session per batch)
+    assert sum(counted.sites.values()) == len(items) + len(sessions), dict(counted.sites)
+    assert all(site.startswith("deferred.py:") for site in counted.sites), dict(counted.sites)
+
+    def closed(verdicts):
+        return {v["session"]: (v["verdict"], v["events"]) for v in verdicts if v["closed"]}
+
+    assert closed(got) == closed(want) and len(closed(got)) == len(sessions)

@@ -36,7 +36,9 @@ import torch
 from rnnkit.anomaly.scores import RUNNING_SCORES, RunningScore, surprise_and_rank
 from rnnkit.anomaly.session_state import StatePool, step_function
 from rnnkit.anomaly.stream_format import StreamItem
+from rnnkit.data.batching import to_device
 from rnnkit.data.vocab import BOS_ID, EOS_ID, SPECIALS, UNK_ID
+from rnnkit.deferred import deferring
 from rnnkit.errors import ConfigError
 
 __all__ = ["StreamScorer", "scores_array"]
@@ -231,16 +233,21 @@ class StreamScorer:
             return
         ops, self._round = self._round, []
         self._in_round.clear()
-        device = self._device
-        rows = torch.tensor([rec.row for _, rec, _ in ops], dtype=torch.long, device=device)
-        tokens = torch.tensor([rec.last for _, rec, _ in ops], dtype=torch.long, device=device)
         targets = [EOS_ID if e is _END else self.vocab.encode_event(e) for _, _, e in ops]
-        log_probs, state = self._step(tokens, self._pool.gather(rows))
-        self._pool.scatter(rows, state)
-        target_t = torch.tensor(targets, dtype=torch.long, device=log_probs.device)
-        surprise, rank = surprise_and_rank(log_probs.float(), target_t)
-        surprise_np = surprise.double().cpu().numpy()
-        miss_np = (rank >= self.top_g).cpu().numpy()
+        # The rows, inputs and targets in one move before the step, the figures in one
+        # read after it, with the model's checks (on a GPU each move from pageable
+        # memory after a queued kernel, and each read, waits for the device).
+        ids = torch.tensor(
+            [[rec.row for _, rec, _ in ops], [rec.last for _, rec, _ in ops], targets],
+            dtype=torch.long,
+        )
+        rows, tokens, target_t = to_device(ids, self._device)
+        with deferring() as deferred:
+            log_probs, state = self._step(tokens, self._pool.gather(rows))
+            self._pool.scatter(rows, state)
+            surprise, rank = surprise_and_rank(log_probs.float(), target_t)
+            (host,) = deferred.fetch(torch.stack([surprise.double(), rank.double()]))
+        surprise_np, miss_np = host[0].numpy(), host[1].numpy() >= self.top_g
         for (sid, rec, event), target, s, miss in zip(
             ops, targets, surprise_np, miss_np, strict=True
         ):
