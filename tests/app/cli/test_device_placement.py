@@ -7,6 +7,7 @@ report's pictures converted on the device and its host-made ids were such mistak
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -79,6 +80,17 @@ def _commands(d: Path) -> dict[str, dict[str, list[str]]]:
         "events": {
             "evaluate": ["evaluate", "--data", str(d / "valid.jsonl")],
             "score": ["score", "--data", str(d / "valid.jsonl"), "--ngram"],
+            # sessions streamed event by event (stream.jsonl: written by `runs`)
+            "score-follow": [
+                "score",
+                "--data",
+                str(d / "stream.jsonl"),
+                "--follow",
+                "--until-idle",
+                "0.3",
+                "--poll",
+                "0.05",
+            ],
             "predict": ["predict", "--input", str(d / "valid.jsonl")],
             "report": ["report"],
         },
@@ -114,6 +126,14 @@ def runs(task_data, tmp_path_factory) -> dict[str, Path]:
 
     (task_data / "lines.txt").write_text("abc abd\nbca\n", encoding="utf-8")
     (task_data / "sources.txt").write_text("abc\nba\n", encoding="utf-8")
+    stream = []  # three validation sessions, interleaved a step at a time, then ended
+    valid = (task_data / "valid.jsonl").read_text(encoding="utf-8").splitlines()
+    sessions = [json.loads(line) for line in valid[:3]]
+    for step in range(max(len(s["events"]) for s in sessions)):
+        stream += [{"session": s["session"], "event": s["events"][step]}
+                   for s in sessions if step < len(s["events"])]  # fmt: skip
+    stream += [{"session": s["session"], "end": True} for s in sessions]
+    (task_data / "stream.jsonl").write_text("".join(json.dumps(x) + "\n" for x in stream))
     root = tmp_path_factory.mktemp("placed")
     out = {}
     for name, argv in _tasks(task_data).items():
