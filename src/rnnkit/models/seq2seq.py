@@ -445,8 +445,7 @@ class Seq2Seq(nn.Module):
         """:meth:`loss` and :meth:`target_logits` of ``batch`` from one teacher-forced pass
         (an evaluation that reports both runs the model once)."""
         out = self(batch.source, batch.source_mask, batch.target_in, batch.target_mask)
-        logits = out.logits if self.length is None else self.length.token_logits(out.logits)
-        return self._loss_of(out, batch), logits
+        return self._loss_of(out, batch), self._token_logits(out.logits)
 
     def target_logits(self, batch: PairBatch) -> Tensor:
         """Teacher-forced logits ``(B, T, V_t)`` aligned with ``batch.target_out``.
@@ -455,6 +454,10 @@ class Seq2Seq(nn.Module):
         argmax), and its step is outside :meth:`token_mask`.
         """
         logits = self(batch.source, batch.source_mask, batch.target_in, batch.target_mask).logits
+        return self._token_logits(logits)
+
+    def _token_logits(self, logits: Tensor) -> Tensor:
+        """``logits`` with a length mechanism's ``</s>`` made no token (``−inf``)."""
         return logits if self.length is None else self.length.token_logits(logits)
 
     def token_mask(self, batch: PairBatch) -> Tensor:

@@ -219,7 +219,6 @@ class Trainer(Generic[_M]):
         # from; it moves only at a gain, the best (the lowest loss) at any fall.
         self.gain_loss: float | None = None
         self.bad_evals = 0  # validations since that gain
-        self._improved = False  # the last validation found a new best
         self._saved_at: float | None = None  # when the last snapshot was written
         self.clipped = 0
         self._window_nats = 0.0  # since the last training record
@@ -568,7 +567,9 @@ class Trainer(Generic[_M]):
                 # at most every snapshot_every seconds: on small data a validation comes
                 # every step, and a snapshot at each cost a third of the run. A resume
                 # from an earlier snapshot repeats the same steps, so it ends the same.
-                if self._snapshot_wanted(stop or final or taken.stopping or self._improved):
+                # (a new best: the validation just made has the best's step)
+                improved = self.best is not None and self.best["step"] == self.step
+                if self._snapshot_wanted(stop or final or taken.stopping or improved):
                     self.save()
                     saved = True
             else:
@@ -622,7 +623,6 @@ class Trainer(Generic[_M]):
         """Validate, keep the best weights (the lowest loss); return True when training
         should stop: ``patience`` validations in a row without a gain (a loss below the
         last gain's by more than ``min_gain`` of it, :func:`~rnnkit.training.budget.gained`)."""
-        self._improved = False
         if self.evaluate_fn is None:
             return False
         self.model.eval()
@@ -638,7 +638,6 @@ class Trainer(Generic[_M]):
             )
         event = {"event": "valid", "step": self.step, "epoch": self.batches.epoch, **metrics}
         improved = self.best is None or loss < float(self.best["loss_nats"])
-        self._improved = improved
         if improved:
             self.best = {"step": self.step, **metrics}
             if self.options.restore_best:
