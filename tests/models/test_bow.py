@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rnnkit.errors import CheckpointError
-from rnnkit.models.bow import BagOfNgrams, fit_logistic
+from rnnkit.models.bow import BagOfNgrams, _logistic_objective, _row_major, fit_logistic
 
 sklearn = pytest.importorskip("sklearn")
 from sklearn.feature_extraction.text import TfidfVectorizer  # noqa: E402
@@ -83,6 +83,28 @@ def test_fit_logistic_dense_and_sparse_agree():
     W2, b2 = fit_logistic(X.to_dense(), labels, 3, 1.0)
     np.testing.assert_allclose(W1, W2, atol=1e-8)
     np.testing.assert_allclose(b1, b2, atol=1e-8)
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_the_closed_form_gradient_is_autograds(sparse):
+    # the fit's gradient is written out (no graph): autograd of the same objective, in
+    # float64, is its oracle, at a point away from the start (W = 0 hides sign errors)
+    texts, labels = _problem(50)
+    bow = BagOfNgrams(vocab_size=12, num_classes=3)
+    bow._fit_features(texts)
+    X = bow.features(texts) if sparse else bow.features(texts).to_dense()
+    dense = X.to_dense() if sparse else X
+    y = torch.from_numpy(labels)
+    generator = torch.Generator().manual_seed(0)
+    W = torch.randn(3, X.shape[1], dtype=torch.float64, generator=generator)
+    b = torch.randn(3, dtype=torch.float64, generator=generator)
+    loss, grad_W, grad_b = _logistic_objective(*_row_major(X), y, W, b, penalty=0.01)
+    W_, b_ = W.clone().requires_grad_(), b.clone().requires_grad_()
+    expected = torch.nn.functional.cross_entropy(dense @ W_.T + b_, y) + 0.01 * (W_**2).sum()
+    expected.backward()
+    torch.testing.assert_close(loss, expected.detach(), rtol=1e-13, atol=0)
+    torch.testing.assert_close(grad_W, W_.grad, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(grad_b, b_.grad, rtol=1e-12, atol=1e-15)
 
 
 def test_unknown_ngrams_and_empty_rows():

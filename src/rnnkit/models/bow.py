@@ -25,6 +25,7 @@ answer does not depend on the start or the seed).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -208,13 +209,64 @@ class BagOfNgrams:
         return model
 
 
+def _row_major(X: Tensor) -> tuple[Tensor, Tensor]:
+    """``X`` and ``Xᵀ`` in the form the fit multiplies fastest: compressed sparse rows for
+    a sparse ``X`` (about ten times faster than COO in ``torch.sparse.mm`` here, forward
+    and transposed), the dense matrix and its transpose otherwise."""
+    if not X.is_sparse:
+        return X, X.T
+    # torch says once per process that CSR support is "in beta"; the two products used
+    # here are long-standing, and the note would reach users as if their program had asked
+    # for CSR, so it is not passed on.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]parse CSR tensor support")
+        X = X.coalesce()
+        return X.to_sparse_csr(), X.t().coalesce().to_sparse_csr()
+
+
+def _logistic_objective(
+    X: Tensor, XT: Tensor, y: Tensor, W: Tensor, b: Tensor, penalty: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The fit's objective and its gradient, in closed form.
+
+    With ``z_i = W x_i + b`` and ``p_i = softmax(z_i)``::
+
+        L  = (1/N) Σ_i (logsumexp z_i − z_{i,y_i}) + penalty · ‖W‖²_F
+        G  = (P − Y) / N                                  (N, K), Y one-hot
+        ∂L/∂W = Gᵀ X + 2 · penalty · W,   ∂L/∂b = Σ_i G_i
+
+    ``Gᵀ X`` is computed as ``(Xᵀ G)ᵀ`` from ``XT`` (``Xᵀ``, stored once), so that
+    neither product multiplies a sparse matrix from the right (autograd's backward of
+    ``torch.sparse.mm`` did, and took ~70 % of the fit's time).
+
+    Args:
+        X: ``(N, F)`` features; XT: ``(F, N)``, its transpose (both from
+            :func:`_row_major`).
+        y: ``(N,)`` class ids. W: ``(K, F)``. b: ``(K,)``.
+        penalty: the weight of ``‖W‖²_F``.
+
+    Returns:
+        ``L`` (a 0-d tensor), ``∂L/∂W (K, F)`` and ``∂L/∂b (K,)``.
+    """
+    N = X.shape[0]
+    z = X @ W.T + b  # (N, K)
+    log_p = torch.log_softmax(z, dim=1)
+    loss = -log_p.gather(1, y[:, None]).mean() + penalty * (W * W).sum()
+    G = log_p.exp()
+    G[torch.arange(N), y] -= 1.0
+    G /= N
+    grad_W = (XT @ G).T + (2.0 * penalty) * W
+    return loss, grad_W.contiguous(), G.sum(0)
+
+
 def fit_logistic(
     X: Tensor, labels: np.ndarray, num_classes: int, C: float, max_iter: int = 500
 ) -> tuple[np.ndarray, np.ndarray]:
     """L2-regularised multinomial logistic regression by L-BFGS (float64).
 
     Minimises ``Σ_i −ln softmax(W x_i + b)_{y_i} + ‖W‖²_F / (2C)``, divided by ``N`` so
-    that the tolerances do not depend on the data's size (the same minimiser).
+    that the tolerances do not depend on the data's size (the same minimiser), with the
+    gradient in closed form (``_logistic_objective``).
 
     Args:
         X: ``(N, F)`` features, sparse COO or dense, float64.
@@ -232,14 +284,10 @@ def fit_logistic(
     """
     N, F = X.shape
     y = torch.from_numpy(np.asarray(labels, dtype=np.int64))
+    X, XT = _row_major(X)
     W = torch.zeros(num_classes, F, dtype=torch.float64, requires_grad=True)
     b = torch.zeros(num_classes, dtype=torch.float64, requires_grad=True)
-    matmul = torch.sparse.mm if X.is_sparse else torch.mm
     penalty = 1.0 / (2.0 * C * N)
-
-    def objective() -> Tensor:
-        logits = matmul(X, W.T) + b  # (N, K)
-        return torch.nn.functional.cross_entropy(logits, y) + penalty * (W * W).sum()
 
     optimizer = torch.optim.LBFGS(
         [W, b],
@@ -252,9 +300,9 @@ def fit_logistic(
     )
 
     def closure() -> Tensor:
-        optimizer.zero_grad()
-        loss = objective()
-        loss.backward()
+        # L-BFGS reads the loss and the parameters' .grad: both set here, no graph built
+        with torch.no_grad():
+            loss, W.grad, b.grad = _logistic_objective(X, XT, y, W, b, penalty)
         return loss
 
     optimizer.step(closure)
