@@ -18,6 +18,7 @@ from torch.nn.utils.rnn import pad_sequence
 from rnnkit.anomaly.thresholds import (
     GaussianFit,
 )
+from rnnkit.bptt.mask_facts import move_mask
 from rnnkit.data.batching import to_device
 from rnnkit.data.events import Session, iter_sessions
 from rnnkit.data.vectors import VectorSequence
@@ -285,8 +286,10 @@ def vector_errors(
         idx = order[lo : lo + batch_size]
         xs = [torch.from_numpy(seqs[i].values) for i in idx]
         x = to_device(pad_sequence(xs, batch_first=True), device)
-        lengths = torch.tensor([len(v) for v in xs], device=device)
-        mask = torch.arange(x.shape[1], device=device)[None, :] < lengths[:, None]
+        # the mask made on the host and moved with its host copy: the loop's questions
+        # of it (lengths, prefix form) then read nothing back from the device
+        lengths = torch.tensor([len(v) for v in xs])
+        mask = move_mask(torch.arange(x.shape[1])[None, :] < lengths[:, None], device)
         mean = model(x, mask).mean.double().cpu().numpy()  # (B, T, D)
         for row, i in enumerate(idx):
             n = len(seqs[i].values)
