@@ -37,6 +37,8 @@ def _tasks(d: Path) -> dict[str, list[str]]:
         "classify-vectors": ["--task", "classify", "--inputs", "vectors", "--train",
                              str(d / "labelled.jsonl")],
         "events": ["--task", "events", *events],
+        # DeepLog's history window: trained on pieces of 3 events, scored on windows of 3
+        "events-window": ["--task", "events", *events, "--window", "3"],
         "params": ["--task", "params", "--train", str(d / "params.jsonl"), "--valid",
                    str(d / "params-valid.jsonl")],
         "regress": ["--task", "regress", "--train", str(d / "seq.jsonl"), "--valid",
@@ -51,10 +53,15 @@ def _tasks(d: Path) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
+#: In a command's arguments: the ``params`` run of the ``runs`` fixture.
+PARAMS_RUN = "<the params run>"
+
+
 def _commands(d: Path) -> dict[str, dict[str, list[str]]]:
     """The commands that load a run of each task (``lines.txt``, ``sources.txt``: written
     by the ``runs`` fixture)."""
     lines, sources = str(d / "lines.txt"), str(d / "sources.txt")
+    params_valid = str(d / "params-valid.jsonl")
     return {
         "lm": {
             "evaluate": ["evaluate", "--data", str(d / "text.txt")],
@@ -93,10 +100,19 @@ def _commands(d: Path) -> dict[str, dict[str, list[str]]]:
             ],
             "predict": ["predict", "--input", str(d / "valid.jsonl")],
             "report": ["report"],
+            # both models' verdicts: the key sequence's and the parameter values'
+            "score-params": ["score", "--data", params_valid, "--params", PARAMS_RUN],
+            "predict-params": ["predict", "--input", params_valid, "--params", PARAMS_RUN],
+        },
+        "events-window": {
+            "evaluate": ["evaluate", "--data", str(d / "valid.jsonl")],
+            "score": ["score", "--data", str(d / "valid.jsonl")],
+            "predict": ["predict", "--input", str(d / "valid.jsonl")],
         },
         "params": {
-            "evaluate": ["evaluate", "--data", str(d / "params-valid.jsonl")],
-            "score": ["score", "--data", str(d / "params-valid.jsonl")],
+            "evaluate": ["evaluate", "--data", params_valid],
+            "score": ["score", "--data", params_valid],
+            "predict": ["predict", "--input", params_valid],
         },
         "regress": {
             "evaluate": ["evaluate", "--data", str(d / "seq-valid.jsonl")],
@@ -155,7 +171,8 @@ def _placed(monkeypatch, run_cli, *argv: str) -> DevicePlacement:
 def test_each_command_keeps_its_tensors_on_the_models_device(
     task_data, runs, run_cli, monkeypatch, tmp_path, task, command
 ):
-    argv = _commands(task_data)[task][command]
+    argv = [str(runs["params"]) if a == PARAMS_RUN else a
+            for a in _commands(task_data)[task][command]]  # fmt: skip
     where = ["--out", str(tmp_path / "r.html")] if command == "report" else []
     placed = _placed(monkeypatch, run_cli, argv[0], "--checkpoint", str(runs[task]), *argv[1:],
                      *where)  # fmt: skip
@@ -163,7 +180,18 @@ def test_each_command_keeps_its_tensors_on_the_models_device(
 
 
 @pytest.mark.parametrize(
-    "task", ["lm", "lm-segments", "tag", "classify", "events", "params", "regress", "seq2seq"]
+    "task",
+    [
+        "lm",
+        "lm-segments",
+        "tag",
+        "classify",
+        "events",
+        "events-window",
+        "params",
+        "regress",
+        "seq2seq",
+    ],
 )
 def test_training_keeps_its_tensors_on_the_device(task_data, run_cli, monkeypatch, tmp_path, task):
     """Training too, its batches moved to the device, its end-of-run report drawn there
@@ -204,6 +232,12 @@ API_INPUTS = {
     "classify": ["abc", "ba"],
     "seq2seq": ["abc", "ba"],
     "regress": [torch.zeros(3, 2)],
+    "events": [["login:user", "open", "read", "close", "logout"], ["login:admin"]],
+    "events-window": [["login:user", "open", "read", "close", "logout"], ["login:admin"]],
+    "params": [
+        {"session": "a", "events": ["open", "read", "close"], "params": [[990.0], [11.0], []]},
+        {"session": "b", "events": ["open", "close"], "params": [[1200.0], []]},
+    ],
 }
 
 
