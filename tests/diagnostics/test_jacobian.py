@@ -80,6 +80,33 @@ def test_exact_norms_equal_the_autograd_jacobian(name: str) -> None:
                 assert float(power[b, j]) == pytest.approx(float(want), rel=1e-6, abs=1e-12)
 
 
+@pytest.mark.parametrize("name", list(CELLS))
+@pytest.mark.parametrize("rows_at_once", ["all", "three"])
+def test_step_jacobians_equal_autograds_of_each_step(name, rows_at_once, monkeypatch) -> None:
+    # the rows of J_t come from one backward pass of the batch repeated (all rows at once,
+    # or three at a time: a bound that does not divide S); oracle: autograd's Jacobian of
+    # the plain step at the recorded states
+    cell, x = make(name)
+    B, T = MASK.shape
+    S = zero_state(cell, B).shape[1]
+    if rows_at_once == "three":
+        monkeypatch.setattr(jacobian_module, "_ROWS_AT_ONCE", 3 * B * S)
+    got = step_jacobians(cell, x, mask=MASK)
+    with torch.no_grad():
+        states = flat_run(cell, x, zero_state(cell, B), MASK)
+    eye = torch.eye(S, dtype=DT)
+    for t in range(T):
+        J = torch.autograd.functional.jacobian(
+            lambda s, t=t: flat_run(cell, x[:, t : t + 1], s, torch.ones(B, 1, dtype=torch.bool))[
+                1
+            ],
+            states[t],
+        )  # (B, S, B, S)
+        for b in range(B):
+            want = J[b, :, b, :] if MASK[b, t] else eye
+            torch.testing.assert_close(got[t, b], want, rtol=1e-12, atol=1e-14)
+
+
 def test_step_jacobians_hold_at_masked_steps() -> None:
     cell, x = make("gru_candidate_before")
     J = step_jacobians(cell, x, mask=MASK)

@@ -10,6 +10,7 @@ import torch
 
 import rnnkit.diagnostics.contributions as contributions_module
 from rnnkit.app.config import TrainConfig
+from rnnkit.app.report.flow import EXACT_WIDTH
 from rnnkit.app.report.lm import lm_gradient_section
 from rnnkit.app.report.run import Run
 from rnnkit.diagnostics import (
@@ -23,14 +24,16 @@ from rnnkit.metrics.losses import sequence_cross_entropy
 from rnnkit.models import ModelSpec, build_language_model
 
 
-@pytest.mark.parametrize(("cell", "hidden", "steps"), [("rnn", 6, 40), ("lstm", 40, 12)])
+@pytest.mark.parametrize(
+    ("cell", "hidden", "steps"), [("rnn", 6, 40), ("lstm", 40, 12), ("gru", EXACT_WIDTH + 1, 5)]
+)
 def test_gradient_section_runs_the_first_layer_twice_with_the_same_figures(
     cell, hidden, steps, count_calls, monkeypatch
 ):
     """The section ran the first layer 5 times (both state gradients, the Jacobians, the
     step and the lag contributions each ran it); the full windows and their first 4 × 32
     steps are each run once now, and every figure is that of the separate calls, exactly
-    (an LSTM of width 80 takes the power iteration)."""
+    (a GRU wider than ``EXACT_WIDTH`` takes the power iteration)."""
     torch.manual_seed(0)
     model = build_language_model(ModelSpec(cell=cell, hidden=hidden, embedding=5), 11).eval()
     batch = torch.randint(0, 11, (6, steps + 1))
@@ -72,7 +75,7 @@ def test_gradient_section_runs_the_first_layer_twice_with_the_same_figures(
         torch.from_numpy(g_all), state_gradient_norms(first, x, loss_fn=loss(targets))
     )
     assert torch.equal(torch.from_numpy(g_last), state_gradient_norms(first, x, loss_fn=loss_last))
-    method = "exact" if cell == "rnn" else "power"
+    method = "power" if hidden > EXACT_WIDTH else "exact"
     old_J = jacobian_norms(first, x[:Bs, :Ts], method=method, iterations=10)
     assert torch.equal(torch.from_numpy(J), old_J)
     steps_hh, lags_hh = drawn["bars"]
