@@ -4,10 +4,11 @@ On a GPU, ``float(t)``, ``bool(t)``, ``t.tolist()``, ``torch.nonzero(t)`` or ``t
 of a tensor on the device waits for every kernel queued before it. On the CPU they cost
 nothing, so a test cannot time them; it can count them. :class:`HostReads` marks what
 would live on the device — the model's parameters and gradients, whatever is moved with
-``.to(device)`` with a ``torch.device`` (on the CPU that is the CPU), and everything computed from
-those; ``.cpu()`` and ``.to("cpu")`` of a marked tensor count as one read, and give a host
-tensor — and counts, by call site, each read
-of a marked tensor's values on the host.
+``.to(device)`` with a ``torch.device`` (on the CPU that is the CPU), whatever a factory
+makes with ``device=`` a ``torch.device`` (``torch.arange(n, device=device)``), and
+everything computed from those; ``.cpu()`` and ``.to("cpu")`` of a marked tensor count
+as one read, and give a host tensor — and counts, by call site, each read of a marked
+tensor's values on the host.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class HostReads(TorchFunctionMode):
             and any(
                 isinstance(a, (torch.device, torch.Tensor)) for a in (*args[1:], *kwargs.values())
             )
+        ) or (
+            # made there: torch.arange(..., device=device) and the other factories
+            name not in {"to", "cuda"} and isinstance(kwargs.get("device"), torch.device)
         )
         marked = any(self._is_marked(a) for a in inputs)
         if name == "__get__" and marked:  # p.grad of a parameter

@@ -46,3 +46,40 @@ def test_statistics_of_values_whose_squares_overflow_are_finite() -> None:
     assert np.array_equal(back.scale, key.scale)
     x, _ = key.normalise(np.array([[1e300, 2.0]]))
     assert np.isfinite(x).all()
+
+
+def test_vector_errors_read_the_device_once_a_batch(monkeypatch) -> None:
+    """On a GPU (reads counted on the CPU, as the device would see them) each batch's
+    predictions come back in one read: the mask is made on the host and moved with its
+    host copy, so the recurrence's questions of it (lengths, prefix form) read nothing
+    (made on the device, it was read back by them every batch)."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from rnnkit.app.config import TrainConfig
+    from rnnkit.app.tasks.params.keys import vector_errors
+    from rnnkit.app.tasks.regress import build_regressor
+    from rnnkit.bptt.fused import use_fused
+    from rnnkit.data.vectors import VectorSequence
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "training"))
+    from host_reads import HostReads
+
+    rng = np.random.default_rng(0)
+    seqs = [
+        VectorSequence(
+            rng.normal(size=(int(rng.integers(2, 8)), 2)).astype(np.float32), None, "f", i
+        )
+        for i in range(9)
+    ]
+    torch.manual_seed(0)
+    model = build_regressor(TrainConfig(train="x", hidden=8), 2, 2).eval()
+    alone = [vector_errors(model, [s], batch_size=1)[0][0] for s in seqs]
+    with use_fused("fused"), HostReads(model) as counted:
+        errors, preds = vector_errors(model, seqs, batch_size=4)
+    assert counted.count == 3, dict(counted.sites)  # 9 sequences, batches of 4
+    assert [len(p) for p in preds] == [len(s.values) - 1 for s in seqs]
+    for got, want in zip(errors, alone, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
