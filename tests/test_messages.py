@@ -75,3 +75,37 @@ def test_a_level_set_through_logging_is_honoured(capsys):
     logging.getLogger("rnnkit").setLevel(logging.ERROR)
     assert messages.verbosity() == -2
     assert said(capsys) == []
+
+
+def test_a_quieted_note_is_that_modules_only_and_the_filters_change_once():
+    import sys
+    import types
+    import warnings
+
+    def module(name: str) -> types.ModuleType:  # code whose warnings come from ``name``
+        mod = types.ModuleType(name)
+        exec(
+            "import warnings\ndef say(text):\n    warnings.warn(text, UserWarning)\n", mod.__dict__
+        )
+        sys.modules[name] = mod
+        return mod
+
+    ours, theirs = module("rnnkit._quiet_probe"), module("users_program")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            messages.quiet_in_module("note of torch", "rnnkit._quiet_probe")
+            before = list(warnings.filters)
+            messages.quiet_in_module("note of torch", "rnnkit._quiet_probe")
+            assert warnings.filters == before  # in force: not put again (no change)
+            ours.say("note of torch: beta")
+            ours.say("another note")
+            theirs.say("note of torch: beta")
+            assert [str(w.message) for w in caught] == ["another note", "note of torch: beta"]
+            warnings.simplefilter("error")  # a caller's filter went before it
+            messages.quiet_in_module("note of torch", "rnnkit._quiet_probe")
+            ours.say("note of torch: again")  # quiet again, not an error
+            with pytest.raises(UserWarning):
+                theirs.say("note of torch")
+    finally:
+        del sys.modules["rnnkit._quiet_probe"], sys.modules["users_program"]

@@ -29,10 +29,21 @@ can change the level with :func:`set_verbosity` or ``logging.getLogger("rnnkit")
 from __future__ import annotations
 
 import logging
+import re
 import sys
+import warnings
 from typing import TextIO
 
-__all__ = ["LOGGER", "debug", "info", "level_name", "set_verbosity", "verbosity", "warning"]
+__all__ = [
+    "LOGGER",
+    "debug",
+    "info",
+    "level_name",
+    "quiet_in_module",
+    "set_verbosity",
+    "verbosity",
+    "warning",
+]
 
 LOGGER = logging.getLogger("rnnkit")
 
@@ -120,3 +131,29 @@ def warning(message: str, who: str = "rnnkit", label: str = "warning") -> None:
     """A warning (``rnnkit: warning: <message>``; ``label`` replaces ``warning``, for a
     message that names its own kind), hidden by ``-qq``."""
     LOGGER.warning(message, extra={"who": who, "label": label})
+
+
+def quiet_in_module(message: str, module: str) -> None:
+    """Ignore the warnings whose text matches ``message`` (a regular expression, from its
+    start) that the code of ``module`` (a ``__name__``) raises, and no others: a note of
+    torch's about rnnkit's own call, which would reach users as if their program had
+    caused it.
+
+    One filter at the front of ``warnings.filters``, put there again only when it is not
+    in force: a ``warnings.catch_warnings()`` block of the caller's removed it, or a
+    filter of the caller's (not another of these) went before it. Call it before each
+    call that may warn, not once at import: importing rnnkit changes no filter. A
+    ``catch_warnings()`` around each call instead would empty every module's record of
+    warnings already shown (each change of the filters does), so that every "default"
+    warning of the program, meant to show once, showed again after each call; and it
+    swaps the process-wide filter list, which threads calling at once would leave in
+    either thread's state.
+    """
+    pattern = re.escape(module) + r"\Z"
+    for action, msg, _, mod, _ in warnings.filters:
+        text, where = getattr(msg, "pattern", None), getattr(mod, "pattern", None)
+        if action == "ignore" and text == message and where == pattern:
+            return  # in force: only filters of this function's went before it
+        if action != "ignore" or not (where or "").startswith(r"rnnkit\."):
+            break
+    warnings.filterwarnings("ignore", message=message, module=pattern)

@@ -81,16 +81,19 @@ def test_exact_norms_equal_the_autograd_jacobian(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(CELLS))
-@pytest.mark.parametrize("rows_at_once", ["all", "three"])
+@pytest.mark.parametrize("rows_at_once", ["all", "three", "one pass a row"])
 def test_step_jacobians_equal_autograds_of_each_step(name, rows_at_once, monkeypatch) -> None:
     # the rows of J_t come from one backward pass of the batch repeated (all rows at once,
-    # or three at a time: a bound that does not divide S); oracle: autograd's Jacobian of
-    # the plain step at the recorded states
+    # or three at a time: a bound that does not divide S), or, where the step's input is
+    # wide, from one pass per row; oracle: autograd's Jacobian of the plain step at the
+    # recorded states
     cell, x = make(name)
     B, T = MASK.shape
     S = zero_state(cell, B).shape[1]
     if rows_at_once == "three":
-        monkeypatch.setattr(jacobian_module, "_ROWS_AT_ONCE", 3 * B * S)
+        monkeypatch.setattr(jacobian_module, "_ROWS_AT_ONCE", 3 * B * (S + x.shape[2]))
+    elif rows_at_once == "one pass a row":
+        monkeypatch.setattr(jacobian_module, "_REPEAT_WORK", 0)
     got = step_jacobians(cell, x, mask=MASK)
     with torch.no_grad():
         states = flat_run(cell, x, zero_state(cell, B), MASK)

@@ -107,6 +107,41 @@ def test_the_closed_form_gradient_is_autograds(sparse):
     torch.testing.assert_close(grad_b, b_.grad, rtol=1e-12, atol=1e-15)
 
 
+def test_a_csr_input_fits_as_its_coo_form():
+    texts, labels = _problem(50)
+    bow = BagOfNgrams(vocab_size=12, num_classes=3)
+    bow._fit_features(texts)
+    X = bow.features(texts)
+    W1, b1 = fit_logistic(X, labels, 3, 1.0)
+    W2, b2 = fit_logistic(X.to_sparse_csr(), labels, 3, 1.0)
+    np.testing.assert_array_equal(W1, W2)
+    np.testing.assert_array_equal(b1, b2)
+
+
+def test_a_fit_leaves_the_programs_warnings_as_they_were():
+    # the filter that keeps torch's note on CSR from users changes warnings.filters only
+    # when it is not in force: each change empties every module's record of warnings
+    # already shown, and a "default" warning of the program would show again
+    import warnings
+
+    texts, labels = _problem(40)
+    bow = BagOfNgrams(vocab_size=12, num_classes=3)
+    bow._fit_features(texts)
+    X = bow.features(texts)
+    fit_logistic(X, labels, 3, 1.0)  # the filter put in place
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        fit_logistic(X, labels, 3, 1.0)  # behind the caller's filter: put in front again
+
+        def program() -> None:
+            warnings.warn("the program's own note", UserWarning, stacklevel=1)
+
+        program()
+        fit_logistic(X, labels, 3, 1.0)
+        program()
+    assert [str(w.message) for w in caught] == ["the program's own note"]
+
+
 def test_unknown_ngrams_and_empty_rows():
     texts, labels = _problem(40)
     bow = BagOfNgrams(vocab_size=20, num_classes=3).fit(texts, labels)

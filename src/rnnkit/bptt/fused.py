@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +57,7 @@ from rnnkit.cells.gru import GRUKernel
 from rnnkit.cells.kernel import Kernel, Weights
 from rnnkit.cells.lstm import LSTMKernel, fused_lstm_cell
 from rnnkit.cells.rnn import RNNKernel
+from rnnkit.messages import quiet_in_module
 
 __all__ = [
     "PATHS",
@@ -379,28 +378,8 @@ _ONCE_DIFFERENTIABLE_ON = frozenset({"cuda"})
 
 # cuDNN's note that a call's weights are not one buffer (``TORCH_WARN``, reported as a
 # UserWarning from the Python line that made the call: this module's), ignored for this
-# module's calls only. One filter at the front of ``warnings.filters``, put there again
-# only when it is not there (a ``catch_warnings`` block of the caller's removed it, or a
-# filter of the caller's went before it): a ``warnings.catch_warnings()`` around each call
-# would empty every module's record of warnings already shown (each change of the filters
-# does), so that every "default" warning of the program, meant to show once, showed again
-# after each call; and it swaps the process-wide filter list, which threads calling
-# layers at once would leave in either thread's state.
+# module's calls only (:func:`rnnkit.messages.quiet_in_module`).
 _WEIGHT_COPY_MESSAGE = ".*contiguous chunk of memory"
-_THIS_MODULE = re.escape(__name__) + r"\Z"
-
-
-def _quiet_weight_copy_warning() -> None:
-    filters = warnings.filters
-    first = filters[0] if filters else None
-    if (
-        first is not None
-        and first[0] == "ignore"
-        and getattr(first[1], "pattern", None) == _WEIGHT_COPY_MESSAGE
-        and getattr(first[3], "pattern", None) == _THIS_MODULE
-    ):
-        return
-    warnings.filterwarnings("ignore", message=_WEIGHT_COPY_MESSAGE, module=_THIS_MODULE)
 
 
 class _Call:
@@ -435,7 +414,7 @@ class _Call:
         # price of keeping the cells' parameters as they are. (A graph being traced cannot
         # hold the warning filter; there the warning, if any, is the compiler's to show.)
         if not tracing() and tensors[0].device.type != "cpu":  # the warning is cuDNN's only
-            _quiet_weight_copy_warning()
+            quiet_in_module(_WEIGHT_COPY_MESSAGE, __name__)
         return tuple(op(*args))
 
     def decomposed(self, tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:

@@ -25,7 +25,6 @@ answer does not depend on the start or the seed).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -33,6 +32,7 @@ import torch
 from torch import Tensor
 
 from rnnkit.errors import CheckpointError, ConfigError
+from rnnkit.messages import quiet_in_module
 
 __all__ = ["BOW_C", "MAX_FEATURES", "BagOfNgrams", "fit_logistic"]
 
@@ -213,15 +213,14 @@ def _row_major(X: Tensor) -> tuple[Tensor, Tensor]:
     """``X`` and ``Xᵀ`` in the form the fit multiplies fastest: compressed sparse rows for
     a sparse ``X`` (about ten times faster than COO in ``torch.sparse.mm`` here, forward
     and transposed), the dense matrix and its transpose otherwise."""
-    if not X.is_sparse:
+    if X.layout == torch.strided:
         return X, X.T
     # torch says once per process that CSR support is "in beta"; the two products used
     # here are long-standing, and the note would reach users as if their program had asked
     # for CSR, so it is not passed on.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*[Ss]parse CSR tensor support")
-        X = X.coalesce()
-        return X.to_sparse_csr(), X.t().coalesce().to_sparse_csr()
+    quiet_in_module(".*[Ss]parse CSR tensor support", __name__)
+    X = X.to_sparse_coo().coalesce()  # a CSR (or other sparse) input too
+    return X.to_sparse_csr(), X.t().coalesce().to_sparse_csr()
 
 
 def _logistic_objective(
@@ -269,7 +268,7 @@ def fit_logistic(
     gradient in closed form (``_logistic_objective``).
 
     Args:
-        X: ``(N, F)`` features, sparse COO or dense, float64.
+        X: ``(N, F)`` features, sparse (COO or CSR) or dense, float64.
         labels: ``(N,)`` class ids.
         num_classes: ``K``.
         C: inverse regularisation strength.
