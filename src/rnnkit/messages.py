@@ -150,9 +150,10 @@ def quiet_in_module(message: str, module: str) -> None:
     either thread's state.
     """
     pattern = re.escape(module) + r"\Z"
-    for action, msg, _, mod, _ in warnings.filters:
+    for action, msg, category, mod, lineno in warnings.filters:
         text, where = getattr(msg, "pattern", None), getattr(mod, "pattern", None)
-        if action == "ignore" and text == message and where == pattern:
+        mine = category is Warning and lineno == 0  # not a user's narrower near-copy
+        if action == "ignore" and text == message and where == pattern and mine:
             return  # in force: only filters of this function's went before it
         if action != "ignore" or not (where or "").startswith(r"rnnkit\."):
             break
