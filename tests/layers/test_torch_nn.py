@@ -686,3 +686,44 @@ def test_devices_that_differ_are_torchs_runtime_error_naming_the_layer(path, nam
         ),
     ):
         on_meta(x)
+
+
+def test_a_short_lstm_call_without_gradients_is_torchs_kernel_on_the_cpu(monkeypatch):
+    # rnnkit's fixed cost per call is larger than torch's; a call of few steps that asks
+    # no gradient runs torch's kernel (the same function), the rest rnnkit's loop
+    from rnnkit.layers.torch_nn import SHORT_STEPS
+
+    calls = []
+    for torch_class in (torch.nn.LSTM, torch.nn.GRU):
+
+        def counted(self, *args, real=torch_class.forward, **kwargs):
+            calls.append(1)
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch_class, "forward", counted)
+    torch.manual_seed(0)
+    ref = torch.nn.LSTM(3, 5, num_layers=2, batch_first=True)
+    ours = knn.LSTM(3, 5, num_layers=2, batch_first=True)
+    ours.load_state_dict(ref.state_dict())
+    short, long = torch.randn(2, SHORT_STEPS, 3), torch.randn(2, SHORT_STEPS + 1, 3)
+    h0 = (torch.randn(2, 2, 5), torch.randn(2, 2, 5))
+
+    def handed(run) -> bool:
+        calls.clear()
+        run()
+        return bool(calls)
+
+    with torch.no_grad():
+        assert handed(lambda: ours(short))
+        out, (h, c) = ours(short, h0)
+        want, (wh, wc) = ref(short, h0)
+        assert torch.equal(out, want) and torch.equal(h, wh) and torch.equal(c, wc)
+        assert not handed(lambda: ours(long))
+        with use_fused("loop"):  # a forced path is that path
+            assert not handed(lambda: ours(short))
+        gru = knn.GRU(3, 5, batch_first=True)
+        assert not handed(lambda: gru(short))  # torch's GRU on the CPU is the slower
+    assert not handed(lambda: ours(short))  # training: rnnkit's backward
+    ours.requires_grad_(False)
+    assert handed(lambda: ours(short))  # a frozen layer in grad mode: inference
+    assert not handed(lambda: ours(short, (h0[0].requires_grad_(), h0[1])))

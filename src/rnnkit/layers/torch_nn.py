@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeGuard
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeGuard, cast
 
 import torch
 from torch import Tensor, nn
@@ -298,7 +298,7 @@ class _DropIn:
         name = f"rnnkit.nn.{type(self).__name__}"
         if self._torch_computes(input):
             return self._torch_class.forward(self, input, hx)
-        if self._handed_over(input):
+        if self._handed_over(input, hx):
             try:
                 return self._torch_class.forward(self, input, hx)
             except _DEVICE_FAILURES:
@@ -530,7 +530,7 @@ class _DropIn:
         batch_axis = 0 if self.batch_first else 1
         return isinstance(input, Tensor) and input.dim() == 3 and input.shape[batch_axis] == 0
 
-    def _handed_over(self, input: Tensor | PackedSequence) -> bool:
+    def _handed_over(self, input: Tensor | PackedSequence, hx: Any = None) -> bool:
         """Whether this call, which rnnkit could compute, is torch's ``forward`` for speed:
         where rnnkit would run PyTorch's fused kernels (:func:`_fused_computes`). The
         same function either way; an error of torch's there is left to rnnkit's checks
@@ -545,9 +545,15 @@ class _DropIn:
         if not isinstance(input, Tensor) or input.dim() not in (2, 3):
             return False
         time_axis = 1 if self.batch_first and input.dim() == 3 else 0
-        if input.shape[time_axis] == 0:
+        steps = input.shape[time_axis]
+        if steps == 0:
             return False
-        return _fused_computes(input)
+        if _fused_computes(input):
+            return True
+        short = self.mode == "LSTM" and steps <= SHORT_STEPS
+        # the parameters, not _weights(): that would run a parametrization (a weight
+        # drop's draw) once more than torch's forward does
+        return short and _short_inference(input, hx, cast(nn.Module, self).parameters())
 
     def _split(self, h: Tensor) -> Tensor:
         """``(L·D, B, H)`` → ``(L, D, B, H)`` (torch orders layers, then directions)."""
@@ -623,6 +629,26 @@ def _fused_computes(x: Tensor) -> bool:
     if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
         return False
     return fused_path_on(x.device) and not autocast_devices_on()
+
+
+#: The longest LSTM call without gradients that the CPU hands to torch's LSTM kernel
+#: under the default path: rnnkit's fixed cost per call is larger than torch's, and a short
+#: call has too few steps for its faster loop to make up for it (inference, 10 steps,
+#: H 32–128, B 1–16: rnnkit's loop at 0.41–0.93× torch's time, one or two threads;
+#: ``benchmarks/README.md``). torch's kernel computes the same function.
+SHORT_STEPS = 16
+
+
+def _short_inference(x: Tensor, hx: Any, weights: Iterable[Tensor]) -> bool:
+    """Whether a drop-in's call on ``x`` (initial state ``hx``) is inference on the CPU
+    under the default path, in float32 or float64, not under autocast: no gradient is
+    asked of it (grad mode off, or neither ``x``, the state nor a weight requires one)."""
+    if not _one_step(x):
+        return False
+    if not torch.is_grad_enabled():
+        return True
+    states = hx if isinstance(hx, tuple | list) else (hx,)
+    return not any(isinstance(t, Tensor) and t.requires_grad for t in (x, *states, *weights))
 
 
 def _one_step(x: Tensor) -> bool:
