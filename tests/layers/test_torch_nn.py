@@ -727,3 +727,10 @@ def test_a_short_lstm_call_without_gradients_is_torchs_kernel_on_the_cpu(monkeyp
     ours.requires_grad_(False)
     assert handed(lambda: ours(short))  # a frozen layer in grad mode: inference
     assert not handed(lambda: ours(short, (h0[0].requires_grad_(), h0[1])))
+    # a malformed state is rnnkit's to name, as in training (torch's forward would fail
+    # on it with an IndexError or an AttributeError of its own)
+    h = torch.zeros(2, 2, 5)
+    with torch.no_grad():
+        for bad, words in (((h,), "hx must be the pair"), ((h, None), r"hx\[1\] must be")):
+            with pytest.raises(TypeError, match=f"rnnkit.nn.LSTM: {words}"):
+                ours(short, bad)

@@ -634,7 +634,7 @@ def _fused_computes(x: Tensor) -> bool:
 #: The longest LSTM call without gradients that the CPU hands to torch's LSTM kernel
 #: under the default path: rnnkit's fixed cost per call is larger than torch's, and a short
 #: call has too few steps for its faster loop to make up for it (inference, 10 steps,
-#: H 32–128, B 1–16: rnnkit's loop at 0.41–0.93× torch's time, one or two threads;
+#: H 32–128, B 1–16, two threads: rnnkit's loop at 0.45–0.81× torch's speed;
 #: ``benchmarks/README.md``). torch's kernel computes the same function.
 SHORT_STEPS = 16
 
@@ -642,13 +642,21 @@ SHORT_STEPS = 16
 def _short_inference(x: Tensor, hx: Any, weights: Iterable[Tensor]) -> bool:
     """Whether a drop-in's call on ``x`` (initial state ``hx``) is inference on the CPU
     under the default path, in float32 or float64, not under autocast: no gradient is
-    asked of it (grad mode off, or neither ``x``, the state nor a weight requires one)."""
+    asked of it (grad mode off, or neither ``x``, the state nor a weight requires one);
+    ``hx`` None or the pair of tensors torch's ``forward`` takes without an error of its
+    own (a malformed state goes to rnnkit's checks, which name the layer)."""
     if not _one_step(x):
+        return False
+    if hx is not None and not (
+        type(hx) in (tuple, list)
+        and len(hx) == 2
+        and all(isinstance(t, Tensor) and t.dim() == x.dim() for t in hx)
+    ):
         return False
     if not torch.is_grad_enabled():
         return True
-    states = hx if isinstance(hx, tuple | list) else (hx,)
-    return not any(isinstance(t, Tensor) and t.requires_grad for t in (x, *states, *weights))
+    states = () if hx is None else tuple(hx)
+    return not any(t.requires_grad for t in (x, *states, *weights))
 
 
 def _one_step(x: Tensor) -> bool:
