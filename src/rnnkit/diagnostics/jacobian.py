@@ -130,12 +130,11 @@ def _step_jacobian(
 ) -> Tensor:
     """The Jacobian of one step from ``state (B, S)`` with input ``x_t``, ``(B, S, S)``:
     ``[b, i, :]`` is the gradient of the new state's ``[b, i]``."""
-    s_t = state
-    B, S = s_t.shape
+    B, S = state.shape
     GH, I = cell.weight_ih.shape
     if B * (I + S) * GH > _REPEAT_WORK:  # one forward, a backward pass per row
         with torch.enable_grad():
-            s_prev = s_t.detach().requires_grad_(True)
+            s_prev = state.detach().requires_grad_(True)
             new = _step_function(cell, x_t, zoneout)(s_prev)  # (B, S)
             # Rows are independent: the gradient of column i summed over the batch holds
             # row i of every sequence's own Jacobian.
@@ -153,7 +152,7 @@ def _step_jacobian(
     for i in range(0, S, k):
         n = min(k, S - i)
         with torch.enable_grad():
-            s_prev = s_t.detach().repeat(n, 1).requires_grad_(True)  # row j·B + b
+            s_prev = state.detach().repeat(n, 1).requires_grad_(True)  # row j·B + b
             new = _step_function(cell, x_t.repeat(n, 1), zoneout)(s_prev)
             pick = eye[i : i + n].repeat_interleave(B, dim=0)  # copy j: row i + j
             # a scalar's gradient: autograd given grad_outputs of a tensor imports sympy

@@ -645,7 +645,7 @@ def _short_inference(x: Tensor, hx: Any, weights: Iterable[Tensor]) -> bool:
     asked of it (grad mode off, or neither ``x``, the state nor a weight requires one);
     ``hx`` None or the pair of tensors torch's ``forward`` takes without an error of its
     own (a malformed state goes to rnnkit's checks, which name the layer)."""
-    if not _one_step(x):
+    if not _one_step(x):  # the CPU's default path, float32/64, no autocast: its test
         return False
     if hx is not None and not (
         type(hx) in (tuple, list)
