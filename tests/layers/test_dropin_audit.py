@@ -16,6 +16,7 @@ from torch.nn.utils.rnn import (
 )
 
 from rnnkit import nn as knn
+from rnnkit.bptt.tracing import TracingError
 
 DTYPE = torch.float64
 MODES = ["RNN", "LSTM", "GRU"]
@@ -385,6 +386,71 @@ def test_torch_fx_records_the_layer_as_one_node_as_torchs(mode):
     assert nodes[1] == nodes[0]
     assert ("call_module", "rnn") in nodes[1]
     torch.testing.assert_close(graphs[1](x, hx), graphs[0](x, hx), rtol=1e-9, atol=1e-10)
+
+
+def _scaled(base: type) -> type:
+    """A user's subclass whose forward scales its input, then calls the layer's."""
+
+    class Scaled(base):
+        def forward(self, input, hx=None):
+            return super().forward(input * 2.0, hx)
+
+    return Scaled
+
+
+class _Holder(torch.nn.Module):
+    def __init__(self, rnn: torch.nn.Module) -> None:
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x):
+        return self.rnn(x)[0].tanh()
+
+
+class _LeafTracer(torch.fx.Tracer):
+    def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:
+        return qualname == "rnn" or super().is_leaf_module(m, qualname)
+
+
+@pytest.mark.parametrize("mode", [*MODES, *(m + "Cell" for m in MODES)])
+def test_torch_fx_refuses_a_subclass_with_its_own_forward_and_keeps_it_whole_as_a_leaf(mode):
+    """Before: the node recorded for the layer called the subclass, whose forward then
+    ran again at each call of the graph (its input scaled twice, off by ~0.3)."""
+    cell = mode.endswith("Cell")
+    x = torch.randn(2, 3, dtype=DTYPE) if cell else _x()
+    torch.manual_seed(0)
+    reference = _scaled(getattr(torch.nn, mode))(3, 4).double()
+    mine = _scaled(getattr(knn, mode))(3, 4).double()
+    mine.load_state_dict(reference.state_dict())
+    with pytest.raises(torch.fx.proxy.TraceError):  # torch traces into its forward's branches
+        torch.fx.symbolic_trace(_Holder(reference))
+    with pytest.raises(TracingError, match=r"Scaled\.forward calls the forward of rnnkit\.nn\."):
+        torch.fx.symbolic_trace(_Holder(mine))
+    for module in (reference, mine):  # kept whole, as the message says: eager's function
+        holder = _Holder(module)
+        graph = torch.fx.GraphModule(holder, _LeafTracer().trace(holder))
+        torch.testing.assert_close(graph(x), holder(x), rtol=0, atol=0)
+    torch.testing.assert_close(_Holder(mine)(x), _Holder(reference)(x), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("mode", [*MODES, *(m + "Cell" for m in MODES)])
+def test_torchscript_refuses_a_subclass_with_its_own_forward(mode):
+    """Before: ``torch.jit.script`` compiled torch's class in place of the drop-in, and
+    the subclass's forward was gone without a word. A subclass without a forward of its
+    own still scripts as torch's class over the same parameters."""
+    mine = _scaled(getattr(knn, mode))(3, 4)
+    with pytest.raises(TracingError, match=r"Scaled overrides the forward of rnnkit\.nn\."):
+        torch.jit.script(torch.nn.Sequential(mine))
+
+    class Initialised(getattr(knn, mode)):
+        def reset_parameters(self) -> None:
+            for p in self.parameters():
+                torch.nn.init.constant_(p, 0.5)
+
+    plain = Initialised(3, 4).__prepare_scriptable__()
+    assert type(plain) is getattr(torch.nn, mode)
+    assert all(bool((p == 0.5).all()) for p in plain.parameters())
 
 
 def _seq2seq_translation(nn) -> dict[str, list[float]]:

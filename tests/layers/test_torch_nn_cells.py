@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -64,6 +66,34 @@ def test_errors_name_the_argument():
         knn.LSTMCell(3, 4)(torch.zeros(2, 3), torch.zeros(2, 4))
     with pytest.raises(RuntimeError, match="hx should be 2D for 2D input"):
         knn.RNNCell(3, 4)(torch.zeros(2, 3), torch.zeros(4))
+
+
+def _state(name: str, *shape: int, **kwargs) -> Any:
+    h = torch.zeros(*shape, **kwargs)
+    return (h, h) if name == "LSTMCell" else h
+
+
+@pytest.mark.parametrize("name", ["RNNCell", "LSTMCell", "GRUCell"])
+def test_a_state_of_three_dimensions_is_torchs_value_error(name):
+    """torch's cells raise a ValueError (code that catches it must catch the drop-in's)."""
+    x, hx = torch.zeros(2, 3), _state(name, 1, 2, 4)
+    with pytest.raises(ValueError) as theirs:
+        getattr(torch.nn, name)(3, 4)(x, hx)
+    word = "hx\\[0\\]" if name == "LSTMCell" else "hidden"
+    with pytest.raises(ValueError, match=rf"rnnkit\.nn\.{name}: Expected {word} to be 1D or 2D"):
+        getattr(knn, name)(3, 4)(x, hx)
+    assert "got 3D" in str(theirs.value)
+
+
+@pytest.mark.parametrize("name", ["RNNCell", "LSTMCell", "GRUCell"])
+def test_a_state_or_input_on_another_device_is_said_naming_the_cell(name):
+    """(The meta device stands for a GPU here: torch's autocast has no meta device, which
+    the dtype check asked about before the device was checked.)"""
+    cell = getattr(knn, name)(3, 4)
+    with pytest.raises(RuntimeError, match=rf"rnnkit\.nn\.{name}: Input and hidden .* at meta"):
+        cell(torch.zeros(2, 3), _state(name, 2, 4, device="meta"))
+    with pytest.raises(RuntimeError, match=rf"rnnkit\.nn\.{name}: Input and parameter .* at meta"):
+        cell(torch.zeros(2, 3, device="meta"))
 
 
 def test_the_namespace_is_torch_nn_with_the_recurrent_classes_replaced():

@@ -52,7 +52,15 @@ from rnnkit.layers.packing import pack_like, unpack
 from rnnkit.layers.stacked import StackedRecurrent
 from rnnkit.types import LSTMState
 
-__all__ = ["GRU", "LSTM", "RNN", "fx_leaf_call", "plain_torch_copy"]
+__all__ = [
+    "GRU",
+    "LSTM",
+    "RNN",
+    "fx_leaf_call",
+    "overriding_forward",
+    "plain_torch_copy",
+    "scriptable_copy",
+]
 
 
 class _Stacks(threading.local):
@@ -72,6 +80,34 @@ class _Stacks(threading.local):
         return (_Stacks, ())
 
 
+def overriding_forward(module: nn.Module) -> type | None:
+    """The user's subclass of a drop-in that defines its own ``forward`` over rnnkit's
+    (the nearest in the method resolution order, ahead of rnnkit's classes), or None."""
+    for cls in type(module).__mro__:
+        if cls.__module__.startswith("rnnkit."):
+            return None
+        if "forward" in vars(cls):
+            return cls
+    return None
+
+
+def scriptable_copy(module: nn.Module, torch_class: type[nn.Module]) -> nn.Module:
+    """What ``torch.jit.script`` compiles in place of a drop-in: torch's class over the
+    same parameters (:func:`plain_torch_copy`). Refused for a subclass with a ``forward``
+    of its own, which that copy would silently drop (torch's class compiles the
+    subclass's ``forward``; TorchScript cannot compile rnnkit's)."""
+    own = overriding_forward(module)
+    if own is not None:
+        base = f"torch.nn.{torch_class.__name__}"
+        raise TracingError(
+            f"torch.jit.script: {own.__qualname__} overrides the forward of "
+            f"rnnkit.nn.{torch_class.__name__}, and TorchScript compiles {base}'s forward "
+            f"in place of a drop-in, which would drop {own.__qualname__}.forward; for a "
+            f"scripted model subclass {base}, or record it with torch.jit.trace"
+        )
+    return plain_torch_copy(module, torch_class)
+
+
 def plain_torch_copy(module: nn.Module, torch_class: type[nn.Module]) -> nn.Module:
     """The same module as an instance of ``torch_class`` (torch's own class), sharing its
     parameters: what TorchScript compiles in place of an rnnkit drop-in."""
@@ -88,6 +124,18 @@ def fx_leaf_call(module: nn.Module, input: Any, hx: Any) -> Any:
     proxy = next((a for a in (input, *hx_parts) if isinstance(a, torch.fx.Proxy)), None)
     if proxy is None:
         return None
+    own = overriding_forward(module)
+    if own is not None:
+        # the node would call the module, so its forward would run again at each call
+        # of the graph (a preprocessing of the input twice); torch refuses its layers'
+        # subclasses here too, tracing into their forward's control flow
+        dropin = getattr(module, "_torch_class", type(module)).__name__
+        raise TracingError(
+            f"torch.fx.symbolic_trace: {own.__qualname__}.forward calls the forward of "
+            f"rnnkit.nn.{dropin}, which FX cannot trace through (its time loop "
+            f"branches on the data, as torch's does); keep {own.__qualname__} whole: trace "
+            f"with a torch.fx.Tracer whose is_leaf_module returns True for it"
+        )
     tracer = proxy.tracer
     args = (input,) if hx is None else (input, hx)
     path = tracer.path_of_module(module)  # type: ignore[attr-defined]  # torch.fx.Tracer's
@@ -183,7 +231,7 @@ class _DropIn:
     def __prepare_scriptable__(self) -> nn.Module:
         """``torch.jit.script`` compiles torch's class with these parameters (the same
         function; TorchScript cannot compile rnnkit's time loop)."""
-        return plain_torch_copy(self, self._torch_class)  # type: ignore[arg-type]
+        return scriptable_copy(self, self._torch_class)  # type: ignore[arg-type]
 
     # ---- computation -----------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from rnnkit.layers.torch_nn import (
     _one_step,
     _plain_cpu_step,
     fx_leaf_call,
-    plain_torch_copy,
+    scriptable_copy,
 )
 from rnnkit.types import LSTMState
 
@@ -49,7 +49,7 @@ class _CellDropIn:
 
     def __prepare_scriptable__(self) -> nn.Module:
         """``torch.jit.script`` compiles torch's class with these parameters."""
-        return plain_torch_copy(self, self._torch_class)  # type: ignore[arg-type]
+        return scriptable_copy(self, self._torch_class)  # type: ignore[arg-type]
 
     def _weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(w_ih, w_hh, b_ih, b_hh)``, each read once, in the order torch's step reads
@@ -76,9 +76,24 @@ class _CellDropIn:
                 f"{name}: input has inconsistent input_size: got {x.shape[1]} expected "
                 f"{self.input_size}"
             )
+        if x.device != weight.device:
+            raise RuntimeError(  # torch's type and words (its kernels' device check)
+                f"{name}: Input and parameter tensors are not at the same device, found input "
+                f"tensor at {x.device} and parameter tensor at {weight.device}; move the input "
+                f"(input.to({str(weight.device)!r})) or the cell (cell.to({str(x.device)!r}))"
+            )
         self._check_dtype(x, "input", weight)
         if hx is None:
             return x, x.new_zeros(x.shape[0], self.hidden_size), batched
+        if hx.dim() not in (1, 2):  # torch's type and words ("hidden" for the hx of GRU, RNN)
+            word = "hidden" if what == "hx" else what
+            raise ValueError(f"{name}: Expected {word} to be 1D or 2D, got {hx.dim()}D instead")
+        if hx.device != x.device:
+            raise RuntimeError(
+                f"{name}: Input and hidden tensors are not at the same device, found input "
+                f"tensor at {x.device} and hidden tensor at {hx.device}; move {what} "
+                f"({what}.to({str(x.device)!r}))"
+            )
         self._check_dtype(hx, what, weight)
         if hx.dim() != input.dim():
             raise RuntimeError(
