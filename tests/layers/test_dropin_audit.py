@@ -5,6 +5,8 @@ same state dict, in float64."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch.func import functional_call
@@ -408,40 +410,79 @@ class _Holder(torch.nn.Module):
 
 
 class _LeafTracer(torch.fx.Tracer):
-    def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:
-        return qualname == "rnn" or super().is_leaf_module(m, qualname)
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return module_qualified_name == "rnn" or super().is_leaf_module(m, module_qualified_name)
 
 
-@pytest.mark.parametrize("mode", [*MODES, *(m + "Cell" for m in MODES)])
-def test_torch_fx_refuses_a_subclass_with_its_own_forward_and_keeps_it_whole_as_a_leaf(mode):
-    """Before: the node recorded for the layer called the subclass, whose forward then
-    ran again at each call of the graph (its input scaled twice, off by ~0.3)."""
-    cell = mode.endswith("Cell")
-    x = torch.randn(2, 3, dtype=DTYPE) if cell else _x()
+def _hooked(mode: str, lib: Any, how: str) -> torch.nn.Module:
+    """A layer or cell of ``lib`` whose call runs more than its forward (``how``)."""
     torch.manual_seed(0)
-    reference = _scaled(getattr(torch.nn, mode))(3, 4).double()
-    mine = _scaled(getattr(knn, mode))(3, 4).double()
+    if how == "subclass":
+        return _scaled(getattr(lib, mode))(3, 4).double()
+    module = getattr(lib, mode)(3, 4).double()
+    if how == "pre-hook":
+        module.register_forward_pre_hook(lambda m, args: (args[0] * 2.0, *args[1:]))
+    elif how == "hook":
+        pair = mode not in ("RNNCell", "GRUCell")  # (output, state) or (h, c); else h
+        module.register_forward_hook(
+            lambda m, args, out: (out[0].sin(), out[1]) if pair else out.sin()
+        )
+    else:  # a forward replaced on the instance
+        own = module.forward
+        module.forward = lambda input, hx=None: own(input * 2.0, hx)
+    return module
+
+
+@pytest.mark.parametrize("how", ["subclass", "pre-hook", "hook", "instance"])
+@pytest.mark.parametrize("mode", [*MODES, *(m + "Cell" for m in MODES)])
+def test_torch_fx_graph_of_a_layer_with_more_than_its_forward_computes_eagers_function(mode, how):
+    """A subclass's forward calling the drop-in's, hooks, or a forward set on the
+    instance: the trace records them, and the graph's node for the drop-in runs its own
+    forward alone. Before: the node called the module, which ran them again at each call
+    of the graph (the input scaled twice, off by ~0.3). torch traces into its layers'
+    subclasses, and fails there (its forward branches on the data)."""
+    x = torch.randn(2, 3, dtype=DTYPE) if mode.endswith("Cell") else _x()
+    reference, mine = _hooked(mode, torch.nn, how), _hooked(mode, knn, how)
     mine.load_state_dict(reference.state_dict())
-    with pytest.raises(torch.fx.proxy.TraceError):  # torch traces into its forward's branches
-        torch.fx.symbolic_trace(_Holder(reference))
-    with pytest.raises(TracingError, match=r"Scaled\.forward calls the forward of rnnkit\.nn\."):
-        torch.fx.symbolic_trace(_Holder(mine))
-    for module in (reference, mine):  # kept whole, as the message says: eager's function
-        holder = _Holder(module)
-        graph = torch.fx.GraphModule(holder, _LeafTracer().trace(holder))
-        torch.testing.assert_close(graph(x), holder(x), rtol=0, atol=0)
-    torch.testing.assert_close(_Holder(mine)(x), _Holder(reference)(x), rtol=1e-9, atol=1e-10)
+    graph = torch.fx.symbolic_trace(_Holder(mine))
+    torch.testing.assert_close(graph(x), _Holder(mine)(x), rtol=0, atol=0)
+    if how == "subclass":
+        with pytest.raises(torch.fx.proxy.TraceError):
+            torch.fx.symbolic_trace(_Holder(reference))
+    else:  # torch's layer is a leaf there: its module's call runs them at each call
+        torch.testing.assert_close(torch.fx.symbolic_trace(_Holder(reference))(x), graph(x))
+    torch.testing.assert_close(graph(x), _Holder(reference)(x), rtol=1e-9, atol=1e-10)
+    leaf = _Holder(mine)  # kept whole by a tracer: its call, as torch's
+    torch.testing.assert_close(torch.fx.GraphModule(leaf, _LeafTracer().trace(leaf))(x), graph(x))
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRUCell"])
+def test_torch_fx_cannot_trace_a_drop_in_by_itself_and_says_so_with_torchs_error(mode):
+    with pytest.raises(torch.fx.proxy.TraceError):
+        torch.fx.symbolic_trace(getattr(torch.nn, mode)(3, 4))
+    with pytest.raises(torch.fx.proxy.TraceError, match=rf"rnnkit\.nn\.{mode} is recorded"):
+        torch.fx.symbolic_trace(getattr(knn, mode)(3, 4))
+
+
+class _Double(torch.nn.Module):
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight * 2.0
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("mode", [*MODES, *(m + "Cell" for m in MODES)])
-def test_torchscript_refuses_a_subclass_with_its_own_forward(mode):
-    """Before: ``torch.jit.script`` compiled torch's class in place of the drop-in, and
-    the subclass's forward was gone without a word. A subclass without a forward of its
-    own still scripts as torch's class over the same parameters."""
-    mine = _scaled(getattr(knn, mode))(3, 4)
-    with pytest.raises(TracingError, match=r"Scaled overrides the forward of rnnkit\.nn\."):
-        torch.jit.script(torch.nn.Sequential(mine))
+def test_torchscript_refuses_what_torchs_class_would_compute_otherwise(mode):
+    """A subclass with a forward of its own (torch's class compiled in its place dropped
+    it without a word) and a parametrized weight (compiled as the weight last computed).
+    A subclass without a forward of its own still scripts as torch's class over the same
+    parameters."""
+    with pytest.raises(TracingError, match=r"Scaled has a forward of its own over rnnkit\.nn\."):
+        torch.jit.script(torch.nn.Sequential(_scaled(getattr(knn, mode))(3, 4)))
+    doubled = getattr(knn, mode)(3, 4)
+    weight = "weight_ih" if mode.endswith("Cell") else "weight_ih_l0"
+    torch.nn.utils.parametrize.register_parametrization(doubled, weight, _Double())
+    with pytest.raises(TracingError, match=rf"{weight} carries a parametrization"):
+        torch.jit.script(torch.nn.Sequential(doubled))
 
     class Initialised(getattr(knn, mode)):
         def reset_parameters(self) -> None:

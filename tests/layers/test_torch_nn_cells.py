@@ -83,6 +83,8 @@ def test_a_state_of_three_dimensions_is_torchs_value_error(name):
     with pytest.raises(ValueError, match=rf"rnnkit\.nn\.{name}: Expected {word} to be 1D or 2D"):
         getattr(knn, name)(3, 4)(x, hx)
     assert "got 3D" in str(theirs.value)
+    with pytest.raises(ValueError):  # before the input's size is looked at, as torch's
+        getattr(knn, name)(3, 4)(torch.zeros(2, 5), hx)
 
 
 @pytest.mark.parametrize("name", ["RNNCell", "LSTMCell", "GRUCell"])
@@ -94,6 +96,10 @@ def test_a_state_or_input_on_another_device_is_said_naming_the_cell(name):
         cell(torch.zeros(2, 3), _state(name, 2, 4, device="meta"))
     with pytest.raises(RuntimeError, match=rf"rnnkit\.nn\.{name}: Input and parameter .* at meta"):
         cell(torch.zeros(2, 3, device="meta"))
+    on_meta = getattr(knn, name)(3, 4, device="meta")  # torch's cells run there too
+    got = on_meta(torch.zeros(2, 3, device="meta"), _state(name, 2, 4, device="meta"))
+    theirs = getattr(torch.nn, name)(3, 4, device="meta")(torch.zeros(2, 3, device="meta"))
+    assert [t.shape for t in _flat(got)] == [t.shape for t in _flat(theirs)]
 
 
 def test_the_namespace_is_torch_nn_with_the_recurrent_classes_replaced():

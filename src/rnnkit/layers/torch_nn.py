@@ -42,6 +42,7 @@ from typing import Any, TypeGuard, cast
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 from torch.nn.utils.rnn import PackedSequence
 
 from rnnkit.bptt.fused import fused_path_on, path_in_force, plain_step_call
@@ -56,6 +57,7 @@ __all__ = [
     "GRU",
     "LSTM",
     "RNN",
+    "dropin_forward",
     "fx_leaf_call",
     "overriding_forward",
     "plain_torch_copy",
@@ -93,17 +95,28 @@ def overriding_forward(module: nn.Module) -> type | None:
 
 def scriptable_copy(module: nn.Module, torch_class: type[nn.Module]) -> nn.Module:
     """What ``torch.jit.script`` compiles in place of a drop-in: torch's class over the
-    same parameters (:func:`plain_torch_copy`). Refused for a subclass with a ``forward``
-    of its own, which that copy would silently drop (torch's class compiles the
-    subclass's ``forward``; TorchScript cannot compile rnnkit's)."""
+    same parameters (:func:`plain_torch_copy`; TorchScript cannot compile rnnkit's time
+    loop). Refused where that copy would silently compute something else: a subclass
+    with a ``forward`` of its own (the copy has torch's), and a parametrized weight
+    (the copy would hold the weight last computed, or none)."""
+    name = f"rnnkit.nn.{torch_class.__name__}"
     own = overriding_forward(module)
     if own is not None:
-        base = f"torch.nn.{torch_class.__name__}"
+        whose = type(module).__qualname__
+        if own is not type(module):
+            whose += f" (its forward is {own.__qualname__}'s)"
         raise TracingError(
-            f"torch.jit.script: {own.__qualname__} overrides the forward of "
-            f"rnnkit.nn.{torch_class.__name__}, and TorchScript compiles {base}'s forward "
-            f"in place of a drop-in, which would drop {own.__qualname__}.forward; for a "
-            f"scripted model subclass {base}, or record it with torch.jit.trace"
+            f"torch.jit.script: {whose} has a forward of its own over {name}'s, and "
+            f"TorchScript compiles torch.nn.{torch_class.__name__} in place of a drop-in, "
+            f"which would drop that forward; record it with torch.jit.trace, or use "
+            f"torch.compile or torch.export"
+        )
+    if parametrize.is_parametrized(module):
+        names = ", ".join(sorted(cast(Any, module).parametrizations.keys()))
+        raise TracingError(
+            f"torch.jit.script: {name}'s {names} carries a parametrization, which "
+            f"TorchScript cannot compile (the scripted layer would hold a stale weight); "
+            f"record it with torch.jit.trace, or use torch.compile or torch.export"
         )
     return plain_torch_copy(module, torch_class)
 
@@ -119,27 +132,61 @@ def plain_torch_copy(module: nn.Module, torch_class: type[nn.Module]) -> nn.Modu
 def fx_leaf_call(module: nn.Module, input: Any, hx: Any) -> Any:
     """Under ``torch.fx.symbolic_trace``: one ``call_module`` node for the drop-in, as FX
     records torch's own layers (its tracer keeps the modules of ``torch.nn``'s package
-    whole and would otherwise trace into ``forward``); else None."""
+    whole and would otherwise trace into ``forward``); else None. Where a call of the
+    module runs more than this ``forward`` (a subclass's ``forward`` calling it, hooks),
+    which the trace has recorded already, one ``call_function`` node of
+    :func:`dropin_forward` on the module instead."""
     hx_parts = hx if isinstance(hx, tuple | list) else (hx,)
     proxy = next((a for a in (input, *hx_parts) if isinstance(a, torch.fx.Proxy)), None)
     if proxy is None:
         return None
-    own = overriding_forward(module)
-    if own is not None:
-        # the node would call the module, so its forward would run again at each call
-        # of the graph (a preprocessing of the input twice); torch refuses its layers'
-        # subclasses here too, tracing into their forward's control flow
-        dropin = getattr(module, "_torch_class", type(module)).__name__
-        raise TracingError(
-            f"torch.fx.symbolic_trace: {own.__qualname__}.forward calls the forward of "
-            f"rnnkit.nn.{dropin}, which FX cannot trace through (its time loop "
-            f"branches on the data, as torch's does); keep {own.__qualname__} whole: trace "
-            f"with a torch.fx.Tracer whose is_leaf_module returns True for it"
-        )
     tracer = proxy.tracer
     args = (input,) if hx is None else (input, hx)
+    if module is getattr(tracer, "root", None):
+        raise torch.fx.proxy.TraceError(  # torch's type: its layers fail to trace alone too
+            f"torch.fx.symbolic_trace: rnnkit.nn.{type(module).__name__} is recorded as one "
+            f"node of the module holding it, and cannot be the traced module itself; trace "
+            f"a module that holds it"
+        )
     path = tracer.path_of_module(module)  # type: ignore[attr-defined]  # torch.fx.Tracer's
-    return tracer.create_proxy("call_module", path, args, {})
+    if not _runs_more_than_forward(module):
+        return tracer.create_proxy("call_module", path, args, {})
+    # calling the module at each run of the graph would run again what the trace has
+    # recorded already (a subclass's forward before this one, hooks): the node runs
+    # the drop-in's own forward alone
+    held = tracer.create_proxy("get_attr", path, (), {})
+    return tracer.create_proxy("call_function", dropin_forward, (held, *args), {})
+
+
+def _runs_more_than_forward(module: nn.Module) -> bool:
+    """Whether a call of ``module`` runs more than its drop-in class's ``forward``: a
+    subclass's or an instance's ``forward``, or hooks (its own or global ones)."""
+    if overriding_forward(module) is not None or "forward" in module.__dict__:
+        return True
+    hooks = [
+        getattr(module, name, None)
+        for name in (
+            "_forward_hooks",
+            "_forward_pre_hooks",
+            "_backward_hooks",
+            "_backward_pre_hooks",
+        )
+    ]
+    hooks += [
+        getattr(torch.nn.modules.module, f"_global_{kind}", None)
+        for kind in ("forward_hooks", "forward_pre_hooks", "backward_hooks", "backward_pre_hooks")
+    ]
+    return any(hooks)
+
+
+def dropin_forward(module: nn.Module, input: Any, hx: Any = None) -> Any:
+    """A drop-in's own ``forward`` on ``(input, hx)``: its rnnkit class's (not a
+    subclass's nor an instance's), without the module's hooks. What an FX graph calls
+    where its trace has recorded the rest of the module's call already."""
+    for cls in type(module).__mro__:
+        if cls.__module__.startswith("rnnkit.") and "forward" in vars(cls):
+            return vars(cls)["forward"](module, input, hx)
+    raise TypeError(f"{type(module).__qualname__} is not an rnnkit.nn drop-in")
 
 
 class _DropIn:

@@ -69,6 +69,9 @@ class _CellDropIn:
         name = f"rnnkit.nn.{type(self).__name__}"
         if input.dim() not in (1, 2):
             raise ValueError(f"{name}: Expected input to be 1D or 2D, got {input.dim()}D instead")
+        if hx is not None and hx.dim() not in (1, 2):  # torch's ValueError ("hidden": GRU, RNN)
+            word = "hidden" if what == "hx" else what
+            raise ValueError(f"{name}: Expected {word} to be 1D or 2D, got {hx.dim()}D instead")
         batched = input.dim() == 2
         x = input if batched else input.unsqueeze(0)
         if x.shape[1] != self.input_size:
@@ -85,9 +88,6 @@ class _CellDropIn:
         self._check_dtype(x, "input", weight)
         if hx is None:
             return x, x.new_zeros(x.shape[0], self.hidden_size), batched
-        if hx.dim() not in (1, 2):  # torch's type and words ("hidden" for the hx of GRU, RNN)
-            word = "hidden" if what == "hx" else what
-            raise ValueError(f"{name}: Expected {word} to be 1D or 2D, got {hx.dim()}D instead")
         if hx.device != x.device:
             raise RuntimeError(
                 f"{name}: Input and hidden tensors are not at the same device, found input "
@@ -116,9 +116,10 @@ class _CellDropIn:
         """torch's error (a ``RuntimeError`` from its product) for a dtype other than the
         weights' (under autocast: one that autocast does not cast,
         ``rnnkit.cells.amp.autocast_reconciles``), in one line naming the cell."""
-        autocast = torch.is_autocast_enabled(t.device.type)
-        if t.dtype != weight.dtype and not (
-            autocast and autocast_reconciles(t.dtype, weight.dtype)
+        if t.dtype == weight.dtype:  # (autocast is asked only then: it has no meta device)
+            return
+        if not (
+            torch.is_autocast_enabled(t.device.type) and autocast_reconciles(t.dtype, weight.dtype)
         ):
             raise RuntimeError(
                 f"rnnkit.nn.{type(self).__name__}: {what} is {t.dtype} but the weights are "
