@@ -587,7 +587,8 @@ def test_training_into_an_existing_run_is_refused_unless_resume_or_overwrite(
 ):
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    (copy / "report.html").write_text("<p>the old run</p>")
+    # the old run's report (rnnkit's page: a page of the user's is never replaced)
+    (copy / "report.html").write_text("<!DOCTYPE html>\n<html><title>rnnkit report: copy</title>")
     (copy / "notes.txt").write_text("mine")  # not a run file: never touched
     before = digest_tree(copy)
     code, _, err = run_cli(*train_args(data, copy, "--no-report"))

@@ -63,7 +63,7 @@ def test_prepare_run_dir_refuses_an_existing_run_and_overwrite_removes_only_run_
     out = tmp_path / "run"
     (out / "snapshots" / "step-1").mkdir(parents=True)
     for name in ("config.json", "metrics.jsonl", "report.html", "mine.txt"):
-        (out / name).write_text("x")
+        (out / name).write_text(_WRITTEN.get(name, "x"))
     with pytest.raises(ConfigError, match=r"already holds a run \(snapshots, report\.html\)"):
         prepare_run_dir(out)
     with pytest.raises(ConfigError, match="--resume and --overwrite exclude each other"):
@@ -76,15 +76,62 @@ def test_prepare_run_dir_refuses_an_existing_run_and_overwrite_removes_only_run_
     # A run that failed before it saved anything (config and log only) is no run to
     # protect: a new run replaces what it left.
     for name in ("config.json", "vocab.json", "metrics.jsonl"):
-        (out / name).write_text("x")
+        (out / name).write_text(_WRITTEN.get(name, "x"))
     prepare_run_dir(out)
     assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
+
+
+#: What rnnkit writes at the head of a run's config.json and of a report page
+_WRITTEN = {
+    "config.json": '{"format_version": 1, "config": {"task": "lm"}}',
+    "report.html": "<!DOCTYPE html>\n<html><head><title>rnnkit report: run</title>",
+}
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_files_of_a_runs_names_that_rnnkit_did_not_write_are_never_replaced(tmp_path, overwrite):
+    """Before: a directory holding a user's report.html and snapshots/notes.txt was said
+    to hold a run, and --overwrite then removed both (as it removed a user's
+    summary.json or metrics.csv where no run had been)."""
+    from rnnkit.app.tasks.run_dir import prepare_run_dir, replacing_run
+
+    out = tmp_path / "mine"
+    (out / "snapshots").mkdir(parents=True)
+    for name in ("snapshots/notes.txt", "report.html", "metrics.csv", "notes.md"):
+        (out / name).write_text(f"my {name}")
+    mine = _files(out)
+    words = r"--out .*mine: snapshots, metrics\.csv, report\.html were not written by rnnkit"
+    with pytest.raises(ConfigError, match=words):
+        prepare_run_dir(out, overwrite=overwrite)
+    with pytest.raises(ConfigError, match=words), replacing_run(out, overwrite=overwrite):
+        pass
+    assert _files(out) == mine
+    # beside a run of rnnkit's: its snapshots' neighbours and a page of the user's
+    run = tmp_path / "run"
+    _old_run(run)
+    (run / "snapshots" / "notes.txt").write_text("my notes")
+    (run / "report.html").write_text("<p>my page</p>")
+    before = _files(run)
+    words = r"report\.html, snapshots/notes\.txt were not written by rnnkit train"
+    with pytest.raises(ConfigError, match=words):
+        prepare_run_dir(run, overwrite=overwrite)
+    assert _files(run) == before
+    (run / "report.html").write_text(_WRITTEN["report.html"])
+    with pytest.raises(ConfigError, match=r": snapshots/notes\.txt was not written by rnnkit"):
+        prepare_run_dir(run, overwrite=overwrite)
+    (run / "snapshots" / "notes.txt").unlink()
+    if overwrite:  # a run of rnnkit's alone: replaced
+        prepare_run_dir(run, overwrite=True)
+        assert _files(run) == {"mine.txt": "old mine.txt"}
+    else:
+        with pytest.raises(ConfigError, match="already holds a run"):
+            prepare_run_dir(run)
 
 
 def _old_run(out):
     (out / "snapshots" / "step-1").mkdir(parents=True)
     for name in ("config.json", "model.safetensors", "snapshots/step-1/state.json", "mine.txt"):
-        (out / name).write_text(f"old {name}")
+        (out / name).write_text(_WRITTEN.get(name, f"old {name}"))
     return {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()}
 
 
@@ -136,7 +183,7 @@ def test_an_old_run_left_aside_by_a_killed_run_is_settled_by_the_next(tmp_path):
     aside.mkdir()
     for name in ("config.json", "model.safetensors", "snapshots"):
         (out / name).rename(aside / name)
-    (out / "config.json").write_text("the killed run's start")
+    (out / "config.json").write_text(_WRITTEN["config.json"])  # the killed run's start
     with pytest.raises(ConfigError, match="already holds a run"), replacing_run(out):
         pass  # the old run is back: a new run without --overwrite is refused
     assert _files(out) == old

@@ -44,6 +44,7 @@ from rnnkit.app.report.html import CSP, STYLE, esc, fmt, image, note, section, t
 from rnnkit.app.report.lm import lm_sections
 from rnnkit.app.report.run import Run, read_run
 from rnnkit.app.report.sequences import SEQUENCE_TASKS, sequence_sections
+from rnnkit.app.tasks.run_dir import written_report
 from rnnkit.data.files import check_replaceable
 from rnnkit.diagnostics import plots
 from rnnkit.training.baseline_check import LABELS, compare
@@ -396,7 +397,7 @@ def render_report(run_dir: str | Path, device: str = "cpu") -> str:
 
 def _is_report(head: bytes) -> bool:
     """The first bytes of a page :func:`render_report` wrote (what ``--out`` may replace)."""
-    return head.startswith(b"<!DOCTYPE html>") and b"<title>rnnkit report" in head
+    return written_report(head)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, device: str = "cpu") -> Path:

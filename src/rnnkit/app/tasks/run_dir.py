@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import tempfile
@@ -29,6 +30,7 @@ __all__ = [
     "lock_run_dir",
     "prepare_run_dir",
     "replacing_run",
+    "written_report",
 ]
 
 
@@ -161,6 +163,14 @@ def _old_run_files(
     if not _is_main_process():
         return []
     found = [name for name in RUN_FILES if (out / name).exists() or (out / name).is_symlink()]
+    foreign = _not_written_by_rnnkit(out, found)
+    if foreign:
+        listed = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        were, them = ("was", "it") if len(foreign) == 1 else ("were", "them")
+        raise ConfigError(
+            f"--out {out}: {listed} {were} not written by rnnkit train, and a new run "
+            f"would replace {them}; move {them}, or choose another --out"
+        )
     # What a finished or resumable run leaves; a run that failed before saving anything
     # (bad data, divergence at step 2) leaves only its start, which a new run replaces.
     saved = [name for name in RUN_SAVED if (out / name).exists()]
@@ -181,6 +191,51 @@ def _old_run_files(
                     "run replaces; copy it out of the run directory first"
                 )
     return found
+
+
+# What a run writes only once it has written its config.json (the run's start writes a
+# vocabulary before it): without an rnnkit config.json beside them, they are a user's.
+_AFTER_CONFIG = (*RUN_SAVED, "metrics.jsonl", "metrics.csv", "manifest.json")
+
+
+def _not_written_by_rnnkit(out: Path, found: list[str]) -> list[str]:
+    """The files among ``found`` (names of :data:`RUN_FILES` in ``out``) that no rnnkit
+    run wrote, so that neither ``--overwrite`` nor a new run may replace them: with no
+    config.json of rnnkit's in ``out``, those a run writes after it (:data:`_AFTER_CONFIG`);
+    beside one, a ``report.html`` that is not an rnnkit report and entries of
+    ``snapshots/`` that are not snapshots."""
+    if not _rnnkit_config(out / "config.json"):
+        return [name for name in found if name in _AFTER_CONFIG]
+    foreign = []
+    report = out / "report.html"
+    if "report.html" in found and report.is_file() and not report.is_symlink():
+        with open(report, "rb") as f:
+            if not written_report(f.read(4096)):
+                foreign.append("report.html")
+    snapshots = out / "snapshots"
+    if "snapshots" in found and snapshots.is_dir() and not snapshots.is_symlink():
+        foreign += sorted(
+            f"snapshots/{p.name}"
+            for p in snapshots.iterdir()
+            if not p.name.startswith(("step-", ".step-"))
+        )
+    return foreign
+
+
+def _rnnkit_config(path: Path) -> bool:
+    """Whether ``path`` is the config.json of an rnnkit run (its ``format_version``)."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "format_version" in data and "config" in data
+
+
+def written_report(head: bytes) -> bool:
+    """Whether ``head``, the first bytes of a file, begins a report page rnnkit wrote
+    (``rnnkit report``, the report of ``rnnkit train``)."""
+    return head.startswith(b"<!DOCTYPE html>") and b"<title>rnnkit report" in head
 
 
 def _remove(path: Path) -> None:
