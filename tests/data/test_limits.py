@@ -162,6 +162,24 @@ def test_a_repeated_key_is_refused_at_any_depth() -> None:
     assert loads_json('{"a": {"a": 1}, "b": [{"a": 2}]}') == {"a": {"a": 1}, "b": [{"a": 2}]}
 
 
+def test_a_lone_surrogate_in_any_string_is_refused_naming_the_line(tmp_path: Path) -> None:
+    """JSON spells any UTF-16 code unit (\\ud800); Python decodes half a pair to a str
+    that no encoder takes. Before: events with one trained (the vocabulary's write
+    failed) and were scored (the verdict's print failed), each with a traceback."""
+    for text in ['["open", "\\ud800"]', '{"\\uDC00x": 1}', '{"a": [{"b": "x\\udbff"}]}']:
+        value = json.loads(text)  # the oracle: a str that cannot be encoded
+        with pytest.raises(UnicodeEncodeError):
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        message = _error(lambda t=text: loads_json(t, "s.jsonl", 4))
+        assert message.startswith("s.jsonl:4: invalid JSON: the string ")
+        assert "lone surrogate" in message and "\n" not in message
+    assert loads_json('["\\ud83d\\ude00", "\\u00e9"]') == ["\U0001f600", "\u00e9"]  # a pair
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"session": "a", "events": ["open", "\\ud800"]}\n')
+    with pytest.raises(DataError, match=r"s\.jsonl:1: invalid JSON: .*lone surrogate"):
+        read_sessions(path)
+
+
 @pytest.mark.parametrize("depth", [101, 5_000, 100_000])
 def test_deep_json_files_are_one_line_errors(tmp_path: Path, depth: int) -> None:
     path = tmp_path / "vocab.json"

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from os import PathLike
 from typing import Any
@@ -213,4 +214,38 @@ def loads_json(
     # walked.
     if text.count("[") + text.count("{") > limit and _depth_over(value, limit):
         raise DataError(too_deep, path, line)
+    # A string may spell half of a UTF-16 pair ("\ud800"), which JSON's grammar allows and
+    # no text can hold: it failed later, writing a vocabulary or printing a verdict. Only
+    # a document that spells one is walked.
+    if _SURROGATE_ESCAPE.search(text) and (lone := _lone_surrogate(value)) is not None:
+        shown = lone if len(lone) <= 40 else lone[:40] + "..."
+        raise DataError(
+            f"invalid JSON: the string {shown!r} holds a lone surrogate (half of a UTF-16 "
+            "pair), which is not text",
+            path,
+            line,
+        )
     return value
+
+
+#: A JSON escape of a surrogate code point (U+D800 to U+DFFF), paired or not
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first string (object keys included) of a decoded JSON ``value`` that holds a
+    lone surrogate code point, else None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
