@@ -252,6 +252,30 @@ def test_a_held_lock_refuses_a_second_holder_with_the_pid(tmp_path):
     assert not (tmp_path / "r").exists()  # created for nothing: removed again
 
 
+def test_a_run_directory_removed_while_the_run_trained_is_an_error_not_a_success(tmp_path):
+    """Before: ``rm -rf`` of --out mid-run, and the run's later writes made the directory
+    again without its config.json and vocabulary: exit 0, then "not a run directory"
+    from every reader, and nothing to resume."""
+    import shutil
+
+    from rnnkit.app.tasks.run_dir import lock_run_dir
+    from rnnkit.errors import WriteError
+
+    out = tmp_path / "r"
+    with (
+        pytest.raises(WriteError, match=r"--out .*r: the run directory was removed while"),
+        lock_run_dir(out),
+    ):
+        (out / "config.json").write_text("{}")
+        shutil.rmtree(out)
+        out.mkdir()  # a later write makes it again
+        (out / "metrics.csv").write_text("step\n")
+    with pytest.raises(WriteError, match="was removed"), lock_run_dir(tmp_path / "gone"):
+        shutil.rmtree(tmp_path / "gone")  # and nothing made it again
+    with lock_run_dir(out):  # a directory left alone: no error
+        (out / "summary.json").write_text("{}")
+
+
 def test_model_spec_defaults_are_the_train_defaults() -> None:
     """``ModelSpec()`` is the model of ``rnnkit train`` with no option given: every field
     is a train option of the same name and default."""

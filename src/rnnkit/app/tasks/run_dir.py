@@ -18,7 +18,7 @@ from rnnkit import messages
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.run_config import load_config, resume_data
 from rnnkit.data.locks import lock as lock_file
-from rnnkit.errors import CheckpointError, ConfigError, RunFinished
+from rnnkit.errors import CheckpointError, ConfigError, RunFinished, WriteError
 from rnnkit.training.manifest import REPLACED_PREFIX, verify_run, writing_run
 from rnnkit.training.run_files import read_summary
 
@@ -272,11 +272,20 @@ def lock_run_dir(out: str | Path) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
+        if os.fstat(fd).st_nlink == 0:
+            # The lock file is gone: the directory was removed (rm -rf) while the run
+            # trained, and what was written since (its writers create the directory
+            # again) lacks the run's start: no run to evaluate or resume.
+            raise WriteError(
+                f"--out {out}: the run directory was removed while the run trained (its "
+                f"{LOCK_NAME} file is gone); what was written since is not a whole run: "
+                "train again"
+            )
     finally:
         # A run refused before it wrote anything leaves no directory behind.
-        if created and os.listdir(out) == [LOCK_NAME]:
-            path.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
+            if created and os.listdir(out) == [LOCK_NAME]:
+                path.unlink(missing_ok=True)
                 out.rmdir()
         os.close(fd)
 
