@@ -119,6 +119,17 @@ def test_token_tag_lines(tmp_path):
     assert read_tagged(p) == (read_token_tags(p), "tsv")
 
 
+def test_spaces_around_a_token_are_no_part_of_it(tmp_path):
+    """Before: "cat  <TAB>NOUN" put "cat  " in the vocabulary, which no sentence to tag
+    (split at whitespace) could ever meet."""
+    p = write(tmp_path, "The \tDET\n  cat  \tNOUN\nNew York\tPROPN\n", "t.tsv")
+    assert read_token_tags(p) == [
+        TaggedSentence(["The", "cat", "New York"], ["DET", "NOUN", "PROPN"], 1)
+    ]
+    with pytest.raises(DataError, match=r"s\.tsv:1: empty token"):  # spaces alone: none
+        read_token_tags(write(tmp_path, "  \tNOUN\n", "s.tsv"))
+
+
 @pytest.mark.parametrize(
     ("bad", "message"),
     [

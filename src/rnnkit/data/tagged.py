@@ -238,8 +238,10 @@ TaggedSentence(tokens=['Runs'], tags=['VERB'], line=4)]
             raise DataError(
                 f"expected token<TAB>tag, got {len(fields)} tab-separated fields", path, number
             )
-        token, tag = fields[0], fields[1].strip()
-        if not token.strip():
+        # spaces around a token are no part of it: a sentence to tag is split at
+        # whitespace, so "cat  " would never be met again
+        token, tag = fields[0].strip(), fields[1].strip()
+        if not token:
             raise DataError("empty token (expected token<TAB>tag)", path, number)
         if not tag:
             raise DataError("empty tag (expected token<TAB>tag)", path, number)
