@@ -178,6 +178,22 @@ def test_train_and_out_are_required_here_or_in_the_file(tmp_path, run_cli):
     )
 
 
+def test_an_empty_out_or_train_is_empty_not_missing(tmp_path, run_cli):
+    """``--out ''`` (or ``out = ""`` in the file) was "--out is required": an empty path
+    is never read as not given, and is refused as ``--valid ''`` is, as empty."""
+    code, _, err = run_cli("train", "--train", "x.txt", "--out", "")
+    assert code == 2 and err == "rnnkit train: error: --out is empty: name the run directory\n"
+    conf = tmp_path / "c.toml"
+    conf.write_text('train = "x.txt"\nout = ""\n')
+    code, _, err = run_cli("train", "--config", str(conf))
+    assert code == 2 and err == (
+        f"rnnkit train: error: {conf}: out: --out is empty: name the run directory\n"
+    )
+    code, _, err = run_cli("train", "--train", "", "--out", str(tmp_path / "run"))
+    assert code == 2 and err == "rnnkit train: error: --train is empty: name a data file\n"
+    assert not (tmp_path / "run").exists()
+
+
 # -- --resume: the file's options are requests -------------------------------------------------
 def test_resume_with_a_file_takes_its_options_as_requests(data, tmp_path, capsys, run_cli):
     out = tmp_path / "run"

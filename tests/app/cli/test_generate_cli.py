@@ -108,3 +108,34 @@ def test_sampling_options_out_of_range_name_the_option(
     code, out, err = run_cli(*argv, option, value)
     assert (code, out) == (2, "")
     assert err == f"rnnkit generate: error: {message}\n"
+
+
+SEARCH_AND_SAMPLE = (
+    "--beam/--greedy search; --temperature, --top-k, --top-p and --seed sample: "
+    "give one or the other"
+)
+GREEDY_AND_BEAM = (
+    "--greedy takes the most likely token; --beam N keeps the N most likely prefixes "
+    "(--beam 1 is greedy): give one or the other"
+)
+
+
+def test_a_search_mixed_with_sampling_or_another_search_is_refused(corpus, tmp_path, run_cli):
+    """A language model decoded one way and dropped the other's options, exit status 0:
+    ``--beam 3 --temperature 5`` searched, ``--greedy --beam 3`` searched 3 wide. Refused
+    as a seq2seq run refuses them; ``--beam 1`` alone is greedy search."""
+    _train(corpus, tmp_path / "lm", "char")
+    argv = ["generate", "--checkpoint", str(tmp_path / "lm"), "--prompt", "the", "--max-len", "4"]
+    for mix, message in [
+        (["--beam", "3", "--temperature", "5"], SEARCH_AND_SAMPLE),
+        (["--beam", "3", "--top-p", "0.1", "--seed", "7"], SEARCH_AND_SAMPLE),
+        (["--greedy", "--temperature", "5"], SEARCH_AND_SAMPLE),
+        (["--greedy", "--top-k", "2"], SEARCH_AND_SAMPLE),
+        (["--greedy", "--beam", "3"], GREEDY_AND_BEAM),
+        (["--greedy", "--beam", "1"], GREEDY_AND_BEAM),
+    ]:
+        code, out, err = run_cli(*argv, *mix)
+        assert (code, out, err) == (2, "", f"rnnkit generate: error: {message}\n"), mix
+    code, greedy, err = run_cli(*argv, "--greedy")
+    assert code == 0, err
+    assert run_cli(*argv, "--beam", "1") == (0, greedy, "")

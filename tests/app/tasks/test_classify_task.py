@@ -123,10 +123,25 @@ def test_unknown_labels_are_counted_not_fatal(capsys, data, tmp_path):
     assert m["tokens"] == 1 and m["unknown_labels"] == 3
     assert m["unknown_label_counts"] == {"q": 1, "zzz": 2}
     assert sum(map(sum, m["confusion_matrix"])) == 1
+
+
+def test_a_file_of_unknown_labels_only_is_one_line(capsys, data, tmp_path):
+    """Every figure was None (``loss_nats: None``, ``examples: 0``), exit status 0, and
+    nothing on stderr: a file of labels the run never had has nothing to score."""
+    out = tmp_path / "run"
+    assert train(capsys, data, out, "--steps", "2")[0] == 0
     only_unknown = tmp_path / "unknown.tsv"
-    only_unknown.write_text("zzz\taxb\n", encoding="utf-8")
-    m = evaluate_json(capsys, out, only_unknown)
-    assert m["tokens"] == 0 and m["loss_nats"] is None and m["accuracy"] is None
+    only_unknown.write_text("zzz\taxb\nq\tb\nzzz\tccc\n", encoding="utf-8")
+    labels = ", ".join(json.loads((out / "labels.json").read_text())["labels"])
+    for json_flag in ([], ["--json"]):
+        code, stdout, err = run(
+            capsys, "evaluate", "--checkpoint", str(out), "--data", str(only_unknown), *json_flag
+        )
+        assert (code, stdout) == (2, "")
+        assert err == (
+            f"rnnkit evaluate: error: {only_unknown}: no example has a label the model knows "
+            f"({labels}); 3 examples have labels it was not trained on: zzz (2), q (1)\n"
+        )
 
 
 @pytest.mark.parametrize(

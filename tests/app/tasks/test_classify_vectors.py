@@ -81,6 +81,20 @@ def test_train_evaluate_and_predict_real_valued_sequences(run, data, capsys):
         assert r["label"] == max(r["probabilities"], key=r["probabilities"].get)
 
 
+def test_a_file_of_unknown_labels_only_is_one_line(run, tmp_path, capsys):
+    """Every figure was None (``examples: 0``), exit status 0 and nothing on stderr."""
+    rows = [{**r, "label": "swim"} for r in activities(3, 2)] + [
+        {**activities(1, 3)[0], "label": "fly"}
+    ]
+    path = write_jsonl(tmp_path / "unknown.jsonl", rows)
+    code, out, err = cli(capsys, "evaluate", "--checkpoint", str(run), "--data", str(path))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"rnnkit evaluate: error: {path}: no sequence has a label the model knows (run, sit, "
+        "walk); 4 sequences have labels it was not trained on: swim (3), fly (1)\n"
+    )
+
+
 def test_frame_baselines_against_sklearn(run, data):
     sklearn = pytest.importorskip("sklearn")
     from sklearn.linear_model import LogisticRegression

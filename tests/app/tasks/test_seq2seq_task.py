@@ -243,6 +243,13 @@ def test_generate_warns_about_input_outside_the_vocabulary(trained, capsys):
     code, _, err = run(capsys, "generate", "--checkpoint", str(trained), "--input", "ab",
                        "--beam", "2", "--temperature", "0.5")  # fmt: skip
     assert code == 2 and "give one or the other" in err and len(err.strip().splitlines()) == 1
+    # --greedy --beam 3 searched 3 wide without a word (a language model's too)
+    code, _, err = run(capsys, "generate", "--checkpoint", str(trained), "--input", "ab",
+                       "--greedy", "--beam", "3")  # fmt: skip
+    assert code == 2 and err == (
+        "rnnkit generate: error: --greedy takes the most likely token; --beam N keeps the N "
+        "most likely prefixes (--beam 1 is greedy): give one or the other\n"
+    )
     code, _, err = run(capsys, "generate", "--checkpoint", str(trained), "--input", "ab",
                        "--top-p", "1.5")  # fmt: skip
     assert code == 2 and "top_p" in err.replace("-", "_") and len(err.strip().splitlines()) == 1

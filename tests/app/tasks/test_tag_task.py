@@ -127,6 +127,25 @@ def test_unknown_tags_are_counted_not_fatal(capsys, data, tmp_path):
     assert m["tokens"] == base["tokens"] + 1  # only the known "(" is scored
 
 
+def test_a_file_of_unknown_tags_only_is_one_line(capsys, data, tmp_path):
+    """Every figure was None (``tokens: 0``), exit status 0 and nothing on stderr."""
+    out = tmp_path / "run"
+    assert train(capsys, data, out, "types", "--steps", "2")[0] == 0
+    only_unknown = tmp_path / "unknown.tsv"
+    only_unknown.write_text("foo\tMYSTERY\nbar\tMYSTERY\n\n(\tODD\n\n", encoding="utf-8")
+    tags = json.loads((out / "labels.json").read_text())["labels"]
+    known = ", ".join(tags[:5]) + (", …" if len(tags) > 5 else "")
+    for json_flag in ([], ["--json"]):
+        code, stdout, err = run(
+            capsys, "evaluate", "--checkpoint", str(out), "--data", str(only_unknown), *json_flag
+        )
+        assert (code, stdout) == (2, "")
+        assert err == (
+            f"rnnkit evaluate: error: {only_unknown}: no token has a tag the model knows "
+            f"({known}); 3 tokens have tags it was not trained on: MYSTERY (2), ODD (1)\n"
+        )
+
+
 def test_conllu_input_with_tag_column(capsys, tmp_path):
     rows = []
     for i, (form, upos, xpos) in enumerate(

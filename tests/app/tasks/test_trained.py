@@ -5,6 +5,7 @@ scorer) on tiny runs trained here."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -325,6 +326,29 @@ def test_generate_names_a_prompt_or_seed_it_cannot_use(tmp_path):
         run.generate("the", max_length=3, seed=1.5)
     assert run.generate("the", max_length=3, seed=2**64 - 1) == run.generate(
         "the", max_length=3, seed=-1
+    )
+
+
+def test_generate_refuses_an_option_its_strategy_does_not_read(tmp_path):
+    """``strategy="beam", temperature=5`` and ``strategy="greedy", beam_size=3`` dropped
+    the option without a word, as ``rnnkit generate --beam 3 --temperature 5`` did."""
+    (tmp_path / "train.txt").write_text("the cat sat on the mat.\n" * 20, encoding="utf-8")
+    run = rnnkit.load(_train(tmp_path / "run", "lm", tmp_path / "train.txt", "--steps", "2"))
+    sample = "for strategy='sample': give one or the other"
+    for options, message in [
+        ({"strategy": "beam", "temperature": 5.0},
+         f"strategy='beam' searches; temperature is {sample}"),
+        ({"strategy": "greedy", "top_k": 2, "top_p": 0.5, "seed": 7},
+         f"strategy='greedy' searches; top_k, top_p and seed are {sample}"),
+        ({"strategy": "greedy", "beam_size": 3},
+         "beam_size is for strategy='beam', not strategy='greedy'"),
+        ({"beam_size": 3}, "beam_size is for strategy='beam', not strategy='sample'"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+            run.generate("the", max_length=3, **options)
+    assert len(run.generate("the", max_length=3, strategy="beam", beam_size=2)) == 1
+    assert run.generate("the", max_length=3, strategy="beam", beam_size=1) == run.generate(
+        "the", max_length=3, strategy="greedy"
     )
 
 

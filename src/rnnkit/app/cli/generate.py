@@ -61,8 +61,38 @@ def _condition_index(checkpoint: str, cfg: Any, label: str | None) -> int | None
     return index
 
 
-#: Options that ask a seq2seq run to sample rather than search.
+#: Options that ask to sample rather than search (``--greedy``, ``--beam``).
 SAMPLING = ("temperature", "top_k", "top_p", "seed")
+
+
+def _given(args: argparse.Namespace, name: str) -> bool:
+    """Whether ``--name`` was given (set by ``cli.main``; called directly: not its default)."""
+    explicit = getattr(args, "explicit", None)
+    if explicit is not None:
+        return name in explicit
+    default = {"temperature": 1.0, "seed": 0, "max_length": 200}.get(name)
+    return getattr(args, name) not in (None, default)
+
+
+def _samples(args: argparse.Namespace) -> bool:
+    """Whether a sampling option was given: a seq2seq run then samples, not searches."""
+    return any(_given(args, name) for name in SAMPLING)
+
+
+def _check_decoding(args: argparse.Namespace) -> None:
+    """One way to decode, for both tasks: a search (``--greedy`` or ``--beam N``) or
+    sampling. A mix was decoded one way with the other's options dropped (a language
+    model's ``--greedy --beam 3`` searched 3 wide), so it is one line, before any work."""
+    if _samples(args) and (args.beam is not None or args.greedy):
+        raise ConfigError(
+            "--beam/--greedy search; --temperature, --top-k, --top-p and --seed sample: "
+            "give one or the other"
+        )
+    if args.greedy and args.beam is not None:
+        raise ConfigError(
+            "--greedy takes the most likely token; --beam N keeps the N most likely "
+            "prefixes (--beam 1 is greedy): give one or the other"
+        )
 
 
 def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
@@ -76,20 +106,7 @@ def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
         raise ConfigError("--input is required for a seq2seq checkpoint")
     if args.prompt is not None:
         raise ConfigError("--prompt applies to a language model; a seq2seq run reads --input")
-    explicit = getattr(args, "explicit", None)
-
-    def given(name: str) -> bool:
-        if explicit is not None:
-            return name in explicit
-        default = {"temperature": 1.0, "seed": 0, "max_length": 200}.get(name)
-        return getattr(args, name) not in (None, default)
-
-    sample = any(given(name) for name in SAMPLING)
-    if sample and (args.beam or args.greedy):
-        raise ConfigError(
-            "--beam/--greedy search; --temperature, --top-k, --top-p and --seed sample: "
-            "give one or the other"
-        )
+    sample = _samples(args)  # with no --beam or --greedy: _check_decoding
     if args.greedy and args.num > 1:
         raise ConfigError("--greedy gives one output; --num N with --beam N lists the N best")
     try:
@@ -99,7 +116,7 @@ def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
             sample=sample,
             num=args.num,
             beam=1 if args.greedy else args.beam,
-            max_length=args.max_length if given("max_length") else None,
+            max_length=args.max_length if _given(args, "max_length") else None,
             temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,
@@ -140,6 +157,7 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ConfigError(f"--top-p must be in (0, 1], got {args.top_p}")
     if abs(args.seed) >= 2**63:  # a torch generator takes 64 bits
         raise ConfigError(f"--seed must be an integer below 2^63 in size, got {args.seed}")
+    _check_decoding(args)
 
 
 def run(args: argparse.Namespace) -> int:

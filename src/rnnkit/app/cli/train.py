@@ -350,6 +350,12 @@ def run(args: argparse.Namespace) -> int:
         origins = apply_config_file(parser, args, given, args.config)
         if explicit is not None:  # options from the file are given, as if typed
             args.explicit = explicit | {k for k in origins if not k.startswith("--")}
+    # "" is empty, not "not given" (it was "--out is required ..."), as --valid '' is
+    for name, fix in (("train", "name a data file"), ("out", "name the run directory")):
+        if getattr(args, name) == "":
+            from rnnkit.app.cli.config_file import blame
+
+            raise blame(ConfigError(f"--{name} is empty: {fix}"), origins, args.config)
     unset = [name for name in ("train", "out") if not getattr(args, name)]
     if unset:
         if not args.print_config or args.resume:

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.classify_vectors import evaluate_vectors, train_vectors, vector_predictor
-from rnnkit.app.tasks.figures import loss_figures, per_class_figures
+from rnnkit.app.tasks.figures import loss_figures, no_known_label, per_class_figures
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.pretrained import load_pretrained_vectors
 from rnnkit.app.tasks.run_config import check_batch_size, check_labels, load_config, save_config
@@ -371,6 +371,9 @@ def evaluate_classify(
         return evaluate_vectors(run_dir, data_path, batch_size, device)
     cfg, vocab, labels, model = load_classifier(run_dir, device)
     enc = encode_examples(read_labelled(data_path), vocab, labels, cfg.max_len, data_path)
+    if len(enc.labels) and not bool((enc.labels < len(labels)).any()):
+        found = (ex.label for ex in enc.examples)
+        raise no_known_label(data_path, found, labels.labels, "example", "label")
     model_device = next(model.parameters()).device
     metrics = classify_metrics(model, enc, labels, model_device, batch_size or cfg.batch_size)
     baselines = _load_baselines(Path(run_dir), labels)

@@ -35,7 +35,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
 from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.figures import loss_figures, per_class_figures
+from rnnkit.app.tasks.figures import loss_figures, no_known_label, per_class_figures
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.run_config import check_batch_size, check_labels, load_config, save_config
 from rnnkit.app.tasks.run_outputs import finish_summary, load_baseline, save_baseline
@@ -338,6 +338,9 @@ def evaluate_vectors(
     check_batch_size(batch_size)
     cfg, width, labels, model = load_vector_classifier(run_dir, device)
     enc = encode_vectors(_read(data_path), labels, cfg.max_len, width)
+    if len(enc.labels) and not bool((enc.labels < len(labels)).any()):
+        found = (str(s.label) for s in enc.sequences)
+        raise no_known_label(data_path, found, labels.labels, "sequence", "label")
     metrics = vector_metrics(model, enc, labels, batch_size or cfg.batch_size)
     arrays = load_baseline(run_dir)
     if arrays is not None and bool((enc.labels < len(labels)).any()):

@@ -1,14 +1,19 @@
 """Figures the supervised tasks report alike: loss and perplexity from summed nats, and
-macro-F1 with per-class precision, recall and F1."""
+macro-F1 with per-class precision, recall and F1; the error of a file with nothing to
+score."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
+from rnnkit.errors import DataError
 from rnnkit.metrics.labels import macro_f1, per_class_prf
 
-__all__ = ["loss_figures", "per_class_figures"]
+__all__ = ["loss_figures", "no_known_label", "per_class_figures"]
 
 
 def loss_figures(nats: float, count: int) -> dict[str, Any]:
@@ -36,3 +41,28 @@ def per_class_figures(
     for key in ("precision", "recall", "f1", "support"):
         out[f"{prefix}_{key}"] = {label: per[label][key] for label in labels}
     return out
+
+
+def no_known_label(
+    path: str | Path, found: Iterable[str], known: list[str], item: str, label: str
+) -> DataError:
+    """The error of ``evaluate`` on a file where no ``item`` has a ``label`` the model
+    knows: every figure would be None (it was printed so, with exit status 0). It names
+    the file, the model's labels (``known``) and the most frequent of ``found`` (the
+    file's labels, all unknown), five of each at most.
+
+    >>> print(no_known_label("x.tsv", ["q", "zz", "zz"], ["a", "b"], "token", "tag"))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    x.tsv: no token has a tag the model knows (a, b); 3 tokens have tags it was not
+    trained on: zz (2), q (1)
+    """
+    counts = sorted(Counter(found).items(), key=lambda kv: (-kv[1], kv[0]))
+    n = sum(c for _, c in counts)
+    named = ", ".join(f"{name} ({c})" for name, c in counts[:5]) + (", …" if counts[5:] else "")
+    knows = ", ".join(known[:5]) + (", …" if known[5:] else "")
+    have = f"{n} {item} has a {label}" if n == 1 else f"{n} {item}s have {label}s"
+    return DataError(
+        f"no {item} has a {label} the model knows ({knows}); {have} it was not trained on: "
+        + named,
+        path,
+    )

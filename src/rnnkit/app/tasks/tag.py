@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from rnnkit.app.config import TrainConfig
+from rnnkit.app.tasks.figures import no_known_label
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.pretrained import load_pretrained_vectors
 from rnnkit.app.tasks.run_config import check_batch_size, load_config, save_config
@@ -192,6 +193,10 @@ def evaluate_tag(
     cfg, data, model = load_tagger(run_dir, device)
     sentences, _ = read_tagged(data_path, cfg.tag_column)
     enc = encode_tagged(sentences, data)
+    K = len(data.tags)
+    if enc.tags and not any(bool((t < K).any()) for t in enc.tags):
+        found = (tag for s in enc.sentences for tag in s.tags)
+        raise no_known_label(data_path, found, data.tags.labels, "token", "tag")
     model_device = next(model.parameters()).device
     metrics = tag_metrics(model, enc, data, model_device, batch_size or cfg.batch_size, full=True)
     baseline = _load_baseline(Path(run_dir), len(data.tags))

@@ -312,7 +312,7 @@ class TrainedRun:
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        beam_size: int = 4,
+        beam_size: int | None = None,
         seed: int | None = None,
         condition: str | None = None,
     ) -> list[str]:
@@ -320,9 +320,13 @@ class TrainedRun:
 
         Args:
             strategy: ``"sample"``, ``"greedy"`` or ``"beam"`` (``beam_size`` wide).
-            temperature, top_k, top_p: sampling options.
+            temperature, top_k, top_p: sampling options (``strategy="sample"`` only).
+            beam_size: the beam's width (``strategy="beam"`` only; default 4).
             seed: the sampling seed (default the run's): the same seed, the same texts.
             condition: the class to write for (a class-conditional ``lm``, required there).
+
+        An option of another strategy than ``strategy`` is a ``ConfigError`` (it was
+        dropped), as ``rnnkit generate`` refuses ``--beam 3 --temperature 5``.
         """
         from rnnkit.app.tasks.lm import sample_texts
 
@@ -340,6 +344,7 @@ class TrainedRun:
         # comparison, and num=10**12 asked the allocator for terabytes
         _check_count("num", num, MAX_GENERATE_OUTPUTS)
         _check_count("max_length", max_length, MAX_GENERATE_TOKENS)
+        _check_strategy(strategy, temperature, top_k, top_p, beam_size, seed)
         index = None
         if self.labels is not None:
             known = ", ".join(self.labels.labels)
@@ -361,12 +366,38 @@ class TrainedRun:
                 temperature=temperature,
                 top_k=top_k,
                 top_p=top_p,
-                beam_size=beam_size,
+                beam_size=4 if beam_size is None else beam_size,
                 seed=seed,
                 condition=index,
             )
         except ValueError as exc:  # an out-of-range sampling option, named by generate_batch
             raise ConfigError(str(exc)) from None
+
+
+def _check_strategy(
+    strategy: str,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    beam_size: int | None,
+    seed: int | None,
+) -> None:
+    """A ``ConfigError`` for an option ``strategy`` does not read (sampling options with
+    a search, ``beam_size`` without ``"beam"``): it was dropped without a word."""
+    if strategy not in ("sample", "greedy", "beam"):
+        return  # named by the search
+    if strategy != "sample":
+        given = {"temperature": temperature != 1.0, "top_k": top_k is not None}
+        given |= {"top_p": top_p is not None, "seed": seed is not None}
+        names = [name for name, is_given in given.items() if is_given]
+        if names:
+            listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+            raise ConfigError(
+                f"strategy={strategy!r} searches; {listed} {'are' if len(names) > 1 else 'is'} "
+                "for strategy='sample': give one or the other"
+            )
+    if beam_size is not None and strategy != "beam":
+        raise ConfigError(f"beam_size is for strategy='beam', not strategy={strategy!r}")
 
 
 def _check_count(name: str, value: object, most: int) -> None:
