@@ -152,7 +152,15 @@ def test_a_file_of_unknown_labels_only_is_one_line(capsys, data, tmp_path):
         ("a\tabc\n\n\nb\t \n", ":4: empty text (expected label<TAB>text)"),
         # Too few to split, or a held-out part without a known label: the file was unnamed.
         ("a\tabc\n", ": 1 example is too few to hold out 5% for validation; pass --valid"),
-        ("a\tabc\nb\tabd\n", ": no validation example has a label seen in training"),
+        # one label left to train on (before: a perfect accuracy, every baseline too)
+        (
+            "a\tabc\nb\tabd\n",
+            ": every training example has the label 'a'; a classifier needs two labels or more",
+        ),
+        (
+            "x\tab\nx\tba\n" * 20,
+            ": every training example has the label 'x'; a classifier needs two labels or more",
+        ),
     ],
 )
 def test_bad_input_is_one_line_naming_file_and_line(capsys, tmp_path, content, message):
@@ -165,6 +173,18 @@ def test_bad_input_is_one_line_naming_file_and_line(capsys, tmp_path, content, m
     assert code == 2
     assert err.strip() == f"rnnkit train: error: {bad}{message}"
     assert not out.exists() or not (out / "model.safetensors").exists()
+
+
+def test_a_validation_file_without_a_label_seen_in_training_is_one_line(capsys, tmp_path):
+    train_file, valid = tmp_path / "train.tsv", tmp_path / "valid.tsv"
+    train_file.write_text("a\tabc\nb\tabd\n" * 5, encoding="utf-8")
+    valid.write_text("c\tabc\n", encoding="utf-8")
+    argv = ["--train", str(train_file), "--valid", str(valid), "--out", str(tmp_path / "r")]
+    code, _, err = run(capsys, "train", "--task", "classify", *argv, *TINY)
+    assert (code, err.strip()) == (
+        2,
+        f"rnnkit train: error: {valid}: no validation example has a label seen in training",
+    )
 
 
 def test_evaluate_bad_file_and_wrong_task(capsys, data, tmp_path):

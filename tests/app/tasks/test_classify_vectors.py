@@ -95,6 +95,18 @@ def test_a_file_of_unknown_labels_only_is_one_line(run, tmp_path, capsys):
     )
 
 
+def test_training_sequences_of_one_label_are_one_line(tmp_path, capsys):
+    """Before: a perfect accuracy (every baseline too), and "walk" for every sequence."""
+    path = write_jsonl(tmp_path / "walks.jsonl", [{**r, "label": "walk"} for r in activities(9, 4)])
+    argv = ["--train", str(path), "--valid", str(path), "--out", str(tmp_path / "r")]
+    code, _, err = cli(capsys, "train", "--task", "classify", "--inputs", "vectors", *argv, *TINY)
+    assert (code, err) == (
+        2,
+        f"rnnkit train: error: {path}: every training sequence has the label 'walk'; a "
+        "classifier needs two labels or more\n",
+    )
+
+
 def test_frame_baselines_against_sklearn(run, data):
     sklearn = pytest.importorskip("sklearn")
     from sklearn.linear_model import LogisticRegression

@@ -181,6 +181,24 @@ def test_conllu_input_with_tag_column(capsys, tmp_path):
     assert evaluate_json(capsys, out, path)["tokens"] == 12
 
 
+def test_a_tag_column_the_file_leaves_empty_is_one_line(capsys, tmp_path):
+    """UD treebanks often leave XPOS empty (``_``): a tagger of that one tag trained to a
+    perfect accuracy, and tagged every word ``_``."""
+    rows = [f"{i}\t{w}\t{w}\tNOUN\t_\t_\t0\troot\t_\t_" for i, w in enumerate("abc", 1)]
+    path = tmp_path / "no_xpos.conllu"
+    path.write_text("\n".join(rows) + "\n\n", encoding="utf-8")
+    argv = ["--train", str(path), "--valid", str(path), "--out", str(tmp_path / "run")]
+    argv += ["--tag-column", "xpos"]
+    code, _, err = run(capsys, "train", "--task", "tag", *argv, "--steps", "2", *TINY)
+    assert (code, err.strip()) == (
+        2,
+        f"rnnkit train: error: {path}: every training token has the tag '_' (CoNLL-U's "
+        "empty field: choose a column the file fills, --tag-column); a tagger needs two "
+        "tags or more",
+    )
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
 def test_resume_continues_exactly(capsys, data, tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert train(capsys, data, straight, "types", "--steps", "6", "--eval-every", "3")[0] == 0

@@ -43,7 +43,12 @@ from torch import Tensor
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.classify_vectors import evaluate_vectors, train_vectors, vector_predictor
-from rnnkit.app.tasks.figures import loss_figures, no_known_label, per_class_figures
+from rnnkit.app.tasks.figures import (
+    loss_figures,
+    no_known_label,
+    one_label_only,
+    per_class_figures,
+)
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.pretrained import load_pretrained_vectors
 from rnnkit.app.tasks.run_config import check_batch_size, check_labels, load_config, save_config
@@ -280,6 +285,7 @@ def train_classify(
         text = "\n".join(ex.text for ex in train_examples)
         vocab = Vocabulary.from_text(text, unit=cfg.unit, min_freq=cfg.min_freq, source=cfg.train)
         labels = LabelSet.from_data(ex.label for ex in train_examples)
+        one_label_only(cfg.train, labels.labels, "example", "label")
     seed_everything(cfg.seed)
     train_enc = encode_examples(train_examples, vocab, labels, cfg.max_len, cfg.train)
     valid_enc = encode_examples(valid_examples, vocab, labels, cfg.max_len, cfg.valid or cfg.train)

@@ -35,7 +35,12 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
 from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.figures import loss_figures, no_known_label, per_class_figures
+from rnnkit.app.tasks.figures import (
+    loss_figures,
+    no_known_label,
+    one_label_only,
+    per_class_figures,
+)
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.run_config import check_batch_size, check_labels, load_config, save_config
 from rnnkit.app.tasks.run_outputs import finish_summary, load_baseline, save_baseline
@@ -268,6 +273,7 @@ def train_vectors(
         labels = LabelSet.load(out / "labels.json")
         check_labels(out, labels, found, cfg.train)
     else:
+        one_label_only(cfg.train, found.labels, "sequence", "label")
         labels = found
     width = int(train_seqs[0].values.shape[1])
     seed_everything(cfg.seed)

@@ -13,7 +13,7 @@ from typing import Any
 from rnnkit.errors import DataError
 from rnnkit.metrics.labels import macro_f1, per_class_prf
 
-__all__ = ["loss_figures", "no_known_label", "per_class_figures"]
+__all__ = ["loss_figures", "no_known_label", "one_label_only", "per_class_figures"]
 
 
 def loss_figures(nats: float, count: int) -> dict[str, Any]:
@@ -65,4 +65,28 @@ def no_known_label(
         f"no {item} has a {label} the model knows ({knows}); {have} it was not trained on: "
         + named,
         path,
+    )
+
+
+def one_label_only(path: str | Path | None, labels: list[str], item: str, label: str) -> None:
+    """A ``DataError`` where the training ``item``s of a classifier or tagger have one
+    ``label`` alone: it would learn to say it always, and report a perfect accuracy
+    (every baseline too). ``_`` is CoNLL-U's empty field (a column the file leaves
+    unfilled).
+
+    >>> one_label_only("t.conllu", ["_"], "token", "tag")
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.DataError: t.conllu: every training token has the tag '_' (CoNLL-U's \
+empty field: choose a column the file fills, --tag-column); a tagger needs two tags or more
+    """
+    if len(labels) >= 2:
+        return
+    which = f"the {label} {labels[0]!r}" if labels else f"no {label}"
+    hint = ""
+    if labels == ["_"]:
+        hint = " (CoNLL-U's empty field: choose a column the file fills, --tag-column)"
+    learner = "a tagger" if item == "token" else "a classifier"
+    raise DataError(
+        f"every training {item} has {which}{hint}; {learner} needs two {label}s or more", path
     )
