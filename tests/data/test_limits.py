@@ -170,7 +170,7 @@ def test_a_lone_surrogate_in_any_string_is_refused_naming_the_line(tmp_path: Pat
         value = json.loads(text)  # the oracle: a str that cannot be encoded
         with pytest.raises(UnicodeEncodeError):
             json.dumps(value, ensure_ascii=False).encode("utf-8")
-        message = _error(lambda t=text: loads_json(t, "s.jsonl", 4))
+        message = _error(lambda t=text: loads_json(t, "s.jsonl", 4, only_text=True))
         assert message.startswith("s.jsonl:4: invalid JSON: the string ")
         assert "lone surrogate" in message and "\n" not in message
     assert loads_json('["\\ud83d\\ude00", "\\u00e9"]') == ["\U0001f600", "\u00e9"]  # a pair
@@ -178,6 +178,11 @@ def test_a_lone_surrogate_in_any_string_is_refused_naming_the_line(tmp_path: Pat
     path.write_text('{"session": "a", "events": ["open", "\\ud800"]}\n')
     with pytest.raises(DataError, match=r"s\.jsonl:1: invalid JSON: .*lone surrogate"):
         read_sessions(path)
+    # a run's own files keep paths, which Python spells so where a name is not UTF-8
+    # (b"caf\xe9.txt"): a run trained on such a file must still read its config.json
+    run_file = tmp_path / "config.json"
+    run_file.write_text(json.dumps({"train": "caf\udce9.txt"}))
+    assert read_json(run_file) == {"train": "caf\udce9.txt"}
 
 
 @pytest.mark.parametrize("depth", [101, 5_000, 100_000])

@@ -62,7 +62,7 @@ def parse_stream_line(
             raise fail(MAX_JSON_LINE_BYTES.exceeded("line too long", limit))
         text = decode_utf8(text, path, line)
     # Deep nesting and 5,000-digit integers are DataErrors naming path:line here too.
-    record = loads_json(text, path, line)
+    record = loads_json(text, path, line, only_text=True)
     if not isinstance(record, dict):
         raise fail("expected a JSON object")
     unknown = [k for k in record if k not in _KEYS]

@@ -151,7 +151,7 @@ def parse_session(
     # loads_json turns deep nesting ("[[[[..."), 5,000-digit integers and a key given
     # twice (two labels on one line: a broken writer) into DataError naming path:line.
     try:
-        record = loads_json(text, path, line)
+        record = loads_json(text, path, line, only_text=True)
     except DataError as exc:
         if text.lstrip("\ufeff \t").startswith("{"):  # a broken object: the error says it
             raise

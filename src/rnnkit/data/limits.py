@@ -163,6 +163,7 @@ def loads_json(
     line: int | None = None,
     *,
     max_depth: int | None = None,
+    only_text: bool = False,
     **options: Any,
 ) -> Any:
     """``json.loads`` that fails only with a one-line :class:`DataError` naming ``path:line``.
@@ -171,8 +172,9 @@ def loads_json(
     bare ``ValueError`` on an integer of over 4,300 digits; both become a ``DataError``,
     and so do nesting deeper than ``max_depth`` (:data:`MAX_JSON_DEPTH`), which no file
     of rnnkit needs, and an object that repeats a key (``json.loads`` keeps the last value
-    in silence). ``options`` go to ``json.loads`` (``object_pairs_hook``...); an
-    exception raised by a hook passes through.
+    in silence). ``only_text``: a data file's strings, text only (no lone surrogate,
+    below). ``options`` go to ``json.loads`` (``object_pairs_hook``...); an exception
+    raised by a hook passes through.
 
     >>> loads_json('{"a": [1, 2]}')
     {'a': [1, 2]}
@@ -214,10 +216,12 @@ def loads_json(
     # walked.
     if text.count("[") + text.count("{") > limit and _depth_over(value, limit):
         raise DataError(too_deep, path, line)
-    # A string may spell half of a UTF-16 pair ("\ud800"), which JSON's grammar allows and
-    # no text can hold: it failed later, writing a vocabulary or printing a verdict. Only
-    # a document that spells one is walked.
-    if _SURROGATE_ESCAPE.search(text) and (lone := _lone_surrogate(value)) is not None:
+    # With ``only_text``, a string may not spell half of a UTF-16 pair ("\ud800"), which JSON's
+    # grammar allows and no text can hold: a data file's token or label so spelt failed
+    # later, writing a vocabulary or printing a verdict. (A run's own files keep paths,
+    # which Python spells so where a name is not UTF-8.) Only a document that spells one
+    # is walked.
+    if only_text and _SURROGATE_ESCAPE.search(text) and (lone := _lone_surrogate(value)):
         shown = lone if len(lone) <= 40 else lone[:40] + "..."
         raise DataError(
             f"invalid JSON: the string {shown!r} holds a lone surrogate (half of a UTF-16 "

@@ -100,7 +100,7 @@ def parse_vector_line(text: str, path: str, line: int, labelled: bool = False) -
     if text.startswith("\ufeff"):
         text = text[1:]  # a byte-order mark from a Windows editor is not content
     try:
-        data = loads_json(text, path, line)
+        data = loads_json(text, path, line, only_text=True)
     except DataError as exc:
         reason = exc.message.removeprefix("invalid JSON: ")
         # a line that is no JSON object at all (numbers, CSV): say what the file holds

@@ -155,7 +155,8 @@ def test_a_file_of_unknown_labels_only_is_one_line(capsys, data, tmp_path):
         # one label left to train on (before: a perfect accuracy, every baseline too)
         (
             "a\tabc\nb\tabd\n",
-            ": every training example has the label 'a'; a classifier needs two labels or more",
+            ": every training example has the label 'a': the validation part held out of the "
+            "file took every other label ('b'); give a validation file of its own (--valid)",
         ),
         (
             "x\tab\nx\tba\n" * 20,

@@ -120,12 +120,37 @@ def test_files_of_a_runs_names_that_rnnkit_did_not_write_are_never_replaced(tmp_
     with pytest.raises(ConfigError, match=r": snapshots/notes\.txt was not written by rnnkit"):
         prepare_run_dir(run, overwrite=overwrite)
     (run / "snapshots" / "notes.txt").unlink()
+    (run / "snapshots" / ".DS_Store").write_text("the system's")  # hidden: not refused
     if overwrite:  # a run of rnnkit's alone: replaced
         prepare_run_dir(run, overwrite=True)
         assert _files(run) == {"mine.txt": "old mine.txt"}
     else:
         with pytest.raises(ConfigError, match="already holds a run"):
             prepare_run_dir(run)
+
+
+def test_what_marks_a_directory_as_rnnkits(tmp_path):
+    """A report page of rnnkit's where no run is (``rnnkit report --out``), and a run
+    whose config.json is gone (moved aside by a replacement killed meanwhile) but whose
+    snapshot pointer or manifest is rnnkit's: replaced by --overwrite, not refused."""
+    from rnnkit.app.tasks.run_dir import prepare_run_dir
+
+    page = tmp_path / "page"
+    page.mkdir()
+    (page / "report.html").write_text(_WRITTEN["report.html"])
+    with pytest.raises(ConfigError, match="already holds a run"):
+        prepare_run_dir(page)
+    prepare_run_dir(page, overwrite=True)
+    for name, mark in [
+        ("latest.json", '{"format_version": 1, "snapshot": "snapshots/step-1"}'),
+        ("manifest.json", '{"format": "rnnkit.manifest", "version": 1, "files": {}}'),
+    ]:
+        run = tmp_path / name
+        (run / "snapshots" / "step-1").mkdir(parents=True)
+        (run / "model.safetensors").write_text("weights")
+        (run / name).write_text(mark)
+        prepare_run_dir(run, overwrite=True)
+        assert list(run.iterdir()) == []
 
 
 def _old_run(out):
@@ -258,7 +283,7 @@ def test_a_run_directory_removed_while_the_run_trained_is_an_error_not_a_success
     from every reader, and nothing to resume."""
     import shutil
 
-    from rnnkit.app.tasks.run_dir import lock_run_dir
+    from rnnkit.app.tasks.run_dir import lock_run_dir, prepare_run_dir
     from rnnkit.errors import WriteError
 
     out = tmp_path / "r"
@@ -270,10 +295,16 @@ def test_a_run_directory_removed_while_the_run_trained_is_an_error_not_a_success
         shutil.rmtree(out)
         out.mkdir()  # a later write makes it again
         (out / "metrics.csv").write_text("step\n")
+    # what the run wrote since is rnnkit's (its snapshot's pointer): --overwrite replaces it
+    (out / "latest.json").write_text('{"format_version": 1, "snapshot": "snapshots/step-1"}')
+    prepare_run_dir(out, overwrite=True)
+    assert list(out.iterdir()) == []
     with pytest.raises(WriteError, match="was removed"), lock_run_dir(tmp_path / "gone"):
         shutil.rmtree(tmp_path / "gone")  # and nothing made it again
     with lock_run_dir(out):  # a directory left alone: no error
-        (out / "summary.json").write_text("{}")
+        (out / "config.json").write_text(_WRITTEN["config.json"])
+    with lock_run_dir(out):  # its lock file alone removed: the run is whole
+        (out / ".lock").unlink()
 
 
 def test_model_spec_defaults_are_the_train_defaults() -> None:

@@ -197,6 +197,15 @@ def test_a_tag_column_the_file_leaves_empty_is_one_line(capsys, tmp_path):
         "tags or more",
     )
     assert not (tmp_path / "run" / "model.safetensors").exists()
+    tsv = tmp_path / "no_tags.tsv"  # a file of token<TAB>tag has no column to choose
+    tsv.write_text("a\t_\nb\t_\n\n", encoding="utf-8")
+    argv = ["--train", str(tsv), "--valid", str(tsv), "--out", str(tmp_path / "tsv")]
+    code, _, err = run(capsys, "train", "--task", "tag", *argv, "--steps", "2", *TINY)
+    assert (code, err.strip()) == (
+        2,
+        f"rnnkit train: error: {tsv}: every training token has the tag '_'; a tagger needs "
+        "two tags or more",
+    )
 
 
 def test_resume_continues_exactly(capsys, data, tmp_path):

@@ -273,7 +273,8 @@ def train_vectors(
         labels = LabelSet.load(out / "labels.json")
         check_labels(out, labels, found, cfg.train)
     else:
-        one_label_only(cfg.train, found.labels, "sequence", "label")
+        held = () if cfg.valid else (s.label or "" for s in valid_seqs)
+        one_label_only(cfg.train, found.labels, "sequence", "label", held_out=held)
         labels = found
     width = int(train_seqs[0].values.shape[1])
     seed_everything(cfg.seed)
@@ -370,7 +371,7 @@ def vector_predictor(
         for text, (path, line) in zip(lines, where, strict=True):
             try:
                 # loads_json: deep nesting and 5,000-digit integers are a DataError too
-                labelled = "label" in loads_json(text, path, line)
+                labelled = "label" in loads_json(text, path, line, only_text=True)
             except (DataError, TypeError):
                 labelled = False  # parse_vector_line names what is wrong
             seq = parse_vector_line(text, path, line, labelled=labelled)

@@ -68,23 +68,46 @@ def no_known_label(
     )
 
 
-def one_label_only(path: str | Path | None, labels: list[str], item: str, label: str) -> None:
+def one_label_only(
+    path: str | Path | None,
+    labels: list[str],
+    item: str,
+    label: str,
+    *,
+    held_out: Iterable[str] = (),
+    empty_field: bool = False,
+) -> None:
     """A ``DataError`` where the training ``item``s of a classifier or tagger have one
     ``label`` alone: it would learn to say it always, and report a perfect accuracy
-    (every baseline too). ``_`` is CoNLL-U's empty field (a column the file leaves
-    unfilled).
+    (every baseline too). ``held_out``: the labels of the validation part split off the
+    file (the others, if any, are named: the split took them). ``empty_field``: the file
+    is CoNLL-U, whose ``_`` is an empty field (a column the file leaves unfilled).
 
-    >>> one_label_only("t.conllu", ["_"], "token", "tag")
+    >>> one_label_only("t.conllu", ["_"], "token", "tag", empty_field=True)
     Traceback (most recent call last):
     ...
     rnnkit.errors.DataError: t.conllu: every training token has the tag '_' (CoNLL-U's \
 empty field: choose a column the file fills, --tag-column); a tagger needs two tags or more
+    >>> one_label_only("t.tsv", ["a"], "example", "label", held_out=["b", "a"])
+    Traceback (most recent call last):
+    ...
+    rnnkit.errors.DataError: t.tsv: every training example has the label 'a': the \
+validation part held out of the file took every other label ('b'); give a validation \
+file of its own (--valid)
     """
     if len(labels) >= 2:
         return
     which = f"the {label} {labels[0]!r}" if labels else f"no {label}"
+    others = sorted(set(held_out) - set(labels))
+    if others:
+        shown = ", ".join(repr(o) for o in others[:5]) + (", ..." if others[5:] else "")
+        raise DataError(
+            f"every training {item} has {which}: the validation part held out of the file "
+            f"took every other {label} ({shown}); give a validation file of its own (--valid)",
+            path,
+        )
     hint = ""
-    if labels == ["_"]:
+    if empty_field and labels == ["_"]:
         hint = " (CoNLL-U's empty field: choose a column the file fills, --tag-column)"
     learner = "a tagger" if item == "token" else "a classifier"
     raise DataError(

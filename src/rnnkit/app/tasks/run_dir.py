@@ -200,36 +200,59 @@ _AFTER_CONFIG = (*RUN_SAVED, "metrics.jsonl", "metrics.csv", "manifest.json")
 
 def _not_written_by_rnnkit(out: Path, found: list[str]) -> list[str]:
     """The files among ``found`` (names of :data:`RUN_FILES` in ``out``) that no rnnkit
-    run wrote, so that neither ``--overwrite`` nor a new run may replace them: with no
-    config.json of rnnkit's in ``out``, those a run writes after it (:data:`_AFTER_CONFIG`);
-    beside one, a ``report.html`` that is not an rnnkit report and entries of
-    ``snapshots/`` that are not snapshots."""
-    if not _rnnkit_config(out / "config.json"):
-        return [name for name in found if name in _AFTER_CONFIG]
-    foreign = []
+    run wrote, so that neither ``--overwrite`` nor a new run may replace them: where
+    ``out`` holds no run of rnnkit's (:func:`_rnnkit_run`), those a run writes after its
+    config.json (:data:`_AFTER_CONFIG`) but an rnnkit report page; beside a run, a
+    ``report.html`` that is not an rnnkit report and entries of ``snapshots/`` that are
+    not snapshots."""
     report = out / "report.html"
-    if "report.html" in found and report.is_file() and not report.is_symlink():
-        with open(report, "rb") as f:
-            if not written_report(f.read(4096)):
-                foreign.append("report.html")
+    ours = {"report.html"} if _written_report_file(report) else set()
+    if not _rnnkit_run(out):
+        return [name for name in found if name in _AFTER_CONFIG and name not in ours]
+    foreign = []
+    if "report.html" in found and report.is_file() and not report.is_symlink() and not ours:
+        foreign.append("report.html")
     snapshots = out / "snapshots"
     if "snapshots" in found and snapshots.is_dir() and not snapshots.is_symlink():
         foreign += sorted(
             f"snapshots/{p.name}"
             for p in snapshots.iterdir()
-            if not p.name.startswith(("step-", ".step-"))
+            # a snapshot, a write of one cut short (.step-*.tmp), or a hidden file the
+            # system keeps (.DS_Store)
+            if not p.name.startswith(("step-", "."))
         )
     return foreign
 
 
-def _rnnkit_config(path: Path) -> bool:
-    """Whether ``path`` is the config.json of an rnnkit run (its ``format_version``)."""
+def _rnnkit_run(out: Path) -> bool:
+    """Whether ``out`` holds what an rnnkit run writes first or last: its config.json,
+    its latest.json (a snapshot's pointer) or its manifest.json (a run whose config.json
+    is gone, or was moved aside by a replacement cut short, is still rnnkit's)."""
+    marks = {
+        "config.json": lambda d: "format_version" in d and "config" in d,
+        "latest.json": lambda d: "format_version" in d and "snapshot" in d,
+        "manifest.json": lambda d: d.get("format") == "rnnkit.manifest",
+    }
+    for name, is_ours in marks.items():
+        try:
+            with open(out / name, "rb") as f:
+                data = json.loads(f.read(1 << 20))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and is_ours(data):
+            return True
+    return False
+
+
+def _written_report_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file holding a report page rnnkit wrote."""
+    if not path.is_file() or path.is_symlink():
+        return False
     try:
         with open(path, "rb") as f:
-            data = json.loads(f.read(1 << 20))
-    except (OSError, ValueError):
+            return written_report(f.read(4096))
+    except OSError:
         return False
-    return isinstance(data, dict) and "format_version" in data and "config" in data
 
 
 def written_report(head: bytes) -> bool:
@@ -272,14 +295,14 @@ def lock_run_dir(out: str | Path) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
-        if os.fstat(fd).st_nlink == 0:
-            # The lock file is gone: the directory was removed (rm -rf) while the run
-            # trained, and what was written since (its writers create the directory
-            # again) lacks the run's start: no run to evaluate or resume.
+        if os.fstat(fd).st_nlink == 0 and not (out / "config.json").is_file():
+            # The lock file and the run's config.json are gone: the directory was removed
+            # (rm -rf) while the run trained, and what was written since (its writers make
+            # the directory again) lacks the run's start: no run to evaluate or resume
+            # (--overwrite replaces it). (The lock file alone removed: the run is whole.)
             raise WriteError(
-                f"--out {out}: the run directory was removed while the run trained (its "
-                f"{LOCK_NAME} file is gone); what was written since is not a whole run: "
-                "train again"
+                f"--out {out}: the run directory was removed while the run trained; what "
+                "was written since is not a whole run: train again (with --overwrite)"
             )
     finally:
         # A run refused before it wrote anything leaves no directory behind.

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.figures import no_known_label
+from rnnkit.app.tasks.figures import no_known_label, one_label_only
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.pretrained import load_pretrained_vectors
 from rnnkit.app.tasks.run_config import check_batch_size, load_config, save_config
@@ -99,7 +99,7 @@ def train_tag(
     out = Path(cfg.out)
     device = choose_device(cfg.device, "--device")
     check_tag_column(cfg.tag_column, "--tag-column")  # the readers name their column=
-    sentences, _ = read_tagged(cfg.train, cfg.tag_column)
+    sentences, form = read_tagged(cfg.train, cfg.tag_column)
     if cfg.valid:
         valid_sentences, _ = read_tagged(cfg.valid, cfg.tag_column)
     else:
@@ -111,6 +111,10 @@ def train_tag(
         data = TagData.load(out, cfg.char_rnn)
     else:
         data = TagData.from_sentences(sentences, cfg)
+        held = () if cfg.valid else (t for s in valid_sentences for t in s.tags)
+        one_label_only(
+            cfg.train, data.tags.labels, "token", "tag", held_out=held, empty_field=form == "conllu"
+        )
     seed_everything(cfg.seed)
     train_enc = encode_tagged(sentences, data, cfg.max_len)
     valid_enc = encode_tagged(valid_sentences, data)

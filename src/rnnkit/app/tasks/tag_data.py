@@ -16,7 +16,6 @@ import torch
 from torch import Tensor
 
 from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.figures import one_label_only
 from rnnkit.bptt.mask_facts import move_mask
 from rnnkit.data.batching import to_device
 from rnnkit.data.labelled import LabelSet
@@ -62,7 +61,6 @@ class TagData:
         words = Counter(word_key(t) for s in sentences for t in s.tokens)
         vocab = Vocabulary.from_counts(words, unit="word", min_freq=cfg.min_freq, source=cfg.train)
         tags = LabelSet.from_data(t for s in sentences for t in s.tags)
-        one_label_only(cfg.train, tags.labels, "token", "tag")
         chars = None
         if cfg.char_rnn:
             counts = Counter(c for s in sentences for t in s.tokens for c in _clip_word(t))
