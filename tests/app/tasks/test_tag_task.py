@@ -208,6 +208,20 @@ def test_a_tag_column_the_file_leaves_empty_is_one_line(capsys, tmp_path):
     )
 
 
+def test_a_tag_column_of_a_file_without_columns_is_refused(capsys, tmp_path):
+    """Before: ``--tag-column xpos`` with ``token<TAB>tag`` data was read past, unused."""
+    tsv = tmp_path / "tags.tsv"
+    tsv.write_text("a\tX\nb\tY\n\n", encoding="utf-8")
+    argv = ["--train", str(tsv), "--valid", str(tsv), "--out", str(tmp_path / "r")]
+    code, _, err = run(capsys, "train", "--task", "tag", *argv, "--tag-column", "xpos", *TINY)
+    assert (code, err.strip()) == (
+        2,
+        f"rnnkit train: error: --tag-column xpos: {tsv} is token<TAB>tag, not CoNLL-U: it "
+        "has no columns to choose from (leave --tag-column out)",
+    )
+    assert not (tmp_path / "r" / "config.json").exists()
+
+
 def test_resume_continues_exactly(capsys, data, tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert train(capsys, data, straight, "types", "--steps", "6", "--eval-every", "3")[0] == 0

@@ -60,7 +60,7 @@ from rnnkit.app.tasks.tag_metrics import (
 from rnnkit.data.batching import SequenceBatcher, to_device
 from rnnkit.data.labelled import split_holdout
 from rnnkit.data.tagged import TaggedSentence, check_tag_column, read_tagged
-from rnnkit.errors import CheckpointError, DataError
+from rnnkit.errors import CheckpointError, ConfigError, DataError
 from rnnkit.models.language_model import LossOutput
 from rnnkit.models.tagger import Tagger, build_tagger
 from rnnkit.training.checkpoint import load_model_weights
@@ -100,6 +100,11 @@ def train_tag(
     device = choose_device(cfg.device, "--device")
     check_tag_column(cfg.tag_column, "--tag-column")  # the readers name their column=
     sentences, form = read_tagged(cfg.train, cfg.tag_column)
+    if form == "tsv" and cfg.tag_column != "upos":  # it would be read past, unused
+        raise ConfigError(
+            f"--tag-column {cfg.tag_column}: {cfg.train} is token<TAB>tag, not CoNLL-U: it "
+            "has no columns to choose from (leave --tag-column out)"
+        )
     if cfg.valid:
         valid_sentences, _ = read_tagged(cfg.valid, cfg.tag_column)
     else:
