@@ -73,6 +73,7 @@ from rnnkit.training.interrupt import (
 from rnnkit.training.loop import Trainer
 from rnnkit.training.manifest import (
     MANIFEST,
+    MANIFEST_FORMAT,
     checksums_skipped,
     covered_files,
     skipping_checksums,
@@ -108,6 +109,7 @@ __all__ = [
     "HEADLINE",
     "LABELS",
     "MANIFEST",
+    "MANIFEST_FORMAT",
     "MAX_SCALER_SKIPS",
     "MAX_SKIPPED_STEPS",
     "METRIC_FIELDS",

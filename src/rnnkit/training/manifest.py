@@ -41,6 +41,7 @@ from rnnkit.training.nonfinite import TrainingDiverged
 
 __all__ = [
     "MANIFEST",
+    "MANIFEST_FORMAT",
     "checksums_skipped",
     "covered_files",
     "skipping_checksums",
@@ -53,7 +54,8 @@ MANIFEST = "manifest.json"
 #: The start of the name of the directory in which a run waits while ``train
 #: --overwrite`` replaces it (``rnnkit.app.tasks.run_dir``).
 REPLACED_PREFIX = ".replaced-"
-_FORMAT = "rnnkit.manifest"
+#: What a manifest says it is (its "format")
+MANIFEST_FORMAT = "rnnkit.manifest"
 _VERSION = 1
 #: Files and folders a run holds that the manifest leaves out (see the module doc).
 _LEFT_OUT = {MANIFEST, "metrics.jsonl", "metrics.csv", "snapshots"}
@@ -163,7 +165,7 @@ def write_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     for name in covered_files(root):
         path = root / name
         files[name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
-    doc = {"format": _FORMAT, "version": _VERSION, "files": files}
+    doc = {"format": MANIFEST_FORMAT, "version": _VERSION, "files": files}
     atomic_write_bytes(root / MANIFEST, (json.dumps(doc, indent=1) + "\n").encode())
     return doc
 
@@ -176,7 +178,7 @@ def _read_manifest(path: Path) -> dict[str, dict[str, Any]]:
     files = doc.get("files") if isinstance(doc, dict) else None
     ok = (
         isinstance(doc, dict)
-        and doc.get("format") == _FORMAT
+        and doc.get("format") == MANIFEST_FORMAT
         and doc.get("version") == _VERSION
         and isinstance(files, dict)
         and all(

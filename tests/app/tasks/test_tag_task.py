@@ -181,16 +181,21 @@ def test_conllu_input_with_tag_column(capsys, tmp_path):
     assert evaluate_json(capsys, out, path)["tokens"] == 12
 
 
+def _refused(capsys, path: Path, out: Path, *extra: str) -> tuple[int, str]:
+    """``rnnkit train --task tag`` on ``path`` (its own validation file): the exit code and
+    the error line."""
+    argv = ["--train", str(path), "--valid", str(path), "--out", str(out)]
+    code, _, err = run(capsys, "train", "--task", "tag", *argv, "--steps", "2", *extra, *TINY)
+    return code, err.strip()
+
+
 def test_a_tag_column_the_file_leaves_empty_is_one_line(capsys, tmp_path):
     """UD treebanks often leave XPOS empty (``_``): a tagger of that one tag trained to a
     perfect accuracy, and tagged every word ``_``."""
     rows = [f"{i}\t{w}\t{w}\tNOUN\t_\t_\t0\troot\t_\t_" for i, w in enumerate("abc", 1)]
     path = tmp_path / "no_xpos.conllu"
     path.write_text("\n".join(rows) + "\n\n", encoding="utf-8")
-    argv = ["--train", str(path), "--valid", str(path), "--out", str(tmp_path / "run")]
-    argv += ["--tag-column", "xpos"]
-    code, _, err = run(capsys, "train", "--task", "tag", *argv, "--steps", "2", *TINY)
-    assert (code, err.strip()) == (
+    assert _refused(capsys, path, tmp_path / "run", "--tag-column", "xpos") == (
         2,
         f"rnnkit train: error: {path}: every training token has the tag '_' (CoNLL-U's "
         "empty field: choose a column the file fills, --tag-column); a tagger needs two "
@@ -199,9 +204,7 @@ def test_a_tag_column_the_file_leaves_empty_is_one_line(capsys, tmp_path):
     assert not (tmp_path / "run" / "model.safetensors").exists()
     tsv = tmp_path / "no_tags.tsv"  # a file of token<TAB>tag has no column to choose
     tsv.write_text("a\t_\nb\t_\n\n", encoding="utf-8")
-    argv = ["--train", str(tsv), "--valid", str(tsv), "--out", str(tmp_path / "tsv")]
-    code, _, err = run(capsys, "train", "--task", "tag", *argv, "--steps", "2", *TINY)
-    assert (code, err.strip()) == (
+    assert _refused(capsys, tsv, tmp_path / "tsv") == (
         2,
         f"rnnkit train: error: {tsv}: every training token has the tag '_'; a tagger needs "
         "two tags or more",
@@ -212,9 +215,7 @@ def test_a_tag_column_of_a_file_without_columns_is_refused(capsys, tmp_path):
     """Before: ``--tag-column xpos`` with ``token<TAB>tag`` data was read past, unused."""
     tsv = tmp_path / "tags.tsv"
     tsv.write_text("a\tX\nb\tY\n\n", encoding="utf-8")
-    argv = ["--train", str(tsv), "--valid", str(tsv), "--out", str(tmp_path / "r")]
-    code, _, err = run(capsys, "train", "--task", "tag", *argv, "--tag-column", "xpos", *TINY)
-    assert (code, err.strip()) == (
+    assert _refused(capsys, tsv, tmp_path / "r", "--tag-column", "xpos") == (
         2,
         f"rnnkit train: error: --tag-column xpos: {tsv} is token<TAB>tag, not CoNLL-U: it "
         "has no columns to choose from (leave --tag-column out)",

@@ -395,11 +395,6 @@ def render_report(run_dir: str | Path, device: str = "cpu") -> str:
     )
 
 
-def _is_report(head: bytes) -> bool:
-    """The first bytes of a page :func:`render_report` wrote (what ``--out`` may replace)."""
-    return written_report(head)
-
-
 def write_report(run_dir: str | Path, out: str | Path | None = None, device: str = "cpu") -> Path:
     """Write the self-contained HTML report of a run; returns its path.
 
@@ -422,7 +417,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, device: str
     path = Path(run_dir) / REPORT_NAME if out is None else Path(out)
     if path.is_dir():
         path = path / REPORT_NAME
-    check_replaceable(path, _is_report, "a report written by rnnkit")
+    check_replaceable(path, written_report, "a report written by rnnkit")
     text = render_report(run_dir, device)
     atomic_write_bytes(path, text.encode("utf-8"))
     return path

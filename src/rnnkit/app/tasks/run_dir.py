@@ -19,7 +19,13 @@ from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.run_config import load_config, resume_data
 from rnnkit.data.locks import lock as lock_file
 from rnnkit.errors import CheckpointError, ConfigError, RunFinished, WriteError
-from rnnkit.training.manifest import REPLACED_PREFIX, verify_run, writing_run
+from rnnkit.training.manifest import (
+    MANIFEST,
+    MANIFEST_FORMAT,
+    REPLACED_PREFIX,
+    verify_run,
+    writing_run,
+)
 from rnnkit.training.run_files import read_summary
 
 __all__ = [
@@ -231,7 +237,7 @@ def _rnnkit_run(out: Path) -> bool:
     marks = {
         "config.json": lambda d: "format_version" in d and "config" in d,
         "latest.json": lambda d: "format_version" in d and "snapshot" in d,
-        "manifest.json": lambda d: d.get("format") == "rnnkit.manifest",
+        MANIFEST: lambda d: d.get("format") == MANIFEST_FORMAT,
     }
     for name, is_ours in marks.items():
         try:
