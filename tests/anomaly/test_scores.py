@@ -115,6 +115,10 @@ def test_tail_pvalues_and_tippett_combination_by_hand() -> None:
     # exceed 0 by 0, 0, 10 → only 10 is above u = 0: β = 10).
     far = combined_scores(calibration, {"a": [0.0], "b": [1010.0]}, ("a", "b"))
     assert far[0] == pytest.approx(math.log(5) + 100)
+    # Below every calibration score p = 1 in each part: the score is 0, never -0 (which
+    # printed as "score": -0.0 in every verdict of a clean session).
+    zero = combined_scores(calibration, {"a": [0.0], "b": [-1.0]}, ("a", "b"))
+    assert zero[0] == 0.0 and math.copysign(1.0, zero[0]) == 1.0
     # Calibration scores with no spread: the scale is 1.
     assert log_tail_pvalues([0.0, 0.0], [3.0])[0] == pytest.approx(-math.log(3) - 3)
     with pytest.raises(ValueError, match="calibration"):

@@ -110,10 +110,10 @@ def test_cause_a_budget_ended_while_validation_improved():
     r = behind_baseline(s, "tag", RunSettings(epochs=2))
     assert r["still_improving"] is True and r["best_step"] == 100
     assert r["cause"] == "validation was still improving when the budget (--epochs 2) ended"
-    assert r["advice"].startswith("train longer: leave out --epochs")
+    assert r["advice"].startswith("train longer: raise --epochs")
     r = behind_baseline(s, "tag", RunSettings(epochs=None, steps=100, max_time=60.0))
     assert "(--steps 100, --max-time 60)" in r["cause"]
-    assert "leave out --steps / --max-time" in r["advice"]
+    assert "leave --steps / --max-time out of a new run" in r["advice"]
 
 
 def test_cause_early_stopping_by_falls_too_small_to_count():
@@ -363,7 +363,7 @@ def test_a_closing_validation_sooner_than_the_regular_ones_cannot_tell_a_stop():
         "step 950; the one validation after it, 34 steps later at the end, came too soon to "
         "tell it had stopped)"
     )
-    assert r["advice"].startswith("train longer: leave out --max-time")
+    assert r["advice"].startswith("train longer: raise --max-time")
     # the default mode's cap, the same
     s = _ended_by_time(1, 190, stopped="cap reached: 100 epochs")
     r = behind_baseline(s, "lm", RunSettings(epochs=None))

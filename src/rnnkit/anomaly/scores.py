@@ -269,7 +269,7 @@ def combined_scores(
     [0.6931, 0.6931]
     """
     log_p = np.stack([log_tail_pvalues(calibration[name], scores[name]) for name in parts])
-    return -log_p.min(axis=0)
+    return 0.0 - log_p.min(axis=0)  # not -x: p = 1 gives 0, not -0.0 in the output
 
 
 def top_events(surprise: Any, k: int) -> list[tuple[int, float]]:

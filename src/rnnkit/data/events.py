@@ -48,6 +48,7 @@ __all__ = [
     "iter_sessions",
     "parse_session",
     "read_sessions",
+    "sessions_text",
     "write_sessions",
 ]
 
@@ -360,25 +361,17 @@ def read_sessions(
     return sessions
 
 
-def write_sessions(path: str | PathLike[str], sessions: Iterable[Session]) -> None:
-    """Write sessions as JSON lines, atomically: readers see the old file or the new one.
-
-    The sessions are validated by the same rules as :func:`read_sessions` first, so what
-    is written can always be read back.
+def sessions_text(sessions: Iterable[Session], path: str | PathLike[str] = "<sessions>") -> str:
+    """The JSON-lines text of sessions, each line checked by :func:`read_sessions`' rules.
 
     Args:
-        path: destination; its directory must exist.
-        sessions: the sessions, written in order.
+        sessions: the sessions, in order.
+        path: where the text is going, for error messages only.
 
     Raises:
-        DataError: a session that breaks the format (named by its id), before anything is
-            written.
+        DataError: a session that breaks the format (named by its id), or a duplicate id.
 
-    >>> import os, tempfile
-    >>> path = os.path.join(tempfile.mkdtemp(), "s.jsonl")
-    >>> write_sessions(path, [Session("a", ["x"]), Session("b", ["y", "z"], 0)])
-    >>> from pathlib import Path
-    >>> print(Path(path).read_text(), end="")
+    >>> print(sessions_text([Session("a", ["x"]), Session("b", ["y", "z"], 0)]), end="")
     {"session": "a", "events": ["x"]}
     {"session": "b", "events": ["y", "z"], "label": 0}
     """
@@ -396,6 +389,31 @@ def write_sessions(path: str | PathLike[str], sessions: Iterable[Session]) -> No
             raise DataError(f"duplicate session id {session.session!r}", path=path)
         seen.add(session.session)
         lines.append(text + "\n")
+    return "".join(lines)
 
+
+def write_sessions(path: str | PathLike[str], sessions: Iterable[Session]) -> None:
+    """Write sessions as JSON lines, atomically: readers see the old file or the new one.
+
+    The sessions are validated by the same rules as :func:`read_sessions` first (see
+    :func:`sessions_text`), so what is written can always be read back.
+
+    Args:
+        path: destination; its directory must exist.
+        sessions: the sessions, written in order.
+
+    Raises:
+        DataError: a session that breaks the format (named by its id), before anything is
+            written.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "s.jsonl")
+    >>> write_sessions(path, [Session("a", ["x"]), Session("b", ["y", "z"], 0)])
+    >>> from pathlib import Path
+    >>> print(Path(path).read_text(), end="")
+    {"session": "a", "events": ["x"]}
+    {"session": "b", "events": ["y", "z"], "label": 0}
+    """
+    text = sessions_text(sessions, path)
     # The one atomic writer: the umask's permissions, and never a device or FIFO replaced.
-    atomic_write_bytes(path, "".join(lines).encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"))

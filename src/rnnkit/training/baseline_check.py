@@ -251,8 +251,9 @@ def _still_improving(summary: dict[str, Any], settings: RunSettings) -> tuple[st
         flags = " / ".join(b.split()[0] for b in budget)
         return (
             f"validation was still improving when the budget ({', '.join(budget)}) ended{after}",
-            f"train longer: leave out {flags} (training then runs until validation "
-            f"stops improving) or raise it",
+            f"train longer: raise {flags} (with --resume, training goes on from the last "
+            f"snapshot), or leave {flags} out of a new run (training then runs until "
+            "validation stops improving)",
         )
     return (
         f"validation was still improving when training stopped ({stopped or 'the cap'}){after}",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rnnkit.app.cli.main import main
-from rnnkit.data.events import Session, read_sessions
+from rnnkit.data.events import Session, parse_session, read_sessions
 
 TRACE = """\
 100   openat(AT_FDCWD, "/etc/hosts", O_RDONLY) = 3
@@ -247,6 +247,27 @@ def test_user_errors_are_one_line_and_exit_2(
     assert stderr.startswith(f"rnnkit sessions: error: {message.format(**names)}")
     assert stderr.count("\n") == 1
     assert out.read_text() == previous  # a failed run leaves the old output alone
+
+
+def test_out_dash_writes_the_sessions_to_stdout(
+    tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--out -`` is the pipe into ``rnnkit score --data -``: the JSON lines on stdout,
+    exactly what the file would hold, the summary on stderr, and no file named ``-``."""
+    written = tmp_path / "s.jsonl"
+    assert run_sessions(capsys, "--from", "strace", str(trace), "--out", str(written))[0] == 0
+    monkeypatch.chdir(tmp_path)
+    status, stdout, stderr = run_sessions(
+        capsys, "--from", "strace", str(trace), "--out", "-", "--label", "0"
+    )
+    assert status == 0
+    assert [Session(s.session, s.events, 0) for s in read_sessions(written)] == [
+        parse_session(line) for line in stdout.splitlines()
+    ]
+    assert stderr.startswith("wrote 2 sessions (5 events) to stdout; skipped 1 unparseable")
+    assert not (tmp_path / "-").exists()
+    quiet = run_sessions(capsys, "--from", "strace", str(trace), "--out", "-", "-q")
+    assert (quiet[0], quiet[2]) == (0, "")
 
 
 def test_out_that_is_an_input_is_refused(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1030,3 +1030,21 @@ def test_resuming_a_finished_run_changes_nothing_and_says_so(run_cli, data, tmp_
     code, _, err = run_cli(*[a if a != "6" else "8" for a in train_args(data, out, "--resume")])
     assert code == 0, err
     assert json.loads((out / "summary.json").read_text())["steps"] == 8  # a larger budget goes on
+    # ... and is the run's budget from then on: a plain --resume said "finished at step 8
+    # of 6" (config.json kept the first budget), and one cut short under the larger
+    # budget fell back to the first. Only the budget changes in config.json.
+    config = json.loads((out / "config.json").read_text())
+    assert config["config"]["steps"] == 8
+    first = json.loads(before["config.json"])
+    first["config"]["steps"] = 8
+    assert config == first
+    no_steps = train_args(data, out, "--resume", "--no-report")
+    no_steps = [
+        a
+        for i, a in enumerate(no_steps)
+        if a != "--quiet" and "--steps" not in no_steps[i - 1 : i + 1]
+    ]
+    code, _, err = run_cli(*no_steps)
+    assert code == 0 and "finished at step 8 of 8: nothing to resume" in err, err
+    code, _, err = run_cli("evaluate", "--checkpoint", str(out), "--data", str(data / "train.txt"))
+    assert code == 0, err  # the manifest vouches for the config.json written

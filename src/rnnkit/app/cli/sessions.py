@@ -10,17 +10,20 @@
         [<Pid>] <Session> <Content>' --session-field Session --params --time-field Date,Time
 
 The output is the JSON-lines format that ``rnnkit train --task events`` reads, written
-atomically. A one-line summary goes to stdout unless ``--quiet``.
+atomically. A one-line summary goes to stdout unless ``--quiet``. ``--out -`` writes the
+JSON lines to stdout instead (and the summary to stderr), for a pipe into
+``rnnkit score --data -``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rnnkit.data.events import Session, write_sessions
+from rnnkit.data.events import Session, sessions_text, write_sessions
 from rnnkit.data.files import check_replaceable
 from rnnkit.errors import ConfigError, DataError
 
@@ -105,7 +108,7 @@ class SessionsConfig:
             if real in seen:
                 raise ConfigError(f"INPUT {path} is given twice")
             seen.add(real)
-            if real == os.path.realpath(args.out):
+            if args.out != "-" and real == os.path.realpath(args.out):
                 raise ConfigError(f"--out {args.out} is also an INPUT; it would be overwritten")
             if not os.path.exists(path):
                 raise DataError("no such file", path=path)
@@ -115,7 +118,8 @@ class SessionsConfig:
             raise ConfigError("--out is empty: name the JSON-lines file to write")
         # Checked before any input is read: an existing file other than an earlier output
         # of this command (a data file named by mistake) is never replaced.
-        check_replaceable(args.out, _is_sessions_file, "a sessions file (JSON lines)")
+        if args.out != "-":
+            check_replaceable(args.out, _is_sessions_file, "a sessions file (JSON lines)")
         return cls(
             source=args.source,
             inputs=tuple(args.inputs),
@@ -159,7 +163,12 @@ def register(subparsers: Any) -> None:
         help="what the inputs are: strace output (-f, -ff, -tt... all read) or log lines",
     )
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="input files, read in order")
-    parser.add_argument("--out", required=True, metavar="PATH", help="JSON-lines file to write")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="PATH",
+        help="JSON-lines file to write; '-' writes to stdout (the summary then goes to stderr)",
+    )
     _add_log_options(parser)
     parser.add_argument(
         "--no-result",
@@ -321,14 +330,21 @@ def run(args: argparse.Namespace) -> int:
     """Run ``rnnkit sessions``; returns the exit status."""
     config = SessionsConfig.from_args(args)
     sessions, note = _from_strace(config) if config.source == "strace" else _from_logs(config)
-    directory = os.path.dirname(config.out)
-    if directory:
-        os.makedirs(directory, exist_ok=True)
-    write_sessions(config.out, sessions)
+    if config.out == "-":
+        # Checked whole before the first byte: a reader never gets half a file.
+        sys.stdout.write(sessions_text(sessions, "<stdout>"))
+        sys.stdout.flush()
+    else:
+        directory = os.path.dirname(config.out)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        write_sessions(config.out, sessions)
     if not config.quiet:
         events = sum(len(s.events) for s in sessions)
+        where = "stdout" if config.out == "-" else config.out
         print(
             f"wrote {_count(len(sessions), 'session')} ({_count(events, 'event')}) "
-            f"to {config.out}{note}"
+            f"to {where}{note}",
+            file=sys.stderr if config.out == "-" else sys.stdout,
         )
     return 0

@@ -19,6 +19,8 @@ from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.run_config import load_config, resume_data
 from rnnkit.data.locks import lock as lock_file
 from rnnkit.errors import CheckpointError, ConfigError, RunFinished, WriteError
+from rnnkit.training.checkpoint import atomic_write_json, read_json
+from rnnkit.training.interrupt import TrainingInterrupted
 from rnnkit.training.manifest import (
     MANIFEST,
     MANIFEST_FORMAT,
@@ -26,15 +28,18 @@ from rnnkit.training.manifest import (
     verify_run,
     writing_run,
 )
+from rnnkit.training.nonfinite import TrainingDiverged
 from rnnkit.training.run_files import read_summary
 
 __all__ = [
+    "BUDGET_OPTIONS",
     "LOCK_NAME",
     "RUN_FILES",
     "RUN_SAVED",
     "guarded_run",
     "lock_run_dir",
     "prepare_run_dir",
+    "record_budget",
     "replacing_run",
     "written_report",
 ]
@@ -331,6 +336,29 @@ def _make_out_dir(out: Path) -> None:
         raise ConfigError(f"--out {out}: cannot create the directory ({exc.strerror})") from None
 
 
+#: The options of ``config.json`` that say how long a run trains: a ``--resume`` that
+#: changes them records them (:func:`record_budget`), so the next plain ``--resume`` goes on
+#: in that mode rather than the first one's.
+BUDGET_OPTIONS = ("epochs", "steps", "max_time", "eval_every", "patience", "min_gain")
+
+
+def record_budget(cfg: TrainConfig) -> None:
+    """Write ``cfg``'s budget options (:data:`BUDGET_OPTIONS`) into the run's
+    ``config.json`` where they differ from it; the rest of the file is kept as it is.
+    Only the process that owns the run directory writes."""
+    if not _is_main_process():
+        return
+    path = Path(cfg.out) / "config.json"
+    data = read_json(path)
+    saved = data.get("config") if isinstance(data, dict) else None
+    if not isinstance(saved, dict):
+        return  # load_config refused such a file before training began
+    now = cfg.to_dict()
+    changed = {k: now[k] for k in BUDGET_OPTIONS if saved.get(k) != now[k]}
+    if changed:
+        atomic_write_json(path, {**data, "config": {**saved, **changed}})
+
+
 def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
     """Wrap a task's ``train(cfg, resume=False, quiet=False, ...)``: the run directory
     is locked (:func:`lock_run_dir`) for the whole run and checked
@@ -356,7 +384,7 @@ def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str,
             # The manifest goes first and is written again last, when the run is whole.
             with writing_run(cfg.out, main=_is_main_process()):
                 try:
-                    return train(cfg, *args, **kwargs)
+                    result = train(cfg, *args, **kwargs)
                 except RunFinished as done:
                     if not _is_main_process():
                         # torchrun: rank 0 alone says so, and reports (once, not twice)
@@ -364,5 +392,12 @@ def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str,
                     # The run stays exactly as it finished; the caller gets its summary.
                     messages.info(str(done))
                     return read_summary(cfg.out)
+                except (TrainingInterrupted, TrainingDiverged):
+                    if resume:  # it trained on under the new budget: the next resume too
+                        record_budget(cfg)
+                    raise
+                if resume:
+                    record_budget(cfg)
+                return result
 
     return wrapper
