@@ -78,3 +78,42 @@ def test_line_scores_are_the_models_and_read_the_device_once_whatever_the_length
             line_logprobs(cfg, vocab, model, ["ab c" * (n // 4), "c"])
         reads.append(counted.count)
     assert reads[0] == reads[1] <= 2, reads  # before: 5 and 41 (one a token)
+
+
+def test_long_lines_are_scored_a_stretch_at_a_time_with_the_state_carried(monkeypatch):
+    """A plain model scores lines through its forward, a stretch of steps a call (the
+    stretch shortened here to 3 steps): the state carried between stretches, and rows that
+    end early, give each line's own forward pass, token by token."""
+    import torch
+
+    from rnnkit.app.tasks import lm_text
+    from rnnkit.app.tasks.settings import model_spec
+    from rnnkit.models.builders import build_lm
+
+    vocab = Vocabulary(list("abc "), unit="char")
+    for cell in ("lstm", "gru"):
+        cfg = TrainConfig(train="x", hidden=8, embedding=4, bptt="full", cell=cell, layers=2)
+        torch.manual_seed(0)
+        model = build_lm(model_spec(cfg), len(vocab)).eval()
+        lines = ["abc ab cab ba", "c", "", "bbbbbbbb"]
+        calls = []
+        forward = type(model).forward
+
+        def counted(self, inputs, *args, calls=calls, forward=forward, **kwargs):
+            calls.append(inputs.shape)
+            return forward(self, inputs, *args, **kwargs)
+
+        monkeypatch.setattr(type(model), "forward", counted)
+        monkeypatch.setattr(lm_text, "SCORED_LOGITS", len(lines) * len(vocab) * 3)
+        got = lm_text.line_logprobs(cfg, vocab, model, lines)
+        monkeypatch.undo()
+        assert calls == [(4, 3)] * 4 + [(4, 2)]  # 14 steps: the longest line and its end
+        for line, record in zip(lines, got, strict=True):
+            ids = [BOS_ID, *vocab.encode(line)]
+            targets = torch.tensor([*ids[1:], EOS_ID])
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0]
+            want = torch.log_softmax(logits.double(), -1).gather(1, targets.view(-1, 1))
+            got_lp = torch.tensor(record["logprobs"], dtype=torch.float64)
+            torch.testing.assert_close(got_lp, want.view(-1), rtol=0, atol=1e-6)
+            assert record["nats"] == -sum(record["logprobs"])

@@ -21,7 +21,7 @@ from rnnkit.models.length import LengthState
 #: The kinds of model ``--task lm`` trains (``--wiring``, ``--condition``; ``build_lm``).
 AnyLM = LanguageModel | JordanLM | ConditionalLM
 
-__all__ = ["join_prompt", "line_logprobs", "prompt_ids", "sample_texts"]
+__all__ = ["SCORED_LOGITS", "join_prompt", "line_logprobs", "prompt_ids", "sample_texts"]
 
 LN2 = math.log(2)
 
@@ -145,6 +145,11 @@ def _line_ends(cfg: TrainConfig, vocab: Vocabulary) -> tuple[int, int | None]:
     return (BOS_ID if newline is None else newline), newline
 
 
+#: Most logits (lines × steps × vocabulary) one forward call of :func:`line_logprobs`
+#: holds: 64 MiB of float32, whatever the batch and the vocabulary.
+SCORED_LOGITS = 1 << 24
+
+
 @torch.no_grad()
 def line_logprobs(
     cfg: TrainConfig,
@@ -158,9 +163,10 @@ def line_logprobs(
     ``batch_size`` lines at a time (None: all at once).
 
     Each line is read from the model's start of a line (:func:`_line_ends`) and scored
-    token by token through the model's ``step`` (the generation interface, so every
-    ``--wiring`` and ``--condition`` model is scored the same way), the end of the line
-    included where the model knows one. ``conditions``: the class of every line for a
+    token by token, the end of the line included where the model knows one: a plain
+    :class:`LanguageModel` through its forward, many steps a call; every other model
+    (``--wiring``, ``--condition``, ``--length``) through its ``step``, the generation
+    interface. ``conditions``: the class of every line for a
     class-conditional model.
 
     Returns, per line: ``{"tokens": [...], "logprobs": [...], "surprise": [...],
@@ -219,9 +225,20 @@ def line_logprobs(
     # vocabulary) is read once at the end, and the log-probabilities stay on the device
     # until then: no wait for the device at every token
     with deferring():
-        for t in range(T):
-            log_probs, state = model.step(inputs[t], state)
-            got[t] = log_probs.gather(1, wants[t].view(-1, 1)).squeeze(1).double()
+        if isinstance(model, LanguageModel) and model.length is None:
+            # A plain model reads a stretch of steps in one forward call (the step loop
+            # scored ~1,000 characters a second of one long line on a CPU): a row's steps
+            # after its end feed only later steps, which are not read.
+            span = max(1, min(T, SCORED_LOGITS // (len(rows) * model.vocab_size)))
+            for lo in range(0, T, span):
+                logits, state = model(inputs[lo : lo + span].T, state=state)  # (n, t, V)
+                want = wants[lo : lo + span].T.unsqueeze(-1)  # (n, t, 1)
+                lp = logits.gather(2, want).squeeze(-1) - logits.logsumexp(-1)  # (n, t)
+                got[lo : lo + span] = lp.T.double()
+        else:
+            for t in range(T):
+                log_probs, state = model.step(inputs[t], state)
+                got[t] = log_probs.gather(1, wants[t].view(-1, 1)).squeeze(1).double()
     got = got.T.cpu()
     for i, (_, targets) in enumerate(rows):
         lp = got[i, : len(targets)].tolist()
