@@ -99,3 +99,52 @@ def test_a_held_lock_is_refused_without_waiting(tmp_path):
         holder.stdout.close()
     with open(path, "w") as f:
         assert locks.lock(f.fileno(), blocking=False) is True
+
+
+def test_the_commands_ctrl_c_while_torch_loads_is_one_line_and_status_130():
+    """Ctrl-C in the second or two the command spends importing torch printed a traceback
+    from inside torch's import. Here the signal arrives during the import, by itself."""
+    code = (
+        "import sys; sys.argv[0] = '/usr/local/bin/rnnkit'\n"
+        "import os, signal, builtins\n"
+        "real = builtins.__import__\n"
+        "def importing(name, *a, **k):\n"
+        "    if name == 'torch': os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = importing\n"
+        "import rnnkit\n"
+        "print('not reached')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "rnnkit: interrupted\n")
+
+
+def test_a_program_keeps_its_own_ctrl_c_and_main_gives_pythons_back():
+    import signal
+
+    # A program importing rnnkit is not the command: Python's handler stays.
+    assert _python("import signal, rnnkit; print(signal.getsignal(signal.SIGINT).__name__)") == (
+        "default_int_handler"
+    )
+    # The command's own handler lasts until main() runs; a user's handler is never taken.
+    code = (
+        "import sys; sys.argv[0] = '/usr/local/bin/rnnkit'\n"
+        "import signal, rnnkit\n"
+        "print(signal.getsignal(signal.SIGINT).__name__)\n"
+        "from rnnkit.app.cli.main import main\n"
+        "main([])\n"
+        "print(signal.getsignal(signal.SIGINT).__name__)\n"
+    )
+    assert _python(code).split() == ["_interrupted_while_loading", "default_int_handler"]
+
+    def mine(signum, frame):
+        raise AssertionError("not called")
+
+    before = signal.signal(signal.SIGINT, mine)
+    try:
+        tuning.interrupt_quietly_while_loading()
+        assert signal.getsignal(signal.SIGINT) is mine
+        tuning.loaded()
+        assert signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, before)

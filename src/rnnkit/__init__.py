@@ -7,10 +7,12 @@ source (``pyproject.toml`` reads it).
 
 # Importing the library changes nothing outside it. The rnnkit command itself (and only
 # it) tunes its own process, here, before torch loads its OpenMP runtime: rnnkit.tuning.
+from rnnkit.tuning import interrupt_quietly_while_loading as _interrupt_quietly
 from rnnkit.tuning import launched_as_command as _launched_as_command
 from rnnkit.tuning import tune_process
 
 if _launched_as_command():
+    _interrupt_quietly()  # Ctrl-C while torch loads: one line, not a traceback
     tune_process()
 
 from rnnkit import nn

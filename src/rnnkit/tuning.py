@@ -24,13 +24,16 @@ allocator preloaded, or ``RNNKIT_KEEP_HEAP=0``).
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from rnnkit.heap import keep_freed_memory
 from rnnkit.threads import configure_wait_policy
 
-__all__ = ["launched_as_command", "tune_process"]
+__all__ = ["interrupt_quietly_while_loading", "launched_as_command", "loaded", "tune_process"]
 
 
 def tune_process() -> dict[str, bool]:
@@ -61,3 +64,25 @@ def launched_as_command(argv: list[str] | None = None, orig_argv: list[str] | No
     if argv and Path(argv[0]).name in ("rnnkit", "rnnkit.exe"):
         return True
     return any(a == "-m" and b == "rnnkit" for a, b in itertools.pairwise(orig))
+
+
+def _interrupted_while_loading(signum: int, frame: Any) -> None:
+    """Ctrl-C before the command runs: nothing is open or written yet; one line, exit 130
+    (as the command's own Ctrl-C) instead of a traceback from inside torch's import."""
+    os.write(2, b"rnnkit: interrupted\n")
+    os._exit(130)  # not SystemExit: raised inside an import, a module could catch it
+
+
+def interrupt_quietly_while_loading() -> None:
+    """The ``rnnkit`` command's Ctrl-C while it loads torch (a second or two): one line
+    and exit status 130, until :func:`loaded` gives Python's own handler back. Only the
+    command calls it (a program's SIGINT handler is its own)."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not one of a user's
+        signal.signal(signal.SIGINT, _interrupted_while_loading)
+
+
+def loaded() -> None:
+    """Python's own Ctrl-C handling again (KeyboardInterrupt, which the commands catch),
+    where :func:`interrupt_quietly_while_loading` had replaced it."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -21,6 +21,7 @@ from contextlib import nullcontext
 from rnnkit import __version__, messages
 from rnnkit.app.cli.ranks import say_error
 from rnnkit.errors import RnnkitError
+from rnnkit.tuning import loaded
 
 # Subcommand modules, imported lazily so `rnnkit --help` stays fast and one broken
 # optional dependency cannot take down unrelated subcommands.
@@ -126,8 +127,12 @@ def explicit_options(argv: Sequence[str] | None) -> set[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    loaded()  # Ctrl-C from here on is KeyboardInterrupt, said in one line below
     try:
         return _main(argv)
+    except KeyboardInterrupt:  # while the options are read (commands catch their own)
+        print("rnnkit: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader went away (`rnnkit score ... | head -3`): stop quietly, as other Unix
         # tools do. Python's documented recipe: point stdout at devnull, so the flush at
