@@ -137,3 +137,12 @@ def test_a_copy_of_a_calibration_score_ties_with_it_whatever_the_rounding(at: fl
     # ... while a real difference is still one: past the tolerance the count (or the tail)
     # moves
     assert log_tail_pvalues(cal, [at + 0.01])[0] < want - 0.1
+
+
+def test_a_certain_event_has_surprise_zero_not_minus_zero() -> None:
+    """A model sure of the event (log p = 0 exactly) printed ``"surprise": -0.0``."""
+    numpy_form = (np.array([[0.0, -np.inf]]), np.array([0]))
+    torch_form = (torch.tensor([[0.0, -math.inf]]), torch.tensor([0]))
+    for log_probs, targets in (numpy_form, torch_form):
+        surprise, rank = surprise_and_rank(log_probs, targets)
+        assert math.copysign(1.0, float(surprise[0])) == 1.0 and int(rank[0]) == 0

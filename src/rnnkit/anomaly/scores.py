@@ -107,7 +107,7 @@ def surprise_and_rank(log_probs: Any, targets: Any) -> tuple[Any, Any]:
     else:  # a torch tensor (torch is not imported here: this module stays numpy-only)
         target_lp = log_probs.gather(-1, targets.unsqueeze(-1))
     rank = (log_probs > target_lp).sum(-1)
-    return -target_lp[..., 0], rank
+    return 0.0 - target_lp[..., 0], rank  # not -x: p = 1 gives 0, not -0.0 in the output
 
 
 def session_scores(surprise: Any, miss: Any, z: Any = None) -> dict[str, float | int]:

@@ -117,3 +117,24 @@ def test_long_lines_are_scored_a_stretch_at_a_time_with_the_state_carried(monkey
             got_lp = torch.tensor(record["logprobs"], dtype=torch.float64)
             torch.testing.assert_close(got_lp, want.view(-1), rtol=0, atol=1e-6)
             assert record["nats"] == -sum(record["logprobs"])
+
+
+def test_a_certain_token_has_surprise_zero_not_minus_zero():
+    import math
+
+    import torch
+
+    from rnnkit.app.tasks.lm_text import line_logprobs
+    from rnnkit.app.tasks.settings import model_spec
+    from rnnkit.models.builders import build_lm
+
+    vocab = Vocabulary(list("ab"), unit="char")
+    cfg = TrainConfig(train="x", hidden=8, embedding=4, bptt="full")
+    model = build_lm(model_spec(cfg), len(vocab)).eval()
+    with torch.no_grad():  # "a" certain after every token: log p = 0 exactly
+        model.head.weight.zero_()
+        model.head.bias.fill_(-1e4)
+        model.head.bias[vocab.stoi["a"]] = 1e4
+    (record,) = line_logprobs(cfg, vocab, model, ["aa"])
+    assert record["logprobs"][:2] == [0.0, 0.0]
+    assert [math.copysign(1.0, s) for s in record["surprise"][:2]] == [1.0, 1.0]

@@ -243,6 +243,7 @@ def line_logprobs(
     for i, (_, targets) in enumerate(rows):
         lp = got[i, : len(targets)].tolist()
         results[i]["logprobs"] = lp
-        results[i]["surprise"] = [-v / LN2 for v in lp]
-        results[i]["nats"] = -sum(lp)
+        # 0.0 - x, not -x: a certain token (log p = 0) is 0, not -0.0 in the output
+        results[i]["surprise"] = [(0.0 - v) / LN2 for v in lp]
+        results[i]["nats"] = 0.0 - sum(lp)
     return results
