@@ -177,6 +177,29 @@ def test_gradient_flow_bundle_is_json_ready() -> None:
     assert flow.bound is None and json.dumps(flow.to_dict())
 
 
+def test_a_whole_layer_is_a_type_error_naming_the_part_to_give() -> None:
+    """``gradient_flow`` of a bidirectional layer's layer raised AttributeError
+    ('Bidirectional' object has no attribute 'hidden_size'); every diagnostic now says
+    which part of a layer is a source."""
+    from rnnkit import LSTM
+
+    x = torch.randn(2, 5, 3)
+    loss = lambda h: h[:, -1].sum()  # noqa: E731
+    bi, one = LSTM(3, 4, bidirectional=True), LSTM(3, 4)
+    for function in (gradient_flow, state_gradient_norms, jacobian_norms):
+        kw = {} if function is jacobian_norms else {"loss_fn": loss}
+        with pytest.raises(
+            TypeError, match=r"got Bidirectional: give one of its directions, \.directions\[0\]"
+        ):
+            function(bi.layers[0], x, **kw)
+        with pytest.raises(
+            TypeError, match=r"got LSTM: give one direction of one of its layers, \.layers\[i\]"
+        ):
+            function(one, x, **kw)
+    flow = gradient_flow(bi.layers[0].directions[1], x, loss_fn=loss)  # what it says works
+    assert flow.state_grad_norms.shape == (6,)
+
+
 @pytest.mark.parametrize(("option", "value"), [("iterations", 0), ("iterations", -5), ("block", 0)])
 def test_power_iteration_counts_below_one_are_refused(option, value) -> None:
     # iterations=0 returned the random start's estimate (0.94 where the norm is 1.07);

@@ -233,6 +233,37 @@ def test_from_torch_rejects_other_modules(m):
         from_torch(m)
 
 
+@pytest.mark.parametrize("name", ["RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell"])
+def test_from_torch_takes_rnnkits_own_drop_ins(name, gen):
+    """``rnnkit.nn``'s drop-ins are torch's classes (isinstance holds) and compute torch's
+    function: from_torch refused them ("expects ... LSTM, got LSTM")."""
+    import rnnkit.nn as rnn
+
+    torch.manual_seed(0)
+    cell = name.endswith("Cell")
+    options = {} if cell else {"num_layers": 2, "bidirectional": True, "batch_first": True}
+    if name.startswith("RNN"):
+        options["nonlinearity"] = "relu"
+    drop_in = getattr(rnn, name)(3, 4, **options).double()
+    torch.manual_seed(0)
+    plain = getattr(nn, name)(3, 4, **options).double()  # the same draws: the same weights
+    k = from_torch(drop_in)
+    assert type(k) is type(from_torch(plain))
+    x = torch.randn(*((2,) if cell else (2, 5)), 3, generator=gen, dtype=DT)
+    with torch.no_grad():
+        got, want = k(x), plain(x)
+    got = (got.h if name == "LSTMCell" else got) if cell else got.outputs
+    want = (want[0] if name == "LSTMCell" else want) if cell else want[0]
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+
+    class Mine(getattr(rnn, name)):
+        def forward(self, *args):  # a subclass of the drop-in may compute anything
+            return super().forward(*args)
+
+    with pytest.raises(TypeError, match="Mine"):
+        from_torch(Mine(3, 4))
+
+
 def test_from_torch_rejects_subclass_it_cannot_vouch_for():
     class MyGRU(nn.GRU):
         def forward(self, x, h=None):  # a subclass may compute anything

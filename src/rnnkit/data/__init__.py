@@ -1,5 +1,6 @@
 """Data: vocabularies, text corpora and batching (streams for truncated BPTT, padded buckets)."""
 
+from rnnkit.data.batch_resume import IterableBatches
 from rnnkit.data.batching import SequenceBatch, SequenceBatcher, lm_pairs, pad_sequences
 from rnnkit.data.streams import StreamBatch, StreamBatcher
 from rnnkit.data.text import (
@@ -30,6 +31,7 @@ __all__ = [
     "SPECIALS",
     "UNITS",
     "UNK_ID",
+    "IterableBatches",
     "SequenceBatch",
     "SequenceBatcher",
     "StreamBatch",

@@ -12,13 +12,17 @@ epoch. Breaking out of the loop keeps the position, so the next ``iter`` resumes
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from rnnkit.errors import CheckpointError, ConfigError, DataError
+
+__all__ = ["IterableBatches", "resumable_batches"]
 
 
 def _as_ids(ids: Any, what: str) -> np.ndarray:
@@ -84,3 +88,103 @@ class _Resumable:
         if not isinstance(position, int) or not 0 <= position <= len(self):
             raise CheckpointError(f"batcher state has an invalid position {position!r}")
         self.epoch, self.position = epoch, position
+
+
+class IterableBatches(_Resumable):
+    """Any re-iterable with a length (a ``torch.utils.data.DataLoader``, a list of
+    batches) as a resumable batcher: one pass of it is an epoch.
+
+    ``state_dict()`` records the epoch, the batches handed out and the CPU random state at
+    the epoch's start. A restored one replays that epoch from the same random state (a
+    shuffling ``DataLoader`` draws the same order) and skips the batches already trained
+    on, so the resume is exact wherever the batches are a function of that state: not
+    where loading a batch draws random numbers of this process (augmentation at
+    ``num_workers=0``), or draws from a ``generator`` of the loader's own.
+
+    >>> b = IterableBatches([[1], [2], [3]])
+    >>> it = iter(b); next(it), next(it)
+    ([1], [2])
+    >>> again = IterableBatches([[1], [2], [3]]); again.load_state_dict(b.state_dict())
+    >>> list(again), again.epoch
+    ([[3]], 1)
+    """
+
+    def __init__(self, batches: Any) -> None:
+        try:
+            size = len(batches)
+        except TypeError:
+            raise ConfigError(
+                f"batches ({type(batches).__name__}) has no length: the Trainer needs the "
+                "batches of an epoch (len()); an IterableDataset's DataLoader has none, "
+                "a map-style Dataset's has"
+            ) from None
+        if size < 1:
+            raise ConfigError(f"batches ({type(batches).__name__}) is empty")
+        self.batches = batches
+        self.epoch = 0
+        self.position = 0
+        self._epoch_rng: Tensor | None = None  # the CPU generator's state at the epoch's start
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.position >= len(self):  # state saved right after an epoch's last batch
+            self.epoch += 1
+            self.position = 0
+        skip = self.position
+        now = torch.get_rng_state()
+        if skip and self._epoch_rng is not None:
+            torch.set_rng_state(self._epoch_rng)  # the epoch's draws (its order) again
+        else:
+            self._epoch_rng = now
+        # A DataLoader draws its workers' seed when made and its order at the first batch.
+        it = iter(self.batches)
+        first = next(it, _END)
+        if skip:
+            torch.set_rng_state(now)
+        pending = [] if first is _END else [first]
+        for index, batch in enumerate(itertools.chain(pending, it)):
+            if index < skip:
+                continue
+            if index >= len(self):
+                raise DataError(
+                    f"batches ({type(self.batches).__name__}) gave more than its length, "
+                    f"{len(self)}, in one pass"
+                )
+            self.position = index + 1  # consumed before it is handed out (module docstring)
+            yield batch
+        self.epoch += 1
+        self.position = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        rng = None if self._epoch_rng is None else self._epoch_rng.tolist()
+        return {
+            "kind": "iterable",
+            "batches": len(self),
+            "epoch": self.epoch,
+            "position": self.position,
+            "epoch_rng": rng,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._check_state(state, {"kind": "iterable", "batches": len(self)})
+        rng = state.get("epoch_rng")
+        if rng is not None and not (
+            isinstance(rng, list) and all(isinstance(v, int) and 0 <= v < 256 for v in rng)
+        ):
+            raise CheckpointError("batcher state has an invalid epoch_rng")
+        self._epoch_rng = None if rng is None else torch.tensor(rng, dtype=torch.uint8)
+
+
+_END = object()
+
+
+def resumable_batches(batches: Any) -> Any:
+    """``batches`` itself where it is a resumable batcher (``__iter__``, ``__len__``,
+    ``epoch``, ``position``, ``state_dict``, ``load_state_dict``: rnnkit's batchers),
+    else :class:`IterableBatches` over it."""
+    protocol = ("__len__", "epoch", "position", "state_dict", "load_state_dict")
+    if all(hasattr(batches, name) for name in protocol):
+        return batches
+    return IterableBatches(batches)

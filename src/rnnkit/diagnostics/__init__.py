@@ -36,11 +36,17 @@ from rnnkit.diagnostics.bound import (
     spectral_norm,
     weight_derivative_size,
 )
-from rnnkit.diagnostics.contributions import Contributions, lag_contributions, step_contributions
+from rnnkit.diagnostics.contributions import (
+    Contributions,
+    direction_cell,
+    lag_contributions,
+    step_contributions,
+)
 from rnnkit.diagnostics.gradcheck import GradcheckResult, GradientError, gradcheck
 from rnnkit.diagnostics.jacobian import GradientFlow, gradient_flow, jacobian_norms, step_jacobians
 from rnnkit.diagnostics.loss_gradients import state_gradient_norms, state_gradients
 from rnnkit.diagnostics.monitor import (
+    CLIPPED_BY,
     GradientEvent,
     GradientMonitor,
     LayerStats,
@@ -51,6 +57,7 @@ from rnnkit.diagnostics.monitor import (
 from rnnkit.diagnostics.recorded import RecordedRun
 
 __all__ = [
+    "CLIPPED_BY",
     "Contributions",
     "DerivativeSize",
     "GradcheckResult",
@@ -62,6 +69,7 @@ __all__ = [
     "RecordedRun",
     "StepRecord",
     "activation_gain",
+    "direction_cell",
     "gate_saturation",
     "gradcheck",
     "gradient_flow",

@@ -50,7 +50,7 @@ from rnnkit.layers.masking import flip_sequences, resolve_mask
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.types import LSTMState, State
 
-__all__ = ["Contributions", "lag_contributions", "step_contributions"]
+__all__ = ["Contributions", "direction_cell", "lag_contributions", "step_contributions"]
 
 # the cells' parameter names (a layer-normalised cell's gains last)
 PARAMETERS = (
@@ -147,14 +147,34 @@ class DirectionRun(NamedTuple):
         return self.record.states[0].shape[0] - 1
 
 
-def _split(source: CellBase | Recurrent) -> tuple[CellBase, bool]:
+def direction_cell(source: CellBase | Recurrent) -> tuple[CellBase, bool]:
+    """The cell of a diagnostics ``source`` and whether it runs in reverse; any other
+    module is a ``TypeError`` saying which part of it to give.
+
+    >>> from rnnkit import LSTM
+    >>> try:
+    ...     direction_cell(LSTM(2, 3, bidirectional=True).layers[0])
+    ... except TypeError as exc:
+    ...     print(str(exc).split(": ", 1)[1])
+    give one of its directions, .directions[0] (forward) or .directions[1] (reverse)
+    """
     if isinstance(source, Recurrent):
         return source.cell, source.reverse
     if isinstance(source, CellBase):
         return source, False
+    from rnnkit.layers.stacked import Bidirectional, StackedRecurrent
+
+    hint = ""
+    if isinstance(source, Bidirectional):
+        hint = ": give one of its directions, .directions[0] (forward) or .directions[1] (reverse)"
+    elif isinstance(source, StackedRecurrent):
+        hint = (
+            ": give one direction of one of its layers, .layers[i] "
+            "(.layers[i].directions[k] where it is bidirectional)"
+        )
     raise TypeError(
         f"expected a cell (RNNCell, LSTMCell, GRUCell) or one direction of a layer "
-        f"(Recurrent), got {type(source).__name__}"
+        f"(Recurrent), got {type(source).__name__}{hint}"
     )
 
 
@@ -206,7 +226,7 @@ def run_direction(
     """
     if not 0.0 <= zoneout < 1.0:
         raise ValueError(f"zoneout must be in [0, 1), got {zoneout!r}")
-    cell, reverse = _split(source)
+    cell, reverse = direction_cell(source)
     if x.dim() != 3 or x.shape[2] != cell.input_size:
         layout = "(B, T, I)" if batch_first else "(T, B, I)"
         raise ValueError(

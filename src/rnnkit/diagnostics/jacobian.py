@@ -36,7 +36,7 @@ from rnnkit.diagnostics.bound import (
     spectral_norm,
     weight_derivative_size,
 )
-from rnnkit.diagnostics.contributions import DirectionRun, LossFn, run_direction
+from rnnkit.diagnostics.contributions import DirectionRun, LossFn, direction_cell, run_direction
 from rnnkit.diagnostics.loss_gradients import (
     run_state_gradients,
     state_gradient_norms,
@@ -398,7 +398,7 @@ def gradient_flow(
     >>> flow.state_grad_norms.shape, flow.jacobian_norms.shape, flow.bound.shape
     (torch.Size([7]), torch.Size([4, 7]), torch.Size([4, 7]))
     """
-    cell = source.cell if isinstance(source, Recurrent) else source
+    cell = direction_cell(source)[0]  # a whole layer: the TypeError naming its directions
     if method is None:
         method = "exact" if cell.hidden_size * (2 if cell.is_lstm else 1) <= 64 else "power"
     _check_method(method)

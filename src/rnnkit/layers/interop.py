@@ -60,11 +60,26 @@ _TORCH_CELLS = {nn.RNNCell: RNNCell, nn.LSTMCell: LSTMCell, nn.GRUCell: GRUCell}
 _TORCH_LAYERS = {nn.RNN: (RNN, RNNCell), nn.LSTM: (LSTM, LSTMCell), nn.GRU: (GRU, GRUCell)}
 
 
+def _drop_ins() -> dict[type, type]:
+    """``rnnkit.nn``'s drop-in classes and the ``torch.nn`` class each one computes."""
+    from rnnkit.layers import torch_nn, torch_nn_cells  # they build on this package's layers
+
+    return {
+        torch_nn.RNN: nn.RNN,
+        torch_nn.LSTM: nn.LSTM,
+        torch_nn.GRU: nn.GRU,
+        torch_nn_cells.RNNCell: nn.RNNCell,
+        torch_nn_cells.LSTMCell: nn.LSTMCell,
+        torch_nn_cells.GRUCell: nn.GRUCell,
+    }
+
+
 def from_torch(m: nn.Module) -> nn.Module:
     """An rnnkit cell or layer computing exactly what the ``torch.nn`` module ``m`` does.
 
     Accepts ``nn.RNN/LSTM/GRU`` (any depth, bidirectional, dropout; ``batch_first`` is
-    carried over) and ``nn.RNNCell/LSTMCell/GRUCell``; weights are copied, and the GRU
+    carried over) and ``nn.RNNCell/LSTMCell/GRUCell``, and ``rnnkit.nn``'s drop-ins of
+    them; weights are copied, and the GRU
     becomes ``update="keep", reset="after"``. ``proj_size`` (projected LSTM) has no
     rnnkit form and is an error.
 
@@ -74,8 +89,10 @@ def from_torch(m: nn.Module) -> nn.Module:
     >>> torch.allclose(k(x).outputs, t(x)[0], atol=1e-6)
     True
     """
-    # The exact classes: a subclass of a torch module may compute something else.
-    cell_kind = _TORCH_CELLS.get(type(m))
+    # The exact classes: a subclass of a torch module may compute something else; rnnkit.nn's
+    # drop-ins compute torch's function (their own subclasses are refused as torch's are).
+    torch_class = _drop_ins().get(type(m), type(m))
+    cell_kind = _TORCH_CELLS.get(torch_class)
     if cell_kind is not None and isinstance(m, nn.RNNCellBase):
         like = m.weight_ih
         nonlinearity = getattr(m, "nonlinearity", "tanh")
@@ -83,7 +100,7 @@ def from_torch(m: nn.Module) -> nn.Module:
         cell.train(m.training)
         _cell_from_torch_params(cell, m.weight_ih, m.weight_hh, m.bias_ih, m.bias_hh)
         return cell
-    layer_kind = _TORCH_LAYERS.get(type(m))
+    layer_kind = _TORCH_LAYERS.get(torch_class)
     if layer_kind is not None and isinstance(m, nn.RNNBase):
         layer_cls, kind = layer_kind
         if getattr(m, "proj_size", 0):

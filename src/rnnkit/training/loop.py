@@ -46,6 +46,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import torch
 from torch import Tensor, nn
 
+from rnnkit.data.batch_resume import resumable_batches
 from rnnkit.deferred import Deferred, deferring
 from rnnkit.errors import ConfigError, RunFinished
 from rnnkit.models.language_model import LossOutput
@@ -127,8 +128,11 @@ class Trainer(Generic[_M]):
     Args:
         model: the ``nn.Module`` (its ``train()``/``eval()`` mode is managed here).
         optimizer: a torch optimizer over the model's parameters.
-        batches: a resumable batcher (``__iter__`` yields one epoch, ``__len__``,
-            ``state_dict``/``load_state_dict``, ``epoch``), e.g. ``StreamBatcher``.
+        batches: the batches of an epoch: a resumable batcher (``__iter__`` yields one
+            epoch, ``__len__``, ``epoch``, ``position`` (the batches of this epoch handed
+            out), ``state_dict``/``load_state_dict``), e.g. ``StreamBatcher``; or any
+            re-iterable with a length (a ``DataLoader``, a list of batches), which is
+            wrapped in :class:`~rnnkit.data.batch_resume.IterableBatches`.
         step_fn: ``(model, batch, carry) -> LossOutput``.
         evaluate_fn: ``model -> {"loss_nats": …, …}`` on validation data, or None.
         scheduler: a per-step LR scheduler (``step()`` after each optimizer step).
@@ -157,6 +161,7 @@ class Trainer(Generic[_M]):
         self.model = model
         self.optimizer = optimizer
         self.dist = dist_ctx or DistContext()
+        batches = resumable_batches(batches)  # a DataLoader, a list of batches: wrapped
         if self.dist.enabled:  # rnnkit train's batches have --batch-size rows
             rows = options.argument("batch_size") if options.command_line else None
             batches = ShardedBatches(batches, self.dist, rows)

@@ -141,6 +141,12 @@ def test_lm_generate_matches_the_generate_command(tmp_path, capsys):
     assert len(run.generate(strategy="greedy", max_length=5)) == 1
     with pytest.raises(ConfigError, match="class-conditional run only"):
         run.generate(condition="a")
+    # Inside a fine-tuning loop: each module's mode as it was (dropout stayed off after).
+    run.model.train()
+    run.model.head.eval()  # a module the user keeps in evaluation mode stays so
+    for use in (lambda: run.generate("the ", max_length=8), lambda: run.predict(["the cat"])):
+        use()
+        assert run.model.training and run.model.encoder.training and not run.model.head.training
 
 
 def _predicted(run_dir: Path, lines: list[str], tmp_path: Path, capsys) -> list[dict]:
@@ -222,6 +228,13 @@ def test_regress_predict_answers_as_the_predict_command(task_data, tmp_path, cap
     ]:
         with pytest.raises(rnnkit.errors.RnnkitError, match=says):
             run.predict([seqs[0], bad])
+    # A model made float64 (and put in training mode) computes in float64: the inputs were
+    # float32 (a TypeError), and predict left the model in evaluation mode.
+    run.model.double().train()
+    doubled = run.predict(seqs)
+    assert run.model.training and all(m.training for m in run.model.modules())
+    for got, want in zip(doubled, mine, strict=True):
+        np.testing.assert_allclose(got["prediction"], want["prediction"], rtol=1e-5, atol=1e-6)
 
 
 def test_a_vector_classifier_labels_sequences_as_the_predict_command(task_data, tmp_path, capsys):
@@ -237,6 +250,8 @@ def test_a_vector_classifier_labels_sequences_as_the_predict_command(task_data, 
     assert run.predict(seqs, batch_size=4) == [p["label"] for p in printed]
     with pytest.raises(rnnkit.errors.DataError, match="sequence 0 has 1 values a step"):
         run.predict([[0.5, 0.25]])  # (T,): one value a step
+    run.model.double()  # computes in float64: its inputs were float32 (a TypeError)
+    assert run.predict(seqs, batch_size=4) == [p["label"] for p in printed]
 
 
 def test_params_predict_gives_the_scorers_verdicts(task_data, tmp_path, capsys):

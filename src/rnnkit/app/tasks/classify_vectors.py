@@ -395,7 +395,9 @@ def label_sequences(
     """The answers of ``rnnkit predict`` for sequences ``(T, D)`` float32 of the run's
     width (the first ``cfg.max_len`` steps read): ``{"label", "probabilities": {label:
     p}, "steps"}``."""
-    inputs = [torch.from_numpy(values[: cfg.max_len]) for values in sequences]
+    # in the weights' dtype: a model made float64 (or bfloat16) computes in it
+    dtype = next(model.parameters()).dtype
+    inputs = [torch.from_numpy(values[: cfg.max_len]).to(dtype) for values in sequences]
     probs = _probabilities(model, inputs, batch_size)
     names = labels.labels
     return [

@@ -384,10 +384,12 @@ def predict_sequences(
     width (the first ``cfg.max_len`` steps read): ``{"prediction": [...]}``, with
     ``"variance"`` for ``--loss gaussian``."""
     model.eval()
-    device = next(model.parameters()).device
+    weight = next(model.parameters())
     answers = []
     for values in sequences:
-        x = torch.from_numpy(values[: cfg.max_len]).unsqueeze(0).to(device)
+        # in the weights' dtype: a model made float64 (or bfloat16) computes in it
+        x = torch.from_numpy(values[: cfg.max_len]).unsqueeze(0)
+        x = x.to(device=weight.device, dtype=weight.dtype)
         out = model(x)
         record: dict[str, Any] = {"prediction": out.mean[0].tolist()}
         if out.log_var is not None:

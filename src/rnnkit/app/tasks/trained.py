@@ -16,9 +16,10 @@ and the training configuration, with the operation each task is for:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from os import PathLike
 from pathlib import Path
@@ -160,8 +161,8 @@ class TrainedRun:
             ) from None
         if not inputs:  # nothing to batch: no answers, as for every task
             return []
-        self.model.eval()
-        return getattr(self, f"_predict_{self.task}")(inputs, batch_size, **options)
+        with _evaluating(self.model):
+            return getattr(self, f"_predict_{self.task}")(inputs, batch_size, **options)
 
     def _predict_classify(self, texts: list[Any], batch_size: int) -> list[str]:
         assert self.labels is not None
@@ -354,24 +355,39 @@ class TrainedRun:
         elif condition is not None:
             raise ConfigError("condition= applies to a class-conditional run only")
         try:
-            return sample_texts(
-                self.config,
-                self.vocab,
-                # load() builds the model of --task lm's wiring and condition
-                cast("LanguageModel | JordanLM | ConditionalLM", self.model),
-                prompt,
-                num=num,
-                max_length=max_length,
-                strategy=strategy,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                beam_size=4 if beam_size is None else beam_size,
-                seed=seed,
-                condition=index,
-            )
+            with _evaluating(self.model):
+                texts = sample_texts(
+                    self.config,
+                    self.vocab,
+                    # load() builds the model of --task lm's wiring and condition
+                    cast("LanguageModel | JordanLM | ConditionalLM", self.model),
+                    prompt,
+                    num=num,
+                    max_length=max_length,
+                    strategy=strategy,
+                    temperature=temperature,
+                    top_k=top_k,
+                    top_p=top_p,
+                    beam_size=4 if beam_size is None else beam_size,
+                    seed=seed,
+                    condition=index,
+                )
         except ValueError as exc:  # an out-of-range sampling option, named by generate_batch
             raise ConfigError(str(exc)) from None
+        return texts
+
+
+@contextlib.contextmanager
+def _evaluating(model: nn.Module) -> Iterator[None]:
+    """The model in evaluation mode for the block, and every module's own mode back after
+    it: a ``predict`` or ``generate`` inside a fine-tuning loop left dropout off."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 def _check_strategy(
