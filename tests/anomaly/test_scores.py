@@ -146,3 +146,17 @@ def test_a_certain_event_has_surprise_zero_not_minus_zero() -> None:
     for log_probs, targets in (numpy_form, torch_form):
         surprise, rank = surprise_and_rank(log_probs, targets)
         assert math.copysign(1.0, float(surprise[0])) == 1.0 and int(rank[0]) == 0
+
+
+def test_calibration_scores_equal_up_to_rounding_have_no_spread() -> None:
+    """1600 copies of one score (an events run's ``norm``) have a std of 2e-16, not 0:
+    taken as the tail's scale, a session 1e-3 past them got a combined score of 4e12, one
+    4 nats past 1.8e16. Within rounding there is no spread, and the scale is 1."""
+    c = 1.0994199979468593
+    cal = np.full(1600, c)
+    assert 0 < cal.std() < 1e-15  # the rounding that made the scale
+    got = -log_tail_pvalues(cal, [1.1, 5.0])
+    np.testing.assert_allclose(got, math.log(1601) + np.array([1.1 - c, 5.0 - c]), rtol=1e-12)
+    # top scores that differ in the last bits: no spread either
+    rounded = np.concatenate([np.full(1590, 2.0), 2.0 + np.arange(1, 11) * 4e-16])
+    assert -log_tail_pvalues(rounded, [3.0])[0] == pytest.approx(math.log(1601) + 1.0)

@@ -210,8 +210,8 @@ def log_tail_pvalues(calibration: Any, scores: Any) -> np.ndarray:
     is extrapolated as an exponential one (a generalized Pareto tail with ``ξ = 0``):
     ``p(x) = exp(−(x − c_(N)) / β) / (N + 1)``, with ``β`` the mean excess of the top
     ``m = min(max(10, ⌈N/10⌉), N − 1)`` scores over the next one (the exponential's
-    maximum-likelihood scale); when they have no spread, ``β`` is the standard deviation
-    of all calibration scores, or 1.
+    maximum-likelihood scale); when they have no spread (none beyond the tie tolerance
+    below), ``β`` is the standard deviation of all calibration scores, or 1.
 
     ``c ≥ x`` is counted with a tolerance, ``c ≥ x − 10⁻⁴ max(1, |x|)``
     (:data:`TIE_TOLERANCE`, the threshold's margin): a copy of a calibration session
@@ -234,8 +234,12 @@ def log_tail_pvalues(calibration: Any, scores: Any) -> np.ndarray:
     m = min(max(10, math.ceil(n / 10)), n - 1)
     excess = cal[cal > cal[n - 1 - m]] - cal[n - 1 - m] if m > 0 else cal[:0]
     beta = float(excess.mean()) if excess.size else 0.0
-    if not beta > 0:
-        beta = float(cal.std()) if cal.std() > 0 else 1.0
+    # A spread within float rounding is none: 1600 equal scores have a std of 2e-16, not
+    # 0, and a session 1e-3 past them scored 4e12 as a scale.
+    least = TIE_TOLERANCE * max(1.0, abs(float(cal[-1])))
+    if not beta > least:
+        spread = float(cal.std())
+        beta = spread if spread > least else 1.0
     beyond = x > cal[-1] + tol
     log_p[beyond] = -math.log(n + 1.0) - (x[beyond] - cal[-1]) / beta
     return log_p
