@@ -797,3 +797,12 @@ def test_the_bar_shows_perplexity_or_bits_only_for_a_loss_per_token(
         assert float(fields["ppl"]) == pytest.approx(math.exp(loss), abs=0.006)
     if shown == "bits":
         assert float(fields["bits"]) == pytest.approx(loss / math.log(2), abs=6e-4)
+
+
+@pytest.mark.parametrize(
+    ("budget", "done"), [({"epochs": 2}, 2), ({"steps": 13}, 1), ({"steps": 20}, 2)]
+)
+def test_epochs_done_counts_whole_passes(budget, done):
+    """``epochs=2`` ended with ``epochs_done`` 1 (the report's "epochs completed" 1 after
+    "2 epochs done"): the last pass is whole once its last batch is trained on."""
+    assert make_trainer(**budget).fit().epochs_done == done  # 10 batches an epoch

@@ -237,6 +237,13 @@ class Trainer(Generic[_M]):
         )
 
     @property
+    def epochs_done(self) -> int:
+        """Whole passes over the batches: the epoch's index, plus the one whose last batch
+        was the last trained on (the batcher moves on only when asked for the next)."""
+        b = self.batches
+        return b.epoch + (1 if b.position == len(b) else 0)
+
+    @property
     def scaler_skips(self) -> int:
         """Steps the GradScaler skipped (float16 overflow)."""
         return self.guard.scaler_skips
@@ -284,8 +291,13 @@ class Trainer(Generic[_M]):
             and (out / "summary.json").is_file()
             and (out / "model.safetensors").is_file()
         ):
+            at = (
+                f"finished at step {self.step} of {self.total_steps}"
+                if self.step == self.total_steps
+                else f"is at step {self.step}, past a budget of {self.total_steps} steps"
+            )
             raise RunFinished(
-                f"{out} finished at step {self.step} of {self.total_steps}: nothing to resume; "
+                f"{out} {at}: nothing to resume; "
                 "summary.json and model.safetensors are unchanged (raise "
                 f"{self.options.argument('steps')} or {self.options.argument('epochs')} "
                 "to train further)"
@@ -342,7 +354,7 @@ class Trainer(Generic[_M]):
             self._restore_best()
         return TrainResult(
             steps=self.step,
-            epochs_done=self.batches.epoch,
+            epochs_done=self.epochs_done,
             train_loss_nats=pace.last_train_loss,
             best_valid=self.best,
             history=list(self.history),

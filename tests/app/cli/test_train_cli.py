@@ -207,7 +207,7 @@ def test_resume_continues_exactly(data, tmp_path, run_cli):
         assert torch.equal(a[name], b[name]), name
     assert not torch.equal(after_6["head.weight"], b["head.weight"])
     config = json.loads((split / "config.json").read_text())["config"]
-    assert config["steps"] == 6  # config.json describes the run as started
+    assert config["steps"] == 11  # the budget it goes on with: a plain --resume keeps it
 
 
 def test_resume_of_a_moved_run_trains_where_the_run_is_now(data, tmp_path, run_cli):
@@ -1012,6 +1012,35 @@ def test_an_out_that_cannot_be_a_directory_is_one_line(run_cli, data, out, words
     assert code == 2 and err.count("\n") == 1 and words in err and "Errno" not in err, err
 
 
+def test_resume_without_train_reads_the_recorded_file(run_cli, data, tmp_path, monkeypatch):
+    """A run stopped says "continue with --resume"; `train --out D --resume` said
+    "--train is required". The run's own training file is found by its recorded absolute
+    path (from any directory), and checked; gone, it is named."""
+    import shutil
+
+    corpus_dir = tmp_path / "corpus"
+    shutil.copytree(data, corpus_dir)
+    monkeypatch.chdir(corpus_dir)
+    out = tmp_path / "run"
+    first = [a if a != str(data / "train.txt") else "train.txt" for a in train_args(data, out)]
+    assert run_cli(*first, "--no-report")[0] == 0
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(
+        "train", "--out", str(out), "--resume", "--steps", "8", "--quiet", "--no-report"
+    )
+    assert code == 0, err
+    assert json.loads((out / "summary.json").read_text())["steps"] == 8
+    (corpus_dir / "train.txt").write_text("another corpus\n" * 50, encoding="utf-8")
+    code, _, err = run_cli("train", "--out", str(out), "--resume", "--steps", "9")
+    assert code == 2 and "train.txt" in err and err.count("\n") == 1, err
+    (corpus_dir / "train.txt").unlink()
+    code, _, err = run_cli("train", "--out", str(out), "--resume", "--steps", "9")
+    assert code == 2 and err == (
+        f"rnnkit train: error: --resume: the training file of this run, "
+        f"{corpus_dir / 'train.txt'}, is gone; give it with --train\n"
+    )
+
+
 def test_resuming_a_finished_run_changes_nothing_and_says_so(run_cli, data, tmp_path):
     # The resumed run rewrote summary.json from its snapshot ("weights of step 192") while
     # model.safetensors kept the finished run's weights (step 200).
@@ -1046,5 +1075,7 @@ def test_resuming_a_finished_run_changes_nothing_and_says_so(run_cli, data, tmp_
     ]
     code, _, err = run_cli(*no_steps)
     assert code == 0 and "finished at step 8 of 8: nothing to resume" in err, err
+    code, _, err = run_cli(*no_steps, "--steps", "6")
+    assert code == 0 and "is at step 8, past a budget of 6 steps: nothing to resume" in err, err
     code, _, err = run_cli("evaluate", "--checkpoint", str(out), "--data", str(data / "train.txt"))
     assert code == 0, err  # the manifest vouches for the config.json written

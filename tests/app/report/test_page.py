@@ -221,6 +221,7 @@ def test_report_of_a_run_without_summary_or_corpus(rnn_run, tmp_path):
     config = json.loads((run / "config.json").read_text())
     config["config"]["train"] = str(tmp_path / "gone.txt")
     config["config"]["valid"] = None
+    config["data"] = {"train": {**config["data"]["train"], "path": str(tmp_path / "gone.txt")}}
     (run / "config.json").write_text(json.dumps(config))
     (run / "manifest.json").unlink()  # cut short: no manifest was written
     with pytest.raises(CheckpointError, match=r"manifest\.json: missing"):
@@ -255,9 +256,12 @@ def test_two_layer_word_lstm(tmp_path):
     assert "f saturated" in text
 
 
-def test_seq2seq_run_gets_attention_heatmaps(tmp_path):
+def test_seq2seq_run_gets_attention_heatmaps(tmp_path, monkeypatch):
     """A seq2seq run directory (untrained weights, nothing logged yet): the report draws
-    one attention map per validation pair and says that no metrics were recorded."""
+    one attention map per validation pair and says that no metrics were recorded. The
+    data were named relative to where training ran, and the report is made from another
+    directory: the files are found at the absolute paths config.json recorded (the
+    attention and gradient sections said "No readable source<TAB>target pairs")."""
     seq2seq = pytest.importorskip("rnnkit.app.tasks.seq2seq")
     from rnnkit.app.tasks.run_config import save_config
     from rnnkit.data.vocab import Vocabulary
@@ -266,10 +270,11 @@ def test_seq2seq_run_gets_attention_heatmaps(tmp_path):
     pairs = ["ab cd\tdc ba", "cd\tdc", "ab ab cd\tdc ba ba", "cd ab\tba dc"]
     (tmp_path / "pairs.tsv").write_text("\n".join(pairs) + "\n", encoding="utf-8")
     run = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)
     cfg = TrainConfig(
         task="seq2seq",
-        train=str(tmp_path / "pairs.tsv"),
-        valid=str(tmp_path / "pairs.tsv"),
+        train="pairs.tsv",
+        valid="pairs.tsv",
         out=str(run),
         attention="dot",
         hidden=8,
@@ -285,6 +290,8 @@ def test_seq2seq_run_gets_attention_heatmaps(tmp_path):
     model = seq2seq.build_model(cfg, len(source), len(target))
     save_model_weights(model, run / "model.safetensors")
     write_manifest(run)  # assembled by hand, then vouched for
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
     text = write_report(run).read_text(encoding="utf-8")
     page = check_self_contained(text)
     attention = text.split('<section id="attention">')[1].split("</section>")[0]

@@ -118,6 +118,16 @@ def test_value_target_gaussian_and_csv_directories(data, tmp_path, run_cli):
     assert code == 0, err
     summary = json.loads(out)
     assert (summary["target"], summary["loss"], summary["output_size"]) == ("value", "gaussian", 1)
+    # The baseline of a value target of another width than a step's is the mean training
+    # target, in evaluate as in training (evaluate scored a prediction of 0).
+    ys = [float(s.target[0]) for s in read_vector_sequences(data / "train.jsonl")]
+    valid = [float(s.target[0]) for s in read_vector_sequences(data / "valid.jsonl")]
+    by_hand = float(np.mean((np.array(valid) - np.float32(np.mean(ys, dtype=np.float32))) ** 2))
+    assert summary["valid"]["baseline_mse"] == pytest.approx(by_hand, rel=1e-5)
+    code, out, err = run_cli("evaluate", "--checkpoint", str(tmp_path / "v"), "--data",
+                             str(data / "valid.jsonl"), "--json")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["baseline_mse"] == pytest.approx(by_hand, rel=1e-5)
     code, out, err = train(run_cli, data, tmp_path / "c", "--steps", "3", "--json",
                            train="csv_train", valid="csv_valid")  # fmt: skip
     assert code == 0, err

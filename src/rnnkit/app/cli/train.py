@@ -225,6 +225,25 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return cfg.check_applies(given_now)
 
 
+def _recorded_train(out: str) -> str | None:
+    """The training file of the run in ``out`` as ``config.json`` recorded it (absolute);
+    None where there is no such record (``--train`` is then required)."""
+    from rnnkit.training.checkpoint import read_json
+
+    try:
+        record = read_json(Path(out) / "config.json").get("data", {}).get("train", {})
+        path = record.get("path")
+    except (RnnkitError, OSError, AttributeError):
+        return None
+    if not isinstance(path, str) or not path:
+        return None
+    if not Path(path).is_file():
+        raise ConfigError(
+            f"--resume: the training file of this run, {path}, is gone; give it with --train"
+        )
+    return path
+
+
 def _snapshot_step(out: str) -> int | None:
     """The step of the snapshot ``--resume`` continues from (``latest.json``), or None where
     it cannot be read (the resume itself then says why)."""
@@ -356,6 +375,10 @@ def run(args: argparse.Namespace) -> int:
             from rnnkit.app.cli.config_file import blame
 
             raise blame(ConfigError(f"--{name} is empty: {fix}"), origins, args.config)
+    if args.resume and args.out and not args.train:
+        # the run's own training file, by the absolute path config.json recorded (its
+        # content is checked against the record before the run goes on)
+        args.train = _recorded_train(args.out)
     unset = [name for name in ("train", "out") if not getattr(args, name)]
     if unset:
         if not args.print_config or args.resume:

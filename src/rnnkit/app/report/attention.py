@@ -3,12 +3,10 @@ teacher-forced (row t is the step that predicts target token t)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from rnnkit.app.report.html import image, note, section
-from rnnkit.app.report.run import Run
+from rnnkit.app.report.run import Run, data_file
 from rnnkit.diagnostics import plots
 
 __all__ = ["attention_sections"]
@@ -28,15 +26,16 @@ def attention_sections(run: Run, pairs_shown: int = 3) -> list[tuple[str, str, s
     pairs = None
     # The first validation pairs; without a validation file, the last training pairs
     # (the ones training held out).
-    for name, held_out in ((cfg.valid, False), (cfg.train, True)):
-        for candidate in (Path(name), run.path / name) if name else ():
-            try:
-                every = read_pairs(candidate)
-                pairs = every[-pairs_shown:] if held_out else every[:pairs_shown]
-                src, tgt = encode_pairs(pairs, source_vocab, target_vocab, candidate)
-                break
-            except (DataError, OSError):
-                pairs = None
+    for key, held_out in (("valid", False), ("train", True)):
+        candidate = data_file(run, key)
+        if candidate is None:
+            continue
+        try:
+            every = read_pairs(candidate)
+            pairs = every[-pairs_shown:] if held_out else every[:pairs_shown]
+            src, tgt = encode_pairs(pairs, source_vocab, target_vocab, candidate)
+        except (DataError, OSError):
+            pairs = None
         if pairs:
             break
     if not pairs:

@@ -12,7 +12,7 @@ from rnnkit.app.tasks.run_config import load_config
 from rnnkit.training.run_files import read_metrics, read_summary
 from rnnkit.training.trajectory import run_events
 
-__all__ = ["Run", "data_files", "read_run"]
+__all__ = ["Run", "data_file", "data_files", "read_run"]
 
 #: No step is past it: :func:`run_events` keeps every attempt's events up to the last.
 _NO_STEP_LIMIT = 2**62
@@ -49,15 +49,23 @@ def read_run(run_dir: str | Path) -> Run:
     return Run(path, cfg, info, summary, events, bad)
 
 
+def data_file(run: Run, key: str) -> Path | None:
+    """Where the run's ``key`` file (``"train"`` or ``"valid"``) is: at the absolute path
+    ``config.json`` recorded, else as given, else in the run directory (None: nowhere).
+    The recorded path first: a report made from another directory found no relative
+    ``--valid`` and left out the sections that read it."""
+    name = getattr(run.cfg, key)
+    if not name:
+        return None
+    candidates = [Path(name), run.path / name]
+    record = run.info.get("data")
+    recorded = record.get(key) if isinstance(record, dict) else None
+    if isinstance(recorded, dict) and isinstance(recorded.get("path"), str):
+        candidates.insert(0, Path(recorded["path"]))
+    return next((c for c in candidates if c.exists()), None)
+
+
 def data_files(run: Run) -> list[Path]:
-    """The run's validation file, then its training file, where they can be found (as
-    given, or in the run directory)."""
-    found = []
-    for name in (run.cfg.valid, run.cfg.train):
-        if not name:
-            continue
-        for candidate in (Path(name), run.path / name):
-            if candidate.exists():
-                found.append(candidate)
-                break
-    return found
+    """The run's validation file, then its training file, where they can be found
+    (:func:`data_file`)."""
+    return [p for p in (data_file(run, "valid"), data_file(run, "train")) if p is not None]

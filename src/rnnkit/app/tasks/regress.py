@@ -232,6 +232,8 @@ def fit_sequences(
     if target == "value":
         ys = [s.target for s in train_seqs if s.target is not None]
         fallback = torch.from_numpy(np.mean(ys, axis=0)) if ys else None
+    if fallback is not None:  # evaluate's baseline is this one (not a prediction of 0)
+        info = {**info, "target_mean": fallback.tolist()}
     train_enc = encode_sequences(train_seqs, target, cfg.max_len, fallback)
     valid_enc = encode_sequences(valid_seqs, target, cfg.max_len, fallback)
     K = D if target == "next" else int(train_enc.targets[0].shape[0])
@@ -302,7 +304,13 @@ def evaluate(
     cfg, info, model = load_regressor(run_dir, device)
     seqs = _read(data_path)
     _check_width(seqs, info["input_size"], "the run's input width")
-    enc = encode_sequences(seqs, cfg.target, cfg.max_len)
+    # the training targets' mean, as training scored the baseline (runs from before it
+    # was recorded: 0)
+    mean = info.get("target_mean")
+    fallback = None
+    if isinstance(mean, list) and len(mean) == info["output_size"]:
+        fallback = torch.tensor([float(v) for v in mean], dtype=torch.float32)
+    enc = encode_sequences(seqs, cfg.target, cfg.max_len, fallback)
     model_device = next(model.parameters()).device
     metrics = regression_metrics(model, enc, model_device, batch_size or cfg.batch_size)
     _check_finite(metrics, seqs)
