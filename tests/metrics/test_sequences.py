@@ -45,6 +45,22 @@ def test_bleu_equals_sacrebleu_on_the_same_tokens(seed):
     assert bleu(hyps, refs) == pytest.approx(want, abs=1e-9)
 
 
+def test_bleu_of_characters_counts_the_space_as_a_token_as_the_docs_say():
+    """A character-level target's BLEU is sacreBLEU's ``tokenize="none"`` on the characters
+    with each space written as a placeholder; ``tokenize="char"`` drops the spaces."""
+    hyps, refs = ["2024 03 05", "2023-1 2-01", "ab cd ef"], ["2024-03-05", "2023-12-01", "ab cd eg"]
+
+    def spaced(text: str) -> str:
+        return " ".join("_" if c == " " else c for c in text)
+
+    want = sacrebleu.corpus_bleu(
+        [spaced(h) for h in hyps], [[spaced(r) for r in refs]], tokenize="none"
+    ).score
+    got = bleu([list(h) for h in hyps], [list(r) for r in refs])
+    assert got == pytest.approx(want, abs=1e-9)
+    assert sacrebleu.corpus_bleu(hyps, [refs], tokenize="char").score != pytest.approx(got)
+
+
 def test_character_error_rate_by_hand():
     # "kitten" → "sitting": 3 edits over 7 reference characters; "" vs "ab": 2 over 2
     assert character_error_rate(["kitten", ""], ["sitting", "ab"]) == pytest.approx(5 / 9)

@@ -156,3 +156,25 @@ def test_weights_without_their_checksum_do_not_load_silently(tmp_path):
     with skipping_checksums():
         load_model_weights(other, path)
     assert torch.equal(other.weight, torch.full_like(other.weight, 0.5))
+
+
+def test_weights_saved_into_a_run_on_purpose_are_vouched_for_as_the_message_says(tmp_path):
+    """From Python the message named only --skip-checksums; it names the Python ways too,
+    and the one it gives for weights saved on purpose works."""
+    run = _run(tmp_path)
+    model = torch.nn.Linear(2, 1)
+    save_model_weights(model, run / "model.safetensors")
+    write_manifest(run)
+    with torch.no_grad():
+        model.weight.add_(1e-3)  # fine-tuned, then saved back into the run
+    save_model_weights(model, run / "model.safetensors")
+    with pytest.raises(CheckpointError) as info:
+        verify_run(run)
+    message = str(info.value)
+    assert "with rnnkit.training.manifest.skipping_checksums():" in message
+    assert "rnnkit.training.manifest.write_manifest(run)" in message
+    write_manifest(run)
+    verify_run(run)
+    fresh = torch.nn.Linear(2, 1)
+    load_model_weights(fresh, run / "model.safetensors")
+    assert torch.equal(fresh.weight, model.weight)

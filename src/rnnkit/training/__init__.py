@@ -74,6 +74,7 @@ from rnnkit.training.loop import Trainer
 from rnnkit.training.manifest import (
     MANIFEST,
     MANIFEST_FORMAT,
+    SKIP_HINT,
     checksums_skipped,
     covered_files,
     skipping_checksums,
@@ -115,6 +116,7 @@ __all__ = [
     "METRIC_FIELDS",
     "MIN_GAIN",
     "RATE_KEYS",
+    "SKIP_HINT",
     "SMOOTH_RECORDS",
     "DistContext",
     "LRSchedule",

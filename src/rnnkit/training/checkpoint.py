@@ -47,7 +47,7 @@ from rnnkit.data.files import (
 )
 from rnnkit.data.limits import loads_json
 from rnnkit.errors import CheckpointError, DataError
-from rnnkit.training.manifest import checksums_skipped
+from rnnkit.training.manifest import SKIP_HINT, checksums_skipped
 
 __all__ = [
     "FORMAT_VERSION",
@@ -180,8 +180,7 @@ def _load_tensors(path: Path, checked: bool = False) -> dict[str, torch.Tensor]:
             # Every weights file rnnkit writes carries one: removed, or another program's.
             raise CheckpointError(
                 f"{path}: no SHA-256 in its metadata, so the weights cannot be checked (written "
-                "by another program, or the checksum was removed); pass --skip-checksums "
-                "(RNNKIT_SKIP_CHECKSUMS=1) to load it anyway"
+                f"by another program, or the checksum was removed); {SKIP_HINT}"
             )
         if digest is not None and digest != tensors_sha256(tensors):
             raise CheckpointError(f"{path}: checksum mismatch (corrupted or truncated)")

@@ -42,6 +42,7 @@ from rnnkit.training.nonfinite import TrainingDiverged
 __all__ = [
     "MANIFEST",
     "MANIFEST_FORMAT",
+    "SKIP_HINT",
     "checksums_skipped",
     "covered_files",
     "skipping_checksums",
@@ -60,7 +61,12 @@ _VERSION = 1
 #: Files and folders a run holds that the manifest leaves out (see the module doc).
 _LEFT_OUT = {MANIFEST, "metrics.jsonl", "metrics.csv", "snapshots"}
 _SKIP_ENV = "RNNKIT_SKIP_CHECKSUMS"
-_SKIP_HINT = "pass --skip-checksums (RNNKIT_SKIP_CHECKSUMS=1) to read it anyway"
+#: How to read a run anyway, in the words of the command line and of Python (the same
+#: readers serve both).
+SKIP_HINT = (
+    "pass --skip-checksums (RNNKIT_SKIP_CHECKSUMS=1; in Python: with "
+    "rnnkit.training.manifest.skipping_checksums():) to read it anyway"
+)
 
 _skip_depth = 0  # skipping_checksums() nesting
 _writing: set[Path] = set()  # runs this process is training now: their files change
@@ -257,7 +263,7 @@ def verify_run(run_dir: str | os.PathLike[str], *, missing_ok: bool = False) -> 
         raise CheckpointError(
             f"{path}: missing, so the run's files cannot be checked (a run still training "
             f"or cut short: finish it with train --resume; or written by an older rnnkit); "
-            f"{_SKIP_HINT}"
+            f"{SKIP_HINT}"
         )
     files = _read_manifest(path)
     present = covered_files(root)
@@ -269,15 +275,16 @@ def verify_run(run_dir: str | os.PathLike[str], *, missing_ok: bool = False) -> 
         if name not in files and name.endswith((".json", ".safetensors")):
             raise CheckpointError(
                 f"{root / name}: not in {MANIFEST} (added after the run was written); "
-                f"remove it, or {_SKIP_HINT}"
+                f"remove it, or {SKIP_HINT}"
             )
     for name, entry in files.items():
         target = root / name
         if not target.is_file():
-            raise CheckpointError(f"{target}: missing (listed in {MANIFEST}); {_SKIP_HINT}")
+            raise CheckpointError(f"{target}: missing (listed in {MANIFEST}); {SKIP_HINT}")
         if target.stat().st_size != entry["size"] or sha256_file(target) != entry["sha256"]:
             raise CheckpointError(
                 f"{target}: does not match its SHA-256 in {MANIFEST} (changed after the run "
-                f"wrote it: damaged, or edited); {_SKIP_HINT}"
+                f"wrote it: damaged, or edited; weights saved into the run on purpose are "
+                f"vouched for with rnnkit.training.manifest.write_manifest(run)); {SKIP_HINT}"
             )
     _verified[root] = signature

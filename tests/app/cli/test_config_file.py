@@ -69,6 +69,19 @@ def test_a_flag_of_the_command_line_wins_over_false_in_the_file(tmp_path, run_cl
     assert shown["bidirectional"] is True and shown["task"] == "tag"
 
 
+def test_no_clip_overrides_the_files_clip_norm_but_not_one_typed_beside_it(tmp_path, run_cli):
+    """``--no-clip --clip-norm 3`` dropped the 3 in silence; both typed is refused, while
+    ``--no-clip`` over a file's ``clip-norm`` is the command line overriding the file."""
+    conf = tmp_path / "c.toml"
+    conf.write_text("clip-norm = 3.0\n")
+    shown = values(printed(run_cli, "--config", str(conf), "--no-clip"))
+    assert shown["no-clip"] is True and "clip-norm" not in shown
+    code, _, err = run_cli(
+        "train", "--train", "t.txt", "--out", "r", "--no-clip", "--clip-norm", "3"
+    )
+    assert (code, err) == (2, "rnnkit train: error: --clip-norm and --no-clip: give one of them\n")
+
+
 # -- refusals ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("text", "message"),

@@ -98,6 +98,11 @@ def test_a_resumed_run_says_which_steps_the_time_is_for(capsys):
     assert capsys.readouterr().out.splitlines()[0].startswith("trained 600 steps in 1 s")
     print_summary(summary)
     assert capsys.readouterr().out.splitlines()[0].startswith("trained 600 steps in 1 s")
+    # resumed after its last step (stopped before it ended): nothing trained, no rate
+    print_summary({**summary, "tokens_per_s": None, "elapsed_s": 0.2}, resumed_at=600)
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "trained 600 steps in 0 s (no step trained now), 10 parameters"
+    )
 
 
 def test_train_resume_passes_the_snapshot_step(run_cli, tmp_path):

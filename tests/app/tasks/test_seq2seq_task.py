@@ -250,6 +250,15 @@ def test_generate_warns_about_input_outside_the_vocabulary(trained, capsys):
         "rnnkit generate: error: --greedy takes the most likely token; --beam N keeps the N "
         "most likely prefixes (--beam 1 is greedy): give one or the other\n"
     )
+    # --beam 1 --num 3 searched 3 wide in silence, while --greedy --num 3 was refused
+    code, _, err = run(capsys, "generate", "--checkpoint", str(trained), "--input", "ab",
+                       "--beam", "1", "--num", "3")  # fmt: skip
+    assert code == 2 and err == (
+        "rnnkit generate: error: --num 3 with --beam 1: a beam of 1 keeps the 1 best; give "
+        "--beam 3 or more (or leave --beam out: the run's beam, widened to --num)\n"
+    )
+    widened, _ = generate_lines(capsys, trained, "--input", "abcd", "--num", "3")
+    assert len(widened) == 3  # the run's beam (2), widened to 3
     code, _, err = run(capsys, "generate", "--checkpoint", str(trained), "--input", "ab",
                        "--top-p", "1.5")  # fmt: skip
     assert code == 2 and "top_p" in err.replace("-", "_") and len(err.strip().splitlines()) == 1

@@ -27,7 +27,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--condition", metavar="LABEL", help="the class to generate for (class-conditional lm)"
     )
-    add_max_len_option(p, "tokens to generate at most (default 200)", default=200)
+    add_max_len_option(
+        p,
+        "tokens to generate at most (default 200 for a language model; for seq2seq the "
+        "run's --max-len)",
+        default=200,
+    )
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature > 0")
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with mass ≥ p")
@@ -109,6 +114,13 @@ def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
     sample = _samples(args)  # with no --beam or --greedy: _check_decoding
     if args.greedy and args.num > 1:
         raise ConfigError("--greedy gives one output; --num N with --beam N lists the N best")
+    if args.beam is not None and args.num > args.beam:
+        # a beam of B keeps B hypotheses: --beam 1 --num 3 searched 3 wide in silence
+        raise ConfigError(
+            f"--num {args.num} with --beam {args.beam}: a beam of {args.beam} keeps the "
+            f"{args.beam} best; give --beam {args.num} or more (or leave --beam out: "
+            "the run's beam, widened to --num)"
+        )
     try:
         outputs, unknown = module.generate_outputs(
             args.checkpoint,

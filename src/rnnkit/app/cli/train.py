@@ -156,9 +156,9 @@ def register(sub: Any) -> None:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     values = {k: v for k, v in vars(args).items() if k in CONFIG_FIELDS}
+    explicit = getattr(args, "explicit", None)  # set by cli.main; None when called directly
     if args.no_clip:
         values["clip_norm"] = None
-    explicit = getattr(args, "explicit", None)  # set by cli.main; None when called directly
     if explicit is not None and "no_clip" in explicit:
         explicit = explicit | {"clip_norm"}
     switched_off = {name for name in NEGATED if getattr(args, "no_" + name, False)}
@@ -362,6 +362,9 @@ def run(args: argparse.Namespace) -> int:
     origins: dict[str, str] = {}
     parser = _train_parser()
     explicit = getattr(args, "explicit", None)
+    if args.no_clip and explicit is not None and "clip_norm" in explicit:
+        # both typed: one would be dropped (a --config file's clip-norm is overridden)
+        raise ConfigError("--clip-norm and --no-clip: give one of them")
     if args.config is not None:
         from rnnkit.app.cli.config_file import apply_config_file
 

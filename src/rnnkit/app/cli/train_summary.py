@@ -91,9 +91,12 @@ def print_summary(summary: dict[str, Any], resumed_at: int | None = None) -> Non
     processes = summary.get("processes", 1)
     if isinstance(processes, int) and processes > 1:  # torchrun: said once, by rank 0
         done += f" on {processes} processes"
+    rate = summary.get("tokens_per_s")
+    # no rate: no training step in this call (a run stopped after its last step, before
+    # it ended, resumed to validate and write it), not "0 tokens/s"
+    speed = f"{rate:.0f} {counted(summary.get('task'))}/s" if rate else "no step trained now"
     print(
-        f"trained {done} in {summary['elapsed_s']:.0f} s "
-        f"({summary.get('tokens_per_s') or 0:.0f} {counted(summary.get('task'))}/s), "
+        f"trained {done} in {summary['elapsed_s']:.0f} s ({speed}), "
         f"{summary['parameters']:,} parameters"
     )
     if summary.get("stopped"):

@@ -240,7 +240,13 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
         "tokens_per_s": float(np.median([e["tokens_per_s"] for e in train_events]))
         if train_events
         else None,
-        "sentences_per_s": result.steps * cfg.batch_size / max(elapsed, 1e-9),
+        # the pairs of this call's steps over their time (a resumed run counted every
+        # step of the run over this call's time; one with no step left, a huge figure)
+        "sentences_per_s": (result.steps - result.first_step)
+        * cfg.batch_size
+        / result.train_seconds
+        if result.steps > result.first_step and result.train_seconds > 0
+        else None,
         "scheduled_sampling_p": schedule.probability(result.steps),
         "valid": {**(result.best_valid or {}), **decoded},
         "baselines": baseline_metrics(nearest, data.valid_pairs, data.valid_src, data.target_vocab),
