@@ -100,7 +100,7 @@ file of its own (--valid)
     which = f"the {label} {labels[0]!r}" if labels else f"no {label}"
     others = sorted(set(held_out) - set(labels))
     if others:
-        shown = ", ".join(repr(o) for o in others[:5]) + (", ..." if others[5:] else "")
+        shown = ", ".join(repr(o) for o in others[:5]) + (", …" if others[5:] else "")
         raise DataError(
             f"every training {item} has {which}: the validation part held out of the file "
             f"took every other {label} ({shown}); give a validation file of its own (--valid)",

@@ -176,7 +176,7 @@ def _old_run_files(
     found = [name for name in RUN_FILES if (out / name).exists() or (out / name).is_symlink()]
     foreign = _not_written_by_rnnkit(out, found)
     if foreign:
-        listed = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        listed = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
         were, them = ("was", "it") if len(foreign) == 1 else ("were", "them")
         raise ConfigError(
             f"--out {out}: {listed} {were} not written by rnnkit train, and a new run "
