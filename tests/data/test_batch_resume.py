@@ -77,3 +77,18 @@ def test_rnnkits_own_batchers_are_used_as_they_are():
     assert resumable_batches(own) is own
     wrapped = resumable_batches([[1]])
     assert isinstance(wrapped, IterableBatches) and len(wrapped) == 1
+
+
+def test_a_distributed_sampler_is_given_each_epoch():
+    """Without ``set_epoch`` a DistributedSampler shuffles every epoch the same way."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    data = TensorDataset(torch.arange(12))
+    sampler = DistributedSampler(data, num_replicas=2, rank=0, shuffle=True, seed=3)
+    batches = IterableBatches(DataLoader(data, batch_size=3, sampler=sampler))
+    got = [[b[0].tolist() for b in batches] for _ in range(3)]
+    want = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        want.append([int(i) for i in sampler])
+    assert [[i for b in e for i in b] for e in got] == want and want[0] != want[1]

@@ -187,12 +187,11 @@ def test_clipping_and_pre_clip_group_norms() -> None:
     assert monitor.norms("0")[0] == pytest.approx(raw["0"])
 
 
-def test_without_a_threshold_a_larger_pre_clip_norm_is_taken_as_clipping() -> None:
-    """No ``clip_norm`` given: the group norms were the clipped gradients' (summing to
-    1.0) beside a pre-clip total of 17.3. Now they are the pre-clip ones; ``clipped``
-    stays unknown, and an unclipped step's norms are its own."""
+def test_without_clip_norm_the_group_norms_are_rescaled_only_when_told() -> None:
+    """No ``clip_norm``: the monitor cannot tell clipping from a ``pre_clip_norm`` of more
+    parameters than it records (the encoder's groups beside the whole model's norm), so
+    the group norms are the gradients' own unless ``clipped=True`` says it fired."""
     model = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1))
-    monitor = GradientMonitor(group_of=lambda name: name.split(".")[0])
     backward_with(model, 10.0)
     raw = {
         k: math.sqrt(
@@ -200,15 +199,16 @@ def test_without_a_threshold_a_larger_pre_clip_norm_is_taken_as_clipping() -> No
         )
         for k in ("0", "1")
     }
+    whole = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)  # not clipped
+    first = GradientMonitor().record(model[0], pre_clip_norm=whole)
+    assert math.hypot(*first.group_norms.values()) == pytest.approx(raw["0"], rel=1e-6)
+    monitor = GradientMonitor(group_of=lambda name: name.split(".")[0])
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    rec = monitor.record(model, pre_clip_norm=norm)
-    assert rec.clipped is None and rec.grad_norm == pytest.approx(float(norm))
-    assert rec.group_norms == pytest.approx(raw, rel=1e-6)
-    assert math.hypot(*rec.group_norms.values()) == pytest.approx(float(norm), rel=1e-6)
-    backward_with(model, 1e-3)
-    raw = {k: v * 1e-4 for k, v in raw.items()}  # the same gradients, 1e-4 times as large
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # below: not clipped
-    assert monitor.record(model, pre_clip_norm=norm).group_norms == pytest.approx(raw, rel=1e-5)
+    told = monitor.record(model, pre_clip_norm=norm, clipped=True)
+    assert told.group_norms == pytest.approx(raw, rel=1e-6)
+    untold = monitor.record(model, pre_clip_norm=norm)
+    assert untold.clipped is None
+    assert math.hypot(*untold.group_norms.values()) == pytest.approx(1.0, rel=1e-5)
 
 
 def test_vanishing_exploding_and_nonfinite_events() -> None:

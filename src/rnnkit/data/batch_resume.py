@@ -99,7 +99,10 @@ class IterableBatches(_Resumable):
     shuffling ``DataLoader`` draws the same order) and skips the batches already trained
     on, so the resume is exact wherever the batches are a function of that state: not
     where loading a batch draws random numbers of this process (augmentation at
-    ``num_workers=0``), or draws from a ``generator`` of the loader's own.
+    ``num_workers=0``), draws from a ``generator`` of the loader's own, or with
+    ``persistent_workers=True`` (whose later epochs draw their order from another point of
+    that state). A sampler with ``set_epoch`` (``DistributedSampler``) is given the epoch
+    before each pass. The batches skipped on a resume are loaded and dropped.
 
     >>> b = IterableBatches([[1], [2], [3]])
     >>> it = iter(b); next(it), next(it)
@@ -138,6 +141,9 @@ class IterableBatches(_Resumable):
             torch.set_rng_state(self._epoch_rng)  # the epoch's draws (its order) again
         else:
             self._epoch_rng = now
+        set_epoch = getattr(getattr(self.batches, "sampler", None), "set_epoch", None)
+        if callable(set_epoch):  # a DistributedSampler's order of this epoch
+            set_epoch(self.epoch)
         # A DataLoader draws its workers' seed when made and its order at the first batch.
         it = iter(self.batches)
         first = next(it, _END)

@@ -46,7 +46,6 @@ from rnnkit.diagnostics.gradcheck import GradcheckResult, GradientError, gradche
 from rnnkit.diagnostics.jacobian import GradientFlow, gradient_flow, jacobian_norms, step_jacobians
 from rnnkit.diagnostics.loss_gradients import state_gradient_norms, state_gradients
 from rnnkit.diagnostics.monitor import (
-    CLIPPED_BY,
     GradientEvent,
     GradientMonitor,
     LayerStats,
@@ -57,7 +56,6 @@ from rnnkit.diagnostics.monitor import (
 from rnnkit.diagnostics.recorded import RecordedRun
 
 __all__ = [
-    "CLIPPED_BY",
     "Contributions",
     "DerivativeSize",
     "GradcheckResult",

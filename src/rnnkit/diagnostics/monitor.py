@@ -34,7 +34,6 @@ from rnnkit.layers.stacked import Bidirectional, StackedRecurrent
 from rnnkit.types import State
 
 __all__ = [
-    "CLIPPED_BY",
     "GradientEvent",
     "GradientMonitor",
     "LayerStats",
@@ -42,11 +41,6 @@ __all__ = [
     "gate_saturation",
     "layer_statistics",
 ]
-
-#: How far (a fraction) a ``pre_clip_norm`` must exceed the gradients' own norm for a
-#: :class:`GradientMonitor` without ``clip_norm`` to take it as clipping: well above the
-#: float32 rounding of the two sums, well below any clipping worth recording.
-CLIPPED_BY = 1e-4
 
 
 # ---- gates and states ------------------------------------------------------------------
@@ -246,10 +240,11 @@ class GradientMonitor:
 
     Call ``record`` (or the monitor itself, as ``Trainer``'s ``grad_hook``) once per step
     after ``backward()`` and ``clip_grad_norm_``, passing the norm that
-    ``clip_grad_norm_`` returned: the group norms are then rescaled to their pre-clip
-    values (clipping scales all gradients by the same factor). Without ``clip_norm`` a
-    ``pre_clip_norm`` above the gradients' own norm (by more than :data:`CLIPPED_BY`) is
-    taken as clipping too, for the group norms; ``clipped`` stays None (unknown).
+    ``clip_grad_norm_`` returned: where the monitor knows that clipping fired (its
+    ``clip_norm`` below that norm, or ``clipped=True`` given) the group norms are rescaled
+    to their pre-clip values (clipping scales all gradients by the same factor). Without
+    either they are the gradients' as they are now: the monitor cannot tell a clipped
+    step from a ``pre_clip_norm`` over more parameters than it was given.
 
     A signal fires when the global norm falls below the largest of the previous
     ``window`` norms divided by ``factor`` ("vanishing") or rises above the smallest times
@@ -324,14 +319,7 @@ class GradientMonitor:
         norm = values[-1] if given else current if pre_clip_norm is None else float(pre_clip_norm)
         if clipped is None and self.clip_norm is not None and math.isfinite(norm):
             clipped = norm > self.clip_norm
-        scale = 1.0
-        if current > 0 and math.isfinite(norm):
-            if clipped:
-                scale = norm / current
-            elif clipped is None and norm > current * (1 + CLIPPED_BY):
-                # clipping nobody told of: clip_grad_norm_'s norm above the gradients' own
-                # (the group norms were the clipped ones beside a pre-clip total)
-                scale = norm / current
+        scale = norm / current if clipped and current > 0 and math.isfinite(norm) else 1.0
         record = StepRecord(
             step=len(self.history) if step is None else int(step),
             grad_norm=_finite(norm),

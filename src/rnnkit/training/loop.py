@@ -46,7 +46,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import torch
 from torch import Tensor, nn
 
-from rnnkit.data.batch_resume import resumable_batches
+from rnnkit.data.batch_resume import IterableBatches, resumable_batches
 from rnnkit.deferred import Deferred, deferring
 from rnnkit.errors import ConfigError, RunFinished
 from rnnkit.models.language_model import LossOutput
@@ -162,7 +162,10 @@ class Trainer(Generic[_M]):
         self.optimizer = optimizer
         self.dist = dist_ctx or DistContext()
         batches = resumable_batches(batches)  # a DataLoader, a list of batches: wrapped
-        if self.dist.enabled:  # rnnkit train's batches have --batch-size rows
+        # rnnkit's batchers give the global batch, split here; a DataLoader gives each
+        # process its own rows already (its DistributedSampler), as in any DDP program
+        if self.dist.enabled and not isinstance(batches, IterableBatches):
+            # rnnkit train's batches have --batch-size rows
             rows = options.argument("batch_size") if options.command_line else None
             batches = ShardedBatches(batches, self.dist, rows)
         self.batches = batches

@@ -80,6 +80,16 @@ def test_no_clip_overrides_the_files_clip_norm_but_not_one_typed_beside_it(tmp_p
         "train", "--train", "t.txt", "--out", "r", "--no-clip", "--clip-norm", "3"
     )
     assert (code, err) == (2, "rnnkit train: error: --clip-norm and --no-clip: give one of them\n")
+    # the other way round: the command line's --clip-norm over the file's no-clip
+    conf.write_text("no-clip = true\n")
+    shown = values(printed(run_cli, "--config", str(conf), "--clip-norm", "2"))
+    assert shown["clip-norm"] == 2.0 and shown["no-clip"] is False
+    conf.write_text("no-clip = true\nclip-norm = 3.0\n")  # both in the file
+    code, _, err = run_cli("train", "--config", str(conf), "--train", "t.txt", "--out", "r")
+    assert (code, err) == (
+        2,
+        f"rnnkit train: error: {conf}: clip-norm and no-clip: give one of them\n",
+    )
 
 
 # -- refusals ------------------------------------------------------------------------------------

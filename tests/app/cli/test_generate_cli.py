@@ -133,6 +133,15 @@ def test_a_search_mixed_with_sampling_or_another_search_is_refused(corpus, tmp_p
         (["--greedy", "--top-k", "2"], SEARCH_AND_SAMPLE),
         (["--greedy", "--beam", "3"], GREEDY_AND_BEAM),
         (["--greedy", "--beam", "1"], GREEDY_AND_BEAM),
+        # one text printed 3 times; Python's num and beam_size named for the options
+        (
+            ["--greedy", "--num", "3"],
+            "--greedy gives one output; --num N with --beam N lists the N best",
+        ),
+        (
+            ["--beam", "2", "--num", "3"],
+            "--num 3 with --beam 2: a beam of 2 keeps the 2 best; give --beam 3 or more",
+        ),
     ]:
         code, out, err = run_cli(*argv, *mix)
         assert (code, out, err) == (2, "", f"rnnkit generate: error: {message}\n"), mix

@@ -1041,6 +1041,25 @@ def test_resume_without_train_reads_the_recorded_file(run_cli, data, tmp_path, m
     )
 
 
+def test_a_resume_in_epochs_replaces_a_budget_in_steps(run_cli, data, tmp_path):
+    """``--steps`` overrides ``--epochs``: once a budget in steps was recorded, ``--resume
+    --epochs 3`` said "finished at step 6 of 6" and trained nothing. Epochs given now
+    replace the run's steps, and are recorded so."""
+    out = tmp_path / "run"
+    assert run_cli(*train_args(data, out, "--no-report"))[0] == 0  # --steps 6
+    resumed = [
+        a for a in train_args(data, out, "--resume", "--no-report", "--json") if a != "--quiet"
+    ]
+    at = resumed.index("--steps")
+    del resumed[at : at + 2]
+    code, stdout, err = run_cli(*resumed, "--epochs", "3")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["steps"] > 6 and summary["epoch"] == 3
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert (config["steps"], config["epochs"]) == (None, 3)
+
+
 def test_resuming_a_finished_run_changes_nothing_and_says_so(run_cli, data, tmp_path):
     # The resumed run rewrote summary.json from its snapshot ("weights of step 192") while
     # model.safetensors kept the finished run's weights (step 200).

@@ -103,6 +103,9 @@ def test_a_resumed_run_says_which_steps_the_time_is_for(capsys):
     assert capsys.readouterr().out.splitlines()[0] == (
         "trained 600 steps in 0 s (no step trained now), 10 parameters"
     )
+    # no rate, not resumed: no training record was logged (stopped before the first)
+    print_summary({**BASE, "steps": 11, "elapsed_s": 0.1})
+    assert capsys.readouterr().out.splitlines()[0] == "trained 11 steps in 0 s, 10 parameters"
 
 
 def test_train_resume_passes_the_snapshot_step(run_cli, tmp_path):

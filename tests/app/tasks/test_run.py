@@ -393,3 +393,54 @@ def test_a_finished_run_is_reported_by_rank_0_alone(tmp_path, monkeypatch, capsy
     else:
         assert got == {"task": "lm", "rank": 1}
         assert said == ""
+
+
+def test_a_resume_records_its_budget_first_and_takes_it_back_if_nothing_trained(tmp_path):
+    """``--resume --steps 40`` of a run of 6 writes the budget into config.json before it
+    trains (a run killed under it, SIGKILL or out of memory, resumes under it), and puts
+    the file back, byte for byte, where no step was saved under it: a refusal, a run
+    already finished."""
+    import json
+
+    from rnnkit.app.tasks.run_config import save_config
+    from rnnkit.app.tasks.run_dir import guarded_run
+    from rnnkit.errors import RunFinished
+    from rnnkit.training.checkpoint import atomic_write_json
+
+    out = tmp_path / "run"
+    out.mkdir()
+    save_config(out, TrainConfig(train="x", out=str(out), steps=6), data=None)
+    atomic_write_json(out / "latest.json", {"step": 6})
+    atomic_write_json(out / "summary.json", {"task": "lm", "steps": 6})
+    original = (out / "config.json").read_bytes()
+    seen = []
+
+    def resume(effect, **budget):
+        @guarded_run
+        def train(cfg, resume=False, quiet=False):
+            seen.append(json.loads((out / "config.json").read_text())["config"]["steps"])
+            return effect()
+
+        return train(TrainConfig(train="x", out=str(out), **budget), resume=True)
+
+    def refused():
+        raise ConfigError("refused before any step")
+
+    def finished():
+        raise RunFinished("finished")
+
+    def killed_after_a_snapshot():
+        atomic_write_json(out / "latest.json", {"step": 20})
+        raise RuntimeError("killed")
+
+    with pytest.raises(ConfigError):
+        resume(refused, steps=40)
+    assert resume(finished, steps=40) == {"task": "lm", "steps": 6}
+    assert seen == [40, 40] and (out / "config.json").read_bytes() == original
+    with pytest.raises(RuntimeError):
+        resume(killed_after_a_snapshot, steps=40)
+    config = json.loads((out / "config.json").read_text())
+    assert config["config"]["steps"] == 40
+    first = json.loads(original)
+    first["config"]["steps"] = 40
+    assert config == first  # the budget alone changed

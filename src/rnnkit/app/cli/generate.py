@@ -98,6 +98,15 @@ def _check_decoding(args: argparse.Namespace) -> None:
             "--greedy takes the most likely token; --beam N keeps the N most likely "
             "prefixes (--beam 1 is greedy): give one or the other"
         )
+    if args.greedy and args.num > 1:  # a language model printed one text N times
+        raise ConfigError("--greedy gives one output; --num N with --beam N lists the N best")
+    if args.beam is not None and args.num > args.beam:
+        # a beam of B keeps B hypotheses: a seq2seq run's --beam 1 --num 3 searched 3
+        # wide in silence, a language model's named Python's num and beam_size
+        raise ConfigError(
+            f"--num {args.num} with --beam {args.beam}: a beam of {args.beam} keeps the "
+            f"{args.beam} best; give --beam {args.num} or more"
+        )
 
 
 def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
@@ -112,15 +121,6 @@ def _transduce(args: argparse.Namespace, module: Any) -> list[str]:
     if args.prompt is not None:
         raise ConfigError("--prompt applies to a language model; a seq2seq run reads --input")
     sample = _samples(args)  # with no --beam or --greedy: _check_decoding
-    if args.greedy and args.num > 1:
-        raise ConfigError("--greedy gives one output; --num N with --beam N lists the N best")
-    if args.beam is not None and args.num > args.beam:
-        # a beam of B keeps B hypotheses: --beam 1 --num 3 searched 3 wide in silence
-        raise ConfigError(
-            f"--num {args.num} with --beam {args.beam}: a beam of {args.beam} keeps the "
-            f"{args.beam} best; give --beam {args.num} or more (or leave --beam out: "
-            "the run's beam, widened to --num)"
-        )
     try:
         outputs, unknown = module.generate_outputs(
             args.checkpoint,

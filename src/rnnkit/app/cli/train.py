@@ -216,6 +216,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 "may change"
             )
         merged[key] = value
+    if given("epochs") and not given("steps"):
+        # a budget in epochs now: the run's --steps (which would override it) goes
+        merged["steps"] = None
     # The run directory is the one given now: a run that was moved (or resumed from
     # another working directory) must not train on in the place config.json remembers.
     if Path(args.out).resolve() != Path(saved.out).resolve():
@@ -370,6 +373,11 @@ def run(args: argparse.Namespace) -> int:
 
         given = set(explicit) if explicit is not None else set()
         origins = apply_config_file(parser, args, given, args.config)
+        if "no_clip" in origins and args.no_clip:
+            if "clip_norm" in given:  # the command line's --clip-norm over the file's no-clip
+                args.no_clip = False
+            elif "clip_norm" in origins:
+                raise ConfigError(f"{args.config}: clip-norm and no-clip: give one of them")
         if explicit is not None:  # options from the file are given, as if typed
             args.explicit = explicit | {k for k in origins if not k.startswith("--")}
     # "" is empty, not "not given" (it was "--out is required ..."), as --valid '' is

@@ -92,13 +92,16 @@ def print_summary(summary: dict[str, Any], resumed_at: int | None = None) -> Non
     if isinstance(processes, int) and processes > 1:  # torchrun: said once, by rank 0
         done += f" on {processes} processes"
     rate = summary.get("tokens_per_s")
-    # no rate: no training step in this call (a run stopped after its last step, before
-    # it ended, resumed to validate and write it), not "0 tokens/s"
-    speed = f"{rate:.0f} {counted(summary.get('task'))}/s" if rate else "no step trained now"
-    print(
-        f"trained {done} in {summary['elapsed_s']:.0f} s ({speed}), "
-        f"{summary['parameters']:,} parameters"
-    )
+    speed = ""
+    if rate:
+        speed = f" ({rate:.0f} {counted(summary.get('task'))}/s)"
+    elif resumed_at is not None and resumed_at == steps:
+        # resumed after its last step (stopped before it ended): it only validated and
+        # wrote the run now; not "0 tokens/s"
+        speed = " (no step trained now)"
+    # (no rate, else: no training record was logged, a run stopped before its first)
+    took = f"{summary['elapsed_s']:.0f} s{speed}"
+    print(f"trained {done} in {took}, {summary['parameters']:,} parameters")
     if summary.get("stopped"):
         best = (valid or {}).get("step")
         print(f"stopped: {summary['stopped']}" + (f"; weights of step {best}" if best else ""))

@@ -27,15 +27,14 @@ def attention_sections(run: Run, pairs_shown: int = 3) -> list[tuple[str, str, s
     # The first validation pairs; without a validation file, the last training pairs
     # (the ones training held out).
     for key, held_out in (("valid", False), ("train", True)):
-        candidate = data_file(run, key)
-        if candidate is None:
-            continue
-        try:
-            every = read_pairs(candidate)
-            pairs = every[-pairs_shown:] if held_out else every[:pairs_shown]
-            src, tgt = encode_pairs(pairs, source_vocab, target_vocab, candidate)
-        except (DataError, OSError):
-            pairs = None
+        for candidate in data_file(run, key):  # the next place where one cannot be read
+            try:
+                every = read_pairs(candidate)
+                pairs = every[-pairs_shown:] if held_out else every[:pairs_shown]
+                src, tgt = encode_pairs(pairs, source_vocab, target_vocab, candidate)
+                break
+            except (DataError, OSError):
+                pairs = None
         if pairs:
             break
     if not pairs:

@@ -49,23 +49,27 @@ def read_run(run_dir: str | Path) -> Run:
     return Run(path, cfg, info, summary, events, bad)
 
 
-def data_file(run: Run, key: str) -> Path | None:
-    """Where the run's ``key`` file (``"train"`` or ``"valid"``) is: at the absolute path
-    ``config.json`` recorded, else as given, else in the run directory (None: nowhere).
+def data_file(run: Run, key: str) -> list[Path]:
+    """Where the run's ``key`` file (``"train"`` or ``"valid"``) may be, the places that
+    exist: the absolute path ``config.json`` recorded, as given, in the run directory.
     The recorded path first: a report made from another directory found no relative
     ``--valid`` and left out the sections that read it."""
     name = getattr(run.cfg, key)
     if not name:
-        return None
+        return []
     candidates = [Path(name), run.path / name]
     record = run.info.get("data")
     recorded = record.get(key) if isinstance(record, dict) else None
     if isinstance(recorded, dict) and isinstance(recorded.get("path"), str):
         candidates.insert(0, Path(recorded["path"]))
-    return next((c for c in candidates if c.exists()), None)
+    found: list[Path] = []
+    for c in candidates:
+        if c.exists() and not any(c.resolve() == f.resolve() for f in found):
+            found.append(c)
+    return found
 
 
 def data_files(run: Run) -> list[Path]:
     """The run's validation file, then its training file, where they can be found
-    (:func:`data_file`)."""
-    return [p for p in (data_file(run, "valid"), data_file(run, "train")) if p is not None]
+    (:func:`data_file`: the first place of each)."""
+    return [places[0] for places in (data_file(run, "valid"), data_file(run, "train")) if places]

@@ -146,7 +146,8 @@ def _line_ends(cfg: TrainConfig, vocab: Vocabulary) -> tuple[int, int | None]:
 
 
 #: Most logits (lines × steps × vocabulary) one forward call of :func:`line_logprobs`
-#: holds: 64 MiB of float32, whatever the batch and the vocabulary.
+#: holds, 64 MiB of float32 (and its log-sum-exp as much again): a call reads at least
+#: one step, so where lines × vocabulary alone is larger a call holds one step's.
 SCORED_LOGITS = 1 << 24
 
 

@@ -17,10 +17,10 @@ from typing import Any
 from rnnkit import messages
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.run_config import load_config, resume_data
+from rnnkit.data.files import atomic_write_bytes
 from rnnkit.data.locks import lock as lock_file
-from rnnkit.errors import CheckpointError, ConfigError, RunFinished, WriteError
+from rnnkit.errors import CheckpointError, ConfigError, RnnkitError, RunFinished, WriteError
 from rnnkit.training.checkpoint import atomic_write_json, read_json
-from rnnkit.training.interrupt import TrainingInterrupted
 from rnnkit.training.manifest import (
     MANIFEST,
     MANIFEST_FORMAT,
@@ -28,7 +28,6 @@ from rnnkit.training.manifest import (
     verify_run,
     writing_run,
 )
-from rnnkit.training.nonfinite import TrainingDiverged
 from rnnkit.training.run_files import read_summary
 
 __all__ = [
@@ -338,25 +337,43 @@ def _make_out_dir(out: Path) -> None:
 
 #: The options of ``config.json`` that say how long a run trains: a ``--resume`` that
 #: changes them records them (:func:`record_budget`), so the next plain ``--resume`` goes on
-#: in that mode rather than the first one's.
-BUDGET_OPTIONS = ("epochs", "steps", "max_time", "eval_every", "patience", "min_gain")
+#: under that budget rather than the first one's. (``--max-time`` is not among them: it is
+#: the time of one invocation.)
+BUDGET_OPTIONS = ("epochs", "steps")
 
 
-def record_budget(cfg: TrainConfig) -> None:
-    """Write ``cfg``'s budget options (:data:`BUDGET_OPTIONS`) into the run's
-    ``config.json`` where they differ from it; the rest of the file is kept as it is.
-    Only the process that owns the run directory writes."""
+def record_budget(cfg: TrainConfig) -> bytes | None:
+    """Write ``cfg``'s budget (:data:`BUDGET_OPTIONS`) into the run's ``config.json``
+    where it differs from it, the rest of the file kept as it is; returns the file's bytes
+    before (None: nothing written). Only the process that owns the run directory writes."""
     if not _is_main_process():
-        return
+        return None
     path = Path(cfg.out) / "config.json"
+    before = path.read_bytes()
     data = read_json(path)
     saved = data.get("config") if isinstance(data, dict) else None
     if not isinstance(saved, dict):
-        return  # load_config refused such a file before training began
+        return None  # load_config refused such a file before training began
     now = cfg.to_dict()
     changed = {k: now[k] for k in BUDGET_OPTIONS if saved.get(k) != now[k]}
-    if changed:
-        atomic_write_json(path, {**data, "config": {**saved, **changed}})
+    if not changed:
+        return None
+    atomic_write_json(path, {**data, "config": {**saved, **changed}})
+    return before
+
+
+def _snapshot_step(out: str | Path) -> object:
+    """The step of the run's latest snapshot (``latest.json``), or None."""
+    try:
+        return read_json(Path(out) / "latest.json").get("step")
+    except (RnnkitError, OSError, AttributeError):
+        return None
+
+
+def _put_back(out: str | Path, before: bytes | None) -> None:
+    """``config.json`` as it was before :func:`record_budget` changed it (if it did)."""
+    if before is not None:
+        atomic_write_bytes(Path(out) / "config.json", before)
 
 
 def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
@@ -383,21 +400,22 @@ def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str,
                 cfg = resume_data(cfg, load_config(cfg.out, verify=False)[1])
             # The manifest goes first and is written again last, when the run is whole.
             with writing_run(cfg.out, main=_is_main_process()):
+                # A resume under a new budget records it first: a run killed while it
+                # trains on under it (SIGKILL, out of memory) resumes under it too.
+                started_at = _snapshot_step(cfg.out)
+                before = record_budget(cfg) if resume else None
                 try:
-                    result = train(cfg, *args, **kwargs)
+                    return train(cfg, *args, **kwargs)
                 except RunFinished as done:
+                    _put_back(cfg.out, before)  # the run stays exactly as it finished
                     if not _is_main_process():
                         # torchrun: rank 0 alone says so, and reports (once, not twice)
                         return {"task": cfg.task, "rank": int(os.environ["RANK"])}
-                    # The run stays exactly as it finished; the caller gets its summary.
                     messages.info(str(done))
                     return read_summary(cfg.out)
-                except (TrainingInterrupted, TrainingDiverged):
-                    if resume:  # it trained on under the new budget: the next resume too
-                        record_budget(cfg)
+                except BaseException:
+                    if _snapshot_step(cfg.out) == started_at:  # not a step under the new one
+                        _put_back(cfg.out, before)
                     raise
-                if resume:
-                    record_budget(cfg)
-                return result
 
     return wrapper
