@@ -247,18 +247,6 @@ def _recorded_train(out: str) -> str | None:
     return path
 
 
-def _snapshot_step(out: str) -> int | None:
-    """The step of the snapshot ``--resume`` continues from (``latest.json``), or None where
-    it cannot be read (the resume itself then says why)."""
-    from rnnkit.training.checkpoint import read_json
-
-    try:
-        step = read_json(Path(out) / "latest.json").get("step")
-    except (RnnkitError, OSError, AttributeError):
-        return None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
-
-
 def _write_report(out: str, device: str = "cpu") -> str | None:
     """The HTML report of a finished run, its figures computed on the device it trained
     on; a failure to draw it never fails the run."""
@@ -416,9 +404,10 @@ def run(args: argparse.Namespace) -> int:
         if os.path.exists(cfg.tensorboard) and not os.path.isdir(cfg.tensorboard):
             raise ConfigError(f"--tensorboard {cfg.tensorboard}: exists and is not a directory")
     from rnnkit.app.tasks.registry import check_processes, task_module  # lazy: fast --help
+    from rnnkit.app.tasks.run_dir import snapshot_step
 
     check_processes(cfg.task)
-    resumed_at = _snapshot_step(cfg.out) if args.resume else None
+    resumed_at = snapshot_step(cfg.out) if args.resume else None
     try:
         summary = task_module(cfg.task).train(
             cfg, resume=args.resume, quiet=args.quiet, overwrite=getattr(args, "overwrite", False)

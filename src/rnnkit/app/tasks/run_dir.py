@@ -40,6 +40,7 @@ __all__ = [
     "prepare_run_dir",
     "record_budget",
     "replacing_run",
+    "snapshot_step",
     "written_report",
 ]
 
@@ -362,12 +363,14 @@ def record_budget(cfg: TrainConfig) -> bytes | None:
     return before
 
 
-def _snapshot_step(out: str | Path) -> object:
-    """The step of the run's latest snapshot (``latest.json``), or None."""
+def snapshot_step(out: str | Path) -> int | None:
+    """The step of the run's latest snapshot (``latest.json``: what ``--resume``
+    continues from), or None where it cannot be read (the resume itself then says why)."""
     try:
-        return read_json(Path(out) / "latest.json").get("step")
+        step = read_json(Path(out) / "latest.json").get("step")
     except (RnnkitError, OSError, AttributeError):
         return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _put_back(out: str | Path, before: bytes | None) -> None:
@@ -402,7 +405,7 @@ def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str,
             with writing_run(cfg.out, main=_is_main_process()):
                 # A resume under a new budget records it first: a run killed while it
                 # trains on under it (SIGKILL, out of memory) resumes under it too.
-                started_at = _snapshot_step(cfg.out)
+                started_at = snapshot_step(cfg.out)
                 before = record_budget(cfg) if resume else None
                 try:
                     return train(cfg, *args, **kwargs)
@@ -414,7 +417,7 @@ def guarded_run(train: Callable[..., dict[str, Any]]) -> Callable[..., dict[str,
                     messages.info(str(done))
                     return read_summary(cfg.out)
                 except BaseException:
-                    if _snapshot_step(cfg.out) == started_at:  # not a step under the new one
+                    if snapshot_step(cfg.out) == started_at:  # not a step under the new one
                         _put_back(cfg.out, before)
                     raise
 
