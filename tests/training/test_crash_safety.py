@@ -115,8 +115,9 @@ def test_sigkill_at_random_moments_leaves_a_loadable_run(tmp_path):
         assert all(torch.isfinite(p).all() for p in load_lm(out)[2].parameters())
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_sigterm_and_sigint_save_and_exit_cleanly(tmp_path, sig):
+    # SIGHUP (a closed terminal) killed the run without saving the step in flight
     corpus, out = _corpus(tmp_path), tmp_path / "run"
     proc = subprocess.Popen(
         _train_cmd(corpus, out),

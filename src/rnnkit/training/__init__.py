@@ -53,6 +53,7 @@ from rnnkit.training.checkpoint import (
     save_tensors,
     sha256_file,
     tensors_sha256,
+    utf8_path,
 )
 from rnnkit.training.distributed import (
     DistContext,
@@ -177,6 +178,7 @@ __all__ = [
     "smoothed_loss",
     "tensors_sha256",
     "trajectory",
+    "utf8_path",
     "verify_run",
     "write_manifest",
     "write_metrics_csv",

@@ -64,6 +64,7 @@ __all__ = [
     "save_tensors",
     "sha256_file",
     "tensors_sha256",
+    "utf8_path",
 ]
 
 FORMAT_VERSION = 1
@@ -163,11 +164,34 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike[str])
     atomic_write(path, write_path=lambda tmp: save_file(tensors, tmp))
 
 
+def utf8_path(path: str | os.PathLike[str]) -> bool:
+    """Whether the absolute ``path`` is UTF-8 text: the safetensors library opens no
+    other (a name of other bytes reads as lone surrogates).
+
+    >>> utf8_path("runs/café"), utf8_path(os.fsdecode(b"runs/caf\\xe9"))
+    (True, False)
+    """
+    try:
+        os.path.abspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _not_utf8(path: Path) -> CheckpointError:
+    return CheckpointError(
+        f"{path}: the path is not valid UTF-8, which the safetensors library cannot open; "
+        "rename the directory (or file) with a UTF-8 name"
+    )
+
+
 def _load_tensors(path: Path, checked: bool = False) -> dict[str, torch.Tensor]:
     try:
         require_regular_file(path)  # weights are mapped, not read: no size cap
     except DataError as exc:
         raise CheckpointError(str(exc)) from None
+    if not utf8_path(path):  # it said "not a valid safetensors file": the file is fine
+        raise _not_utf8(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
@@ -198,6 +222,8 @@ def load_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
         require_regular_file(path)
     except DataError as exc:
         raise CheckpointError(str(exc).replace("file not found", "missing")) from None
+    if not utf8_path(path):
+        raise _not_utf8(path)
     try:
         return load_numpy(str(path))
     except (SafetensorError, OSError, ValueError) as exc:

@@ -83,8 +83,8 @@ def _hold(old: Any, unheeded: bool) -> None:
 
 @contextlib.contextmanager
 def stop_on_signals(flag: list[int]) -> Iterator[None]:
-    """Turn SIGINT/SIGTERM into a request to stop after the current step (the signal's
-    number is appended to ``flag``).
+    """Turn SIGINT/SIGTERM (and SIGHUP, unless ignored) into a request to stop after the
+    current step (the signal's number is appended to ``flag``).
 
     A second signal while the first is pending stops at once (KeyboardInterrupt). Only
     the main thread can own signal handlers; elsewhere nothing is installed. An error
@@ -101,6 +101,11 @@ def stop_on_signals(flag: list[int]) -> Iterator[None]:
         flag.append(signum)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP (the terminal closed, an ssh session dropped) killed a run without its step;
+    # under nohup it is ignored, and stays so
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup is not None and signal.getsignal(hangup) is not signal.SIG_IGN:
+        old[hangup] = signal.signal(hangup, handler)
     failed = heeded = False
     try:
         yield
@@ -111,6 +116,8 @@ def stop_on_signals(flag: list[int]) -> Iterator[None]:
         raise
     finally:
         signal.signal(signal.SIGINT, old[signal.SIGINT])
+        if hangup in old:
+            signal.signal(hangup, old[hangup])
         if failed and _HOLD.scopes:
             _hold(old[signal.SIGTERM], signal.SIGTERM in flag and not heeded)
         else:

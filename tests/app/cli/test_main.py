@@ -147,3 +147,62 @@ def test_an_unknown_option_is_named_by_its_commands_parser(capsys):
     assert (
         capsys.readouterr().err.strip() == "rnnkit: error: unrecognized arguments: --no-such-option"
     )
+
+
+def test_closed_streams_and_an_ascii_terminal_are_no_traceback(tmp_path):
+    """``>&-`` and ``<&-`` gave AttributeError tracebacks ('NoneType' object has no
+    attribute 'flush'), and ``PYTHONIOENCODING=ascii`` a UnicodeEncodeError once the work
+    was done. Closed streams read and write nothing; what ASCII cannot hold is written as
+    JSON's escapes, so JSON lines stay JSON."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "app.log"
+    log.write_text("x req=é1 opened\nx req=é2 opened\n", encoding="utf-8")
+    argv = [sys.executable, "-m", "rnnkit", "sessions", "--from", "log", str(log),
+            "--session-pattern", "req=(\\S+)", "--out"]  # fmt: skip
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    done = subprocess.run([*argv, "-"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["session"] for line in done.stdout.splitlines()] == ["é1", "é2"]
+
+    def close_stdin_and_stdout() -> None:
+        os.close(0)
+        os.close(1)
+
+    out = tmp_path / "o.jsonl"
+    closed = subprocess.run(
+        [*argv, str(out)], stderr=subprocess.PIPE, text=True, preexec_fn=close_stdin_and_stdout
+    )
+    assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr
+    assert out.read_text(encoding="utf-8").count("\n") == 2
+
+
+def test_sigterm_while_a_file_is_written_leaves_no_half_written_file(tmp_path):
+    """SIGTERM or SIGHUP (``timeout``, a service stop, a closed terminal) killed a command
+    in the middle of its atomic write, leaving the hidden temporary file; now the command
+    ends with the signal's status after removing it. (The signal is sent by the process
+    itself at the write's fsync, where the window is.)"""
+    import signal
+    import subprocess
+    import sys
+
+    log = tmp_path / "app.log"
+    log.write_text("".join(f"x req={i % 50} opened\n" for i in range(500)))
+    out = tmp_path / "o" / "s.jsonl"
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        code = (
+            "import os, signal, sys\n"
+            "real = os.fsync\n"
+            f"def fsync(fd):\n    os.kill(os.getpid(), {int(sig)}); return real(fd)\n"
+            "os.fsync = fsync\n"
+            "from rnnkit.app.cli.main import main\n"
+            f"sys.exit(main(['sessions', '--from', 'log', {str(log)!r}, '--session-pattern',"
+            f" 'req=(\\\\d+)', '--out', {str(out)!r}]))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert done.returncode == 128 + sig, done.stderr
+        assert "Traceback" not in done.stderr
+        assert sorted(p.name for p in out.parent.iterdir()) == [], list(out.parent.iterdir())

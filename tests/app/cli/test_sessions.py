@@ -270,6 +270,29 @@ def test_out_dash_writes_the_sessions_to_stdout(
     assert (quiet[0], quiet[2]) == (0, "")
 
 
+def test_out_dash_past_a_file_size_limit_is_an_error_not_half_a_file(tmp_path: Path) -> None:
+    """One large write to standard output past a file-size limit (or a full disk) wrote a
+    part, said "wrote 3001 sessions" and exited 0."""
+    import resource
+
+    log = tmp_path / "app.log"
+    log.write_text("".join(f"x req={i % 3001} user opened file {i % 97}\n" for i in range(60000)))
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    with open(tmp_path / "s.jsonl", "wb") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "rnnkit", "sessions", "--from", "log", str(log),
+             "--session-pattern", r"req=(\w+)", "--out", "-"],
+            stdout=out, stderr=subprocess.PIPE, text=True, preexec_fn=limited,
+        )  # fmt: skip
+    assert (done.returncode, done.stderr) == (
+        2,
+        "rnnkit sessions: error: standard output: File too large\n",
+    )
+
+
 def test_out_that_is_an_input_is_refused(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, _, stderr = run_sessions(capsys, "--from", "strace", str(trace), "--out", str(trace))
     assert status == 2

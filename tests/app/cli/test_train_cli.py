@@ -1098,3 +1098,38 @@ def test_resuming_a_finished_run_changes_nothing_and_says_so(run_cli, data, tmp_
     assert code == 0 and "is at step 8, past a budget of 6 steps: nothing to resume" in err, err
     code, _, err = run_cli("evaluate", "--checkpoint", str(out), "--data", str(data / "train.txt"))
     assert code == 0, err  # the manifest vouches for the config.json written
+
+
+def test_a_symlink_loop_as_train_is_one_line(run_cli, tmp_path):
+    """It was a RuntimeError traceback ("Symlink loop from ...") from the check of the
+    inputs against the run directory, before the reader could say it."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    code, _, err = run_cli("train", "--train", str(tmp_path / "a"), "--out", str(tmp_path / "r"))
+    assert code == 2 and err.count("\n") == 1 and "symbolic links" in err, err
+
+
+def test_a_run_directory_whose_name_is_not_utf8_is_named_before_training(data, tmp_path):
+    """Training into one succeeded, then every command said "not a valid safetensors
+    file": safetensors opens UTF-8 paths only. Refused before training; a run renamed so
+    is named as what it is."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    def rnnkit(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rnnkit", *argv], capture_output=True)
+
+    odd = tmp_path / os.fsdecode(b"caf\xe9")
+    done = rnnkit(*train_args(data, odd))
+    assert done.returncode == 2 and not odd.exists(), done.stderr
+    assert done.stderr.count(b"\n") == 1 and b"the path is not valid UTF-8" in done.stderr
+    good = tmp_path / "run"
+    assert rnnkit(*train_args(data, good)).returncode == 0
+    shutil.copytree(good, odd)
+    done = rnnkit("evaluate", "--checkpoint", str(odd), "--data", str(data / "valid.txt"))
+    assert (
+        done.returncode == 2
+        and b"model.safetensors: the path is not valid UTF-8, which" in done.stderr
+    )

@@ -185,6 +185,13 @@ def test_replacing_run_keeps_the_old_run_until_the_new_one_saved(tmp_path):
         "model.safetensors",
         "snapshots",
     ]
+    # It fails writing its first snapshot (a full disk): snapshots/ holds only the one
+    # being written, which is not a save. The old run was removed; it is back.
+    with pytest.raises(OSError), replacing_run(out, overwrite=True):
+        (out / "config.json").write_text("new")
+        (out / "snapshots" / ".step-000000002-ab12.tmp").mkdir(parents=True)
+        raise OSError(28, "No space left on device")
+    assert _files(out) == old
     # It fails after it saved: the new run stays, the old one is gone.
     with pytest.raises(KeyboardInterrupt), replacing_run(out, overwrite=True):
         (out / "model.safetensors").write_text("new")

@@ -12,11 +12,16 @@ and ``args.quiet`` becomes the boolean "below the default level" the commands re
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
 import importlib
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
+from typing import Any
 
 from rnnkit import __version__, messages
 from rnnkit.app.cli.ranks import say_error
@@ -126,10 +131,78 @@ def explicit_options(argv: Sequence[str] | None) -> set[str]:
     return {k for k in given if k != "func"}
 
 
+def _json_escape(error: UnicodeError) -> tuple[str, int]:
+    """A codec error handler: what an encoding cannot hold as JSON's ``\\uXXXX`` (a pair
+    above U+FFFF), so JSON lines stay JSON and text stays readable."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    out = []
+    for char in error.object[error.start : error.end]:
+        code = ord(char)
+        if code > 0xFFFF:
+            code -= 0x10000
+            out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+        else:
+            out.append(f"\\u{code:04x}")
+    return "".join(out), error.end
+
+
+def _usable_streams() -> None:
+    """Standard streams the commands can use whatever the caller left: a closed one
+    (``>&-``: Python's ``None``) reads and writes nothing, text that the stream's
+    encoding cannot hold (``PYTHONIOENCODING=ascii``) is written as JSON's ``\\u00e9``
+    escapes rather than failing once the work is done (``UnicodeEncodeError``), and a
+    path that is not UTF-8 as its own bytes."""
+    for name, mode in (("stdin", "r"), ("stdout", "w"), ("stderr", "w")):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, mode, encoding="utf-8"))  # noqa: SIM115
+    for stream in (sys.stdout, sys.stderr):
+        if not hasattr(stream, "reconfigure"):
+            continue
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding != "utf8":
+            codecs.register_error("rnnkit.json_escape", _json_escape)
+            stream.reconfigure(errors="rnnkit.json_escape")
+        elif getattr(stream, "errors", None) == "strict":
+            # a path of other bytes than UTF-8 (lone surrogates) is written as its bytes
+            stream.reconfigure(errors="surrogateescape")
+
+
+class Terminated(SystemExit):
+    """SIGTERM or SIGHUP (``timeout``, a service stopped, a terminal closed): the command
+    ends with the signal's status, ``128 + signum``, after the file being written is
+    removed (a half-written hidden file was left, the kill's way)."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated(128 + signum)
+
+
+@contextlib.contextmanager
+def _ended_cleanly_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP end the command as an exception while it runs (training's own
+    loop turns them into a stop after the step, with a snapshot), where they had their
+    default action, which killed it mid-write; a handler or ``nohup``'s ignore is kept."""
+    names = ("SIGTERM", "SIGHUP")
+    signums = [getattr(signal, n) for n in names if hasattr(signal, n)]
+    main_thread = threading.current_thread() is threading.main_thread()
+    mine = [s for s in signums if main_thread and signal.getsignal(s) is signal.SIG_DFL]
+    for signum in mine:
+        signal.signal(signum, _terminate)
+    try:
+        yield
+    finally:
+        for signum in mine:
+            if signal.getsignal(signum) is _terminate:
+                signal.signal(signum, signal.SIG_DFL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     loaded()  # Ctrl-C from here on is KeyboardInterrupt, said in one line below
+    _usable_streams()
     try:
-        return _main(argv)
+        with _ended_cleanly_by_signals():
+            return _main(argv)
     except KeyboardInterrupt:  # while the options are read (commands catch their own)
         print("rnnkit: interrupted", file=sys.stderr)
         return 130

@@ -378,6 +378,14 @@ def run(args: argparse.Namespace) -> int:
         # the run's own training file, by the absolute path config.json recorded (its
         # content is checked against the record before the run goes on)
         args.train = _recorded_train(args.out)
+    if args.out and not args.print_config:
+        from rnnkit.training.checkpoint import utf8_path
+
+        if not utf8_path(args.out):  # trained for hours, then no command could read it
+            raise ConfigError(
+                f"--out {args.out}: the path is not valid UTF-8, and the weights' files "
+                "(safetensors) open UTF-8 paths only; choose another name"
+            )
     unset = [name for name in ("train", "out") if not getattr(args, name)]
     if unset:
         if not args.print_config or args.resume:

@@ -419,5 +419,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, device: str
         path = path / REPORT_NAME
     check_replaceable(path, written_report, "a report written by rnnkit")
     text = render_report(run_dir, device)
-    atomic_write_bytes(path, text.encode("utf-8"))
+    # a path that is not UTF-8 (a file name of other bytes, read as lone surrogates) is
+    # shown with a replacement character rather than failing the page
+    atomic_write_bytes(path, text.encode("utf-8", errors="replace"))
     return path

@@ -146,10 +146,27 @@ def replacing_run(
 _ASIDE = REPLACED_PREFIX  # the directory an old run waits in (replacing_run)
 
 
+def _saved(out: Path) -> list[str]:
+    """The names of :data:`RUN_SAVED` in ``out``: what a run leaves once it saved
+    something. ``snapshots/`` counts when it holds a snapshot, not when it is empty or
+    holds only one being written (a run that failed writing its first one, on a full
+    disk, saved nothing)."""
+    found = []
+    for name in RUN_SAVED:
+        path = out / name
+        if name == "snapshots" and path.is_dir() and not path.is_symlink():
+            if any(not entry.name.startswith(".") for entry in path.iterdir()):
+                found.append(name)
+        elif path.exists():
+            found.append(name)
+    return found
+
+
 def _settle(out: Path, aside: Path) -> None:
     """The old run in ``aside`` back into ``out`` where the new run saved nothing (its
-    start removed first: ``config.json``, its log); ``aside`` removed either way."""
-    if not any((out / name).exists() for name in RUN_SAVED):
+    start removed first: ``config.json``, its log, an empty ``snapshots/``); ``aside``
+    removed either way."""
+    if not _saved(out):
         for name in RUN_FILES:
             if (out / name).exists() or (out / name).is_symlink():
                 _remove(out / name)
@@ -184,7 +201,7 @@ def _old_run_files(
         )
     # What a finished or resumable run leaves; a run that failed before saving anything
     # (bad data, divergence at step 2) leaves only its start, which a new run replaces.
-    saved = [name for name in RUN_SAVED if (out / name).exists()]
+    saved = _saved(out)
     if saved and not overwrite:
         raise ConfigError(
             f"--out {out} already holds a run ({', '.join(saved[:3])}); continue it with "
@@ -193,9 +210,15 @@ def _old_run_files(
     for option, value in (inputs or {}).items():
         if not value:
             continue
-        path = Path(value).resolve()
+        try:
+            path = Path(value).resolve()
+        except (RuntimeError, OSError):  # a symlink loop: its reader says so, in one line
+            continue
         for name in found:
-            old = (out / name).resolve()
+            try:
+                old = (out / name).resolve()
+            except (RuntimeError, OSError):
+                continue
             if path == old or old in path.parents:
                 raise ConfigError(
                     f"{option} {value}: is the run's {name} in --out {out}, which the new "
