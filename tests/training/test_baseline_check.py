@@ -320,6 +320,19 @@ def test_the_still_improving_branch_is_kept_whatever_the_course():
     assert r["cause"] == "validation was still improving when the budget (--steps 1696) ended"
 
 
+def test_one_validation_at_the_end_of_the_budget_claims_no_trend():
+    """A --max-time run on a large corpus validated once, at its end: "validation was
+    still improving" was read from that one figure."""
+    s = _behind_words(1317, 1317, {**_course(1.2, 1.2, 1.5, 1.5), "valids": 1})
+    r = behind_baseline(s, "classify", RunSettings(epochs=None, max_time=240.0))
+    assert r["still_improving"] is True
+    assert r["cause"] == (
+        "the budget (--max-time 240) ended with the run's only validation, too soon to tell "
+        "whether validation had stopped improving"
+    )
+    assert r["advice"].startswith("train longer: raise --max-time")
+
+
 @pytest.mark.parametrize(
     "course",
     [None, "x", {"train_loss_at_best": 1.1}, _course(1.1, "0.8", 1.5, 1.9), _course(1.1, -1, 1, 2)],

@@ -37,6 +37,11 @@ def test_steps_win_over_epochs_and_a_time_budget_alone_has_no_step_total():
     b = resolve_budget(TrainOptions(epochs=None, max_time=60.0), 978, validates=True)
     assert b.total_steps is None and b.max_time == 60.0 and not b.until_converged
     assert b.log_every == 49  # unknown length: ceil(978 / 20)
+    # how many epochs fit is unknown: validated as the default mode does (once an epoch,
+    # a time budget shorter than an epoch of a large corpus had one validation, its last)
+    assert b.eval_every == default_eval_every(978) == 98 and b.patience is None
+    given = resolve_budget(TrainOptions(epochs=None, max_time=60.0, eval_every=7), 978, True)
+    assert given.eval_every == 7
 
 
 def test_no_budget_trains_until_validation_stops_improving_up_to_the_cap():

@@ -51,6 +51,7 @@ def test_the_course_of_a_run_that_overfits():
         "valid_loss_best": pytest.approx(1.42),
         "valid_loss_last": pytest.approx(1.42 + 120 / 500),
         "valids_after_best": 6,  # at steps 100, 120, ..., 200
+        "valids": len([e for e in events if e["event"] == "valid"]),
         "valid_every": 20,
         "train_records": 50,
     }

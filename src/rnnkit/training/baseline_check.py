@@ -247,10 +247,20 @@ def _still_improving(summary: dict[str, Any], settings: RunSettings) -> tuple[st
             f"{settings.min_gain:g}){patience} to train on through slow gains",
         )
     budget = _budget(settings)
+    course = summary.get("trajectory")
+    once = isinstance(course, dict) and course.get("valids") == 1
     if budget:
         flags = " / ".join(b.split()[0] for b in budget)
+        # one validation, the closing one, shows no trend: "still improving" was a guess
+        ended = (
+            f"the budget ({', '.join(budget)}) ended with the run's only validation, too "
+            "soon to tell whether validation had stopped improving"
+            if once
+            else f"validation was still improving when the budget ({', '.join(budget)}) "
+            f"ended{after}"
+        )
         return (
-            f"validation was still improving when the budget ({', '.join(budget)}) ended{after}",
+            ended,
             f"train longer: raise {flags} (with --resume, training goes on from the last "
             f"snapshot), or leave {flags} out of a new run (training then runs until "
             "validation stops improving)",

@@ -183,6 +183,10 @@ def resolve_budget(opts: BudgetOptions, steps_per_epoch: int, validates: bool) -
             patience = default_patience(steps_per_epoch, eval_every)
     else:
         total_steps = None  # a time budget only
+        if eval_every is None:
+            # how many epochs fit is unknown: validated once an epoch, a run shorter than
+            # one (a large corpus) had a single validation, at its end (no curve, no best)
+            eval_every = default_eval_every(steps_per_epoch)
     known = opts.steps is not None or opts.epochs is not None
     log_every = opts.log_every
     if log_every is None:

@@ -20,6 +20,7 @@ both alike.
     valid_loss_best       the validation loss at the best step
     valid_loss_last       the validation loss at the last validation
     valids_after_best     how many validations came after the best one
+    valids                how many validations there were
     valid_every           the usual number of steps between two validations: the median
                           gap between those before the last (the run's last may come at
                           any step: a budget ends it); None with fewer than three
@@ -165,6 +166,7 @@ def trajectory(
         "valid_loss_best": at_best[-1],
         "valid_loss_last": valid[-1][1],
         "valids_after_best": sum(step > best_step for step, _ in valid),
+        "valids": len(valid),
         "valid_every": int(statistics.median_low(gaps)) if gaps else None,
         "train_records": len(records),
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.lm_text import prompt_ids
 from rnnkit.data.vocab import BOS_ID, EOS_ID, UNK_ID, Vocabulary
@@ -80,7 +82,8 @@ def test_line_scores_are_the_models_and_read_the_device_once_whatever_the_length
     assert reads[0] == reads[1] <= 2, reads  # before: 5 and 41 (one a token)
 
 
-def test_long_lines_are_scored_a_stretch_at_a_time_with_the_state_carried(monkeypatch):
+@pytest.mark.parametrize("limit", ["SCORED_LOGITS", "SCORED_STEPS"])
+def test_long_lines_are_scored_a_stretch_at_a_time_with_the_state_carried(monkeypatch, limit):
     """A plain model scores lines through its forward, a stretch of steps a call (the
     stretch shortened here to 3 steps): the state carried between stretches, and rows that
     end early, give each line's own forward pass, token by token."""
@@ -104,7 +107,9 @@ def test_long_lines_are_scored_a_stretch_at_a_time_with_the_state_carried(monkey
             return forward(self, inputs, *args, **kwargs)
 
         monkeypatch.setattr(type(model), "forward", counted)
-        monkeypatch.setattr(lm_text, "SCORED_LOGITS", len(lines) * len(vocab) * 3)
+        # three steps a call, by the logits held or by the steps (a long line's memory)
+        three = len(lines) * len(vocab) * 3 if limit == "SCORED_LOGITS" else 3
+        monkeypatch.setattr(lm_text, limit, three)
         got = lm_text.line_logprobs(cfg, vocab, model, lines)
         monkeypatch.undo()
         assert calls == [(4, 3)] * 4 + [(4, 2)]  # 14 steps: the longest line and its end

@@ -64,6 +64,7 @@ def test_every_task_writes_the_course_of_its_run(task_data, run_cli, tmp_path, n
         "valid_loss_best": pytest.approx(valid[best]),
         "valid_loss_last": pytest.approx(valid[6]),
         "valids_after_best": sum(step > best for step in valid),
+        "valids": len(valid),
         "valid_every": 2,  # validations at steps 2 and 4 before the last
         "train_records": 6,
     }

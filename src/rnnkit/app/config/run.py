@@ -44,7 +44,11 @@ class RunOptions:
         help="stop after this many seconds of training (then validate and save)",
     )
     eval_every: int | None = option(
-        None, positive=True, resume=True, help="validate every N steps (default: each epoch)"
+        None,
+        positive=True,
+        resume=True,
+        help="validate every N steps (default: each epoch; with no budget, or --max-time "
+        "alone, about 10 times an epoch)",
     )
     patience: int | None = option(
         None,

@@ -21,7 +21,14 @@ from rnnkit.models.length import LengthState
 #: The kinds of model ``--task lm`` trains (``--wiring``, ``--condition``; ``build_lm``).
 AnyLM = LanguageModel | JordanLM | ConditionalLM
 
-__all__ = ["SCORED_LOGITS", "join_prompt", "line_logprobs", "prompt_ids", "sample_texts"]
+__all__ = [
+    "SCORED_LOGITS",
+    "SCORED_STEPS",
+    "join_prompt",
+    "line_logprobs",
+    "prompt_ids",
+    "sample_texts",
+]
 
 LN2 = math.log(2)
 
@@ -145,6 +152,10 @@ def _line_ends(cfg: TrainConfig, vocab: Vocabulary) -> tuple[int, int | None]:
     return (BOS_ID if newline is None else newline), newline
 
 
+#: Most steps one forward call of :func:`line_logprobs` reads: the layers keep what a
+#: backward would need of every step of a call (a 200,000-character line took 1.7 GB).
+SCORED_STEPS = 1024
+
 #: Most logits (lines × steps × vocabulary) one forward call of :func:`line_logprobs`
 #: holds, 64 MiB of float32 (and its log-sum-exp as much again): a call reads at least
 #: one step, so where lines × vocabulary alone is larger a call holds one step's.
@@ -230,7 +241,7 @@ def line_logprobs(
             # A plain model reads a stretch of steps in one forward call (the step loop
             # scored ~1,000 characters a second of one long line on a CPU): a row's steps
             # after its end feed only later steps, which are not read.
-            span = max(1, min(T, SCORED_LOGITS // (len(rows) * model.vocab_size)))
+            span = max(1, min(T, SCORED_STEPS, SCORED_LOGITS // (len(rows) * model.vocab_size)))
             for lo in range(0, T, span):
                 logits, state = model(inputs[lo : lo + span].T, state=state)  # (n, t, V)
                 want = wants[lo : lo + span].T.unsqueeze(-1)  # (n, t, 1)
