@@ -391,6 +391,8 @@ def test_a_yaml_file_sets_the_same_options_as_toml(tmp_path, run_cli):
         ("- hidden\n- 16\n", "a YAML configuration is a mapping of option names"),
         ("lr: 1e-3\n", "lr"),  # YAML 1.1 reads 1e-3 as a string: refused like any wrong type
         ("hidden: " + "9" * 5000 + "\n", "not valid YAML: an integer with too many digits"),
+        # PyYAML kept the last in silence; TOML refuses a key given twice
+        ("hidden: 8\nhidden: 16\n", "not valid YAML: key 'hidden' given twice"),
     ],
 )
 def test_a_bad_yaml_file_is_one_line(tmp_path, run_cli, text, message):

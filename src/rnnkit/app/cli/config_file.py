@@ -129,8 +129,23 @@ def _yaml_document(path: str, text: str) -> dict[str, Any]:
         raise ConfigError(
             f"{path}: reading YAML needs PyYAML (pip install 'rnnkit[yaml]'), or write TOML"
         ) from None
+    class UniqueKeys(yaml.SafeLoader):
+        """``safe_load``'s loader, with a key given twice refused (as TOML refuses it):
+        PyYAML kept the last value in silence."""
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=UniqueKeys)  # a SafeLoader: no objects built
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:
