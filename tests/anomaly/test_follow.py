@@ -104,6 +104,27 @@ def test_follow_a_file_truncated_and_regrown_within_one_poll(tmp_path: Path) -> 
     gen.close()
 
 
+def test_a_rewrite_that_ends_as_the_old_content_did_is_noticed(tmp_path: Path) -> None:
+    """Rewritten in place and grown past the old offset within one poll, with the same
+    last 64 bytes there (sessions of the same events end alike): only the tail was
+    compared, and the first new sessions were lost without a word."""
+
+    def line(name: str) -> bytes:
+        events = ", ".join(['"open"', *['"read"'] * 5, '"close"'])
+        return f'{{"session": "{name}", "events": [{events}], "end": true}}\n'.encode()
+
+    path = tmp_path / "g.log"
+    path.write_bytes(line("a1") + line("a2"))
+    gen = follow_lines(str(path), poll=0.001)
+    assert len(_lines_until(gen, 2)) == 2
+    new = [line("b1"), line("b2"), line("b3")]
+    with open(path, "r+b") as f:
+        f.truncate(0)
+        f.write(b"".join(new))
+    assert _lines_until(gen, 3) == [(i + 1, text.rstrip(b"\n")) for i, text in enumerate(new)]
+    gen.close()
+
+
 def test_two_rotations_within_one_poll_lose_nothing(tmp_path: Path, caplog) -> None:
     # The file rotated in between (now events.jsonl.1) was never opened: its sessions
     # were lost silently.

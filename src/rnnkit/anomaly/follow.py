@@ -76,15 +76,20 @@ def follow_lines(
         last_data = clock()
         offset = 0
         tail = b""  # the last bytes read, up to offset: to notice a file rewritten under us
+        head = b""  # and the first ones (a rewrite may end as the old content did)
         while True:
             if regular:
                 size = os.fstat(fd).st_size
-                if size < offset or (tail and os.pread(fd, len(tail), offset - len(tail)) != tail):
+                if (
+                    size < offset
+                    or (tail and os.pread(fd, len(tail), offset - len(tail)) != tail)
+                    or (head and os.pread(fd, len(head), 0) != head)
+                ):
                     # Truncated (log rotation by copytruncate), even if it has grown back
                     # past our offset since: start over at 0. A partial line of the old
                     # content is dropped, never joined to the new content.
                     os.lseek(fd, 0, os.SEEK_SET)
-                    offset, buffer, tail, number, skipping = 0, b"", b"", 0, False
+                    offset, buffer, tail, head, number, skipping = 0, b"", b"", b"", 0, False
                 chunk = os.read(fd, read_size)
                 if not chunk and owned and follow and _renamed(fd, source):
                     # The name now points to a new file (rotation by rename, as `tail -F`
@@ -106,7 +111,7 @@ def follow_lines(
                             yield from (b for b in follow_lines(name, follow=False) if b)
                         fd = _open(source)
                         regular = stat.S_ISREG(os.fstat(fd).st_mode)
-                        offset, buffer, tail, number, skipping = 0, b"", b"", 0, False
+                        offset, buffer, tail, head, number, skipping = 0, b"", b"", b"", 0, False
                         continue
                 if not chunk:
                     if not follow:
@@ -128,6 +133,8 @@ def follow_lines(
                     break  # the writer closed the pipe
             offset += len(chunk)
             tail = (tail + chunk)[-64:]
+            if len(head) < 64:
+                head = (head + chunk)[:64]
             last_data = clock()
             batch, buffer, number, skipping = _complete_lines(
                 buffer + chunk, number, skipping, limit
