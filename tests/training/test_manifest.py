@@ -110,6 +110,29 @@ def test_a_run_whose_replacement_was_killed_says_where_the_old_run_waits(tmp_pat
     message = str(info.value)
     assert "was being replaced when its process ended" in message and "\n" not in message
     assert str(run / ".replaced-k1") in message and "--resume" not in message
+    # The new run still training (another process holds the lock): it is not "ended".
+    import subprocess
+    import sys
+
+    (run / ".lock").write_text("4242\n")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time\n"
+         f"f = open({str(run / '.lock')!r}, 'r+'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+         "print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CheckpointError, match=r"train still running \(pid 4242\)"):
+            verify_run(run)
+    finally:
+        holder.kill()
+        holder.communicate()
+    # Stopped after the new run saved: --resume goes on with it, and the earlier run goes.
+    (run / "snapshots" / "step-000000004").mkdir(parents=True)
+    with pytest.raises(CheckpointError) as info:
+        verify_run(run)
+    assert "train --resume with this --out continues the new run and removes" in str(info.value)
 
 
 def test_writing_a_run_removes_its_manifest_until_it_is_whole(tmp_path):

@@ -35,6 +35,7 @@ from typing import Any
 
 from rnnkit.data.files import atomic_write_bytes, read_run_file, sha256_file
 from rnnkit.data.limits import loads_json
+from rnnkit.data.locks import lock
 from rnnkit.errors import CheckpointError, DataError
 from rnnkit.training.interrupt import TrainingInterrupted
 from rnnkit.training.nonfinite import TrainingDiverged
@@ -131,6 +132,52 @@ def writing_run(run_dir: str | os.PathLike[str], main: bool = True) -> Iterator[
         _verified.pop(run, None)
     if main:
         write_manifest(run)
+
+
+def _replacing(root: Path, path: Path, aside: Path) -> str:
+    """What a reader says of a run that a ``train --overwrite`` is replacing or was
+    replacing when it was killed: the earlier run waits in ``aside``, and what becomes of
+    it depends on whether the new run is still training, and whether it saved."""
+    holder = _lock_holder(root / ".lock")
+    if holder is not None:
+        return (
+            f"{path}: missing: the run in {root} is being replaced by an rnnkit train "
+            f"still running (pid {holder}); the earlier run waits in {aside}, and goes "
+            "when the new one has saved"
+        )
+    snapshots = root / "snapshots"
+    saved = (root / "model.safetensors").exists() or (
+        snapshots.is_dir() and any(not p.name.startswith(".") for p in snapshots.iterdir())
+    )
+    if saved:
+        return (
+            f"{path}: missing: a train --overwrite was stopped after its new run saved; "
+            f"train --resume with this --out continues the new run and removes the earlier "
+            f"one, which waits in {aside} (to keep it instead, put its files back in "
+            f"{root} in place of the new run's)"
+        )
+    return (
+        f"{path}: missing: the run in {root} was being replaced when its process "
+        f"ended, and the earlier run waits in {aside}; the next rnnkit "
+        "train with this --out puts it back (or train --overwrite again)"
+    )
+
+
+def _lock_holder(lock_path: Path) -> str | None:
+    """The pid written in a run's lock file where another process holds the lock (a
+    training running now); None where nobody does or it cannot be told."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        if lock(fd, blocking=False):
+            return None  # free (closing the descriptor releases it at once)
+        return os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _unchanged(run: Path, manifest: bytes) -> bool:
@@ -254,12 +301,8 @@ def verify_run(run_dir: str | os.PathLike[str], *, missing_ok: bool = False) -> 
         if missing_ok or not (root / "config.json").exists():
             return  # not a run at all: its reader names what is missing
         aside = sorted(p.name for p in root.glob(f"{REPLACED_PREFIX}*") if p.is_dir())
-        if aside:  # a `train --overwrite` killed before its new run saved
-            raise CheckpointError(
-                f"{path}: missing: the run in {root} was being replaced when its process "
-                f"ended, and the earlier run waits in {root / aside[0]}; the next rnnkit "
-                "train with this --out puts it back (or train --overwrite again)"
-            )
+        if aside:  # a `train --overwrite` running, or killed
+            raise CheckpointError(_replacing(root, path, root / aside[0]))
         raise CheckpointError(
             f"{path}: missing, so the run's files cannot be checked (a run still training "
             f"or cut short: finish it with train --resume; or written by an older rnnkit); "
