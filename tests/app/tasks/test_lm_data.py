@@ -180,3 +180,22 @@ def test_the_unknown_validation_tokens_are_counted(tmp_path, bptt):
     ).validate()
     data = prepare_lm_data(cfg)
     assert data.unknown_valid_tokens() == 5
+
+
+def test_a_large_word_vocabulary_of_every_word_says_what_min_freq_2_keeps(monkeypatch, caplog):
+    """75,133 words at --min-freq 1 trained at 296 tokens/s in 2.7 GB, with nothing said
+    before; the note says how many were seen once and what --min-freq 2 keeps."""
+    from rnnkit.app.tasks import lm_data
+
+    monkeypatch.setattr(lm_data, "LARGE_VOCABULARY", 10)
+    words = [f"w{i}" for i in range(30)]
+    text = " ".join(words[:8] * 3 + words[8:]) + "\n"  # 8 words thrice, 22 once
+    with caplog.at_level("INFO", logger="rnnkit"):
+        vocab = lm_data._vocabulary(TrainConfig(train="t", unit="word"), text, newline=False)
+    assert len(vocab) > 30
+    assert "22 of them seen once" in caplog.text and "--min-freq 2 keeps 8 " in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="rnnkit"):
+        lm_data._vocabulary(TrainConfig(train="t", unit="word", min_freq=2), text, newline=False)
+        lm_data._vocabulary(TrainConfig(train="t", unit="char"), text, newline=False)
+    assert caplog.text == ""
