@@ -52,6 +52,10 @@ def test_report_out_option(run_cli, run_dir, tmp_path, monkeypatch):
     assert out_path.read_text() == f"<!DOCTYPE html>{run_dir}"
     code, out, _ = run_cli("report", "--checkpoint", str(run_dir), "--out", str(tmp_path))
     assert code == 0 and out.strip() == f"report: {tmp_path / 'report.html'}"
+    # '-' is standard output, as for sessions --out (it wrote a file named "-")
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli("report", "--checkpoint", str(run_dir), "--out", "-")
+    assert (code, out) == (0, f"<!DOCTYPE html>{run_dir}") and not (tmp_path / "-").exists()
 
 
 @pytest.mark.parametrize(

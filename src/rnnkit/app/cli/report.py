@@ -22,7 +22,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--out",
         help="where to write the report (default: DIR/report.html; an existing "
-        "file is replaced only if it is an rnnkit report)",
+        "file is replaced only if it is an rnnkit report; '-': standard output)",
     )
     add_device_option(p)
     p.set_defaults(func=run)
@@ -34,6 +34,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out is not None and not args.out:
         raise ConfigError("--out is empty: name the report's file or directory")
+    if args.out == "-":  # the page to standard output (it wrote a file named "-")
+        from rnnkit.app.cli.stdout import write_stdout
+        from rnnkit.app.report.page import render_report
+
+        write_stdout(render_report(args.checkpoint, args.device).encode("utf-8", "replace"))
+        return 0
     path = write_report(args.checkpoint, args.out, device=args.device)
     print(f"report: {path}")
     return 0

@@ -18,12 +18,12 @@ JSON lines to stdout instead (and the summary to stderr), for a pipe into
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rnnkit.app.cli.stdout import write_stdout
 from rnnkit.data.events import Session, sessions_text, write_sessions
 from rnnkit.data.files import check_replaceable
 from rnnkit.errors import ConfigError, DataError
@@ -327,30 +327,13 @@ def _is_sessions_file(head: bytes) -> bool:
     return head.startswith(b'{"session": ')
 
 
-def _write_stdout(data: bytes) -> None:
-    """All of ``data`` to standard output, or an ``OSError`` naming it: one large write
-    to a full disk or past a file-size limit wrote a part and said nothing."""
-    sys.stdout.flush()
-    out = sys.stdout.buffer
-    view = memoryview(data)
-    try:
-        while view:
-            written = out.write(view)
-            if not written:  # None: a non-blocking stream that took nothing
-                raise OSError(errno.EAGAIN, "it took no more bytes")
-            view = view[written:]
-        out.flush()
-    except OSError as exc:
-        raise OSError(exc.errno, exc.strerror, "standard output") from None
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``rnnkit sessions``; returns the exit status."""
     config = SessionsConfig.from_args(args)
     sessions, note = _from_strace(config) if config.source == "strace" else _from_logs(config)
     if config.out == "-":
         # Checked whole before the first byte: a reader never gets half a file.
-        _write_stdout(sessions_text(sessions, "<stdout>").encode("utf-8"))
+        write_stdout(sessions_text(sessions, "<stdout>").encode("utf-8"))
     else:
         directory = os.path.dirname(config.out)
         if directory:
