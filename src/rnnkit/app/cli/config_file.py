@@ -129,6 +129,7 @@ def _yaml_document(path: str, text: str) -> dict[str, Any]:
         raise ConfigError(
             f"{path}: reading YAML needs PyYAML (pip install 'rnnkit[yaml]'), or write TOML"
         ) from None
+
     class UniqueKeys(yaml.SafeLoader):
         """``safe_load``'s loader, with a key given twice refused (as TOML refuses it):
         PyYAML kept the last value in silence."""
