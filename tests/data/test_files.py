@@ -180,3 +180,14 @@ def test_an_append_after_a_partial_last_line_starts_a_new_line(tmp_path):
     append_line(path, '{"event": "valid", "step": 2}')
     events, bad = read_metrics(tmp_path)
     assert [e["step"] for e in events] == [1, 2] and bad == 1
+
+
+def test_a_long_legal_name_is_written(tmp_path):
+    """A 251-byte name (the limit is 255) was refused, "File name too long": the hidden
+    temporary name beside it was 14 bytes longer."""
+    from rnnkit.data.files import atomic_write_bytes
+
+    name = "é" * 120 + "x" * 11  # 251 bytes
+    atomic_write_bytes(tmp_path / name, b"page")
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    assert (tmp_path / name).read_bytes() == b"page"

@@ -151,7 +151,10 @@ def atomic_write(
         raise TypeError("give exactly one of write and write_path")
     path = Path(path)
     check_writable_target(path)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    # the name's head, not all of it: ".NAME.xxxxxxxx.tmp" is 14 bytes longer than NAME,
+    # and a legal 251-byte NAME was refused ("File name too long")
+    head = os.fsdecode(os.fsencode(path.name)[:200])
+    tmp = path.parent / f".{head}.{secrets.token_hex(4)}.tmp"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # 0o666 minus the umask, as open() gives; O_EXCL never follows a planted symlink.
