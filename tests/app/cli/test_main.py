@@ -128,6 +128,30 @@ def test_an_os_error_is_one_line_naming_its_file(monkeypatch, capsys, exc, line)
     assert capsys.readouterr().err == f"rnnkit report: error: {line}\n"
 
 
+@pytest.mark.parametrize(
+    ("command", "argv", "hint"),
+    [
+        ("train", ["--train", "t.txt", "--out", "r"], "use smaller sizes (--hidden, --embedding"),
+        ("evaluate", ["--checkpoint", "r", "--data", "d"], "free memory, or give a smaller --batch-size"),
+        ("report", ["--checkpoint", "r"], "free memory (the run's model and data need it)"),
+    ],
+)  # fmt: skip
+def test_out_of_memory_advice_is_the_commands_own(monkeypatch, capsys, command, argv, hint):
+    """``evaluate`` and ``report`` out of memory were told to use a smaller --hidden,
+    which they do not take: the run's sizes are the run's."""
+    import importlib
+
+    module = importlib.import_module(f"rnnkit.app.cli.{command}")
+
+    def failing_run(args):
+        raise MemoryError
+
+    monkeypatch.setattr(module, "run", failing_run)
+    assert main([command, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rnnkit {command}: error: out of memory (") and hint in err, err
+
+
 def test_an_unknown_option_is_named_by_its_commands_parser(capsys):
     """`rnnkit score ... --json` said `rnnkit: error: ...`, as if `rnnkit` itself had
     refused it; the line now names the command, as a missing or invalid option's does."""

@@ -285,9 +285,14 @@ def _said(args: argparse.Namespace) -> int:
         # allocate memory", "CUDA out of memory"); any other RuntimeError is a bug to show.
         if not isinstance(exc, MemoryError) and not _out_of_memory(exc):
             raise
+        if args.command == "train":
+            hint = "use smaller sizes (--hidden, --embedding, --batch-size, --max-len)"
+        elif hasattr(args, "batch_size"):  # the model is the run's: only the batch is given
+            hint = "free memory, or give a smaller --batch-size"
+        else:
+            hint = "free memory (the run's model and data need it)"
         print(
-            f"rnnkit {args.command}: error: out of memory ({_first_line(exc)}); use smaller "
-            "sizes (--hidden, --embedding, --batch-size, --max-len)",
+            f"rnnkit {args.command}: error: out of memory ({_first_line(exc)}); {hint}",
             file=sys.stderr,
         )
         return 2
