@@ -132,7 +132,7 @@ def test_an_os_error_is_one_line_naming_its_file(monkeypatch, capsys, exc, line)
     ("command", "argv", "hint"),
     [
         ("train", ["--train", "t.txt", "--out", "r"], "use smaller sizes (--hidden, --embedding"),
-        ("evaluate", ["--checkpoint", "r", "--data", "d"], "free memory, or give a smaller --batch-size"),
+        ("evaluate", ["--checkpoint", "r", "--data", "d"], "or give a smaller --batch-size"),
         ("report", ["--checkpoint", "r"], "free memory (the run's model and data need it)"),
     ],
 )  # fmt: skip
