@@ -144,7 +144,8 @@ class Budget:
     Attributes:
         total_steps: the last step (None: no step budget, a time budget only).
         max_time: seconds of training before it stops (None: no limit).
-        eval_every: validate every N steps (None: at the end of every epoch).
+        eval_every: validate every N steps (None: at the end of every epoch; with no
+            budget, or ``max_time`` alone, :func:`default_eval_every`).
         patience: validations without improvement before stopping (None: never).
         log_every: a training record every N steps.
         until_converged: no budget was given: train until validation stops improving.

@@ -165,14 +165,15 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike[str])
 
 
 def utf8_path(path: str | os.PathLike[str]) -> bool:
-    """Whether the absolute ``path`` is UTF-8 text: the safetensors library opens no
-    other (a name of other bytes reads as lone surrogates).
+    """Whether ``path``, as given, is UTF-8 text: the safetensors library opens no other
+    (a name of other bytes reads as lone surrogates). A relative path is what it is
+    given, whatever the name of the working directory.
 
     >>> utf8_path("runs/café"), utf8_path(os.fsdecode(b"runs/caf\\xe9"))
     (True, False)
     """
     try:
-        os.path.abspath(path).encode("utf-8")
+        os.fspath(path).encode("utf-8")
     except UnicodeEncodeError:
         return False
     return True

@@ -35,7 +35,6 @@ from typing import Any
 
 from rnnkit.data.files import atomic_write_bytes, read_run_file, sha256_file
 from rnnkit.data.limits import loads_json
-from rnnkit.data.locks import lock
 from rnnkit.errors import CheckpointError, DataError
 from rnnkit.training.interrupt import TrainingInterrupted
 from rnnkit.training.nonfinite import TrainingDiverged
@@ -164,20 +163,23 @@ def _replacing(root: Path, path: Path, aside: Path) -> str:
 
 
 def _lock_holder(lock_path: Path) -> str | None:
-    """The pid written in a run's lock file where another process holds the lock (a
-    training running now); None where nobody does or it cannot be told."""
+    """The pid written in a run's lock file where that process lives (a training running
+    now); None otherwise. Read, not locked: a reader taking the lock even for an instant
+    would make a training starting then refuse the directory as in use."""
     try:
-        fd = os.open(lock_path, os.O_RDONLY)
-    except OSError:
+        text = lock_path.read_bytes()[:32].decode("ascii", "replace").strip()
+        pid = int(text)
+    except (OSError, ValueError):
+        return None
+    if pid <= 0 or pid == os.getpid():
         return None
     try:
-        if lock(fd, blocking=False):
-            return None  # free (closing the descriptor releases it at once)
-        return os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-    except OSError:
+        os.kill(pid, 0)  # no signal: whether it exists
+    except ProcessLookupError:
         return None
-    finally:
-        os.close(fd)
+    except OSError:  # exists, another user's
+        return text
+    return text
 
 
 def _unchanged(run: Path, manifest: bytes) -> bool:

@@ -35,7 +35,7 @@ class TrainOptions:
         clip_value: clip each gradient entry to ``[−v, v]`` (a separate, named option).
         eval_every: validate every N steps (None: at the end of every epoch, or
             :func:`~rnnkit.training.budget.default_eval_every` when training until validation
-            stops improving).
+            stops improving or for ``max_time`` alone).
         patience: stop after this many validations without improvement (None: never, or
             :func:`~rnnkit.training.budget.default_patience` when training until validation
             stops improving).

@@ -382,6 +382,9 @@ def test_a_yaml_file_sets_the_same_options_as_toml(tmp_path, run_cli):
     from_toml = values(printed(run_cli, "--config", str(toml_file)))
     assert values(printed(run_cli, "--config", str(yaml_file))) == from_toml
     assert (from_toml["hidden"], from_toml["lr"]) == (16, 0.001)
+    # a merge key is YAML's own, not a key given twice
+    yaml_file.write_text("<<: {hidden: 16, lr: 1.0e-3}\ntask: tag\nbidirectional: true\n")
+    assert values(printed(run_cli, "--config", str(yaml_file))) == from_toml
 
 
 @pytest.mark.parametrize(
@@ -393,6 +396,7 @@ def test_a_yaml_file_sets_the_same_options_as_toml(tmp_path, run_cli):
         ("hidden: " + "9" * 5000 + "\n", "not valid YAML: an integer with too many digits"),
         # PyYAML kept the last in silence; TOML refuses a key given twice
         ("hidden: 8\nhidden: 16\n", "not valid YAML: key 'hidden' given twice"),
+        ("? [a, b]\n: 1\n", "not valid YAML: while constructing a mapping"),  # unhashable
     ],
 )
 def test_a_bad_yaml_file_is_one_line(tmp_path, run_cli, text, message):

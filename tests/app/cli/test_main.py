@@ -206,8 +206,8 @@ def test_closed_streams_and_an_ascii_terminal_are_no_traceback(tmp_path):
 
 def test_sigterm_while_a_file_is_written_leaves_no_half_written_file(tmp_path):
     """SIGTERM or SIGHUP (``timeout``, a service stop, a closed terminal) killed a command
-    in the middle of its atomic write, leaving the hidden temporary file; now the command
-    ends with the signal's status after removing it. (The signal is sent by the process
+    in the middle of its atomic write, leaving the hidden temporary file; now the file is
+    removed first, and the process still dies by the signal. (The signal is sent by the process
     itself at the write's fsync, where the window is.)"""
     import signal
     import subprocess
@@ -227,6 +227,19 @@ def test_sigterm_while_a_file_is_written_leaves_no_half_written_file(tmp_path):
             f" 'req=(\\\\d+)', '--out', {str(out)!r}]))\n"
         )
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        assert done.returncode == 128 + sig, done.stderr
+        assert done.returncode == -sig, done.stderr  # killed by it, as its parent expects
         assert "Traceback" not in done.stderr
         assert sorted(p.name for p in out.parent.iterdir()) == [], list(out.parent.iterdir())
+
+
+def test_main_in_a_program_leaves_its_streams_as_they_were(monkeypatch):
+    """The command's own stream settings (escapes where ASCII cannot hold a character,
+    devnull for a closed stream) are undone when main() returns to a calling program."""
+    import io
+    import sys
+
+    ascii_out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", ascii_out)
+    monkeypatch.setattr(sys, "stdin", None)
+    assert main([]) == 2  # no command: the list, on stderr
+    assert ascii_out.errors == "strict" and sys.stdin is None

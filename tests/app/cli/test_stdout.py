@@ -44,3 +44,11 @@ def test_past_its_limit_the_error_names_standard_output(monkeypatch):
     with pytest.raises(OSError, match="File too large") as info:
         write_stdout(b"x" * 1000)
     assert info.value.filename == "standard output" and info.value.errno == errno.EFBIG
+
+
+def test_a_text_only_stdout_gets_the_text(monkeypatch):
+    """main() under ``redirect_stdout(io.StringIO())``: no ``.buffer`` (AttributeError)."""
+    text = io.StringIO()
+    monkeypatch.setattr("sys.stdout", text)
+    write_stdout("é\n".encode())
+    assert text.getvalue() == "é\n"

@@ -135,14 +135,16 @@ def _yaml_document(path: str, text: str) -> dict[str, Any]:
         PyYAML kept the last value in silence."""
 
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: set[Any] = set()
+            seen: list[Any] = []
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<`: its keys may be given
+                    continue
                 key = self.construct_object(key_node, deep=deep)
-                if key in seen:
+                if key in seen:  # (a list, not a set: a key may be unhashable, said below)
                     raise yaml.constructor.ConstructorError(
                         None, None, f"key {key!r} given twice", key_node.start_mark
                     )
-                seen.add(key)
+                seen.append(key)
             return super().construct_mapping(node, deep)
 
     try:

@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -147,42 +147,67 @@ def _json_escape(error: UnicodeError) -> tuple[str, int]:
     return "".join(out), error.end
 
 
-def _usable_streams() -> None:
+def _usable_streams() -> Callable[[], None]:
     """Standard streams the commands can use whatever the caller left: a closed one
     (``>&-``: Python's ``None``) reads and writes nothing, text that the stream's
     encoding cannot hold (``PYTHONIOENCODING=ascii``) is written as JSON's ``\\u00e9``
     escapes rather than failing once the work is done (``UnicodeEncodeError``), and a
     path that is not UTF-8 as its own bytes."""
+    closed: list[tuple[str, Any]] = []  # (name, the devnull put there)
+    errors: list[tuple[Any, str]] = []  # (stream, its error handler before)
     for name, mode in (("stdin", "r"), ("stdout", "w"), ("stderr", "w")):
         if getattr(sys, name) is None:
-            setattr(sys, name, open(os.devnull, mode, encoding="utf-8"))  # noqa: SIM115
+            devnull = open(os.devnull, mode, encoding="utf-8")  # noqa: SIM115
+            setattr(sys, name, devnull)
+            closed.append((name, devnull))
     for stream in (sys.stdout, sys.stderr):
         if not hasattr(stream, "reconfigure"):
             continue
         encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        before = getattr(stream, "errors", None) or "strict"
         if encoding != "utf8":
             codecs.register_error("rnnkit.json_escape", _json_escape)
             stream.reconfigure(errors="rnnkit.json_escape")
-        elif getattr(stream, "errors", None) == "strict":
+        elif before == "strict":
             # a path of other bytes than UTF-8 (lone surrogates) is written as its bytes
             stream.reconfigure(errors="surrogateescape")
+        else:
+            continue
+        errors.append((stream, before))
+
+    def restore() -> None:
+        """The caller's streams as they were (``main()`` called from a program)."""
+        for stream, before in errors:
+            with contextlib.suppress(OSError, ValueError):
+                stream.reconfigure(errors=before)
+        for name, devnull in closed:
+            setattr(sys, name, None)
+            devnull.close()
+
+    return restore
 
 
 class Terminated(SystemExit):
-    """SIGTERM or SIGHUP (``timeout``, a service stopped, a terminal closed): the command
-    ends with the signal's status, ``128 + signum``, after the file being written is
-    removed (a half-written hidden file was left, the kill's way)."""
+    """SIGTERM or SIGHUP (``timeout``, a service stopped, a terminal closed) while a
+    command runs: raised so that the file being written is removed (the kill left a
+    half-written hidden file); the process then dies by the signal all the same, as its
+    parent expects (torchrun and systemd read a death by SIGTERM, not a status 143)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
 
 
 def _terminate(signum: int, frame: Any) -> None:
-    raise Terminated(128 + signum)
+    raise Terminated(signum)
 
 
 @contextlib.contextmanager
 def _ended_cleanly_by_signals() -> Iterator[None]:
     """SIGTERM and SIGHUP end the command as an exception while it runs (training's own
     loop turns them into a stop after the step, with a snapshot), where they had their
-    default action, which killed it mid-write; a handler or ``nohup``'s ignore is kept."""
+    default action, which killed it mid-write; a handler or ``nohup``'s ignore is kept.
+    Once the exception has unwound, the signal's default action ends the process."""
     names = ("SIGTERM", "SIGHUP")
     signums = [getattr(signal, n) for n in names if hasattr(signal, n)]
     main_thread = threading.current_thread() is threading.main_thread()
@@ -191,6 +216,13 @@ def _ended_cleanly_by_signals() -> Iterator[None]:
         signal.signal(signum, _terminate)
     try:
         yield
+    except Terminated as stop:
+        for signum in mine:
+            signal.signal(signum, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        os.kill(os.getpid(), stop.signum)  # dies here, by the signal
+        raise  # (where the signal cannot end a process)
     finally:
         for signum in mine:
             if signal.getsignal(signum) is _terminate:
@@ -199,7 +231,7 @@ def _ended_cleanly_by_signals() -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     loaded()  # Ctrl-C from here on is KeyboardInterrupt, said in one line below
-    _usable_streams()
+    restore = _usable_streams()
     try:
         with _ended_cleanly_by_signals():
             return _main(argv)
@@ -214,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 0
+    finally:
+        restore()
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -287,10 +321,14 @@ def _said(args: argparse.Namespace) -> int:
             raise
         if args.command == "train":
             hint = "use smaller sizes (--hidden, --embedding, --batch-size, --max-len)"
+        elif args.command == "gradcheck":
+            hint = "use smaller sizes (--hidden, --layers, --batch, --steps)"
         elif hasattr(args, "batch_size"):  # the model is the run's: only the batch is given
             hint = "free memory, or give a smaller --batch-size"
-        else:
+        elif hasattr(args, "checkpoint"):
             hint = "free memory (the run's model and data need it)"
+        else:
+            hint = "free memory, or give smaller inputs"
         print(
             f"rnnkit {args.command}: error: out of memory ({_first_line(exc)}); {hint}",
             file=sys.stderr,

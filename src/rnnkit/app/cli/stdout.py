@@ -13,7 +13,10 @@ def write_stdout(data: bytes) -> None:
     a full disk or past a file-size limit wrote a part and said nothing (the buffered
     writer returns the count of a partial write rather than failing)."""
     sys.stdout.flush()
-    out = sys.stdout.buffer
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:  # a text-only stream (main() under redirect_stdout(StringIO()))
+        sys.stdout.write(data.decode("utf-8", "surrogateescape"))
+        return
     view = memoryview(data)
     try:
         while view:
