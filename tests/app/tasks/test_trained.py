@@ -139,6 +139,8 @@ def test_lm_generate_matches_the_generate_command(tmp_path, capsys):
     assert printed == [f"the {t}" for t in texts]
     assert run.generate("the ", max_length=8, seed=4) == run.generate("the ", max_length=8, seed=4)
     assert len(run.generate(strategy="greedy", max_length=5)) == 1
+    with pytest.raises(ConfigError, match="strategy='greedy' gives one text; num=3"):
+        run.generate(strategy="greedy", num=3)  # the same text three times
     with pytest.raises(ConfigError, match="class-conditional run only"):
         run.generate(condition="a")
     # Inside a fine-tuning loop: each module's mode as it was (dropout stayed off after).

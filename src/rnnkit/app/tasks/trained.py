@@ -346,6 +346,11 @@ class TrainedRun:
         _check_count("num", num, MAX_GENERATE_OUTPUTS)
         _check_count("max_length", max_length, MAX_GENERATE_TOKENS)
         _check_strategy(strategy, temperature, top_k, top_p, beam_size, seed)
+        if strategy == "greedy" and num > 1:  # one text, num times (the command refuses it)
+            raise ConfigError(
+                f"strategy='greedy' gives one text; num={num} is for strategy='sample' "
+                "(or 'beam', which lists the num best)"
+            )
         index = None
         if self.labels is not None:
             known = ", ".join(self.labels.labels)
