@@ -42,9 +42,11 @@ from rnnkit.training.nonfinite import TrainingDiverged
 __all__ = [
     "MANIFEST",
     "MANIFEST_FORMAT",
+    "RUN_SAVED",
     "SKIP_HINT",
     "checksums_skipped",
     "covered_files",
+    "saved_files",
     "skipping_checksums",
     "verify_run",
     "write_manifest",
@@ -133,6 +135,27 @@ def writing_run(run_dir: str | os.PathLike[str], main: bool = True) -> Iterator[
         write_manifest(run)
 
 
+#: What a run leaves once it saved something (a run that failed before leaves only its
+#: start: ``config.json``, its log), so that a new run in its directory would replace it.
+RUN_SAVED = ("model.safetensors", "latest.json", "snapshots", "summary.json", "report.html")
+
+
+def saved_files(run_dir: str | os.PathLike[str]) -> list[str]:
+    """The names of :data:`RUN_SAVED` in ``run_dir``. ``snapshots/`` counts when it holds
+    a snapshot, not when it is empty or holds only one being written (a run that failed
+    writing its first one, on a full disk, saved nothing)."""
+    root = Path(run_dir)
+    found = []
+    for name in RUN_SAVED:
+        path = root / name
+        if name == "snapshots" and path.is_dir() and not path.is_symlink():
+            if any(not entry.name.startswith(".") for entry in path.iterdir()):
+                found.append(name)
+        elif path.exists():
+            found.append(name)
+    return found
+
+
 def _replacing(root: Path, path: Path, aside: Path) -> str:
     """What a reader says of a run that a ``train --overwrite`` is replacing or was
     replacing when it was killed: the earlier run waits in ``aside``, and what becomes of
@@ -144,11 +167,7 @@ def _replacing(root: Path, path: Path, aside: Path) -> str:
             f"still running (pid {holder}); the earlier run waits in {aside}, and goes "
             "when the new one has saved"
         )
-    snapshots = root / "snapshots"
-    saved = (root / "model.safetensors").exists() or (
-        snapshots.is_dir() and any(not p.name.startswith(".") for p in snapshots.iterdir())
-    )
-    if saved:
+    if saved_files(root):  # what decides, in the next train, whether it goes on
         return (
             f"{path}: missing: a train --overwrite was stopped after its new run saved; "
             f"train --resume with this --out continues the new run and removes the earlier "

@@ -25,6 +25,8 @@ from rnnkit.training.manifest import (
     MANIFEST,
     MANIFEST_FORMAT,
     REPLACED_PREFIX,
+    RUN_SAVED,
+    saved_files,
     verify_run,
     writing_run,
 )
@@ -72,7 +74,6 @@ RUN_FILES = (
 
 
 # The files that make a directory a run worth protecting from a new one.
-RUN_SAVED = ("model.safetensors", "latest.json", "snapshots", "summary.json", "report.html")
 
 
 LOCK_NAME = ".lock"
@@ -146,27 +147,11 @@ def replacing_run(
 _ASIDE = REPLACED_PREFIX  # the directory an old run waits in (replacing_run)
 
 
-def _saved(out: Path) -> list[str]:
-    """The names of :data:`RUN_SAVED` in ``out``: what a run leaves once it saved
-    something. ``snapshots/`` counts when it holds a snapshot, not when it is empty or
-    holds only one being written (a run that failed writing its first one, on a full
-    disk, saved nothing)."""
-    found = []
-    for name in RUN_SAVED:
-        path = out / name
-        if name == "snapshots" and path.is_dir() and not path.is_symlink():
-            if any(not entry.name.startswith(".") for entry in path.iterdir()):
-                found.append(name)
-        elif path.exists():
-            found.append(name)
-    return found
-
-
 def _settle(out: Path, aside: Path) -> None:
     """The old run in ``aside`` back into ``out`` where the new run saved nothing (its
     start removed first: ``config.json``, its log, an empty ``snapshots/``); ``aside``
     removed either way."""
-    if not _saved(out):
+    if not saved_files(out):
         for name in RUN_FILES:
             if (out / name).exists() or (out / name).is_symlink():
                 _remove(out / name)
@@ -201,7 +186,7 @@ def _old_run_files(
         )
     # What a finished or resumable run leaves; a run that failed before saving anything
     # (bad data, divergence at step 2) leaves only its start, which a new run replaces.
-    saved = _saved(out)
+    saved = saved_files(out)
     if saved and not overwrite:
         raise ConfigError(
             f"--out {out} already holds a run ({', '.join(saved[:3])}); continue it with "
