@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import tracemalloc
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from rnnkit.errors import CheckpointError, ConfigError, DataError
-from rnnkit.models.ngram import NGramModel, count_table_size
+from rnnkit.models.ngram import NGramModel, _unique_inverse, count_table_size
 
 START = None  # the reference's start padding symbol
 
@@ -202,3 +203,28 @@ def test_a_state_no_fit_can_give_is_refused(key, value):
     changed[len(changed) // 2] = value
     with pytest.raises(CheckpointError, match=r"n\.safetensors: invalid n-gram state"):
         NGramModel.from_state(dict(state, **{key: changed}), where="n.safetensors")
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 1000])
+def test_unique_inverse_is_numpys(size):
+    key = np.random.default_rng(size).integers(-50, 50, size=size)
+    uniq, inverse = _unique_inverse(key)
+    want_uniq, want_inverse = np.unique(key, return_inverse=True)
+    assert np.array_equal(uniq, want_uniq) and np.array_equal(inverse, want_inverse)
+    assert inverse.dtype == np.int32
+
+
+def test_fitting_a_corpus_holds_a_few_dozen_bytes_per_token():
+    # A 5-gram baseline on a text-sized stream must fit in memory a machine has: the
+    # counting keeps two position-sized id arrays alive, not one per order.
+    rng = np.random.default_rng(0)
+    words = [rng.integers(1, 60, size=int(rng.integers(2, 9))) for _ in range(400)]
+    picks = rng.zipf(1.3, size=60_000) % len(words)
+    ids = np.concatenate([np.append(words[p], 0) for p in picks])  # ~300k tokens
+    tracemalloc.start()
+    try:
+        NGramModel(order=5).fit(ids)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak / len(ids) < 80, f"{peak / len(ids):.0f} bytes per token"

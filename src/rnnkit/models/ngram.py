@@ -17,9 +17,11 @@ context and keep raw counts (as KenLM does for ``<s>``). Each sequence is left-p
 a virtual start symbol that is conditioned on but never predicted, so the sum over the
 ``V`` ids is exactly 1 for every context.
 
-Counting is numpy only: the k-gram ending at each position gets an integer id from
-``np.unique`` on ``(first token, id of its (k-1)-gram suffix)``, so no Python object is
-made per n-gram; queries look ids up with ``np.searchsorted`` and are vectorized too.
+Counting is numpy only: the k-gram ending at each position gets an integer id from a
+sort of ``(first token, id of its (k-1)-gram suffix)``, so no Python object is made per
+n-gram; queries look ids up with ``np.searchsorted`` and are vectorized too. A fit holds
+about 55 bytes per token at its peak (order 5 on text), whatever the order: one order's
+ids are dropped once the next order's are made.
 """
 
 from __future__ import annotations
@@ -55,6 +57,26 @@ def _lookup(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
     """Index of each query in the sorted ``keys``, -1 where absent (queries < 0 are absent)."""
     idx = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
     return np.where(keys[idx] == query, idx, -1)
+
+
+def _unique_inverse(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(key, return_inverse=True)`` with the inverse in int32 where the ids fit,
+    and about half numpy's temporary memory (one sort permutation, one sorted copy)."""
+    if key.size == 0:
+        return key.copy(), np.zeros(0, np.int32)
+    perm = np.argsort(key)
+    ordered = key[perm]
+    starts = np.empty(len(ordered), dtype=bool)
+    starts[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    uniq = ordered[starts]
+    del ordered
+    dtype = np.int32 if len(uniq) < 2**31 else np.int64
+    rank = np.cumsum(starts, dtype=dtype)
+    rank -= 1
+    inverse = np.empty(len(key), dtype=dtype)
+    inverse[perm] = rank
+    return uniq, inverse
 
 
 def _valid_counts(
@@ -196,13 +218,19 @@ class NGramModel:
         elif top >= self.vocab_size:
             raise DataError(f"token id {top} out of range for vocab_size {self.vocab_size}")
         n, V = self.order, self.vocab_size
-        real = P != _START
         # Grams are needed ending at real positions and at the last start symbol before
-        # each sequence (the context of its first token).
+        # each sequence (the context of its first token); every other start position
+        # ends a gram of start symbols only, which nothing counts.
+        real = P != _START
         E = np.flatnonzero(real | np.append(real[1:], False))
+        del real
 
+        # Level by level, only two position-sized id arrays are alive at once (the
+        # grams of order k - 1 and k), so memory stays a few dozen bytes per token.
         keys: list[np.ndarray] = [np.zeros(0, np.int64)]  # keys[k]: sorted k-gram keys
-        ids: list[np.ndarray] = [np.zeros(0, np.int64)]  # ids[k][pos]: id of gram ending there
+        raw: list[np.ndarray] = [np.zeros(0, np.int64)]  # raw[k][g]: occurrences of gram g
+        prefix: list[np.ndarray] = [np.zeros(0, np.int64)] * 2  # prefix[k][g]: g's context
+        previous = np.zeros(0, np.int32)
         for k in range(1, n + 1):
             if k == 1:
                 key = P[E]
@@ -210,30 +238,45 @@ class NGramModel:
                 M = len(keys[k - 1])
                 if (V + 1) * M >= 2**62:
                     raise DataError(f"too many distinct {k - 1}-grams ({M}) to index")
-                key = P[E - k + 1] * M + ids[k - 1][E]
-            uniq, inverse = np.unique(key, return_inverse=True)
-            full = np.full(len(P), -1, dtype=np.int64)
-            full[E] = inverse
+                key = P[E - (k - 1)]
+                key *= M
+                key += previous[E]
+            uniq, inverse = _unique_inverse(key)
+            del key
+            current = np.full(len(P), -1, dtype=inverse.dtype)
+            current[E] = inverse
+            del inverse
+            gram = current[R]
             keys.append(uniq)
-            ids.append(full)
+            raw.append(np.bincount(gram, minlength=len(uniq)))
+            if k >= 2:
+                # The (k-1)-gram before each k-gram: every occurrence of a gram has the
+                # same one, so scattering them all leaves the right one.
+                ctx = np.zeros(len(uniq), dtype=previous.dtype)
+                ctx[gram] = previous[R - 1]
+                prefix.append(ctx)
+            previous = current
+            del gram, current
+        del previous
 
         counts: list[np.ndarray] = [np.zeros(0, np.int64)]
         ctx_total: list[np.ndarray] = [np.zeros(0), np.zeros(0)]
         ctx_types: list[np.ndarray] = [np.zeros(0, np.int64), np.zeros(0, np.int64)]
         for k in range(1, n + 1):
-            gram = ids[k][R]
             Mk = len(keys[k])
-            c = np.bincount(gram, minlength=Mk)
+            c = raw[k]
             if k < n:
-                # Continuation count: distinct (k+1)-grams (left extensions) per k-gram.
-                _, first = np.unique(ids[k + 1][R], return_index=True)
-                types = np.bincount(gram[first], minlength=Mk)
+                # Continuation count: distinct left extensions (k+1)-grams per k-gram,
+                # read off the (k+1)-gram keys (first token, k-gram suffix). The one
+                # extension that ends at a start symbol extends the all-start gram,
+                # which keeps its raw count below.
+                types = np.bincount(keys[k + 1] % Mk, minlength=Mk)
                 first_token = keys[k] if k == 1 else keys[k] // len(keys[k - 1])
                 c = np.where(first_token == _START, c, types)
             counts.append(c)
             if k >= 2:
-                seen, first = np.unique(gram, return_index=True)
-                ctx = ids[k - 1][R[first] - 1]  # the (k-1)-gram before each seen k-gram
+                seen = np.flatnonzero(raw[k])
+                ctx = prefix[k][seen]
                 Mc = len(keys[k - 1])
                 ctx_total.append(np.bincount(ctx, weights=c[seen], minlength=Mc))
                 ctx_types.append(np.bincount(ctx, minlength=Mc))
