@@ -22,6 +22,10 @@ True
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
+import types
 from typing import Any
 
 import torch
@@ -29,6 +33,8 @@ import torch
 from rnnkit.layers.torch_nn import GRU, LSTM, RNN, plain_torch_copy
 from rnnkit.layers.torch_nn_cells import GRUCell, LSTMCell, RNNCell
 
+# rnnkit's own names; ``from rnnkit.nn import *`` also binds every name that
+# ``from torch.nn import *`` binds (added at the end)
 __all__ = [
     "GRU",
     "LSTM",
@@ -41,16 +47,62 @@ __all__ = [
 ]
 
 
+def _is_dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
+
+
 def __getattr__(name: str) -> Any:
-    """Every other name is ``torch.nn``'s own."""
-    try:
-        return getattr(torch.nn, name)
-    except AttributeError:
-        raise AttributeError(f"module 'rnnkit.nn' (torch.nn) has no attribute {name!r}") from None
+    """Every other name is ``torch.nn``'s own (not its module attributes: torch's
+    ``__path__`` would make Python load a second copy of torch's files as rnnkit.nn's)."""
+    if not _is_dunder(name):
+        try:
+            return getattr(torch.nn, name)
+        except AttributeError:
+            pass
+    raise AttributeError(f"module 'rnnkit.nn' (torch.nn) has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
     return sorted(set(dir(torch.nn)) | set(__all__))
+
+
+class _TorchPackage(types.ModuleType):
+    """``rnnkit.nn.<package>`` for the import system: ``from rnnkit.nn.utils import prune``
+    gives ``torch.nn.utils``'s own names, importing a submodule torch has not imported yet.
+    Its ``__path__`` is empty, so ``import rnnkit.nn.<package>.<module>`` of a module not
+    aliased below is a plain ``ModuleNotFoundError``, never torch's file run again under
+    another name (a second ``Parameter`` class that modules would not register)."""
+
+    def __init__(self, name: str, package: types.ModuleType) -> None:
+        super().__init__(name, package.__doc__)
+        self.__path__: list[str] = []
+        self._package = package
+
+    def __getattr__(self, name: str) -> Any:
+        package = self.__dict__["_package"]
+        if not _is_dunder(name):
+            try:
+                return getattr(package, name)
+            except AttributeError:
+                child = f"{package.__name__}.{name}"
+                if importlib.util.find_spec(child) is not None:
+                    return importlib.import_module(child)
+        raise AttributeError(f"module {self.__name__!r} ({package.__name__}) has no {name!r}")
+
+
+def _alias_torch_modules() -> None:
+    """``import rnnkit.nn.functional``, ``from rnnkit.nn.utils.rnn import ...``,
+    ``from rnnkit.nn.parameter import Parameter``: torch's own module objects, entered in
+    ``sys.modules`` under rnnkit.nn's names (rnnkit's namespace only; nothing of torch's
+    changes). A package is entered as a :class:`_TorchPackage` over torch's."""
+    prefix = "torch.nn."
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(prefix) or module is None:
+            continue
+        alias = "rnnkit.nn." + name[len(prefix) :]
+        if hasattr(module, "__path__"):
+            module = _TorchPackage(alias, module)
+        sys.modules.setdefault(alias, module)
 
 
 class _FromDropIn:
@@ -133,3 +185,7 @@ def quantize_dynamic(
         qconfig = q.default_dynamic_qconfig if dtype == torch.qint8 else q.float16_dynamic_qconfig
         qconfig_spec = {c: qconfig for c in (*ours, base.Linear, *twins)}
     return torch.ao.quantization.quantize_dynamic(model, qconfig_spec, dtype, mapping, inplace)
+
+
+__all__ += sorted({n for n in dir(torch.nn) if not n.startswith("_")} - set(__all__))
+_alias_torch_modules()
