@@ -734,3 +734,21 @@ def test_a_short_lstm_call_without_gradients_is_torchs_kernel_on_the_cpu(monkeyp
         for bad, words in (((h,), "hx must be the pair"), ((h, None), r"hx\[1\] must be")):
             with pytest.raises(TypeError, match=f"rnnkit.nn.LSTM: {words}"):
                 ours(short, bad)
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_final_state_is_detached_in_place_between_segments_as_torchs_is(mode, grad, packed):
+    # truncated BPTT as older programs write it: h_n.detach_() before the next segment
+    reference, mine = _pair(mode, num_layers=2)
+    x = torch.randn(20, 3, 3, dtype=DTYPE)
+    if packed:
+        x = pack_padded_sequence(x, torch.tensor([20, 7, 1]))
+    for layer in (reference, mine):
+        with torch.set_grad_enabled(grad):
+            _, state = layer(x)
+        for h in state if mode == "LSTM" else (state,):
+            assert not h._is_view()
+            h.detach_()
+            assert not h.requires_grad

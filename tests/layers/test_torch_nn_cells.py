@@ -271,3 +271,18 @@ def test_device_failure_in_a_cells_torch_forward_is_not_computed_again(monkeypat
     # the fast path's fused operators too: unbatched input takes torch's forward there
     with use_fused(path), pytest.raises(torch.OutOfMemoryError):
         cell(torch.randn(3))
+
+
+@pytest.mark.parametrize("nonlinearity", ["ReLU", "sigmoid", "gelu"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_an_rnn_cell_with_a_nonlinearity_torch_does_not_know_is_refused_as_torch_does(
+    nonlinearity, grad
+):
+    # (rnnkit's own RNN has a sigmoid cell; torch's RNNCell has none, so neither has this)
+    reference, mine = _pair("RNNCell", nonlinearity=nonlinearity)
+    x, h = torch.randn(3, 3, dtype=DTYPE), torch.randn(3, 5, dtype=DTYPE)
+    with torch.set_grad_enabled(grad), pytest.raises(RuntimeError, match="Unknown nonlinearity"):
+        reference(x, h)
+    with torch.set_grad_enabled(grad), pytest.raises(RuntimeError) as refused:
+        mine(x, h)
+    assert str(refused.value).startswith(f"rnnkit.nn.RNNCell: Unknown nonlinearity: {nonlinearity}")

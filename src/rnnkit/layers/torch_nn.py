@@ -656,7 +656,10 @@ class _DropIn:
         return h.reshape(self.num_layers, D, *h.shape[1:])
 
     def _join(self, h: Tensor) -> Tensor:
-        return h.reshape(-1, *h.shape[2:])
+        """``(L, D, B, H)`` → torch's ``(L·D, B, H)``, a tensor of its own as torch's is
+        (not a view: ``h_n.detach_()`` between truncated segments works)."""
+        joined = h.reshape(-1, *h.shape[2:])
+        return joined.clone() if joined._is_view() else joined
 
 
 class _RowsDropout(nn.Dropout):

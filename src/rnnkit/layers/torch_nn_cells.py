@@ -224,6 +224,11 @@ class RNNCell(_CellDropIn, nn.RNNCell):
         return op(input, hx, *weights)
 
     def _own_step(self, input: Tensor, hx: Tensor | None) -> Tensor:
+        if self.nonlinearity not in _RNN_CELL_OPS:  # torch's cell checks it at each call
+            raise RuntimeError(
+                f"rnnkit.nn.RNNCell: Unknown nonlinearity: {self.nonlinearity} "
+                "(nonlinearity must be 'tanh' or 'relu')"
+            )
         w_ih, w_hh, b_ih, b_hh = self._weights()
         x, h, batched = self._batched(input, hx, "hx", w_ih)
         out = rnn_step(x, h, Weights(w_ih, w_hh, b_ih + b_hh, None), self.nonlinearity)
