@@ -137,6 +137,26 @@ def test_value_target_gaussian_and_csv_directories(data, tmp_path, run_cli):
     assert code == 2 and '"y"' in err and "s00.csv" in err
 
 
+def test_value_targets_of_another_width_are_one_line_in_train_and_evaluate(data, tmp_path, run_cli):
+    seqs = sinusoids(12, 4)
+    wide = [json.dumps({"seq": q.tolist(), "y": [1.0, 2.0]}) for q in seqs]
+    narrow = [json.dumps({"seq": q.tolist(), "y": [1.0]}) for q in seqs]
+    (tmp_path / "wide.jsonl").write_text("\n".join(wide) + "\n", encoding="utf-8")
+    (tmp_path / "narrow.jsonl").write_text("\n".join(narrow) + "\n", encoding="utf-8")
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join(wide[:3] + narrow[:3]) + "\n", encoding="utf-8")
+    code, _, err = train(run_cli, tmp_path, tmp_path / "m", "--target", "value",
+                         train="mixed.jsonl", valid="wide.jsonl")  # fmt: skip
+    assert code == 2 and 'mixed.jsonl:4: "y" has 1 values; the first target has 2' in err, err
+    code, _, err = train(run_cli, tmp_path, tmp_path / "w", "--target", "value", "--steps", "2",
+                         train="wide.jsonl", valid="wide.jsonl")  # fmt: skip
+    assert code == 0, err
+    code, _, err = run_cli("evaluate", "--checkpoint", str(tmp_path / "w"), "--data",
+                           str(tmp_path / "narrow.jsonl"))  # fmt: skip
+    assert code == 2 and 'narrow.jsonl:1: "y" has 1 values; the run\'s model predicts 2' in err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     ("content", "extra", "words"),
     [

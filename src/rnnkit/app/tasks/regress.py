@@ -190,6 +190,13 @@ def _check_width(seqs: list[VectorSequence], width: int, what: str) -> None:
             )
 
 
+def _check_targets(seqs: list[VectorSequence], width: int, what: str) -> None:
+    """Each given ``"y"`` of a ``--target value`` run has ``width`` values."""
+    for s in seqs:
+        if s.target is not None and s.target.shape[0] != width:
+            raise DataError(f'"y" has {s.target.shape[0]} values; {what} {width}', s.path, s.line)
+
+
 @guarded_run
 def train(
     cfg: TrainConfig, resume: bool = False, quiet: bool = False, callbacks: Any = None
@@ -231,17 +238,16 @@ def fit_sequences(
     fallback = None
     if target == "value":
         ys = [s.target for s in train_seqs if s.target is not None]
+        if ys:
+            _check_targets(train_seqs, ys[0].shape[0], "the first target has")
         fallback = torch.from_numpy(np.mean(ys, axis=0)) if ys else None
     if fallback is not None:  # evaluate's baseline is this one (not a prediction of 0)
         info = {**info, "target_mean": fallback.tolist()}
     train_enc = encode_sequences(train_seqs, target, cfg.max_len, fallback)
     valid_enc = encode_sequences(valid_seqs, target, cfg.max_len, fallback)
     K = D if target == "next" else int(train_enc.targets[0].shape[0])
-    for y, s in zip(valid_enc.targets, valid_seqs, strict=False):
-        if target == "value" and y.shape[0] != K:
-            raise DataError(
-                f'"y" has {y.shape[0]} values, the training targets {K}', s.path, s.line
-            )
+    if target == "value":
+        _check_targets(valid_seqs, K, "the training targets have")
     model = build_regressor(cfg, D, K).to(device)
     batches = _batches(train_enc, cfg.batch_size, shuffle=True, seed=cfg.seed)
 
@@ -304,6 +310,8 @@ def evaluate(
     cfg, info, model = load_regressor(run_dir, device)
     seqs = _read(data_path)
     _check_width(seqs, info["input_size"], "the run's input width")
+    if cfg.target == "value":
+        _check_targets(seqs, info["output_size"], "the run's model predicts")
     # the training targets' mean, as training scored the baseline (runs from before it
     # was recorded: 0)
     mean = info.get("target_mean")
