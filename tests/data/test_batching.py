@@ -156,3 +156,15 @@ def test_to_device_to_a_gpu_copies_without_waiting_and_the_values_arrive():
     t.zero_()  # the source may change at once: the copy came from a pinned copy of it
     assert on_gpu.device.type == "cuda" and not t.is_pinned()
     assert torch.equal(on_gpu.cpu(), torch.arange(10_000).view(100, 100))
+
+
+def test_a_negative_seed_is_read_as_torch_reads_it():
+    # ``--seed -1`` reaches the batcher of every task; torch takes it as 2**64 - 1
+    seqs = [np.arange(n) for n in (3, 1, 4, 1, 5, 9, 2, 6)]
+    orders = [
+        [b.indices.tolist() for b in SequenceBatcher(seqs, batch_size=2, seed=seed)]
+        for seed in (-1, 2**64 - 1, 0)
+    ]
+    assert orders[0] == orders[1] != orders[2]
+    with pytest.raises(ConfigError, match="seed must be an integer"):
+        SequenceBatcher(seqs, batch_size=2, seed=1.5)

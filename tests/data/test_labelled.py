@@ -80,3 +80,9 @@ def test_split_holdout_is_seeded_and_disjoint():
     assert str(info.value) == (
         "train.tsv: 2 examples are too few to hold out 90% for validation; pass --valid"
     )
+
+
+def test_a_negative_seed_splits_as_its_64_bit_twin():
+    items = list(range(20))
+    assert split_holdout(items, 0.25, seed=-1) == split_holdout(items, 0.25, seed=2**64 - 1)
+    assert split_holdout(items, 0.25, seed=-1) != split_holdout(items, 0.25, seed=0)

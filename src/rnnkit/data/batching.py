@@ -164,9 +164,9 @@ class SequenceBatcher(_Resumable):
         chunk_size = _positive("chunk_size", chunk_size)
         # Round up to whole batches: only the epoch's last batch may then be partial.
         self.chunk_size = -(-chunk_size // self.batch_size) * self.batch_size
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-        self.seed = int(seed)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        self.seed = int(seed) % 2**64  # numpy's generators take 0 … 2^64 - 1; -1 as torch reads it
         self.shuffle, self.bucket, self.drop_last = bool(shuffle), bool(bucket), bool(drop_last)
         self.pad_id = int(pad_id)
 

@@ -119,7 +119,7 @@ def split_holdout(
             "validation; pass --valid",
             path,
         )
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed % 2**64)  # a negative seed read as torch reads it
     held = np.zeros(n, dtype=bool)
     held[rng.choice(n, size=k, replace=False)] = True
     return [x for x, h in zip(items, held, strict=True) if not h], [

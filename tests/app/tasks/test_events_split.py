@@ -30,6 +30,17 @@ def test_the_split_holds_out_enough_normal_sessions_for_a_threshold(
     assert len(data.train) == sessions - expected
 
 
+def test_a_negative_seed_splits_the_sessions(tmp_path):
+    path = tmp_path / "s.jsonl"
+    write_sessions(path, generate_sessions(60, anomalies=0, seed=0))
+
+    def held(seed):
+        cfg = TrainConfig(task="events", train=str(path), seed=seed).validate()
+        return [s.tolist() for s in prepare_events_data(cfg).valid]
+
+    assert held(-1) == held(-1) != held(0)  # was a ValueError of numpy
+
+
 def _scores(n: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {name: rng.exponential(size=n) for name in SCORES}

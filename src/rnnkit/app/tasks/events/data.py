@@ -130,7 +130,7 @@ def prepare_events_data(cfg: TrainConfig, vocab: EventVocabulary | None = None) 
                 "one normal session cannot be split into training and validation; pass --valid",
                 cfg.train,
             )
-        rng = np.random.default_rng(cfg.seed)
+        rng = np.random.default_rng(cfg.seed % 2**64)  # a negative seed as torch reads it
         order = rng.permutation(len(normal))
         n_valid = validation_sessions(len(normal), cfg.valid_fraction)
         held = set(order[:n_valid].tolist())
