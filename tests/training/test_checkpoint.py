@@ -289,6 +289,25 @@ def test_weights_of_another_float_width_load_as_the_models(tmp_path, monkeypatch
     assert same_weights(model, source)
 
 
+def test_a_wider_float_beyond_the_models_range_is_refused_not_loaded_as_inf(tmp_path, monkeypatch):
+    # 1e300 is finite in a float64 export and inf in the float32 model: every loss NaN
+    monkeypatch.setenv("RNNKIT_SKIP_CHECKSUMS", "1")
+    path = tmp_path / "model.safetensors"
+    tensors = {k: v.double().contiguous() for k, v in make_lm().state_dict().items()}
+    name = sorted(tensors)[-1]
+    tensors[name].view(-1)[0] = 1e300
+    save_file(tensors, str(path))
+    model = make_lm(seed=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError) as info:
+        load_model_weights(model, path)
+    assert str(info.value) == (
+        f"{path}: {name} holds values beyond float32's range (the model's dtype; the "
+        "checkpoint's is float64)"
+    )
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
 def test_snapshot_of_another_config_is_refused(run_dir):
     out, _, _ = run_dir
     with pytest.raises(CheckpointError, match=r"model\.safetensors.*another configuration"):

@@ -260,6 +260,13 @@ def load_model_weights(module: nn.Module, path: str | os.PathLike[str]) -> None:
                 f"{path}: {name} is {str(saved).removeprefix('torch.')} in the checkpoint but "
                 f"{str(t.dtype).removeprefix('torch.')} in the model (not weights rnnkit wrote)"
             )
+        if saved != t.dtype and not bool(torch.isfinite(tensors[source].to(t.dtype)).all()):
+            # finite in the file's width, infinite in the model's: every result would be NaN
+            raise CheckpointError(
+                f"{path}: {name} holds values beyond {str(t.dtype).removeprefix('torch.')}'s "
+                f"range (the model's dtype; the checkpoint's is "
+                f"{str(saved).removeprefix('torch.')})"
+            )
     unexpected = set(tensors) - set(own)
     if missing or unexpected:
         raise CheckpointError(

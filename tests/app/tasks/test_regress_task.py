@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -208,6 +209,23 @@ def test_evaluate_of_huge_values_is_a_figure_or_one_line(trained, data, tmp_path
                              str(tmp_path / "huge.jsonl"))  # fmt: skip
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "huge.jsonl:1" in err and "not finite" in err and "1e+30" in err
+
+
+def test_weights_that_overflow_on_ordinary_data_are_named_not_the_data(
+    trained, data, tmp_path, run_cli
+):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    _, _, model = load_regressor(run)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(3e38)  # finite float32 weights whose outputs overflow
+    save_model_weights(model, run / "model.safetensors")
+    code, _, err = run_cli("evaluate", "--checkpoint", str(run), "--data",
+                           str(data / "valid.jsonl"), "--skip-checksums")  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{run}: the " in err and "the run's weights overflow float32" in err
+    assert "rescale the data" not in err
 
 
 def test_training_on_values_whose_loss_overflows_does_not_blame_the_rate(data, tmp_path, run_cli):

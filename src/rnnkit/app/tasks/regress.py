@@ -321,7 +321,7 @@ def evaluate(
     enc = encode_sequences(seqs, cfg.target, cfg.max_len, fallback)
     model_device = next(model.parameters()).device
     metrics = regression_metrics(model, enc, model_device, batch_size or cfg.batch_size)
-    _check_finite(metrics, seqs)
+    _check_finite(metrics, seqs, Path(run_dir))
     return metrics
 
 
@@ -358,14 +358,26 @@ def _valid_metrics(
     )
 
 
-def _check_finite(metrics: dict[str, Any], seqs: list[VectorSequence]) -> None:
+#: Data whose largest value is below this cannot make float32 overflow by itself (its
+#: square, summed over a million values, stays finite): a figure that overflows on it is
+#: the weights' doing.
+_DATA_CANNOT_OVERFLOW = 1e15
+
+
+def _check_finite(metrics: dict[str, Any], seqs: list[VectorSequence], run_dir: Path) -> None:
     """A figure that overflowed (the Gaussian NLL of errors near float32's range) is one
-    error naming the sequence of the largest value, not ``inf`` printed as a result."""
+    error naming the sequence of the largest value, not ``inf`` printed as a result; on
+    data of ordinary size, one naming the run's weights."""
     bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
     if not bad:
         return
     worst = max(seqs, key=lambda s: float(np.abs(s.values).max(initial=0.0)))
     top = float(np.abs(worst.values).max(initial=0.0))
+    if top < _DATA_CANNOT_OVERFLOW:
+        raise CheckpointError(
+            f"{run_dir}: the {bad[0]} is not finite on data whose values stay within "
+            f"{top:.3g}: the run's weights overflow float32 (a damaged or diverged run)"
+        )
     raise DataError(
         f"the {bad[0]} is not finite: values reach {top:.3g}, beyond what float32 "
         "arithmetic can score; rescale the data",
