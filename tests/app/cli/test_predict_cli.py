@@ -258,6 +258,20 @@ def test_bad_input_is_one_line_naming_file_and_line(runs, run_cli, tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("task", "training"), [("classify", "labelled.tsv"), ("seq2seq", "pairs.tsv")]
+)
+def test_a_training_file_given_to_predict_is_refused_at_its_first_tab(
+    runs, run_cli, task, training
+):
+    # no text or source a run trained on holds a tab: the label or target would be read
+    # as text and answered in silence
+    path = runs["data"] / training
+    code, out, err = run_cli("predict", "--checkpoint", str(runs[task]), "--input", str(path))
+    one_line_error(code, err, f"{path}:1: holds a tab", "is read by evaluate")
+    assert out == ""
+
+
+@pytest.mark.parametrize(
     "name, good, bad, key",
     [
         ("classify", "aab", "", "label"),

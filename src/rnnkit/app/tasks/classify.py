@@ -426,6 +426,13 @@ def predictor(
     def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
         inputs, unknown = [], []
         for text, (path, line) in zip(lines, where, strict=True):
+            if "\t" in text:  # no training text holds one: the tab ends a label
+                raise DataError(
+                    "holds a tab: predict reads one text a line; a label<TAB>text file is "
+                    "read by evaluate",
+                    path,
+                    line,
+                )
             ids, n_unknown = vocab.encode_with_unknown(text)
             if not ids:
                 raise DataError("empty text (no tokens to classify)", path, line)

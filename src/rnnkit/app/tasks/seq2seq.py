@@ -319,6 +319,13 @@ def predictor(
     def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
         sources, unknown = [], []
         for text, (path, line) in zip(lines, where, strict=True):
+            if "\t" in text:  # no training source holds one: the tab ends it
+                raise DataError(
+                    "holds a tab: predict reads one source a line; a source<TAB>target file "
+                    "is read by evaluate",
+                    path,
+                    line,
+                )
             ids, n_unknown = source_vocab.encode_with_unknown(text)
             if not ids:
                 raise DataError("empty source (no tokens to transduce)", path, line)
