@@ -113,6 +113,9 @@ def test_defaults_validate():
         # "" was read as no --valid (a split of --train), or as a file named "".
         (dict(valid=""), "--valid is empty: name a file, or leave the option out"),
         (dict(pretrained_vectors=""), "--pretrained-vectors is empty"),
+        # --print-config printed these as checked; training refused them
+        (dict(task="seq2seq", scheduled_sampling="linear:-5"), "--scheduled-sampling linear:K"),
+        (dict(task="seq2seq", scheduled_sampling="inverse-sigmoid:5:nan"), "must be finite"),
     ],
 )
 def test_validate_names_the_option(changes, option):

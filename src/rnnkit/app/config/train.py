@@ -49,6 +49,7 @@ from rnnkit.app.config.tasks import (
 )
 from rnnkit.errors import ConfigError
 from rnnkit.models.spec import TASK_MODEL_DEFAULTS, task_model_defaults
+from rnnkit.training.scheduled_sampling import parse_schedule
 
 __all__ = [
     "CELL_OPTIONS",
@@ -321,6 +322,7 @@ class TrainConfig(
                     f"--length {self.length} needs whole lines as sequences: "
                     "--bptt full or window:K, not segment:K"
                 )
+        parse_schedule(self.scheduled_sampling)  # its K and MAX, as training reads them
         if self.task == "lm" and self.scheduled_sampling != "none":
             # The model's own choices are fed one step at a time through the plain LM.
             for bad, given in (
