@@ -193,3 +193,13 @@ def test_load_lm_refuses_a_bad_config_json(run, tmp_path, edit, words):
 def test_load_lm_of_a_missing_directory(tmp_path):
     with pytest.raises(CheckpointError, match="no such checkpoint directory"):
         load_lm(tmp_path / "nope")
+
+
+def test_load_lm_of_a_file_names_it_a_file_and_its_folder(tmp_path):
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")
+    with pytest.raises(CheckpointError) as refused:
+        load_lm(weights)
+    assert str(refused.value) == (
+        f"{weights}: not a directory; --checkpoint names a run directory (here perhaps {tmp_path})"
+    )

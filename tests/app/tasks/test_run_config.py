@@ -9,10 +9,10 @@ import pytest
 
 from rnnkit.app.cli.main import main
 from rnnkit.app.tasks.registry import task_module
-from rnnkit.app.tasks.run_config import check_batch_size
+from rnnkit.app.tasks.run_config import check_batch_size, check_count
 from rnnkit.data.events import write_sessions
 from rnnkit.data.generated_sessions import generate_sessions
-from rnnkit.errors import ConfigError
+from rnnkit.errors import CheckpointError, ConfigError
 
 TASKS = ["lm", "classify", "tag", "seq2seq", "events", "params", "regress"]
 BAD = [0, -1, 2.5, True, "4"]
@@ -63,3 +63,19 @@ def test_a_trained_run_is_scored_only_with_a_valid_size(tmp_path):
     assert task_module("events").evaluate(events, str(tmp_path / "ev.jsonl"), 5)["sessions"] > 0
     with pytest.raises(ConfigError, match=r"batch_size .* got -1"):
         task_module("events").evaluate(events, str(tmp_path / "ev.jsonl"), -1)
+
+
+@pytest.mark.parametrize(
+    ("count", "info", "words"),
+    [
+        (3, {"num_labels": 2}, "run/labels.json: 3 labels but config.json says 2"),
+        # a classify run's config.json edited to say lm: it was "None labels"
+        (None, {"num_labels": 2}, "run/config.json: says num_labels 2, but this run's task"),
+        (2, {}, "run/config.json: no num_labels (labels.json holds 2 labels)"),
+    ],
+)
+def test_a_count_that_disagrees_with_config_json_names_the_file_at_fault(count, info, words):
+    check_count(Path("run/labels.json"), 2, "labels", {"num_labels": 2}, "num_labels")
+    with pytest.raises(CheckpointError) as refused:
+        check_count(Path("run/labels.json"), count, "labels", info, "num_labels")
+    assert str(refused.value).startswith(words) and "None" not in str(refused.value)

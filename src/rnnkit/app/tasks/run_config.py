@@ -47,6 +47,11 @@ def load_config(
         raise CheckpointError("--checkpoint is an empty path: name a run directory")
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
+        if run_dir.exists():  # model.safetensors given for its run, say
+            raise CheckpointError(
+                f"{run_dir}: not a directory; --checkpoint names a run directory "
+                f"(here perhaps {run_dir.parent})"
+            )
         raise CheckpointError(f"{run_dir}: no such checkpoint directory")
     if verify:
         verify_run(run_dir)
@@ -146,8 +151,15 @@ def check_labels(run_dir: str | Path, saved: Any, found: Any, data_path: str) ->
 
 def check_count(path: Path, count: int | None, noun: str, info: dict[str, Any], key: str) -> None:
     """``count`` (what ``path`` holds) must equal ``info[key]`` (what config.json says)."""
-    if info.get(key) != count:
-        raise CheckpointError(f"{path}: {count} {noun} but config.json says {info.get(key)}")
+    said = info.get(key)
+    if said == count:
+        return
+    config = path.parent / "config.json"
+    if count is None:  # config.json's task or inputs have no such file
+        raise CheckpointError(f"{config}: says {key} {said}, but this run's task reads no {noun}")
+    if said is None:
+        raise CheckpointError(f"{config}: no {key} ({path.name} holds {count} {noun})")
+    raise CheckpointError(f"{path}: {count} {noun} but config.json says {said}")
 
 
 def check_batch_size(batch_size: object, *, none: str | None = "the run's") -> None:
