@@ -688,13 +688,13 @@ def test_devices_that_differ_are_torchs_runtime_error_naming_the_layer(path, nam
         on_meta(x)
 
 
-def test_a_short_lstm_call_without_gradients_is_torchs_kernel_on_the_cpu(monkeypatch):
+def test_a_short_call_without_gradients_is_torchs_kernel_on_the_cpu(monkeypatch):
     # rnnkit's fixed cost per call is larger than torch's; a call of few steps that asks
     # no gradient runs torch's kernel (the same function), the rest rnnkit's loop
     from rnnkit.layers.torch_nn import SHORT_STEPS
 
     calls = []
-    for torch_class in (torch.nn.LSTM, torch.nn.GRU):
+    for torch_class in (torch.nn.LSTM, torch.nn.GRU, torch.nn.RNN):
 
         def counted(self, *args, real=torch_class.forward, **kwargs):
             calls.append(1)
@@ -721,8 +721,15 @@ def test_a_short_lstm_call_without_gradients_is_torchs_kernel_on_the_cpu(monkeyp
         assert not handed(lambda: ours(long))
         with use_fused("loop"):  # a forced path is that path
             assert not handed(lambda: ours(short))
-        gru = knn.GRU(3, 5, batch_first=True)
-        assert not handed(lambda: gru(short))  # torch's GRU on the CPU is the slower
+        for mode in ("GRU", "RNN"):  # one tensor as the state
+            theirs = getattr(torch.nn, mode)(3, 5, num_layers=2, batch_first=True)
+            mine = getattr(knn, mode)(3, 5, num_layers=2, batch_first=True)
+            mine.load_state_dict(theirs.state_dict())
+            calls.clear()
+            out, h = mine(short, h0[0])
+            want, wh = theirs(short, h0[0])
+            assert calls and torch.equal(out, want) and torch.equal(h, wh)
+            assert not handed(lambda mine=mine: mine(long))
     assert not handed(lambda: ours(short))  # training: rnnkit's backward
     ours.requires_grad_(False)
     assert handed(lambda: ours(short))  # a frozen layer in grad mode: inference

@@ -645,10 +645,11 @@ class _DropIn:
             return False
         if _fused_computes(input):
             return True
-        short = self.mode == "LSTM" and steps <= SHORT_STEPS
         # the parameters, not _weights(): that would run a parametrization (a weight
         # drop's draw) once more than torch's forward does
-        return short and _short_inference(input, hx, cast(nn.Module, self).parameters())
+        return steps <= SHORT_STEPS and _short_inference(
+            input, hx, cast(nn.Module, self).parameters(), pair=self.mode == "LSTM"
+        )
 
     def _split(self, h: Tensor) -> Tensor:
         """``(L·D, B, H)`` → ``(L, D, B, H)`` (torch orders layers, then directions)."""
@@ -729,31 +730,36 @@ def _fused_computes(x: Tensor) -> bool:
     return fused_path_on(x.device) and not autocast_devices_on()
 
 
-#: The longest LSTM call without gradients that the CPU hands to torch's LSTM kernel
-#: under the default path: rnnkit's fixed cost per call is larger than torch's, and a short
-#: call has too few steps for its faster loop to make up for it (inference, 10 steps,
-#: H 32–128, B 1–16, two threads: rnnkit's loop at 0.45–0.81× torch's speed;
+#: The longest call without gradients that the CPU hands to torch's kernel under the
+#: default path: rnnkit's fixed cost per call is larger than torch's, and a short call has
+#: too few steps for its faster loop to make up for it (inference, 10 steps, H 32–128,
+#: B 1–16, one and two threads: rnnkit's loop took 0.45–0.81× torch's speed for the LSTM,
+#: 1.0–3.0× torch's time for the simple RNN and 0.91–1.84× for the GRU;
 #: ``benchmarks/README.md``). torch's kernel computes the same function.
 SHORT_STEPS = 16
 
 
-def _short_inference(x: Tensor, hx: Any, weights: Iterable[Tensor]) -> bool:
+def _short_inference(x: Tensor, hx: Any, weights: Iterable[Tensor], *, pair: bool) -> bool:
     """Whether a drop-in's call on ``x`` (initial state ``hx``) is inference on the CPU
     under the default path, in float32 or float64, not under autocast: no gradient is
     asked of it (grad mode off, or neither ``x``, the state nor a weight requires one);
-    ``hx`` None or the pair of tensors torch's ``forward`` takes without an error of its
-    own (a malformed state goes to rnnkit's checks, which name the layer)."""
+    ``hx`` None, or the tensor (``pair``: the LSTM's pair of tensors) torch's ``forward``
+    takes without an error of its own (a malformed state goes to rnnkit's checks, which
+    name the layer)."""
     if not _one_step(x):  # the CPU's default path, float32/64, no autocast: its test
         return False
-    if hx is not None and not (
-        type(hx) in (tuple, list)
-        and len(hx) == 2
-        and all(isinstance(t, Tensor) and t.dim() == x.dim() for t in hx)
-    ):
-        return False
+    states: tuple[Any, ...] = ()
+    if hx is not None:
+        if pair:
+            if type(hx) not in (tuple, list) or len(hx) != 2:
+                return False
+            states = tuple(hx)
+        else:
+            states = (hx,)
+        if not all(isinstance(t, Tensor) and t.dim() == x.dim() for t in states):
+            return False
     if not torch.is_grad_enabled():
         return True
-    states = () if hx is None else tuple(hx)
     return not any(t.requires_grad for t in (x, *states, *weights))
 
 
