@@ -3,8 +3,10 @@ import are torch's own objects, with the six recurrent classes replaced."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
+from unittest import mock
 
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence as torchs_pack
@@ -36,12 +38,23 @@ def test_submodules_imported_by_their_rnnkit_names_are_torchs_own():
     assert isinstance(output, PackedSequence)
 
 
-def test_the_star_import_binds_torchs_names_and_the_drop_ins():
+def test_the_star_imports_bind_torchs_names_with_the_drop_ins_after_them():
     names: dict = {}
-    exec("from rnnkit.nn import *", names)
+    exec("from torch.nn import *\nfrom rnnkit.nn import *", names)
     assert names["Linear"] is torch.nn.Linear and names["functional"] is torch.nn.functional
     assert names["LSTM"] is knn.LSTM and names["GRUCell"] is knn.GRUCell
-    assert names["quantize_dynamic"] is knn.quantize_dynamic
+    # a package's star import is torch's; rnnkit.nn's own stays its six classes and two
+    # functions (help(rnnkit.nn) documents what __all__ names)
+    exec("from rnnkit.nn.utils import *", names)
+    assert names["clip_grad_norm_"] is torch.nn.utils.clip_grad_norm_
+    assert len(knn.__all__) == 8
+
+
+def test_a_patch_through_an_rnnkit_name_patches_torchs_module():
+    with mock.patch("rnnkit.nn.utils.clip_grad_norm_") as patched:
+        assert torch.nn.utils.clip_grad_norm_ is patched
+    assert torch.nn.utils.clip_grad_norm_ is not patched
+    assert importlib.util.find_spec("rnnkit.nn.utils") is not None
 
 
 def test_a_submodule_torch_had_not_imported_is_torchs_or_not_found_never_a_copy():
@@ -55,7 +68,8 @@ def test_a_submodule_torch_had_not_imported_is_torchs_or_not_found_never_a_copy(
         "    print('refused:', e)\n"
         "from rnnkit.nn.utils import prune\n"
         "import torch.nn.utils.prune as torchs\n"
-        "print('same:', prune is torchs)\n"
+        "import rnnkit.nn.utils.prune as again\n"  # entered by the import above
+        "print('same:', prune is torchs is again)\n"
         "print('new:', sorted(m for m in set(sys.modules) - before if not m.startswith('torch')))\n"
         "print('path:', hasattr(rnnkit.nn, '__path__'))\n"
     )
@@ -63,7 +77,7 @@ def test_a_submodule_torch_had_not_imported_is_torchs_or_not_found_never_a_copy(
     assert out.stdout.splitlines() == [
         "refused: No module named 'rnnkit.nn.utils.prune'",
         "same: True",
-        "new: []",
+        "new: ['rnnkit.nn.utils.prune']",  # the alias of torch's, no second copy
         "path: False",
     ], out.stdout + out.stderr
 

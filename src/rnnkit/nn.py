@@ -23,6 +23,7 @@ True
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -33,8 +34,9 @@ import torch
 from rnnkit.layers.torch_nn import GRU, LSTM, RNN, plain_torch_copy
 from rnnkit.layers.torch_nn_cells import GRUCell, LSTMCell, RNNCell
 
-# rnnkit's own names; ``from rnnkit.nn import *`` also binds every name that
-# ``from torch.nn import *`` binds (added at the end)
+# rnnkit's own names (what ``from rnnkit.nn import *`` binds; after ``from torch.nn import
+# *`` it replaces the six classes): with torch.nn's 180 names here, help(rnnkit.nn) would
+# print all of torch.nn
 __all__ = [
     "GRU",
     "LSTM",
@@ -68,41 +70,62 @@ def __dir__() -> list[str]:
 
 class _TorchPackage(types.ModuleType):
     """``rnnkit.nn.<package>`` for the import system: ``from rnnkit.nn.utils import prune``
-    gives ``torch.nn.utils``'s own names, importing a submodule torch has not imported yet.
-    Its ``__path__`` is empty, so ``import rnnkit.nn.<package>.<module>`` of a module not
-    aliased below is a plain ``ModuleNotFoundError``, never torch's file run again under
-    another name (a second ``Parameter`` class that modules would not register)."""
+    (or ``import *``) gives ``torch.nn.utils``'s own names, importing a submodule torch
+    has not imported yet; setting or deleting a name (``mock.patch``) does it on torch's
+    module, as the name says. Its ``__path__`` is empty, so ``import
+    rnnkit.nn.<package>.<module>`` of a module not aliased yet is a plain
+    ``ModuleNotFoundError``, never torch's file run again under another name (a second
+    ``Parameter`` class that modules would not register)."""
 
     def __init__(self, name: str, package: types.ModuleType) -> None:
         super().__init__(name, package.__doc__)
-        self.__path__: list[str] = []
-        self._package = package
+        own = types.ModuleType.__setattr__  # this class's own: the rest goes to torch's
+        own(self, "__path__", [])
+        own(self, "__spec__", importlib.machinery.ModuleSpec(name, None, is_package=True))
+        own(self, "_package", package)
 
     def __getattr__(self, name: str) -> Any:
         package = self.__dict__["_package"]
+        if name == "__all__":
+            names = getattr(package, "__all__", None)
+            return list(names) if names is not None else [n for n in dir(package) if n[0] != "_"]
         if not _is_dunder(name):
             try:
                 return getattr(package, name)
             except AttributeError:
                 child = f"{package.__name__}.{name}"
                 if importlib.util.find_spec(child) is not None:
-                    return importlib.import_module(child)
+                    module = importlib.import_module(child)
+                    _alias(f"{self.__name__}.{name}", module)
+                    return module
         raise AttributeError(f"module {self.__name__!r} ({package.__name__}) has no {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__dict__["_package"], name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self.__dict__["_package"], name)
+
+    def __dir__(self) -> list[str]:
+        return dir(self.__dict__["_package"])
+
+
+def _alias(name: str, module: types.ModuleType) -> None:
+    """Enter torch's ``module`` in ``sys.modules`` as ``name`` (a package as a
+    :class:`_TorchPackage` over it), unless the name is taken."""
+    if name not in sys.modules:
+        sys.modules[name] = _TorchPackage(name, module) if hasattr(module, "__path__") else module
 
 
 def _alias_torch_modules() -> None:
     """``import rnnkit.nn.functional``, ``from rnnkit.nn.utils.rnn import ...``,
     ``from rnnkit.nn.parameter import Parameter``: torch's own module objects, entered in
     ``sys.modules`` under rnnkit.nn's names (rnnkit's namespace only; nothing of torch's
-    changes). A package is entered as a :class:`_TorchPackage` over torch's."""
+    changes), for every ``torch.nn`` module imported so far."""
     prefix = "torch.nn."
     for name, module in list(sys.modules.items()):
-        if not name.startswith(prefix) or module is None:
-            continue
-        alias = "rnnkit.nn." + name[len(prefix) :]
-        if hasattr(module, "__path__"):
-            module = _TorchPackage(alias, module)
-        sys.modules.setdefault(alias, module)
+        if name.startswith(prefix) and module is not None:
+            _alias("rnnkit.nn." + name[len(prefix) :], module)
 
 
 class _FromDropIn:
@@ -187,5 +210,4 @@ def quantize_dynamic(
     return torch.ao.quantization.quantize_dynamic(model, qconfig_spec, dtype, mapping, inplace)
 
 
-__all__ += sorted({n for n in dir(torch.nn) if not n.startswith("_")} - set(__all__))
 _alias_torch_modules()

@@ -224,8 +224,21 @@ def test_weights_that_overflow_on_ordinary_data_are_named_not_the_data(
     code, _, err = run_cli("evaluate", "--checkpoint", str(run), "--data",
                            str(data / "valid.jsonl"), "--skip-checksums")  # fmt: skip
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert f"{run}: the " in err and "the run's weights overflow float32" in err
+    assert f"{run}: the " in err and "the run's weights give outputs beyond float32" in err
     assert "rescale the data" not in err
+
+
+def test_huge_value_targets_are_named_as_the_data_at_fault(data, tmp_path, run_cli):
+    # the steps stay within 1, the "y" reach 1e20: the data's fault, not the weights'
+    code, _, err = train(run_cli, data, tmp_path / "v", "--target", "value", "--loss",
+                         "gaussian", "--steps", "2")  # fmt: skip
+    assert code == 0, err
+    big = [json.dumps({"seq": q.tolist(), "y": [1e20]}) for q in sinusoids(4, 6)]
+    (tmp_path / "big.jsonl").write_text("\n".join(big) + "\n", encoding="utf-8")
+    code, _, err = run_cli("evaluate", "--checkpoint", str(tmp_path / "v"), "--data",
+                           str(tmp_path / "big.jsonl"))  # fmt: skip
+    assert code == 2 and "big.jsonl:1: the loss is not finite: values reach 1e+20" in err, err
+    assert "rescale the data" in err
 
 
 def test_training_on_values_whose_loss_overflows_does_not_blame_the_rate(data, tmp_path, run_cli):

@@ -29,7 +29,7 @@ from rnnkit.data.generated_sessions import generate_sessions
 from rnnkit.data.labelled import read_labelled
 from rnnkit.data.pairs import read_pairs
 from rnnkit.data.tagged import read_tagged
-from rnnkit.errors import ConfigError
+from rnnkit.errors import ConfigError, DataError
 from rnnkit.training.manifest import write_manifest
 
 TINY = ["--hidden", "8", "--embedding", "8", "--batch-size", "8", "--quiet"]
@@ -71,6 +71,9 @@ def test_classify_predict_matches_evaluate(tmp_path, capsys):
         run.generate("x")
     with pytest.raises(ConfigError, match="a list of inputs"):
         run.predict("abc")
+    # a line of the training file: its label would be read as text, as by the command
+    with pytest.raises(DataError, match=r"^input 1 holds a tab: a label<TAB>text line\?"):
+        run.predict([examples[0].text, f"{examples[1].label}\t{examples[1].text}"])
 
 
 def test_tag_predict_matches_evaluate(tmp_path, capsys):
@@ -108,6 +111,8 @@ def test_seq2seq_predict_matches_transduce_and_exact_match(tmp_path, capsys):
     exact = sum(o == p.target for o, p in zip(outputs, pairs, strict=True)) / len(pairs)
     assert exact == pytest.approx(_evaluate(run_dir, tmp_path / "test.tsv", capsys)["exact_match"])
     assert run.predict([pairs[0].source], beam=2) == [transduce(run_dir, pairs[0].source, beam=2)]
+    with pytest.raises(DataError, match=r"^source 0 holds a tab: a source<TAB>target line"):
+        run.predict([f"{pairs[0].source}\t{pairs[0].target}"])
 
 
 def test_events_predict_matches_the_scorer(tmp_path):

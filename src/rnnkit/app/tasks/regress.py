@@ -18,6 +18,7 @@ Run directory: ``config.json`` (with ``input_size``, ``output_size``), ``model.s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -321,8 +322,24 @@ def evaluate(
     enc = encode_sequences(seqs, cfg.target, cfg.max_len, fallback)
     model_device = next(model.parameters()).device
     metrics = regression_metrics(model, enc, model_device, batch_size or cfg.batch_size)
-    _check_finite(metrics, seqs, Path(run_dir))
+    _check_finite(metrics, seqs, Path(run_dir), lambda: _outputs_finite(cfg, model, seqs))
     return metrics
+
+
+def _outputs_finite(cfg: TrainConfig, model: Regressor, seqs: list[VectorSequence]) -> bool:
+    """Whether the model's predictions (and variances) on ``seqs`` are all finite."""
+    answers = predict_sequences(cfg, model, [s.values for s in seqs])
+    return all(
+        bool(np.isfinite(np.asarray(a.get(key, 0.0), dtype=np.float64)).all())
+        for a in answers
+        for key in ("prediction", "variance")
+    )
+
+
+def _largest(s: VectorSequence) -> float:
+    """The largest magnitude of a sequence's values and its ``"y"``."""
+    top = float(np.abs(s.values).max(initial=0.0))
+    return top if s.target is None else max(top, float(np.abs(s.target).max(initial=0.0)))
 
 
 def _valid_metrics(
@@ -359,24 +376,31 @@ def _valid_metrics(
 
 
 #: Data whose largest value is below this cannot make float32 overflow by itself (its
-#: square, summed over a million values, stays finite): a figure that overflows on it is
-#: the weights' doing.
+#: square, summed over a million values, stays finite): a figure that overflows on it
+#: while the model's own outputs are not finite is the weights' doing.
 _DATA_CANNOT_OVERFLOW = 1e15
 
 
-def _check_finite(metrics: dict[str, Any], seqs: list[VectorSequence], run_dir: Path) -> None:
+def _check_finite(
+    metrics: dict[str, Any],
+    seqs: list[VectorSequence],
+    run_dir: Path,
+    outputs_finite: Callable[[], bool],
+) -> None:
     """A figure that overflowed (the Gaussian NLL of errors near float32's range) is one
-    error naming the sequence of the largest value, not ``inf`` printed as a result; on
-    data of ordinary size, one naming the run's weights."""
+    error naming the sequence of the largest value (of its steps or its ``"y"``), not
+    ``inf`` printed as a result; on data of ordinary size where the model's outputs
+    themselves are not finite, one naming the run's weights."""
     bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
     if not bad:
         return
-    worst = max(seqs, key=lambda s: float(np.abs(s.values).max(initial=0.0)))
-    top = float(np.abs(worst.values).max(initial=0.0))
-    if top < _DATA_CANNOT_OVERFLOW:
+    worst = max(seqs, key=_largest)
+    top = _largest(worst)
+    if top < _DATA_CANNOT_OVERFLOW and not outputs_finite():
         raise CheckpointError(
             f"{run_dir}: the {bad[0]} is not finite on data whose values stay within "
-            f"{top:.3g}: the run's weights overflow float32 (a damaged or diverged run)"
+            f"{top:.3g}: the run's weights give outputs beyond float32 (a damaged or "
+            "diverged run)"
         )
     raise DataError(
         f"the {bad[0]} is not finite: values reach {top:.3g}, beyond what float32 "

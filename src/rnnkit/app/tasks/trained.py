@@ -173,7 +173,7 @@ class TrainedRun:
             seqs = self._sequences(texts)
             answers = label_sequences(self.config, self.labels, model, seqs, batch_size)
             return [a["label"] for a in answers]
-        _check_texts(texts, "input")
+        _check_texts(texts, "input", "label<TAB>text")
         ids = []
         for i, text in enumerate(texts):
             x = self.vocab.encode_array(text, dtype=np.int64)[: self.config.max_len]
@@ -217,7 +217,7 @@ class TrainedRun:
         from rnnkit.app.tasks.seq2seq_generate import search_options
 
         assert self.source_vocab is not None and self.vocab is not None
-        _check_texts(sources, "source")
+        _check_texts(sources, "source", "source<TAB>target")
         model = cast("Seq2Seq | DecoderOnlyTranslator", self.model)  # (as load() builds it)
         # as transduce and the predictor check them (a beam of 10**6 decoded for minutes)
         beam, limit = search_options(beam, max_length, self.config.beam, self.config.max_len)
@@ -485,12 +485,17 @@ def _params_session(session: object, i: int) -> Session:
     return parse_session(text, f"session {i}", None)
 
 
-def _check_texts(texts: list[Any], what: str) -> None:
+def _check_texts(texts: list[Any], what: str, line: str | None = None) -> None:
     """A ``ConfigError`` naming the first of ``texts`` that is not a string (``None`` or a
-    number failed inside the vocabulary with "object of type 'int' has no len()")."""
+    number failed inside the vocabulary with "object of type 'int' has no len()"); with
+    ``line`` (the training file's form), a ``DataError`` naming the first that holds a
+    tab, which no text a run trained on holds (the label or target would be read as
+    text)."""
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise ConfigError(f"{what} {i} is {type(text).__name__}, expected a string")
+        if line is not None and "\t" in text:
+            raise DataError(f"{what} {i} holds a tab: a {line} line? pass the {what} alone")
 
 
 def _tokens(sentence: object, i: int) -> list[str]:
