@@ -3,12 +3,15 @@ and its logged events (optional; a bad log line is counted, never fatal)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.run_config import load_config
+from rnnkit.data.files import fingerprint
+from rnnkit.errors import DataError
 from rnnkit.training.run_files import read_metrics, read_summary
 from rnnkit.training.trajectory import run_events
 
@@ -66,7 +69,34 @@ def data_file(run: Run, key: str) -> list[Path]:
     for c in candidates:
         if c.exists() and not any(c.resolve() == f.resolve() for f in found):
             found.append(c)
+    if isinstance(recorded, dict) and {"size", "sha256"} <= set(recorded):
+        same = [f for f in found if _is_recorded(f, recorded)]
+        if found and not same:  # edited since training: its pictures would be of other data
+            text = (
+                f"The {key} file ({found[0]}) has changed since training (its size or "
+                "SHA-256 differs from the run's record); the sections that read it are left out."
+            )
+            if text not in run.notes:
+                run.notes.append(text)
+        found = same
     return found
+
+
+def _is_recorded(path: Path, recorded: dict[str, Any]) -> bool:
+    """Whether ``path`` holds the content training recorded (size, then SHA-256)."""
+    try:
+        stat = path.stat()
+        if not path.is_file() or stat.st_size != recorded["size"]:
+            return False
+        return _sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns) == recorded["sha256"]
+    except (OSError, DataError):
+        return False
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    """A file's SHA-256, once per content the report reads (several sections ask)."""
+    return str(fingerprint(path)["sha256"])
 
 
 def data_files(run: Run) -> list[Path]:
