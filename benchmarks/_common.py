@@ -9,13 +9,16 @@ slower than a round cancels.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import platform
 import random
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -179,3 +182,15 @@ def machine() -> dict[str, object]:
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
+
+
+def print_rows(rows: list[dict[str, Any]], columns: dict[str, str], as_json: bool) -> None:
+    """The machine and a markdown table of ``rows`` on stderr: ``columns`` maps each
+    heading to the format of its cells (``"{H}"``, ``"**{rnnkit:.2f}**"``, filled from a
+    row); with ``as_json`` the rows as one JSON list on stdout."""
+    print(machine(), file=sys.stderr)
+    print("| " + " | ".join(columns) + " |\n" + "|---" * len(columns) + "|", file=sys.stderr)
+    for row in rows:
+        print("| " + " | ".join(f.format(**row) for f in columns.values()) + " |", file=sys.stderr)
+    if as_json:
+        print(json.dumps(rows))

@@ -15,12 +15,10 @@ medians of in-round ratios of times (> 1: slower than ``torch.nn``).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 
 import torch
-from _common import interleaved, machine, median_ratio
+from _common import interleaved, median_ratio, print_rows
 
 from rnnkit import nn as rnnkit_nn
 from rnnkit.bptt.fused import use_fused
@@ -67,17 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         for hidden in (32, 128)
         for batch in (1, 16)
     ]
-    print(machine(), file=sys.stderr)
-    head = "| layer | H | B | T | torch.nn µs/call | rnnkit.nn | own loop (before) |"
-    print(head + "\n" + "|---" * 7 + "|", file=sys.stderr)
-    for r in rows:
-        print(
-            f"| {r['layer']} | {r['H']} | {r['B']} | {r['T']} | {r['torch_us']:.0f} "
-            f"| **{r['rnnkit']:.2f}** | {r['loop']:.2f} |",
-            file=sys.stderr,
-        )
-    if args.json:
-        print(json.dumps(rows))
+    columns = {
+        "layer": "{layer}", "H": "{H}", "B": "{B}", "T": "{T}",
+        "torch.nn µs/call": "{torch_us:.0f}", "rnnkit.nn": "**{rnnkit:.2f}**",
+        "own loop (before)": "{loop:.2f}",
+        }  # fmt: skip
+    print_rows(rows, columns, args.json)
     return 0
 
 

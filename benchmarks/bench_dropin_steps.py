@@ -19,14 +19,12 @@ than ``torch.nn``).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from _common import interleaved, machine, median_ratio
+from _common import interleaved, median_ratio, print_rows
 
 from rnnkit import nn as rnnkit_nn
 from rnnkit.bptt.fused import use_fused
@@ -134,17 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         for hidden, batch in ((128, 1), (256, 16))
         for row in measure(kind, hidden, batch, args.rounds, clock)
     ]
-    print(machine(), file=sys.stderr)
-    head = "| layer | H | B | decoding | torch.nn µs/step | rnnkit.nn | own loop (before) |"
-    print(head + "\n" + "|---" * 7 + "|", file=sys.stderr)
-    for r in rows:
-        print(
-            f"| {r['layer']} | {r['H']} | {r['B']} | {r['what']} | {r['torch_us_per_step']:.0f} "
-            f"| **{r['rnnkit']:.2f}** | {r['loop_before']:.2f} |",
-            file=sys.stderr,
-        )
-    if args.json:
-        print(json.dumps(rows))
+    columns = {
+        "layer": "{layer}", "H": "{H}", "B": "{B}", "decoding": "{what}",
+        "torch.nn µs/step": "{torch_us_per_step:.0f}", "rnnkit.nn": "**{rnnkit:.2f}**",
+        "own loop (before)": "{loop_before:.2f}",
+        }  # fmt: skip
+    print_rows(rows, columns, args.json)
     return 0
 
 
