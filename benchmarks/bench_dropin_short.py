@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         "layer": "{layer}", "H": "{H}", "B": "{B}", "T": "{T}",
         "torch.nn µs/call": "{torch_us:.0f}", "rnnkit.nn": "**{rnnkit:.2f}**",
         "own loop (before)": "{loop:.2f}",
-        }  # fmt: skip
+    }  # fmt: skip
     print_rows(rows, columns, args.json)
     return 0
 

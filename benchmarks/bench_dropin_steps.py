@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         "layer": "{layer}", "H": "{H}", "B": "{B}", "decoding": "{what}",
         "torch.nn µs/step": "{torch_us_per_step:.0f}", "rnnkit.nn": "**{rnnkit:.2f}**",
         "own loop (before)": "{loop_before:.2f}",
-        }  # fmt: skip
+    }  # fmt: skip
     print_rows(rows, columns, args.json)
     return 0
 
