@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.autograd.function import BackwardCFunction
 
+import rnnkit.nn
 from rnnkit import RNNCell
 from rnnkit.bptt.recurrence import run_recurrence
 from rnnkit.cells.kernel import Weights
@@ -394,3 +395,17 @@ def test_lecture_example_tau3_loss_at_step_10_reaches_steps_7_to_10():
     out, _ = run_recurrence(cell.kernel, xt[6:10], w, h6, None)
     want = torch.autograd.grad((out[-1] * d_out[0, 9]).sum(), cell.weight_hh)[0]
     torch.testing.assert_close(c.weight_hh.sum(0), want, **TOL)
+
+
+@pytest.mark.parametrize("steps", [5, 20])
+def test_an_input_changed_in_place_before_backward_is_torchs_error(steps):
+    # the node keeps the input (not a view made in its forward's no-grad mode), so
+    # autograd's own check names what happened, as for torch's layers
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 4)
+    lstm = rnnkit.nn.LSTM(4, 6)
+    x = layer(torch.randn(steps, 3, 4))  # an input with a graph (an embedding's output)
+    out, _ = lstm(x)
+    x.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()

@@ -56,6 +56,11 @@ __all__ = [
 ]
 
 
+def _base(t: Tensor) -> Tensor:
+    """The tensor whose storage ``t`` views (``t`` itself where it is no view)."""
+    return t if t._base is None else t._base
+
+
 class _Recurrence(torch.autograd.Function):
     """Autograd node whose backward is the library's explicit BPTT."""
 
@@ -86,7 +91,12 @@ class _Recurrence(torch.autograd.Function):
             # a kernel whose step backward reads bias_hn (a layer-normalised cell's gains)
             ctx.keeps_hn = bool(getattr(kernel, "backward_reads_bias_hn", False))
             kept = (bias_hn,) if ctx.keeps_hn else ()
-            main = (record.x, weight_ih, weight_hh, *record.states, *record.cache, *kept)
+            # x's (T·B, I) view is made again in backward: a view saved from here (no grad
+            # mode) turned a later in-place change of x into torch's note on no-grad views
+            # instead of its "modified by an inplace operation"
+            ctx.flat_view = record.x is not x and record.x._base is _base(x)
+            first = x if ctx.flat_view else record.x
+            main = (first, weight_ih, weight_hh, *record.states, *record.cache, *kept)
             # the node's own inputs too: a differentiated gradient runs the forward again
             # (never for a projected input, which the record lets go: it refuses it)
             ctx.num_main, ctx.has_hn = len(main), bias_hn is not None
@@ -149,7 +159,8 @@ class _Recurrence(torch.autograd.Function):
         n = ctx.num_states
         bias_hn = saved[-1] if ctx.keeps_hn else None
         saved = saved[:-1] if ctx.keeps_hn else saved
-        record = ForwardRecord(saved[0], tuple(saved[3 : 3 + n]), tuple(saved[3 + n :]))
+        x = saved[0].reshape(-1, saved[0].shape[-1]) if ctx.flat_view else saved[0]
+        record = ForwardRecord(x, tuple(saved[3 : 3 + n]), tuple(saved[3 + n :]))
         # The backward reads no bias: None stands in for it.
         w = Weights(saved[1], saved[2], None, bias_hn)  # type: ignore[arg-type]
         packing = ctx.packing
