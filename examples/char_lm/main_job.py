@@ -13,6 +13,8 @@ character next to a 5-gram Kneser-Ney baseline.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -84,8 +86,19 @@ def main(argv: list[str] | None = None) -> int:
     summary["samples"] = ["def " + s for s in summary["samples"]]
     summary["report"] = _write_report(str(out))
     print_summary(summary)
-    print(f"run directory: {out} (evaluate: rnnkit evaluate --checkpoint {out} --data FILE)")
+    command = _rnnkit_command()
+    print(f"run directory: {out} (evaluate: {command} evaluate --checkpoint {out} --data FILE)")
     return 0
+
+
+def _rnnkit_command() -> str:
+    """How to call this interpreter's ``rnnkit`` from here: ``rnnkit`` where that is the
+    one on PATH, else its path (``make run`` installs into ``.venv``, not on PATH)."""
+    beside = Path(sys.executable).with_name("rnnkit")
+    found = shutil.which("rnnkit")
+    if not beside.exists() or (found and Path(found).resolve() == beside.resolve()):
+        return "rnnkit"
+    return os.path.relpath(beside) if beside.is_relative_to(Path.cwd()) else str(beside)
 
 
 if __name__ == "__main__":

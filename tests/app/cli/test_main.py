@@ -152,6 +152,24 @@ def test_out_of_memory_advice_is_the_commands_own(monkeypatch, capsys, command, 
     assert err.startswith(f"rnnkit {command}: error: out of memory (") and hint in err, err
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["train", "--train", "x", "--hiden", "8"], "--hiden 8 (did you mean --hidden?)"),
+        (["generate", "--checkpoint", "x", "--temprature=1"],
+         "--temprature=1 (did you mean --temperature?)"),
+        (["evaluate", "--checkpoint", "x", "--data", "y", "--zzz"], "--zzz"),  # nothing close
+    ],
+)  # fmt: skip
+def test_a_mistyped_option_is_told_the_option_it_is_close_to(capsys, argv, said):
+    # as a configuration file's unknown key is ("hiden: unknown option (did you mean ...)")
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and err.endswith(f"unrecognized arguments: {said}"), err
+    assert "\n" not in err
+
+
 def test_an_unknown_option_is_named_by_its_commands_parser(capsys):
     """`rnnkit score ... --json` said `rnnkit: error: ...`, as if `rnnkit` itself had
     refused it; the line now names the command, as a missing or invalid option's does."""

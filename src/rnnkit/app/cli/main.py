@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import difflib
 import importlib
 import os
 import signal
@@ -250,12 +251,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         restore()
 
 
+def _suggestion(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """`` (did you mean --hidden?)`` for the first unknown option close to one of the
+    command's (a typo: ``--hiden``), as a configuration file's unknown key is told."""
+    known = [o for action in parser._actions for o in action.option_strings if o[:2] == "--"]
+    for extra in extras:
+        name = extra.split("=", 1)[0]
+        if name.startswith("--"):
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras:  # named by the command's parser ("rnnkit score: error: ..."), not rnnkit's
         owner = _commands(parser).get(args.command, parser)
-        owner.error(f"unrecognized arguments: {' '.join(extras)}")
+        owner.error(f"unrecognized arguments: {' '.join(extras)}{_suggestion(owner, extras)}")
     if args.command is None:
         # No command is a usage error (status 2, like any other), shown with the list.
         parser.print_help(sys.stderr)
