@@ -403,7 +403,9 @@ def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("forced_paths")
     (d / "text.txt").write_text("abc abd\nbca cab\n" * 20, encoding="utf-8")
     write_token_tags(previous_word_sentences(30, seed=0, noise=0.1), d / "tags.tsv")
-    write_pairs(d / "pairs.tsv", generate_pairs("reverse", 24, seed=0, max_len=4))
+    pairs = generate_pairs("reverse", 24, seed=0, max_len=4)
+    write_pairs(d / "pairs.tsv", pairs)
+    (d / "sources.txt").write_text("".join(f"{source}\n" for source, _ in pairs), encoding="utf-8")
     write_sessions(d / "sessions.jsonl", generate_sessions(30, anomalies=0, seed=1))
     write_sessions(d / "valid.jsonl", generate_sessions(12, anomalies=2, seed=2))
     return d
@@ -424,7 +426,7 @@ COMMANDS = {  # train's options, then a command on the run: (command, its option
                           "--bidirectional"], ("generate", ["--input", "abc", "--beam", "3"])),
     "seq2seq-gru-dot-after": (["--task", "seq2seq", "--train", "pairs.tsv", "--cell", "gru",
                                "--attention", "dot", "--attention-wiring", "after"],
-                              ("predict", ["--input", "pairs.tsv", "--max-len", "5"])),
+                              ("predict", ["--input", "sources.txt", "--max-len", "5"])),
 }  # fmt: skip
 
 
