@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 from rnnkit.errors import RnnkitError
 
 _LONG = os.environ.get("RNNKIT_FUZZ_EXAMPLES")
+#: A long run (RNNKIT_FUZZ_EXAMPLES set): every example takes every path
+LONG_RUN = _LONG is not None
 
 #: Examples per test: small and derandomized in CI (fast, never flaky), many and random
 #: in a long run.
