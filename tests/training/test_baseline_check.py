@@ -37,7 +37,8 @@ def test_classify_is_compared_with_its_best_baseline():
     behind = behind_baseline(s, "classify", RunSettings(steps=100))
     assert behind["baseline_kind"] == "bag of n-grams" and behind["baseline"] == 0.7
     assert behind["line"].startswith(
-        "behind baseline: validation accuracy 0.6 vs 0.7 for the bag of n-grams, after 100 steps"
+        "behind baseline: validation accuracy 0.6000 vs 0.7000 for the bag of n-grams, after 100 "
+        "steps"
     )
 
 

@@ -460,6 +460,16 @@ def compare(summary: dict[str, Any], task: str | None = None) -> dict[str, Any] 
     return None
 
 
+def _figure(value: float) -> str:
+    """Four significant digits, zeros kept (3.0004 is ``3.000`` beside ``2.334``, as the
+    summary prints it, not ``3``).
+
+    >>> _figure(3.0004), _figure(0.75), _figure(1234.6), _figure(1e-5)
+    ('3.000', '0.7500', '1235', '1.000e-05')
+    """
+    return f"{value:#.4g}".rstrip(".")
+
+
 def behind_baseline(
     summary: dict[str, Any], task: str, settings: RunSettings
 ) -> dict[str, Any] | None:
@@ -475,7 +485,7 @@ def behind_baseline(
     ...      "baselines": {"most_frequent_tag": {"kind": "most frequent tag", "accuracy": 0.6}}}
     >>> r = behind_baseline(s, "tag", RunSettings(steps=1))
     >>> r["line"].split(";")[0]
-    'behind baseline: validation accuracy 0.4 vs 0.6 for the most frequent tag, after 1 step'
+    'behind baseline: validation accuracy 0.4000 vs 0.6000 for the most frequent tag, after 1 step'
     >>> r["cause"]
     'validation was still improving when the budget (--steps 1) ended'
     """
@@ -487,7 +497,7 @@ def behind_baseline(
     steps = summary.get("steps")
     label = LABELS.get(metric, metric)
     line = (
-        f"behind baseline: validation {label} {model:.4g} vs {base:.4g} for the {kind}, "
+        f"behind baseline: validation {label} {_figure(model)} vs {_figure(base)} for the {kind}, "
         f"after {steps} step{'' if steps == 1 else 's'}; likely cause: {cause}; try: {advice}"
     )
     return {

@@ -95,8 +95,8 @@ def test_one_step_is_behind_the_baseline_and_says_why(capsys, tmp_path):
     (line,) = err.splitlines()
     assert line == f"rnnkit: {behind['line']}"
     assert line.startswith(
-        f"rnnkit: behind baseline: validation accuracy {behind['model']:.4g} vs 1 for the most "
-        "frequent tag per word, after 1 step; likely cause: the budget (--steps 1) ended "
+        f"rnnkit: behind baseline: validation accuracy {behind['model']:#.4g} vs 1.000 for the "
+        "most frequent tag per word, after 1 step; likely cause: the budget (--steps 1) ended "
         "with the run's only validation, too soon to tell whether validation had stopped "
         "improving; try: train longer: raise --steps (with --resume"
     )
