@@ -50,10 +50,13 @@ def test_the_star_imports_bind_torchs_names_with_the_drop_ins_after_them():
     assert len(knn.__all__) == 8
 
 
-def test_a_patch_through_an_rnnkit_name_patches_torchs_module():
-    with mock.patch("rnnkit.nn.utils.clip_grad_norm_") as patched:
-        assert torch.nn.utils.clip_grad_norm_ is patched
-    assert torch.nn.utils.clip_grad_norm_ is not patched
+def test_a_patch_through_an_rnnkit_name_patches_torchs_module_and_puts_it_back():
+    # weight_norm and rnn are also the names of submodules of torch.nn.utils
+    originals = {n: getattr(torch.nn.utils, n) for n in ("clip_grad_norm_", "weight_norm", "rnn")}
+    for name, original in originals.items():
+        with mock.patch(f"rnnkit.nn.utils.{name}") as patched:
+            assert getattr(torch.nn.utils, name) is patched
+        assert getattr(torch.nn.utils, name) is original, name
     assert importlib.util.find_spec("rnnkit.nn.utils") is not None
 
 

@@ -94,7 +94,9 @@ class _TorchPackage(types.ModuleType):
                 return getattr(package, name)
             except AttributeError:
                 child = f"{package.__name__}.{name}"
-                if importlib.util.find_spec(child) is not None:
+                # a child imported already but not on its package was deleted there (a
+                # mock.patch ending): not found, so that the patch puts the name back
+                if child not in sys.modules and importlib.util.find_spec(child) is not None:
                     module = importlib.import_module(child)
                     _alias(f"{self.__name__}.{name}", module)
                     return module

@@ -145,7 +145,12 @@ def _recurrence_backward(
         tuple(grads[1:]),
     )
     like = (x, w_ih, w_hh, bias, x.new_empty(0) if bias_hn is None else bias_hn, *states0)
-    return [torch.zeros_like(t) if g is None else g for g, t in zip(got, like, strict=True)]
+    # contiguous, as the fake kernel says (a batch-first x is a transposed view: a
+    # gradient with its strides failed compiled code's stride check)
+    return [
+        t.new_zeros(t.shape) if g is None else g.contiguous()
+        for g, t in zip(got, like, strict=True)
+    ]
 
 
 @_recurrence_backward.register_fake
@@ -161,9 +166,9 @@ def _(
     window: int,
     grads: list[Tensor],
 ) -> list[Tensor]:
-    hn = x.new_empty(0) if bias_hn is None else torch.empty_like(bias_hn)
-    rest = [torch.empty_like(t) for t in (x, w_ih, w_hh, bias)]
-    return [*rest, hn, *(torch.empty_like(s) for s in states0)]
+    hn = x.new_empty(0) if bias_hn is None else bias_hn.new_empty(bias_hn.shape)
+    rest = [t.new_empty(t.shape) for t in (x, w_ih, w_hh, bias)]  # contiguous, as the op's
+    return [*rest, hn, *(s.new_empty(s.shape) for s in states0)]
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:

@@ -170,6 +170,16 @@ def test_a_mistyped_option_is_told_the_option_it_is_close_to(capsys, argv, said)
     assert "\n" not in err
 
 
+def test_a_required_option_mistyped_is_told_too(capsys):
+    # argparse says the required option is missing before it names the unknown one
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--checkpont", "x", "--data", "y"])
+    assert capsys.readouterr().err.strip() == (
+        "rnnkit evaluate: error: the following arguments are required: --checkpoint "
+        "(--checkpont: did you mean --checkpoint?)"
+    )
+
+
 def test_an_unknown_option_is_named_by_its_commands_parser(capsys):
     """`rnnkit score ... --json` said `rnnkit: error: ...`, as if `rnnkit` itself had
     refused it; the line now names the command, as a missing or invalid option's does."""

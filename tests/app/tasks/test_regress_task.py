@@ -211,15 +211,25 @@ def test_evaluate_of_huge_values_is_a_figure_or_one_line(trained, data, tmp_path
     assert "huge.jsonl:1" in err and "not finite" in err and "1e+30" in err
 
 
+@pytest.mark.parametrize(
+    ("loss", "which", "value"),
+    # outputs beyond float32; outputs finite whose Gaussian loss overflows float32
+    [("mse", "weight", 3e38), ("gaussian", "bias", 1e20)],
+)
 def test_weights_that_overflow_on_ordinary_data_are_named_not_the_data(
-    trained, data, tmp_path, run_cli
+    trained, data, tmp_path, run_cli, loss, which, value
 ):
     run = tmp_path / "run"
-    shutil.copytree(trained, run)
+    if loss == "mse":
+        shutil.copytree(trained, run)
+    else:
+        code, _, err = train(run_cli, data, run, "--loss", loss, "--steps", "2")
+        assert code == 0, err
     _, _, model = load_regressor(run)
     with torch.no_grad():
-        for p in model.parameters():
-            p.fill_(3e38)  # finite float32 weights whose outputs overflow
+        for name, p in model.named_parameters():
+            if which in name:
+                p.fill_(value)  # finite float32 weights of a damaged or diverged run
     save_model_weights(model, run / "model.safetensors")
     code, _, err = run_cli("evaluate", "--checkpoint", str(run), "--data",
                            str(data / "valid.jsonl"), "--skip-checksums")  # fmt: skip

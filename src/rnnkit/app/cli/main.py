@@ -44,10 +44,17 @@ SUBCOMMANDS: tuple[str, ...] = (
 )
 
 
+#: The arguments being parsed, for a hint when a required option is missing because it
+#: was mistyped (argparse says so before it names the unknown ones)
+_parsing: list[str] = []
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad option as one line naming the option (exit 2)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("the following arguments are required"):
+            message += _suggestion(self, _parsing, named=True)
         say_error(f"{self.prog}: error: {message}")  # under torchrun: once, by rank 0
         self.exit(2)
 
@@ -251,21 +258,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         restore()
 
 
-def _suggestion(parser: argparse.ArgumentParser, extras: list[str]) -> str:
-    """`` (did you mean --hidden?)`` for the first unknown option close to one of the
-    command's (a typo: ``--hiden``), as a configuration file's unknown key is told."""
+def _suggestion(parser: argparse.ArgumentParser, given: Sequence[str], named: bool = False) -> str:
+    """`` (did you mean --hidden?)`` for the first unknown option of ``given`` close to
+    one of the command's (a typo: ``--hiden``), as a configuration file's unknown key is
+    told; ``named``: the typo is named too (``--checkpont: did you mean ...``)."""
     known = [o for action in parser._actions for o in action.option_strings if o[:2] == "--"]
-    for extra in extras:
-        name = extra.split("=", 1)[0]
-        if name.startswith("--"):
+    for arg in given:
+        name = arg.split("=", 1)[0]
+        if name.startswith("--") and name not in known:
             close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
             if close:
-                return f" (did you mean {close[0]}?)"
+                return (
+                    f" ({name}: did you mean {close[0]}?)"
+                    if named
+                    else f" (did you mean {close[0]}?)"
+                )
     return ""
 
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
+    _parsing[:] = sys.argv[1:] if argv is None else argv
     args, extras = parser.parse_known_args(argv)
     if extras:  # named by the command's parser ("rnnkit score: error: ..."), not rnnkit's
         owner = _commands(parser).get(args.command, parser)
