@@ -10,8 +10,7 @@ from typing import Any
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.run_config import load_config
-from rnnkit.data.files import fingerprint
-from rnnkit.errors import DataError
+from rnnkit.data.files import sha256_file
 from rnnkit.training.run_files import read_metrics, read_summary
 from rnnkit.training.trajectory import run_events
 
@@ -89,14 +88,14 @@ def _is_recorded(path: Path, recorded: dict[str, Any]) -> bool:
         if not path.is_file() or stat.st_size != recorded["size"]:
             return False
         return _sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns) == recorded["sha256"]
-    except (OSError, DataError):
+    except OSError:
         return False
 
 
 @functools.lru_cache(maxsize=8)
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
     """A file's SHA-256, once per content the report reads (several sections ask)."""
-    return str(fingerprint(path)["sha256"])
+    return sha256_file(path)
 
 
 def data_files(run: Run) -> list[Path]:

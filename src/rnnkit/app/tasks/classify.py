@@ -51,7 +51,13 @@ from rnnkit.app.tasks.figures import (
 )
 from rnnkit.app.tasks.fitting import check_resume, fit, run_summary
 from rnnkit.app.tasks.pretrained import load_pretrained_vectors
-from rnnkit.app.tasks.run_config import check_batch_size, check_labels, load_config, save_config
+from rnnkit.app.tasks.run_config import (
+    check_batch_size,
+    check_labels,
+    load_config,
+    refuse_tabbed_line,
+    save_config,
+)
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import BASELINE_FILE, finish_summary, load_baseline, save_baseline
 from rnnkit.app.tasks.settings import choose_device, model_spec, seed_everything
@@ -426,13 +432,7 @@ def predictor(
     def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
         inputs, unknown = [], []
         for text, (path, line) in zip(lines, where, strict=True):
-            if "\t" in text:  # no training text holds one: the tab ends a label
-                raise DataError(
-                    "holds a tab: predict reads one text a line; a label<TAB>text file is "
-                    "read by evaluate",
-                    path,
-                    line,
-                )
+            refuse_tabbed_line(text, path, line, "text", "label<TAB>text")
             ids, n_unknown = vocab.encode_with_unknown(text)
             if not ids:
                 raise DataError("empty text (no tokens to classify)", path, line)

@@ -11,7 +11,7 @@ from typing import Any
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.data.files import fingerprint
-from rnnkit.errors import CheckpointError, ConfigError
+from rnnkit.errors import CheckpointError, ConfigError, DataError
 from rnnkit.training.checkpoint import FORMAT_VERSION, atomic_write_json, read_json
 from rnnkit.training.manifest import verify_run
 
@@ -21,6 +21,7 @@ __all__ = [
     "check_labels",
     "data_fingerprints",
     "load_config",
+    "refuse_tabbed_line",
     "resume_data",
     "save_config",
 ]
@@ -186,3 +187,15 @@ def check_batch_size(batch_size: object, *, none: str | None = "the run's") -> N
     ):
         allowed = "an integer ≥ 1" + ("" if none is None else f" or None ({none})")
         raise ConfigError(f"batch_size must be {allowed}, got {batch_size!r}")
+
+
+def refuse_tabbed_line(text: str, path: str, line: int, unit: str, form: str) -> None:
+    """``predict`` reads one ``unit`` (text, source) a line, which never holds a tab (the
+    training files end it with one): a line with a tab is the ``form`` file
+    (``label<TAB>text``) given by mistake, whose label would be read as text."""
+    if "\t" in text:
+        raise DataError(
+            f"holds a tab: predict reads one {unit} a line; a {form} file is read by evaluate",
+            path,
+            line,
+        )

@@ -51,7 +51,12 @@ import numpy as np
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.fitting import check_unchanged, make_optimizer
-from rnnkit.app.tasks.run_config import check_batch_size, load_config, save_config
+from rnnkit.app.tasks.run_config import (
+    check_batch_size,
+    load_config,
+    refuse_tabbed_line,
+    save_config,
+)
 from rnnkit.app.tasks.run_dir import guarded_run
 from rnnkit.app.tasks.run_outputs import BASELINE_FILE, finish_summary, load_baseline, save_baseline
 from rnnkit.app.tasks.seq2seq_data import (
@@ -319,13 +324,7 @@ def predictor(
     def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
         sources, unknown = [], []
         for text, (path, line) in zip(lines, where, strict=True):
-            if "\t" in text:  # no training source holds one: the tab ends it
-                raise DataError(
-                    "holds a tab: predict reads one source a line; a source<TAB>target file "
-                    "is read by evaluate",
-                    path,
-                    line,
-                )
+            refuse_tabbed_line(text, path, line, "source", "source<TAB>target")
             ids, n_unknown = source_vocab.encode_with_unknown(text)
             if not ids:
                 raise DataError("empty source (no tokens to transduce)", path, line)
