@@ -71,12 +71,17 @@ def test_the_audit_shape_and_the_low_level_form_agree(gen):
         assert out.outputs.shape == (2, 4, 96) and h.shape == (1, 2, 2, 64)
         # the same cells as Bidirectional(Recurrent, Recurrent(reverse=True)), time-first
         f, b = layer.cells()
-        low = Bidirectional(Recurrent(f), Recurrent(b, reverse=True))
-        mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool).T
-        low_out, finals = low(x.transpose(0, 1), mask)
+        low = Bidirectional(Recurrent(f), Recurrent(b, reverse=True), batch_first=False)
+        mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+        low_out, finals = low(x.transpose(0, 1), mask.T)
         torch.testing.assert_close(out.outputs, low_out.transpose(0, 1), atol=1e-12, rtol=0)
         back = finals[1].h if isinstance(finals[1], LSTMState) else finals[1]
         torch.testing.assert_close(h[0, 1, :, :32], back, atol=1e-12, rtol=0)
+        # batch-first by default, as the stacks are
+        first_out, first_finals = Bidirectional(Recurrent(f), Recurrent(b, reverse=True))(x, mask)
+        torch.testing.assert_close(first_out, out.outputs, atol=1e-12, rtol=0)
+        for a, c in zip(first_finals, finals, strict=True):
+            torch.testing.assert_close(a, c, atol=0, rtol=0)
 
 
 def test_bad_widths_are_clear_errors():

@@ -67,13 +67,14 @@ def test_convert_gru_cell(gru_spec, gen):
 
 @pytest.mark.parametrize(("num_layers", "bidirectional"), [(1, False), (2, True)], ids=str)
 def test_convert_gru_layer(gru_spec, gen, num_layers, bidirectional):
-    a = gru_spec.layer(3, 4, num_layers, bidirectional, dropout=0.25)
+    dropout = 0.25 if num_layers > 1 else 0.0  # one layer has no "between layers"
+    a = gru_spec.layer(3, 4, num_layers, bidirectional, dropout=dropout)
     b = convert_gru_update(a)
     assert isinstance(b, GRU)
     assert (b.num_layers, b.bidirectional, b.dropout, b.batch_first) == (
         num_layers,
         bidirectional,
-        0.25,
+        dropout,
         True,
     )
     for ca, cb in zip(a.cells(), b.cells(), strict=True):

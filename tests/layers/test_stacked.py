@@ -459,3 +459,15 @@ def test_the_switches_take_a_bool_only(name, flag):
 
     with pytest.raises(ConfigError, match=f"^{name} must be True or False, got {flag!r}$"):
         LSTM(3, 4, **{name: flag})
+
+
+@pytest.mark.parametrize("kind", [RNN, LSTM, GRU])
+def test_dropout_of_a_single_layer_is_said_to_do_nothing(kind, recwarn):
+    """As ``torch.nn.LSTM`` warns: between-layer dropout on one layer drops nothing (the
+    warning points at the caller's line and names what acts on one layer)."""
+    with pytest.warns(UserWarning, match=r"^dropout=0\.5 does nothing with num_layers=1: ") as w:
+        layer = kind(3, 4, dropout=0.5)
+    assert w[0].filename == __file__ and layer.dropout == 0.5
+    kind(3, 4, num_layers=2, dropout=0.5)  # between two layers: no warning
+    kind(3, 4, dropout=0.0, output_dropout=0.5)
+    assert not recwarn.list

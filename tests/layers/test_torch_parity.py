@@ -175,7 +175,8 @@ def test_dropout_only_in_training_mode(torch_spec, gen):
 
 
 def test_dropout_not_applied_to_single_layer_output(cell_spec, gen):
-    layer = cell_spec.layer(I, H, 1, True, dropout=0.9).train()
+    with pytest.warns(UserWarning, match="does nothing with num_layers=1"):  # as torch warns
+        layer = cell_spec.layer(I, H, 1, True, dropout=0.9).train()
     x = torch.randn(B, T, I, generator=gen, dtype=DT)
     with torch.no_grad():
         train = layer(x)

@@ -31,8 +31,9 @@ def _one_thread(single_thread):
 
 def make_lm(kind="lstm", layers=1, dtype=torch.float64, seed=0, hidden=H, dropout=0.0):
     torch.manual_seed(seed)
+    between = dropout if layers > 1 else 0.0  # one layer has no "between layers"
     enc = {"lstm": LSTM, "gru": GRU, "rnn": RNN}[kind](
-        E, hidden, num_layers=layers, dropout=dropout
+        E, hidden, num_layers=layers, dropout=between
     )
     lm = LanguageModel(nn.Embedding(V, E), enc, nn.Linear(hidden, V), dropout=dropout)
     return lm.to(dtype)

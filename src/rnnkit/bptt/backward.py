@@ -36,6 +36,7 @@ from rnnkit.cells.kernel import Kernel, Weights
 __all__ = ["backward_sweep", "weight_grads"]
 
 
+@torch.no_grad()  # a gradient computation, never itself differentiated (once_differentiable)
 @without_autocast
 def backward_sweep(
     kernel: Kernel,

@@ -108,6 +108,7 @@ class _Steps:
         )
 
 
+@torch.no_grad()  # a gradient computation, never itself differentiated
 @without_autocast
 def windowed_sweep(
     layers: Sequence[Sequence[WindowUnit]],

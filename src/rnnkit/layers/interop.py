@@ -116,7 +116,7 @@ def from_torch(m: nn.Module) -> nn.Module:
             m.hidden_size,
             m.num_layers,
             m.bidirectional,
-            m.dropout,
+            m.dropout if m.num_layers > 1 else 0.0,  # one layer has no "between layers"
             m.batch_first,
             **options,
         ).to(device=like.device, dtype=like.dtype)
@@ -293,7 +293,7 @@ def convert_gru_update(m: nn.Module) -> nn.Module:
             m.hidden_size,
             m.num_layers,
             m.bidirectional,
-            m.dropout,
+            m.dropout if m.num_layers > 1 else 0.0,
             m.batch_first,
             update=update,
             reset=first.reset,

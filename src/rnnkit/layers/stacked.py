@@ -17,6 +17,7 @@ operator per layer and direction (``rnnkit.layers.fused_stack``).
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple, cast, overload
 
@@ -73,17 +74,30 @@ class Bidirectional(nn.Module):
     """A forward and a backward ``Recurrent`` over the same input; outputs concatenated.
 
     The backward direction reads each sequence from its own last real step.
+
+    Args:
+        forward_layer: a ``Recurrent``.  backward_layer: a ``Recurrent(reverse=True)``.
+        batch_first: inputs, masks and outputs are ``(B, T, ·)``, as everywhere else in
+            the library; False means ``(T, B, ·)``, the layout of ``Recurrent`` itself
+            (a stack runs its bidirectional layers so, converting its input once).
     """
 
-    def __init__(self, forward_layer: Recurrent, backward_layer: Recurrent) -> None:
+    def __init__(
+        self, forward_layer: Recurrent, backward_layer: Recurrent, *, batch_first: bool = True
+    ) -> None:
         super().__init__()
         if forward_layer.reverse or not backward_layer.reverse:
             raise ValueError("Bidirectional needs a forward layer and a reverse=True layer")
         self.directions = nn.ModuleList([forward_layer, backward_layer])
+        self.batch_first = _flag("batch_first", batch_first)
 
     def forward(self, x, mask=None, states=None, window=None, recompute=None, masks=None):
-        """``x (T, B, I)`` → ``(outputs (T, B, 2H), [final_f, final_b])``; ``masks``: one
-        ``CellMasks`` per direction, or None."""
+        """``x (B, T, I)`` → ``(outputs (B, T, 2H), [final_f, final_b])`` (``(T, B, ·)``
+        for both if not ``batch_first``); ``mask (B, T)`` (``(T, B)``) bool or None;
+        ``masks``: one ``CellMasks`` per direction, or None."""
+        if self.batch_first:
+            x = x.transpose(0, 1)
+            mask = None if mask is None else mask.transpose(0, 1)
         outs, finals = [], []
         for d, layer in enumerate(self.directions):
             state = None if states is None else states[d]
@@ -91,7 +105,8 @@ class Bidirectional(nn.Module):
             o, s = layer(x, mask, state, window, recompute, masks=cell_masks)
             outs.append(o)
             finals.append(s)
-        return torch.cat(outs, dim=-1), finals
+        out = torch.cat(outs, dim=-1)
+        return (out.transpose(0, 1) if self.batch_first else out), finals
 
 
 def _padded(t: Tensor, width: int) -> Tensor:
@@ -238,6 +253,14 @@ class StackedRecurrent(nn.Module):
             raise ValueError(f"num_layers must be a positive integer, got {num_layers!r}")
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        if dropout and num_layers == 1:  # as torch.nn.LSTM warns: nothing is dropped
+            warnings.warn(
+                f"dropout={dropout!r} does nothing with num_layers=1: it acts between stacked "
+                "layers; input_dropout= and output_dropout= act on one layer's input and "
+                "outputs",
+                UserWarning,
+                stacklevel=3 if type(self) is not StackedRecurrent else 2,
+            )
         self.input_dropout = check_probability("input_dropout", input_dropout)
         self.locked_dropout = check_probability("locked_dropout", locked_dropout)
         self.output_dropout = check_probability("output_dropout", output_dropout)
@@ -268,7 +291,11 @@ class StackedRecurrent(nn.Module):
                         f"of {H}"
                     )
                 directions.append(Recurrent(cell, d == 1))
-            layers.append(Bidirectional(*directions) if self.bidirectional else directions[0])
+            layers.append(
+                Bidirectional(*directions, batch_first=False)
+                if self.bidirectional
+                else directions[0]
+            )
         self.layers = nn.ModuleList(layers)
         self.drop = nn.Dropout(self.dropout)
         self._cell_tuple()  # kept from now on (a traced forward finds it, mutates nothing)

@@ -256,8 +256,11 @@ class _DropIn:
             kind = {"LSTM": cell_stacks.LSTM, "GRU": cell_stacks.GRU}.get(
                 self.mode, cell_stacks.RNN
             )
+            args = list(config[1:])
+            if self.num_layers == 1:  # torch has warned that this dropout does nothing
+                args[4] = 0.0
             with _outside_transforms(), torch.device("meta"):
-                stack = kind(*config[1:], **options)
+                stack = kind(*args, **options)
                 stack.drop = _RowsDropout(stack.dropout)
             local.cells = list(stack.cells())
             local.stack, local.config, local.training = stack, config, None

@@ -58,7 +58,11 @@ def build_encoder(
     cells, where they would not act)."""
     bi = spec.bidirectional if bidirectional is None else bidirectional
     common = _StackOptions(
-        num_layers=spec.layers, bidirectional=bi, dropout=spec.dropout, recompute=spec.recompute
+        num_layers=spec.layers,
+        bidirectional=bi,
+        # between layers: a one-layer stack has none (the model's own dropout still acts)
+        dropout=spec.dropout if spec.layers > 1 else 0.0,
+        recompute=spec.recompute,
     )
     reg = _Regularizers(
         input_dropout=spec.input_dropout,
