@@ -90,6 +90,24 @@ def test_tail_threshold_falls_back_to_the_empirical_quantile() -> None:
         pick_threshold(scores, 0.1, "median")
 
 
+def test_a_tail_that_ends_below_the_scores_it_was_fitted_on_is_not_used() -> None:
+    """Blocks of tied sessions fit a steep tail (ξ ≈ −3) whose end, 0.56, lies below the
+    7 largest scores: its threshold would pass 3.5 % of the validation sessions against a
+    0.2 % target. The empirical quantile (above the largest score) is used, and said.
+    (A fit that passes the largest score alone is kept: a rare quantile is exceeded by
+    chance, as in the exponential draws above.)"""
+    scores = np.r_[np.linspace(0.0, 0.47, 170), np.full(23, 0.52), np.full(7, 0.59)]
+    fit = gpd_threshold(scores, 0.002)
+    assert fit.xi < -2 and fit.quantile(0.002) < 0.59
+    for target in (0.002, 0.0001):
+        value, how = pick_threshold(scores, target, "gpd")
+        assert value == threshold_at_fpr(scores, target) > scores.max()
+        assert how == (
+            "empirical quantile (the fitted tail, ξ=-3.03, σ=0.267, top 30 of 200, passes 7 "
+            f"of the 200 validation scores: more than a rate of {target:g} allows)"
+        )
+
+
 def test_clopper_pearson_closed_forms() -> None:
     for n in (1, 7, 48, 1000):
         lo, hi = clopper_pearson(0, n)

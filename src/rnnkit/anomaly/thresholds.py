@@ -168,9 +168,11 @@ def pick_threshold(
     """The threshold by ``method`` and how it was found (a line for the summary).
 
     ``gpd`` uses the tail fit only where it is needed and possible: when the target is
-    within the empirical scores' reach (``α n ≥ m``, the fitted tail is not needed), or
-    the fit is impossible (too few sessions, ties), it falls back to the empirical
-    quantile and says why.
+    within the empirical scores' reach (``α n ≥ m``, the fitted tail is not needed), the
+    fit is impossible (too few sessions, ties), or the validation scores reject the
+    fitted threshold (the 95 % Clopper–Pearson interval of the share of them above it
+    lies wholly above the target: a tail that ends below scores it was fitted on), it
+    falls back to the empirical quantile and says why.
 
     >>> pick_threshold([0.1, 0.5, 0.2, 0.9, 0.3], 0.2)
     (0.5001, 'empirical quantile')
@@ -188,8 +190,18 @@ def pick_threshold(
         return empirical, f"empirical quantile (tail fit impossible: {exc})"
     if target_fpr * fit.n >= fit.m:
         return empirical, "empirical quantile (the target is within the validation scores)"
-    how = f"generalized Pareto tail (ξ={fit.xi:.3g}, σ={fit.sigma:.3g}, top {fit.m} of {fit.n})"
-    return fit.quantile(target_fpr), how
+    shape = f"ξ={fit.xi:.3g}, σ={fit.sigma:.3g}, top {fit.m} of {fit.n}"
+    fitted = fit.quantile(target_fpr)
+    # The fit may land below the largest validation scores (they exceed a rare quantile
+    # by chance), but not so far that the validation sessions themselves reject it: a
+    # steep tail (ξ ≪ 0, blocks of tied sessions) can end below scores it was fitted on.
+    above = int(np.count_nonzero(np.asarray(normal_scores, dtype=np.float64) > fitted))
+    if not clopper_pearson(above, fit.n)[0] <= target_fpr:
+        return empirical, (
+            f"empirical quantile (the fitted tail, {shape}, passes {above} of the "
+            f"{fit.n} validation scores: more than a rate of {target_fpr:g} allows)"
+        )
+    return fitted, f"generalized Pareto tail ({shape})"
 
 
 def pick_thresholds(

@@ -470,3 +470,12 @@ def test_a_nan_validation_score_is_refused_when_thresholds_are_repicked(
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert f"{path}: rnn/{name} holds a value that is not finite" in err
+
+
+def test_an_empty_standard_input_is_named_as_every_other_stdin_error(
+    run_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    code = main(["score", "--checkpoint", str(run_dir), "--quiet", "--data", "-"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == "rnnkit score: error: <stdin>: no sessions (the input is empty)\n"

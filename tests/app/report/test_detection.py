@@ -133,3 +133,29 @@ def test_a_damaged_detection_file_is_a_note_not_a_traceback(
         html = render_report(run)
     assert '<section id="detection">' not in html
     assert "The detection section is missing" in html and words in html
+
+
+def test_the_params_curves_count_an_unreadable_value_as_the_highest_score(monkeypatch):
+    """A parameter-value session scoring +∞ (a value the model cannot read) is anomalous
+    for the summary and `rnnkit evaluate`; the report's curves count it so too (they
+    read it as the lowest score), and its histogram says it is off the scale."""
+    from rnnkit.app.report import detection
+
+    drawn: dict = {}
+
+    def capture(curves):
+        drawn.update(curves["parameter values"])
+        return b""
+
+    monkeypatch.setattr(detection.plots, "plot_detection_curves", capture)
+    monkeypatch.setattr(detection.plots, "plot_score_histograms", lambda *a, **k: b"")
+    monkeypatch.setattr(detection, "image", lambda *a: "")
+    normal = np.array([0.5, 1.0, 1.5, 2.0, 4.5, -np.inf])
+    anomalous = np.array([np.inf, 5.0, 0.7])
+    html = detection._params_detection(normal, anomalous, limit=3.0)
+    labels = np.r_[np.zeros(6), np.ones(3)]
+    expected = detection_metrics(np.r_[normal, anomalous], labels, 3.0)
+    assert drawn["auc"] == expected["auc"] == pytest.approx(14 / 18)
+    assert drawn["point"] == (expected["fpr"], expected["recall"], expected["precision"])
+    assert expected["tp"] == 2  # the +∞ session is caught
+    assert "1 anomalous and 0 normal session(s) scoring +∞" in html

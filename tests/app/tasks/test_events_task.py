@@ -26,7 +26,7 @@ from rnnkit.app.tasks.events import (
     score_sessions,
     train,
 )
-from rnnkit.data.events import Session, write_sessions
+from rnnkit.data.events import Session, read_sessions, write_sessions
 from rnnkit.data.generated_sessions import ANOMALY_KINDS, generate_sessions
 from rnnkit.data.strace import parse_strace
 from rnnkit.data.vocab import EOS_ID
@@ -301,6 +301,18 @@ def test_summary_shows_every_score_and_what_validation_can_show(
     worst = summary["worst_sessions"]
     assert len(worst) == 5 and worst[0]["score"] >= worst[-1]["score"]
     assert all(w["top"] and w["label"] in (0, 1) for w in worst)
+    # Each is named by its id, its events as read (an unknown one by its own name, as
+    # `rnnkit score` shows it, never <unk>).
+    sessions = {s.session: s for s in read_sessions(run_dir.parent / "valid.jsonl")}
+    unknown = 0
+    for w in worst:
+        read = sessions[w["session"]]
+        assert (read.label, len(read.events)) == (w["label"], w["events"])
+        for item in w["top"]:
+            if item["position"] < len(read.events):
+                assert item["event"] == read.events[item["position"]] != "<unk>"
+                unknown += bool(item.get("unknown"))
+    assert unknown  # the never-seen events of the anomalous sessions are among them
     # Every score of a scored session is there, and the combined one is within its bounds.
     run = load_events(run_dir)
     (record,) = score_sessions(run, generate_sessions(1, seed=13), score="combined")
@@ -332,3 +344,41 @@ def test_few_validation_sessions_say_so(tmp_path: Path) -> None:
     thresholds = json.loads((tmp_path / "run" / "thresholds.json").read_text())
     assert thresholds["method"] == "gpd" and thresholds["version"] == 2
     assert set(thresholds["how"]["rnn"]) == set(SCORES)
+
+
+def test_the_note_of_a_run_that_switched_to_the_tail_fit_does_not_suggest_it(tmp_path):
+    """Fewer than 30 normal validation sessions switch the default quantile to gpd by
+    themselves: the note then only asks for more sessions."""
+    train_path, valid_path = tmp_path / "train.jsonl", tmp_path / "valid.jsonl"
+    write_sessions(train_path, generate_sessions(60, seed=1))
+    write_sessions(valid_path, generate_sessions(20, seed=2, prefix="v"))
+    cfg = _config(tmp_path, train_path, valid_path, epochs=1, hidden=8, embedding=4,
+                  target_fpr=0.01)  # fmt: skip
+    summary = train(cfg, quiet=True)
+    assert summary["thresholds"]["method"] == "gpd"
+    assert summary["note"].startswith("20 normal validation sessions cannot show")
+    assert summary["note"].endswith("validate on at least 368 normal sessions")
+
+
+def test_a_top_g_that_covers_every_symbol_is_said_to_never_fire(tmp_path, capsys):
+    """DeepLog's g carried over to a smaller vocabulary: every rank is below g, so the
+    count score is 0 for every session. Training says so (a warning: the run is kept)."""
+    train_path = tmp_path / "train.jsonl"
+    write_sessions(train_path, generate_sessions(40, seed=1))
+    cfg = _config(tmp_path, train_path, None, epochs=1, hidden=8, embedding=4, top_g=50)
+    train(cfg, quiet=True)
+    size = len(load_events(tmp_path / "run").vocab)
+    assert size < 50
+    err = capsys.readouterr().err
+    assert f"--top-g 50 is at least the {size} symbols the model ranks" in err
+    assert f"pass a --top-g below {size}" in err
+    (record,) = score_sessions(
+        load_events(tmp_path / "run"), generate_sessions(1, seed=13, anomalies=1)
+    )
+    assert record["scores"]["count"] == 0
+    capsys.readouterr()
+    train(
+        _config(tmp_path / "b", train_path, None, epochs=1, hidden=8, embedding=4, top_g=size - 1),
+        quiet=True,
+    )
+    assert "--top-g" not in capsys.readouterr().err

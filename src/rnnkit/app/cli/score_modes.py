@@ -156,7 +156,7 @@ def run_batch(config: ScoreConfig, run: Any, params_run: Any = None) -> int:
     if failed:
         raise failed[0]
     if empty:
-        raise DataError("no sessions (the input is empty)", config.data)
+        raise DataError("no sessions (the input is empty)", _named(config.data))
     if not config.quiet:
         name = config.score or run.thresholds["score"]
         either = f" (parameter values: {by_params})" if params_run is not None else ""
@@ -236,7 +236,7 @@ def run_params(config: ScoreConfig, device: str = "cpu") -> int:
         anomalous += record["verdict"] == "anomalous"
         _print(record)
     if not count:
-        raise DataError("no sessions (the input is empty)", config.data)
+        raise DataError("no sessions (the input is empty)", _named(config.data))
     if not config.quiet:
         _note(
             f"{count} session(s), {anomalous} anomalous (largest error z above {limit:.4g}: "
@@ -280,7 +280,7 @@ def run_follow(config: ScoreConfig, run: Any) -> int:
         max_sessions=config.max_sessions,
         idle_timeout=config.idle_timeout,
     )
-    path = "<stdin>" if config.data == "-" else config.data
+    path = _named(config.data)
     bad = 0
     for lines in follow_lines(config.data, poll=config.poll, until_idle=config.until_idle):
         items = []
@@ -307,3 +307,8 @@ def run_follow(config: ScoreConfig, run: Any) -> int:
             )
         )
     return 0
+
+
+def _named(data: str) -> str:
+    """The input as the readers name it in their messages (``-`` is ``<stdin>``)."""
+    return "<stdin>" if data == "-" else data

@@ -210,6 +210,7 @@ def _worst_sessions(run: Run, name: str) -> str:
         return ""
     rows = [
         [
+            esc(str(w.get("session", ""))[:80]),  # runs of older versions kept no id
             "anomalous" if w["label"] else "normal",
             fmt(w["score"]),
             w["events"],
@@ -222,7 +223,8 @@ def _worst_sessions(run: Run, name: str) -> str:
         for w in worst
     ]
     head = "<h3>The highest-scoring validation sessions</h3>"
-    return head + _raw_table(rows, ["label", f"{name} score", "events", "most surprising events"])
+    header = ["session", "label", f"{name} score", "events", "most surprising events"]
+    return head + _raw_table(rows, header)
 
 
 def _raw_table(rows: list[list[Any]], header: list[str]) -> str:
@@ -347,19 +349,31 @@ def _params_detection(normal: np.ndarray, anomalous: np.ndarray | None, limit: f
     if anomalous is None or not anomalous.size or not normal.size:
         return ""
     labels = np.r_[np.zeros(normal.size), np.ones(anomalous.size)]
+    # as the summary and `rnnkit evaluate` count them: +∞ (a value the model cannot
+    # read) is the highest score there is, -∞ (nothing scored) the lowest
     scores = np.r_[normal, anomalous]
-    finite = np.where(np.isfinite(scores), scores, -1e9)
-    at = detection_metrics(finite, labels, limit)
+    at = detection_metrics(scores, labels, limit)
     body = image(
-        plots.plot_detection_curves({"parameter values": _curves(finite, labels, at)}),
+        plots.plot_detection_curves({"parameter values": _curves(scores, labels, at)}),
         "ROC and precision-recall curves of the parameter-value model",
         "Session score: the largest error z of its vectors; the dot is the verdict at "
         "the session threshold.",
     )
     panel = ("parameter values", normal[np.isfinite(normal)], anomalous[np.isfinite(anomalous)])
-    return body + image(
+    body += image(
         plots.plot_score_histograms([(*panel, limit)], score="largest error z"),
         "session scores, normal against anomalous",
         "Session scores of normal (blue) and anomalous (red) validation sessions; the "
         "dashed line is the session threshold.",
     )
+    off = {
+        kind: int(np.count_nonzero(v == np.inf))
+        for kind, v in (("normal", normal), ("anomalous", anomalous))
+    }
+    if any(off.values()):
+        body += note(
+            f"Off the histogram's scale: {off['anomalous']} anomalous and {off['normal']} "
+            "normal session(s) scoring +∞ (a value the model cannot read, always above "
+            "the threshold); the curves and metrics count them."
+        )
+    return body

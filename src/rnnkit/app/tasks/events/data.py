@@ -4,7 +4,7 @@ encoding the training and validation sessions (label-1 sessions are never traine
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -104,6 +104,8 @@ class EventsData:
     valid_anomalous: list[np.ndarray]  # labelled 1 in --valid (reported, never trained on)
     excluded: int  # label-1 sessions of the training file, left out
     unknown_valid: int
+    # the ids and events as read, of valid then valid_anomalous (the report names them)
+    valid_sessions: list[Session] = field(default_factory=list)
 
 
 def _normal(sessions: list[Session]) -> tuple[list[Session], list[Session]]:
@@ -148,4 +150,5 @@ def prepare_events_data(cfg: TrainConfig, vocab: EventVocabulary | None = None) 
         valid_anomalous=[vocab.encode_events(s.events)[0] for s in valid_anomalous],
         excluded=len(anomalous),
         unknown_valid=sum(n for _, n in enc),
+        valid_sessions=[*valid, *valid_anomalous],
     )

@@ -94,7 +94,8 @@ def summarise(
             f"of {opts['target_fpr']:g}: even none above the threshold leaves up to "
             f"{fpr['resolvable']:.2%} (95 % Clopper–Pearson); validate on at least "
             f"{sessions_to_resolve(opts['target_fpr'])} normal sessions"
-            + ("" if opts["threshold"] == "gpd" else ", or pick it with --threshold-method gpd")
+            # the method used: fewer than MIN_THRESHOLD_SESSIONS switch to gpd by themselves
+            + ("" if thresholds["method"] == "gpd" else ", or pick it with --threshold-method gpd")
         )
     if valid.anomalous_scores is not None:
         assert valid.anomalous_per_event is not None
@@ -146,11 +147,13 @@ def _worst_sessions(
     seqs = data.valid + data.valid_anomalous
     out = []
     for i in np.argsort(-scores, kind="stable")[:k]:
-        events = [data.vocab.itos[t] for t in seqs[i]]
+        session = data.valid_sessions[i]
+        events = list(session.events)  # as read: an unknown event by its own name
         surprise, rank = per_event[i]
         out.append(
             {
                 "index": int(i if i < len(normal) else i - len(normal)),
+                "session": session.session,
                 "label": int(i >= len(normal)),
                 "score": float(scores[i]),
                 "events": len(events),

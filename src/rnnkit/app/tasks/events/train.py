@@ -65,6 +65,14 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
     data = prepare_events_data(cfg, vocab)
     if data.excluded:
         warn(f"{cfg.train}: {data.excluded} session(s) labelled 1 left out of training")
+    if cfg.top_g >= len(data.vocab):
+        # every rank is below g: the count score (DeepLog's rule) can never fire
+        warn(
+            f"--top-g {cfg.top_g} is at least the {len(data.vocab)} symbols the model ranks "
+            "(the event types, <unk> and the specials): no event can fall outside the top "
+            f"{cfg.top_g}, so the count score is 0 for every session; pass a --top-g below "
+            f"{len(data.vocab)}"
+        )
     model, result, elapsed = _fit_model(cfg, opts, data, device, resume, quiet)
     ngram = NGramModel(order=cfg.ngram_order, vocab_size=len(data.vocab))
     ngram.fit([np.concatenate([s, [EOS_ID]]) for s in data.train])
