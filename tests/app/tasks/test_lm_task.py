@@ -13,6 +13,8 @@ from safetensors.torch import load_file
 
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.lm import evaluate_lm, load_lm, train_lm
+from rnnkit.app.tasks.lm_text import line_logprobs
+from rnnkit.data.vocab import EOS_ID
 from rnnkit.errors import CheckpointError
 from rnnkit.training.checkpoint import atomic_write_json
 from rnnkit.training.manifest import write_manifest
@@ -104,6 +106,53 @@ def test_unknown_characters_are_scored_as_unk(run, tmp_path):
     (tmp_path / "odd.txt").write_text("the cat sat on the ☃ mat\nand ran\n")
     metrics = evaluate_lm(out, str(tmp_path / "odd.txt"))
     assert metrics["tokens"] > 0 and math.isfinite(metrics["loss_nats"])
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_line_boundaries_reset_the_state_in_evaluation_as_in_training(texts, tmp_path, batch_size):
+    """``--doc-boundary line``: training zeroes the state at each line start; evaluation
+    (and so validation, early stopping, the summary) reads the text so too. The oracle:
+    each line ``</s> w…`` run alone from a zero state (the first from its first token)."""
+    cfg = tiny(texts, tmp_path / "run", doc_boundary="line", bptt="segment:5", steps=2)
+    train_lm(cfg, quiet=True)
+    _, vocab, model = load_lm(tmp_path / "run")
+    model.eval()
+    lines = (texts / "valid.txt").read_text().splitlines()
+    stream = [t for line in lines for t in [*vocab.encode(line), EOS_ID]]
+    metrics = evaluate_lm(tmp_path / "run", str(texts / "valid.txt"), batch_size=batch_size)
+    # the rows as evaluation lays them out: row b the inputs b·L … (b+1)·L − 1, each row
+    # from a zero state too
+    rows = min(batch_size, (len(stream) - 1) // 5)
+    L = (len(stream) - 1) // rows
+    nats = []
+    with torch.no_grad():
+        for b in range(rows):
+            cuts = [i for i in range(b * L + 1, (b + 1) * L) if stream[i] == EOS_ID]
+            for lo, hi in zip([b * L, *cuts], [*cuts, (b + 1) * L], strict=True):
+                inputs = torch.tensor([stream[lo:hi]])
+                log_probs = model(inputs).logits[0].double().log_softmax(-1)
+                nats += [-log_probs[t, stream[lo + t + 1]].item() for t in range(hi - lo)]
+    assert metrics["tokens"] == len(nats) == rows * L
+    assert metrics["loss_nats"] == pytest.approx(sum(nats) / len(nats), rel=1e-6)
+
+
+def test_a_line_is_what_predict_reads_as_one_form_feeds_and_separators_included(tmp_path):
+    """Lines are split at "\n" only, as ``predict`` reads them: a form feed (Python
+    sources hold them) and U+2028 are characters of the vocabulary, not line ends."""
+    text = "ab\x0ccd\nef\u2028gh\nab\ncd\n" * 20
+    (tmp_path / "train.txt").write_text(text, encoding="utf-8")
+    cfg = tiny(tmp_path, tmp_path / "run", unit="char", bptt="full", steps=2, batch_size=4)
+    train_lm(cfg, quiet=True)
+    _, vocab, model = load_lm(tmp_path / "run")
+    assert {"\x0c", "\u2028"} <= set(vocab.itos)
+    (tmp_path / "v.txt").write_text("ab\x0ccd\nef\u2028gh\n", encoding="utf-8")
+    metrics = evaluate_lm(tmp_path / "run", str(tmp_path / "v.txt"))
+    assert metrics["tokens"] == 12  # 2 lines of 5 characters, each with its </s>
+    records = line_logprobs(cfg, vocab, model, ["ab\x0ccd", "ef\u2028gh"])
+    assert [r["unknown"] for r in records] == [0, 0]
+    assert [len(r["tokens"]) for r in records] == [6, 6]
+    nats = sum(r["nats"] for r in records)
+    assert nats / 12 == pytest.approx(metrics["loss_nats"], rel=1e-5)
 
 
 # -- exact resume -------------------------------------------------------------------------------

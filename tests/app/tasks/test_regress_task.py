@@ -113,6 +113,33 @@ def test_predict_gives_the_next_value_after_every_step(trained, data, run_cli, t
         np.testing.assert_allclose(json.loads(answer)["prediction"], want.numpy(), atol=1e-6)
 
 
+def test_predict_of_a_sequence_longer_than_max_len_answers_every_step(data, tmp_path, run_cli):
+    """The pieces of --max-len steps that training and evaluate read, each from a zero
+    state: a prediction after every step, the last the forecast past the sequence, and
+    the ones evaluate scores equal to evaluate's (it cut at --max-len before)."""
+    out = tmp_path / "run"
+    assert train(run_cli, data, out, "--steps", "3", "--max-len", "4")[0] == 0
+    seq = sinusoids(1, 9)[0]
+    seq = np.concatenate([seq, seq])[:11]  # 11 steps: pieces of 4, 4 and 3
+    path = tmp_path / "long.jsonl"
+    write_jsonl(path, [seq])
+    code, answer, err = run_cli("predict", "--checkpoint", str(out), "--input", str(path))
+    assert code == 0, err
+    got = np.array(json.loads(answer)["prediction"])
+    assert got.shape == (11, 2)
+    _, _, model = load_regressor(out)
+    x = torch.from_numpy(seq).float()
+    with torch.no_grad():
+        want = torch.cat([model(x[lo : lo + 4][None]).mean[0] for lo in (0, 4, 8)])
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-6)
+    code, metrics, err = run_cli(
+        "evaluate", "--checkpoint", str(out), "--data", str(path), "--json"
+    )
+    assert code == 0, err
+    mse = float(((got[:-1] - seq[1:]) ** 2).mean())
+    assert json.loads(metrics)["mse"] == pytest.approx(mse, rel=1e-5)
+
+
 def test_value_target_gaussian_and_csv_directories(data, tmp_path, run_cli):
     code, out, err = train(run_cli, data, tmp_path / "v", "--target", "value", "--loss",
                            "gaussian", "--bidirectional", "--steps", "4", "--json")  # fmt: skip
@@ -125,6 +152,7 @@ def test_value_target_gaussian_and_csv_directories(data, tmp_path, run_cli):
     valid = [float(s.target[0]) for s in read_vector_sequences(data / "valid.jsonl")]
     by_hand = float(np.mean((np.array(valid) - np.float32(np.mean(ys, dtype=np.float32))) ** 2))
     assert summary["valid"]["baseline_mse"] == pytest.approx(by_hand, rel=1e-5)
+    assert summary["baselines"]["persistence"]["kind"] == "the mean training target"
     code, out, err = run_cli("evaluate", "--checkpoint", str(tmp_path / "v"), "--data",
                              str(data / "valid.jsonl"), "--json")  # fmt: skip
     assert code == 0, err

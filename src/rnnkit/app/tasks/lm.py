@@ -134,10 +134,12 @@ def lm_metrics(model: AnyLM, data: LMData, device: torch.device, batch_size: int
     with deferring() as deferred:
         if data.mode == "segment":
             assert data.valid_stream is not None and data.k is not None
-            batcher = stream_eval_batcher(data.valid_stream, batch_size, data.k)
+            batcher = stream_eval_batcher(data.valid_stream, batch_size, data.k, data.boundary)
             state = None
             for batch in batcher:
-                out = _batch_loss(model, batch, device, stream=True, state=state)
+                # --doc-boundary line: the state zero at each line start, as in training
+                starts = None if data.boundary is None else batch.starts
+                out = _batch_loss(model, batch, device, stream=True, state=state, starts=starts)
                 nats, tokens, state = nats + out.nats, tokens + out.tokens, out.state
         else:
             assert data.valid_seqs is not None

@@ -56,6 +56,9 @@ class LMData:
     train_labels: np.ndarray | None = None
     valid_labels: np.ndarray | None = None
     valid_unknown: Counter[str] = field(default_factory=Counter)  # unseen label → lines
+    # streams of --doc-boundary line: the token whose input starts a line (the state
+    # entering it zero), in training and in every evaluation alike
+    boundary: int | None = None
 
     def unknown_valid_tokens(self) -> int:
         """How many validation tokens scored are the unknown symbol: tokens the training
@@ -105,7 +108,8 @@ def _vocabulary(cfg: TrainConfig, text: str, *, newline: bool) -> Vocabulary:
 def _sequences(text: str, vocab: Vocabulary, max_len: int) -> list[np.ndarray]:
     """Non-blank lines as id sequences, long lines cut into pieces of ``max_len``."""
     out = []
-    for line in text.splitlines():
+    # split("\n"), as predict reads lines: splitlines() also breaks at \x0c, \x1c, \u2028 …
+    for line in text.split("\n"):
         if not line.strip():
             continue
         ids = vocab.encode_array(line, dtype=np.int64)
@@ -196,9 +200,10 @@ def prepare_lm_data(
             newline = cfg.doc_boundary not in ("eos", "line")
             vocab = _vocabulary(cfg, text, newline=newline)
         else:
-            vocab = _vocabulary(cfg, "\n".join(text.splitlines()), newline=False)
+            vocab = _vocabulary(cfg, text, newline=False)
     data = LMData(vocab, mode, k)
     if mode == "segment":
+        data.boundary = EOS_ID if cfg.doc_boundary == "line" else None
         # eos and line both end every line with </s>; only line resets the state there.
         eos_lines = cfg.doc_boundary in ("eos", "line")
         data.train_stream = encode_text(text, vocab, eos_per_line=eos_lines, dtype=np.int64)
@@ -223,17 +228,19 @@ def prepare_lm_data(
     return data
 
 
-def stream_eval_batcher(stream: np.ndarray, batch_size: int, k: int) -> StreamBatcher:
-    """A validation stream as at most ``batch_size`` rows of ``k``-step segments."""
+def stream_eval_batcher(
+    stream: np.ndarray, batch_size: int, k: int, boundary_id: int | None = None
+) -> StreamBatcher:
+    """A validation stream as at most ``batch_size`` rows of ``k``-step segments (the
+    state reset where the input is ``boundary_id``, as in training)."""
     rows = max(1, min(batch_size, (len(stream) - 1) // max(k, 1)))
-    return StreamBatcher(stream, rows, k)
+    return StreamBatcher(stream, rows, k, boundary_id=boundary_id)
 
 
 def train_batches(cfg: TrainConfig, data: LMData, drop_last: bool = False) -> Any:
     """The training batches: parallel streams (reset after ``</s>`` with ``--doc-boundary
     line``) or shuffled padded sequences."""
     if data.mode == "segment":
-        boundary = EOS_ID if cfg.doc_boundary == "line" else None
         assert data.train_stream is not None and data.k is not None
         tokens, rows = len(data.train_stream), cfg.batch_size
         if tokens <= rows:  # each of the B parallel streams needs an input and a target
@@ -242,7 +249,7 @@ def train_batches(cfg: TrainConfig, data: LMData, drop_last: bool = False) -> An
                 f"many parallel streams need at least {rows + 1:,} tokens); lower --batch-size",
                 cfg.train,
             )
-        return StreamBatcher(data.train_stream, cfg.batch_size, data.k, boundary_id=boundary)
+        return StreamBatcher(data.train_stream, cfg.batch_size, data.k, boundary_id=data.boundary)
     assert data.train_seqs is not None
     pairs = [lm_pairs(s, BOS_ID, EOS_ID) for s in data.train_seqs]
     return SequenceBatcher(

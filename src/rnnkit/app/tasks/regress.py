@@ -44,6 +44,7 @@ from rnnkit.models.regressor import Regressor
 from rnnkit.training.checkpoint import load_model_weights
 
 __all__ = [
+    "MEAN_TARGET_KIND",
     "PERSISTENCE_KIND",
     "Encoded",
     "build_regressor",
@@ -70,6 +71,8 @@ class Encoded:
 
 
 PERSISTENCE_KIND = "persistence forecast (the last value)"
+# the baseline of a value target wider or narrower than a step: no last value to repeat
+MEAN_TARGET_KIND = "the mean training target"
 
 
 def encode_sequences(
@@ -280,7 +283,7 @@ def fit_sequences(
         output_size=K,
         baselines={
             "persistence": {
-                "kind": PERSISTENCE_KIND,
+                "kind": PERSISTENCE_KIND if target == "next" or K == D else MEAN_TARGET_KIND,
                 "mse": regression_metrics(model, valid_enc, device, cfg.batch_size)["baseline_mse"],
             }
         },
@@ -417,18 +420,24 @@ def predict_sequences(
     cfg: TrainConfig, model: Regressor, sequences: list[np.ndarray]
 ) -> list[dict[str, Any]]:
     """The answers of ``rnnkit predict`` for sequences ``(T, D)`` float32 of the run's
-    width (the first ``cfg.max_len`` steps read): ``{"prediction": [...]}``, with
-    ``"variance"`` for ``--loss gaussian``."""
+    width: ``{"prediction": [...]}``, with ``"variance"`` for ``--loss gaussian``.
+
+    ``next``: a prediction after every step, the sequence read in pieces of
+    ``cfg.max_len`` steps each from a zero state, as training and ``evaluate`` read it
+    (so the predictions ``evaluate`` scores are these); ``value``: ``y`` from the first
+    ``cfg.max_len`` steps, as training reads them."""
     model.eval()
     weight = next(model.parameters())
     answers = []
     for values in sequences:
         # in the weights' dtype: a model made float64 (or bfloat16) computes in it
-        x = torch.from_numpy(values[: cfg.max_len]).unsqueeze(0)
-        x = x.to(device=weight.device, dtype=weight.dtype)
-        out = model(x)
-        record: dict[str, Any] = {"prediction": out.mean[0].tolist()}
-        if out.log_var is not None:
-            record["variance"] = out.log_var[0].exp().tolist()
+        x = torch.from_numpy(values).to(device=weight.device, dtype=weight.dtype)
+        if cfg.target != "next":
+            x = x[: cfg.max_len]
+        outs = [model(x[lo : lo + cfg.max_len][None]) for lo in range(0, len(x), cfg.max_len)]
+        record: dict[str, Any] = {"prediction": torch.cat([o.mean[0] for o in outs]).tolist()}
+        if outs[0].log_var is not None:
+            variance = torch.cat([o.log_var[0] for o in outs if o.log_var is not None]).exp()
+            record["variance"] = variance.tolist()
         answers.append(record)
     return answers
