@@ -78,9 +78,15 @@ def test_run_directory_and_summary(run):
     assert json.loads((out / "summary.json").read_text()) == summary
 
 
-def test_recurrent_and_ngram_are_scored_on_the_same_tokens(run):
+def test_recurrent_and_ngram_are_scored_on_the_same_tokens(run, texts):
     _, _, summary = run
     assert summary["ngram"]["tokens"] == summary["valid"]["tokens"]
+    # every character of the validation text but the first, whatever the rows leave over
+    text = (texts / "valid.txt").read_text(encoding="utf-8")
+    assert summary["valid"]["tokens"] == len(text) - 1
+    for batch_size in (3, 7):
+        metrics = evaluate_lm(run[1], str(texts / "valid.txt"), batch_size=batch_size)
+        assert metrics["tokens"] == metrics["ngram"]["tokens"] == len(text) - 1
 
 
 def test_evaluate_on_the_validation_file_reproduces_the_summary(run, texts):
@@ -111,8 +117,9 @@ def test_unknown_characters_are_scored_as_unk(run, tmp_path):
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_line_boundaries_reset_the_state_in_evaluation_as_in_training(texts, tmp_path, batch_size):
     """``--doc-boundary line``: training zeroes the state at each line start; evaluation
-    (and so validation, early stopping, the summary) reads the text so too. The oracle:
-    each line ``</s> w…`` run alone from a zero state (the first from its first token)."""
+    (and so validation, early stopping, the summary) reads the text so too, every token
+    but the first scored. The oracle: each line ``</s> w…`` of each row run alone from a
+    zero state."""
     cfg = tiny(texts, tmp_path / "run", doc_boundary="line", bptt="segment:5", steps=2)
     train_lm(cfg, quiet=True)
     _, vocab, model = load_lm(tmp_path / "run")
@@ -121,18 +128,20 @@ def test_line_boundaries_reset_the_state_in_evaluation_as_in_training(texts, tmp
     stream = [t for line in lines for t in [*vocab.encode(line), EOS_ID]]
     metrics = evaluate_lm(tmp_path / "run", str(texts / "valid.txt"), batch_size=batch_size)
     # the rows as evaluation lays them out: row b the inputs b·L … (b+1)·L − 1, each row
-    # from a zero state too
+    # from a zero state too, the last row on to the end (the tokens the rows leave over)
     rows = min(batch_size, (len(stream) - 1) // 5)
     L = (len(stream) - 1) // rows
+    assert rows == 1 or (len(stream) - 1) % rows  # a tail is left over
     nats = []
     with torch.no_grad():
         for b in range(rows):
-            cuts = [i for i in range(b * L + 1, (b + 1) * L) if stream[i] == EOS_ID]
-            for lo, hi in zip([b * L, *cuts], [*cuts, (b + 1) * L], strict=True):
+            end = (b + 1) * L if b < rows - 1 else len(stream) - 1
+            cuts = [i for i in range(b * L + 1, end) if stream[i] == EOS_ID]
+            for lo, hi in zip([b * L, *cuts], [*cuts, end], strict=True):
                 inputs = torch.tensor([stream[lo:hi]])
                 log_probs = model(inputs).logits[0].double().log_softmax(-1)
                 nats += [-log_probs[t, stream[lo + t + 1]].item() for t in range(hi - lo)]
-    assert metrics["tokens"] == len(nats) == rows * L
+    assert metrics["tokens"] == len(nats) == len(stream) - 1  # every token but the first
     assert metrics["loss_nats"] == pytest.approx(sum(nats) / len(nats), rel=1e-6)
 
 

@@ -55,7 +55,7 @@ from rnnkit.bptt.mask_facts import move_mask
 from rnnkit.data.batching import SequenceBatcher, lm_pairs, to_device
 from rnnkit.data.files import atomic_write
 from rnnkit.data.labelled import LabelSet
-from rnnkit.data.vocab import BOS_ID, EOS_ID, Vocabulary
+from rnnkit.data.vocab import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 from rnnkit.deferred import deferring
 from rnnkit.errors import CheckpointError, ConfigError, DataError
 from rnnkit.models.builders import build_lm
@@ -141,6 +141,9 @@ def lm_metrics(model: AnyLM, data: LMData, device: torch.device, batch_size: int
                 starts = None if data.boundary is None else batch.starts
                 out = _batch_loss(model, batch, device, stream=True, state=state, starts=starts)
                 nats, tokens, state = nats + out.nats, tokens + out.tokens, out.state
+            tail = _stream_tail(model, data, batcher, state, device)
+            if tail is not None:
+                nats, tokens = nats + tail.nats, tokens + tail.tokens
         else:
             assert data.valid_seqs is not None
             pairs = [lm_pairs(s, BOS_ID, EOS_ID) for s in data.valid_seqs]
@@ -154,6 +157,32 @@ def lm_metrics(model: AnyLM, data: LMData, device: torch.device, batch_size: int
         total, count = deferred.read(nats, tokens)
     model.train(was_training)
     return _metrics(total / max(count, 1), int(count), data.vocab.unit)
+
+
+def _stream_tail(
+    model: AnyLM, data: LMData, batcher: Any, state: Any, device: torch.device
+) -> LossOutput | None:
+    """The loss of the last ``r < rows`` targets of a validation stream, which its
+    ``rows × L`` layout leaves over: they continue the last row, read from its state
+    (the other rows masked: their state held, nothing scored). None when ``r = 0``."""
+    assert data.valid_stream is not None
+    B, L = batcher.batch_size, batcher.row_len
+    ids = data.valid_stream[B * L :]
+    r = len(ids) - 1
+    if r <= 0:
+        return None
+    inputs = torch.full((B, r), PAD_ID, dtype=torch.int64)
+    targets = torch.full((B, r), PAD_ID, dtype=torch.int64)
+    mask = torch.zeros((B, r), dtype=torch.bool)
+    inputs[-1] = torch.from_numpy(ids[:-1].astype(np.int64))
+    targets[-1] = torch.from_numpy(ids[1:].astype(np.int64))
+    mask[-1] = True
+    x, y, m = to_device(inputs, device), to_device(targets, device), move_mask(mask, device)
+    if isinstance(model, JordanLM):
+        return model.loss(x, y, mask=m)
+    assert not isinstance(model, ConditionalLM)  # --condition reads whole lines
+    starts = None if data.boundary is None else inputs == data.boundary
+    return model.loss(x, y, mask=m, state=state, starts=starts)
 
 
 def _metrics(loss: float, tokens: int, unit: str) -> dict[str, Any]:
@@ -317,17 +346,14 @@ def _fit_ngram(cfg: TrainConfig, data: LMData, out: Path) -> dict[str, Any]:
 def ngram_lm_metrics(ngram: NGramModel, data: LMData, batch_size: int) -> dict[str, Any]:
     """The n-gram baseline scored on exactly the target tokens ``lm_metrics`` scores.
 
-    Streams: the recurrent model predicts the targets of ``rows`` streams of ``L`` tokens,
-    i.e. tokens ``1 … rows·L`` of the validation stream; the n-gram is scored on the same
+    Streams: the recurrent model predicts every token of the validation stream but the
+    first (the rows, then the tail the rows leave over); the n-gram is scored on the same
     tokens (with its own left context). Sequences: ``w… </s>`` of every line for both.
     """
     _, valid = ngram_streams(data)
+    logprobs = ngram.logprobs(valid)
     if data.mode == "segment":
-        assert data.k is not None
-        batcher = stream_eval_batcher(valid, batch_size, data.k)
-        logprobs = ngram.logprobs(valid)[1 : batcher.batch_size * batcher.row_len + 1]
-    else:
-        logprobs = ngram.logprobs(valid)
+        logprobs = logprobs[1:]
     return {
         "order": ngram.order,
         **_metrics(float(-logprobs.mean()), len(logprobs), data.vocab.unit),
