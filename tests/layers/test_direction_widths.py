@@ -66,7 +66,8 @@ def test_the_audit_shape_and_the_low_level_form_agree(gen):
         layer = cls(3, (64, 32), bidirectional=True).double()
         assert layer.hidden_sizes == (64, 32) and layer.output_size == 96
         x = torch.randn(2, 4, 3, generator=gen, dtype=DT)
-        out = layer(x, lengths=torch.tensor([4, 2]))
+        lengths = torch.tensor([4, 2])
+        out = layer(x, lengths=lengths)
         h = out.state.h if isinstance(out.state, LSTMState) else out.state
         assert out.outputs.shape == (2, 4, 96) and h.shape == (1, 2, 2, 64)
         # the same cells as Bidirectional(Recurrent, Recurrent(reverse=True)), time-first
@@ -78,10 +79,17 @@ def test_the_audit_shape_and_the_low_level_form_agree(gen):
         back = finals[1].h if isinstance(finals[1], LSTMState) else finals[1]
         torch.testing.assert_close(h[0, 1, :, :32], back, atol=1e-12, rtol=0)
         # batch-first by default, as the stacks are
-        first_out, first_finals = Bidirectional(Recurrent(f), Recurrent(b, reverse=True))(x, mask)
+        first = Bidirectional(Recurrent(f), Recurrent(b, reverse=True))
+        first_out, first_finals = first(x, mask)
         torch.testing.assert_close(first_out, out.outputs, atol=1e-12, rtol=0)
         for a, c in zip(first_finals, finals, strict=True):
             torch.testing.assert_close(a, c, atol=0, rtol=0)
+        # put into a stack, a layer reads the stack's own (time-major) tensors
+        layer.layers[0] = first
+        torch.testing.assert_close(layer(x, lengths=lengths).outputs, out.outputs, atol=0, rtol=0)
+        # one pickled before the layout was a choice has no batch_first: time-major
+        del low.__dict__["batch_first"]
+        torch.testing.assert_close(low(x.transpose(0, 1), mask.T)[0], low_out, atol=0, rtol=0)
 
 
 def test_bad_widths_are_clear_errors():

@@ -9,7 +9,7 @@ import torch
 from torch.autograd.function import BackwardCFunction
 from torch.func import functional_call
 
-from rnnkit import GRU, LSTM, RNN, LSTMState, RecurrentOutput
+from rnnkit import GRU, LSTM, RNN, GRUCell, LSTMState, RecurrentOutput, StackedRecurrent
 from rnnkit.bptt.recurrence import run_recurrence
 
 pytestmark = pytest.mark.usefixtures("single_thread", "time_loop")
@@ -471,3 +471,12 @@ def test_dropout_of_a_single_layer_is_said_to_do_nothing(kind, recwarn):
     kind(3, 4, num_layers=2, dropout=0.5)  # between two layers: no warning
     kind(3, 4, dropout=0.0, output_dropout=0.5)
     assert not recwarn.list
+
+
+def test_the_dropout_warning_names_the_users_line_through_any_subclass():
+    class Mine(StackedRecurrent):  # no __init__ of its own
+        pass
+
+    with pytest.warns(UserWarning, match="does nothing with num_layers=1") as w:
+        Mine(lambda width: GRUCell(width, 4), 3, 4, 1, False, 0.5)
+    assert w[0].filename == __file__

@@ -17,6 +17,8 @@ operator per layer and direction (``rnnkit.layers.fused_stack``).
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import NamedTuple, cast, overload
@@ -82,6 +84,9 @@ class Bidirectional(nn.Module):
             (a stack runs its bidirectional layers so, converting its input once).
     """
 
+    # one pickled before the layout was a choice read time-major (its __init__ does not run)
+    batch_first: bool = False
+
     def __init__(
         self, forward_layer: Recurrent, backward_layer: Recurrent, *, batch_first: bool = True
     ) -> None:
@@ -91,11 +96,15 @@ class Bidirectional(nn.Module):
         self.directions = nn.ModuleList([forward_layer, backward_layer])
         self.batch_first = _flag("batch_first", batch_first)
 
-    def forward(self, x, mask=None, states=None, window=None, recompute=None, masks=None):
+    def forward(
+        self, x, mask=None, states=None, window=None, recompute=None, masks=None, time_major=None
+    ):
         """``x (B, T, I)`` → ``(outputs (B, T, 2H), [final_f, final_b])`` (``(T, B, ·)``
         for both if not ``batch_first``); ``mask (B, T)`` (``(T, B)``) bool or None;
-        ``masks``: one ``CellMasks`` per direction, or None."""
-        if self.batch_first:
+        ``masks``: one ``CellMasks`` per direction, or None. ``time_major=True``: this
+        call's tensors are ``(T, B, ·)`` whatever ``batch_first`` says (a stack's call:
+        a layer put into a stack reads the stack's layout)."""
+        if self.batch_first and not time_major:
             x = x.transpose(0, 1)
             mask = None if mask is None else mask.transpose(0, 1)
         outs, finals = [], []
@@ -106,7 +115,7 @@ class Bidirectional(nn.Module):
             outs.append(o)
             finals.append(s)
         out = torch.cat(outs, dim=-1)
-        return (out.transpose(0, 1) if self.batch_first else out), finals
+        return (out.transpose(0, 1) if self.batch_first and not time_major else out), finals
 
 
 def _padded(t: Tensor, width: int) -> Tensor:
@@ -134,6 +143,19 @@ def _stacked(flat: list[Tensor], L: int, D: int) -> Tensor:
     H = max(t.shape[-1] for t in flat)
     stacked = torch.stack([_padded(t, H) for t in flat])
     return stacked.view(L, D, *stacked.shape[1:])
+
+
+def _first_frame_outside_rnnkit() -> int:
+    """The ``stacklevel`` of the first caller outside the rnnkit package, for a warning
+    raised by the function calling this: the user's own line, however many of rnnkit's
+    constructors (``LSTM``, a subclass without an ``__init__``) lie between."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+        package
+    ):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _flag(name: str, value: object) -> bool:
@@ -259,7 +281,7 @@ class StackedRecurrent(nn.Module):
                 "layers; input_dropout= and output_dropout= act on one layer's input and "
                 "outputs",
                 UserWarning,
-                stacklevel=3 if type(self) is not StackedRecurrent else 2,
+                stacklevel=_first_frame_outside_rnnkit(),
             )
         self.input_dropout = check_probability("input_dropout", input_dropout)
         self.locked_dropout = check_probability("locked_dropout", locked_dropout)
@@ -577,7 +599,9 @@ class StackedRecurrent(nn.Module):
                 cell_masks = masks.cells[index * D : (index + 1) * D]
             layer_state = None if init is None else init[index]
             if isinstance(layer, Bidirectional):
-                h, fin = layer(h, mask_t, layer_state, window, self.recompute, cell_masks)
+                h, fin = layer(
+                    h, mask_t, layer_state, window, self.recompute, cell_masks, time_major=True
+                )
             else:
                 s0 = None if layer_state is None else layer_state[0]
                 first = projected and index == 0

@@ -479,3 +479,20 @@ def test_an_empty_standard_input_is_named_as_every_other_stdin_error(
     code = main(["score", "--checkpoint", str(run_dir), "--quiet", "--data", "-"])
     err = capsys.readouterr().err
     assert code == 2 and err == "rnnkit score: error: <stdin>: no sessions (the input is empty)\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [(b"", "no strace output (the input is empty)"), (b"x\n", "not strace output: none of")],
+)
+def test_strace_on_standard_input_is_named_in_its_errors(
+    run_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    data: bytes,
+    said: str,
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    code = main(["score", "--checkpoint", str(run_dir), "--from", "strace", "--data", "-"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"rnnkit score: error: <stdin>: {said}"), err

@@ -148,7 +148,7 @@ def test_line_boundaries_reset_the_state_in_evaluation_as_in_training(texts, tmp
 def test_a_line_is_what_predict_reads_as_one_form_feeds_and_separators_included(tmp_path):
     """Lines are split at "\n" only, as ``predict`` reads them: a form feed (Python
     sources hold them) and U+2028 are characters of the vocabulary, not line ends."""
-    text = "ab\x0ccd\nef\u2028gh\nab\ncd\n" * 20
+    text = "ab\x0ccd\nef\u2028gh\rab\ncd\n" * 20
     (tmp_path / "train.txt").write_text(text, encoding="utf-8")
     cfg = tiny(tmp_path, tmp_path / "run", unit="char", bptt="full", steps=2, batch_size=4)
     train_lm(cfg, quiet=True)
@@ -162,6 +162,10 @@ def test_a_line_is_what_predict_reads_as_one_form_feeds_and_separators_included(
     assert [len(r["tokens"]) for r in records] == [6, 6]
     nats = sum(r["nats"] for r in records)
     assert nats / 12 == pytest.approx(metrics["loss_nats"], rel=1e-5)
+    # a lone "\r" ends a line for predict's reader, and so here: never a character
+    assert "\r" not in vocab.itos
+    (tmp_path / "cr.txt").write_bytes("ab\x0ccd\ref\u2028gh\n".encode())
+    assert evaluate_lm(tmp_path / "run", str(tmp_path / "cr.txt")) == metrics
 
 
 # -- exact resume -------------------------------------------------------------------------------

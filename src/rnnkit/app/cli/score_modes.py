@@ -54,11 +54,14 @@ def _items(config: ScoreConfig) -> Iterator[tuple[Any, str, int]]:
         from rnnkit.data.strace import parse_strace
 
         if config.data == "-":
-            sessions, stats = parse_strace(
-                sys.stdin,
-                with_result=config.with_result,
-                per=config.per,  # type: ignore[arg-type]
-            )
+            try:
+                sessions, stats = parse_strace(
+                    sys.stdin,
+                    with_result=config.with_result,
+                    per=config.per,  # type: ignore[arg-type]
+                )
+            except DataError as exc:  # lines given, no file: name the input as others do
+                raise DataError(exc.message, exc.path or "<stdin>", exc.line) from None
         else:
             sessions, stats = parse_strace(
                 config.data,
@@ -69,7 +72,7 @@ def _items(config: ScoreConfig) -> Iterator[tuple[Any, str, int]]:
             source, line = stats.first_skipped[0]
             _note(f"skipped {stats.skipped} non-strace line(s) (first at {source}:{line})")
         for session in sessions:
-            yield session, config.data, 0
+            yield session, _named(config.data), 0
         return
     from rnnkit.data.events import iter_sessions
 

@@ -162,14 +162,18 @@ def flow_section(fb: FlowBatch) -> tuple[str, str, str]:
         if direction is not first:  # the backward half, as the layer computes it
             with torch.no_grad():
                 masks = _part(layer_masks[0], rows, steps)
-                both, (_, back) = first(xt[:steps, :rows], m, start(0, rows), masks=masks)
+                both, (_, back) = first(
+                    xt[:steps, :rows], m, start(0, rows), masks=masks, time_major=True
+                )
             z = torch.cat([z, both[..., direction.cell.hidden_size :]], dim=-1)
             finals[0].append(back)
         for index, (layer, cells) in enumerate(
             zip(encoder.layers[1:], layer_masks[1:], strict=True), start=1
         ):
-            z, last = layer(z, m, start(index, rows), masks=_part(cells, rows, steps))
-            finals.append(list(last) if isinstance(layer, Bidirectional) else [last])
+            both_ways = isinstance(layer, Bidirectional)  # time-major as the stack runs it
+            layout = {"time_major": True} if both_ways else {}
+            z, last = layer(z, m, start(index, rows), masks=_part(cells, rows, steps), **layout)
+            finals.append(list(last) if both_ways else [last])
         return RecurrentOutput(z.transpose(0, 1), stack_states(finals, direction.cell.is_lstm))
 
     def loss_of(loss: TopLoss, rows: int, steps: int) -> Callable[[Tensor, Any], Tensor]:

@@ -108,8 +108,9 @@ def _vocabulary(cfg: TrainConfig, text: str, *, newline: bool) -> Vocabulary:
 def _sequences(text: str, vocab: Vocabulary, max_len: int) -> list[np.ndarray]:
     """Non-blank lines as id sequences, long lines cut into pieces of ``max_len``."""
     out = []
-    # split("\n"), as predict reads lines: splitlines() also breaks at \x0c, \x1c, \u2028 …
-    for line in text.split("\n"):
+    # Lines end where predict's reader ends them (read_text made "\r\n" "\n"; a lone
+    # "\r" is one too), not where splitlines() would: at \x0c, \x1c, \u2028 … as well.
+    for line in text.replace("\r", "\n").split("\n"):
         if not line.strip():
             continue
         ids = vocab.encode_array(line, dtype=np.int64)
@@ -200,7 +201,8 @@ def prepare_lm_data(
             newline = cfg.doc_boundary not in ("eos", "line")
             vocab = _vocabulary(cfg, text, newline=newline)
         else:
-            vocab = _vocabulary(cfg, text, newline=False)
+            # the lines as _sequences reads them: a lone "\r" ends one
+            vocab = _vocabulary(cfg, text.replace("\r", "\n"), newline=False)
     data = LMData(vocab, mode, k)
     if mode == "segment":
         data.boundary = EOS_ID if cfg.doc_boundary == "line" else None
