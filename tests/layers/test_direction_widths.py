@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rnnkit import GRU, LSTM, RNN, LSTMState
+from rnnkit.errors import ConfigError
 from rnnkit.layers.recurrent import Recurrent
 from rnnkit.layers.stacked import Bidirectional
 
@@ -87,6 +88,10 @@ def test_the_audit_shape_and_the_low_level_form_agree(gen):
         # put into a stack, a layer reads the stack's own (time-major) tensors
         layer.layers[0] = first
         torch.testing.assert_close(layer(x, lengths=lengths).outputs, out.outputs, atol=0, rtol=0)
+        # a call's own layout, whatever the layer's
+        torch.testing.assert_close(low(x, mask, time_major=False)[0], first_out, atol=0, rtol=0)
+        with pytest.raises(ConfigError, match="time_major must be True or False"):
+            low(x, mask, time_major="no")
         # one pickled before the layout was a choice has no batch_first: time-major
         del low.__dict__["batch_first"]
         torch.testing.assert_close(low(x.transpose(0, 1), mask.T)[0], low_out, atol=0, rtol=0)

@@ -480,3 +480,18 @@ def test_the_dropout_warning_names_the_users_line_through_any_subclass():
     with pytest.warns(UserWarning, match="does nothing with num_layers=1") as w:
         Mine(lambda width: GRUCell(width, 4), 3, 4, 1, False, 0.5)
     assert w[0].filename == __file__
+
+
+def test_the_users_line_is_found_by_module_name_not_by_file():
+    """An install of .pyc files compiled elsewhere (PyInstaller, ``compileall -d``) names
+    rnnkit's frames by their compile-time paths: a frame of an rnnkit module there is
+    still rnnkit's, and the warning passes it."""
+    source = (
+        "def make():\n    return StackedRecurrent(lambda w: GRUCell(w, 4), 3, 4, 1, False, 0.5)\n"
+    )
+    module = {"__name__": "rnnkit.elsewhere", "StackedRecurrent": StackedRecurrent}
+    module["GRUCell"] = GRUCell
+    exec(compile(source, "/built/elsewhere/rnnkit/elsewhere.py", "exec"), module)
+    with pytest.warns(UserWarning, match="does nothing with num_layers=1") as w:
+        module["make"]()
+    assert w[0].filename == __file__

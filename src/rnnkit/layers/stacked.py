@@ -17,10 +17,10 @@ operator per layer and direction (``rnnkit.layers.fused_stack``).
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import warnings
 from collections.abc import Callable
+from types import FrameType
 from typing import NamedTuple, cast, overload
 
 import torch
@@ -101,10 +101,14 @@ class Bidirectional(nn.Module):
     ):
         """``x (B, T, I)`` → ``(outputs (B, T, 2H), [final_f, final_b])`` (``(T, B, ·)``
         for both if not ``batch_first``); ``mask (B, T)`` (``(T, B)``) bool or None;
-        ``masks``: one ``CellMasks`` per direction, or None. ``time_major=True``: this
-        call's tensors are ``(T, B, ·)`` whatever ``batch_first`` says (a stack's call:
-        a layer put into a stack reads the stack's layout)."""
-        if self.batch_first and not time_major:
+        ``masks``: one ``CellMasks`` per direction, or None. ``time_major``: this call's
+        layout, whatever ``batch_first`` says (True ``(T, B, ·)``, False ``(B, T, ·)``;
+        None: the layer's own). A stack calls its layers time-major, so a layer put into
+        a stack reads the stack's tensors."""
+        batch_first = (
+            self.batch_first if time_major is None else not _flag("time_major", time_major)
+        )
+        if batch_first:
             x = x.transpose(0, 1)
             mask = None if mask is None else mask.transpose(0, 1)
         outs, finals = [], []
@@ -115,7 +119,7 @@ class Bidirectional(nn.Module):
             outs.append(o)
             finals.append(s)
         out = torch.cat(outs, dim=-1)
-        return (out.transpose(0, 1) if self.batch_first and not time_major else out), finals
+        return (out.transpose(0, 1) if batch_first else out), finals
 
 
 def _padded(t: Tensor, width: int) -> Tensor:
@@ -149,13 +153,16 @@ def _first_frame_outside_rnnkit() -> int:
     """The ``stacklevel`` of the first caller outside the rnnkit package, for a warning
     raised by the function calling this: the user's own line, however many of rnnkit's
     constructors (``LSTM``, a subclass without an ``__init__``) lie between."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    # by module name, not file: an install of .pyc files compiled elsewhere (PyInstaller,
+    # compileall -d) carries the compile-time paths
     frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(
-        package
-    ):
+    while frame.f_back is not None and _in_rnnkit(frame):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _in_rnnkit(frame: FrameType) -> bool:
+    return str(frame.f_globals.get("__name__", "")).partition(".")[0] == "rnnkit"
 
 
 def _flag(name: str, value: object) -> bool:

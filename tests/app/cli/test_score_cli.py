@@ -496,3 +496,13 @@ def test_strace_on_standard_input_is_named_in_its_errors(
     code = main(["score", "--checkpoint", str(run_dir), "--from", "strace", "--data", "-"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith(f"rnnkit score: error: <stdin>: {said}"), err
+
+
+def test_strace_on_standard_input_names_it_in_the_skipped_lines_note(
+    run_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = 'garbage line\n101   openat(AT_FDCWD, "/etc/hosts", O_RDONLY) = 3\n'
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(trace.encode())))
+    code = main(["score", "--checkpoint", str(run_dir), "--from", "strace", "--data", "-"])
+    err = capsys.readouterr().err
+    assert code == 0 and "skipped 1 non-strace line(s) (first at <stdin>:1)" in err, err

@@ -46,6 +46,17 @@ def test_stream_split_keeps_every_character_and_cuts_at_a_line(texts):
     assert data.train_stream.dtype == np.int64 and UNK_ID not in data.train_stream
 
 
+def test_lines_ending_in_a_lone_cr_are_held_out_whole(tmp_path):
+    """A corpus of old-Mac line ends: the held-out validation text starts at a line, and
+    every line is a sequence, as predict reads them."""
+    lines = corpus(40, 3).splitlines()
+    (tmp_path / "train.txt").write_text("\r".join(lines) + "\r", encoding="utf-8", newline="")
+    data = prepare_lm_data(tiny(tmp_path, bptt="full", valid_fraction=0.2))
+    assert data.train_seqs is not None and data.valid_seqs is not None
+    read = [data.vocab.decode(s) for s in data.train_seqs + data.valid_seqs]
+    assert read == lines and "\r" not in data.vocab.itos
+
+
 def test_line_documents_end_with_eos(texts):
     data = prepare_lm_data(tiny(texts, doc_boundary="line"))
     lines = (texts / "train.txt").read_text().splitlines()

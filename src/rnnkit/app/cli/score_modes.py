@@ -70,6 +70,7 @@ def _items(config: ScoreConfig) -> Iterator[tuple[Any, str, int]]:
             )
         if stats.skipped and not config.quiet:
             source, line = stats.first_skipped[0]
+            source = _named(config.data) if config.data == "-" else source  # lines: "strace"
             _note(f"skipped {stats.skipped} non-strace line(s) (first at {source}:{line})")
         for session in sessions:
             yield session, _named(config.data), 0

@@ -71,7 +71,7 @@ class LMData:
 def _split_text(text: str, fraction: float, path: str) -> tuple[str, str]:
     """Hold out the last ``fraction`` of the text, cut at a line boundary."""
     cut = int(len(text) * (1 - fraction))
-    newline = text.rfind("\n", 0, cut)
+    newline = max(text.rfind("\n", 0, cut), text.rfind("\r", 0, cut))  # a lone CR ends one
     if newline > 0:
         cut = newline + 1
     train, valid = text[:cut], text[cut:]
