@@ -328,3 +328,39 @@ def test_exporting_is_true_under_export_only():
     torch.compile(Probe(), backend="eager", fullgraph=True)(torch.randn(2))
     torch.export.export(Probe(), (torch.randn(2),))
     assert seen[0] is False and len(seen) > 1 and all(seen[1:])  # (export may trace twice)
+
+
+def test_a_saved_program_loads_and_runs_in_a_process_without_rnnkit(tmp_path):
+    """A program exported with plain-tensor outputs (docs/export.md) is written by
+    torch.export.save and runs without rnnkit: its graph holds torch's operators only
+    (the loading process never imports rnnkit)."""
+    import subprocess
+    import sys
+
+    class Served(torch.nn.Module):
+        def __init__(self, layer: torch.nn.Module) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor):
+            out = self.layer(x, mask=mask)
+            return out.outputs, out.state.h, out.state.c
+
+    torch.manual_seed(0)
+    served = Served(rnnkit.LSTM(3, 4, num_layers=2, bidirectional=True).eval())
+    torch.export.save(torch.export.export(served, _inputs(0)), tmp_path / "p.pt2")
+    x, mask = _inputs(1)
+    torch.save({"x": x, "mask": mask}, tmp_path / "in.pt")
+    script = (
+        "import sys, torch\n"
+        f"p = torch.export.load({str(tmp_path / 'p.pt2')!r}).module()\n"
+        f"i = torch.load({str(tmp_path / 'in.pt')!r})\n"
+        f"torch.save(p(i['x'], i['mask']), {str(tmp_path / 'out.pt')!r})\n"
+        "assert 'rnnkit' not in sys.modules\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = torch.load(tmp_path / "out.pt")
+    _close(got, served(x, mask))

@@ -749,3 +749,20 @@ def test_lengths_without_a_length_mechanism_is_refused_not_ignored():
         lm(ids, lengths=torch.tensor([5, 3]))
     mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
     assert lm(ids, mask=mask).logits.shape == (2, 5, 11)
+
+
+def test_a_language_model_exports_with_a_dynamic_batch():
+    """The output layer's and the embedding table's speed choices compare sizes: a traced
+    graph makes none (they would guard the batch), so the batch stays dynamic; the
+    program equals eager at other batch sizes (64-wide embeddings: the table path)."""
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    lm = build_language_model(ModelSpec(hidden=16, embedding=64, layers=1), V).eval()
+    batch = Dim("B", min=1, max=64)
+    program = torch.export.export(
+        lm, (torch.randint(0, V, (3, 6)),), dynamic_shapes={"inputs": {0: batch}}
+    )
+    for rows in (1, 20):
+        ids = torch.randint(0, V, (rows, 6))
+        torch.testing.assert_close(program.module()(ids).logits, lm(ids).logits)

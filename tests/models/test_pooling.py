@@ -117,3 +117,26 @@ def test_unidirectional_last_is_the_last_real_step():
 def test_state_pool_uses_h_of_an_lstm_state():
     h = torch.arange(8.0).view(2, 1, 2, 2)  # L = 2, D = 1, B = 2, H = 2: top layer used
     assert state_pool(LSTMState(h, torch.full_like(h, 99.0))).tolist() == [[4.0, 5.0], [6.0, 7.0]]
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean", "max"])
+def test_a_classifier_exports_and_equals_eager_on_other_lengths(pooling):
+    """The check for a row with no valid step reads the data: a traced graph leaves it
+    out (as the layers leave theirs), so a classifier exports, with a dynamic batch."""
+    from torch.export import Dim
+
+    from rnnkit.models.classifier import build_classifier
+    from rnnkit.models.spec import ModelSpec
+
+    torch.manual_seed(0)
+    spec = ModelSpec(hidden=8, embedding=4, bidirectional=True, pooling=pooling)
+    model = build_classifier(spec, vocab_size=12, num_classes=3).eval()
+    ids = torch.randint(4, 12, (3, 5))
+    batch = Dim("B", min=1, max=64)
+    program = torch.export.export(
+        model, (ids, MASK), dynamic_shapes={"inputs": {0: batch}, "mask": {0: batch}}
+    )
+    for rows in (1, 7):
+        other = torch.randint(4, 12, (rows, 5))
+        mask = torch.arange(5) < torch.randint(1, 6, (rows, 1))
+        torch.testing.assert_close(program.module()(other, mask), model(other, mask))

@@ -57,6 +57,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     >>> linear(torch.ones(2, 3), torch.ones(4, 3)).tolist()[0]
     [3.0, 3.0, 3.0, 3.0]
     """
+    # a traced graph first: a comparison of its symbolic sizes would guard them (an
+    # export with a dynamic batch then fails)
+    if tracing() or torch.jit.is_tracing():
+        return F.linear(x, weight, bias)
     rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
     if (
         rows < _MIN_ROWS
@@ -65,8 +69,6 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         or (bias is not None and bias.dtype != torch.float32)
         or x.device.type != "cpu"
         or weight.device.type != "cpu"
-        or tracing()
-        or torch.jit.is_tracing()
         or autocast_devices_on()
         or not native.own_matmul()
     ):

@@ -189,6 +189,7 @@ class LanguageModel(nn.Module):
         emb = self.embedding
         return (
             mask is None
+            and not tracing()  # before any size test: it would guard a traced graph's sizes
             and emb.num_embeddings < inputs.numel()
             and emb.embedding_dim >= 64
             and not _hooked(emb)

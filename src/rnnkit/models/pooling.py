@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from rnnkit.bptt.tracing import tracing
 from rnnkit.deferred import active_for
 from rnnkit.types import LSTMState, State
 
@@ -47,7 +48,7 @@ def _check(outputs: Tensor, mask: Tensor) -> Tensor:
     deferred = active_for(mask)
     if deferred is not None:  # read with the training step's figures
         deferred.check(empty.any(), lambda: _empty_error(empty))
-    elif bool(empty.any()):
+    elif not tracing() and bool(empty.any()):  # a traced graph holds no data-dependent check
         raise _empty_error(empty)
     return mask
 
