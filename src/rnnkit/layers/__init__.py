@@ -35,7 +35,13 @@ from rnnkit.layers.regularization import (
     regularizing,
     steps_of,
 )
-from rnnkit.layers.stacked import Bidirectional, StackedRecurrent, direction_widths, reset_rows
+from rnnkit.layers.stacked import (
+    Bidirectional,
+    StackedRecurrent,
+    between_layers,
+    direction_widths,
+    reset_rows,
+)
 from rnnkit.layers.windowed import run_windowed_stack
 
 __all__ = [
@@ -55,6 +61,7 @@ __all__ = [
     "StackMasks",
     "StackedRecurrent",
     "attention_decoder",
+    "between_layers",
     "check_masks",
     "check_probability",
     "compiled_scores_library",

@@ -16,7 +16,7 @@ from rnnkit.cells.gru import GRUCell
 from rnnkit.cells.lstm import LSTMCell
 from rnnkit.cells.rnn import RNNCell
 from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
-from rnnkit.layers.stacked import StackedRecurrent
+from rnnkit.layers.stacked import StackedRecurrent, between_layers
 
 __all__ = ["convert_gru_update", "count_parameters", "from_torch", "to_torch"]
 
@@ -116,7 +116,7 @@ def from_torch(m: nn.Module) -> nn.Module:
             m.hidden_size,
             m.num_layers,
             m.bidirectional,
-            m.dropout if m.num_layers > 1 else 0.0,  # one layer has no "between layers"
+            between_layers(m.dropout, m.num_layers),
             m.batch_first,
             **options,
         ).to(device=like.device, dtype=like.dtype)
@@ -293,7 +293,7 @@ def convert_gru_update(m: nn.Module) -> nn.Module:
             m.hidden_size,
             m.num_layers,
             m.bidirectional,
-            m.dropout if m.num_layers > 1 else 0.0,
+            between_layers(m.dropout, m.num_layers),
             m.batch_first,
             update=update,
             reset=first.reset,

@@ -54,7 +54,13 @@ from rnnkit.layers.regularization import (
 from rnnkit.layers.windowed import run_windowed_stack
 from rnnkit.types import LSTMState, RecurrentOutput, State
 
-__all__ = ["Bidirectional", "StackedRecurrent", "direction_widths", "reset_rows"]
+__all__ = [
+    "Bidirectional",
+    "StackedRecurrent",
+    "between_layers",
+    "direction_widths",
+    "reset_rows",
+]
 
 
 @overload
@@ -147,6 +153,16 @@ def _stacked(flat: list[Tensor], L: int, D: int) -> Tensor:
     H = max(t.shape[-1] for t in flat)
     stacked = torch.stack([_padded(t, H) for t in flat])
     return stacked.view(L, D, *stacked.shape[1:])
+
+
+def between_layers(dropout: float, num_layers: int) -> float:
+    """The ``dropout`` of a stack of ``num_layers``: it acts between layers, so a stack of
+    one has none (and would warn that it does nothing, as ``torch.nn.LSTM`` does).
+
+    >>> between_layers(0.3, 2), between_layers(0.3, 1)
+    (0.3, 0.0)
+    """
+    return dropout if num_layers > 1 else 0.0
 
 
 def _first_frame_outside_rnnkit() -> int:

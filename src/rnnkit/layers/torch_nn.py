@@ -50,7 +50,7 @@ from rnnkit.bptt.tracing import TracingError, transforming, vmapping
 from rnnkit.cells.amp import autocast_devices_on, autocast_reconciles
 from rnnkit.layers import cell_stacks
 from rnnkit.layers.packing import pack_like, unpack
-from rnnkit.layers.stacked import StackedRecurrent
+from rnnkit.layers.stacked import StackedRecurrent, between_layers
 from rnnkit.types import LSTMState
 
 __all__ = [
@@ -256,9 +256,9 @@ class _DropIn:
             kind = {"LSTM": cell_stacks.LSTM, "GRU": cell_stacks.GRU}.get(
                 self.mode, cell_stacks.RNN
             )
-            args = list(config[1:])
-            if self.num_layers == 1:  # torch has warned that this dropout does nothing
-                args[4] = 0.0
+            _, I, H, L, bidirectional, dropout, batch_first = config
+            # torch has warned already where this dropout does nothing
+            args = (I, H, L, bidirectional, between_layers(dropout, L), batch_first)
             with _outside_transforms(), torch.device("meta"):
                 stack = kind(*args, **options)
                 stack.drop = _RowsDropout(stack.dropout)

@@ -12,7 +12,7 @@ from rnnkit.errors import ConfigError
 from rnnkit.layers.cell_stacks import GRU, LSTM, RNN
 from rnnkit.layers.linear import Linear
 from rnnkit.layers.regularization import DropoutEmbedding
-from rnnkit.layers.stacked import StackedRecurrent
+from rnnkit.layers.stacked import StackedRecurrent, between_layers
 from rnnkit.models.conditional import ConditionalLM
 from rnnkit.models.heads import TiedHead
 from rnnkit.models.jordan import JordanLM
@@ -60,8 +60,7 @@ def build_encoder(
     common = _StackOptions(
         num_layers=spec.layers,
         bidirectional=bi,
-        # between layers: a one-layer stack has none (the model's own dropout still acts)
-        dropout=spec.dropout if spec.layers > 1 else 0.0,
+        dropout=between_layers(spec.dropout, spec.layers),  # the model's own dropout acts too
         recompute=spec.recompute,
     )
     reg = _Regularizers(

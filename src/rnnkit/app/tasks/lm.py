@@ -340,10 +340,10 @@ def _fit_ngram(cfg: TrainConfig, data: LMData, out: Path) -> dict[str, Any]:
     ngram.fit(train_ng)
     state = ngram.to_state()
     atomic_write(out / "ngram.safetensors", write_path=lambda tmp: save_numpy(state, tmp))
-    return ngram_lm_metrics(ngram, data, cfg.batch_size)
+    return ngram_lm_metrics(ngram, data)
 
 
-def ngram_lm_metrics(ngram: NGramModel, data: LMData, batch_size: int) -> dict[str, Any]:
+def ngram_lm_metrics(ngram: NGramModel, data: LMData) -> dict[str, Any]:
     """The n-gram baseline scored on exactly the target tokens ``lm_metrics`` scores.
 
     Streams: the recurrent model predicts every token of the validation stream but the
@@ -405,7 +405,7 @@ def evaluate_lm(
     ngram_path = Path(run_dir) / "ngram.safetensors"
     if ngram_path.is_file():
         ngram = NGramModel.from_state(load_arrays(ngram_path), where=str(ngram_path))
-        metrics["ngram"] = ngram_lm_metrics(ngram, data, batch_size or cfg.batch_size)
+        metrics["ngram"] = ngram_lm_metrics(ngram, data)
     return metrics
 
 
