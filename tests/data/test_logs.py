@@ -231,3 +231,78 @@ def test_missing_drain3_names_the_extra(monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)  # import -> ImportError
     with pytest.raises(ConfigError, match=r"drain3.*pip install 'rnnkit\[logs\]'"):
         LogSessionizer(r"(blk_-?\d+)")
+
+
+def test_outer_spaces_of_a_message_keep_its_parameter_values() -> None:
+    """A message with trailing (or leading) spaces fit no template when its values were
+    read back, so every value was null and the params model lost them."""
+    lines = [
+        "s1 query took 12 ms",
+        "s2 query took 3 ms  ",
+        "  s3 query took 5 ms",
+        "s4 query\ttook 9 ms",
+    ]
+    sessions, stats = sessions_from_logs(lines, r"(s\d)", params=True)
+    assert [s.params for s in sessions] == [[[12.0]], [[3.0]], [[5.0]], [[9.0]]]
+    assert stats.unmatched_params == 0
+
+
+def test_a_lone_carriage_return_stays_inside_its_line(tmp_path: Path) -> None:
+    """Lines end at "\\n" (and "\\r\\n") as grep counts them: a progress bar's lone "\\r"
+    split a line in two, and the errors named the line after the right one."""
+    path = tmp_path / "cr.log"
+    path.write_bytes(b"s1 has started\r\ns1 is copying 10%\r20%\rdone\ns2 has started\nnope\n")
+    sessions, stats = sessions_from_logs(path, r"(s\d)")
+    assert stats.lines == 4 and stats.first_no_session == (str(path), 4)
+    assert [len(s.events) for s in sessions] == [2, 1]
+    with pytest.raises(DataError, match=rf"{path}:4: the line does not match"):
+        sessions_from_logs(path, log_format="<Sid> <Verb> <Content>", session_field="Sid")
+
+
+def test_known_templates_name_the_lines_that_fit_them_unchanged() -> None:
+    """New logs mined alone name their lines by what those lines alone have in common
+    (``GET /index``, not the training's ``GET <*>``): every event was unknown to the
+    model. With the training's templates, a line that fits one is that event."""
+    training = [f"req=r{i} GET /{p} took {i} ms" for i, p in enumerate(["index", "about", "cart"])]
+    known = sorted({e for s in sessions_from_logs(training, r"req=(\w+)")[0] for e in s.events})
+    assert known == ["req=<SESSION> GET <*> took <NUM> ms"]
+    new = ["req=n1 GET /index took 4 ms", "req=n2 GET /index took 9 ms"]
+    alone = {e for s in sessions_from_logs(new, r"req=(\w+)")[0] for e in s.events}
+    assert alone == {"req=<SESSION> GET /index took <NUM> ms"}
+    sessionizer = LogSessionizer(
+        r"req=(\w+)",
+        params=True,
+        templates=[*known, "req=<SESSION> user <*> logged in", "req=<SESSION> user <*> logged out"],
+    )
+    sessionizer.add_lines([*new, "req=n3 user bob logged out", "req=n3 cache flushed in 3 s"])
+    sessions = sessionizer.sessions()
+    assert [s.events for s in sessions] == [
+        [known[0]],
+        [known[0]],
+        # a similar known template is never generalised into another ("logged <*>")
+        ["req=<SESSION> user <*> logged out", "req=<SESSION> cache flushed in <NUM> s"],
+    ]
+    assert [s.params for s in sessions] == [[[None, 4.0]], [[None, 9.0]], [[None], [3.0]]]
+    assert (sessionizer.stats.known, sessionizer.stats.templates) == (3, 1)
+
+
+def test_a_time_format_without_a_year_reads_february_29_and_new_year() -> None:
+    """syslog's ``%b %d %H:%M:%S``: strptime's year 1900 refused Feb 29, and Dec 31 to
+    Jan 1 came out a year backwards."""
+    fmt = "<Mon> <Day> <Time> <Sid> <Content>"
+    lines = [
+        "Dec 31 23:59:59 s1 start 5",
+        "Jan  1 00:00:01 s1 step 6",
+        "Feb 28 23:59:59 s2 start 7",
+        "Feb 29 00:00:01 s2 step 8",
+        "Jan  1 00:00:05 s1 step 9",
+    ]
+    sessions, _ = sessions_from_logs(
+        lines,
+        log_format=fmt,
+        session_field="Sid",
+        params=True,
+        time_fields=("Mon", "Day", "Time"),
+        time_format="%b %d %H:%M:%S",
+    )
+    assert [[v[0] for v in s.params] for s in sessions] == [[0.0, 2.0, 4.0], [0.0, 2.0]]

@@ -249,6 +249,58 @@ def test_empty_and_note_only_inputs_are_errors(tmp_path: Path) -> None:
         parse_strace(notes)
 
 
+def test_a_reused_pid_after_its_process_exited_is_a_new_session() -> None:
+    """Process 300 forks 301, 301 exits, 300 forks a new 301: two processes, which were
+    one session whose events went on after its exit_group."""
+    lines = [
+        "300   clone(child_stack=NULL, flags=SIGCHLD) = 301",
+        "301   getpid() = 301",
+        "301   exit_group(0) = ?",
+        "301   +++ exited with 0 +++",
+        "300   clone(child_stack=NULL, flags=SIGCHLD) = 301",
+        "301   getuid() = 0",
+        "301   exit_group(1) = ?",
+        "301   +++ killed by SIGKILL +++",
+        "300   clone(child_stack=NULL, flags=SIGCHLD <unfinished ...>",
+        "301   geteuid() = 0",
+        "300   <... clone resumed>) = 301",
+        "300   exit_group(0) = ?",
+        "300   +++ exited with 0 +++",
+    ]
+    sessions, _ = parse_strace(lines, name="t")
+    assert sessions == [
+        Session("t:300", ["clone:ok", "clone:ok", "clone:ok", "exit_group:noreturn"]),
+        Session("t:301", ["getpid:ok", "exit_group:noreturn"]),
+        Session("t:301#2", ["getuid:ok", "exit_group:noreturn", "killed:SIGKILL"]),
+        # the child's first line before its parent's clone returned
+        Session("t:301#3", ["geteuid:ok"]),
+    ]
+
+
+def test_a_lone_carriage_return_ends_no_line(tmp_path: Path) -> None:
+    """A traced program's progress output ("10%\r20%\r") split strace's line, and the
+    lines after it were counted one too many."""
+    path = tmp_path / "t.strace"
+    path.write_bytes(b'write(1, "a", 1) = 1 10%\r20%\r\nclose(3) = 0\r\ngarbage\n')
+    sessions, stats = parse_strace(path, name="t")
+    assert sessions == [Session("t", ["write:ok", "close:ok"])]
+    assert (stats.lines, stats.first_skipped) == (3, [("t", 3)])
+
+
+def test_an_open_stream_is_read_in_bounded_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Standard input (``rnnkit sessions --from strace -``): a line over the limit is
+    skipped and counted, never read whole; errors name the stream."""
+    import io
+
+    monkeypatch.setattr(strace_module, "MAX_LINE_CHARS", 40)
+    stream = io.StringIO('close(3) = 0\nwrite(1, "' + "x" * 100 + '", 100) = 100\nclose(4) = 0\n')
+    sessions, stats = parse_strace(stream, name="<stdin>")
+    assert sessions == [Session("<stdin>", ["close:ok", "close:ok"])]
+    assert stats.first_skipped == [("<stdin>", 2)]
+    with pytest.raises(DataError, match=r"^<stdin>: no strace output"):
+        parse_strace(io.StringIO(""), name="<stdin>")
+
+
 def test_bad_per_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="per must be 'pid' or 'file', got 'thread'"):
         parse_strace(["close(3) = 0"], per="thread")  # type: ignore[arg-type]

@@ -21,7 +21,15 @@ from datetime import datetime, timezone
 
 from rnnkit.errors import ConfigError, DataError
 
-__all__ = ["LineFields", "compile_log_format", "parse_log_time", "parse_number"]
+__all__ = [
+    "YEARLESS_YEAR",
+    "YEARLESS_YEAR_SECONDS",
+    "LineFields",
+    "compile_log_format",
+    "parse_log_time",
+    "parse_number",
+    "yearless",
+]
 
 
 # The command line's options for LineFields' arguments (`option_names=True`).
@@ -89,6 +97,24 @@ def parse_number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+#: The year a time format without one is read in: a leap year, so that February 29
+#: parses (a year-less ``strptime`` takes 1900, which has no February 29).
+YEARLESS_YEAR = 2000
+#: Its length: what a year-less time that went back over New Year is moved on by.
+YEARLESS_YEAR_SECONDS = 366 * 86400.0
+
+
+def yearless(time_format: str | None) -> bool:
+    """Whether ``time_format`` reads no year (syslog's ``%b %d %H:%M:%S``).
+
+    >>> yearless("%b %d %H:%M:%S"), yearless("%y%m%d %H%M%S"), yearless("%d%%Y %H"), yearless(None)
+    (True, False, True, False)
+    """
+    if time_format is None:
+        return False
+    return re.search(r"%[YyGCcx]", time_format.replace("%%", "")) is None
+
+
 def parse_log_time(text: str, time_format: str | None = None) -> float:
     """A log line's time in seconds (POSIX; a time without a zone is taken as UTC).
 
@@ -102,9 +128,16 @@ def parse_log_time(text: str, time_format: str | None = None) -> float:
     15.0
     >>> parse_log_time("1764583201.25")
     1764583201.25
+
+    A format without a year reads the time in :data:`YEARLESS_YEAR` (a leap year):
+
+    >>> parse_log_time("Feb 29 00:00:01", "%b %d %H:%M:%S") - parse_log_time("2000-02-29")
+    1.0
     """
     text = text.strip()
-    if time_format is not None:
+    if time_format is not None and yearless(time_format):
+        moment = datetime.strptime(f"{YEARLESS_YEAR} {text}", f"%Y {time_format}")
+    elif time_format is not None:
         moment = datetime.strptime(text, time_format)
     else:
         try:
@@ -219,6 +252,7 @@ class LineFields:
             )
         self.time_fields = tuple(time_fields or ())
         self.time_format = time_format
+        self.yearless = yearless(time_format)
         if (self.time_fields or time_format is not None) and not params:
             raise ConfigError(
                 f"{times} and {n['time_format']} apply with {n['params']} only"

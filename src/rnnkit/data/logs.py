@@ -26,16 +26,18 @@ its message, its header and its time is :mod:`rnnkit.data.log_fields`.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from os import PathLike
-from typing import Any
+from typing import IO, Any
 
 from rnnkit.data.events import Session
 from rnnkit.data.log_fields import (
+    YEARLESS_YEAR_SECONDS,
     LineFields,
     compile_log_format,
     parse_log_time,
@@ -83,7 +85,8 @@ class LogStats:
         used: lines that carried a session id and became events.
         no_session: lines skipped because the pattern found no session id in them.
         too_long: lines skipped for being over :data:`MAX_LINE_CHARS`.
-        templates: distinct templates mined.
+        templates: distinct templates mined (the known ones not counted).
+        known: lines that fitted a known template (``templates=``).
         sessions: sessions produced.
         first_no_session: ``(file, line)`` of the first line without a session id (the
             file is ``None`` for lines given in code).
@@ -96,6 +99,7 @@ class LogStats:
     no_session: int = 0
     too_long: int = 0
     templates: int = 0
+    known: int = 0
     sessions: int = 0
     first_no_session: tuple[str | None, int] | None = None
     unmatched_params: int = 0
@@ -121,6 +125,10 @@ class LogSessionizer:
             line's time (joined by a space, e.g. ``("Date", "Time")``): the seconds since
             the session's previous line become each vector's first value.
         time_format: ``strptime`` format of that time (default: ISO 8601 or seconds).
+        templates: known templates (those of an earlier mining, the events a model was
+            trained on): a line that fits one (its constant tokens equal, each ``<*>``
+            one token) is that event, with the template's name unchanged; only the other
+            lines are mined, into templates of their own.
         option_names: errors name the command line's options (``--log-format``), not
             these arguments (``log_format``, the default).
 
@@ -156,6 +164,7 @@ class LogSessionizer:
         params: bool = False,
         time_fields: Sequence[str] | None = None,
         time_format: str | None = None,
+        templates: Iterable[str] | None = None,
         option_names: bool = False,
     ) -> None:
         # The line options are checked first, then Drain's.
@@ -205,6 +214,24 @@ class LogSessionizer:
                 raise ConfigError(f"mask {regex!r} is not a valid regex: {exc}") from None
         config.masking_instructions = [MaskingInstruction(rx, name) for rx, name in mask_list]
         self._miner: Any = TemplateMiner(persistence_handler=None, config=config)
+        # The known templates, each its own cluster (a similarity above 1 merges none);
+        # lines are only matched against them (Drain's match: every constant token equal,
+        # a <*> takes any one token), which never changes a template. Their cluster ids
+        # are kept negative, apart from the mined ones.
+        self._known: Any = None
+        self._known_names: dict[int, str] = {}
+        if templates is not None:
+            fixed = copy.deepcopy(config)
+            fixed.drain_sim_th = 1.01
+            self._known = TemplateMiner(persistence_handler=None, config=fixed)
+            for template in dict.fromkeys(templates):
+                cluster = self._known.add_log_message(template)
+                name = self._known.drain.id_to_cluster[cluster["cluster_id"]].get_template()
+                if name != template:
+                    raise ConfigError(
+                        f"template {template!r} is not one Drain writes (it reads as {name!r})"
+                    )
+                self._known_names[cluster["cluster_id"]] = template
         # Cluster id of each line, per session in order of first appearance; the final
         # template of each cluster is only known once every line is in.
         self._clusters: dict[str, list[int]] = {}
@@ -214,6 +241,16 @@ class LogSessionizer:
         self._deltas: dict[str, list[float]] = {}
         self._last_time: dict[str, float] = {}
         self.stats = LogStats()
+
+    def _cluster(self, message: str) -> int:
+        """The cluster of one masked message: a known template's (negative id) if it
+        matches one, else the one Drain mines it into."""
+        if self._known is not None:
+            found = self._known.match(message, full_search_strategy="fallback")
+            if found is not None:
+                self.stats.known += 1
+                return -found.cluster_id
+        return int(self._miner.add_log_message(message)["cluster_id"])
 
     def add_line(self, line: str, source: str | None = None, number: int | None = None) -> bool:
         """Mine one line; True if it carried a session id (and became an event).
@@ -238,8 +275,11 @@ class LogSessionizer:
             if self.stats.first_no_session is None:
                 self.stats.first_no_session = (source, number)
             return False
+        # Drain tokenises on whitespace, but the parameters are read back from the text
+        # itself: outer spaces would make it fit no template ("took 3 ms  ").
+        message = message.strip()
         delta = self._delta(session_id, header, source, number) if self.time_fields else 0.0
-        cluster_id = self._miner.add_log_message(message)["cluster_id"]
+        cluster_id = self._cluster(message)
         self._clusters.setdefault(session_id, []).append(cluster_id)
         if self.params:
             self._messages.setdefault(session_id, []).append(message)
@@ -254,9 +294,16 @@ class LogSessionizer:
         now = self.fields.time(header, source, number)
         last = self._last_time.get(session_id)
         self._last_time[session_id] = now
+        if last is None:
+            return 0.0
+        delta = now - last
+        if self.fields.yearless and delta < -YEARLESS_YEAR_SECONDS / 2:
+            # Dec 31 23:59:59, then Jan 1 00:00:01 of a format without a year: the next
+            # year's, 2 s later (both were read in one year)
+            delta += YEARLESS_YEAR_SECONDS
         # To the microsecond, a datetime's resolution: POSIX seconds near 1.7e9 carry
         # float noise in the 7th decimal.
-        return 0.0 if last is None else round(now - last, 6)
+        return round(delta, 6)
 
     def add_lines(self, lines: Iterable[str], source: str | None = None) -> None:
         """Mine each line of an iterable (an open file, a list of strings)."""
@@ -269,22 +316,29 @@ class LogSessionizer:
         Bytes that are not UTF-8 are replaced rather than refused: logs mix encodings,
         and one bad byte should cost one character, not the file.
         """
-        source = os.fspath(path)
+        # newline="\n": a line ends at "\n" (and "\r\n") only, as grep and an editor count
+        # lines; a lone "\r" (a progress bar's) stays inside its line.
+        with open(path, encoding="utf-8", errors="replace", newline="\n") as fileobj:
+            self.add_stream(fileobj, os.fspath(path))
+
+    def add_stream(self, fileobj: IO[str], source: str) -> None:
+        """Mine every line of an open text stream (a file, standard input), each line
+        read in bounded pieces: one over :data:`MAX_LINE_CHARS` is skipped and counted,
+        never held whole."""
         number = 0
-        with open(path, encoding="utf-8", errors="replace") as fileobj:
-            while True:
-                line = fileobj.readline(MAX_LINE_CHARS + 1)
-                number += 1
-                if not line:
-                    return
-                if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
-                    # Drain the rest of the long line in bounded pieces, then count it.
-                    while line and not line.endswith("\n"):
-                        line = fileobj.readline(MAX_LINE_CHARS)
-                    self.stats.lines += 1
-                    self.stats.too_long += 1
-                    continue
-                self.add_line(line, source, number)
+        while True:
+            line = fileobj.readline(MAX_LINE_CHARS + 1)
+            number += 1
+            if not line:
+                return
+            if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
+                # Drain the rest of the long line in bounded pieces, then count it.
+                while line and not line.endswith("\n"):
+                    line = fileobj.readline(MAX_LINE_CHARS)
+                self.stats.lines += 1
+                self.stats.too_long += 1
+                continue
+            self.add_line(line, source, number)
 
     def templates(self) -> dict[int, str]:
         """The mined templates by Drain cluster id.
@@ -294,7 +348,8 @@ class LogSessionizer:
         >>> sessionizer.templates()
         {1: 'id=<SESSION> start'}
         """
-        return {c.cluster_id: c.get_template() for c in self._miner.drain.clusters}
+        mined = {c.cluster_id: c.get_template() for c in self._miner.drain.clusters}
+        return {**{-k: v for k, v in self._known_names.items()}, **mined}
 
     def sessions(self, label: int | None = None) -> list[Session]:
         """The sessions so far, in order of first appearance, every event a template.
@@ -303,7 +358,7 @@ class LogSessionizer:
             label: label for every session (``0``/``1``) or None.
         """
         templates = self.templates()
-        self.stats.templates = len(templates)
+        self.stats.templates = len(self._miner.drain.clusters)
         self.stats.sessions = len(self._clusters)
         self.stats.unmatched_params = 0
         out = []

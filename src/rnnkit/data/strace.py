@@ -28,12 +28,13 @@ which no line parses is refused.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from os import PathLike
-from typing import IO, Literal
+from typing import IO, Literal, cast
 
 from rnnkit.data.events import Session
 from rnnkit.errors import ConfigError, DataError
@@ -129,6 +130,19 @@ class _Trace:
         self.children: set[str] = set()
         self.live: set[str] = {default_pid}
         self.root_pid = default_pid if default_pid != _ROOT else None
+        # The kernel gives a dead process's pid to a new one: after "+++ exited", the
+        # pid's next process is a session of its own, keyed PID#2, PID#3, ...
+        self.exited: set[str] = set()
+        self.current: dict[str, str] = {}
+        self.reuses: dict[str, int] = {}
+
+    def _key(self, pid: str) -> str:
+        """The session key of the process that has ``pid`` now."""
+        key = self.current.get(pid, pid)
+        if key in self.exited:
+            n = self.reuses[pid] = self.reuses.get(pid, 1) + 1
+            key = self.current[pid] = f"{pid}#{n}"
+        return key
 
     def _pid_of(self, prefixed: str | None) -> str:
         if prefixed is None:
@@ -137,10 +151,11 @@ class _Trace:
             return next(iter(self.live)) if len(self.live) == 1 else (self.root_pid or _ROOT)
         if self.root_pid is None and prefixed not in self.children:
             self._resolve_root(prefixed)
-        if prefixed not in self.events:
-            self.events[prefixed] = []
-            self.live.add(prefixed)
-        return prefixed
+        key = self._key(prefixed)
+        if key not in self.events:
+            self.events[key] = []
+            self.live.add(key)
+        return key
 
     def _resolve_root(self, pid: str) -> None:
         # The first prefixed pid that no fork returned is the root, seen unprefixed so far.
@@ -216,13 +231,15 @@ class _Trace:
                 self._add(pid, f"killed:{killed.group('signal')}")
             self.pending.pop(pid, None)
             self.live.discard(pid)
+            self.exited.add(pid)
             return True
         return bool(_NOTE.match(body))
 
     def _spawned(self, child: str) -> None:
         self.children.add(child)
-        self.live.add(child)
-        self.events.setdefault(child, [])
+        key = self._key(child)
+        self.live.add(key)
+        self.events.setdefault(key, [])
 
 
 def _bounded_lines(fileobj: IO[str]) -> Iterator[str]:
@@ -297,10 +314,12 @@ def parse_strace(
     """Turn one strace output (a file, or its lines) into sessions.
 
     Args:
-        source: a path (``str`` or ``PathLike``), or an iterable of lines.
+        source: a path (``str`` or ``PathLike``), an open text stream, or an iterable
+            of lines.
         with_result: events are ``name:result`` (``openat:ENOENT``) rather than ``name``.
         per: ``"pid"``, one session per traced process, id ``NAME:PID`` (just ``NAME`` for
-            a single unprefixed process; a ``-ff`` file ``trace.1234`` is pid 1234); or
+            a single unprefixed process; a ``-ff`` file ``trace.1234`` is pid 1234; a pid
+            the kernel reuses after its process exited is ``NAME:PID#2``, ``#3``, ...); or
             ``"file"``, the whole trace as one session with id ``NAME``.
         name: prefix of the session ids; default the path as given, or ``"strace"``.
         label: label given to every session (``0``/``1``), or None.
@@ -338,23 +357,27 @@ def parse_strace(
     stats = StraceStats()
 
     if path is not None:
-        # errors="replace": a traced program's binary output must not stop the parse.
-        with open(path, encoding="utf-8", errors="replace") as fileobj:
+        # errors="replace": a traced program's binary output must not stop the parse;
+        # newline="\n": a lone "\r" (a program's progress output) ends no line.
+        with open(path, encoding="utf-8", errors="replace", newline="\n") as fileobj:
             _read(trace, stats, source_name, _bounded_lines(fileobj))
+    elif isinstance(lines, io.TextIOBase):  # an open stream (standard input)
+        _read(trace, stats, source_name, _bounded_lines(cast(IO[str], lines)))
     else:
         _read(trace, stats, source_name, lines)
 
+    where = path if path is not None else name  # errors name standard input too
     if stats.lines == 0:
-        raise DataError("no strace output (the input is empty)", path=path)
+        raise DataError("no strace output (the input is empty)", path=where)
     if stats.skipped == stats.lines:
         raise DataError(
             f"not strace output: none of its {stats.lines} lines parses "
             "(expected lines like 'openat(...) = 3')",
-            path=path,
+            path=where,
         )
 
     if not trace.timeline:
-        raise DataError("strace output without any system call", path=path)
+        raise DataError("strace output without any system call", path=where)
     stats.events = len(trace.timeline)
     return _sessions(trace, per, source_name, label), stats
 

@@ -250,6 +250,26 @@ def test_resume_with_a_file_takes_its_options_as_requests(data, tmp_path, capsys
     assert code == 2 and f"{conf}: layers: --layers differs" in err
 
 
+def test_resume_prints_the_validation_file_the_run_goes_on_reading(data, tmp_path, run_cli):
+    """``--resume --print-config`` without ``--valid`` printed ``# valid (not set)``: the
+    file, loaded with ``--config`` into a new run, validated on a split of the training
+    file instead of the run's own validation file."""
+    out, again = tmp_path / "run", tmp_path / "again"
+    tiny = ["--hidden", "8", "--embedding", "8", "--batch-size", "4", "--bptt", "segment:16",
+            "--ngram-order", "3", "--no-report", "-q", "--steps", "2"]  # fmt: skip
+    valid = tmp_path / "valid.txt"
+    valid.write_text((data / "train.txt").read_text()[:300])
+    args = ["--train", str(data / "train.txt"), "--valid", str(valid), "--out", str(out)]
+    assert run_cli("train", *args, *tiny)[0] == 0
+    text = printed(run_cli, "--out", str(out), "--resume")
+    assert values(text)["valid"] == str(valid.resolve())
+    conf = tmp_path / "resumed.toml"
+    conf.write_text(text)
+    assert run_cli("train", "--config", str(conf), "--out", str(again), "-q")[0] == 0
+    recorded = [json.loads((d / "config.json").read_text())["data"] for d in (out, again)]
+    assert recorded[0] == recorded[1]
+
+
 # -- --print-config ------------------------------------------------------------------------------
 CONFIGS = [
     ["--task", "lm", "--cell", "gru", "--update", "keep", "--steps", "7", "--no-clip",

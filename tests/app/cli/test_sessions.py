@@ -167,8 +167,25 @@ def test_log_to_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
             "--similarity must be in [0, 1], got 2.0",
         ),
         (["--from", "strace", "{trace}", "{trace}"], "INPUT {trace} is given twice"),
+        (["--from", "strace", "-", "-"], "INPUT - (standard input) is given twice"),
+        (
+            ["--from", "strace", "{trace}", "--templates", "{trace}"],
+            "--templates applies to --from log only",
+        ),
+        (
+            ["--from", "log", "{readme}", "--session-pattern", "w", "--templates", "{missing}"],
+            "{missing}: no such file or run directory",
+        ),
+        (
+            ["--from", "log", "{readme}", "--session-pattern", "w", "--templates", "{dir}"],
+            "{dir}: not a run of --task events (no vocab.json); give its training sessions file",
+        ),
+        (
+            ["--from", "log", "{readme}", "--session-pattern", "w", "--templates", "{readme}"],
+            "{readme}:1: ",
+        ),
         (["--from", "strace", "{missing}"], "{missing}: no such file"),
-        (["--from", "strace", "{dir}"], "{dir}: not a regular file"),
+        (["--from", "strace", "{dir}"], "{dir}: is a directory, not a file of lines"),
         (["--from", "strace", "{readme}"], "{readme}: not strace output: none of its 1 lines"),
         (
             ["--from", "log", "{readme}", "--session-pattern", r"req=(\d+)"],
@@ -488,3 +505,70 @@ def test_drain_options_below_their_least_are_named(
     assert (status, stdout) == (2, "")
     assert stderr == f"rnnkit sessions: error: {option} must be at least {least}, got {value}\n"
     assert not out.exists()
+
+
+def test_new_logs_are_named_by_the_templates_of_the_training_logs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Mined alone, a new log whose requests all GET /index named them ``GET /index``, an
+    event the model never saw (every session flagged); with --templates (the training
+    sessions file or the run), a line that fits a training template is that event."""
+    from rnnkit.app.tasks.events.data import EventVocabulary
+
+    train_log, new_log = tmp_path / "train.log", tmp_path / "new.log"
+    train_log.write_text(
+        "".join(f"req=r{i} GET /{p} took {i} ms\nreq=r{i} closed\n" for i, p in enumerate("abc"))
+    )
+    new_log.write_text("req=n1 GET /index took 4 ms\nreq=n1 closed\nreq=n2 reset by peer\n")
+    train = tmp_path / "train.jsonl"
+    pattern = ("--session-pattern", r"req=(\w+)")
+    assert (
+        run_sessions(capsys, "--from", "log", str(train_log), *pattern, "--out", str(train))[0] == 0
+    )
+    get = "req=<SESSION> GET <*> took <NUM> ms"
+    assert read_sessions(train)[0].events == [get, "req=<SESSION> closed"]
+    run = tmp_path / "run"  # what a run of --task events keeps of them: its vocabulary
+    run.mkdir()
+    EventVocabulary.from_sessions(s.events for s in read_sessions(train)).save(run / "vocab.json")
+    for templates in (train, run):
+        out = tmp_path / "new.jsonl"
+        status, stdout, _ = run_sessions(
+            capsys, "--from", "log", str(new_log), *pattern, "--templates", str(templates),
+            "--out", str(out),
+        )  # fmt: skip
+        assert status == 0
+        assert "; 2 lines fitting the --templates, 1 new template mined; " in stdout
+        assert read_sessions(out) == [
+            Session("n1", [get, "req=<SESSION> closed"]),
+            Session("n2", ["req=<SESSION> reset by peer"]),
+        ]
+
+
+def test_inputs_from_standard_input_and_a_pipe(
+    tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-`` reads standard input and a FIFO (``<(zcat old.log.gz)``) is read as a file:
+    both were refused ("not a regular file", "no such file")."""
+    import io
+    import os
+    import threading
+
+    out = tmp_path / "s.jsonl"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(TRACE.encode())))
+    assert run_sessions(capsys, "--from", "strace", "-", "--out", str(out))[0] == 0
+    assert [s.session for s in read_sessions(out)] == ["<stdin>:100", "<stdin>:101"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(LOG.encode())))
+    status, stdout, _ = run_sessions(
+        capsys, "--from", "log", "-", "--session-pattern", r"req=(\w+)", "--out", str(out)
+    )
+    assert status == 0 and "(first at <stdin>:3)" in stdout
+    assert [s.session for s in read_sessions(out)] == ["a1", "b2"]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(TRACE))
+    writer.start()
+    try:
+        status = run_sessions(capsys, "--from", "strace", str(fifo), "--out", str(out))[0]
+    finally:
+        writer.join()
+    assert status == 0 and [s.session for s in read_sessions(out)] == [f"{fifo}:100", f"{fifo}:101"]

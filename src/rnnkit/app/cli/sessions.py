@@ -4,6 +4,8 @@
 
     rnnkit sessions --from strace trace.txt --out train.jsonl --label 0
     rnnkit sessions --from log app.log --session-pattern 'req=(\\w+)' --out app.jsonl
+    rnnkit sessions --from log new.log --session-pattern 'req=(\\w+)' --templates app.jsonl \\
+        --out new.jsonl
     rnnkit sessions --from log hdfs.log --out hdfs.jsonl --session-pattern 'blk_-?\\d+' \\
         --log-format '<Date> <Time> <Pid> <Level> <Component>: <Content>'
     rnnkit sessions --from log pg.log --out pg.jsonl --log-format '<Date> <Time> <Zone> \\
@@ -12,14 +14,19 @@
 The output is the JSON-lines format that ``rnnkit train --task events`` reads, written
 atomically. A one-line summary goes to stdout unless ``--quiet``. ``--out -`` writes the
 JSON lines to stdout instead (and the summary to stderr), for a pipe into
-``rnnkit score --data -``.
+``rnnkit score --data -``. An INPUT ``-`` reads standard input. ``--templates`` names the
+lines of new logs by the templates of an earlier mining (its sessions file, or the run
+trained on it), so that a model sees the events it was trained on.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,7 +35,10 @@ from rnnkit.data.events import Session, sessions_text, write_sessions
 from rnnkit.data.files import check_replaceable
 from rnnkit.errors import ConfigError, DataError
 
-__all__ = ["SessionsConfig", "register", "run"]
+__all__ = ["SessionsConfig", "known_templates", "register", "run"]
+
+#: How standard input (INPUT ``-``) is named in sessions and messages.
+STDIN = "<stdin>"
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,7 @@ class SessionsConfig:
     params: bool = False
     time_fields: tuple[str, ...] = ()
     time_format: str | None = None
+    templates: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SessionsConfig:
@@ -103,8 +114,12 @@ class SessionsConfig:
                 )
         if (time_fields or log_options["time_format"]) and not log_options["params"]:
             raise ConfigError("--time-field and --time-format apply with --params only")
+        if args.inputs.count("-") > 1:
+            raise ConfigError("INPUT - (standard input) is given twice")
         seen: set[str] = set()
         for path in args.inputs:
+            if path == "-":
+                continue
             real = os.path.realpath(path)
             if real in seen:
                 raise ConfigError(f"INPUT {path} is given twice")
@@ -113,8 +128,14 @@ class SessionsConfig:
                 raise ConfigError(f"--out {args.out} is also an INPUT; it would be overwritten")
             if not os.path.exists(path):
                 raise DataError("no such file", path=path)
-            if not os.path.isfile(path):
-                raise DataError("not a regular file", path=path)
+            if os.path.isdir(path):
+                # a pipe (<(zcat old.log.gz)) is read as a file is: once, in order
+                raise DataError("is a directory, not a file of lines", path=path)
+        templates = getattr(args, "templates", None)
+        if templates is not None and args.source != "log":
+            raise ConfigError("--templates applies to --from log only")
+        if templates is not None and not os.path.exists(templates):
+            raise DataError("no such file or run directory", path=templates)
         if not args.out:
             raise ConfigError("--out is empty: name the JSON-lines file to write")
         # Checked before any input is read: an existing file other than an earlier output
@@ -142,6 +163,7 @@ class SessionsConfig:
             params=bool(log_options["params"]),
             time_fields=time_fields,
             time_format=log_options["time_format"],
+            templates=templates,
         )
 
 
@@ -163,7 +185,12 @@ def register(subparsers: Any) -> None:
         choices=("strace", "log"),
         help="what the inputs are: strace output (-f, -ff, -tt... all read) or log lines",
     )
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="input files, read in order")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="input files, read in order; '-' reads standard input (a pipe works too)",
+    )
     parser.add_argument(
         "--out",
         required=True,
@@ -246,6 +273,13 @@ def _add_log_options(parser: argparse.ArgumentParser) -> None:
         "default: ISO 8601, else a number of seconds)",
     )
     parser.add_argument(
+        "--templates",
+        metavar="PATH",
+        help="(log) name lines by the templates of an earlier mining: a sessions file it "
+        "wrote, or a run of --task events trained on one; a line that fits one of them is "
+        "that event, only the others are mined anew (new logs for a trained model)",
+    )
+    parser.add_argument(
         "--similarity",
         type=float,
         default=0.4,
@@ -266,9 +300,15 @@ def _from_strace(config: SessionsConfig) -> tuple[list[Session], str]:
     skipped: list[tuple[str, int]] = []
     skipped_count = 0
     for path in config.inputs:
-        found, stats = parse_strace(
-            path, with_result=config.with_result, per=config.per, label=config.label
-        )
+        with contextlib.ExitStack() as stack:
+            source: Any = stack.enter_context(_stdin()) if path == "-" else path
+            found, stats = parse_strace(
+                source,
+                with_result=config.with_result,
+                per=config.per,
+                label=config.label,
+                name=STDIN if path == "-" else None,
+            )
         sessions.extend(found)
         skipped_count += stats.skipped
         skipped.extend(stats.first_skipped)
@@ -294,18 +334,28 @@ def _from_logs(config: SessionsConfig) -> tuple[list[Session], str]:
         params=config.params,
         time_fields=config.time_fields,
         time_format=config.time_format,
+        templates=None if config.templates is None else known_templates(config.templates),
         option_names=True,  # its errors name --log-format, not log_format
     )
     for path in config.inputs:
-        sessionizer.add_file(path)
+        if path == "-":
+            with _stdin() as stream:
+                sessionizer.add_stream(stream, STDIN)
+        else:
+            sessionizer.add_file(path)
     sessions = sessionizer.sessions(config.label)
     if not sessions:
-        raise DataError(no_session_message(sessionizer), path=", ".join(config.inputs))
+        named = (STDIN if p == "-" else p for p in config.inputs)
+        raise DataError(no_session_message(sessionizer), path=", ".join(named))
     stats = sessionizer.stats
-    note = (
-        f"; {_count(stats.templates, 'template')}; skipped "
-        f"{_count(stats.no_session, 'line')} without a session id"
-    )
+    if config.templates is None:
+        note = f"; {_count(stats.templates, 'template')}"
+    else:
+        note = (
+            f"; {_count(stats.known, 'line')} fitting the --templates, "
+            f"{_count(stats.templates, 'new template')} mined"
+        )
+    note += f"; skipped {_count(stats.no_session, 'line')} without a session id"
     if stats.first_no_session is not None:
         source, line = stats.first_no_session
         note += f" (first at {source}:{line})"
@@ -320,6 +370,48 @@ def _from_logs(config: SessionsConfig) -> tuple[list[Session], str]:
                 "values null)"
             )
     return sessions, note
+
+
+@contextlib.contextmanager
+def _stdin() -> Iterator[io.TextIOWrapper]:
+    """Standard input read as a file is: UTF-8 with bad bytes replaced, a line ending at
+    ``\n`` only."""
+    stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
+    try:
+        yield stream
+    finally:
+        stream.detach()  # sys.stdin itself stays open
+
+
+def known_templates(path: str) -> list[str]:
+    """The event names of an earlier mining: every event of a sessions file (in order of
+    first appearance), or the events vocabulary of a run of ``--task events``
+    (``vocab.json``; a run of ``--task params`` keeps only the keys with values: give its
+    training sessions file).
+
+    Raises:
+        DataError: a file that is not a sessions file, a directory that is no such run.
+    """
+    from rnnkit.data.events import iter_sessions
+
+    if not os.path.isdir(path):
+        names: dict[str, None] = {}
+        with open(path, "rb") as fileobj:
+            for _, session in iter_sessions(fileobj, path, unique=False):
+                names.update(dict.fromkeys(session.events))
+        if not names:
+            raise DataError("no events in it (--templates)", path=path)
+        return list(names)
+    from rnnkit.app.tasks.events.data import EventVocabulary
+    from rnnkit.data.vocab import SPECIALS
+
+    vocab = os.path.join(path, "vocab.json")
+    if os.path.isfile(vocab):
+        return EventVocabulary.load(vocab).itos[len(SPECIALS) :]
+    raise DataError(
+        "not a run of --task events (no vocab.json); give its training sessions file",
+        path=path,
+    )
 
 
 def _is_sessions_file(head: bytes) -> bool:

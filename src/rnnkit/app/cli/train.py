@@ -228,17 +228,34 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return cfg.check_applies(given_now)
 
 
-def _recorded_train(out: str) -> str | None:
-    """The training file of the run in ``out`` as ``config.json`` recorded it (absolute);
-    None where there is no such record (``--train`` is then required)."""
+def _recorded_file(out: str, key: str) -> str | None:
+    """The ``key`` (``train``, ``valid``) file of the run in ``out`` as ``config.json``
+    recorded it (absolute); None where there is no such record."""
     from rnnkit.training.checkpoint import read_json
 
     try:
-        record = read_json(Path(out) / "config.json").get("data", {}).get("train", {})
+        record = read_json(Path(out) / "config.json").get("data", {}).get(key) or {}
         path = record.get("path")
     except (RnnkitError, OSError, AttributeError):
         return None
-    if not isinstance(path, str) or not path:
+    return path if isinstance(path, str) and path else None
+
+
+def _as_resumed(cfg: TrainConfig, args: argparse.Namespace) -> TrainConfig:
+    """``cfg`` as ``--print-config`` shows it: on ``--resume`` without ``--valid``, with
+    the validation file the run goes on reading (its recorded one), so that the printed
+    configuration loads with ``--config`` to the same run."""
+    if not args.resume or cfg.valid is not None:
+        return cfg
+    valid = _recorded_file(args.out, "valid")
+    return cfg if valid is None else dataclasses.replace(cfg, valid=valid)
+
+
+def _recorded_train(out: str) -> str | None:
+    """The training file of the run in ``out`` as ``config.json`` recorded it (absolute);
+    None where there is no such record (``--train`` is then required)."""
+    path = _recorded_file(out, "train")
+    if path is None:
         return None
     if not Path(path).is_file():
         raise ConfigError(
@@ -400,10 +417,10 @@ def run(args: argparse.Namespace) -> int:
 
         raise blame(exc, origins, args.config) from None
     if args.print_config:
-        sys.stdout.write(print_config_text(cfg, args, parser, unset))
+        sys.stdout.write(print_config_text(_as_resumed(cfg, args), args, parser, unset))
         return 0
     if messages.LOGGER.isEnabledFor(logging.DEBUG):
-        text = print_config_text(cfg, args, parser).rstrip()
+        text = print_config_text(_as_resumed(cfg, args), args, parser).rstrip()
         messages.debug("the effective configuration (--print-config):\n" + text)
     if cfg.tensorboard is not None:  # a missing package is said before anything is trained
         from rnnkit.training.tensorboard import require_tensorboard

@@ -223,7 +223,15 @@ def _worst_sessions(run: Run, name: str) -> str:
         for w in worst
     ]
     head = "<h3>The highest-scoring validation sessions</h3>"
-    header = ["session", "label", f"{name} score", "events", "most surprising events"]
+    # "#k": the event's position in the session counted from 0, as `rnnkit score` writes
+    # it ("position"); the end of the session, </s>, is at the number of events
+    header = [
+        "session",
+        "label",
+        f"{name} score",
+        "events",
+        "most surprising events (#position, from 0)",
+    ]
     return head + _raw_table(rows, header)
 
 
