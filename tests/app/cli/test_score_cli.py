@@ -506,3 +506,16 @@ def test_strace_on_standard_input_names_it_in_the_skipped_lines_note(
     code = main(["score", "--checkpoint", str(run_dir), "--from", "strace", "--data", "-"])
     err = capsys.readouterr().err
     assert code == 0 and "skipped 1 non-strace line(s) (first at <stdin>:1)" in err, err
+
+
+def test_strace_on_standard_input_splits_lines_as_sessions_does(
+    run_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone "\\r" (a traced program's progress output) ends no line, as in `rnnkit
+    sessions`: standard input split it off as a line of its own, "skipped" as non-strace."""
+    trace = b'101   write(1, "a", 1) = 1 10%\r20%\r\n101   close(3) = 0\r\n'
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(trace)))
+    code = main(["score", "--checkpoint", str(run_dir), "--from", "strace", "--data", "-"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "skipped" not in err, err
+    assert [json.loads(line)["events"] for line in out.splitlines()] == [2]

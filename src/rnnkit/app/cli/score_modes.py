@@ -17,6 +17,7 @@ from typing import Any
 
 from rnnkit import messages
 from rnnkit.app.cli.score_config import ScoreConfig
+from rnnkit.app.cli.stdout import stdin_as_log
 from rnnkit.errors import ConfigError, DataError
 
 __all__ = ["run_batch", "run_follow", "run_params"]
@@ -55,11 +56,12 @@ def _items(config: ScoreConfig) -> Iterator[tuple[Any, str, int]]:
 
         if config.data == "-":
             try:
-                sessions, stats = parse_strace(
-                    sys.stdin,
-                    with_result=config.with_result,
-                    per=config.per,  # type: ignore[arg-type]
-                )
+                with stdin_as_log() as stream:  # lines as `rnnkit sessions -` reads them
+                    sessions, stats = parse_strace(
+                        stream,
+                        with_result=config.with_result,
+                        per=config.per,  # type: ignore[arg-type]
+                    )
             except DataError as exc:  # lines given, no file: name the input as others do
                 raise DataError(exc.message, exc.path or "<stdin>", exc.line) from None
         else:

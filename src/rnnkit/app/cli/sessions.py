@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import os
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rnnkit.app.cli.stdout import write_stdout
+from rnnkit.app.cli.stdout import stdin_as_log, write_stdout
 from rnnkit.data.events import Session, sessions_text, write_sessions
 from rnnkit.data.files import check_replaceable
 from rnnkit.errors import ConfigError, DataError
@@ -301,7 +299,7 @@ def _from_strace(config: SessionsConfig) -> tuple[list[Session], str]:
     skipped_count = 0
     for path in config.inputs:
         with contextlib.ExitStack() as stack:
-            source: Any = stack.enter_context(_stdin()) if path == "-" else path
+            source: Any = stack.enter_context(stdin_as_log()) if path == "-" else path
             found, stats = parse_strace(
                 source,
                 with_result=config.with_result,
@@ -339,7 +337,7 @@ def _from_logs(config: SessionsConfig) -> tuple[list[Session], str]:
     )
     for path in config.inputs:
         if path == "-":
-            with _stdin() as stream:
+            with stdin_as_log() as stream:
                 sessionizer.add_stream(stream, STDIN)
         else:
             sessionizer.add_file(path)
@@ -370,17 +368,6 @@ def _from_logs(config: SessionsConfig) -> tuple[list[Session], str]:
                 "values null)"
             )
     return sessions, note
-
-
-@contextlib.contextmanager
-def _stdin() -> Iterator[io.TextIOWrapper]:
-    """Standard input read as a file is: UTF-8 with bad bytes replaced, a line ending at
-    ``\n`` only."""
-    stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
-    try:
-        yield stream
-    finally:
-        stream.detach()  # sys.stdin itself stays open
 
 
 def known_templates(path: str) -> list[str]:

@@ -1,11 +1,31 @@
-"""Whole documents to standard output (``--out -``): every byte, or an error naming it."""
+"""The standard streams of the commands: whole documents to standard output (``--out -``),
+every byte or an error naming it; standard input read as a log file is."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import sys
+from collections.abc import Iterator
+from typing import IO
 
-__all__ = ["write_stdout"]
+__all__ = ["stdin_as_log", "write_stdout"]
+
+
+@contextlib.contextmanager
+def stdin_as_log() -> Iterator[IO[str]]:
+    """Standard input read as a log or strace file is (INPUT ``-``): UTF-8 with bad bytes
+    replaced, a line ending at ``\\n`` (or ``\\r\\n``) only, never at a lone ``\\r``."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text-only stream (main() under a StringIO stdin)
+        yield sys.stdin
+        return
+    stream = io.TextIOWrapper(buffer, encoding="utf-8", errors="replace", newline="\n")
+    try:
+        yield stream
+    finally:
+        stream.detach()  # sys.stdin itself stays open
 
 
 def write_stdout(data: bytes) -> None:
