@@ -96,8 +96,12 @@ def _recurrence(
 ) -> list[Tensor]:
     """``[outputs (T, B, H), *final states (B, H)]`` of one direction of one layer."""
     outputs, finals = _eager(kind, x, w_ih, w_hh, bias, bias_hn, states0, mask, window)
-    # An operator's outputs never alias its inputs (a final state may be its initial one).
-    return [outputs.clone(), *(f.clone() for f in finals)]
+    # An operator's outputs never alias its inputs (a final state may be its initial one),
+    # and are contiguous, as the fake kernel says: the LSTM loop of a batch without padding
+    # writes batch-first and returns a transposed view, whose strides failed compiled
+    # code's stride check on every such batch.
+    same = torch.contiguous_format
+    return [outputs.clone(memory_format=same), *(f.clone(memory_format=same) for f in finals)]
 
 
 @_recurrence.register_fake
