@@ -172,3 +172,37 @@ def test_format_detection():
     assert detect_tagged_format("\n1\ta\ta\tX\t_\t_\t0\troot\t_\t_\n") == "conllu"
     assert detect_tagged_format("# comment\n") == "conllu"
     assert detect_tagged_format("a\tX\n") == "tsv"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        # token<TAB>tag files whose first token starts with "#": a hashtag, a number sign
+        ("#rnnkit\tHASHTAG\nrocks\tVERB\n\nthe\tDET\n", "tsv"),
+        ("#1\tNUM\n", "tsv"),
+        ("#a\tX\n\n#b\tY\n", "tsv"),
+        ("\n#\tSYM\nx\tX\n", "tsv"),
+        # CoNLL-U files starting with comments, one holding a tab, before ten columns
+        ("# sent_id = 1\n# text = a\n1\ta\ta\tX\t_\t_\t0\troot\t_\t_\n", "conllu"),
+        ("# text = a\tb\n1\ta\ta\tX\t_\t_\t0\troot\t_\t_\n", "conllu"),
+        ("#\tx\n1\ta\ta\tX\t_\t_\t0\troot\t_\t_\n", "conllu"),
+        ("# sent_id = 1\n", "conllu"),
+        ("", "tsv"),
+    ],
+)
+def test_format_detection_hash_lines(text, expected):
+    assert detect_tagged_format(text) == expected
+
+
+def test_tsv_whose_first_token_starts_with_hash_reads_as_tsv(tmp_path):
+    p = write(tmp_path, "#rnnkit\tHASHTAG\nrocks\tVERB\n\nthe\tDET\ndog\tNOUN\n", "hash.tsv")
+    assert read_tagged(p) == (
+        [
+            TaggedSentence(["#rnnkit", "rocks"], ["HASHTAG", "VERB"], 1),
+            TaggedSentence(["the", "dog"], ["DET", "NOUN"], 4),
+        ],
+        "tsv",
+    )
+    # a CoNLL-U file opening with comments is still CoNLL-U
+    c = write(tmp_path, CONLLU, "a.conllu")
+    assert read_tagged(c) == (read_conllu(c), "conllu")

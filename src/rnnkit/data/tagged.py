@@ -13,8 +13,10 @@ and the line:
 * **token<TAB>tag**: one token per line, exactly two tab-separated fields (a token may
   hold spaces, never a tab), a blank line between sentences.
 
-:func:`read_tagged` picks the format from the file's first data line (ten columns, or
-a ``#`` comment, means CoNLL-U).
+:func:`read_tagged` picks the format from the file's first lines
+(:func:`detect_tagged_format`): a ``#`` comment means CoNLL-U, and so does a first data
+line of ten columns; a ``#`` line of two tab-separated fields (``#1<TAB>NUM``) is a
+``token<TAB>tag`` line whose token starts with ``#``, and the line after it decides.
 """
 
 from __future__ import annotations
@@ -270,18 +272,33 @@ def _sentence_check(path: PathLikeStr | None, max_seq_len: int | None) -> Callab
 
 
 def detect_tagged_format(text: str) -> str:
-    """``"conllu"`` if the first non-blank line is a ``#`` comment or has ten tab-separated
-    columns, else ``"tsv"``.
+    """The format of a tagged file, ``"conllu"`` or ``"tsv"``, read from its lines in order.
+
+    * A ``#`` line with exactly two tab-separated non-empty fields may be either a
+      ``token<TAB>tag`` line whose token starts with ``#`` (a hashtag, ``#1``) or a
+      CoNLL-U comment holding one tab: it decides nothing, the next line is read.
+    * Any other ``#`` line is a CoNLL-U comment (``# sent_id = 1``): ``"conllu"``.
+    * The first other non-blank line decides: ten tab-separated columns is ``"conllu"``,
+      anything else ``"tsv"``.
+
+    A file of nothing but two-field ``#`` lines (or of nothing) is ``"tsv"``.
 
     >>> detect_tagged_format("# sent_id = 1\\n"), detect_tagged_format("a\\tDET\\n")
     ('conllu', 'tsv')
+    >>> detect_tagged_format("#rnnkit\\tHASHTAG\\nrocks\\tVERB\\n")
+    'tsv'
     """
     for _, line in _lines(text):
         if not line.strip():
             continue
-        if line.startswith("#") or len(line.split("\t")) == len(CONLLU_COLUMNS):
+        fields = line.split("\t")
+        if line.startswith("#"):
+            # A token<TAB>tag line is two fields, both non-empty; a CoNLL-U comment line
+            # rarely holds a tab at all, so only this shape is ambiguous.
+            if len(fields) == 2 and all(f.strip() for f in fields):
+                continue
             return "conllu"
-        return "tsv"
+        return "conllu" if len(fields) == len(CONLLU_COLUMNS) else "tsv"
     return "tsv"
 
 
