@@ -47,6 +47,14 @@ def test_char_encode_decode_and_unknown_count():
     assert v.decode(np.array([2, 4, 5, 3])) == "ab"
 
 
+def test_unknown_count_stops_at_max_tokens():
+    v = Vocabulary.from_text("abracadabra")
+    assert v.encode_with_unknown("ab!!!!", max_tokens=3) == ([4, 5, 1], 1)
+    assert v.encode_with_unknown("ab!", max_tokens=10) == ([4, 5, 1], 1)
+    words = Vocabulary(["the"], unit="word")
+    assert words.encode_with_unknown("the dog cat", max_tokens=2) == ([4, 1], 1)
+
+
 def test_word_encode_decode_and_literal_specials():
     v = Vocabulary.from_text("the cat the <unk> hat", unit="word")
     assert v.itos[4:] == ["the", "cat", "hat"]

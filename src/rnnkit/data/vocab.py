@@ -240,17 +240,29 @@ class Vocabulary:
         """
         return list(text) if self.unit == "char" else text.split()
 
-    def encode_with_unknown(self, text: str) -> tuple[list[int], int]:
+    def encode_with_unknown(
+        self, text: str, *, max_tokens: int | None = None
+    ) -> tuple[list[int], int]:
         """Encode ``text`` and count the tokens that fell back to ``<unk>``.
+
+        Args:
+            text: the text.
+            max_tokens: encode (and count) only the first ``max_tokens`` tokens, those a
+                model that cuts its input there reads; None: all of them.
 
         Returns:
             ``(ids, n_unknown)``; a literal ``<unk>`` word in the text is not counted.
 
         >>> Vocabulary(["a"]).encode_with_unknown("abca")
         ([4, 1, 1, 4], 2)
+        >>> Vocabulary(["a"]).encode_with_unknown("abca", max_tokens=2)
+        ([4, 1], 1)
         """
         stoi = self.stoi
-        ids = [stoi.get(tok, -1) for tok in self.tokenize(text)]
+        tokens = self.tokenize(text)
+        if max_tokens is not None:
+            tokens = tokens[:max_tokens]
+        ids = [stoi.get(tok, -1) for tok in tokens]
         n_unknown = ids.count(-1)
         if n_unknown:
             ids = [UNK_ID if i < 0 else i for i in ids]

@@ -335,3 +335,19 @@ def test_validation_reads_the_device_once_and_scores_each_example_as_alone(monke
             classify_metrics(model, bad, labels, cpu, batch_size=3)
         errors.append(str(error.value))
     assert errors[0] == errors[1], errors
+
+
+def test_predict_counts_only_the_unknown_tokens_read(capsys, data, tmp_path):
+    """``unknown`` counts the unknown tokens among the first ``--max-len``, the ones the
+    model reads: never more than ``tokens``. The Python API reads the same ids."""
+    import rnnkit
+    from rnnkit.app.tasks.classify import predictor
+
+    out = tmp_path / "cut"
+    code, _, err = train(capsys, data, out, "--steps", "2", "--max-len", "10", "--no-report")
+    assert code == 0, err
+    texts = ["ab" + "Ж" * 20, "a" * 9 + "ЖЖ", "ЖaЖ"]  # training letters: a b c x y z
+    answers = predictor(out)(texts, [("<stdin>", i + 1) for i in range(len(texts))])
+    assert [(a["tokens"], a["unknown"]) for a in answers] == [(10, 8), (10, 1), (3, 2)]
+    best = [max(a["probabilities"], key=a["probabilities"].get) for a in answers]
+    assert [a["label"] for a in answers] == best == rnnkit.load(out).predict(texts)

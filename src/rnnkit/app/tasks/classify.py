@@ -420,9 +420,10 @@ def predictor(
 ) -> Any:
     """``rnnkit predict`` for a classifier: each input line is one text (the first
     ``--max-len`` tokens are read, as in training); the result is ``{"label": best,
-    "probabilities": {label: p, ...}, "tokens": n, "unknown": n}``. A line without tokens
-    is a DataError naming it. A run of real-valued sequences reads one JSON sequence a
-    line (:func:`~rnnkit.app.tasks.classify_vectors.vector_predictor`)."""
+    "probabilities": {label: p, ...}, "tokens": n, "unknown": n}``, ``tokens`` those read
+    and ``unknown`` those of them outside the vocabulary (never more than ``tokens``). A
+    line without tokens is a DataError naming it. A run of real-valued sequences reads one
+    JSON sequence a line (:func:`~rnnkit.app.tasks.classify_vectors.vector_predictor`)."""
     check_batch_size(batch_size)
     if load_config(run_dir, task="classify")[0].inputs == "vectors":
         return vector_predictor(run_dir, batch_size, device)
@@ -433,10 +434,11 @@ def predictor(
         inputs, unknown = [], []
         for text, (path, line) in zip(lines, where, strict=True):
             refuse_tabbed_line(text, path, line, "text", "label<TAB>text")
-            ids, n_unknown = vocab.encode_with_unknown(text)
+            # the unknown tokens the model reads: those past --max-len are never read
+            ids, n_unknown = vocab.encode_with_unknown(text, max_tokens=cfg.max_len)
             if not ids:
                 raise DataError("empty text (no tokens to classify)", path, line)
-            inputs.append(np.array(ids[: cfg.max_len], dtype=np.int64))
+            inputs.append(np.array(ids, dtype=np.int64))
             unknown.append(n_unknown)
         probs = predict_labels(model, inputs, bs)
         names = labels.labels
