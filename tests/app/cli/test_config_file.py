@@ -64,9 +64,9 @@ def test_the_command_line_overrides_the_file_which_overrides_the_defaults(
 
 def test_a_flag_of_the_command_line_wins_over_false_in_the_file(tmp_path, run_cli):
     conf = tmp_path / "c.toml"
-    conf.write_text('task = "tag"\nbidirectional = false\n')
+    conf.write_text('task = "classify"\nbidirectional = false\n')
     shown = values(printed(run_cli, "--config", str(conf), "--bidirectional"))
-    assert shown["bidirectional"] is True and shown["task"] == "tag"
+    assert shown["bidirectional"] is True and shown["task"] == "classify"
 
 
 def test_no_clip_overrides_the_files_clip_norm_but_not_one_typed_beside_it(tmp_path, run_cli):
@@ -127,7 +127,7 @@ def test_no_clip_overrides_the_files_clip_norm_but_not_one_typed_beside_it(tmp_p
         ("pooling = 'mean'", "pooling: --pooling does not apply to --task lm (only to: "
          "classify)"),
         ("bidirectional = false", "bidirectional: --bidirectional does not apply to --task "
-         "lm (only to: tag, classify, seq2seq, regress)"),
+         "lm (only to: classify, seq2seq, regress)"),
         ("update = 'keep'", "update: --update does not apply to --cell lstm (only to: gru)"),
         ("target-fpr = 0.5", "target-fpr: --target-fpr does not apply to --task lm (only "
          "to: events, params)"),
@@ -277,7 +277,7 @@ CONFIGS = [
     ["--task", "lm", "--cell", "rnn", "--layers", "2", "--nonlinearity", "tanh,sigmoid",
      "--bptt", "full", "--length", "stop", "--max-time", "1e-3", "--lr", "1e-05"],
     ["--task", "lm", "--wiring", "jordan", "--nonlinearity", "relu", "--bptt", "full"],
-    ["--task", "tag", "--bidirectional", "--char-rnn", "--tag-column", "xpos", "--seed", "-4"],
+    ["--task", "tag", "--char-rnn", "--tag-column", "xpos", "--seed", "-4"],
     ["--task", "tag", "--no-char-rnn", "--word-dropout", "0.1"],
     ["--task", "classify", "--pooling", "max", "--unit", "word", "--dropout", "0.25"],
     ["--task", "seq2seq", "--attention", "additive", "--beam", "3", "--max-parameters", "900000"],
@@ -397,13 +397,13 @@ def test_a_byte_order_mark_is_dropped(tmp_path, run_cli, name):
 
 def test_a_yaml_file_sets_the_same_options_as_toml(tmp_path, run_cli):
     toml_file, yaml_file = tmp_path / "c.toml", tmp_path / "c.yaml"
-    toml_file.write_text('task = "tag"\nhidden = 16\nlr = 1.0e-3\nbidirectional = true\n')
-    yaml_file.write_text("task: tag\nhidden: 16\nlr: 1.0e-3\nbidirectional: true\n")
+    toml_file.write_text('task = "classify"\nhidden = 16\nlr = 1.0e-3\nbidirectional = true\n')
+    yaml_file.write_text("task: classify\nhidden: 16\nlr: 1.0e-3\nbidirectional: true\n")
     from_toml = values(printed(run_cli, "--config", str(toml_file)))
     assert values(printed(run_cli, "--config", str(yaml_file))) == from_toml
     assert (from_toml["hidden"], from_toml["lr"]) == (16, 0.001)
     # a merge key is YAML's own, not a key given twice
-    yaml_file.write_text("<<: {hidden: 16, lr: 1.0e-3}\ntask: tag\nbidirectional: true\n")
+    yaml_file.write_text("<<: {hidden: 16, lr: 1.0e-3}\ntask: classify\nbidirectional: true\n")
     assert values(printed(run_cli, "--config", str(yaml_file))) == from_toml
 
 

@@ -31,8 +31,7 @@ def _tasks(d: Path) -> dict[str, list[str]]:
     events = ["--train", str(d / "sessions.jsonl"), "--valid", str(d / "valid.jsonl"), *EMB]
     return {
         "lm": ["--task", "lm", "--train", str(d / "text.txt"), *EMB],
-        "tag": ["--task", "tag", "--train", str(d / "tags.tsv"), "--bidirectional",
-                "--char-rnn", *EMB],
+        "tag": ["--task", "tag", "--train", str(d / "tags.tsv"), "--char-rnn", *EMB],
         "classify": ["--task", "classify", "--train", str(d / "labels.tsv"), *EMB],
         "classify-vectors": ["--task", "classify", "--inputs", "vectors", "--train",
                              str(d / "labelled.jsonl")],

@@ -509,7 +509,7 @@ def test_help_says_which_tasks_an_option_belongs_to(run_cli):
         "--pooling {last,mean,max} how the encoder states become one vector (default max) "
         "[tasks: classify]" in text
     )
-    assert "[tasks: tag, classify, seq2seq, regress]" in text  # --bidirectional
+    assert "[tasks: classify, seq2seq, regress]" in text  # --bidirectional
     assert "[cells: gru]" in text  # --update / --reset
 
 
@@ -923,6 +923,21 @@ def test_an_absurd_model_size_is_refused_at_once_with_an_override(data, tmp_path
     for value in ("0", "-5"):  # named as the option (it read "max_parameters must be ...")
         code, _, err = run_cli(*train_args(data, tmp_path / "z", "--max-parameters", value))
         assert err == f"rnnkit train: error: --max-parameters must be ≥ 1, got {value}\n"
+
+
+def test_the_size_check_counts_both_directions_of_the_tagger():
+    """The tagger's sentence encoder is always bidirectional (it reads no
+    ``--bidirectional``): the recurrent parameters checked against ``--max-parameters``
+    are those of the model built, two directions."""
+    from rnnkit.app.cli.train import recurrent_parameters
+    from rnnkit.app.config import TrainConfig
+    from rnnkit.app.tasks.settings import model_spec
+    from rnnkit.models.tagger import build_tagger
+
+    cfg = TrainConfig(task="tag", cell="gru", hidden=8, embedding=4, layers=2, char_rnn=False)
+    model = build_tagger(model_spec(cfg), vocab_size=10, num_tags=3)
+    assert recurrent_parameters(cfg) == sum(p.numel() for p in model.encoder.parameters())
+    assert recurrent_parameters(cfg) == 2 * 3 * 8 * (4 + 8 + 1) + 2 * 3 * 8 * (16 + 8 + 1)
 
 
 @pytest.mark.parametrize("task", ["lm", "tag", "classify", "seq2seq"])

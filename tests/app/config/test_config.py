@@ -221,6 +221,12 @@ def test_the_option_table_names_real_fields_and_tasks():
     [
         (dict(task="tag", pooling="mean"), None, "--pooling does not apply to --task tag"),
         (dict(task="tag"), {"pooling"}, "--pooling does not apply to --task tag"),
+        # the tagger's encoder is always bidirectional: the option would change nothing
+        (
+            dict(task="tag"),
+            {"bidirectional"},
+            "--bidirectional does not apply to --task tag (only to: classify, seq2seq, regress)",
+        ),
         (dict(task="lm", beam=3), None, "--beam does not apply to --task lm (only to: seq2seq)"),
         (dict(cell="lstm", reset="after"), None, "--reset does not apply to --cell lstm"),
         (dict(cell="gru", wiring="jordan", update="keep"), None, "--wiring jordan"),
@@ -234,7 +240,8 @@ def test_check_applies_refuses_what_the_task_does_not_read(values, given, messag
 def test_check_applies_accepts_what_the_task_reads():
     TrainConfig(train="x", task="classify", pooling="max", unit="word").check_applies()
     TrainConfig(train="x", task="lm", wiring="jordan", nonlinearity="relu").check_applies()
-    TrainConfig(train="x", task="tag").check_applies({"cell", "hidden", "bidirectional"})
+    TrainConfig(train="x", task="tag").check_applies({"cell", "hidden", "char_rnn"})
+    TrainConfig(train="x", task="classify").check_applies({"bidirectional"})
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,17 @@ def test_resume_may_change_the_budget_and_the_files_never_the_model(tmp_path: Pa
     assert str(e.value).startswith(str(tmp_path / "config.json"))
 
 
+def test_resume_passes_over_options_the_run_does_not_read(tmp_path: Path) -> None:
+    """An older tagger's config.json holds ``bidirectional`` (true where it was given), an
+    option the task does not read: a configuration without it resumes the run. A
+    classifier reads it: there it is another model."""
+    saved = TrainConfig(train="a.txt", task="tag", bidirectional=True, pooling="mean")
+    check_unchanged(TrainConfig(train="a.txt", task="tag"), saved, tmp_path)
+    two_way = TrainConfig(train="a.txt", task="classify", bidirectional=True)
+    with pytest.raises(CheckpointError, match=r"different options \['bidirectional'\]"):
+        check_unchanged(TrainConfig(train="a.txt", task="classify"), two_way, tmp_path)
+
+
 @pytest.mark.parametrize(("name", "kind"), [("adam", torch.optim.Adam), ("sgd", torch.optim.SGD)])
 def test_the_optimizer_is_the_one_asked_for_at_the_given_rate(name: str, kind: type) -> None:
     model = torch.nn.Linear(2, 1)

@@ -79,3 +79,21 @@ def test_a_count_that_disagrees_with_config_json_names_the_file_at_fault(count, 
     with pytest.raises(CheckpointError) as refused:
         check_count(Path("run/labels.json"), count, "labels", info, "num_labels")
     assert str(refused.value).startswith(words) and "None" not in str(refused.value)
+
+
+def test_config_json_holds_the_options_the_run_reads(tmp_path):
+    """``config.json`` leaves out what the run does not read (a tagger's ``bidirectional``
+    said false of an encoder that is always bidirectional); they read back at their
+    defaults, and every option the run reads at its value."""
+    import json
+
+    from rnnkit.app.config import TrainConfig
+    from rnnkit.app.tasks.run_config import save_config
+
+    cfg = TrainConfig(train=str(tmp_path / "t.tsv"), task="tag", cell="lstm", hidden=12)
+    (tmp_path / "t.tsv").write_text("a\tX\n")
+    save_config(tmp_path, cfg, vocab_size=5)
+    saved = json.loads((tmp_path / "config.json").read_text())["config"]
+    assert not {"bidirectional", "pooling", "beam", "update"} & set(saved)
+    assert {k for k, v in cfg.to_dict().items() if cfg.applies(k)} == set(saved)
+    assert TrainConfig.from_dict(saved) == cfg

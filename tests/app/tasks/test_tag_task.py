@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rnnkit.app.cli.config_file import tomllib  # tomli on Python 3.10
 from rnnkit.app.cli.main import main
 from rnnkit.app.tasks.tag import load_tagger, word_key
 from rnnkit.data.generated import python_token_sentences, stdlib_files, write_token_tags
@@ -273,3 +274,69 @@ def test_bad_input_is_one_line_naming_file_and_line(capsys, tmp_path, content, m
     assert code == 2
     assert err.strip() == f"rnnkit train: error: {bad}{message}"
     assert not (out / "model.safetensors").exists()
+
+
+def test_bidirectional_is_refused_and_never_recorded(capsys, data, tmp_path):
+    """The tagger's encoder is always bidirectional: ``--bidirectional`` (given even at its
+    default, in a config file) is refused as an option the task does not read, and neither
+    ``config.json``, ``--print-config`` nor the report says ``bidirectional``."""
+    code, _, err = train(capsys, data, tmp_path / "no", "types", "--steps", "1", "--bidirectional")
+    assert code == 2
+    assert err.strip().endswith(
+        "--bidirectional does not apply to --task tag (only to: classify, seq2seq, regress)"
+    )
+    conf = tmp_path / "c.toml"
+    conf.write_text("bidirectional = false\n")
+    code, _, err = train(capsys, data, tmp_path / "no", "types", "--config", str(conf))
+    assert code == 2 and "--bidirectional does not apply to --task tag" in err
+    assert not (tmp_path / "no").exists()
+    code, printed, err = train(capsys, data, tmp_path / "p", "types", "--print-config")
+    shown = tomllib.loads(printed)
+    assert code == 0 and "bidirectional" not in shown and shown["char-rnn"] is True
+    out = tmp_path / "run"
+    assert train(capsys, data, out, "types", "--steps", "1")[0] == 0
+    saved = json.loads((out / "config.json").read_text())["config"]
+    assert "bidirectional" not in saved and "pooling" not in saved and saved["task"] == "tag"
+    from rnnkit.app.report.page import render_report
+
+    assert "bidirectional" not in render_report(out).replace(str(tmp_path), "")
+    _, _, model = load_tagger(out)
+    assert model.encoder.bidirectional
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_an_older_run_recording_bidirectional_loads_evaluates_predicts_and_resumes(
+    capsys, data, tmp_path, recorded
+):
+    """Runs trained before the option was refused hold ``"bidirectional": false`` (or true,
+    given) in ``config.json``: they are read, evaluated, answered and resumed as before."""
+    import rnnkit
+    from rnnkit.training.manifest import write_manifest
+
+    out = tmp_path / "old"
+    assert train(capsys, data, out, "types", "--steps", "2", "--eval-every", "2")[0] == 0
+    path = out / "config.json"
+    doc = json.loads(path.read_text())
+    doc["config"]["bidirectional"] = recorded
+    path.write_text(json.dumps(doc))
+    write_manifest(out)
+    assert rnnkit.load(out).predict([["def", "f"]])[0].__len__() == 2
+    valid = data / "types_valid.tsv"
+    assert evaluate_json(capsys, out, valid)["unknown_labels"] == 0
+    sentence = tmp_path / "in.txt"
+    sentence.write_text("def f ( x ) :\n")
+    code, stdout, err = run(capsys, "predict", "--checkpoint", str(out), "--input", str(sentence))
+    assert code == 0, err
+    assert json.loads(stdout)["tokens"] == ["def", "f", "(", "x", ")", ":"]
+    code, _, err = run(
+        capsys, "train", "--task", "tag", "--train", str(data / "types_train.tsv"), "--valid",
+        str(valid), "--out", str(out), "--resume", "--steps", "4", *TINY,
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4
+    # the Python API resumes it too, from a configuration that leaves the option unset
+    from rnnkit.app.config import TrainConfig
+    from rnnkit.app.tasks.fitting import check_resume
+
+    unset = {k: v for k, v in doc["config"].items() if k != "bidirectional"}
+    check_resume(TrainConfig.from_dict({**unset, "steps": 6}), out)

@@ -290,7 +290,8 @@ def recurrent_parameters(cfg: TrainConfig) -> int:
     960
     """
     gates = {"rnn": 1, "gru": 3, "lstm": 4}.get(cfg.cell, 4)
-    dirs = 2 if cfg.bidirectional else 1
+    # the tagger's sentence encoder is always bidirectional (it reads no --bidirectional)
+    dirs = 2 if cfg.bidirectional or cfg.task == "tag" else 1
     total, width = 0, cfg.embedding
     for _ in range(min(cfg.layers, 1 << 20)):  # no loop of a billion steps to say no
         total += dirs * gates * cfg.hidden * (width + cfg.hidden + 1)

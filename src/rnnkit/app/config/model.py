@@ -30,8 +30,10 @@ class ModelOptions:
     layers: int = option(1, positive=True, help="stacked layers (default %(default)s)")
     bidirectional: bool = option(
         False,
-        tasks=("tag", "classify", "seq2seq", "regress"),  # lm/events: causal
-        help="two directions per layer",
+        # lm/events: causal; tag: the tagger's encoder is always bidirectional, so the
+        # option would change nothing (accepted, it was stored and ignored)
+        tasks=("classify", "seq2seq", "regress"),
+        help="two directions per layer (the tagger's encoder always has both)",
     )
     embedding: int = option(
         64,

@@ -3,7 +3,7 @@
 The concerns (:data:`CONCERNS`) are dataclasses of their own modules — the model, the
 data, the optimisation, the run, and each task's options — and ``TrainConfig`` inherits
 them all, so its fields stay flat: ``cfg.hidden``, ``cfg.target_fpr``, and ``config.json``
-one object of every option by name. (Nesting ``cfg.model.hidden`` would have changed
+one object of every option the run reads, by name. (Nesting ``cfg.model.hidden`` would have changed
 every reader of a config and the shape of every run directory's ``config.json``.)
 
 ``validate()`` checks what each field declares (its choices, a positive count) and the

@@ -31,7 +31,13 @@ def check_unchanged(cfg: TrainConfig, saved: TrainConfig, out: Path) -> None:
     # checked by content (tasks.run_config.resume_data), so may be renamed.
     allowed = RESUME_CHANGEABLE | {"out", "train", "valid"}
     old = saved.to_dict()
-    bad = [k for k, v in cfg.to_dict().items() if old.get(k) != v and k not in allowed]
+    # An option the run does not read is not what is trained (config.json leaves it out;
+    # an older run's file holds whatever value it was given, a tagger's "bidirectional").
+    bad = [
+        k
+        for k, v in cfg.to_dict().items()
+        if old.get(k) != v and k not in allowed and cfg.applies(k)
+    ]
     if bad:
         raise CheckpointError(
             f"{out / 'config.json'}: --resume with different options {bad} "

@@ -28,12 +28,17 @@ __all__ = [
 
 
 def save_config(out_dir: Path, cfg: TrainConfig, **info: Any) -> None:
-    """Write ``config.json``: the config, the task's ``info`` (vocabulary size, ...) and
-    the fingerprints of the data files (:func:`data_fingerprints`)."""
+    """Write ``config.json``: the options the run reads (those of ``--print-config``;
+    :meth:`TrainConfig.applies`), the task's ``info`` (vocabulary size, ...) and the
+    fingerprints of the data files (:func:`data_fingerprints`). An option left out reads
+    back at its default (:meth:`TrainConfig.from_dict`), which the run never reads."""
     info.setdefault("data", data_fingerprints(cfg))
+    # An option the run does not read is no fact about it: a tagger's
+    # "bidirectional": false said its (always bidirectional) encoder had one direction.
+    options = {k: v for k, v in cfg.to_dict().items() if cfg.applies(k)}
     atomic_write_json(
         out_dir / "config.json",
-        {"format_version": FORMAT_VERSION, "config": cfg.to_dict(), **info},
+        {"format_version": FORMAT_VERSION, "config": options, **info},
     )
 
 
