@@ -99,6 +99,25 @@ def test_tag_predict_matches_evaluate(tmp_path, capsys):
     assert run.predict([" ".join(gold[0].tokens)]) == predicted[:1]  # a string is split
 
 
+def test_tag_predict_answers_a_blank_sentence_as_the_command_line(tmp_path, capsys):
+    """A blank or whitespace-only sentence (or no tokens at all) gets no tags, as
+    ``rnnkit predict`` answers a blank line (``{"tokens": [], "tags": []}``); the others
+    are tagged as when given alone."""
+    source = stdlib_files(["json"])[1].read_text(encoding="utf-8")
+    write_token_tags(python_token_sentences(source, max_tokens=12)[:24], tmp_path / "tag.tsv")
+    run_dir = _train(tmp_path / "tag", "tag", tmp_path / "tag.tsv", "--steps", "2", "--char-rnn")
+    lines = ["def f ( x ) :", "", " \t ", "return x"]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(run_dir), "--input", str(tmp_path / "in.txt")]) == 0
+    cli = [json.loads(line)["tags"] for line in capsys.readouterr().out.splitlines()]
+    run = rnnkit.load(run_dir)
+    assert run.predict(lines, batch_size=2) == cli
+    assert cli[1] == cli[2] == [] and len(cli[0]) == 6 and len(cli[3]) == 2
+    assert run.predict([[], "return x"]) == [[], run.predict(["return x"])[0]]
+    assert run.predict(["", " "]) == [[], []]
+
+
 def test_seq2seq_predict_matches_transduce_and_exact_match(tmp_path, capsys):
     write_pairs(tmp_path / "train.tsv", generate_pairs("reverse", 48, seed=0, max_len=4))
     write_pairs(tmp_path / "test.tsv", generate_pairs("reverse", 10, seed=1, max_len=4))

@@ -35,7 +35,6 @@ from rnnkit.app.tasks.run_config import check_batch_size, load_config
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.events import Session
 from rnnkit.data.labelled import LabelSet
-from rnnkit.data.tagged import TaggedSentence
 from rnnkit.data.vocab import Vocabulary
 from rnnkit.errors import ConfigError, DataError
 from rnnkit.generation.options import MAX_GENERATE_OUTPUTS, MAX_GENERATE_TOKENS
@@ -188,23 +187,15 @@ class TrainedRun:
         return out
 
     def _predict_tag(self, sentences: list[Any], batch_size: int) -> list[list[str]]:
-        from rnnkit.app.tasks.tag import TagData, _inputs, encode_tagged
+        from rnnkit.app.tasks.tag import TagData, predict_tags
 
         assert self.labels is not None
         model = cast("Tagger", self.model)  # load() gives each task its own model kind
         tokenized = [_tokens(s, i) for i, s in enumerate(sentences)]
         assert self.vocab is not None  # a tagger's words
         data = TagData(self.vocab, self.labels, (self.extras or {}).get("chars"))
-        # No gold tags: every position gets the "unknown tag" id, which is never read.
-        enc = encode_tagged([TaggedSentence(t, [""] * len(t)) for t in tokenized], data)
-        out: list[list[str]] = [[] for _ in tokenized]
-        batcher = SequenceBatcher(enc.words, enc.tags, batch_size=batch_size, shuffle=False)
-        for batch in batcher:
-            words, mask, chars = _inputs(enc, batch, self.device)
-            best = model.predict(words, mask, chars).cpu()
-            for row, i in enumerate(batch.indices.tolist()):
-                out[i] = [self.labels.labels[int(j)] for j in best[row, : len(tokenized[i])]]
-        return out
+        # rnnkit predict's own tagging: a sentence without tokens gets no tags
+        return predict_tags(model, data, tokenized, batch_size)
 
     def _predict_seq2seq(
         self,
@@ -500,7 +491,9 @@ def _check_texts(texts: list[Any], what: str, line: str | None = None) -> None:
 
 def _tokens(sentence: object, i: int) -> list[str]:
     """A tagger's sentence as its tokens: a string split on whitespace, or a list of
-    non-empty strings (the tagged files' rule: a token is never empty)."""
+    non-empty strings (the tagged files' rule: a token is never empty). A blank string
+    or an empty list is a sentence of no tokens, which gets no tags, as a blank line of
+    ``rnnkit predict`` does."""
     if isinstance(sentence, str):
         tokens = sentence.split()
     elif isinstance(sentence, Sequence):
@@ -509,8 +502,6 @@ def _tokens(sentence: object, i: int) -> list[str]:
         raise ConfigError(
             f"sentence {i} is {type(sentence).__name__}: give a list of tokens or a string"
         )
-    if not tokens:
-        raise DataError(f"sentence {i} has no tokens")
     _check_names(tokens, f"sentence {i}", "token {}")
     return tokens
 
