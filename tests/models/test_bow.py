@@ -1,6 +1,7 @@
 """The bag-of-n-grams baseline against scikit-learn: the same tf-idf features as
 ``TfidfVectorizer(sublinear_tf=True)`` over the same n-grams, and the same fit as
-``LogisticRegression(C)`` (multinomial, L-BFGS) on a small generated problem."""
+``LogisticRegression(C)`` (multinomial, L-BFGS) on a small generated problem, and for two
+classes its binary fit at ``2C``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from rnnkit.errors import CheckpointError
-from rnnkit.models.bow import BagOfNgrams, _logistic_objective, _row_major, fit_logistic
+from rnnkit.models.bow import BOW_C, BagOfNgrams, _logistic_objective, _row_major, fit_logistic
 
 sklearn = pytest.importorskip("sklearn")
 from sklearn.feature_extraction.text import TfidfVectorizer  # noqa: E402
@@ -72,6 +73,23 @@ def test_fit_equals_sklearn_logistic_regression(C):
     accuracy = float((bow.predict(held) == held_labels).mean())
     assert accuracy == pytest.approx(float(ref.score(Xh, held_labels)))
     assert accuracy > 0.6  # it learned something (chance is about 0.33)
+
+
+def test_two_classes_equal_sklearn_binary_fit_at_twice_c():
+    """For two classes scikit-learn fits one vector ``w = W_1 − W_0`` with penalty
+    ``½‖w‖²``, twice what the multinomial rows ``±w/2`` pay: the baseline's ``C = 10``
+    is ``LogisticRegression(C=20)`` (and not ``C=10``)."""
+    texts, labels = _problem()
+    two = (labels > 0).astype(np.int64)  # marker 4 against the rest
+    bow = BagOfNgrams(vocab_size=12, num_classes=2, C=BOW_C).fit(texts, two)
+    X = bow.features(texts).to_dense().numpy()
+    fit = dict(solver="lbfgs", tol=1e-12, max_iter=10_000)
+    ref = LogisticRegression(C=2 * BOW_C, **fit).fit(X, two)
+    np.testing.assert_allclose(bow.weight[1] - bow.weight[0], ref.coef_[0], atol=4e-5)
+    np.testing.assert_allclose(bow.bias[1] - bow.bias[0], ref.intercept_[0], atol=4e-5)
+    np.testing.assert_allclose(bow.probabilities(texts), ref.predict_proba(X), atol=1e-6)
+    same_c = LogisticRegression(C=BOW_C, **fit).fit(X, two)
+    assert np.abs(same_c.predict_proba(X) - ref.predict_proba(X)).max() > 1e-3
 
 
 def test_fit_logistic_dense_coo_and_csr_agree():

@@ -15,10 +15,14 @@ a feature ``f`` with count ``c_f(x) > 0`` in it::
 which is scikit-learn's ``TfidfVectorizer(sublinear_tf=True)`` over the same n-grams.
 
 Model and fit. ``p(k | x) = softmax(W φ(x) + b)_k`` with ``W (K, F)``, ``b (K,)``,
-minimising scikit-learn's ``LogisticRegression(C)`` objective
+minimising the multinomial objective
 
     C · Σ_i −ln p(y_i | x_i) + ½ ‖W‖²_F               (the bias is not penalised)
 
+which is scikit-learn's ``LogisticRegression(C)`` for three classes or more, while for two
+scikit-learn fits one binary vector ``w = W_1 − W_0``, whose penalty ``½‖w‖²`` is twice
+the ``¼‖w‖²`` the two rows ``±w/2`` pay here, so the same model is
+``LogisticRegression(C=2C)`` (``C=20`` for the baseline's :data:`BOW_C`). It is fitted
 by L-BFGS in float64 on a sparse ``(N, F)`` feature matrix (the objective is convex: the
 answer does not depend on the start or the seed).
 """
@@ -57,7 +61,8 @@ class BagOfNgrams:
     Args:
         vocab_size: ids are ``0 … vocab_size − 1``.
         num_classes: ``K``.
-        C: inverse regularisation strength (scikit-learn's ``C``).
+        C: inverse regularisation strength (scikit-learn's ``C`` for three classes or
+            more; for two, scikit-learn's binary fit with ``2C`` is the same model).
 
     >>> texts = [np.array([4, 5]), np.array([5, 4]), np.array([4, 4])]
     >>> bow = BagOfNgrams(vocab_size=6, num_classes=2).fit(texts, np.array([0, 1, 0]))
