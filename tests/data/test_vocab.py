@@ -47,6 +47,21 @@ def test_char_encode_decode_and_unknown_count():
     assert v.decode(np.array([2, 4, 5, 3])) == "ab"
 
 
+def test_words_spelled_like_specials_are_unknown_when_asked():
+    """``literal_specials=False`` (a tagger's, a classifier's text): ``<pad>``, ``<s>`` and
+    ``</s>`` are unknown words, counted; ``<unk>`` is ``<unk>``, uncounted. The default
+    keeps each special's id (a language model's corpus may end its lines with ``</s>``)."""
+    v = Vocabulary(["the"], unit="word")
+    text = "the <pad> <s> </s> <unk> dog"
+    assert v.encode_with_unknown(text) == ([4, 0, 2, 3, 1, 1], 1)
+    assert v.encode_with_unknown(text, literal_specials=False) == ([4, 1, 1, 1, 1, 1], 4)
+    assert v.encode_array(text).tolist() == [4, 0, 2, 3, 1, 1]
+    assert v.encode_array(text, literal_specials=False).tolist() == [4, 1, 1, 1, 1, 1]
+    assert [v.text_id(t) for t in text.split()] == [4, 1, 1, 1, 1, 1]
+    chars = Vocabulary.from_text("<pad>")  # characters are never a special
+    assert chars.encode_array("<pad>", literal_specials=False).tolist() == chars.encode("<pad>")
+
+
 def test_unknown_count_stops_at_max_tokens():
     v = Vocabulary.from_text("abracadabra")
     assert v.encode_with_unknown("ab!!!!", max_tokens=3) == ([4, 5, 1], 1)

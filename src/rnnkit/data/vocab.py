@@ -40,6 +40,10 @@ SPECIALS: tuple[str, ...] = ("<pad>", "<unk>", "<s>", "</s>")
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 #: The specials a model never generates: padding, unknown and start; ``</s>`` only ends.
 NEVER_GENERATED: tuple[int, ...] = (PAD_ID, UNK_ID, BOS_ID)
+# Specials a word of a tagger's or classifier's text never stands for (``literal_specials``
+# False): a word "<pad>" read as padding, or "</s>" as an end, is a word the model cannot
+# see. A literal "<unk>" is the unknown word either way (Penn Treebank text writes it).
+_NOT_TEXT = frozenset(SPECIALS) - {SPECIALS[UNK_ID]}
 UNITS: tuple[str, ...] = ("char", "word")
 
 _FORMAT = "rnnkit.vocab"
@@ -99,7 +103,10 @@ class Vocabulary:
             or ``"word"`` (text split on whitespace, decoded by joining with ``" "``).
 
     In word mode a literal special in the text (PTB writes ``<unk>``) encodes to its special
-    id. Build from data with :meth:`from_counts` or :meth:`from_text`.
+    id; with ``literal_specials=False`` (:meth:`encode_array`, :meth:`encode_with_unknown`,
+    :meth:`text_id`: a tagger's and a classifier's words) ``<pad>``, ``<s>`` and ``</s>``
+    are unknown words instead, and ``<unk>`` stays ``<unk>``. Build from data with
+    :meth:`from_counts` or :meth:`from_text`.
 
     >>> vocab = Vocabulary.from_text("hello", unit="char")
     >>> vocab.itos
@@ -240,8 +247,19 @@ class Vocabulary:
         """
         return list(text) if self.unit == "char" else text.split()
 
+    def text_id(self, token: str) -> int:
+        """The id of a word of a text that holds no specials: ``<unk>`` for a token outside
+        the vocabulary and for one spelled ``<pad>``, ``<s>`` or ``</s>`` (a word, never
+        padding nor a sequence's start or end); a literal ``<unk>`` is ``<unk>``.
+
+        >>> v = Vocabulary(["x"], unit="word")
+        >>> [v.text_id(t) for t in ("x", "<pad>", "</s>", "<unk>", "y")]
+        [4, 1, 1, 1, 1]
+        """
+        return UNK_ID if token in _NOT_TEXT else self.stoi.get(token, UNK_ID)
+
     def encode_with_unknown(
-        self, text: str, *, max_tokens: int | None = None
+        self, text: str, *, max_tokens: int | None = None, literal_specials: bool = True
     ) -> tuple[list[int], int]:
         """Encode ``text`` and count the tokens that fell back to ``<unk>``.
 
@@ -249,6 +267,8 @@ class Vocabulary:
             text: the text.
             max_tokens: encode (and count) only the first ``max_tokens`` tokens, those a
                 model that cuts its input there reads; None: all of them.
+            literal_specials: a word ``<pad>``, ``<s>`` or ``</s>`` is its special (True)
+                or an unknown word, counted (False; :meth:`text_id`).
 
         Returns:
             ``(ids, n_unknown)``; a literal ``<unk>`` word in the text is not counted.
@@ -257,12 +277,17 @@ class Vocabulary:
         ([4, 1, 1, 4], 2)
         >>> Vocabulary(["a"]).encode_with_unknown("abca", max_tokens=2)
         ([4, 1], 1)
+        >>> Vocabulary(["a"], unit="word").encode_with_unknown("a <pad>", literal_specials=False)
+        ([4, 1], 1)
         """
         stoi = self.stoi
         tokens = self.tokenize(text)
         if max_tokens is not None:
             tokens = tokens[:max_tokens]
-        ids = [stoi.get(tok, -1) for tok in tokens]
+        if literal_specials:
+            ids = [stoi.get(tok, -1) for tok in tokens]
+        else:
+            ids = [-1 if tok in _NOT_TEXT else stoi.get(tok, -1) for tok in tokens]
         n_unknown = ids.count(-1)
         if n_unknown:
             ids = [UNK_ID if i < 0 else i for i in ids]
@@ -277,13 +302,17 @@ class Vocabulary:
         stoi = self.stoi
         return [stoi.get(tok, UNK_ID) for tok in self.tokenize(text)]
 
-    def encode_array(self, text: str, dtype: type = np.int32) -> np.ndarray:
+    def encode_array(
+        self, text: str, dtype: type = np.int32, *, literal_specials: bool = True
+    ) -> np.ndarray:
         """Token ids of ``text`` as a 1-D numpy array, built without per-character objects.
 
         Args:
             text: the text (any size: characters are mapped in bounded chunks through a
                 code point lookup table).
             dtype: integer dtype of the result (``int32`` takes 4 bytes per token).
+            literal_specials: a word ``<pad>``, ``<s>`` or ``</s>`` is its special (True)
+                or an unknown word (False; :meth:`text_id`). A character is never one.
 
         Returns:
             ``(N,)`` array of ids, ``N`` the number of characters or words.
@@ -292,6 +321,8 @@ class Vocabulary:
         array([4, 5, 1], dtype=int32)
         """
         if self.unit == "word":
+            if not literal_specials:
+                return np.fromiter(map(self.text_id, text.split()), dtype=dtype)
             stoi = self.stoi
             return np.fromiter((stoi.get(w, UNK_ID) for w in text.split()), dtype=dtype)
         return self._encode_chars(text, dtype=dtype)

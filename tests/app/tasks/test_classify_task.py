@@ -351,3 +351,34 @@ def test_predict_counts_only_the_unknown_tokens_read(capsys, data, tmp_path):
     assert [(a["tokens"], a["unknown"]) for a in answers] == [(10, 8), (10, 1), (3, 2)]
     best = [max(a["probabilities"], key=a["probabilities"].get) for a in answers]
     assert [a["label"] for a in answers] == best == rnnkit.load(out).predict(texts)
+
+
+def test_words_spelled_like_specials_are_unknown_words(capsys, data, tmp_path):
+    """A word-level classifier read a word ``<pad>`` as the padding id 0 (and ``<s>``,
+    ``</s>`` as the boundaries), and called it known: each is the unknown word, counted,
+    in training, evaluation, predict and the Python API alike."""
+    import numpy as np
+
+    import rnnkit
+    from rnnkit.app.tasks.classify import encode_examples, predictor
+
+    out = tmp_path / "words"
+    code, _, err = train(
+        capsys, data, out, "--unit", "word", "--steps", "2", "--no-report",
+        train_file="words.tsv", valid_file=None,
+    )  # fmt: skip
+    assert code == 0, err
+    _, vocab, labels, _ = load_classifier(out)
+    examples = [LabelledExample("a", "a <pad> b <s> </s> <unk>", 1)]
+    enc = encode_examples(examples, vocab, labels, max_len=100)
+    a, b = vocab.stoi["a"], vocab.stoi["b"]
+    assert enc.inputs[0].tolist() == [a, 1, b, 1, 1, 1]
+    texts = ["a <pad> b <s> </s> <unk>", "a 1 b <unk>"]
+    answers = predictor(out)(texts, [("<stdin>", 1), ("<stdin>", 2)])
+    assert [(x["tokens"], x["unknown"]) for x in answers] == [(6, 3), (4, 1)]
+    # the same ids as "1", a word the vocabulary lacks: the same answer
+    np.testing.assert_allclose(
+        list(answers[0]["probabilities"].values()),
+        list(predictor(out)(["a 1 b 1 1 1"], [("<stdin>", 1)])[0]["probabilities"].values()),
+    )
+    assert rnnkit.load(out).predict(texts) == [x["label"] for x in answers]

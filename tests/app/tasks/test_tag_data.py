@@ -6,7 +6,14 @@ import numpy as np
 import torch
 
 from rnnkit.app.config import TrainConfig
-from rnnkit.app.tasks.tag_data import MAX_WORD_CHARS, TagData, _clip_word, _inputs, encode_tagged
+from rnnkit.app.tasks.tag_data import (
+    MAX_WORD_CHARS,
+    TagData,
+    _clip_word,
+    _inputs,
+    encode_tagged,
+    unknown_words,
+)
 from rnnkit.data.batching import SequenceBatcher
 from rnnkit.data.labelled import LabelSet
 from rnnkit.data.tagged import TaggedSentence
@@ -33,6 +40,19 @@ def test_encode_marks_unknown_words_and_unknown_tags() -> None:
     np.testing.assert_array_equal(enc.oov[0], [False, True, False])
     np.testing.assert_array_equal(enc.tags[0], [0, 1, 3])
     assert enc.chars is None and enc.sentences == [sentence]
+
+
+def test_words_spelled_like_specials_are_unknown_words_never_padding() -> None:
+    """A word ``<pad>`` was id 0, the padding the model masks out; ``<s>``/``</s>`` were
+    the boundaries. Each is an unknown word (id 1, out of vocabulary); a literal
+    ``<unk>`` is the unknown word too, and not counted by predict."""
+    data = TagData(WORDS, TAGS)
+    tokens = ["the", "<pad>", "<s>", "</s>", "<unk>", "dog"]
+    enc = encode_tagged([TaggedSentence(tokens, ["DET"] * 6, line=1)], data)
+    np.testing.assert_array_equal(enc.words[0], [4, 1, 1, 1, 1, 5])
+    np.testing.assert_array_equal(enc.oov[0], [False, True, True, True, True, False])
+    assert unknown_words(WORDS, tokens) == 3
+    assert unknown_words(WORDS, ["the", "cat", "New York"]) == 1
 
 
 def test_max_len_cuts_sentences_into_pieces() -> None:

@@ -340,3 +340,17 @@ def test_an_older_run_recording_bidirectional_loads_evaluates_predicts_and_resum
 
     unset = {k: v for k, v in doc["config"].items() if k != "bidirectional"}
     check_resume(TrainConfig.from_dict({**unset, "steps": 6}), out)
+
+
+def test_words_spelled_like_specials_are_unknown_words(capsys, data, tmp_path):
+    """``<pad>`` in a sentence was the padding id 0 and, with ``<s>`` and ``</s>``, counted
+    as known: predict counts each as unknown and tags it as any unknown word."""
+    out = tmp_path / "run"
+    assert train(capsys, data, out, "types", "--steps", "2", "--no-char-rnn")[0] == 0
+    sentences = tmp_path / "in.txt"
+    sentences.write_text("def <pad> ( <s> </s> <unk>\ndef zzqq ( zzqq zzqq <unk>\n")
+    code, stdout, err = run(capsys, "predict", "--checkpoint", str(out), "--input", str(sentences))
+    assert code == 0, err
+    special, unknown = (json.loads(line) for line in stdout.splitlines())
+    assert (special["unknown"], unknown["unknown"]) == (3, 3)
+    assert special["tags"] == unknown["tags"]  # without characters, one unknown word is another

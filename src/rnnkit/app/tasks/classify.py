@@ -120,7 +120,8 @@ def encode_examples(
     unknown = len(labels)
     inputs, ids = [], []
     for ex in examples:
-        x = vocab.encode_array(ex.text, dtype=np.int64)[:max_len]
+        # a word spelled <pad>, <s> or </s> is a word of the text, never the special
+        x = vocab.encode_array(ex.text, dtype=np.int64, literal_specials=False)[:max_len]
         if len(x) == 0:  # e.g. a word-unit text of only whitespace-like characters
             raise DataError("empty text (no tokens)", path, ex.line)
         inputs.append(x)
@@ -435,7 +436,9 @@ def predictor(
         for text, (path, line) in zip(lines, where, strict=True):
             refuse_tabbed_line(text, path, line, "text", "label<TAB>text")
             # the unknown tokens the model reads: those past --max-len are never read
-            ids, n_unknown = vocab.encode_with_unknown(text, max_tokens=cfg.max_len)
+            ids, n_unknown = vocab.encode_with_unknown(
+                text, max_tokens=cfg.max_len, literal_specials=False
+            )
             if not ids:
                 raise DataError("empty text (no tokens to classify)", path, line)
             inputs.append(np.array(ids, dtype=np.int64))

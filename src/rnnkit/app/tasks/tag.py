@@ -48,6 +48,7 @@ from rnnkit.app.tasks.tag_data import (
     TagData,
     _inputs,
     encode_tagged,
+    unknown_words,
     word_key,
 )
 from rnnkit.app.tasks.tag_metrics import (
@@ -252,7 +253,8 @@ def predictor(
 ) -> Any:
     """``rnnkit predict`` for a tagger: each input line is one sentence, tokens separated by
     whitespace; the result is ``{"tokens": [...], "tags": [...], "unknown": n}`` (``n``
-    tokens outside the vocabulary)."""
+    tokens outside the vocabulary, words spelled ``<pad>``, ``<s>`` or ``</s>`` among
+    them: :func:`~rnnkit.app.tasks.tag_data.unknown_words`)."""
     check_batch_size(batch_size)
     cfg, data, model = load_tagger(run_dir, device)
     bs = batch_size or cfg.batch_size
@@ -260,13 +262,8 @@ def predictor(
     def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
         sentences = [line.split() for line in lines]
         tags = predict_tags(model, data, sentences, bs)
-        stoi = data.vocab.stoi
         return [
-            {
-                "tokens": s,
-                "tags": t,
-                "unknown": sum(word_key(w) not in stoi for w in s),
-            }
+            {"tokens": s, "tags": t, "unknown": unknown_words(data.vocab, s)}
             for s, t in zip(sentences, tags, strict=True)
         ]
 

@@ -22,7 +22,14 @@ from rnnkit.data.labelled import LabelSet
 from rnnkit.data.tagged import TaggedSentence
 from rnnkit.data.vocab import PAD_ID, UNK_ID, Vocabulary
 
-__all__ = ["MAX_WORD_CHARS", "EncodedTags", "TagData", "encode_tagged", "word_key"]
+__all__ = [
+    "MAX_WORD_CHARS",
+    "EncodedTags",
+    "TagData",
+    "encode_tagged",
+    "unknown_words",
+    "word_key",
+]
 
 # Words longer than this keep their first 2/3 and last 1/3 of characters: prefixes (a
 # quote, a digit, "#") and suffixes (morphology) carry the signal, and compute stays
@@ -39,6 +46,16 @@ def word_key(token: str) -> str:
     'New␣York'
     """
     return _WHITESPACE.sub("\u2423", token)
+
+
+def unknown_words(vocab: Vocabulary, tokens: list[str]) -> int:
+    """How many of ``tokens`` the tagger reads as the unknown word (a word spelled like
+    ``<pad>``, ``<s>`` or ``</s>`` included), a literal ``<unk>`` left out.
+
+    >>> unknown_words(Vocabulary(["the"], unit="word"), ["the", "<pad>", "<unk>", "cat"])
+    2
+    """
+    return sum(vocab.text_id(k) == UNK_ID and k != "<unk>" for k in map(word_key, tokens))
 
 
 def _clip_word(token: str) -> str:
@@ -105,10 +122,11 @@ def encode_tagged(
                     TaggedSentence(s.tokens[lo : lo + max_len], s.tags[lo : lo + max_len], s.line)
                 )
         sentences = pieces
-    stoi, unknown_tag = data.vocab.stoi, len(data.tags)
+    text_id, unknown_tag = data.vocab.text_id, len(data.tags)
     words, tags, oov, chars = [], [], [], []
     for s in sentences:
-        w = np.array([stoi.get(word_key(t), UNK_ID) for t in s.tokens], dtype=np.int64)
+        # a word spelled <pad>, <s> or </s> is an unknown word, never padding (id 0)
+        w = np.array([text_id(word_key(t)) for t in s.tokens], dtype=np.int64)
         words.append(w)
         oov.append(w == UNK_ID)
         g = data.tags.get

@@ -175,7 +175,9 @@ class TrainedRun:
         _check_texts(texts, "input", "label<TAB>text")
         ids = []
         for i, text in enumerate(texts):
-            x = self.vocab.encode_array(text, dtype=np.int64)[: self.config.max_len]
+            # as encode_examples reads a text: a word "<pad>" is unknown, never padding
+            x = self.vocab.encode_array(text, dtype=np.int64, literal_specials=False)
+            x = x[: self.config.max_len]
             if len(x) == 0:
                 raise DataError(f"input {i} has no tokens")
             ids.append(x)
