@@ -306,3 +306,44 @@ def test_a_time_format_without_a_year_reads_february_29_and_new_year() -> None:
         time_format="%b %d %H:%M:%S",
     )
     assert [[v[0] for v in s.params] for s in sessions] == [[0.0, 2.0, 4.0], [0.0, 2.0]]
+
+
+def test_a_line_fitting_two_known_templates_gets_one_whatever_their_order() -> None:
+    """Drain's match kept the first template it met: a run's vocabulary (most frequent
+    first) and its sessions file (first seen first) named the same line differently."""
+    templates = [
+        "id=<SESSION> disk <*> <*>",
+        "id=<SESSION> <*> disk <*>",
+        "id=<SESSION> disk full <*>",
+    ]
+    named = set()
+    for order in (templates, templates[::-1], sorted(templates)):
+        sessionizer = LogSessionizer(r"id=(\w+)", templates=order)
+        sessionizer.add_lines(["id=a disk disk disk", "id=b disk full now", "id=c the disk x"])
+        named.add(tuple(tuple(s.events) for s in sessionizer.sessions()))
+    # the most specific: fewest <*>, then the first by name
+    assert named == {
+        (
+            ("id=<SESSION> <*> disk <*>",),
+            ("id=<SESSION> disk full <*>",),
+            ("id=<SESSION> <*> disk <*>",),
+        )
+    }
+
+
+def test_year_less_and_day_less_times_step_both_ways_over_their_wrap() -> None:
+    """A step back over New Year (lines out of order, a clock step) came out as +366
+    days; a time of day alone gave minus a day at midnight."""
+
+    def deltas(lines: list[str], time_format: str) -> list[float]:
+        sessions, _ = sessions_from_logs(
+            lines, log_format="<A> <B> <C> <Sid> <Content>", session_field="Sid",
+            params=True, time_fields=("A", "B", "C"), time_format=time_format,
+        )  # fmt: skip
+        return [v[0] for v in sessions[0].params]
+
+    year_less = ["Dec 31 23:59:59", "Jan 1 00:00:01", "Dec 31 23:59:58", "Jan 1 00:00:02"]
+    fmt = "%b %d %H:%M:%S"
+    assert deltas([f"{t} s1 tick" for t in year_less], fmt) == [0.0, 2.0, -3.0, 4.0]
+    day_less = ["x y 23:59:59", "x y 00:00:01", "x y 23:59:58"]
+    assert deltas([f"{t} s1 tick" for t in day_less], "x y %H:%M:%S") == [0.0, 2.0, -3.0]

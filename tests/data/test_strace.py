@@ -277,6 +277,19 @@ def test_a_reused_pid_after_its_process_exited_is_a_new_session() -> None:
     ]
 
 
+def test_a_reused_pid_of_an_unprefixed_trace_is_a_new_session() -> None:
+    """A -ff file of a pid used three times, and two traces appended (-A) without -f:
+    one session, its events going on after exit_group."""
+    per_pid = ["getpid() = 5", "exit_group(0) = ?", "+++ exited with 0 +++", "getuid() = 0",
+               "+++ exited with 1 +++", "getgid() = 0"]  # fmt: skip
+    sessions, _ = parse_strace(per_pid, name="t")
+    assert sessions == [
+        Session("t", ["getpid:ok", "exit_group:noreturn"]),
+        Session("t#2", ["getuid:ok"]),
+        Session("t#3", ["getgid:ok"]),
+    ]
+
+
 def test_a_lone_carriage_return_ends_no_line(tmp_path: Path) -> None:
     """A traced program's progress output ("10%\r20%\r") split strace's line, and the
     lines after it were counted one too many."""

@@ -26,6 +26,7 @@ __all__ = [
     "YEARLESS_YEAR_SECONDS",
     "LineFields",
     "compile_log_format",
+    "format_period",
     "parse_log_time",
     "parse_number",
     "yearless",
@@ -102,6 +103,21 @@ def parse_number(text: str) -> float | None:
 YEARLESS_YEAR = 2000
 #: Its length: what a year-less time that went back over New Year is moved on by.
 YEARLESS_YEAR_SECONDS = 366 * 86400.0
+
+
+def format_period(time_format: str | None) -> float | None:
+    """Seconds after which the times of ``time_format`` repeat: a year (of
+    :data:`YEARLESS_YEAR`) for a format with a date but no year (syslog's
+    ``%b %d %H:%M:%S``), a day for the time of day alone (``%H:%M:%S``), else None.
+
+    >>> format_period("%b %d %H:%M:%S") / 86400, format_period("%H:%M:%S"), format_period("%Y%m%d")
+    (366.0, 86400.0, None)
+    """
+    if not yearless(time_format):
+        return None
+    assert time_format is not None
+    dated = re.search(r"%[dmbBhjUWaAwuVe]", time_format.replace("%%", ""))
+    return YEARLESS_YEAR_SECONDS if dated else 86400.0
 
 
 def yearless(time_format: str | None) -> bool:
@@ -252,7 +268,7 @@ class LineFields:
             )
         self.time_fields = tuple(time_fields or ())
         self.time_format = time_format
-        self.yearless = yearless(time_format)
+        self.period = format_period(time_format)
         if (self.time_fields or time_format is not None) and not params:
             raise ConfigError(
                 f"{times} and {n['time_format']} apply with {n['params']} only"

@@ -26,8 +26,8 @@ its message, its header and its time is :mod:`rnnkit.data.log_fields`.
 
 from __future__ import annotations
 
-import copy
 import logging
+import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -37,7 +37,6 @@ from typing import IO, Any
 
 from rnnkit.data.events import Session
 from rnnkit.data.log_fields import (
-    YEARLESS_YEAR_SECONDS,
     LineFields,
     compile_log_format,
     parse_log_time,
@@ -47,6 +46,7 @@ from rnnkit.errors import ConfigError, DataError
 
 __all__ = [
     "DEFAULT_MASKS",
+    "KnownTemplates",
     "LogSessionizer",
     "LogStats",
     "compile_log_format",
@@ -87,6 +87,7 @@ class LogStats:
         too_long: lines skipped for being over :data:`MAX_LINE_CHARS`.
         templates: distinct templates mined (the known ones not counted).
         known: lines that fitted a known template (``templates=``).
+        empty: lines skipped because their message (the part mined) is empty.
         sessions: sessions produced.
         first_no_session: ``(file, line)`` of the first line without a session id (the
             file is ``None`` for lines given in code).
@@ -100,9 +101,69 @@ class LogStats:
     too_long: int = 0
     templates: int = 0
     known: int = 0
+    empty: int = 0
     sessions: int = 0
     first_no_session: tuple[str | None, int] | None = None
     unmatched_params: int = 0
+
+
+_END = ""  # a trie node's key for the template that ends there (never a token)
+
+
+class KnownTemplates:
+    """Templates of an earlier mining, and which of them a masked message fits.
+
+    A message fits a template of as many tokens when each constant token is equal and
+    each ``<*>`` takes any one token. Where several fit, the most specific one (fewest
+    ``<*>``), then the first by name, is the answer: the same whatever the order the
+    templates came in. (Drain's own ``match`` keeps the first it meets, so the same line
+    was named by one template when they were read from a sessions file and by another
+    from a run's vocabulary, which lists them most frequent first.)
+
+    Held as one token trie per length, so a message walks only the templates that agree
+    with it so far (a line that fits none costs its tokens, not a scan of every template).
+
+    >>> known = KnownTemplates(["disk <*> <*>", "<*> disk <*>", "disk full"])
+    >>> known.match("disk disk disk".split()), known.match(["disk", "full"])
+    ('<*> disk <*>', 'disk full')
+    >>> known.match(["disk", "ok"]) is None
+    True
+    """
+
+    def __init__(self, templates: Iterable[str]) -> None:
+        self._roots: dict[int, dict[str, Any]] = {}
+        self.names: list[str] = []
+        for template in dict.fromkeys(templates):
+            tokens = template.split()
+            node = self._roots.setdefault(len(tokens), {})
+            for token in tokens:
+                node = node.setdefault(token, {})
+            node[_END] = template
+            self.names.append(template)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def match(self, tokens: Sequence[str]) -> str | None:
+        """The template ``tokens`` fit (see the class), or None."""
+        root = self._roots.get(len(tokens))
+        if root is None:
+            return None
+        best: tuple[int, str] | None = None
+        stack = [(root, 0, 0)]  # (node, tokens matched, wildcards taken)
+        while stack:
+            node, i, wild = stack.pop()
+            if i == len(tokens):
+                candidate = (wild, node[_END])
+                best = candidate if best is None or candidate < best else best
+                continue
+            exact = node.get(tokens[i])
+            if exact is not None:
+                stack.append((exact, i + 1, wild))
+            any_token = node.get("<*>")
+            if any_token is not None and tokens[i] != "<*>":
+                stack.append((any_token, i + 1, wild + 1))
+        return None if best is None else best[1]
 
 
 class LogSessionizer:
@@ -214,24 +275,20 @@ class LogSessionizer:
                 raise ConfigError(f"mask {regex!r} is not a valid regex: {exc}") from None
         config.masking_instructions = [MaskingInstruction(rx, name) for rx, name in mask_list]
         self._miner: Any = TemplateMiner(persistence_handler=None, config=config)
-        # The known templates, each its own cluster (a similarity above 1 merges none);
-        # lines are only matched against them (Drain's match: every constant token equal,
-        # a <*> takes any one token), which never changes a template. Their cluster ids
-        # are kept negative, apart from the mined ones.
-        self._known: Any = None
-        self._known_names: dict[int, str] = {}
+        # The known templates: a line that fits one is that event, by its name (never
+        # changed by what is mined); their ids are negative, apart from Drain's clusters.
+        self._known: KnownTemplates | None = None
+        self._known_ids: dict[str, int] = {}
         if templates is not None:
-            fixed = copy.deepcopy(config)
-            fixed.drain_sim_th = 1.01
-            self._known = TemplateMiner(persistence_handler=None, config=fixed)
-            for template in dict.fromkeys(templates):
-                cluster = self._known.add_log_message(template)
-                name = self._known.drain.id_to_cluster[cluster["cluster_id"]].get_template()
-                if name != template:
+            self._known = KnownTemplates(templates)
+            for name in self._known.names:
+                masked = " ".join(self._miner.masker.mask(name).split())
+                if masked != name:
                     raise ConfigError(
-                        f"template {template!r} is not one Drain writes (it reads as {name!r})"
+                        f"template {name!r} is not one this mining writes (it reads as "
+                        f"{masked!r})"
                     )
-                self._known_names[cluster["cluster_id"]] = template
+                self._known_ids[name] = -1 - len(self._known_ids)
         # Cluster id of each line, per session in order of first appearance; the final
         # template of each cluster is only known once every line is in.
         self._clusters: dict[str, list[int]] = {}
@@ -246,10 +303,10 @@ class LogSessionizer:
         """The cluster of one masked message: a known template's (negative id) if it
         matches one, else the one Drain mines it into."""
         if self._known is not None:
-            found = self._known.match(message, full_search_strategy="fallback")
+            found = self._known.match(self._miner.masker.mask(message).split())
             if found is not None:
                 self.stats.known += 1
-                return -found.cluster_id
+                return self._known_ids[found]
         return int(self._miner.add_log_message(message)["cluster_id"])
 
     def add_line(self, line: str, source: str | None = None, number: int | None = None) -> bool:
@@ -278,6 +335,9 @@ class LogSessionizer:
         # Drain tokenises on whitespace, but the parameters are read back from the text
         # itself: outer spaces would make it fit no template ("took 3 ms  ").
         message = message.strip()
+        if not message:  # a header without a message (--session-field): no event to name
+            self.stats.empty += 1
+            return False
         delta = self._delta(session_id, header, source, number) if self.time_fields else 0.0
         cluster_id = self._cluster(message)
         self._clusters.setdefault(session_id, []).append(cluster_id)
@@ -297,10 +357,12 @@ class LogSessionizer:
         if last is None:
             return 0.0
         delta = now - last
-        if self.fields.yearless and delta < -YEARLESS_YEAR_SECONDS / 2:
+        period = self.fields.period
+        if period is not None and abs(delta) > period / 2:
             # Dec 31 23:59:59, then Jan 1 00:00:01 of a format without a year: the next
-            # year's, 2 s later (both were read in one year)
-            delta += YEARLESS_YEAR_SECONDS
+            # year's, 2 s later, not a year back (both were read in one year); the other
+            # way, a step back over New Year. A format of the time of day alone: a day.
+            delta -= math.copysign(period, delta)
         # To the microsecond, a datetime's resolution: POSIX seconds near 1.7e9 carry
         # float noise in the 7th decimal.
         return round(delta, 6)
@@ -349,7 +411,7 @@ class LogSessionizer:
         {1: 'id=<SESSION> start'}
         """
         mined = {c.cluster_id: c.get_template() for c in self._miner.drain.clusters}
-        return {**{-k: v for k, v in self._known_names.items()}, **mined}
+        return {**{v: k for k, v in self._known_ids.items()}, **mined}
 
     def sessions(self, label: int | None = None) -> list[Session]:
         """The sessions so far, in order of first appearance, every event a template.

@@ -147,11 +147,15 @@ class _Trace:
     def _pid_of(self, prefixed: str | None) -> str:
         if prefixed is None:
             # strace drops the prefix whenever a single process is traced; that is the
-            # root before it forks, or whichever process outlived the others.
-            return next(iter(self.live)) if len(self.live) == 1 else (self.root_pid or _ROOT)
-        if self.root_pid is None and prefixed not in self.children:
-            self._resolve_root(prefixed)
-        key = self._key(prefixed)
+            # root before it forks, or whichever process outlived the others (after the
+            # last one exited: a new process, as in two traces appended, -A).
+            if len(self.live) == 1:
+                return next(iter(self.live))
+            key = self._key(self.root_pid or _ROOT)
+        else:
+            if self.root_pid is None and prefixed not in self.children:
+                self._resolve_root(prefixed)
+            key = self._key(prefixed)
         if key not in self.events:
             self.events[key] = []
             self.live.add(key)
@@ -388,10 +392,15 @@ def _sessions(trace: _Trace, per: str, source_name: str, label: int | None) -> l
     if per == "file":
         # One session in the order things happened, processes interleaved.
         return [Session(source_name, [cell[0] for cell in trace.timeline], label)]
-    # A trace of one unknown pid (no -f) is named after the file alone.
-    single = [pid for pid, cells in trace.events.items() if cells] == [_ROOT]
+    # A trace of one unknown pid (no -f) is named after the file alone; the processes
+    # of several such traces appended (-A), after the file and #2, #3, ...
+    keys = [key for key, cells in trace.events.items() if cells]
+    unknown = all(key == _ROOT or key.startswith(_ROOT + "#") for key in keys)
     return [
-        Session(source_name if single else f"{source_name}:{pid}", [c[0] for c in cells], label)
-        for pid, cells in trace.events.items()
-        if cells
+        Session(
+            source_name + key[len(_ROOT) :] if unknown else f"{source_name}:{key}",
+            [c[0] for c in trace.events[key]],
+            label,
+        )
+        for key in keys
     ]

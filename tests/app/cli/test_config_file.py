@@ -268,6 +268,12 @@ def test_resume_prints_the_validation_file_the_run_goes_on_reading(data, tmp_pat
     assert run_cli("train", "--config", str(conf), "--out", str(again), "-q")[0] == 0
     recorded = [json.loads((d / "config.json").read_text())["data"] for d in (out, again)]
     assert recorded[0] == recorded[1]
+    valid.unlink()  # printed, it would load into a run that cannot start
+    code, printed_out, err = run_cli("train", "--out", str(out), "--resume", "--print-config")
+    assert (code, printed_out) == (2, "") and err == (
+        f"rnnkit train: error: --resume: the valid file of this run, {valid.resolve()}, is "
+        "gone; give it with --valid\n"
+    )
 
 
 # -- --print-config ------------------------------------------------------------------------------

@@ -178,7 +178,7 @@ def test_log_to_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         ),
         (
             ["--from", "log", "{readme}", "--session-pattern", "w", "--templates", "{dir}"],
-            "{dir}: not a run of --task events (no vocab.json); give its training sessions file",
+            "{dir}: not a run of --task events (no config.json); give its training sessions file",
         ),
         (
             ["--from", "log", "{readme}", "--session-pattern", "w", "--templates", "{readme}"],
@@ -513,7 +513,9 @@ def test_new_logs_are_named_by_the_templates_of_the_training_logs(
     """Mined alone, a new log whose requests all GET /index named them ``GET /index``, an
     event the model never saw (every session flagged); with --templates (the training
     sessions file or the run), a line that fits a training template is that event."""
+    from rnnkit.app.config.train import TrainConfig
     from rnnkit.app.tasks.events.data import EventVocabulary
+    from rnnkit.app.tasks.run_config import save_config
 
     train_log, new_log = tmp_path / "train.log", tmp_path / "new.log"
     train_log.write_text(
@@ -530,6 +532,7 @@ def test_new_logs_are_named_by_the_templates_of_the_training_logs(
     run = tmp_path / "run"  # what a run of --task events keeps of them: its vocabulary
     run.mkdir()
     EventVocabulary.from_sessions(s.events for s in read_sessions(train)).save(run / "vocab.json")
+    save_config(run, TrainConfig(task="events", train=str(train), out=str(run)))
     for templates in (train, run):
         out = tmp_path / "new.jsonl"
         status, stdout, _ = run_sessions(
@@ -572,3 +575,45 @@ def test_inputs_from_standard_input_and_a_pipe(
     finally:
         writer.join()
     assert status == 0 and [s.session for s in read_sessions(out)] == [f"{fifo}:100", f"{fifo}:101"]
+
+
+def test_templates_of_a_run_of_another_task_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A word-level language model's vocabulary was taken for templates, each word one."""
+    from rnnkit.app.config.train import TrainConfig
+    from rnnkit.app.tasks.run_config import save_config
+    from rnnkit.data.vocab import Vocabulary
+
+    text = tmp_path / "text.txt"
+    text.write_text("the cat\n")
+    run = tmp_path / "lm"
+    run.mkdir()
+    Vocabulary.from_counts({"the": 1, "cat": 1}, unit="word").save(run / "vocab.json")
+    save_config(run, TrainConfig(task="lm", train=str(text), out=str(run)))
+    log = tmp_path / "a.log"
+    log.write_text("req=a the\n")
+    status, _, err = run_sessions(
+        capsys, "--from", "log", str(log), "--session-pattern", r"req=(\w+)",
+        "--templates", str(run), "--out", str(tmp_path / "s.jsonl"),
+    )  # fmt: skip
+    assert status == 2 and err == (
+        f"rnnkit sessions: error: {run}: a run of --task lm, not events; give its training "
+        "sessions file\n"
+    )
+
+
+def test_lines_with_an_empty_message_are_skipped_and_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A header with nothing after it (the session from --session-field) was an event
+    named "", and writing the sessions failed ("events[1] is an empty string")."""
+    log = tmp_path / "a.log"
+    log.write_text("s1 started\ns1 \ns1 done\n")
+    out = tmp_path / "s.jsonl"
+    status, stdout, _ = run_sessions(
+        capsys, "--from", "log", str(log), "--log-format", "<Sid> <Content>",
+        "--session-field", "Sid", "--out", str(out),
+    )  # fmt: skip
+    assert status == 0 and "and 1 line with an empty message" in stdout
+    assert read_sessions(out) == [Session("s1", ["started", "done"])]

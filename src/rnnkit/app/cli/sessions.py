@@ -359,6 +359,8 @@ def _from_logs(config: SessionsConfig) -> tuple[list[Session], str]:
         note += f" (first at {source}:{line})"
     if stats.too_long:
         note += f" and {_count(stats.too_long, 'overlong line')}"
+    if stats.empty:
+        note += f" and {_count(stats.empty, 'line')} with an empty message"
     if config.params:
         width = {len(v) for s in sessions for v in s.params or []}
         note += f"; parameter values of widths {sorted(width)}"
@@ -390,15 +392,24 @@ def known_templates(path: str) -> list[str]:
             raise DataError("no events in it (--templates)", path=path)
         return list(names)
     from rnnkit.app.tasks.events.data import EventVocabulary
+    from rnnkit.app.tasks.run_config import load_config
     from rnnkit.data.vocab import SPECIALS
 
-    vocab = os.path.join(path, "vocab.json")
-    if os.path.isfile(vocab):
-        return EventVocabulary.load(vocab).itos[len(SPECIALS) :]
-    raise DataError(
-        "not a run of --task events (no vocab.json); give its training sessions file",
-        path=path,
-    )
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise DataError(
+            "not a run of --task events (no config.json); give its training sessions file",
+            path=path,
+        )
+    cfg, _ = load_config(path, verify=False)
+    if cfg.task != "events":  # an LM's words would be one-word templates
+        raise DataError(
+            f"a run of --task {cfg.task}, not events; give its training sessions file",
+            path=path,
+        )
+    events = EventVocabulary.load(os.path.join(path, "vocab.json")).itos[len(SPECIALS) :]
+    if not events:
+        raise DataError("no events in its vocabulary (--templates)", path=path)
+    return events
 
 
 def _is_sessions_file(head: bytes) -> bool:

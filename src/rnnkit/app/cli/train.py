@@ -248,7 +248,13 @@ def _as_resumed(cfg: TrainConfig, args: argparse.Namespace) -> TrainConfig:
     if not args.resume or cfg.valid is not None:
         return cfg
     valid = _recorded_file(args.out, "valid")
-    return cfg if valid is None else dataclasses.replace(cfg, valid=valid)
+    if valid is None:
+        return cfg
+    if not Path(valid).is_file():  # the resume itself would say so
+        raise ConfigError(
+            f"--resume: the valid file of this run, {valid}, is gone; give it with --valid"
+        )
+    return dataclasses.replace(cfg, valid=valid)
 
 
 def _recorded_train(out: str) -> str | None:
