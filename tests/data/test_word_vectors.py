@@ -66,6 +66,24 @@ def test_vectors_found_are_copied_and_counted(tmp_path, capsys):
     torch.testing.assert_close(emb.weight, before)
 
 
+def test_a_taggers_padding_and_boundary_rows_take_no_vector(tmp_path, capsys):
+    """A tagger or classifier reads a word "</s>" as an unknown word: the vectors file's
+    "</s>" (a fastText .vec file's first word) went into the boundary row and counted as
+    found; "<unk>" still takes the unknown word's vector."""
+    path = tmp_path / "v.vec"
+    path.write_text("</s> 9 9\n<pad> 5 5\n<unk> 7 7\ncat 1 2\n", encoding="utf-8")
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(5, 2)
+    before = emb.weight.detach().clone()
+    cfg = TrainConfig(train="x", pretrained_vectors=str(path))
+    tokens = ["<pad>", "<unk>", "<s>", "</s>", "cat"]
+    info = load_pretrained_vectors(cfg, emb, tokens, literal_specials=False)
+    assert info is not None and info["found"] == 2
+    torch.testing.assert_close(emb.weight[[0, 2, 3]], before[[0, 2, 3]])
+    torch.testing.assert_close(emb.weight[[1, 4]], torch.tensor([[7.0, 7.0], [1.0, 2.0]]))
+    assert "2 of 5 vocabulary words found" in capsys.readouterr().err
+
+
 def test_invalid_utf8_names_its_own_line(tmp_path):
     # 1,500 good lines (over 8 KB) first: a text stream reported a bad byte lines early,
     # here without a line at all

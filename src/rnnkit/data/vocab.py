@@ -25,6 +25,7 @@ __all__ = [
     "BOS_ID",
     "EOS_ID",
     "NEVER_GENERATED",
+    "NOT_TEXT",
     "PAD_ID",
     "SPECIALS",
     "UNITS",
@@ -40,10 +41,10 @@ SPECIALS: tuple[str, ...] = ("<pad>", "<unk>", "<s>", "</s>")
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 #: The specials a model never generates: padding, unknown and start; ``</s>`` only ends.
 NEVER_GENERATED: tuple[int, ...] = (PAD_ID, UNK_ID, BOS_ID)
-# Specials a word of a tagger's or classifier's text never stands for (``literal_specials``
-# False): a word "<pad>" read as padding, or "</s>" as an end, is a word the model cannot
-# see. A literal "<unk>" is the unknown word either way (Penn Treebank text writes it).
-_NOT_TEXT = frozenset(SPECIALS) - {SPECIALS[UNK_ID]}
+#: Specials a word of a tagger's or classifier's text never stands for (``literal_specials``
+#: False): a word "<pad>" read as padding, or "</s>" as an end, is a word the model cannot
+#: see. A literal "<unk>" is the unknown word either way (Penn Treebank text writes it).
+NOT_TEXT = frozenset(SPECIALS) - {SPECIALS[UNK_ID]}
 UNITS: tuple[str, ...] = ("char", "word")
 
 _FORMAT = "rnnkit.vocab"
@@ -256,7 +257,7 @@ class Vocabulary:
         >>> [v.text_id(t) for t in ("x", "<pad>", "</s>", "<unk>", "y")]
         [4, 1, 1, 1, 1]
         """
-        return UNK_ID if token in _NOT_TEXT else self.stoi.get(token, UNK_ID)
+        return UNK_ID if token in NOT_TEXT else self.stoi.get(token, UNK_ID)
 
     def encode_with_unknown(
         self, text: str, *, max_tokens: int | None = None, literal_specials: bool = True
@@ -287,7 +288,7 @@ class Vocabulary:
         if literal_specials:
             ids = [stoi.get(tok, -1) for tok in tokens]
         else:
-            ids = [-1 if tok in _NOT_TEXT else stoi.get(tok, -1) for tok in tokens]
+            ids = [-1 if tok in NOT_TEXT else stoi.get(tok, -1) for tok in tokens]
         n_unknown = ids.count(-1)
         if n_unknown:
             ids = [UNK_ID if i < 0 else i for i in ids]

@@ -938,6 +938,12 @@ def test_the_size_check_counts_both_directions_of_the_tagger():
     model = build_tagger(model_spec(cfg), vocab_size=10, num_tags=3)
     assert recurrent_parameters(cfg) == sum(p.numel() for p in model.encoder.parameters())
     assert recurrent_parameters(cfg) == 2 * 3 * 8 * (4 + 8 + 1) + 2 * 3 * 8 * (16 + 8 + 1)
+    # with its character encoder (the default), which widens the first layer's input
+    cfg = TrainConfig.for_task("tag", cell="lstm", hidden=8, embedding=4, layers=2)
+    model = build_tagger(model_spec(cfg), vocab_size=10, num_tags=3, num_chars=20)
+    assert model.char_encoder is not None
+    recurrent = [*model.encoder.parameters(), *model.char_encoder.encoder.parameters()]
+    assert recurrent_parameters(cfg) == sum(p.numel() for p in recurrent)
 
 
 @pytest.mark.parametrize("task", ["lm", "tag", "classify", "seq2seq"])

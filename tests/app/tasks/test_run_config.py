@@ -97,3 +97,20 @@ def test_config_json_holds_the_options_the_run_reads(tmp_path):
     assert not {"bidirectional", "pooling", "beam", "update"} & set(saved)
     assert {k for k, v in cfg.to_dict().items() if cfg.applies(k)} == set(saved)
     assert TrainConfig.from_dict(saved) == cfg
+
+
+def test_an_option_given_away_from_its_default_is_kept_though_the_task_reads_it_not(tmp_path):
+    """A config built in Python is not checked as the command line's: a decoder-only
+    seq2seq model given ``layer_norm=True`` is built layer-normalised, and config.json
+    left the option out, so the run no longer loaded ("unexpected ... gamma_c")."""
+    from rnnkit.app.config import TrainConfig
+    from rnnkit.app.tasks.run_config import load_config, save_config
+
+    (tmp_path / "t.tsv").write_text("ab\tba\n")
+    cfg = TrainConfig.for_task(
+        "seq2seq", train=str(tmp_path / "t.tsv"), out=str(tmp_path), decoder_only=True,
+        attention="none", layer_norm=True,
+    )  # fmt: skip
+    assert not cfg.applies("layer_norm")
+    save_config(tmp_path, cfg)
+    assert load_config(tmp_path, verify=False)[0].layer_norm is True

@@ -294,11 +294,21 @@ def recurrent_parameters(cfg: TrainConfig) -> int:
 
     >>> recurrent_parameters(TrainConfig(cell="lstm", hidden=8, embedding=4, layers=2))
     960
+
+    A tagger's sentence encoder has both directions, and its character encoder (on by
+    default) is counted with it.
     """
     gates = {"rnn": 1, "gru": 3, "lstm": 4}.get(cfg.cell, 4)
     # the tagger's sentence encoder is always bidirectional (it reads no --bidirectional)
     dirs = 2 if cfg.bidirectional or cfg.task == "tag" else 1
     total, width = 0, cfg.embedding
+    if cfg.task == "tag" and cfg.char_rnn:
+        # its character encoder: one bidirectional layer, whose both directions' last
+        # states widen each word's input
+        from rnnkit.models.tagger import CHAR_EMBEDDING, CHAR_HIDDEN
+
+        total += 2 * gates * CHAR_HIDDEN * (CHAR_EMBEDDING + CHAR_HIDDEN + 1)
+        width += 2 * CHAR_HIDDEN
     for _ in range(min(cfg.layers, 1 << 20)):  # no loop of a billion steps to say no
         total += dirs * gates * cfg.hidden * (width + cfg.hidden + 1)
         width = dirs * cfg.hidden

@@ -304,7 +304,11 @@ def train_classify(
         )
     model = build_classifier(model_spec(cfg), len(vocab), K).to(device)
     assert model.embedding is not None  # token inputs: build_classifier embeds them
-    pretrained = None if resume else load_pretrained_vectors(cfg, model.embedding, vocab.itos)
+    pretrained = (
+        None
+        if resume
+        else load_pretrained_vectors(cfg, model.embedding, vocab.itos, literal_specials=False)
+    )
     batches = SequenceBatcher(
         train_enc.inputs, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed
     )

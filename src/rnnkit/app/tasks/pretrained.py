@@ -16,19 +16,32 @@ __all__ = [
 
 
 def load_pretrained_vectors(
-    cfg: TrainConfig, embedding: torch.nn.Embedding, tokens: list[str]
+    cfg: TrainConfig,
+    embedding: torch.nn.Embedding,
+    tokens: list[str],
+    *,
+    literal_specials: bool = True,
 ) -> dict[str, Any] | None:
     """``--pretrained-vectors FILE``: copy the vector of every token of ``tokens`` (the
     vocabulary, index order) found in the file into its row of ``embedding``; the other
     rows keep their initialisation. Returns ``{"file", "found", "vocabulary"}`` (None
-    without the option) and says it on stderr."""
+    without the option) and says it on stderr. ``literal_specials=False`` (a tagger, a
+    classifier: a word ``<pad>``, ``<s>``, ``</s>`` of their text is an unknown word) takes
+    no vector for those rows: the padding and boundary rows stand for no word of the file
+    (a fastText ``.vec`` file's first word is ``</s>``)."""
     if cfg.pretrained_vectors is None:
         return None
+    from rnnkit.data.vocab import NOT_TEXT, SPECIALS
     from rnnkit.data.word_vectors import read_word_vectors
 
     dim = embedding.embedding_dim
     vectors = read_word_vectors(cfg.pretrained_vectors, dim, tokens)
-    rows = [i for i, token in enumerate(tokens) if vectors.get(token) is not None]
+    skip = frozenset() if literal_specials else NOT_TEXT
+    rows = [
+        i
+        for i, token in enumerate(tokens)
+        if vectors.get(token) is not None and not (i < len(SPECIALS) and token in skip)
+    ]
     found = len(rows)
     if rows:  # gathered on the host, one copy to the embedding's device
         table = torch.from_numpy(np.stack([vectors[tokens[i]] for i in rows]))

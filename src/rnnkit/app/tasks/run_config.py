@@ -35,7 +35,13 @@ def save_config(out_dir: Path, cfg: TrainConfig, **info: Any) -> None:
     info.setdefault("data", data_fingerprints(cfg))
     # An option the run does not read is no fact about it: a tagger's
     # "bidirectional": false said its (always bidirectional) encoder had one direction.
-    options = {k: v for k, v in cfg.to_dict().items() if cfg.applies(k)}
+    # One given away from its default is kept all the same: a config built in Python is
+    # not checked as the command line's is, and a builder may read it (layer_norm of a
+    # decoder-only seq2seq model), so it must load back as it was.
+    defaults = TrainConfig.for_task(cfg.task, train=cfg.train, out=cfg.out).to_dict()
+    options = {
+        k: v for k, v in cfg.to_dict().items() if cfg.applies(k) or v != defaults.get(k)
+    }
     atomic_write_json(
         out_dir / "config.json",
         {"format_version": FORMAT_VERSION, "config": options, **info},

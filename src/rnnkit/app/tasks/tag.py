@@ -135,7 +135,11 @@ def train_tag(
         word_dropout=_word_dropout(cfg),
     ).to(device)
     model.loss_reduction = cfg.loss_reduction
-    pretrained = None if resume else load_pretrained_vectors(cfg, model.embedding, data.vocab.itos)
+    pretrained = (
+        None
+        if resume
+        else load_pretrained_vectors(cfg, model.embedding, data.vocab.itos, literal_specials=False)
+    )
     batches = SequenceBatcher(
         train_enc.words, train_enc.tags, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed
     )
