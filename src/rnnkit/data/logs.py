@@ -285,8 +285,7 @@ class LogSessionizer:
                 masked = " ".join(self._miner.masker.mask(name).split())
                 if masked != name:
                     raise ConfigError(
-                        f"template {name!r} is not one this mining writes (it reads as "
-                        f"{masked!r})"
+                        f"template {name!r} is not one this mining writes (it reads as {masked!r})"
                     )
                 self._known_ids[name] = -1 - len(self._known_ids)
         # Cluster id of each line, per session in order of first appearance; the final

@@ -38,8 +38,7 @@ def _cases(d: Path) -> dict[str, list[str]]:
     cases = {
         "lm": ["--task", "lm", *text],
         "lm-gru-window": ["--task", "lm", *text, "--cell", "gru", "--bptt", "window:8"],
-        "tag": ["--task", "tag", "--train", str(d / "tags.tsv"), "--dropout", "0",
-                "--bidirectional", *EMB],
+        "tag": ["--task", "tag", "--train", str(d / "tags.tsv"), "--dropout", "0", *EMB],
         "classify": ["--task", "classify", "--train", str(d / "labels.tsv"), "--dropout", "0",
                      *EMB],
         "events": ["--task", "events", *events, "--dropout", "0"],

@@ -39,9 +39,7 @@ def save_config(out_dir: Path, cfg: TrainConfig, **info: Any) -> None:
     # not checked as the command line's is, and a builder may read it (layer_norm of a
     # decoder-only seq2seq model), so it must load back as it was.
     defaults = TrainConfig.for_task(cfg.task, train=cfg.train, out=cfg.out).to_dict()
-    options = {
-        k: v for k, v in cfg.to_dict().items() if cfg.applies(k) or v != defaults.get(k)
-    }
+    options = {k: v for k, v in cfg.to_dict().items() if cfg.applies(k) or v != defaults.get(k)}
     atomic_write_json(
         out_dir / "config.json",
         {"format_version": FORMAT_VERSION, "config": options, **info},
