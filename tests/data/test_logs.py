@@ -347,3 +347,6 @@ def test_year_less_and_day_less_times_step_both_ways_over_their_wrap() -> None:
     assert deltas([f"{t} s1 tick" for t in year_less], fmt) == [0.0, 2.0, -3.0, 4.0]
     day_less = ["x y 23:59:59", "x y 00:00:01", "x y 23:59:58"]
     assert deltas([f"{t} s1 tick" for t in day_less], "x y %H:%M:%S") == [0.0, 2.0, -3.0]
+    # a weekday without a date gives strptime no date: the time of day
+    week_day = ["x Mon 23:59:59", "x Tue 00:00:01"]
+    assert deltas([f"{t} s1 tick" for t in week_day], "x %a %H:%M:%S") == [0.0, 2.0]

@@ -290,6 +290,38 @@ def test_a_reused_pid_of_an_unprefixed_trace_is_a_new_session() -> None:
     ]
 
 
+def test_appended_traces_of_a_forking_program_are_one_session_each() -> None:
+    """Two runs appended (strace -A, no -f) of a program that forks: the first run's
+    child, never traced, was taken for the one process left, and took the second run's
+    first lines; a terminal trace whose root is printed [pid 200] only later took the
+    first run's process into pid 200's session."""
+    run = [
+        "getppid() = 1",
+        "clone(child_stack=NULL, flags=SIGCHLD) = {c}",
+        "wait4({c}, NULL, 0, NULL) = {c}",
+        "exit_group(0) = ?",
+        "+++ exited with 0 +++",
+    ]
+    lines = [line.format(c=c) for c in (101, 201) for line in run]  # fmt: skip
+    sessions, _ = parse_strace(lines, name="t", with_result=False)
+    assert sessions == [
+        Session("t", ["getppid", "clone", "wait4", "exit_group"]),
+        Session("t#2", ["getppid", "clone", "wait4", "exit_group"]),
+    ]
+    terminal = [
+        "getppid() = 5", "exit_group(0) = ?", "+++ exited with 0 +++",
+        "getpid() = 200", "clone(child_stack=NULL, flags=SIGCHLD) = 201",
+        "[pid 201] getuid() = 0", "[pid 200] wait4(-1, NULL, 0, NULL) = 201",
+        "[pid 201] +++ exited with 0 +++", "exit_group(0) = ?", "+++ exited with 0 +++",
+    ]  # fmt: skip
+    sessions, _ = parse_strace(terminal, name="t", with_result=False)
+    assert sessions == [
+        Session("t:root", ["getppid", "exit_group"]),
+        Session("t:200", ["getpid", "clone", "wait4", "exit_group"]),
+        Session("t:201", ["getuid"]),
+    ]
+
+
 def test_a_lone_carriage_return_ends_no_line(tmp_path: Path) -> None:
     """A traced program's progress output ("10%\r20%\r") split strace's line, and the
     lines after it were counted one too many."""

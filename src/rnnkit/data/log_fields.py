@@ -110,13 +110,16 @@ def format_period(time_format: str | None) -> float | None:
     :data:`YEARLESS_YEAR`) for a format with a date but no year (syslog's
     ``%b %d %H:%M:%S``), a day for the time of day alone (``%H:%M:%S``), else None.
 
-    >>> format_period("%b %d %H:%M:%S") / 86400, format_period("%H:%M:%S"), format_period("%Y%m%d")
-    (366.0, 86400.0, None)
+    >>> format_period("%b %d %H:%M:%S") / 86400, format_period("%a %H:%M:%S")
+    (366.0, 86400.0)
+    >>> format_period("%Y%m%d") is None
+    True
     """
     if not yearless(time_format):
         return None
     assert time_format is not None
-    dated = re.search(r"%[dmbBhjUWaAwuVe]", time_format.replace("%%", ""))
+    # a weekday or week number without a year gives strptime no date: the time of day
+    dated = re.search(r"%[dmbBhje]", time_format.replace("%%", ""))
     return YEARLESS_YEAR_SECONDS if dated else 86400.0
 
 

@@ -129,7 +129,12 @@ class _Trace:
         self.pending: dict[str, list[str]] = {}
         self.children: set[str] = set()
         self.live: set[str] = {default_pid}
+        # The root process: its pid (from a -ff file's name, or the first prefixed pid no
+        # fork returned) and its session key; "root" while its pid is unknown.
         self.root_pid = default_pid if default_pid != _ROOT else None
+        self.root_key = default_pid
+        self.fixed_root = default_pid != _ROOT
+        self.roots = 1
         # The kernel gives a dead process's pid to a new one: after "+++ exited", the
         # pid's next process is a session of its own, keyed PID#2, PID#3, ...
         self.exited: set[str] = set()
@@ -146,12 +151,15 @@ class _Trace:
 
     def _pid_of(self, prefixed: str | None) -> str:
         if prefixed is None:
-            # strace drops the prefix whenever a single process is traced; that is the
-            # root before it forks, or whichever process outlived the others (after the
-            # last one exited: a new process, as in two traces appended, -A).
-            if len(self.live) == 1:
-                return next(iter(self.live))
-            key = self._key(self.root_pid or _ROOT)
+            # strace drops the prefix whenever a single process is traced: the root
+            # before it forks, or whichever process outlived the others. A child that
+            # printed nothing is not running in this trace (no -f: never traced).
+            running = [k for k in self.live if self.events.get(k) or k == self.root_key]
+            if len(running) == 1:
+                return running[0]
+            if not running:  # every process exited: the next trace appended (strace -A)
+                self._new_root()
+            key = self.root_key
         else:
             if self.root_pid is None and prefixed not in self.children:
                 self._resolve_root(prefixed)
@@ -161,16 +169,31 @@ class _Trace:
             self.live.add(key)
         return key
 
+    def _new_root(self) -> None:
+        """A new first process after all exited: in a -ff file, the file's pid again (a
+        reuse); otherwise a process whose pid is unknown until a prefixed line says it."""
+        self.children.clear()  # the forks of the trace before are not this one's
+        if self.fixed_root:
+            assert self.root_pid is not None
+            self.root_key = self._key(self.root_pid)
+            return
+        self.roots += 1
+        self.root_pid = None
+        self.root_key = f"{_ROOT}#{self.roots}"
+
     def _resolve_root(self, pid: str) -> None:
-        # The first prefixed pid that no fork returned is the root, seen unprefixed so far.
+        # The first prefixed pid that no fork returned is the root, seen unprefixed so far:
+        # its session takes the pid's key, where it stood.
         self.root_pid = pid
-        earlier = self.events.pop(_ROOT, [])
-        self.events = {pid: earlier + self.events.get(pid, []), **self.events}
-        if _ROOT in self.pending:
-            self.pending[pid] = self.pending.pop(_ROOT)
-        if _ROOT in self.live:
-            self.live.discard(_ROOT)
-            self.live.add(pid)
+        old, key = self.root_key, self._key(pid)
+        if old in self.events:
+            self.events = {(key if k == old else k): v for k, v in self.events.items()}
+        if old in self.pending:
+            self.pending[key] = self.pending.pop(old)
+        if old in self.live:
+            self.live.discard(old)
+            self.live.add(key)
+        self.root_key = key
 
     def _token(self, name: str, result: str) -> str:
         return f"{name}:{result}" if self.with_result else name

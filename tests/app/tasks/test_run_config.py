@@ -114,3 +114,23 @@ def test_an_option_given_away_from_its_default_is_kept_though_the_task_reads_it_
     assert not cfg.applies("layer_norm")
     save_config(tmp_path, cfg)
     assert load_config(tmp_path, verify=False)[0].layer_norm is True
+
+
+def test_an_option_the_run_reads_not_at_the_value_it_reads_back_as_is_left_out(tmp_path):
+    """A Jordan language model's config.json kept ``locked_dropout: 0.0`` and
+    ``output_dropout: 0.0`` (compared with the LM's defaults, 0.3 and 0.4), options it
+    does not read and that read back as 0.0 anyway."""
+    import json
+
+    from rnnkit.app.config import TrainConfig
+    from rnnkit.app.tasks.run_config import save_config
+
+    (tmp_path / "t.txt").write_text("ab\n")
+    cfg = TrainConfig.for_task(
+        "lm", train=str(tmp_path / "t.txt"), out=str(tmp_path), wiring="jordan",
+        locked_dropout=0.0, output_dropout=0.0,
+    )  # fmt: skip
+    save_config(tmp_path, cfg)
+    saved = json.loads((tmp_path / "config.json").read_text())["config"]
+    assert {k for k, v in cfg.to_dict().items() if cfg.applies(k)} == set(saved)
+    assert TrainConfig.from_dict(saved) == cfg

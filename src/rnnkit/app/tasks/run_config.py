@@ -31,14 +31,16 @@ def save_config(out_dir: Path, cfg: TrainConfig, **info: Any) -> None:
     """Write ``config.json``: the options the run reads (those of ``--print-config``;
     :meth:`TrainConfig.applies`), the task's ``info`` (vocabulary size, ...) and the
     fingerprints of the data files (:func:`data_fingerprints`). An option left out reads
-    back at its default (:meth:`TrainConfig.from_dict`), which the run never reads."""
+    back at its default (:meth:`TrainConfig.from_dict`), which the run never reads; one
+    the run does not read but set away from that default is kept."""
     info.setdefault("data", data_fingerprints(cfg))
     # An option the run does not read is no fact about it: a tagger's
     # "bidirectional": false said its (always bidirectional) encoder had one direction.
-    # One given away from its default is kept all the same: a config built in Python is
-    # not checked as the command line's is, and a builder may read it (layer_norm of a
-    # decoder-only seq2seq model), so it must load back as it was.
-    defaults = TrainConfig.for_task(cfg.task, train=cfg.train, out=cfg.out).to_dict()
+    # One away from the value a missing key reads back as (TrainConfig.from_dict) is kept
+    # all the same: a config built in Python is not checked as the command line's is,
+    # and a builder may read it (layer_norm of a decoder-only seq2seq model), so it must
+    # load back as it was.
+    defaults = TrainConfig(train=cfg.train, out=cfg.out).to_dict()
     options = {k: v for k, v in cfg.to_dict().items() if cfg.applies(k) or v != defaults.get(k)}
     atomic_write_json(
         out_dir / "config.json",
