@@ -350,3 +350,6 @@ def test_year_less_and_day_less_times_step_both_ways_over_their_wrap() -> None:
     # a weekday without a date gives strptime no date: the time of day
     week_day = ["x Mon 23:59:59", "x Tue 00:00:01"]
     assert deltas([f"{t} s1 tick" for t in week_day], "x %a %H:%M:%S") == [0.0, 2.0]
+    # ... a week number and a weekday are a date (of a year-less year)
+    weeks = ["10 Mon 00:00:00", "10 Thu 00:00:00", "12 Mon 00:00:00"]
+    assert deltas([f"{t} s1 tick" for t in weeks], "%W %a %H:%M:%S") == [0.0, 259200.0, 950400.0]

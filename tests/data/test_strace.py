@@ -322,6 +322,64 @@ def test_appended_traces_of_a_forking_program_are_one_session_each() -> None:
     ]
 
 
+def test_a_forked_child_goes_on_after_its_parent_exits_under_follow_forks() -> None:
+    """strace -f to a terminal of a daemon: the parent forks and exits, the child's lines
+    then come unprefixed; a child that had made no call yet was taken for a new trace
+    appended (``root#2``)."""
+    lines = [
+        "getpid() = 200", "clone(child_stack=NULL, flags=SIGCHLD) = 201",
+        "[pid 200] exit_group(0) = ?", "[pid 200] +++ exited with 0 +++",
+        "setsid() = 201", "getuid() = 0", "exit_group(0) = ?", "+++ exited with 0 +++",
+    ]  # fmt: skip
+    sessions, _ = parse_strace(lines, name="t", with_result=False)
+    assert sessions == [
+        Session("t:200", ["getpid", "clone", "exit_group"]),
+        Session("t:201", ["setsid", "getuid", "exit_group"]),
+    ]
+
+
+def test_a_thread_that_execs_hands_its_call_to_its_process() -> None:
+    """``+++ superseded by execve in pid 202 +++``: thread 202 is gone and its execve
+    resumes as process 201; the lines after were put into the exited root's session."""
+    lines = [
+        "getpid() = 200",
+        "clone(child_stack=NULL, flags=SIGCHLD) = 201",
+        "[pid 200] exit_group(0) = ?",
+        "[pid 200] +++ exited with 0 +++",
+        "[pid 201] clone3({flags=CLONE_VM|CLONE_THREAD}, 88) = 202",
+        '[pid 202] execve("/bin/true", ["/bin/true"], 0x7ffd /* 35 vars */ <unfinished ...>',
+        "[pid 201] futex(0x7f81, FUTEX_WAIT, 202, NULL <unfinished ...>",
+        "[pid 201] <... futex resumed>) = ?",
+        "+++ superseded by execve in pid 202 +++",
+        "<... execve resumed>) = 0",
+        "brk(NULL) = 0x55d67a006000",
+        "exit_group(0) = ?",
+        "+++ exited with 0 +++",
+    ]
+    sessions, _ = parse_strace(lines, name="t", with_result=False)
+    assert sessions == [
+        Session("t:200", ["getpid", "clone", "exit_group"]),
+        Session("t:201", ["clone3", "futex", "brk", "exit_group"]),
+        Session("t:202", ["execve"]),
+    ]
+
+
+def test_an_unknown_root_then_a_prefixed_trace_appended_are_two_processes() -> None:
+    """A trace without -f (its root's pid never printed), then one with -f -o appended:
+    the second run's root took the first's session."""
+    lines = [
+        "getppid() = 1", "exit_group(0) = ?", "+++ exited with 0 +++",
+        "300   getpid() = 300", "300   clone(child_stack=NULL, flags=SIGCHLD) = 301",
+        "301   getuid() = 0", "300   exit_group(0) = ?", "300   +++ exited with 0 +++",
+    ]  # fmt: skip
+    sessions, _ = parse_strace(lines, name="t", with_result=False)
+    assert sessions == [
+        Session("t:root", ["getppid", "exit_group"]),
+        Session("t:300", ["getpid", "clone", "exit_group"]),
+        Session("t:301", ["getuid"]),
+    ]
+
+
 def test_a_lone_carriage_return_ends_no_line(tmp_path: Path) -> None:
     """A traced program's progress output ("10%\r20%\r") split strace's line, and the
     lines after it were counted one too many."""

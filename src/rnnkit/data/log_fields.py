@@ -118,8 +118,12 @@ def format_period(time_format: str | None) -> float | None:
     if not yearless(time_format):
         return None
     assert time_format is not None
-    # a weekday or week number without a year gives strptime no date: the time of day
-    dated = re.search(r"%[dmbBhje]", time_format.replace("%%", ""))
+    # a weekday alone gives strptime no date (the time of day), a week number and a
+    # weekday together do
+    plain = time_format.replace("%%", "")
+    dated = re.search(r"%[dmbBhje]", plain) or (
+        re.search(r"%[UW]", plain) and re.search(r"%[aAwu]", plain)
+    )
     return YEARLESS_YEAR_SECONDS if dated else 86400.0
 
 

@@ -65,6 +65,8 @@ _ATTACHED = re.compile(r"strace: Process (?P<pid>\d+) attached")
 # Lines that are strace's but carry no event: its own notes, signal-delivery stops,
 # a thread superseded by another thread's execve.
 _NOTE = re.compile(r"^(?:strace: |--- stopped by |\+\+\+ superseded by )")
+# A thread's execve: the thread (pid N) takes over its leader's pid and is gone as N.
+_SUPERSEDED = re.compile(r"^\+\+\+ superseded by execve in pid (?P<pid>\d+) \+\+\+")
 _ERRNO = re.compile(r"^\s+(?P<errno>E[A-Z0-9]+)\b")
 _ERRNO_NUMBER = re.compile(r"^\s+\(errno (?P<number>\d+)\)")
 # Calls whose return value is the pid of a new task: that pid is a child, not the root.
@@ -135,6 +137,11 @@ class _Trace:
         self.root_key = default_pid
         self.fixed_root = default_pid != _ROOT
         self.roots = 1
+        # Whether this trace follows forks (-f): a prefixed line or an "attached" note was
+        # seen. Then a child that made no call yet is running all the same (a daemon's
+        # parent exits at once); without -f a child is never traced.
+        self.following = False
+        self.last_key = default_pid  # the process of the last event
         # The kernel gives a dead process's pid to a new one: after "+++ exited", the
         # pid's next process is a session of its own, keyed PID#2, PID#3, ...
         self.exited: set[str] = set()
@@ -154,14 +161,24 @@ class _Trace:
             # strace drops the prefix whenever a single process is traced: the root
             # before it forks, or whichever process outlived the others. A child that
             # printed nothing is not running in this trace (no -f: never traced).
-            running = [k for k in self.live if self.events.get(k) or k == self.root_key]
+            running = [
+                k for k in self.live if self.following or self.events.get(k) or k == self.root_key
+            ]
             if len(running) == 1:
                 return running[0]
             if not running:  # every process exited: the next trace appended (strace -A)
                 self._new_root()
-            key = self.root_key
+                key = self.root_key
+            elif self.root_key in running:
+                key = self.root_key
+            else:  # the books are behind strace's (it prints no prefix for one process)
+                key = self.last_key if self.last_key in running else running[0]
         else:
+            self.following = True
             if self.root_pid is None and prefixed not in self.children:
+                if self.root_key not in self.live:
+                    # the unknown root exited: a trace appended, every line prefixed
+                    self._new_root()
                 self._resolve_root(prefixed)
             key = self._key(prefixed)
         if key not in self.events:
@@ -173,6 +190,7 @@ class _Trace:
         """A new first process after all exited: in a -ff file, the file's pid again (a
         reuse); otherwise a process whose pid is unknown until a prefixed line says it."""
         self.children.clear()  # the forks of the trace before are not this one's
+        self.following = False
         if self.fixed_root:
             assert self.root_pid is not None
             self.root_key = self._key(self.root_pid)
@@ -199,6 +217,7 @@ class _Trace:
         return f"{name}:{result}" if self.with_result else name
 
     def _add(self, pid: str, token: str) -> list[str]:
+        self.last_key = pid
         cell = [token]
         self.events[pid].append(cell)
         self.timeline.append(cell)
@@ -210,6 +229,7 @@ class _Trace:
         if attached:
             # Also found mid-line, where strace's stderr note cut into a traced call.
             self.children.add(attached.group("pid"))
+            self.following = True
         prefix = _PREFIX.match(text)
         assert prefix is not None  # every part of the prefix is optional
         body = text[prefix.end() :].rstrip()
@@ -259,6 +279,17 @@ class _Trace:
             self.pending.pop(pid, None)
             self.live.discard(pid)
             self.exited.add(pid)
+            return True
+        superseded = _SUPERSEDED.match(body)
+        if superseded:
+            # The thread that called execve is gone as itself; its call resumes as the
+            # process whose pid it took (the line's), and its session ends there.
+            thread = self.current.get(superseded.group("pid"), superseded.group("pid"))
+            self.live.discard(thread)
+            self.exited.add(thread)
+            unfinished_call = self.pending.pop(thread, None)
+            if unfinished_call is not None:
+                self.pending[self._pid_of(prefixed)] = unfinished_call
             return True
         return bool(_NOTE.match(body))
 
