@@ -380,6 +380,23 @@ def test_an_unknown_root_then_a_prefixed_trace_appended_are_two_processes() -> N
     ]
 
 
+def test_an_earlier_traces_untraced_child_never_takes_a_later_traces_lines() -> None:
+    """Three traces appended: a forking program without -f (its child 101 never traced),
+    a -f trace, then one more: the third run's lines went to pid 101."""
+    lines = [
+        "getppid() = 100", "clone(child_stack=NULL, flags=SIGCHLD) = 101",
+        "wait4(101, NULL, 0, NULL) = 101", "exit_group(0) = ?", "+++ exited with 0 +++",
+        "300 getppid() = 1", "300 exit_group(0) = ?", "300 +++ exited with 0 +++",
+        "getgid() = 0", "exit_group(0) = ?", "+++ exited with 0 +++",
+    ]  # fmt: skip
+    sessions, _ = parse_strace(lines, name="t", with_result=False)
+    assert sessions == [
+        Session("t:root", ["getppid", "clone", "wait4", "exit_group"]),
+        Session("t:300", ["getppid", "exit_group"]),
+        Session("t:root#3", ["getgid", "exit_group"]),
+    ]
+
+
 def test_a_lone_carriage_return_ends_no_line(tmp_path: Path) -> None:
     """A traced program's progress output ("10%\r20%\r") split strace's line, and the
     lines after it were counted one too many."""

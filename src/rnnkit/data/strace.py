@@ -161,8 +161,11 @@ class _Trace:
             # strace drops the prefix whenever a single process is traced: the root
             # before it forks, or whichever process outlived the others. A child that
             # printed nothing is not running in this trace (no -f: never traced).
+            # (in the order the processes were first seen: never a set's order)
             running = [
-                k for k in self.live if self.following or self.events.get(k) or k == self.root_key
+                k
+                for k in self.events
+                if k in self.live and (self.following or self.events[k] or k == self.root_key)
             ]
             if len(running) == 1:
                 return running[0]
@@ -189,7 +192,10 @@ class _Trace:
     def _new_root(self) -> None:
         """A new first process after all exited: in a -ff file, the file's pid again (a
         reuse); otherwise a process whose pid is unknown until a prefixed line says it."""
-        self.children.clear()  # the forks of the trace before are not this one's
+        # The forks of the trace before are not this one's: a child it never traced (no
+        # -f) is not running here.
+        self.children.clear()
+        self.live = {k for k in self.live if self.events.get(k)}
         self.following = False
         if self.fixed_root:
             assert self.root_pid is not None
