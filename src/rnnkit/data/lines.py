@@ -16,6 +16,9 @@ turned into the same exact error after the fact (:func:`text_stream_start`,
 
 Lines end as universal newlines end them (``\\n``, ``\\r\\n``, a lone ``\\r``), as
 ``open(..., newline="")`` splits them, the form the :mod:`csv` module reads.
+
+:func:`bounded_text_lines` reads a text stream (logs, strace output, whose readers
+replace bad bytes rather than refuse them) with the same bound on a line's length.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from rnnkit.data.utf8 import decode_utf8, invalid_utf8
 from rnnkit.errors import DataError
 
 __all__ = [
+    "bounded_text_lines",
     "invalid_utf8_in_text_stream",
     "open_binary",
     "split_lines",
@@ -45,6 +49,26 @@ def _end_length(raw: bytes) -> int:
     if raw.endswith(b"\r\n"):
         return 2
     return 1 if raw[-1:] in (b"\n", b"\r") else 0
+
+
+def bounded_text_lines(stream: IO[str], max_chars: int) -> Iterator[str | None]:
+    """The lines of a text stream (a log, an strace output), each read in pieces of at
+    most ``max_chars + 1`` characters: a longer line is None, its rest drained in such
+    pieces, never held whole (a binary blob, a runaway dump, ``/dev/zero``).
+
+    >>> list(bounded_text_lines(io.StringIO("ab\\n" + "x" * 9 + "\\ncd"), 4))
+    ['ab\\n', None, 'cd']
+    """
+    while True:
+        line = stream.readline(max_chars + 1)
+        if not line:
+            return
+        if len(line) > max_chars and not line.endswith("\n"):
+            while line and not line.endswith("\n"):
+                line = stream.readline(max_chars)
+            yield None
+        else:
+            yield line
 
 
 def open_binary(path: str | PathLike[str]) -> IO[bytes]:

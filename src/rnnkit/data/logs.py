@@ -36,6 +36,7 @@ from os import PathLike
 from typing import IO, Any
 
 from rnnkit.data.events import Session
+from rnnkit.data.lines import bounded_text_lines
 from rnnkit.data.log_fields import (
     LineFields,
     compile_log_format,
@@ -140,9 +141,6 @@ class KnownTemplates:
                 node = node.setdefault(token, {})
             node[_END] = template
             self.names.append(template)
-
-    def __len__(self) -> int:
-        return len(self.names)
 
     def match(self, tokens: Sequence[str]) -> str | None:
         """The template ``tokens`` fit (see the class), or None."""
@@ -287,7 +285,7 @@ class LogSessionizer:
                     raise ConfigError(
                         f"template {name!r} is not one this mining writes (it reads as {masked!r})"
                     )
-                self._known_ids[name] = -1 - len(self._known_ids)
+            self._known_ids = {name: -1 - i for i, name in enumerate(self._known.names)}
         # Cluster id of each line, per session in order of first appearance; the final
         # template of each cluster is only known once every line is in.
         self._clusters: dict[str, list[int]] = {}
@@ -386,16 +384,8 @@ class LogSessionizer:
         """Mine every line of an open text stream (a file, standard input), each line
         read in bounded pieces: one over :data:`MAX_LINE_CHARS` is skipped and counted,
         never held whole."""
-        number = 0
-        while True:
-            line = fileobj.readline(MAX_LINE_CHARS + 1)
-            number += 1
-            if not line:
-                return
-            if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
-                # Drain the rest of the long line in bounded pieces, then count it.
-                while line and not line.endswith("\n"):
-                    line = fileobj.readline(MAX_LINE_CHARS)
+        for number, line in enumerate(bounded_text_lines(fileobj, MAX_LINE_CHARS), 1):
+            if line is None:  # over MAX_LINE_CHARS: counted, never held
                 self.stats.lines += 1
                 self.stats.too_long += 1
                 continue

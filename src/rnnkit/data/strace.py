@@ -37,6 +37,7 @@ from os import PathLike
 from typing import IO, Literal, cast
 
 from rnnkit.data.events import Session
+from rnnkit.data.lines import bounded_text_lines
 from rnnkit.errors import ConfigError, DataError
 
 __all__ = ["StraceStats", "parse_strace"]
@@ -308,16 +309,8 @@ class _Trace:
 
 def _bounded_lines(fileobj: IO[str]) -> Iterator[str]:
     """The file's lines, each over MAX_LINE_CHARS replaced by _OVERLONG, never read whole."""
-    while True:
-        line = fileobj.readline(MAX_LINE_CHARS + 1)
-        if not line:
-            return
-        if len(line) > MAX_LINE_CHARS:
-            while line and not line.endswith("\n"):
-                line = fileobj.readline(MAX_LINE_CHARS)
-            yield _OVERLONG
-        else:
-            yield line
+    for line in bounded_text_lines(fileobj, MAX_LINE_CHARS):
+        yield _OVERLONG if line is None else line
 
 
 def _starts_call(text: str) -> bool:

@@ -230,7 +230,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def _recorded_file(out: str, key: str) -> str | None:
     """The ``key`` (``train``, ``valid``) file of the run in ``out`` as ``config.json``
-    recorded it (absolute); None where there is no such record."""
+    recorded it (absolute); None where there is no such record. A recorded file that is
+    gone is a ConfigError: the resume could not read it."""
     from rnnkit.training.checkpoint import read_json
 
     try:
@@ -238,7 +239,14 @@ def _recorded_file(out: str, key: str) -> str | None:
         path = record.get("path")
     except (RnnkitError, OSError, AttributeError):
         return None
-    return path if isinstance(path, str) and path else None
+    if not isinstance(path, str) or not path:
+        return None
+    if not Path(path).is_file():
+        what = "training" if key == "train" else key
+        raise ConfigError(
+            f"--resume: the {what} file of this run, {path}, is gone; give it with --{key}"
+        )
+    return path
 
 
 def _as_resumed(cfg: TrainConfig, args: argparse.Namespace) -> TrainConfig:
@@ -248,26 +256,7 @@ def _as_resumed(cfg: TrainConfig, args: argparse.Namespace) -> TrainConfig:
     if not args.resume or cfg.valid is not None:
         return cfg
     valid = _recorded_file(args.out, "valid")
-    if valid is None:
-        return cfg
-    if not Path(valid).is_file():  # the resume itself would say so
-        raise ConfigError(
-            f"--resume: the valid file of this run, {valid}, is gone; give it with --valid"
-        )
-    return dataclasses.replace(cfg, valid=valid)
-
-
-def _recorded_train(out: str) -> str | None:
-    """The training file of the run in ``out`` as ``config.json`` recorded it (absolute);
-    None where there is no such record (``--train`` is then required)."""
-    path = _recorded_file(out, "train")
-    if path is None:
-        return None
-    if not Path(path).is_file():
-        raise ConfigError(
-            f"--resume: the training file of this run, {path}, is gone; give it with --train"
-        )
-    return path
+    return cfg if valid is None else dataclasses.replace(cfg, valid=valid)
 
 
 def _write_report(out: str, device: str = "cpu") -> str | None:
@@ -411,7 +400,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.out and not args.train:
         # the run's own training file, by the absolute path config.json recorded (its
         # content is checked against the record before the run goes on)
-        args.train = _recorded_train(args.out)
+        args.train = _recorded_file(args.out, "train")
     if args.out and not args.print_config:
         from rnnkit.training.checkpoint import utf8_path
 

@@ -31,16 +31,14 @@ def load_pretrained_vectors(
     (a fastText ``.vec`` file's first word is ``</s>``)."""
     if cfg.pretrained_vectors is None:
         return None
-    from rnnkit.data.vocab import NOT_TEXT, SPECIALS
+    from rnnkit.data.vocab import NOT_TEXT
     from rnnkit.data.word_vectors import read_word_vectors
 
     dim = embedding.embedding_dim
     vectors = read_word_vectors(cfg.pretrained_vectors, dim, tokens)
     skip = frozenset() if literal_specials else NOT_TEXT
     rows = [
-        i
-        for i, token in enumerate(tokens)
-        if vectors.get(token) is not None and not (i < len(SPECIALS) and token in skip)
+        i for i, token in enumerate(tokens) if vectors.get(token) is not None and token not in skip
     ]
     found = len(rows)
     if rows:  # gathered on the host, one copy to the embedding's device
