@@ -465,3 +465,41 @@ def test_validation_events_unknown_to_the_vocabulary_are_the_cause_said():
     ]:
         cause = behind_baseline(summary, "events", settings)["cause"]
         assert "unknown to the vocabulary" not in cause and "overfitting" in cause
+
+
+def _behind_walks(course: dict) -> dict:
+    """A forecaster of random walks (two tanh units, ``--lr 0.1``) behind persistence."""
+    return {
+        "task": "regress",
+        "steps": 300,
+        "stopped": "no improvement for 5 validations (best at step 290)",
+        "train_loss_nats": course["train_loss_end"],
+        "valid": {"step": 290, "mse": 24.38, "loss": 24.38},
+        "baselines": {
+            "persistence": {"kind": "persistence forecast (the last value)", "mse": 1.03}
+        },
+        "trajectory": {"best_step": 290, "last_valid_step": 300, **course},
+    }
+
+
+def test_a_training_loss_far_above_the_baselines_validation_loss_is_underfitting():
+    # The validation loss rose 12 % after the best step over a flat training loss — the
+    # sign of overfitting — but the training loss (16) was 15 times persistence's
+    # validation loss (1.03): the model had not fitted even its training data.
+    s = _behind_walks(_course(16.0, 16.0, 24.4, 27.3))
+    r = behind_baseline(s, "regress", RunSettings(epochs=30, hidden=2, lr=0.1))
+    assert r["cause"] == (
+        "validation stopped improving at step 290 of 300; the training loss (16 at the end) "
+        "is over 2 times the persistence forecast (the last value)'s validation loss (1.03) "
+        "while validation rose from 24.4 to 27.3: the model underfits"
+    )
+    assert r["advice"].startswith("a larger --hidden (now 2)")
+    # under twice the baseline's loss, the rise decides as before
+    s = _behind_walks(_course(2.0, 2.0, 24.4, 27.3))
+    assert behind_baseline(s, "regress", RunSettings())["cause"].endswith(": overfitting")
+    # a training loss below persistence's validation loss, in the same unit (mse)
+    s = _behind_walks(_course(1.0, 1.0, 1.9, 1.92))
+    assert (
+        "below the persistence forecast (the last value)'s validation loss (1.03)"
+        in (behind_baseline(s, "regress", RunSettings())["cause"])
+    )

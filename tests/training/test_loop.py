@@ -431,6 +431,36 @@ def test_a_non_finite_validation_loss_stops_as_a_divergence(tmp_path, on_nonfini
     assert trainer.best is not None and trainer.best["step"] == 2  # not the NaN weights
 
 
+@pytest.mark.parametrize(("rise", "diverged"), [(1.1e6, True), (0.9e6, False)])
+def test_a_training_loss_a_million_times_the_first_is_a_divergence(tmp_path, rise, diverged):
+    """A rate far too large can leave weights that stay finite: a character model's
+    training loss went from 2.07 nats a token to 1.4e29 at step 2, its validation loss
+    was 1.5e30, and the run ended as if well, advising to train longer. A million times
+    the first step's training loss (or than 1 nat, where that was less) is a divergence."""
+    calls = []
+
+    def step(model, batch, carry):
+        calls.append(1)
+        out = stream_step(model, batch, carry)
+        if len(calls) == 3:  # nats and loss, as the loop reads them, times rise·max(first, 1)
+            scale = rise * max(trainer.guard.first_loss, 1.0) * out.tokens / out.nats.detach()
+            out = out._replace(loss=out.loss * scale, nats=out.nats * scale)
+        return out
+
+    trainer = make_trainer(tmp_path, step_fn=step, steps=4, eval_every=2)
+    if diverged:
+        with pytest.raises(
+            TrainingDiverged,
+            match=r"^the training loss is \S+ at step 3 \(batch 3 of epoch 0\), over a "
+            r"million times the first step's \(\S+\): training diverged; the last good "
+            r"checkpoint is kept \(lower",
+        ):
+            trainer.fit()
+        assert trainer.step == 2
+    else:
+        assert trainer.fit().steps == 4
+
+
 def test_on_nonfinite_skip_skips_the_step(tmp_path):
     step, calls = poisoned(3)
     trainer = make_trainer(tmp_path, step_fn=step, steps=8, on_nonfinite="skip")

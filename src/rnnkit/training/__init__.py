@@ -85,7 +85,12 @@ from rnnkit.training.manifest import (
     write_manifest,
     writing_run,
 )
-from rnnkit.training.nonfinite import MAX_SCALER_SKIPS, MAX_SKIPPED_STEPS, TrainingDiverged
+from rnnkit.training.nonfinite import (
+    DIVERGED_RISE,
+    MAX_SCALER_SKIPS,
+    MAX_SKIPPED_STEPS,
+    TrainingDiverged,
+)
 from rnnkit.training.options import TrainOptions, TrainResult
 from rnnkit.training.precision import autocast_setup
 from rnnkit.training.progress import RATE_KEYS, Progress, postfix
@@ -109,6 +114,7 @@ __all__ = [
     "CAP_SECONDS",
     "COUNTED",
     "CSV_FIRST_COLUMNS",
+    "DIVERGED_RISE",
     "FORMAT_VERSION",
     "HEADLINE",
     "LABELS",

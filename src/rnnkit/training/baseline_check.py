@@ -36,6 +36,10 @@ the run itself:
     than the baseline fits the validation data, yet ends behind on validation: it does
     not generalise from this data): overfitting, the same advice;
   - the training loss rose clearly: the optimisation is unstable — a smaller ``--lr``;
+  - the training loss at the end :data:`UNDERFIT_RATIO` times the baseline's validation
+    loss or more (in its unit: nats a token, a ``regress`` run's mean squared error):
+    the model fits even its training data far worse than the baseline predicts new data
+    — underfitting, whatever validation did;
   - the validation loss rose by :data:`VALID_RISE` of its best or more while the training
     loss did not rise (the model grew ever surer of its training data and wronger on new
     data: a classifier's validation loss climbs so long before its accuracy moves):
@@ -96,6 +100,11 @@ CLEAR_SE = 2.0
 # measured on the whole validation set at every validation, so without the training
 # records' noise.
 VALID_RISE = 0.10
+
+# The training loss at the end this many times the baseline's validation loss or more:
+# the model fits even the data it trains on far worse than the baseline predicts new
+# data — it underfits, whatever validation did after its best step.
+UNDERFIT_RATIO = 2.0
 
 # Validation tokens unknown to a vocabulary of every training token: from this share on,
 # their loss decides the comparison with an n-gram (each costs some ten nats or more).
@@ -166,12 +175,14 @@ def _budget(settings: RunSettings) -> list[str]:
 
 
 def _baseline_loss(summary: dict[str, Any], kind: str) -> float | None:
-    """The validation loss (nats a token) of the baseline ``kind``, where it has one over
+    """The validation loss of the baseline ``kind`` in the unit of the model's training
+    loss (nats a token; a ``regress`` run's mean squared error), where it has one over
     the same tokens as the model."""
     valid = summary.get("valid") or {}
+    key = "mse" if summary.get("task") == "regress" else "loss_nats"
     for what, figures in baseline_figures(summary):
-        if what == kind and _comparable(valid, figures, "loss_nats"):
-            return _number(figures.get("loss_nats"))
+        if what == kind and _comparable(valid, figures, key):
+            return _number(figures.get(key))
     return None
 
 
@@ -376,6 +387,16 @@ def _from_course(
             f"{peak}; the training loss rose from {train_best:.3g} to {train_end:.3g} after "
             f"the best step while {valid}: the optimisation is unstable",
             f"a smaller --lr (now {settings.lr:g}; try a third of it)",
+        )
+    base_loss = None if baseline_kind is None else _baseline_loss(summary, baseline_kind)
+    if base_loss is not None and base_loss > 0 and train_end >= UNDERFIT_RATIO * base_loss:
+        # however validation moved: a model this far from the baseline on the data it
+        # trains on has not fitted it, let alone too well
+        return (
+            f"{peak}; the training loss ({train_end:.3g} at the end) is over "
+            f"{UNDERFIT_RATIO:g} times the {baseline_kind}'s validation loss "
+            f"({base_loss:.3g}) while {valid}: the model underfits",
+            _underfit_advice(settings),
         )
     if valid_last >= (1 + VALID_RISE) * valid_best:
         return (

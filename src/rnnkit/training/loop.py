@@ -9,7 +9,8 @@ loop owns everything else, so every task trains the same way (minGPT's trainer):
   does not (detached here);
 * clipping by global norm (``torch.nn.utils.clip_grad_norm_``) or by value;
 * a non-finite loss or gradient stops training (or skips the step, if asked) naming the
-  step, and no snapshot is ever written after a bad step (:mod:`rnnkit.training.nonfinite`);
+  step, as does a finite loss risen ``DIVERGED_RISE`` times, and no snapshot is ever
+  written after a bad step (:mod:`rnnkit.training.nonfinite`);
 * validation every epoch or every N steps, best-on-validation weights in
   ``model.safetensors`` (and, at the end, in the model itself), early stopping (after
   ``patience`` validations without a gain of ``min_gain``:
@@ -486,6 +487,8 @@ class Trainer(Generic[_M]):
 
     def _update(self, out: LossOutput, taken: _Taken, where: tuple[int, int, int]) -> _Taken:
         """The optimizer's (and scheduler's) step after the checks passed."""
+        if taken.tokens > 0:  # a finite loss risen beyond any learning's
+            self.guard.check_rise(float(taken.nats) / taken.tokens, where)
         lr = self.optimizer.param_groups[0]["lr"]  # the rate of this step
         with update_overflow(where, lr, self.options.argument, self.guard.saved):
             if self.scaler is not None:

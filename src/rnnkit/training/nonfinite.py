@@ -5,8 +5,11 @@ let the ``GradScaler`` lower its scale.
 the step and batch; ``"skip"`` drops the step and goes on, unless ``MAX_SKIPPED_STEPS``
 steps in a row were bad. With float16, gradients that overflow the scaled loss are the
 ``GradScaler``'s business (it skips the step and halves its scale), not a divergence,
-unless that happens ``MAX_SCALER_SKIPS`` times in a row. No snapshot is ever written
-after a bad step: the loop writes them only after good ones.
+unless that happens ``MAX_SCALER_SKIPS`` times in a row. A finite training loss
+``DIVERGED_RISE`` times the first step's (or than 1 nat, where that was less) stops
+training too, whatever ``on_nonfinite`` says: a rate far too large can leave weights that
+stay finite yet are as far gone as an overflow. No snapshot is ever written after a bad
+step: the loop writes them only after good ones.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torch import Tensor
 from rnnkit.errors import RnnkitError
 from rnnkit.training.options import given
 
-__all__ = ["MAX_SCALER_SKIPS", "MAX_SKIPPED_STEPS", "TrainingDiverged"]
+__all__ = ["DIVERGED_RISE", "MAX_SCALER_SKIPS", "MAX_SKIPPED_STEPS", "TrainingDiverged"]
 
 # float16 overflow skips in a row before training counts as diverged: each halves the loss
 # scale, so 20 take the default 2^16 down to 2^-4 — gradients that overflow float16 even
@@ -32,6 +35,11 @@ MAX_SCALER_SKIPS = 20
 # batch is what skipping is for; 20 in a row mean the weights themselves went bad (every
 # later batch would be skipped too — without this bound, forever).
 MAX_SKIPPED_STEPS = 20
+# A training loss (nats a token) this many times the first step's, or than 1 where that
+# was less, is a divergence though finite: no model that learns gets there (a character
+# model at lr 1e30 went from 2.07 to 1.4e29 in one step; an untrained model starts near
+# ln V, and a resumed one's first loss is at least 1 here).
+DIVERGED_RISE = 1e6
 
 
 class TrainingDiverged(RnnkitError):
@@ -118,6 +126,7 @@ class NonFiniteGuard:
         self.saved = False  # a checkpoint of this run exists (written, or resumed from)
         self.scaler_skips = 0  # steps the GradScaler skipped (float16 overflow)
         self.scaler_streak = 0  # ... of them in a row, up to now
+        self.first_loss: float | None = None  # the first step's training loss a token
 
     def check(self, value: float, what: str, where: tuple[int, int, int]) -> bool:
         """True when ``value`` is finite; False when the step is to be skipped (the caller
@@ -133,6 +142,21 @@ class NonFiniteGuard:
                 return False
             message = f"{self.skip_streak} steps in a row were skipped; the last: {message}"
         raise TrainingDiverged(f"{message} ({self._remedy()})")
+
+    def check_rise(self, loss: float, where: tuple[int, int, int]) -> None:
+        """Raise :class:`TrainingDiverged` when the finite training loss ``loss`` (nats a
+        token) is :data:`DIVERGED_RISE` times the first step's, or than 1 where that was
+        less; the first call records it."""
+        first = self.first_loss
+        if first is None:
+            self.first_loss = loss
+        elif loss > DIVERGED_RISE * max(first, 1.0):
+            step, batch, epoch = where
+            raise TrainingDiverged(
+                f"the training loss is {loss:.3g} at step {step} (batch {batch} of epoch "
+                f"{epoch}), over a million times the first step's ({first:.3g}): training "
+                f"diverged; {self.kept} ({self.advice()})"
+            )
 
     @property
     def kept(self) -> str:
