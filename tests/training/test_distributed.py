@@ -92,6 +92,27 @@ def test_two_gloo_processes_equal_one_process_and_resume_across_sizes(tmp_path):
 
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed beside python")
+def test_whole_sequence_batches_resume_on_as_many_kinds_of_processes_said(tmp_path, capsys):
+    """``--bptt full`` on 2 processes drops each epoch's last partial batch (300 lines in
+    batches of 8: 37 batches, not 38); resumed on one process the snapshot was refused as
+    "batcher state has drop_last=True but this batcher has False". Now one line says to
+    resume on several processes."""
+    corpus = _corpus(tmp_path)
+    args = _common(corpus, tmp_path / "full")
+    args[args.index("--bptt") + 1] = "full"
+    two = _torchrun([*args, "--steps", "2"])
+    assert two.returncode == 0, two.stderr[-2000:]
+    capsys.readouterr()
+    assert main([*args, "--resume", "--steps", "4"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"rnnkit train: error: {tmp_path / 'full'}: this run trained on several processes "
+        "with whole-sequence batches (--bptt full or window:K), whose epochs drop their last "
+        "partial batch, where one process trains it: resume it on several processes "
+        "(torchrun, any number)"
+    )
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed beside python")
 def test_global_batch_must_split_evenly(tmp_path):
     corpus = _corpus(tmp_path)
     args = _common(corpus, tmp_path / "odd")

@@ -836,3 +836,27 @@ def test_epochs_done_counts_whole_passes(budget, done):
     """``epochs=2`` ended with ``epochs_done`` 1 (the report's "epochs completed" 1 after
     "2 epochs done"): the last pass is whole once its last batch is trained on."""
     assert make_trainer(**budget).fit().epochs_done == done  # 10 batches an epoch
+
+
+def test_a_trainer_without_dist_ctx_under_torchrun_is_refused(tmp_path, monkeypatch):
+    """Under ``torchrun --nproc-per-node 2`` a Trainer made as the docs' one-process
+    example trained alone in each process, both writing one run directory (one crashed
+    with ``latest.json: cannot write``); it is refused in one line saying what to pass."""
+    from rnnkit.training.distributed import DistContext
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"^this process is one of 2 that torchrun started.*"
+                       r"pass dist_ctx=init_distributed\(\)"):  # fmt: skip
+        make_trainer(tmp_path)
+    assert not any(tmp_path.iterdir())
+    # a process that trains alone says so
+    model = LanguageModel(nn.Embedding(V, E), LSTM(E, H), nn.Linear(H, V))
+    alone = Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        StreamBatcher(stream_ids(), 3, 7),
+        stream_step,
+        TrainOptions(quiet=True, steps=2),
+        dist_ctx=DistContext(),
+    )
+    assert alone.fit().steps == 2

@@ -118,6 +118,27 @@ def test_metrics_csv_holds_exactly_the_events_of_metrics_jsonl(tmp_path):
     assert csv_events(path) == [*expected, {"event": "time_limit", "step": 5}]
 
 
+def test_metrics_csv_is_the_runs_course_across_a_killed_attempt(tmp_path):
+    """A run killed at step 235 after its snapshot at 200 and resumed: metrics.jsonl holds
+    steps 205-235 of both attempts; the table held them twice, the step going back from
+    235 to 205 (a plotted curve doubled back). It holds the later attempt's, once."""
+    from rnnkit.training.run_files import write_metrics_csv
+
+    first = [{"event": "train", "step": s, "loss_nats": 1.0} for s in range(195, 240, 5)]
+    first.insert(2, {"event": "valid", "step": 200, "loss_nats": 1.5, "best": True})
+    again = [{"event": "train", "step": s, "loss_nats": 0.5} for s in range(205, 250, 5)]
+    lines = [json.dumps(e) for e in first + again]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    steps = [
+        (e["event"], e["step"], e["loss_nats"]) for e in csv_events(write_metrics_csv(tmp_path))
+    ]
+    assert steps == [
+        ("train", 195, 1.0), ("train", 200, 1.0), ("valid", 200, 1.5),
+        *[("train", s, 0.5) for s in range(205, 250, 5)],
+    ]  # fmt: skip
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == len(lines)  # kept
+
+
 def test_metrics_csv_follows_the_write_rules(tmp_path):
     from rnnkit.errors import WriteError
     from rnnkit.training.run_files import write_metrics_csv

@@ -54,7 +54,12 @@ from rnnkit.models.language_model import LossOutput
 from rnnkit.threads import ThreadGovernor
 from rnnkit.training.budget import cap_text, gained, resolve_budget
 from rnnkit.training.checkpoint import load_model_weights, save_model_weights
-from rnnkit.training.distributed import DistContext, ShardedBatches, StepModule
+from rnnkit.training.distributed import (
+    DistContext,
+    ShardedBatches,
+    StepModule,
+    launched_processes,
+)
 from rnnkit.training.interrupt import TrainingInterrupted, stop_on_signals
 from rnnkit.training.nonfinite import NonFiniteGuard, TrainingDiverged, update_overflow
 from rnnkit.training.options import TrainOptions, TrainResult, given
@@ -140,6 +145,9 @@ class Trainer(Generic[_M]):
         plateau: a ``ReduceLROnPlateau`` stepped with each validation loss.
         out_dir: run directory for snapshots, best weights and ``metrics.jsonl``.
         callbacks: called as ``cb(event: dict)`` for every logged event.
+        dist_ctx: the process group this process trains in
+            (:func:`~rnnkit.training.distributed.init_distributed`); required under
+            ``torchrun`` with several processes (``DistContext()``: this process alone).
     """
 
     def __init__(
@@ -161,6 +169,14 @@ class Trainer(Generic[_M]):
             raise ValueError(f"on_nonfinite must be 'stop' or 'skip', got {options.on_nonfinite!r}")
         self.model = model
         self.optimizer = optimizer
+        if dist_ctx is None and launched_processes() > 1:
+            # every process would train alone, each writing the same run directory
+            raise ConfigError(
+                f"this process is one of {launched_processes()} that torchrun started, and "
+                "the Trainer was given no dist_ctx: pass dist_ctx=init_distributed() "
+                "(rnnkit.training; init_distributed('cuda') on GPUs) to train one model "
+                "over them, or dist_ctx=DistContext() for a process that trains alone"
+            )
         self.dist = dist_ctx or DistContext()
         batches = resumable_batches(batches)  # a DataLoader, a list of batches: wrapped
         # rnnkit's batchers give the global batch, split here; a DataLoader gives each

@@ -41,6 +41,7 @@ from rnnkit.data.files import atomic_write_bytes, read_run_file
 from rnnkit.data.limits import loads_json
 from rnnkit.errors import CheckpointError, DataError
 from rnnkit.training.checkpoint import read_json
+from rnnkit.training.trajectory import run_events
 
 __all__ = [
     "CSV_FIRST_COLUMNS",
@@ -221,11 +222,16 @@ def metrics_csv(events: list[dict[str, Any]]) -> str:
 def write_metrics_csv(run_dir: str | os.PathLike[str]) -> Path:
     """Write ``RUN/metrics.csv`` from ``RUN/metrics.jsonl`` (atomically); returns its path.
 
+    The table is the run's course: where an attempt killed past its last snapshot logged
+    steps that the resumed attempt trained again, only the later attempt's rows are
+    there (no step twice, none going back); ``metrics.jsonl`` keeps both attempts.
+
     Raises:
         CheckpointError: ``metrics.jsonl`` is not a regular file or is over the size cap.
         WriteError: ``metrics.csv`` cannot be written (named).
     """
     path = Path(run_dir) / "metrics.csv"
     events, _ = read_metrics(run_dir)
+    events = run_events(events, [], resumed_at=2**62)  # every attempt, to its last step
     atomic_write_bytes(path, metrics_csv(events).encode("utf-8"))
     return path

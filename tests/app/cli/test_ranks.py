@@ -128,3 +128,24 @@ def test_a_sigterm_held_since_training_failed_is_released_once_the_line_is_said(
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
     ranks.say_error("rnnkit train: stopped: ...", after_peer)
     assert events == order
+
+
+@pytest.mark.parametrize(("rank", "said"), [("0", True), ("1", False)])
+def test_a_stop_every_process_takes_is_said_by_rank_0_alone(waits, monkeypatch, capsys, rank, said):
+    """Ctrl-C to ``torchrun``: every process stops after the same step, and the line
+    ``stopped by SIGINT after step 405 …`` was printed twice (rank 1's after its wait)."""
+    import argparse
+
+    from rnnkit.app.cli.main import _said
+    from rnnkit.training.interrupt import TrainingInterrupted
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def stopped(args):
+        raise TrainingInterrupted("stopped by SIGINT after step 405; the checkpoint is saved")
+
+    args = argparse.Namespace(command="train", func=stopped, device=None)
+    assert _said(args) == 130
+    line = "rnnkit train: stopped: stopped by SIGINT after step 405; the checkpoint is saved\n"
+    assert capsys.readouterr().err == (line if said else "") and waits == []

@@ -25,7 +25,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from rnnkit import __version__, messages
-from rnnkit.app.cli.ranks import say_error
+from rnnkit.app.cli.ranks import is_other_rank, say_error
 from rnnkit.errors import RnnkitError
 from rnnkit.tuning import loaded
 
@@ -335,8 +335,13 @@ def _said(args: argparse.Namespace) -> int:
         code = getattr(exc, "exit_code", 2)
         kind = "error" if code == 2 else "stopped"
         text = _os_error(exc) if isinstance(exc, OSError) else str(exc)
+        after_peer = getattr(exc, "after_peer", False)
+        if kind == "stopped" and not after_peer and is_other_rank():
+            # a stop every process takes at the same step (Ctrl-C to torchrun): rank 0
+            # says it, once
+            return code
         # another process's failure reaching this one: that one says the cause
-        say_error(f"rnnkit {args.command}: {kind}: {text}", getattr(exc, "after_peer", False))
+        say_error(f"rnnkit {args.command}: {kind}: {text}", after_peer)
         return code
     except KeyboardInterrupt:
         print(f"rnnkit {args.command}: interrupted", file=sys.stderr)

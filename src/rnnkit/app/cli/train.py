@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from rnnkit import messages
+from rnnkit.app.cli.ranks import is_other_rank
 from rnnkit.app.cli.train_summary import print_summary
 from rnnkit.app.config import (
     CELL_OPTIONS,
@@ -425,7 +426,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         sys.stdout.write(print_config_text(_as_resumed(cfg, args), args, parser, unset))
         return 0
-    if messages.LOGGER.isEnabledFor(logging.DEBUG):
+    if messages.LOGGER.isEnabledFor(logging.DEBUG) and not is_other_rank():  # once
         text = print_config_text(_as_resumed(cfg, args), args, parser).rstrip()
         messages.debug("the effective configuration (--print-config):\n" + text)
     if cfg.tensorboard is not None:  # a missing package is said before anything is trained

@@ -222,6 +222,31 @@ def _step_fn(data: LMData, device: torch.device, sampling: Any = None):
     return step
 
 
+def _resume(trainer: Trainer, ctx: DistContext) -> None:
+    """``trainer.resume()``; a snapshot whose epochs of whole sequences (``--bptt full``,
+    ``window:K``) were cut for another number of processes is one line saying how to
+    resume it: on several processes each epoch's last partial batch is dropped (it would
+    not split evenly over them), on one it is trained."""
+    try:
+        trainer.resume()
+    except CheckpointError as exc:
+        if "drop_last=" not in str(exc):
+            raise
+        if ctx.world_size == 1:
+            how = (
+                "several processes with whole-sequence batches (--bptt full or window:K), "
+                "whose epochs drop their last partial batch, where one process trains it: "
+                "resume it on several processes (torchrun, any number)"
+            )
+        else:
+            how = (
+                "one process with whole-sequence batches (--bptt full or window:K), whose "
+                "epochs end in a partial batch that several processes drop: resume it on "
+                "one process"
+            )
+        raise CheckpointError(f"{trainer.out_dir}: this run trained on {how}") from None
+
+
 @guarded_run
 def train_lm(
     cfg: TrainConfig, resume: bool = False, quiet: bool = False, callbacks=None
@@ -277,7 +302,7 @@ def train_lm(
         )
         holder["trainer"] = trainer
         if resume:
-            trainer.resume()
+            _resume(trainer, ctx)
         started = time.perf_counter()
         result = trainer.fit()
     elapsed = time.perf_counter() - started
