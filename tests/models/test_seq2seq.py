@@ -354,3 +354,37 @@ def test_scored_is_the_loss_and_the_target_logits_of_one_pass(length):
     torch.testing.assert_close(loss.loss, m.loss(batch).loss, rtol=0, atol=0)
     torch.testing.assert_close(logits, m.target_logits(batch), rtol=0, atol=0)
     assert loss.tokens == m.loss(batch).tokens
+
+
+def test_the_best_hypothesis_does_not_depend_on_how_many_are_asked_for():
+    """``--beam 5`` answered ``ebjfaacdaaj`` where ``--beam 5 --num 5`` listed
+    ``ebjfaaacdaaj`` first: the search stopped once the top candidate was ``</s>`` and
+    ``num`` hypotheses had ended, so with one asked for, a longer hypothesis of a better
+    length-normalised score was never finished. It stops at ``K`` ended, whatever ``num``.
+    Here ``</s>`` at once (log-probability ln 0.6, score -0.51) against ``4 5 </s>``
+    (ln 0.35 then near-certain steps: score -1.05 / 3 = -0.35)."""
+
+    class Scripted:
+        vocab_size = 6
+
+        def step(self, token, state):  # state (B, 2): [steps done, on the path 4 5]
+            t = int(state[0, 0])
+            on = state[:, 1] > 0
+            if t > 0:
+                on = on & (token == (4, 5)[t - 1])
+            lp = torch.full((token.shape[0], 6), -30.0)
+            if t == 0:
+                lp[:, EOS_ID], lp[:, 4], lp[:, 5] = math.log(0.6), math.log(0.35), math.log(0.05)
+            else:
+                lp[:, EOS_ID] = torch.where(on, -9.0, -0.01)
+                lp[on, 5 if t == 1 else EOS_ID] = -0.001
+            return torch.log_softmax(lp, -1), torch.stack([state[:, 0] + 1, on.float()], 1)
+
+    state = torch.tensor([[0.0, 1.0]])
+    args = dict(beam=3, max_length=10, bos_id=BOS_ID, eos_id=EOS_ID, length_penalty=1.0)
+    one = beam_search(Scripted(), state, 0, num=1, **args)
+    three = beam_search(Scripted(), state, 0, num=3, **args)
+    assert one[0][0] == three[0][0]
+    assert one[0][0].ids == [4, 5] and one[0][0].score == pytest.approx(
+        (math.log(0.35) - 0.002) / 3, abs=1e-3
+    )

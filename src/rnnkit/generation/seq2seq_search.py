@@ -6,9 +6,13 @@ because its stopping rule matters for transduction: with ``early_stopping``, gen
 beam search ends a source as soon as ``K`` hypotheses have ended, and a confident model
 ends low-probability beams early (their ``</s>`` ranks among the top ``K`` candidates
 while the one good beam is still going), so the search can stop before the best
-hypothesis is finished. The rule here (OpenNMT's): a source is done when the most
-probable candidate of a step is ``</s>`` (the top beam has ended) and at least ``num``
-hypotheses have ended; or when no live beam is left; or at ``max_length``.
+hypothesis is finished. The rule here (OpenNMT's, counting ``K`` rather than ``num``): a
+source is done when the most probable candidate of a step is ``</s>`` (the top beam has
+ended) and at least ``K`` hypotheses have ended; or when no live beam is left; or at
+``max_length``. Counting ``num`` (OpenNMT's ``n_best``), one hypothesis asked for ended
+the search at the first step whose top candidate was ``</s>``, before a longer
+hypothesis of a better length-normalised score could finish: the best answer then
+depended on how many were asked for.
 
 Conventions are generation's: ``</s>`` ends a hypothesis and is not in ``ids``; its
 log-probability is counted; ``score = logprob / n ** length_penalty`` with ``n`` the
@@ -150,7 +154,7 @@ def beam_search(
             if last:
                 for parent_row, token_id, lp in _live(row, K):
                     hyps.add(s, links, parent_row, token_id, lp, False, n)
-            elif math.isfinite(row[2 * K]) and not (top_ended and len(hyps.scored[s]) >= num):
+            elif math.isfinite(row[2 * K]) and not (top_ended and len(hyps.scored[s]) >= K):
                 keep.append(a)
         if last or not keep:
             break
