@@ -16,9 +16,13 @@ sacrebleu = pytest.importorskip("sacrebleu")
 def test_bleu_by_hand():
     # hypothesis "a b c d" against "a b c d e": every n-gram right, brevity exp(1 − 5/4)
     assert bleu([list("abcd")], [list("abcde")]) == pytest.approx(100 * math.exp(-0.25))
-    # nothing right: the k-th zero count of n-grams becomes 1 / (2^k · total n-grams)
-    smoothed = (1 / (2 * 4)) * (1 / (4 * 3)) * (1 / (8 * 2)) * (1 / (16 * 1))
-    assert bleu([list("xyzw")], [list("abcd")]) == pytest.approx(100 * smoothed**0.25)
+    # the k-th zero count of n-grams becomes 1 / (2^k · total n-grams): "a b x y" against
+    # "a b c d" has 2 of 4 unigrams, 1 of 3 bigrams, 0 of 2 trigrams, 0 of 1 4-gram
+    smoothed = (2 / 4) * (1 / 3) * (1 / (2 * 2)) * (1 / (4 * 1))
+    assert bleu([list("abxy")], [list("abcd")]) == pytest.approx(100 * smoothed**0.25)
+    # nothing right: 0, as sacreBLEU (the smoothing gave a wholly wrong system 4.06)
+    assert bleu([list("abcdef")], [list("uvwxyz")]) == 0.0
+    assert sacrebleu.corpus_bleu(["a b c d e f"], [["u v w x y z"]], tokenize="none").score == 0
     assert bleu([[]], [list("ab")]) == 0.0
 
 

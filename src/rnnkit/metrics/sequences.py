@@ -12,7 +12,8 @@
 * **BLEU** (Papineni et al. 2002, corpus level, 0–100): the geometric mean of the clipped
   1- to 4-gram precisions times the brevity penalty ``min(1, exp(1 − r/c))``, with
   sacreBLEU's default ``exp`` smoothing of a zero count (the k-th zero precision becomes
-  ``1 / (2^k · total)``), on the given tokens (no further tokenisation): the figure of
+  ``1 / (2^k · total)``; no n-gram right at all is 0), on the given tokens (no further
+  tokenisation): the figure of
   ``sacrebleu.corpus_bleu(hyps, [refs], tokenize="none")`` on space-joined tokens.
 * **token accuracy under teacher forcing**: the share of target positions (``</s>``
   included) where the model's most probable next token, given the TRUE prefix, is the
@@ -148,7 +149,7 @@ def bleu(
             r_grams = Counter(tuple(r[i : i + n]) for i in range(len(r) - n + 1))
             correct[n - 1] += sum(min(c, r_grams[g]) for g, c in h_grams.items())
             total[n - 1] += max(len(h) - n + 1, 0)
-    if hyp_len == 0:
+    if hyp_len == 0 or not any(correct):  # nothing right: 0, as sacreBLEU, not smoothed
         return 0.0
     log_precision = 0.0
     zeros = 1.0
