@@ -296,6 +296,19 @@ def test_the_lines_before_a_bad_one_are_answered_in_its_batch_too(
     assert answers[0][key] == predict(run_cli, runs[name], alone)[0][key]
 
 
+@pytest.mark.parametrize("bad", [b"caf\xe9", b"a" * 1_048_577], ids=["latin-1", "too-long"])
+def test_the_lines_before_one_that_cannot_be_read_are_answered_in_its_batch_too(
+    runs, run_cli, tmp_path, bad
+):
+    # A line not UTF-8 (or over the limit) in the batch of the lines before it: the error
+    # alone, their answers lost, where a line that reads but is bad is answered after them.
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"abc\n" * 3 + bad + b"\nabc\n")
+    code, out, err = run_cli("predict", "--checkpoint", str(runs["seq2seq"]), "--input", str(path))
+    one_line_error(code, err, f"{path}:4")
+    assert [json.loads(line)["input"] for line in out.splitlines()] == ["abc"] * 3
+
+
 @pytest.mark.parametrize("source", ["file", "stdin"])
 def test_invalid_utf8_after_8_kb_names_its_own_line(runs, run_cli, tmp_path, monkeypatch, source):
     # A text stream decoded 8 KB ahead: the bad byte of line 1,501 was reported at 1,261.

@@ -127,7 +127,16 @@ def read_batches(
     a line over ``limit`` or not UTF-8 is a :class:`DataError` naming its own line."""
     lines: list[str] = []
     where: list[tuple[str, int]] = []
-    for number, text in text_lines(stream, name, limit):
+    read = text_lines(stream, name, limit)
+    while True:
+        try:
+            number, text = next(read)
+        except StopIteration:
+            break
+        except DataError as exc:  # a line not UTF-8, or too long: the lines before it
+            if lines:  # are answered first, as those before any other bad line are
+                yield lines, where
+            raise exc from None
         lines.append(text.rstrip("\r\n"))
         where.append((name, number))
         if len(lines) >= batch_size or not _waiting(stream):
