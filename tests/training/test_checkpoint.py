@@ -384,3 +384,21 @@ def test_save_snapshot_error_mid_write_keeps_the_last_good_one(
     assert [n.rsplit("-", 1)[0] for n in names] == ["step-000000003"]
     state, _ = load_snapshot(out, make_lm(), None)
     assert state["step"] == 3
+
+
+def test_weights_not_yet_written_by_a_run_with_a_snapshot_are_said_so(tmp_path):
+    """A run stopped by Ctrl-C before its first validation has a snapshot and no
+    model.safetensors: evaluate and report said only "model.safetensors: file not found",
+    after training had said "the checkpoint is saved"."""
+    from torch import nn
+
+    from rnnkit.errors import CheckpointError
+    from rnnkit.training.checkpoint import load_model_weights
+
+    (tmp_path / "latest.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not written yet: the run "
+                       r"stopped before its first validation.*--resume"):  # fmt: skip
+        load_model_weights(nn.Linear(2, 2), tmp_path / "model.safetensors")
+    (tmp_path / "latest.json").unlink()
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: file not found"):
+        load_model_weights(nn.Linear(2, 2), tmp_path / "model.safetensors")

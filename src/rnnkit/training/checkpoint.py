@@ -236,6 +236,13 @@ def load_model_weights(module: nn.Module, path: str | os.PathLike[str]) -> None:
     of another kind (integers for a float weight), are a ``CheckpointError`` naming the
     file (a checkpoint of another configuration, or not rnnkit's)."""
     path = Path(path)
+    if not os.path.lexists(path) and (path.parent / "latest.json").is_file():
+        # a run stopped (Ctrl-C) or killed before its first validation: it has a snapshot
+        # to go on from, and no validated weights yet
+        raise CheckpointError(
+            f"{path}: not written yet: the run stopped before its first validation, which "
+            "writes the best weights (rnnkit train --resume goes on from its snapshot)"
+        )
     tensors = _load_tensors(path, checked=True)
     own = module.state_dict()
     by_storage: dict[Any, str] = {}

@@ -163,6 +163,18 @@ def _running_median(values: list[float]) -> list[float]:
     ]
 
 
+def _signal_line(ev: Any, monitor: Any) -> str:
+    """One signal in the words of the report: its window counts logged points."""
+    if ev.kind == "nonfinite" or ev.grad_norm is None or ev.reference_norm is None:
+        return str(ev.message)
+    change = "fell" if ev.kind == "vanishing" else "rose"
+    return (
+        f"step {ev.step}: the median gradient norm {change} to {ev.grad_norm:.3g} from "
+        f"{ev.reference_norm:.3g} within {monitor.window} logged points (factor "
+        f"{monitor.factor:g}): {ev.kind} gradients"
+    )
+
+
 def _gradient_signals(
     clip_norm: float | None,
     steps: list[Any],
@@ -184,11 +196,17 @@ def _gradient_signals(
     """
     from rnnkit.diagnostics import GradientMonitor
 
-    medians = _running_median(norms)
-    monitor = GradientMonitor(clip_norm=clip_norm, window=max(1, min(20, len(norms) - 1)))
+    # medians of whole windows only: the first few points' "median" is one batch's norm
+    # (a relu network's first logged norm, 7.71 against 0.5 after, read as vanishing)
+    first = SIGNAL_MEDIAN - 1 if len(norms) > SIGNAL_MEDIAN else 0
+    medians = _running_median(norms)[first:]
+    steps = list(steps)[first:]
+    monitor = GradientMonitor(clip_norm=clip_norm, window=max(1, min(20, len(medians) - 1)))
     for step, norm in zip(steps, medians, strict=True):
         monitor.record([], pre_clip_norm=norm, step=int(step))
-    loss_medians = _running_median(losses) if losses and len(losses) == len(norms) else None
+    loss_medians = (
+        _running_median(losses)[first:] if losses and len(losses) == len(norms) else None
+    )
     start_scale = max(medians[: monitor.window], default=0.0)
     at = {int(step): i for i, step in enumerate(steps)}
     kept, converging, below_start = [], 0, 0
@@ -216,7 +234,7 @@ def _gradient_signals(
         )
     aside = " and ".join(left_out)
     if kept:
-        items = "".join(f"<li>{esc(ev.message)}</li>" for ev in kept[:10])
+        items = "".join(f"<li>{esc(_signal_line(ev, monitor))}</li>" for ev in kept[:10])
         return (
             f'<p class="warn">Gradient signals (the median of {SIGNAL_MEDIAN} consecutive '
             f"logged norms):</p><ul>{items}</ul>"
@@ -237,6 +255,32 @@ def _gradient_signals(
     return ""
 
 
+def _is_step(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _stopped_by(run: Run, last_step: int | None) -> str:
+    """Why training ended: the summary's own words; without a summary, from the events
+    (a run stopped by Ctrl-C or SIGTERM writes none until it is resumed to its end)."""
+    said = run.summary.get("stopped")
+    if isinstance(said, str) and said:
+        return said
+    if run.events and run.events[-1].get("event") == "interrupted":
+        return (
+            f"a signal (Ctrl-C or SIGTERM) after step {run.events[-1].get('step')}; "
+            "--resume goes on"
+        )
+    if run.of("early_stop"):
+        return "early stop (patience)"
+    if run.of("time_limit"):
+        return "time limit (--max-time)"
+    return (
+        f"not finished: no summary.json (still training, or killed after step {last_step})"
+        if not run.summary
+        else "all steps done"
+    )
+
+
 def training_section(run: Run) -> tuple[str, str, str]:
     cfg, s = run.cfg, run.summary
     train = [e for e in run.of("train") if "step" in e]
@@ -247,7 +291,10 @@ def training_section(run: Run) -> tuple[str, str, str]:
     # the training loss at the same steps, when every one has it (the signals read it)
     losses = [float(v) for e in logged if isinstance(v := e.get("loss_nats"), (int, float))]
     norm_losses = losses if len(losses) == len(logged) else None
-    steps = s.get("steps", train[-1]["step"] if train else None)
+    # without a summary (a run stopped by Ctrl-C, or still training): the last step any
+    # event names (an interrupted run's last record can be steps before its stop)
+    last_step = max((e["step"] for e in run.events if _is_step(e.get("step"))), default=None)
+    steps = s.get("steps", last_step)
     clipped = s.get("clipped_steps", train[-1].get("clipped_total") if train else None)
     # what the loss counts: a classifier's examples, a regressor's values (mse or nats)
     counts = counted(s.get("task", cfg.task))
@@ -270,14 +317,7 @@ def training_section(run: Run) -> tuple[str, str, str]:
                 f"{np.median(norms):.4g} / {max(norms):.4g} / {norms[-1]:.4g}",
             ]
         )
-    stop = (
-        "early stop (patience)"
-        if run.of("early_stop")
-        else "time limit (--max-time)"
-        if run.of("time_limit")
-        else "all steps done"
-    )
-    rows.append(["stopped by", stop])
+    rows.append(["stopped by", _stopped_by(run, last_step)])
     if run.of("skipped"):
         rows.append(["steps skipped (non-finite loss or gradient)", len(run.of("skipped"))])
     body = table(rows) + _gradient_signals(cfg.clip_norm, norm_steps, norms, norm_losses)
