@@ -204,9 +204,7 @@ def _gradient_signals(
     monitor = GradientMonitor(clip_norm=clip_norm, window=max(1, min(20, len(medians) - 1)))
     for step, norm in zip(steps, medians, strict=True):
         monitor.record([], pre_clip_norm=norm, step=int(step))
-    loss_medians = (
-        _running_median(losses)[first:] if losses and len(losses) == len(norms) else None
-    )
+    loss_medians = _running_median(losses)[first:] if losses and len(losses) == len(norms) else None
     start_scale = max(medians[: monitor.window], default=0.0)
     at = {int(step): i for i, step in enumerate(steps)}
     kept, converging, below_start = [], 0, 0
