@@ -71,7 +71,7 @@ METRIC_FIELDS = (
     "grad_norm",
     "elapsed_s",
 )
-_INT_FIELDS = ("steps", "epoch", "parameters", "clipped_steps")
+_INT_FIELDS = ("steps", "epoch", "parameters", "clipped_steps", "resumed_at")
 _NUMBER_FIELDS = ("elapsed_s", "tokens_per_s", "train_loss_nats")
 
 

@@ -112,6 +112,10 @@ def test_unknown_characters_are_scored_as_unk(run, tmp_path):
     (tmp_path / "odd.txt").write_text("the cat sat on the ☃ mat\nand ran\n")
     metrics = evaluate_lm(out, str(tmp_path / "odd.txt"))
     assert metrics["tokens"] > 0 and math.isfinite(metrics["loss_nats"])
+    # and counted, as predict's "unknown" counts them: those the vocabulary lacks
+    _, vocab, _ = load_lm(out)
+    text = (tmp_path / "odd.txt").read_text()
+    assert metrics["unknown"] == sum(c not in vocab.stoi for c in text) > 0
 
 
 @pytest.mark.parametrize("batch_size", [1, 3])

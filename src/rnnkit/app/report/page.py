@@ -107,7 +107,9 @@ def metrics_section(run: Run) -> tuple[str, str, str]:
         for _, c in columns
         for k, v in c.items()
         if k not in names
-        and k not in ("step", "epoch", "best", "event", "order")
+        # the learning rate an evaluation's event records is training's, not a figure
+        # of the model (it showed for some runs, a dash under the summary's best)
+        and k not in ("step", "epoch", "best", "event", "order", "lr")
         # a baseline's figure the model's evaluation carries: its own column shows it
         and not (k.startswith("baseline_") and (baselines or ngram))
         and isinstance(v, (int, float))
@@ -293,6 +295,10 @@ def training_section(run: Run) -> tuple[str, str, str]:
     # event names (an interrupted run's last record can be steps before its stop)
     last_step = max((e["step"] for e in run.events if _is_step(e.get("step"))), default=None)
     steps = s.get("steps", last_step)
+    resumed = s.get("resumed_at")
+    since = ""
+    if isinstance(resumed, int) and isinstance(steps, int) and steps > resumed:
+        since = f", the {steps - resumed:,} steps since the resume at step {resumed:,}"
     clipped = s.get("clipped_steps", train[-1].get("clipped_total") if train else None)
     # what the loss counts: a classifier's examples, a regressor's values (mse or nats)
     counts = counted(s.get("task", cfg.task))
@@ -300,8 +306,8 @@ def training_section(run: Run) -> tuple[str, str, str]:
     rows: list[list[Any]] = [
         ["optimizer steps", steps],
         ["epochs completed", s.get("epoch")],
-        ["training time (s)", s.get("elapsed_s")],
-        [f"training {counts} per second", s.get("tokens_per_s")],
+        [f"training time (s){since}", s.get("elapsed_s")],
+        [f"training {counts} per second{since}", s.get("tokens_per_s")],
         ["parameters", s.get("parameters")],
         [f"final training loss ({per})", s.get("train_loss_nats")],
         ["gradient clipping threshold κ", cfg.clip_norm if cfg.clip_norm is not None else "off"],

@@ -424,6 +424,9 @@ def evaluate_lm(
     data = prepare_lm_data(eval_cfg, vocab, lm_labels(run_dir, cfg))
     model_device = next(model.parameters()).device
     metrics = lm_metrics(model, data, model_device, batch_size or cfg.batch_size)
+    # tokens the training data never held, scored as the unknown symbol (as predict's
+    # "unknown" and the summary's unknown_valid_tokens count them)
+    metrics["unknown"] = data.unknown_valid_tokens()
     if data.labels is not None:  # lines of a label the model never saw are not scored
         metrics["unknown_labels"] = sum(data.valid_unknown.values())
         metrics["unknown_label_counts"] = dict(sorted(data.valid_unknown.items()))

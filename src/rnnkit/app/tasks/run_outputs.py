@@ -53,13 +53,17 @@ def finish_summary(
     """Add ``trajectory`` (the course of the run, read from its events:
     :mod:`rnnkit.training.trajectory`), ``behind_baseline`` (the model against its best
     baseline, one line saying why when it is behind:
-    :mod:`rnnkit.training.baseline_check`) and write ``summary.json``. Returns the summary."""
+    :mod:`rnnkit.training.baseline_check`), ``resumed_at`` (a resumed run: the step this
+    attempt began from, its time and rate being this attempt's) and write
+    ``summary.json``. Returns the summary."""
     # regress trains on its ``loss`` (mse or Gaussian NLL); its ``loss_nats`` differs for mse
     loss_key = "loss" if cfg.task == "regress" else "loss_nats"
     events = _whole_run(Path(cfg.out), result)
     summary["trajectory"] = trajectory(events, (summary.get("valid") or {}).get("step"), loss_key)
     summary["behind_baseline"] = behind_baseline(summary, cfg.task, run_settings(cfg))
     summary["device"] = device_name(cfg.device)
+    if result.first_step > 0:  # elapsed_s and tokens_per_s are this attempt's, not the run's
+        summary["resumed_at"] = result.first_step
     atomic_write_json(Path(cfg.out) / "summary.json", summary)
     return summary
 
