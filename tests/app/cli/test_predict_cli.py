@@ -414,3 +414,27 @@ def test_generate_on_a_run_it_does_not_apply_to_is_one_line(runs, run_cli):
     for task in ("events", "classify"):
         code, _, err = run_cli("generate", "--checkpoint", str(runs[task]))
         one_line_error(code, err, f"generate does not apply to a checkpoint of --task {task}")
+
+
+def test_a_source_longer_than_training_allowed_is_answered_with_one_warning(
+    runs, run_cli, tmp_path
+):
+    """Training refuses a source over --max-len; predict and evaluate answered one
+    (400 characters against 256) in silence, a guess out of anything the model saw."""
+    max_len = json.loads((runs["seq2seq"] / "config.json").read_text())["config"]["max_len"]
+    long = "ab" * (max_len // 2 + 1)
+    path = tmp_path / "in.txt"
+    path.write_text(f"abc\n{long}\n{long}\n", encoding="utf-8")
+    code, out, err = run_cli("predict", "--checkpoint", str(runs["seq2seq"]), "--input", str(path))
+    assert code == 0 and len(out.splitlines()) == 3
+    assert err.strip() == (
+        f"rnnkit: warning: {path}:2: the source has {len(long)} tokens, more than the "
+        f"--max-len {max_len} the model trained with (it never saw such a length): its "
+        "answer is likely wrong"
+    )
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text(f"abc\tcba\n{long}\tx\n{long}\tx\n", encoding="utf-8")
+    code, out, err = run_cli("evaluate", "--checkpoint", str(runs["seq2seq"]), "--data", str(pairs))
+    assert code == 0 and err.strip().endswith(
+        "its decoding is likely wrong; 1 more source(s) of this file are longer too"
+    ), err
