@@ -88,7 +88,9 @@ def sample_texts(
 ) -> list[str]:
     """Generate ``num`` continuations of ``prompt`` as text (the prompt not repeated;
     :func:`join_prompt` joins the two). ``<pad>``, ``<unk>`` and ``<s>`` are never
-    generated; ``</s>`` only ends a text.
+    generated; ``</s>`` only ends a text, and never for a model of a stream that never
+    held it (``segment`` without ``--doc-boundary eos|line``: its texts end at
+    ``max_length``).
 
     ``condition``: the class index a :class:`ConditionalLM` generates for (required for
     one, refused otherwise). With ``--length predict`` and sampling, each sample draws its
@@ -116,11 +118,15 @@ def sample_texts(
         h0 = torch.zeros(num, cfg.hidden, device=device)
         lengths = length.start(num, h0, sample=True, generator=generator)
         state, prompts, copies = LengthState(None, lengths), [ids] * num, 1
+    # A stream whose lines end in "\n" (segment, no --doc-boundary eos|line) never held
+    # </s>: the model gives it a little probability all the same, and a hot sample drew
+    # it, ending texts on a symbol never seen. Such texts end at max_length only.
+    ends = parse_bptt(cfg.bptt)[0] != "segment" or cfg.doc_boundary in ("eos", "line")
     results = generate_batch(
         model,
         prompts,
         max_length=max_length,
-        eos_id=EOS_ID,
+        eos_id=EOS_ID if ends else None,
         strategy=strategy,
         temperature=temperature,
         top_k=top_k,
@@ -130,7 +136,7 @@ def sample_texts(
         generator=generator,
         state=state,
         state_batch_dim=state_batch_dim,
-        forbid=NEVER_GENERATED,
+        forbid=NEVER_GENERATED if ends else (*NEVER_GENERATED, EOS_ID),
     )
     return [vocab.decode(r.ids) for row in results for r in row]
 
