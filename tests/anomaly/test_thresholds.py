@@ -206,6 +206,9 @@ def test_threshold_examples_and_errors() -> None:
     assert threshold_at_fpr([3.0], 0.5) == pytest.approx(3.0003)
     # The margin never reaches past the midpoint to the next score.
     assert threshold_at_fpr([1.0, 1.00001], 0.5) == pytest.approx(1.000005)
+    # ... nor reaches the next score where no float lies between the two (the midpoint
+    # of -5e-324 and 0 rounds to 0, which was then not flagged: hypothesis found it)
+    assert threshold_at_fpr([0.0, -5e-324], 0.5) == -5e-324
     # Copies of the chosen score stay below the line, even off by float32 rounding.
     copies = np.full(10, 7.25)
     limit = threshold_at_fpr(copies, 0.01)

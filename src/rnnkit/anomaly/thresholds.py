@@ -412,5 +412,8 @@ def threshold_at_fpr(
     threshold = chosen + margin * max(1.0, abs(chosen))
     larger = s[s > chosen]
     if larger.size:
-        threshold = min(threshold, (chosen + float(larger[0])) / 2)
+        mid = (chosen + float(larger[0])) / 2
+        # two neighbouring floats (-5e-324 and 0) have no float between them: the midpoint
+        # rounds to the larger, which the threshold would then no longer flag
+        threshold = min(threshold, mid if mid < float(larger[0]) else chosen)
     return threshold
