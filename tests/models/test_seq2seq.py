@@ -375,9 +375,10 @@ def test_the_best_hypothesis_does_not_depend_on_how_many_are_asked_for():
             lp = torch.full((token.shape[0], 6), -30.0)
             if t == 0:
                 lp[:, EOS_ID], lp[:, 4], lp[:, 5] = math.log(0.6), math.log(0.35), math.log(0.05)
-            else:
-                lp[:, EOS_ID] = torch.where(on, -9.0, -0.01)
-                lp[on, 5 if t == 1 else EOS_ID] = -0.001
+            else:  # every beam goes on with 5, unlikely to end; the path ends after 4 5
+                lp[:, EOS_ID], lp[:, 5] = -9.0, -0.001
+                if t == 2:
+                    lp[on, 5], lp[on, EOS_ID] = -30.0, -0.001
             return torch.log_softmax(lp, -1), torch.stack([state[:, 0] + 1, on.float()], 1)
 
     state = torch.tensor([[0.0, 1.0]])

@@ -503,3 +503,19 @@ def test_a_training_loss_far_above_the_baselines_validation_loss_is_underfitting
         "below the persistence forecast (the last value)'s validation loss (1.03)"
         in (behind_baseline(s, "regress", RunSettings())["cause"])
     )
+
+
+def test_a_gaussian_likelihood_is_not_compared_with_a_squared_error():
+    """``regress --loss gaussian`` trains on a negative log-likelihood in nats; the
+    persistence baseline has a mean squared error only: a training NLL of 0.7 against a
+    baseline mse of 0.25 read as "over 2 times the baseline's loss: underfits"."""
+    s = {
+        **_behind_walks(_course(0.70, 0.70, 0.75, 0.85)),
+        "loss": "gaussian",
+        "baselines": {
+            "persistence": {"kind": "persistence forecast (the last value)", "mse": 0.25}
+        },
+    }
+    r = behind_baseline(s, "regress", RunSettings())
+    assert r["cause"].endswith("after the best step while the training loss did not rise "
+                               "(0.7, then 0.7 at the end): overfitting")  # fmt: skip

@@ -139,6 +139,29 @@ def test_metrics_csv_is_the_runs_course_across_a_killed_attempt(tmp_path):
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == len(lines)  # kept
 
 
+def test_metrics_csv_drops_a_killed_attempts_steps_past_the_snapshot_it_resumed_from(
+    tmp_path,
+):
+    """Logged every 10 steps, snapshot at 20, killed between 30 and 40: the resumed
+    attempt logs step 30 again, which the falling-step rule could not see (30 is not
+    below 30): the table held it twice. The resume's own mark says where it went on."""
+    from rnnkit.training.run_files import write_metrics_csv
+
+    first = [{"event": "train", "step": s, "loss_nats": 2.2} for s in (10, 20, 30)]
+    first.insert(2, {"event": "valid", "step": 20, "loss_nats": 2.5, "best": True})
+    again = [{"event": "resumed", "step": 20}]
+    again += [{"event": "train", "step": s, "loss_nats": 2.21} for s in (30, 40)]
+    lines = [json.dumps(e) for e in first + again]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    rows = [
+        (e["event"], e["step"], e.get("loss_nats")) for e in csv_events(write_metrics_csv(tmp_path))
+    ]
+    assert rows == [
+        ("train", 10, 2.2), ("train", 20, 2.2), ("valid", 20, 2.5), ("resumed", 20, None),
+        ("train", 30, 2.21), ("train", 40, 2.21),
+    ]  # fmt: skip
+
+
 def test_metrics_csv_follows_the_write_rules(tmp_path):
     from rnnkit.errors import WriteError
     from rnnkit.training.run_files import write_metrics_csv

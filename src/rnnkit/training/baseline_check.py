@@ -37,9 +37,10 @@ the run itself:
     not generalise from this data): overfitting, the same advice;
   - the training loss rose clearly: the optimisation is unstable — a smaller ``--lr``;
   - the training loss at the end :data:`UNDERFIT_RATIO` times the baseline's validation
-    loss or more (in its unit: nats a token, a ``regress`` run's mean squared error):
-    the model fits even its training data far worse than the baseline predicts new data
-    — underfitting, whatever validation did;
+    loss or more (in its unit: nats a token, a ``regress --loss mse`` run's mean squared
+    error; a Gaussian likelihood has no baseline to compare): the model fits even its
+    training data far worse than the baseline predicts new data — underfitting, whatever
+    validation did;
   - the validation loss rose by :data:`VALID_RISE` of its best or more while the training
     loss did not rise (the model grew ever surer of its training data and wronger on new
     data: a classifier's validation loss climbs so long before its accuracy moves):
@@ -176,10 +177,15 @@ def _budget(settings: RunSettings) -> list[str]:
 
 def _baseline_loss(summary: dict[str, Any], kind: str) -> float | None:
     """The validation loss of the baseline ``kind`` in the unit of the model's training
-    loss (nats a token; a ``regress`` run's mean squared error), where it has one over
-    the same tokens as the model."""
+    loss (nats a token; a ``regress --loss mse`` run's mean squared error), where it has
+    one over the same tokens as the model. None for ``regress --loss gaussian``, whose
+    negative log-likelihood no baseline has."""
     valid = summary.get("valid") or {}
-    key = "mse" if summary.get("task") == "regress" else "loss_nats"
+    key = "loss_nats"
+    if summary.get("task") == "regress":
+        if summary.get("loss", "mse") != "mse":
+            return None
+        key = "mse"
     for what, figures in baseline_figures(summary):
         if what == kind and _comparable(valid, figures, key):
             return _number(figures.get(key))

@@ -9,8 +9,9 @@ loop owns everything else, so every task trains the same way (minGPT's trainer):
   does not (detached here);
 * clipping by global norm (``torch.nn.utils.clip_grad_norm_``) or by value;
 * a non-finite loss or gradient stops training (or skips the step, if asked) naming the
-  step, as does a finite loss risen ``DIVERGED_RISE`` times, and no snapshot is ever
-  written after a bad step (:mod:`rnnkit.training.nonfinite`);
+  step, as does a finite cross-entropy (``counts`` not ``"values"``) risen
+  ``DIVERGED_RISE`` times, and no snapshot is ever written after a bad step
+  (:mod:`rnnkit.training.nonfinite`);
 * validation every epoch or every N steps, best-on-validation weights in
   ``model.safetensors`` (and, at the end, in the model itself), early stopping (after
   ``patience`` validations without a gain of ``min_gain``:
@@ -295,7 +296,8 @@ class Trainer(Generic[_M]):
         return wanted
 
     def resume(self) -> None:
-        """Restore model, optimizer, scheduler, RNG, data position and carried state.
+        """Restore model, optimizer, scheduler, RNG, data position and carried state; log
+        a ``resumed`` event at the snapshot's step.
 
         Raises:
             RunFinished: the step budget is already spent and the run finished (its
@@ -322,6 +324,9 @@ class Trainer(Generic[_M]):
                 f"{self.options.argument('steps')} or {self.options.argument('epochs')} "
                 "to train further)"
             )
+        # the log's mark of the attempt: readers drop what the attempt before logged past
+        # this step, which this one trains again (trajectory.run_events)
+        self._log({"event": "resumed", "step": self.step})
 
     # -- the loop ----------------------------------------------------------------------
     def fit(self) -> TrainResult:
@@ -503,7 +508,9 @@ class Trainer(Generic[_M]):
 
     def _update(self, out: LossOutput, taken: _Taken, where: tuple[int, int, int]) -> _Taken:
         """The optimizer's (and scheduler's) step after the checks passed."""
-        if taken.tokens > 0:  # a finite loss risen beyond any learning's
+        # a finite loss risen beyond any learning's: cross-entropies only (a regressor's
+        # squared error has the data's own scale: one batch of values in the thousands)
+        if taken.tokens > 0 and self.options.counts != "values":
             self.guard.check_rise(float(taken.nats) / taken.tokens, where)
         lr = self.optimizer.param_groups[0]["lr"]  # the rate of this step
         with update_overflow(where, lr, self.options.argument, self.guard.saved):

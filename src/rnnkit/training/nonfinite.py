@@ -7,9 +7,10 @@ steps in a row were bad. With float16, gradients that overflow the scaled loss a
 ``GradScaler``'s business (it skips the step and halves its scale), not a divergence,
 unless that happens ``MAX_SCALER_SKIPS`` times in a row. A finite training loss
 ``DIVERGED_RISE`` times the first step's (or than 1 nat, where that was less) stops
-training too, whatever ``on_nonfinite`` says: a rate far too large can leave weights that
-stay finite yet are as far gone as an overflow. No snapshot is ever written after a bad
-step: the loop writes them only after good ones.
+training too, whatever ``on_nonfinite`` says, where it is a cross-entropy (the loop asks
+for those only: a regressor's squared error has its data's scale): a rate far too large
+can leave weights that stay finite yet are as far gone as an overflow. No snapshot is
+ever written after a bad step: the loop writes them only after good ones.
 """
 
 from __future__ import annotations

@@ -66,7 +66,11 @@ class TrainOptions:
             (``counts="tokens"``): ``"bits"`` or ``"ppl"``.
         counts: what the loss's count (``LossOutput.tokens``) counts — ``"tokens"``,
             ``"examples"`` (a classifier), ``"values"`` (a regressor): the unit of the
-            rate the progress bar and the ``-v`` lines show (``examples/s``).
+            rate the progress bar and the ``-v`` lines show (``examples/s``). A loss of
+            ``"tokens"`` or ``"examples"`` is a cross-entropy: one a million times the
+            first step's stops training as diverged
+            (:data:`~rnnkit.training.nonfinite.DIVERGED_RISE`); a regressor's
+            (``"values"``) has its data's scale and is not held to that.
         lr_schedule: ``"constant"``, ``"plateau"``, ``"step:E:F"`` or ``"cosine"``
             (``rnnkit.training.schedules``), built here; None: the ``scheduler`` and
             ``plateau`` given to the ``Trainer``, if any.

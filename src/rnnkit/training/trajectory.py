@@ -98,20 +98,29 @@ def run_events(
     (the events since the resume).
 
     An attempt cut by a crash may have logged steps past its last snapshot, which the
-    next attempt trained again: an event at an earlier step than the event before it
-    starts a new attempt, and the events of the attempt before from that step on are
-    dropped; so are logged events past ``resumed_at`` (this attempt's are ``history``).
+    next attempt trained again: a ``resumed`` event (written by ``Trainer.resume``) at
+    the snapshot's step drops the events of the attempt before past that step; in a log
+    from before that event, an event at an earlier step than the event before it starts
+    a new attempt, and the events of the attempt before from that step on are dropped.
+    So are logged events past ``resumed_at`` (this attempt's are ``history``).
 
     >>> logged = [{"event": "train", "step": s} for s in (2, 4, 6, 4, 6, 8)]
     >>> [e["step"] for e in run_events(logged, [{"event": "train", "step": 8}], 6)]
     [2, 4, 6, 8]
+    >>> logged = [{"event": "train", "step": s} for s in (2, 3, 4, 6)]
+    >>> logged += [{"event": "resumed", "step": 2}, {"event": "train", "step": 4}]
+    >>> [(e["event"], e["step"]) for e in run_events(logged, [], 10)]
+    [('train', 2), ('resumed', 2), ('train', 4)]
     """
     kept: list[dict[str, Any]] = []
     for event in logged:
         step = _step(event)
         if step is None or step > resumed_at:
             continue
-        if kept and step < kept[-1]["step"]:  # a resumed attempt begins here
+        if event.get("event") == "resumed":  # the attempt before is kept to its snapshot
+            while kept and kept[-1]["step"] > step:
+                kept.pop()
+        elif kept and step < kept[-1]["step"]:  # a resumed attempt begins here
             while kept and kept[-1]["step"] >= step:
                 kept.pop()
         kept.append(event)

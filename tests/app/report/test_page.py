@@ -462,3 +462,6 @@ def test_gradient_signals_read_whole_windows_only():
     steps = list(range(2, 2 * len(norms) + 1, 2))
     page = _gradient_signals(None, steps, norms)
     assert "vanishing gradients" not in page and "No vanishing or exploding signal" in page
+    # a short run: five norms or fewer are one whole window at most, no trend to read
+    for n in (2, 5):
+        assert _gradient_signals(None, steps[:n], [7.71] + [0.5] * (n - 1)) == ""

@@ -200,9 +200,11 @@ def _gradient_signals(
 
     # medians of whole windows only: the first few points' "median" is one batch's norm
     # (a relu network's first logged norm, 7.71 against 0.5 after, read as vanishing)
-    first = SIGNAL_MEDIAN - 1 if len(norms) > SIGNAL_MEDIAN else 0
+    first = SIGNAL_MEDIAN - 1
     medians = _running_median(norms)[first:]
     steps = list(steps)[first:]
+    if len(medians) < 2:  # fewer than two whole windows: no trend to read
+        return ""
     monitor = GradientMonitor(clip_norm=clip_norm, window=max(1, min(20, len(medians) - 1)))
     for step, norm in zip(steps, medians, strict=True):
         monitor.record([], pre_clip_norm=norm, step=int(step))
@@ -246,7 +248,7 @@ def _gradient_signals(
             f"logged gradient norms moved by a factor of {monitor.factor:g} within "
             f"{monitor.window} logged points only as a converging model's does: {aside}."
         )
-    if len(norms) > 1:
+    if len(medians) > 1:
         return note(
             f"No vanishing or exploding signal: the median of {SIGNAL_MEDIAN} consecutive "
             f"logged gradient norms never moved by a factor of {monitor.factor:g} within "
