@@ -438,3 +438,17 @@ def test_a_source_longer_than_training_allowed_is_answered_with_one_warning(
     assert code == 0 and err.strip().endswith(
         "its decoding is likely wrong; 1 more source(s) of this file are longer too"
     ), err
+    for extra in ([], ["--num", "2"]):  # generate: one answer, or the best few
+        code, out, err = run_cli(
+            "generate", "--checkpoint", str(runs["seq2seq"]), "--input", long, *extra
+        )
+        assert (
+            code == 0
+            and out
+            and err.strip()
+            == (
+                f"rnnkit: warning: --input: the source has {len(long)} tokens, more than the "
+                f"--max-len {max_len} the model trained with (it never saw such a length): its "
+                "answer is likely wrong"
+            )
+        ), err

@@ -253,9 +253,31 @@ def test_the_report_of_a_run_stopped_by_ctrl_c_says_so(rnn_run, tmp_path):
     text = render_report(run)
     assert re.search(rf"optimizer steps</t[hd]>\s*<td[^>]*>{stop}<", text), text[:3000]
     assert f"a signal (Ctrl-C or SIGTERM) after step {stop}; --resume goes on" in text
+    # a --resume that failed before its first step logged only its mark: still the signal
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"event": "resumed", "step": stop}) + "\n")
+    write_manifest(run)
+    assert f"a signal (Ctrl-C or SIGTERM) after step {stop}; --resume goes on" in render_report(run)
     # a finished run: the summary's own words
     stopped = json.loads((rnn_run / "summary.json").read_text())["stopped"]
     assert html.escape(stopped) in write_report(rnn_run, tmp_path / "r.html").read_text()
+
+
+def test_a_run_resumed_past_its_summary_then_stopped_is_read_from_its_log(rnn_run, tmp_path):
+    """Trained to 400 steps (summary.json written), resumed to 700 and stopped by Ctrl-C
+    at 485: the report said "stopped by: 400 steps done" beside a step count of 700."""
+    run = tmp_path / "run"
+    shutil.copytree(rnn_run, run, ignore=shutil.ignore_patterns(REPORT_NAME))
+    steps = json.loads((run / "summary.json").read_text())["steps"]
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:
+        for event in ({"event": "resumed", "step": steps},
+                      {"event": "train", "step": steps + 2, "loss_nats": 1.0},
+                      {"event": "interrupted", "step": steps + 3}):  # fmt: skip
+            f.write(json.dumps(event) + "\n")
+    write_manifest(run)
+    text = html.unescape(render_report(run))
+    assert f"a signal (Ctrl-C or SIGTERM) after step {steps + 3}; --resume goes on" in text
+    assert f"summary.json is that of an earlier attempt, which ended at step {steps}" in text
 
 
 def test_missing_or_foreign_directory_is_a_checkpoint_error(tmp_path):
@@ -422,7 +444,7 @@ def test_gradient_signals_of_a_converging_model_are_not_alarms():
     losses = [2.0] * 20 + [0.005] * 20 + [0.02] * 20
     page = _gradient_signals(None, steps, floor, losses)
     assert "exploding gradients" not in page
-    assert "1 rise(s) that stayed below the norms of the first 20 logged steps (1)" in page
+    assert "1 rise(s) that stayed below the norms of the first 20 logged points (1)" in page
     # ... and up past it: exploding, said (the fall before it matched by the loss)
     surge = [1.0] * 20 + [0.01] * 20 + [50.0] * 20
     page = html.unescape(_gradient_signals(None, steps, surge, losses))

@@ -92,6 +92,19 @@ def test_a_resumed_run_reads_its_course_from_the_whole_run(task_data, run_cli, t
     course = summary["trajectory"]
     assert course == trajectory(before + after, best)
     assert course["train_records"] == 6 and course["last_valid_step"] == 6
+    assert after[0] == {"event": "resumed", "step": 4}  # the attempt's mark in the log
+
+
+def test_the_resumed_attempts_own_events_are_not_read_twice(tmp_path):
+    """The log holds this attempt's mark (and whatever it logs at its first step) as the
+    memory does: read from both, the mark was counted twice."""
+    first = [_event("train", s) for s in range(1, 5)] + [_event("valid", 4)]
+    mark = {"event": "resumed", "step": 4}
+    resumed = [mark, *(_event("train", s, 0.5) for s in range(5, 7))]
+    _write_log(tmp_path, [*first, _event("train", 5, 9.9), *resumed])
+    result = TrainResult(steps=6, epochs_done=1, train_loss_nats=0.5, best_valid=None)
+    result.history, result.first_step, result.events_logged = resumed, 4, len(resumed)
+    assert _whole_run(tmp_path, result) == first + resumed
 
 
 def test_an_unreadable_log_leaves_the_events_in_memory(tmp_path, capsys):

@@ -165,6 +165,10 @@ def _running_median(values: list[float]) -> list[float]:
     ]
 
 
+def _points(n: int) -> str:
+    return f"{n} logged point{'' if n == 1 else 's'}"
+
+
 def _signal_line(ev: Any, monitor: Any) -> str:
     """One signal in the words of the report: its window counts logged points."""
     if ev.kind == "nonfinite" or ev.grad_norm is None or ev.reference_norm is None:
@@ -172,7 +176,7 @@ def _signal_line(ev: Any, monitor: Any) -> str:
     change = "fell" if ev.kind == "vanishing" else "rose"
     return (
         f"step {ev.step}: the median gradient norm {change} to {ev.grad_norm:.3g} from "
-        f"{ev.reference_norm:.3g} within {monitor.window} logged points (factor "
+        f"{ev.reference_norm:.3g} within {_points(monitor.window)} (factor "
         f"{monitor.factor:g}): {ev.kind} gradients"
     )
 
@@ -232,7 +236,7 @@ def _gradient_signals(
     if below_start:
         left_out.append(
             f"{below_start} rise(s) that stayed below the norms of the first "
-            f"{monitor.window} logged steps ({start_scale:.3g})"
+            f"{_points(monitor.window)} ({start_scale:.3g})"
         )
     aside = " and ".join(left_out)
     if kept:
@@ -246,13 +250,13 @@ def _gradient_signals(
         return note(
             f"No vanishing or exploding signal: the median of {SIGNAL_MEDIAN} consecutive "
             f"logged gradient norms moved by a factor of {monitor.factor:g} within "
-            f"{monitor.window} logged points only as a converging model's does: {aside}."
+            f"{_points(monitor.window)} only as a converging model's does: {aside}."
         )
     if len(medians) > 1:
         return note(
             f"No vanishing or exploding signal: the median of {SIGNAL_MEDIAN} consecutive "
             f"logged gradient norms never moved by a factor of {monitor.factor:g} within "
-            f"{monitor.window} logged points."
+            f"{_points(monitor.window)}."
         )
     return ""
 
@@ -267,11 +271,13 @@ def _stopped_by(run: Run, last_step: int | None) -> str:
     said = run.summary.get("stopped")
     if isinstance(said, str) and said:
         return said
-    if run.events and run.events[-1].get("event") == "interrupted":
-        return (
-            f"a signal (Ctrl-C or SIGTERM) after step {run.events[-1].get('step')}; "
-            "--resume goes on"
-        )
+    # the last event of training (a --resume that failed before its first step logged
+    # only its mark)
+    last: dict[str, Any] = next(
+        (e for e in reversed(run.events) if e.get("event") != "resumed"), {}
+    )
+    if last.get("event") == "interrupted":
+        return f"a signal (Ctrl-C or SIGTERM) after step {last.get('step')}; --resume goes on"
     if run.of("early_stop"):
         return "early stop (patience)"
     if run.of("time_limit"):

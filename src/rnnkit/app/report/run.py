@@ -48,7 +48,23 @@ def read_run(run_dir: str | Path) -> Run:
     # An attempt killed past its last snapshot logged steps that the resumed attempt
     # trained again: the run's course is the later attempt's (no step drawn twice).
     events = run_events(events, [], resumed_at=_NO_STEP_LIMIT)
-    return Run(path, cfg, info, summary, events, bad)
+    notes = []
+    steps, last = summary.get("steps"), _last_step(events)
+    if isinstance(steps, int) and last is not None and last > steps:
+        # resumed past the end its summary.json tells, then stopped before a new one (a
+        # Ctrl-C): that summary is an earlier attempt's
+        notes.append(
+            f"summary.json is that of an earlier attempt, which ended at step {steps:,}; the "
+            f"run went on to step {last:,} and stopped before writing another: the figures "
+            "below are from its log."
+        )
+        summary = {}
+    return Run(path, cfg, info, summary, events, bad, notes)
+
+
+def _last_step(events: list[dict[str, Any]]) -> int | None:
+    steps = [e["step"] for e in events if isinstance(e.get("step"), int)]
+    return max(steps, default=None)
 
 
 def data_file(run: Run, key: str) -> list[Path]:

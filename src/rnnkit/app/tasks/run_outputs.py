@@ -96,6 +96,13 @@ def _whole_run(out: Path, result: TrainResult) -> list[dict[str, Any]]:
             messages.warning(f"{left_out} is left out: {log} does not end with this run's events")
             return history
         logged, history = logged[:-n], mine
+    else:
+        # this attempt's own events follow its mark (the resumed event at its first step),
+        # the last such mark in the log: those before it are the earlier attempts'
+        mark = {"event": "resumed", "step": result.first_step}
+        at = max((i for i, e in enumerate(logged) if e == mark), default=None)
+        if at is not None:
+            logged = logged[:at]
     return run_events(logged, history, result.first_step)
 
 

@@ -49,7 +49,6 @@ from typing import Any
 
 import numpy as np
 
-from rnnkit import messages
 from rnnkit.app.config import TrainConfig
 from rnnkit.app.tasks.fitting import check_unchanged, make_optimizer
 from rnnkit.app.tasks.run_config import (
@@ -78,7 +77,12 @@ from rnnkit.app.tasks.seq2seq_decode import (
     render_output,
     teacher_forced_metrics,
 )
-from rnnkit.app.tasks.seq2seq_generate import generate_outputs, search_options, transduce
+from rnnkit.app.tasks.seq2seq_generate import (
+    generate_outputs,
+    search_options,
+    transduce,
+    warn_longer,
+)
 from rnnkit.app.tasks.settings import choose_device, seed_everything, train_options
 from rnnkit.data.pairs import PairBatcher, encode_pairs, read_pairs
 from rnnkit.data.vocab import Vocabulary
@@ -295,7 +299,7 @@ def evaluate(
     longer = [(p, len(s)) for p, s in zip(pairs, sources, strict=True) if len(s) > cfg.max_len]
     if longer:
         (first, n), more = longer[0], len(longer) - 1
-        _warn_longer(f"{data_path}:{first.line}", n, cfg.max_len, "decoding is", more)
+        warn_longer(f"{data_path}:{first.line}", n, cfg.max_len, "decoding is", more)
     metrics["source_unknown_tokens"] = sum(
         source_vocab.encode_with_unknown(p.source)[1] for p in pairs
     )
@@ -303,16 +307,6 @@ def evaluate(
         target_vocab.encode_with_unknown(p.target)[1] for p in pairs
     )
     return metrics
-
-
-def _warn_longer(where: str, tokens: int, max_len: int, outcome: str, more: int = 0) -> None:
-    """One warning: a source longer than any the model trained on (training refuses one
-    over ``--max-len``), whose answer is a guess out of what it learnt."""
-    also = f"; {more} more source(s) of this file are longer too" if more else ""
-    messages.warning(
-        f"{where}: the source has {tokens} tokens, more than the --max-len {max_len} the "
-        f"model trained with (it never saw such a length): its {outcome} likely wrong{also}"
-    )
 
 
 def predictor(
@@ -347,7 +341,7 @@ def predictor(
                 raise DataError("empty source (no tokens to transduce)", path, line)
             if len(ids) > cfg.max_len and not warned:
                 warned.append(True)
-                _warn_longer(f"{path}:{line}", len(ids), cfg.max_len, "answer is")
+                warn_longer(f"{path}:{line}", len(ids), cfg.max_len, "answer is")
             sources.append(np.array(ids, dtype=np.int64))
             unknown.append(n_unknown)
         hyps = decode_ids(model, sources, model_device, bs, beam, limit + 1)

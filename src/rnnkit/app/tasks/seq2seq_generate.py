@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rnnkit import messages
 from rnnkit.app.tasks.seq2seq_data import load_seq2seq
 from rnnkit.app.tasks.seq2seq_decode import decode_ids, render_output
 from rnnkit.data.pairs import make_pair_batch
 from rnnkit.errors import ConfigError, DataError
 from rnnkit.generation.options import MAX_BEAM, MAX_GENERATE_TOKENS
 
-__all__ = ["generate_outputs", "transduce"]
+__all__ = ["generate_outputs", "transduce", "warn_longer"]
 
 
 class EmptySource(DataError):
@@ -71,9 +72,21 @@ def transduce(
     if len(ids) == 0:
         raise EmptySource()
     beam, limit = search_options(beam, max_length, cfg.beam, cfg.max_len)
+    if len(ids) > cfg.max_len:
+        warn_longer("--input", len(ids), cfg.max_len, "answer is")
     model_device = next(model.parameters()).device
     hyp = decode_ids(model, [ids], model_device, 1, beam, limit + 1)[0]
     return render_output(target_vocab, hyp[:limit])  # limit + 1 steps leave room for </s> only
+
+
+def warn_longer(where: str, tokens: int, max_len: int, outcome: str, more: int = 0) -> None:
+    """One warning: a source longer than any the model trained on (training refuses one
+    over ``--max-len``), whose answer is a guess out of what it learnt."""
+    also = f"; {more} more source(s) of this file are longer too" if more else ""
+    messages.warning(
+        f"{where}: the source has {tokens} tokens, more than the --max-len {max_len} the "
+        f"model trained with (it never saw such a length): its {outcome} likely wrong{also}"
+    )
 
 
 def generate_outputs(
@@ -107,6 +120,8 @@ def generate_outputs(
         # the Python argument: `rnnkit generate` checks --num first
         raise ConfigError(f"num must be an integer ≥ 1, got {num!r}")
     beam, limit = search_options(beam, max_length, cfg.beam, cfg.max_len)
+    if len(ids) > cfg.max_len:
+        warn_longer("--input", len(ids), cfg.max_len, "answer is")
     model_device = next(model.parameters()).device
     batch = make_pair_batch([np.array(ids, dtype=np.int64)], None).to(model_device)
     if sample:
