@@ -452,3 +452,25 @@ def test_a_source_longer_than_training_allowed_is_answered_with_one_warning(
                 "answer is likely wrong"
             )
         ), err
+
+
+def test_evaluate_scores_the_beam_asked_for(runs, run_cli, tmp_path):
+    """evaluate decoded with the run's --beam only: comparing greedy and beam search on a
+    test file meant retraining, or scoring predict's answers by hand. --beam N scores the
+    decoding of that width, the exact match of predict --beam N's answers."""
+    pairs = [("abc", "cba"), ("aab", "baa"), ("bca", "acb"), ("ab", "ba")]
+    data = tmp_path / "pairs.tsv"
+    data.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    sources = tmp_path / "src.txt"
+    sources.write_text("".join(f"{s}\n" for s, _ in pairs), encoding="utf-8")
+    for beam in ("1", "3"):
+        code, out, err = run_cli("evaluate", "--checkpoint", str(runs["seq2seq"]), "--data",
+                                 str(data), "--beam", beam, "--json")  # fmt: skip
+        assert code == 0, err
+        metrics = json.loads(out)
+        answers = predict(run_cli, runs["seq2seq"], sources, "--beam", beam)
+        hits = sum(a["output"] == t for a, (_, t) in zip(answers, pairs, strict=True))
+        assert metrics["beam"] == int(beam) and metrics["exact_match"] == hits / len(pairs)
+    code, _, err = run_cli("evaluate", "--checkpoint", str(runs["classify"]), "--data",
+                           str(data), "--beam", "2")  # fmt: skip
+    one_line_error(code, err, "--beam does not apply to a checkpoint of --task classify")

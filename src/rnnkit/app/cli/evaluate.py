@@ -21,6 +21,12 @@ def register(sub: Any) -> None:
     p.add_argument("--data", required=True, help="data file in the task's format")
     p.add_argument("--batch-size", type=int, help="evaluation batch size (default: the run's)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument(
+        "--beam",
+        type=int,
+        help="seq2seq: the beam width of the decoding scored (default: the run's --beam; "
+        "1 = greedy)",
+    )
     add_device_option(p)
     p.set_defaults(func=run)
 
@@ -32,8 +38,22 @@ def run(args: argparse.Namespace) -> int:
     check_run_option("batch_size", args.batch_size)
     if not args.data:
         raise ConfigError("--data is empty: name a data file")
-    task = task_module(task_of_run(args.checkpoint))
-    metrics = task.evaluate(args.checkpoint, args.data, args.batch_size, args.device)
+    name = task_of_run(args.checkpoint)
+    task = task_module(name)
+    beam = getattr(args, "beam", None)
+    if beam is None:
+        metrics = task.evaluate(args.checkpoint, args.data, args.batch_size, args.device)
+    else:
+        from rnnkit.generation.options import MAX_BEAM
+
+        if name != "seq2seq":
+            raise ConfigError(f"--beam does not apply to a checkpoint of --task {name} "
+                              "(only to seq2seq)")  # fmt: skip
+        if not 1 <= beam <= MAX_BEAM:
+            raise ConfigError(f"--beam must be in [1, {MAX_BEAM}], got {beam}")
+        from rnnkit.app.tasks.seq2seq import evaluate as evaluate_seq2seq
+
+        metrics = evaluate_seq2seq(args.checkpoint, args.data, args.batch_size, args.device, beam)
     if args.json:
         from rnnkit.training.checkpoint import dumps_strict
 

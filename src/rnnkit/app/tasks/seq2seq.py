@@ -272,10 +272,15 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
 
 
 def evaluate(
-    run_dir: str | Path, data_path: str, batch_size: int | None = None, device: str = "cpu"
+    run_dir: str | Path,
+    data_path: str,
+    batch_size: int | None = None,
+    device: str = "cpu",
+    beam: int | None = None,
 ) -> dict[str, Any]:
     """Score a ``source<TAB>target`` file: teacher-forced loss and accuracy, then decoding
-    (beam width of the run's ``--beam``) for exact match and token error rate.
+    (beam width ``beam``, default the run's ``--beam``; 1 is greedy) for exact match and
+    token error rate.
 
     Tokens outside the vocabularies are counted (``source_unknown_tokens``,
     ``target_unknown_tokens``), not fatal: an unknown reference token simply cannot be
@@ -289,9 +294,11 @@ def evaluate(
     _check_target_lengths(cfg, pairs, targets, data_path)
     bs = batch_size or cfg.batch_size
     metrics = teacher_forced_metrics(model, sources, targets, model_device, bs)
+    width = cfg.beam if beam is None else beam
     decoded, _ = decode_metrics(
-        model, pairs, sources, target_vocab, model_device, bs, cfg.beam, cfg.max_len + 1
+        model, pairs, sources, target_vocab, model_device, bs, width, cfg.max_len + 1
     )
+    decoded["beam"] = width
     metrics.update(decoded)
     nearest = _load_nearest(Path(run_dir), len(target_vocab))
     if nearest is not None:
