@@ -232,6 +232,6 @@ def write_metrics_csv(run_dir: str | os.PathLike[str]) -> Path:
     """
     path = Path(run_dir) / "metrics.csv"
     events, _ = read_metrics(run_dir)
-    events = run_events(events, [], resumed_at=2**62)  # every attempt, to its last step
+    events = run_events(events, [])  # every attempt, to its last step
     atomic_write_bytes(path, metrics_csv(events).encode("utf-8"))
     return path

@@ -91,7 +91,9 @@ def _step(event: dict[str, Any]) -> int | None:
 
 
 def run_events(
-    logged: Iterable[dict[str, Any]], history: Iterable[dict[str, Any]], resumed_at: int
+    logged: Iterable[dict[str, Any]],
+    history: Iterable[dict[str, Any]],
+    resumed_at: int | None = None,
 ) -> list[dict[str, Any]]:
     """The events of a whole run resumed from its snapshot at step ``resumed_at``: the
     events ``logged`` (``metrics.jsonl``, every attempt) up to that step, then ``history``
@@ -102,7 +104,8 @@ def run_events(
     the snapshot's step drops the events of the attempt before past that step; in a log
     from before that event, an event at an earlier step than the event before it starts
     a new attempt, and the events of the attempt before from that step on are dropped.
-    So are logged events past ``resumed_at`` (this attempt's are ``history``).
+    So are logged events past ``resumed_at`` (this attempt's are ``history``; None: every
+    attempt's events to the last, the whole log read as the run's course).
 
     >>> logged = [{"event": "train", "step": s} for s in (2, 4, 6, 4, 6, 8)]
     >>> [e["step"] for e in run_events(logged, [{"event": "train", "step": 8}], 6)]
@@ -115,7 +118,7 @@ def run_events(
     kept: list[dict[str, Any]] = []
     for event in logged:
         step = _step(event)
-        if step is None or step > resumed_at:
+        if step is None or (resumed_at is not None and step > resumed_at):
             continue
         if event.get("event") == "resumed":  # the attempt before is kept to its snapshot
             while kept and kept[-1]["step"] > step:

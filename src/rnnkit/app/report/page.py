@@ -42,7 +42,7 @@ import torch
 from rnnkit.app.report.attention import attention_sections
 from rnnkit.app.report.html import CSP, STYLE, esc, fmt, image, note, section, table
 from rnnkit.app.report.lm import lm_sections
-from rnnkit.app.report.run import Run, read_run
+from rnnkit.app.report.run import Run, last_step, read_run
 from rnnkit.app.report.sequences import SEQUENCE_TASKS, sequence_sections
 from rnnkit.app.tasks.run_dir import written_report
 from rnnkit.data.files import check_replaceable
@@ -261,11 +261,7 @@ def _gradient_signals(
     return ""
 
 
-def _is_step(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _stopped_by(run: Run, last_step: int | None) -> str:
+def _stopped_by(run: Run, final_step: int | None) -> str:
     """Why training ended: the summary's own words; without a summary, from the events
     (a run stopped by Ctrl-C or SIGTERM writes none until it is resumed to its end)."""
     said = run.summary.get("stopped")
@@ -283,7 +279,7 @@ def _stopped_by(run: Run, last_step: int | None) -> str:
     if run.of("time_limit"):
         return "time limit (--max-time)"
     return (
-        f"not finished: no summary.json (still training, or killed after step {last_step})"
+        f"not finished: no summary.json (still training, or killed after step {final_step})"
         if not run.summary
         else "all steps done"
     )
@@ -301,8 +297,8 @@ def training_section(run: Run) -> tuple[str, str, str]:
     norm_losses = losses if len(losses) == len(logged) else None
     # without a summary (a run stopped by Ctrl-C, or still training): the last step any
     # event names (an interrupted run's last record can be steps before its stop)
-    last_step = max((e["step"] for e in run.events if _is_step(e.get("step"))), default=None)
-    steps = s.get("steps", last_step)
+    last = last_step(run.events)
+    steps = s.get("steps", last)
     resumed = s.get("resumed_at")
     since = ""
     if isinstance(resumed, int) and isinstance(steps, int) and steps > resumed:
@@ -329,7 +325,7 @@ def training_section(run: Run) -> tuple[str, str, str]:
                 f"{np.median(norms):.4g} / {max(norms):.4g} / {norms[-1]:.4g}",
             ]
         )
-    rows.append(["stopped by", _stopped_by(run, last_step)])
+    rows.append(["stopped by", _stopped_by(run, last)])
     if run.of("skipped"):
         rows.append(["steps skipped (non-finite loss or gradient)", len(run.of("skipped"))])
     body = table(rows) + _gradient_signals(cfg.clip_norm, norm_steps, norms, norm_losses)

@@ -14,10 +14,7 @@ from rnnkit.data.files import sha256_file
 from rnnkit.training.run_files import read_metrics, read_summary
 from rnnkit.training.trajectory import run_events
 
-__all__ = ["Run", "data_file", "data_files", "read_run"]
-
-#: No step is past it: :func:`run_events` keeps every attempt's events up to the last.
-_NO_STEP_LIMIT = 2**62
+__all__ = ["Run", "data_file", "data_files", "last_step", "read_run"]
 
 
 @dataclass
@@ -47,9 +44,9 @@ def read_run(run_dir: str | Path) -> Run:
     events, bad = read_metrics(path)
     # An attempt killed past its last snapshot logged steps that the resumed attempt
     # trained again: the run's course is the later attempt's (no step drawn twice).
-    events = run_events(events, [], resumed_at=_NO_STEP_LIMIT)
+    events = run_events(events, [])
     notes = []
-    steps, last = summary.get("steps"), _last_step(events)
+    steps, last = summary.get("steps"), last_step(events)
     if isinstance(steps, int) and last is not None and last > steps:
         # resumed past the end its summary.json tells, then stopped before a new one (a
         # Ctrl-C): that summary is an earlier attempt's
@@ -62,7 +59,8 @@ def read_run(run_dir: str | Path) -> Run:
     return Run(path, cfg, info, summary, events, bad, notes)
 
 
-def _last_step(events: list[dict[str, Any]]) -> int | None:
+def last_step(events: list[dict[str, Any]]) -> int | None:
+    """The last step any event names (None: none does)."""
     steps = [e["step"] for e in events if isinstance(e.get("step"), int)]
     return max(steps, default=None)
 
