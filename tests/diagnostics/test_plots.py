@@ -251,3 +251,55 @@ def test_token_labels_are_visible_and_drawable():
 def test_many_positions_thin_the_tick_labels():
     fig = plot_hidden_states(np.zeros((200, 3)), [str(i % 10) for i in range(200)])
     assert len(fig.axes[0].get_xticks()) <= 64
+
+
+def test_score_histograms_over_decades_are_log_scaled_and_read_the_bulk():
+    """Truncated sessions scoring ~20,000 beside normal sessions of 0.3–4.4 and a threshold
+    of 3.74: on a linear axis every normal session and the threshold were in the first of
+    40 bins. On a log axis the normal sessions spread over bins of their own."""
+    from rnnkit.diagnostics.plots import plot_score_histograms
+
+    rng = np.random.default_rng(0)
+    normal = rng.lognormal(0.3, 0.6, 300).clip(0.32, 4.38)
+    anomalous = np.r_[rng.uniform(94, 300, 30), rng.uniform(13_743, 21_401, 10)]
+    fig = plot_score_histograms([("rnn", normal, anomalous, 3.742)], score="combined")
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    assert ax.get_xlabel() == "session score (combined), log scale"
+    normal_bars = [p for p in ax.containers[0] if p.get_height() > 0]
+    assert len(normal_bars) >= 8  # the normal sessions are readable, not one bar
+    assert sum(p.get_height() for p in ax.containers[0]) == 300  # every session drawn
+    assert sum(p.get_height() for p in ax.containers[1]) == 40
+    # the threshold is inside the normal sessions' bins, not at the edge of the first
+    lefts = [p.get_x() for p in normal_bars]
+    assert min(lefts) < 3.742 < max(p.get_x() + p.get_width() for p in normal_bars)
+    assert ax.get_xlim()[0] < 0.32 and ax.get_xlim()[1] >= 21_401
+
+
+def test_score_histograms_stay_linear_for_scores_of_one_scale_and_count_scores():
+    from rnnkit.diagnostics.plots import plot_score_histograms
+
+    # normal sessions 0–1, anomalous up to 30: one scale
+    fig = plot_score_histograms([("m", np.linspace(0.05, 1, 50), [5.0, 30.0], 0.9)])
+    assert fig.axes[0].get_xscale() == "linear"
+    # a count score: normal sessions all at 0, a threshold of 1e-4, anomalous 1–12
+    fig = plot_score_histograms([("m", np.zeros(50), [1.0, 3.0, 12.0], 1e-4)], score="count")
+    assert fig.axes[0].get_xscale() == "linear"
+
+
+def test_score_histograms_of_signed_scores_over_decades_are_symlog_and_name_their_lines():
+    from rnnkit.diagnostics.plots import plot_score_histograms
+
+    z = np.r_[np.random.default_rng(1).normal(size=500), 300.0, 2000.0]
+    fig = plot_score_histograms(
+        [("validation vectors", z, [], 2.576)],
+        threshold_label="per-vector bound z = 2.576",
+        lines=[(6.413, "session threshold 6.413")],
+        counted="vectors",
+    )
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "symlog"
+    assert sum(p.get_height() for p in ax.containers[0]) == 502  # the largest in a bin too
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["normal (502)", "per-vector bound z = 2.576", "session threshold 6.413"]
+    assert [line.get_xdata()[0] for line in ax.lines] == [2.576, 6.413]

@@ -397,7 +397,8 @@ def test_the_training_rate_is_named_by_what_the_loss_counts(rnn_report, run_cli,
     page = (tmp_path / "run" / REPORT_NAME).read_text(encoding="utf-8")
     rate = fmt(summary["tokens_per_s"])
     assert f"<th>training examples per second</th><td class=num>{rate}</td>" in page
-    assert "final training loss (nats per example)" in page and "tokens per second" not in page
+    assert re.search(r"<th>final training loss[^<]*\(nats per example\)</th>", page)
+    assert "tokens per second" not in page
     # the metrics are per example too, each count once
     assert "<th>loss (nats per example)</th>" in page and "nats per token" not in page
     assert "<th>examples</th>" in page and "scored" not in page
@@ -487,3 +488,123 @@ def test_gradient_signals_read_whole_windows_only():
     # a short run: five norms or fewer are one whole window at most, no trend to read
     for n in (2, 5):
         assert _gradient_signals(None, steps[:n], [7.71] + [0.5] * (n - 1)) == ""
+
+
+def test_gradient_signals_of_a_model_that_fits_its_training_data_are_not_alarms():
+    """A tagger at 1e-4 nats: its logged norms move tenfold from one window to the next
+    with the few tokens left to fit, and a fall from one high window (0.0108 to 0.00039
+    while the loss only halved) read as vanishing gradients. Since the start its norm fell
+    less than its loss: the model fits the training data."""
+    import numpy as np
+
+    from rnnkit.app.report.page import _gradient_signals
+
+    rng = np.random.default_rng(0)
+    steps = list(range(3, 3 * 300 + 1, 3))
+    loss = (1.3 * np.exp(-np.arange(300) / 15) + 1e-4) * np.exp(rng.normal(0, 0.5, 300))
+    # the norm per nat of loss grows as the fit nears perfect (as the tagger's did)
+    norm = 0.5 * loss**0.7 * np.exp(rng.normal(0, 1.0, 300))
+    page = html.unescape(_gradient_signals(5.0, steps, list(norm), list(loss)))
+    assert "vanishing gradients" not in page and "No vanishing or exploding signal" in page
+    said = re.search(
+        r"(\d+) fall\(s\) of a model that fits the training data: gradients shrink with the "
+        r"loss \(at step (\d+) the median training loss was ([\d.e+-]+), [\d,.]+ times below "
+        r"its ([\d.e+-]+) at step 15",
+        page,
+    )
+    assert said is not None, page
+    # the figures are the running medians of the logged values it names
+    i = steps.index(int(said.group(2)))
+    assert float(said.group(3)) == pytest.approx(np.median(loss[i - 4 : i + 1]), rel=1e-2)
+    assert float(said.group(4)) == pytest.approx(np.median(loss[:5]), rel=1e-2)
+
+    # a loss only tenfold down (not near zero), then flat while the norm falls: vanishing
+    fading = [1.0] * 40 + [0.85**i for i in range(50)]
+    tenfold = [2.0] * 5 + [0.2] * 85
+    page = _gradient_signals(None, steps[:90], fading, tenfold)
+    assert "vanishing gradients" in page and "fits the training data" not in page
+    # ... as the same course a hundredfold down is a model that fits its data
+    page = _gradient_signals(None, steps[:90], fading, [2.0] * 5 + [0.02] * 85)
+    assert "vanishing gradients" not in page and "fits the training data" in page
+
+
+def test_the_final_training_losses_are_named_by_where_they_are_read(tmp_path):
+    """An early stop one step after the log's last training record: summary.json's loss
+    is of steps metrics.csv does not hold, the log's last record another figure and the
+    smoothed loss a third (three "final training losses" on one page, unnamed)."""
+    import csv
+
+    run = tiny_run(
+        tmp_path, "stop", steps=None, epochs=40, eval_every=3, log_every=2, patience=2, lr=0.05
+    )
+    summary = json.loads((run / "summary.json").read_text())
+    with open(run / "metrics.csv", newline="") as f:
+        train = [r for r in csv.DictReader(f) if r["event"] == "train"]
+    steps, last = summary["steps"], int(train[-1]["step"])
+    assert steps > last  # the run this test is about: it stopped past its last record
+    page = html.unescape(render_report(run))
+    body = page.split('<section id="training">')[1].split("</section>")[0]
+    assert "final training loss (nats per token)" not in body
+    after = (
+        f"step {steps} alone" if steps == last + 1 else f"the mean over steps {last + 1}–{steps}"
+    )
+    rows = dict(re.findall(r"<tr><th>([^<]*)</th><td[^>]*>([^<]*)</td></tr>", body))
+    label = (
+        f"final training loss, {after} (summary.json; after the log's last training record, "
+        f"step {last}) (nats per token)"
+    )
+    assert rows[label] == fmt(summary["train_loss_nats"])
+    label = (
+        f"training loss of the log's last record (metrics.csv, step {last}: the mean since "
+        "the record before) (nats per token)"
+    )
+    assert rows[label] == fmt(float(train[-1]["loss_nats"]))
+    label = (
+        "smoothed training loss at the end: the mean of the log's last 5 training records "
+        f"(steps {train[-5]['step']}–{last}) (nats per token)"
+    )
+    smoothed = sum(float(r["loss_nats"]) for r in train[-5:]) / 5
+    assert rows[label] == fmt(smoothed) == fmt(summary["trajectory"]["train_loss_end"])
+
+
+def test_the_behind_baseline_line_says_its_training_losses_are_smoothed(rnn_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(rnn_run, run)
+    summary = json.loads((run / "summary.json").read_text())
+    # the line of an events run that stopped behind its n-gram (its own summary's words)
+    cause = "the training loss stayed near 0.255 after the best step (0.266 at the end)"
+    summary["behind_baseline"] = {
+        "line": f"behind baseline: …; likely cause: {cause}",
+        "cause": cause,
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    with skipping_checksums():
+        page = html.unescape(render_report(run))
+    metrics = page.split('<section id="metrics">')[1].split("</section>")[0]
+    assert cause in metrics
+    assert (
+        "The training losses in this line are smoothed: each is the mean of the 5 logged" in metrics
+    )
+
+
+def test_a_regressors_loss_curves_are_the_same_loss(task_data, run_cli, tmp_path, monkeypatch):
+    """A regressor's training records hold its MSE under "loss_nats", its evaluations the
+    MSE under "loss" and a Gaussian NLL under "loss_nats": the validation curve was the
+    NLL, drawn against the training MSE."""
+    import csv
+
+    from rnnkit.diagnostics import plots
+
+    argv = ["train", "--task", "regress", "--train", str(task_data / "seq.jsonl"), "--valid"]
+    argv += [str(task_data / "seq-valid.jsonl"), "--out", str(tmp_path / "run"), "--steps", "6"]
+    code, _, err = run_cli(*argv, "--hidden", "8", "--eval-every", "2", "-q")
+    assert code == 0, err
+    drawn = []
+    real = plots.plot_losses
+    monkeypatch.setattr(plots, "plot_losses", lambda *a, **k: drawn.append(a) or real(*a, **k))
+    render_report(tmp_path / "run")
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        valid = [r for r in csv.DictReader(f) if r["event"] == "valid"]
+    _, _, steps, losses = drawn[0]
+    assert list(steps) == [int(r["step"]) for r in valid]
+    assert list(losses) == pytest.approx([float(r["mse"]) for r in valid])

@@ -12,6 +12,8 @@ it (no task needs the report; the command line writes it after training), and no
 * ``lm``: the samples, gradient-flow and prediction sections of language-model runs.
 * ``attention``: the attention heatmaps of seq2seq runs.
 * ``detection``: the anomaly-detection sections of ``events`` and ``params`` runs.
+* ``keys``: the metrics and training sections of ``params`` runs, read from the keys'
+  runs (``keys/NNN``).
 * ``html``: the HTML pieces (escaping, tables, embedded figures, sections, style sheet).
 * ``run``: what the report reads from a run directory.
 """

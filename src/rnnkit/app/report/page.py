@@ -21,8 +21,9 @@ This module assembles the page and writes the sections every run has (metrics,
 training, configuration); a task's own sections are in :mod:`rnnkit.app.report.lm`,
 :mod:`rnnkit.app.report.sequences` (classify, tag, regress, events, seq2seq; the
 gradient-flow section itself in :mod:`rnnkit.app.report.flow`),
-:mod:`rnnkit.app.report.attention` and :mod:`rnnkit.app.report.detection`, the HTML
-pieces in :mod:`rnnkit.app.report.html` and the reading of the run directory in
+:mod:`rnnkit.app.report.attention` and :mod:`rnnkit.app.report.detection` (a ``params``
+run's metrics and training, read from its keys' runs, in :mod:`rnnkit.app.report.keys`),
+the HTML pieces in :mod:`rnnkit.app.report.html` and the reading of the run directory in
 :mod:`rnnkit.app.report.run`. Nothing is printed.
 """
 
@@ -50,6 +51,7 @@ from rnnkit.diagnostics import plots
 from rnnkit.training.baseline_check import LABELS, compare
 from rnnkit.training.checkpoint import atomic_write_bytes
 from rnnkit.training.run_log import counted
+from rnnkit.training.trajectory import SMOOTH_RECORDS
 
 __all__ = ["REPORT_NAME", "render_report", "write_report"]
 
@@ -142,7 +144,15 @@ def _baseline_verdict(run: Run) -> str:
     and what to try), or ahead of it on the task's headline metric."""
     behind = run.summary.get("behind_baseline")
     if behind:
-        return f'<p class="warn"><b>{esc(behind["line"])}</b></p>'
+        line = f'<p class="warn"><b>{esc(behind["line"])}</b></p>'
+        if "training loss" in str(behind.get("cause", "")):
+            # three training losses are on the page: say which one this line quotes
+            line += note(
+                f"The training losses in this line are smoothed: each is the mean of the "
+                f"{SMOOTH_RECORDS} logged training records nearest its step (at the end, "
+                "the last ones), as the training table's smoothed row."
+            )
+        return line
     found = compare(run.summary, run.cfg.task)
     if found is None or run.cfg.task in ("lm", "events"):  # said above, in loss units
         return ""
@@ -169,6 +179,11 @@ def _points(n: int) -> str:
     return f"{n} logged point{'' if n == 1 else 's'}"
 
 
+def _times(ratio: float) -> str:
+    """A ratio in words: ``"22,157 times"``, ``"3.5 times"``."""
+    return f"{ratio:,.0f} times" if ratio >= 100 else f"{ratio:.3g} times"
+
+
 def _signal_line(ev: Any, monitor: Any) -> str:
     """One signal in the words of the report: its window counts logged points."""
     if ev.kind == "nonfinite" or ev.grad_norm is None or ev.reference_norm is None:
@@ -192,13 +207,19 @@ def _gradient_signals(
     batch's norm (a healthy classifier's logged norms moved between 0.095 and 2.15 and
     drew ten alarms).
 
-    Two moves of a model near its minimum are not counted (each was a false alarm on a
+    Moves of a model near its minimum are not counted (each was a false alarm on a
     healthy run whose training loss went to ~0.003): a fall of the norm that the training
     loss ``losses`` (the same logged steps, running medians) matches, ``(n_ref / n) /
     (ℓ_ref / ℓ) < factor`` — a cross-entropy's gradient shrinks with its loss, so that is
-    convergence; and a rise that stays at or below the largest norm of the first
-    ``window`` logged steps — the untrained model's scale, which an exploding gradient
-    passes.
+    convergence; a fall of a model that fits the training data: its loss two decades
+    (``factor²``) or more below the first whole window's, ``ℓ₀ / ℓ ≥ factor²``, and the
+    norm's fall since then matched by it, ``(n₀ / n) / (ℓ₀ / ℓ) < factor`` — near a perfect
+    fit a cross-entropy's gradient is about proportional to its loss (−ln p ≈ 1 − p), and
+    the few examples left to fit make the norm move tenfold from one window to the next
+    (a tagger at 1e-4 nats whose norm fell to 0.0004 from 0.011 while its loss only
+    halved); and a rise that stays at or below the largest
+    norm of the first ``window`` logged steps — the untrained model's scale, which an
+    exploding gradient passes.
     """
     from rnnkit.diagnostics import GradientMonitor
 
@@ -216,6 +237,7 @@ def _gradient_signals(
     start_scale = max(medians[: monitor.window], default=0.0)
     at = {int(step): i for i, step in enumerate(steps)}
     kept, converging, below_start = [], 0, 0
+    fitted: list[int] = []  # where a fitted model's norm fell with its loss
     for ev in monitor.events:
         i = at[ev.step]
         if ev.kind == "vanishing" and loss_medians is not None:
@@ -226,6 +248,15 @@ def _gradient_signals(
                 if fall < monitor.factor:
                     converging += 1
                     continue
+                # the window's reference can be one noisy window of a fitted model: its
+                # course since the first whole window tells (the loss factor² down, and
+                # the norm down no more than the factor beyond it)
+                loss_fall = loss_medians[0] / loss_medians[i]
+                if loss_fall >= monitor.factor**2 and medians[0] / medians[i] / loss_fall < (
+                    monitor.factor
+                ):
+                    fitted.append(i)
+                    continue
         if ev.kind == "exploding" and ev.grad_norm is not None and ev.grad_norm <= start_scale:
             below_start += 1
             continue
@@ -233,12 +264,21 @@ def _gradient_signals(
     left_out = []
     if converging:
         left_out.append(f"{converging} fall(s) that the training loss matched (convergence)")
+    if fitted and loss_medians is not None:
+        i = fitted[-1]
+        left_out.append(
+            f"{len(fitted)} fall(s) of a model that fits the training data: gradients shrink "
+            f"with the loss (at step {steps[i]} the median training loss was "
+            f"{loss_medians[i]:.3g}, {_times(loss_medians[0] / loss_medians[i])} below its "
+            f"{loss_medians[0]:.3g} at step {steps[0]}, and the median gradient norm "
+            f"{medians[i]:.3g}, {_times(medians[0] / medians[i])} below its {medians[0]:.3g})"
+        )
     if below_start:
         left_out.append(
             f"{below_start} rise(s) that stayed below the norms of the first "
             f"{_points(monitor.window)} ({start_scale:.3g})"
         )
-    aside = " and ".join(left_out)
+    aside = "; ".join(left_out)
     if kept:
         items = "".join(f"<li>{esc(_signal_line(ev, monitor))}</li>" for ev in kept[:10])
         return (
@@ -285,10 +325,60 @@ def _stopped_by(run: Run, final_step: int | None) -> str:
     )
 
 
+def _final_losses(s: dict[str, Any], train: list[dict[str, Any]], per: str) -> list[list[Any]]:
+    """The training table's rows of the loss at the end, each named by where it is read,
+    so that it can be checked against the run's files: summary.json's ``train_loss_nats``
+    (the mean over the steps since the log's last training record: that record's loss
+    when the run ended on a logged step, else steps metrics.csv does not hold), the log's
+    last training record, and the smoothed loss the behind-baseline line quotes (the
+    mean of the last records)."""
+    steps, value = s.get("steps"), s.get("train_loss_nats")
+    records = [e for e in train if isinstance(e.get("loss_nats"), (int, float))]
+    last = records[-1] if records else None
+    if last is None or not isinstance(steps, int) or not isinstance(value, (int, float)):
+        label = f"final training loss ({per})"
+    elif last["step"] >= steps:
+        label = (
+            f"final training loss, the log's last training record (metrics.csv, step "
+            f"{last['step']:,}: the mean since the record before) ({per})"
+        )
+    else:
+        first = last["step"] + 1
+        after = (
+            f"step {steps:,} alone"
+            if first == steps
+            else f"the mean over steps {first:,}–{steps:,}"
+        )
+        label = (
+            f"final training loss, {after} (summary.json; after the log's last training "
+            f"record, step {last['step']:,}) ({per})"
+        )
+    rows: list[list[Any]] = [[label, value]]
+    if last is not None and (not isinstance(steps, int) or last["step"] < steps):
+        rows.append(
+            [
+                f"training loss of the log's last record (metrics.csv, step {last['step']:,}: "
+                f"the mean since the record before) ({per})",
+                last["loss_nats"],
+            ]
+        )
+    course = s.get("trajectory")
+    end = course.get("train_loss_end") if isinstance(course, dict) else None
+    if isinstance(end, (int, float)) and last is not None:
+        n = min(SMOOTH_RECORDS, len(records))
+        rows.append(
+            [
+                f"smoothed training loss at the end: the mean of the log's last {n} training "
+                f"records (steps {records[-n]['step']:,}–{last['step']:,}) ({per})",
+                end,
+            ]
+        )
+    return rows
+
+
 def training_section(run: Run) -> tuple[str, str, str]:
     cfg, s = run.cfg, run.summary
     train = [e for e in run.of("train") if "step" in e]
-    valid = [e for e in run.of("valid") if "step" in e and "loss_nats" in e]
     logged = [e for e in train if isinstance(e.get("grad_norm"), (int, float))]
     norm_steps = [e["step"] for e in logged]
     norms = [float(e["grad_norm"]) for e in logged]
@@ -313,7 +403,7 @@ def training_section(run: Run) -> tuple[str, str, str]:
         [f"training time (s){since}", s.get("elapsed_s")],
         [f"training {counts} per second{since}", s.get("tokens_per_s")],
         ["parameters", s.get("parameters")],
-        [f"final training loss ({per})", s.get("train_loss_nats")],
+        *_final_losses(s, train, per),
         ["gradient clipping threshold κ", cfg.clip_norm if cfg.clip_norm is not None else "off"],
     ]
     if isinstance(clipped, int) and isinstance(steps, int) and steps > 0:
@@ -333,11 +423,16 @@ def training_section(run: Run) -> tuple[str, str, str]:
         body += note(f"{run.bad_lines} unreadable line(s) of metrics.jsonl were skipped.")
     char = cfg.task == "lm" and cfg.unit == "char"
     baseline = (s.get("ngram") or {}).get("loss_nats")
+    # a regressor's training records hold its own loss (the mse for --loss mse) under
+    # "loss_nats", its evaluations the same under "loss" and a Gaussian NLL under
+    # "loss_nats": the curves compare the same loss
+    scored = "loss" if counts == "values" else "loss_nats"
+    valid = [e for e in run.of("valid") if "step" in e and isinstance(e.get(scored), (int, float))]
     fig = plots.plot_losses(
         [e["step"] for e in train if "loss_nats" in e and e["loss_nats"] is not None],
         [e["loss_nats"] for e in train if "loss_nats" in e and e["loss_nats"] is not None],
         [e["step"] for e in valid],
-        [e["loss_nats"] for e in valid],
+        [e[scored] for e in valid],
         bits_per_char=char,
         baseline=baseline,
     )
@@ -402,7 +497,18 @@ def render_report(run_dir: str | Path, device: str = "cpu") -> str:
     """
     run = read_run(run_dir)
     run.device = device
-    parts = [metrics_section(run), training_section(run)]
+    if run.cfg.task == "params":
+        # the run directory logs no step: each key's run (keys/NNN) holds the training
+        from rnnkit.app.report.keys import (
+            key_runs,
+            params_metrics_section,
+            params_training_section,
+        )
+
+        keys = key_runs(run)
+        parts = [params_metrics_section(run, keys), params_training_section(run, keys)]
+    else:
+        parts = [metrics_section(run), training_section(run)]
     with single_thread():
         if run.cfg.task == "lm":
             parts += lm_sections(run)

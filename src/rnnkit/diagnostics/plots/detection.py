@@ -18,6 +18,11 @@ from rnnkit.diagnostics.plots.base import (
 
 __all__ = ["plot_detection_curves", "plot_score_histograms"]
 
+#: How many times the normal sessions' typical score the largest score may be before the
+#: histogram's x-axis is logarithmic (two decades): past it, a linear axis puts the normal
+#: sessions and the threshold in the first bin or two.
+LOG_SPAN = 100.0
+
 
 def plot_detection_curves(
     curves: Mapping[str, Mapping[str, Any]],
@@ -74,9 +79,17 @@ def plot_score_histograms(
     bins: int = 40,
     xlabel: str | None = None,
     counted: str = "sessions",
+    threshold_label: str = "threshold",
+    lines: Sequence[tuple[float, str]] = (),
 ) -> Figure:
     """Histograms of session scores, normal against anomalous, with the threshold drawn;
     one panel per detector.
+
+    Scores that span more than :data:`LOG_SPAN` (two decades) past the normal sessions'
+    typical score are drawn on a log x-axis (symlog where a score is zero or negative),
+    with bins of equal width on it: on a linear axis a few truncated sessions scoring
+    20,000 put every normal session and the threshold (3.7) in the first bin. The x label
+    then says so.
 
     Args:
         panels: ``(title, normal scores, anomalous scores, threshold)`` each; the
@@ -84,29 +97,81 @@ def plot_score_histograms(
         score: the score's name (the x label).
         xlabel: the x label instead (default ``session score (score)``).
         counted: what the histograms count (the y label), default ``sessions``.
+        threshold_label: the threshold's name in the legend.
+        lines: further ``(value, name)`` lines drawn dotted in every panel (another
+            threshold).
 
     >>> fig = plot_score_histograms([("m", [0.1, 0.2, 0.4], [2.0, 3.0], 1.0)])
-    >>> fig.axes[0].get_xlabel()
-    'session score (score)'
+    >>> fig.axes[0].get_xlabel(), fig.axes[0].get_xscale()
+    ('session score (score)', 'linear')
+    >>> fig = plot_score_histograms([("m", [0.5, 1.0, 2.0], [15000.0], 3.7)])
+    >>> fig.axes[0].get_xlabel(), fig.axes[0].get_xscale()
+    ('session score (score), log scale', 'log')
     """
     fig = _figure(width or 5.0 * max(1, len(panels)), height)
     axes = fig.subplots(1, max(1, len(panels)), squeeze=False)[0]
     for ax, (title, normal, anomalous, threshold) in zip(axes, panels, strict=False):
         n = _array(normal, "normal", 1)
         a = _array(anomalous, "anomalous", 1)
-        finite = np.r_[n, a, threshold]
+        marks = [(float(v), name) for v, name in lines]
+        finite = np.r_[n, a, threshold, [v for v, _ in marks]]
         finite = finite[np.isfinite(finite)]
-        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-        edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+        scale, linthresh = _x_scale(n, finite)
+        edges = _edges(finite, bins, scale, linthresh)
         ax.hist(n, bins=edges, color="tab:blue", alpha=0.6, label=f"normal ({n.size})")
         if a.size:
             ax.hist(a, bins=edges, color="tab:red", alpha=0.6, label=f"anomalous ({a.size})")
         if math.isfinite(threshold):
-            ax.axvline(threshold, color="black", ls="--", lw=1.5, label="threshold")
+            ax.axvline(threshold, color="black", ls="--", lw=1.5, label=threshold_label)
+        for value, name in marks:
+            if math.isfinite(value):
+                ax.axvline(value, color="0.35", ls=":", lw=1.5, label=name)
+        if scale == "log":
+            ax.set_xscale("log")
+        elif scale == "symlog":
+            ax.set_xscale("symlog", linthresh=linthresh)
         ax.set_yscale("symlog", linthresh=1)
         ax.set_title(title)
-        ax.set_xlabel(xlabel or f"session score ({score})")
+        label = xlabel or f"session score ({score})"
+        ax.set_xlabel(label if scale == "linear" else f"{label}, {scale} scale")
         ax.set_ylabel(counted)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper right", fontsize=8)  # not "best": it scans every bar, slow under load
     return fig
+
+
+def _x_scale(normal: np.ndarray, finite: np.ndarray) -> tuple[str, float]:
+    """``(scale, linthresh)`` of a histogram's x-axis: ``"log"`` (every value positive) or
+    ``"symlog"`` (some zero or negative; linear within ``linthresh`` of 0) when the largest
+    value is over :data:`LOG_SPAN` times the normal sessions' median magnitude (the
+    typical score, which must stay readable), else ``"linear"``.
+
+    The reference is the normal scores' median, not the smallest value: a count score's
+    normal sessions all at 0 and a threshold of 1e-4 are no reason for a log axis."""
+    typical = np.abs(normal[np.isfinite(normal) & (normal != 0)])
+    if not finite.size or not typical.size:
+        return "linear", 1.0
+    reference = float(np.median(typical))
+    if float(np.abs(finite).max()) <= LOG_SPAN * reference:
+        return "linear", 1.0
+    if float(finite.min()) > 0:
+        return "log", 1.0
+    # a power of ten: the axis's ticks are then 0, ±10^k, ±10^(k+1) … (not ±0.68)
+    return "symlog", float(10 ** round(math.log10(reference)))
+
+
+def _edges(finite: np.ndarray, bins: int, scale: str, linthresh: float) -> np.ndarray:
+    """``bins + 1`` bin edges over the values, of equal width on the axis's scale."""
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if scale == "log":
+        return np.geomspace(lo, hi if hi > lo else lo * 10, bins + 1)
+    if scale == "symlog":
+        # sign(x)·log10(1 + |x|/c): linear near 0, logarithmic past c, as the axis draws
+        def forward(x: float) -> float:
+            return math.copysign(math.log10(1 + abs(x) / linthresh), x)
+
+        ys = np.linspace(forward(lo), forward(hi), bins + 1)
+        edges = np.sign(ys) * linthresh * (10 ** np.abs(ys) - 1)
+        edges[[0, -1]] = lo, hi  # exactly: rounding must not leave the largest score out
+        return edges
+    return np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
