@@ -194,6 +194,29 @@ def test_format_detection_hash_lines(text, expected):
     assert detect_tagged_format(text) == expected
 
 
+def test_a_header_line_over_token_tag_lines_says_why_the_file_was_conllu(tmp_path):
+    """A ``# header`` above ``token<TAB>tag`` lines makes the file CoNLL-U, and its first
+    token line was "expected 10 tab-separated columns, got 2", no word of why: the error
+    names the ``#`` line and both ways out. A CoNLL-U file's own broken line (not of two
+    fields) is told as before."""
+    p = write(tmp_path, "\n# exported from my tool\nJohn\tB-PER\nmet\tO\n", "h.tsv")
+    with pytest.raises(DataError) as info:
+        read_tagged(p)
+    assert str(info.value) == (
+        f"{p}:3: malformed CoNLL-U line: expected 10 tab-separated columns, got 2 (the file "
+        "was read as CoNLL-U because line 2 starts with '#'; for a token<TAB>tag file "
+        "remove that line, else give a CoNLL-U file)"
+    )
+    assert (info.value.path, info.value.line) == (str(p), 3)
+    lines = CONLLU.split("\n")
+    lines[5] = "1\tDo\tdo\tAUX"
+    c = write(tmp_path, "\n".join(lines), "bad.conllu")
+    with pytest.raises(DataError, match=r"bad\.conllu:6: [^(]*got 4$"):
+        read_tagged(c)
+    with pytest.raises(DataError, match=r"got 2$"):  # told the format: no guess to explain
+        read_tagged(p, fmt="conllu")
+
+
 def test_tsv_whose_first_token_starts_with_hash_reads_as_tsv(tmp_path):
     p = write(tmp_path, "#rnnkit\tHASHTAG\nrocks\tVERB\n\nthe\tDET\ndog\tNOUN\n", "hash.tsv")
     assert read_tagged(p) == (

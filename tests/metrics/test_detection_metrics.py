@@ -36,8 +36,8 @@ def test_perfect_and_inverted_separation() -> None:
 
 
 def test_precision_recall_f1_edge_cases() -> None:
-    nothing = precision_recall_f1([False, False], [1, 0])
-    assert (nothing["precision"], nothing["recall"], nothing["f1"]) == (0.0, 0.0, 0.0)
+    nothing = precision_recall_f1([False, False], [1, 0])  # nothing flagged: no precision
+    assert (nothing["precision"], nothing["recall"], nothing["f1"]) == (None, 0.0, 0.0)
     perfect = precision_recall_f1([True, False], [1, 0])
     assert (perfect["precision"], perfect["recall"], perfect["f1"], perfect["fpr"]) == (
         1.0,
@@ -45,6 +45,46 @@ def test_precision_recall_f1_edge_cases() -> None:
         1.0,
         0.0,
     )
+
+
+@pytest.mark.parametrize(
+    ("predicted", "labels", "expected"),
+    [
+        # no anomalous session, one flagged: recall 0/0; F1 2·0 / (0 + 1 + 0) = 0
+        ([True, False, False], [0, 0, 0], (0.0, None, 0.0, 1 / 3)),
+        # no anomalous session, none flagged: precision, recall and F1 all 0/0
+        ([False, False], [0, 0], (None, None, None, 0.0)),
+        # only anomalous sessions: no false-positive rate (0/0)
+        ([True, False], [1, 1], (1.0, 0.5, 2 / 3, None)),
+        ([], [], (None, None, None, None)),
+    ],
+)
+def test_an_undefined_ratio_is_none_not_zero(predicted, labels, expected) -> None:
+    """A ratio over 0 is None (JSON null), as scikit-learn's ``zero_division=np.nan``
+    gives NaN: 0 read as "no anomaly found" where there was none to find. F1 is
+    ``2 tp / (2 tp + fp + fn)``, None only when that is 0 / 0."""
+    m = precision_recall_f1(np.array(predicted, dtype=bool), np.array(labels, dtype=int))
+    got = tuple(m[k] for k in ("precision", "recall", "f1", "fpr"))
+    assert got == pytest.approx(expected)
+    assert [v is None for v in got] == [v is None for v in expected]
+
+
+def test_undefined_ratios_agree_with_scikit_learn() -> None:
+    metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        n = int(rng.integers(1, 6))
+        y, p = rng.random(n) < rng.random(), rng.random(n) < rng.random()
+        m = precision_recall_f1(p, y.astype(int))
+        for key, fn in (
+            ("precision", metrics.precision_score),
+            ("recall", metrics.recall_score),
+            ("f1", metrics.f1_score),
+        ):
+            want = fn(y, p, zero_division=np.nan)
+            assert (m[key] is None) == bool(np.isnan(want)), (key, y, p)
+            if m[key] is not None:
+                assert m[key] == pytest.approx(want)
 
 
 def test_detection_metrics_without_both_classes_has_no_auc() -> None:

@@ -16,7 +16,9 @@ and the line:
 :func:`read_tagged` picks the format from the file's first lines
 (:func:`detect_tagged_format`): a ``#`` comment means CoNLL-U, and so does a first data
 line of ten columns; a ``#`` line of two tab-separated fields (``#1<TAB>NUM``) is a
-``token<TAB>tag`` line whose token starts with ``#``, and the line after it decides.
+``token<TAB>tag`` line whose token starts with ``#``, and the line after it decides. A
+``token<TAB>tag`` line met in a file a ``#`` line made CoNLL-U (a header above the
+tokens) is an error that says so and names that line.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ CONLLU_COLUMNS: tuple[str, ...] = (
 FORMATS: tuple[str, ...] = ("conllu", "tsv")
 
 PathLikeStr = str | PathLike[str]
+
+_WRONG_COLUMNS = "malformed CoNLL-U line: expected 10 tab-separated columns"
 
 
 class TaggedSentence(NamedTuple):
@@ -177,7 +181,7 @@ tab-separated columns, got 3
         fields = line.split("\t")
         if len(fields) != len(CONLLU_COLUMNS):
             raise DataError(
-                f"malformed CoNLL-U line: expected 10 tab-separated columns, got {len(fields)}",
+                f"{_WRONG_COLUMNS}, got {len(fields)}",
                 path,
                 number,
             )
@@ -288,7 +292,13 @@ def detect_tagged_format(text: str) -> str:
     >>> detect_tagged_format("#rnnkit\\tHASHTAG\\nrocks\\tVERB\\n")
     'tsv'
     """
-    for _, line in _lines(text):
+    return _detect(text)[0]
+
+
+def _detect(text: str) -> tuple[str, int | None]:
+    """:func:`detect_tagged_format` with the line of the ``#`` comment that made the file
+    CoNLL-U (None when another line decided), for the message of a file misread so."""
+    for number, line in _lines(text):
         if not line.strip():
             continue
         fields = line.split("\t")
@@ -297,9 +307,9 @@ def detect_tagged_format(text: str) -> str:
             # rarely holds a tab at all, so only this shape is ambiguous.
             if len(fields) == 2 and all(f.strip() for f in fields):
                 continue
-            return "conllu"
-        return "conllu" if len(fields) == len(CONLLU_COLUMNS) else "tsv"
-    return "tsv"
+            return "conllu", number
+        return ("conllu" if len(fields) == len(CONLLU_COLUMNS) else "tsv"), None
+    return "tsv", None
 
 
 def _nonempty(sentences: list[TaggedSentence], path: PathLikeStr) -> list[TaggedSentence]:
@@ -349,13 +359,27 @@ def read_tagged(
     _column_index(column)
     # The line limit applies while reading: `--train /dev/zero`-like input fails at once.
     text = read_text(path, max_line_chars=MAX_LINE_CHARS.value(max_line_chars))
+    comment = None
     if fmt is None:
-        fmt = detect_tagged_format(text)
+        fmt, comment = _detect(text)
     if fmt not in FORMATS:
         raise ConfigError(f"tagged format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     limits = {"max_line_chars": max_line_chars, "max_seq_len": max_seq_len}
     if fmt == "conllu":
-        sentences = parse_conllu(text, column, path, **limits)
+        try:
+            sentences = parse_conllu(text, column, path, **limits)
+        except DataError as exc:
+            if comment is None or exc.message != f"{_WRONG_COLUMNS}, got 2":
+                raise
+            # a token<TAB>tag line in a file a "# header" line made CoNLL-U: say why it
+            # was read so, or "expected 10 columns" reads as a broken file of that kind
+            raise DataError(
+                f"{exc.message} (the file was read as CoNLL-U because line {comment} starts "
+                "with '#'; for a token<TAB>tag file remove that line, else give a CoNLL-U "
+                "file)",
+                exc.path,
+                exc.line,
+            ) from None
     else:
         sentences = parse_token_tags(text, path, **limits)
     return _nonempty(sentences, path), fmt

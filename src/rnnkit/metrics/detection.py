@@ -1,7 +1,8 @@
 """Detection metrics of anomaly verdicts: ROC-AUC, the ROC and precision–recall curves,
-precision, recall, F1 and false-positive rate. Pure functions of scores (higher = more
-anomalous) and labels (1 anomalous, 0 normal); a session is flagged when its score is at
-or above a curve's threshold ``t``, and strictly above a verdict's threshold.
+precision, recall, F1 and false-positive rate (None where undefined). Pure functions of
+scores (higher = more anomalous) and labels (1 anomalous, 0 normal); a session is flagged
+when its score is at or above a curve's threshold ``t``, and strictly above a verdict's
+threshold.
 """
 
 from __future__ import annotations
@@ -124,27 +125,34 @@ def precision_recall_curve(
 
 def precision_recall_f1(
     predicted: Sequence[bool] | np.ndarray, labels: Sequence[int] | np.ndarray
-) -> dict[str, float | int]:
-    """Precision, recall, F1 and false-positive rate of anomaly verdicts.
+) -> dict[str, float | int | None]:
+    """Precision, recall, F1 and false-positive rate of anomaly verdicts, with the counts.
 
-    An undefined ratio (nothing flagged, no anomaly, no normal session) is reported as 0.
+    A ratio whose denominator is 0 is undefined and reported as None (JSON null), never
+    as 0: a file without anomalous sessions has no recall (0 of 0 found is not "none
+    found"). ``precision = tp / (tp + fp)``, None when nothing is flagged; ``recall =
+    tp / (tp + fn)``, None without anomalous sessions; ``f1 = 2 tp / (2 tp + fp + fn)``
+    (``2PR / (P + R)`` wherever that is defined), None only when there is neither an
+    anomalous session nor a flagged one; ``fpr = fp / (fp + tn)``, None without normal
+    sessions.
 
     >>> precision_recall_f1([True, True, False, False], [1, 0, 1, 0])
     {'precision': 0.5, 'recall': 0.5, 'f1': 0.5, 'fpr': 0.5, 'tp': 1, 'fp': 1, 'fn': 1, 'tn': 1}
+    >>> m = precision_recall_f1([True, False], [0, 0])  # no anomalous session
+    >>> m["precision"], m["recall"], m["f1"], m["fpr"]
+    (0.0, None, 0.0, 0.5)
     """
     verdicts, y = _checked(np.asarray(predicted, dtype=bool), labels, what="predicted")
     p = verdicts.astype(bool)
     tp, fp = int(np.sum(p & y)), int(np.sum(p & ~y))
     fn, tn = int(np.sum(~p & y)), int(np.sum(~p & ~y))
-    precision = tp / (tp + fp) if tp + fp else 0.0
-    recall = tp / (tp + fn) if tp + fn else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    fpr = fp / (fp + tn) if fp + tn else 0.0
     return {
-        "precision": precision,
-        "recall": recall,
-        "f1": f1,
-        "fpr": fpr,
+        "precision": _ratio(tp, tp + fp),
+        "recall": _ratio(tp, tp + fn),
+        # 2PR / (P + R) without its undefined parts: defined whenever anything is
+        # anomalous or flagged (flagging only normal sessions is an F1 of 0)
+        "f1": _ratio(2 * tp, 2 * tp + fp + fn),
+        "fpr": _ratio(fp, fp + tn),
         "tp": tp,
         "fp": fp,
         "fn": fn,
@@ -152,17 +160,22 @@ def precision_recall_f1(
     }
 
 
+def _ratio(num: int, den: int) -> float | None:
+    return num / den if den else None
+
+
 def detection_metrics(
     scores: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray, threshold: float
-) -> dict[str, float | int]:
-    """ROC-AUC (when both classes are present) and the verdict metrics at ``threshold``.
+) -> dict[str, float | int | None]:
+    """ROC-AUC (when both classes are present; absent otherwise) and the verdict metrics at
+    ``threshold`` (:func:`precision_recall_f1`: None for an undefined ratio).
 
     >>> m = detection_metrics([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1], threshold=0.37)
     >>> m["auc"], m["precision"], m["recall"]
     (0.75, 0.5, 0.5)
     """
     s, y = _checked(scores, labels)
-    out: dict[str, float | int] = {}
+    out: dict[str, float | int | None] = {}
     if y.any() and not y.all():
         out["auc"] = roc_auc(s, y)
     out.update(precision_recall_f1(s > threshold, y))

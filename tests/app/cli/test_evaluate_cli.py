@@ -32,8 +32,9 @@ def test_an_empty_data_or_checkpoint_is_named(run_cli, tmp_path):
     assert err == "rnnkit evaluate: error: --checkpoint is an empty path: name a run directory\n"
 
 
-def test_the_plain_text_says_none_for_an_empty_table():
-    """An empty table (no unknown labels) printed ``unknown_label_counts:`` and nothing."""
+def test_the_plain_text_says_a_dash_for_an_empty_table():
+    """An empty table (no unknown labels) printed ``unknown_label_counts:`` and nothing,
+    then ``none``, where an undefined figure printed ``None``: both are ``—`` now."""
     from rnnkit.app.cli.evaluate import plain_text
 
     metrics = {
@@ -44,7 +45,41 @@ def test_the_plain_text_says_none_for_an_empty_table():
     }
     assert plain_text(metrics).splitlines() == [
         "accuracy: 0.75",
-        "unknown_label_counts: none",
+        "unknown_label_counts: —",
         "per_class: a 1, b 0.5",
         "baseline majority (majority class): accuracy 0.5",
+    ]
+
+
+def test_the_plain_text_prints_no_python_reprs():
+    """``None``, ``['a', 'b']`` and ``[[1, 0], [0, 2]]`` were printed as Python wrote them;
+    an undefined figure whose name says why is said so (a file of no anomalous session
+    has no recall: it printed ``recall: 0``, then ``None``)."""
+    from rnnkit.app.cli.evaluate import plain_text
+
+    metrics = {
+        "oov_accuracy": None,
+        "loss_nats": None,
+        "auc": None,
+        "precision": 0.0,
+        "recall": None,
+        "f1": 0.0,
+        "per_tag_f1": {"B-LOC": None, "O": 1.0},
+        "labels": ["asyncio", "email"],
+        "confusion_matrix": [[1, 0], [0, 2]],
+        "rnn_max": {"precision": None, "recall": None, "tp": 0},
+        "baselines": {"mft": {"kind": "most frequent", "oov_accuracy": None}},
+    }
+    assert plain_text(metrics).splitlines() == [
+        "oov_accuracy: n/a (no out-of-vocabulary token)",
+        "loss_nats: —",
+        "auc: n/a (needs normal and anomalous sessions)",
+        "precision: 0",
+        "recall: n/a (no anomalous sessions)",
+        "f1: 0",
+        "per_tag_f1: B-LOC —, O 1",
+        "labels: asyncio, email",
+        "confusion_matrix: 1 0; 0 2",
+        "rnn_max: precision —, recall —, tp 0",
+        "baseline mft (most frequent): oov_accuracy —",
     ]

@@ -91,7 +91,8 @@ def test_a_resumed_run_says_which_steps_the_time_is_for(capsys):
     print_summary(summary, resumed_at=569)
     first = capsys.readouterr().out.splitlines()[0]
     assert first == (
-        "trained 600 steps (31 of them now, resumed at step 569) in 1 s (5000 tokens/s), "
+        "trained 600 steps (31 of them now, resumed at step 569) in 1 s (5000 tokens/s, "
+        "validation apart), "
         "10 parameters"
     )
     print_summary(summary, resumed_at=600)  # nothing trained now: the run's own line
@@ -144,7 +145,7 @@ def test_the_rate_is_named_by_what_the_loss_counts(capsys, task, unit):
     print_summary({**BASE, "task": task, "tokens_per_s": 4423.0})
     assert (
         capsys.readouterr().out.splitlines()[0]
-        == f"trained 3 steps in 1 s (4423 {unit}/s), 10 parameters"
+        == f"trained 3 steps in 1 s (4423 {unit}/s, validation apart), 10 parameters"
     )
 
 
@@ -160,6 +161,56 @@ def test_a_classifier_trains_at_examples_per_second(run_cli, tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     rate = summary["tokens_per_s"]
     assert out.splitlines()[0].endswith(
-        f"({rate:.0f} examples/s), {summary['parameters']:,} parameters"
+        f"({rate:.0f} examples/s, validation apart), {summary['parameters']:,} parameters"
     )
     assert "tokens/s" not in out
+
+
+def test_one_step_is_one_step(capsys):
+    print_summary({**BASE, "steps": 1})
+    assert capsys.readouterr().out.splitlines()[0] == "trained 1 step in 1 s, 10 parameters"
+
+
+def _verdicts(tp: int, fp: int, fn: int, tn: int) -> dict:
+    from rnnkit.metrics.detection import precision_recall_f1
+
+    labels = [1] * (tp + fn) + [0] * (fp + tn)
+    flagged = [True] * tp + [False] * fn + [True] * fp + [False] * tn
+    return {"auc": 0.75, **precision_recall_f1(flagged, labels), "threshold": 1.0}
+
+
+def test_an_undefined_detection_ratio_is_a_dash_not_a_traceback(capsys):
+    """Nothing flagged among the labelled validation sessions: precision is 0/0, None in
+    ``summary.json``; the table printed ``{None:.4f}`` (a TypeError)."""
+    none_flagged, some = _verdicts(0, 0, 2, 5), _verdicts(1, 1, 1, 4)
+    assert none_flagged["precision"] is None
+    summary = {
+        **BASE,
+        "task": "events",
+        "thresholds": {"score": "max", "rnn": {"max": 2.0}, "target_fpr": 0.05},
+        "ngram": {"order": 3},
+        "detection": {"rnn": {"max": none_flagged}, "ngram": {"max": some}},
+    }
+    print_summary(summary)
+    out = capsys.readouterr().out.splitlines()
+    head = out.index("  model      AUC     precision recall  F1      TP    FP    FN    TN")
+    assert out[head + 1] == "  recurrent  0.7500  —         0.0000  0.0000  0     0     2     5    "
+    assert out[head + 2] == "  3-gram     0.7500  0.5000    0.5000  0.5000  1     1     1     4    "
+
+
+def test_a_params_run_says_why_a_ratio_is_undefined(capsys):
+    summary = {
+        "task": "params",
+        "keys": {"modelled": 2, "vectors_modelled": 40, "skipped": 0, "vectors_skipped": 0},
+        "elapsed_s": 1.0,
+        "parameters": 10,
+        "confidence": 0.99,
+        "z": 2.5,
+        "validation_fpr": {"false_positives": 0, "sessions": 5, "interval95": [0.0, 0.5]},
+        "valid_detection": _verdicts(0, 0, 3, 5),
+    }
+    print_summary(summary)
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "labelled validation sessions: AUC 0.7500, precision n/a (no session flagged), "
+        "recall 0.0000, F1 0.0000"
+    )

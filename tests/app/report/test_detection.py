@@ -159,3 +159,28 @@ def test_the_params_curves_count_an_unreadable_value_as_the_highest_score(monkey
     assert drawn["point"] == (expected["fpr"], expected["recall"], expected["precision"])
     assert expected["tp"] == 2  # the +∞ session is caught
     assert "1 anomalous and 0 normal session(s) scoring +∞" in html
+
+
+def test_a_threshold_that_flags_nothing_has_no_precision_on_the_page(monkeypatch):
+    """Above every session's score nothing is flagged: precision is 0/0, None. The table
+    shows ``—`` (it showed ``None``, earlier ``0``) and the curves' operating point has no
+    precision coordinate (NaN, left out of the plot) rather than a ``None`` matplotlib
+    cannot place."""
+    from rnnkit.app.report import detection
+
+    drawn: dict = {}
+
+    def capture(curves):
+        drawn.update(curves["parameter values"])
+        return b""
+
+    monkeypatch.setattr(detection.plots, "plot_detection_curves", capture)
+    monkeypatch.setattr(detection.plots, "plot_score_histograms", lambda *a, **k: b"")
+    monkeypatch.setattr(detection, "image", lambda *a: "")
+    normal, anomalous = np.array([0.5, 1.0, 1.5]), np.array([2.0, 2.5])
+    detection._params_detection(normal, anomalous, limit=9.0)
+    fpr, recall, precision = drawn["point"]
+    assert (fpr, recall) == (0.0, 0.0) and np.isnan(precision)
+    at = detection_metrics(np.r_[normal, anomalous], np.r_[np.zeros(3), np.ones(2)], 9.0)
+    html = detection._raw_table([["m", *(at[k] for k in ("precision", "recall", "f1"))]], [])
+    assert re.findall(r"<td[^>]*>([^<]*)</td>", html) == ["m", "—", "0", "0"]

@@ -169,6 +169,28 @@ def test_the_error_gaussian_by_hand(data: Path, runs: tuple[Path, Path]) -> None
     assert mean[1] == pytest.approx(10, abs=0.5) and scale[1] == pytest.approx(1, abs=0.3)
 
 
+def test_a_file_without_anomalous_sessions_has_no_recall(
+    data: Path, runs: tuple[Path, Path], run_cli
+) -> None:
+    """Normal sessions only: recall 0/0 is null, not 0 (``recall: 0`` sat beside
+    ``auc: None``); F1 2 tp / (2 tp + fp + fn) and precision are null only when nothing
+    is flagged; the plain text says why rather than ``None``."""
+    normal = data / "normal.jsonl"
+    lines = (data / "test.jsonl").read_text().splitlines()
+    normal.write_text("".join(f"{x}\n" for x in lines if json.loads(x).get("label") == 0))
+    code, out, err = run_cli("evaluate", "--checkpoint", str(runs[0]), "--data", str(normal),
+                             "--json")  # fmt: skip
+    assert code == 0, err
+    m = json.loads(out)
+    assert (m["anomalous_sessions"], m["tp"], m["fn"]) == (0, 0, 0)
+    assert m["auc"] is None and m["recall"] is None
+    assert m["fpr"] == m["fp"] / m["sessions"]
+    assert (m["f1"], m["precision"]) == ((0.0, 0.0) if m["fp"] else (None, None))
+    code, out, err = run_cli("evaluate", "--checkpoint", str(runs[0]), "--data", str(normal))
+    assert code == 0 and "None" not in out
+    assert "recall: n/a (no anomalous sessions)" in out.splitlines()
+
+
 def test_evaluate_predict_and_confidence(data: Path, runs: tuple[Path, Path], run_cli) -> None:
     params, events = runs
     code, out, err = run_cli("evaluate", "--checkpoint", str(params), "--data",

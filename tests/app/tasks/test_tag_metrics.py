@@ -171,3 +171,67 @@ def test_tag_metrics_read_the_device_once_and_score_each_sentence_as_alone(monke
             assert got["per_tag_f1"] == eager["per_tag_f1"]
     for sites in reads:
         assert sum(sites.values()) == 1 and all(s.startswith("deferred.py:") for s in sites), sites
+
+
+# A BIO tag set; the file's MISC was never a training tag. Words: a 4, x 5, y 6, p 7, each
+# tagged by the fixed model alone: a → O, x → B-LOC, y → I-LOC, p → B-PER (I-PER never).
+BIO = TagData(
+    Vocabulary(["a", "x", "y", "p"], unit="word"),
+    LabelSet(["B-LOC", "B-PER", "I-LOC", "I-PER", "O"]),
+)
+BIO_PREDICTS = {4: "O", 5: "B-LOC", 6: "I-LOC", 7: "B-PER"}
+BIO_EVAL = [
+    # MISC span predicted as LOC: with it gone, no gold and no predicted span there
+    TaggedSentence(["p", "x", "y", "a"], ["B-PER", "B-MISC", "I-MISC", "O"]),
+    TaggedSentence(["x", "y", "a", "x"], ["B-LOC", "I-LOC", "O", "B-LOC"]),  # all right
+    # the MISC token parts two LOC spans: they stay two (a deletion would join them)
+    TaggedSentence(["x", "a", "y"], ["B-LOC", "B-MISC", "I-LOC"]),
+    # a predicted LOC span over the MISC token is cut there: LOC(0,1) right, LOC(2,3) not
+    TaggedSentence(["x", "y", "y"], ["B-LOC", "I-MISC", "O"]),
+]
+
+
+class WordTagger(nn.Module):
+    """Logits that pick ``BIO_PREDICTS[word]``: ``(B, T) -> (B, T, K)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        table = torch.zeros(8, len(BIO.tags))
+        for word, tag in BIO_PREDICTS.items():
+            table[word, BIO.tags.labels.index(tag)] = 5.0
+        self.register_buffer("table", table)
+
+    def forward(self, words: Tensor, mask: Tensor, chars: Tensor | None = None) -> Tensor:
+        return self.table[words]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_span_figures_leave_out_tokens_of_unseen_tags(batch_size: int) -> None:
+    """Span precision, recall and F1 as if the MISC tokens were not in the file, like the
+    accuracy: seqeval's (conlleval's) figures on the sentences with those tokens made
+    ``O`` on both sides, worked out by hand. Gold spans: PER(0,1); LOC(0,2), LOC(3,4);
+    LOC(0,1), LOC(2,3); LOC(0,1) — 6. Predicted: the same 6 and LOC(2,3) of the last
+    sentence — 7. They counted the 3 MISC spans as gold (before: P 5/7, R 5/9)."""
+    enc = encode_tagged(BIO_EVAL, BIO)
+    m = tag_metrics(WordTagger(), enc, BIO, torch.device("cpu"), batch_size, full=True)
+    assert (m["unknown_labels"], m["unknown_label_counts"]) == (4, {"B-MISC": 2, "I-MISC": 2})
+    assert m["tokens"] == 10 and m["accuracy"] == 9 / 10  # the last y (gold O) is wrong
+    assert m["span_precision"] == pytest.approx(6 / 7)
+    assert m["span_recall"] == 1.0
+    assert m["span_f1"] == pytest.approx(2 * 6 / (6 + 7))
+
+
+def test_a_tag_with_no_token_and_no_prediction_has_no_figures() -> None:
+    """I-PER, neither gold nor predicted: precision, recall and F1 None (they printed 0,
+    as for a tag got all wrong), support 0; macro-F1 leaves it out, as scikit-learn's
+    ``f1_score(gold, pred, average="macro")`` over the tags present."""
+    enc = encode_tagged(BIO_EVAL, BIO)
+    m = tag_metrics(WordTagger(), enc, BIO, torch.device("cpu"), 4, full=True)
+    for key in ("precision", "recall", "f1"):
+        assert m[f"per_tag_{key}"]["I-PER"] is None
+    assert m["per_tag_support"] == {"B-LOC": 4, "B-PER": 1, "I-LOC": 2, "I-PER": 0, "O": 3}
+    # O: 2 of 3 found, none wrongly (P 1, R 2/3); I-LOC: 3 predicted, 2 right (P 2/3,
+    # R 1); B-LOC and B-PER all right
+    assert m["per_tag_f1"]["O"] == m["per_tag_f1"]["I-LOC"] == pytest.approx(4 / 5)
+    assert m["per_tag_precision"]["I-LOC"] == pytest.approx(2 / 3)
+    assert m["macro_f1"] == pytest.approx((1 + 1 + 4 / 5 + 4 / 5) / 4)

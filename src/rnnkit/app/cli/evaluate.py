@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from rnnkit.app.cli.run_options import add_device_option, check_run_option
+from rnnkit.app.cli.train_summary import UNDEFINED as DETECTION_UNDEFINED
 from rnnkit.errors import ConfigError
 
 __all__ = ["plain_text", "register", "run"]
@@ -64,8 +65,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def plain_text(metrics: dict[str, Any]) -> str:
-    """The figures one per line, ``name: value``; a table (a dict) on its line as
-    ``key value, ...``, an empty one as ``none``; each baseline on a line of its own."""
+    """The figures one per line, ``name: value``; each baseline on a line of its own.
+
+    Written for a reader, not as Python reprs: a float to 4 significant digits, an
+    undefined figure (None, JSON's null) as ``—`` (at the top level with why, where the
+    name says it: ``n/a (no anomalous sessions)``), a list comma-separated, a list of
+    rows (a confusion matrix) with ``;`` between rows, a table (a dict) as ``key value,
+    ...`` and an empty one as ``—``.
+
+    >>> print(plain_text({"recall": None, "labels": ["a", "b"], "per": {"a": 0.5, "b": None},
+    ...                   "counts": {}, "confusion_matrix": [[1, 0], [2, 3]]}))
+    recall: n/a (no anomalous sessions)
+    labels: a, b
+    per: a 0.5, b —
+    counts: —
+    confusion_matrix: 1 0; 2 3
+    """
     lines = []
     for key, value in metrics.items():
         if key == "baselines" and isinstance(value, dict):
@@ -74,14 +89,28 @@ def plain_text(metrics: dict[str, Any]) -> str:
                 lines.append(f"baseline {name} ({figures.get('kind', name)}): {_inner(rest)}")
         elif isinstance(value, dict):
             lines.append(f"{key}: {_inner(value)}")
+        elif value is None and key in UNDEFINED:
+            lines.append(f"{key}: n/a ({UNDEFINED[key]})")
         else:
             lines.append(f"{key}: {_value(value)}")
     return "\n".join(lines)
 
 
+#: Why a figure is None, by its name (the detection ratios' reasons from the summary's).
+UNDEFINED = {**DETECTION_UNDEFINED, "oov_accuracy": "no out-of-vocabulary token"}
+
+
 def _value(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        if value and all(isinstance(v, (list, tuple)) for v in value):
+            return "; ".join(" ".join(_value(x) for x in row) for row in value)
+        return ", ".join(_value(v) for v in value) or "—"
+    return str(value)
 
 
 def _inner(figures: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {_value(v)}" for k, v in figures.items()) or "none"
+    return ", ".join(f"{k} {_value(v)}" for k, v in figures.items()) or "—"

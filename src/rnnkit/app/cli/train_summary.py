@@ -8,7 +8,7 @@ from typing import Any
 
 from rnnkit.training.run_log import counted
 
-__all__ = ["SHOWN_METRICS", "print_summary"]
+__all__ = ["SHOWN_METRICS", "UNDEFINED", "print_summary", "ratio"]
 
 
 #: The validation figures the summary prints, for the model and for each baseline.
@@ -50,11 +50,37 @@ def _print_params(summary: dict[str, Any]) -> None:
     )
     m = summary.get("valid_detection")
     if m:
-        auc = f"{m['auc']:.4f}" if "auc" in m else "-"
         print(
-            f"labelled validation sessions: AUC {auc}, precision {m['precision']:.4f}, "
-            f"recall {m['recall']:.4f}, F1 {m['f1']:.4f}"
+            f"labelled validation sessions: AUC {ratio(m.get('auc'), 'auc')}, precision "
+            f"{ratio(m.get('precision'), 'precision')}, recall {ratio(m.get('recall'), 'recall')}"
+            f", F1 {ratio(m.get('f1'), 'f1')}"
         )
+
+
+#: Why a detection ratio is undefined (None in ``summary.json``): its denominator is 0.
+UNDEFINED = {
+    "auc": "needs normal and anomalous sessions",
+    "precision": "no session flagged",
+    "recall": "no anomalous sessions",
+    "f1": "no anomalous session, none flagged",
+    "fpr": "no normal sessions",
+}
+
+
+def ratio(value: Any, key: str = "", width: int = 0) -> str:
+    """A detection figure to 4 decimals; an undefined one (None) as ``n/a (why)``, or as
+    ``—`` padded to ``width`` in a table (``width`` > 0), never as ``None`` or a 0 that
+    reads as "none found".
+
+    >>> ratio(0.5), ratio(None, "recall"), ratio(None, "recall", width=6) + "|"
+    ('0.5000', 'n/a (no anomalous sessions)', '—     |')
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.4f}"
+    if width:
+        return f"{'—':<{width}}"
+    why = UNDEFINED.get(key)
+    return f"n/a ({why})" if why else "—"
 
 
 def _print_unknown_labels(valid: dict[str, Any]) -> None:
@@ -84,7 +110,7 @@ def print_summary(summary: dict[str, Any], resumed_at: int | None = None) -> Non
         return
     valid, ngram = summary.get("valid"), summary.get("ngram")
     steps = summary["steps"]
-    done = f"{steps} steps"
+    done = f"{steps} step" + ("" if steps == 1 else "s")
     if resumed_at is not None and isinstance(steps, int) and steps > resumed_at:
         # "trained 600 steps in 1 s" read as the whole run's time: 31 of them were.
         done += f" ({steps - resumed_at} of them now, resumed at step {resumed_at})"
@@ -94,7 +120,8 @@ def print_summary(summary: dict[str, Any], resumed_at: int | None = None) -> Non
     rate = summary.get("tokens_per_s")
     speed = ""
     if rate:
-        speed = f" ({rate:.0f} {counted(summary.get('task'))}/s)"
+        # the rate of the training steps; the seconds before it include validation
+        speed = f" ({rate:.0f} {counted(summary.get('task'))}/s, validation apart)"
     elif resumed_at is not None and resumed_at == steps:
         # resumed after its last step (stopped before it ended): it only validated and
         # wrote the run now; not "0 tokens/s"
@@ -176,8 +203,10 @@ def _print_detection(summary: dict[str, Any]) -> None:
     print("  model      AUC     precision recall  F1      TP    FP    FN    TN")
     for model, label in (("rnn", "recurrent"), ("ngram", f"{summary['ngram']['order']}-gram")):
         m = detection[model][name]
-        auc = f"{m['auc']:.4f}" if "auc" in m else "  -   "
+        auc, precision, recall, f1 = (
+            ratio(m.get(k), width=6) for k in ("auc", "precision", "recall", "f1")
+        )
         print(
-            f"  {label:<10} {auc}  {m['precision']:.4f}    {m['recall']:.4f}  {m['f1']:.4f}  "
+            f"  {label:<10} {auc}  {precision}    {recall}  {f1}  "
             f"{m['tp']:<5} {m['fp']:<5} {m['fn']:<5} {m['tn']:<5}"
         )

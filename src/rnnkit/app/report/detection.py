@@ -175,13 +175,19 @@ def _curves(scores: np.ndarray, labels: np.ndarray, at: dict[str, Any]) -> dict[
     threshold as the operating point."""
     fpr, tpr, _ = roc_curve(scores, labels)
     recall, precision, _ = precision_recall_curve(scores, labels)
+
+    def coordinate(key: str) -> float:
+        # None (nothing flagged has no precision) is NaN: a point matplotlib leaves out
+        value = at.get(key)
+        return float("nan") if value is None else float(value)
+
     return {
         "fpr": fpr,
         "tpr": tpr,
         "recall": recall,
         "precision": precision,
         "auc": at["auc"],
-        "point": (at["fpr"], at["recall"], at["precision"]),
+        "point": (coordinate("fpr"), coordinate("recall"), coordinate("precision")),
     }
 
 
@@ -236,12 +242,15 @@ def _worst_sessions(run: Run, name: str) -> str:
 
 
 def _raw_table(rows: list[list[Any]], header: list[str]) -> str:
-    """A table whose string cells are already HTML (numbers are formatted)."""
+    """A table whose string cells are already HTML (numbers are formatted; None, an
+    undefined figure such as the precision of no session flagged, is ``—``)."""
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
     out = []
     for row in rows:
         cells = "".join(
-            f'<td class="num">{fmt(c)}</td>' if isinstance(c, (int, float)) else f"<td>{c}</td>"
+            f'<td class="num">{fmt(c)}</td>'
+            if c is None or isinstance(c, (int, float))
+            else f"<td>{c}</td>"
             for c in row
         )
         out.append(f"<tr>{cells}</tr>")
@@ -280,10 +289,15 @@ def params_sections(run: Run) -> list[tuple[str, str, str]]:
             [("validation vectors", vz, [], z)],
             xlabel="prediction error in standard deviations of its key's, (e − μ) / σ",
             counted="vectors",
+            # the dashed line is the per-vector bound; a session is flagged when one of
+            # its vectors passes the session threshold, drawn too where it is higher
+            threshold_label=f"per-vector bound z = {z:.4g}",
+            lines=[(limit, f"session threshold {limit:.4g}")] if limit > z else (),
         ),
         "prediction errors of the validation vectors",
         "Each validation vector's error in standard deviations of its key's errors, "
-        "(e − μ) / σ; the dashed line is the bound.",
+        "(e − μ) / σ; the dashed line is the per-vector bound, the other the session "
+        "threshold.",
     )
     body += _params_detection(arrays.get("normal", np.zeros(0)), arrays.get("anomalous"), limit)
     return [section("params", "Parameter values", body)]

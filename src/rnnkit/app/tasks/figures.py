@@ -32,14 +32,21 @@ def per_class_figures(
     The per-class dicts list every class of ``labels`` (support 0 for one absent here);
     macro-F1 averages over the classes present in ``gold`` or ``pred`` only, as
     scikit-learn's ``f1_score(gold, pred, average="macro")`` does: a class the data
-    never mentions has no F1 to average.
+    never mentions has no F1 to average, and its precision, recall and F1 are None (0 of
+    0; a 0 there read as a class got wrong).
+
+    >>> f = per_class_figures(["a", "a"], ["a", "b"], ["a", "b", "c"], "per_class")
+    >>> f["per_class_f1"], f["per_class_support"]
+    ({'a': 0.6666666666666666, 'b': 0.0, 'c': None}, {'a': 2, 'b': 0, 'c': 0})
     """
     if not gold:
         return {"macro_f1": None}
     per = per_class_prf(gold, pred, labels)
     out: dict[str, Any] = {"macro_f1": macro_f1(gold, pred)}
-    for key in ("precision", "recall", "f1", "support"):
-        out[f"{prefix}_{key}"] = {label: per[label][key] for label in labels}
+    present = set(gold) | set(pred)
+    for key in ("precision", "recall", "f1"):
+        out[f"{prefix}_{key}"] = {c: per[c][key] if c in present else None for c in labels}
+    out[f"{prefix}_support"] = {c: per[c]["support"] for c in labels}
     return out
 
 

@@ -12,10 +12,12 @@ tokens), ``perplexity`` (``exp(loss_nats)``), ``accuracy``; ``oov_accuracy`` ove
 is none); ``macro_f1`` and per-tag ``per_tag_precision`` / ``per_tag_recall`` /
 ``per_tag_f1`` / ``per_tag_support``; for a BIO tag set ``span_precision``,
 ``span_recall``, ``span_f1`` (``conlleval`` rules). A gold tag the model was never
-trained on cannot be scored: those tokens are left out of the loss, the accuracy and the
-per-tag figures and reported as ``unknown_labels`` (their number) and
-``unknown_label_counts`` (per tag); span F1 keeps them in the gold spans (a span of an
-unknown type is a miss — the honest figure). Beside the model, the summary and
+trained on cannot be scored: those tokens are left out of every figure (the loss, the
+accuracy, the per-tag and the span figures) and reported as ``unknown_labels`` (their
+number) and ``unknown_label_counts`` (per tag); for the spans such a token is ``O`` in
+the gold and the predicted tags alike (:func:`~rnnkit.app.tasks.tag_metrics.span_tags`).
+A tag with no gold token and no prediction has ``None`` precision, recall and F1 (support
+0), and ``macro_f1`` leaves it out. Beside the model, the summary and
 ``evaluate`` give a baseline that gives every known word its most frequent training tag
 and unknown words the most frequent tag overall (``baselines["most_frequent_tag"]``:
 ``accuracy``, ``oov_accuracy``, ``oov_tokens``; :class:`rnnkit.models.lookup.MostFrequentTag`,
@@ -141,7 +143,12 @@ def train_tag(
         else load_pretrained_vectors(cfg, model.embedding, data.vocab.itos, literal_specials=False)
     )
     batches = SequenceBatcher(
-        train_enc.words, train_enc.tags, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed
+        train_enc.words,
+        train_enc.tags,
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        seed=cfg.seed,
+        bucket=cfg.batch_order == "length",
     )
 
     def step(model: Tagger, batch: Any, carry: Any) -> LossOutput:

@@ -1,6 +1,7 @@
 """How a tagger is scored: loss, accuracy, OOV accuracy, per-tag and (BIO tag sets) span
-figures, with gold tags the model never saw counted apart; and the most-frequent-tag
-baseline, fitted on the training sentences and scored on the same tokens."""
+figures, with gold tags the model never saw counted apart and left out of every figure;
+and the most-frequent-tag baseline, fitted on the training sentences and scored on the
+same tokens."""
 
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ from rnnkit.metrics.labels import is_bio_tagset, span_prf
 from rnnkit.models.lookup import MostFrequentTag
 from rnnkit.models.tagger import Tagger
 
-__all__ = ["BASELINE_KIND", "baseline_metrics", "fit_baseline", "tag_metrics"]
+__all__ = [
+    "BASELINE_KIND",
+    "baseline_metrics",
+    "fit_baseline",
+    "span_tags",
+    "tag_metrics",
+]
 
 
 @torch.no_grad()
@@ -95,15 +102,35 @@ def tag_metrics(
     metrics["unknown_labels"] = sum(unknown.values())
     metrics["unknown_label_counts"] = dict(sorted(unknown.items()))
     labels = data.tags.labels
-    pred_tags = [[labels[j] for j in p] for p in predicted]
     if is_bio_tagset(labels):
-        spans = span_prf([s.tags for s in enc.sentences], pred_tags)
+        gold_tags, pred_tags = span_tags(enc, predicted, labels)
+        spans = span_prf(gold_tags, pred_tags)
         metrics.update({f"span_{k}": spans[k] for k in ("precision", "recall", "f1")})
     if full:
         gold_known = [labels[j] for j in gold_ids[known]]
         pred_known = [labels[j] for j in pred_ids[known]]
         metrics.update(per_class_figures(gold_known, pred_known, labels, "per_tag"))
     return metrics
+
+
+def span_tags(
+    enc: EncodedTags, predicted: list[np.ndarray], labels: list[str]
+) -> tuple[list[list[str]], list[list[str]]]:
+    """The gold and predicted tag sequences the span figures are counted on: a token whose
+    gold tag the model never saw is ``O`` in both, as if it were not in the file (the
+    accuracy and the per-tag figures leave it out too). So a gold span of an unseen type
+    is no gold span, a predicted span lying on such tokens alone is no predicted span, and
+    a predicted span reaching over them is cut there (its part on known tokens is scored
+    as conlleval reads it); the spans around them stay as the file has them: an ``O``,
+    not a deletion, so no two spans the file keeps apart are joined."""
+    K = len(labels)
+    gold: list[list[str]] = []
+    pred: list[list[str]] = []
+    for sentence, ids, best in zip(enc.sentences, enc.tags, predicted, strict=True):
+        seen = ids < K
+        gold.append([t if k else "O" for t, k in zip(sentence.tags, seen, strict=True)])
+        pred.append([labels[j] if k else "O" for j, k in zip(best, seen, strict=True)])
+    return gold, pred
 
 
 BASELINE_KIND = "most frequent tag per word"

@@ -213,9 +213,11 @@ def evaluate(
 
     Returns ``loss_nats``/``tokens``/``perplexity`` over every event (and session end) of the
     file; with labels: ``auc`` (``None`` unless both classes occur), ``precision``,
-    ``recall``, ``f1``, ``fpr`` at the stored threshold of the run's score, the same for
-    each score (``rnn_max``, ``rnn_mean``, ``rnn_count``) and for the n-gram baseline
-    (``ngram`` for the run's score, ``ngram_max``…), side by side.
+    ``recall``, ``f1``, ``fpr`` at the stored threshold of the run's score (``None`` where
+    undefined: no recall without anomalous sessions, no precision with none flagged, no
+    FPR without normal sessions; :func:`rnnkit.metrics.detection.precision_recall_f1`),
+    the same for each score (``rnn_max``, ``rnn_mean``, ``rnn_count``) and for the n-gram
+    baseline (``ngram`` for the run's score, ``ngram_max``…), side by side.
     """
     check_batch_size(batch_size)
     run = load_events(run_dir, device)
@@ -265,8 +267,9 @@ def evaluate(
             for key in ("precision", "recall", "f1", "fpr"):
                 metrics[key] = main[key]
         else:
+            # the keys of the model's, auc None too where undefined (it was left out)
             metrics["ngram"].update(
-                {k: main[k] for k in ("auc", "precision", "recall", "f1", "fpr") if k in main}
+                {k: main.get(k) for k in ("auc", "precision", "recall", "f1", "fpr")}
             )
     return metrics
 

@@ -241,7 +241,9 @@ def evaluate(
     run_dir: str | Path, data_path: str, batch_size: int | None = None, device: str = "cpu"
 ) -> dict[str, Any]:
     """Score a session file: counts of vectors checked and flagged; with labels, ``auc``,
-    ``precision``, ``recall``, ``f1``, ``fpr`` of the session verdicts."""
+    ``precision``, ``recall``, ``f1``, ``fpr`` of the session verdicts (each None where
+    undefined, as ``auc`` without both classes: no recall without anomalous sessions;
+    :func:`rnnkit.metrics.detection.precision_recall_f1`)."""
     check_batch_size(batch_size)
     run = load_params(run_dir, device)
     items = read_items(data_path)

@@ -167,7 +167,7 @@ def _fit_keys(
         valid_z[key] = [(e - model_key.error.mean) / model_key.error.std for e in errors]
         mse = (summary.get("valid") or {}).get("mse", math.nan)
         _say(
-            f"key {len(keys)} ({model_key.train_vectors} vectors, {len(model_key.dims)} of "
+            f"{directory} ({model_key.train_vectors} vectors, {len(model_key.dims)} of "
             f"{model_key.width} values): validation mse {mse:.4g} (persistence "
             f"{summary['baselines']['persistence']['mse']:.4g}), errors "
             f"N({model_key.error.mean:.3g}, "
