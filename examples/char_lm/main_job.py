@@ -46,7 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--max-time", type=float, help="also stop after this many seconds (default: no limit)"
     )
-    p.add_argument("--corpus-chars", type=int, default=2_000_000, help="training characters")
+    p.add_argument(
+        "--corpus-chars",
+        type=int,
+        default=2_000_000,
+        help="training characters, at least: whole source files are added until there are "
+        "this many (one large file can pass it by far)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 

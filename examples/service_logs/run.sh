@@ -16,8 +16,8 @@ rnnkit() { "$PY" -m rnnkit "$@"; }
 
 # One session per client connection (its application_name), each event a Drain template of
 # the message, each event's numbers (duration, ids, session time...) and the seconds since
-# the connection's previous line.
-rnnkit sessions --from log "$OUT/recording/postgres.log" --out "$OUT/all.jsonl" \
+# the connection's previous line (--overwrite: a rerun replaces the last run's sessions).
+rnnkit sessions --from log "$OUT/recording/postgres.log" --out "$OUT/all.jsonl" --overwrite \
     --log-format '<Date> <Time> <Zone> [<Pid>] <Session> <Content>' --session-field Session \
     --params --time-field Date,Time
 "$PY" examples/service_logs/compare.py split --out "$OUT" --seed "$SEED"

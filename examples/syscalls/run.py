@@ -41,7 +41,7 @@ import torch
 from rnnkit.anomaly.scores import RUNNING_SCORES, SCORES
 from rnnkit.anomaly.streaming import StreamItem, StreamScorer
 from rnnkit.anomaly.thresholds import THRESHOLD_METHODS
-from rnnkit.app.config import EventsOptions, TrainConfig
+from rnnkit.app.config import BATCH_ORDERS, TASK_DEFAULTS, EventsOptions, TrainConfig
 from rnnkit.app.tasks.events import evaluate, load_events, score_sessions, train
 from rnnkit.data.events import Session, read_sessions, write_sessions
 from rnnkit.data.strace import parse_strace
@@ -389,6 +389,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--batch-order",
+        choices=BATCH_ORDERS,
+        default=TASK_DEFAULTS["events"]["batch_order"],
+        help="training batches: random samples or grouped by length (default %(default)s)",
+    )
     p.add_argument("--reuse", action="store_true", help="reuse the recorded sessions in --out")
     p.add_argument("--score", choices=SCORES, default=EventsOptions.score, help="verdict score")
     p.add_argument("--window", type=int, help="DeepLog's history window h (default: none)")
@@ -420,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         lr=args.lr,
         bptt="full",
         max_len=2048,
+        batch_order=args.batch_order,
         ngram_order=5,
         seed=args.seed,
         target_fpr=0.01,

@@ -317,7 +317,8 @@ class ThreadGovernor:
         if self._before and torch.get_num_threads() != self._before:
             torch.set_num_threads(self._before)
         if self.changes:
-            self.note += f"; changed {self.changes} times with the load, ended at {self.threads}"
+            times = "once" if self.changes == 1 else f"{self.changes} times"
+            self.note += f"; changed {times} with the load, ended at {self.threads}"
 
     def _set(self, n: int) -> None:
         import torch

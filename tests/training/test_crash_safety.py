@@ -135,6 +135,8 @@ def test_sigterm_and_sigint_save_and_exit_cleanly(tmp_path, sig):
     assert proc.returncode == 130, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "saved" in lines[0] and "Traceback" not in err
+    # "stopped: stopped by SIGINT" said it twice
+    assert lines[0].startswith(f"rnnkit train: stopped: {sig.name} after step "), lines[0]
     events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     stopped = [e for e in events if e["event"] == "interrupted"]
     assert stopped and _snapshot_step(out) == stopped[-1]["step"]

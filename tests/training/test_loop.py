@@ -868,3 +868,10 @@ def test_a_trainer_without_dist_ctx_under_torchrun_is_refused(tmp_path, monkeypa
         dist_ctx=DistContext(),
     )
     assert alone.fit().steps == 2
+
+
+def test_a_budget_of_one_step_or_epoch_is_said_in_the_singular() -> None:
+    """ "stopped: 1 steps done" and "1 epochs done" read as slips."""
+    assert make_trainer(steps=1).fit().stopped == "1 step done"
+    assert make_trainer(steps=2).fit().stopped == "2 steps done"
+    assert make_trainer(epochs=1).fit().stopped == "1 epoch done (10 steps)"

@@ -251,7 +251,8 @@ def _still_improving(summary: dict[str, Any], settings: RunSettings) -> tuple[st
     after = (
         ""
         if soon is None
-        else f" (its best at step {best}; the one validation after it, {soon} steps later "
+        else f" (its best at step {best}; the one validation after it, {soon} "
+        f"step{'' if soon == 1 else 's'} later "
         f"at the end, came too soon to tell it had stopped)"
     )
     if summary.get("stopped_early") is True:
@@ -507,7 +508,7 @@ def behind_baseline(
     Returns ``{"metric", "model", "baseline", "baseline_kind", "steps", "best_step",
     "still_improving", "cause", "advice", "line"}``; ``line`` is the one line to show.
 
-    >>> s = {"task": "tag", "steps": 1, "stopped": "1 steps done",
+    >>> s = {"task": "tag", "steps": 1, "stopped": "1 step done",
     ...      "valid": {"step": 1, "accuracy": 0.4},
     ...      "baselines": {"most_frequent_tag": {"kind": "most frequent tag", "accuracy": 0.6}}}
     >>> r = behind_baseline(s, "tag", RunSettings(steps=1))

@@ -639,9 +639,9 @@ class Trainer(Generic[_M]):
                 self.save()
             self._log({"event": "interrupted", "step": self.step})
             name = signal.Signals(stop_signal[0]).name if stop_signal else "a signal"
+            # the command line says "stopped: " before it (not "stopped: stopped by")
             raise TrainingInterrupted(
-                f"stopped by {name} after step {self.step}; the checkpoint is saved "
-                "(continue with --resume)"
+                f"{name} after step {self.step}; the checkpoint is saved (continue with --resume)"
             )
         return "", False
 
@@ -660,9 +660,11 @@ class Trainer(Generic[_M]):
         if self.until_converged:
             assert self.total_steps is not None
             return f"cap reached: {cap_text(self.total_steps, len(self.batches))}"
+        steps = f"{self.step:,} step{'' if self.step == 1 else 's'}"
         if self.options.steps is not None:
-            return f"{self.step:,} steps done"
-        return f"{self.options.epochs} epochs done ({self.step:,} steps)"
+            return f"{steps} done"
+        epochs = self.options.epochs
+        return f"{epochs} epoch{'' if epochs == 1 else 's'} done ({steps})"
 
     # -- validation --------------------------------------------------------------------
     def _evaluate(self) -> bool:

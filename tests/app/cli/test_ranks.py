@@ -143,9 +143,9 @@ def test_a_stop_every_process_takes_is_said_by_rank_0_alone(waits, monkeypatch, 
     monkeypatch.setenv("WORLD_SIZE", "2")
 
     def stopped(args):
-        raise TrainingInterrupted("stopped by SIGINT after step 405; the checkpoint is saved")
+        raise TrainingInterrupted("SIGINT after step 405; the checkpoint is saved")
 
     args = argparse.Namespace(command="train", func=stopped, device=None)
     assert _said(args) == 130
-    line = "rnnkit train: stopped: stopped by SIGINT after step 405; the checkpoint is saved\n"
+    line = "rnnkit train: stopped: SIGINT after step 405; the checkpoint is saved\n"
     assert capsys.readouterr().err == (line if said else "") and waits == []

@@ -519,3 +519,32 @@ def test_strace_on_standard_input_splits_lines_as_sessions_does(
     out, err = capsys.readouterr()
     assert code == 0 and "skipped" not in err, err
     assert [json.loads(line)["events"] for line in out.splitlines()] == [2]
+
+
+def test_the_summary_line_says_how_the_threshold_was_set(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--threshold-method gpd`` may fall back to the empirical quantile; the summary
+    line only gave the threshold, so nothing said which of the two set it."""
+    from safetensors.numpy import load_file
+
+    from rnnkit.anomaly.thresholds import pick_threshold
+
+    test = run_dir.parent / "test.jsonl"
+    name = json.loads((run_dir / "thresholds.json").read_text())["score"]
+    scores = load_file(str(run_dir / "valid_scores.safetensors"))[f"rnn/{name}"]
+    hows = set()
+    for rate in ("0.3", "0.002"):  # within the validation scores' reach, then past it
+        value, how = pick_threshold(scores, float(rate), "gpd")  # the oracle
+        hows.add(how.split(" (")[0])
+        argv = ["score", "--checkpoint", str(run_dir), "--data", str(test), "--target-fpr",
+                rate, "--threshold-method", "gpd"]  # fmt: skip
+        assert main(argv) == 0
+        err = capsys.readouterr().err
+        assert f"({name} score above {value:.4g}; target FPR {rate}: {how})" in err, err
+    assert hows == {"empirical quantile", "generalized Pareto tail"}
+    assert main(["score", "--checkpoint", str(run_dir), "--data", str(test)]) == 0
+    assert "; the run's threshold, target FPR 0.01: " in capsys.readouterr().err
+    argv = ["score", "--checkpoint", str(run_dir), "--data", str(test), "--threshold", "3"]
+    assert main(argv) == 0
+    assert f"({name} score above 3; --threshold)" in capsys.readouterr().err

@@ -259,7 +259,7 @@ def test_user_errors_are_one_line_and_exit_2(
     previous = '{"session": "old", "events": ["x"]}\n'  # an earlier output of the command
     out.write_text(previous)
     argv = [arg.format(**names) for arg in argv]
-    status, stdout, stderr = run_sessions(capsys, *argv, "--out", str(out))
+    status, stdout, stderr = run_sessions(capsys, *argv, "--out", str(out), "--overwrite")
     assert (status, stdout) == (2, "")
     assert stderr.startswith(f"rnnkit sessions: error: {message.format(**names)}")
     assert stderr.count("\n") == 1
@@ -378,7 +378,7 @@ def test_log_format_keeps_header_fields_out_of_templates(
     out = tmp_path / "s.jsonl"
     fmt = "<Date> <Time> <Pid> <Level> <Component>: <Content>"
     status, stdout, stderr = run_sessions(
-        capsys, "--from", "log", str(log), "--out", str(out), "--log-format", fmt,
+        capsys, "--from", "log", str(log), "--out", str(out), "--overwrite", "--log-format", fmt,
         "--session-pattern", r"blk_-?\d+", "--drain-depth", "5", "--drain-max-children", "10",
     )  # fmt: skip
     assert (status, stderr) == (0, "")
@@ -393,7 +393,7 @@ def test_log_format_keeps_header_fields_out_of_templates(
     ]
     # The session as a header field: one session per pid.
     status, _, stderr = run_sessions(
-        capsys, "--from", "log", str(log), "--out", str(out), "--log-format", fmt,
+        capsys, "--from", "log", str(log), "--out", str(out), "--overwrite", "--log-format", fmt,
         "--session-field", "Pid",
     )  # fmt: skip
     assert (status, stderr) == (0, "")
@@ -431,8 +431,8 @@ def test_log_params_carry_numbers_and_time_deltas(
     out = tmp_path / "s.jsonl"
     status, stdout, stderr = run_sessions(
         capsys, "--from", "log", str(log), "--session-pattern", r"req=(\w+)", "--out", str(out),
-        "--log-format", "<Date> <Time> <Level> <Content>", "--params", "--time-field",
-        "Date,Time",
+        "--overwrite", "--log-format", "<Date> <Time> <Level> <Content>", "--params",
+        "--time-field", "Date,Time",
     )  # fmt: skip
     assert (status, stderr) == (0, "")
     assert stdout.endswith("; parameter values of widths [2, 4]\n")
@@ -445,13 +445,13 @@ def test_log_params_carry_numbers_and_time_deltas(
     # Without --time-field: the numbers alone; a bad time format is one line with file:line.
     status, _, _ = run_sessions(
         capsys, "--from", "log", str(log), "--session-pattern", r"req=(\w+)", "--out", str(out),
-        "--log-format", "<Date> <Time> <Level> <Content>", "--params",
+        "--overwrite", "--log-format", "<Date> <Time> <Level> <Content>", "--params",
     )  # fmt: skip
     assert status == 0 and read_sessions(out)[1].params == [[None, 200.0, 7.0]]
     status, _, stderr = run_sessions(
         capsys, "--from", "log", str(log), "--session-pattern", r"req=(\w+)", "--out", str(out),
-        "--log-format", "<Date> <Time> <Level> <Content>", "--params", "--time-field", "Time",
-        "--time-format", "%H:%M",
+        "--overwrite", "--log-format", "<Date> <Time> <Level> <Content>", "--params",
+        "--time-field", "Time", "--time-format", "%H:%M",
     )  # fmt: skip
     assert status == 2 and stderr == (
         f"rnnkit sessions: error: {log}:1: the time '10:00:00,001' (--time-field Time) is not "
@@ -463,7 +463,8 @@ def test_out_that_holds_other_data_is_never_replaced(
     tmp_path: Path, trace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``--out`` naming an existing file that is not a sessions file (a corpus, notes) was
-    replaced; now refused before any input is read. An earlier output is replaced."""
+    replaced; now refused before any input is read. A sessions file (a hand-labelled test
+    set looks the same as an earlier output) was replaced too: now only with --overwrite."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("a corpus\n")
     status, stdout, stderr = run_sessions(
@@ -476,12 +477,25 @@ def test_out_that_holds_other_data_is_never_replaced(
     )
     assert corpus.read_text() == "a corpus\n"
     out = tmp_path / "s.jsonl"
-    for label in ("0", "1"):  # written, then replaced by the second run
-        status, _, stderr = run_sessions(
-            capsys, "--from", "strace", str(trace), "--out", str(out), "--label", label
-        )
-        assert (status, stderr) == (0, "")
+    status, _, stderr = run_sessions(
+        capsys, "--from", "strace", str(trace), "--out", str(out), "--label", "0"
+    )
+    assert (status, stderr) == (0, "")
+    status, _, stderr = run_sessions(capsys, "--from", "strace", str(trace), "--out", str(out))
+    assert (status, stderr) == (2, (
+        f"rnnkit sessions: error: {out}: exists (a sessions file); refusing to replace it: "
+        "give --overwrite to replace it, or choose another path\n"
+    ))  # fmt: skip
+    assert {s.label for s in read_sessions(out)} == {0}
+    status, _, stderr = run_sessions(
+        capsys, "--from", "strace", str(trace), "--out", str(out), "--label", "1", "--overwrite"
+    )
+    assert (status, stderr) == (0, "")
     assert {s.label for s in read_sessions(out)} == {1}
+    status, _, stderr = run_sessions(  # never another file, even with --overwrite
+        capsys, "--from", "strace", str(trace), "--out", str(corpus), "--overwrite"
+    )
+    assert status == 2 and corpus.read_text() == "a corpus\n"
     status, _, stderr = run_sessions(capsys, "--from", "strace", str(trace), "--out", "")
     assert status == 2 and "--out is empty" in stderr
 
@@ -537,7 +551,7 @@ def test_new_logs_are_named_by_the_templates_of_the_training_logs(
         out = tmp_path / "new.jsonl"
         status, stdout, _ = run_sessions(
             capsys, "--from", "log", str(new_log), *pattern, "--templates", str(templates),
-            "--out", str(out),
+            "--out", str(out), "--overwrite",
         )  # fmt: skip
         assert status == 0
         assert "; 2 lines fitting the --templates, 1 new template mined; " in stdout
@@ -558,11 +572,19 @@ def test_inputs_from_standard_input_and_a_pipe(
 
     out = tmp_path / "s.jsonl"
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(TRACE.encode())))
-    assert run_sessions(capsys, "--from", "strace", "-", "--out", str(out))[0] == 0
+    assert run_sessions(capsys, "--from", "strace", "-", "--out", str(out), "--overwrite")[0] == 0
     assert [s.session for s in read_sessions(out)] == ["<stdin>:100", "<stdin>:101"]
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(LOG.encode())))
     status, stdout, _ = run_sessions(
-        capsys, "--from", "log", "-", "--session-pattern", r"req=(\w+)", "--out", str(out)
+        capsys,
+        "--from",
+        "log",
+        "-",
+        "--session-pattern",
+        r"req=(\w+)",
+        "--out",
+        str(out),
+        "--overwrite",
     )
     assert status == 0 and "(first at <stdin>:3)" in stdout
     assert [s.session for s in read_sessions(out)] == ["a1", "b2"]
@@ -571,7 +593,9 @@ def test_inputs_from_standard_input_and_a_pipe(
     writer = threading.Thread(target=lambda: fifo.write_text(TRACE))
     writer.start()
     try:
-        status = run_sessions(capsys, "--from", "strace", str(fifo), "--out", str(out))[0]
+        status = run_sessions(
+            capsys, "--from", "strace", str(fifo), "--out", str(out), "--overwrite"
+        )[0]
     finally:
         writer.join()
     assert status == 0 and [s.session for s in read_sessions(out)] == [f"{fifo}:100", f"{fifo}:101"]

@@ -109,6 +109,7 @@ def test_defaults_validate():
         (dict(update="both"), "--update"),
         (dict(reset="never"), "--reset"),
         (dict(doc_boundary="page"), "--doc-boundary"),
+        (dict(batch_order="shuffled"), "--batch-order"),
         (dict(train=""), "--train is required"),
         # "" was read as no --valid (a split of --train), or as a file named "".
         (dict(valid=""), "--valid is empty: name a file, or leave the option out"),
@@ -290,3 +291,21 @@ def test_for_task_applies_the_task_defaults_under_the_options_given():
     assert getattr(TrainConfig(task=task, train="x"), key) == getattr(TrainConfig(), key)
     other = TrainConfig.for_task(task, train="x", **{key: getattr(TrainConfig(), key)})
     assert getattr(other, key) == getattr(TrainConfig(), key)  # given: kept
+
+
+def test_batch_order_defaults_by_task_and_applies_to_batches_of_whole_sequences():
+    """Events train on random batches (a session's length tells its workflow: batches of
+    one length were batches of one workflow), the other tasks on length-grouped ones; a
+    language model's streams and seq2seq's pairs are not batched by it, so it is refused
+    there rather than stored and ignored."""
+    assert TrainConfig.for_task("events", train="x").batch_order == "random"
+    for task in ("lm", "tag", "classify", "regress"):
+        assert TrainConfig.for_task(task, train="x").batch_order == "length"
+    for task in ("tag", "classify", "events", "regress"):
+        TrainConfig(train="x", task=task, batch_order="random").check_applies({"batch_order"})
+    TrainConfig(train="x", task="lm", bptt="full").check_applies({"batch_order"})
+    TrainConfig(train="x", task="lm", bptt="window:8").check_applies({"batch_order"})
+    with pytest.raises(ConfigError, match=r"^--batch-order does not apply to --bptt segment:64"):
+        TrainConfig(train="x", task="lm", bptt="segment:64").check_applies({"batch_order"})
+    with pytest.raises(ConfigError, match=r"^--batch-order does not apply to --task seq2seq"):
+        TrainConfig(train="x", task="seq2seq").check_applies({"batch_order"})

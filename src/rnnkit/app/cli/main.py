@@ -99,16 +99,16 @@ def add_verbosity_options(p: argparse.ArgumentParser) -> None:
         "--quiet",
         action="count",
         default=0,
-        help="say less on stderr: -q no progress bar, summary or notes (warnings and errors "
-        "only), -qq errors only; results on stdout are unchanged",
+        help="say less on stderr: -q no progress bar or notes (warnings and errors only), "
+        "-qq errors only; stdout (results, train's summary) is unchanged",
     )
     g.add_argument(
         "-v",
         "--verbose",
         action="count",
         default=0,
-        help="say more on stderr: details such as a line per training record and per "
-        "validation, and the effective configuration",
+        help="say more on stderr: details (train: a line per training record and per "
+        "validation, and the effective configuration)",
     )
 
 

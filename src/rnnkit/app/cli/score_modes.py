@@ -95,16 +95,23 @@ def _items(config: ScoreConfig) -> Iterator[tuple[Any, str, int]]:
             yield from read(fileobj, config.data)
 
 
-def _thresholds(config: ScoreConfig, run: Any) -> dict[str, dict[str, float]]:
-    from rnnkit.app.tasks.events import repick_thresholds
+def _thresholds(config: ScoreConfig, run: Any) -> tuple[dict[str, dict[str, float]], str]:
+    """The thresholds the verdicts use, and how the verdict score's was set (the summary
+    line says it: ``gpd`` may have fallen back to the empirical quantile)."""
+    from rnnkit.app.tasks.events.thresholds import repick_thresholds_explained
 
     name = config.score or run.thresholds["score"]
     if config.target_fpr is not None:
-        limits = repick_thresholds(
+        limits, hows = repick_thresholds_explained(
             config.checkpoint, config.target_fpr, config.threshold_method or "quantile"
         )
+        how = f"target FPR {config.target_fpr:g}: {hows['rnn'][name]}"
     else:
         limits = {m: dict(run.thresholds[m]) for m in ("rnn", "ngram")}
+        saved = run.thresholds.get("how", {}).get("rnn", {}).get(name, "empirical quantile")
+        fpr = run.thresholds.get("target_fpr")
+        at = f"target FPR {fpr:g}: " if isinstance(fpr, (int, float)) else ""
+        how = f"the run's threshold, {at}{saved}"
     if config.threshold is not None:
         from rnnkit.anomaly.scores import NONNEGATIVE_SCORES
 
@@ -114,7 +121,8 @@ def _thresholds(config: ScoreConfig, run: Any) -> dict[str, dict[str, float]]:
                 "every session would be anomalous; give a threshold ≥ 0"
             )
         limits["rnn"][name] = config.threshold
-    return limits
+        how = "--threshold"
+    return limits, how
 
 
 def run_batch(config: ScoreConfig, run: Any, params_run: Any = None) -> int:
@@ -124,7 +132,7 @@ def run_batch(config: ScoreConfig, run: Any, params_run: Any = None) -> int:
 
     if config.score is not None:  # named as the option here (score_sessions: score=)
         run.check_score(config.score, "--score")
-    limits = _thresholds(config, run)
+    limits, how = _thresholds(config, run)
     count = anomalous = unknown = by_params = 0
     empty = True
     pending: deque[tuple[Any, str, int]] = deque()
@@ -168,7 +176,8 @@ def run_batch(config: ScoreConfig, run: Any, params_run: Any = None) -> int:
         either = f" (parameter values: {by_params})" if params_run is not None else ""
         _note(
             f"{count} session(s), {anomalous} anomalous{either} ({name} score above "
-            f"{limits['rnn'][name]:.4g}); {unknown} event(s) never seen in training (<unk>)"
+            f"{limits['rnn'][name]:.4g}; {how}); {unknown} event(s) never seen in training "
+            "(<unk>)"
         )
     return 0
 
@@ -279,7 +288,7 @@ def run_follow(config: ScoreConfig, run: Any) -> int:
     scorer = StreamScorer(
         run.model,
         run.vocab,
-        threshold=_thresholds(config, run)["rnn"][name],
+        threshold=_thresholds(config, run)[0]["rnn"][name],
         score=name,
         top_g=int(run.thresholds["top_g"]),
         top_k=config.top,

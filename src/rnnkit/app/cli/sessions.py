@@ -31,7 +31,7 @@ from typing import Any, Literal
 from rnnkit.app.cli.stdout import stdin_as_log, write_stdout
 from rnnkit.data.events import Session, sessions_text, write_sessions
 from rnnkit.data.files import check_replaceable
-from rnnkit.errors import ConfigError, DataError
+from rnnkit.errors import ConfigError, DataError, WriteError
 
 __all__ = ["SessionsConfig", "known_templates", "register", "run"]
 
@@ -136,10 +136,16 @@ class SessionsConfig:
             raise DataError("no such file or run directory", path=templates)
         if not args.out:
             raise ConfigError("--out is empty: name the JSON-lines file to write")
-        # Checked before any input is read: an existing file other than an earlier output
-        # of this command (a data file named by mistake) is never replaced.
+        # Checked before any input is read: a file other than a sessions file (a data
+        # file named by mistake) is never replaced, and a sessions file only when asked:
+        # the training and test files users write (labelled by hand) look the same.
         if args.out != "-":
             check_replaceable(args.out, _is_sessions_file, "a sessions file (JSON lines)")
+            if not getattr(args, "overwrite", False) and _holds_data(args.out):
+                raise WriteError(
+                    f"{args.out}: exists (a sessions file); refusing to replace it: give "
+                    "--overwrite to replace it, or choose another path"
+                )
         return cls(
             source=args.source,
             inputs=tuple(args.inputs),
@@ -194,6 +200,11 @@ def register(subparsers: Any) -> None:
         required=True,
         metavar="PATH",
         help="JSON-lines file to write; '-' writes to stdout (the summary then goes to stderr)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out if it is an existing sessions file (any other file is never replaced)",
     )
     _add_log_options(parser)
     parser.add_argument(
@@ -410,6 +421,14 @@ def known_templates(path: str) -> list[str]:
     if not events:
         raise DataError("no events in its vocabulary (--templates)", path=path)
     return events
+
+
+def _holds_data(path: str) -> bool:
+    """Whether ``path`` is an existing regular file with something in it."""
+    try:
+        return os.stat(path).st_size > 0
+    except OSError:
+        return False
 
 
 def _is_sessions_file(head: bytes) -> bool:

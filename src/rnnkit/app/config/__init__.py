@@ -19,7 +19,7 @@ help text and choice list is written once, beside its field.
 """
 
 from rnnkit.app.config.anomaly import EventsOptions, ParamsOptions
-from rnnkit.app.config.data import DOC_BOUNDARIES, UNITS, DataOptions
+from rnnkit.app.config.data import BATCH_ORDERS, DOC_BOUNDARIES, UNITS, DataOptions
 from rnnkit.app.config.fields import TASKS, TOKEN_TASKS, Option, option
 from rnnkit.app.config.model import (
     CELLS,
@@ -50,6 +50,7 @@ from rnnkit.app.config.train import (
 )
 
 __all__ = [
+    "BATCH_ORDERS",
     "CELLS",
     "CELL_OPTIONS",
     "CONCERNS",

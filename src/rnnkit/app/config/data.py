@@ -7,12 +7,15 @@ from typing import ClassVar
 
 from rnnkit.app.config.fields import TOKEN_TASKS, option
 
-__all__ = ["DOC_BOUNDARIES", "UNITS", "DataOptions"]
+__all__ = ["BATCH_ORDERS", "DOC_BOUNDARIES", "UNITS", "DataOptions"]
 
 UNITS = ("char", "word")
 # lm streams: how line ends are read (none: as whitespace; eos: </s> ends every line, the
 # state carries on; line: </s> ends every line and the state is reset at each line start)
 DOC_BOUNDARIES = ("none", "eos", "line")
+# training batches of separate sequences: sorted by length within chunks of 50 batches,
+# or each batch a random sample (a shuffled DataLoader's)
+BATCH_ORDERS = ("length", "random")
 
 
 @dataclass(kw_only=True)
@@ -44,6 +47,16 @@ class DataOptions:
         256,
         positive=True,
         help="longer lines are cut into pieces of this many tokens (sequence mode)",
+    )
+    batch_order: str = option(
+        "length",
+        choices=BATCH_ORDERS,
+        tasks=("lm", "tag", "classify", "events", "regress"),
+        help="training batches of whole sequences: 'length' groups similar lengths "
+        "(less padding, faster; batches less random, which costs accuracy where the "
+        "length tells the examples apart, as a session's length tells its workflow), "
+        "'random' makes each batch a random sample (default: random for events, length "
+        "for the other tasks)",
     )
     doc_boundary: str = option(
         "none",

@@ -64,8 +64,10 @@ __all__ = [
 # (rnnkit.models.spec.TASK_MODEL_DEFAULTS, so that ModelSpec.for_task builds what train does).
 _TRAINING_TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "regress": {"lr": 5e-3},
-    # whole sessions: full BPTT runs the time loop at full speed (window:K costs K times)
-    "events": {"bptt": "full"},
+    # whole sessions: full BPTT runs the time loop at full speed (window:K costs K times);
+    # random batches: a session's length tells its workflow, so length-sorted batches are
+    # each one workflow, and the model trains worse (docs/defaults.md)
+    "events": {"bptt": "full", "batch_order": "random"},
 }
 
 #: Defaults that differ by task, each chosen by measurement (docs/defaults.md: the data,
@@ -402,6 +404,11 @@ class TrainConfig(
         if tasks is not None and self.task not in tasks:
             only = ", ".join(tasks)
             return f"{flag(name)} does not apply to --task {self.task} (only to: {only})"
+        if name == "batch_order" and self.task == "lm" and self.bptt.startswith("segment"):
+            return (
+                f"--batch-order does not apply to --bptt {self.bptt}: a language model's "
+                "segments are cut from parallel streams of the text, not batched by line"
+            )
         cells = CELL_OPTIONS.get(name)
         if self.wiring == "jordan" and name in (*CELL_OPTIONS, "cell", *REGULARIZERS):
             if name == "nonlinearity":  # φ of the Jordan update

@@ -310,7 +310,11 @@ def train_classify(
         else load_pretrained_vectors(cfg, model.embedding, vocab.itos, literal_specials=False)
     )
     batches = SequenceBatcher(
-        train_enc.inputs, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed
+        train_enc.inputs,
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        seed=cfg.seed,
+        bucket=cfg.batch_order == "length",
     )
     train_labels = torch.from_numpy(train_enc.labels)
 

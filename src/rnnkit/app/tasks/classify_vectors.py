@@ -102,9 +102,13 @@ def encode_vectors(
     return VectorExamples(seqs, inputs, np.array(ids, dtype=np.int64))
 
 
-def _batches(inputs: list[Tensor], batch_size: int, shuffle: bool, seed: int = 0) -> Any:
+def _batches(
+    inputs: list[Tensor], batch_size: int, shuffle: bool, seed: int = 0, bucket: bool = True
+) -> Any:
     lengths = [np.zeros(len(x), dtype=np.int64) for x in inputs]  # only the lengths count
-    return SequenceBatcher(lengths, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    return SequenceBatcher(
+        lengths, batch_size=batch_size, shuffle=shuffle, seed=seed, bucket=bucket
+    )
 
 
 def _frames(inputs: list[Tensor], batch: Any, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -300,7 +304,13 @@ def train_vectors(
     result, elapsed = fit(
         cfg,
         model,
-        _batches(train_enc.inputs, cfg.batch_size, shuffle=True, seed=cfg.seed),
+        _batches(
+            train_enc.inputs,
+            cfg.batch_size,
+            shuffle=True,
+            seed=cfg.seed,
+            bucket=cfg.batch_order == "length",
+        ),
         step,
         lambda m: vector_metrics(m, valid_enc, labels, cfg.batch_size, full=False),
         resume,

@@ -260,6 +260,7 @@ def train_batches(cfg: TrainConfig, data: LMData, drop_last: bool = False) -> An
         batch_size=cfg.batch_size,
         shuffle=True,
         seed=cfg.seed,
+        bucket=cfg.batch_order == "length",
         drop_last=drop_last,  # distributed: every batch splits evenly over the processes
     )
 

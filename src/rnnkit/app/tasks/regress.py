@@ -116,9 +116,13 @@ def build_regressor(cfg: TrainConfig, input_size: int, output_size: int) -> Regr
     return Regressor(encoder, output_size, target, loss, dropout=cfg.dropout)
 
 
-def _batches(enc: Encoded, batch_size: int, shuffle: bool, seed: int = 0) -> SequenceBatcher:
+def _batches(
+    enc: Encoded, batch_size: int, shuffle: bool, seed: int = 0, bucket: bool = True
+) -> SequenceBatcher:
     lengths = [np.zeros(len(x), dtype=np.int64) for x in enc.inputs]  # only the lengths count
-    return SequenceBatcher(lengths, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    return SequenceBatcher(
+        lengths, batch_size=batch_size, shuffle=shuffle, seed=seed, bucket=bucket
+    )
 
 
 def _batch(enc: Encoded, batch: Any, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
@@ -252,7 +256,9 @@ def fit_sequences(
     if target == "value":
         _check_targets(valid_seqs, K, "the training targets have")
     model = build_regressor(cfg, D, K).to(device)
-    batches = _batches(train_enc, cfg.batch_size, shuffle=True, seed=cfg.seed)
+    batches = _batches(
+        train_enc, cfg.batch_size, shuffle=True, seed=cfg.seed, bucket=cfg.batch_order == "length"
+    )
 
     def step(m: Regressor, batch: Any, carry: Any) -> LossOutput:
         x, y, mask = _batch(train_enc, batch, device)

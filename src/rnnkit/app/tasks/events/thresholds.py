@@ -29,6 +29,7 @@ __all__ = [
     "THRESHOLDS_FORMAT",
     "read_thresholds",
     "repick_thresholds",
+    "repick_thresholds_explained",
     "save_arrays",
     "write_thresholds",
 ]
@@ -134,6 +135,14 @@ def repick_thresholds(
 ) -> dict[str, dict[str, float]]:
     """Thresholds at another false-positive rate (and method), from the stored validation
     scores."""
+    return repick_thresholds_explained(run_dir, target_fpr, method)[0]
+
+
+def repick_thresholds_explained(
+    run_dir: str | Path, target_fpr: float, method: str = "quantile"
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, str]]]:
+    """:func:`repick_thresholds`, and how each threshold was found (per model and score:
+    ``gpd`` may fall back to the empirical quantile, and says why)."""
     if (
         isinstance(target_fpr, bool)
         or not isinstance(target_fpr, (int, float))
@@ -148,9 +157,9 @@ def repick_thresholds(
         if values.dtype.kind == "f" and not np.isfinite(values).all():
             raise CheckpointError(f"{path}: {key} holds a value that is not finite")
     try:
-        return {
+        picked = {
             m: {
-                s: pick_threshold(arrays[f"{m}/{s}"], target_fpr, method)[0]
+                s: pick_threshold(arrays[f"{m}/{s}"], target_fpr, method)
                 for s in SCORES
                 if f"{m}/{s}" in arrays
             }
@@ -158,3 +167,6 @@ def repick_thresholds(
         }
     except (KeyError, ValueError, OSError) as exc:
         raise CheckpointError(f"{path}: not valid ({exc})") from None
+    limits = {m: {s: v[0] for s, v in by.items()} for m, by in picked.items()}
+    how = {m: {s: v[1] for s, v in by.items()} for m, by in picked.items()}
+    return limits, how

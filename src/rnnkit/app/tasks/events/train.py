@@ -73,6 +73,18 @@ def train(cfg: TrainConfig, resume: bool = False, quiet: bool = False) -> dict[s
             f"{cfg.top_g}, so the count score is 0 for every session; pass a --top-g below "
             f"{len(data.vocab)}"
         )
+    if opts["window"] is None:
+        # A session trains as <s> and its events: longer than --max-len, it is cut into
+        # pieces, each from a zero state, while scores read it whole: say so once.
+        steps = [len(s) + 1 for s in data.train if len(s) + 1 > cfg.max_len]
+        if steps:
+            warn(
+                f"{cfg.train}: {len(steps)} of {len(data.train)} sessions are longer than "
+                f"--max-len {cfg.max_len} steps (the longest: {max(steps) - 1} events, "
+                f"{max(steps)} steps with <s>): each is trained as pieces of {cfg.max_len} "
+                "steps, each piece from a zero state, while scoring reads whole sessions; "
+                f"give --max-len {max(steps)} to train on every session whole"
+            )
     model, result, elapsed = _fit_model(cfg, opts, data, device, resume, quiet)
     ngram = NGramModel(order=cfg.ngram_order, vocab_size=len(data.vocab))
     ngram.fit([np.concatenate([s, [EOS_ID]]) for s in data.train])
@@ -114,6 +126,7 @@ def _fit_model(
         batch_size=cfg.batch_size,
         shuffle=True,
         seed=cfg.seed,
+        bucket=cfg.batch_order == "length",
     )
     mode, k = parse_bptt(cfg.bptt)
 
