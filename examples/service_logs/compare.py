@@ -90,8 +90,10 @@ def table(out: Path) -> None:
     for name, flags in verdicts.items():
         m = precision_recall_f1(flags, labels)
         auc = aucs.get(name)
-        print(f"| {name} | {'—' if auc is None else f'{auc:.3f}'} | {m['precision']:.3f} | "
-              f"{m['recall']:.3f} | {m['f1']:.3f} | {m['fpr']:.3f} |")  # fmt: skip
+        # None: undefined (no precision when nothing is flagged)
+        cells = [auc, *(m[k] for k in ("precision", "recall", "f1", "fpr"))]
+        print("| " + name + " | " + " | ".join("—" if v is None else f"{v:.3f}" for v in cells)
+              + " |")  # fmt: skip
     print()
     order = ["lock_wait", "slow_scan", "dup_key", "missing_table", "normal"]
     print("| kind | " + " | ".join(verdicts) + " |")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pwd
 import random
@@ -351,6 +352,11 @@ def stream_check(run_dir: Path, test: Path) -> dict[str, float]:
     }
 
 
+def _cell(value: float | None) -> str:
+    """A table cell of seven characters: the figure to 3 decimals, or — where undefined."""
+    return f"{'—':>7}" if value is None else f"{value:>7.3f}"
+
+
 def draw(records: list[dict], out: Path, score: str, metrics: dict, cell: str) -> list[Path]:
     """ROC/PR curves and score histograms of the test sessions, LSTM beside the 5-gram."""
     labels = np.array([r["label"] for r in records])
@@ -367,7 +373,10 @@ def draw(records: list[dict], out: Path, score: str, metrics: dict, cell: str) -
             "recall": recall,
             "precision": precision,
             "auc": m["auc"],
-            "point": (m["fpr"], m["recall"], m["precision"]),
+            # an undefined ratio (None: nothing flagged has no precision) is a point not drawn
+            "point": tuple(
+                math.nan if m[k] is None else m[k] for k in ("fpr", "recall", "precision")
+            ),
         }
         panels.append((name, scores[labels == 0], scores[labels == 1], threshold))
     paths = [out / "detection.png", out / "histograms.png"]
@@ -471,10 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     for model in ("rnn", "ngram"):
         for score in SCORES:
             m = metrics[f"{model}_{score}"]
-            print(
-                f"{model + ' ' + score:<16}{m.get('auc', float('nan')):>7.3f}"
-                f"{m['precision']:>7.3f}{m['recall']:>7.3f}{m['f1']:>7.3f}{m['fpr']:>7.3f}"
-            )
+            cells = (m.get(k) for k in ("auc", "precision", "recall", "f1", "fpr"))
+            # None: undefined (no AUC without both kinds, no precision with nothing flagged)
+            print(f"{model + ' ' + score:<16}" + "".join(_cell(v) for v in cells))
     print(f"flagged (LSTM {metrics['score']} / 5-gram {metrics['score']}) per kind:")
     for kind, c in sorted(per_kind.items()):
         print(f"  {kind:<16}{c['rnn']:>4}/{c['n']:<4} {c['ngram']:>4}/{c['n']}")
