@@ -548,3 +548,28 @@ def test_the_summary_line_says_how_the_threshold_was_set(
     argv = ["score", "--checkpoint", str(run_dir), "--data", str(test), "--threshold", "3"]
     assert main(argv) == 0
     assert f"({name} score above 3; --threshold)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", [None, 5, {"rnn": "x"}])
+def test_a_thresholds_file_without_its_record_of_how_still_scores(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], how: object
+) -> None:
+    """An older run's thresholds.json (no "how") said "empirical quantile" whatever its
+    method; a "how" that is not a table was an AttributeError traceback."""
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    path = copy / "thresholds.json"
+    doc = json.loads(path.read_text())
+    doc.pop("how")
+    if how is not None:
+        doc["how"] = how
+    doc["method"] = "gpd"
+    path.write_text(json.dumps(doc))
+    test = run_dir.parent / "test.jsonl"
+    argv = ["score", "--checkpoint", str(copy), "--data", str(test), "--skip-checksums"]
+    assert main(argv) == 0
+    assert "; the run's threshold, target FPR 0.01: --threshold-method gpd)" in (
+        capsys.readouterr().err
+    )

@@ -601,10 +601,11 @@ def test_a_regressors_loss_curves_are_the_same_loss(task_data, run_cli, tmp_path
     assert code == 0, err
     drawn = []
     real = plots.plot_losses
-    monkeypatch.setattr(plots, "plot_losses", lambda *a, **k: drawn.append(a) or real(*a, **k))
+    monkeypatch.setattr(plots, "plot_losses", lambda *a, **k: drawn.append((a, k)) or real(*a, **k))
     render_report(tmp_path / "run")
     with open(tmp_path / "run" / "metrics.csv", newline="") as f:
         valid = [r for r in csv.DictReader(f) if r["event"] == "valid"]
-    _, _, steps, losses = drawn[0]
+    (_, _, steps, losses), options = drawn[0]
     assert list(steps) == [int(r["step"]) for r in valid]
     assert list(losses) == pytest.approx([float(r["mse"]) for r in valid])
+    assert options["ylabel"] == "loss (per value)"  # it said "nats per token"

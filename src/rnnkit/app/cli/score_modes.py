@@ -108,7 +108,12 @@ def _thresholds(config: ScoreConfig, run: Any) -> tuple[dict[str, dict[str, floa
         how = f"target FPR {config.target_fpr:g}: {hows['rnn'][name]}"
     else:
         limits = {m: dict(run.thresholds[m]) for m in ("rnn", "ngram")}
-        saved = run.thresholds.get("how", {}).get("rnn", {}).get(name, "empirical quantile")
+        recorded = run.thresholds.get("how")
+        saved = recorded.get("rnn") if isinstance(recorded, dict) else None
+        saved = saved.get(name) if isinstance(saved, dict) else None
+        if not isinstance(saved, str):  # an older run's file: its method, without the why
+            method = run.thresholds.get("method")
+            saved = f"--threshold-method {method}" if isinstance(method, str) else "quantile"
         fpr = run.thresholds.get("target_fpr")
         at = f"target FPR {fpr:g}: " if isinstance(fpr, (int, float)) else ""
         how = f"the run's threshold, {at}{saved}"

@@ -55,8 +55,7 @@ class DataOptions:
         help="training batches of whole sequences: 'length' groups similar lengths "
         "(less padding, faster; batches less random, which costs accuracy where the "
         "length tells the examples apart, as a session's length tells its workflow), "
-        "'random' makes each batch a random sample (default: random for events, length "
-        "for the other tasks)",
+        "'random' makes each batch a random sample (default length)",
     )
     doc_boundary: str = option(
         "none",

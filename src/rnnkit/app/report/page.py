@@ -435,6 +435,7 @@ def training_section(run: Run) -> tuple[str, str, str]:
         [e[scored] for e in valid],
         bits_per_char=char,
         baseline=baseline,
+        ylabel=f"loss ({per})",
     )
     body += image(
         fig,

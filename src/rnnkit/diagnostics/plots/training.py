@@ -43,6 +43,7 @@ def plot_losses(
     title: str = "Training and validation loss",
     width: float = 7.0,
     height: float = 4.0,
+    ylabel: str = "loss (nats per token)",
 ) -> Figure:
     """Training and validation loss (nats per token) against the optimizer step.
 
@@ -52,6 +53,7 @@ def plot_losses(
         valid_steps, valid_loss: ``(M,)`` the validation evaluations (nats).
         bits_per_char: add a right-hand axis in bits per character (character models).
         baseline: a reference validation loss in nats (the n-gram), drawn dashed.
+        ylabel: the loss's unit (a classifier's is per example, a regressor's per value).
 
     >>> fig = plot_losses([10, 20], [3.0, 2.5], [20], [2.6], bits_per_char=True, baseline=2.7)
     >>> fig.axes[0].get_ylabel()
@@ -75,7 +77,7 @@ def plot_losses(
     if baseline is not None and math.isfinite(baseline):
         ax.axhline(baseline, color="0.3", ls="--", lw=1.2, label=f"{baseline_label}")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (nats per token)")
+    ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper right", fontsize=9)
     if bits_per_char:
