@@ -81,6 +81,7 @@ __all__ = [
     "load_tagger",
     "predict_tags",
     "predictor",
+    "sentence_tokens",
     "tag_metrics",
     "train",
     "train_tag",
@@ -259,19 +260,42 @@ def predict_tags(
     return out
 
 
+def sentence_tokens(text: str, path: str | None = None, line: int | None = None) -> list[str]:
+    """The tokens of one line to tag: separated by tabs where the line holds a tab (a token
+    may then hold spaces, as a token of a ``token<TAB>tag`` file may: ``' '``, ``"a b"``),
+    else by whitespace. An empty token between tabs is a ``DataError`` naming it.
+
+    >>> sentence_tokens("John met  Mary"), sentence_tokens("print\\t \\t'a b'")
+    (['John', 'met', 'Mary'], ['print', ' ', "'a b'"])
+    """
+    if "\t" not in text:
+        return text.split()
+    tokens = text.split("\t")
+    for i, token in enumerate(tokens, 1):
+        if not token:
+            raise DataError(
+                f"token {i} of {len(tokens)} is empty (tab-separated tokens: two tabs "
+                "together, or a tab at an end of the line)",
+                path,
+                line,
+            )
+    return tokens
+
+
 def predictor(
     run_dir: str | Path, batch_size: int | None = None, device: str = "cpu", **_: Any
 ) -> Any:
     """``rnnkit predict`` for a tagger: each input line is one sentence, tokens separated by
-    whitespace; the result is ``{"tokens": [...], "tags": [...], "unknown": n}`` (``n``
-    tokens outside the vocabulary, words spelled ``<pad>``, ``<s>`` or ``</s>`` among
-    them: :func:`~rnnkit.app.tasks.tag_data.unknown_words`)."""
+    whitespace, or by tabs where the line holds one (:func:`sentence_tokens`); the result
+    is ``{"tokens": [...], "tags": [...], "unknown": n}`` (``n`` tokens outside the
+    vocabulary, words spelled ``<pad>``, ``<s>`` or ``</s>`` among them:
+    :func:`~rnnkit.app.tasks.tag_data.unknown_words`)."""
     check_batch_size(batch_size)
     cfg, data, model = load_tagger(run_dir, device)
     bs = batch_size or cfg.batch_size
 
     def run(lines: list[str], where: list[tuple[str, int]]) -> list[dict[str, Any]]:
-        sentences = [line.split() for line in lines]
+        sentences = [sentence_tokens(t, p, n) for t, (p, n) in zip(lines, where, strict=True)]
         tags = predict_tags(model, data, sentences, bs)
         return [
             {"tokens": s, "tags": t, "unknown": unknown_words(data.vocab, s)}
