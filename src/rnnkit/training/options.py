@@ -40,7 +40,8 @@ class TrainOptions:
             :func:`~rnnkit.training.budget.default_patience` when training until validation
             stops improving).
         min_gain: what counts as an improvement for ``patience``: a validation loss below
-            that of the last improvement by more than this fraction of it (0: any fall;
+            that of the last improvement by more than this fraction of it, and by this
+            many nats at least (below one nat) (0: any fall;
             :func:`~rnnkit.training.budget.gained`, which says why relative). It decides
             the patience only: the best weights kept are the lowest loss's.
         log_every: write a training record to the metrics log (and, with ``-v``, a line to
