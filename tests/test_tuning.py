@@ -14,16 +14,22 @@ from rnnkit import tuning
 from rnnkit.data import locks
 
 
-def _python(code: str) -> str:
+def _python(code: str, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True
     )
     return out.stdout.strip()
 
 
 def test_importing_rnnkit_sets_no_environment_variable():
     assert _python("import os, rnnkit; print(os.environ.get('GOMP_SPINCOUNT'))") == "None"
+    # "-m rnnkit" among the program's own arguments (`python -m pytest -m rnnkit`, a marker)
+    # made the import act as the command: the environment set, Ctrl-C taken over
+    code = "import os, signal, rnnkit; print(os.environ.get('GOMP_SPINCOUNT'), " + (
+        "signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    )
+    assert _python(code, "-m", "rnnkit") == "None True"
 
 
 def test_importing_rnnkit_leaves_the_allocator_alone(monkeypatch):
@@ -63,6 +69,9 @@ def test_launched_as_command():
     assert tuning.launched_as_command(["-m"], ["/usr/bin/python3", "-X", "dev", "-m", "rnnkit"])
     assert not tuning.launched_as_command(["serve.py"], ["python", "serve.py", "-m", "x"])
     assert not tuning.launched_as_command(["-c"], ["python", "-c", "import rnnkit"])
+    assert not tuning.launched_as_command(["-m"], ["python", "-m", "pytest", "-m", "rnnkit"])
+    assert tuning.launched_as_command(["-m"], ["python", "-Wignore", "-Bm", "rnnkit", "train"])
+    assert tuning.launched_as_command(["-m"], ["python", "-mrnnkit", "train"])
 
 
 def test_import_and_locks_without_fcntl(monkeypatch, tmp_path):

@@ -23,7 +23,6 @@ allocator preloaded, or ``RNNKIT_KEEP_HEAP=0``).
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import sys
@@ -33,7 +32,13 @@ from typing import Any
 from rnnkit.heap import keep_freed_memory
 from rnnkit.threads import configure_wait_policy
 
-__all__ = ["interrupt_quietly_while_loading", "launched_as_command", "loaded", "tune_process"]
+__all__ = [
+    "interpreter_module",
+    "interrupt_quietly_while_loading",
+    "launched_as_command",
+    "loaded",
+    "tune_process",
+]
 
 
 def tune_process() -> dict[str, bool]:
@@ -58,12 +63,54 @@ def launched_as_command(argv: list[str] | None = None, orig_argv: list[str] | No
     True
     >>> launched_as_command(["app.py"], ["python", "app.py"])
     False
+    >>> launched_as_command(["-m"], ["python", "-m", "pytest", "-m", "rnnkit"])  # a marker
+    False
     """
     argv = sys.argv if argv is None else argv
     orig = list(getattr(sys, "orig_argv", [])) if orig_argv is None else orig_argv
     if argv and Path(argv[0]).name in ("rnnkit", "rnnkit.exe"):
         return True
-    return any(a == "-m" and b == "rnnkit" for a, b in itertools.pairwise(orig))
+    return interpreter_module(orig) == "rnnkit"
+
+
+# The interpreter's options that take an argument (``-W ignore``, ``-X dev``): the next
+# word, or the rest of the word (``-Wignore``), is theirs.
+_OPTIONS_WITH_ARGUMENT = frozenset("WXQ")
+
+
+def interpreter_module(orig_argv: list[str]) -> str | None:
+    """The module the interpreter itself runs with ``-m`` (``python -B -m rnnkit``), read
+    from its own options only: a ``-m rnnkit`` among a program's arguments (``python -m
+    pytest -m rnnkit``, a pytest marker) is the program's, not the interpreter's.
+
+    >>> interpreter_module(["python", "-X", "dev", "-Bm", "rnnkit", "train"])
+    'rnnkit'
+    >>> interpreter_module(["python", "app.py", "-m", "rnnkit"]), interpreter_module(["py"])
+    (None, None)
+    """
+    words = iter(orig_argv[1:])
+    for word in words:
+        if word == "--check-hash-based-pycs":
+            next(words, None)
+            continue
+        if word.startswith("--"):  # --version, --help ...; "--": a script follows
+            if word == "--":
+                return None
+            continue
+        if not word.startswith("-") or word == "-":  # a script, or standard input
+            return None
+        flags = word[1:]
+        for i, flag in enumerate(flags):
+            rest = flags[i + 1 :]
+            if flag == "m":
+                return rest or next(words, None)
+            if flag == "c":
+                return None
+            if flag in _OPTIONS_WITH_ARGUMENT:
+                if not rest:
+                    next(words, None)
+                break
+    return None
 
 
 def _interrupted_while_loading(signum: int, frame: Any) -> None:

@@ -47,6 +47,22 @@ def test_files_get_the_mode_the_umask_gives(tmp_path, mask, mode):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == mode, name
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_reading_the_umask_never_changes_it(tmp_path, monkeypatch):
+    """The mode of a saved file came from setting the umask to 0o022 and back: for that
+    instant every thread of the user's program created files with 0o022 (a worker's
+    private files came out readable by others)."""
+    calls = []
+    real = os.umask
+    monkeypatch.setattr(os, "umask", lambda m: calls.append(m) or real(m))
+    with umask(0o077):
+        calls.clear()
+        atomic_write(tmp_path / "w.safetensors", write_path=lambda tmp: save_file({}, tmp))
+        made = list(calls)
+    assert made == []  # read from /proc/self/status, never set
+    assert stat.S_IMODE((tmp_path / "w.safetensors").stat().st_mode) == 0o600
+
+
 def test_a_device_node_is_never_replaced():
     with pytest.raises(WriteError, match=r"^/dev/null: is a character device, not a regular"):
         atomic_write_bytes("/dev/null", b"x")

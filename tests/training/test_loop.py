@@ -875,3 +875,46 @@ def test_a_budget_of_one_step_or_epoch_is_said_in_the_singular() -> None:
     assert make_trainer(steps=1).fit().stopped == "1 step done"
     assert make_trainer(steps=2).fit().stopped == "2 steps done"
     assert make_trainer(epochs=1).fit().stopped == "1 epoch done (10 steps)"
+
+
+@pytest.mark.parametrize(("at", "out"), [(4, False), (10, False), (4, True)])
+def test_a_signal_stops_after_the_step_it_came_in(tmp_path, at, out) -> None:
+    """The flag was read before each step: a SIGTERM in step 4 stopped after step 5, and
+    one in the last step was lost (fit returned "10 steps done"; a service's shutdown
+    request gone). The message said "the checkpoint is saved (continue with --resume)"
+    to a Python caller with no out_dir."""
+    import os
+    import signal
+
+    from rnnkit.training import TrainingInterrupted
+
+    calls = []
+
+    def step(model, batch, carry):
+        calls.append(1)
+        if len(calls) == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return stream_step(model, batch, carry)
+
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = make_trainer(out=tmp_path / "run" if out else None, step_fn=step, steps=10)
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.fit()
+    kept = (
+        "the checkpoint is saved (continue with Trainer.resume())"
+        if out
+        else "nothing is saved (the Trainer has no out_dir)"
+    )
+    assert str(info.value) == f"SIGTERM after step {at}; {kept}"
+    assert trainer.step == at and signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_fit_with_gradients_off_is_refused_clearly(mode) -> None:
+    """Inside a program's ``torch.no_grad()`` fit failed with torch's "element 0 of
+    tensors does not require grad", after the step had drawn from the generator."""
+    trainer = make_trainer(steps=2)
+    rng = torch.get_rng_state()
+    with getattr(torch, mode)(), pytest.raises(ConfigError, match=r"^Trainer.fit\(\) runs with"):
+        trainer.fit()
+    assert torch.equal(torch.get_rng_state(), rng) and trainer.step == 0

@@ -15,6 +15,7 @@ from rnnkit.errors import CheckpointError
 from rnnkit.training.checkpoint import load_model_weights, save_model_weights
 from rnnkit.training.manifest import (
     MANIFEST,
+    checksums_skipped,
     covered_files,
     skipping_checksums,
     verify_run,
@@ -198,3 +199,33 @@ def test_weights_saved_into_a_run_on_purpose_are_vouched_for_as_the_message_says
     fresh = torch.nn.Linear(2, 1)
     load_model_weights(fresh, run / "model.safetensors")
     assert torch.equal(fresh.weight, model.weight)
+
+
+def test_skipping_checksums_in_one_thread_leaves_the_others_checked():
+    """The bypass was a module-wide counter: while one thread of a program was inside
+    ``with skipping_checksums():``, another thread loaded a tampered run unchecked."""
+    import threading
+
+    inside, done = threading.Event(), threading.Event()
+    seen: dict[str, bool] = {}
+
+    def other() -> None:
+        with skipping_checksums():
+            seen["inside"] = checksums_skipped()
+            inside.set()
+            done.wait(10)
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    assert inside.wait(10)
+    try:
+        seen["here"] = checksums_skipped()
+    finally:
+        done.set()
+        worker.join()
+    assert seen == {"inside": True, "here": False}
+    with skipping_checksums():
+        with skipping_checksums():  # nested
+            assert checksums_skipped()
+        assert checksums_skipped()
+    assert not checksums_skipped()

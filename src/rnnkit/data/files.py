@@ -121,7 +121,18 @@ replace it (remove it, or choose another path)
 
 
 def _umask() -> int:
-    mask = os.umask(0o022)  # the only way to read it: set, then put it back at once
+    """The process's umask, read without changing it where the system tells it (Linux:
+    ``/proc/self/status``): setting it to read it, even for an instant, changes it for
+    every thread of the user's program (a file another thread creates meanwhile gets the
+    wrong mode)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere the only way to read it: set, then put it back
     os.umask(mask)
     return mask
 

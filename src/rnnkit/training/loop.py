@@ -331,6 +331,13 @@ class Trainer(Generic[_M]):
     # -- the loop ----------------------------------------------------------------------
     def fit(self) -> TrainResult:
         """Train until ``steps`` (or ``epochs``) are done or early stopping triggers."""
+        if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            # torch's own error came from inside the first backward, after the step had
+            # drawn its dropout masks
+            raise ConfigError(
+                "Trainer.fit() runs with gradients off (inside torch.no_grad() or "
+                "torch.inference_mode()): training needs them; call it outside that block"
+            )
         opts = self.options
         self.model.train()
         bar = Progress(
@@ -634,15 +641,23 @@ class Trainer(Generic[_M]):
             if self.until_converged:
                 return f"cap reached: {self.max_time:.0f} s of training", False
             return f"time budget of {self.max_time:g} s reached", False
-        if taken.stopping:  # a signal reached some process: all save and stop together
+        # A signal reached some process: all save and stop together (agreed in the step's
+        # reduction). One process alone stops after the step the signal came in: its flag
+        # read before the step saw nothing, and another step ran (a signal in the last
+        # step was lost, the run ending as if none had come).
+        if taken.stopping or (not self.dist.enabled and stop_signal):
             if not saved:
                 self.save()
             self._log({"event": "interrupted", "step": self.step})
             name = signal.Signals(stop_signal[0]).name if stop_signal else "a signal"
-            # the command line says "stopped: " before it (not "stopped: stopped by")
-            raise TrainingInterrupted(
-                f"{name} after step {self.step}; the checkpoint is saved (continue with --resume)"
+            resume = "--resume" if self.options.command_line else "Trainer.resume()"
+            kept = (
+                f"the checkpoint is saved (continue with {resume})"
+                if self.out_dir is not None
+                else "nothing is saved (the Trainer has no out_dir)"
             )
+            # the command line says "stopped: " before it (not "stopped: stopped by")
+            raise TrainingInterrupted(f"{name} after step {self.step}; {kept}")
         return "", False
 
     def _early_stop_text(self) -> str:

@@ -27,6 +27,7 @@ Skipping also admits a ``model.safetensors`` without the checksum of its own met
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 from collections.abc import Iterator
@@ -70,7 +71,10 @@ SKIP_HINT = (
     "rnnkit.training.manifest.skipping_checksums():) to read it anyway"
 )
 
-_skip_depth = 0  # skipping_checksums() nesting
+# skipping_checksums() nesting, of this thread (a context variable: each thread starts at
+# 0), so that one thread's `with skipping_checksums():` never lets another thread's load
+# of a run whose files changed go unchecked
+_skip_depth: contextvars.ContextVar[int] = contextvars.ContextVar("rnnkit_skip_depth", default=0)
 _writing: set[Path] = set()  # runs this process is training now: their files change
 _verified: dict[Path, tuple[Any, ...]] = {}  # run -> the stat signature last verified
 
@@ -79,18 +83,18 @@ def checksums_skipped() -> bool:
     """Whether the user asked to skip the checks (``--skip-checksums``,
     ``RNNKIT_SKIP_CHECKSUMS=1``, :func:`skipping_checksums`)."""
     value = os.environ.get(_SKIP_ENV, "").strip().lower()
-    return _skip_depth > 0 or value in ("1", "true", "yes")
+    return _skip_depth.get() > 0 or value in ("1", "true", "yes")
 
 
 @contextlib.contextmanager
 def skipping_checksums() -> Iterator[None]:
-    """Read runs without checking their manifest (and weights without their checksum)."""
-    global _skip_depth
-    _skip_depth += 1
+    """Read runs without checking their manifest (and weights without their checksum), in
+    this thread (and the code it calls), not in the program's other threads."""
+    token = _skip_depth.set(_skip_depth.get() + 1)
     try:
         yield
     finally:
-        _skip_depth -= 1
+        _skip_depth.reset(token)
 
 
 def _key(path: Path) -> Path:

@@ -125,6 +125,9 @@ def test_tag_reads_tab_separated_tokens_which_may_hold_spaces(runs, run_cli, tmp
     got = predict(run_cli, runs["tag"], path)
     want = [["print", "(", "'a b'", ")"], ["x", "=", "1"], ["a", " ", "b"]]
     assert [r["tokens"] for r in got] == want
+    import rnnkit
+
+    assert rnnkit.load(runs["tag"]).predict(lines) == [r["tags"] for r in got]  # as Python
     _, data, model = load_tagger(runs["tag"])
     for tokens, record in zip(want, got, strict=True):
         enc = encode_tagged([TaggedSentence(tokens, [""] * len(tokens))], data)

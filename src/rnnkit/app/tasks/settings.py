@@ -5,9 +5,7 @@ model's specification and the training loop's options (the library never reads a
 from __future__ import annotations
 
 import dataclasses
-import random
 
-import numpy as np
 import torch
 
 from rnnkit.app.config import TrainConfig
@@ -28,8 +26,10 @@ __all__ = [
 
 
 def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
+    """Seed torch's global generator, the one rnnkit draws from (initial weights, dropout,
+    sampling). Python's ``random`` and NumPy's global generator are the program's own:
+    rnnkit never draws from them (its batch orders have their own generators), and
+    reseeding them changed a calling program's streams for nothing."""
     torch.manual_seed(seed)
 
 

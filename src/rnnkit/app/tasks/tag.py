@@ -263,12 +263,15 @@ def predict_tags(
 def sentence_tokens(text: str, path: str | None = None, line: int | None = None) -> list[str]:
     """The tokens of one line to tag: separated by tabs where the line holds a tab (a token
     may then hold spaces, as a token of a ``token<TAB>tag`` file may: ``' '``, ``"a b"``),
-    else by whitespace. An empty token between tabs is a ``DataError`` naming it.
+    else by whitespace; a blank line (whitespace, tabs too) is a sentence of no tokens. An
+    empty token between tabs is a ``DataError`` naming it.
 
     >>> sentence_tokens("John met  Mary"), sentence_tokens("print\\t \\t'a b'")
     (['John', 'met', 'Mary'], ['print', ' ', "'a b'"])
+    >>> sentence_tokens(" \\t ")
+    []
     """
-    if "\t" not in text:
+    if "\t" not in text or not text.strip():
         return text.split()
     tokens = text.split("\t")
     for i, token in enumerate(tokens, 1):

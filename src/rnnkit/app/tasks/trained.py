@@ -492,12 +492,18 @@ def _check_texts(texts: list[Any], what: str, line: str | None = None) -> None:
 
 
 def _tokens(sentence: object, i: int) -> list[str]:
-    """A tagger's sentence as its tokens: a string split on whitespace, or a list of
-    non-empty strings (the tagged files' rule: a token is never empty). A blank string
-    or an empty list is a sentence of no tokens, which gets no tags, as a blank line of
-    ``rnnkit predict`` does."""
+    """A tagger's sentence as its tokens: a string split as ``rnnkit predict`` splits a
+    line (on tabs where it holds one, else on whitespace), or a list of non-empty strings
+    (the tagged files' rule: a token is never empty). A blank string or an empty list is
+    a sentence of no tokens, which gets no tags, as a blank line of ``rnnkit predict``
+    does."""
     if isinstance(sentence, str):
-        tokens = sentence.split()
+        from rnnkit.app.tasks.tag import sentence_tokens  # the command line's rule
+
+        try:
+            tokens = sentence_tokens(sentence)
+        except DataError as exc:
+            raise DataError(f"sentence {i}: {exc.message}") from None
     elif isinstance(sentence, Sequence):
         tokens = list(sentence)
     else:
