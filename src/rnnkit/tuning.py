@@ -75,7 +75,7 @@ def launched_as_command(argv: list[str] | None = None, orig_argv: list[str] | No
 
 # The interpreter's options that take an argument (``-W ignore``, ``-X dev``): the next
 # word, or the rest of the word (``-Wignore``), is theirs.
-_OPTIONS_WITH_ARGUMENT = frozenset("WXQ")
+_OPTIONS_WITH_ARGUMENT = frozenset("WX")
 
 
 def interpreter_module(orig_argv: list[str]) -> str | None:

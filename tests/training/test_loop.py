@@ -877,18 +877,19 @@ def test_a_budget_of_one_step_or_epoch_is_said_in_the_singular() -> None:
     assert make_trainer(epochs=1).fit().stopped == "1 epoch done (10 steps)"
 
 
-@pytest.mark.parametrize(("at", "out"), [(4, False), (10, False), (4, True)])
+@pytest.mark.parametrize(("at", "out"), [(4, False), (10, False), (4, True), (2, "early")])
 def test_a_signal_stops_after_the_step_it_came_in(tmp_path, at, out) -> None:
     """The flag was read before each step: a SIGTERM in step 4 stopped after step 5, and
-    one in the last step was lost (fit returned "10 steps done"; a service's shutdown
-    request gone). The message said "the checkpoint is saved (continue with --resume)"
-    to a Python caller with no out_dir."""
+    one in a step that ended the run (the last, early stopping) was lost: fit returned
+    and the program's own handler never heard of it (a service's shutdown request gone).
+    The message said "the checkpoint is saved (continue with --resume)" to a Python
+    caller with no out_dir."""
     import os
     import signal
 
     from rnnkit.training import TrainingInterrupted
 
-    calls = []
+    calls, heard = [], []
 
     def step(model, batch, carry):
         calls.append(1)
@@ -896,17 +897,28 @@ def test_a_signal_stops_after_the_step_it_came_in(tmp_path, at, out) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
         return stream_step(model, batch, carry)
 
-    before = signal.getsignal(signal.SIGTERM)
-    trainer = make_trainer(out=tmp_path / "run" if out else None, step_fn=step, steps=10)
-    with pytest.raises(TrainingInterrupted) as info:
-        trainer.fit()
-    kept = (
-        "the checkpoint is saved (continue with Trainer.resume())"
-        if out
-        else "nothing is saved (the Trainer has no out_dir)"
-    )
-    assert str(info.value) == f"SIGTERM after step {at}; {kept}"
-    assert trainer.step == at and signal.getsignal(signal.SIGTERM) is before
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: heard.append(signum))
+    try:
+        options = {"steps": 10}
+        if out == "early":  # a validation every step; the second ends the run
+            options = {"eval_every": 1, "patience": 1, "min_gain": 0.99}
+        trainer = make_trainer(out=tmp_path / "run" if out is True else None, step_fn=step,
+                               evaluate_fn=lambda m: {"loss_nats": 1.0}, **options)  # fmt: skip
+        if at == 10 or out == "early":  # the run ends as it would have; the signal goes on
+            trainer.fit()
+            assert heard == [signal.SIGTERM] and trainer.step == at
+            return
+        with pytest.raises(TrainingInterrupted) as info:
+            trainer.fit()
+        kept = (
+            "the checkpoint is saved (continue with Trainer.resume())"
+            if out
+            else "nothing is saved (the Trainer has no out_dir)"
+        )
+        assert str(info.value) == f"SIGTERM after step {at}; {kept}"
+        assert trainer.step == at and heard == []
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])

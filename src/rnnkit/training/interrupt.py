@@ -89,7 +89,9 @@ def stop_on_signals(flag: list[int]) -> Iterator[None]:
     A second signal while the first is pending stops at once (KeyboardInterrupt). Only
     the main thread can own signal handlers; elsewhere nothing is installed. An error
     that ends the block within :func:`hold_sigterm_until_said` holds SIGTERM from here;
-    a SIGTERM of ``flag`` that did not stop training is then held too.
+    a SIGTERM of ``flag`` that did not stop training is then held too. A signal of
+    ``flag`` that the block did not stop for (it ended on its own) is raised again once
+    the handlers found on entry are back: it reaches the program's own.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -122,3 +124,8 @@ def stop_on_signals(flag: list[int]) -> Iterator[None]:
             _hold(old[signal.SIGTERM], signal.SIGTERM in flag and not heeded)
         else:
             signal.signal(signal.SIGTERM, old[signal.SIGTERM])
+        if flag and not failed:
+            # The block ended on its own (the last step, early stopping, the time budget)
+            # with a signal pending: the program's handler gets it now, as if it had come
+            # just after; it was lost (a service's shutdown request gone).
+            signal.raise_signal(flag[0])

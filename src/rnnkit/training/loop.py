@@ -642,10 +642,11 @@ class Trainer(Generic[_M]):
                 return f"cap reached: {self.max_time:.0f} s of training", False
             return f"time budget of {self.max_time:g} s reached", False
         # A signal reached some process: all save and stop together (agreed in the step's
-        # reduction). One process alone stops after the step the signal came in: its flag
-        # read before the step saw nothing, and another step ran (a signal in the last
-        # step was lost, the run ending as if none had come).
-        if taken.stopping or (not self.dist.enabled and stop_signal):
+        # reduction). One process alone stops after the step the signal came in (its flag
+        # read before the step saw nothing, and another step ran), unless that step ended
+        # the run anyway: it then ends as it would have, and the signal goes on to the
+        # program's own handler once fit() gives it back (stop_on_signals).
+        if taken.stopping or (not self.dist.enabled and stop_signal and not final):
             if not saved:
                 self.save()
             self._log({"event": "interrupted", "step": self.step})

@@ -119,15 +119,18 @@ def test_tag_reads_tab_separated_tokens_which_may_hold_spaces(runs, run_cli, tmp
     """A token with a space (a token<TAB>tag file may hold ``' '`` or ``"a b"``, as the
     tutorial's does) could not be given: every line was split on whitespace. A line with
     a tab is split on tabs; the tags are those of the same tokens given from Python."""
-    lines = ["print\t(\t'a b'\t)", "x = 1", "a\t \tb"]
+    lines = ["print\t(\t'a b'\t)", "x = 1", "a\t' ' \t b"]
     path = tmp_path / "in.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     got = predict(run_cli, runs["tag"], path)
-    want = [["print", "(", "'a b'", ")"], ["x", "=", "1"], ["a", " ", "b"]]
+    # each tab-separated token without the spaces around it, as a token<TAB>tag file reads
+    want = [["print", "(", "'a b'", ")"], ["x", "=", "1"], ["a", "' '", "b"]]
     assert [r["tokens"] for r in got] == want
     import rnnkit
 
-    assert rnnkit.load(runs["tag"]).predict(lines) == [r["tags"] for r in got]  # as Python
+    run = rnnkit.load(runs["tag"])
+    assert run.predict(lines) == [r["tags"] for r in got]  # as Python
+    assert run.predict([line + "\r\n" for line in lines]) == [r["tags"] for r in got]
     _, data, model = load_tagger(runs["tag"])
     for tokens, record in zip(want, got, strict=True):
         enc = encode_tagged([TaggedSentence(tokens, [""] * len(tokens))], data)
@@ -136,9 +139,10 @@ def test_tag_reads_tab_separated_tokens_which_may_hold_spaces(runs, run_cli, tmp
         with torch.no_grad():
             best = model(words, torch.ones_like(words, dtype=torch.bool), chars).argmax(-1)[0]
         assert record["tags"] == [data.tags.labels[i] for i in best.tolist()]
-    path.write_text("a b\nx\t\ty\n", encoding="utf-8")
-    code, _, err = run_cli("predict", "--checkpoint", str(runs["tag"]), "--input", str(path))
-    one_line_error(code, err, f"{path}:2", "token 2 of 3 is empty")
+    for bad in ("x\t\ty", "x\t \ty"):
+        path.write_text(f"a b\n{bad}\n", encoding="utf-8")
+        code, _, err = run_cli("predict", "--checkpoint", str(runs["tag"]), "--input", str(path))
+        one_line_error(code, err, f"{path}:2", "token 2 of 3 is empty")
 
 
 def test_classify_gives_softmax_probabilities_and_their_argmax(runs, run_cli, tmp_path):

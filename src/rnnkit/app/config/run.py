@@ -62,8 +62,9 @@ class RunOptions:
         metavar="F",
         resume=True,
         help="what counts as a gain for --patience: a validation loss below that of the "
-        "last gain by more than this fraction of it; 0: any fall (default %(default)s). "
-        "The best weights are the lowest loss's whatever it is",
+        "last gain by more than this fraction of it, and by this many nats at least "
+        "below one nat; 0: any fall (default %(default)s). The best weights are the "
+        "lowest loss's whatever it is",
     )
     seed: int = option(0, help="random seed")
     device: str = option(

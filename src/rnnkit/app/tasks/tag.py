@@ -262,23 +262,24 @@ def predict_tags(
 
 def sentence_tokens(text: str, path: str | None = None, line: int | None = None) -> list[str]:
     """The tokens of one line to tag: separated by tabs where the line holds a tab (a token
-    may then hold spaces, as a token of a ``token<TAB>tag`` file may: ``' '``, ``"a b"``),
-    else by whitespace; a blank line (whitespace, tabs too) is a sentence of no tokens. An
-    empty token between tabs is a ``DataError`` naming it.
+    may then hold spaces, as a token of a ``token<TAB>tag`` file may: ``' '``, the Python
+    string of one space), else by whitespace; a blank line (whitespace, tabs too) is a
+    sentence of no tokens. Each tab-separated token is read as a ``token<TAB>tag`` file's
+    is, without the spaces around it, and a blank one is a ``DataError`` naming it.
 
-    >>> sentence_tokens("John met  Mary"), sentence_tokens("print\\t \\t'a b'")
-    (['John', 'met', 'Mary'], ['print', ' ', "'a b'"])
+    >>> sentence_tokens("John met  Mary"), sentence_tokens("print\\t' '\\t 'a b' \\r\\n")
+    (['John', 'met', 'Mary'], ['print', "' '", "'a b'"])
     >>> sentence_tokens(" \\t ")
     []
     """
     if "\t" not in text or not text.strip():
         return text.split()
-    tokens = text.split("\t")
+    tokens = [t.strip() for t in text.rstrip("\r\n").split("\t")]
     for i, token in enumerate(tokens, 1):
         if not token:
             raise DataError(
                 f"token {i} of {len(tokens)} is empty (tab-separated tokens: two tabs "
-                "together, or a tab at an end of the line)",
+                "together, a tab at an end of the line, or only spaces between tabs)",
                 path,
                 line,
             )
