@@ -93,6 +93,16 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+def _argmax_tags(data, model, tokens: list[str]) -> list[str]:
+    """The oracle: the tagger's argmax tag of each token, the sentence alone."""
+    enc = encode_tagged([TaggedSentence(tokens, [""] * len(tokens))], data)
+    words = torch.from_numpy(enc.words[0])[None]
+    chars = torch.from_numpy(enc.chars[0])[None]
+    with torch.no_grad():
+        best = model(words, torch.ones_like(words, dtype=torch.bool), chars).argmax(-1)[0]
+    return [data.tags.labels[i] for i in best.tolist()]
+
+
 def test_tag_gives_the_argmax_tag_of_every_token(runs, run_cli, tmp_path):
     lines = ["def f ( x ) :", "", "return zzunknownzz"]
     path = tmp_path / "in.txt"
@@ -107,12 +117,7 @@ def test_tag_gives_the_argmax_tag_of_every_token(runs, run_cli, tmp_path):
         if not tokens:
             assert record["tags"] == []
             continue
-        enc = encode_tagged([TaggedSentence(tokens, [""] * len(tokens))], data)
-        words = torch.from_numpy(enc.words[0])[None]
-        chars = torch.from_numpy(enc.chars[0])[None]
-        with torch.no_grad():
-            best = model(words, torch.ones_like(words, dtype=torch.bool), chars).argmax(-1)[0]
-        assert record["tags"] == [data.tags.labels[i] for i in best.tolist()]
+        assert record["tags"] == _argmax_tags(data, model, tokens)
 
 
 def test_tag_reads_tab_separated_tokens_which_may_hold_spaces(runs, run_cli, tmp_path):
@@ -133,12 +138,7 @@ def test_tag_reads_tab_separated_tokens_which_may_hold_spaces(runs, run_cli, tmp
     assert run.predict([line + "\r\n" for line in lines]) == [r["tags"] for r in got]
     _, data, model = load_tagger(runs["tag"])
     for tokens, record in zip(want, got, strict=True):
-        enc = encode_tagged([TaggedSentence(tokens, [""] * len(tokens))], data)
-        words = torch.from_numpy(enc.words[0])[None]
-        chars = torch.from_numpy(enc.chars[0])[None]
-        with torch.no_grad():
-            best = model(words, torch.ones_like(words, dtype=torch.bool), chars).argmax(-1)[0]
-        assert record["tags"] == [data.tags.labels[i] for i in best.tolist()]
+        assert record["tags"] == _argmax_tags(data, model, tokens)
     for bad in ("x\t\ty", "x\t \ty"):
         path.write_text(f"a b\n{bad}\n", encoding="utf-8")
         code, _, err = run_cli("predict", "--checkpoint", str(runs["tag"]), "--input", str(path))

@@ -135,10 +135,8 @@ def test_a_damaged_detection_file_is_a_note_not_a_traceback(
     assert "The detection section is missing" in html and words in html
 
 
-def test_the_params_curves_count_an_unreadable_value_as_the_highest_score(monkeypatch):
-    """A parameter-value session scoring +∞ (a value the model cannot read) is anomalous
-    for the summary and `rnnkit evaluate`; the report's curves count it so too (they
-    read it as the lowest score), and its histogram says it is off the scale."""
+def _params_curves(monkeypatch) -> dict:
+    """What the params section draws as its detection curves (the drawing left out)."""
     from rnnkit.app.report import detection
 
     drawn: dict = {}
@@ -150,6 +148,16 @@ def test_the_params_curves_count_an_unreadable_value_as_the_highest_score(monkey
     monkeypatch.setattr(detection.plots, "plot_detection_curves", capture)
     monkeypatch.setattr(detection.plots, "plot_score_histograms", lambda *a, **k: b"")
     monkeypatch.setattr(detection, "image", lambda *a: "")
+    return drawn
+
+
+def test_the_params_curves_count_an_unreadable_value_as_the_highest_score(monkeypatch):
+    """A parameter-value session scoring +∞ (a value the model cannot read) is anomalous
+    for the summary and `rnnkit evaluate`; the report's curves count it so too (they
+    read it as the lowest score), and its histogram says it is off the scale."""
+    from rnnkit.app.report import detection
+
+    drawn = _params_curves(monkeypatch)
     normal = np.array([0.5, 1.0, 1.5, 2.0, 4.5, -np.inf])
     anomalous = np.array([np.inf, 5.0, 0.7])
     html = detection._params_detection(normal, anomalous, limit=3.0)
@@ -168,15 +176,7 @@ def test_a_threshold_that_flags_nothing_has_no_precision_on_the_page(monkeypatch
     cannot place."""
     from rnnkit.app.report import detection
 
-    drawn: dict = {}
-
-    def capture(curves):
-        drawn.update(curves["parameter values"])
-        return b""
-
-    monkeypatch.setattr(detection.plots, "plot_detection_curves", capture)
-    monkeypatch.setattr(detection.plots, "plot_score_histograms", lambda *a, **k: b"")
-    monkeypatch.setattr(detection, "image", lambda *a: "")
+    drawn = _params_curves(monkeypatch)
     normal, anomalous = np.array([0.5, 1.0, 1.5]), np.array([2.0, 2.5])
     detection._params_detection(normal, anomalous, limit=9.0)
     fpr, recall, precision = drawn["point"]
