@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from matplotlib.figure import Figure
 
 from rnnkit.app.report.html import esc, image, note, section, table
@@ -140,7 +139,7 @@ def params_training_section(run: Run, keys: list[KeyRun]) -> tuple[str, str, str
     """Each key's training (steps, epochs, why it stopped, time, loss, clipping, gradient
     norms and their signals), the loss curves and gradient norms of the keys in one
     figure each."""
-    from rnnkit.app.report.page import _gradient_signals, _stopped_by
+    from rnnkit.app.report.page import _gradient_signals, _norms_text, _stopped_by
 
     s = run.summary
     clip = run.cfg.clip_norm
@@ -175,7 +174,7 @@ def params_training_section(run: Run, keys: list[KeyRun]) -> tuple[str, str, str
                 f"{clipped:,} of {steps:,}"
                 if isinstance(clipped, int) and isinstance(steps, int)
                 else None,
-                f"{np.median(norms):.4g} / {max(norms):.4g} / {norms[-1]:.4g}" if norms else None,
+                _norms_text(norms) if norms else None,
             ]
         )
         said = _gradient_signals(

@@ -325,6 +325,11 @@ def _stopped_by(run: Run, final_step: int | None) -> str:
     )
 
 
+def _norms_text(norms: list[float]) -> str:
+    """The logged gradient norms as the training tables give them: median / max / last."""
+    return f"{np.median(norms):.4g} / {max(norms):.4g} / {norms[-1]:.4g}"
+
+
 def _final_losses(s: dict[str, Any], train: list[dict[str, Any]], per: str) -> list[list[Any]]:
     """The training table's rows of the loss at the end, each named by where it is read,
     so that it can be checked against the run's files: summary.json's ``train_loss_nats``
@@ -409,12 +414,7 @@ def training_section(run: Run) -> tuple[str, str, str]:
     if isinstance(clipped, int) and isinstance(steps, int) and steps > 0:
         rows.append(["steps clipped", f"{clipped:,} of {steps:,} ({100 * clipped / steps:.1f} %)"])
     if norms:
-        rows.append(
-            [
-                "gradient norm at logged steps (median / max / last)",
-                f"{np.median(norms):.4g} / {max(norms):.4g} / {norms[-1]:.4g}",
-            ]
-        )
+        rows.append(["gradient norm at logged steps (median / max / last)", _norms_text(norms)])
     rows.append(["stopped by", _stopped_by(run, last)])
     if run.of("skipped"):
         rows.append(["steps skipped (non-finite loss or gradient)", len(run.of("skipped"))])
